@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Shared set-up for run.sh and test.sh: a .venv with this project installed.
+#   launch/setup.sh [--dev]
+# Idempotent: a second call with nothing changed costs one pip "already satisfied" pass.
+# torch: a machine that already has one (a GPU box with a CUDA build) keeps it, through
+# --system-site-packages; otherwise we pin the CPU build, because an unpinned torch pulls a
+# multi-GB CUDA build.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="${TELEMETRY_VENV:-$ROOT/.venv}"
+PYTHON="${PYTHON:-python3}"
+TORCH_CPU_PIN="torch==2.13.0"
+extras=""
+[[ "${1:-}" == "--dev" ]] && extras="[dev]"
+
+log() { printf '[setup] %s\n' "$*" >&2; }
+
+if [[ ! -x "$VENV/bin/python" ]]; then
+    if "$PYTHON" -c "import torch" >/dev/null 2>&1; then
+        log "creating $VENV (reusing the system's torch $("$PYTHON" -c 'import torch; print(torch.__version__)'))"
+        "$PYTHON" -m venv --system-site-packages "$VENV"
+    else
+        log "creating $VENV"
+        "$PYTHON" -m venv "$VENV"
+    fi
+fi
+PIP=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
+stamp="$VENV/.installed$extras"
+# Re-install only when the project's dependency list changed since the last set-up.
+if [[ -f "$stamp" && "$stamp" -nt "$ROOT/pyproject.toml" ]]; then
+    exit 0
+fi
+if ! "$VENV/bin/python" -c "import torch" >/dev/null 2>&1; then
+    log "installing $TORCH_CPU_PIN (CPU build)"
+    "${PIP[@]}" install "$TORCH_CPU_PIN"
+fi
+"${PIP[@]}" install "setuptools>=68" wheel
+if ! "$VENV/bin/python" -c "import deepspeed" >/dev/null 2>&1; then
+    # DeepSpeed ships only an sdist whose setup imports torch: build it against the torch above
+    # (build isolation would fetch a second, CUDA torch). No ops are pre-built (JIT on use).
+    log "installing deepspeed (sdist, built against the installed torch)"
+    DS_BUILD_OPS=0 "${PIP[@]}" install --no-build-isolation "deepspeed>=0.15"
+fi
+log "installing the project${extras}"
+"${PIP[@]}" install -e "$ROOT$extras"
+touch "$stamp"
+log "ready: $VENV"

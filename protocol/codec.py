@@ -1,0 +1,105 @@
+"""Wire encoding of the records in `protocol.records`: one MessagePack array per ZeroMQ frame.
+
+Encoding builds the array as a plain tuple (the client's hot path: no Struct instance per call).
+Decoding goes through a typed msgspec decoder, which rejects wrong kinds, wrong types and
+malformed bytes in C, then through `_check`, which enforces the bounds msgspec cannot express.
+Nothing here ever unpickles or evaluates anything. Every failure raises `MalformedRecord`.
+"""
+from __future__ import annotations
+
+
+from typing import Any, Mapping
+
+import msgspec
+
+from protocol.records import (
+    KIND_BYE,
+    KIND_EVENT,
+    KIND_HELLO,
+    KIND_METRICS,
+    MAX_FRAME_BYTES,
+    MAX_NAME_CHARS,
+    MAX_VALUES,
+    PROTOCOL_VERSION,
+    Bye,
+    Event,
+    Hello,
+    Metrics,
+    Record,
+)
+
+
+class MalformedRecord(ValueError):
+    """A frame that is not a valid record of a version this code understands."""
+
+
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder(Record)
+_I64_MAX = (1 << 63) - 1
+
+
+def encode_metrics(src: int, rank: int, seq: int, dropped: int, t_ns: int, step: int,
+                   values: Mapping[str, float | int], encoder: msgspec.msgpack.Encoder = _encoder) -> bytes:
+    return encoder.encode((KIND_METRICS, PROTOCOL_VERSION, src, rank, seq, dropped, t_ns, step, values))
+
+
+def encode_event(src: int, rank: int, seq: int, dropped: int, t_ns: int, name: str,
+                 data: Mapping[str, Any]) -> bytes:
+    return _encoder.encode((KIND_EVENT, PROTOCOL_VERSION, src, rank, seq, dropped, t_ns, name, data))
+
+
+def encode_hello(src: int, rank: int, seq: int, dropped: int, t_ns: int, info: Mapping[str, Any]) -> bytes:
+    return _encoder.encode((KIND_HELLO, PROTOCOL_VERSION, src, rank, seq, dropped, t_ns, info))
+
+
+def encode_bye(src: int, rank: int, seq: int, dropped: int, t_ns: int, stats: Mapping[str, Any]) -> bytes:
+    return _encoder.encode((KIND_BYE, PROTOCOL_VERSION, src, rank, seq, dropped, t_ns, stats))
+
+
+def encode(record: Record) -> bytes:
+    """Encode a decoded record again (tests, forwarding between daemons)."""
+    return _encoder.encode(record)
+
+
+def decode(frame: bytes | memoryview) -> Record:
+    """Decode and validate one frame; raise MalformedRecord on anything wrong."""
+    if len(frame) > MAX_FRAME_BYTES:
+        raise MalformedRecord(f"frame of {len(frame)} bytes exceeds {MAX_FRAME_BYTES}")
+    try:
+        record = _decoder.decode(frame)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise MalformedRecord(str(exc)) from None
+    except RecursionError:  # deeply nested maps/arrays inside an event's data
+        raise MalformedRecord("nesting too deep") from None
+    _check(record)
+    return record
+
+
+def _check(r: Record) -> None:
+    if r.version != PROTOCOL_VERSION:
+        raise MalformedRecord(f"unsupported protocol version {r.version!r}")
+    for field in ("src", "rank", "seq", "dropped", "t_ns"):
+        v = getattr(r, field)
+        if not 0 <= v <= _I64_MAX:
+            raise MalformedRecord(f"{field}={v} out of range")
+    if type(r) is Metrics:
+        if not 0 <= r.step <= _I64_MAX:
+            raise MalformedRecord(f"step={r.step} out of range")
+        if len(r.values) > MAX_VALUES:
+            raise MalformedRecord(f"{len(r.values)} values exceed {MAX_VALUES}")
+        for name in r.values:
+            if not 0 < len(name) <= MAX_NAME_CHARS:
+                raise MalformedRecord(f"bad metric name of length {len(name)}")
+    elif type(r) is Event:
+        if not 0 < len(r.name) <= MAX_NAME_CHARS:
+            raise MalformedRecord(f"bad event name of length {len(r.name)}")
+
+
+
+
+
+
+__all__ = [
+    "KIND_BYE", "KIND_EVENT", "KIND_HELLO", "KIND_METRICS", "MalformedRecord", "decode", "encode",
+    "encode_bye", "encode_event", "encode_hello", "encode_metrics", "Hello", "Metrics", "Event", "Bye",
+]

@@ -1,0 +1,77 @@
+"""Record schema, version 1. The wire encoding is in `protocol.codec`; both are written down
+in protocol/README.md.
+
+Every record is one ZeroMQ frame holding one MessagePack array. The first seven elements are
+the same for every kind (the header); the rest depend on the kind:
+
+    [kind, version, src, rank, seq, dropped, t_ns, *body]
+
+    kind     int  1 hello, 2 metrics, 3 event, 4 bye
+    version  int  PROTOCOL_VERSION (1); any other is rejected
+    src      int  random 63-bit id of one client instance (one process's TelemetryClient);
+                  sequence numbers are per src, so a restarted or forked rank is told apart
+    rank     int  global rank (>= 0)
+    seq      int  per-src record number, 0, 1, 2 ... counting every record the client tried
+                  to send, including those it dropped; gaps seen by the daemon are losses
+    dropped  int  how many records this src has dropped so far (cumulative, never decreases)
+    t_ns     int  wall clock at the client, time.time_ns()
+
+    hello    body: [info]          info: map str -> any (run_name, host, pid, local_rank,
+                                   world_size, config, model, ...)
+    metrics  body: [step, values]  step: int >= 0; values: map str -> float|int
+    event    body: [name, data]    name: str; data: map str -> any
+    bye      body: [stats]         stats: map str -> any (the client's final counters)
+
+Decoding validates types and bounds (see `protocol.codec.decode`); trailing elements beyond a
+kind's body are ignored so a later minor version may append fields.
+"""
+from __future__ import annotations
+
+from typing import Any, Union
+
+import msgspec
+
+PROTOCOL_VERSION = 1
+
+KIND_HELLO = 1
+KIND_METRICS = 2
+KIND_EVENT = 3
+KIND_BYE = 4
+KIND_NAMES = {KIND_HELLO: "hello", KIND_METRICS: "metrics", KIND_EVENT: "event", KIND_BYE: "bye"}
+
+# Bounds a decoded record must respect. A frame larger than MAX_FRAME_BYTES never reaches the
+# decoder: the daemon sets it as the PULL socket's MAXMSGSIZE, and libzmq drops the peer.
+MAX_FRAME_BYTES = 1 << 20          # 1 MiB: a hello with a big config fits, a runaway does not
+MAX_NAME_CHARS = 256               # metric and event names
+MAX_VALUES = 4096                  # metrics per record
+
+
+
+class _Header(msgspec.Struct, array_like=True, tag_field="kind", frozen=True):
+    version: int
+    src: int
+    rank: int
+    seq: int
+    dropped: int
+    t_ns: int
+
+
+class Hello(_Header, tag=KIND_HELLO, frozen=True):
+    info: dict[str, Any]
+
+
+class Metrics(_Header, tag=KIND_METRICS, frozen=True):
+    step: int
+    values: dict[str, Union[float, int]]
+
+
+class Event(_Header, tag=KIND_EVENT, frozen=True):
+    name: str
+    data: dict[str, Any]
+
+
+class Bye(_Header, tag=KIND_BYE, frozen=True):
+    stats: dict[str, Any]
+
+
+Record = Union[Hello, Metrics, Event, Bye]

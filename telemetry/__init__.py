@@ -1,0 +1,19 @@
+"""Asynchronous telemetry sidecar for LLM training.
+
+    from telemetry import TelemetryClient
+    tm = TelemetryClient()
+    tm.log(step, {"train/loss": loss})   # never blocks, never syncs
+"""
+from __future__ import annotations
+
+__version__ = "0.1.0"
+__all__ = ["TelemetryClient", "DisabledClient"]
+
+
+def __getattr__(name: str):
+    # Lazy, so `python -m telemetry status` and the daemon don't import the client's deps twice.
+    if name in ("TelemetryClient", "DisabledClient"):
+        from telemetry import client
+
+        return getattr(client, name)
+    raise AttributeError(name)

@@ -1,0 +1,1 @@
+"""The telemetry daemon: a pipeline of small stages (receiver, aggregator, derived, sinks)."""

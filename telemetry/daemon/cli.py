@@ -1,0 +1,53 @@
+"""Run the telemetry daemon: ingest records from training ranks, aggregate them per step,
+write <log-dir>/metrics.jsonl, publish on PUB, log to W&B, answer on the control socket.
+
+Prints a line containing "telemetry daemon ready" once every socket is bound. SIGTERM, SIGINT
+or `telemetry drain` stop intake, drain every queue, fsync and exit.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--ingest", metavar="EP", help="PULL endpoint the ranks send to "
+                   "(default $TELEMETRY_ENDPOINT, else a private ipc socket)")
+    p.add_argument("--pub", metavar="EP", help="PUB endpoint for consumers (default $TELEMETRY_PUB or ipc)")
+    p.add_argument("--control", metavar="EP", help="control endpoint for status/drain "
+                   "(default $TELEMETRY_CONTROL or ipc)")
+    p.add_argument("--log-dir", metavar="DIR", help="where metrics.jsonl and daemon.log go (default ./telemetry)")
+    p.add_argument("--run-name", metavar="NAME", help="run name (W&B, reports); default: the log dir's parent")
+    p.add_argument("--wandb", choices=("disabled", "offline", "online"), help="W&B mode (default offline)")
+    p.add_argument("--config", metavar="FILE", help="daemon YAML config; flags override it")
+    p.add_argument("--world-size", type=int, metavar="N", help="ranks to wait for per step (default: from hellos)")
+    p.add_argument("--per-rank", action="store_true", default=None, help="also write each rank's own records")
+    p.add_argument("--quiet", action="store_true", help="log warnings and errors only")
+
+
+def run(args: argparse.Namespace) -> int:
+    import logging
+
+    from telemetry.daemon.config import ConfigError, load
+    from telemetry.daemon.core import Daemon, setup_logging
+    from telemetry.endpoints import EndpointError
+
+    overrides = {
+        "ingest": args.ingest, "pub": args.pub, "control": args.control, "log_dir": args.log_dir,
+        "run_name": args.run_name, "wandb.mode": args.wandb, "aggregator.world_size": args.world_size,
+        "aggregator.per_rank": args.per_rank,
+    }
+    try:
+        cfg = load(args.config, overrides)
+    except ConfigError as exc:
+        print(f"telemetry daemon: bad config: {exc}", file=sys.stderr)
+        return 2
+    setup_logging(Path(cfg.log_dir), logging.WARNING if args.quiet else logging.INFO)
+    daemon = Daemon(cfg)
+    try:
+        daemon.start()
+    except EndpointError as exc:
+        print(f"telemetry daemon: {exc}", file=sys.stderr)
+        return 2
+    return daemon.run()

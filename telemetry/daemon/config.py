@@ -1,0 +1,203 @@
+"""The daemon's configuration: typed, validated at load, from YAML with command-line overrides.
+
+    telemetry daemon --config daemon.yaml --log-dir runs/x/telemetry --wandb offline
+
+YAML keys mirror the dataclasses below (nested sections by name); an unknown key, a wrong type or
+an impossible value raises ConfigError naming the key.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+REDUCTIONS = ("mean", "sum", "max", "min", "last")
+
+
+class ConfigError(ValueError):
+    pass
+
+
+@dataclass(kw_only=True, slots=True)
+class SinkConfig:
+    enabled: bool = True
+    max_queued: int = 100_000          # records waiting for this sink before drops are counted
+    every_n_steps: int = 1             # downsample: one record per N steps (window reduced)
+    max_per_second: float = 0.0        # downsample: at most this many metrics records/s; 0 = off
+
+    def __post_init__(self) -> None:
+        if self.max_queued < 1:
+            raise ConfigError(f"max_queued must be >= 1, got {self.max_queued}")
+        if self.every_n_steps < 1:
+            raise ConfigError(f"every_n_steps must be >= 1, got {self.every_n_steps}")
+        if self.max_per_second < 0:
+            raise ConfigError(f"max_per_second must be >= 0, got {self.max_per_second}")
+
+
+@dataclass(kw_only=True, slots=True)
+class JsonlConfig(SinkConfig):
+    fsync_interval_s: float = 5.0
+    rotate_mb: float = 0.0             # rotate metrics.jsonl past this size; 0 = never
+
+    def __post_init__(self) -> None:
+        SinkConfig.__post_init__(self)
+        if not self.enabled:
+            raise ConfigError("jsonl.enabled: the JSONL sink is the source of truth and cannot be disabled")
+        if self.fsync_interval_s <= 0:
+            raise ConfigError(f"jsonl.fsync_interval_s must be > 0, got {self.fsync_interval_s}")
+
+
+@dataclass(kw_only=True, slots=True)
+class WandbConfig(SinkConfig):
+    mode: str = "offline"              # disabled | offline | online
+    project: str = "telemetry"
+    entity: str | None = None
+    finish_timeout_s: float = 30.0
+    max_queued: int = 20_000
+
+    def __post_init__(self) -> None:
+        SinkConfig.__post_init__(self)
+        if self.mode not in ("disabled", "offline", "online"):
+            raise ConfigError(f"wandb.mode {self.mode!r}: expected disabled, offline or online")
+
+
+@dataclass(kw_only=True, slots=True)
+class PubConfig(SinkConfig):
+    pass
+
+
+@dataclass(kw_only=True, slots=True)
+class TensorBoardConfig(SinkConfig):
+    enabled: bool = False
+
+
+@dataclass(kw_only=True, slots=True)
+class AggregatorConfig:
+    step_timeout_s: float = 10.0       # emit a step without the ranks that have not reported by then
+    per_rank: bool = False             # also write each rank's own record (with "rank")
+    world_size: int = 0                # ranks to wait for; 0 = from the hello records / ranks seen
+    reductions: dict[str, str] = field(default_factory=dict)   # metric name or prefix* -> reduction
+
+    def __post_init__(self) -> None:
+        if self.step_timeout_s <= 0:
+            raise ConfigError(f"aggregator.step_timeout_s must be > 0, got {self.step_timeout_s}")
+        for k, v in self.reductions.items():
+            if v not in REDUCTIONS:
+                raise ConfigError(f"aggregator.reductions[{k!r}] = {v!r}: expected one of {', '.join(REDUCTIONS)}")
+
+
+@dataclass(kw_only=True, slots=True)
+class MfuConfig:
+    peak_flops: float = 0.0            # per-device peak override (FLOP/s); 0 = from the device name
+    dtype: str = ""                    # override the dtype the ranks report (bf16, fp16, tf32, fp32)
+
+
+@dataclass(kw_only=True, slots=True)
+class DaemonConfig:
+    ingest: str | None = None          # endpoints; None = $TELEMETRY_* or the private ipc default
+    pub: str | None = None
+    control: str | None = None
+    log_dir: str = "telemetry"
+    run_name: str = ""
+    daemon_record_interval_s: float = 10.0
+    drain_timeout_s: float = 5.0
+    rcvhwm: int = 1_000_000            # records libzmq may queue for us before senders see backpressure
+    jsonl: JsonlConfig = field(default_factory=JsonlConfig)
+    wandb: WandbConfig = field(default_factory=WandbConfig)
+    pub_sink: PubConfig = field(default_factory=PubConfig)
+    tensorboard: TensorBoardConfig = field(default_factory=TensorBoardConfig)
+    aggregator: AggregatorConfig = field(default_factory=AggregatorConfig)
+    mfu: MfuConfig = field(default_factory=MfuConfig)
+    pollers: dict[str, Any] = field(default_factory=dict)     # telemetry.pollers.config.PollersConfig
+    diagnosis: dict[str, Any] = field(default_factory=dict)   # telemetry.diagnosis DiagnosisConfig
+
+    def __post_init__(self) -> None:
+        if not self.run_name:
+            self.run_name = Path(self.log_dir).resolve().parent.name or "run"
+        if self.daemon_record_interval_s <= 0:
+            raise ConfigError("daemon_record_interval_s must be > 0")
+        if self.drain_timeout_s <= 0:
+            raise ConfigError("drain_timeout_s must be > 0")
+
+
+def _coerce(value: Any, tp: Any, key: str) -> Any:
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key}: expected a mapping, got {type(value).__name__}")
+        return from_dict(tp, value, prefix=key + ".")
+    if origin is typing.Union or str(origin) == "types.UnionType":
+        if value is None and type(None) in args:
+            return None
+        inner = [a for a in args if a is not type(None)]
+        return _coerce(value, inner[0], key)
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key}: expected a mapping, got {type(value).__name__}")
+        return dict(value)
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "yes", "no"):
+            return value.lower() in ("true", "1", "yes")
+        raise ConfigError(f"{key}: expected true or false, got {value!r}")
+    if tp in (int, float):
+        if isinstance(value, bool):
+            raise ConfigError(f"{key}: expected a number, got {value!r}")
+        try:
+            out = tp(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{key}: expected {tp.__name__}, got {value!r}") from None
+        if tp is int and isinstance(value, float) and not value.is_integer():
+            raise ConfigError(f"{key}: expected an integer, got {value!r}")
+        return out
+    if tp is str:
+        if not isinstance(value, (str, int, float)):
+            raise ConfigError(f"{key}: expected a string, got {type(value).__name__}")
+        return str(value)
+    return value
+
+
+def from_dict(cls: type, data: dict, prefix: str = "") -> Any:
+    """Build dataclass `cls` from a mapping, rejecting unknown keys and wrong types."""
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - names)
+    if unknown:
+        raise ConfigError(f"unknown key {prefix}{unknown[0]} (known: {', '.join(sorted(names))})")
+    kwargs = {k: _coerce(v, hints[k], prefix + k) for k, v in data.items()}
+    try:
+        return cls(**kwargs)
+    except ConfigError as exc:
+        raise ConfigError(f"{prefix}{exc}" if prefix and not str(exc).startswith(prefix) else str(exc)) from None
+
+
+def load(path: str | os.PathLike | None, overrides: dict[str, Any]) -> DaemonConfig:
+    """YAML file (optional) then overrides ({"wandb.mode": "offline", "log_dir": ...})."""
+    data: dict[str, Any] = {}
+    if path:
+        import yaml
+
+        try:
+            with open(path) as f:
+                loaded = yaml.safe_load(f) or {}
+        except FileNotFoundError:
+            raise ConfigError(f"config file not found: {path}") from None
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"{path}: expected a mapping at the top level")
+        data = loaded
+    for dotted, value in overrides.items():
+        if value is None:
+            continue
+        node = data
+        parts = dotted.split(".")
+        for p in parts[:-1]:
+            node = node.setdefault(p, {})
+        node[parts[-1]] = value
+    return from_dict(DaemonConfig, data)

@@ -1,0 +1,183 @@
+"""The sink interface and the thread that runs each sink behind its own bounded queue.
+
+A sink consumes output records: `Out` tuples holding the record as a dict (the JSONL schema)
+and its JSON bytes, encoded once by the daemon. A sink never runs on the daemon's thread: a slow
+or failing W&B costs its own queue, never ingest or the JSONL sink. When a queue is full the
+newest batch's records are dropped and counted.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from typing import NamedTuple
+
+log = logging.getLogger("telemetry.sinks")
+
+
+class Out(NamedTuple):
+    kind: str        # "metrics", "gpu", "system", "event", "daemon", "hello"
+    record: dict     # exactly what the JSONL line holds
+    line: bytes      # the JSON encoding of `record`, without a newline
+
+
+class Sink:
+    """One destination. Called from its runner's thread only, so it needs no locks."""
+
+    name = "sink"
+
+    def start(self) -> None:
+        """Open files, sockets, connections. Runs on the sink's thread."""
+
+    def consume(self, batch: list[Out]) -> None:
+        raise NotImplementedError
+
+    def flush(self) -> None:
+        """Push buffered data to its destination; called on the flush interval and at close."""
+
+    def close(self) -> None:
+        """Release everything. Called once, after the last flush."""
+
+    def stats(self) -> dict:
+        return {}
+
+
+class NullSink(Sink):
+    name = "null"
+
+    def consume(self, batch: list[Out]) -> None:
+        pass
+
+
+class SinkRunner:
+    """Runs one sink on its own thread, fed through a bounded queue of records."""
+
+    def __init__(self, sink: Sink, max_queued: int = 100_000, flush_interval_s: float = 1.0,
+                 downsampler=None) -> None:
+        self.sink = sink
+        self.name = sink.name
+        self.max_queued = max_queued
+        self.flush_interval_s = flush_interval_s
+        self.downsampler = downsampler
+        self._batches: deque[list[Out]] = deque()
+        self._num_queued = 0
+        self._cond = threading.Condition()
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name=f"sink-{self.name}", daemon=True)
+        self._started = threading.Event()
+        self.start_error: BaseException | None = None
+        self.num_in = 0
+        self.num_written = 0
+        self.num_dropped = 0
+        self.num_errors = 0
+        self.last_error = ""
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def wait_started(self, timeout_s: float) -> bool:
+        return self._started.wait(timeout_s)
+
+    def put(self, batch: list[Out]) -> None:
+        """Hand a batch to the sink; never blocks. Thread-safe."""
+        with self._cond:
+            room = self.max_queued - self._num_queued
+            if room <= 0:
+                self.num_dropped += len(batch)
+                return
+            if len(batch) > room:
+                self.num_dropped += len(batch) - room
+                batch = batch[:room]
+            self._batches.append(batch)
+            self._num_queued += len(batch)
+            self.num_in += len(batch)
+            self._cond.notify()
+
+    def queued(self) -> int:
+        return self._num_queued
+
+    def _take(self, timeout_s: float) -> list[Out] | None:
+        with self._cond:
+            if not self._batches and not self._stopping:
+                self._cond.wait(timeout_s)
+            if not self._batches:
+                return None
+            batch = self._batches.popleft()
+            self._num_queued -= len(batch)
+            return batch
+
+    def _run(self) -> None:
+        try:
+            self.sink.start()
+        except BaseException as exc:  # a sink that cannot start must not take the daemon down
+            self.start_error = exc
+            self.last_error = f"start: {exc!r}"
+            self.num_errors += 1
+            log.error("sink %s failed to start: %r; its records will be dropped", self.name, exc)
+            self._started.set()
+            self._discard_forever()
+            return
+        self._started.set()
+        next_flush = time.monotonic() + self.flush_interval_s
+        while True:
+            batch = self._take(max(0.0, next_flush - time.monotonic()))
+            if batch:
+                if self.downsampler is not None:
+                    batch = self.downsampler.feed(batch)
+                self._consume(batch)
+            now = time.monotonic()
+            if now >= next_flush:
+                self._call("flush")
+                next_flush = now + self.flush_interval_s
+            if batch is None and self._stopping:
+                break
+        if self.downsampler is not None:
+            self._consume(self.downsampler.flush())
+        self._call("flush")
+        self._call("close")
+
+    def _consume(self, batch: list[Out]) -> None:
+        if not batch:
+            return
+        try:
+            self.sink.consume(batch)
+            self.num_written += len(batch)
+        except Exception as exc:
+            self.num_errors += 1
+            self.num_dropped += len(batch)
+            if self.num_errors == 1 or self.num_errors % 1000 == 0:  # never log per item
+                log.error("sink %s failed (%d errors so far): %r", self.name, self.num_errors, exc)
+            self.last_error = repr(exc)
+
+    def _call(self, method: str) -> None:
+        try:
+            getattr(self.sink, method)()
+        except Exception as exc:
+            self.num_errors += 1
+            self.last_error = f"{method}: {exc!r}"
+            log.error("sink %s %s failed: %r", self.name, method, exc)
+
+    def _discard_forever(self) -> None:
+        while True:
+            batch = self._take(1.0)
+            if batch:
+                self.num_dropped += len(batch)
+            elif self._stopping:
+                return
+
+    def close(self, timeout_s: float) -> bool:
+        """Stop after draining what is queued; True if the thread finished within `timeout_s`."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+        self._thread.join(timeout_s)
+        return not self._thread.is_alive()
+
+    def stats(self) -> dict:
+        s = {"in": self.num_in, "written": self.num_written, "dropped": self.num_dropped,
+             "queued": self._num_queued, "errors": self.num_errors}
+        if self.last_error:
+            s["last_error"] = self.last_error
+        s.update(self.sink.stats())
+        return s

@@ -1,0 +1,42 @@
+"""PUB: two frames per record, the topic (the record's kind, ASCII) and the JSON line's bytes,
+so a subscriber in any language can attach, filter by kind with a prefix, and parse JSON.
+
+The socket is bound by the daemon's thread before "ready" is printed and then used only by this
+sink's thread (a ZeroMQ socket may move between threads, never be shared).
+"""
+from __future__ import annotations
+
+import zmq
+
+from telemetry.sinks.base import Out, Sink
+
+# Per subscriber, records buffered before PUB drops for that subscriber (libzmq's rule for PUB:
+# a slow subscriber loses records, never slows the publisher).
+PUB_SNDHWM = 100_000
+
+
+class PubSink(Sink):
+    name = "pub"
+
+    def __init__(self, sock: zmq.Socket) -> None:
+        self._sock = sock
+        self.num_sent = 0
+
+    def consume(self, batch: list[Out]) -> None:
+        send = self._sock.send_multipart
+        for o in batch:
+            send((o.kind.encode("ascii"), o.line), zmq.NOBLOCK)
+        self.num_sent += len(batch)
+
+    def close(self) -> None:
+        self._sock.close(linger=200)
+
+    def stats(self) -> dict:
+        return {"sent": self.num_sent}
+
+
+def bind_pub(ctx: zmq.Context, endpoint: str) -> zmq.Socket:
+    sock = ctx.socket(zmq.PUB)
+    sock.setsockopt(zmq.SNDHWM, PUB_SNDHWM)
+    sock.bind(endpoint)
+    return sock
