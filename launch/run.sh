@@ -1,0 +1,119 @@
+#!/usr/bin/env bash
+# Train with the telemetry sidecar: set up (first use), start the daemon, wait until it is ready,
+# run the trainer on N ranks, stream the daemon's log, drain the daemon, print a summary.
+# Exits with the trainer's exit code.
+set -uo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+
+usage() {
+    cat <<USAGE
+usage: launch/run.sh [--config FILE] [--nproc N] [--steps N] [--run-dir DIR] [--attach tail]
+                     [--launcher torchrun|deepspeed] [--wandb disabled|offline|online]
+                     [--daemon-config FILE] [-- key=value ...]
+
+  --config FILE     trainer config (default launch/configs/tiny.yaml)
+  --nproc N         ranks on this node (default 1)
+  --steps N         optimizer steps (default: the config's)
+  --run-dir DIR     where everything goes (default runs/<run-name>): DIR/telemetry/ holds
+                    metrics.jsonl and the daemon log, DIR/checkpoints/ the checkpoints
+  --attach tail     open the live view beside the training (a tmux pane inside tmux,
+                    else DIR/telemetry/tail.log, followed with: tail -f)
+  --launcher L      torchrun (default) or deepspeed
+  --wandb MODE      W&B mode for the daemon (default offline; no network is needed)
+  --daemon-config F daemon YAML config (see README, "Daemon config")
+  -- key=value ...  extra trainer overrides, e.g. -- optim.lr=1e-3 log_every=5
+USAGE
+}
+
+CONFIG="$ROOT/launch/configs/tiny.yaml"; NPROC=1; STEPS=""; RUN_DIR=""; ATTACH=""; LAUNCHER=torchrun
+WANDB_MODE_ARG="${TELEMETRY_WANDB:-offline}"; DAEMON_CONFIG=""; EXTRA=()
+while [[ $# -gt 0 ]]; do
+    case "$1" in
+        --config) CONFIG="$2"; shift 2 ;;
+        --nproc) NPROC="$2"; shift 2 ;;
+        --steps) STEPS="$2"; shift 2 ;;
+        --run-dir) RUN_DIR="$2"; shift 2 ;;
+        --attach) ATTACH="$2"; shift 2 ;;
+        --launcher) LAUNCHER="$2"; shift 2 ;;
+        --wandb) WANDB_MODE_ARG="$2"; shift 2 ;;
+        --daemon-config) DAEMON_CONFIG="$2"; shift 2 ;;
+        -h|--help) usage; exit 0 ;;
+        --) shift; EXTRA=("$@"); break ;;
+        *) echo "run.sh: unknown argument: $1" >&2; usage >&2; exit 2 ;;
+    esac
+done
+[[ "$NPROC" =~ ^[1-9][0-9]*$ ]] || { echo "run.sh: --nproc must be a positive integer, got '$NPROC'" >&2; exit 2; }
+[[ -z "$STEPS" || "$STEPS" =~ ^[1-9][0-9]*$ ]] || { echo "run.sh: --steps must be a positive integer, got '$STEPS'" >&2; exit 2; }
+[[ -z "$ATTACH" || "$ATTACH" == tail ]] || { echo "run.sh: --attach takes 'tail', got '$ATTACH'" >&2; exit 2; }
+[[ "$LAUNCHER" == torchrun || "$LAUNCHER" == deepspeed ]] || { echo "run.sh: --launcher: torchrun or deepspeed" >&2; exit 2; }
+[[ -f "$CONFIG" ]] || { echo "run.sh: config not found: $CONFIG" >&2; exit 2; }
+
+"$ROOT/launch/setup.sh" || { echo "run.sh: set-up failed" >&2; exit 1; }
+PY="$ROOT/.venv/bin/python"
+
+RUN_NAME="$(basename "${RUN_DIR:-$(basename "$CONFIG" .yaml)-$(date +%Y%m%d-%H%M%S)}")"
+RUN_DIR="${RUN_DIR:-$ROOT/runs/$RUN_NAME}"
+mkdir -p "$RUN_DIR/telemetry"
+RUN_DIR="$(cd "$RUN_DIR" && pwd)"
+TEL_DIR="$RUN_DIR/telemetry"
+# Private sockets for this run (ipc paths must stay under 107 bytes, so not inside RUN_DIR).
+export TELEMETRY_RUN_NAME="$RUN_NAME"
+export TELEMETRY_RUNTIME_DIR="${TELEMETRY_RUNTIME_DIR:-/tmp/telemetry-$(id -u)/$RUN_NAME-$$}"
+mkdir -p -m 0700 "$(dirname "$TELEMETRY_RUNTIME_DIR")" && mkdir -p -m 0700 "$TELEMETRY_RUNTIME_DIR"
+
+DAEMON_OUT="$TEL_DIR/daemon.out"
+daemon_args=(--log-dir "$TEL_DIR" --run-name "$RUN_NAME" --wandb "$WANDB_MODE_ARG" --world-size "$NPROC")
+[[ -n "$DAEMON_CONFIG" ]] && daemon_args+=(--config "$DAEMON_CONFIG")
+"$PY" -m telemetry daemon "${daemon_args[@]}" >"$DAEMON_OUT" 2>&1 &
+DAEMON_PID=$!
+TAIL_PIDS=()
+
+cleanup() {
+    for p in "${TAIL_PIDS[@]}"; do kill "$p" 2>/dev/null; done
+    if kill -0 "$DAEMON_PID" 2>/dev/null; then
+        "$PY" -m telemetry drain --timeout 20 >"$TEL_DIR/drain.json" 2>/dev/null \
+            || kill -TERM "$DAEMON_PID" 2>/dev/null
+        for _ in $(seq 100); do kill -0 "$DAEMON_PID" 2>/dev/null || break; sleep 0.1; done
+        kill -KILL "$DAEMON_PID" 2>/dev/null
+    fi
+    wait "$DAEMON_PID" 2>/dev/null
+    rm -rf "$TELEMETRY_RUNTIME_DIR"
+}
+trap cleanup EXIT
+
+# Wait for the daemon's ready line (it binds every socket first).
+for _ in $(seq 600); do
+    grep -q "telemetry daemon ready" "$DAEMON_OUT" 2>/dev/null && break
+    kill -0 "$DAEMON_PID" 2>/dev/null || { echo "run.sh: the telemetry daemon exited:" >&2; cat "$DAEMON_OUT" >&2; exit 1; }
+    sleep 0.1
+done
+grep -q "telemetry daemon ready" "$DAEMON_OUT" || { echo "run.sh: the daemon was not ready within 60 s" >&2; exit 1; }
+echo "[run.sh] run $RUN_NAME: telemetry in $TEL_DIR, checkpoints in $RUN_DIR/checkpoints"
+tail -n +1 -F "$DAEMON_OUT" 2>/dev/null | sed -u 's/^/[telemetry] /' &
+TAIL_PIDS+=($!)
+
+if [[ "$ATTACH" == tail ]]; then
+    if [[ -n "${TMUX:-}" ]] && command -v tmux >/dev/null; then
+        tmux split-window -h "TELEMETRY_RUNTIME_DIR='$TELEMETRY_RUNTIME_DIR' '$PY' -m telemetry tail; read -r"
+    else
+        "$PY" -m telemetry tail --plain >"$TEL_DIR/tail.log" 2>&1 &
+        TAIL_PIDS+=($!)
+        echo "[run.sh] live view: tail -f $TEL_DIR/tail.log  (or: TELEMETRY_RUNTIME_DIR=$TELEMETRY_RUNTIME_DIR telemetry tail)"
+    fi
+fi
+
+overrides=("run_dir=$RUN_DIR" "run_name=$RUN_NAME")
+[[ -n "$STEPS" ]] && overrides+=("steps=$STEPS")
+overrides+=("${EXTRA[@]}")
+if [[ "$LAUNCHER" == deepspeed ]]; then
+    launch=("$ROOT/.venv/bin/deepspeed" --num_nodes 1 --num_gpus "$NPROC" --module trainer.train)
+else
+    launch=("$ROOT/.venv/bin/torchrun" --standalone --nproc_per_node "$NPROC" -m trainer.train)
+fi
+"${launch[@]}" --config "$CONFIG" "${overrides[@]}"
+TRAIN_RC=$?
+
+cleanup
+trap - EXIT
+"$PY" -m telemetry.consumers.summary "$TEL_DIR" --drain-json "$TEL_DIR/drain.json" --trainer-rc "$TRAIN_RC"
+exit "$TRAIN_RC"

@@ -1,0 +1,106 @@
+"""The closing summary run.sh prints: steps, throughput, final loss, records in, drops.
+
+    python -m telemetry.consumers.summary RUN_DIR/telemetry [--drain-json FILE] [--trainer-rc N]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+
+def read_records(log_dir: Path):
+    """Every whole JSON line of a run's metrics files, oldest first; torn or bad lines skipped."""
+    from telemetry.sinks.jsonl import rotated_files
+
+    for path in rotated_files(log_dir):
+        with open(path, "rb") as f:
+            for line in f:
+                if not line.endswith(b"\n"):
+                    break  # a torn last line
+                try:
+                    yield json.loads(line)
+                except ValueError:
+                    continue
+
+
+def summarize(log_dir: Path) -> dict:
+    steps: list[int] = []
+    losses: list[float] = []
+    tps: list[float] = []
+    mfu: list[float] = []
+    daemon: dict = {}
+    num_events = 0
+    for rec in read_records(log_dir):
+        kind = rec.get("kind")
+        if kind == "metrics" and "rank" not in rec:
+            v = rec.get("values", {})
+            if "train/loss" in v:
+                steps.append(rec["step"])
+                if v["train/loss"] is not None:
+                    losses.append(v["train/loss"])
+            if v.get("perf/tokens_per_second"):
+                tps.append(v["perf/tokens_per_second"])
+            if v.get("perf/mfu") is not None:
+                mfu.append(v["perf/mfu"])
+        elif kind == "daemon":
+            daemon = rec.get("values", {})
+        elif kind == "event":
+            num_events += 1
+    # The first steps include warm-up (allocation, compilation): the median of the rest.
+    steady = tps[len(tps) // 5:] or tps
+    return {
+        "num_steps": len(set(steps)),
+        "last_step": max(steps) if steps else None,
+        "first_loss": losses[0] if losses else None,
+        "final_loss": losses[-1] if losses else None,
+        "tokens_per_second_median": statistics.median(steady) if steady else None,
+        "mfu_median": statistics.median(mfu) if mfu else None,
+        "num_events": num_events,
+        "records_in": daemon.get("telemetry/records_in"),
+        "dropped": daemon.get("telemetry/dropped"),
+        "sink_dropped": daemon.get("telemetry/sink_dropped"),
+    }
+
+
+def _fmt(x, spec: str = "") -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("log_dir", type=Path)
+    p.add_argument("--drain-json", type=Path, help="the final counters from `telemetry drain`")
+    p.add_argument("--trainer-rc", type=int)
+    args = p.parse_args(argv)
+    if not (args.log_dir / "metrics.jsonl").exists():
+        print(f"summary: no metrics.jsonl in {args.log_dir}", file=sys.stderr)
+        return 1
+    s = summarize(args.log_dir)
+    if args.drain_json and args.drain_json.exists():
+        try:
+            final = json.loads(args.drain_json.read_text() or "{}")
+            s["records_in"] = final.get("records_in", s["records_in"])
+            s["dropped"] = final.get("records_lost", s["dropped"])
+        except ValueError:
+            pass
+    print("=" * 72)
+    print(f"run summary ({args.log_dir})")
+    print(f"  steps logged       {s['num_steps']} (last step {_fmt(s['last_step'])})")
+    print(f"  loss               {_fmt(s['first_loss'], '.4f')} -> {_fmt(s['final_loss'], '.4f')}")
+    print(f"  tokens/s (median)  {_fmt(s['tokens_per_second_median'], ',.0f')}")
+    if s["mfu_median"] is not None:
+        print(f"  MFU (median)       {s['mfu_median'] * 100:.2f} %")
+    print(f"  records in         {_fmt(s['records_in'])}")
+    print(f"  records dropped    {_fmt(s['dropped'])}  (sink drops {_fmt(s['sink_dropped'])})")
+    print(f"  events             {s['num_events']}")
+    if args.trainer_rc is not None:
+        print(f"  trainer exit code  {args.trainer_rc}")
+    print("=" * 72)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
