@@ -1,0 +1,59 @@
+"""`telemetry mfu-check`: the calibration tool prints the formula beside FlopCounterMode."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("transformers")
+
+from telemetry import cli  # noqa: E402
+from telemetry.mfu import training_flops  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+QWEN2 = {"model_type": "qwen2", "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
+         "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 128,
+         "max_position_embeddings": 64, "tie_word_embeddings": True}
+
+
+def run_json(argv: list[str], capsys) -> tuple[int, dict]:
+    rc = cli.main(["mfu-check", *argv, "--json"])
+    return rc, json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+
+
+def test_hf_config_file_on_cpu(tmp_path, capsys):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(QWEN2))
+    rc, out = run_json(["--hf-config", str(path), "--seq-len", "16", "--batch-size", "2", "--device", "cpu"], capsys)
+    assert rc == 0
+    assert out["counted_flops"] == out["formula_flops"] == training_flops(QWEN2, 32, 2 * 16 * 16)
+    assert out["counted_by_op"]["aten.bmm"] == 3 * 4 * 2 * 4 * 16 * 2 * 16 * 16  # attention only
+
+
+def test_trainer_yaml_with_gradient_checkpointing(tmp_path, capsys):
+    pytest.importorskip("yaml")
+    path = tmp_path / "tiny.yaml"
+    path.write_text(json.dumps({"model": {"hf_config": QWEN2}, "data": {"seq_len": 32}}))  # JSON is YAML
+    rc, out = run_json(["--config", str(path), "--gradient-checkpointing"], capsys)
+    assert rc == 0
+    assert out["seq_len"] == 32 and out["ratio"] == 1.0 and out["hardware_ratio"] == 1.0
+
+
+def test_flags_table_and_exit_code():
+    cmd = [sys.executable, "-m", "telemetry", "mfu-check", "--model-type", "gemma", "--hidden-size", "64",
+           "--num-layers", "2", "--num-heads", "4", "--num-kv-heads", "1", "--head-dim", "24",
+           "--intermediate-size", "96", "--vocab-size", "128", "--seq-len", "16"]
+    res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert "ratio counted / formula" in res.stdout and "1.000000" in res.stdout
+    assert "OK: formula and FlopCounterMode agree" in res.stdout
+
+
+def test_unreadable_config_is_a_clear_error(tmp_path, capsys):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"model_type": "t5", "is_encoder_decoder": True}))
+    assert cli.main(["mfu-check", "--hf-config", str(path)]) == 2
+    assert "encoder-decoder" in capsys.readouterr().err
