@@ -1,0 +1,169 @@
+"""Rules on the training signals: non-finite values, loss spikes, throughput drops, stragglers."""
+from __future__ import annotations
+
+import math
+import statistics
+from collections import deque
+
+from telemetry.diagnosis.config import DiagnosisConfig
+from telemetry.diagnosis.rules.base import (Finding, Rule, complete, finite, is_aggregated_metrics, num,
+                                            past_warmup, step_of, t_of)
+
+NONFINITE_KEYS = ("train/loss", "train/grad_norm")
+# Throughput keys in order of preference: the first one a record carries is the run's measure.
+THROUGHPUT_KEYS = ("perf/tokens_per_second", "perf/samples_per_second", "perf/steps_per_second")
+# Robust sigma from the median absolute deviation of a normal distribution.
+MAD_TO_SIGMA = 1.4826
+
+
+class NonFinite(Rule):
+    """NaN or Inf in train/loss or train/grad_norm, aggregated or per rank (critical)."""
+
+    name = "nonfinite"
+    kinds = frozenset({"metrics"})
+
+    def consume(self, record: dict) -> list[Finding]:
+        values = record.get("values")
+        out = []
+        for key in NONFINITE_KEYS:
+            v = num(values, key)
+            if v is None and isinstance(values, dict) and isinstance(values.get(key), str):
+                try:  # a value that went through a text format as "NaN" / "inf"
+                    v = float(values[key])
+                except ValueError:
+                    v = None
+            if v is None or math.isfinite(v):
+                continue
+            rank = record.get("rank")
+            where = f"rank {rank}" if rank is not None else "the aggregated step"
+            msg = (f"{key} is {v} at step {step_of(record)} ({where}): training has diverged or a batch "
+                   f"produced an overflow; with fp16 loss scaling an occasional inf grad norm is a skipped "
+                   f"step, a NaN loss is not")
+            # Subject is the key alone: one NaN usually shows on every rank at once; say it once.
+            out.append(Finding(key, msg, t_of(record), rank=rank, severity="critical",
+                               data={"key": key, "value": str(v), "step": step_of(record)}))
+        return out
+
+
+class LossSpike(Rule):
+    """Aggregated train/loss above median + max(robust_z x sigma, min_rel x median) of the window."""
+
+    name = "loss_spike"
+    kinds = frozenset({"metrics"})
+
+    def __init__(self, cfg: DiagnosisConfig) -> None:
+        super().__init__(cfg)
+        self.history: deque[float] = deque(maxlen=cfg.loss_spike_window)
+
+    def consume(self, record: dict) -> list[Finding]:
+        if not is_aggregated_metrics(record) or not past_warmup(record, self.cfg):
+            return []
+        loss = finite(record.get("values"), "train/loss")
+        if loss is None:
+            return []
+        out = []
+        if len(self.history) >= self.cfg.loss_spike_min_points:
+            med = statistics.median(self.history)
+            sigma = MAD_TO_SIGMA * statistics.median(abs(x - med) for x in self.history)
+            threshold = med + max(self.cfg.loss_spike_robust_z * sigma, self.cfg.loss_spike_min_rel * abs(med))
+            if loss > threshold:
+                msg = (f"loss spike at step {step_of(record)}: train/loss {loss:.4g} against a median of "
+                       f"{med:.4g} over the last {len(self.history)} log steps (threshold {threshold:.4g}); "
+                       f"a bad batch, a learning rate too high for this phase, or an fp16 overflow")
+                out.append(Finding("run", msg, t_of(record), data={
+                    "loss": loss, "median": med, "robust_sigma": sigma, "threshold": threshold,
+                    "step": step_of(record)}))
+        self.history.append(loss)
+        return out
+
+
+class ThroughputDrop(Rule):
+    """Aggregated tokens/s (or samples/s, steps/s) under (1 - drop_fraction) x the run's median
+    for throughput_drop_consecutive log steps in a row; reported once per episode."""
+
+    name = "throughput_drop"
+    kinds = frozenset({"metrics"})
+    MAX_HISTORY = 5000  # log steps kept for the median: hours of a run at one log per second
+
+    def __init__(self, cfg: DiagnosisConfig) -> None:
+        super().__init__(cfg)
+        self.key: str | None = None
+        self.history: deque[float] = deque(maxlen=self.MAX_HISTORY)
+        self.num_low = 0
+        self.reported = False
+
+    def consume(self, record: dict) -> list[Finding]:
+        # A step without all ranks sums fewer ranks' tokens/s: that is rank_stopped's story.
+        if not is_aggregated_metrics(record) or not past_warmup(record, self.cfg) or not complete(record):
+            return []
+        values = record.get("values")
+        if self.key is None:
+            self.key = next((k for k in THROUGHPUT_KEYS if finite(values, k) is not None), None)
+            if self.key is None:
+                return []
+        v = finite(values, self.key)
+        if v is None:
+            return []
+        out = []
+        if len(self.history) >= self.cfg.throughput_min_points:
+            med = statistics.median(self.history)
+            if v < (1.0 - self.cfg.throughput_drop_fraction) * med:
+                self.num_low += 1
+                if self.num_low >= self.cfg.throughput_drop_consecutive and not self.reported:
+                    self.reported = True
+                    drop = 1.0 - v / med if med else 1.0
+                    msg = (f"throughput dropped at step {step_of(record)}: {self.key} {v:.4g} is {drop:.0%} "
+                           f"under the run's median {med:.4g} for {self.num_low} log steps in a row; look for "
+                           f"throttling, a straggler, a slower data source, or other jobs on the node")
+                    out.append(Finding("run", msg, t_of(record), data={
+                        "key": self.key, "value": v, "median": med, "drop_fraction": drop,
+                        "num_log_steps": self.num_low, "step": step_of(record)}))
+            else:
+                self.num_low = 0
+                self.reported = False
+        self.history.append(v)
+        return out
+
+
+class Straggler(Rule):
+    """perf/step_time_max / perf/step_time_min >= straggler_ratio for straggler_consecutive log
+    steps with the same perf/slowest_rank; reported once per episode."""
+
+    name = "straggler"
+    kinds = frozenset({"metrics"})
+
+    def __init__(self, cfg: DiagnosisConfig) -> None:
+        super().__init__(cfg)
+        self.num_slow = 0
+        self.slowest: int | None = None
+        self.reported = False
+
+    def consume(self, record: dict) -> list[Finding]:
+        if not is_aggregated_metrics(record) or not past_warmup(record, self.cfg) or not complete(record):
+            return []
+        values = record.get("values")
+        t_max = finite(values, "perf/step_time_max")
+        t_min = finite(values, "perf/step_time_min")
+        if t_max is None or t_min is None or t_min <= 0:
+            return []
+        slowest_f = finite(values, "perf/slowest_rank")
+        slowest = int(slowest_f) if slowest_f is not None else None
+        ratio = t_max / t_min
+        if ratio < self.cfg.straggler_ratio:
+            self.num_slow, self.slowest, self.reported = 0, None, False
+            return []
+        if self.num_slow and slowest != self.slowest:  # a different rank is slowest: new episode
+            self.num_slow, self.reported = 0, False
+        self.slowest = slowest
+        self.num_slow += 1
+        if self.num_slow < self.cfg.straggler_consecutive or self.reported:
+            return []
+        self.reported = True
+        who = f"rank {slowest}" if slowest is not None else "one rank"
+        msg = (f"straggler: {who} is the slowest for {self.num_slow} log steps in a row, its step taking "
+               f"{t_max:.3g} s against {t_min:.3g} s on the fastest rank ({ratio:.2f}x) at step "
+               f"{step_of(record)}; every rank waits for it at the gradient all-reduce (check that node's "
+               f"GPU clocks, its data loader and other processes on it)")
+        return [Finding(f"rank{slowest}", msg, t_of(record), rank=slowest, data={
+            "slowest_rank": slowest, "step_time_max_s": t_max, "step_time_min_s": t_min, "ratio": ratio,
+            "num_log_steps": self.num_slow, "step": step_of(record)})]
