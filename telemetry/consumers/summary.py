@@ -10,20 +10,7 @@ import statistics
 import sys
 from pathlib import Path
 
-
-def read_records(log_dir: Path):
-    """Every whole JSON line of a run's metrics files, oldest first; torn or bad lines skipped."""
-    from telemetry.sinks.jsonl import rotated_files
-
-    for path in rotated_files(log_dir):
-        with open(path, "rb") as f:
-            for line in f:
-                if not line.endswith(b"\n"):
-                    break  # a torn last line
-                try:
-                    yield json.loads(line)
-                except ValueError:
-                    continue
+from telemetry.consumers.readjsonl import read_records
 
 
 def summarize(log_dir: Path) -> dict:

@@ -1,0 +1,168 @@
+"""Replay a run's metrics.jsonl into Weights & Biases (upload after an offline or network-less run).
+
+    telemetry replay RUN_DIR [--wandb online|offline] [--project P] [--entity E] [--run-id ID]
+
+The W&B run is the one the daemon's live sink uses for this run dir (its id is kept in
+<telemetry dir>/wandb_run_id, else derived the same way), opened with resume="allow", and
+logged in the sink's shape: aggregated metrics per step against `train/step`, GPU and host
+records at the step they followed, the ranks' hello info as the run config, events as a table.
+
+Idempotent by step. A replay records the last step it logged, per W&B mode and run id, in
+<telemetry dir>/wandb_replay.json; online, the resumed run's summary (`train/step`, fetched from
+the server on resume) is consulted too, so a run filled by the live sink or another machine
+is not filled twice. Records of steps at or below that mark are skipped; when nothing is new
+no W&B run is opened at all. Re-running after the training went on uploads only the new steps.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+STATE_FILE = "wandb_replay.json"
+# Records per W&B log call are one row each; this only paces progress output.
+PROGRESS_EVERY = 5000
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("run_dir", metavar="RUN_DIR", help="run dir holding telemetry/metrics.jsonl, or the telemetry dir")
+    p.add_argument("--wandb", choices=("online", "offline"), default="online", help="W&B mode (default online)")
+    p.add_argument("--project", default=None, help="W&B project (default $WANDB_PROJECT, else 'telemetry')")
+    p.add_argument("--entity", default=None, help="W&B entity (default: yours)")
+    p.add_argument("--run-id", default=None, help="W&B run id (default: the live sink's id for this run dir)")
+    p.add_argument("--run-name", default=None, help="W&B run name (default: from the hello records, else the dir)")
+
+
+def run_id_for(log_dir: Path, run_name: str) -> str:
+    """The live sink's W&B run id for this log dir: the one it wrote down, else the same derivation."""
+    from telemetry.sinks.wandb_sink import stable_run_id
+
+    id_file = log_dir / "wandb_run_id"
+    if id_file.exists():
+        text = id_file.read_text().strip()
+        if text:
+            return text
+    return stable_run_id(run_name + ":" + str(log_dir.resolve()))
+
+
+def _load_state(log_dir: Path) -> dict:
+    try:
+        state = json.loads((log_dir / STATE_FILE).read_text())
+        return state if isinstance(state, dict) else {}
+    except (FileNotFoundError, ValueError):
+        return {}
+
+
+def _save_state(log_dir: Path, state: dict) -> None:
+    tmp = log_dir / (STATE_FILE + ".tmp")
+    tmp.write_text(json.dumps(state, indent=1) + "\n")
+    os.replace(tmp, log_dir / STATE_FILE)  # atomic: a crash leaves the old mark, never half a file
+
+
+def plan(records: Any, after_step: int) -> tuple[list[tuple[int, dict]], list[dict], dict, list[dict]]:
+    """Split a run's records into W&B rows after `after_step`.
+
+    Returns (rows, hellos, config, events): rows are (step, values) in file order, where GPU,
+    host and daemon records take the step of the last aggregated metrics record before them.
+    """
+    rows: list[tuple[int, dict]] = []
+    events: list[dict] = []
+    config: dict = {}
+    hellos: list[dict] = []
+    cur = -1
+    for rec in records:
+        kind = rec.get("kind")
+        values = rec.get("values") if isinstance(rec.get("values"), dict) else None
+        if kind == "metrics" and "rank" not in rec and isinstance(rec.get("step"), int):
+            cur = max(cur, rec["step"])
+            if rec["step"] > after_step and values:
+                rows.append((rec["step"], values))
+        elif kind in ("gpu", "system", "daemon") and values and cur > after_step:
+            if kind == "gpu":
+                values = {k.replace("gpu/", f"gpu{rec.get('gpu', 0)}/", 1): v for k, v in values.items()}
+            rows.append((cur, values))
+        elif kind == "event" and max(cur, 0) > after_step:
+            events.append(rec)
+        elif kind == "hello" and isinstance(rec.get("info"), dict):
+            hellos.append(rec)
+            for k, v in rec["info"].items():
+                config.setdefault(k, v)
+    return rows, hellos, config, events
+
+
+def replay(run_dir: str | Path, mode: str = "online", project: str | None = None, entity: str | None = None,
+           run_id: str | None = None, run_name: str | None = None, out: Any = sys.stdout) -> dict[str, Any]:
+    """Replay into W&B; return {"run_id", "mode", "rows", "steps", "skipped_through", "last_step"}."""
+    from telemetry.consumers.readjsonl import find_log_dir, read_records, run_dir_of
+    from telemetry.consumers.report import collect
+    from telemetry.consumers.report import run_name as name_of
+
+    log_dir = find_log_dir(run_dir)
+    if run_name is None:
+        run_name = name_of(collect(r for r in read_records(log_dir) if r.get("kind") == "hello"),
+                           run_dir_of(log_dir).name)
+    run_id = run_id or run_id_for(log_dir, run_name)
+    state = _load_state(log_dir)
+    key = f"{mode}:{run_id}"
+    done = int(state.get(key, {}).get("last_step", -1))
+    rows, _, config, events = plan(read_records(log_dir), done)
+    result = {"run_id": run_id, "mode": mode, "rows": 0, "steps": 0, "skipped_through": done, "last_step": done}
+    if not rows:
+        print(f"replay: nothing new for W&B run {run_id} ({mode}); steps up to {done} were replayed before",
+              file=out)
+        return result
+
+    import wandb  # lazy: ~1 s, and only when there is something to send
+
+    t0 = time.monotonic()
+    run = wandb.init(mode=mode, project=project or os.environ.get("WANDB_PROJECT") or "telemetry", entity=entity,
+                     name=run_name, id=run_id, resume="allow", dir=str(log_dir), reinit="create_new",
+                     settings=wandb.Settings(silent=True, console="off", x_disable_stats=True))
+    try:
+        # Online, the resumed run knows how far it already got (from the live sink or an
+        # earlier replay on another machine); offline it knows nothing and the state file rules.
+        server_step = run.summary.get("train/step") if mode == "online" else None
+        if isinstance(server_step, (int, float)) and server_step > done:
+            done = int(server_step)
+            rows = [(s, v) for s, v in rows if s > done]
+        run.define_metric("train/step")
+        run.define_metric("*", step_metric="train/step")
+        if config:
+            run.config.update(config, allow_val_change=True)
+        steps = set()
+        for i, (step, values) in enumerate(rows):
+            run.log({"train/step": step, **values})
+            steps.add(step)
+            if i and i % PROGRESS_EVERY == 0:
+                print(f"replay: {i}/{len(rows)} rows", file=out)
+        if events:
+            cols = ["t", "rank", "name", "message", "data"]
+            table = wandb.Table(columns=cols)
+            for ev in events:
+                data = ev.get("data") if isinstance(ev.get("data"), dict) else {}
+                table.add_data(ev.get("t"), ev.get("rank"), ev.get("name"), str(data.get("message", "")),
+                               json.dumps(data))
+            run.log({"telemetry/events": table, "train/step": max(steps) if steps else done})
+        last = max(steps) if steps else done
+    finally:
+        run.finish()
+    state[key] = {"last_step": last, "rows": int(state.get(key, {}).get("rows", 0)) + len(rows),
+                  "updated": time.time()}
+    _save_state(log_dir, state)
+    result.update(rows=len(rows), steps=len(steps), skipped_through=done, last_step=last)
+    print(f"replay: {len(rows)} rows ({len(steps)} steps, {min(steps, default=last)}..{last}) into W&B run {run_id} "
+          f"({mode}) in {time.monotonic() - t0:.1f} s", file=out)
+    return result
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        replay(args.run_dir, args.wandb, args.project, args.entity, args.run_id, args.run_name)
+    except FileNotFoundError as exc:
+        print(f"telemetry replay: {exc}", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,596 @@
+"""Plots, a one-page HTML summary and a text summary from a run's metrics.jsonl.
+
+    telemetry report RUN_DIR [--out DIR]
+
+RUN_DIR is the run dir (holding telemetry/metrics.jsonl) or the telemetry dir itself. Rotated
+pieces (metrics.jsonl.1, .2, ...) are read oldest first; a torn last line is skipped. Writes,
+into --out (default <telemetry dir>/report): loss.png (per dataset), throughput.png, mfu.png,
+step_time.png (spread across ranks), gpu.png (utilization, memory, power) or system.png (CPU
+and memory, when there are no GPU records), and index.html with the run's config and its
+diagnosis events. A plot without data is left out and the page says why.
+"""
+from __future__ import annotations
+
+import argparse
+import html
+import json
+import math
+import statistics
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+# Plots draw at most this many points per line: a week-long run must still plot in seconds.
+MAX_POINTS = 4000
+# Loss lines are smoothed over about 1/SMOOTH_FRACTION of the run (an EMA with that span):
+# a fixed weight would make a short run's curves lag by many steps.
+SMOOTH_FRACTION = 50
+# The first steps carry warm-up (allocation, compilation) and are left out of the medians.
+WARMUP_FRACTION = 0.2
+DPI = 110
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("run_dir", metavar="RUN_DIR", help="run dir holding telemetry/metrics.jsonl, or the telemetry dir")
+    p.add_argument("--out", metavar="DIR", help="where the PNGs and index.html go (default <telemetry dir>/report)")
+
+
+# -- reading -------------------------------------------------------------------------------------
+@dataclass
+class RunData:
+    """Everything a report needs, gathered in one pass over the records."""
+
+    steps: dict[str, tuple[list[int], list[float]]] = field(default_factory=dict)   # aggregated, by name
+    rank_step_time: dict[int, tuple[list[int], list[float]]] = field(default_factory=dict)
+    gpus: dict[tuple[str, int], dict[str, tuple[list[float], list[float]]]] = field(default_factory=dict)
+    systems: dict[str, dict[str, tuple[list[float], list[float]]]] = field(default_factory=dict)
+    events: list[dict] = field(default_factory=list)
+    hellos: dict[int, dict] = field(default_factory=dict)
+    daemon: dict[str, Any] = field(default_factory=dict)
+    num_steps_incomplete: int = 0
+    t_first: float | None = None
+    t_last: float | None = None
+
+    def series(self, name: str) -> tuple[list[int], list[float]]:
+        return self.steps.get(name, ([], []))
+
+
+def _is_num(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _append(store: dict, key: Any, x: float, y: Any) -> None:
+    if _is_num(y):
+        xs, ys = store.setdefault(key, ([], []))
+        xs.append(x)
+        ys.append(float(y))
+
+
+def collect(records: Any) -> RunData:
+    d = RunData()
+    for rec in records:
+        kind = rec.get("kind")
+        t = rec.get("t")
+        if _is_num(t):
+            d.t_first = t if d.t_first is None else min(d.t_first, t)
+            d.t_last = t if d.t_last is None else max(d.t_last, t)
+        values = rec.get("values") if isinstance(rec.get("values"), dict) else {}
+        if kind == "metrics":
+            step = rec.get("step")
+            if not isinstance(step, int):
+                continue
+            if "rank" in rec:
+                if isinstance(rec["rank"], int):
+                    _append(d.rank_step_time, rec["rank"], step, values.get("perf/step_time"))
+                continue
+            if rec.get("missing_ranks"):
+                d.num_steps_incomplete += 1
+            for k, v in values.items():
+                _append(d.steps, k, step, v)
+        elif kind == "gpu" and _is_num(t):
+            g = d.gpus.setdefault((str(rec.get("host", "?")), rec.get("gpu") if isinstance(rec.get("gpu"), int) else 0), {})
+            for k, v in values.items():
+                _append(g, k, t, v)
+        elif kind == "system" and _is_num(t):
+            s = d.systems.setdefault(str(rec.get("host", "?")), {})
+            for k in ("system/cpu_percent", "system/memory_percent", "system/rss_gb"):
+                _append(s, k, t, values.get(k))
+        elif kind == "event":
+            d.events.append(rec)
+        elif kind == "hello":
+            if isinstance(rec.get("rank"), int) and isinstance(rec.get("info"), dict):
+                d.hellos[rec["rank"]] = rec["info"]
+        elif kind == "daemon":
+            d.daemon.update(values)
+    return d
+
+
+def run_name(d: RunData, fallback: str) -> str:
+    for rank in sorted(d.hellos):
+        info = d.hellos[rank]
+        name = info.get("run_name")
+        if not name and isinstance(info.get("config"), dict):
+            name = info["config"].get("run_name")
+        if name:
+            return str(name)
+    return fallback
+
+
+# -- numbers -------------------------------------------------------------------------------------
+def _steady(ys: list[float]) -> list[float]:
+    return ys[int(len(ys) * WARMUP_FRACTION):] or ys
+
+
+def summarize(d: RunData) -> dict[str, Any]:
+    steps, losses = d.series("train/loss")
+    all_steps = sorted({s for xs, _ in d.steps.values() for s in xs})
+    tps = d.series("perf/tokens_per_second")[1]
+    mfu = d.series("perf/mfu")[1]
+    if not mfu and d.series("perf/mfu_percent")[1]:
+        mfu = [m / 100 for m in d.series("perf/mfu_percent")[1]]
+    st_max, st_min = d.series("perf/step_time_max")[1], d.series("perf/step_time_min")[1]
+    if not st_max:
+        st_max = d.series("perf/step_time")[1]
+    spreads = [(a - b) / a for a, b in zip(st_max, st_min) if a > 0] if len(st_max) == len(st_min) else []
+    diagnosis = [e for e in d.events if str(e.get("name", "")).startswith("diagnosis/")]
+    return {
+        "num_steps": len(all_steps),
+        "first_step": all_steps[0] if all_steps else None,
+        "last_step": all_steps[-1] if all_steps else None,
+        "first_loss": losses[0] if losses else None,
+        "final_loss": losses[-1] if losses else None,
+        "min_loss": min(losses) if losses else None,
+        "tokens_per_second_median": statistics.median(_steady(tps)) if tps else None,
+        "mfu_median": statistics.median(_steady(mfu)) if mfu else None,
+        "step_time_median_s": statistics.median(_steady(st_max)) if st_max else None,
+        "step_time_spread_median": statistics.median(_steady(spreads)) if spreads else None,
+        "num_steps_incomplete": d.num_steps_incomplete,
+        "num_gpus": len(d.gpus),
+        "num_events": len(d.events),
+        "num_diagnosis_events": len(diagnosis),
+        "records_in": d.daemon.get("telemetry/records_in"),
+        "dropped": d.daemon.get("telemetry/dropped"),
+        "sink_dropped": d.daemon.get("telemetry/sink_dropped"),
+        "duration_s": (d.t_last - d.t_first) if d.t_first is not None and d.t_last is not None else None,
+    }
+
+
+# -- plots ---------------------------------------------------------------------------------------
+def _thin(xs: list, ys: list) -> tuple[list, list]:
+    if len(xs) <= MAX_POINTS:
+        return xs, ys
+    stride = math.ceil(len(xs) / MAX_POINTS)
+    return xs[::stride], ys[::stride]
+
+
+def _span(n: int) -> int:
+    return max(1, n // SMOOTH_FRACTION)
+
+
+def _ema(ys: list[float], span: int) -> list[float]:
+    """Bias-corrected exponential moving average over about `span` points (span 1 = as is)."""
+    w = 1 - 2 / (span + 1)
+    out, acc, norm = [], 0.0, 0.0
+    for y in ys:
+        acc = w * acc + (1 - w) * y
+        norm = w * norm + (1 - w)
+        out.append(acc / norm if norm else y)
+    return out
+
+
+def _figure(nrows: int = 1, height: float = 3.6):
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(nrows, 1, figsize=(9, height * nrows), squeeze=False, sharex=True)
+    for ax in axes[:, 0]:
+        ax.grid(True, alpha=0.3)
+        ax.spines[["top", "right"]].set_visible(False)
+    return fig, list(axes[:, 0])
+
+
+def _save(fig, path: Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(path, dpi=DPI)
+    plt.close(fig)
+    return path
+
+
+def plot_loss(d: RunData, out: Path) -> Path | None:
+    steps, losses = d.series("train/loss")
+    datasets = sorted(k for k in d.steps if k.startswith("dataset/") and k.endswith("/loss"))
+    evals = sorted(k for k in d.steps if k.startswith("eval/") and k.endswith("loss"))
+    if not steps and not datasets:
+        return None
+    fig, (ax,) = _figure(height=4.2)
+    if steps:
+        xs, ys = _thin(steps, losses)
+        span = _span(len(ys))
+        ax.plot(xs, ys, color="tab:blue", alpha=0.3 if span > 1 else 1.0, lw=1,
+                label="train/loss" if span == 1 else "train/loss (raw)")
+        if span > 1:
+            ax.plot(xs, _ema(ys, span), color="tab:blue", lw=2, label=f"train/loss (smoothed over {span} points)")
+    for i, name in enumerate(datasets):
+        xs, ys = _thin(*d.series(name))
+        ys = _ema(ys, _span(len(ys)))
+        ax.plot(xs, ys, lw=1.4, color=f"C{(i + 1) % 10}", label=name.split("/")[1])
+    for name in evals:
+        xs, ys = d.series(name)
+        ax.plot(xs, ys, "o-", color="black", ms=4, lw=1, label=name)
+    ax.set_title("Loss" + (" per dataset" if datasets else ""), loc="left", fontweight="bold")
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss")
+    ax.legend(fontsize=8, ncol=2 if len(datasets) > 4 else 1, frameon=False)
+    return _save(fig, out / "loss.png")
+
+
+def _rolling_median(ys: list[float], window: int) -> list[float]:
+    return [statistics.median(ys[max(0, i - window + 1):i + 1]) for i in range(len(ys))]
+
+
+def plot_throughput(d: RunData, out: Path) -> Path | None:
+    for name, label in (("perf/tokens_per_second", "tokens/s"), ("perf/samples_per_second", "samples/s"),
+                        ("perf/steps_per_second", "steps/s")):
+        steps, ys = d.series(name)
+        if steps:
+            break
+    else:
+        return None
+    fig, (ax,) = _figure()
+    xs, ys = _thin(steps, ys)
+    ax.plot(xs, ys, color="tab:green", alpha=0.35, lw=1, label=label)
+    if len(ys) > 10:
+        ax.plot(xs, _rolling_median(ys, 10), color="tab:green", lw=2, label=f"{label}, rolling median of 10")
+    med = statistics.median(_steady(ys))
+    ax.axhline(med, color="grey", ls="--", lw=1)
+    _label_line(ax, xs[-1], med, f"median {med:,.0f}")
+    ax.set_title(f"Throughput ({label}, all ranks)", loc="left", fontweight="bold")
+    ax.set_xlabel("step")
+    ax.set_ylabel(label)
+    ax.set_ylim(bottom=0)
+    ax.yaxis.set_major_formatter(_si_formatter())
+    ax.legend(fontsize=8, frameon=False, loc="lower right")
+    return _save(fig, out / "throughput.png")
+
+
+def _label_line(ax: Any, x: float, y: float, text: str) -> None:
+    """A label on a horizontal reference line, on a white box so the data never hides it."""
+    ax.annotate(text, (x, y), textcoords="offset points", xytext=(-4, 6), ha="right", fontsize=8, color="dimgrey",
+                bbox={"boxstyle": "round,pad=0.2", "fc": "white", "ec": "none", "alpha": 0.85})
+
+
+def _si_formatter():
+    from matplotlib.ticker import FuncFormatter
+
+    def fmt(x: float, _pos: Any) -> str:
+        for div, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+            if abs(x) >= div:
+                return f"{x / div:g}{suffix}"
+        return f"{x:g}"
+
+    return FuncFormatter(fmt)
+
+
+def plot_mfu(d: RunData, out: Path) -> Path | None:
+    steps, pct = d.series("perf/mfu_percent")
+    if not steps:
+        steps, frac = d.series("perf/mfu")
+        pct = [f * 100 for f in frac]
+    if not steps:
+        return None
+    fig, (ax,) = _figure()
+    xs, ys = _thin(steps, pct)
+    ax.plot(xs, ys, color="tab:purple", lw=1.2)
+    med = statistics.median(_steady(ys))
+    ax.axhline(med, color="grey", ls="--", lw=1)
+    _label_line(ax, xs[-1], med, f"median {med:.1f} %")
+    ax.set_title("Model FLOPs utilization (analytic)", loc="left", fontweight="bold")
+    ax.set_xlabel("step")
+    ax.set_ylabel("MFU (%)")
+    ax.set_ylim(0, max(5.0, max(ys) * 1.2))
+    return _save(fig, out / "mfu.png")
+
+
+def plot_step_time(d: RunData, out: Path) -> Path | None:
+    import matplotlib.pyplot as plt
+
+    steps, st_max = d.series("perf/step_time_max")
+    _, st_min = d.series("perf/step_time_min")
+    if not steps:
+        steps, st_max = d.series("perf/step_time")
+        st_min = []
+    if not steps:
+        return None
+    if len(st_min) != len(st_max) or all(a == b for a, b in zip(st_max, st_min)):
+        st_min = []  # one rank: there is no spread to show
+    # With per-rank records, a bar per rank beside the band says who the straggler is.
+    per_rank = {r: statistics.fmean(ys) for r, (_, ys) in d.rank_step_time.items() if ys}
+    if len(per_rank) > 1:
+        fig, (ax, bars) = plt.subplots(1, 2, figsize=(9, 3.8), gridspec_kw={"width_ratios": [4, 1]})
+    else:
+        fig, (ax,) = _figure(height=3.8)
+        bars = None
+    for a in (ax, bars) if bars is not None else (ax,):
+        a.grid(True, alpha=0.3)
+        a.spines[["top", "right"]].set_visible(False)
+    xs, ys = _thin(steps, st_max)
+    if len(st_min) == len(st_max):
+        _, lo = _thin(steps, st_min)
+        ax.fill_between(xs, lo, ys, color="tab:orange", alpha=0.3, lw=0, label="spread across ranks")
+        ax.plot(xs, lo, color="tab:blue", lw=0.8, label="fastest rank")
+    ax.plot(xs, ys, color="tab:red", lw=1.0, label="slowest rank" if st_min else "step time")
+    ax.set_title("Step time" + (" across ranks" if st_min else ""), loc="left", fontweight="bold")
+    ax.set_xlabel("step")
+    ax.set_ylabel("seconds")
+    ax.legend(fontsize=8, frameon=False, loc="upper right", ncol=3)
+    lo_y, hi_y = ax.get_ylim()
+    ax.set_ylim(lo_y, hi_y + (hi_y - lo_y) * 0.15)  # room for the legend above the lines
+    if bars is not None:
+        ranks = sorted(per_rank)
+        meds = [per_rank[r] for r in ranks]
+        worst = max(meds)
+        bars.barh([str(r) for r in ranks], meds, color=["tab:red" if m == worst else "tab:grey" for m in meds])
+        bars.set_xlim(min(meds) * 0.9, worst * 1.05)
+        bars.invert_yaxis()
+        bars.set_title("mean per rank (s)", loc="left", fontsize=9)
+        bars.set_ylabel("rank")
+        bars.grid(True, axis="x", alpha=0.3)
+    return _save(fig, out / "step_time.png")
+
+
+def _time_axis(d: RunData) -> tuple[float, float, str]:
+    """(t0, divisor, label): seconds for a short run, minutes, or hours for a long one."""
+    t0 = d.t_first or 0.0
+    span = (d.t_last or t0) - t0
+    if span < 180:
+        return t0, 1.0, "seconds since the first record"
+    if span < 3 * 3600:
+        return t0, 60.0, "minutes since the first record"
+    return t0, 3600.0, "hours since the first record"
+
+
+def _rel(ts: list[float], t0: float, div: float) -> list[float]:
+    return [(t - t0) / div for t in ts]
+
+
+def plot_gpus(d: RunData, out: Path) -> Path | None:
+    if not d.gpus:
+        return None
+    t0, div, xlabel = _time_axis(d)
+    has_power = any("gpu/power_w" in g for g in d.gpus.values())
+    panels = [("gpu/util_percent", "utilization (%)"), ("gpu/memory_used_gb", "memory used (GB)")]
+    if has_power:
+        panels.append(("gpu/power_w", "power (W)"))
+    fig, axes = _figure(len(panels), height=2.8)
+    multi_host = len({h for h, _ in d.gpus}) > 1
+    for i, ((host, idx), g) in enumerate(sorted(d.gpus.items())):
+        label = f"{host}/{idx}" if multi_host else f"GPU {idx}"
+        for ax, (key, _) in zip(axes, panels):
+            if key in g:
+                xs, ys = _thin(*g[key])
+                ax.plot(_rel(xs, t0, div), ys, lw=1, color=f"C{i % 10}", label=label)
+    for ax, (key, ylabel) in zip(axes, panels):
+        ax.set_ylabel(ylabel)
+    axes[0].set_ylim(0, 105)
+    totals = [max(g["gpu/memory_total_gb"][1]) for g in d.gpus.values() if "gpu/memory_total_gb" in g]
+    if totals:
+        axes[1].axhline(max(totals), color="grey", ls="--", lw=1)
+        _label_line(axes[1], axes[1].get_xlim()[1], max(totals), f"total {max(totals):.0f} GB")
+        axes[1].set_ylim(0, max(totals) * 1.08)
+    axes[0].set_title("GPUs", loc="left", fontweight="bold")
+    axes[-1].set_xlabel(xlabel)
+    if len(d.gpus) <= 16:
+        axes[0].legend(fontsize=7, frameon=False, ncol=min(8, len(d.gpus)), loc="lower left")
+    return _save(fig, out / "gpu.png")
+
+
+def plot_system(d: RunData, out: Path) -> Path | None:
+    if not d.systems:
+        return None
+    t0, div, xlabel = _time_axis(d)
+    fig, axes = _figure(2, height=2.6)
+    for i, (host, s) in enumerate(sorted(d.systems.items())):
+        for ax, key in zip(axes, ("system/cpu_percent", "system/memory_percent")):
+            if key in s:
+                xs, ys = _thin(*s[key])
+                ax.plot(_rel(xs, t0, div), ys, lw=1, color=f"C{i % 10}", label=host)
+    axes[0].set_ylabel("CPU (%)")
+    axes[1].set_ylabel("memory (%)")
+    for ax in axes:
+        ax.set_ylim(0, 105)
+    axes[0].set_title("Host (no GPU records in this run)", loc="left", fontweight="bold")
+    axes[-1].set_xlabel(xlabel)
+    axes[0].legend(fontsize=8, frameon=False, loc="lower left")
+    return _save(fig, out / "system.png")
+
+
+PLOTS = (("loss", plot_loss, "no train/loss or dataset/*/loss values"),
+         ("throughput", plot_throughput, "no perf/tokens_per_second (the ranks sent no perf/tokens)"),
+         ("mfu", plot_mfu, "no perf/mfu (no model config in the hello, or an unknown GPU peak)"),
+         ("step_time", plot_step_time, "no perf/step_time values"),
+         ("gpu", plot_gpus, "no GPU records (no NVML on this machine)"),
+         ("system", plot_system, None))
+
+
+# -- the page ------------------------------------------------------------------------------------
+def _flatten(d: Any, prefix: str = "") -> list[tuple[str, Any]]:
+    """Nested config as dotted (key, value) rows."""
+    if isinstance(d, dict) and d:
+        out: list[tuple[str, Any]] = []
+        for k, v in d.items():
+            out += _flatten(v, f"{prefix}{k}.")
+        return out
+    return [(prefix.rstrip("."), d)] if prefix else []
+
+
+def _cell(v: Any) -> str:
+    if isinstance(v, float):
+        return html.escape(f"{v:.6g}")
+    if isinstance(v, (list, dict)):
+        return html.escape(json.dumps(v))
+    return html.escape(str(v))
+
+
+def _when(t: Any) -> str:
+    import time
+
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) if _is_num(t) else ""
+
+
+def write_html(out: Path, name: str, log_dir: Path, d: RunData, s: dict, images: list[Path],
+               missing: list[str], read_note: str) -> Path:
+    e = html.escape
+    rows = [("steps", f"{s['num_steps']} ({s['first_step']} … {s['last_step']})" if s["num_steps"] else "none"),
+            ("loss", f"{_f(s['first_loss'], '.4f')} → {_f(s['final_loss'], '.4f')} (min {_f(s['min_loss'], '.4f')})"),
+            ("tokens/s (median)", _f(s["tokens_per_second_median"], ",.0f")),
+            ("MFU (median)", "—" if s["mfu_median"] is None else f"{s['mfu_median'] * 100:.1f} %"),
+            ("step time (median)", _f(s["step_time_median_s"], ".3f", " s")),
+            ("step-time spread across ranks (median)",
+             "—" if s["step_time_spread_median"] is None else f"{s['step_time_spread_median'] * 100:.1f} %"),
+            ("steps missing a rank", str(s["num_steps_incomplete"])),
+            ("GPUs", str(s["num_gpus"])),
+            ("duration", "—" if s["duration_s"] is None else f"{s['duration_s'] / 60:.1f} min"),
+            ("records in / dropped / sink dropped",
+             f"{_f(s['records_in'])} / {_f(s['dropped'])} / {_f(s['sink_dropped'])}"),
+            ("events (diagnosis)", f"{s['num_events']} ({s['num_diagnosis_events']})"),
+            ("source", f"{log_dir}{read_note}")]
+    summary = "\n".join(f"<tr><th>{e(k)}</th><td>{e(str(v))}</td></tr>" for k, v in rows)
+
+    hello = d.hellos.get(min(d.hellos)) if d.hellos else {}
+    cfg_rows = []
+    for key in ("host", "world_size", "device_name", "python"):
+        if key in hello:
+            cfg_rows.append((key, hello[key]))
+    cfg_rows += _flatten(hello.get("config", {}), "config.")
+    model = hello.get("model") if isinstance(hello.get("model"), dict) else {}
+    cfg_rows += [(k, v) for k, v in _flatten({k: v for k, v in model.items() if k != "hf_config"}, "model.")]
+    hf = model.get("hf_config") if isinstance(model.get("hf_config"), dict) else {}
+    for key in ("model_type", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+                "intermediate_size", "vocab_size", "n_embd", "n_layer", "n_head"):
+        if key in hf:
+            cfg_rows.append((f"model.hf_config.{key}", hf[key]))
+    config = "\n".join(f"<tr><th>{e(k)}</th><td>{_cell(v)}</td></tr>" for k, v in cfg_rows) \
+        or '<tr><td class="dim">no hello record: the ranks never described the run</td></tr>'
+
+    def event_rows(evs: list[dict]) -> str:
+        out = []
+        for ev in evs:
+            data = ev.get("data") if isinstance(ev.get("data"), dict) else {}
+            sev = str(data.get("severity", ""))
+            msg = data.get("message") or ", ".join(f"{k}={_cell(v)}" for k, v in data.items())
+            out.append(f'<tr class="{e(sev)}"><td>{e(_when(ev.get("t")))}</td><td>{e(str(ev.get("rank", "")))}</td>'
+                       f"<td>{e(str(ev.get('name')))}</td><td>{e(sev)}</td><td>{e(str(msg))}</td></tr>")
+        return "\n".join(out)
+
+    diag = [ev for ev in d.events if str(ev.get("name", "")).startswith("diagnosis/")]
+    other = [ev for ev in d.events if not str(ev.get("name", "")).startswith("diagnosis/")]
+    head = "<tr><th>time</th><th>rank</th><th>event</th><th>severity</th><th>message</th></tr>"
+    diag_html = f"<table class='ev'>{head}{event_rows(diag)}</table>" if diag else \
+        '<p class="dim">No diagnosis events: no rule fired.</p>'
+    other_html = f"<h2>Other events ({len(other)})</h2><table class='ev'>{head}{event_rows(other[-200:])}</table>" \
+        if other else ""
+    imgs = "\n".join(f'<figure><img src="{e(p.name)}" alt="{e(p.stem)}"></figure>' for p in images)
+    missing_html = "".join(f"<li>{e(m)}</li>" for m in missing)
+    page = f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>Run {e(name)}: telemetry report</title>
+<style>
+body {{ font: 14px/1.45 system-ui, sans-serif; max-width: 1000px; margin: 2em auto; padding: 0 1em; color: #222; }}
+h1 {{ margin-bottom: 0.1em; }} h2 {{ margin-top: 1.6em; border-bottom: 1px solid #ddd; }}
+table {{ border-collapse: collapse; }} th, td {{ text-align: left; padding: 2px 10px 2px 0; vertical-align: top; }}
+th {{ font-weight: 600; white-space: nowrap; }} .dim {{ color: #777; }}
+table.ev td {{ border-top: 1px solid #eee; }} tr.warning td {{ background: #fff8e1; }}
+tr.critical td {{ background: #ffebee; }} figure {{ margin: 1em 0; }} img {{ max-width: 100%; }}
+.cols {{ display: flex; gap: 3em; flex-wrap: wrap; }}
+</style></head><body>
+<h1>Run {e(name)}</h1>
+<p class="dim">telemetry report, {e(_when(d.t_first))} – {e(_when(d.t_last))}</p>
+<div class="cols"><div><h2>Summary</h2><table>{summary}</table></div></div>
+<h2>Diagnosis ({len(diag)})</h2>
+{diag_html}
+<h2>Plots</h2>
+{imgs}
+{"<p class='dim'>Not plotted:</p><ul class='dim'>" + missing_html + "</ul>" if missing else ""}
+{other_html}
+<h2>Config</h2>
+<table>{config}</table>
+</body></html>
+"""
+    path = out / "index.html"
+    path.write_text(page, encoding="utf-8")
+    return path
+
+
+def _f(x: Any, spec: str = "", unit: str = "") -> str:
+    return "—" if x is None else format(x, spec) + unit
+
+
+def text_summary(name: str, s: dict, d: RunData) -> str:
+    lines = [f"run {name}",
+             f"  steps              {s['num_steps']} (last {_f(s['last_step'])})",
+             f"  loss               {_f(s['first_loss'], '.4f')} -> {_f(s['final_loss'], '.4f')}",
+             f"  tokens/s (median)  {_f(s['tokens_per_second_median'], ',.0f')}",
+             f"  MFU (median)       {'—' if s['mfu_median'] is None else format(s['mfu_median'] * 100, '.1f') + ' %'}",
+             f"  step time (median) {_f(s['step_time_median_s'], '.3f', ' s')}"
+             + ("" if s["step_time_spread_median"] is None
+                else f"  (spread across ranks {s['step_time_spread_median'] * 100:.1f} %)"),
+             f"  records in         {_f(s['records_in'])}  dropped {_f(s['dropped'])}",
+             f"  events             {s['num_events']} ({s['num_diagnosis_events']} diagnosis)"]
+    for ev in [ev for ev in d.events if str(ev.get("name", "")).startswith("diagnosis/")][-5:]:
+        msg = (ev.get("data") or {}).get("message", "") if isinstance(ev.get("data"), dict) else ""
+        lines.append(f"    {ev.get('name')}: {msg}")
+    return "\n".join(lines)
+
+
+# -- the command ---------------------------------------------------------------------------------
+def make_report(run_dir: str | Path, out: str | Path | None = None) -> dict[str, Any]:
+    """Read a run's metrics and write the plots and index.html; return what was made."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # never a window, never a display: this runs on servers and in CI
+    from telemetry.consumers.readjsonl import ReadStats, find_log_dir, read_records, run_dir_of
+
+    log_dir = find_log_dir(run_dir)
+    out_dir = Path(out) if out else log_dir / "report"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stats = ReadStats()
+    d = collect(read_records(log_dir, stats))
+    name = run_name(d, run_dir_of(log_dir).name)
+    s = summarize(d)
+    images, missing = [], []
+    for key, fn, why in PLOTS:
+        if key == "system" and d.gpus:
+            continue
+        path = fn(d, out_dir)
+        if path is not None:
+            images.append(path)
+        elif why:
+            missing.append(f"{key}: {why}")
+    notes = []
+    if stats.num_files > 1:
+        notes.append(f"{stats.num_files} files (rotated)")
+    if stats.num_torn:
+        notes.append("a torn last line skipped")
+    if stats.num_bad:
+        notes.append(f"{stats.num_bad} unreadable lines skipped")
+    read_note = f" ({', '.join(notes)})" if notes else ""
+    page = write_html(out_dir, name, log_dir, d, s, images, missing, read_note)
+    return {"name": name, "log_dir": log_dir, "out": out_dir, "html": page, "images": images,
+            "missing": missing, "summary": s, "data": d, "read": stats}
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        r = make_report(args.run_dir, args.out)
+    except FileNotFoundError as exc:
+        print(f"telemetry report: {exc}", file=sys.stderr)
+        return 1
+    print(text_summary(r["name"], r["summary"], r["data"]))
+    st = r["read"]
+    if st.num_torn or st.num_bad:
+        print(f"  read               {st.num_lines} records from {st.num_files} file(s); skipped "
+              f"{st.num_torn} torn and {st.num_bad} unreadable line(s)")
+    print(f"  plots              {', '.join(p.name for p in r['images']) or 'none'}")
+    print(f"  report             {r['html']}")
+    return 0

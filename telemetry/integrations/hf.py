@@ -1,0 +1,184 @@
+"""transformers Trainer -> telemetry sidecar, one line:
+
+    from telemetry.integrations.hf import TelemetryCallback
+    trainer = Trainer(..., args=TrainingArguments(..., report_to=[]), callbacks=[TelemetryCallback()])
+
+Every rank sends its own records through a TelemetryClient (endpoint from $TELEMETRY_ENDPOINT or
+the default ipc socket; rank from $RANK); the daemon aggregates, writes metrics.jsonl and talks
+to W&B, so with report_to=[] (or "none") wandb is never imported in the training processes.
+
+What is sent, under the names of the JSONL contract:
+- at train begin, a hello with the TrainingArguments as "config" and the model's config as
+  "model" (so the daemon can compute MFU once tokens are known);
+- per optimizer step (on_step_end), the Trainer's own values: perf/step_time (wall time between
+  step ends), train/epoch and, with include_num_input_tokens_seen, perf/tokens (tokens this rank
+  consumed in the step); they go out with that step's on_log values when it has them
+  (loss -> train/loss, learning_rate -> train/lr, grad_norm -> train/grad_norm, eval_x -> eval/x);
+- on_save and on_evaluate as events (checkpoint_saved, evaluate); the final summary as train_end.
+Nothing here reads a device tensor: the Trainer has already turned its logs into floats.
+"""
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+from transformers import TrainerCallback
+
+# Trainer log keys -> contract names; anything else becomes train/<key>.
+KEY_MAP = {"loss": "train/loss", "learning_rate": "train/lr", "grad_norm": "train/grad_norm",
+           "epoch": "train/epoch", "num_input_tokens_seen": "train/num_input_tokens_seen"}
+# Keys of the Trainer's end-of-training summary log: sent as one event, not as a step.
+SUMMARY_KEYS = ("train_runtime", "train_samples_per_second", "train_steps_per_second", "total_flos", "train_loss")
+
+
+def metric_name(key: str) -> str:
+    if key in KEY_MAP:
+        return KEY_MAP[key]
+    if key.startswith("eval_"):
+        return "eval/" + key[len("eval_"):]
+    if "/" in key:
+        return key  # already a namespaced name (a user's own log call)
+    return "train/" + key
+
+
+def _number(v: Any) -> float | int | None:
+    if isinstance(v, bool):
+        return int(v)
+    if isinstance(v, (int, float)):
+        return v
+    try:
+        f = float(v)  # numpy scalars, 0-dim tensors already on the host
+    except (TypeError, ValueError):
+        return None
+    return f
+
+
+class TelemetryCallback(TrainerCallback):
+    """Send a transformers Trainer's metrics and events to the telemetry daemon.
+
+    Args:
+        client: a TelemetryClient to use (its owner closes it); default: one made at train
+            begin on `endpoint`, closed at train end.
+        endpoint: the daemon's ingest endpoint; None = $TELEMETRY_ENDPOINT or the default.
+        model_info: extra keys for the hello's "model" map (e.g. {"seq_len": 2048,
+            "dtype": "bf16", "causal": True}); seq_len and dtype are what MFU needs.
+    """
+
+    def __init__(self, client: Any = None, endpoint: str | None = None,
+                 model_info: dict[str, Any] | None = None) -> None:
+        self._client = client
+        self._own_client = client is None
+        self._endpoint = endpoint
+        self._model_info = dict(model_info or {})
+        self._pending: dict[str, Any] = {}
+        self._pending_step: int | None = None
+        self._last_step_end: float | None = None
+        self._tokens_seen = 0
+
+    # -- the client ---------------------------------------------------------------------------
+    @property
+    def client(self) -> Any:
+        if self._client is None:
+            from telemetry.client import TelemetryClient
+
+            self._client = TelemetryClient(self._endpoint)
+        return self._client
+
+    def _flush(self) -> None:
+        if self._pending_step is not None and self._pending:
+            self.client.log(self._pending_step, self._pending)
+        self._pending = {}
+        self._pending_step = None
+
+    # -- Trainer hooks ------------------------------------------------------------------------
+    def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
+        info: dict[str, Any] = {"framework": "transformers", "config": _training_args(args)}
+        run_name = getattr(args, "run_name", None)
+        if run_name and not os.environ.get("TELEMETRY_RUN_NAME"):
+            info["run_name"] = run_name
+        model_map: dict[str, Any] = {}
+        cfg = getattr(model, "config", None)
+        if cfg is not None and hasattr(cfg, "to_dict"):
+            model_map["hf_config"] = cfg.to_dict()
+        if model is not None and hasattr(model, "parameters"):
+            model_map["num_params"] = sum(p.numel() for p in model.parameters())
+        model_map["gradient_checkpointing"] = bool(getattr(args, "gradient_checkpointing", False))
+        model_map["dtype"] = "bf16" if getattr(args, "bf16", False) else "fp16" if getattr(args, "fp16", False) else "fp32"
+        model_map.update(self._model_info)
+        info["model"] = model_map
+        try:
+            import torch
+
+            if torch.cuda.is_available() and not getattr(args, "use_cpu", False):
+                info["device_name"] = torch.cuda.get_device_name()
+        except Exception:
+            pass
+        self.client.hello(info)
+        self._last_step_end = time.perf_counter()
+        self._tokens_seen = int(getattr(state, "num_input_tokens_seen", 0) or 0)
+
+    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._flush()  # the previous step had no on_log: send what on_step_end gathered
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        now = time.perf_counter()
+        values: dict[str, Any] = {}
+        if self._last_step_end is not None:
+            values["perf/step_time"] = now - self._last_step_end
+        self._last_step_end = now
+        if state.epoch is not None:
+            values["train/epoch"] = float(state.epoch)
+        seen = int(getattr(state, "num_input_tokens_seen", 0) or 0)
+        if seen > self._tokens_seen:
+            # num_input_tokens_seen is gathered across ranks by the Trainer: this rank's share.
+            values["perf/tokens"] = (seen - self._tokens_seen) / max(1, int(getattr(args, "world_size", 1) or 1))
+            self._tokens_seen = seen
+        self._pending_step = state.global_step
+        self._pending = values
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None,
+               **kwargs: Any) -> None:
+        logs = logs or {}
+        if any(k in logs for k in SUMMARY_KEYS) and "loss" not in logs:
+            self._flush()
+            self.client.event("train_end", {k: v for k, v in logs.items() if _number(v) is not None})
+            return
+        values = {metric_name(k): n for k, v in logs.items() if (n := _number(v)) is not None}
+        if not values:
+            return
+        if self._pending_step == state.global_step:
+            self._pending.update(values)  # this step's on_step_end values and its logs, one record
+            self._flush()
+        else:
+            self._flush()
+            self.client.log(state.global_step, values)  # e.g. an evaluation between steps
+
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        path = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
+        self.client.event("checkpoint_saved", {"step": state.global_step, "path": path})
+
+    def on_evaluate(self, args: Any, state: Any, control: Any, metrics: dict[str, Any] | None = None,
+                    **kwargs: Any) -> None:
+        data = {metric_name(k): n for k, v in (metrics or {}).items() if (n := _number(v)) is not None}
+        self.client.event("evaluate", {"step": state.global_step, **data})
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._flush()
+        if self._own_client and self._client is not None:
+            self._client.close()  # bounded: never holds up the trainer's exit
+            self._client = None
+
+
+def _training_args(args: Any) -> dict[str, Any]:
+    """TrainingArguments as JSON-able values (enums and paths as text; the client does the rest)."""
+    try:
+        d = args.to_dict()
+    except Exception:
+        return {}
+    out = {}
+    for k, v in d.items():
+        if k.endswith("_token") or k in ("hub_token", "push_to_hub_token"):
+            continue  # never ship credentials to a log
+        out[k] = v if isinstance(v, (int, float, str, bool, type(None))) else str(v)
+    return out

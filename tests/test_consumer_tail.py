@@ -1,0 +1,135 @@
+"""telemetry tail against a real daemon: line mode output, --filter, clean detach; the live view renders."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from telemetry.client import TelemetryClient
+from telemetry.consumers.tail import RecordFilter, TailState, format_line, render, sparkline
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class Tail:
+    """`telemetry tail --pub EP --plain` as a subprocess, its lines collected by a thread."""
+
+    def __init__(self, pub: str, *extra: str) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-m", "telemetry", "tail", "--pub", pub, "--plain", *extra],
+                                     cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                     env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        self.lines: list[str] = []
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            self.lines.append(line.rstrip("\n"))
+
+    def wait_for(self, pred, timeout_s: float = 20.0) -> list[str]:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if pred(self.lines):
+                return self.lines
+            time.sleep(0.05)
+        raise AssertionError("tail never printed what was expected:\n" + "\n".join(self.lines[-30:]))
+
+    def detach(self) -> int:
+        self.proc.send_signal(signal.SIGINT)
+        try:
+            return self.proc.wait(10)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+
+
+def _send_until(client: TelemetryClient, tail: Tail, pred, values_of) -> None:
+    """Log steps until the tail shows what `pred` wants (it joins the PUB socket a little late)."""
+    deadline = time.monotonic() + 20
+    step = 0
+    while time.monotonic() < deadline:
+        step += 1
+        client.log(step, values_of(step))
+        time.sleep(0.05)
+        if pred(tail.lines):
+            return
+    raise AssertionError("tail never printed what was expected:\n" + "\n".join(tail.lines[-30:]))
+
+
+def test_line_mode_prints_steps_and_events_and_detaches_cleanly(daemon):
+    tail = Tail(daemon.pub)
+    client = TelemetryClient(daemon.ingest, rank=0)
+    try:
+        _send_until(client, tail, lambda ls: any(" metrics step=" in l and "train/loss=" in l for l in ls),
+                    lambda s: {"train/loss": 2.5 - s / 1000, "perf/step_time": 0.1, "perf/tokens": 512})
+        client.event("checkpoint_saved", {"path": "/x/ckpt"})
+        tail.wait_for(lambda ls: any("event checkpoint_saved" in l and "path=/x/ckpt" in l for l in ls))
+    finally:
+        client.close()
+    assert tail.detach() == 0  # Ctrl-C is the normal way out
+    metric_lines = [l for l in tail.lines if " metrics step=" in l]
+    # an aggregated line: the daemon's derived throughput rides along with the rank's loss
+    assert any("perf/tokens_per_second=" in l for l in metric_lines)
+    assert "Traceback" not in tail.proc.stderr.read()
+    assert daemon.proc.poll() is None  # the daemon never noticed
+
+
+def test_filter_keeps_only_matching_metric_names(daemon):
+    tail = Tail(daemon.pub, "--filter", "train/")
+    client = TelemetryClient(daemon.ingest, rank=0)
+    try:
+        _send_until(client, tail, lambda ls: any("train/loss=" in l for l in ls),
+                    lambda s: {"train/loss": 1.5, "perf/step_time": 0.1, "memory/allocated_gb": 3.0})
+    finally:
+        client.close()
+    assert tail.detach() == 0
+    assert tail.lines
+    for line in tail.lines:
+        kind = line.split()[1]
+        assert kind == "metrics", line  # gpu/system/daemon records have no train/ values
+        assert "perf/" not in line and "memory/" not in line, line
+
+
+def test_filter_unit():
+    f = RecordFilter("diagnosis/")
+    assert f.apply("event", {"name": "diagnosis/straggler"}) is not None
+    assert f.apply("event", {"name": "checkpoint_saved"}) is None
+    assert RecordFilter("gpu").apply("gpu", {"values": {"gpu/util_percent": 1}}) is not None
+    assert RecordFilter("train/").apply("metrics", {"values": {"perf/mfu": 1}}) is None
+
+
+def test_format_line_and_sparkline():
+    line = format_line("event", {"t": 0, "rank": 3, "name": "diagnosis/straggler",
+                                 "data": {"message": "rank 3 is slow"}})
+    assert line.endswith("event diagnosis/straggler rank=3: rank 3 is slow")
+    assert format_line("gpu", {"t": 0, "host": "n0", "gpu": 1, "values": {"gpu/util_percent": 97.25}}) \
+        .split(" ", 1)[1] == "gpu n0/1 gpu/util_percent=97.25"
+    assert sparkline([1, 2, 3]) == "▁▅█"
+    assert sparkline([]) == ""
+
+
+def test_live_view_renders_every_panel():
+    from rich.console import Console
+
+    st = TailState()
+    st.consume("hello", {"rank": 0, "info": {"run_name": "my-run"}})
+    for step in range(1, 30):
+        st.consume("metrics", {"step": step, "values": {"train/loss": 3 - step / 10, "perf/tokens_per_second": 1e5,
+                                                        "perf/mfu": 0.4, "perf/step_time_max": 0.5,
+                                                        "perf/step_time_min": 0.45, "perf/slowest_rank": 1}})
+    st.consume("metrics", {"step": 29, "rank": 0, "values": {"perf/step_time": 0.45}})
+    st.consume("metrics", {"step": 29, "rank": 1, "values": {"perf/step_time": 0.5}})
+    st.consume("gpu", {"host": "n0", "gpu": 0, "values": {"gpu/util_percent": 97, "gpu/memory_used_gb": 40,
+                                                          "gpu/memory_total_gb": 80}})
+    st.consume("event", {"t": 0, "name": "diagnosis/straggler", "data": {"message": "rank 1 is slow",
+                                                                        "severity": "warning"}})
+    for width in (80, 140):
+        console = Console(width=width, record=True, file=open(os.devnull, "w"))
+        console.print(render(st, "ipc:///x", width=width))
+        text = console.export_text()
+        for needle in ("my-run", "0.1000", "100,000", "40.0 %", "rank 1 is slow", "97 %", "40.0/80 GB",
+                       "spread 10.0 %"):
+            assert needle in text, (width, needle, text)
