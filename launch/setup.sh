@@ -26,10 +26,13 @@ if [[ ! -x "$VENV/bin/python" ]]; then
 fi
 PIP=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
 stamp="$VENV/.installed$extras"
-# Re-install only when the project's dependency list changed since the last set-up.
-if [[ -f "$stamp" && "$stamp" -nt "$ROOT/pyproject.toml" ]]; then
-    exit 0
-fi
+# Re-install only when the project's dependency list changed since the last set-up (a set-up
+# with the dev extras also serves one without).
+for s in "$stamp" "$VENV/.installed[dev]"; do
+    if [[ -f "$s" && "$s" -nt "$ROOT/pyproject.toml" ]]; then
+        exit 0
+    fi
+done
 if ! "$VENV/bin/python" -c "import torch" >/dev/null 2>&1; then
     log "installing $TORCH_CPU_PIN (CPU build)"
     "${PIP[@]}" install "$TORCH_CPU_PIN"
