@@ -1,0 +1,76 @@
+"""The foundation's acceptance: run.sh end to end, and a trainer that never needs the daemon."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+@pytest.mark.slow
+def test_run_sh_two_ranks_thirty_steps(tmp_path):
+    run_dir = tmp_path / "run"
+    env = {**os.environ, "TELEMETRY_WANDB": "disabled"}
+    env.pop("TELEMETRY_RUNTIME_DIR", None)
+    proc = subprocess.run([str(ROOT / "launch/run.sh"), "--steps", "30", "--nproc", "2", "--run-dir", str(run_dir)],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    records = read_jsonl(run_dir / "telemetry" / "metrics.jsonl")
+    steps = [r for r in records if r["kind"] == "metrics" and "rank" not in r]
+    loss_steps = sorted({r["step"] for r in steps if "train/loss" in r["values"]})
+    assert len(loss_steps) == 30, loss_steps
+    assert all("missing_ranks" not in r for r in steps), "every step should have both ranks"
+    assert any(r["values"].get("perf/tokens_per_second", 0) > 0 for r in steps)
+    daemon = [r for r in records if r["kind"] == "daemon"]
+    assert daemon and daemon[-1]["values"]["telemetry/dropped"] == 0
+    assert daemon[-1]["values"]["telemetry/records_in"] >= 60
+    assert "run summary" in proc.stdout
+    assert (run_dir / "checkpoints").is_dir()
+
+
+def _trainer(tmp_path, steps, env_extra):
+    env = {**os.environ, **env_extra, "WANDB_MODE": "disabled"}
+    return subprocess.Popen([sys.executable, "-m", "trainer.train", "--config", str(ROOT / "launch/configs/tiny.yaml"),
+                             f"steps={steps}", f"run_dir={tmp_path / 'run'}"],
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def test_trainer_without_any_daemon_trains(tmp_path):
+    # An endpoint nobody listens on: every record is dropped and counted, training goes on.
+    p = _trainer(tmp_path, 20, {"TELEMETRY_RUNTIME_DIR": str(tmp_path / "nobody")})
+    out, _ = p.communicate(timeout=300)
+    assert p.returncode == 0, out[-3000:]
+    assert any((tmp_path / "run" / "checkpoints").iterdir()), "the run should leave a checkpoint"
+
+
+def test_killing_the_daemon_does_not_stop_the_trainer(tmp_path):
+    rt = tmp_path / "rt"
+    env = {**os.environ, "TELEMETRY_RUNTIME_DIR": str(rt)}
+    daemon = subprocess.Popen([sys.executable, "-m", "telemetry", "daemon", "--log-dir", str(tmp_path / "tel"),
+                               "--wandb", "disabled"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True)
+    try:
+        assert "telemetry daemon ready" in daemon.stdout.readline()
+        p = _trainer(tmp_path, 200, {"TELEMETRY_RUNTIME_DIR": str(rt)})
+        # Wait until the daemon has seen some steps, then kill it hard.
+        deadline = time.monotonic() + 120
+        jsonl = tmp_path / "tel" / "metrics.jsonl"
+        while time.monotonic() < deadline:
+            if jsonl.exists() and b'"kind":"metrics"' in jsonl.read_bytes():
+                break
+            time.sleep(0.2)
+        daemon.send_signal(signal.SIGKILL)
+        out, _ = p.communicate(timeout=300)
+        assert p.returncode == 0, out[-3000:]
+    finally:
+        daemon.kill()
+        daemon.wait()

@@ -1,0 +1,135 @@
+"""Checkpoints: model, optimizer, scheduler, data position and RNG state; latest-first resume; retention.
+
+Layout under <run_dir>/checkpoints/:
+    step_00000020/
+        state.pt          torch engine: model, optimizer, scheduler (rank 0; DDP replicas are equal)
+        ds/               deepspeed engine: DeepSpeed's own sharded files (every rank writes)
+        rank_00000.pt     per rank: RNG states and the data position
+        config.yaml       the resolved config
+        meta.json         written last, by rank 0, after every rank finished: marks it complete
+A directory without meta.json is an interrupted save and is ignored on resume.
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import shutil
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+_STEP_DIR = re.compile(r"^step_(\d{8})$")
+
+
+def checkpoint_root(run_dir: str | Path) -> Path:
+    return Path(run_dir) / "checkpoints"
+
+
+def rng_state() -> dict:
+    state = {"python": random.getstate(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    try:
+        import numpy as np
+        state["numpy"] = np.random.get_state()
+    except ImportError:
+        pass
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    random.setstate(state["python"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+    if "numpy" in state:
+        import numpy as np
+        np.random.set_state(state["numpy"])
+
+
+def _barrier() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+
+
+def save(engine, *, run_dir: str | Path, step: int, rank: int, config_yaml: str, keep_last: int,
+         collective: bool = True, reason: str = "periodic") -> Path:
+    """Save a checkpoint of the state after `step` completed optimizer steps.
+
+    collective=False (an exception on one rank): only this rank writes, which is a complete
+    checkpoint for the torch engine on rank 0 (replicated state) and is refused otherwise.
+    """
+    path = checkpoint_root(run_dir) / f"step_{step:08d}"
+    path.mkdir(parents=True, exist_ok=True)
+    if engine.name == "deepspeed":
+        if not collective and dist.is_initialized() and dist.get_world_size() > 1:
+            raise RuntimeError("a DeepSpeed checkpoint needs every rank; cannot save from one rank")
+        engine.save(str(path / "ds"), client_state={"step": step})
+    elif rank == 0:
+        _atomic_torch_save(engine.state_dict(), path / "state.pt")
+    torch.save({"rng": rng_state(), "step": step}, path / f"rank_{rank:05d}.pt")
+    if collective:
+        _barrier()
+    if rank == 0:
+        (path / "config.yaml").write_text(config_yaml)
+        world = dist.get_world_size() if dist.is_initialized() else 1
+        meta = {"step": step, "world_size": world, "engine": engine.name, "reason": reason,
+                "time": time.time()}
+        tmp = path / "meta.json.tmp"
+        tmp.write_text(json.dumps(meta))
+        os.replace(tmp, path / "meta.json")
+        prune(run_dir, keep_last)
+    if collective:
+        _barrier()
+    return path
+
+
+def _atomic_torch_save(obj, path: Path) -> None:
+    tmp = path.with_suffix(".tmp")
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
+
+
+def complete_checkpoints(run_dir: str | Path) -> list[Path]:
+    """Completed checkpoints, oldest first."""
+    root = checkpoint_root(run_dir)
+    if not root.is_dir():
+        return []
+    found = [p for p in root.iterdir() if _STEP_DIR.match(p.name) and (p / "meta.json").is_file()]
+    return sorted(found, key=lambda p: int(_STEP_DIR.match(p.name).group(1)))
+
+
+def latest(run_dir: str | Path) -> Path | None:
+    found = complete_checkpoints(run_dir)
+    return found[-1] if found else None
+
+
+def prune(run_dir: str | Path, keep_last: int) -> None:
+    """Keep the newest `keep_last` complete checkpoints; incomplete ones older than them go too."""
+    found = complete_checkpoints(run_dir)
+    if len(found) <= keep_last:
+        return
+    oldest_kept = int(_STEP_DIR.match(found[-keep_last].name).group(1))
+    for p in checkpoint_root(run_dir).iterdir():
+        m = _STEP_DIR.match(p.name)
+        if m and int(m.group(1)) < oldest_kept:
+            shutil.rmtree(p, ignore_errors=True)
+
+
+def load(engine, path: Path, rank: int) -> int:
+    """Restore engine state and this rank's RNG from `path`; return the step to continue from."""
+    meta = json.loads((path / "meta.json").read_text())
+    if engine.name != meta["engine"]:
+        raise ValueError(f"{path} was written by the {meta['engine']} engine, this run uses {engine.name}")
+    if engine.name == "deepspeed":
+        engine.load(str(path / "ds"))
+    else:
+        engine.load_state_dict(torch.load(path / "state.pt", map_location="cpu", weights_only=False))
+    rank_file = path / f"rank_{rank:05d}.pt"
+    if rank_file.is_file():  # absent when resuming on more ranks than saved: fresh RNG is fine
+        set_rng_state(torch.load(rank_file, weights_only=False)["rng"])
+    return int(meta["step"])

@@ -1,0 +1,219 @@
+"""Engines: one interface over DeepSpeed (ZeRO 0-3) and plain torch / DDP.
+
+    engine = make_engine(cfg, model, dist_info)
+    loss = engine.forward_loss(batch)      # one micro-batch
+    engine.backward(loss)
+    grad_norm = engine.step(finite)        # at the accumulation boundary; a 0-dim device tensor
+
+Both engines use the same AdamW, the same LambdaLR schedule (warmup, then cosine / linear /
+constant) and return the pre-clip global grad norm as a device tensor, never a float.
+DeepSpeed is imported only when this engine is chosen: it costs seconds at import.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from trainer.config import TrainConfig
+
+
+@dataclass(slots=True)
+class DistInfo:
+    rank: int
+    local_rank: int
+    world_size: int
+    device: torch.device
+
+
+def lr_lambda(cfg: TrainConfig):
+    """The LR multiplier per optimizer step: linear warmup, then the configured decay."""
+    o, total = cfg.optim, cfg.steps
+
+    def f(step: int) -> float:
+        if step < o.warmup_steps:
+            return (step + 1) / (o.warmup_steps + 1)
+        if o.schedule == "constant":
+            return 1.0
+        progress = min(1.0, (step - o.warmup_steps) / max(1, total - o.warmup_steps))
+        decay = 0.5 * (1 + math.cos(math.pi * progress)) if o.schedule == "cosine" else 1 - progress
+        return o.min_lr_ratio + (1 - o.min_lr_ratio) * decay
+    return f
+
+
+def make_optimizer(cfg: TrainConfig, model: torch.nn.Module) -> torch.optim.Optimizer:
+    o = cfg.optim
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        if p.requires_grad:
+            # Norms, biases and embeddings-as-vectors do not take weight decay.
+            (no_decay if p.ndim < 2 else decay).append(p)
+    groups = [{"params": decay, "weight_decay": o.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps)
+
+
+def deepspeed_config(cfg: TrainConfig, world_size: int) -> dict[str, Any]:
+    """The generated DeepSpeed config. Every DeepSpeed monitor and timer that syncs is off."""
+    e = cfg.engine
+    return {
+        "train_micro_batch_size_per_gpu": cfg.data.micro_batch_size,
+        "gradient_accumulation_steps": e.grad_accum_steps,
+        "train_batch_size": cfg.data.micro_batch_size * e.grad_accum_steps * world_size,
+        "gradient_clipping": cfg.optim.grad_clip,
+        "zero_optimization": {"stage": e.zero_stage, "overlap_comm": False, "contiguous_gradients": True},
+        "bf16": {"enabled": cfg.model.dtype == "bf16"},
+        "fp16": {"enabled": False},
+        # Telemetry goes through our client: DeepSpeed's own monitors would log from the step.
+        "tensorboard": {"enabled": False}, "wandb": {"enabled": False},
+        "csv_monitor": {"enabled": False}, "comet": {"enabled": False},
+        "flops_profiler": {"enabled": False},
+        # The throughput timer synchronizes the device every step unless told otherwise.
+        "timers": {"throughput": {"enabled": False, "synchronized": False}},
+        "wall_clock_breakdown": False,
+        "memory_breakdown": False,
+        "steps_per_print": 2 ** 62,
+        "comms_logger": {"enabled": False},
+    }
+
+
+def resolve_backend(cfg: TrainConfig) -> str:
+    if cfg.engine.backend != "auto":
+        return cfg.engine.backend
+    import importlib.util
+    return "deepspeed" if importlib.util.find_spec("deepspeed") is not None else "ddp"
+
+
+class TorchEngine:
+    """Plain torch, wrapped in DistributedDataParallel when world_size > 1."""
+
+    name = "ddp"
+
+    def __init__(self, cfg: TrainConfig, model: torch.nn.Module, dist_info: DistInfo) -> None:
+        from trainer.model import forward_loss
+        self._forward_loss = forward_loss
+        self.cfg = cfg
+        self.module = model.to(dist_info.device)
+        self.model = model
+        if dist_info.world_size > 1:
+            from torch.nn.parallel import DistributedDataParallel as DDP
+            ids = [dist_info.device.index] if dist_info.device.type == "cuda" else None
+            self.model = DDP(model, device_ids=ids)
+        if cfg.model.compile:
+            self.model = torch.compile(self.model)
+        self.optimizer = make_optimizer(cfg, self.module)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(cfg))
+        self.accum = cfg.engine.grad_accum_steps
+        self._micro = 0
+        self._autocast = (torch.autocast(dist_info.device.type, dtype=torch.bfloat16)
+                          if cfg.model.dtype == "bf16" else contextlib.nullcontext())
+
+    def forward_loss(self, batch: dict):
+        last = (self._micro + 1) % self.accum == 0
+        # Gradients all-reduce only at the boundary micro-batch.
+        sync_ctx = contextlib.nullcontext() if last or not hasattr(self.model, "no_sync") else self.model.no_sync()
+        self._sync_ctx = sync_ctx
+        sync_ctx.__enter__()
+        with self._autocast:
+            return self._forward_loss(self.model, batch)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        (loss / self.accum).backward()
+        self._sync_ctx.__exit__(None, None, None)
+        self._micro += 1
+
+    def step(self, finite: torch.Tensor | None, skip_nonfinite: bool) -> torch.Tensor:
+        params = [p for p in self.module.parameters() if p.grad is not None]
+        max_norm = self.cfg.optim.grad_clip if self.cfg.optim.grad_clip > 0 else float("inf")
+        # foreach, no error_if_nonfinite: returns the norm as a device tensor, no sync.
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm, foreach=True)
+        if skip_nonfinite:
+            ok = torch.isfinite(grad_norm) if finite is None else (finite & torch.isfinite(grad_norm))
+            # A bad step cannot be skipped by a branch without a host read; instead its gradients
+            # are zeroed on device (params then move only by AdamW's existing momentum).
+            grads = [p.grad for p in params]
+            torch._foreach_mul_(grads, ok.to(grads[0].dtype))
+            for g in grads:
+                g.nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0)
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return grad_norm.detach()
+
+    @property
+    def lr(self) -> float:
+        return self.scheduler.get_last_lr()[0]
+
+    def state_dict(self) -> dict:
+        return {"model": self.module.state_dict(), "optimizer": self.optimizer.state_dict(),
+                "scheduler": self.scheduler.state_dict()}
+
+    def load_state_dict(self, sd: dict) -> None:
+        self.module.load_state_dict(sd["model"])
+        self.optimizer.load_state_dict(sd["optimizer"])
+        self.scheduler.load_state_dict(sd["scheduler"])
+
+    def train(self, mode: bool = True) -> None:
+        self.model.train(mode)
+
+
+class DeepSpeedEngine:
+    """DeepSpeed with ZeRO stage 0-3 and our optimizer and schedule."""
+
+    name = "deepspeed"
+
+    def __init__(self, cfg: TrainConfig, model: torch.nn.Module, dist_info: DistInfo) -> None:
+        import deepspeed  # seconds to import: only here
+        from trainer.model import forward_loss
+        self._forward_loss = forward_loss
+        self.cfg = cfg
+        optimizer = make_optimizer(cfg, model)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg))
+        self.ds_config = deepspeed_config(cfg, dist_info.world_size)
+        self.model, self.optimizer, _, self.scheduler = deepspeed.initialize(
+            model=model, optimizer=optimizer, lr_scheduler=scheduler, config=self.ds_config,
+            dist_init_required=False)
+        self.module = self.model.module
+        if cfg.model.compile:
+            self.model.compile()
+
+    def forward_loss(self, batch: dict):
+        return self._forward_loss(self.model, batch)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        self.model.backward(loss)  # scales by 1/grad_accum itself
+        if not self.model.is_gradient_accumulation_boundary():
+            self.model.step()      # DeepSpeed counts micro-steps in step(); no update here
+
+    def step(self, finite: torch.Tensor | None, skip_nonfinite: bool) -> torch.Tensor:
+        # DeepSpeed cannot skip a step on a device flag without reading it on the host, so
+        # nonfinite_action=skip is detect-and-report here (see README of trainer/).
+        self.model.step()
+        norm = self.model.get_global_grad_norm()
+        if isinstance(norm, torch.Tensor):
+            return norm.detach()
+        return torch.tensor(float("nan") if norm is None else norm)
+
+    @property
+    def lr(self) -> float:
+        return self.scheduler.get_last_lr()[0]
+
+    def save(self, path: str, client_state: dict) -> None:
+        self.model.save_checkpoint(path, tag="ds", client_state=client_state, save_latest=False)
+
+    def load(self, path: str) -> dict:
+        _, client_state = self.model.load_checkpoint(path, tag="ds", load_optimizer_states=True,
+                                                     load_lr_scheduler_states=True)
+        return client_state or {}
+
+    def train(self, mode: bool = True) -> None:
+        self.model.train(mode)
+
+
+def make_engine(cfg: TrainConfig, model: torch.nn.Module, dist_info: DistInfo):
+    backend = resolve_backend(cfg)
+    if backend == "deepspeed":
+        return DeepSpeedEngine(cfg, model, dist_info)
+    return TorchEngine(cfg, model, dist_info)

@@ -1,0 +1,144 @@
+"""Step metrics kept on the device, and phase timers that are read without waiting.
+
+Nothing here turns a device tensor into a Python number: values leave as 0-dim tensors for
+the telemetry client, which resolves them on its own thread. Accumulators are reset in place
+only after the tensors handed out have been computed from them (new tensors, queued on the
+same stream before the reset), so a late read-back still sees the right values.
+"""
+from __future__ import annotations
+
+import collections
+import time
+
+import torch
+
+
+class DatasetMetrics:
+    """Per-dataset loss sum, correct-token count and token count, accumulated with index_add_."""
+
+    def __init__(self, names: list[str], device: torch.device) -> None:
+        self.names = names
+        n = len(names)
+        self.loss_sum = torch.zeros(n, dtype=torch.float32, device=device)
+        self.correct = torch.zeros(n, dtype=torch.float32, device=device)
+        self.count = torch.zeros(n, dtype=torch.float32, device=device)
+
+    @torch.no_grad()
+    def update(self, token_loss: torch.Tensor, correct: torch.Tensor, labels_valid: torch.Tensor,
+               dataset_ids: torch.Tensor) -> None:
+        """Add one micro-batch; all arguments [B, S] on device."""
+        # Invalid positions go to dataset 0 with weight 0: no boolean indexing (that would sync
+        # to learn the output size).
+        idx = dataset_ids.clamp(min=0).view(-1)
+        w = labels_valid.view(-1).float()
+        self.loss_sum.index_add_(0, idx, token_loss.detach().view(-1).float() * w)
+        self.correct.index_add_(0, idx, correct.view(-1).float() * w)
+        self.count.index_add_(0, idx, w)
+
+    def values(self, prefix: str = "dataset") -> dict[str, torch.Tensor]:
+        """0-dim tensors per dataset (loss, accuracy, tokens); NaN where a dataset had no tokens."""
+        denom = self.count
+        loss = self.loss_sum / denom
+        acc = self.correct / denom
+        out = {}
+        for i, name in enumerate(self.names):
+            out[f"{prefix}/{name}/loss"] = loss[i]
+            out[f"{prefix}/{name}/accuracy"] = acc[i]
+            out[f"{prefix}/{name}/tokens"] = self.count[i].clone()
+        return out
+
+    def reset(self) -> None:
+        self.loss_sum.zero_()
+        self.correct.zero_()
+        self.count.zero_()
+
+
+class PhaseTimer:
+    """Times step phases: CUDA events on GPU (read once complete, never waited on), perf_counter on CPU.
+
+    Per step: `start(phase)` / `stop(phase)` around each phase (a phase may repeat, e.g. one
+    forward per micro-batch), then `end_step()`. `latest()` returns the summed seconds per phase
+    of the newest step whose events have all completed (on GPU that may be a step or two back).
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self._pending: collections.deque = collections.deque()
+        self._current: list = []
+        self._open: dict = {}
+        self._latest: dict[str, float] = {}
+
+    def _stamp(self):
+        if self.cuda:
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()
+            return ev
+        return time.perf_counter()
+
+    def start(self, phase: str) -> None:
+        self._open[phase] = self._stamp()
+
+    def stop(self, phase: str) -> None:
+        self._current.append((phase, self._open.pop(phase), self._stamp()))
+
+    def end_step(self) -> None:
+        self._pending.append(self._current)
+        self._current = []
+        while len(self._pending) > 16:  # bounded backlog; a few steps in flight is normal on GPU
+            self._pending.popleft()
+
+    def latest(self) -> dict[str, float]:
+        while self._pending:
+            spans = self._pending[0]
+            if self.cuda and spans and not spans[-1][2].query():
+                break  # not done yet: keep the older reading, never wait
+            durs: dict[str, float] = {}
+            for phase, a, b in spans:
+                d = a.elapsed_time(b) / 1e3 if self.cuda else b - a
+                durs[phase] = durs.get(phase, 0.0) + d
+            self._latest = durs
+            self._pending.popleft()
+        return self._latest
+
+
+class HostFlag:
+    """A device counter copied to host behind an event; `poll()` answers without waiting."""
+
+    def __init__(self, device: torch.device, size: int = 1) -> None:
+        self.cuda = device.type == "cuda"
+        self.value = torch.zeros(size, dtype=torch.float32, device=device)
+        self._host = torch.zeros(size, dtype=torch.float32, pin_memory=self.cuda)
+        self._event = torch.cuda.Event() if self.cuda else None
+        self._in_flight = False
+
+    def add(self, x: torch.Tensor) -> None:
+        self.value += x
+
+    def start_readback(self) -> None:
+        if self._in_flight:
+            return
+        self._host.copy_(self.value, non_blocking=True)
+        if self._event is not None:
+            self._event.record()
+        self._in_flight = True
+
+    def poll(self) -> list[float] | None:
+        """The counter as of the last start_readback(), once the copy has landed; else None."""
+        if not self._in_flight or (self._event is not None and not self._event.query()):
+            return None
+        self._in_flight = False
+        # The copy has completed (event queried above, or a CPU copy): a host read, not a sync.
+        return self._host.tolist()
+
+
+def memory_stats(device: torch.device) -> dict[str, float]:
+    """CUDA caching-allocator counters: host-side bookkeeping, no device sync. Empty on CPU."""
+    if device.type != "cuda":
+        return {}
+    s = torch.cuda.memory_stats(device)
+    gb = 1024 ** 3
+    return {"memory/allocated_gb": s.get("allocated_bytes.all.current", 0) / gb,
+            "memory/max_allocated_gb": s.get("allocated_bytes.all.peak", 0) / gb,
+            "memory/reserved_gb": s.get("reserved_bytes.all.current", 0) / gb,
+            "memory/alloc_retries": s.get("num_alloc_retries", 0),
+            "memory/num_ooms": s.get("num_ooms", 0)}

@@ -1,0 +1,253 @@
+"""Train a causal LM with DeepSpeed (or torch/DDP) and report through the telemetry sidecar.
+
+    python -m trainer.train --config launch/configs/tiny.yaml steps=20 run_dir=runs/x optim.lr=1e-4
+    torchrun --nproc_per_node 2 -m trainer.train --config ... run_dir=... steps=...
+
+The step path never waits on the device: loss, grad norm and per-dataset counters stay on the
+device and go to the telemetry client as 0-dim tensors, which it reads on its own thread.
+Phase timings come from CUDA events read once they have completed (perf_counter on CPU).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+from trainer import checkpoint as ckpt
+from trainer.config import TrainConfig, load_config
+from trainer.data import IGNORE_INDEX, make_loader, to_device
+from trainer.engine import make_engine, resolve_backend
+from trainer.memory_estimate import estimate
+from trainer.metrics import DatasetMetrics, HostFlag, PhaseTimer, memory_stats
+from trainer.model import build_model, forward_loss, num_params
+from trainer.runtime import LossLog, StopSignal, init_distributed
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m trainer.train", description=__doc__.split("\n")[0])
+    p.add_argument("--config", default=None, help="YAML config (default: launch/configs/tiny.yaml)")
+    p.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. optim.lr=1e-4")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        cfg = load_config(args.config, args.overrides)
+    except (ValueError, OSError) as e:
+        print(f"config error: {e}", file=sys.stderr)
+        return 2
+    info = init_distributed(need_process_group=resolve_backend(cfg) == "deepspeed")
+    torch.manual_seed(cfg.seed)  # the same initial weights on every rank
+    engine = make_engine(cfg, build_model(cfg.model), info)
+    from telemetry import TelemetryClient
+    tm = TelemetryClient(endpoint=cfg.telemetry_endpoint, rank=info.rank)
+    run = Run(cfg, engine, info, tm)
+    try:
+        return run.train()
+    finally:
+        run.close()
+
+
+class Run:
+    """One training run on one rank: the loop, its metrics, checkpoints and stop handling."""
+
+    def __init__(self, cfg: TrainConfig, engine, info, tm) -> None:
+        self.cfg, self.engine, self.info, self.tm = cfg, engine, info, tm
+        self.device = info.device
+        self.names = [d.name for d in cfg.data.datasets]
+        self.is_main = info.rank == 0
+        self.block_mask = cfg.model.attn_implementation != "flash_attention_2"
+        self.pin = self.device.type == "cuda" and cfg.data.pin_memory
+        self.config_yaml = _yaml(cfg)
+        self.loss_log = LossLog(cfg.debug_loss_log, info.rank)
+        self.stop = StopSignal(info.world_size)
+        self.step = 0  # completed optimizer steps
+
+    # -- set-up ----------------------------------------------------------------------------------
+    def start(self) -> None:
+        cfg = self.cfg
+        path = None if cfg.checkpoint.resume == "none" else (
+            ckpt.latest(cfg.run_dir) if cfg.checkpoint.resume == "auto" else Path(cfg.checkpoint.resume))
+        if path is not None:
+            self.step = ckpt.load(self.engine, path, self.info.rank)
+            self._print(f"resumed from {path} at step {self.step}")
+        hf = self.engine.module.config
+        n = num_params(self.engine.module)
+        if self.is_main:
+            ckpt.checkpoint_root(cfg.run_dir).mkdir(parents=True, exist_ok=True)
+            (ckpt.checkpoint_root(cfg.run_dir) / "config.yaml").write_text(self.config_yaml)
+            if cfg.estimate_memory:
+                est = estimate(num_params=n, hidden_size=hf.hidden_size, num_layers=hf.num_hidden_layers,
+                               num_heads=hf.num_attention_heads, vocab_size=hf.vocab_size, seq_len=cfg.data.seq_len,
+                               micro_batch_size=cfg.data.micro_batch_size, dtype=cfg.model.dtype,
+                               zero_stage=cfg.engine.zero_stage if self.engine.name == "deepspeed" else 0,
+                               world_size=self.info.world_size, gradient_checkpointing=cfg.model.gradient_checkpointing)
+                self._print(f"model: {n / 1e6:.2f}M params, engine {self.engine.name}, "
+                            f"{self.info.world_size} rank(s); memory estimate per rank:\n{est.table()}")
+        cuda = self.device.type == "cuda"
+        self.tm.hello({
+            "run_name": cfg.run_name, "config": cfg.to_dict(),
+            "model": {"hf_config": hf.to_dict(), "num_params": n, "seq_len": cfg.data.seq_len,
+                      "gradient_checkpointing": cfg.model.gradient_checkpointing, "dtype": cfg.model.dtype,
+                      "causal": True},
+            "device_name": torch.cuda.get_device_name(self.device) if cuda else "cpu",
+            "num_gpus_per_node": torch.cuda.device_count() if cuda else 0,
+        })
+
+    # -- the loop --------------------------------------------------------------------------------
+    def train(self) -> int:
+        cfg, engine, tm = self.cfg, self.engine, self.tm
+        self.start()
+        accum = cfg.engine.grad_accum_steps
+        loader = make_loader(cfg.data, rank=self.info.rank, world_size=self.info.world_size, grad_accum=accum,
+                             start_step=self.step, block_mask=self.block_mask, pin_memory=self.pin)
+        batches = iter(loader)
+        ds_metrics = DatasetMetrics(self.names, self.device)
+        timer = PhaseTimer(self.device)
+        nonfinite = HostFlag(self.device, size=2)  # [loss, grad_norm] nonfinite step counts
+        num_nonfinite_seen = [0.0, 0.0]
+        samples_seen = self.step * cfg.data.micro_batch_size * accum * self.info.world_size
+        engine.train()
+        t_last = time.perf_counter()
+        try:
+            while self.step < cfg.steps:
+                signum = self.stop.should_stop()
+                if signum:
+                    return self.emergency_stop(signum)
+                step_loss = torch.zeros((), device=self.device)
+                num_tokens = num_samples = doc_len_sq = 0
+                data_time_s = 0.0
+                for _ in range(accum):
+                    t0 = time.perf_counter()
+                    host_batch = next(batches)
+                    batch = to_device(host_batch, self.device)
+                    data_time_s += time.perf_counter() - t0
+                    num_tokens += host_batch["num_tokens"]
+                    num_samples += host_batch["num_samples"]
+                    doc_len_sq += host_batch["attn_doc_len_sq"]
+                    timer.start("forward")
+                    loss, token_loss, correct = engine.forward_loss(batch)
+                    timer.stop("forward")
+                    ds_metrics.update(token_loss, correct, batch["labels"] != IGNORE_INDEX, batch["dataset_ids"])
+                    step_loss += loss.detach()
+                    timer.start("backward")
+                    engine.backward(loss)
+                    timer.stop("backward")
+                step_loss /= accum
+                timer.start("optimizer")
+                lr = engine.lr  # the LR this update uses (host-side schedule)
+                grad_norm = engine.step(torch.isfinite(step_loss), cfg.nonfinite_action == "skip")
+                timer.stop("optimizer")
+                timer.end_step()
+                nonfinite.add(torch.stack([~torch.isfinite(step_loss), ~torch.isfinite(grad_norm)]).float())
+                self.step += 1
+                samples_seen += num_samples * self.info.world_size
+                now = time.perf_counter()
+                step_time_s, t_last = now - t_last, now
+                self.loss_log.log(self.step, {"loss": step_loss, "grad_norm": grad_norm})
+                if self.step % cfg.log_every == 0:
+                    phases = timer.latest()
+                    compute_s = sum(phases.values())
+                    tm.log(self.step, {
+                        "train/loss": step_loss, "train/lr": lr, "train/grad_norm": grad_norm,
+                        "train/epoch": samples_seen / cfg.data.epoch_samples,
+                        "perf/step_time": step_time_s, "perf/tokens": num_tokens, "perf/samples": num_samples,
+                        "perf/tokens_per_second": num_tokens / step_time_s,
+                        "perf/samples_per_second": num_samples / step_time_s,
+                        "perf/attn_doc_len_sq": doc_len_sq,
+                        "perf/forward_time": phases.get("forward", 0.0),
+                        "perf/backward_time": phases.get("backward", 0.0),
+                        "perf/optimizer_time": phases.get("optimizer", 0.0),
+                        "perf/data_loading_time": data_time_s,
+                        "perf/data_loading_ratio": data_time_s / step_time_s,
+                        "perf/compute_ratio": min(1.0, compute_s / step_time_s),
+                        **memory_stats(self.device), **ds_metrics.values("dataset")})
+                    ds_metrics.reset()
+                    nonfinite.start_readback()
+                counts = nonfinite.poll()  # never waits: None until the copy has landed
+                if counts is not None and counts != num_nonfinite_seen:
+                    what = [w for w, a, b in zip(("loss", "grad_norm"), counts, num_nonfinite_seen) if a > b]
+                    num_nonfinite_seen = counts
+                    tm.event("nonfinite", {"step": self.step, "what": ",".join(what), "action": cfg.nonfinite_action})
+                    self._print(f"non-finite {' and '.join(what)} seen by step {self.step} ({cfg.nonfinite_action})")
+                    if cfg.nonfinite_action == "stop":
+                        return 3
+                if cfg.eval.every_steps and self.step % cfg.eval.every_steps == 0:
+                    tm.log(self.step, self.evaluate())
+                    t_last = time.perf_counter()  # eval time is not the next step's time
+                if cfg.checkpoint.every_steps and self.step % cfg.checkpoint.every_steps == 0:
+                    self.save("periodic")
+                    t_last = time.perf_counter()
+            if cfg.checkpoint.save_final and not (cfg.checkpoint.every_steps
+                                                  and self.step % cfg.checkpoint.every_steps == 0):
+                self.save("final")
+            tm.event("train_end", {"step": self.step})
+            self._print(f"done: {self.step} steps")
+            return 0
+        except Exception:
+            traceback.print_exc()
+            self.emergency_save("exception", collective=False)
+            return 1
+
+    # -- eval, checkpoints, stopping -----------------------------------------------------------------
+    @torch.no_grad()
+    def evaluate(self) -> dict:
+        """Loss and token accuracy per dataset on a fixed held-out set, as device tensors."""
+        self.engine.train(False)
+        metrics = DatasetMetrics(self.names, self.device)
+        for k in range(len(self.names)):
+            loader = make_loader(self.cfg.data, rank=self.info.rank, world_size=self.info.world_size, grad_accum=1,
+                                 start_step=0, block_mask=self.block_mask, pin_memory=self.pin, split="eval",
+                                 only=k, num_steps=self.cfg.eval.num_batches, num_workers=0)
+            for host_batch in loader:
+                batch = to_device(host_batch, self.device)
+                _, token_loss, correct = forward_loss(self.engine.model, batch)
+                metrics.update(token_loss, correct, batch["labels"] != IGNORE_INDEX, batch["dataset_ids"])
+        self.engine.train(True)
+        values = metrics.values("eval")
+        return {k: v for k, v in values.items() if not k.endswith("/tokens")}
+
+    def save(self, reason: str, collective: bool = True) -> None:
+        path = ckpt.save(self.engine, run_dir=self.cfg.run_dir, step=self.step, rank=self.info.rank,
+                         config_yaml=self.config_yaml, keep_last=self.cfg.checkpoint.keep_last,
+                         collective=collective, reason=reason)
+        self.tm.event("checkpoint_saved", {"path": str(path), "step": self.step, "reason": reason})
+
+    def emergency_save(self, reason: str, collective: bool) -> None:
+        try:
+            self.save(reason, collective=collective)
+            self.tm.event("emergency_checkpoint", {"step": self.step, "reason": reason})
+            self._print(f"emergency checkpoint ({reason}) at step {self.step}", all_ranks=True)
+        except Exception as e:  # the original failure matters more than this one
+            self._print(f"emergency checkpoint ({reason}) not written: {e}", all_ranks=True)
+
+    def emergency_stop(self, signum: int) -> int:
+        import signal
+        self.emergency_save(signal.Signals(signum).name, collective=True)
+        return 128 + signum  # the shell's convention for "ended by signal N"
+
+    def close(self) -> None:
+        self.stop.restore()
+        self.loss_log.close()
+        self.tm.close()
+        import torch.distributed as dist
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+    def _print(self, msg: str, all_ranks: bool = False) -> None:
+        if self.is_main or all_ranks:
+            print(f"[trainer rank {self.info.rank}] {msg}", flush=True)
+
+
+def _yaml(cfg: TrainConfig) -> str:
+    import yaml
+    return yaml.safe_dump(cfg.to_dict(), sort_keys=False)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
