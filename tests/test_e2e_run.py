@@ -1,10 +1,8 @@
 """The foundation's acceptance: run.sh end to end, and a trainer that never needs the daemon."""
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -53,24 +51,16 @@ def test_trainer_without_any_daemon_trains(tmp_path):
 
 
 def test_killing_the_daemon_does_not_stop_the_trainer(tmp_path):
-    rt = tmp_path / "rt"
-    env = {**os.environ, "TELEMETRY_RUNTIME_DIR": str(rt)}
-    daemon = subprocess.Popen([sys.executable, "-m", "telemetry", "daemon", "--log-dir", str(tmp_path / "tel"),
-                               "--wandb", "disabled"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True)
+    from daemon_util import start_daemon
+
+    d = start_daemon(tmp_path)
     try:
-        assert "telemetry daemon ready" in daemon.stdout.readline()
-        p = _trainer(tmp_path, 200, {"TELEMETRY_RUNTIME_DIR": str(rt)})
-        # Wait until the daemon has seen some steps, then kill it hard.
-        deadline = time.monotonic() + 120
-        jsonl = tmp_path / "tel" / "metrics.jsonl"
-        while time.monotonic() < deadline:
-            if jsonl.exists() and b'"kind":"metrics"' in jsonl.read_bytes():
-                break
-            time.sleep(0.2)
-        daemon.send_signal(signal.SIGKILL)
+        p = _trainer(tmp_path, 200, {"TELEMETRY_ENDPOINT": d.ingest})
+        # Kill the daemon hard once it has seen some of the run, well before the run ends.
+        d.wait_for(lambda recs: any(r["kind"] == "metrics" for r in recs), timeout_s=180)
+        d.kill()
         out, _ = p.communicate(timeout=300)
         assert p.returncode == 0, out[-3000:]
+        assert "done: 200 steps" in out
     finally:
-        daemon.kill()
-        daemon.wait()
+        d.cleanup()
