@@ -27,7 +27,7 @@ kind's body are ignored so a later minor version may append fields.
 """
 from __future__ import annotations
 
-from typing import Any, Union
+from typing import Annotated, Any, Literal, Union
 
 import msgspec
 
@@ -47,13 +47,20 @@ MAX_VALUES = 4096                  # metrics per record
 
 
 
+# The bounds are msgspec constraints, so the decoder checks them in C as it parses (a Python
+# pass over every record cost more than the parse itself).
+U63 = Annotated[int, msgspec.Meta(ge=0, le=(1 << 63) - 1)]
+Name = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_NAME_CHARS)]
+Values = Annotated[dict[Name, Union[float, int]], msgspec.Meta(max_length=MAX_VALUES)]
+
+
 class _Header(msgspec.Struct, array_like=True, tag_field="kind", frozen=True):
-    version: int
-    src: int
-    rank: int
-    seq: int
-    dropped: int
-    t_ns: int
+    version: Literal[1]            # PROTOCOL_VERSION; a record of another version is rejected
+    src: U63
+    rank: U63
+    seq: U63
+    dropped: U63
+    t_ns: U63
 
 
 class Hello(_Header, tag=KIND_HELLO, frozen=True):
@@ -61,12 +68,12 @@ class Hello(_Header, tag=KIND_HELLO, frozen=True):
 
 
 class Metrics(_Header, tag=KIND_METRICS, frozen=True):
-    step: int
-    values: dict[str, Union[float, int]]
+    step: U63
+    values: Values
 
 
 class Event(_Header, tag=KIND_EVENT, frozen=True):
-    name: str
+    name: Name
     data: dict[str, Any]
 
 

@@ -7,6 +7,7 @@ or `telemetry drain` stop intake, drain every queue, fsync and exit.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -24,6 +25,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--world-size", type=int, metavar="N", help="ranks to wait for per step (default: from hellos)")
     p.add_argument("--per-rank", action="store_true", default=None, help="also write each rank's own records")
     p.add_argument("--quiet", action="store_true", help="log warnings and errors only")
+    m = p.add_argument_group("multi-node (docs/multinode.md)")
+    m.add_argument("--remote-ingest", metavar="EP", help="head: also accept node daemons on this TCP "
+                   "endpoint (CURVE required beyond loopback: security section of --config)")
+    m.add_argument("--forward", metavar="EP", help="node: forward this node's aggregated records to the "
+                   "head daemon's remote ingest (tcp://HEAD:PORT)")
+    m.add_argument("--node-rank", type=int, metavar="N", help="node: this node's rank (with --forward)")
+    m.add_argument("--num-nodes", type=int, metavar="N", help="node: number of nodes (with --forward)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -37,6 +45,8 @@ def run(args: argparse.Namespace) -> int:
         "ingest": args.ingest, "pub": args.pub, "control": args.control, "log_dir": args.log_dir,
         "run_name": args.run_name, "wandb.mode": args.wandb, "aggregator.world_size": args.world_size,
         "aggregator.per_rank": args.per_rank,
+        "remote_ingest": args.remote_ingest, "forward.endpoint": args.forward,
+        "forward.node_rank": args.node_rank, "forward.num_nodes": args.num_nodes,
     }
     try:
         cfg = load(args.config, overrides)
@@ -50,4 +60,12 @@ def run(args: argparse.Namespace) -> int:
     except EndpointError as exc:
         print(f"telemetry daemon: {exc}", file=sys.stderr)
         return 2
-    return daemon.run()
+    rc = daemon.run()
+    if daemon.unfinished:
+        # A sink thread is stuck (a hung W&B finish, a dead NFS mount): interpreter exit would
+        # wait on it or on wandb's own atexit hooks. Everything that could be written is.
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(rc)
+    return rc

@@ -75,10 +75,36 @@ class TensorBoardConfig(SinkConfig):
 
 
 @dataclass(kw_only=True, slots=True)
+class CustomSinkConfig(SinkConfig):
+    """A sink of your own: `class` is "package.module:ClassName", a telemetry.sinks.base.Sink
+    subclass built as ClassName(log_dir=..., **options) on the daemon's thread."""
+    cls: str = ""
+    options: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        SinkConfig.__post_init__(self)
+        mod, _, name = self.cls.partition(":")
+        if not mod or not name.isidentifier():
+            raise ConfigError(f"class {self.cls!r}: expected 'package.module:ClassName'")
+
+    @classmethod
+    def from_mapping(cls, item: Any, index: int) -> "CustomSinkConfig":
+        if not isinstance(item, dict):
+            raise ConfigError(f"custom_sinks[{index}]: expected a mapping")
+        data = dict(item)
+        data["cls"] = data.pop("class", "")
+        try:
+            return from_dict(cls, data, prefix=f"custom_sinks[{index}].")
+        except TypeError as exc:
+            raise ConfigError(f"custom_sinks[{index}]: {exc}") from None
+
+
+@dataclass(kw_only=True, slots=True)
 class AggregatorConfig:
     step_timeout_s: float = 10.0       # emit a step without the ranks that have not reported by then
     per_rank: bool = False             # also write each rank's own record (with "rank")
     world_size: int = 0                # ranks to wait for; 0 = from the hello records / ranks seen
+    first_rank: int = 0                # the first of them (a node daemon: node_rank x ranks per node)
     reductions: dict[str, str] = field(default_factory=dict)   # metric name or prefix* -> reduction
 
     def __post_init__(self) -> None:
@@ -93,6 +119,7 @@ class AggregatorConfig:
 class MfuConfig:
     peak_flops: float = 0.0            # per-device peak override (FLOP/s); 0 = from the device name
     dtype: str = ""                    # override the dtype the ranks report (bf16, fp16, tf32, fp32)
+    halve_causal: bool = False         # count half the attention FLOPs of causal models; off = PaLM/Megatron
 
 
 @dataclass(kw_only=True, slots=True)
@@ -103,7 +130,7 @@ class DaemonConfig:
     log_dir: str = "telemetry"
     run_name: str = ""
     daemon_record_interval_s: float = 10.0
-    drain_timeout_s: float = 5.0
+    drain_timeout_s: float = 12.0      # shutdown deadline; W&B offline start+finish alone takes seconds
     rcvhwm: int = 1_000_000            # records libzmq may queue for us before senders see backpressure
     jsonl: JsonlConfig = field(default_factory=JsonlConfig)
     wandb: WandbConfig = field(default_factory=WandbConfig)
@@ -113,14 +140,50 @@ class DaemonConfig:
     mfu: MfuConfig = field(default_factory=MfuConfig)
     pollers: dict[str, Any] = field(default_factory=dict)     # telemetry.pollers.config.PollersConfig
     diagnosis: dict[str, Any] = field(default_factory=dict)   # telemetry.diagnosis DiagnosisConfig
+    remote_ingest: str | None = None   # a second ingest listener for node daemons (TCP, CURVE beyond loopback)
+    security: dict[str, Any] = field(default_factory=dict)    # telemetry.security.curve.SecurityConfig
+    forward: dict[str, Any] = field(default_factory=dict)     # telemetry.sinks.forward.ForwardConfig
+    custom_sinks: list[Any] = field(default_factory=list)     # [{class: "mod:Cls", options: {...}, max_queued: N}]
 
     def __post_init__(self) -> None:
+        # The pollers and diagnosis sections have their own typed configs: validate them here,
+        # at load, so a typo fails with the key's name before any socket is bound.
+        from telemetry.diagnosis.config import DiagnosisConfig
+        from telemetry.pollers.config import PollersConfig
+
+        for key, cls in (("pollers", PollersConfig), ("diagnosis", DiagnosisConfig)):
+            try:
+                cls.from_dict(getattr(self, key))
+            except (ValueError, TypeError) as exc:
+                raise ConfigError(f"{key}: {exc}") from None
         if not self.run_name:
             self.run_name = Path(self.log_dir).resolve().parent.name or "run"
         if self.daemon_record_interval_s <= 0:
             raise ConfigError("daemon_record_interval_s must be > 0")
         if self.drain_timeout_s <= 0:
             raise ConfigError("drain_timeout_s must be > 0")
+        if not isinstance(self.custom_sinks, list):
+            raise ConfigError("custom_sinks: expected a list")
+        self.custom_sinks = [c if isinstance(c, CustomSinkConfig) else CustomSinkConfig.from_mapping(c, i)
+                             for i, c in enumerate(self.custom_sinks)]
+        # Checked here so a bad security/forward section fails at load with the key named.
+        if self.security:
+            from telemetry.security.curve import SecurityConfig
+
+            try:
+                SecurityConfig.from_dict(self.security)
+            except ValueError as exc:
+                raise ConfigError(str(exc)) from None
+        if self.forward:
+            from telemetry.sinks.forward import ForwardConfig
+
+            try:
+                fwd = ForwardConfig.from_dict(self.forward)
+            except ValueError as exc:
+                raise ConfigError(str(exc)) from None
+            # A node daemon's --world-size is its ranks per node; they start at node_rank x that.
+            if self.aggregator.world_size and not self.aggregator.first_rank:
+                self.aggregator.first_rank = fwd.node_rank * self.aggregator.world_size
 
 
 def _coerce(value: Any, tp: Any, key: str) -> Any:

@@ -38,6 +38,9 @@ def request(endpoint: str, cmd: str, timeout_s: float = 5.0) -> dict:
     sock.setsockopt(zmq.RCVTIMEO, int(timeout_s * 1000))
     sock.setsockopt(zmq.SNDTIMEO, int(timeout_s * 1000))
     try:
+        from telemetry.security.curve import apply_client_curve
+
+        apply_client_curve(sock)   # keys from $TELEMETRY_CURVE_*: a control endpoint beyond loopback
         sock.connect(endpoint)
         sock.send(json.dumps({"cmd": cmd}).encode())
         return json.loads(sock.recv())

@@ -32,7 +32,8 @@ class Derived:
             return
         try:
             self.estimator = MfuEstimator.from_hello(info, peak_override=self.cfg.peak_flops or None,
-                                                     dtype_override=self.cfg.dtype or None)
+                                                     dtype_override=self.cfg.dtype or None,
+                                                     halve_causal=self.cfg.halve_causal)
         except (ValueError, KeyError, TypeError) as exc:
             if not self._warned:
                 log.warning("no MFU for this run: %s", exc)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from protocol import Bye, Hello, MalformedRecord, decode
+from protocol import Bye, MalformedRecord, decode
 
 log = logging.getLogger("telemetry.receiver")
 
@@ -30,6 +30,7 @@ class Receiver:
         self.sources: dict[int, SourceStats] = {}
         self.num_in = 0
         self.num_malformed = 0
+        self.num_byes = 0
         self.last_malformed = ""
 
     def accept(self, frame: bytes):
@@ -53,6 +54,7 @@ class Receiver:
             src.dropped = rec.dropped
         if type(rec) is Bye:
             src.closed = True
+            self.num_byes += 1
         return rec
 
     def malformed(self, n: int = 1, reason: str = "") -> None:

@@ -1,4 +1,10 @@
-"""TensorBoard event files (optional extra `tensorboard`); imported lazily on the sink's thread."""
+"""TensorBoard event files (optional extra `tensorboard`), written on the sink's own thread.
+
+Written with the `tensorboard` package's own event-file writer and protobufs, imported lazily at
+start; not torch.utils.tensorboard, which would pull torch (hundreds of MB) into the daemon.
+One TensorBoard event per record, holding all of its scalars. Aggregated steps use their step;
+GPU, host and daemon records use the latest step seen (GPU values under gpu<i>/...).
+"""
 from __future__ import annotations
 
 from pathlib import Path
@@ -16,25 +22,33 @@ class TensorBoardSink(Sink):
         self.num_scalars = 0
 
     def start(self) -> None:
-        from torch.utils.tensorboard import SummaryWriter  # lazy: heavy, optional
+        from tensorboard.compat.proto.event_pb2 import Event  # lazy: optional extra
+        from tensorboard.compat.proto.summary_pb2 import Summary
+        from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
-        self._writer = SummaryWriter(str(self.log_dir))
+        self._Event, self._Summary = Event, Summary
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self._writer = EventFileWriter(str(self.log_dir))
 
     def consume(self, batch: list[Out]) -> None:
-        w = self._writer
+        Event, Summary = self._Event, self._Summary
+        Value = Summary.Value
+        add = self._writer.add_event
         for o in batch:
             rec = o.record
-            if o.kind == "metrics" and "rank" not in rec:
+            kind = o.kind
+            if kind == "metrics" and "rank" not in rec:
                 self._last_step = step = rec["step"]
-            elif o.kind in ("gpu", "system", "daemon"):
+            elif kind in ("gpu", "system", "daemon"):
                 step = self._last_step
             else:
                 continue
-            prefix = f"gpu{rec['gpu']}/" if o.kind == "gpu" else ""
-            for k, v in rec["values"].items():
-                if isinstance(v, (int, float)):
-                    w.add_scalar(prefix + k if prefix else k, v, step, walltime=rec["t"])
-                    self.num_scalars += 1
+            prefix = f"gpu{rec.get('gpu', 0)}/" if kind == "gpu" else ""
+            values = [Value(tag=prefix + k, simple_value=float(v)) for k, v in rec["values"].items()
+                      if isinstance(v, (int, float))]
+            if values:
+                add(Event(wall_time=float(rec["t"]), step=int(step), summary=Summary(value=values)))
+                self.num_scalars += len(values)
 
     def flush(self) -> None:
         if self._writer is not None:

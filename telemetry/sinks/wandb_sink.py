@@ -20,6 +20,9 @@ log = logging.getLogger("telemetry.sinks.wandb")
 
 MODES = ("disabled", "offline", "online")
 FINISH_TIMEOUT_S = 30.0
+# Hello keys that describe one process, not the run: they stay out of the run config.
+PER_PROCESS_KEYS = frozenset({"pid", "src", "rank", "local_rank", "host"})
+_MISSING = object()
 
 
 def stable_run_id(run_name: str) -> str:
@@ -43,7 +46,8 @@ class WandbSink(Sink):
         self.run_id = ""
         self.num_logged = 0
         self._last_step = -1
-        self._config_keys: set[str] = set()
+        self._hellos: dict[int, dict] = {}
+        self._config: dict = {}
 
     def start(self) -> None:
         import wandb  # lazy: ~0.7 s, on this sink's thread
@@ -81,11 +85,24 @@ class WandbSink(Sink):
                 run.log({"train/step": max(self._last_step, 0), **values})
                 self.num_logged += 1
             elif kind == "hello":
-                info = rec.get("info", {})
-                cfg = {k: v for k, v in info.items() if k not in self._config_keys}
-                if cfg:
-                    run.config.update(cfg, allow_val_change=True)
-                    self._config_keys.update(cfg)
+                self._on_hello(rec.get("rank", 0), rec.get("info") or {})
+
+    def _on_hello(self, rank: int, info: dict) -> None:
+        """The run config: the lowest rank's latest hello (a rank's explicit hello supersedes its
+        automatic one), without per-process keys; plus the world size and the hosts seen."""
+        self._hellos[rank] = info
+        base = self._hellos[min(self._hellos)]
+        cfg = {k: v for k, v in base.items() if k not in PER_PROCESS_KEYS}
+        sizes = [h.get("world_size") for h in self._hellos.values() if isinstance(h.get("world_size"), int)]
+        if sizes:
+            cfg["world_size"] = max(sizes)
+        hosts = sorted({str(h["host"]) for h in self._hellos.values() if h.get("host")})
+        if hosts:
+            cfg["hosts"] = hosts
+        changed = {k: v for k, v in cfg.items() if self._config.get(k, _MISSING) != v}
+        if changed:
+            self.run.config.update(changed, allow_val_change=True)
+            self._config.update(changed)
 
     def close(self) -> None:
         if self.run is None:

@@ -1,0 +1,163 @@
+"""A window in which host-device syncs on the training thread are errors (GPU) or recorded (CPU).
+
+Two layers, because neither sees everything:
+  - on CUDA, torch.cuda.set_sync_debug_mode("error"): every cudaStreamSynchronize /
+    cudaDeviceSynchronize / synchronous copy torch makes (`.item()`, `.cpu()`, `nonzero`,
+    boolean indexing, a non-pinned device-to-host copy, torch.cuda.synchronize()) raises a
+    RuntimeError in the thread that made it. It is process-wide, and it does not cover
+    cudaEventSynchronize (torch.cuda.Event.synchronize): the telemetry sender thread's wait is
+    therefore allowed, and so would be an Event.synchronize() on the step path, which is why:
+  - a Python-level tracer on the training thread only: Tensor.item / tolist / numpy / cpu /
+    __bool__ / __float__ / __int__ and torch.cuda.{synchronize, Event.synchronize,
+    Stream.synchronize} are wrapped and each call is recorded with the first calling frame
+    outside torch. On CUDA only reads of CUDA tensors count (a read of host memory is no sync).
+    On CPU every tensor is a host tensor, so the CPU form of the check is narrower: a read made
+    directly by project code (trainer/, telemetry/, benchmarks/) fails unless it is one of the
+    two places built to turn tensors into numbers (ALLOWED_FILES); reads made inside libraries
+    (torch.optim's host-side step counters, transformers) are listed, not failed, because
+    whether they sync depends on where the tensor lives on a GPU, which only the GPU check sees.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from typing import Any
+
+# Files allowed to read tensors on the training thread on CPU: HostFlag.poll reads a host copy
+# behind a completed event, and the client's deferred module resolves CPU tensors inline.
+ALLOWED_FILES = (os.path.join("trainer", "metrics.py"), os.path.join("telemetry", "deferred.py"))
+_TENSOR_METHODS = ("item", "tolist", "numpy", "cpu", "__bool__", "__float__", "__int__")
+MAX_RECORDED = 50
+
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+_HERE = os.path.abspath(__file__)
+
+
+def _sites() -> tuple[str, str, bool]:
+    """(direct caller, first project frame, whether the direct caller is project code).
+
+    The direct caller is the first frame outside torch and this module; project code is
+    anything under the repository root that is not a virtual environment.
+    """
+    f = sys._getframe(3)
+    direct = project = None
+    direct_in_project = False
+    while f is not None:
+        path = os.path.abspath(f.f_code.co_filename)
+        if path == _HERE or f"{os.sep}torch{os.sep}" in path and direct is None:
+            f = f.f_back
+            continue
+        here = f"{_short(path)}:{f.f_lineno} {f.f_code.co_name}"
+        mine = _in_project(path)
+        if direct is None:
+            direct, direct_in_project = here, mine
+        if mine:
+            project = here
+            break
+        f = f.f_back
+    return direct or "?", project or "?", direct_in_project
+
+
+def _in_project(path: str) -> bool:
+    return path.startswith(_ROOT + os.sep) and f"{os.sep}site-packages{os.sep}" not in path
+
+
+def _short(path: str) -> str:
+    for marker in (f"{os.sep}site-packages{os.sep}", f"{os.sep}dist-packages{os.sep}"):
+        if marker in path:
+            return path.split(marker, 1)[1]
+    return os.path.relpath(path, _ROOT) if _in_project(path) else path
+
+
+class SyncWindow:
+    """start() ... stop(): syncs on the training thread in between are errors / records.
+
+    Args:
+        cuda: turn on torch's sync debug mode ("error") and count only reads of CUDA tensors.
+    """
+
+    def __init__(self, cuda: bool) -> None:
+        self.cuda = cuda
+        self.active = False
+        self.thread_id: int | None = None
+        self.num_reads = 0            # counted host reads / synchronize calls on the training thread
+        self.num_allowed = 0          # CPU: reads by ALLOWED_FILES
+        self.reads: list[dict] = []   # the first MAX_RECORDED, with their call sites
+        self.num_library_reads = 0    # CPU: reads made inside libraries (listed, not failed)
+        self.library_reads: list[dict] = []
+        self.step: int | None = None  # the trainer step being run (set by the caller)
+        self._saved: list[tuple[Any, str, Any]] = []
+
+    # -- the window ------------------------------------------------------------------------------
+    def start(self) -> None:
+        import torch
+
+        if self.active:
+            return
+        self.thread_id = threading.get_ident()
+        for name in _TENSOR_METHODS:
+            self._wrap(torch.Tensor, name, tensor_arg=True)
+        if self.cuda:
+            self._wrap(torch.cuda, "synchronize", tensor_arg=False)
+            self._wrap(torch.cuda.Event, "synchronize", tensor_arg=False)
+            self._wrap(torch.cuda.Stream, "synchronize", tensor_arg=False)
+            torch.cuda.set_sync_debug_mode("error")
+        self.active = True
+
+    def stop(self) -> None:
+        if not self.active:
+            return
+        if self.cuda:
+            import torch
+
+            torch.cuda.set_sync_debug_mode(0)
+        for owner, name, original in reversed(self._saved):
+            if original is None:
+                delattr(owner, name)
+            else:
+                setattr(owner, name, original)
+        self._saved.clear()
+        self.active = False
+
+    def summary(self) -> dict:
+        return {"mode": "cuda sync debug 'error' + host-read tracer" if self.cuda else "host-read tracer (CPU)",
+                "num_reads": self.num_reads, "num_allowed_reads": self.num_allowed, "reads": self.reads,
+                "num_library_reads": self.num_library_reads, "library_reads": self.library_reads}
+
+    # -- wrapping --------------------------------------------------------------------------------
+    def _wrap(self, owner: Any, name: str, tensor_arg: bool) -> None:
+        original_attr = owner.__dict__.get(name)  # None: inherited, restored by deleting ours
+        fn = getattr(owner, name)
+        window = self
+
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            if window.active and threading.get_ident() == window.thread_id:
+                window._note(name, args[0] if tensor_arg and args else None)
+            return fn(*args, **kwargs)
+
+        wrapper.__name__ = name
+        if isinstance(original_attr, staticmethod):
+            wrapper = staticmethod(wrapper)  # type: ignore[assignment]
+        self._saved.append((owner, name, original_attr))
+        setattr(owner, name, wrapper)
+
+    def _note(self, what: str, tensor: Any) -> None:
+        if tensor is not None and self.cuda and not getattr(tensor, "is_cuda", False):
+            return  # a host tensor: reading it is no sync
+        direct, project, direct_in_project = _sites()
+        if not self.cuda:
+            if direct_in_project and any(a in direct for a in ALLOWED_FILES):
+                self.num_allowed += 1
+                return
+            if not direct_in_project:
+                # CPU: a library's own read (torch.optim's host-side step counter, ...). Whether
+                # it is a device sync depends on where that tensor lives on GPU: the GPU check decides.
+                self.num_library_reads += 1
+                if len(self.library_reads) < MAX_RECORDED:
+                    self.library_reads.append({"what": what, "site": direct, "via": project, "step": self.step})
+                return
+        self.num_reads += 1
+        if len(self.reads) < MAX_RECORDED:
+            self.reads.append({"what": what, "site": direct, "via": project, "step": self.step})

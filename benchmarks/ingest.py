@@ -1,0 +1,314 @@
+"""Daemon ingest benchmark: drain rate, emit-to-subscriber latency, RSS.
+
+    .venv/bin/python benchmarks/ingest.py [--records-per-rank 25000] [--rounds 3] [--json OUT]
+
+1. Drain rate. 8 sender processes (one per rank) fill the ingest socket with 10-value metrics
+   records (encoded by protocol.encode_metrics, the client's own encoder) while the consumer
+   is not reading; then the consumer drains them and the time is taken. Consumers, measured in
+   the same run, alternately, on the same pre-filled input so their ratio means something on a
+   shared, noisy box:
+     bare      recv + protocol.decode, nothing else (the floor any Python daemon pays)
+     pipeline  the real Daemon (in this process): receiver accounting, aggregator across 8 ranks,
+               derived metrics, JSON encoding, hand-out to the JSONL sink thread and the inline
+               PUB sink (pollers off; the diagnosis stage off unless BENCH_DIAGNOSIS=1); "ingest" stops when every record has passed the receiver, "written"
+               when the JSONL sink has also written and closed every step.
+2. Latency. A daemon subprocess; 8 ranks (TelemetryClient, one process) log at 10k records/s in
+   total; a SUB socket receives the aggregated steps; latency = arrival time - the step's "t"
+   (the wall time of its last rank's tm.log call). Same host, same clock.
+3. RSS of the daemon subprocess after the latency run.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+NUM_RANKS = 8
+DIAGNOSIS = bool(int(os.environ.get("BENCH_DIAGNOSIS", "0")))
+VALUE_NAMES = ("train/loss", "train/lr", "train/grad_norm", "perf/step_time", "perf/tokens", "perf/samples",
+               "memory/allocated_gb", "perf/forward_time", "perf/backward_time", "perf/optimizer_time")
+
+
+def _values(step: int, rank: int) -> dict:
+    return {"train/loss": 2.0 + 1.0 / (step + 1), "train/lr": 3e-4, "train/grad_norm": 1.1 + rank * 0.01,
+            "perf/step_time": 0.5 + rank * 0.001, "perf/tokens": 4096, "perf/samples": 8,
+            "memory/allocated_gb": 12.5, "perf/forward_time": 0.15, "perf/backward_time": 0.3,
+            "perf/optimizer_time": 0.05}
+
+
+def _sender(endpoint: str, rank: int, num_records: int, ready) -> None:
+    """One rank: encode and send `num_records` metrics records, blocking (nothing dropped)."""
+    import zmq
+
+    from protocol import encode_metrics
+
+    src = (os.getpid() << 8) | rank
+    frames = [encode_metrics(src, rank, i, 0, time.time_ns(), i, _values(i, rank)) for i in range(num_records)]
+    ctx = zmq.Context(1)
+    s = ctx.socket(zmq.PUSH)
+    s.setsockopt(zmq.SNDHWM, 0)        # unbounded: this fills the daemon, it is not the client under test
+    s.setsockopt(zmq.LINGER, -1)
+    s.connect(endpoint)
+    ready.wait()
+    for f in frames:
+        s.send(f, copy=False)
+    s.close()
+    ctx.term()                          # returns once every frame has left this process
+
+
+def prefill(endpoint: str, records_per_rank: int) -> float:
+    """Fill `endpoint` from NUM_RANKS processes; return the seconds it took."""
+    mpctx = mp.get_context("spawn")
+    ready = mpctx.Event()
+    procs = [mpctx.Process(target=_sender, args=(endpoint, r, records_per_rank, ready)) for r in range(NUM_RANKS)]
+    for p in procs:
+        p.start()
+    t0 = time.perf_counter()
+    ready.set()
+    for p in procs:
+        p.join()
+        if p.exitcode != 0:
+            raise RuntimeError(f"sender exited with {p.exitcode}")
+    dt = time.perf_counter() - t0
+    time.sleep(0.3)   # let the receiving I/O thread move the last bytes from the kernel into its queue
+    return dt
+
+
+def bench_bare(endpoint: str, records_per_rank: int) -> dict:
+    import zmq
+
+    from protocol import MAX_FRAME_BYTES, decode
+
+    ctx = zmq.Context(1)
+    pull = ctx.socket(zmq.PULL)
+    pull.setsockopt(zmq.RCVHWM, 0)
+    pull.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES)
+    pull.bind(endpoint)
+    total = NUM_RANKS * records_per_rank
+    prefill(endpoint, records_per_rank)
+    recv = pull.recv
+    n = 0
+    c0 = time.process_time()
+    t0 = time.perf_counter()
+    while n < total:
+        decode(recv())
+        n += 1
+    dt = time.perf_counter() - t0
+    cpu = time.process_time() - c0
+    pull.close(linger=0)
+    ctx.term()
+    return {"records": total, "seconds": dt, "records_per_s": total / dt, "cpu_s": cpu,
+            "cpu_us_per_record": cpu / total * 1e6}
+
+
+def bench_pipeline(endpoint: str, pub_ep: str, control_ep: str, log_dir: Path, records_per_rank: int,
+                   profile: str = "") -> dict:
+    from telemetry.daemon.config import load
+    from telemetry.daemon.core import Daemon
+
+    cfg = load(None, {"ingest": endpoint, "pub": pub_ep, "control": control_ep, "log_dir": str(log_dir),
+                      "wandb.mode": "disabled", "aggregator.world_size": NUM_RANKS,
+                      "pollers": {"nvml_enabled": False, "host_enabled": False},
+                      "jsonl.fsync_interval_s": 5.0, "diagnosis": {"enabled": DIAGNOSIS}})
+    d = Daemon(cfg)
+    d.start()
+    for r in d.runners:
+        r.wait_started(10)
+    total = NUM_RANKS * records_per_rank
+    prefill(endpoint, records_per_rank)
+    rx = d.receiver
+    prof = None
+    if profile:
+        import cProfile
+
+        prof = cProfile.Profile()
+        prof.enable()
+    c0 = time.process_time()
+    t0 = time.perf_counter()
+    while rx.num_in + rx.num_malformed < total:
+        d.turn(max_wait_s=0.5)
+    t_ingest = time.perf_counter() - t0
+    cpu_ingest = time.process_time() - c0
+    d._stop_reason = "benchmark"
+    rc = d._shutdown()       # drains queues, flushes, fsyncs, closes
+    t_written = time.perf_counter() - t0
+    cpu_written = time.process_time() - c0
+    if prof is not None:
+        prof.disable()
+        prof.dump_stats(profile)
+    jsonl = d.jsonl_runner
+    return {"records": total, "ingest_seconds": t_ingest, "ingest_records_per_s": total / t_ingest,
+            "written_seconds": t_written, "written_records_per_s": total / t_written,
+            "cpu_us_per_record_ingest": cpu_ingest / total * 1e6,
+            "cpu_us_per_record_written": cpu_written / total * 1e6,
+            "steps_written": d.aggregator.num_steps_out, "jsonl_lines": jsonl.sink.num_lines,
+            "malformed": rx.num_malformed, "lost": rx.totals()["records_lost"],
+            "sink_dropped": sum(r.num_dropped for r in d.runners), "rc": rc}
+
+
+def breakdown(records_per_rank: int = 10_000) -> dict:
+    """CPU microseconds per record of each stage, in memory (no sockets), cumulative."""
+    import msgspec
+
+    from protocol import decode, encode_metrics
+    from telemetry.daemon.aggregator import Aggregator
+    from telemetry.daemon.config import AggregatorConfig, MfuConfig
+    from telemetry.daemon.derived import Derived
+    from telemetry.daemon.receiver import Receiver
+
+    frames = [encode_metrics(1000 + r, r, i, 0, time.time_ns(), i, _values(i, r))
+              for i in range(records_per_rank) for r in range(NUM_RANKS)]
+    n = len(frames)
+    out = {}
+    c0 = time.process_time()
+    for f in frames:
+        decode(f)
+    out["decode"] = (time.process_time() - c0) / n * 1e6
+    rx = Receiver()
+    c0 = time.process_time()
+    recs = [rx.accept(f) for f in frames]
+    out["decode+receiver"] = (time.process_time() - c0) / n * 1e6
+    agg = Aggregator(AggregatorConfig(world_size=NUM_RANKS))
+    der = Derived(MfuConfig())
+    enc = msgspec.json.Encoder()
+    c0 = time.process_time()
+    for rec in recs:
+        done = agg.add(rec.rank, rec.step, rec.t_ns, rec.values)
+        if done:
+            for acc in done:
+                r = agg.finish(acc)
+                der.apply(acc, r["values"], NUM_RANKS)
+                enc.encode(r)
+    out["aggregate+derive+encode"] = (time.process_time() - c0) / n * 1e6
+    return out
+
+
+def bench_latency(tmp: Path, rate_per_s: float = 10_000, duration_s: float = 5.0) -> dict:
+    import psutil
+    import zmq
+
+    from telemetry.client import TelemetryClient
+
+    eps = {k: f"ipc://{tmp}/lat-{k}.sock" for k in ("ingest", "pub", "control")}
+    cmd = [sys.executable, "-m", "telemetry", "daemon", "--log-dir", str(tmp / "lat"), "--wandb", "disabled",
+           "--world-size", str(NUM_RANKS), "--quiet", *[a for k, v in eps.items() for a in (f"--{k}", v)]]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    for line in proc.stdout:
+        if "telemetry daemon ready" in line:
+            break
+    ctx = zmq.Context(1)
+    sub = ctx.socket(zmq.SUB)
+    sub.setsockopt(zmq.LINGER, 0)
+    sub.setsockopt(zmq.RCVTIMEO, 2000)
+    sub.setsockopt(zmq.SUBSCRIBE, b"metrics")
+    sub.connect(eps["pub"])
+    time.sleep(0.5)
+    latencies_ms: list[float] = []
+
+    def receive() -> None:
+        while True:
+            try:
+                _topic, body = sub.recv_multipart()
+            except zmq.Again:
+                return
+            arrived = time.time()
+            rec = json.loads(body)
+            if "rank" not in rec and rec.get("step", -1) >= 0:
+                latencies_ms.append((arrived - rec["t"]) * 1e3)
+
+    rx = threading.Thread(target=receive, daemon=True)
+    rx.start()
+    clients = [TelemetryClient(eps["ingest"], rank=r, send_hello=False) for r in range(NUM_RANKS)]
+    steps = int(rate_per_s * duration_s / NUM_RANKS)
+    period_s = NUM_RANKS / rate_per_s
+    t_next = time.perf_counter()
+    for step in range(steps):
+        for r, c in enumerate(clients):
+            c.log(step, _values(step, r))
+        t_next += period_s
+        delay = t_next - time.perf_counter()
+        if delay > 0:
+            time.sleep(delay)
+    achieved = steps * NUM_RANKS / (time.perf_counter() - (t_next - steps * period_s))
+    for c in clients:
+        c.close()
+    rx.join(10)
+    rss_mb = psutil.Process(proc.pid).memory_info().rss / 2**20
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(30)
+    sub.close()
+    ctx.term()
+    lat = sorted(latencies_ms)
+    q = statistics.quantiles(lat, n=100) if len(lat) > 100 else [float("nan")] * 99
+    return {"rate_per_s_target": rate_per_s, "rate_per_s_achieved": achieved, "steps_sent": steps,
+            "steps_received": len(lat), "p50_ms": q[49], "p99_ms": q[98], "max_ms": lat[-1] if lat else None,
+            "daemon_rss_mb": rss_mb}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--records-per-rank", type=int, default=25_000)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--no-latency", action="store_true")
+    ap.add_argument("--latency-only", action="store_true")
+    ap.add_argument("--profile", metavar="FILE", help="cProfile the last pipeline round into FILE")
+    ap.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+    args = ap.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="tmbench-", dir="/tmp"))
+    out: dict = {"machine": f"{os.cpu_count()}-core CPU dev box", "records_per_rank": args.records_per_rank,
+                 "bare": [], "pipeline": []}
+    for i in range(0 if args.latency_only else args.rounds):
+        bare = bench_bare(f"ipc://{tmp}/bare{i}.sock", args.records_per_rank)
+        out["bare"].append(bare)
+        prof = args.profile if (args.profile and i == args.rounds - 1) else ""
+        pipe = bench_pipeline(f"ipc://{tmp}/in{i}.sock", f"ipc://{tmp}/pub{i}.sock", f"ipc://{tmp}/ctl{i}.sock",
+                              tmp / f"log{i}", args.records_per_rank, profile=prof)
+        out["pipeline"].append(pipe)
+        print(f"round {i}: bare {bare['records_per_s']:,.0f} rec/s ({bare['cpu_us_per_record']:.2f} CPU-us/rec) | "
+              f"pipeline ingest {pipe['ingest_records_per_s']:,.0f} rec/s "
+              f"({pipe['cpu_us_per_record_ingest']:.2f} CPU-us/rec), all written "
+              f"{pipe['written_records_per_s']:,.0f} rec/s ({pipe['cpu_us_per_record_written']:.2f} CPU-us/rec) "
+              f"({pipe['ingest_records_per_s'] / bare['records_per_s']:.0%} of bare; steps {pipe['steps_written']}, "
+              f"lost {pipe['lost']}, sink drops {pipe['sink_dropped']})", flush=True)
+    if args.latency_only:
+        lat = out["latency"] = bench_latency(tmp)
+        print(json.dumps(lat))
+        return 0
+    bare_best = max(b["records_per_s"] for b in out["bare"])
+    ing_best = max(p["ingest_records_per_s"] for p in out["pipeline"])
+    ratios = [p["ingest_records_per_s"] / b["records_per_s"] for b, p in zip(out["bare"], out["pipeline"])]
+    out["summary"] = {"bare_best_per_s": bare_best, "pipeline_ingest_best_per_s": ing_best,
+                      "pipeline_written_best_per_s": max(p["written_records_per_s"] for p in out["pipeline"]),
+                      "pipeline_over_bare_median": statistics.median(ratios)}
+    print(f"best: bare {bare_best:,.0f} rec/s, pipeline ingest {ing_best:,.0f} rec/s; "
+          f"median ratio pipeline/bare {statistics.median(ratios):.0%}")
+    out["breakdown_cpu_us_per_record"] = bd = breakdown()
+    print("in-memory CPU-us per record, cumulative: " + ", ".join(f"{k} {v:.2f}" for k, v in bd.items()))
+    if not args.no_latency:
+        lat = bench_latency(tmp)
+        out["latency"] = lat
+        print(f"latency at {lat['rate_per_s_achieved']:,.0f} rec/s: p50 {lat['p50_ms']:.2f} ms, "
+              f"p99 {lat['p99_ms']:.2f} ms, max {lat['max_ms']:.2f} ms ({lat['steps_received']}/{lat['steps_sent']} "
+              f"steps); daemon RSS {lat['daemon_rss_mb']:.0f} MiB")
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=2))
+    import shutil
+
+    shutil.rmtree(tmp, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

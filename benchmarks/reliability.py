@@ -1,0 +1,441 @@
+"""Fault-injection scenarios: what is lost, what is counted, what the trainer feels.
+
+    .venv/bin/python benchmarks/reliability.py [--quick] [--outage-s 60] [--json OUT]
+
+Every scenario runs real daemon processes on this machine (ipc sockets, TCP on loopback) and real
+rank processes (`TelemetryClient`), injects one fault, and returns its figures as a dict; the
+tests (tests/test_fault_*.py, tests/test_multinode_*.py) call the same functions with smaller
+loads and assert on them, and this script prints the table for benchmarks/RESULTS.md.
+
+    kill_restart    SIGKILL the daemon mid-run, append a torn line, restart it
+    sigterm_drain   SIGTERM with the daemon's queues full: everything accepted is written
+    disk_full       RLIMIT_FSIZE on the daemon: JSONL fails whole batches, PUB carries on
+    multinode       node daemons forward to a head over TCP + CURVE; the head goes away for a while
+    load            8 ranks x N records paced under the HWM: exactly once
+    overload        8 ranks unpaced against a small daemon queue: delivered + counted drops == sent
+
+`python benchmarks/reliability.py rank ...` is the rank worker the scenarios start.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+
+VALUES = {"train/loss": 2.5, "train/lr": 3e-4, "train/grad_norm": 1.1, "perf/step_time": 0.05,
+          "perf/tokens": 4096, "perf/samples": 8, "memory/allocated_gb": 12.5, "perf/forward_time": 0.015,
+          "perf/backward_time": 0.03, "perf/optimizer_time": 0.005}
+
+
+# -- the rank worker ---------------------------------------------------------------------------
+def rank_main(a: argparse.Namespace) -> int:
+    """One rank: log `n` records at `rate` per second (0: as fast as it can); write its figures."""
+    from telemetry.client import TelemetryClient
+
+    # linger = the close budget: the queue a rank holds at exit reaches a busy daemon (the client's
+    # default, 1 s, bounds a trainer's exit instead, and loses what is still queued after it).
+    tm = TelemetryClient(a.endpoint, rank=a.rank, sndhwm=a.sndhwm, send_hello=not a.no_hello,
+                         linger_ms=int(a.close_s * 1000))
+    interval = 1.0 / a.rate if a.rate > 0 else 0.0
+    worst_s = 0.0
+    slow = 0          # calls over 1 ms
+    perf = time.perf_counter
+    t0 = perf()
+    for i in range(a.n):
+        if interval and i % 10 == 0:
+            delay = t0 + i * interval - perf()
+            if delay > 0:
+                time.sleep(delay)
+        s = perf()
+        tm.log(i, {**VALUES, "train/loss": 1.0 + (i % 97) / 97 + a.rank})
+        d = perf() - s
+        if d > worst_s:
+            worst_s = d
+        if d > 1e-3:
+            slow += 1
+    elapsed_s = perf() - t0
+    before_close = tm.stats()
+    out = {"rank": a.rank, "n": a.n, "elapsed_s": elapsed_s, "worst_log_s": worst_s, "num_log_over_1ms": slow,
+           "before_close": before_close}
+    if a.no_close:
+        out["final"] = before_close
+        Path(a.out).write_text(json.dumps(out))
+        os._exit(0)   # no bye, no linger: what was still queued in this process is never accepted
+    tm.close(timeout_s=a.close_s)
+    out["final"] = tm.stats()
+    Path(a.out).write_text(json.dumps(out))
+    return 0
+
+
+def start_ranks(endpoint: str, ranks: list[int], n: int, rate: float, out_dir: Path, sndhwm: int = 10_000,
+                env: dict | None = None, extra: tuple[str, ...] = ()) -> list[subprocess.Popen]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    procs = []
+    for r in ranks:
+        cmd = [sys.executable, str(Path(__file__).resolve()), "rank", "--endpoint", endpoint, "--rank", str(r),
+               "--n", str(n), "--rate", str(rate), "--sndhwm", str(sndhwm), "--out", str(out_dir / f"rank{r}.json"),
+               *extra]
+        procs.append(subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, **(env or {})}))
+    return procs
+
+
+def wait_ranks(procs: list[subprocess.Popen], out_dir: Path, timeout_s: float = 600) -> dict[int, dict]:
+    for p in procs:
+        p.wait(timeout_s)
+    out = {}
+    for f in out_dir.glob("rank*.json"):
+        d = json.loads(f.read_text())
+        out[d["rank"]] = d
+    return out
+
+
+# -- daemons -----------------------------------------------------------------------------------
+class Endpoints:
+    """Fixed ipc endpoints in a short private directory, so a restarted daemon gets the same ones."""
+
+    def __init__(self) -> None:
+        self.dir = Path(tempfile.mkdtemp(prefix="tmr-", dir="/tmp"))
+        os.chmod(self.dir, 0o700)
+        self.ingest, self.pub, self.control = (f"ipc://{self.dir}/{n}" for n in ("i", "p", "c"))
+
+
+def launch(log_dir: Path, eps: Endpoints, *, config: dict | None = None, extra: tuple[str, ...] = (),
+           env: dict | None = None, fsize_limit: int = 0, world_size: int | None = None,
+           per_rank: bool = False):
+    """Start a daemon on `eps`; return a tests/daemon_util.DaemonProc once it is ready."""
+    import yaml
+
+    from daemon_util import DaemonProc, daemon_command
+
+    log_dir.mkdir(parents=True, exist_ok=True)
+    cfg_path = None
+    if config:
+        cfg_path = log_dir.parent / f"{log_dir.name}.yaml"
+        cfg_path.write_text(yaml.safe_dump(config))
+    cmd = daemon_command(log_dir, eps.ingest, eps.pub, eps.control, world_size=world_size, per_rank=per_rank,
+                         config=cfg_path, extra_args=extra)
+
+    def limit_file_size() -> None:   # runs in the child before exec: a disk that fills up
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)   # EFBIG from write(), not death
+        resource.setrlimit(resource.RLIMIT_FSIZE, (fsize_limit, fsize_limit))
+
+    full_env = {**os.environ, "WANDB_MODE": "disabled", "WANDB_SILENT": "true", "PYTHONUNBUFFERED": "1",
+                **(env or {})}
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, preexec_fn=limit_file_size if fsize_limit else None)
+    d = DaemonProc(proc, log_dir, None)
+    d.wait_ready(60)
+    return d
+
+
+def jsonl_integrity(log_dir: Path) -> dict:
+    """Every line of metrics.jsonl parses and the file ends with a newline."""
+    data = (log_dir / "metrics.jsonl").read_bytes()
+    lines = data.split(b"\n")
+    bad = 0
+    for ln in lines[:-1]:
+        try:
+            json.loads(ln)
+        except ValueError:
+            bad += 1
+    return {"bytes": len(data), "lines": len(lines) - 1, "bad_lines": bad, "ends_with_newline": data.endswith(b"\n")
+            or not data}
+
+
+def per_rank_steps(d) -> dict[int, int]:
+    """Per-rank metrics records written, by rank (distinct steps)."""
+    steps: dict[int, set] = {}
+    for r in d.read_jsonl("metrics", aggregated=False):
+        steps.setdefault(r["rank"], set()).add(r["step"])
+    return {r: len(s) for r, s in steps.items()}
+
+
+# -- scenarios ---------------------------------------------------------------------------------
+def kill_restart(work: Path, num_ranks: int = 2, n: int = 8000, rate: float = 2000, down_s: float = 1.0,
+                 kill_at_s: float = 1.0, sndhwm: int = 1000) -> dict:
+    """SIGKILL the daemon at `kill_at_s`, leave it down `down_s`, append a torn line, restart."""
+    eps = Endpoints()
+    log_dir = work / "telemetry"
+    d = launch(log_dir, eps, per_rank=True, world_size=num_ranks)
+    procs = start_ranks(eps.ingest, list(range(num_ranks)), n, rate, work / "ranks", sndhwm=sndhwm)
+    time.sleep(kill_at_s)
+    d.proc.kill()
+    d.proc.wait(10)
+    with open(log_dir / "metrics.jsonl", "ab") as f:   # what a crash in the middle of write() leaves
+        f.write(b'{"kind": "metrics", "t": 1.0, "step": 12')
+    time.sleep(down_s)
+    d2 = launch(log_dir, eps, per_rank=True, world_size=num_ranks)
+    ranks = wait_ranks(procs, work / "ranks")
+    status = d2.status()
+    final = d2.drain()
+    written = per_rank_steps(d2)
+    out = {"scenario": "kill_restart", "ranks": num_ranks, "records_per_rank": n, "rate_per_rank": rate,
+           "down_s": down_s, "repaired_bytes": status["sinks"]["jsonl"].get("repaired_bytes", 0),
+           "integrity": jsonl_integrity(log_dir), "exit_code": d2.proc.returncode, "per_rank": {}}
+    for r, fig in ranks.items():
+        dropped = fig["final"]["dropped"]
+        delivered = written.get(r, 0)
+        out["per_rank"][r] = {"sent": fig["final"]["sent"], "dropped": dropped, "delivered_metrics": delivered,
+                              "silent_loss": n - delivered - dropped, "worst_log_s": fig["worst_log_s"],
+                              "num_log_over_1ms": fig["num_log_over_1ms"]}
+    out["final_status"] = {k: final[k] for k in ("records_in", "records_lost", "records_dropped_by_clients")}
+    d2.cleanup()
+    return out
+
+
+def sigterm_drain(work: Path, num_ranks: int = 2, n: int = 100_000) -> dict:
+    """Fill the daemon's queues with an unpaced burst, then SIGTERM it: what it accepted is written."""
+    eps = Endpoints()
+    log_dir = work / "telemetry"
+    d = launch(log_dir, eps, per_rank=True, world_size=num_ranks)
+    procs = start_ranks(eps.ingest, list(range(num_ranks)), n, 0, work / "ranks", sndhwm=n + 10,
+                        extra=("--no-hello", "--no-close"))
+    ranks = wait_ranks(procs, work / "ranks")       # every record is now queued somewhere
+    queued = d.status()["queued"] if "queued" in d.status() else {}
+    t0 = time.monotonic()
+    d.proc.send_signal(signal.SIGTERM)
+    d.proc.wait(60)
+    exit_s = time.monotonic() - t0
+    d._pump.join(2)
+    # The daemon's last daemon record carries its final counters.
+    last = d.read_jsonl("daemon")[-1]["values"]
+    written = per_rank_steps(d)
+    accepted = last["telemetry/records_in"]
+    out = {"scenario": "sigterm_drain", "ranks": num_ranks, "records_per_rank": n, "queued_at_signal": queued,
+           "exit_code": d.proc.returncode, "exit_s": exit_s, "accepted": accepted,
+           "written": sum(written.values()), "sent": sum(r["final"]["sent"] for r in ranks.values()),
+           "integrity": jsonl_integrity(log_dir)}
+    out["lost_after_accept"] = accepted - out["written"]
+    d.cleanup()
+    return out
+
+
+def disk_full(work: Path, limit_bytes: int = 256 * 1024, n: int = 4000, rate: float = 2000) -> dict:
+    """The JSONL file may not grow past `limit_bytes`: batches fail whole, PUB carries on."""
+    import zmq
+
+    eps = Endpoints()
+    log_dir = work / "telemetry"
+    d = launch(log_dir, eps, world_size=1, fsize_limit=limit_bytes, config={"jsonl": {"fsync_interval_s": 0.2}})
+    sub = d.subscribe(b"metrics")
+    got: set[int] = set()
+    stop = threading.Event()
+
+    def read() -> None:
+        while not stop.is_set():
+            try:
+                _, line = sub.recv_multipart()
+            except zmq.Again:
+                continue
+            rec = json.loads(line)
+            if "rank" not in rec:
+                got.add(rec["step"])
+
+    t = threading.Thread(target=read, daemon=True)
+    t.start()
+    time.sleep(0.3)
+    procs = start_ranks(eps.ingest, [0], n, rate, work / "ranks")
+    ranks = wait_ranks(procs, work / "ranks")
+    deadline = time.monotonic() + 20
+    while len(got) < n and time.monotonic() < deadline:
+        time.sleep(0.1)
+    status = d.status()
+    alive = d.proc.poll() is None
+    final = d.drain()
+    stop.set()
+    t.join(2)
+    sub.close(linger=0)
+    j = final["sinks"]["jsonl"]
+    out = {"scenario": "disk_full", "limit_bytes": limit_bytes, "steps": n, "alive_when_full": alive,
+           "jsonl_write_errors": j.get("write_errors", 0), "jsonl_dropped": j["dropped"],
+           "jsonl_written": j["written"], "pub_steps_received": len(got), "integrity": jsonl_integrity(log_dir),
+           "status_reports_error": "last_error" in status["sinks"]["jsonl"], "exit_code": d.proc.returncode,
+           "sent": ranks[0]["final"]["sent"]}
+    d.cleanup()
+    return out
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def multinode(work: Path, num_nodes: int = 2, ranks_per_node: int = 2, rate: float = 20.0,
+              before_s: float = 2.0, outage_s: float = 5.0, after_s: float = 3.0, max_buffered: int = 50) -> dict:
+    """Node daemons forward to a head over TCP + CURVE; the head is stopped for `outage_s`."""
+    from telemetry.security.keygen import make_pair
+
+    keys = work / "keys"
+    make_pair(keys, "head")
+    allowed = keys / "allowed"
+    allowed.mkdir(mode=0o700)
+    for i in range(num_nodes):
+        pub_key, _ = make_pair(keys, f"node{i}")
+        (allowed / pub_key.name).write_bytes(pub_key.read_bytes())
+    port = free_port()
+    head_eps = Endpoints()
+    head_cfg = {"security": {"server_secret_key": str(keys / "head.key_secret"),
+                             "allowed_clients_dir": str(allowed), "curve_loopback": True},
+                "aggregator": {"step_timeout_s": 5.0}}
+    head_args = ("--remote-ingest", f"tcp://127.0.0.1:{port}")
+    head = launch(work / "head", head_eps, config=head_cfg, extra=head_args, world_size=num_nodes)
+    nodes, node_eps = [], []
+    for i in range(num_nodes):
+        eps = Endpoints()
+        cfg = {"forward": {"endpoint": f"tcp://127.0.0.1:{port}", "node_rank": i, "num_nodes": num_nodes,
+                           "server_public_key": str(keys / "head.key"),
+                           "client_secret_key": str(keys / f"node{i}.key_secret"), "max_buffered": max_buffered,
+                           "heartbeat_ivl_s": 0.5, "heartbeat_timeout_s": 2.0}}
+        nodes.append(launch(work / f"node{i}", eps, config=cfg, world_size=ranks_per_node))
+        node_eps.append(eps)
+    world = num_nodes * ranks_per_node
+    n = int(rate * (before_s + outage_s + after_s))
+    procs = []
+    for i, eps in enumerate(node_eps):
+        ranks = list(range(i * ranks_per_node, (i + 1) * ranks_per_node))
+        procs += start_ranks(eps.ingest, ranks, n, rate, work / f"ranks{i}", env={"WORLD_SIZE": str(world)})
+    time.sleep(before_s)
+
+    def fwd(d) -> dict:
+        return d.status()["sinks"]["forward"]
+
+    head_finals = []
+    outage = {}
+    if outage_s > 0:
+        at_stop = [fwd(nd) for nd in nodes]
+        head_finals.append(head.drain())
+        time.sleep(outage_s)
+        at_restart = [fwd(nd) for nd in nodes]
+        head = launch(work / "head", head_eps, config=head_cfg, extra=head_args, world_size=num_nodes)
+        for i in range(num_nodes):
+            tried = at_restart[i]["seq"] - at_stop[i]["seq"]
+            dropped = at_restart[i]["dropped"] - at_stop[i]["dropped"]
+            outage[i] = {"records_during_outage": tried, "dropped_during_outage": dropped,
+                         "buffered": tried - dropped}
+    for i in range(num_nodes):
+        wait_ranks(procs[i * ranks_per_node:(i + 1) * ranks_per_node], work / f"ranks{i}")
+    node_finals = [nd.drain() for nd in nodes]
+    # The head has every node's bye once their forwarders have flushed.
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        per = head.status()["per_rank"]
+        if all(per.get(str(i), {}).get("received", 0) + sum(h["per_rank"].get(str(i), {}).get("received", 0)
+                                                            for h in head_finals)
+               >= node_finals[i]["sinks"]["forward"]["sent"] for i in range(num_nodes)):
+            break
+        time.sleep(0.2)
+    head_finals.append(head.drain())
+    steps = head.steps()
+    out = {"scenario": "multinode", "nodes": num_nodes, "ranks_per_node": ranks_per_node, "steps_per_rank": n,
+           "outage_s": outage_s, "max_buffered": max_buffered, "per_node": {},
+           "head_steps": len(steps), "head_security": head_finals[-1]["security"],
+           "head_world_size": head_finals[-1]["world_size"]}
+    complete = [s for s, r in steps.items() if "missing_ranks" not in r]
+    if complete:
+        r = steps[complete[len(complete) // 2]]["values"]
+        out["sample_step"] = {k: r.get(k) for k in ("train/loss", "perf/tokens", "perf/step_time")}
+    for i in range(num_nodes):
+        f = node_finals[i]["sinks"]["forward"]
+        received = sum(h["per_rank"].get(str(i), {}).get("received", 0) for h in head_finals)
+        out["per_node"][i] = {"tried": f["seq"], "sent": f["sent"], "dropped": f["dropped"], "received": received,
+                              "silent_loss": f["seq"] - f["dropped"] - received, **outage.get(i, {})}
+    for d in [head, *nodes]:
+        d.cleanup()
+    return out
+
+
+def load(work: Path, num_ranks: int = 8, n: int = 125_000, rate: float = 5000, sndhwm: int = 10_000,
+         rcvhwm: int = 1_000_000, name: str = "load") -> dict:
+    """`num_ranks` rank processes x `n` records at `rate` each (0: unpaced) into one daemon."""
+    eps = Endpoints()
+    log_dir = work / "telemetry"
+    d = launch(log_dir, eps, world_size=num_ranks, config={"rcvhwm": rcvhwm})
+    t0 = time.monotonic()
+    procs = start_ranks(eps.ingest, list(range(num_ranks)), n, rate, work / "ranks", sndhwm=sndhwm)
+    ranks = wait_ranks(procs, work / "ranks")
+    send_s = time.monotonic() - t0
+    # Everything sent is in the daemon's socket or on its way: wait until it has all of it.
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        per = d.status()["per_rank"]
+        if all(per.get(str(r), {}).get("received", 0) >= ranks[r]["final"]["sent"] for r in ranks):
+            break
+        time.sleep(0.25)
+    final = d.drain(timeout_s=120)
+    steps = d.read_jsonl("metrics", aggregated=True)
+    out = {"scenario": name, "ranks": num_ranks, "records_per_rank": n, "rate_per_rank": rate, "sndhwm": sndhwm,
+           "rcvhwm": rcvhwm, "send_s": send_s, "offered_per_s": num_ranks * n / max(send_s, 1e-9),
+           "steps_written": len(steps), "steps_incomplete": sum(1 for s in steps if "missing_ranks" in s),
+           "per_rank": {}}
+    tokens_ok = sum(1 for s in steps if s["values"].get("perf/tokens") == VALUES["perf/tokens"] * num_ranks)
+    out["steps_with_all_ranks_tokens"] = tokens_ok
+    for r, fig in ranks.items():
+        f = fig["final"]
+        per = final["per_rank"].get(str(r), {})
+        out["per_rank"][r] = {"tried": f["seq"], "sent": f["sent"], "dropped": f["dropped"],
+                              "received": per.get("received", 0), "lost": per.get("lost", 0),
+                              "worst_log_s": fig["worst_log_s"]}
+    d.cleanup()
+    return out
+
+
+# -- the table ---------------------------------------------------------------------------------
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd")
+    r = sub.add_parser("rank")
+    r.add_argument("--endpoint", required=True)
+    r.add_argument("--rank", type=int, required=True)
+    r.add_argument("--n", type=int, required=True)
+    r.add_argument("--rate", type=float, default=0.0)
+    r.add_argument("--sndhwm", type=int, default=10_000)
+    r.add_argument("--close-s", type=float, default=30.0)   # let a slow daemon take the queue
+    r.add_argument("--no-hello", action="store_true")
+    r.add_argument("--no-close", action="store_true")
+    r.add_argument("--out", required=True)
+    p.add_argument("--quick", action="store_true", help="small loads (about a minute)")
+    p.add_argument("--outage-s", type=float, default=60.0)
+    p.add_argument("--only", nargs="*", help="scenario names to run")
+    p.add_argument("--json", metavar="OUT")
+    a = p.parse_args(argv)
+    if a.cmd == "rank":
+        return rank_main(a)
+    q = a.quick
+    runs = {
+        "kill_restart": lambda w: kill_restart(w),
+        "sigterm_drain": lambda w: sigterm_drain(w, n=20_000 if q else 100_000),
+        "disk_full": lambda w: disk_full(w),
+        "multinode": lambda w: multinode(w, outage_s=5.0 if q else a.outage_s, rate=20.0, max_buffered=50 if q else 500),
+        "load": lambda w: load(w, n=10_000 if q else 125_000),
+        "overload": lambda w: load(w, n=20_000 if q else 50_000, rate=0, sndhwm=1000, rcvhwm=5000, name="overload"),
+    }
+    results = {}
+    for name, fn in runs.items():
+        if a.only and name not in a.only:
+            continue
+        with tempfile.TemporaryDirectory(prefix=f"rel-{name}-") as w:
+            t0 = time.monotonic()
+            results[name] = fn(Path(w))
+            results[name]["wall_s"] = time.monotonic() - t0
+        print(json.dumps(results[name], default=str), flush=True)
+    if a.json:
+        Path(a.json).write_text(json.dumps(results, indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

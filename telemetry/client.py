@@ -1,0 +1,442 @@
+"""TelemetryClient: the only telemetry code that runs inside a training process.
+
+`log()` is the whole cost a training step pays for telemetry, so it does as little as a Python
+call can: one msgspec encode of a prebuilt tuple and one ZeroMQ send with NOBLOCK. It never
+waits. When the socket's queue (SNDHWM) is full, or no daemon is there to drain it, the record
+is dropped and counted; the count and a per-client sequence number ride in every record, so
+the daemon reports loss exactly (loss per src = max seq + 1 - records received).
+
+Tensor values are never read on the caller's thread (reading a CUDA tensor is a host-device
+sync). The encoder meets a tensor only through its `enc_hook`, which aborts the encode; that
+record then takes the deferred path (telemetry/deferred.py): the tensors are stacked and, on
+CUDA, copied non-blocking into pinned memory behind an event; a sender thread with its own
+socket waits on the event and sends. A record of plain floats and ints pays no per-value
+Python work at all: msgspec checks the types in C.
+
+Threads and processes: log/event/hello/span/close are meant for the one thread that trains.
+A forked child (a DataLoader worker) never touches the parent's sockets: an at-fork hook marks
+every client, and the child's first call opens its own context, socket and `src`.
+"""
+from __future__ import annotations
+
+import atexit
+import os
+import sys
+import time
+import warnings
+import weakref
+from typing import Any, Mapping
+
+import msgspec
+import zmq
+
+from protocol import codec
+from telemetry import endpoints
+from telemetry.deferred import DeferredSender, Job, host_scalar, snapshot
+from telemetry.spans import Span, SpanRecorder
+
+# Records queued in the socket before log() starts dropping. At ~250 B per record this is
+# ~2.5 MB per rank: minutes of a daemon restart at one log per step, and bounded.
+SNDHWM = 10_000
+# How long close() lets queued records drain to a live daemon; a gone daemon costs this much
+# at exit, never more.
+LINGER_MS = 1000
+CLOSE_TIMEOUT_S = 1.5
+# atexit gives every still-open client this long: a trainer that forgot close() must still exit.
+ATEXIT_CLOSE_TIMEOUT_S = 0.5
+
+# The environment launchers set, in the order we trust them: torchrun and the deepspeed
+# launcher set RANK/LOCAL_RANK/WORLD_SIZE; the rest cover mpirun and srun.
+_RANK_ENV = ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID")
+_LOCAL_RANK_ENV = ("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID")
+_WORLD_SIZE_ENV = ("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS")
+
+_NOBLOCK = zmq.NOBLOCK
+_ZMQError = zmq.ZMQError
+
+_live_clients: "weakref.WeakSet[TelemetryClient]" = weakref.WeakSet()
+# A forked child's inherited zmq objects: kept referenced so no destructor ever runs on them
+# in the child (they belong to the parent's I/O thread, which the child does not have).
+_abandoned_after_fork: list[Any] = []
+
+
+class _NeedsDeferral(Exception):
+    """Raised by the encoder hook on a tensor: this record goes the deferred path."""
+
+
+def _wire_hook(obj: Any) -> Any:
+    # Called by msgspec only for a type it does not encode natively, i.e. never for a record
+    # of plain floats and ints.
+    if hasattr(obj, "detach"):
+        raise _NeedsDeferral
+    return host_scalar(obj)
+
+
+def _info_hook(obj: Any) -> Any:
+    """Free-form maps (hello info, event data): numbers stay numbers, anything else is text."""
+    if hasattr(obj, "detach"):
+        raise TypeError("tensors belong in log(), not in event()/hello() data")
+    try:
+        return host_scalar(obj)
+    except (TypeError, ValueError):
+        return str(obj)
+
+
+def _to_wire_map(data: Mapping[str, Any] | None) -> dict[str, Any]:
+    if not data:
+        return {}
+    return msgspec.to_builtins(dict(data), enc_hook=_info_hook, str_keys=True)
+
+
+def _env_int(names: tuple[str, ...], default: int) -> int:
+    for n in names:
+        v = os.environ.get(n)
+        if v not in (None, ""):
+            try:
+                return int(v)
+            except ValueError:
+                raise ValueError(f"${n}={v!r} is not an integer") from None
+    return default
+
+
+def _disabled(endpoint: str | None) -> bool:
+    return endpoint == "" or os.environ.get(endpoints.ENV_DISABLED, "") not in ("", "0", "false", "no")
+
+
+def _new_src() -> int:
+    # os.urandom, not `random`: unaffected by a seeded training run, distinct after fork.
+    return int.from_bytes(os.urandom(8), "little") >> 1
+
+
+class TelemetryClient:
+    """Send training telemetry to the daemon without ever blocking or syncing the caller.
+
+    Args:
+        endpoint: the daemon's ingest socket; None: $TELEMETRY_ENDPOINT or the default ipc
+            socket (telemetry.endpoints). "" or $TELEMETRY_DISABLED=1 gives a DisabledClient.
+        rank: global rank; None: $RANK (or the mpirun/srun equivalents), else 0.
+        sndhwm: records queued per socket before drops start.
+        linger_ms: at close, how long queued records may take to reach the daemon.
+        send_hello: send a minimal hello (host, pid, ranks) at once, so the daemon knows this
+            rank even if hello(info) is never called.
+    """
+
+    def __new__(cls, endpoint: str | None = None, rank: int | None = None, **kwargs: Any):
+        if cls is TelemetryClient and _disabled(endpoint):
+            return super().__new__(DisabledClient)
+        return super().__new__(cls)
+
+    def __init__(self, endpoint: str | None = None, rank: int | None = None, *, sndhwm: int = SNDHWM,
+                 linger_ms: int = LINGER_MS, send_hello: bool = True) -> None:
+        if sndhwm < 1:
+            raise ValueError(f"sndhwm must be >= 1, got {sndhwm}")
+        if linger_ms < 0:
+            raise ValueError(f"linger_ms must be >= 0, got {linger_ms}")
+        self.endpoint = endpoints.resolve("ingest", endpoint)
+        self.rank = rank if rank is not None else _env_int(_RANK_ENV, 0)
+        if self.rank < 0:
+            raise ValueError(f"rank must be >= 0, got {self.rank}")
+        self.local_rank = _env_int(_LOCAL_RANK_ENV, 0)
+        self.world_size = _env_int(_WORLD_SIZE_ENV, 1)
+        self.host = os.uname().nodename  # gethostname() without importing socket
+        self._sndhwm = sndhwm
+        self._linger_ms = linger_ms
+        self._hello_info: dict[str, Any] = {}
+        self._warned: set[str] = set()
+        # Built once: the hook routes tensors to the deferred path and numpy scalars to numbers.
+        self._encoder = msgspec.msgpack.Encoder(enc_hook=_wire_hook)
+        self._bg_encoder = msgspec.msgpack.Encoder(enc_hook=host_scalar)  # the sender thread's
+        self._open()
+        _live_clients.add(self)
+        if send_hello:
+            self._send_hello()
+
+    def _open(self) -> None:
+        self._pid = os.getpid()
+        self._forked = False
+        self._closed = False
+        self._src = _new_src()
+        self._seq = 0
+        # Counters are split by the thread that writes them, so no increment is ever lost and
+        # the hot path takes no lock: the caller's thread and the sender thread.
+        self._num_sent = 0
+        self._num_dropped = 0
+        self._num_sent_bg = 0
+        self._num_dropped_bg = 0
+        self._num_skipped_values = 0
+        self._ctx = zmq.Context(io_threads=1)
+        self._sock = self._new_socket()
+        self._sock_send = self._sock.send
+        self._spans = SpanRecorder()
+        self._deferred = DeferredSender(self._new_socket, self._encode_job, self._count_sent_bg,
+                                        self._count_dropped_bg)
+
+    def _new_socket(self) -> zmq.Socket:
+        sock = self._ctx.socket(zmq.PUSH)
+        sock.setsockopt(zmq.SNDHWM, self._sndhwm)
+        sock.setsockopt(zmq.LINGER, self._linger_ms)
+        # CURVE keys from $TELEMETRY_CURVE_SERVER_KEY/_CLIENT_KEY, for a daemon beyond loopback.
+        # Imported only when a key is set: the module (logging, dataclasses) costs ~10 ms of
+        # start-up that a rank on ipc or loopback does not need.
+        if os.environ.get("TELEMETRY_CURVE_SERVER_KEY") or os.environ.get("TELEMETRY_CURVE_CLIENT_KEY"):
+            from telemetry.security.curve import apply_client_curve
+
+            apply_client_curve(sock)
+        # connect, never bind: the connecting side keeps its queue across daemon restarts.
+        sock.connect(self.endpoint)
+        return sock
+
+    # -- the hot path --------------------------------------------------------------------------
+    def log(self, step: int, values: Mapping[str, Any]) -> None:
+        """Send metrics for `step`: floats, ints, 0-dim tensors on any device. Never blocks.
+
+        Tensors are read on the sender thread after their device has produced them; the values
+        sent are those at the time of this call, even if the tensors change afterwards.
+        """
+        if self._forked:
+            self._reopen_after_fork()
+        spans = None
+        if self._spans.pending:
+            cpu_spans, spans = self._spans.take()
+            if cpu_spans:
+                values = {**values, **cpu_spans}
+        seq = self._seq
+        self._seq = seq + 1
+        if spans is None:
+            try:
+                frame = codec.encode_metrics(self._src, self.rank, seq, self._num_dropped + self._num_dropped_bg,
+                                             time.time_ns(), step, values, self._encoder)
+            except _NeedsDeferral:
+                self._log_deferred(seq, step, values, None)
+                return
+            except (TypeError, ValueError, OverflowError) as exc:  # a value that is no number
+                self._num_dropped += 1
+                self._warn_once("log", f"telemetry: dropped a record of step {step}: {exc}")
+                return
+            try:
+                self._sock_send(frame, _NOBLOCK)
+                self._num_sent += 1
+            except _ZMQError:  # Again: queue full or no daemon; anything else: closed
+                self._num_dropped += 1
+        else:
+            self._log_deferred(seq, step, values, spans)
+
+    def _log_deferred(self, seq: int, step: int, values: Mapping[str, Any], spans: Any) -> None:
+        t_ns = time.time_ns()
+        if self._closed:
+            self._num_dropped += 1
+            return
+        plain: dict[str, Any] = {}
+        names: list[str] = []
+        tensors: list[Any] = []
+        for k, v in values.items():
+            c = v.__class__
+            if c is float or c is int or not hasattr(v, "detach"):
+                plain[k] = v  # numpy scalars and the like: the sender's encoder converts them
+            else:
+                names.append(k)
+                tensors.append(v)
+        try:
+            groups, num_skipped = snapshot(names, tensors, self._deferred.pool) if tensors else ([], 0)
+        except Exception as exc:  # a tensor torch cannot stack: lose the record, not the step
+            self._num_dropped += 1
+            self._warn_once("snapshot", f"telemetry: dropped a record of step {step}: {exc}")
+            return
+        if num_skipped:
+            self._num_skipped_values += num_skipped
+            self._warn_once("skipped", "telemetry: skipped tensor values with more than one element")
+        if not self._deferred.submit(Job(seq, t_ns, step, plain, groups, spans)):
+            self._num_dropped += 1
+
+    def _encode_job(self, job: Job, values: dict[str, Any]) -> bytes:
+        # Sender thread: its own encoder (tensors are numbers by now; numpy scalars still go
+        # through the hook), and the drop count as of sending.
+        return codec.encode_metrics(self._src, self.rank, job.seq, self._num_dropped + self._num_dropped_bg,
+                                    job.t_ns, job.step, values, self._bg_encoder)
+
+    def _count_sent_bg(self) -> None:
+        self._num_sent_bg += 1
+
+    def _count_dropped_bg(self, n: int) -> None:
+        self._num_dropped_bg += n
+
+    def span(self, name: str, cuda: bool | None = None) -> Span:
+        """Time a region: `with tm.span("forward"): ...`; sent with the next log() call.
+
+        Reported as `perf/<name>_time` (seconds, mean per occurrence since the previous log).
+        With CUDA in use (or cuda=True) it is timed by CUDA events on the current stream and
+        read by the sender thread; otherwise by perf_counter. Never syncs.
+        """
+        if self._forked:
+            self._reopen_after_fork()
+        return self._spans.span(name, cuda)
+
+    # -- everything else is rare ---------------------------------------------------------------
+    def event(self, name: str, data: Mapping[str, Any] | None = None) -> None:
+        """Send a discrete event (checkpoint saved, NaN seen, ...). Never blocks."""
+        self._send_other("event", lambda seq, dropped: codec.encode_event(
+            self._src, self.rank, seq, dropped, time.time_ns(), name, _to_wire_map(data)))
+
+    def hello(self, info: Mapping[str, Any]) -> None:
+        """Describe this rank's run (config, model shape); the daemon keeps the latest per rank.
+
+        The identity fields (host, pid, rank, local_rank, world_size) are added; keys in
+        `info` win. Non-JSON values (paths, enums, dtypes) are sent as text.
+        """
+        self._hello_info = dict(info)
+        self._send_hello()
+
+    def _identity(self) -> dict[str, Any]:
+        ident: dict[str, Any] = {"host": self.host, "pid": os.getpid(), "rank": self.rank,
+                                 "local_rank": self.local_rank, "world_size": self.world_size,
+                                 "src": self._src, "python": sys.version.split()[0]}
+        run_name = os.environ.get(endpoints.ENV_RUN_NAME)
+        if run_name:
+            ident["run_name"] = run_name
+        restarts = os.environ.get("TORCHELASTIC_RESTART_COUNT")
+        if restarts:
+            ident["restart_count"] = restarts
+        return ident
+
+    def _send_hello(self) -> None:
+        self._send_other("hello", lambda seq, dropped: codec.encode_hello(
+            self._src, self.rank, seq, dropped, time.time_ns(),
+            {**self._identity(), **_to_wire_map(self._hello_info)}))
+
+    def _send_other(self, what: str, encode: Any) -> None:
+        if self._forked:
+            self._reopen_after_fork()
+        seq = self._seq
+        self._seq = seq + 1
+        try:
+            frame = encode(seq, self._num_dropped + self._num_dropped_bg)
+        except (TypeError, ValueError, OverflowError) as exc:
+            self._num_dropped += 1
+            self._warn_once(what, f"telemetry: dropped a {what} record: {exc}")
+            return
+        try:
+            self._sock_send(frame, zmq.NOBLOCK)
+            self._num_sent += 1
+        except zmq.ZMQError:
+            self._num_dropped += 1
+
+    def _warn_once(self, key: str, message: str) -> None:
+        # Never one warning per record: a bad value logged every step would flood the trainer.
+        if key not in self._warned:
+            self._warned.add(key)
+            warnings.warn(message, RuntimeWarning, stacklevel=3)
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    def stats(self) -> dict[str, int]:
+        """Counters of this client: sent, dropped (incl. refused by a full queue), seq (records
+        tried), pending (waiting for their tensors), skipped_values, src."""
+        return {"sent": self._num_sent + self._num_sent_bg,
+                "dropped": self._num_dropped + self._num_dropped_bg,
+                "seq": self._seq, "pending": self._deferred.pending(),
+                "skipped_values": self._num_skipped_values, "src": self._src}
+
+    def close(self, timeout_s: float = CLOSE_TIMEOUT_S) -> None:
+        """Flush what can be flushed within `timeout_s` and release the sockets. Safe twice.
+
+        Returns within about `timeout_s` whether or not a daemon is there.
+        """
+        if self._closed:
+            return
+        if self._forked:  # never opened in this child: nothing here is ours to close
+            self._closed = True
+            return
+        deadline = time.monotonic() + timeout_s
+
+        def remaining_ms() -> int:
+            return int(max(0.0, deadline - time.monotonic()) * 1000)
+
+        # The sender thread finishes its queue and closes its socket; half the budget, so the
+        # bye and the caller's queue get the rest.
+        thread_done = self._deferred.close(timeout_s=remaining_ms() / 2000,
+                                           linger_ms=min(remaining_ms(), self._linger_ms))
+        self._send_other("bye", lambda seq, dropped: codec.encode_bye(
+            self._src, self.rank, seq, dropped, time.time_ns(), self.stats()))
+        self._closed = True
+        self._sock.close(linger=min(remaining_ms(), self._linger_ms))
+        if thread_done:
+            self._ctx.term()  # returns once the linger expires: bounded by the deadline
+        # else: a sender thread stuck waiting on a hung GPU still owns a socket; term() would
+        # wait for it forever. Leave the context to process exit.
+        _live_clients.discard(self)
+
+    def _reopen_after_fork(self) -> None:
+        """First call in a forked child: a fresh context, socket and src; the parent's stay."""
+        _abandoned_after_fork.append((self._ctx, self._sock, self._deferred))
+        self._open()
+        mp_util = sys.modules.get("multiprocessing.util")
+        if mp_util is not None:
+            # A multiprocessing child (a DataLoader worker) leaves through os._exit, skipping
+            # atexit; its exit finalizers still run, and close() flushes the last records.
+            mp_util.Finalize(self, self.close, kwargs={"timeout_s": ATEXIT_CLOSE_TIMEOUT_S}, exitpriority=0)
+        self._send_hello()
+
+    def _mark_forked(self) -> None:
+        if not self._closed:
+            self._forked = True
+
+    def __enter__(self) -> "TelemetryClient":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class _NullSpan:
+    __slots__ = ()
+
+    def __enter__(self) -> "_NullSpan":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+
+_NULL_SPAN = _NullSpan()
+
+
+class DisabledClient(TelemetryClient):
+    """The stand-in for a disabled client: same methods, does nothing, costs nothing."""
+
+    def __init__(self, endpoint: str | None = None, rank: int | None = None, **kwargs: Any) -> None:
+        self.endpoint = ""
+        self.rank = rank if rank is not None else _env_int(_RANK_ENV, 0)
+
+    def log(self, step: int, values: Mapping[str, Any]) -> None:
+        pass
+
+    def event(self, name: str, data: Mapping[str, Any] | None = None) -> None:
+        pass
+
+    def hello(self, info: Mapping[str, Any]) -> None:
+        pass
+
+    def span(self, name: str, cuda: bool | None = None) -> Any:
+        return _NULL_SPAN
+
+    def stats(self) -> dict[str, int]:
+        return {"sent": 0, "dropped": 0, "seq": 0, "pending": 0, "skipped_values": 0, "src": 0}
+
+    def close(self, timeout_s: float = CLOSE_TIMEOUT_S) -> None:
+        pass
+
+
+def _mark_all_forked() -> None:
+    for client in list(_live_clients):
+        client._mark_forked()
+
+
+os.register_at_fork(after_in_child=_mark_all_forked)
+
+
+@atexit.register
+def _close_all() -> None:
+    for client in list(_live_clients):
+        try:
+            client.close(timeout_s=ATEXIT_CLOSE_TIMEOUT_S)
+        except Exception:
+            pass

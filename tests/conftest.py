@@ -1,0 +1,34 @@
+"""Shared fixtures. `daemon`: a real daemon subprocess (ipc sockets in a private dir, W&B
+disabled) that is stopped after the test; `make_daemon(**kwargs)`: the same with options
+(see daemon_util.start_daemon: transport="tcp", world_size=, per_rank=, config={...}, wandb=)."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from daemon_util import DaemonProc, start_daemon  # noqa: E402
+
+
+@pytest.fixture
+def make_daemon(tmp_path):
+    started: list[DaemonProc] = []
+
+    def make(**kwargs) -> DaemonProc:
+        sub = kwargs.pop("tmp_path", None) or tmp_path / f"d{len(started)}"
+        sub.mkdir(parents=True, exist_ok=True)
+        d = start_daemon(sub, **kwargs)
+        started.append(d)
+        return d
+
+    yield make
+    for d in started:
+        d.cleanup()
+
+
+@pytest.fixture
+def daemon(make_daemon) -> DaemonProc:
+    return make_daemon()

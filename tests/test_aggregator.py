@@ -1,0 +1,119 @@
+"""Aggregation semantics across ranks: reductions, straggler view, completion, timeouts, late records."""
+import pytest
+
+from telemetry.daemon.aggregator import DEAD_AFTER_TIMEOUTS, Aggregator
+from telemetry.daemon.config import AggregatorConfig, ConfigError
+
+
+def agg(world_size=4, **kw):
+    return Aggregator(AggregatorConfig(world_size=world_size, **kw))
+
+
+def feed(a, step, per_rank_values, t_ns=0):
+    done = []
+    for rank, values in per_rank_values.items():
+        out = a.add(rank, step, t_ns + rank, values)
+        done += out or []
+    return [a.finish(acc) for acc in done]
+
+
+def test_reductions_mean_sum_max_and_straggler_view():
+    a = agg(4)
+    rows = {r: {"train/loss": 1.0 + r, "perf/tokens": 1000, "perf/samples": 4,
+                "perf/step_time": [0.5, 0.7, 0.6, 0.55][r], "memory/max_allocated_gb": 10.0 + r} for r in range(4)}
+    (rec,) = feed(a, 7, rows)
+    v = rec["values"]
+    assert rec["step"] == 7 and "rank" not in rec and "missing_ranks" not in rec
+    assert v["train/loss"] == pytest.approx(2.5)          # gauge: mean
+    assert v["perf/tokens"] == 4000 and v["perf/samples"] == 16   # counters: sum
+    assert v["perf/step_time"] == 0.7                      # a synchronous step: its slowest rank
+    assert v["memory/max_allocated_gb"] == 13.0
+    assert v["perf/step_time_max"] == 0.7 and v["perf/step_time_min"] == 0.5
+    assert v["perf/slowest_rank"] == 1
+    assert rec["t"] == pytest.approx(3 / 1e9)              # the last rank's time
+
+
+def test_step_waits_for_every_rank():
+    a = agg(3)
+    assert feed(a, 1, {0: {"x": 1.0}, 1: {"x": 2.0}}) == []
+    assert list(a.pending) == [1]
+    (rec,) = feed(a, 1, {2: {"x": 3.0}})
+    assert rec["values"]["x"] == 2.0 and a.num_steps_out == 1
+
+
+def test_ranks_with_different_keys():
+    a = agg(2)
+    (rec,) = feed(a, 0, {0: {"train/loss": 1.0, "dataset/a/loss": 5.0}, 1: {"train/loss": 3.0}})
+    assert rec["values"] == {"train/loss": 2.0, "dataset/a/loss": 5.0}
+
+
+def test_reduction_override_from_config():
+    a = agg(2, reductions={"train/loss": "max", "custom/*": "sum"})
+    (rec,) = feed(a, 0, {0: {"train/loss": 1.0, "custom/n": 2}, 1: {"train/loss": 3.0, "custom/n": 5}})
+    assert rec["values"]["train/loss"] == 3.0 and rec["values"]["custom/n"] == 7
+    with pytest.raises(ConfigError):
+        AggregatorConfig(reductions={"x": "median"})
+
+
+def test_timeout_emits_without_the_missing_rank(monkeypatch):
+    a = agg(3, step_timeout_s=5.0)
+    feed(a, 1, {0: {"x": 1.0}, 1: {"x": 3.0}})
+    opened = a.pending[1].opened_mono
+    assert a.expire(opened + 4.9) == []
+    (acc,) = a.expire(opened + 5.0)
+    rec = a.finish(acc)
+    assert rec["missing_ranks"] == [2] and rec["values"]["x"] == 2.0
+    assert a.num_steps_incomplete == 1
+
+
+def test_a_later_complete_step_closes_older_ones():
+    a = agg(2)
+    feed(a, 1, {0: {"x": 1.0}})                  # rank 1's step 1 never comes
+    recs = feed(a, 2, {0: {"x": 1.0}, 1: {"x": 1.0}})
+    assert [r["step"] for r in recs] == [1, 2]
+    assert recs[0]["missing_ranks"] == [1] and "missing_ranks" not in recs[1]
+
+
+def test_dead_rank_is_no_longer_waited_for_and_comes_back():
+    a = agg(2, step_timeout_s=1.0)
+    now = 0.0
+    for step in range(DEAD_AFTER_TIMEOUTS):
+        feed(a, step, {0: {"x": 1.0}})
+        now = a.pending[step].opened_mono + 1.0
+        for acc in a.expire(now):
+            assert a.finish(acc)["missing_ranks"] == [1]
+    assert a.ranks_gone == {1}
+    # Now a step completes on rank 0 alone, still saying rank 1 is missing.
+    (rec,) = feed(a, 10, {0: {"x": 1.0}})
+    assert rec["missing_ranks"] == [1]
+    # Rank 1 reports again: it is waited for again.
+    assert feed(a, 11, {1: {"x": 1.0}}) == []
+    assert a.ranks_gone == set()
+    (rec,) = feed(a, 11, {0: {"x": 3.0}})
+    assert "missing_ranks" not in rec and rec["values"]["x"] == 2.0
+
+
+def test_late_record_is_not_a_second_step_record():
+    a = agg(2, step_timeout_s=1.0)
+    feed(a, 5, {0: {"x": 1.0}})
+    (acc,) = a.expire(a.pending[5].opened_mono + 1.0)
+    a.finish(acc)
+    assert a.add(1, 5, 0, {"x": 9.0}) is None     # the caller writes it as the rank's own record
+    assert a.num_records_late == 1 and not a.pending
+
+
+def test_same_rank_logging_a_step_again_opens_it_again():
+    # e.g. the trainer logs train metrics, then eval metrics for the same step
+    a = agg(2)
+    feed(a, 3, {0: {"train/loss": 1.0}, 1: {"train/loss": 2.0}})
+    (rec,) = feed(a, 3, {0: {"eval/loss": 4.0}, 1: {"eval/loss": 6.0}})
+    assert rec["step"] == 3 and rec["values"] == {"eval/loss": 5.0}
+    assert a.num_records_late == 0
+
+
+def test_world_size_from_hellos_and_ranks_seen():
+    a = Aggregator(AggregatorConfig())
+    a.note_world_size(2)
+    assert feed(a, 0, {0: {"x": 1.0}}) == []
+    assert len(feed(a, 0, {1: {"x": 1.0}})) == 1
+    assert a.expected_world() == 2

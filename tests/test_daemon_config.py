@@ -1,0 +1,60 @@
+"""The daemon config: YAML with per-sink settings, validated; command-line flags override it."""
+import pytest
+
+from daemon_util import start_daemon
+from telemetry.daemon.config import ConfigError, load
+
+
+def test_yaml_per_sink_settings_and_overrides(tmp_path):
+    p = tmp_path / "d.yaml"
+    p.write_text("""
+log_dir: from-yaml
+jsonl: {fsync_interval_s: 0.5, rotate_mb: 64}
+wandb: {mode: offline, every_n_steps: 10, max_per_second: 2, max_queued: 500}
+pub_sink: {max_queued: 1000}
+tensorboard: {enabled: true, every_n_steps: 5}
+aggregator: {step_timeout_s: 3, per_rank: true, reductions: {"custom/*": sum}}
+custom_sinks: [{class: "pkg.mod:MySink", options: {a: 1}, max_per_second: 1}]
+""")
+    cfg = load(p, {"wandb.mode": "disabled", "log_dir": str(tmp_path / "flag"), "aggregator.world_size": 4,
+                   "run_name": None})
+    assert cfg.log_dir == str(tmp_path / "flag") and cfg.wandb.mode == "disabled"       # flags win
+    assert cfg.wandb.every_n_steps == 10 and cfg.wandb.max_per_second == 2.0 and cfg.wandb.max_queued == 500
+    assert cfg.jsonl.rotate_mb == 64 and cfg.jsonl.fsync_interval_s == 0.5
+    assert cfg.tensorboard.enabled and cfg.tensorboard.every_n_steps == 5
+    assert cfg.aggregator.world_size == 4 and cfg.aggregator.per_rank and cfg.aggregator.step_timeout_s == 3
+    (c,) = cfg.custom_sinks
+    assert c.cls == "pkg.mod:MySink" and c.options == {"a": 1} and c.max_per_second == 1
+
+
+@pytest.mark.parametrize("yaml_text, word", [
+    ("wandb: {mode: sometimes}", "wandb.mode"),
+    ("jsonl: {enabled: false}", "source of truth"),
+    ("jsonl: {fsync_interval_s: 0}", "fsync_interval_s"),
+    ("pub_sink: {every_n_steps: 0}", "every_n_steps"),
+    ("aggregator: {step_timeout_s: -1}", "step_timeout_s"),
+    ("nonsense_key: 1", "unknown key nonsense_key"),
+    ("wandb: {max_queued: lots}", "wandb.max_queued"),
+    ("custom_sinks: [{class: nocolon}]", "custom_sinks[0]"),
+    ("[1, 2]", "mapping"),
+])
+def test_bad_config_is_a_clear_error(tmp_path, yaml_text, word):
+    p = tmp_path / "d.yaml"
+    p.write_text(yaml_text)
+    with pytest.raises(ConfigError, match=word.replace("[", r"\[").replace("]", r"\]")):
+        load(p, {})
+
+
+def test_daemon_refuses_a_bad_config_with_exit_2(tmp_path):
+    with pytest.raises(RuntimeError, match="bad config"):
+        start_daemon(tmp_path, config={"aggregator": {"step_timeout_s": -1}}, ready_timeout_s=30)
+
+
+def test_daemon_uses_the_config_file(tmp_path):
+    d = start_daemon(tmp_path, config={"aggregator": {"per_rank": True}, "tensorboard": {"enabled": True}})
+    try:
+        st = d.status()
+        assert "tensorboard" in st["sinks"]
+    finally:
+        assert d.stop() == 0
+        d.cleanup()

@@ -1,0 +1,125 @@
+"""SinkRunner: each sink on its own thread behind a bounded queue; drops counted; never blocks."""
+import threading
+import time
+
+from telemetry.daemon.downsample import Downsampler
+from telemetry.sinks.base import Out, Sink, SinkRunner
+
+
+def batch(n, start=0):
+    return [Out("metrics", {"kind": "metrics", "t": 0.0, "step": i, "values": {"x": 1.0}}, b"{}")
+            for i in range(start, start + n)]
+
+
+class Gate(Sink):
+    """Blocks in consume until released: a stuck W&B."""
+    name = "gate"
+
+    def __init__(self):
+        self.release = threading.Event()
+        self.entered = threading.Event()
+        self.steps = []
+        self.closed = 0
+
+    def consume(self, b):
+        self.entered.set()
+        self.release.wait()
+        self.steps += [o.record["step"] for o in b]
+
+    def close(self):
+        self.closed += 1
+
+
+class Failing(Sink):
+    name = "failing"
+
+    def consume(self, b):
+        raise OSError("disk full")
+
+
+class NoStart(Sink):
+    name = "nostart"
+
+    def start(self):
+        raise RuntimeError("cannot connect")
+
+    def consume(self, b):
+        raise AssertionError("never called")
+
+
+def test_full_queue_drops_and_counts_without_blocking():
+    sink = Gate()
+    r = SinkRunner(sink, max_queued=10)
+    r.start()
+    r.put(batch(1))
+    assert sink.entered.wait(5)            # the thread is stuck inside consume with 1 record
+    for i in range(5):
+        r.put(batch(4, start=1 + 4 * i))   # never blocks: 10 fit, 10 are dropped
+    assert r.queued() == 10 and r.num_dropped == 10
+    sink.release.set()
+    assert r.close(5)
+    assert sink.steps == list(range(11))   # first, then the queued ones in order
+    assert r.stats()["written"] == 11 and sink.closed == 1
+    assert r.close(1)                       # twice is harmless
+
+
+def test_a_hung_sink_does_not_hold_close_past_its_timeout():
+    sink = Gate()
+    r = SinkRunner(sink)
+    r.start()
+    r.put(batch(3))
+    assert sink.entered.wait(5)
+    assert r.close(0.2) is False            # abandoned, reported as unfinished
+    sink.release.set()
+    assert r.close(5) is True
+
+
+def test_failing_sink_is_counted_not_fatal():
+    r = SinkRunner(Failing())
+    r.start()
+    r.put(batch(5))
+    r.put(batch(2))
+    assert r.close(5)
+    st = r.stats()
+    assert st["dropped"] == 7 and st["errors"] == 2 and "disk full" in st["last_error"]
+
+
+def test_sink_that_cannot_start_drops_everything_counted():
+    r = SinkRunner(NoStart())
+    r.start()
+    assert r.wait_started(5)
+    r.put(batch(3))
+    assert r.close(5)
+    assert r.num_dropped == 3 and "cannot connect" in r.last_error
+
+
+def test_downsampled_runner_flushes_the_last_window_at_close():
+    sink = Gate()
+    sink.release.set()
+    r = SinkRunner(sink, downsampler=Downsampler(every_n_steps=4))
+    r.start()
+    r.put(batch(10))
+    assert r.close(5)
+    assert sink.steps == [3, 7, 9]
+
+
+def test_inline_runner_consumes_on_the_callers_thread():
+    from telemetry.sinks.base import InlineRunner
+
+    seen = []
+
+    class Rec(Sink):
+        name = "rec"
+        inline = True
+
+        def consume(self, b):
+            seen.append((threading.current_thread().name, len(b)))
+
+    r = InlineRunner(Rec(), downsampler=Downsampler(every_n_steps=3))
+    r.start()
+    r.put(batch(7))
+    assert seen == [(threading.current_thread().name, 2)]     # steps 2 and 5; 6 waits for its window
+    assert r.close(0) and r.close(0)
+    assert seen[-1][1] == 1 and r.stats()["in"] == 7
+    r.put(batch(1))                                         # after close: dropped, counted
+    assert r.num_dropped == 1
