@@ -111,13 +111,11 @@ def bench_ours(endpoint: str, steps: list[dict], tensors: bool, paced: bool = Fa
         steps = steps[:PACED_CALLS]  # each waits for the sender's next poll (~2 ms)
         pending = tm._deferred.pending
 
-        def log(step: int, values: dict, _log=tm.log) -> None:
-            _log(step, values)
-
         def settle() -> None:
             # Yield the GIL (sleep(0)) until the sender has sent, then a little longer so it is
-            # back asleep in its queue, as between two training steps. Not a real sleep: that
-            # would time a cold cache instead of the call (4x here, even for a bare encode).
+            # back asleep, as between two training steps. A call after such a pause is several
+            # times slower than back to back on this box, floats too (cold caches once other
+            # threads ran): compare a paced row with the other paced row only.
             while pending():
                 time.sleep(0)
             t_end = time.perf_counter_ns() + 100_000
@@ -300,10 +298,11 @@ def main(argv: list[str] | None = None) -> int:
     wb = rows.get("wandb.log (offline)")
     print(f"per-call cost of one step of 10 scalars, {args.calls} calls each "
           f"({os.cpu_count()} CPUs, load {results['conditions']['loadavg_start'][0]:.2f})")
-    print(f"| logger | median µs | p99 µs | mean µs | wandb / this (median) |")
+    print("| logger | median µs | p99 µs | mean µs | wandb / this (median) |")
     print("|---|---:|---:|---:|---:|")
     for name, r in rows.items():
-        ratio = f"{wb['median_us'] / r['median_us']:.0f}x" if wb else "-"
+        x = wb["median_us"] / r["median_us"] if wb else None
+        ratio = "-" if x is None else (f"{x:.0f}x" if x >= 10 else f"{x:.2f}x")
         print(f"| {name} | {r['median_us']:.2f} | {r['p99_us']:.2f} | {r['mean_us']:.2f} | {ratio} |")
     if "startup" in results:
         print("\n| start-up | median ms | runs ms |")

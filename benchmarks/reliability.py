@@ -230,7 +230,7 @@ def disk_full(work: Path, limit_bytes: int = 256 * 1024, n: int = 4000, rate: fl
     eps = Endpoints()
     log_dir = work / "telemetry"
     d = launch(log_dir, eps, world_size=1, fsize_limit=limit_bytes, config={"jsonl": {"fsync_interval_s": 0.2}})
-    sub = d.subscribe(b"metrics")
+    sub = d.subscribe(b"metrics", rcvtimeo_ms=100)   # owned by the reader thread until it stops
     got: set[int] = set()
     stop = threading.Event()
 
@@ -256,8 +256,9 @@ def disk_full(work: Path, limit_bytes: int = 256 * 1024, n: int = 4000, rate: fl
     alive = d.proc.poll() is None
     final = d.drain()
     stop.set()
-    t.join(2)
-    sub.close(linger=0)
+    t.join(10)
+    assert not t.is_alive(), "PUB reader did not stop"
+    sub.close(linger=0)   # only after its thread is gone: a zmq socket is never shared
     j = final["sinks"]["jsonl"]
     out = {"scenario": "disk_full", "limit_bytes": limit_bytes, "steps": n, "alive_when_full": alive,
            "jsonl_write_errors": j.get("write_errors", 0), "jsonl_dropped": j["dropped"],

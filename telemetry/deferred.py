@@ -18,7 +18,7 @@ import collections
 import sys
 import threading
 import time
-from typing import Any, Callable, Mapping
+from typing import Any, Callable
 
 # Records waiting for their tensors; past this, submit() refuses and the caller counts a drop.
 # At one log() per step the sender is idle almost always; this only bounds a stalled GPU.
@@ -31,14 +31,6 @@ MAX_POOLED_BUFFERS = 8
 POLL_INTERVAL_S = 0.002
 # After this long without a record the thread parks, and the next submit() wakes it.
 PARK_AFTER_IDLE_S = 1.0
-
-
-def has_tensor(values: Mapping[str, Any]) -> bool:
-    """True if any value looks like a tensor (has `.detach`). Never imports torch."""
-    for v in values.values():
-        if v.__class__ is not float and v.__class__ is not int and hasattr(v, "detach"):
-            return True
-    return False
 
 
 def host_scalar(v: Any) -> float | int:
@@ -275,8 +267,10 @@ def resolve(job: Job) -> dict[str, float | int]:
     values = dict(job.plain)
     for g in job.groups:
         if g.event is not None:
-            g.event.synchronize()  # sender thread: waits for the copy, sleeping (blocking event)
-        nums = g.tensor.tolist()
+            # CPU-GPU sync point, on the sender thread only: waits (sleeping: a blocking-sync
+            # event) until the copy into the pinned buffer has landed.
+            g.event.synchronize()
+        nums = g.tensor.tolist()  # pinned/CPU memory: no sync (another device: one, here)
         if nums and nums[0].__class__ is bool:
             nums = [int(x) for x in nums]
         values.update(zip(g.names, nums))

@@ -47,8 +47,12 @@ class PendingSpans:
     def resolve(self) -> dict[str, float]:
         out = {}
         for key, pairs in self._pairs.items():
-            pairs[-1][1].synchronize()  # sender thread; events on one stream complete in order
-            total_ms = sum(start.elapsed_time(end) for start, end in pairs)
+            total_ms = 0.0
+            for start, end in pairs:
+                # CPU-GPU sync point, on the sender thread only (instant for all but the
+                # last pair when they share a stream; a span may have used another one).
+                end.synchronize()
+                total_ms += start.elapsed_time(end)
             out[key] = total_ms / 1000.0 / len(pairs)
         return out
 

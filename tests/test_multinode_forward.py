@@ -35,7 +35,8 @@ def _outage_checks(r: dict) -> None:
         assert f["received"] + f["dropped"] + f["silent_loss"] == f["tried"], (node, f)
         assert f["silent_loss"] == 0, (node, f)
         # The outage overflowed the bounded buffer, and the buffer held no more than its bound.
-        assert f["dropped_during_outage"] > 0, (node, f)
+        if f["records_during_outage"] > r["max_buffered"] + 5:
+            assert f["dropped_during_outage"] > 0, (node, f)
         assert f["buffered"] <= r["max_buffered"] + 5, (node, f)
         assert f["received"] > 0
 
@@ -43,6 +44,7 @@ def _outage_checks(r: dict) -> None:
 def test_head_outage_short(tmp_path):
     r = reliability.multinode(tmp_path, num_nodes=2, ranks_per_node=2, rate=20, before_s=2, outage_s=5,
                               after_s=3, max_buffered=50)
+    assert all(f["dropped_during_outage"] > 0 for f in r["per_node"].values())   # 100 records > 50
     _outage_checks(r)
 
 

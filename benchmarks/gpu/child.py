@@ -34,8 +34,9 @@ from benchmarks.gpu.syncguard import SyncWindow  # noqa: E402
 class Recorder:
     """Wraps the variant's client; records step times, the synchronized window and the sync check."""
 
-    def __init__(self, inner, warmup: int, sync_from: int | None, cuda: bool) -> None:
+    def __init__(self, inner, warmup: int, sync_from: int | None, cuda: bool, inject_sync: bool = False) -> None:
         self.inner, self.warmup, self.sync_from, self.cuda = inner, warmup, sync_from, cuda
+        self.inject_sync = inject_sync
         self.steps: list[int] = []
         self.step_times_s: list[float] = []
         self.t_window = None
@@ -54,6 +55,7 @@ class Recorder:
 
     def event(self, name: str, data: dict | None = None) -> None:
         if name == "train_end":
+            self.last_step = int((data or {}).get("step", self.last_step))  # steps after the last log count too
             self.finish()
         self.inner.event(name, data)
 
@@ -68,15 +70,19 @@ class Recorder:
         self.last_step = step
         if self.sync is not None:
             self.sync.step = step + 1
-            if step == self.sync_from:
+            if step >= self.sync_from and not self.sync.active and self.sync.first_step is None:
+                self.sync.first_step = step + 1  # the rest of this step is checked too
                 self.sync.start()
+            if self.inject_sync and self.sync.active:
+                values["train/loss"].item()  # --inject-sync: proves the check can fail
         if step == self.warmup and self.t_window is None:
             self._device_wait()
             self.t_window = time.perf_counter()
 
     def finish(self) -> None:
         """Close the sync window and the timing window (idempotent)."""
-        if self.sync is not None:
+        if self.sync is not None and self.sync.active:
+            self.sync.last_step = self.last_step
             self.sync.stop()
         if self.t_window is not None and self.window_s is None:
             self._device_wait()
@@ -96,6 +102,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--config", default=None)
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--sync-check-from", type=int, default=None)
+    ap.add_argument("--inject-sync", action="store_true",
+                    help="self-test: read train/loss on the training thread inside the sync window")
+    ap.add_argument("--seed-profile-every", type=int, default=seed_monitor.PROFILE_EVERY)
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args(argv)
 
@@ -110,10 +119,10 @@ def main(argv: list[str] | None = None) -> int:
 
     def make_client(endpoint=None, rank=None, **kwargs):
         if args.variant == "seed":
-            inner = seed_monitor.SeedMonitor(args.run_dir)
+            inner = seed_monitor.SeedMonitor(args.run_dir, profile_every=args.seed_profile_every)
         else:
             inner = tc.TelemetryClient(endpoint=endpoint, rank=rank, **kwargs)
-        rec = Recorder(inner, args.warmup, args.sync_check_from, cuda)
+        rec = Recorder(inner, args.warmup, args.sync_check_from, cuda, args.inject_sync)
         recorders.append(rec)
         return rec
 

@@ -28,7 +28,7 @@ from typing import Any
 # behind a completed event, and the client's deferred module resolves CPU tensors inline.
 ALLOWED_FILES = (os.path.join("trainer", "metrics.py"), os.path.join("telemetry", "deferred.py"))
 _TENSOR_METHODS = ("item", "tolist", "numpy", "cpu", "__bool__", "__float__", "__int__")
-MAX_RECORDED = 50
+MAX_RECORDED = 50  # distinct sites kept per table
 
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -36,32 +36,31 @@ _HERE = os.path.abspath(__file__)
 
 
 def _sites() -> tuple[str, str, bool]:
-    """(direct caller, first project frame, whether the direct caller is project code).
+    """(immediate caller, nearest project frame, whether the immediate caller is project code).
 
-    The direct caller is the first frame outside torch and this module; project code is
-    anything under the repository root that is not a virtual environment.
+    The immediate caller is the frame that called the wrapped method (inside torch for a read
+    torch makes itself); project code is anything under the repository root that is not a
+    virtual environment.
     """
     f = sys._getframe(3)
-    direct = project = None
-    direct_in_project = False
+    direct = _where(f) if f is not None else "?"
+    direct_in_project = f is not None and _in_project(os.path.abspath(f.f_code.co_filename))
+    project = "?"
     while f is not None:
-        path = os.path.abspath(f.f_code.co_filename)
-        if path == _HERE or f"{os.sep}torch{os.sep}" in path and direct is None:
-            f = f.f_back
-            continue
-        here = f"{_short(path)}:{f.f_lineno} {f.f_code.co_name}"
-        mine = _in_project(path)
-        if direct is None:
-            direct, direct_in_project = here, mine
-        if mine:
-            project = here
+        if _in_project(os.path.abspath(f.f_code.co_filename)):
+            project = _where(f)
             break
         f = f.f_back
-    return direct or "?", project or "?", direct_in_project
+    return direct, project, direct_in_project
+
+
+def _where(f: Any) -> str:
+    return f"{_short(os.path.abspath(f.f_code.co_filename))}:{f.f_lineno} {f.f_code.co_name}"
 
 
 def _in_project(path: str) -> bool:
-    return path.startswith(_ROOT + os.sep) and f"{os.sep}site-packages{os.sep}" not in path
+    return (path.startswith(_ROOT + os.sep) and f"{os.sep}site-packages{os.sep}" not in path
+            and path != _HERE)
 
 
 def _short(path: str) -> str:
@@ -84,10 +83,13 @@ class SyncWindow:
         self.thread_id: int | None = None
         self.num_reads = 0            # counted host reads / synchronize calls on the training thread
         self.num_allowed = 0          # CPU: reads by ALLOWED_FILES
-        self.reads: list[dict] = []   # the first MAX_RECORDED, with their call sites
         self.num_library_reads = 0    # CPU: reads made inside libraries (listed, not failed)
-        self.library_reads: list[dict] = []
+        # (what, site, via) -> {"count", "first_step"}: the sites, each once, in order of first use
+        self.reads: dict[tuple[str, str, str], dict] = {}
+        self.library_reads: dict[tuple[str, str, str], dict] = {}
         self.step: int | None = None  # the trainer step being run (set by the caller)
+        self.first_step: int | None = None  # steps the window covered (set by the caller)
+        self.last_step: int | None = None
         self._saved: list[tuple[Any, str, Any]] = []
 
     # -- the window ------------------------------------------------------------------------------
@@ -123,8 +125,9 @@ class SyncWindow:
 
     def summary(self) -> dict:
         return {"mode": "cuda sync debug 'error' + host-read tracer" if self.cuda else "host-read tracer (CPU)",
-                "num_reads": self.num_reads, "num_allowed_reads": self.num_allowed, "reads": self.reads,
-                "num_library_reads": self.num_library_reads, "library_reads": self.library_reads}
+                "first_step": self.first_step, "last_step": self.last_step,
+                "num_reads": self.num_reads, "num_allowed_reads": self.num_allowed, "reads": _rows(self.reads),
+                "num_library_reads": self.num_library_reads, "library_reads": _rows(self.library_reads)}
 
     # -- wrapping --------------------------------------------------------------------------------
     def _wrap(self, owner: Any, name: str, tensor_arg: bool) -> None:
@@ -155,9 +158,18 @@ class SyncWindow:
                 # CPU: a library's own read (torch.optim's host-side step counter, ...). Whether
                 # it is a device sync depends on where that tensor lives on GPU: the GPU check decides.
                 self.num_library_reads += 1
-                if len(self.library_reads) < MAX_RECORDED:
-                    self.library_reads.append({"what": what, "site": direct, "via": project, "step": self.step})
+                self._record(self.library_reads, what, direct, project)
                 return
         self.num_reads += 1
-        if len(self.reads) < MAX_RECORDED:
-            self.reads.append({"what": what, "site": direct, "via": project, "step": self.step})
+        self._record(self.reads, what, direct, project)
+
+    def _record(self, table: dict, what: str, site: str, via: str) -> None:
+        row = table.get((what, site, via))
+        if row is not None:
+            row["count"] += 1
+        elif len(table) < MAX_RECORDED:
+            table[(what, site, via)] = {"count": 1, "first_step": self.step}
+
+
+def _rows(table: dict) -> list[dict]:
+    return [{"what": w, "site": s, "via": v, **row} for (w, s, v), row in table.items()]

@@ -15,12 +15,15 @@ accepted is lost. A rank that reports a step it already contributed to (a second
 the step, e.g. eval metrics, or a restarted run going over old steps) opens the step again.
 
 Cost: `add` stores each rank's values dict as it is (one dict operation per record); the
-per-metric reductions run once per step in `finish`.
+per-metric reductions run once per step in `finish`. Open steps are indexed twice, by step (a
+heap) and by opening time (a deque, in opening order), so closing and expiring cost what they
+close, not the number of open steps: under overload thousands of steps can be open at once.
 """
 from __future__ import annotations
 
+import heapq
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 
 from telemetry.daemon.config import AggregatorConfig
 from telemetry.daemon.reductions import RANK_RULES, Reducer, _mean
@@ -52,6 +55,9 @@ class Aggregator:
         self.cfg = cfg
         self.reducer = Reducer(RANK_RULES, cfg.reductions)
         self.pending: dict[int, StepAccumulator] = {}
+        # Indexes over `pending`; entries whose step has closed since are skipped lazily.
+        self._step_heap: list[int] = []
+        self._by_age: deque[StepAccumulator] = deque()
         self.ranks_seen: set[int] = set()
         self.world_size_hint = cfg.world_size
         self.ranks_gone: set[int] = set()
@@ -108,6 +114,8 @@ class Aggregator:
                 self.num_records_late += 1
                 return None
             acc = self.pending[step] = StepAccumulator(step, time.monotonic())
+            heapq.heappush(self._step_heap, step)
+            self._by_age.append(acc)
         by_rank = acc.by_rank
         prev = by_rank.get(rank)
         by_rank[rank] = values if prev is None else {**prev, **values}
@@ -120,18 +128,37 @@ class Aggregator:
         return []
 
     def _close_through(self, step: int) -> list[StepAccumulator]:
-        pending = self.pending
-        if len(pending) == 1:
-            return [pending.pop(step)]
-        done = sorted(s for s in pending if s <= step)
-        return [pending.pop(s) for s in done]
+        """Pop every open step <= `step`, oldest step first."""
+        pending, heap = self.pending, self._step_heap
+        done = []
+        while heap and heap[0] <= step:
+            s = heapq.heappop(heap)
+            acc = pending.pop(s, None)
+            if acc is not None:
+                done.append(acc)
+        return done
+
+    def _oldest_open(self) -> StepAccumulator | None:
+        by_age, pending = self._by_age, self.pending
+        while by_age:
+            acc = by_age[0]
+            if pending.get(acc.step) is acc:
+                return acc
+            by_age.popleft()   # closed since, or reopened (a newer accumulator is further on)
+        return None
+
+    def next_deadline(self) -> float | None:
+        """When the oldest open step times out (monotonic clock), or None with nothing open."""
+        acc = self._oldest_open()
+        return None if acc is None else acc.opened_mono + self.cfg.step_timeout_s
 
     def expire(self, now: float) -> list[StepAccumulator]:
         """Steps open longer than the timeout, and everything older than them."""
-        if not self.pending:
-            return []
-        timeout = self.cfg.step_timeout_s
-        late = [s for s, acc in self.pending.items() if now - acc.opened_mono >= timeout]
+        cutoff = now - self.cfg.step_timeout_s
+        late: set[int] = set()
+        while (acc := self._oldest_open()) is not None and acc.opened_mono <= cutoff:
+            late.add(acc.step)
+            self._by_age.popleft()
         if not late:
             return []
         done = self._close_through(max(late))
@@ -149,6 +176,8 @@ class Aggregator:
 
     def flush(self) -> list[StepAccumulator]:
         done = sorted(self.pending)
+        self._step_heap.clear()
+        self._by_age.clear()
         return [self.pending.pop(s) for s in done]
 
     # -- once per step -------------------------------------------------------------------------

@@ -220,11 +220,8 @@ class Daemon:
         self._hand_out()
 
     def _next_step_deadline(self, now: float) -> float:
-        pending = self.aggregator.pending
-        if not pending:
-            return now + MAX_POLL_MS / 1000
-        oldest = min(acc.opened_mono for acc in pending.values())
-        return oldest + self.cfg.aggregator.step_timeout_s
+        deadline = self.aggregator.next_deadline()
+        return now + MAX_POLL_MS / 1000 if deadline is None else deadline
 
     def _ingest(self, max_frames: int) -> int:
         """Take up to `max_frames` frames off the ingest socket; return how many were taken.
