@@ -32,7 +32,14 @@ class MalformedRecord(ValueError):
 
 
 _encoder = msgspec.msgpack.Encoder()
-_decoder = msgspec.msgpack.Decoder(Record)
+_decoder: msgspec.msgpack.Decoder | None = None   # built on first decode: the client never decodes
+
+
+def _get_decoder() -> msgspec.msgpack.Decoder:
+    global _decoder
+    if _decoder is None:
+        _decoder = msgspec.msgpack.Decoder(Record)
+    return _decoder
 _I64_MAX = (1 << 63) - 1
 
 
@@ -64,7 +71,7 @@ def decode(frame: bytes | memoryview) -> Record:
     if len(frame) > MAX_FRAME_BYTES:
         raise MalformedRecord(f"frame of {len(frame)} bytes exceeds {MAX_FRAME_BYTES}")
     try:
-        record = _decoder.decode(frame)
+        record = (_decoder or _get_decoder()).decode(frame)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         raise MalformedRecord(str(exc)) from None
     except RecursionError:  # deeply nested maps/arrays inside an event's data

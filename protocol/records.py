@@ -18,7 +18,7 @@ the same for every kind (the header); the rest depend on the kind:
 
     hello    body: [info]          info: map str -> any (run_name, host, pid, local_rank,
                                    world_size, config, model, ...)
-    metrics  body: [step, values]  step: int >= 0; values: map str -> float|int
+    metrics  body: [step, values]  step: int >= 0; values: map str -> float|int|bool|nil
     event    body: [name, data]    name: str; data: map str -> any
     bye      body: [stats]         stats: map str -> any (the client's final counters)
 
@@ -51,7 +51,9 @@ MAX_VALUES = 4096                  # metrics per record
 # pass over every record cost more than the parse itself).
 U63 = Annotated[int, msgspec.Meta(ge=0, le=(1 << 63) - 1)]
 Name = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_NAME_CHARS)]
-Values = Annotated[dict[Name, Union[float, int]], msgspec.Meta(max_length=MAX_VALUES)]
+# bool and None (a value that could not be computed) are accepted so one odd value does not
+# cost the whole record; the daemon writes them as JSON true/false/null.
+Values = Annotated[dict[Name, Union[float, int, bool, None]], msgspec.Meta(max_length=MAX_VALUES)]
 
 
 class _Header(msgspec.Struct, array_like=True, tag_field="kind", frozen=True):

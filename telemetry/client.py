@@ -303,7 +303,8 @@ class TelemetryClient:
             self._src, self.rank, seq, dropped, time.time_ns(),
             {**self._identity(), **_to_wire_map(self._hello_info)}))
 
-    def _send_other(self, what: str, encode: Any) -> None:
+    def _send_other(self, what: str, encode: Any, block_ms: int = 0) -> None:
+        """Send a hello, event or bye; `block_ms` > 0 waits that long for room (close only)."""
         if self._forked:
             self._reopen_after_fork()
         seq = self._seq
@@ -315,7 +316,11 @@ class TelemetryClient:
             self._warn_once(what, f"telemetry: dropped a {what} record: {exc}")
             return
         try:
-            self._sock_send(frame, zmq.NOBLOCK)
+            if block_ms > 0:
+                self._sock.setsockopt(zmq.SNDTIMEO, block_ms)
+                self._sock.send(frame)
+            else:
+                self._sock_send(frame, zmq.NOBLOCK)
             self._num_sent += 1
         except zmq.ZMQError:
             self._num_dropped += 1
@@ -354,8 +359,11 @@ class TelemetryClient:
         # bye and the caller's queue get the rest.
         thread_done = self._deferred.close(timeout_s=remaining_ms() / 2000,
                                            linger_ms=min(remaining_ms(), self._linger_ms))
+        # The bye carries the final seq and drop count, which the daemon's loss figure needs:
+        # under overload a NOBLOCK bye would be dropped with the tail it accounts for, so it may
+        # wait for room, for part of what is left of the budget.
         self._send_other("bye", lambda seq, dropped: codec.encode_bye(
-            self._src, self.rank, seq, dropped, time.time_ns(), self.stats()))
+            self._src, self.rank, seq, dropped, time.time_ns(), self.stats()), block_ms=max(1, remaining_ms() // 2))
         self._closed = True
         self._sock.close(linger=min(remaining_ms(), self._linger_ms))
         if thread_done:

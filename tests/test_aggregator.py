@@ -117,3 +117,16 @@ def test_world_size_from_hellos_and_ranks_seen():
     assert feed(a, 0, {0: {"x": 1.0}}) == []
     assert len(feed(a, 0, {1: {"x": 1.0}})) == 1
     assert a.expected_world() == 2
+
+
+def test_none_and_bool_values_reduce_without_losing_the_step():
+    from telemetry.daemon.aggregator import Aggregator
+    from telemetry.daemon.config import AggregatorConfig
+
+    a = Aggregator(AggregatorConfig(world_size=2))
+    a.add(0, 1, 0, {"train/loss": 1.0, "eval/acc": None, "is_best": True, "perf/tokens": 5})
+    (acc,) = a.add(1, 1, 0, {"train/loss": 3.0, "eval/acc": 0.5, "is_best": False, "perf/tokens": 7})
+    values = a.finish(acc)["values"]
+    assert values["train/loss"] == 2.0 and values["perf/tokens"] == 12
+    assert values["eval/acc"] == 0.5          # the rank without a value does not count
+    assert values["is_best"] == 0.5           # the fraction of ranks

@@ -53,6 +53,7 @@ def test_every_kind_round_trips(make):
     (msgspec.msgpack.encode([2, 1, 1, -1, 0, 0, 0, 1, {}]), "negative rank"),
     (msgspec.msgpack.encode([2, 1, 1, 0, 0, 0, 0, -5, {}]), "negative step"),
     (msgspec.msgpack.encode([2, 1, 1, 0, 0, 0, 0, 1, {"x": "str"}]), "string value"),
+    (msgspec.msgpack.encode([2, 1, 1, 0, 0, 0, 0, 1, {"x": [1.0]}]), "list value"),
     (msgspec.msgpack.encode([2, 1, 1, 0, 0, 0, 0, 1, {1: 2.0}]), "int key"),
     (msgspec.msgpack.encode([2, 1, 1, 0, 0, 0, 0, 1, {"": 2.0}]), "empty name"),
     (msgspec.msgpack.encode([2, 1, 1, 0, 0, 0, 0, 1, {"x" * 300: 2.0}]), "long name"),
@@ -78,6 +79,11 @@ def test_deeply_nested_event_data_is_rejected_not_crashing():
 def test_oversized_frame_is_rejected():
     with pytest.raises(MalformedRecord):
         decode(b"\x00" * (protocol.MAX_FRAME_BYTES + 1))
+
+
+def test_bool_and_nil_values_are_accepted():
+    rec = decode(protocol.encode_metrics(1, 0, 0, 0, 5, 3, {"is_best": True, "acc": None, "loss": 1.0}))
+    assert rec.values == {"is_best": True, "acc": None, "loss": 1.0}
 
 
 def test_trailing_fields_from_a_later_minor_version_are_ignored():
