@@ -227,8 +227,8 @@ class Daemon:
         """Take up to `max_frames` frames off the ingest socket; return how many were taken.
 
         The hot path: everything per record is a local lookup or one method call. Records are
-        single frames; the parts of a (foreign) multipart message are simply frames that fail
-        to decode and are counted as malformed, which costs nothing per good record.
+        single frames; the parts of a multipart message are taken as frames of their own (see
+        protocol/README.md): a garbage part is counted as malformed; nothing per good record.
         """
         recv = self.pull.recv
         accept = self.receiver.accept
