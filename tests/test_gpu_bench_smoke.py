@@ -18,7 +18,6 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.gpu import stats  # noqa: E402
-from benchmarks.gpu.report import markdown  # noqa: E402
 from benchmarks.gpu.syncguard import SyncWindow  # noqa: E402
 
 
