@@ -77,7 +77,8 @@ def test_raising_and_hanging_sinks_do_not_stop_jsonl(tmp_path):
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
             st = request(d.endpoints["control"], "status")
-            if st["sinks"]["jsonl"]["written"] >= 500:
+            # Each sink has its own thread: wait until both have had their batches.
+            if st["sinks"]["jsonl"]["written"] >= 500 and st["sinks"]["wandb"]["errors"] >= 1:
                 break
             time.sleep(0.1)
         sinks = st["sinks"]

@@ -436,7 +436,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"telemetry tail: {exc}", file=sys.stderr)
         return 2
     # run.sh and friends stop a background tail with SIGTERM: leave as cleanly as on Ctrl-C.
+    # SIGINT too, explicitly: a process started in the background by a non-interactive shell
+    # inherits SIGINT ignored, and Python then never raises KeyboardInterrupt for Ctrl-C.
     signal.signal(signal.SIGTERM, _raise_interrupt)
+    signal.signal(signal.SIGINT, _raise_interrupt)
     sub = Subscriber(ep)
     flt = RecordFilter(args.filter)
     plain = args.plain or not sys.stdout.isatty()
