@@ -128,7 +128,7 @@ def bench_ours(endpoint: str, steps: list[dict], tensors: bool, paced: bool = Fa
     return res, tm.stats()
 
 
-def bench_floor_and_ours(endpoint: str, steps: list[dict], rounds: int = 10) -> tuple[dict, dict, dict]:
+def bench_floor_and_ours(endpoint: str, steps: list[dict], rounds: int = 10) -> tuple[dict, dict, dict, dict]:
     """The raw pyzmq floor and our client with floats, interleaved in `rounds` blocks, so that
     load from other processes on a shared box hits both alike (their p99s are load-bound)."""
     import msgspec
@@ -141,6 +141,9 @@ def bench_floor_and_ours(endpoint: str, steps: list[dict], rounds: int = 10) -> 
     sock.setsockopt(zmq.SNDHWM, 1_000_000)
     sock.connect(endpoint)
     enc = msgspec.msgpack.Encoder()
+    import msgpack
+
+    packer = msgpack.Packer(use_bin_type=True)
     send, NOBLOCK, tns = sock.send, zmq.NOBLOCK, time.time_ns
 
     def raw(step: int, values: dict) -> None:
@@ -149,17 +152,25 @@ def bench_floor_and_ours(endpoint: str, steps: list[dict], rounds: int = 10) -> 
         except zmq.Again:
             pass
 
+    def raw_msgpack(step: int, values: dict) -> None:
+        # The same floor with the encoder our client uses (msgpack: cheaper to import).
+        try:
+            send(packer.pack((2, 1, 12345, 0, step, 0, tns(), step, values)), NOBLOCK)
+        except zmq.Again:
+            pass
+
     tm = TelemetryClient(endpoint, sndhwm=1_000_000)
     per = max(1, len(steps) // rounds)
-    ns: dict[str, list[int]] = {"raw": [], "ours": []}
+    ns: dict[str, list[int]] = {"raw": [], "raw_msgpack": [], "ours": []}
     for r in range(rounds):
         block = steps[r * per:(r + 1) * per]
         ns["raw"] += time_calls(raw, block, warmup=WARMUP_CALLS // rounds)
+        ns["raw_msgpack"] += time_calls(raw_msgpack, block, warmup=WARMUP_CALLS // rounds)
         ns["ours"] += time_calls(tm.log, block, warmup=WARMUP_CALLS // rounds)
     sock.close(linger=2000)
     ctx.term()
     tm.close(timeout_s=5.0)
-    return summarize(ns["raw"]), summarize(ns["ours"]), tm.stats()
+    return summarize(ns["raw"]), summarize(ns["raw_msgpack"]), summarize(ns["ours"]), tm.stats()
 
 
 def bench_wandb(tmp: Path, steps: list[dict]) -> dict:
@@ -256,7 +267,8 @@ def main(argv: list[str] | None = None) -> int:
     rows: dict[str, dict] = {}
     with tempfile.TemporaryDirectory() as tmp_s:
         tmp = Path(tmp_s)
-        rows["raw pyzmq + msgspec (floor)"], rows["ours, 10 floats"], st_f = bench_floor_and_ours(endpoint, steps)
+        (rows["raw pyzmq + msgspec (floor)"], rows["raw pyzmq + msgpack (floor, our encoder)"],
+         rows["ours, 10 floats"], st_f) = bench_floor_and_ours(endpoint, steps)
         rows["ours, 10 CPU 0-dim tensors"], st_t = bench_ours(endpoint, steps, tensors=True)
         rows["ours, 10 floats, paced"], st_fp = bench_ours(endpoint, steps, tensors=False, paced=True)
         rows["ours, 10 CPU 0-dim tensors, paced"], st_tp = bench_ours(endpoint, steps, tensors=True,

@@ -31,19 +31,17 @@ from typing import Annotated, Any, Literal, Union
 
 import msgspec
 
-PROTOCOL_VERSION = 1
-
-KIND_HELLO = 1
-KIND_METRICS = 2
-KIND_EVENT = 3
-KIND_BYE = 4
-KIND_NAMES = {KIND_HELLO: "hello", KIND_METRICS: "metrics", KIND_EVENT: "event", KIND_BYE: "bye"}
-
-# Bounds a decoded record must respect. A frame larger than MAX_FRAME_BYTES never reaches the
-# decoder: the daemon sets it as the PULL socket's MAXMSGSIZE, and libzmq drops the peer.
-MAX_FRAME_BYTES = 1 << 20          # 1 MiB: a hello with a big config fits, a runaway does not
-MAX_NAME_CHARS = 256               # metric and event names
-MAX_VALUES = 4096                  # metrics per record
+from protocol.constants import (  # noqa: F401  (re-exported: the schema's numbers)
+    KIND_BYE,
+    KIND_EVENT,
+    KIND_HELLO,
+    KIND_METRICS,
+    KIND_NAMES,
+    MAX_FRAME_BYTES,
+    MAX_NAME_CHARS,
+    MAX_VALUES,
+    PROTOCOL_VERSION,
+)
 
 
 

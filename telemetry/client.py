@@ -1,17 +1,18 @@
 """TelemetryClient: the only telemetry code that runs inside a training process.
 
 `log()` is the whole cost a training step pays for telemetry, so it does as little as a Python
-call can: one msgspec encode of a prebuilt tuple and one ZeroMQ send with NOBLOCK. It never
+call can: one msgpack encode of a prebuilt tuple and one ZeroMQ send with NOBLOCK. It never
 waits. When the socket's queue (SNDHWM) is full, or no daemon is there to drain it, the record
 is dropped and counted; the count and a per-client sequence number ride in every record, so
 the daemon reports loss exactly (loss per src = max seq + 1 - records received).
 
 Tensor values are never read on the caller's thread (reading a CUDA tensor is a host-device
-sync). The encoder meets a tensor only through its `enc_hook`, which aborts the encode; that
+sync). The encoder meets a tensor only through its `default` hook, which aborts the encode; that
 record then takes the deferred path (telemetry/deferred.py): the tensors are stacked and, on
 CUDA, copied non-blocking into pinned memory behind an event; a sender thread with its own
 socket waits on the event and sends. A record of plain floats and ints pays no per-value
-Python work at all: msgspec checks the types in C.
+Python work at all: msgpack checks the types in C. (msgpack, not msgspec, on this side: the
+same bytes, and it imports in ~4 ms where msgspec takes ~24, which the start-up budget needs.)
 
 Threads and processes: log/event/hello/span/close are meant for the one thread that trains.
 A forked child (a DataLoader worker) never touches the parent's sockets: an at-fork hook marks
@@ -27,7 +28,6 @@ import warnings
 import weakref
 from typing import Any, Mapping
 
-import msgspec
 import zmq
 
 from protocol import codec
@@ -65,7 +65,7 @@ class _NeedsDeferral(Exception):
 
 
 def _wire_hook(obj: Any) -> Any:
-    # Called by msgspec only for a type it does not encode natively, i.e. never for a record
+    # Called by msgpack only for a type it does not encode natively, i.e. never for a record
     # of plain floats and ints.
     if hasattr(obj, "detach"):
         raise _NeedsDeferral
@@ -82,10 +82,29 @@ def _info_hook(obj: Any) -> Any:
         return str(obj)
 
 
+_PLAIN = (str, int, float, bool, type(None))
+# Nesting kept in hello info and event data; deeper levels become text (the daemon refuses
+# frames nested beyond its decoder's limit, and a config is never this deep).
+MAX_INFO_DEPTH = 32
+
+
+def _to_wire(obj: Any, depth: int) -> Any:
+    if isinstance(obj, _PLAIN):
+        return obj
+    if depth >= MAX_INFO_DEPTH:
+        return str(obj)
+    if isinstance(obj, Mapping):
+        return {k if isinstance(k, str) else str(k): _to_wire(v, depth + 1) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple, set, frozenset)):
+        return [_to_wire(v, depth + 1) for v in obj]
+    return _info_hook(obj)
+
+
 def _to_wire_map(data: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Hello info and event data as plain maps, lists, strings and numbers (str keys)."""
     if not data:
         return {}
-    return msgspec.to_builtins(dict(data), enc_hook=_info_hook, str_keys=True)
+    return _to_wire(dict(data), 0)
 
 
 def _env_int(names: tuple[str, ...], default: int) -> int:
@@ -144,8 +163,8 @@ class TelemetryClient:
         self._hello_info: dict[str, Any] = {}
         self._warned: set[str] = set()
         # Built once: the hook routes tensors to the deferred path and numpy scalars to numbers.
-        self._encoder = msgspec.msgpack.Encoder(enc_hook=_wire_hook)
-        self._bg_encoder = msgspec.msgpack.Encoder(enc_hook=host_scalar)  # the sender thread's
+        self._encoder = codec.new_packer(default=_wire_hook)
+        self._bg_encoder = codec.new_packer(default=host_scalar)  # the sender thread's own
         self._open()
         _live_clients.add(self)
         if send_hello:

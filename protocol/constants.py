@@ -1,0 +1,19 @@
+"""Protocol constants, version 1: the numbers both ends must agree on, and nothing else.
+
+Kept apart from the schema (records.py) so the training-side client can encode records without
+importing the decoder's machinery (msgspec and the schema classes).
+"""
+
+PROTOCOL_VERSION = 1
+
+KIND_HELLO = 1
+KIND_METRICS = 2
+KIND_EVENT = 3
+KIND_BYE = 4
+KIND_NAMES = {KIND_HELLO: "hello", KIND_METRICS: "metrics", KIND_EVENT: "event", KIND_BYE: "bye"}
+
+# Bounds a decoded record must respect. A frame larger than MAX_FRAME_BYTES never reaches the
+# decoder: the daemon sets it as the PULL socket's MAXMSGSIZE, and libzmq drops the peer.
+MAX_FRAME_BYTES = 1 << 20          # 1 MiB: a hello with a big config fits, a runaway does not
+MAX_NAME_CHARS = 256               # metric and event names
+MAX_VALUES = 4096                  # metrics per record
