@@ -77,6 +77,8 @@ class Daemon:
         self.unfinished: list[str] = []        # stages still busy at the drain deadline
         self.endpoints: dict[str, str] = {}
         self._next_daemon_record = time.monotonic() + cfg.daemon_record_interval_s
+        self._latest_step: dict | None = None
+        self._progress_logged: dict | None = None
         self._redact = Redactor()   # secrets in hello configs and event data never reach a sink
 
     # -- start ---------------------------------------------------------------------------------
@@ -216,6 +218,7 @@ class Daemon:
             self._emit_step(acc)
         if now >= self._next_daemon_record:
             self._emit(self._daemon_record())
+            self._log_progress()
             self._next_daemon_record = now + self.cfg.daemon_record_interval_s
         self._hand_out()
 
@@ -291,7 +294,25 @@ class Daemon:
     def _emit_step(self, acc) -> None:
         rec = self.aggregator.finish(acc)
         self.derived.apply(acc, rec["values"], self.aggregator.expected_world())
+        self._latest_step = rec
         self._emit(rec)
+
+    def _log_progress(self) -> None:
+        """One line per daemon-record interval: the run's progress, seen from the daemon (the
+        trainer prints none: reading its loss would be a host-device sync)."""
+        rec = self._latest_step
+        if rec is None or rec is self._progress_logged:
+            return
+        self._progress_logged = rec
+        v = rec["values"]
+        parts = [f"step {rec['step']}"]
+        for key, label, fmt in (("train/loss", "loss", ".4f"), ("perf/tokens_per_second", "tokens/s", ",.0f"),
+                                ("perf/step_time_max", "step", ".3f"), ("perf/mfu_percent", "MFU %", ".1f")):
+            x = v.get(key)
+            if isinstance(x, (int, float)):
+                parts.append(f"{label} {x:{fmt}}" + (" s" if label == "step" else ""))
+        lost = self.receiver.totals()["records_lost"]
+        log.info("progress: %s  (records in %d, lost %d)", "  ".join(parts), self.receiver.num_in, lost)
 
     def _emit(self, rec: dict) -> None:
         self._out.append(Out(rec["kind"], rec, _json.encode(rec)))
