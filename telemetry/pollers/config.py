@@ -77,10 +77,7 @@ class PollersConfig:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any] | None) -> "PollersConfig":
-        """Build from a mapping (YAML), turning unknown keys into a ValueError naming them."""
-        d = dict(d or {})
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ValueError(f"unknown pollers setting(s) {unknown}; known: {sorted(known)}")
-        return cls(**d)
+        """Build from a mapping (YAML): an unknown key or a wrong type is a ValueError naming it."""
+        from telemetry.configutil import from_dict
+
+        return from_dict(cls, dict(d or {}), prefix="pollers.")
