@@ -66,3 +66,15 @@ def test_every_shipped_config_is_valid():
         except ValueError as e:
             if "flash_attn is not installed" not in str(e) and "deepspeed is not installed" not in str(e):
                 raise
+
+
+def test_the_deepspeed_launchers_local_rank_argument_is_accepted(monkeypatch):
+    """`deepspeed --num_gpus N --module trainer.train` passes --local_rank=N before the config."""
+    from trainer.train import parse_args
+
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    args = parse_args(["--local_rank=1", "--config", "launch/configs/tiny.yaml", "steps=3"])
+    assert args.overrides == ["steps=3"]
+    import os
+
+    assert os.environ["LOCAL_RANK"] == "1"

@@ -10,6 +10,7 @@ Phase timings come from CUDA events read once they have completed (perf_counter 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 import traceback
@@ -31,7 +32,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m trainer.train", description=__doc__.split("\n")[0])
     p.add_argument("--config", default=None, help="YAML config (default: launch/configs/tiny.yaml)")
     p.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. optim.lr=1e-4")
-    return p.parse_args(argv)
+    # The deepspeed launcher passes --local_rank=N; the rank is read from $LOCAL_RANK.
+    p.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.local_rank is not None:
+        os.environ.setdefault("LOCAL_RANK", str(args.local_rank))
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
