@@ -212,13 +212,21 @@ def plot_loss(d: RunData, out: Path) -> Path | None:
                 label="train/loss" if span == 1 else "train/loss (raw)")
         if span > 1:
             ax.plot(xs, _ema(ys, span), color="tab:blue", lw=2, label=f"train/loss (smoothed over {span} points)")
+    colors = {}
     for i, name in enumerate(datasets):
         xs, ys = _thin(*d.series(name))
         ys = _ema(ys, _span(len(ys)))
-        ax.plot(xs, ys, lw=1.4, color=f"C{(i + 1) % 10}", label=name.split("/")[1])
-    for name in evals:
+        ds = name.split("/")[1]
+        colors[ds] = f"C{(i + 1) % 10}"
+        ax.plot(xs, ys, lw=1.4, color=colors[ds], label=ds)
+    for j, name in enumerate(evals):
+        # An eval series takes its dataset's colour (eval/<name>/loss), as dashed line + points.
         xs, ys = d.series(name)
-        ax.plot(xs, ys, "o-", color="black", ms=4, lw=1, label=name)
+        parts = name.split("/")
+        ds = parts[1] if len(parts) == 3 else None
+        color = colors.get(ds, f"C{(len(datasets) + j + 1) % 10}")
+        ax.plot(xs, ys, "o--", color=color, ms=5, lw=1, mec="black", mew=0.6,
+                label=f"{ds} (eval)" if ds else name)
     ax.set_title("Loss" + (" per dataset" if datasets else ""), loc="left", fontweight="bold")
     ax.set_xlabel("step")
     ax.set_ylabel("loss")
