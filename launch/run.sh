@@ -89,6 +89,7 @@ for _ in $(seq 600); do
 done
 grep -q "telemetry daemon ready" "$DAEMON_OUT" || { echo "run.sh: the daemon was not ready within 60 s" >&2; exit 1; }
 echo "[run.sh] run $RUN_NAME: telemetry in $TEL_DIR, checkpoints in $RUN_DIR/checkpoints"
+echo "[run.sh] watch it from another terminal: TELEMETRY_RUNTIME_DIR=$TELEMETRY_RUNTIME_DIR $ROOT/.venv/bin/telemetry tail"
 tail -n +1 -F "$DAEMON_OUT" 2>/dev/null | sed -u 's/^/[telemetry] /' &
 TAIL_PIDS+=($!)
 
