@@ -35,13 +35,8 @@ import msgpack  # noqa: E402
 import msgspec  # noqa: E402
 
 import protocol  # noqa: E402
-from protocol.records import (  # noqa: E402
-    KIND_METRICS,
-    MAX_NAME_CHARS,
-    MAX_VALUES,
-    PROTOCOL_VERSION,
-    Metrics,
-)
+from protocol.constants import KIND_METRICS, MAX_NAME_CHARS, MAX_VALUES, PROTOCOL_VERSION  # noqa: E402
+from protocol.records import Metrics  # noqa: E402
 
 KEYS = ["train/loss", "train/lr", "train/grad_norm", "train/epoch", "perf/step_time",
         "perf/tokens_per_second", "perf/samples_per_second", "perf/mfu", "memory/allocated_gb",

@@ -31,17 +31,7 @@ from typing import Annotated, Any, Literal, Union
 
 import msgspec
 
-from protocol.constants import (  # noqa: F401  (re-exported: the schema's numbers)
-    KIND_BYE,
-    KIND_EVENT,
-    KIND_HELLO,
-    KIND_METRICS,
-    KIND_NAMES,
-    MAX_FRAME_BYTES,
-    MAX_NAME_CHARS,
-    MAX_VALUES,
-    PROTOCOL_VERSION,
-)
+from protocol.constants import KIND_BYE, KIND_EVENT, KIND_HELLO, KIND_METRICS, MAX_NAME_CHARS, MAX_VALUES
 
 
 

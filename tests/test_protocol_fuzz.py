@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 import protocol
 from protocol import MalformedRecord, decode
-from protocol.records import MAX_NAME_CHARS, MAX_VALUES
+from protocol.constants import MAX_NAME_CHARS, MAX_VALUES
 
 I64 = st.integers(min_value=0, max_value=(1 << 63) - 1)
 NAME = st.text(min_size=1, max_size=MAX_NAME_CHARS)

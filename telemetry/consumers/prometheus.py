@@ -16,7 +16,6 @@ import argparse
 import re
 import sys
 import threading
-import time
 from typing import Any, Iterator
 
 DEFAULT_PORT = 9464  # the port OpenTelemetry's Prometheus exporter uses by convention

@@ -45,10 +45,6 @@ class StepAccumulator:
         # rank -> [tokens, attn_doc_len_sq, step_time_s] for throughput and MFU (set by finish)
         self.per_rank: dict[int, list] = {}
 
-    @property
-    def ranks(self) -> set[int]:
-        return set(self.by_rank)
-
 
 class Aggregator:
     def __init__(self, cfg: AggregatorConfig) -> None:

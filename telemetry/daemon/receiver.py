@@ -26,7 +26,6 @@ class SourceStats:
     received: int = 0
     max_seq: int = -1
     dropped: int = 0          # the client's own count (in-band, cumulative)
-    closed: bool = False      # a bye arrived
 
     def lost(self) -> int:
         return max(0, self.max_seq - self.min_seq + 1 - self.received)
@@ -66,7 +65,6 @@ class Receiver:
         if rec.dropped > src.dropped:
             src.dropped = rec.dropped
         if type(rec) is Bye:
-            src.closed = True
             self.num_byes += 1
         return rec
 
