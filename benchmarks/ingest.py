@@ -2,16 +2,18 @@
 
     .venv/bin/python benchmarks/ingest.py [--records-per-rank 25000] [--rounds 3] [--json OUT]
 
-1. Drain rate. 8 sender processes (one per rank) fill the ingest socket with 10-value metrics
-   records (encoded by protocol.encode_metrics, the client's own encoder) while the consumer
-   is not reading; then the consumer drains them and the time is taken. Consumers, measured in
+1. Drain rate. 8 sender processes (one per rank) fill the ingest socket with a hello (carrying
+   the model, as the trainer's does, so the pipeline computes MFU) and 10-value metrics records
+   (encoded by protocol.encode_metrics, the client's own encoder) while the consumer is not
+   reading; then the consumer drains them and the time is taken. Consumers, measured in
    the same run, alternately, on the same pre-filled input so their ratio means something on a
    shared, noisy box:
      bare      recv + protocol.decode, nothing else (the floor any Python daemon pays)
      pipeline  the real Daemon (in this process): receiver accounting, aggregator across 8 ranks,
-               derived metrics, JSON encoding, hand-out to the JSONL sink thread and the inline
-               PUB sink (pollers off; the diagnosis stage off unless BENCH_DIAGNOSIS=1); "ingest" stops when every record has passed the receiver, "written"
-               when the JSONL sink has also written and closed every step.
+               derived metrics (throughput, MFU), JSON encoding, hand-out to the JSONL sink
+               thread and the inline PUB sink (pollers off; the diagnosis stage off unless
+               BENCH_DIAGNOSIS=1); "ingest" stops when every record has passed the receiver,
+               "written" when the JSONL sink has also written and closed every step.
 2. Latency. A daemon subprocess; 8 ranks (TelemetryClient, one process) log at 10k records/s in
    total; a SUB socket receives the aggregated steps; latency = arrival time - the step's "t"
    (the wall time of its last rank's tm.log call). Same host, same clock.
@@ -48,14 +50,31 @@ def _values(step: int, rank: int) -> dict:
             "perf/optimizer_time": 0.05}
 
 
+# What a trainer's hello says of its model (a 1.1B Llama), so the pipeline computes MFU per step.
+HELLO_MODEL = {"hf_config": {"model_type": "llama", "hidden_size": 2048, "num_hidden_layers": 22,
+                             "num_attention_heads": 32, "num_key_value_heads": 4, "intermediate_size": 5632,
+                             "vocab_size": 32000, "tie_word_embeddings": False},
+               "seq_len": 2048, "dtype": "bf16", "causal": True, "gradient_checkpointing": False}
+
+
+def _hello(rank: int) -> dict:
+    return {"world_size": NUM_RANKS, "rank": rank, "device_name": "NVIDIA H100 80GB HBM3", "model": HELLO_MODEL}
+
+
+def _frames(src: int, rank: int, num_records: int) -> list[bytes]:
+    """One rank's records as its client sends them: a hello, then one metrics record per step."""
+    from protocol import encode_hello, encode_metrics
+
+    t = time.time_ns()
+    return [encode_hello(src, rank, 0, 0, t, _hello(rank))] + \
+        [encode_metrics(src, rank, i + 1, 0, t + i, i, _values(i, rank)) for i in range(num_records)]
+
+
 def _sender(endpoint: str, rank: int, num_records: int, ready) -> None:
-    """One rank: encode and send `num_records` metrics records, blocking (nothing dropped)."""
+    """One rank: send a hello and `num_records` metrics records, blocking (nothing dropped)."""
     import zmq
 
-    from protocol import encode_metrics
-
-    src = (os.getpid() << 8) | rank
-    frames = [encode_metrics(src, rank, i, 0, time.time_ns(), i, _values(i, rank)) for i in range(num_records)]
+    frames = _frames((os.getpid() << 8) | rank, rank, num_records)
     ctx = zmq.Context(1)
     s = ctx.socket(zmq.PUSH)
     s.setsockopt(zmq.SNDHWM, 0)        # unbounded: this fills the daemon, it is not the client under test
@@ -96,7 +115,7 @@ def bench_bare(endpoint: str, records_per_rank: int) -> dict:
     pull.setsockopt(zmq.RCVHWM, 0)
     pull.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES)
     pull.bind(endpoint)
-    total = NUM_RANKS * records_per_rank
+    total = NUM_RANKS * (records_per_rank + 1)
     prefill(endpoint, records_per_rank)
     recv = pull.recv
     n = 0
@@ -126,7 +145,7 @@ def bench_pipeline(endpoint: str, pub_ep: str, control_ep: str, log_dir: Path, r
     d.start()
     for r in d.runners:
         r.wait_started(10)
-    total = NUM_RANKS * records_per_rank
+    total = NUM_RANKS * (records_per_rank + 1)
     prefill(endpoint, records_per_rank)
     rx = d.receiver
     prof = None
@@ -136,11 +155,13 @@ def bench_pipeline(endpoint: str, pub_ep: str, control_ep: str, log_dir: Path, r
         prof = cProfile.Profile()
         prof.enable()
     c0 = time.process_time()
+    m0 = time.thread_time()
     t0 = time.perf_counter()
     while rx.num_in + rx.num_malformed < total:
         d.turn(max_wait_s=0.5)
     t_ingest = time.perf_counter() - t0
     cpu_ingest = time.process_time() - c0
+    cpu_main = time.thread_time() - m0
     d._stop_reason = "benchmark"
     rc = d._shutdown()       # drains queues, flushes, fsyncs, closes
     t_written = time.perf_counter() - t0
@@ -152,47 +173,55 @@ def bench_pipeline(endpoint: str, pub_ep: str, control_ep: str, log_dir: Path, r
     return {"records": total, "ingest_seconds": t_ingest, "ingest_records_per_s": total / t_ingest,
             "written_seconds": t_written, "written_records_per_s": total / t_written,
             "cpu_us_per_record_ingest": cpu_ingest / total * 1e6,
+            "main_thread_cpu_us_per_record_ingest": cpu_main / total * 1e6,
             "cpu_us_per_record_written": cpu_written / total * 1e6,
             "steps_written": d.aggregator.num_steps_out, "jsonl_lines": jsonl.sink.num_lines,
+            "mfu_computed": "perf/mfu" in ((d._latest_step or {}).get("values") or {}),
             "malformed": rx.num_malformed, "lost": rx.totals()["records_lost"],
             "sink_dropped": sum(r.num_dropped for r in d.runners), "rc": rc}
 
 
 def breakdown(records_per_rank: int = 10_000) -> dict:
-    """CPU microseconds per record of each stage, in memory (no sockets), cumulative."""
+    """CPU microseconds per record of each stage of the daemon's hot path, in memory (no sockets,
+    no sinks), batch by batch as the daemon runs them (INGEST_BATCH frames at a time)."""
     import msgspec
 
-    from protocol import decode, encode_metrics
     from telemetry.daemon.aggregator import Aggregator
     from telemetry.daemon.config import AggregatorConfig, MfuConfig
+    from telemetry.daemon.core import INGEST_BATCH
     from telemetry.daemon.derived import Derived
     from telemetry.daemon.receiver import Receiver
 
-    frames = [encode_metrics(1000 + r, r, i, 0, time.time_ns(), i, _values(i, r))
-              for i in range(records_per_rank) for r in range(NUM_RANKS)]
-    n = len(frames)
-    out = {}
-    c0 = time.process_time()
-    for f in frames:
-        decode(f)
-    out["decode"] = (time.process_time() - c0) / n * 1e6
+    per_rank = [_frames(1000 + r, r, records_per_rank) for r in range(NUM_RANKS)]
+    frames = [f for step in zip(*per_rank) for f in step]        # the ranks interleaved, as on the socket
+    batches = [frames[i:i + INGEST_BATCH] for i in range(0, len(frames), INGEST_BATCH)]
     rx = Receiver()
-    c0 = time.process_time()
-    recs = [rx.accept(f) for f in frames]
-    out["decode+receiver"] = (time.process_time() - c0) / n * 1e6
     agg = Aggregator(AggregatorConfig(world_size=NUM_RANKS))
     der = Derived(MfuConfig())
+    der.on_hello(_hello(0))
     enc = msgspec.json.Encoder()
-    c0 = time.process_time()
-    for rec in recs:
-        done = agg.add(rec.rank, rec.step, rec.t_ns, rec.values)
-        if done:
-            for acc in done:
-                r = agg.finish(acc)
-                der.apply(acc, r["values"], NUM_RANKS)
-                enc.encode(r)
-    out["aggregate+derive+encode"] = (time.process_time() - c0) / n * 1e6
-    return out
+    cpu = dict.fromkeys(("receiver (decode, validate, account)", "aggregator (add)", "aggregator (reduce)",
+                         "derived (throughput, MFU)", "JSON encode"), 0.0)
+    names = list(cpu)
+    clock = time.thread_time
+    for batch in batches:
+        t0 = clock()
+        recs, keys, _ = rx.accept_many(batch)
+        metrics = [(r, k) for r, k in zip(recs, keys) if k is not None]
+        t1 = clock()
+        done, _late = agg.add_many([r for r, _ in metrics], [k for _, k in metrics])
+        t2 = clock()
+        out = agg.finish_many(done)
+        t3 = clock()
+        for acc, rec in zip(done, out):
+            der.apply(acc, rec["values"], NUM_RANKS)
+        t4 = clock()
+        for rec in out:
+            enc.encode(rec)
+        t5 = clock()
+        for name, dt in zip(names, (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4)):
+            cpu[name] += dt
+    return {name: v / len(frames) * 1e6 for name, v in cpu.items()}
 
 
 def bench_latency(tmp: Path, rate_per_s: float = 10_000, duration_s: float = 5.0) -> dict:
@@ -278,10 +307,11 @@ def main() -> int:
         out["pipeline"].append(pipe)
         print(f"round {i}: bare {bare['records_per_s']:,.0f} rec/s ({bare['cpu_us_per_record']:.2f} CPU-us/rec) | "
               f"pipeline ingest {pipe['ingest_records_per_s']:,.0f} rec/s "
-              f"({pipe['cpu_us_per_record_ingest']:.2f} CPU-us/rec), all written "
+              f"({pipe['cpu_us_per_record_ingest']:.2f} CPU-us/rec, "
+              f"{pipe['main_thread_cpu_us_per_record_ingest']:.2f} on the daemon's thread), all written "
               f"{pipe['written_records_per_s']:,.0f} rec/s ({pipe['cpu_us_per_record_written']:.2f} CPU-us/rec) "
               f"({pipe['ingest_records_per_s'] / bare['records_per_s']:.0%} of bare; steps {pipe['steps_written']}, "
-              f"lost {pipe['lost']}, sink drops {pipe['sink_dropped']})", flush=True)
+              f"lost {pipe['lost']}, sink drops {pipe['sink_dropped']}, MFU {pipe['mfu_computed']})", flush=True)
     if args.latency_only:
         lat = out["latency"] = bench_latency(tmp)
         print(json.dumps(lat))
@@ -295,7 +325,8 @@ def main() -> int:
     print(f"best: bare {bare_best:,.0f} rec/s, pipeline ingest {ing_best:,.0f} rec/s; "
           f"median ratio pipeline/bare {statistics.median(ratios):.0%}")
     out["breakdown_cpu_us_per_record"] = bd = breakdown()
-    print("in-memory CPU-us per record, cumulative: " + ", ".join(f"{k} {v:.2f}" for k, v in bd.items()))
+    print("in-memory CPU-us per record, by stage: " + ", ".join(f"{k} {v:.2f}" for k, v in bd.items())
+          + f"; total {sum(bd.values()):.2f}")
     if not args.no_latency:
         lat = bench_latency(tmp)
         out["latency"] = lat

@@ -19,6 +19,7 @@ from protocol.constants import (
     KIND_HELLO,
     KIND_METRICS,
     MAX_FRAME_BYTES,
+    MAX_NAME_CHARS,
     PROTOCOL_VERSION,
 )
 
@@ -61,6 +62,11 @@ def encode_bye(src: int, rank: int, seq: int, dropped: int, t_ns: int, stats: Ma
 # (the client does) costs neither msgspec nor the schema classes.
 _decoder: Any = None
 _DecodeErrors: tuple = ()
+_Metrics: Any = None
+# Key sets (in order) whose names were checked, each mapped to itself: one canonical tuple per
+# distinct key set, which the daemon compares by identity. Bounded: a run logs a handful of sets.
+_good_names: dict[tuple, tuple] = {}
+GOOD_NAMES_KEPT = 4096
 
 
 def _get_decoder() -> Any:
@@ -68,11 +74,29 @@ def _get_decoder() -> Any:
     if _decoder is None:
         import msgspec
 
-        from protocol.records import Record
+        from protocol.records import Metrics, Record
 
+        global _Metrics
+        _Metrics = Metrics
         _DecodeErrors = (msgspec.DecodeError, msgspec.ValidationError)
         _decoder = msgspec.msgpack.Decoder(Record)
     return _decoder
+
+
+def check_names(keys: tuple) -> tuple:
+    """Metric names are 1..MAX_NAME_CHARS characters. Checked in Python, but once per distinct
+    key set: the tuple of a record's keys (interned strs, see records.Values) is the cache key.
+    Returns the canonical tuple for this key set (equal key sets get the same object)."""
+    canonical = _good_names.get(keys)
+    if canonical is not None:
+        return canonical
+    for name in keys:
+        if not 0 < len(name) <= MAX_NAME_CHARS:
+            raise MalformedRecord(f"metric name of {len(name)} characters (1..{MAX_NAME_CHARS})")
+    if len(_good_names) >= GOOD_NAMES_KEPT:
+        _good_names.clear()
+    _good_names[keys] = keys
+    return keys
 
 
 def encode(record: Any) -> bytes:
@@ -92,7 +116,19 @@ def decode(frame: bytes | memoryview) -> Any:
         raise MalformedRecord(str(exc)) from None
     except RecursionError:  # deeply nested maps/arrays inside an event's data
         raise MalformedRecord("nesting too deep") from None
+    if type(record) is _Metrics:
+        check_names(tuple(record.values))
     return record
+
+
+def decoder_parts() -> tuple[Any, tuple, dict]:
+    """For a caller that decodes in a loop of its own (the daemon's receiver), what `decode` is
+    made of: the msgspec decoder's decode method, the exceptions it raises for bad input, and
+    the key tuples already known good, each mapped to its canonical tuple (a Metrics record
+    whose tuple(values) is not there must go through `check_names`). Frames must already be
+    bounded by MAX_FRAME_BYTES (the daemon's socket has ZMQ_MAXMSGSIZE)."""
+    decoder = _decoder or _get_decoder()
+    return decoder.decode, (*_DecodeErrors, RecursionError), _good_names
 
 
 __all__ = [

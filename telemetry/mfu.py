@@ -59,12 +59,15 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass
-from typing import Any, Mapping
+from dataclasses import dataclass, field
+from operator import truediv
+from typing import Any, Mapping, Sequence
 
 from telemetry.peaks import normalize_dtype, peak_flops
 
 log = logging.getLogger("telemetry.mfu")
+
+_INF = float("inf")
 
 __all__ = [
     "ModelShape", "model_shape", "training_flops_per_token", "training_flops", "hardware_flops",
@@ -318,6 +321,11 @@ class MfuEstimator:
     causal: bool = True
     gradient_checkpointing: bool = False
     peak_flops_per_device: float | None = None
+    # (a, b) of model FLOPs = a * tokens + b * sum(L_i^2), then of hardware FLOPs; see __post_init__
+    coefficients: tuple[float, float, float, float] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "coefficients", self._coefficients() if self.shape is not None else (0.0,) * 4)
 
     @classmethod
     def from_hello(cls, info: Mapping[str, Any], peak_override: float | None = None,
@@ -357,27 +365,38 @@ class MfuEstimator:
         sequence (tokens, attn_doc_len_sq, step_time_s). Ranks without tokens or a positive step
         time are left out; a missing or 0 attn_doc_len_sq means full seq_len-long rows.
         """
-        if self.shape is None:
+        if self.shape is None or not per_rank:
             return {}
-        model_rate = hardware_rate = 0.0
-        num_ranks = 0
-        for values in per_rank.values():
-            row = _rank_row(values)
-            tokens, step_time_s = _finite_positive(row[0]), _finite_positive(row[2])
-            if tokens is None or step_time_s is None:
-                continue
-            doc_sq = _finite_positive(row[1])
-            if doc_sq is None:
-                if self.seq_len <= 0:
-                    continue
-                doc_sq = tokens * self.seq_len  # every token in a full seq_len-long document
-            num_tokens, sum_sq = int(round(tokens)), int(round(doc_sq))
-            model_rate += training_flops(self.shape, num_tokens, sum_sq, self.causal) / step_time_s
-            hardware_rate += hardware_flops(self.shape, num_tokens, sum_sq, self.causal,
-                                            self.gradient_checkpointing) / step_time_s
-            num_ranks += 1
-        if num_ranks == 0:
+        tokens, doc_sq, step_times = zip(*map(_rank_row, per_rank.values()))
+        return self.step_metrics_columns(tokens, doc_sq, step_times, world_size)
+
+    def step_metrics_columns(self, tokens: Sequence[Any], doc_sq: Sequence[Any] | None,
+                             step_times: Sequence[Any], world_size: int | None = None) -> dict[str, float]:
+        """step_metrics from the ranks' values side by side (the daemon's aggregator has them so):
+        tokens[i], doc_sq[i] (None: not logged) and step_times[i] are rank i's.
+
+        FLOPs are linear in the token count and in sum(L_i^2), so a step's FLOP rate is
+        a * sum(tokens_i / t_i) + b * sum(doc_sq_i / t_i): when every value is a positive finite
+        number (every step of a healthy run) that is two sums over the ranks, in C.
+        """
+        if self.shape is None or not tokens:
             return {}
+        try:
+            fast = (0 < min(step_times) and max(step_times) < _INF and 0 < min(tokens) and max(tokens) < _INF
+                    and (doc_sq is None or (0 < min(doc_sq) and max(doc_sq) < _INF))
+                    and (doc_sq is not None or self.seq_len > 0))
+        except TypeError:        # a None or another non-number among them
+            fast = False
+        if fast:
+            token_rate = sum(map(truediv, tokens, step_times))
+            sq_rate = sum(map(truediv, doc_sq, step_times)) if doc_sq is not None else token_rate * self.seq_len
+            num_ranks = len(step_times)
+        else:
+            token_rate, sq_rate, num_ranks = self._rates_checked(tokens, doc_sq, step_times)
+            if num_ranks == 0:
+                return {}
+        a_model, b_model, a_hw, b_hw = self.coefficients
+        model_rate = a_model * token_rate + b_model * sq_rate
         # Ranks that did not report are assumed to run like the mean of those that did.
         scale = max(int(world_size or num_ranks), num_ranks) / num_ranks
         out = {"perf/model_flops_per_second": model_rate * scale}
@@ -385,5 +404,35 @@ class MfuEstimator:
             mfu = model_rate / (num_ranks * self.peak_flops_per_device)
             out["perf/mfu"] = mfu
             out["perf/mfu_percent"] = 100.0 * mfu
-            out["perf/hfu"] = hardware_rate / (num_ranks * self.peak_flops_per_device)
+            out["perf/hfu"] = (a_hw * token_rate + b_hw * sq_rate) / (num_ranks * self.peak_flops_per_device)
         return out
+
+    def _rates_checked(self, tokens, doc_sq, step_times) -> tuple[float, float, int]:
+        """sum(tokens_i / t_i), sum(doc_sq_i / t_i) and the number of ranks counted, rank by rank:
+        a rank without tokens or a positive step time is left out; one without doc_sq counts
+        full seq_len-long rows."""
+        token_rate = sq_rate = 0.0
+        num_ranks = 0
+        for i, (n, t) in enumerate(zip(tokens, step_times)):
+            n, t = _finite_positive(n), _finite_positive(t)
+            if n is None or t is None:
+                continue
+            sq = _finite_positive(doc_sq[i]) if doc_sq is not None else None
+            if sq is None:
+                if self.seq_len <= 0:
+                    continue
+                sq = n * self.seq_len  # every token in a full seq_len-long document
+            token_rate += round(n) / t
+            sq_rate += round(sq) / t
+            num_ranks += 1
+        return token_rate, sq_rate, num_ranks
+
+    def _coefficients(self) -> tuple[float, float, float, float]:
+        """Read off training_flops and hardware_flops themselves, so they cannot drift apart."""
+        shape, causal, gc = self.shape, self.causal, self.gradient_checkpointing
+        unit = 2 if causal else 1         # _attention halves with integer division: scale it up
+        a_model = training_flops(shape, 1, 0, causal)
+        b_model = training_flops(shape, 0, unit, causal) / unit
+        a_hw = hardware_flops(shape, 1, 0, causal, gc)
+        b_hw = hardware_flops(shape, 0, unit, causal, gc) / unit
+        return a_model, b_model, a_hw, b_hw

@@ -24,6 +24,9 @@ from __future__ import annotations
 import heapq
 import time
 from collections import OrderedDict, deque
+from itertools import chain, repeat
+from operator import attrgetter, getitem, truediv
+from typing import NamedTuple
 
 from telemetry.daemon.config import AggregatorConfig
 from telemetry.daemon.reductions import RANK_RULES, Reducer, _mean
@@ -35,15 +38,26 @@ CLOSED_STEPS_KEPT = 4096
 
 
 class StepAccumulator:
-    __slots__ = ("step", "opened_mono", "t_ns", "by_rank", "per_rank")
+    __slots__ = ("step", "opened_mono", "t_ns", "by_rank", "keys", "uniform", "cols")
 
-    def __init__(self, step: int, now: float) -> None:
+    def __init__(self, step: int, now: float, keys: object) -> None:
         self.step = step
         self.opened_mono = now
         self.t_ns = 0
         self.by_rank: dict[int, dict] = {}
-        # rank -> [tokens, attn_doc_len_sq, step_time_s] for throughput and MFU (set by finish)
-        self.per_rank: dict[int, list] = {}
+        # The first rank's key order; uniform while every rank's is the same object (see add_many).
+        self.keys = keys
+        self.uniform = True
+        # For MFU, set by finish: the ranks that logged perf/step_time and, side by side, their
+        # perf/tokens, perf/attn_doc_len_sq (None: not logged) and perf/step_time values.
+        self.cols: tuple | None = None
+
+
+class _Row(NamedTuple):
+    rank: int
+    step: int
+    t_ns: int
+    values: dict
 
 
 class Aggregator:
@@ -82,6 +96,7 @@ class Aggregator:
 
     def _recount(self) -> int:
         self._known = self.known_ranks()
+        self._known_frozen = frozenset(self._known)
         self._expected = self._known - self.ranks_gone
         # Ranks seen, not gone, with no misses pending: a record from one of them changes nothing.
         self._steady = self.ranks_seen - self.ranks_gone - self._misses.keys()
@@ -103,25 +118,51 @@ class Aggregator:
         """Add one rank's metrics; return the steps this completes (oldest first), or None if
         the record is late (its step went out without this rank): the caller writes it as the
         rank's own record."""
-        acc = self.pending.get(step)
-        if acc is None:
-            closed = self._closed.get(step)
-            if closed is not None and rank not in closed:
-                self.num_records_late += 1
-                return None
-            acc = self.pending[step] = StepAccumulator(step, time.monotonic())
-            heapq.heappush(self._step_heap, step)
-            self._by_age.append(acc)
-        by_rank = acc.by_rank
-        prev = by_rank.get(rank)
-        by_rank[rank] = values if prev is None else {**prev, **values}
-        if t_ns > acc.t_ns:
-            acc.t_ns = t_ns
-        if rank not in self._steady:       # one set lookup per record in the steady state
-            self._rank_reported(rank)
-        if len(by_rank) >= self._num_expected and self._expected.issubset(by_rank):
-            return self._close_through(step)
-        return []
+        done, late = self.add_many([_Row(rank, step, t_ns, values)], [tuple(values)])
+        return None if late else done
+
+    def add_many(self, recs: list, key_orders: list) -> tuple[list[StepAccumulator], list]:
+        """Add metrics records (anything with .rank, .step, .t_ns, .values) in order of arrival.
+        Returns the steps they complete, oldest first, and the records that came late (their
+        step went out without their rank): the caller writes those as the rank's own records.
+
+        key_orders[i] stands for the order of recs[i]'s keys: records with the same object
+        there have the same keys in the same order (the receiver hands out one tuple per key
+        order). A step whose ranks all had the same is reduced in bulk (finish_many).
+        The daemon's hot path: a few dict operations per record, no call in the steady state.
+        """
+        pending, closed, heap, by_age = self.pending, self._closed, self._step_heap, self._by_age
+        steady, expected, num_expected = self._steady, self._expected, self._num_expected
+        now = time.monotonic()
+        done: list[StepAccumulator] = []
+        late: list = []
+        for rec, keys in zip(recs, key_orders):
+            step, rank, values = rec.step, rec.rank, rec.values
+            acc = pending.get(step)
+            if acc is None:
+                ranks_then = closed.get(step)
+                if ranks_then is not None and rank not in ranks_then:
+                    late.append(rec)
+                    continue
+                acc = pending[step] = StepAccumulator(step, now, keys)
+                heapq.heappush(heap, step)
+                by_age.append(acc)
+            elif keys is not acc.keys:
+                acc.uniform = False
+            by_rank = acc.by_rank
+            prev = by_rank.setdefault(rank, values)
+            if prev is not values:          # this rank logged this step twice: merge
+                by_rank[rank] = {**prev, **values}
+                acc.uniform = False
+            if rec.t_ns > acc.t_ns:
+                acc.t_ns = rec.t_ns
+            if rank not in steady:          # one set lookup per record in the steady state
+                self._rank_reported(rank)
+                steady, expected, num_expected = self._steady, self._expected, self._num_expected
+            if len(by_rank) >= num_expected and expected.issubset(by_rank):
+                done += self._close_through(step)
+        self.num_records_late += len(late)
+        return done, late
 
     def _close_through(self, step: int) -> list[StepAccumulator]:
         """Pop every open step <= `step`, oldest step first."""
@@ -177,37 +218,89 @@ class Aggregator:
         return [self.pending.pop(s) for s in done]
 
     # -- once per step -------------------------------------------------------------------------
-    def _reduce_fast(self, rows: list[dict]) -> dict | None:
-        """The usual case: every rank logged the same keys in the same order (same code). The
-        rows are transposed in C (zip) and each column reduced by a plan cached per key order.
-        None when the rows differ or a value is not a number: the general path handles it."""
-        keys = tuple(rows[0])
-        for r in rows:
-            if len(r) != len(keys) or tuple(r) != keys:
-                return None
+    def finish(self, acc: StepAccumulator) -> dict:
+        """The aggregated record for a closed step (the JSONL schema)."""
+        return self.finish_many([acc])[0]
+
+    def finish_many(self, accs: list[StepAccumulator]) -> list[dict]:
+        """The aggregated records of closed steps, in the order given.
+
+        The usual case is reduced in bulk: steps whose ranks all logged the same keys in the same
+        order (same code) are grouped by that key order and rank count, and each metric is
+        reduced for the whole group at once by C-level iteration (a column of every step's values,
+        cut into one tuple per step by zip, mapped through sum/max/min). Per step and metric no
+        Python bytecode runs: this is what a backlog of thousands of steps costs (see
+        benchmarks/ingest.py). Other steps (ranks with different keys, a value that is not a
+        number) take the general path, one value list per metric.
+        """
+        out: list = [None] * len(accs)
+        groups: dict[tuple, list[int]] = {}
+        for i, acc in enumerate(accs):
+            n = len(acc.by_rank)
+            if n == 1:
+                out[i] = self._straggle(acc, dict(next(iter(acc.by_rank.values()))))
+            elif acc.uniform:
+                g = groups.get((acc.keys, n))
+                if g is None:
+                    groups[(acc.keys, n)] = [i]
+                else:
+                    g.append(i)
+            else:
+                out[i] = self._straggle(acc, self._reduce_general(list(acc.by_rank.values())))
+        for (keys, n), idx in groups.items():
+            group = [accs[i] for i in idx]
+            try:
+                values = self._reduce_group(group, keys, n)
+            except TypeError:       # a value that is not a number: reduce these one list at a time
+                values = [self._straggle(acc, self._reduce_general(list(acc.by_rank.values()))) for acc in group]
+            for i, v in zip(idx, values):
+                out[i] = v
+        return [self._record(acc, v) for acc, v in zip(accs, out)]
+
+    def _plan(self, keys: tuple) -> list:
         plan = self._plans.get(keys)
         if plan is None:
             func = self.reducer.func
-            plan = self._plans[keys] = [(k, _OPS.get(func(k), -1), func(k)) for k in keys]
+            plan = self._plans[keys] = [_OPS.get(func(k), func) for k in keys]
             if len(self._plans) > 1024:        # bounded: key sets are few in any real run
                 self._plans.pop(next(iter(self._plans)))
-        n = len(rows)
-        values = {}
-        try:
-            for (k, op, f), xs in zip(plan, zip(*[r.values() for r in rows])):
-                if op == 0:
-                    values[k] = sum(xs) / n
-                elif op == 1:
-                    values[k] = sum(xs)
-                elif op == 2:
-                    values[k] = max(xs)
-                elif op == 3:
-                    values[k] = min(xs)
-                else:
-                    values[k] = f(xs)
-        except TypeError:
-            return None
-        return values
+        return plan
+
+    def _reduce_group(self, group: list[StepAccumulator], keys: tuple, n: int) -> list[dict]:
+        """Reduce steps that share one key order and rank count; one values dict per step, with
+        the straggler view. Every loop here is a map or zip over C functions."""
+        k = len(keys)
+        rows = chain.from_iterable(map(dict.values, map(_by_rank, group)))
+        flat = list(chain.from_iterable(map(dict.values, rows)))
+        num_steps = len(group)
+        view = dict.fromkeys(_VIEW)
+        cols = []
+        for j, (name, op) in enumerate(zip(keys, self._plan(keys))):
+            per_step = zip(*[iter(flat[j::k])] * n)        # one n-tuple per step
+            if name in view:
+                per_step = view[name] = list(per_step)
+            if op == 0:
+                col = map(truediv, map(sum, per_step), repeat(n, num_steps))
+            elif op == 1:
+                col = map(sum, per_step)
+            elif op == 2:
+                col = map(max, per_step)
+            elif op == 3:
+                col = map(min, per_step)
+            else:
+                col = map(op, per_step)
+            cols.append(list(col))                   # raises TypeError here, not half-way through
+        times = view["perf/step_time"]
+        if times is not None:
+            ranks = list(map(tuple, map(_by_rank, group)))
+            maxes = list(map(max, times))
+            slowest = map(getitem, ranks, map(tuple.index, times, maxes))   # the first to report it
+            cols += (maxes, list(map(min, times)), list(slowest))
+            keys += _STRAGGLER_KEYS
+            tokens, doc_sq = view["perf/tokens"] or repeat(None), view["perf/attn_doc_len_sq"] or repeat(None)
+            for acc, c in zip(group, zip(ranks, tokens, doc_sq, times)):
+                acc.cols = c
+        return list(map(dict, map(zip, repeat(keys), zip(*cols))))
 
     def _reduce_general(self, rows: list[dict]) -> dict:
         func = self.reducer.func
@@ -221,27 +314,26 @@ class Aggregator:
                     lst.append(v)
         return {k: xs[0] if len(xs) == 1 else _reduce(func(k), xs) for k, xs in gathered.items()}
 
-    def finish(self, acc: StepAccumulator) -> dict:
-        """The aggregated record for a closed step (the JSONL schema)."""
-        by_rank = acc.by_rank
-        rows = list(by_rank.values())
-        if len(rows) == 1:
-            values = dict(rows[0])
-        else:
-            values = self._reduce_fast(rows)
-            if values is None:
-                values = self._reduce_general(rows)
-        per_rank = acc.per_rank
-        for r, row in by_rank.items():
+    def _straggle(self, acc: StepAccumulator, values: dict) -> dict:
+        """The straggler view of a step reduced one metric at a time (and acc.cols, for MFU)."""
+        ranks, tokens, doc_sq, times = [], [], [], []
+        for r, row in acc.by_rank.items():
             st = row.get("perf/step_time")
             if st is not None:
-                per_rank[r] = [row.get("perf/tokens", 0), row.get("perf/attn_doc_len_sq", 0), st]
-        if per_rank:
-            times = [(row[2], r) for r, row in per_rank.items()]
-            st_max, slowest = max(times)
+                ranks.append(r)
+                tokens.append(row.get("perf/tokens"))
+                doc_sq.append(row.get("perf/attn_doc_len_sq"))
+                times.append(st)
+        if times:
+            acc.cols = (tuple(ranks), tuple(tokens), tuple(doc_sq), tuple(times))
+            st_max = max(times)
             values["perf/step_time_max"] = st_max
-            values["perf/step_time_min"] = min(times)[0]
-            values["perf/slowest_rank"] = slowest
+            values["perf/step_time_min"] = min(times)
+            values["perf/slowest_rank"] = ranks[times.index(st_max)]   # the first to report it
+        return values
+
+    def _record(self, acc: StepAccumulator, values: dict) -> dict:
+        by_rank = acc.by_rank
         rec = {"kind": "metrics", "t": acc.t_ns / 1e9, "step": acc.step, "values": values}
         missing = self._known - by_rank.keys() if len(by_rank) < len(self._known) else None
         if missing:
@@ -249,7 +341,8 @@ class Aggregator:
             self.num_steps_incomplete += 1
         closed = self._closed
         prev = closed.pop(acc.step, None)
-        closed[acc.step] = frozenset(by_rank) | prev if prev else frozenset(by_rank)
+        ranks = self._known_frozen if missing is None and len(by_rank) == len(self._known) else frozenset(by_rank)
+        closed[acc.step] = ranks | prev if prev else ranks
         if len(closed) > CLOSED_STEPS_KEPT:
             closed.popitem(last=False)
         if acc.step > self.last_step:
@@ -259,6 +352,10 @@ class Aggregator:
 
 
 _OPS = {_mean: 0, sum: 1, max: 2, min: 3}
+# The columns the straggler view and MFU read, kept per step by the bulk reduction.
+_VIEW = ("perf/step_time", "perf/tokens", "perf/attn_doc_len_sq")
+_STRAGGLER_KEYS = ("perf/step_time_max", "perf/step_time_min", "perf/slowest_rank")
+_by_rank = attrgetter("by_rank")
 
 
 def _reduce(f, xs: list):

@@ -48,5 +48,7 @@ class Derived:
             values["perf/tokens_per_second"] = values["perf/tokens"] / st_max
         if "perf/samples_per_second" not in values and "perf/samples" in values:
             values["perf/samples_per_second"] = values["perf/samples"] / st_max
-        if self.estimator is not None and acc.per_rank:
-            values.update(self.estimator.step_metrics(acc.per_rank, world_size))
+        if self.estimator is not None and acc.cols is not None:
+            _ranks, tokens, doc_sq, step_times = acc.cols
+            if tokens is not None:
+                values.update(self.estimator.step_metrics_columns(tokens, doc_sq, step_times, world_size))

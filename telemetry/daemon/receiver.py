@@ -13,7 +13,8 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from protocol import Bye, MalformedRecord, decode
+from protocol import Bye, MalformedRecord, Metrics
+from protocol.codec import check_names, decoder_parts
 
 log = logging.getLogger("telemetry.receiver")
 
@@ -44,29 +45,62 @@ class Receiver:
 
     def accept(self, frame: bytes):
         """Return the decoded record, or None (counted) if the frame is not a valid record."""
-        try:
-            rec = decode(frame)
-        except MalformedRecord as exc:
-            self.num_malformed += 1
-            if self.num_malformed == 1 or self.num_malformed % 10_000 == 0:  # never log per item
-                log.warning("rejected malformed record (%d so far): %s", self.num_malformed, exc)
-            self.last_malformed = str(exc)[:200]
-            return None
-        self.num_in += 1
-        src = self.sources.get(rec.src)
-        if src is None:
-            src = self.sources[rec.src] = SourceStats(rank=rec.rank, min_seq=rec.seq, dropped_at_min=rec.dropped)
-        src.received += 1
-        if rec.seq > src.max_seq:
-            src.max_seq = rec.seq
-        elif rec.seq < src.min_seq:
-            src.min_seq = rec.seq
-            src.dropped_at_min = rec.dropped
-        if rec.dropped > src.dropped:
-            src.dropped = rec.dropped
-        if type(rec) is Bye:
-            self.num_byes += 1
-        return rec
+        recs, _, _ = self.accept_many([frame])
+        return recs[0] if recs else None
+
+    def accept_many(self, frames: list) -> tuple[list, list, bool]:
+        """Decode, validate and account a batch of frames (bounded by the socket's MAXMSGSIZE).
+
+        Returns the valid records in order; beside them, for a metrics record, its key order
+        (the same tuple object for the same keys in the same order: the aggregator compares
+        them by identity; None for other kinds); and whether they are all metrics records.
+        The daemon's hot path: one loop, no call per record but the decoder's own.
+        """
+        decode, errors, good_names = decoder_parts()
+        sources = self.sources
+        out: list = []
+        key_orders: list = []
+        append, append_keys = out.append, key_orders.append
+        all_metrics = True
+        for frame in frames:
+            try:
+                rec = decode(frame)
+                kind = type(rec)
+                if kind is Metrics:
+                    keys = tuple(rec.values)
+                    keys = good_names.get(keys) or check_names(keys)
+                else:
+                    keys = None
+                    all_metrics = False
+            except (*errors, MalformedRecord) as exc:
+                self._reject(exc)
+                continue
+            src = sources.get(rec.src)
+            if src is None:
+                src = sources[rec.src] = SourceStats(rank=rec.rank, min_seq=rec.seq, dropped_at_min=rec.dropped)
+            src.received += 1
+            seq = rec.seq
+            if seq > src.max_seq:
+                src.max_seq = seq
+            elif seq < src.min_seq:
+                src.min_seq = seq
+                src.dropped_at_min = rec.dropped
+            if rec.dropped > src.dropped:
+                src.dropped = rec.dropped
+            if kind is Bye:
+                self.num_byes += 1
+            append(rec)
+            append_keys(keys)
+        self.num_in += len(out)
+        return out, key_orders, all_metrics
+
+    def _reject(self, exc: Exception) -> None:
+        if isinstance(exc, RecursionError):   # deeply nested maps/arrays inside an event's data
+            exc = MalformedRecord("nesting too deep")
+        self.num_malformed += 1
+        if self.num_malformed == 1 or self.num_malformed % 10_000 == 0:  # never log per item
+            log.warning("rejected malformed record (%d so far): %s", self.num_malformed, exc)
+        self.last_malformed = str(exc)[:200]
 
     def malformed(self, n: int = 1, reason: str = "") -> None:
         """Count frames refused before decoding (multipart, oversized)."""
