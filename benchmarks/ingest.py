@@ -213,8 +213,7 @@ def breakdown(records_per_rank: int = 10_000) -> dict:
         t2 = clock()
         out = agg.finish_many(done)
         t3 = clock()
-        for acc, rec in zip(done, out):
-            der.apply(acc, rec["values"], NUM_RANKS)
+        der.apply_many(done, [rec["values"] for rec in out], NUM_RANKS)
         t4 = clock()
         for rec in out:
             enc.encode(rec)

@@ -60,7 +60,8 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass, field
-from operator import truediv
+from itertools import chain, repeat
+from operator import add, mul, truediv
 from typing import Any, Mapping, Sequence
 
 from telemetry.peaks import normalize_dtype, peak_flops
@@ -68,6 +69,11 @@ from telemetry.peaks import normalize_dtype, peak_flops
 log = logging.getLogger("telemetry.mfu")
 
 _INF = float("inf")
+_MFU_KEYS = ("perf/model_flops_per_second", "perf/mfu", "perf/mfu_percent", "perf/hfu")
+
+
+def _is_not_none(x: Any) -> bool:
+    return x is not None
 
 __all__ = [
     "ModelShape", "model_shape", "training_flops_per_token", "training_flops", "hardware_flops",
@@ -406,6 +412,50 @@ class MfuEstimator:
             out["perf/mfu_percent"] = 100.0 * mfu
             out["perf/hfu"] = (a_hw * token_rate + b_hw * sq_rate) / (num_ranks * self.peak_flops_per_device)
         return out
+
+    def step_metrics_many(self, tokens: Sequence[Sequence[Any]], doc_sq: Sequence[Sequence[Any] | None],
+                          step_times: Sequence[Sequence[Any]], world_size: int | None = None) -> list[dict[str, float]]:
+        """step_metrics_columns for many steps at once (the daemon's backlog): the i-th dict is
+        step_metrics_columns(tokens[i], doc_sq[i], step_times[i], world_size).
+
+        In the usual case (every step from the same number of ranks, every value a positive finite
+        number, doc_sq logged in every step or in none) each figure is one map over the steps,
+        with no Python call per step; otherwise step by step.
+        """
+        if self.shape is None or not step_times:
+            return [{} for _ in step_times]
+        with_sq = doc_sq[0] is not None
+        n = len(step_times[0])
+        try:
+            flat_st, flat_tok = list(chain.from_iterable(step_times)), list(chain.from_iterable(tokens))
+            fast = (n > 0 and set(map(len, step_times)) == {n} == set(map(len, tokens))   # n ranks each
+                    and 0 < min(flat_st) and max(flat_st) < _INF and 0 < min(flat_tok) and max(flat_tok) < _INF)
+            if fast and with_sq:
+                flat_sq = list(chain.from_iterable(doc_sq))
+                fast = set(map(len, doc_sq)) == {n} and 0 < min(flat_sq) and max(flat_sq) < _INF
+            elif fast:
+                fast = self.seq_len > 0 and not any(map(_is_not_none, doc_sq))
+        except TypeError:        # a None, a missing column among the steps, another non-number
+            fast = False
+        if not fast:
+            return list(map(self.step_metrics_columns, tokens, doc_sq, step_times, repeat(world_size)))
+        # Each rank's tokens/s and sum(L_i^2)/s, flat, then summed per step (n at a time).
+        token_rate = list(map(sum, zip(*[iter(map(truediv, flat_tok, flat_st))] * n)))
+        if with_sq:
+            sq_rate = list(map(sum, zip(*[iter(map(truediv, flat_sq, flat_st))] * n)))
+        else:
+            sq_rate = list(map(mul, token_rate, repeat(self.seq_len)))
+        a_model, b_model, a_hw, b_hw = self.coefficients
+        model_rate = list(map(add, map(mul, repeat(a_model), token_rate), map(mul, repeat(b_model), sq_rate)))
+        # Ranks that did not report are assumed to run like the mean of those that did.
+        flops = map(mul, model_rate, repeat(max(int(world_size or n), n) / n))
+        if not self.peak_flops_per_device:
+            return [{"perf/model_flops_per_second": f} for f in flops]
+        capacity = n * self.peak_flops_per_device
+        mfu = list(map(truediv, model_rate, repeat(capacity)))
+        hw_rate = map(add, map(mul, repeat(a_hw), token_rate), map(mul, repeat(b_hw), sq_rate))
+        return list(map(dict, map(zip, repeat(_MFU_KEYS), zip(flops, mfu, map(mul, mfu, repeat(100.0)),
+                                                              map(truediv, hw_rate, repeat(capacity))))))
 
     def _rates_checked(self, tokens, doc_sq, step_times) -> tuple[float, float, int]:
         """sum(tokens_i / t_i), sum(doc_sq_i / t_i) and the number of ranks counted, rank by rank:

@@ -255,7 +255,7 @@ class Aggregator:
                 values = [self._straggle(acc, self._reduce_general(list(acc.by_rank.values()))) for acc in group]
             for i, v in zip(idx, values):
                 out[i] = v
-        return [self._record(acc, v) for acc, v in zip(accs, out)]
+        return self._records(accs, out)
 
     def _plan(self, keys: tuple) -> list:
         plan = self._plans.get(keys)
@@ -332,23 +332,33 @@ class Aggregator:
             values["perf/slowest_rank"] = ranks[times.index(st_max)]   # the first to report it
         return values
 
-    def _record(self, acc: StepAccumulator, values: dict) -> dict:
-        by_rank = acc.by_rank
-        rec = {"kind": "metrics", "t": acc.t_ns / 1e9, "step": acc.step, "values": values}
-        missing = self._known - by_rank.keys() if len(by_rank) < len(self._known) else None
-        if missing:
-            rec["missing_ranks"] = sorted(missing)
-            self.num_steps_incomplete += 1
-        closed = self._closed
-        prev = closed.pop(acc.step, None)
-        ranks = self._known_frozen if missing is None and len(by_rank) == len(self._known) else frozenset(by_rank)
-        closed[acc.step] = ranks | prev if prev else ranks
-        if len(closed) > CLOSED_STEPS_KEPT:
+    def _records(self, accs: list[StepAccumulator], values: list[dict]) -> list[dict]:
+        """The output records of closed steps (the JSONL schema); remembers which ranks each had."""
+        known, closed = self._known, self._closed
+        num_known, known_frozen = len(known), self._known_frozen
+        recs = []
+        for acc, v in zip(accs, values):
+            by_rank, step = acc.by_rank, acc.step
+            rec = {"kind": "metrics", "t": acc.t_ns / 1e9, "step": step, "values": v}
+            if len(by_rank) == num_known:      # every rank (a step's ranks are among the known)
+                ranks = known_frozen
+            else:
+                ranks = frozenset(by_rank)
+                rec["missing_ranks"] = sorted(known - ranks)
+                self.num_steps_incomplete += 1
+            prev = closed.get(step)
+            if prev is None:
+                closed[step] = ranks
+            else:                              # logged again after it went out: newest last
+                del closed[step]
+                closed[step] = ranks | prev
+            recs.append(rec)
+        while len(closed) > CLOSED_STEPS_KEPT:
             closed.popitem(last=False)
-        if acc.step > self.last_step:
-            self.last_step = acc.step
-        self.num_steps_out += 1
-        return rec
+        if accs:
+            self.last_step = max(self.last_step, max(map(_step, accs)))
+        self.num_steps_out += len(accs)
+        return recs
 
 
 _OPS = {_mean: 0, sum: 1, max: 2, min: 3}
@@ -356,6 +366,7 @@ _OPS = {_mean: 0, sum: 1, max: 2, min: 3}
 _VIEW = ("perf/step_time", "perf/tokens", "perf/attn_doc_len_sq")
 _STRAGGLER_KEYS = ("perf/step_time_max", "perf/step_time_min", "perf/slowest_rank")
 _by_rank = attrgetter("by_rank")
+_step = attrgetter("step")
 
 
 def _reduce(f, xs: list):

@@ -314,9 +314,7 @@ class Daemon:
         if not accs:
             return
         recs = self.aggregator.finish_many(accs)
-        apply, world = self.derived.apply, self.aggregator.expected_world()
-        for acc, rec in zip(accs, recs):
-            apply(acc, rec["values"], world)
+        self.derived.apply_many(accs, [rec["values"] for rec in recs], self.aggregator.expected_world())
         self._out += map(tuple.__new__, repeat(Out), zip(repeat("metrics"), recs, map(_json.encode, recs)))
         self._latest_step = recs[-1]
 

@@ -40,15 +40,24 @@ class Derived:
                 self._warned = True
 
     def apply(self, acc: StepAccumulator, values: dict, world_size: int) -> None:
-        st_max = values.get("perf/step_time_max") or values.get("perf/step_time")
-        if not st_max or st_max <= 0:
-            return
-        values["perf/steps_per_second"] = 1.0 / st_max
-        if "perf/tokens_per_second" not in values and "perf/tokens" in values:
-            values["perf/tokens_per_second"] = values["perf/tokens"] / st_max
-        if "perf/samples_per_second" not in values and "perf/samples" in values:
-            values["perf/samples_per_second"] = values["perf/samples"] / st_max
-        if self.estimator is not None and acc.cols is not None:
-            _ranks, tokens, doc_sq, step_times = acc.cols
-            if tokens is not None:
-                values.update(self.estimator.step_metrics_columns(tokens, doc_sq, step_times, world_size))
+        self.apply_many([acc], [values], world_size)
+
+    def apply_many(self, accs: list[StepAccumulator], values: list[dict], world_size: int) -> None:
+        """Add the derived metrics to each closed step's values (in place)."""
+        mfu_accs, mfu_values = [], []
+        for acc, v in zip(accs, values):
+            st_max = v.get("perf/step_time_max") or v.get("perf/step_time")
+            if not st_max or st_max <= 0:
+                continue
+            v["perf/steps_per_second"] = 1.0 / st_max
+            if "perf/tokens_per_second" not in v and "perf/tokens" in v:
+                v["perf/tokens_per_second"] = v["perf/tokens"] / st_max
+            if "perf/samples_per_second" not in v and "perf/samples" in v:
+                v["perf/samples_per_second"] = v["perf/samples"] / st_max
+            if acc.cols is not None and acc.cols[1] is not None:
+                mfu_accs.append(acc.cols)
+                mfu_values.append(v)
+        if self.estimator is not None and mfu_accs:
+            _ranks, tokens, doc_sq, step_times = zip(*mfu_accs)
+            for v, m in zip(mfu_values, self.estimator.step_metrics_many(tokens, doc_sq, step_times, world_size)):
+                v.update(m)
