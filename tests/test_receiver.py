@@ -1,4 +1,6 @@
 """The receiver's loss accounting, per client instance (src), from sequence numbers alone."""
+import pytest
+
 import protocol
 from telemetry.daemon.receiver import Receiver
 
@@ -41,3 +43,23 @@ def test_malformed_frames_are_counted_not_raised():
     r = Receiver()
     assert r.accept(b"\xc1garbage") is None
     assert r.totals()["records_malformed"] == 1
+
+
+def test_a_batch_rejects_bad_names_and_hands_out_one_key_order_object_per_order():
+    r = Receiver()
+    ok = {"train/loss": 1.0, "perf/tokens": 5}
+    frames = [protocol.encode_metrics(7, 0, 0, 0, 1, 0, ok),
+              protocol.encode_metrics(7, 0, 1, 0, 1, 1, {"": 1.0}),                                # empty name
+              protocol.encode_metrics(7, 0, 2, 0, 1, 2, {"x" * (protocol.MAX_NAME_CHARS + 1): 1.0}),  # too long
+              protocol.encode_metrics(8, 1, 0, 0, 1, 0, dict(ok)),
+              protocol.encode_metrics(8, 1, 1, 0, 1, 1, dict(reversed(list(ok.items())))),
+              protocol.encode_event(8, 1, 2, 0, 1, "eval", {"acc": 0.5})]
+    recs, orders, all_metrics = r.accept_many(frames)
+    assert [rec.seq for rec in recs] == [0, 0, 1, 2] and not all_metrics
+    assert orders[0] is orders[1] and orders[0] == ("train/loss", "perf/tokens")
+    assert orders[2] == ("perf/tokens", "train/loss") and orders[2] is not orders[0]
+    assert orders[3] is None                                                         # not a metrics record
+    t = r.totals()
+    assert t["records_malformed"] == 2 and t["records_in"] == 4
+    with pytest.raises(protocol.MalformedRecord):
+        protocol.decode(frames[1])

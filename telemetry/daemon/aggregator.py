@@ -260,8 +260,8 @@ class Aggregator:
     def _plan(self, keys: tuple) -> list:
         plan = self._plans.get(keys)
         if plan is None:
-            func = self.reducer.func
-            plan = self._plans[keys] = [_OPS.get(func(k), func) for k in keys]
+            funcs = map(self.reducer.func, keys)
+            plan = self._plans[keys] = [_OPS.get(f, f) for f in funcs]     # an op number, or the function
             if len(self._plans) > 1024:        # bounded: key sets are few in any real run
                 self._plans.pop(next(iter(self._plans)))
         return plan
