@@ -81,7 +81,8 @@ def test_failing_sink_is_counted_not_fatal():
     r.put(batch(2))
     assert r.close(5)
     st = r.stats()
-    assert st["dropped"] == 7 and st["errors"] == 2 and "disk full" in st["last_error"]
+    # What was queued when the thread took its queue goes to the sink as one batch: 1 or 2 calls.
+    assert st["dropped"] == 7 and st["errors"] in (1, 2) and "disk full" in st["last_error"]
 
 
 def test_sink_that_cannot_start_drops_everything_counted():

@@ -20,6 +20,7 @@ import socket
 import sys
 import threading
 import time
+from functools import partial
 from itertools import repeat
 from pathlib import Path
 
@@ -129,6 +130,7 @@ class Daemon:
         self._poller.register(self.pull, zmq.POLLIN)
         self._poller.register(self.control, zmq.POLLIN)
         self._poller.register(self._wake_r.fileno(), zmq.POLLIN)
+        self._runners_in_order = sorted(self.runners, key=lambda r: not isinstance(r, InlineRunner))
         for runner in self.runners:
             runner.start()
         for p in self.pollers:
@@ -232,25 +234,17 @@ class Daemon:
     def _ingest(self, max_frames: int) -> int:
         """Take up to `max_frames` frames off the ingest socket; return how many were taken.
 
-        The hot path, in batches: the frames are taken off the socket, then decoded and accounted
-        by the receiver in one loop, the metrics added to the aggregator in one loop, and the
-        steps they complete reduced together (Aggregator.finish_many); per record, no Python
-        call but the decoder's. Records are single frames; the parts of a multipart message are
+        The hot path, in batches: the receiver takes the frames off the socket, decodes and
+        accounts them in one loop, the aggregator adds the metrics in one loop, and the steps
+        they complete are reduced together (Aggregator.finish_many); per record, no Python call
+        but the socket's and the decoder's. Records are single frames; the parts of a multipart message are
         taken as frames of their own (see protocol/README.md): a garbage part is counted as
         malformed; nothing per good record.
         """
-        recv, again, noblock = self.pull.recv, zmq.Again, zmq.NOBLOCK
-        frames: list[bytes] = []
-        append = frames.append
-        for _ in repeat(None, max_frames):
-            try:
-                append(recv(noblock))
-            except again:
-                break
-        n = len(frames)
+        recs, key_orders, all_metrics, n = self.receiver.take(partial(self.pull.recv, zmq.NOBLOCK), zmq.Again,
+                                                              max_frames)
         if not n:
             return 0
-        recs, key_orders, all_metrics = self.receiver.accept_many(frames)
         if all_metrics:
             self._add_metrics(recs, key_orders)
             return n
@@ -343,7 +337,9 @@ class Daemon:
             return
         batch, self._out = self._out, []
         self.num_records_out += len(batch)
-        for runner in self.runners:
+        # Inline sinks (PUB) first: a put to a threaded sink wakes its thread, which then takes
+        # the GIL whenever this thread lets go of it (every zmq send does).
+        for runner in self._runners_in_order:
             runner.put(batch)
 
     def post(self, record: dict) -> None:

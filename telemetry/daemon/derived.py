@@ -9,6 +9,8 @@ The model comes from the ranks' hello records (info["model"], info["device_name"
 from __future__ import annotations
 
 import logging
+from itertools import repeat
+from operator import setitem, truediv
 
 from telemetry.daemon.aggregator import StepAccumulator
 from telemetry.daemon.config import MfuConfig
@@ -43,21 +45,55 @@ class Derived:
         self.apply_many([acc], [values], world_size)
 
     def apply_many(self, accs: list[StepAccumulator], values: list[dict], world_size: int) -> None:
-        """Add the derived metrics to each closed step's values (in place)."""
-        mfu_accs, mfu_values = [], []
-        for acc, v in zip(accs, values):
-            st_max = v.get("perf/step_time_max") or v.get("perf/step_time")
-            if not st_max or st_max <= 0:
-                continue
-            v["perf/steps_per_second"] = 1.0 / st_max
-            if "perf/tokens_per_second" not in v and "perf/tokens" in v:
-                v["perf/tokens_per_second"] = v["perf/tokens"] / st_max
-            if "perf/samples_per_second" not in v and "perf/samples" in v:
-                v["perf/samples_per_second"] = v["perf/samples"] / st_max
-            if acc.cols is not None and acc.cols[1] is not None:
-                mfu_accs.append(acc.cols)
-                mfu_values.append(v)
-        if self.estimator is not None and mfu_accs:
-            _ranks, tokens, doc_sq, step_times = zip(*mfu_accs)
-            for v, m in zip(mfu_values, self.estimator.step_metrics_many(tokens, doc_sq, step_times, world_size)):
-                v.update(m)
+        """Add the derived metrics to each closed step's values (in place).
+
+        A batch of steps whose step times are all positive numbers and which agree on which of
+        perf/tokens(_per_second) and perf/samples(_per_second) they logged (a backlog from one
+        training loop) is done a metric at a time over the batch (maps over C functions);
+        anything else step by step."""
+        st_max = list(map(dict.get, values, repeat("perf/step_time_max")))
+        try:
+            batched = 0 < min(st_max) and max(st_max) < _INF
+        except TypeError:        # a step without a step time (None), or a step time not a number
+            batched = False
+        todo = []
+        for count, rate in _RATES if batched else ():
+            with_count = sum(map(dict.__contains__, values, repeat(count)))
+            with_rate = sum(map(dict.__contains__, values, repeat(rate)))
+            if with_rate == 0 and with_count == len(values):
+                todo.append((count, rate))
+            elif not (with_count == 0 or with_rate == len(values)):
+                batched = False           # some steps have the rate already, some not: one at a time
+        if batched:
+            _put(values, "perf/steps_per_second", map(truediv, repeat(1.0), st_max))
+            for count, rate in todo:
+                _put(values, rate, map(truediv, map(dict.get, values, repeat(count)), st_max))
+        else:
+            for v in values:
+                _throughput(v)
+        if self.estimator is None:
+            return
+        cols = [acc.cols for acc in accs if acc.cols is not None and acc.cols[1] is not None]
+        if len(cols) < len(accs):
+            values = [v for acc, v in zip(accs, values) if acc.cols is not None and acc.cols[1] is not None]
+        if cols:
+            _ranks, tokens, doc_sq, step_times = zip(*cols)
+            list(map(dict.update, values, self.estimator.step_metrics_many(tokens, doc_sq, step_times, world_size)))
+
+
+_INF = float("inf")
+_RATES = (("perf/tokens", "perf/tokens_per_second"), ("perf/samples", "perf/samples_per_second"))
+
+
+def _put(values: list[dict], key: str, column) -> None:
+    list(map(setitem, values, repeat(key), column))
+
+
+def _throughput(v: dict) -> None:
+    st_max = v.get("perf/step_time_max") or v.get("perf/step_time")
+    if not st_max or st_max <= 0:
+        return
+    v["perf/steps_per_second"] = 1.0 / st_max
+    for count, rate in _RATES:
+        if rate not in v and count in v:
+            v[rate] = v[count] / st_max

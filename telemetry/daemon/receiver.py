@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from itertools import repeat
+from typing import Callable
 
 from protocol import Bye, MalformedRecord, Metrics
 from protocol.codec import check_names, decoder_parts
@@ -49,12 +51,20 @@ class Receiver:
         return recs[0] if recs else None
 
     def accept_many(self, frames: list) -> tuple[list, list, bool]:
-        """Decode, validate and account a batch of frames (bounded by the socket's MAXMSGSIZE).
+        """`take` over a list of frames."""
+        recs, key_orders, all_metrics, _ = self.take(iter(frames).__next__, StopIteration, len(frames))
+        return recs, key_orders, all_metrics
+
+    def take(self, next_frame: Callable[[], bytes], empty: type[BaseException],
+             max_frames: int) -> tuple[list, list, bool, int]:
+        """Read up to `max_frames` frames with next_frame() (until it raises `empty`), then
+        decode, validate and account each (frames are bounded by the socket's MAXMSGSIZE).
 
         Returns the valid records in order; beside them, for a metrics record, its key order
         (the same tuple object for the same keys in the same order: the aggregator compares
-        them by identity; None for other kinds); and whether they are all metrics records.
-        The daemon's hot path: one loop, no call per record but the decoder's own.
+        them by identity; None for other kinds); whether they are all metrics records; and
+        how many frames were read. The daemon's hot path: one loop, no call per record but the
+        socket's and the decoder's.
         """
         decode, errors, good_names = decoder_parts()
         sources = self.sources
@@ -62,7 +72,13 @@ class Receiver:
         key_orders: list = []
         append, append_keys = out.append, key_orders.append
         all_metrics = True
-        for frame in frames:
+        n = 0
+        for _ in repeat(None, max_frames):
+            try:
+                frame = next_frame()
+            except empty:
+                break
+            n += 1
             try:
                 rec = decode(frame)
                 kind = type(rec)
@@ -92,7 +108,7 @@ class Receiver:
             append(rec)
             append_keys(keys)
         self.num_in += len(out)
-        return out, key_orders, all_metrics
+        return out, key_orders, all_metrics, n
 
     def _reject(self, exc: Exception) -> None:
         if isinstance(exc, RecursionError):   # deeply nested maps/arrays inside an event's data

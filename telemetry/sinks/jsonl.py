@@ -13,10 +13,12 @@ from __future__ import annotations
 import logging
 import os
 import time
+from operator import attrgetter
 from pathlib import Path
 
 from telemetry.sinks.base import Out, Sink
 
+_line = attrgetter("line")
 log = logging.getLogger("telemetry.sinks.jsonl")
 
 FILE_NAME = "metrics.jsonl"
@@ -97,7 +99,7 @@ class JsonlSink(Sink):
         self._offset = os.fstat(self._fd).st_size
 
     def consume(self, batch: list[Out]) -> None:
-        data = b"\n".join(o.line for o in batch) + b"\n"
+        data = b"\n".join(map(_line, batch)) + b"\n"
         start = self._offset
         try:
             view = memoryview(data)
