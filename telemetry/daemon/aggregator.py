@@ -74,6 +74,7 @@ class Aggregator:
         self._misses: dict[int, int] = {}          # rank -> timed-out steps missed in a row
         self._steady: set[int] = set()
         self._plans: dict[tuple, list] = {}
+        self._key_orders: dict[tuple, tuple] = {}    # add()'s own canonical key orders (see add_many)
         self._closed: OrderedDict[int, frozenset] = OrderedDict()   # step -> ranks it had
         self._num_expected = self._recount()
         self.last_step = -1
@@ -118,7 +119,11 @@ class Aggregator:
         """Add one rank's metrics; return the steps this completes (oldest first), or None if
         the record is late (its step went out without this rank): the caller writes it as the
         rank's own record."""
-        done, late = self.add_many([_Row(rank, step, t_ns, values)], [tuple(values)])
+        keys = tuple(values)
+        orders = self._key_orders
+        if len(orders) > 1024:
+            orders.clear()
+        done, late = self.add_many([_Row(rank, step, t_ns, values)], [orders.setdefault(keys, keys)])
         return None if late else done
 
     def add_many(self, recs: list, key_orders: list) -> tuple[list[StepAccumulator], list]:
