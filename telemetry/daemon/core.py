@@ -337,8 +337,7 @@ class Daemon:
             return
         batch, self._out = self._out, []
         self.num_records_out += len(batch)
-        # Inline sinks (PUB) first: a put to a threaded sink wakes its thread, which then takes
-        # the GIL whenever this thread lets go of it (every zmq send does).
+        # Inline sinks (PUB) first: subscribers get the batch before any sink thread is woken.
         for runner in self._runners_in_order:
             runner.put(batch)
 

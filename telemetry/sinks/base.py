@@ -15,10 +15,6 @@ from typing import NamedTuple
 
 log = logging.getLogger("telemetry.sinks")
 
-# After consuming, a sink thread waits this long before it takes its queue again (see _run):
-# the most a record waits for its sink because of it. PUB runs inline and is not paced.
-PACE_S = 0.02
-
 
 class Out(NamedTuple):
     kind: str        # "metrics", "gpu", "system", "event", "daemon", "hello"
@@ -58,14 +54,12 @@ class SinkRunner:
     """Runs one sink on its own thread, fed through a bounded queue of records."""
 
     def __init__(self, sink: Sink, max_queued: int = 100_000, flush_interval_s: float = 1.0,
-                 downsampler=None, pace_s: float = PACE_S) -> None:
+                 downsampler=None) -> None:
         self.sink = sink
         self.name = sink.name
         self.max_queued = max_queued
         self.flush_interval_s = flush_interval_s
         self.downsampler = downsampler
-        self.pace_s = pace_s
-        self._stop_requested = threading.Event()
         self._batches: deque[list[Out]] = deque()
         self._num_queued = 0
         self._cond = threading.Condition()
@@ -135,10 +129,6 @@ class SinkRunner:
                 if self.downsampler is not None:
                     batch = self.downsampler.feed(batch)
                 self._consume(batch)
-                if self.pace_s and not self._stopping:
-                    # Let the queue fill before taking it again: every wake-up of this thread takes
-                    # the GIL from the daemon's thread, so under load it should wake rarely.
-                    self._stop_requested.wait(self.pace_s)
             now = time.monotonic()
             if now >= next_flush:
                 if self.downsampler is not None:
@@ -185,7 +175,6 @@ class SinkRunner:
         """Ask the thread to finish what is queued, flush and close; returns at once."""
         with self._cond:
             self._stopping = True
-            self._stop_requested.set()
             self._cond.notify()
 
     def close(self, timeout_s: float) -> bool:
