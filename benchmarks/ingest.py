@@ -12,8 +12,9 @@
      pipeline  the real Daemon (in this process): receiver accounting, aggregator across 8 ranks,
                derived metrics (throughput, MFU), JSON encoding, hand-out to the JSONL sink
                thread and the inline PUB sink (pollers off; the diagnosis stage off unless
-               BENCH_DIAGNOSIS=1); "ingest" stops when every record has passed the receiver,
-               "written" when the JSONL sink has also written and closed every step.
+               BENCH_DIAGNOSIS=1, W&B off unless BENCH_WANDB=offline); "ingest" stops when
+               every record has passed the receiver, "written" when the JSONL sink has also
+               written and closed every step.
      pipeline_no_mfu  the same, the hellos without the model (what the issue's budget names:
                aggregator, JSONL, PUB; derived metrics are throughput only).
    Figures per round and their medians over the rounds.
@@ -42,6 +43,7 @@ sys.path.insert(0, str(ROOT))
 
 NUM_RANKS = 8
 DIAGNOSIS = bool(int(os.environ.get("BENCH_DIAGNOSIS", "0")))
+WANDB = os.environ.get("BENCH_WANDB", "disabled")      # offline: the default config's W&B sink too
 VALUE_NAMES = ("train/loss", "train/lr", "train/grad_norm", "perf/step_time", "perf/tokens", "perf/samples",
                "memory/allocated_gb", "perf/forward_time", "perf/backward_time", "perf/optimizer_time")
 
@@ -143,7 +145,7 @@ def bench_pipeline(endpoint: str, pub_ep: str, control_ep: str, log_dir: Path, r
     from telemetry.daemon.core import Daemon
 
     cfg = load(None, {"ingest": endpoint, "pub": pub_ep, "control": control_ep, "log_dir": str(log_dir),
-                      "wandb.mode": "disabled", "aggregator.world_size": NUM_RANKS,
+                      "wandb.mode": WANDB, "aggregator.world_size": NUM_RANKS,
                       "pollers": {"nvml_enabled": False, "host_enabled": False},
                       "jsonl.fsync_interval_s": 5.0, "diagnosis": {"enabled": DIAGNOSIS}})
     d = Daemon(cfg)

@@ -361,3 +361,19 @@ def test_rank_stopped_quiet_on_occasional_missing_and_steady_reports():
         recs.append(metrics(s, {}, t=T0 + s, missing=[1] if s % 2 else []))
     assert feed(d, recs) == []
     assert d.tick(T0 + 30) == []
+
+
+def test_sorted_window_median_is_the_median_of_the_last_values():
+    import random
+    import statistics
+
+    from telemetry.diagnosis.rules.training import SortedWindow
+
+    rng = random.Random(7)
+    w, last = SortedWindow(37), []
+    for i in range(500):
+        x = rng.choice([rng.random(), float(i % 5), 1.0])       # repeats: removal must find its own
+        w.append(x)
+        last = (last + [x])[-37:]
+        assert len(w) == len(last) and list(w) == last
+        assert w.median() == statistics.median(last)

@@ -124,3 +124,39 @@ def test_inline_runner_consumes_on_the_callers_thread():
     assert seen[-1][1] == 1 and r.stats()["in"] == 7
     r.put(batch(1))                                         # after close: dropped, counted
     assert r.num_dropped == 1
+
+
+class Busy(Sink):
+    """Spends `cost_s` of CPU per batch: diagnosis rules under a backlog."""
+    name = "busy"
+
+    def __init__(self, cost_s):
+        self.cost_s = cost_s
+        self.batches = []
+
+    def consume(self, b):
+        end = time.perf_counter() + self.cost_s
+        while time.perf_counter() < end:
+            pass
+        self.batches.append(len(b))
+
+
+def test_a_sink_held_to_a_share_drops_what_it_cannot_get_to_and_still_closes_promptly():
+    import pytest
+
+    with pytest.raises(ValueError):
+        SinkRunner(Busy(0), max_share=0)
+    sink = Busy(0.1)
+    r = SinkRunner(sink, max_queued=5, max_share=0.05)     # after a 0.1 s batch it rests ~1.9 s
+    r.start()
+    r.put(batch(5))
+    deadline = time.monotonic() + 5
+    while not sink.batches and time.monotonic() < deadline:
+        time.sleep(0.01)
+    for i in range(4):                                        # arrives while it rests: 5 fit, 15 dropped
+        r.put(batch(5, start=5 * (i + 1)))
+    assert r.num_dropped == 15
+    t0 = time.monotonic()
+    assert r.close(5)
+    assert time.monotonic() - t0 < 1.5                        # the rest is cut short by the stop
+    assert sum(sink.batches) == 10 and r.num_written == 10

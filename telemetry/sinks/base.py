@@ -54,12 +54,20 @@ class SinkRunner:
     """Runs one sink on its own thread, fed through a bounded queue of records."""
 
     def __init__(self, sink: Sink, max_queued: int = 100_000, flush_interval_s: float = 1.0,
-                 downsampler=None) -> None:
+                 downsampler=None, max_share: float = 1.0) -> None:
+        """max_share: the fraction of the time this sink's thread may spend consuming; after a
+        batch that took t, it waits t * (1 - max_share) / max_share. Python threads share one
+        interpreter lock, so a sink that is always busy (a backlog) takes it from the daemon's
+        thread half the time; one held to a share drops (counted) what it cannot get to."""
+        if not 0 < max_share <= 1:
+            raise ValueError(f"max_share must be in (0, 1], got {max_share}")
         self.sink = sink
         self.name = sink.name
         self.max_queued = max_queued
         self.flush_interval_s = flush_interval_s
         self.downsampler = downsampler
+        self.max_share = max_share
+        self._stop_event = threading.Event()
         self._batches: deque[list[Out]] = deque()
         self._num_queued = 0
         self._cond = threading.Condition()
@@ -126,9 +134,12 @@ class SinkRunner:
         while True:
             batch = self._take(max(0.0, next_flush - time.monotonic()))
             if batch:
+                t0 = time.perf_counter()
                 if self.downsampler is not None:
                     batch = self.downsampler.feed(batch)
                 self._consume(batch)
+                if self.max_share < 1:
+                    self._stop_event.wait((time.perf_counter() - t0) * (1 - self.max_share) / self.max_share)
             now = time.monotonic()
             if now >= next_flush:
                 if self.downsampler is not None:
@@ -175,6 +186,7 @@ class SinkRunner:
         """Ask the thread to finish what is queued, flush and close; returns at once."""
         with self._cond:
             self._stopping = True
+            self._stop_event.set()
             self._cond.notify()
 
     def close(self, timeout_s: float) -> bool:

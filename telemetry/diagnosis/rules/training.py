@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from bisect import bisect_left, insort
 from collections import deque
 
 from telemetry.diagnosis.config import DiagnosisConfig
@@ -14,6 +15,32 @@ NONFINITE_KEYS = ("train/loss", "train/grad_norm")
 THROUGHPUT_KEYS = ("perf/tokens_per_second", "perf/samples_per_second", "perf/steps_per_second")
 # Robust sigma from the median absolute deviation of a normal distribution.
 MAD_TO_SIGMA = 1.4826
+
+
+class SortedWindow:
+    """The last `size` values, also kept sorted: the median of a window of thousands costs a
+    lookup, not a sort per log step (a daemon catching up on a backlog runs the rules for
+    thousands of steps a second)."""
+
+    def __init__(self, size: int) -> None:
+        self._order: deque[float] = deque(maxlen=size)
+        self._sorted: list[float] = []
+
+    def append(self, x: float) -> None:
+        if len(self._order) == self._order.maxlen:
+            del self._sorted[bisect_left(self._sorted, self._order[0])]
+        self._order.append(x)
+        insort(self._sorted, x)
+
+    def median(self) -> float:
+        s, n = self._sorted, len(self._sorted)
+        return s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2
+
+    def __len__(self) -> int:
+        return len(self._order)
+
+    def __iter__(self):
+        return iter(self._order)
 
 
 class NonFinite(Rule):
@@ -53,7 +80,7 @@ class LossSpike(Rule):
 
     def __init__(self, cfg: DiagnosisConfig) -> None:
         super().__init__(cfg)
-        self.history: deque[float] = deque(maxlen=cfg.loss_spike_window)
+        self.history = SortedWindow(cfg.loss_spike_window)
 
     def consume(self, record: dict) -> list[Finding]:
         if not is_aggregated_metrics(record) or not past_warmup(record, self.cfg):
@@ -63,9 +90,13 @@ class LossSpike(Rule):
             return []
         out = []
         if len(self.history) >= self.cfg.loss_spike_min_points:
-            med = statistics.median(self.history)
-            sigma = MAD_TO_SIGMA * statistics.median(abs(x - med) for x in self.history)
-            threshold = med + max(self.cfg.loss_spike_robust_z * sigma, self.cfg.loss_spike_min_rel * abs(med))
+            med = self.history.median()
+            # The threshold is at least med + min_rel * |med|: under that, no need for sigma.
+            if loss > med + self.cfg.loss_spike_min_rel * abs(med):
+                sigma = MAD_TO_SIGMA * statistics.median(abs(x - med) for x in self.history)
+                threshold = med + max(self.cfg.loss_spike_robust_z * sigma, self.cfg.loss_spike_min_rel * abs(med))
+            else:
+                sigma = threshold = math.inf
             if loss > threshold:
                 msg = (f"loss spike at step {step_of(record)}: train/loss {loss:.4g} against a median of "
                        f"{med:.4g} over the last {len(self.history)} log steps (threshold {threshold:.4g}); "
@@ -88,7 +119,7 @@ class ThroughputDrop(Rule):
     def __init__(self, cfg: DiagnosisConfig) -> None:
         super().__init__(cfg)
         self.key: str | None = None
-        self.history: deque[float] = deque(maxlen=self.MAX_HISTORY)
+        self.history = SortedWindow(self.MAX_HISTORY)
         self.num_low = 0
         self.reported = False
 
@@ -106,7 +137,7 @@ class ThroughputDrop(Rule):
             return []
         out = []
         if len(self.history) >= self.cfg.throughput_min_points:
-            med = statistics.median(self.history)
+            med = self.history.median()
             if v < (1.0 - self.cfg.throughput_drop_fraction) * med:
                 self.num_low += 1
                 if self.num_low >= self.cfg.throughput_drop_consecutive and not self.reported:
