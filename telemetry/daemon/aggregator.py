@@ -14,10 +14,12 @@ record for that step but handed back to be written as the rank's own record, so 
 accepted is lost. A rank that reports a step it already contributed to (a second log call for
 the step, e.g. eval metrics, or a restarted run going over old steps) opens the step again.
 
-Cost: `add` stores each rank's values dict as it is (one dict operation per record); the
-per-metric reductions run once per step in `finish`. Open steps are indexed twice, by step (a
-heap) and by opening time (a deque, in opening order), so closing and expiring cost what they
-close, not the number of open steps: under overload thousands of steps can be open at once.
+Cost: the daemon works in batches. `add_many` stores each rank's values dict as it is (a few
+dict operations per record); `finish_many` reduces the steps a batch closed together, a metric
+at a time over all of them when their ranks logged the same keys in the same order (the usual
+case), else one step at a time. Open steps are indexed twice, by step (a heap) and by opening
+time (a deque, in opening order), so closing and expiring cost what they close, not the number
+of open steps: under overload thousands of steps can be open at once.
 """
 from __future__ import annotations
 

@@ -241,9 +241,9 @@ class Daemon:
         The hot path, in batches: the receiver takes the frames off the socket, decodes and
         accounts them in one loop, the aggregator adds the metrics in one loop, and the steps
         they complete are reduced together (Aggregator.finish_many); per record, no Python call
-        but the socket's and the decoder's. Records are single frames; the parts of a multipart message are
-        taken as frames of their own (see protocol/README.md): a garbage part is counted as
-        malformed; nothing per good record.
+        but the socket's and the decoder's. Records are single frames; the parts of a multipart
+        message are taken as frames of their own (see protocol/README.md): a garbage part is
+        counted as malformed; nothing per good record.
         """
         recs, key_orders, all_metrics, n = self.receiver.take(partial(self.pull.recv, zmq.NOBLOCK), zmq.Again,
                                                               max_frames)
