@@ -294,10 +294,12 @@ def bench_latency(tmp: Path, rate_per_s: float = 10_000, duration_s: float = 5.0
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--records-per-rank", type=int, default=25_000)
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--no-latency", action="store_true")
-    ap.add_argument("--latency-only", action="store_true")
+    ap.add_argument("--records-per-rank", type=int, default=25_000,
+                    help="metrics records each of the 8 sender ranks pre-fills (default 25,000)")
+    ap.add_argument("--rounds", type=int, default=5,
+                    help="rounds of bare / pipeline / pipeline without MFU (default 5; medians reported)")
+    ap.add_argument("--no-latency", action="store_true", help="skip the PUB latency and RSS part")
+    ap.add_argument("--latency-only", action="store_true", help="only the PUB latency and RSS part")
     ap.add_argument("--profile", metavar="FILE", help="cProfile the last pipeline round into FILE")
     ap.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     args = ap.parse_args()
