@@ -44,7 +44,8 @@ READY_LINE = "telemetry daemon ready"
 # Frames taken from the ingest socket per loop turn before housekeeping gets a look-in; also the
 # unit the receiver, the aggregator and the bulk reduction work in. Small enough for a batch's
 # records to stay in the CPU caches between the stages (benchmarks/ingest.py on the 2-core box:
-# 4096 was ~30 % slower than 1024, 256 ~10 %), large enough to amortise the per-batch work.
+# 4096 was ~30 % slower than 1024; 256 and 512 no faster), large enough to amortise the per-batch
+# work.
 INGEST_BATCH = 1024
 # The longest the loop sleeps when no timer is due; bounds how stale "now" can get.
 MAX_POLL_MS = 500
