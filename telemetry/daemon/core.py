@@ -70,6 +70,7 @@ class Daemon:
         self.derived = Derived(cfg.mfu)
         self.hellos: dict[int, dict] = {}
         self.runners: list[SinkRunner] = []
+        self._runners_in_order: list[SinkRunner] = []   # inline ones first; set by start()
         self.pollers: list = []
         self.diagnoser = None
         self.host = socket.gethostname()
