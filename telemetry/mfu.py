@@ -71,10 +71,6 @@ log = logging.getLogger("telemetry.mfu")
 _INF = float("inf")
 _MFU_KEYS = ("perf/model_flops_per_second", "perf/mfu", "perf/mfu_percent", "perf/hfu")
 
-
-def _is_not_none(x: Any) -> bool:
-    return x is not None
-
 __all__ = [
     "ModelShape", "model_shape", "training_flops_per_token", "training_flops", "hardware_flops",
     "forward_flops", "peak_flops", "MfuEstimator",
@@ -434,7 +430,7 @@ class MfuEstimator:
                 flat_sq = list(chain.from_iterable(doc_sq))
                 fast = set(map(len, doc_sq)) == {n} and 0 < min(flat_sq) and max(flat_sq) < _INF
             elif fast:
-                fast = self.seq_len > 0 and not any(map(_is_not_none, doc_sq))
+                fast = self.seq_len > 0 and doc_sq.count(None) == len(doc_sq)       # in none of them
         except TypeError:        # a None, a missing column among the steps, another non-number
             fast = False
         if not fast:

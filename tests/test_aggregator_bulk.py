@@ -102,7 +102,7 @@ def test_a_batch_of_uniform_steps_is_grouped_and_keeps_its_order():
         assert v["train/loss"] == 2.0 + s and v["perf/tokens"] == 400 and type(v["perf/tokens"]) is int
         assert v["perf/step_time"] == v["perf/step_time_max"] == 0.7 and v["perf/step_time_min"] == 0.5
         assert v["perf/slowest_rank"] == 1
-    assert done[0].cols == ((0, 1), (100, 300), None, (0.5, 0.7))
+    assert done[0].cols == ((100, 300), None, (0.5, 0.7))     # for MFU: tokens, sum L^2, step times
 
 
 def test_a_value_that_is_not_a_number_sends_the_group_one_step_at_a_time():

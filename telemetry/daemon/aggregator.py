@@ -50,7 +50,7 @@ class StepAccumulator:
         # The first rank's key order; uniform while every rank's is the same object (see add_many).
         self.keys = keys
         self.uniform = True
-        # For MFU, set by finish: the ranks that logged perf/step_time and, side by side, their
+        # For MFU, set by finish: side by side over the ranks that logged perf/step_time, their
         # perf/tokens, perf/attn_doc_len_sq (None: not logged) and perf/step_time values.
         self.cols: tuple | None = None
 
@@ -305,7 +305,7 @@ class Aggregator:
             cols += (maxes, list(map(min, times)), list(slowest))
             keys += _STRAGGLER_KEYS
             tokens, doc_sq = view["perf/tokens"] or repeat(None), view["perf/attn_doc_len_sq"] or repeat(None)
-            for acc, c in zip(group, zip(ranks, tokens, doc_sq, times)):
+            for acc, c in zip(group, zip(tokens, doc_sq, times)):
                 acc.cols = c
         return list(map(dict, map(zip, repeat(keys), zip(*cols))))
 
@@ -332,7 +332,7 @@ class Aggregator:
                 doc_sq.append(row.get("perf/attn_doc_len_sq"))
                 times.append(st)
         if times:
-            acc.cols = (tuple(ranks), tuple(tokens), tuple(doc_sq), tuple(times))
+            acc.cols = (tuple(tokens), tuple(doc_sq), tuple(times))
             st_max = max(times)
             values["perf/step_time_max"] = st_max
             values["perf/step_time_min"] = min(times)

@@ -73,11 +73,11 @@ class Derived:
                 _throughput(v)
         if self.estimator is None:
             return
-        cols = [acc.cols for acc in accs if acc.cols is not None and acc.cols[1] is not None]
-        if len(cols) < len(accs):
-            values = [v for acc, v in zip(accs, values) if acc.cols is not None and acc.cols[1] is not None]
-        if cols:
-            _ranks, tokens, doc_sq, step_times = zip(*cols)
+        # Steps whose ranks logged step times and tokens.
+        todo = [(acc.cols, v) for acc, v in zip(accs, values) if acc.cols is not None and acc.cols[0] is not None]
+        if todo:
+            cols, values = zip(*todo)
+            tokens, doc_sq, step_times = zip(*cols)
             list(map(dict.update, values, self.estimator.step_metrics_many(tokens, doc_sq, step_times, world_size)))
 
 

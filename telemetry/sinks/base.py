@@ -67,11 +67,10 @@ class SinkRunner:
         self.flush_interval_s = flush_interval_s
         self.downsampler = downsampler
         self.max_share = max_share
-        self._stop_event = threading.Event()
+        self._stop_event = threading.Event()   # set by request_stop; also wakes a share's wait
         self._batches: deque[list[Out]] = deque()
         self._num_queued = 0
         self._cond = threading.Condition()
-        self._stopping = False
         self._thread = threading.Thread(target=self._run, name=f"sink-{self.name}", daemon=True)
         self._started = threading.Event()
         self.start_error: BaseException | None = None
@@ -108,7 +107,7 @@ class SinkRunner:
     def _take(self, timeout_s: float) -> list[Out] | None:
         """Everything queued, as one batch (None if nothing came within `timeout_s`)."""
         with self._cond:
-            if not self._batches and not self._stopping:
+            if not self._batches and not self._stop_event.is_set():
                 self._cond.wait(timeout_s)
             if not self._batches:
                 return None
@@ -146,7 +145,7 @@ class SinkRunner:
                     self._consume(self.downsampler.poll(now))
                 self._call("flush")
                 next_flush = now + self.flush_interval_s
-            if batch is None and self._stopping:
+            if batch is None and self._stop_event.is_set():
                 break
         if self.downsampler is not None:
             self._consume(self.downsampler.flush())
@@ -179,13 +178,12 @@ class SinkRunner:
             batch = self._take(1.0)
             if batch:
                 self.num_dropped += len(batch)
-            elif self._stopping:
+            elif self._stop_event.is_set():
                 return
 
     def request_stop(self) -> None:
         """Ask the thread to finish what is queued, flush and close; returns at once."""
         with self._cond:
-            self._stopping = True
             self._stop_event.set()
             self._cond.notify()
 
