@@ -26,10 +26,12 @@ if [[ ! -x "$VENV/bin/python" ]]; then
 fi
 PIP=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
 stamp="$VENV/.installed$extras"
-# Re-install only when the project's dependency list changed since the last set-up (a set-up
-# with the dev extras also serves one without).
+# Re-install only when the project's dependency list or its C part (built in place by the
+# editable install) changed since the last set-up (a set-up with the dev extras also serves one
+# without).
 for s in "$stamp" "$VENV/.installed[dev]"; do
-    if [[ -f "$s" && "$s" -nt "$ROOT/pyproject.toml" ]]; then
+    if [[ -f "$s" && "$s" -nt "$ROOT/pyproject.toml" && "$s" -nt "$ROOT/setup.py"
+          && "$s" -nt "$ROOT/telemetry/daemon/_hotpath.c" ]]; then
         exit 0
     fi
 done

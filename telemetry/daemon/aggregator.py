@@ -30,6 +30,7 @@ from itertools import chain, repeat
 from operator import attrgetter, getitem, truediv
 from typing import NamedTuple
 
+from telemetry.daemon import hotpath
 from telemetry.daemon.config import AggregatorConfig
 from telemetry.daemon.reductions import RANK_RULES, Reducer, _mean
 
@@ -63,8 +64,9 @@ class _Row(NamedTuple):
 
 
 class Aggregator:
-    def __init__(self, cfg: AggregatorConfig) -> None:
+    def __init__(self, cfg: AggregatorConfig, native=hotpath.native) -> None:
         self.cfg = cfg
+        self.native = native        # the C loops (hotpath.native) or None; same results
         self.reducer = Reducer(RANK_RULES, cfg.reductions)
         self.pending: dict[int, StepAccumulator] = {}
         # Indexes over `pending`; entries whose step has closed since are skipped lazily.
@@ -173,13 +175,15 @@ class Aggregator:
 
     def _close_through(self, step: int) -> list[StepAccumulator]:
         """Pop every open step <= `step`, oldest step first."""
-        pending, heap = self.pending, self._step_heap
+        pending, heap, by_age = self.pending, self._step_heap, self._by_age
         done = []
         while heap and heap[0] <= step:
             s = heapq.heappop(heap)
             acc = pending.pop(s, None)
             if acc is not None:
                 done.append(acc)
+                if by_age and by_age[0] is acc:   # the usual case: steps close in opening order
+                    by_age.popleft()              # (others are skipped later, by _oldest_open)
         return done
 
     def _oldest_open(self) -> StepAccumulator | None:
@@ -264,25 +268,32 @@ class Aggregator:
                 out[i] = v
         return self._records(accs, out)
 
-    def _plan(self, keys: tuple) -> list:
+    def _plan(self, keys: tuple) -> tuple[tuple, tuple]:
+        """Per key: an op number (_OPS) or the reduction function; and where in keys the
+        columns the straggler view and MFU read are (-1: not logged)."""
         plan = self._plans.get(keys)
         if plan is None:
-            funcs = map(self.reducer.func, keys)
-            plan = self._plans[keys] = [_OPS.get(f, f) for f in funcs]     # an op number, or the function
+            ops = tuple(_OPS.get(f, f) for f in map(self.reducer.func, keys))
+            view = tuple(keys.index(name) if name in keys else -1 for name in _VIEW)
+            plan = self._plans[keys] = (ops, view)
             if len(self._plans) > 1024:        # bounded: key sets are few in any real run
                 self._plans.pop(next(iter(self._plans)))
         return plan
 
     def _reduce_group(self, group: list[StepAccumulator], keys: tuple, n: int) -> list[dict]:
         """Reduce steps that share one key order and rank count; one values dict per step, with
-        the straggler view. Every loop here is a map or zip over C functions."""
+        the straggler view. Every loop here is a map or zip over C functions (or, with the C
+        loops, one call)."""
+        ops, view_at = self._plan(keys)
+        if self.native is not None:
+            return self.native.reduce_group(group, keys, ops, n, view_at)
         k = len(keys)
         rows = chain.from_iterable(map(dict.values, map(_by_rank, group)))
         flat = list(chain.from_iterable(map(dict.values, rows)))
         num_steps = len(group)
         view = dict.fromkeys(_VIEW)
         cols = []
-        for j, (name, op) in enumerate(zip(keys, self._plan(keys))):
+        for j, (name, op) in enumerate(zip(keys, ops)):
             per_step = zip(*[iter(flat[j::k])] * n)        # one n-tuple per step
             if name in view:
                 per_step = view[name] = list(per_step)

@@ -17,6 +17,7 @@ from typing import Callable
 
 from protocol import Bye, MalformedRecord, Metrics
 from protocol.codec import check_names, decoder_parts
+from telemetry.daemon import hotpath
 
 log = logging.getLogger("telemetry.receiver")
 
@@ -38,7 +39,9 @@ class SourceStats:
 
 
 class Receiver:
-    def __init__(self) -> None:
+    def __init__(self, native=hotpath.native) -> None:
+        # The C loops (hotpath.native) or None: the pure-Python ones below. Same results.
+        self.native = native
         self.sources: dict[int, SourceStats] = {}
         self.num_in = 0
         self.num_malformed = 0
@@ -64,8 +67,14 @@ class Receiver:
         (the same tuple object for the same keys in the same order: the aggregator compares
         them by identity; None for other kinds); whether they are all metrics records; and
         how many frames were read. The daemon's hot path: one loop, no call per record but the
-        socket's and the decoder's.
+        socket's and the decoder's (or the same in C, see hotpath.py).
         """
+        if self.native is not None:
+            frames = self.native.read_frames(next_frame, empty, max_frames)
+            done = self._take_native(frames)
+            if done is not None:
+                return (*done, len(frames))
+            next_frame, empty, max_frames = iter(frames).__next__, StopIteration, len(frames)
         decode, errors, good_names = decoder_parts()
         sources = self.sources
         out: list = []
@@ -109,6 +118,36 @@ class Receiver:
             append_keys(keys)
         self.num_in += len(out)
         return out, key_orders, all_metrics, n
+
+    def _take_native(self, frames: list) -> tuple[list, list, bool] | None:
+        """`take` in C for a batch of valid records whose key orders are all known good; None
+        for any other batch (a malformed frame, names not checked yet), which `take` then does
+        record by record."""
+        decode, errors, good_names = decoder_parts()
+        try:
+            recs = list(map(decode, frames))
+        except errors:
+            return None
+        key_orders, all_metrics, num_byes, per_src, unknown = self.native.tally(recs, Metrics, Bye, good_names)
+        if unknown:
+            return None
+        sources = self.sources
+        for src_id, rank, count, min_seq, dropped_at_min, max_seq, dropped in per_src:
+            src = sources.get(src_id)
+            if src is None:
+                sources[src_id] = SourceStats(rank, min_seq, dropped_at_min, count, max_seq, dropped)
+                continue
+            src.received += count
+            if max_seq > src.max_seq:
+                src.max_seq = max_seq
+            if min_seq < src.min_seq:
+                src.min_seq = min_seq
+                src.dropped_at_min = dropped_at_min
+            if dropped > src.dropped:
+                src.dropped = dropped
+        self.num_byes += num_byes
+        self.num_in += len(recs)
+        return recs, key_orders, all_metrics
 
     def _reject(self, exc: Exception) -> None:
         if isinstance(exc, RecursionError):   # deeply nested maps/arrays inside an event's data

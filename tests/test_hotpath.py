@@ -1,0 +1,201 @@
+"""The daemon's C inner loops (telemetry/daemon/_hotpath.c) give what the pure-Python loops give:
+the receiver's accounting of random batches (malformed frames, every kind, out-of-order and
+repeated sequence numbers, many sources), and the bulk reduction of random steps (ints, floats,
+NaN, bools, None, custom rules), compared field by field and value by value."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from protocol import encode_bye, encode_event, encode_hello, encode_metrics
+from telemetry.daemon import hotpath
+from telemetry.daemon.aggregator import Aggregator
+from telemetry.daemon.config import AggregatorConfig
+from telemetry.daemon.receiver import Receiver
+
+ROOT = Path(__file__).resolve().parents[1]
+native = pytest.mark.skipif(hotpath.native is None, reason="the C loops are not built here")
+
+
+def test_the_c_loops_are_built_where_there_is_a_compiler():
+    if not (shutil.which("cc") or shutil.which("gcc")):
+        pytest.skip("no C compiler here: the daemon runs its pure-Python loops")
+    assert hotpath.native is not None and hotpath.name() == "c"
+
+
+def test_telemetry_pure_python_turns_them_off():
+    code = "from telemetry.daemon import hotpath; print(hotpath.name())"
+    env = {**os.environ, "TELEMETRY_PURE_PYTHON": "1"}
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "python"
+
+
+# -- the receiver ---------------------------------------------------------------------------------
+KEY_SETS = [("train/loss", "perf/step_time"), ("perf/step_time", "train/loss"), ("a",), ("x" * 200, "b")]
+
+
+@st.composite
+def frame_batches(draw):
+    """Batches of frames as they come off the socket: mostly metrics, some other kinds, some
+    garbage; sources that restart, reorder and repeat; key sets seen before and new ones."""
+    num_srcs = draw(st.sampled_from([1, 3, 8, 40]))      # 40: past the C loop's linear search
+    batches = []
+    for _ in range(draw(st.integers(1, 6))):
+        frames = []
+        for _ in range(draw(st.integers(0, 60))):
+            src = draw(st.integers(0, num_srcs - 1))
+            rank, seq, dropped = src % 8, draw(st.integers(0, 50)), draw(st.integers(0, 5))
+            kind = draw(st.sampled_from(["metrics"] * 30 + ["hello", "event", "bye", "garbage"]))
+            if kind == "metrics":
+                keys = draw(st.sampled_from(KEY_SETS))
+                frames.append(encode_metrics(1000 + src, rank, seq, dropped, 1, draw(st.integers(0, 9)),
+                                             {k: draw(st.floats(allow_nan=False)) for k in keys}))
+            elif kind == "hello":
+                frames.append(encode_hello(1000 + src, rank, seq, dropped, 1, {"world_size": 8}))
+            elif kind == "event":
+                frames.append(encode_event(1000 + src, rank, seq, dropped, 1, "e", {}))
+            elif kind == "bye":
+                frames.append(encode_bye(1000 + src, rank, seq, dropped, 1, {}))
+            else:
+                frames.append(draw(st.binary(max_size=12)))
+        batches.append(frames)
+    return batches
+
+
+def _take(rx: Receiver, frames: list) -> tuple:
+    recs, keys, all_metrics, n = rx.take(iter(frames).__next__, StopIteration, 1024)
+    # Key orders as a pattern: which records share one object, and what it holds.
+    first_seen: dict[int, int] = {}
+    pattern = [None if k is None else (first_seen.setdefault(id(k), i), k) for i, k in enumerate(keys)]
+    return recs, pattern, all_metrics, n
+
+
+def _state(rx: Receiver) -> tuple:
+    sources = {k: (s.rank, s.min_seq, s.dropped_at_min, s.received, s.max_seq, s.dropped)
+               for k, s in rx.sources.items()}
+    return sources, rx.num_in, rx.num_malformed, rx.num_byes, rx.totals()
+
+
+@native
+@settings(max_examples=200, deadline=None)
+@given(frame_batches())
+def test_receiver_in_c_accounts_as_in_python(batches):
+    from protocol import codec
+
+    codec._good_names.clear()           # names unchecked at first in both runs
+    py = Receiver(native=None)
+    got_py = [_take(py, b) for b in batches]
+    codec._good_names.clear()
+    c = Receiver(native=hotpath.native)
+    got_c = [_take(c, b) for b in batches]
+    assert got_c == got_py
+    assert _state(c) == _state(py)
+
+
+@native
+def test_receiver_in_c_redoes_in_python_a_batch_with_names_not_yet_checked():
+    from protocol import codec
+
+    codec._good_names.clear()
+    rx = Receiver()
+    good = encode_metrics(1, 0, 0, 0, 1, 0, {"train/loss": 1.0})
+    bad = encode_metrics(1, 0, 1, 0, 1, 0, {"": 1.0})       # an empty name: malformed
+    recs, keys, _, n = rx.take(iter([good, bad, good]).__next__, StopIteration, 10)
+    assert n == 3 and len(recs) == 2 and rx.num_malformed == 1
+    assert keys[0] is keys[1] == ("train/loss",)
+    recs, keys, _, _ = rx.take(iter([good]).__next__, StopIteration, 10)   # now known: in C
+    assert keys[0] == ("train/loss",) and rx.sources[1].received == 3
+
+
+# -- the bulk reduction ---------------------------------------------------------------------------
+NAMES = ("train/loss", "perf/tokens", "perf/step_time", "perf/attn_doc_len_sq", "memory/max_allocated_gb",
+         "custom/n_count", "custom/n_min", "train/lr", "train/epoch")
+NUMBER = st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.integers(-10**20, 10**20), st.booleans())
+VALUE = st.one_of(NUMBER, NUMBER, NUMBER, NUMBER, st.none())
+
+
+@st.composite
+def uniform_steps(draw):
+    world = draw(st.integers(1, 6))
+    keys = draw(st.lists(st.sampled_from(NAMES), min_size=1, max_size=len(NAMES), unique=True))
+    floats_only = draw(st.booleans())
+    value = st.floats(-1e6, 1e6) if floats_only else VALUE
+    steps = [{rank: {k: draw(value) for k in keys} for rank in draw(st.permutations(range(world)))}
+             for _ in range(draw(st.integers(1, 10)))]
+    return world, steps
+
+
+def _close(agg: Aggregator, steps: list[dict]) -> list:
+    order: dict[tuple, tuple] = {}
+    recs, keys = [], []
+    for step, rows in enumerate(steps):
+        for rank, values in rows.items():
+            recs.append(_Rec(rank, step, step + rank, values))
+            keys.append(order.setdefault(tuple(values), tuple(values)))
+    done, _ = agg.add_many(recs, keys)
+    return done
+
+
+class _Rec:
+    def __init__(self, rank, step, t_ns, values):
+        self.rank, self.step, self.t_ns, self.values = rank, step, t_ns, values
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, tuple) and isinstance(b, tuple):
+        return len(a) == len(b) and all(map(_same, a, b))
+    if isinstance(a, float) and isinstance(b, float):
+        return repr(a) == repr(b)            # NaN is NaN, and -0.0 is not 0.0
+    return type(a) is type(b) and a == b
+
+
+@native
+@settings(max_examples=300, deadline=None)
+@given(uniform_steps())
+def test_reduction_in_c_equals_python(case):
+    world, steps = case
+    rules = {"train/lr": "last", "train/epoch": "min"}
+    results = []
+    for impl in (None, hotpath.native):
+        agg = Aggregator(AggregatorConfig(world_size=world, reductions=rules), native=impl)
+        done = _close(agg, steps)
+        recs = agg.finish_many(done)
+        results.append(([list(r["values"].items()) for r in recs], [acc.cols for acc in done]))
+    (py_values, py_cols), (c_values, c_cols) = results
+    assert len(c_values) == len(py_values) == len(steps)
+    for got, want in zip(c_values, py_values):
+        assert [k for k, _ in got] == [k for k, _ in want]       # same keys, same order
+        for (k, g), (_, w) in zip(got, want):
+            assert _same(g, w), (k, g, w)
+    for got, want in zip(c_cols, py_cols):
+        assert (got is None and want is None) or all(map(_same, got, want)), (got, want)
+
+
+@native
+def test_reduction_in_c_returns_the_extreme_item_itself_and_the_first_slowest_rank():
+    agg = Aggregator(AggregatorConfig(world_size=3))
+    big = 10**30                                  # an int: max() returns that very object
+    steps = [{0: {"perf/step_time": 0.5, "m_max": big}, 1: {"perf/step_time": 0.7, "m_max": 1},
+              2: {"perf/step_time": 0.7, "m_max": 2}}]
+    done = _close(agg, steps)
+    v = agg.finish_many(done)[0]["values"]
+    assert v["m_max"] is big
+    assert v["perf/step_time_max"] == 0.7 and v["perf/slowest_rank"] == 1     # the first to report it
+
+
+@pytest.mark.parametrize("impl", [None, hotpath.native], ids=["python", "c"])
+def test_max_and_min_keep_the_first_of_equal_items(impl):
+    if impl is None and hotpath.native is None:
+        pytest.skip("compares nothing without the C loops")
+    agg = Aggregator(AggregatorConfig(world_size=2), native=impl)
+    steps = [{0: {"memory/max_allocated_gb": 0.0, "custom/n_min": -0.0},
+              1: {"memory/max_allocated_gb": -0.0, "custom/n_min": 0.0}}]
+    v = agg.finish_many(_close(agg, steps))[0]["values"]
+    assert repr(v["memory/max_allocated_gb"]) == "0.0" and repr(v["custom/n_min"]) == "-0.0"
