@@ -17,6 +17,8 @@
                written and closed every step.
      pipeline_no_mfu  the same, the hellos without the model (what the issue's budget names:
                aggregator, JSONL, PUB; derived metrics are throughput only).
+     pipeline_no_mfu_pure_python  the same with the daemon's C inner loops off
+               (telemetry/daemon/hotpath.py): what an install without a C compiler runs.
    Figures per round and their medians over the rounds.
 2. Latency. A daemon subprocess; 8 ranks (TelemetryClient, one process) log at 10k records/s in
    total; a SUB socket receives the aggregated steps; latency = arrival time - the step's "t"
@@ -41,9 +43,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from telemetry.daemon import hotpath  # noqa: E402  (after the path above)
+
 NUM_RANKS = 8
 DIAGNOSIS = bool(int(os.environ.get("BENCH_DIAGNOSIS", "0")))
 WANDB = os.environ.get("BENCH_WANDB", "disabled")      # offline: the default config's W&B sink too
+# The pipeline's variants, each run every round: (name, hellos carry the model, C inner loops).
+VARIANTS = (("pipeline", True, True), ("pipeline_no_mfu", False, True), ("pipeline_no_mfu_pure_python", False, False))
 VALUE_NAMES = ("train/loss", "train/lr", "train/grad_norm", "perf/step_time", "perf/tokens", "perf/samples",
                "memory/allocated_gb", "perf/forward_time", "perf/backward_time", "perf/optimizer_time")
 
@@ -140,7 +146,7 @@ def bench_bare(endpoint: str, records_per_rank: int) -> dict:
 
 
 def bench_pipeline(endpoint: str, pub_ep: str, control_ep: str, log_dir: Path, records_per_rank: int,
-                   profile: str = "", model: bool = True) -> dict:
+                   profile: str = "", model: bool = True, native: bool = True) -> dict:
     from telemetry.daemon.config import load
     from telemetry.daemon.core import Daemon
 
@@ -149,6 +155,8 @@ def bench_pipeline(endpoint: str, pub_ep: str, control_ep: str, log_dir: Path, r
                       "pollers": {"nvml_enabled": False, "host_enabled": False},
                       "jsonl.fsync_interval_s": 5.0, "diagnosis": {"enabled": DIAGNOSIS}})
     d = Daemon(cfg)
+    if not native:                # the pure-Python loops, as without a C compiler at install time
+        d.receiver.native = d.aggregator.native = None
     d.start()
     for r in d.runners:
         r.wait_started(10)
@@ -297,7 +305,7 @@ def main() -> int:
     ap.add_argument("--records-per-rank", type=int, default=25_000,
                     help="metrics records each of the 8 sender ranks pre-fills (default 25,000)")
     ap.add_argument("--rounds", type=int, default=5,
-                    help="rounds of bare / pipeline / pipeline without MFU (default 5; medians reported)")
+                    help="rounds of bare and the pipeline's variants (default 5; medians reported)")
     ap.add_argument("--no-latency", action="store_true", help="skip the PUB latency and RSS part")
     ap.add_argument("--latency-only", action="store_true", help="only the PUB latency and RSS part")
     ap.add_argument("--profile", metavar="FILE", help="cProfile the last pipeline round into FILE")
@@ -305,17 +313,20 @@ def main() -> int:
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="tmbench-", dir="/tmp"))
     out: dict = {"machine": f"{os.cpu_count()}-core CPU dev box", "records_per_rank": args.records_per_rank,
-                 "bare": [], "pipeline": [], "pipeline_no_mfu": []}
+                 "inner_loops": hotpath.name(), "bare": [], "pipeline": [], "pipeline_no_mfu": [],
+                 "pipeline_no_mfu_pure_python": []}
     for i in range(0 if args.latency_only else args.rounds):
         bare = bench_bare(f"ipc://{tmp}/bare{i}.sock", args.records_per_rank)
         out["bare"].append(bare)
         print(f"round {i}: bare {bare['records_per_s']:,.0f} rec/s ({bare['cpu_us_per_record']:.2f} CPU-us/rec)",
               flush=True)
-        for key, model in (("pipeline", True), ("pipeline_no_mfu", False)):
+        for key, model, native in VARIANTS:
+            if not native and hotpath.native is None:
+                continue              # pure Python is what the other variants run already
             prof = args.profile if (args.profile and i == args.rounds - 1 and model) else ""
             pipe = bench_pipeline(f"ipc://{tmp}/in{key}{i}.sock", f"ipc://{tmp}/pub{key}{i}.sock",
                                   f"ipc://{tmp}/ctl{key}{i}.sock", tmp / f"log{key}{i}", args.records_per_rank,
-                                  profile=prof, model=model)
+                                  profile=prof, model=model, native=native)
             out[key].append(pipe)
             print(f"  {key}: ingest {pipe['ingest_records_per_s']:,.0f} rec/s "
                   f"({pipe['cpu_us_per_record_ingest']:.2f} CPU-us/rec, "
@@ -328,7 +339,9 @@ def main() -> int:
         print(json.dumps(lat))
         return 0
     summary = out["summary"] = {"bare_median_per_s": statistics.median(b["records_per_s"] for b in out["bare"])}
-    for key in ("pipeline", "pipeline_no_mfu"):
+    for key, _, _ in VARIANTS:
+        if not out[key]:
+            continue
         rates = [p["ingest_records_per_s"] for p in out[key]]
         ratios = [p["ingest_records_per_s"] / b["records_per_s"] for b, p in zip(out["bare"], out[key])]
         summary[key] = {"ingest_median_per_s": statistics.median(rates), "ingest_best_per_s": max(rates),
@@ -338,7 +351,7 @@ def main() -> int:
               f"median ratio to bare {statistics.median(ratios):.0%} (bare median "
               f"{summary['bare_median_per_s']:,.0f})")
     out["breakdown_cpu_us_per_record"] = bd = breakdown()
-    print("in-memory CPU-us per record, by stage: " + ", ".join(f"{k} {v:.2f}" for k, v in bd.items())
+    print(f"in-memory CPU-us per record ({hotpath.name()} inner loops), by stage: " + ", ".join(f"{k} {v:.2f}" for k, v in bd.items())
           + f"; total {sum(bd.values()):.2f}")
     if not args.no_latency:
         lat = bench_latency(tmp)

@@ -5,6 +5,7 @@ NaN, bools, None, custom rules), compared field by field and value by value."""
 from __future__ import annotations
 
 import os
+import time
 import shutil
 import subprocess
 import sys
@@ -199,3 +200,50 @@ def test_max_and_min_keep_the_first_of_equal_items(impl):
               1: {"memory/max_allocated_gb": -0.0, "custom/n_min": 0.0}}]
     v = agg.finish_many(_close(agg, steps))[0]["values"]
     assert repr(v["memory/max_allocated_gb"]) == "0.0" and repr(v["custom/n_min"]) == "-0.0"
+
+
+# -- adding records ------------------------------------------------------------------------------
+@st.composite
+def arrivals(draw):
+    """Records in batches as the receiver hands them: ranks that join late, skip steps, die, log
+    a step twice, come back after their step went out (late), and timeouts in between."""
+    world = draw(st.integers(0, 4))             # 0: the world is the ranks seen
+    script = []
+    for _ in range(draw(st.integers(1, 8))):
+        batch = []
+        for _ in range(draw(st.integers(0, 25))):
+            rank, step = draw(st.integers(0, 4)), draw(st.integers(0, 12))
+            keys = draw(st.sampled_from([("a", "b"), ("b", "a"), ("a",)]))
+            batch.append((rank, step, draw(st.integers(0, 5)), keys))
+        script.append((batch, draw(st.booleans())))     # expire every open step after the batch?
+    return world, script
+
+
+def _acc_state(acc) -> tuple:
+    return (acc.step, sorted((r, sorted(v.items())) for r, v in acc.by_rank.items()), acc.uniform, acc.t_ns)
+
+
+def _run_arrivals(impl, world: int, script: list) -> list:
+    agg = Aggregator(AggregatorConfig(world_size=world), native=impl)
+    orders: dict[tuple, tuple] = {}
+    seen = []
+    for batch, expire in script:
+        recs = [_Rec(rank, step, t, dict.fromkeys(keys, float(rank))) for rank, step, t, keys in batch]
+        done, late = agg.add_many(recs, [orders.setdefault(k, k) for *_, k in batch])
+        seen.append(([_acc_state(a) for a in done], [(r.rank, r.step) for r in late]))
+        agg.finish_many(done)                     # as the daemon does: remembers who each step had
+        if expire:
+            expired = agg.expire(time.monotonic() + agg.cfg.step_timeout_s + 1)
+            seen.append([_acc_state(a) for a in expired])
+            agg.finish_many(expired)
+        seen.append((sorted(agg.pending), agg.ranks_seen, agg.ranks_gone, dict(agg._misses), agg.num_records_late))
+    seen.append([_acc_state(a) for a in agg.flush()])
+    return seen
+
+
+@native
+@settings(max_examples=300, deadline=None)
+@given(arrivals())
+def test_adding_in_c_equals_python(case):
+    world, script = case
+    assert _run_arrivals(hotpath.native, world, script) == _run_arrivals(None, world, script)

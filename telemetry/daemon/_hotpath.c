@@ -15,6 +15,10 @@
  *       rank, count, min_seq, dropped_at_min, max_seq, max_dropped) over the batch, in order of
  *       first appearance; the indexes of key orders not in good_names yet (their names are
  *       unchecked: the caller redoes such a batch in Python).
+ *   add_many(agg, recs, key_orders, start, force_first, now, done, late, acc_type, metrics_type)
+ *       Aggregator.add_many's loop from recs[start], appending to `done` and `late`; stops
+ *       before a record of a rank not in agg._steady (unless it is recs[start] and force_first)
+ *       and returns its index (len(recs): all added): the caller notes the rank and calls again.
  *   reduce_group(group, keys, ops, n, view) -> list[dict]
  *       Aggregator._reduce_group: steps whose n ranks logged the same keys in the same order,
  *       reduced a metric at a time with the straggler view; sets acc.cols. ops[j] is 0 mean,
@@ -31,7 +35,10 @@
 
 static PyObject *s_values, *s_src, *s_rank, *s_seq, *s_dropped, *s_by_rank, *s_cols;
 static PyObject *s_st_max, *s_st_min, *s_slowest;
-static PyObject *builtin_sum, *builtin_max, *builtin_min;
+static PyObject *s_step, *s_t_ns, *s_keys, *s_uniform, *s_pending, *s_closed, *s_step_heap, *s_by_age,
+                *s_steady, *s_expected, *s_num_expected, *s_append, *s_close_through;
+static PyObject *builtin_sum, *builtin_max, *builtin_min, *heappush;
+
 
 /* ---- read_frames ------------------------------------------------------------------------ */
 
@@ -331,6 +338,209 @@ fail:
     return NULL;
 }
 
+/* ---- add_many ----------------------------------------------------------------------------- */
+
+/* expected.issubset(by_rank): every expected rank has reported. */
+static int
+all_reported(PyObject *expected, PyObject *by_rank)
+{
+    PyObject *it = PyObject_GetIter(expected), *rank;
+    if (it == NULL)
+        return -1;
+    int all = 1;
+    while (all == 1 && (rank = PyIter_Next(it)) != NULL) {
+        all = PyDict_Contains(by_rank, rank);
+        Py_DECREF(rank);
+    }
+    Py_DECREF(it);
+    return PyErr_Occurred() ? -1 : all;
+}
+
+static PyObject *
+add_many(PyObject *self, PyObject *args)
+{
+    PyObject *agg, *recs, *key_orders, *now, *done, *late, *acc_type, *metrics_type;
+    Py_ssize_t start;
+    int force_first;
+    if (!PyArg_ParseTuple(args, "OO!O!npOO!O!OO", &agg, &PyList_Type, &recs, &PyList_Type, &key_orders,
+                          &start, &force_first, &now, &PyList_Type, &done, &PyList_Type, &late,
+                          &acc_type, &metrics_type))
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(recs);
+    if (PyList_GET_SIZE(key_orders) != n) {
+        PyErr_SetString(PyExc_ValueError, "add_many: one key order per record");
+        return NULL;
+    }
+    PyObject *pending = PyObject_GetAttr(agg, s_pending);
+    PyObject *closed = PyObject_GetAttr(agg, s_closed);
+    PyObject *heap = PyObject_GetAttr(agg, s_step_heap);
+    PyObject *by_age = PyObject_GetAttr(agg, s_by_age);
+    PyObject *steady = PyObject_GetAttr(agg, s_steady);
+    PyObject *expected = PyObject_GetAttr(agg, s_expected);
+    PyObject *num_expected_obj = PyObject_GetAttr(agg, s_num_expected);
+    Py_ssize_t num_expected = num_expected_obj ? PyLong_AsSsize_t(num_expected_obj) : -1;
+    Py_ssize_t at_step = slot_offset(metrics_type, s_step), at_rank = slot_offset(metrics_type, s_rank),
+               at_values = slot_offset(metrics_type, s_values), at_t_ns = slot_offset(metrics_type, s_t_ns);
+    Py_ssize_t at_acc_keys = slot_offset(acc_type, s_keys), at_acc_by_rank = slot_offset(acc_type, s_by_rank),
+               at_acc_t_ns = slot_offset(acc_type, s_t_ns);
+    Py_ssize_t i = start;
+    if (pending == NULL || closed == NULL || heap == NULL || by_age == NULL || steady == NULL
+            || expected == NULL || (num_expected == -1 && PyErr_Occurred()))
+        goto fail;
+    if (!PyDict_Check(pending) || !PyDict_Check(closed) || !PyList_Check(heap)
+            || !PyAnySet_Check(steady) || !PyAnySet_Check(expected)) {
+        PyErr_SetString(PyExc_TypeError, "add_many: not an Aggregator");
+        goto fail;
+    }
+
+    for (; i < n; i++) {
+        PyObject *rec = PyList_GET_ITEM(recs, i), *keys = PyList_GET_ITEM(key_orders, i);
+        int typed = (PyObject *)Py_TYPE(rec) == metrics_type, o1 = 0, o2 = 0, o3 = 0, o4 = 0;
+        PyObject *step = NULL, *rank = NULL, *values = NULL, *t_ns = NULL, *acc = NULL, *by_rank = NULL;
+        int ok = 0;
+        if ((step = field(rec, typed ? at_step : -1, s_step, &o1)) == NULL
+                || (rank = field(rec, typed ? at_rank : -1, s_rank, &o2)) == NULL
+                || (values = field(rec, typed ? at_values : -1, s_values, &o3)) == NULL
+                || (t_ns = field(rec, typed ? at_t_ns : -1, s_t_ns, &o4)) == NULL)
+            goto next;
+        acc = PyDict_GetItemWithError(pending, step);     /* borrowed */
+        if (acc == NULL && PyErr_Occurred())
+            goto next;
+        if (acc == NULL) {
+            /* closed is an OrderedDict, a dict underneath: looked up as one (no KeyError). */
+            PyObject *ranks_then = PyDict_GetItemWithError(closed, step);   /* borrowed */
+            if (ranks_then == NULL) {
+                if (PyErr_Occurred())
+                    goto next;
+            } else {
+                int had = PySequence_Contains(ranks_then, rank);
+                if (had < 0)
+                    goto next;
+                if (!had) {                  /* its step went out without it: late */
+                    ok = PyList_Append(late, rec) == 0 ? 2 : 0;
+                    goto next;
+                }
+            }
+        }
+        if (!(force_first && i == start)) {
+            int is_steady = PySet_Contains(steady, rank);
+            if (is_steady < 0)
+                goto next;
+            if (!is_steady) {                /* the caller notes the rank, then calls again */
+                ok = 3;
+                goto next;
+            }
+        }
+        if (acc == NULL) {
+            acc = PyObject_CallFunctionObjArgs(acc_type, step, now, keys, NULL);
+            if (acc == NULL)
+                goto next;
+            int rc = PyDict_SetItem(pending, step, acc);
+            Py_DECREF(acc);                  /* pending holds it */
+            if (rc < 0)
+                goto next;
+            PyObject *pushed = PyObject_CallFunctionObjArgs(heappush, heap, step, NULL);
+            if (pushed == NULL)
+                goto next;
+            Py_DECREF(pushed);
+            PyObject *appended = PyObject_CallMethodOneArg(by_age, s_append, acc);
+            if (appended == NULL)
+                goto next;
+            Py_DECREF(appended);
+        } else {
+            int o5;
+            PyObject *acc_keys = field(acc, at_acc_keys, s_keys, &o5);
+            if (acc_keys == NULL)
+                goto next;
+            if (o5)
+                Py_DECREF(acc_keys);
+            if (acc_keys != keys && PyObject_SetAttr(acc, s_uniform, Py_False) < 0)
+                goto next;
+        }
+        int o6;
+        by_rank = field(acc, at_acc_by_rank, s_by_rank, &o6);
+        if (by_rank == NULL)
+            goto next;
+        if (!o6)
+            Py_INCREF(by_rank);
+        if (!PyDict_Check(by_rank)) {
+            PyErr_SetString(PyExc_TypeError, "by_rank is not a dict");
+            goto next;
+        }
+        PyObject *prev = PyDict_SetDefault(by_rank, rank, values);     /* borrowed */
+        if (prev == NULL)
+            goto next;
+        if (prev != values) {                /* this rank logged this step twice: merge */
+            PyObject *merged = PyDict_Copy(prev);
+            if (merged == NULL || PyDict_Update(merged, values) < 0
+                    || PyDict_SetItem(by_rank, rank, merged) < 0) {
+                Py_XDECREF(merged);
+                goto next;
+            }
+            Py_DECREF(merged);
+            if (PyObject_SetAttr(acc, s_uniform, Py_False) < 0)
+                goto next;
+        }
+        int o7;
+        PyObject *acc_t = field(acc, at_acc_t_ns, s_t_ns, &o7);
+        if (acc_t == NULL)
+            goto next;
+        int later = PyObject_RichCompareBool(t_ns, acc_t, Py_GT);
+        if (o7)
+            Py_DECREF(acc_t);
+        if (later < 0 || (later && PyObject_SetAttr(acc, s_t_ns, t_ns) < 0))
+            goto next;
+        if (PyDict_GET_SIZE(by_rank) >= num_expected) {
+            int all = all_reported(expected, by_rank);
+            if (all < 0)
+                goto next;
+            if (all) {
+                PyObject *closing = PyObject_CallMethodOneArg(agg, s_close_through, step);
+                if (closing == NULL)
+                    goto next;
+                int rc = PyList_Check(closing) ? 0 : -1;
+                for (Py_ssize_t j = 0; rc == 0 && j < PyList_GET_SIZE(closing); j++)
+                    rc = PyList_Append(done, PyList_GET_ITEM(closing, j));
+                Py_DECREF(closing);
+                if (rc < 0) {
+                    if (!PyErr_Occurred())
+                        PyErr_SetString(PyExc_TypeError, "_close_through did not return a list");
+                    goto next;
+                }
+            }
+        }
+        ok = 1;
+    next:
+        Py_XDECREF(by_rank);
+        if (o1) Py_XDECREF(step);
+        if (o2) Py_XDECREF(rank);
+        if (o3) Py_XDECREF(values);
+        if (o4) Py_XDECREF(t_ns);
+        if (ok == 0)
+            goto fail;
+        if (ok == 3)
+            break;
+    }
+    Py_DECREF(pending);
+    Py_DECREF(closed);
+    Py_DECREF(heap);
+    Py_DECREF(by_age);
+    Py_DECREF(steady);
+    Py_DECREF(expected);
+    Py_DECREF(num_expected_obj);
+    return PyLong_FromSsize_t(i);
+
+fail:
+    Py_XDECREF(pending);
+    Py_XDECREF(closed);
+    Py_XDECREF(heap);
+    Py_XDECREF(by_age);
+    Py_XDECREF(steady);
+    Py_XDECREF(expected);
+    Py_XDECREF(num_expected_obj);
+    return NULL;
+}
+
 /* ---- reduce_group ------------------------------------------------------------------------- */
 
 /* sum(col) as the builtin computes it. */
@@ -550,6 +760,7 @@ fail:
 static PyMethodDef methods[] = {
     {"read_frames", read_frames, METH_VARARGS, "Frames from next_frame() until `empty` or max_frames."},
     {"tally", tally, METH_VARARGS, "The receiver's accounting of a batch of decoded records."},
+    {"add_many", add_many, METH_VARARGS, "Aggregator.add_many's loop, up to a rank not yet seen."},
     {"reduce_group", reduce_group, METH_VARARGS, "Reduce steps that share a key order and rank count."},
     {NULL, NULL, 0, NULL},
 };
@@ -586,6 +797,26 @@ PyInit__hotpath(void)
     INTERN(s_st_max, "perf/step_time_max");
     INTERN(s_st_min, "perf/step_time_min");
     INTERN(s_slowest, "perf/slowest_rank");
+    INTERN(s_step, "step");
+    INTERN(s_t_ns, "t_ns");
+    INTERN(s_keys, "keys");
+    INTERN(s_uniform, "uniform");
+    INTERN(s_pending, "pending");
+    INTERN(s_closed, "_closed");
+    INTERN(s_step_heap, "_step_heap");
+    INTERN(s_by_age, "_by_age");
+    INTERN(s_steady, "_steady");
+    INTERN(s_expected, "_expected");
+    INTERN(s_num_expected, "_num_expected");
+    INTERN(s_append, "append");
+    INTERN(s_close_through, "_close_through");
+    PyObject *heapq = PyImport_ImportModule("heapq");
+    if (heapq == NULL)
+        return NULL;
+    heappush = PyObject_GetAttrString(heapq, "heappush");
+    Py_DECREF(heapq);
+    if (heappush == NULL)
+        return NULL;
 #undef INTERN
     return PyModule_Create(&module);
 }

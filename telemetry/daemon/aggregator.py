@@ -30,6 +30,7 @@ from itertools import chain, repeat
 from operator import attrgetter, getitem, truediv
 from typing import NamedTuple
 
+from protocol import Metrics
 from telemetry.daemon import hotpath
 from telemetry.daemon.config import AggregatorConfig
 from telemetry.daemon.reductions import RANK_RULES, Reducer, _mean
@@ -138,8 +139,11 @@ class Aggregator:
         key_orders[i] stands for the order of recs[i]'s keys: records with the same object
         there have the same keys in the same order (the receiver hands out one tuple per key
         order). A step whose ranks all had the same is reduced in bulk (finish_many).
-        The daemon's hot path: a few dict operations per record, no call in the steady state.
+        The daemon's hot path: a few dict operations per record, no call in the steady state
+        (or the same loop in C, see hotpath.py).
         """
+        if self.native is not None:
+            return self._add_many_native(recs, key_orders)
         pending, closed, heap, by_age = self.pending, self._closed, self._step_heap, self._by_age
         steady, expected, num_expected = self._steady, self._expected, self._num_expected
         now = time.monotonic()
@@ -170,6 +174,19 @@ class Aggregator:
                 steady, expected, num_expected = self._steady, self._expected, self._num_expected
             if len(by_rank) >= num_expected and expected.issubset(by_rank):
                 done += self._close_through(step)
+        self.num_records_late += len(late)
+        return done, late
+
+    def _add_many_native(self, recs: list, key_orders: list) -> tuple[list[StepAccumulator], list]:
+        done: list[StepAccumulator] = []
+        late: list = []
+        recs, key_orders = list(recs), list(key_orders)
+        now, i, force = time.monotonic(), 0, False
+        while i < len(recs):
+            i = self.native.add_many(self, recs, key_orders, i, force, now, done, late, StepAccumulator, Metrics)
+            if i < len(recs):        # a rank not seen yet (or back): noted here, then its record goes in
+                self._rank_reported(recs[i].rank)
+                force = True
         self.num_records_late += len(late)
         return done, late
 
