@@ -17,6 +17,7 @@ import zmq
 
 from protocol import encode_metrics
 from telemetry.client import TelemetryClient
+from telemetry.daemon import hotpath
 
 TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent
@@ -219,6 +220,7 @@ def test_status_and_drain_over_the_control_socket(daemon):
                 "queued", "last_step", "steps_out"):
         assert key in st, key
     assert st["ranks"] == [0] and st["last_step"] == 1 and st["uptime_s"] > 0
+    assert st["inner_loops"] == hotpath.name()        # the daemon subprocess runs the same ones
     assert {"jsonl", "pub"} <= set(st["sinks"]) and st["queued"]["jsonl"] == 0
     assert daemon.request("nonsense")["ok"] is False
     final = daemon.drain()

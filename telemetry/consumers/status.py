@@ -26,7 +26,8 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(st))
         return 0
-    print(f"run {st['run_name']}  pid {st['pid']}  up {st['uptime_s']:.0f} s  log dir {st['log_dir']}")
+    print(f"run {st['run_name']}  pid {st['pid']}  up {st['uptime_s']:.0f} s  log dir {st['log_dir']}"
+          f"  inner loops {st.get('inner_loops', '?')}")
     print(f"records in {st['records_in']}  malformed {st['records_malformed']}  "
           f"dropped by clients {st['records_dropped_by_clients']}  lost in transit {st['records_lost_in_transit']}")
     print(f"ranks {st['ranks']}  last step {st['last_step']}  steps out {st['steps_out']} "

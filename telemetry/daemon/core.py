@@ -423,6 +423,7 @@ class Daemon:
             "uptime_s": round(time.monotonic() - self._started_mono, 3),
             "started_at": self._started_wall,
             "pid": os.getpid(),
+            "inner_loops": "c" if self.receiver.native is not None else "python",   # see hotpath.py
             "run_name": self.cfg.run_name,
             "log_dir": str(self.log_dir),
             "endpoints": self.endpoints,
