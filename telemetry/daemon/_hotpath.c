@@ -431,6 +431,8 @@ add_many(PyObject *self, PyObject *args)
                 goto next;
             }
         }
+        /* Its slots are read at their offsets only in an accumulator of the type given. */
+        int acc_typed = acc != NULL && (PyObject *)Py_TYPE(acc) == acc_type;
         if (acc == NULL) {
             acc = PyObject_CallFunctionObjArgs(acc_type, step, now, keys, NULL);
             if (acc == NULL)
@@ -447,9 +449,10 @@ add_many(PyObject *self, PyObject *args)
             if (appended == NULL)
                 goto next;
             Py_DECREF(appended);
+            acc_typed = (PyObject *)Py_TYPE(acc) == acc_type;
         } else {
             int o5;
-            PyObject *acc_keys = field(acc, at_acc_keys, s_keys, &o5);
+            PyObject *acc_keys = field(acc, acc_typed ? at_acc_keys : -1, s_keys, &o5);
             if (acc_keys == NULL)
                 goto next;
             if (o5)
@@ -458,7 +461,7 @@ add_many(PyObject *self, PyObject *args)
                 goto next;
         }
         int o6;
-        by_rank = field(acc, at_acc_by_rank, s_by_rank, &o6);
+        by_rank = field(acc, acc_typed ? at_acc_by_rank : -1, s_by_rank, &o6);
         if (by_rank == NULL)
             goto next;
         if (!o6)
@@ -482,7 +485,7 @@ add_many(PyObject *self, PyObject *args)
                 goto next;
         }
         int o7;
-        PyObject *acc_t = field(acc, at_acc_t_ns, s_t_ns, &o7);
+        PyObject *acc_t = field(acc, acc_typed ? at_acc_t_ns : -1, s_t_ns, &o7);
         if (acc_t == NULL)
             goto next;
         int later = PyObject_RichCompareBool(t_ns, acc_t, Py_GT);
