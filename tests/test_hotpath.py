@@ -38,6 +38,28 @@ def test_telemetry_pure_python_turns_them_off():
     assert out.stdout.strip() == "python"
 
 
+def _output_after_ready(d, wait_s: float = 1.0) -> str:
+    time.sleep(wait_s)       # the daemon logs its start-up warnings just after the ready line
+    assert d.status()["records_in"] == 0
+    return d.output()
+
+
+def test_a_daemon_whose_c_loops_are_missing_warns_and_runs_the_python_ones(make_daemon, tmp_path):
+    shim = tmp_path / "shim"     # as if the install had found no compiler: the import fails
+    shim.mkdir()
+    (shim / "sitecustomize.py").write_text("import sys\nsys.modules['telemetry.daemon._hotpath'] = None\n")
+    path = os.pathsep.join(filter(None, [str(shim), os.environ.get("PYTHONPATH")]))
+    d = make_daemon(env={"PYTHONPATH": path})
+    assert d.status()["inner_loops"] == "python"
+    assert "C inner loops are not built" in _output_after_ready(d)
+
+
+def test_a_daemon_told_to_run_pure_python_does_without_a_warning(make_daemon):
+    d = make_daemon(env={"TELEMETRY_PURE_PYTHON": "1"})
+    assert d.status()["inner_loops"] == "python"
+    assert "not built" not in _output_after_ready(d)
+
+
 # -- the receiver ---------------------------------------------------------------------------------
 KEY_SETS = [("train/loss", "perf/step_time"), ("perf/step_time", "train/loss"), ("a",), ("x" * 200, "b")]
 
