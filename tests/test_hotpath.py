@@ -51,7 +51,7 @@ def test_a_daemon_whose_c_loops_are_missing_warns_and_runs_the_python_ones(make_
     path = os.pathsep.join(filter(None, [str(shim), os.environ.get("PYTHONPATH")]))
     d = make_daemon(env={"PYTHONPATH": path})
     assert d.status()["inner_loops"] == "python"
-    assert "C inner loops are not built" in _output_after_ready(d)
+    assert "C inner loops are not built (no C compiler at install?): running the pure-Python ones, same results at 60-70 % of" in _output_after_ready(d)
 
 
 def test_a_daemon_told_to_run_pure_python_does_without_a_warning(make_daemon):

@@ -144,9 +144,9 @@ class Daemon:
         eps = " ".join(f"{k}={v}" for k, v in self.endpoints.items())
         print(f"{READY_LINE} pid={os.getpid()} {eps} log_dir={self.log_dir}", flush=True)
         log.info("ready: %s", eps)
-        if self.receiver.native is None and not hotpath.chosen_python():
+        if hotpath.native is None and not hotpath.chosen_python():
             log.warning("the C inner loops are not built (no C compiler at install?): running the "
-                        "pure-Python ones, same results at ~60 %% of the ingest rate")
+                        "pure-Python ones, same results at 60-70 % of the ingest rate")
 
     def _make_sinks(self) -> None:
         from telemetry.sinks.jsonl import JsonlSink

@@ -2,7 +2,7 @@
 
 setup.py builds them when the install finds a C compiler; without one (or with
 TELEMETRY_PURE_PYTHON=1 in the environment) the receiver and the aggregator run their
-pure-Python loops, which give the same results at about 60 % of the records per second
+pure-Python loops, which give the same results at 60-70 % of the records per second
 (benchmarks/ingest.py on the 2-core dev box). `telemetry status` says which one runs.
 """
 from __future__ import annotations
