@@ -7,7 +7,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 
 usage() {
     cat <<USAGE
-usage: launch/run.sh [--config FILE] [--nproc N] [--steps N] [--run-dir DIR] [--attach tail]
+usage: launch/run.sh [--config FILE] [--nproc N] [--steps N] [--run-dir DIR] [--attach tail|dashboard]
                      [--launcher torchrun|deepspeed] [--wandb disabled|offline|online]
                      [--daemon-config FILE] [-- key=value ...]
 
@@ -18,6 +18,9 @@ usage: launch/run.sh [--config FILE] [--nproc N] [--steps N] [--run-dir DIR] [--
                     metrics.jsonl and the daemon log, DIR/checkpoints/ the checkpoints
   --attach tail     open the live view beside the training (a tmux pane inside tmux,
                     else DIR/telemetry/tail.log, followed with: tail -f)
+  --attach dashboard  serve the live dashboard on http://127.0.0.1:\$TELEMETRY_DASHBOARD_PORT
+                    (default 8765; its output in DIR/telemetry/dashboard.log); it stays up after
+                    the training until Ctrl-C when stdin is a terminal
   --launcher L      torchrun (default) or deepspeed
   --wandb MODE      W&B mode for the daemon (default offline; no network is needed)
   --daemon-config F daemon YAML config (see README, "Daemon config")
@@ -44,12 +47,22 @@ while [[ $# -gt 0 ]]; do
 done
 [[ "$NPROC" =~ ^[1-9][0-9]*$ ]] || { echo "run.sh: --nproc must be a positive integer, got '$NPROC'" >&2; exit 2; }
 [[ -z "$STEPS" || "$STEPS" =~ ^[1-9][0-9]*$ ]] || { echo "run.sh: --steps must be a positive integer, got '$STEPS'" >&2; exit 2; }
-[[ -z "$ATTACH" || "$ATTACH" == tail ]] || { echo "run.sh: --attach takes 'tail', got '$ATTACH'" >&2; exit 2; }
+[[ -z "$ATTACH" || "$ATTACH" == tail || "$ATTACH" == dashboard ]] \
+    || { echo "run.sh: --attach takes 'tail' or 'dashboard', got '$ATTACH'" >&2; exit 2; }
+DASHBOARD_PORT="${TELEMETRY_DASHBOARD_PORT:-8765}"
+[[ "$DASHBOARD_PORT" =~ ^[0-9]+$ ]] || { echo "run.sh: TELEMETRY_DASHBOARD_PORT must be a port number" >&2; exit 2; }
 [[ "$LAUNCHER" == torchrun || "$LAUNCHER" == deepspeed ]] || { echo "run.sh: --launcher: torchrun or deepspeed" >&2; exit 2; }
 [[ -f "$CONFIG" ]] || { echo "run.sh: config not found: $CONFIG" >&2; exit 2; }
 
 "$ROOT/launch/setup.sh" || { echo "run.sh: set-up failed" >&2; exit 1; }
 PY="$ROOT/.venv/bin/python"
+
+# Check the trainer config here, before any daemon or launcher starts: torchrun would report a
+# config error (exit 2) as a failed worker (exit 1), and after a traceback of its own.
+config_overrides=()
+[[ -n "$STEPS" ]] && config_overrides+=("steps=$STEPS")
+config_overrides+=("${EXTRA[@]}")
+"$PY" -m trainer.train --check-config --config "$CONFIG" "${config_overrides[@]}" || exit $?
 
 RUN_NAME="$(basename "${RUN_DIR:-$(basename "$CONFIG" .yaml)-$(date +%Y%m%d-%H%M%S)}")"
 RUN_DIR="${RUN_DIR:-$ROOT/runs/$RUN_NAME}"
@@ -101,6 +114,23 @@ if [[ "$ATTACH" == tail ]]; then
         TAIL_PIDS+=($!)
         echo "[run.sh] live view: tail -f $TEL_DIR/tail.log  (or: TELEMETRY_RUNTIME_DIR=$TELEMETRY_RUNTIME_DIR telemetry tail)"
     fi
+elif [[ "$ATTACH" == dashboard ]]; then
+    "$PY" -m telemetry dashboard "$RUN_DIR" --port "$DASHBOARD_PORT" >"$TEL_DIR/dashboard.log" 2>&1 &
+    DASHBOARD_PID=$!
+    for _ in $(seq 300); do   # the history is read before it serves: wait for its line (30 s at most)
+        grep -q "serving http" "$TEL_DIR/dashboard.log" 2>/dev/null && break
+        kill -0 "$DASHBOARD_PID" 2>/dev/null || break
+        sleep 0.1
+    done
+    if grep -q "serving http" "$TEL_DIR/dashboard.log" 2>/dev/null; then
+        TAIL_PIDS+=("$DASHBOARD_PID")
+        echo "[run.sh] dashboard: $(grep -o 'http://[^ ]*' "$TEL_DIR/dashboard.log" | head -1)  (log: $TEL_DIR/dashboard.log)"
+    else
+        echo "[run.sh] warning: the dashboard did not start (training goes on):" >&2
+        sed 's/^/[dashboard] /' "$TEL_DIR/dashboard.log" >&2
+        kill "$DASHBOARD_PID" 2>/dev/null
+        DASHBOARD_PID=""
+    fi
 fi
 
 overrides=("run_dir=$RUN_DIR" "run_name=$RUN_NAME")
@@ -114,7 +144,19 @@ fi
 "${launch[@]}" --config "$CONFIG" "${overrides[@]}"
 TRAIN_RC=$?
 
+KEEP_DASHBOARD=""
+if [[ "$ATTACH" == dashboard && -n "${DASHBOARD_PID:-}" && -t 0 ]]; then
+    # The page is most useful right after the run: keep it up (it shows the run as ended once
+    # the daemon has drained) until the user is done with it.
+    KEEP_DASHBOARD="$DASHBOARD_PID"
+    TAIL_PIDS=("${TAIL_PIDS[@]/$DASHBOARD_PID}")
+fi
 cleanup
 trap - EXIT
 "$PY" -m telemetry.consumers.summary "$TEL_DIR" --drain-json "$TEL_DIR/drain.json" --trainer-rc "$TRAIN_RC"
+if [[ -n "$KEEP_DASHBOARD" ]]; then
+    trap 'kill "$KEEP_DASHBOARD" 2>/dev/null' EXIT
+    echo "[run.sh] the dashboard stays up: $(grep -o 'http://[^ ]*' "$TEL_DIR/dashboard.log" | head -1)  (Enter stops it)"
+    read -r _ || true
+fi
 exit "$TRAIN_RC"

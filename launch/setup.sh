@@ -24,6 +24,27 @@ if [[ ! -x "$VENV/bin/python" ]]; then
         "$PYTHON" -m venv "$VENV"
     fi
 fi
+# The dev set-up's system tools: Chromium for the dashboard's browser test, Prometheus for the
+# exporter's test (both tests skip, saying why, where these are absent). Installed with apt when
+# we are root on a Debian-like system; a failure here is a warning, never fatal.
+if [[ -n "$extras" ]]; then
+    missing=()
+    command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || missing+=(chromium)
+    command -v prometheus >/dev/null 2>&1 || missing+=(prometheus)
+    if (( ${#missing[@]} )); then
+        if [[ "$(id -u)" == 0 ]] && command -v apt-get >/dev/null 2>&1; then
+            log "installing ${missing[*]} with apt-get (the dashboard's browser test, the Prometheus test)"
+            if ! { DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}" >/dev/null 2>&1 \
+                   || { apt-get update -q >/dev/null 2>&1 \
+                        && DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}" >/dev/null 2>&1; }; }; then
+                log "warning: apt-get could not install ${missing[*]}; the tests that need them will skip"
+            fi
+        else
+            log "warning: ${missing[*]} not installed (needs root and apt-get);" \
+                "the tests that need them will skip: apt-get install ${missing[*]}"
+        fi
+    fi
+fi
 PIP=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
 stamp="$VENV/.installed$extras"
 # Re-install only when the project's dependency list or its C part (built in place by the

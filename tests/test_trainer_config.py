@@ -78,3 +78,38 @@ def test_the_deepspeed_launchers_local_rank_argument_is_accepted(monkeypatch):
     import os
 
     assert os.environ["LOCAL_RANK"] == "1"
+
+
+def test_check_config_flag_validates_without_training(tmp_path):
+    ok = subprocess.run([sys.executable, "-m", "trainer.train", "--check-config", f"run_dir={tmp_path}/run"],
+                        cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert ok.returncode == 0, ok.stderr
+    assert not (tmp_path / "run").exists()
+    bad = subprocess.run([sys.executable, "-m", "trainer.train", "--check-config", "debug.slow_phase=lunch"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "debug.slow_phase must be one of" in bad.stderr
+
+
+def test_run_sh_keeps_exit_code_2_for_a_config_error(tmp_path):
+    """torchrun would turn the trainer's 2 into 1: run.sh checks the config before launching anything."""
+    import os
+    env = {**os.environ, "TELEMETRY_WANDB": "disabled"}
+    env.pop("TELEMETRY_RUNTIME_DIR", None)
+    p = subprocess.run([str(ROOT / "launch/run.sh"), "--run-dir", str(tmp_path / "run"), "--steps", "2",
+                        "--", "optim.bogus=1"], cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
+    assert p.returncode == 2, p.stdout[-2000:] + p.stderr[-2000:]
+    assert "unknown config key 'optim.bogus'" in p.stderr
+    assert "Traceback" not in p.stderr + p.stdout
+    assert not (tmp_path / "run" / "telemetry" / "daemon.out").exists()  # no daemon was started
+
+
+def test_every_dtype_the_readme_lists_is_accepted():
+    import re
+    readme = (ROOT / "README.md").read_text()
+    listed = re.search(r"`dtype` \(([^)]*)\)", readme).group(1)
+    dtypes = [d.strip().split(";")[0] for d in listed.split("|")]
+    assert dtypes and "bf16" in dtypes and "fp32" in dtypes
+    for dtype in dtypes:
+        assert load_config(None, [f"model.dtype={dtype}"]).model.dtype == dtype
+    with pytest.raises(ValueError, match="fp16 would need loss scaling"):
+        load_config(None, ["model.dtype=fp16"])

@@ -3,7 +3,7 @@ import json
 
 import torch
 
-from trainer.config import DataConfig, ModelConfig
+from trainer.config import DataConfig, DatasetConfig, ModelConfig
 from trainer.data import IGNORE_INDEX, PackedDataset, collate, decode, make_loader
 from trainer.metrics import DatasetMetrics
 from trainer.model import build_model, forward_loss
@@ -62,7 +62,7 @@ def test_loader_rows_follow_the_global_layout():
 def test_jsonl_source(tmp_path):
     p = tmp_path / "t.jsonl"
     p.write_text("\n".join(json.dumps({"text": f"hello {i}"}) for i in range(5)) + "\n")
-    cfg = _cfg(datasets=[{"name": "web", "kind": "jsonl", "path": str(p)}, {"name": "copy", "kind": "copy"}])
+    cfg = _cfg(datasets=[DatasetConfig(name="web", kind="jsonl", path=str(p)), DatasetConfig(name="copy", kind="copy")])
     ds = PackedDataset(cfg, only=0)
     assert decode(ds[0]["input_ids"]).startswith("hello ")
 
@@ -121,3 +121,54 @@ def test_block_mask_isolates_documents_and_metrics_from_real_model():
         if sel.any():
             assert abs(vals[f"dataset/{name}/loss"].item() - packed_loss[sel].mean().item()) < 1e-4
             assert abs(vals[f"dataset/{name}/accuracy"].item() - packed_correct[sel].float().mean().item()) < 1e-6
+
+
+def _jsonl(tmp_path, texts):
+    p = tmp_path / "t.jsonl"
+    p.write_text("\n".join(json.dumps({"text": t}) for t in texts) + "\n")
+    return p
+
+
+TEXTS = [f"document number {i}" for i in range(200)] + ["document number 7"] * 5  # duplicates stay together
+
+
+def test_jsonl_eval_documents_are_never_training_documents(tmp_path):
+    """What the train and eval datasets draw: complete documents from disjoint sets of lines."""
+    cfg = _cfg(datasets=[DatasetConfig(name="web", kind="jsonl", path=str(_jsonl(tmp_path, TEXTS)),
+                                       eval_fraction=0.1)])
+
+    def seen(split):
+        """The whole documents of 300 packed rows (a document starts where its position ids restart)."""
+        ds = PackedDataset(cfg, split=split, only=0)
+        docs = set()
+        for i in range(300):
+            row = ds[i]
+            starts = [j for j, q in enumerate(row["position_ids"]) if q == 0] + [len(row["input_ids"])]
+            for a, b in zip(starts, starts[1:]):
+                docs.add(decode(row["input_ids"][a:b]))
+        return docs & set(TEXTS)  # the last document of a row may be cut short
+
+    eval_docs, train_docs = seen("eval"), seen("train")
+    assert eval_docs and train_docs
+    assert eval_docs.isdisjoint(train_docs)
+    assert len(eval_docs) <= 20  # 10 % of the 200 distinct lines
+
+
+def test_jsonl_split_is_by_hash_of_the_text(tmp_path):
+    import random
+
+    from trainer.data import split_lines
+    train, held_out = split_lines(TEXTS, 0.1)
+    assert set(train).isdisjoint(held_out) and len(set(held_out)) == 20 and len(set(train)) == 180
+    assert sorted(train + held_out) == sorted(TEXTS)
+    shuffled = TEXTS[:]
+    random.Random(1).shuffle(shuffled)
+    assert set(split_lines(shuffled, 0.1)[1]) == set(held_out)  # the file's order does not matter
+
+
+def test_jsonl_needs_two_distinct_documents(tmp_path):
+    import pytest
+    p = tmp_path / "t.jsonl"
+    p.write_text(json.dumps({"text": "only one"}) + "\n")
+    with pytest.raises(ValueError, match="at least 2 distinct documents"):
+        PackedDataset(_cfg(datasets=[DatasetConfig(name="web", kind="jsonl", path=str(p))]))

@@ -32,7 +32,7 @@ def _losses(path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("backend", ["deepspeed"])  # the DDP path: same checkpoint code, run by hand
+@pytest.mark.parametrize("backend", ["deepspeed", "ddp"])
 def test_resume_reproduces_the_uninterrupted_loss_curve(tmp_path, backend):
     engine = [f"engine.backend={backend}", f"engine.zero_stage={2 if backend == 'deepspeed' else 0}"]
     a, b = tmp_path / "straight", tmp_path / "resumed"
@@ -96,20 +96,37 @@ def test_trains_20_steps_without_a_daemon_and_leaves_a_checkpoint(tmp_path):
 
 
 def test_exception_writes_an_emergency_checkpoint(tmp_path):
-    """A JSONL source that breaks mid-run: the trainer saves, reports and exits non-zero."""
-    script = (
-        "import sys\nfrom trainer import train, engine\n"
-        "orig = engine.TorchEngine.step\n"
-        "def boom(self, *a, **k):\n"
-        "    self.n = getattr(self, 'n', 0) + 1\n"
-        "    if self.n == 3: raise RuntimeError('injected failure')\n"
-        "    return orig(self, *a, **k)\n"
-        "engine.TorchEngine.step = boom\n"
-        "sys.exit(train.main(sys.argv[1:]))\n")
-    p = subprocess.run([sys.executable, "-c", script, "steps=10", f"run_dir={tmp_path}", "engine.backend=ddp",
-                        "engine.zero_stage=0", "telemetry_endpoint=", "checkpoint.every_steps=0"],
+    """An exception mid-run (debug.raise_step): the trainer saves, reports and exits non-zero."""
+    p = subprocess.run([sys.executable, "-m", "trainer.train", "steps=10", f"run_dir={tmp_path}", "engine.backend=ddp",
+                        "engine.zero_stage=0", "telemetry_endpoint=", "checkpoint.every_steps=0",
+                        "debug.raise_step=3"],
                        cwd=ROOT, capture_output=True, text=True, timeout=120, env=_env())
     assert p.returncode == 1
-    assert "injected failure" in p.stderr
+    assert "debug.raise_step: injected failure at step 3 on rank 0" in p.stderr
     meta = json.loads((tmp_path / "checkpoints" / "step_00000002" / "meta.json").read_text())
     assert meta["reason"] == "exception" and meta["step"] == 2
+
+
+def test_epoch_is_the_same_with_and_without_a_resume(tmp_path):
+    """train/epoch after 6 steps straight equals 3 steps + resume + 3 steps, at every step."""
+    base = ["engine.backend=ddp", "engine.zero_stage=0", "telemetry_endpoint=", "eval.every_steps=0",
+            "checkpoint.every_steps=3", "data.num_workers=0", "data.seq_len=64", "data.micro_batch_size=4",
+            "data.epoch_samples=100"]
+    a, b = tmp_path / "straight", tmp_path / "resumed"
+
+    def train(run_dir, steps):
+        p = subprocess.run([sys.executable, "-m", "trainer.train", *base, f"steps={steps}", f"run_dir={run_dir}",
+                            f"debug_loss_log={run_dir}/loss.jsonl"], cwd=ROOT, capture_output=True, text=True,
+                           timeout=120, env=_env())
+        assert p.returncode == 0, p.stderr[-3000:]
+
+    train(a, 6)
+    train(b, 3)
+    train(b, 6)
+    epochs = {}
+    for run_dir in (a, b):
+        rows = [json.loads(line) for line in (run_dir / "loss.jsonl").read_text().splitlines()]
+        epochs[run_dir.name] = {r["step"]: r["epoch"] for r in rows}
+    assert sorted(epochs["straight"]) == sorted(epochs["resumed"]) == list(range(1, 7))
+    assert epochs["straight"] == epochs["resumed"]
+    assert 0 < epochs["straight"][3] < epochs["straight"][4]  # it counts documents, forwards only

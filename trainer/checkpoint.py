@@ -4,7 +4,7 @@ Layout under <run_dir>/checkpoints/:
     step_00000020/
         state.pt          torch engine: model, optimizer, scheduler (rank 0; DDP replicas are equal)
         ds/               deepspeed engine: DeepSpeed's own sharded files (every rank writes)
-        rank_00000.pt     per rank: RNG states and the data position
+        rank_00000.pt     per rank: RNG states, the data position and the documents seen (train/epoch)
         config.yaml       the resolved config
         meta.json         written last, by rank 0, after every rank finished: marks it complete
 A directory without meta.json is an interrupted save and is ignored on resume.
@@ -57,7 +57,7 @@ def _barrier() -> None:
 
 
 def save(engine, *, run_dir: str | Path, step: int, rank: int, config_yaml: str, keep_last: int,
-         collective: bool = True, reason: str = "periodic") -> Path:
+         collective: bool = True, reason: str = "periodic", rank_state: dict | None = None) -> Path:
     """Save a checkpoint of the state after `step` completed optimizer steps.
 
     collective=False (an exception on one rank): only this rank writes, which is a complete
@@ -71,7 +71,7 @@ def save(engine, *, run_dir: str | Path, step: int, rank: int, config_yaml: str,
         engine.save(str(path / "ds"), client_state={"step": step})
     elif rank == 0:
         _atomic_torch_save(engine.state_dict(), path / "state.pt")
-    torch.save({"rng": rng_state(), "step": step}, path / f"rank_{rank:05d}.pt")
+    torch.save({"rng": rng_state(), "step": step, "state": rank_state or {}}, path / f"rank_{rank:05d}.pt")
     if collective:
         _barrier()
     if rank == 0:
@@ -118,6 +118,14 @@ def prune(run_dir: str | Path, keep_last: int) -> None:
         m = _STEP_DIR.match(p.name)
         if m and int(m.group(1)) < oldest_kept:
             shutil.rmtree(p, ignore_errors=True)
+
+
+def rank_state(path: Path, rank: int) -> dict:
+    """What this rank saved beside its RNG (e.g. its document count); {} when it saved nothing."""
+    rank_file = path / f"rank_{rank:05d}.pt"
+    if not rank_file.is_file():
+        return {}
+    return torch.load(rank_file, weights_only=False).get("state", {})
 
 
 def load(engine, path: Path, rank: int) -> int:

@@ -2,8 +2,9 @@
 
     cfg = load_config("launch/configs/tiny.yaml", ["steps=20", "optim.lr=1e-4"])
 
-Every section is a dataclass validated in `__post_init__`; loading rejects unknown keys and
-wrong types with a ValueError that names the offending dotted key. Combinations that cannot
+Every section is a dataclass validated in `__post_init__`; loading (telemetry.shared.config, the
+one loader of the project) rejects unknown keys and wrong types with a ConfigError (a ValueError)
+that names the offending dotted key. Combinations that cannot
 work (ZeRO with the DDP engine, flash-attention that is not installed, ...) are rejected in
 `TrainConfig.__post_init__`, before any model is built.
 """
@@ -11,13 +12,11 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
-import types
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
+from telemetry.shared import config as shared_config
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "launch" / "configs" / "tiny.yaml"
 SYNTHETIC_TASKS = ("copy", "reverse", "sort", "add")
@@ -39,12 +38,13 @@ class ModelConfig:
     attn_implementation: str = "sdpa"    # sdpa | eager | flash_attention_2
     gradient_checkpointing: bool = False
     compile: bool = False                # torch.compile the model
-    dtype: str = "fp32"                  # fp32 | bf16 (bf16 also turns on DeepSpeed's bf16 mode)
+    dtype: str = "fp32"                  # fp32 | bf16 (bf16 also turns on DeepSpeed's bf16 mode); no fp16
 
     def __post_init__(self) -> None:
         _check(self.attn_implementation in ("sdpa", "eager", "flash_attention_2"),
                f"model.attn_implementation must be sdpa, eager or flash_attention_2, got {self.attn_implementation!r}")
-        _check(self.dtype in ("fp32", "bf16"), f"model.dtype must be fp32 or bf16, got {self.dtype!r}")
+        _check(self.dtype in ("fp32", "bf16"), f"model.dtype must be fp32 or bf16, got {self.dtype!r}"
+               + (" (fp16 would need loss scaling; bf16 has fp32's range and needs none)" if self.dtype == "fp16" else ""))
         _check(bool(self.path) or "model_type" in self.hf_config,
                "model.hf_config needs a model_type (e.g. qwen2) when model.path is empty")
 
@@ -58,6 +58,7 @@ class DatasetConfig:
     path: str = ""           # jsonl only: one {"text": ...} object per line
     min_len: int = 4         # synthetic only: operand length range, in characters
     max_len: int = 12
+    eval_fraction: float = 0.05   # jsonl only: the share of lines held out for eval (by a hash of the line)
 
     def __post_init__(self) -> None:
         _check(bool(self.name) and "/" not in self.name, f"dataset name {self.name!r} must be non-empty, without '/'")
@@ -66,13 +67,15 @@ class DatasetConfig:
         _check(self.weight > 0, f"dataset {self.name!r}: weight must be > 0, got {self.weight}")
         _check(self.kind != "jsonl" or bool(self.path), f"dataset {self.name!r}: kind jsonl needs a path")
         _check(1 <= self.min_len <= self.max_len, f"dataset {self.name!r}: need 1 <= min_len <= max_len")
+        _check(0 < self.eval_fraction < 1, f"dataset {self.name!r}: eval_fraction must be in (0, 1), "
+                                           f"got {self.eval_fraction}")
 
 
 @dataclass(kw_only=True, slots=True)
 class DataConfig:
-    datasets: list = field(default_factory=lambda: [
-        {"name": "copy", "kind": "copy"}, {"name": "reverse", "kind": "reverse"},
-        {"name": "sort", "kind": "sort"}, {"name": "add", "kind": "add", "min_len": 1, "max_len": 6}])
+    datasets: list[DatasetConfig] = field(default_factory=lambda: [
+        DatasetConfig(name="copy", kind="copy"), DatasetConfig(name="reverse", kind="reverse"),
+        DatasetConfig(name="sort", kind="sort"), DatasetConfig(name="add", kind="add", min_len=1, max_len=6)])
     seq_len: int = 128
     micro_batch_size: int = 8            # packed rows per rank per micro-step
     num_workers: int = 1                 # DataLoader worker processes; 0 loads on the training thread
@@ -83,8 +86,6 @@ class DataConfig:
 
     def __post_init__(self) -> None:
         _check(self.epoch_samples >= 1, "data.epoch_samples must be >= 1")
-        self.datasets = [d if isinstance(d, DatasetConfig) else _build(DatasetConfig, d, "data.datasets[]")
-                         for d in self.datasets]
         _check(len(self.datasets) > 0, "data.datasets must name at least one dataset")
         names = [d.name for d in self.datasets]
         _check(len(set(names)) == len(names), f"data.datasets: duplicate names in {names}")
@@ -151,6 +152,43 @@ class EvalConfig:
         _check(self.num_batches >= 1, "eval.num_batches must be >= 1")
 
 
+FAULT_PHASES = ("forward", "backward", "optimizer", "data")
+
+
+@dataclass(kw_only=True, slots=True)
+class DebugConfig:
+    """Fault injection, for tests and for seeing the alarms work. Everything is off by default.
+
+    Steps count optimizer steps from 1 (the `step` of the metrics); a rank of -1 means every rank.
+    """
+    nan_step: int = 0          # the loss of this step is NaN on nan_rank (0: off)
+    nan_rank: int = 0
+    slow_s: float = 0.0        # extra seconds slept in slow_phase of every step on slow_rank (0: off)
+    slow_rank: int = 0
+    slow_phase: str = "forward"   # forward | backward | optimizer | data (per micro-batch, except optimizer)
+    slow_from_step: int = 1    # the delay starts at this step
+    hang_step: int = 0         # at this step hang_rank blocks forever in hang_phase (0: off)
+    hang_rank: int = 0
+    hang_phase: str = "forward"
+    raise_step: int = 0        # at the start of this step's optimizer phase raise_rank raises (0: off)
+    raise_rank: int = 0
+
+    def __post_init__(self) -> None:
+        for key in ("nan_step", "hang_step", "raise_step"):
+            _check(getattr(self, key) >= 0, f"debug.{key} must be >= 0 (0: off), got {getattr(self, key)}")
+        for key in ("nan_rank", "slow_rank", "hang_rank", "raise_rank"):
+            _check(getattr(self, key) >= -1, f"debug.{key} must be a rank or -1 (every rank), got {getattr(self, key)}")
+        _check(self.slow_s >= 0, f"debug.slow_s must be >= 0, got {self.slow_s}")
+        _check(self.slow_from_step >= 1, f"debug.slow_from_step must be >= 1, got {self.slow_from_step}")
+        for key in ("slow_phase", "hang_phase"):
+            _check(getattr(self, key) in FAULT_PHASES,
+                   f"debug.{key} must be one of {', '.join(FAULT_PHASES)}, got {getattr(self, key)!r}")
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.nan_step or self.slow_s or self.hang_step or self.raise_step)
+
+
 @dataclass(kw_only=True, slots=True)
 class TrainConfig:
     run_name: str = "tiny"
@@ -159,7 +197,7 @@ class TrainConfig:
     seed: int = 0
     log_every: int = 1
     telemetry_endpoint: str | None = None   # None: $TELEMETRY_ENDPOINT or the default; "": disabled
-    nonfinite_action: str = "skip"       # skip | stop (see trainer/guard.py)
+    nonfinite_action: str = "skip"       # skip | stop: a non-finite step is never applied; stop also ends the run
     debug_loss_log: str = ""             # a JSONL of per-step losses, read back off the step path (tests)
     estimate_memory: bool = True
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -168,11 +206,19 @@ class TrainConfig:
     engine: EngineConfig = field(default_factory=EngineConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    debug: DebugConfig = field(default_factory=DebugConfig)
 
     def __post_init__(self) -> None:
         _check(self.steps >= 1, f"steps must be >= 1, got {self.steps}")
         _check(self.log_every >= 1, f"log_every must be >= 1, got {self.log_every}")
         _check(bool(self.run_dir), "run_dir must not be empty")
+        if self.telemetry_endpoint:
+            from telemetry.shared.endpoints import EndpointError, normalize
+
+            try:
+                normalize(self.telemetry_endpoint)
+            except EndpointError as exc:
+                raise ValueError(f"telemetry_endpoint: {exc}") from None
         _check(self.nonfinite_action in ("skip", "stop"),
                f"nonfinite_action must be skip or stop, got {self.nonfinite_action!r}")
         if self.engine.backend == "ddp":
@@ -187,6 +233,8 @@ class TrainConfig:
                    "model.attn_implementation=flash_attention_2 but flash_attn is not installed; use sdpa")
         max_pos = self.model.hf_config.get("max_position_embeddings")
         if max_pos is not None:
+            _check(isinstance(max_pos, int) and not isinstance(max_pos, bool),
+                   f"model.hf_config.max_position_embeddings must be int, got {max_pos!r}")
             _check(self.data.seq_len <= max_pos,
                    f"data.seq_len={self.data.seq_len} exceeds model.hf_config.max_position_embeddings={max_pos}")
         _check(not (self.model.compile and self.model.gradient_checkpointing and self.engine.zero_stage == 3),
@@ -197,83 +245,8 @@ class TrainConfig:
 
 
 # -- loading -------------------------------------------------------------------------------------
-def _type_ok(value: Any, hint: Any) -> bool:
-    origin = typing.get_origin(hint)
-    if origin in (typing.Union, types.UnionType):
-        return any(_type_ok(value, a) for a in typing.get_args(hint))
-    if hint is type(None):
-        return value is None
-    if hint is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-    if hint is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    if origin is not None:
-        hint = origin
-    return isinstance(value, hint)
-
-
-def _build(cls: type, raw: Any, prefix: str) -> Any:
-    """Build dataclass `cls` from a dict, naming the dotted key of any unknown key or bad type."""
-    if isinstance(raw, cls):
-        return raw
-    _check(isinstance(raw, dict), f"{prefix or 'config'}: expected a mapping, got {type(raw).__name__}")
-    hints = typing.get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    kwargs = {}
-    for key, value in raw.items():
-        dotted = f"{prefix}.{key}" if prefix else str(key)
-        if key not in fields:
-            raise ValueError(f"unknown config key {dotted!r}; known keys here: {', '.join(sorted(fields))}")
-        hint = hints[key]
-        if dataclasses.is_dataclass(hint):
-            kwargs[key] = _build(hint, value, dotted)
-            continue
-        if hint is float and isinstance(value, str):
-            try:  # YAML 1.1 reads "1e-4" as a string; accept what is plainly a float
-                value = float(value)
-            except ValueError:
-                pass
-        if not _type_ok(value, hint):
-            raise ValueError(f"config key {dotted!r} must be {getattr(hint, '__name__', hint)}, "
-                             f"got {type(value).__name__} {value!r}")
-        if hint is float:
-            value = float(value)
-        kwargs[key] = value
-    try:
-        return cls(**kwargs)
-    except TypeError as e:  # a missing required field
-        raise ValueError(f"{prefix or 'config'}: {e}") from None
-
-
-def apply_override(raw: dict, item: str) -> None:
-    """Apply one `dotted.key=value` to a raw config dict; the value is parsed as YAML."""
-    if "=" not in item:
-        raise ValueError(f"override {item!r} is not key=value")
-    key, text = item.split("=", 1)
-    _check(bool(key), f"override {item!r} has an empty key")
-    value = yaml.safe_load(text) if text != "" else ""
-    node = raw
-    parts = key.split(".")
-    for p in parts[:-1]:
-        child = node.setdefault(p, {})
-        _check(isinstance(child, dict), f"override {key!r}: {p!r} is not a section")
-        node = child
-    node[parts[-1]] = value
-
-
 def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> TrainConfig:
-    """Load a TrainConfig from YAML (default: launch/configs/tiny.yaml) plus key=value overrides."""
-    path = Path(path) if path else DEFAULT_CONFIG
-    with open(path) as f:
-        raw = yaml.safe_load(f) or {}
-    _check(isinstance(raw, dict), f"{path}: the top level must be a mapping")
-    for item in overrides:
-        apply_override(raw, item)
-    # A section given only partly keeps the defaults of the keys it does not name.
-    return _build(TrainConfig, raw, "")
-
-
-def save_config(cfg: TrainConfig, path: str | Path) -> None:
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w") as f:
-        yaml.safe_dump(cfg.to_dict(), f, sort_keys=False)
+    """Load a TrainConfig from YAML (default: launch/configs/tiny.yaml) plus `dotted.key=value`
+    overrides (values read as YAML). A section given only partly keeps the defaults of the keys it
+    does not name. Raises ConfigError (a ValueError) naming the dotted key; the file included."""
+    return shared_config.load(TrainConfig, path or DEFAULT_CONFIG, overrides)

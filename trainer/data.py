@@ -7,13 +7,15 @@ position is one integer, the number of optimizer steps consumed, and resuming is
 A row holds, per token: input id, label (-100 where no loss is taken: prompts, padding),
 position id (restarting at each document) and the index of the dataset the token came from
 (-1 for padding). Documents never attend across each other: the collate function builds a
-block-diagonal causal mask (sdpa/eager) or relies on position ids (flash-attention varlen).
+boolean block-diagonal causal mask (sdpa; eager gets it in additive form from
+trainer.model.prepare_batch) or relies on position ids (flash-attention varlen).
 
 Layout of the global row index, for optimizer step s, micro-step m, rank r, row j:
     ((s * grad_accum + m) * world_size + r) * micro_batch_size + j
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import random
 from dataclasses import dataclass
@@ -65,10 +67,25 @@ def synthetic_document(task: str, rng: random.Random, min_len: int, max_len: int
     return Document(head + tail, mask)
 
 
-class Source:
-    """Draws documents of one named dataset."""
+def split_lines(lines: list[str], eval_fraction: float) -> tuple[list[str], list[str]]:
+    """(train, eval) lines of a JSONL source: disjoint, and the same whatever the order of the file.
 
-    def __init__(self, cfg: DatasetConfig) -> None:
+    The distinct texts are ranked by the SHA-256 of their UTF-8 bytes; the first
+    ceil(eval_fraction * distinct) of them (at least one) are held out for eval. Every copy of a
+    text lands in the same split, so no eval document is ever a training document.
+    """
+    import math
+    ranked = sorted(set(lines), key=lambda t: hashlib.sha256(t.encode("utf-8")).digest())
+    if len(ranked) < 2:
+        raise ValueError("a jsonl dataset needs at least 2 distinct documents to hold one out for eval")
+    held_out = set(ranked[:min(len(ranked) - 1, max(1, math.ceil(eval_fraction * len(ranked))))])
+    return [t for t in lines if t not in held_out], [t for t in lines if t in held_out]
+
+
+class Source:
+    """Draws documents of one named dataset (for a JSONL file: from its train or its eval lines)."""
+
+    def __init__(self, cfg: DatasetConfig, split: str = "train") -> None:
         self.cfg = cfg
         self._lines: list[str] | None = None
         if cfg.kind == "jsonl":
@@ -82,6 +99,11 @@ class Source:
                         self._lines.append(obj["text"])
             if not self._lines:
                 raise ValueError(f"{cfg.path}: no documents")
+            try:
+                train, held_out = split_lines(self._lines, cfg.eval_fraction)
+            except ValueError as e:
+                raise ValueError(f"{cfg.path}: {e}") from None
+            self._lines = held_out if split == "eval" else train
 
     def draw(self, rng: random.Random) -> Document:
         if self._lines is None:
@@ -95,11 +117,11 @@ class PackedDataset(Dataset):
 
     def __init__(self, cfg: DataConfig, split: str = "train", only: int | None = None) -> None:
         self.cfg = cfg
-        self.sources = [Source(d) for d in cfg.datasets]
+        self.sources = [Source(d, split) for d in cfg.datasets]
         self.names = [d.name for d in cfg.datasets]
         self.weights = [d.weight for d in cfg.datasets]
         self.only = only           # eval: draw from one dataset only
-        # Train and eval draw from disjoint random streams.
+        # Train and eval draw from disjoint random streams (and, for JSONL, disjoint lines).
         self._salt = {"train": 0, "eval": 1}[split]
 
     def __len__(self) -> int:

@@ -3,10 +3,14 @@
     engine = make_engine(cfg, model, dist_info)
     loss = engine.forward_loss(batch)      # one micro-batch
     engine.backward(loss)
-    grad_norm = engine.step(finite)        # at the accumulation boundary; a 0-dim device tensor
+    grad_norm = engine.step()              # at the accumulation boundary; a 0-dim device tensor
 
-Both engines use the same AdamW, the same LambdaLR schedule (warmup, then cosine / linear /
-constant) and return the pre-clip global grad norm as a device tensor, never a float.
+Both engines use the same AdamW (trainer/optim.py), the same LambdaLR schedule (warmup, then
+cosine / linear / constant) and return the pre-clip global grad norm as a device tensor, never a
+float. A step whose gradients are not finite is never applied, on either engine: DeepSpeed's
+ZeRO and bf16 optimizers drop it themselves (reading their overflow flag on the host, their
+sync, not ours); where DeepSpeed or torch calls our optimizer directly (DDP, ZeRO stage 0 in
+fp32) the norm's finiteness goes to the optimizer as a device flag (`apply_if`).
 DeepSpeed is imported only when this engine is chosen: it costs seconds at import.
 """
 from __future__ import annotations
@@ -19,6 +23,7 @@ from typing import Any
 import torch
 
 from trainer.config import TrainConfig
+from trainer.optim import SkippingAdamW
 
 
 @dataclass(slots=True)
@@ -44,7 +49,7 @@ def lr_lambda(cfg: TrainConfig):
     return f
 
 
-def make_optimizer(cfg: TrainConfig, model: torch.nn.Module) -> torch.optim.Optimizer:
+def make_optimizer(cfg: TrainConfig, model: torch.nn.Module) -> SkippingAdamW:
     o = cfg.optim
     decay, no_decay = [], []
     for name, p in model.named_parameters():
@@ -52,7 +57,7 @@ def make_optimizer(cfg: TrainConfig, model: torch.nn.Module) -> torch.optim.Opti
             # Norms, biases and embeddings-as-vectors do not take weight decay.
             (no_decay if p.ndim < 2 else decay).append(p)
     groups = [{"params": decay, "weight_decay": o.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps)
+    return SkippingAdamW(groups, lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps)
 
 
 def deepspeed_config(cfg: TrainConfig, world_size: int) -> dict[str, Any]:
@@ -64,6 +69,8 @@ def deepspeed_config(cfg: TrainConfig, world_size: int) -> dict[str, Any]:
         "train_batch_size": cfg.data.micro_batch_size * e.grad_accum_steps * world_size,
         "gradient_clipping": cfg.optim.grad_clip,
         "zero_optimization": {"stage": e.zero_stage, "overlap_comm": False, "contiguous_gradients": True},
+        # Our AdamW (trainer/optim.py): ZeRO only calls its step() on the flat fp32 partitions.
+        "zero_allow_untested_optimizer": True,
         "bf16": {"enabled": cfg.model.dtype == "bf16"},
         "fp16": {"enabled": False},
         # Telemetry goes through our client: DeepSpeed's own monitors would log from the step.
@@ -76,6 +83,8 @@ def deepspeed_config(cfg: TrainConfig, world_size: int) -> dict[str, Any]:
         "memory_breakdown": False,
         "steps_per_print": 2 ** 62,
         "comms_logger": {"enabled": False},
+        # The tag is always "ds"; validating it across ranks reads a device flag on the host.
+        "checkpoint": {"tag_validation": "Ignore"},
     }
 
 
@@ -107,6 +116,7 @@ class TorchEngine:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(cfg))
         self.accum = cfg.engine.grad_accum_steps
         self._micro = 0
+        self._sync_ctx = contextlib.nullcontext()
         self._autocast = (torch.autocast(dist_info.device.type, dtype=torch.bfloat16)
                           if cfg.model.dtype == "bf16" else contextlib.nullcontext())
 
@@ -114,29 +124,32 @@ class TorchEngine:
         last = (self._micro + 1) % self.accum == 0
         # Gradients all-reduce only at the boundary micro-batch.
         sync_ctx = contextlib.nullcontext() if last or not hasattr(self.model, "no_sync") else self.model.no_sync()
-        self._sync_ctx = sync_ctx
         sync_ctx.__enter__()
-        with self._autocast:
-            return self._forward_loss(self.model, batch)
+        try:
+            with self._autocast:
+                out = self._forward_loss(self.model, batch)
+        except BaseException:
+            # Leave no_sync() now: entered, it would keep the next boundary from all-reducing.
+            sync_ctx.__exit__(None, None, None)
+            raise
+        self._sync_ctx = sync_ctx
+        return out
 
     def backward(self, loss: torch.Tensor) -> None:
-        (loss / self.accum).backward()
-        self._sync_ctx.__exit__(None, None, None)
+        sync_ctx, self._sync_ctx = self._sync_ctx, contextlib.nullcontext()
+        try:
+            (loss / self.accum).backward()
+        finally:
+            sync_ctx.__exit__(None, None, None)
         self._micro += 1
 
-    def step(self, finite: torch.Tensor | None, skip_nonfinite: bool) -> torch.Tensor:
+    def step(self) -> torch.Tensor:
         params = [p for p in self.module.parameters() if p.grad is not None]
         max_norm = self.cfg.optim.grad_clip if self.cfg.optim.grad_clip > 0 else float("inf")
-        # foreach, no error_if_nonfinite: returns the norm as a device tensor, no sync.
+        # foreach, no error_if_nonfinite: returns the norm as a device tensor, no sync. DDP has
+        # averaged the gradients, so the norm, and with it the flag, is the same on every rank.
         grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm, foreach=True)
-        if skip_nonfinite:
-            ok = torch.isfinite(grad_norm) if finite is None else (finite & torch.isfinite(grad_norm))
-            # A bad step cannot be skipped by a branch without a host read; instead its gradients
-            # are zeroed on device (params then move only by AdamW's existing momentum).
-            grads = [p.grad for p in params]
-            torch._foreach_mul_(grads, ok.to(grads[0].dtype))
-            for g in grads:
-                g.nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0)
+        self.optimizer.apply_if = torch.isfinite(grad_norm)
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
@@ -170,6 +183,8 @@ class DeepSpeedEngine:
         self._forward_loss = forward_loss
         self.cfg = cfg
         optimizer = make_optimizer(cfg, model)
+        self._adamw = optimizer
+        self.device = dist_info.device
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg))
         self.ds_config = deepspeed_config(cfg, dist_info.world_size)
         self.model, self.optimizer, _, self.scheduler = deepspeed.initialize(
@@ -187,14 +202,28 @@ class DeepSpeedEngine:
         if not self.model.is_gradient_accumulation_boundary():
             self.model.step()      # DeepSpeed counts micro-steps in step(); no update here
 
-    def step(self, finite: torch.Tensor | None, skip_nonfinite: bool) -> torch.Tensor:
-        # DeepSpeed cannot skip a step on a device flag without reading it on the host, so
-        # nonfinite_action=skip is detect-and-report here (see README of trainer/).
+    def step(self) -> torch.Tensor:
+        if self.model.optimizer is self._adamw:
+            # ZeRO stage 0 in fp32: DeepSpeed calls our optimizer directly and keeps no norm
+            # (get_global_grad_norm() is None). The gradients are all-reduced by now, so the
+            # norm taken here, on device, is the global one and the same on every rank.
+            grads = [p.grad for p in self.module.parameters() if p.grad is not None]
+            norm = torch.nn.utils.get_total_norm(grads, foreach=True)
+            self._adamw.apply_if = torch.isfinite(norm)
+            self.model.step()
+            return norm.detach()
+        # ZeRO 1-3 and bf16: DeepSpeed's optimizer computes the global norm (a device tensor)
+        # and drops a non-finite step itself, reporting inf as its norm.
         self.model.step()
+        if not self.model.was_step_applied():  # a host flag DeepSpeed has already read: no sync
+            # DeepSpeed then leaves the LR schedule where it was; DDP and ZeRO 0 count every
+            # step, so advance it here too and the engines keep one schedule.
+            self.scheduler.step()
         norm = self.model.get_global_grad_norm()
         if isinstance(norm, torch.Tensor):
             return norm.detach()
-        return torch.tensor(float("nan") if norm is None else norm)
+        # inf after a dropped step (a Python float): a fill on the device, beside the loss.
+        return torch.full((), float("nan") if norm is None else float(norm), device=self.device)
 
     @property
     def lr(self) -> float:

@@ -50,3 +50,38 @@ def estimate(*, num_params: int, hidden_size: int, num_layers: int, num_heads: i
     acts = (L * 2 * S * B * H * (w / 2) + per_layer) if gradient_checkpointing else L * per_layer
     acts += B * S * vocab_size * (w + 4)
     return MemoryEstimate(params / GB, grads / GB, optimizer / GB, acts / GB)
+
+
+def device_memory_gb(device) -> float | None:
+    """The memory one rank can use: the GPU's, or the host's physical memory on CPU; None if unknown."""
+    import os
+
+    import torch
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory / GB
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / GB
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def memory_warning(est: MemoryEstimate, capacity_gb: float | None, *, device: str, zero_stage: int,
+                   world_size: int, gradient_checkpointing: bool, micro_batch_size: int) -> str | None:
+    """A warning naming the knobs that shrink the estimate, when it exceeds `capacity_gb`; else None."""
+    if capacity_gb is None or est.total_gb <= capacity_gb:
+        return None
+    knobs = []
+    if world_size > 1 and zero_stage < 3:
+        knobs.append(f"engine.zero_stage={zero_stage + 1} (shards "
+                     + ("optimizer state" if zero_stage == 0 else "gradients too" if zero_stage == 1
+                        else "the weights too") + f" across the {world_size} ranks; needs engine.backend=deepspeed)")
+    if world_size == 1 and zero_stage < 3:
+        knobs.append("more ranks with engine.zero_stage>=1 (ZeRO shards state across ranks)")
+    if not gradient_checkpointing:
+        knobs.append("model.gradient_checkpointing=true (activations: keeps one layer's, recomputes the rest)")
+    if micro_batch_size > 1:
+        knobs.append(f"a smaller data.micro_batch_size (now {micro_batch_size}; raise engine.grad_accum_steps "
+                     "to keep the batch)")
+    advice = "; ".join(knobs) if knobs else "a smaller model or data.seq_len"
+    return (f"the memory estimate, {est.total_gb:.2f} GB per rank, exceeds the {capacity_gb:.2f} GB of {device}: "
+            f"this run will likely run out of memory. What helps: {advice}.")

@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from trainer.config import ModelConfig
-from trainer.data import IGNORE_INDEX, VOCAB_SIZE
+from trainer.data import IGNORE_INDEX, VOCAB_SIZE, to_device
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
@@ -29,6 +29,37 @@ def build_model(cfg: ModelConfig) -> torch.nn.Module:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.config.use_cache = False
     return model
+
+
+def uses_block_mask(attn_implementation: str) -> bool:
+    """flash_attention_2 takes no mask: it finds the documents from the restarting position ids."""
+    return attn_implementation != "flash_attention_2"
+
+
+def attention_mask_for(block_mask: torch.Tensor, attn_implementation: str, dtype: torch.dtype) -> torch.Tensor:
+    """The [B, 1, S, S] block-causal mask (bool, True = may attend) in the form the attention expects.
+
+    A 4-D mask reaches the attention function as given. sdpa reads a bool mask as "may attend";
+    eager *adds* the mask to the scores, so it needs 0 where allowed and a large negative number
+    elsewhere (a bool mask added as 0/1 masks nothing: every position would see the future).
+    """
+    if attn_implementation == "eager":
+        allowed = torch.zeros((), dtype=dtype, device=block_mask.device)
+        blocked = torch.full((), torch.finfo(dtype).min, dtype=dtype, device=block_mask.device)
+        return torch.where(block_mask, allowed, blocked)
+    return block_mask
+
+
+def prepare_batch(host_batch: dict, device: torch.device, attn_implementation: str,
+                  dtype: torch.dtype) -> dict:
+    """Copy a collated batch to `device` (no wait) and put its mask in the attention's form.
+
+    The one way a batch reaches the model, in training and in eval alike.
+    """
+    batch = to_device(host_batch, device)
+    if "attention_mask" in batch:
+        batch["attention_mask"] = attention_mask_for(batch["attention_mask"], attn_implementation, dtype)
+    return batch
 
 
 def num_params(model: torch.nn.Module) -> int:

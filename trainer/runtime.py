@@ -17,6 +17,9 @@ import torch.distributed as dist
 
 from trainer.engine import DistInfo
 
+# A stop code above every signal number: nonfinite_action=stop asks for it, agreed like a signal.
+STOP_NONFINITE = 1000
+
 
 def _free_port() -> int:
     with socket.socket() as s:
@@ -70,6 +73,10 @@ class StopSignal:
     def _handle(self, signum, frame) -> None:
         self.signum = self.signum or signum
 
+    def request(self, code: int) -> None:
+        """Ask every rank to stop, from the training thread (STOP_NONFINITE); a signal wins if first."""
+        self.signum = self.signum or code
+
     def should_stop(self) -> int:
         """Called once per step on every rank; returns the agreed signal number or 0."""
         if self._group is None:
@@ -116,7 +123,7 @@ class LossLog:
                 return
             step, values = item
             # Off the training thread: may wait for the device, which is fine here.
-            row = {"step": step, **{k: v.item() for k, v in values.items()}}
+            row = {"step": step, **{k: (v.item() if isinstance(v, torch.Tensor) else v) for k, v in values.items()}}
             self._file.write(json.dumps(row) + "\n")
             self._file.flush()
 

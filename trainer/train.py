@@ -20,18 +20,21 @@ import torch
 
 from trainer import checkpoint as ckpt
 from trainer.config import TrainConfig, load_config
-from trainer.data import IGNORE_INDEX, make_loader, to_device
+from trainer.data import IGNORE_INDEX, make_loader
 from trainer.engine import make_engine, resolve_backend
-from trainer.memory_estimate import estimate
+from trainer.faults import make_faults
+from trainer.memory_estimate import device_memory_gb, estimate, memory_warning
 from trainer.metrics import DatasetMetrics, HostFlag, PhaseTimer, memory_stats
-from trainer.model import build_model, forward_loss, num_params
-from trainer.runtime import LossLog, StopSignal, init_distributed
+from trainer.model import DTYPES, build_model, forward_loss, num_params, prepare_batch, uses_block_mask
+from trainer.runtime import STOP_NONFINITE, LossLog, StopSignal, init_distributed
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m trainer.train", description=__doc__.split("\n")[0])
     p.add_argument("--config", default=None, help="YAML config (default: launch/configs/tiny.yaml)")
     p.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. optim.lr=1e-4")
+    p.add_argument("--check-config", action="store_true",
+                   help="only load and validate the config (exit 0, or 2 with the error), train nothing")
     # The deepspeed launcher passes --local_rank=N; the rank is read from $LOCAL_RANK.
     p.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -47,6 +50,12 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, OSError) as e:
         print(f"config error: {e}", file=sys.stderr)
         return 2
+    problem = check_run_dir(cfg.run_dir)
+    if problem:
+        print(f"config error: run_dir: {problem}", file=sys.stderr)
+        return 2
+    if args.check_config:
+        return 0
     info = init_distributed(need_process_group=resolve_backend(cfg) == "deepspeed")
     torch.manual_seed(cfg.seed)  # the same initial weights on every rank
     engine = make_engine(cfg, build_model(cfg.model), info)
@@ -59,6 +68,25 @@ def main(argv: list[str] | None = None) -> int:
         run.close()
 
 
+def check_run_dir(run_dir: str) -> str:
+    """Why checkpoints could not be written under `run_dir` ("" if they can): its nearest existing
+    ancestor must be a directory that takes a file (tried with a temporary one, removed at once;
+    rank 0 makes the directory on its first save)."""
+    import tempfile
+
+    path = Path(os.path.abspath(run_dir))
+    while not path.exists():
+        path = path.parent
+    if not path.is_dir():
+        return f"{path} is a file, not a directory"
+    try:
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as exc:
+        return f"{path} is not writable ({exc.strerror or exc})"
+    return ""
+
+
 class Run:
     """One training run on one rank: the loop, its metrics, checkpoints and stop handling."""
 
@@ -67,21 +95,30 @@ class Run:
         self.device = info.device
         self.names = [d.name for d in cfg.data.datasets]
         self.is_main = info.rank == 0
-        self.block_mask = cfg.model.attn_implementation != "flash_attention_2"
+        self.block_mask = uses_block_mask(cfg.model.attn_implementation)
+        self.compute_dtype = DTYPES[cfg.model.dtype]
+        self.faults = make_faults(cfg.debug, info.rank)
         self.pin = self.device.type == "cuda" and cfg.data.pin_memory
         self.config_yaml = _yaml(cfg)
         self.loss_log = LossLog(cfg.debug_loss_log, info.rank)
         self.stop = StopSignal(info.world_size)
         self.step = 0  # completed optimizer steps
+        self.samples_seen = 0  # documents this rank has trained on, kept across resumes
 
     # -- set-up ----------------------------------------------------------------------------------
     def start(self) -> None:
         cfg = self.cfg
         path = None if cfg.checkpoint.resume == "none" else (
             ckpt.latest(cfg.run_dir) if cfg.checkpoint.resume == "auto" else Path(cfg.checkpoint.resume))
+        accum = cfg.engine.grad_accum_steps
         if path is not None:
             self.step = ckpt.load(self.engine, path, self.info.rank)
+            # Without this rank's count (resumed on more ranks than saved): one document per row.
+            self.samples_seen = ckpt.rank_state(path, self.info.rank).get(
+                "samples_seen", self.step * cfg.data.micro_batch_size * accum)
             self._print(f"resumed from {path} at step {self.step}")
+        if self.faults.describe():
+            self._print(f"debug fault injection on: {self.faults.describe()}", all_ranks=True)
         hf = self.engine.module.config
         n = num_params(self.engine.module)
         if self.is_main:
@@ -95,6 +132,14 @@ class Run:
                                world_size=self.info.world_size, gradient_checkpointing=cfg.model.gradient_checkpointing)
                 self._print(f"model: {n / 1e6:.2f}M params, engine {self.engine.name}, "
                             f"{self.info.world_size} rank(s); memory estimate per rank:\n{est.table()}")
+                warning = memory_warning(est, device_memory_gb(self.device), device=str(self.device),
+                                         zero_stage=cfg.engine.zero_stage if self.engine.name == "deepspeed" else 0,
+                                         world_size=self.info.world_size,
+                                         gradient_checkpointing=cfg.model.gradient_checkpointing,
+                                         micro_batch_size=cfg.data.micro_batch_size)
+                if warning:
+                    print(f"[trainer rank 0] WARNING: {warning}", file=sys.stderr, flush=True)
+                    self.tm.event("memory_warning", {"message": warning, "estimate_gb": est.total_gb})
         cuda = self.device.type == "cuda"
         self.tm.hello({
             "run_name": cfg.run_name, "config": cfg.to_dict(),
@@ -117,7 +162,6 @@ class Run:
         timer = PhaseTimer(self.device)
         nonfinite = HostFlag(self.device, size=2)  # [loss, grad_norm] nonfinite step counts
         num_nonfinite_seen = [0.0, 0.0]
-        samples_seen = self.step * cfg.data.micro_batch_size * accum * self.info.world_size
         engine.train()
         t_last = time.perf_counter()
         try:
@@ -128,40 +172,49 @@ class Run:
                 step_loss = torch.zeros((), device=self.device)
                 num_tokens = num_samples = doc_len_sq = 0
                 data_time_s = 0.0
+                step = self.step + 1  # the step being computed, as the metrics number it
                 for _ in range(accum):
                     t0 = time.perf_counter()
+                    self.faults.phase("data", step)
                     host_batch = next(batches)
-                    batch = to_device(host_batch, self.device)
+                    batch = self.prepare(host_batch)
                     data_time_s += time.perf_counter() - t0
                     num_tokens += host_batch["num_tokens"]
                     num_samples += host_batch["num_samples"]
                     doc_len_sq += host_batch["attn_doc_len_sq"]
                     timer.start("forward")
+                    self.faults.phase("forward", step)
                     loss, token_loss, correct = engine.forward_loss(batch)
+                    loss = self.faults.poison(loss, step)
                     timer.stop("forward")
                     ds_metrics.update(token_loss, correct, batch["labels"] != IGNORE_INDEX, batch["dataset_ids"])
                     step_loss += loss.detach()
                     timer.start("backward")
+                    self.faults.phase("backward", step)
                     engine.backward(loss)
                     timer.stop("backward")
                 step_loss /= accum
                 timer.start("optimizer")
+                self.faults.phase("optimizer", step)
                 lr = engine.lr  # the LR this update uses (host-side schedule)
-                grad_norm = engine.step(torch.isfinite(step_loss), cfg.nonfinite_action == "skip")
+                # A step with non-finite gradients is not applied, whatever nonfinite_action says.
+                grad_norm = engine.step()
                 timer.stop("optimizer")
                 timer.end_step()
                 nonfinite.add(torch.stack([~torch.isfinite(step_loss), ~torch.isfinite(grad_norm)]).float())
-                self.step += 1
-                samples_seen += num_samples * self.info.world_size
+                self.step = step
+                self.samples_seen += num_samples
+                epoch = self.samples_seen * self.info.world_size / cfg.data.epoch_samples
                 now = time.perf_counter()
                 step_time_s, t_last = now - t_last, now
-                self.loss_log.log(self.step, {"loss": step_loss, "grad_norm": grad_norm})
+                self.loss_log.log(self.step, {"loss": step_loss, "grad_norm": grad_norm, "lr": lr, "epoch": epoch,
+                                              "data_loading_time": data_time_s})
                 if self.step % cfg.log_every == 0:
                     phases = timer.latest()
                     compute_s = sum(phases.values())
                     tm.log(self.step, {
                         "train/loss": step_loss, "train/lr": lr, "train/grad_norm": grad_norm,
-                        "train/epoch": samples_seen / cfg.data.epoch_samples,
+                        "train/epoch": epoch,
                         "perf/step_time": step_time_s, "perf/tokens": num_tokens, "perf/samples": num_samples,
                         "perf/tokens_per_second": num_tokens / step_time_s,
                         "perf/samples_per_second": num_samples / step_time_s,
@@ -182,7 +235,9 @@ class Run:
                     tm.event("nonfinite", {"step": self.step, "what": ",".join(what), "action": cfg.nonfinite_action})
                     self._print(f"non-finite {' and '.join(what)} seen by step {self.step} ({cfg.nonfinite_action})")
                     if cfg.nonfinite_action == "stop":
-                        return 3
+                        # Every rank must stop at the same step for the collective checkpoint:
+                        # the request is agreed like a signal, at the next step boundary.
+                        self.stop.request(STOP_NONFINITE)
                 if cfg.eval.every_steps and self.step % cfg.eval.every_steps == 0:
                     tm.log(self.step, self.evaluate())
                     t_last = time.perf_counter()  # eval time is not the next step's time
@@ -211,17 +266,21 @@ class Run:
                                  start_step=0, block_mask=self.block_mask, pin_memory=self.pin, split="eval",
                                  only=k, num_steps=self.cfg.eval.num_batches, num_workers=0)
             for host_batch in loader:
-                batch = to_device(host_batch, self.device)
+                batch = self.prepare(host_batch)
                 _, token_loss, correct = forward_loss(self.engine.model, batch)
                 metrics.update(token_loss, correct, batch["labels"] != IGNORE_INDEX, batch["dataset_ids"])
         self.engine.train(True)
-        values = metrics.values("eval")
-        return {k: v for k, v in values.items() if not k.endswith("/tokens")}
+        # With the token counts: the daemon weights each rank's figure by them (one per dataset).
+        return metrics.values("eval")
+
+    def prepare(self, host_batch: dict) -> dict:
+        """The batch on the device, its mask in the attention's form: one path for train and eval."""
+        return prepare_batch(host_batch, self.device, self.cfg.model.attn_implementation, self.compute_dtype)
 
     def save(self, reason: str, collective: bool = True) -> None:
         path = ckpt.save(self.engine, run_dir=self.cfg.run_dir, step=self.step, rank=self.info.rank,
                          config_yaml=self.config_yaml, keep_last=self.cfg.checkpoint.keep_last,
-                         collective=collective, reason=reason)
+                         collective=collective, reason=reason, rank_state={"samples_seen": self.samples_seen})
         self.tm.event("checkpoint_saved", {"path": str(path), "step": self.step, "reason": reason})
 
     def emergency_save(self, reason: str, collective: bool) -> None:
@@ -233,6 +292,9 @@ class Run:
             self._print(f"emergency checkpoint ({reason}) not written: {e}", all_ranks=True)
 
     def emergency_stop(self, signum: int) -> int:
+        if signum == STOP_NONFINITE:  # nonfinite_action=stop
+            self.emergency_save("nonfinite", collective=True)
+            return 3
         import signal
         self.emergency_save(signal.Signals(signum).name, collective=True)
         return 128 + signum  # the shell's convention for "ended by signal N"
