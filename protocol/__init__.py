@@ -21,6 +21,7 @@ from protocol.constants import (
     KIND_NAMES,
     MAX_FRAME_BYTES,
     MAX_NAME_CHARS,
+    MAX_RANK,
     MAX_VALUES,
     PROTOCOL_VERSION,
 )
@@ -38,6 +39,6 @@ def __getattr__(name: str):
 
 __all__ = [
     "Bye", "Event", "Hello", "KIND_BYE", "KIND_EVENT", "KIND_HELLO", "KIND_METRICS", "KIND_NAMES",
-    "MAX_FRAME_BYTES", "MAX_NAME_CHARS", "MAX_VALUES", "MalformedRecord", "PROTOCOL_VERSION", "Record",
+    "MAX_FRAME_BYTES", "MAX_NAME_CHARS", "MAX_RANK", "MAX_VALUES", "MalformedRecord", "PROTOCOL_VERSION", "Record",
     "decode", "encode", "encode_bye", "encode_event", "encode_hello", "encode_metrics", "new_packer",
 ]

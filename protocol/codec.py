@@ -78,9 +78,17 @@ def _get_decoder() -> Any:
 
         global _Metrics
         _Metrics = Metrics
-        _DecodeErrors = (msgspec.DecodeError, msgspec.ValidationError)
-        _decoder = msgspec.msgpack.Decoder(Record)
+        # UnicodeDecodeError: invalid UTF-8 in any string of the frame (msgspec raises it as it
+        # parses); MalformedRecord: an ext type (_refuse_ext). No sink could write either.
+        _DecodeErrors = (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError, MalformedRecord)
+        _decoder = msgspec.msgpack.Decoder(Record, ext_hook=_refuse_ext)
     return _decoder
+
+
+def _refuse_ext(code: int, data: memoryview) -> Any:
+    """The protocol has no msgpack ext types (a timestamp, a tool's own types): no sink can
+    write one, so a frame holding one anywhere is malformed."""
+    raise MalformedRecord(f"msgpack ext type {code} is not part of the protocol")
 
 
 def check_names(keys: tuple) -> tuple:
@@ -113,12 +121,32 @@ def decode(frame: bytes | memoryview) -> Any:
     try:
         record = (_decoder or _get_decoder()).decode(frame)
     except _DecodeErrors as exc:
-        raise MalformedRecord(str(exc)) from None
+        raise MalformedRecord(str(exc) or type(exc).__name__) from None
     except RecursionError:  # deeply nested maps/arrays inside an event's data
         raise MalformedRecord("nesting too deep") from None
     if type(record) is _Metrics:
         check_names(tuple(record.values))
     return record
+
+
+_header_decoder: Any = None
+
+
+def decode_header(frame: bytes | memoryview) -> tuple[int, int, int, int] | None:
+    """(src, rank, seq, dropped) of a frame whose header is well formed, whatever its body; None
+    for a frame that has none (see records.LooseHeader)."""
+    global _header_decoder
+    if _header_decoder is None:
+        import msgspec
+
+        from protocol.records import LooseHeader
+
+        _header_decoder = msgspec.msgpack.Decoder(LooseHeader)
+    try:
+        h = _header_decoder.decode(frame)
+    except Exception:       # anything at all: this frame is counted as malformed either way
+        return None
+    return h.src, h.rank, h.seq, h.dropped
 
 
 def decoder_parts() -> tuple[Any, tuple, dict]:

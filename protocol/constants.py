@@ -17,3 +17,4 @@ KIND_NAMES = {KIND_HELLO: "hello", KIND_METRICS: "metrics", KIND_EVENT: "event",
 MAX_FRAME_BYTES = 1 << 20          # 1 MiB: a hello with a big config fits, a runaway does not
 MAX_NAME_CHARS = 256               # metric and event names
 MAX_VALUES = 4096                  # metrics per record
+MAX_RANK = (1 << 20) - 1           # a global rank beyond this is not a rank of any real run

@@ -10,7 +10,7 @@ the same for every kind (the header); the rest depend on the kind:
     version  int  PROTOCOL_VERSION (1); any other is rejected
     src      int  random 63-bit id of one client instance (one process's TelemetryClient);
                   sequence numbers are per src, so a restarted or forked rank is told apart
-    rank     int  global rank (>= 0)
+    rank     int  global rank (0..MAX_RANK, 2^20 - 1)
     seq      int  per-src record number, 0, 1, 2 ... counting every record the client tried
                   to send, including those it dropped; gaps seen by the daemon are losses
     dropped  int  how many records this src has dropped so far (cumulative, never decreases)
@@ -31,13 +31,14 @@ from typing import Annotated, Any, Literal, Union
 
 import msgspec
 
-from protocol.constants import KIND_BYE, KIND_EVENT, KIND_HELLO, KIND_METRICS, MAX_NAME_CHARS, MAX_VALUES
+from protocol.constants import KIND_BYE, KIND_EVENT, KIND_HELLO, KIND_METRICS, MAX_NAME_CHARS, MAX_RANK, MAX_VALUES
 
 
 
 # The bounds are msgspec constraints, so the decoder checks them in C as it parses (a Python
 # pass over every record cost more than the parse itself).
 U63 = Annotated[int, msgspec.Meta(ge=0, le=(1 << 63) - 1)]
+Rank = Annotated[int, msgspec.Meta(ge=0, le=MAX_RANK)]
 Name = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_NAME_CHARS)]
 # bool and None (a value that could not be computed) are accepted so one odd value does not
 # cost the whole record; the daemon writes them as JSON true/false/null.
@@ -53,10 +54,22 @@ Values = Annotated[dict[str, Union[float, int, bool, None]], msgspec.Meta(max_le
 class _Header(msgspec.Struct, array_like=True, tag_field="kind", frozen=True, gc=False):
     version: Literal[1]            # PROTOCOL_VERSION; a record of another version is rejected
     src: U63
-    rank: U63
+    rank: Rank
     seq: U63
     dropped: U63
     t_ns: U63
+
+
+class LooseHeader(msgspec.Struct, array_like=True, frozen=True, gc=False):
+    """The header of a frame the full decoder refused (a negative step, a bad value): read
+    without the body (trailing elements are skipped unchecked), so the receiver can still count
+    the record as received from its src: refused once (malformed), not also lost (a seq gap)."""
+    kind: Annotated[int, msgspec.Meta(ge=KIND_HELLO, le=KIND_BYE)]
+    version: Literal[1]
+    src: U63
+    rank: U63
+    seq: U63
+    dropped: U63
 
 
 class Hello(_Header, tag=KIND_HELLO, frozen=True):

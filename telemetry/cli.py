@@ -18,10 +18,11 @@ COMMANDS: dict[str, str] = {
     "drain": "telemetry.consumers.drain",
     "tail": "telemetry.consumers.tail",
     "report": "telemetry.consumers.report",
+    "dashboard": "telemetry.consumers.dashboard",
     "export-prometheus": "telemetry.consumers.prometheus",
     "replay": "telemetry.consumers.replay",
-    "mfu-check": "telemetry.mfu_check",
-    "keygen": "telemetry.security.keygen",
+    "mfu-check": "telemetry.tools.mfu_check",
+    "keygen": "telemetry.tools.keygen",
 }
 
 # One-line help per subcommand, kept here so `telemetry --help` imports nothing heavy.
@@ -31,6 +32,7 @@ SUMMARIES: dict[str, str] = {
     "drain": "ask a running daemon to drain, flush and exit",
     "tail": "live view of a running job from the daemon's PUB socket",
     "report": "plots, an HTML page and a text summary from a run's metrics.jsonl",
+    "dashboard": "a live dashboard in the browser (history from metrics.jsonl, live from PUB)",
     "export-prometheus": "serve the latest values as Prometheus gauges",
     "replay": "replay a run's metrics.jsonl into Weights & Biases",
     "mfu-check": "compare the analytic FLOPs formula with FlopCounterMode for a model",

@@ -13,7 +13,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from telemetry import endpoints
+    from telemetry.shared import endpoints
     from telemetry.daemon.control import request
 
     try:

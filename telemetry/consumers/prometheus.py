@@ -5,8 +5,11 @@
 Subscribes to the daemon's PUB socket and keeps the latest value of every metric; a scrape of
 http://ADDR:PORT/metrics reads them. Names are sanitised: train/loss -> telemetry_train_loss.
 Where a record says where it is from, that becomes a label: GPU records carry host and gpu,
-system records host, per-rank metrics rank; path segments rank<r> and dataset/<name>/ become
-rank and dataset labels (gpu/rank3/memory_used_gb -> telemetry_gpu_memory_used_gb{rank="3"}).
+system records host; dataset/<name>/ and eval/<name>/ become a dataset label
+(eval/copy/loss -> telemetry_eval_loss{dataset="copy"}); a rank is a label of its own family,
+never of the total: gpu/rank3/memory_used_gb -> telemetry_gpu_rank_memory_used_gb{rank="3"}, a
+per-rank metrics record's train/loss -> telemetry_rank_train_loss{rank="3"}. The daemon's own
+counters drop their telemetry/ segment: telemetry/records_in -> telemetry_records_in.
 Events are counted (telemetry_events_total{name=...}); telemetry_step is the last step and
 telemetry_last_record_timestamp_seconds says whether the run is still talking.
 """
@@ -31,17 +34,27 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def metric_name(name: str) -> tuple[str, dict[str, str]]:
-    """Prometheus name and labels for a metric name of the JSONL contract."""
+    """Prometheus name and labels for a metric name of the JSONL contract.
+
+    dataset/<d>/x and eval/<d>/x -> telemetry_dataset_x / telemetry_eval_x {dataset="<d>"};
+    a path segment rank<r> -> a rank label, and "rank" stays in the name
+    (gpu/rank3/memory_used_gb -> telemetry_gpu_rank_memory_used_gb{rank="3"}), so a per-rank
+    family never shares its name with the total (gpu/memory_used_gb has no rank label);
+    telemetry/x (the daemon's own counters) -> telemetry_x, not telemetry_telemetry_x.
+    """
     parts = name.split("/")
     labels: dict[str, str] = {}
-    if len(parts) >= 3 and parts[0] == "dataset":
+    if len(parts) >= 3 and parts[0] in ("dataset", "eval"):
         labels["dataset"] = parts[1]
-        parts = ["dataset", *parts[2:]]
+        parts = [parts[0], *parts[2:]]
+    if parts[0] == "telemetry" and len(parts) > 1:
+        parts = parts[1:]
     kept = []
-    for seg in parts:
+    for i, seg in enumerate(parts):
         m = _RANK_SEGMENT.match(seg)
-        if m and kept:  # "rank3" inside a name is a label, never a metric of its own
+        if m and i > 0:  # "rank3" inside a name is a label, never a metric of its own
             labels["rank"] = m.group(1)
+            kept.append("rank")
         else:
             kept.append(seg)
     base = _BAD.sub("_", "_".join(kept))
@@ -63,9 +76,11 @@ class LatestValues:
 
     def consume(self, kind: str, rec: dict) -> None:
         base: dict[str, str] = {}
+        per_rank = False
         if kind == "metrics":
             if isinstance(rec.get("rank"), int):
                 base["rank"] = str(rec["rank"])
+                per_rank = True
         elif kind == "gpu":
             base = {"host": str(rec.get("host", "")), "gpu": str(rec.get("gpu", ""))}
         elif kind == "system":
@@ -92,6 +107,8 @@ class LatestValues:
                 if isinstance(v, bool) or not isinstance(v, (int, float)):
                     continue
                 name, labels = metric_name(k)
+                if per_rank:  # one rank's own value (--per-rank): beside the aggregate, not in it
+                    name = PREFIX + "rank_" + name[len(PREFIX):]
                 key = tuple(sorted({**base, **labels}.items()))
                 self._gauges.setdefault(name, {})[key] = float(v)
 
@@ -141,28 +158,21 @@ def serve(pub: str, port: int, addr: str = "127.0.0.1") -> tuple[Any, LatestValu
 
 
 def run(args: argparse.Namespace) -> int:
-    from telemetry import endpoints
-    from telemetry.consumers.subscribe import Subscriber
+    from telemetry.consumers.subscribe import AttachError, attach
 
     try:
-        ep = endpoints.resolve("pub", args.pub)
-    except endpoints.EndpointError as exc:
-        print(f"telemetry export-prometheus: {exc}", file=sys.stderr)
+        sub = attach("telemetry export-prometheus", args.pub)
+    except AttachError as exc:
+        print(exc, file=sys.stderr)
         return 2
     try:
-        server, latest, _ = serve(ep, args.port, args.addr)
+        server, latest, _ = serve(sub.endpoint, args.port, args.addr)
     except OSError as exc:
+        sub.close()
         print(f"telemetry export-prometheus: cannot listen on {args.addr}:{args.port}: {exc}", file=sys.stderr)
         return 1
     port = server.server_address[1]
-    print(f"telemetry export-prometheus: serving http://{args.addr}:{port}/metrics from {ep}", flush=True)
-    import signal
-
-    def stop(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, stop)
-    sub = Subscriber(ep)
+    print(f"telemetry export-prometheus: serving http://{args.addr}:{port}/metrics from {sub.endpoint}", flush=True)
     try:
         while True:
             for kind, rec in sub.records(timeout_ms=500):
@@ -173,4 +183,3 @@ def run(args: argparse.Namespace) -> int:
         sub.close()
         server.shutdown()
     return 0
-

@@ -9,6 +9,7 @@ Nothing is written: a report of a live run must not race the daemon's own repair
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -47,29 +48,109 @@ class ReadStats:
     num_bad: int = 0
 
 
+def _parse(line: bytes, stats: ReadStats) -> dict | None:
+    try:
+        rec = json.loads(line)
+    except ValueError:
+        stats.num_bad += 1
+        return None
+    if not isinstance(rec, dict) or not isinstance(rec.get("kind"), str):
+        stats.num_bad += 1
+        return None
+    stats.num_lines += 1
+    return rec
+
+
 def read_records(log_dir: Path, stats: ReadStats | None = None) -> Iterator[dict]:
     """Every whole record of a run's metrics files, oldest first."""
-    from telemetry.sinks.jsonl import rotated_files
+    from telemetry.daemon.sinks.jsonl import rotated_files
 
     stats = stats if stats is not None else ReadStats()
     for path in rotated_files(Path(log_dir)):
-        stats.num_files += 1
-        try:
-            f = open(path, "rb")
-        except FileNotFoundError:  # rotated away between listing and opening
-            continue
-        with f:
-            for line in f:
-                if not line.endswith(b"\n"):
-                    stats.num_torn += 1  # only a last line can lack its newline
-                    break
-                try:
-                    rec = json.loads(line)
-                except ValueError:
-                    stats.num_bad += 1
-                    continue
-                if not isinstance(rec, dict) or not isinstance(rec.get("kind"), str):
-                    stats.num_bad += 1
-                    continue
-                stats.num_lines += 1
+        yield from _file_records(path, stats)
+
+
+def _file_records(path: Path, stats: ReadStats) -> Iterator[dict]:
+    """The whole records of one file."""
+    stats.num_files += 1
+    try:
+        f = open(path, "rb")
+    except FileNotFoundError:  # rotated away between listing and opening
+        return
+    with f:
+        for line in f:
+            if not line.endswith(b"\n"):
+                stats.num_torn += 1  # only a last line can lack its newline
+                break
+            rec = _parse(line, stats)
+            if rec is not None:
                 yield rec
+
+
+class Follower:
+    """The records of a run's metrics as they are written: everything so far on the first
+    poll() (rotated pieces oldest first, then metrics.jsonl), then what was appended since.
+
+    A line without its newline yet is kept back until it is whole (the daemon writes whole
+    lines, but a reader can catch one mid-write). When the daemon rotates metrics.jsonl, the
+    rest of the old file is read before the new one. Lines that are not records are counted
+    in stats.num_bad. Nothing is written.
+    """
+
+    def __init__(self, log_dir: Path, stats: ReadStats | None = None) -> None:
+        self.log_dir = Path(log_dir)
+        self.stats = stats if stats is not None else ReadStats()
+        self._file = None
+        self._inode: int | None = None
+        self._partial = b""
+        self._started = False
+
+    def _read_open_file(self, out: list[dict]) -> None:
+        data = self._partial + self._file.read()
+        lines = data.split(b"\n")
+        self._partial = lines.pop()  # b"" after a whole last line
+        for line in lines:
+            rec = _parse(line, self.stats)
+            if rec is not None:
+                out.append(rec)
+
+    def _open_current(self) -> bool:
+        try:
+            f = open(self.log_dir / FILE_NAME, "rb")
+        except FileNotFoundError:
+            return False
+        self._file, self._inode, self._partial = f, os.fstat(f.fileno()).st_ino, b""
+        self.stats.num_files += 1
+        return True
+
+    def poll(self) -> list[dict]:
+        out: list[dict] = []
+        if not self._started:
+            self._started = True
+            from telemetry.daemon.sinks.jsonl import rotated_files
+
+            for path in rotated_files(self.log_dir):
+                if path.name != FILE_NAME:
+                    out.extend(_file_records(path, self.stats))
+        if self._file is None and not self._open_current():
+            return out
+        self._read_open_file(out)
+        try:
+            inode = os.stat(self.log_dir / FILE_NAME).st_ino
+        except FileNotFoundError:
+            inode = None
+        if inode != self._inode:  # rotated: the old file is complete, go on with the new one
+            self._read_open_file(out)
+            if self._partial:
+                self.stats.num_torn += 1
+            self._file.close()
+            self._file = None
+            if self._open_current():
+                self._read_open_file(out)
+        return out
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+

@@ -8,10 +8,20 @@ logged in the sink's shape: aggregated metrics per step against `train/step`, GP
 records at the step they followed, the ranks' hello info as the run config, events as a table.
 
 Idempotent by step. A replay records the last step it logged, per W&B mode and run id, in
-<telemetry dir>/wandb_replay.json; online, the resumed run's summary (`train/step`, fetched from
-the server on resume) is consulted too, so a run filled by the live sink or another machine
-is not filled twice. Records of steps at or below that mark are skipped; when nothing is new
-no W&B run is opened at all. Re-running after the training went on uploads only the new steps.
+<telemetry dir>/wandb_replay.json; when nothing is new no W&B run is opened at all.
+
+Online, the resumed run's summary (`train/step`, fetched from the server on resume) is consulted
+too, so a run filled by the live sink or another machine is not filled twice; re-running after
+the training went on uploads only the new steps.
+
+Offline, one directory per run id: `wandb sync <telemetry dir>/wandb` uploads every offline run
+directory in it, and two with the same id (the live sink's and a replay's, or two replays')
+would upload the same steps twice. So an offline replay writes the whole run from
+metrics.jsonl (the source of truth: everything the live sink had, and what it missed) into one
+new directory, and moves the older directories of the same run id out of the way, into
+<telemetry dir>/wandb-superseded/ (kept, never deleted). A directory whose run was not finished
+(no exit record) and was written to in the last LIVE_WRITE_S seconds belongs to a daemon still
+running: it is left where it is, with a warning.
 """
 from __future__ import annotations
 
@@ -24,6 +34,11 @@ from pathlib import Path
 from typing import Any
 
 STATE_FILE = "wandb_replay.json"
+SUPERSEDED_DIR = "wandb-superseded"
+# A W&B offline directory touched this recently is still being written by a live daemon.
+LIVE_WRITE_S = 30.0
+# W&B's service process writes a finished run's last records a moment after run.finish().
+FINISH_FLUSH_S = 10.0
 # Records per W&B log call are one row each; this only paces progress output.
 PROGRESS_EVERY = 5000
 
@@ -39,7 +54,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run_id_for(log_dir: Path, run_name: str) -> str:
     """The live sink's W&B run id for this log dir: the one it wrote down, else the same derivation."""
-    from telemetry.sinks.wandb_sink import stable_run_id
+    from telemetry.daemon.sinks.wandb_sink import stable_run_id
 
     id_file = log_dir / "wandb_run_id"
     if id_file.exists():
@@ -95,8 +110,10 @@ def plan(records: Any, after_step: int) -> tuple[list[tuple[int, dict]], list[di
 
 
 def replay(run_dir: str | Path, mode: str = "online", project: str | None = None, entity: str | None = None,
-           run_id: str | None = None, run_name: str | None = None, out: Any = sys.stdout) -> dict[str, Any]:
-    """Replay into W&B; return {"run_id", "mode", "rows", "steps", "skipped_through", "last_step"}."""
+           run_id: str | None = None, run_name: str | None = None, out: Any = None) -> dict[str, Any]:
+    """Replay into W&B; return {"run_id", "mode", "rows", "steps", "skipped_through", "last_step",
+    "superseded"}. Progress goes to `out` (default: sys.stdout at the time of the call)."""
+    out = out if out is not None else sys.stdout
     from telemetry.consumers.readjsonl import find_log_dir, read_records, run_dir_of
     from telemetry.consumers.report import collect
     from telemetry.consumers.report import run_name as name_of
@@ -110,11 +127,16 @@ def replay(run_dir: str | Path, mode: str = "online", project: str | None = None
     key = f"{mode}:{run_id}"
     done = int(state.get(key, {}).get("last_step", -1))
     rows, _, config, events = plan(read_records(log_dir), done)
-    result = {"run_id": run_id, "mode": mode, "rows": 0, "steps": 0, "skipped_through": done, "last_step": done}
+    result = {"run_id": run_id, "mode": mode, "rows": 0, "steps": 0, "skipped_through": done, "last_step": done,
+              "superseded": []}
     if not rows:
         print(f"replay: nothing new for W&B run {run_id} ({mode}); steps up to {done} were replayed before",
               file=out)
         return result
+    if mode == "offline":
+        # Something is new: the whole run goes into one new directory (see the module docstring).
+        rows, _, config, events = plan(read_records(log_dir), -1)
+        done = -1
 
     import wandb  # lazy: ~1 s, and only when there is something to send
 
@@ -148,8 +170,11 @@ def replay(run_dir: str | Path, mode: str = "online", project: str | None = None
                                json.dumps(data))
             run.log({"telemetry/events": table, "train/step": max(steps) if steps else done})
         last = max(steps) if steps else done
+        run_files_dir = Path(run.dir)
     finally:
         run.finish()
+    if mode == "offline":
+        result["superseded"] = supersede_offline_dirs(log_dir, run_id, keep=run_files_dir.parent, out=out)
     state[key] = {"last_step": last, "rows": int(state.get(key, {}).get("rows", 0)) + len(rows),
                   "updated": time.time()}
     _save_state(log_dir, state)
@@ -157,6 +182,47 @@ def replay(run_dir: str | Path, mode: str = "online", project: str | None = None
     print(f"replay: {len(rows)} rows ({len(steps)} steps, {min(steps, default=last)}..{last}) into W&B run {run_id} "
           f"({mode}) in {time.monotonic() - t0:.1f} s", file=out)
     return result
+
+
+def _finishes_soon(run_dir: Path, is_finished: Any) -> bool:
+    """Whether a recently written offline run is finished, allowing W&B's service process the
+    moments it takes to write the exit record after run.finish() returned."""
+    deadline = time.monotonic() + FINISH_FLUSH_S
+    while not is_finished(run_dir):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)
+    return True
+
+
+def supersede_offline_dirs(log_dir: Path, run_id: str, keep: Path, out: Any = None) -> list[Path]:
+    """Move the offline W&B directories of `run_id` other than `keep` to wandb-superseded/.
+
+    Returns where they went. One still being written (a live daemon's) stays, with a warning.
+    """
+    from telemetry.consumers.wandb_offline import is_finished
+
+    out = out if out is not None else sys.stdout
+    moved = []
+    wandb_dir = log_dir / "wandb"
+    for d in sorted(wandb_dir.glob(f"offline-run-*-{run_id}")):
+        if not d.is_dir() or d.resolve() == keep.resolve():
+            continue
+        newest = max((p.stat().st_mtime for p in d.rglob("*") if p.is_file()), default=d.stat().st_mtime)
+        if time.time() - newest < LIVE_WRITE_S and not _finishes_soon(d, is_finished):
+            print(f"replay: warning: {d} was written {time.time() - newest:.0f} s ago (a daemon still running?); "
+                  f"left in place: sync only {keep} for this run", file=out)
+            continue
+        dest_dir = log_dir / SUPERSEDED_DIR
+        dest_dir.mkdir(exist_ok=True)
+        dest = dest_dir / d.name
+        os.replace(d, dest)
+        moved.append(dest)
+    if moved:
+        print(f"replay: {len(moved)} older offline director{'y' if len(moved) == 1 else 'ies'} of run {run_id} "
+              f"moved to {log_dir / SUPERSEDED_DIR} (the new one holds the whole run): wandb sync {wandb_dir} "
+              "uploads it once", file=out)
+    return moved
 
 
 def run(args: argparse.Namespace) -> int:

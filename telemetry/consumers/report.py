@@ -4,10 +4,13 @@
 
 RUN_DIR is the run dir (holding telemetry/metrics.jsonl) or the telemetry dir itself. Rotated
 pieces (metrics.jsonl.1, .2, ...) are read oldest first; a torn last line is skipped. Writes,
-into --out (default <telemetry dir>/report): loss.png (per dataset), throughput.png, mfu.png,
-step_time.png (spread across ranks), gpu.png (utilization, memory, power) or system.png (CPU
-and memory, when there are no GPU records), and index.html with the run's config and its
-diagnosis events. A plot without data is left out and the page says why.
+into --out (default <telemetry dir>/report): loss.png (per dataset), eval.png (eval loss and
+accuracy per dataset), training.png (lr, grad norm), throughput.png, mfu.png, step_time.png
+(spread across ranks), phases.png (data loading, forward, backward, optimizer, stacked),
+gpu.png (utilization, memory, power) or system.png (CPU and memory, when there are no GPU
+records), and index.html with the run's config and its diagnosis events. A plot without data is
+left out and the page says why. Time plots leave a gap where the daemon was down. The daemon's
+counters are summed over every daemon of the run (a resumed run has one per resume).
 """
 from __future__ import annotations
 
@@ -47,7 +50,8 @@ class RunData:
     systems: dict[str, dict[str, tuple[list[float], list[float]]]] = field(default_factory=dict)
     events: list[dict] = field(default_factory=list)
     hellos: dict[int, dict] = field(default_factory=dict)
-    daemon: dict[str, Any] = field(default_factory=dict)
+    daemon: dict[str, Any] = field(default_factory=dict)        # counters summed over the run's daemons
+    num_daemons: int = 0
     num_steps_incomplete: int = 0
     t_first: float | None = None
     t_last: float | None = None
@@ -68,7 +72,10 @@ def _append(store: dict, key: Any, x: float, y: Any) -> None:
 
 
 def collect(records: Any) -> RunData:
+    from telemetry.consumers.daemontotals import DaemonTotals
+
     d = RunData()
+    totals = DaemonTotals()
     for rec in records:
         kind = rec.get("kind")
         t = rec.get("t")
@@ -102,7 +109,9 @@ def collect(records: Any) -> RunData:
             if isinstance(rec.get("rank"), int) and isinstance(rec.get("info"), dict):
                 d.hellos[rec["rank"]] = rec["info"]
         elif kind == "daemon":
-            d.daemon.update(values)
+            totals.consume(values, t)
+    d.daemon = totals.totals()
+    d.num_daemons = totals.num_daemons
     return d
 
 
@@ -149,6 +158,10 @@ def summarize(d: RunData) -> dict[str, Any]:
         "num_gpus": len(d.gpus),
         "num_events": len(d.events),
         "num_diagnosis_events": len(diagnosis),
+        "num_daemons": d.num_daemons,
+        # The last eval loss of each dataset (eval/<name>/loss; "eval" for a plain eval/loss).
+        "eval_loss": {(k.split("/")[1] if k.count("/") == 2 else "eval"): d.series(k)[1][-1]
+                      for k in sorted(d.steps) if k.startswith("eval/") and k.endswith("/loss") and d.series(k)[1]},
         "records_in": d.daemon.get("telemetry/records_in"),
         "dropped": d.daemon.get("telemetry/dropped"),
         "sink_dropped": d.daemon.get("telemetry/sink_dropped"),
@@ -162,6 +175,18 @@ def _thin(xs: list, ys: list) -> tuple[list, list]:
         return xs, ys
     stride = math.ceil(len(xs) / MAX_POINTS)
     return xs[::stride], ys[::stride]
+
+
+def time_line(xs: list[float], ys: list[float]) -> tuple[list[float], list[float]]:
+    """A time series ready to draw: thinned, and broken (NaN) where the records stop for longer
+    than the poll interval allows (the daemon was down: no line across what nobody measured)."""
+    import numpy as np
+
+    from telemetry.consumers.series import insert_gaps
+
+    xs, ys = _thin(xs, ys)
+    gx, gy = insert_gaps(np.asarray(xs, dtype=float), np.asarray(ys, dtype=float))
+    return gx.tolist(), gy.tolist()
 
 
 def _span(n: int) -> int:
@@ -377,7 +402,7 @@ def plot_gpus(d: RunData, out: Path) -> Path | None:
         label = f"{host}/{idx}" if multi_host else f"GPU {idx}"
         for ax, (key, _) in zip(axes, panels):
             if key in g:
-                xs, ys = _thin(*g[key])
+                xs, ys = time_line(*g[key])
                 ax.plot(_rel(xs, t0, div), ys, lw=1, color=f"C{i % 10}", label=label)
     for ax, (key, ylabel) in zip(axes, panels):
         ax.set_ylabel(ylabel)
@@ -402,7 +427,7 @@ def plot_system(d: RunData, out: Path) -> Path | None:
     for i, (host, s) in enumerate(sorted(d.systems.items())):
         for ax, key in zip(axes, ("system/cpu_percent", "system/memory_percent")):
             if key in s:
-                xs, ys = _thin(*s[key])
+                xs, ys = time_line(*s[key])
                 ax.plot(_rel(xs, t0, div), ys, lw=1, color=f"C{i % 10}", label=host)
     axes[0].set_ylabel("CPU (%)")
     axes[1].set_ylabel("memory (%)")
@@ -414,10 +439,83 @@ def plot_system(d: RunData, out: Path) -> Path | None:
     return _save(fig, out / "system.png")
 
 
+def plot_eval(d: RunData, out: Path) -> Path | None:
+    """Eval loss and accuracy per dataset (eval/<name>/loss, eval/<name>/accuracy; eval/loss)."""
+    def names(metric: str) -> list[str]:
+        return sorted(k for k in d.steps if k.startswith("eval/") and k.split("/")[-1] == metric)
+
+    panels = [(m, names(m)) for m in ("loss", "accuracy") if names(m)]
+    if not panels:
+        return None
+    fig, axes = _figure(len(panels), height=3.0)
+    for ax, (metric, keys) in zip(axes, panels):
+        for i, key in enumerate(keys):
+            parts = key.split("/")
+            label = parts[1] if len(parts) == 3 else "eval"
+            ax.plot(*d.series(key), "o-", ms=4, lw=1.2, color=f"C{i % 10}", label=label)
+        ax.set_ylabel(metric)
+        ax.legend(fontsize=8, frameon=False, ncol=min(4, len(keys)))
+    axes[0].set_title("Eval per dataset", loc="left", fontweight="bold")
+    axes[-1].set_xlabel("step")
+    return _save(fig, out / "eval.png")
+
+
+def plot_training(d: RunData, out: Path) -> Path | None:
+    """Learning rate and gradient norm against the step."""
+    panels = [(k, label) for k, label in (("train/lr", "learning rate"), ("train/grad_norm", "grad norm"))
+              if d.series(k)[0]]
+    if not panels:
+        return None
+    fig, axes = _figure(len(panels), height=2.6)
+    for ax, (key, label), color in zip(axes, panels, ("tab:olive", "tab:brown")):
+        xs, ys = _thin(*d.series(key))
+        ax.plot(xs, ys, lw=1.2, color=color)
+        ax.set_ylabel(label)
+    axes[0].set_title("Optimizer: " + " and ".join(label for _, label in panels), loc="left", fontweight="bold")
+    axes[-1].set_xlabel("step")
+    return _save(fig, out / "training.png")
+
+
+PHASES = (("perf/data_loading_time", "data loading"), ("perf/forward_time", "forward"),
+          ("perf/backward_time", "backward"), ("perf/optimizer_time", "optimizer"))
+
+
+def plot_phases(d: RunData, out: Path) -> Path | None:
+    """Where a step's time goes, stacked: data loading, forward, backward, optimizer."""
+    present = [(k, label) for k, label in PHASES if d.series(k)[0]]
+    if not present:
+        return None
+    # Steps where every present phase has a value, so the bands stack on the same steps.
+    by_key = {k: dict(zip(*d.series(k))) for k, _ in present}
+    steps = sorted(set.intersection(*(set(v) for v in by_key.values())))
+    if not steps:
+        return None
+    steps = _thin(steps, steps)[0]
+    fig, (ax,) = _figure(height=3.4)
+    ax.stackplot(steps, [[by_key[k][s] for s in steps] for k, _ in present],
+                 labels=[label for _, label in present], colors=["#93c5fd", "#fca5a5", "#86efac", "#fcd34d"],
+                 alpha=0.9)
+    st = d.series("perf/step_time")
+    if st[0]:
+        xs, ys = _thin(*st)
+        ax.plot(xs, ys, color="black", lw=0.8, label="step time")
+    ax.set_title("Step phases (stacked)", loc="left", fontweight="bold")
+    ax.set_xlabel("step")
+    ax.set_ylabel("seconds")
+    ax.set_ylim(bottom=0)
+    ax.legend(fontsize=8, frameon=False, loc="upper right", ncol=5)
+    lo, hi = ax.get_ylim()
+    ax.set_ylim(lo, hi * 1.15)   # room for the legend
+    return _save(fig, out / "phases.png")
+
+
 PLOTS = (("loss", plot_loss, "no train/loss or dataset/*/loss values"),
+         ("eval", plot_eval, "no eval/*/loss or eval/*/accuracy values"),
+         ("training", plot_training, "no train/lr or train/grad_norm values"),
          ("throughput", plot_throughput, "no perf/tokens_per_second (the ranks sent no perf/tokens)"),
          ("mfu", plot_mfu, "no perf/mfu (no model config in the hello, or an unknown GPU peak)"),
          ("step_time", plot_step_time, "no perf/step_time values"),
+         ("phases", plot_phases, "no perf/forward_time, backward, optimizer or data_loading times"),
          ("gpu", plot_gpus, "no GPU records (no NVML on this machine)"),
          ("system", plot_system, None))
 
@@ -457,11 +555,13 @@ def write_html(out: Path, name: str, log_dir: Path, d: RunData, s: dict, images:
             ("step time (median)", _f(s["step_time_median_s"], ".3f", " s")),
             ("step-time spread across ranks (median)",
              "—" if s["step_time_spread_median"] is None else f"{s['step_time_spread_median'] * 100:.1f} %"),
+            ("eval loss (last)", ", ".join(f"{k} {v:.4f}" for k, v in s["eval_loss"].items()) or "—"),
             ("steps missing a rank", str(s["num_steps_incomplete"])),
             ("GPUs", str(s["num_gpus"])),
             ("duration", "—" if s["duration_s"] is None else f"{s['duration_s'] / 60:.1f} min"),
             ("records in / dropped / sink dropped",
-             f"{_f(s['records_in'])} / {_f(s['dropped'])} / {_f(s['sink_dropped'])}"),
+             f"{_f(s['records_in'])} / {_f(s['dropped'])} / {_f(s['sink_dropped'])}"
+             + (f" (over {s['num_daemons']} daemon runs)" if s["num_daemons"] > 1 else "")),
             ("events (diagnosis)", f"{s['num_events']} ({s['num_diagnosis_events']})"),
             ("source", f"{log_dir}{read_note}")]
     summary = "\n".join(f"<tr><th>{e(k)}</th><td>{e(str(v))}</td></tr>" for k, v in rows)
@@ -488,11 +588,14 @@ def write_html(out: Path, name: str, log_dir: Path, d: RunData, s: dict, images:
             data = ev.get("data") if isinstance(ev.get("data"), dict) else {}
             sev = str(data.get("severity", ""))
             msg = data.get("message") or ", ".join(f"{k}={_cell(v)}" for k, v in data.items())
+            if data.get("bundle"):
+                msg = f"{msg} [forensics: {data['bundle']}]"
             out.append(f'<tr class="{e(sev)}"><td>{e(_when(ev.get("t")))}</td><td>{e(str(ev.get("rank", "")))}</td>'
                        f"<td>{e(str(ev.get('name')))}</td><td>{e(sev)}</td><td>{e(str(msg))}</td></tr>")
         return "\n".join(out)
 
     diag = [ev for ev in d.events if str(ev.get("name", "")).startswith("diagnosis/")]
+    diag.sort(key=lambda ev: _data(ev).get("severity") != "critical")   # hangs and crashes first
     other = [ev for ev in d.events if not str(ev.get("name", "")).startswith("diagnosis/")]
     head = "<tr><th>time</th><th>rank</th><th>event</th><th>severity</th><th>message</th></tr>"
     diag_html = f"<table class='ev'>{head}{event_rows(diag)}</table>" if diag else \
@@ -543,12 +646,25 @@ def text_summary(name: str, s: dict, d: RunData) -> str:
              f"  step time (median) {_f(s['step_time_median_s'], '.3f', ' s')}"
              + ("" if s["step_time_spread_median"] is None
                 else f"  (spread across ranks {s['step_time_spread_median'] * 100:.1f} %)"),
-             f"  records in         {_f(s['records_in'])}  dropped {_f(s['dropped'])}",
+             f"  records in         {_f(s['records_in'])}  dropped {_f(s['dropped'])}"
+             + (f"  (over {s['num_daemons']} daemon runs)" if s["num_daemons"] > 1 else ""),
              f"  events             {s['num_events']} ({s['num_diagnosis_events']} diagnosis)"]
-    for ev in [ev for ev in d.events if str(ev.get("name", "")).startswith("diagnosis/")][-5:]:
-        msg = (ev.get("data") or {}).get("message", "") if isinstance(ev.get("data"), dict) else ""
-        lines.append(f"    {ev.get('name')}: {msg}")
+    if s["eval_loss"]:
+        lines.insert(3, "  eval loss (last)   " + ", ".join(f"{k} {v:.4f}" for k, v in s["eval_loss"].items()))
+    diag = [ev for ev in d.events if str(ev.get("name", "")).startswith("diagnosis/")]
+    # Hangs and crashes (critical, with a forensics bundle) are listed whatever came after them.
+    critical = [ev for ev in diag if _data(ev).get("severity") == "critical"]
+    for ev in critical + [ev for ev in diag if ev not in critical][-5:]:
+        data = _data(ev)
+        bundle = f" [forensics: {data['bundle']}]" if data.get("bundle") else ""
+        mark = "!!" if ev in critical else "  "
+        lines.append(f"  {mark}{ev.get('name')}: {data.get('message', '')}{bundle}")
     return "\n".join(lines)
+
+
+def _data(ev: dict) -> dict:
+    data = ev.get("data")
+    return data if isinstance(data, dict) else {}
 
 
 # -- the command ---------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from telemetry import endpoints
+    from telemetry.shared import endpoints
     from telemetry.daemon.control import request
 
     ep = endpoints.resolve("control", args.control)

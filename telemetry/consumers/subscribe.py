@@ -1,15 +1,21 @@
-"""A subscriber on the daemon's PUB socket: what every live consumer (tail, Prometheus) shares.
+"""A subscriber on the daemon's PUB socket, and the start-up every live consumer shares.
 
 The daemon publishes two frames per record: the topic (the record's kind, ASCII) and the JSON
 line. A subscriber only ever reads: it connects (the daemon binds), so it can attach before the
 daemon starts, survive a daemon restart, and detach at any time without the run noticing. PUB
 drops records for a subscriber that falls behind its RCVHWM/SNDHWM rather than slow the daemon,
 so a consumer that cannot keep up loses records, never the training.
+
+Every live consumer (tail, export-prometheus, dashboard) starts the same way, with `attach()`:
+resolve the PUB endpoint (--pub, else $TELEMETRY_PUB, else the run's private ipc socket), make
+SIGTERM and SIGINT detach like Ctrl-C, connect. A bad endpoint is an `AttachError` whose message
+names the command, for an exit code 2.
 """
 from __future__ import annotations
 
 import json
-from typing import Iterable, Iterator
+import signal
+from typing import Any, Iterable, Iterator
 
 import zmq
 
@@ -20,18 +26,28 @@ MAX_RECORD_BYTES = 4 << 20
 POLL_MS = 200
 
 
+class AttachError(ValueError):
+    """A consumer cannot attach: the message is ready to print (it names the command)."""
+
+
 class Subscriber:
     """SUB socket connected to `endpoint`, subscribed to `topics` (kinds; empty = all).
 
     `records(timeout_ms)` yields (kind, record) for what arrived, after waiting at most
     timeout_ms for the first one. Frames that are not a (topic, JSON object) pair are counted
     in num_bad and skipped. Close twice is harmless.
+
+    With `watch_connection`, a socket monitor tells whether the daemon is there: `connected` is
+    True between libzmq's connect and disconnect events (a daemon restart reads False, then True
+    again once it has bound: the SUB reconnects by itself), and `num_reconnects` counts returns.
     """
 
-    def __init__(self, endpoint: str, topics: Iterable[str] = ()) -> None:
+    def __init__(self, endpoint: str, topics: Iterable[str] = (), watch_connection: bool = False) -> None:
         self.endpoint = endpoint
         self.num_records = 0
         self.num_bad = 0
+        self.connected = False
+        self.num_connects = 0
         self._ctx = zmq.Context(io_threads=1)
         self._sock = self._ctx.socket(zmq.SUB)
         self._sock.setsockopt(zmq.LINGER, 0)
@@ -40,13 +56,41 @@ class Subscriber:
         topics = list(topics)
         for t in topics or [""]:
             self._sock.setsockopt(zmq.SUBSCRIBE, t.encode("ascii"))
+        self._monitor: zmq.Socket | None = None
+        self._poller = zmq.Poller()
+        self._poller.register(self._sock, zmq.POLLIN)
+        if watch_connection:
+            # Before connect(), so the first connected event is not missed.
+            self._monitor = self._sock.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
+            self._poller.register(self._monitor, zmq.POLLIN)
         self._sock.connect(endpoint)
         self._closed = False
 
+    @property
+    def num_reconnects(self) -> int:
+        return max(0, self.num_connects - 1)
+
+    def _read_monitor(self) -> None:
+        from zmq.utils.monitor import recv_monitor_message
+
+        while True:
+            try:
+                msg = recv_monitor_message(self._monitor, zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            if msg["event"] == zmq.EVENT_CONNECTED:
+                self.connected = True
+                self.num_connects += 1
+            elif msg["event"] == zmq.EVENT_DISCONNECTED:
+                self.connected = False
+
     def records(self, timeout_ms: int = POLL_MS, max_records: int = 10_000) -> Iterator[tuple[str, dict]]:
-        sock = self._sock
-        if not sock.poll(timeout_ms):
+        ready = dict(self._poller.poll(timeout_ms))
+        if self._monitor is not None and self._monitor in ready:
+            self._read_monitor()
+        if self._sock not in ready:
             return
+        sock = self._sock
         for _ in range(max_records):
             try:
                 parts = sock.recv_multipart(zmq.NOBLOCK)
@@ -71,5 +115,44 @@ class Subscriber:
         if self._closed:
             return
         self._closed = True
+        if self._monitor is not None:
+            self._sock.disable_monitor()
+            self._monitor.close(linger=0)
         self._sock.close(linger=0)
         self._ctx.term()
+
+
+def _raise_interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
+def resolve_pub(prog: str, explicit: str | None) -> str:
+    """The PUB endpoint: `explicit`, else $TELEMETRY_PUB, else the private ipc socket.
+
+    Raises AttachError ("<prog>: <why>") for an endpoint that cannot be one.
+    """
+    from telemetry.shared import endpoints
+
+    try:
+        return endpoints.resolve("pub", explicit)
+    except endpoints.EndpointError as exc:
+        raise AttachError(f"{prog}: {exc}") from None
+
+
+def detach_on_signals() -> None:
+    """SIGTERM and SIGINT raise KeyboardInterrupt in the main thread: run.sh and friends stop a
+    background consumer with SIGTERM, and a process started in the background by a
+    non-interactive shell inherits SIGINT ignored (Python then never raises on Ctrl-C)."""
+    signal.signal(signal.SIGTERM, _raise_interrupt)
+    signal.signal(signal.SIGINT, _raise_interrupt)
+
+
+def attach(prog: str, explicit_pub: str | None, topics: Iterable[str] = (),
+           watch_connection: bool = False) -> Subscriber:
+    """The live consumers' start-up: resolve the endpoint, detach on signals, connect.
+
+    Call from the main thread. Raises AttachError for a bad endpoint (print it, exit 2).
+    """
+    ep = resolve_pub(prog, explicit_pub)
+    detach_on_signals()
+    return Subscriber(ep, topics, watch_connection=watch_connection)

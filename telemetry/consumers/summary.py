@@ -10,6 +10,7 @@ import statistics
 import sys
 from pathlib import Path
 
+from telemetry.consumers.daemontotals import DaemonTotals
 from telemetry.consumers.readjsonl import read_records
 
 
@@ -18,7 +19,7 @@ def summarize(log_dir: Path) -> dict:
     losses: list[float] = []
     tps: list[float] = []
     mfu: list[float] = []
-    daemon: dict = {}
+    daemon = DaemonTotals()   # across daemon restarts: a resumed run has several
     num_events = 0
     for rec in read_records(log_dir):
         kind = rec.get("kind")
@@ -32,8 +33,8 @@ def summarize(log_dir: Path) -> dict:
                 tps.append(v["perf/tokens_per_second"])
             if v.get("perf/mfu") is not None:
                 mfu.append(v["perf/mfu"])
-        elif kind == "daemon":
-            daemon = rec.get("values", {})
+        elif kind == "daemon" and isinstance(rec.get("values"), dict):
+            daemon.consume(rec["values"], rec.get("t"))
         elif kind == "event":
             num_events += 1
     # The first steps include warm-up (allocation, compilation): the median of the rest.
@@ -46,9 +47,7 @@ def summarize(log_dir: Path) -> dict:
         "tokens_per_second_median": statistics.median(steady) if steady else None,
         "mfu_median": statistics.median(mfu) if mfu else None,
         "num_events": num_events,
-        "records_in": daemon.get("telemetry/records_in"),
-        "dropped": daemon.get("telemetry/dropped"),
-        "sink_dropped": daemon.get("telemetry/sink_dropped"),
+        "daemon": daemon,
     }
 
 
@@ -66,13 +65,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"summary: no metrics.jsonl in {args.log_dir}", file=sys.stderr)
         return 1
     s = summarize(args.log_dir)
+    final = {}
     if args.drain_json and args.drain_json.exists():
         try:
-            final = json.loads(args.drain_json.read_text() or "{}")
-            s["records_in"] = final.get("records_in", s["records_in"])
-            s["dropped"] = final.get("records_lost", s["dropped"])
+            drained = json.loads(args.drain_json.read_text() or "{}")
+            # The last daemon's final counters, under their record names.
+            final = {"telemetry/records_in": drained.get("records_in"), "telemetry/dropped": drained.get("records_lost")}
         except ValueError:
             pass
+    totals = s["daemon"].totals(final)
+    s["records_in"] = totals.get("telemetry/records_in")
+    s["dropped"] = totals.get("telemetry/dropped")
+    s["sink_dropped"] = totals.get("telemetry/sink_dropped")
     print("=" * 72)
     print(f"run summary ({args.log_dir})")
     print(f"  steps logged       {s['num_steps']} (last step {_fmt(s['last_step'])})")
@@ -80,7 +84,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  tokens/s (median)  {_fmt(s['tokens_per_second_median'], ',.0f')}")
     if s["mfu_median"] is not None:
         print(f"  MFU (median)       {s['mfu_median'] * 100:.2f} %")
-    print(f"  records in         {_fmt(s['records_in'])}")
+    print(f"  records in         {_fmt(s['records_in'])}"
+          + (f"  (over {s['daemon'].num_daemons} daemon runs)" if s["daemon"].num_daemons > 1 else ""))
     print(f"  records dropped    {_fmt(s['dropped'])}  (sink drops {_fmt(s['sink_dropped'])})")
     print(f"  events             {s['num_events']}")
     if args.trainer_rc is not None:

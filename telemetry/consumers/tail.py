@@ -16,10 +16,12 @@ from __future__ import annotations
 import argparse
 import collections
 import math
-import signal
 import sys
 import time
 from typing import Any
+
+from telemetry.consumers.events import EventGroup, EventGroups
+from telemetry.consumers.runend import RunEnd
 
 # Points kept for the sparklines (one per step).
 HISTORY = 120
@@ -31,6 +33,8 @@ REDRAW_S = 0.25
 STRAGGLER_PERCENT = 5.0
 # Without a record for this long the header says the run has gone quiet.
 STALE_S = 10.0
+# Line mode holds a new event this long to gather the other ranks' copies into one line.
+EVENT_GATHER_S = 1.0
 
 SPARK_CHARS = "▁▂▃▄▅▆▇█"
 
@@ -109,7 +113,9 @@ def format_line(kind: str, rec: dict) -> str:
         who = f" rank={rec['rank']}" if rec.get("rank") is not None else ""
         msg = data.get("message")
         if msg:
-            return f"{stamp} event {rec.get('name')}{who}: {msg}"
+            # A hang or crash (diagnosis/hang, diagnosis/rank_exited): say where its evidence is.
+            where = f" [forensics: {data['bundle']}]" if data.get("bundle") else ""
+            return f"{stamp} event {rec.get('name')}{who}: {msg}{where}"
         extra = " ".join(f"{k}={fmt_num(v)}" for k, v in data.items())
         return f"{stamp} event {rec.get('name')}{who} {extra}".rstrip()
     elif kind == "hello":
@@ -137,14 +143,20 @@ class TailState:
         self.systems: dict[str, dict] = {}
         self.rank_step_time_s: dict[int, float] = {}
         self.daemon: dict[str, Any] = {}
-        self.events: collections.deque = collections.deque(maxlen=NUM_EVENTS)
+        self.events: collections.deque = collections.deque(maxlen=NUM_EVENTS)   # EventGroups, newest last
+        self.event_groups = EventGroups()
         self.num_events = 0
         self.hellos: dict[int, dict] = {}
         self.status: dict[str, Any] = {}  # the daemon's status, when its control socket answered
+        self.end = RunEnd()
+        self.connected: bool | None = None   # the PUB socket's link to the daemon (None: not watched)
+        self.eval: dict[str, dict[str, float]] = {}   # dataset ("" = none named) -> {"loss": .., "accuracy": ..}
+        self.eval_step: int | None = None
 
     def consume(self, kind: str, rec: dict) -> None:
         self.num_records += 1
         self.last_record_mono = time.monotonic()
+        self.end.consume(kind, rec)
         values = rec.get("values") if isinstance(rec.get("values"), dict) else {}
         if kind == "metrics":
             if "rank" in rec:
@@ -163,6 +175,14 @@ class TailState:
             tps = values.get("perf/tokens_per_second")
             if isinstance(tps, (int, float)):
                 self.tps_history.append(float(tps))
+            for k, x in values.items():
+                # eval/<dataset>/<metric>, or eval/<metric> from trainers that name no dataset
+                parts = k.split("/")
+                if parts[0] != "eval" or len(parts) not in (2, 3) or not isinstance(x, (int, float)):
+                    continue
+                dataset, metric = (parts[1], parts[2]) if len(parts) == 3 else ("", parts[1])
+                self.eval.setdefault(dataset, {})[metric] = float(x)
+                self.eval_step = step if isinstance(step, int) else self.eval_step
         elif kind == "gpu":
             key = (str(rec.get("host", "?")), int(rec.get("gpu", 0)) if isinstance(rec.get("gpu"), int) else 0)
             self.gpus.setdefault(key, {}).update(values)
@@ -171,8 +191,10 @@ class TailState:
         elif kind == "daemon":
             self.daemon.update(values)
         elif kind == "event":
-            self.num_events += 1
-            self.events.append(rec)
+            group, new = self.event_groups.add(rec)
+            if new:  # the same event from the other ranks only adds their rank to it
+                self.num_events += 1
+                self.events.append(group)
         elif kind == "hello":
             if isinstance(rec.get("rank"), int) and isinstance(rec.get("info"), dict):
                 self.hellos[rec["rank"]] = rec["info"]
@@ -227,6 +249,11 @@ def render(state: TailState, endpoint: str, filter_prefix: str = "", width: int 
     head.append(f"  {endpoint}", style="dim")
     if filter_prefix:
         head.append(f"  filter {filter_prefix!r}", style="magenta")
+    ended = state.end.how()
+    if ended:
+        head.append(f"  run ended: {ended}", style="bold magenta")
+    elif state.connected is False:
+        head.append("  daemon not reachable (stopped or restarting; reconnects by itself)", style="bold red")
     if state.last_record_mono is None:
         head.append("  waiting for records… (Ctrl-C detaches)", style="yellow")
     else:
@@ -247,6 +274,13 @@ def render(state: TailState, endpoint: str, filter_prefix: str = "", width: int 
     loss_range = f"  {min(loss_hist):.4g} … {max(loss_hist):.4g}" if len(loss_hist) > 1 else ""
     train.add_row("loss", _fmt(_num(v, "train/loss"), ".4f"),
                   Text(sparkline(loss_hist), style="cyan") + Text(loss_range, style="dim"))
+    for dataset in sorted(state.eval):
+        ev = state.eval[dataset]
+        note = [f"accuracy {ev['accuracy']:.4g}"] if "accuracy" in ev else []
+        note += [f"{m} {x:.4g}" for m, x in sorted(ev.items()) if m not in ("loss", "accuracy")]
+        if state.eval_step is not None:
+            note.append(f"at step {state.eval_step}")
+        train.add_row(f"eval {dataset}".rstrip(), _fmt(ev.get("loss"), ".4f"), Text("  ".join(note), style="dim"))
     extras = []
     if _num(v, "train/lr") is not None:
         extras.append(f"lr {_num(v, 'train/lr'):.2e}")
@@ -359,14 +393,15 @@ def render(state: TailState, endpoint: str, filter_prefix: str = "", width: int 
     ev.add_column(no_wrap=True, style="dim")
     ev.add_column(no_wrap=True)
     ev.add_column(overflow="fold", ratio=1)
-    for e in reversed(state.events):
-        data = e.get("data") if isinstance(e.get("data"), dict) else {}
-        sev = data.get("severity")
+    for g in reversed(state.events):
+        sev = g.data.get("severity")
         style = "bold red" if sev == "critical" else "yellow" if sev == "warning" else "cyan"
-        t = e.get("t")
-        stamp = time.strftime("%H:%M:%S", time.localtime(t)) if isinstance(t, (int, float)) else ""
-        msg = data.get("message") or " ".join(f"{k}={fmt_num(x)}" for k, x in data.items())
-        ev.add_row(stamp, Text(str(e.get("name")), style=style), msg)
+        stamp = time.strftime("%H:%M:%S", time.localtime(g.t)) if g.t is not None else ""
+        msg = g.data.get("message") or " ".join(f"{k}={fmt_num(x)}" for k, x in g.data.items())
+        if g.data.get("bundle"):
+            msg = f"{msg} [forensics: {g.data['bundle']}]"
+        who = g.ranks_text()
+        ev.add_row(stamp, Text(g.name, style=style) + Text(f" {who}" if who else "", style="dim"), msg)
     if not state.events:
         ev.add_row("", Text("no events yet", style="dim"), "")
     parts.append(Panel(ev, title="latest events", title_align="left", border_style="yellow"))
@@ -374,17 +409,66 @@ def render(state: TailState, endpoint: str, filter_prefix: str = "", width: int 
 
 
 # -- the two modes -------------------------------------------------------------------------------
+def format_event(group: EventGroup) -> str:
+    """One line for an event, once for all the ranks that sent it."""
+    stamp = time.strftime("%H:%M:%S", time.localtime(group.t)) if group.t is not None else "--:--:--"
+    r = sorted(group.ranks)
+    who = "" if not r else f" rank={r[0]}" if len(r) == 1 else " ranks=" + group.ranks_text().split(" ", 1)[1]
+    msg = group.data.get("message")
+    if msg:
+        return f"{stamp} event {group.name}{who}: {msg}"
+    extra = " ".join(f"{k}={fmt_num(v)}" for k, v in group.data.items())
+    return f"{stamp} event {group.name}{who} {extra}".rstrip()
+
+
+def _now() -> str:
+    return time.strftime("%H:%M:%S")
+
+
 def _run_plain(sub: Any, flt: RecordFilter) -> None:
     out = sys.stdout
-    while True:
-        lines = []
-        for kind, rec in sub.records():
-            rec = flt.apply(kind, rec)
-            if rec is not None:
-                lines.append(format_line(kind, rec))
-        if lines:
-            out.write("\n".join(lines) + "\n")
-            out.flush()  # a log file or a pipe must see records as they come
+    groups = EventGroups()
+    pending: list[tuple[float, EventGroup]] = []   # (first seen, group): printed once its ranks are in
+    end = RunEnd()
+    said_ended = ""
+    link = ""   # "up" once connected, "down" after losing the daemon
+    try:
+        while True:
+            lines = []
+            for kind, rec in sub.records():
+                end.consume(kind, rec)
+                rec = flt.apply(kind, rec)
+                if rec is None:
+                    continue
+                if kind == "event":
+                    group, new = groups.add(rec)
+                    if new:
+                        pending.append((time.monotonic(), group))
+                else:
+                    lines.append(format_line(kind, rec))
+            now = time.monotonic()
+            while pending and now - pending[0][0] >= EVENT_GATHER_S:
+                lines.append(format_event(pending.pop(0)[1]))
+            # The first connection is the normal start; only a loss, and a return after one, are news.
+            if sub.connected and link != "up":
+                if link == "down":
+                    lines.append(f"{_now()} daemon reachable again")
+                link = "up"
+            elif not sub.connected and link == "up":
+                lines.append(f"{_now()} daemon not reachable (stopped or restarting); waiting for it")
+                link = "down"
+            how = end.how()
+            if how != said_ended and not pending:   # after the events that led to it
+                if how:
+                    lines.append(f"{_now()} run ended: {how}")
+                said_ended = how
+            if lines:
+                out.write("\n".join(lines) + "\n")
+                out.flush()  # a log file or a pipe must see records as they come
+    finally:
+        if pending:  # detaching: what was gathered is still worth a line
+            out.write("\n".join(format_event(g) for _, g in pending) + "\n")
+            out.flush()
 
 
 def _ask_status(control_ep: str, state: TailState) -> None:
@@ -413,34 +497,28 @@ def _run_live(sub: Any, flt: RecordFilter, endpoint: str, control_ep: str | None
         last_draw = 0.0
         while True:
             for kind, rec in sub.records(timeout_ms=int(REDRAW_S * 1000)):
-                rec = flt.apply(kind, rec)
-                if rec is not None:
-                    state.consume(kind, rec)
+                shown = flt.apply(kind, rec)
+                if shown is not None:
+                    state.consume(kind, shown)
+                else:
+                    state.end.consume(kind, rec)   # the run's end, whatever the filter shows
+            state.connected = sub.connected
             now = time.monotonic()
             if now - last_draw >= REDRAW_S:
                 live.update(render(state, endpoint, flt.prefix, console.width), refresh=True)
                 last_draw = now
 
 
-def _raise_interrupt(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt
-
-
 def run(args: argparse.Namespace) -> int:
-    from telemetry import endpoints
-    from telemetry.consumers.subscribe import Subscriber
+    from telemetry.shared import endpoints
+    from telemetry.consumers.subscribe import AttachError, attach
 
     try:
-        ep = endpoints.resolve("pub", args.pub)
-    except endpoints.EndpointError as exc:
-        print(f"telemetry tail: {exc}", file=sys.stderr)
+        sub = attach("telemetry tail", args.pub, watch_connection=True)
+    except AttachError as exc:
+        print(exc, file=sys.stderr)
         return 2
-    # run.sh and friends stop a background tail with SIGTERM: leave as cleanly as on Ctrl-C.
-    # SIGINT too, explicitly: a process started in the background by a non-interactive shell
-    # inherits SIGINT ignored, and Python then never raises KeyboardInterrupt for Ctrl-C.
-    signal.signal(signal.SIGTERM, _raise_interrupt)
-    signal.signal(signal.SIGINT, _raise_interrupt)
-    sub = Subscriber(ep)
+    ep = sub.endpoint
     flt = RecordFilter(args.filter)
     plain = args.plain or not sys.stdout.isatty()
     try:

@@ -1,43 +1,25 @@
-/* The daemon's per-record and per-step inner loops in C: an optional accelerator.
+/* The daemon's inner loops in C: an optional accelerator, twin of telemetry/daemon/loops.py.
  *
- * telemetry/daemon/hotpath.py imports this module when it was built (setup.py, `optional=True`:
- * an install without a C compiler still works) and falls back to the pure-Python loops
- * otherwise, or when TELEMETRY_PURE_PYTHON=1. Both produce the same results; the tests run
- * both (tests/test_hotpath.py). They handle the usual case; for anything else they say so (or
- * raise TypeError) and the caller does that batch in Python:
+ * telemetry/daemon/hotpath.py picks this module when it was built (setup.py, `optional=True`:
+ * an install without a C compiler still works) and loops.py otherwise, or when
+ * TELEMETRY_PURE_PYTHON=1. Each function here is a leaf with a Python twin of the same name and
+ * signature in loops.py, which is its definition (see the docstrings there); tests/test_hotpath.py
+ * keeps the two equal on random input. They keep no state, read no attribute of any class but
+ * the records' fields (by their slots when the record type has them), and know no metric name:
  *
  *   read_frames(next_frame, empty, max_frames) -> list[bytes]
- *       calls next_frame() until it raises `empty` or max_frames were read.
- *   tally(recs, metrics_type, bye_type, good_names) -> (key_orders, all_metrics, num_byes,
- *                                                        per_src, unknown)
- *       the receiver's accounting of a batch of decoded records: per metrics record its
- *       canonical key order, good_names[tuple(values)] (None for other kinds); per src (src,
- *       rank, count, min_seq, dropped_at_min, max_seq, max_dropped) over the batch, in order of
- *       first appearance; the indexes of key orders not in good_names yet (their names are
- *       unchecked: the caller redoes such a batch in Python).
- *   add_many(agg, recs, key_orders, start, force_first, now, done, late, acc_type, metrics_type)
- *       Aggregator.add_many's loop from recs[start], appending to `done` and `late`; stops
- *       before a record of a rank not in agg._steady (unless it is recs[start] and force_first)
- *       and returns its index (len(recs): all added): the caller notes the rank and calls again.
- *   reduce_group(group, keys, ops, n, view) -> list[dict]
- *       Aggregator._reduce_group: steps whose n ranks logged the same keys in the same order,
- *       reduced a metric at a time with the straggler view; sets acc.cols. ops[j] is 0 mean,
- *       1 sum, 2 max, 3 min, or a callable taking the n-tuple. view: the indexes in keys of
- *       perf/step_time, perf/tokens, perf/attn_doc_len_sq (-1: not logged).
- *
- * Reductions give what Python's builtins give: sum() of floats is left to right from 0 (as
- * CPython < 3.12 does; later versions compensate, so there the builtin is called), max() and
- * min() return the first extreme item itself, a mean is the sum divided by n.
+ *   tally(recs, metrics_type, bye_type, good_names) -> (all_metrics, num_byes, per_src, unknown)
+ *   gather(groups) -> (ranks, t_ns, names, columns)
+ *   reduce_column(column, op) -> values      (its twin is reductions.reduce_column)
+ *   rate_sums(counts, times) -> rates
+ *   step_values(names, reduced) -> list[dict]
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <structmember.h>
+#include <math.h>
 
-static PyObject *s_values, *s_src, *s_rank, *s_seq, *s_dropped, *s_by_rank, *s_cols;
-static PyObject *s_st_max, *s_st_min, *s_slowest;
-static PyObject *s_step, *s_t_ns, *s_keys, *s_uniform, *s_pending, *s_closed, *s_step_heap, *s_by_age,
-                *s_steady, *s_expected, *s_num_expected, *s_append, *s_close_through;
-static PyObject *builtin_sum, *builtin_max, *builtin_min, *heappush;
+static PyObject *s_values, *s_src, *s_rank, *s_seq, *s_dropped, *s_t_ns;
 
 
 /* ---- read_frames ------------------------------------------------------------------------ */
@@ -157,7 +139,6 @@ tally(PyObject *self, PyObject *args)
                at_rank = slot_offset(metrics_type, s_rank), at_seq = slot_offset(metrics_type, s_seq),
                at_dropped = slot_offset(metrics_type, s_dropped);
     Py_ssize_t n = PyList_GET_SIZE(recs);
-    PyObject *keys_list = PyList_New(n);
     PyObject *unknown = PyList_New(0);       /* indexes of key orders not in good_names */
     PyObject *index = NULL;                  /* src -> its slot in `tallies`, past LINEAR_SRCS */
     PyObject *prev_keys = NULL;              /* borrowed: the last canonical key order seen */
@@ -165,7 +146,7 @@ tally(PyObject *self, PyObject *args)
     Py_ssize_t num_src = 0, cap = 0;
     long long num_byes = 0;
     int all_metrics = 1, owned;
-    if (keys_list == NULL || unknown == NULL)
+    if (unknown == NULL)
         goto fail;
 
     for (Py_ssize_t i = 0; i < n; i++) {
@@ -183,10 +164,7 @@ tally(PyObject *self, PyObject *args)
                 PyErr_SetString(PyExc_TypeError, "values is not a dict");
                 goto fail;
             }
-            PyObject *canonical = NULL;
-            if (prev_keys != NULL && same_key_objects(values, prev_keys)) {
-                canonical = prev_keys;
-            } else {
+            if (prev_keys == NULL || !same_key_objects(values, prev_keys)) {
                 PyObject *keys = PyTuple_New(PyDict_GET_SIZE(values));
                 if (keys == NULL) {
                     if (owned)
@@ -199,30 +177,23 @@ tally(PyObject *self, PyObject *args)
                     Py_INCREF(k);
                     PyTuple_SET_ITEM(keys, j++, k);
                 }
-                canonical = PyDict_GetItemWithError(good_names, keys);   /* borrowed */
-                if (canonical == NULL) {
-                    if (!PyErr_Occurred()) {     /* not checked yet: the caller does */
-                        PyObject *at = PyLong_FromSsize_t(i);
-                        if (at != NULL && PyList_Append(unknown, at) == 0) {
-                            PyList_SET_ITEM(keys_list, i, keys);
-                            keys = NULL;
-                        }
-                        Py_XDECREF(at);
-                    }
-                    if (keys != NULL) {
-                        Py_DECREF(keys);
-                        if (owned)
-                            Py_DECREF(values);
-                        goto fail;
-                    }
-                } else {
-                    Py_DECREF(keys);
+                PyObject *canonical = PyDict_GetItemWithError(good_names, keys);   /* borrowed */
+                Py_DECREF(keys);
+                int rc = 0;
+                if (canonical != NULL) {
                     prev_keys = canonical;
+                } else if (PyErr_Occurred()) {
+                    rc = -1;
+                } else {                         /* not checked yet: the caller does */
+                    PyObject *at = PyLong_FromSsize_t(i);
+                    rc = (at == NULL || PyList_Append(unknown, at) < 0) ? -1 : 0;
+                    Py_XDECREF(at);
                 }
-            }
-            if (canonical != NULL) {
-                Py_INCREF(canonical);
-                PyList_SET_ITEM(keys_list, i, canonical);
+                if (rc < 0) {
+                    if (owned)
+                        Py_DECREF(values);
+                    goto fail;
+                }
             }
             if (owned)
                 Py_DECREF(values);
@@ -230,8 +201,6 @@ tally(PyObject *self, PyObject *args)
             all_metrics = 0;
             if ((PyObject *)Py_TYPE(rec) == bye_type)
                 num_byes++;
-            Py_INCREF(Py_None);
-            PyList_SET_ITEM(keys_list, i, Py_None);
         }
 
         long long src_id, seq, dropped;
@@ -327,434 +296,699 @@ tally(PyObject *self, PyObject *args)
     }
     PyMem_Free(tallies);
     Py_XDECREF(index);
-    return Py_BuildValue("(NOLNN)", keys_list, all_metrics ? Py_True : Py_False, num_byes,
-                         per_src, unknown);
+    return Py_BuildValue("(OLNN)", all_metrics ? Py_True : Py_False, num_byes, per_src, unknown);
 
 fail:
     PyMem_Free(tallies);
     Py_XDECREF(index);
-    Py_XDECREF(keys_list);
     Py_XDECREF(unknown);
     return NULL;
 }
 
-/* ---- add_many ----------------------------------------------------------------------------- */
+/* ---- gather ------------------------------------------------------------------------------- */
 
-/* expected.issubset(by_rank): every expected rank has reported. */
-static int
-all_reported(PyObject *expected, PyObject *by_rank)
+/* Field offsets of one record type, found once per type met (see slot_offset). */
+typedef struct {
+    PyTypeObject *type;
+    Py_ssize_t rank, t_ns, values;
+} Offsets;
+
+static void
+offsets_for(Offsets *o, PyObject *rec)
 {
-    PyObject *it = PyObject_GetIter(expected), *rank;
-    if (it == NULL)
-        return -1;
-    int all = 1;
-    while (all == 1 && (rank = PyIter_Next(it)) != NULL) {
-        all = PyDict_Contains(by_rank, rank);
-        Py_DECREF(rank);
+    if (Py_TYPE(rec) == o->type)
+        return;
+    PyObject *type = (PyObject *)Py_TYPE(rec);
+    o->type = Py_TYPE(rec);
+    o->rank = slot_offset(type, s_rank);
+    o->t_ns = slot_offset(type, s_t_ns);
+    o->values = slot_offset(type, s_values);
+}
+
+/* A new tuple of n Nones. */
+static PyObject *
+nones(Py_ssize_t n)
+{
+    PyObject *t = PyTuple_New(n);
+    if (t == NULL)
+        return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_INCREF(Py_None);
+        PyTuple_SET_ITEM(t, i, Py_None);
     }
-    Py_DECREF(it);
-    return PyErr_Occurred() ? -1 : all;
+    return t;
+}
+
+static PyObject *list_of_nones(Py_ssize_t n);
+
+/* Put `value` at slot r of a tuple this module just made and has not handed out yet. */
+static void
+cell_set(PyObject *cell, Py_ssize_t r, PyObject *value)
+{
+    PyObject *old = PyTuple_GET_ITEM(cell, r);
+    Py_INCREF(value);
+    PyTuple_SET_ITEM(cell, r, value);
+    Py_DECREF(old);
+}
+
+/* Working arrays of gather, reused from step to step (grown as needed). */
+typedef struct {
+    PyObject **rank_objs;        /* borrowed: each rank's first record's rank object */
+    long long *rank_vals;        /* the same ranks as numbers */
+    Py_ssize_t *rank_of;         /* per record: the index of its rank */
+    PyObject **keys;             /* borrowed from the records: the step's names, first seen first */
+    PyObject **cells;            /* their cells, owned until they go into their columns */
+    Py_ssize_t cap_ranks, cap_recs, cap_keys;
+} Scratch;
+
+static int
+grow(void **buf, Py_ssize_t *cap, Py_ssize_t need, size_t item)
+{
+    if (need <= *cap)
+        return 0;
+    Py_ssize_t cap2 = *cap ? *cap : 16;
+    while (cap2 < need)
+        cap2 *= 2;
+    void *p = PyMem_Realloc(*buf, cap2 * item);
+    if (p == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    *buf = p;
+    *cap = cap2;
+    return 0;
+}
+
+/* One step s: fills ranks_out[s], t_out[s], names_out[s] and column[s] of each of its names. */
+static int
+gather_step(PyObject *records, Py_ssize_t s, Py_ssize_t num_steps, Scratch *sc, Offsets *o,
+            PyObject *ranks_out, PyObject *t_out, PyObject *names_out, PyObject *columns,
+            PyObject **prev_names)
+{
+    Py_ssize_t n = PyList_GET_SIZE(records), m = 0;
+    PyObject *best_t = NULL;                     /* borrowed */
+    int owned;
+    if (n == 0) {
+        PyErr_SetString(PyExc_ValueError, "gather: a step without records");
+        return -1;
+    }
+    if (grow((void **)&sc->rank_of, &sc->cap_recs, n, sizeof(Py_ssize_t)) < 0)
+        return -1;
+    /* Pass 1: the distinct ranks in order of first report, and the latest t_ns. */
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *rec = PyList_GET_ITEM(records, i);
+        offsets_for(o, rec);
+        PyObject *rank = field(rec, o->rank, s_rank, &owned);
+        if (rank == NULL)
+            return -1;
+        if (owned)
+            Py_DECREF(rank);                     /* the record holds it */
+        long long r = PyLong_AsLongLong(rank);
+        if (r == -1 && PyErr_Occurred())
+            return -1;
+        Py_ssize_t j = 0;
+        while (j < m && sc->rank_vals[j] != r)
+            j++;
+        if (j == m) {
+            Py_ssize_t cap = sc->cap_ranks;
+            if (grow((void **)&sc->rank_objs, &sc->cap_ranks, m + 1, sizeof(PyObject *)) < 0
+                    || grow((void **)&sc->rank_vals, &cap, m + 1, sizeof(long long)) < 0)
+                return -1;
+            sc->rank_objs[m] = rank;
+            sc->rank_vals[m] = r;
+            m++;
+        }
+        sc->rank_of[i] = j;
+        PyObject *t = field(rec, o->t_ns, s_t_ns, &owned);
+        if (t == NULL)
+            return -1;
+        if (owned)
+            Py_DECREF(t);
+        if (best_t == NULL) {
+            best_t = t;
+        } else {
+            int later = PyObject_RichCompareBool(t, best_t, Py_GT);
+            if (later < 0)
+                return -1;
+            if (later)
+                best_t = t;
+        }
+    }
+    PyObject *ranks = PyTuple_New(m);
+    if (ranks == NULL)
+        return -1;
+    for (Py_ssize_t j = 0; j < m; j++) {
+        Py_INCREF(sc->rank_objs[j]);
+        PyTuple_SET_ITEM(ranks, j, sc->rank_objs[j]);
+    }
+    PyList_SET_ITEM(ranks_out, s, ranks);        /* replaces the None the list was made with */
+    Py_DECREF(Py_None);
+    Py_INCREF(best_t);
+    PyList_SET_ITEM(t_out, s, best_t);
+    Py_DECREF(Py_None);
+
+    /* Pass 2: each value into its name's cell. The step's names and their cells are kept in
+     * order of first appearance in sc->keys / sc->cells (the cells owned there until they go
+     * into their columns). A record with the first record's key objects in the same order
+     * (the usual case) fills the cells by position; any other looks its names up in `index`
+     * (name -> position), made the first time one is needed. */
+    PyObject *index = NULL;
+    Py_ssize_t num_names = 0, first_count = -1;
+    int rc = -1;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *rec = PyList_GET_ITEM(records, i);
+        offsets_for(o, rec);
+        PyObject *values = field(rec, o->values, s_values, &owned);
+        if (values == NULL)
+            goto done;
+        if (owned)
+            Py_DECREF(values);                   /* the record holds it */
+        if (!PyDict_Check(values)) {
+            PyErr_SetString(PyExc_TypeError, "values is not a dict");
+            goto done;
+        }
+        Py_ssize_t r = sc->rank_of[i], pos = 0, j = 0;
+        PyObject *key, *value;
+        /* Cells by position while the keys are the first record's; at the first other key
+         * the lookups below take over (setting again what was set here: the same values). */
+        int by_position = first_count == PyDict_GET_SIZE(values);
+        while (by_position && PyDict_Next(values, &pos, &key, &value)) {
+            if (key == sc->keys[j])
+                cell_set(sc->cells[j++], r, value);
+            else
+                by_position = 0;
+        }
+        if (by_position)
+            continue;
+        if (first_count < 0)
+            first_count = PyDict_GET_SIZE(values);
+        else if (index == NULL) {
+            index = PyDict_New();
+            for (Py_ssize_t k = 0; index != NULL && k < num_names; k++) {
+                PyObject *at = PyLong_FromSsize_t(k);
+                if (at == NULL || PyDict_SetItem(index, sc->keys[k], at) < 0)
+                    Py_CLEAR(index);
+                Py_XDECREF(at);
+            }
+            if (index == NULL)
+                goto done;
+        }
+        pos = 0;
+        while (PyDict_Next(values, &pos, &key, &value)) {
+            Py_ssize_t at = -1;
+            if (index != NULL) {
+                PyObject *found = PyDict_GetItemWithError(index, key);   /* borrowed */
+                if (found != NULL)
+                    at = PyLong_AsSsize_t(found);
+                else if (PyErr_Occurred())
+                    goto done;
+            }
+            if (at < 0) {                        /* a name new to this step */
+                Py_ssize_t cap = sc->cap_keys;
+                if (grow((void **)&sc->keys, &sc->cap_keys, num_names + 1, sizeof(PyObject *)) < 0
+                        || grow((void **)&sc->cells, &cap, num_names + 1, sizeof(PyObject *)) < 0)
+                    goto done;
+                PyObject *cell = nones(m);
+                if (cell == NULL)
+                    goto done;
+                at = num_names++;
+                sc->keys[at] = key;              /* borrowed: the record holds it */
+                sc->cells[at] = cell;            /* owned until it goes into its column */
+                if (index != NULL) {
+                    PyObject *at_obj = PyLong_FromSsize_t(at);
+                    int bad = at_obj == NULL || PyDict_SetItem(index, key, at_obj) < 0;
+                    Py_XDECREF(at_obj);
+                    if (bad)
+                        goto done;
+                }
+            }
+            cell_set(sc->cells[at], r, value);
+        }
+    }
+    /* The step's names (the previous step's tuple again when they are the same), and its cells
+     * into their columns. */
+    PyObject *names = NULL;
+    if (*prev_names != NULL && PyTuple_GET_SIZE(*prev_names) == num_names) {
+        names = *prev_names;
+        for (Py_ssize_t k = 0; names != NULL && k < num_names; k++)
+            if (PyTuple_GET_ITEM(names, k) != sc->keys[k])
+                names = NULL;
+    }
+    if (names != NULL) {
+        Py_INCREF(names);
+    } else {
+        names = PyTuple_New(num_names);
+        if (names == NULL)
+            goto done;
+        for (Py_ssize_t k = 0; k < num_names; k++) {
+            Py_INCREF(sc->keys[k]);
+            PyTuple_SET_ITEM(names, k, sc->keys[k]);
+        }
+    }
+    *prev_names = names;                         /* borrowed: names_out holds it */
+    PyList_SET_ITEM(names_out, s, names);
+    Py_DECREF(Py_None);
+    for (Py_ssize_t k = 0; k < num_names; k++) {
+        PyObject *name = sc->keys[k];
+        PyObject *column = PyDict_GetItemWithError(columns, name);   /* borrowed */
+        if (column == NULL) {
+            if (PyErr_Occurred())
+                goto done;
+            column = list_of_nones(num_steps);
+            if (column == NULL)
+                goto done;
+            int bad = PyDict_SetItem(columns, name, column) < 0;
+            Py_DECREF(column);
+            if (bad)
+                goto done;
+        }
+        PyObject *cell = sc->cells[k];
+        sc->cells[k] = NULL;
+        PyList_SetItem(column, s, cell);         /* steals the cell, releases the None */
+    }
+    rc = 0;
+
+done:
+    for (Py_ssize_t k = 0; k < num_names; k++)
+        Py_XDECREF(sc->cells[k]);                /* the cells not handed to a column (an error) */
+    Py_XDECREF(index);
+    return rc;
 }
 
 static PyObject *
-add_many(PyObject *self, PyObject *args)
+list_of_nones(Py_ssize_t n)
 {
-    PyObject *agg, *recs, *key_orders, *now, *done, *late, *acc_type, *metrics_type;
-    Py_ssize_t start;
-    int force_first;
-    if (!PyArg_ParseTuple(args, "OO!O!npOO!O!OO", &agg, &PyList_Type, &recs, &PyList_Type, &key_orders,
-                          &start, &force_first, &now, &PyList_Type, &done, &PyList_Type, &late,
-                          &acc_type, &metrics_type))
+    PyObject *list = PyList_New(n);
+    if (list == NULL)
         return NULL;
-    Py_ssize_t n = PyList_GET_SIZE(recs);
-    if (PyList_GET_SIZE(key_orders) != n) {
-        PyErr_SetString(PyExc_ValueError, "add_many: one key order per record");
-        return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_INCREF(Py_None);
+        PyList_SET_ITEM(list, i, Py_None);
     }
-    PyObject *pending = PyObject_GetAttr(agg, s_pending);
-    PyObject *closed = PyObject_GetAttr(agg, s_closed);
-    PyObject *heap = PyObject_GetAttr(agg, s_step_heap);
-    PyObject *by_age = PyObject_GetAttr(agg, s_by_age);
-    PyObject *steady = PyObject_GetAttr(agg, s_steady);
-    PyObject *expected = PyObject_GetAttr(agg, s_expected);
-    PyObject *num_expected_obj = PyObject_GetAttr(agg, s_num_expected);
-    Py_ssize_t num_expected = num_expected_obj ? PyLong_AsSsize_t(num_expected_obj) : -1;
-    Py_ssize_t at_step = slot_offset(metrics_type, s_step), at_rank = slot_offset(metrics_type, s_rank),
-               at_values = slot_offset(metrics_type, s_values), at_t_ns = slot_offset(metrics_type, s_t_ns);
-    Py_ssize_t at_acc_keys = slot_offset(acc_type, s_keys), at_acc_by_rank = slot_offset(acc_type, s_by_rank),
-               at_acc_t_ns = slot_offset(acc_type, s_t_ns);
-    Py_ssize_t i = start;
-    if (pending == NULL || closed == NULL || heap == NULL || by_age == NULL || steady == NULL
-            || expected == NULL || (num_expected == -1 && PyErr_Occurred()))
-        goto fail;
-    if (!PyDict_Check(pending) || !PyDict_Check(closed) || !PyList_Check(heap)
-            || !PyAnySet_Check(steady) || !PyAnySet_Check(expected)) {
-        PyErr_SetString(PyExc_TypeError, "add_many: not an Aggregator");
-        goto fail;
-    }
+    return list;
+}
 
-    for (; i < n; i++) {
-        PyObject *rec = PyList_GET_ITEM(recs, i), *keys = PyList_GET_ITEM(key_orders, i);
-        int typed = (PyObject *)Py_TYPE(rec) == metrics_type, o1 = 0, o2 = 0, o3 = 0, o4 = 0;
-        PyObject *step = NULL, *rank = NULL, *values = NULL, *t_ns = NULL, *acc = NULL, *by_rank = NULL;
-        int ok = 0;
-        if ((step = field(rec, typed ? at_step : -1, s_step, &o1)) == NULL
-                || (rank = field(rec, typed ? at_rank : -1, s_rank, &o2)) == NULL
-                || (values = field(rec, typed ? at_values : -1, s_values, &o3)) == NULL
-                || (t_ns = field(rec, typed ? at_t_ns : -1, s_t_ns, &o4)) == NULL)
-            goto next;
-        acc = PyDict_GetItemWithError(pending, step);     /* borrowed */
-        if (acc == NULL && PyErr_Occurred())
-            goto next;
-        if (acc == NULL) {
-            /* closed is an OrderedDict, a dict underneath: looked up as one (no KeyError). */
-            PyObject *ranks_then = PyDict_GetItemWithError(closed, step);   /* borrowed */
-            if (ranks_then == NULL) {
-                if (PyErr_Occurred())
-                    goto next;
-            } else {
-                int had = PySequence_Contains(ranks_then, rank);
-                if (had < 0)
-                    goto next;
-                if (!had) {                  /* its step went out without it: late */
-                    ok = PyList_Append(late, rec) == 0 ? 2 : 0;
-                    goto next;
-                }
-            }
-        }
-        if (!(force_first && i == start)) {
-            int is_steady = PySet_Contains(steady, rank);
-            if (is_steady < 0)
-                goto next;
-            if (!is_steady) {                /* the caller notes the rank, then calls again */
-                ok = 3;
-                goto next;
-            }
-        }
-        /* Its slots are read at their offsets only in an accumulator of the type given. */
-        int acc_typed = acc != NULL && (PyObject *)Py_TYPE(acc) == acc_type;
-        if (acc == NULL) {
-            acc = PyObject_CallFunctionObjArgs(acc_type, step, now, keys, NULL);
-            if (acc == NULL)
-                goto next;
-            int rc = PyDict_SetItem(pending, step, acc);
-            Py_DECREF(acc);                  /* pending holds it */
-            if (rc < 0)
-                goto next;
-            PyObject *pushed = PyObject_CallFunctionObjArgs(heappush, heap, step, NULL);
-            if (pushed == NULL)
-                goto next;
-            Py_DECREF(pushed);
-            PyObject *appended = PyObject_CallMethodOneArg(by_age, s_append, acc);
-            if (appended == NULL)
-                goto next;
-            Py_DECREF(appended);
-            acc_typed = (PyObject *)Py_TYPE(acc) == acc_type;
-        } else {
-            int o5;
-            PyObject *acc_keys = field(acc, acc_typed ? at_acc_keys : -1, s_keys, &o5);
-            if (acc_keys == NULL)
-                goto next;
-            if (o5)
-                Py_DECREF(acc_keys);
-            if (acc_keys != keys && PyObject_SetAttr(acc, s_uniform, Py_False) < 0)
-                goto next;
-        }
-        int o6;
-        by_rank = field(acc, acc_typed ? at_acc_by_rank : -1, s_by_rank, &o6);
-        if (by_rank == NULL)
-            goto next;
-        if (!o6)
-            Py_INCREF(by_rank);
-        if (!PyDict_Check(by_rank)) {
-            PyErr_SetString(PyExc_TypeError, "by_rank is not a dict");
-            goto next;
-        }
-        PyObject *prev = PyDict_SetDefault(by_rank, rank, values);     /* borrowed */
-        if (prev == NULL)
-            goto next;
-        if (prev != values) {                /* this rank logged this step twice: merge */
-            PyObject *merged = PyDict_Copy(prev);
-            if (merged == NULL || PyDict_Update(merged, values) < 0
-                    || PyDict_SetItem(by_rank, rank, merged) < 0) {
-                Py_XDECREF(merged);
-                goto next;
-            }
-            Py_DECREF(merged);
-            if (PyObject_SetAttr(acc, s_uniform, Py_False) < 0)
-                goto next;
-        }
-        int o7;
-        PyObject *acc_t = field(acc, acc_typed ? at_acc_t_ns : -1, s_t_ns, &o7);
-        if (acc_t == NULL)
-            goto next;
-        int later = PyObject_RichCompareBool(t_ns, acc_t, Py_GT);
-        if (o7)
-            Py_DECREF(acc_t);
-        if (later < 0 || (later && PyObject_SetAttr(acc, s_t_ns, t_ns) < 0))
-            goto next;
-        if (PyDict_GET_SIZE(by_rank) >= num_expected) {
-            int all = all_reported(expected, by_rank);
-            if (all < 0)
-                goto next;
-            if (all) {
-                PyObject *closing = PyObject_CallMethodOneArg(agg, s_close_through, step);
-                if (closing == NULL)
-                    goto next;
-                int rc = PyList_Check(closing) ? 0 : -1;
-                for (Py_ssize_t j = 0; rc == 0 && j < PyList_GET_SIZE(closing); j++)
-                    rc = PyList_Append(done, PyList_GET_ITEM(closing, j));
-                Py_DECREF(closing);
-                if (rc < 0) {
-                    if (!PyErr_Occurred())
-                        PyErr_SetString(PyExc_TypeError, "_close_through did not return a list");
-                    goto next;
-                }
-            }
-        }
-        ok = 1;
-    next:
-        Py_XDECREF(by_rank);
-        if (o1) Py_XDECREF(step);
-        if (o2) Py_XDECREF(rank);
-        if (o3) Py_XDECREF(values);
-        if (o4) Py_XDECREF(t_ns);
-        if (ok == 0)
+static PyObject *
+gather(PyObject *self, PyObject *args)
+{
+    PyObject *groups;
+    if (!PyArg_ParseTuple(args, "O!", &PyList_Type, &groups))
+        return NULL;
+    Py_ssize_t num_steps = PyList_GET_SIZE(groups);
+    PyObject *ranks_out = list_of_nones(num_steps), *t_out = list_of_nones(num_steps),
+             *names_out = list_of_nones(num_steps), *columns = PyDict_New();
+    Scratch sc = {0};
+    Offsets o = {0};
+    PyObject *prev_names = NULL;                 /* borrowed: the last step's names */
+    if (ranks_out == NULL || t_out == NULL || names_out == NULL || columns == NULL)
+        goto fail;
+    for (Py_ssize_t s = 0; s < num_steps; s++) {
+        PyObject *records = PyList_GET_ITEM(groups, s);
+        if (!PyList_Check(records)) {
+            PyErr_SetString(PyExc_TypeError, "gather: a step's records are not a list");
             goto fail;
-        if (ok == 3)
-            break;
+        }
+        if (gather_step(records, s, num_steps, &sc, &o, ranks_out, t_out, names_out, columns, &prev_names) < 0)
+            goto fail;
     }
-    Py_DECREF(pending);
-    Py_DECREF(closed);
-    Py_DECREF(heap);
-    Py_DECREF(by_age);
-    Py_DECREF(steady);
-    Py_DECREF(expected);
-    Py_DECREF(num_expected_obj);
-    return PyLong_FromSsize_t(i);
+    PyMem_Free(sc.rank_objs);
+    PyMem_Free(sc.rank_vals);
+    PyMem_Free(sc.rank_of);
+    PyMem_Free(sc.keys);
+    PyMem_Free(sc.cells);
+    return Py_BuildValue("(NNNN)", ranks_out, t_out, names_out, columns);
 
 fail:
-    Py_XDECREF(pending);
-    Py_XDECREF(closed);
-    Py_XDECREF(heap);
-    Py_XDECREF(by_age);
-    Py_XDECREF(steady);
-    Py_XDECREF(expected);
-    Py_XDECREF(num_expected_obj);
+    PyMem_Free(sc.rank_objs);
+    PyMem_Free(sc.rank_vals);
+    PyMem_Free(sc.rank_of);
+    PyMem_Free(sc.keys);
+    PyMem_Free(sc.cells);
+    Py_XDECREF(ranks_out);
+    Py_XDECREF(t_out);
+    Py_XDECREF(names_out);
+    Py_XDECREF(columns);
     return NULL;
 }
 
-/* ---- reduce_group ------------------------------------------------------------------------- */
+/* ---- reduce_column ----------------------------------------------------------------------- */
 
-/* sum(col) as the builtin computes it. */
+/* The codes of reductions.py (MEAN, SUM, MAX, MIN, LAST); test_hotpath checks they agree. */
+enum { OP_MEAN, OP_SUM, OP_MAX, OP_MIN, OP_LAST, NUM_OPS };
+
+/* builtins.sum, max and min: a cell the fast paths below do not take is reduced by them, as in
+ * Python, so both give the same value and type (and raise the same errors) by construction. */
+static PyObject *builtin_sum, *builtin_max, *builtin_min;
+
+/* |sum| up to 2**53: an int that a double holds exactly, so sum / n in doubles is the correctly
+ * rounded quotient, which is what int / int gives in Python. */
+#define EXACT_INT_LIMIT 9007199254740992LL
+
+/* One cell through the builtins: sum / count (mean), sum, max or min of the present values. */
 static PyObject *
-col_sum(PyObject **col, Py_ssize_t n, PyObject *tuple)
+reduce_generic(PyObject **items, Py_ssize_t n, Py_ssize_t count, int op)
 {
-#if PY_VERSION_HEX < 0x030C0000
-    double acc = 0.0;
-    Py_ssize_t i;
-    for (i = 0; i < n && PyFloat_CheckExact(col[i]); i++)
-        acc += PyFloat_AS_DOUBLE(col[i]);
-    if (i == n)
-        return PyFloat_FromDouble(acc);
-#endif
-    return PyObject_CallOneArg(builtin_sum, tuple);
+    PyObject *present = PyList_New(count);
+    if (present == NULL)
+        return NULL;
+    for (Py_ssize_t i = 0, j = 0; i < n; i++) {
+        if (items[i] != Py_None) {
+            Py_INCREF(items[i]);
+            PyList_SET_ITEM(present, j++, items[i]);
+        }
+    }
+    PyObject *func = op == OP_MAX ? builtin_max : op == OP_MIN ? builtin_min : builtin_sum;
+    PyObject *result = PyObject_CallOneArg(func, present);
+    Py_DECREF(present);
+    if (result != NULL && op == OP_MEAN) {
+        PyObject *num = PyLong_FromSsize_t(count);
+        PyObject *quotient = num == NULL ? NULL : PyNumber_TrueDivide(result, num);
+        Py_XDECREF(num);
+        Py_DECREF(result);
+        result = quotient;
+    }
+    return result;
 }
 
-/* max(col) / min(col): the first extreme item itself. */
+/* One cell (None, or a non-empty tuple or list of values, None where a rank has none): the
+ * reduction of its present values; one present value as it is; None if none is. Cells of
+ * floats only, or of ints only (not bools), are reduced here, comparing and adding doubles or
+ * 64-bit ints the way Python's own sum, max and min do for those types; any other cell (bools,
+ * mixed types, big ints) goes through the builtins. */
 static PyObject *
-col_extreme(PyObject **col, Py_ssize_t n, int op)
+reduce_cell(PyObject *cell, int op)
 {
-    PyObject *best = col[0];
-    for (Py_ssize_t i = 1; i < n; i++) {
-        PyObject *item = col[i];
-        int better;
-        if (PyFloat_CheckExact(item) && PyFloat_CheckExact(best)) {
-            double a = PyFloat_AS_DOUBLE(item), b = PyFloat_AS_DOUBLE(best);
-            better = op == Py_GT ? a > b : a < b;
-        } else {
-            better = PyObject_RichCompareBool(item, best, op);
-            if (better < 0)
-                return NULL;
-        }
-        if (better)
-            best = item;
-    }
-    Py_INCREF(best);
-    return best;
-}
-
-static PyObject *
-reduce_one(PyObject *op, PyObject **col, Py_ssize_t n, PyObject *tuple, PyObject *n_obj)
-{
-    if (PyLong_CheckExact(op)) {
-        long code = PyLong_AsLong(op);
-        if (code == 0) {
-            PyObject *total = col_sum(col, n, tuple);
-            if (total == NULL)
-                return NULL;
-            PyObject *mean;
-            if (PyFloat_CheckExact(total))
-                mean = PyFloat_FromDouble(PyFloat_AS_DOUBLE(total) / (double)n);
-            else
-                mean = PyNumber_TrueDivide(total, n_obj);
-            Py_DECREF(total);
-            return mean;
-        }
-        if (code == 1)
-            return col_sum(col, n, tuple);
-        if (code == 2)
-            return col_extreme(col, n, Py_GT);
-        if (code == 3)
-            return col_extreme(col, n, Py_LT);
-        PyErr_SetString(PyExc_ValueError, "unknown reduction code");
+    if (cell == Py_None)
+        Py_RETURN_NONE;
+    PyObject *seq = PySequence_Fast(cell, "reduce_column: a cell is not a sequence");
+    if (seq == NULL)
         return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    PyObject *result = NULL, *first = NULL;
+    Py_ssize_t count = 0;
+    int all_float = 1, all_int = 1;
+    if (op == OP_LAST) {
+        for (Py_ssize_t i = n - 1; i >= 0 && first == NULL; i--)
+            if (items[i] != Py_None)
+                first = items[i];
+        result = first != NULL ? first : Py_None;
+        Py_INCREF(result);
+        goto done;
     }
-    return PyObject_CallOneArg(op, tuple);
-}
-
-static PyObject *
-reduce_group(PyObject *self, PyObject *args)
-{
-    PyObject *group, *keys, *ops, *view;
-    Py_ssize_t n;
-    if (!PyArg_ParseTuple(args, "O!O!O!nO!", &PyList_Type, &group, &PyTuple_Type, &keys,
-                          &PyTuple_Type, &ops, &n, &PyTuple_Type, &view))
-        return NULL;
-    Py_ssize_t k = PyTuple_GET_SIZE(keys);
-    if (PyTuple_GET_SIZE(ops) != k || PyTuple_GET_SIZE(view) != 3 || n < 1 || k < 1) {
-        PyErr_SetString(PyExc_ValueError, "reduce_group: bad arguments");
-        return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *x = items[i];
+        if (x == Py_None)
+            continue;
+        if (first == NULL)
+            first = x;
+        count++;
+        all_float &= PyFloat_CheckExact(x);
+        all_int &= PyLong_CheckExact(x);
     }
-    Py_ssize_t at[3];
-    for (int v = 0; v < 3; v++) {
-        at[v] = PyLong_AsSsize_t(PyTuple_GET_ITEM(view, v));
-        if (at[v] == -1 && PyErr_Occurred())
-            return NULL;
-        if (at[v] >= k) {
-            PyErr_SetString(PyExc_ValueError, "reduce_group: view index out of range");
-            return NULL;
-        }
+    if (count <= 1) {                 /* one value is kept as it is; none gives None */
+        result = first != NULL ? first : Py_None;
+        Py_INCREF(result);
+        goto done;
     }
-    Py_ssize_t num_steps = PyList_GET_SIZE(group);
-    PyObject **vals = PyMem_Malloc(sizeof(PyObject *) * (n * k + n));   /* [rank][metric], ranks */
-    PyObject **col = PyMem_Malloc(sizeof(PyObject *) * n);
-    PyObject *out = PyList_New(num_steps);
-    PyObject *n_obj = PyLong_FromSsize_t(n);
-    if (vals == NULL || col == NULL || out == NULL || n_obj == NULL) {
-        if (vals == NULL || col == NULL)
-            PyErr_NoMemory();
-        goto fail;
-    }
-    PyObject **ranks = vals + n * k;
-
-    for (Py_ssize_t s = 0; s < num_steps; s++) {
-        PyObject *acc = PyList_GET_ITEM(group, s);
-        PyObject *by_rank = PyObject_GetAttr(acc, s_by_rank);
-        if (by_rank == NULL)
-            goto fail;
-        if (!PyDict_CheckExact(by_rank) || PyDict_GET_SIZE(by_rank) != n) {
-            Py_DECREF(by_rank);
-            PyErr_SetString(PyExc_TypeError, "a step's ranks are not the group's");
-            goto fail;
-        }
-        /* Borrowed references: by_rank holds the rows, the rows hold the values. by_rank is
-         * released at the end of this step's turn. */
-        Py_ssize_t pos = 0, r = 0;
-        PyObject *rank, *row;
-        while (PyDict_Next(by_rank, &pos, &rank, &row)) {
-            if (!PyDict_CheckExact(row) || PyDict_GET_SIZE(row) != k) {
-                Py_DECREF(by_rank);
-                PyErr_SetString(PyExc_TypeError, "a rank's keys are not the group's");
-                goto fail;
-            }
-            ranks[r] = rank;
-            Py_ssize_t rpos = 0, j = 0;
-            PyObject *key, *value;
-            while (PyDict_Next(row, &rpos, &key, &value))
-                vals[r * k + j++] = value;
-            r++;
-        }
-
-        PyObject *rec = PyDict_New();
-        if (rec == NULL) {
-            Py_DECREF(by_rank);
-            goto fail;
-        }
-        PyList_SET_ITEM(out, s, rec);
-        PyObject *view_tuples[3] = {NULL, NULL, NULL};
-        int ok = 1;
-        for (Py_ssize_t j = 0; j < k && ok; j++) {
-            PyObject *tuple = PyTuple_New(n);
-            if (tuple == NULL) {
-                ok = 0;
-                break;
-            }
+    if (all_float) {
+        if (op == OP_MAX || op == OP_MIN) {
+            /* max/min: the first value that no later one is > (<) than, as the builtins */
+            PyObject *best = first;
+            double b = PyFloat_AS_DOUBLE(first);
             for (Py_ssize_t i = 0; i < n; i++) {
-                col[i] = vals[i * k + j];
-                Py_INCREF(col[i]);
-                PyTuple_SET_ITEM(tuple, i, col[i]);
-            }
-            PyObject *reduced = reduce_one(PyTuple_GET_ITEM(ops, j), col, n, tuple, n_obj);
-            if (reduced == NULL || PyDict_SetItem(rec, PyTuple_GET_ITEM(keys, j), reduced) < 0)
-                ok = 0;
-            Py_XDECREF(reduced);
-            for (int v = 0; v < 3; v++) {
-                if (at[v] == j) {
-                    Py_INCREF(tuple);
-                    view_tuples[v] = tuple;
+                PyObject *x = items[i];
+                if (x == Py_None || x == first)
+                    continue;
+                double v = PyFloat_AS_DOUBLE(x);
+                if (op == OP_MAX ? v > b : v < b) {
+                    best = x;
+                    b = v;
                 }
             }
-            Py_DECREF(tuple);
+            Py_INCREF(best);
+            result = best;
+            goto done;
         }
-        PyObject *times = view_tuples[0];
-        if (ok && times != NULL) {
-            /* The straggler view, as Aggregator._reduce_group computes it. */
-            PyObject **t = &PyTuple_GET_ITEM(times, 0);
-            PyObject *st_max = col_extreme(t, n, Py_GT);
-            PyObject *st_min = st_max ? col_extreme(t, n, Py_LT) : NULL;
-            Py_ssize_t slowest = -1;
-            for (Py_ssize_t i = 0; st_min != NULL && ok && i < n && slowest < 0; i++) {
-                int eq = PyObject_RichCompareBool(t[i], st_max, Py_EQ);
-                if (eq < 0)
-                    ok = 0;
-                else if (eq)
-                    slowest = i;
+#if PY_VERSION_HEX < 0x030C0000
+        /* sum() of floats up to 3.11: 0 + x0 + x1 + ... in doubles (3.12 compensates: builtins) */
+        double acc = 0.0;
+        for (Py_ssize_t i = 0; i < n; i++)
+            if (items[i] != Py_None)
+                acc += PyFloat_AS_DOUBLE(items[i]);
+        result = PyFloat_FromDouble(op == OP_MEAN ? acc / (double)count : acc);
+        goto done;
+#endif
+    }
+    if (all_int) {
+        long long acc = 0, best_v = 0;
+        PyObject *best = NULL;
+        int overflow = 0;
+        for (Py_ssize_t i = 0; i < n && !overflow; i++) {
+            PyObject *x = items[i];
+            if (x == Py_None)
+                continue;
+            long long v = PyLong_AsLongLongAndOverflow(x, &overflow);
+            if (overflow)
+                break;
+            if (op == OP_MAX || op == OP_MIN) {
+                if (best == NULL || (op == OP_MAX ? v > best_v : v < best_v)) {
+                    best = x;
+                    best_v = v;
+                }
             }
-            if (st_min == NULL || slowest < 0
-                    || PyDict_SetItem(rec, s_st_max, st_max) < 0
-                    || PyDict_SetItem(rec, s_st_min, st_min) < 0
-                    || PyDict_SetItem(rec, s_slowest, ranks[slowest]) < 0)
-                ok = 0;
-            Py_XDECREF(st_max);
-            Py_XDECREF(st_min);
-            if (ok) {
-                PyObject *cols = PyTuple_Pack(3, view_tuples[1] ? view_tuples[1] : Py_None,
-                                              view_tuples[2] ? view_tuples[2] : Py_None, times);
-                if (cols == NULL || PyObject_SetAttr(acc, s_cols, cols) < 0)
-                    ok = 0;
-                Py_XDECREF(cols);
-            }
+            else if (__builtin_add_overflow(acc, v, &acc))
+                overflow = 1;
         }
-        for (int v = 0; v < 3; v++)
-            Py_XDECREF(view_tuples[v]);
-        Py_DECREF(by_rank);
-        if (!ok) {
-            if (!PyErr_Occurred())
-                PyErr_SetString(PyExc_TypeError, "no maximum step time");
-            goto fail;
+        if (!overflow) {
+            if (op == OP_MAX || op == OP_MIN) {
+                Py_INCREF(best);
+                result = best;
+                goto done;
+            }
+            if (op == OP_SUM) {
+                result = PyLong_FromLongLong(acc);
+                goto done;
+            }
+            if (-EXACT_INT_LIMIT <= acc && acc <= EXACT_INT_LIMIT) {
+                result = PyFloat_FromDouble((double)acc / (double)count);
+                goto done;
+            }
         }
     }
-    PyMem_Free(vals);
-    PyMem_Free(col);
-    Py_DECREF(n_obj);
-    return out;
+    result = reduce_generic(items, n, count, op);
+done:
+    Py_DECREF(seq);
+    return result;
+}
 
+static PyObject *
+reduce_column(PyObject *self, PyObject *args)
+{
+    PyObject *column;
+    int op;
+    if (!PyArg_ParseTuple(args, "Oi", &column, &op))
+        return NULL;
+    if (op < 0 || op >= NUM_OPS)
+        return PyErr_Format(PyExc_ValueError, "reduce_column: no reduction has the code %d", op);
+    PyObject *cells = PySequence_Fast(column, "reduce_column: the column is not a sequence");
+    if (cells == NULL)
+        return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(cells);
+    PyObject **items = PySequence_Fast_ITEMS(cells);
+    PyObject *out = PyList_New(n);
+    if (out == NULL)
+        goto fail;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *value = reduce_cell(items[i], op);
+        if (value == NULL)
+            goto fail;
+        PyList_SET_ITEM(out, i, value);
+    }
+    Py_DECREF(cells);
+    return out;
 fail:
-    PyMem_Free(vals);
-    PyMem_Free(col);
-    Py_XDECREF(n_obj);
+    Py_DECREF(cells);
     Py_XDECREF(out);
+    return NULL;
+}
+
+/* ---- rate_sums ----------------------------------------------------------------------------- */
+
+/* A positive finite float, or a positive int up to 2**53 (a double holds it exactly, so n / t in
+ * doubles is Python's correctly rounded n / t), into *out; 0 for anything else. */
+static int
+positive_finite(PyObject *x, double *out)
+{
+    if (PyFloat_CheckExact(x)) {
+        double v = PyFloat_AS_DOUBLE(x);
+        *out = v;
+        return v > 0.0 && v < Py_HUGE_VAL;     /* NaN fails both */
+    }
+    if (PyLong_CheckExact(x)) {
+        int overflow;
+        long long v = PyLong_AsLongLongAndOverflow(x, &overflow);
+        *out = (double)v;
+        return !overflow && v > 0 && v <= EXACT_INT_LIMIT;
+    }
+    return 0;
+}
+
+/* sum(n_i / t_i) over one pair of cells, or None where a cell is None, empty or not all
+ * positive finite numbers (see loops.rate_sums). */
+static PyObject *
+rate_sum(PyObject *ns, PyObject *ts)
+{
+    if (ns == Py_None || ts == Py_None)
+        Py_RETURN_NONE;
+    PyObject *nseq = PySequence_Fast(ns, "rate_sums: a cell is not a sequence");
+    if (nseq == NULL)
+        return NULL;
+    PyObject *tseq = PySequence_Fast(ts, "rate_sums: a cell is not a sequence");
+    if (tseq == NULL) {
+        Py_DECREF(nseq);
+        return NULL;
+    }
+    Py_ssize_t nn = PySequence_Fast_GET_SIZE(nseq), nt = PySequence_Fast_GET_SIZE(tseq);
+    Py_ssize_t n = nt < nn ? nt : nn;            /* pairs as zip() makes them */
+    PyObject **nitems = PySequence_Fast_ITEMS(nseq), **titems = PySequence_Fast_ITEMS(tseq);
+    PyObject *result = NULL;
+    int ok = n > 0;
+    double v = 0.0;
+    for (Py_ssize_t i = 0; i < nn && ok; i++)    /* every value of both cells, as loops.py */
+        ok = positive_finite(nitems[i], &v);
+    for (Py_ssize_t i = 0; i < nt && ok; i++)
+        ok = positive_finite(titems[i], &v);
+    if (!ok) {
+        result = Py_NewRef(Py_None);
+        goto done;
+    }
+#if PY_VERSION_HEX < 0x030C0000
+    /* sum() of floats up to 3.11: 0 + q0 + q1 + ... in doubles */
+    double acc = 0.0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        double a = 0.0, b = 1.0;
+        positive_finite(nitems[i], &a);
+        positive_finite(titems[i], &b);
+        acc += a / b;
+    }
+    result = PyFloat_FromDouble(acc);
+#else
+    /* 3.12 on, sum() of floats compensates: the quotients through builtins.sum */
+    PyObject *quotients = PyList_New(n);
+    if (quotients == NULL)
+        goto done;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        double a = 0.0, b = 1.0;
+        positive_finite(nitems[i], &a);
+        positive_finite(titems[i], &b);
+        PyObject *q = PyFloat_FromDouble(a / b);
+        if (q == NULL) {
+            Py_DECREF(quotients);
+            goto done;
+        }
+        PyList_SET_ITEM(quotients, i, q);
+    }
+    result = PyObject_CallOneArg(builtin_sum, quotients);
+    Py_DECREF(quotients);
+#endif
+done:
+    Py_DECREF(nseq);
+    Py_DECREF(tseq);
+    return result;
+}
+
+static PyObject *
+rate_sums(PyObject *self, PyObject *args)
+{
+    PyObject *counts, *times;
+    if (!PyArg_ParseTuple(args, "OO", &counts, &times))
+        return NULL;
+    PyObject *cseq = PySequence_Fast(counts, "rate_sums: counts is not a sequence");
+    if (cseq == NULL)
+        return NULL;
+    PyObject *tseq = PySequence_Fast(times, "rate_sums: times is not a sequence");
+    if (tseq == NULL) {
+        Py_DECREF(cseq);
+        return NULL;
+    }
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(cseq), nt = PySequence_Fast_GET_SIZE(tseq);
+    if (nt < n)
+        n = nt;
+    PyObject *out = PyList_New(n);
+    for (Py_ssize_t i = 0; out != NULL && i < n; i++) {
+        PyObject *value = rate_sum(PySequence_Fast_GET_ITEM(cseq, i), PySequence_Fast_GET_ITEM(tseq, i));
+        if (value == NULL)
+            Py_CLEAR(out);
+        else
+            PyList_SET_ITEM(out, i, value);
+    }
+    Py_DECREF(cseq);
+    Py_DECREF(tseq);
+    return out;
+}
+
+/* ---- step_values ----------------------------------------------------------------------------- */
+
+static PyObject *
+step_values(PyObject *self, PyObject *args)
+{
+    PyObject *names, *reduced;
+    if (!PyArg_ParseTuple(args, "O!O!", &PyList_Type, &names, &PyDict_Type, &reduced))
+        return NULL;
+    Py_ssize_t num_steps = PyList_GET_SIZE(names), cap = 0;
+    PyObject **cols = NULL;                      /* borrowed: the reduced columns of `prev`'s names */
+    PyObject *prev = NULL;                       /* borrowed: the names the columns were looked up for */
+    PyObject *out = PyList_New(num_steps);
+    if (out == NULL)
+        return NULL;
+    for (Py_ssize_t i = 0; i < num_steps; i++) {
+        PyObject *step_names = PyList_GET_ITEM(names, i);
+        if (!PyTuple_Check(step_names)) {
+            PyErr_SetString(PyExc_TypeError, "step_values: a step's names are not a tuple");
+            goto fail;
+        }
+        Py_ssize_t k = PyTuple_GET_SIZE(step_names);
+        int same = prev != NULL ? PyObject_RichCompareBool(step_names, prev, Py_EQ) : 0;
+        if (same < 0)
+            goto fail;
+        if (!same) {                             /* other names than the step before: look them up */
+            if (grow((void **)&cols, &cap, k, sizeof(PyObject *)) < 0)
+                goto fail;
+            for (Py_ssize_t j = 0; j < k; j++) {
+                PyObject *name = PyTuple_GET_ITEM(step_names, j);
+                PyObject *col = PyDict_GetItemWithError(reduced, name);
+                if (col == NULL) {
+                    if (!PyErr_Occurred())
+                        PyErr_SetObject(PyExc_KeyError, name);
+                    goto fail;
+                }
+                if (!PyList_Check(col)) {
+                    PyErr_SetString(PyExc_TypeError, "step_values: a reduced column is not a list");
+                    goto fail;
+                }
+                cols[j] = col;
+            }
+            prev = step_names;
+        }
+        PyObject *d = PyDict_New();
+        if (d == NULL)
+            goto fail;
+        PyList_SET_ITEM(out, i, d);
+        for (Py_ssize_t j = 0; j < k; j++) {
+            if (i >= PyList_GET_SIZE(cols[j])) {
+                PyErr_SetString(PyExc_IndexError, "step_values: a reduced column is shorter than the steps");
+                goto fail;
+            }
+            if (PyDict_SetItem(d, PyTuple_GET_ITEM(step_names, j), PyList_GET_ITEM(cols[j], i)) < 0)
+                goto fail;
+        }
+    }
+    PyMem_Free(cols);
+    return out;
+fail:
+    PyMem_Free(cols);
+    Py_DECREF(out);
     return NULL;
 }
 
@@ -763,8 +997,10 @@ fail:
 static PyMethodDef methods[] = {
     {"read_frames", read_frames, METH_VARARGS, "Frames from next_frame() until `empty` or max_frames."},
     {"tally", tally, METH_VARARGS, "The receiver's accounting of a batch of decoded records."},
-    {"add_many", add_many, METH_VARARGS, "Aggregator.add_many's loop, up to a rank not yet seen."},
-    {"reduce_group", reduce_group, METH_VARARGS, "Reduce steps that share a key order and rank count."},
+    {"gather", gather, METH_VARARGS, "Columns from the records of closed steps."},
+    {"rate_sums", rate_sums, METH_VARARGS, "Per pair of cells sum(n_i / t_i), or None where not all positive finite."},
+    {"step_values", step_values, METH_VARARGS, "Each step's values dict from the reduced columns."},
+    {"reduce_column", reduce_column, METH_VARARGS, "One reduced value per cell of a column (op: a reduction's code)."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -776,50 +1012,26 @@ static struct PyModuleDef module = {
 PyMODINIT_FUNC
 PyInit__hotpath(void)
 {
-    PyObject *builtins = PyEval_GetBuiltins();   /* borrowed */
-    if (builtins == NULL)
-        return NULL;
-    builtin_sum = PyDict_GetItemString(builtins, "sum");
-    builtin_max = PyDict_GetItemString(builtins, "max");
-    builtin_min = PyDict_GetItemString(builtins, "min");
-    if (builtin_sum == NULL || builtin_max == NULL || builtin_min == NULL) {
-        PyErr_SetString(PyExc_ImportError, "builtins missing");
-        return NULL;
-    }
-    Py_INCREF(builtin_sum);
-    Py_INCREF(builtin_max);
-    Py_INCREF(builtin_min);
 #define INTERN(var, text) if ((var = PyUnicode_InternFromString(text)) == NULL) return NULL
     INTERN(s_values, "values");
     INTERN(s_src, "src");
     INTERN(s_rank, "rank");
     INTERN(s_seq, "seq");
     INTERN(s_dropped, "dropped");
-    INTERN(s_by_rank, "by_rank");
-    INTERN(s_cols, "cols");
-    INTERN(s_st_max, "perf/step_time_max");
-    INTERN(s_st_min, "perf/step_time_min");
-    INTERN(s_slowest, "perf/slowest_rank");
-    INTERN(s_step, "step");
     INTERN(s_t_ns, "t_ns");
-    INTERN(s_keys, "keys");
-    INTERN(s_uniform, "uniform");
-    INTERN(s_pending, "pending");
-    INTERN(s_closed, "_closed");
-    INTERN(s_step_heap, "_step_heap");
-    INTERN(s_by_age, "_by_age");
-    INTERN(s_steady, "_steady");
-    INTERN(s_expected, "_expected");
-    INTERN(s_num_expected, "_num_expected");
-    INTERN(s_append, "append");
-    INTERN(s_close_through, "_close_through");
-    PyObject *heapq = PyImport_ImportModule("heapq");
-    if (heapq == NULL)
-        return NULL;
-    heappush = PyObject_GetAttrString(heapq, "heappush");
-    Py_DECREF(heapq);
-    if (heappush == NULL)
-        return NULL;
 #undef INTERN
+    PyObject *builtins = PyEval_GetBuiltins();          /* borrowed */
+    if (builtins == NULL)
+        return NULL;
+    builtin_sum = PyDict_GetItemString(builtins, "sum");
+    builtin_max = PyDict_GetItemString(builtins, "max");
+    builtin_min = PyDict_GetItemString(builtins, "min");
+    if (builtin_sum == NULL || builtin_max == NULL || builtin_min == NULL) {
+        PyErr_SetString(PyExc_ImportError, "_hotpath: builtins sum, max or min not found");
+        return NULL;
+    }
+    Py_INCREF(builtin_sum);
+    Py_INCREF(builtin_max);
+    Py_INCREF(builtin_min);
     return PyModule_Create(&module);
 }

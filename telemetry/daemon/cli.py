@@ -39,7 +39,8 @@ def run(args: argparse.Namespace) -> int:
 
     from telemetry.daemon.config import ConfigError, load
     from telemetry.daemon.core import Daemon, setup_logging
-    from telemetry.endpoints import EndpointError
+    from telemetry.daemon.sinks.base import StartupError
+    from telemetry.shared.endpoints import EndpointError
 
     overrides = {
         "ingest": args.ingest, "pub": args.pub, "control": args.control, "log_dir": args.log_dir,
@@ -53,11 +54,14 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"telemetry daemon: bad config: {exc}", file=sys.stderr)
         return 2
-    setup_logging(Path(cfg.log_dir), logging.WARNING if args.quiet else logging.INFO)
     daemon = Daemon(cfg)
     try:
+        setup_logging(Path(cfg.log_dir), logging.WARNING if args.quiet else logging.INFO)
         daemon.start()
-    except EndpointError as exc:
+    except ConfigError as exc:    # a custom sink that cannot be built
+        print(f"telemetry daemon: bad config: {exc}", file=sys.stderr)
+        return 2
+    except (EndpointError, StartupError) as exc:
         print(f"telemetry daemon: {exc}", file=sys.stderr)
         return 2
     rc = daemon.run()

@@ -2,8 +2,10 @@
 
     telemetry daemon --config daemon.yaml --log-dir runs/x/telemetry --wandb offline
 
-YAML keys mirror the dataclasses below (nested sections by name); an unknown key, a wrong type or
-an impossible value raises ConfigError naming the key.
+YAML keys mirror the dataclasses below (nested sections by name, each section its own typed
+dataclass: the pollers', the diagnosis rules', security's and forwarding's live beside the code
+that uses them); an unknown key, a wrong type or an impossible value raises ConfigError naming
+the dotted key (telemetry.shared.config does the loading for every config of the project).
 """
 from __future__ import annotations
 
@@ -12,26 +14,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-REDUCTIONS = ("mean", "sum", "max", "min", "last")
+from telemetry.daemon.diagnosis.config import DiagnosisConfig
+from telemetry.daemon.peaks import normalize_dtype
+from telemetry.daemon.pollers.config import PollersConfig
+from telemetry.daemon.sinks.config import SinkConfig
+from telemetry.daemon.sinks.forward import ForwardConfig
+from telemetry.shared import config as shared_config
+from telemetry.shared.config import ConfigError  # noqa: F401  (part of this module's API)
+from telemetry.shared.security.curve import SecurityConfig
 
-
-from telemetry.configutil import ConfigError, from_dict  # noqa: F401  (part of this module's API)
-
-
-@dataclass(kw_only=True, slots=True)
-class SinkConfig:
-    enabled: bool = True
-    max_queued: int = 100_000          # records waiting for this sink before drops are counted
-    every_n_steps: int = 1             # downsample: one record per N steps (window reduced)
-    max_per_second: float = 0.0        # downsample: at most this many metrics records/s; 0 = off
-
-    def __post_init__(self) -> None:
-        if self.max_queued < 1:
-            raise ConfigError(f"max_queued must be >= 1, got {self.max_queued}")
-        if self.every_n_steps < 1:
-            raise ConfigError(f"every_n_steps must be >= 1, got {self.every_n_steps}")
-        if self.max_per_second < 0:
-            raise ConfigError(f"max_per_second must be >= 0, got {self.max_per_second}")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -73,9 +64,9 @@ class TensorBoardConfig(SinkConfig):
 
 @dataclass(kw_only=True, slots=True)
 class CustomSinkConfig(SinkConfig):
-    """A sink of your own: `class` is "package.module:ClassName", a telemetry.sinks.base.Sink
+    """A sink of your own: `class` is "package.module:ClassName", a telemetry.daemon.sinks.base.Sink
     subclass built as ClassName(log_dir=..., **options) on the daemon's thread."""
-    cls: str = ""
+    cls: str = field(default="", metadata={"key": "class"})   # `class` in YAML: a Python keyword
     options: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -83,17 +74,6 @@ class CustomSinkConfig(SinkConfig):
         mod, _, name = self.cls.partition(":")
         if not mod or not name.isidentifier():
             raise ConfigError(f"class {self.cls!r}: expected 'package.module:ClassName'")
-
-    @classmethod
-    def from_mapping(cls, item: Any, index: int) -> "CustomSinkConfig":
-        if not isinstance(item, dict):
-            raise ConfigError(f"custom_sinks[{index}]: expected a mapping")
-        data = dict(item)
-        data["cls"] = data.pop("class", "")
-        try:
-            return from_dict(cls, data, prefix=f"custom_sinks[{index}].")
-        except TypeError as exc:
-            raise ConfigError(f"custom_sinks[{index}]: {exc}") from None
 
 
 @dataclass(kw_only=True, slots=True)
@@ -107,9 +87,13 @@ class AggregatorConfig:
     def __post_init__(self) -> None:
         if self.step_timeout_s <= 0:
             raise ConfigError(f"aggregator.step_timeout_s must be > 0, got {self.step_timeout_s}")
+        from telemetry.daemon.reductions import parse   # the one spelling of a reduction
+
         for k, v in self.reductions.items():
-            if v not in REDUCTIONS:
-                raise ConfigError(f"aggregator.reductions[{k!r}] = {v!r}: expected one of {', '.join(REDUCTIONS)}")
+            try:
+                parse(v)
+            except ValueError as exc:
+                raise ConfigError(f"aggregator.reductions[{k!r}] = {exc}") from None
 
 
 @dataclass(kw_only=True, slots=True)
@@ -117,6 +101,12 @@ class MfuConfig:
     peak_flops: float = 0.0            # per-device peak override (FLOP/s); 0 = from the device name
     dtype: str = ""                    # override the dtype the ranks report (bf16, fp16, tf32, fp32)
     halve_causal: bool = False         # count half the attention FLOPs of causal models; off = PaLM/Megatron
+
+    def __post_init__(self) -> None:
+        if self.peak_flops < 0:
+            raise ConfigError(f"mfu.peak_flops must be >= 0 (0 = from the device name), got {self.peak_flops}")
+        if self.dtype and normalize_dtype(self.dtype) is None:
+            raise ConfigError(f"mfu.dtype {self.dtype!r}: expected bf16, fp16, tf32 or fp32 (or empty)")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -135,76 +125,31 @@ class DaemonConfig:
     tensorboard: TensorBoardConfig = field(default_factory=TensorBoardConfig)
     aggregator: AggregatorConfig = field(default_factory=AggregatorConfig)
     mfu: MfuConfig = field(default_factory=MfuConfig)
-    pollers: dict[str, Any] = field(default_factory=dict)     # telemetry.pollers.config.PollersConfig
-    diagnosis: dict[str, Any] = field(default_factory=dict)   # telemetry.diagnosis DiagnosisConfig
+    pollers: PollersConfig = field(default_factory=PollersConfig)
+    diagnosis: DiagnosisConfig = field(default_factory=DiagnosisConfig)
     remote_ingest: str | None = None   # a second ingest listener for node daemons (TCP, CURVE beyond loopback)
-    security: dict[str, Any] = field(default_factory=dict)    # telemetry.security.curve.SecurityConfig
-    forward: dict[str, Any] = field(default_factory=dict)     # telemetry.sinks.forward.ForwardConfig
-    custom_sinks: list[Any] = field(default_factory=list)     # [{class: "mod:Cls", options: {...}, max_queued: N}]
+    security: SecurityConfig = field(default_factory=SecurityConfig)
+    forward: ForwardConfig | None = None   # a node daemon's link to the head; None on a head or single node
+    custom_sinks: list[CustomSinkConfig] = field(default_factory=list)   # [{class: "mod:Cls", options: {...}}]
 
     def __post_init__(self) -> None:
-        # The pollers and diagnosis sections have their own typed configs: validate them here,
-        # at load, so a typo fails with the key's name before any socket is bound.
-        from telemetry.diagnosis.config import DiagnosisConfig
-        from telemetry.pollers.config import PollersConfig
-
-        for key, cls in (("pollers", PollersConfig), ("diagnosis", DiagnosisConfig)):
-            try:
-                cls.from_dict(getattr(self, key))
-            except (ValueError, TypeError) as exc:
-                raise ConfigError(f"{key}: {exc}") from None
         if not self.run_name:
             self.run_name = Path(self.log_dir).resolve().parent.name or "run"
         if self.daemon_record_interval_s <= 0:
-            raise ConfigError("daemon_record_interval_s must be > 0")
+            raise ConfigError(f"daemon_record_interval_s must be > 0, got {self.daemon_record_interval_s}")
         if self.drain_timeout_s <= 0:
-            raise ConfigError("drain_timeout_s must be > 0")
-        if not isinstance(self.custom_sinks, list):
-            raise ConfigError("custom_sinks: expected a list")
-        self.custom_sinks = [c if isinstance(c, CustomSinkConfig) else CustomSinkConfig.from_mapping(c, i)
-                             for i, c in enumerate(self.custom_sinks)]
-        # Checked here so a bad security/forward section fails at load with the key named.
-        if self.security:
-            from telemetry.security.curve import SecurityConfig
-
-            try:
-                SecurityConfig.from_dict(self.security)
-            except ValueError as exc:
-                raise ConfigError(str(exc)) from None
-        if self.forward:
-            from telemetry.sinks.forward import ForwardConfig
-
-            try:
-                fwd = ForwardConfig.from_dict(self.forward)
-            except ValueError as exc:
-                raise ConfigError(str(exc)) from None
-            # A node daemon's --world-size is its ranks per node; they start at node_rank x that.
-            if self.aggregator.world_size and not self.aggregator.first_rank:
-                self.aggregator.first_rank = fwd.node_rank * self.aggregator.world_size
+            raise ConfigError(f"drain_timeout_s must be > 0, got {self.drain_timeout_s}")
+        # A bound, always: 0 would be libzmq's "unlimited", a daemon that grows until it is killed.
+        if self.rcvhwm < 1:
+            raise ConfigError(f"rcvhwm must be >= 1, got {self.rcvhwm}")
+        # A node daemon's --world-size is its ranks per node; they start at node_rank x that.
+        if self.forward is not None and self.aggregator.world_size and not self.aggregator.first_rank:
+            self.aggregator.first_rank = self.forward.node_rank * self.aggregator.world_size
 
 
 def load(path: str | os.PathLike | None, overrides: dict[str, Any]) -> DaemonConfig:
-    """YAML file (optional) then overrides ({"wandb.mode": "offline", "log_dir": ...})."""
-    data: dict[str, Any] = {}
-    if path:
-        import yaml
+    """YAML file (optional) then flag overrides ({"wandb.mode": "offline", "log_dir": ...}; None = not given).
 
-        try:
-            with open(path) as f:
-                loaded = yaml.safe_load(f) or {}
-        except FileNotFoundError:
-            raise ConfigError(f"config file not found: {path}") from None
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"{path}: not valid YAML: {exc}") from None
-        if not isinstance(loaded, dict):
-            raise ConfigError(f"{path}: expected a mapping at the top level")
-        data = loaded
-    for dotted, value in overrides.items():
-        if value is None:
-            continue
-        node = data
-        parts = dotted.split(".")
-        for p in parts[:-1]:
-            node = node.setdefault(p, {})
-        node[parts[-1]] = value
-    return from_dict(DaemonConfig, data)
+    Raises ConfigError (naming the dotted key) for anything unusable, the file included.
+    """
+    return shared_config.load(DaemonConfig, path, overrides)

@@ -1,20 +1,83 @@
-"""Control socket (REP): one JSON request, one JSON reply.
+"""Control socket (ROUTER): one JSON request, one JSON reply.
 
-    {"cmd": "status"}  -> the daemon's counters (see Daemon.status)
-    {"cmd": "drain"}   -> stop intake, drain every queue, flush, fsync; the reply comes once that is
-                          done and carries the final counters; then the daemon exits
-    {"cmd": "ping"}    -> {"ok": true}
-Requests are size-bounded and anything that is not such an object gets {"ok": false, "error": ...}.
+    {"cmd": "status", "token": T}  -> the daemon's counters (see Daemon.status)
+    {"cmd": "drain", "token": T}   -> stop intake, drain every queue, flush, fsync; the reply comes
+                                      once that is done and carries the final counters; then the
+                                      daemon exits
+    {"cmd": "ping"}                -> {"ok": true} (no token: it tells nothing)
+
+The token is the control socket's own credential: reaching the socket is not enough (any local
+user can connect to loopback TCP; under CURVE every allow-listed node key can). The daemon makes
+a random one at start and writes it, readable only by its owner, beside the socket: for
+ipc://PATH in PATH.token, for TCP in <runtime dir>/control-<port>.token. `request` reads it from
+there, or from $TELEMETRY_CONTROL_TOKEN (a consumer on another host). Requests are size-bounded
+and anything that is not such an object gets {"ok": false, "error": ...}.
 """
 from __future__ import annotations
 
+import hmac
 import json
+import os
+import secrets
+import stat
+from pathlib import Path
 
 MAX_REQUEST_BYTES = 4096
+ENV_TOKEN = "TELEMETRY_CONTROL_TOKEN"
+COMMANDS = ("status", "drain", "ping")
+_OPEN = ("ping",)      # commands that need no token
 
 
-def parse_request(frame: bytes) -> tuple[str | None, str]:
-    """(command, error): command is None when the request is not understood."""
+def token_path(endpoint: str) -> Path:
+    """Where the daemon serving `endpoint` keeps its control token."""
+    from telemetry.shared import endpoints
+
+    if endpoint.startswith("ipc://"):
+        return Path(os.path.abspath(endpoint[len("ipc://"):] + ".token"))
+    port = endpoint.rsplit(":", 1)[-1]
+    return endpoints.runtime_dir() / f"control-{port}.token"
+
+
+def issue_token(endpoint: str) -> str:
+    """Make a token and write it (0600, never through a symlink) where `request` looks."""
+    from telemetry.shared import endpoints
+
+    path = token_path(endpoint)
+    if not endpoint.startswith("ipc://"):
+        endpoints.runtime_dir(create=True)
+    token = secrets.token_hex(16)
+    try:
+        try:
+            path.unlink()
+        except FileNotFoundError:
+            pass
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    except OSError as exc:
+        raise endpoints.EndpointError(f"cannot write the control token {path}: {exc.strerror}") from None
+    with os.fdopen(fd, "w") as f:
+        f.write(token + "\n")
+    return token
+
+
+def read_token(endpoint: str) -> str:
+    """The token for `endpoint`: $TELEMETRY_CONTROL_TOKEN, else the daemon's file if it is a plain
+    file of ours that nobody else can read; "" when there is none."""
+    env = os.environ.get(ENV_TOKEN)
+    if env:
+        return env.strip()
+    try:
+        fd = os.open(token_path(endpoint), os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return ""
+    with os.fdopen(fd) as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+            return ""
+        return f.read(256).strip()
+
+
+def parse_request(frame: bytes, token: str) -> tuple[str | None, str]:
+    """(command, error): command is None when the request is not understood or not authorised."""
     if len(frame) > MAX_REQUEST_BYTES:
         return None, "request too large"
     try:
@@ -22,10 +85,15 @@ def parse_request(frame: bytes) -> tuple[str | None, str]:
     except (ValueError, UnicodeDecodeError):
         return None, "not JSON"
     if not isinstance(req, dict) or not isinstance(req.get("cmd"), str):
-        return None, 'expected {"cmd": "status" | "drain" | "ping"}'
-    if req["cmd"] not in ("status", "drain", "ping"):
-        return None, f"unknown command {req['cmd'][:40]!r}"
-    return req["cmd"], ""
+        return None, 'expected {"cmd": "status" | "drain" | "ping", "token": "..."}'
+    cmd = req["cmd"]
+    if cmd not in COMMANDS:
+        return None, f"unknown command {cmd[:40]!r}"
+    given = req.get("token")
+    if cmd not in _OPEN and not (isinstance(given, str) and hmac.compare_digest(given.encode(), token.encode())):
+        return None, (f"not authorised: {cmd!r} needs the daemon's control token (the file beside its "
+                      f"control socket, readable by its owner, or ${ENV_TOKEN})")
+    return cmd, ""
 
 
 def request(endpoint: str, cmd: str, timeout_s: float = 5.0) -> dict:
@@ -38,11 +106,14 @@ def request(endpoint: str, cmd: str, timeout_s: float = 5.0) -> dict:
     sock.setsockopt(zmq.RCVTIMEO, int(timeout_s * 1000))
     sock.setsockopt(zmq.SNDTIMEO, int(timeout_s * 1000))
     try:
-        from telemetry.security.curve import apply_client_curve
+        from telemetry.shared.security.curve import apply_client_curve
 
         apply_client_curve(sock)   # keys from $TELEMETRY_CURVE_*: a control endpoint beyond loopback
         sock.connect(endpoint)
-        sock.send(json.dumps({"cmd": cmd}).encode())
+        body = {"cmd": cmd}
+        if cmd not in _OPEN:
+            body["token"] = read_token(endpoint)
+        sock.send(json.dumps(body).encode())
         return json.loads(sock.recv())
     except zmq.Again:
         raise TimeoutError(f"no answer from a telemetry daemon at {endpoint} within {timeout_s:g} s") from None

@@ -21,23 +21,23 @@ import sys
 import threading
 import time
 from functools import partial
-from itertools import repeat
 from pathlib import Path
 
 import msgspec
 import zmq
 
 from protocol import MAX_FRAME_BYTES, Bye, Event, Hello, Metrics
-from telemetry import endpoints
+from telemetry.shared import endpoints
 from telemetry.daemon import hotpath
-from telemetry.daemon.aggregator import Aggregator
+from telemetry.daemon import loops as python_loops
+from telemetry.daemon.aggregator import MAX_WORLD_SIZE, Aggregator
 from telemetry.daemon.config import DaemonConfig
-from telemetry.daemon.control import parse_request
+from telemetry.daemon import control as control_protocol
 from telemetry.daemon.derived import Derived
 from telemetry.daemon.downsample import Downsampler
 from telemetry.daemon.receiver import Receiver
-from telemetry.security.redact import Redactor
-from telemetry.sinks.base import InlineRunner, Out, SinkRunner
+from telemetry.shared.security.redact import Redactor
+from telemetry.daemon.sinks.base import InlineRunner, Out, SinkRunner, StartupError
 
 log = logging.getLogger("telemetry.daemon")
 
@@ -51,15 +51,34 @@ INGEST_BATCH = 1024
 # The longest the loop sleeps when no timer is due; bounds how stale "now" can get.
 MAX_POLL_MS = 500
 # At shutdown, intake ends once the ingest socket has been quiet this long (records still on the
-# wire from ranks that just closed get in) or after INTAKE_MAX_S (ranks still sending).
+# wire from ranks that just closed get in), or when INTAKE_SHARE of drain_timeout_s is spent
+# (ranks still sending, or a backlog larger than the daemon can take in that time); the rest of
+# the deadline is the sinks' to flush. What is still queued then is read and counted as lost.
 INTAKE_QUIET_S = 0.05
+INTAKE_SHARE = 0.6
+# How long a sink abandoned at the deadline may take to finish the batch in its hands.
+ABANDON_GRACE_S = 0.5
 # Allocations between young-generation collections (CPython's default is 700); see _tune_gc.
 GC_GEN0_THRESHOLD = 50_000
-INTAKE_MAX_S = 1.0
 # The most of the time the diagnosis stage's thread may spend on the rules (see SinkRunner).
 DIAGNOSIS_MAX_SHARE = 0.25
 
 _json = msgspec.json.Encoder()
+# The most ranks on this host whose processes the pollers watch (a host runs a few dozen).
+MAX_LOCAL_RANKS = 1024
+# Linux's largest pid_max (2^22): a hello's pid beyond (or <= 0) is not one the pollers can watch.
+MAX_PID = 1 << 22
+# Per-source accounting, checkpointed at each daemon record and at exit (see _checkpoint_sources).
+SOURCES_FILE = "sources.json"
+# How often it is checkpointed (when records came in since): what a SIGKILL leaves unaccounted
+# is what arrived in the last interval, and it is counted as lost, never as written.
+CHECKPOINT_INTERVAL_S = 1.0
+# Hang forensics: batches of metrics kept for "the last records each rank sent"; check interval.
+RECENT_BATCHES_KEPT = 256
+FORENSICS_CHECK_S = 0.5
+# A bye travels on a connection of its own (telemetry/client/core.py close) and may arrive
+# before the last records of its client: its record goes out once they are in, or after this.
+BYE_HOLD_S = 2.0
 
 
 class Daemon:
@@ -76,6 +95,7 @@ class Daemon:
         self.diagnoser = None
         self.host = socket.gethostname()
         self._out: list[Out] = []
+        self._held_byes: list[tuple[float, Bye]] = []   # (release by, bye): see BYE_HOLD_S
         self._inbox: collections.deque[dict] = collections.deque()
         self._stop_reason = ""
         self._drain_requesters: list[bytes] = []
@@ -84,17 +104,29 @@ class Daemon:
         self.num_records_out = 0
         self.num_hellos = 0
         self.num_events_in = 0
+        self.num_unread_at_drain = 0           # queued at the drain deadline, read and counted lost
+        self.num_records_failed = 0            # raised in a pipeline stage (see _failed), counted lost
+        self._failure_causes: set[tuple[str, str]] = set()
+        self._warned_world_size = False
+        self._rank_pids: dict[int, int] = {}    # this host's ranks' pids, from their hellos
+        self.num_hellos_not_kept = 0           # hellos beyond MAX_WORLD_SIZE distinct ranks
+        self._next_checkpoint = time.monotonic() + CHECKPOINT_INTERVAL_S
+        self._checkpointed_in = -1
         self.unfinished: list[str] = []        # stages still busy at the drain deadline
         self.endpoints: dict[str, str] = {}
         self._next_daemon_record = time.monotonic() + cfg.daemon_record_interval_s
         self._latest_step: dict | None = None
         self._progress_logged: dict | None = None
         self._redact = Redactor()   # secrets in hello configs and event data never reach a sink
+        # The last batches of metrics records, for hang forensics (one append per batch).
+        self._recent_metrics: collections.deque[list] = collections.deque(maxlen=RECENT_BATCHES_KEPT)
 
     # -- start ---------------------------------------------------------------------------------
     def start(self) -> None:
         cfg = self.cfg
         self.log_dir.mkdir(parents=True, exist_ok=True)
+        self._restore_sources()
+        self._checkpoint_sources()      # a successor on this log dir knows a predecessor existed
         self.endpoints = {
             "ingest": endpoints.resolve("ingest", cfg.ingest, create_dir=True),
             "pub": endpoints.resolve("pub", cfg.pub, create_dir=True),
@@ -102,11 +134,10 @@ class Daemon:
         }
         self.ctx = zmq.Context(1)
         # Refuses (SecurityError) to listen beyond loopback without CURVE; runs the allow-list.
-        from telemetry.security.curve import DaemonSecurity, SecurityConfig
+        from telemetry.shared.security.curve import DaemonSecurity
 
         remote = endpoints.normalize(cfg.remote_ingest) if cfg.remote_ingest else ""
-        self.security = DaemonSecurity(self.ctx, SecurityConfig.from_dict(cfg.security),
-                                       {**self.endpoints, "remote_ingest": remote})
+        self.security = DaemonSecurity(self.ctx, cfg.security, {**self.endpoints, "remote_ingest": remote})
         self.pull = self.ctx.socket(zmq.PULL)
         self.pull.setsockopt(zmq.RCVHWM, cfg.rcvhwm)
         self.pull.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES)
@@ -122,6 +153,7 @@ class Daemon:
             self.security.prepare(self.pull, remote, "remote_ingest")
             self.endpoints["remote_ingest"] = _bind(self.pull, remote)
         self.security.watch({"ingest": self.pull})
+        self._control_token = control_protocol.issue_token(self.endpoints["control"])
         self._make_sinks()
         self._make_pollers_and_diagnosis()
         self._wake_r, self._wake_w = socket.socketpair()
@@ -149,8 +181,8 @@ class Daemon:
                         "pure-Python ones, same results at 60-70 % of the ingest rate")
 
     def _make_sinks(self) -> None:
-        from telemetry.sinks.jsonl import JsonlSink
-        from telemetry.sinks.pub import PubSink, bind_pub
+        from telemetry.daemon.sinks.jsonl import JsonlSink
+        from telemetry.daemon.sinks.pub import PubSink, bind_pub
 
         cfg = self.cfg
         j = cfg.jsonl
@@ -163,23 +195,22 @@ class Daemon:
         else:
             pub_sock.close(linger=0)
         if cfg.wandb.enabled and cfg.wandb.mode != "disabled":
-            from telemetry.sinks.wandb_sink import WandbSink
+            from telemetry.daemon.sinks.wandb_sink import WandbSink
 
             w = cfg.wandb
             self._add_runner(WandbSink(w.mode, self.log_dir, cfg.run_name, project=w.project, entity=w.entity,
                                        finish_timeout_s=w.finish_timeout_s), w)
         if cfg.tensorboard.enabled:
-            from telemetry.sinks.tensorboard import TensorBoardSink
+            from telemetry.daemon.sinks.tensorboard import TensorBoardSink
 
             self._add_runner(TensorBoardSink(self.log_dir), cfg.tensorboard)
-        for c in cfg.custom_sinks:
+        for i, c in enumerate(cfg.custom_sinks):
             if c.enabled:
-                self._add_runner(_load_sink(c.cls, self.log_dir, c.options), c)
-        if cfg.forward:
-            from telemetry.sinks.forward import ForwardConfig, ForwardSink
+                self._add_runner(_load_sink(c.cls, self.log_dir, c.options, f"custom_sinks[{i}]"), c)
+        if cfg.forward is not None and cfg.forward.enabled:
+            from telemetry.daemon.sinks.forward import ForwardSink
 
-            fwd = ForwardConfig.from_dict(cfg.forward)
-            self._add_runner(ForwardSink(fwd), fwd)
+            self._add_runner(ForwardSink(cfg.forward), cfg.forward)
 
     def _add_runner(self, sink, sink_cfg) -> SinkRunner:
         ds = None
@@ -191,14 +222,13 @@ class Daemon:
         return runner
 
     def _make_pollers_and_diagnosis(self) -> None:
-        from telemetry.daemon.diagnosis_stage import TICK_INTERVAL_S, DiagnosisStage
-        from telemetry.diagnosis import Diagnoser, DiagnosisConfig
-        from telemetry.pollers import make_pollers
-        from telemetry.pollers.config import PollersConfig
+        from telemetry.daemon.diagnosis import Diagnoser
+        from telemetry.daemon.diagnosis.stage import TICK_INTERVAL_S, DiagnosisStage
+        from telemetry.daemon.pollers import make_pollers
 
-        self.pollers = make_pollers(PollersConfig.from_dict(self.cfg.pollers))
-        self.diagnoser = Diagnoser(DiagnosisConfig.from_dict(self.cfg.diagnosis))
-        if not getattr(self.diagnoser.cfg, "enabled", True):
+        self.pollers = make_pollers(self.cfg.pollers)
+        self.diagnoser = Diagnoser(self.cfg.diagnosis)
+        if not self.cfg.diagnosis.enabled:
             return
         # Off the daemon's thread: the rules cost per step; their events come back via post().
         # Held to a share of the time, so a backlog costs ingest little (what the rules cannot get
@@ -206,6 +236,16 @@ class Daemon:
         runner = SinkRunner(DiagnosisStage(self.diagnoser, self.post), max_queued=10_000,
                             flush_interval_s=TICK_INTERVAL_S, max_share=DIAGNOSIS_MAX_SHARE)
         self.runners.append(runner)
+        self._add_forensics()
+
+    def _add_forensics(self) -> None:
+        """Hang and crash forensics on their own thread (telemetry/daemon/forensics/)."""
+        if not self.cfg.diagnosis.hang_enabled:
+            return
+        from telemetry.daemon.forensics import ForensicsStage
+
+        stage = ForensicsStage(self.cfg.diagnosis, self.log_dir, self.host, self.post, self._recent_metrics)
+        self.runners.append(SinkRunner(stage, max_queued=10_000, flush_interval_s=FORENSICS_CHECK_S))
 
     # -- the loop ------------------------------------------------------------------------------
     def run(self) -> int:
@@ -217,7 +257,7 @@ class Daemon:
     def turn(self, max_wait_s: float | None = None) -> None:
         """One turn of the loop: wait for input or the next timer, dispatch, housekeeping."""
         now = time.monotonic()
-        deadline = min(self._next_daemon_record, self._next_step_deadline(now))
+        deadline = min(self._next_daemon_record, self._next_step_deadline(now), self._next_checkpoint)
         timeout_ms = max(0, min(MAX_POLL_MS, int((deadline - now) * 1000) + 1))
         if max_wait_s is not None:
             timeout_ms = min(timeout_ms, int(max_wait_s * 1000))
@@ -231,10 +271,16 @@ class Daemon:
         now = time.monotonic()
         self._take_inbox()
         self._emit_steps(self.aggregator.expire(now))
+        if self._held_byes:
+            self._release_byes(now)
         if now >= self._next_daemon_record:
             self._emit(self._daemon_record())
             self._log_progress()
             self._next_daemon_record = now + self.cfg.daemon_record_interval_s
+        if now >= self._next_checkpoint:
+            if self.receiver.num_in != self._checkpointed_in:
+                self._checkpoint_sources()
+            self._next_checkpoint = now + CHECKPOINT_INTERVAL_S
         self._hand_out()
 
     def _next_step_deadline(self, now: float) -> float:
@@ -245,48 +291,83 @@ class Daemon:
         """Take up to `max_frames` frames off the ingest socket; return how many were taken.
 
         The hot path, in batches: the receiver takes the frames off the socket, decodes and
-        accounts them in one loop, the aggregator adds the metrics in one loop, and the steps
-        they complete are reduced together (Aggregator.finish_many); per record, no Python call
-        but the socket's and the decoder's. Records are single frames; the parts of a multipart
-        message are taken as frames of their own (see protocol/README.md): a garbage part is
-        counted as malformed; nothing per good record.
+        accounts them, the aggregator adds the metrics records to their steps, and the steps
+        they complete go out together (_emit_steps). Records are single frames; the parts of a
+        multipart message are taken as frames of their own (see protocol/README.md): a garbage
+        part is counted as malformed.
         """
-        recs, key_orders, all_metrics, n = self.receiver.take(partial(self.pull.recv, zmq.NOBLOCK), zmq.Again,
-                                                              max_frames)
+        recs, all_metrics, n = self.receiver.take(partial(self.pull.recv, zmq.NOBLOCK), zmq.Again, max_frames)
         if not n:
             return 0
         if all_metrics:
-            self._add_metrics(recs, key_orders)
+            self._add_metrics(recs)
             return n
         run: list = []               # metrics in a row; other kinds are handled in order of arrival
-        run_keys: list = []
-        for rec, keys in zip(recs, key_orders):
+        for rec in recs:
             kind = type(rec)
             if kind is Metrics:
                 run.append(rec)
-                run_keys.append(keys)
                 continue
             if run:
-                self._add_metrics(run, run_keys)
-                run, run_keys = [], []
-            if kind is Event:
-                self.num_events_in += 1
-                self._emit({"kind": "event", "t": rec.t_ns / 1e9, "rank": rec.rank, "name": rec.name,
-                            "data": self._redact(rec.data)})
-            elif kind is Hello:
-                self._on_hello(rec)
-            elif kind is Bye:
-                # Counted by the receiver; passed on so the diagnosis knows a silent rank finished.
-                self._emit({"kind": "bye", "t": rec.t_ns / 1e9, "rank": rec.rank, "stats": rec.stats})
+                self._add_metrics(run)
+                run = []
+            try:
+                if kind is Event:
+                    self.num_events_in += 1
+                    self._emit({"kind": "event", "t": rec.t_ns / 1e9, "rank": rec.rank, "name": rec.name,
+                                "data": self._redact(rec.data)})
+                elif kind is Hello:
+                    self._on_hello(rec)
+                elif kind is Bye:
+                    self._on_bye(rec)
+            except Exception as exc:          # the boundary should have caught it: counted, go on
+                self._failed(kind.__name__.lower(), exc, 1)
         if run:
-            self._add_metrics(run, run_keys)
+            self._add_metrics(run)
         return n
 
-    def _add_metrics(self, recs: list, key_orders: list) -> None:
+    def _on_bye(self, rec: Bye) -> None:
+        """Counted by the receiver; passed on so the diagnosis knows a silent rank finished,
+        after the records of its client that are still on their way (held up to BYE_HOLD_S)."""
+        src = self.receiver.sources.get(rec.src)
+        if src is not None and src.transit() > 0:
+            self._held_byes.append((time.monotonic() + BYE_HOLD_S, rec))
+        else:
+            self._emit_bye(rec)
+
+    def _release_byes(self, now: float, everything: bool = False) -> None:
+        held, self._held_byes = self._held_byes, []
+        for until, rec in held:
+            src = self.receiver.sources.get(rec.src)
+            if everything or now >= until or src is None or src.transit() == 0:
+                self._emit_bye(rec)
+            else:
+                self._held_byes.append((until, rec))
+
+    def _emit_bye(self, rec: Bye) -> None:
+        self._emit({"kind": "bye", "t": rec.t_ns / 1e9, "rank": rec.rank, "stats": rec.stats})
+
+    def _failed(self, stage: str, exc: Exception, num_records: int) -> None:
+        """The last resort: a record the boundary (protocol/, receiver) let through raised in a
+        pipeline stage. Counted in records_failed (and so in records_lost), logged with its
+        traceback once per stage and kind of exception; the loop goes on."""
+        self.num_records_failed += num_records
+        cause = (stage, type(exc).__name__)
+        if cause not in self._failure_causes and len(self._failure_causes) < 100:
+            self._failure_causes.add(cause)
+            log.error("%s: a record raised %s (counted in records_failed; logged once per cause): %s",
+                      stage, type(exc).__name__, exc, exc_info=exc)
+
+    def _add_metrics(self, recs: list) -> None:
+        self._recent_metrics.append(recs)
         if self.cfg.aggregator.per_rank:
             for rec in recs:
                 self._emit_rank(rec)
-        closed, late = self.aggregator.add_many(recs, key_orders)
+        try:
+            closed, late = self.aggregator.add_many(recs)
+        except Exception as exc:              # the boundary should have caught it: counted, go on
+            self._failed("aggregator", exc, len(recs))
+            return
         if not self.cfg.aggregator.per_rank:
             for rec in late:
                 self._emit_rank(rec, late=True)   # its step went out without it; keep it
@@ -300,26 +381,55 @@ class Daemon:
 
     def _on_hello(self, rec: Hello) -> None:
         info = self._redact(rec.info)
-        self.hellos[rec.rank] = info
         self.num_hellos += 1
+        # Bounded like the world: a flood of hellos with fake ranks must not grow memory or make
+        # each hello cost the number of hellos before it.
+        if rec.rank in self.hellos or len(self.hellos) < MAX_WORLD_SIZE:
+            self.hellos[rec.rank] = info
+        else:
+            self.num_hellos_not_kept += 1
         ws = info.get("world_size")
         # A node daemon (forward) sees a slice of the global ranks: it waits for the ranks it has seen.
-        if isinstance(ws, int) and ws > 0 and not self.cfg.forward:
-            self.aggregator.note_world_size(ws)
+        if ws is not None and not self.cfg.forward:
+            if type(ws) is int and 0 < ws <= MAX_WORLD_SIZE:
+                self.aggregator.note_world_size(ws)
+            elif not self._warned_world_size:
+                # The world size sizes per-rank structures and every step's missing_ranks: a
+                # hello is input from the network, so only a sane one is believed.
+                self._warned_world_size = True
+                log.warning("rank %d's hello says world_size=%r: not an integer in 1..%d, ignored (the "
+                            "daemon waits for the ranks it sees; set --world-size if that is wrong)",
+                            rec.rank, ws, MAX_WORLD_SIZE)
         self.derived.on_hello(info)
         # Only this host's ranks: a head daemon also hears of ranks on other nodes.
-        pids = {r: h["pid"] for r, h in self.hellos.items()
-                if isinstance(h.get("pid"), int) and h.get("host") in (None, self.host)}
-        for p in self.pollers:
-            p.set_rank_pids(pids)
+        pid = info.get("pid")
+        if type(pid) is int and 0 < pid <= MAX_PID and info.get("host") in (None, self.host) and self._rank_pids.get(rec.rank) != pid \
+                and (rec.rank in self._rank_pids or len(self._rank_pids) < MAX_LOCAL_RANKS):
+            self._rank_pids[rec.rank] = pid
+            for p in self.pollers:
+                p.set_rank_pids(dict(self._rank_pids))
         self._emit({"kind": "hello", "t": rec.t_ns / 1e9, "rank": rec.rank, "info": info})
 
     def _emit_steps(self, accs: list) -> None:
+        """The steps the aggregator closed, reduced across ranks, with their derived metrics."""
         if not accs:
             return
-        recs = self.aggregator.finish_many(accs)
-        self.derived.apply_many(accs, [rec["values"] for rec in recs], self.aggregator.expected_world())
-        self._out += map(tuple.__new__, repeat(Out), zip(repeat("metrics"), recs, map(_json.encode, recs)))
+        try:
+            batch, recs = self.aggregator.finish_batch(accs)
+        except Exception as exc:              # the boundary should have caught it: counted, go on
+            self._failed("reduce", exc, sum(len(acc.records) for acc in accs))
+            return
+        try:
+            self.derived.apply(batch, [rec["values"] for rec in recs], self.aggregator.expected_world())
+        except Exception as exc:              # the steps still go out, without derived metrics
+            self._failed("derived", exc, 0)
+        for acc, rec in zip(accs, recs):
+            try:
+                line = _json.encode(rec)
+            except Exception as exc:
+                self._failed("encode", exc, len(acc.records))
+                continue
+            self._out.append(Out("metrics", rec, line))
         self._latest_step = recs[-1]
 
     def _log_progress(self) -> None:
@@ -336,7 +446,7 @@ class Daemon:
             x = v.get(key)
             if isinstance(x, (int, float)):
                 parts.append(f"{label} {x:{fmt}}" + (" s" if label == "step" else ""))
-        lost = self.receiver.totals()["records_lost"]
+        lost = self._totals()["records_lost"]
         log.info("progress: %s  (records in %d, lost %d)", "  ".join(parts), self.receiver.num_in, lost)
 
     def _emit(self, rec: dict) -> None:
@@ -384,7 +494,7 @@ class Daemon:
             if len(parts) < 3 or parts[-2] != b"":
                 continue  # not a REQ envelope; nothing sensible to answer
             ident, body = parts[:-1], parts[-1]
-            cmd, error = parse_request(body)
+            cmd, error = control_protocol.parse_request(body, self._control_token)
             if cmd == "status":
                 reply = {"ok": True, **self.status()}
             elif cmd == "ping":
@@ -403,8 +513,17 @@ class Daemon:
         except zmq.ZMQError:
             pass
 
+    def _totals(self) -> dict:
+        """The receiver's accounting, plus the records left unread in the queue at the drain
+        deadline: accepted by libzmq, never processed, so lost (and counted as such)."""
+        t = self.receiver.totals()
+        t["records_unread_at_drain"] = self.num_unread_at_drain
+        t["records_failed"] = self.num_records_failed
+        t["records_lost"] += self.num_unread_at_drain + self.num_records_failed
+        return t
+
     def status(self) -> dict:
-        totals = self.receiver.totals()
+        totals = self._totals()
         return {
             **totals,
             "ranks": sorted(self.aggregator.ranks_seen | set(self.hellos)),
@@ -414,6 +533,8 @@ class Daemon:
             "steps_incomplete": self.aggregator.num_steps_incomplete,
             "steps_pending": len(self.aggregator.pending),
             "records_late": self.aggregator.num_records_late,
+            "records_keys_coerced": self.receiver.num_keys_coerced,
+            "hellos_not_kept": self.num_hellos_not_kept,
             "records_in_by_kind": {"hello": self.num_hellos, "event": self.num_events_in,
                                    "bye": self.receiver.num_byes,
                                    "metrics": totals["records_in"] - self.num_hellos - self.num_events_in
@@ -427,21 +548,42 @@ class Daemon:
             "uptime_s": round(time.monotonic() - self._started_mono, 3),
             "started_at": self._started_wall,
             "pid": os.getpid(),
-            "inner_loops": "c" if self.receiver.native is not None else "python",   # see hotpath.py
+            "inner_loops": "python" if self.receiver.loops is python_loops else "c",   # see hotpath.py
             "run_name": self.cfg.run_name,
             "log_dir": str(self.log_dir),
             "endpoints": self.endpoints,
             "security": {**self.security.stats(), "redacted": self._redact.num_redacted},
         }
 
+    def _checkpoint_sources(self) -> None:
+        """The per-source loss accounting beside metrics.jsonl, so a daemon restarted on this log
+        directory (after a SIGKILL too) counts what vanished with this one (Receiver.restore)."""
+        self._checkpointed_in = self.receiver.num_in
+        _write_final(self.log_dir / SOURCES_FILE, self.receiver.snapshot())
+
+    def _restore_sources(self) -> None:
+        path = self.log_dir / SOURCES_FILE
+        try:
+            snap = msgspec.json.decode(path.read_bytes())
+        except FileNotFoundError:
+            return
+        except (OSError, msgspec.DecodeError) as exc:
+            log.warning("cannot read %s (%s): loss across the restart is accounted from the first "
+                        "record of each client", path, exc)
+            return
+        n = self.receiver.restore(snap)
+        log.info("continuing the loss accounting of %d client(s) from %s", n, path)
+
     def _daemon_record(self) -> dict:
-        t = self.receiver.totals()
+        t = self._totals()
         values = {
             "telemetry/records_in": t["records_in"],
             "telemetry/records_malformed": t["records_malformed"],
             "telemetry/dropped": t["records_lost"],
             "telemetry/dropped_by_clients": t["records_dropped_by_clients"],
             "telemetry/lost_in_transit": t["records_lost_in_transit"],
+            "telemetry/unread_at_drain": t["records_unread_at_drain"],
+            "telemetry/records_failed": t["records_failed"],
             # Records a sink never got. The diagnosis stage's own drops are rules skipped under
             # load (it is held to a share of the time), not output lost: counted apart.
             "telemetry/sink_dropped": sum(r.num_dropped for r in self.runners if r.name != "diagnosis"),
@@ -472,8 +614,15 @@ class Daemon:
         deadline = now + self.cfg.drain_timeout_s
         log.info("draining (%s)", self._stop_reason)
         # 1. Stop intake: take what libzmq holds or is still reading off the wire, until the socket
-        #    has been quiet a moment (bounded), then close it.
-        self._drain_intake(min(deadline, now + min(INTAKE_MAX_S, self.cfg.drain_timeout_s / 4)))
+        #    has been quiet a moment or the intake's share of the deadline is spent; count what is
+        #    still queued then as lost; close.
+        if not self._drain_intake(now + self.cfg.drain_timeout_s * INTAKE_SHARE):
+            # Counting is cheap (a recv and a header, ~1-2 µs a frame): until the queue is empty or the
+            # deadline. What the sinks cannot write meanwhile is counted by them (abandon).
+            self.num_unread_at_drain = self._count_unread(deadline)
+            if self.num_unread_at_drain:
+                log.error("drain deadline: %d queued records could not be processed and are counted as "
+                          "lost (raise drain_timeout_s to keep them)", self.num_unread_at_drain)
         self.pull.close(linger=0)
         for p in self.pollers:
             try:
@@ -483,6 +632,7 @@ class Daemon:
         self._take_inbox()
         # 2. Flush the pipeline: open steps go out with whatever ranks they have.
         self._emit_steps(self.aggregator.flush())
+        self._release_byes(time.monotonic(), everything=True)
         self._hand_out()
         # 3. The diagnosis stage first (its last events must still reach the sinks), with a
         #    share of the time; then every sink drains, flushes, fsyncs and closes, in parallel.
@@ -497,14 +647,26 @@ class Daemon:
         unfinished += [r.name for r in sinks if not r.close(max(0.0, deadline - time.monotonic()))]
         self.unfinished = unfinished
         if unfinished:
+            # What they never wrote is counted in their `dropped`, so the final counters add up.
+            for r in self.runners:
+                if r.name in unfinished:
+                    r.abandon(ABANDON_GRACE_S)
             log.error("still busy at the drain deadline, abandoned: %s", ", ".join(unfinished))
-        final = {"ok": True, "drained": not unfinished, "unfinished_sinks": unfinished, **self.status()}
+        final = {"ok": True, "drained": not unfinished, "unfinished_sinks": unfinished,
+                 "stop_reason": self._stop_reason, **self.status()}
+        _write_final(self.log_dir / "drain.json", final)
+        self._checkpoint_sources()
         for ident in self._drain_requesters:
             self._reply(ident, final)
         if threading.current_thread() is threading.main_thread():
             signal.set_wakeup_fd(-1)
         self.control.close(linger=200)
         self.security.close()
+        endpoints.release_ipc(self.endpoints.values())
+        try:
+            control_protocol.token_path(self.endpoints["control"]).unlink()
+        except OSError:
+            pass
         self._wake_r.close()
         self._wake_w.close()
         if not unfinished:
@@ -516,7 +678,8 @@ class Daemon:
                  t["records_malformed"], t["records_lost"], t["steps_out"])
         return 0 if self.jsonl_runner.name not in unfinished else 1
 
-    def _drain_intake(self, until: float) -> None:
+    def _drain_intake(self, until: float) -> bool:
+        """Take records until the socket has been quiet INTAKE_QUIET_S (True) or `until` (False)."""
         quiet_since = time.monotonic()
         while True:
             n = self._ingest(INGEST_BATCH)
@@ -525,11 +688,40 @@ class Daemon:
                 quiet_since = now
                 self._hand_out()
             elif now - quiet_since >= INTAKE_QUIET_S:
-                return
+                return True
             else:
                 self.pull.poll(int(INTAKE_QUIET_S * 1000 / 2) + 1)
             if now >= until:
-                return
+                return False
+
+    def _count_unread(self, until: float) -> int:
+        """Read what is still queued without processing it (its header only, about a microsecond
+        a frame), so that the final counters say how much was lost instead of nothing; stops at
+        `until`."""
+        recv, again, n = self.pull.recv, zmq.Again, 0
+        while time.monotonic() < until:
+            frames = []
+            try:
+                for _ in range(INGEST_BATCH):
+                    frames.append(recv(zmq.NOBLOCK))
+            except again:
+                pass
+            self.receiver.unread(frames)      # their srcs' seq windows: arrived, not lost twice
+            n += len(frames)
+            if len(frames) < INGEST_BATCH:
+                break
+        return n
+
+
+def _write_final(path: Path, final: dict) -> None:
+    """The final counters beside metrics.jsonl, whatever stopped the daemon (SIGTERM too);
+    `telemetry drain` replies with the same object."""
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        tmp.write_bytes(_json.encode(final) + b"\n")
+        os.replace(tmp, path)
+    except OSError as exc:
+        log.error("cannot write %s: %r", path, exc)
 
 
 def _tune_gc() -> None:
@@ -547,20 +739,24 @@ def _tune_gc() -> None:
     gc.set_threshold(GC_GEN0_THRESHOLD, 50, 100)
 
 
-def _load_sink(spec: str, log_dir: Path, options: dict):
-    """Build a custom sink from "package.module:ClassName"."""
+def _load_sink(spec: str, log_dir: Path, options: dict, key: str):
+    """Build a custom sink from "package.module:ClassName"; `key` names its config entry."""
     import importlib
+
+    from telemetry.shared.config import ConfigError
 
     mod_name, _, cls_name = spec.partition(":")
     try:
         cls = getattr(importlib.import_module(mod_name), cls_name)
         return cls(log_dir=log_dir, **options)
-    except Exception as exc:
-        raise SystemExit(f"telemetry daemon: cannot build custom sink {spec}: {exc!r}") from None
+    except Exception as exc:   # the user's code: any failure is a bad config entry, not a crash
+        raise ConfigError(f"{key}: cannot build custom sink {spec}: {exc!r}") from None
 
 
 def _bind(sock: zmq.Socket, ep: str) -> str:
-    """Bind and return the endpoint as bound: tcp://127.0.0.1:0 becomes the port the OS picked."""
+    """Bind and return the endpoint as bound: tcp://127.0.0.1:0 becomes the port the OS picked.
+    An ipc path is claimed first (endpoints.claim_ipc): a daemon already serving it is left alone."""
+    endpoints.claim_ipc(ep)
     try:
         sock.bind(ep)
     except zmq.ZMQError as exc:
@@ -569,10 +765,14 @@ def _bind(sock: zmq.Socket, ep: str) -> str:
 
 
 def setup_logging(log_dir: Path, level: int = logging.INFO) -> None:
-    log_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        log_dir.mkdir(parents=True, exist_ok=True)
+        handlers = (logging.StreamHandler(sys.stderr), logging.FileHandler(log_dir / "daemon.log"))
+    except OSError as exc:
+        raise StartupError(f"cannot use {log_dir} as the log directory: {exc.strerror or exc}") from None
     fmt = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
     root = logging.getLogger("telemetry")
     root.setLevel(level)
-    for h in (logging.StreamHandler(sys.stderr), logging.FileHandler(log_dir / "daemon.log")):
+    for h in handlers:
         h.setFormatter(fmt)
         root.addHandler(h)

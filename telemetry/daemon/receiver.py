@@ -12,14 +12,29 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from itertools import repeat
 from typing import Callable
 
-from protocol import Bye, MalformedRecord, Metrics
-from protocol.codec import check_names, decoder_parts
+import msgspec
+
+from protocol import Bye, Event, Hello, MalformedRecord, Metrics
+from protocol.clean import clean
+from protocol.codec import check_names, decode_header, decoder_parts
 from telemetry.daemon import hotpath
 
 log = logging.getLogger("telemetry.receiver")
+
+# Sources (client instances) whose loss is accounted: a run has a few per rank (restarts,
+# forks). Beyond this (500k fake src ids cost 211 MB and a 0.9 s status), a new src's records
+# are still taken in but counted in records_untracked instead of being loss-accounted.
+MAX_SOURCES = 1 << 16
+# The most records one batch may add to a source's loss (dropped by the client or vanished): a
+# seq that jumps further (a seq of 2^63-1, with or without a drop count to match) is not
+# believed, and counted in records_seq_bogus, instead of making records_lost 9.2e18. A real
+# client losing 16M records between two that arrive would be stalled for hours.
+MAX_SEQ_GAP = 1 << 24
+
+# The free-form map of each rare kind (see protocol.clean).
+_FREE_FORM = {Hello: "info", Event: "data", Bye: "stats"}
 
 
 @dataclass(slots=True)
@@ -30,114 +45,164 @@ class SourceStats:
     received: int = 0
     max_seq: int = -1
     dropped: int = 0          # the client's own count (in-band, cumulative)
+    refused: int = 0          # records of this src that arrived but were not taken: malformed,
+                              # or left unread at the drain deadline (counted apart, not as lost)
+    earlier: int = 0          # records that arrived at a predecessor daemon (restore)
 
     def lost(self) -> int:
-        return max(0, self.max_seq - self.min_seq + 1 - self.received)
+        return max(0, self.max_seq - self.min_seq + 1 - self.received - self.refused - self.earlier)
 
     def dropped_in_window(self) -> int:
-        return max(0, self.dropped - self.dropped_at_min)
+        """What the client says it dropped in the window: never more than the window lost
+        (a client cannot drop what it did not send; a bogus drop count is not believed)."""
+        return min(max(0, self.dropped - self.dropped_at_min), self.lost())
+
+    def transit(self) -> int:
+        return self.lost() - self.dropped_in_window()
 
 
 class Receiver:
-    def __init__(self, native=hotpath.native) -> None:
-        # The C loops (hotpath.native) or None: the pure-Python ones below. Same results.
-        self.native = native
+    def __init__(self, loops=hotpath.loops) -> None:
+        self.loops = loops          # loops.py or its C twin (hotpath.loops); same results
         self.sources: dict[int, SourceStats] = {}
         self.num_in = 0
         self.num_malformed = 0
         self.num_byes = 0
-        self.last_malformed = ""
+        self.num_keys_coerced = 0   # rare records whose non-str map keys were turned into text
+        self.num_untracked = 0      # records of sources beyond MAX_SOURCES (not loss-accounted)
+        self.num_seq_bogus = 0      # batches whose seq jump was not believed (MAX_SEQ_GAP)
+        self._refused_rows: list[tuple] = []   # malformed frames' headers: received all the same
+        self.had_predecessor = False   # restore()d: a daemon ran on this log directory before
 
     def accept(self, frame: bytes):
         """Return the decoded record, or None (counted) if the frame is not a valid record."""
-        recs, _, _ = self.accept_many([frame])
+        recs, _ = self.accept_many([frame])
         return recs[0] if recs else None
 
-    def accept_many(self, frames: list) -> tuple[list, list, bool]:
+    def accept_many(self, frames: list) -> tuple[list, bool]:
         """`take` over a list of frames."""
-        recs, key_orders, all_metrics, _ = self.take(iter(frames).__next__, StopIteration, len(frames))
-        return recs, key_orders, all_metrics
+        recs, all_metrics, _ = self.take(iter(frames).__next__, StopIteration, len(frames))
+        return recs, all_metrics
 
     def take(self, next_frame: Callable[[], bytes], empty: type[BaseException],
-             max_frames: int) -> tuple[list, list, bool, int]:
+             max_frames: int) -> tuple[list, bool, int]:
         """Read up to `max_frames` frames with next_frame() (until it raises `empty`), then
         decode, validate and account each (frames are bounded by the socket's MAXMSGSIZE).
 
-        Returns the valid records in order; beside them, for a metrics record, its key order
-        (the same tuple object for the same keys in the same order: the aggregator compares
-        them by identity; None for other kinds); whether they are all metrics records; and
-        how many frames were read. The daemon's hot path: one loop, no call per record but the
-        socket's and the decoder's (or the same in C, see hotpath.py).
+        Returns the valid records in order, whether they are all metrics records, and how many
+        frames were read. The daemon's hot path: the frames are read in one call, decoded in
+        one loop, accounted in one call (loops.tally or its C twin).
         """
-        if self.native is not None:
-            frames = self.native.read_frames(next_frame, empty, max_frames)
-            done = self._take_native(frames)
-            if done is not None:
-                return (*done, len(frames))
-            next_frame, empty, max_frames = iter(frames).__next__, StopIteration, len(frames)
-        decode, errors, good_names = decoder_parts()
-        sources = self.sources
-        out: list = []
-        key_orders: list = []
-        append, append_keys = out.append, key_orders.append
-        all_metrics = True
-        n = 0
-        for _ in repeat(None, max_frames):
-            try:
-                frame = next_frame()
-            except empty:
-                break
-            n += 1
-            try:
-                rec = decode(frame)
-                kind = type(rec)
-                if kind is Metrics:
-                    keys = tuple(rec.values)
-                    keys = good_names.get(keys) or check_names(keys)
-                else:
-                    keys = None
-                    all_metrics = False
-            except (*errors, MalformedRecord) as exc:
-                self._reject(exc)
-                continue
-            src = sources.get(rec.src)
-            if src is None:
-                src = sources[rec.src] = SourceStats(rank=rec.rank, min_seq=rec.seq, dropped_at_min=rec.dropped)
-            src.received += 1
-            seq = rec.seq
-            if seq > src.max_seq:
-                src.max_seq = seq
-            elif seq < src.min_seq:
-                src.min_seq = seq
-                src.dropped_at_min = rec.dropped
-            if rec.dropped > src.dropped:
-                src.dropped = rec.dropped
-            if kind is Bye:
-                self.num_byes += 1
-            append(rec)
-            append_keys(keys)
-        self.num_in += len(out)
-        return out, key_orders, all_metrics, n
+        frames = self.loops.read_frames(next_frame, empty, max_frames)
+        malformed_before = self.num_malformed
+        try:
+            recs, all_metrics, num_byes, per_src = self._check(frames)
+        except Exception as exc:   # the last resort (nothing known reaches it): count, go on
+            self.num_malformed = malformed_before + len(frames)
+            log.error("a batch of %d frames raised %r in the receiver; counted as malformed",
+                      len(frames), exc, exc_info=exc)
+            return [], True, len(frames)
+        self._account(per_src)
+        if self._refused_rows:
+            self._account(self._refused_rows, refused=True)
+            self._refused_rows = []
+        self.num_byes += num_byes
+        self.num_in += len(recs)
+        return recs, all_metrics, len(frames)
 
-    def _take_native(self, frames: list) -> tuple[list, list, bool] | None:
-        """`take` in C for a batch of valid records whose key orders are all known good; None
-        for any other batch (a malformed frame, names not checked yet), which `take` then does
-        record by record."""
+    def unread(self, frames: list) -> None:
+        """Frames read off the socket but never processed (the drain deadline): each well-formed
+        header counts as arrived for its src, like a refused record, so that its seq window
+        does not count it lost a second time (the caller counts these frames as lost once,
+        in records_unread_at_drain), whether or not the src's bye was processed before them."""
+        rows = []
+        for frame in frames:
+            header = decode_header(frame)
+            if header is not None:
+                src, rank, seq, dropped = header
+                rows.append((src, rank, 1, seq, dropped, seq, dropped))
+        self._account(rows, refused=True)
+
+    def _check(self, frames: list) -> tuple[list, bool, int, list]:
+        """Decode and validate a batch of frames: (records, all metrics?, byes, per-src tally)."""
         decode, errors, good_names = decoder_parts()
         try:
             recs = list(map(decode, frames))
-        except errors:
-            return None
-        key_orders, all_metrics, num_byes, per_src, unknown = self.native.tally(recs, Metrics, Bye, good_names)
-        if unknown:
-            return None
+        except errors:                      # a malformed frame: decode one at a time
+            recs = self._decode_each(frames, decode, errors)
+        all_metrics, num_byes, per_src, unknown = self.loops.tally(recs, Metrics, Bye, good_names)
+        bad: set[int] = set()
+        if not all_metrics:                 # hellos, events, byes: their free-form maps made writable
+            self._clean_rare(recs, bad)
+        if unknown or bad:
+            for i in unknown:               # key sets seen for the first time: check their names
+                try:
+                    check_names(tuple(recs[i].values))
+                except MalformedRecord as exc:
+                    self._reject(exc)
+                    bad.add(i)
+            if bad:
+                recs = [rec for i, rec in enumerate(recs) if i not in bad]
+                all_metrics, num_byes, per_src, _ = self.loops.tally(recs, Metrics, Bye, good_names)
+        return recs, all_metrics, num_byes, per_src
+
+    def _clean_rare(self, recs: list, bad: set[int]) -> None:
+        """Every map key in a hello's info, an event's data, a bye's stats a str (protocol.clean),
+        in place in `recs`; the index of a record nested too deep for that goes into `bad`."""
+        for i, rec in enumerate(recs):
+            kind = type(rec)
+            if kind is Metrics:
+                continue
+            field = _FREE_FORM[kind]
+            value = getattr(rec, field)
+            try:
+                cleaned = clean(value)
+            except RecursionError as exc:
+                self._reject(exc)
+                bad.add(i)
+                continue
+            if cleaned is not value:
+                self.num_keys_coerced += 1
+                recs[i] = msgspec.structs.replace(rec, **{field: cleaned})
+
+    def _decode_each(self, frames: list, decode: Callable, errors: tuple) -> list:
+        recs = []
+        for frame in frames:
+            try:
+                recs.append(decode(frame))
+            except errors as exc:
+                self._reject(exc)
+                header = decode_header(frame)
+                if header is not None:     # received from its src: refused once, not also lost
+                    src, rank, seq, dropped = header
+                    self._refused_rows.append((src, rank, 1, seq, dropped, seq, dropped))
+        return recs
+
+    def _account(self, per_src: list, refused: bool = False) -> None:
+        """Fold a batch's per-source tally into the running accounting (refused: the rows are
+        malformed records' headers: they arrived, so they are no loss, but not received)."""
         sources = self.sources
         for src_id, rank, count, min_seq, dropped_at_min, max_seq, dropped in per_src:
             src = sources.get(src_id)
             if src is None:
-                sources[src_id] = SourceStats(rank, min_seq, dropped_at_min, count, max_seq, dropped)
+                if len(sources) >= MAX_SOURCES:
+                    self.num_untracked += count
+                    continue
+                if self.had_predecessor and min_seq > 0:
+                    min_seq = dropped_at_min = 0   # its first records went to the dead daemon
+                src = sources[src_id] = SourceStats(rank, min_seq, dropped_at_min, 0, max_seq, dropped)
+                if refused:
+                    src.refused = count
+                else:
+                    src.received = count
+                if src.lost() > MAX_SEQ_GAP:
+                    self._bogus_seq(src, src_id, min_seq, dropped_at_min, min_seq + count - 1)
                 continue
-            src.received += count
+            before = src.min_seq, src.dropped_at_min, src.max_seq, src.lost()
+            if refused:
+                src.refused += count
+            else:
+                src.received += count
             if max_seq > src.max_seq:
                 src.max_seq = max_seq
             if min_seq < src.min_seq:
@@ -145,9 +210,43 @@ class Receiver:
                 src.dropped_at_min = dropped_at_min
             if dropped > src.dropped:
                 src.dropped = dropped
-        self.num_byes += num_byes
-        self.num_in += len(recs)
-        return recs, key_orders, all_metrics
+            if src.lost() - before[3] > MAX_SEQ_GAP:
+                self._bogus_seq(src, src_id, *before[:3])
+
+    # -- across a restart --------------------------------------------------------------------------
+    def snapshot(self) -> dict:
+        """The per-source accounting, for `restore` in a daemon that follows this one on the same
+        log directory (written beside metrics.jsonl at every daemon record and at exit)."""
+        return {"version": 1, "sources": [[src_id, s.rank, s.min_seq, s.dropped_at_min, s.received + s.refused + s.earlier,
+                                           s.max_seq, s.dropped] for src_id, s in self.sources.items()]}
+
+    def restore(self, snap: dict) -> int:
+        """Continue a predecessor's accounting (see `snapshot`): a client that outlived the
+        daemon it sent to keeps its seq window, so what the dead daemon had accepted but not
+        checkpointed, and what vanished with it, is counted lost once the client's next record
+        (or bye) arrives. A client first seen now with seq > 0 is accounted from seq 0 (its
+        earlier records went to the predecessor after its last checkpoint). Returns how many
+        sources were restored; a snapshot that does not parse is ignored."""
+        rows = snap.get("sources") if isinstance(snap, dict) and snap.get("version") == 1 else None
+        if not isinstance(rows, list):
+            return 0
+        for row in rows[:MAX_SOURCES]:
+            if (not isinstance(row, list) or len(row) != 7
+                    or not all(type(x) is int and -1 <= x < 1 << 63 for x in row)):
+                continue
+            src_id, rank, min_seq, dropped_at_min, arrived, max_seq, dropped = row
+            self.sources[src_id] = SourceStats(rank, min_seq, dropped_at_min, 0, max_seq, dropped, earlier=arrived)
+        self.had_predecessor = True
+        return len(self.sources)
+
+    def _bogus_seq(self, src: SourceStats, src_id: int, min_seq: int, dropped_at_min: int, max_seq: int) -> None:
+        """A batch moved a source's seq window further than any real loss would: keep the
+        window as it was (the records still count as received), count it, warn once."""
+        src.min_seq, src.dropped_at_min, src.max_seq = min_seq, dropped_at_min, max(max_seq, min_seq - 1)
+        self.num_seq_bogus += 1
+        if self.num_seq_bogus == 1:
+            log.warning("src %d (rank %d) jumped its seq by more than %d records: "
+                        "not believed (counted in records_seq_bogus)", src_id, src.rank, MAX_SEQ_GAP)
 
     def _reject(self, exc: Exception) -> None:
         if isinstance(exc, RecursionError):   # deeply nested maps/arrays inside an event's data
@@ -155,13 +254,6 @@ class Receiver:
         self.num_malformed += 1
         if self.num_malformed == 1 or self.num_malformed % 10_000 == 0:  # never log per item
             log.warning("rejected malformed record (%d so far): %s", self.num_malformed, exc)
-        self.last_malformed = str(exc)[:200]
-
-    def malformed(self, n: int = 1, reason: str = "") -> None:
-        """Count frames refused before decoding (multipart, oversized)."""
-        self.num_malformed += n
-        if reason:
-            self.last_malformed = reason
 
     def totals(self) -> dict:
         lost = dropped = transit = 0
@@ -169,7 +261,7 @@ class Receiver:
             n_lost, n_dropped = s.lost(), s.dropped_in_window()
             lost += n_lost
             dropped += n_dropped
-            transit += max(0, n_lost - n_dropped)
+            transit += n_lost - n_dropped
         return {
             "records_in": self.num_in,
             "records_malformed": self.num_malformed,
@@ -178,6 +270,8 @@ class Receiver:
             "records_lost_in_transit": transit,
             "records_lost": lost,
             "num_sources": len(self.sources),
+            "records_untracked": self.num_untracked,
+            "records_seq_bogus": self.num_seq_bogus,
         }
 
     def per_rank(self) -> dict[int, dict]:

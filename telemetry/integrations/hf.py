@@ -25,6 +25,8 @@ from typing import Any
 
 from transformers import TrainerCallback
 
+from telemetry.integrations._client import LazyClient
+
 # Trainer log keys -> contract names; anything else becomes train/<key>.
 KEY_MAP = {"loss": "train/loss", "learning_rate": "train/lr", "grad_norm": "train/grad_norm",
            "epoch": "train/epoch", "num_input_tokens_seen": "train/num_input_tokens_seen"}
@@ -67,9 +69,7 @@ class TelemetryCallback(TrainerCallback):
 
     def __init__(self, client: Any = None, endpoint: str | None = None,
                  model_info: dict[str, Any] | None = None) -> None:
-        self._client = client
-        self._own_client = client is None
-        self._endpoint = endpoint
+        self._client = LazyClient(client, endpoint)
         self._model_info = dict(model_info or {})
         self._pending: dict[str, Any] = {}
         self._pending_step: int | None = None
@@ -79,11 +79,7 @@ class TelemetryCallback(TrainerCallback):
     # -- the client ---------------------------------------------------------------------------
     @property
     def client(self) -> Any:
-        if self._client is None:
-            from telemetry.client import TelemetryClient
-
-            self._client = TelemetryClient(self._endpoint)
-        return self._client
+        return self._client.get()
 
     def _flush(self) -> None:
         if self._pending_step is not None and self._pending:
@@ -165,9 +161,7 @@ class TelemetryCallback(TrainerCallback):
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._flush()
-        if self._own_client and self._client is not None:
-            self._client.close()  # bounded: never holds up the trainer's exit
-            self._client = None
+        self._client.close()  # an own client only; bounded: never holds up the trainer's exit
 
 
 def _training_args(args: Any) -> dict[str, Any]:

@@ -6,14 +6,34 @@
 A Lightning Logger over TelemetryClient: log_metrics(metrics, step) -> client.log, hyperparameters
 -> the hello's "config", finalize -> close. Lightning is imported only when TelemetryLogger is
 first used, so importing this module never requires it (accessing TelemetryLogger without it
-raises ImportError). Lightning calls loggers on rank 0 only by default; every rank should log
-for the daemon's per-step aggregation, so the logger itself is not rank-zero-only.
+raises ImportError). Lightning calls a logger on every rank (its own loggers make themselves
+rank-zero-only); every rank should log for the daemon's per-step aggregation, so this one does.
+
+The rank is the Trainer's: Lightning's DDP launcher sets $LOCAL_RANK and $WORLD_SIZE but not
+$RANK, so the client is opened on first use (after the Trainer has set up its strategy) with
+the strategy's global rank, which Lightning publishes as `rank_zero_only.rank`, and the hello
+carries the strategy's world size. Without that every process reported as rank 0: the daemon
+waited for a rank 1 that never came and warned that it "may be hung".
 """
 from __future__ import annotations
 
+import sys
 from typing import Any
 
+from telemetry.integrations._client import LazyClient, process_rank
+
 _cls: Any = None
+
+
+def trainer_rank() -> int | None:
+    """The global rank the Lightning Trainer's strategy set (None before it did: $RANK then)."""
+    for mod in ("lightning.pytorch.utilities.rank_zero", "pytorch_lightning.utilities.rank_zero",
+                "lightning.fabric.utilities.rank_zero"):
+        rank_zero_only = getattr(sys.modules.get(mod), "rank_zero_only", None)
+        rank = getattr(rank_zero_only, "rank", None)
+        if isinstance(rank, int):
+            return rank
+    return None
 
 
 def _build() -> Any:
@@ -33,18 +53,12 @@ def _build() -> Any:
 
         def __init__(self, endpoint: str | None = None, client: Any = None, name: str = "lightning") -> None:
             super().__init__()
-            self._endpoint = endpoint
-            self._client = client
-            self._own_client = client is None
+            self._client = LazyClient(client, endpoint, rank=trainer_rank)
             self._name = name
 
         @property
         def client(self) -> Any:
-            if self._client is None:
-                from telemetry.client import TelemetryClient
-
-                self._client = TelemetryClient(self._endpoint)
-            return self._client
+            return self._client.get()
 
         @property
         def name(self) -> str:
@@ -57,19 +71,20 @@ def _build() -> Any:
         def log_hyperparams(self, params: Any, *args: Any, **kwargs: Any) -> None:
             params = dict(params) if not isinstance(params, dict) else params
             config = {k: v if isinstance(v, (int, float, str, bool, type(None))) else str(v) for k, v in params.items()}
-            self.client.hello({"framework": "lightning", "run_name": self._name, "config": config})
+            self.client.hello({"framework": "lightning", "run_name": self._name, "config": config,
+                               "world_size": process_rank()[1]})
 
         def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
-            values = {k if "/" in k else f"train/{k}": float(v) for k, v in metrics.items()
-                      if isinstance(v, (int, float)) or hasattr(v, "__float__")}
+            # Tensors go as they are: the client reads them off this thread, without a sync.
+            values = {k if "/" in k else f"train/{k}": v if hasattr(v, "detach") else float(v)
+                      for k, v in metrics.items()
+                      if isinstance(v, (int, float)) or hasattr(v, "detach") or hasattr(v, "__float__")}
             self.client.log(int(step or 0), values)
 
         def finalize(self, status: str) -> None:
-            if self._client is not None:
-                self._client.event("train_end", {"status": status})
-                if self._own_client:
-                    self._client.close()
-                    self._client = None
+            if self._client.opened:
+                self._client.get().event("train_end", {"status": status})
+                self._client.close()
 
     return TelemetryLogger
 

@@ -1,4 +1,5 @@
-"""Where the daemon's output records go; each sink runs on its own thread (see base.py)."""
-from telemetry.sinks.base import NullSink, Out, Sink, SinkRunner
+"""Public path of the sink interface that custom sinks subclass (`telemetry.sinks.base.Sink`);
+the sinks run in the daemon and live in telemetry/daemon/sinks/."""
+from telemetry.daemon.sinks.base import Out, Sink
 
-__all__ = ["NullSink", "Out", "Sink", "SinkRunner"]
+__all__ = ["Out", "Sink"]

@@ -1,0 +1,513 @@
+"""TelemetryClient: the only telemetry code that runs inside a training process.
+
+`log()` is the whole cost a training step pays for telemetry, so it does as little as a Python
+call can: one msgpack encode of a prebuilt tuple and one ZeroMQ send with NOBLOCK. It never
+waits. When the socket's queue (SNDHWM) is full, or no daemon is there to drain it, the record
+is dropped and counted; the count and a per-client sequence number ride in every record, so
+the daemon reports loss exactly (loss per src = max seq + 1 - records received).
+
+Tensor values are never read on the caller's thread (reading a CUDA tensor is a host-device
+sync). The encoder meets a tensor only through its `default` hook, which aborts the encode; that
+record then takes the deferred path (telemetry/client/deferred.py): the tensors are stacked and, on
+CUDA, copied non-blocking into pinned memory behind an event; a sender thread with its own
+socket waits on the event and sends. A record of plain floats and ints pays no per-value
+Python work at all: msgpack checks the types in C. (msgpack, not msgspec, on this side: the
+same bytes, and it imports in ~4 ms where msgspec takes ~24, which the start-up budget needs.)
+
+Threads and processes: log/event/hello/span/close are meant for the one thread that trains.
+A forked child (a DataLoader worker) never touches the parent's sockets: an at-fork hook marks
+every client, and the child's first call opens its own context, socket and `src`.
+"""
+from __future__ import annotations
+
+import abc
+import atexit
+import os
+import sys
+import time
+import warnings
+import weakref
+from typing import Any, Mapping
+
+import zmq
+
+from protocol import codec
+from telemetry.shared import endpoints
+from telemetry.client.deferred import DeferredSender, Job, host_scalar, snapshot
+from telemetry.client.spans import Span, SpanRecorder
+from telemetry.client.stacks import register as register_stacks
+from telemetry.shared.security.redact import Redactor
+
+# Records queued in the socket before log() starts dropping. At ~250 B per record this is
+# ~2.5 MB per rank: minutes of a daemon restart at one log per step, and bounded.
+SNDHWM = 10_000
+# How long close() lets queued records drain to a live daemon; a gone daemon costs this much
+# at exit, never more.
+LINGER_MS = 1000
+CLOSE_TIMEOUT_S = 1.5
+# atexit gives every still-open client this long: a trainer that forgot close() must still exit.
+ATEXIT_CLOSE_TIMEOUT_S = 0.5
+
+# The environment launchers set, in the order we trust them: torchrun and the deepspeed
+# launcher set RANK/LOCAL_RANK/WORLD_SIZE; the rest cover mpirun and srun.
+_RANK_ENV = ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID")
+_LOCAL_RANK_ENV = ("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID")
+_WORLD_SIZE_ENV = ("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS")
+
+_NOBLOCK = zmq.NOBLOCK
+_ZMQError = zmq.ZMQError
+
+_live_clients: "weakref.WeakSet[TelemetryClient]" = weakref.WeakSet()
+# A forked child's inherited zmq objects: kept referenced so no destructor ever runs on them
+# in the child (they belong to the parent's I/O thread, which the child does not have).
+_abandoned_after_fork: list[Any] = []
+
+
+class _NeedsDeferral(Exception):
+    """Raised by the encoder hook on a tensor: this record goes the deferred path."""
+
+
+def _wire_hook(obj: Any) -> Any:
+    # Called by msgpack only for a type it does not encode natively, i.e. never for a record
+    # of plain floats and ints.
+    if hasattr(obj, "detach"):
+        raise _NeedsDeferral
+    return host_scalar(obj)
+
+
+def _info_hook(obj: Any) -> Any:
+    """Free-form maps (hello info, event data): numbers stay numbers, anything else is text."""
+    if hasattr(obj, "detach"):
+        raise TypeError("tensors belong in log(), not in event()/hello() data")
+    try:
+        return host_scalar(obj)
+    except (TypeError, ValueError):
+        return str(obj)
+
+
+_PLAIN = (str, int, float, bool, type(None))
+# Nesting kept in hello info and event data; deeper levels become text (the daemon refuses
+# frames nested beyond its decoder's limit, and a config is never this deep).
+MAX_INFO_DEPTH = 32
+
+
+def _to_wire(obj: Any, depth: int) -> Any:
+    if isinstance(obj, _PLAIN):
+        return obj
+    if depth >= MAX_INFO_DEPTH:
+        return str(obj)
+    if isinstance(obj, Mapping):
+        return {k if isinstance(k, str) else str(k): _to_wire(v, depth + 1) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple, set, frozenset)):
+        return [_to_wire(v, depth + 1) for v in obj]
+    return _info_hook(obj)
+
+
+def _to_wire_map(data: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Hello info and event data as plain maps, lists, strings and numbers (str keys)."""
+    if not data:
+        return {}
+    return _to_wire(dict(data), 0)
+
+
+def _env_int(names: tuple[str, ...], default: int) -> int:
+    for n in names:
+        v = os.environ.get(n)
+        if v not in (None, ""):
+            try:
+                return int(v)
+            except ValueError:
+                raise ValueError(f"${n}={v!r} is not an integer") from None
+    return default
+
+
+def _disabled(endpoint: str | None) -> bool:
+    return endpoint == "" or os.environ.get(endpoints.ENV_DISABLED, "") not in ("", "0", "false", "no")
+
+
+def _new_src() -> int:
+    # os.urandom, not `random`: unaffected by a seeded training run, distinct after fork.
+    return int.from_bytes(os.urandom(8), "little") >> 1
+
+
+class TelemetryClient(metaclass=abc.ABCMeta):   # ABCMeta: DisabledClient registers as one
+    """Send training telemetry to the daemon without ever blocking or syncing the caller.
+
+    Args:
+        endpoint: the daemon's ingest socket; None: $TELEMETRY_ENDPOINT or the default ipc
+            socket (telemetry.shared.endpoints). "" or $TELEMETRY_DISABLED=1 gives a DisabledClient.
+        rank: global rank; None: $RANK (or the mpirun/srun equivalents), else 0.
+        sndhwm: records queued per socket before drops start.
+        linger_ms: at close, how long queued records may take to reach the daemon.
+        send_hello: send a minimal hello (host, pid, ranks) at once, so the daemon knows this
+            rank even if hello(info) is never called.
+    """
+
+    def __new__(cls, endpoint: str | None = None, rank: int | None = None, **kwargs: Any):
+        if cls is TelemetryClient and _disabled(endpoint):
+            # Not a subclass: returned built, and Python does not run TelemetryClient.__init__ on it.
+            return DisabledClient(endpoint, rank)
+        return super().__new__(cls)
+
+    def __init__(self, endpoint: str | None = None, rank: int | None = None, *, sndhwm: int = SNDHWM,
+                 linger_ms: int = LINGER_MS, send_hello: bool = True) -> None:
+        if sndhwm < 1:
+            raise ValueError(f"sndhwm must be >= 1, got {sndhwm}")
+        if linger_ms < 0:
+            raise ValueError(f"linger_ms must be >= 0, got {linger_ms}")
+        try:
+            self.endpoint = endpoints.resolve("ingest", endpoint, create_dir=True)
+            self._refused = ""
+        except endpoints.UnsafePathError as exc:
+            # Another local user could read what we send there: send nothing, count every record
+            # as dropped, and keep training (telemetry is never fatal).
+            self.endpoint, self._refused = "", str(exc)
+            warnings.warn(f"telemetry: not connecting: {exc}", RuntimeWarning, stacklevel=2)
+        self.rank = rank if rank is not None else _env_int(_RANK_ENV, 0)
+        if self.rank < 0:
+            raise ValueError(f"rank must be >= 0, got {self.rank}")
+        self.local_rank = _env_int(_LOCAL_RANK_ENV, 0)
+        self.world_size = _env_int(_WORLD_SIZE_ENV, 1)
+        self.host = os.uname().nodename  # gethostname() without importing socket
+        self._sndhwm = sndhwm
+        self._linger_ms = linger_ms
+        self._hello_info: dict[str, Any] = {}
+        self._warned: set[str] = set()
+        # Built once: the hook routes tensors to the deferred path and numpy scalars to numbers.
+        self._encoder = codec.new_packer(default=_wire_hook)
+        self._bg_encoder = codec.new_packer(default=host_scalar)  # the sender thread's own
+        self._open()
+        # Stacks on the daemon's signal when a step hangs (stacks.py); once, off the hot path.
+        self._stacks_hello, self._stacks_file = register_stacks(self.endpoint, self.rank) \
+            if self.endpoint else ({}, None)
+        _live_clients.add(self)
+        if send_hello:
+            self._send_hello()
+
+    def _open(self) -> None:
+        self._pid = os.getpid()
+        self._forked = False
+        self._closed = False
+        self._src = _new_src()
+        self._seq = 0
+        # Counters are split by the thread that writes them, so no increment is ever lost and
+        # the hot path takes no lock: the caller's thread and the sender thread.
+        self._num_sent = 0
+        self._num_dropped = 0
+        self._num_sent_bg = 0
+        self._num_dropped_bg = 0
+        self._num_skipped_values = 0
+        self._ctx = zmq.Context(io_threads=1)
+        self._sock = self._new_socket()
+        self._sock_send = self._sock.send
+        self._spans = SpanRecorder()
+        self._deferred = DeferredSender(self._new_socket, self._encode_job, self._count_sent_bg,
+                                        self._count_dropped_bg)
+
+    def _new_socket(self, ctx: zmq.Context | None = None) -> zmq.Socket:
+        sock = (ctx or self._ctx).socket(zmq.PUSH)
+        sock.setsockopt(zmq.SNDHWM, self._sndhwm)
+        sock.setsockopt(zmq.LINGER, self._linger_ms)
+        # CURVE keys from $TELEMETRY_CURVE_SERVER_KEY/_CLIENT_KEY, for a daemon beyond loopback.
+        # Imported only when a key is set: the module (logging, dataclasses) costs ~10 ms of
+        # start-up that a rank on ipc or loopback does not need.
+        if os.environ.get("TELEMETRY_CURVE_SERVER_KEY") or os.environ.get("TELEMETRY_CURVE_CLIENT_KEY"):
+            from telemetry.shared.security.curve import apply_client_curve
+
+            apply_client_curve(sock)
+        # connect, never bind: the connecting side keeps its queue across daemon restarts.
+        if not self._refused:
+            sock.connect(self.endpoint)
+        return sock
+
+    # -- the hot path --------------------------------------------------------------------------
+    def log(self, step: int, values: Mapping[str, Any]) -> None:
+        """Send metrics for `step`: floats, ints, 0-dim tensors on any device. Never blocks.
+
+        Tensors are read on the sender thread after their device has produced them; the values
+        sent are those at the time of this call, even if the tensors change afterwards.
+        """
+        if self._forked:
+            self._reopen_after_fork()
+        spans = None
+        if self._spans.pending:
+            cpu_spans, spans = self._spans.take()
+            if cpu_spans:
+                values = {**values, **cpu_spans}
+        seq = self._seq
+        self._seq = seq + 1
+        if spans is None:
+            try:
+                frame = codec.encode_metrics(self._src, self.rank, seq, self._num_dropped + self._num_dropped_bg,
+                                             time.time_ns(), step, values, self._encoder)
+            except _NeedsDeferral:
+                self._log_deferred(seq, step, values, None)
+                return
+            except (TypeError, ValueError, OverflowError) as exc:  # a value that is no number
+                self._num_dropped += 1
+                self._warn_once("log", f"telemetry: dropped a record of step {step}: {exc}")
+                return
+            try:
+                self._sock_send(frame, _NOBLOCK)
+                self._num_sent += 1
+            except _ZMQError:  # Again: queue full or no daemon; anything else: closed
+                self._num_dropped += 1
+        else:
+            self._log_deferred(seq, step, values, spans)
+
+    def _log_deferred(self, seq: int, step: int, values: Mapping[str, Any], spans: Any) -> None:
+        t_ns = time.time_ns()
+        if self._closed:
+            self._num_dropped += 1
+            return
+        plain: dict[str, Any] = {}
+        names: list[str] = []
+        tensors: list[Any] = []
+        for k, v in values.items():
+            c = v.__class__
+            if c is float or c is int or not hasattr(v, "detach"):
+                plain[k] = v  # numpy scalars and the like: the sender's encoder converts them
+            else:
+                names.append(k)
+                tensors.append(v)
+        try:
+            groups, num_skipped = snapshot(names, tensors, self._deferred.pool) if tensors else ([], 0)
+        except Exception as exc:  # a tensor torch cannot stack: lose the record, not the step
+            self._num_dropped += 1
+            self._warn_once("snapshot", f"telemetry: dropped a record of step {step}: {exc}")
+            return
+        if num_skipped:
+            self._num_skipped_values += num_skipped
+            self._warn_once("skipped", "telemetry: skipped tensor values with more than one element")
+        if not self._deferred.submit(Job(seq, t_ns, step, plain, groups, spans)):
+            self._num_dropped += 1
+
+    def _encode_job(self, job: Job, values: dict[str, Any]) -> bytes:
+        # Sender thread: its own encoder (tensors are numbers by now; numpy scalars still go
+        # through the hook), and the drop count as of sending.
+        return codec.encode_metrics(self._src, self.rank, job.seq, self._num_dropped + self._num_dropped_bg,
+                                    job.t_ns, job.step, values, self._bg_encoder)
+
+    def _count_sent_bg(self) -> None:
+        self._num_sent_bg += 1
+
+    def _count_dropped_bg(self, n: int) -> None:
+        self._num_dropped_bg += n
+
+    def span(self, name: str, cuda: bool | None = None) -> Span:
+        """Time a region: `with tm.span("forward"): ...`; sent with the next log() call.
+
+        Reported as `perf/<name>_time` (seconds, mean per occurrence since the previous log).
+        With CUDA in use (or cuda=True) it is timed by CUDA events on the current stream and
+        read by the sender thread; otherwise by perf_counter. Never syncs.
+        """
+        if self._forked:
+            self._reopen_after_fork()
+        return self._spans.span(name, cuda)
+
+    # -- everything else is rare ---------------------------------------------------------------
+    def event(self, name: str, data: Mapping[str, Any] | None = None) -> None:
+        """Send a discrete event (checkpoint saved, NaN seen, ...). Never blocks. Secret-looking
+        entries of `data` are redacted here, as in hello()."""
+        data = Redactor()(dict(data)) if data else data
+        self._send_other("event", lambda seq, dropped: codec.encode_event(
+            self._src, self.rank, seq, dropped, time.time_ns(), name, _to_wire_map(data)))
+
+    def hello(self, info: Mapping[str, Any]) -> None:
+        """Describe this rank's run (config, model shape); the daemon keeps the latest per rank.
+
+        The identity fields (host, pid, rank, local_rank, world_size) are added; keys in
+        `info` win. Non-JSON values (paths, enums, dtypes) are sent as text.
+        """
+        # Secrets (a W&B key, a hub token in the config) never leave this process.
+        self._hello_info = Redactor()(dict(info))
+        self._send_hello()
+
+    def _identity(self) -> dict[str, Any]:
+        ident: dict[str, Any] = {"host": self.host, "pid": os.getpid(), "rank": self.rank,
+                                 "local_rank": self.local_rank, "world_size": self.world_size,
+                                 "src": self._src, "python": sys.version.split()[0], **self._stacks_hello}
+        run_name = os.environ.get(endpoints.ENV_RUN_NAME)
+        if run_name:
+            ident["run_name"] = run_name
+        restarts = os.environ.get("TORCHELASTIC_RESTART_COUNT")
+        if restarts:
+            ident["restart_count"] = restarts
+        return ident
+
+    def _send_hello(self) -> None:
+        self._send_other("hello", lambda seq, dropped: codec.encode_hello(
+            self._src, self.rank, seq, dropped, time.time_ns(),
+            {**self._identity(), **_to_wire_map(self._hello_info)}))
+
+    def _send_other(self, what: str, encode: Any) -> None:
+        """Send a hello, event or bye (never blocks)."""
+        if self._forked:
+            self._reopen_after_fork()
+        seq = self._seq
+        self._seq = seq + 1
+        try:
+            frame = encode(seq, self._num_dropped + self._num_dropped_bg)
+        except (TypeError, ValueError, OverflowError) as exc:
+            self._num_dropped += 1
+            self._warn_once(what, f"telemetry: dropped a {what} record: {exc}")
+            return
+        try:
+            self._sock.send(frame, zmq.NOBLOCK)
+            self._num_sent += 1
+        except zmq.ZMQError:
+            self._num_dropped += 1
+
+    def _warn_once(self, key: str, message: str) -> None:
+        # Never one warning per record: a bad value logged every step would flood the trainer.
+        if key not in self._warned:
+            self._warned.add(key)
+            warnings.warn(message, RuntimeWarning, stacklevel=3)
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    def stats(self) -> dict[str, int]:
+        """Counters of this client: sent, dropped (incl. refused by a full queue), seq (records
+        tried), pending (waiting for their tensors), skipped_values, src."""
+        return {"sent": self._num_sent + self._num_sent_bg,
+                "dropped": self._num_dropped + self._num_dropped_bg,
+                "seq": self._seq, "pending": self._deferred.pending(),
+                "skipped_values": self._num_skipped_values, "src": self._src}
+
+    def close(self, timeout_s: float = CLOSE_TIMEOUT_S) -> None:
+        """Flush what can be flushed within `timeout_s` and release the sockets. Safe twice.
+
+        Returns within about `timeout_s` whether or not a daemon is there.
+        """
+        if self._closed:
+            return
+        if self._forked:  # never opened in this child: nothing here is ours to close
+            self._closed = True
+            return
+        deadline = time.monotonic() + timeout_s
+
+        def remaining_ms() -> int:
+            return int(max(0.0, deadline - time.monotonic()) * 1000)
+
+        # The sender thread finishes its queue and closes its socket; half the budget, so the
+        # caller's queue and the bye get the rest.
+        thread_done = self._deferred.close(timeout_s=remaining_ms() / 2000,
+                                           linger_ms=min(remaining_ms(), self._linger_ms))
+        self._closed = True
+        # The records first: handed to the kernel (or the linger, half of what is left, spent).
+        self._sock.close(linger=min(remaining_ms() // 2, self._linger_ms))
+        if thread_done:
+            self._ctx.term()
+        # else: a sender thread stuck waiting on a hung GPU still owns a socket; term() would
+        # wait for it forever. Leave the context to process exit.
+        #
+        # Then the bye, the final seq and drop count that the daemon's loss figure needs, on a
+        # connection of its own. Over ipc, libzmq discards what a peer that hangs up still has
+        # in the kernel's buffer when the daemon's queue for that connection is full (an
+        # overloaded daemon): the tail of the records connection, and a bye behind it, would
+        # vanish after this process handed them over, counted by no one. A fresh connection's
+        # queue is empty, so the bye arrives and such a tail is counted (records_lost_in_transit);
+        # sent after the records were flushed, it arrives after them unless the daemon is behind.
+        ctx = zmq.Context(io_threads=1)
+        try:
+            self._sock = self._new_socket(ctx)
+            self._send_other("bye", lambda seq, dropped: codec.encode_bye(
+                self._src, self.rank, seq, dropped, time.time_ns(), self.stats()))
+            self._sock.close(linger=min(remaining_ms(), self._linger_ms))
+        finally:
+            ctx.term()   # returns once the linger expires: bounded by the deadline
+        _live_clients.discard(self)
+
+    def _reopen_after_fork(self) -> None:
+        """First call in a forked child: a fresh context, socket and src; the parent's stay."""
+        _abandoned_after_fork.append((self._ctx, self._sock, self._deferred))
+        self._open()
+        mp_util = sys.modules.get("multiprocessing.util")
+        if mp_util is not None:
+            # A multiprocessing child (a DataLoader worker) leaves through os._exit, skipping
+            # atexit; its exit finalizers still run, and close() flushes the last records.
+            mp_util.Finalize(self, self.close, kwargs={"timeout_s": ATEXIT_CLOSE_TIMEOUT_S}, exitpriority=0)
+        self._send_hello()
+
+    def _mark_forked(self) -> None:
+        if not self._closed:
+            self._forked = True
+
+    def __enter__(self) -> "TelemetryClient":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class _NullSpan:
+    __slots__ = ()
+
+    def __enter__(self) -> "_NullSpan":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+
+_NULL_SPAN = _NullSpan()
+
+
+class DisabledClient:
+    """The stand-in for a disabled client: TelemetryClient's public interface, each method a no-op.
+
+    A class of its own, not a subclass: nothing of TelemetryClient (sockets, sender thread, fork
+    and exit hooks) can run on an object that never opened them. It is registered as a virtual
+    TelemetryClient, so isinstance checks keep accepting it; tests/test_client.py checks that
+    every public name of TelemetryClient has its twin here, with the same signature.
+    """
+
+    def __init__(self, endpoint: str | None = None, rank: int | None = None, **kwargs: Any) -> None:
+        self.endpoint = ""
+        self.rank = rank if rank is not None else _env_int(_RANK_ENV, 0)
+        self.local_rank = _env_int(_LOCAL_RANK_ENV, 0)
+        self.world_size = _env_int(_WORLD_SIZE_ENV, 1)
+        self.host = os.uname().nodename
+
+    def log(self, step: int, values: Mapping[str, Any]) -> None:
+        pass
+
+    def span(self, name: str, cuda: bool | None = None) -> Any:
+        return _NULL_SPAN
+
+    def event(self, name: str, data: Mapping[str, Any] | None = None) -> None:
+        pass
+
+    def hello(self, info: Mapping[str, Any]) -> None:
+        pass
+
+    def stats(self) -> dict[str, int]:
+        return {"sent": 0, "dropped": 0, "seq": 0, "pending": 0, "skipped_values": 0, "src": 0}
+
+    def close(self, timeout_s: float = CLOSE_TIMEOUT_S) -> None:
+        pass
+
+    def __enter__(self) -> "DisabledClient":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+
+TelemetryClient.register(DisabledClient)
+
+
+def _mark_all_forked() -> None:
+    for client in list(_live_clients):
+        client._mark_forked()
+
+
+os.register_at_fork(after_in_child=_mark_all_forked)
+
+
+@atexit.register
+def _close_all() -> None:
+    for client in list(_live_clients):
+        try:
+            client.close(timeout_s=ATEXIT_CLOSE_TIMEOUT_S)
+        except Exception:
+            pass

@@ -1,0 +1,166 @@
+"""The dashboard's HTTP side (standard library only): the page, its files, data, live events.
+
+    GET /                       the page (static/index.html)
+    GET /static/<file>          the page's script and style, uPlot (shipped in the package)
+    GET /api/data?width=PX      every run: its series downsampled to PX pixel columns, its
+                                events, latest values, state; and `seq`, the change number
+    GET /api/stream?since=SEQ&instance=ID
+                                server-sent events: `changes` (new points and events after
+                                SEQ), `status` (each run's state, every STATUS_EVERY_S), and
+                                `reload` when the page fell too far behind
+Requests whose Host is not the address served are refused (a web page elsewhere must not
+read a local run by DNS rebinding), unless the server was started for remote viewers.
+"""
+from __future__ import annotations
+
+import json
+import math
+import mimetypes
+import time
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+from telemetry.consumers.dashboard.live import Hub
+
+STATIC_DIR = Path(__file__).resolve().parent / "static"
+STATUS_EVERY_S = 1.0
+DEFAULT_WIDTH_PX = 1200
+MAX_WIDTH_PX = 8000
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "[::1]", "::1")
+
+
+class DashboardServer(ThreadingHTTPServer):
+    daemon_threads = True          # a page left open never holds the exit
+    allow_reuse_address = True
+
+    def __init__(self, addr: tuple[str, int], hub: Hub, allow_any_host: bool = False) -> None:
+        super().__init__(addr, Handler)
+        self.hub = hub
+        self.allow_any_host = allow_any_host
+        self.stopping = False
+
+
+def _finite(obj: Any) -> Any:
+    """The same structure with NaN and infinities as null (JSON has no such numbers)."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    return obj
+
+
+def _dumps(obj: Any) -> bytes:
+    try:
+        return json.dumps(obj, separators=(",", ":"), allow_nan=False).encode()
+    except ValueError:   # a non-finite number somewhere (an event's data): the slow, safe way
+        return json.dumps(_finite(obj), separators=(",", ":"), allow_nan=False).encode()
+
+
+class Handler(BaseHTTPRequestHandler):
+    server: DashboardServer
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args: Any) -> None:   # one line per request is noise here
+        pass
+
+    def _host_ok(self) -> bool:
+        if self.server.allow_any_host:
+            return True
+        host = self.headers.get("Host") or ""
+        name = host.split("]")[0] + "]" if host.startswith("[") else host.rsplit(":", 1)[0]
+        return name in LOOPBACK_HOSTS or name.startswith("127.")
+
+    def _send(self, status: int, body: bytes, content_type: str, cache: bool = False) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Cache-Control", "max-age=3600" if cache else "no-store")
+        self.send_header("X-Content-Type-Options", "nosniff")
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self) -> None:
+        if not self._host_ok():
+            self._send(HTTPStatus.FORBIDDEN, b"forbidden: not a loopback Host\n", "text/plain")
+            return
+        url = urlsplit(self.path)
+        query = parse_qs(url.query)
+        if url.path in ("/", "/index.html"):
+            self._static("index.html")
+        elif url.path.startswith("/static/"):
+            self._static(url.path[len("/static/"):])
+        elif url.path == "/api/data":
+            self._data(query)
+        elif url.path == "/api/stream":
+            self._stream(query)
+        else:
+            self._send(HTTPStatus.NOT_FOUND, b"not found\n", "text/plain")
+
+    def _static(self, name: str) -> None:
+        # Only plain file names of the static dir: no path ever leaves it.
+        path = STATIC_DIR / name
+        if "/" in name or name.startswith(".") or not path.is_file():
+            self._send(HTTPStatus.NOT_FOUND, b"not found\n", "text/plain")
+            return
+        ctype = mimetypes.guess_type(name)[0] or "application/octet-stream"
+        if ctype.startswith("text/") or ctype == "application/javascript":
+            ctype += "; charset=utf-8"
+        self._send(HTTPStatus.OK, path.read_bytes(), ctype, cache=name.startswith("uPlot"))
+
+    def _data(self, query: dict) -> None:
+        try:
+            width = int(query.get("width", [DEFAULT_WIDTH_PX])[0])
+        except ValueError:
+            width = DEFAULT_WIDTH_PX
+        width = min(MAX_WIDTH_PX, max(100, width))
+        hub = self.server.hub
+        seq = hub.seq   # read before the snapshots: a change in between is sent again, never lost
+        body = {"seq": seq, "instance": hub.instance, "runs": [s.snapshot(width) for s in hub.stores.values()],
+                "status": hub.statuses()}
+        self._send(HTTPStatus.OK, _dumps(body), "application/json")
+
+    def _stream(self, query: dict) -> None:
+        try:
+            seq = int(query.get("since", ["0"])[0])
+        except ValueError:
+            seq = 0
+        hub = self.server.hub
+        self.send_response(HTTPStatus.OK)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Cache-Control", "no-store")
+        self.send_header("Connection", "close")
+        self.end_headers()
+        self.close_connection = True
+        next_status = 0.0
+        try:
+            if query.get("instance", [hub.instance])[0] != hub.instance or seq > hub.seq:
+                self._event("reload", {"seq": hub.seq})   # numbers from another run of this server
+                return
+            while not self.server.stopping:
+                seq_now, changes = hub.changes_since(seq, timeout_s=STATUS_EVERY_S)
+                if changes is None:
+                    self._event("reload", {"seq": seq_now})
+                    return
+                if changes:
+                    points: dict[str, list] = {}
+                    events: list = []
+                    for _seq, run_id, pts, evs in changes:
+                        points.setdefault(run_id, []).extend(pts)
+                        events.extend(evs)
+                    seq = changes[-1][0]
+                    self._event("changes", {"seq": seq, "points": points, "events": events})
+                now = time.monotonic()
+                if now >= next_status:
+                    self._event("status", {"status": hub.statuses()})
+                    next_status = now + STATUS_EVERY_S
+        except (BrokenPipeError, ConnectionResetError):
+            pass   # the page was closed
+
+    def _event(self, name: str, data: Any) -> None:
+        self.wfile.write(b"event: " + name.encode() + b"\ndata: " + _dumps(data) + b"\n\n")
+        self.wfile.flush()

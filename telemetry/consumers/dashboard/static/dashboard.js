@@ -1,0 +1,498 @@
+// The telemetry dashboard page: loads /api/data (every run's series, downsampled by the server
+// to the chart width), draws them with uPlot, then appends what /api/stream sends (server-sent
+// events). No build step, no network beyond this server.
+//
+// For tests and scripts, each chart's card carries data-points (non-null points drawn),
+// data-series (the series labels, "|"-separated) and data-last-x (the largest x drawn); <body>
+// carries data-ready="1" once drawn and data-seq (the last change applied).
+"use strict";
+
+// -- what is drawn -----------------------------------------------------------------------------
+const exact = (...names) => (k) => names.includes(k);
+const re = (r) => (k) => r.test(k);
+const afterAt = (k) => k.split("@")[1] || "";
+const datasetOf = (k) => k.split("/")[1];
+
+const GROUPS = [
+  { title: "Training", charts: [
+    { id: "loss", title: "Loss", axis: "step", match: (k) => k === "train/loss" || /^eval\/([^/]+\/)?loss$/.test(k),
+      label: (k) => k === "train/loss" ? "train" : (k === "eval/loss" ? "eval" : `eval ${datasetOf(k)}`),
+      points: (k) => k.startsWith("eval/") },
+    { id: "lr", title: "Learning rate", axis: "step", match: exact("train/lr"), label: () => "lr" },
+    { id: "grad_norm", title: "Gradient norm", axis: "step", match: exact("train/grad_norm"), label: () => "grad norm" },
+  ]},
+  { title: "Throughput and step time", charts: [
+    { id: "tokens", title: "Tokens per second (all ranks)", axis: "step", match: exact("perf/tokens_per_second"),
+      label: () => "tokens/s" },
+    { id: "mfu", title: "MFU (%)", axis: "step", match: exact("perf/mfu_percent"), label: () => "MFU %",
+      note: "analytic FLOPs / peak" },
+    { id: "step_time", title: "Step time (s) across ranks", axis: "step",
+      match: exact("perf/step_time_max", "perf/step_time_min", "perf/step_time"),
+      label: (k) => ({ "perf/step_time_max": "slowest rank", "perf/step_time_min": "fastest rank",
+                       "perf/step_time": "mean" })[k],
+      order: ["perf/step_time_max", "perf/step_time", "perf/step_time_min"] },
+    { id: "rank_step_time", title: "Step time per rank (s)", axis: "step", match: re(/^perf\/step_time@rank\d+$/),
+      label: (k) => afterAt(k).replace("rank", "rank "), note: "daemon --per-rank" },
+    { id: "slowest_rank", title: "Slowest rank", axis: "step", match: exact("perf/slowest_rank"),
+      label: () => "rank", points: () => true, integer: true },
+    { id: "phases", title: "Step phases (s, stacked)", axis: "step", stacked: true,
+      match: exact("perf/data_loading_time", "perf/forward_time", "perf/backward_time", "perf/optimizer_time"),
+      order: ["perf/data_loading_time", "perf/forward_time", "perf/backward_time", "perf/optimizer_time"],
+      label: (k) => k.replace("perf/", "").replace("_time", "").replace("_", " ") },
+    { id: "memory", title: "Device memory (GB)", axis: "step",
+      match: exact("memory/allocated_gb", "memory/max_allocated_gb", "memory/reserved_gb"),
+      label: (k) => k.replace("memory/", "").replace("_gb", "").replace("_", " ") },
+  ]},
+  { title: "Per dataset", charts: [
+    { id: "dataset_loss", title: "Loss per dataset (train)", axis: "step", match: re(/^dataset\/[^/]+\/loss$/),
+      label: datasetOf },
+    { id: "dataset_accuracy", title: "Accuracy per dataset", axis: "step", match: re(/^(dataset|eval)\/[^/]+\/accuracy$/),
+      label: (k) => (k.startsWith("eval/") ? "eval " : "") + datasetOf(k), points: (k) => k.startsWith("eval/") },
+    { id: "dataset_tokens", title: "Tokens per dataset", axis: "step", match: re(/^dataset\/[^/]+\/tokens$/),
+      label: datasetOf },
+  ]},
+  { title: "GPUs", why: "no GPU records (no NVML on the daemon's machine)", charts: [
+    { id: "gpu_util", title: "GPU utilization (%)", axis: "time", match: re(/^gpu\/util_percent@/), label: afterAt },
+    { id: "gpu_memory", title: "GPU memory used (GB)", axis: "time", match: re(/^gpu\/memory_used_gb@/), label: afterAt },
+    { id: "gpu_power", title: "GPU power (W)", axis: "time", match: re(/^gpu\/power_w@/), label: afterAt },
+    { id: "gpu_temperature", title: "GPU temperature (°C)", axis: "time", match: re(/^gpu\/temperature_c@/), label: afterAt },
+  ]},
+  { title: "Host", charts: [
+    { id: "host_cpu", title: "Host CPU (%)", axis: "time", match: re(/^system\/cpu_percent@/), label: afterAt },
+    { id: "host_memory", title: "Host memory (%)", axis: "time", match: re(/^system\/memory_percent@/), label: afterAt },
+  ]},
+  { title: "Telemetry (the daemon's own accounting)", charts: [
+    { id: "records_in", title: "Records in", axis: "time", match: exact("telemetry/records_in"), label: () => "records in" },
+    { id: "records_lost", title: "Records lost", axis: "time",
+      match: exact("telemetry/dropped", "telemetry/lost_in_transit", "telemetry/sink_dropped"),
+      label: (k) => k.replace("telemetry/", "").replace(/_/g, " "), note: "should stay at 0" },
+  ]},
+];
+const CHARTS = GROUPS.flatMap((g) => g.charts);
+
+const PALETTE = ["#2563eb", "#dc2626", "#16a34a", "#9333ea", "#ea580c", "#0891b2", "#ca8a04", "#db2777",
+                 "#4b5563", "#65a30d"];
+const STACK_FILLS = ["#93c5fd", "#fca5a5", "#86efac", "#fcd34d"];
+const DASHES = [[], [6, 3], [2, 3], [10, 3, 2, 3]];
+const SEVERITY_COLOR = { critical: "#dc2626", warning: "#d97706", info: "#2563eb" };
+const CHART_HEIGHT = 210;
+const REDRAW_MS = 500;
+// A live series grown past this many points per pixel column is fetched again, downsampled.
+const RELOAD_POINTS_PER_PX = 4;
+
+// -- state -------------------------------------------------------------------------------------
+const state = { runs: {}, order: [], status: {}, seq: 0, plots: {}, dirty: false, reloading: false, stream: null };
+
+function runLabel(runId) {
+  return state.order.length > 1 ? (state.runs[runId].name + " ") : "";
+}
+const multi = () => state.order.length > 1;
+
+function loadSnapshot(data) {
+  state.runs = {};
+  state.order = [];
+  for (const r of data.runs) {
+    const series = {};
+    for (const s of r.series) series[s.key] = { axis: s.axis, x: s.x, y: s.y, gap: s.gap, n: s.n };
+    state.runs[r.id] = { id: r.id, name: r.name, t0: r.t0, latest: r.latest, series,
+                         events: r.events, numEvents: r.num_events };
+    state.order.push(r.id);
+  }
+  applyStatus(data.status);
+  state.seq = data.seq;
+  state.instance = data.instance;
+}
+
+function applyChanges(msg) {
+  let needReload = false;
+  for (const [runId, points] of Object.entries(msg.points)) {
+    const run = state.runs[runId];
+    if (!run) continue;
+    for (const [key, axis, x, y] of points) {
+      let s = run.series[key];
+      if (!s) s = run.series[key] = { axis, x: [], y: [], gap: null, n: 0 };
+      const last = s.x.length ? s.x[s.x.length - 1] : null;
+      if (last !== null && x <= last) { needReload = true; continue; }  // a resumed run logs a step again
+      if (axis === "time" && s.gap && last !== null && x - last > s.gap) { s.x.push((x + last) / 2); s.y.push(null); }
+      s.x.push(x); s.y.push(y); s.n += 1;
+      if (axis === "step" && y !== null) run.latest[key] = y;
+      if (s.x.length > RELOAD_POINTS_PER_PX * chartWidth()) needReload = true;
+    }
+  }
+  for (const ev of msg.events) {
+    const run = state.runs[ev.run];
+    if (!run) continue;
+    const i = run.events.findIndex((e) => e.id === ev.id);
+    if (i >= 0) run.events[i] = ev; else { run.events.push(ev); run.numEvents += 1; }
+  }
+  state.seq = msg.seq;
+  document.body.dataset.seq = String(state.seq);
+  state.dirty = true;
+  if (needReload) reload();
+}
+
+function applyStatus(list) {
+  for (const st of list) state.status[st.run] = st;
+  drawStatus();
+  drawTiles();   // the daemon's counters come with the status
+}
+
+// -- formatting --------------------------------------------------------------------------------
+function fmt(v, digits = 4) {
+  if (v === null || v === undefined || Number.isNaN(v)) return "—";
+  const a = Math.abs(v);
+  if (a !== 0 && (a >= 1e6 || a < 1e-3)) return v.toExponential(2);
+  if (a >= 1000) return Math.round(v).toLocaleString("en-US");
+  return Number(v.toPrecision(digits)).toString();
+}
+function fmtTime(t) {
+  if (t === null || t === undefined) return "";
+  const d = new Date(t * 1000);
+  return d.toLocaleTimeString("en-GB", { hour12: false });
+}
+function el(tag, attrs = {}, ...children) {
+  const e = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs)) {
+    if (k === "class") e.className = v; else if (k === "text") e.textContent = v; else e.setAttribute(k, v);
+  }
+  for (const c of children) e.append(c);
+  return e;
+}
+
+// -- header, tiles, events ---------------------------------------------------------------------
+function drawStatus() {
+  const box = document.getElementById("status");
+  const sts = state.order.map((id) => state.status[id]).filter(Boolean);
+  if (!sts.length) return;
+  const now = Date.now() / 1000;
+  const parts = [];
+  let cls = "idle";
+  for (const st of sts) {
+    const who = multi() ? `${st.name}: ` : "";
+    if (st.ended) {
+      parts.push(`${who}run ended (${st.ended_how})`);
+      if (cls === "idle") cls = "ended";
+    } else if (st.connected === false) {
+      parts.push(`${who}daemon not reachable, reconnecting…`);
+      cls = "down";
+    } else if (st.connected === true) {
+      const age = st.last_record_t ? now - st.last_record_t : null;
+      parts.push(`${who}live` + (age !== null ? `, last record ${age < 1 ? "<1" : Math.round(age)} s ago` : ""));
+      if (cls !== "down") cls = "live";
+    } else {
+      const age = st.last_record_t ? Math.round(now - st.last_record_t) : null;
+      parts.push(`${who}following metrics.jsonl` + (age !== null ? `, last record ${age} s ago` : ""));
+    }
+  }
+  box.textContent = parts.join(" · ");
+  box.className = "status " + cls;
+  box.dataset.connected = sts.map((s) => String(s.connected)).join(",");
+  box.dataset.ended = sts.map((s) => String(s.ended)).join(",");
+  const title = document.getElementById("title");
+  title.textContent = state.order.map((id) => state.runs[id].name).join(" vs ");
+  document.title = title.textContent + " · telemetry";
+  const st0 = sts[0];
+  document.getElementById("subtitle").textContent = multi() ? `${sts.length} runs` :
+    `step ${st0.last_step ?? "—"} · ${st0.num_records.toLocaleString("en-US")} records · ${st0.source}`;
+}
+
+const daemonTotal = (run, key) => state.status[run.id]?.daemon?.[key];
+
+const TILES = [
+  ["step", (r) => state.status[r.id]?.last_step, (v) => v ?? "—"],
+  ["loss", (r) => r.latest["train/loss"], (v) => fmt(v)],
+  ["tokens/s", (r) => r.latest["perf/tokens_per_second"], (v) => fmt(v)],
+  ["MFU", (r) => r.latest["perf/mfu_percent"], (v) => v === undefined || v === null ? "—" : v.toFixed(1) + " %"],
+  ["step time", (r) => r.latest["perf/step_time_max"] ?? r.latest["perf/step_time"], (v) => v == null ? "—" : fmt(v, 3) + " s"],
+  ["grad norm", (r) => r.latest["train/grad_norm"], (v) => fmt(v)],
+  ["lr", (r) => r.latest["train/lr"], (v) => fmt(v, 3)],
+  // The daemon's counters summed over the run's daemons (a resumed run has several).
+  ["records in", (r) => daemonTotal(r, "telemetry/records_in"), (v) => fmt(v)],
+  ["dropped", (r) => daemonTotal(r, "telemetry/dropped"), (v) => fmt(v), true],
+  ["lost in transit", (r) => daemonTotal(r, "telemetry/lost_in_transit"), (v) => fmt(v), true],
+  ["sink dropped", (r) => daemonTotal(r, "telemetry/sink_dropped"), (v) => fmt(v), true],
+];
+
+function drawTiles() {
+  const box = document.getElementById("tiles");
+  box.replaceChildren();
+  for (const [label, get, show, badIfPositive] of TILES) {
+    for (const id of state.order) {
+      const run = state.runs[id];
+      const v = get(run);
+      const value = el("div", { class: "value" + (badIfPositive && v > 0 ? " bad" : ""), text: String(show(v)) });
+      const tile = el("div", { class: "tile", "data-tile": label }, el("div", { class: "label", text: label }), value);
+      if (multi()) tile.append(el("div", { class: "run", text: run.name }));
+      box.append(tile);
+    }
+  }
+}
+
+function allEvents() {
+  const out = [];
+  for (const id of state.order) for (const ev of state.runs[id].events) out.push(ev);
+  out.sort((a, b) => (b.t ?? 0) - (a.t ?? 0));
+  return out;
+}
+
+function eventRow(ev) {
+  const ranks = ev.ranks_text;   // "rank 3", "ranks 0-7": one row for all the ranks that sent it
+  return el("tr", { class: ev.severity },
+    el("td", { class: "when", text: fmtTime(ev.t) }),
+    el("td", { class: "step", text: ev.step === null || ev.step === undefined ? "" : `step ${ev.step}` }),
+    el("td", { class: "name", text: (multi() ? state.runs[ev.run].name + ": " : "") + ev.name }),
+    el("td", { class: "ranks", text: ranks }),
+    el("td", { text: ev.message }));
+}
+
+function drawEvents() {
+  const evs = allEvents();
+  const diag = evs.filter((e) => e.name.startsWith("diagnosis/"));
+  const other = evs.filter((e) => !e.name.startsWith("diagnosis/"));
+  const dpanel = document.getElementById("diagnosis");
+  dpanel.hidden = diag.length === 0;
+  document.getElementById("diagnosis-count").textContent = `(${diag.length})`;
+  document.getElementById("diagnosis-rows").replaceChildren(...diag.slice(0, 50).map(eventRow));
+  document.getElementById("events-count").textContent = `(${other.length})`;
+  const rows = other.slice(0, 200).map(eventRow);
+  document.getElementById("event-rows").replaceChildren(...(rows.length ? rows :
+    [el("tr", {}, el("td", { class: "dim", text: "no events yet" }))]));
+}
+
+// -- charts ------------------------------------------------------------------------------------
+function chartWidth() {
+  const grid = document.querySelector(".grid");
+  const w = grid ? grid.querySelector(".card")?.clientWidth : null;
+  return Math.max(300, (w || Math.min(window.innerWidth - 60, 860)) - 22);
+}
+
+// The series of every run that a chart draws: [{run, key, label, s}] in a stable order.
+function chartSeries(chart) {
+  const out = [];
+  for (const id of state.order) {
+    const run = state.runs[id];
+    let keys = Object.keys(run.series).filter(chart.match);
+    if (chart.order) keys.sort((a, b) => chart.order.indexOf(a) - chart.order.indexOf(b));
+    else keys.sort((a, b) => a.localeCompare(b, "en", { numeric: true }));   // rank 2 before rank 10
+    for (const key of keys) out.push({ run: id, key, label: runLabel(id) + (chart.label(key) ?? key), s: run.series[key] });
+  }
+  return out;
+}
+
+function xOf(chart, runId, x) {
+  // Several runs on one time axis: seconds since each run's first record, so they line up.
+  return chart.axis === "time" && multi() ? x - (state.runs[runId].t0 ?? 0) : x;
+}
+
+function buildData(chart, list) {
+  const tables = list.map(({ run, s }) => [s.x.map((x) => xOf(chart, run, x)), s.y]);
+  const data = tables.length === 1 ? tables[0] : uPlot.join(tables);
+  let raw = null;
+  if (chart.stacked && list.length > 1 && !multi()) {
+    // Cumulative sums, drawn from the top band down so each fill covers the ones below it.
+    raw = data.slice(1);
+    const cum = [];
+    let acc = null;
+    for (let i = 0; i < raw.length; i++) {
+      acc = raw[i].map((v, j) => (v === null || v === undefined ? (acc ? acc[j] : null) : (acc && acc[j] != null ? acc[j] : 0) + v));
+      cum.push(acc);
+    }
+    return { data: [data[0], ...cum.reverse()], raw: raw.slice().reverse() };
+  }
+  return { data, raw };
+}
+
+function seriesOpts(chart, list, raw) {
+  const stacked = raw !== null;
+  const items = stacked ? list.slice().reverse() : list;
+  return items.map((item, i) => {
+    const runIdx = state.order.indexOf(item.run);
+    const keyIdx = list.filter((o) => o.run === item.run).indexOf(item);
+    const color = stacked ? PALETTE[(items.length - 1 - i) % PALETTE.length]
+      : multi() ? PALETTE[runIdx % PALETTE.length] : PALETTE[keyIdx % PALETTE.length];
+    const opts = { label: item.label, stroke: color, width: 1.5, spanGaps: false,
+                   value: (u, v, si, di) => {
+                     const cur = state.plots[chart.id]?.raw ?? raw;   // the values before stacking
+                     const shown = stacked && cur && di !== null && di !== undefined ? cur[si - 1][di] : v;
+                     return chart.integer ? (shown == null ? "—" : String(Math.round(shown))) : fmt(shown);
+                   } };
+    if (multi() && !stacked) opts.dash = DASHES[keyIdx % DASHES.length];
+    if (stacked) opts.fill = STACK_FILLS[(items.length - 1 - i) % STACK_FILLS.length];
+    if (chart.points && chart.points(item.key)) {
+      opts.paths = () => null;   // markers only: eval every N steps, a rank number
+      opts.points = { show: true, size: 6, space: 0, fill: color, stroke: color };
+      opts.spanGaps = true;
+    } else {
+      opts.points = { show: false };
+      opts.spanGaps = !(chart.axis === "time");   // eval-only steps are undefined in joined data, not gaps
+    }
+    return opts;
+  });
+}
+
+// Events as vertical lines on every chart: diagnosis in its severity's colour.
+function markersPlugin(chart) {
+  return { hooks: { draw: [(u) => {
+    const ctx = u.ctx;
+    const { left, top, width, height } = u.bbox;
+    ctx.save();
+    for (const id of state.order) {
+      for (const ev of state.runs[id].events) {
+        const x = chart.axis === "step" ? ev.step : (ev.t === null ? null : xOf(chart, id, ev.t));
+        if (x === null || x === undefined) continue;
+        const px = u.valToPos(x, "x", true);
+        if (px < left || px > left + width) continue;
+        const diag = ev.name.startsWith("diagnosis/");
+        ctx.strokeStyle = diag ? (SEVERITY_COLOR[ev.severity] || SEVERITY_COLOR.warning) : "#9ca3af";
+        ctx.lineWidth = (diag ? 2 : 1) * devicePixelRatio;
+        ctx.setLineDash(diag ? [] : [4 * devicePixelRatio, 3 * devicePixelRatio]);
+        ctx.beginPath();
+        ctx.moveTo(px, top);
+        ctx.lineTo(px, top + height);
+        ctx.stroke();
+      }
+    }
+    ctx.restore();
+  }] } };
+}
+
+// Axis labels short enough for the axis: 135k, 1.2M, 3e-4.
+function fmtAxis(v) {
+  const a = Math.abs(v);
+  if (a >= 1e9) return Number((v / 1e9).toPrecision(3)) + "G";
+  if (a >= 1e6) return Number((v / 1e6).toPrecision(3)) + "M";
+  if (a >= 1e4) return Number((v / 1e3).toPrecision(3)) + "k";
+  return fmt(v, 3);
+}
+function axisValues(chart) {
+  return (u, splits) => splits.map((v) => (chart.integer ? String(Math.round(v)) : fmtAxis(v)));
+}
+
+function makePlot(chart, card, list) {
+  const { data, raw } = buildData(chart, list);
+  const timeAxis = chart.axis === "time" && !multi();
+  const opts = {
+    width: chartWidth(), height: CHART_HEIGHT,
+    scales: { x: { time: timeAxis } },
+    series: [{ label: chart.axis === "step" ? "step" : (timeAxis ? "time" : "s since start"),
+               value: (u, v) => (v == null ? "—" : timeAxis ? fmtTime(v) : String(Math.round(v))) },
+             ...seriesOpts(chart, list, raw)],
+    axes: [{ grid: { stroke: "#eef0f3" } },
+           { grid: { stroke: "#eef0f3" }, values: axisValues(chart), size: 60,
+             ...(chart.integer ? { incrs: [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000] } : {}) }],
+    legend: { live: true },
+    cursor: { drag: { x: true, y: false } },
+    plugins: [markersPlugin(chart)],
+  };
+  const plot = new uPlot(opts, data, card.querySelector(".plot"));
+  return { plot, signature: list.map((o) => o.run + ":" + o.key).join(","), raw };
+}
+
+function drawCharts() {
+  const groups = document.getElementById("groups");
+  const missing = [];
+  for (const group of GROUPS) {
+    let gEl = document.getElementById("group-" + group.title);
+    if (!gEl) {
+      gEl = el("section", { class: "group", id: "group-" + group.title }, el("h2", { text: group.title }),
+               el("div", { class: "grid" }));
+      groups.append(gEl);
+    }
+    let shown = 0;
+    for (const chart of group.charts) {
+      const list = chartSeries(chart);
+      let card = document.getElementById("chart-" + chart.id);
+      if (!list.length) {
+        if (card) card.hidden = true;
+        continue;
+      }
+      shown += 1;
+      if (!card) {
+        const h = el("h3", { text: chart.title });
+        if (chart.note) h.append(el("span", { class: "note", text: chart.note }));
+        card = el("div", { class: "card", id: "chart-" + chart.id, "data-chart": chart.id }, h, el("div", { class: "plot" }));
+        gEl.querySelector(".grid").append(card);
+      }
+      card.hidden = false;
+      const sig = list.map((o) => o.run + ":" + o.key).join(",");
+      const existing = state.plots[chart.id];
+      if (existing && existing.signature === sig) {
+        const { data, raw } = buildData(chart, list);
+        existing.raw = raw;
+        existing.plot.setData(data);
+      } else {
+        if (existing) existing.plot.destroy();
+        card.querySelector(".plot").replaceChildren();
+        state.plots[chart.id] = makePlot(chart, card, list);
+      }
+      let points = 0, lastX = null;
+      for (const { s, run } of list) {
+        for (const y of s.y) if (y !== null && y !== undefined) points += 1;
+        const lx = s.x.length ? xOf(chart, run, s.x[s.x.length - 1]) : null;
+        if (lx !== null && (lastX === null || lx > lastX)) lastX = lx;
+      }
+      card.dataset.points = String(points);
+      card.dataset.series = list.map((o) => o.label).join("|");
+      card.dataset.lastX = lastX === null ? "" : String(lastX);
+    }
+    gEl.hidden = shown === 0;
+    if (!shown) missing.push(`${group.title}: ${group.why || "no records yet"}`);
+  }
+  document.getElementById("missing").textContent = missing.length ? "Not shown: " + missing.join("; ") + "." : "";
+}
+
+function redraw() {
+  drawCharts();
+  drawTiles();
+  drawEvents();
+  drawStatus();
+  state.dirty = false;
+}
+
+// -- loading and the live stream ---------------------------------------------------------------
+async function reload() {
+  if (state.reloading) return;
+  state.reloading = true;
+  try {
+    const resp = await fetch(`/api/data?width=${chartWidth()}`, { cache: "no-store" });
+    const data = await resp.json();
+    loadSnapshot(data);
+    redraw();
+    openStream();
+  } finally {
+    state.reloading = false;
+  }
+}
+
+function openStream() {
+  if (state.stream) state.stream.close();
+  const es = new EventSource(`/api/stream?since=${state.seq}&instance=${encodeURIComponent(state.instance)}`);
+  state.stream = es;
+  es.addEventListener("changes", (e) => applyChanges(JSON.parse(e.data)));
+  es.addEventListener("status", (e) => applyStatus(JSON.parse(e.data).status));
+  es.addEventListener("reload", () => reload());
+  es.onerror = () => {
+    // The dashboard server itself went away (or restarts): say so; EventSource retries by itself.
+    const box = document.getElementById("status");
+    box.textContent = "dashboard server not reachable, retrying…";
+    box.className = "status down";
+  };
+}
+
+async function start() {
+  await reload();
+  document.body.dataset.ready = "1";
+  setInterval(() => { if (state.dirty) redraw(); }, REDRAW_MS);
+  let resizeTimer = null;
+  window.addEventListener("resize", () => {
+    clearTimeout(resizeTimer);
+    resizeTimer = setTimeout(() => {
+      for (const p of Object.values(state.plots)) p.plot.setSize({ width: chartWidth(), height: CHART_HEIGHT });
+    }, 150);
+  });
+}
+
+start().catch((err) => {
+  document.getElementById("status").textContent = "failed to load: " + err;
+  document.body.dataset.error = String(err);
+});

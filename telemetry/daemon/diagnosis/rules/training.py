@@ -1,0 +1,248 @@
+"""Rules on the training signals: non-finite values, loss spikes, throughput drops, stragglers."""
+from __future__ import annotations
+
+import math
+import statistics
+from bisect import bisect_left, insort
+from collections import deque
+
+from telemetry.daemon.diagnosis.config import DiagnosisConfig
+from telemetry.daemon.diagnosis.rules.base import Finding, Rule, finite, num, step_of, t_of
+
+NONFINITE_KEYS = ("train/loss", "train/grad_norm")
+# Throughput keys in order of preference: the first one a record carries is the run's measure.
+THROUGHPUT_KEYS = ("perf/tokens_per_second", "perf/samples_per_second", "perf/steps_per_second")
+# Robust sigma from the median absolute deviation of a normal distribution.
+MAD_TO_SIGMA = 1.4826
+
+
+class SortedWindow:
+    """The last `size` values, also kept sorted: the median of a window of thousands costs a
+    lookup, not a sort per log step (a daemon catching up on a backlog runs the rules for
+    thousands of steps a second)."""
+
+    def __init__(self, size: int) -> None:
+        self._order: deque[float] = deque(maxlen=size)
+        self._sorted: list[float] = []
+
+    def append(self, x: float) -> None:
+        if len(self._order) == self._order.maxlen:
+            del self._sorted[bisect_left(self._sorted, self._order[0])]
+        self._order.append(x)
+        insort(self._sorted, x)
+
+    def median(self) -> float:
+        s, n = self._sorted, len(self._sorted)
+        return s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2
+
+    def __len__(self) -> int:
+        return len(self._order)
+
+    def __iter__(self):
+        return iter(self._order)
+
+
+class NonFinite(Rule):
+    """NaN or Inf in train/loss or train/grad_norm, aggregated or per rank (critical)."""
+
+    name = "nonfinite"
+    kinds = frozenset({"metrics"})
+
+    def consume(self, record: dict) -> list[Finding]:
+        values = record.get("values")
+        out = []
+        for key in NONFINITE_KEYS:
+            v = num(values, key)
+            if v is None and isinstance(values, dict) and isinstance(values.get(key), str):
+                try:  # a value that went through a text format as "NaN" / "inf"
+                    v = float(values[key])
+                except ValueError:
+                    v = None
+            if v is None or math.isfinite(v):
+                continue
+            rank = record.get("rank")
+            where = f"rank {rank}" if rank is not None else "the aggregated step"
+            msg = (f"{key} is {v} at step {step_of(record)} ({where}): training has diverged or a batch "
+                   f"produced an overflow; with fp16 loss scaling an occasional inf grad norm is a skipped "
+                   f"step, a NaN loss is not")
+            # Subject is the key alone: one NaN usually shows on every rank at once; say it once.
+            out.append(Finding(key, msg, t_of(record), rank=rank, severity="critical",
+                               data={"key": key, "value": str(v), "step": step_of(record)}))
+        return out
+
+
+class LossSpike(Rule):
+    """Aggregated train/loss above median + max(robust_z x sigma, min_rel x median) of the window."""
+
+    name = "loss_spike"
+    kinds = frozenset({"metrics"})
+    aggregated_only = after_warmup = True
+
+    def __init__(self, cfg: DiagnosisConfig) -> None:
+        super().__init__(cfg)
+        self.history = SortedWindow(cfg.loss_spike_window)
+
+    def consume(self, record: dict) -> list[Finding]:
+        loss = finite(record.get("values"), "train/loss")
+        if loss is None:
+            return []
+        out = []
+        if len(self.history) >= self.cfg.loss_spike_min_points:
+            med = self.history.median()
+            # The threshold is at least med + min_rel * |med|: under that, no need for sigma.
+            if loss > med + self.cfg.loss_spike_min_rel * abs(med):
+                sigma = MAD_TO_SIGMA * statistics.median(abs(x - med) for x in self.history)
+                threshold = med + max(self.cfg.loss_spike_robust_z * sigma, self.cfg.loss_spike_min_rel * abs(med))
+            else:
+                sigma = threshold = math.inf
+            if loss > threshold:
+                msg = (f"loss spike at step {step_of(record)}: train/loss {loss:.4g} against a median of "
+                       f"{med:.4g} over the last {len(self.history)} log steps (threshold {threshold:.4g}); "
+                       f"a bad batch, a learning rate too high for this phase, or an fp16 overflow")
+                out.append(Finding("run", msg, t_of(record), data={
+                    "loss": loss, "median": med, "robust_sigma": sigma, "threshold": threshold,
+                    "step": step_of(record)}))
+        self.history.append(loss)
+        return out
+
+
+class ThroughputDrop(Rule):
+    """Aggregated tokens/s (or samples/s, steps/s) under (1 - drop_fraction) x the run's median
+    for throughput_drop_consecutive log steps in a row; reported once per episode."""
+
+    name = "throughput_drop"
+    kinds = frozenset({"metrics"})
+    # A step without all ranks sums fewer ranks' tokens/s: that is rank_stopped's story.
+    aggregated_only = after_warmup = complete_only = True
+    MAX_HISTORY = 5000  # log steps kept for the median: hours of a run at one log per second
+
+    def __init__(self, cfg: DiagnosisConfig) -> None:
+        super().__init__(cfg)
+        self.key: str | None = None
+        self.history = SortedWindow(self.MAX_HISTORY)
+        self.num_low = 0
+        self.reported = False
+
+    def consume(self, record: dict) -> list[Finding]:
+        values = record.get("values")
+        if self.key is None:
+            self.key = next((k for k in THROUGHPUT_KEYS if finite(values, k) is not None), None)
+            if self.key is None:
+                return []
+        v = finite(values, self.key)
+        if v is None:
+            return []
+        out = []
+        if len(self.history) >= self.cfg.throughput_min_points:
+            med = self.history.median()
+            if v < (1.0 - self.cfg.throughput_drop_fraction) * med:
+                self.num_low += 1
+                if self.num_low >= self.cfg.throughput_drop_consecutive and not self.reported:
+                    self.reported = True
+                    drop = 1.0 - v / med if med else 1.0
+                    msg = (f"throughput dropped at step {step_of(record)}: {self.key} {v:.4g} is {drop:.0%} "
+                           f"under the run's median {med:.4g} for {self.num_low} log steps in a row; look for "
+                           f"throttling, a straggler, a slower data source, or other jobs on the node")
+                    out.append(Finding("run", msg, t_of(record), data={
+                        "key": self.key, "value": v, "median": med, "drop_fraction": drop,
+                        "num_log_steps": self.num_low, "step": step_of(record)}))
+            else:
+                self.num_low = 0
+                self.reported = False
+        self.history.append(v)
+        return out
+
+
+# What the other ranks do while one rank is slow in a phase (straggler_view.py explains why).
+_MEANWHILE = {
+    "data_loading": "the other ranks wait for it in the gradient all-reduce inside backward (DDP, ZeRO 0-2) "
+                    "or in the forward's parameter all-gathers (ZeRO-3)",
+    "forward": "the other ranks wait for it in the gradient all-reduce inside backward (DDP, ZeRO 0-2); "
+               "under ZeRO-3 the forward holds the parameter all-gathers, so they wait inside forward",
+    "optimizer": "the other ranks wait for it at the next collective: the parameter all-gather ending the "
+                 "optimizer step (ZeRO 1-3) or the next backward's gradient all-reduce (DDP)",
+    "backward": "the other ranks wait for it in the gradient all-reduce at the end of backward",
+}
+
+
+class Straggler(Rule):
+    """One rank slow in one phase, from the per-phase straggler view (straggler_view.py): in the
+    phase named by perf/straggler_phase_index, the slowest rank's time is >= straggler_ratio x the
+    other ranks' median, at least straggler_min_excess_s and CAUSE_MIN_FRACTION of the step over
+    it, for straggler_consecutive log steps, same rank and phase; reported once per episode.
+    Without phase timings: perf/step_time_max / perf/step_time_min >= straggler_ratio instead."""
+
+    name = "straggler"
+    kinds = frozenset({"metrics"})
+    aggregated_only = after_warmup = complete_only = True
+
+    def __init__(self, cfg: DiagnosisConfig) -> None:
+        super().__init__(cfg)
+        self.num_slow = 0
+        self.slowest: tuple | None = None     # (rank, phase) of the current episode
+        self.reported = False
+
+    def consume(self, record: dict) -> list[Finding]:
+        values = record.get("values")
+        if finite(values, "perf/straggler_phase_index") is not None:
+            return self._by_phase(record, values)
+        return self._by_step_time(record, values)
+
+    def _episode(self, who: tuple | None) -> bool:
+        """Count a slow log step for `who`; True when it is time to report."""
+        if who is None:
+            self.num_slow, self.slowest, self.reported = 0, None, False
+            return False
+        if self.num_slow and who != self.slowest:  # a different rank or phase: new episode
+            self.num_slow, self.reported = 0, False
+        self.slowest = who
+        self.num_slow += 1
+        if self.num_slow < self.cfg.straggler_consecutive or self.reported:
+            return False
+        self.reported = True
+        return True
+
+    def _by_phase(self, record: dict, values: dict) -> list[Finding]:
+        from telemetry.daemon.straggler_view import CAUSE_MIN_FRACTION, PHASES
+
+        idx = int(finite(values, "perf/straggler_phase_index"))
+        phase = PHASES[idx] if 0 <= idx < len(PHASES) else None
+        rank_f = finite(values, "perf/straggler_rank")
+        excess = finite(values, "perf/straggler_excess_s")
+        median = finite(values, "perf/straggler_median_s")
+        step_s = finite(values, "perf/step_time_max") or 0.0
+        if phase is None or rank_f is None or excess is None or median is None:
+            return []
+        slow_s = median + excess
+        slow = (excess >= self.cfg.straggler_min_excess_s and excess >= CAUSE_MIN_FRACTION * step_s
+                and slow_s >= self.cfg.straggler_ratio * median)
+        rank = int(rank_f)
+        if not self._episode((rank, phase) if slow else None):
+            return []
+        ratio = slow_s / median if median > 0 else math.inf
+        msg = (f"straggler: rank {rank} is slow in {phase}: {slow_s:.3g} s against the other ranks' median "
+               f"{median:.3g} s ({excess:+.3g} s) for {self.num_slow} log steps in a row at step "
+               f"{step_of(record)}; {_MEANWHILE[phase]}")
+        return [Finding(f"rank{rank}", msg, t_of(record), rank=rank, data={
+            "slowest_rank": rank, "phase": phase, "phase_time_s": slow_s, "others_median_s": median,
+            "excess_s": excess, "ratio": ratio, "step_time_s": step_s, "num_log_steps": self.num_slow,
+            "step": step_of(record)})]
+
+    def _by_step_time(self, record: dict, values: dict) -> list[Finding]:
+        t_max = finite(values, "perf/step_time_max")
+        t_min = finite(values, "perf/step_time_min")
+        if t_max is None or t_min is None or t_min <= 0:
+            return []
+        slowest_f = finite(values, "perf/slowest_rank")
+        slowest = int(slowest_f) if slowest_f is not None else None
+        ratio = t_max / t_min
+        if not self._episode((slowest, "step") if ratio >= self.cfg.straggler_ratio else None):
+            return []
+        who = f"rank {slowest}" if slowest is not None else "one rank"
+        msg = (f"straggler: {who} is the slowest for {self.num_slow} log steps in a row, its step taking "
+               f"{t_max:.3g} s against {t_min:.3g} s on the fastest rank ({ratio:.2f}x) at step "
+               f"{step_of(record)}; every rank waits for it at the gradient all-reduce (check that node's "
+               f"GPU clocks, its data loader and other processes on it)")
+        return [Finding(f"rank{slowest}", msg, t_of(record), rank=slowest, data={
+            "slowest_rank": slowest, "step_time_max_s": t_max, "step_time_min_s": t_min, "ratio": ratio,
+            "num_log_steps": self.num_slow, "step": step_of(record)})]

@@ -1,0 +1,110 @@
+"""GPU utilization read against the data-loading share of the step: is the GPU waiting, and on what?"""
+from __future__ import annotations
+
+from collections import deque
+
+from telemetry.daemon.diagnosis.config import DiagnosisConfig
+from telemetry.daemon.diagnosis.rules.base import Finding, Rule, finite, step_of, t_of
+
+
+class GpuUtilWindow:
+    """GPU utilization samples (all GPUs seen) of the last window_s seconds."""
+
+    def __init__(self, window_s: float) -> None:
+        self.window_s = window_s
+        self._samples: deque[tuple[float, float]] = deque()
+
+    def add(self, record: dict) -> None:
+        util = finite(record.get("values"), "gpu/util_percent")
+        if util is None:
+            return
+        t = t_of(record)
+        self._samples.append((t, util))
+        self._prune(t)
+
+    def _prune(self, now: float) -> None:
+        while self._samples and self._samples[0][0] < now - self.window_s:
+            self._samples.popleft()
+
+    def mean(self, now: float) -> tuple[float, int]:
+        """(mean utilization %, number of samples) over [now - window_s, now]."""
+        self._prune(now)
+        vals = [u for _, u in self._samples]
+        return (sum(vals) / len(vals), len(vals)) if vals else (0.0, 0)
+
+
+class _LowUtilRule(Rule):
+    kinds = frozenset({"gpu", "metrics"})
+    aggregated_only = after_warmup = True
+
+    def __init__(self, cfg: DiagnosisConfig) -> None:
+        super().__init__(cfg)
+        self.window = GpuUtilWindow(cfg.gpu_util_window_s)
+        self.gpu_seen = False       # any GPU sample at all: without one, utilization is unknown
+
+    def consume(self, record: dict) -> list[Finding]:
+        if record.get("kind") == "gpu":
+            self.gpu_seen = True
+            self.window.add(record)
+            return []
+        ratio = finite(record.get("values"), "perf/data_loading_ratio")
+        if ratio is None or not self._ratio_matches(ratio):
+            return []
+        t = t_of(record)
+        if not self.gpu_seen:
+            return self._without_gpu(ratio, record)
+        util, n = self.window.mean(t)
+        if n < self.cfg.gpu_util_min_samples or util >= self.cfg.gpu_util_low_percent:
+            return []
+        data = {"gpu_util_percent": round(util, 1), "data_loading_ratio": round(ratio, 3),
+                "step": step_of(record), "window_s": self.cfg.gpu_util_window_s}
+        return [Finding("run", self._message(util, ratio, step_of(record)), t, data=data)]
+
+    def _without_gpu(self, ratio: float, record: dict) -> list[Finding]:
+        """No GPU samples (a CPU run, or GPU polling off): judge by the data-loading ratio alone."""
+        return []
+
+    def _ratio_matches(self, ratio: float) -> bool:
+        raise NotImplementedError
+
+    def _message(self, util: float, ratio: float, step: int | None) -> str:
+        raise NotImplementedError
+
+
+class DataBound(_LowUtilRule):
+    """GPU utilization under gpu_util_low_percent while data loading is >= data_loading_ratio_high;
+    with no GPU samples at all (a CPU run, GPU polling off), the data-loading ratio alone."""
+
+    name = "data_bound"
+
+    def _without_gpu(self, ratio: float, record: dict) -> list[Finding]:
+        step = step_of(record)
+        msg = (f"data-bound at step {step}: data loading takes {ratio:.0%} of the step (no GPU utilization "
+               f"known); the input pipeline is the bottleneck (more DataLoader workers, pin_memory, "
+               f"prefetching, pre-tokenized data)")
+        return [Finding("run", msg, t_of(record), data={
+            "gpu_util_percent": None, "data_loading_ratio": round(ratio, 3), "step": step})]
+
+    def _ratio_matches(self, ratio: float) -> bool:
+        return ratio >= self.cfg.data_loading_ratio_high
+
+    def _message(self, util: float, ratio: float, step: int | None) -> str:
+        return (f"data-bound at step {step}: GPU utilization averages {util:.0f}% over the last "
+                f"{self.cfg.gpu_util_window_s:.0f} s while data loading takes {ratio:.0%} of the step; "
+                f"the input pipeline is the bottleneck (more DataLoader workers, pin_memory, prefetching, "
+                f"pre-tokenized data)")
+
+
+class LaunchBound(_LowUtilRule):
+    """GPU utilization under gpu_util_low_percent with data loading < data_loading_ratio_low."""
+
+    name = "launch_bound"
+
+    def _ratio_matches(self, ratio: float) -> bool:
+        return ratio < self.cfg.data_loading_ratio_low
+
+    def _message(self, util: float, ratio: float, step: int | None) -> str:
+        return (f"GPU underused at step {step}: utilization averages {util:.0f}% over the last "
+                f"{self.cfg.gpu_util_window_s:.0f} s although data loading is only {ratio:.0%} of the step; "
+                f"the GPU waits on the CPU side (kernel-launch overhead, Python work, host-device syncs "
+                f"such as .item()) or the batch is too small (larger micro-batch, torch.compile / CUDA graphs)")

@@ -1,0 +1,287 @@
+"""The sink interface and the thread that runs each sink behind its own bounded queue.
+
+A sink consumes output records: `Out` tuples holding the record as a dict (the JSONL schema)
+and its JSON bytes, encoded once by the daemon. A sink never runs on the daemon's thread: a slow
+or failing W&B costs its own queue, never ingest or the JSONL sink. When a queue is full the
+newest batch's records are dropped and counted.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from typing import NamedTuple
+
+log = logging.getLogger("telemetry.daemon.sinks")
+
+
+
+class StartupError(Exception):
+    """The daemon cannot run as asked (its source of truth cannot be written, its log dir is not
+    a writable directory): said before "ready", and `telemetry daemon` exits 2."""
+
+class Out(NamedTuple):
+    kind: str        # "metrics", "gpu", "system", "event", "daemon", "hello"
+    record: dict     # exactly what the JSONL line holds
+    line: bytes      # the JSON encoding of `record`, without a newline
+
+
+class Sink:
+    """One destination. Called from its runner's thread only, so it needs no locks."""
+
+    name = "sink"
+
+    def start(self) -> None:
+        """Open files, sockets, connections. Runs on the sink's thread."""
+
+    def consume(self, batch: list[Out]) -> None:
+        raise NotImplementedError
+
+    def flush(self) -> None:
+        """Push buffered data to its destination; called on the flush interval and at close."""
+
+    def close(self) -> None:
+        """Release everything. Called once, after the last flush."""
+
+    def stats(self) -> dict:
+        return {}
+
+
+# The most records a sink is handed at once: under a backlog, the unit in which a sink abandoned
+# at the drain deadline stops (what it never got to is then counted, exactly).
+MAX_BATCH = 8192
+
+
+class SinkRunner:
+    """Runs one sink on its own thread, fed through a bounded queue of records."""
+
+    def __init__(self, sink: Sink, max_queued: int = 100_000, flush_interval_s: float = 1.0,
+                 downsampler=None, max_share: float = 1.0) -> None:
+        """max_share: the fraction of the time this sink's thread may spend consuming; after a
+        batch that took t, it waits t * (1 - max_share) / max_share. Python threads share one
+        interpreter lock, so a sink that is always busy (a backlog) takes it from the daemon's
+        thread half the time; one held to a share drops (counted) what it cannot get to."""
+        if not 0 < max_share <= 1:
+            raise ValueError(f"max_share must be in (0, 1], got {max_share}")
+        self.sink = sink
+        self.name = sink.name
+        self.max_queued = max_queued
+        self.flush_interval_s = flush_interval_s
+        self.downsampler = downsampler
+        self.max_share = max_share
+        self._stop_event = threading.Event()   # set by request_stop; also wakes a share's wait
+        self._abandoned = False                # set by abandon: stop after the batch in hand
+        self._in_hand = 0                      # records of the batch the sink is consuming now
+        self._batches: deque[list[Out]] = deque()
+        self._num_queued = 0
+        self._cond = threading.Condition()
+        self._thread = threading.Thread(target=self._run, name=f"sink-{self.name}", daemon=True)
+        self._started = threading.Event()
+        self.start_error: BaseException | None = None
+        self.num_in = 0
+        self.num_written = 0
+        self.num_dropped = 0
+        self.num_errors = 0
+        self.last_error = ""
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def wait_started(self, timeout_s: float) -> bool:
+        return self._started.wait(timeout_s)
+
+    def put(self, batch: list[Out]) -> None:
+        """Hand a batch to the sink; never blocks. Thread-safe."""
+        with self._cond:
+            room = self.max_queued - self._num_queued
+            if room <= 0:
+                self.num_dropped += len(batch)
+                return
+            if len(batch) > room:
+                self.num_dropped += len(batch) - room
+                batch = batch[:room]
+            self._batches.append(batch)
+            self._num_queued += len(batch)
+            self.num_in += len(batch)
+            self._cond.notify()
+
+    def queued(self) -> int:
+        return self._num_queued
+
+    def _take(self, timeout_s: float) -> list[Out] | None:
+        """What is queued, up to MAX_BATCH records or one queued batch, whichever is more, as one
+        batch (None if nothing came within `timeout_s`, or once abandoned)."""
+        with self._cond:
+            if not self._batches and not self._stop_event.is_set():
+                self._cond.wait(timeout_s)
+            if not self._batches or self._abandoned:
+                return None
+            batches = self._batches
+            batch = batches.popleft()
+            if batches and len(batch) < MAX_BATCH:
+                batch = list(batch)
+                while batches and len(batch) + len(batches[0]) <= MAX_BATCH:
+                    batch += batches.popleft()
+            self._num_queued -= len(batch)
+            self._in_hand = len(batch)
+            return batch
+
+    def _run(self) -> None:
+        try:
+            self.sink.start()
+        except BaseException as exc:  # a sink that cannot start must not take the daemon down
+            self.start_error = exc
+            self.last_error = f"start: {exc!r}"
+            self.num_errors += 1
+            log.error("sink %s failed to start: %r; its records will be dropped", self.name, exc)
+            self._started.set()
+            self._discard_forever()
+            return
+        self._started.set()
+        next_flush = time.monotonic() + self.flush_interval_s
+        while not self._abandoned:
+            batch = self._take(max(0.0, next_flush - time.monotonic()))
+            if batch:
+                t0 = time.perf_counter()
+                if self.downsampler is not None:
+                    batch = self.downsampler.feed(batch)
+                self._consume(batch)
+                self._in_hand = 0
+                if self.max_share < 1:
+                    self._stop_event.wait((time.perf_counter() - t0) * (1 - self.max_share) / self.max_share)
+            now = time.monotonic()
+            if now >= next_flush:
+                if self.downsampler is not None:
+                    self._consume(self.downsampler.poll(now))
+                self._call("flush")
+                next_flush = now + self.flush_interval_s
+            if batch is None and self._stop_event.is_set():
+                break
+        if self._abandoned:
+            return
+        if self.downsampler is not None:
+            self._consume(self.downsampler.flush())
+        self._call("flush")
+        self._call("close")
+
+    def _consume(self, batch: list[Out]) -> None:
+        if not batch:
+            return
+        try:
+            self.sink.consume(batch)
+            self.num_written += len(batch)
+        except Exception as exc:
+            self.num_errors += 1
+            self.num_dropped += len(batch)
+            if self.num_errors == 1 or self.num_errors % 1000 == 0:  # never log per item
+                log.error("sink %s failed (%d errors so far): %r", self.name, self.num_errors, exc)
+            self.last_error = repr(exc)
+
+    def _call(self, method: str) -> None:
+        try:
+            getattr(self.sink, method)()
+        except Exception as exc:
+            self.num_errors += 1
+            self.last_error = f"{method}: {exc!r}"
+            log.error("sink %s %s failed: %r", self.name, method, exc)
+
+    def _discard_forever(self) -> None:
+        while True:
+            batch = self._take(1.0)
+            if batch:
+                self.num_dropped += len(batch)
+                self._in_hand = 0
+            elif self._stop_event.is_set():
+                return
+
+    def request_stop(self) -> None:
+        """Ask the thread to finish what is queued, flush and close; returns at once."""
+        with self._cond:
+            self._stop_event.set()
+            self._cond.notify()
+
+    def close(self, timeout_s: float) -> bool:
+        """Stop after draining what is queued; True if the thread finished within `timeout_s`.
+        Safe to call twice; a thread that never started counts as finished."""
+        self.request_stop()
+        if not self._thread.is_alive():
+            return True
+        self._thread.join(timeout_s)
+        return not self._thread.is_alive()
+
+    def abandon(self, grace_s: float) -> None:
+        """Past the drain deadline: the sink takes no more batches; whatever it has not written
+        is counted as dropped. A sink still in a batch after `grace_s` (hung) has that batch
+        counted too, so the count is exact for a slow sink and an upper bound for a hung one."""
+        with self._cond:
+            self._abandoned = True
+            self._cond.notify()
+        self._thread.join(grace_s)
+        with self._cond:
+            self.num_dropped += self._num_queued + (self._in_hand if self._thread.is_alive() else 0)
+            self._num_queued = 0
+            self._batches.clear()
+
+    def stats(self) -> dict:
+        s = {"in": self.num_in, "written": self.num_written, "dropped": self.num_dropped,
+             "queued": self._num_queued, "errors": self.num_errors}
+        if self.last_error:
+            s["last_error"] = self.last_error
+        s.update(self.sink.stats())
+        return s
+
+
+class InlineRunner(SinkRunner):
+    """Runs a sink that can never block (PUB: libzmq queues per subscriber on its own I/O thread
+    and drops for a slow one) directly on the daemon's thread: no thread hop, so records reach
+    subscribers with the lowest latency. Same counters and lifecycle as SinkRunner."""
+
+    def __init__(self, sink: Sink, max_queued: int = 100_000, flush_interval_s: float = 1.0,
+                 downsampler=None) -> None:
+        self.sink = sink
+        self.name = sink.name
+        self.max_queued = max_queued
+        self.downsampler = downsampler
+        self.num_in = self.num_written = self.num_dropped = self.num_errors = 0
+        self.last_error = ""
+        self.start_error = None
+        self._num_queued = 0
+        self._started = False
+        self._closed = False
+
+    def start(self) -> None:
+        try:
+            self.sink.start()
+            self._started = True
+        except Exception as exc:
+            self.start_error = exc
+            self.last_error = f"start: {exc!r}"
+            self.num_errors += 1
+            log.error("sink %s failed to start: %r; its records will be dropped", self.name, exc)
+
+    def wait_started(self, timeout_s: float) -> bool:
+        return True
+
+    def put(self, batch: list[Out]) -> None:
+        self.num_in += len(batch)
+        if not self._started or self._closed:
+            self.num_dropped += len(batch)
+            return
+        if self.downsampler is not None:
+            batch = self.downsampler.feed(batch)
+        self._consume(batch)
+
+    def request_stop(self) -> None:
+        pass
+
+    def close(self, timeout_s: float) -> bool:
+        if self._closed:
+            return True
+        self._closed = True
+        if self._started:
+            if self.downsampler is not None:
+                self._consume(self.downsampler.flush())
+            self._call("flush")
+            self._call("close")
+        return True

@@ -1,0 +1,256 @@
+"""Forward a node's aggregated records to the head node's daemon (multi-node runs).
+
+One daemon per node aggregates its local ranks; this sink sends the node's per-step records on
+to the head daemon as ordinary protocol records, so the head sees one "rank" per node:
+
+    node daemon (ranks of node n) --PUSH, TCP + CURVE, heartbeats--> head daemon's remote ingest
+      metrics (aggregated, no "rank")  -> metrics record, rank = node_rank
+      event                            -> event record, data gains "rank" (the original rank)
+      daemon (the node's counters)     -> event "node_daemon": a visible heartbeat at the head
+      hello (the first of the node)    -> hello with world_size = num_nodes, node_rank, and
+                                          peak_flops = device peak x ranks per node (for MFU)
+      gpu, system                      -> stay on the node unless listed in `kinds`
+
+Loss accounting is the protocol's: this sink is one `src` with its own seq and in-band drop
+count, so the head reports exactly what it lost from each node. During a head outage ZeroMQ
+keeps up to `max_buffered` records in the socket (its SNDHWM) and sends them once the head is
+back (it reconnects by itself, every `reconnect_ivl_s` up to `reconnect_ivl_max_s`); beyond
+that records are dropped and counted. ZMTP heartbeats (`heartbeat_ivl_s`, `heartbeat_timeout_s`)
+detect a head that vanished without closing its connection (a partition, a dead host).
+
+Across nodes the head's reductions combine node aggregates: sums of sums and max of max are
+exact; the mean of node means equals the global mean when every node has the same number of
+ranks (the usual torchrun/SLURM layout); with unequal nodes it is a mean of node means.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import socket as _socket
+import time
+from dataclasses import dataclass, field
+
+import msgspec
+import zmq
+
+from protocol import KIND_EVENT, KIND_HELLO, KIND_METRICS, PROTOCOL_VERSION, encode_bye
+from telemetry.daemon.sinks.base import Out, Sink
+from telemetry.daemon.sinks.config import SinkConfig
+
+log = logging.getLogger("telemetry.daemon.sinks.forward")
+
+FORWARD_KINDS = ("metrics", "event", "hello", "daemon", "gpu", "system")
+
+
+@dataclass(kw_only=True, slots=True)
+class ForwardConfig(SinkConfig):
+    """The daemon's `forward:` config section (a node daemon's link to the head); loaded with the
+    rest of the daemon config (telemetry.daemon.config), which names a bad key."""
+
+    endpoint: str = ""                 # the head daemon's remote ingest, tcp://HEAD:PORT
+    node_rank: int = 0
+    num_nodes: int = 1
+    server_public_key: str = ""        # the head's NAME.key (telemetry keygen); "" = no CURVE
+    client_secret_key: str = ""        # this node's NAME.key_secret, allow-listed on the head
+    max_buffered: int = 10_000         # records held for the head during an outage, then dropped
+    heartbeat_ivl_s: float = 1.0
+    heartbeat_timeout_s: float = 5.0
+    reconnect_ivl_s: float = 0.1
+    reconnect_ivl_max_s: float = 2.0
+    close_linger_s: float = 2.0        # at drain, how long queued records may take to reach the head
+    kinds: list[str] = field(default_factory=lambda: ["metrics", "event", "hello", "daemon"])
+    # And SinkConfig's knobs for its runner, whose queue sits in front of the socket's buffer.
+
+    def __post_init__(self) -> None:
+        from telemetry.shared.endpoints import is_loopback, normalize
+
+        SinkConfig.__post_init__(self)
+
+        if not self.endpoint.startswith("tcp://"):
+            raise ValueError(f"forward.endpoint {self.endpoint!r}: expected tcp://HEAD:PORT")
+        self.endpoint = normalize(self.endpoint)
+        if self.num_nodes < 1:
+            raise ValueError(f"forward.num_nodes must be >= 1, got {self.num_nodes}")
+        if not 0 <= self.node_rank < self.num_nodes:
+            raise ValueError(f"forward.node_rank must be in 0..{self.num_nodes - 1}, got {self.node_rank}")
+        if bool(self.server_public_key) != bool(self.client_secret_key):
+            raise ValueError("forward.server_public_key and forward.client_secret_key go together")
+        if not self.server_public_key and not is_loopback(self.endpoint):
+            raise ValueError(f"forward.endpoint {self.endpoint} is beyond loopback: set "
+                             "forward.server_public_key and forward.client_secret_key (CURVE)")
+        for k in self.kinds:
+            if k not in FORWARD_KINDS:
+                raise ValueError(f"forward.kinds: {k!r} is not one of {', '.join(FORWARD_KINDS)}")
+        if self.max_buffered < 1:
+            raise ValueError(f"forward.max_buffered must be >= 1, got {self.max_buffered}")
+        for name in ("heartbeat_ivl_s", "heartbeat_timeout_s", "reconnect_ivl_s", "reconnect_ivl_max_s"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"forward.{name} must be > 0")
+        if self.close_linger_s < 0:
+            raise ValueError(f"forward.close_linger_s must be >= 0, got {self.close_linger_s}")
+
+
+class ForwardSink(Sink):
+    name = "forward"
+
+    def __init__(self, cfg: ForwardConfig) -> None:
+        self.cfg = cfg
+        self.src = int.from_bytes(os.urandom(8), "little") >> 1
+        self.host = _socket.gethostname()
+        self._enc = msgspec.msgpack.Encoder()
+        self._sock: zmq.Socket | None = None
+        self._ctx: zmq.Context | None = None
+        self._kinds = frozenset(cfg.kinds)
+        self._hello_sent_with_model = False
+        self._rank_info: dict = {}
+        self._mon: zmq.Socket | None = None
+        self.num_connects = 0
+        self.num_disconnects = 0
+        self.seq = 0
+        self.num_sent = 0
+        self.num_dropped = 0
+        self.curve = False
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    def start(self) -> None:
+        from telemetry.shared.security.curve import apply_client_curve
+
+        c = self.cfg
+        self._ctx = zmq.Context(1)
+        s = self._ctx.socket(zmq.PUSH)
+        s.setsockopt(zmq.SNDHWM, c.max_buffered)
+        s.setsockopt(zmq.LINGER, int(c.close_linger_s * 1000))
+        s.setsockopt(zmq.HEARTBEAT_IVL, int(c.heartbeat_ivl_s * 1000))
+        s.setsockopt(zmq.HEARTBEAT_TIMEOUT, int(c.heartbeat_timeout_s * 1000))
+        s.setsockopt(zmq.HEARTBEAT_TTL, int(c.heartbeat_timeout_s * 1000))
+        s.setsockopt(zmq.RECONNECT_IVL, int(c.reconnect_ivl_s * 1000))
+        s.setsockopt(zmq.RECONNECT_IVL_MAX, int(c.reconnect_ivl_max_s * 1000))
+        # Never explicitly: passing keys here, not the environment, keeps a node's rank-side keys
+        # and its forwarding keys separate.
+        self.curve = apply_client_curve(s, c.server_public_key or None, c.client_secret_key or None) \
+            if c.server_public_key else False
+        # Watch the link: a restarted head gets this node's hello again on reconnect.
+        self._mon = s.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED)
+        s.connect(c.endpoint)
+        self._sock = s
+        # Announce the node at once, so the head expects it before its first step arrives.
+        self._send(KIND_HELLO, (self._node_info({}),))
+
+    def consume(self, batch: list[Out]) -> None:
+        self._check_link()
+        kinds = self._kinds
+        node = self.cfg.node_rank
+        for o in batch:
+            kind = o.kind
+            if kind not in kinds:
+                continue
+            rec = o.record
+            if kind == "metrics":
+                if "rank" in rec:
+                    continue  # per-rank records stay on the node
+                self._send(KIND_METRICS, (rec["step"], _numbers(rec["values"])), _t_ns(rec))
+            elif kind == "event":
+                self._send(KIND_EVENT, (rec.get("name") or "event",
+                                        {**rec.get("data", {}), "rank": rec.get("rank"), "node_rank": node}),
+                           _t_ns(rec))
+            elif kind == "hello":
+                info = rec.get("info", {})
+                if not self._hello_sent_with_model and isinstance(info.get("model"), dict):
+                    self._rank_info = info
+                    self._send(KIND_HELLO, (self._node_info(info),), _t_ns(rec))
+                    self._hello_sent_with_model = True
+            else:  # daemon, gpu, system: the node's own records, as events at the head
+                name = "node_daemon" if kind == "daemon" else f"node_{kind}"
+                data = {k: v for k, v in rec.items() if k not in ("kind", "t")}
+                self._send(KIND_EVENT, (name, {**data, "node_rank": node}), _t_ns(rec))
+
+    def flush(self) -> None:
+        self._check_link()   # called about once a second, also when no records flow
+
+    def _check_link(self) -> None:
+        from zmq.utils.monitor import parse_monitor_message
+
+        mon = self._mon
+        while mon is not None and mon.poll(0):
+            try:
+                event = parse_monitor_message(mon.recv_multipart(zmq.NOBLOCK))["event"]
+            except (zmq.ZMQError, ValueError):
+                return
+            if event == zmq.EVENT_DISCONNECTED:
+                self.num_disconnects += 1
+                log.warning("lost the head daemon at %s; buffering up to %d records", self.cfg.endpoint,
+                            self.cfg.max_buffered)
+            elif event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                self.num_connects += 1
+                if self.num_connects > 1:
+                    log.warning("reconnected to the head daemon at %s", self.cfg.endpoint)
+                    self._send(KIND_HELLO, (self._node_info(self._rank_info),))
+
+    def close(self) -> None:
+        if self._sock is None:
+            return
+        self._check_link()
+        self._mon.close(linger=0)
+        self._mon = None
+        self._send_raw(encode_bye(self.src, self.cfg.node_rank, self.seq, self.num_dropped, time.time_ns(),
+                                  self.stats()))
+        self._sock.close()        # lingers up to close_linger_s for a reachable head
+        self._ctx.term()
+        self._sock = None
+
+    def stats(self) -> dict:
+        return {"sent": self.num_sent, "dropped": self.num_dropped, "seq": self.seq, "src": self.src,
+                "endpoint": self.cfg.endpoint, "curve": self.curve, "connects": self.num_connects,
+                "disconnects": self.num_disconnects}
+
+    # -- sending -------------------------------------------------------------------------------
+    def _node_info(self, rank_info: dict) -> dict:
+        c = self.cfg
+        info = {k: v for k, v in rank_info.items() if k not in ("pid", "src", "local_rank")}
+        world = rank_info.get("world_size")
+        ranks_per_node = world // c.num_nodes if isinstance(world, int) and world >= c.num_nodes else None
+        info.update({"host": self.host, "rank": c.node_rank, "node_rank": c.node_rank, "num_nodes": c.num_nodes,
+                     "world_size": c.num_nodes, "forwarded_by": "node daemon", "src": self.src})
+        if ranks_per_node:
+            info["ranks_per_node"] = ranks_per_node
+            info["global_world_size"] = world
+            peak = _device_peak(rank_info)
+            if peak:
+                # The head's MFU divides by one "device" per node: give it the node's peak.
+                info["peak_flops"] = peak * ranks_per_node
+        return info
+
+    def _send(self, kind: int, body: tuple, t_ns: int | None = None) -> None:
+        frame = self._enc.encode((kind, PROTOCOL_VERSION, self.src, self.cfg.node_rank, self.seq,
+                                  self.num_dropped, t_ns or time.time_ns(), *body))
+        self._send_raw(frame)
+
+    def _send_raw(self, frame: bytes) -> None:
+        self.seq += 1
+        try:
+            self._sock.send(frame, zmq.NOBLOCK)
+            self.num_sent += 1
+        except zmq.Again:  # the head is away and the buffer is full: drop, counted in-band
+            self.num_dropped += 1
+
+
+def _t_ns(rec: dict) -> int:
+    t = rec.get("t")
+    return int(t * 1e9) if isinstance(t, (int, float)) and t > 0 else time.time_ns()
+
+
+def _numbers(values: dict) -> dict:
+    # JSON null (a non-finite float on the node) and non-numbers cannot travel as metric values.
+    return {k: v for k, v in values.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+
+def _device_peak(info: dict) -> float | None:
+    peak = info.get("peak_flops")
+    if isinstance(peak, (int, float)) and peak > 0:
+        return float(peak)
+    try:
+        from telemetry.daemon.mfu import peak_flops
+    except ImportError:
+        return None
+    model = info.get("model") if isinstance(info.get("model"), dict) else {}
+    return peak_flops(str(info.get("device_name", "unknown")), str(model.get("dtype", "bf16")))

@@ -1,0 +1,313 @@
+"""Weights & Biases, in the daemon only: the training processes never import wandb.
+
+One W&B run per training run: its id is derived from the run name and kept in the log dir, and
+`resume="allow"`, so a restarted daemon continues the same run. `wandb` is imported on this
+sink's thread at start (about 0.7 s), never on the daemon's. The run's config comes from the
+ranks' hello records. `finish()` gets a deadline: an unreachable server must not hold up the
+daemon's exit (offline data stays on disk; `telemetry replay` or `wandb sync` uploads it later).
+
+A training script that uses `telemetry.wandb` names its run in `wandb.init(project=, name=,
+config=, group=, tags=, ...)`: that reaches this sink as the "wandb" map of a hello. So the run
+is opened when the first such hello arrives, or with the daemon's own settings at the first
+aggregated step (a trainer that says nothing of W&B), or at close; the records before that
+(pollers start before training does) wait, up to MAX_WAITING, and beyond are dropped and
+counted. With an init's hello, the run config is the init's config (flat, as in W&B), with the
+daemon's view of the run (world size, hosts, framework) under "telemetry". `run.summary[...]`
+set in a rank arrives as a "wandb/summary" event and is set on the run's summary. Keys a rank
+flattened from nested dicts ("a/b", the records' flat names) are nested again as W&B keeps
+them, from the paths a "wandb/nested" event gave. A
+`wandb.Image`, `wandb.Histogram` or `wandb.Table` logged in a rank arrives as a "wandb/media"
+event naming a file in the media directory (telemetry/shared/media.py): the sink waits for the
+file (up to MEDIA_WAIT_S), logs the W&B object built from it at the event's step as a row of its
+own, and deletes the file; a file that never came or cannot be read is counted
+(`media_failed`) and named once in the daemon's log.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import threading
+import time
+from pathlib import Path
+
+from telemetry.daemon.sinks.base import Out, Sink
+from telemetry.shared import media as shared_media
+
+log = logging.getLogger("telemetry.daemon.sinks.wandb")
+
+MODES = ("disabled", "offline", "online")
+FINISH_TIMEOUT_S = 30.0
+# Hello keys that describe one process, not the run: they stay out of the run config.
+PER_PROCESS_KEYS = frozenset({"pid", "src", "rank", "local_rank", "host"})
+_MISSING = object()
+# Records held while the run is not open yet (see the module docstring).
+MAX_WAITING = 10_000
+# What a telemetry.wandb init may name, as wandb.init's keyword arguments (text; tags a list).
+INIT_KEYS = ("project", "name", "entity", "group", "notes", "job_type", "id")
+SUMMARY_EVENT = "wandb/summary"
+NESTED_EVENT = "wandb/nested"
+# How long the sink waits for a media file the event names (the rank's writer thread writes it
+# after sending the event; on one host this takes milliseconds).
+MEDIA_WAIT_S = 10.0
+MEDIA_POLL_S = 0.01
+
+
+def init_kwargs(init: dict) -> dict:
+    """The init's names as wandb.init takes them; anything else (wrong types, unknown keys, from
+    a hello that is not telemetry.wandb's) is left out rather than fail the run's opening."""
+    out = {k: init[k] for k in INIT_KEYS if isinstance(init.get(k), str) and init[k]}
+    tags = init.get("tags")
+    if isinstance(tags, list) and tags and all(isinstance(t, str) for t in tags):
+        out["tags"] = tags
+    return out
+
+
+def stable_run_id(run_name: str) -> str:
+    return "tm-" + hashlib.sha1(run_name.encode()).hexdigest()[:12]
+
+
+class WandbSink(Sink):
+    name = "wandb"
+
+    def __init__(self, mode: str, log_dir: str | Path, run_name: str, project: str = "telemetry",
+                 entity: str | None = None, finish_timeout_s: float = FINISH_TIMEOUT_S) -> None:
+        if mode not in MODES:
+            raise ValueError(f"wandb mode {mode!r}: expected one of {', '.join(MODES)}")
+        self.mode = mode
+        self.log_dir = Path(log_dir)
+        self.run_name = run_name
+        self.project = project
+        self.entity = entity
+        self.finish_timeout_s = finish_timeout_s
+        self.run = None
+        self.run_id = ""
+        self.num_logged = 0
+        self._last_step = -1
+        self._hellos: dict[int, dict] = {}
+        self._config: dict = {}
+        self._init: dict | None = None        # the "wandb" map of the lowest rank's init hello
+        self._metric_defs: set[str] = set()
+        self._waiting: list[Out] = []
+        self.num_dropped_waiting = 0
+        self._nested: dict[str, list[str]] = {}   # flat key -> its path, from wandb/nested events
+        self.num_media_logged = 0
+        self.num_media_failed = 0
+        self._wandb = None
+
+    def start(self) -> None:
+        import wandb  # lazy: ~0.7 s, on this sink's thread
+
+        self._wandb = wandb
+
+    def _open(self) -> None:
+        """Open the W&B run: with the init's settings when a telemetry.wandb hello named them."""
+        wandb = self._wandb
+        init = init_kwargs(self._init or {})
+        id_file = self.log_dir / "wandb_run_id"
+        if init.get("id"):
+            self.run_id = str(init["id"])
+        elif id_file.exists():
+            self.run_id = id_file.read_text().strip()
+        else:
+            self.run_id = stable_run_id(self.run_name + ":" + str(self.log_dir.resolve()))
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        id_file.write_text(self.run_id + "\n")
+        kwargs = {k: init[k] for k in ("group", "tags", "notes", "job_type") if k in init}
+        self.run = wandb.init(mode=self.mode, project=init.get("project") or self.project,
+                              entity=init.get("entity") or self.entity, name=init.get("name") or self.run_name,
+                              id=self.run_id, resume="allow", dir=str(self.log_dir), reinit="create_new",
+                              settings=wandb.Settings(silent=True, console="off", x_disable_stats=True), **kwargs)
+        # Steps are training steps; host and GPU records follow wall time.
+        self.run.define_metric("train/step")
+        self.run.define_metric("*", step_metric="train/step")
+        self._update_config()
+        waiting, self._waiting = self._waiting, []
+        self._consume(waiting)
+
+    def consume(self, batch: list[Out]) -> None:
+        if self.run is None:
+            for i, o in enumerate(batch):
+                if o.kind == "hello":
+                    self._note_hello(o.record.get("rank", 0), o.record.get("info") or {})
+                    if self._init is not None:
+                        self._open()
+                        self._consume(batch[i + 1:])
+                        return
+                elif o.kind == "metrics" and "rank" not in o.record:
+                    self._open()
+                    self._consume(batch[i:])
+                    return
+                elif len(self._waiting) < MAX_WAITING:
+                    self._waiting.append(o)
+                else:
+                    self.num_dropped_waiting += 1
+            return
+        self._consume(batch)
+
+    def _consume(self, batch: list[Out]) -> None:
+        run = self.run
+        for o in batch:
+            kind = o.kind
+            rec = o.record
+            if kind == "metrics" and "rank" not in rec:
+                step = rec["step"]
+                if step < self._last_step:
+                    continue  # W&B refuses to go back in step; JSONL keeps everything
+                self._last_step = step
+                values = rec["values"]
+                if self._nested:
+                    values = self._nest(values)
+                run.log({"train/step": step, **values})
+                self.num_logged += 1
+            elif kind in ("gpu", "system", "daemon"):
+                values = rec["values"]
+                if kind == "gpu":
+                    values = {k.replace("gpu/", f"gpu{rec['gpu']}/", 1): v for k, v in values.items()}
+                run.log({"train/step": max(self._last_step, 0), **values})
+                self.num_logged += 1
+            elif kind == "hello":
+                self._note_hello(rec.get("rank", 0), rec.get("info") or {})
+                self._update_config()
+            elif kind == "event" and isinstance(rec.get("data"), dict):
+                name = rec.get("name")
+                if name == SUMMARY_EVENT:
+                    run.summary.update(self._nest(rec["data"]))
+                elif name == NESTED_EVENT and isinstance(rec["data"].get("paths"), dict):
+                    self._nested.update({k: p for k, p in rec["data"]["paths"].items()
+                                         if isinstance(p, list) and p and all(isinstance(x, str) for x in p)})
+                elif name == shared_media.EVENT:
+                    self._log_media(rec["data"])
+
+    def _nest(self, values: dict) -> dict:
+        """Keys a telemetry.wandb rank flattened from nested dicts, nested again ("a/b" ->
+        {"a": {"b": v}}), as W&B keeps them."""
+        nested = self._nested
+        out: dict = {}
+        for k, v in values.items():
+            path = nested.get(k)
+            if path is None:
+                out[k] = v
+                continue
+            node = out
+            for part in path[:-1]:
+                child = node.get(part)
+                if not isinstance(child, dict):
+                    child = node[part] = {}
+                node = child
+            node[path[-1]] = v
+        return out
+
+    def _log_media(self, data: dict) -> None:
+        step, key, path = data.get("step"), data.get("key"), None
+        try:
+            path = shared_media.media_file(data.get("file"))   # UnsafePathError: not our directory
+            if path is None or not isinstance(step, int) or not isinstance(key, str):
+                raise ValueError(f"a malformed media event: {data!r:.200}")
+            failed = path.with_name(path.name + shared_media.FAILED_SUFFIX)
+            deadline = time.monotonic() + MEDIA_WAIT_S
+            while not path.exists():
+                if failed.exists():
+                    reason = failed.read_text().strip()
+                    failed.unlink(missing_ok=True)
+                    raise ValueError(f"the rank could not write it: {reason}")
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{path} did not appear within {MEDIA_WAIT_S:.0f} s (a rank on another "
+                                       f"host, or a rank that exited first)")
+                time.sleep(MEDIA_POLL_S)
+            obj = self._media_object(str(data.get("type")), path, data.get("options") or {})
+            self.run.log({"train/step": step, **self._nest({key: obj})})
+            self.num_media_logged += 1
+        except Exception as exc:
+            self.num_media_failed += 1
+            if self.num_media_failed == 1:
+                log.error("wandb: media at key %r, step %r not logged (counted in media_failed): %s", key, step, exc)
+        finally:
+            if path is not None:
+                path.unlink(missing_ok=True)
+
+    def _media_object(self, kind: str, path: Path, options: dict):
+        """The W&B object a rank's media file stands for (telemetry/integrations/wandb_media.py)."""
+        import numpy as np
+
+        wandb = self._wandb
+        if kind == "Image":
+            source = options.get("source")
+            data: object = str(path)
+            if source in ("numpy", "torch"):
+                data = np.load(path, allow_pickle=False)
+                if source == "torch":
+                    import torch   # lazy, on this thread: W&B reads a tensor as C,H,W, an array as H,W,C
+
+                    data = torch.from_numpy(data)
+            return wandb.Image(data, mode=options.get("mode"), caption=options.get("caption"))
+        if kind == "Histogram":
+            with np.load(path, allow_pickle=False) as f:
+                if "hist" in f:
+                    return wandb.Histogram(np_histogram=(f["hist"], f["bins"]))
+                return wandb.Histogram(f["sequence"], num_bins=int(options.get("num_bins", 64)))
+        if kind == "Table":
+            doc = json.loads(path.read_text())
+            return wandb.Table(columns=doc.get("columns"), data=doc.get("data"))
+        raise ValueError(f"unknown media type {kind!r}")
+
+    def _note_hello(self, rank: int, info: dict) -> None:
+        self._hellos[rank] = info
+        inits = [r for r, h in self._hellos.items() if isinstance(h.get("wandb"), dict)]
+        if inits:
+            self._init = self._hellos[min(inits)]["wandb"]
+
+    def _update_config(self) -> None:
+        """The run config: the lowest rank's latest hello (a rank's explicit hello supersedes its
+        automatic one), without per-process keys; plus the world size and the hosts seen. With a
+        telemetry.wandb init, its config at the top level and the rest under "telemetry"."""
+        if not self._hellos:
+            return
+        base = self._hellos[min(self._hellos)]
+        cfg = {k: v for k, v in base.items() if k not in PER_PROCESS_KEYS}
+        sizes = [h.get("world_size") for h in self._hellos.values() if isinstance(h.get("world_size"), int)]
+        if sizes:
+            cfg["world_size"] = max(sizes)
+        hosts = sorted({str(h["host"]) for h in self._hellos.values() if h.get("host")})
+        if hosts:
+            cfg["hosts"] = hosts
+        if self._init is not None:
+            inits = [r for r, h in self._hellos.items() if isinstance(h.get("wandb"), dict)]
+            user = self._hellos[min(inits)].get("config")
+            rest = {k: v for k, v in cfg.items() if k not in ("config", "wandb")}
+            cfg = {**(user if isinstance(user, dict) else {}), "telemetry": rest}
+            self._define_metrics(self._init.get("metrics"))
+        changed = {k: v for k, v in cfg.items() if self._config.get(k, _MISSING) != v}
+        if changed:
+            self.run.config.update(changed, allow_val_change=True)
+            self._config.update(changed)
+
+    def _define_metrics(self, metrics: object) -> None:
+        """An init's define_metric calls: summary, goal, hidden; the x-axis stays train/step."""
+        for m in metrics if isinstance(metrics, list) else []:
+            name = m.get("name") if isinstance(m, dict) else None
+            if not isinstance(name, str) or name in self._metric_defs:
+                continue
+            self._metric_defs.add(name)
+            opts = {k: m[k] for k in ("summary", "goal", "hidden") if m.get(k) is not None}
+            self.run.define_metric(name, step_metric="train/step", **opts)
+
+    def close(self) -> None:
+        if self.run is None and self._wandb is not None and (self._waiting or self._hellos):
+            self._open()   # nothing opened it: the records that waited still go to a run
+        if self.run is None:
+            return
+        t = threading.Thread(target=self.run.finish, name="wandb-finish", daemon=True)
+        t.start()
+        t.join(self.finish_timeout_s)
+        if t.is_alive():
+            log.error("wandb finish did not return within %.0f s; its data stays in %s", self.finish_timeout_s,
+                      self.log_dir)
+        self.run = None
+
+    def stats(self) -> dict:
+        return {"mode": self.mode, "run_id": self.run_id, "logged": self.num_logged,
+                "dropped_before_open": self.num_dropped_waiting, "media_logged": self.num_media_logged,
+                "media_failed": self.num_media_failed}
+
+

@@ -1,0 +1,165 @@
+"""The W&B-shaped objects of `telemetry.wandb` that hold no logging logic: `run.config`,
+`run.summary`, their stand-ins before `wandb.init()`, and the stand-in for the parts of W&B this
+drop-in does not offer. The run that uses them: telemetry/integrations/wandb_run.py.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Iterator, Mapping
+
+
+class Error(RuntimeError):
+    """A misuse of the W&B API (W&B raises wandb.Error for the same)."""
+
+
+class Unsupported:
+    """What stands for a part of W&B this drop-in does not offer: using it (calling it, or any
+    attribute of it) raises, naming it. A stand-in rather than an AttributeError, so that
+    `hasattr(wandb, "Artifact")` in a script stays harmless, as with the real wandb."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+
+    def _refuse(self) -> NotImplementedError:
+        return NotImplementedError(f"telemetry.wandb does not support {self._name}: the daemon owns the W&B run; "
+                                   f"use the real wandb for it")
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        raise self._refuse()
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return Unsupported(f"{self._name}.{name}")
+
+    def __repr__(self) -> str:
+        return f"<{self._name}: not supported by telemetry.wandb>"
+
+
+class PreInit:
+    """`wandb.config` and `wandb.summary` before `wandb.init()`: any use raises, as in W&B."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+
+    def _refuse(self, what: str) -> Error:
+        return Error(f"You must call wandb.init() before wandb.{self._name}{what}")
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        raise self._refuse("." + name)
+
+    def __getitem__(self, key: str) -> Any:
+        raise self._refuse(f"[{key!r}]")
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        raise self._refuse(f"[{key!r}]")
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "_name":
+            object.__setattr__(self, name, value)
+        else:
+            raise self._refuse("." + name)
+
+
+class _Items:
+    """The read side of run.config and run.summary: a mapping over `_items`."""
+
+    _items: dict[str, Any]
+
+    def __getitem__(self, key: str) -> Any:
+        return self._items[key]
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._items
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._items)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self._items.get(key, default)
+
+    def keys(self):
+        return self._items.keys()
+
+    def items(self):
+        return self._items.items()
+
+    def values(self):
+        return self._items.values()
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self._items)
+
+
+class Config(_Items):
+    """`run.config`: a dict with attribute access; every change goes to the daemon's W&B run."""
+
+    def __init__(self, on_change: Callable[[], None]) -> None:
+        object.__setattr__(self, "_items", {})
+        object.__setattr__(self, "_on_change", on_change)
+
+    def update(self, d: Any = None, allow_val_change: bool = False, **kwargs: Any) -> None:
+        items = self._items
+        for k, v in {**config_dict(d), **kwargs}.items():
+            if k in items and items[k] != v and not allow_val_change:
+                raise Error(f"config key {k!r} is already {items[k]!r}; pass allow_val_change=True to change it "
+                            f"to {v!r}")
+            items[k] = v
+        self._on_change()
+
+    def setdefaults(self, d: Any) -> None:
+        self.update({k: v for k, v in config_dict(d).items() if k not in self._items})
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        self.update({key: value})
+
+    def __setattr__(self, key: str, value: Any) -> None:
+        self.update({key: value})
+
+    def __getattr__(self, key: str) -> Any:
+        try:
+            return self._items[key]
+        except KeyError:
+            raise AttributeError(f"run.config has no key {key!r}") from None
+
+    def __repr__(self) -> str:
+        return f"Config({self._items!r})"
+
+
+class Summary(_Items):
+    """`run.summary`: values set here go to the W&B run's summary (W&B also keeps the last
+    logged value of each key there by itself; the daemon's run does the same)."""
+
+    def __init__(self, on_set: Callable[[dict[str, Any]], None],
+                 flatten_with_paths: Callable[[Mapping[str, Any]], dict[str, Any]]) -> None:
+        self._items: dict[str, Any] = {}
+        self._on_set = on_set
+        self._flatten = flatten_with_paths
+
+    def update(self, d: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
+        values = self._flatten({**(d or {}), **kwargs})
+        self._items.update(values)
+        self._on_set(values)
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        self.update({key: value})
+
+    def __repr__(self) -> str:
+        return f"Summary({self._items!r})"
+
+
+def config_dict(d: Any) -> dict[str, Any]:
+    """A config as W&B takes it (None, a mapping, a Config, an argparse.Namespace) as a dict."""
+    if d is None:
+        return {}
+    if isinstance(d, Mapping):
+        return dict(d)
+    if isinstance(d, Config):
+        return d.as_dict()
+    if hasattr(d, "__dict__"):   # argparse.Namespace and the like, as W&B takes them
+        return {k: v for k, v in vars(d).items() if not k.startswith("_")}
+    raise TypeError(f"config must be a dict or an argparse.Namespace, got {type(d).__name__}")

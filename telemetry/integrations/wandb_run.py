@@ -1,0 +1,310 @@
+"""The run behind `telemetry.wandb`: W&B's logging semantics over a TelemetryClient.
+
+Runs inside the training process, on the thread that trains. What W&B would do in the process
+(build history rows, serialize, talk to its service) happens in the daemon instead: here a log
+call only flattens the dict, keeps W&B's step and commit rules, and hands a committed row to
+TelemetryClient.log (tensors are read on the client's sender thread, never here).
+
+W&B's rules, as wandb 0.31 applies them (checked against real offline runs in
+tests/test_wandb_module.py and tests/test_wandb_dropin.py):
+- `log(data)`: merge into the current step's row, commit it, advance the step by one;
+- `log(data, commit=False)`: merge, do not commit (a later log commits the row);
+- `log(data, step=s)`: s above the current step commits the pending row and moves to s; s
+  below it is dropped with W&B's warning; the row at s is not committed unless commit=True;
+- nested dicts become "a/b" keys in the records (the daemon's flat names); W&B keeps them nested
+  (its UI shows "a.b"), so each such key's path is sent once (a `wandb/nested` event) and the
+  daemon's W&B sink logs the value nested again, as W&B would have.
+
+Across ranks: every rank may log. The hello names how many ranks log: a rank above 0 that calls
+init says "every rank" (the world size), rank 0 alone says 1, so the daemon never waits for a
+rank that will not log (the usual `if rank == 0: wandb.init(...)`), and means every rank's
+values when they all log. This relies on every logging rank's init (its hello) reaching the
+daemon before rank 0's first row does, which a data-parallel script ensures: its first
+gradient all-reduce waits for every rank, and each rank calls init before training.
+
+`wandb.Image`, `wandb.Histogram` and `wandb.Table` are passed through: a snapshot is queued for a
+writer thread that writes it to a file, and a `wandb/media` event names the file, the key and the
+step; the daemon's W&B sink logs the real object (telemetry/integrations/wandb_media.py). Other
+media types, strings and the like are refused with one warning per type, counted
+(`Run.num_refused`), and reported once per type to the daemon as a `wandb/refused` event.
+"""
+from __future__ import annotations
+
+import atexit
+import os
+import warnings
+import weakref
+from typing import Any, Mapping
+
+from telemetry.integrations._client import LazyClient, process_rank
+from telemetry.integrations.wandb_objects import Config, Error, Summary, Unsupported
+from telemetry.integrations.wandb_media import Media, MediaWriter
+from telemetry.shared.media import EVENT as MEDIA_EVENT
+
+SUMMARY_EVENT = "wandb/summary"
+REFUSED_EVENT = "wandb/refused"
+NESTED_EVENT = "wandb/nested"
+
+# Run methods of W&B that this run does not offer: calling one raises, naming it.
+UNSUPPORTED_RUN_METHODS = frozenset({
+    "alert", "save", "restore", "log_artifact", "use_artifact", "link_artifact", "log_model",
+    "use_model", "link_model", "log_code", "upsert_artifact", "mark_preempting", "status",
+    "to_html", "display", "unwatch", "project_name", "get_url", "get_project_url", "get_sweep_url",
+    "url", "sweep_id", "log_dir", "files_dir", "plot_table", "finish_artifact"})
+
+
+# Runs not finished yet: finished at exit, as W&B does, so a pending row is sent.
+_unfinished: "weakref.WeakSet[Run]" = weakref.WeakSet()
+_exit_hook_registered = False
+
+
+def flatten(data: Mapping[str, Any], nested: dict[str, tuple[str, ...]] | None = None,
+            path: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Nested dicts as "a/b" keys; other values as they are. `nested` gets the path of each key
+    that came from nesting ("a/b" -> ("a", "b")), for the daemon's W&B run to nest it again."""
+    out: dict[str, Any] = {}
+    prefix = "".join(p + "/" for p in path)
+    for k, v in data.items():
+        if not isinstance(k, str):
+            raise TypeError("Key values passed to `wandb.log` must be strings.")
+        if isinstance(v, Mapping):
+            out.update(flatten(v, nested, path + (k,)))
+        else:
+            out[prefix + k] = v
+            if path and nested is not None:
+                nested[prefix + k] = path + (k,)
+    return out
+
+
+def refusal(value: Any) -> str | None:
+    """None for a value the daemon takes (a number, a one-element tensor, a numpy scalar), else
+    the name of its type for the warning. Reads no tensor value: numel() is metadata."""
+    c = value.__class__
+    if c is float or c is int or c is bool:
+        return None
+    if hasattr(value, "detach"):
+        if value.numel() == 1:
+            return None
+        return f"{c.__name__} with {value.numel()} elements (W&B makes a histogram of it: log wandb.Histogram(...) to pass one)"
+    if hasattr(value, "dtype") and getattr(value, "shape", None) == ():   # numpy scalar
+        return None
+    if isinstance(value, Media) or (c.__module__ or "").startswith("wandb"):
+        return f"wandb.{c.__name__}"
+    return c.__name__
+
+
+class Run:
+    """A W&B-like run whose rows go to the telemetry daemon (see the module docstring).
+
+    Args:
+        project, name, entity, group, tags, notes, job_type, id: what the daemon's W&B sink opens
+            the real run with.
+        config: the starting config (dict or argparse.Namespace).
+        client: a TelemetryClient to use (its owner closes it); None: one of its own, on
+            `endpoint` (None: $TELEMETRY_ENDPOINT or the default).
+        rank, world_size: this process's; None: torch.distributed's, else $RANK/$WORLD_SIZE.
+        framework: named in the hello ("wandb", "accelerate").
+    """
+
+    def __init__(self, project: str | None = None, name: str | None = None, config: Any = None,
+                 entity: str | None = None, group: str | None = None, tags: Any = None,
+                 notes: str | None = None, job_type: str | None = None, id: str | None = None,
+                 dir: str | None = None, mode: str = "online", client: Any = None, endpoint: str | None = None,
+                 rank: int | None = None, world_size: int | None = None, framework: str = "wandb") -> None:
+        env_rank, env_world = process_rank()
+        if rank is None and client is not None:
+            rank = getattr(client, "rank", None)    # the caller's client knows its rank
+        self.rank = env_rank if rank is None else rank
+        self.world_size = env_world if world_size is None else world_size
+        self.project = project
+        self.name = name or os.environ.get("TELEMETRY_RUN_NAME") or ""
+        self.entity = entity
+        self.group = group
+        self.tags = tuple(tags or ())
+        self.notes = notes
+        self.job_type = job_type
+        self.id = id or ""
+        self.dir = dir
+        self.mode = mode
+        self.framework = framework
+        self.num_refused: dict[str, int] = {}
+        self._step = 0
+        self._pending: dict[str, Any] = {}
+        self._metrics: list[dict[str, Any]] = []
+        self._warned: set[str] = set()
+        self._finished = False
+        self._media = MediaWriter()
+        self._nested_sent: set[str] = set()
+        self._client = LazyClient(client, endpoint, rank=self.rank, send_hello=False)
+        self.config = Config(self._send_hello)
+        self.summary = Summary(self._send_summary, self._flatten)
+        # The first hello, with the starting config: the daemon's W&B sink opens the run with it.
+        self.config.update(config)
+        _unfinished.add(self)
+        _register_exit_hook()
+
+    # -- logging -------------------------------------------------------------------------------
+    @property
+    def step(self) -> int:
+        """The current W&B step (the step of the row being filled)."""
+        return self._step
+
+    def log(self, data: Mapping[str, Any], step: int | None = None, commit: bool | None = None) -> None:
+        """wandb.log: see the module docstring for the step and commit rules. Never blocks."""
+        if self._finished:
+            raise Error("wandb.log called on a finished run; call wandb.init() for a new one")
+        if not isinstance(data, Mapping):
+            raise TypeError("wandb.log must be passed a dictionary")
+        if step is not None:
+            if step < self._step:
+                warnings.warn(f"Tried to log to step {step} that is less than the current step {self._step}. "
+                              f"Steps must be monotonically increasing, so this data will be ignored.",
+                              RuntimeWarning, stacklevel=3)
+                return
+            if step > self._step:
+                self._commit()
+                self._step = step
+        pending = self._pending
+        for k, v in self._flatten(data).items():
+            why = refusal(v)
+            if why is None:
+                pending[k] = v
+            elif isinstance(v, Media) and v.passthrough:
+                self._send_media(k, v)
+            else:
+                self._refuse(k, why)
+        if (step is None and commit is None) or commit:
+            self._commit()
+            self._step += 1
+
+    def _commit(self) -> None:
+        if self._pending:
+            self._client.get().log(self._step, self._pending)
+            self._pending = {}
+
+    def _flatten(self, data: Mapping[str, Any]) -> dict[str, Any]:
+        """flatten(), telling the daemon once of each key that came from nesting."""
+        nested: dict[str, tuple[str, ...]] = {}
+        flat = flatten(data, nested)
+        if nested:
+            new = {k: list(p) for k, p in nested.items() if k not in self._nested_sent}
+            if new:
+                self._nested_sent.update(new)
+                self._client.get().event(NESTED_EVENT, {"paths": new})
+        return flat
+
+    def _send_media(self, key: str, media: Media) -> None:
+        from telemetry.client.core import DisabledClient
+
+        client = self._client.get()
+        if isinstance(client, DisabledClient):
+            return    # mode="disabled" or $TELEMETRY_DISABLED: no daemon would take the file
+        queued = self._media.submit(media)
+        if queued is None:
+            why = self._media.unusable or "the media writer's queue is full"
+            self._refuse(key, f"wandb.{type(media).__name__} ({why})")
+            return
+        name, options = queued
+        client.event(MEDIA_EVENT, {"key": key, "step": self._step, "type": type(media).__name__,
+                                               "file": name, "options": options})
+
+    def _refuse(self, key: str, why: str) -> None:
+        n = self.num_refused.get(why, 0)
+        self.num_refused[why] = n + 1
+        if n == 0:
+            warnings.warn(f"telemetry.wandb: {why} at key {key!r} is not logged: the daemon's W&B run takes "
+                          f"numbers and one-element tensors (counted in run.num_refused)", RuntimeWarning,
+                          stacklevel=4)
+            self._client.get().event(REFUSED_EVENT, {"type": why, "key": key, "step": self._step})
+
+    def define_metric(self, name: str, step_metric: str | None = None, step_sync: bool | None = None,
+                      hidden: bool | None = None, summary: str | None = None, goal: str | None = None,
+                      overwrite: bool | None = None) -> None:
+        """Summary, goal and hidden reach the daemon's W&B run; its x-axis stays the training
+        step (a `step_metric` is noted once and not applied)."""
+        if step_metric is not None:
+            self._warn_once("step_metric", f"telemetry.wandb: define_metric({name!r}, step_metric={step_metric!r}): "
+                                           f"the daemon's W&B run plots every metric against train/step")
+        self._metrics.append({k: v for k, v in (("name", name), ("summary", summary), ("goal", goal),
+                                                ("hidden", hidden)) if v is not None})
+        self._send_hello()
+
+    def watch(self, *args: Any, **kwargs: Any) -> None:
+        """A no-op: gradient and parameter histograms are not sent to the daemon (it says so once)."""
+        self._warn_once("watch", "telemetry.wandb: watch() does nothing: gradient and parameter histograms "
+                                 "are not sent to the daemon")
+
+    def finish(self, exit_code: int | None = None, quiet: bool | None = None) -> None:
+        """Send the pending row and close this run's client (bounded time). Safe twice."""
+        if self._finished:
+            return
+        self._commit()
+        self._finished = True
+        _unfinished.discard(self)
+        self._media.close()   # bounded: the files the daemon was told of get written
+        if exit_code:
+            self._client.get().event("train_end", {"status": "failed", "exit_code": exit_code})
+        self._client.close()
+
+    def __enter__(self) -> "Run":
+        return self
+
+    def __exit__(self, exc_type: Any, *exc: object) -> None:
+        self.finish(exit_code=1 if exc_type is not None else None)
+
+    def __getattr__(self, name: str) -> Any:
+        if name in UNSUPPORTED_RUN_METHODS:
+            return Unsupported(f"run.{name}")
+        raise AttributeError(f"telemetry.wandb Run has no attribute {name!r}")
+
+    # -- what the daemon hears -----------------------------------------------------------------
+    def _send_hello(self) -> None:
+        if self._finished:
+            return
+        wandb_info = {k: v for k, v in (("project", self.project), ("name", self.name), ("entity", self.entity),
+                                        ("group", self.group), ("tags", list(self.tags)), ("notes", self.notes),
+                                        ("job_type", self.job_type), ("id", self.id)) if v}
+        wandb_info["metrics"] = self._metrics
+        self._client.get().hello({
+            "framework": self.framework,
+            "config": self.config.as_dict(),
+            "wandb": wandb_info,
+            # The ranks the daemon waits for at each step: a rank above 0 that logs means every
+            # rank does; rank 0 alone promises only itself (see the module docstring).
+            "world_size": self.world_size if self.rank > 0 else 1,
+        })
+
+    def _send_summary(self, values: dict[str, Any]) -> None:
+        data = {}
+        for k, v in values.items():
+            if hasattr(v, "detach"):
+                if v.numel() != 1:
+                    self._refuse(k, refusal(v) or type(v).__name__)
+                    continue
+                # CPU-GPU sync point on a device tensor: a summary is set once, not per step.
+                v = v.item()
+            data[k] = v
+        if data and not self._finished:
+            self._client.get().event(SUMMARY_EVENT, data)
+
+    def _warn_once(self, key: str, message: str) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            warnings.warn(message, RuntimeWarning, stacklevel=3)
+
+
+def _register_exit_hook() -> None:
+    """Once, after the first run's client exists: exit hooks run last-registered first, so this
+    one sends the pending rows before the client's own hook closes the clients."""
+    global _exit_hook_registered
+    if not _exit_hook_registered:
+        _exit_hook_registered = True
+        atexit.register(_finish_all)
+
+
+def _finish_all() -> None:
+    for run in list(_unfinished):
+        try:
+            run.finish()
+        except Exception:
+            pass

@@ -1,0 +1,218 @@
+"""One config machinery for the whole repository: typed dataclass sections from YAML plus overrides.
+
+    cfg = load(DaemonConfig, "daemon.yaml", {"wandb.mode": "offline", "log_dir": None})   # flags
+    cfg = load(TrainConfig, "tiny.yaml", ["steps=20", "optim.lr=1e-4"])                    # a command line
+    sec = build(PollersConfig, {"nvml_interval_s": 2}, "pollers")                          # one section
+
+A config is a tree of `@dataclass(kw_only=True, slots=True)` sections. Each section checks its own
+values in `__post_init__` (a ValueError); this module does the rest, once for every section:
+it builds the tree from a mapping, recursing into nested sections (also `list[Section]` and
+`Section | None`), checks every value against its field's annotation (`int`, `float`, `bool`,
+`str`, `X | None`, `list[X]`, `tuple[X, ...]`, `dict[K, V]`, `Any`), and refuses unknown keys.
+Every error is a ConfigError that names the dotted key: `unknown config key 'pollers.nvml_intervl_s'`,
+`config key 'data.datasets[1].weight' must be float, got str 'x'`.
+
+YAML keys are the field names; a field whose key is a Python keyword names it in its metadata:
+`cls: str = field(default="", metadata={"key": "class"})`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+import types
+import typing
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+class ConfigError(ValueError):
+    """A config that cannot be used; the message names the dotted key. Programs exit with 2."""
+
+
+# -- building sections -----------------------------------------------------------------------------
+def build(cls: type[T], data: Any, key: str = "") -> T:
+    """Build section `cls` from a mapping; `key` is its dotted name in the whole config ("" = top)."""
+    if isinstance(data, cls):
+        return data
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"config key {key!r} must be a mapping, got {_describe(data)}" if key
+                          else f"the config must be a mapping, got {_describe(data)}")
+    fields = _fields(cls)   # YAML key -> (field name, type, required)
+    kwargs: dict[str, Any] = {}
+    for yaml_key, value in data.items():
+        dotted = _join(key, yaml_key)
+        if yaml_key not in fields:
+            raise ConfigError(f"unknown config key {dotted!r}; known keys here: {', '.join(sorted(fields))}")
+        name, hint, _ = fields[yaml_key]
+        kwargs[name] = _coerce(value, hint, dotted)
+    missing = [k for k, (name, _, required) in fields.items() if required and name not in kwargs]
+    if missing:
+        raise ConfigError(f"config key {_join(key, missing[0])!r} is required")
+    try:
+        return cls(**kwargs)
+    except (ValueError, TypeError) as exc:   # the section's own checks in __post_init__
+        msg = str(exc)
+        raise ConfigError(msg if not key or msg.startswith(key) else f"{key}: {msg}") from None
+
+
+@functools.cache
+def _fields(cls: type) -> dict[str, tuple[str, Any, bool]]:
+    hints = typing.get_type_hints(cls)
+    out = {}
+    for f in dataclasses.fields(cls):
+        if not f.init:
+            continue
+        required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        out[f.metadata.get("key", f.name)] = (f.name, hints[f.name], required)
+    return out
+
+
+def _coerce(value: Any, hint: Any, key: str) -> Any:
+    """`value` as the annotated type (ints for floats, lists for tuples), or a ConfigError naming `key`."""
+    if hint is Any:
+        return value
+    if dataclasses.is_dataclass(hint):
+        return build(hint, value, key)
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        if value == {} and type(None) in args:
+            # An optional section left empty that cannot be built empty (`forward: {}`: no
+            # endpoint) is one not given, as it meant before sections were typed.
+            try:
+                return _coerce(value, next(a for a in args if a is not type(None)), key)
+            except ConfigError:
+                return None
+        options = [a for a in args if a is not type(None)]
+        for option in options[:-1]:
+            try:
+                return _coerce(value, option, key)
+            except ConfigError:
+                pass
+        return _coerce(value, options[-1], key)
+    if hint is float:
+        if isinstance(value, str) and "e" in value.lower():
+            try:   # YAML 1.1 reads 1e-4 (an exponent without a dot) as a string: take it as meant
+                value = float(value)
+            except ValueError:
+                pass
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        raise _wrong(key, "float", value)
+    if hint is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise _wrong(key, "int", value)
+    if origin in (list, tuple) or hint in (list, tuple):
+        if not isinstance(value, (list, tuple)):
+            raise _wrong(key, "a list", value)
+        if not args:
+            return list(value) if (origin or hint) is list else tuple(value)
+        item = args[0]
+        items = [_coerce(v, item, f"{key}[{i}]") for i, v in enumerate(value)]
+        return items if origin is list else tuple(items)
+    if origin is dict or hint is dict:
+        if not isinstance(value, Mapping):
+            raise _wrong(key, "a mapping", value)
+        if not args:
+            return dict(value)
+        k_type, v_type = args
+        return {_coerce(k, k_type, f"{key} (a key)"): _coerce(v, v_type, _join(key, k)) for k, v in value.items()}
+    if isinstance(hint, type):
+        if isinstance(value, hint):
+            return value
+        raise _wrong(key, hint.__name__, value)
+    return value
+
+
+def _wrong(key: str, expected: str, value: Any) -> ConfigError:
+    return ConfigError(f"config key {key!r} must be {expected}, got {_describe(value)}")
+
+
+def _describe(value: Any) -> str:
+    text = repr(value)
+    return f"{type(value).__name__} {text if len(text) <= 60 else text[:57] + '...'}"
+
+
+def _join(prefix: str, key: Any) -> str:
+    return f"{prefix}.{key}" if prefix else str(key)
+
+
+# -- reading files and overrides --------------------------------------------------------------------
+def read_yaml(path: str | os.PathLike) -> dict[str, Any]:
+    """The mapping in a YAML file; every way a file can be unusable is a ConfigError naming it."""
+    import yaml
+
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path}: not found") from None
+    except IsADirectoryError:
+        raise ConfigError(f"config file {path}: is a directory, not a file") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"config file {path}: not YAML (not UTF-8 text)") from None
+    except OSError as exc:
+        raise ConfigError(f"config file {path}: cannot read it ({exc.strerror or exc})") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config file {path}: not valid YAML: {exc}") from None
+    if data is None:   # an empty file: every default
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path}: the top level must be a mapping, got {_describe(data)}")
+    return data
+
+
+def parse_override(item: str) -> tuple[str, Any]:
+    """`dotted.key=value` from a command line; the value is read as YAML (`lr=1e-4`, `ids=[0, 1]`)."""
+    import yaml
+
+    key, eq, text = item.partition("=")
+    if not eq:
+        raise ConfigError(f"override {item!r} is not key=value")
+    if not key or "" in key.split("."):
+        raise ConfigError(f"override {item!r} has an empty key")
+    if text == "":
+        return key, ""
+    try:
+        return key, yaml.safe_load(text)
+    except yaml.YAMLError:
+        raise ConfigError(f"override {item!r}: the value is not valid YAML (quote it)") from None
+
+
+def set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
+    """data["a"]["b"] = value for "a.b", making missing (or empty: `a:` in YAML) sections."""
+    node = data
+    parts = dotted.split(".")
+    for i, part in enumerate(parts[:-1]):
+        child = node.get(part)
+        if child is None:
+            child = node[part] = {}
+        elif not isinstance(child, dict):
+            raise ConfigError(f"config key {'.'.join(parts[:i + 1])!r} must be a mapping (to set {dotted!r}), "
+                              f"got {_describe(child)}")
+        node = child
+    node[parts[-1]] = value
+
+
+def load(cls: type[T], path: str | os.PathLike | None = None,
+         overrides: Mapping[str, Any] | Iterable[str] = ()) -> T:
+    """Build `cls` from a YAML file (None: every default) with overrides applied on top.
+
+    overrides: `key.sub=value` strings (a command line), or a mapping of dotted keys to values
+    (argparse flags; a None value is a flag not given and leaves the file's value).
+    """
+    data = read_yaml(path) if path is not None else {}
+    if isinstance(overrides, Mapping):
+        items = [(k, v) for k, v in overrides.items() if v is not None]
+    else:
+        items = [parse_override(item) for item in overrides]
+    for dotted, value in items:
+        set_dotted(data, dotted, value)
+    return build(cls, data)

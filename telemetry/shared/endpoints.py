@@ -1,0 +1,232 @@
+"""Where the sockets are: defaults shared by the client, the daemon and the consumers.
+
+Precedence: an explicit argument, then the environment ($TELEMETRY_ENDPOINT, $TELEMETRY_PUB,
+$TELEMETRY_CONTROL), then ipc sockets in a private per-run directory:
+    $TELEMETRY_RUNTIME_DIR, else /tmp/telemetry-<uid>/<run>   (mode 0700)
+where <run> is $TELEMETRY_RUN_NAME or "default". A TCP endpoint given as a bare port or
+"tcp://*:P" binds to 127.0.0.1: listening beyond loopback is an explicit choice (tcp://0.0.0.0:P).
+"""
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from pathlib import Path
+
+ENV_INGEST = "TELEMETRY_ENDPOINT"
+ENV_PUB = "TELEMETRY_PUB"
+ENV_CONTROL = "TELEMETRY_CONTROL"
+ENV_RUNTIME_DIR = "TELEMETRY_RUNTIME_DIR"
+ENV_RUN_NAME = "TELEMETRY_RUN_NAME"
+ENV_DISABLED = "TELEMETRY_DISABLED"
+
+_SOCKET_FILES = {"ingest": "ingest.sock", "pub": "pub.sock", "control": "control.sock"}
+_ENV = {"ingest": ENV_INGEST, "pub": ENV_PUB, "control": ENV_CONTROL}
+
+
+class EndpointError(ValueError):
+    pass
+
+
+class UnsafePathError(EndpointError):
+    """An ipc endpoint's directory (or socket) that another local user owns or could change."""
+
+
+def runtime_dir(create: bool = False) -> Path:
+    """The private directory holding the default ipc sockets; made 0700 when `create`.
+
+    Made and checked without following symlinks: every directory on its path must be owned by
+    this user or root and writable by nobody else (a sticky one like /tmp excepted), and the
+    directories we make must be ours and 0700; anything else raises EndpointError. Another local
+    user could otherwise swap the directory, read the records (and the hello's config) or plant
+    a socket of their own for a trainer to send to.
+    """
+    explicit = os.environ.get(ENV_RUNTIME_DIR)
+    if explicit:
+        path = Path(os.path.abspath(explicit))
+        ours = (path,)
+    else:
+        run = os.environ.get(ENV_RUN_NAME) or "default"
+        if "/" in run or run in (".", ".."):
+            raise UnsafePathError(f"${ENV_RUN_NAME} {run!r}: a run name cannot contain '/'")
+        path = Path("/tmp") / f"telemetry-{os.getuid()}" / run
+        ours = (path.parent, path)
+    if create:
+        private_dirs(*ours)
+    return path
+
+
+def private_dirs(*dirs: Path, create: bool = True) -> Path:
+    """Make `dirs` (each inside the one before) private directories of this user: their
+    ancestors checked (check_parents), each made 0700 if missing, each checked without following
+    symlinks (make_private). With create=False a missing one is left missing (nothing of anyone
+    else's can be in it). Returns the innermost. UnsafePathError for anything another user could
+    change: the runtime directory, the W&B drop-in's media directory and keygen's key directory
+    all come through here."""
+    check_parents(dirs[0])
+    for p in dirs:
+        if create:
+            try:
+                os.mkdir(p, 0o700)
+            except FileExistsError:
+                pass
+            except OSError as exc:
+                raise UnsafePathError(f"cannot make {p}: {exc.strerror}") from None
+        elif not os.path.lexists(p):
+            break
+        make_private(p)
+    return dirs[-1]
+
+
+def check_parents(path: Path) -> None:
+    """Refuse a directory whose ancestors another user could change: each must be a real
+    directory (not a symlink another user owns), owned by this user or root, and writable by
+    nobody else unless it is sticky (/tmp: others cannot rename or delete our entries there)."""
+    uid = os.getuid()
+    for parent in reversed(Path(os.path.abspath(path)).parents):
+        try:
+            st = os.lstat(parent)
+        except FileNotFoundError:
+            raise UnsafePathError(f"{parent} does not exist (needed for {path})") from None
+        if stat.S_ISLNK(st.st_mode):
+            if st.st_uid not in (uid, 0):
+                raise UnsafePathError(f"{parent} is a symlink owned by another user; refusing to use {path}")
+            check_parents(Path(os.path.realpath(parent)) / "x")
+            continue
+        if st.st_uid not in (uid, 0):
+            raise UnsafePathError(f"{parent} is owned by another user (uid {st.st_uid}), who could swap "
+                                f"{path}; refusing to use it")
+        if stat.S_IMODE(st.st_mode) & 0o022 and not st.st_mode & stat.S_ISVTX:
+            raise UnsafePathError(f"{parent} is writable by other users, who could swap {path}; "
+                                f"refusing to use it")
+
+
+def make_private(path: Path) -> None:
+    """`path` must be a directory of ours, not a symlink; it is made 0700 through a descriptor
+    opened without following links, so a link swapped in meanwhile is never chmod-ed."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError as exc:
+        what = "is a symlink or not a directory" if exc.errno in (errno.ELOOP, errno.ENOTDIR) else exc.strerror
+        raise UnsafePathError(f"{path} {what}; refusing to use it") from None
+    try:
+        st = os.fstat(fd)
+        if st.st_uid != os.getuid():
+            raise UnsafePathError(f"{path} is not owned by this user (uid {st.st_uid}); refusing to use it")
+        if stat.S_IMODE(st.st_mode) != 0o700:
+            os.fchmod(fd, 0o700)
+    finally:
+        os.close(fd)
+
+
+def check_ipc(ep: str) -> None:
+    """An ipc endpoint's directory must be private (see runtime_dir), and a socket file already
+    there must be ours: a socket in a directory others can write to could be theirs."""
+    if not ep.startswith("ipc://"):
+        return
+    sock_path = Path(os.path.abspath(ep[len("ipc://"):]))
+    directory = sock_path.parent
+    check_parents(directory)
+    try:
+        st = os.lstat(directory)
+    except FileNotFoundError:
+        return        # nothing there yet: the daemon makes it (a client's connect waits for it)
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+        raise UnsafePathError(f"{directory} is a symlink or not a directory; refusing {ep}")
+    if st.st_uid != os.getuid():
+        raise UnsafePathError(f"{directory} is not owned by this user (uid {st.st_uid}); refusing {ep}")
+    if stat.S_IMODE(st.st_mode) & 0o022:
+        raise UnsafePathError(f"{directory} is writable by other users; refusing {ep} (use a private "
+                            f"directory, e.g. the default ${ENV_RUNTIME_DIR})")
+    try:
+        st = os.lstat(sock_path)
+    except FileNotFoundError:
+        return
+    if st.st_uid != os.getuid():
+        raise UnsafePathError(f"{sock_path} belongs to another user (uid {st.st_uid}); refusing {ep}")
+
+
+# ipc paths this process serves, with the lock that keeps a second daemon off them.
+_claimed: dict[str, int] = {}
+
+
+def claim_ipc(ep: str) -> None:
+    """Before binding an ipc endpoint: take `<path>.lock` (flock, held for the process's life)
+    so that a second daemon on the same sockets refuses to start instead of silently taking them
+    over (binding unlinks the first one's socket file and orphans it). The same path given for
+    two sockets of one daemon is refused too."""
+    if not ep.startswith("ipc://"):
+        return
+    import fcntl
+
+    path = os.path.abspath(ep[len("ipc://"):])
+    if path in _claimed:
+        raise EndpointError(f"{ep} is given for two sockets; each needs its own path")
+    check_ipc(ep)
+    lock = path + ".lock"
+    try:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError as exc:
+        raise EndpointError(f"cannot open {lock}: {exc.strerror}") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+        os.close(fd)
+        raise EndpointError(f"another telemetry daemon (pid {holder}) is serving {ep}; refusing to take "
+                            f"over its sockets (stop it, or give this one other endpoints)") from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    _claimed[path] = fd
+
+
+def release_ipc(eps) -> None:
+    """Drop the claims on these endpoints (a daemon's shutdown; the process's exit does it too)."""
+    for ep in eps:
+        path = os.path.abspath(ep[len("ipc://"):]) if ep.startswith("ipc://") else None
+        fd = _claimed.pop(path, None)
+        if fd is None:
+            continue
+        try:
+            os.unlink(path + ".lock")
+        except OSError:
+            pass
+        os.close(fd)
+
+
+def resolve(which: str, explicit: str | None = None, create_dir: bool = False) -> str:
+    """The endpoint for 'ingest', 'pub' or 'control'. An ipc endpoint is checked (check_ipc)
+    for every side: the daemon binding it, a rank sending to it, a consumer attaching."""
+    ep = explicit or os.environ.get(_ENV[which])
+    ep = "ipc://" + str(runtime_dir(create=create_dir) / _SOCKET_FILES[which]) if not ep else normalize(ep)
+    check_ipc(ep)
+    return ep
+
+
+def normalize(ep: str) -> str:
+    """Accept 'PORT', 'tcp://*:PORT', 'ipc://path', 'tcp://host:port'; loopback by default."""
+    ep = ep.strip()
+    if ep.isdigit():
+        ep = f"tcp://127.0.0.1:{ep}"
+    if ep.startswith("tcp://*:"):
+        ep = "tcp://127.0.0.1:" + ep[len("tcp://*:"):]
+    if not ep.startswith(("tcp://", "ipc://", "inproc://")):
+        raise EndpointError(f"endpoint {ep!r}: expected tcp://HOST:PORT, ipc://PATH or a port number")
+    if ep.startswith("ipc://"):
+        if ep.startswith("ipc://@"):
+            raise EndpointError(f"{ep}: abstract unix sockets have no permissions (any local user can "
+                                f"connect); use ipc:///a/path in a private directory")
+        if len(ep) - len("ipc://") > 107:
+            raise EndpointError(f"ipc path too long for a unix socket (max 107 bytes): {ep}")
+    if ep.startswith("tcp://"):
+        port = ep.rsplit(":", 1)[-1]
+        if port != "*" and not (port.isdigit() and 0 <= int(port) <= 65535):
+            raise EndpointError(f"endpoint {ep!r}: the port must be a number from 0 to 65535")
+    return ep
+
+
+def is_loopback(ep: str) -> bool:
+    if not ep.startswith("tcp://"):
+        return True
+    host = ep[len("tcp://"):].rsplit(":", 1)[0].strip("[]")
+    return host in ("127.0.0.1", "localhost", "::1") or host.startswith("127.")

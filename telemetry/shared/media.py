@@ -1,0 +1,40 @@
+"""Where the W&B drop-in's media files wait between a training process and the daemon.
+
+`telemetry.wandb` passes `wandb.Image`, `wandb.Histogram` and `wandb.Table` to the daemon as a
+file (written off the training thread) and a `wandb/media` event naming it; the daemon's W&B
+sink builds the real W&B object from the file, logs it and deletes the file. Both ends are on
+one host (a node daemon's head does not see these files: there the sink counts them missing).
+
+The directory is private to the user, /tmp/telemetry-<uid>/media (0700), or $TELEMETRY_MEDIA_DIR
+on both ends. The sink reads only plain file names inside it, so a record cannot make the
+daemon read (and upload) any other file.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from telemetry.shared.endpoints import private_dirs
+
+ENV_MEDIA_DIR = "TELEMETRY_MEDIA_DIR"
+EVENT = "wandb/media"
+# A writer that could not write a file leaves this beside the name instead, with the error, so
+# the sink stops waiting for it at once.
+FAILED_SUFFIX = ".failed"
+
+
+def media_dir(create: bool = False) -> Path:
+    """The media directory, checked on both ends as the sockets' directory is (private to this
+    user, no symlinks; UnsafePathError otherwise); made when `create`."""
+    explicit = os.environ.get(ENV_MEDIA_DIR)
+    if explicit:
+        return private_dirs(Path(os.path.abspath(explicit)), create=create)
+    path = Path("/tmp") / f"telemetry-{os.getuid()}" / "media"
+    return private_dirs(path.parent, path, create=create)
+
+
+def media_file(name: object) -> Path | None:
+    """The file a media event names, or None for a name that is not a plain file name."""
+    if not isinstance(name, str) or not name or "/" in name or "\\" in name or name.startswith("."):
+        return None
+    return media_dir() / name

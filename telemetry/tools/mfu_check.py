@@ -1,0 +1,202 @@
+"""Compare the analytic FLOPs formula with FlopCounterMode for a model.
+
+Builds the model from its config (no download, no weights: on the meta device by default, so a
+70B config costs seconds and no memory), runs one forward+backward of the causal-LM loss with
+eager attention inside torch.utils.flop_counter.FlopCounterMode and prints the count beside
+telemetry.daemon.mfu's formula. For users who bring an unusual model: if the ratio is not 1.0000, the
+daemon's MFU for that model is off by the same factor (and a peak or FLOPs override is due).
+
+Eager attention is forced because FlopCounterMode counts SDPA's fused kernels as 0 FLOPs on
+CPU, and MoE experts run their per-expert loop (experts_implementation="eager") because grouped
+matmuls are invisible to it too. Exit code: 0 when formula and count agree within 0.5 %.
+
+  telemetry mfu-check --config launch/configs/tiny.yaml
+  telemetry mfu-check --hf-config config.json --seq-len 4096
+  telemetry mfu-check --model-type llama --hidden-size 4096 --num-layers 32 --num-heads 32 \\
+      --num-kv-heads 8 --intermediate-size 14336 --vocab-size 128256 --seq-len 8192
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+TOLERANCE = 0.005  # the design's budget for formula vs FlopCounterMode
+
+# --model-type flag -> HF config key
+_SIZE_FLAGS = {
+    "hidden_size": "hidden size", "num_layers": "decoder layers", "num_heads": "attention heads",
+    "num_kv_heads": "key-value heads (GQA/MQA)", "head_dim": "head dimension",
+    "intermediate_size": "MLP width", "vocab_size": "vocabulary size",
+}
+_HF_KEYS = {"num_layers": "num_hidden_layers", "num_heads": "num_attention_heads",
+            "num_kv_heads": "num_key_value_heads"}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    src = parser.add_argument_group("model (one of)")
+    src.add_argument("--config", help="a trainer YAML config (model.hf_config or model.path, data.seq_len)")
+    src.add_argument("--hf-config", help="a Hugging Face config.json (or to_dict() dump)")
+    src.add_argument("--model-type", help="build a config from flags: llama, qwen2, mistral, gemma, gpt2, ...")
+    for name, what in _SIZE_FLAGS.items():
+        src.add_argument(f"--{name.replace('_', '-')}", type=int, help=what)
+    parser.add_argument("--seq-len", type=int, help="tokens per row (default: the config's data.seq_len, else 128)")
+    parser.add_argument("--batch-size", type=int, default=1, help="rows per step (default 1)")
+    parser.add_argument("--device", choices=("meta", "cpu"), default="meta",
+                        help="meta: shapes only, fast for any size (default); cpu: real tensors")
+    parser.add_argument("--gradient-checkpointing", action="store_true",
+                        help="also check hardware FLOPs with full (reentrant) recompute")
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+
+
+def _load_trainer_config(path: str) -> tuple[dict[str, Any], int | None, str]:
+    """(hf_config kwargs or {'_path': dir}, seq_len, dtype) from a trainer YAML."""
+    try:
+        from trainer.config import load_config  # the trainer's own loader validates the file
+        cfg = load_config(path, [])
+        model = {"hf_config": dict(cfg.model.hf_config), "path": cfg.model.path}
+        seq_len, dtype = cfg.data.seq_len, cfg.model.dtype
+    except ImportError:
+        import yaml
+        raw = yaml.safe_load(Path(path).read_text()) or {}
+        model = raw.get("model") or {}
+        seq_len = (raw.get("data") or {}).get("seq_len")
+        dtype = model.get("dtype", "fp32")
+    if model.get("path"):
+        return {"_path": model["path"]}, seq_len, dtype
+    if not model.get("hf_config"):
+        raise ValueError(f"{path}: no model.hf_config or model.path")
+    return dict(model["hf_config"]), seq_len, dtype
+
+
+def _build_hf_config(args: argparse.Namespace) -> tuple[Any, int | None]:
+    from transformers import AutoConfig
+
+    seq_len = None
+    if args.config:
+        kwargs, seq_len, _ = _load_trainer_config(args.config)
+    elif args.hf_config:
+        kwargs = json.loads(Path(args.hf_config).read_text())
+    elif args.model_type:
+        kwargs = {"model_type": args.model_type}
+        for flag in _SIZE_FLAGS:
+            value = getattr(args, flag)
+            if value is not None:
+                kwargs[_HF_KEYS.get(flag, flag)] = value
+        if args.model_type == "gpt2":  # GPT-2 spells them differently
+            renames = {"hidden_size": "n_embd", "num_hidden_layers": "n_layer",
+                       "num_attention_heads": "n_head", "intermediate_size": "n_inner"}
+            kwargs = {renames.get(k, k): v for k, v in kwargs.items()}
+    else:
+        raise ValueError("give --config, --hf-config or --model-type")
+    if "_path" in kwargs:
+        return AutoConfig.from_pretrained(kwargs["_path"], local_files_only=True), seq_len
+    kwargs = dict(kwargs)
+    model_type = kwargs.pop("model_type", None)
+    if not model_type:
+        raise ValueError("the config has no model_type")
+    for key in ("architectures", "transformers_version", "torch_dtype", "dtype", "_name_or_path"):
+        kwargs.pop(key, None)
+    # Token ids a tiny vocabulary does not hold make some families refuse to build.
+    vocab = kwargs.get("vocab_size") or kwargs.get("n_vocab")
+    if vocab:
+        for key in ("pad_token_id", "bos_token_id", "eos_token_id"):
+            if isinstance(kwargs.get(key), int) and kwargs[key] >= vocab:
+                kwargs[key] = None
+    return AutoConfig.for_model(model_type, **kwargs), seq_len
+
+
+def count_flops(hf_config: Any, batch_size: int, seq_len: int, device: str = "meta",
+                gradient_checkpointing: bool = False) -> dict[str, int]:
+    """FlopCounterMode's count, per aten op, of one forward+backward of the causal-LM loss."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+    from transformers import AutoModelForCausalLM
+
+    kwargs: dict[str, Any] = {"attn_implementation": "eager"}
+    if getattr(hf_config, "num_local_experts", None) or getattr(hf_config, "num_experts", None):
+        kwargs["experts_implementation"] = "eager"
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(hf_config, **kwargs)
+    model.train()
+    if gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": True})
+    vocab = model.get_output_embeddings().weight.shape[0]
+    input_ids = torch.randint(0, vocab, (batch_size, seq_len), device=device)
+    # An explicit all-ones mask keeps transformers from probing position_ids for packed rows
+    # (a data-dependent .item() that meta tensors cannot answer); no FLOPs change.
+    attention_mask = torch.ones_like(input_ids)
+    with FlopCounterMode(display=False) as counter:
+        loss = model(input_ids=input_ids, attention_mask=attention_mask, labels=input_ids).loss
+        loss.backward()
+    return {str(op): int(n) for op, n in counter.get_flop_counts()["Global"].items()}
+
+
+def run(args: argparse.Namespace) -> int:
+    import logging
+    import warnings
+
+    from telemetry.daemon import mfu
+
+    warnings.filterwarnings("ignore")
+    logging.getLogger("transformers").setLevel(logging.ERROR)
+    try:
+        hf_config, config_seq_len = _build_hf_config(args)
+        shape = mfu.model_shape(hf_config)
+    except (ValueError, OSError, KeyError) as exc:
+        print(f"telemetry mfu-check: {exc}", file=sys.stderr)
+        return 2
+    seq_len = args.seq_len or config_seq_len or 128
+    num_tokens = args.batch_size * seq_len
+    sum_sq = args.batch_size * seq_len * seq_len
+    counted = count_flops(hf_config, args.batch_size, seq_len, args.device)
+    formula = mfu.training_flops(shape, num_tokens, sum_sq)
+    total = sum(counted.values())
+    ratio = total / formula if formula else float("nan")
+    result: dict[str, Any] = {
+        "model_type": shape.model_type, "batch_size": args.batch_size, "seq_len": seq_len,
+        "matmul_params": shape.matmul_params, "formula_flops": formula, "counted_flops": total,
+        "counted_by_op": counted, "ratio": ratio,
+        "formula_flops_per_token": mfu.training_flops_per_token(shape, seq_len),
+    }
+    ok = abs(ratio - 1) <= TOLERANCE
+    if args.gradient_checkpointing:
+        hw_counted = sum(count_flops(hf_config, args.batch_size, seq_len, args.device, True).values())
+        hw_formula = mfu.hardware_flops(shape, num_tokens, sum_sq, gradient_checkpointing=True)
+        result.update(hardware_formula_flops=hw_formula, hardware_counted_flops=hw_counted,
+                      hardware_ratio=hw_counted / hw_formula)
+        ok = ok and abs(hw_counted / hw_formula - 1) <= TOLERANCE
+    if args.json:
+        print(json.dumps(result))
+    else:
+        _print_table(shape, result)
+        print("OK: formula and FlopCounterMode agree" if ok else
+              f"MISMATCH: more than {TOLERANCE:.1%} apart; the daemon's MFU for this model is off by this ratio")
+    return 0 if ok else 1
+
+
+def _print_table(shape: Any, r: dict[str, Any]) -> None:
+    mlp = (f"MoE {shape.num_experts} experts top-{shape.num_experts_per_tok} x {shape.moe_intermediate_size}"
+           if shape.num_experts else f"MLP {shape.intermediate_size} x{shape.num_mlp_matrices}")
+    print(f"model    {shape.model_type}: hidden {shape.hidden_size}, {shape.num_layers} layers, "
+          f"{shape.num_heads} heads / {shape.num_kv_heads} kv, head_dim {shape.head_dim}, {mlp}, "
+          f"vocab {shape.vocab_size}")
+    print(f"step     {r['batch_size']} x {r['seq_len']} tokens, eager attention, forward+backward of the LM loss")
+    print(f"N        {r['matmul_params']:,} matmul weights (LM head included)")
+    print()
+    attn = 3 * shape.attn_flops_coeff * r["batch_size"] * r["seq_len"] ** 2
+    rows = [("matmuls   6*N*tokens", r["formula_flops"] - attn),
+            ("attention 12*L*H*d*sum(L_i^2)", attn),
+            ("total (formula)", r["formula_flops"])]
+    rows += [(f"counted   {op}", n) for op, n in sorted(r["counted_by_op"].items())]
+    rows.append(("total (FlopCounterMode)", r["counted_flops"]))
+    for label, n in rows:
+        print(f"  {label:<32} {n:>24,}")
+    print(f"  {'ratio counted / formula':<32} {r['ratio']:>24.6f}")
+    print(f"  {'formula per token':<32} {r['formula_flops_per_token']:>24,}")
+    if "hardware_ratio" in r:
+        print(f"  {'HFU formula (recompute)':<32} {r['hardware_formula_flops']:>24,}")
+        print(f"  {'HFU counted':<32} {r['hardware_counted_flops']:>24,}")
+        print(f"  {'HFU ratio':<32} {r['hardware_ratio']:>24.6f}")

@@ -1,0 +1,181 @@
+"""A drop-in for the part of the W&B API training scripts use, over the telemetry sidecar:
+
+    import telemetry.wandb as wandb      # the one line that changes
+    wandb.init(project="gpt2", name="run-1", config=cfg, group="ddp", tags=["baseline"])
+    wandb.log({"train/loss": loss, "lr": lr})   # tensors on any device: no host-device sync
+    wandb.run.summary["best_val"] = best
+    wandb.finish()
+
+Every rank may call it (or rank 0 alone, as W&B scripts usually do): the daemon aggregates the
+ranks' rows (mean by default, see the daemon's reductions) and its W&B sink opens the one real
+run with the project, name, config, group and tags given to `init`. wandb itself is never
+imported in the training process. Step and commit rules, nested keys, what is refused and why:
+telemetry/integrations/wandb_run.py; `Image`, `Histogram` and `Table`, passed through to the
+daemon's run: telemetry/integrations/wandb_media.py. What W&B offers beyond this subset raises an
+error naming it.
+
+`run`, `config` and `summary` are looked up at each access (a module `__getattr__`), so
+`wandb.run` read after `init` is the new run, as in W&B. Importing this module costs what
+importing telemetry's client costs; torch is never imported here.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from telemetry.integrations._client import process_rank
+from telemetry.integrations.wandb_media import Histogram, Image, Media, Table
+from telemetry.integrations.wandb_objects import Error, PreInit, Unsupported, config_dict
+from telemetry.integrations.wandb_run import Run
+
+__all__ = ["init", "log", "finish", "define_metric", "watch", "unwatch", "login", "Settings", "Error",
+           "Run", "Image", "Table", "Histogram", "Audio", "Video", "Html", "Object3D", "Molecule",
+           "Plotly", "Graph"]
+
+MODES = ("online", "offline", "disabled", "shared")
+# init() arguments that change what W&B does in ways the daemon's run cannot follow.
+_UNSUPPORTED_INIT_ARGS = ("sync_tensorboard", "monitor_gym", "resume_from", "fork_from", "tensorboard")
+# Module attributes of W&B that this module does not offer: using one raises, naming it (see
+# Unsupported: a stand-in, so that hasattr() on them stays harmless).
+_UNSUPPORTED = frozenset({
+    "Artifact", "save", "restore", "log_artifact", "use_artifact", "log_model", "use_model", "link_model",
+    "alert", "sweep", "agent", "controller", "plot", "plot_table", "Api", "apis", "tensorboard",
+    "require", "setup", "teardown", "attach", "mark_preempting", "termlog", "termwarn", "termerror",
+    "Classes", "ImageMask", "BoundingBoxes2D"})
+
+_run: Run | None = None
+
+
+# Image, Histogram and Table are passed through to the daemon's W&B run; these are refused by
+# name when logged (a script may still build them).
+class Audio(Media):
+    pass
+
+
+class Video(Media):
+    pass
+
+
+class Html(Media):
+    pass
+
+
+class Object3D(Media):
+    pass
+
+
+class Molecule(Media):
+    pass
+
+
+class Plotly(Media):
+    pass
+
+
+class Graph(Media):
+    pass
+
+
+class Settings:
+    """Accepted for `init(settings=wandb.Settings(...))`; the daemon's W&B run has its own."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        self.__dict__.update(kwargs)
+
+
+def login(*args: Any, **kwargs: Any) -> bool:
+    """A no-op: the daemon holds the W&B credentials, the training processes need none."""
+    return True
+
+
+def init(project: str | None = None, name: str | None = None, config: Any = None, entity: str | None = None,
+         group: str | None = None, tags: Any = None, mode: str | None = None, dir: str | None = None,
+         resume: Any = None, id: str | None = None, notes: str | None = None, job_type: str | None = None,
+         reinit: Any = None, settings: Any = None, config_exclude_keys: Any = None,
+         config_include_keys: Any = None, allow_val_change: bool | None = None, save_code: bool | None = None,
+         anonymous: str | None = None, magic: Any = None, **unsupported: Any) -> Run:
+    """Start a run, as wandb.init does; returns it (also `wandb.run`).
+
+    project, name, entity, group, tags, notes, job_type, id and config reach the daemon's W&B
+    run (defaults from $WANDB_PROJECT, $WANDB_NAME, ...). mode="disabled" (or $WANDB_MODE)
+    gives a run that sends nothing; "online"/"offline" are the daemon's to choose (its
+    `wandb.mode`). resume, dir, settings, save_code are accepted: the daemon resumes its own run.
+    A second init finishes the current run first, unless reinit="return_previous".
+    """
+    global _run
+    for key in _UNSUPPORTED_INIT_ARGS:
+        if unsupported.pop(key, None):
+            raise NotImplementedError(f"telemetry.wandb does not support wandb.init({key}=...)")
+    if unsupported:
+        raise TypeError(f"wandb.init() got unexpected keyword arguments: {', '.join(sorted(unsupported))}")
+    mode = mode or os.environ.get("WANDB_MODE") or "online"
+    if mode not in MODES:
+        raise ValueError(f"wandb.init(mode={mode!r}): expected one of {', '.join(MODES)}")
+    if _run is not None and not _run._finished:
+        if reinit == "return_previous":
+            return _run
+        _run.finish()
+    cfg = config_dict(config)
+    if config_include_keys:
+        cfg = {k: v for k, v in cfg.items() if k in set(config_include_keys)}
+    if config_exclude_keys:
+        cfg = {k: v for k, v in cfg.items() if k not in set(config_exclude_keys)}
+    env = os.environ.get
+    env_tags = env("WANDB_TAGS")
+    client = None
+    if mode == "disabled":
+        from telemetry.client import DisabledClient
+
+        client = DisabledClient()
+    rank, world_size = process_rank()
+    _run = Run(project=project or env("WANDB_PROJECT"), name=name or env("WANDB_NAME"), config=cfg,
+               entity=entity or env("WANDB_ENTITY"), group=group or env("WANDB_RUN_GROUP"),
+               tags=tags if tags is not None else (env_tags.split(",") if env_tags else None),
+               notes=notes or env("WANDB_NOTES"), job_type=job_type or env("WANDB_JOB_TYPE"),
+               id=id or env("WANDB_RUN_ID"), dir=dir, mode=mode, client=client, rank=rank, world_size=world_size)
+    return _run
+
+
+def _active(what: str) -> Run:
+    if _run is None or _run._finished:
+        raise Error(f"You must call wandb.init() before wandb.{what}")
+    return _run
+
+
+def log(data: dict[str, Any], step: int | None = None, commit: bool | None = None) -> None:
+    """wandb.log on the current run: W&B's step and commit rules; never blocks, never syncs."""
+    _active("log()").log(data, step=step, commit=commit)
+
+
+def define_metric(name: str, *args: Any, **kwargs: Any) -> None:
+    _active("define_metric()").define_metric(name, *args, **kwargs)
+
+
+def watch(*args: Any, **kwargs: Any) -> None:
+    """A no-op that says so once (gradient histograms are not sent to the daemon)."""
+    _active("watch()").watch(*args, **kwargs)
+
+
+def unwatch(*args: Any, **kwargs: Any) -> None:
+    pass
+
+
+def finish(exit_code: int | None = None, quiet: bool | None = None) -> None:
+    """Finish the current run (bounded time); nothing to do without one."""
+    global _run
+    if _run is not None:
+        _run.finish(exit_code=exit_code)
+        _run = None
+
+
+def __getattr__(name: str) -> Any:
+    # Module state W&B rebinds at init: looked up now, so it is never a stale copy.
+    if name == "run":
+        return None if _run is None or _run._finished else _run
+    if name in ("config", "summary"):
+        return PreInit(name) if _run is None or _run._finished else getattr(_run, name)
+    if name in _UNSUPPORTED:
+        return Unsupported(f"wandb.{name}")
+    raise AttributeError(f"module 'telemetry.wandb' has no attribute {name!r} (not part of the supported W&B "
+                         f"subset: {', '.join(__all__)}, run, config, summary)")
+
