@@ -35,8 +35,6 @@ from pathlib import Path
 from typing import Any, Callable
 
 ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
 KEYS = ["train/loss", "train/lr", "train/grad_norm", "train/epoch", "perf/step_time",
         "perf/tokens_per_second", "perf/samples_per_second", "perf/mfu", "memory/allocated_gb",

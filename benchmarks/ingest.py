@@ -43,9 +43,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
-from telemetry.daemon import hotpath  # noqa: E402  (after the path above)
+from telemetry.daemon import hotpath  # noqa: E402  (after the constants above)
 
 NUM_RANKS = 8
 DIAGNOSIS = bool(int(os.environ.get("BENCH_DIAGNOSIS", "0")))
@@ -158,7 +157,9 @@ def bench_pipeline(endpoint: str, pub_ep: str, control_ep: str, log_dir: Path, r
                       "jsonl.fsync_interval_s": 5.0, "diagnosis": {"enabled": DIAGNOSIS}})
     d = Daemon(cfg)
     if not native:                # the pure-Python loops, as without a C compiler at install time
-        d.receiver.native = d.aggregator.native = None
+        from telemetry.daemon import loops
+
+        d.receiver.loops = d.aggregator.loops = d.derived.loops = loops
     d.start()
     for r in d.runners:
         r.wait_started(10)
@@ -207,6 +208,7 @@ def breakdown(records_per_rank: int = 10_000) -> dict:
     no sinks), batch by batch as the daemon runs them (INGEST_BATCH frames at a time)."""
     import msgspec
 
+    from protocol import Metrics
     from telemetry.daemon.aggregator import Aggregator
     from telemetry.daemon.config import AggregatorConfig, MfuConfig
     from telemetry.daemon.core import INGEST_BATCH
@@ -221,20 +223,20 @@ def breakdown(records_per_rank: int = 10_000) -> dict:
     der = Derived(MfuConfig())
     der.on_hello(_hello(0))
     enc = msgspec.json.Encoder()
-    cpu = dict.fromkeys(("receiver (decode, validate, account)", "aggregator (add)", "aggregator (reduce)",
+    cpu = dict.fromkeys(("receiver (decode, validate, account)", "aggregator (add)", "aggregator (columns, reduce)",
                          "derived (throughput, MFU)", "JSON encode"), 0.0)
     names = list(cpu)
     clock = time.thread_time
     for batch in batches:
         t0 = clock()
-        recs, keys, _ = rx.accept_many(batch)
-        metrics = [(r, k) for r, k in zip(recs, keys) if k is not None]
+        recs, _ = rx.accept_many(batch)
+        metrics = [r for r in recs if type(r) is Metrics]
         t1 = clock()
-        done, _late = agg.add_many([r for r, _ in metrics], [k for _, k in metrics])
+        done, _late = agg.add_many(metrics)
         t2 = clock()
-        out = agg.finish_many(done)
+        steps, out = agg.finish_batch(done)
         t3 = clock()
-        der.apply_many(done, [rec["values"] for rec in out], NUM_RANKS)
+        der.apply(steps, [rec["values"] for rec in out], NUM_RANKS)
         t4 = clock()
         for rec in out:
             enc.encode(rec)

@@ -1,6 +1,6 @@
 """Fault-injection scenarios: what is lost, what is counted, what the trainer feels.
 
-    .venv/bin/python benchmarks/reliability.py [--quick] [--outage-s 60] [--json OUT]
+    .venv/bin/python -m benchmarks.reliability [--quick] [--outage-s 60] [--json OUT]
 
 Every scenario runs real daemon processes on this machine (ipc sockets, TCP on loopback) and real
 rank processes (`TelemetryClient`), injects one fault, and returns its figures as a dict; the
@@ -9,12 +9,14 @@ loads and assert on them, and this script prints the table for benchmarks/RESULT
 
     kill_restart    SIGKILL the daemon mid-run, append a torn line, restart it
     sigterm_drain   SIGTERM with the daemon's queues full: everything accepted is written
+    drain_backlog   ranks closed, a backlog queued, SIGTERM: sent == written + counted lost (also
+                    with a 1 s drain deadline, where part of the backlog is counted, not written)
     disk_full       RLIMIT_FSIZE on the daemon: JSONL fails whole batches, PUB carries on
     multinode       node daemons forward to a head over TCP + CURVE; the head goes away for a while
     load            8 ranks x N records paced under the HWM: exactly once
     overload        8 ranks unpaced against a small daemon queue: delivered + counted drops == sent
 
-`python benchmarks/reliability.py rank ...` is the rank worker the scenarios start.
+`python -m benchmarks.reliability rank ...` is the rank worker the scenarios start.
 """
 from __future__ import annotations
 
@@ -32,8 +34,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
 
 VALUES = {"train/loss": 2.5, "train/lr": 3e-4, "train/grad_norm": 1.1, "perf/step_time": 0.05,
           "perf/tokens": 4096, "perf/samples": 8, "memory/allocated_gb": 12.5, "perf/forward_time": 0.015,
@@ -74,7 +74,9 @@ def rank_main(a: argparse.Namespace) -> int:
         out["final"] = before_close
         Path(a.out).write_text(json.dumps(out))
         os._exit(0)   # no bye, no linger: what was still queued in this process is never accepted
+    _t = time.monotonic()
     tm.close(timeout_s=a.close_s)
+    out["close_s"] = time.monotonic() - _t
     out["final"] = tm.stats()
     Path(a.out).write_text(json.dumps(out))
     return 0
@@ -85,7 +87,7 @@ def start_ranks(endpoint: str, ranks: list[int], n: int, rate: float, out_dir: P
     out_dir.mkdir(parents=True, exist_ok=True)
     procs = []
     for r in ranks:
-        cmd = [sys.executable, str(Path(__file__).resolve()), "rank", "--endpoint", endpoint, "--rank", str(r),
+        cmd = [sys.executable, "-m", "benchmarks.reliability", "rank", "--endpoint", endpoint, "--rank", str(r),
                "--n", str(n), "--rate", str(rate), "--sndhwm", str(sndhwm), "--out", str(out_dir / f"rank{r}.json"),
                *extra]
         procs.append(subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, **(env or {})}))
@@ -115,10 +117,10 @@ class Endpoints:
 def launch(log_dir: Path, eps: Endpoints, *, config: dict | None = None, extra: tuple[str, ...] = (),
            env: dict | None = None, fsize_limit: int = 0, world_size: int | None = None,
            per_rank: bool = False):
-    """Start a daemon on `eps`; return a tests/daemon_util.DaemonProc once it is ready."""
+    """Start a daemon on `eps`; return a DaemonProc (benchmarks/daemon_proc.py) once it is ready."""
     import yaml
 
-    from daemon_util import DaemonProc, daemon_command
+    from benchmarks.daemon_proc import DaemonProc, daemon_command
 
     log_dir.mkdir(parents=True, exist_ok=True)
     cfg_path = None
@@ -223,6 +225,40 @@ def sigterm_drain(work: Path, num_ranks: int = 2, n: int = 100_000) -> dict:
     return out
 
 
+def drain_backlog(work: Path, num_ranks: int = 2, n: int = 150_000, drain_timeout_s: float = 12.0) -> dict:
+    """Ranks send an unpaced burst and close (everything they sent is in the daemon's queue), then
+    SIGTERM: what the drain could not process in time is counted as lost, so that
+    sent == written + counted lost, exactly."""
+    eps = Endpoints()
+    log_dir = work / "telemetry"
+    d = launch(log_dir, eps, per_rank=True, world_size=num_ranks, config={"drain_timeout_s": drain_timeout_s})
+    procs = start_ranks(eps.ingest, list(range(num_ranks)), n, 0, work / "ranks", sndhwm=n + 10,
+                        extra=("--no-hello", "--close-s", "60"))
+    ranks = wait_ranks(procs, work / "ranks")       # closed: every record sent is in the daemon's queue
+    t0 = time.monotonic()
+    d.proc.send_signal(signal.SIGTERM)
+    d.proc.wait(drain_timeout_s + 30)
+    exit_s = time.monotonic() - t0
+    d._pump.join(2)
+    final = json.loads((log_dir / "drain.json").read_text())          # the daemon's final counters
+    sent = sum(r["final"]["sent"] for r in ranks.values())          # metrics and the ranks' byes
+    written = sum(per_rank_steps(d).values()) + len(d.read_jsonl("bye"))
+    jsonl = final["sinks"]["jsonl"]
+    integrity = jsonl_integrity(log_dir)
+    out = {"scenario": "drain_backlog", "ranks": num_ranks, "records_per_rank": n,
+           "drain_timeout_s": drain_timeout_s, "exit_code": d.proc.returncode, "exit_s": exit_s, "sent": sent,
+           "accepted": final["records_in"], "counted_lost": final["records_lost"],
+           "unread_at_drain": final["records_unread_at_drain"], "written": written,
+           "jsonl": {k: jsonl[k] for k in ("in", "written", "dropped")}, "integrity": integrity}
+    # Each stage adds up: the intake (sent = accepted + counted lost) and the JSONL (what it was
+    # handed = lines written + lines counted as dropped; the file holds exactly the lines written).
+    out["unaccounted_intake"] = sent - final["records_in"] - final["records_lost"]
+    out["unaccounted_jsonl"] = jsonl["in"] - jsonl["written"] - jsonl["dropped"]
+    out["file_vs_written"] = integrity["lines"] - jsonl["written"]
+    d.cleanup()
+    return out
+
+
 def disk_full(work: Path, limit_bytes: int = 256 * 1024, n: int = 4000, rate: float = 2000) -> dict:
     """The JSONL file may not grow past `limit_bytes`: batches fail whole, PUB carries on."""
     import zmq
@@ -278,7 +314,7 @@ def free_port() -> int:
 def multinode(work: Path, num_nodes: int = 2, ranks_per_node: int = 2, rate: float = 20.0,
               before_s: float = 2.0, outage_s: float = 5.0, after_s: float = 3.0, max_buffered: int = 50) -> dict:
     """Node daemons forward to a head over TCP + CURVE; the head is stopped for `outage_s`."""
-    from telemetry.security.keygen import make_pair
+    from telemetry.tools.keygen import make_pair
 
     keys = work / "keys"
     make_pair(keys, "head")
@@ -369,11 +405,13 @@ def load(work: Path, num_ranks: int = 8, n: int = 125_000, rate: float = 5000, s
     procs = start_ranks(eps.ingest, list(range(num_ranks)), n, rate, work / "ranks", sndhwm=sndhwm)
     ranks = wait_ranks(procs, work / "ranks")
     send_s = time.monotonic() - t0
-    # Everything sent is in the daemon's socket or on its way: wait until it has all of it.
+    # Everything sent is in the daemon's socket or on its way: wait until each rank's records
+    # are accounted for (received, or counted lost once its bye arrived); the drain takes the rest.
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         per = d.status()["per_rank"]
-        if all(per.get(str(r), {}).get("received", 0) >= ranks[r]["final"]["sent"] for r in ranks):
+        if all(sum(per.get(str(r), {}).get(k, 0) for k in ("received", "lost")) >= ranks[r]["final"]["seq"]
+               for r in ranks):
             break
         time.sleep(0.25)
     final = d.drain(timeout_s=120)
@@ -384,12 +422,162 @@ def load(work: Path, num_ranks: int = 8, n: int = 125_000, rate: float = 5000, s
            "per_rank": {}}
     tokens_ok = sum(1 for s in steps if s["values"].get("perf/tokens") == VALUES["perf/tokens"] * num_ranks)
     out["steps_with_all_ranks_tokens"] = tokens_ok
+    out["byes_in"] = final["records_in_by_kind"]["bye"]
+    out["lost_in_transit"] = final["records_lost_in_transit"]
     for r, fig in ranks.items():
         f = fig["final"]
         per = final["per_rank"].get(str(r), {})
         out["per_rank"][r] = {"tried": f["seq"], "sent": f["sent"], "dropped": f["dropped"],
                               "received": per.get("received", 0), "lost": per.get("lost", 0),
                               "worst_log_s": fig["worst_log_s"]}
+    d.cleanup()
+    return out
+
+
+def kill_counted(work: Path, n_before: int = 2000, n_stopped: int = 500, n_after: int = 500) -> dict:
+    """SIGKILL with records inside the daemon, then restart on the same log dir: the successor
+    counts what vanished (sources.json, the predecessor's per-source accounting) once the
+    client's next records arrive, so that sent == written + counted lost, exactly.
+
+    One client (a PUSH socket sending what TelemetryClient sends, src 7, seq 0, 1, ...):
+    n_before records written by the first daemon; n_stopped sent while it is SIGSTOPped (in its
+    socket buffers: they die with it, or reach the successor from the client's own queue); then
+    SIGKILL, restart, n_after more and a bye."""
+    import zmq
+
+    from protocol import encode_bye, encode_metrics
+
+    eps = Endpoints()
+    log_dir = work / "telemetry"
+    d = launch(log_dir, eps, per_rank=True, world_size=1)
+    ctx = zmq.Context()
+    push = ctx.socket(zmq.PUSH)
+    push.setsockopt(zmq.LINGER, 0)
+    push.setsockopt(zmq.SNDHWM, 100_000)
+    push.connect(eps.ingest)
+    seq = 0
+
+    def send(count: int) -> None:
+        nonlocal seq
+        for _ in range(count):
+            push.send(encode_metrics(7, 0, seq, 0, time.time_ns(), seq, {"train/loss": 1.0}))
+            seq += 1
+
+    send(n_before)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:       # written, and checkpointed (CHECKPOINT_INTERVAL_S)
+        snap = json.loads((log_dir / "sources.json").read_text()) if (log_dir / "sources.json").exists() else {}
+        if any(row[4] >= n_before for row in snap.get("sources", [])):
+            break
+        time.sleep(0.1)
+    d.proc.send_signal(signal.SIGSTOP)
+    send(n_stopped)
+    time.sleep(0.5)
+    d.proc.kill()
+    d.proc.wait(10)
+    d._pump.join(2)
+    written_by_first = d.read_jsonl("metrics")
+    d2 = launch(log_dir, eps, per_rank=True, world_size=1)
+    send(n_after)
+    push.send(encode_bye(7, 0, seq, 0, time.time_ns(), {"sent": seq + 1, "dropped": 0}))
+    sent = seq + 1
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and d2.status()["records_in"] < n_after + 1:
+        time.sleep(0.1)
+    final = d2.drain()
+    push.close(0)
+    ctx.term()
+    # The whole file, both daemons' lines; a per-rank line per record (step = seq).
+    rank_lines = [r for r in d2.read_jsonl("metrics", aggregated=False)]
+    steps = {r["step"] for r in rank_lines}
+    written = len(steps) + len(d2.read_jsonl("bye"))
+    out = {"scenario": "kill_counted", "sent": sent, "written": written,
+           "written_by_first": len({r["step"] for r in written_by_first if "rank" in r}),
+           "counted_lost": final["records_lost"], "lost_in_transit": final["records_lost_in_transit"],
+           "lines_written_twice": len(rank_lines) - len(steps)}
+    out["unaccounted"] = sent - written - final["records_lost"]
+    d2.cleanup()
+    return out
+
+
+def no_world_size(work: Path, num_ranks: int = 8, n: int = 10_000, rate: float = 5000) -> dict:
+    """Ranks whose hellos carry no world size (no WORLD_SIZE in their environment), the daemon
+    learning the world from the ranks it sees: no step is aggregated twice; a rank's record for
+    a step that went out without it is a late per-rank record; sent == written + counted lost."""
+    eps = Endpoints()
+    log_dir = work / "telemetry"
+    d = launch(log_dir, eps)
+    env = {k: v for k, v in os.environ.items() if k != "WORLD_SIZE"}
+    env["WORLD_SIZE"] = ""
+    procs = start_ranks(eps.ingest, list(range(num_ranks)), n, rate, work / "ranks", env=env)
+    ranks = wait_ranks(procs, work / "ranks")
+    final = d.drain(timeout_s=120)
+    steps = d.read_jsonl("metrics", aggregated=True)
+    late = [r for r in d.read_jsonl("metrics", aggregated=False) if r.get("late")]
+    sent = sum(r["final"]["sent"] for r in ranks.values())
+    out = {"scenario": "no_world_size", "ranks": num_ranks, "records_per_rank": n, "rate_per_rank": rate,
+           "sent": sent, "records_in": final["records_in"], "counted_lost": final["records_lost"],
+           "steps_written": len(steps), "steps_written_twice": len(steps) - len({r["step"] for r in steps}),
+           "steps_incomplete": final["steps_incomplete"], "late_lines": len(late),
+           "records_late": final["records_late"], "world_size": final["world_size"]}
+    out["unaccounted_intake"] = sent - final["records_in"] - final["records_lost"]
+    d.cleanup()
+    return out
+
+
+def hostile_records(work: Path, n: int = 2000) -> dict:
+    """Records the decoder used to accept and that then stopped the daemon (invalid UTF-8, ext
+    types, odd map keys, None throughput inputs, hostile model configs, world sizes of 10^9,
+    seqs of 2^63-1, bogus ranks) between a client's ordinary records: the daemon stays up, and
+    every frame is accounted for (records_in + records_malformed == sent)."""
+    import msgpack
+    import zmq
+
+    from protocol import encode_event, encode_hello, encode_metrics
+
+    u63 = (1 << 63) - 1
+    model = {"model_type": "qwen2_moe", "hidden_size": 64, "num_hidden_layers": 10**12, "num_attention_heads": 4,
+             "intermediate_size": 128, "vocab_size": 1000, "num_experts": 8, "num_experts_per_tok": 2}
+    hostile = [
+        encode_metrics(1, 0, 0, 0, 1, 1, {"ab": 1.0}).replace(b"\xa2ab", b"\xa2\xff\xfe"),
+        msgpack.packb([1, 1, 2, 0, 0, 0, 1, {"x": msgpack.ExtType(3, b"ab")}]),
+        msgpack.packb([3, 1, 3, 0, 0, 0, 1, "odd", {"a": {None: 1, 2: [1], (0, 1): True}}]),
+        encode_hello(4, 0, 0, 0, 1, {"model": {"hf_config": model, "seq_len": 16}}),
+        encode_hello(5, 0, 0, 0, 1, {"world_size": 10**9}),
+        encode_metrics(6, 0, u63, u63, 1, 3, {"perf/step_time": 0.1, "perf/tokens": None}),
+        msgpack.packb([2, 1, 8, 0, 1, 0, 1, -5, {"x": 1.0}]),
+        encode_metrics(9, 1 << 40, 0, 0, 1, 3, {"x": 1.0}),
+    ]
+    eps = Endpoints()
+    log_dir = work / "telemetry"
+    d = launch(log_dir, eps, world_size=1)
+    ctx = zmq.Context()
+    push = ctx.socket(zmq.PUSH)
+    push.setsockopt(zmq.LINGER, 0)
+    push.setsockopt(zmq.SNDHWM, 100_000)
+    push.connect(eps.ingest)
+    sent = 0
+    for seq in range(n):
+        push.send(encode_metrics(7, 0, seq, 0, time.time_ns(), seq, {"perf/step_time": 0.1, "perf/tokens": 100}))
+        push.send(hostile[seq % len(hostile)])
+        sent += 2
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        s = d.status()
+        if s["records_in"] + s["records_malformed"] >= sent:
+            break
+        time.sleep(0.1)
+    alive = d.proc.poll() is None
+    final = d.drain()
+    steps = {r["step"] for r in d.read_jsonl("metrics", aggregated=True)}
+    out = {"scenario": "hostile_records", "sent": sent, "alive": alive, "records_in": final["records_in"],
+           "records_malformed": final["records_malformed"], "records_failed": final["records_failed"],
+           "records_lost": final["records_lost"], "records_seq_bogus": final["records_seq_bogus"],
+           "world_size": final["world_size"], "valid_steps_written": len(steps & set(range(n))),
+           "valid_sent": n}
+    out["unaccounted"] = sent - final["records_in"] - final["records_malformed"]
+    push.close(0)
+    ctx.term()
     d.cleanup()
     return out
 
@@ -418,7 +606,12 @@ def main(argv: list[str] | None = None) -> int:
     q = a.quick
     runs = {
         "kill_restart": lambda w: kill_restart(w),
+        "kill_counted": lambda w: kill_counted(w),
+        "no_world_size": lambda w: no_world_size(w, n=5_000 if q else 10_000),
+        "hostile_records": lambda w: hostile_records(w),
         "sigterm_drain": lambda w: sigterm_drain(w, n=20_000 if q else 100_000),
+        "drain_backlog": lambda w: drain_backlog(w, n=50_000 if q else 150_000),
+        "drain_backlog_short": lambda w: drain_backlog(w, n=50_000 if q else 150_000, drain_timeout_s=1.0),
         "disk_full": lambda w: disk_full(w),
         "multinode": lambda w: multinode(w, outage_s=5.0 if q else a.outage_s, rate=20.0, max_buffered=50 if q else 500),
         "load": lambda w: load(w, n=10_000 if q else 125_000),

@@ -30,8 +30,7 @@ WARMUP = 20
 PROFILE_EVERY = 50  # the seed's profiler interval
 
 CHILD = r'''
-import json, os, sys, time
-sys.path.insert(0, os.environ["BENCH_ROOT"])
+import json, os, sys, time   # run with cwd = the repository root, which `-c` puts first on sys.path
 import torch
 import telemetry.client as tc
 from trainer import train
@@ -49,7 +48,7 @@ def forward_loss(model, batch):
 
 
 class SeedMonitor:
-    """What the seed did inside the step (see DESIGN.md 'The problem')."""
+    """What the seed did inside the step (see benchmarks/gpu/seed_monitor.py and the README's opening)."""
     def __init__(self, run_dir):
         os.environ.setdefault("WANDB_MODE", "offline")
         import wandb
@@ -115,7 +114,7 @@ def run_variant(variant: str, steps: int, tmp: Path, endpoint: str) -> list[floa
     run_dir = tmp / f"run-{variant}-{time.monotonic_ns()}"
     run_dir.mkdir()
     out = run_dir / "times.json"
-    env = {**os.environ, "BENCH_ROOT": str(ROOT), "BENCH_RUN_DIR": str(run_dir), "WANDB_MODE": "offline",
+    env = {**os.environ, "BENCH_RUN_DIR": str(run_dir), "WANDB_MODE": "offline",
            "WANDB_DIR": str(run_dir), "WANDB_SILENT": "true", "OMP_NUM_THREADS": "1"}
     env.pop("TELEMETRY_DISABLED", None)
     telemetry_ep = {"off": "", "ours": endpoint, "seed": ""}[variant]

@@ -44,11 +44,9 @@ import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+from benchmarks.gpu import stats
 
-from benchmarks.gpu import stats  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 PARTS = ("overhead", "nosync", "mfu", "nvml")
 VARIANTS = ("off", "ours", "seed")

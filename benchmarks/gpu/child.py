@@ -23,12 +23,8 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from benchmarks.gpu import seed_monitor  # noqa: E402
-from benchmarks.gpu.syncguard import SyncWindow  # noqa: E402
+from benchmarks.gpu import seed_monitor
+from benchmarks.gpu.syncguard import SyncWindow
 
 
 class Recorder:

@@ -6,9 +6,9 @@ the device's measured matmul rate.
 
 - analytic: perf/mfu, perf/hfu and perf/model_flops_per_second from the daemon's metrics.jsonl
   (median over the run's steps): what the sidecar reports, from tokens/s and the config.
-- counted: telemetry.mfu_check.count_flops (FlopCounterMode, eager attention, meta device) of
+- counted: telemetry.tools.mfu_check.count_flops (FlopCounterMode, eager attention, meta device) of
   one optimizer step of the config's shape (micro_batch_size x grad_accum rows of seq_len,
-  unpacked), beside telemetry.mfu's formula for the same step; with gradient checkpointing
+  unpacked), beside telemetry.daemon.mfu's formula for the same step; with gradient checkpointing
   also the hardware FLOPs (recompute) both ways.
 - measured: an n x n x n matmul in the run's dtype (bf16 on GPU), mean of 10 after warm-up,
   timed with CUDA events (perf_counter on CPU). MFU against it = model FLOP/s / that rate: how
@@ -57,8 +57,8 @@ def hf_config_of(cfg) -> object:
 
 def counted_step(cfg, device: str = "meta") -> dict:
     """FlopCounterMode vs the formula for one optimizer step of cfg's shape (unpacked rows)."""
-    from telemetry import mfu
-    from telemetry.mfu_check import count_flops
+    from telemetry.daemon import mfu
+    from telemetry.tools.mfu_check import count_flops
 
     hf = hf_config_of(cfg)
     shape = mfu.model_shape(hf)

@@ -58,8 +58,8 @@ def _parse_smi(text: str) -> dict[int, dict[str, float | None]]:
 
 def compare(num_samples: int = 5, interval_s: float = 1.0, load: bool = True) -> dict:
     """Side-by-side samples, or {"available": False, "reason": ...} without NVML."""
-    from telemetry.pollers.config import PollersConfig
-    from telemetry.pollers.nvml import NvmlPoller
+    from telemetry.daemon.pollers.config import PollersConfig
+    from telemetry.daemon.pollers.nvml import NvmlPoller
 
     poller = NvmlPoller(PollersConfig(nvml_pcie=False, nvml_xid=False))  # the fields compared only
     first = poller.poll_once()

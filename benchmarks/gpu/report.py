@@ -92,7 +92,7 @@ def _mfu(p: dict, smoke: bool = False) -> list[str]:
     out = ["**MFU**", "",
            "| what | value |", "|---|---|",
            f"| FlopCounterMode, one step ({c['rows']} x {c['seq_len']} unpacked, eager, {c['device']}) | {_e(c['counted_flops'])} FLOPs |",
-           f"| formula (telemetry.mfu) for the same step | {_e(c['formula_flops'])} FLOPs (counted/formula {_r(c['ratio'], 6)}) |"]
+           f"| formula (telemetry.daemon.mfu) for the same step | {_e(c['formula_flops'])} FLOPs (counted/formula {_r(c['ratio'], 6)}) |"]
     if "hardware_ratio" in c:
         out.append(f"| with recompute (HFU): counted / formula | {_e(c['hardware_counted_flops'])} / "
                    f"{_e(c['hardware_formula_flops'])} = {_r(c['hardware_ratio'], 6)} |")

@@ -1,6 +1,6 @@
 """The seed code base's in-process monitor, as a client stand-in: the cost our sidecar removes.
 
-What it does inside the training step (DESIGN.md "The problem", items 1-5):
+What it does inside the training step (the culprits the README's opening paragraph names):
   - `.item()` of every logged tensor, every step: one host-device sync per value;
   - per-sample loss and accuracy from the last micro-batch: a reduction and `.item()` per
     sample (the seed's per-dataset metrics);
