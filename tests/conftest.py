@@ -3,14 +3,9 @@ disabled) that is stopped after the test; `make_daemon(**kwargs)`: the same with
 (see daemon_util.start_daemon: transport="tcp", world_size=, per_rank=, config={...}, wandb=)."""
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from daemon_util import DaemonProc, start_daemon  # noqa: E402
+from daemon_util import DaemonProc, start_daemon   # tests/ is on the path: pyproject's pytest `pythonpath`
 
 
 @pytest.fixture

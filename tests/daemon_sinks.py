@@ -1,5 +1,10 @@
-"""Custom sinks for daemon tests, loaded by the daemon subprocess through `custom_sinks`
-(PYTHONPATH=tests): a slow one and a hung one."""
+"""Fake sinks for tests, in one place: built directly (SinkRunner tests, a Daemon in-process) or
+loaded by a daemon subprocess through `custom_sinks` (PYTHONPATH=tests), hence `log_dir` first.
+
+    SleepySink   sleeps `sleep_s` per batch: a slow W&B
+    HangSink     blocks in consume until `.release` is set (never, in a daemon): a stuck W&B
+    RaisingSink  raises from consume: a W&B answering 500, a full disk
+"""
 from __future__ import annotations
 
 import threading
@@ -12,7 +17,7 @@ class SleepySink(Sink):
     """Sleeps `sleep_s` per batch: a slow W&B."""
     name = "sleepy"
 
-    def __init__(self, log_dir, sleep_s: float = 0.5) -> None:
+    def __init__(self, log_dir=None, sleep_s: float = 0.5) -> None:
         self.sleep_s = sleep_s
         self.num_records = 0
 
@@ -25,11 +30,33 @@ class SleepySink(Sink):
 
 
 class HangSink(Sink):
-    """Never returns from its first consume: a W&B stuck on a dead connection."""
+    """Blocks in consume until `.release` is set: a W&B stuck on a dead connection, a dead NFS mount.
+
+    `.entered` is set once a consume has begun; `.steps` are the steps of the records it got
+    through; `.num_closed` counts close() calls."""
     name = "hang"
 
-    def __init__(self, log_dir) -> None:
-        self._never = threading.Event()
+    def __init__(self, log_dir=None) -> None:
+        self.release = threading.Event()
+        self.entered = threading.Event()
+        self.steps: list = []
+        self.num_closed = 0
 
     def consume(self, batch) -> None:
-        self._never.wait()
+        self.entered.set()
+        self.release.wait()
+        self.steps += [o.record.get("step") for o in batch]
+
+    def close(self) -> None:
+        self.num_closed += 1
+
+
+class RaisingSink(Sink):
+    """Raises RuntimeError(message) from every consume; `sink_name` is its name in the status."""
+
+    def __init__(self, log_dir=None, message: str = "sink failure", sink_name: str = "raising") -> None:
+        self.name = sink_name
+        self.message = message
+
+    def consume(self, batch) -> None:
+        raise RuntimeError(self.message)

@@ -1,6 +1,6 @@
 """Start a real telemetry daemon subprocess for tests, and talk to it.
 
-    from daemon_util import start_daemon   # tests/ is on sys.path; or the `daemon` / `make_daemon` fixtures
+    from daemon_util import start_daemon   # tests/ is on pytest's path; or the `daemon` / `make_daemon` fixtures
     d = start_daemon(tmp_path, world_size=2)            # waits for "telemetry daemon ready"
     tm = TelemetryClient(d.ingest, rank=0); tm.log(1, {"train/loss": 1.0}); tm.close()
     d.wait_for(lambda recs: any(r.get("step") == 1 for r in recs))
@@ -9,183 +9,20 @@
 
 Endpoints are ipc sockets in a short private directory (tmp_path can exceed the 107-byte unix
 socket limit) or, with transport="tcp", tcp://127.0.0.1:0: the daemon binds a free port and its
-ready line reports the real one, so there is no port race. The daemon's stdout and stderr are
-collected in `.lines` (shown when a start fails).
+ready line reports the real one, so there is no port race. The process handle (DaemonProc) is
+benchmarks/daemon_proc.py, which the fault-injection benchmarks use too.
 """
 from __future__ import annotations
 
-import json
 import os
-import shutil
-import signal
 import subprocess
-import sys
 import tempfile
-import threading
-import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-import zmq
+from benchmarks.daemon_proc import DaemonProc, daemon_command
 
 ROOT = Path(__file__).resolve().parent.parent
-READY = "telemetry daemon ready"
-
-
-class DaemonProc:
-    """A running daemon: endpoints (.ingest .pub .control), .log_dir, .proc, .lines."""
-
-    def __init__(self, proc: subprocess.Popen, log_dir: Path, runtime_dir: Path | None) -> None:
-        self.proc = proc
-        self.log_dir = log_dir
-        self.jsonl = log_dir / "metrics.jsonl"
-        self.lines: list[str] = []
-        self.ingest = self.pub = self.control = ""
-        self._runtime_dir = runtime_dir
-        self._ready = threading.Event()
-        self._pump = threading.Thread(target=self._read_output, daemon=True)
-        self._pump.start()
-
-    def _read_output(self) -> None:
-        for line in self.proc.stdout:
-            self.lines.append(line)
-            if READY in line and not self._ready.is_set():
-                fields = dict(tok.split("=", 1) for tok in line.split() if "=" in tok)
-                self.ingest, self.pub, self.control = fields["ingest"], fields["pub"], fields["control"]
-                self._ready.set()
-
-    def wait_ready(self, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        while not self._ready.wait(0.05):
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                self._pump.join(1.0)
-                self.kill()
-                raise RuntimeError(f"daemon never said ready (rc={self.proc.returncode}):\n" + self.output())
-
-    def output(self) -> str:
-        return "".join(self.lines)
-
-    # -- reading what it wrote -----------------------------------------------------------------
-    def read_jsonl(self, kind: str | None = None, aggregated: bool | None = None) -> list[dict]:
-        """Every whole line of metrics.jsonl (and its rotated pieces, oldest first).
-
-        kind: only records of this kind; aggregated: True = only records without "rank",
-        False = only per-rank records.
-        """
-        out = []
-        for path in _pieces(self.log_dir):
-            try:
-                data = path.read_bytes()
-            except FileNotFoundError:
-                continue
-            # A reader may catch a batch mid-write: only lines ending in "\n" are whole.
-            for line in data.split(b"\n")[:-1]:
-                rec = json.loads(line)
-                if kind is not None and rec.get("kind") != kind:
-                    continue
-                if aggregated is not None and (("rank" not in rec) != aggregated):
-                    continue
-                out.append(rec)
-        return out
-
-    def steps(self) -> dict[int, dict]:
-        """Aggregated metrics records by step (the last one wins)."""
-        return {r["step"]: r for r in self.read_jsonl("metrics", aggregated=True)}
-
-    def wait_for(self, predicate: Callable[[list[dict]], bool], timeout_s: float = 20.0,
-                 kind: str | None = None) -> list[dict]:
-        """Poll metrics.jsonl until predicate(records) holds; return the records or raise."""
-        deadline = time.monotonic() + timeout_s
-        while True:
-            recs = self.read_jsonl(kind)
-            if predicate(recs):
-                return recs
-            if time.monotonic() > deadline:
-                raise AssertionError(f"condition not met within {timeout_s} s; {len(recs)} records; "
-                                     f"daemon output:\n{self.output()[-3000:]}")
-            if self.proc.poll() is not None:
-                raise AssertionError(f"daemon exited (rc={self.proc.returncode}):\n{self.output()[-3000:]}")
-            time.sleep(0.05)
-
-    # -- the control socket --------------------------------------------------------------------
-    def request(self, cmd: str, timeout_s: float = 10.0) -> dict:
-        from telemetry.daemon.control import request
-
-        return request(self.control, cmd, timeout_s=timeout_s)
-
-    def status(self, timeout_s: float = 10.0) -> dict:
-        return self.request("status", timeout_s)
-
-    def drain(self, timeout_s: float = 30.0) -> dict:
-        """Ask for a drain; return the final counters; wait for the process to exit."""
-        final = self.request("drain", timeout_s)
-        self.proc.wait(timeout_s)
-        return final
-
-    # -- sockets a test may want ---------------------------------------------------------------
-    def push(self, ctx: zmq.Context | None = None, sndhwm: int = 100_000) -> zmq.Socket:
-        """A raw PUSH socket connected to ingest (linger 0): for hand-made or malformed frames."""
-        ctx = ctx or zmq.Context.instance()
-        s = ctx.socket(zmq.PUSH)
-        s.setsockopt(zmq.LINGER, 0)
-        s.setsockopt(zmq.SNDHWM, sndhwm)
-        s.setsockopt(zmq.SNDTIMEO, 5000)
-        s.connect(self.ingest)
-        return s
-
-    def subscribe(self, topic: bytes = b"", ctx: zmq.Context | None = None, rcvtimeo_ms: int = 5000) -> zmq.Socket:
-        """A SUB socket on the daemon's PUB (linger 0, receive timeout). Give it ~0.2 s to join."""
-        ctx = ctx or zmq.Context.instance()
-        s = ctx.socket(zmq.SUB)
-        s.setsockopt(zmq.LINGER, 0)
-        s.setsockopt(zmq.RCVTIMEO, rcvtimeo_ms)
-        s.setsockopt(zmq.SUBSCRIBE, topic)
-        s.connect(self.pub)
-        return s
-
-    # -- stopping ------------------------------------------------------------------------------
-    def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 30.0) -> int:
-        """Signal the daemon (SIGTERM: drain and exit) and wait; return its exit code."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            try:
-                self.proc.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                self.kill()
-                raise AssertionError(f"daemon did not exit within {timeout_s} s of {sig!r}:\n"
-                                     + self.output()[-3000:])
-        self._pump.join(2.0)
-        return self.proc.returncode
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(10)
-
-    def cleanup(self) -> None:
-        self.kill()
-        if self._runtime_dir is not None:
-            shutil.rmtree(self._runtime_dir, ignore_errors=True)
-
-
-def _pieces(log_dir: Path) -> list[Path]:
-    from telemetry.sinks.jsonl import rotated_files
-
-    return rotated_files(log_dir)
-
-
-def daemon_command(log_dir: Path, ingest: str, pub: str, control: str, wandb: str = "disabled",
-                   world_size: int | None = None, per_rank: bool = False, config: Path | None = None,
-                   extra_args: tuple[str, ...] = ()) -> list[str]:
-    cmd = [sys.executable, "-m", "telemetry", "daemon", "--log-dir", str(log_dir), "--wandb", wandb,
-           "--ingest", ingest, "--pub", pub, "--control", control]
-    if world_size is not None:
-        cmd += ["--world-size", str(world_size)]
-    if per_rank:
-        cmd.append("--per-rank")
-    if config is not None:
-        cmd += ["--config", str(config)]
-    return cmd + list(extra_args)
 
 
 def start_daemon(tmp_path: Path, *, transport: str = "ipc", wandb: str = "disabled",

@@ -130,3 +130,23 @@ def test_none_and_bool_values_reduce_without_losing_the_step():
     assert values["train/loss"] == 2.0 and values["perf/tokens"] == 12
     assert values["eval/acc"] == 0.5          # the rank without a value does not count
     assert values["is_best"] == 0.5           # the fraction of ranks
+
+
+def test_per_phase_straggler_view():
+    # issue 19: equal step times (synchronous DP), rank 2 slow in forward, the others wait in backward
+    a = agg(4)
+    fwd = [0.02, 0.02, 0.17, 0.03]
+    rows = {r: {"perf/step_time": 0.3, "perf/data_loading_time": 0.001, "perf/forward_time": fwd[r],
+                "perf/backward_time": 0.27 - fwd[r], "perf/optimizer_time": 0.01} for r in range(4)}
+    (rec,) = feed(a, 3, rows)
+    v = rec["values"]
+    assert v["perf/straggler_rank"] == 2 and v["perf/straggler_phase_index"] == 1      # forward
+    assert v["perf/straggler_median_s"] == pytest.approx(0.02)
+    assert v["perf/straggler_excess_s"] == pytest.approx(0.15)
+    # a rank that did not log a phase: the others' figures
+    rows[3].pop("perf/forward_time")
+    (rec,) = feed(a, 4, rows)
+    assert rec["values"]["perf/straggler_rank"] == 2 and rec["values"]["perf/straggler_excess_s"] == pytest.approx(0.15)
+    # one rank alone: no straggler view
+    (rec,) = feed(agg(1), 0, {0: rows[0]})
+    assert "perf/straggler_rank" not in rec["values"]

@@ -1,6 +1,7 @@
-"""The bulk reduction (steps whose ranks logged the same keys in the same order, reduced a metric
-at a time across the whole batch) gives what the one-step-at-a-time path gives, in the order the
-steps were closed; and MFU for a batch of steps equals MFU step by step."""
+"""A batch of closed steps (a StepBatch: one column per metric) reduces to what the plain
+definition gives step by step (mean, sum, max, min, last of the values the ranks logged; one
+value kept as it is; the straggler view), in the order the steps were closed, uniform steps and
+the others alike; and the MFU of a batch's steps is each step's own."""
 from __future__ import annotations
 
 import math
@@ -11,7 +12,7 @@ from hypothesis import strategies as st
 
 from telemetry.daemon.aggregator import Aggregator
 from telemetry.daemon.config import AggregatorConfig
-from telemetry.mfu import MfuEstimator
+from telemetry.daemon.mfu import MfuEstimator
 
 KEYS = ("train/loss", "perf/tokens", "perf/step_time", "memory/max_allocated_gb", "custom/n_count", "train/lr")
 NUMBER = st.one_of(st.floats(-1e6, 1e6, allow_nan=False), st.integers(-10**6, 10**6), st.booleans())
@@ -19,15 +20,9 @@ VALUE = st.one_of(NUMBER, NUMBER, NUMBER, st.none())
 
 
 def _close(agg: Aggregator, steps: list[dict[int, dict]]):
-    """Feed whole steps (rank -> values) through add_many, with one key-order object per order,
-    as the receiver hands them; return the closed accumulators."""
-    orders: dict[tuple, tuple] = {}
-    recs, keys = [], []
-    for step, rows in enumerate(steps):
-        for rank, values in rows.items():
-            recs.append(_Rec(rank, step, step * 10 + rank, values))
-            keys.append(orders.setdefault(tuple(values), tuple(values)))
-    done, late = agg.add_many(recs, keys)
+    """Feed whole steps (rank -> values) through add_many; return the closed accumulators."""
+    recs = [_Rec(rank, step, step * 10 + rank, values) for step, rows in enumerate(steps) for rank, values in rows.items()]
+    done, late = agg.add_many(recs)
     assert not late
     return done
 
@@ -37,10 +32,25 @@ class _Rec:
         self.rank, self.step, self.t_ns, self.values = rank, step, t_ns, values
 
 
-def _one_at_a_time(agg: Aggregator, acc) -> dict:
-    rows = list(acc.by_rank.values())
-    values = dict(rows[0]) if len(rows) == 1 else agg._reduce_general(rows)
-    return agg._straggle(acc, values)
+# The rules the batch below is reduced with, written out by hand.
+RULES = {"train/loss": "mean", "perf/tokens": "sum", "perf/step_time": "max", "memory/max_allocated_gb": "max",
+         "custom/n_count": "sum", "train/lr": "last"}
+PLAIN = {"mean": lambda xs: sum(xs) / len(xs), "sum": sum, "max": max, "last": lambda xs: xs[-1]}
+
+
+def _one_at_a_time(rows: dict[int, dict]) -> dict:
+    """The plain definition of one step's record values."""
+    values = {}
+    for name in dict.fromkeys(k for row in rows.values() for k in row):
+        xs = [row[name] for row in rows.values() if row.get(name) is not None]
+        values[name] = None if not xs else xs[0] if len(xs) == 1 else PLAIN[RULES[name]](xs)
+    timed = [(row["perf/step_time"], rank) for rank, row in rows.items() if row.get("perf/step_time") is not None]
+    if timed:
+        times = [t for t, _ in timed]
+        values["perf/step_time_max"] = max(times)
+        values["perf/step_time_min"] = min(times)
+        values["perf/slowest_rank"] = timed[times.index(max(times))][1]
+    return values
 
 
 def _same(a, b) -> bool:
@@ -73,15 +83,14 @@ def test_bulk_reduction_equals_one_step_at_a_time(case):
     agg = Aggregator(AggregatorConfig(world_size=world, reductions={"train/lr": "last"}))
     done = _close(agg, steps)
     assert [acc.step for acc in done] == list(range(len(steps)))
-    expected = [_one_at_a_time(Aggregator(AggregatorConfig(world_size=world, reductions={"train/lr": "last"})), acc)
-                for acc in done]
     recs = agg.finish_many(done)
-    for acc, rec, want in zip(done, recs, expected):
-        assert rec["step"] == acc.step and "missing_ranks" not in rec
+    for step, (rows, rec) in enumerate(zip(steps, recs)):
+        want = _one_at_a_time(rows)
+        assert rec["step"] == step and "missing_ranks" not in rec
         got = rec["values"]
-        assert list(got) == list(want) or set(got) == set(want)
+        assert list(got) == list(want)
         for k in want:
-            assert _same(got[k], want[k]), (k, got[k], want[k], acc.by_rank)
+            assert _same(got[k], want[k]), (k, got[k], want[k], rows)
 
 
 def test_a_batch_of_uniform_steps_is_grouped_and_keeps_its_order():
@@ -94,15 +103,17 @@ def test_a_batch_of_uniform_steps_is_grouped_and_keeps_its_order():
             b = dict(reversed(list(b.items())))
         steps.append({0: a, 1: b})
     done = _close(agg, steps)
-    assert [acc.uniform for acc in done] == [True, True, True, False, True, True]
-    recs = agg.finish_many(done)
+    batch, recs = agg.finish_batch(done)
     assert [r["step"] for r in recs] == list(range(6))
     for s, r in enumerate(recs):
         v = r["values"]
         assert v["train/loss"] == 2.0 + s and v["perf/tokens"] == 400 and type(v["perf/tokens"]) is int
         assert v["perf/step_time"] == v["perf/step_time_max"] == 0.7 and v["perf/step_time_min"] == 0.5
         assert v["perf/slowest_rank"] == 1
-    assert done[0].cols == ((100, 300), None, (0.5, 0.7))     # for MFU: tokens, sum L^2, step times
+    # One shape for every step: per metric, per step, one value per rank (in order of first report).
+    assert batch.ranks == [(0, 1)] * 6 and batch.steps == list(range(6))
+    assert batch.columns["perf/tokens"] == [(100, 300)] * 6 and batch.columns["perf/step_time"] == [(0.5, 0.7)] * 6
+    assert batch.column("perf/attn_doc_len_sq") == [None] * 6
 
 
 def test_a_value_that_is_not_a_number_sends_the_group_one_step_at_a_time():
@@ -122,26 +133,43 @@ ODD = st.one_of(POSITIVE, POSITIVE, POSITIVE, st.just(0), st.none(), st.just(mat
 
 @settings(max_examples=300, deadline=None)
 @given(st.data())
-def test_mfu_for_many_steps_equals_step_by_step(data):
-    est = MfuEstimator.from_hello({"model": {"hf_config": LLAMA, "seq_len": data.draw(st.sampled_from([0, 16])),
-                                             "gradient_checkpointing": data.draw(st.booleans())},
-                                   "device_name": data.draw(st.sampled_from(["NVIDIA H100 80GB HBM3", "cpu"]))},
-                                  halve_causal=data.draw(st.booleans()))
-    ranks = data.draw(st.integers(1, 4))
-    same_ranks = data.draw(st.booleans())
-    with_sq = data.draw(st.booleans())
+def test_mfu_of_a_batch_is_each_steps_own(data):
+    from telemetry.daemon.config import MfuConfig
+    from telemetry.daemon.derived import Derived
+
+    hello = {"model": {"hf_config": LLAMA, "seq_len": data.draw(st.sampled_from([0, 16])),
+                       "gradient_checkpointing": data.draw(st.booleans())},
+             "device_name": data.draw(st.sampled_from(["NVIDIA H100 80GB HBM3", "cpu"]))}
+    est = MfuEstimator.from_hello(hello)
+    derived = Derived(MfuConfig())
+    derived.on_hello(hello)
     value = POSITIVE if data.draw(st.booleans()) else ODD
-    tokens, doc_sq, times = [], [], []
+    with_sq = data.draw(st.booleans())
+    steps = []
     for _ in range(data.draw(st.integers(1, 8))):
-        n = ranks if same_ranks else data.draw(st.integers(1, 4))
-        tokens.append(tuple(data.draw(value) for _ in range(n)))
-        times.append(tuple(data.draw(value) for _ in range(n)))
-        doc_sq.append(tuple(data.draw(value) for _ in range(n)) if with_sq else None)
-    world = data.draw(st.sampled_from([None, ranks, ranks + 2]))
-    many = est.step_metrics_many(tokens, doc_sq, times, world)
-    one = [est.step_metrics_columns(t, d, s, world) for t, d, s in zip(tokens, doc_sq, times)]
-    assert len(many) == len(one)
-    for m, o in zip(many, one):
-        assert m.keys() == o.keys()
-        for k in o:
-            assert m[k] == pytest.approx(o[k], rel=1e-9)
+        rows = {}
+        for rank in range(data.draw(st.integers(1, 4))):
+            row = {"perf/tokens": data.draw(value), "perf/step_time": data.draw(value)}
+            if with_sq:
+                row["perf/attn_doc_len_sq"] = data.draw(value)
+            rows[rank] = {k: v for k, v in row.items() if data.draw(st.integers(0, 9)) or k != "perf/step_time"}
+        steps.append(rows)
+    world = data.draw(st.sampled_from([1, 4, 6]))
+    agg = Aggregator(AggregatorConfig(world_size=10))    # never complete: every step goes out at the flush
+    batch, recs = agg.finish_batch(_close_each(agg, steps))
+    values = [rec["values"] for rec in recs]
+    derived.apply(batch, values, world)
+    for rows, v in zip(steps, values):
+        want = est.step_metrics(rows, world)
+        got = {k: v[k] for k in v if k in ("perf/model_flops_per_second", "perf/mfu", "perf/mfu_percent", "perf/hfu")}
+        assert got.keys() == want.keys()
+        for k in want:
+            assert got[k] == pytest.approx(want[k], rel=1e-9)
+
+
+def _close_each(agg: Aggregator, steps: list[dict]) -> list:
+    """Every step closed, with all its records."""
+    recs = [_Rec(rank, step, step, values) for step, rows in enumerate(steps) for rank, values in rows.items()]
+    done, _ = agg.add_many(recs)
+    assert not done
+    return agg.flush()

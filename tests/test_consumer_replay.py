@@ -3,7 +3,7 @@ second replay adds only what is new (idempotent by step). The offline run files 
 from __future__ import annotations
 
 import json
-import struct
+import time
 from pathlib import Path
 
 import pytest
@@ -12,34 +12,17 @@ from telemetry.client import TelemetryClient
 
 pytest.importorskip("wandb")
 
-BLOCK = 32768
-HEADER = 7  # ":W&B" + magic 0xBEE1 + version
-
-
 def read_history(wandb_file: Path) -> list[dict]:
-    """History rows of an offline run's .wandb file (LevelDB log format of Record protos)."""
-    from wandb.proto import wandb_internal_pb2 as pb
+    """History rows of an offline run's .wandb file, once W&B has written all of it."""
+    from telemetry.consumers.wandb_offline import is_finished, records
 
-    data = wandb_file.read_bytes()
-    assert data[:4] == b":W&B"
-    pos, rows, buf = HEADER, [], b""
-    while pos + 7 <= len(data):
-        left_in_block = BLOCK - pos % BLOCK
-        if left_in_block < 7:
-            pos += left_in_block  # block trailer padding
-            continue
-        _crc, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
-        chunk = data[pos + 7:pos + 7 + length]
-        pos += 7 + length
-        if kind in (1, 2):  # full, first
-            buf = chunk
-        else:  # middle, last
-            buf += chunk
-        if kind in (1, 4):
-            rec = pb.Record()
-            rec.ParseFromString(buf)
-            if rec.WhichOneof("record_type") == "history":
-                rows.append({"/".join(i.nested_key) or i.key: json.loads(i.value_json) for i in rec.history.item})
+    deadline = time.monotonic() + 30   # W&B's service writes the last records after finish() returns
+    while not is_finished(wandb_file.parent) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    rows = []
+    for rec in records(wandb_file):
+        if rec.WhichOneof("record_type") == "history":
+            rows.append({"/".join(i.nested_key) or i.key: json.loads(i.value_json) for i in rec.history.item})
     return rows
 
 
@@ -81,13 +64,37 @@ def test_replay_offline_is_idempotent_by_step(make_daemon, tmp_path, monkeypatch
     assert again["rows"] == 0 and "nothing new" in capsys.readouterr().out
     assert len(_offline_runs(log_dir)) == 1  # no W&B run opened for nothing
 
-    # The run goes on (a restarted daemon appends to the same metrics.jsonl): only steps 21..30 go up.
+    # The run goes on (a restarted daemon appends to the same metrics.jsonl): a new replay writes
+    # the whole run into one new directory and moves the old one aside, so that `wandb sync` of
+    # the folder uploads each step once.
     _train(make_daemon(world_size=1, log_dir=log_dir), range(21, 31))
     third = replay(log_dir, mode="offline")
-    assert third["run_id"] == first["run_id"] and third["steps"] == 10
-    new_file = [p for p in _offline_runs(log_dir) if p != run_file][0]
-    new_steps = [r["train/step"] for r in read_history(new_file) if "train/loss" in r]
-    assert new_steps == list(range(21, 31))
+    assert third["run_id"] == first["run_id"] and third["steps"] == 30
+    (new_file,) = _offline_runs(log_dir)
+    assert new_file != run_file
+    assert [r["train/step"] for r in read_history(new_file) if "train/loss" in r] == list(range(1, 31))
+    assert third["superseded"] == [log_dir / "wandb-superseded" / run_file.parent.name]
+    assert (log_dir / "wandb-superseded" / run_file.parent.name / run_file.name).exists()   # kept, not deleted
+
+
+def test_replay_after_the_live_offline_sink_keeps_one_directory(make_daemon, tmp_path, monkeypatch):
+    """The daemon's own W&B sink wrote an offline run; a replay must not add a second one beside it."""
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    from telemetry.consumers.replay import replay
+
+    log_dir = tmp_path / "run" / "telemetry"
+    _train(make_daemon(world_size=1, log_dir=log_dir, wandb="offline"), range(1, 16))
+    (live_file,) = _offline_runs(log_dir)
+    live_steps = [r["train/step"] for r in read_history(live_file) if "train/loss" in r]
+    assert live_steps == list(range(1, 16))
+
+    r = replay(tmp_path / "run", mode="offline")
+    (only,) = _offline_runs(log_dir)    # one directory per run id: wandb sync uploads each step once
+    assert only != live_file and only.name == f"run-{r['run_id']}.wandb" == live_file.name
+    assert [x["train/step"] for x in read_history(only) if "train/loss" in x] == list(range(1, 16))
+    assert (log_dir / "wandb-superseded" / live_file.parent.name).is_dir()
 
 
 def test_plan_assigns_host_records_to_the_step_before(tmp_path):

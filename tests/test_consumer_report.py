@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -32,9 +33,15 @@ def test_report_from_a_real_daemon(make_daemon, tmp_path):
             c.hello({"world_size": 2, "run_name": "my-run-7", "config": {"optim": {"lr": 3e-4}, "steps": 30}})
         for step in range(1, 31):
             for r, c in enumerate(clients):
-                c.log(step, {"train/loss": 3.0 - step / 20 + r * 0.01, "perf/step_time": 0.2 + 0.05 * r,
-                             "perf/tokens": 1024, "dataset/code/loss": 2.5 - step / 30,
-                             "dataset/chat/loss": 3.1 - step / 25})
+                values = {"train/loss": 3.0 - step / 20 + r * 0.01, "perf/step_time": 0.2 + 0.05 * r,
+                          "perf/tokens": 1024, "dataset/code/loss": 2.5 - step / 30,
+                          "dataset/chat/loss": 3.1 - step / 25, "train/lr": 1e-3 * min(1, step / 10),
+                          "train/grad_norm": 1.0 + step % 4, "perf/forward_time": 0.05, "perf/backward_time": 0.1,
+                          "perf/optimizer_time": 0.02, "perf/data_loading_time": 0.01}
+                if step % 10 == 0:
+                    values.update({"eval/code/loss": 2.0 - step / 40, "eval/code/accuracy": step / 40,
+                                   "eval/chat/loss": 2.8 - step / 40})
+                c.log(step, values)
         clients[1].event("checkpoint_saved", {"path": "/ckpt/step-30"})
     finally:
         for c in clients:
@@ -46,8 +53,9 @@ def test_report_from_a_real_daemon(make_daemon, tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "run my-run-7" in proc.stdout and "steps              30" in proc.stdout
+    assert "eval loss (last)   chat 2.0500, code 1.2500" in proc.stdout, proc.stdout
     out = run_dir / "telemetry" / "report"
-    for name in ("loss.png", "throughput.png", "step_time.png"):
+    for name in ("loss.png", "throughput.png", "step_time.png", "training.png", "phases.png", "eval.png"):
         _check_png(out / name)
     page = (out / "index.html").read_text()
     assert "<title>Run my-run-7" in page and "<h1>Run my-run-7</h1>" in page
@@ -95,3 +103,49 @@ def test_report_without_metrics_says_so(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "telemetry", "report", str(tmp_path)], cwd=ROOT,
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 1 and "no metrics.jsonl" in proc.stderr
+
+
+def test_time_plots_leave_a_gap_where_the_daemon_was_down():
+    from telemetry.consumers.report import time_line
+
+    ts = [float(t) for t in range(0, 20)] + [float(t) for t in range(200, 220)]   # 3 minutes without records
+    xs, ys = time_line(ts, [50.0] * len(ts))
+    assert len(xs) == 41 and math.isnan(ys[20]) and 19 < xs[20] < 200
+    assert not any(math.isnan(y) for y in ys[:20] + ys[21:])
+
+
+def test_a_resumed_run_counts_every_daemon_s_records(make_daemon, tmp_path):
+    run_dir = tmp_path / "resumed"
+    finals = []
+    for first, last in ((1, 10), (11, 25)):   # a second daemon appends to the same metrics.jsonl
+        d = make_daemon(world_size=1, log_dir=run_dir / "telemetry")
+        c = TelemetryClient(d.ingest, rank=0)
+        for step in range(first, last + 1):
+            c.log(step, {"train/loss": 1.0, "perf/step_time": 0.1})
+        c.close()
+        d.wait_for(lambda rs: any(r.get("step") == last for r in rs))
+        finals.append(d.drain()["records_in"])
+    r = make_report(run_dir)
+    assert finals[0] > 0 and finals[1] > 0
+    assert r["summary"]["records_in"] == finals[0] + finals[1]
+    assert r["summary"]["num_daemons"] == 2
+    proc = subprocess.run([sys.executable, "-m", "telemetry.consumers.summary", str(run_dir / "telemetry")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert f"records in         {finals[0] + finals[1]}  (over 2 daemon runs)" in proc.stdout, proc.stdout
+
+
+def test_hang_and_crash_events_are_listed_first_with_their_bundle(tmp_path):
+    # issue 19: a hang early in the run stays in the text summary however many events follow it,
+    # and the report says where its forensics bundle is.
+    from telemetry.consumers.report import collect, summarize, text_summary
+
+    hang = {"kind": "event", "t": 1001.0, "rank": 1, "name": "diagnosis/hang",
+            "data": {"message": "hang: rank 1 is in load_batch", "severity": "critical",
+                     "bundle": "/logs/forensics/20261123-120000-hang"}}
+    later = [{"kind": "event", "t": 1002.0 + i, "rank": None, "name": "diagnosis/loss_spike",
+              "data": {"message": f"spike {i}", "severity": "warning"}} for i in range(8)]
+    steps = [{"kind": "metrics", "t": 1000.0, "step": 1, "values": {"train/loss": 2.0}}]
+    d = collect(steps + [hang] + later)
+    text = text_summary("run", summarize(d), d)
+    assert "!!diagnosis/hang: hang: rank 1 is in load_batch [forensics: /logs/forensics/20261123-120000-hang]" in text
+    assert "spike 7" in text and "spike 0" not in text

@@ -105,6 +105,9 @@ def test_format_line_and_sparkline():
     line = format_line("event", {"t": 0, "rank": 3, "name": "diagnosis/straggler",
                                  "data": {"message": "rank 3 is slow"}})
     assert line.endswith("event diagnosis/straggler rank=3: rank 3 is slow")
+    line = format_line("event", {"t": 0, "rank": 1, "name": "diagnosis/hang",
+                                 "data": {"message": "rank 1 is in load_batch", "bundle": "/l/forensics/x"}})
+    assert line.endswith("diagnosis/hang rank=1: rank 1 is in load_batch [forensics: /l/forensics/x]")
     assert format_line("gpu", {"t": 0, "host": "n0", "gpu": 1, "values": {"gpu/util_percent": 97.25}}) \
         .split(" ", 1)[1] == "gpu n0/1 gpu/util_percent=97.25"
     assert sparkline([1, 2, 3]) == "▁▅█"
@@ -133,3 +136,62 @@ def test_live_view_renders_every_panel():
         for needle in ("my-run", "0.1000", "100,000", "40.0 %", "rank 1 is slow", "97 %", "40.0/80 GB",
                        "spread 10.0 %"):
             assert needle in text, (width, needle, text)
+
+
+def test_an_event_from_every_rank_is_one_line_and_the_end_is_said(daemon):
+    tail = Tail(daemon.pub)
+    clients = [TelemetryClient(daemon.ingest, rank=r) for r in (0, 1)]
+    try:
+        _send_until(clients[0], tail, lambda ls: any(" metrics step=" in l for l in ls),
+                    lambda s: {"train/loss": 1.0, "perf/step_time": 0.1})
+        for c in clients:
+            c.hello({"run_name": "two-ranks"})
+        for c in clients:
+            c.event("checkpoint_saved", {"path": "/ckpt/step_5", "step": 5})
+        tail.wait_for(lambda ls: any("event checkpoint_saved" in l for l in ls))
+    finally:
+        for c in clients:
+            c.close()
+    tail.wait_for(lambda ls: any("run ended: all 2 ranks closed" in l for l in ls))
+    assert tail.detach() == 0
+    saved = [l for l in tail.lines if "event checkpoint_saved" in l]
+    assert len(saved) == 1 and "ranks=0-1" in saved[0] and "path=/ckpt/step_5" in saved[0], saved
+
+
+def test_line_mode_says_when_the_daemon_goes_and_comes_back(make_daemon, tmp_path):
+    import tempfile
+
+    sockets = Path(tempfile.mkdtemp(prefix="ttail-", dir="/tmp"))
+    eps = ("--ingest", f"ipc://{sockets}/i.sock", "--pub", f"ipc://{sockets}/p.sock",
+           "--control", f"ipc://{sockets}/c.sock")
+    first = make_daemon(extra_args=eps)
+    tail = Tail(f"ipc://{sockets}/p.sock")
+    try:
+        time.sleep(1.0)   # connected
+        first.stop()
+        tail.wait_for(lambda ls: any("daemon not reachable" in l for l in ls))
+        make_daemon(extra_args=eps)
+        tail.wait_for(lambda ls: any("daemon reachable again" in l for l in ls))
+    finally:
+        assert tail.detach() == 0
+    news = [l.split(" ", 1)[1] for l in tail.lines if " daemon " in l and "reachable" in l]
+    assert news == ["daemon not reachable (stopped or restarting); waiting for it", "daemon reachable again"], news
+
+
+def test_live_view_shows_eval_per_dataset_and_the_end():
+    from rich.console import Console
+
+    st = TailState()
+    st.consume("hello", {"rank": 0, "info": {"run_name": "r"}})
+    st.consume("metrics", {"step": 10, "values": {"train/loss": 2.0, "eval/copy/loss": 1.25,
+                                                  "eval/copy/accuracy": 0.5, "eval/sort/loss": 1.75}})
+    for rank in (0, 1):
+        st.consume("event", {"t": 0, "rank": rank, "name": "checkpoint_saved", "data": {"path": "/c", "step": 10}})
+    st.consume("bye", {"rank": 0, "stats": {}})
+    console = Console(width=140, record=True, file=open(os.devnull, "w"))
+    console.print(render(st, "ipc:///x", width=140))
+    text = console.export_text()
+    for needle in ("eval copy", "1.2500", "accuracy 0.5", "eval sort", "1.7500", "at step 10",
+                   "run ended: rank 0 closed", "checkpoint_saved ranks 0-1"):
+        assert needle in text, (needle, text)
+    assert text.count("checkpoint_saved") == 1

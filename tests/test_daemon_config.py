@@ -33,7 +33,7 @@ custom_sinks: [{class: "pkg.mod:MySink", options: {a: 1}, max_per_second: 1}]
     ("jsonl: {fsync_interval_s: 0}", "fsync_interval_s"),
     ("pub_sink: {every_n_steps: 0}", "every_n_steps"),
     ("aggregator: {step_timeout_s: -1}", "step_timeout_s"),
-    ("nonsense_key: 1", "unknown key nonsense_key"),
+    ("nonsense_key: 1", "unknown config key 'nonsense_key'"),
     ("wandb: {max_queued: lots}", "wandb.max_queued"),
     ("custom_sinks: [{class: nocolon}]", "custom_sinks[0]"),
     ("[1, 2]", "mapping"),
@@ -55,6 +55,40 @@ def test_daemon_uses_the_config_file(tmp_path):
     try:
         st = d.status()
         assert "tensorboard" in st["sinks"]
+    finally:
+        assert d.stop() == 0
+        d.cleanup()
+
+
+def test_every_section_is_typed_once_at_load(tmp_path):
+    """The daemon config holds typed sections, not dicts parsed again where they are used."""
+    from telemetry.daemon.diagnosis.config import DiagnosisConfig
+    from telemetry.daemon.pollers.config import PollersConfig
+    from telemetry.daemon.sinks.forward import ForwardConfig
+    from telemetry.shared.security.curve import SecurityConfig
+
+    p = tmp_path / "d.yaml"
+    p.write_text("pollers: {nvml_gpus: [0, 1], host_interval_s: 2}\n"
+                 "diagnosis: {disabled_rules: [throttle], min_interval_s: 5}\n"
+                 "security: {curve_loopback: false}\n"
+                 "forward: {endpoint: 'tcp://127.0.0.1:5557', kinds: [metrics]}\n")
+    cfg = load(p, {"forward.node_rank": 2, "forward.num_nodes": 4, "aggregator.world_size": 8})
+    assert isinstance(cfg.pollers, PollersConfig) and cfg.pollers.nvml_gpus == (0, 1)
+    assert cfg.pollers.host_interval_s == 2.0 and isinstance(cfg.pollers.host_interval_s, float)
+    assert isinstance(cfg.diagnosis, DiagnosisConfig) and cfg.diagnosis.disabled_rules == ("throttle",)
+    assert isinstance(cfg.security, SecurityConfig) and not cfg.security.enabled
+    assert isinstance(cfg.forward, ForwardConfig) and cfg.forward.node_rank == 2 and cfg.forward.kinds == ["metrics"]
+    assert cfg.aggregator.first_rank == 16          # a node daemon waits for its own slice of the ranks
+    plain = load(None, {})
+    assert plain.forward is None and plain.pollers == PollersConfig() and plain.diagnosis == DiagnosisConfig()
+
+
+def test_a_disabled_forward_section_starts_no_forwarder(tmp_path):
+    """forward.enabled is read like every sink's `enabled` (it was a field nothing read)."""
+    fwd = {"endpoint": "tcp://127.0.0.1:9", "enabled": False}
+    d = start_daemon(tmp_path, config={"forward": fwd, "pollers": {"nvml_enabled": False, "host_enabled": False}})
+    try:
+        assert "forward" not in d.status()["sinks"]
     finally:
         assert d.stop() == 0
         d.cleanup()

@@ -6,7 +6,8 @@ import logging
 
 import pytest
 
-from telemetry.diagnosis import RULES, Diagnoser, DiagnosisConfig, Finding, Rule
+from telemetry.daemon.diagnosis import RULES, Diagnoser, DiagnosisConfig, Finding, Rule
+from telemetry.shared.config import ConfigError, build
 
 T0 = 1_763_800_000.0
 
@@ -23,18 +24,18 @@ def test_registry_has_every_rule_of_the_issue():
 
 def test_event_record_shape_is_the_jsonl_contract(caplog):
     d = Diagnoser(DiagnosisConfig(log_events=True))
-    with caplog.at_level(logging.WARNING, logger="telemetry.diagnosis"):
+    with caplog.at_level(logging.WARNING, logger="telemetry.daemon.diagnosis"):
         [ev] = d.consume(nan_loss(7, T0))
     assert set(ev) == {"kind", "t", "rank", "name", "data"}
     assert ev["kind"] == "event" and ev["t"] == T0 and ev["rank"] is None and ev["name"] == "diagnosis/nonfinite"
     assert ev["data"]["rule"] == "nonfinite" and ev["data"]["num_suppressed"] == 0
     json.dumps(ev, allow_nan=False)  # no NaN leaks into the JSONL line
-    [rec] = [r for r in caplog.records if r.name == "telemetry.diagnosis"]
+    [rec] = [r for r in caplog.records if r.name == "telemetry.daemon.diagnosis"]
     assert rec.levelno == logging.ERROR and rec.getMessage() == ev["data"]["message"]
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="telemetry.diagnosis"):
+    with caplog.at_level(logging.WARNING, logger="telemetry.daemon.diagnosis"):
         assert Diagnoser(DiagnosisConfig()).consume(nan_loss(7, T0))  # default: the daemon logs, not us
-    assert not [r for r in caplog.records if r.name == "telemetry.diagnosis"]
+    assert not [r for r in caplog.records if r.name == "telemetry.daemon.diagnosis"]
 
 
 def test_rate_limit_per_rule_and_subject_counts_suppressed():
@@ -72,7 +73,7 @@ class Always(Rule):
 def test_a_failing_rule_is_isolated_and_logged_once(caplog):
     cfg = DiagnosisConfig(min_interval_s=1e-9, log_events=False)
     d = Diagnoser(cfg, rules=[Boom(cfg), Always(cfg)])
-    with caplog.at_level(logging.ERROR, logger="telemetry.diagnosis"):
+    with caplog.at_level(logging.ERROR, logger="telemetry.daemon.diagnosis"):
         evs = [e for i in range(3) for e in d.consume(nan_loss(i, T0 + i))]
         d.tick(T0 + 10)
     assert [e["name"] for e in evs] == ["diagnosis/always"] * 3
@@ -109,20 +110,21 @@ def test_disabled_rules_and_disabled_diagnosis():
     ({"rank_silence_s": float("inf")}, "rank_silence_s"),
 ])
 def test_config_rejects_bad_values(kw, fragment):
-    with pytest.raises(ValueError, match=fragment):
-        DiagnosisConfig(**kw)
+    """The `diagnosis:` mapping of a daemon config, through the project's one loader."""
+    with pytest.raises(ConfigError, match=fragment):
+        build(DiagnosisConfig, kw, "diagnosis")
 
 
-def test_config_from_dict():
-    c = DiagnosisConfig.from_dict({"min_interval_s": 30, "disabled_rules": ["throttle"]})
-    assert c.min_interval_s == 30.0 and c.disabled_rules == ("throttle",)
-    with pytest.raises(ValueError, match="min_intervl_s"):
-        DiagnosisConfig.from_dict({"min_intervl_s": 1})
+def test_config_from_a_mapping():
+    c = build(DiagnosisConfig, {"min_interval_s": 30, "disabled_rules": ["throttle"]}, "diagnosis")
+    assert c.min_interval_s == 30.0 and isinstance(c.min_interval_s, float) and c.disabled_rules == ("throttle",)
+    with pytest.raises(ConfigError, match="'diagnosis.min_intervl_s'"):
+        build(DiagnosisConfig, {"min_intervl_s": 1}, "diagnosis")
 
 
 def test_real_host_poller_record_feeds_the_host_memory_rule():
-    from telemetry.pollers import PollersConfig
-    from telemetry.pollers.host import HostPoller
+    from telemetry.daemon.pollers import PollersConfig
+    from telemetry.daemon.pollers.host import HostPoller
 
     [rec] = HostPoller(PollersConfig(host="h0")).poll_once()
     low = Diagnoser(DiagnosisConfig(host_memory_percent_high=0.01, log_events=False))
@@ -132,3 +134,32 @@ def test_real_host_poller_record_feeds_the_host_memory_rule():
     assert ev["data"]["memory_percent"] == rec["values"]["system/memory_percent"]
     assert high.consume(rec) == []
     json.dumps(ev, allow_nan=False)
+
+
+def test_the_common_opening_filter_is_the_dispatchs_not_each_rules():
+    """A rule states which metrics records it judges; the Diagnoser checks that once, before consume."""
+
+    class Seen(Rule):
+        name = "seen"
+        kinds = frozenset({"metrics", "system"})
+        aggregated_only = after_warmup = complete_only = True
+
+        def __init__(self, cfg):
+            super().__init__(cfg)
+            self.steps = []
+
+        def consume(self, record):
+            self.steps.append((record["kind"], record.get("step")))
+            return []
+
+    rule = Seen(DiagnosisConfig(warmup_steps=5))
+    d = Diagnoser(DiagnosisConfig(warmup_steps=5), rules=[rule])
+    for rec in [{"kind": "metrics", "t": 1.0, "step": 4, "values": {}},                          # warm-up
+                {"kind": "metrics", "t": 1.0, "step": 5, "rank": 2, "values": {}},               # one rank's
+                {"kind": "metrics", "t": 1.0, "step": 6, "missing_ranks": [1], "values": {}},    # partial
+                {"kind": "metrics", "t": 1.0, "step": 7, "values": {}},                          # judged
+                {"kind": "system", "t": 1.0, "host": "h", "values": {}}]:                        # other kinds: all
+        d.consume(rec)
+    assert rule.steps == [("metrics", 7), ("system", None)]
+    plain = Rule(DiagnosisConfig())
+    assert plain.judges(False, False, False)   # by default a rule sees every metrics record

@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from telemetry.diagnosis import Diagnoser, DiagnosisConfig
+from telemetry.daemon.diagnosis import Diagnoser, DiagnosisConfig
 
 T0 = 1_763_800_000.0
 
@@ -72,12 +72,22 @@ def test_data_bound_fires_on_low_util_and_high_data_ratio():
     (20, 0.05, 100, 10),  # GPU idle but data is not the reason (that is launch_bound)
     (20, 0.5, 3, 10),     # warmup
     (20, 0.5, 100, 2),    # too few GPU samples to judge
-    (20, 0.5, 100, 0),    # no GPU records at all (CPU training)
+    (20, 0.05, 100, 0),   # no GPU records at all (CPU training), data loading small
 ])
 def test_data_bound_quiet(util, ratio, step, n_gpu):
     d = only("data_bound")
     recs = gpu_samples(util, T0 + step, n=n_gpu) if n_gpu else []
     assert feed(d, recs + [metrics(step, {"perf/data_loading_ratio": ratio})]) == []
+
+
+def test_data_bound_fires_without_a_gpu_on_the_data_loading_ratio_alone():
+    # A CPU run (issue 19): no GPU samples ever, data loading 61 % of the step.
+    d = only("data_bound")
+    ev = feed(d, [metrics(100, {"perf/data_loading_ratio": 0.61})])
+    assert names(ev) == ["diagnosis/data_bound"]
+    assert ev[0]["data"]["data_loading_ratio"] == 0.61 and ev[0]["data"]["gpu_util_percent"] is None
+    assert "61%" in ev[0]["data"]["message"]
+    assert feed(only("launch_bound"), [metrics(100, {"perf/data_loading_ratio": 0.02})]) == []
 
 
 def test_data_bound_ignores_gpu_samples_older_than_the_window():
@@ -274,6 +284,56 @@ def test_straggler_quiet(recs):
     assert feed(only("straggler", straggler_consecutive=3), recs) == []
 
 
+def phases(step, times, ranks=(0, 1, 2, 3), step_time=None):
+    """An aggregated record with the per-phase straggler view of per-rank phase times
+    {phase: [t_rank0, ...]}, computed as the aggregator does."""
+    from telemetry.daemon.steps import StepBatch
+    from telemetry.daemon.straggler_view import add_phase_straggler_view
+
+    step_time = step_time or max(sum(ts[i] for ts in times.values()) for i in range(len(ranks)))
+    cols = {f"perf/{p}_time": [tuple(ts)] for p, ts in times.items()}
+    cols["perf/step_time"] = [tuple([step_time] * len(ranks))]
+    v = {"perf/step_time_max": step_time, "perf/step_time_min": step_time, "perf/slowest_rank": ranks[0]}
+    add_phase_straggler_view(StepBatch([step], [0], [tuple(ranks)], [tuple(cols)], cols), [v])
+    return metrics(step, v)
+
+
+# DDP, rank 1 sleeps 0.15 s in forward: rank 0 waits the same time in backward's all-reduce.
+SLOW_FORWARD = {"data_loading": [0.001, 0.001], "forward": [0.022, 0.167], "backward": [0.19, 0.045],
+                "optimizer": [0.003, 0.003]}
+
+
+def test_straggler_names_the_rank_and_phase_when_step_times_are_equal():
+    d = only("straggler", straggler_consecutive=3)
+    ev = feed(d, [phases(s, SLOW_FORWARD, ranks=(0, 1)) for s in range(20, 26)])
+    assert names(ev) == ["diagnosis/straggler"]                     # once per episode
+    data = ev[0]["data"]
+    assert ev[0]["rank"] == 1 and data["phase"] == "forward" and data["step"] == 22
+    assert data["phase_time_s"] == pytest.approx(0.167) and data["others_median_s"] == pytest.approx(0.022)
+    msg = data["message"]
+    assert "rank 1 is slow in forward" in msg and "backward" in msg and "ZeRO-3" in msg
+
+
+@pytest.mark.parametrize("phase, slow", [("data_loading", [0.01, 0.01, 0.21, 0.01]),
+                                         ("optimizer", [0.003, 0.003, 0.003, 0.2])])
+def test_straggler_phase_of_four_ranks(phase, slow):
+    times = {"data_loading": [0.01] * 4, "forward": [0.05] * 4, "backward": [0.1] * 4, "optimizer": [0.003] * 4}
+    times[phase] = slow
+    times["backward"] = [0.1 + max(slow) - s for s in slow]          # the others wait in backward
+    ev = feed(only("straggler"), [phases(s, times) for s in range(20, 25)])
+    assert names(ev) == ["diagnosis/straggler"]
+    assert ev[0]["rank"] == slow.index(max(slow)) and ev[0]["data"]["phase"] == phase
+
+
+def test_straggler_quiet_on_phase_noise():
+    import random
+    rng = random.Random(0)
+    recs = [phases(s, {p: [base * rng.uniform(0.9, 1.1) for _ in range(4)] for p, base in
+                       (("data_loading", 0.002), ("forward", 0.03), ("backward", 0.06), ("optimizer", 0.004))})
+            for s in range(20, 220)]
+    assert feed(only("straggler"), recs) == []
+
+
 # ---- throttle --------------------------------------------------------------------------------
 def test_throttle_fires_after_consecutive_polls():
     d = only("throttle", throttle_consecutive=3)
@@ -367,7 +427,7 @@ def test_sorted_window_median_is_the_median_of_the_last_values():
     import random
     import statistics
 
-    from telemetry.diagnosis.rules.training import SortedWindow
+    from telemetry.daemon.diagnosis.rules.training import SortedWindow
 
     rng = random.Random(7)
     w, last = SortedWindow(37), []

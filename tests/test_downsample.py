@@ -2,7 +2,7 @@
 import pytest
 
 from telemetry.daemon.downsample import Downsampler
-from telemetry.sinks.base import Out
+from telemetry.daemon.sinks.base import Out
 
 
 def step(s, loss, tokens=100, t=None):
@@ -56,3 +56,39 @@ def test_every_n_and_rate_together():
     (o,) = d.feed([step(5, 1.0)])
     assert o.record["step"] == 5 and o.record["window_steps"] == 3
     assert d.feed([step(6, 1.0)]) == [] and d.poll() == []                # 1 step < every_n_steps
+
+
+def evals(s, loss):
+    """The record the daemon sends when the trainer logs eval metrics at step s after its
+    training metrics: the step logged again, eval metrics only."""
+    rec = {"kind": "metrics", "t": float(s), "step": s, "values": {"eval/web/loss": loss, "eval/web/accuracy": 0.5}}
+    return Out("metrics", rec, b"{}")
+
+
+def test_eval_records_are_not_training_steps_and_pass_through_at_their_step():
+    d = Downsampler(every_n_steps=10)
+    batch = []
+    for s in range(1, 31):
+        batch.append(step(s, float(s)))
+        if s % 10 == 0:
+            batch.append(evals(s, 100.0 + s))
+    out = d.feed(batch)
+    windows = [o.record for o in out if "train/loss" in o.record["values"]]
+    passed = [o.record for o in out if "eval/web/loss" in o.record["values"]]
+    assert [w["step"] for w in windows] == [10, 20, 30]                 # not 10, 19, 28
+    assert [w["window_steps"] for w in windows] == [10, 10, 10]
+    assert all(w["values"]["perf/tokens"] == 1000 for w in windows)      # ten training steps each
+    assert all("eval/web/loss" not in w["values"] for w in windows)
+    assert [(p["step"], p["values"]["eval/web/loss"]) for p in passed] == [(10, 110.0), (20, 120.0), (30, 130.0)]
+    assert d.flush() == []
+
+
+def test_a_record_with_training_and_eval_metrics_is_split():
+    d = Downsampler(every_n_steps=2)
+    mixed = step(2, 2.0)
+    mixed.record["values"]["eval/web/loss"] = 7.0
+    out = d.feed([step(1, 1.0), mixed])
+    assert [(o.record["step"], sorted(o.record["values"])) for o in out] == [
+        (2, ["eval/web/loss"]),
+        (2, ["perf/step_time_max", "perf/tokens", "train/epoch", "train/loss"])]
+    assert out[1].record["window_steps"] == 2 and out[1].record["values"]["perf/tokens"] == 200

@@ -116,7 +116,7 @@ def test_hostile_input_is_counted_and_valid_traffic_survives(make_daemon):
     assert tm.stats()["dropped"] == 0
     assert final["per_rank"]["0"]["received"] == sent and final["per_rank"]["0"]["lost"] == 0
     assert sorted(r["step"] for r in d.read_jsonl("metrics", aggregated=False)) == list(range(NUM_STEPS))
-    # Connection-level attacks are counted too (see telemetry/security/watch.py for what is not).
+    # Connection-level attacks are counted too (see telemetry/shared/security/watch.py for what is not).
     conns = final["security"]["connections"]["ingest"]
     assert conns["handshake_failed"] >= 1 and conns["disconnected"] >= 3 + 15
     # Bounded memory: 3 frames past MAXMSGSIZE and ~160 kB of junk cost no lasting growth.

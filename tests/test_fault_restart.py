@@ -1,12 +1,7 @@
 """Daemon crashes and stops: SIGKILL mid-run and restart; SIGTERM with full queues."""
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
-
-import reliability  # noqa: E402
+from benchmarks import reliability
 
 
 def test_sigkill_and_restart(tmp_path):

@@ -5,22 +5,20 @@ from __future__ import annotations
 import errno
 import json
 import signal
-import sys
 import threading
 import time
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
-
-import reliability  # noqa: E402
-from telemetry.client import TelemetryClient  # noqa: E402
-from telemetry.daemon.config import load  # noqa: E402
-from telemetry.daemon.control import request  # noqa: E402
-from telemetry.daemon.core import Daemon  # noqa: E402
-from telemetry.sinks.base import Out, Sink, SinkRunner  # noqa: E402
-from telemetry.sinks.jsonl import JsonlSink  # noqa: E402
+from benchmarks import reliability
+from daemon_sinks import HangSink, RaisingSink
+from telemetry.client import TelemetryClient
+from telemetry.daemon.config import load
+from telemetry.daemon.control import request
+from telemetry.daemon.core import Daemon
+from telemetry.daemon.sinks.base import Out, SinkRunner
+from telemetry.daemon.sinks.jsonl import JsonlSink
 
 
 def test_disk_full(tmp_path):
@@ -34,34 +32,18 @@ def test_disk_full(tmp_path):
     assert r["pub_steps_received"] == 2000                               # PUB carried on
 
 
-class RaisingWandb(Sink):
-    name = "wandb"
-
-    def consume(self, batch):
-        raise RuntimeError("wandb: 500 Internal Server Error")
-
-
-class HangingSink(Sink):
-    name = "hang"
-
-    def __init__(self):
-        self.release = threading.Event()
-
-    def consume(self, batch):
-        self.release.wait()     # a dead NFS mount, a stuck HTTP call
-
-
 def test_raising_and_hanging_sinks_do_not_stop_jsonl(tmp_path):
     rt = Path(reliability.Endpoints().dir)
     cfg = load(None, {"log_dir": str(tmp_path / "tm"), "wandb.mode": "disabled", "ingest": f"ipc://{rt}/i",
                       "pub": f"ipc://{rt}/p", "control": f"ipc://{rt}/c", "aggregator.world_size": 1,
                       "drain_timeout_s": 3.0})
-    hang = HangingSink()
+    hang = HangSink()
 
     class FaultyDaemon(Daemon):
         def _make_sinks(self):
             super()._make_sinks()
-            self.runners.append(SinkRunner(RaisingWandb(), max_queued=1000))
+            self.runners.append(SinkRunner(RaisingSink(message="wandb: 500 Internal Server Error", sink_name="wandb"),
+                                            max_queued=1000))
             self.runners.append(SinkRunner(hang, max_queued=100))
 
     d = FaultyDaemon(cfg)
@@ -109,7 +91,7 @@ def test_fsync_error_is_counted_never_treated_as_success(tmp_path, monkeypatch):
         calls.append(fd)
         raise OSError(errno.EIO, "Input/output error")
 
-    monkeypatch.setattr("telemetry.sinks.jsonl.os.fsync", failing_fsync)
+    monkeypatch.setattr("telemetry.daemon.sinks.jsonl.os.fsync", failing_fsync)
     sink.consume([Out("metrics", {"step": 1}, b'{"step": 1}')])
     time.sleep(0.02)
     sink.flush()
@@ -134,7 +116,7 @@ def test_failed_write_is_undone_to_the_last_whole_line(tmp_path, monkeypatch):
             return 5
         raise OSError(errno.ENOSPC, "No space left on device")   # ... then the disk is full
 
-    monkeypatch.setattr("telemetry.sinks.jsonl.os.write", short_then_enospc)
+    monkeypatch.setattr("telemetry.daemon.sinks.jsonl.os.write", short_then_enospc)
     with pytest.raises(OSError):
         sink.consume([Out("metrics", {"step": 2}, b'{"step": 2}'), Out("metrics", {"step": 3}, b'{"step": 3}')])
     monkeypatch.undo()

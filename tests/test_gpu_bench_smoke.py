@@ -8,17 +8,15 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from benchmarks.gpu import stats
+from benchmarks.gpu.syncguard import SyncWindow
 
-from benchmarks.gpu import stats  # noqa: E402
-from benchmarks.gpu.syncguard import SyncWindow  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def _env(tmp_path: Path) -> dict:

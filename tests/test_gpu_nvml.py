@@ -18,8 +18,8 @@ def cuda():
 
 
 def test_real_values_on_a_real_gpu(cuda):
-    from telemetry.pollers import PollersConfig
-    from telemetry.pollers.nvml import NvmlPoller
+    from telemetry.daemon.pollers import PollersConfig
+    from telemetry.daemon.pollers.nvml import NvmlPoller
 
     block = torch.empty(512 * 2**20, dtype=torch.uint8, device=cuda)  # 512 MiB held by this process
     a = torch.randn(4096, 4096, device=cuda)

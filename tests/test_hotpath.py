@@ -1,9 +1,12 @@
-"""The daemon's C inner loops (telemetry/daemon/_hotpath.c) give what the pure-Python loops give:
-the receiver's accounting of random batches (malformed frames, every kind, out-of-order and
-repeated sequence numbers, many sources), and the bulk reduction of random steps (ints, floats,
-NaN, bools, None, custom rules), compared field by field and value by value."""
+"""The daemon's C inner loops (telemetry/daemon/_hotpath.c) give what their Python twins
+(telemetry/daemon/loops.py) give: the receiver's accounting of random batches (malformed frames,
+every kind, out-of-order and repeated sequence numbers, many sources), the columns of random
+closed steps (ints, floats, NaN, signed zeros, bools, None, ranks that log twice or different
+keys), and whole aggregator runs with late records and timeouts, compared field by field and
+value by value."""
 from __future__ import annotations
 
+import math
 import os
 import time
 import shutil
@@ -17,6 +20,7 @@ from hypothesis import strategies as st
 
 from protocol import encode_bye, encode_event, encode_hello, encode_metrics
 from telemetry.daemon import hotpath
+from telemetry.daemon import loops as python_loops
 from telemetry.daemon.aggregator import Aggregator
 from telemetry.daemon.config import AggregatorConfig
 from telemetry.daemon.receiver import Receiver
@@ -102,11 +106,7 @@ def frame_batches(draw):
 
 
 def _take(rx: Receiver, frames: list) -> tuple:
-    recs, keys, all_metrics, n = rx.take(iter(frames).__next__, StopIteration, 1024)
-    # Key orders as a pattern: which records share one object, and what it holds.
-    first_seen: dict[int, int] = {}
-    pattern = [None if k is None else (first_seen.setdefault(id(k), i), k) for i, k in enumerate(keys)]
-    return recs, pattern, all_metrics, n
+    return rx.take(iter(frames).__next__, StopIteration, 1024)
 
 
 def _state(rx: Receiver) -> tuple:
@@ -122,35 +122,101 @@ def test_receiver_in_c_accounts_as_in_python(batches):
     from protocol import codec
 
     codec._good_names.clear()           # names unchecked at first in both runs
-    py = Receiver(native=None)
+    py = Receiver(loops=python_loops)
     got_py = [_take(py, b) for b in batches]
     codec._good_names.clear()
-    c = Receiver(native=hotpath.native)
+    c = Receiver(loops=hotpath.native)
     got_c = [_take(c, b) for b in batches]
     assert got_c == got_py
     assert _state(c) == _state(py)
 
 
 @native
-def test_receiver_in_c_redoes_in_python_a_batch_with_names_not_yet_checked():
+@settings(max_examples=200, deadline=None)
+@given(frame_batches(), st.booleans())
+def test_tally_in_c_equals_python(batches, names_known):
+    from protocol import Bye, Metrics, decode
+    from protocol.codec import decoder_parts
+
+    _, _, good_names = decoder_parts()
+    for frames in batches:
+        recs = []
+        for f in frames:
+            try:
+                recs.append(decode(f))       # registers the names as checked
+            except Exception:
+                continue
+        if not names_known:
+            good_names.clear()
+        assert hotpath.native.tally(recs, Metrics, Bye, good_names) == python_loops.tally(recs, Metrics, Bye, good_names)
+
+
+@native
+def test_receiver_in_c_rejects_a_record_whose_names_were_not_checked_yet():
     from protocol import codec
 
     codec._good_names.clear()
     rx = Receiver()
     good = encode_metrics(1, 0, 0, 0, 1, 0, {"train/loss": 1.0})
     bad = encode_metrics(1, 0, 1, 0, 1, 0, {"": 1.0})       # an empty name: malformed
-    recs, keys, _, n = rx.take(iter([good, bad, good]).__next__, StopIteration, 10)
+    recs, _, n = rx.take(iter([good, bad, good]).__next__, StopIteration, 10)
     assert n == 3 and len(recs) == 2 and rx.num_malformed == 1
-    assert keys[0] is keys[1] == ("train/loss",)
-    recs, keys, _, _ = rx.take(iter([good]).__next__, StopIteration, 10)   # now known: in C
-    assert keys[0] == ("train/loss",) and rx.sources[1].received == 3
+    assert rx.sources[1].received == 2 and rx.sources[1].max_seq == 0
+    recs, _, _ = rx.take(iter([good]).__next__, StopIteration, 10)   # now known
+    assert len(recs) == 1 and rx.sources[1].received == 3
 
 
-# -- the bulk reduction ---------------------------------------------------------------------------
+# -- the columns of closed steps -----------------------------------------------------------------
 NAMES = ("train/loss", "perf/tokens", "perf/step_time", "perf/attn_doc_len_sq", "memory/max_allocated_gb",
-         "custom/n_count", "custom/n_min", "train/lr", "train/epoch")
+         "custom/n_count", "custom/n_min", "train/lr", "train/epoch", "dataset/a/loss", "dataset/a/tokens")
 NUMBER = st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.integers(-10**20, 10**20), st.booleans())
 VALUE = st.one_of(NUMBER, NUMBER, NUMBER, NUMBER, st.none())
+
+
+class _Rec:
+    def __init__(self, rank, step, t_ns, values):
+        self.rank, self.step, self.t_ns, self.values = rank, step, t_ns, values
+
+
+@st.composite
+def closed_steps(draw):
+    """The records of closed steps: ranks in any order, some logging a step twice, with the same
+    keys (the usual case), other keys or other orders; all kinds of values."""
+    groups = []
+    for step in range(draw(st.integers(1, 8))):
+        world = draw(st.integers(1, 6))
+        keys = draw(st.lists(st.sampled_from(NAMES), min_size=0, max_size=len(NAMES), unique=True))
+        records = []
+        for rank in draw(st.lists(st.integers(0, world - 1), min_size=1, max_size=2 * world)):
+            ks = keys if draw(st.booleans()) else draw(st.lists(st.sampled_from(NAMES), max_size=4, unique=True))
+            records.append(_Rec(rank, step, draw(st.integers(0, 10**19)), {k: draw(VALUE) for k in ks}))
+        groups.append(records)
+    return groups
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, (tuple, list)) and isinstance(b, (tuple, list)):
+        return type(a) is type(b) and len(a) == len(b) and all(map(_same, a, b))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return list(a) == list(b) and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, float) and isinstance(b, float):
+        return repr(a) == repr(b)            # NaN is NaN, and -0.0 is not 0.0
+    return type(a) is type(b) and a == b
+
+
+@native
+@settings(max_examples=300, deadline=None)
+@given(closed_steps())
+def test_gather_in_c_equals_python(groups):
+    got, want = hotpath.native.gather(groups), python_loops.gather(groups)
+    assert _same(got, want), (got, want)
+    ranks, _, names, columns = got
+    for s, records in enumerate(groups):          # the values themselves, not copies
+        for rec in records:
+            for name, value in rec.values.items():
+                last = [r.values[name] for r in records if r.rank == rec.rank and name in r.values][-1]
+                assert columns[name][s][ranks[s].index(rec.rank)] is last
+        assert set(names[s]) == {n for rec in records for n in rec.values}
 
 
 @st.composite
@@ -165,68 +231,43 @@ def uniform_steps(draw):
 
 
 def _close(agg: Aggregator, steps: list[dict]) -> list:
-    order: dict[tuple, tuple] = {}
-    recs, keys = [], []
-    for step, rows in enumerate(steps):
-        for rank, values in rows.items():
-            recs.append(_Rec(rank, step, step + rank, values))
-            keys.append(order.setdefault(tuple(values), tuple(values)))
-    done, _ = agg.add_many(recs, keys)
+    recs = [_Rec(rank, step, step + rank, values) for step, rows in enumerate(steps) for rank, values in rows.items()]
+    done, _ = agg.add_many(recs)
     return done
 
 
-class _Rec:
-    def __init__(self, rank, step, t_ns, values):
-        self.rank, self.step, self.t_ns, self.values = rank, step, t_ns, values
-
-
-def _same(a, b) -> bool:
-    if isinstance(a, tuple) and isinstance(b, tuple):
-        return len(a) == len(b) and all(map(_same, a, b))
-    if isinstance(a, float) and isinstance(b, float):
-        return repr(a) == repr(b)            # NaN is NaN, and -0.0 is not 0.0
-    return type(a) is type(b) and a == b
+LOOPS = [pytest.param(python_loops, id="python"),
+         pytest.param(hotpath.native, id="c", marks=native)]
 
 
 @native
 @settings(max_examples=300, deadline=None)
 @given(uniform_steps())
-def test_reduction_in_c_equals_python(case):
+def test_aggregated_steps_with_c_equal_python(case):
     world, steps = case
     rules = {"train/lr": "last", "train/epoch": "min"}
     results = []
-    for impl in (None, hotpath.native):
-        agg = Aggregator(AggregatorConfig(world_size=world, reductions=rules), native=impl)
-        done = _close(agg, steps)
-        recs = agg.finish_many(done)
-        results.append(([list(r["values"].items()) for r in recs], [acc.cols for acc in done]))
-    (py_values, py_cols), (c_values, c_cols) = results
-    assert len(c_values) == len(py_values) == len(steps)
-    for got, want in zip(c_values, py_values):
-        assert [k for k, _ in got] == [k for k, _ in want]       # same keys, same order
-        for (k, g), (_, w) in zip(got, want):
-            assert _same(g, w), (k, g, w)
-    for got, want in zip(c_cols, py_cols):
-        assert (got is None and want is None) or all(map(_same, got, want)), (got, want)
+    for impl in (python_loops, hotpath.native):
+        agg = Aggregator(AggregatorConfig(world_size=world, reductions=rules), loops=impl)
+        results.append(agg.finish_many(_close(agg, steps)))
+    assert len(results[0]) == len(steps)
+    assert _same(results[1], results[0])
 
 
-@native
-def test_reduction_in_c_returns_the_extreme_item_itself_and_the_first_slowest_rank():
-    agg = Aggregator(AggregatorConfig(world_size=3))
+@pytest.mark.parametrize("impl", LOOPS)
+def test_reduction_returns_the_extreme_item_itself_and_the_first_slowest_rank(impl):
+    agg = Aggregator(AggregatorConfig(world_size=3), loops=impl)
     big = 10**30                                  # an int: max() returns that very object
     steps = [{0: {"perf/step_time": 0.5, "m_max": big}, 1: {"perf/step_time": 0.7, "m_max": 1},
               2: {"perf/step_time": 0.7, "m_max": 2}}]
-    done = _close(agg, steps)
-    v = agg.finish_many(done)[0]["values"]
+    v = agg.finish_many(_close(agg, steps))[0]["values"]
     assert v["m_max"] is big
     assert v["perf/step_time_max"] == 0.7 and v["perf/slowest_rank"] == 1     # the first to report it
 
 
-@pytest.mark.parametrize("impl", [None, hotpath.native], ids=["python", "c"])
+@pytest.mark.parametrize("impl", LOOPS)
 def test_max_and_min_keep_the_first_of_equal_items(impl):
-    if impl is None and hotpath.native is None:
-        pytest.skip("compares nothing without the C loops")
-    agg = Aggregator(AggregatorConfig(world_size=2), native=impl)
+    agg = Aggregator(AggregatorConfig(world_size=2), loops=impl)
     steps = [{0: {"memory/max_allocated_gb": 0.0, "custom/n_min": -0.0},
               1: {"memory/max_allocated_gb": -0.0, "custom/n_min": 0.0}}]
     v = agg.finish_many(_close(agg, steps))[0]["values"]
@@ -245,36 +286,40 @@ def arrivals(draw):
         for _ in range(draw(st.integers(0, 25))):
             rank, step = draw(st.integers(0, 4)), draw(st.integers(0, 12))
             keys = draw(st.sampled_from([("a", "b"), ("b", "a"), ("a",)]))
-            batch.append((rank, step, draw(st.integers(0, 5)), keys))
+            batch.append((rank, step, draw(st.integers(0, 5)), keys, draw(st.sampled_from([1.0, -0.0, math.nan, 3]))))
         script.append((batch, draw(st.booleans())))     # expire every open step after the batch?
     return world, script
 
 
-def _acc_state(acc) -> tuple:
-    return (acc.step, sorted((r, sorted(v.items())) for r, v in acc.by_rank.items()), acc.uniform, acc.t_ns)
-
-
 def _run_arrivals(impl, world: int, script: list) -> list:
-    agg = Aggregator(AggregatorConfig(world_size=world), native=impl)
-    orders: dict[tuple, tuple] = {}
+    agg = Aggregator(AggregatorConfig(world_size=world), loops=impl)
     seen = []
     for batch, expire in script:
-        recs = [_Rec(rank, step, t, dict.fromkeys(keys, float(rank))) for rank, step, t, keys in batch]
-        done, late = agg.add_many(recs, [orders.setdefault(k, k) for *_, k in batch])
-        seen.append(([_acc_state(a) for a in done], [(r.rank, r.step) for r in late]))
-        agg.finish_many(done)                     # as the daemon does: remembers who each step had
+        recs = [_Rec(rank, step, t, dict.fromkeys(keys, value)) for rank, step, t, keys, value in batch]
+        done, late = agg.add_many(recs)
+        seen.append((agg.finish_many(done), [(r.rank, r.step) for r in late]))
         if expire:
-            expired = agg.expire(time.monotonic() + agg.cfg.step_timeout_s + 1)
-            seen.append([_acc_state(a) for a in expired])
-            agg.finish_many(expired)
+            seen.append(agg.finish_many(agg.expire(time.monotonic() + agg.cfg.step_timeout_s + 1)))
         seen.append((sorted(agg.pending), agg.ranks_seen, agg.ranks_gone, dict(agg._misses), agg.num_records_late))
-    seen.append([_acc_state(a) for a in agg.flush()])
+    seen.append(agg.finish_many(agg.flush()))
     return seen
 
 
 @native
 @settings(max_examples=300, deadline=None)
 @given(arrivals())
-def test_adding_in_c_equals_python(case):
+def test_adding_and_finishing_with_c_equals_python(case):
     world, script = case
-    assert _run_arrivals(hotpath.native, world, script) == _run_arrivals(None, world, script)
+    got, want = _run_arrivals(hotpath.native, world, script), _run_arrivals(python_loops, world, script)
+    assert _same(_plain(got), _plain(want))
+
+
+def _plain(x):
+    """Sets as sorted lists, so _same can compare them."""
+    if isinstance(x, (set, frozenset)):
+        return sorted(x)
+    if isinstance(x, (list, tuple)):
+        return type(x)(map(_plain, x))
+    if isinstance(x, dict):
+        return {k: _plain(v) for k, v in x.items()}
+    return x

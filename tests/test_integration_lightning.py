@@ -39,3 +39,52 @@ def test_lightning_losses_arrive(make_daemon, tmp_path):
                                 default_root_dir=str(tmp_path))
     trainer.fit(Tiny(), torch.utils.data.DataLoader(data, batch_size=8))
     d.wait_for(lambda rs: sum(1 for r in rs if "train/loss" in r.get("values", {})) >= 5)
+
+
+def _run_lightning(logger: str, env: dict, tmp_path) -> str:
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    root = Path(__file__).resolve().parent.parent
+    script = root / "tests" / "dropin_scripts" / "lightning_ddp.py"
+    full = {**os.environ, **env, "LOGGER": logger, "WANDB_DIR": str(tmp_path), "WANDB_SILENT": "true",
+            "PYTHONPATH": str(root) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE"):
+        full.pop(k, None)
+    p = subprocess.run([sys.executable, str(script)], env=full, cwd=str(tmp_path), capture_output=True, text=True,
+                       timeout=300)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    return p.stdout + p.stderr
+
+
+def test_lightning_ddp_two_devices_report_their_own_ranks(make_daemon, tmp_path):
+    """Trainer(devices=2, strategy="ddp"): each process reports as the Trainer's rank, so every
+    step has both ranks and no rank is taken for hung; the W&B history equals WandbLogger's."""
+    pytest.importorskip("lightning")
+    pytest.importorskip("wandb")
+    import glob
+
+    from wandb_offline import history_rows, wait_finished
+
+    d = make_daemon(wandb="offline", per_rank=True)
+    _run_lightning("telemetry", {"TELEMETRY_ENDPOINT": d.ingest}, tmp_path / "ours")
+    per_rank = d.wait_for(lambda rs: {r.get("rank") for r in rs if "rank" in r} == {0, 1}, kind="metrics")
+    hello_ranks = {r["rank"] for r in d.read_jsonl(kind="hello")}
+    assert hello_ranks == {0, 1}
+    assert d.stop(timeout_s=60) == 0
+    steps = d.read_jsonl(kind="metrics", aggregated=True)
+    assert steps and not any(r.get("missing_ranks") for r in steps)
+    assert not [e for e in d.read_jsonl(kind="event") if e.get("name") == "diagnosis/rank_stopped"]
+    assert {r["rank"] for r in per_rank if "rank" in r} == {0, 1}
+
+    _run_lightning("wandb", {"WANDB_MODE": "offline"}, tmp_path / "real")
+    (real,) = [wait_finished(f) for f in glob.glob(str(tmp_path / "real" / "wandb" / "offline-run-*" / "run-*.wandb"))]
+    (ours,) = [wait_finished(f) for f in glob.glob(str(d.log_dir / "wandb" / "offline-run-*" / "run-*.wandb"))]
+    expected = {r["trainer/global_step"]: r["loss"] for r in history_rows(real) if "loss" in r}
+    got = {r["train/step"]: r["train/loss"] for r in history_rows(ours) if "train/loss" in r}
+    assert expected and got.keys() == expected.keys()
+    for s, v in expected.items():
+        assert got[s] == pytest.approx(v, rel=1e-6), s

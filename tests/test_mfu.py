@@ -11,7 +11,7 @@ transformers = pytest.importorskip("transformers")
 from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 from transformers import AutoConfig, AutoModelForCausalLM  # noqa: E402
 
-from telemetry import mfu  # noqa: E402
+from telemetry.daemon import mfu  # noqa: E402
 
 warnings.filterwarnings("ignore", module="transformers")
 logging.getLogger("transformers").setLevel(logging.ERROR)

@@ -11,7 +11,7 @@ import pytest
 pytest.importorskip("transformers")
 
 from telemetry import cli  # noqa: E402
-from telemetry.mfu import training_flops  # noqa: E402
+from telemetry.daemon.mfu import training_flops  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 QWEN2 = {"model_type": "qwen2", "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,

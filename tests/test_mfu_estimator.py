@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from telemetry.mfu import MfuEstimator, hardware_flops, training_flops
+from telemetry.daemon.mfu import MfuEstimator, hardware_flops, training_flops
 
 # Llama-shaped, from to_dict()-style keys; GPT-2 spelled its own way
 LLAMA = {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,

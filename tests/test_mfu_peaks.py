@@ -5,8 +5,8 @@ import logging
 
 import pytest
 
-from telemetry import peaks
-from telemetry.mfu import peak_flops
+from telemetry.daemon import peaks
+from telemetry.daemon.mfu import peak_flops
 
 T = 1e12
 
@@ -63,7 +63,7 @@ def test_traps_resolve_to_different_rows():
 ])
 def test_unknown_is_none_with_one_warning(name, dtype, caplog):
     peaks._warned.discard((name, dtype))
-    with caplog.at_level(logging.WARNING, logger="telemetry.mfu"):
+    with caplog.at_level(logging.WARNING, logger="telemetry.daemon.mfu"):
         assert peak_flops(name, dtype) is None
         assert peak_flops(name, dtype) is None
     warnings = [r for r in caplog.records if "MFU disabled" in r.getMessage()]

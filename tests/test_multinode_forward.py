@@ -5,15 +5,11 @@ received plus what the node's forwarder dropped and counted equals what it tried
 from __future__ import annotations
 
 import os
-import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
-
-import reliability  # noqa: E402
-from telemetry.daemon.config import ConfigError, load  # noqa: E402
+from benchmarks import reliability
+from telemetry.daemon.config import ConfigError, load
 
 
 def test_nodes_forward_and_the_head_aggregates_across_nodes(tmp_path):

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from telemetry.pollers import PollersConfig, make_pollers
+from telemetry.daemon.pollers import PollersConfig, make_pollers
+from telemetry.shared.config import ConfigError, build
 
 
 def test_defaults():
@@ -22,20 +23,21 @@ def test_defaults():
     ({"nvml_gpus": "0,1"}, "nvml_gpus"),
     ({"host": ""}, "host"),
 ])
-def test_bad_values_raise_value_error_naming_the_field(kw, fragment):
-    with pytest.raises(ValueError, match=fragment):
-        PollersConfig(**kw)
+def test_bad_values_raise_config_error_naming_the_field(kw, fragment):
+    """The `pollers:` mapping of a daemon config, through the project's one loader."""
+    with pytest.raises(ConfigError, match=f"pollers.{fragment}"):
+        build(PollersConfig, kw, "pollers")
 
 
 def test_yaml_shapes_are_normalised():
-    c = PollersConfig(nvml_interval_s=2, nvml_gpus=[0, 3])
+    c = build(PollersConfig, {"nvml_interval_s": 2, "nvml_gpus": [0, 3]}, "pollers")
     assert c.nvml_interval_s == 2.0 and isinstance(c.nvml_interval_s, float) and c.nvml_gpus == (0, 3)
 
 
-def test_from_dict_names_unknown_keys():
-    with pytest.raises(ValueError, match="nvml_intervl_s"):
-        PollersConfig.from_dict({"nvml_intervl_s": 1.0})
-    assert PollersConfig.from_dict(None) == PollersConfig()
+def test_unknown_keys_are_named():
+    with pytest.raises(ConfigError, match="'pollers.nvml_intervl_s'"):
+        build(PollersConfig, {"nvml_intervl_s": 1.0}, "pollers")
+    assert build(PollersConfig, {}, "pollers") == PollersConfig()
 
 
 def test_make_pollers_respects_enabled_flags():

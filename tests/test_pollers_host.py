@@ -8,8 +8,8 @@ import threading
 import psutil
 import pytest
 
-from telemetry.pollers import PollersConfig, make_pollers
-from telemetry.pollers.host import HostPoller
+from telemetry.daemon.pollers import PollersConfig, make_pollers
+from telemetry.daemon.pollers.host import HostPoller
 
 # A child that holds ~200 MB resident and burns CPU on 1 thread plus 3 idle threads.
 BUSY_CHILD = r"""

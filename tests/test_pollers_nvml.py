@@ -9,9 +9,9 @@ import time
 
 import pytest
 
-from telemetry.pollers import PollersConfig, make_pollers
-from telemetry.pollers.fake_nvml import GPU_IS_LOST, UNKNOWN, make_fake_pynvml
-from telemetry.pollers.nvml import NvmlPoller
+from telemetry.daemon.pollers import PollersConfig, make_pollers
+from telemetry.daemon.pollers.fake_nvml import GPU_IS_LOST, UNKNOWN, make_fake_pynvml
+from telemetry.daemon.pollers.nvml import NvmlPoller
 
 
 @pytest.fixture
@@ -100,7 +100,7 @@ def test_transient_error_skips_the_field_for_one_poll_only(fake):
 def test_lost_gpu_is_logged_once_and_does_not_break_the_others(fake, caplog):
     fake.gpus[1].failing = {n: GPU_IS_LOST for n in ("nvmlDeviceGetUtilizationRates", "nvmlDeviceGetMemoryInfo")}
     p = NvmlPoller()
-    with caplog.at_level(logging.ERROR, logger="telemetry.pollers"):
+    with caplog.at_level(logging.ERROR, logger="telemetry.daemon.pollers"):
         for _ in range(3):
             recs = _by_gpu(p.poll_once())
     assert recs[0]["values"]["gpu/util_percent"] == 97
@@ -154,7 +154,7 @@ def test_fake_library_missing_turns_off_once(monkeypatch, caplog):
     fake = make_fake_pynvml(library_missing=True)
     monkeypatch.setitem(sys.modules, "pynvml", fake)
     p = NvmlPoller()
-    with caplog.at_level(logging.INFO, logger="telemetry.pollers"):
+    with caplog.at_level(logging.INFO, logger="telemetry.daemon.pollers"):
         p.start(lambda r: None)
         assert p.poll_once() == [] and p.poll_once() == []
     assert not p.running and p.available is False
@@ -171,7 +171,7 @@ def test_real_pynvml_absent_on_this_machine_is_quiet(caplog):
     pollers = make_pollers(PollersConfig(host_enabled=False))
     assert [type(p).__name__ for p in pollers] == ["NvmlPoller"]
     p = pollers[0]
-    with caplog.at_level(logging.INFO, logger="telemetry.pollers"):
+    with caplog.at_level(logging.INFO, logger="telemetry.daemon.pollers"):
         p.start(lambda r: pytest.fail("no records expected"))
         assert p.poll_once() == []
     assert not p.running

@@ -14,6 +14,7 @@ from protocol import MalformedRecord, decode
 from protocol.constants import MAX_NAME_CHARS, MAX_VALUES
 
 I64 = st.integers(min_value=0, max_value=(1 << 63) - 1)
+RANK = st.integers(min_value=0, max_value=protocol.MAX_RANK)
 NAME = st.text(min_size=1, max_size=MAX_NAME_CHARS)
 NUMBER = st.one_of(st.floats(allow_nan=False), st.integers(min_value=-(1 << 63), max_value=(1 << 64) - 1))
 SCALAR = st.one_of(st.none(), st.booleans(), st.floats(allow_nan=False), st.integers(-(1 << 63), (1 << 63) - 1),
@@ -59,7 +60,7 @@ def test_wrong_versions_and_types_in_a_header(kind, version, rest):
 
 
 @SETTINGS
-@given(I64, I64, I64, I64, I64, I64, st.dictionaries(NAME, NUMBER, max_size=20))
+@given(I64, RANK, I64, I64, I64, I64, st.dictionaries(NAME, NUMBER, max_size=20))
 def test_metrics_round_trip(src, rank, seq, dropped, t_ns, step, values):
     rec = decode(protocol.encode_metrics(src, rank, seq, dropped, t_ns, step, values))
     assert (rec.src, rec.rank, rec.seq, rec.dropped, rec.t_ns, rec.step) == (src, rank, seq, dropped, t_ns, step)
@@ -106,3 +107,11 @@ def test_bounds_are_enforced():
         decode(msgpack.packb([2, 1, -1, 0, 0, 0, 0, 1, {}]))
     with pytest.raises(MalformedRecord):
         decode(b"\x00" * (protocol.MAX_FRAME_BYTES + 1))
+
+
+@SETTINGS
+@given(st.integers(min_value=protocol.MAX_RANK + 1, max_value=(1 << 63) - 1))
+def test_a_rank_beyond_any_real_run_is_malformed(rank):
+    """A bogus rank id would make every later step wait for it (issue 18)."""
+    with pytest.raises(MalformedRecord):
+        decode(protocol.encode_metrics(1, rank, 0, 0, 1, 1, {"x": 1.0}))

@@ -45,7 +45,7 @@ def test_malformed_frames_are_counted_not_raised():
     assert r.totals()["records_malformed"] == 1
 
 
-def test_a_batch_rejects_bad_names_and_hands_out_one_key_order_object_per_order():
+def test_a_batch_rejects_bad_names_and_keeps_the_rest_in_order():
     r = Receiver()
     ok = {"train/loss": 1.0, "perf/tokens": 5}
     frames = [protocol.encode_metrics(7, 0, 0, 0, 1, 0, ok),
@@ -54,11 +54,10 @@ def test_a_batch_rejects_bad_names_and_hands_out_one_key_order_object_per_order(
               protocol.encode_metrics(8, 1, 0, 0, 1, 0, dict(ok)),
               protocol.encode_metrics(8, 1, 1, 0, 1, 1, dict(reversed(list(ok.items())))),
               protocol.encode_event(8, 1, 2, 0, 1, "eval", {"acc": 0.5})]
-    recs, orders, all_metrics = r.accept_many(frames)
+    recs, all_metrics = r.accept_many(frames)
     assert [rec.seq for rec in recs] == [0, 0, 1, 2] and not all_metrics
-    assert orders[0] is orders[1] and orders[0] == ("train/loss", "perf/tokens")
-    assert orders[2] == ("perf/tokens", "train/loss") and orders[2] is not orders[0]
-    assert orders[3] is None                                                         # not a metrics record
+    assert [(rec.src, rec.seq) for rec in recs] == [(7, 0), (8, 0), (8, 1), (8, 2)]
+    assert r.sources[7].received == 1 and r.sources[8].received == 3     # the rejected ones are not accounted
     t = r.totals()
     assert t["records_malformed"] == 2 and t["records_in"] == 4
     with pytest.raises(protocol.MalformedRecord):

@@ -13,8 +13,8 @@ import zmq
 from daemon_util import ROOT
 from protocol import encode_metrics
 from telemetry.client import TelemetryClient
-from telemetry.security.curve import ENV_CLIENT_KEY, ENV_SERVER_KEY, SecurityError, apply_client_curve
-from telemetry.security.keygen import make_pair
+from telemetry.shared.security.curve import ENV_CLIENT_KEY, ENV_SERVER_KEY, SecurityError, apply_client_curve
+from telemetry.tools.keygen import make_pair
 
 
 def _keygen(*args: str) -> subprocess.CompletedProcess:
@@ -135,7 +135,7 @@ def test_client_hook_needs_both_keys(keys):
 
 
 def test_defaults_stay_private(tmp_path, monkeypatch):
-    from telemetry import endpoints
+    from telemetry.shared import endpoints
 
     assert endpoints.normalize("5555") == "tcp://127.0.0.1:5555"
     assert endpoints.normalize("tcp://*:5555") == "tcp://127.0.0.1:5555"     # '*' means loopback here

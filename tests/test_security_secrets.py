@@ -5,7 +5,7 @@ import json
 import os
 
 from telemetry.client import TelemetryClient
-from telemetry.security.redact import REDACTED, Redactor, is_secret_key
+from telemetry.shared.security.redact import REDACTED, Redactor, is_secret_key
 
 WANDB_KEY = "0123456789abcdef0123456789abcdef01234567"
 HF_TOKEN = "hf_SeCrEtToKeNvAlUe12345"

@@ -3,8 +3,8 @@ import json
 
 import msgspec
 
-from telemetry.sinks.base import Out
-from telemetry.sinks.jsonl import FILE_NAME, JsonlSink, repair_torn_tail, rotated_files
+from telemetry.daemon.sinks.base import Out
+from telemetry.daemon.sinks.jsonl import FILE_NAME, JsonlSink, repair_torn_tail, rotated_files
 
 
 def out(i):

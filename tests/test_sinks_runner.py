@@ -2,39 +2,14 @@
 import threading
 import time
 
+from daemon_sinks import HangSink, RaisingSink
 from telemetry.daemon.downsample import Downsampler
-from telemetry.sinks.base import Out, Sink, SinkRunner
+from telemetry.daemon.sinks.base import Out, Sink, SinkRunner
 
 
 def batch(n, start=0):
     return [Out("metrics", {"kind": "metrics", "t": 0.0, "step": i, "values": {"x": 1.0}}, b"{}")
             for i in range(start, start + n)]
-
-
-class Gate(Sink):
-    """Blocks in consume until released: a stuck W&B."""
-    name = "gate"
-
-    def __init__(self):
-        self.release = threading.Event()
-        self.entered = threading.Event()
-        self.steps = []
-        self.closed = 0
-
-    def consume(self, b):
-        self.entered.set()
-        self.release.wait()
-        self.steps += [o.record["step"] for o in b]
-
-    def close(self):
-        self.closed += 1
-
-
-class Failing(Sink):
-    name = "failing"
-
-    def consume(self, b):
-        raise OSError("disk full")
 
 
 class NoStart(Sink):
@@ -48,7 +23,7 @@ class NoStart(Sink):
 
 
 def test_full_queue_drops_and_counts_without_blocking():
-    sink = Gate()
+    sink = HangSink()
     r = SinkRunner(sink, max_queued=10)
     r.start()
     r.put(batch(1))
@@ -59,12 +34,12 @@ def test_full_queue_drops_and_counts_without_blocking():
     sink.release.set()
     assert r.close(5)
     assert sink.steps == list(range(11))   # first, then the queued ones in order
-    assert r.stats()["written"] == 11 and sink.closed == 1
+    assert r.stats()["written"] == 11 and sink.num_closed == 1
     assert r.close(1)                       # twice is harmless
 
 
 def test_a_hung_sink_does_not_hold_close_past_its_timeout():
-    sink = Gate()
+    sink = HangSink()
     r = SinkRunner(sink)
     r.start()
     r.put(batch(3))
@@ -75,7 +50,7 @@ def test_a_hung_sink_does_not_hold_close_past_its_timeout():
 
 
 def test_failing_sink_is_counted_not_fatal():
-    r = SinkRunner(Failing())
+    r = SinkRunner(RaisingSink(message="disk full"))
     r.start()
     r.put(batch(5))
     r.put(batch(2))
@@ -95,7 +70,7 @@ def test_sink_that_cannot_start_drops_everything_counted():
 
 
 def test_downsampled_runner_flushes_the_last_window_at_close():
-    sink = Gate()
+    sink = HangSink()
     sink.release.set()
     r = SinkRunner(sink, downsampler=Downsampler(every_n_steps=4))
     r.start()
@@ -105,7 +80,7 @@ def test_downsampled_runner_flushes_the_last_window_at_close():
 
 
 def test_inline_runner_consumes_on_the_callers_thread():
-    from telemetry.sinks.base import InlineRunner
+    from telemetry.daemon.sinks.base import InlineRunner
 
     seen = []
 

@@ -2,8 +2,8 @@
 import msgspec
 import pytest
 
-from telemetry.sinks.base import Out
-from telemetry.sinks.tensorboard import TensorBoardSink
+from telemetry.daemon.sinks.base import Out
+from telemetry.daemon.sinks.tensorboard import TensorBoardSink
 
 pytest.importorskip("tensorboard")
 

@@ -11,8 +11,8 @@ import glob
 import pytest
 
 from telemetry.client import TelemetryClient
-from telemetry.sinks.wandb_sink import stable_run_id
-from wandb_offline import config, history_rows, run_ids
+from telemetry.daemon.sinks.wandb_sink import stable_run_id
+from wandb_offline import config, history_rows, run_ids, wait_finished
 
 pytest.importorskip("wandb")
 
@@ -35,7 +35,7 @@ def _run(make_daemon, log_dir, steps, hello_cfg):
 def _wandb_file(log_dir, run_id):
     files = sorted(glob.glob(str(log_dir / "wandb" / f"offline-run-*-{run_id}" / f"run-{run_id}.wandb")))
     assert files, f"no offline run file for {run_id} under {log_dir}"
-    return files
+    return [wait_finished(f) for f in files]     # wandb's own process may still be writing them
 
 
 def test_offline_run_holds_the_steps_config_and_a_stable_id(tmp_path, make_daemon):

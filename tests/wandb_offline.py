@@ -59,13 +59,23 @@ def history_rows(path: str | Path) -> list[dict]:
     return rows
 
 
+def history_key_paths(path: str | Path) -> set[tuple[str, ...]]:
+    """Every history key as W&B stored it: a nested dict's value under its path ("a", "b"), a
+    flat key under ("a/b",)."""
+    return {tuple(item.nested_key) if item.nested_key else (item.key,)
+            for rec in read_records(path) if rec.WhichOneof("record_type") == "history"
+            for item in rec.history.item}
+
+
 def config(path: str | Path) -> dict:
-    """The run config as last updated (values JSON-decoded)."""
+    """The run config as last updated (values JSON-decoded): the run record's (what wandb.init
+    was given), then each config record's updates."""
     cfg: dict = {}
     for rec in read_records(path):
-        if rec.WhichOneof("record_type") == "config":
-            for item in rec.config.update:
-                cfg[item.key or "/".join(item.nested_key)] = json.loads(item.value_json)
+        kind = rec.WhichOneof("record_type")
+        updates = rec.config.update if kind == "config" else rec.run.config.update if kind == "run" else ()
+        for item in updates:
+            cfg[item.key or "/".join(item.nested_key)] = json.loads(item.value_json)
     return cfg
 
 
@@ -73,3 +83,43 @@ def run_ids(path: str | Path) -> list[tuple[str, str]]:
     """(run_id, resume setting) of each run record in the file."""
     return [(rec.run.run_id, rec.run.resumed) for rec in read_records(path)
             if rec.WhichOneof("record_type") == "run"]
+
+
+def summary(path: str | Path) -> dict:
+    """The run summary as last updated (values JSON-decoded)."""
+    out: dict = {}
+    for rec in read_records(path):
+        if rec.WhichOneof("record_type") == "summary":
+            for item in rec.summary.update:
+                out[item.key or "/".join(item.nested_key)] = json.loads(item.value_json)
+    return out
+
+
+def run_info(path: str | Path) -> dict:
+    """What the run was opened with: project, name, group, tags, id (the first run record)."""
+    for rec in read_records(path):
+        if rec.WhichOneof("record_type") == "run":
+            r = rec.run
+            return {"project": r.project, "name": r.display_name, "group": r.run_group, "tags": list(r.tags),
+                    "id": r.run_id}
+    return {}
+
+
+def wait_finished(path: str | Path, timeout_s: float = 30.0) -> str:
+    """Wait until the run's file holds its exit record, and return the path.
+
+    `run.finish()` can return before wandb's core process has written the run's records to the
+    file (seen with wandb 0.31: a file of the 7-byte header alone right after finish, whole a
+    moment later), so a test reads it only once it is complete."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            if any(rec.WhichOneof("record_type") == "exit" for rec in read_records(path)):
+                return str(path)
+        except ValueError:
+            pass                         # not even the header yet
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{path}: no exit record within {timeout_s} s")
+        time.sleep(0.05)

@@ -1,0 +1,93 @@
+"""`telemetry dashboard` as a subprocess for tests: started on a free port, its URL read from its
+first line, its output kept; and small HTTP helpers (JSON, server-sent events)."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class Dashboard:
+    def __init__(self, *args: str, env: dict[str, str] | None = None, ready_timeout_s: float = 120.0) -> None:
+        full_env = {k: v for k, v in os.environ.items()
+                    if k not in ("TELEMETRY_PUB", "TELEMETRY_RUNTIME_DIR", "TELEMETRY_RUN_NAME")}
+        full_env.update({"PYTHONUNBUFFERED": "1", **(env or {})})
+        self.proc = subprocess.Popen([sys.executable, "-m", "telemetry", "dashboard", "--port", "0", *args],
+                                     cwd=ROOT, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     text=True)
+        self.lines: list[str] = []
+        self.url = ""
+        ready = threading.Event()
+
+        def pump() -> None:
+            for line in self.proc.stdout:
+                self.lines.append(line)
+                m = re.search(r"serving (http://127\.0\.0\.1:\d+/)", line)
+                if m and not self.url:
+                    self.url = m.group(1)
+                    ready.set()
+
+        threading.Thread(target=pump, daemon=True).start()
+        deadline = time.monotonic() + ready_timeout_s
+        while not ready.wait(0.1):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError("dashboard never served:\n" + "".join(self.lines))
+
+    def get_json(self, path: str) -> dict:
+        return json.loads(urllib.request.urlopen(self.url + path.lstrip("/"), timeout=60).read())
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        return self.proc.returncode
+
+
+class EventStream:
+    """Reads /api/stream in a thread; .events holds (event name, data) as they come."""
+
+    def __init__(self, url: str) -> None:
+        self.resp = urllib.request.urlopen(url, timeout=60)
+        self.events: list[tuple[str, dict]] = []
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        name = ""
+        try:
+            for raw in self.resp:
+                line = raw.decode().rstrip("\n")
+                if line.startswith("event: "):
+                    name = line[len("event: "):]
+                elif line.startswith("data: "):
+                    self.events.append((name, json.loads(line[len("data: "):])))
+        except (OSError, ValueError):
+            pass
+
+    def wait_for(self, pred, timeout_s: float = 30.0, what: str = "") -> tuple[str, dict]:
+        deadline = time.monotonic() + timeout_s
+        seen = 0
+        while time.monotonic() < deadline:
+            while seen < len(self.events):
+                ev = self.events[seen]
+                seen += 1
+                if pred(*ev):
+                    return ev
+            time.sleep(0.05)
+        raise AssertionError(f"the stream never sent {what}; last: {self.events[-3:]}")
+
+    def close(self) -> None:
+        self.resp.close()

@@ -1,0 +1,42 @@
+"""An Accelerate training loop on 2 CPU processes (torchrun's environment, gloo).
+
+TRACKER=wandb: Accelerate's own W&B tracker (offline, main process); TRACKER=telemetry:
+TelemetryTracker. Both log through `accelerator.log`; with TelemetryTracker every rank also
+logs its own loss through the tracker it holds (Accelerate calls trackers on the main process
+only), which the daemon means across ranks.
+"""
+import os
+
+import torch
+from accelerate import Accelerator
+
+STEPS = int(os.environ.get("STEPS", "6"))
+
+if os.environ["TRACKER"] == "telemetry":
+    from telemetry.integrations.accelerate import TelemetryTracker
+
+    tracker = TelemetryTracker(project="dropin", name="accelerate-ddp", group="ddp")
+    accelerator = Accelerator(cpu=True, log_with=[tracker])
+else:
+    tracker = None
+    accelerator = Accelerator(cpu=True, log_with="wandb")
+accelerator.init_trackers("dropin", config={"lr": 0.05, "steps": STEPS},
+                          init_kwargs={"wandb": {"name": "accelerate-ddp", "group": "ddp",
+                                                 "dir": os.environ["WANDB_DIR"]}})
+torch.manual_seed(0)
+model = torch.nn.Linear(4, 1)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+model, optimizer = accelerator.prepare(model, optimizer)
+data = torch.Generator().manual_seed(10 + accelerator.process_index)
+for step in range(STEPS):
+    x = torch.randn(8, 4, generator=data)
+    loss = torch.nn.functional.mse_loss(model(x), x.sum(1, keepdim=True))
+    optimizer.zero_grad()
+    accelerator.backward(loss)
+    optimizer.step()
+    mean_loss = accelerator.reduce(loss.detach(), reduction="mean")
+    accelerator.log({"train/loss": mean_loss, "train": {"lr": 0.05}}, step=step)
+    if tracker is not None:
+        tracker.log({"rank_loss": loss.detach()}, step=step)
+accelerator.wait_for_everyone()
+accelerator.end_training()

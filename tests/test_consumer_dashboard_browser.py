@@ -1,0 +1,167 @@
+"""The dashboard in a real browser (Debian's headless Chromium) against a real run.
+
+A real daemon is fed by two real clients; `telemetry dashboard RUN_DIR --pub EP` serves the page;
+Chromium loads it over the DevTools protocol. The charts must hold the run's data (counted
+from metrics.jsonl), a record published after the page loaded must appear on it, a daemon
+restart must show "daemon not reachable" and then recover, and the end of the run must show.
+A full-page screenshot is kept as the test's artefact (its path is printed).
+
+Skips only where chromium is not installed (launch/setup.sh --dev installs it with apt).
+"""
+from __future__ import annotations
+
+import math
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from cdp import CHROMIUM, Browser
+from dashboard_util import Dashboard
+from daemon_util import start_daemon
+from telemetry.client import TelemetryClient
+
+pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install chromium; "
+                                                          "launch/setup.sh --dev does it)")
+
+NUM_STEPS = 40
+EVAL_EVERY = 10
+
+
+def _values(step: int, rank: int) -> dict:
+    loss = 3.0 * math.exp(-step / 15) + 0.5
+    v = {"train/loss": loss + rank * 0.01, "train/lr": 1e-3 * min(1.0, step / 10), "train/grad_norm": 1.0 + step % 3,
+         "perf/step_time": 0.05 + 0.01 * rank, "perf/tokens": 2048, "perf/forward_time": 0.015,
+         "perf/backward_time": 0.025, "perf/optimizer_time": 0.005, "perf/data_loading_time": 0.004,
+         "dataset/copy/loss": loss * 0.8, "dataset/sort/loss": loss * 1.2,
+         "dataset/copy/accuracy": 1 - loss / 4, "dataset/sort/accuracy": 1 - loss / 3.5}
+    if step % EVAL_EVERY == 0:
+        v.update({"eval/copy/loss": loss * 0.85, "eval/sort/loss": loss * 1.25})
+    return v
+
+
+def _charts(b: Browser) -> dict[str, dict]:
+    return b.evaluate("Object.fromEntries([...document.querySelectorAll('[data-chart]')].filter(c => !c.hidden)"
+                      ".map(c => [c.dataset.chart, {points: +c.dataset.points, series: c.dataset.series, "
+                      "lastX: c.dataset.lastX}]))")
+
+
+def test_dashboard_in_chromium_against_a_real_run(tmp_path):
+    sockets = Path(tempfile.mkdtemp(prefix="tdash-", dir="/tmp"))   # ipc paths must stay short
+    eps = {n: f"ipc://{sockets}/{n}.sock" for n in ("ingest", "pub", "control")}
+    ep_args = ("--ingest", eps["ingest"], "--pub", eps["pub"], "--control", eps["control"],
+               "--run-name", "browser-run")
+    log_dir = tmp_path / "browser-run" / "telemetry"
+    for d in ("d0", "d1"):
+        (tmp_path / d).mkdir()
+    daemons = [start_daemon(tmp_path / "d0", world_size=2, per_rank=True, log_dir=log_dir, extra_args=ep_args,
+                            config={"daemon_record_interval_s": 1})]
+    clients = [TelemetryClient(eps["ingest"], rank=r) for r in (0, 1)]
+    dash = None
+    try:
+        for c in clients:
+            c.hello({"run_name": "browser-run", "config": {"optim": {"lr": 1e-3}}})
+        for step in range(1, NUM_STEPS + 1):
+            for r, c in enumerate(clients):
+                c.log(step, _values(step, r))
+        for c in clients:
+            c.event("checkpoint_saved", {"path": "/ckpt/step_40", "step": 40})
+        daemons[0].wait_for(lambda rs: any(r.get("step") == NUM_STEPS and "rank" not in r for r in rs)
+                            and sum(r.get("kind") == "event" and r.get("name") == "checkpoint_saved" for r in rs) == 2
+                            and any(r.get("kind") == "daemon" for r in rs) and any(r.get("kind") == "system" for r in rs))
+        recs = daemons[0].read_jsonl()
+        steps = [r for r in recs if r["kind"] == "metrics" and "rank" not in r]
+        num_loss = sum("train/loss" in r["values"] for r in steps)
+        num_eval = sum("eval/copy/loss" in r["values"] for r in steps) * 2
+        assert num_loss == NUM_STEPS and num_eval == 2 * NUM_STEPS // EVAL_EVERY
+
+        dash = Dashboard(str(tmp_path / "browser-run"), "--pub", eps["pub"])
+        with Browser(tmp_path / "chromium-profile", width=1400, height=1000) as b:
+            b.navigate(dash.url)
+            b.wait_for("document.body.dataset.ready === '1'", what="the page drawn")
+            charts = _charts(b)
+            # The charts hold the run's data, counted from what the daemon wrote.
+            assert charts["loss"]["points"] == num_loss + num_eval, charts["loss"]
+            assert charts["loss"]["series"] == "eval copy|eval sort|train"
+            assert charts["loss"]["lastX"] == str(NUM_STEPS)
+            for chart in ("lr", "grad_norm", "tokens", "slowest_rank"):
+                assert charts[chart]["points"] == NUM_STEPS, (chart, charts[chart])
+            assert charts["step_time"]["series"] == "slowest rank|mean|fastest rank"
+            assert charts["rank_step_time"]["series"] == "rank 0|rank 1"          # the daemon's --per-rank
+            assert charts["rank_step_time"]["points"] == 2 * NUM_STEPS
+            assert charts["phases"]["points"] == 4 * NUM_STEPS
+            assert charts["dataset_loss"]["series"] == "copy|sort"
+            assert charts["dataset_accuracy"]["points"] == 2 * NUM_STEPS
+            assert charts["host_cpu"]["points"] >= 1 and charts["records_in"]["points"] >= 1
+            assert charts["records_lost"]["series"] == "dropped|lost in transit|sink dropped"
+            # An event every rank sent is listed once, with its ranks.
+            rows = b.evaluate("[...document.querySelectorAll('#event-rows tr')].map(r => r.textContent)")
+            saved = [r for r in rows if "checkpoint_saved" in r]
+            assert len(saved) == 1 and "ranks 0-1" in saved[0], rows
+            assert b.evaluate("document.getElementById('status').dataset.connected") == "true"
+            assert "browser-run" in b.evaluate("document.title")
+
+            # A record published after the page loaded appears on it.
+            for r, c in enumerate(clients):
+                c.log(NUM_STEPS + 1, {"train/loss": 0.0123, "perf/step_time": 0.05, "perf/tokens": 2048})
+            b.wait_for(f"document.getElementById('chart-loss').dataset.lastX === '{NUM_STEPS + 1}'",
+                       what="the new step on the loss chart")
+            assert _charts(b)["loss"]["points"] == num_loss + num_eval + 1
+            assert b.evaluate("document.querySelector('[data-tile=loss] .value').textContent") == "0.0123"
+
+            # The daemon goes away: the page says so; a new daemon on the same sockets: it recovers.
+            assert daemons[0].stop() == 0
+            first_final = daemons[0].read_jsonl("daemon")[-1]["values"]["telemetry/records_in"]   # its drain record
+            b.wait_for("document.getElementById('status').dataset.connected === 'false'", what="daemon gone")
+            assert "daemon not reachable" in b.evaluate("document.getElementById('status').textContent")
+            daemon_restarted_t = time.time()
+            daemons.append(start_daemon(tmp_path / "d1", world_size=2, log_dir=log_dir, extra_args=ep_args,
+                                        config={"daemon_record_interval_s": 1}))
+            b.wait_for("document.getElementById('status').dataset.connected === 'true'", what="daemon back")
+            for r, c in enumerate(clients):
+                c.log(NUM_STEPS + 2, {"train/loss": 0.0456, "perf/step_time": 0.05, "perf/tokens": 2048})
+            b.wait_for(f"document.getElementById('chart-loss').dataset.lastX === '{NUM_STEPS + 2}'",
+                       what="a step sent after the restart")
+
+            # The records-in tile counts both daemons' records (each daemon counts from zero).
+            deadline = time.monotonic() + 20
+            while True:
+                second = [r for r in daemons[1].read_jsonl("daemon") if r["t"] > daemon_restarted_t]
+                want = first_final + second[-1]["values"]["telemetry/records_in"] if second else None
+                shown = b.evaluate("document.querySelector('[data-tile=\"records in\"] .value').textContent")
+                if want is not None and shown == f"{want:,}":
+                    break
+                assert time.monotonic() < deadline, (shown, want)
+                time.sleep(0.3)
+
+            # The run ends: every rank closes (bye); the page says the run ended and how.
+            for c in clients:
+                c.close()
+            b.wait_for("document.getElementById('status').dataset.ended === 'true'", what="the run's end")
+            assert "run ended (all 2 ranks closed)" in b.evaluate("document.getElementById('status').textContent")
+
+            shot = b.screenshot(tmp_path / "dashboard.png")
+            print(f"\ndashboard screenshot: {shot}")
+        _check_screenshot(shot)
+        assert not [line for line in b.console if "exception" in line], b.console
+    finally:
+        for c in clients:
+            c.close()
+        if dash is not None:
+            assert dash.stop() == 0, "".join(dash.lines)
+            assert "Traceback" not in "".join(dash.lines)
+        for d in daemons:
+            d.cleanup()
+        shutil.rmtree(sockets, ignore_errors=True)
+
+
+def _check_screenshot(path: Path) -> None:
+    from PIL import Image
+
+    with Image.open(path) as im:
+        assert im.format == "PNG" and im.size[0] == 1400 and im.size[1] > 1500, im.size
+        # Drawn charts, not a blank or an error page: many distinct colours.
+        colours = im.convert("RGB").resize((350, im.size[1] // 4)).getcolors(maxcolors=1 << 16)
+        assert colours is None or len(colours) > 200, len(colours)

@@ -1,0 +1,73 @@
+"""A drain with a backlog loses nothing without counting it: ranks close with everything they
+sent queued at the daemon, then SIGTERM. With the default deadline the whole backlog is written;
+with a 1 s one the intake and the JSONL each add up exactly: sent = accepted + counted lost, and
+the JSONL's lines written + counted dropped = what it was handed, the file holding those lines."""
+from __future__ import annotations
+
+from benchmarks import reliability
+
+
+def _adds_up(r: dict) -> None:
+    assert r["unaccounted_intake"] == 0, r
+    assert r["unaccounted_jsonl"] == 0 and r["file_vs_written"] == 0, r
+    assert r["integrity"]["bad_lines"] == 0 and r["integrity"]["ends_with_newline"], r
+
+
+def test_a_backlog_at_sigterm_is_written(tmp_path):
+    r = reliability.drain_backlog(tmp_path, num_ranks=2, n=60_000)
+    _adds_up(r)
+    assert r["exit_code"] == 0 and r["unread_at_drain"] == 0 and r["written"] == r["sent"], r
+
+
+def test_what_a_short_drain_deadline_leaves_is_counted(tmp_path):
+    r = reliability.drain_backlog(tmp_path, num_ranks=2, n=150_000, drain_timeout_s=1.0)
+    _adds_up(r)
+    assert r["unread_at_drain"] > 0 and r["counted_lost"] >= r["unread_at_drain"], r
+    assert r["exit_s"] < 1.0 + 10.0, r                   # the deadline, plus process teardown
+
+
+def _out(n: int) -> list:
+    from telemetry.daemon.sinks.base import Out
+
+    return [Out("metrics", {"step": i}, b"{}") for i in range(n)]
+
+
+def test_a_sink_abandoned_at_the_deadline_counts_what_it_never_wrote():
+    import threading
+    import time
+
+    from telemetry.daemon.sinks.base import Sink, SinkRunner
+
+    class Slow(Sink):
+        name = "slow"
+
+        def consume(self, batch):
+            time.sleep(0.02)                              # a few batches a deadline's worth
+
+    runner = SinkRunner(Slow(), max_queued=1_000_000)
+    runner.start()
+    for _ in range(50):
+        runner.put(_out(10_000))                          # 500k queued: far more than 0.2 s allows
+    assert runner.close(0.2) is False
+    runner.abandon(2.0)
+    s = runner.stats()
+    assert s["dropped"] > 0 and s["written"] > 0, s
+    assert s["written"] + s["dropped"] == s["in"] == 500_000, s
+
+    release = threading.Event()
+
+    class Hung(Sink):
+        name = "hung"
+
+        def consume(self, batch):
+            release.wait(30)                              # never returns before the grace ends
+
+    hung = SinkRunner(Hung(), max_queued=1_000_000)
+    hung.start()
+    hung.put(_out(100))
+    time.sleep(0.1)                                       # the first batch is in the sink's hands
+    hung.put(_out(50))
+    assert hung.close(0.1) is False
+    hung.abandon(0.2)
+    release.set()
+    assert hung.stats()["dropped"] == 150                 # the batch in hand counted too

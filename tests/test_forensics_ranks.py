@@ -1,0 +1,84 @@
+"""Hang and crash forensics with real processes (issue 19): gloo ranks of
+tests/strag_scripts/ddp_rank.py, a real daemon, the client's faulthandler stacks on a signal."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from test_straggler_ranks import SCRIPT, free_port
+
+HANG = {"hang_min_s": 3.0, "hang_factor": 10.0, "hang_stacks_wait_s": 3.0, "hang_py_spy": False,
+        "warmup_steps": 3}
+
+
+def start_ranks(endpoint: str, world: int, steps: int, *extra: str) -> list[subprocess.Popen]:
+    port = free_port()
+    return [subprocess.Popen([sys.executable, str(SCRIPT), "--endpoint", endpoint, "--rank", str(r),
+                              "--world", str(world), "--port", str(port), "--steps", str(steps), *extra],
+                             env={**os.environ, "OMP_NUM_THREADS": "1"})
+            for r in range(world)]
+
+
+def kill_all(procs: list[subprocess.Popen]) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+        p.wait(30)
+
+
+def events(recs: list[dict], name: str) -> list[dict]:
+    return [r for r in recs if r.get("kind") == "event" and r.get("name") == name]
+
+
+def test_a_rank_hung_before_the_all_reduce_gets_one_bundle_naming_it(make_daemon):
+    d = make_daemon(world_size=3, config={"diagnosis": HANG, "pollers": {"nvml_enabled": False}})
+    procs = start_ranks(d.ingest, 3, 10_000, "--hang-rank", "1", "--hang-step", "8")
+    try:
+        t0 = time.monotonic()
+        recs = d.wait_for(lambda rs: events(rs, "diagnosis/hang"), timeout_s=60)
+        found_s = time.monotonic() - t0
+        time.sleep(2.0)      # it says so once per hang, not every tick
+        recs = d.read_jsonl()
+        assert all(p.poll() is None for p in procs)     # the ranks are still hung, not killed
+    finally:
+        kill_all(procs)
+    (ev,) = events(recs, "diagnosis/hang")
+    data = ev["data"]
+    assert ev["rank"] == 1 and data["ranks"] == [1] and data["step"] == 7
+    assert "rank 1 is in load_batch at ddp_rank.py" in data["message"], data["message"]
+    assert "ranks 0, 2 wait in" in data["message"] and "backward" in data["message"]
+    assert found_s < 40
+    bundle = Path(data["bundle"])
+    assert bundle.parent == d.log_dir / "forensics"
+    summary = json.loads((bundle / "summary.json").read_text())
+    assert summary["ranks_named"] == [1] and summary["message"] == data["message"]
+    for r in (0, 1, 2):
+        rank = json.loads((bundle / f"rank{r}.json").read_text())
+        assert "most recent call first" in rank["python_stacks"]       # every thread's stack
+        assert rank["last_step"] == 7 and rank["last_records"][-1]["step"] == 7
+        assert rank["process"]["status"] in ("sleeping", "running", "disk-sleep")
+        assert rank["py_spy"] == {"error": "off (diagnosis.hang_py_spy: false)"}
+    assert "load_batch" in json.loads((bundle / "rank1.json").read_text())["python_stacks"]
+    assert "torch/autograd" in json.loads((bundle / "rank0.json").read_text())["python_stacks"]
+    d.drain()
+
+
+def test_a_rank_killed_with_sigkill_produces_rank_exited(make_daemon):
+    d = make_daemon(world_size=2, config={"diagnosis": HANG, "pollers": {"nvml_enabled": False}})
+    procs = start_ranks(d.ingest, 2, 10_000, "--slow-rank", "1", "--slow-phase", "forward", "--slow-s", "0.01")
+    try:
+        d.wait_for(lambda rs: sum(r["kind"] == "metrics" for r in rs) >= 5, timeout_s=60)
+        os.kill(procs[1].pid, signal.SIGKILL)      # not reaped yet: its exit status can be read
+        recs = d.wait_for(lambda rs: any(e["data"]["exited_rank"] == 1 for e in events(rs, "diagnosis/rank_exited")),
+                          timeout_s=30)
+    finally:
+        kill_all(procs)
+    (ev,) = [e for e in events(recs, "diagnosis/rank_exited") if e["data"]["exited_rank"] == 1]
+    assert ev["rank"] == 1 and ev["data"]["exit_code"] == -9 and "SIGKILL" in ev["data"]["message"]
+    assert (Path(ev["data"]["bundle"]) / "summary.json").exists()
+    d.drain()

@@ -1,0 +1,80 @@
+"""TelemetryTracker with a real Accelerator on 2 CPU processes, against Accelerate's W&B tracker."""
+from __future__ import annotations
+
+import glob
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from wandb_offline import config, history_rows, run_info, wait_finished
+
+pytest.importorskip("accelerate")
+pytest.importorskip("wandb")
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "tests" / "dropin_scripts" / "accelerate_ddp.py"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _run_two(env: dict[str, str], cwd: Path) -> None:
+    cwd.mkdir(parents=True, exist_ok=True)
+    port = str(_free_port())
+    procs = []
+    for rank in range(2):
+        e = {**os.environ, **env, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2",
+             "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "WANDB_SILENT": "true",
+             "WANDB_DIR": str(cwd), "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+        procs.append(subprocess.Popen([sys.executable, str(SCRIPT)], env=e, cwd=str(cwd), stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True))
+    for rank, p in enumerate(procs):
+        try:
+            out, _ = p.communicate(timeout=300)
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            raise
+        assert p.returncode == 0, f"rank {rank}:\n{out[-4000:]}"
+
+
+def test_tracker_is_a_general_tracker():
+    from accelerate.tracking import GeneralTracker
+
+    from telemetry.integrations.accelerate import TelemetryTracker
+
+    t = TelemetryTracker()
+    assert isinstance(t, GeneralTracker) and t.name == "telemetry" and not t.requires_logging_directory
+
+
+def test_accelerate_two_processes_match_accelerates_wandb_tracker(make_daemon, tmp_path):
+    d = make_daemon(wandb="offline", per_rank=True)
+    _run_two({"TRACKER": "telemetry", "TELEMETRY_ENDPOINT": d.ingest}, tmp_path / "ours")
+    assert d.stop(timeout_s=60) == 0
+    _run_two({"TRACKER": "wandb", "WANDB_MODE": "offline"}, tmp_path / "real")
+    (real,) = [wait_finished(f) for f in glob.glob(str(tmp_path / "real" / "wandb" / "offline-run-*" / "run-*.wandb"))]
+    (ours,) = [wait_finished(f) for f in glob.glob(str(d.log_dir / "wandb" / "offline-run-*" / "run-*.wandb"))]
+    expected = {r["_step"]: (r["train/loss"], r["train/lr"]) for r in history_rows(real) if "train/loss" in r}
+    got = {r["train/step"]: (r["train/loss"], r["train/lr"]) for r in history_rows(ours) if "train/loss" in r}
+    assert expected and got.keys() == expected.keys()
+    for s, v in expected.items():
+        assert got[s] == pytest.approx(v, rel=1e-6), s
+    # Every process's own loss reached the daemon under its rank; the W&B row holds their mean.
+    per_rank = {(r["rank"], r["step"]): r["values"]["rank_loss"] for r in d.read_jsonl(kind="metrics", aggregated=False)
+                if "rank_loss" in r["values"]}
+    assert {rank for rank, _ in per_rank} == {0, 1}
+    means = {r["train/step"]: r["rank_loss"] for r in history_rows(ours) if "rank_loss" in r}
+    for s, m in means.items():
+        assert m == pytest.approx((per_rank[(0, s)] + per_rank[(1, s)]) / 2, rel=1e-6)
+    assert len(means) == len(expected)
+    assert not any(r.get("missing_ranks") for r in d.read_jsonl(kind="metrics", aggregated=True))
+    info = run_info(ours)
+    assert (info["project"], info["name"], info["group"]) == ("dropin", "accelerate-ddp", "ddp")
+    assert config(ours)["lr"] == config(real)["lr"] == 0.05

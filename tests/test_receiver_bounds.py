@@ -1,0 +1,71 @@
+"""The per-source accounting is bounded and sanity-checked (issue 18): a refused record is
+counted once (malformed, not also lost), a seq of 2^63-1 does not make records_lost 9.2e18,
+500k fake src ids neither cost hundreds of MB nor slow status down."""
+from __future__ import annotations
+
+import time
+import tracemalloc
+
+import msgpack
+import pytest
+
+from protocol import encode_metrics
+from telemetry.daemon import hotpath
+from telemetry.daemon import loops as python_loops
+from telemetry.daemon.receiver import MAX_SOURCES, MAX_SEQ_GAP, Receiver
+
+LOOPS = [pytest.param(python_loops, id="python_loops"),
+         pytest.param(hotpath.native, id="c_loops",
+                      marks=pytest.mark.skipif(hotpath.native is None, reason="C loops not built"))]
+U63 = (1 << 63) - 1
+
+
+@pytest.mark.parametrize("loops", LOOPS)
+def test_a_negative_step_is_counted_once(loops):
+    r = Receiver(loops)
+    frames = [encode_metrics(7, 0, 0, 0, 1, 0, {"x": 1.0}),
+              msgpack.packb([2, 1, 7, 0, 1, 0, 1, -5, {"x": 1.0}]),      # step -5: refused
+              encode_metrics(7, 0, 2, 0, 1, 2, {"x": 1.0})]
+    r.accept_many(frames)
+    t = r.totals()
+    assert (t["records_in"], t["records_malformed"], t["records_lost"]) == (2, 1, 0), t
+    assert r.per_rank()[0]["received"] == 2
+
+
+@pytest.mark.parametrize("loops", LOOPS)
+@pytest.mark.parametrize("split", [False, True], ids=["one_batch", "two_batches"])
+def test_a_seq_of_2_63_is_not_believed(loops, split):
+    r = Receiver(loops)
+    frames = [encode_metrics(7, 0, 0, 0, 1, 0, {"x": 1.0}), encode_metrics(7, 0, U63, 0, 1, 1, {"x": 1.0}),
+              encode_metrics(8, 1, 0, U63, 1, 1, {"x": 1.0}), encode_metrics(8, 1, 5, U63, 1, 1, {"x": 1.0})]
+    if split:
+        r.accept_many(frames[:1]), r.accept_many(frames[1:])
+    else:
+        r.accept_many(frames)
+    t = r.totals()
+    assert t["records_in"] == 4
+    assert t["records_lost"] <= 4 and t["records_dropped_by_clients"] <= 4, t
+    assert t["records_seq_bogus"] >= 1
+    # A real gap (a client whose records vanished) is still counted exactly.
+    r.accept_many([encode_metrics(9, 2, 0, 0, 1, 1, {"x": 1.0}), encode_metrics(9, 2, 1000, 0, 1, 2, {"x": 1.0})])
+    assert r.totals()["records_lost_in_transit"] - t["records_lost_in_transit"] == 999
+    assert MAX_SEQ_GAP < U63
+
+
+def test_fake_source_ids_are_bounded():
+    r = Receiver(python_loops)
+    n = 500_000
+    tracemalloc.start()
+    base = tracemalloc.get_traced_memory()[0]
+    for start in range(0, n, 1024):
+        r.accept_many([encode_metrics(1000 + i, 0, 0, 0, 1, 1, {"x": 1.0}) for i in range(start, min(n, start + 1024))])
+    used = tracemalloc.get_traced_memory()[0] - base
+    tracemalloc.stop()
+    t0 = time.perf_counter()
+    t = r.totals()
+    r.per_rank()
+    took = time.perf_counter() - t0
+    assert len(r.sources) == MAX_SOURCES
+    assert t["records_in"] == n and t["records_untracked"] == n - MAX_SOURCES
+    assert used < 64 * 2**20, used          # 211 MB before the bound
+    assert took < 1.0, took                  # generous: a loaded 2-core box

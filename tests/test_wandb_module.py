@@ -1,0 +1,276 @@
+"""telemetry.wandb, one process: the module's state, W&B's step and commit rules (checked against
+the real wandb in offline mode), what is refused or unsupported and how it says so."""
+from __future__ import annotations
+
+import glob
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import pytest
+
+import telemetry.wandb as tw
+from wandb_offline import history_key_paths, history_rows, wait_finished
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(autouse=True)
+def _no_run_left():
+    yield
+    tw.finish()
+
+
+def calls(wandb) -> None:
+    """One sequence of log calls that exercises every step and commit rule."""
+    wandb.log({"a": 1})
+    wandb.log({"b": 2}, commit=False)
+    wandb.log({"c": 3})
+    wandb.log({"d": 4}, step=5)
+    wandb.log({"e": 5})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        wandb.log({"f": 6}, step=3)            # below the current step: dropped
+    wandb.log({"g": 7}, step=10, commit=True)
+    wandb.log({"h": {"x": 1, "y": {"z": 2}}})
+    wandb.log({"i": 1}, step=12)
+    wandb.log({"j": 1}, step=12)
+    wandb.log({"k": 1}, step=13, commit=False)
+    wandb.log({"l": 1}, commit=True)
+    wandb.log({"m": 1}, commit=False)          # pending at finish: W&B writes it then
+
+
+def test_step_and_commit_rules_match_real_wandb(tmp_path, make_daemon, monkeypatch):
+    wandb = pytest.importorskip("wandb")
+    run = wandb.init(mode="offline", project="p", dir=str(tmp_path),
+                     settings=wandb.Settings(silent=True, console="off", x_disable_stats=True))
+    calls(wandb)
+    real_step = run.step
+    run.finish()
+    (real_file,) = [wait_finished(f) for f in glob.glob(str(tmp_path / "wandb" / "offline-run-*" / "run-*.wandb"))]
+    expected = {r["_step"]: {k: v for k, v in r.items() if not k.startswith("_")} for r in history_rows(real_file)}
+
+    d = make_daemon(wandb="offline")
+    monkeypatch.setenv("TELEMETRY_ENDPOINT", d.ingest)
+    ours = tw.init(project="p", config={"x": 1})
+    calls(tw)
+    assert ours.step == real_step
+    tw.finish()
+    assert d.stop(timeout_s=60) == 0
+    (our_file,) = [wait_finished(f) for f in glob.glob(str(d.log_dir / "wandb" / "offline-run-*" / "run-*.wandb"))]
+    keys = set().union(*expected.values())
+    got = {}
+    for r in history_rows(our_file):
+        if keys & r.keys():
+            got[r["train/step"]] = {k: v for k, v in r.items() if k in keys}
+    assert got == expected
+    # Nested dicts are stored nested, as W&B stores them (its UI shows "h.y.z"), not as "h/y/z".
+    user_paths = {p for p in history_key_paths(real_file) if "/".join(p) in keys}
+    assert ("h", "y", "z") in user_paths
+    assert {p for p in history_key_paths(our_file) if "/".join(p) in keys} == user_paths
+
+
+def test_run_config_summary_follow_init_and_finish(daemon, monkeypatch):
+    monkeypatch.setenv("TELEMETRY_ENDPOINT", daemon.ingest)
+    assert tw.run is None
+    with pytest.raises(tw.Error, match=r"wandb.init\(\) before wandb.log"):
+        tw.log({"a": 1})
+    with pytest.raises(tw.Error, match=r"before wandb.config.update"):
+        tw.config.update({"a": 1})
+    with pytest.raises(tw.Error, match=r"before wandb.summary\['x'\]"):
+        tw.summary["x"] = 1
+    first = tw.init(project="p", config={"lr": 0.1})
+    assert tw.run is first and tw.config is first.config and tw.summary is first.summary
+    assert tw.config.lr == 0.1 and tw.config["lr"] == 0.1
+    with pytest.raises(tw.Error, match="allow_val_change"):
+        tw.config.update({"lr": 0.2})
+    tw.config.update({"lr": 0.2}, allow_val_change=True)
+    second = tw.init(project="p")            # a second init finishes the first
+    assert tw.run is second and first._finished
+    assert tw.init(reinit="return_previous") is second
+    second.finish()
+    assert tw.run is None
+    with tw.init(project="p") as third:      # the run as a context manager
+        third.log({"x": 1.0})
+    assert tw.run is None
+
+
+def media_calls(wandb) -> None:
+    import numpy as np
+    import torch
+
+    rng = np.random.default_rng(0)
+    wandb.log({"loss": 1.0})
+    wandb.log({"samples": wandb.Image(rng.integers(0, 255, (8, 6, 3), dtype=np.uint8), caption="hwc")},
+              commit=False)
+    wandb.log({"weights": wandb.Histogram(rng.normal(size=500), num_bins=16),
+               "preds": wandb.Table(columns=["x", "y"], data=[[1, "a"], [2, "b"], [3, "c"]])})
+    wandb.log({"chw": wandb.Image(torch.rand(3, 5, 7)), "hist2": wandb.Histogram(np_histogram=np.histogram(
+        rng.normal(size=100), bins=8))}, step=4)
+    wandb.log({"loss": 2.0})
+
+
+MEDIA_KEYS = ("samples", "weights", "preds", "chw", "hist2")
+
+
+def media_values(path: str, step_key: str) -> dict:
+    """(step, key) -> what each media value in the run's history says of itself (W&B stores its
+    fields as nested keys, "samples/_type"; its file name and hash differ between runs)."""
+    keep = ("_type", "width", "height", "format", "caption", "ncols", "nrows", "values", "bins")
+    out: dict = {}
+    for r in history_rows(path):
+        for key in MEDIA_KEYS:
+            fields = {k[len(key) + 1:]: v for k, v in r.items() if k.startswith(key + "/")}
+            if fields:
+                out[(r[step_key], key)] = {k: fields[k] for k in keep if k in fields}
+    return out
+
+
+def test_media_pass_through_as_real_wandb_logs_them(tmp_path, make_daemon, monkeypatch):
+    wandb = pytest.importorskip("wandb")
+    pytest.importorskip("numpy")
+    run = wandb.init(mode="offline", project="p", dir=str(tmp_path),
+                     settings=wandb.Settings(silent=True, console="off", x_disable_stats=True))
+    media_calls(wandb)
+    run.finish()
+    (real_file,) = [wait_finished(f) for f in glob.glob(str(tmp_path / "wandb" / "offline-run-*" / "run-*.wandb"))]
+    expected = media_values(real_file, "_step")
+    assert len(expected) == 5
+
+    monkeypatch.setenv("TELEMETRY_MEDIA_DIR", str(tmp_path / "media"))
+    d = make_daemon(wandb="offline", env={"TELEMETRY_MEDIA_DIR": str(tmp_path / "media")})
+    monkeypatch.setenv("TELEMETRY_ENDPOINT", d.ingest)
+    tw.init(project="p")
+    media_calls(tw)
+    tw.finish()
+    final = d.drain(timeout_s=60)
+    assert (final["sinks"]["wandb"]["media_logged"], final["sinks"]["wandb"]["media_failed"]) == (5, 0)
+    (our_file,) = [wait_finished(f) for f in glob.glob(str(d.log_dir / "wandb" / "offline-run-*" / "run-*.wandb"))]
+    assert media_values(our_file, "train/step") == expected
+    assert list((tmp_path / "media").iterdir()) == []            # each file deleted once logged
+
+
+def test_media_that_cannot_be_written_is_warned_and_counted(tmp_path, make_daemon, monkeypatch):
+    """A wandb.Image of something the writer cannot turn into an image: a warning in the rank,
+    a count in the daemon's sink, and the sink does not wait for a file that will never come."""
+    monkeypatch.setenv("TELEMETRY_MEDIA_DIR", str(tmp_path / "media"))
+    d = make_daemon(wandb="offline", env={"TELEMETRY_MEDIA_DIR": str(tmp_path / "media")})
+    monkeypatch.setenv("TELEMETRY_ENDPOINT", d.ingest)
+    run = tw.init(project="p")
+    with pytest.warns(RuntimeWarning, match="wandb.Image could not be written"):
+        run.log({"img": tw.Image(object()), "loss": 1.0})
+        run.finish()
+    t0 = time.monotonic()
+    final = d.drain(timeout_s=60)
+    assert time.monotonic() - t0 < 8                      # well under the sink's 10 s wait for a file
+    assert (final["sinks"]["wandb"]["media_logged"], final["sinks"]["wandb"]["media_failed"]) == (0, 1)
+    assert list((tmp_path / "media").iterdir()) == []
+
+
+def test_media_refused_by_name_once_counted_and_reported(daemon, monkeypatch):
+    monkeypatch.setenv("TELEMETRY_ENDPOINT", daemon.ingest)
+    run = tw.init(project="p")
+    with pytest.warns(RuntimeWarning, match=r"wandb\.Audio at key 'samples'"):
+        run.log({"samples": tw.Audio([0.0], sample_rate=16000), "loss": 1.0})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")           # the second one is counted, not warned again
+        run.log({"samples": tw.Audio([0.0], sample_rate=16000), "loss": 2.0})
+    with pytest.warns(RuntimeWarning, match="str at key 'note'"):
+        run.log({"note": "hello"})
+    assert run.num_refused == {"wandb.Audio": 2, "str": 1}
+    run.finish()
+    events = daemon.wait_for(lambda rs: sum(r.get("name") == "wandb/refused" for r in rs) >= 2, kind="event")
+    refused = [r["data"] for r in events if r.get("name") == "wandb/refused"]
+    assert {e["type"] for e in refused} == {"wandb.Audio", "str"}
+    steps = daemon.wait_for(lambda rs: len(rs) >= 2, kind="metrics")
+    assert [r["values"] for r in steps[:2]] == [{"loss": 1.0}, {"loss": 2.0}]
+
+
+def test_unsupported_api_raises_naming_it(tmp_path, monkeypatch):
+    monkeypatch.setenv("TELEMETRY_MEDIA_DIR", str(tmp_path / "media"))
+    with pytest.raises(NotImplementedError, match="wandb.Artifact"):
+        tw.Artifact("x", "dataset")
+    with pytest.raises(NotImplementedError, match=r"wandb.plot.line"):
+        tw.plot.line(None, "x", "y")
+    assert hasattr(tw, "Artifact") and hasattr(tw, "config")     # harmless to probe, as with wandb
+    with pytest.raises(AttributeError, match="no attribute 'nonsense'"):
+        tw.nonsense
+    with pytest.raises(NotImplementedError, match=r"sync_tensorboard"):
+        tw.init(sync_tensorboard=True)
+    with pytest.raises(ValueError, match="mode"):
+        tw.init(mode="sometimes")
+    run = tw.init(mode="disabled")
+    with pytest.raises(NotImplementedError, match="run.log_artifact"):
+        run.log_artifact("x")
+    with pytest.warns(RuntimeWarning, match="watch"):
+        tw.watch(object())
+    run.log({"a": 1, "img": tw.Image(tmp_path)})   # disabled: accepted, sent nowhere, no file left
+    assert run.step == 1 and not (tmp_path / "media").exists()
+
+
+def test_import_is_cheap():
+    code = ("import sys, time; t = time.perf_counter(); import telemetry.wandb; "
+            "print(time.perf_counter() - t, 'torch' in sys.modules, 'wandb' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    _, torch_loaded, wandb_loaded = out.split()
+    assert (torch_loaded, wandb_loaded) == ("False", "False")
+
+
+HOST_READS = ("item", "__bool__", "__float__", "__int__", "cpu", "tolist", "numpy")
+
+
+@pytest.fixture
+def host_read_guard(monkeypatch):
+    """Any read of a tensor's value on the main thread (on a GPU: a host-device sync) is recorded
+    and raises; other threads (the client's sender) may read."""
+    import threading
+
+    torch = pytest.importorskip("torch")
+    reads: list[str] = []
+
+    def guard(name):
+        orig = getattr(torch.Tensor, name)
+
+        def wrapped(self, *a, **k):
+            if threading.current_thread() is threading.main_thread():
+                reads.append(name)
+                raise RuntimeError(f"host read Tensor.{name} on the training thread")
+            return orig(self, *a, **k)
+        monkeypatch.setattr(torch.Tensor, name, wrapped)
+
+    for n in HOST_READS:
+        guard(n)
+    return reads
+
+
+def test_log_reads_no_tensor_on_the_calling_thread(daemon, monkeypatch, host_read_guard):
+    import torch
+
+    monkeypatch.setenv("TELEMETRY_ENDPOINT", daemon.ingest)
+    loss, grad_norm = torch.tensor(2.5), torch.tensor(0.75)
+    tw.init(project="p")
+    tw.log({"train/loss": loss, "nested": {"grad_norm": grad_norm}}, commit=False)
+    tw.log({"lr": 0.1})
+    tw.log({"train/loss": loss * 2}, step=5)
+    tw.finish()
+    assert host_read_guard == []
+    steps = daemon.wait_for(lambda rs: len(rs) >= 2, kind="metrics")
+    assert [(r["step"], r["values"]) for r in steps] == [
+        (0, {"train/loss": 2.5, "nested/grad_norm": 0.75, "lr": 0.1}), (5, {"train/loss": 5.0})]
+
+
+def test_the_guard_catches_real_wandb_reading_tensors(tmp_path, host_read_guard):
+    """The same guard around the real wandb.log: it reads every tensor on the caller's thread."""
+    import torch
+
+    wandb = pytest.importorskip("wandb")
+    run = wandb.init(mode="offline", project="p", dir=str(tmp_path),
+                     settings=wandb.Settings(silent=True, console="off", x_disable_stats=True))
+    try:
+        with pytest.raises(RuntimeError, match="host read"):
+            run.log({"train/loss": torch.tensor(2.5)})
+    finally:
+        host_read_guard.clear()
+        run.finish()
