@@ -82,3 +82,31 @@ def test_a_rank_killed_with_sigkill_produces_rank_exited(make_daemon):
     assert ev["rank"] == 1 and ev["data"]["exit_code"] == -9 and "SIGKILL" in ev["data"]["message"]
     assert (Path(ev["data"]["bundle"]) / "summary.json").exists()
     d.drain()
+
+
+def test_a_rank_gone_just_before_its_bye_arrives_is_no_exit(make_daemon):
+    """A rank exits right after its bye; the daemon may see the process gone before the bye has
+    come through (it holds a bye that overtook its records up to 2 s): no rank_exited for it."""
+    import socket as socket_mod
+
+    import zmq
+
+    from protocol import encode_bye, encode_hello
+
+    d = make_daemon(world_size=1, config={"diagnosis": HANG, "pollers": {"nvml_enabled": False}})
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()                                # reaped: the pid is gone
+    ctx = zmq.Context()
+    push = d.push(ctx)
+    try:
+        push.send(encode_hello(5, 0, 0, 0, time.time_ns(), {"pid": gone.pid, "host": socket_mod.gethostname()}))
+        time.sleep(1.5)                        # three forensics checks see the process gone
+        push.send(encode_bye(5, 0, 1, 0, time.time_ns(), {"sent": 2, "dropped": 0}))
+        time.sleep(3.0)
+        recs = d.read_jsonl()
+    finally:
+        push.close(0)
+        ctx.term()
+    assert any(r["kind"] == "bye" for r in recs)
+    assert events(recs, "diagnosis/rank_exited") == []
+    d.drain()

@@ -16,6 +16,11 @@ end the process).
                                directory under the temporary directory.
 
 A signal that already has a handler in this process is left alone (nothing registered).
+
+At close (atexit included) the signal is set to be ignored (`release`): the interpreter's
+finalization unregisters faulthandler's handler, restoring the default action, and a daemon that
+had not yet seen this rank's bye (a rank ending as another one exits) would otherwise end the
+process it meant to ask for its stacks.
 """
 from __future__ import annotations
 
@@ -74,3 +79,21 @@ def register(endpoint: str, rank: int) -> tuple[dict, IO | None]:
     except (OSError, ValueError, RuntimeError) as exc:
         return {"stacks_unavailable": str(exc)}, None
     return {"stacks_signal": sig, "stacks_file": os.path.abspath(path)}, f
+
+
+def release(hello: dict, stacks_file: IO | None) -> None:
+    """At close: ignore the stacks signal from now on (see the module's docstring). Never raises;
+    from a thread other than the main one the signal is left as it is (Python allows no other)."""
+    sig = hello.get("stacks_signal")
+    if not isinstance(sig, int):
+        return
+    try:
+        faulthandler.unregister(sig)            # restores the action it found: the default
+        signal.signal(sig, signal.SIG_IGN)
+    except (ValueError, OSError, RuntimeError):
+        return
+    if stacks_file is not None:
+        try:
+            stacks_file.close()
+        except OSError:
+            pass

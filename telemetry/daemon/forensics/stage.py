@@ -8,7 +8,8 @@ daemon's loop never waits for a signal, a dump or py-spy:
     hang         no aggregated step for max(hang_min_s, hang_factor x the median step time of
                  the last steps) -> one bundle and one `diagnosis/hang` event per hang (re-armed
                  when a step completes again)
-    rank_exited  a rank's process on this host is gone without a bye -> a bundle of the others
+    rank_exited  a rank's process on this host is gone without a bye (EXIT_GRACE_S after it was
+                 first seen gone) -> a bundle of the others
                  and one `diagnosis/rank_exited` event with its exit code where it can be known
 
 The last records each rank sent come from `recent`: the daemon appends each batch of metrics
@@ -36,6 +37,10 @@ log = logging.getLogger("telemetry.daemon")
 RECENT_BATCHES_KEPT = 256
 # Step durations the median step time is taken over.
 STEP_TIMES_KEPT = 50
+# How long a rank's process may be gone before it counts as exited without a bye: a rank that
+# exits right after its bye is gone before the bye has come through the pipeline (the daemon
+# holds a bye that overtook its records up to core.BYE_HOLD_S, 2 s).
+EXIT_GRACE_S = 3.0
 
 
 class ForensicsStage(Sink):
@@ -51,6 +56,7 @@ class ForensicsStage(Sink):
         self.ranks: dict[int, dict] = {}    # rank -> its latest hello info
         self.byes: set[int] = set()
         self.exited: set[int] = set()
+        self.gone_since: dict[int, tuple] = {}   # rank -> (when first seen gone, exit code, how)
         self.last_step: int | None = None
         self.last_step_t: float | None = None
         self.last_advance_mono: float | None = None
@@ -73,6 +79,7 @@ class ForensicsStage(Sink):
                     self.ranks[rank] = rec.get("info") or {}
                     self.byes.discard(rank)
                     self.exited.discard(rank)
+                    self.gone_since.pop(rank, None)
             elif kind == "bye":
                 rank = rec.get("rank")
                 if isinstance(rank, int):
@@ -123,9 +130,16 @@ class ForensicsStage(Sink):
 
     def _check_exits(self) -> None:
         for rank, info in list(self._live_local_ranks().items()):
-            gone, code, how = exit_status(info["pid"])
-            if not gone:
-                continue
+            if rank in self.gone_since:
+                first_s, code, how = self.gone_since[rank]   # the status as first seen (before a reap)
+            else:
+                gone, code, how = exit_status(info["pid"])
+                if not gone:
+                    continue
+                first_s = time.monotonic()
+                self.gone_since[rank] = (first_s, code, how)
+            if time.monotonic() - first_s < EXIT_GRACE_S:
+                continue                    # its bye may still be on its way
             self.exited.add(rank)
             self.num_exits += 1
             self._bundle("rank_exited", self._live_local_ranks(), exited=(rank, code, how))
