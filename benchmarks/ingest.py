@@ -154,7 +154,9 @@ def bench_pipeline(endpoint: str, pub_ep: str, control_ep: str, log_dir: Path, r
     cfg = load(None, {"ingest": endpoint, "pub": pub_ep, "control": control_ep, "log_dir": str(log_dir),
                       "wandb.mode": WANDB, "aggregator.world_size": NUM_RANKS,
                       "pollers": {"nvml_enabled": False, "host_enabled": False},
-                      "jsonl.fsync_interval_s": 5.0, "diagnosis": {"enabled": DIAGNOSIS}})
+                      "jsonl.fsync_interval_s": 5.0, "diagnosis": {"enabled": DIAGNOSIS},
+                      # The senders fill the daemon's queue before it reads: a budget that holds it all.
+                      "max_connections": NUM_RANKS, "rcvhwm": NUM_RANKS * (records_per_rank + 10)})
     d = Daemon(cfg)
     if not native:                # the pure-Python loops, as without a C compiler at install time
         from telemetry.daemon import loops

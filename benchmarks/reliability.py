@@ -116,7 +116,7 @@ class Endpoints:
 
 def launch(log_dir: Path, eps: Endpoints, *, config: dict | None = None, extra: tuple[str, ...] = (),
            env: dict | None = None, fsize_limit: int = 0, world_size: int | None = None,
-           per_rank: bool = False):
+           per_rank: bool = False, nofile_soft: int = 0):
     """Start a daemon on `eps`; return a DaemonProc (benchmarks/daemon_proc.py) once it is ready."""
     import yaml
 
@@ -130,14 +130,17 @@ def launch(log_dir: Path, eps: Endpoints, *, config: dict | None = None, extra: 
     cmd = daemon_command(log_dir, eps.ingest, eps.pub, eps.control, world_size=world_size, per_rank=per_rank,
                          config=cfg_path, extra_args=extra)
 
-    def limit_file_size() -> None:   # runs in the child before exec: a disk that fills up
-        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)   # EFBIG from write(), not death
-        resource.setrlimit(resource.RLIMIT_FSIZE, (fsize_limit, fsize_limit))
+    def limits() -> None:   # runs in the child before exec
+        if fsize_limit:     # a disk that fills up
+            signal.signal(signal.SIGXFSZ, signal.SIG_IGN)   # EFBIG from write(), not death
+            resource.setrlimit(resource.RLIMIT_FSIZE, (fsize_limit, fsize_limit))
+        if nofile_soft:     # a login's default soft descriptor limit, below the hard one
+            resource.setrlimit(resource.RLIMIT_NOFILE, (nofile_soft, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
 
     full_env = {**os.environ, "WANDB_MODE": "disabled", "WANDB_SILENT": "true", "PYTHONUNBUFFERED": "1",
                 **(env or {})}
     proc = subprocess.Popen(cmd, cwd=ROOT, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, preexec_fn=limit_file_size if fsize_limit else None)
+                            text=True, preexec_fn=limits if fsize_limit or nofile_soft else None)
     d = DaemonProc(proc, log_dir, None)
     d.wait_ready(60)
     return d
@@ -231,7 +234,10 @@ def drain_backlog(work: Path, num_ranks: int = 2, n: int = 150_000, drain_timeou
     sent == written + counted lost, exactly."""
     eps = Endpoints()
     log_dir = work / "telemetry"
-    d = launch(log_dir, eps, per_rank=True, world_size=num_ranks, config={"drain_timeout_s": drain_timeout_s})
+    # The whole burst fits the daemon's queue (the default budget would hold the ranks at close).
+    d = launch(log_dir, eps, per_rank=True, world_size=num_ranks,
+               config={"drain_timeout_s": drain_timeout_s, "max_connections": 2 * num_ranks + 2,
+                       "rcvhwm": (2 * num_ranks + 2) * (n + 10)})
     procs = start_ranks(eps.ingest, list(range(num_ranks)), n, 0, work / "ranks", sndhwm=n + 10,
                         extra=("--no-hello", "--close-s", "60"))
     ranks = wait_ranks(procs, work / "ranks")       # closed: every record sent is in the daemon's queue

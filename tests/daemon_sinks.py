@@ -4,6 +4,8 @@ loaded by a daemon subprocess through `custom_sinks` (PYTHONPATH=tests), hence `
     SleepySink   sleeps `sleep_s` per batch: a slow W&B
     HangSink     blocks in consume until `.release` is set (never, in a daemon): a stuck W&B
     RaisingSink  raises from consume: a W&B answering 500, a full disk
+    StallSink    an inline sink (on the daemon's own thread) sleeping `sleep_s` per batch: a
+                 daemon loop that cannot keep up, whatever the reason
 """
 from __future__ import annotations
 
@@ -60,3 +62,15 @@ class RaisingSink(Sink):
 
     def consume(self, batch) -> None:
         raise RuntimeError(self.message)
+
+
+class StallSink(Sink):
+    """Inline: runs on the daemon's thread, so each batch stalls the whole loop `sleep_s`."""
+    name = "stall"
+    inline = True
+
+    def __init__(self, log_dir=None, sleep_s: float = 0.5) -> None:
+        self.sleep_s = sleep_s
+
+    def consume(self, batch) -> None:
+        time.sleep(self.sleep_s)

@@ -74,6 +74,8 @@ DAEMON_CASES = [
     ("wandb: [offline]", "'wandb' must be a mapping"),
     ("jsonl: {rotate_mb: big}", "'jsonl.rotate_mb' must be float"),
     ("aggregator: {reductions: {train/loss: median}}", "aggregator.reductions"),
+    ("aggregator: {world_size: -3}", "aggregator.world_size"),
+    ("aggregator: {first_rank: -1}", "aggregator.first_rank"),
     ("mfu: {dtype: int3}", "mfu.dtype"),
     ("pollers: {nvml_gpus: [a]}", "'pollers.nvml_gpus[0]' must be int"),
     ("pollers: {nvml_intervl_s: 1}", "'pollers.nvml_intervl_s'"),
@@ -104,6 +106,8 @@ def test_daemon_flags_are_checked_like_the_file(tmp_path):
     """--node-rank without --forward: the forward section has no endpoint."""
     p = _run(["-m", "telemetry", "daemon", "--log-dir", str(tmp_path / "tm"), "--node-rank", "1"], tmp_path)
     _assert_refused(p, "forward.endpoint")
+    p = _run(["-m", "telemetry", "daemon", "--log-dir", str(tmp_path / "tm"), "--world-size", "-3"], tmp_path)
+    _assert_refused(p, "aggregator.world_size (--world-size)")
 
 
 def test_daemon_refuses_a_log_dir_that_is_a_file(tmp_path):

@@ -36,7 +36,6 @@ from telemetry.shared import endpoints
 from telemetry.client.deferred import DeferredSender, Job, host_scalar, snapshot
 from telemetry.client.spans import Span, SpanRecorder
 from telemetry.client.stacks import register as register_stacks
-from telemetry.client.stacks import release as release_stacks
 from telemetry.shared.security.redact import Redactor
 
 # Records queued in the socket before log() starts dropping. At ~250 B per record this is
@@ -416,7 +415,6 @@ class TelemetryClient(metaclass=abc.ABCMeta):   # ABCMeta: DisabledClient regist
             self._sock.close(linger=min(remaining_ms(), self._linger_ms))
         finally:
             ctx.term()   # returns once the linger expires: bounded by the deadline
-        release_stacks(self._stacks_hello, self._stacks_file)
         _live_clients.discard(self)
 
     def _reopen_after_fork(self) -> None:

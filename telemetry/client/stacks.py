@@ -17,13 +17,16 @@ end the process).
 
 A signal that already has a handler in this process is left alone (nothing registered).
 
-At close (atexit included) the signal is set to be ignored (`release`): the interpreter's
-finalization unregisters faulthandler's handler, restoring the default action, and a daemon that
-had not yet seen this rank's bye (a rank ending as another one exits) would otherwise end the
-process it meant to ask for its stacks.
+When the interpreter exits, the signal is set to be ignored (an atexit hook, which runs before
+the interpreter's finalization): finalization unregisters faulthandler's handler and restores the
+default action, and a daemon that had not yet seen this rank's bye (a rank ending as another one
+exits) would otherwise end the process it meant to ask for its stacks. Not at close(): an ignored
+signal is inherited across exec, and the processes a closed client's process starts later (the
+ranks of a launcher that logged, say) could then register nothing.
 """
 from __future__ import annotations
 
+import atexit
 import faulthandler
 import os
 import signal
@@ -76,24 +79,16 @@ def register(endpoint: str, rank: int) -> tuple[dict, IO | None]:
         f = open(path, "a", encoding="utf-8")
         os.chmod(path, 0o600)
         faulthandler.register(sig, file=f, all_threads=True, chain=False)
+        atexit.register(_ignore_at_exit, sig)
     except (OSError, ValueError, RuntimeError) as exc:
         return {"stacks_unavailable": str(exc)}, None
     return {"stacks_signal": sig, "stacks_file": os.path.abspath(path)}, f
 
 
-def release(hello: dict, stacks_file: IO | None) -> None:
-    """At close: ignore the stacks signal from now on (see the module's docstring). Never raises;
-    from a thread other than the main one the signal is left as it is (Python allows no other)."""
-    sig = hello.get("stacks_signal")
-    if not isinstance(sig, int):
-        return
+def _ignore_at_exit(sig: int) -> None:
+    """atexit: from now on the stacks signal does nothing (see the module's docstring)."""
     try:
         faulthandler.unregister(sig)            # restores the action it found: the default
         signal.signal(sig, signal.SIG_IGN)
-    except (ValueError, OSError, RuntimeError):
-        return
-    if stacks_file is not None:
-        try:
-            stacks_file.close()
-        except OSError:
-            pass
+    except (ValueError, OSError, RuntimeError):  # not the main thread, or already finalizing
+        pass

@@ -87,6 +87,11 @@ class AggregatorConfig:
     def __post_init__(self) -> None:
         if self.step_timeout_s <= 0:
             raise ConfigError(f"aggregator.step_timeout_s must be > 0, got {self.step_timeout_s}")
+        if self.world_size < 0:
+            raise ConfigError(f"aggregator.world_size (--world-size) must be >= 0 (0: from the hellos), "
+                              f"got {self.world_size}")
+        if self.first_rank < 0:
+            raise ConfigError(f"aggregator.first_rank must be >= 0, got {self.first_rank}")
         from telemetry.daemon.reductions import parse   # the one spelling of a reduction
 
         for k, v in self.reductions.items():
@@ -109,6 +114,12 @@ class MfuConfig:
             raise ConfigError(f"mfu.dtype {self.dtype!r}: expected bf16, fp16, tf32 or fp32 (or empty)")
 
 
+# The most ingest connections one daemon may be configured for (each costs a descriptor).
+MAX_CONNECTIONS = 65_536
+# The least queue a connection gets, whatever rcvhwm // max_connections says.
+MIN_CONNECTION_HWM = 100
+
+
 @dataclass(kw_only=True, slots=True)
 class DaemonConfig:
     ingest: str | None = None          # endpoints; None = $TELEMETRY_* or the private ipc default
@@ -118,7 +129,10 @@ class DaemonConfig:
     run_name: str = ""
     daemon_record_interval_s: float = 10.0
     drain_timeout_s: float = 12.0      # shutdown deadline; W&B offline start+finish alone takes seconds
-    rcvhwm: int = 1_000_000            # records libzmq may queue for us before senders see backpressure
+    rcvhwm: int = 1_000_000            # records libzmq may queue for us in all, before senders see
+                                       # backpressure: each connection gets rcvhwm // max_connections
+                                       # (at least MIN_CONNECTION_HWM), so the total stays bounded
+    max_connections: int = 1024        # ingest connections at once (a rank has 2-3); beyond: refused
     jsonl: JsonlConfig = field(default_factory=JsonlConfig)
     wandb: WandbConfig = field(default_factory=WandbConfig)
     pub_sink: PubConfig = field(default_factory=PubConfig)
@@ -142,9 +156,15 @@ class DaemonConfig:
         # A bound, always: 0 would be libzmq's "unlimited", a daemon that grows until it is killed.
         if self.rcvhwm < 1:
             raise ConfigError(f"rcvhwm must be >= 1, got {self.rcvhwm}")
+        if not 1 <= self.max_connections <= MAX_CONNECTIONS:
+            raise ConfigError(f"max_connections must be 1..{MAX_CONNECTIONS}, got {self.max_connections}")
         # A node daemon's --world-size is its ranks per node; they start at node_rank x that.
         if self.forward is not None and self.aggregator.world_size and not self.aggregator.first_rank:
             self.aggregator.first_rank = self.forward.node_rank * self.aggregator.world_size
+
+    def connection_hwm(self) -> int:
+        """Each ingest connection's queue: the rcvhwm budget shared by max_connections."""
+        return max(MIN_CONNECTION_HWM, self.rcvhwm // self.max_connections)
 
 
 def load(path: str | os.PathLike | None, overrides: dict[str, Any]) -> DaemonConfig:

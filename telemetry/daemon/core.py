@@ -15,6 +15,7 @@ from __future__ import annotations
 import collections
 import logging
 import os
+import resource
 import signal
 import socket
 import sys
@@ -60,6 +61,9 @@ INTAKE_SHARE = 0.6
 ABANDON_GRACE_S = 0.5
 # Allocations between young-generation collections (CPython's default is 700); see _tune_gc.
 GC_GEN0_THRESHOLD = 50_000
+# Stages that analyse the stream rather than write it (their own threads, like sinks): what
+# they skip under a backlog is analysis skipped (telemetry/diagnosis_skipped), not output lost.
+ANALYSIS_STAGES = frozenset({"diagnosis", "forensics"})
 # The most of the time the diagnosis stage's thread may spend on the rules (see SinkRunner).
 DIAGNOSIS_MAX_SHARE = 0.25
 
@@ -96,6 +100,7 @@ class Daemon:
         self.host = socket.gethostname()
         self._out: list[Out] = []
         self._held_byes: list[tuple[float, Bye]] = []   # (release by, bye): see BYE_HOLD_S
+        self.fd_limit, self.max_connections = 0, cfg.max_connections   # set by start()
         self._inbox: collections.deque[dict] = collections.deque()
         self._stop_reason = ""
         self._drain_requesters: list[bytes] = []
@@ -132,6 +137,7 @@ class Daemon:
             "pub": endpoints.resolve("pub", cfg.pub, create_dir=True),
             "control": endpoints.resolve("control", cfg.control, create_dir=True),
         }
+        self.fd_limit, self.max_connections = _raise_fd_limit(cfg.max_connections)
         self.ctx = zmq.Context(1)
         # Refuses (SecurityError) to listen beyond loopback without CURVE; runs the allow-list.
         from telemetry.shared.security.curve import DaemonSecurity
@@ -139,7 +145,7 @@ class Daemon:
         remote = endpoints.normalize(cfg.remote_ingest) if cfg.remote_ingest else ""
         self.security = DaemonSecurity(self.ctx, cfg.security, {**self.endpoints, "remote_ingest": remote})
         self.pull = self.ctx.socket(zmq.PULL)
-        self.pull.setsockopt(zmq.RCVHWM, cfg.rcvhwm)
+        self.pull.setsockopt(zmq.RCVHWM, cfg.connection_hwm())   # per connection: the budget shared
         self.pull.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES)
         self.pull.setsockopt(zmq.LINGER, 0)
         self.control = self.ctx.socket(zmq.ROUTER)
@@ -152,7 +158,8 @@ class Daemon:
             # Node daemons: a second listener on the same PULL socket, with its own options.
             self.security.prepare(self.pull, remote, "remote_ingest")
             self.endpoints["remote_ingest"] = _bind(self.pull, remote)
-        self.security.watch({"ingest": self.pull})
+        ingest_eps = tuple(ep for k, ep in self.endpoints.items() if k in ("ingest", "remote_ingest"))
+        self.security.watch({"ingest": self.pull}, limits={"ingest": (self.max_connections, ingest_eps)})
         self._control_token = control_protocol.issue_token(self.endpoints["control"])
         self._make_sinks()
         self._make_pollers_and_diagnosis()
@@ -553,6 +560,8 @@ class Daemon:
             "log_dir": str(self.log_dir),
             "endpoints": self.endpoints,
             "security": {**self.security.stats(), "redacted": self._redact.num_redacted},
+            "limits": {"fd_limit": self.fd_limit, "max_connections": self.max_connections,
+                       "rcvhwm": self.cfg.rcvhwm, "rcvhwm_per_connection": self.cfg.connection_hwm()},
         }
 
     def _checkpoint_sources(self) -> None:
@@ -584,10 +593,10 @@ class Daemon:
             "telemetry/lost_in_transit": t["records_lost_in_transit"],
             "telemetry/unread_at_drain": t["records_unread_at_drain"],
             "telemetry/records_failed": t["records_failed"],
-            # Records a sink never got. The diagnosis stage's own drops are rules skipped under
-            # load (it is held to a share of the time), not output lost: counted apart.
-            "telemetry/sink_dropped": sum(r.num_dropped for r in self.runners if r.name != "diagnosis"),
-            "telemetry/diagnosis_skipped": sum(r.num_dropped for r in self.runners if r.name == "diagnosis"),
+            # Records a sink never got. The analysis stages' own drops (diagnosis, held to a share
+            # of the time; hang forensics) are analysis skipped under load, not output lost.
+            "telemetry/sink_dropped": sum(r.num_dropped for r in self.runners if r.name not in ANALYSIS_STAGES),
+            "telemetry/diagnosis_skipped": sum(r.num_dropped for r in self.runners if r.name in ANALYSIS_STAGES),
             "telemetry/steps_incomplete": self.aggregator.num_steps_incomplete,
             "telemetry/records_late": self.aggregator.num_records_late,
             "telemetry/hellos_in": self.num_hellos,
@@ -636,8 +645,8 @@ class Daemon:
         self._hand_out()
         # 3. The diagnosis stage first (its last events must still reach the sinks), with a
         #    share of the time; then every sink drains, flushes, fsyncs and closes, in parallel.
-        stages = [r for r in self.runners if r.name == "diagnosis"]
-        sinks = [r for r in self.runners if r.name != "diagnosis"]
+        stages = [r for r in self.runners if r.name in ANALYSIS_STAGES]
+        sinks = [r for r in self.runners if r.name not in ANALYSIS_STAGES]
         unfinished = [r.name for r in stages if not r.close(max(0.0, (deadline - time.monotonic()) / 4))]
         self._take_inbox()
         self._emit(self._daemon_record())
@@ -711,6 +720,30 @@ class Daemon:
             if len(frames) < INGEST_BATCH:
                 break
         return n
+
+
+# Descriptors the daemon needs besides its ingest connections: files, sinks, pollers, sockets.
+FD_RESERVE = 256
+
+
+def _raise_fd_limit(max_connections: int) -> tuple[int, int]:
+    """Raise the soft descriptor limit to the hard one (libzmq aborts when accept() runs out of
+    descriptors); returns the soft limit now and the connections that fit in it: max_connections,
+    or fewer (with a warning) when the hard limit leaves no room for them."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = min(hard if hard != resource.RLIM_INFINITY else 1 << 20, 1 << 20)
+    if soft != resource.RLIM_INFINITY and soft < want:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+            soft = want
+        except (ValueError, OSError) as exc:
+            log.warning("cannot raise the descriptor limit from %d to %d: %r", soft, want, exc)
+    room = (soft if soft != resource.RLIM_INFINITY else 1 << 20) - FD_RESERVE
+    if max_connections > room:
+        log.warning("max_connections %d does not fit the descriptor limit %d: %d connections at most",
+                    max_connections, soft, max(1, room))
+        max_connections = max(1, room)
+    return soft, max_connections
 
 
 def _write_final(path: Path, final: dict) -> None:

@@ -173,10 +173,12 @@ class DaemonSecurity:
             # NULL connection then passes the ZAP handler, which has no address lists).
             sock.curve_server = False
 
-    def watch(self, sockets: dict[str, zmq.Socket]) -> None:
-        """Count connection events (handshake failures, disconnects) on these bound sockets."""
+    def watch(self, sockets: dict[str, zmq.Socket], limits: dict[str, tuple[int, tuple[str, ...]]] | None = None) -> None:
+        """Count connection events (handshake failures, disconnects) on these bound sockets;
+        `limits`: name -> (most connections at once, the endpoints that socket is bound to)."""
         for name, sock in sockets.items():
-            self.connections.watch(name, sock)
+            limit, eps = (limits or {}).get(name, (0, ()))
+            self.connections.watch(name, sock, limit, eps)
         self.connections.start()
 
     def stats(self) -> dict:
@@ -193,6 +195,7 @@ class DaemonSecurity:
             "telemetry/auth_refused": self.auth.num_refused if self.auth is not None else 0,
             "telemetry/handshake_failed": sum(c["handshake_failed"] + c["auth_failed"] for c in conns),
             "telemetry/disconnects": sum(c["disconnected"] for c in conns),
+            "telemetry/connections_refused": sum(c.get("refused", 0) for c in conns),
         }
 
     def close(self) -> None:

@@ -1,0 +1,44 @@
+"""Straggler attribution with the trainer itself under DeepSpeed ZeRO 2 and 3 (issue 19): 2 gloo
+ranks under torchrun, one slowed in one phase by the config's `debug:` section, a real daemon.
+Under ZeRO-3 the forward holds the parameter gathers: the slow rank is still the one named.
+
+Not here: a rank slow in its optimizer step under ZeRO. DeepSpeed's step ends in an all-gather
+of the updated parameters, where the other ranks wait, so every rank's optimizer phase lasts the
+same and phase times cannot tell which one was slow (no event fires; none names a wrong rank).
+Under DDP the step has no collective and it is named (test_straggler_ranks.py)."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+DIAG = {"warmup_steps": 3, "straggler_consecutive": 3, "min_interval_s": 3600}
+STEPS = 14
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stage, phase, event_phase", [
+    (2, "forward", "forward"), (2, "data", "data_loading"), (3, "forward", "forward"), (3, "data", "data_loading")])
+def test_a_slow_rank_of_the_trainer_is_named_with_its_phase(make_daemon, tmp_path, stage, phase, event_phase):
+    d = make_daemon(world_size=2, config={"diagnosis": DIAG, "pollers": {"nvml_enabled": False}})
+    args = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+            "-m", "trainer.train", "--config", str(ROOT / "launch" / "configs" / "tiny.yaml"),
+            f"run_dir={tmp_path / 'run'}", f"steps={STEPS}", "log_every=1", "eval.every_steps=0",
+            "checkpoint.every_steps=0", "engine.backend=deepspeed", f"engine.zero_stage={stage}",
+            f"telemetry_endpoint={d.ingest}", "debug.slow_rank=1", f"debug.slow_phase={phase}",
+            "debug.slow_s=0.15"]
+    p = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-4000:]
+    recs = d.wait_for(lambda rs: sum(r["kind"] == "metrics" and "rank" not in r for r in rs) >= STEPS)
+    ev = [r for r in recs if r.get("name") == "diagnosis/straggler"]
+    assert len(ev) == 1, [e["data"]["message"] for e in ev]
+    assert ev[0]["rank"] == 1 and ev[0]["data"]["phase"] == event_phase, ev[0]["data"]["message"]
+    steps = [r for r in recs if r["kind"] == "metrics" and "rank" not in r and r["step"] >= 4]
+    assert all(r["values"].get("perf/straggler_rank") == 1 for r in steps), \
+        [(r["step"], r["values"].get("perf/straggler_rank")) for r in steps]
+    d.drain()
