@@ -402,11 +402,12 @@ def multinode(work: Path, num_nodes: int = 2, ranks_per_node: int = 2, rate: flo
 
 
 def load(work: Path, num_ranks: int = 8, n: int = 125_000, rate: float = 5000, sndhwm: int = 10_000,
-         rcvhwm: int = 1_000_000, name: str = "load") -> dict:
-    """`num_ranks` rank processes x `n` records at `rate` each (0: unpaced) into one daemon."""
+         rcvhwm: int = 1_000_000, name: str = "load", max_connections: int = 1024) -> dict:
+    """`num_ranks` rank processes x `n` records at `rate` each (0: unpaced) into one daemon whose
+    ingest queue budget is `rcvhwm`, shared by `max_connections`."""
     eps = Endpoints()
     log_dir = work / "telemetry"
-    d = launch(log_dir, eps, world_size=num_ranks, config={"rcvhwm": rcvhwm})
+    d = launch(log_dir, eps, world_size=num_ranks, config={"rcvhwm": rcvhwm, "max_connections": max_connections})
     t0 = time.monotonic()
     procs = start_ranks(eps.ingest, list(range(num_ranks)), n, rate, work / "ranks", sndhwm=sndhwm)
     ranks = wait_ranks(procs, work / "ranks")
@@ -622,6 +623,10 @@ def main(argv: list[str] | None = None) -> int:
         "multinode": lambda w: multinode(w, outage_s=5.0 if q else a.outage_s, rate=20.0, max_buffered=50 if q else 500),
         "load": lambda w: load(w, n=10_000 if q else 125_000),
         "overload": lambda w: load(w, n=20_000 if q else 50_000, rate=0, sndhwm=1000, rcvhwm=5000, name="overload"),
+        # A queue of 100 a connection (the least there is), full whenever a rank exits: the tail
+        # libzmq discards at hang-up (ipc) is counted in transit; every bye arrives, on its own
+        # connection.
+        "hang_up": lambda w: load(w, n=20_000, rate=0, sndhwm=1000, rcvhwm=100 * 1024, name="hang_up"),
     }
     results = {}
     for name, fn in runs.items():

@@ -41,8 +41,9 @@ def test_overload_loses_only_what_is_counted(tmp_path):
 
 @pytest.mark.slow
 def test_a_tail_lost_at_hang_up_is_counted(tmp_path):
-    """A daemon queue of 20 per connection is full whenever a rank exits: libzmq then discards
-    what the rank had handed to the kernel on its records connection (ipc). The bye travels on
-    a connection of its own, so that tail is counted in transit instead of vanishing with it."""
-    r = reliability.load(tmp_path, num_ranks=8, n=20_000, rate=0, sndhwm=1000, rcvhwm=20, name="hang_up")
+    """A daemon queue of 100 per connection (the least there is) is full whenever a rank exits:
+    libzmq then discards what the rank had handed to the kernel on its records connection (ipc).
+    The bye travels on a connection of its own, so that tail is counted in transit instead of
+    vanishing with it."""
+    r = reliability.load(tmp_path, num_ranks=8, n=20_000, rate=0, sndhwm=1000, rcvhwm=100 * 1024, name="hang_up")
     assert _every_loss_counted(r) > 0

@@ -129,10 +129,14 @@ class DaemonConfig:
     run_name: str = ""
     daemon_record_interval_s: float = 10.0
     drain_timeout_s: float = 12.0      # shutdown deadline; W&B offline start+finish alone takes seconds
-    rcvhwm: int = 1_000_000            # records libzmq may queue for us in all, before senders see
-                                       # backpressure: each connection gets rcvhwm // max_connections
-                                       # (at least MIN_CONNECTION_HWM), so the total stays bounded
-    max_connections: int = 1024        # ingest connections at once (a rank has 2-3); beyond: refused
+    # Records libzmq may queue for us in all, before senders see backpressure: each connection
+    # gets rcvhwm // max_connections (at least MIN_CONNECTION_HWM), so the total stays bounded.
+    # The default gives each 10,240, more than a client's own queue (sndhwm 10,000): over ipc,
+    # libzmq discards what a rank that exits still has in the kernel while the daemon's queue for
+    # it is full (counted in records_lost_in_transit), so a queue that a rank's whole backlog
+    # fits keeps that to a daemon that is really behind.
+    rcvhwm: int = 10 * 1024 * 1024
+    max_connections: int = 1024        # ingest connections at once (a rank has 1-2, +1 at close); beyond: refused
     jsonl: JsonlConfig = field(default_factory=JsonlConfig)
     wandb: WandbConfig = field(default_factory=WandbConfig)
     pub_sink: PubConfig = field(default_factory=PubConfig)
