@@ -412,9 +412,10 @@ class TelemetryClient(metaclass=abc.ABCMeta):   # ABCMeta: DisabledClient regist
             self._sock = self._new_socket(ctx)
             self._send_other("bye", lambda seq, dropped: codec.encode_bye(
                 self._src, self.rank, seq, dropped, time.time_ns(), self.stats()))
-            self._sock.close(linger=min(remaining_ms(), self._linger_ms))
         finally:
-            ctx.term()   # returns once the linger expires: bounded by the deadline
+            # Closes the bye's socket with this linger, then returns once it has gone or the
+            # linger expired: bounded by the deadline.
+            ctx.destroy(linger=min(remaining_ms(), self._linger_ms))
         _live_clients.discard(self)
 
     def _reopen_after_fork(self) -> None:
