@@ -402,12 +402,13 @@ def multinode(work: Path, num_nodes: int = 2, ranks_per_node: int = 2, rate: flo
 
 
 def load(work: Path, num_ranks: int = 8, n: int = 125_000, rate: float = 5000, sndhwm: int = 10_000,
-         rcvhwm: int = 1_000_000, name: str = "load", max_connections: int = 1024) -> dict:
+         rcvhwm: int | None = None, name: str = "load", max_connections: int | None = None) -> dict:
     """`num_ranks` rank processes x `n` records at `rate` each (0: unpaced) into one daemon whose
-    ingest queue budget is `rcvhwm`, shared by `max_connections`."""
+    ingest queue budget is `rcvhwm`, shared by `max_connections` (None: the daemon's defaults)."""
     eps = Endpoints()
     log_dir = work / "telemetry"
-    d = launch(log_dir, eps, world_size=num_ranks, config={"rcvhwm": rcvhwm, "max_connections": max_connections})
+    limits = {"rcvhwm": rcvhwm, "max_connections": max_connections}
+    d = launch(log_dir, eps, world_size=num_ranks, config={k: v for k, v in limits.items() if v is not None})
     t0 = time.monotonic()
     procs = start_ranks(eps.ingest, list(range(num_ranks)), n, rate, work / "ranks", sndhwm=sndhwm)
     ranks = wait_ranks(procs, work / "ranks")
@@ -424,7 +425,7 @@ def load(work: Path, num_ranks: int = 8, n: int = 125_000, rate: float = 5000, s
     final = d.drain(timeout_s=120)
     steps = d.read_jsonl("metrics", aggregated=True)
     out = {"scenario": name, "ranks": num_ranks, "records_per_rank": n, "rate_per_rank": rate, "sndhwm": sndhwm,
-           "rcvhwm": rcvhwm, "send_s": send_s, "offered_per_s": num_ranks * n / max(send_s, 1e-9),
+           "rcvhwm": rcvhwm, "max_connections": max_connections, "send_s": send_s, "offered_per_s": num_ranks * n / max(send_s, 1e-9),
            "steps_written": len(steps), "steps_incomplete": sum(1 for s in steps if "missing_ranks" in s),
            "per_rank": {}}
     tokens_ok = sum(1 for s in steps if s["values"].get("perf/tokens") == VALUES["perf/tokens"] * num_ranks)
