@@ -459,10 +459,7 @@ def kill_counted(work: Path, n_before: int = 2000, n_stopped: int = 500, n_after
     log_dir = work / "telemetry"
     d = launch(log_dir, eps, per_rank=True, world_size=1)
     ctx = zmq.Context()
-    push = ctx.socket(zmq.PUSH)
-    push.setsockopt(zmq.LINGER, 0)
-    push.setsockopt(zmq.SNDHWM, 100_000)
-    push.connect(eps.ingest)
+    push = d.push(ctx)          # a raw PUSH: linger 0, sndhwm 100,000
     seq = 0
 
     def send(count: int) -> None:
@@ -560,10 +557,7 @@ def hostile_records(work: Path, n: int = 2000) -> dict:
     log_dir = work / "telemetry"
     d = launch(log_dir, eps, world_size=1)
     ctx = zmq.Context()
-    push = ctx.socket(zmq.PUSH)
-    push.setsockopt(zmq.LINGER, 0)
-    push.setsockopt(zmq.SNDHWM, 100_000)
-    push.connect(eps.ingest)
+    push = d.push(ctx)          # a raw PUSH: linger 0, sndhwm 100,000
     sent = 0
     for seq in range(n):
         push.send(encode_metrics(7, 0, seq, 0, time.time_ns(), seq, {"perf/step_time": 0.1, "perf/tokens": 100}))
