@@ -10,15 +10,20 @@ a line a dashboard can plot:
     perf/straggler_excess_s        its time in that phase minus the other ranks' median (s)
     perf/straggler_median_s        the other ranks' median in that phase (s)
     perf/straggler_phase_index     the phase, as its index in PHASES (0 data_loading, 1 forward,
-                                   2 optimizer, 3 backward)
+                                   2 optimizer, 3 backward, 4 optimizer_update)
 
 Which phase is the cause: a slow rank's delay reappears in the other ranks as a wait in the next
 phase that holds a collective (DDP: the gradient all-reduce in backward; DeepSpeed ZeRO 1/2: also
 the parameter all-gather at the end of the optimizer step; ZeRO-3: the parameter gathers in
-forward). So a slow forward on rank 1 also shows rank 0 "slow" in backward. PHASES is in order of
-how rarely a phase holds such a wait (data loading never, backward nearly always): the first phase
-whose excess is significant (CAUSE_MIN_FRACTION of the step) is the cause; with none, the phase
-with the largest excess.
+forward). So a slow forward on rank 1 also shows rank 0 "slow" in backward. CAUSE_ORDER is in
+order of how rarely a phase holds such a wait (data loading and the optimizer's own update never,
+backward nearly always): the first phase whose excess is significant (CAUSE_MIN_FRACTION of the
+step) is the cause; with none, the phase with the largest excess.
+
+optimizer_update is part of the optimizer phase: the time in the optimizer's own update (the
+wrapped torch optimizer's step, which the trainer times apart). Under ZeRO 1-3 the optimizer
+phase ends in (or is followed by) a collective where the other ranks wait, so every rank's
+optimizer phase lasts the same; the update holds no collective, so a slow one shows there.
 
 Cost: per closed step (not per record), a sort of each phase's few values (C-level builtins), and
 4 values more in the record (benchmarks/RESULTS.md, issue 19).
@@ -27,9 +32,11 @@ from __future__ import annotations
 
 from telemetry.daemon.steps import STEP_TIME, StepBatch
 
-# In order of how rarely the phase holds a collective wait (see the module docstring).
-PHASES = ("data_loading", "forward", "optimizer", "backward")
+# The phases, in the order of their perf/straggler_phase_index (new ones are appended).
+PHASES = ("data_loading", "forward", "optimizer", "backward", "optimizer_update")
 PHASE_METRICS = tuple(f"perf/{p}_time" for p in PHASES)
+# In order of how rarely the phase holds a collective wait (see the module docstring).
+CAUSE_ORDER = ("data_loading", "optimizer_update", "forward", "optimizer", "backward")
 # An excess at least this fraction of the step's time names its phase as the cause.
 CAUSE_MIN_FRACTION = 0.05
 
@@ -57,7 +64,7 @@ def _slowest_and_excess(times: tuple, ranks: tuple) -> tuple[int, float, float]:
 def add_phase_straggler_view(batch: StepBatch, values: list[dict]) -> None:
     """Add the per-phase straggler view (module docstring) to each closed step's values."""
     get = batch.columns.get
-    columns = [(i, col) for i, m in enumerate(PHASE_METRICS) if (col := get(m)) is not None]
+    columns = [(i, col) for i in map(PHASES.index, CAUSE_ORDER) if (col := get(PHASE_METRICS[i])) is not None]
     if not columns:
         return
     step_times = get(STEP_TIME) or [None] * len(values)
