@@ -325,6 +325,25 @@ def test_straggler_phase_of_four_ranks(phase, slow):
     assert ev[0]["rank"] == slow.index(max(slow)) and ev[0]["data"]["phase"] == phase
 
 
+# ZeRO, rank 1 slow in the optimizer's own update (0.15 s). ZeRO-2: the others wait in the
+# all-gather ending DeepSpeed's step, so every optimizer phase is equal. ZeRO-3: they wait in the
+# next forward's parameter gathers, so rank 0 looks slow in forward.
+SLOW_UPDATE_ZERO2 = {"data_loading": [0.001, 0.001], "forward": [0.02, 0.02], "backward": [0.04, 0.04],
+                     "optimizer": [0.16, 0.16], "optimizer_update": [0.003, 0.153]}
+SLOW_UPDATE_ZERO3 = {"data_loading": [0.001, 0.001], "forward": [0.17, 0.02], "backward": [0.04, 0.04],
+                     "optimizer": [0.01, 0.16], "optimizer_update": [0.003, 0.153]}
+
+
+@pytest.mark.parametrize("times", [SLOW_UPDATE_ZERO2, SLOW_UPDATE_ZERO3])
+def test_straggler_in_the_optimizers_update_is_named_before_the_waits_it_causes(times):
+    ev = feed(only("straggler", straggler_consecutive=3), [phases(s, times, ranks=(0, 1)) for s in range(20, 26)])
+    assert names(ev) == ["diagnosis/straggler"]
+    data = ev[0]["data"]
+    assert ev[0]["rank"] == 1 and (data["phase"], data["part"]) == ("optimizer", "update")
+    assert data["phase_time_s"] == pytest.approx(0.153) and data["others_median_s"] == pytest.approx(0.003)
+    assert "rank 1 is slow in optimizer (its own update" in data["message"]
+
+
 def test_straggler_quiet_on_phase_noise():
     import random
     rng = random.Random(0)

@@ -2,10 +2,13 @@
 ranks under torchrun, one slowed in one phase by the config's `debug:` section, a real daemon.
 Under ZeRO-3 the forward holds the parameter gathers: the slow rank is still the one named.
 
-Not here: a rank slow in its optimizer step under ZeRO. DeepSpeed's step ends in an all-gather
-of the updated parameters, where the other ranks wait, so every rank's optimizer phase lasts the
-same and phase times cannot tell which one was slow (no event fires; none names a wrong rank).
-Under DDP the step has no collective and it is named (test_straggler_ranks.py)."""
+A rank slow in its optimizer step: DeepSpeed's step holds collectives (the norm's all-reduce,
+then the parameters' all-gather under ZeRO 1-2; ZeRO-3's gathers come in the next forward) where
+the other ranks wait, so every rank's optimizer phase lasts about the same. The trainer times
+the optimizer's own update apart (perf/optimizer_update_time, no collective in it), and
+debug.slow_phase=optimizer sleeps there, where a slow device or host would spend the time: the
+event names the optimizer, its update. Under DDP the step has no collective and the whole phase
+shows it (test_straggler_ranks.py)."""
 from __future__ import annotations
 
 import os
@@ -22,7 +25,8 @@ STEPS = 14
 
 @pytest.mark.slow
 @pytest.mark.parametrize("stage, phase, event_phase", [
-    (2, "forward", "forward"), (2, "data", "data_loading"), (3, "forward", "forward"), (3, "data", "data_loading")])
+    (2, "forward", "forward"), (2, "data", "data_loading"), (2, "optimizer", "optimizer"),
+    (3, "forward", "forward"), (3, "data", "data_loading"), (3, "optimizer", "optimizer")])
 def test_a_slow_rank_of_the_trainer_is_named_with_its_phase(make_daemon, tmp_path, stage, phase, event_phase):
     d = make_daemon(world_size=2, config={"diagnosis": DIAG, "pollers": {"nvml_enabled": False}})
     args = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",

@@ -165,7 +165,7 @@ class DebugConfig:
     nan_rank: int = 0
     slow_s: float = 0.0        # extra seconds slept in slow_phase of every step on slow_rank (0: off)
     slow_rank: int = 0
-    slow_phase: str = "forward"   # forward | backward | optimizer | data (per micro-batch, except optimizer)
+    slow_phase: str = "forward"   # forward | backward | optimizer | data (per micro-batch; optimizer: in its update)
     slow_from_step: int = 1    # the delay starts at this step
     hang_step: int = 0         # at this step hang_rank blocks forever in hang_phase (0: off)
     hang_rank: int = 0

@@ -143,6 +143,11 @@ class TorchEngine:
             sync_ctx.__exit__(None, None, None)
         self._micro += 1
 
+    @property
+    def update_optimizer(self) -> torch.optim.Optimizer:
+        """The optimizer whose step() is this rank's own update (no collective in it)."""
+        return self.optimizer
+
     def step(self) -> torch.Tensor:
         params = [p for p in self.module.parameters() if p.grad is not None]
         max_norm = self.cfg.optim.grad_clip if self.cfg.optim.grad_clip > 0 else float("inf")
@@ -201,6 +206,13 @@ class DeepSpeedEngine:
         self.model.backward(loss)  # scales by 1/grad_accum itself
         if not self.model.is_gradient_accumulation_boundary():
             self.model.step()      # DeepSpeed counts micro-steps in step(); no update here
+
+    @property
+    def update_optimizer(self) -> torch.optim.Optimizer:
+        """The optimizer whose step() is this rank's own update: ours, which DeepSpeed calls on
+        this rank's partition under ZeRO 1-3 (once per parameter group), between the collectives
+        of its step (the norm's all-reduce before, the parameters' all-gather after)."""
+        return self._adamw
 
     def step(self) -> torch.Tensor:
         if self.model.optimizer is self._adamw:

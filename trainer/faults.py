@@ -2,6 +2,7 @@
 
     faults = make_faults(cfg.debug, rank)
     faults.phase("forward", step)          # at the start of each phase: sleeps or hangs if told to
+    faults.phase("optimizer_update", step) # at the start of the optimizer's own update (its step())
     loss = faults.poison(loss, step)       # NaN at debug.nan_step on debug.nan_rank
 
 For tests and for users who want to see the alarms work (nonfinite, straggler, rank_stopped)
@@ -30,6 +31,12 @@ class NoFaults:
         return ""
 
 
+# Where a slow phase sleeps. A slow optimizer sleeps inside the optimizer's own update, where a
+# slow device or host spends the time: under ZeRO 1-3 that is between the collectives of
+# DeepSpeed's step, not before its first one (what no phase timing could tell apart).
+SLOW_SITE = {"forward": "forward", "backward": "backward", "data": "data", "optimizer": "optimizer_update"}
+
+
 class Faults:
     """The faults `debug:` configures for this rank."""
 
@@ -42,7 +49,7 @@ class Faults:
     def phase(self, phase: str, step: int) -> None:
         """Called when `phase` of optimizer step `step` (counted from 1) begins."""
         c = self.cfg
-        if c.slow_s and phase == c.slow_phase and step >= c.slow_from_step and self._mine(c.slow_rank):
+        if c.slow_s and phase == SLOW_SITE[c.slow_phase] and step >= c.slow_from_step and self._mine(c.slow_rank):
             time.sleep(c.slow_s)
         if c.hang_step and phase == c.hang_phase and step == c.hang_step and self._mine(c.hang_rank):
             print(f"[trainer rank {self.rank}] debug.hang_step: hanging in {phase} of step {step}", flush=True)

@@ -160,6 +160,16 @@ class Run:
         batches = iter(loader)
         ds_metrics = DatasetMetrics(self.names, self.device)
         timer = PhaseTimer(self.device)
+        step_now = [0]  # the step being computed, for the update's hooks
+        # The optimizer's own update, timed apart inside the optimizer phase: under ZeRO it holds
+        # no collective, so a rank slow there shows in it (straggler_view.py).
+        def update_begins(*_) -> None:  # a step pre-hook: what it returns replaces step()'s arguments
+            timer.start("optimizer_update")
+            self.faults.phase("optimizer_update", step_now[0])
+
+        opt = engine.update_optimizer
+        hooks = (opt.register_step_pre_hook(update_begins),
+                 opt.register_step_post_hook(lambda *_: timer.stop("optimizer_update")))
         nonfinite = HostFlag(self.device, size=2)  # [loss, grad_norm] nonfinite step counts
         num_nonfinite_seen = [0.0, 0.0]
         engine.train()
@@ -172,7 +182,7 @@ class Run:
                 step_loss = torch.zeros((), device=self.device)
                 num_tokens = num_samples = doc_len_sq = 0
                 data_time_s = 0.0
-                step = self.step + 1  # the step being computed, as the metrics number it
+                step = step_now[0] = self.step + 1  # the step being computed, as the metrics number it
                 for _ in range(accum):
                     t0 = time.perf_counter()
                     self.faults.phase("data", step)
@@ -211,7 +221,7 @@ class Run:
                                               "data_loading_time": data_time_s})
                 if self.step % cfg.log_every == 0:
                     phases = timer.latest()
-                    compute_s = sum(phases.values())
+                    compute_s = sum(v for k, v in phases.items() if k != "optimizer_update")  # inside optimizer
                     tm.log(self.step, {
                         "train/loss": step_loss, "train/lr": lr, "train/grad_norm": grad_norm,
                         "train/epoch": epoch,
@@ -222,6 +232,7 @@ class Run:
                         "perf/forward_time": phases.get("forward", 0.0),
                         "perf/backward_time": phases.get("backward", 0.0),
                         "perf/optimizer_time": phases.get("optimizer", 0.0),
+                        "perf/optimizer_update_time": phases.get("optimizer_update", 0.0),
                         "perf/data_loading_time": data_time_s,
                         "perf/data_loading_ratio": data_time_s / step_time_s,
                         "perf/compute_ratio": min(1.0, compute_s / step_time_s),
@@ -254,6 +265,9 @@ class Run:
             traceback.print_exc()
             self.emergency_save("exception", collective=False)
             return 1
+        finally:
+            for hook in hooks:
+                hook.remove()
 
     # -- eval, checkpoints, stopping -----------------------------------------------------------------
     @torch.no_grad()

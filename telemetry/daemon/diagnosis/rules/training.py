@@ -162,7 +162,12 @@ _MEANWHILE = {
     "optimizer": "the other ranks wait for it at the next collective: the parameter all-gather ending the "
                  "optimizer step (ZeRO 1-3) or the next backward's gradient all-reduce (DDP)",
     "backward": "the other ranks wait for it in the gradient all-reduce at the end of backward",
+    "optimizer_update": "the other ranks wait for it at the next collective: the parameter all-gather ending "
+                        "DeepSpeed's step (ZeRO 1-2), the next forward's parameter gathers (ZeRO-3) or the "
+                        "next backward's gradient all-reduce (DDP, ZeRO 0)",
 }
+# A part of a phase that the straggler view tells apart, reported as (its phase, the part).
+_PART_OF = {"optimizer_update": ("optimizer", "update")}
 
 
 class Straggler(Rule):
@@ -220,11 +225,13 @@ class Straggler(Rule):
         if not self._episode((rank, phase) if slow else None):
             return []
         ratio = slow_s / median if median > 0 else math.inf
-        msg = (f"straggler: rank {rank} is slow in {phase}: {slow_s:.3g} s against the other ranks' median "
+        named, part = _PART_OF.get(phase, (phase, None))
+        where = f"{named} (its own {part}, perf/{phase}_time)" if part else named
+        msg = (f"straggler: rank {rank} is slow in {where}: {slow_s:.3g} s against the other ranks' median "
                f"{median:.3g} s ({excess:+.3g} s) for {self.num_slow} log steps in a row at step "
                f"{step_of(record)}; {_MEANWHILE[phase]}")
         return [Finding(f"rank{rank}", msg, t_of(record), rank=rank, data={
-            "slowest_rank": rank, "phase": phase, "phase_time_s": slow_s, "others_median_s": median,
+            "slowest_rank": rank, "phase": named, "part": part, "phase_time_s": slow_s, "others_median_s": median,
             "excess_s": excess, "ratio": ratio, "step_time_s": step_s, "num_log_steps": self.num_slow,
             "step": step_of(record)})]
 
