@@ -101,6 +101,21 @@ class PhaseTimer:
         return self._latest
 
 
+def time_update(optimizer: torch.optim.Optimizer, timer: PhaseTimer, on_begin) -> tuple:
+    """Time the optimizer's own update (its step(), which holds no collective even where the
+    engine's step does, as under ZeRO 1-3) as the phase "optimizer_update", nested in the
+    optimizer phase; `on_begin()` runs as it begins (fault injection). A step pre- and post-hook:
+    a timestamp each (a CUDA event on GPU), no sync. Returns the hooks' handles (`.remove()`)."""
+    def begins(*_) -> None:  # a step pre-hook: what it returns would replace step()'s arguments
+        timer.start("optimizer_update")
+        on_begin()
+
+    def ends(*_) -> None:
+        timer.stop("optimizer_update")
+
+    return optimizer.register_step_pre_hook(begins), optimizer.register_step_post_hook(ends)
+
+
 class HostFlag:
     """A device counter copied to host behind an event; `poll()` answers without waiting."""
 

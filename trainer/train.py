@@ -24,7 +24,7 @@ from trainer.data import IGNORE_INDEX, make_loader
 from trainer.engine import make_engine, resolve_backend
 from trainer.faults import make_faults
 from trainer.memory_estimate import device_memory_gb, estimate, memory_warning
-from trainer.metrics import DatasetMetrics, HostFlag, PhaseTimer, memory_stats
+from trainer.metrics import DatasetMetrics, HostFlag, PhaseTimer, memory_stats, time_update
 from trainer.model import DTYPES, build_model, forward_loss, num_params, prepare_batch, uses_block_mask
 from trainer.runtime import STOP_NONFINITE, LossLog, StopSignal, init_distributed
 
@@ -161,15 +161,7 @@ class Run:
         ds_metrics = DatasetMetrics(self.names, self.device)
         timer = PhaseTimer(self.device)
         step_now = [0]  # the step being computed, for the update's hooks
-        # The optimizer's own update, timed apart inside the optimizer phase: under ZeRO it holds
-        # no collective, so a rank slow there shows in it (straggler_view.py).
-        def update_begins(*_) -> None:  # a step pre-hook: what it returns replaces step()'s arguments
-            timer.start("optimizer_update")
-            self.faults.phase("optimizer_update", step_now[0])
-
-        opt = engine.update_optimizer
-        hooks = (opt.register_step_pre_hook(update_begins),
-                 opt.register_step_post_hook(lambda *_: timer.stop("optimizer_update")))
+        hooks = time_update(engine.update_optimizer, timer, lambda: self.faults.phase("optimizer_update", step_now[0]))
         nonfinite = HostFlag(self.device, size=2)  # [loss, grad_norm] nonfinite step counts
         num_nonfinite_seen = [0.0, 0.0]
         engine.train()

@@ -1,0 +1,82 @@
+"""What timing the optimizer's own update costs the training step (issue 19).
+
+    .venv/bin/python benchmarks/update_hooks_cost.py [--calls 300] [--rounds 6] [--config launch/configs/tiny.yaml]
+
+The trainer times the optimizer's update apart (trainer.metrics.time_update: a step pre- and
+post-hook that stamp the PhaseTimer, perf_counter on CPU, a CUDA event on GPU). Here the same
+optimizer (the trainer's SkippingAdamW over the config's model, gradients set once) is stepped
+with those hooks registered and without, in alternating rounds on the same process so a shared
+machine's drift hits both; per call the host time of optimizer.step(), then the median and p99
+per variant over all rounds, and the difference of the medians. On a GPU the step only enqueues
+kernels, so the host time is what the training thread pays.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from trainer.config import load_config  # noqa: E402
+from trainer.engine import make_optimizer  # noqa: E402
+from trainer.faults import NoFaults  # noqa: E402
+from trainer.metrics import PhaseTimer, time_update  # noqa: E402
+from trainer.model import build_model  # noqa: E402
+
+
+def _calls(opt, timer: PhaseTimer, n: int) -> list[float]:
+    out = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        opt.step()
+        out.append(time.perf_counter() - t0)
+        timer.end_step()
+        timer.latest()
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--calls", type=int, default=300, help="optimizer.step() calls per round and variant")
+    ap.add_argument("--rounds", type=int, default=6)
+    ap.add_argument("--config", default=str(ROOT / "launch" / "configs" / "tiny.yaml"))
+    args = ap.parse_args()
+    cfg = load_config(args.config)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    model = build_model(cfg.model).to(device)
+    for p in model.parameters():
+        p.grad = torch.randn_like(p) * 1e-3
+    opt = make_optimizer(cfg, model)
+    timer, faults = PhaseTimer(device), NoFaults()
+    _calls(opt, timer, 20)                          # warm up: state allocated, caches warm
+    times: dict[str, list[float]] = {"without": [], "with": []}
+    for r in range(args.rounds):
+        for variant in (("without", "with") if r % 2 == 0 else ("with", "without")):
+            hooks = time_update(opt, timer, lambda: faults.phase("optimizer_update", 1)) if variant == "with" else ()
+            times[variant] += _calls(opt, timer, args.calls)
+            for h in hooks:
+                h.remove()
+        print(f"round {r + 1}/{args.rounds} done", file=sys.stderr, flush=True)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    n_params = sum(p.numel() for p in model.parameters())
+    print(f"optimizer.step() host time, {n_params / 1e6:.2f}M params on {device}, "
+          f"{args.rounds} x {args.calls} calls per variant, alternated")
+    med = {}
+    for k, v in times.items():
+        v = sorted(v)
+        med[k] = statistics.median(v)
+        print(f"  {k:8s} hooks: median {med[k] * 1e6:9.1f} us   p99 {v[int(0.99 * (len(v) - 1))] * 1e6:9.1f} us")
+    print(f"  with - without: {(med['with'] - med['without']) * 1e6:+.1f} us per step() "
+          f"({med['with'] / med['without']:.3f}x)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

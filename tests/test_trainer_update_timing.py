@@ -1,0 +1,48 @@
+"""The trainer times the optimizer's own update apart (trainer.metrics.time_update), the part of
+the optimizer phase that holds no collective under ZeRO (straggler_view.py): its hooks stamp a
+nested "optimizer_update" phase, run the fault injection at its start, and leave the update
+itself exactly as it was."""
+from __future__ import annotations
+
+import time
+
+import torch
+
+from trainer.metrics import PhaseTimer, time_update
+from trainer.optim import SkippingAdamW
+
+
+def _pair():
+    torch.manual_seed(0)
+    a = torch.nn.Linear(8, 4)
+    b = torch.nn.Linear(8, 4)
+    b.load_state_dict(a.state_dict())
+    for m in (a, b):
+        for p in m.parameters():
+            p.grad = torch.ones_like(p)
+    return a, b
+
+
+def test_the_update_is_a_nested_phase_and_the_step_is_unchanged():
+    a, b = _pair()
+    opt_a, opt_b = SkippingAdamW(a.parameters(), lr=0.1), SkippingAdamW(b.parameters(), lr=0.1)
+    timer, begun = PhaseTimer(torch.device("cpu")), []
+    hooks = time_update(opt_a, timer, lambda: (begun.append(1), time.sleep(0.05)))
+    timer.start("optimizer")
+    opt_a.apply_if = torch.tensor(True)    # an argument-free step: a pre-hook's return would replace its args
+    opt_a.step()
+    opt_a.step()                           # ZeRO 1-2 call it once per parameter group: the times add up
+    timer.stop("optimizer")
+    timer.end_step()
+    opt_b.apply_if = torch.tensor(True)
+    opt_b.step()
+    opt_b.step()
+    phases = timer.latest()
+    assert begun == [1, 1]
+    assert 0.1 <= phases["optimizer_update"] <= phases["optimizer"]
+    for pa, pb in zip(a.parameters(), b.parameters()):
+        assert torch.equal(pa, pb)
+    for h in hooks:
+        h.remove()
+    opt_a.step()
+    assert begun == [1, 1]                 # removed: nothing runs any more
