@@ -46,3 +46,20 @@ def test_the_update_is_a_nested_phase_and_the_step_is_unchanged():
         h.remove()
     opt_a.step()
     assert begun == [1, 1]                 # removed: nothing runs any more
+
+
+def test_a_slow_optimizer_sleeps_in_its_update_once_a_step(monkeypatch):
+    from trainer import faults as faults_mod
+    from trainer.config import load_config
+
+    slept = []
+    monkeypatch.setattr(faults_mod.time, "sleep", slept.append)
+    cfg = load_config(None, ["debug.slow_s=0.2", "debug.slow_phase=optimizer", "debug.slow_rank=1",
+                             "debug.slow_from_step=2"]).debug
+    mine, other = faults_mod.make_faults(cfg, 1), faults_mod.make_faults(cfg, 0)
+    for step in (1, 2, 3):
+        for f in (mine, other):
+            f.phase("optimizer", step)              # before the engine's step: not where it sleeps
+            for _ in range(2):                      # DeepSpeed: one update per parameter group
+                f.phase("optimizer_update", step)
+    assert slept == [0.2, 0.2]                      # steps 2 and 3, rank 1, once each

@@ -42,6 +42,7 @@ class Faults:
 
     def __init__(self, cfg: DebugConfig, rank: int) -> None:
         self.cfg, self.rank = cfg, rank
+        self._update_slept = 0  # the step whose update slept already
 
     def _mine(self, target_rank: int) -> bool:
         return target_rank == -1 or target_rank == self.rank
@@ -49,7 +50,9 @@ class Faults:
     def phase(self, phase: str, step: int) -> None:
         """Called when `phase` of optimizer step `step` (counted from 1) begins."""
         c = self.cfg
-        if c.slow_s and phase == SLOW_SITE[c.slow_phase] and step >= c.slow_from_step and self._mine(c.slow_rank):
+        if (c.slow_s and phase == SLOW_SITE[c.slow_phase] and step >= c.slow_from_step and self._mine(c.slow_rank)
+                and (phase != "optimizer_update" or self._update_slept != step)):
+            self._update_slept = step  # DeepSpeed updates once per parameter group: sleep once a step
             time.sleep(c.slow_s)
         if c.hang_step and phase == c.hang_phase and step == c.hang_step and self._mine(c.hang_rank):
             print(f"[trainer rank {self.rank}] debug.hang_step: hanging in {phase} of step {step}", flush=True)
