@@ -6,6 +6,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from typing import Any
 
@@ -50,13 +51,20 @@ def signal_stacks(pids_files: dict[int, tuple[int, str, int]], wait_s: float) ->
     return out
 
 
+def py_spy_exe() -> str | None:
+    """py-spy on PATH, else beside this interpreter (a venv's bin/, which a daemon started as
+    .venv/bin/python -m telemetry does not have on its PATH)."""
+    beside = os.path.join(os.path.dirname(sys.executable), "py-spy")
+    return shutil.which("py-spy") or (beside if os.access(beside, os.X_OK) else None)
+
+
 def py_spy(pid: int, enabled: bool) -> dict[str, Any]:
     """`py-spy dump --native --pid` (native frames too). Needs ptrace: see README, Hang forensics."""
     if not enabled:
         return {"error": "off (diagnosis.hang_py_spy: false)"}
-    exe = shutil.which("py-spy")
+    exe = py_spy_exe()
     if exe is None:
-        return {"error": "py-spy not installed"}
+        return {"error": "py-spy not installed (pip install py-spy)"}
     try:
         res = subprocess.run([exe, "dump", "--native", "--pid", str(pid)], capture_output=True, text=True,
                              timeout=PY_SPY_TIMEOUT_S)
