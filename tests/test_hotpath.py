@@ -323,3 +323,106 @@ def _plain(x):
     if isinstance(x, dict):
         return {k: _plain(v) for k, v in x.items()}
     return x
+
+
+# -- the per-phase straggler view ------------------------------------------------------------------
+KEYS = ("phase", "rank", "median", "excess")
+TIME = st.one_of(st.floats(0.0, 2.0), st.floats(0.0, 2.0), st.integers(0, 3), st.sampled_from([0.5, 1.0, -0.0]),
+                 st.just(math.nan), st.sampled_from([math.inf, -math.inf]), st.none(), st.booleans(),
+                 st.integers(-10**400, 10**400), st.floats(allow_nan=False),
+                 st.sampled_from([1e308, 1.7e308, 5e-324, 2**53 + 1]))      # overflow, subnormal, inexact int
+
+
+@st.composite
+def phase_steps(draw):
+    """The arguments of phase_straggler: steps of 1-9 ranks, 0-5 phase columns in any order
+    (some shorter than the steps), cells None or tuples of any values (ties: few distinct
+    values), step times absent or with Nones."""
+    num_steps = draw(st.integers(1, 6))
+    ranks = [tuple(draw(st.permutations(range(draw(st.integers(1, 9)))))) for _ in range(num_steps)]
+    ties = draw(st.booleans())
+    time = st.sampled_from([0.25, 0.5, 0.0, -0.0, 1, None]) if ties else TIME
+
+    def column(length):
+        return [draw(st.none() | st.tuples(*[time] * len(ranks[s]))) for s in range(length)]
+
+    phases = draw(st.lists(st.integers(0, 4), max_size=5, unique=True))
+    columns = [(p, column(draw(st.integers(0, num_steps)) if draw(st.integers(0, 5)) == 0 else num_steps))
+               for p in phases]
+    step_times = draw(st.none() | st.just(column(num_steps)))
+    floor_fraction = draw(st.sampled_from([0.05, 0.0, 0.5]))
+    return columns, step_times, ranks, floor_fraction
+
+
+def _phase_view(impl, columns, step_times, ranks, floor_fraction) -> list:
+    values = [{"before": 1} for _ in ranks]
+    impl.phase_straggler(columns, step_times, ranks, values, floor_fraction, KEYS)
+    return values
+
+
+@native
+@settings(max_examples=500, deadline=None)
+@given(phase_steps())
+def test_phase_straggler_in_c_equals_python(case):
+    got, want = _phase_view(hotpath.native, *case), _phase_view(python_loops, *case)
+    assert _same(got, want), (got, want)            # value by value: int vs float, -0.0, key order
+    for v, step_ranks in zip(want, case[2]):
+        if "rank" in v:
+            assert type(v["median"]) is float and type(v["excess"]) is float and v["rank"] in step_ranks
+
+
+@pytest.mark.parametrize("impl", LOOPS)
+def test_phase_straggler_semantics(impl):
+    view = lambda cols, ranks=(0, 1, 2, 3), times=None: _phase_view(impl, cols, times, [ranks], 0.05)[0]
+    # ties: the first rank (in the step's order) with the longest time
+    v = view([(1, [(0.1, 0.3, 0.2, 0.3)])], ranks=(5, 7, 6, 4))
+    assert (v["phase"], v["rank"], v["median"], v["excess"]) == (1, 7, 0.2, 0.3 - 0.2)
+    # the others' median: 3 others, the middle one; 2 others, the mean of the two
+    assert view([(0, [(0.1, 0.9, 0.2, 0.4)])])["median"] == 0.2
+    assert view([(0, [(0.1, 0.9, 0.2)])], ranks=(0, 1, 2))["median"] == (0.1 + 0.2) / 2
+    # ints count, as floats; NaN, inf, bools, None and strings do not
+    v = view([(0, [(1, math.nan, 3, True)])])
+    assert (v["rank"], v["median"], v["excess"]) == (2, 1.0, 2.0) and type(v["median"]) is float
+    assert "rank" not in view([(0, [(math.inf, None, 0.5, "1")])])        # one counted value
+    # one rank alone: nothing
+    assert "rank" not in view([(0, [(0.5,)])], ranks=(3,))
+
+
+@pytest.mark.parametrize("impl", LOOPS)
+def test_phase_straggler_takes_the_first_significant_phase_over_a_larger_excess(impl):
+    cols = [(0, [(0.01, 0.10)]), (1, [(0.5, 0.2)])]                  # excess 0.09, then 0.3
+    times = [(1.0, 1.0)]
+    v = _phase_view(impl, cols, times, [(0, 1)], 0.05)[0]
+    assert (v["phase"], v["rank"]) == (0, 1)                           # 0.09 >= 5 % of 1.0
+    v = _phase_view(impl, cols, [(10.0, None)], [(0, 1)], 0.05)[0]     # 0.09 < 5 % of 10: the largest
+    assert (v["phase"], v["rank"]) == (1, 0)
+    v = _phase_view(impl, cols, None, [(0, 1)], 0.05)[0]               # no step time: the largest
+    assert v["phase"] == 1
+    v = _phase_view(impl, [(3, [(0.0, 0.1)]), (1, [(0.5, 0.2)])], [(2.0, 2.0)], [(0, 1)], 0.05)[0]
+    assert v["phase"] == 3                                             # an excess of exactly the floor
+
+
+@pytest.mark.parametrize("impl", LOOPS)
+def test_phase_straggler_odd_input(impl):
+    # a column shorter than the steps: its missing cells are None
+    values = _phase_view(impl, [(2, [(0.1, 0.2)])], [], [(0, 1), (0, 1)], 0.05)
+    assert values[0]["rank"] == 1 and "rank" not in values[1]
+    # a cell that is neither a tuple nor None: TypeError, the steps before it written
+    values = [{}, {}]
+    with pytest.raises(TypeError):
+        impl.phase_straggler([(0, [(0.1, 0.2), [0.1, 0.2]])], None, [(0, 1), (0, 1)], values, 0.05, KEYS)
+    assert values[0]["rank"] == 1 and values[1] == {}
+    with pytest.raises(TypeError):
+        impl.phase_straggler([], [0.5], [(0,)], [{}], 0.05, KEYS)
+    # a step without ranks, a cell longer than the ranks: values paired with ranks as zip() pairs them
+    values = _phase_view(impl, [(0, [(0.1, 0.2), (0.1, 0.2, 0.9)])], None, [(), (4, 5)], 0.05)
+    assert values[0] == {"before": 1} and (values[1]["rank"], values[1]["excess"]) == (5, 0.2 - 0.1)
+
+
+@native
+def test_phase_straggler_with_thousands_of_ranks():
+    ranks = tuple(range(5000))
+    # shuffled values, 3 in 4 of them zeros of either sign: the median is one, which sign is the sort's order
+    cell = tuple((r * 7919) % 5000 / 1000 if r % 4 == 0 else (-0.0 if r % 3 else 0.0) for r in ranks)
+    got, want = (_phase_view(impl, [(1, [cell])], None, [ranks], 0.05) for impl in (hotpath.native, python_loops))
+    assert _same(got, want) and got[0]["rank"] == cell.index(max(cell))

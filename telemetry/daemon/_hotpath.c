@@ -13,6 +13,7 @@
  *   reduce_column(column, op) -> values      (its twin is reductions.reduce_column)
  *   rate_sums(counts, times) -> rates
  *   step_values(names, reduced) -> list[dict]
+ *   phase_straggler(columns, step_times, ranks, values, floor_fraction, keys) -> None
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -992,6 +993,266 @@ fail:
     return NULL;
 }
 
+/* ---- phase_straggler ------------------------------------------------------------------------- */
+
+/* One counted value of a phase cell: as a double, and its place in the cell (its rank's place in
+ * the step's ranks). */
+typedef struct {
+    double v;
+    Py_ssize_t pos;
+} Timed;
+
+/* Up to this many counted values per cell sort in a buffer on the stack (by insertion: stable);
+ * more go to the heap (qsort by value, then place: the same order). */
+#define STACK_TIMED 64
+
+static int
+timed_cmp(const void *a, const void *b)
+{
+    const Timed *x = a, *y = b;
+    if (x->v != y->v)
+        return x->v < y->v ? -1 : 1;
+    return x->pos < y->pos ? -1 : x->pos > y->pos;
+}
+
+/* Sorted by value, equal values (0.0 and -0.0) in their order in the cell: Python's sorted(). */
+static void
+sort_timed(Timed *t, Py_ssize_t n)
+{
+    if (n > STACK_TIMED) {
+        qsort(t, (size_t)n, sizeof(Timed), timed_cmp);
+        return;
+    }
+    for (Py_ssize_t i = 1; i < n; i++) {
+        Timed x = t[i];
+        Py_ssize_t j = i;
+        while (j > 0 && x.v < t[j - 1].v) {
+            t[j] = t[j - 1];
+            j--;
+        }
+        t[j] = x;
+    }
+}
+
+/* Whether x counts (loops.phase_straggler): an int or a float, not a bool, finite as a double,
+ * into *out: 1 it does, 0 it does not, -1 an error. Runs no Python code. */
+static int
+counted(PyObject *x, double *out)
+{
+    if (PyFloat_Check(x)) {
+        *out = PyFloat_AS_DOUBLE(x);
+        return isfinite(*out);
+    }
+    if (PyLong_Check(x) && !PyBool_Check(x)) {
+        double v = PyLong_AsDouble(x);
+        if (v == -1.0 && PyErr_Occurred()) {
+            if (!PyErr_ExceptionMatches(PyExc_OverflowError))
+                return -1;
+            PyErr_Clear();                       /* past the float range: not counted */
+            return 0;
+        }
+        *out = v;
+        return isfinite(v);
+    }
+    return 0;
+}
+
+/* Step i's cell of a column (a PySequence_Fast, or NULL for none), borrowed: None past its end;
+ * NULL with TypeError for a cell that is neither a tuple nor None. */
+static PyObject *
+cell_at(PyObject *seq, Py_ssize_t i)
+{
+    if (seq == NULL || i >= PySequence_Fast_GET_SIZE(seq))
+        return Py_None;
+    PyObject *cell = PySequence_Fast_GET_ITEM(seq, i);
+    if (cell != Py_None && !PyTuple_Check(cell)) {
+        PyErr_SetString(PyExc_TypeError, "phase_straggler: a cell is neither a tuple nor None");
+        return NULL;
+    }
+    return cell;
+}
+
+static int
+set_value(PyObject *d, PyObject *key, PyObject *value)
+{
+    return PyDict_CheckExact(d) ? PyDict_SetItem(d, key, value) : PyObject_SetItem(d, key, value);
+}
+
+/* The pick of one step into its values (phase and rank are borrowed; held across the calls). */
+static int
+write_pick(PyObject *v, PyObject *const *keys, PyObject *phase, PyObject *rank, double median, double excess)
+{
+    int rc = -1;
+    Py_INCREF(v);
+    Py_INCREF(phase);
+    Py_INCREF(rank);
+    PyObject *m = PyFloat_FromDouble(median), *e = m == NULL ? NULL : PyFloat_FromDouble(excess);
+    if (e != NULL && set_value(v, keys[0], phase) == 0 && set_value(v, keys[1], rank) == 0
+            && set_value(v, keys[2], m) == 0 && set_value(v, keys[3], e) == 0)
+        rc = 0;
+    Py_XDECREF(m);
+    Py_XDECREF(e);
+    Py_DECREF(rank);
+    Py_DECREF(phase);
+    Py_DECREF(v);
+    return rc;
+}
+
+static PyObject *
+phase_straggler(PyObject *self, PyObject *args)
+{
+    PyObject *columns, *step_times, *ranks, *values, *keys[4];
+    double floor_fraction;
+    if (!PyArg_ParseTuple(args, "OOOOd(OOOO)", &columns, &step_times, &ranks, &values, &floor_fraction,
+                          &keys[0], &keys[1], &keys[2], &keys[3]))
+        return NULL;
+    PyObject *cols = NULL, *times_seq = NULL, *ranks_seq = NULL, *values_seq = NULL, *result = NULL;
+    PyObject **phases = NULL, **seqs = NULL;     /* per column, owned: its phase index and cells */
+    Py_ssize_t num_cols = 0;
+    Timed stack_buf[STACK_TIMED], *buf = stack_buf;
+    Py_ssize_t cap = STACK_TIMED;
+
+    cols = PySequence_Fast(columns, "phase_straggler: columns is not a sequence");
+    if (cols == NULL)
+        goto done;
+    num_cols = PySequence_Fast_GET_SIZE(cols);
+    phases = PyMem_Calloc(num_cols ? num_cols : 1, sizeof(PyObject *));
+    seqs = PyMem_Calloc(num_cols ? num_cols : 1, sizeof(PyObject *));
+    if (phases == NULL || seqs == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t c = 0; c < num_cols; c++) {
+        PyObject *item = PySequence_Fast_GET_ITEM(cols, c);
+        if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) != 2) {
+            PyErr_SetString(PyExc_TypeError, "phase_straggler: a column is not a (phase index, column) pair");
+            goto done;
+        }
+        phases[c] = Py_NewRef(PyTuple_GET_ITEM(item, 0));
+        PyObject *col = PyTuple_GET_ITEM(item, 1);
+        if (col != Py_None && (seqs[c] = PySequence_Fast(col, "phase_straggler: a column is not a sequence")) == NULL)
+            goto done;
+    }
+    if (step_times != Py_None
+            && (times_seq = PySequence_Fast(step_times, "phase_straggler: step_times is not a sequence")) == NULL)
+        goto done;
+    if ((ranks_seq = PySequence_Fast(ranks, "phase_straggler: ranks is not a sequence")) == NULL
+            || (values_seq = PySequence_Fast(values, "phase_straggler: values is not a sequence")) == NULL)
+        goto done;
+
+    /* The sizes are read again each step: a values item that is not a dict runs Python code. */
+    for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(values_seq) && i < PySequence_Fast_GET_SIZE(ranks_seq); i++) {
+        PyObject *step_ranks = PySequence_Fast_GET_ITEM(ranks_seq, i);
+        if (!PyTuple_Check(step_ranks)) {
+            PyErr_SetString(PyExc_TypeError, "phase_straggler: a step's ranks are not a tuple");
+            goto done;
+        }
+        /* The step's ranks and each cell are held while in use: an int past the float range
+         * raises (and clears) an OverflowError, whose allocation may run the cyclic GC, and so
+         * finalizers. */
+        Py_INCREF(step_ranks);
+        PyObject *cell = cell_at(times_seq, i);
+        if (cell == NULL)
+            goto step_fail;
+        double floor = 0.0, t;
+        if (cell != Py_None) {
+            int have = 0, rc = 0;
+            double longest = 0.0;
+            Py_INCREF(cell);
+            for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(cell) && rc >= 0; j++) {
+                rc = counted(PyTuple_GET_ITEM(cell, j), &t);
+                if (rc > 0 && (!have || t > longest)) {
+                    longest = t;
+                    have = 1;
+                }
+            }
+            Py_DECREF(cell);
+            if (rc < 0)
+                goto step_fail;
+            if (have)
+                floor = floor_fraction * longest;
+        }
+        Py_ssize_t pick = -1, pick_pos = 0;      /* the column picked, its slowest rank's place */
+        double pick_median = 0.0, pick_excess = 0.0;
+        for (Py_ssize_t c = 0; c < num_cols; c++) {
+            if ((cell = cell_at(seqs[c], i)) == NULL)
+                goto step_fail;
+            if (cell == Py_None)
+                continue;
+            Py_INCREF(cell);
+            Py_ssize_t m = PyTuple_GET_SIZE(cell), k = 0;
+            if (PyTuple_GET_SIZE(step_ranks) < m)
+                m = PyTuple_GET_SIZE(step_ranks);         /* pairs as zip() makes them */
+            if (m > cap) {
+                Timed *grown = PyMem_Malloc(m * sizeof(Timed));
+                if (grown == NULL) {
+                    Py_DECREF(cell);
+                    PyErr_NoMemory();
+                    goto step_fail;
+                }
+                if (buf != stack_buf)
+                    PyMem_Free(buf);
+                buf = grown;
+                cap = m;
+            }
+            for (Py_ssize_t j = 0; j < m; j++) {
+                int rc = counted(PyTuple_GET_ITEM(cell, j), &t);
+                if (rc < 0) {
+                    Py_DECREF(cell);
+                    goto step_fail;
+                }
+                if (rc) {
+                    buf[k].v = t;
+                    buf[k++].pos = j;
+                }
+            }
+            Py_DECREF(cell);
+            if (k < 2)
+                continue;
+            sort_timed(buf, k);
+            Py_ssize_t n = k - 1, mid = n / 2;   /* the others: all but the slowest */
+            double t_slow = buf[n].v;
+            double median = n % 2 ? buf[mid].v : (buf[mid - 1].v + buf[mid].v) / 2;
+            double excess = t_slow - median;
+            int significant = floor > 0 && excess >= floor;
+            if (significant || pick < 0 || excess > pick_excess) {
+                Py_ssize_t j = n;                /* the first in the cell of the values equal to t_slow */
+                while (j > 0 && buf[j - 1].v == t_slow)
+                    j--;
+                pick = c;
+                pick_pos = buf[j].pos;
+                pick_median = median;
+                pick_excess = excess;
+            }
+            if (significant)
+                break;
+        }
+        if (pick >= 0 && write_pick(PySequence_Fast_GET_ITEM(values_seq, i), keys, phases[pick],
+                                    PyTuple_GET_ITEM(step_ranks, pick_pos), pick_median, pick_excess) < 0)
+            goto step_fail;
+        Py_DECREF(step_ranks);
+        continue;
+step_fail:
+        Py_DECREF(step_ranks);
+        goto done;
+    }
+    result = Py_NewRef(Py_None);
+done:
+    if (buf != stack_buf)
+        PyMem_Free(buf);
+    for (Py_ssize_t c = 0; phases != NULL && c < num_cols; c++)
+        Py_XDECREF(phases[c]);
+    for (Py_ssize_t c = 0; seqs != NULL && c < num_cols; c++)
+        Py_XDECREF(seqs[c]);
+    PyMem_Free(phases);
+    PyMem_Free(seqs);
+    Py_XDECREF(cols);
+    Py_XDECREF(times_seq);
+    Py_XDECREF(ranks_seq);
+    Py_XDECREF(values_seq);
+    return result;
+}
+
 /* ---- module ------------------------------------------------------------------------------- */
 
 static PyMethodDef methods[] = {
@@ -1000,6 +1261,7 @@ static PyMethodDef methods[] = {
     {"gather", gather, METH_VARARGS, "Columns from the records of closed steps."},
     {"rate_sums", rate_sums, METH_VARARGS, "Per pair of cells sum(n_i / t_i), or None where not all positive finite."},
     {"step_values", step_values, METH_VARARGS, "Each step's values dict from the reduced columns."},
+    {"phase_straggler", phase_straggler, METH_VARARGS, "Per step, the slowest rank of the phase most likely the cause, into its values."},
     {"reduce_column", reduce_column, METH_VARARGS, "One reduced value per cell of a column (op: a reduction's code)."},
     {NULL, NULL, 0, NULL},
 };

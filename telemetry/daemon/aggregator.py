@@ -264,7 +264,7 @@ class Aggregator:
         batch = StepBatch.gather([acc.step for acc in accs], [acc.records for acc in accs], self.loops.gather)
         values = self.loops.step_values(batch.names, self.reducer.reduce_columns(batch.columns, self.loops.reduce_column))
         add_straggler_view(batch, values, self.loops.reduce_column)
-        add_phase_straggler_view(batch, values)    # which rank is slow, in which phase
+        add_phase_straggler_view(batch, values, self.loops)    # which rank is slow, in which phase
         return batch, self._records(accs, batch, values)
 
     def _records(self, accs: list[StepAccumulator], batch: StepBatch, values: list[dict]) -> list[dict]:

@@ -12,9 +12,11 @@ name. tests/test_hotpath.py keeps the twins equal on random input, value by valu
     reduce_column(column, op) -> values       (defined in reductions.py, with the column functions)
     rate_sums(counts, times) -> rates
     step_values(names, reduced) -> list[dict]
+    phase_straggler(columns, step_times, ranks, values, floor_fraction, keys) -> None
 """
 from __future__ import annotations
 
+import math
 from operator import truediv
 from typing import Callable
 
@@ -152,3 +154,85 @@ def step_values(names: list[tuple], reduced: dict[str, list]) -> list[dict]:
         rows = zip(*[reduced[name] for name in first])
         return [dict(zip(first, row)) for row in rows]
     return [{name: reduced[name][i] for name in step_names} for i, step_names in enumerate(names)]
+
+
+def phase_straggler(columns: list, step_times: list | None, ranks: list, values: list,
+                    floor_fraction: float, keys: tuple) -> None:
+    """Per step, the slowest rank of the phase most likely to be the cause (straggler_view.py
+    says why), written into that step's dict of `values`.
+
+    columns         [(phase index, column), ...] in the order causes are looked for; a column
+                    is a StepBatch column (per step a tuple with one value per rank, or None)
+    step_times      the step time column, or None
+    ranks           per step, the tuple of its ranks (StepBatch.ranks)
+    floor_fraction  an excess at least this fraction of the step's time is significant
+    keys            the four names written: phase index, rank, median, excess
+
+    A value counts if it is an int or a float (not a bool) that is finite as a float; anything
+    else (None, NaN, inf, an int past the float range, bools, other types) is as if not logged.
+    A phase's counted values are paired with the step's ranks as zip() pairs them; with two or
+    more: t_slow is the largest, the median is that of the others (n = count - 1: the middle
+    one for odd n, the mean of the two middle ones for even n), excess = t_slow - median, all as
+    floats; the slowest rank is the first (in the step's rank order) whose value is t_slow. The
+    floor is floor_fraction * the largest counted step time of the step (0.0 without one). The
+    cause is the first phase of `columns` with floor > 0 and excess >= floor, else the phase
+    with the largest excess (the first of equal ones); with no phase of two counted values the
+    step gets nothing. A column shorter than the steps has None for the steps past its end; a
+    cell that is neither a tuple nor None, or a step's ranks that are not a tuple, raise
+    TypeError (the steps before it have their values). Writes, where there is a pick:
+    keys[0] the phase index (as given), keys[1] the rank (the object in `ranks`), keys[2] the
+    median, keys[3] the excess.
+    """
+    k_phase, k_rank, k_median, k_excess = keys
+    for i, (v, step_ranks) in enumerate(zip(values, ranks)):
+        if not isinstance(step_ranks, tuple):
+            raise TypeError("phase_straggler: a step's ranks are not a tuple")
+        step, _ = _counted(_cell(step_times, i), None)
+        floor = floor_fraction * max(step) if step else 0.0
+        pick = None                                   # (phase index, rank, median, excess)
+        for phase, column in columns:
+            times, where = _counted(_cell(column, i), step_ranks)
+            if len(times) < 2:
+                continue
+            ordered = sorted(times)                   # stable: equal floats (0.0, -0.0) keep their order
+            n = len(ordered) - 1                      # the others: all but the slowest
+            t_slow, mid = ordered[n], n // 2
+            median = ordered[mid] if n % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+            excess = t_slow - median
+            significant = floor > 0 and excess >= floor
+            if significant or pick is None or excess > pick[3]:
+                pick = (phase, where[times.index(t_slow)], median, excess)
+            if significant:
+                break
+        if pick is not None:
+            v[k_phase], v[k_rank], v[k_median], v[k_excess] = pick
+
+
+def _cell(column: list | None, i: int):
+    """Step i's cell of a column; None without the column or past its end."""
+    return column[i] if column is not None and i < len(column) else None
+
+
+_FLOAT = {float}
+
+
+def _counted(cell, ranks: tuple | None) -> tuple:
+    """The counted values of a cell as floats (phase_straggler's docstring) and their ranks,
+    paired as zip() pairs them (ranks None: every value of the cell, the ranks not wanted)."""
+    if cell is None:
+        return (), ()
+    if not isinstance(cell, tuple):
+        raise TypeError("phase_straggler: a cell is neither a tuple nor None")
+    if set(map(type, cell)) == _FLOAT and math.isfinite(sum(cell)) and (ranks is None or len(cell) == len(ranks)):
+        return cell, ranks          # the usual case, in C-level builtins: every value a finite float
+    times, where = [], []
+    for x, r in zip(cell, cell if ranks is None else ranks):
+        if isinstance(x, float) or (isinstance(x, int) and not isinstance(x, bool)):
+            try:
+                t = float(x)
+            except OverflowError:   # an int past the float range
+                continue
+            if math.isfinite(t):
+                times.append(t)
+                where.append(r)
+    return times, where

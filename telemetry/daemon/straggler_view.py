@@ -30,6 +30,7 @@ Cost: per closed step (not per record), a sort of each phase's few values (C-lev
 """
 from __future__ import annotations
 
+from telemetry.daemon import hotpath
 from telemetry.daemon.steps import STEP_TIME, StepBatch
 
 # The phases, in the order of their perf/straggler_phase_index (new ones are appended).
@@ -39,76 +40,16 @@ PHASE_METRICS = tuple(f"perf/{p}_time" for p in PHASES)
 CAUSE_ORDER = ("data_loading", "optimizer_update", "forward", "optimizer", "backward")
 # An excess at least this fraction of the step's time names its phase as the cause.
 CAUSE_MIN_FRACTION = 0.05
+# What phase_straggler writes, in its order: the phase index, the rank, the median, the excess.
+OUTPUT_KEYS = ("perf/straggler_phase_index", "perf/straggler_rank", "perf/straggler_median_s",
+               "perf/straggler_excess_s")
 
 
-def _slowest_and_excess(times: tuple, ranks: tuple) -> tuple[int, float, float]:
-    """(slowest rank, the others' median, excess) over the ranks that logged a value; None with
-    fewer than two values. The fast path (every rank logged a number) is C-level builtins."""
-    try:
-        ordered = sorted(times)
-    except TypeError:                      # some ranks did not log it (None): the others'
-        kept = [(t, r) for t, r in zip(times, ranks) if isinstance(t, (int, float))]
-        if len(kept) < 2:
-            return None
-        times, ranks = [t for t, _ in kept], [r for _, r in kept]
-        ordered = sorted(times)
-    n = len(ordered) - 1                   # the others: all but the slowest
-    if n < 1:
-        return None
-    t_slow = ordered[n]
-    mid = n // 2
-    median = ordered[mid] if n % 2 else (ordered[mid - 1] + ordered[mid]) / 2
-    return ranks[times.index(t_slow)], median, t_slow - median
-
-
-def add_phase_straggler_view(batch: StepBatch, values: list[dict]) -> None:
-    """Add the per-phase straggler view (module docstring) to each closed step's values."""
+def add_phase_straggler_view(batch: StepBatch, values: list[dict], loops=hotpath.loops) -> None:
+    """Add the per-phase straggler view (module docstring) to each closed step's values.
+    `loops`: the inner loops that compute it (loops.phase_straggler or its C twin)."""
     get = batch.columns.get
     columns = [(i, col) for i in map(PHASES.index, CAUSE_ORDER) if (col := get(PHASE_METRICS[i])) is not None]
     if not columns:
         return
-    step_times = get(STEP_TIME) or [None] * len(values)
-    for i, (v, ranks) in enumerate(zip(values, batch.ranks)):
-        n = len(ranks) - 1                 # the others: all ranks but the slowest
-        if n < 1:
-            continue
-        times = step_times[i]
-        try:
-            floor_s = CAUSE_MIN_FRACTION * max(times) if times else 0.0
-        except TypeError:                  # a rank without a step time: judge by the phases alone
-            floor_s = 0.0
-        mid = n // 2
-        cause = largest = None             # (phase index, phase times, median, excess)
-        for idx, col in columns:
-            phase_times = col[i]
-            if phase_times is None:
-                continue
-            try:                           # the usual case: every rank logged it (C-level builtins)
-                ordered = sorted(phase_times)
-                median = ordered[mid] if n % 2 else (ordered[mid - 1] + ordered[mid]) / 2
-                excess = ordered[n] - median
-            except TypeError:              # some ranks did not log it (None)
-                found = _slowest_and_excess(phase_times, ranks)
-                if found is None:
-                    continue
-                _, median, excess = found
-            if cause is None and floor_s and excess >= floor_s:
-                cause = (idx, phase_times, median, excess)
-            if largest is None or excess > largest[3]:
-                largest = (idx, phase_times, median, excess)
-        pick = cause or largest
-        if pick is not None:
-            idx, phase_times, median, excess = pick
-            v["perf/straggler_phase_index"] = idx
-            v["perf/straggler_rank"] = _slowest_rank(phase_times, ranks)
-            v["perf/straggler_median_s"] = median
-            v["perf/straggler_excess_s"] = excess
-
-
-def _slowest_rank(times: tuple, ranks: tuple) -> int:
-    """The first rank with the longest time (None values skipped)."""
-    try:
-        return ranks[times.index(max(times))]
-    except TypeError:
-        kept = [(t, r) for t, r in zip(times, ranks) if t is not None]
-        return max(kept, key=lambda tr: tr[0])[1]
+    loops.phase_straggler(columns, get(STEP_TIME), batch.ranks, values, CAUSE_MIN_FRACTION, OUTPUT_KEYS)
