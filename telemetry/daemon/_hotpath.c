@@ -1261,7 +1261,7 @@ static PyMethodDef methods[] = {
     {"gather", gather, METH_VARARGS, "Columns from the records of closed steps."},
     {"rate_sums", rate_sums, METH_VARARGS, "Per pair of cells sum(n_i / t_i), or None where not all positive finite."},
     {"step_values", step_values, METH_VARARGS, "Each step's values dict from the reduced columns."},
-    {"phase_straggler", phase_straggler, METH_VARARGS, "Per step, the slowest rank of the phase most likely the cause, into its values."},
+    {"phase_straggler", phase_straggler, METH_VARARGS, "Per step, the slow rank of the likeliest cause phase, into its values."},
     {"reduce_column", reduce_column, METH_VARARGS, "One reduced value per cell of a column (op: a reduction's code)."},
     {NULL, NULL, 0, NULL},
 };
