@@ -1,6 +1,7 @@
 """What timing the optimizer's own update costs the training step (issue 19).
 
-    .venv/bin/python benchmarks/update_hooks_cost.py [--calls 300] [--rounds 6] [--config launch/configs/tiny.yaml]
+    .venv/bin/python benchmarks/update_hooks_cost.py [--calls 200] [--rounds 20] [--config launch/configs/tiny.yaml]
+                                                     [--one-param]
 
 The trainer times the optimizer's update apart (trainer.metrics.time_update: a step pre- and
 post-hook that stamp the PhaseTimer, perf_counter on CPU, a CUDA event on GPU). Here the same
@@ -8,7 +9,8 @@ optimizer (the trainer's SkippingAdamW over the config's model, gradients set on
 with those hooks registered and without, in alternating rounds on the same process so a shared
 machine's drift hits both; per call the host time of optimizer.step(), then the median and p99
 per variant over all rounds, and the difference of the medians. On a GPU the step only enqueues
-kernels, so the host time is what the training thread pays.
+kernels, so the host time is what the training thread pays. --one-param steps an optimizer of a
+single one-element parameter instead, so that the hooks' own cost is most of what is timed.
 """
 from __future__ import annotations
 
@@ -43,13 +45,14 @@ def _calls(opt, timer: PhaseTimer, n: int) -> list[float]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--calls", type=int, default=300, help="optimizer.step() calls per round and variant")
-    ap.add_argument("--rounds", type=int, default=6)
+    ap.add_argument("--calls", type=int, default=200, help="optimizer.step() calls per round and variant")
+    ap.add_argument("--rounds", type=int, default=20)
     ap.add_argument("--config", default=str(ROOT / "launch" / "configs" / "tiny.yaml"))
+    ap.add_argument("--one-param", action="store_true", help="a one-element model: the hooks' own cost")
     args = ap.parse_args()
     cfg = load_config(args.config)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    model = build_model(cfg.model).to(device)
+    model = (torch.nn.Linear(1, 1, bias=False) if args.one_param else build_model(cfg.model)).to(device)
     for p in model.parameters():
         p.grad = torch.randn_like(p) * 1e-3
     opt = make_optimizer(cfg, model)
