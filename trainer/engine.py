@@ -211,7 +211,8 @@ class DeepSpeedEngine:
     def update_optimizer(self) -> torch.optim.Optimizer:
         """The optimizer whose step() is this rank's own update: ours, which DeepSpeed calls on
         this rank's partition under ZeRO 1-3 (once per parameter group), between the collectives
-        of its step (the norm's all-reduce before, the parameters' all-gather after)."""
+        of its step (the norm's all-reduce before; the parameters' all-gather after under ZeRO
+        1-2, the next forward's gathers under ZeRO-3)."""
         return self._adamw
 
     def step(self) -> torch.Tensor:
