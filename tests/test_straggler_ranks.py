@@ -1,5 +1,6 @@
 """Straggler attribution per rank and phase with real processes (issue 19): 2-4 gloo ranks of
-tests/strag_scripts/ddp_rank.py, one slowed in one phase, a real daemon; and a balanced run."""
+tests/strag_scripts/ddp_rank.py, one slowed in one phase, a real daemon; a balanced run; and 8
+ranks' phase times as DDP and ZeRO make them, from 8 clients."""
 from __future__ import annotations
 
 import os
@@ -62,3 +63,42 @@ def test_balanced_run_of_200_steps_has_no_straggler_event(make_daemon):
     recs = d.read_jsonl()
     assert sum(r["kind"] == "metrics" and "perf/straggler_rank" in r["values"] for r in recs) == 200
     assert [r["data"]["message"] for r in recs if r.get("name") == "diagnosis/straggler"] == []
+
+
+# Eight ranks' phase times as synchronous data parallel makes them: rank 5 slow in one part, the
+# others absorbing its delay in the phase where they wait for it.
+EIGHT = {
+    "forward (DDP, ZeRO 0-2)": ("forward", None, {"forward": 0.12}, {"backward": 0.12}),
+    "data loading (ZeRO-3)": ("data_loading", None, {"data_loading": 0.12}, {"forward": 0.12}),
+    "update (ZeRO 1-2)": ("optimizer", "update", {"optimizer_update": 0.12, "optimizer": 0.12}, {"optimizer": 0.12}),
+    "update (ZeRO-3)": ("optimizer", "update", {"optimizer_update": 0.12, "optimizer": 0.12}, {"forward": 0.12}),
+}
+
+
+@pytest.mark.parametrize("case", EIGHT)
+def test_eight_ranks_name_the_slow_one_without_a_collective(make_daemon, case):
+    """Eight clients (one process, real sockets, a real daemon): the rank and its phase are named
+    from the phase times alone, also where the others' wait lands in an earlier phase than the
+    slow one's cause (ZeRO-3's forward gathers, the next forward after a slow update)."""
+    from telemetry.client import TelemetryClient
+
+    phase, part, slow_extra, wait_extra = EIGHT[case]
+    base = {"data_loading": 0.002, "forward": 0.03, "backward": 0.06, "optimizer": 0.006, "optimizer_update": 0.004}
+    d = make_daemon(world_size=8, config={"diagnosis": DIAG, "pollers": {"nvml_enabled": False}})
+    clients = [TelemetryClient(d.ingest, rank=r) for r in range(8)]
+    try:
+        for step in range(1, 13):
+            for r, tm in enumerate(clients):
+                t = {p: base[p] + (slow_extra if r == 5 else wait_extra).get(p, 0.0) for p in base}
+                t["optimizer"] = max(t["optimizer"], t["optimizer_update"] + 0.002)
+                tm.log(step, {f"perf/{p}_time": v for p, v in t.items()} | {"perf/step_time": 0.25})
+    finally:
+        for tm in clients:
+            tm.close()
+    recs = d.wait_for(lambda rs: sum(r["kind"] == "metrics" for r in rs) >= 12)
+    ev = [r for r in recs if r.get("name") == "diagnosis/straggler"]
+    assert len(ev) == 1, [e["data"]["message"] for e in ev]
+    assert ev[0]["rank"] == 5 and (ev[0]["data"]["phase"], ev[0]["data"]["part"]) == (phase, part), ev[0]["data"]
+    assert ev[0]["data"]["others_median_s"] == pytest.approx(base["optimizer_update" if part else phase])
+    assert all(r["values"]["perf/straggler_rank"] == 5 for r in recs if r["kind"] == "metrics")
+    d.drain()

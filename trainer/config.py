@@ -122,8 +122,13 @@ class EngineConfig:
     backend: str = "auto"                # auto (deepspeed if importable) | deepspeed | ddp
     zero_stage: int = 2
     grad_accum_steps: int = 1
+    # ZeRO-3: parameters with fewer elements stay whole on every rank (DeepSpeed's
+    # stage3_param_persistence_threshold); -1: DeepSpeed's default (100,000 elements).
+    zero3_persistence_threshold: int = -1
 
     def __post_init__(self) -> None:
+        _check(self.zero3_persistence_threshold >= -1,
+               f"engine.zero3_persistence_threshold must be >= -1, got {self.zero3_persistence_threshold}")
         _check(self.backend in ("auto", "deepspeed", "ddp"),
                f"engine.backend must be auto, deepspeed or ddp, got {self.backend!r}")
         _check(self.zero_stage in (0, 1, 2, 3), f"engine.zero_stage must be 0, 1, 2 or 3, got {self.zero_stage}")

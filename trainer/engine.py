@@ -63,12 +63,15 @@ def make_optimizer(cfg: TrainConfig, model: torch.nn.Module) -> SkippingAdamW:
 def deepspeed_config(cfg: TrainConfig, world_size: int) -> dict[str, Any]:
     """The generated DeepSpeed config. Every DeepSpeed monitor and timer that syncs is off."""
     e = cfg.engine
+    zero = {"stage": e.zero_stage, "overlap_comm": False, "contiguous_gradients": True}
+    if e.zero3_persistence_threshold >= 0:
+        zero["stage3_param_persistence_threshold"] = e.zero3_persistence_threshold
     return {
         "train_micro_batch_size_per_gpu": cfg.data.micro_batch_size,
         "gradient_accumulation_steps": e.grad_accum_steps,
         "train_batch_size": cfg.data.micro_batch_size * e.grad_accum_steps * world_size,
         "gradient_clipping": cfg.optim.grad_clip,
-        "zero_optimization": {"stage": e.zero_stage, "overlap_comm": False, "contiguous_gradients": True},
+        "zero_optimization": zero,
         # Our AdamW (trainer/optim.py): ZeRO only calls its step() on the flat fp32 partitions.
         "zero_allow_untested_optimizer": True,
         "bf16": {"enabled": cfg.model.dtype == "bf16"},

@@ -20,6 +20,10 @@ order of how rarely a phase holds such a wait (data loading and the optimizer's 
 backward nearly always): the first phase whose excess is significant (CAUSE_MIN_FRACTION of the
 step) is the cause; with none, the phase with the largest excess.
 
+Not attributable from phase times: a rank slow in forward under ZeRO-3 with its parameters
+partitioned. The others wait in the parameter gathers inside their own forward, so every rank's
+forward lasts the same (and no later phase shows a wait); no rank is named, none wrongly.
+
 optimizer_update is part of the optimizer phase: the time in the optimizer's own update (the
 wrapped torch optimizer's step, which the trainer times apart). Under ZeRO 1-3 the optimizer
 phase ends in (or is followed by) a collective where the other ranks wait, so every rank's

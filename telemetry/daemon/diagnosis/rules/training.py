@@ -157,8 +157,9 @@ class ThroughputDrop(Rule):
 _MEANWHILE = {
     "data_loading": "the other ranks wait for it in the gradient all-reduce inside backward (DDP, ZeRO 0-2) "
                     "or in the forward's parameter all-gathers (ZeRO-3)",
-    "forward": "the other ranks wait for it in the gradient all-reduce inside backward (DDP, ZeRO 0-2); "
-               "under ZeRO-3 the forward holds the parameter all-gathers, so they wait inside forward",
+    "forward": "the other ranks wait for it in the gradient all-reduce inside backward (DDP, ZeRO 0-2, and "
+               "ZeRO-3 where the parameters stay whole; with them partitioned, ZeRO-3's forward holds the "
+               "parameter all-gathers and the others wait inside forward, where no phase time can tell)",
     "optimizer": "the other ranks wait for it at the next collective: the parameter all-gather ending the "
                  "optimizer step (ZeRO 1-3) or the next backward's gradient all-reduce (DDP)",
     "backward": "the other ranks wait for it in the gradient all-reduce at the end of backward",
