@@ -334,6 +334,20 @@ SLOW_UPDATE_ZERO3 = {"data_loading": [0.001, 0.001], "forward": [0.17, 0.02], "b
                      "optimizer": [0.01, 0.16], "optimizer_update": [0.003, 0.153]}
 
 
+# ZeRO-3 with partitioned parameters, rank 1 slow in forward (0.15 s): rank 0 waits in the gathers
+# inside its own forward, so both forwards last the same; the compute (forward minus the waits) does not.
+SLOW_FORWARD_ZERO3 = {"data_loading": [0.001, 0.001], "forward": [0.17, 0.17], "backward": [0.04, 0.04],
+                      "optimizer": [0.01, 0.01], "optimizer_update": [0.003, 0.003], "forward_compute": [0.02, 0.17]}
+
+
+def test_straggler_in_zero3_forward_is_named_by_its_compute():
+    ev = feed(only("straggler", straggler_consecutive=3), [phases(s, SLOW_FORWARD_ZERO3, ranks=(0, 1))
+                                                            for s in range(20, 26)])
+    data = ev[0]["data"]
+    assert ev[0]["rank"] == 1 and (data["phase"], data["part"]) == ("forward", "compute")
+    assert "rank 1 is slow in forward (its own compute" in data["message"] and "gathers" in data["message"]
+
+
 @pytest.mark.parametrize("times", [SLOW_UPDATE_ZERO2, SLOW_UPDATE_ZERO3])
 def test_straggler_in_the_optimizers_update_is_named_before_the_waits_it_causes(times):
     ev = feed(only("straggler", straggler_consecutive=3), [phases(s, times, ranks=(0, 1)) for s in range(20, 26)])

@@ -63,3 +63,30 @@ def test_a_slow_optimizer_sleeps_in_its_update_once_a_step(monkeypatch):
             for _ in range(2):                      # DeepSpeed: one update per parameter group
                 f.phase("optimizer_update", step)
     assert slept == [0.2, 0.2]                      # steps 2 and 3, rank 1, once each
+
+
+def test_gather_waits_are_timed_apart_in_a_training_forward_only():
+    """time_gather_waits brackets every module's forward pre-hooks registered before it (where
+    DeepSpeed's ZeRO-3 gathers the module's parameters: a sleep stands in for the wait here)."""
+    from trainer.metrics import time_gather_waits
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
+    for m in (model[0], model[2]):                  # what DeepSpeed registers at initialize()
+        m.register_forward_pre_hook(lambda *_: time.sleep(0.03))
+    timer = PhaseTimer(torch.device("cpu"))
+    hooks = time_gather_waits(model, timer)
+    x = torch.randn(3, 4)
+    timer.start("forward")
+    y = model(x)
+    timer.stop("forward")
+    model(x)                                        # outside the forward phase (a recompute): not counted
+    model.eval()
+    timer.start("forward")
+    model(x)                                        # an eval forward: not counted
+    timer.stop("forward")
+    timer.end_step()
+    phases = timer.latest()
+    assert y.shape == (3, 2)                        # the inputs went through unchanged
+    assert 0.06 <= phases["forward_gather_wait"] < 0.09 <= phases["forward"]
+    for h in hooks:
+        h.remove()

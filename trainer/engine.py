@@ -146,6 +146,8 @@ class TorchEngine:
             sync_ctx.__exit__(None, None, None)
         self._micro += 1
 
+    gathers_in_forward = False  # DDP: the parameters are whole on every rank
+
     @property
     def update_optimizer(self) -> torch.optim.Optimizer:
         """The optimizer whose step() is this rank's own update (no collective in it)."""
@@ -209,6 +211,12 @@ class DeepSpeedEngine:
         self.model.backward(loss)  # scales by 1/grad_accum itself
         if not self.model.is_gradient_accumulation_boundary():
             self.model.step()      # DeepSpeed counts micro-steps in step(); no update here
+
+    @property
+    def gathers_in_forward(self) -> bool:
+        """Whether forward gathers parameters from the other ranks (ZeRO-3: DeepSpeed's forward
+        pre-hooks all-gather each module's partitioned parameters)."""
+        return self.cfg.engine.zero_stage == 3
 
     @property
     def update_optimizer(self) -> torch.optim.Optimizer:

@@ -78,6 +78,9 @@ class PhaseTimer:
     def start(self, phase: str) -> None:
         self._open[phase] = self._stamp()
 
+    def is_open(self, phase: str) -> bool:
+        return phase in self._open
+
     def stop(self, phase: str) -> None:
         self._current.append((phase, self._open.pop(phase), self._stamp()))
 
@@ -114,6 +117,31 @@ def time_update(optimizer: torch.optim.Optimizer, timer: PhaseTimer, on_begin) -
         timer.stop("optimizer_update")
 
     return optimizer.register_step_pre_hook(begins), optimizer.register_step_post_hook(ends)
+
+
+def time_gather_waits(model: torch.nn.Module, timer: PhaseTimer) -> list:
+    """ZeRO-3 with partitioned parameters: time the waits for the parameter all-gathers inside
+    forward as the phase "forward_gather_wait" (nested in forward), so that forward minus it is
+    the rank's own compute. DeepSpeed gathers a module's parameters in a forward pre-hook; around
+    it go two more, one run before it (prepend) and one after: the time between them is that
+    module's gather, its wait for the slowest rank included (on a GPU, CUDA events on the compute
+    stream, which waits for the gather there: no sync). Only in a training forward (not eval, not
+    a checkpointed recompute in backward). Returns the hooks' handles (`.remove()`)."""
+    def before(mod, _args) -> None:  # a forward pre-hook: what it returns would replace the inputs
+        if mod.training and timer.is_open("forward"):
+            timer.start("forward_gather_wait")
+
+    def after(mod, _args) -> None:
+        if timer.is_open("forward_gather_wait"):
+            timer.stop("forward_gather_wait")
+
+    handles = []
+    for m in model.modules():
+        if next(m.parameters(recurse=False), None) is None:
+            continue                 # DeepSpeed gathers a module's own parameters: none, no wait
+        handles.append(m.register_forward_pre_hook(before, prepend=True))
+        handles.append(m.register_forward_pre_hook(after))
+    return handles
 
 
 class HostFlag:

@@ -24,7 +24,7 @@ from trainer.data import IGNORE_INDEX, make_loader
 from trainer.engine import make_engine, resolve_backend
 from trainer.faults import make_faults
 from trainer.memory_estimate import device_memory_gb, estimate, memory_warning
-from trainer.metrics import DatasetMetrics, HostFlag, PhaseTimer, memory_stats, time_update
+from trainer.metrics import DatasetMetrics, HostFlag, PhaseTimer, memory_stats, time_gather_waits, time_update
 from trainer.model import DTYPES, build_model, forward_loss, num_params, prepare_batch, uses_block_mask
 from trainer.runtime import STOP_NONFINITE, LossLog, StopSignal, init_distributed
 
@@ -162,6 +162,8 @@ class Run:
         timer = PhaseTimer(self.device)
         step_now = [0]  # the step being computed, for the update's hooks
         hooks = time_update(engine.update_optimizer, timer, lambda: self.faults.phase("optimizer_update", step_now[0]))
+        if engine.gathers_in_forward:  # ZeRO-3: the others' wait for a slow rank lands in forward
+            hooks = (*hooks, *time_gather_waits(engine.module, timer))
         nonfinite = HostFlag(self.device, size=2)  # [loss, grad_norm] nonfinite step counts
         num_nonfinite_seen = [0.0, 0.0]
         engine.train()
@@ -213,7 +215,7 @@ class Run:
                                               "data_loading_time": data_time_s})
                 if self.step % cfg.log_every == 0:
                     phases = timer.latest()
-                    compute_s = sum(v for k, v in phases.items() if k != "optimizer_update")  # inside optimizer
+                    compute_s = sum(v for k, v in phases.items() if k in ("forward", "backward", "optimizer"))
                     tm.log(self.step, {
                         "train/loss": step_loss, "train/lr": lr, "train/grad_norm": grad_norm,
                         "train/epoch": epoch,
@@ -225,6 +227,8 @@ class Run:
                         "perf/backward_time": phases.get("backward", 0.0),
                         "perf/optimizer_time": phases.get("optimizer", 0.0),
                         "perf/optimizer_update_time": phases.get("optimizer_update", 0.0),
+                        **({"perf/forward_compute_time": phases.get("forward", 0.0)
+                            - phases.get("forward_gather_wait", 0.0)} if engine.gathers_in_forward else {}),
                         "perf/data_loading_time": data_time_s,
                         "perf/data_loading_ratio": data_time_s / step_time_s,
                         "perf/compute_ratio": min(1.0, compute_s / step_time_s),

@@ -10,19 +10,20 @@ a line a dashboard can plot:
     perf/straggler_excess_s        its time in that phase minus the other ranks' median (s)
     perf/straggler_median_s        the other ranks' median in that phase (s)
     perf/straggler_phase_index     the phase, as its index in PHASES (0 data_loading, 1 forward,
-                                   2 optimizer, 3 backward, 4 optimizer_update)
+                                   2 optimizer, 3 backward, 4 optimizer_update, 5 forward_compute)
 
 Which phase is the cause: a slow rank's delay reappears in the other ranks as a wait in the next
 phase that holds a collective (DDP: the gradient all-reduce in backward; DeepSpeed ZeRO 1/2: also
 the parameter all-gather at the end of the optimizer step; ZeRO-3: the parameter gathers in
 forward). So a slow forward on rank 1 also shows rank 0 "slow" in backward. CAUSE_ORDER is in
-order of how rarely a phase holds such a wait (data loading and the optimizer's own update never,
-backward nearly always): the first phase whose excess is significant (CAUSE_MIN_FRACTION of the
+order of how rarely a phase holds such a wait (data loading, the optimizer's own update and the
+forward's compute never, backward nearly always): the first phase whose excess is significant (CAUSE_MIN_FRACTION of the
 step) is the cause; with none, the phase with the largest excess.
 
-Not attributable from phase times: a rank slow in forward under ZeRO-3 with its parameters
-partitioned. The others wait in the parameter gathers inside their own forward, so every rank's
-forward lasts the same (and no later phase shows a wait); no rank is named, none wrongly.
+forward_compute is part of the forward phase: forward minus the waits for ZeRO-3's parameter
+all-gathers (the trainer times them apart). With the parameters partitioned, a rank slow in
+forward makes the others wait in the gathers inside their own forward, so every rank's forward
+lasts the same; its compute does not.
 
 optimizer_update is part of the optimizer phase: the time in the optimizer's own update (the
 wrapped torch optimizer's step, which the trainer times apart). Under ZeRO 1-3 the optimizer
@@ -40,10 +41,10 @@ from telemetry.daemon import hotpath
 from telemetry.daemon.steps import STEP_TIME, StepBatch
 
 # The phases, in the order of their perf/straggler_phase_index (new ones are appended).
-PHASES = ("data_loading", "forward", "optimizer", "backward", "optimizer_update")
+PHASES = ("data_loading", "forward", "optimizer", "backward", "optimizer_update", "forward_compute")
 PHASE_METRICS = tuple(f"perf/{p}_time" for p in PHASES)
 # In order of how rarely the phase holds a collective wait (see the module docstring).
-CAUSE_ORDER = ("data_loading", "optimizer_update", "forward", "optimizer", "backward")
+CAUSE_ORDER = ("data_loading", "optimizer_update", "forward_compute", "forward", "optimizer", "backward")
 # An excess at least this fraction of the step's time names its phase as the cause.
 CAUSE_MIN_FRACTION = 0.05
 # What phase_straggler writes, in its order: the phase index, the rank, the median, the excess.

@@ -157,9 +157,10 @@ class ThroughputDrop(Rule):
 _MEANWHILE = {
     "data_loading": "the other ranks wait for it in the gradient all-reduce inside backward (DDP, ZeRO 0-2) "
                     "or in the forward's parameter all-gathers (ZeRO-3)",
-    "forward": "the other ranks wait for it in the gradient all-reduce inside backward (DDP, ZeRO 0-2, and "
-               "ZeRO-3 where the parameters stay whole; with them partitioned, ZeRO-3's forward holds the "
-               "parameter all-gathers and the others wait inside forward, where no phase time can tell)",
+    "forward": "the other ranks wait for it in the gradient all-reduce inside backward (DDP, ZeRO 0-2); "
+               "under ZeRO-3 the forward holds the parameter all-gathers, so they wait inside forward",
+    "forward_compute": "the other ranks wait for it in the parameter all-gathers inside their own forward "
+                       "(ZeRO-3), so every rank's forward lasts about the same; its compute does not",
     "optimizer": "the other ranks wait for it at the next collective: the parameter all-gather ending the "
                  "optimizer step (ZeRO 1-3) or the next backward's gradient all-reduce (DDP)",
     "backward": "the other ranks wait for it in the gradient all-reduce at the end of backward",
@@ -168,7 +169,7 @@ _MEANWHILE = {
                         "next backward's gradient all-reduce (DDP, ZeRO 0)",
 }
 # A part of a phase that the straggler view tells apart, reported as (its phase, the part).
-_PART_OF = {"optimizer_update": ("optimizer", "update")}
+_PART_OF = {"optimizer_update": ("optimizer", "update"), "forward_compute": ("forward", "compute")}
 
 
 class Straggler(Rule):
