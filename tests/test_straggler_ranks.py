@@ -53,6 +53,17 @@ def test_slow_rank_is_named_with_its_phase(make_daemon, world, rank, phase):
     d.drain()
 
 
+def test_a_slow_backward_accuses_no_other_rank(make_daemon):
+    """Not attributable (README): the others wait for its gradients in the all-reduce inside their
+    own backward, so every rank's backward lasts the same. No event may name a rank that is not slow."""
+    d = make_daemon(world_size=2, config={"diagnosis": DIAG, "pollers": {"nvml_enabled": False}})
+    run_ranks(d.ingest, 2, 14, "--slow-rank", "1", "--slow-phase", "backward", "--slow-s", "0.08")
+    d.wait_for(lambda rs: sum(r["kind"] == "metrics" for r in rs) >= 14)
+    d.drain()
+    ev = [r for r in d.read_jsonl() if r.get("name") == "diagnosis/straggler"]
+    assert [e for e in ev if e["rank"] != 1] == [], [e["data"]["message"] for e in ev]
+
+
 def test_balanced_run_of_200_steps_has_no_straggler_event(make_daemon):
     # the defaults a user gets (straggler_consecutive 5), on a shared 2-core machine
     d = make_daemon(world_size=2, config={"diagnosis": {"warmup_steps": 10},
