@@ -17,8 +17,8 @@ phase that holds a collective (DDP: the gradient all-reduce in backward; DeepSpe
 the parameter all-gather at the end of the optimizer step; ZeRO-3: the parameter gathers in
 forward). So a slow forward on rank 1 also shows rank 0 "slow" in backward. CAUSE_ORDER is in
 order of how rarely a phase holds such a wait (data loading, the optimizer's own update and the
-forward's compute never, backward nearly always): the first phase whose excess is significant (CAUSE_MIN_FRACTION of the
-step) is the cause; with none, the phase with the largest excess.
+forward's compute never, backward nearly always): the first phase whose excess is significant
+(CAUSE_MIN_FRACTION of the step) is the cause; with none, the phase with the largest excess.
 
 forward_compute is part of the forward phase: forward minus the waits for ZeRO-3's parameter
 all-gathers (the trainer times them apart). With the parameters partitioned, a rank slow in
@@ -45,6 +45,7 @@ PHASES = ("data_loading", "forward", "optimizer", "backward", "optimizer_update"
 PHASE_METRICS = tuple(f"perf/{p}_time" for p in PHASES)
 # In order of how rarely the phase holds a collective wait (see the module docstring).
 CAUSE_ORDER = ("data_loading", "optimizer_update", "forward_compute", "forward", "optimizer", "backward")
+_CAUSE_INDEXES = tuple(map(PHASES.index, CAUSE_ORDER))
 # An excess at least this fraction of the step's time names its phase as the cause.
 CAUSE_MIN_FRACTION = 0.05
 # What phase_straggler writes, in its order: the phase index, the rank, the median, the excess.
@@ -56,7 +57,7 @@ def add_phase_straggler_view(batch: StepBatch, values: list[dict], loops=hotpath
     """Add the per-phase straggler view (module docstring) to each closed step's values.
     `loops`: the inner loops that compute it (loops.phase_straggler or its C twin)."""
     get = batch.columns.get
-    columns = [(i, col) for i in map(PHASES.index, CAUSE_ORDER) if (col := get(PHASE_METRICS[i])) is not None]
+    columns = [(i, col) for i in _CAUSE_INDEXES if (col := get(PHASE_METRICS[i])) is not None]
     if not columns:
         return
     loops.phase_straggler(columns, get(STEP_TIME), batch.ranks, values, CAUSE_MIN_FRACTION, OUTPUT_KEYS)
