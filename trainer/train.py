@@ -160,8 +160,9 @@ class Run:
         batches = iter(loader)
         ds_metrics = DatasetMetrics(self.names, self.device)
         timer = PhaseTimer(self.device)
-        step_now = [0]  # the step being computed, for the update's hooks
-        hooks = time_update(engine.update_optimizer, timer, lambda: self.faults.phase("optimizer_update", step_now[0]))
+        # The update runs inside engine.step(), before self.step counts the step being computed.
+        hooks = time_update(engine.update_optimizer, timer,
+                            lambda: self.faults.phase("optimizer_update", self.step + 1))
         if engine.gathers_in_forward:  # ZeRO-3: the others' wait for a slow rank lands in forward
             hooks = (*hooks, *time_gather_waits(engine.module, timer))
         nonfinite = HostFlag(self.device, size=2)  # [loss, grad_norm] nonfinite step counts
@@ -176,7 +177,7 @@ class Run:
                 step_loss = torch.zeros((), device=self.device)
                 num_tokens = num_samples = doc_len_sq = 0
                 data_time_s = 0.0
-                step = step_now[0] = self.step + 1  # the step being computed, as the metrics number it
+                step = self.step + 1  # the step being computed, as the metrics number it
                 for _ in range(accum):
                     t0 = time.perf_counter()
                     self.faults.phase("data", step)
