@@ -46,9 +46,7 @@ def test_connections_beyond_the_limit_are_refused_and_counted(tmp_path):
     socks = []
     try:
         for i in range(12):
-            s = ctx.socket(zmq.PUSH)
-            s.setsockopt(zmq.LINGER, 0)
-            s.connect(eps.ingest)
+            s = d.push(ctx)
             s.send(encode_metrics(100 + i, 0, 0, 0, time.time_ns(), 0, {"x": 1.0}), zmq.NOBLOCK)
             socks.append(s)
         deadline = time.monotonic() + 20
@@ -66,9 +64,7 @@ def test_connections_beyond_the_limit_are_refused_and_counted(tmp_path):
         while time.monotonic() < deadline and d.status()["security"]["connections"]["ingest"]["open"] > 0:
             time.sleep(0.2)
         before = d.status()["records_in"]
-        s = ctx.socket(zmq.PUSH)
-        s.setsockopt(zmq.LINGER, 0)
-        s.connect(eps.ingest)
+        s = d.push(ctx)
         socks.append(s)
         s.send(encode_metrics(999, 0, 0, 0, time.time_ns(), 1, {"x": 1.0}))
         deadline = time.monotonic() + 20
@@ -98,11 +94,7 @@ def _flood(tmp_path, rcvhwm: int) -> tuple[float, dict, int]:
         payload = {f"v{i:03d}": float(i) for i in range(80)}            # ~1 KB a record
         sent = 0
         for c in range(4):
-            s = ctx.socket(zmq.PUSH)
-            s.setsockopt(zmq.LINGER, 0)
-            s.setsockopt(zmq.SNDHWM, 100_000)
-            s.connect(eps.ingest)
-            socks.append(s)
+            socks.append(d.push(ctx))
         for i in range(50):                   # warm-up: what the daemon builds for its first records
             for c, s in enumerate(socks):
                 s.send(encode_metrics(200 + c, c, i, 0, 0, i, payload))
