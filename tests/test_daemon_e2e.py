@@ -143,6 +143,9 @@ def test_sigterm_mid_stream_loses_nothing_accepted(make_daemon):
     steps = [r for r in recs if r["kind"] == "metrics" and "rank" not in r]
     assert sum(r["values"]["perf/samples"] for r in steps) == metrics_in
     assert final["telemetry/sink_dropped"] == 0
+    # Nothing was left in a queue that no thread will read again (the final counters included).
+    status = json.loads((d.log_dir / "drain.json").read_text())
+    assert status["drained"] and set(status["queued"].values()) == {0}, status["queued"]
 
 
 def test_torn_tail_repaired_and_appended_on_restart(tmp_path, make_daemon):

@@ -135,3 +135,47 @@ def test_a_sink_held_to_a_share_drops_what_it_cannot_get_to_and_still_closes_pro
     assert r.close(5)
     assert time.monotonic() - t0 < 1.5                        # the rest is cut short by the stop
     assert sum(sink.batches) == 10 and r.num_written == 10
+
+
+class Collect(Sink):
+    name = "collect"
+
+    def __init__(self):
+        self.steps = []
+
+    def consume(self, b):
+        self.steps += [o.record["step"] for o in b]
+
+
+def test_a_batch_put_as_a_wait_comes_back_empty_is_still_written():
+    # The daemon's drain puts its final counters, then asks the sink to stop. The sink's thread may
+    # just have come back from a wait that found nothing. Here the test acts in exactly that
+    # window (from the sink's thread, as the daemon's thread could): the batch must be written,
+    # not left in the queue by a thread that sees "stop" and "nothing came" and ends.
+    sink = Collect()
+    r = SinkRunner(sink, flush_interval_s=0.01)
+    take, acted = r._take, threading.Event()
+
+    def take_then_act(timeout_s):
+        got = take(timeout_s)
+        if got is None and not acted.is_set():
+            acted.set()
+            r.put(batch(1, start=7))
+            r.request_stop()
+        return got
+
+    r._take = take_then_act
+    r.start()
+    assert acted.wait(5)
+    assert r.close(5)
+    assert sink.steps == [7] and r.queued() == 0 and r.num_dropped == 0
+
+
+def test_a_batch_put_after_the_thread_ended_is_counted_as_dropped():
+    sink = Collect()
+    r = SinkRunner(sink)
+    r.start()
+    r.put(batch(2))
+    assert r.close(5)
+    r.put(batch(3, start=2))               # nothing will ever take it: dropped, and said so
+    assert sink.steps == [0, 1] and r.num_dropped == 3 and r.queued() == 0

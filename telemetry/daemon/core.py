@@ -648,6 +648,8 @@ class Daemon:
         stages = [r for r in self.runners if r.name in ANALYSIS_STAGES]
         sinks = [r for r in self.runners if r.name not in ANALYSIS_STAGES]
         unfinished = [r.name for r in stages if not r.close(max(0.0, (deadline - time.monotonic()) / 4))]
+        # Their part is over: what follows (their last events, the final counters) is for the sinks.
+        self._runners_in_order = [r for r in self._runners_in_order if r not in stages]
         self._take_inbox()
         self._emit(self._daemon_record())
         self._hand_out()

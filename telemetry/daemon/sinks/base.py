@@ -52,6 +52,9 @@ class Sink:
 # at the drain deadline stops (what it never got to is then counted, exactly).
 MAX_BATCH = 8192
 
+# What SinkRunner._take returns once the sink is to end.
+STOP = object()
+
 
 class SinkRunner:
     """Runs one sink on its own thread, fed through a bounded queue of records."""
@@ -73,6 +76,7 @@ class SinkRunner:
         self._stop_event = threading.Event()   # set by request_stop; also wakes a share's wait
         self._abandoned = False                # set by abandon: stop after the batch in hand
         self._in_hand = 0                      # records of the batch the sink is consuming now
+        self._ended = False                    # the thread has taken its last batch (under _cond)
         self._batches: deque[list[Out]] = deque()
         self._num_queued = 0
         self._cond = threading.Condition()
@@ -92,8 +96,12 @@ class SinkRunner:
         return self._started.wait(timeout_s)
 
     def put(self, batch: list[Out]) -> None:
-        """Hand a batch to the sink; never blocks. Thread-safe."""
+        """Hand a batch to the sink; never blocks. Thread-safe. After the sink's thread has taken
+        its last batch (stopped, abandoned) nothing would ever take it: dropped and counted."""
         with self._cond:
+            if self._ended or self._abandoned:
+                self.num_dropped += len(batch)
+                return
             room = self.max_queued - self._num_queued
             if room <= 0:
                 self.num_dropped += len(batch)
@@ -109,13 +117,21 @@ class SinkRunner:
     def queued(self) -> int:
         return self._num_queued
 
-    def _take(self, timeout_s: float) -> list[Out] | None:
+    def _take(self, timeout_s: float) -> list[Out] | None | object:
         """What is queued, up to MAX_BATCH records or one queued batch, whichever is more, as one
-        batch (None if nothing came within `timeout_s`, or once abandoned)."""
+        batch; None if nothing came within `timeout_s`; STOP once the sink is to end: stop was
+        requested and nothing is queued, or it was abandoned. Decided under the queue's lock, so
+        a batch put just before request_stop is never left behind by a thread that found the
+        queue empty a moment earlier and then saw the stop."""
         with self._cond:
             if not self._batches and not self._stop_event.is_set():
                 self._cond.wait(timeout_s)
-            if not self._batches or self._abandoned:
+            if self._abandoned:
+                return STOP
+            if not self._batches:
+                if self._stop_event.is_set():
+                    self._ended = True          # under the lock: a later put counts as dropped
+                    return STOP
                 return None
             batches = self._batches
             batch = batches.popleft()
@@ -129,6 +145,22 @@ class SinkRunner:
 
     def _run(self) -> None:
         try:
+            self._serve()
+        except BaseException as exc:  # a bug past the sink's own calls: the sink ends, counted
+            self.num_errors += 1
+            self.last_error = f"thread: {exc!r}"
+            log.error("sink %s stopped on %r; what it had not written is counted as dropped", self.name, exc)
+        finally:
+            # However the thread ends, what it never took is counted, and so is whatever is put
+            # later: nothing waits in a queue that no thread will read.
+            with self._cond:
+                self._ended = True
+                self.num_dropped += self._num_queued + self._in_hand
+                self._num_queued = self._in_hand = 0
+                self._batches.clear()
+
+    def _serve(self) -> None:
+        try:
             self.sink.start()
         except BaseException as exc:  # a sink that cannot start must not take the daemon down
             self.start_error = exc
@@ -140,8 +172,10 @@ class SinkRunner:
             return
         self._started.set()
         next_flush = time.monotonic() + self.flush_interval_s
-        while not self._abandoned:
+        while True:
             batch = self._take(max(0.0, next_flush - time.monotonic()))
+            if batch is STOP:
+                break
             if batch:
                 t0 = time.perf_counter()
                 if self.downsampler is not None:
@@ -156,8 +190,6 @@ class SinkRunner:
                     self._consume(self.downsampler.poll(now))
                 self._call("flush")
                 next_flush = now + self.flush_interval_s
-            if batch is None and self._stop_event.is_set():
-                break
         if self._abandoned:
             return
         if self.downsampler is not None:
@@ -189,11 +221,11 @@ class SinkRunner:
     def _discard_forever(self) -> None:
         while True:
             batch = self._take(1.0)
+            if batch is STOP:
+                return
             if batch:
                 self.num_dropped += len(batch)
                 self._in_hand = 0
-            elif self._stop_event.is_set():
-                return
 
     def request_stop(self) -> None:
         """Ask the thread to finish what is queued, flush and close; returns at once."""
@@ -220,7 +252,7 @@ class SinkRunner:
         self._thread.join(grace_s)
         with self._cond:
             self.num_dropped += self._num_queued + (self._in_hand if self._thread.is_alive() else 0)
-            self._num_queued = 0
+            self._num_queued = self._in_hand = 0
             self._batches.clear()
 
     def stats(self) -> dict:
