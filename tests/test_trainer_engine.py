@@ -121,3 +121,33 @@ def test_skipping_adamw_step_reads_nothing_back_to_the_host():
             opt.step()
         opt.zero_grad()
         assert reads.calls == [], flag
+
+
+DEEPSPEED_CPU_SCRIPT = r'''
+import os, torch, torch.distributed as dist
+from trainer.config import load_config
+from trainer.engine import DeepSpeedEngine, DistInfo
+from trainer.model import build_model
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=os.environ["PORT"], RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
+dist.init_process_group("gloo", rank=0, world_size=1)
+cfg = load_config(None, ["engine.backend=deepspeed", "engine.zero_stage=2"])
+engine = DeepSpeedEngine(cfg, build_model(cfg.model), DistInfo(0, 0, 1, torch.device("cpu")))
+import deepspeed.comm.comm as ds_comm
+print("SHM_OP", ds_comm.cdb.shm_comm_op)
+dist.destroy_process_group()
+'''
+
+
+def test_deepspeed_on_a_cpu_builds_no_inference_only_op(tmp_path):
+    # DeepSpeed's CPU communication would compile its shared-memory all-reduce (about a minute of
+    # g++ on a fresh machine, the first run.sh's silent wait) although training never calls it.
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ext = tmp_path / "torch_extensions"
+    p = subprocess.run([sys.executable, "-c", DEEPSPEED_CPU_SCRIPT], cwd=ROOT, capture_output=True, text=True,
+                       timeout=300, env={**os.environ, "PORT": str(port), "OMP_NUM_THREADS": "1",
+                                         "TORCH_EXTENSIONS_DIR": str(ext)})
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "SHM_OP None" in p.stdout, p.stdout[-2000:]
+    assert not ext.exists() or not any(ext.rglob("*.so")), sorted(map(str, ext.rglob("*")))

@@ -182,6 +182,28 @@ class TorchEngine:
         self.model.train(mode)
 
 
+def skip_inference_shm_build() -> bool:
+    """On a CPU accelerator, DeepSpeed's communication builds its shared-memory all-reduce op as it
+    starts (g++, about a minute the first time on a machine, cached after). Only
+    inference_all_reduce uses it; training's collectives go through torch.distributed either
+    way. Marking the op incompatible (DeepSpeed keeps the probe's dict for exactly such edits)
+    skips the build. True if it was skipped; a DeepSpeed without these names builds as before."""
+    try:
+        import deepspeed.ops
+        from deepspeed.accelerator import get_accelerator
+
+        accel = get_accelerator()
+        if accel.device_name() != "cpu":
+            return False
+        builder = accel.create_op_builder("ShareMemCommBuilder")
+        if builder is None:
+            return False
+        deepspeed.ops.__compatible_ops__[builder.NAME] = False
+        return True
+    except (ImportError, AttributeError, TypeError, KeyError):
+        return False
+
+
 class DeepSpeedEngine:
     """DeepSpeed with ZeRO stage 0-3 and our optimizer and schedule."""
 
@@ -197,6 +219,7 @@ class DeepSpeedEngine:
         self.device = dist_info.device
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg))
         self.ds_config = deepspeed_config(cfg, dist_info.world_size)
+        skip_inference_shm_build()
         self.model, self.optimizer, _, self.scheduler = deepspeed.initialize(
             model=model, optimizer=optimizer, lr_scheduler=scheduler, config=self.ds_config,
             dist_init_required=False)
