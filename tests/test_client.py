@@ -444,3 +444,51 @@ def test_cuda_tensors_resolve_through_pinned_buffers_without_caller_sync(rx, cli
     assert all(by_step[s]["n"] == s and by_step[s]["half"] == 0.5 for s in by_step)
     assert all(by_step[s]["perf/forward_time"] > 0 for s in by_step)
     assert tm._deferred.pool._free, "pinned buffers should be returned to the pool"
+
+
+def test_a_record_submitted_as_the_sender_finds_its_queue_empty_is_sent_before_it_ends():
+    # The caller's last log() and close() can land between the sender thread's pop that found
+    # nothing and its look at "closing". Here that window is forced: the empty pop itself submits
+    # a job and closes. The job must be sent (or counted), not left in the queue as the thread ends.
+    import collections
+    import threading
+
+    import zmq
+
+    from telemetry.client.deferred import DeferredSender, Job
+
+    ctx = zmq.Context.instance()
+    pull = ctx.socket(zmq.PULL)
+    port = pull.bind_to_random_port("tcp://127.0.0.1")
+    sent, dropped, acted = [], [], threading.Event()
+
+    def make_socket():
+        s = ctx.socket(zmq.PUSH)
+        s.connect(f"tcp://127.0.0.1:{port}")
+        return s
+
+    sender = DeferredSender(make_socket, lambda job, values: str(values["x"]).encode(),
+                            lambda: sent.append(1), dropped.append)
+
+    class EmptyPopActs(collections.deque):
+        def popleft(self):
+            try:
+                return super().popleft()
+            except IndexError:
+                if sent and not acted.is_set():     # after the first job, at the next empty pop
+                    acted.set()
+                    sender._num_submitted += 1
+                    self.append(Job(2, 0, 2, {"x": 2.0}, []))
+                    sender._closing = True
+                raise
+
+    sender._jobs = EmptyPopActs()
+    try:
+        assert sender.submit(Job(1, 0, 1, {"x": 1.0}, []))
+        assert acted.wait(10)
+        assert sender.close(timeout_s=10, linger_ms=1000)
+        assert len(sent) == 2 and not dropped and sender.pending() == 0
+        assert pull.poll(5000) and pull.recv() == b"1.0"
+        assert pull.poll(5000) and pull.recv() == b"2.0"
+    finally:
+        pull.close(linger=0)

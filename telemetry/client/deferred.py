@@ -224,6 +224,10 @@ class DeferredSender:
                     job = jobs.popleft()
                 except IndexError:
                     if self._closing:
+                        # close() sets _closing after the caller's last submit(): a job appended
+                        # between the empty pop above and this check is seen now, not left behind.
+                        if jobs:
+                            continue
                         return
                     if time.monotonic() - idle_since < PARK_AFTER_IDLE_S:
                         time.sleep(POLL_INTERVAL_S)
