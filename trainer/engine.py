@@ -186,8 +186,9 @@ def skip_inference_shm_build() -> bool:
     """On a CPU accelerator, DeepSpeed's communication builds its shared-memory all-reduce op as it
     starts (g++, about a minute the first time on a machine, cached after). Only
     inference_all_reduce uses it; training's collectives go through torch.distributed either
-    way. Marking the op incompatible (DeepSpeed keeps the probe's dict for exactly such edits)
-    skips the build. True if it was skipped; a DeepSpeed without these names builds as before."""
+    way. Marking the op incompatible in the probe's dict (DeepSpeed caches that dict in its
+    module, so the edit holds) skips the build. True if it was skipped; a DeepSpeed without these
+    names builds as before."""
     try:
         import deepspeed.ops
         from deepspeed.accelerator import get_accelerator
