@@ -31,6 +31,10 @@ class Sink:
     """One destination. Called from its runner's thread only, so it needs no locks."""
 
     name = "sink"
+    # Records the sink was handed but could not deliver, counted by the sink itself (a W&B step
+    # it refused, lines written into a file that was then deleted): its runner moves them from
+    # `written` to `dropped` after each call, so the daemon's sink_dropped holds them too.
+    num_dropped = 0
 
     def start(self) -> None:
         """Open files, sockets, connections. Runs on the sink's thread."""
@@ -88,6 +92,7 @@ class SinkRunner:
         self.num_dropped = 0
         self.num_errors = 0
         self.last_error = ""
+        self._sink_dropped_seen = 0            # sink.num_dropped already moved into ours
 
     def start(self) -> None:
         self._thread.start()
@@ -203,6 +208,7 @@ class SinkRunner:
         try:
             self.sink.consume(batch)
             self.num_written += len(batch)
+            self._take_sink_drops()
         except Exception as exc:
             self.num_errors += 1
             self.num_dropped += len(batch)
@@ -217,6 +223,15 @@ class SinkRunner:
             self.num_errors += 1
             self.last_error = f"{method}: {exc!r}"
             log.error("sink %s %s failed: %r", self.name, method, exc)
+        self._take_sink_drops()
+
+    def _take_sink_drops(self) -> None:
+        """What the sink counted as undelivered since the last look: written no more, dropped."""
+        n = self.sink.num_dropped - self._sink_dropped_seen
+        if n:
+            self._sink_dropped_seen += n
+            self.num_written -= n
+            self.num_dropped += n
 
     def _discard_forever(self) -> None:
         while True:
@@ -276,6 +291,7 @@ class InlineRunner(SinkRunner):
         self.max_queued = max_queued
         self.downsampler = downsampler
         self.num_in = self.num_written = self.num_dropped = self.num_errors = 0
+        self._sink_dropped_seen = 0
         self.last_error = ""
         self.start_error = None
         self._num_queued = 0

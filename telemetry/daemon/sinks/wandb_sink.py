@@ -51,6 +51,12 @@ NESTED_EVENT = "wandb/nested"
 # after sending the event; on one host this takes milliseconds).
 MEDIA_WAIT_S = 10.0
 MEDIA_POLL_S = 0.01
+# A step more than this above the last one W&B took (or above 0 for the first) is held back
+# until the next step says whether the run really moved there (then both are logged) or it was
+# one absurd step (a step of 10^12 among 1..2000: it is counted as dropped, and the steps after
+# it still reach W&B, whose x-axis it would otherwise have pushed past all of them). A run
+# resumed at step 500k is below it; one resumed further costs one step's delay, nothing else.
+MAX_STEP_JUMP = 1_000_000
 
 
 def init_kwargs(init: dict) -> dict:
@@ -94,6 +100,9 @@ class WandbSink(Sink):
         self.num_media_logged = 0
         self.num_media_failed = 0
         self._wandb = None
+        self._suspect: dict | None = None     # an aggregated step past MAX_STEP_JUMP, held back
+        # Records not given to W&B, by reason; their sum is this sink's num_dropped (see Sink).
+        self.dropped_by_reason: dict[str, int] = {}
 
     def start(self) -> None:
         import wandb  # lazy: ~0.7 s, on this sink's thread
@@ -142,6 +151,7 @@ class WandbSink(Sink):
                     self._waiting.append(o)
                 else:
                     self.num_dropped_waiting += 1
+                    self._drop("waiting_for_run", "more than %d records before the run could open" % MAX_WAITING)
             return
         self._consume(batch)
 
@@ -151,15 +161,7 @@ class WandbSink(Sink):
             kind = o.kind
             rec = o.record
             if kind == "metrics" and "rank" not in rec:
-                step = rec["step"]
-                if step < self._last_step:
-                    continue  # W&B refuses to go back in step; JSONL keeps everything
-                self._last_step = step
-                values = rec["values"]
-                if self._nested:
-                    values = self._nest(values)
-                run.log({"train/step": step, **values})
-                self.num_logged += 1
+                self._log_step(rec)
             elif kind in ("gpu", "system", "daemon"):
                 values = rec["values"]
                 if kind == "gpu":
@@ -178,6 +180,46 @@ class WandbSink(Sink):
                                          if isinstance(p, list) and p and all(isinstance(x, str) for x in p)})
                 elif name == shared_media.EVENT:
                     self._log_media(rec["data"])
+
+    def _log_step(self, rec: dict) -> None:
+        """An aggregated step, unless W&B's x-axis cannot take it: a step below the last one it
+        took (its charts would go back in time; JSONL keeps everything) is counted as dropped,
+        and one far above it is held back as a suspect (MAX_STEP_JUMP), so that a single absurd
+        step never makes every later step one that goes back."""
+        step = rec["step"]
+        suspect = self._suspect
+        if suspect is not None:
+            self._suspect = None
+            if step >= suspect["step"]:           # the run did move there: the suspect was real
+                self._log_metrics(suspect)
+            else:
+                self._drop("step_jump", "step %d jumped more than %d past step %d and the run went on "
+                           "below it" % (suspect["step"], MAX_STEP_JUMP, self._last_step))
+        if step < self._last_step:
+            self._drop("step_backwards", "step %d is below step %d, which W&B already took" % (step, self._last_step))
+            return
+        if step > max(self._last_step, 0) + MAX_STEP_JUMP:
+            self._suspect = rec
+            return
+        self._log_metrics(rec)
+
+    def _log_metrics(self, rec: dict) -> None:
+        step = rec["step"]
+        self._last_step = step
+        values = rec["values"]
+        if self._nested:
+            values = self._nest(values)
+        self.run.log({"train/step": step, **values})
+        self.num_logged += 1
+
+    def _drop(self, reason: str, detail: str) -> None:
+        """A record W&B will not get: counted (num_dropped, by reason), logged once per reason."""
+        n = self.dropped_by_reason.get(reason, 0)
+        self.dropped_by_reason[reason] = n + 1
+        self.num_dropped += 1
+        if not n:
+            log.warning("wandb: not logged (counted in the sink's dropped, reason %s; logged once): %s",
+                        reason, detail)
 
     def _nest(self, values: dict) -> dict:
         """Keys a telemetry.wandb rank flattened from nested dicts, nested again ("a/b" ->
@@ -297,6 +339,9 @@ class WandbSink(Sink):
             self._open()   # nothing opened it: the records that waited still go to a run
         if self.run is None:
             return
+        if self._suspect is not None:             # nothing came after it to say it was absurd
+            suspect, self._suspect = self._suspect, None
+            self._log_metrics(suspect)
         t = threading.Thread(target=self.run.finish, name="wandb-finish", daemon=True)
         t.start()
         t.join(self.finish_timeout_s)
@@ -308,6 +353,6 @@ class WandbSink(Sink):
     def stats(self) -> dict:
         return {"mode": self.mode, "run_id": self.run_id, "logged": self.num_logged,
                 "dropped_before_open": self.num_dropped_waiting, "media_logged": self.num_media_logged,
-                "media_failed": self.num_media_failed}
+                "media_failed": self.num_media_failed, "dropped_by_reason": dict(self.dropped_by_reason)}
 
 
