@@ -1,11 +1,14 @@
 """Secrets never appear in anything the daemon writes: JSONL, daemon.log, status, W&B files."""
 from __future__ import annotations
 
+import glob
 import json
 import os
 
 from telemetry.client import TelemetryClient
 from telemetry.shared.security.redact import REDACTED, Redactor, is_secret_key
+from wandb_offline import config as wandb_config
+from wandb_offline import wait_finished
 
 WANDB_KEY = "0123456789abcdef0123456789abcdef01234567"
 HF_TOKEN = "hf_SeCrEtToKeNvAlUe12345"
@@ -49,3 +52,70 @@ def test_no_secret_reaches_any_output(make_daemon, tmp_path):
     for secret in (WANDB_KEY, HF_TOKEN, PASSWORD):
         leaks = [p for p, t in texts.items() if secret in t]
         assert not leaks, f"{secret[:6]}... found in {leaks}"
+
+
+# -- precise rules (issues 26 and 29): nothing ordinary is corrupted, the missed secrets are caught --
+# What a Hugging Face model config and TrainingArguments carry: none of it is a secret.
+ORDINARY = {"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0, "decoder_start_token_id": None,
+            "include_num_input_tokens_seen": "non_padding", "average_tokens_across_devices": True,
+            "max_tokens": 2048, "num_input_tokens_seen": 0, "token_type": "bearer", "pad_token": "<pad>",
+            "tokenizer_class": "GPT2Tokenizer", "hub_private_repo": False, "author": "me", "sort_key": "step",
+            "url": "https://huggingface.co/gpt2", "ssh": "ssh://git@github.com/org/repo"}
+DB_URL = "postgres://admin:hunter2-db-pass@db:5432/x"
+WANDB_NESTED_KEY = "wandb-key-not-in-the-environment-0123"
+
+
+def test_numbers_booleans_and_ordinary_names_are_never_redacted():
+    r = Redactor(secrets=())
+    assert r(ORDINARY) == ORDINARY and r.num_redacted == 0
+    # Numbers and booleans are not secrets even under a secret's name; strings there are.
+    assert r({"hf_token": 12345, "password": True, "api_key": 0.5}) == {"hf_token": 12345, "password": True,
+                                                                        "api_key": 0.5}
+    assert not any(is_secret_key(k) for k in ("bos_token_id", "eos_token_id", "pad_token_id", "token_type",
+                                              "include_num_input_tokens_seen", "average_tokens_across_devices",
+                                              "num_input_tokens_seen", "train/num_input_tokens_seen", "PWD",
+                                              "TOKENIZERS_PARALLELISM", "SSH_AUTH_SOCK"))
+
+
+def test_the_secrets_the_old_rules_missed_are_caught():
+    r = Redactor(secrets=())
+    out = r({"wandb": {"key": WANDB_NESTED_KEY, "project": "p"}, "db_pwd": "pw-1", "admin_pwd": "pw-2",
+             "passwd": "pw-3", "note": f"connect to {DB_URL} then retry", "urls": [DB_URL],
+             "auth": {"user": "bob", "enabled": True}})
+    assert out == {"wandb": {"key": REDACTED, "project": "p"}, "db_pwd": REDACTED, "admin_pwd": REDACTED,
+                   "passwd": REDACTED, "note": f"connect to postgres://admin:{REDACTED}@db:5432/x then retry",
+                   "urls": [f"postgres://admin:{REDACTED}@db:5432/x"], "auth": {"user": REDACTED, "enabled": True}}
+    assert all(is_secret_key(k) for k in ("hf_token", "token", "api_key", "apikey", "apiKey", "password", "secret",
+                                          "private_key", "access_key", "auth", "credentials", "db_pwd", "passwd",
+                                          "aws_access_key_id", "HUGGING_FACE_HUB_TOKEN", "PGPASSWORD"))
+    # A "key" is a secret under a service's map only.
+    assert r({"metric": {"key": "train/loss"}}) == {"metric": {"key": "train/loss"}}
+
+
+def test_ordinary_config_reaches_jsonl_wandb_and_events_intact(make_daemon, tmp_path):
+    """The hello, the W&B run config and an HF-style event keep every ordinary value; the
+    secrets the old rules missed are in no file."""
+    d = make_daemon(wandb="offline", world_size=1, log_dir=tmp_path / "tel")
+    tm = TelemetryClient(d.ingest, rank=0)
+    sent = {**ORDINARY, "wandb": {"key": WANDB_NESTED_KEY}, "db_pwd": PASSWORD, "db": DB_URL}
+    tm.hello({"config": sent})
+    tm.event("evaluate", {"step": 1, "train/num_input_tokens_seen": 1234, "eval_loss": 0.5})
+    tm.log(1, {"train/loss": 1.0})
+    tm.close()
+    d.wait_for(lambda recs: any(r.get("kind") == "event" for r in recs) and any(r.get("step") == 1 for r in recs))
+    assert d.stop(timeout_s=60) == 0
+    expected = {**ORDINARY, "wandb": {"key": REDACTED}, "db_pwd": REDACTED,
+                "db": f"postgres://admin:{REDACTED}@db:5432/x"}
+    hello = [r for r in d.read_jsonl("hello") if "config" in r["info"]][-1]
+    assert hello["info"]["config"] == expected
+    (event,) = [r for r in d.read_jsonl("event") if r["name"] == "evaluate"]
+    assert event["data"] == {"step": 1, "train/num_input_tokens_seen": 1234, "eval_loss": 0.5}
+    run_id = (tmp_path / "tel" / "wandb_run_id").read_text().strip()
+    (run_file,) = glob.glob(str(tmp_path / "tel" / "wandb" / f"offline-run-*-{run_id}" / f"run-{run_id}.wandb"))
+    assert wandb_config(wait_finished(run_file))["config"] == expected
+    for root, _, files in os.walk(tmp_path):
+        for name in files:
+            with open(os.path.join(root, name), "rb") as f:
+                data = f.read()
+            for secret in (WANDB_NESTED_KEY, PASSWORD, "hunter2-db-pass"):
+                assert secret.encode() not in data, f"{secret[:8]}... found in {os.path.join(root, name)}"
