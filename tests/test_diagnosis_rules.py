@@ -413,47 +413,83 @@ def hello(rank, t=T0):
     return {"kind": "hello", "t": t, "rank": rank, "info": {"pid": 100 + rank}}
 
 
+class FakeClock:
+    """The daemon's clock for rank_stopped: silence is measured on it, never on a record's t."""
+
+    def __init__(self, now=0.0):
+        self.now = now
+
+    def __call__(self):
+        return self.now
+
+
+def liveness(**cfg):
+    """A Diagnoser running just rank_stopped on a fake daemon clock: (diagnoser, clock, at) where
+    at(t, records) feeds the records as if the daemon took them at t, and at(t) ticks at t."""
+    d = only("rank_stopped", **cfg)
+    clock = FakeClock()
+    d.rules[0].clock = clock
+    d.rules[0].wall = lambda: T0 + clock.now
+
+    def at(t, records=None):
+        clock.now = t
+        return d.tick(T0 + t) if records is None else feed(d, records)
+    return d, clock, at
+
+
 def test_rank_stopped_by_silence():
-    d = only("rank_stopped", rank_silence_s=60)
-    feed(d, [hello(0), hello(1)])
-    assert d.tick(T0 + 1000) == []  # hello alone starts no clock (model loading is not silence)
-    feed(d, [metrics(10, {}, t=T0 + 1000, rank=0), metrics(10, {}, t=T0 + 1000, rank=1)])
-    feed(d, [metrics(20, {}, t=T0 + 1050, rank=0)])
-    assert d.tick(T0 + 1055) == []
-    ev = d.tick(T0 + 1070)
-    assert names(ev) == ["diagnosis/rank_stopped"] and ev[0]["rank"] == 1
+    d, clock, at = liveness(rank_silence_s=60)
+    at(0, [hello(0), hello(1)])
+    assert at(1000) == []  # hello alone starts no clock (model loading is not silence)
+    at(1000, [metrics(10, {}, rank=0), metrics(10, {}, rank=1)])
+    at(1050, [metrics(20, {}, rank=0)])
+    assert at(1055) == []
+    ev = at(1070)
+    assert names(ev) == ["diagnosis/rank_stopped"] and ev[0]["rank"] == 1 and ev[0]["t"] == T0 + 1070
     assert "70 s" in ev[0]["data"]["message"]
-    assert d.tick(T0 + 1080) == []  # reported once per stop
+    assert at(1080) == []  # reported once per stop
     # rank 1 comes back: re-armed
-    feed(d, [metrics(30, {}, t=T0 + 1090, rank=1), metrics(30, {}, t=T0 + 1090, rank=0)])
-    assert d.tick(T0 + 1100) == []
+    at(1090, [metrics(30, {}, rank=1), metrics(30, {}, rank=0)])
+    assert at(1100) == []
+
+
+def test_rank_stopped_ignores_the_ranks_own_clock():
+    """A rank whose clock is 600 s behind (or ahead) and that reports every second is not silent:
+    the record's t is the sender's clock; silence is the daemon's."""
+    d, clock, at = liveness(rank_silence_s=60)
+    at(0, [hello(0), hello(1)])
+    for s in range(1, 200):
+        assert at(float(s), [metrics(s, {}, t=T0 + s - 600, rank=0), metrics(s, {}, t=T0 + s + 600, rank=1)]) == []
+        assert at(float(s) + 0.5) == []
+    # The same ranks, really silent, are reported on the daemon's clock.
+    ev = at(199 + 61)
+    assert len(ev) == 1 and "no rank has reported for 61 s" in ev[0]["data"]["message"]
 
 
 def test_rank_stopped_all_silent_is_one_event_and_bye_is_not_a_stop():
-    d = only("rank_stopped", rank_silence_s=60)
-    feed(d, [metrics(10, {}, t=T0, rank=r) for r in range(4)])
-    feed(d, [{"kind": "bye", "t": T0 + 5, "rank": 3, "stats": {}}])
-    ev = d.tick(T0 + 100)
+    d, clock, at = liveness(rank_silence_s=60)
+    at(0, [metrics(10, {}, t=T0, rank=r) for r in range(4)])
+    at(5, [{"kind": "bye", "t": T0 + 5, "rank": 3, "stats": {}}])
+    ev = at(100)
     assert len(ev) == 1 and ev[0]["rank"] is None and "no rank has reported" in ev[0]["data"]["message"]
     assert ev[0]["data"]["num_ranks"] == 3
 
 
 def test_rank_stopped_by_missing_ranks_in_aggregated_steps():
-    d = only("rank_stopped", rank_missing_steps=3)
-    feed(d, [hello(r) for r in range(4)])
-    ev = feed(d, [metrics(s, {"train/loss": 1.0}, missing=[2]) for s in range(10, 15)])
+    d, clock, at = liveness(rank_missing_steps=3)
+    at(0, [hello(r) for r in range(4)])
+    ev = at(14, [metrics(s, {"train/loss": 1.0}, missing=[2]) for s in range(10, 15)])
     assert names(ev) == ["diagnosis/rank_stopped"] and ev[0]["rank"] == 2
     assert ev[0]["data"]["num_steps_missing"] == 3
+    assert ev[0]["t"] == T0 + 14   # the daemon's wall clock, like tick's findings (one rate limit)
 
 
 def test_rank_stopped_quiet_on_occasional_missing_and_steady_reports():
-    d = only("rank_stopped", rank_missing_steps=3, rank_silence_s=60)
-    feed(d, [hello(r) for r in range(2)])
-    recs = []
+    d, clock, at = liveness(rank_missing_steps=3, rank_silence_s=60)
+    at(0, [hello(r) for r in range(2)])
     for s in range(10, 20):
-        recs.append(metrics(s, {}, t=T0 + s, missing=[1] if s % 2 else []))
-    assert feed(d, recs) == []
-    assert d.tick(T0 + 30) == []
+        assert at(s, [metrics(s, {}, t=T0 + s, missing=[1] if s % 2 else [])]) == []
+    assert at(30) == []
 
 
 def test_sorted_window_median_is_the_median_of_the_last_values():

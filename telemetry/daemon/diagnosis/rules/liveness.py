@@ -1,9 +1,19 @@
 """A rank that stopped reporting: silent for rank_silence_s (tick), or missing from
-rank_missing_steps consecutive aggregated steps (the daemon's "missing_ranks")."""
+rank_missing_steps consecutive aggregated steps (the daemon's "missing_ranks").
+
+Silence is measured on the daemon's own monotonic clock, read when the rule takes a record,
+never from a record's "t": that is the sending rank's wall clock, which may be minutes off (a
+rank 600 s behind would look silent while it logs every 10 ms), and the daemon's wall clock
+may step. The findings' "t" is the daemon's wall clock too (tick's `now`, or time.time()), so
+the Diagnoser's rate limit compares times of one clock.
+"""
 from __future__ import annotations
 
+import time
+from typing import Callable
+
 from telemetry.daemon.diagnosis.config import DiagnosisConfig
-from telemetry.daemon.diagnosis.rules.base import Finding, Rule, step_of, t_of
+from telemetry.daemon.diagnosis.rules.base import Finding, Rule, step_of
 
 _HINT = ("hung in a collective (NCCL), stuck in the data loader or a long checkpoint, or dead; "
          "py-spy dump --pid on that rank shows where")
@@ -21,23 +31,26 @@ class RankStopped(Rule):
     name = "rank_stopped"
     kinds = frozenset({"hello", "metrics", "bye"})
 
-    def __init__(self, cfg: DiagnosisConfig) -> None:
+    def __init__(self, cfg: DiagnosisConfig, clock: Callable[[], float] = time.monotonic,
+                 wall: Callable[[], float] = time.time) -> None:
         super().__init__(cfg)
+        self.clock = clock   # when a record was taken, and tick's "now" for silence (monotonic)
+        self.wall = wall     # unix seconds for the findings of consume (tick's come with `now`)
         self.known: set[int] = set()
-        self.last_seen: dict[int, float] = {}  # only ranks that have sent metrics
+        self.last_seen: dict[int, float] = {}  # only ranks that have sent metrics: self.clock() then
         self.num_missing: dict[int, int] = {}
         self.stopped: set[int] = set()  # reported, not yet seen again
         self.run_silent_reported = False
 
     def _seen(self, rank: int, t: float) -> None:
         self.known.add(rank)
-        self.last_seen[rank] = max(t, self.last_seen.get(rank, t))
+        self.last_seen[rank] = t
         self.num_missing[rank] = 0
         self.stopped.discard(rank)
         self.run_silent_reported = False
 
     def consume(self, record: dict) -> list[Finding]:
-        kind, t = record.get("kind"), t_of(record)
+        kind, t = record.get("kind"), self.clock()
         rank = _rank(record.get("rank"))
         if kind == "hello":
             if rank is not None:
@@ -66,13 +79,13 @@ class RankStopped(Rule):
                 self.stopped.add(r)
                 msg = (f"rank {r} is missing from the last {n} aggregated steps (latest step {step_of(record)}) "
                        f"while the other ranks report: it may be {_HINT}")
-                out.append(Finding(f"rank{r}", msg, t, rank=r, severity="critical",
+                out.append(Finding(f"rank{r}", msg, self.wall(), rank=r, severity="critical",
                                    data={"num_steps_missing": n, "step": step_of(record)}))
         return out
 
     def tick(self, now: float) -> list[Finding]:
-        limit = self.cfg.rank_silence_s
-        silent = {r: now - t for r, t in self.last_seen.items() if now - t >= limit}
+        limit, mono = self.cfg.rank_silence_s, self.clock()
+        silent = {r: mono - t for r, t in self.last_seen.items() if mono - t >= limit}
         if not silent:
             return []
         if len(silent) == len(self.last_seen):
