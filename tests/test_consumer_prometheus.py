@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.parse
 import urllib.request
 from pathlib import Path
@@ -122,9 +123,11 @@ def _prom_query(base: str, query: str) -> list[dict]:
 @pytest.mark.skipif(shutil.which("prometheus") is None,
                     reason="prometheus is not installed (apt-get install prometheus; launch/setup.sh --dev does it)")
 def test_a_real_prometheus_scrapes_the_exporter_during_a_run(daemon, tmp_path):
+    """With a bearer token, as Prometheus's scrape config gives it (authorization: credentials_file)."""
+    token_file = _token_file(tmp_path)
     exporter = subprocess.Popen([sys.executable, "-m", "telemetry", "export-prometheus", "--pub", daemon.pub,
-                                 "--port", "0"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                                 "--port", "0", "--token-file", str(token_file)], cwd=ROOT, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     prom = None
     client = TelemetryClient(daemon.ingest, rank=0)
     try:
@@ -134,7 +137,8 @@ def test_a_real_prometheus_scrapes_the_exporter_during_a_run(daemon, tmp_path):
         (tmp_path / "prometheus.yml").write_text(
             "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
             "scrape_configs:\n"
-            f"  - job_name: training\n    static_configs: [{{targets: ['127.0.0.1:{m.group(1)}']}}]\n")
+            f"  - job_name: training\n    static_configs: [{{targets: ['127.0.0.1:{m.group(1)}']}}]\n"
+            f"    authorization: {{credentials_file: '{token_file}'}}\n")
         port = _free_port()
         base = f"http://127.0.0.1:{port}"
         prom = subprocess.Popen(["prometheus", f"--config.file={tmp_path / 'prometheus.yml'}",
@@ -173,3 +177,203 @@ def test_a_real_prometheus_scrapes_the_exporter_during_a_run(daemon, tmp_path):
             prom.wait(30)
         exporter.send_signal(signal.SIGTERM)
         assert exporter.wait(10) == 0
+
+
+# -- names: the exposition is valid whatever a metric is called ---------------------------------
+ODD_NAMES = ["step", "train/step", "a-b.c", "a_b_c", "a.b.c", "1abc", "x" * 300, "y" * 300 + "/z", "é/ü", "损失",
+             "train/loss", "train_loss", "events", "events_total", "last_record_timestamp_seconds",
+             "exporter/values_dropped_total", "exporter/series", "rank/train/loss", "dataset_loss", "", "/",
+             "gpu/rank3/rank4/x", "dataset/\ud800bad/loss", "dataset/" + "d" * 400 + "/loss", "x:y", "telemetry/step"]
+
+
+def _feed_odd_names(latest: LatestValues) -> None:
+    latest.consume("metrics", {"t": 1.0, "step": 7, "values": {n: float(i) for i, n in enumerate(ODD_NAMES)}})
+    latest.consume("metrics", {"t": 1.0, "step": 7, "rank": 1, "values": {"train/loss": 0.5, "gpu/rank3/x": 1.0}})
+    latest.consume("gpu", {"t": 1.0, "host": "h\ud800", "gpu": 0, "values": {"gpu/util_percent": 50, "step": 1.0}})
+    latest.consume("system", {"t": 1.0, "values": {"system/rss_gb": 1.0}})       # no host: no empty label
+    latest.consume("metrics", {"t": 1.0, "step": 7, "values": {"system/rss_gb": 2.0}})
+    latest.consume("event", {"t": 1.0, "name": "weird\n\"name\ud800"})
+
+
+def _samples(text: str) -> list[tuple[str, tuple]]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return [(s.name, tuple(sorted(s.labels.items()))) for fam in text_string_to_metric_families(text)
+            for s in fam.samples]
+
+
+def test_every_name_gets_its_own_valid_series():
+    """A user metric named `step` (the exporter's own telemetry_step), names that map to one
+    Prometheus name, names too long or not ASCII: each is a series of its own, the first to come
+    keeps the plain name, the others a suffix from their own hash, counted."""
+    latest = LatestValues()
+    _feed_odd_names(latest)
+    text = _exposition(latest)
+    samples = _samples(text)
+    assert len(samples) == len(set(samples)), "a sample twice"
+    helps = [line.split()[2] for line in text.splitlines() if line.startswith("# HELP")]
+    assert len(helps) == len(set(helps)), "a family twice"
+    own = {"telemetry_step", "telemetry_last_record_timestamp_seconds", "telemetry_events_total",
+           "telemetry_exporter_series", "telemetry_exporter_memory_budget_bytes",
+           "telemetry_exporter_values_dropped_total", "telemetry_exporter_names_renamed_total"}
+    assert {n for n, _ in samples} >= own and "telemetry_step 7.0" in text   # the exporter's own step is the step
+    # Every name its series: the odd names, the per-rank record's two, the GPU record's two, and
+    # system/rss_gb (a system record without a host and a metric of that name are one series).
+    assert len(samples) - len(own) == len(ODD_NAMES) + 2 + 2 + 1
+    assert all(len(name) <= 200 for name, _ in samples)
+    renamed = {n for n, _ in samples if n.startswith(("telemetry_step_", "telemetry_a_b_c_", "telemetry_train_loss_"))}
+    assert len(renamed) == 5, renamed            # step, telemetry/step, a_b_c and a.b.c after a-b.c, train_loss
+    # ... and events, events_total, last_record_timestamp_seconds, the two exporter/ names, the
+    # per-rank train/loss after a user's rank/train/loss, dataset/<d>/loss after dataset_loss.
+    assert "telemetry_exporter_names_renamed_total 12.0" in text
+    # The same names in the same order: the same exposition (the suffixes come from the names).
+    again = LatestValues()
+    _feed_odd_names(again)
+    assert _exposition(again) == text
+    # The per-rank record's own rank stays the rank label; its name's rank3 stays in the name.
+    assert ("telemetry_rank_gpu_rank3_x", (("rank", "1"),)) in samples
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool is not installed (apt-get install prometheus)")
+def test_promtool_accepts_the_exposition():
+    latest = LatestValues()
+    _feed_odd_names(latest)
+    text = _exposition(latest)
+    out = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, text=True, timeout=60)
+    # Exit 3 is lint only (style advice such as "abbreviated units" for a name like a_b_c); 1 is invalid.
+    assert out.returncode in (0, 3) and "error" not in out.stdout + out.stderr, out.stdout + out.stderr
+
+
+# -- memory: the series kept are bounded, what is shed is counted --------------------------------
+def test_series_beyond_the_cap_are_dropped_and_counted():
+    latest = LatestValues(max_series=100)
+    said = []
+    latest.on_first_drop = lambda: said.append(1)
+    for r in range(10):
+        latest.consume("metrics", {"t": 1.0, "step": r, "values": {f"user/m{r}_{i}": 1.0 for i in range(100)}})
+    latest.consume("event", {"t": 1.0, "name": "checkpoint_saved"})
+    latest.consume("metrics", {"t": 2.0, "step": 11, "values": {"user/m0_5": 9.0}})   # a kept one still moves
+    text = _exposition(latest)
+    samples = _samples(text)
+    user = [n for n, _ in samples if n.startswith("telemetry_user_")]
+    assert len(user) == 100 and set(user) == {f"telemetry_user_m0_{i}" for i in range(100)}   # the first kept
+    assert "telemetry_user_m0_5 9.0" in text
+    assert "telemetry_exporter_values_dropped_total 901.0" in text   # 900 values and the event
+    assert "telemetry_exporter_series 100.0" in text
+    assert said == [1]
+    # And in bytes: a budget that holds a few series, whatever the count allows.
+    small = LatestValues(max_series=10_000, max_bytes=10_000)
+    small.consume("metrics", {"t": 1.0, "step": 1, "values": {f"m{i}": 1.0 for i in range(1000)}})
+    assert 0 < small.num_series < 30 and small.num_bytes <= 10_000
+    assert small.num_values_dropped == 1000 - small.num_series
+
+
+def _start_exporter(*args: str) -> tuple[subprocess.Popen, str, list[str]]:
+    proc = subprocess.Popen([sys.executable, "-m", "telemetry", "export-prometheus", "--port", "0", *args],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    first = proc.stdout.readline()
+    m = re.search(r"serving (http://127\.0\.0\.1:\d+/metrics)", first)
+    if not m:
+        proc.kill()
+        raise AssertionError(first + proc.stdout.read())
+    lines = [first]
+    threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True).start()
+    return proc, m.group(1), lines
+
+
+def test_the_exporter_process_keeps_its_cap_and_says_so(daemon):
+    proc, url, lines = _start_exporter("--pub", daemon.pub, "--max-series", "50")
+    client = TelemetryClient(daemon.ingest, rank=0)
+    try:
+        deadline = time.monotonic() + 60
+        got: dict = {}
+        step = 0
+        while time.monotonic() < deadline:
+            step += 1
+            client.log(step, {f"user/m{i}": 1.0 for i in range(200)})
+            time.sleep(0.2)
+            got = _scrape(url)
+            if got.get("telemetry_exporter_values_dropped_total", 0) > 0:
+                break
+        assert got.get("telemetry_exporter_values_dropped_total", 0) > 0, got
+        assert got["telemetry_exporter_series"] == 50
+        assert len([k for k in got if k.startswith("telemetry_user_")]) <= 50
+    finally:
+        client.close()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+    text = "".join(lines)
+    assert text.count("values of new series are dropped") == 1 and "Traceback" not in text, text
+
+
+# -- access --------------------------------------------------------------------------------------
+def _token_file(tmp_path: Path, token: str = "s3cret-token-for-the-test") -> Path:
+    path = tmp_path / "token"
+    path.write_text(token + "\n")
+    path.chmod(0o600)
+    return path
+
+
+def _get(url: str, token: str | None = None, host: str | None = None) -> int:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    if host:
+        headers["Host"] = host
+    try:
+        return urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=30).status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+OTHER_UID = 65534
+
+
+def test_a_token_file_guards_metrics_from_other_local_users(daemon, tmp_path):
+    proc, url, lines = _start_exporter("--pub", daemon.pub, "--token-file", str(_token_file(tmp_path)))
+    try:
+        assert _get(url) == 401
+        assert _get(url, "not-the-token-at-all") == 401
+        assert _get(url, "s3cret-token-for-the-test") == 200
+        assert _get(url, "s3cret-token-for-the-test", host="evil.example:80") == 403   # DNS rebinding
+        assert _get(url.replace("/metrics", "/other"), "s3cret-token-for-the-test") == 404
+        if os.geteuid() == 0 and os.path.exists("/usr/bin/python3"):
+            # Another local user, on loopback, without the token (the file is ours alone).
+            code = ("import urllib.request, urllib.error, sys\n"
+                    f"try: urllib.request.urlopen({url!r}, timeout=30)\n"
+                    "except urllib.error.HTTPError as e: print(e.code)\n"
+                    "else: print(200)\n")
+            out = subprocess.run(["/usr/bin/python3", "-I", "-c", code], user=OTHER_UID, group=OTHER_UID, cwd="/",
+                                 capture_output=True, text=True, timeout=60)
+            assert out.stdout.strip() == "401", out.stdout + out.stderr
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+    assert "bearer token from" in lines[0]
+
+
+def _refused(args: list[str], *words: str) -> None:
+    out = subprocess.run([sys.executable, "-m", "telemetry", "export-prometheus", *args], cwd=ROOT,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert "Traceback" not in out.stderr and out.stderr.count("\n") == 1, out.stderr
+    assert out.stderr.startswith("telemetry export-prometheus: "), out.stderr
+    for w in words:
+        assert w in out.stderr, out.stderr
+
+
+def test_beyond_loopback_needs_allow_remote():
+    _refused(["--addr", "0.0.0.0", "--pub", "ipc:///nonexistent/pub.sock"], "beyond loopback", "--allow-remote")
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--port", "99999"], ["--port 99999", "0 to 65535"]),
+    (["--port", "-1"], ["--port -1"]),
+    (["--port", "abc"], ["--port abc"]),
+    (["--memory-mb", "0"], ["--memory-mb 0"]),
+    (["--memory-mb", "-1"], ["--memory-mb -1"]),
+    (["--memory-mb", "nan"], ["--memory-mb nan"]),
+    (["--max-series", "0"], ["--max-series 0"]),
+    (["--token-file", "/nonexistent/token"], ["--token-file /nonexistent/token"]),
+])
+def test_bad_flags_are_one_line_and_exit_2(args, words):
+    _refused([*args, "--pub", "ipc:///nonexistent/pub.sock"], *words)

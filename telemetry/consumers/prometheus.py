@@ -1,6 +1,7 @@
 """Serve the latest values of a running job as Prometheus gauges (for Grafana).
 
-    telemetry export-prometheus [--pub EP] [--port 9464] [--addr 127.0.0.1]
+    telemetry export-prometheus [--pub EP] [--port 9464] [--addr 127.0.0.1] [--allow-remote]
+                                [--token-file FILE] [--memory-mb 256] [--max-series 10000]
 
 Subscribes to the daemon's PUB socket and keeps the latest value of every metric; a scrape of
 http://ADDR:PORT/metrics reads them. Names are sanitised: train/loss -> telemetry_train_loss.
@@ -12,25 +13,135 @@ per-rank metrics record's train/loss -> telemetry_rank_train_loss{rank="3"}. The
 counters drop their telemetry/ segment: telemetry/records_in -> telemetry_records_in.
 Events are counted (telemetry_events_total{name=...}); telemetry_step is the last step and
 telemetry_last_record_timestamp_seconds says whether the run is still talking.
+
+The exposition is always valid: a name whose Prometheus name is already another's (train/loss
+and train_loss, a-b and a.b, a user metric `step` and the exporter's own telemetry_step) keeps
+it if it came first, else gets `_<8 hex digits of a hash of the name>` appended (the same name
+always gets the same suffix; counted in telemetry_exporter_names_renamed_total). Names longer
+than MAX_NAME_CHARS are cut and suffixed the same way.
+
+Memory: the series kept are bounded in number (--max-series, default 10,000) and in bytes,
+under --memory-mb (default 256 MB for the whole process). The first series to come are kept; a
+value of a new series once either is full is dropped and counted in
+telemetry_exporter_values_dropped_total (and said once on stderr).
+
+Access: on 127.0.0.1, any local user can scrape; --token-file FILE makes /metrics ask for
+`Authorization: Bearer <the file's token>` (Prometheus: `authorization: {credentials_file: FILE}`).
+An --addr beyond loopback needs --allow-remote.
 """
 from __future__ import annotations
 
 import argparse
+import hashlib
 import re
 import sys
 import threading
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Iterator
+from urllib.parse import urlsplit
+
+from telemetry.consumers import httpaccess
 
 DEFAULT_PORT = 9464  # the port OpenTelemetry's Prometheus exporter uses by convention
 PREFIX = "telemetry_"
 _BAD = re.compile(r"[^a-zA-Z0-9_]")
 _RANK_SEGMENT = re.compile(r"^rank(\d+)$")
+# Prometheus sets no limit on a name's length; a longer name than this is cut and made unique.
+MAX_NAME_CHARS = 200
+MAX_LABEL_VALUE_CHARS = 256
+_HASH_CHARS = 8
+
+DEFAULT_MEMORY_MB = 256
+# What the process holds without any series (interpreter, pyzmq, prometheus_client, the SUB
+# queue's records): measured ~45 MB RSS (benchmarks/consumer_memory.py), with room.
+BASELINE_BYTES = 80 << 20
+# The series' own share of the rest; the other two thirds are for a scrape, which builds a
+# sample object and a text line for every series (measured: ~2.5x the series' own bytes).
+SERIES_SHARE = 1 / 3
+# What one series costs beyond its strings: its key tuple, dict entries, the float; a family
+# (a name) costs FAMILY_BYTES more (tracemalloc: ~510 bytes for a one-series family with a
+# 25-character name, all of it; a scrape adds ~770 bytes a series while it runs).
+SERIES_BYTES = 250
+FAMILY_BYTES = 500
+# Series beyond a few thousand are a user's own names, each one a Prometheus series to store;
+# a scrape of 10,000 is ~2 MB of text.
+DEFAULT_MAX_SERIES = 10_000
+
+# The exporter's own series. A user metric that maps onto one of them (or onto a counter's
+# _total/_created sample) is renamed, never merged with it.
+STEP = PREFIX + "step"
+LAST_RECORD_T = PREFIX + "last_record_timestamp_seconds"
+EVENTS = PREFIX + "events"
+SERIES_KEPT = PREFIX + "exporter_series"
+BUDGET = PREFIX + "exporter_memory_budget_bytes"
+VALUES_DROPPED = PREFIX + "exporter_values_dropped"
+NAMES_RENAMED = PREFIX + "exporter_names_renamed"
+_OWN_GAUGES = (STEP, LAST_RECORD_T, SERIES_KEPT, BUDGET)
+_OWN_COUNTERS = (EVENTS, VALUES_DROPPED, NAMES_RENAMED)
+RESERVED_NAMES = frozenset(_OWN_GAUGES) | frozenset(c + s for c in _OWN_COUNTERS for s in ("", "_total", "_created"))
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pub", metavar="EP", help="the daemon's PUB endpoint (default $TELEMETRY_PUB or ipc)")
-    p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"HTTP port (default {DEFAULT_PORT}; 0 = any free)")
-    p.add_argument("--addr", default="127.0.0.1", help="address to listen on (default 127.0.0.1; 0.0.0.0 for all)")
+    p.add_argument("--port", default=str(DEFAULT_PORT), help=f"HTTP port (default {DEFAULT_PORT}; 0 = any free)")
+    p.add_argument("--addr", default="127.0.0.1",
+                   help="address to listen on (default 127.0.0.1; beyond loopback needs --allow-remote)")
+    httpaccess.add_remote_argument(p, "reads every metric (with --token-file, whoever has the token)")
+    p.add_argument("--token-file", metavar="FILE",
+                   help="ask scrapes for 'Authorization: Bearer TOKEN', TOKEN read from FILE (Prometheus: "
+                        "authorization: {credentials_file: FILE}); default: no token (any local user can scrape)")
+    p.add_argument("--memory-mb", default=str(DEFAULT_MEMORY_MB),
+                   help=f"memory budget of the process in MB (default {DEFAULT_MEMORY_MB}, "
+                        f"{httpaccess.MIN_MEMORY_MB}..{httpaccess.MAX_MEMORY_MB}): the series kept are bounded "
+                        "under it; values of new series beyond it are dropped and counted")
+    p.add_argument("--max-series", default=str(DEFAULT_MAX_SERIES),
+                   help=f"distinct series kept (default {DEFAULT_MAX_SERIES:,}; the first to come are kept, "
+                        "values of new series beyond are dropped and counted)")
+
+
+def _hash(text: str) -> str:
+    return hashlib.sha1(text.encode("utf-8", "surrogatepass")).hexdigest()[:_HASH_CHARS]
+
+
+def _label_value(v: Any) -> str:
+    """A label value Prometheus takes: valid UTF-8 (no lone surrogates), at most MAX_LABEL_VALUE_CHARS."""
+    s = str(v)
+    if len(s) > MAX_LABEL_VALUE_CHARS:
+        s = s[:MAX_LABEL_VALUE_CHARS - _HASH_CHARS - 1] + "~" + _hash(s)
+    return s.encode("utf-8", "replace").decode("utf-8")
+
+
+def _map(name: str, taken: frozenset[str] = frozenset()) -> tuple[str, dict[str, str], str]:
+    """(Prometheus name, labels, template) of a metric name; `taken`: label names the record
+    itself sets (a segment is never made a label the record already has). The template is the
+    name with its label segments as placeholders: two names with one template are one family."""
+    parts = name.split("/")
+    labels: dict[str, str] = {}
+    kept: list[str] = []
+    template: list[str] = []
+    in_dataset = len(parts) >= 3 and parts[0] in ("dataset", "eval") and "dataset" not in taken
+    for i, seg in enumerate(parts):
+        m = _RANK_SEGMENT.match(seg)
+        if i == 1 and in_dataset:
+            labels["dataset"] = _label_value(seg)
+            template.append("{dataset}")
+        elif i == 0 and seg == "telemetry" and len(parts) > 1:
+            template.append(seg)   # the daemon's own counters: telemetry_x, not telemetry_telemetry_x
+        elif m and kept and "rank" not in labels and "rank" not in taken:
+            # "rank3" inside a name is a label, never a metric of its own; "rank" stays in the
+            # name, so a per-rank family never shares its name with the total.
+            labels["rank"] = m.group(1)
+            kept.append("rank")
+            template.append("rank{rank}")
+        else:
+            kept.append(seg)
+            template.append(seg)
+    prom = PREFIX + _BAD.sub("_", "_".join(kept))
+    tpl = "/".join(template)
+    if len(prom) > MAX_NAME_CHARS:
+        prom = prom[:MAX_NAME_CHARS - _HASH_CHARS - 1] + "_" + _hash(tpl)
+    return prom, labels, tpl
 
 
 def metric_name(name: str) -> tuple[str, dict[str, str]]:
@@ -41,80 +152,145 @@ def metric_name(name: str) -> tuple[str, dict[str, str]]:
     (gpu/rank3/memory_used_gb -> telemetry_gpu_rank_memory_used_gb{rank="3"}), so a per-rank
     family never shares its name with the total (gpu/memory_used_gb has no rank label);
     telemetry/x (the daemon's own counters) -> telemetry_x, not telemetry_telemetry_x.
+    Before a collision with another name is resolved (LatestValues does that).
     """
-    parts = name.split("/")
-    labels: dict[str, str] = {}
-    if len(parts) >= 3 and parts[0] in ("dataset", "eval"):
-        labels["dataset"] = parts[1]
-        parts = [parts[0], *parts[2:]]
-    if parts[0] == "telemetry" and len(parts) > 1:
-        parts = parts[1:]
-    kept = []
-    for i, seg in enumerate(parts):
-        m = _RANK_SEGMENT.match(seg)
-        if m and i > 0:  # "rank3" inside a name is a label, never a metric of its own
-            labels["rank"] = m.group(1)
-            kept.append("rank")
-        else:
-            kept.append(seg)
-    base = _BAD.sub("_", "_".join(kept))
-    if base[:1].isdigit():
-        base = "_" + base
-    return PREFIX + base, labels
+    prom, labels, _ = _map(name)
+    return prom, labels
+
+
+class _Family:
+    __slots__ = ("template", "series")
+
+    def __init__(self, template: str) -> None:
+        self.template = template
+        self.series: dict[tuple[tuple[str, str], ...], float] = {}
 
 
 class LatestValues:
-    """Latest value per (name, labels), fed records; read by the collector at scrape time."""
+    """Latest value per (name, labels), fed records; read by the collector at scrape time.
 
-    def __init__(self) -> None:
+    Holds at most `max_series` series and `max_bytes` of them (first come, kept); values of new
+    series beyond are counted in num_values_dropped."""
+
+    def __init__(self, max_series: int = DEFAULT_MAX_SERIES,
+                 max_bytes: int = int(((DEFAULT_MEMORY_MB << 20) - BASELINE_BYTES) * SERIES_SHARE),
+                 budget_bytes: int = DEFAULT_MEMORY_MB << 20) -> None:
         self._lock = threading.Lock()
-        self._gauges: dict[str, dict[tuple[tuple[str, str], ...], float]] = {}
+        self.max_series = max_series
+        self.max_bytes = max_bytes
+        self.budget_bytes = budget_bytes
+        self.num_bytes = 0
+        self.num_series = 0
+        self._families: dict[str, _Family] = {}
+        self._family_of: dict[str, str] = {}   # template -> its Prometheus name
         self._events: dict[str, int] = {}
         self.step: int | None = None
         self.last_record_t: float | None = None
         self.num_records = 0
+        self.num_values_dropped = 0
+        self.num_names_renamed = 0
+        self.on_first_drop = None   # called once, the first time a value is dropped
+
+    def _room(self, cost: int) -> bool:
+        """Whether one more series of `cost` bytes fits under both bounds."""
+        return self.num_series < self.max_series and self.num_bytes + cost <= self.max_bytes
+
+    def _family(self, prom: str, template: str) -> str | None:
+        """The Prometheus name of `template`'s family, claimed if new and there is room (None if not)."""
+        name = self._family_of.get(template)
+        if name is not None:
+            return name
+        candidate, n = prom, 0
+        while candidate in RESERVED_NAMES or candidate in self._families:
+            # Taken by another name: a suffix from this name's own hash, so it is the same on every run.
+            n += 1
+            salt = template if n == 1 else f"{template}#{n}"
+            candidate = prom[:MAX_NAME_CHARS - _HASH_CHARS - 1] + "_" + _hash(salt)
+        cost = FAMILY_BYTES + 2 * len(template) + len(candidate)
+        if not self._room(cost):
+            return None
+        self.num_bytes += cost
+        self.num_names_renamed += candidate != prom
+        self._families[candidate] = _Family(template)
+        self._family_of[template] = candidate
+        return candidate
+
+    def _set(self, prom: str, template: str, labels: dict[str, str], value: float) -> None:
+        name = self._family(prom, template)
+        key = tuple(sorted((k, v) for k, v in labels.items() if v != ""))   # "" is no label in Prometheus
+        if name is not None:
+            series = self._families[name].series
+            if key in series:
+                series[key] = value
+                return
+            cost = SERIES_BYTES + sum(len(k) + len(v) for k, v in key)
+            if self._room(cost):
+                self.num_bytes += cost
+                self.num_series += 1
+                series[key] = value
+                return
+        self._drop()
+
+    def _drop(self) -> None:
+        self.num_values_dropped += 1
+        if self.num_values_dropped == 1 and self.on_first_drop is not None:
+            self.on_first_drop()
 
     def consume(self, kind: str, rec: dict) -> None:
         base: dict[str, str] = {}
         per_rank = False
         if kind == "metrics":
             if isinstance(rec.get("rank"), int):
-                base["rank"] = str(rec["rank"])
+                base["rank"] = _label_value(rec["rank"])
                 per_rank = True
         elif kind == "gpu":
-            base = {"host": str(rec.get("host", "")), "gpu": str(rec.get("gpu", ""))}
+            base = {"host": _label_value(rec.get("host", "")), "gpu": _label_value(rec.get("gpu", ""))}
         elif kind == "system":
-            base = {"host": str(rec.get("host", ""))}
+            base = {"host": _label_value(rec.get("host", ""))}
         elif kind == "event":
+            name = _label_value(rec.get("name", ""))
             with self._lock:
-                name = str(rec.get("name", ""))
-                self._events[name] = self._events.get(name, 0) + 1
+                if name in self._events:
+                    self._events[name] += 1
+                elif self._room(SERIES_BYTES + len(name)):
+                    self.num_bytes += SERIES_BYTES + len(name)
+                    self.num_series += 1
+                    self._events[name] = 1
+                else:
+                    self._drop()
             return
         elif kind != "daemon":
             return  # hello: config, not a time series
         values = rec.get("values")
         if not isinstance(values, dict):
             return
+        taken = frozenset(base)
         with self._lock:
             self.num_records += 1
             t = rec.get("t")
-            if isinstance(t, (int, float)):
+            if isinstance(t, (int, float)) and not isinstance(t, bool):
                 self.last_record_t = float(t)
             step = rec.get("step")
-            if kind == "metrics" and "rank" not in rec and isinstance(step, int):
+            if kind == "metrics" and not per_rank and isinstance(step, int) and not isinstance(step, bool):
                 self.step = step if self.step is None else max(self.step, step)
             for k, v in values.items():
                 if isinstance(v, bool) or not isinstance(v, (int, float)):
                     continue
-                name, labels = metric_name(k)
+                prom, labels, template = _map(str(k), taken)
                 if per_rank:  # one rank's own value (--per-rank): beside the aggregate, not in it
-                    name = PREFIX + "rank_" + name[len(PREFIX):]
-                key = tuple(sorted({**base, **labels}.items()))
-                self._gauges.setdefault(name, {})[key] = float(v)
+                    prom = PREFIX + "rank_" + prom[len(PREFIX):]
+                    template = "per-rank " + template
+                self._set(prom, template, {**base, **labels}, float(v))
 
     def snapshot(self) -> tuple[dict, dict, int | None, float | None]:
         with self._lock:
-            return ({n: dict(s) for n, s in self._gauges.items()}, dict(self._events), self.step, self.last_record_t)
+            gauges = {n: (f.template, dict(f.series)) for n, f in self._families.items() if f.series}
+            return gauges, dict(self._events), self.step, self.last_record_t
+
+    def own_counters(self) -> dict[str, float]:
+        with self._lock:
+            return {SERIES_KEPT: self.num_series, BUDGET: self.budget_bytes,
+                    VALUES_DROPPED: self.num_values_dropped, NAMES_RENAMED: self.num_names_renamed}
 
 
 class Collector:
@@ -128,51 +304,144 @@ class Collector:
 
         gauges, events, step, last_t = self.latest.snapshot()
         for name in sorted(gauges):
-            series = gauges[name]
+            template, series = gauges[name]
             label_names = sorted({k for key in series for k, _ in key})
-            fam = GaugeMetricFamily(name, "latest value from the telemetry daemon", labels=label_names)
+            fam = GaugeMetricFamily(name, _label_value(f"latest value of {template} from the telemetry daemon"),
+                                    labels=label_names)
             for key, value in series.items():
                 d = dict(key)
                 fam.add_metric([d.get(n, "") for n in label_names], value)
             yield fam
-        ev = CounterMetricFamily(PREFIX + "events", "events seen since the exporter attached", labels=["name"])
+        ev = CounterMetricFamily(EVENTS, "events seen since the exporter attached", labels=["name"])
         for name, n in sorted(events.items()):
             ev.add_metric([name], n)
         yield ev
         if step is not None:
-            yield GaugeMetricFamily(PREFIX + "step", "last aggregated training step", value=step)
+            yield GaugeMetricFamily(STEP, "last aggregated training step", value=step)
         if last_t is not None:
-            yield GaugeMetricFamily(PREFIX + "last_record_timestamp_seconds",
-                                    "unix time of the newest record (a stalled run stops moving it)", value=last_t)
+            yield GaugeMetricFamily(LAST_RECORD_T, "unix time of the newest record (a stalled run stops moving it)",
+                                    value=last_t)
+        own = self.latest.own_counters()
+        yield GaugeMetricFamily(SERIES_KEPT, "series this exporter keeps (--max-series bounds it)",
+                                value=own[SERIES_KEPT])
+        yield GaugeMetricFamily(BUDGET, "the exporter's memory budget (--memory-mb)", value=own[BUDGET])
+        yield CounterMetricFamily(VALUES_DROPPED, "values of new series dropped: the series budget was full",
+                                  value=own[VALUES_DROPPED])
+        yield CounterMetricFamily(NAMES_RENAMED, "metric names given a hash suffix: their Prometheus name was "
+                                                 "another's or too long", value=own[NAMES_RENAMED])
 
 
-def serve(pub: str, port: int, addr: str = "127.0.0.1") -> tuple[Any, LatestValues, Any]:
-    """Start the HTTP server; return (server, latest, registry). The caller feeds `latest`."""
-    from prometheus_client import CollectorRegistry, start_http_server
+class MetricsServer(ThreadingHTTPServer):
+    """GET /metrics (and /): the exposition, text format 0.0.4. With a token, only for
+    `Authorization: Bearer <token>`; on loopback, only for a loopback Host header."""
 
-    latest = LatestValues()
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self, addr: tuple[str, int], registry: Any, token: str | None = None,
+                 allow_any_host: bool = False) -> None:
+        super().__init__(addr, _Handler)
+        self.registry = registry
+        self.token = token
+        self.allow_any_host = allow_any_host
+        self.scrape_lock = threading.Lock()   # one exposition in memory at a time
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: MetricsServer
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args: Any) -> None:   # a line per scrape is noise
+        pass
+
+    def _send(self, status: int, body: bytes, content_type: str = "text/plain; charset=utf-8",
+              headers: dict[str, str] | None = None) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        for k, v in (headers or {}).items():
+            self.send_header(k, v)
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    def do_GET(self) -> None:
+        from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, generate_latest
+
+        srv = self.server
+        if not srv.allow_any_host and not httpaccess.host_is_loopback(self.headers.get("Host", "")):
+            self._send(HTTPStatus.FORBIDDEN, b"forbidden: not a loopback Host\n")
+            return
+        if urlsplit(self.path).path not in ("/", "/metrics"):
+            self._send(HTTPStatus.NOT_FOUND, b"not found: the metrics are at /metrics\n")
+            return
+        if srv.token is not None and not httpaccess.token_matches(
+                httpaccess.bearer_token(self.headers.get("Authorization")), srv.token):
+            self._send(HTTPStatus.UNAUTHORIZED, b"unauthorized: send Authorization: Bearer <token>\n",
+                       headers={"WWW-Authenticate": 'Bearer realm="telemetry"'})
+            return
+        with srv.scrape_lock:
+            body = generate_latest(srv.registry)
+        self._send(HTTPStatus.OK, body, CONTENT_TYPE_PLAIN_0_0_4)
+
+    do_HEAD = do_GET
+
+
+def serve(pub: str, port: int, addr: str = "127.0.0.1", token: str | None = None, allow_any_host: bool = False,
+          memory_mb: int = DEFAULT_MEMORY_MB, max_series: int = DEFAULT_MAX_SERIES) -> tuple[Any, LatestValues, Any]:
+    """Start the HTTP server on a thread; return (server, latest, registry). The caller feeds `latest`."""
+    from prometheus_client import CollectorRegistry
+
+    budget = memory_mb << 20
+    latest = LatestValues(max_series=max_series, max_bytes=int(max(0, budget - BASELINE_BYTES) * SERIES_SHARE),
+                          budget_bytes=budget)
     registry = CollectorRegistry(auto_describe=False)
     registry.register(Collector(latest))
-    server, _thread = start_http_server(port, addr=addr, registry=registry)
+    server = MetricsServer((addr, port), registry, token=token, allow_any_host=allow_any_host)
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.5}, name="prometheus-http",
+                     daemon=True).start()
     return server, latest, registry
+
+
+def _fail(msg: str) -> int:
+    print(f"telemetry export-prometheus: {msg}", file=sys.stderr)
+    return 2
 
 
 def run(args: argparse.Namespace) -> int:
     from telemetry.consumers.subscribe import AttachError, attach
 
     try:
+        port = httpaccess.parse_port(args.port)
+        memory_mb = httpaccess.parse_memory_mb(args.memory_mb)
+        max_series = httpaccess.parse_max_series(args.max_series)
+        token = httpaccess.read_token_file(args.token_file) if args.token_file else None
+    except httpaccess.FlagError as exc:
+        return _fail(str(exc))
+    refusal = httpaccess.refuse_remote(args.addr, port, args.allow_remote,
+                                       "reads every metric" + ("" if token else " (no --token-file)"))
+    if refusal:
+        return _fail(refusal)
+    try:
         sub = attach("telemetry export-prometheus", args.pub)
     except AttachError as exc:
         print(exc, file=sys.stderr)
         return 2
     try:
-        server, latest, _ = serve(sub.endpoint, args.port, args.addr)
-    except OSError as exc:
+        server, latest, _ = serve(sub.endpoint, port, args.addr, token=token, allow_any_host=args.allow_remote,
+                                  memory_mb=memory_mb, max_series=max_series)
+    except (OSError, OverflowError) as exc:
         sub.close()
-        print(f"telemetry export-prometheus: cannot listen on {args.addr}:{args.port}: {exc}", file=sys.stderr)
+        print(f"telemetry export-prometheus: cannot listen on {args.addr}:{port}: {exc}", file=sys.stderr)
         return 1
-    port = server.server_address[1]
-    print(f"telemetry export-prometheus: serving http://{args.addr}:{port}/metrics from {sub.endpoint}", flush=True)
+    latest.on_first_drop = lambda: print(
+        f"telemetry export-prometheus: {latest.num_series:,} series kept (--max-series {max_series}, "
+        f"--memory-mb {memory_mb}): values of new series are dropped from now on and counted in "
+        f"{VALUES_DROPPED}_total", file=sys.stderr, flush=True)
+    bound = server.server_address[1]
+    print(f"telemetry export-prometheus: serving http://{args.addr}:{bound}/metrics from {sub.endpoint} "
+          f"({'bearer token from ' + args.token_file if token else 'no token: any local user can scrape'}; "
+          f"at most {max_series:,} series, memory budget {memory_mb} MB)", flush=True)
     try:
         while True:
             for kind, rec in sub.records(timeout_ms=500):
@@ -182,4 +451,5 @@ def run(args: argparse.Namespace) -> int:
     finally:
         sub.close()
         server.shutdown()
+        server.server_close()
     return 0

@@ -1,0 +1,123 @@
+"""Who may read a consumer's HTTP port, and the checks of its flags: shared by `telemetry
+dashboard` and `telemetry export-prometheus`.
+
+- Loopback unless asked: an --addr beyond loopback is refused without --allow-remote (anyone
+  who reaches the port reads the run). On loopback, a request whose Host header is not a
+  loopback name is refused (a web page elsewhere reaching 127.0.0.1 by DNS rebinding).
+- A token: loopback TCP is open to every local user, so a port that serves a run's data asks
+  for a secret. `read_token_file` reads one the user gives; `new_token` makes one;
+  `token_matches` compares in constant time.
+- Flag values (a port, a memory budget) are checked here and raise FlagError with one line
+  that names the flag: the command prints it and exits 2.
+"""
+from __future__ import annotations
+
+import hmac
+import os
+import secrets
+import stat
+
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "[::1]", "::1")
+# A token is sent in a header or a cookie: printable ASCII without spaces, and short.
+MAX_TOKEN_BYTES = 4096
+MIN_TOKEN_CHARS = 16
+# A consumer below this cannot hold its interpreter and libraries; above it is a typo.
+MIN_MEMORY_MB = 64
+MAX_MEMORY_MB = 1 << 20
+MAX_SERIES = 10_000_000
+
+
+class FlagError(ValueError):
+    """A bad flag value: the message is one line naming the flag."""
+
+
+def is_loopback_addr(addr: str) -> bool:
+    from telemetry.shared.endpoints import is_loopback
+
+    return is_loopback(f"tcp://{addr}:0")
+
+
+def add_remote_argument(p, what: str) -> None:
+    p.add_argument("--allow-remote", action="store_true",
+                   help=f"allow an --addr beyond loopback: anyone who reaches the port {what}")
+
+
+def refuse_remote(addr: str, port: str, allow_remote: bool, what: str) -> str | None:
+    """The refusal to print for an --addr beyond loopback without --allow-remote, else None."""
+    if allow_remote or is_loopback_addr(addr):
+        return None
+    return (f"--addr {addr} is beyond loopback: anyone who reaches the port {what}. Pass --allow-remote "
+            f"to serve it anyway, or keep 127.0.0.1 and tunnel it (ssh -N -L {port}:127.0.0.1:{port} host)")
+
+
+def host_is_loopback(host_header: str) -> bool:
+    """Whether a request's Host header names a loopback address (any port)."""
+    host = host_header or ""
+    name = host.split("]")[0] + "]" if host.startswith("[") else host.rsplit(":", 1)[0]
+    return name in LOOPBACK_HOSTS or name.startswith("127.")
+
+
+def parse_int(flag: str, value: str, lo: int, hi: int, what: str = "") -> int:
+    """A whole number from lo to hi for `flag` (digits only: no sign, no float, no nan)."""
+    text = str(value).strip()
+    if not text.isdigit() or not lo <= int(text) <= hi:
+        raise FlagError(f"{flag} {value}: expected a whole number from {lo} to {hi}{what}")
+    return int(text)
+
+
+def parse_port(value: str) -> int:
+    """--port: 0 (any free port) to 65535."""
+    return parse_int("--port", value, 0, 65535, " (0 = any free port)")
+
+
+def parse_memory_mb(value: str) -> int:
+    """--memory-mb: the process's memory budget, MIN_MEMORY_MB to MAX_MEMORY_MB."""
+    return parse_int("--memory-mb", value, MIN_MEMORY_MB, MAX_MEMORY_MB, " (MB)")
+
+
+def parse_max_series(value: str) -> int:
+    """--max-series: how many distinct series a consumer keeps, 1 to MAX_SERIES."""
+    return parse_int("--max-series", value, 1, MAX_SERIES)
+
+
+def new_token() -> str:
+    return secrets.token_urlsafe(24)
+
+
+def read_token_file(path: str) -> str:
+    """The token in `path` (surrounding whitespace stripped). FlagError when it is missing, empty,
+    too long or not printable ASCII, or when the file is not a regular file."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as exc:
+        raise FlagError(f"--token-file {path}: {exc.strerror}") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise FlagError(f"--token-file {path}: not a regular file")
+        data = os.read(fd, MAX_TOKEN_BYTES + 1)
+    finally:
+        os.close(fd)
+    token = data.strip()
+    if len(data) > MAX_TOKEN_BYTES:
+        raise FlagError(f"--token-file {path}: longer than {MAX_TOKEN_BYTES} bytes")
+    if not token or not all(0x21 <= b <= 0x7e for b in token):
+        raise FlagError(f"--token-file {path}: expected one token of printable ASCII without spaces")
+    if len(token) < MIN_TOKEN_CHARS:
+        raise FlagError(f"--token-file {path}: a token of at least {MIN_TOKEN_CHARS} characters, please "
+                        "(`python -c 'import secrets; print(secrets.token_urlsafe(24))'` makes one)")
+    return token.decode("ascii")
+
+
+def token_matches(given: str | None, expected: str) -> bool:
+    """Constant-time comparison (a timing difference must not spell the token out)."""
+    if not given:
+        return False
+    return hmac.compare_digest(given.encode("utf-8", "replace"), expected.encode("ascii"))
+
+
+def bearer_token(authorization: str | None) -> str | None:
+    """The token of an `Authorization: Bearer <token>` header, else None."""
+    if not authorization:
+        return None
+    scheme, _, token = authorization.strip().partition(" ")
+    return token.strip() if scheme.lower() in ("bearer", "token") else None
