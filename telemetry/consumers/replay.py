@@ -226,7 +226,12 @@ def supersede_offline_dirs(log_dir: Path, run_id: str, keep: Path, out: Any = No
 
 
 def run(args: argparse.Namespace) -> int:
+    from telemetry.consumers.readjsonl import find_log_dir
+    from telemetry.shared import files
+
     try:
+        # Its W&B directory and marks are as private as the run it reads.
+        files.apply_like(find_log_dir(args.run_dir))
         replay(args.run_dir, args.wandb, args.project, args.entity, args.run_id, args.run_name)
     except FileNotFoundError as exc:
         print(f"telemetry replay: {exc}", file=sys.stderr)

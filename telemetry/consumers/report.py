@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from telemetry.shared import files
+
 # Plots draw at most this many points per line: a week-long run must still plot in seconds.
 MAX_POINTS = 4000
 # Loss lines are smoothed over about 1/SMOOTH_FRACTION of the run (an EMA with that span):
@@ -677,7 +679,10 @@ def make_report(run_dir: str | Path, out: str | Path | None = None) -> dict[str,
 
     log_dir = find_log_dir(run_dir)
     out_dir = Path(out) if out else log_dir / "report"
-    out_dir.mkdir(parents=True, exist_ok=True)
+    if out:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    else:
+        files.make_dir(out_dir)     # inside the run: as private as its files (0700 unless configured)
     stats = ReadStats()
     d = collect(read_records(log_dir, stats))
     name = run_name(d, run_dir_of(log_dir).name)
@@ -705,7 +710,10 @@ def make_report(run_dir: str | Path, out: str | Path | None = None) -> dict[str,
 
 
 def run(args: argparse.Namespace) -> int:
+    from telemetry.consumers.readjsonl import find_log_dir
+
     try:
+        files.apply_like(find_log_dir(args.run_dir))   # the report is as private as the run it reads
         r = make_report(args.run_dir, args.out)
     except FileNotFoundError as exc:
         print(f"telemetry report: {exc}", file=sys.stderr)

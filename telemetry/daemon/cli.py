@@ -41,6 +41,7 @@ def run(args: argparse.Namespace) -> int:
     from telemetry.daemon.core import Daemon, setup_logging
     from telemetry.daemon.sinks.base import StartupError
     from telemetry.shared.endpoints import EndpointError
+    from telemetry.shared import files
 
     overrides = {
         "ingest": args.ingest, "pub": args.pub, "control": args.control, "log_dir": args.log_dir,
@@ -54,6 +55,9 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"telemetry daemon: bad config: {exc}", file=sys.stderr)
         return 2
+    # Before anything is written: every file of the run, W&B's and TensorBoard's included, is
+    # born 0600 / 0700 (0640 / 0750 with files.group_readable).
+    files.apply(cfg.files.group_readable)
     daemon = Daemon(cfg)
     try:
         setup_logging(Path(cfg.log_dir), logging.WARNING if args.quiet else logging.INFO)

@@ -21,6 +21,7 @@ from telemetry.daemon.sinks.config import SinkConfig
 from telemetry.daemon.sinks.forward import ForwardConfig
 from telemetry.shared import config as shared_config
 from telemetry.shared.config import ConfigError  # noqa: F401  (part of this module's API)
+from telemetry.shared.files import FilesConfig
 from telemetry.shared.security.curve import SecurityConfig
 
 
@@ -149,6 +150,7 @@ class DaemonConfig:
     security: SecurityConfig = field(default_factory=SecurityConfig)
     forward: ForwardConfig | None = None   # a node daemon's link to the head; None on a head or single node
     custom_sinks: list[CustomSinkConfig] = field(default_factory=list)   # [{class: "mod:Cls", options: {...}}]
+    files: FilesConfig = field(default_factory=FilesConfig)   # run files 0600/0700; group_readable: 0640/0750
 
     def __post_init__(self) -> None:
         if not self.run_name:

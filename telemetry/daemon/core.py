@@ -28,7 +28,7 @@ import msgspec
 import zmq
 
 from protocol import MAX_FRAME_BYTES, Bye, Event, Hello, Metrics
-from telemetry.shared import endpoints
+from telemetry.shared import endpoints, files
 from telemetry.daemon import hotpath
 from telemetry.daemon import loops as python_loops
 from telemetry.daemon.aggregator import MAX_WORLD_SIZE, Aggregator
@@ -129,7 +129,7 @@ class Daemon:
     # -- start ---------------------------------------------------------------------------------
     def start(self) -> None:
         cfg = self.cfg
-        self.log_dir.mkdir(parents=True, exist_ok=True)
+        files.make_dir(self.log_dir)    # 0700 (or as configured), also when run.sh made it 0755
         self._restore_sources()
         self._checkpoint_sources()      # a successor on this log dir knows a predecessor existed
         self.endpoints = {
@@ -180,6 +180,7 @@ class Daemon:
         for p in self.pollers:
             p.start(self.post)
         _tune_gc()
+        _warn_open_endpoints(self.endpoints, cfg.security)
         eps = " ".join(f"{k}={v}" for k, v in self.endpoints.items())
         print(f"{READY_LINE} pid={os.getpid()} {eps} log_dir={self.log_dir}", flush=True)
         log.info("ready: %s", eps)
@@ -751,10 +752,8 @@ def _raise_fd_limit(max_connections: int) -> tuple[int, int]:
 def _write_final(path: Path, final: dict) -> None:
     """The final counters beside metrics.jsonl, whatever stopped the daemon (SIGTERM too);
     `telemetry drain` replies with the same object."""
-    tmp = path.with_name(path.name + ".tmp")
     try:
-        tmp.write_bytes(_json.encode(final) + b"\n")
-        os.replace(tmp, path)
+        files.write_file(path, _json.encode(final) + b"\n")
     except OSError as exc:
         log.error("cannot write %s: %r", path, exc)
 
@@ -788,6 +787,26 @@ def _load_sink(spec: str, log_dir: Path, options: dict, key: str):
         raise ConfigError(f"{key}: cannot build custom sink {spec}: {exc!r}") from None
 
 
+# What another local user can do with a socket of ours that they can connect to.
+_OPEN_TO = {"ingest": "send it records (forged steps, events, hellos)", "remote_ingest": "send it records",
+            "pub": "read every record from it", "control": "connect to it (status and drain need its token)"}
+
+
+def _warn_open_endpoints(eps: dict[str, str], security) -> None:
+    """One warning line, at start, naming each socket bound to loopback TCP without CURVE: every
+    local user can connect to those. ipc sockets in the private (0700) runtime directory are the
+    owner's alone and need no word; beyond loopback the daemon refuses to start without CURVE."""
+    from telemetry.shared.security.curve import needs_curve
+
+    open_eps = [f"{name} {ep} (any local user can {_OPEN_TO.get(name, 'connect to it')})"
+                for name, ep in eps.items()
+                if ep.startswith("tcp://") and not (security.enabled and needs_curve(ep, security))]
+    if open_eps:
+        log.warning("open to every local user (loopback TCP without CURVE): %s. To close them: ipc "
+                    "endpoints (the default, in a private 0700 directory) or CURVE on loopback "
+                    "(security.curve_loopback; README \"Trust model\")", "; ".join(open_eps))
+
+
 def _bind(sock: zmq.Socket, ep: str) -> str:
     """Bind and return the endpoint as bound: tcp://127.0.0.1:0 becomes the port the OS picked.
     An ipc path is claimed first (endpoints.claim_ipc): a daemon already serving it is left alone."""
@@ -801,7 +820,9 @@ def _bind(sock: zmq.Socket, ep: str) -> str:
 
 def setup_logging(log_dir: Path, level: int = logging.INFO) -> None:
     try:
-        log_dir.mkdir(parents=True, exist_ok=True)
+        files.make_dir(log_dir)
+        # Made (or an older one brought to) the run-file mode first: FileHandler keeps what it finds.
+        os.close(files.open_fd(log_dir / "daemon.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT))
         handlers = (logging.StreamHandler(sys.stderr), logging.FileHandler(log_dir / "daemon.log"))
     except OSError as exc:
         raise StartupError(f"cannot use {log_dir} as the log directory: {exc.strerror or exc}") from None

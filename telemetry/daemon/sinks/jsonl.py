@@ -17,6 +17,7 @@ from operator import attrgetter
 from pathlib import Path
 
 from telemetry.daemon.sinks.base import Out, Sink, StartupError
+from telemetry.shared import files
 
 _line = attrgetter("line")
 log = logging.getLogger("telemetry.daemon.sinks.jsonl")
@@ -89,7 +90,7 @@ class JsonlSink(Sink):
         # truth the daemon must not run (the sink's own thread would only count drops).
         try:
             self.log_dir.mkdir(parents=True, exist_ok=True)
-            os.close(os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644))
+            os.close(files.open_fd(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT))
         except OSError as exc:
             raise StartupError(f"cannot open {self.path} for writing ({exc.strerror}); it is the run's "
                                f"source of truth") from None
@@ -103,7 +104,7 @@ class JsonlSink(Sink):
         self._next_fsync = time.monotonic() + self.fsync_interval_s
 
     def _open(self) -> None:
-        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        self._fd = files.open_fd(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)   # 0600 unless configured
         self._offset = os.fstat(self._fd).st_size
 
     def consume(self, batch: list[Out]) -> None:

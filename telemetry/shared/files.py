@@ -1,0 +1,104 @@
+"""Run files are the owner's alone unless configured: one place decides their modes.
+
+The processes that write a run's files (the daemon; `telemetry report` and `replay`) call
+`apply` once at start: it sets the process umask, so every file and directory they and the
+libraries they drive (W&B, TensorBoard, matplotlib) create is born 0600 / 0700: metrics.jsonl
+and its rotated pieces, daemon.log, sources.json, drain.json, wandb/ and tensorboard/, report/.
+What may already exist (a restarted daemon's log dir, one that `launch/run.sh` made with
+`mkdir -p`, a log written by an older version) is brought to the same modes when it is opened
+(`open_fd`, `make_dir`), if it is ours. The daemon config's `files.group_readable: true` gives
+0640 / 0750 instead, for a team that shares runs through a Unix group; never anything for others.
+"""
+from __future__ import annotations
+
+import os
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(kw_only=True, slots=True)
+class FilesConfig:
+    """The daemon config's `files:` section."""
+
+    group_readable: bool = False      # run files 0640 / directories 0750 instead of 0600 / 0700
+
+
+@dataclass(frozen=True, slots=True)
+class Modes:
+    file: int
+    dir: int
+    umask: int
+
+
+PRIVATE = Modes(file=0o600, dir=0o700, umask=0o077)
+GROUP_READABLE = Modes(file=0o640, dir=0o750, umask=0o027)
+_modes = PRIVATE      # what open_fd and make_dir give, also in a process that never called apply
+
+
+def apply(group_readable: bool = False) -> Modes:
+    """Choose this process's run-file modes and set its umask to match; returns them."""
+    global _modes
+    _modes = GROUP_READABLE if group_readable else PRIVATE
+    os.umask(_modes.umask)
+    return _modes
+
+
+def apply_like(log_dir: str | os.PathLike) -> Modes:
+    """For a process that writes into an existing run (report, replay): as private as the run,
+    group-readable only if its log directory is."""
+    try:
+        group = bool(os.stat(log_dir).st_mode & stat.S_IRGRP)
+    except OSError:
+        group = False
+    return apply(group)
+
+
+def modes() -> Modes:
+    return _modes
+
+
+def open_fd(path: str | os.PathLike, flags: int) -> int:
+    """os.open with the run-file mode; a file of ours that already existed gets that mode too."""
+    fd = os.open(path, flags | os.O_CLOEXEC, _modes.file)
+    try:
+        _set_mode(fd, _modes.file, stat.S_ISREG)
+    except OSError:
+        os.close(fd)
+        raise
+    return fd
+
+
+def write_file(path: Path, data: bytes) -> None:
+    """Replace `path` with `data` atomically (a temporary beside it, then rename), run-file mode."""
+    tmp = path.with_name(path.name + ".tmp")
+    fd = open_fd(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+
+
+def make_dir(path: str | os.PathLike) -> Path:
+    """Make a run directory (and its missing parents) with the run-directory mode; one of ours
+    that already existed gets that mode too. A directory others may write to by design (sticky,
+    like /tmp) or of another user is left as it is."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True, mode=_modes.dir)
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        _set_mode(fd, _modes.dir, stat.S_ISDIR)
+    finally:
+        os.close(fd)
+    return path
+
+
+def _set_mode(fd: int, mode: int, is_kind) -> None:
+    st = os.fstat(fd)
+    if not is_kind(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & stat.S_ISVTX:
+        return
+    if stat.S_IMODE(st.st_mode) & 0o777 != mode:
+        os.fchmod(fd, (stat.S_IMODE(st.st_mode) & stat.S_ISGID) | mode)
