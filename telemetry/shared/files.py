@@ -3,7 +3,7 @@
 The processes that write a run's files (the daemon; `telemetry report` and `replay`) call
 `apply` once at start: it sets the process umask, so every file and directory they and the
 libraries they drive (W&B, TensorBoard, matplotlib) create is born 0600 / 0700: metrics.jsonl
-and its rotated pieces, daemon.log, sources.json, drain.json, wandb/ and tensorboard/, report/.
+and its rotated pieces, daemon.log, sources.json, drain.json, wandb/, TensorBoard's event files, report/.
 What may already exist (a restarted daemon's log dir, one that `launch/run.sh` made with
 `mkdir -p`, a log written by an older version) is brought to the same modes when it is opened
 (`open_fd`, `make_dir`), if it is ours. The daemon config's `files.group_readable: true` gives
