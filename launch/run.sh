@@ -67,6 +67,9 @@ config_overrides+=("${EXTRA[@]}")
 RUN_NAME="$(basename "${RUN_DIR:-$(basename "$CONFIG" .yaml)-$(date +%Y%m%d-%H%M%S)}")"
 RUN_DIR="${RUN_DIR:-$ROOT/runs/$RUN_NAME}"
 mkdir -p "$RUN_DIR/telemetry"
+# Private before anything is written there (daemon.out below); the daemon keeps it so (0700, or
+# 0750 with its config's files.group_readable).
+chmod go-rwx "$RUN_DIR/telemetry" 2>/dev/null
 RUN_DIR="$(cd "$RUN_DIR" && pwd)"
 TEL_DIR="$RUN_DIR/telemetry"
 # Private sockets for this run (ipc paths must stay under 107 bytes, so not inside RUN_DIR).
