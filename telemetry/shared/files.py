@@ -11,10 +11,13 @@ What may already exist (a restarted daemon's log dir, one that `launch/run.sh` m
 """
 from __future__ import annotations
 
+import logging
 import os
 import stat
 from dataclasses import dataclass
 from pathlib import Path
+
+log = logging.getLogger("telemetry.shared.files")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -62,7 +65,7 @@ def open_fd(path: str | os.PathLike, flags: int) -> int:
     """os.open with the run-file mode; a file of ours that already existed gets that mode too."""
     fd = os.open(path, flags | os.O_CLOEXEC, _modes.file)
     try:
-        _set_mode(fd, _modes.file, stat.S_ISREG)
+        _set_mode(fd, path, _modes.file, stat.S_ISREG)
     except OSError:
         os.close(fd)
         raise
@@ -88,17 +91,24 @@ def make_dir(path: str | os.PathLike) -> Path:
     like /tmp) or of another user is left as it is."""
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True, mode=_modes.dir)
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        _set_mode(fd, _modes.dir, stat.S_ISDIR)
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:             # one we may write to but not list: used as it is
+        return path
+    try:
+        _set_mode(fd, path, _modes.dir, stat.S_ISDIR)
     finally:
         os.close(fd)
     return path
 
 
-def _set_mode(fd: int, mode: int, is_kind) -> None:
+def _set_mode(fd: int, path, mode: int, is_kind) -> None:
     st = os.fstat(fd)
     if not is_kind(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & stat.S_ISVTX:
         return
     if stat.S_IMODE(st.st_mode) & 0o777 != mode:
-        os.fchmod(fd, (stat.S_IMODE(st.st_mode) & stat.S_ISGID) | mode)
+        try:
+            os.fchmod(fd, (stat.S_IMODE(st.st_mode) & stat.S_ISGID) | mode)
+        except OSError as exc:      # a file system without modes (vfat, some network mounts): said, not fatal
+            log.warning("cannot set mode %o on %s (%s): it keeps %o", mode, path, exc.strerror or exc,
+                        stat.S_IMODE(st.st_mode))
