@@ -68,10 +68,6 @@ ANALYSIS_STAGES = frozenset({"diagnosis", "forensics"})
 DIAGNOSIS_MAX_SHARE = 0.25
 
 _json = msgspec.json.Encoder()
-# The most ranks on this host whose processes the pollers watch (a host runs a few dozen).
-MAX_LOCAL_RANKS = 1024
-# Linux's largest pid_max (2^22): a hello's pid beyond (or <= 0) is not one the pollers can watch.
-MAX_PID = 1 << 22
 # Per-source accounting, checkpointed at each daemon record and at exit (see _checkpoint_sources).
 SOURCES_FILE = "sources.json"
 # How often it is checkpointed (when records came in since): what a SIGKILL leaves unaccounted
@@ -113,7 +109,6 @@ class Daemon:
         self.num_records_failed = 0            # raised in a pipeline stage (see _failed), counted lost
         self._failure_causes: set[tuple[str, str]] = set()
         self._warned_world_size = False
-        self._rank_pids: dict[int, int] = {}    # this host's ranks' pids, from their hellos
         self.num_hellos_not_kept = 0           # hellos beyond MAX_WORLD_SIZE distinct ranks
         self._next_checkpoint = time.monotonic() + CHECKPOINT_INTERVAL_S
         self._checkpointed_in = -1
@@ -236,6 +231,7 @@ class Daemon:
 
         self.pollers = make_pollers(self.cfg.pollers)
         self.diagnoser = Diagnoser(self.cfg.diagnosis)
+        self._add_forensics()       # also verifies this host's ranks for the pollers: always
         if not self.cfg.diagnosis.enabled:
             return
         # Off the daemon's thread: the rules cost per step; their events come back via post().
@@ -244,15 +240,19 @@ class Daemon:
         runner = SinkRunner(DiagnosisStage(self.diagnoser, self.post), max_queued=10_000,
                             flush_interval_s=TICK_INTERVAL_S, max_share=DIAGNOSIS_MAX_SHARE)
         self.runners.append(runner)
-        self._add_forensics()
 
     def _add_forensics(self) -> None:
-        """Hang and crash forensics on their own thread (telemetry/daemon/forensics/)."""
-        if not self.cfg.diagnosis.hang_enabled:
-            return
+        """Hang and crash forensics on their own thread (telemetry/daemon/forensics/). The stage
+        also decides which hellos are this host's ranks: it verifies each claim in /proc (off
+        this thread) and hands the verified pids to the pollers; nothing else here acts on a pid."""
         from telemetry.daemon.forensics import ForensicsStage
 
-        stage = ForensicsStage(self.cfg.diagnosis, self.log_dir, self.host, self.post, self._recent_metrics)
+        def set_rank_pids(pids: dict[int, int]) -> None:
+            for p in self.pollers:
+                p.set_rank_pids(pids)
+
+        stage = ForensicsStage(self.cfg.diagnosis, self.log_dir, self.host, self.post, self._recent_metrics,
+                               ingest=self.endpoints["ingest"], on_ranks=set_rank_pids)
         self.runners.append(SinkRunner(stage, max_queued=10_000, flush_interval_s=FORENSICS_CHECK_S))
 
     # -- the loop ------------------------------------------------------------------------------
@@ -409,13 +409,8 @@ class Daemon:
                             "daemon waits for the ranks it sees; set --world-size if that is wrong)",
                             rec.rank, ws, MAX_WORLD_SIZE)
         self.derived.on_hello(info)
-        # Only this host's ranks: a head daemon also hears of ranks on other nodes.
-        pid = info.get("pid")
-        if type(pid) is int and 0 < pid <= MAX_PID and info.get("host") in (None, self.host) and self._rank_pids.get(rec.rank) != pid \
-                and (rec.rank in self._rank_pids or len(self._rank_pids) < MAX_LOCAL_RANKS):
-            self._rank_pids[rec.rank] = pid
-            for p in self.pollers:
-                p.set_rank_pids(dict(self._rank_pids))
+        # A pid in a hello is a claim: the forensics stage verifies it before the pollers or the
+        # forensics act on it (telemetry/daemon/forensics/verify.py).
         self._emit({"kind": "hello", "t": rec.t_ns / 1e9, "rank": rec.rank, "info": info})
 
     def _emit_steps(self, accs: list) -> None:

@@ -1,6 +1,7 @@
 """The forensics stage: watches the output stream like a sink, off the daemon's thread.
 
-From the records it is handed it learns each rank's pid, host and stacks signal/file (hello),
+From the records it is handed it learns this host's ranks (hello: each claim verified in /proc
+by verify.py before it is believed; the host poller watches the verified ranks' pids only),
 which ranks finished (bye), and when the aggregated step last advanced (metrics). On its timer
 (flush) it checks two things, and collects a bundle (collect.py) on its own thread, so the
 daemon's loop never waits for a signal, a dump or py-spy:
@@ -21,6 +22,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import stat
 import statistics
 import time
 from collections import deque
@@ -29,6 +31,7 @@ from typing import Any, Callable
 
 from telemetry.daemon.forensics import stacks
 from telemetry.daemon.forensics.collect import exit_status, process_state, py_spy, signal_stacks
+from telemetry.daemon.forensics.verify import LocalRank, Verifier, claims_this_host
 from telemetry.daemon.sinks.base import Out, Sink
 
 log = logging.getLogger("telemetry.daemon")
@@ -41,19 +44,32 @@ STEP_TIMES_KEPT = 50
 # exits right after its bye is gone before the bye has come through the pipeline (the daemon
 # holds a bye that overtook its records up to core.BYE_HOLD_S, 2 s).
 EXIT_GRACE_S = 3.0
+# The most ranks of this host the stage keeps (verified), and unverified claims it remembers
+# (for the bundle's summary); refusals logged, in all.
+MAX_LOCAL_RANKS = 1024
+MAX_UNVERIFIED_KEPT = 1024
+MAX_REFUSALS_LOGGED = 20
 
 
 class ForensicsStage(Sink):
     name = "forensics"
 
     def __init__(self, cfg, log_dir: Path, host: str, post: Callable[[dict], None],
-                 recent: deque) -> None:
-        self.cfg = cfg                      # DiagnosisConfig: hang_* fields
+                 recent: deque, ingest: str = "",
+                 on_ranks: Callable[[dict[int, int]], None] | None = None) -> None:
+        """ingest: the daemon's local ingest endpoint (a verified rank is connected to it);
+        on_ranks: called with {rank: pid} of the verified ranks whenever they change (the
+        pollers' set_rank_pids), from this stage's thread."""
+        self.cfg = cfg                      # DiagnosisConfig: enabled, hang_* fields
         self.log_dir = Path(log_dir)
         self.host = host
         self.post = post
         self.recent = recent
-        self.ranks: dict[int, dict] = {}    # rank -> its latest hello info
+        self.on_ranks = on_ranks
+        self.verifier = Verifier(ingest, host)
+        self.ranks: dict[int, LocalRank] = {}   # rank -> its process, verified
+        self.unverified: dict[int, str] = {}    # rank -> why its claim of this host was not believed
+        self.num_refusals_logged = 0
         self.byes: set[int] = set()
         self.exited: set[int] = set()
         self.gone_since: dict[int, tuple] = {}   # rank -> (when first seen gone, exit code, how)
@@ -75,15 +91,38 @@ class ForensicsStage(Sink):
                     self._note_step(rec)
             elif kind == "hello":
                 rank = rec.get("rank")
-                if isinstance(rank, int):
-                    self.ranks[rank] = rec.get("info") or {}
-                    self.byes.discard(rank)
-                    self.exited.discard(rank)
-                    self.gone_since.pop(rank, None)
+                if isinstance(rank, int) and isinstance(rec.get("info"), dict):
+                    self._on_hello(rank, rec["info"])
             elif kind == "bye":
                 rank = rec.get("rank")
                 if isinstance(rank, int):
                     self.byes.add(rank)
+
+    def _on_hello(self, rank: int, info: dict) -> None:
+        """Believe a hello's claim to be a rank of this host only once verified (verify.py); an
+        unverified one changes nothing of what is known (a verified rank stays verified)."""
+        if not claims_this_host(info, self.host):
+            return                          # another node's rank, or a node daemon: never ours
+        found = self.verifier.verify(rank, info)
+        if isinstance(found, str):
+            if rank not in self.ranks and (rank in self.unverified or len(self.unverified) < MAX_UNVERIFIED_KEPT):
+                self.unverified[rank] = found
+            if self.num_refusals_logged < MAX_REFUSALS_LOGGED:
+                self.num_refusals_logged += 1
+                log.warning("forensics: rank %d's hello (pid %r) not verified as a process of this run: %s; "
+                            "the daemon will not signal or read it", rank, info.get("pid"), found)
+            return
+        if self.ranks.get(rank) == found:
+            return
+        if rank not in self.ranks and len(self.ranks) >= MAX_LOCAL_RANKS:
+            return
+        self.ranks[rank] = found
+        self.unverified.pop(rank, None)
+        self.byes.discard(rank)
+        self.exited.discard(rank)
+        self.gone_since.pop(rank, None)
+        if self.on_ranks is not None:
+            self.on_ranks({r: lr.pid for r, lr in self.ranks.items()})
 
     def _note_step(self, rec: dict) -> None:
         step, t = rec.get("step"), rec.get("t")
@@ -98,8 +137,8 @@ class ForensicsStage(Sink):
 
     # -- the timer -----------------------------------------------------------------------------
     def flush(self) -> None:
-        if not self.cfg.hang_enabled:
-            return
+        if not (self.cfg.enabled and self.cfg.hang_enabled):
+            return                          # the stage still verifies ranks for the pollers
         try:
             self._check_exits()
             self._check_hang()
@@ -110,10 +149,8 @@ class ForensicsStage(Sink):
         median = statistics.median(self.step_times_s) if self.step_times_s else 0.0
         return max(self.cfg.hang_min_s, self.cfg.hang_factor * median)
 
-    def _live_local_ranks(self) -> dict[int, dict]:
-        return {r: info for r, info in self.ranks.items()
-                if r not in self.byes and r not in self.exited and isinstance(info.get("pid"), int)
-                and info.get("host") in (None, self.host)}
+    def _live_local_ranks(self) -> dict[int, LocalRank]:
+        return {r: lr for r, lr in self.ranks.items() if r not in self.byes and r not in self.exited}
 
     def _check_hang(self) -> None:
         if self.hang_reported or self.last_advance_mono is None:
@@ -129,11 +166,11 @@ class ForensicsStage(Sink):
         self._bundle("hang", live, stalled_s=stalled_s)
 
     def _check_exits(self) -> None:
-        for rank, info in list(self._live_local_ranks().items()):
+        for rank, lr in list(self._live_local_ranks().items()):
             if rank in self.gone_since:
                 first_s, code, how = self.gone_since[rank]   # the status as first seen (before a reap)
             else:
-                gone, code, how = exit_status(info["pid"])
+                gone, code, how = exit_status(lr)
                 if not gone:
                     continue
                 first_s = time.monotonic()
@@ -145,31 +182,24 @@ class ForensicsStage(Sink):
             self._bundle("rank_exited", self._live_local_ranks(), exited=(rank, code, how))
 
     # -- the bundle ----------------------------------------------------------------------------
-    def _bundle(self, what: str, live: dict[int, dict], *, stalled_s: float = 0.0,
+    def _bundle(self, what: str, live: dict[int, LocalRank], *, stalled_s: float = 0.0,
                 exited: tuple[int, int | None, str] | None = None) -> None:
-        when = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
-        out_dir = self.log_dir / "forensics" / f"{when}-{what}"
-        suffix = 1
-        while out_dir.exists():
-            suffix += 1
-            out_dir = self.log_dir / "forensics" / f"{when}-{what}-{suffix}"
-        out_dir.mkdir(parents=True)
-        with_stacks = {r: (i["pid"], i["stacks_file"], i["stacks_signal"]) for r, i in live.items()
-                       if isinstance(i.get("stacks_signal"), int) and isinstance(i.get("stacks_file"), str)}
+        out_dir = _new_bundle_dir(self.log_dir / "forensics", f'{time.strftime("%Y%m%d-%H%M%S", time.gmtime())}-{what}')
+        with_stacks = {r: lr for r, lr in live.items() if lr.stacks_signal is not None}
         dumps = signal_stacks(with_stacks, self.cfg.hang_stacks_wait_s) if with_stacks else {}
         records = self._recent_by_rank()
         per_rank: dict[int, dict[str, Any]] = {}
-        for rank, info in sorted(live.items()):
-            dump = dumps.get(rank, {"error": info.get("stacks_unavailable", "the client registered no stacks signal")})
+        for rank, lr in sorted(live.items()):
+            dump = dumps.get(rank, {"error": lr.stacks_unavailable or "the client registered no stacks signal"})
             where = stacks.where(stacks.parse(dump)) if isinstance(dump, str) else None
             recs = records.get(rank, [])
             per_rank[rank] = {
-                "rank": rank, "pid": info["pid"], "host": info.get("host"),
+                "rank": rank, "pid": lr.pid, "host": self.host,
                 "last_step": recs[-1]["step"] if recs else None,
                 "where": where.phrase if where else None, "waiting": where.waiting if where else None,
-                "python_stacks": dump, "py_spy": py_spy(info["pid"], self.cfg.hang_py_spy),
-                "process": process_state(info["pid"]), "last_records": recs}
-            (out_dir / f"rank{rank}.json").write_text(json.dumps(per_rank[rank], indent=1, default=str))
+                "python_stacks": dump, "py_spy": py_spy(lr, self.cfg.hang_py_spy),
+                "process": process_state(lr), "last_records": recs}
+            _write_private(out_dir / f"rank{rank}.json", json.dumps(per_rank[rank], indent=1, default=str))
         message, culprits = self._message(what, per_rank, stalled_s, exited)
         summary = {"what": what, "message": message, "ranks_named": culprits, "last_step": self.last_step,
                    "stalled_s": round(stalled_s, 3), "hang_after_s": round(self.hang_after_s(), 3),
@@ -177,8 +207,10 @@ class ForensicsStage(Sink):
                                                  for r, p in per_rank.items()}}
         if exited is not None:
             summary["exited"] = {"rank": exited[0], "exit_code": exited[1], "how": exited[2]}
-        (out_dir / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
-        (out_dir / "summary.txt").write_text(message + "\n\n" + "\n".join(
+        if self.unverified:
+            summary["ranks_unverified"] = dict(sorted(self.unverified.items()))
+        _write_private(out_dir / "summary.json", json.dumps(summary, indent=1, default=str))
+        _write_private(out_dir / "summary.txt", message + "\n\n" + "\n".join(
             f"rank {r}: {p['where'] or 'no stack'} (last step {p['last_step']})" for r, p in per_rank.items()) + "\n")
         self.num_bundles += 1
         data = {"message": message, "rule": what, "severity": "critical", "subject": "run",
@@ -242,4 +274,36 @@ class ForensicsStage(Sink):
         return f"{head}: {where}", culprits
 
     def stats(self) -> dict:
-        return {"bundles": self.num_bundles, "hangs": self.num_hangs, "ranks_exited": self.num_exits}
+        return {"bundles": self.num_bundles, "hangs": self.num_hangs, "ranks_exited": self.num_exits,
+                "ranks_verified": len(self.ranks), "hellos_verified": self.verifier.num_verified,
+                "hellos_not_verified": self.verifier.num_refused}
+
+
+def _new_bundle_dir(parent: Path, name: str) -> Path:
+    """A new bundle directory, 0700, under `parent` (made 0700, and refused unless it is a real
+    directory of ours: never a symlink planted in the log directory)."""
+    try:
+        parent.mkdir(mode=0o700)
+    except FileExistsError:
+        pass
+    st = os.lstat(parent)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
+        raise OSError(f"{parent} is not a directory of ours: no bundle written")
+    if stat.S_IMODE(st.st_mode) != 0o700:
+        os.chmod(parent, 0o700)
+    suffix = 1
+    out_dir = parent / name
+    while True:
+        try:
+            out_dir.mkdir(mode=0o700)
+            return out_dir
+        except FileExistsError:
+            suffix += 1
+            out_dir = parent / f"{name}-{suffix}"
+
+
+def _write_private(path: Path, text: str) -> None:
+    """A new file, 0600, never through a symlink."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(text)
