@@ -24,7 +24,7 @@ from telemetry.daemon.sinks.jsonl import JsonlSink
 def test_disk_full(tmp_path):
     limit = 128 * 1024
     r = reliability.disk_full(tmp_path, limit_bytes=limit, n=2000, rate=2000)
-    assert r["alive_when_full"] and r["exit_code"] == 0
+    assert r["alive_when_full"] and r["exit_code"] == 1       # its source of truth failed: said at exit
     assert r["jsonl_write_errors"] >= 1 and r["jsonl_dropped"] >= 1     # counted
     assert r["status_reports_error"]                                     # and reported
     assert r["integrity"]["bad_lines"] == 0 and r["integrity"]["ends_with_newline"]   # no partial line

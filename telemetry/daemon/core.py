@@ -57,6 +57,12 @@ MAX_POLL_MS = 500
 # the deadline is the sinks' to flush. What is still queued then is read and counted as lost.
 INTAKE_QUIET_S = 0.05
 INTAKE_SHARE = 0.6
+# ... unless a client that was still sending when the drain began has not said bye yet (its bye
+# carries its final seq: only with it is what it sent and this daemon never got counted). Then
+# intake waits for the bye, or for the socket to be quiet this long (a rank killed or hung
+# mid-drain, which will never say bye; named in sources_open_at_drain). Under CPU hogs a busy
+# sender and libzmq's I/O thread go unscheduled for a while: the first empty read is no proof.
+SOURCE_SILENT_S = 2.0
 # How long a sink abandoned at the deadline may take to finish the batch in its hands.
 ABANDON_GRACE_S = 0.5
 # Allocations between young-generation collections (CPython's default is 700); see _tune_gc.
@@ -106,6 +112,7 @@ class Daemon:
         self.num_hellos = 0
         self.num_events_in = 0
         self.num_unread_at_drain = 0           # queued at the drain deadline, read and counted lost
+        self.num_sources_open_at_drain = 0     # clients still sending at the drain's end, no bye
         self.num_records_failed = 0            # raised in a pipeline stage (see _failed), counted lost
         self._failure_causes: set[tuple[str, str]] = set()
         self._warned_world_size = False
@@ -288,6 +295,7 @@ class Daemon:
         if now >= self._next_checkpoint:
             if self.receiver.num_in != self._checkpointed_in:
                 self._checkpoint_sources()
+            self.receiver.mark_progress()      # which clients are still sending, for a drain
             self._next_checkpoint = now + CHECKPOINT_INTERVAL_S
         self._hand_out()
 
@@ -337,6 +345,7 @@ class Daemon:
     def _on_bye(self, rec: Bye) -> None:
         """Counted by the receiver; passed on so the diagnosis knows a silent rank finished,
         after the records of its client that are still on their way (held up to BYE_HOLD_S)."""
+        self.receiver.note_bye(rec.src)
         src = self.receiver.sources.get(rec.src)
         if src is not None and src.transit() > 0:
             self._held_byes.append((time.monotonic() + BYE_HOLD_S, rec))
@@ -521,6 +530,7 @@ class Daemon:
         deadline: accepted by libzmq, never processed, so lost (and counted as such)."""
         t = self.receiver.totals()
         t["records_unread_at_drain"] = self.num_unread_at_drain
+        t["sources_open_at_drain"] = self.num_sources_open_at_drain
         t["records_failed"] = self.num_records_failed
         t["records_lost"] += self.num_unread_at_drain + self.num_records_failed
         return t
@@ -618,16 +628,11 @@ class Daemon:
         now = time.monotonic()
         deadline = now + self.cfg.drain_timeout_s
         log.info("draining (%s)", self._stop_reason)
-        # 1. Stop intake: take what libzmq holds or is still reading off the wire, until the socket
-        #    has been quiet a moment or the intake's share of the deadline is spent; count what is
-        #    still queued then as lost; close.
-        if not self._drain_intake(now + self.cfg.drain_timeout_s * INTAKE_SHARE):
-            # Counting is cheap (a recv and a header, ~1-2 µs a frame): until the queue is empty or the
-            # deadline. What the sinks cannot write meanwhile is counted by them (abandon).
-            self.num_unread_at_drain = self._count_unread(deadline)
-            if self.num_unread_at_drain:
-                log.error("drain deadline: %d queued records could not be processed and are counted as "
-                          "lost (raise drain_timeout_s to keep them)", self.num_unread_at_drain)
+        # 1. Stop intake: take what libzmq holds or is still reading off the wire until every client
+        #    still sending has said bye (or gone silent), processed up to the intake's share of the
+        #    deadline and only counted after it; count what is still queued then as lost; close.
+        timeout_s = self.cfg.drain_timeout_s
+        self._drain_intake(now + timeout_s * INTAKE_SHARE, now + timeout_s * (1 + INTAKE_SHARE) / 2)
         self.pull.close(linger=0)
         for p in self.pollers:
             try:
@@ -661,7 +666,7 @@ class Daemon:
             log.error("still busy at the drain deadline, abandoned: %s", ", ".join(unfinished))
         final = {"ok": True, "drained": not unfinished, "unfinished_sinks": unfinished,
                  "stop_reason": self._stop_reason, **self.status()}
-        _write_final(self.log_dir / "drain.json", final)
+        final_written = self._write_drain_json(final)
         self._checkpoint_sources()
         for ident in self._drain_requesters:
             self._reply(ident, final)
@@ -683,41 +688,77 @@ class Daemon:
         t = final
         log.info("stopped: %d records in, %d malformed, %d lost, %d steps out", t["records_in"],
                  t["records_malformed"], t["records_lost"], t["steps_out"])
-        return 0 if self.jsonl_runner.name not in unfinished else 1
+        failed = self.jsonl_runner.sink.failed()
+        if failed:
+            log.error("%s could not hold everything it was handed (%s): exit 1",
+                      self.jsonl_runner.sink.path, _json.encode(final["sinks"].get("jsonl")).decode())
+        return 0 if self.jsonl_runner.name not in unfinished and not failed and final_written else 1
 
-    def _drain_intake(self, until: float) -> bool:
-        """Take records until the socket has been quiet INTAKE_QUIET_S (True) or `until` (False)."""
+    def _write_drain_json(self, final: dict) -> bool:
+        """drain.json, on a full disk in the room the JSONL sink's reserve held; else the final
+        counters go to stderr, so they are somewhere. True if the file was written."""
+        from telemetry.daemon.sinks.jsonl import release_reserve
+
+        path = self.log_dir / "drain.json"
+        written = _write_final(path, final) or (release_reserve(self.log_dir) and _write_final(path, final))
+        release_reserve(self.log_dir)      # its job is done either way
+        if not written:
+            print("telemetry daemon: final counters (drain.json could not be written): "
+                  + _json.encode(final).decode(), file=sys.stderr, flush=True)
+        return bool(written)
+
+    def _drain_intake(self, until: float, deadline: float) -> None:
+        """Take records until every client that was sending when the drain began has said bye
+        and the socket has been quiet INTAKE_QUIET_S, or it has been quiet SOURCE_SILENT_S
+        whoever is still open, or `deadline`. Up to `until` they are processed; after it only
+        counted (their headers, about a microsecond a frame: records_unread_at_drain), so that
+        a backlog larger than the daemon can process in time is counted, never left in the
+        socket. A bye arriving either way closes its client's accounting: what it sent and this
+        daemon never got is then counted in transit. The clients still open at the end are
+        counted in sources_open_at_drain: what they send after it, nobody counts."""
+        waiting = self.receiver.open_live()
         quiet_since = time.monotonic()
         while True:
-            n = self._ingest(INGEST_BATCH)
+            if time.monotonic() < until:
+                n = self._ingest(INGEST_BATCH)
+                if n:
+                    self._hand_out()
+            else:
+                n = self._count_unread(INGEST_BATCH)
+                self.num_unread_at_drain += n
             now = time.monotonic()
             if n:
                 quiet_since = now
-                self._hand_out()
-            elif now - quiet_since >= INTAKE_QUIET_S:
-                return True
             else:
+                quiet = now - quiet_since
+                if quiet >= INTAKE_QUIET_S:
+                    waiting = self.receiver.still_open(waiting)
+                    if not waiting or quiet >= SOURCE_SILENT_S:
+                        break
                 self.pull.poll(int(INTAKE_QUIET_S * 1000 / 2) + 1)
-            if now >= until:
-                return False
-
-    def _count_unread(self, until: float) -> int:
-        """Read what is still queued without processing it (its header only, about a microsecond
-        a frame), so that the final counters say how much was lost instead of nothing; stops at
-        `until`."""
-        recv, again, n = self.pull.recv, zmq.Again, 0
-        while time.monotonic() < until:
-            frames = []
-            try:
-                for _ in range(INGEST_BATCH):
-                    frames.append(recv(zmq.NOBLOCK))
-            except again:
-                pass
-            self.receiver.unread(frames)      # their srcs' seq windows: arrived, not lost twice
-            n += len(frames)
-            if len(frames) < INGEST_BATCH:
+            if now >= deadline:
                 break
-        return n
+        self.num_sources_open_at_drain = len(self.receiver.still_open(waiting))
+        if self.num_unread_at_drain:
+            log.error("drain deadline: %d queued records could not be processed and are counted as "
+                      "lost (raise drain_timeout_s to keep them)", self.num_unread_at_drain)
+        if self.num_sources_open_at_drain:
+            log.error("drain: %d client(s) still open at its end, without a bye: what they sent since "
+                      "their last record that arrived is counted by no one (sources_open_at_drain)",
+                      self.num_sources_open_at_drain)
+
+    def _count_unread(self, max_frames: int) -> int:
+        """Read up to `max_frames` queued frames without processing them (their header only), so
+        that the final counters say how much was lost instead of nothing."""
+        recv, again = self.pull.recv, zmq.Again
+        frames = []
+        try:
+            for _ in range(max_frames):
+                frames.append(recv(zmq.NOBLOCK))
+        except again:
+            pass
+        self.receiver.unread(frames)      # their srcs' seq windows: arrived, not lost twice
+        return len(frames)
 
 
 # Descriptors the daemon needs besides its ingest connections: files, sinks, pollers, sockets.
@@ -744,13 +785,20 @@ def _raise_fd_limit(max_connections: int) -> tuple[int, int]:
     return soft, max_connections
 
 
-def _write_final(path: Path, final: dict) -> None:
+def _write_final(path: Path, final: dict) -> bool:
     """The final counters beside metrics.jsonl, whatever stopped the daemon (SIGTERM too);
     `telemetry drain` replies with the same object."""
     try:
         files.write_file(path, _json.encode(final) + b"\n")
+        return True
     except OSError as exc:
-        log.error("cannot write %s: %r", path, exc)
+        if path.name not in _write_failed:    # sources.json: every second; logged once
+            _write_failed.add(path.name)
+            log.error("cannot write %s: %r", path, exc)
+        return False
+
+
+_write_failed: set[str] = set()
 
 
 def _tune_gc() -> None:

@@ -10,6 +10,7 @@ record it sees of each surviving client, never for what its predecessor received
 """
 from __future__ import annotations
 
+import collections
 import logging
 from dataclasses import dataclass
 from typing import Callable
@@ -19,6 +20,7 @@ import msgspec
 from protocol import Bye, Event, Hello, MalformedRecord, Metrics
 from protocol.clean import clean
 from protocol.codec import check_names, decode_header, decoder_parts
+from protocol.constants import KIND_BYE
 from telemetry.daemon import hotpath
 
 log = logging.getLogger("telemetry.receiver")
@@ -32,9 +34,23 @@ MAX_SOURCES = 1 << 16
 # believed, and counted in records_seq_bogus, instead of making records_lost 9.2e18. A real
 # client losing 16M records between two that arrive would be stalled for hours.
 MAX_SEQ_GAP = 1 << 24
+# Marks of each source's progress kept (one a second): a source that moved within them is one a
+# drain waits for (a rank that paused a few seconds, descheduled on a loaded box, is still live).
+LIVE_MARKS = 5
 
 # The free-form map of each rare kind (see protocol.clean).
 _FREE_FORM = {Hello: "info", Event: "data", Bye: "stats"}
+_loose_header_decoder = None
+
+
+def _loose_header():
+    """A decoder of a frame's header with its kind (protocol.records.LooseHeader), body unread."""
+    global _loose_header_decoder
+    if _loose_header_decoder is None:
+        from protocol.records import LooseHeader
+
+        _loose_header_decoder = msgspec.msgpack.Decoder(LooseHeader)
+    return _loose_header_decoder
 
 
 @dataclass(slots=True)
@@ -48,6 +64,7 @@ class SourceStats:
     refused: int = 0          # records of this src that arrived but were not taken: malformed,
                               # or left unread at the drain deadline (counted apart, not as lost)
     earlier: int = 0          # records that arrived at a predecessor daemon (restore)
+    bye: bool = False         # its bye arrived: max_seq is final, its accounting is closed
 
     def lost(self) -> int:
         return max(0, self.max_seq - self.min_seq + 1 - self.received - self.refused - self.earlier)
@@ -73,6 +90,9 @@ class Receiver:
         self.num_seq_bogus = 0      # batches whose seq jump was not believed (MAX_SEQ_GAP)
         self._refused_rows: list[tuple] = []   # malformed frames' headers: received all the same
         self.had_predecessor = False   # restore()d: a daemon ran on this log directory before
+        # How far each open source had got at the last LIVE_MARKS marks (mark_progress), to tell
+        # the clients still sending from those long gone when a drain starts (open_live).
+        self._marks: collections.deque[dict] = collections.deque([{}], maxlen=LIVE_MARKS)
 
     def accept(self, frame: bytes):
         """Return the decoded record, or None (counted) if the frame is not a valid record."""
@@ -115,13 +135,41 @@ class Receiver:
         header counts as arrived for its src, like a refused record, so that its seq window
         does not count it lost a second time (the caller counts these frames as lost once,
         in records_unread_at_drain), whether or not the src's bye was processed before them."""
-        rows = []
+        rows, byes = [], []
+        decode = _loose_header().decode
         for frame in frames:
-            header = decode_header(frame)
-            if header is not None:
-                src, rank, seq, dropped = header
-                rows.append((src, rank, 1, seq, dropped, seq, dropped))
+            try:
+                h = decode(frame)
+            except Exception:       # no header: nothing to account it to (counted lost by the caller)
+                continue
+            rows.append((h.src, h.rank, 1, h.seq, h.dropped, h.seq, h.dropped))
+            if h.kind == KIND_BYE:
+                byes.append(h.src)
         self._account(rows, refused=True)
+        for src in byes:
+            self.note_bye(src)
+
+    def note_bye(self, src_id: int) -> None:
+        """The source's bye arrived (processed or only counted): its seq window is complete."""
+        src = self.sources.get(src_id)
+        if src is not None:
+            src.bye = True
+
+    def mark_progress(self) -> None:
+        """Note how far each open source has got; called about once a second (CHECKPOINT_INTERVAL_S
+        in the daemon), off the ingest path."""
+        self._marks.append({i: s.received + s.refused for i, s in self.sources.items() if not s.bye})
+
+    def open_live(self) -> set[int]:
+        """The sources without a bye that moved since the oldest mark (the last LIVE_MARKS
+        seconds or so) or were first seen since: clients still sending, whose bye a drain
+        waits for. A source long silent (a rank killed without a bye) is not waited for."""
+        old = self._marks[0]
+        return {i for i, s in self.sources.items() if not s.bye and s.received + s.refused != old.get(i, -1)}
+
+    def still_open(self, src_ids: set[int]) -> set[int]:
+        sources = self.sources
+        return {i for i in src_ids if i in sources and not sources[i].bye}
 
     def _check(self, frames: list) -> tuple[list, bool, int, list]:
         """Decode and validate a batch of frames: (records, all metrics?, byes, per-src tally)."""
@@ -275,10 +323,16 @@ class Receiver:
         }
 
     def per_rank(self) -> dict[int, dict]:
+        """Per rank: received (taken in), refused (arrived, not taken: malformed, or only counted
+        at the drain), lost (of which dropped_by_client; the rest in transit), sources, and
+        open (sources whose bye has not arrived: their final count is not known)."""
         out: dict[int, dict] = {}
         for s in self.sources.values():
-            r = out.setdefault(s.rank, {"received": 0, "lost": 0, "dropped_by_client": 0, "sources": 0})
+            r = out.setdefault(s.rank, {"received": 0, "refused": 0, "lost": 0, "dropped_by_client": 0,
+                                        "sources": 0, "open": 0})
             r["received"] += s.received
+            r["refused"] += s.refused
+            r["open"] += not s.bye
             r["lost"] += s.lost()
             r["dropped_by_client"] += s.dropped_in_window()
             r["sources"] += 1
