@@ -1,5 +1,6 @@
-"""`telemetry dashboard` as a subprocess for tests: started on a free port, its URL read from its
-first line, its output kept; and small HTTP helpers (JSON, server-sent events)."""
+"""`telemetry dashboard` as a subprocess for tests: started on a free port, its URL and access
+token read from its first line, its output kept; and small HTTP helpers (JSON, server-sent
+events) that send the token."""
 from __future__ import annotations
 
 import json
@@ -25,15 +26,17 @@ class Dashboard:
                                      cwd=ROOT, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                      text=True)
         self.lines: list[str] = []
-        self.url = ""
+        self.url = ""          # http://127.0.0.1:PORT/
+        self.login_url = ""    # the address printed: with ?token=... unless there is none (--no-token, --token-file)
+        self.token: str | None = None
         ready = threading.Event()
 
         def pump() -> None:
             for line in self.proc.stdout:
                 self.lines.append(line)
-                m = re.search(r"serving (http://127\.0\.0\.1:\d+/)", line)
+                m = re.search(r"serving ((http://127\.0\.0\.1:\d+/)(\?token=(\S+))?)", line)
                 if m and not self.url:
-                    self.url = m.group(1)
+                    self.login_url, self.url, self.token = m.group(1), m.group(2), m.group(4)
                     ready.set()
 
         threading.Thread(target=pump, daemon=True).start()
@@ -43,8 +46,19 @@ class Dashboard:
                 self.stop()
                 raise RuntimeError("dashboard never served:\n" + "".join(self.lines))
 
+    def request(self, path: str, headers: dict[str, str] | None = None) -> urllib.request.Request:
+        """A request for `path` with the token (Authorization: Bearer), as a page's cookie would carry it."""
+        auth = {"Authorization": f"Bearer {self.token}"} if self.token else {}
+        return urllib.request.Request(self.url + path.lstrip("/"), headers={**auth, **(headers or {})})
+
+    def get(self, path: str, headers: dict[str, str] | None = None) -> bytes:
+        return urllib.request.urlopen(self.request(path, headers), timeout=60).read()
+
     def get_json(self, path: str) -> dict:
-        return json.loads(urllib.request.urlopen(self.url + path.lstrip("/"), timeout=60).read())
+        return json.loads(self.get(path))
+
+    def stream(self, path: str) -> "EventStream":
+        return EventStream(self.request(path))
 
     def stop(self) -> int:
         if self.proc.poll() is None:
@@ -60,7 +74,7 @@ class Dashboard:
 class EventStream:
     """Reads /api/stream in a thread; .events holds (event name, data) as they come."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: "str | urllib.request.Request") -> None:
         self.resp = urllib.request.urlopen(url, timeout=60)
         self.events: list[tuple[str, dict]] = []
         threading.Thread(target=self._read, daemon=True).start()

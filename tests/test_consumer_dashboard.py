@@ -55,7 +55,7 @@ def test_a_100k_step_run_is_downsampled_for_display_never_the_data(tmp_path):
         assert loss["x"][0] == 1 and loss["x"][-1] == NUM_STEPS
         assert min(loss["y"]) == pytest.approx(3.0 / (1 + NUM_STEPS / 1000))
         assert series["system/cpu_percent@n0"]["n"] == NUM_STEPS // 10
-        body = urllib.request.urlopen(dash.url + "api/data?width=1000", timeout=60).read()
+        body = dash.get("api/data?width=1000")
         print(f"\n100k steps: dashboard up in {loaded_s:.1f} s, /api/data in {answer_s * 1000:.0f} ms, "
               f"{len(body) / 1e3:.0f} kB")
         assert len(body) < 2_000_000   # what a browser draws, not 100k points per series
@@ -77,10 +77,10 @@ def test_several_runs_side_by_side_followed_from_their_files(tmp_path):
         assert [r["name"] for r in data["runs"]] == ["run-a", "run-b"]
         assert all(st["source"].startswith("file ") and st["connected"] is None for st in data["status"])
         # A page that kept its change number across a restart of the dashboard is told to reload.
-        stale = EventStream(dash.url + "api/stream?since=7&instance=an-earlier-server")
+        stale = dash.stream("api/stream?since=7&instance=an-earlier-server")
         assert stale.wait_for(lambda n, d: True, what="an event")[0] == "reload"
         stale.close()
-        stream = EventStream(dash.url + f"api/stream?since={data['seq']}&instance={data['instance']}")
+        stream = dash.stream(f"api/stream?since={data['seq']}&instance={data['instance']}")
         try:
             with open(tmp_path / "runs" / "run-b" / "telemetry" / "metrics.jsonl", "a") as f:
                 f.write(json.dumps({"kind": "metrics", "t": 1.7e9 + 11, "step": 11, "values": {"train/loss": 0.25}})
@@ -111,7 +111,7 @@ def test_beyond_loopback_only_on_request(tmp_path):
     dash = Dashboard(str(tmp_path))
     try:
         # A page elsewhere reaching 127.0.0.1 by DNS rebinding sends its own Host: refused.
-        req = urllib.request.Request(dash.url + "api/data", headers={"Host": "evil.example:80"})
+        req = dash.request("api/data", headers={"Host": "evil.example:80"})
         with pytest.raises(urllib.error.HTTPError) as exc:
             urllib.request.urlopen(req, timeout=30)
         assert exc.value.code == 403
@@ -228,7 +228,7 @@ def test_a_run_dir_without_records_yet_goes_live_from_the_daemon(daemon, tmp_pat
     try:
         data = dash.get_json("/api/data")
         assert data["runs"][0]["series"] == [] and data["runs"][0]["name"] == "fresh"
-        stream = EventStream(dash.url + f"api/stream?since={data['seq']}&instance={data['instance']}")
+        stream = dash.stream(f"api/stream?since={data['seq']}&instance={data['instance']}")
         try:
             deadline = time.monotonic() + 20
             step = 0

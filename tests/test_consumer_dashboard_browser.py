@@ -79,8 +79,16 @@ def test_dashboard_in_chromium_against_a_real_run(tmp_path):
 
         dash = Dashboard(str(tmp_path / "browser-run"), "--pub", eps["pub"])
         with Browser(tmp_path / "chromium-profile", width=1400, height=1000) as b:
+            # Without the token (another local user), the page loads but its data is refused.
             b.navigate(dash.url)
-            b.wait_for("document.body.dataset.ready === '1'", what="the page drawn")
+            b.wait_for("document.body.dataset.locked === '1'", what="the page refused its data")
+            assert "needs its token" in b.evaluate("document.getElementById('status').textContent")
+            assert _charts(b) == {}
+            b.navigate(dash.login_url)   # the address printed, with its token: the page keeps it as a cookie
+            b.wait_for("document.body.dataset.ready === '1' && document.body.dataset.locked !== '1'",
+                       what="the page drawn")
+            assert b.evaluate("location.search") == ""                     # the token left the address
+            assert b.evaluate("document.getElementById('shed').hidden") is True   # nothing shed
             charts = _charts(b)
             # The charts hold the run's data, counted from what the daemon wrote.
             assert charts["loss"]["points"] == num_loss + num_eval, charts["loss"]

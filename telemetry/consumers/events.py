@@ -65,6 +65,7 @@ class EventGroups:
     def __init__(self) -> None:
         self.groups: list[EventGroup] = []
         self._latest: dict[tuple[str, str], EventGroup] = {}
+        self.num_groups = 0   # ever made: the next group's id (forget_oldest keeps ids unique)
 
     def add(self, rec: dict) -> tuple[EventGroup, bool]:
         name = str(rec.get("name", ""))
@@ -80,7 +81,18 @@ class EventGroups:
             if rank is not None:
                 g.ranks.append(rank)
             return g, False
-        g = EventGroup(id=len(self.groups), name=name, t=t, data=data, ranks=[] if rank is None else [rank])
+        g = EventGroup(id=self.num_groups, name=name, t=t, data=data, ranks=[] if rank is None else [rank])
+        self.num_groups += 1
         self.groups.append(g)
         self._latest[key] = g
         return g, True
+
+    def forget_oldest(self, num: int) -> list[EventGroup]:
+        """Drop the `num` oldest groups (a consumer's memory bound); return them. A later event
+        like one of them starts a new group."""
+        gone, self.groups = self.groups[:num], self.groups[num:]
+        for g in gone:
+            key = (g.name, _data_key(g.data))
+            if self._latest.get(key) is g:
+                del self._latest[key]
+        return gone

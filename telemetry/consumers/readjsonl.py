@@ -15,6 +15,11 @@ from pathlib import Path
 from typing import Iterator
 
 FILE_NAME = "metrics.jsonl"
+# Files are read in chunks, never whole. A line longer than MAX_LINE_BYTES is not one of the
+# daemon's records (a frame is at most 1 MiB of msgpack; its JSON line a few times that): it is
+# skipped and counted in num_bad, never held whole.
+READ_CHUNK_BYTES = 1 << 20
+MAX_LINE_BYTES = 16 << 20
 
 
 def find_log_dir(path: str | Path) -> Path:
@@ -70,6 +75,39 @@ def read_records(log_dir: Path, stats: ReadStats | None = None) -> Iterator[dict
         yield from _file_records(path, stats)
 
 
+class _Lines:
+    """Whole lines out of chunks of a file, each at most MAX_LINE_BYTES; the rest of a line
+    longer than that is skipped (counted in stats.num_bad once its end comes)."""
+
+    def __init__(self, stats: ReadStats) -> None:
+        self.stats = stats
+        self.partial = b""      # the start of a line whose newline has not come yet
+        self.skipping = False   # inside a line too long to keep
+
+    def feed(self, chunk: bytes) -> list[bytes]:
+        if self.skipping:
+            end = chunk.find(b"\n")
+            if end < 0:
+                return []
+            chunk, self.skipping = chunk[end + 1:], False
+            self.stats.num_bad += 1
+        lines = (self.partial + chunk).split(b"\n")
+        self.partial = lines.pop()  # b"" after a whole last line
+        if len(self.partial) > MAX_LINE_BYTES:
+            self.partial, self.skipping = b"", True
+        return lines
+
+
+def _records_of_lines(lines: list[bytes], stats: ReadStats) -> Iterator[dict]:
+    for line in lines:
+        if len(line) > MAX_LINE_BYTES:
+            stats.num_bad += 1
+            continue
+        rec = _parse(line, stats)
+        if rec is not None:
+            yield rec
+
+
 def _file_records(path: Path, stats: ReadStats) -> Iterator[dict]:
     """The whole records of one file."""
     stats.num_files += 1
@@ -77,14 +115,12 @@ def _file_records(path: Path, stats: ReadStats) -> Iterator[dict]:
         f = open(path, "rb")
     except FileNotFoundError:  # rotated away between listing and opening
         return
+    lines = _Lines(stats)
     with f:
-        for line in f:
-            if not line.endswith(b"\n"):
-                stats.num_torn += 1  # only a last line can lack its newline
-                break
-            rec = _parse(line, stats)
-            if rec is not None:
-                yield rec
+        while chunk := f.read(READ_CHUNK_BYTES):
+            yield from _records_of_lines(lines.feed(chunk), stats)
+    if lines.partial or lines.skipping:
+        stats.num_torn += 1  # only a last line can lack its newline
 
 
 class Follower:
@@ -102,52 +138,49 @@ class Follower:
         self.stats = stats if stats is not None else ReadStats()
         self._file = None
         self._inode: int | None = None
-        self._partial = b""
+        self._lines = _Lines(self.stats)
         self._started = False
 
-    def _read_open_file(self, out: list[dict]) -> None:
-        data = self._partial + self._file.read()
-        lines = data.split(b"\n")
-        self._partial = lines.pop()  # b"" after a whole last line
-        for line in lines:
-            rec = _parse(line, self.stats)
-            if rec is not None:
-                out.append(rec)
+    def _read_open_file(self) -> Iterator[dict]:
+        while chunk := self._file.read(READ_CHUNK_BYTES):
+            yield from _records_of_lines(self._lines.feed(chunk), self.stats)
 
     def _open_current(self) -> bool:
         try:
             f = open(self.log_dir / FILE_NAME, "rb")
         except FileNotFoundError:
             return False
-        self._file, self._inode, self._partial = f, os.fstat(f.fileno()).st_ino, b""
+        self._file, self._inode, self._lines = f, os.fstat(f.fileno()).st_ino, _Lines(self.stats)
         self.stats.num_files += 1
         return True
 
     def poll(self) -> list[dict]:
-        out: list[dict] = []
+        return list(self.records())
+
+    def records(self) -> Iterator[dict]:
+        """What poll() returns, one record at a time (a long history is never a list in memory)."""
         if not self._started:
             self._started = True
             from telemetry.daemon.sinks.jsonl import rotated_files
 
             for path in rotated_files(self.log_dir):
                 if path.name != FILE_NAME:
-                    out.extend(_file_records(path, self.stats))
+                    yield from _file_records(path, self.stats)
         if self._file is None and not self._open_current():
-            return out
-        self._read_open_file(out)
+            return
+        yield from self._read_open_file()
         try:
             inode = os.stat(self.log_dir / FILE_NAME).st_ino
         except FileNotFoundError:
             inode = None
         if inode != self._inode:  # rotated: the old file is complete, go on with the new one
-            self._read_open_file(out)
-            if self._partial:
+            yield from self._read_open_file()
+            if self._lines.partial or self._lines.skipping:
                 self.stats.num_torn += 1
             self._file.close()
             self._file = None
             if self._open_current():
-                self._read_open_file(out)
-        return out
+                yield from self._read_open_file()
 
     def close(self) -> None:
         if self._file is not None:

@@ -1,6 +1,7 @@
 """A live dashboard in the browser: the run's history from metrics.jsonl, then live updates.
 
-    telemetry dashboard [RUN_DIR] [--pub EP] [--port 8765] [--addr 127.0.0.1]
+    telemetry dashboard [RUN_DIR] [--pub EP] [--port 8765] [--addr 127.0.0.1] [--allow-remote]
+                        [--token-file FILE | --no-token] [--memory-mb 256] [--max-series 10000]
 
 RUN_DIR is a run dir (holding telemetry/metrics.jsonl), its telemetry dir, or a folder of run
 dirs (`telemetry dashboard runs/`: the runs side by side, each one a colour). Live updates come
@@ -15,9 +16,17 @@ list, and the daemon's own counters. It says when the daemon is not reachable (i
 by itself) and when the run has ended. It costs the training nothing: it only reads the file
 and subscribes. Charts are drawn by uPlot, shipped inside the package: no network is needed.
 
-The page is served on 127.0.0.1. It has no login: to serve it beyond loopback (--addr), pass
+The page is served on 127.0.0.1, which every local user can reach, so its data asks for a
+token (as Jupyter does): a random one per start, carried once by the address printed
+(http://127.0.0.1:8765/?token=...); the page keeps it as a cookie and every /api/ request
+without it is refused (403). --token-file FILE gives your own (the printed address then has
+none: add ?token=...), --no-token turns it off. To serve beyond loopback (--addr), pass
 --allow-remote as well, or better keep it on loopback and tunnel the port
 (ssh -N -L 8765:127.0.0.1:8765 host).
+
+Memory: the process keeps under --memory-mb (default 256): series beyond --max-series (default
+10,000, the first to come are kept) are dropped, long series are thinned (minimum and maximum
+kept), the oldest events forgotten beyond their share; each counted and shown on the page.
 """
 from __future__ import annotations
 
@@ -35,22 +44,29 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pub", metavar="EP", help="the daemon's PUB endpoint for live updates (default "
                    "$TELEMETRY_PUB, or the run's ipc socket when $TELEMETRY_RUNTIME_DIR or $TELEMETRY_RUN_NAME "
                    "is set; else metrics.jsonl is followed)")
-    p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"HTTP port (default {DEFAULT_PORT}; 0 = any free)")
+    from telemetry.consumers import httpaccess
+    from telemetry.consumers.dashboard.budget import DEFAULT_MAX_SERIES, DEFAULT_MEMORY_MB
+
+    p.add_argument("--port", default=str(DEFAULT_PORT), help=f"HTTP port (default {DEFAULT_PORT}; 0 = any free)")
     p.add_argument("--addr", default="127.0.0.1", help="address to serve on (default 127.0.0.1)")
-    p.add_argument("--allow-remote", action="store_true",
-                   help="allow an --addr beyond loopback: anyone who reaches the port sees the run (no login)")
+    httpaccess.add_remote_argument(p, "can read the run with its token (with --no-token, without)")
+    p.add_argument("--token-file", metavar="FILE",
+                   help="the access token, read from FILE (default: a random one, in the address printed)")
+    p.add_argument("--no-token", action="store_true",
+                   help="no access token: every local user (and with --allow-remote, anyone) reads the run")
+    p.add_argument("--memory-mb", default=str(DEFAULT_MEMORY_MB),
+                   help=f"memory budget of the process in MB (default {DEFAULT_MEMORY_MB}, "
+                        f"{httpaccess.MIN_MEMORY_MB}..{httpaccess.MAX_MEMORY_MB}); what is shed to stay under it "
+                        "is counted and shown on the page")
+    p.add_argument("--max-series", default=str(DEFAULT_MAX_SERIES),
+                   help=f"distinct series kept over all runs (default {DEFAULT_MAX_SERIES:,}; the first to come are "
+                        "kept, values of new series beyond are dropped and counted)")
 
 
 def _pub_from_environment() -> bool:
     from telemetry.shared import endpoints
 
     return any(os.environ.get(v) for v in (endpoints.ENV_PUB, endpoints.ENV_RUNTIME_DIR, endpoints.ENV_RUN_NAME))
-
-
-def _is_loopback_addr(addr: str) -> bool:
-    from telemetry.shared.endpoints import is_loopback
-
-    return is_loopback(f"tcp://{addr}:0")
 
 
 def find_runs(path: Path) -> list[Path]:
@@ -77,19 +93,36 @@ def _fail(msg: str) -> int:
     return 2
 
 
+def _said_once(store) -> None:
+    print(f"telemetry dashboard: run {store.name}: {len(store.series):,} series kept (its share of --max-series "
+          "and --memory-mb): values of new series are dropped from now on, counted on the page",
+          file=sys.stderr, flush=True)
+
+
 def run(args: argparse.Namespace) -> int:
+    from telemetry.consumers import httpaccess
+    from telemetry.consumers.dashboard.budget import plan
     from telemetry.consumers.dashboard.live import FileFeed, Hub, PubFeed
     from telemetry.consumers.dashboard.server import DashboardServer
     from telemetry.consumers.dashboard.store import RunStore
     from telemetry.consumers.readjsonl import run_dir_of
     from telemetry.consumers.subscribe import AttachError, attach
 
-    if not _is_loopback_addr(args.addr) and not args.allow_remote:
-        return _fail(f"--addr {args.addr} is beyond loopback and the page has no login: anyone who reaches "
-                     "the port would see the run. Pass --allow-remote to serve it anyway, or keep 127.0.0.1 "
-                     f"and tunnel it (ssh -N -L {args.port}:127.0.0.1:{args.port} host)")
-    if not 0 <= args.port <= 65535:
-        return _fail(f"--port {args.port}: expected 0..65535")
+    try:
+        port = httpaccess.parse_port(args.port)
+        memory_mb = httpaccess.parse_memory_mb(args.memory_mb)
+        max_series = httpaccess.parse_max_series(args.max_series)
+        if args.no_token and args.token_file:
+            raise httpaccess.FlagError("--no-token and --token-file: give one of them")
+        token = None if args.no_token else (httpaccess.read_token_file(args.token_file) if args.token_file
+                                            else httpaccess.new_token())
+    except httpaccess.FlagError as exc:
+        return _fail(str(exc))
+    refusal = httpaccess.refuse_remote(args.addr, port, args.allow_remote,
+                                       "could read the run" + (" (--no-token: no login at all)" if token is None
+                                                               else " with its token"))
+    if refusal:
+        return _fail(refusal)
     log_dirs: list[Path] = []
     root = Path(args.run_dir) if args.run_dir else None
     if root is not None:
@@ -105,15 +138,16 @@ def run(args: argparse.Namespace) -> int:
     if len(log_dirs) > 1 and args.pub:
         return _fail("--pub names one daemon: give one run dir with it (several runs are followed from their files)")
 
+    budget = plan(memory_mb, max_series, num_runs=max(1, len(log_dirs)))
     stores, feeds = [], []
-    hub = Hub()
+    hub = Hub(max_log_bytes=budget.max_log_bytes)
     try:
         if len(log_dirs) <= 1 and live_pub:
             log_dir = log_dirs[0] if log_dirs else None
             name = run_dir_of(log_dir).name if log_dir else "live"
             # Attach first: what the daemon publishes while the history is read is queued.
             sub = attach("telemetry dashboard", args.pub, watch_connection=True)
-            store = RunStore("r0", name, log_dir)
+            store = RunStore("r0", name, log_dir, limits=budget.store)
             feed = PubFeed(hub, store, sub, log_dir)
             stores.append(store)
             feeds.append(feed)
@@ -122,30 +156,38 @@ def run(args: argparse.Namespace) -> int:
 
             detach_on_signals()
             for i, log_dir in enumerate(log_dirs):
-                store = RunStore(f"r{i}", run_dir_of(log_dir).name, log_dir, name_from_hello=len(log_dirs) == 1)
+                store = RunStore(f"r{i}", run_dir_of(log_dir).name, log_dir, name_from_hello=len(log_dirs) == 1,
+                                 limits=budget.store)
                 stores.append(store)
                 feeds.append(FileFeed(hub, store, log_dir))
     except AttachError as exc:
         print(exc, file=sys.stderr)
         return 2
     for store in stores:
+        store.on_first_drop = _said_once
         hub.add(store)
     server = None
     try:
         for feed in feeds:
             feed.load_history()
         try:
-            server = DashboardServer((args.addr, args.port), hub, allow_any_host=args.allow_remote)
-        except OSError as exc:
-            print(f"telemetry dashboard: cannot listen on {args.addr}:{args.port}: {exc}", file=sys.stderr)
+            server = DashboardServer((args.addr, port), hub, allow_any_host=args.allow_remote, token=token,
+                                     max_points_sent=budget.max_points_sent)
+        except (OSError, OverflowError) as exc:
+            print(f"telemetry dashboard: cannot listen on {args.addr}:{port}: {exc}", file=sys.stderr)
             return 1
         for feed in feeds:
             feed.start()
-        host, port = server.server_address[:2]
+        host, bound = server.server_address[:2]
         shown = "127.0.0.1" if host in ("127.0.0.1", "0.0.0.0") else host
         names = ", ".join(s.name for s in stores)
-        print(f"telemetry dashboard: serving http://{shown}:{port}/ ({len(stores)} run{'s' if len(stores) > 1 else ''}: "
-              f"{names}; live from {stores[0].source if len(stores) == 1 else 'their metrics.jsonl'})", flush=True)
+        # The random token is in the address, once (as Jupyter prints it); a token of the user's own is not.
+        url = f"http://{shown}:{bound}/" + (f"?token={token}" if token and not args.token_file else "")
+        access = ("no token: every local user can read it" if token is None
+                  else f"token from {args.token_file}: add ?token=..." if args.token_file else "the address carries its token")
+        print(f"telemetry dashboard: serving {url} ({len(stores)} run{'s' if len(stores) > 1 else ''}: "
+              f"{names}; live from {stores[0].source if len(stores) == 1 else 'their metrics.jsonl'}; {access}; "
+              f"memory budget {memory_mb} MB)", flush=True)
         server.serve_forever(poll_interval=0.5)
     except KeyboardInterrupt:
         pass

@@ -26,9 +26,17 @@ from telemetry.consumers.dashboard.store import RunStore
 from telemetry.consumers.readjsonl import Follower, ReadStats, read_records
 
 # Changes (one per record, its points) kept for pages that lag; a page further behind reloads
-# everything. Pages read the stream as it comes, so lag is short; the bound keeps this memory
-# to tens of MB (a record of 30 values is ~5 kB of points here).
+# everything. Pages read the stream as it comes, so lag is short. Bounded in number and in
+# bytes (Hub's max_log_bytes, from the memory budget; a record of 30 values is ~5 kB of points).
 MAX_CHANGES_KEPT = 10_000
+DEFAULT_MAX_LOG_BYTES = 16 << 20
+# What one change costs: its tuple and lists, and per point its list and numbers (tracemalloc).
+CHANGE_BYTES = 200
+CHANGE_POINT_BYTES = 150
+CHANGE_EVENT_BYTES = 1000
+# Signatures of history records that may come again on the SUB socket: at most this many (a
+# repeat beyond is one point drawn twice at the same x, which the page's last-per-x hides).
+MAX_DEDUP_SIGNATURES = 100_000
 FILE_POLL_S = 0.5
 SUB_POLL_MS = 250
 # History records this close to the moment the SUB socket attached may come again on it.
@@ -39,14 +47,16 @@ DRAIN_FILE = "drain.json"
 class Hub:
     """The runs' stores and the numbered log of live changes."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_log_bytes: int = DEFAULT_MAX_LOG_BYTES) -> None:
         self.stores: dict[str, RunStore] = {}
         # Change numbers are this server's: a page that kept its number across a restart of the
         # dashboard must reload instead of waiting for a number the new server has not reached.
         self.instance = f"{os.getpid()}-{time.time_ns()}"
         self.cond = threading.Condition()
         self.seq = 0
-        self._log: collections.deque = collections.deque(maxlen=MAX_CHANGES_KEPT)
+        self._log: collections.deque = collections.deque()
+        self.max_log_bytes = max_log_bytes
+        self._log_bytes = 0
 
     def add(self, store: RunStore) -> None:
         self.stores[store.run_id] = store
@@ -54,9 +64,14 @@ class Hub:
     def publish(self, run_id: str, points: list, events: list) -> None:
         if not points and not events:
             return
+        cost = CHANGE_BYTES + sum(CHANGE_POINT_BYTES + len(p[0]) for p in points) + CHANGE_EVENT_BYTES * len(events)
         with self.cond:
             self.seq += 1
-            self._log.append((self.seq, run_id, points, events))
+            self._log.append((self.seq, run_id, points, events, cost))
+            self._log_bytes += cost
+            # The oldest go first; a page that still needed them reloads (changes_since: None).
+            while len(self._log) > MAX_CHANGES_KEPT or (self._log_bytes > self.max_log_bytes and len(self._log) > 1):
+                self._log_bytes -= self._log.popleft()[4]
             self.cond.notify_all()
 
     def changes_since(self, seq: int, timeout_s: float) -> tuple[int, list | None]:
@@ -69,7 +84,7 @@ class Hub:
                 return self.seq, []
             if self._log[0][0] > seq + 1:
                 return self.seq, None
-            return self.seq, [c for c in self._log if c[0] > seq]
+            return self.seq, [c[:4] for c in self._log if c[0] > seq]
 
     def statuses(self) -> list[dict[str, Any]]:
         out = []
@@ -124,14 +139,14 @@ class FileFeed(Feed):
         store.source = f"file {log_dir / 'metrics.jsonl'}"
 
     def load_history(self) -> None:
-        for rec in self.follower.poll():
+        for rec in self.follower.records():
             self.store.consume(rec)
         self.store.num_bad = self.stats.num_bad
 
     def run(self) -> None:
         try:
             while not self.stop_event.wait(FILE_POLL_S):
-                for rec in self.follower.poll():
+                for rec in self.follower.records():
                     self.take(rec)
                 self.store.num_bad = self.stats.num_bad
         finally:
@@ -159,7 +174,7 @@ class PubFeed(Feed):
         for rec in read_records(self.log_dir, stats):
             self.store.consume(rec)
             t = rec.get("t")
-            if isinstance(t, (int, float)) and t >= attached_t:
+            if isinstance(t, (int, float)) and t >= attached_t and len(self._history) < MAX_DEDUP_SIGNATURES:
                 self._history.add(_signature(rec))
                 self._history_t_max = max(self._history_t_max, t)
         self.store.num_bad = stats.num_bad

@@ -1,6 +1,7 @@
 """The dashboard's HTTP side (standard library only): the page, its files, data, live events.
 
-    GET /                       the page (static/index.html)
+    GET /                       the page (static/index.html); /?token=T sets the token's
+                                cookie and sends the browser on to / (the token leaves the URL)
     GET /static/<file>          the page's script and style, uPlot (shipped in the package)
     GET /api/data?width=PX      every run: its series downsampled to PX pixel columns, its
                                 events, latest values, state; and `seq`, the change number
@@ -10,36 +11,55 @@
                                 `reload` when the page fell too far behind
 Requests whose Host is not the address served are refused (a web page elsewhere must not
 read a local run by DNS rebinding), unless the server was started for remote viewers.
+
+With a token (the default: loopback TCP is open to every local user), every /api/ request
+needs it, as the cookie that /?token= set or as `Authorization: Bearer <token>`; without it
+the answer is 403. The page and its static files carry no data and need none. The cookie's
+value is an HMAC of the token, not the token; its name carries the port (cookies are per
+host, not per port).
 """
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import math
 import mimetypes
+import threading
 import time
+from http.cookies import CookieError, SimpleCookie
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+from telemetry.consumers import httpaccess
 from telemetry.consumers.dashboard.live import Hub
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
 STATUS_EVERY_S = 1.0
 DEFAULT_WIDTH_PX = 1200
 MAX_WIDTH_PX = 8000
-LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "[::1]", "::1")
+# Points of one /api/data answer, all series together, unless the server is told otherwise.
+DEFAULT_MAX_POINTS_SENT = 400_000
 
 
 class DashboardServer(ThreadingHTTPServer):
     daemon_threads = True          # a page left open never holds the exit
     allow_reuse_address = True
 
-    def __init__(self, addr: tuple[str, int], hub: Hub, allow_any_host: bool = False) -> None:
+    def __init__(self, addr: tuple[str, int], hub: Hub, allow_any_host: bool = False, token: str | None = None,
+                 max_points_sent: int = DEFAULT_MAX_POINTS_SENT) -> None:
         super().__init__(addr, Handler)
         self.hub = hub
         self.allow_any_host = allow_any_host
+        self.token = token
+        self.cookie_name = f"telemetry_dashboard_{self.server_address[1]}"
+        self.cookie_value = (hmac.new(token.encode(), b"telemetry dashboard cookie", hashlib.sha256).hexdigest()
+                             if token else "")
+        self.max_points_sent = max_points_sent
+        self.data_lock = threading.Lock()   # one /api/data answer in memory at a time
         self.stopping = False
 
 
@@ -69,18 +89,29 @@ class Handler(BaseHTTPRequestHandler):
         pass
 
     def _host_ok(self) -> bool:
-        if self.server.allow_any_host:
-            return True
-        host = self.headers.get("Host") or ""
-        name = host.split("]")[0] + "]" if host.startswith("[") else host.rsplit(":", 1)[0]
-        return name in LOOPBACK_HOSTS or name.startswith("127.")
+        return self.server.allow_any_host or httpaccess.host_is_loopback(self.headers.get("Host") or "")
 
-    def _send(self, status: int, body: bytes, content_type: str, cache: bool = False) -> None:
+    def _authorized(self) -> bool:
+        srv = self.server
+        if srv.token is None:
+            return True
+        if httpaccess.token_matches(httpaccess.bearer_token(self.headers.get("Authorization")), srv.token):
+            return True
+        try:
+            morsel = SimpleCookie(self.headers.get("Cookie") or "").get(srv.cookie_name)
+        except CookieError:
+            return False
+        return morsel is not None and httpaccess.token_matches(morsel.value, srv.cookie_value)
+
+    def _send(self, status: int, body: bytes, content_type: str, cache: bool = False,
+              headers: dict[str, str] | None = None) -> None:
         self.send_response(status)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))
         self.send_header("Cache-Control", "max-age=3600" if cache else "no-store")
         self.send_header("X-Content-Type-Options", "nosniff")
+        for k, v in (headers or {}).items():
+            self.send_header(k, v)
         self.end_headers()
         self.wfile.write(body)
 
@@ -91,15 +122,31 @@ class Handler(BaseHTTPRequestHandler):
         url = urlsplit(self.path)
         query = parse_qs(url.query)
         if url.path in ("/", "/index.html"):
-            self._static("index.html")
+            if "token" in query and self.server.token is not None:
+                self._login(query["token"][0])
+            else:
+                self._static("index.html")
         elif url.path.startswith("/static/"):
             self._static(url.path[len("/static/"):])
+        elif url.path.startswith("/api/") and not self._authorized():
+            self._send(HTTPStatus.FORBIDDEN, _dumps({"error": "this dashboard needs its token: open the address "
+                                                              "`telemetry dashboard` printed (it ends in ?token=...)"}),
+                       "application/json")
         elif url.path == "/api/data":
             self._data(query)
         elif url.path == "/api/stream":
             self._stream(query)
         else:
             self._send(HTTPStatus.NOT_FOUND, b"not found\n", "text/plain")
+
+    def _login(self, given: str) -> None:
+        """/?token=T: the right token becomes the page's cookie and the browser goes on to /."""
+        srv = self.server
+        if not httpaccess.token_matches(given, srv.token):
+            self._send(HTTPStatus.FORBIDDEN, b"forbidden: wrong token\n", "text/plain")
+            return
+        cookie = f"{srv.cookie_name}={srv.cookie_value}; Path=/; HttpOnly; SameSite=Strict"
+        self._send(HTTPStatus.SEE_OTHER, b"", "text/plain", headers={"Location": "/", "Set-Cookie": cookie})
 
     def _static(self, name: str) -> None:
         # Only plain file names of the static dir: no path ever leaves it.
@@ -119,10 +166,14 @@ class Handler(BaseHTTPRequestHandler):
             width = DEFAULT_WIDTH_PX
         width = min(MAX_WIDTH_PX, max(100, width))
         hub = self.server.hub
-        seq = hub.seq   # read before the snapshots: a change in between is sent again, never lost
-        body = {"seq": seq, "instance": hub.instance, "runs": [s.snapshot(width) for s in hub.stores.values()],
-                "status": hub.statuses()}
-        self._send(HTTPStatus.OK, _dumps(body), "application/json")
+        max_points = self.server.max_points_sent // max(1, len(hub.stores))
+        with self.server.data_lock:
+            seq = hub.seq   # read before the snapshots: a change in between is sent again, never lost
+            body = {"seq": seq, "instance": hub.instance,
+                    "runs": [s.snapshot(width, max_points) for s in hub.stores.values()], "status": hub.statuses()}
+            data = _dumps(body)
+            del body
+        self._send(HTTPStatus.OK, data, "application/json")
 
     def _stream(self, query: dict) -> None:
         try:

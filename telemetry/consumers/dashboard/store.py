@@ -1,8 +1,17 @@
 """What the dashboard holds for one run: every value as a series, the events, the run's state.
 
 Fed records in order (history from metrics.jsonl, then live ones) by one thread; read by the
-HTTP threads under the store's lock. Series are kept whole (float arrays, 16 bytes a point);
-only what is sent to a browser is downsampled.
+HTTP threads under the store's lock. Series are float arrays (16 bytes a point), kept whole
+while they fit the store's share of the dashboard's memory budget (StoreLimits):
+- series: the first max_series keys to come are kept; a value of a new key beyond that (or
+  beyond max_series_bytes) is dropped and counted (num_values_dropped);
+- points: beyond max_points, the longest series is thinned to about half its points, each
+  bucket of 8 keeping its first, last, minimum and maximum (a one-step spike stays), counted
+  (num_points_thinned);
+- events: beyond max_event_groups or max_event_bytes the oldest quarter is forgotten, counted
+  (num_events_forgotten).
+The page shows the counts (status()["budget"]). Only what is sent to a browser is downsampled
+otherwise.
 
 Series keys (what the page's charts select):
     <name>                   aggregated `metrics` values, x = step     (train/loss, perf/mfu, ...)
@@ -14,12 +23,14 @@ Series keys (what the page's charts select):
 from __future__ import annotations
 
 import bisect
+import json
 import math
 import threading
 import time
 from array import array
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -33,6 +44,28 @@ STEP, TIME = "step", "time"
 MAX_EVENTS_SENT = 500
 # Per-core CPU values are one series per core and per second: not charted, not kept.
 _SKIPPED_SYSTEM = ("system/cpu_percent_core",)
+# What a series costs besides its points: the Series, its two arrays, its key (in the series
+# dict and in `latest`), dict slots (tracemalloc: ~700 bytes with a 20-character key).
+SERIES_BYTES = 800
+POINT_BYTES = 16
+# An event group: the EventGroup, its dicts, the page's copy of its step; plus its data's JSON.
+EVENT_BYTES = 600
+# Thinning never takes a series below this many points (a chart of it stays a line).
+MIN_POINTS_THINNED = 64
+# (t, step) pairs kept to place an event that names no step; halved (every other kept) beyond.
+MAX_STEP_TIMES = 1 << 18
+
+
+@dataclass(frozen=True)
+class StoreLimits:
+    """What one run's store may hold. The defaults fit one run in the default budget (the
+    dashboard's run() divides --memory-mb among its runs: budget.py)."""
+
+    max_series: int = 10_000
+    max_series_bytes: int = 20 << 20
+    max_points: int = 4_000_000
+    max_event_groups: int = 20_000
+    max_event_bytes: int = 8 << 20
 
 
 def _num(v: Any) -> float | None:
@@ -53,9 +86,24 @@ class Series:
         self.xs = array("d")
         self.ys = array("d")
 
+    def __len__(self) -> int:
+        return len(self.xs)
+
     def add(self, x: float, y: float) -> None:
         self.xs.append(x)
         self.ys.append(y)
+
+    def thin(self) -> int:
+        """Keep about half the points: per bucket of ~8, the first, last, minimum, maximum and
+        a gap (minmax_downsample). Return how many points went."""
+        n = len(self.xs)
+        xs, ys = last_per_x(np.frombuffer(self.xs, dtype=np.float64).copy(),
+                            np.frombuffer(self.ys, dtype=np.float64).copy())
+        xs, ys = minmax_downsample(xs, ys, max(1, len(xs) // 8))
+        if len(xs) > n * 3 // 4:   # buckets of equal x width can be uneven: every other point then
+            xs, ys = xs[::2], ys[::2]
+        self.xs, self.ys = array("d", xs.tobytes()), array("d", ys.tobytes())
+        return n - len(self.xs)
 
     def for_display(self, num_buckets: int) -> tuple[np.ndarray, np.ndarray, float | None]:
         xs = np.frombuffer(self.xs, dtype=np.float64).copy()
@@ -69,6 +117,25 @@ class Series:
         return xs, ys, gap
 
 
+def buckets_within(sizes: list[int], num_buckets: int, max_points: int) -> int:
+    """The most buckets (at most num_buckets, at least 4) for which series of these sizes,
+    downsampled (a series of more than 2 buckets' points sends at most 4 a bucket), send at
+    most max_points points together."""
+    def cost(b: int) -> int:
+        return sum(n if n <= 2 * b else min(n, 4 * b) for n in sizes)
+
+    lo, hi = 4, max(4, num_buckets)
+    if cost(hi) <= max_points:
+        return hi
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if cost(mid) <= max_points:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
 def _json_list(a: np.ndarray) -> list:
     return [None if math.isnan(v) else v for v in a.tolist()]
 
@@ -76,7 +143,8 @@ def _json_list(a: np.ndarray) -> list:
 class RunStore:
     """One run's series, events and state. consume(rec) returns what changed, for live pages."""
 
-    def __init__(self, run_id: str, name: str, log_dir: Path | None, name_from_hello: bool = True) -> None:
+    def __init__(self, run_id: str, name: str, log_dir: Path | None, name_from_hello: bool = True,
+                 limits: StoreLimits | None = None) -> None:
         self.run_id = run_id
         self.name = name
         # Side by side, runs keep their directory's name: resumed or copied runs can share a run_name.
@@ -84,11 +152,20 @@ class RunStore:
         self.log_dir = log_dir
         self.lock = threading.Lock()
         self.series: dict[str, Series] = {}
+        self.limits = limits or StoreLimits()
+        self.num_series_bytes = 0
+        self.num_points = 0
+        self.num_values_dropped = 0     # values of new series beyond the limits
+        self.num_points_thinned = 0
+        self.num_events_forgotten = 0
+        self.on_first_drop: Callable[[RunStore], None] | None = None   # told once, under the lock
         self.events = EventGroups()
         self._event_steps: dict[int, int | None] = {}
+        self._event_bytes: dict[int, int] = {}
+        self.num_event_bytes = 0
         # (t, step) of aggregated steps, to put an event that names no step on the step axis.
-        self._step_t: list[float] = []
-        self._step_of_t: list[int] = []
+        self._step_t = array("d")
+        self._step_of_t = array("d")
         self.latest: dict[str, float | None] = {}
         self.daemon = DaemonTotals()   # its counters over the whole run, across daemon restarts
         self.end = RunEnd()
@@ -103,12 +180,47 @@ class RunStore:
         self.num_reconnects = 0
 
     # -- feeding -------------------------------------------------------------------------------
-    def _add(self, key: str, axis: str, x: float, y: float, out: list) -> None:
+    def _add(self, key: str, axis: str, x: float, y: float, out: list) -> bool:
+        """Add a point; False when it was dropped (a new series beyond the limits)."""
         s = self.series.get(key)
         if s is None:
+            cost = SERIES_BYTES + 2 * len(key)
+            if (len(self.series) >= self.limits.max_series
+                    or self.num_series_bytes + cost > self.limits.max_series_bytes):
+                self.num_values_dropped += 1
+                if self.num_values_dropped == 1 and self.on_first_drop is not None:
+                    self.on_first_drop(self)
+                return False
+            self.num_series_bytes += cost
             s = self.series[key] = Series(axis)
         s.add(x, y)
+        self.num_points += 1
+        if self.num_points > self.limits.max_points:
+            self._thin()
         out.append([key, axis, x, None if math.isnan(y) else y])
+        return True
+
+    def _thin(self) -> None:
+        # The longest series gives up half its points: the next thinning is half its length away.
+        longest = max(self.series.values(), key=len)
+        if len(longest) > MIN_POINTS_THINNED:
+            gone = longest.thin()
+            self.num_points -= gone
+            self.num_points_thinned += gone
+
+    def _add_event(self, rec: dict) -> Any:
+        g, new = self.events.add(rec)
+        if new:
+            cost = EVENT_BYTES + len(json.dumps(g.data, default=str))
+            self._event_bytes[g.id] = cost
+            self.num_event_bytes += cost
+            lim = self.limits
+            if len(self.events.groups) > lim.max_event_groups or self.num_event_bytes > lim.max_event_bytes:
+                for old in self.events.forget_oldest(max(1, len(self.events.groups) // 4)):
+                    self.num_event_bytes -= self._event_bytes.pop(old.id, 0)
+                    self._event_steps.pop(old.id, None)
+                    self.num_events_forgotten += 1
+        return g
 
     def consume(self, rec: dict) -> tuple[list, list]:
         """Take one record; return (points, events) it added: [key, axis, x, y] and event dicts."""
@@ -138,11 +250,12 @@ class RunStore:
                 self.last_step = step if self.last_step is None else max(self.last_step, step)
                 if t is not None and (not self._step_t or t >= self._step_t[-1]):
                     self._step_t.append(t)
-                    self._step_of_t.append(step)
+                    self._step_of_t.append(float(step))
+                    if len(self._step_t) > MAX_STEP_TIMES:
+                        self._step_t, self._step_of_t = self._step_t[::2], self._step_of_t[::2]
                 for k, v in values.items():
                     y = _num(v)
-                    if y is not None:
-                        self._add(k, STEP, float(step), y, points)
+                    if y is not None and self._add(k, STEP, float(step), y, points):
                         self.latest[k] = None if math.isnan(y) else y
             elif kind in ("gpu", "system", "daemon") and t is not None:
                 if kind == "gpu":
@@ -160,7 +273,7 @@ class RunStore:
                 if kind == "daemon":
                     self.daemon.consume(values, t)
             elif kind == "event":
-                g, _new = self.events.add(rec)
+                g = self._add_event(rec)
                 if g.id not in self._event_steps:
                     self._event_steps[g.id] = self._step_for(g.data, g.t)
                 events.append(self._event_dict(g))
@@ -183,7 +296,7 @@ class RunStore:
         if t is None or not self._step_t:
             return self.last_step
         i = bisect.bisect_right(self._step_t, t)
-        return self._step_of_t[i - 1] if i else self._step_of_t[0]
+        return int(self._step_of_t[i - 1] if i else self._step_of_t[0])
 
     def _event_dict(self, g: Any) -> dict:
         return {**g.as_dict(), "step": self._event_steps.get(g.id), "run": self.run_id}
@@ -203,14 +316,21 @@ class RunStore:
                     "num_reconnects": self.num_reconnects, "ended": bool(ended), "ended_how": "; ".join(ended),
                     "last_step": self.last_step, "last_record_t": self.last_record_t,
                     "num_records": self.num_records, "num_bad": self.num_bad, "now": time.time(),
+                    "budget": {"num_series": len(self.series), "max_series": self.limits.max_series,
+                               "num_values_dropped": self.num_values_dropped, "num_points": self.num_points,
+                               "max_points": self.limits.max_points, "num_points_thinned": self.num_points_thinned,
+                               "num_events_forgotten": self.num_events_forgotten},
                     "daemon": {k: v for k, v in self.daemon.totals().items()
                                if isinstance(v, (int, float)) and math.isfinite(v)},
                     "num_daemons": self.daemon.num_daemons}
 
-    def snapshot(self, width_px: int) -> dict[str, Any]:
-        """Everything a page draws, each series downsampled to the chart width."""
-        num_buckets = max(16, width_px // 2)
+    def snapshot(self, width_px: int, max_points: int | None = None) -> dict[str, Any]:
+        """Everything a page draws, each series downsampled to the chart width, and to fewer
+        buckets when all of them together would send more than about `max_points` points."""
         with self.lock:
+            num_buckets = max(16, width_px // 2)
+            if max_points is not None:
+                num_buckets = buckets_within([len(s) for s in self.series.values()], num_buckets, max_points)
             items = [(k, s.axis, s.for_display(num_buckets), len(s.xs)) for k, s in self.series.items()]
             groups = self.events.groups[-MAX_EVENTS_SENT:]
             events = [self._event_dict(g) for g in groups]

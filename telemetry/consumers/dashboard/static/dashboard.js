@@ -191,9 +191,30 @@ function drawStatus() {
   const title = document.getElementById("title");
   title.textContent = state.order.map((id) => state.runs[id].name).join(" vs ");
   document.title = title.textContent + " · telemetry";
+  drawShed(sts);
   const st0 = sts[0];
   document.getElementById("subtitle").textContent = multi() ? `${sts.length} runs` :
     `step ${st0.last_step ?? "—"} · ${st0.num_records.toLocaleString("en-US")} records · ${st0.source}`;
+}
+
+// What the dashboard did not keep to stay within its memory budget (--memory-mb, --max-series).
+function drawShed(sts) {
+  const parts = [];
+  for (const st of sts) {
+    const b = st.budget;
+    if (!b) continue;
+    const who = multi() ? `${st.name}: ` : "";
+    const said = [];
+    if (b.num_values_dropped) said.push(`${b.num_values_dropped.toLocaleString("en-US")} values of series beyond ` +
+                                        `the first ${b.max_series.toLocaleString("en-US")} not kept`);
+    if (b.num_points_thinned) said.push(`${b.num_points_thinned.toLocaleString("en-US")} points thinned ` +
+                                        "(each bucket's first, last, minimum and maximum kept)");
+    if (b.num_events_forgotten) said.push(`${b.num_events_forgotten.toLocaleString("en-US")} oldest events forgotten`);
+    if (said.length) parts.push(who + said.join(", "));
+  }
+  const box = document.getElementById("shed");
+  box.textContent = parts.length ? "Memory budget: " + parts.join("; ") + "." : "";
+  box.hidden = !parts.length;
 }
 
 const daemonTotal = (run, key) => state.status[run.id]?.daemon?.[key];
@@ -455,6 +476,14 @@ async function reload() {
   state.reloading = true;
   try {
     const resp = await fetch(`/api/data?width=${chartWidth()}`, { cache: "no-store" });
+    if (resp.status === 403) {
+      // No token (or a wrong one): the address `telemetry dashboard` printed carries it once.
+      const box = document.getElementById("status");
+      box.textContent = "this dashboard needs its token: open the address `telemetry dashboard` printed (…/?token=…)";
+      box.className = "status down";
+      document.body.dataset.locked = "1";
+      return;
+    }
     const data = await resp.json();
     loadSnapshot(data);
     redraw();
