@@ -44,14 +44,18 @@ def _tree(top: Path) -> list[Path]:
 
 
 def _public_run_dir() -> Path:
-    """A run dir as `launch/run.sh` makes it (mkdir -p: 0755, its telemetry/ too), on a path
-    another user can walk: pytest's own tmp_path is under a 0700 directory, where the test
-    would pass whatever the daemon did."""
+    """A run dir as `launch/run.sh` makes it (mkdir -p: 0755, its telemetry/ too), with the
+    0644 files an older daemon left there, on a path another user can walk: pytest's own
+    tmp_path is under a 0700 directory, where the test would pass whatever the daemon did."""
     base = Path(tempfile.mkdtemp(prefix="tpf-", dir="/tmp"))
     base.chmod(0o755)
-    (base / "run" / "telemetry").mkdir(parents=True)
-    for d in (base / "run", base / "run" / "telemetry"):
+    log_dir = base / "run" / "telemetry"
+    log_dir.mkdir(parents=True)
+    for d in (base / "run", log_dir):
         d.chmod(0o755)
+    for name in ("metrics.jsonl", "daemon.log"):
+        (log_dir / name).write_text("")
+        (log_dir / name).chmod(0o644)
     return base
 
 
