@@ -1,0 +1,136 @@
+"""Who reads a dashboard: its token (on by default, as loopback TCP is open to every local user),
+--token-file and --no-token, --allow-remote beyond loopback; and its flags checked first (one
+line, exit 2). Real dashboard processes, real HTTP; "another local user" is uid 65534."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from dashboard_util import ROOT, Dashboard
+
+OTHER_UID = 65534
+
+
+def _run_dir(tmp_path: Path) -> Path:
+    tel = tmp_path / "run" / "telemetry"
+    tel.mkdir(parents=True)
+    (tel / "metrics.jsonl").write_text(json.dumps({"kind": "hello", "t": 1.7e9, "rank": 0, "info": {
+        "config": {"optim": {"lr": 1e-3}}}}) + "\n" + json.dumps(
+        {"kind": "metrics", "t": 1.7e9, "step": 1, "values": {"train/loss": 2.5}}) + "\n")
+    return tmp_path / "run"
+
+
+def _status(req: urllib.request.Request | str) -> tuple[int, dict]:
+    try:
+        resp = urllib.request.urlopen(req, timeout=60)
+        return resp.status, dict(resp.headers)
+    except urllib.error.HTTPError as exc:
+        return exc.code, dict(exc.headers)
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, *args, **kwargs):
+        return None
+
+
+def test_api_needs_the_token_printed_once_in_the_address(tmp_path):
+    dash = Dashboard(str(_run_dir(tmp_path)))
+    try:
+        assert dash.token and len(dash.token) >= 16 and dash.login_url == f"{dash.url}?token={dash.token}"
+        # Without it: the page and its files (no data), but no data.
+        for path in ("api/data", "api/stream?since=0"):
+            code, _ = _status(dash.url + path)
+            assert code == 403, path
+        assert _status(dash.url)[0] == 200 and _status(dash.url + "static/dashboard.js")[0] == 200
+        assert _status(urllib.request.Request(dash.url + "api/data", headers={"Authorization": "Bearer nope"}))[0] == 403
+        assert _status(urllib.request.Request(dash.url + "api/data", headers={
+            "Cookie": f"telemetry_dashboard_{dash.url.rsplit(':', 1)[1].strip('/')}={dash.token}"}))[0] == 403
+        # The printed address: a cookie (an HMAC of the token, not the token), then on to / without it.
+        opener = urllib.request.build_opener(_NoRedirect)
+        with pytest.raises(urllib.error.HTTPError) as exc:
+            opener.open(dash.login_url, timeout=60)
+        assert exc.value.code == 303 and exc.value.headers["Location"] == "/"
+        cookie = exc.value.headers["Set-Cookie"]
+        assert "HttpOnly" in cookie and "SameSite=Strict" in cookie and dash.token not in cookie
+        with pytest.raises(urllib.error.HTTPError) as wrong:
+            opener.open(dash.url + "?token=not-the-token", timeout=60)
+        assert wrong.value.code == 403
+        pair = cookie.split(";")[0]
+        data = json.loads(urllib.request.urlopen(urllib.request.Request(dash.url + "api/data", headers={
+            "Cookie": pair}), timeout=60).read())
+        assert data["runs"][0]["config"]["config"]["optim"]["lr"] == 1e-3
+        assert dash.get_json("api/data")["runs"][0]["latest"]["train/loss"] == 2.5    # Authorization: Bearer
+        if os.geteuid() == 0 and os.path.exists("/usr/bin/python3"):
+            # Another local user on loopback, without the token.
+            code = ("import urllib.request, urllib.error\n"
+                    f"try: urllib.request.urlopen({dash.url + 'api/data'!r}, timeout=30)\n"
+                    "except urllib.error.HTTPError as e: print(e.code)\n"
+                    "else: print(200)\n")
+            out = subprocess.run(["/usr/bin/python3", "-I", "-c", code], user=OTHER_UID, group=OTHER_UID, cwd="/",
+                                 capture_output=True, text=True, timeout=60)
+            assert out.stdout.strip() == "403", out.stdout + out.stderr
+    finally:
+        assert dash.stop() == 0
+
+
+def test_a_token_of_your_own_or_none(tmp_path):
+    run = _run_dir(tmp_path)
+    token_file = tmp_path / "token"
+    token_file.write_text("my-own-dashboard-token-123\n")
+    token_file.chmod(0o600)
+    dash = Dashboard(str(run), "--token-file", str(token_file))
+    try:
+        assert dash.token is None and "token from" in dash.lines[0]     # a token of your own is not printed
+        assert _status(dash.url + "api/data")[0] == 403
+        req = urllib.request.Request(dash.url + "api/data", headers={"Authorization": "Bearer my-own-dashboard-token-123"})
+        assert _status(req)[0] == 200
+    finally:
+        assert dash.stop() == 0
+    dash = Dashboard(str(run), "--no-token")
+    try:
+        assert dash.token is None and "no token" in dash.lines[0]
+        assert _status(dash.url + "api/data")[0] == 200
+    finally:
+        assert dash.stop() == 0
+
+
+def _refused(args: list[str], *words: str) -> str:
+    out = subprocess.run([sys.executable, "-m", "telemetry", "dashboard", *args], cwd=ROOT, capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert "Traceback" not in out.stderr and out.stderr.count("\n") == 1, out.stderr
+    assert out.stderr.startswith("telemetry dashboard: ") and "serving" not in out.stdout, out.stderr
+    for w in words:
+        assert w in out.stderr, out.stderr
+    return out.stderr
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--port", "abc"], ["--port abc", "0 to 65535"]),
+    (["--port", "99999"], ["--port 99999"]),
+    (["--port", "-1"], ["--port -1"]),
+    (["--memory-mb", "0"], ["--memory-mb 0"]),
+    (["--memory-mb", "-1"], ["--memory-mb -1"]),
+    (["--memory-mb", "nan"], ["--memory-mb nan"]),
+    (["--max-series", "0"], ["--max-series 0"]),
+    (["--token-file", "/nonexistent/token"], ["--token-file /nonexistent/token"]),
+    (["--token-file", "/dev/zero"], ["not a regular file"]),
+    (["--no-token", "--token-file", "/etc/hostname"], ["give one of them"]),
+    (["--addr", "0.0.0.0"], ["beyond loopback", "--allow-remote"]),
+])
+def test_bad_flags_are_one_line_and_exit_2(tmp_path, args, words):
+    _refused([str(_run_dir(tmp_path)), *args], *words)
+
+
+def test_a_short_or_spaced_token_file_is_refused(tmp_path):
+    for text, word in (("short", "at least 16"), ("two words in it here", "without spaces"), ("", "without spaces")):
+        path = tmp_path / "token"
+        path.write_text(text)
+        _refused([str(tmp_path), "--token-file", str(path)], word)
