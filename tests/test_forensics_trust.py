@@ -256,3 +256,72 @@ def test_the_stacks_directory_is_made_private_and_the_file_says_who_holds_it(tmp
     assert stat.S_IMODE(path.parent.lstat().st_mode) == 0o700 and stat.S_IMODE(path.lstat().st_mode) == 0o600
     assert path.read_text().splitlines()[0] == f"telemetry-stacks v1 rank=0 pid={path.name.split('pid')[1][:-4]} " \
                                                f"signal={hello['stacks_signal']}"
+
+
+# -- the verifier, against processes made to fit each check but one ---------------------------
+# A process of ours holding a stacks file (first line as given, PID filled in) and a connection.
+HOLDER = r"""
+import os, signal, sys, time, zmq
+endpoint, stacks_dir, header, catch = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+rank = header.split("rank=")[1].split()[0]
+if catch:
+    signal.signal(catch, lambda *a: None)
+f = open(os.path.join(stacks_dir, f"stacks-rank{rank}-pid{os.getpid()}.txt"), "w")
+f.write(header.replace("PID", str(os.getpid())) + "\n")
+f.flush()
+ctx = zmq.Context()
+push = ctx.socket(zmq.PUSH)
+push.connect(endpoint)
+push.send(b"x")
+print("ready", flush=True)
+sys.stdin.read()
+"""
+
+
+@pytest.mark.parametrize("case", ["ok", "unsafe_signal", "not_caught", "wrong_rank", "wrong_start", "other_port",
+                                  "forwarded"])
+def test_the_verifier_believes_a_claim_only_when_every_check_holds(tmp_path, case):
+    import signal
+
+    from telemetry.daemon.forensics.verify import LocalRank, Verifier
+
+    ctx = zmq.Context()
+    pull = ctx.socket(zmq.PULL)
+    port = pull.bind_to_random_port("tcp://127.0.0.1")
+    other = ctx.socket(zmq.PULL)
+    other_port = other.bind_to_random_port("tcp://127.0.0.1")
+    sig = {"unsafe_signal": signal.SIGTERM}.get(case, signal.SIGUSR2)
+    catch = 0 if case == "not_caught" else int(sig)
+    claimed_rank = 3
+    header_rank = 4 if case == "wrong_rank" else claimed_rank
+    connect = other_port if case == "other_port" else port
+    p = subprocess.Popen([sys.executable, "-c", HOLDER, f"tcp://127.0.0.1:{connect}", str(tmp_path),
+                          f"telemetry-stacks v1 rank={header_rank} pid=PID signal={int(sig)}", str(catch)],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        assert p.stdout.readline().strip() == "ready"
+        receiver = other if case == "other_port" else pull
+        assert receiver.poll(60_000), "the holder never connected"     # its connection is up
+        receiver.recv()
+        info = {"host": socket.gethostname(), "pid": p.pid, "start_time": proc_start_time(p.pid)}
+        if case == "wrong_start":
+            info["start_time"] += 1
+        if case == "forwarded":
+            info["forwarded_by"] = "node daemon"
+        from telemetry.daemon.forensics.verify import claims_this_host
+
+        assert claims_this_host(info, socket.gethostname()) == (case != "forwarded")
+        got = Verifier(f"tcp://127.0.0.1:{port}", socket.gethostname()).verify(claimed_rank, info)
+        if case in ("ok", "unsafe_signal", "not_caught"):
+            assert isinstance(got, LocalRank) and got.pid == p.pid and got.rank == claimed_rank, got
+            assert got.stacks_signal == (int(sig) if case == "ok" else None), got
+            assert case == "ok" or got.stacks_unavailable, got
+        elif case != "forwarded":
+            assert isinstance(got, str), got
+    finally:
+        p.kill()
+        p.wait(30)
+        pull.close(0)
+        other.close(0)
+        ctx.term()

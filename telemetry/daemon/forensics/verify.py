@@ -18,8 +18,9 @@ from the wire to act on. For each hello that claims a rank on this host it check
                  made it, so a hello can name a process only as the rank it says it is
     this daemon  on TCP ingest the process holds a connection to the daemon's ingest address and
                  port (its socket inodes against /proc/net/tcp and tcp6); on ipc one whose peer
-                 is this daemon's ingest socket (sock_diag, the kernel's own record of the pair);
-                 a connection to the remote ingest never counts
+                 is this daemon's ingest socket (sock_diag, the kernel's own record of the pair;
+                 without sock_diag: the stacks file lies in the ingest socket's private runtime
+                 directory); a connection to the remote ingest never counts
     the signal   from that first line, never the wire's; sent only if it is in SAFE_SIGNALS
                  (SIGUSR1, SIGUSR2, SIGRTMIN..SIGRTMAX) and /proc/<pid>/status SigCgt says the
                  process catches it, checked again just before it is sent (through a pidfd, so
@@ -143,7 +144,7 @@ class Verifier:
             return hit[1]
         try:
             result = self._verify(rank, pid, start)
-        except OSError as exc:       # /proc changed under us (the process exited): not verified
+        except (OSError, ValueError, struct.error) as exc:   # /proc changed under us (it exited)
             result = f"{type(exc).__name__}: {exc}"
         if len(self._cache) >= CACHE_MAX:
             self._cache.clear()
@@ -195,7 +196,7 @@ class Verifier:
         header = stacks_file.parse_header(first)
         if header is None or header[:2] != (rank, pid):
             return f"pid {pid}: {found[1]} does not say rank {rank}, pid {pid}"
-        if not self._connected(sockets):
+        if not self._connected(sockets, found[1]):
             return f"pid {pid} holds no connection to this daemon's ingest {self.ingest}"
         sig, why = header[2] or None, ""
         if sig is None:
@@ -207,13 +208,18 @@ class Verifier:
         return LocalRank(rank, pid, start, found[1], (st.st_dev, st.st_ino), sig, why)
 
     # -- is it a client of this daemon ---------------------------------------------------------
-    def _connected(self, inodes: set[int]) -> bool:
-        if not inodes:
-            return False
+    def _connected(self, inodes: set[int], stacks_path: str) -> bool:
         if self.ingest.startswith("tcp://"):
             return _tcp_connected(self.ingest, inodes)
         if self.ingest.startswith("ipc://"):
-            return _unix_connected(self.ingest[len("ipc://"):], inodes)
+            path = self.ingest[len("ipc://"):]
+            try:
+                return _unix_connected(path, inodes)
+            except OSError:
+                # No sock_diag here (a kernel without unix_diag, a sandbox): the client's default
+                # stacks directory is the ingest socket's, the run's private runtime directory,
+                # where only our uid can have made a file.
+                return os.path.dirname(stacks_path) == os.path.dirname(os.path.abspath(path))
         return False
 
 
@@ -270,11 +276,9 @@ _MAX_DIAG_BYTES = 64 << 20
 
 def _unix_connected(path: str, inodes: set[int]) -> bool:
     """One of `inodes` is a unix socket whose peer is bound to `path` (a connection this daemon
-    accepted on its ipc ingest: accepted sockets carry the listener's name)."""
-    try:
-        table = _unix_sockets()
-    except OSError:
-        return False
+    accepted on its ipc ingest: accepted sockets carry the listener's name). Raises OSError
+    where the kernel does not answer sock_diag."""
+    table = _unix_sockets()
     want = os.fsencode(path)
     for ino in inodes:
         entry = table.get(ino)
