@@ -4,6 +4,9 @@ from __future__ import annotations
 import glob
 import json
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 from telemetry.client import TelemetryClient
 from telemetry.shared.security.redact import REDACTED, Redactor, is_secret_key
@@ -13,6 +16,7 @@ from wandb_offline import wait_finished
 WANDB_KEY = "0123456789abcdef0123456789abcdef01234567"
 HF_TOKEN = "hf_SeCrEtToKeNvAlUe12345"
 PASSWORD = "hunter2-correct-horse"
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_redactor_rules():
@@ -119,3 +123,14 @@ def test_ordinary_config_reaches_jsonl_wandb_and_events_intact(make_daemon, tmp_
                 data = f.read()
             for secret in (WANDB_NESTED_KEY, PASSWORD, "hunter2-db-pass"):
                 assert secret.encode() not in data, f"{secret[:8]}... found in {os.path.join(root, name)}"
+
+
+def test_a_long_hostile_string_is_redacted_in_one_pass():
+    """A 1 MiB event string of scheme letters cost the URL rule minutes (each letter started a
+    scan to the end); the daemon redacts events on its loop. The timeout only detects a hang."""
+    code = ("from telemetry.shared.security.redact import Redactor, REDACTED\n"
+            "s = 'a' * (1 << 20) + '://@ db://u:pw@h'\n"
+            "out = Redactor(secrets=())({'msg': s})['msg']\n"
+            "assert out.endswith('db://u:' + REDACTED + '@h'), out[-40:]\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]

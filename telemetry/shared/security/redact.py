@@ -42,8 +42,10 @@ _SPECIAL_TOKENS = frozenset({"bos", "eos", "pad", "unk", "sep", "cls", "mask", "
 _TOKEN_QUALIFIERS = frozenset({"api", "auth", "access", "refresh", "bearer", "hf", "hub", "wandb", "github",
                                "session", "secret"})
 _AUTH_WORDS = frozenset({"auth", "oauth", "authorization"})
-# scheme://user:PASSWORD@host: the password runs to the authority's last "@".
-_URL_PASSWORD = re.compile(r"([A-Za-z][A-Za-z0-9+.\-]*://[^\s/?#@:]*:)([^\s/?#]+)@")
+# scheme://user:PASSWORD@host: the password runs to the authority's last "@". A scheme starts
+# only where no scheme character precedes it: otherwise each letter of a long word would start
+# a scan to its end (quadratic: a 1 MiB event string would hold the daemon's loop for minutes).
+_URL_PASSWORD = re.compile(r"(?<![A-Za-z0-9+.\-])([A-Za-z][A-Za-z0-9+.\-]*://[^\s/?#@:]*:)([^\s/?#]+)@")
 _MAX_CACHED_KEY = 128
 
 
