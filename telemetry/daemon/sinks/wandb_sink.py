@@ -32,6 +32,7 @@ import time
 from pathlib import Path
 
 from telemetry.daemon.sinks.base import Out, Sink
+from telemetry.shared import files
 from telemetry.shared import media as shared_media
 
 log = logging.getLogger("telemetry.daemon.sinks.wandb")
@@ -121,7 +122,7 @@ class WandbSink(Sink):
         else:
             self.run_id = stable_run_id(self.run_name + ":" + str(self.log_dir.resolve()))
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        id_file.write_text(self.run_id + "\n")
+        files.write_file(id_file, (self.run_id + "\n").encode())   # the run-file mode (0600)
         kwargs = {k: init[k] for k in ("group", "tags", "notes", "job_type") if k in init}
         self.run = wandb.init(mode=self.mode, project=init.get("project") or self.project,
                               entity=init.get("entity") or self.entity, name=init.get("name") or self.run_name,
