@@ -28,31 +28,51 @@ usage: launch/run.sh [--config FILE] [--nproc N] [--steps N] [--run-dir DIR] [--
 USAGE
 }
 
+# The most ranks one node may be asked for: beyond it, a typo (10^30 would allocate until the
+# OOM killer fires), and bash arithmetic wraps past 19 digits.
+MAX_NPROC=1024
+MAX_STEPS=1000000000000
+need_value() {   # $1 the option, $2 the number of arguments left, $3 the value: "--nproc" last is an error, not "unbound variable"
+    [[ "$2" -ge 2 && -n "$3" ]] || { echo "run.sh: $1 needs a value" >&2; exit 2; }
+}
 CONFIG="$ROOT/launch/configs/tiny.yaml"; NPROC=1; STEPS=""; RUN_DIR=""; ATTACH=""; LAUNCHER=torchrun
 WANDB_MODE_ARG="${TELEMETRY_WANDB:-offline}"; DAEMON_CONFIG=""; EXTRA=()
 while [[ $# -gt 0 ]]; do
     case "$1" in
-        --config) CONFIG="$2"; shift 2 ;;
-        --nproc) NPROC="$2"; shift 2 ;;
-        --steps) STEPS="$2"; shift 2 ;;
-        --run-dir) RUN_DIR="$2"; shift 2 ;;
-        --attach) ATTACH="$2"; shift 2 ;;
-        --launcher) LAUNCHER="$2"; shift 2 ;;
-        --wandb) WANDB_MODE_ARG="$2"; shift 2 ;;
-        --daemon-config) DAEMON_CONFIG="$2"; shift 2 ;;
+        --config) need_value "$1" $# "${2:-}"; CONFIG="$2"; shift 2 ;;
+        --nproc) need_value "$1" $# "${2:-}"; NPROC="$2"; shift 2 ;;
+        --steps) need_value "$1" $# "${2:-}"; STEPS="$2"; shift 2 ;;
+        --run-dir) need_value "$1" $# "${2:-}"; RUN_DIR="$2"; shift 2 ;;
+        --attach) need_value "$1" $# "${2:-}"; ATTACH="$2"; shift 2 ;;
+        --launcher) need_value "$1" $# "${2:-}"; LAUNCHER="$2"; shift 2 ;;
+        --wandb) need_value "$1" $# "${2:-}"; WANDB_MODE_ARG="$2"; shift 2 ;;
+        --daemon-config) need_value "$1" $# "${2:-}"; DAEMON_CONFIG="$2"; shift 2 ;;
         -h|--help) usage; exit 0 ;;
         --) shift; EXTRA=("$@"); break ;;
         *) echo "run.sh: unknown argument: $1" >&2; usage >&2; exit 2 ;;
     esac
 done
-[[ "$NPROC" =~ ^[1-9][0-9]*$ ]] || { echo "run.sh: --nproc must be a positive integer, got '$NPROC'" >&2; exit 2; }
-[[ -z "$STEPS" || "$STEPS" =~ ^[1-9][0-9]*$ ]] || { echo "run.sh: --steps must be a positive integer, got '$STEPS'" >&2; exit 2; }
+[[ "$NPROC" =~ ^[1-9][0-9]{0,3}$ ]] && (( NPROC <= MAX_NPROC )) \
+    || { echo "run.sh: --nproc must be an integer from 1 to $MAX_NPROC, got '${NPROC:0:40}'" >&2; exit 2; }
+[[ -z "$STEPS" || ( "$STEPS" =~ ^[1-9][0-9]{0,12}$ && "$STEPS" -le "$MAX_STEPS" ) ]] \
+    || { echo "run.sh: --steps must be an integer from 1 to $MAX_STEPS, got '${STEPS:0:40}'" >&2; exit 2; }
 [[ -z "$ATTACH" || "$ATTACH" == tail || "$ATTACH" == dashboard ]] \
     || { echo "run.sh: --attach takes 'tail' or 'dashboard', got '$ATTACH'" >&2; exit 2; }
 DASHBOARD_PORT="${TELEMETRY_DASHBOARD_PORT:-8765}"
 [[ "$DASHBOARD_PORT" =~ ^[0-9]+$ ]] || { echo "run.sh: TELEMETRY_DASHBOARD_PORT must be a port number" >&2; exit 2; }
 [[ "$LAUNCHER" == torchrun || "$LAUNCHER" == deepspeed ]] || { echo "run.sh: --launcher: torchrun or deepspeed" >&2; exit 2; }
 [[ -f "$CONFIG" ]] || { echo "run.sh: config not found: $CONFIG" >&2; exit 2; }
+[[ -z "$DAEMON_CONFIG" || -f "$DAEMON_CONFIG" ]] || { echo "run.sh: --daemon-config: not a file: $DAEMON_CONFIG" >&2; exit 2; }
+[[ "$WANDB_MODE_ARG" == disabled || "$WANDB_MODE_ARG" == offline || "$WANDB_MODE_ARG" == online ]] \
+    || { echo "run.sh: --wandb takes disabled, offline or online, got '$WANDB_MODE_ARG'" >&2; exit 2; }
+# A run dir that cannot be made or written (/proc/x, a path under a file) would leave the daemon
+# without its files and the training without checkpoints: refuse it now, before any set-up.
+if [[ -n "$RUN_DIR" ]]; then
+    probe=""
+    mkdir -p "$RUN_DIR/telemetry" 2>/dev/null && probe="$(mktemp "$RUN_DIR/telemetry/.write-test.XXXXXX" 2>/dev/null)" \
+        || { echo "run.sh: --run-dir $RUN_DIR: cannot create or write $RUN_DIR/telemetry" >&2; exit 2; }
+    rm -f "$probe"
+fi
 
 "$ROOT/launch/setup.sh" || { echo "run.sh: set-up failed" >&2; exit 1; }
 PY="$ROOT/.venv/bin/python"

@@ -40,8 +40,18 @@ SUMMARIES: dict[str, str] = {
 }
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse, with bad input said in one line (argparse prints the whole usage first, ten
+    lines for some commands) and exit code 2, as for every other bad input."""
+
+    def error(self, message: str):
+        from telemetry.consumers.terminal import printable
+
+        self.exit(2, f"{self.prog}: error: {printable(message)} (see: {self.prog} --help)\n")
+
+
 def build_parser(argv: list[str]) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="telemetry",
         description="Asynchronous telemetry sidecar for LLM training.",
         epilog="Run 'telemetry COMMAND --help' for a command's options.",

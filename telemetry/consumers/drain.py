@@ -4,22 +4,21 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
+
+from telemetry.consumers.status import TIMEOUT_ARG
+from telemetry.shared.endpoints import endpoint_arg
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--control", metavar="EP", help="the daemon's control endpoint (default as for status)")
-    p.add_argument("--timeout", type=float, default=15.0, metavar="S", help="seconds to wait (default 15)")
+    p.add_argument("--control", type=endpoint_arg, metavar="EP", help="the daemon's control endpoint (default as for status)")
+    p.add_argument("--timeout", type=TIMEOUT_ARG, default=15.0, metavar="S", help="seconds to wait (default 15)")
 
 
 def run(args: argparse.Namespace) -> int:
-    from telemetry.shared import endpoints
-    from telemetry.daemon.control import request
+    from telemetry.consumers.status import ask
 
-    try:
-        final = request(endpoints.resolve("control", args.control), "drain", timeout_s=args.timeout)
-    except TimeoutError as exc:
-        print(f"telemetry drain: {exc}", file=sys.stderr)
-        return 1
+    final, rc = ask("telemetry drain", args.control, "drain", args.timeout)
+    if final is None:
+        return rc
     print(json.dumps(final))
     return 0 if final.get("drained") else 1

@@ -229,6 +229,9 @@ def run(args: argparse.Namespace) -> int:
     from telemetry.consumers.readjsonl import find_log_dir
     from telemetry.shared import files
 
+    if not os.path.exists(args.run_dir):   # a typo is bad input (2); a run without metrics is 1
+        print(f"telemetry replay: {args.run_dir or repr(args.run_dir)}: no such file or directory", file=sys.stderr)
+        return 2
     try:
         # Its W&B directory and marks are as private as the run it reads.
         files.apply_like(find_log_dir(args.run_dir))

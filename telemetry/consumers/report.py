@@ -18,6 +18,7 @@ import argparse
 import html
 import json
 import math
+import os
 import statistics
 import sys
 from dataclasses import dataclass, field
@@ -25,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from telemetry.shared import files
+from telemetry.shared.config import nonempty_arg, writable_dir_problem
 
 # Plots draw at most this many points per line: a week-long run must still plot in seconds.
 MAX_POINTS = 4000
@@ -34,11 +36,15 @@ SMOOTH_FRACTION = 50
 # The first steps carry warm-up (allocation, compilation) and are left out of the medians.
 WARMUP_FRACTION = 0.2
 DPI = 110
+# Values beyond this magnitude stay out of the plots and the medians (counted, said in the text):
+# matplotlib's limit and tick arithmetic overflows on spans near the float range (±1e308 made
+# savefig fail), and no metric of a training run is anywhere near it.
+MAX_PLOT_ABS = 1e100
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("run_dir", metavar="RUN_DIR", help="run dir holding telemetry/metrics.jsonl, or the telemetry dir")
-    p.add_argument("--out", metavar="DIR", help="where the PNGs and index.html go (default <telemetry dir>/report)")
+    p.add_argument("--out", type=nonempty_arg, metavar="DIR", help="where the PNGs and index.html go (default <telemetry dir>/report)")
 
 
 # -- reading -------------------------------------------------------------------------------------
@@ -55,6 +61,7 @@ class RunData:
     daemon: dict[str, Any] = field(default_factory=dict)        # counters summed over the run's daemons
     num_daemons: int = 0
     num_steps_incomplete: int = 0
+    num_unplottable: int = 0     # numbers left out: NaN, Inf or beyond ±MAX_PLOT_ABS
     t_first: float | None = None
     t_last: float | None = None
 
@@ -62,15 +69,22 @@ class RunData:
         return self.steps.get(name, ([], []))
 
 
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
 def _is_num(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    """A number a plot can take: finite and within ±MAX_PLOT_ABS."""
+    return _is_number(v) and math.isfinite(v) and abs(v) <= MAX_PLOT_ABS
 
 
-def _append(store: dict, key: Any, x: float, y: Any) -> None:
+def _append(d: RunData, store: dict, key: Any, x: float, y: Any) -> None:
     if _is_num(y):
         xs, ys = store.setdefault(key, ([], []))
         xs.append(x)
         ys.append(float(y))
+    elif _is_number(y):
+        d.num_unplottable += 1
 
 
 def collect(records: Any) -> RunData:
@@ -91,20 +105,20 @@ def collect(records: Any) -> RunData:
                 continue
             if "rank" in rec:
                 if isinstance(rec["rank"], int):
-                    _append(d.rank_step_time, rec["rank"], step, values.get("perf/step_time"))
+                    _append(d, d.rank_step_time, rec["rank"], step, values.get("perf/step_time"))
                 continue
             if rec.get("missing_ranks"):
                 d.num_steps_incomplete += 1
             for k, v in values.items():
-                _append(d.steps, k, step, v)
+                _append(d, d.steps, k, step, v)
         elif kind == "gpu" and _is_num(t):
             g = d.gpus.setdefault((str(rec.get("host", "?")), rec.get("gpu") if isinstance(rec.get("gpu"), int) else 0), {})
             for k, v in values.items():
-                _append(g, k, t, v)
+                _append(d, g, k, t, v)
         elif kind == "system" and _is_num(t):
             s = d.systems.setdefault(str(rec.get("host", "?")), {})
             for k in ("system/cpu_percent", "system/memory_percent", "system/rss_gb"):
-                _append(s, k, t, values.get(k))
+                _append(d, s, k, t, values.get(k))
         elif kind == "event":
             d.events.append(rec)
         elif kind == "hello":
@@ -688,14 +702,17 @@ def make_report(run_dir: str | Path, out: str | Path | None = None) -> dict[str,
     name = run_name(d, run_dir_of(log_dir).name)
     s = summarize(d)
     images, missing = [], []
-    for key, fn, why in PLOTS:
-        if key == "system" and d.gpus:
-            continue
-        path = fn(d, out_dir)
-        if path is not None:
-            images.append(path)
-        elif why:
-            missing.append(f"{key}: {why}")
+    # Names are data: a dataset called "$x^2$" is drawn as written, never parsed as mathtext
+    # (an unbalanced "$" made savefig raise) nor handed to LaTeX.
+    with matplotlib.rc_context({"text.parse_math": False, "text.usetex": False}):
+        for key, fn, why in PLOTS:
+            if key == "system" and d.gpus:
+                continue
+            path = fn(d, out_dir)
+            if path is not None:
+                images.append(path)
+            elif why:
+                missing.append(f"{key}: {why}")
     notes = []
     if stats.num_files > 1:
         notes.append(f"{stats.num_files} files (rotated)")
@@ -711,18 +728,34 @@ def make_report(run_dir: str | Path, out: str | Path | None = None) -> dict[str,
 
 def run(args: argparse.Namespace) -> int:
     from telemetry.consumers.readjsonl import find_log_dir
+    from telemetry.consumers.terminal import printable
 
+    if not os.path.exists(args.run_dir):
+        print(f"telemetry report: {args.run_dir or repr(args.run_dir)}: no such file or directory", file=sys.stderr)
+        return 2
+    why = writable_dir_problem(args.out) if args.out else None
+    if why:
+        print(f"telemetry report: --out {why}", file=sys.stderr)
+        return 2
     try:
         files.apply_like(find_log_dir(args.run_dir))   # the report is as private as the run it reads
         r = make_report(args.run_dir, args.out)
     except FileNotFoundError as exc:
         print(f"telemetry report: {exc}", file=sys.stderr)
         return 1
-    print(text_summary(r["name"], r["summary"], r["data"]))
+    except OSError as exc:   # a directory that could not be made or written after all
+        print(f"telemetry report: {exc.strerror or exc}: {exc.filename or args.out}", file=sys.stderr)
+        return 1
+    lines = [text_summary(r["name"], r["summary"], r["data"])]
     st = r["read"]
     if st.num_torn or st.num_bad:
-        print(f"  read               {st.num_lines} records from {st.num_files} file(s); skipped "
-              f"{st.num_torn} torn and {st.num_bad} unreadable line(s)")
-    print(f"  plots              {', '.join(p.name for p in r['images']) or 'none'}")
-    print(f"  report             {r['html']}")
+        lines.append(f"  read               {st.num_lines} records from {st.num_files} file(s); skipped "
+                     f"{st.num_torn} torn and {st.num_bad} unreadable line(s)")
+    if r["data"].num_unplottable:
+        lines.append(f"  not plotted        {r['data'].num_unplottable} value(s): NaN, Inf or beyond "
+                     f"±{MAX_PLOT_ABS:g}")
+    lines.append(f"  plots              {', '.join(p.name for p in r['images']) or 'none'}")
+    lines.append(f"  report             {r['html']}")
+    # Run, metric, dataset and event names are data from the ranks: no escape sequence of theirs.
+    print("\n".join(printable(x) for text in lines for x in text.split("\n")))
     return 0

@@ -5,35 +5,83 @@ import argparse
 import json
 import sys
 
+from telemetry.shared.config import number_arg
+from telemetry.shared.endpoints import endpoint_arg
+
+# The longest a status or drain may be told to wait (a day): beyond, a typo, and libzmq's
+# timeouts are C ints of milliseconds.
+MAX_TIMEOUT_S = 86_400.0
+TIMEOUT_ARG = number_arg(lo=0.0, lo_open=True, hi=MAX_TIMEOUT_S)
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--control", metavar="EP", help="the daemon's control endpoint "
+    p.add_argument("--control", type=endpoint_arg, metavar="EP", help="the daemon's control endpoint "
                    "(default $TELEMETRY_CONTROL, else the private ipc socket)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.add_argument("--timeout", type=float, default=3.0, metavar="S", help="seconds to wait (default 3)")
+    p.add_argument("--timeout", type=TIMEOUT_ARG, default=3.0, metavar="S", help="seconds to wait (default 3)")
+
+
+def ask(prog: str, control: str | None, cmd: str, timeout_s: float) -> tuple[dict | None, int]:
+    """(the daemon's reply, 0), or (None, exit code) after one line on stderr: 2 for what the
+    user can fix (a bad endpoint, a refused token), 1 for a daemon that does not answer."""
+    import zmq
+
+    from telemetry.daemon.control import request
+    from telemetry.shared import endpoints
+
+    try:
+        ep = endpoints.resolve("control", control)
+    except endpoints.EndpointError as exc:
+        print(f"{prog}: {'--control' if control else 'control endpoint'}: {exc}", file=sys.stderr)
+        return None, 2
+    try:
+        reply = request(ep, cmd, timeout_s=timeout_s)
+    except TimeoutError as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return None, 1
+    except zmq.ZMQError as exc:   # an endpoint libzmq cannot connect to (tcp://999.1.1.1:5)
+        print(f"{prog}: cannot connect to {ep}: {exc}", file=sys.stderr)
+        return None, 2
+    except (ValueError, UnicodeDecodeError):
+        print(f"{prog}: the answer from {ep} is not JSON: not a telemetry daemon's control socket?", file=sys.stderr)
+        return None, 1
+    if not isinstance(reply, dict):
+        print(f"{prog}: the answer from {ep} is not a JSON object", file=sys.stderr)
+        return None, 1
+    if reply.get("ok") is False:
+        from telemetry.consumers.terminal import printable
+
+        print(f"{prog}: the daemon at {ep} refused: {printable(reply.get('error', '?'))}", file=sys.stderr)
+        return None, 2
+    return reply, 0
 
 
 def run(args: argparse.Namespace) -> int:
-    from telemetry.shared import endpoints
-    from telemetry.daemon.control import request
+    from telemetry.consumers.terminal import printable
 
-    ep = endpoints.resolve("control", args.control)
-    try:
-        st = request(ep, "status", timeout_s=args.timeout)
-    except TimeoutError as exc:
-        print(f"telemetry status: {exc}", file=sys.stderr)
-        return 1
+    st, rc = ask("telemetry status", args.control, "status", args.timeout)
+    if st is None:
+        return rc
     if args.json:
         print(json.dumps(st))
         return 0
-    print(f"run {st['run_name']}  pid {st['pid']}  up {st['uptime_s']:.0f} s  log dir {st['log_dir']}"
-          f"  inner loops {st.get('inner_loops', '?')}")
-    print(f"records in {st['records_in']}  malformed {st['records_malformed']}  "
-          f"dropped by clients {st['records_dropped_by_clients']}  lost in transit {st['records_lost_in_transit']}")
-    print(f"ranks {st['ranks']}  last step {st['last_step']}  steps out {st['steps_out']} "
-          f"({st['steps_incomplete']} without every rank)")
-    for name, s in st["sinks"].items():
+    g = st.get
+    lines = [f"run {g('run_name')}  pid {g('pid')}  up {_n(g('uptime_s'), '.0f')} s  log dir {g('log_dir')}"
+             f"  inner loops {g('inner_loops', '?')}",
+             f"records in {g('records_in')}  malformed {g('records_malformed')}  "
+             f"dropped by clients {g('records_dropped_by_clients')}  lost in transit {g('records_lost_in_transit')}",
+             f"ranks {g('ranks')}  last step {g('last_step')}  steps out {g('steps_out')} "
+             f"({g('steps_incomplete')} without every rank)"]
+    sinks = g("sinks") if isinstance(g("sinks"), dict) else {}
+    for name, s in sinks.items():
+        s = s if isinstance(s, dict) else {}
         err = f"  last error: {s['last_error']}" if s.get("last_error") else ""
-        print(f"sink {name:<12} written {s['written']:<9} queued {s['queued']:<7} dropped {s['dropped']:<7} "
-              f"errors {s['errors']}{err}")
+        lines.append(f"sink {name:<12} written {s.get('written')!s:<9} queued {s.get('queued')!s:<7} "
+                     f"dropped {s.get('dropped')!s:<7} errors {s.get('errors')}{err}")
+    # A run name, a path, a sink's last error may carry what a rank sent: never an escape sequence.
+    print("\n".join(map(printable, lines)))
     return 0
+
+
+def _n(v: object, spec: str) -> str:
+    return format(v, spec) if isinstance(v, (int, float)) and not isinstance(v, bool) else str(v)

@@ -22,6 +22,8 @@ from typing import Any
 
 from telemetry.consumers.events import EventGroup, EventGroups
 from telemetry.consumers.runend import RunEnd
+from telemetry.consumers.terminal import printable, printable_record
+from telemetry.shared.endpoints import endpoint_arg
 
 # Points kept for the sparklines (one per step).
 HISTORY = 120
@@ -40,12 +42,12 @@ SPARK_CHARS = "▁▂▃▄▅▆▇█"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--pub", metavar="EP", help="the daemon's PUB endpoint (default $TELEMETRY_PUB, else the "
+    p.add_argument("--pub", type=endpoint_arg, metavar="EP", help="the daemon's PUB endpoint (default $TELEMETRY_PUB, else the "
                    "private ipc socket of $TELEMETRY_RUN_NAME / $TELEMETRY_RUNTIME_DIR)")
     p.add_argument("--filter", metavar="PREFIX", default="",
                    help="only kinds, event names or metric names starting with PREFIX")
     p.add_argument("--plain", action="store_true", help="one line per record, even on a terminal")
-    p.add_argument("--control", metavar="EP", help="control endpoint asked once for the run's name "
+    p.add_argument("--control", type=endpoint_arg, metavar="EP", help="control endpoint asked once for the run's name "
                    "(default: the daemon's default one when --pub is not given)")
 
 
@@ -280,7 +282,7 @@ def render(state: TailState, endpoint: str, filter_prefix: str = "", width: int 
         note += [f"{m} {x:.4g}" for m, x in sorted(ev.items()) if m not in ("loss", "accuracy")]
         if state.eval_step is not None:
             note.append(f"at step {state.eval_step}")
-        train.add_row(f"eval {dataset}".rstrip(), _fmt(ev.get("loss"), ".4f"), Text("  ".join(note), style="dim"))
+        train.add_row(Text(f"eval {dataset}".rstrip()), _fmt(ev.get("loss"), ".4f"), Text("  ".join(note), style="dim"))
     extras = []
     if _num(v, "train/lr") is not None:
         extras.append(f"lr {_num(v, 'train/lr'):.2e}")
@@ -350,7 +352,7 @@ def render(state: TailState, endpoint: str, filter_prefix: str = "", width: int 
             power, limit = _num(g, "gpu/power_w"), _num(g, "gpu/power_limit_w")
             temp = _num(g, "gpu/temperature_c")
             label = f"{host}/{idx}" if len({h for h, _ in state.gpus}) > 1 else str(idx)
-            gpus.add_row(label, _bar(None if util is None else util / 100, bar_w), _fmt(util, ".0f", " %"),
+            gpus.add_row(Text(label), _bar(None if util is None else util / 100, bar_w), _fmt(util, ".0f", " %"),
                          _bar(used / total if used is not None and total else None, bar_w),
                          f"{_fmt(used, '.1f')}/{_fmt(total, '.0f', ' GB')}",
                          _bar(power / limit if power is not None and limit else None, bar_w),
@@ -363,7 +365,7 @@ def render(state: TailState, endpoint: str, filter_prefix: str = "", width: int 
             host_t.add_column(col, no_wrap=True)
         for host, s in sorted(state.systems.items()):
             cpu, memp = _num(s, "system/cpu_percent"), _num(s, "system/memory_percent")
-            host_t.add_row(host, _bar(None if cpu is None else cpu / 100), _fmt(cpu, ".0f", " %"),
+            host_t.add_row(Text(host), _bar(None if cpu is None else cpu / 100), _fmt(cpu, ".0f", " %"),
                            _bar(None if memp is None else memp / 100), _fmt(memp, ".0f", " %"))
         parts.append(Panel(host_t, title="host (no GPU records)", title_align="left", border_style="green"))
 
@@ -386,8 +388,8 @@ def render(state: TailState, endpoint: str, filter_prefix: str = "", width: int 
         vt.add_column("metric")
         vt.add_column("latest", justify="right")
         for k in sorted(state.values):
-            vt.add_row(k, fmt_num(state.values[k]))
-        parts.append(Panel(vt, title=f"metrics matching {filter_prefix!r}", title_align="left"))
+            vt.add_row(Text(k), Text(fmt_num(state.values[k])))
+        parts.append(Panel(vt, title=Text(f"metrics matching {filter_prefix!r}"), title_align="left"))
 
     ev = Table(box=None, padding=(0, 1), expand=True, show_header=False)
     ev.add_column(no_wrap=True, style="dim")
@@ -401,7 +403,7 @@ def render(state: TailState, endpoint: str, filter_prefix: str = "", width: int 
         if g.data.get("bundle"):
             msg = f"{msg} [forensics: {g.data['bundle']}]"
         who = g.ranks_text()
-        ev.add_row(stamp, Text(g.name, style=style) + Text(f" {who}" if who else "", style="dim"), msg)
+        ev.add_row(stamp, Text(g.name, style=style) + Text(f" {who}" if who else "", style="dim"), Text(msg))
     if not state.events:
         ev.add_row("", Text("no events yet", style="dim"), "")
     parts.append(Panel(ev, title="latest events", title_align="left", border_style="yellow"))
@@ -436,6 +438,8 @@ def _run_plain(sub: Any, flt: RecordFilter) -> None:
         while True:
             lines = []
             for kind, rec in sub.records():
+                # Names and strings from the wire reach a terminal: no escape sequence of theirs may.
+                kind, rec = printable(kind), printable_record(rec)
                 end.consume(kind, rec)
                 rec = flt.apply(kind, rec)
                 if rec is None:
@@ -463,11 +467,11 @@ def _run_plain(sub: Any, flt: RecordFilter) -> None:
                     lines.append(f"{_now()} run ended: {how}")
                 said_ended = how
             if lines:
-                out.write("\n".join(lines) + "\n")
+                out.write("\n".join(map(printable, lines)) + "\n")
                 out.flush()  # a log file or a pipe must see records as they come
     finally:
         if pending:  # detaching: what was gathered is still worth a line
-            out.write("\n".join(format_event(g) for _, g in pending) + "\n")
+            out.write("\n".join(printable(format_event(g)) for _, g in pending) + "\n")
             out.flush()
 
 
@@ -477,7 +481,7 @@ def _ask_status(control_ep: str, state: TailState) -> None:
     from telemetry.daemon.control import request
 
     try:
-        state.status = request(control_ep, "status", timeout_s=2.0)
+        state.status = printable_record(request(control_ep, "status", timeout_s=2.0))
     except Exception:
         pass
 
@@ -497,6 +501,7 @@ def _run_live(sub: Any, flt: RecordFilter, endpoint: str, control_ep: str | None
         last_draw = 0.0
         while True:
             for kind, rec in sub.records(timeout_ms=int(REDRAW_S * 1000)):
+                kind, rec = printable(kind), printable_record(rec)   # as in _run_plain
                 shown = flt.apply(kind, rec)
                 if shown is not None:
                     state.consume(kind, shown)

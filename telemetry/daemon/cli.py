@@ -11,24 +11,27 @@ import os
 import sys
 from pathlib import Path
 
+from telemetry.shared.config import nonempty_arg, writable_dir_problem
+from telemetry.shared.endpoints import endpoint_arg
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--ingest", metavar="EP", help="PULL endpoint the ranks send to "
+    p.add_argument("--ingest", type=endpoint_arg, metavar="EP", help="PULL endpoint the ranks send to "
                    "(default $TELEMETRY_ENDPOINT, else a private ipc socket)")
-    p.add_argument("--pub", metavar="EP", help="PUB endpoint for consumers (default $TELEMETRY_PUB or ipc)")
-    p.add_argument("--control", metavar="EP", help="control endpoint for status/drain "
+    p.add_argument("--pub", type=endpoint_arg, metavar="EP", help="PUB endpoint for consumers (default $TELEMETRY_PUB or ipc)")
+    p.add_argument("--control", type=endpoint_arg, metavar="EP", help="control endpoint for status/drain "
                    "(default $TELEMETRY_CONTROL or ipc)")
-    p.add_argument("--log-dir", metavar="DIR", help="where metrics.jsonl and daemon.log go (default ./telemetry)")
-    p.add_argument("--run-name", metavar="NAME", help="run name (W&B, reports); default: the log dir's parent")
+    p.add_argument("--log-dir", type=nonempty_arg, metavar="DIR", help="where metrics.jsonl and daemon.log go (default ./telemetry)")
+    p.add_argument("--run-name", type=nonempty_arg, metavar="NAME", help="run name (W&B, reports); default: the log dir's parent")
     p.add_argument("--wandb", choices=("disabled", "offline", "online"), help="W&B mode (default offline)")
-    p.add_argument("--config", metavar="FILE", help="daemon YAML config; flags override it")
+    p.add_argument("--config", type=nonempty_arg, metavar="FILE", help="daemon YAML config; flags override it")
     p.add_argument("--world-size", type=int, metavar="N", help="ranks to wait for per step (default: from hellos)")
     p.add_argument("--per-rank", action="store_true", default=None, help="also write each rank's own records")
     p.add_argument("--quiet", action="store_true", help="log warnings and errors only")
     m = p.add_argument_group("multi-node (docs/multinode.md)")
-    m.add_argument("--remote-ingest", metavar="EP", help="head: also accept node daemons on this TCP "
+    m.add_argument("--remote-ingest", type=endpoint_arg, metavar="EP", help="head: also accept node daemons on this TCP "
                    "endpoint (CURVE required beyond loopback: security section of --config)")
-    m.add_argument("--forward", metavar="EP", help="node: forward this node's aggregated records to the "
+    m.add_argument("--forward", type=endpoint_arg, metavar="EP", help="node: forward this node's aggregated records to the "
                    "head daemon's remote ingest (tcp://HEAD:PORT)")
     m.add_argument("--node-rank", type=int, metavar="N", help="node: this node's rank (with --forward)")
     m.add_argument("--num-nodes", type=int, metavar="N", help="node: number of nodes (with --forward)")
@@ -58,6 +61,10 @@ def run(args: argparse.Namespace) -> int:
     # Before anything is written: every file of the run, W&B's and TensorBoard's included, is
     # born 0600 / 0700 (0640 / 0750 with files.group_readable).
     files.apply(cfg.files.group_readable)
+    why = writable_dir_problem(cfg.log_dir)   # before any socket or thread: one line, exit 2
+    if why:
+        print(f"telemetry daemon: log dir {why}", file=sys.stderr)
+        return 2
     daemon = Daemon(cfg)
     try:
         setup_logging(Path(cfg.log_dir), logging.WARNING if args.quiet else logging.INFO)

@@ -37,6 +37,8 @@ class JsonlConfig(SinkConfig):
             raise ConfigError("jsonl.enabled: the JSONL sink is the source of truth and cannot be disabled")
         if self.fsync_interval_s <= 0:
             raise ConfigError(f"jsonl.fsync_interval_s must be > 0, got {self.fsync_interval_s}")
+        if self.rotate_mb < 0:
+            raise ConfigError(f"jsonl.rotate_mb must be >= 0 (0 = never rotate), got {self.rotate_mb}")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -51,6 +53,8 @@ class WandbConfig(SinkConfig):
         SinkConfig.__post_init__(self)
         if self.mode not in ("disabled", "offline", "online"):
             raise ConfigError(f"wandb.mode {self.mode!r}: expected disabled, offline or online")
+        if self.finish_timeout_s <= 0:
+            raise ConfigError(f"wandb.finish_timeout_s must be > 0, got {self.finish_timeout_s}")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -88,12 +92,14 @@ class AggregatorConfig:
     def __post_init__(self) -> None:
         if self.step_timeout_s <= 0:
             raise ConfigError(f"aggregator.step_timeout_s must be > 0, got {self.step_timeout_s}")
-        if self.world_size < 0:
-            raise ConfigError(f"aggregator.world_size (--world-size) must be >= 0 (0: from the hellos), "
-                              f"got {self.world_size}")
-        if self.first_rank < 0:
-            raise ConfigError(f"aggregator.first_rank must be >= 0, got {self.first_rank}")
+        from telemetry.daemon.aggregator import MAX_WORLD_SIZE
         from telemetry.daemon.reductions import parse   # the one spelling of a reduction
+
+        if not 0 <= self.world_size <= MAX_WORLD_SIZE:
+            raise ConfigError(f"aggregator.world_size (--world-size) must be 0..{MAX_WORLD_SIZE} "
+                              f"(0: from the hellos), got {self.world_size}")
+        if not 0 <= self.first_rank <= MAX_WORLD_SIZE:
+            raise ConfigError(f"aggregator.first_rank must be 0..{MAX_WORLD_SIZE}, got {self.first_rank}")
 
         for k, v in self.reductions.items():
             try:
@@ -119,6 +125,8 @@ class MfuConfig:
 MAX_CONNECTIONS = 65_536
 # The least queue a connection gets, whatever rcvhwm // max_connections says.
 MIN_CONNECTION_HWM = 100
+# libzmq's high-water marks are C ints.
+MAX_RCVHWM = 2**31 - 1
 
 
 @dataclass(kw_only=True, slots=True)
@@ -138,6 +146,9 @@ class DaemonConfig:
     # fits keeps that to a daemon that is really behind.
     rcvhwm: int = 10 * 1024 * 1024
     max_connections: int = 1024        # ingest connections at once (a rank has 1-2, +1 at close); beyond: refused
+    # The daemon's memory budget in MB, split across its buffers (telemetry/daemon/memory.py); what
+    # does not fit is shed and counted (status: memory.shed; telemetry/memory_shed).
+    memory_mb: float = 256.0
     jsonl: JsonlConfig = field(default_factory=JsonlConfig)
     wandb: WandbConfig = field(default_factory=WandbConfig)
     pub_sink: PubConfig = field(default_factory=PubConfig)
@@ -160,13 +171,33 @@ class DaemonConfig:
         if self.drain_timeout_s <= 0:
             raise ConfigError(f"drain_timeout_s must be > 0, got {self.drain_timeout_s}")
         # A bound, always: 0 would be libzmq's "unlimited", a daemon that grows until it is killed.
-        if self.rcvhwm < 1:
-            raise ConfigError(f"rcvhwm must be >= 1, got {self.rcvhwm}")
+        if not 1 <= self.rcvhwm <= MAX_RCVHWM:
+            raise ConfigError(f"rcvhwm must be 1..{MAX_RCVHWM}, got {self.rcvhwm}")
         if not 1 <= self.max_connections <= MAX_CONNECTIONS:
             raise ConfigError(f"max_connections must be 1..{MAX_CONNECTIONS}, got {self.max_connections}")
+        from telemetry.daemon.memory import MAX_MEMORY_MB, MIN_MEMORY_MB
+
+        if not MIN_MEMORY_MB <= self.memory_mb <= MAX_MEMORY_MB:   # (NaN fails this too)
+            raise ConfigError(f"memory_mb must be {MIN_MEMORY_MB}..{MAX_MEMORY_MB}, got {self.memory_mb}")
+        self._check_endpoints()
         # A node daemon's --world-size is its ranks per node; they start at node_rank x that.
         if self.forward is not None and self.aggregator.world_size and not self.aggregator.first_rank:
             self.aggregator.first_rank = self.forward.node_rank * self.aggregator.world_size
+
+    def _check_endpoints(self) -> None:
+        """Each given endpoint is well formed and names its own socket (ingest and pub on one
+        port would fail at the second bind, after the first socket is up)."""
+        from telemetry.shared.endpoints import normalize
+
+        seen: dict[str, str] = {}
+        for name in ("ingest", "pub", "control", "remote_ingest"):
+            ep = getattr(self, name)
+            if not ep:
+                continue
+            ep = normalize(ep)   # an EndpointError is a ValueError: the loader names the key
+            if ep in seen and not ep.endswith(":0"):   # port 0: the OS picks one per socket
+                raise ConfigError(f"{seen[ep]} and {name} are both {ep}: each socket needs its own endpoint")
+            seen[ep] = name
 
     def connection_hwm(self) -> int:
         """Each ingest connection's queue: the rcvhwm budget shared by max_connections."""

@@ -856,8 +856,8 @@ def _bind(sock: zmq.Socket, ep: str) -> str:
     endpoints.claim_ipc(ep)
     try:
         sock.bind(ep)
-    except zmq.ZMQError as exc:
-        raise SystemExit(f"telemetry daemon: cannot bind {ep}: {exc}") from None
+    except zmq.ZMQError as exc:   # a port in use: one line and exit 2 (telemetry.daemon.cli)
+        raise StartupError(f"cannot bind {ep}: {exc.strerror}") from None
     return sock.getsockopt(zmq.LAST_ENDPOINT).decode()
 
 

@@ -9,6 +9,11 @@ values in `__post_init__` (a ValueError); this module does the rest, once for ev
 it builds the tree from a mapping, recursing into nested sections (also `list[Section]` and
 `Section | None`), checks every value against its field's annotation (`int`, `float`, `bool`,
 `str`, `X | None`, `list[X]`, `tuple[X, ...]`, `dict[K, V]`, `Any`), and refuses unknown keys.
+Numbers are checked here once for every key: a float must be finite (YAML's .nan and .inf are
+refused: `step_timeout_s: .nan` would never expire a step), a `*_s` key is at most a year of
+seconds and an int must fit in 64 bits; each
+section's __post_init__ then checks its own ranges. Command-line flags use the same predicate
+through `number_arg` (an argparse `type=`).
 Every error is a ConfigError that names the dotted key: `unknown config key 'pollers.nvml_intervl_s'`,
 `config key 'data.datasets[1].weight' must be float, got str 'x'`.
 
@@ -17,9 +22,12 @@ YAML keys are the field names; a field whose key is a Python keyword names it in
 """
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import functools
+import math
 import os
+import stat
 import types
 import typing
 from collections.abc import Iterable, Mapping
@@ -27,6 +35,15 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 T = TypeVar("T")
+
+# The largest int a config key may hold: every count or size ends up in a C long (libzmq,
+# numpy, the OS); beyond it a value is an OverflowError deep in set-up, not a config error.
+MAX_INT = 2**63 - 1
+# The longest duration a `*_s` key may hold (a year): beyond it a typo, and a wait that long
+# overflows the clocks it is handed to (threading's timeouts, libzmq's int milliseconds).
+MAX_SECONDS = 365 * 86_400.0
+# A config file is a few kB; more is not a config (and `--config /dev/zero` must not hang).
+MAX_CONFIG_BYTES = 4 << 20
 
 
 class ConfigError(ValueError):
@@ -102,10 +119,20 @@ def _coerce(value: Any, hint: Any, key: str) -> Any:
             except ValueError:
                 pass
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
+            try:
+                value = float(value)
+            except OverflowError:   # an int beyond any float
+                raise ConfigError(f"config key {key!r} must be a finite number, got {_describe(value)}") from None
+            if not math.isfinite(value):
+                raise ConfigError(f"config key {key!r} must be a finite number, got {value!r}")
+            if key.endswith("_s") and abs(value) > MAX_SECONDS:   # names carry their unit
+                raise ConfigError(f"config key {key!r} is seconds: at most {MAX_SECONDS:g} (a year), got {value!r}")
+            return value
         raise _wrong(key, "float", value)
     if hint is int:
         if isinstance(value, int) and not isinstance(value, bool):
+            if not -MAX_INT - 1 <= value <= MAX_INT:
+                raise ConfigError(f"config key {key!r} is out of range (a 64-bit integer), got {_describe(value)}")
             return value
         raise _wrong(key, "int", value)
     if origin in (list, tuple) or hint in (list, tuple):
@@ -148,16 +175,7 @@ def read_yaml(path: str | os.PathLike) -> dict[str, Any]:
     """The mapping in a YAML file; every way a file can be unusable is a ConfigError naming it."""
     import yaml
 
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(f"config file {path}: not found") from None
-    except IsADirectoryError:
-        raise ConfigError(f"config file {path}: is a directory, not a file") from None
-    except UnicodeDecodeError:
-        raise ConfigError(f"config file {path}: not YAML (not UTF-8 text)") from None
-    except OSError as exc:
-        raise ConfigError(f"config file {path}: cannot read it ({exc.strerror or exc})") from None
+    text = read_text(path)
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
@@ -167,6 +185,82 @@ def read_yaml(path: str | os.PathLike) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ConfigError(f"config file {path}: the top level must be a mapping, got {_describe(data)}")
     return data
+
+
+def read_text(path: str | os.PathLike, max_bytes: int = MAX_CONFIG_BYTES) -> str:
+    """A config file's text (YAML, a JSON model config): a regular file of at most max_bytes,
+    UTF-8; anything else (missing, a directory, a FIFO, /dev/zero, too big) is a ConfigError."""
+    try:
+        # O_NONBLOCK: opening a FIFO must not wait for a writer; only a regular file is read,
+        # and only so much of it (/dev/zero is endless).
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path}: not found") from None
+    except OSError as exc:
+        raise ConfigError(f"config file {path}: cannot read it ({exc.strerror or exc})") from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            os.close(fd)
+            raise ConfigError(f"config file {path}: is a directory, not a file" if stat.S_ISDIR(mode)
+                              else f"config file {path}: not a regular file")
+        with os.fdopen(fd, "rb") as f:
+            raw = f.read(max_bytes + 1)
+        if len(raw) > max_bytes:
+            raise ConfigError(f"config file {path}: larger than {max_bytes:,} bytes; not a config")
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ConfigError(f"config file {path}: not YAML (not UTF-8 text)") from None
+    except OSError as exc:
+        raise ConfigError(f"config file {path}: cannot read it ({exc.strerror or exc})") from None
+
+
+def number_arg(kind: type = float, *, lo: float | None = None, hi: float | None = None,
+               lo_open: bool = False) -> Any:
+    """An argparse `type=` for a numeric flag, with the config keys' rules: finite, in
+    [lo, hi] (lo excluded with lo_open). `--timeout nan` is then argparse's one-line error and
+    exit 2, before anything is set up.
+
+        p.add_argument("--timeout", type=number_arg(lo=0, lo_open=True, hi=86400.0), default=3.0)
+    """
+    def parse(text: str) -> Any:
+        try:
+            v = kind(text)
+        except (ValueError, OverflowError):
+            raise argparse.ArgumentTypeError(f"{'an integer' if kind is int else 'a number'} expected, "
+                                             f"got {text[:40]!r}") from None
+        if not math.isfinite(v) or (kind is int and not -MAX_INT - 1 <= v <= MAX_INT):
+            raise argparse.ArgumentTypeError(f"a finite number expected, got {text[:40]!r}")
+        if lo is not None and (v < lo or (lo_open and v == lo)):
+            raise argparse.ArgumentTypeError(f"must be {'>' if lo_open else '>='} {lo:g}, got {text[:40]!r}")
+        if hi is not None and v > hi:
+            raise argparse.ArgumentTypeError(f"must be <= {hi:g}, got {text[:40]!r}")
+        return v
+    parse.__name__ = kind.__name__   # argparse names the type in its messages
+    return parse
+
+
+def writable_dir_problem(path: str | os.PathLike) -> str | None:
+    """Why `path` cannot be an output directory, or None. Makes it (and its parents) when
+    missing and writes a probe file in it: the only test that holds for root, for whom access()
+    says yes to /proc."""
+    import tempfile
+
+    try:
+        Path(path).mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(dir=path, prefix=".write-test-")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        return f"{path}: cannot create or write it ({exc.strerror or exc})"
+    return None
+
+
+def nonempty_arg(text: str) -> str:
+    """An argparse `type=` for a name or path flag: an empty value is an error, not the default."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("a value is needed, got an empty string")
+    return text
 
 
 def parse_override(item: str) -> tuple[str, Any]:

@@ -222,7 +222,30 @@ def normalize(ep: str) -> str:
         port = ep.rsplit(":", 1)[-1]
         if port != "*" and not (port.isdigit() and 0 <= int(port) <= 65535):
             raise EndpointError(f"endpoint {ep!r}: the port must be a number from 0 to 65535")
+        host = ep[len("tcp://"):].rsplit(":", 1)[0]
+        if not host:
+            raise EndpointError(f"endpoint {ep!r}: no host (tcp://HOST:PORT)")
+        if host.replace(".", "").isdigit():   # an IPv4 literal, not a name libzmq would look up
+            import ipaddress
+
+            try:
+                ipaddress.IPv4Address(host)
+            except ValueError:
+                raise EndpointError(f"endpoint {ep!r}: {host} is not an IPv4 address") from None
     return ep
+
+
+def endpoint_arg(text: str) -> str:
+    """An argparse `type=` for an endpoint flag: normalized, or argparse's one-line error and
+    exit 2 before anything is set up (an empty --ingest "" is not "the default")."""
+    import argparse
+
+    if not text.strip():
+        raise argparse.ArgumentTypeError("an endpoint is needed: tcp://HOST:PORT, ipc://PATH or a port number")
+    try:
+        return normalize(text)
+    except EndpointError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def is_loopback(ep: str) -> bool:

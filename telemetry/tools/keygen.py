@@ -16,14 +16,15 @@ import shutil
 import sys
 from pathlib import Path
 
+from telemetry.shared.config import nonempty_arg
 from telemetry.shared.endpoints import private_dirs
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--dir", required=True, metavar="DIR", help="where the key files go (created 0700)")
-    p.add_argument("--name", action="append", required=True, metavar="NAME",
+    p.add_argument("--dir", required=True, type=nonempty_arg, metavar="DIR", help="where the key files go (created 0700)")
+    p.add_argument("--name", action="append", required=True, type=nonempty_arg, metavar="NAME",
                    help="key pair name; repeat for several pairs (head, node1, node2, ...)")
-    p.add_argument("--allow", metavar="DIR", help="also copy the public keys into this allow-list dir")
+    p.add_argument("--allow", type=nonempty_arg, metavar="DIR", help="also copy the public keys into this allow-list dir")
     p.add_argument("--force", action="store_true", help="overwrite an existing pair of the same name")
 
 
@@ -60,13 +61,13 @@ def run(args: argparse.Namespace) -> int:
         allow_dir = private_dir(args.allow) if args.allow else None
     except (ValueError, OSError) as exc:     # UnsafePathError is a ValueError
         print(f"telemetry keygen: --allow {args.allow}: {exc}", file=sys.stderr)
-        return 1
+        return 2   # bad input: exit 2, as for every command
     for name in args.name:
         try:
             public, secret = make_pair(args.dir, name, force=args.force)
         except (FileExistsError, ValueError, OSError) as exc:
             print(f"telemetry keygen: {exc}", file=sys.stderr)
-            return 1
+            return 2
         print(f"{name}: public {public}  secret {secret}")
         if allow_dir is not None:
             shutil.copyfile(public, allow_dir / public.name)

@@ -23,6 +23,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from telemetry.shared.config import number_arg
+
 TOLERANCE = 0.005  # the design's budget for formula vs FlopCounterMode
 
 # --model-type flag -> HF config key
@@ -35,15 +37,20 @@ _HF_KEYS = {"num_layers": "num_hidden_layers", "num_heads": "num_attention_heads
             "num_kv_heads": "num_key_value_heads"}
 
 
+# A model size, a sequence length, a batch: a positive int a model could have (on --device cpu
+# it is allocated), refused at the flag otherwise.
+_SIZE = number_arg(int, lo=1, hi=1 << 24)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     src = parser.add_argument_group("model (one of)")
     src.add_argument("--config", help="a trainer YAML config (model.hf_config or model.path, data.seq_len)")
     src.add_argument("--hf-config", help="a Hugging Face config.json (or to_dict() dump)")
     src.add_argument("--model-type", help="build a config from flags: llama, qwen2, mistral, gemma, gpt2, ...")
     for name, what in _SIZE_FLAGS.items():
-        src.add_argument(f"--{name.replace('_', '-')}", type=int, help=what)
-    parser.add_argument("--seq-len", type=int, help="tokens per row (default: the config's data.seq_len, else 128)")
-    parser.add_argument("--batch-size", type=int, default=1, help="rows per step (default 1)")
+        src.add_argument(f"--{name.replace('_', '-')}", type=_SIZE, help=what)
+    parser.add_argument("--seq-len", type=_SIZE, help="tokens per row (default: the config's data.seq_len, else 128)")
+    parser.add_argument("--batch-size", type=_SIZE, default=1, help="rows per step (default 1)")
     parser.add_argument("--device", choices=("meta", "cpu"), default="meta",
                         help="meta: shapes only, fast for any size (default); cpu: real tensors")
     parser.add_argument("--gradient-checkpointing", action="store_true",
@@ -78,7 +85,11 @@ def _build_hf_config(args: argparse.Namespace) -> tuple[Any, int | None]:
     if args.config:
         kwargs, seq_len, _ = _load_trainer_config(args.config)
     elif args.hf_config:
-        kwargs = json.loads(Path(args.hf_config).read_text())
+        from telemetry.shared.config import read_text   # bounded, regular files only (not /dev/zero)
+
+        kwargs = json.loads(read_text(args.hf_config))
+        if not isinstance(kwargs, dict):
+            raise ValueError(f"{args.hf_config}: not a JSON object")
     elif args.model_type:
         kwargs = {"model_type": args.model_type}
         for flag in _SIZE_FLAGS:

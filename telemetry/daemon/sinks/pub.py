@@ -57,5 +57,11 @@ def bind_pub(ctx: zmq.Context, endpoint: str, prepare=None) -> zmq.Socket:
     if prepare is not None:
         prepare(sock, endpoint, "pub")
     endpoints.claim_ipc(endpoint)    # a daemon already serving this ipc path is left alone
-    sock.bind(endpoint)
+    try:
+        sock.bind(endpoint)
+    except zmq.ZMQError as exc:      # a port in use: one line and exit 2 (telemetry.daemon.cli)
+        from telemetry.daemon.sinks.base import StartupError
+
+        sock.close(linger=0)
+        raise StartupError(f"cannot bind the PUB socket to {endpoint}: {exc.strerror}") from None
     return sock
