@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/consumer_memory.py [--names 1000000] [--per-record 1000]
                                                    [--repo DIR | --before REV] [--case dashboard,exporter]
-                                                   [--json OUT]
+                                                   [--max-series N] [--steps 100000 --values 100] [--json OUT]
 
 dashboard  writes a metrics.jsonl of --names distinct names (records of --per-record new names
            each, plus train/loss), starts the real `telemetry dashboard` on it, waits for its
@@ -13,6 +13,11 @@ exporter   binds a PUB socket here and publishes the same records as the daemon 
            JSON line), starts the real `telemetry export-prometheus --pub` on it, waits until
            every value has been taken (the exporter's own counters add up, or its CPU time stops
            moving for the old code), times GET /metrics, and reports the same.
+points     the dashboard on a run of --steps records of --values values each (the same names
+           every step): long series rather than many, which the store thins beyond its share.
+
+--max-series N is passed to both consumers (the new code only): with a large N, the byte
+bounds under --memory-mb are what hold.
 
 --repo DIR runs the consumers of another checkout (the "before"); --before REV makes one with
 `git archive REV` into a temporary directory. Both run with this interpreter.
@@ -99,15 +104,15 @@ def timed_get(url: str, headers: dict[str, str]) -> tuple[float, int]:
     return time.perf_counter() - t0, len(body)
 
 
-def case_dashboard(repo: Path, num_names: int, per_record: int, tmp: Path) -> dict:
+def case_dashboard(repo: Path, recs, tmp: Path, extra: list[str], case: str = "dashboard") -> dict:
     tel = tmp / "names" / "telemetry"
     tel.mkdir(parents=True)
     with open(tel / "metrics.jsonl", "w") as f:
-        for rec in records(num_names, per_record):
+        for rec in recs:
             f.write(json.dumps(rec) + "\n")
     size_mb = (tel / "metrics.jsonl").stat().st_size / 1e6
     t0 = time.monotonic()
-    proc, lines, _ = start(repo, ["dashboard", str(tmp / "names"), "--port", "0"])
+    proc, lines, _ = start(repo, ["dashboard", str(tmp / "names"), "--port", "0", *extra])
     try:
         load_s = time.monotonic() - t0
         m = re.search(r"serving (http://127\.0\.0\.1:\d+/)(\?token=(\S+))?", "".join(lines))
@@ -117,7 +122,7 @@ def case_dashboard(repo: Path, num_names: int, per_record: int, tmp: Path) -> di
         data = json.loads(urllib.request.urlopen(urllib.request.Request(m.group(1) + "api/data", headers=headers),
                                                  timeout=600).read())
         status = data["status"][0]
-        return {"case": "dashboard", "jsonl_mb": round(size_mb, 1), "load_s": round(load_s, 2),
+        return {"case": case, "jsonl_mb": round(size_mb, 1), "load_s": round(load_s, 2),
                 "rss_loaded_mb": round(rss_loaded, 1), "peak_rss_mb": round(proc_mb(proc.pid, "VmHWM"), 1),
                 "rss_after_mb": round(proc_mb(proc.pid, "VmRSS"), 1),
                 "api_data_s": [round(s, 3) for s, _ in answers], "api_data_mb": round(answers[0][1] / 1e6, 3),
@@ -126,14 +131,14 @@ def case_dashboard(repo: Path, num_names: int, per_record: int, tmp: Path) -> di
         stop(proc)
 
 
-def case_exporter(repo: Path, num_names: int, per_record: int) -> dict:
+def case_exporter(repo: Path, num_names: int, per_record: int, extra: list[str]) -> dict:
     import zmq
 
     ctx = zmq.Context()
     pub = ctx.socket(zmq.PUB)
     pub.setsockopt(zmq.SNDHWM, 0)
     port = pub.bind_to_random_port("tcp://127.0.0.1")
-    proc, lines, _ = start(repo, ["export-prometheus", "--pub", f"tcp://127.0.0.1:{port}", "--port", "0"])
+    proc, lines, _ = start(repo, ["export-prometheus", "--pub", f"tcp://127.0.0.1:{port}", "--port", "0", *extra])
     try:
         url = re.search(r"serving (http://[^ ]+/metrics)", "".join(lines)).group(1)
         # PUB/SUB slow joiner: publish a marker until the exporter shows it, then the load.
@@ -179,6 +184,9 @@ def main() -> int:
     ap.add_argument("--case", default="dashboard,exporter")
     ap.add_argument("--repo", type=Path, default=ROOT)
     ap.add_argument("--before", metavar="REV", help="run the consumers of REV (git archive into a temp dir)")
+    ap.add_argument("--max-series", type=int)
+    ap.add_argument("--steps", type=int, default=100_000)
+    ap.add_argument("--values", type=int, default=100)
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="consumer-memory-"))
@@ -190,13 +198,19 @@ def main() -> int:
             archive = subprocess.run(["git", "archive", args.before], cwd=ROOT, capture_output=True, check=True).stdout
             subprocess.run(["tar", "-x", "-C", str(repo)], input=archive, check=True)
         out = []
+        extra = ["--max-series", str(args.max_series)] if args.max_series else []
         for case in args.case.split(","):
             if case == "dashboard":
-                res = case_dashboard(repo, args.names, args.per_record, tmp / "dash")
+                res = case_dashboard(repo, records(args.names, args.per_record), tmp / "dash", extra)
+            elif case == "points":
+                long_run = ({"kind": "metrics", "t": 1.7e9 + s, "step": s,
+                             "values": {f"train/v{i}": float((s * (i + 1)) % 1009) for i in range(args.values)}}
+                            for s in range(1, args.steps + 1))
+                res = case_dashboard(repo, long_run, tmp / "points", extra, case="points")
             elif case == "exporter":
-                res = case_exporter(repo, args.names, args.per_record)
+                res = case_exporter(repo, args.names, args.per_record, extra)
             else:
-                raise SystemExit(f"--case {case}: expected dashboard or exporter")
+                raise SystemExit(f"--case {case}: expected dashboard, points or exporter")
             res["code"] = args.before or str(repo)
             print(json.dumps(res), flush=True)
             out.append(res)

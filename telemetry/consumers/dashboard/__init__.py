@@ -184,7 +184,8 @@ def run(args: argparse.Namespace) -> int:
         # The random token is in the address, once (as Jupyter prints it); a token of the user's own is not.
         url = f"http://{shown}:{bound}/" + (f"?token={token}" if token and not args.token_file else "")
         access = ("no token: every local user can read it" if token is None
-                  else f"token from {args.token_file}: add ?token=..." if args.token_file else "the address carries its token")
+                  else f"token from {args.token_file}: add ?token=..." if args.token_file
+                  else "the address carries its token")
         print(f"telemetry dashboard: serving {url} ({len(stores)} run{'s' if len(stores) > 1 else ''}: "
               f"{names}; live from {stores[0].source if len(stores) == 1 else 'their metrics.jsonl'}; {access}; "
               f"memory budget {memory_mb} MB)", flush=True)
