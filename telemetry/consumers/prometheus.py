@@ -83,12 +83,16 @@ RESERVED_NAMES = frozenset(_OWN_GAUGES) | frozenset(c + s for c in _OWN_COUNTERS
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--pub", metavar="EP", help="the daemon's PUB endpoint (default $TELEMETRY_PUB or ipc)")
+    from telemetry.shared.config import nonempty_arg
+    from telemetry.shared.endpoints import endpoint_arg
+
+    p.add_argument("--pub", type=endpoint_arg, metavar="EP",
+                   help="the daemon's PUB endpoint (default $TELEMETRY_PUB or ipc)")
     p.add_argument("--port", default=str(DEFAULT_PORT), help=f"HTTP port (default {DEFAULT_PORT}; 0 = any free)")
     p.add_argument("--addr", default="127.0.0.1",
                    help="address to listen on (default 127.0.0.1; beyond loopback needs --allow-remote)")
     httpaccess.add_remote_argument(p, "reads every metric (with --token-file, whoever has the token)")
-    p.add_argument("--token-file", metavar="FILE",
+    p.add_argument("--token-file", type=nonempty_arg, metavar="FILE",
                    help="ask scrapes for 'Authorization: Bearer TOKEN', TOKEN read from FILE (Prometheus: "
                         "authorization: {credentials_file: FILE}); default: no token (any local user can scrape)")
     p.add_argument("--memory-mb", default=str(DEFAULT_MEMORY_MB),

@@ -39,9 +39,12 @@ DEFAULT_PORT = 8765
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("run_dir", metavar="RUN_DIR", nargs="?",
+    from telemetry.shared.config import nonempty_arg
+    from telemetry.shared.endpoints import endpoint_arg
+
+    p.add_argument("run_dir", metavar="RUN_DIR", nargs="?", type=nonempty_arg,
                    help="run dir, its telemetry dir, or a folder of run dirs (several runs side by side)")
-    p.add_argument("--pub", metavar="EP", help="the daemon's PUB endpoint for live updates (default "
+    p.add_argument("--pub", type=endpoint_arg, metavar="EP", help="the daemon's PUB endpoint for live updates (default "
                    "$TELEMETRY_PUB, or the run's ipc socket when $TELEMETRY_RUNTIME_DIR or $TELEMETRY_RUN_NAME "
                    "is set; else metrics.jsonl is followed)")
     from telemetry.consumers import httpaccess
@@ -50,7 +53,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--port", default=str(DEFAULT_PORT), help=f"HTTP port (default {DEFAULT_PORT}; 0 = any free)")
     p.add_argument("--addr", default="127.0.0.1", help="address to serve on (default 127.0.0.1)")
     httpaccess.add_remote_argument(p, "can read the run with its token (with --no-token, without)")
-    p.add_argument("--token-file", metavar="FILE",
+    p.add_argument("--token-file", type=nonempty_arg, metavar="FILE",
                    help="the access token, read from FILE (default: a random one, in the address printed)")
     p.add_argument("--no-token", action="store_true",
                    help="no access token: every local user (and with --allow-remote, anyone) reads the run")
