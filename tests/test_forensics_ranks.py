@@ -91,22 +91,29 @@ def test_a_rank_killed_with_sigkill_produces_rank_exited(make_daemon):
 
 def test_a_rank_gone_just_before_its_bye_arrives_is_no_exit(make_daemon):
     """A rank exits right after its bye; the daemon may see the process gone before the bye has
-    come through (it holds a bye that overtook its records up to 2 s): no rank_exited for it."""
-    import socket as socket_mod
-
+    come through (it holds a bye that overtook its records up to 2 s): no rank_exited for it.
+    The rank is a real client (the daemon verifies it in /proc before it watches it); its bye is
+    sent for it after it is gone."""
     import zmq
 
-    from protocol import encode_bye, encode_hello
+    from protocol import encode_bye
 
     d = make_daemon(world_size=1, config={"diagnosis": HANG, "pollers": {"nvml_enabled": False}})
-    gone = subprocess.Popen([sys.executable, "-c", "pass"])
-    gone.wait()                                # reaped: the pid is gone
+    rank = subprocess.Popen([sys.executable, "-c", "import sys, telemetry; tm = telemetry.TelemetryClient(sys.argv[1], "
+                             "rank=0); print(tm._src, flush=True); sys.stdin.read()", d.ingest],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    src = int(rank.stdout.readline())
+    deadline = time.monotonic() + 60
+    while d.status()["sinks"]["forensics"]["ranks_verified"] < 1:
+        assert time.monotonic() < deadline, d.status()["sinks"]["forensics"]
+        time.sleep(0.1)
+    rank.kill()
+    rank.wait()                                # reaped: the pid is gone
     ctx = zmq.Context()
     push = d.push(ctx)
     try:
-        push.send(encode_hello(5, 0, 0, 0, time.time_ns(), {"pid": gone.pid, "host": socket_mod.gethostname()}))
         time.sleep(1.5)                        # three forensics checks see the process gone
-        push.send(encode_bye(5, 0, 1, 0, time.time_ns(), {"sent": 2, "dropped": 0}))
+        push.send(encode_bye(src, 0, 1, 0, time.time_ns(), {"sent": 1, "dropped": 0}))
         time.sleep(3.0)
         recs = d.read_jsonl()
     finally:
