@@ -11,7 +11,9 @@ file among this process's open descriptors and reads the signal from the file's 
 (telemetry/daemon/forensics/verify.py): the default action of the signal would end the process.
 
     $TELEMETRY_STACKS_SIGNAL   the signal: a name ("SIGRTMIN+3", the default; "SIGUSR2") or a
-                               number; "off" registers nothing. Not SIGUSR1 by default: Lightning's
+                               number; "off" registers nothing (the file is made all the same: the
+                               daemon recognises the rank by it). Only SIGUSR1, SIGUSR2 and
+                               SIGRTMIN..SIGRTMAX are used. Not SIGUSR1 by default: Lightning's
                                SLURM requeue uses it; c10's fatal-signal handler uses SIGUSR2.
     $TELEMETRY_STACKS_DIR      the directory of the file; default: the ingest socket's directory
                                for ipc (the run's private runtime directory), else a private
