@@ -28,12 +28,29 @@ def system(t, host="node0", **values):
     return {"kind": "system", "t": t, "host": host, "values": {f"system/{k}": v for k, v in values.items()}}
 
 
+class DaemonWall:
+    """The daemon's wall clock for the rules that read it (data_bound, launch_bound): feed()
+    sets it to each record's t, a daemon taking records as their ranks stamp them; a test of a
+    skewed rank sets it apart."""
+
+    now = T0
+
+    def __call__(self):
+        return self.now
+
+
+WALL = DaemonWall()
+
+
 def only(rule, **cfg):
     """A Diagnoser running just this rule, with no rate limit in the way unless a test sets one."""
     cfg.setdefault("min_interval_s", 1e-9)
     cfg.setdefault("log_events", False)
     d = Diagnoser(DiagnosisConfig(**cfg))
     d.rules = [r for r in d.rules if r.name == rule]
+    for r in d.rules:
+        if hasattr(r, "wall"):
+            r.wall = WALL
     d._by_kind = {}
     for r in d.rules:
         for k in r.kinds:
@@ -42,9 +59,13 @@ def only(rule, **cfg):
     return d
 
 
-def feed(d, records):
+def feed(d, records, skew_s=0.0):
+    """Each record as the daemon takes it: its wall clock at the record's t (minus skew_s, the
+    rank's clock being that far ahead of the daemon's)."""
     out = []
     for r in records:
+        if isinstance(r.get("t"), (int, float)):
+            WALL.now = r["t"] - skew_s
         out += d.consume(r)
     return out
 
@@ -88,6 +109,16 @@ def test_data_bound_fires_without_a_gpu_on_the_data_loading_ratio_alone():
     assert ev[0]["data"]["data_loading_ratio"] == 0.61 and ev[0]["data"]["gpu_util_percent"] is None
     assert "61%" in ev[0]["data"]["message"]
     assert feed(only("launch_bound"), [metrics(100, {"perf/data_loading_ratio": 0.02})]) == []
+
+
+@pytest.mark.parametrize("rule, ratio", [("data_bound", 0.5), ("launch_bound", 0.02)])
+@pytest.mark.parametrize("skew_s", [-600.0, 600.0])
+def test_low_util_rules_judge_on_the_daemon_clock_not_the_ranks(rule, ratio, skew_s):
+    """GPU samples are stamped by the daemon; a step by its ranks, whose clock may be far off."""
+    d = only(rule)
+    feed(d, gpu_samples(20, T0 + 100))
+    ev = feed(d, [metrics(100, {"perf/data_loading_ratio": ratio}, t=T0 + 100 + skew_s)], skew_s=skew_s)
+    assert names(ev) == [f"diagnosis/{rule}"]
 
 
 def test_data_bound_ignores_gpu_samples_older_than_the_window():

@@ -1,7 +1,15 @@
-"""GPU utilization read against the data-loading share of the step: is the GPU waiting, and on what?"""
+"""GPU utilization read against the data-loading share of the step: is the GPU waiting, and on what?
+
+The GPU samples carry the daemon's clock (its NVML poller's time.time()); a metrics record's "t"
+is its ranks' clock, which may be minutes off. The window of samples a step is judged against
+therefore ends at the daemon's clock when the rule takes the step, never at the record's t (a
+rank 600 s ahead emptied the window and silenced both rules).
+"""
 from __future__ import annotations
 
+import time
 from collections import deque
+from typing import Callable
 
 from telemetry.daemon.diagnosis.config import DiagnosisConfig
 from telemetry.daemon.diagnosis.rules.base import Finding, Rule, finite, step_of, t_of
@@ -37,8 +45,9 @@ class _LowUtilRule(Rule):
     kinds = frozenset({"gpu", "metrics"})
     aggregated_only = after_warmup = True
 
-    def __init__(self, cfg: DiagnosisConfig) -> None:
+    def __init__(self, cfg: DiagnosisConfig, wall: Callable[[], float] = time.time) -> None:
         super().__init__(cfg)
+        self.wall = wall            # the daemon's clock, the GPU samples' clock
         self.window = GpuUtilWindow(cfg.gpu_util_window_s)
         self.gpu_seen = False       # any GPU sample at all: without one, utilization is unknown
 
@@ -53,7 +62,7 @@ class _LowUtilRule(Rule):
         t = t_of(record)
         if not self.gpu_seen:
             return self._without_gpu(ratio, record)
-        util, n = self.window.mean(t)
+        util, n = self.window.mean(self.wall())
         if n < self.cfg.gpu_util_min_samples or util >= self.cfg.gpu_util_low_percent:
             return []
         data = {"gpu_util_percent": round(util, 1), "data_loading_ratio": round(ratio, 3),
