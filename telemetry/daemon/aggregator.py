@@ -86,6 +86,7 @@ class Aggregator:
         self.num_steps_out = 0
         self.num_steps_incomplete = 0
         self.num_records_late = 0
+        self.num_open_records = 0                 # records in `pending` (the memory budget's measure)
 
     # -- who is expected -----------------------------------------------------------------------
     def known_ranks(self) -> set[int]:
@@ -168,6 +169,7 @@ class Aggregator:
             if len(ranks) >= num_expected and expected <= ranks:
                 done += self._close_through(step)
         self.num_records_late += len(late)
+        self.num_open_records += len(recs) - len(late)
         return done, late
 
     def _open(self, step: int, rank: int, now: float) -> StepAccumulator | None:
@@ -190,6 +192,7 @@ class Aggregator:
             acc = pending.pop(s, None)
             if acc is not None:
                 self._remember_closed(acc)
+                self.num_open_records -= len(acc.records)
                 done.append(acc)
                 if by_age and by_age[0] is acc:   # the usual case: steps close in opening order
                     by_age.popleft()              # (others are skipped later, by _oldest_open)
@@ -241,8 +244,20 @@ class Aggregator:
                 self.ranks_gone.add(r)
         self._num_expected = self._recount()
 
+    def shed_oldest(self, max_open_records: int) -> list[StepAccumulator]:
+        """Close the oldest open steps (and the steps before them) until at most `max_open_records`
+        records are open: the daemon's memory bound on waiting, beside the timeout. They go out as
+        they are, without the ranks that have not reported (their records, if they come, are late);
+        no rank counts as having missed them."""
+        done: list[StepAccumulator] = []
+        while self.num_open_records > max_open_records and (acc := self._oldest_open()) is not None:
+            self._by_age.popleft()
+            done += self._close_through(acc.step)
+        return done
+
     def flush(self) -> list[StepAccumulator]:
         done = [self.pending.pop(s) for s in sorted(self.pending)]
+        self.num_open_records = 0
         self._step_heap.clear()
         self._by_age.clear()
         for acc in done:

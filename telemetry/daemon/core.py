@@ -36,9 +36,10 @@ from telemetry.daemon.config import DaemonConfig
 from telemetry.daemon import control as control_protocol
 from telemetry.daemon.derived import Derived
 from telemetry.daemon.downsample import Downsampler
+from telemetry.daemon import memory
 from telemetry.daemon.receiver import Receiver
 from telemetry.shared.security.redact import Redactor
-from telemetry.daemon.sinks.base import InlineRunner, Out, SinkRunner, StartupError
+from telemetry.daemon.sinks.base import InlineRunner, Out, SinkRunner, StartupError, batch_bytes
 
 log = logging.getLogger("telemetry.daemon")
 
@@ -63,6 +64,11 @@ INTAKE_SHARE = 0.6
 # mid-drain, which will never say bye; named in sources_open_at_drain). Under CPU hogs a busy
 # sender and libzmq's I/O thread go unscheduled for a while: the first empty read is no proof.
 SOURCE_SILENT_S = 2.0
+# A peer on the ingest socket that has not completed the ZMTP handshake in this long is dropped by
+# libzmq (counted in handshake_failed): a connection that never becomes a client (a raw TCP
+# socket that sends nothing) holds a connection slot and a descriptor this long at most
+# (libzmq's default is 30 s). A real client's handshake takes milliseconds, CURVE's too.
+HANDSHAKE_IVL_MS = 5000
 # How long a sink abandoned at the deadline may take to finish the batch in its hands.
 ABANDON_GRACE_S = 0.5
 # Allocations between young-generation collections (CPython's default is 700); see _tune_gc.
@@ -79,9 +85,12 @@ SOURCES_FILE = "sources.json"
 # How often it is checkpointed (when records came in since): what a SIGKILL leaves unaccounted
 # is what arrived in the last interval, and it is counted as lost, never as written.
 CHECKPOINT_INTERVAL_S = 1.0
-# Hang forensics: batches of metrics kept for "the last records each rank sent"; check interval.
-RECENT_BATCHES_KEPT = 256
+# Hang forensics: the check interval. The last records each rank sent are kept in a RecentRing
+# bounded by its share of the memory budget (memory.py), not a number of batches.
 FORENSICS_CHECK_S = 0.5
+# After a burst, once ingest has been quiet this long and the sink queues are empty, the heap's
+# freed memory is given back to the system (memory.trim_heap; glibc keeps it otherwise).
+TRIM_AFTER_QUIET_S = 2.0
 # A bye travels on a connection of its own (telemetry/client/core.py close) and may arrive
 # before the last records of its client: its record goes out once they are in, or after this.
 BYE_HOLD_S = 2.0
@@ -125,8 +134,18 @@ class Daemon:
         self._latest_step: dict | None = None
         self._progress_logged: dict | None = None
         self._redact = Redactor()   # secrets in hello configs and event data never reach a sink
+        # The memory budget (memory.py): each buffer's share, what was shed beyond it.
+        self.budget = memory.Budget(cfg.memory_mb)
+        self.shed = memory.Shed()
         # The last batches of metrics records, for hang forensics (one append per batch).
-        self._recent_metrics: collections.deque[list] = collections.deque(maxlen=RECENT_BATCHES_KEPT)
+        self._recent_metrics = memory.RecentRing(self.budget.recent_bytes, self.shed)
+        self.names = self.receiver.names = memory.NameCatalogue(self.budget.max_names, self.shed)
+        self.hello_infos = memory.HelloInfos(self.budget.hello_bytes, self.shed)
+        self._record_bytes = 1024              # estimated bytes of a metrics record in memory (per batch)
+        self._batch_frames = INGEST_BATCH      # frames per ingest batch: memory.INGEST_BATCH_BYTES of them
+        self._last_ingest_mono = 0.0
+        self._trim_due = False                 # records came in since the heap was last trimmed
+        self.num_heap_trims = 0
 
     # -- start ---------------------------------------------------------------------------------
     def start(self) -> None:
@@ -150,6 +169,7 @@ class Daemon:
         self.pull.setsockopt(zmq.RCVHWM, cfg.connection_hwm())   # per connection: the budget shared
         self.pull.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES)
         self.pull.setsockopt(zmq.LINGER, 0)
+        self.pull.setsockopt(zmq.HANDSHAKE_IVL, HANDSHAKE_IVL_MS)
         self.control = self.ctx.socket(zmq.ROUTER)
         self.control.setsockopt(zmq.LINGER, 0)
         self.control.setsockopt(zmq.MAXMSGSIZE, 1 << 16)
@@ -227,7 +247,7 @@ class Daemon:
         if sink_cfg.every_n_steps > 1 or sink_cfg.max_per_second > 0:
             ds = Downsampler(sink_cfg.every_n_steps, sink_cfg.max_per_second, self.cfg.aggregator.reductions)
         cls = InlineRunner if getattr(sink, "inline", False) else SinkRunner
-        runner = cls(sink, max_queued=sink_cfg.max_queued, downsampler=ds)
+        runner = cls(sink, max_queued=sink_cfg.max_queued, downsampler=ds, max_bytes=self.budget.sink_queue_bytes)
         self.runners.append(runner)
         return runner
 
@@ -245,7 +265,8 @@ class Daemon:
         # Held to a share of the time, so a backlog costs ingest little (what the rules cannot get
         # to is dropped and counted in the stage's stats).
         runner = SinkRunner(DiagnosisStage(self.diagnoser, self.post), max_queued=10_000,
-                            flush_interval_s=TICK_INTERVAL_S, max_share=DIAGNOSIS_MAX_SHARE)
+                            flush_interval_s=TICK_INTERVAL_S, max_share=DIAGNOSIS_MAX_SHARE,
+                            max_bytes=self.budget.sink_queue_bytes)
         self.runners.append(runner)
 
     def _add_forensics(self) -> None:
@@ -260,7 +281,8 @@ class Daemon:
 
         stage = ForensicsStage(self.cfg.diagnosis, self.log_dir, self.host, self.post, self._recent_metrics,
                                ingest=self.endpoints["ingest"], on_ranks=set_rank_pids)
-        self.runners.append(SinkRunner(stage, max_queued=10_000, flush_interval_s=FORENSICS_CHECK_S))
+        self.runners.append(SinkRunner(stage, max_queued=10_000, flush_interval_s=FORENSICS_CHECK_S,
+                                       max_bytes=self.budget.sink_queue_bytes))
 
     # -- the loop ------------------------------------------------------------------------------
     def run(self) -> int:
@@ -278,7 +300,7 @@ class Daemon:
             timeout_ms = min(timeout_ms, int(max_wait_s * 1000))
         events = dict(self._poller.poll(timeout_ms))
         if self.pull in events:
-            self._ingest(INGEST_BATCH)
+            self._ingest(self._batch_frames)
         if self.control in events:
             self._serve_control()
         if self._wake_r.fileno() in events:
@@ -298,6 +320,17 @@ class Daemon:
             self.receiver.mark_progress()      # which clients are still sending, for a drain
             self._next_checkpoint = now + CHECKPOINT_INTERVAL_S
         self._hand_out()
+        if self._trim_due and now - self._last_ingest_mono >= TRIM_AFTER_QUIET_S:
+            self._trim_after_burst()
+
+    def _trim_after_burst(self) -> None:
+        """Ingest has been quiet a while: once the sinks' queues are empty, give the heap's freed
+        memory back (a burst otherwise leaves the process at its peak)."""
+        if any(r.queued() for r in self.runners):
+            return
+        self._trim_due = False
+        if memory.trim_heap():
+            self.num_heap_trims += 1
 
     def _next_step_deadline(self, now: float) -> float:
         deadline = self.aggregator.next_deadline()
@@ -315,6 +348,11 @@ class Daemon:
         recs, all_metrics, n = self.receiver.take(partial(self.pull.recv, zmq.NOBLOCK), zmq.Again, max_frames)
         if not n:
             return 0
+        frame_bytes = self.receiver.batch_bytes // n + 1
+        self._record_bytes = frame_bytes * memory.RECORD_BYTES_PER_FRAME_BYTE
+        self._batch_frames = max(1, min(INGEST_BATCH, memory.INGEST_BATCH_BYTES // frame_bytes))
+        self._trim_due = True
+        self._last_ingest_mono = time.monotonic()
         if all_metrics:
             self._add_metrics(recs)
             return n
@@ -376,7 +414,7 @@ class Daemon:
                       stage, type(exc).__name__, exc, exc_info=exc)
 
     def _add_metrics(self, recs: list) -> None:
-        self._recent_metrics.append(recs)
+        self._recent_metrics.append(recs, len(recs) * self._record_bytes)
         if self.cfg.aggregator.per_rank:
             for rec in recs:
                 self._emit_rank(rec)
@@ -389,6 +427,12 @@ class Daemon:
             for rec in late:
                 self._emit_rank(rec, late=True)   # its step went out without it; keep it
         self._emit_steps(closed)
+        max_open = self.budget.open_steps_bytes // self._record_bytes
+        if self.aggregator.num_open_records > max_open:
+            early = self.aggregator.shed_oldest(max_open)
+            self.shed.add("steps_closed_early", len(early), "steps waited on hold more records than their share: "
+                          "the oldest go out early, without the ranks that have not reported")
+            self._emit_steps(early)
 
     def _emit_rank(self, rec: Metrics, late: bool = False) -> None:
         out = {"kind": "metrics", "t": rec.t_ns / 1e9, "step": rec.step, "rank": rec.rank, "values": rec.values}
@@ -397,7 +441,7 @@ class Daemon:
         self._emit(out)
 
     def _on_hello(self, rec: Hello) -> None:
-        info = self._redact(rec.info)
+        info = self._redact(self.hello_infos.keep(rec.info))
         self.num_hellos += 1
         # Bounded like the world: a flood of hellos with fake ranks must not grow memory or make
         # each hello cost the number of hellos before it.
@@ -423,8 +467,15 @@ class Daemon:
         self._emit({"kind": "hello", "t": rec.t_ns / 1e9, "rank": rec.rank, "info": info})
 
     def _emit_steps(self, accs: list) -> None:
-        """The steps the aggregator closed, reduced across ranks, with their derived metrics."""
+        """The steps the aggregator closed, reduced across ranks, with their derived metrics; in
+        chunks whose steps x names table fits memory.MAX_BATCH_CELLS (steps with different names
+        each make that table grow as steps x all their names)."""
         if not accs:
+            return
+        chunk = max(1, memory.MAX_BATCH_CELLS // max(1, len(self.names)))
+        if len(accs) > chunk:
+            for i in range(0, len(accs), chunk):
+                self._emit_steps(accs[i:i + chunk])
             return
         try:
             batch, recs = self.aggregator.finish_batch(accs)
@@ -469,9 +520,10 @@ class Daemon:
             return
         batch, self._out = self._out, []
         self.num_records_out += len(batch)
+        num_bytes = batch_bytes(batch)        # once for every queue (they hold the same records)
         # Inline sinks (PUB) first: subscribers get the batch before any sink thread is woken.
         for runner in self._runners_in_order:
-            runner.put(batch)
+            runner.put(batch, num_bytes)
 
     def post(self, record: dict) -> None:
         """Thread-safe entry for pollers: the record joins the pipeline on the daemon's thread."""
@@ -568,7 +620,20 @@ class Daemon:
             "security": {**self.security.stats(), "redacted": self._redact.num_redacted},
             "limits": {"fd_limit": self.fd_limit, "max_connections": self.max_connections,
                        "rcvhwm": self.cfg.rcvhwm, "rcvhwm_per_connection": self.cfg.connection_hwm()},
+            "memory": self.memory_status(),
         }
+
+    def memory_status(self) -> dict:
+        """The memory budget: its split (MB), what each bounded buffer holds now, what was shed."""
+        shed = dict(self.shed.counts)
+        shed["sink_records"] = sum(r.num_dropped_for_bytes for r in self.runners)
+        return {"budget_mb": self.cfg.memory_mb, "split_mb": self.budget.split(),
+                "rss_mb": _rss_mb(), "shed": shed, "shed_total": sum(shed.values()),
+                "held": {"recent_mb": round(self._recent_metrics.num_bytes / 2**20, 1),
+                         "open_records": self.aggregator.num_open_records,
+                         "hellos_mb": round(self.hello_infos.num_bytes / 2**20, 1),
+                         "names": len(self.names), "max_names": self.names.max_names},
+                "heap_trims": self.num_heap_trims}
 
     def _checkpoint_sources(self) -> None:
         """The per-source loss accounting beside metrics.jsonl, so a daemon restarted on this log
@@ -612,6 +677,8 @@ class Daemon:
             "telemetry/num_ranks": len(self.aggregator.ranks_seen),
             "telemetry/uptime_s": round(time.monotonic() - self._started_mono, 3),
             **self.security.counters(),
+            # Items shed by the memory budget, all kinds (status: memory.shed has each kind).
+            "telemetry/memory_shed": self.shed.total() + sum(r.num_dropped_for_bytes for r in self.runners),
         }
         for r in self.runners:
             values[f"telemetry/sink/{r.name}/queued"] = r.queued()
@@ -720,7 +787,7 @@ class Daemon:
         quiet_since = time.monotonic()
         while True:
             if time.monotonic() < until:
-                n = self._ingest(INGEST_BATCH)
+                n = self._ingest(self._batch_frames)
                 if n:
                     self._hand_out()
             else:
@@ -783,6 +850,15 @@ def _raise_fd_limit(max_connections: int) -> tuple[int, int]:
                     max_connections, soft, max(1, room))
         max_connections = max(1, room)
     return soft, max_connections
+
+
+def _rss_mb() -> float | None:
+    """This process's resident memory (Linux /proc), for status; None elsewhere."""
+    try:
+        with open("/proc/self/statm") as f:
+            return round(int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20, 1)
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def _write_final(path: Path, final: dict) -> bool:

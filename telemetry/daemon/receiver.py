@@ -90,6 +90,8 @@ class Receiver:
         self.num_seq_bogus = 0      # batches whose seq jump was not believed (MAX_SEQ_GAP)
         self._refused_rows: list[tuple] = []   # malformed frames' headers: received all the same
         self.had_predecessor = False   # restore()d: a daemon ran on this log directory before
+        self.names = None              # a memory.NameCatalogue: new names beyond its cap are shed
+        self.batch_bytes = 0           # the last batch's frames, in bytes (the memory budget's measure)
         # How far each open source had got at the last LIVE_MARKS marks (mark_progress), to tell
         # the clients still sending from those long gone when a drain starts (open_live).
         self._marks: collections.deque[dict] = collections.deque([{}], maxlen=LIVE_MARKS)
@@ -114,6 +116,7 @@ class Receiver:
         one loop, accounted in one call (loops.tally or its C twin).
         """
         frames = self.loops.read_frames(next_frame, empty, max_frames)
+        self.batch_bytes = sum(map(len, frames))
         malformed_before = self.num_malformed
         try:
             recs, all_metrics, num_byes, per_src = self._check(frames)
@@ -185,10 +188,15 @@ class Receiver:
         if unknown or bad:
             for i in unknown:               # key sets seen for the first time: check their names
                 try:
-                    check_names(tuple(recs[i].values))
+                    keys = check_names(tuple(recs[i].values))
                 except MalformedRecord as exc:
                     self._reject(exc)
                     bad.add(i)
+                    continue
+                kept = self.names.admit(recs[i].values) if self.names is not None else None
+                if kept is not None:        # names beyond the catalogue's cap: their values shed
+                    good_names.pop(keys, None)   # so the next record with this key set is cut too
+                    recs[i] = msgspec.structs.replace(recs[i], values=kept)
             if bad:
                 recs = [rec for i, rec in enumerate(recs) if i not in bad]
                 all_metrics, num_byes, per_src, _ = self.loops.tally(recs, Metrics, Bye, good_names)

@@ -2,7 +2,8 @@
 
 A sink consumes output records: `Out` tuples holding the record as a dict (the JSONL schema)
 and its JSON bytes, encoded once by the daemon. A sink never runs on the daemon's thread: a slow
-or failing W&B costs its own queue, never ingest or the JSONL sink. When a queue is full the
+or failing W&B costs its own queue, never ingest or the JSONL sink. A queue is bounded by records
+and by bytes (its share of the daemon's memory budget, telemetry/daemon/memory.py); when full, the
 newest batch's records are dropped and counted.
 """
 from __future__ import annotations
@@ -58,14 +59,29 @@ MAX_BATCH = 8192
 
 # What SinkRunner._take returns once the sink is to end.
 STOP = object()
+# A queue's byte bound when none is given (the daemon gives each its memory share).
+DEFAULT_MAX_BYTES = 64 << 20
+# What a queued output record is estimated to hold (its dict, values and JSON line) per byte of its
+# JSON line (memory.OUT_BYTES_PER_LINE_BYTE, measured with tracemalloc).
+OUT_BYTES_PER_LINE_BYTE = 3
+
+
+def batch_bytes(batch: list[Out]) -> int:
+    """The estimated memory a batch of output records holds (from their JSON lines' lengths)."""
+    return sum(map(len, map(_line, batch))) * OUT_BYTES_PER_LINE_BYTE
+
+
+def _line(out: Out) -> bytes:
+    return out[2]
 
 
 class SinkRunner:
     """Runs one sink on its own thread, fed through a bounded queue of records."""
 
     def __init__(self, sink: Sink, max_queued: int = 100_000, flush_interval_s: float = 1.0,
-                 downsampler=None, max_share: float = 1.0) -> None:
-        """max_share: the fraction of the time this sink's thread may spend consuming; after a
+                 downsampler=None, max_share: float = 1.0, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
+        """max_queued, max_bytes: the queue's bounds, in records and in estimated bytes.
+        max_share: the fraction of the time this sink's thread may spend consuming; after a
         batch that took t, it waits t * (1 - max_share) / max_share. Python threads share one
         interpreter lock, so a sink that is always busy (a backlog) takes it from the daemon's
         thread half the time; one held to a share drops (counted) what it cannot get to."""
@@ -74,6 +90,7 @@ class SinkRunner:
         self.sink = sink
         self.name = sink.name
         self.max_queued = max_queued
+        self.max_bytes = max_bytes
         self.flush_interval_s = flush_interval_s
         self.downsampler = downsampler
         self.max_share = max_share
@@ -82,7 +99,9 @@ class SinkRunner:
         self._in_hand = 0                      # records of the batch the sink is consuming now
         self._ended = False                    # the thread has taken its last batch (under _cond)
         self._batches: deque[list[Out]] = deque()
+        self._sizes: deque[int] = deque()      # each queued batch's estimated bytes
         self._num_queued = 0
+        self._num_bytes = 0
         self._cond = threading.Condition()
         self._thread = threading.Thread(target=self._run, name=f"sink-{self.name}", daemon=True)
         self._started = threading.Event()
@@ -90,6 +109,7 @@ class SinkRunner:
         self.num_in = 0
         self.num_written = 0
         self.num_dropped = 0
+        self.num_dropped_for_bytes = 0         # of num_dropped: beyond max_bytes (the memory budget)
         self.num_errors = 0
         self.last_error = ""
         self._sink_dropped_seen = 0            # sink.num_dropped already moved into ours
@@ -100,22 +120,36 @@ class SinkRunner:
     def wait_started(self, timeout_s: float) -> bool:
         return self._started.wait(timeout_s)
 
-    def put(self, batch: list[Out]) -> None:
+    def put(self, batch: list[Out], num_bytes: int | None = None) -> None:
         """Hand a batch to the sink; never blocks. Thread-safe. After the sink's thread has taken
-        its last batch (stopped, abandoned) nothing would ever take it: dropped and counted."""
+        its last batch (stopped, abandoned) nothing would ever take it: dropped and counted.
+        num_bytes: the batch's estimated size (batch_bytes; the daemon computes it once for all
+        its sinks)."""
+        if num_bytes is None:
+            num_bytes = batch_bytes(batch)
         with self._cond:
             if self._ended or self._abandoned:
                 self.num_dropped += len(batch)
                 return
             room = self.max_queued - self._num_queued
+            if self._num_bytes + num_bytes > self.max_bytes and batch:
+                # Whole records only, in proportion: the records of a batch are alike in size.
+                per_record = num_bytes / len(batch)
+                fit = max(0, int((self.max_bytes - self._num_bytes) / per_record)) if per_record else len(batch)
+                if fit < min(room, len(batch)):
+                    self.num_dropped_for_bytes += min(room, len(batch)) - fit
+                    room = fit
             if room <= 0:
                 self.num_dropped += len(batch)
                 return
             if len(batch) > room:
                 self.num_dropped += len(batch) - room
+                num_bytes = num_bytes * room // len(batch)
                 batch = batch[:room]
             self._batches.append(batch)
+            self._sizes.append(num_bytes)
             self._num_queued += len(batch)
+            self._num_bytes += num_bytes
             self.num_in += len(batch)
             self._cond.notify()
 
@@ -138,12 +172,14 @@ class SinkRunner:
                     self._ended = True          # under the lock: a later put counts as dropped
                     return STOP
                 return None
-            batches = self._batches
+            batches, sizes = self._batches, self._sizes
             batch = batches.popleft()
+            self._num_bytes -= sizes.popleft()
             if batches and len(batch) < MAX_BATCH:
                 batch = list(batch)
                 while batches and len(batch) + len(batches[0]) <= MAX_BATCH:
                     batch += batches.popleft()
+                    self._num_bytes -= sizes.popleft()
             self._num_queued -= len(batch)
             self._in_hand = len(batch)
             return batch
@@ -161,8 +197,9 @@ class SinkRunner:
             with self._cond:
                 self._ended = True
                 self.num_dropped += self._num_queued + self._in_hand
-                self._num_queued = self._in_hand = 0
+                self._num_queued = self._in_hand = self._num_bytes = 0
                 self._batches.clear()
+                self._sizes.clear()
 
     def _serve(self) -> None:
         try:
@@ -267,12 +304,14 @@ class SinkRunner:
         self._thread.join(grace_s)
         with self._cond:
             self.num_dropped += self._num_queued + (self._in_hand if self._thread.is_alive() else 0)
-            self._num_queued = self._in_hand = 0
+            self._num_queued = self._in_hand = self._num_bytes = 0
             self._batches.clear()
+            self._sizes.clear()
 
     def stats(self) -> dict:
         s = {"in": self.num_in, "written": self.num_written, "dropped": self.num_dropped,
-             "queued": self._num_queued, "errors": self.num_errors}
+             "queued": self._num_queued, "queued_mb": round(self._num_bytes / 2**20, 1),
+             "dropped_for_bytes": self.num_dropped_for_bytes, "errors": self.num_errors}
         if self.last_error:
             s["last_error"] = self.last_error
         s.update(self.sink.stats())
@@ -285,10 +324,13 @@ class InlineRunner(SinkRunner):
     subscribers with the lowest latency. Same counters and lifecycle as SinkRunner."""
 
     def __init__(self, sink: Sink, max_queued: int = 100_000, flush_interval_s: float = 1.0,
-                 downsampler=None) -> None:
+                 downsampler=None, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
         self.sink = sink
         self.name = sink.name
         self.max_queued = max_queued
+        self.max_bytes = max_bytes   # nothing is queued: kept for the same interface
+        self.num_dropped_for_bytes = 0
+        self._num_bytes = 0
         self.downsampler = downsampler
         self.num_in = self.num_written = self.num_dropped = self.num_errors = 0
         self._sink_dropped_seen = 0
@@ -311,7 +353,7 @@ class InlineRunner(SinkRunner):
     def wait_started(self, timeout_s: float) -> bool:
         return True
 
-    def put(self, batch: list[Out]) -> None:
+    def put(self, batch: list[Out], num_bytes: int | None = None) -> None:
         self.num_in += len(batch)
         if not self._started or self._closed:
             self.num_dropped += len(batch)

@@ -1,0 +1,141 @@
+"""The daemon's memory budget (telemetry/daemon/memory.py): each buffer bounded in bytes, what is
+shed beyond it counted. Exact counts; the memory figures themselves are benchmarks
+(benchmarks/daemon_memory.py), never asserted here."""
+from __future__ import annotations
+
+import json
+import resource
+import subprocess
+import sys
+import time
+
+from daemon_util import start_daemon
+
+from protocol import encode_hello, encode_metrics
+from telemetry.daemon.memory import (BYTES_PER_NAME, HELLO_INFO_MAX_BYTES, NAMES_SHARE, RECENT_SHARE,
+                                     RECORD_BYTES_PER_FRAME_BYTE, NameCatalogue, RecentRing, Shed)
+
+# The smallest budget: its shares are small enough to be passed by a test quickly.
+MEMORY_MB = 64
+MAX_NAMES = int(MEMORY_MB * NAMES_SHARE * 2**20) // BYTES_PER_NAME
+RECENT_BYTES = int(MEMORY_MB * RECENT_SHARE * 2**20)
+WIDE = 4096
+
+
+def test_recent_ring_keeps_its_bytes_and_counts_what_it_sheds():
+    shed = Shed()
+    ring = RecentRing(1000, shed)
+    for i in range(10):
+        ring.append([i], 300)
+    assert [b[0] for b in ring] == [7, 8, 9]            # the newest, oldest first, as the deque was
+    assert ring.num_bytes == 900
+    assert shed.counts["recent_batches"] == 7
+    ring.append(list(range(100)), 5000)                  # one batch over the whole share: its tail
+    assert [b for b in ring] == [list(range(80, 100))]
+    assert ring.num_bytes == 1000
+    assert shed.counts["recent_records"] == 80 and shed.counts["recent_batches"] == 10
+
+
+def test_name_catalogue_sheds_new_names_beyond_its_cap():
+    shed = Shed()
+    cat = NameCatalogue(3, shed)
+    assert cat.admit({"a": 1.0, "b": 2.0}) is None
+    assert cat.admit({"a": 1.0, "c": 3.0, "d": 4.0, "e": 5.0}) == {"a": 1.0, "c": 3.0}
+    assert cat.admit({"a": 1.0, "b": 2.0, "c": 3.0}) is None     # known names pass as they are
+    assert len(cat) == 3 and shed.counts["metric_values"] == 2
+
+
+def _wait_status(d, predicate, timeout_s=60.0):
+    deadline = time.monotonic() + timeout_s
+    while True:
+        st = d.status()
+        if predicate(st):
+            return st
+        assert time.monotonic() < deadline, f"not reached within {timeout_s} s: {json.dumps(st.get('memory'))}"
+        time.sleep(0.1)
+
+
+def test_daemon_bounds_hellos_names_and_the_forensics_ring(tmp_path):
+    d = start_daemon(tmp_path, world_size=1, config={"memory_mb": MEMORY_MB})
+    try:
+        s = d.push()
+        t = time.time_ns()
+        # A hello whose info is ~1 MB (a model config with a big table): kept cut, counted.
+        table = {str(i): f"LABEL_{i:010d}" for i in range(43_000)}
+        info = {"world_size": 1, "rank": 0, "config": {"hidden_size": 2048, "id2label": table}}
+        frame = encode_hello(7, 0, 0, 0, t, info)
+        assert len(frame) > 900_000
+        s.send(frame)
+        # Names: 4 records of 4,096 new names each; the catalogue takes MAX_NAMES of them.
+        names = [f"user/m{i:06d}" for i in range(4 * WIDE)]
+        seq = 1
+        for k in range(4):
+            s.send(encode_metrics(7, 0, seq, 0, t + seq, seq, {n: 1.0 for n in names[k * WIDE:(k + 1) * WIDE]}))
+            seq += 1
+        # Known names still flow, whole.
+        s.send(encode_metrics(7, 0, seq, 0, t + seq, seq, {"user/m000000": 5.0, "user/m000001": 6.0}))
+        seq += 1
+        # Wide records with known names: far more than the forensics ring's share.
+        wide = {n: 2.0 for n in names[:WIDE]}
+        frame_bytes = 0
+        for _ in range(40):
+            f = encode_metrics(7, 0, seq, 0, t + seq, seq, wide)
+            frame_bytes = len(f)
+            s.send(f)
+            seq += 1
+        assert 40 * frame_bytes * RECORD_BYTES_PER_FRAME_BYTE > 2 * RECENT_BYTES
+        st = _wait_status(d, lambda st: st["records_in"] == seq)
+        mem = st["memory"]
+        assert mem["shed"]["hellos_truncated"] == 1
+        assert mem["held"]["names"] == MAX_NAMES
+        assert mem["shed"]["metric_values"] == 4 * WIDE - MAX_NAMES
+        assert mem["held"]["recent_mb"] * 2**20 <= RECENT_BYTES + 0.05 * 2**20
+        assert mem["shed"]["recent_batches"] + mem["shed"]["recent_records"] > 0
+        assert mem["shed_total"] == sum(mem["shed"].values())
+        steps = d.wait_for(lambda recs: any(r.get("step") == 5 for r in recs), kind="metrics")
+        by_step = {r["step"]: r for r in steps if "rank" not in r}
+        assert by_step[5]["values"]["user/m000000"] == 5.0 and by_step[5]["values"]["user/m000001"] == 6.0
+        assert sum(len(by_step[k]["values"]) for k in range(1, 5)) >= MAX_NAMES
+        hello = d.wait_for(lambda recs: bool(recs), kind="hello")[0]
+        kept = json.dumps(hello["info"], separators=(",", ":"))   # as the daemon measures it
+        assert len(kept) <= HELLO_INFO_MAX_BYTES
+        assert "_truncated" in hello["info"] and hello["info"]["world_size"] == 1
+        assert hello["info"]["config"]["hidden_size"] == 2048     # the scalars stay
+        s.close(linger=0)
+        daemon_rec = _wait_status(d, lambda st: True)
+        assert daemon_rec["memory"]["shed_total"] >= 1
+    finally:
+        d.stop()
+        d.cleanup()
+
+
+def _limit_memory():
+    # The old code allocates a set of 10^9 ranks until the machine's OOM killer fires: a cap makes
+    # it fail fast here instead (a MemoryError), so this test can fail without taking the box.
+    resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
+
+
+def _daemon(tmp_path, *args, config: str | None = None):
+    cmd = [sys.executable, "-m", "telemetry", "daemon", "--log-dir", str(tmp_path / "t"), "--wandb", "disabled",
+           "--ingest", "tcp://127.0.0.1:0", "--pub", "tcp://127.0.0.1:0", "--control", "tcp://127.0.0.1:0", *args]
+    if config is not None:
+        path = tmp_path / "daemon.yaml"
+        path.write_text(config)
+        cmd += ["--config", str(path)]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120, preexec_fn=_limit_memory)
+
+
+def test_world_size_beyond_bounds_exits_2_with_one_line(tmp_path):
+    r = _daemon(tmp_path, "--world-size", "1000000000")
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert len(lines) == 1 and "world_size" in lines[0], r.stderr
+    assert "ready" not in r.stdout
+
+
+def test_memory_mb_beyond_bounds_exits_2_with_one_line(tmp_path):
+    for bad in ("1", "1e9", ".nan"):
+        r = _daemon(tmp_path, config=f"memory_mb: {bad}\n")
+        lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+        assert r.returncode == 2, (bad, r.stderr[-2000:])
+        assert len(lines) == 1 and "memory_mb" in lines[0], (bad, r.stderr)
