@@ -113,13 +113,13 @@ def _refused(args: list[str], *words: str) -> str:
 
 
 @pytest.mark.parametrize("args, words", [
-    (["--port", "abc"], ["--port abc", "0 to 65535"]),
-    (["--port", "99999"], ["--port 99999"]),
-    (["--port", "-1"], ["--port -1"]),
-    (["--memory-mb", "0"], ["--memory-mb 0"]),
-    (["--memory-mb", "-1"], ["--memory-mb -1"]),
-    (["--memory-mb", "nan"], ["--memory-mb nan"]),
-    (["--max-series", "0"], ["--max-series 0"]),
+    (["--port", "abc"], ["--port", "'abc'"]),
+    (["--port", "99999"], ["--port", "<= 65535"]),
+    (["--port", "-1"], ["--port", ">= 0"]),
+    (["--memory-mb", "0"], ["--memory-mb", ">= 64"]),
+    (["--memory-mb", "-1"], ["--memory-mb", ">= 64"]),
+    (["--memory-mb", "nan"], ["--memory-mb", "'nan'"]),
+    (["--max-series", "0"], ["--max-series", ">= 1"]),
     (["--token-file", "/nonexistent/token"], ["--token-file /nonexistent/token"]),
     (["--token-file", "/dev/zero"], ["not a regular file"]),
     (["--no-token", "--token-file", "/etc/hostname"], ["give one of them"]),

@@ -366,13 +366,13 @@ def test_beyond_loopback_needs_allow_remote():
 
 
 @pytest.mark.parametrize("args, words", [
-    (["--port", "99999"], ["--port 99999", "0 to 65535"]),
-    (["--port", "-1"], ["--port -1"]),
-    (["--port", "abc"], ["--port abc"]),
-    (["--memory-mb", "0"], ["--memory-mb 0"]),
-    (["--memory-mb", "-1"], ["--memory-mb -1"]),
-    (["--memory-mb", "nan"], ["--memory-mb nan"]),
-    (["--max-series", "0"], ["--max-series 0"]),
+    (["--port", "99999"], ["--port", "<= 65535", "99999"]),
+    (["--port", "-1"], ["--port", ">= 0"]),
+    (["--port", "abc"], ["--port", "'abc'"]),
+    (["--memory-mb", "0"], ["--memory-mb", ">= 64"]),
+    (["--memory-mb", "-1"], ["--memory-mb", ">= 64"]),
+    (["--memory-mb", "nan"], ["--memory-mb", "'nan'"]),
+    (["--max-series", "0"], ["--max-series", ">= 1"]),
     (["--token-file", "/nonexistent/token"], ["--token-file /nonexistent/token"]),
 ])
 def test_bad_flags_are_one_line_and_exit_2(args, words):

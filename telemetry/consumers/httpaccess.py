@@ -7,8 +7,9 @@ dashboard` and `telemetry export-prometheus`.
 - A token: loopback TCP is open to every local user, so a port that serves a run's data asks
   for a secret. `read_token_file` reads one the user gives; `new_token` makes one;
   `token_matches` compares in constant time.
-- Flag values (a port, a memory budget) are checked here and raise FlagError with one line
-  that names the flag: the command prints it and exits 2.
+- The flags both share: --port, --memory-mb and --max-series are checked at the flag
+  (telemetry.shared.config.number_arg: argparse's one line and exit 2); a token file is read
+  by read_token_file, whose FlagError is one line naming the flag (the command exits 2).
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ MAX_TOKEN_BYTES = 4096
 MIN_TOKEN_CHARS = 16
 # A consumer below this cannot hold its interpreter and libraries; above it is a typo.
 MIN_MEMORY_MB = 64
-MAX_MEMORY_MB = 1 << 20
+MAX_MEMORY_MB = 1 << 20   # the daemon's --memory-mb has the same bounds
 MAX_SERIES = 10_000_000
 
 
@@ -57,27 +58,23 @@ def host_is_loopback(host_header: str) -> bool:
     return name in LOOPBACK_HOSTS or name.startswith("127.")
 
 
-def parse_int(flag: str, value: str, lo: int, hi: int, what: str = "") -> int:
-    """A whole number from lo to hi for `flag` (digits only: no sign, no float, no nan)."""
-    text = str(value).strip()
-    if not text.isdigit() or not lo <= int(text) <= hi:
-        raise FlagError(f"{flag} {value}: expected a whole number from {lo} to {hi}{what}")
-    return int(text)
+def add_port_argument(p, default: int) -> None:
+    from telemetry.shared.config import number_arg
+
+    p.add_argument("--port", type=number_arg(int, lo=0, hi=65535), default=default,
+                   help=f"HTTP port (default {default}; 0 = any free)")
 
 
-def parse_port(value: str) -> int:
-    """--port: 0 (any free port) to 65535."""
-    return parse_int("--port", value, 0, 65535, " (0 = any free port)")
+def add_budget_arguments(p, default_mb: int, default_series: int, shed: str) -> None:
+    """--memory-mb and --max-series, checked at the flag (argparse's one line and exit 2)."""
+    from telemetry.shared.config import number_arg
 
-
-def parse_memory_mb(value: str) -> int:
-    """--memory-mb: the process's memory budget, MIN_MEMORY_MB to MAX_MEMORY_MB."""
-    return parse_int("--memory-mb", value, MIN_MEMORY_MB, MAX_MEMORY_MB, " (MB)")
-
-
-def parse_max_series(value: str) -> int:
-    """--max-series: how many distinct series a consumer keeps, 1 to MAX_SERIES."""
-    return parse_int("--max-series", value, 1, MAX_SERIES)
+    p.add_argument("--memory-mb", type=number_arg(int, lo=MIN_MEMORY_MB, hi=MAX_MEMORY_MB), default=default_mb,
+                   help=f"memory budget of the process in MB (default {default_mb}, {MIN_MEMORY_MB} to "
+                        f"{MAX_MEMORY_MB}): {shed}")
+    p.add_argument("--max-series", type=number_arg(int, lo=1, hi=MAX_SERIES), default=default_series,
+                   help=f"distinct series kept (default {default_series:,}): the first to come are kept, values "
+                        "of newer ones are dropped and counted")
 
 
 def new_token() -> str:

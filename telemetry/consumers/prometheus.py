@@ -88,20 +88,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
     p.add_argument("--pub", type=endpoint_arg, metavar="EP",
                    help="the daemon's PUB endpoint (default $TELEMETRY_PUB or ipc)")
-    p.add_argument("--port", default=str(DEFAULT_PORT), help=f"HTTP port (default {DEFAULT_PORT}; 0 = any free)")
+    httpaccess.add_port_argument(p, DEFAULT_PORT)
     p.add_argument("--addr", default="127.0.0.1",
                    help="address to listen on (default 127.0.0.1; beyond loopback needs --allow-remote)")
     httpaccess.add_remote_argument(p, "reads every metric (with --token-file, whoever has the token)")
     p.add_argument("--token-file", type=nonempty_arg, metavar="FILE",
                    help="ask scrapes for 'Authorization: Bearer TOKEN', TOKEN read from FILE (Prometheus: "
                         "authorization: {credentials_file: FILE}); default: no token (any local user can scrape)")
-    p.add_argument("--memory-mb", default=str(DEFAULT_MEMORY_MB),
-                   help=f"memory budget of the process in MB (default {DEFAULT_MEMORY_MB}, "
-                        f"{httpaccess.MIN_MEMORY_MB}..{httpaccess.MAX_MEMORY_MB}): the series kept are bounded "
-                        "under it; values of new series beyond it are dropped and counted")
-    p.add_argument("--max-series", default=str(DEFAULT_MAX_SERIES),
-                   help=f"distinct series kept (default {DEFAULT_MAX_SERIES:,}; the first to come are kept, "
-                        "values of new series beyond are dropped and counted)")
+    httpaccess.add_budget_arguments(p, DEFAULT_MEMORY_MB, DEFAULT_MAX_SERIES,
+                                    "the series kept are bounded in bytes under it")
 
 
 def _hash(text: str) -> str:
@@ -415,10 +410,8 @@ def _fail(msg: str) -> int:
 def run(args: argparse.Namespace) -> int:
     from telemetry.consumers.subscribe import AttachError, attach
 
+    port, memory_mb, max_series = args.port, args.memory_mb, args.max_series
     try:
-        port = httpaccess.parse_port(args.port)
-        memory_mb = httpaccess.parse_memory_mb(args.memory_mb)
-        max_series = httpaccess.parse_max_series(args.max_series)
         token = httpaccess.read_token_file(args.token_file) if args.token_file else None
     except httpaccess.FlagError as exc:
         return _fail(str(exc))

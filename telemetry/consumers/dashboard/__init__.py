@@ -39,6 +39,8 @@ DEFAULT_PORT = 8765
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from telemetry.consumers import httpaccess
+    from telemetry.consumers.dashboard.budget import DEFAULT_MAX_SERIES, DEFAULT_MEMORY_MB
     from telemetry.shared.config import nonempty_arg
     from telemetry.shared.endpoints import endpoint_arg
 
@@ -47,23 +49,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pub", type=endpoint_arg, metavar="EP", help="the daemon's PUB endpoint for live updates (default "
                    "$TELEMETRY_PUB, or the run's ipc socket when $TELEMETRY_RUNTIME_DIR or $TELEMETRY_RUN_NAME "
                    "is set; else metrics.jsonl is followed)")
-    from telemetry.consumers import httpaccess
-    from telemetry.consumers.dashboard.budget import DEFAULT_MAX_SERIES, DEFAULT_MEMORY_MB
-
-    p.add_argument("--port", default=str(DEFAULT_PORT), help=f"HTTP port (default {DEFAULT_PORT}; 0 = any free)")
+    httpaccess.add_port_argument(p, DEFAULT_PORT)
     p.add_argument("--addr", default="127.0.0.1", help="address to serve on (default 127.0.0.1)")
     httpaccess.add_remote_argument(p, "can read the run with its token (with --no-token, without)")
     p.add_argument("--token-file", type=nonempty_arg, metavar="FILE",
                    help="the access token, read from FILE (default: a random one, in the address printed)")
     p.add_argument("--no-token", action="store_true",
                    help="no access token: every local user (and with --allow-remote, anyone) reads the run")
-    p.add_argument("--memory-mb", default=str(DEFAULT_MEMORY_MB),
-                   help=f"memory budget of the process in MB (default {DEFAULT_MEMORY_MB}, "
-                        f"{httpaccess.MIN_MEMORY_MB}..{httpaccess.MAX_MEMORY_MB}); what is shed to stay under it "
-                        "is counted and shown on the page")
-    p.add_argument("--max-series", default=str(DEFAULT_MAX_SERIES),
-                   help=f"distinct series kept over all runs (default {DEFAULT_MAX_SERIES:,}; the first to come are "
-                        "kept, values of new series beyond are dropped and counted)")
+    httpaccess.add_budget_arguments(p, DEFAULT_MEMORY_MB, DEFAULT_MAX_SERIES,
+                                    "what is shed to stay under it is counted and shown on the page")
 
 
 def _pub_from_environment() -> bool:
@@ -111,10 +105,8 @@ def run(args: argparse.Namespace) -> int:
     from telemetry.consumers.readjsonl import run_dir_of
     from telemetry.consumers.subscribe import AttachError, attach
 
+    port, memory_mb, max_series = args.port, args.memory_mb, args.max_series
     try:
-        port = httpaccess.parse_port(args.port)
-        memory_mb = httpaccess.parse_memory_mb(args.memory_mb)
-        max_series = httpaccess.parse_max_series(args.max_series)
         if args.no_token and args.token_file:
             raise httpaccess.FlagError("--no-token and --token-file: give one of them")
         token = None if args.no_token else (httpaccess.read_token_file(args.token_file) if args.token_file
