@@ -436,8 +436,10 @@ def run(args: argparse.Namespace) -> int:
         f"--memory-mb {memory_mb}): values of new series are dropped from now on and counted in "
         f"{VALUES_DROPPED}_total", file=sys.stderr, flush=True)
     bound = server.server_address[1]
-    print(f"telemetry export-prometheus: serving http://{args.addr}:{bound}/metrics from {sub.endpoint} "
-          f"({'bearer token from ' + args.token_file if token else 'no token: any local user can scrape'}; "
+    access = (f"bearer token from {args.token_file}" if token
+              else "no token: any local user can scrape" if httpaccess.is_loopback_addr(args.addr)
+              else "no token: anyone who reaches the port can scrape")
+    print(f"telemetry export-prometheus: serving http://{args.addr}:{bound}/metrics from {sub.endpoint} ({access}; "
           f"at most {max_series:,} series, memory budget {memory_mb} MB)", flush=True)
     try:
         while True:
