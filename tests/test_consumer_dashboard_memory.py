@@ -117,3 +117,30 @@ def test_a_line_beyond_the_bound_is_skipped_and_counted(tmp_path, monkeypatch):
     f.close()
     stats = readjsonl.ReadStats()
     assert [r["step"] for r in readjsonl.read_records(tmp_path, stats)] == [1, 3, 5] and stats.num_bad == 2
+
+
+def _peak_rss_mb(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) / 1024 for line in f if line.startswith("VmHWM:"))
+
+
+def test_the_process_stays_under_its_budget_with_300k_names(tmp_path):
+    """The default budget (256 MB) holds for the whole process, whatever the number of names (the
+    old store kept every one: ~0.7 KB a name, and /api/data sent them all)."""
+    tel = tmp_path / "wide" / "telemetry"
+    tel.mkdir(parents=True)
+    with open(tel / "metrics.jsonl", "w") as f:
+        for r in range(300):
+            values = {f"user/r{r}/metric_{i}": float(i) for i in range(1000)}
+            f.write(json.dumps({"kind": "metrics", "t": 1.7e9 + r, "step": r + 1, "values": values}) + "\n")
+    dash = Dashboard(str(tmp_path / "wide"))
+    try:
+        body = dash.get("api/data")
+        peak = _peak_rss_mb(dash.proc.pid)
+        data = json.loads(body)
+        assert len(data["runs"][0]["series"]) == 10_000
+        assert data["status"][0]["budget"]["num_values_dropped"] == 300_000 - 10_000
+        assert peak < 256, f"peak RSS {peak:.0f} MB"
+        print(f"\n300k names: peak RSS {peak:.0f} MB, /api/data {len(body) / 1e6:.2f} MB")
+    finally:
+        assert dash.stop() == 0

@@ -307,6 +307,47 @@ def test_the_exporter_process_keeps_its_cap_and_says_so(daemon):
     assert text.count("values of new series are dropped") == 1 and "Traceback" not in text, text
 
 
+def test_the_exporter_process_stays_under_its_budget_with_300k_names():
+    """Published as the daemon does (topic, JSON line) from a PUB socket here: the process stays
+    under the default 256 MB and a scrape holds the first 10,000 series (the old exporter kept
+    every name: ~1 KB each, and a scrape built all of them)."""
+    import zmq
+
+    ctx = zmq.Context()
+    pub = ctx.socket(zmq.PUB)
+    pub.setsockopt(zmq.SNDHWM, 0)
+    port = pub.bind_to_random_port("tcp://127.0.0.1")
+    proc, url, lines = _start_exporter("--pub", f"tcp://127.0.0.1:{port}")
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and "telemetry_first" not in _scrape(url):
+            pub.send_multipart([b"metrics", json.dumps({"kind": "metrics", "t": 1.0, "step": 0,
+                                                        "values": {"first": 1.0}}).encode()])   # the slow joiner
+            time.sleep(0.2)
+        for r in range(300):
+            values = {f"user/r{r}/metric_{i}": float(i) for i in range(1000)}
+            pub.send_multipart([b"metrics", json.dumps({"kind": "metrics", "t": 2.0, "step": r + 1,
+                                                        "values": values}).encode()])
+        deadline = time.monotonic() + 120
+        got: dict = {}
+        while time.monotonic() < deadline:   # every value taken: kept + dropped add up
+            got = _scrape(url)
+            taken = got.get("telemetry_exporter_values_dropped_total", 0) + got.get("telemetry_exporter_series", 0)
+            if taken >= 300_000:
+                break
+            time.sleep(0.5)
+        with open(f"/proc/{proc.pid}/status") as f:
+            peak = next(int(line.split()[1]) / 1024 for line in f if line.startswith("VmHWM:"))
+        assert got["telemetry_exporter_series"] == 10_000, got.get("telemetry_exporter_series")
+        assert len([k for k in got if k.startswith("telemetry_user_")]) == 10_000 - 1
+        assert peak < 256, f"peak RSS {peak:.0f} MB"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+        pub.close(0)
+        ctx.term()
+
+
 # -- access --------------------------------------------------------------------------------------
 def _token_file(tmp_path: Path, token: str = "s3cret-token-for-the-test") -> Path:
     path = tmp_path / "token"
