@@ -196,7 +196,7 @@ class DaemonConfig:
                 continue
             ep = normalize(ep)   # an EndpointError is a ValueError: the loader names the key
             if ep in seen and not ep.endswith(":0"):   # port 0: the OS picks one per socket
-                raise ConfigError(f"{seen[ep]} and {name} are both {ep}: each socket needs its own endpoint")
+                raise ConfigError(f"{ep} is given for two sockets ({seen[ep]} and {name}); each needs its own endpoint")
             seen[ep] = name
 
     def connection_hwm(self) -> int:

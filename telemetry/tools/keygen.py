@@ -16,7 +16,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from telemetry.shared.config import nonempty_arg
+from telemetry.shared.config import nonempty_arg, writable_dir_problem
 from telemetry.shared.endpoints import private_dirs
 
 
@@ -57,6 +57,11 @@ def make_pair(key_dir: str | os.PathLike, name: str, force: bool = False) -> tup
 
 
 def run(args: argparse.Namespace) -> int:
+    for flag, path in (("--dir", args.dir), ("--allow", args.allow)):
+        why = writable_dir_problem(path) if path else None   # a path under a file, /proc/x
+        if why:
+            print(f"telemetry keygen: {flag} {why}", file=sys.stderr)
+            return 2
     try:
         allow_dir = private_dir(args.allow) if args.allow else None
     except (ValueError, OSError) as exc:     # UnsafePathError is a ValueError
@@ -65,7 +70,10 @@ def run(args: argparse.Namespace) -> int:
     for name in args.name:
         try:
             public, secret = make_pair(args.dir, name, force=args.force)
-        except (FileExistsError, ValueError, OSError) as exc:
+        except FileExistsError as exc:   # a pair kept from before: not a bad flag
+            print(f"telemetry keygen: {exc}", file=sys.stderr)
+            return 1
+        except (ValueError, OSError) as exc:
             print(f"telemetry keygen: {exc}", file=sys.stderr)
             return 2
         print(f"{name}: public {public}  secret {secret}")
