@@ -211,11 +211,13 @@ class RunStore:
     def _add_event(self, rec: dict) -> Any:
         g, new = self.events.add(rec)
         if new:
+            self._event_steps[g.id] = self._step_for(g.data, g.t)
             cost = EVENT_BYTES + len(json.dumps(g.data, default=str))
             self._event_bytes[g.id] = cost
             self.num_event_bytes += cost
             lim = self.limits
-            if len(self.events.groups) > lim.max_event_groups or self.num_event_bytes > lim.max_event_bytes:
+            while self.events.groups and (len(self.events.groups) > lim.max_event_groups
+                                          or self.num_event_bytes > lim.max_event_bytes):
                 for old in self.events.forget_oldest(max(1, len(self.events.groups) // 4)):
                     self.num_event_bytes -= self._event_bytes.pop(old.id, 0)
                     self._event_steps.pop(old.id, None)
@@ -274,8 +276,6 @@ class RunStore:
                     self.daemon.consume(values, t)
             elif kind == "event":
                 g = self._add_event(rec)
-                if g.id not in self._event_steps:
-                    self._event_steps[g.id] = self._step_for(g.data, g.t)
                 events.append(self._event_dict(g))
             elif kind == "hello":
                 info = rec.get("info")
