@@ -12,9 +12,10 @@ usage: launch/run.sh [--config FILE] [--nproc N] [--steps N] [--run-dir DIR] [--
                      [--daemon-config FILE] [-- key=value ...]
 
   --config FILE     trainer config (default launch/configs/tiny.yaml)
-  --nproc N         ranks on this node (default 1)
+  --nproc N         ranks on this node, 1..1024 (default 1)
   --steps N         optimizer steps (default: the config's)
-  --run-dir DIR     where everything goes (default runs/<run-name>): DIR/telemetry/ holds
+  --run-dir DIR     where everything goes (default runs/<run-name>; made and checked writable
+                    before anything starts): DIR/telemetry/ holds
                     metrics.jsonl and the daemon log, DIR/checkpoints/ the checkpoints
   --attach tail     open the live view beside the training (a tmux pane inside tmux,
                     else DIR/telemetry/tail.log, followed with: tail -f)
