@@ -140,3 +140,245 @@ def test_a_drain_under_load_writes_or_counts_every_record_each_client_sent(tmp_p
     # With a deadline this long nothing needed to be cut short: all of it was processed.
     assert sum(s["sent"] for s in stats.values()) == final["records_in"] + final["records_lost_in_transit"] \
         + final["records_unread_at_drain"], final
+
+
+# -- the run directory deleted or moved under the daemon --------------------------------------------
+def _steps(tm, start, stop):
+    for s in range(start, stop):
+        tm.log(s, {"train/loss": float(s)})
+
+
+def _drain_final(d) -> dict:
+    """Drain; the final counters from the reply (drain.json may have nowhere to go)."""
+    final = d.request("drain", timeout_s=120)
+    d.proc.wait(60)
+    return final
+
+
+def test_run_dir_deleted_mid_run_counts_every_record_and_exits_nonzero(tmp_path, make_daemon):
+    import shutil
+
+    d = make_daemon(world_size=1, config={"jsonl": {"fsync_interval_s": 0.2}})
+    tm = TelemetryClient(d.ingest, rank=0)
+    _steps(tm, 0, 100)
+    d.wait_for(lambda recs: any(r.get("step") == 99 for r in recs), kind="metrics", timeout_s=60)
+    shutil.rmtree(d.log_dir)
+    _steps(tm, 100, 10_100)
+    tm.close()
+    _wait(lambda: d.status()["records_in"] >= 10_100, "the records after the deletion")
+    final = _drain_final(d)
+    j = final["sinks"]["jsonl"]
+    # The 10,000 records after the deletion: written into the deleted file (counted when its
+    # flush timer saw it gone) or refused without a directory; none counted as written.
+    assert j["dropped"] >= 10_000 and j["written"] + j["dropped"] == j["in"], j
+    assert j["lines_lost"] + j["write_errors"] > 0, j
+    assert d.proc.returncode == 1, d.output()[-2000:]
+    assert "deleted" in d.output() or "gone" in d.output()
+
+
+def test_metrics_file_deleted_mid_run_is_created_again(tmp_path, make_daemon):
+    d = make_daemon(world_size=1, config={"jsonl": {"fsync_interval_s": 0.2}})
+    tm = TelemetryClient(d.ingest, rank=0)
+    _steps(tm, 0, 100)
+    d.wait_for(lambda recs: any(r.get("step") == 99 for r in recs), kind="metrics", timeout_s=60)
+    d.jsonl.unlink()
+    _steps(tm, 100, 10_100)
+    tm.close()
+    _wait(lambda: d.status()["records_in"] >= 10_100, "the records after the deletion")
+    final = _drain_final(d)
+    j = final["sinks"]["jsonl"]
+    steps = {r["step"] for r in d.read_jsonl("metrics")}
+    missing = set(range(100, 10_100)) - steps
+    assert j["reopened"] == 1, j
+    # Each step after the deletion is in the new file, or counted: written into the deleted one.
+    assert len(missing) <= j["lines_lost"] and j["lines_lost"] == j["dropped"], (len(missing), j)
+    assert j["written"] + j["dropped"] == j["in"], j
+    assert d.proc.returncode == 1      # lines were lost with the deleted file: said at exit
+
+
+def test_run_dir_moved_mid_run_keeps_what_it_holds_and_counts_the_rest(tmp_path, make_daemon):
+    d = make_daemon(world_size=1, config={"jsonl": {"fsync_interval_s": 0.2}})
+    tm = TelemetryClient(d.ingest, rank=0)
+    _steps(tm, 0, 100)
+    d.wait_for(lambda recs: any(r.get("step") == 99 for r in recs), kind="metrics", timeout_s=60)
+    moved = tmp_path / "moved"
+    d.log_dir.rename(moved)
+    _wait(lambda: "moved or replaced" in d.output(), "the sink noticing the move (its flush timer)")
+    _steps(tm, 100, 10_100)
+    tm.close()
+    _wait(lambda: d.status()["records_in"] >= 10_100, "the records after the move")
+    final = _drain_final(d)
+    j = final["sinks"]["jsonl"]
+    lines = (moved / "metrics.jsonl").read_bytes().split(b"\n")
+    assert lines[-1] == b"" and all(json.loads(line) for line in lines[:-1])     # whole lines
+    steps = {json.loads(line).get("step") for line in lines[:-1]}
+    # What went into the file before the sink saw it move is where it went (and written); what
+    # came after, with no directory at the configured path, is counted as dropped.
+    assert set(range(100)) <= steps and not steps & set(range(100, 10_100)), sorted(steps - set(range(100)))[:5]
+    assert j["dropped"] >= 10_000 and j["written"] + j["dropped"] == j["in"], j
+    assert j["lines_lost"] == 0, j
+    assert d.proc.returncode == 1
+
+
+def test_a_failed_rotation_never_writes_to_a_closed_descriptor(tmp_path, monkeypatch):
+    from telemetry.daemon.sinks.base import Out
+    from telemetry.daemon.sinks.jsonl import JsonlSink
+
+    sink = JsonlSink(tmp_path, rotate_bytes=1024)
+    sink.start()
+
+    def no_rename(src, dst):
+        raise OSError(13, "Permission denied")
+
+    monkeypatch.setattr("telemetry.daemon.sinks.jsonl.os.rename", no_rename)
+    batch = [Out("metrics", {"step": i}, b'{"kind":"metrics","step":%d,"pad":"%s"}' % (i, b"x" * 100))
+             for i in range(20)]
+    try:
+        sink.consume(batch)             # past rotate_bytes: the rename fails
+    except OSError:
+        pass
+    # A descriptor opened now takes the lowest free number: the one a closed sink fd had.
+    victim = tmp_path / "victim"
+    fd = os.open(victim, os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        sink.consume(batch)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+    monkeypatch.undo()
+    sink.close()
+    assert victim.read_bytes() == b""                                    # nothing written to it
+    lines = (tmp_path / "metrics.jsonl").read_bytes().split(b"\n")
+    assert len(lines) - 1 == 40 and sink.stats()["rotation_errors"] >= 1, sink.stats()
+
+
+# -- a full disk: counted, the final counters still somewhere, exit 1 -------------------------------
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 1 MiB tmpfs (root only); unmounted at teardown."""
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,mode=0700", "tmpfs", str(mnt)],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here: {r.stderr.strip()}")
+    yield mnt
+    if subprocess.run(["umount", str(mnt)], capture_output=True).returncode != 0:
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+def test_disk_full_counts_writes_drain_json_and_the_final_record_and_exits_nonzero(small_disk, make_daemon):
+    d = make_daemon(world_size=1, log_dir=small_disk / "telemetry", config={"jsonl": {"fsync_interval_s": 0.2}})
+    try:
+        tm = TelemetryClient(d.ingest, rank=0)
+        values = {f"train/value_{i}": float(i) for i in range(20)}
+        step = 0
+        deadline = time.monotonic() + 120
+        while not d.status()["sinks"]["jsonl"].get("write_errors"):        # until the disk is full
+            assert time.monotonic() < deadline, d.status()["sinks"]["jsonl"]
+            for _ in range(500):
+                tm.log(step, values)
+                step += 1
+            _wait(lambda: d.status()["records_in"] >= step + 1, "the records so far")
+        for _ in range(1000):                                                # and then some
+            tm.log(step, values)
+            step += 1
+        tm.close()
+        _wait(lambda: d.status()["records_in"] >= step + 2, "the records after the disk filled")
+        reply = _drain_final(d)
+    finally:
+        d.cleanup()
+    assert d.proc.returncode == 1, d.output()[-2000:]
+    final = json.loads((d.log_dir / "drain.json").read_text())                # it found room
+    assert final["records_in"] == reply["records_in"]
+    j = final["sinks"]["jsonl"]
+    assert j["write_errors"] > 0 and j["dropped"] >= 1000 and j["written"] + j["dropped"] == j["in"], j
+    data = d.jsonl.read_bytes()
+    assert data.endswith(b"\n")
+    lines = [json.loads(line) for line in data.split(b"\n")[:-1]]            # whole lines only
+    assert lines[-1]["kind"] == "daemon" and lines[-1]["values"]["telemetry/records_in"] == step + 2, lines[-1]
+    assert j["final_rescued"] <= 1          # 1: it took the room the reserve held (a page may have been left)
+    assert not (d.log_dir / ".telemetry-reserve").exists()
+
+
+# -- connections that never become clients do not lock the ranks out ------------------------------
+class _IdleFlood:
+    """Holds `n` raw TCP connections to `addr` that never send a byte, opening a new one for each
+    the daemon closes (an attacker that keeps the ingest's connection limit full)."""
+
+    def __init__(self, addr: tuple[str, int], n: int) -> None:
+        import selectors
+
+        self.addr, self.n = addr, n
+        self.sel = selectors.DefaultSelector()
+        self.num_opened = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _open(self) -> None:
+        import selectors
+        import socket
+
+        s = socket.socket()
+        s.setblocking(False)
+        s.connect_ex(self.addr)
+        self.sel.register(s, selectors.EVENT_READ)
+        self.num_opened += 1
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            while len(self.sel.get_map()) < self.n:
+                self._open()
+            for key, _ in self.sel.select(0.05):
+                s = key.fileobj
+                try:
+                    gone = s.recv(1) == b""
+                except BlockingIOError:
+                    gone = False
+                except OSError:
+                    gone = True
+                if gone:                          # closed by the daemon: open another
+                    self.sel.unregister(s)
+                    s.close()
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join(30)
+        for key in list(self.sel.get_map().values()):
+            key.fileobj.close()
+
+
+def test_idle_raw_connections_do_not_lock_a_rank_out(make_daemon):
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < 4096:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 4096), hard))
+    # A limit of 128 (1,024 by default): the kernel's accept queue drops part of a burst of
+    # thousands of connects, so a smaller limit is what a test can fill for certain.
+    d = make_daemon(transport="tcp", world_size=1, config={"max_connections": 128})
+    host, port = d.ingest[len("tcp://"):].rsplit(":", 1)
+    limit = d.status()["limits"]["max_connections"]
+
+    def conns() -> dict:
+        return d.status()["security"]["connections"]["ingest"]
+
+    with _IdleFlood((host, int(port)), 2 * limit):
+        # The limit is full of connections that never send a greeting, and more keep coming.
+        _wait(lambda: conns()["refused"] or conns().get("idle_closed"), "the idle connections filling the limit")
+        tm = TelemetryClient(d.ingest, rank=0)
+        _steps(tm, 0, 2000)
+        tm.close()
+        sent = tm.stats()["sent"]
+        # Every record of the rank, and its bye, arrive; nothing of it is lost.
+        _wait(lambda: d.status()["per_rank"].get("0", {}).get("open") == 0, "the rank's bye", timeout_s=60)
+        pr = d.status()["per_rank"]["0"]
+        c = conns()
+    assert pr["received"] == sent == 2002 and pr["lost"] == 0, pr
+    assert c["idle_closed"] >= 1, c                                    # counted ...
+    assert d.output().count("never sent a ZMTP greeting") == 1         # ... and logged once

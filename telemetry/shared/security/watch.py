@@ -15,12 +15,21 @@ returned; libzmq then sees the peer gone and drops it) and counted in `refused`.
 peer had already written is not accounted anywhere (it never became a record): the counter says
 that it happened. libzmq itself has no such limit; 1,100 idle connections at nofile 1024 made it
 spin and abort.
+
+Connections that never become clients (a raw TCP socket that connects and sends nothing) must
+not hold the limit against real ranks: at the limit, the oldest TCP connection that has not yet
+received a whole ZMTP greeting (IDLE_BELOW_BYTES, from the kernel's TCP_INFO) is shut down to
+make room for the new one, counted in `idle_closed` and logged once; only when every live
+connection is a client is the new one refused. libzmq's own ZMQ_HANDSHAKE_IVL (set by the
+daemon) drops such a peer after a few seconds anyway (counted in `handshake_failed`).
 """
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import stat
+import struct
 import threading
 
 import zmq
@@ -38,6 +47,12 @@ _MASK = 0
 for _e in _EVENTS:
     _MASK |= _e
 POLL_MS = 200
+# A ZMTP 3 greeting is 64 bytes: a connection that has received fewer has not begun to be a
+# client (tcp_info's tcpi_bytes_received, a u64 at offset 128 since Linux 4.1).
+IDLE_BELOW_BYTES = 64
+_TCPI_BYTES_RECEIVED = 128
+
+log = logging.getLogger("telemetry.security")
 
 
 class ConnectionWatch:
@@ -48,7 +63,7 @@ class ConnectionWatch:
         self._monitors: dict[zmq.Socket, str] = {}
         self.counts: dict[str, dict[str, int]] = {}
         self._limits: dict[str, tuple[int, set]] = {}     # name -> (limit, local addresses)
-        self._open: dict[str, set[int]] = {}              # name -> descriptors of live connections
+        self._open: dict[str, dict[int, None]] = {}       # name -> live connections' fds, oldest first
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -59,8 +74,8 @@ class ConnectionWatch:
         self.counts[name] = {v: 0 for v in _EVENTS.values()}
         if limit > 0:
             self._limits[name] = (limit, {_local_address(ep) for ep in endpoints} - {None})
-            self._open[name] = set()
-            self.counts[name].update(open=0, refused=0)
+            self._open[name] = {}
+            self.counts[name].update(open=0, refused=0, idle_closed=0)
 
     def start(self) -> None:
         if self._monitors:
@@ -95,13 +110,29 @@ class ConnectionWatch:
         live = self._open[name]
         if event == zmq.EVENT_ACCEPTED:
             limit, local = self._limits[name]
-            if len(live) >= limit and _refuse(fd, local):
-                self.counts[name]["refused"] += 1
+            if len(live) >= limit and not self._close_an_idle_one(name, live, local):
+                if _refuse(fd, local):
+                    self.counts[name]["refused"] += 1
+                else:
+                    live[fd] = None
             else:
-                live.add(fd)
+                live[fd] = None
         elif event in (zmq.EVENT_DISCONNECTED, zmq.EVENT_CLOSED):
-            live.discard(fd)
+            live.pop(fd, None)
         self.counts[name]["open"] = len(live)
+
+    def _close_an_idle_one(self, name: str, live: dict[int, None], local: set) -> bool:
+        """Shut down the oldest live connection that never sent a whole greeting; True if one was."""
+        for fd in live:
+            if _refuse(fd, local, idle_only=True):
+                del live[fd]
+                n = self.counts[name]["idle_closed"] = self.counts[name]["idle_closed"] + 1
+                if n == 1:
+                    log.warning("%s: at its limit of connections, closed one that never sent a ZMTP greeting "
+                                "to make room (a raw TCP connection, not a client: counted in idle_closed, "
+                                "logged once)", name)
+                return True
+        return False
 
     def stats(self) -> dict[str, dict[str, int]]:
         return {name: dict(c) for name, c in self.counts.items()}
@@ -127,9 +158,10 @@ def _local_address(endpoint: str) -> str | int | None:
     return None
 
 
-def _refuse(fd: int, local: set) -> bool:
+def _refuse(fd: int, local: set, idle_only: bool = False) -> bool:
     """Shut down the connection behind `fd`, if it still is one accepted on our endpoints (the
-    event is read after the fact: the number could name another descriptor by now)."""
+    event is read after the fact: the number could name another descriptor by now); with
+    `idle_only`, only a TCP connection that has received fewer than IDLE_BELOW_BYTES."""
     try:
         if not stat.S_ISSOCK(os.fstat(fd).st_mode):
             return False
@@ -143,6 +175,13 @@ def _refuse(fd: int, local: set) -> bool:
             addr = addr.decode(errors="replace")
         if addr not in local:
             return False
+        if idle_only:
+            if s.family not in (socket.AF_INET, socket.AF_INET6):
+                return False                  # ipc: private to the owner; no kernel count to go by
+            info = s.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 256)
+            if len(info) < _TCPI_BYTES_RECEIVED + 8 or \
+                    struct.unpack_from("=Q", info, _TCPI_BYTES_RECEIVED)[0] >= IDLE_BELOW_BYTES:
+                return False
         s.shutdown(socket.SHUT_RDWR)
         return True
     except OSError:
