@@ -88,8 +88,8 @@ class EventStream:
                     name = line[len("event: "):]
                 elif line.startswith("data: "):
                     self.events.append((name, json.loads(line[len("data: "):])))
-        except (OSError, ValueError):
-            pass
+        except (OSError, ValueError, AttributeError):
+            pass   # closed by close() (http.client's reader then finds its file gone: AttributeError)
 
     def wait_for(self, pred, timeout_s: float = 30.0, what: str = "") -> tuple[str, dict]:
         deadline = time.monotonic() + timeout_s

@@ -64,6 +64,19 @@ def test_the_longest_series_is_thinned_keeping_first_last_and_extremes():
     assert next(x for x in snap["series"] if x["key"] == "train/loss")["n"] == len(loss)
 
 
+def test_one_series_longer_than_its_bound_is_thinned_alone():
+    s = RunStore("r0", "run", None, limits=StoreLimits(max_points_per_series=1000))
+    for step in range(1, 10_001):
+        s.consume({"kind": "metrics", "t": 1.7e9 + step, "step": step,
+                   "values": {"train/loss": -5.0 if step == 4321 else 1.0 + (step % 10) / 10, "train/lr": 1e-3}
+                   if step <= 500 else {"train/loss": -5.0 if step == 4321 else 1.0 + (step % 10) / 10}})
+    loss = s.series["train/loss"]
+    assert len(loss) <= 1000 and len(s.series["train/lr"]) == 500
+    xs, ys = np.frombuffer(loss.xs), np.frombuffer(loss.ys)
+    assert ys.min() == -5.0 and xs[ys.argmin()] == 4321 and xs[0] == 1 and xs[-1] == 10_000
+    assert s.num_points_thinned == 10_000 - len(loss)
+
+
 def test_events_beyond_their_share_forget_the_oldest():
     s = RunStore("r0", "run", None, limits=StoreLimits(max_event_groups=100))
     for i in range(1000):

@@ -45,9 +45,12 @@ def plan(memory_mb: int = DEFAULT_MEMORY_MB, max_series: int = DEFAULT_MAX_SERIE
     rest = max(8 << 20, total - BASELINE_BYTES)
     runs = max(1, num_runs)
     series_bytes = int(rest * SERIES_SHARE / runs)
+    max_points = max(4096, int(rest * POINTS_SHARE / runs) // POINT_BYTES)
     store = StoreLimits(max_series=max(1, min(max_series // runs, series_bytes // SERIES_BYTES)),
                         max_series_bytes=series_bytes,
-                        max_points=max(4096, int(rest * POINTS_SHARE / runs) // POINT_BYTES),
+                        max_points=max_points,
+                        # One answer copies a series a few times over while it downsamples it.
+                        max_points_per_series=max(65_536, max_points // 16),
                         max_event_groups=max(100, 20_000 // runs),
                         max_event_bytes=int(rest * EVENTS_SHARE / runs))
     return Budget(memory_bytes=total, store=store, max_log_bytes=int(rest * CHANGES_SHARE),

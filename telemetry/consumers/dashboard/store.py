@@ -7,7 +7,8 @@ while they fit the store's share of the dashboard's memory budget (StoreLimits):
   beyond max_series_bytes) is dropped and counted (num_values_dropped);
 - points: beyond max_points, the longest series is thinned to about half its points, each
   bucket of 8 keeping its first, last, minimum and maximum (a one-step spike stays), counted
-  (num_points_thinned);
+  (num_points_thinned); so is a series longer than max_points_per_series (what one answer
+  copies and downsamples at a time; a chart is at most a few thousand pixels wide);
 - events: beyond max_event_groups or max_event_bytes the oldest quarter is forgotten, counted
   (num_events_forgotten).
 The page shows the counts (status()["budget"]). Only what is sent to a browser is downsampled
@@ -64,6 +65,7 @@ class StoreLimits:
     max_series: int = 10_000
     max_series_bytes: int = 20 << 20
     max_points: int = 4_000_000
+    max_points_per_series: int = 262_144
     max_event_groups: int = 20_000
     max_event_bytes: int = 8 << 20
 
@@ -195,16 +197,17 @@ class RunStore:
             s = self.series[key] = Series(axis)
         s.add(x, y)
         self.num_points += 1
-        if self.num_points > self.limits.max_points:
-            self._thin()
+        if len(s) > self.limits.max_points_per_series:
+            self._thin(s)
+        elif self.num_points > self.limits.max_points:
+            self._thin(max(self.series.values(), key=len))
         out.append([key, axis, x, None if math.isnan(y) else y])
         return True
 
-    def _thin(self) -> None:
-        # The longest series gives up half its points: the next thinning is half its length away.
-        longest = max(self.series.values(), key=len)
-        if len(longest) > MIN_POINTS_THINNED:
-            gone = longest.thin()
+    def _thin(self, s: Series) -> None:
+        # Half its points go: the next thinning is half its length away.
+        if len(s) > MIN_POINTS_THINNED:
+            gone = s.thin()
             self.num_points -= gone
             self.num_points_thinned += gone
 
@@ -318,7 +321,9 @@ class RunStore:
                     "num_records": self.num_records, "num_bad": self.num_bad, "now": time.time(),
                     "budget": {"num_series": len(self.series), "max_series": self.limits.max_series,
                                "num_values_dropped": self.num_values_dropped, "num_points": self.num_points,
-                               "max_points": self.limits.max_points, "num_points_thinned": self.num_points_thinned,
+                               "max_points": self.limits.max_points,
+                               "max_points_per_series": self.limits.max_points_per_series,
+                               "num_points_thinned": self.num_points_thinned,
                                "num_events_forgotten": self.num_events_forgotten},
                     "daemon": {k: v for k, v in self.daemon.totals().items()
                                if isinstance(v, (int, float)) and math.isfinite(v)},
