@@ -10,7 +10,6 @@ record it sees of each surviving client, never for what its predecessor received
 """
 from __future__ import annotations
 
-import collections
 import logging
 from dataclasses import dataclass
 from typing import Callable
@@ -65,6 +64,8 @@ class SourceStats:
                               # or left unread at the drain deadline (counted apart, not as lost)
     earlier: int = 0          # records that arrived at a predecessor daemon (restore)
     bye: bool = False         # its bye arrived: max_seq is final, its accounting is closed
+    arrived_at_mark: int = -1  # received + refused at the last mark_progress (-1: none yet)
+    moved_at: int = 0         # the number of the last mark at which it had moved
 
     def lost(self) -> int:
         return max(0, self.max_seq - self.min_seq + 1 - self.received - self.refused - self.earlier)
@@ -92,9 +93,7 @@ class Receiver:
         self.had_predecessor = False   # restore()d: a daemon ran on this log directory before
         self.names = None              # a memory.NameCatalogue: new names beyond its cap are shed
         self.batch_bytes = 0           # the last batch's frames, in bytes (the memory budget's measure)
-        # How far each open source had got at the last LIVE_MARKS marks (mark_progress), to tell
-        # the clients still sending from those long gone when a drain starts (open_live).
-        self._marks: collections.deque[dict] = collections.deque([{}], maxlen=LIVE_MARKS)
+        self._mark_no = 0             # marks of progress taken (mark_progress), for open_live
 
     def accept(self, frame: bytes):
         """Return the decoded record, or None (counted) if the frame is not a valid record."""
@@ -159,16 +158,22 @@ class Receiver:
             src.bye = True
 
     def mark_progress(self) -> None:
-        """Note how far each open source has got; called about once a second (CHECKPOINT_INTERVAL_S
-        in the daemon), off the ingest path."""
-        self._marks.append({i: s.received + s.refused for i, s in self.sources.items() if not s.bye})
+        """Note which open sources moved since the last mark; called about once a second
+        (CHECKPOINT_INTERVAL_S in the daemon), off the ingest path."""
+        self._mark_no = n = self._mark_no + 1
+        for s in self.sources.values():
+            if not s.bye:
+                arrived = s.received + s.refused
+                if arrived != s.arrived_at_mark:
+                    s.arrived_at_mark, s.moved_at = arrived, n
 
     def open_live(self) -> set[int]:
         """The sources without a bye that moved since the oldest mark (the last LIVE_MARKS
         seconds or so) or were first seen since: clients still sending, whose bye a drain
         waits for. A source long silent (a rank killed without a bye) is not waited for."""
-        old = self._marks[0]
-        return {i for i, s in self.sources.items() if not s.bye and s.received + s.refused != old.get(i, -1)}
+        since = self._mark_no - LIVE_MARKS
+        return {i for i, s in self.sources.items()
+                if not s.bye and (s.moved_at > since or s.received + s.refused != s.arrived_at_mark)}
 
     def still_open(self, src_ids: set[int]) -> set[int]:
         sources = self.sources
@@ -293,6 +298,9 @@ class Receiver:
             src_id, rank, min_seq, dropped_at_min, arrived, max_seq, dropped = row
             self.sources[src_id] = SourceStats(rank, min_seq, dropped_at_min, 0, max_seq, dropped, earlier=arrived)
         self.had_predecessor = True
+        # As they were: a restored client is live at a drain only if it sends again (open_live).
+        for src in self.sources.values():
+            src.arrived_at_mark, src.moved_at = 0, self._mark_no - LIVE_MARKS
         return len(self.sources)
 
     def _bogus_seq(self, src: SourceStats, src_id: int, min_seq: int, dropped_at_min: int, max_seq: int) -> None:
