@@ -9,6 +9,7 @@ newest batch's records are dropped and counted.
 from __future__ import annotations
 
 import logging
+import operator
 import threading
 import time
 from collections import deque
@@ -71,8 +72,7 @@ def batch_bytes(batch: list[Out]) -> int:
     return sum(map(len, map(_line, batch))) * OUT_BYTES_PER_LINE_BYTE
 
 
-def _line(out: Out) -> bytes:
-    return out[2]
+_line = operator.itemgetter(2)     # Out.line, without a Python call per record
 
 
 class SinkRunner:
