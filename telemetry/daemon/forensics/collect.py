@@ -3,7 +3,9 @@ what could not be had is said in the part's place ("error": why). Every function
 rank verified by verify.py (a LocalRank), never a pid, signal or path from a hello."""
 from __future__ import annotations
 
+import fcntl
 import os
+import select
 import shutil
 import signal
 import subprocess
@@ -132,17 +134,80 @@ def process_state(lr: LocalRank) -> dict[str, Any]:
         return {"error": f"{type(exc).__name__}: {exc}"}
 
 
-def exit_status(lr: LocalRank) -> tuple[bool, int | None, str]:
-    """(gone, exit code or signal number, how) of a verified rank we are not the parent of.
+# PIDFD_GET_INFO (linux/pidfd.h; Linux 6.13, PIDFD_INFO_EXIT from 6.15): the kernel keeps the
+# wait status of a process for whoever holds a pidfd of it, after its parent has reaped it. A
+# launcher reaps its ranks at once (torchrun polls its children every 0.1 s), so a zombie's
+# /proc status is gone before the daemon looks: without this, a killed rank's code is unknown.
+_PIDFD_INFO_EXIT = 0x08
+_PIDFD_INFO_SIZE = 64                       # struct pidfd_info, PIDFD_INFO_SIZE_VER0
+_PIDFD_INFO_EXIT_CODE_AT = 60               # its __s32 exit_code
+_PIDFD_GET_INFO = (3 << 30) | (_PIDFD_INFO_SIZE << 16) | (0xFF << 8) | 11    # _IOWR(0xFF, 11, ...)
 
-    A zombie (exited, not yet reaped by its parent) still has its wait status in
-    /proc/<pid>/stat (field 52, Linux >= 3.5); once reaped, nothing is left to read. A pid that
-    names a process with another start time is the pid reused: the rank is gone."""
+
+def open_pidfd(lr: LocalRank) -> int | None:
+    """A pidfd of the verified rank, held for as long as it is watched: the rank's exit status
+    stays readable through it after its launcher reaps it (see pidfd_exit_status). None where
+    the kernel has no pidfds (before 5.3) or the process is gone. The start time is checked
+    after the pidfd is open, so it names the process that was verified, not a reused pid."""
+    try:
+        fd = os.pidfd_open(lr.pid)
+    except (AttributeError, OSError):
+        return None
+    if not same_process(lr.pid, lr.start_time):
+        os.close(fd)
+        return None
+    return fd
+
+
+def pidfd_exit_status(pidfd: int) -> int | None:
+    """The wait status (as waitpid gives it) of the process `pidfd` names, once its parent has
+    reaped it; None while it runs or is a zombie, or where the kernel keeps none (before 6.15)."""
+    buf = bytearray(_PIDFD_INFO_SIZE)
+    buf[:8] = _PIDFD_INFO_EXIT.to_bytes(8, sys.byteorder)
+    try:
+        fcntl.ioctl(pidfd, _PIDFD_GET_INFO, buf)
+    except OSError:                         # ENOTTY/EINVAL: a kernel without PIDFD_GET_INFO
+        return None
+    if not int.from_bytes(buf[:8], sys.byteorder) & _PIDFD_INFO_EXIT:
+        return None
+    return int.from_bytes(buf[_PIDFD_INFO_EXIT_CODE_AT:_PIDFD_INFO_EXIT_CODE_AT + 4], sys.byteorder, signed=True)
+
+
+def _has_exited(pidfd: int) -> bool:
+    """A pidfd polls readable once its process has exited (zombie or reaped)."""
+    poller = select.poll()                  # not select(): a daemon may hold descriptors past 1024
+    poller.register(pidfd, select.POLLIN)
+    return bool(poller.poll(0))
+
+
+def exit_status(lr: LocalRank, pidfd: int | None = None) -> tuple[bool, int | None, str]:
+    """(gone, exit code or minus the signal number, how) of a verified rank we are not the parent of.
+
+    pidfd (open_pidfd, opened when the rank was verified): whether it has exited, and its
+    status even after its launcher reaped it (Linux >= 6.15). Without that status: a zombie
+    (exited, not yet reaped) still has it in /proc/<pid>/stat (field 52, Linux >= 3.5); once
+    reaped, nothing is left to read. A pid that names a process with another start time is the
+    pid reused: the rank is gone."""
+    if pidfd is not None:
+        if not _has_exited(pidfd):
+            return False, None, ""
+        status = pidfd_exit_status(pidfd)
+        if status is not None:
+            return (True, *_describe(status))
+    gone, code, how = _proc_exit_status(lr)
+    if pidfd is not None and gone and code is None:
+        status = pidfd_exit_status(pidfd)   # reaped between the two looks
+        if status is not None:
+            return (True, *_describe(status))
+    return gone, code, how
+
+
+def _proc_exit_status(lr: LocalRank) -> tuple[bool, int | None, str]:
     try:
         with open(f"/proc/{lr.pid}/stat", encoding="ascii", errors="replace") as f:
             stat = f.read()
     except FileNotFoundError:
-        return True, None, "gone (reaped; exit code unknown)"
+        return True, None, "gone (reaped by its launcher; exit code unknown: this kernel keeps none after the reap)"
     except OSError:
         return False, None, ""
     fields = stat[stat.rfind(")") + 2:].split()   # after "pid (comm) ": field 3 onwards
@@ -154,11 +219,16 @@ def exit_status(lr: LocalRank) -> tuple[bool, int | None, str]:
         status = int(fields[49])                   # field 52 of the whole line
     except (IndexError, ValueError):
         return True, None, "exited (exit code unknown)"
+    return (True, *_describe(status))
+
+
+def _describe(status: int) -> tuple[int, str]:
+    """A wait status as (exit code, or minus the signal number; how it ended)."""
     if status & 0x7F:
         sig = status & 0x7F
         try:
             name = signal.Signals(sig).name
         except ValueError:
             name = f"signal {sig}"
-        return True, -sig, f"killed by {name}"
-    return True, status >> 8, f"exited with code {status >> 8}"
+        return -sig, f"killed by {name}"
+    return status >> 8, f"exited with code {status >> 8}"

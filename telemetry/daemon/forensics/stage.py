@@ -11,7 +11,9 @@ daemon's loop never waits for a signal, a dump or py-spy:
                  when a step completes again)
     rank_exited  a rank's process on this host is gone without a bye (EXIT_GRACE_S after it was
                  first seen gone) -> a bundle of the others
-                 and one `diagnosis/rank_exited` event with its exit code where it can be known
+                 and one `diagnosis/rank_exited` event with its exit code where it can be known:
+                 through the pidfd held since the rank was verified (Linux >= 6.15 keeps the
+                 status after the launcher reaped it), else from a zombie's /proc/<pid>/stat
 
 The last records each rank sent come from `recent`: the daemon appends each batch of metrics
 records it ingests (one deque append per batch, nothing per record); the stage reads it only
@@ -30,7 +32,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from telemetry.daemon.forensics import stacks
-from telemetry.daemon.forensics.collect import exit_status, process_state, py_spy, signal_stacks
+from telemetry.daemon.forensics.collect import exit_status, open_pidfd, process_state, py_spy, signal_stacks
 from telemetry.daemon.forensics.verify import LocalRank, Verifier, claims_this_host
 from telemetry.daemon.sinks.base import Out, Sink
 
@@ -68,6 +70,8 @@ class ForensicsStage(Sink):
         self.on_ranks = on_ranks
         self.verifier = Verifier(ingest, host)
         self.ranks: dict[int, LocalRank] = {}   # rank -> its process, verified
+        # rank -> a pidfd of it, held while it is watched: its exit status outlives the reap
+        self.pidfds: dict[int, int] = {}
         self.unverified: dict[int, str] = {}    # rank -> why its claim of this host was not believed
         self.num_refusals_logged = 0
         self.byes: set[int] = set()
@@ -117,12 +121,24 @@ class ForensicsStage(Sink):
         if rank not in self.ranks and len(self.ranks) >= MAX_LOCAL_RANKS:
             return
         self.ranks[rank] = found
+        self._hold_pidfd(rank, open_pidfd(found))
         self.unverified.pop(rank, None)
         self.byes.discard(rank)
         self.exited.discard(rank)
         self.gone_since.pop(rank, None)
         if self.on_ranks is not None:
             self.on_ranks({r: lr.pid for r, lr in self.ranks.items()})
+
+    def _hold_pidfd(self, rank: int, fd: int | None) -> None:
+        old = self.pidfds.pop(rank, None)
+        if old is not None:
+            os.close(old)
+        if fd is not None:
+            self.pidfds[rank] = fd
+
+    def close(self) -> None:
+        for rank in list(self.pidfds):
+            self._hold_pidfd(rank, None)
 
     def _note_step(self, rec: dict) -> None:
         step, t = rec.get("step"), rec.get("t")
@@ -170,7 +186,7 @@ class ForensicsStage(Sink):
             if rank in self.gone_since:
                 first_s, code, how = self.gone_since[rank]   # the status as first seen (before a reap)
             else:
-                gone, code, how = exit_status(lr)
+                gone, code, how = exit_status(lr, self.pidfds.get(rank))
                 if not gone:
                     continue
                 first_s = time.monotonic()
@@ -178,6 +194,7 @@ class ForensicsStage(Sink):
             if time.monotonic() - first_s < EXIT_GRACE_S:
                 continue                    # its bye may still be on its way
             self.exited.add(rank)
+            self._hold_pidfd(rank, None)
             self.num_exits += 1
             self._bundle("rank_exited", self._live_local_ranks(), exited=(rank, code, how))
 
@@ -239,19 +256,22 @@ class ForensicsStage(Sink):
         known = {r: p for r, p in per_rank.items() if p["where"]}
         not_waiting = sorted(r for r, p in known.items() if not p["waiting"])
         waiting = sorted(r for r, p in known.items() if p["waiting"])
-        if not_waiting and waiting:
-            culprits = not_waiting
-        else:   # all alike by that test: the ranks whose innermost frame differs from the most common
-            counts: dict[str, int] = {}
-            for p in known.values():
-                counts[p["where"]] = counts.get(p["where"], 0) + 1
-            common = max(counts, key=counts.get) if counts else None
-            culprits = sorted(r for r, p in known.items() if p["where"] != common) if len(counts) > 1 else []
+        # A rank is named only when its stack says so: it is in its own code while the others wait
+        # in a collective. All waiting, or none (a compute-bound loop, an unknown wait): the
+        # stacks do not tell which rank holds the others up, and no rank is named.
+        culprits = not_waiting if not_waiting and waiting else []
         parts = []
+        if what == "hang" and not culprits and len(known) > 1:
+            why = "every rank waits in a collective" if waiting else "no rank waits in a collective it knows"
+            parts.append(f"the stacks cannot tell which rank holds the others up ({why})")
         for r in culprits:
             parts.append(f"rank {r} {known[r]['where']}")
         rest = sorted(r for r in known if r not in culprits)
-        if rest:
+        if rest and not culprits:   # nobody named: each rank's place, for the reader to judge
+            for r in rest:
+                phrase = known[r]["where"]
+                parts.append(f"rank {r} " + ("waits " + phrase[len("wait "):] if phrase.startswith("wait ") else phrase))
+        elif rest:
             phrases = {known[r]["where"] for r in rest}
             names = ", ".join(str(r) for r in rest)
             label = "rank" if len(rest) == 1 else "ranks"

@@ -1,0 +1,82 @@
+"""rank_exited under torchrun (issue 29, item 3): the launcher reaps a killed rank at once, so a
+zombie's /proc status is gone before the daemon looks; the pidfd the daemon holds from the
+rank's verification keeps its exit status (Linux >= 6.15, PIDFD_INFO_EXIT)."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from test_forensics_ranks import HANG, events
+
+ROOT = Path(__file__).resolve().parent.parent
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+            "-m", "trainer.train"]
+
+
+def _kernel_keeps_exit_status() -> bool:
+    """PIDFD_INFO_EXIT: the kernel answers PIDFD_GET_INFO with the status of a reaped child."""
+    from telemetry.daemon.forensics.collect import pidfd_exit_status
+
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    try:
+        fd = os.pidfd_open(child.pid)
+    except (AttributeError, OSError):
+        child.wait()
+        return False
+    try:
+        child.wait()
+        return pidfd_exit_status(fd) is not None
+    finally:
+        os.close(fd)
+
+
+def _rank_pids(launcher: psutil.Process) -> dict[int, int]:
+    out = {}
+    for p in launcher.children(recursive=True):
+        try:
+            rank = p.environ().get("RANK")
+        except psutil.Error:
+            continue
+        if rank is not None:
+            out[int(rank)] = p.pid
+    return out
+
+
+@pytest.mark.skipif(not _kernel_keeps_exit_status(), reason="kernel before 6.15: no PIDFD_INFO_EXIT")
+def test_a_rank_killed_under_torchrun_has_its_exit_code(make_daemon, tmp_path):
+    d = make_daemon(world_size=2, config={"diagnosis": HANG, "pollers": {"nvml_enabled": False}})
+    run = subprocess.Popen(
+        [*TORCHRUN, "--config", str(ROOT / "launch/configs/tiny.yaml"), f"run_dir={tmp_path / 'run'}",
+         f"telemetry_endpoint={d.ingest}", "engine.backend=ddp", "engine.zero_stage=0", "steps=100000",
+         "eval.every_steps=0", "checkpoint.every_steps=0", "checkpoint.save_final=false", "data.num_workers=0",
+         "data.seq_len=64", "data.micro_batch_size=4", "estimate_memory=false"],
+        cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True)
+    try:
+        deadline = time.monotonic() + 180      # hang detector: two trainers start on a busy box
+        while d.status()["sinks"]["forensics"]["ranks_verified"] < 2:
+            assert run.poll() is None and time.monotonic() < deadline, (run.poll(), d.status()["sinks"]["forensics"])
+            time.sleep(0.2)
+        pids = _rank_pids(psutil.Process(run.pid))
+        assert set(pids) == {0, 1}, pids
+        os.kill(pids[1], signal.SIGKILL)
+        recs = d.wait_for(lambda rs: any(e["data"].get("exited_rank") == 1 for e in events(rs, "diagnosis/rank_exited")),
+                          timeout_s=60)
+        out, _ = run.communicate(timeout=120)
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait(30)
+    # torchrun reaped it (the pid names no process, or another one) and says -9 itself
+    assert not psutil.pid_exists(pids[1]) or psutil.Process(pids[1]).ppid() != run.pid
+    assert "exitcode" in out and "-9" in out, out[-3000:]
+    (ev,) = [e for e in events(recs, "diagnosis/rank_exited") if e["data"]["exited_rank"] == 1]
+    assert ev["data"]["exit_code"] == -9 and "killed by SIGKILL" in ev["data"]["message"], ev["data"]
+    d.drain()
