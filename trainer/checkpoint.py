@@ -6,8 +6,14 @@ Layout under <run_dir>/checkpoints/:
         ds/               deepspeed engine: DeepSpeed's own sharded files (every rank writes)
         rank_00000.pt     per rank: RNG states, the data position and the documents seen (train/epoch)
         config.yaml       the resolved config
-        meta.json         written last, by rank 0, after every rank finished: marks it complete
-A directory without meta.json is an interrupted save and is ignored on resume.
+        meta.json         written last (atomically), by rank 0, once every rank's part is on disk:
+                          marks it complete
+A checkpoint is complete when meta.json and the engine's state (state.pt or ds/) are there; only
+a complete one is announced (checkpoint_saved) or resumed from. Anything else (a save cut short,
+a rank that wrote its part alone) is skipped on resume, which says so and takes the newest
+complete one. A save from one rank alone (an exception there) is refused unless that rank holds
+the whole state: rank 0 of the torch engine (DDP replicas are equal); the others' RNG and data
+position are then not in it (they resume with fresh RNG, their position from the step).
 """
 from __future__ import annotations
 
@@ -63,22 +69,32 @@ def save(engine, *, run_dir: str | Path, step: int, rank: int, config_yaml: str,
     collective=False (an exception on one rank): only this rank writes, which is a complete
     checkpoint for the torch engine on rank 0 (replicated state) and is refused otherwise.
     """
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    if not collective and world > 1:
+        # Alone, a rank can write a loadable checkpoint only if it holds the whole state; any
+        # other part written here would be a directory that looks like a checkpoint and is not.
+        if engine.name == "deepspeed":
+            raise RuntimeError("a DeepSpeed checkpoint needs every rank; cannot save from one rank")
+        if rank != 0:
+            raise RuntimeError(f"rank {rank} alone holds no model state to save (rank 0 writes it); "
+                               f"no checkpoint written")
     path = checkpoint_root(run_dir) / f"step_{step:08d}"
     path.mkdir(parents=True, exist_ok=True)
     if engine.name == "deepspeed":
-        if not collective and dist.is_initialized() and dist.get_world_size() > 1:
-            raise RuntimeError("a DeepSpeed checkpoint needs every rank; cannot save from one rank")
         engine.save(str(path / "ds"), client_state={"step": step})
     elif rank == 0:
         _atomic_torch_save(engine.state_dict(), path / "state.pt")
-    torch.save({"rng": rng_state(), "step": step, "state": rank_state or {}}, path / f"rank_{rank:05d}.pt")
+    _atomic_torch_save({"rng": rng_state(), "step": step, "state": rank_state or {}}, path / f"rank_{rank:05d}.pt")
     if collective:
         _barrier()
     if rank == 0:
+        ranks_saved = list(range(world)) if collective else [rank]
+        missing = [r for r in ranks_saved if not (path / f"rank_{r:05d}.pt").is_file()]
+        if missing:    # never marked complete without every part
+            raise RuntimeError(f"{path}: no part from rank(s) {missing}; not marked complete")
         (path / "config.yaml").write_text(config_yaml)
-        world = dist.get_world_size() if dist.is_initialized() else 1
         meta = {"step": step, "world_size": world, "engine": engine.name, "reason": reason,
-                "time": time.time()}
+                "ranks_saved": ranks_saved, "time": time.time()}
         tmp = path / "meta.json.tmp"
         tmp.write_text(json.dumps(meta))
         os.replace(tmp, path / "meta.json")
@@ -94,18 +110,46 @@ def _atomic_torch_save(obj, path: Path) -> None:
     os.replace(tmp, path)
 
 
-def complete_checkpoints(run_dir: str | Path) -> list[Path]:
-    """Completed checkpoints, oldest first."""
+def incomplete_reason(path: Path) -> str:
+    """Why the checkpoint at `path` cannot be loaded ("" when it is complete)."""
+    try:
+        meta = json.loads((path / "meta.json").read_text())
+    except FileNotFoundError:
+        return "no meta.json (a save that did not finish, or one rank's part alone)"
+    except (OSError, ValueError) as exc:
+        return f"meta.json unreadable ({exc})"
+    if not isinstance(meta, dict) or not isinstance(meta.get("step"), int):
+        return "meta.json holds no step"
+    state = path / ("ds" if meta.get("engine") == "deepspeed" else "state.pt")
+    if not state.exists():
+        return f"no {state.name} (the model state)"
+    return ""
+
+
+def _step_dirs(run_dir: str | Path) -> list[Path]:
+    """Every step_NNNNNNNN directory, complete or not, oldest first."""
     root = checkpoint_root(run_dir)
     if not root.is_dir():
         return []
-    found = [p for p in root.iterdir() if _STEP_DIR.match(p.name) and (p / "meta.json").is_file()]
+    found = [p for p in root.iterdir() if _STEP_DIR.match(p.name) and p.is_dir()]
     return sorted(found, key=lambda p: int(_STEP_DIR.match(p.name).group(1)))
 
 
-def latest(run_dir: str | Path) -> Path | None:
-    found = complete_checkpoints(run_dir)
-    return found[-1] if found else None
+def complete_checkpoints(run_dir: str | Path) -> list[Path]:
+    """Completed checkpoints, oldest first."""
+    return [p for p in _step_dirs(run_dir) if not incomplete_reason(p)]
+
+
+def latest(run_dir: str | Path) -> tuple[Path | None, list[tuple[Path, str]]]:
+    """The newest complete checkpoint (None if there is none), and the newer incomplete ones
+    passed over, each with why."""
+    skipped = []
+    for p in reversed(_step_dirs(run_dir)):
+        why = incomplete_reason(p)
+        if not why:
+            return p, skipped
+        skipped.append((p, why))
+    return None, skipped
 
 
 def prune(run_dir: str | Path, keep_last: int) -> None:
@@ -129,7 +173,11 @@ def rank_state(path: Path, rank: int) -> dict:
 
 
 def load(engine, path: Path, rank: int) -> int:
-    """Restore engine state and this rank's RNG from `path`; return the step to continue from."""
+    """Restore engine state and this rank's RNG from `path`; return the step to continue from.
+    Raises ValueError for a checkpoint that is not complete."""
+    why = incomplete_reason(path)
+    if why:
+        raise ValueError(f"checkpoint {path} is incomplete: {why}")
     meta = json.loads((path / "meta.json").read_text())
     if engine.name != meta["engine"]:
         raise ValueError(f"{path} was written by the {meta['engine']} engine, this run uses {engine.name}")

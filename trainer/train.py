@@ -54,6 +54,12 @@ def main(argv: list[str] | None = None) -> int:
     if problem:
         print(f"config error: run_dir: {problem}", file=sys.stderr)
         return 2
+    if cfg.checkpoint.resume not in ("auto", "none"):
+        problem = ckpt.incomplete_reason(Path(cfg.checkpoint.resume))
+        if problem:
+            print(f"config error: checkpoint.resume: {cfg.checkpoint.resume} is not a complete checkpoint: {problem}",
+                  file=sys.stderr)
+            return 2
     if args.check_config:
         return 0
     info = init_distributed(need_process_group=resolve_backend(cfg) == "deepspeed")
@@ -108,8 +114,12 @@ class Run:
     # -- set-up ----------------------------------------------------------------------------------
     def start(self) -> None:
         cfg = self.cfg
-        path = None if cfg.checkpoint.resume == "none" else (
-            ckpt.latest(cfg.run_dir) if cfg.checkpoint.resume == "auto" else Path(cfg.checkpoint.resume))
+        path = None if cfg.checkpoint.resume in ("none", "auto") else Path(cfg.checkpoint.resume)
+        if cfg.checkpoint.resume == "auto":
+            path, skipped = ckpt.latest(cfg.run_dir)
+            for bad, why in skipped:
+                self._print(f"checkpoint {bad} is incomplete ({why}): skipped"
+                            + (f"; resuming from {path.name}" if path is not None else ""))
         accum = cfg.engine.grad_accum_steps
         if path is not None:
             self.step = ckpt.load(self.engine, path, self.info.rank)
