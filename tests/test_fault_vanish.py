@@ -49,8 +49,9 @@ import threading
 import time
 from pathlib import Path
 
-# A rank that sends flat out, stops for a moment (a rank descheduled beside CPU hogs: the drain
-# sees a quiet socket), then sends flat out again and closes; it prints its own final stats.
+# A rank that sends flat out, slows to a heartbeat for a moment (a rank descheduled beside CPU
+# hogs: the drain sees a quiet socket), then sends flat out again and closes; it prints its own
+# final stats.
 _RANK = r"""
 import json, os, sys, time
 from telemetry.client import TelemetryClient
@@ -62,9 +63,12 @@ for i in range(n1):
 with open(os.path.join(work, f"paused.{rank}.tmp"), "w") as f:
     json.dump(tm.stats(), f)
 os.rename(os.path.join(work, f"paused.{rank}.tmp"), os.path.join(work, f"paused.{rank}"))
+step = n1
 while not os.path.exists(os.path.join(work, "go")):
-    time.sleep(0.005)
-for i in range(n1, n1 + n2):
+    tm.log(step, values)                 # a heartbeat: a live rank, but quiet gaps of 0.2 s
+    step += 1
+    time.sleep(0.2)
+for i in range(step, step + n2):
     tm.log(i, values)
 tm.close(timeout_s=5.0)
 print(json.dumps(tm.stats()), flush=True)
@@ -99,7 +103,7 @@ def test_a_drain_under_load_writes_or_counts_every_record_each_client_sent(tmp_p
 
         def caught_up() -> bool:       # what each rank has sent so far has all been taken in
             per_rank = d.status()["per_rank"]
-            return all(per_rank.get(str(r), {}).get("received") == half[r] for r in range(num_ranks))
+            return all(per_rank.get(str(r), {}).get("received", 0) >= half[r] for r in range(num_ranks))
 
         _wait(caught_up, "the daemon taking the first half in")
         replies: list = []
@@ -397,7 +401,9 @@ def test_a_drain_waits_for_the_clients_still_sending_not_for_those_long_gone():
         return protocol.encode_metrics(src, 0, seq, 0, 1, seq, {"train/loss": 1.0})
 
     r = Receiver()
-    r.accept_many([metrics(1, 0), metrics(2, 0), metrics(3, 0)])
+    r.accept_many([metrics(1, 0), metrics(2, 0), metrics(3, 0), metrics(4, 0)])
+    for src in (1, 2, 3):
+        r.note_hello(src)              # 4 never said hello: hand-made frames, no bye will come
     assert r.open_live() == {1, 2, 3}
     r.unread([protocol.encode_bye(2, 0, 1, 0, 1, {})])     # a bye only counted at the deadline closes it too
     for _ in range(LIVE_MARKS + 1):
@@ -405,10 +411,11 @@ def test_a_drain_waits_for_the_clients_still_sending_not_for_those_long_gone():
         r.accept(metrics(3, r.sources[3].max_seq + 1))     # 3 keeps sending; 1 went silent
     assert r.open_live() == {3}
     assert r.still_open({1, 2, 3}) == {1, 3}
-    assert r.per_rank()[0]["open"] == 2 and r.per_rank()[0]["refused"] == 1
+    assert r.per_rank()[0]["open"] == 3 and r.per_rank()[0]["refused"] == 1
     snap = r.snapshot()
     r2 = Receiver()
     r2.restore(snap)                                     # a predecessor's clients: live once they send
     assert r2.open_live() == set()
     r2.accept(metrics(1, 5))
+    r2.note_hello(1)
     assert r2.open_live() == {1}

@@ -63,7 +63,7 @@ INTAKE_SHARE = 0.6
 # intake waits for the bye, or for the socket to be quiet this long (a rank killed or hung
 # mid-drain, which will never say bye; named in sources_open_at_drain). Under CPU hogs a busy
 # sender and libzmq's I/O thread go unscheduled for a while: the first empty read is no proof.
-SOURCE_SILENT_S = 2.0
+SOURCE_SILENT_S = 1.0
 # A peer on the ingest socket that has not completed the ZMTP handshake in this long is dropped by
 # libzmq (counted in handshake_failed): a connection that never becomes a client (a raw TCP
 # socket that sends nothing) holds a connection slot and a descriptor this long at most
@@ -371,6 +371,7 @@ class Daemon:
                     self._emit({"kind": "event", "t": rec.t_ns / 1e9, "rank": rec.rank, "name": rec.name,
                                 "data": self._redact(rec.data)})
                 elif kind is Hello:
+                    self.receiver.note_hello(rec.src)
                     self._on_hello(rec)
                 elif kind is Bye:
                     self._on_bye(rec)

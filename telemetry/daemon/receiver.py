@@ -35,7 +35,7 @@ MAX_SOURCES = 1 << 16
 MAX_SEQ_GAP = 1 << 24
 # Marks of each source's progress kept (one a second): a source that moved within them is one a
 # drain waits for (a rank that paused a few seconds, descheduled on a loaded box, is still live).
-LIVE_MARKS = 5
+LIVE_MARKS = 3
 
 # The free-form map of each rare kind (see protocol.clean).
 _FREE_FORM = {Hello: "info", Event: "data", Bye: "stats"}
@@ -64,6 +64,7 @@ class SourceStats:
                               # or left unread at the drain deadline (counted apart, not as lost)
     earlier: int = 0          # records that arrived at a predecessor daemon (restore)
     bye: bool = False         # its bye arrived: max_seq is final, its accounting is closed
+    hello: bool = False       # it said hello: a client (TelemetryClient) that says bye at close
     arrived_at_mark: int = -1  # received + refused at the last mark_progress (-1: none yet)
     moved_at: int = 0         # the number of the last mark at which it had moved
 
@@ -151,6 +152,11 @@ class Receiver:
         for src in byes:
             self.note_bye(src)
 
+    def note_hello(self, src_id: int) -> None:
+        src = self.sources.get(src_id)
+        if src is not None:
+            src.hello = True
+
     def note_bye(self, src_id: int) -> None:
         """The source's bye arrived (processed or only counted): its seq window is complete."""
         src = self.sources.get(src_id)
@@ -168,12 +174,13 @@ class Receiver:
                     s.arrived_at_mark, s.moved_at = arrived, n
 
     def open_live(self) -> set[int]:
-        """The sources without a bye that moved since the oldest mark (the last LIVE_MARKS
-        seconds or so) or were first seen since: clients still sending, whose bye a drain
-        waits for. A source long silent (a rank killed without a bye) is not waited for."""
+        """The clients (sources that said hello: a TelemetryClient says bye at close) without a
+        bye that moved within the last LIVE_MARKS marks (seconds) or since the last: clients still
+        sending, whose bye a drain waits for. A source long silent (a rank killed without a bye)
+        is not waited for, nor one that never said hello (hand-made frames: no bye will come)."""
         since = self._mark_no - LIVE_MARKS
-        return {i for i, s in self.sources.items()
-                if not s.bye and (s.moved_at > since or s.received + s.refused != s.arrived_at_mark)}
+        return {i for i, s in self.sources.items() if s.hello and not s.bye
+                and (s.moved_at > since or s.received + s.refused != s.arrived_at_mark)}
 
     def still_open(self, src_ids: set[int]) -> set[int]:
         sources = self.sources
