@@ -163,7 +163,9 @@ overrides+=("${EXTRA[@]}")
 if [[ "$LAUNCHER" == deepspeed ]]; then
     launch=("$ROOT/.venv/bin/deepspeed" --num_nodes 1 --num_gpus "$NPROC" --module trainer.train)
 else
-    launch=("$ROOT/.venv/bin/torchrun" --standalone --nproc_per_node "$NPROC" -m trainer.train)
+    # torchrun itself exits 1 for any failed rank: trainer.launch runs it and exits with the code
+    # of the rank that failed first (3 for nonfinite_action=stop, 128+N for signal N).
+    launch=("$PY" -m trainer.launch --standalone --nproc_per_node "$NPROC" -m trainer.train)
 fi
 "${launch[@]}" --config "$CONFIG" "${overrides[@]}"
 TRAIN_RC=$?
