@@ -62,9 +62,12 @@ class NonFinite(Rule):
                 continue
             rank = record.get("rank")
             where = f"rank {rank}" if rank is not None else "the aggregated step"
+            # What to try is what the trainer's config allows: model.dtype is fp32 or bf16 (bf16 has
+            # fp32's range, so no loss scaling; fp16 is refused), non-finite steps are never applied.
             msg = (f"{key} is {v} at step {step_of(record)} ({where}): training has diverged or a batch "
-                   f"produced an overflow; with fp16 loss scaling an occasional inf grad norm is a skipped "
-                   f"step, a NaN loss is not")
+                   f"produced an overflow; try a lower optim.lr or a longer optim.warmup_steps, keep "
+                   f"optim.grad_clip on, or train in fp32 (model.dtype) if bf16; nonfinite_action=skip "
+                   f"drops such steps, stop ends the run with a checkpoint")
             # Subject is the key alone: one NaN usually shows on every rank at once; say it once.
             out.append(Finding(key, msg, t_of(record), rank=rank, severity="critical",
                                data={"key": key, "value": str(v), "step": step_of(record)}))
