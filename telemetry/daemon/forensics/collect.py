@@ -20,10 +20,12 @@ PY_SPY_TIMEOUT_S = 10.0
 MAX_DUMP_BYTES = 4 << 20
 
 
-def signal_stacks(ranks: dict[int, LocalRank], wait_s: float) -> dict[int, str | dict]:
+def signal_stacks(ranks: dict[int, LocalRank], wait_s: float,
+                  pidfds: dict[int, int] | None = None) -> dict[int, str | dict]:
     """Send each verified rank its stacks signal and read what faulthandler appended to its file.
 
-    ranks: rank -> LocalRank with a stacks_signal (verify.py). Returns rank -> the dump's text,
+    ranks: rank -> LocalRank with a stacks_signal (verify.py); pidfds: rank -> the pidfd held
+    since it was verified (open_pidfd), the signal's way where given. Returns rank -> the dump's text,
     or {"error": why}. All signals go out first, then one wait: the ranks dump at the same
     moment. The file is read through the descriptor opened (and checked) before the signal."""
     out: dict[int, str | dict] = {}
@@ -36,7 +38,7 @@ def signal_stacks(ranks: dict[int, LocalRank], wait_s: float) -> dict[int, str |
                 out[rank] = {"error": f"{type(exc).__name__}: {exc}"}
                 continue
             held[rank] = (fd, os.fstat(fd).st_size)
-            why = _send(lr)
+            why = _send(lr, (pidfds or {}).get(rank))
             if why:
                 out[rank] = {"error": why}
         pending = {r for r in held if r not in out}
@@ -60,24 +62,27 @@ def signal_stacks(ranks: dict[int, LocalRank], wait_s: float) -> dict[int, str |
     return out
 
 
-def _send(lr: LocalRank) -> str:
-    """Send the rank its stacks signal, or say why not. Through a pidfd where the kernel has them:
-    once it is open, the start time checked after it names the process the signal reaches; and
-    only while /proc says the process still catches the signal (a rank that is exiting restores
-    the default action, which would end it)."""
+def _send(lr: LocalRank, held: int | None = None) -> str:
+    """Send the rank its stacks signal, or say why not. Through a pidfd where the kernel has them
+    (`held`, the one kept since verification, else one opened here): once it is open, the start
+    time checked after it names the process the signal reaches; and only while /proc says the
+    process still catches the signal (a rank that is exiting restores the default action, which
+    would end it)."""
     pidfd = None
     try:
-        try:
-            pidfd = os.pidfd_open(lr.pid)
-        except (AttributeError, OSError):
-            pidfd = None            # an older kernel: the start time check below, then kill()
+        if held is None:
+            try:
+                pidfd = os.pidfd_open(lr.pid)
+            except (AttributeError, OSError):
+                pidfd = None        # an older kernel: the start time check below, then kill()
         if not same_process(lr.pid, lr.start_time):
             return "the process is gone"
         status = read_status(lr.pid)
         if lr.stacks_signal is None or status is None or not catches(status, lr.stacks_signal):
             return f"the process no longer catches signal {lr.stacks_signal}"
-        if pidfd is not None:
-            signal.pidfd_send_signal(pidfd, lr.stacks_signal)
+        fd = held if held is not None else pidfd
+        if fd is not None:
+            signal.pidfd_send_signal(fd, lr.stacks_signal)
         else:
             os.kill(lr.pid, lr.stacks_signal)
     except OSError as exc:

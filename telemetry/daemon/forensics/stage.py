@@ -203,7 +203,7 @@ class ForensicsStage(Sink):
                 exited: tuple[int, int | None, str] | None = None) -> None:
         out_dir = _new_bundle_dir(self.log_dir / "forensics", f'{time.strftime("%Y%m%d-%H%M%S", time.gmtime())}-{what}')
         with_stacks = {r: lr for r, lr in live.items() if lr.stacks_signal is not None}
-        dumps = signal_stacks(with_stacks, self.cfg.hang_stacks_wait_s) if with_stacks else {}
+        dumps = signal_stacks(with_stacks, self.cfg.hang_stacks_wait_s, self.pidfds) if with_stacks else {}
         records = self._recent_by_rank()
         per_rank: dict[int, dict[str, Any]] = {}
         for rank, lr in sorted(live.items()):
