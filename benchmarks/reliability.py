@@ -53,8 +53,22 @@ def rank_main(a: argparse.Namespace) -> int:
     worst_s = 0.0
     slow = 0          # calls over 1 ms
     perf = time.perf_counter
+    # --progress: the number of log calls completed, rewritten every 100 calls (a harness waits
+    # on it); --until: log until that file exists, then --after more calls (at most --n in all).
+    progress = os.open(a.progress, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600) if a.progress else -1
+    end = a.n
+    after_from = None   # the first step logged after --until appeared
     t0 = perf()
-    for i in range(a.n):
+    i = 0
+    while i < end:
+        if i % 100 == 0:
+            if progress >= 0:
+                os.pwrite(progress, b"%-12d\n" % i, 0)
+            if a.until and after_from is None and os.path.exists(a.until):
+                after_from = i
+                end = min(a.n, i + a.after)
+                if i >= end:
+                    break
         if interval and i % 10 == 0:
             delay = t0 + i * interval - perf()
             if delay > 0:
@@ -66,10 +80,14 @@ def rank_main(a: argparse.Namespace) -> int:
             worst_s = d
         if d > 1e-3:
             slow += 1
+        i += 1
     elapsed_s = perf() - t0
+    if progress >= 0:
+        os.pwrite(progress, b"%-12d\n" % i, 0)
+        os.close(progress)
     before_close = tm.stats()
-    out = {"rank": a.rank, "n": a.n, "elapsed_s": elapsed_s, "worst_log_s": worst_s, "num_log_over_1ms": slow,
-           "before_close": before_close}
+    out = {"rank": a.rank, "n": i, "after_from": after_from, "elapsed_s": elapsed_s, "worst_log_s": worst_s,
+           "num_log_over_1ms": slow, "before_close": before_close}
     if a.no_close:
         out["final"] = before_close
         Path(a.out).write_text(json.dumps(out))
@@ -169,60 +187,137 @@ def per_rank_steps(d) -> dict[int, int]:
 
 
 # -- scenarios ---------------------------------------------------------------------------------
-def kill_restart(work: Path, num_ranks: int = 2, n: int = 8000, rate: float = 2000, down_s: float = 1.0,
-                 kill_at_s: float = 1.0, sndhwm: int = 1000) -> dict:
-    """SIGKILL the daemon at `kill_at_s`, leave it down `down_s`, append a torn line, restart."""
+def _progress(path: Path) -> int:
+    """Log calls a rank has completed (its --progress file; 0 before it wrote one)."""
+    try:
+        return int(path.read_bytes() or b"0")
+    except (FileNotFoundError, ValueError):
+        return 0
+
+
+def _wait_until(what: str, cond, seen, timeout_s: float = 120.0, period_s: float = 0.05) -> float:
+    """Poll `cond()` until true; a hang detector (generous for a loaded machine) that reports
+    `seen()` when it fires. Returns the seconds waited."""
+    t0 = time.monotonic()
+    while not cond():
+        if time.monotonic() - t0 > timeout_s:
+            raise AssertionError(f"{what}: not within {timeout_s:.0f} s; seen: {seen()}")
+        time.sleep(period_s)
+    return time.monotonic() - t0
+
+
+def kill_restart(work: Path, num_ranks: int = 2, rate: float = 2000, before: int = 2000, during: int | None = None,
+                 after: int = 2000, sndhwm: int = 1000, max_n: int = 10_000_000) -> dict:
+    """SIGKILL the daemon once it has taken `before` records of each rank; leave it down until each
+    rank has made `during` more log calls (default 2 x sndhwm: more than its queue holds, so a
+    client that blocked on a dead daemon never gets there, and the harness's hang detector
+    says so); append a torn line; restart; once the new daemon has records of every rank again,
+    each rank logs `after` more records and closes. Waits on counts, never on the clock."""
+    during = 2 * sndhwm if during is None else during
     eps = Endpoints()
     log_dir = work / "telemetry"
+    rank_dir = work / "ranks"
+    rank_dir.mkdir(parents=True, exist_ok=True)
+    ranks_ = list(range(num_ranks))
+    progress = {r: rank_dir / f"progress{r}" for r in ranks_}
+    go = rank_dir / "go"
     d = launch(log_dir, eps, per_rank=True, world_size=num_ranks)
-    procs = start_ranks(eps.ingest, list(range(num_ranks)), n, rate, work / "ranks", sndhwm=sndhwm)
-    time.sleep(kill_at_s)
-    d.proc.kill()
-    d.proc.wait(10)
-    with open(log_dir / "metrics.jsonl", "ab") as f:   # what a crash in the middle of write() leaves
-        f.write(b'{"kind": "metrics", "t": 1.0, "step": 12')
-    time.sleep(down_s)
-    d2 = launch(log_dir, eps, per_rank=True, world_size=num_ranks)
-    ranks = wait_ranks(procs, work / "ranks")
-    status = d2.status()
-    final = d2.drain()
-    written = per_rank_steps(d2)
-    out = {"scenario": "kill_restart", "ranks": num_ranks, "records_per_rank": n, "rate_per_rank": rate,
-           "down_s": down_s, "repaired_bytes": status["sinks"]["jsonl"].get("repaired_bytes", 0),
+    procs = []
+    try:
+        for r in ranks_:
+            procs += start_ranks(eps.ingest, [r], max_n, rate, rank_dir, sndhwm=sndhwm,
+                                 extra=("--progress", str(progress[r]), "--until", str(go), "--after", str(after)))
+
+        def received() -> dict:
+            per = d.status(timeout_s=30)["per_rank"]
+            return {r: per.get(str(r), {}).get("received", 0) for r in ranks_}
+
+        _wait_until(f"the daemon receiving {before} records of each rank", lambda: all(
+            v >= before for v in received().values()), lambda: {"received": received(), "exited": [
+                p.poll() for p in procs]}, period_s=0.2)
+        d.proc.kill()
+        d.proc.wait(60)
+        at_kill = {r: _progress(progress[r]) for r in ranks_}
+        t_kill = time.monotonic()
+        with open(log_dir / "metrics.jsonl", "ab") as f:   # what a crash in the middle of write() leaves
+            f.write(b'{"kind": "metrics", "t": 1.0, "step": 12')
+        # The trainer does not wait for the daemon: with no daemon at all, each rank goes on logging.
+        _wait_until(f"{during} log calls of each rank with the daemon down (does a client block on a dead "
+                    f"daemon?)", lambda: all(_progress(progress[r]) - at_kill[r] >= during for r in ranks_),
+                    lambda: {"log_calls_since_kill": {r: _progress(progress[r]) - at_kill[r] for r in ranks_},
+                             "exited": [p.poll() for p in procs]})
+        at_restart = {r: _progress(progress[r]) for r in ranks_}
+        down_s = time.monotonic() - t_kill
+        d2 = launch(log_dir, eps, per_rank=True, world_size=num_ranks)
+        d = d2
+        # Each client reconnected by itself: the new daemon has records of every rank.
+        _wait_until("the restarted daemon receiving records of each rank", lambda: all(
+            v > 0 for v in received().values()), lambda: {"received": received(), "exited": [
+                p.poll() for p in procs]}, period_s=0.2)
+        go.touch()
+        ranks = wait_ranks(procs, rank_dir, timeout_s=300)
+    except BaseException:
+        for p in procs:
+            p.kill()
+        d.proc.kill()
+        d.cleanup()
+        raise
+    status = d2.status(timeout_s=30)
+    final = d2.drain(timeout_s=120)
+    steps: dict[int, set] = {}
+    for rec in d2.read_jsonl("metrics", aggregated=False):
+        steps.setdefault(rec["rank"], set()).add(rec["step"])
+    out = {"scenario": "kill_restart", "ranks": num_ranks, "rate_per_rank": rate, "down_s": down_s,
+           "repaired_bytes": status["sinks"]["jsonl"].get("repaired_bytes", 0),
            "integrity": jsonl_integrity(log_dir), "exit_code": d2.proc.returncode, "per_rank": {}}
     for r, fig in ranks.items():
         dropped = fig["final"]["dropped"]
-        delivered = written.get(r, 0)
-        out["per_rank"][r] = {"sent": fig["final"]["sent"], "dropped": dropped, "delivered_metrics": delivered,
-                              "silent_loss": n - delivered - dropped, "worst_log_s": fig["worst_log_s"],
-                              "num_log_over_1ms": fig["num_log_over_1ms"]}
+        written = steps.get(r, set())
+        n = fig["n"]
+        # Logged once the restarted daemon had this rank's records again: all of them fit the
+        # client's queue, so each is written (a client that stayed disconnected would drop them).
+        after_steps = range(fig["after_from"], n) if fig["after_from"] is not None else range(0)
+        out["per_rank"][r] = {"n": n, "sent": fig["final"]["sent"], "dropped": dropped,
+                              "delivered_metrics": len(written), "silent_loss": n - len(written) - dropped,
+                              "log_calls_before_kill": at_kill[r], "log_calls_while_down": at_restart[r] - at_kill[r],
+                              "logged_after_restart": len(after_steps),
+                              "written_after_restart": sum(1 for s in after_steps if s in written),
+                              "worst_log_s": fig["worst_log_s"], "num_log_over_1ms": fig["num_log_over_1ms"]}
     out["final_status"] = {k: final[k] for k in ("records_in", "records_lost", "records_dropped_by_clients")}
     d2.cleanup()
     return out
 
 
-def sigterm_drain(work: Path, num_ranks: int = 2, n: int = 100_000) -> dict:
+def sigterm_drain(work: Path, num_ranks: int = 2, n: int = 100_000, drain_timeout_s: float | None = None) -> dict:
     """Fill the daemon's queues with an unpaced burst, then SIGTERM it: what it accepted is written."""
     eps = Endpoints()
     log_dir = work / "telemetry"
-    d = launch(log_dir, eps, per_rank=True, world_size=num_ranks)
+    d = launch(log_dir, eps, per_rank=True, world_size=num_ranks,
+               config={"drain_timeout_s": drain_timeout_s} if drain_timeout_s else None)
     procs = start_ranks(eps.ingest, list(range(num_ranks)), n, 0, work / "ranks", sndhwm=n + 10,
                         extra=("--no-hello", "--no-close"))
     ranks = wait_ranks(procs, work / "ranks")       # every record is now queued somewhere
     queued = d.status()["queued"] if "queued" in d.status() else {}
     t0 = time.monotonic()
     d.proc.send_signal(signal.SIGTERM)
-    d.proc.wait(60)
+    try:
+        d.proc.wait(max(120.0, 2 * (drain_timeout_s or 0)))   # a hang detector
+    except subprocess.TimeoutExpired:
+        d.proc.kill()
+        d.proc.wait(10)
+        raise AssertionError(f"the daemon did not exit after SIGTERM; its output: {d.output()[-3000:]}") from None
     exit_s = time.monotonic() - t0
     d._pump.join(2)
-    # The daemon's last daemon record carries its final counters.
+    # The daemon's last daemon record carries its final counters; drain.json, how the drain ended.
     last = d.read_jsonl("daemon")[-1]["values"]
+    drain = json.loads((log_dir / "drain.json").read_text())
     written = per_rank_steps(d)
     accepted = last["telemetry/records_in"]
     out = {"scenario": "sigterm_drain", "ranks": num_ranks, "records_per_rank": n, "queued_at_signal": queued,
            "exit_code": d.proc.returncode, "exit_s": exit_s, "accepted": accepted,
            "written": sum(written.values()), "sent": sum(r["final"]["sent"] for r in ranks.values()),
-           "integrity": jsonl_integrity(log_dir)}
+           "integrity": jsonl_integrity(log_dir), "drained": drain["drained"],
+           "unfinished_sinks": drain["unfinished_sinks"], "stop_reason": drain["stop_reason"]}
     out["lost_after_accept"] = accepted - out["written"]
     d.cleanup()
     return out
@@ -597,6 +692,9 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--close-s", type=float, default=30.0)   # let a slow daemon take the queue
     r.add_argument("--no-hello", action="store_true")
     r.add_argument("--no-close", action="store_true")
+    r.add_argument("--progress", help="a file that holds the number of log calls completed")
+    r.add_argument("--until", help="log until this file exists, then --after more records")
+    r.add_argument("--after", type=int, default=0)
     r.add_argument("--out", required=True)
     p.add_argument("--quick", action="store_true", help="small loads (about a minute)")
     p.add_argument("--outage-s", type=float, default=60.0)

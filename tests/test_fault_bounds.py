@@ -3,7 +3,6 @@ connections, connections beyond max_connections are refused and counted, and the
 its soft descriptor limit to the hard one (libzmq aborts when accept() runs out)."""
 from __future__ import annotations
 
-import os
 import resource
 import time
 
@@ -13,14 +12,6 @@ import zmq
 from benchmarks import reliability
 from protocol import encode_metrics
 from test_daemon_e2e import SINKS_ENV
-
-
-def _rss_mb(pid: int) -> float:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return 0.0
 
 
 def test_the_soft_descriptor_limit_is_raised_to_the_hard_one(tmp_path):
@@ -81,9 +72,16 @@ def test_connections_beyond_the_limit_are_refused_and_counted(tmp_path):
         d.cleanup()
 
 
-def _flood(tmp_path, rcvhwm: int) -> tuple[float, dict, int]:
-    """4 clients push up to 60,000 records of ~1 KB each at a daemon whose loop stalls (an inline
-    sink sleeping per batch); returns the daemon's RSS growth (MB), its limits, records sent."""
+CLIENT_HWM = 100          # each test client's own queue: what it holds is (almost) nothing
+
+
+def _flood(tmp_path, rcvhwm: int, until_queued: int = 0, until_taken: int = 0) -> dict:
+    """4 clients offer records of ~1 KB (NOBLOCK; a refused one is dropped) to a daemon whose loop
+    stalls (an inline sink sleeping 0.5 s per batch) until the records queued between them and
+    the daemon's loop (accepted by a client, not yet taken in: sent - received) reach
+    `until_queued`, or until the loop has taken in `until_taken` more. Counts, not memory or time: what
+    the daemon's libzmq queues hold is what was accepted and not taken in, less the client's own
+    queue (CLIENT_HWM) and the kernel's socket buffer. Returns the peak queued, per client."""
     eps = reliability.Endpoints()
     cfg = {"rcvhwm": rcvhwm, "max_connections": 16,
            "custom_sinks": [{"class": "daemon_sinks:StallSink", "options": {"sleep_s": 0.5}}]}
@@ -92,26 +90,50 @@ def _flood(tmp_path, rcvhwm: int) -> tuple[float, dict, int]:
     socks = []
     try:
         payload = {f"v{i:03d}": float(i) for i in range(80)}            # ~1 KB a record
-        sent = 0
         for c in range(4):
-            socks.append(d.push(ctx))
+            socks.append(d.push(ctx, sndhwm=CLIENT_HWM))
+        sent = [0] * 4
         for i in range(50):                   # warm-up: what the daemon builds for its first records
             for c, s in enumerate(socks):
                 s.send(encode_metrics(200 + c, c, i, 0, 0, i, payload))
-        while d.status()["records_in"] < 200:
-            time.sleep(0.5)
-        time.sleep(1.0)
-        rss_before = _rss_mb(d.proc.pid)
-        for i in range(50, 60_000):
-            for c, s in enumerate(socks):
-                try:
-                    s.send(encode_metrics(200 + c, c, i, 0, 0, i, payload), zmq.NOBLOCK)
-                    sent += 1
-                except zmq.Again:
-                    pass
-        time.sleep(3.0)                       # libzmq's I/O thread takes what the queues allow
-        grown = _rss_mb(d.proc.pid) - rss_before
-        return grown, d.status(timeout_s=30)["limits"], sent
+                sent[c] += 1
+
+        def received() -> list[int]:
+            per = d.status(timeout_s=60)["per_rank"]
+            return [per.get(str(c), {}).get("received", 0) for c in range(4)]
+
+        deadline = time.monotonic() + 120     # a hang detector
+        while sum(received()) < 200:
+            assert time.monotonic() < deadline, f"warm-up not taken in within 120 s: {received()}"
+            time.sleep(0.1)
+        made = [0] * 4
+        peak = [0] * 4
+        limits = d.status(timeout_s=60)["limits"]
+        taken0 = sum(received())
+        while True:
+            for _ in range(200):              # offers between two looks at the daemon's counters
+                for c, s in enumerate(socks):
+                    for _ in range(1000):     # until this client's queue refuses
+                        try:
+                            s.send(encode_metrics(200 + c, c, sent[c], 0, 0, sent[c], payload), zmq.NOBLOCK)
+                        except zmq.Again:
+                            made[c] += 1
+                            break
+                        made[c] += 1
+                        sent[c] += 1
+                time.sleep(0.001)             # the I/O threads move what was accepted
+            # received later than sent was counted: queued is never overstated
+            got = received()
+            queued = [sent[c] - r for c, r in enumerate(got)]
+            peak = [max(a, b) for a, b in zip(peak, queued)]
+            if until_queued and sum(queued) >= until_queued:
+                break
+            if until_taken and sum(got) - taken0 >= until_taken:
+                break
+            assert time.monotonic() < deadline, (f"not within 120 s: queued {queued} (wanted {until_queued} in "
+                                                 f"all), taken in {sum(got) - taken0} (wanted {until_taken}), "
+                                                 f"offers {made}, sent {sent}")
+        return {"peak_queued": peak, "limits": limits, "sent": sent, "offers": made, "taken": sum(got) - taken0}
     finally:
         for s in socks:
             s.close(0)
@@ -123,10 +145,22 @@ def _flood(tmp_path, rcvhwm: int) -> tuple[float, dict, int]:
 @pytest.mark.slow
 def test_fast_clients_against_a_stalled_loop_stay_within_the_budget(tmp_path):
     """Each connection's queue is rcvhwm // max_connections: a budget of 4,000 (250 a connection)
-    holds the daemon to the records its stalled loop took in, while 100 times that budget lets
-    libzmq queue what 4 fast clients send (the old per-connection rcvhwm was 1,000,000)."""
-    small, limits, sent = _flood(tmp_path, 4_000)
-    assert limits["rcvhwm_per_connection"] == 250 and sent > 100_000      # it really was a flood
-    large, limits, _ = _flood(tmp_path, 400_000)
-    assert limits["rcvhwm_per_connection"] == 25_000
-    assert small < 100 and small < large / 2, (small, large)
+    holds what the daemon queues for a client to 250 records while 4 fast clients keep its queues
+    full through 40 of their refills by the stalled loop, while 100 times that budget lets libzmq queue 100 times
+    more (the old per-connection rcvhwm was 1,000,000). Counts of records, not RSS: how much a
+    busy machine lets the loop take in meanwhile does not change them."""
+    # The large budget first: wait until its queues hold 20,000 records a connection (the
+    # budget's 25,000, less what the stalled loop takes in while we look).
+    large = _flood(tmp_path, 400_000, until_queued=4 * 20_000)
+    assert large["limits"]["rcvhwm_per_connection"] == 25_000
+    # The small budget: the clients push until the loop has taken in 40 budgets' worth (10,000
+    # records a connection would have queued, had they not been held to 250).
+    small = _flood(tmp_path, 4_000, until_taken=40 * 250)
+    assert small["limits"]["rcvhwm_per_connection"] == 250
+    # Each client was refused: it did push past what it may queue.
+    assert all(o > s - 50 for o, s in zip(small["offers"], small["sent"])), small
+    # What is queued for a client: the daemon's 250, the client's own CLIENT_HWM, the kernel's
+    # socket buffer (~200 records of 1 KB) and a batch in the decoder; never the 20,000 above.
+    for c, q in enumerate(small["peak_queued"]):
+        assert q <= 250 + CLIENT_HWM + 1000, (c, small)
+    assert min(large["peak_queued"]) > 10 * max(small["peak_queued"]), (small, large)

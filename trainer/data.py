@@ -15,9 +15,11 @@ Layout of the global row index, for optimizer step s, micro-step m, rank r, row 
 """
 from __future__ import annotations
 
+import atexit
 import hashlib
 import json
 import random
+import weakref
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -197,6 +199,47 @@ def _worker_init(worker_id: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
+class ExitSafeLoader(DataLoader):
+    """A DataLoader whose worker processes never hold the interpreter's exit.
+
+    Workers ignore SIGTERM (_worker_init), and multiprocessing's exit hook ends daemonic children
+    with SIGTERM and then joins them: an iterator still alive when the interpreter exits (held
+    past the loop by a frame, a traceback, a cycle) left the process waiting for its worker
+    forever, after its last step. Each iterator is shut down by an exit hook of ours, registered
+    after multiprocessing's and torch's and so run before them: the workers get their sentinel
+    and exit; one that does not (stuck in a dataset read) is killed.
+    """
+
+    def _get_iterator(self):
+        it = super()._get_iterator()
+        if self.num_workers > 0:
+            global _exit_hook_registered
+            _live_iterators.add(it)
+            if not _exit_hook_registered:
+                atexit.register(_shut_down_live_iterators)
+                _exit_hook_registered = True
+        return it
+
+
+_live_iterators: "weakref.WeakSet" = weakref.WeakSet()
+_exit_hook_registered = False
+
+
+def _shut_down_live_iterators() -> None:
+    for it in list(_live_iterators):
+        try:
+            it._shutdown_workers()
+        except Exception:  # the process is exiting: what is left is killed below
+            pass
+        for w in getattr(it, "_workers", ()):
+            try:
+                if w.is_alive():
+                    w.kill()
+                    w.join(5)
+            except Exception:
+                pass
+
+
 def _collate_fn(block_mask: bool):
     import functools
     return functools.partial(collate, block_mask=block_mask)
@@ -213,8 +256,8 @@ def make_loader(cfg: DataConfig, *, rank: int, world_size: int, grad_accum: int,
     if workers > 0:
         kwargs = {"prefetch_factor": cfg.prefetch_factor, "persistent_workers": False,
                   "worker_init_fn": _worker_init}
-    return DataLoader(ds, batch_size=cfg.micro_batch_size, sampler=sampler, num_workers=workers,
-                      collate_fn=_collate_fn(block_mask), pin_memory=pin_memory, **kwargs)
+    return ExitSafeLoader(ds, batch_size=cfg.micro_batch_size, sampler=sampler, num_workers=workers,
+                          collate_fn=_collate_fn(block_mask), pin_memory=pin_memory, **kwargs)
 
 
 def to_device(batch: dict, device: torch.device) -> dict:
