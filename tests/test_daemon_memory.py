@@ -133,9 +133,10 @@ def test_world_size_beyond_bounds_exits_2_with_one_line(tmp_path):
     assert "ready" not in r.stdout
 
 
-def test_memory_mb_beyond_bounds_exits_2_with_one_line(tmp_path):
-    for bad in ("1", "1e9", ".nan"):
-        r = _daemon(tmp_path, config=f"memory_mb: {bad}\n")
+def test_memory_and_queue_sizes_beyond_bounds_exit_2_with_one_line(tmp_path):
+    for config, key in (("memory_mb: 1", "memory_mb"), ("memory_mb: 1e9", "memory_mb"),
+                        ("memory_mb: .nan", "memory_mb"), ("jsonl: {max_queued: 100000000000}", "max_queued")):
+        r = _daemon(tmp_path, config=config + "\n")
         lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
-        assert r.returncode == 2, (bad, r.stderr[-2000:])
-        assert len(lines) == 1 and "memory_mb" in lines[0], (bad, r.stderr)
+        assert r.returncode == 2, (config, r.stderr[-2000:])
+        assert len(lines) == 1 and key in lines[0], (config, r.stderr)

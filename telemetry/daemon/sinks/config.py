@@ -9,6 +9,9 @@ from dataclasses import dataclass
 
 from telemetry.shared.config import ConfigError
 
+# The most records a sink's queue may be configured for: far more than any sink drains in a
+# drain_timeout_s; the queue is bounded in bytes as well (the daemon's memory budget).
+MAX_QUEUED = 10_000_000
 
 @dataclass(kw_only=True, slots=True)
 class SinkConfig:
@@ -20,8 +23,8 @@ class SinkConfig:
     max_per_second: float = 0.0        # downsample: at most this many metrics records/s; 0 = off
 
     def __post_init__(self) -> None:
-        if self.max_queued < 1:
-            raise ConfigError(f"max_queued must be >= 1, got {self.max_queued}")
+        if not 1 <= self.max_queued <= MAX_QUEUED:
+            raise ConfigError(f"max_queued must be 1..{MAX_QUEUED}, got {self.max_queued}")
         if self.every_n_steps < 1:
             raise ConfigError(f"every_n_steps must be >= 1, got {self.every_n_steps}")
         if self.max_per_second < 0:
