@@ -6,7 +6,10 @@ the first time, never per item. The split, of memory_mb:
 
     runtime        30 %  the interpreter, modules, threads, sockets, libzmq and malloc's slack:
                          not a buffer; measured idle at ~35 MB (~60 MB with W&B imported)
-    ingest         15 %  libzmq's receive queues (rcvhwm, in messages: see connection_hwm)
+    ingest         15 %  libzmq's receive queues. Not enforced: libzmq counts messages (rcvhwm,
+                         config.connection_hwm), not bytes; 8 ranks of small records fit, a
+                         stalled daemon's 10,240 4,096-value records a connection do not
+                         (1.3 GB measured): lower rcvhwm for such runs
     sink queues    25 %  each sink's queue (SinkRunner max_bytes); the queues hold the same
                          records, so this is what they hold together, not each
     open steps     15 %  records of steps the aggregator still waits on; beyond it the oldest
