@@ -86,7 +86,9 @@ class DaemonProc:
         """Aggregated metrics records by step (the last one wins)."""
         return {r["step"]: r for r in self.read_jsonl("metrics", aggregated=True)}
 
-    def wait_for(self, predicate: Callable[[list[dict]], bool], timeout_s: float = 20.0,
+    # The defaults below are hang detectors, generous for a loaded machine (a 2-core box running
+    # the suite beside other jobs), never a speed: each failure says what was seen.
+    def wait_for(self, predicate: Callable[[list[dict]], bool], timeout_s: float = 120.0,
                  kind: str | None = None) -> list[dict]:
         """Poll metrics.jsonl until predicate(records) holds; return the records or raise."""
         deadline = time.monotonic() + timeout_s
@@ -102,15 +104,15 @@ class DaemonProc:
             time.sleep(0.05)
 
     # -- the control socket --------------------------------------------------------------------
-    def request(self, cmd: str, timeout_s: float = 10.0) -> dict:
+    def request(self, cmd: str, timeout_s: float = 60.0) -> dict:
         from telemetry.daemon.control import request
 
         return request(self.control, cmd, timeout_s=timeout_s)
 
-    def status(self, timeout_s: float = 10.0) -> dict:
+    def status(self, timeout_s: float = 60.0) -> dict:
         return self.request("status", timeout_s)
 
-    def drain(self, timeout_s: float = 30.0) -> dict:
+    def drain(self, timeout_s: float = 120.0) -> dict:
         """Ask for a drain; return the final counters; wait for the process to exit."""
         final = self.request("drain", timeout_s)
         self.proc.wait(timeout_s)
@@ -138,7 +140,7 @@ class DaemonProc:
         return s
 
     # -- stopping ------------------------------------------------------------------------------
-    def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 30.0) -> int:
+    def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 120.0) -> int:
         """Signal the daemon (SIGTERM: drain and exit) and wait; return its exit code."""
         if self.proc.poll() is None:
             self.proc.send_signal(sig)
@@ -154,7 +156,7 @@ class DaemonProc:
     def kill(self) -> None:
         if self.proc.poll() is None:
             self.proc.kill()
-            self.proc.wait(10)
+            self.proc.wait(60)
 
     def cleanup(self) -> None:
         self.kill()

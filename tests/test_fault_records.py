@@ -17,14 +17,28 @@ from telemetry.client import TelemetryClient
 LOOPS = pytest.mark.parametrize("pure_python", ["0", "1"], ids=["c_loops", "python_loops"])
 
 
-def _settle(d, expected: int) -> dict:
-    deadline = time.monotonic() + 30
+def _settle(d, expected: int, timeout_s: float = 120) -> dict:
+    """Status once `expected` records were taken in (or refused), or at the deadline (a hang
+    detector, generous for a loaded machine: the caller's assertion then shows what was seen)."""
+    deadline = time.monotonic() + timeout_s
     while True:
         assert d.proc.poll() is None, d.output()[-3000:]
         s = d.status()
         if s["records_in"] + s["records_malformed"] >= expected or time.monotonic() > deadline:
             return s
         time.sleep(0.02)
+
+
+def _wait_output(d, *needles: str, timeout_s: float = 120) -> str:
+    """The daemon's output once one of `needles` is in it: its log lines reach us through a pipe
+    and a reader thread, after the records it wrote at the same time."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        out = d.output()
+        if any(n in out for n in needles):
+            return out
+        assert d.proc.poll() is None and time.monotonic() < deadline, f"none of {needles} in: {out[-3000:]}"
+        time.sleep(0.05)
 
 
 @LOOPS
@@ -87,8 +101,8 @@ def test_a_hostile_model_config_costs_mfu_not_the_daemon(tmp_path, hf_config):
         push.send(encode_metrics(5, 0, 1, 0, 1, 1, {"perf/step_time": 0.5, "perf/tokens": 64}))
         s = _settle(d, 2)
         assert s["records_in"] == 2 and s["records_failed"] == 0, s
-        d.wait_for(lambda recs: any(r.get("step") == 1 for r in recs), timeout_s=10)
-        assert "no MFU for this run" in d.output() or "MFU disabled" in d.output()
+        d.wait_for(lambda recs: any(r.get("step") == 1 for r in recs), timeout_s=120)
+        _wait_output(d, "no MFU for this run", "MFU disabled")
         assert d.stop() == 0
     finally:
         push.close(linger=0)
@@ -107,15 +121,16 @@ def test_a_hello_world_size_is_believed_only_within_bounds(tmp_path, world_size)
             push.send(encode_metrics(5, 0, step + 1, 0, 1, step, {"train/loss": 1.0}))
         s = _settle(d, 4)
         assert s["world_size"] == 1, s
-        d.wait_for(lambda recs: any(r.get("step") == 2 for r in recs), timeout_s=10)
+        d.wait_for(lambda recs: any(r.get("step") == 2 for r in recs), timeout_s=120)
         assert all("missing_ranks" not in r for r in d.read_jsonl(kind="metrics"))
-        assert "world_size=%d" % world_size in d.output()
+        _wait_output(d, "world_size=%d" % world_size)
     finally:
         push.close(linger=0)
         ctx.term()
         d.cleanup()
 
 
+@pytest.mark.timeout(600)
 def test_a_flood_of_fake_hellos_is_bounded(tmp_path):
     """Hellos from 100k distinct fake ranks, each with a pid on this host: neither memory nor the
     time per hello grows with them (each hello used to rebuild the pid map of all hellos)."""
@@ -131,10 +146,9 @@ def test_a_flood_of_fake_hellos_is_bounded(tmp_path):
         host = _socket.gethostname()
         for rank in range(n):
             push.send(encode_hello(1000 + rank, rank, 0, 0, 1, {"pid": 4242, "host": host}))
-        t0 = time.monotonic()
-        s = _settle(d, n)
+        # A hang detector, not a speed: rebuilding a map of every hello per hello took hours.
+        s = _settle(d, n, timeout_s=300)
         assert s["records_in"] == n, s
-        assert time.monotonic() - t0 < 60
         assert s["hellos_not_kept"] == n - MAX_WORLD_SIZE, s
     finally:
         push.close(linger=0)

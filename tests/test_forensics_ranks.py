@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from test_straggler_ranks import SCRIPT, free_port
 
 HANG = {"hang_min_s": 3.0, "hang_factor": 10.0, "hang_stacks_wait_s": 3.0, "hang_py_spy": False,
@@ -35,16 +36,18 @@ def events(recs: list[dict], name: str) -> list[dict]:
     return [r for r in recs if r.get("kind") == "event" and r.get("name") == name]
 
 
+@pytest.mark.timeout(600)     # hang detectors below, generous for a loaded machine
 def test_a_rank_hung_before_the_all_reduce_gets_one_bundle_naming_it(make_daemon):
     # py-spy (a dev extra) on: native frames where ptrace is permitted, else the reason.
     d = make_daemon(world_size=3, config={"diagnosis": {**HANG, "hang_py_spy": True}, "pollers": {"nvml_enabled": False}})
     procs = start_ranks(d.ingest, 3, 10_000, "--hang-rank", "1", "--hang-step", "8")
     try:
-        t0 = time.monotonic()
-        recs = d.wait_for(lambda rs: events(rs, "diagnosis/hang"), timeout_s=60)
-        found_s = time.monotonic() - t0
-        time.sleep(2.0)      # it says so once per hang, not every tick
+        # Found after hang_after_s (10 x the median step, at least hang_min_s): later on a loaded
+        # machine, where steps are slower; the deadline is a hang detector.
+        recs = d.wait_for(lambda rs: events(rs, "diagnosis/hang"), timeout_s=300)
+        time.sleep(2.0)      # a window for a repeat: it says so once per hang, not every tick
         recs = d.read_jsonl()
+        assert d.status(timeout_s=60)["sinks"]["forensics"]["hangs"] == 1
         assert all(p.poll() is None for p in procs)     # the ranks are still hung, not killed
     finally:
         kill_all(procs)
@@ -53,7 +56,6 @@ def test_a_rank_hung_before_the_all_reduce_gets_one_bundle_naming_it(make_daemon
     assert ev["rank"] == 1 and data["ranks"] == [1] and data["step"] == 7
     assert "rank 1 is in load_batch at ddp_rank.py" in data["message"], data["message"]
     assert "ranks 0, 2 wait in" in data["message"] and "backward" in data["message"]
-    assert found_s < 40
     bundle = Path(data["bundle"])
     assert bundle.parent == d.log_dir / "forensics"
     summary = json.loads((bundle / "summary.json").read_text())
