@@ -454,8 +454,10 @@ def multinode(work: Path, num_nodes: int = 2, ranks_per_node: int = 2, rate: flo
     head_finals = []
     outage = {}
     if outage_s > 0:
-        at_stop = [fwd(nd) for nd in nodes]
+        # The outage starts when the head has exited: its drain takes records in until the ranks'
+        # byes or a quiet moment (up to core.BYE_WAIT_S while the nodes keep forwarding).
         head_finals.append(head.drain())
+        at_stop = [fwd(nd) for nd in nodes]
         time.sleep(outage_s)
         at_restart = [fwd(nd) for nd in nodes]
         head = launch(work / "head", head_eps, config=head_cfg, extra=head_args, world_size=num_nodes)
@@ -489,8 +491,14 @@ def multinode(work: Path, num_nodes: int = 2, ranks_per_node: int = 2, rate: flo
     for i in range(num_nodes):
         f = node_finals[i]["sinks"]["forward"]
         received = sum(h["per_rank"].get(str(i), {}).get("received", 0) for h in head_finals)
+        # Lost in transit and counted by the head: what was in flight when the head went (the
+        # restarted head continues the node's seq window from sources.json).
+        last = head_finals[-1]["per_rank"].get(str(i), {})
+        counted = last.get("lost", 0) - last.get("dropped_by_client", 0) \
+            + sum(h["per_rank"].get(str(i), {}).get("refused", 0) for h in head_finals)
         out["per_node"][i] = {"tried": f["seq"], "sent": f["sent"], "dropped": f["dropped"], "received": received,
-                              "silent_loss": f["seq"] - f["dropped"] - received, **outage.get(i, {})}
+                              "counted_lost": counted, "silent_loss": f["seq"] - f["dropped"] - received - counted,
+                              **outage.get(i, {})}
     for d in [head, *nodes]:
         d.cleanup()
     return out

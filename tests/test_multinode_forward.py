@@ -27,8 +27,9 @@ def test_nodes_forward_and_the_head_aggregates_across_nodes(tmp_path):
 
 def _outage_checks(r: dict) -> None:
     for node, f in r["per_node"].items():
-        # Exactly once, or counted: received + dropped == tried (nothing lost in silence).
-        assert f["received"] + f["dropped"] + f["silent_loss"] == f["tried"], (node, f)
+        # Exactly once, or counted: received + dropped (by the node) + counted lost (by the head:
+        # in flight when the head went) == tried (nothing lost in silence).
+        assert f["received"] + f["dropped"] + f["counted_lost"] + f["silent_loss"] == f["tried"], (node, f)
         assert f["silent_loss"] == 0, (node, f)
         # The outage overflowed the bounded buffer, and the buffer held no more than its bound.
         if f["records_during_outage"] > r["max_buffered"] + 5:

@@ -64,6 +64,10 @@ INTAKE_SHARE = 0.6
 # mid-drain, which will never say bye; named in sources_open_at_drain). Under CPU hogs a busy
 # sender and libzmq's I/O thread go unscheduled for a while: the first empty read is no proof.
 SOURCE_SILENT_S = 1.0
+# ... and for the byes at most this long into the drain, once the socket has a quiet moment: ranks
+# that go on sending (a daemon restarted under a running job) will not say bye soon, and their
+# accounting goes on in the next daemon on this log directory (sources.json).
+BYE_WAIT_S = 5.0
 # A peer on the ingest socket that has not completed the ZMTP handshake in this long is dropped by
 # libzmq (counted in handshake_failed): a connection that never becomes a client (a raw TCP
 # socket that sends nothing) holds a connection slot and a descriptor this long at most
@@ -778,14 +782,14 @@ class Daemon:
     def _drain_intake(self, until: float, deadline: float) -> None:
         """Take records until every client that was sending when the drain began has said bye
         and the socket has been quiet INTAKE_QUIET_S, or it has been quiet SOURCE_SILENT_S
-        whoever is still open, or `deadline`. Up to `until` they are processed; after it only
+        whoever is still open (or INTAKE_QUIET_S after BYE_WAIT_S), or `deadline`. Up to `until` they are processed; after it only
         counted (their headers, about a microsecond a frame: records_unread_at_drain), so that
         a backlog larger than the daemon can process in time is counted, never left in the
         socket. A bye arriving either way closes its client's accounting: what it sent and this
         daemon never got is then counted in transit. The clients still open at the end are
         counted in sources_open_at_drain: what they send after it, nobody counts."""
         waiting = self.receiver.open_live()
-        quiet_since = time.monotonic()
+        started = quiet_since = time.monotonic()
         while True:
             if time.monotonic() < until:
                 n = self._ingest(self._batch_frames)
@@ -801,7 +805,7 @@ class Daemon:
                 quiet = now - quiet_since
                 if quiet >= INTAKE_QUIET_S:
                     waiting = self.receiver.still_open(waiting)
-                    if not waiting or quiet >= SOURCE_SILENT_S:
+                    if not waiting or quiet >= SOURCE_SILENT_S or now - started >= BYE_WAIT_S:
                         break
                 self.pull.poll(int(INTAKE_QUIET_S * 1000 / 2) + 1)
             if now >= deadline:
@@ -811,9 +815,9 @@ class Daemon:
             log.error("drain deadline: %d queued records could not be processed and are counted as "
                       "lost (raise drain_timeout_s to keep them)", self.num_unread_at_drain)
         if self.num_sources_open_at_drain:
-            log.error("drain: %d client(s) still open at its end, without a bye: what they sent since "
-                      "their last record that arrived is counted by no one (sources_open_at_drain)",
-                      self.num_sources_open_at_drain)
+            log.error("drain: %d client(s) still open at its end, without a bye: what they sent after "
+                      "their last record that arrived is counted only by a daemon restarted on this log "
+                      "directory (sources_open_at_drain)", self.num_sources_open_at_drain)
 
     def _count_unread(self, max_frames: int) -> int:
         """Read up to `max_frames` queued frames without processing them (their header only), so
