@@ -79,9 +79,14 @@ def gpu_samples(util, t_end, n=10):
     return [gpu(t_end - n + i, gpu_index=i % 2, util_percent=util) for i in range(n)]
 
 
+def run_of(step, values, n=5, **kw):
+    """The log steps step - n + 1 .. step with the same values: a run, as the rules need (issue 29)."""
+    return [metrics(s, values, **kw) for s in range(step - n + 1, step + 1)]
+
+
 def test_data_bound_fires_on_low_util_and_high_data_ratio():
     d = only("data_bound")
-    ev = feed(d, gpu_samples(20, T0 + 100) + [metrics(100, {"perf/data_loading_ratio": 0.5})])
+    ev = feed(d, gpu_samples(20, T0 + 100) + run_of(100, {"perf/data_loading_ratio": 0.5}))
     assert names(ev) == ["diagnosis/data_bound"]
     data = ev[0]["data"]
     assert data["gpu_util_percent"] == 20 and data["data_loading_ratio"] == 0.5
@@ -104,7 +109,7 @@ def test_data_bound_quiet(util, ratio, step, n_gpu):
 def test_data_bound_fires_without_a_gpu_on_the_data_loading_ratio_alone():
     # A CPU run (issue 19): no GPU samples ever, data loading 61 % of the step.
     d = only("data_bound")
-    ev = feed(d, [metrics(100, {"perf/data_loading_ratio": 0.61})])
+    ev = feed(d, run_of(100, {"perf/data_loading_ratio": 0.61}))
     assert names(ev) == ["diagnosis/data_bound"]
     assert ev[0]["data"]["data_loading_ratio"] == 0.61 and ev[0]["data"]["gpu_util_percent"] is None
     assert "61%" in ev[0]["data"]["message"]
@@ -117,7 +122,7 @@ def test_low_util_rules_judge_on_the_daemon_clock_not_the_ranks(rule, ratio, ske
     """GPU samples are stamped by the daemon; a step by its ranks, whose clock may be far off."""
     d = only(rule)
     feed(d, gpu_samples(20, T0 + 100))
-    ev = feed(d, [metrics(100, {"perf/data_loading_ratio": ratio}, t=T0 + 100 + skew_s)], skew_s=skew_s)
+    ev = feed(d, run_of(100, {"perf/data_loading_ratio": ratio}, t=T0 + 100 + skew_s), skew_s=skew_s)
     assert names(ev) == [f"diagnosis/{rule}"]
 
 
@@ -129,7 +134,7 @@ def test_data_bound_ignores_gpu_samples_older_than_the_window():
 
 def test_launch_bound_fires_on_low_util_and_low_data_ratio():
     d = only("launch_bound")
-    ev = feed(d, gpu_samples(30, T0 + 50) + [metrics(50, {"perf/data_loading_ratio": 0.02})])
+    ev = feed(d, gpu_samples(30, T0 + 50) + run_of(50, {"perf/data_loading_ratio": 0.02}))
     assert names(ev) == ["diagnosis/launch_bound"] and ev[0]["data"]["gpu_util_percent"] == 30
 
 
@@ -325,6 +330,7 @@ def phases(step, times, ranks=(0, 1, 2, 3), step_time=None):
     cols = {f"perf/{p}_time": [tuple(ts)] for p, ts in times.items()}
     cols["perf/step_time"] = [tuple([step_time] * len(ranks))]
     v = {"perf/step_time_max": step_time, "perf/step_time_min": step_time, "perf/slowest_rank": ranks[0]}
+    v.update({f"perf/{p}_time": sum(ts) / len(ts) for p, ts in times.items()})   # the ranks' mean, as aggregated
     add_phase_straggler_view(StepBatch([step], [0], [tuple(ranks)], [tuple(cols)], cols), [v])
     return metrics(step, v)
 
@@ -351,7 +357,7 @@ def test_straggler_phase_of_four_ranks(phase, slow):
     times = {"data_loading": [0.01] * 4, "forward": [0.05] * 4, "backward": [0.1] * 4, "optimizer": [0.003] * 4}
     times[phase] = slow
     times["backward"] = [0.1 + max(slow) - s for s in slow]          # the others wait in backward
-    ev = feed(only("straggler"), [phases(s, times) for s in range(20, 25)])
+    ev = feed(only("straggler"), [phases(s, times) for s in range(20, 28)])   # straggler_consecutive: 8
     assert names(ev) == ["diagnosis/straggler"]
     assert ev[0]["rank"] == slow.index(max(slow)) and ev[0]["data"]["phase"] == phase
 

@@ -67,6 +67,8 @@ class PhaseTimer:
         self._current: list = []
         self._open: dict = {}
         self._latest: dict[str, float] = {}
+        self._parts: dict[str, str] = {}    # phase -> its part that ends at the last lap()
+        self._laps: dict[str, object] = {}  # part -> the stamp of its latest lap in the open phase
 
     def _stamp(self):
         if self.cuda:
@@ -82,7 +84,20 @@ class PhaseTimer:
         return phase in self._open
 
     def stop(self, phase: str) -> None:
-        self._current.append((phase, self._open.pop(phase), self._stamp()))
+        begun, now = self._open.pop(phase), self._stamp()
+        self._current.append((phase, begun, now))
+        part = self._parts.get(phase)
+        if part is not None:  # no lap in this phase (a micro-batch without a collective): all of it
+            self._current.append((part, begun, self._laps.pop(part, now)))
+
+    def split(self, phase: str, part: str) -> None:
+        """Time `part` of every `phase`: from the phase's start to its last `lap(part)`, or the
+        whole phase where it had none."""
+        self._parts[phase] = part
+
+    def lap(self, part: str) -> None:
+        """`part` of its open phase lasts until now (the latest lap in the phase counts)."""
+        self._laps[part] = self._stamp()
 
     def end_step(self) -> None:
         self._pending.append(self._current)
@@ -142,6 +157,48 @@ def time_gather_waits(model: torch.nn.Module, timer: PhaseTimer) -> list:
         handles.append(m.register_forward_pre_hook(before, prepend=True))
         handles.append(m.register_forward_pre_hook(after))
     return handles
+
+
+def ddp_of(model: torch.nn.Module):
+    """The DistributedDataParallel wrapper in `model` (compiled or not), or None."""
+    from torch.nn.parallel import DistributedDataParallel
+    model = getattr(model, "_orig_mod", model)   # torch.compile's wrapper
+    return model if isinstance(model, DistributedDataParallel) else None
+
+
+def time_ddp_waits(ddp, timer: PhaseTimer) -> list:
+    """DDP: time its two collective waits apart, so that forward and backward minus them are
+    this rank's own compute (a rank slow in forward or backward then shows in its compute, not in
+    the others' waits).
+
+    forward: DDP's forward broadcasts the buffers from rank 0 (broadcast_buffers, at every
+    training forward of a model with buffers: rotary inv_freq, norms' running stats) before it
+    calls the wrapped module; the ranks wait there for the slowest. A forward pre-hook on the
+    wrapper (run before its forward) and one on the wrapped module (run after DDP's own work)
+    bracket it as "forward_sync_wait", nested in forward.
+    backward: DDP launches a bucket's gradient all-reduce as the bucket fills and waits for them
+    all at the end of backward. A communication hook (the default all-reduce, called through
+    torch's own allreduce_hook) laps "backward_compute" as it launches each bucket: the phase's
+    start to the last launch is this rank's backward compute; the rest is the wait. On a GPU the
+    stamps are CUDA events: no sync.
+    Returns the hooks' handles (`.remove()`; the communication hook stays: it is DDP's default)."""
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+    def before(mod, _args) -> None:  # a forward pre-hook: what it returns would replace the inputs
+        if mod.training and timer.is_open("forward"):
+            timer.start("forward_sync_wait")
+
+    def after(mod, _args) -> None:
+        if timer.is_open("forward_sync_wait"):
+            timer.stop("forward_sync_wait")
+
+    def launch(process_group, bucket):
+        timer.lap("backward_compute")
+        return allreduce_hook(process_group, bucket)
+
+    timer.split("backward", "backward_compute")
+    ddp.register_comm_hook(None, launch)
+    return [ddp.register_forward_pre_hook(before, prepend=True), ddp.module.register_forward_pre_hook(after)]
 
 
 class HostFlag:

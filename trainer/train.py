@@ -24,7 +24,8 @@ from trainer.data import IGNORE_INDEX, make_loader
 from trainer.engine import make_engine, resolve_backend
 from trainer.faults import make_faults
 from trainer.memory_estimate import device_memory_gb, estimate, memory_warning
-from trainer.metrics import DatasetMetrics, HostFlag, PhaseTimer, memory_stats, time_gather_waits, time_update
+from trainer.metrics import (DatasetMetrics, HostFlag, PhaseTimer, ddp_of, memory_stats, time_ddp_waits,
+                             time_gather_waits, time_update)
 from trainer.model import DTYPES, build_model, forward_loss, num_params, prepare_batch, uses_block_mask
 from trainer.runtime import STOP_NONFINITE, LossLog, StopSignal, init_distributed
 
@@ -175,6 +176,10 @@ class Run:
                             lambda: self.faults.phase("optimizer_update", self.step + 1))
         if engine.gathers_in_forward:  # ZeRO-3: the others' wait for a slow rank lands in forward
             hooks = (*hooks, *time_gather_waits(engine.module, timer))
+        ddp = ddp_of(engine.model)
+        if ddp is not None:  # DDP: in forward (the buffer broadcast) and backward (the all-reduce)
+            hooks = (*hooks, *time_ddp_waits(ddp, timer))
+        waits_apart = engine.gathers_in_forward or ddp is not None
         nonfinite = HostFlag(self.device, size=2)  # [loss, grad_norm] nonfinite step counts
         num_nonfinite_seen = [0.0, 0.0]
         engine.train()
@@ -224,7 +229,11 @@ class Run:
                 step_time_s, t_last = now - t_last, now
                 self.loss_log.log(self.step, {"loss": step_loss, "grad_norm": grad_norm, "lr": lr, "epoch": epoch,
                                               "data_loading_time": data_time_s})
-                if self.step % cfg.log_every == 0:
+                # An eval step sends two records (this step's metrics, then eval's): each says so
+                # (parts=2), and the daemon writes the step once, both reduced across the ranks.
+                logged = self.step % cfg.log_every == 0
+                evals = bool(cfg.eval.every_steps) and self.step % cfg.eval.every_steps == 0
+                if logged:
                     phases = timer.latest()
                     compute_s = sum(v for k, v in phases.items() if k in ("forward", "backward", "optimizer"))
                     tm.log(self.step, {
@@ -239,11 +248,14 @@ class Run:
                         "perf/optimizer_time": phases.get("optimizer", 0.0),
                         "perf/optimizer_update_time": phases.get("optimizer_update", 0.0),
                         **({"perf/forward_compute_time": phases.get("forward", 0.0)
-                            - phases.get("forward_gather_wait", 0.0)} if engine.gathers_in_forward else {}),
+                            - phases.get("forward_gather_wait", 0.0) - phases.get("forward_sync_wait", 0.0)}
+                           if waits_apart else {}),
+                        **({"perf/backward_compute_time": phases["backward_compute"]}
+                           if "backward_compute" in phases else {}),
                         "perf/data_loading_time": data_time_s,
                         "perf/data_loading_ratio": data_time_s / step_time_s,
                         "perf/compute_ratio": min(1.0, compute_s / step_time_s),
-                        **memory_stats(self.device), **ds_metrics.values("dataset")})
+                        **memory_stats(self.device), **ds_metrics.values("dataset")}, parts=1 + evals)
                     ds_metrics.reset()
                     nonfinite.start_readback()
                 counts = nonfinite.poll()  # never waits: None until the copy has landed
@@ -256,8 +268,8 @@ class Run:
                         # Every rank must stop at the same step for the collective checkpoint:
                         # the request is agreed like a signal, at the next step boundary.
                         self.stop.request(STOP_NONFINITE)
-                if cfg.eval.every_steps and self.step % cfg.eval.every_steps == 0:
-                    tm.log(self.step, self.evaluate())
+                if evals:
+                    tm.log(self.step, self.evaluate(), parts=1 + logged)
                     t_last = time.perf_counter()  # eval time is not the next step's time
                 if cfg.checkpoint.every_steps and self.step % cfg.checkpoint.every_steps == 0:
                     self.save("periodic")

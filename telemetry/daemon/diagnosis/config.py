@@ -17,7 +17,7 @@ _FRACTIONS = ("data_loading_ratio_high", "data_loading_ratio_low", "leak_min_inc
 # Fields that are counts >= 1.
 _COUNTS = ("gpu_util_min_samples", "leak_window", "loss_spike_window", "loss_spike_min_points",
            "throughput_min_points", "throughput_drop_consecutive", "straggler_consecutive",
-           "throttle_consecutive", "rank_missing_steps", "hang_records_kept")
+           "throttle_consecutive", "rank_missing_steps", "hang_records_kept", "data_loading_consecutive")
 _PERCENTS = ("gpu_util_low_percent", "host_memory_percent_high")
 
 
@@ -38,6 +38,9 @@ class DiagnosisConfig:
         gpu_util_min_samples: need at least this many GPU samples in the window.
         data_loading_ratio_high: data loading at least this fraction of the step is "data-bound".
         data_loading_ratio_low: data loading under this fraction rules the input pipeline out.
+        data_loading_consecutive: data_bound and launch_bound judge only a data-loading ratio
+            past their threshold for this many consecutive log steps (one slow batch is not a
+            data-bound run).
         leak_window: judge memory growth over this many consecutive log steps.
         leak_min_growth_gb: growth over the window that counts as a leak.
         leak_min_increase_fraction: fraction of step-over-step changes that must be increases.
@@ -47,13 +50,19 @@ class DiagnosisConfig:
             (1.4826 x median absolute deviation) ...
         loss_spike_min_rel: ... and by at least this fraction of the median.
         throughput_drop_fraction: tokens/s this fraction under the run's median is a drop.
+        throughput_drop_robust_z: ... and more than this many robust sigmas of the run's own
+            values (1.4826 x their median absolute deviation) under it ...
         throughput_drop_consecutive: ... for this many consecutive log steps.
         throughput_min_points: need this many log steps of history first.
         straggler_ratio: slowest / fastest rank step time at or above this is a straggler ...
         straggler_consecutive: ... for this many consecutive log steps, same slowest rank.
             With per-phase timings (perf/forward_time, ...) the ratio is of the slowest rank's
             phase time to the other ranks' median in that phase (straggler_view.py) ...
-        straggler_min_excess_s: ... and the slowest rank's excess in it at least this (s).
+        straggler_min_excess_s: ... and the slowest rank's excess in it at least this (s) ...
+        straggler_noise_z: ... and, as the median over those log steps, this many times the run's
+            step-time noise (the robust sigma of its step-to-step changes; each step at least
+            half of it) and the excess's own step-to-step noise over them: a shared machine's
+            swings are not a straggler.
         throttle_consecutive: GPU polls in a row with a throttle flag before it is reported.
         throttle_include_power_cap: report the software power cap too (common at full load).
         host_memory_percent_high: host RAM use at or above this percent is "near full".
@@ -78,6 +87,7 @@ class DiagnosisConfig:
     gpu_util_min_samples: int = 3
     data_loading_ratio_high: float = 0.3
     data_loading_ratio_low: float = 0.1
+    data_loading_consecutive: int = 5
     leak_window: int = 10
     leak_min_growth_gb: float = 0.5
     leak_min_increase_fraction: float = 0.7
@@ -86,11 +96,13 @@ class DiagnosisConfig:
     loss_spike_robust_z: float = 6.0
     loss_spike_min_rel: float = 0.25
     throughput_drop_fraction: float = 0.3
-    throughput_drop_consecutive: int = 3
+    throughput_drop_robust_z: float = 3.0
+    throughput_drop_consecutive: int = 5
     throughput_min_points: int = 10
     straggler_ratio: float = 1.2
-    straggler_consecutive: int = 5
+    straggler_consecutive: int = 8
     straggler_min_excess_s: float = 0.01
+    straggler_noise_z: float = 3.0
     throttle_consecutive: int = 5
     throttle_include_power_cap: bool = True
     host_memory_percent_high: float = 90.0
@@ -119,7 +131,7 @@ class DiagnosisConfig:
                 raise ValueError(f"diagnosis.{name} must be a percentage in (0, 100], got {getattr(self, name)!r}")
         for name in ("min_interval_s", "gpu_util_window_s", "rank_silence_s", "leak_min_growth_gb",
                      "straggler_min_excess_s", "hang_factor", "hang_min_s", "hang_stacks_wait_s",
-                     "loss_spike_robust_z"):
+                     "loss_spike_robust_z", "throughput_drop_robust_z", "straggler_noise_z"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"diagnosis.{name} must be > 0, got {getattr(self, name)!r}")
         if self.warmup_steps < 0:

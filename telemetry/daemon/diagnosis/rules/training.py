@@ -110,8 +110,11 @@ class LossSpike(Rule):
 
 
 class ThroughputDrop(Rule):
-    """Aggregated tokens/s (or samples/s, steps/s) under (1 - drop_fraction) x the run's median
-    for throughput_drop_consecutive log steps in a row; reported once per episode."""
+    """Aggregated tokens/s (or samples/s, steps/s) under the run's median minus the larger of
+    drop_fraction x the median and throughput_drop_robust_z robust sigmas of the run's own
+    values (1.4826 x their median absolute deviation: a run on a shared machine swings more than
+    one alone on its node, and its swings are not drops), for throughput_drop_consecutive log
+    steps in a row; reported once per episode."""
 
     name = "throughput_drop"
     kinds = frozenset({"metrics"})
@@ -138,7 +141,9 @@ class ThroughputDrop(Rule):
         out = []
         if len(self.history) >= self.cfg.throughput_min_points:
             med = self.history.median()
-            if v < (1.0 - self.cfg.throughput_drop_fraction) * med:
+            # Under the fraction first (a lookup): only then the spread (a pass over the window).
+            if v < (1.0 - self.cfg.throughput_drop_fraction) * med and v < med - self.cfg.throughput_drop_robust_z * (
+                    MAD_TO_SIGMA * statistics.median(abs(x - med) for x in self.history)):
                 self.num_low += 1
                 if self.num_low >= self.cfg.throughput_drop_consecutive and not self.reported:
                     self.reported = True
@@ -156,58 +161,113 @@ class ThroughputDrop(Rule):
         return out
 
 
-# What the other ranks do while one rank is slow in a phase (straggler_view.py explains why).
-_MEANWHILE = {
-    "data_loading": "the other ranks wait for it in the gradient all-reduce inside backward (DDP, ZeRO 0-2) "
-                    "or in the forward's parameter all-gathers (ZeRO-3)",
-    "forward": "the other ranks wait for it in the gradient all-reduce inside backward (DDP, ZeRO 0-2); "
-               "under ZeRO-3 the forward holds the parameter all-gathers, so they wait inside forward",
-    "forward_compute": "the other ranks wait for it in the parameter all-gathers inside their own forward "
-                       "(ZeRO-3), so every rank's forward lasts about the same; its compute does not",
-    "optimizer": "the other ranks wait for it at the next collective: the parameter all-gather ending the "
-                 "optimizer step (ZeRO 1-3) or the next backward's gradient all-reduce (DDP)",
-    "backward": "the other ranks wait for it in the gradient all-reduce at the end of backward",
-    "optimizer_update": "the other ranks wait for it at the next collective: the parameter all-gather ending "
-                        "DeepSpeed's step (ZeRO 1-2), the next forward's parameter gathers (ZeRO-3) or the "
-                        "next backward's gradient all-reduce (DDP, ZeRO 0)",
-}
+# Where the other ranks wait for a slow one, read from the phases measured, not assumed: a phase
+# split into its work and the rest (the trainer times the collective waits apart), the rest as
+# the mean across ranks of the whole minus the work. The slow rank waits about nothing, the
+# others about its excess: the mean is (n-1)/n of it, at least half.
+_WAITS = (("forward", "perf/forward_time", "perf/forward_compute_time",
+           "in their forward before its compute (DDP's buffer broadcast, ZeRO-3's parameter all-gathers)"),
+          ("backward", "perf/backward_time", "perf/backward_compute_time",
+           "at the end of their backward (the gradient all-reduce)"),
+          ("optimizer", "perf/optimizer_time", "perf/optimizer_update_time",
+           "in their optimizer step outside its update (ZeRO's norm all-reduce and parameter all-gather)"))
+# A wait at least this fraction of the slow rank's excess is where the others wait.
+WAIT_MIN_FRACTION = 0.25
+
+
+def others_wait(values: dict, excess_s: float) -> tuple[str | None, float | None, str]:
+    """(phase, mean wait s, a clause for the message) of where the other ranks wait."""
+    best = None
+    for phase, whole, work, how in _WAITS:
+        w, c = finite(values, whole), finite(values, work)
+        if w is not None and c is not None and (best is None or w - c > best[1]):
+            best = (phase, w - c, how)
+    if best is not None and best[1] >= WAIT_MIN_FRACTION * excess_s:
+        phase, wait_s, how = best
+        return phase, wait_s, (f"the other ranks wait for it {how}: {phase} minus its own work averages "
+                               f"{wait_s:.3g} s a rank")
+    return None, None, ("where the other ranks wait for it is not measured here: no phase of theirs that "
+                        "holds the wait is timed apart from its work (the trainer does it for DDP's forward "
+                        "and backward, ZeRO-3's forward and the optimizer's update)")
+
+
 # A part of a phase that the straggler view tells apart, reported as (its phase, the part).
-_PART_OF = {"optimizer_update": ("optimizer", "update"), "forward_compute": ("forward", "compute")}
+_PART_OF = {"optimizer_update": ("optimizer", "update"), "forward_compute": ("forward", "compute"),
+            "backward_compute": ("backward", "compute")}
 
 
 class Straggler(Rule):
     """One rank slow in one phase, from the per-phase straggler view (straggler_view.py): in the
     phase named by perf/straggler_phase_index, the slowest rank's time is >= straggler_ratio x the
-    other ranks' median, at least straggler_min_excess_s and CAUSE_MIN_FRACTION of the step over
-    it, for straggler_consecutive log steps, same rank and phase; reported once per episode.
-    Without phase timings: perf/step_time_max / perf/step_time_min >= straggler_ratio instead."""
+    other ranks' median, and over it by at least straggler_min_excess_s, CAUSE_MIN_FRACTION of the
+    step and half of straggler_noise_z x the run's own step-time noise (below), for
+    straggler_consecutive log steps, same rank and phase (one log step of something else between
+    them, a rank descheduled for a moment, does not end the episode), with the median of the
+    last straggler_consecutive of those steps' excess at least straggler_noise_z x the noise and
+    straggler_noise_z x the excess's own step-to-step noise over them (a steady excess, not a
+    rank swinging); reported once per episode.
+    Without phase timings: perf/step_time_max / perf/step_time_min >= straggler_ratio instead.
+
+    The noise is the robust sigma of the step-to-step changes of the step time over the last
+    NOISE_WINDOW log steps (1.4826 x their median absolute value / sqrt 2): on a shared machine
+    one rank's phase swings by tens of ms for a few steps as other processes take the CPU, and
+    the step time swings with it; a constant slowdown, from whatever step on, changes it once.
+    Measured on a loaded 2-core box beside a CPU-bound process (issue 29): the noise 0.01-0.06 s,
+    bursts of one rank 0.03-0.09 s slower for 5-13 log steps, swinging step to step; an injected
+    0.15 s slowdown, steady, named 7-9 log steps after it began."""
 
     name = "straggler"
     kinds = frozenset({"metrics"})
     aggregated_only = after_warmup = complete_only = True
 
+    NOISE_WINDOW = 100     # log steps of step-time changes the noise is taken over
+    MAX_GAP = 1            # log steps of another pick (or none) an episode survives
+
     def __init__(self, cfg: DiagnosisConfig) -> None:
         super().__init__(cfg)
         self.num_slow = 0
+        self.num_gap = 0                      # log steps since the episode's rank and phase were last slow
         self.slowest: tuple | None = None     # (rank, phase) of the current episode
+        self.excesses: deque[float] = deque(maxlen=64)   # its slow log steps' excess (s)
         self.reported = False
+        self.changes = SortedWindow(self.NOISE_WINDOW)
+        self.last_step_s: float | None = None
 
     def consume(self, record: dict) -> list[Finding]:
         values = record.get("values")
+        step_s = finite(values, "perf/step_time_max")
+        if step_s is not None:
+            if self.last_step_s is not None:
+                self.changes.append(abs(step_s - self.last_step_s))
+            self.last_step_s = step_s
         if finite(values, "perf/straggler_phase_index") is not None:
             return self._by_phase(record, values)
         return self._by_step_time(record, values)
 
-    def _episode(self, who: tuple | None) -> bool:
-        """Count a slow log step for `who`; True when it is time to report."""
-        if who is None:
-            self.num_slow, self.slowest, self.reported = 0, None, False
+    def noise_s(self) -> float:
+        """The run's step-time noise (class docstring), 0.0 before two step times."""
+        return MAD_TO_SIGMA * self.changes.median() / math.sqrt(2) if len(self.changes) else 0.0
+
+    def _episode(self, who: tuple | None, excess_s: float = math.inf, noise_s: float = 0.0) -> bool:
+        """Count a slow log step for `who` (None: not slow); True when it is time to report."""
+        if who is not None and (not self.num_slow or who == self.slowest):
+            self.num_slow, self.num_gap, self.slowest = self.num_slow + 1, 0, who
+        elif self.num_slow and self.num_gap < self.MAX_GAP:
+            self.num_gap += 1
             return False
-        if self.num_slow and who != self.slowest:  # a different rank or phase: new episode
-            self.num_slow, self.reported = 0, False
-        self.slowest = who
-        self.num_slow += 1
-        if self.num_slow < self.cfg.straggler_consecutive or self.reported:
+        else:   # the episode is over; `who` (if any) begins the next one
+            self.num_slow, self.num_gap, self.slowest, self.reported = int(who is not None), 0, who, False
+            self.excesses.clear()
+        if who is None:
+            return False
+        self.excesses.append(excess_s)
+        n = self.cfg.straggler_consecutive
+        if self.num_slow < n or self.reported:
+            return False
+        last = list(self.excesses)[-n:]
+        swing_s = MAD_TO_SIGMA * statistics.median(abs(a - b) for a, b in zip(last, last[1:])) / math.sqrt(2) \
+            if n > 1 else 0.0
+        if statistics.median(last) < self.cfg.straggler_noise_z * max(noise_s, swing_s):
             return False
         self.reported = True
         return True
@@ -224,21 +284,24 @@ class Straggler(Rule):
         if phase is None or rank_f is None or excess is None or median is None:
             return []
         slow_s = median + excess
-        slow = (excess >= self.cfg.straggler_min_excess_s and excess >= CAUSE_MIN_FRACTION * step_s
+        noise_s = self.noise_s()
+        slow = (excess >= max(self.cfg.straggler_min_excess_s, CAUSE_MIN_FRACTION * step_s,
+                              0.5 * self.cfg.straggler_noise_z * noise_s)
                 and slow_s >= self.cfg.straggler_ratio * median)
         rank = int(rank_f)
-        if not self._episode((rank, phase) if slow else None):
+        if not self._episode((rank, phase) if slow else None, excess, noise_s):
             return []
         ratio = slow_s / median if median > 0 else math.inf
         named, part = _PART_OF.get(phase, (phase, None))
         where = f"{named} (its own {part}, perf/{phase}_time)" if part else named
+        wait_phase, wait_s, meanwhile = others_wait(values, excess)
         msg = (f"straggler: rank {rank} is slow in {where}: {slow_s:.3g} s against the other ranks' median "
-               f"{median:.3g} s ({excess:+.3g} s) for {self.num_slow} log steps in a row at step "
-               f"{step_of(record)}; {_MEANWHILE[phase]}")
+               f"{median:.3g} s ({excess:+.3g} s) for {self.num_slow} log steps at step {step_of(record)} "
+               f"(the run's step-time noise: {noise_s:.3g} s); {meanwhile}")
         return [Finding(f"rank{rank}", msg, t_of(record), rank=rank, data={
             "slowest_rank": rank, "phase": named, "part": part, "phase_time_s": slow_s, "others_median_s": median,
             "excess_s": excess, "ratio": ratio, "step_time_s": step_s, "num_log_steps": self.num_slow,
-            "step": step_of(record)})]
+            "others_wait_phase": wait_phase, "others_wait_s": wait_s, "noise_s": noise_s, "step": step_of(record)})]
 
     def _by_step_time(self, record: dict, values: dict) -> list[Finding]:
         t_max = finite(values, "perf/step_time_max")
@@ -253,7 +316,7 @@ class Straggler(Rule):
         who = f"rank {slowest}" if slowest is not None else "one rank"
         msg = (f"straggler: {who} is the slowest for {self.num_slow} log steps in a row, its step taking "
                f"{t_max:.3g} s against {t_min:.3g} s on the fastest rank ({ratio:.2f}x) at step "
-               f"{step_of(record)}; every rank waits for it at the gradient all-reduce (check that node's "
+               f"{step_of(record)}; the others wait for it at their next collective (check that node's "
                f"GPU clocks, its data loader and other processes on it)")
         return [Finding(f"rank{slowest}", msg, t_of(record), rank=slowest, data={
             "slowest_rank": slowest, "step_time_max_s": t_max, "step_time_min_s": t_min, "ratio": ratio,

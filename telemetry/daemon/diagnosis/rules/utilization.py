@@ -50,6 +50,7 @@ class _LowUtilRule(Rule):
         self.wall = wall            # the daemon's clock, the GPU samples' clock
         self.window = GpuUtilWindow(cfg.gpu_util_window_s)
         self.gpu_seen = False       # any GPU sample at all: without one, utilization is unknown
+        self.num_matching = 0       # log steps in a row whose data-loading ratio matches
 
     def consume(self, record: dict) -> list[Finding]:
         if record.get("kind") == "gpu":
@@ -57,7 +58,12 @@ class _LowUtilRule(Rule):
             self.window.add(record)
             return []
         ratio = finite(record.get("values"), "perf/data_loading_ratio")
-        if ratio is None or not self._ratio_matches(ratio):
+        if ratio is None:
+            return []
+        # A run of log steps, not one: a single slow batch (a page fault, another process taking
+        # the CPU for a moment) is noise, not an input pipeline too slow for the run.
+        self.num_matching = self.num_matching + 1 if self._ratio_matches(ratio) else 0
+        if self.num_matching < self.cfg.data_loading_consecutive:
             return []
         t = t_of(record)
         if not self.gpu_seen:
@@ -81,18 +87,21 @@ class _LowUtilRule(Rule):
 
 
 class DataBound(_LowUtilRule):
-    """GPU utilization under gpu_util_low_percent while data loading is >= data_loading_ratio_high;
-    with no GPU samples at all (a CPU run, GPU polling off), the data-loading ratio alone."""
+    """GPU utilization under gpu_util_low_percent while data loading is >= data_loading_ratio_high
+    for data_loading_consecutive log steps in a row; with no GPU samples at all (a CPU run, GPU
+    polling off), the data-loading ratio alone."""
 
     name = "data_bound"
 
     def _without_gpu(self, ratio: float, record: dict) -> list[Finding]:
         step = step_of(record)
-        msg = (f"data-bound at step {step}: data loading takes {ratio:.0%} of the step (no GPU utilization "
-               f"known); the input pipeline is the bottleneck (more DataLoader workers, pin_memory, "
+        msg = (f"data-bound at step {step}: data loading takes {ratio:.0%} of the step, at least "
+               f"{self.cfg.data_loading_ratio_high:.0%} for {self.num_matching} log steps in a row (no GPU "
+               f"utilization known); the input pipeline is the bottleneck (more DataLoader workers, pin_memory, "
                f"prefetching, pre-tokenized data)")
         return [Finding("run", msg, t_of(record), data={
-            "gpu_util_percent": None, "data_loading_ratio": round(ratio, 3), "step": step})]
+            "gpu_util_percent": None, "data_loading_ratio": round(ratio, 3), "step": step,
+            "num_log_steps": self.num_matching})]
 
     def _ratio_matches(self, ratio: float) -> bool:
         return ratio >= self.cfg.data_loading_ratio_high
@@ -105,7 +114,8 @@ class DataBound(_LowUtilRule):
 
 
 class LaunchBound(_LowUtilRule):
-    """GPU utilization under gpu_util_low_percent with data loading < data_loading_ratio_low."""
+    """GPU utilization under gpu_util_low_percent with data loading < data_loading_ratio_low for
+    data_loading_consecutive log steps in a row."""
 
     name = "launch_bound"
 
