@@ -66,11 +66,13 @@ def test_raising_and_hanging_sinks_do_not_stop_jsonl(tmp_path):
         sinks = st["sinks"]
         assert sinks["wandb"]["errors"] >= 1 and "500 Internal" in sinks["wandb"]["last_error"]
         assert sinks["hang"]["dropped"] > 0          # its bounded queue filled; drops are counted
-        t0 = time.monotonic()
-        final = request(d.endpoints["control"], "drain", timeout_s=30)
-        t.join(30)
+        final = request(d.endpoints["control"], "drain", timeout_s=120)   # a hang detector
+        t.join(120)
+        assert not t.is_alive()
         assert final["unfinished_sinks"] == ["hang"]   # abandoned at the deadline, named
-        assert time.monotonic() - t0 < 3.0 + 5.0       # drain_timeout_s + slack: never held up
+        # Never held up: the drain ended while the hung sink was still inside consume() (it
+        # stays there until the test releases it, below).
+        assert hang.entered.is_set() and not hang.release.is_set()
     finally:
         hang.release.set()
         signal.set_wakeup_fd(-1)

@@ -122,18 +122,18 @@ def test_a_sink_held_to_a_share_drops_what_it_cannot_get_to_and_still_closes_pro
     with pytest.raises(ValueError):
         SinkRunner(Busy(0), max_share=0)
     sink = Busy(0.1)
-    r = SinkRunner(sink, max_queued=5, max_share=0.05)     # after a 0.1 s batch it rests ~1.9 s
+    r = SinkRunner(sink, max_queued=5, max_share=0.001)    # after a 0.1 s batch it rests ~100 s
     r.start()
     r.put(batch(5))
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 60
     while not sink.batches and time.monotonic() < deadline:
         time.sleep(0.01)
     for i in range(4):                                        # arrives while it rests: 5 fit, 15 dropped
         r.put(batch(5, start=5 * (i + 1)))
     assert r.num_dropped == 15
-    t0 = time.monotonic()
-    assert r.close(5)
-    assert time.monotonic() - t0 < 1.5                        # the rest is cut short by the stop
+    # The rest is cut short by the stop: close() finishes within a budget (60 s, generous for a
+    # loaded machine) that the ~100 s rest would overrun, not by its clock.
+    assert r.close(60)
     assert sum(sink.batches) == 10 and r.num_written == 10
 
 
