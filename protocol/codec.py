@@ -38,9 +38,14 @@ def new_packer(default: Any = None) -> msgpack.Packer:
 
 
 def encode_metrics(src: int, rank: int, seq: int, dropped: int, t_ns: int, step: int,
-                   values: Mapping[str, Any], packer: msgpack.Packer | None = None) -> bytes:
-    """The hot path: one pack of a prebuilt tuple (the client passes its own packer)."""
-    frame = (KIND_METRICS, PROTOCOL_VERSION, src, rank, seq, dropped, t_ns, step, values)
+                   values: Mapping[str, Any], packer: msgpack.Packer | None = None, parts: int = 1) -> bytes:
+    """The hot path: one pack of a prebuilt tuple (the client passes its own packer). `parts`:
+    how many metrics records this rank sends for `step` in all; 1 is not written (the frame of
+    a client that predates the field)."""
+    if parts == 1:
+        frame = (KIND_METRICS, PROTOCOL_VERSION, src, rank, seq, dropped, t_ns, step, values)
+    else:
+        frame = (KIND_METRICS, PROTOCOL_VERSION, src, rank, seq, dropped, t_ns, step, values, parts)
     return packer.pack(frame) if packer is not None else msgpack.packb(frame, use_bin_type=True)
 
 
@@ -108,9 +113,15 @@ def check_names(keys: tuple) -> tuple:
 
 
 def encode(record: Any) -> bytes:
-    """Encode a decoded record again (tests, forwarding between daemons)."""
+    """Encode a decoded record again (tests, forwarding between daemons): the bytes its client
+    sent (a metrics record's `parts` of 1 is left out, as the client leaves it out)."""
     import msgspec
 
+    from protocol.records import Metrics
+
+    if type(record) is Metrics:
+        r = record
+        return encode_metrics(r.src, r.rank, r.seq, r.dropped, r.t_ns, r.step, r.values, parts=r.parts)
     return msgspec.msgpack.encode(record)
 
 

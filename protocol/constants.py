@@ -18,3 +18,4 @@ MAX_FRAME_BYTES = 1 << 20          # 1 MiB: a hello with a big config fits, a ru
 MAX_NAME_CHARS = 256               # metric and event names
 MAX_VALUES = 4096                  # metrics per record
 MAX_RANK = (1 << 20) - 1           # a global rank beyond this is not a rank of any real run
+MAX_PARTS = 1024                   # a metrics record's `parts`: records one rank sends for one step

@@ -18,7 +18,12 @@ the same for every kind (the header); the rest depend on the kind:
 
     hello    body: [info]          info: map str -> any (run_name, host, pid, local_rank,
                                    world_size, config, model, ...)
-    metrics  body: [step, values]  step: int >= 0; values: map str -> float|int|bool|nil
+    metrics  body: [step, values, parts?]
+                                   step: int >= 0; values: map str -> float|int|bool|nil;
+                                   parts (optional, 1 when absent): how many metrics records
+                                   this rank sends for this step in all, this one included
+                                   (1..MAX_PARTS), so the daemon knows when the rank is done
+                                   with the step (a training record and an eval record: 2)
     event    body: [name, data]    name: str; data: map str -> any
     bye      body: [stats]         stats: map str -> any (the client's final counters)
 
@@ -31,7 +36,8 @@ from typing import Annotated, Any, Literal, Union
 
 import msgspec
 
-from protocol.constants import KIND_BYE, KIND_EVENT, KIND_HELLO, KIND_METRICS, MAX_NAME_CHARS, MAX_RANK, MAX_VALUES
+from protocol.constants import (KIND_BYE, KIND_EVENT, KIND_HELLO, KIND_METRICS, MAX_NAME_CHARS, MAX_PARTS, MAX_RANK,
+                                MAX_VALUES)
 
 
 
@@ -79,6 +85,9 @@ class Hello(_Header, tag=KIND_HELLO, frozen=True):
 class Metrics(_Header, tag=KIND_METRICS, frozen=True):
     step: U63
     values: Values
+    # Appended in a minor version: a frame without it (every older client) is one record per
+    # rank per step, as before; an older daemon ignores it (trailing elements are skipped).
+    parts: Annotated[int, msgspec.Meta(ge=1, le=MAX_PARTS)] = 1
 
 
 class Event(_Header, tag=KIND_EVENT, frozen=True):

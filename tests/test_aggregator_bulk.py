@@ -28,6 +28,8 @@ def _close(agg: Aggregator, steps: list[dict[int, dict]]):
 
 
 class _Rec:
+    parts = 1       # one record per rank per step (the protocol's default)
+
     def __init__(self, rank, step, t_ns, values):
         self.rank, self.step, self.t_ns, self.values = rank, step, t_ns, values
 

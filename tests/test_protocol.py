@@ -87,5 +87,19 @@ def test_bool_and_nil_values_are_accepted():
 
 
 def test_trailing_fields_from_a_later_minor_version_are_ignored():
-    frame = msgspec.msgpack.encode([2, 1, 1, 0, 0, 0, 0, 3, {"a": 1.0}, "future"])
-    assert decode(frame).step == 3
+    # Element 9 is a metrics record's `parts` (added in a minor version); later ones are skipped.
+    frame = msgspec.msgpack.encode([2, 1, 1, 0, 0, 0, 0, 3, {"a": 1.0}, 2, "future"])
+    assert (decode(frame).step, decode(frame).parts) == (3, 2)
+
+
+def test_a_metrics_record_without_parts_is_one_part():
+    """A client from before `parts` (the golden bytes) sends one record per step; the client
+    leaves parts=1 out, so its frames are the old bytes."""
+    assert decode(GOLDEN).parts == 1
+    assert protocol.encode_metrics(7, 3, 42, 0, 1000, 5, {"train/loss": 2.5}) == GOLDEN
+    frame = protocol.encode_metrics(7, 3, 42, 0, 1000, 5, {"train/loss": 2.5}, parts=2)
+    assert frame == GOLDEN[:1].replace(b"\x99", b"\x9a") + GOLDEN[1:] + b"\x02"
+    assert decode(frame).parts == 2 and protocol.encode(decode(frame)) == frame
+    for bad in (0, -1, 1025, "2", 1.5):
+        with pytest.raises(protocol.MalformedRecord):
+            decode(msgspec.msgpack.encode([2, 1, 1, 0, 0, 0, 0, 3, {"a": 1.0}, bad]))

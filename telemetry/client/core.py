@@ -32,6 +32,7 @@ from typing import Any, Mapping
 import zmq
 
 from protocol import codec
+from protocol.constants import MAX_PARTS
 from telemetry.shared import endpoints
 from telemetry.client.deferred import DeferredSender, Job, host_scalar, snapshot
 from telemetry.client.spans import Span, SpanRecorder
@@ -225,12 +226,19 @@ class TelemetryClient(metaclass=abc.ABCMeta):   # ABCMeta: DisabledClient regist
         return sock
 
     # -- the hot path --------------------------------------------------------------------------
-    def log(self, step: int, values: Mapping[str, Any]) -> None:
+    def log(self, step: int, values: Mapping[str, Any], parts: int = 1) -> None:
         """Send metrics for `step`: floats, ints, 0-dim tensors on any device. Never blocks.
 
         Tensors are read on the sender thread after their device has produced them; the values
         sent are those at the time of this call, even if the tensors change afterwards.
+
+        `parts`: how many log() calls this rank makes for `step` in all, this one included (each
+        says the same number), e.g. 2 for a training step's metrics and its eval results. The
+        daemon waits for every part of every rank and writes the step once, each value reduced
+        across the ranks; with the default 1, a second call for a step can be written apart.
         """
+        if parts != 1 and not self._parts_ok(step, parts):
+            return
         if self._forked:
             self._reopen_after_fork()
         spans = None
@@ -243,9 +251,9 @@ class TelemetryClient(metaclass=abc.ABCMeta):   # ABCMeta: DisabledClient regist
         if spans is None:
             try:
                 frame = codec.encode_metrics(self._src, self.rank, seq, self._num_dropped + self._num_dropped_bg,
-                                             time.time_ns(), step, values, self._encoder)
+                                             time.time_ns(), step, values, self._encoder, parts)
             except _NeedsDeferral:
-                self._log_deferred(seq, step, values, None)
+                self._log_deferred(seq, step, values, None, parts)
                 return
             except (TypeError, ValueError, OverflowError) as exc:  # a value that is no number
                 self._num_dropped += 1
@@ -257,9 +265,20 @@ class TelemetryClient(metaclass=abc.ABCMeta):   # ABCMeta: DisabledClient regist
             except _ZMQError:  # Again: queue full or no daemon; anything else: closed
                 self._num_dropped += 1
         else:
-            self._log_deferred(seq, step, values, spans)
+            self._log_deferred(seq, step, values, spans, parts)
 
-    def _log_deferred(self, seq: int, step: int, values: Mapping[str, Any], spans: Any) -> None:
+    def _parts_ok(self, step: int, parts: Any) -> bool:
+        """A `parts` the protocol takes (an int in 1..MAX_PARTS); otherwise the record is dropped
+        (counted, one warning): the daemon would refuse it."""
+        if type(parts) is int and 1 <= parts <= MAX_PARTS:
+            return True
+        self._seq += 1
+        self._num_dropped += 1
+        self._warn_once("parts", f"telemetry: dropped a record of step {step}: parts={parts!r} is not an int "
+                                 f"in 1..{MAX_PARTS}")
+        return False
+
+    def _log_deferred(self, seq: int, step: int, values: Mapping[str, Any], spans: Any, parts: int = 1) -> None:
         t_ns = time.time_ns()
         if self._closed:
             self._num_dropped += 1
@@ -283,14 +302,14 @@ class TelemetryClient(metaclass=abc.ABCMeta):   # ABCMeta: DisabledClient regist
         if num_skipped:
             self._num_skipped_values += num_skipped
             self._warn_once("skipped", "telemetry: skipped tensor values with more than one element")
-        if not self._deferred.submit(Job(seq, t_ns, step, plain, groups, spans)):
+        if not self._deferred.submit(Job(seq, t_ns, step, plain, groups, spans, parts)):
             self._num_dropped += 1
 
     def _encode_job(self, job: Job, values: dict[str, Any]) -> bytes:
         # Sender thread: its own encoder (tensors are numbers by now; numpy scalars still go
         # through the hook), and the drop count as of sending.
         return codec.encode_metrics(self._src, self.rank, job.seq, self._num_dropped + self._num_dropped_bg,
-                                    job.t_ns, job.step, values, self._bg_encoder)
+                                    job.t_ns, job.step, values, self._bg_encoder, job.parts)
 
     def _count_sent_bg(self) -> None:
         self._num_sent_bg += 1
@@ -475,7 +494,7 @@ class DisabledClient:
         self.world_size = _env_int(_WORLD_SIZE_ENV, 1)
         self.host = os.uname().nodename
 
-    def log(self, step: int, values: Mapping[str, Any]) -> None:
+    def log(self, step: int, values: Mapping[str, Any], parts: int = 1) -> None:
         pass
 
     def span(self, name: str, cuda: bool | None = None) -> Any:

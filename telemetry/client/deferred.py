@@ -64,10 +64,11 @@ class TensorGroup:
 
 class Job:
     """One record waiting for the sender thread; `spans` is a telemetry.client.spans.PendingSpans."""
-    __slots__ = ("seq", "t_ns", "step", "plain", "groups", "spans")
+    __slots__ = ("seq", "t_ns", "step", "plain", "groups", "spans", "parts")
 
     def __init__(self, seq: int, t_ns: int, step: int, plain: dict[str, Any], groups: list[TensorGroup],
-                 spans: Any = None) -> None:
+                 spans: Any = None, parts: int = 1) -> None:
+        self.parts = parts      # TelemetryClient.log's: records this rank sends for the step
         self.seq = seq
         self.t_ns = t_ns
         self.step = step

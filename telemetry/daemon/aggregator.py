@@ -11,8 +11,12 @@ longer waited for (so one dead rank does not delay every later step by the timeo
 waited for again as soon as it reports. A record that arrives for a step already emitted
 without its rank (a straggler past the timeout) is "late": it is not folded into a second
 record for that step but handed back to be written as the rank's own record, so nothing
-accepted is lost. A rank that reports a step it already contributed to (a second log call for
-the step, e.g. eval metrics, or a restarted run going over old steps) opens the step again.
+accepted is lost. A rank that sends several records for a step says so in each (`parts`, e.g. 2
+for a training step's metrics and its eval results): the rank counts as reported once all of
+them are in, whatever the order of its and the other ranks' records, so the step is written
+once with every part of every rank. A rank that reports a step it already contributed to (a
+record without `parts` after its first, or a restarted run going over old steps) opens the
+step again.
 
 Cost: the daemon works in batches. `add_many` appends each record to its open step (a dict
 lookup and two appends per record); `finish_batch` turns the steps a batch closed into one
@@ -45,15 +49,30 @@ CLOSED_STEPS_KEPT = 4096
 
 
 class StepAccumulator:
-    """An open step: its records in order of arrival and the ranks they came from."""
+    """An open step: its records in order of arrival and the ranks that are done with it (every
+    part they announced is in); `partial`: rank -> parts in so far, of a rank that sends several
+    records for the step (`parts` > 1) and has not sent them all yet (None until one does)."""
 
-    __slots__ = ("step", "opened_mono", "records", "ranks")
+    __slots__ = ("step", "opened_mono", "records", "ranks", "partial")
 
     def __init__(self, step: int, now: float) -> None:
         self.step = step
         self.opened_mono = now
         self.records: list = []
         self.ranks: set[int] = set()
+        self.partial: dict[int, int] | None = None
+
+    def more_to_come(self, rank: int, parts: int) -> bool:
+        """Count one of `rank`'s `parts` records for this step (in any order: only their number
+        counts); True while some of them have not arrived yet."""
+        partial = self.partial
+        if partial is None:
+            partial = self.partial = {}
+        n = partial.pop(rank, 0) + 1
+        if n < parts:
+            partial[rank] = n
+            return True
+        return False
 
 
 class _Row(NamedTuple):
@@ -61,6 +80,7 @@ class _Row(NamedTuple):
     step: int
     t_ns: int
     values: dict
+    parts: int = 1
 
 
 class Aggregator:
@@ -132,20 +152,24 @@ class Aggregator:
         self._num_expected = self._recount()
 
     # -- the per-record path -------------------------------------------------------------------
-    def add(self, rank: int, step: int, t_ns: int, values: dict) -> list[StepAccumulator] | None:
+    def add(self, rank: int, step: int, t_ns: int, values: dict, parts: int = 1) -> list[StepAccumulator] | None:
         """Add one rank's metrics; return the steps this completes (oldest first), or None if
         the record is late (its step went out without this rank): the caller writes it as the
         rank's own record."""
-        done, late = self.add_many([_Row(rank, step, t_ns, values)])
+        done, late = self.add_many([_Row(rank, step, t_ns, values, parts)])
         return None if late else done
 
     def add_many(self, recs: list) -> tuple[list[StepAccumulator], list]:
-        """Add metrics records (anything with .rank, .step, .t_ns, .values) in order of arrival.
-        Returns the steps they complete, oldest first, and the records that came late (their
-        step went out without their rank): the caller writes those as the rank's own records.
+        """Add metrics records (anything with .rank, .step, .t_ns, .values, .parts) in order of
+        arrival. Returns the steps they complete, oldest first, and the records that came late
+        (their step went out without their rank): the caller writes those as the rank's own records.
+
+        A rank is done with a step when all its `parts` records for it are in (1: its one record;
+        a training record and an eval record: 2, in whatever order they and the other ranks'
+        arrive); the step is complete when every expected rank is done with it.
 
         The daemon's hot path: per record a dict lookup, two appends and the completeness test;
-        opening a step and a rank not seen before take the slower paths.
+        opening a step, a rank not seen before and a record of several parts take the slower paths.
         """
         pending = self.pending
         steady, expected, num_expected = self._steady, self._expected, self._num_expected
@@ -161,6 +185,8 @@ class Aggregator:
                     late.append(rec)
                     continue
             acc.records.append(rec)
+            if rec.parts != 1 and acc.more_to_come(rank, rec.parts):
+                continue                    # the rank is not done with the step yet
             ranks = acc.ranks
             ranks.add(rank)
             if rank not in steady:          # one set lookup per record in the steady state
