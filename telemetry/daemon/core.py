@@ -73,6 +73,11 @@ BYE_WAIT_S = 5.0
 # socket that sends nothing) holds a connection slot and a descriptor this long at most
 # (libzmq's default is 30 s). A real client's handshake takes milliseconds, CURVE's too.
 HANDSHAKE_IVL_MS = 5000
+# Connections the kernel holds completed for the daemon to accept (libzmq's default is 100; the
+# kernel caps it at net.core.somaxconn): a burst of connects (ranks starting together, or a flood
+# of raw ones) beyond it has its SYNs dropped and retried after 1, 3, 7 s, which a rank's close
+# (1.5 s) may not outlast.
+INGEST_BACKLOG = 1024
 # How long a sink abandoned at the deadline may take to finish the batch in its hands.
 ABANDON_GRACE_S = 0.5
 # Allocations between young-generation collections (CPython's default is 700); see _tune_gc.
@@ -174,6 +179,7 @@ class Daemon:
         self.pull.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES)
         self.pull.setsockopt(zmq.LINGER, 0)
         self.pull.setsockopt(zmq.HANDSHAKE_IVL, HANDSHAKE_IVL_MS)
+        self.pull.setsockopt(zmq.BACKLOG, INGEST_BACKLOG)
         self.control = self.ctx.socket(zmq.ROUTER)
         self.control.setsockopt(zmq.LINGER, 0)
         self.control.setsockopt(zmq.MAXMSGSIZE, 1 << 16)
