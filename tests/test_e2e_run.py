@@ -50,11 +50,11 @@ def test_trainer_without_any_daemon_trains(tmp_path):
     assert any((tmp_path / "run" / "checkpoints").iterdir()), "the run should leave a checkpoint"
 
 
-@pytest.mark.timeout(900)     # hang detectors below, generous for a loaded machine (~3 s a step there)
+@pytest.mark.timeout(1200)    # hang detectors below, generous for a loaded machine (5 s a step and more there)
 def test_killing_the_daemon_does_not_stop_the_trainer(tmp_path):
     from daemon_util import start_daemon
 
-    steps = 40
+    steps = 20
     d = start_daemon(tmp_path)
     p = None
     try:
@@ -64,11 +64,11 @@ def test_killing_the_daemon_does_not_stop_the_trainer(tmp_path):
         d.kill()
         seen = sorted({r["step"] for r in d.read_jsonl("metrics")})
         try:
-            out, _ = p.communicate(timeout=600)
+            out, _ = p.communicate(timeout=900)
         except subprocess.TimeoutExpired:
             p.kill()
             out, _ = p.communicate()
-            raise AssertionError(f"the trainer did not exit within 600 s of the daemon's death; its output: "
+            raise AssertionError(f"the trainer did not exit within 900 s of the daemon's death; its output: "
                                  f"{out[-3000:]}") from None
         assert p.returncode == 0, out[-3000:]
         assert f"done: {steps} steps" in out
