@@ -160,7 +160,7 @@ def launch(log_dir: Path, eps: Endpoints, *, config: dict | None = None, extra: 
     proc = subprocess.Popen(cmd, cwd=ROOT, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, preexec_fn=limits if fsize_limit or nofile_soft else None)
     d = DaemonProc(proc, log_dir, None)
-    d.wait_ready(60)
+    d.wait_ready(180)   # a hang detector: a daemon's start-up (imports) on a loaded machine
     return d
 
 
@@ -386,7 +386,7 @@ def disk_full(work: Path, limit_bytes: int = 256 * 1024, n: int = 4000, rate: fl
     time.sleep(0.3)
     procs = start_ranks(eps.ingest, [0], n, rate, work / "ranks")
     ranks = wait_ranks(procs, work / "ranks")
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + 120   # a hang detector: the test asserts all n arrived
     while len(got) < n and time.monotonic() < deadline:
         time.sleep(0.1)
     status = d.status()

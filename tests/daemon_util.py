@@ -29,7 +29,7 @@ def start_daemon(tmp_path: Path, *, transport: str = "ipc", wandb: str = "disabl
                  world_size: int | None = None, per_rank: bool = False, config: dict[str, Any] | None = None,
                  extra_args: tuple[str, ...] = (), env: dict[str, str] | None = None,
                  log_dir: Path | None = None, run_name: str | None = None,
-                 ready_timeout_s: float = 60.0) -> DaemonProc:
+                 ready_timeout_s: float = 180.0) -> DaemonProc:
     """Start `python -m telemetry daemon` and wait for its ready line.
 
     config: a dict written as the daemon's YAML config (flags still override it).
