@@ -16,7 +16,7 @@ def read_history(wandb_file: Path) -> list[dict]:
     """History rows of an offline run's .wandb file, once W&B has written all of it."""
     from telemetry.consumers.wandb_offline import is_finished, records
 
-    deadline = time.monotonic() + 30   # W&B's service writes the last records after finish() returns
+    deadline = time.monotonic() + 120   # W&B's service writes the last records after finish() returns
     while not is_finished(wandb_file.parent) and time.monotonic() < deadline:
         time.sleep(0.2)
     rows = []

@@ -48,7 +48,7 @@ class Tail:
 
 def _send_until(client: TelemetryClient, tail: Tail, pred, values_of) -> None:
     """Log steps until the tail shows what `pred` wants (it joins the PUB socket a little late)."""
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + 120
     step = 0
     while time.monotonic() < deadline:
         step += 1

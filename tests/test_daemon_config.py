@@ -47,7 +47,7 @@ def test_bad_config_is_a_clear_error(tmp_path, yaml_text, word):
 
 def test_daemon_refuses_a_bad_config_with_exit_2(tmp_path):
     with pytest.raises(RuntimeError, match="bad config"):
-        start_daemon(tmp_path, config={"aggregator": {"step_timeout_s": -1}}, ready_timeout_s=30)
+        start_daemon(tmp_path, config={"aggregator": {"step_timeout_s": -1}}, ready_timeout_s=180)
 
 
 def test_daemon_uses_the_config_file(tmp_path):

@@ -80,7 +80,7 @@ def test_hostile_input_is_counted_and_valid_traffic_survives(make_daemon):
             tm.log(step, {"train/loss": 1.0 + step})
         tm.close()
         # Every refused frame is counted, exactly; none of them became a record.
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 120
         while d.status()["records_malformed"] < num_bad and time.monotonic() < deadline:
             time.sleep(0.1)
         time.sleep(0.3)
@@ -94,7 +94,7 @@ def test_hostile_input_is_counted_and_valid_traffic_survives(make_daemon):
             time.sleep(0.2)
         _raw_tcp_garbage(port, [b"GET / HTTP/1.1\r\nHost: x\r\n\r\n" * 4, random.Random(1).randbytes(4096),
                                 b"\xff\xff\xff\xff" * 100] * 5)
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 120
         while True:
             st = d.status()
             conns = st["security"]["connections"]["ingest"]

@@ -91,7 +91,7 @@ def _settle(d, expected: int, timeout_s: float = 30.0) -> dict:
     deadline = time.monotonic() + timeout_s
     while True:
         assert d.proc.poll() is None, f"daemon died:\n{d.output()[-3000:]}"
-        s = d.status(timeout_s=10.0)
+        s = d.status(timeout_s=60.0)
         if s["records_in"] + s["records_malformed"] >= expected or time.monotonic() > deadline:
             return s
         time.sleep(0.02)

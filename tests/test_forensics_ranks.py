@@ -82,7 +82,7 @@ def test_a_rank_killed_with_sigkill_produces_rank_exited(make_daemon):
         d.wait_for(lambda rs: sum(r["kind"] == "metrics" for r in rs) >= 5, timeout_s=60)
         os.kill(procs[1].pid, signal.SIGKILL)      # not reaped yet: its exit status can be read
         recs = d.wait_for(lambda rs: any(e["data"]["exited_rank"] == 1 for e in events(rs, "diagnosis/rank_exited")),
-                          timeout_s=30)
+                          timeout_s=120)
     finally:
         kill_all(procs)
     (ev,) = [e for e in events(recs, "diagnosis/rank_exited") if e["data"]["exited_rank"] == 1]

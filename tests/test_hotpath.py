@@ -64,7 +64,7 @@ def test_a_daemon_whose_c_loops_are_missing_warns_and_runs_the_python_ones(make_
     path = os.pathsep.join(filter(None, [str(shim), os.environ.get("PYTHONPATH")]))
     d = make_daemon(env={"PYTHONPATH": path})
     assert d.status()["inner_loops"] == "python"
-    assert _says(d, NOT_BUILT, timeout_s=10)
+    assert _says(d, NOT_BUILT, timeout_s=120)
 
 
 def test_a_daemon_told_to_run_pure_python_does_without_a_warning(make_daemon):
