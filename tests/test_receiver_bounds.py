@@ -68,4 +68,7 @@ def test_fake_source_ids_are_bounded():
     assert len(r.sources) == MAX_SOURCES
     assert t["records_in"] == n and t["records_untracked"] == n - MAX_SOURCES
     assert used < 64 * 2**20, used          # 211 MB before the bound
-    assert took < 1.0, took                  # generous: a loaded 2-core box
+    # What totals() and per_rank() walk is the bounded table (MAX_SOURCES, above), not the 500,000
+    # records: ~0.1 s idle, 0.5 s beside two CPU hogs; 30 s is a hang detector (a walk of
+    # anything quadratic), not a speed.
+    assert took < 30.0, took
