@@ -419,3 +419,32 @@ def test_a_drain_waits_for_the_clients_still_sending_not_for_those_long_gone():
     r2.accept(metrics(1, 5))
     r2.note_hello(1)
     assert r2.open_live() == {1}
+
+
+def test_the_reported_case_1024_idle_connections_then_a_rank(make_daemon):
+    """As reported: 1,024 raw TCP connections that never send a greeting (the default limit),
+    then a rank logging 2,000 steps: all its 2,002 records and its bye arrive."""
+    import resource
+    import socket
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < 4096:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 4096), hard))
+    d = make_daemon(transport="tcp", world_size=1)
+    host, port = d.ingest[len("tcp://"):].rsplit(":", 1)
+    limit = d.status()["limits"]["max_connections"]
+    idle = []
+    try:
+        for _ in range(limit):
+            idle.append(socket.create_connection((host, int(port)), timeout=60))
+        _wait(lambda: d.status()["security"]["connections"]["ingest"]["open"] >= limit, "every idle connection")
+        tm = TelemetryClient(d.ingest, rank=0)
+        _steps(tm, 0, 2000)
+        tm.close()
+        _wait(lambda: d.status()["per_rank"].get("0", {}).get("open") == 0, "the rank's bye", timeout_s=60)
+        pr = d.status()["per_rank"]["0"]
+        assert pr["received"] == tm.stats()["sent"] == 2002 and pr["lost"] == 0, pr
+        assert d.status()["security"]["connections"]["ingest"]["idle_closed"] >= 1
+    finally:
+        for s in idle:
+            s.close()
