@@ -186,6 +186,8 @@ class JsonlSink(Sink):
         self.num_lines += len(batch)
         self.num_bytes += len(data)
         self._lines_since_check += len(batch)
+        if self._unwritten_daemon_line and any(o.kind == "daemon" for o in batch):
+            self._unwritten_daemon_line = b""      # a newer one made it: the kept one is stale
         if self.rotate_bytes and self._offset >= max(self.rotate_bytes, self._retry_rotation_at):
             self._rotate()
 
