@@ -309,8 +309,9 @@ def sigterm_drain(work: Path, num_ranks: int = 2, n: int = 100_000, drain_timeou
     exit_s = time.monotonic() - t0
     d._pump.join(2)
     # The daemon's last daemon record carries its final counters; drain.json, how the drain ended.
-    last = d.read_jsonl("daemon")[-1]["values"]
     drain = json.loads((log_dir / "drain.json").read_text())
+    daemon_recs = d.read_jsonl("daemon")    # none when the drain ran out of time before writing it
+    last = daemon_recs[-1]["values"] if daemon_recs else {"telemetry/records_in": drain["records_in"]}
     written = per_rank_steps(d)
     accepted = last["telemetry/records_in"]
     out = {"scenario": "sigterm_drain", "ranks": num_ranks, "records_per_rank": n, "queued_at_signal": queued,
