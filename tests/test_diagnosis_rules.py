@@ -265,7 +265,7 @@ def tps(step, v):
 
 
 def test_throughput_drop_fires_once_after_consecutive_low_steps():
-    d = only("throughput_drop", throughput_drop_consecutive=3)
+    d = only("throughput_drop", throughput_drop_consecutive=3, throughput_min_points=10)
     recs = [tps(s, 1e5 + (s % 3) * 1e3) for s in range(10, 40)] + [tps(s, 5e4) for s in range(40, 46)]
     ev = feed(d, recs)
     assert names(ev) == ["diagnosis/throughput_drop"]

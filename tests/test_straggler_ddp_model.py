@@ -45,7 +45,7 @@ def aggregated(recs: list[dict]) -> list[dict]:
 def test_a_slow_rank_on_ddp_is_named_with_its_phase(make_daemon, tmp_path, phase, event_phase, part, wait):
     d = make_daemon(world_size=2, config={"diagnosis": {"warmup_steps": 5}, "pollers": {"nvml_enabled": False}})
     steps = SLOW_FROM + 20
-    train(d, tmp_path, "ddp", steps, "debug.slow_rank=1", f"debug.slow_phase={phase}", "debug.slow_s=0.15",
+    train(d, tmp_path, "ddp", steps, "debug.slow_rank=1", f"debug.slow_phase={phase}", "debug.slow_s=0.2",
           f"debug.slow_from_step={SLOW_FROM}")
     recs = d.wait_for(lambda rs: len(aggregated(rs)) >= steps)
     ev = [r for r in recs if r.get("name") == "diagnosis/straggler"]

@@ -53,7 +53,8 @@ class DiagnosisConfig:
         throughput_drop_robust_z: ... and more than this many robust sigmas of the run's own
             values (1.4826 x their median absolute deviation) under it ...
         throughput_drop_consecutive: ... for this many consecutive log steps.
-        throughput_min_points: need this many log steps of history first.
+        throughput_min_points: need this many log steps of history first (the run's own
+            spread is not known from a few: a shared machine's load changes over minutes).
         straggler_ratio: slowest / fastest rank step time at or above this is a straggler ...
         straggler_consecutive: ... for this many consecutive log steps, same slowest rank.
             With per-phase timings (perf/forward_time, ...) the ratio is of the slowest rank's
@@ -98,11 +99,11 @@ class DiagnosisConfig:
     throughput_drop_fraction: float = 0.3
     throughput_drop_robust_z: float = 3.0
     throughput_drop_consecutive: int = 5
-    throughput_min_points: int = 10
+    throughput_min_points: int = 50
     straggler_ratio: float = 1.2
     straggler_consecutive: int = 8
     straggler_min_excess_s: float = 0.01
-    straggler_noise_z: float = 3.0
+    straggler_noise_z: float = 4.0
     throttle_consecutive: int = 5
     throttle_include_power_cap: bool = True
     host_memory_percent_high: float = 90.0

@@ -171,6 +171,7 @@ _WAITS = (("forward", "perf/forward_time", "perf/forward_compute_time",
            "at the end of their backward (the gradient all-reduce)"),
           ("optimizer", "perf/optimizer_time", "perf/optimizer_update_time",
            "in their optimizer step outside its update (ZeRO's norm all-reduce and parameter all-gather)"))
+_WAITS_BY_PHASE = {phase: work for phase, _, work, _ in _WAITS}
 # A wait at least this fraction of the slow rank's excess is where the others wait.
 WAIT_MIN_FRACTION = 0.25
 
@@ -201,8 +202,8 @@ class Straggler(Rule):
     phase named by perf/straggler_phase_index, the slowest rank's time is >= straggler_ratio x the
     other ranks' median, and over it by at least straggler_min_excess_s, CAUSE_MIN_FRACTION of the
     step and half of straggler_noise_z x the run's own step-time noise (below), for
-    straggler_consecutive log steps, same rank and phase (one log step of something else between
-    them, a rank descheduled for a moment, does not end the episode), with the median of the
+    straggler_consecutive log steps, same rank and phase (up to MAX_GAP log steps of something else
+    between them, a rank descheduled for a moment, do not end the episode), with the median of the
     last straggler_consecutive of those steps' excess at least straggler_noise_z x the noise and
     straggler_noise_z x the excess's own step-to-step noise over them (a steady excess, not a
     rank swinging); reported once per episode.
@@ -213,15 +214,15 @@ class Straggler(Rule):
     one rank's phase swings by tens of ms for a few steps as other processes take the CPU, and
     the step time swings with it; a constant slowdown, from whatever step on, changes it once.
     Measured on a loaded 2-core box beside a CPU-bound process (issue 29): the noise 0.01-0.06 s,
-    bursts of one rank 0.03-0.09 s slower for 5-13 log steps, swinging step to step; an injected
-    0.15 s slowdown, steady, named 7-9 log steps after it began."""
+    bursts of one rank 0.03-0.09 s slower for 5-13 log steps, swinging step to step or steady; an
+    injected 0.2 s slowdown, steady, named 7-9 log steps after it began."""
 
     name = "straggler"
     kinds = frozenset({"metrics"})
     aggregated_only = after_warmup = complete_only = True
 
     NOISE_WINDOW = 100     # log steps of step-time changes the noise is taken over
-    MAX_GAP = 1            # log steps of another pick (or none) an episode survives
+    MAX_GAP = 2            # log steps in a row of another pick (or none) an episode survives
 
     def __init__(self, cfg: DiagnosisConfig) -> None:
         super().__init__(cfg)
@@ -285,7 +286,11 @@ class Straggler(Rule):
             return []
         slow_s = median + excess
         noise_s = self.noise_s()
-        slow = (excess >= max(self.cfg.straggler_min_excess_s, CAUSE_MIN_FRACTION * step_s,
+        # A phase that holds a collective, with its own work timed apart: an excess outside the
+        # work is a wait. That rank waits for another; it does not hold the others up.
+        work = _WAITS_BY_PHASE.get(phase)
+        slow = (not (work and finite(values, work) is not None)
+                and excess >= max(self.cfg.straggler_min_excess_s, CAUSE_MIN_FRACTION * step_s,
                               0.5 * self.cfg.straggler_noise_z * noise_s)
                 and slow_s >= self.cfg.straggler_ratio * median)
         rank = int(rank_f)
