@@ -39,7 +39,10 @@ def events(recs: list[dict], name: str) -> list[dict]:
 @pytest.mark.timeout(600)     # hang detectors below, generous for a loaded machine
 def test_a_rank_hung_before_the_all_reduce_gets_one_bundle_naming_it(make_daemon):
     # py-spy (a dev extra) on: native frames where ptrace is permitted, else the reason.
-    d = make_daemon(world_size=3, config={"diagnosis": {**HANG, "hang_py_spy": True}, "pollers": {"nvml_enabled": False}})
+    # The stage waits for the ranks' dumps until all are in or hang_stacks_wait_s: 60 s, for the
+    # scheduler of a loaded machine to run their signal handlers (3 s could name no rank there).
+    d = make_daemon(world_size=3, config={"diagnosis": {**HANG, "hang_py_spy": True, "hang_stacks_wait_s": 60.0},
+                                          "pollers": {"nvml_enabled": False}})
     procs = start_ranks(d.ingest, 3, 10_000, "--hang-rank", "1", "--hang-step", "8")
     try:
         # Found after hang_after_s (10 x the median step, at least hang_min_s): later on a loaded
