@@ -4,7 +4,6 @@ line, exit 2). Real dashboard processes, real HTTP; "another local user" is uid 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import urllib.error
@@ -14,8 +13,7 @@ from pathlib import Path
 import pytest
 
 from dashboard_util import ROOT, Dashboard
-
-OTHER_UID = 65534
+from other_user import can_act_as_other_user, http_status_as_other_user
 
 
 def _run_dir(tmp_path: Path) -> Path:
@@ -67,15 +65,8 @@ def test_api_needs_the_token_printed_once_in_the_address(tmp_path):
             "Cookie": pair}), timeout=60).read())
         assert data["runs"][0]["config"]["config"]["optim"]["lr"] == 1e-3
         assert dash.get_json("api/data")["runs"][0]["latest"]["train/loss"] == 2.5    # Authorization: Bearer
-        if os.geteuid() == 0 and os.path.exists("/usr/bin/python3"):
-            # Another local user on loopback, without the token.
-            code = ("import urllib.request, urllib.error\n"
-                    f"try: urllib.request.urlopen({dash.url + 'api/data'!r}, timeout=30)\n"
-                    "except urllib.error.HTTPError as e: print(e.code)\n"
-                    "else: print(200)\n")
-            out = subprocess.run(["/usr/bin/python3", "-I", "-c", code], user=OTHER_UID, group=OTHER_UID, cwd="/",
-                                 capture_output=True, text=True, timeout=60)
-            assert out.stdout.strip() == "403", out.stdout + out.stderr
+        if can_act_as_other_user():     # another local user on loopback, without the token
+            assert http_status_as_other_user(dash.url + "api/data") == "403"
     finally:
         assert dash.stop() == 0
 

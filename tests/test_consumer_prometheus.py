@@ -19,6 +19,7 @@ from pathlib import Path
 from telemetry.client import TelemetryClient
 import pytest
 
+from other_user import can_act_as_other_user, http_status_as_other_user
 from telemetry.consumers.prometheus import Collector, LatestValues, metric_name
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -366,7 +367,6 @@ def _get(url: str, token: str | None = None, host: str | None = None) -> int:
         return exc.code
 
 
-OTHER_UID = 65534
 
 
 def test_a_token_file_guards_metrics_from_other_local_users(daemon, tmp_path):
@@ -377,15 +377,8 @@ def test_a_token_file_guards_metrics_from_other_local_users(daemon, tmp_path):
         assert _get(url, "s3cret-token-for-the-test") == 200
         assert _get(url, "s3cret-token-for-the-test", host="evil.example:80") == 403   # DNS rebinding
         assert _get(url.replace("/metrics", "/other"), "s3cret-token-for-the-test") == 404
-        if os.geteuid() == 0 and os.path.exists("/usr/bin/python3"):
-            # Another local user, on loopback, without the token (the file is ours alone).
-            code = ("import urllib.request, urllib.error, sys\n"
-                    f"try: urllib.request.urlopen({url!r}, timeout=30)\n"
-                    "except urllib.error.HTTPError as e: print(e.code)\n"
-                    "else: print(200)\n")
-            out = subprocess.run(["/usr/bin/python3", "-I", "-c", code], user=OTHER_UID, group=OTHER_UID, cwd="/",
-                                 capture_output=True, text=True, timeout=60)
-            assert out.stdout.strip() == "401", out.stdout + out.stderr
+        if can_act_as_other_user():     # another local user, on loopback, without the token
+            assert http_status_as_other_user(url) == "401"
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 0

@@ -29,7 +29,7 @@ from protocol import encode_hello
 from telemetry.shared.stacks_file import proc_start_time
 from test_forensics_ranks import events
 
-OTHER_UID = 65534
+from other_user import OTHER_UID
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="acting as another user needs root")
 # A hang is declared 2 s after the last step (the floor: the steps come every 50 ms).
 HANG = {"hang_min_s": 2.0, "hang_factor": 10.0, "hang_stacks_wait_s": 3.0, "hang_py_spy": False,

@@ -23,7 +23,7 @@ import zmq
 from daemon_util import ROOT, daemon_command, start_daemon
 from telemetry.client import TelemetryClient
 
-OTHER_UID = 65534
+from other_user import OTHER_UID
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="chown to another user needs root")
 
 

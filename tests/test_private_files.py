@@ -19,7 +19,7 @@ import pytest
 from daemon_util import ROOT, start_daemon
 from telemetry.client import TelemetryClient
 
-OTHER_UID = 65534
+from other_user import OTHER_UID
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="reading as another user needs root")
 OPEN_WARNING = "open to every local user"
 

@@ -1,0 +1,25 @@
+"""'Another local user' for the trust tests: uid/gid 65534 (nobody). Acting as it needs root, as
+in CI; the tests that do skip or leave that part out otherwise."""
+from __future__ import annotations
+
+import os
+import subprocess
+
+OTHER_UID = 65534
+SYSTEM_PYTHON = "/usr/bin/python3"    # ours lives under /root or a venv the other user may not read
+
+
+def can_act_as_other_user() -> bool:
+    return os.geteuid() == 0 and os.path.exists(SYSTEM_PYTHON)
+
+
+def http_status_as_other_user(url: str) -> str:
+    """GET `url` as the other user, without any credential; the HTTP status it got, as text
+    ("200", "401", "403"), or what it printed instead."""
+    code = ("import urllib.request, urllib.error\n"
+            f"try: urllib.request.urlopen({url!r}, timeout=30)\n"
+            "except urllib.error.HTTPError as e: print(e.code)\n"
+            "else: print(200)\n")
+    out = subprocess.run([SYSTEM_PYTHON, "-I", "-c", code], user=OTHER_UID, group=OTHER_UID, cwd="/",
+                         capture_output=True, text=True, timeout=60)
+    return out.stdout.strip() or out.stderr.strip()
