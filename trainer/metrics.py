@@ -134,6 +134,21 @@ def time_update(optimizer: torch.optim.Optimizer, timer: PhaseTimer, on_begin) -
     return optimizer.register_step_pre_hook(begins), optimizer.register_step_post_hook(ends)
 
 
+def _forward_wait_hooks(timer: PhaseTimer, phase: str) -> tuple:
+    """Two forward pre-hooks that bracket a wait inside a training forward as `phase`: `before`
+    (registered to run ahead of the waiting hook or module) starts it, `after` stops it. Only in a
+    training forward (not eval, not a checkpointed recompute in backward)."""
+    def before(mod, _args) -> None:  # a forward pre-hook: what it returns would replace the inputs
+        if mod.training and timer.is_open("forward"):
+            timer.start(phase)
+
+    def after(mod, _args) -> None:
+        if timer.is_open(phase):
+            timer.stop(phase)
+
+    return before, after
+
+
 def time_gather_waits(model: torch.nn.Module, timer: PhaseTimer) -> list:
     """ZeRO-3 with partitioned parameters: time the waits for the parameter all-gathers inside
     forward as the phase "forward_gather_wait" (nested in forward), so that forward minus it is
@@ -142,14 +157,7 @@ def time_gather_waits(model: torch.nn.Module, timer: PhaseTimer) -> list:
     module's gather, its wait for the slowest rank included (on a GPU, CUDA events on the compute
     stream, which waits for the gather there: no sync). Only in a training forward (not eval, not
     a checkpointed recompute in backward). Returns the hooks' handles (`.remove()`)."""
-    def before(mod, _args) -> None:  # a forward pre-hook: what it returns would replace the inputs
-        if mod.training and timer.is_open("forward"):
-            timer.start("forward_gather_wait")
-
-    def after(mod, _args) -> None:
-        if timer.is_open("forward_gather_wait"):
-            timer.stop("forward_gather_wait")
-
+    before, after = _forward_wait_hooks(timer, "forward_gather_wait")
     handles = []
     for m in model.modules():
         if next(m.parameters(recurse=False), None) is None:
@@ -184,13 +192,7 @@ def time_ddp_waits(ddp, timer: PhaseTimer) -> list:
     Returns the hooks' handles (`.remove()`; the communication hook stays: it is DDP's default)."""
     from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
-    def before(mod, _args) -> None:  # a forward pre-hook: what it returns would replace the inputs
-        if mod.training and timer.is_open("forward"):
-            timer.start("forward_sync_wait")
-
-    def after(mod, _args) -> None:
-        if timer.is_open("forward_sync_wait"):
-            timer.stop("forward_sync_wait")
+    before, after = _forward_wait_hooks(timer, "forward_sync_wait")
 
     def launch(process_group, bucket):
         timer.lap("backward_compute")
