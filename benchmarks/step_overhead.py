@@ -58,7 +58,7 @@ class SeedMonitor:
     def hello(self, info): pass
     def event(self, name, data=None): pass
     def stats(self): return {}
-    def log(self, step, values):
+    def log(self, step, values, parts=1):
         row = {k: (v.item() if hasattr(v, "item") else v) for k, v in values.items()}  # a sync per value
         batch, (loss, token_loss, correct) = last["batch"], last["out"]
         valid = batch["labels"] != -100
@@ -87,10 +87,10 @@ class Recorder:
     def hello(self, info): self.inner.hello(info)
     def event(self, name, data=None): self.inner.event(name, data)
     def stats(self): return self.inner.stats()
-    def log(self, step, values):
+    def log(self, step, values, parts=1):
         if "perf/step_time" in values:
             step_times.append(values["perf/step_time"])
-        self.inner.log(step, values)
+        self.inner.log(step, values, parts)
     def close(self, timeout_s=1.5):
         self.inner.close()
 

@@ -58,11 +58,11 @@ class Recorder:
     def stats(self) -> dict:
         return self.inner.stats()
 
-    def log(self, step: int, values: dict) -> None:
+    def log(self, step: int, values: dict, parts: int = 1) -> None:
         if "perf/step_time" in values:
             self.steps.append(step)
             self.step_times_s.append(float(values["perf/step_time"]))  # a host float, no sync
-        self.inner.log(step, values)
+        self.inner.log(step, values, parts)
         self.last_step = step
         if self.sync is not None:
             self.sync.step = step + 1

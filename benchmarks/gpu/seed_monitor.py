@@ -65,7 +65,7 @@ class SeedMonitor:
     def stats(self) -> dict:
         return {"sent": 0, "dropped": 0, "num_profiles": self.num_profiles}
 
-    def log(self, step: int, values: dict) -> None:
+    def log(self, step: int, values: dict, parts: int = 1) -> None:  # parts: the client's signature
         import torch
 
         row = {k: (v.item() if hasattr(v, "item") else v) for k, v in values.items()}  # a sync per value
