@@ -69,8 +69,27 @@ def _some_records(d) -> None:
     d.wait_for(lambda recs: any(r.get("step") == 30 for r in recs), timeout_s=60, kind="metrics")
 
 
+@pytest.fixture
+def inherited_wandb_service():
+    """A W&B service started by this process (umask 022), named in the environment the daemon
+    inherits (WANDB_SERVICE), as when a script that ran wandb itself starts the daemon."""
+    import wandb
+
+    old = os.environ.get("WANDB_SERVICE")
+    wandb.setup()
+    assert os.environ.get("WANDB_SERVICE"), "wandb.setup() named no service: the case is not made"
+    yield
+    wandb.teardown()
+    os.environ.pop("WANDB_SERVICE", None)
+    if old is not None:
+        os.environ["WANDB_SERVICE"] = old
+
+
 @needs_root
-def test_another_user_reads_no_file_of_a_daemon_run(tmp_path):
+@pytest.mark.parametrize("wandb_service", ["own", "inherited"])
+def test_another_user_reads_no_file_of_a_daemon_run(tmp_path, request, wandb_service):
+    if wandb_service == "inherited":
+        request.getfixturevalue("inherited_wandb_service")
     base = _public_run_dir()
     run_dir, log_dir = base / "run", base / "run" / "telemetry"
     try:

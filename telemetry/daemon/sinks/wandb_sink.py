@@ -27,6 +27,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import threading
 import time
 from pathlib import Path
@@ -106,6 +107,10 @@ class WandbSink(Sink):
         self.dropped_by_reason: dict[str, int] = {}
 
     def start(self) -> None:
+        # A W&B service inherited through the environment (WANDB_SERVICE: the daemon started by a
+        # process that had run wandb itself) would write this run's files with that process's
+        # umask, not the daemon's private one, and end when that process does: start our own.
+        os.environ.pop("WANDB_SERVICE", None)
         import wandb  # lazy: ~0.7 s, on this sink's thread
 
         self._wandb = wandb
