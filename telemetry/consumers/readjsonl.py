@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
+from telemetry.shared import files
+
 FILE_NAME = "metrics.jsonl"
 # Files are read in chunks, never whole. A line longer than MAX_LINE_BYTES is not one of the
 # daemon's records (a frame is at most 1 MiB of msgpack; its JSON line a few times that): it is
@@ -51,6 +53,7 @@ class ReadStats:
     num_lines: int = 0
     num_torn: int = 0
     num_bad: int = 0
+    num_not_regular: int = 0    # a FIFO, device or directory at a metrics file's name: not read
 
 
 def _parse(line: bytes, stats: ReadStats) -> dict | None:
@@ -112,8 +115,11 @@ def _file_records(path: Path, stats: ReadStats) -> Iterator[dict]:
     """The whole records of one file."""
     stats.num_files += 1
     try:
-        f = open(path, "rb")
+        f = files.open_regular(path)   # a FIFO there never blocks the reader, /dev/zero never fills it
     except FileNotFoundError:  # rotated away between listing and opening
+        return
+    except files.NotRegularFile:
+        stats.num_not_regular += 1
         return
     lines = _Lines(stats)
     with f:
@@ -140,6 +146,7 @@ class Follower:
         self._inode: int | None = None
         self._lines = _Lines(self.stats)
         self._started = False
+        self._not_regular = False
 
     def _read_open_file(self) -> Iterator[dict]:
         while chunk := self._file.read(READ_CHUNK_BYTES):
@@ -147,8 +154,13 @@ class Follower:
 
     def _open_current(self) -> bool:
         try:
-            f = open(self.log_dir / FILE_NAME, "rb")
+            f = files.open_regular(self.log_dir / FILE_NAME)
         except FileNotFoundError:
+            return False
+        except files.NotRegularFile:     # counted once, then looked at again as if absent
+            if not self._not_regular:
+                self._not_regular = True
+                self.stats.num_not_regular += 1
             return False
         self._file, self._inode, self._lines = f, os.fstat(f.fileno()).st_ino, _Lines(self.stats)
         self.stats.num_files += 1

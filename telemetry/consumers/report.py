@@ -720,6 +720,8 @@ def make_report(run_dir: str | Path, out: str | Path | None = None) -> dict[str,
         notes.append("a torn last line skipped")
     if stats.num_bad:
         notes.append(f"{stats.num_bad} unreadable lines skipped")
+    if stats.num_not_regular:
+        notes.append(f"{stats.num_not_regular} metrics file(s) not read: not a regular file")
     read_note = f" ({', '.join(notes)})" if notes else ""
     page = write_html(out_dir, name, log_dir, d, s, images, missing, read_note)
     return {"name": name, "log_dir": log_dir, "out": out_dir, "html": page, "images": images,
@@ -748,9 +750,11 @@ def run(args: argparse.Namespace) -> int:
         return 1
     lines = [text_summary(r["name"], r["summary"], r["data"])]
     st = r["read"]
-    if st.num_torn or st.num_bad:
+    if st.num_torn or st.num_bad or st.num_not_regular:
         lines.append(f"  read               {st.num_lines} records from {st.num_files} file(s); skipped "
-                     f"{st.num_torn} torn and {st.num_bad} unreadable line(s)")
+                     f"{st.num_torn} torn and {st.num_bad} unreadable line(s)"
+                     + (f", {st.num_not_regular} file(s) that are not regular files (a FIFO, a device)"
+                        if st.num_not_regular else ""))
     if r["data"].num_unplottable:
         lines.append(f"  not plotted        {r['data'].num_unplottable} value(s): NaN, Inf or beyond "
                      f"±{MAX_PLOT_ABS:g}")

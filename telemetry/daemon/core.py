@@ -91,6 +91,8 @@ DIAGNOSIS_MAX_SHARE = 0.25
 _json = msgspec.json.Encoder()
 # Per-source accounting, checkpointed at each daemon record and at exit (see _checkpoint_sources).
 SOURCES_FILE = "sources.json"
+# sources.json holds at most receiver.MAX_SOURCES rows of 7 integers (~10 MB): more is not ours.
+MAX_SOURCES_FILE_BYTES = 32 << 20
 # How often it is checkpointed (when records came in since): what a SIGKILL leaves unaccounted
 # is what arrived in the last interval, and it is counted as lost, never as written.
 CHECKPOINT_INTERVAL_S = 1.0
@@ -655,8 +657,16 @@ class Daemon:
     def _restore_sources(self) -> None:
         path = self.log_dir / SOURCES_FILE
         try:
-            snap = msgspec.json.decode(path.read_bytes())
+            with files.open_regular(path) as f:      # a FIFO or /dev/zero there: refused, not read
+                data = f.read(MAX_SOURCES_FILE_BYTES + 1)
+            if len(data) > MAX_SOURCES_FILE_BYTES:
+                raise ValueError(f"larger than {MAX_SOURCES_FILE_BYTES} bytes")
+            snap = msgspec.json.decode(data)
         except FileNotFoundError:
+            return
+        except ValueError as exc:
+            log.warning("cannot read %s (%s): loss across the restart is accounted from the first "
+                        "record of each client", path, exc)
             return
         except (OSError, msgspec.DecodeError) as exc:
             log.warning("cannot read %s (%s): loss across the restart is accounted from the first "

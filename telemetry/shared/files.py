@@ -11,6 +11,7 @@ What may already exist (a restarted daemon's log dir, one that `launch/run.sh` m
 """
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import stat
@@ -61,15 +62,51 @@ def modes() -> Modes:
     return _modes
 
 
+class NotRegularFile(OSError):
+    """A run file's path holds something else: a FIFO, a device, a socket, a directory."""
+
+
+def _only_regular(fd: int, path) -> None:
+    """Raise NotRegularFile unless `fd` is a regular file; then take O_NONBLOCK off again."""
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        raise NotRegularFile(errno.EINVAL, "not a regular file", os.fspath(path))
+    os.set_blocking(fd, True)
+
+
 def open_fd(path: str | os.PathLike, flags: int) -> int:
-    """os.open with the run-file mode; a file of ours that already existed gets that mode too."""
-    fd = os.open(path, flags | os.O_CLOEXEC, _modes.file)
+    """os.open with the run-file mode; a file of ours that already existed gets that mode too.
+    Never follows a symlink at `path` (ELOOP) and never blocks: a FIFO, a device or anything
+    else that is not a regular file is refused (NotRegularFile, or ENXIO for a FIFO without a
+    reader), whoever put it there, before anything is written to it."""
     try:
+        fd = os.open(path, flags | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK, _modes.file)
+    except OSError as exc:
+        if exc.errno == errno.ENXIO:         # a FIFO that nobody reads, a device without its driver
+            raise NotRegularFile(errno.EINVAL, "not a regular file", os.fspath(path)) from None
+        if exc.errno == errno.ELOOP:
+            raise OSError(errno.ELOOP, "a symlink (not followed)", os.fspath(path)) from None
+        raise
+    try:
+        _only_regular(fd, path)
         _set_mode(fd, path, _modes.file, stat.S_ISREG)
     except OSError:
         os.close(fd)
         raise
     return fd
+
+
+def open_regular(path: str | os.PathLike):
+    """A run file opened for reading ("rb"), only if it is a regular file: opening a FIFO never
+    waits for a writer, and a device (/dev/zero) is never read without end. Raises
+    NotRegularFile (an OSError) otherwise."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+    try:
+        _only_regular(fd, path)
+    except OSError:
+        os.close(fd)
+        raise
+    return os.fdopen(fd, "rb")
 
 
 def write_file(path: Path, data: bytes) -> None:

@@ -1,0 +1,140 @@
+"""What lies at a run file's name is not trusted to be a file: a FIFO, a device or a symlink there
+(planted by another user in a shared log directory, or left by accident) never makes a telemetry
+process block forever, read without end or write through the link.
+
+Before: the daemon hung before "ready" on a FIFO at metrics.jsonl or daemon.log (open for
+writing waits for a reader), appended through a symlink at metrics.jsonl to wherever it
+pointed, and read sources.json whole (a FIFO: forever; a link to /dev/zero: until the OOM
+killer); report, replay and the dashboard hung on a FIFO at metrics.jsonl and read a link to
+/dev/zero without end. Real processes, real FIFOs, 120 s hang detectors.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from daemon_util import ROOT
+
+HANG_S = 120
+
+
+def _plant(path: Path, kind: str, target: Path) -> None:
+    if kind == "fifo":
+        os.mkfifo(path, 0o600)
+    elif kind == "dev_zero":
+        path.symlink_to("/dev/zero")
+    else:                                  # a symlink to a file of someone's
+        path.symlink_to(target)
+
+
+def _telemetry(args: list[str], env: dict | None = None) -> subprocess.CompletedProcess:
+    try:
+        return subprocess.run([sys.executable, "-m", "telemetry", *args], cwd=ROOT, capture_output=True, text=True,
+                              timeout=HANG_S, env={**os.environ, **(env or {})})
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"telemetry {' '.join(args)} hung for {HANG_S} s: {exc.stderr!r:.2000}")
+
+
+def _daemon(log_dir: Path, *extra: str) -> list[str]:
+    rt = Path(tempfile.mkdtemp(prefix="trf-", dir="/tmp"))
+    return ["daemon", "--wandb", "disabled", "--log-dir", str(log_dir), "--ingest", f"ipc://{rt}/i.sock",
+            "--pub", f"ipc://{rt}/p.sock", "--control", f"ipc://{rt}/c.sock", *extra]
+
+
+@pytest.mark.parametrize("name", ["metrics.jsonl", "daemon.log"])
+@pytest.mark.parametrize("kind", ["fifo", "symlink", "dev_zero"])
+def test_the_daemon_refuses_a_run_file_that_is_not_a_regular_file(tmp_path, name, kind):
+    log_dir = tmp_path / "telemetry"
+    log_dir.mkdir()
+    victim = tmp_path / "victim.txt"
+    victim.write_text("their file\n")
+    _plant(log_dir / name, kind, victim)
+    out = _telemetry(_daemon(log_dir))
+    text = out.stdout + out.stderr
+    assert out.returncode == 2 and "Traceback" not in text and "telemetry daemon ready" not in text, text
+    assert str(log_dir) in text and ("not a regular file" in text or "symlink" in text), text
+    assert victim.read_text() == "their file\n"                # nothing written through the link
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dev_zero"])
+def test_a_sources_file_that_is_not_a_regular_file_is_not_read(tmp_path, kind):
+    """sources.json is read at start (the predecessor's loss accounting): a FIFO there is not
+    waited on, /dev/zero is not read; the daemon says so, starts, and drains as usual."""
+    log_dir = tmp_path / "telemetry"
+    log_dir.mkdir()
+    _plant(log_dir / "sources.json", kind, tmp_path)
+    args = _daemon(log_dir)
+    p = subprocess.Popen([sys.executable, "-m", "telemetry", *args], cwd=ROOT, stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True)
+    lines = []
+    try:
+        import select
+        import time
+        deadline = time.monotonic() + HANG_S
+        while not any("telemetry daemon ready" in ln for ln in lines):
+            assert time.monotonic() < deadline, f"no ready in {HANG_S} s: {''.join(lines)[-3000:]}"
+            if select.select([p.stdout], [], [], 1.0)[0]:
+                line = p.stdout.readline()
+                assert line or p.poll() is None, f"the daemon exited {p.poll()}: {''.join(lines)[-3000:]}"
+                lines.append(line)
+        drain = _telemetry(["drain", "--control", args[args.index("--control") + 1]])
+        assert drain.returncode == 0, drain.stderr
+        rest, _ = p.communicate(timeout=HANG_S)
+        lines.append(rest)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait(30)
+    text = "".join(lines)
+    assert p.returncode == 0 and "Traceback" not in text, text
+    assert "cannot read" in text and "sources.json" in text and "not a regular file" in text, text
+    assert (log_dir / "sources.json").is_file() and not (log_dir / "sources.json").is_symlink()   # replaced
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dev_zero"])
+def test_report_and_replay_skip_a_metrics_file_that_is_not_a_regular_file(tmp_path, kind):
+    run = tmp_path / "run"
+    log_dir = run / "telemetry"
+    log_dir.mkdir(parents=True)
+    (log_dir / "metrics.jsonl.1").write_text(
+        '{"kind": "metrics", "t": 1700000000.0, "step": 1, "values": {"train/loss": 2.0}}\n')
+    _plant(log_dir / "metrics.jsonl", kind, tmp_path)
+    rep = _telemetry(["report", str(run), "--out", str(tmp_path / "report")])
+    assert rep.returncode == 0 and "Traceback" not in rep.stderr, rep.stdout + rep.stderr
+    assert "1 file(s) that are not regular files" in rep.stdout and "1 records from 2 file(s)" in rep.stdout, rep.stdout
+    env = {"WANDB_DIR": str(tmp_path / "wandb"), "WANDB_SILENT": "true"}
+    rp = _telemetry(["replay", str(run), "--wandb", "offline"], env=env)
+    assert rp.returncode == 0 and "Traceback" not in rp.stderr, rp.stdout + rp.stderr
+
+
+def test_the_dashboards_reader_does_not_wait_on_a_fifo(tmp_path):
+    """The dashboard's history and live follower (readjsonl.Follower) in-process: a FIFO at
+    metrics.jsonl is counted once and looked at again later, never opened for a read that waits."""
+    import threading
+
+    from telemetry.consumers.readjsonl import Follower, ReadStats
+
+    log_dir = tmp_path / "telemetry"
+    log_dir.mkdir()
+    (log_dir / "metrics.jsonl.1").write_text(
+        '{"kind": "metrics", "t": 1700000000.0, "step": 1, "values": {"train/loss": 2.0}}\n')
+    os.mkfifo(log_dir / "metrics.jsonl")
+    stats = ReadStats()
+    f = Follower(log_dir, stats)
+    got: list = []
+    t = threading.Thread(target=lambda: got.extend([f.poll(), f.poll()]), daemon=True)
+    t.start()
+    t.join(HANG_S)
+    assert not t.is_alive(), "Follower.poll() blocked on a FIFO"
+    assert [r["step"] for r in got[0]] == [1] and got[1] == [] and stats.num_not_regular == 1, (got, stats)
+    # Once a real file takes its place, it is read.
+    os.unlink(log_dir / "metrics.jsonl")
+    (log_dir / "metrics.jsonl").write_text(
+        '{"kind": "metrics", "t": 1700000001.0, "step": 2, "values": {"train/loss": 1.0}}\n')
+    assert [r["step"] for r in f.poll()] == [2]
+    f.close()
