@@ -63,7 +63,11 @@ class DiagnosisConfig:
         straggler_noise_z: ... and, as the median over those log steps, this many times the run's
             step-time noise (the robust sigma of its step-to-step changes; each step at least
             half of it) and the excess's own step-to-step noise over them: a shared machine's
-            swings are not a straggler.
+            swings are not a straggler ...
+        straggler_usual_factor: ... and this many times the run's usual excess (the 90th
+            percentile of the straggler view's excess over the last 100 log steps outside
+            reported stragglers): a rank sharing a core with another process for a while is
+            part of a busy machine's usual spread, not a straggler.
         throttle_consecutive: GPU polls in a row with a throttle flag before it is reported.
         throttle_include_power_cap: report the software power cap too (common at full load).
         host_memory_percent_high: host RAM use at or above this percent is "near full".
@@ -104,6 +108,7 @@ class DiagnosisConfig:
     straggler_consecutive: int = 8
     straggler_min_excess_s: float = 0.01
     straggler_noise_z: float = 4.0
+    straggler_usual_factor: float = 3.0
     throttle_consecutive: int = 5
     throttle_include_power_cap: bool = True
     host_memory_percent_high: float = 90.0
@@ -132,7 +137,8 @@ class DiagnosisConfig:
                 raise ValueError(f"diagnosis.{name} must be a percentage in (0, 100], got {getattr(self, name)!r}")
         for name in ("min_interval_s", "gpu_util_window_s", "rank_silence_s", "leak_min_growth_gb",
                      "straggler_min_excess_s", "hang_factor", "hang_min_s", "hang_stacks_wait_s",
-                     "loss_spike_robust_z", "throughput_drop_robust_z", "straggler_noise_z"):
+                     "loss_spike_robust_z", "throughput_drop_robust_z", "straggler_noise_z",
+                     "straggler_usual_factor"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"diagnosis.{name} must be > 0, got {getattr(self, name)!r}")
         if self.warmup_steps < 0:
