@@ -14,6 +14,9 @@ What is sent, under the names of the JSONL contract:
   step ends), train/epoch and, with include_num_input_tokens_seen, perf/tokens (tokens this rank
   consumed in the step); they go out with that step's on_log values when it has them
   (loss -> train/loss, learning_rate -> train/lr, grad_norm -> train/grad_norm, eval_x -> eval/x);
+  a step with an evaluation is one record per rank: its training logs and the eval logs of every
+  eval dataset (one on_log each) are held together and go out when the next step begins or
+  training ends, so the daemon writes the step once with each value across the ranks;
 - on_save and on_evaluate as events (checkpoint_saved, evaluate); the final summary as train_end.
 Nothing here reads a device tensor: the Trainer has already turned its logs into floats.
 """
@@ -73,6 +76,7 @@ class TelemetryCallback(TrainerCallback):
         self._model_info = dict(model_info or {})
         self._pending: dict[str, Any] = {}
         self._pending_step: int | None = None
+        self._held_step: int | None = None    # a step whose evaluation runs: its logs are held
         self._last_step_end: float | None = None
         self._tokens_seen = 0
 
@@ -86,6 +90,7 @@ class TelemetryCallback(TrainerCallback):
             self.client.log(self._pending_step, self._pending)
         self._pending = {}
         self._pending_step = None
+        self._held_step = None
 
     # -- Trainer hooks ------------------------------------------------------------------------
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
@@ -144,8 +149,15 @@ class TelemetryCallback(TrainerCallback):
         if not values:
             return
         if self._pending_step == state.global_step:
-            self._pending.update(values)  # this step's on_step_end values and its logs, one record
-            self._flush()
+            # This step's on_step_end values and its logs, one record. While the step's evaluation
+            # runs or is about to (the Trainer logs the training values, then each eval dataset's
+            # in an on_log of its own), the record waits for them all: a second record of the
+            # step would be written as a second point (and, across ranks, split the step).
+            self._pending.update(values)
+            if getattr(control, "should_evaluate", False):
+                self._held_step = state.global_step
+            if self._held_step != state.global_step:
+                self._flush()
         else:
             self._flush()
             self.client.log(state.global_step, values)  # e.g. an evaluation between steps
@@ -158,6 +170,8 @@ class TelemetryCallback(TrainerCallback):
                     **kwargs: Any) -> None:
         data = {metric_name(k): n for k, v in (metrics or {}).items() if (n := _number(v)) is not None}
         self.client.event("evaluate", {"step": state.global_step, **data})
+        if self._pending_step == state.global_step:
+            self._held_step = state.global_step   # more eval datasets may log at this step
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._flush()
