@@ -70,7 +70,7 @@ def bad_values(kind: str, tmp: Path) -> dict[str, str]:
     return {
         "number": {"empty": "", "negative": "-1", "nan": "nan", "inf": "inf", "huge": "1" + "0" * 30, "text": "abc"},
         "endpoint": {"empty": "", "text": "foo", "bad-port": "tcp://999.1.1.1:x", "bad-host": "tcp://999.1.1.1:5",
-                     "port-range": "tcp://127.0.0.1:99999"},
+                     "port-range": "tcp://127.0.0.1:99999", "inproc": "inproc://x"},
         "choice": {"text": "no-such-choice"},
         "out_dir": {"empty": "", "under-a-file": under_file, "proc": "/proc/telemetry-no/such"},
         "in_file": {"empty": "", "under-a-file": under_file, "missing": str(tmp / "missing.yaml"),
@@ -308,12 +308,29 @@ def test_every_numeric_daemon_config_key_refuses_non_finite_and_huge(tmp_path, b
     ("aggregator:\n  step_timeout_s: .nan\n", "step_timeout_s"),
     ("wandb:\n  finish_timeout_s: -5\n", "finish_timeout_s"),
     ("ingest: tcp://127.0.0.1:7000\npub: tcp://127.0.0.1:7000\n", "is given for two sockets"),
+    ("forward:\n  endpoint: tcp://127.0.0.1:7000\n  num_nodes: 1000000000\n", "num_nodes"),
+    ("forward:\n  endpoint: tcp://127.0.0.1:7000\n  num_nodes: 65536\n  node_rank: 60000\n"
+     "aggregator:\n  world_size: 64\n", "the largest rank"),
 ])
 def test_daemon_config_ranges(in_process, tmp_path, yaml_text, fragment):
     cfg = tmp_path / "d.yaml"
     cfg.write_text(yaml_text)
     rc, out, err = in_process(["daemon", "--config", str(cfg), "--log-dir", str(tmp_path / "t")])
     assert_refused(rc, out, err, yaml_text)
+    assert fragment in err
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--forward", "tcp://127.0.0.1:7000", "--num-nodes", str(10**9)], "num_nodes"),
+    (["--forward", "tcp://127.0.0.1:7000", "--num-nodes", "65536", "--node-rank", "60000", "--world-size", "64"],
+     "the largest rank"),
+], ids=["num-nodes-10^9", "node-ranks-beyond-MAX_RANK"])
+def test_node_daemon_sizes_are_bounded(in_process, tmp_path, args, fragment):
+    """Not in the issue's list: a node daemon's --num-nodes 10^9 was accepted (the head then
+    ignored its hello's world size), and a node's rank slice could lie beyond any rank a record
+    may carry."""
+    rc, out, err = in_process(["daemon", "--log-dir", str(tmp_path / "t"), *args])
+    assert_refused(rc, out, err, " ".join(args))
     assert fragment in err
 
 

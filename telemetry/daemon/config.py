@@ -183,6 +183,11 @@ class DaemonConfig:
         # A node daemon's --world-size is its ranks per node; they start at node_rank x that.
         if self.forward is not None and self.aggregator.world_size and not self.aggregator.first_rank:
             self.aggregator.first_rank = self.forward.node_rank * self.aggregator.world_size
+            from protocol import MAX_RANK
+
+            if self.aggregator.first_rank + self.aggregator.world_size - 1 > MAX_RANK:
+                raise ConfigError(f"--node-rank {self.forward.node_rank} x --world-size {self.aggregator.world_size}: "
+                                  f"its ranks would go beyond {MAX_RANK}, the largest rank a record may carry")
 
     def _check_endpoints(self) -> None:
         """Each given endpoint is well formed and names its own socket (ingest and pub on one

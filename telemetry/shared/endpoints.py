@@ -242,6 +242,10 @@ def endpoint_arg(text: str) -> str:
 
     if not text.strip():
         raise argparse.ArgumentTypeError("an endpoint is needed: tcp://HOST:PORT, ipc://PATH or a port number")
+    if text.strip().startswith("inproc://"):
+        # In-process only: no rank, daemon or consumer in another process could ever reach it.
+        raise argparse.ArgumentTypeError(f"endpoint {text!r}: inproc:// reaches nothing outside this process; "
+                                         f"expected tcp://HOST:PORT, ipc://PATH or a port number")
     try:
         return normalize(text)
     except EndpointError as exc:

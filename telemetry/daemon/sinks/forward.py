@@ -69,8 +69,12 @@ class ForwardConfig(SinkConfig):
         if not self.endpoint.startswith("tcp://"):
             raise ValueError(f"forward.endpoint {self.endpoint!r}: expected tcp://HEAD:PORT")
         self.endpoint = normalize(self.endpoint)
-        if self.num_nodes < 1:
-            raise ValueError(f"forward.num_nodes must be >= 1, got {self.num_nodes}")
+        from telemetry.daemon.aggregator import MAX_WORLD_SIZE
+
+        # The head believes a world of at most MAX_WORLD_SIZE (a hello beyond is ignored): a
+        # larger count is a typo (--num-nodes 10^9), refused here rather than ignored there.
+        if not 1 <= self.num_nodes <= MAX_WORLD_SIZE:
+            raise ValueError(f"forward.num_nodes must be 1..{MAX_WORLD_SIZE}, got {self.num_nodes}")
         if not 0 <= self.node_rank < self.num_nodes:
             raise ValueError(f"forward.node_rank must be in 0..{self.num_nodes - 1}, got {self.node_rank}")
         if bool(self.server_public_key) != bool(self.client_secret_key):
