@@ -57,3 +57,17 @@ def test_unreadable_config_is_a_clear_error(tmp_path, capsys):
     path.write_text(json.dumps({"model_type": "t5", "is_encoder_decoder": True}))
     assert cli.main(["mfu-check", "--hf-config", str(path)]) == 2
     assert "encoder-decoder" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv", [
+    ["--model-type", "llama", "--hidden-size", "65536", "--num-layers", "64", "--num-heads", "64"],
+    ["--model-type", "llama", "--hidden-size", "64", "--num-layers", "2", "--num-heads", "4",
+     "--intermediate-size", "128", "--vocab-size", "256", "--seq-len", "16000000"],
+], ids=["1.2T-parameters", "seq-len-16M"])
+def test_real_tensors_beyond_this_machines_memory_are_refused_before_allocation(argv, capsys):
+    """Not in the issue's list, the same class as --world-size 10^9: sizes within the flags'
+    bounds (each <= 2^24) on --device cpu were allocated until the OOM killer came. Refused with
+    the estimate, exit 2; --device meta (no memory) still counts them."""
+    assert cli.main(["mfu-check", *argv, "--device", "cpu"]) == 2
+    err = capsys.readouterr().err
+    assert "--device cpu would need about" in err and "use --device meta" in err and len(err.splitlines()) == 1, err

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -119,6 +120,39 @@ def _build_hf_config(args: argparse.Namespace) -> tuple[Any, int | None]:
     return AutoConfig.for_model(model_type, **kwargs), seq_len
 
 
+def cpu_memory_problem(hf_config: Any, shape: Any, batch_size: int, seq_len: int) -> str | None:
+    """Why real tensors of this model and batch would not fit in this machine's memory, or None.
+    The model is built on the meta device first (no memory) to count its parameters; weights,
+    gradients and the activations eager attention keeps (its seq x seq scores per head and layer)
+    are estimated in fp32 and held to half of the memory available now: a size within the flags'
+    bounds (--hidden-size 16M, --seq-len 16M, or a --hf-config of any size) is refused before it
+    is allocated, not left to the OOM killer."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(hf_config, attn_implementation="eager")
+    params = sum(p.numel() for p in model.parameters())
+    del model
+    tokens = batch_size * seq_len
+    layers, hidden = max(shape.num_layers, 1), max(shape.hidden_size, 1)
+    acts = (tokens * layers * (16 * hidden + 4 * max(shape.intermediate_size, hidden))
+            + 2 * batch_size * max(shape.num_heads, 1) * seq_len * seq_len * layers
+            + 3 * tokens * max(shape.vocab_size, 1))
+    need = 4 * (3 * params + acts)
+    try:
+        import psutil
+
+        avail = psutil.virtual_memory().available
+    except Exception:
+        avail = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    if need > avail // 2:
+        return (f"--device cpu would need about {need / 2**30:,.1f} GiB ({params:,} parameters, batch "
+                f"{batch_size} x {seq_len} tokens), {avail / 2**30:,.1f} GiB are available: use --device meta "
+                f"(the same count, no memory) or a smaller model")
+    return None
+
+
 def count_flops(hf_config: Any, batch_size: int, seq_len: int, device: str = "meta",
                 gradient_checkpointing: bool = False) -> dict[str, int]:
     """FlopCounterMode's count, per aten op, of one forward+backward of the causal-LM loss."""
@@ -160,6 +194,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"telemetry mfu-check: {exc}", file=sys.stderr)
         return 2
     seq_len = args.seq_len or config_seq_len or 128
+    if args.device == "cpu":
+        why = cpu_memory_problem(hf_config, shape, args.batch_size, seq_len)
+        if why:
+            print(f"telemetry mfu-check: {why}", file=sys.stderr)
+            return 2
     num_tokens = args.batch_size * seq_len
     sum_sq = args.batch_size * seq_len * seq_len
     counted = count_flops(hf_config, args.batch_size, seq_len, args.device)
