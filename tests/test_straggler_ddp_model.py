@@ -47,8 +47,9 @@ def test_a_slow_rank_on_ddp_is_named_with_its_phase(make_daemon, tmp_path, phase
     steps = SLOW_FROM + 20
     train(d, tmp_path, "ddp", steps, "debug.slow_rank=1", f"debug.slow_phase={phase}", "debug.slow_s=0.2",
           f"debug.slow_from_step={SLOW_FROM}")
-    recs = d.wait_for(lambda rs: len(aggregated(rs)) >= steps)
-    ev = [r for r in recs if r.get("name") == "diagnosis/straggler"]
+    d.wait_for(lambda rs: len(aggregated(rs)) >= steps)
+    d.drain()       # the rules run on their own thread: their events are all written once it has drained
+    ev = [r for r in d.read_jsonl() if r.get("name") == "diagnosis/straggler"]
     assert len(ev) == 1, [e["data"]["message"] for e in ev]
     data = ev[0]["data"]
     assert ev[0]["rank"] == 1 and (data["phase"], data["part"]) == (event_phase, part), data["message"]
@@ -57,7 +58,6 @@ def test_a_slow_rank_on_ddp_is_named_with_its_phase(make_daemon, tmp_path, phase
     # so a rank late into forward (slow data, a slow update) holds the others there.
     assert data["others_wait_phase"] == wait, data["message"]
     assert "gradient all-reduce inside backward" not in data["message"]
-    d.drain()
 
 
 @pytest.fixture

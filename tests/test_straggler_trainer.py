@@ -46,7 +46,9 @@ def test_a_slow_rank_of_the_trainer_is_named_with_its_phase(make_daemon, tmp_pat
     p = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=300,
                        env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-4000:]
-    recs = d.wait_for(lambda rs: sum(r["kind"] == "metrics" and "rank" not in r for r in rs) >= STEPS)
+    d.wait_for(lambda rs: sum(r["kind"] == "metrics" and "rank" not in r for r in rs) >= STEPS)
+    d.drain()       # the rules run on their own thread: their events are all written once it has drained
+    recs = d.read_jsonl()
     ev = [r for r in recs if r.get("name") == "diagnosis/straggler"]
     assert len(ev) == 1, [e["data"]["message"] for e in ev]
     data = ev[0]["data"]
@@ -57,4 +59,3 @@ def test_a_slow_rank_of_the_trainer_is_named_with_its_phase(make_daemon, tmp_pat
     assert sum(r["values"].get("perf/straggler_rank") == 1 for r in steps) >= 0.8 * len(steps), \
         [(r["step"], [r["values"].get(k) for k in ("perf/straggler_rank", "perf/straggler_phase_index",
                                                    "perf/straggler_excess_s", "perf/step_time_max")]) for r in steps]
-    d.drain()
