@@ -88,3 +88,57 @@ def test_lightning_ddp_two_devices_report_their_own_ranks(make_daemon, tmp_path)
     assert expected and got.keys() == expected.keys()
     for s, v in expected.items():
         assert got[s] == pytest.approx(v, rel=1e-6), s
+
+
+def test_lightning_validation_step_is_one_record(make_daemon, tmp_path):
+    """val_check_interval=4: Lightning calls log_metrics with the training values and again with
+    the validation values for the same step (3 and 7). Like W&B's history (one row per step), each
+    step is one record holding both, sent when the next step is logged or at the end of fit."""
+    pytest.importorskip("lightning")
+    import lightning
+    import torch
+
+    from telemetry.integrations.lightning import TelemetryLogger
+
+    class Tiny(lightning.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 1)
+
+        def training_step(self, batch, i):
+            x, y = batch
+            loss = torch.nn.functional.mse_loss(self.lin(x), y)
+            self.log("loss", loss)
+            return loss
+
+        def validation_step(self, batch, i):
+            x, y = batch
+            self.log("val/loss", torch.nn.functional.mse_loss(self.lin(x), y))
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    d = make_daemon(world_size=1)
+    torch.manual_seed(0)
+    data = torch.utils.data.TensorDataset(torch.randn(64, 4), torch.randn(64, 1))
+    loader = torch.utils.data.DataLoader(data, batch_size=8)
+    trainer = lightning.Trainer(max_steps=8, logger=TelemetryLogger(endpoint=d.ingest), log_every_n_steps=1,
+                                val_check_interval=4, limit_val_batches=2, num_sanity_val_steps=0,
+                                accelerator="cpu", devices=1, enable_progress_bar=False,
+                                enable_checkpointing=False, enable_model_summary=False,
+                                default_root_dir=str(tmp_path))
+    trainer.fit(Tiny(), loader, loader)
+    d.wait_for(lambda rs: any(r.get("name") == "train_end" for r in rs), kind="event")
+    assert d.stop(timeout_s=60) == 0
+    recs = d.read_jsonl(kind="metrics")
+    by_step: dict[int, list[dict]] = {}
+    for r in recs:
+        by_step.setdefault(r["step"], []).append(r)
+    assert sorted(by_step) == list(range(8)), sorted(by_step)
+    for s, rs in by_step.items():
+        assert len(rs) == 1, (s, rs)          # one record per step: no second point, no late record
+        assert "rank" not in rs[0] and not rs[0].get("missing_ranks"), rs[0]
+        assert "train/loss" in rs[0]["values"], (s, rs[0])
+    for s in (3, 7):
+        assert {"train/loss", "val/loss"} <= by_step[s][0]["values"].keys(), by_step[s][0]
+    assert not any("val/loss" in by_step[s][0]["values"] for s in by_step if s not in (3, 7))

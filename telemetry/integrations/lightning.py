@@ -9,6 +9,16 @@ first used, so importing this module never requires it (accessing TelemetryLogge
 raises ImportError). Lightning calls a logger on every rank (its own loggers make themselves
 rank-zero-only); every rank should log for the daemon's per-step aggregation, so this one does.
 
+One record per step, as W&B keeps one history row per step: Lightning calls log_metrics more than
+once for a step (at a val_check_interval step, the training values, then the validation values
+with the same step). Each call sent as a record of its own was written as a second point of the
+step, neither holding everything. So the values of one step are merged (a later call's value of
+a name wins) and sent as one record when a different step is logged, or at finalize, which
+Lightning calls at the end of every fit/validate/test, after an exception or interrupt too. A
+step's record so goes out one logging interval after it was logged (its `t` is when it was sent);
+log_metrics never blocks. save(), which Lightning calls after every log_metrics, sends nothing: it
+would split the step again.
+
 The rank is the Trainer's: Lightning's DDP launcher sets $LOCAL_RANK and $WORLD_SIZE but not
 $RANK, so the client is opened on first use (after the Trainer has set up its strategy) with
 the strategy's global rank, which Lightning publishes as `rank_zero_only.rank`, and the hello
@@ -55,6 +65,8 @@ def _build() -> Any:
             super().__init__()
             self._client = LazyClient(client, endpoint, rank=trainer_rank)
             self._name = name
+            self._pending: dict[str, Any] = {}   # the values logged so far for _pending_step
+            self._pending_step: int | None = None
 
         @property
         def client(self) -> Any:
@@ -75,13 +87,27 @@ def _build() -> Any:
                                "world_size": process_rank()[1]})
 
         def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
-            # Tensors go as they are: the client reads them off this thread, without a sync.
-            values = {k if "/" in k else f"train/{k}": v if hasattr(v, "detach") else float(v)
+            # Tensors go as they are: the client reads them off this thread, without a sync. One
+            # held for a later send is a copy (an async device op, no sync), so what is sent is
+            # its value at this call, as with client.log.
+            values = {k if "/" in k else f"train/{k}": v.detach().clone() if hasattr(v, "detach") else float(v)
                       for k, v in metrics.items()
                       if isinstance(v, (int, float)) or hasattr(v, "detach") or hasattr(v, "__float__")}
-            self.client.log(int(step or 0), values)
+            step = int(step or 0)
+            if step != self._pending_step:
+                self._flush()
+                self._pending_step = step
+            self._pending.update(values)
+
+        def _flush(self) -> None:
+            """Send the pending step's values as one record (nothing if there are none)."""
+            if self._pending_step is not None and self._pending:
+                self.client.log(self._pending_step, self._pending)
+            self._pending = {}
+            self._pending_step = None
 
         def finalize(self, status: str) -> None:
+            self._flush()
             if self._client.opened:
                 self._client.get().event("train_end", {"status": status})
                 self._client.close()
