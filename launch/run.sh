@@ -160,11 +160,12 @@ fi
 overrides=("run_dir=$RUN_DIR" "run_name=$RUN_NAME")
 [[ -n "$STEPS" ]] && overrides+=("steps=$STEPS")
 overrides+=("${EXTRA[@]}")
+# Either launcher loses the ranks' codes (torchrun exits 1 for any failed rank; DeepSpeed's exits
+# 256-N for a rank killed by signal N): trainer.launch runs it and exits with the code of the rank
+# that failed first (3 for nonfinite_action=stop, 128+N for signal N).
 if [[ "$LAUNCHER" == deepspeed ]]; then
-    launch=("$ROOT/.venv/bin/deepspeed" --num_nodes 1 --num_gpus "$NPROC" --module trainer.train)
+    launch=("$PY" -m trainer.launch --deepspeed --num_nodes 1 --num_gpus "$NPROC" --module trainer.train)
 else
-    # torchrun itself exits 1 for any failed rank: trainer.launch runs it and exits with the code
-    # of the rank that failed first (3 for nonfinite_action=stop, 128+N for signal N).
     launch=("$PY" -m trainer.launch --standalone --nproc_per_node "$NPROC" -m trainer.train)
 fi
 "${launch[@]}" --config "$CONFIG" "${overrides[@]}"

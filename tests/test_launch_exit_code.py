@@ -1,5 +1,7 @@
 """run.sh exits with the trainer's own code, the first failing rank's (issue 29, item 4): torchrun
-alone turns every failed worker into exit 1; trainer.launch reads torchrun's failure record."""
+alone turns every failed worker into exit 1; trainer.launch reads torchrun's failure record. The
+DeepSpeed launcher exits 256-N for a rank killed by signal N (247 for SIGKILL); trainer.launch
+--deepspeed takes the rank's returncode from DeepSpeed's node launcher, run in its process."""
 from __future__ import annotations
 
 import os
@@ -12,7 +14,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 WORKER = """
 import os, signal, sys, time
-rank, mode = int(os.environ["RANK"]), sys.argv[1]
+rank, mode = int(os.environ["RANK"]), sys.argv[-1]   # deepspeed puts --local_rank=N first
 if rank == 1 and mode == "kill":
     os.kill(os.getpid(), signal.SIGKILL)
 if rank == 1 and mode == "exit3":
@@ -34,6 +36,62 @@ def test_launch_exits_with_the_first_failing_ranks_code(tmp_path, mode, code):
         assert f"[trainer.launch] rank 1 failed first (exit code {-9 if mode == 'kill' else 3}): exiting {code}" \
             in p.stderr, p.stderr[-3000:]
         assert "Root Cause" in p.stderr            # torchrun's own report is still printed
+
+
+@pytest.mark.parametrize("mode, code", [("exit3", 3), ("kill", 137), ("ok", 0)])
+def test_deepspeed_launch_exits_with_the_first_failing_ranks_code(tmp_path, mode, code):
+    """The DeepSpeed launcher itself: 3 -> 3, but a SIGKILLed rank -> 247 (its sys.exit(-9))."""
+    pytest.importorskip("deepspeed")
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    p = subprocess.run([sys.executable, "-m", "trainer.launch", "--deepspeed", "--num_nodes", "1", "--num_gpus", "2",
+                        str(script), mode], cwd=ROOT, capture_output=True, text=True, timeout=240,
+                       env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert p.returncode == code, p.stdout[-3000:] + p.stderr[-3000:]
+    if code:
+        assert f"[trainer.launch] rank 1 failed first (exit code {-9 if mode == 'kill' else 3}): exiting {code}" \
+            in p.stderr, p.stderr[-3000:]
+
+
+def test_run_sh_deepspeed_exits_137_when_the_rank_is_sigkilled(tmp_path):
+    """run.sh --launcher deepspeed, one rank hung at step 2 and SIGKILLed (its pid from its hello):
+    128+9 as under torchrun, not DeepSpeed's 247. One rank: no other rank can fail first."""
+    pytest.importorskip("deepspeed")
+    import json
+    import signal
+    import time
+
+    env = {**os.environ, "TELEMETRY_WANDB": "disabled", "OMP_NUM_THREADS": "1"}
+    env.pop("TELEMETRY_RUNTIME_DIR", None)
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen([str(ROOT / "launch/run.sh"), "--launcher", "deepspeed", "--steps", "8", "--nproc", "1",
+                             "--run-dir", str(run_dir), "--", "engine.backend=ddp", "engine.zero_stage=0",
+                             "debug.hang_step=2", "debug.hang_rank=0", "eval.every_steps=0",
+                             "checkpoint.every_steps=0", "data.num_workers=0", "data.seq_len=64",
+                             "data.micro_batch_size=4"],
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        pid, deadline = None, time.monotonic() + 300   # a hang detector, not a speed
+        while pid is None and time.monotonic() < deadline and proc.poll() is None:
+            try:
+                lines = (run_dir / "telemetry" / "metrics.jsonl").read_text().split("\n")[:-1]
+            except FileNotFoundError:
+                lines = []
+            for rec in map(json.loads, lines):
+                if rec.get("kind") == "hello" and rec.get("rank") == 0 and rec.get("info", {}).get("pid"):
+                    pid = rec["info"]["pid"]
+            time.sleep(0.2)
+        assert pid is not None, "no hello from rank 0"
+        assert "trainer.train" in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+        os.kill(pid, signal.SIGKILL)
+        out, _ = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    assert proc.returncode == 137, out[-3000:]
+    assert "[trainer.launch] rank 0 failed first (exit code -9): exiting 137" in out, out[-3000:]
 
 
 @pytest.mark.parametrize("nproc", [2, 1])
