@@ -138,3 +138,25 @@ def test_the_dashboards_reader_does_not_wait_on_a_fifo(tmp_path):
         '{"kind": "metrics", "t": 1700000001.0, "step": 2, "values": {"train/loss": 1.0}}\n')
     assert [r["step"] for r in f.poll()] == [2]
     f.close()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="chown to another user needs root")
+@pytest.mark.parametrize("where", ["theirs", "under_theirs"])
+def test_a_log_dir_another_user_owns_or_can_swap_is_refused(tmp_path, where):
+    """Not in the issue's list: the daemon wrote its run into a log directory another user owns
+    (0777, theirs) or made one under a directory every user may write (no sticky bit). Its owner
+    could delete or rename metrics.jsonl, or put a symlink at wandb/ or at the directory's name.
+    Refused before ready, exit 2, nothing written."""
+    from other_user import OTHER_UID
+
+    base = Path(tempfile.mkdtemp(prefix="trf-", dir="/tmp"))
+    theirs = base / "theirs"
+    theirs.mkdir()
+    theirs.chmod(0o777)
+    os.chown(theirs, OTHER_UID, OTHER_UID)
+    log_dir = theirs if where == "theirs" else theirs / "run" / "telemetry"
+    out = _telemetry(_daemon(log_dir))
+    text = out.stdout + out.stderr
+    assert out.returncode == 2 and "Traceback" not in text and "telemetry daemon ready" not in text, text
+    assert ("owned by another user" if where == "theirs" else "writable by every user") in text, text
+    assert not list(theirs.rglob("*.jsonl")) and not list(theirs.rglob("daemon.log")), list(theirs.rglob("*"))

@@ -161,7 +161,7 @@ class Daemon:
     # -- start ---------------------------------------------------------------------------------
     def start(self) -> None:
         cfg = self.cfg
-        files.make_dir(self.log_dir)    # 0700 (or as configured), also when run.sh made it 0755
+        files.make_dir(self.log_dir, own=True)   # 0700 (or as configured), also when run.sh made it 0755
         self._restore_sources()
         self._checkpoint_sources()      # a successor on this log dir knows a predecessor existed
         self.endpoints = {
@@ -960,7 +960,7 @@ def _bind(sock: zmq.Socket, ep: str) -> str:
 
 def setup_logging(log_dir: Path, level: int = logging.INFO) -> None:
     try:
-        files.make_dir(log_dir)
+        files.make_dir(log_dir, own=True)
         # Made (or an older one brought to) the run-file mode first: FileHandler keeps what it finds.
         os.close(files.open_fd(log_dir / "daemon.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT))
         handlers = (logging.StreamHandler(sys.stderr), logging.FileHandler(log_dir / "daemon.log"))

@@ -122,21 +122,44 @@ def write_file(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
-def make_dir(path: str | os.PathLike) -> Path:
+def make_dir(path: str | os.PathLike, own: bool = False) -> Path:
     """Make a run directory (and its missing parents) with the run-directory mode; one of ours
     that already existed gets that mode too. A directory others may write to by design (sticky,
-    like /tmp) or of another user is left as it is."""
+    like /tmp) or of another user is left as it is, unless `own`: then one that another user
+    owns is refused (OSError), as the daemon's log directory is: its owner could delete, rename
+    or swap the run's files (a symlink at wandb/ or a piece's name) under a daemon of ours."""
     path = Path(path)
+    if own:
+        _check_no_open_parent(path)      # before anything is made under such a parent
     path.mkdir(parents=True, exist_ok=True, mode=_modes.dir)
     try:
         fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError:             # one we may write to but not list: used as it is
         return path
     try:
+        if own:
+            st = os.fstat(fd)
+            if st.st_uid != os.geteuid():
+                raise OSError(errno.EPERM, f"it is owned by another user (uid {st.st_uid}), who could delete or "
+                                           f"swap the run's files in it; use a directory of your own", os.fspath(path))
         _set_mode(fd, path, _modes.dir, stat.S_ISDIR)
     finally:
         os.close(fd)
     return path
+
+
+def _check_no_open_parent(path: Path) -> None:
+    """No directory above `path` is writable by every user without the sticky bit: anyone could
+    rename the run's directory away and put a link of theirs at its name. (A group-writable one,
+    a team's runs/, is the team's choice.)"""
+    for parent in Path(os.path.abspath(path)).parents:
+        try:
+            st = os.stat(parent)
+        except OSError:
+            continue
+        if st.st_mode & stat.S_IWOTH and not st.st_mode & stat.S_ISVTX:
+            raise OSError(errno.EPERM, f"{parent} above it is writable by every user (without the sticky bit), who "
+                                       f"could swap the run's directory; use a directory of your own", os.fspath(path))
 
 
 def _set_mode(fd: int, path, mode: int, is_kind) -> None:
