@@ -52,8 +52,8 @@ KINDS: dict[tuple[str, str], str] = {
     ("export-prometheus", "--addr"): "address", ("export-prometheus", "--port"): "number",
     ("export-prometheus", "--token-file"): "in_file", ("export-prometheus", "--memory-mb"): "number",
     ("export-prometheus", "--max-series"): "number",
-    ("replay", "run_dir"): "run_dir", ("replay", "--project"): "free", ("replay", "--entity"): "free",
-    ("replay", "--run-id"): "free", ("replay", "--run-name"): "free",
+    ("replay", "run_dir"): "run_dir", ("replay", "--project"): "wandb_id", ("replay", "--entity"): "wandb_id",
+    ("replay", "--run-id"): "wandb_id", ("replay", "--run-name"): "wandb_name",
     ("mfu-check", "--config"): "in_file", ("mfu-check", "--hf-config"): "in_file",
     ("mfu-check", "--model-type"): "name",
     ("keygen", "--dir"): "out_dir", ("keygen", "--name"): "name", ("keygen", "--allow"): "out_dir",
@@ -78,7 +78,11 @@ def bad_values(kind: str, tmp: Path) -> dict[str, str]:
         "run_dir": {"empty": "", "under-a-file": under_file, "missing": str(tmp / "no-such-run")},
         "name": {"empty": ""},
         "address": {"empty": "", "bad-ip": "999.1.1.1", "text": "not a host!"},
-        "free": {},   # any text is a valid project, filter, run id: nothing to refuse
+        # W&B refused these after set-up, with a traceback (a run id with "/", one too long for
+        # W&B's directory name), or took an empty one as the default.
+        "wandb_id": {"empty": "", "slash": "a/b", "too-long": "a" * 5000, "control": "x\ny"},
+        "wandb_name": {"empty": "", "too-long": "a" * 5000, "control": "x\x1b]0;t\x07"},
+        "free": {},   # any text is a valid filter: nothing to refuse
         "unknown": {"unknown-kind": ""},
     }[kind]
 
@@ -307,6 +311,8 @@ def test_every_numeric_daemon_config_key_refuses_non_finite_and_huge(tmp_path, b
     ("aggregator:\n  world_size: 1000000000\n", "world_size"),
     ("aggregator:\n  step_timeout_s: .nan\n", "step_timeout_s"),
     ("wandb:\n  finish_timeout_s: -5\n", "finish_timeout_s"),
+    ("wandb:\n  project: a/b\n", "wandb.project"),          # W&B refused it in its thread, after ready
+    ("wandb:\n  entity: ''\n", "wandb.entity"),
     ("ingest: tcp://127.0.0.1:7000\npub: tcp://127.0.0.1:7000\n", "is given for two sockets"),
     ("forward:\n  endpoint: tcp://127.0.0.1:7000\n  num_nodes: 1000000000\n", "num_nodes"),
     ("forward:\n  endpoint: tcp://127.0.0.1:7000\n  num_nodes: 65536\n  node_rank: 60000\n"

@@ -160,3 +160,21 @@ def test_a_log_dir_another_user_owns_or_can_swap_is_refused(tmp_path, where):
     assert out.returncode == 2 and "Traceback" not in text and "telemetry daemon ready" not in text, text
     assert ("owned by another user" if where == "theirs" else "writable by every user") in text, text
     assert not list(theirs.rglob("*.jsonl")) and not list(theirs.rglob("daemon.log")), list(theirs.rglob("*"))
+
+
+@pytest.mark.parametrize("name", ["wandb_run_id", "wandb_replay.json"])
+def test_replay_does_not_wait_on_a_fifo_at_its_id_or_state_file(tmp_path, name):
+    """Not in the issue's list: replay read the W&B run id the daemon kept, and its own state
+    mark, whole and blocking (a FIFO there hung it; the daemon's W&B sink read the id the same
+    way). Now: not a regular file, not read; the replay goes on and writes a real state file."""
+    run = tmp_path / "run"
+    log_dir = run / "telemetry"
+    log_dir.mkdir(parents=True)
+    (log_dir / "metrics.jsonl").write_text(
+        '{"kind": "metrics", "t": 1700000000.0, "step": 1, "values": {"train/loss": 2.0}}\n')
+    os.mkfifo(log_dir / name)
+    env = {"WANDB_DIR": str(tmp_path / "wandb"), "WANDB_SILENT": "true"}
+    rp = _telemetry(["replay", str(run), "--wandb", "offline"], env=env)
+    assert rp.returncode == 0 and "Traceback" not in rp.stderr and "1 rows" in rp.stdout, rp.stdout + rp.stderr
+    state = log_dir / "wandb_replay.json"
+    assert state.is_file() and not state.is_symlink() and (state.stat().st_mode & 0o007) == 0   # as the run: 0640 here

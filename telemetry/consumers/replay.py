@@ -33,6 +33,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from telemetry.shared.config import WANDB_PROJECT_FORBIDDEN, WANDB_RUN_ID_FORBIDDEN
+
 STATE_FILE = "wandb_replay.json"
 SUPERSEDED_DIR = "wandb-superseded"
 # A W&B offline directory touched this recently is still being written by a live daemon.
@@ -43,39 +45,61 @@ FINISH_FLUSH_S = 10.0
 PROGRESS_EVERY = 5000
 
 
+def _wandb_name(what: str, forbidden: str, max_chars: int):
+    """An argparse `type=` for a W&B name flag: what W&B itself would refuse (with a traceback,
+    after set-up: a run id with "/", one too long for a file name) is one line and exit 2 here,
+    and an empty value is an error, not the default."""
+    from telemetry.shared.config import wandb_name_problem
+
+    def check(text: str) -> str:
+        why = wandb_name_problem(text, what, forbidden, max_chars)
+        if why:
+            raise argparse.ArgumentTypeError(why)
+        return text
+    check.__name__ = "wandb_name"
+    return check
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("run_dir", metavar="RUN_DIR", help="run dir holding telemetry/metrics.jsonl, or the telemetry dir")
     p.add_argument("--wandb", choices=("online", "offline"), default="online", help="W&B mode (default online)")
-    p.add_argument("--project", default=None, help="W&B project (default $WANDB_PROJECT, else 'telemetry')")
-    p.add_argument("--entity", default=None, help="W&B entity (default: yours)")
-    p.add_argument("--run-id", default=None, help="W&B run id (default: the live sink's id for this run dir)")
-    p.add_argument("--run-name", default=None, help="W&B run name (default: from the hello records, else the dir)")
+    p.add_argument("--project", default=None, type=_wandb_name("W&B project", WANDB_PROJECT_FORBIDDEN, 128),
+                   help="W&B project (default $WANDB_PROJECT, else 'telemetry')")
+    p.add_argument("--entity", default=None, type=_wandb_name("W&B entity", WANDB_PROJECT_FORBIDDEN, 128),
+                   help="W&B entity (default: yours)")
+    p.add_argument("--run-id", default=None, type=_wandb_name("W&B run id", WANDB_RUN_ID_FORBIDDEN, 128),
+                   help="W&B run id (default: the live sink's id for this run dir)")
+    p.add_argument("--run-name", default=None, type=_wandb_name("W&B run name", "", 1024),
+                   help="W&B run name (default: from the hello records, else the dir)")
 
 
 def run_id_for(log_dir: Path, run_name: str) -> str:
     """The live sink's W&B run id for this log dir: the one it wrote down, else the same derivation."""
     from telemetry.daemon.sinks.wandb_sink import stable_run_id
 
-    id_file = log_dir / "wandb_run_id"
-    if id_file.exists():
-        text = id_file.read_text().strip()
-        if text:
-            return text
+    from telemetry.shared import files
+
+    text = files.read_small(log_dir / "wandb_run_id").strip()
+    if text:
+        return text
     return stable_run_id(run_name + ":" + str(log_dir.resolve()))
 
 
 def _load_state(log_dir: Path) -> dict:
+    from telemetry.shared import files
+
     try:
-        state = json.loads((log_dir / STATE_FILE).read_text())
+        state = json.loads(files.read_small(log_dir / STATE_FILE) or "{}")
         return state if isinstance(state, dict) else {}
-    except (FileNotFoundError, ValueError):
+    except ValueError:
         return {}
 
 
 def _save_state(log_dir: Path, state: dict) -> None:
-    tmp = log_dir / (STATE_FILE + ".tmp")
-    tmp.write_text(json.dumps(state, indent=1) + "\n")
-    os.replace(tmp, log_dir / STATE_FILE)  # atomic: a crash leaves the old mark, never half a file
+    from telemetry.shared import files
+
+    # atomic (a crash leaves the old mark, never half a file), private, never through a link
+    files.write_file(log_dir / STATE_FILE, (json.dumps(state, indent=1) + "\n").encode())
 
 
 def plan(records: Any, after_step: int) -> tuple[list[tuple[int, dict]], list[dict], dict, list[dict]]:

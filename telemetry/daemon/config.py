@@ -55,6 +55,14 @@ class WandbConfig(SinkConfig):
             raise ConfigError(f"wandb.mode {self.mode!r}: expected disabled, offline or online")
         if self.finish_timeout_s <= 0:
             raise ConfigError(f"wandb.finish_timeout_s must be > 0, got {self.finish_timeout_s}")
+        from telemetry.shared.config import WANDB_PROJECT_FORBIDDEN, wandb_name_problem
+
+        # W&B refuses these only at its init, in the sink's thread: the run went on without W&B.
+        for key in ("project", "entity"):
+            value = getattr(self, key)
+            why = None if value is None else wandb_name_problem(value, f"wandb.{key}", WANDB_PROJECT_FORBIDDEN)
+            if why:
+                raise ConfigError(why)
 
 
 @dataclass(kw_only=True, slots=True)

@@ -256,6 +256,25 @@ def writable_dir_problem(path: str | os.PathLike) -> str | None:
     return None
 
 
+# What W&B refuses in a project or entity name, and in a run id (wandb_settings' validators), and
+# the longest each may be here (a run id names W&B's run directory: a file name).
+WANDB_PROJECT_FORBIDDEN, WANDB_RUN_ID_FORBIDDEN = "/\\#?%:", ":;,#?/'\\ "
+
+
+def wandb_name_problem(text: str, what: str, forbidden: str, max_chars: int = 128) -> str | None:
+    """Why `text` cannot be a W&B project, entity, run id or name, or None: empty, too long, a
+    character W&B refuses (it would raise after set-up, in the sink's thread or with a
+    traceback) or a control character."""
+    if not text.strip():
+        return f"a {what} is needed, got an empty string"
+    if len(text) > max_chars:
+        return f"a {what} is at most {max_chars} characters, got {len(text)}"
+    bad = sorted({c for c in text if c in forbidden or not c.isprintable()})
+    if bad:
+        return f"a {what} cannot contain {' '.join(repr(c) for c in bad)}"
+    return None
+
+
 def nonempty_arg(text: str) -> str:
     """An argparse `type=` for a name or path flag: an empty value is an error, not the default."""
     if not text.strip():

@@ -109,6 +109,18 @@ def open_regular(path: str | os.PathLike):
     return os.fdopen(fd, "rb")
 
 
+def read_small(path: str | os.PathLike, limit: int = 1 << 20) -> str:
+    """A small run file's text (an id, a state mark); "" when it is missing, not a regular file
+    (a FIFO there never blocks the reader, /dev/zero is never read without end), unreadable or
+    larger than `limit` bytes."""
+    try:
+        with open_regular(path) as f:
+            data = f.read(limit + 1)
+    except OSError:
+        return ""
+    return "" if len(data) > limit else data.decode("utf-8", "replace")
+
+
 def write_file(path: Path, data: bytes) -> None:
     """Replace `path` with `data` atomically (a temporary beside it, then rename), run-file mode."""
     tmp = path.with_name(path.name + ".tmp")

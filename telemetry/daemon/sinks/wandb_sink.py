@@ -120,10 +120,11 @@ class WandbSink(Sink):
         wandb = self._wandb
         init = init_kwargs(self._init or {})
         id_file = self.log_dir / "wandb_run_id"
+        kept = files.read_small(id_file, 4096).strip()   # a FIFO or /dev/zero there: not read
         if init.get("id"):
             self.run_id = str(init["id"])
-        elif id_file.exists():
-            self.run_id = id_file.read_text().strip()
+        elif kept:
+            self.run_id = kept
         else:
             self.run_id = stable_run_id(self.run_name + ":" + str(self.log_dir.resolve()))
         self.log_dir.mkdir(parents=True, exist_ok=True)
