@@ -91,6 +91,8 @@ DIAGNOSIS_MAX_SHARE = 0.25
 _json = msgspec.json.Encoder()
 # Per-source accounting, checkpointed at each daemon record and at exit (see _checkpoint_sources).
 SOURCES_FILE = "sources.json"
+# Control connections at once (`telemetry status`/`drain` use one for a moment each).
+MAX_CONTROL_CONNECTIONS = 64
 # sources.json holds at most receiver.MAX_SOURCES rows of 7 integers (~10 MB): more is not ours.
 MAX_SOURCES_FILE_BYTES = 32 << 20
 # How often it is checkpointed (when records came in since): what a SIGKILL leaves unaccounted
@@ -152,6 +154,7 @@ class Daemon:
         self._recent_metrics = memory.RecentRing(self.budget.recent_bytes, self.shed)
         self.names = self.receiver.names = memory.NameCatalogue(self.budget.max_names, self.shed)
         self.hello_infos = memory.HelloInfos(self.budget.hello_bytes, self.shed)
+        self._pub_sock: zmq.Socket | None = None   # watched for its subscribers (start)
         self._record_bytes = 1024              # estimated bytes of a metrics record in memory (per batch)
         self._batch_frames = INGEST_BATCH      # frames per ingest batch: memory.INGEST_BATCH_BYTES of them
         self._last_ingest_mono = 0.0
@@ -193,9 +196,20 @@ class Daemon:
             self.security.prepare(self.pull, remote, "remote_ingest")
             self.endpoints["remote_ingest"] = _bind(self.pull, remote)
         ingest_eps = tuple(ep for k, ep in self.endpoints.items() if k in ("ingest", "remote_ingest"))
-        self.security.watch({"ingest": self.pull}, limits={"ingest": (self.max_connections, ingest_eps)})
         self._control_token = control_protocol.issue_token(self.endpoints["control"])
         self._make_sinks()
+        # Every listening socket has a connection limit: connections that are no rank (idle raw
+        # ones, subscribers that never read, on loopback TCP anyone's) cannot take the daemon's
+        # descriptors or, on PUB, its memory (a queue each).
+        from telemetry.daemon.sinks.pub import MAX_SUBSCRIBERS
+
+        watched = {"ingest": self.pull, "control": self.control}
+        limits = {"ingest": (self.max_connections, ingest_eps),
+                  "control": (MAX_CONTROL_CONNECTIONS, (self.endpoints["control"],))}
+        if self._pub_sock is not None:
+            watched["pub"] = self._pub_sock
+            limits["pub"] = (MAX_SUBSCRIBERS, (self.endpoints["pub"],))
+        self.security.watch(watched, limits=limits)
         self._make_pollers_and_diagnosis()
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
@@ -234,6 +248,7 @@ class Daemon:
         self.endpoints["pub"] = pub_sock.getsockopt(zmq.LAST_ENDPOINT).decode()
         if cfg.pub_sink.enabled:
             self._add_runner(PubSink(pub_sock), cfg.pub_sink)
+            self._pub_sock = pub_sock
         else:
             pub_sock.close(linger=0)
         if cfg.wandb.enabled and cfg.wandb.mode != "disabled":

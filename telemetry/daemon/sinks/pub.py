@@ -14,8 +14,17 @@ from telemetry.daemon.sinks.base import Out, Sink
 from telemetry.shared import endpoints
 
 # Per subscriber, records buffered before PUB drops for that subscriber (libzmq's rule for PUB:
-# a slow subscriber loses records, never slows the publisher).
-PUB_SNDHWM = 100_000
+# a slow subscriber loses records, never slows the publisher). Each queued frame costs ~60 bytes
+# of libzmq's per subscriber (the line's bytes are shared), so the daemon holds at most about
+# MAX_SUBSCRIBERS x PUB_SNDHWM x 2 frames x 60 B (~77 MB) for subscribers that stop reading,
+# plus the last PUB_SNDHWM lines themselves. Measured before: 200 subscribers that never read
+# (another local user on a loopback TCP PUB, or suspended `telemetry tail`s) held 2.3 GB of the
+# daemon at 100,000 a subscriber, and kept it. A consumer's own queue (its RCVHWM, 100,000 in
+# telemetry's consumers) is in front of this one: a consumer that keeps up loses nothing here.
+PUB_SNDHWM = 10_000
+# Subscribers at once; one beyond is shut at once and counted (status: security.connections.pub
+# .refused, telemetry/connections_refused). A dashboard, a tail and an exporter use one each.
+MAX_SUBSCRIBERS = 64
 # zmq.Socket's own send without the Python layer pyzmq puts over it (routing ids, groups, Frames:
 # none of which a PUB of bytes uses).
 _send = getattr(zmq.backend, "Socket", zmq.Socket).send
