@@ -67,6 +67,9 @@ def bad_values(kind: str, tmp: Path) -> dict[str, str]:
     a_file = tmp / "a-file"
     a_file.write_text("x\n")
     under_file = str(a_file / "x")
+    fifo = tmp / "a-fifo"
+    if tmp != Path("/tmp") and not fifo.exists():
+        os.mkfifo(fifo)                  # read by nothing: opening it for reading would wait forever
     return {
         "number": {"empty": "", "negative": "-1", "nan": "nan", "inf": "inf", "huge": "1" + "0" * 30, "text": "abc"},
         "endpoint": {"empty": "", "text": "foo", "bad-port": "tcp://999.1.1.1:x", "bad-host": "tcp://999.1.1.1:5",
@@ -74,7 +77,7 @@ def bad_values(kind: str, tmp: Path) -> dict[str, str]:
         "choice": {"text": "no-such-choice"},
         "out_dir": {"empty": "", "under-a-file": under_file, "proc": "/proc/telemetry-no/such"},
         "in_file": {"empty": "", "under-a-file": under_file, "missing": str(tmp / "missing.yaml"),
-                    "a-dir": str(tmp), "dev-zero": "/dev/zero"},
+                    "a-dir": str(tmp), "dev-zero": "/dev/zero", "fifo": str(fifo)},
         "run_dir": {"empty": "", "under-a-file": under_file, "missing": str(tmp / "no-such-run")},
         "name": {"empty": ""},
         "address": {"empty": "", "bad-ip": "999.1.1.1", "text": "not a host!"},
