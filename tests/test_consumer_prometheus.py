@@ -411,3 +411,54 @@ def test_beyond_loopback_needs_allow_remote():
 ])
 def test_bad_flags_are_one_line_and_exit_2(args, words):
     _refused([*args, "--pub", "ipc:///nonexistent/pub.sock"], *words)
+
+
+def test_idle_connections_hold_no_thread_for_good_and_are_bounded_in_number():
+    """Not in issue 26's list, its memory class: every idle connection (another local user's,
+    on the loopback port) held a thread of the exporter forever (ThreadingHTTPServer has no
+    limit and no timeout). Now at most max_connections at once (beyond: closed, counted) and an
+    idle one lets go after the handler's timeout. The dashboard's server has the same mixin."""
+    import socket
+    import threading
+    import urllib.request
+
+    from prometheus_client import CollectorRegistry
+
+    from telemetry.consumers import httpaccess
+    from telemetry.consumers.dashboard.server import DashboardServer, Handler as DashHandler
+    from telemetry.consumers.prometheus import MetricsServer, _Handler
+
+    assert issubclass(DashboardServer, httpaccess.BoundedConnections)
+    assert _Handler.timeout == DashHandler.timeout == httpaccess.HTTP_TIMEOUT_S
+    server = MetricsServer(("127.0.0.1", 0), CollectorRegistry(auto_describe=False))
+    server.max_connections = 4
+    server.RequestHandlerClass = type("ShortTimeout", (_Handler,), {"timeout": 2})
+    t = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True)
+    t.start()
+    port = server.server_address[1]
+    idle = []
+    try:
+        before = threading.active_count()
+        for _ in range(10):
+            s = socket.create_connection(("127.0.0.1", port), timeout=30)
+            s.sendall(b"GET /metrics HTTP/1.1\r\n")          # never finishes its request
+            idle.append(s)
+        deadline = time.monotonic() + 120                      # a hang detector
+        while server.num_refused < 6:
+            assert time.monotonic() < deadline, server.num_refused
+            time.sleep(0.1)
+        assert threading.active_count() - before <= 4
+        # The idle ones time out and let go; then a scrape is served.
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as r:
+                    assert r.status == 200
+                    break
+            except OSError:
+                assert time.monotonic() < deadline, "no slot came free"
+                time.sleep(0.5)
+    finally:
+        for s in idle:
+            s.close()
+        server.shutdown()
+        server.server_close()

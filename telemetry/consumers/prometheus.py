@@ -42,6 +42,7 @@ from typing import Any, Iterator
 from urllib.parse import urlsplit
 
 from telemetry.consumers import httpaccess
+from telemetry.consumers.httpaccess import HTTP_TIMEOUT_S, BoundedConnections
 
 DEFAULT_PORT = 9464  # the port OpenTelemetry's Prometheus exporter uses by convention
 PREFIX = "telemetry_"
@@ -330,7 +331,7 @@ class Collector:
                                                  "another's or too long", value=own[NAMES_RENAMED])
 
 
-class MetricsServer(ThreadingHTTPServer):
+class MetricsServer(BoundedConnections, ThreadingHTTPServer):
     """GET /metrics (and /): the exposition, text format 0.0.4. With a token, only for
     `Authorization: Bearer <token>`; on loopback, only for a loopback Host header."""
 
@@ -348,6 +349,7 @@ class MetricsServer(ThreadingHTTPServer):
 
 class _Handler(BaseHTTPRequestHandler):
     server: MetricsServer
+    timeout = HTTP_TIMEOUT_S      # an idle or stalled connection lets go of its thread
     protocol_version = "HTTP/1.1"
 
     def log_message(self, format: str, *args: Any) -> None:   # a line per scrape is noise

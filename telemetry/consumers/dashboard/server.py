@@ -35,6 +35,7 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from telemetry.consumers import httpaccess
+from telemetry.consumers.httpaccess import HTTP_TIMEOUT_S, BoundedConnections
 from telemetry.consumers.dashboard.live import Hub
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
@@ -45,7 +46,7 @@ MAX_WIDTH_PX = 8000
 DEFAULT_MAX_POINTS_SENT = 400_000
 
 
-class DashboardServer(ThreadingHTTPServer):
+class DashboardServer(BoundedConnections, ThreadingHTTPServer):
     daemon_threads = True          # a page left open never holds the exit
     allow_reuse_address = True
 
@@ -84,6 +85,7 @@ def _dumps(obj: Any) -> bytes:
 class Handler(BaseHTTPRequestHandler):
     server: DashboardServer
     protocol_version = "HTTP/1.1"
+    timeout = HTTP_TIMEOUT_S      # an idle keep-alive or a stalled reader lets go of its thread
 
     def log_message(self, format: str, *args: Any) -> None:   # one line per request is noise here
         pass
