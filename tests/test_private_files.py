@@ -75,14 +75,16 @@ def inherited_wandb_service():
     inherits (WANDB_SERVICE), as when a script that ran wandb itself starts the daemon."""
     import wandb
 
-    old = os.environ.get("WANDB_SERVICE")
+    # A service of its own: one that an earlier test of this process started (an in-process
+    # wandb.init) would be torn down below, and its name left in the environment would send every
+    # later wandb.init of this process, and every script it starts, to a dead socket.
+    wandb.teardown()
+    os.environ.pop("WANDB_SERVICE", None)
     wandb.setup()
     assert os.environ.get("WANDB_SERVICE"), "wandb.setup() named no service: the case is not made"
     yield
     wandb.teardown()
-    os.environ.pop("WANDB_SERVICE", None)
-    if old is not None:
-        os.environ["WANDB_SERVICE"] = old
+    os.environ.pop("WANDB_SERVICE", None)     # dead now: the next wandb.init starts its own
 
 
 @needs_root
