@@ -25,7 +25,7 @@ from pathlib import Path
 
 import zmq
 
-from benchmarks.reliability import Endpoints, launch
+from testkit.faults import Endpoints, launch
 from protocol import codec
 from telemetry.client import TelemetryClient
 

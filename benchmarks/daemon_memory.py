@@ -32,7 +32,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.daemon_proc import DaemonProc, daemon_command  # noqa: E402
+from testkit.daemon_proc import DaemonProc, daemon_command  # noqa: E402
 
 SAMPLE_S = 0.05
 # A daemon past this RSS (or this long) in the world case is stopped: the old code grows until

@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from benchmarks.reliability import free_port
+from testkit.faults import free_port
 
 
 def _rank(rank: int, world: int, port: int, args, out) -> None:

@@ -1,6 +1,6 @@
 """The ingest queue as one budget (issue 18) against a queue per connection, side by side.
 
-8 rank processes (benchmarks/reliability.py `rank`, the real TelemetryClient) send unpaced into
+8 rank processes (testkit/faults.py `rank`, the real TelemetryClient) send unpaced into
 one daemon, alternating round by round between:
 
     shared budget     the default: rcvhwm 10,485,760 shared by max_connections 1,024 (10,240
@@ -24,7 +24,7 @@ import threading
 import time
 from pathlib import Path
 
-from benchmarks import reliability
+from testkit import faults
 
 VARIANTS = {"shared budget": {"rcvhwm": 10 * 1024 * 1024, "max_connections": 1024},
             "per connection": {"rcvhwm": 1_000_000 * 1024, "max_connections": 1024}}
@@ -33,7 +33,7 @@ VARIANTS = {"shared budget": {"rcvhwm": 10 * 1024 * 1024, "max_connections": 102
 def one(variant: str, n: int) -> dict:
     peak = [0.0]
     stop = threading.Event()
-    launched = reliability.launch
+    launched = faults.launch
 
     def watch(d) -> None:      # the daemon's RSS, sampled every 50 ms while the round runs
         while not stop.is_set():
@@ -51,13 +51,13 @@ def one(variant: str, n: int) -> dict:
         threading.Thread(target=watch, args=(d,), daemon=True).start()
         return d
 
-    reliability.launch = launch_and_watch
+    faults.launch = launch_and_watch
     try:
         cfg = VARIANTS[variant]
-        r = reliability.load(Path(tempfile.mkdtemp(prefix="budget-")), num_ranks=8, n=n, rate=0, sndhwm=10_000,
-                             rcvhwm=cfg["rcvhwm"], max_connections=cfg["max_connections"], name=variant)
+        r = faults.load(Path(tempfile.mkdtemp(prefix="budget-")), num_ranks=8, n=n, rate=0, sndhwm=10_000,
+                        rcvhwm=cfg["rcvhwm"], max_connections=cfg["max_connections"], name=variant)
     finally:
-        reliability.launch = launched
+        faults.launch = launched
         stop.set()
     per = r["per_rank"].values()
     tried = sum(f["tried"] for f in per)

@@ -10,7 +10,8 @@
 Endpoints are ipc sockets in a short private directory (tmp_path can exceed the 107-byte unix
 socket limit) or, with transport="tcp", tcp://127.0.0.1:0: the daemon binds a free port and its
 ready line reports the real one, so there is no port race. The process handle (DaemonProc) is
-benchmarks/daemon_proc.py, which the fault-injection benchmarks use too.
+testkit/daemon_proc.py, which the fault-injection scenarios (testkit/faults.py) and the
+benchmarks use too.
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from benchmarks.daemon_proc import DaemonProc, daemon_command
+from testkit.daemon_proc import DaemonProc, daemon_command
 
 ROOT = Path(__file__).resolve().parent.parent
 

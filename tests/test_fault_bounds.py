@@ -9,17 +9,17 @@ import time
 import pytest
 import zmq
 
-from benchmarks import reliability
 from protocol import encode_metrics
 from test_daemon_e2e import SINKS_ENV
+from testkit import faults
 
 
 def test_the_soft_descriptor_limit_is_raised_to_the_hard_one(tmp_path):
     hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
     if hard != resource.RLIM_INFINITY and hard <= 512:
         pytest.skip(f"hard descriptor limit {hard}: nothing to raise to")
-    eps = reliability.Endpoints()
-    d = reliability.launch(tmp_path / "telemetry", eps, nofile_soft=256)
+    eps = faults.Endpoints()
+    d = faults.launch(tmp_path / "telemetry", eps, nofile_soft=256)
     try:
         limits = d.status()["limits"]
         want = min(hard if hard != resource.RLIM_INFINITY else 1 << 20, 1 << 20)
@@ -31,8 +31,8 @@ def test_the_soft_descriptor_limit_is_raised_to_the_hard_one(tmp_path):
 
 
 def test_connections_beyond_the_limit_are_refused_and_counted(tmp_path):
-    eps = reliability.Endpoints()
-    d = reliability.launch(tmp_path / "telemetry", eps, config={"max_connections": 4})
+    eps = faults.Endpoints()
+    d = faults.launch(tmp_path / "telemetry", eps, config={"max_connections": 4})
     ctx = zmq.Context()
     socks = []
     try:
@@ -82,10 +82,10 @@ def _flood(tmp_path, rcvhwm: int, until_queued: int = 0, until_taken: int = 0) -
     `until_queued`, or until the loop has taken in `until_taken` more. Counts, not memory or time: what
     the daemon's libzmq queues hold is what was accepted and not taken in, less the client's own
     queue (CLIENT_HWM) and the kernel's socket buffer. Returns the peak queued, per client."""
-    eps = reliability.Endpoints()
+    eps = faults.Endpoints()
     cfg = {"rcvhwm": rcvhwm, "max_connections": 16,
            "custom_sinks": [{"class": "daemon_sinks:StallSink", "options": {"sleep_s": 0.5}}]}
-    d = reliability.launch(tmp_path / f"telemetry-{rcvhwm}", eps, config=cfg, env=SINKS_ENV)
+    d = faults.launch(tmp_path / f"telemetry-{rcvhwm}", eps, config=cfg, env=SINKS_ENV)
     ctx = zmq.Context()
     socks = []
     try:

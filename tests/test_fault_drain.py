@@ -4,7 +4,7 @@ with a 1 s one the intake and the JSONL each add up exactly: sent = accepted + c
 the JSONL's lines written + counted dropped = what it was handed, the file holding those lines."""
 from __future__ import annotations
 
-from benchmarks import reliability
+from testkit import faults
 
 
 def _adds_up(r: dict) -> None:
@@ -14,13 +14,13 @@ def _adds_up(r: dict) -> None:
 
 
 def test_a_backlog_at_sigterm_is_written(tmp_path):
-    r = reliability.drain_backlog(tmp_path, num_ranks=2, n=60_000)
+    r = faults.drain_backlog(tmp_path, num_ranks=2, n=60_000)
     _adds_up(r)
     assert r["exit_code"] == 0 and r["unread_at_drain"] == 0 and r["written"] == r["sent"], r
 
 
 def test_what_a_short_drain_deadline_leaves_is_counted(tmp_path):
-    r = reliability.drain_backlog(tmp_path, num_ranks=2, n=150_000, drain_timeout_s=1.0)
+    r = faults.drain_backlog(tmp_path, num_ranks=2, n=150_000, drain_timeout_s=1.0)
     _adds_up(r)
     assert r["unread_at_drain"] > 0 and r["counted_lost"] >= r["unread_at_drain"], r
     assert r["exit_s"] < 1.0 + 10.0, r                   # the deadline, plus process teardown

@@ -3,11 +3,11 @@ accepted and never wrote is counted by its successor (sources.json), once the cl
 records arrive: sent == written + counted lost, exactly (issue 18)."""
 from __future__ import annotations
 
-from benchmarks import reliability
+from testkit import faults
 
 
 def test_what_dies_with_a_killed_daemon_is_counted(tmp_path):
-    r = reliability.kill_counted(tmp_path, n_before=1000, n_stopped=300, n_after=200)
+    r = faults.kill_counted(tmp_path, n_before=1000, n_stopped=300, n_after=200)
     assert r["written_by_first"] == 1000, r
     assert r["unaccounted"] == 0, r                 # 300 before the fix: nothing counted them
     assert r["counted_lost"] == r["lost_in_transit"] == r["sent"] - r["written"], r

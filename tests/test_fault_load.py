@@ -5,14 +5,14 @@ import os
 
 import pytest
 
-from benchmarks import reliability
+from testkit import faults
 
 RECORDS_PER_RANK = int(os.environ.get("TELEMETRY_TEST_LOAD_N", "125000"))
 
 
 @pytest.mark.slow
 def test_eight_ranks_paced_under_the_hwm_exactly_once(tmp_path):
-    r = reliability.load(tmp_path, num_ranks=8, n=RECORDS_PER_RANK, rate=5000)
+    r = faults.load(tmp_path, num_ranks=8, n=RECORDS_PER_RANK, rate=5000)
     for rank, f in r["per_rank"].items():
         assert f["dropped"] == 0 and f["lost"] == 0, (rank, f)
         assert f["received"] == f["sent"] == f["tried"] == RECORDS_PER_RANK + 2, (rank, f)   # + hello, bye
@@ -35,7 +35,7 @@ def _every_loss_counted(r: dict) -> int:
 
 @pytest.mark.slow
 def test_overload_loses_only_what_is_counted(tmp_path):
-    r = reliability.load(tmp_path, num_ranks=8, n=20_000, rate=0, sndhwm=1000, rcvhwm=5000, name="overload")
+    r = faults.load(tmp_path, num_ranks=8, n=20_000, rate=0, sndhwm=1000, rcvhwm=5000, name="overload")
     assert _every_loss_counted(r) > 0      # it really was an overload
 
 
@@ -45,5 +45,5 @@ def test_a_tail_lost_at_hang_up_is_counted(tmp_path):
     libzmq then discards what the rank had handed to the kernel on its records connection (ipc).
     The bye travels on a connection of its own, so that tail is counted in transit instead of
     vanishing with it."""
-    r = reliability.load(tmp_path, num_ranks=8, n=20_000, rate=0, sndhwm=1000, rcvhwm=100 * 1024, name="hang_up")
+    r = faults.load(tmp_path, num_ranks=8, n=20_000, rate=0, sndhwm=1000, rcvhwm=100 * 1024, name="hang_up")
     assert _every_loss_counted(r) > 0

@@ -3,14 +3,14 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks import reliability
+from testkit import faults
 
 
 @pytest.mark.timeout(900)     # a hang detector for a loaded machine; the scenario waits on counts
 def test_sigkill_and_restart(tmp_path):
     sndhwm = 1000
-    r = reliability.kill_restart(tmp_path, num_ranks=2, rate=2000, before=2000, during=2 * sndhwm, after=2000,
-                                 sndhwm=sndhwm)
+    r = faults.kill_restart(tmp_path, num_ranks=2, rate=2000, before=2000, during=2 * sndhwm, after=2000,
+                            sndhwm=sndhwm)
     # The restarted daemon cut the torn line the crash left and appended after it.
     assert r["repaired_bytes"] == len(b'{"kind": "metrics", "t": 1.0, "step": 12')
     assert r["integrity"]["bad_lines"] == 0 and r["integrity"]["ends_with_newline"]
@@ -32,7 +32,7 @@ def test_sigkill_and_restart(tmp_path):
 def test_sigterm_drains_everything_accepted(tmp_path):
     # A drain deadline no loaded machine reaches with 40,000 records: the daemon reports whether
     # every stage finished within it (drain.json "drained"); a wait past 120 s is a hang.
-    r = reliability.sigterm_drain(tmp_path, num_ranks=2, n=20_000, drain_timeout_s=60.0)
+    r = faults.sigterm_drain(tmp_path, num_ranks=2, n=20_000, drain_timeout_s=60.0)
     assert r["exit_code"] == 0
     assert r["accepted"] > 0
     assert r["lost_after_accept"] == 0, r                # zero loss of what was accepted

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import reliability
 from daemon_sinks import HangSink, RaisingSink
 from telemetry.client import TelemetryClient
 from telemetry.daemon.config import load
@@ -19,11 +18,12 @@ from telemetry.daemon.control import request
 from telemetry.daemon.core import Daemon
 from telemetry.daemon.sinks.base import Out, SinkRunner
 from telemetry.daemon.sinks.jsonl import JsonlSink
+from testkit import faults
 
 
 def test_disk_full(tmp_path):
     limit = 128 * 1024
-    r = reliability.disk_full(tmp_path, limit_bytes=limit, n=2000, rate=2000)
+    r = faults.disk_full(tmp_path, limit_bytes=limit, n=2000, rate=2000)
     assert r["alive_when_full"] and r["exit_code"] == 1       # its source of truth failed: said at exit
     assert r["jsonl_write_errors"] >= 1 and r["jsonl_dropped"] >= 1     # counted
     assert r["status_reports_error"]                                     # and reported
@@ -33,7 +33,7 @@ def test_disk_full(tmp_path):
 
 
 def test_raising_and_hanging_sinks_do_not_stop_jsonl(tmp_path):
-    rt = Path(reliability.Endpoints().dir)
+    rt = Path(faults.Endpoints().dir)
     cfg = load(None, {"log_dir": str(tmp_path / "tm"), "wandb.mode": "disabled", "ingest": f"ipc://{rt}/i",
                       "pub": f"ipc://{rt}/p", "control": f"ipc://{rt}/c", "aggregator.world_size": 1,
                       "drain_timeout_s": 3.0})

@@ -6,9 +6,9 @@ import os
 import signal
 import time
 
-from benchmarks import reliability
 from test_forensics_ranks import HANG, events, kill_all, start_ranks
 from telemetry.tools.keygen import make_pair
+from testkit import faults
 
 
 def test_a_node_daemon_reports_a_killed_rank_to_the_head(tmp_path):
@@ -18,14 +18,14 @@ def test_a_node_daemon_reports_a_killed_rank_to_the_head(tmp_path):
     allowed.mkdir(mode=0o700)
     pub_key, _ = make_pair(keys, "node0")
     (allowed / pub_key.name).write_bytes(pub_key.read_bytes())
-    port = reliability.free_port()
-    head = reliability.launch(
-        tmp_path / "head", reliability.Endpoints(), world_size=1,
+    port = faults.free_port()
+    head = faults.launch(
+        tmp_path / "head", faults.Endpoints(), world_size=1,
         config={"security": {"server_secret_key": str(keys / "head.key_secret"),
                              "allowed_clients_dir": str(allowed), "curve_loopback": True}},
         extra=("--remote-ingest", f"tcp://127.0.0.1:{port}"))
-    node_eps = reliability.Endpoints()
-    node = reliability.launch(
+    node_eps = faults.Endpoints()
+    node = faults.launch(
         tmp_path / "node0", node_eps, world_size=2,
         config={"diagnosis": HANG, "pollers": {"nvml_enabled": False},
                 "forward": {"endpoint": f"tcp://127.0.0.1:{port}", "node_rank": 0, "num_nodes": 1,

@@ -23,11 +23,11 @@ from pathlib import Path
 import pytest
 import zmq
 
-from benchmarks import reliability
 from daemon_util import ROOT
 from protocol import encode_hello
 from telemetry.shared.stacks_file import proc_start_time
 from test_forensics_ranks import events
+from testkit import faults
 
 from other_user import OTHER_UID
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="acting as another user needs root")
@@ -164,7 +164,7 @@ def test_forged_hellos_on_loopback_tcp_neither_kill_nor_leak(make_daemon, tmp_pa
 def test_forged_hellos_through_the_remote_ingest_cause_no_local_action(make_daemon, tmp_path):
     """The same hellos from a "node daemon" on --remote-ingest, claiming the head's host and
     no forwarding: a record from the remote ingest never leads to a local signal or read."""
-    port = reliability.free_port()
+    port = faults.free_port()
     hang_with_forged_hellos(make_daemon, tmp_path, "remote", extra_args=("--remote-ingest", f"tcp://127.0.0.1:{port}"))
 
 
@@ -215,7 +215,7 @@ def test_a_stacks_path_planted_by_another_user_is_refused_without_blocking(tmp_p
     env = {**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(base)}
     env.pop("TELEMETRY_STACKS_DIR", None)
     env.pop("TELEMETRY_STACKS_SIGNAL", None)
-    endpoint = f"tcp://127.0.0.1:{reliability.free_port()}"   # TCP: the stacks go under TMPDIR
+    endpoint = f"tcp://127.0.0.1:{faults.free_port()}"   # TCP: the stacks go under TMPDIR
     p = subprocess.Popen([sys.executable, "-c", CLIENT, endpoint], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True, env=env)
     try:
@@ -246,7 +246,7 @@ def test_the_stacks_directory_is_made_private_and_the_file_says_who_holds_it(tmp
     env = {**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(base)}
     env.pop("TELEMETRY_STACKS_DIR", None)
     env.pop("TELEMETRY_STACKS_SIGNAL", None)
-    endpoint = f"tcp://127.0.0.1:{reliability.free_port()}"
+    endpoint = f"tcp://127.0.0.1:{faults.free_port()}"
     p = subprocess.run([sys.executable, "-c", CLIENT, endpoint], input="go\n", capture_output=True, text=True,
                        timeout=60, env=env)
     assert p.returncode == 0, p.stderr[-2000:]

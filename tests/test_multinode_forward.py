@@ -8,12 +8,12 @@ import os
 
 import pytest
 
-from benchmarks import reliability
 from telemetry.daemon.config import ConfigError, load
+from testkit import faults
 
 
 def test_nodes_forward_and_the_head_aggregates_across_nodes(tmp_path):
-    r = reliability.multinode(tmp_path, num_nodes=2, ranks_per_node=2, rate=20, before_s=1, outage_s=0, after_s=3)
+    r = faults.multinode(tmp_path, num_nodes=2, ranks_per_node=2, rate=20, before_s=1, outage_s=0, after_s=3)
     assert r["head_world_size"] == 2
     sec = r["head_security"]
     assert sec["curve"] and sec["secured"] == ["remote_ingest"] and sec["auth_allowed"] >= 2
@@ -39,8 +39,8 @@ def _outage_checks(r: dict) -> None:
 
 
 def test_head_outage_short(tmp_path):
-    r = reliability.multinode(tmp_path, num_nodes=2, ranks_per_node=2, rate=20, before_s=2, outage_s=5,
-                              after_s=3, max_buffered=50)
+    r = faults.multinode(tmp_path, num_nodes=2, ranks_per_node=2, rate=20, before_s=2, outage_s=5,
+                         after_s=3, max_buffered=50)
     assert all(f["dropped_during_outage"] > 0 for f in r["per_node"].values())   # 100 records > 50
     _outage_checks(r)
 
@@ -48,8 +48,8 @@ def test_head_outage_short(tmp_path):
 @pytest.mark.slow
 def test_head_outage_60s(tmp_path):
     outage_s = float(os.environ.get("TELEMETRY_TEST_OUTAGE_S", "60"))
-    r = reliability.multinode(tmp_path, num_nodes=3, ranks_per_node=2, rate=10, before_s=2, outage_s=outage_s,
-                              after_s=4, max_buffered=200)
+    r = faults.multinode(tmp_path, num_nodes=3, ranks_per_node=2, rate=10, before_s=2, outage_s=outage_s,
+                         after_s=4, max_buffered=200)
     _outage_checks(r)
 
 

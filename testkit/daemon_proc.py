@@ -1,12 +1,12 @@
 """A real telemetry daemon process, started and driven: shared by the benchmarks and the tests.
 
-    from benchmarks.daemon_proc import DaemonProc, daemon_command
+    from testkit.daemon_proc import DaemonProc, daemon_command
     proc = subprocess.Popen(daemon_command(log_dir, ingest, pub, control), stdout=PIPE, stderr=STDOUT, text=True)
     d = DaemonProc(proc, log_dir, runtime_dir=None); d.wait_ready(60)   # "telemetry daemon ready"
     d.status()["records_in"]; d.read_jsonl(kind="metrics"); d.stop()    # SIGTERM, returns the exit code
 
 The tests start theirs with tests/daemon_util.py `start_daemon` (private ipc or tcp port 0); the
-fault-injection scenarios (benchmarks/reliability.py) with fixed endpoints they restart on.
+fault-injection scenarios (testkit/faults.py) with fixed endpoints they restart on.
 The daemon's stdout and stderr are collected in `.lines` (shown when a start fails).
 """
 from __future__ import annotations

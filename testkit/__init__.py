@@ -1,0 +1,12 @@
+"""The harness the tests and the benchmarks share: a small test-support package, run from the
+repository root like benchmarks/ (pytest's pythonpath has ".", so the tests import it as they do
+any module; nothing edits sys.path).
+
+    testkit/daemon_proc.py  DaemonProc: a real daemon process, started, waited on, queried, stopped
+    testkit/faults.py       fault-injection scenarios and their harness: Endpoints, launch,
+                            rank processes (`python -m testkit.faults rank`), free_port
+
+The product (protocol/, telemetry/, trainer/) never imports it, and it is not installed
+(pyproject's packages.find includes only protocol*, telemetry*, trainer*); tests/test_layout.py
+checks both.
+"""
