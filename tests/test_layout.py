@@ -1,7 +1,12 @@
 """The layout says where code runs: the client side imports nothing of the daemon's, and the
-contract's public import paths keep working after the move."""
+contract's public import paths keep working after the move. The test harness is testkit/, shared
+with the benchmarks: the tests take it from there, not from benchmarks/, and the product never
+imports it (nor is it installed)."""
+import ast
 import subprocess
 import sys
+import tomllib
+from pathlib import Path
 
 
 def test_public_import_paths():
@@ -25,3 +30,54 @@ def test_client_side_imports_nothing_of_the_daemon():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+ROOT = Path(__file__).resolve().parent.parent
+PRODUCT = ("protocol", "telemetry", "trainer")
+# The GPU benchmark's own measurement tools (percentiles, the sync window, the NVML and MFU
+# comparisons), which test_gpu_bench_smoke.py runs on CPU to check the benchmark itself: they
+# belong to the benchmark, not to the test harness.
+TESTS_MAY_IMPORT_FROM_BENCHMARKS = {"test_gpu_bench_smoke.py": "benchmarks.gpu"}
+
+
+def _imported_modules(path: Path) -> set[str]:
+    """Every module a file imports, at any depth of it (`from a import b` gives a and a.b)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+            found.update(f"{node.module}.{a.name}" for a in node.names)
+    return found
+
+
+def _top(module: str) -> str:
+    return module.split(".")[0]
+
+
+def test_tests_import_their_harness_from_testkit_not_benchmarks():
+    wrong = {}
+    for f in sorted((ROOT / "tests").rglob("*.py")):
+        allowed = TESTS_MAY_IMPORT_FROM_BENCHMARKS.get(f.name)
+        bad = sorted(m for m in _imported_modules(f) if _top(m) == "benchmarks"
+                     and not (allowed and (m == allowed or m.startswith(allowed + "."))))
+        if bad:
+            wrong[str(f.relative_to(ROOT))] = bad
+    assert wrong == {}
+
+
+def test_the_product_never_imports_testkit_or_benchmarks():
+    wrong = {}
+    for pkg in PRODUCT:
+        for f in sorted((ROOT / pkg).rglob("*.py")):
+            bad = sorted(m for m in _imported_modules(f) if _top(m) in ("testkit", "benchmarks", "tests"))
+            if bad:
+                wrong[str(f.relative_to(ROOT))] = bad
+    assert wrong == {}
+
+
+def test_testkit_is_not_installed():
+    cfg = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    include = cfg["tool"]["setuptools"]["packages"]["find"]["include"]
+    assert sorted(include) == sorted(f"{p}*" for p in PRODUCT)
