@@ -33,18 +33,12 @@ def _out(n: int) -> list:
 
 
 def test_a_sink_abandoned_at_the_deadline_counts_what_it_never_wrote():
-    import threading
     import time
 
-    from telemetry.daemon.sinks.base import Sink, SinkRunner
+    from daemon_sinks import HangSink, SleepySink
+    from telemetry.daemon.sinks.base import SinkRunner
 
-    class Slow(Sink):
-        name = "slow"
-
-        def consume(self, batch):
-            time.sleep(0.02)                              # a few batches a deadline's worth
-
-    runner = SinkRunner(Slow(), max_queued=1_000_000)
+    runner = SinkRunner(SleepySink(sleep_s=0.02), max_queued=1_000_000)   # a few batches a deadline's worth
     runner.start()
     for _ in range(50):
         runner.put(_out(10_000))                          # 500k queued: far more than 0.2 s allows
@@ -54,20 +48,15 @@ def test_a_sink_abandoned_at_the_deadline_counts_what_it_never_wrote():
     assert s["dropped"] > 0 and s["written"] > 0, s
     assert s["written"] + s["dropped"] == s["in"] == 500_000, s
 
-    release = threading.Event()
-
-    class Hung(Sink):
-        name = "hung"
-
-        def consume(self, batch):
-            release.wait(30)                              # never returns before the grace ends
-
-    hung = SinkRunner(Hung(), max_queued=1_000_000)
+    hang_sink = HangSink()                                # never returns before the grace ends
+    hung = SinkRunner(hang_sink, max_queued=1_000_000)
     hung.start()
-    hung.put(_out(100))
-    time.sleep(0.1)                                       # the first batch is in the sink's hands
-    hung.put(_out(50))
-    assert hung.close(0.1) is False
-    hung.abandon(0.2)
-    release.set()
+    try:
+        hung.put(_out(100))
+        time.sleep(0.1)                                   # the first batch is in the sink's hands
+        hung.put(_out(50))
+        assert hung.close(0.1) is False
+        hung.abandon(0.2)
+    finally:
+        hang_sink.release.set()
     assert hung.stats()["dropped"] == 150                 # the batch in hand counted too
