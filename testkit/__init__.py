@@ -2,7 +2,8 @@
 repository root like benchmarks/ (pytest's pythonpath has ".", so the tests import it as they do
 any module; nothing edits sys.path).
 
-    testkit/daemon_proc.py  DaemonProc: a real daemon process, started, waited on, queried, stopped
+    testkit/daemon_proc.py  DaemonProc: a real daemon process, started, waited on, queried, stopped;
+                            raw_push: a bare PUSH socket for hand-made frames to an ingest
     testkit/faults.py       fault-injection scenarios and their harness: Endpoints, launch,
                             rank processes (`python -m testkit.faults rank`), free_port
 

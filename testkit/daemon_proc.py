@@ -26,6 +26,25 @@ import zmq
 READY = "telemetry daemon ready"
 
 
+def raw_push(ctx: zmq.Context, endpoint: str, *, sndhwm: int = 1000, sndtimeo_ms: int | None = None,
+             curve_keys: tuple | None = None) -> zmq.Socket:
+    """A bare PUSH socket connected to a daemon's ingest, for hand-made or malformed frames (what
+    TelemetryClient would send, or what it never would): linger 0, `sndhwm` frames queued (1000,
+    libzmq's default), sends block at most `sndtimeo_ms` (None: no limit). curve_keys:
+    (server public key file, client secret key file) for a CURVE-secured ingest."""
+    s = ctx.socket(zmq.PUSH)
+    s.setsockopt(zmq.LINGER, 0)
+    s.setsockopt(zmq.SNDHWM, sndhwm)
+    if sndtimeo_ms is not None:
+        s.setsockopt(zmq.SNDTIMEO, sndtimeo_ms)
+    if curve_keys:
+        from telemetry.shared.security.curve import apply_client_curve
+
+        apply_client_curve(s, str(curve_keys[0]), str(curve_keys[1]))
+    s.connect(endpoint)
+    return s
+
+
 class DaemonProc:
     """A running daemon: endpoints (.ingest .pub .control), .log_dir, .proc, .lines."""
 
@@ -121,13 +140,7 @@ class DaemonProc:
     # -- sockets a test may want ---------------------------------------------------------------
     def push(self, ctx: zmq.Context | None = None, sndhwm: int = 100_000) -> zmq.Socket:
         """A raw PUSH socket connected to ingest (linger 0): for hand-made or malformed frames."""
-        ctx = ctx or zmq.Context.instance()
-        s = ctx.socket(zmq.PUSH)
-        s.setsockopt(zmq.LINGER, 0)
-        s.setsockopt(zmq.SNDHWM, sndhwm)
-        s.setsockopt(zmq.SNDTIMEO, 5000)
-        s.connect(self.ingest)
-        return s
+        return raw_push(ctx or zmq.Context.instance(), self.ingest, sndhwm=sndhwm, sndtimeo_ms=5000)
 
     def subscribe(self, topic: bytes = b"", ctx: zmq.Context | None = None, rcvtimeo_ms: int = 5000) -> zmq.Socket:
         """A SUB socket on the daemon's PUB (linger 0, receive timeout). Give it ~0.2 s to join."""

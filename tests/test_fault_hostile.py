@@ -13,6 +13,7 @@ import zmq
 
 from protocol import MAX_FRAME_BYTES, MalformedRecord, decode, encode_metrics
 from telemetry.client import TelemetryClient
+from testkit.daemon_proc import raw_push
 
 NUM_STEPS = 400
 
@@ -67,9 +68,7 @@ def test_hostile_input_is_counted_and_valid_traffic_survives(make_daemon):
 
     ctx = zmq.Context()
     try:
-        bad = ctx.socket(zmq.PUSH)
-        bad.setsockopt(zmq.LINGER, 0)
-        bad.connect(d.ingest)
+        bad = raw_push(ctx, d.ingest)
         for fs in frames.values():
             for f in fs:
                 bad.send(f)
@@ -86,9 +85,7 @@ def test_hostile_input_is_counted_and_valid_traffic_survives(make_daemon):
         time.sleep(0.3)
         assert d.status()["records_malformed"] == num_bad
         # Oversized frames on their own connection: libzmq drops that peer (MAXMSGSIZE).
-        big = ctx.socket(zmq.PUSH)
-        big.setsockopt(zmq.LINGER, 0)
-        big.connect(d.ingest)
+        big = raw_push(ctx, d.ingest)
         for _ in range(3):
             big.send(b"\x00" * (MAX_FRAME_BYTES + 1))
             time.sleep(0.2)

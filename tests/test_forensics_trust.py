@@ -28,6 +28,7 @@ from protocol import encode_hello
 from telemetry.shared.stacks_file import proc_start_time
 from test_forensics_ranks import events
 from testkit import faults
+from testkit.daemon_proc import raw_push
 
 from other_user import OTHER_UID
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="acting as another user needs root")
@@ -72,8 +73,7 @@ def send_hellos(endpoint: str, hellos: list[tuple[int, dict]]) -> None:
     """The attacker: forged hellos, each naming a pid, a signal and a file (and the pid's true
     start time, which anyone can read in /proc/<pid>/stat)."""
     ctx = zmq.Context()
-    push = ctx.socket(zmq.PUSH)
-    push.connect(endpoint)
+    push = raw_push(ctx, endpoint)
     for rank, info in hellos:
         start = proc_start_time(info["pid"])
         assert start is not None

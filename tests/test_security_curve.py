@@ -15,6 +15,7 @@ from protocol import encode_metrics
 from telemetry.client import TelemetryClient
 from telemetry.shared.security.curve import ENV_CLIENT_KEY, ENV_SERVER_KEY, SecurityError, apply_client_curve
 from telemetry.tools.keygen import make_pair
+from testkit.daemon_proc import raw_push
 
 
 def _keygen(*args: str) -> subprocess.CompletedProcess:
@@ -63,16 +64,6 @@ def test_bad_security_section_is_a_config_error(make_daemon, tmp_path):
         make_daemon(config={"security": {"server_secret_key": str(tmp_path / "nope")}}, ready_timeout_s=180)
 
 
-def _curve_push(ctx, endpoint, server_key=None, client_key=None):
-    s = ctx.socket(zmq.PUSH)
-    s.setsockopt(zmq.LINGER, 0)
-    s.setsockopt(zmq.SNDHWM, 1000)
-    if server_key:
-        apply_client_curve(s, str(server_key), str(client_key))
-    s.connect(endpoint)
-    return s
-
-
 def test_allow_list_admits_listed_keys_and_counts_refusals(make_daemon, keys, monkeypatch):
     d = make_daemon(world_size=1, per_rank=True, extra_args=("--remote-ingest", "tcp://0.0.0.0:0"),
                     config={"security": {"server_secret_key": str(keys / "head.key_secret"),
@@ -84,8 +75,8 @@ def test_allow_list_admits_listed_keys_and_counts_refusals(make_daemon, keys, mo
     ctx = zmq.Context()
     try:
         # An unlisted key and a client without CURVE: refused; their records never land.
-        stranger = _curve_push(ctx, endpoint, keys / "head.key", keys / "stranger.key_secret")
-        plain = _curve_push(ctx, endpoint)
+        stranger = raw_push(ctx, endpoint, curve_keys=(keys / "head.key", keys / "stranger.key_secret"))
+        plain = raw_push(ctx, endpoint)
         for i in range(5):
             stranger.send(encode_metrics(11, 7, i, 0, time.time_ns(), 100 + i, {"x": 1.0}), zmq.NOBLOCK)
             plain.send(encode_metrics(12, 8, i, 0, time.time_ns(), 200 + i, {"x": 1.0}), zmq.NOBLOCK)
