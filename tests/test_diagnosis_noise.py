@@ -126,3 +126,16 @@ def test_a_slowdown_that_begins_in_another_episodes_gap_steps_is_not_taken_for_n
     ev = feed(only("straggler"), recs)
     assert names(ev) == ["diagnosis/straggler"] and ev[0]["rank"] == 1, [e["data"]["message"] for e in ev]
     assert ev[0]["data"]["step"] < 64 + 8
+
+
+def test_a_straggler_coming_and_going_is_not_learned_as_the_runs_usual_excess():
+    # Early in a run, rank 1 0.2 s slow for 5 log steps at a time, each cut by 3 steps of something
+    # else (each episode ends unreported), then slow for good: those episodes are far above the
+    # run's usual excess, so they do not become it, and the last is named within 10 log steps.
+    recs = trace("ddp_balanced_beside_a_hog.jsonl")
+    for first in (12, 20, 28):
+        recs = with_burst(recs, first=first, n=5, rank=1, median_s=0.011, excess_s=0.2)
+    recs = with_burst(recs, first=36, n=30, rank=1, median_s=0.011, excess_s=0.2)
+    ev = feed(only("straggler"), recs)
+    assert names(ev) == ["diagnosis/straggler"] and ev[0]["rank"] == 1, [e["data"]["message"] for e in ev]
+    assert ev[0]["data"]["step"] < 36 + 10 and ev[0]["data"]["usual_excess_s"] < 0.05

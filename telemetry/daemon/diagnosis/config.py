@@ -107,7 +107,7 @@ class DiagnosisConfig:
     straggler_ratio: float = 1.2
     straggler_consecutive: int = 8
     straggler_min_excess_s: float = 0.01
-    straggler_noise_z: float = 4.0
+    straggler_noise_z: float = 3.0
     straggler_usual_factor: float = 3.0
     throttle_consecutive: int = 5
     throttle_include_power_cap: bool = True

@@ -37,8 +37,10 @@ class SortedWindow:
         return s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2
 
     def quantile(self, q: float) -> float:
-        """The value at fraction q (0..1) of the sorted window (nearest rank, no interpolation)."""
-        return self._sorted[min(len(self._sorted) - 1, int(q * len(self._sorted)))]
+        """The value at fraction q (0..1) of the way from the least to the greatest (no
+        interpolation): below the greatest for q < 1 from two values on, so in a short window
+        one outlier is not the answer."""
+        return self._sorted[int(q * (len(self._sorted) - 1))]
 
     def __len__(self) -> int:
         return len(self._order)
@@ -220,7 +222,8 @@ class Straggler(Rule):
     one rank's phase swings by tens of ms for a few steps as other processes take the CPU, and
     the step time swings with it; a constant slowdown, from whatever step on, changes it once.
     The usual excess is the USUAL_QUANTILE of the straggler view's excess (whatever its rank and
-    phase) over the last NOISE_WINDOW log steps outside the episodes reported as stragglers: in
+    phase) over the last NOISE_WINDOW log steps outside the episodes reported as stragglers
+    and those too large to be usual (_settle): in
     synchronous data parallel some rank is always the slowest by a little, and on a shared
     machine a rank that shares a core with another process is 2-3x slower in one phase for a
     while, as steady as a real straggler over 8 log steps. Such bursts come back all through a
@@ -251,7 +254,7 @@ class Straggler(Rule):
         self.changes = SortedWindow(self.NOISE_WINDOW)
         self.last_step_s: float | None = None
         self.usual = SortedWindow(self.NOISE_WINDOW)   # the view's excess outside reported episodes (s)
-        self.held: list[tuple] = []          # (who or None, the view's excess s) since the open episode began
+        self.held: list[tuple] = []          # ((rank, phase) picked, slow?, excess s) since the open episode began
 
     def consume(self, record: dict) -> list[Finding]:
         values = record.get("values")
@@ -272,6 +275,21 @@ class Straggler(Rule):
         """The run's usual straggler excess (class docstring), 0.0 while not known."""
         return self.usual.quantile(self.USUAL_QUANTILE) if len(self.usual) >= self.USUAL_MIN_POINTS else 0.0
 
+    def _settle(self, held: list[tuple]) -> None:
+        """Take the log steps of an episode that ended into the run's usual excess: its own
+        steps (the view picked its rank and phase, slow or not) if it was not reported and
+        stayed within what the usual excess allows (a burst like the run's others), and the
+        steps of anything else between them. A larger episode cut short (by gaps), or one met
+        before the usual excess is known, may be a straggler coming and going: it never raises
+        the bar for the next one."""
+        own = [x for pick, _, x in held if pick == self.slowest]
+        usual_s = self.usual_s()
+        learn_own = (not self.reported and bool(own) and usual_s > 0
+                     and statistics.median(own) < self.cfg.straggler_usual_factor * usual_s)
+        for pick, _, x in held:
+            if learn_own or pick != self.slowest:
+                self.usual.append(x)
+
     def _episode(self, who: tuple | None, excess_s: float = math.inf, noise_s: float = 0.0) -> bool:
         """Count a slow log step for `who` (None: not slow); True when it is time to report."""
         if who is not None and (not self.num_slow or who == self.slowest):
@@ -281,14 +299,12 @@ class Straggler(Rule):
             return False
         else:   # the episode is over; `who` (if any) begins the next one, with its gap steps just before
             gap = self.held[len(self.held) - self.num_gap:] if self.num_gap else []
-            own = list(takewhile(lambda e: who is not None and e[0] == who, reversed(gap)))[::-1]
-            if not self.reported:             # it was the run's usual noise
-                for _, x in self.held[:len(self.held) - len(own)]:
-                    self.usual.append(x)
+            own = list(takewhile(lambda e: e[1] and e[0] == who, reversed(gap)))[::-1]
+            self._settle(self.held[:len(self.held) - len(own)])
             self.held = own
             self.num_slow, self.num_gap, self.slowest, self.reported = len(own) + (who is not None), 0, who, False
             self.excesses.clear()
-            self.excesses.extend(x for _, x in own)
+            self.excesses.extend(x for _, _, x in own)
         if who is None:
             return False
         self.excesses.append(excess_s)
@@ -328,7 +344,7 @@ class Straggler(Rule):
         usual_s = self.usual_s()              # as it was before this step
         report = self._episode((rank, phase) if slow else None, excess, noise_s)
         if self.num_slow:
-            self.held.append(((rank, phase) if slow else None, max(excess, 0.0)))
+            self.held.append(((rank, phase), slow, max(excess, 0.0)))
         else:
             self.usual.append(max(excess, 0.0))
         if not report:
