@@ -11,12 +11,10 @@ def test_module_imports_without_lightning():
     assert mod.__doc__
 
 
-def test_lightning_losses_arrive(make_daemon, tmp_path):
-    pytest.importorskip("lightning")
+def _tiny_module():
+    """A one-layer LightningModule that logs `loss` in training and `val/loss` in validation."""
     import lightning
     import torch
-
-    from telemetry.integrations.lightning import TelemetryLogger
 
     class Tiny(lightning.LightningModule):
         def __init__(self):
@@ -29,15 +27,29 @@ def test_lightning_losses_arrive(make_daemon, tmp_path):
             self.log("loss", loss)
             return loss
 
+        def validation_step(self, batch, i):
+            x, y = batch
+            self.log("val/loss", torch.nn.functional.mse_loss(self.lin(x), y))
+
         def configure_optimizers(self):
             return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    return Tiny()
+
+
+def test_lightning_losses_arrive(make_daemon, tmp_path):
+    pytest.importorskip("lightning")
+    import lightning
+    import torch
+
+    from telemetry.integrations.lightning import TelemetryLogger
 
     d = make_daemon(world_size=1)
     data = torch.utils.data.TensorDataset(torch.randn(64, 4), torch.randn(64, 1))
     trainer = lightning.Trainer(max_steps=10, logger=TelemetryLogger(endpoint=d.ingest), log_every_n_steps=1,
                                 accelerator="cpu", enable_progress_bar=False, enable_checkpointing=False,
                                 default_root_dir=str(tmp_path))
-    trainer.fit(Tiny(), torch.utils.data.DataLoader(data, batch_size=8))
+    trainer.fit(_tiny_module(), torch.utils.data.DataLoader(data, batch_size=8))
     d.wait_for(lambda rs: sum(1 for r in rs if "train/loss" in r.get("values", {})) >= 5)
 
 
@@ -100,24 +112,6 @@ def test_lightning_validation_step_is_one_record(make_daemon, tmp_path):
 
     from telemetry.integrations.lightning import TelemetryLogger
 
-    class Tiny(lightning.LightningModule):
-        def __init__(self):
-            super().__init__()
-            self.lin = torch.nn.Linear(4, 1)
-
-        def training_step(self, batch, i):
-            x, y = batch
-            loss = torch.nn.functional.mse_loss(self.lin(x), y)
-            self.log("loss", loss)
-            return loss
-
-        def validation_step(self, batch, i):
-            x, y = batch
-            self.log("val/loss", torch.nn.functional.mse_loss(self.lin(x), y))
-
-        def configure_optimizers(self):
-            return torch.optim.SGD(self.parameters(), lr=0.1)
-
     d = make_daemon(world_size=1)
     torch.manual_seed(0)
     data = torch.utils.data.TensorDataset(torch.randn(64, 4), torch.randn(64, 1))
@@ -127,7 +121,7 @@ def test_lightning_validation_step_is_one_record(make_daemon, tmp_path):
                                 accelerator="cpu", devices=1, enable_progress_bar=False,
                                 enable_checkpointing=False, enable_model_summary=False,
                                 default_root_dir=str(tmp_path))
-    trainer.fit(Tiny(), loader, loader)
+    trainer.fit(_tiny_module(), loader, loader)
     d.wait_for(lambda rs: any(r.get("name") == "train_end" for r in rs), kind="event")
     assert d.stop(timeout_s=60) == 0
     recs = d.read_jsonl(kind="metrics")
