@@ -21,7 +21,8 @@ class Dashboard:
     def __init__(self, *args: str, env: dict[str, str] | None = None, ready_timeout_s: float = 120.0) -> None:
         full_env = {k: v for k, v in os.environ.items()
                     if k not in ("TELEMETRY_PUB", "TELEMETRY_RUNTIME_DIR", "TELEMETRY_RUN_NAME")}
-        full_env.update({"PYTHONUNBUFFERED": "1", **(env or {})})
+        # PYTHONFAULTHANDLER: a dashboard that does not stop is made to print where each thread is.
+        full_env.update({"PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1", **(env or {})})
         self.proc = subprocess.Popen([sys.executable, "-m", "telemetry", "dashboard", "--port", "0", *args],
                                      cwd=ROOT, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                      text=True)
@@ -60,14 +61,25 @@ class Dashboard:
     def stream(self, path: str) -> "EventStream":
         return EventStream(self.request(path))
 
-    def stop(self) -> int:
+    def stop(self, timeout_s: float = 60.0) -> int:
+        """SIGTERM, and its exit status. One that has not exited after `timeout_s` (a hang
+        detector, generous for a loaded machine) is made to dump its threads' stacks (SIGABRT,
+        faulthandler) and the test fails with them and the time it took."""
         if self.proc.poll() is None:
+            t0 = time.monotonic()
             self.proc.send_signal(signal.SIGTERM)
             try:
-                self.proc.wait(15)
+                self.proc.wait(timeout_s)
             except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
+                self.proc.send_signal(signal.SIGABRT)
+                try:
+                    self.proc.wait(30)
+                except subprocess.TimeoutExpired:
+                    self.proc.kill()
+                    self.proc.wait(10)
+                time.sleep(0.5)     # the pump reads the last of its output
+                raise AssertionError(f"the dashboard did not exit {time.monotonic() - t0:.0f} s after SIGTERM; "
+                                     "its output and stacks:\n" + "".join(self.lines[-200:]))
         return self.proc.returncode
 
 

@@ -39,31 +39,46 @@ HTTP_TIMEOUT_S = 30
 
 class BoundedConnections:
     """Mixin for a ThreadingHTTPServer: at most MAX_HTTP_CONNECTIONS handled at once, one beyond
-    closed at once and counted (num_refused); give the handler `timeout = HTTP_TIMEOUT_S`."""
+    closed at once and counted (num_refused); give the handler `timeout = HTTP_TIMEOUT_S`.
+
+    Each accepted connection holds one slot, given back exactly once: by its handler thread when
+    it ends, or by process_request when the thread never took it. The two can both see the end
+    of one connection: a SIGTERM turned KeyboardInterrupt (subscribe.detach_on_signals) lands in
+    Thread.start() while it waits for a handler that has already answered. A second release then
+    raised ValueError ("released too many times"), which socketserver printed and served on:
+    the KeyboardInterrupt was lost and the server never stopped.
+    """
 
     max_connections = MAX_HTTP_CONNECTIONS
     num_refused = 0
     _slots = None
+    _held = None      # request -> True while its slot is out; whoever pops it gives the slot back
 
     def process_request(self, request, client_address):
         import threading
 
         if self._slots is None:
             self._slots = threading.BoundedSemaphore(self.max_connections)
+            self._held = {}
         if not self._slots.acquire(blocking=False):
             self.num_refused += 1
             self.shutdown_request(request)
             return
+        self._held[request] = True
         try:
             super().process_request(request, client_address)
         except BaseException:
-            self._slots.release()
+            self._give_back(request)
             raise
 
     def process_request_thread(self, request, client_address):
         try:
             super().process_request_thread(request, client_address)
         finally:
+            self._give_back(request)
+
+    def _give_back(self, request) -> None:
+        if self._held.pop(request, None):     # dict.pop is atomic: one of the two callers gets True
             self._slots.release()
 
 
