@@ -155,8 +155,11 @@ def bench_pipeline(endpoint: str, pub_ep: str, control_ep: str, log_dir: Path, r
                       "wandb.mode": WANDB, "aggregator.world_size": NUM_RANKS,
                       "pollers": {"nvml_enabled": False, "host_enabled": False},
                       "jsonl.fsync_interval_s": 5.0, "diagnosis": {"enabled": DIAGNOSIS},
-                      # The senders fill the daemon's queue before it reads: a budget that holds it all.
-                      "max_connections": NUM_RANKS, "rcvhwm": NUM_RANKS * (records_per_rank + 10)})
+                      # The senders fill the daemon's queue before it reads: a budget that holds it all,
+                      # in libzmq's queues (rcvhwm) and in the daemon's read-ahead (the ingest share
+                      # of memory_mb: 15 %, ~300 B a frame held).
+                      "max_connections": NUM_RANKS, "rcvhwm": NUM_RANKS * (records_per_rank + 10),
+                      "memory_mb": max(256, NUM_RANKS * records_per_rank * 300 // (2**20 * 15 // 100) + 64)})
     d = Daemon(cfg)
     if not native:                # the pure-Python loops, as without a C compiler at install time
         from telemetry.daemon import loops
@@ -177,7 +180,8 @@ def bench_pipeline(endpoint: str, pub_ep: str, control_ep: str, log_dir: Path, r
     c0 = time.process_time()
     m0 = time.thread_time()
     t0 = time.perf_counter()
-    while rx.num_in + rx.num_malformed < total:
+    intake = getattr(d, "intake", None)     # the daemon's read-ahead queue (older trees: none)
+    while rx.num_in + rx.num_malformed + (intake.num_shed if intake else 0) < total:
         d.turn(max_wait_s=0.5)
     t_ingest = time.perf_counter() - t0
     cpu_ingest = time.process_time() - c0
@@ -201,7 +205,7 @@ def bench_pipeline(endpoint: str, pub_ep: str, control_ep: str, log_dir: Path, r
             "cpu_us_per_record_written": cpu_written / total * 1e6,
             "steps_written": d.aggregator.num_steps_out, "jsonl_lines": jsonl.sink.num_lines,
             "mfu_computed": "perf/mfu" in ((d._latest_step or {}).get("values") or {}),
-            "malformed": rx.num_malformed, "lost": rx.totals()["records_lost"],
+            "malformed": rx.num_malformed, "lost": rx.totals()["records_lost"] + (intake.num_shed if intake else 0),
             "sink_dropped": sum(r.num_dropped for r in d.runners), "rc": rc}
 
 

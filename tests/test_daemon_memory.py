@@ -4,15 +4,17 @@ shed beyond it counted. Exact counts; the memory figures themselves are benchmar
 from __future__ import annotations
 
 import json
+import os
 import resource
+import signal
 import subprocess
 import sys
 import time
 
 from daemon_util import start_daemon
 
-from protocol import encode_hello, encode_metrics
-from telemetry.daemon.memory import (BYTES_PER_NAME, HELLO_INFO_MAX_BYTES, NAMES_SHARE, RECENT_SHARE,
+from protocol import encode_bye, encode_hello, encode_metrics
+from telemetry.daemon.memory import (BYTES_PER_NAME, HELLO_INFO_MAX_BYTES, INGEST_SHARE, NAMES_SHARE, RECENT_SHARE,
                                      RECORD_BYTES_PER_FRAME_BYTE, NameCatalogue, RecentRing, Shed)
 
 # The smallest budget: its shares are small enough to be passed by a test quickly.
@@ -86,7 +88,8 @@ def test_daemon_bounds_hellos_names_and_the_forensics_ring(tmp_path):
         assert 40 * frame_bytes * RECORD_BYTES_PER_FRAME_BYTE > 2 * RECENT_BYTES
         st = _wait_status(d, lambda st: st["records_in"] == seq)
         mem = st["memory"]
-        assert mem["shed"]["hellos_truncated"] == 1
+        # Cut once, as it was read (bigger than an info is kept), not again when it was processed.
+        assert mem["shed"]["hellos_cut_at_intake"] == 1 and mem["shed"]["hellos_truncated"] == 0
         assert mem["held"]["names"] == MAX_NAMES
         assert mem["shed"]["metric_values"] == 4 * WIDE - MAX_NAMES
         assert mem["held"]["recent_mb"] * 2**20 <= RECENT_BYTES + 0.05 * 2**20
@@ -140,3 +143,79 @@ def test_memory_and_queue_sizes_beyond_bounds_exit_2_with_one_line(tmp_path):
         lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
         assert r.returncode == 2, (config, r.stderr[-2000:])
         assert len(lines) == 1 and key in lines[0], (config, r.stderr)
+
+
+def test_a_backlog_beyond_the_ingest_share_is_shed_and_counted_exactly(tmp_path):
+    """libzmq's receive queue counts messages, not bytes: 10,240 wide frames a connection (1.3 GB)
+    piled up there while the daemon was busy. Now the daemon reads what libzmq holds into a queue
+    bounded by the ingest share and sheds the rest, counted exactly: every frame sent is either
+    taken in or counted lost (records_shed_at_intake), none vanishes, and the queue never held
+    more than its share. The backlog is made certain: the daemon is stopped (SIGSTOP) while the
+    rank sends 5x the share of wide records, then let go."""
+    d = start_daemon(tmp_path, world_size=1, config={"memory_mb": MEMORY_MB})
+    try:
+        share_mb = MEMORY_MB * INGEST_SHARE
+        s = d.push()
+        t = time.time_ns()
+        s.send(encode_hello(9, 0, 0, 0, t, {"world_size": 1, "rank": 0}))
+        _wait_status(d, lambda st: st["records_in"] == 1)
+        wide = {f"user/w{i:05d}": float(i) for i in range(WIDE)}
+        frame = encode_metrics(9, 0, 1, 0, t + 1, 1, wide)
+        num = int(5 * share_mb * 2**20 / len(frame)) + 1
+        # Behind the metrics, a second client's hello with a ~1 MB config, then the first's bye:
+        # beyond the share too, but a rank's identity and its final count are not shed.
+        table = {str(i): f"LABEL_{i:010d}" for i in range(43_000)}
+        big_hello = encode_hello(10, 0, 0, 0, t, {"world_size": 1, "rank": 0, "pid": 4242,
+                                                  "config": {"hidden_size": 2048, "id2label": table}})
+        assert len(big_hello) > 900_000
+        os.kill(d.proc.pid, signal.SIGSTOP)
+        try:
+            for seq in range(1, num + 1):
+                s.send(encode_metrics(9, 0, seq, 0, t + seq, seq, wide))    # queued by the sender's libzmq
+            s.send(big_hello)
+            s.send(encode_bye(9, 0, num + 1, 0, t + num + 1, {"sent": num + 2}))
+        finally:
+            os.kill(d.proc.pid, signal.SIGCONT)
+        st = _wait_status(d, lambda st: st["records_in"] + st.get("records_shed_at_intake", 0) == num + 3)
+        shed = st.get("records_shed_at_intake", 0)
+        assert shed > 0, (num, st["records_in"], st["memory"])
+        assert st["records_in_by_kind"]["hello"] == 2 and st["records_in_by_kind"]["bye"] == 1
+        assert st["memory"]["shed"]["hellos_cut_at_intake"] == 1 and st["intake"]["hellos_cut"] == 1
+        assert st["per_rank"]["0"]["open"] == 1         # src 9 said bye; src 10 (a hello only) is open
+        # What was taken in went on: one step each (world 1). Which ones: the frames that fitted
+        # when each turn read ahead, so not a contiguous range; every one of them once.
+        st = _wait_status(d, lambda st: st["steps_out"] == num - shed)
+        assert st["steps_incomplete"] == 0 and st["records_late"] == 0
+        s.close(linger=0)
+    finally:
+        d.stop()
+        d.cleanup()
+
+
+def test_cut_hello_keeps_the_scalars_and_drops_the_big_tables_without_decoding_them():
+    """intake.cut_hello: a hello bigger than an info is kept is cut as it is read, from its
+    encoded form (its values are not built: 0.4 ms for a 0.7 MB config against 25 ms decoded
+    and cut), to at most `limit` bytes; anything it cannot read is left to the receiver."""
+    from protocol import decode
+    from telemetry.daemon.intake import cut_hello
+
+    table = {str(i): f"LABEL_{i:010d}" for i in range(30_000)}
+    info = {"world_size": 8, "rank": 3, "pid": 77, "host": "node-1",
+            "config": {"model_type": "llama", "hidden_size": 2048, "id2label": table, "num_hidden_layers": 22},
+            "tags": list(range(50_000))}
+    frame = encode_hello(5, 3, 0, 0, 123, info)
+    for limit in (65536, 1024):
+        out = cut_hello(frame, limit)
+        assert len(out) <= limit
+        rec = decode(out)
+        assert (rec.src, rec.rank, rec.seq, rec.t_ns) == (5, 3, 0, 123)
+        assert {k: rec.info[k] for k in ("world_size", "rank", "pid", "host")} == \
+            {"world_size": 8, "rank": 3, "pid": 77, "host": "node-1"}
+        assert rec.info["config"] == {"model_type": "llama", "hidden_size": 2048, "num_hidden_layers": 22}
+        assert "tags" not in rec.info and "cut to" in rec.info["_truncated"]
+    small = encode_hello(5, 3, 0, 0, 123, {"world_size": 8})
+    assert cut_hello(small, 1024) is small                          # fits: the frame itself
+    assert cut_hello(encode_metrics(5, 3, 1, 0, 1, 1, {"a": 1.0}) + bytes(2000), 1024) is None
+    import msgpack
+    hostile = msgpack.packb((1, 1, 5, 3, 0, 0, 123, {1: "x" * 5000}))   # a non-str key: not read here
+    assert cut_hello(hostile, 1024) is None

@@ -428,3 +428,34 @@ def test_phase_straggler_with_thousands_of_ranks():
     cell = tuple((r * 7919) % 5000 / 1000 if r % 4 == 0 else (-0.0 if r % 3 else 0.0) for r in ranks)
     got, want = (_phase_view(impl, [(1, [cell])], None, [ranks], 0.05) for impl in (hotpath.native, python_loops))
     assert _same(got, want) and got[0]["rank"] == cell.index(max(cell))
+
+
+def test_read_frames_upto_twins_stop_at_the_frame_that_reaches_max_bytes():
+    """The intake's read (intake.Intake.fill): at most max_frames, and what it holds at once is at
+    most max_bytes plus one frame, whatever sizes come; the C twin and loops.py agree."""
+    import random
+
+    import zmq
+
+    from telemetry.daemon import hotpath, loops
+
+    rng = random.Random(7)
+    for _ in range(200):
+        frames = [bytes(rng.randrange(0, 5000)) for _ in range(rng.randrange(0, 40))]
+        max_frames, max_bytes = rng.randrange(1, 50), rng.randrange(1, 60_000)
+        results = []
+        for impl in filter(None, (loops, hotpath.native)):
+            it = iter(frames)
+
+            def next_frame():
+                try:
+                    return next(it)
+                except StopIteration:
+                    raise zmq.Again() from None
+
+            got, size = impl.read_frames_upto(next_frame, zmq.Again, max_frames, max_bytes)
+            assert size == sum(map(len, got)) and got == frames[:len(got)]
+            assert len(got) <= max_frames and (not got or size - len(got[-1]) < max_bytes)
+            assert len(got) == len(frames) or len(got) == max_frames or size >= max_bytes
+            results.append((got, size))
+        assert all(r == results[0] for r in results)

@@ -115,3 +115,46 @@ def test_a_rank_beyond_any_real_run_is_malformed(rank):
     """A bogus rank id would make every later step wait for it (issue 18)."""
     with pytest.raises(MalformedRecord):
         decode(protocol.encode_metrics(1, rank, 0, 0, 1, 1, {"x": 1.0}))
+
+
+def _loose(frame: bytes):
+    import msgspec
+
+    from protocol.codec import decode_header
+    from protocol.records import LooseHeader
+
+    try:
+        h = msgspec.msgpack.decode(frame, type=LooseHeader)
+    except Exception:
+        return None
+    assert decode_header(frame) == (h.src, h.rank, h.seq, h.dropped)
+    return h.kind, h.src, h.rank, h.seq, h.dropped
+
+
+@SETTINGS
+@given(st.sampled_from([1, 2, 3, 4]), st.integers(-3, 5), st.lists(st.one_of(I64, st.integers(-5, (1 << 64) - 1), ANY),
+                                                                    min_size=0, max_size=9))
+def test_peek_header_reads_what_the_loose_header_reads(kind, version, rest):
+    """protocol.codec.peek_header (the daemon accounts shed frames with it, reading only their
+    first bytes) agrees with the full LooseHeader decode on every frame whose body is well formed,
+    and only ever reads a header with the same bounds."""
+    from protocol.codec import peek_header
+
+    frame = msgpack.packb([kind, version, *rest])
+    peeked, loose = peek_header(frame), _loose(frame)
+    assert peeked == loose
+    # Above PEEK_PARSE_MAX_BYTES only the header's bytes are read: garbage after it changes nothing.
+    from protocol.codec import PEEK_PARSE_MAX_BYTES
+
+    assert peek_header(frame + b"\xc1" * (PEEK_PARSE_MAX_BYTES + 1)) == peeked
+
+
+@SETTINGS
+@given(I64, RANK, I64, I64, I64, st.integers(0, 4096))
+def test_peek_header_of_real_frames_whatever_their_width(src, rank, seq, dropped, t_ns, width):
+    from protocol.codec import peek_header
+
+    values = {f"w{i}": float(i) for i in range(width)}
+    frame = protocol.encode_metrics(src, rank, seq, dropped, t_ns, 1, values)
+    assert peek_header(frame) == (protocol.KIND_METRICS, src, rank, seq, dropped) == _loose(frame)
+    assert peek_header(b"") is None and peek_header(frame[:3]) is None

@@ -40,6 +40,9 @@ def _problems(final: dict) -> list[str]:
     if final.get("records_unread_at_drain"):
         out.append(f"{final['records_unread_at_drain']:,} records queued at the deadline were counted, "
                    f"not processed (raise drain_timeout_s)")
+    if final.get("records_shed_at_intake"):
+        out.append(f"{final['records_shed_at_intake']:,} records beyond the daemon's ingest share were shed and "
+                   f"counted (a backlog: raise memory_mb, or send fewer or narrower records)")
     if final.get("sources_open_at_drain"):
         out.append(f"{final['sources_open_at_drain']} client(s) were still sending without a bye: what they "
                    f"sent after the drain is counted by no one")

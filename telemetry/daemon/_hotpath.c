@@ -8,6 +8,7 @@
  * the records' fields (by their slots when the record type has them), and know no metric name:
  *
  *   read_frames(next_frame, empty, max_frames) -> list[bytes]
+ *   read_frames_upto(next_frame, empty, max_frames, max_bytes) -> (list[bytes], their bytes)
  *   tally(recs, metrics_type, bye_type, good_names) -> (all_metrics, num_byes, per_src, unknown)
  *   gather(groups) -> (ranks, t_ns, names, columns)
  *   reduce_column(column, op) -> values      (its twin is reductions.reduce_column)
@@ -53,6 +54,39 @@ read_frames(PyObject *self, PyObject *args)
         }
     }
     return out;
+}
+
+static PyObject *
+read_frames_upto(PyObject *self, PyObject *args)
+{
+    PyObject *next_frame, *empty;
+    Py_ssize_t max_frames, max_bytes, total = 0;
+    if (!PyArg_ParseTuple(args, "OOnn", &next_frame, &empty, &max_frames, &max_bytes))
+        return NULL;
+    PyObject *out = PyList_New(0);
+    if (out == NULL)
+        return NULL;
+    for (Py_ssize_t i = 0; i < max_frames && total < max_bytes; i++) {
+        PyObject *frame = PyObject_CallNoArgs(next_frame);
+        if (frame == NULL) {
+            if (PyErr_ExceptionMatches(empty)) {
+                PyErr_Clear();
+                break;
+            }
+            Py_DECREF(out);
+            return NULL;
+        }
+        Py_ssize_t size = PyBytes_Check(frame) ? PyBytes_GET_SIZE(frame) : PyObject_Length(frame);
+        if (size < 0 || PyList_Append(out, frame) < 0) {
+            Py_DECREF(frame);
+            Py_DECREF(out);
+            return NULL;
+        }
+        Py_DECREF(frame);
+        total += size;
+    }
+    PyObject *res = Py_BuildValue("(Nn)", out, total);
+    return res;
 }
 
 /* ---- tally -------------------------------------------------------------------------------- */
@@ -1257,6 +1291,8 @@ done:
 
 static PyMethodDef methods[] = {
     {"read_frames", read_frames, METH_VARARGS, "Frames from next_frame() until `empty` or max_frames."},
+    {"read_frames_upto", read_frames_upto, METH_VARARGS,
+     "Frames from next_frame() until `empty`, max_frames, or max_bytes reached; and their bytes."},
     {"tally", tally, METH_VARARGS, "The receiver's accounting of a batch of decoded records."},
     {"gather", gather, METH_VARARGS, "Columns from the records of closed steps."},
     {"rate_sums", rate_sums, METH_VARARGS, "Per pair of cells sum(n_i / t_i), or None where not all positive finite."},

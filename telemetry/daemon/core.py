@@ -21,7 +21,6 @@ import socket
 import sys
 import threading
 import time
-from functools import partial
 from pathlib import Path
 
 import msgspec
@@ -36,6 +35,7 @@ from telemetry.daemon.config import DaemonConfig
 from telemetry.daemon import control as control_protocol
 from telemetry.daemon.derived import Derived
 from telemetry.daemon.downsample import Downsampler
+from telemetry.daemon.intake import Intake
 from telemetry.daemon import memory
 from telemetry.daemon.receiver import Receiver
 from telemetry.shared.security.redact import Redactor
@@ -159,6 +159,7 @@ class Daemon:
         self._batch_frames = INGEST_BATCH      # frames per ingest batch: memory.INGEST_BATCH_BYTES of them
         self._last_ingest_mono = 0.0
         self._trim_due = False                 # records came in since the heap was last trimmed
+        self.intake: Intake | None = None      # the ingest socket's read-ahead queue (start)
         self.num_heap_trims = 0
 
     # -- start ---------------------------------------------------------------------------------
@@ -185,6 +186,9 @@ class Daemon:
         self.pull.setsockopt(zmq.LINGER, 0)
         self.pull.setsockopt(zmq.HANDSHAKE_IVL, HANDSHAKE_IVL_MS)
         self.pull.setsockopt(zmq.BACKLOG, INGEST_BACKLOG)
+        # Frames are read ahead off libzmq's queues (which count messages) into one bounded in bytes.
+        self.intake = Intake(self.pull, self.budget.ingest_bytes, self.receiver.loops.read_frames_upto,
+                             self.receiver.unread_headers)
         self.control = self.ctx.socket(zmq.ROUTER)
         self.control.setsockopt(zmq.LINGER, 0)
         self.control.setsockopt(zmq.MAXMSGSIZE, 1 << 16)
@@ -325,8 +329,10 @@ class Daemon:
         timeout_ms = max(0, min(MAX_POLL_MS, int((deadline - now) * 1000) + 1))
         if max_wait_s is not None:
             timeout_ms = min(timeout_ms, int(max_wait_s * 1000))
+        if len(self.intake):
+            timeout_ms = 0                 # frames read ahead are waiting
         events = dict(self._poller.poll(timeout_ms))
-        if self.pull in events:
+        if self.pull in events or len(self.intake):
             self._ingest(self._batch_frames)
         if self.control in events:
             self._serve_control()
@@ -364,17 +370,31 @@ class Daemon:
         return now + MAX_POLL_MS / 1000 if deadline is None else deadline
 
     def _ingest(self, max_frames: int) -> int:
-        """Take up to `max_frames` frames off the ingest socket; return how many were taken.
+        """Read ahead what the ingest socket holds (Intake.fill: bounded in bytes, the excess shed
+        and counted), then take up to `max_frames` frames from the head of that queue; return
+        how many were taken.
 
-        The hot path, in batches: the receiver takes the frames off the socket, decodes and
+        The hot path, in batches: the receiver takes the frames from the intake queue, decodes and
         accounts them, the aggregator adds the metrics records to their steps, and the steps
         they complete go out together (_emit_steps). Records are single frames; the parts of a
         multipart message are taken as frames of their own (see protocol/README.md): a garbage
         part is counted as malformed.
         """
-        recs, all_metrics, n = self.receiver.take(partial(self.pull.recv, zmq.NOBLOCK), zmq.Again, max_frames)
+        intake = self.intake
+        shed_before, cut_before = intake.num_shed, intake.num_hellos_cut
+        intake.fill()
+        if intake.num_shed != shed_before:
+            self.shed.add("ingest_frames", intake.num_shed - shed_before,
+                          "frames beyond the ingest share, read ahead of a busy pipeline, are shed "
+                          "(and counted lost: records_shed_at_intake)")
+        if intake.num_hellos_cut != cut_before:
+            self.shed.add("hellos_cut_at_intake", intake.num_hellos_cut - cut_before,
+                          "hellos with an info bigger than is kept (64 KiB of JSON) are cut as they are read, "
+                          "to their scalars when beyond the ingest share")
+        recs, all_metrics, n = self.receiver.take(intake.pop, IndexError, max_frames)
         if not n:
             return 0
+        intake.taken(n, self.receiver.batch_bytes)
         frame_bytes = self.receiver.batch_bytes // n + 1
         self._record_bytes = frame_bytes * memory.RECORD_BYTES_PER_FRAME_BYTE
         self._batch_frames = max(1, min(INGEST_BATCH, memory.INGEST_BATCH_BYTES // frame_bytes))
@@ -612,7 +632,8 @@ class Daemon:
         t["records_unread_at_drain"] = self.num_unread_at_drain
         t["sources_open_at_drain"] = self.num_sources_open_at_drain
         t["records_failed"] = self.num_records_failed
-        t["records_lost"] += self.num_unread_at_drain + self.num_records_failed
+        t["records_shed_at_intake"] = self.intake.num_shed if self.intake is not None else 0
+        t["records_lost"] += self.num_unread_at_drain + self.num_records_failed + t["records_shed_at_intake"]
         return t
 
     def status(self) -> dict:
@@ -648,6 +669,7 @@ class Daemon:
             "security": {**self.security.stats(), "redacted": self._redact.num_redacted},
             "limits": {"fd_limit": self.fd_limit, "max_connections": self.max_connections,
                        "rcvhwm": self.cfg.rcvhwm, "rcvhwm_per_connection": self.cfg.connection_hwm()},
+            "intake": self.intake.stats() if self.intake is not None else {},
             "memory": self.memory_status(),
         }
 
@@ -699,6 +721,7 @@ class Daemon:
             "telemetry/dropped_by_clients": t["records_dropped_by_clients"],
             "telemetry/lost_in_transit": t["records_lost_in_transit"],
             "telemetry/unread_at_drain": t["records_unread_at_drain"],
+            "telemetry/shed_at_intake": t["records_shed_at_intake"],
             "telemetry/records_failed": t["records_failed"],
             # Records a sink never got. The analysis stages' own drops (diagnosis, held to a share
             # of the time; hang forensics) are analysis skipped under load, not output lost.
@@ -852,9 +875,10 @@ class Daemon:
 
     def _count_unread(self, max_frames: int) -> int:
         """Read up to `max_frames` queued frames without processing them (their header only), so
-        that the final counters say how much was lost instead of nothing."""
+        that the final counters say how much was lost instead of nothing: those read ahead into
+        the intake queue first (all of them), then the socket's."""
+        frames = self.intake.take_all()
         recv, again = self.pull.recv, zmq.Again
-        frames = []
         try:
             for _ in range(max_frames):
                 frames.append(recv(zmq.NOBLOCK))

@@ -37,6 +37,25 @@ def read_frames(next_frame: Callable[[], bytes], empty: type[BaseException], max
     return frames
 
 
+def read_frames_upto(next_frame: Callable[[], bytes], empty: type[BaseException], max_frames: int,
+                     max_bytes: int) -> tuple[list, int]:
+    """Call next_frame() until it raises `empty`, max_frames frames were read, or their lengths
+    reached max_bytes (the frame that reaches it is kept); return the frames and their lengths'
+    sum. What a read holds at once is then at most max_bytes plus one frame."""
+    frames = []
+    total = 0
+    for _ in range(max_frames):
+        if total >= max_bytes:
+            break
+        try:
+            frame = next_frame()
+        except empty:
+            break
+        frames.append(frame)
+        total += len(frame)
+    return frames, total
+
+
 def tally(recs: list, metrics_type: type, bye_type: type,
           good_names: dict) -> tuple[bool, int, list[SrcRow], list[int]]:
     """The receiver's accounting of a batch of decoded records.

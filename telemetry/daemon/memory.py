@@ -6,10 +6,10 @@ the first time, never per item. The split, of memory_mb:
 
     runtime        30 %  the interpreter, modules, threads, sockets, libzmq and malloc's slack:
                          not a buffer; measured idle at ~35 MB (~60 MB with W&B imported)
-    ingest         15 %  libzmq's receive queues. Not enforced: libzmq counts messages (rcvhwm,
-                         config.connection_hwm), not bytes; 8 ranks of small records fit, a
-                         stalled daemon's 10,240 4,096-value records a connection do not
-                         (1.3 GB measured): lower rcvhwm for such runs
+    ingest         15 %  frames read ahead of processing (intake.Intake: each turn the daemon
+                         reads what libzmq's queues hold, which count messages, not bytes);
+                         beyond the share they are shed and counted lost
+                         (records_shed_at_intake). libzmq holds what arrives in one turn
     sink queues    25 %  each sink's queue (SinkRunner max_bytes); the queues hold the same
                          records, so this is what they hold together, not each
     open steps     15 %  records of steps the aggregator still waits on; beyond it the oldest
@@ -63,10 +63,13 @@ BYTES_PER_NAME = 256
 # The largest steps x names table the aggregator builds at once (StepBatch columns: one slot per
 # step per name seen in the batch): closed steps are reduced in chunks that fit (~8 B a slot).
 MAX_BATCH_CELLS = 1 << 22
-# The most bytes (on the wire) the daemon takes off the ingest socket in one batch: with wide
+# The most bytes (on the wire) the daemon takes from the intake queue in one batch: with wide
 # records a batch of core.INGEST_BATCH frames would decode to hundreds of MB at once (1,024 x
-# 4,096 values: ~500 MB). The next batch's frame count follows the last batch's frame size.
-INGEST_BATCH_BYTES = 4 << 20
+# 4,096 values: ~500 MB). The next batch's frame count follows the last batch's frame size. 1 MB,
+# not 4: a batch of wide records takes ~10 ms a record to process, and what arrives meanwhile
+# waits in libzmq (unbounded in bytes) until the next turn reads it ahead (intake.py); small
+# records are unaffected (1,024 frames of ~250 B are 0.25 MB).
+INGEST_BATCH_BYTES = 1 << 20
 # The least of each share, whatever the budget says: a queue must hold a few batches.
 MIN_SHARE_BYTES = 1 << 20
 
@@ -118,7 +121,8 @@ class Shed:
     """What the budget shed, by kind; each kind logged once (never per item)."""
 
     counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(
-        ("recent_batches", "recent_records", "hellos_truncated", "metric_values", "steps_closed_early"), 0))
+        ("recent_batches", "recent_records", "hellos_truncated", "metric_values", "steps_closed_early",
+         "ingest_frames", "hellos_cut_at_intake"), 0))
     _logged: set = field(default_factory=set)
 
     def add(self, kind: str, n: int, why: str) -> None:

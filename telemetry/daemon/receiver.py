@@ -18,7 +18,7 @@ import msgspec
 
 from protocol import Bye, Event, Hello, MalformedRecord, Metrics
 from protocol.clean import clean
-from protocol.codec import check_names, decode_header, decoder_parts
+from protocol.codec import check_names, decode_header, decoder_parts, peek_header
 from protocol.constants import KIND_BYE
 from telemetry.daemon import hotpath
 
@@ -39,17 +39,6 @@ LIVE_MARKS = 3
 
 # The free-form map of each rare kind (see protocol.clean).
 _FREE_FORM = {Hello: "info", Event: "data", Bye: "stats"}
-_loose_header_decoder = None
-
-
-def _loose_header():
-    """A decoder of a frame's header with its kind (protocol.records.LooseHeader), body unread."""
-    global _loose_header_decoder
-    if _loose_header_decoder is None:
-        from protocol.records import LooseHeader
-
-        _loose_header_decoder = msgspec.msgpack.Decoder(LooseHeader)
-    return _loose_header_decoder
 
 
 @dataclass(slots=True)
@@ -134,20 +123,24 @@ class Receiver:
         return recs, all_metrics, len(frames)
 
     def unread(self, frames: list) -> None:
-        """Frames read off the socket but never processed (the drain deadline): each well-formed
+        """Frames read off the socket but never processed (the drain deadline, or shed at intake:
+        intake.Intake): each well-formed
         header counts as arrived for its src, like a refused record, so that its seq window
         does not count it lost a second time (the caller counts these frames as lost once,
         in records_unread_at_drain), whether or not the src's bye was processed before them."""
+        self.unread_headers([peek_header(f) for f in frames])
+
+    def unread_headers(self, headers: list) -> None:
+        """`unread` for frames whose headers were already read (protocol.codec.peek_header; None
+        for a frame without one: nothing to account it to, counted lost by the caller)."""
         rows, byes = [], []
-        decode = _loose_header().decode
-        for frame in frames:
-            try:
-                h = decode(frame)
-            except Exception:       # no header: nothing to account it to (counted lost by the caller)
+        for h in headers:
+            if h is None:
                 continue
-            rows.append((h.src, h.rank, 1, h.seq, h.dropped, h.seq, h.dropped))
-            if h.kind == KIND_BYE:
-                byes.append(h.src)
+            kind, src, rank, seq, dropped = h
+            rows.append((src, rank, 1, seq, dropped, seq, dropped))
+            if kind == KIND_BYE:
+                byes.append(src)
         self._account(rows, refused=True)
         for src in byes:
             self.note_bye(src)

@@ -1,0 +1,222 @@
+"""Intake: the ingest socket's frames, read ahead of processing into a queue bounded in bytes.
+
+libzmq's receive queue counts messages (`rcvhwm`, per connection), not bytes: a daemon busy with
+wide records let 10,240 frames of 123 kB a connection pile up there (1.3 GB; 300 hellos of
+0.7 MB: 277 MB). So every turn the daemon first reads what libzmq holds (a recv is about a
+microsecond) into this queue, then processes one batch from its head. The queue's bytes are
+bounded by the ingest share of the memory budget (`memory.Budget.ingest_bytes`); a frame that
+does not fit is shed at once, the newest first (what is queued keeps its order), and counted:
+its header is accounted to its source as arrived (`Receiver.unread`, so its seq window does not
+count it lost a second time) and the frame in `records_shed_at_intake`, part of `records_lost`.
+A hello bigger than the daemon keeps anyway (HELLO_INFO_MAX_BYTES) is cut as it is read, from
+its encoded form (cut_hello: 0.4 ms for a 0.7 MB config, where decoding it takes 16 ms). Metrics
+frames are shed; a rank's hello (cut to its scalars), bye or event may overdraw the share by an
+eighth, so that a flood of metrics costs a rank neither its identity nor its final count.
+libzmq then holds only what arrives during one turn.
+
+Reading ahead replaces libzmq's back-pressure as the daemon's answer to a backlog: before, a
+full connection queue made the client's own send queue fill and the client drop (counted in its
+`dropped`). Now the daemon holds up to its share, which for small records is more than libzmq
+held (38 MB at the default budget: about 250k frames of 100 bytes against 10,240 a connection),
+and sheds beyond it.
+"""
+from __future__ import annotations
+
+import collections
+import functools
+from typing import Callable
+
+import msgspec
+import zmq
+
+from protocol.codec import peek_header
+from protocol.constants import KIND_HELLO, KIND_METRICS
+from telemetry.daemon.memory import HELLO_INFO_MAX_BYTES, HELLO_INFO_OVER_BUDGET_BYTES
+
+# A frame held in the queue costs its bytes plus a bytes object's header (33 B) and its slot in
+# the deque (8 B), rounded up.
+FRAME_OVERHEAD_BYTES = 48
+# One read (loops.read_frames_upto) takes at most READ_CHUNK frames or READ_CHUNK_BYTES (plus one
+# frame): what is held at once before it is queued or shed. A turn reads at most
+# MAX_READ_PER_TURN frames: reading is cheap but not free, and a turn that only read (16k small
+# frames, ~10-20 ms) would keep the loop from its timers and control requests. Bytes per turn
+# are not capped: what is not read stays in libzmq, unbounded in bytes.
+READ_CHUNK = 1024
+READ_CHUNK_BYTES = 1 << 20
+MAX_READ_PER_TURN = 16 * READ_CHUNK
+# Frames other than metrics may overdraw the share by 1/OVERDRAFT_DIVISOR of it (see _admit_some).
+OVERDRAFT_DIVISOR = 8
+# A hello frame above this (its info could not be kept whole anyway: HELLO_INFO_MAX_BYTES of JSON,
+# plus the frame's header) is cut as it is read: 300 ranks starting with 0.86 MB configs then
+# queue ~64 KiB each, not 258 MB, and leave the share to the metrics that follow them.
+CUT_ABOVE_BYTES = HELLO_INFO_MAX_BYTES + 4096
+
+
+def _kind(frame: bytes) -> int | None:
+    """The record kind from a frame's header (None: no readable header)."""
+    h = peek_header(frame)
+    return None if h is None else h[0]
+
+
+class _RawHello(msgspec.Struct, array_like=True):
+    """A hello frame with its info's values left encoded (msgspec.Raw): read without building
+    them, which for a 0.7 MB config is most of the cost (16 ms decoded, ~1 ms this way)."""
+    kind: int
+    version: int
+    src: int
+    rank: int
+    seq: int
+    dropped: int
+    t_ns: int
+    info: dict[str, msgspec.Raw]
+
+
+_raw_hello = msgspec.msgpack.Decoder(_RawHello)
+_raw_map = msgspec.msgpack.Decoder(dict[str, msgspec.Raw])
+
+
+def _is_map(raw: msgspec.Raw) -> bool:
+    """Whether an encoded value is a msgpack map (fixmap, map 16, map 32)."""
+    first = memoryview(raw)[:1].tobytes()
+    return bool(first) and (0x80 <= first[0] <= 0x8f or first[0] in (0xde, 0xdf))
+
+
+def cut_hello(frame: bytes, limit: int) -> bytes | None:
+    """The hello frame with its info cut to about `limit` bytes of msgpack: top-level items kept
+    in order while they fit, and of a mapping that does not fit (a model config) the items that
+    do (its scalars; its big tables go), never deeper; a "_truncated" note names the cut. The
+    frame itself when it fits; None when it is no hello this can read (the receiver decides)."""
+    if len(frame) <= limit:
+        return frame
+    try:
+        h = _raw_hello.decode(frame)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None
+    note = (f"hello info of {len(frame)} bytes cut to {limit} as it was read (the daemon's memory budget); "
+            "see the rank's own config for the rest")
+    room = limit - len(note) - 64
+    out: dict = {}
+    for key, raw in h.info.items():
+        n = len(key) + len(raw) + 2
+        if n <= room:
+            out[key] = raw
+            room -= n
+        elif room > 64 + len(key) and _is_map(raw):
+            try:
+                inner = _raw_map.decode(raw)
+            except (msgspec.DecodeError, msgspec.ValidationError):
+                continue
+            part: dict = {}
+            left = room - len(key) - 8
+            for k, v in inner.items():
+                m = len(k) + len(v) + 2
+                if m <= left:
+                    part[k] = v
+                    left -= m
+            out[key] = part
+            room = left
+    out["_truncated"] = note
+    return msgspec.msgpack.encode((h.kind, h.version, h.src, h.rank, h.seq, h.dropped, h.t_ns, out))
+
+
+class Intake:
+    """The ingest socket plus its read-ahead queue. fill() each turn, then pop() frames (empty:
+    IndexError) and taken() what was popped, so that the queue's byte count stays exact."""
+
+    def __init__(self, sock: zmq.Socket, max_bytes: int, read_frames: Callable,
+                 unread: Callable[[list], None]) -> None:
+        self.sock = sock
+        self.max_bytes = max_bytes
+        self._read_frames = read_frames        # loops.read_frames_upto or its C twin
+        self._unread = unread                  # Receiver.unread_headers: account shed frames
+        self._q: collections.deque[bytes] = collections.deque()
+        self.pop = self._q.popleft
+        self.num_bytes = 0                     # held now, with FRAME_OVERHEAD_BYTES each
+        self.peak_bytes = 0
+        self.num_shed = 0                      # frames shed (records_shed_at_intake)
+        self.num_hellos_cut = 0                # hellos queued with their info cut (big, or beyond the share)
+        self.bytes_shed = 0
+        self._recv = functools.partial(sock.recv, zmq.NOBLOCK)     # a C call, no Python frame per frame
+
+    def __len__(self) -> int:
+        return len(self._q)
+
+    def fill(self) -> int:
+        """Read what libzmq holds, up to MAX_READ_PER_TURN frames; cut big hellos; shed what does
+        not fit. Returns how many frames were read."""
+        read = 0
+        while read < MAX_READ_PER_TURN:
+            frames, size = self._read_frames(self._recv, zmq.Again, READ_CHUNK, READ_CHUNK_BYTES)
+            if not frames:
+                break
+            read += len(frames)
+            if size > CUT_ABOVE_BYTES and max(map(len, frames)) > CUT_ABOVE_BYTES:
+                frames = [self._cut_hello(f, HELLO_INFO_MAX_BYTES) if len(f) > CUT_ABOVE_BYTES else f
+                          for f in frames]
+                size = sum(map(len, frames))
+            size += FRAME_OVERHEAD_BYTES * len(frames)
+            if self.num_bytes + size <= self.max_bytes:
+                self._q.extend(frames)
+                self.num_bytes += size
+            else:
+                self._admit_some(frames)
+        if self.num_bytes > self.peak_bytes:
+            self.peak_bytes = self.num_bytes
+        return read
+
+    def _admit_some(self, frames: list) -> None:
+        """The frames that still fit, in order; the rest shed and accounted. A frame other than
+        metrics (a rank's hello, bye or event) may overdraw the share by an OVERDRAFT_DIVISOR-th,
+        a hello cut to its scalars first, so that a rank keeps its identity and its final count
+        when metrics are shed."""
+        room = self.max_bytes - self.num_bytes
+        overdraft = self.max_bytes // OVERDRAFT_DIVISOR
+        shed = []                 # their headers, read once (peek_header)
+        for frame in frames:
+            cost = len(frame) + FRAME_OVERHEAD_BYTES
+            if cost <= room or not self._q:          # an empty queue always takes one frame
+                self._q.append(frame)
+                room -= cost
+                continue
+            h = peek_header(frame)
+            if h is not None and h[0] != KIND_METRICS:
+                kept = self._cut_hello(frame, HELLO_INFO_OVER_BUDGET_BYTES) if h[0] == KIND_HELLO else frame
+                if len(kept) + FRAME_OVERHEAD_BYTES <= room + overdraft:
+                    self._q.append(kept)
+                    room -= len(kept) + FRAME_OVERHEAD_BYTES
+                    continue
+            shed.append(h)
+            self.bytes_shed += len(frame)
+        self.num_bytes = self.max_bytes - room
+        if shed:
+            self.num_shed += len(shed)
+            self._unread(shed)
+
+    def _cut_hello(self, frame: bytes, limit: int) -> bytes:
+        """A hello frame re-encoded with its info cut to about `limit` bytes (cut_hello), counted
+        in num_hellos_cut; any other frame (a wide metrics record, an event, a hello that is no
+        valid record: the receiver refuses it) unchanged."""
+        if _kind(frame) != KIND_HELLO:
+            return frame
+        out = cut_hello(frame, limit)
+        if out is None or out is frame:
+            return frame
+        self.num_hellos_cut += 1
+        return out
+
+    def taken(self, num_frames: int, num_bytes: int) -> None:
+        """`num_frames` frames of `num_bytes` (their lengths) were popped."""
+        self.num_bytes -= num_bytes + FRAME_OVERHEAD_BYTES * num_frames
+
+    def take_all(self) -> list:
+        """Everything queued (the drain counts what it cannot process)."""
+        frames = list(self._q)
+        self._q.clear()
+        self.num_bytes = 0
+        return frames
+
+    def stats(self) -> dict:
+        return {"queued": len(self._q), "held_mb": round(self.num_bytes / 2**20, 1),
+                "peak_mb": round(self.peak_bytes / 2**20, 1), "max_mb": round(self.max_bytes / 2**20, 1),
+                "shed_frames": self.num_shed, "shed_mb": round(self.bytes_shed / 2**20, 1),
+                "hellos_cut": self.num_hellos_cut}
