@@ -108,6 +108,7 @@ def init(project: str | None = None, name: str | None = None, config: Any = None
             raise NotImplementedError(f"telemetry.wandb does not support wandb.init({key}=...)")
     if unsupported:
         raise TypeError(f"wandb.init() got unexpected keyword arguments: {', '.join(sorted(unsupported))}")
+    mode_given = mode is not None
     mode = mode or os.environ.get("WANDB_MODE") or "online"
     if mode not in MODES:
         raise ValueError(f"wandb.init(mode={mode!r}): expected one of {', '.join(MODES)}")
@@ -128,6 +129,13 @@ def init(project: str | None = None, name: str | None = None, config: Any = None
 
         client = DisabledClient()
     rank, world_size = process_rank()
+    if client is None:
+        # No daemon on this node: start one for the run, as wandb.init starts W&B's service.
+        from telemetry.client import autostart
+
+        autostart.ensure_daemon("telemetry.wandb", run_id=id or env("WANDB_RUN_ID"), run_name=name or env("WANDB_NAME"),
+                                wandb_mode=mode if (mode_given or env("WANDB_MODE")) else None,
+                                world_size=world_size, root=dir or env("WANDB_DIR"))
     _run = Run(project=project or env("WANDB_PROJECT"), name=name or env("WANDB_NAME"), config=cfg,
                entity=entity or env("WANDB_ENTITY"), group=group or env("WANDB_RUN_GROUP"),
                tags=tags if tags is not None else (env_tags.split(",") if env_tags else None),

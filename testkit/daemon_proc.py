@@ -124,7 +124,7 @@ class DaemonProc:
 
     # -- the control socket --------------------------------------------------------------------
     def request(self, cmd: str, timeout_s: float = 60.0) -> dict:
-        from telemetry.daemon.control import request
+        from telemetry.shared.control import request
 
         return request(self.control, cmd, timeout_s=timeout_s)
 

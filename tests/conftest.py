@@ -1,9 +1,16 @@
-"""Shared fixtures. `daemon`: a real daemon subprocess (ipc sockets in a private dir, W&B
+"""Shared fixtures and settings. `daemon`: a real daemon subprocess (ipc sockets in a private dir, W&B
 disabled) that is stopped after the test; `make_daemon(**kwargs)`: the same with options
 (see daemon_util.start_daemon: transport="tcp", world_size=, per_rank=, config={...}, wandb=)."""
 from __future__ import annotations
 
+import os
+
 import pytest
+
+# No test starts a daemon of its own by accident (client/autostart.py: the integrations would, in
+# the repo's directory and the shared default runtime directory): the tests that try it set
+# TELEMETRY_AUTOSTART=1 with a runtime directory and a run directory of their own.
+os.environ["TELEMETRY_AUTOSTART"] = "0"
 
 from daemon_util import DaemonProc, start_daemon   # tests/ is on the path: pyproject's pytest `pythonpath`
 

@@ -14,7 +14,7 @@ import pytest
 from daemon_sinks import HangSink, RaisingSink
 from telemetry.client import TelemetryClient
 from telemetry.daemon.config import load
-from telemetry.daemon.control import request
+from telemetry.shared.control import request
 from telemetry.daemon.core import Daemon
 from telemetry.daemon.sinks.base import Out, SinkRunner
 from telemetry.daemon.sinks.jsonl import JsonlSink

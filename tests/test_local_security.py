@@ -145,7 +145,7 @@ def test_hello_and_event_secrets_are_redacted_before_they_are_sent():
 def test_control_needs_the_token_and_the_token_file_is_private(tmp_path):
     d = start_daemon(tmp_path, transport="tcp")
     try:
-        from telemetry.daemon.control import token_path
+        from telemetry.shared.control import token_path
 
         path = token_path(d.control)
         st = path.stat()

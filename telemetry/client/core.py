@@ -170,6 +170,8 @@ class TelemetryClient(metaclass=abc.ABCMeta):   # ABCMeta: DisabledClient regist
             raise ValueError(f"rank must be >= 0, got {self.rank}")
         self.local_rank = _env_int(_LOCAL_RANK_ENV, 0)
         self.world_size = _env_int(_WORLD_SIZE_ENV, 1)
+        if endpoint is None and self.endpoint.startswith("ipc://"):
+            _no_silent_discard(self.endpoint, self.world_size)
         self.host = os.uname().nodename  # gethostname() without importing socket
         self._sndhwm = sndhwm
         self._linger_ms = linger_ms
@@ -463,6 +465,31 @@ class TelemetryClient(metaclass=abc.ABCMeta):   # ABCMeta: DisabledClient regist
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+_warned_no_daemon: set[str] = set()
+
+
+def _no_silent_discard(endpoint: str, world_size: int) -> None:
+    """The default ipc endpoint with no daemon serving its directory: start one if asked
+    ($TELEMETRY_AUTOSTART=1, client/autostart.py), else say once that records are dropped. A
+    flock attempt on the directory's daemon.lock: microseconds, once per client."""
+    from pathlib import Path
+
+    from telemetry.client import autostart
+
+    directory = Path(endpoint[len("ipc://"):]).parent
+    if autostart.tried() or endpoints.daemon_serves(directory):
+        return
+    if autostart.wanted(default=False):
+        autostart.ensure_daemon("telemetry", default=False, world_size=world_size)
+        return
+    if os.environ.get(endpoints.ENV_INGEST) or str(directory) in _warned_no_daemon:
+        return
+    _warned_no_daemon.add(str(directory))
+    warnings.warn(f"telemetry: no daemon serves {directory}: this process's records are dropped (and counted) "
+                  f"until one starts there. Start one (`telemetry daemon`, launch/run.sh), or set "
+                  f"TELEMETRY_AUTOSTART=1 to start one for this script", RuntimeWarning, stacklevel=3)
 
 
 class _NullSpan:

@@ -26,7 +26,7 @@ def ask(prog: str, control: str | None, cmd: str, timeout_s: float) -> tuple[dic
     user can fix (a bad endpoint, a refused token), 1 for a daemon that does not answer."""
     import zmq
 
-    from telemetry.daemon.control import request
+    from telemetry.shared.control import request
     from telemetry.shared import endpoints
 
     try:

@@ -478,7 +478,7 @@ def _run_plain(sub: Any, flt: RecordFilter) -> None:
 def _ask_status(control_ep: str, state: TailState) -> None:
     """Once, in the background: the daemon's status (run name, ranks), for a view attached after
     the ranks said hello. A daemon that does not answer costs nothing but this thread."""
-    from telemetry.daemon.control import request
+    from telemetry.shared.control import request
 
     try:
         state.status = printable_record(request(control_ep, "status", timeout_s=2.0))

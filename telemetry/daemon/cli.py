@@ -15,6 +15,9 @@ from telemetry.shared.config import nonempty_arg, writable_dir_problem
 from telemetry.shared.endpoints import endpoint_arg
 
 
+MAX_PID = 1 << 22          # Linux's pid_max can go no higher
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ingest", type=endpoint_arg, metavar="EP", help="PULL endpoint the ranks send to "
                    "(default $TELEMETRY_ENDPOINT, else a private ipc socket)")
@@ -28,6 +31,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--world-size", type=int, metavar="N", help="ranks to wait for per step (default: from hellos)")
     p.add_argument("--per-rank", action="store_true", default=None, help="also write each rank's own records")
     p.add_argument("--quiet", action="store_true", help="log warnings and errors only")
+    p.add_argument("--watch-pid", type=int, metavar="PID", help="drain and exit once process PID has exited "
+                   "(a daemon started for one script: telemetry.wandb.init and the integrations start it so)")
     m = p.add_argument_group("multi-node (docs/multinode.md)")
     m.add_argument("--remote-ingest", type=endpoint_arg, metavar="EP", help="head: also accept node daemons on this TCP "
                    "endpoint (CURVE required beyond loopback: security section of --config)")
@@ -65,7 +70,12 @@ def run(args: argparse.Namespace) -> int:
     if why:
         print(f"telemetry daemon: log dir {why}", file=sys.stderr)
         return 2
+    if args.watch_pid is not None and not 0 < args.watch_pid <= MAX_PID:
+        print(f"telemetry daemon: --watch-pid must be a process id (1..{MAX_PID}), got {args.watch_pid}",
+              file=sys.stderr)
+        return 2
     daemon = Daemon(cfg)
+    daemon.watch_pid = args.watch_pid
     try:
         setup_logging(Path(cfg.log_dir), logging.WARNING if args.quiet else logging.INFO)
         daemon.start()

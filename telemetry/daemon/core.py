@@ -32,7 +32,7 @@ from telemetry.daemon import hotpath
 from telemetry.daemon import loops as python_loops
 from telemetry.daemon.aggregator import MAX_WORLD_SIZE, Aggregator
 from telemetry.daemon.config import DaemonConfig
-from telemetry.daemon import control as control_protocol
+from telemetry.shared import control as control_protocol
 from telemetry.daemon.derived import Derived
 from telemetry.daemon.downsample import Downsampler
 from telemetry.daemon.intake import Intake
@@ -160,6 +160,8 @@ class Daemon:
         self._last_ingest_mono = 0.0
         self._trim_due = False                 # records came in since the heap was last trimmed
         self.intake: Intake | None = None      # the ingest socket's read-ahead queue (start)
+        self.watch_pid: int | None = None      # --watch-pid: drain once this process has exited
+        self._lock_fd: int | None = None       # the runtime directory's daemon.lock, held for life
         self.num_heap_trims = 0
 
     # -- start ---------------------------------------------------------------------------------
@@ -174,6 +176,9 @@ class Daemon:
             "control": endpoints.resolve("control", cfg.control, create_dir=True),
         }
         self.fd_limit, self.max_connections = _raise_fd_limit(cfg.max_connections)
+        if self.endpoints["ingest"].startswith("ipc://"):
+            # Says "a daemon serves this directory" to whoever would start one (client/autostart.py).
+            self._lock_fd = endpoints.hold_daemon_lock(Path(self.endpoints["ingest"][len("ipc://"):]).parent)
         self.ctx = zmq.Context(1)
         # Refuses (SecurityError) to listen beyond loopback without CURVE; runs the allow-list.
         from telemetry.shared.security.curve import DaemonSecurity
@@ -352,6 +357,8 @@ class Daemon:
                 self._checkpoint_sources()
             self.receiver.mark_progress()      # which clients are still sending, for a drain
             self._next_checkpoint = now + CHECKPOINT_INTERVAL_S
+            if self.watch_pid is not None and not _alive(self.watch_pid):
+                self._stop_reason = f"the process it was started for exited (pid {self.watch_pid})"
         self._hand_out()
         if self._trim_due and now - self._last_ingest_mono >= TRIM_AFTER_QUIET_S:
             self._trim_after_burst()
@@ -807,6 +814,9 @@ class Daemon:
             pass
         self._wake_r.close()
         self._wake_w.close()
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)         # the directory is free for a successor
+            self._lock_fd = None
         if not unfinished:
             # With a sink thread still inside a socket call, destroying the context could hang
             # or crash; the process is about to exit anyway.
@@ -890,6 +900,21 @@ class Daemon:
 
 # Descriptors the daemon needs besides its ingest connections: files, sinks, pollers, sockets.
 FD_RESERVE = 256
+
+
+def _alive(pid: int) -> bool:
+    """Whether process `pid` still runs (a zombie counts as ended)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[-1].split()[0] != b"Z"
+    except OSError:
+        return True
 
 
 def _raise_fd_limit(max_connections: int) -> tuple[int, int]:

@@ -40,6 +40,11 @@ class LazyClient:
             from telemetry.client import TelemetryClient
 
             rank = self._rank() if callable(self._rank) else self._rank
+            if self.endpoint is None:
+                # No daemon on this node: start one (telemetry/client/autostart.py), never silence.
+                from telemetry.client import autostart
+
+                autostart.ensure_daemon("telemetry", world_size=process_rank()[1])
             self._client = TelemetryClient(self.endpoint, rank=rank, send_hello=self._send_hello)
         return self._client
 

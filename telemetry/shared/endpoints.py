@@ -257,3 +257,54 @@ def is_loopback(ep: str) -> bool:
         return True
     host = ep[len("tcp://"):].rsplit(":", 1)[0].strip("[]")
     return host in ("127.0.0.1", "localhost", "::1") or host.startswith("127.")
+
+
+# A daemon whose ingest socket is in a runtime directory holds this file locked (flock) for its
+# life: whoever would start one for the node (telemetry/client/autostart.py) sees it runs, and
+# the lock goes with the process, however it ends (no stale pid file).
+DAEMON_LOCK_FILE = "daemon.lock"
+
+
+def _lock_fd(path: Path, create: bool) -> int | None:
+    flags = os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC | (os.O_CREAT if create else 0)
+    try:
+        fd = os.open(path, flags, 0o600)
+    except OSError:
+        return None
+    if not stat.S_ISREG(os.fstat(fd).st_mode) or os.fstat(fd).st_uid != os.getuid():
+        os.close(fd)
+        return None
+    return fd
+
+
+def hold_daemon_lock(directory: Path) -> int | None:
+    """Lock `directory`/daemon.lock for this process's life; its descriptor (keep it open), or
+    None when another process holds it (a daemon already serves this directory) or it cannot
+    be made."""
+    import fcntl
+
+    fd = _lock_fd(directory / DAEMON_LOCK_FILE, create=True)
+    if fd is None:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def daemon_serves(directory: Path) -> bool:
+    """Whether a live daemon holds `directory`/daemon.lock."""
+    import fcntl
+
+    fd = _lock_fd(directory / DAEMON_LOCK_FILE, create=False)
+    if fd is None:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError:
+        return True
+    finally:
+        os.close(fd)
+    return False

@@ -104,7 +104,9 @@ def _drained_at(log_dir) -> float | None:
     except (OSError, ValueError):
         return None
     reason = final.get("stop_reason", "drain request") if isinstance(final, dict) else None
-    return mtime if reason == "drain request" else None
+    # A drain request (run.sh's), or the end of the script a daemon was started for (--watch-pid).
+    ended = reason == "drain request" or str(reason).startswith("the process it was started for exited")
+    return mtime if ended else None
 
 
 def _signature(rec: dict) -> tuple:

@@ -1,0 +1,233 @@
+"""A daemon for the node, started by the first local process that needs one.
+
+Without it a script switched to `telemetry.wandb` (or the HF callback, the Lightning logger, the
+Accelerate tracker) and run without a daemon trained and kept nothing: its records queued for a
+socket nobody listened on. `wandb.init()` starts W&B's own service process; these start ours:
+
+- When the ranks would send to the default endpoints (no $TELEMETRY_ENDPOINT: a launcher that
+  runs its own daemon, like `launch/run.sh`, sets it) and no daemon serves the runtime directory
+  (a daemon holds its `daemon.lock`: shared/endpoints.daemon_serves), the first local process to
+  take the start lock starts `telemetry daemon` there, writing the run to
+  `./telemetry/<run-id>/` ($TELEMETRY_DIR/<run-id>/, or DIR/telemetry/<run-id>/ for
+  `wandb.init(dir=DIR)`), and prints one line saying so. The other ranks find it and connect.
+- The daemon watches the process that started it (`--watch-pid`): when the script ends, however
+  it ends (normal exit, exception, SIGTERM, SIGKILL), it drains and writes everything. On a
+  normal exit (and an exception, and Ctrl-C) the starting process also asks it to drain at once
+  (a drain request, as `telemetry drain` sends) and waits for it (up to WAIT_DRAIN_S), so the run
+  is complete when the script returns, and prints where it is and what it holds.
+- When no daemon can be started, one warning says the metrics are not kept.
+
+$TELEMETRY_AUTOSTART=0 turns it off; =1 also starts one for a bare TelemetryClient (opt-in).
+"""
+from __future__ import annotations
+
+import atexit
+import os
+import secrets
+import string
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from telemetry.shared import endpoints
+
+ENV_AUTOSTART = "TELEMETRY_AUTOSTART"
+ENV_DIR = "TELEMETRY_DIR"
+# The daemon's ready line (telemetry.daemon.core.READY_LINE; the client imports nothing of the
+# daemon's: tests/test_autostart.py checks the two are equal).
+READY_LINE = "telemetry daemon ready"
+START_LOCK_FILE = "autostart.lock"
+# A daemon that is not ready in this long (imports on a loaded machine take seconds) is given up.
+START_TIMEOUT_S = 60.0
+# How long the starting process waits at exit for the drain (the daemon's own deadline is 12 s).
+WAIT_DRAIN_S = 30.0
+_ID_CHARS = string.ascii_lowercase + string.digits
+
+
+@dataclass
+class Started:
+    """A daemon this process started."""
+
+    proc: subprocess.Popen
+    log_dir: Path
+    run_id: str
+
+
+_started: Started | None = None
+_failed = False        # tried and could not: said so once; no second try, no second warning
+
+
+def tried() -> bool:
+    """Whether this process started a daemon or failed to (and said so)."""
+    return _started is not None or _failed
+
+
+def new_run_id() -> str:
+    """Eight lowercase letters and digits, as W&B's run ids."""
+    return "".join(secrets.choice(_ID_CHARS) for _ in range(8))
+
+
+def wanted(default: bool) -> bool:
+    """Whether to start a daemon: $TELEMETRY_AUTOSTART ("0" no, "1" yes), else `default`
+    (yes for the integrations, no for a bare TelemetryClient); never with $TELEMETRY_ENDPOINT
+    (someone runs their own daemon) or $TELEMETRY_DISABLED."""
+    if os.environ.get(endpoints.ENV_INGEST) or os.environ.get(endpoints.ENV_DISABLED, "") not in ("", "0"):
+        return False
+    value = os.environ.get(ENV_AUTOSTART, "").strip().lower()
+    if value in ("0", "false", "no", "off"):
+        return False
+    if value in ("1", "true", "yes", "on"):
+        return True
+    return default
+
+
+def ensure_daemon(prog: str, *, default: bool = True, run_id: str | None = None, run_name: str | None = None,
+                  wandb_mode: str | None = None, world_size: int | None = None,
+                  root: str | os.PathLike | None = None) -> Started | None:
+    """A daemon serving this node's default endpoints: the one running, or one started now.
+
+    Returns what this process started (None when one was running already, or none is wanted, or
+    none could be started: then one warning, on stderr, says the metrics are not kept).
+    """
+    global _started
+    if _started is not None or _failed or not wanted(default):
+        return _started
+    try:
+        rdir = endpoints.runtime_dir(create=True)
+    except (endpoints.EndpointError, OSError) as exc:
+        _warn(prog, f"no daemon could be started (runtime directory: {exc})")
+        return None
+    if endpoints.daemon_serves(rdir):
+        return None
+    lock = _take_start_lock(rdir / START_LOCK_FILE)
+    if lock is None:
+        _warn(prog, f"no daemon could be started (cannot lock {rdir / START_LOCK_FILE})")
+        return None
+    try:
+        if endpoints.daemon_serves(rdir):         # another rank started it while we waited
+            return None
+        _started = _start(prog, run_id or new_run_id(), run_name, wandb_mode, world_size, root)
+        return _started
+    finally:
+        os.close(lock)
+
+
+def _take_start_lock(path: Path) -> int | None:
+    import fcntl
+
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError:
+        return None
+    deadline = time.monotonic() + START_TIMEOUT_S + 5
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return fd
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                os.close(fd)
+                return None
+            time.sleep(0.02)
+
+
+def _start(prog: str, run_id: str, run_name: str | None, wandb_mode: str | None, world_size: int | None,
+           root: str | os.PathLike | None) -> Started | None:
+    from telemetry.shared import files
+
+    base = Path(os.environ.get(ENV_DIR) or (Path(root) / "telemetry" if root else Path("telemetry")))
+    log_dir = (base / run_id).absolute()
+    try:
+        files.make_dir(log_dir, own=True)
+        out = open(log_dir / "daemon.out", "ab")
+    except OSError as exc:
+        _warn(prog, f"no daemon could be started (cannot make {log_dir}: {exc.strerror or exc})")
+        return None
+    cmd = [sys.executable, "-m", "telemetry", "daemon", "--log-dir", str(log_dir),
+           "--run-name", run_name or run_id, "--watch-pid", str(os.getpid())]
+    if wandb_mode in ("online", "offline", "disabled"):
+        cmd += ["--wandb", wandb_mode]
+    if world_size and world_size > 0:
+        cmd += ["--world-size", str(world_size)]
+    try:
+        # Its own session: a Ctrl-C meant for the script does not stop it before it has drained.
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True, close_fds=True)
+    except OSError as exc:
+        out.close()
+        _warn(prog, f"no daemon could be started ({exc})")
+        return None
+    out.close()
+    why = _wait_ready(proc, log_dir / "daemon.out")
+    if why:
+        if proc.poll() is None:
+            proc.kill()
+        _warn(prog, f"no daemon could be started: {why}")
+        return None
+    started = Started(proc, log_dir, run_id)
+    atexit.register(_drain_at_exit, prog, started)
+    print(f"{prog}: run {run_id}: telemetry daemon started (pid {proc.pid}), writing to {log_dir}; "
+          f"it drains when this script ends (`telemetry tail --run-dir {log_dir}` to watch)", file=sys.stderr,
+          flush=True)
+    return started
+
+
+def _wait_ready(proc: subprocess.Popen, out_path: Path) -> str:
+    """'' once the daemon printed its ready line; else why not."""
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        text = _tail(out_path)
+        if READY_LINE in text:
+            return ""
+        if proc.poll() is not None:
+            last = " | ".join(ln for ln in text.strip().splitlines()[-3:])
+            return f"it exited with code {proc.returncode}: {last or 'no output'} ({out_path})"
+        time.sleep(0.02)
+    return f"not ready within {START_TIMEOUT_S:.0f} s ({out_path})"
+
+
+def _tail(path: Path, max_bytes: int = 1 << 16) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - max_bytes))
+            return f.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _drain_at_exit(prog: str, started: Started) -> None:
+    """The script is ending: the daemon drains now (a drain request, as `telemetry drain` sends:
+    the clients' byes are in) and the run is complete before the script returns. Runs after the
+    clients' own exit hooks (they were registered later), so this process's bye was sent."""
+    from telemetry.shared import control
+
+    proc = started.proc
+    final: dict = {}
+    if proc.poll() is None:
+        try:
+            final = control.request(endpoints.resolve("control"), "drain", timeout_s=WAIT_DRAIN_S)
+        except Exception:          # no answer: it drains on its own once this process is gone
+            final = {}
+        try:
+            proc.wait(5 if final else WAIT_DRAIN_S)
+        except subprocess.TimeoutExpired:
+            print(f"{prog}: run {started.run_id}: the daemon is still draining (pid {proc.pid}); "
+                  f"{started.log_dir} fills as it finishes", file=sys.stderr, flush=True)
+            return
+    ok = proc.returncode == 0
+    counts = (f"{final.get('records_in', 0):,} records in, {final.get('records_lost', 0):,} lost, "
+              f"{final.get('steps_out', 0):,} steps; " if final.get("ok") else "")
+    print(f"{prog}: run {started.run_id}: {counts}"
+          f"{'written to' if ok else 'the daemon exited with code ' + str(proc.returncode) + ';'} "
+          f"{started.log_dir / 'metrics.jsonl'} (counters: {started.log_dir / 'drain.json'})",
+          file=sys.stderr, flush=True)
+
+
+def _warn(prog: str, why: str) -> None:
+    global _failed
+    _failed = True
+    print(f"{prog}: {why}: the metrics of this process are not kept. Start one by hand "
+          f"(`telemetry daemon`) or set $TELEMETRY_ENDPOINT to one.", file=sys.stderr, flush=True)

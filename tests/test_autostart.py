@@ -1,0 +1,222 @@
+"""A daemon that starts itself (issue 30 item 2): scripts written as outside projects write them,
+switched to the sidecar with one line and run with no daemon started by hand, keep their run.
+Real processes: the script, the daemon it starts, torchrun for two ranks; each test has its own
+runtime directory (the default endpoints' home) and run directory."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+NANOGPT_STYLE = """
+import os, sys, time
+import telemetry.wandb as wandb          # the one line that changed (was: import wandb)
+
+wandb_log = True
+wandb_project = "owt"
+wandb_run_name = "gpt2-" + str(int(time.time()))
+config = {"learning_rate": 6e-4, "batch_size": 12, "n_layer": 12}
+if wandb_log:
+    wandb.init(project=wandb_project, name=wandb_run_name, config=config)
+for iter_num in range(int(os.environ.get("ITERS", "20"))):
+    loss = 4.0 - iter_num * 0.125
+    if wandb_log:
+        wandb.log({"iter": iter_num, "train/loss": loss, "lr": 6e-4, "mfu": 12.5}, step=iter_num)
+if os.environ.get("HANG"):
+    print("logged", flush=True)
+    time.sleep(600)
+if os.environ.get("CRASH"):
+    raise RuntimeError("boom")
+"""
+
+
+def _env(tmp_path: Path, **extra: str) -> dict:
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("TELEMETRY_") and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "WANDB_RUN_ID")}
+    runtime = tmp_path / "rt"
+    env.update({"TELEMETRY_RUNTIME_DIR": str(runtime), "WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path),
+                "WANDB_SILENT": "true", "PYTHONPATH": str(ROOT),
+                "PYTHONUNBUFFERED": "1", **extra})
+    return env
+
+
+def _script(tmp_path: Path, text: str = NANOGPT_STYLE) -> Path:
+    path = tmp_path / "train.py"
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def _run_dirs(tmp_path: Path) -> list[Path]:
+    return sorted(p for p in (tmp_path / "telemetry").iterdir() if p.is_dir()) if (tmp_path / "telemetry").is_dir() else []
+
+
+def _steps(log_dir: Path) -> dict[int, dict]:
+    out = {}
+    for line in (log_dir / "metrics.jsonl").read_text().splitlines():
+        rec = json.loads(line)
+        if rec.get("kind") == "metrics" and "rank" not in rec:
+            out[rec["step"]] = rec["values"]
+    return out
+
+
+def _pid_gone(pid: int, timeout_s: float = 60.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not Path(f"/proc/{pid}").exists():
+            return True
+        try:
+            if Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[-1].split()[0] == b"Z":
+                return True
+        except OSError:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_a_wandb_script_with_no_daemon_keeps_its_run(tmp_path):
+    """Before: the script trained, printed nothing, and every metric was discarded."""
+    out = subprocess.run([sys.executable, str(_script(tmp_path))], cwd=tmp_path, env=_env(tmp_path),
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    started = re.findall(r"run (\w+): telemetry daemon started \(pid (\d+)\), writing to (\S+);", out.stderr)
+    assert len(started) == 1, out.stderr
+    run_id, pid, log_dir = started[0][0], int(started[0][1]), Path(started[0][2])
+    assert re.fullmatch(r"[a-z0-9]{8}", run_id) and log_dir == tmp_path / "telemetry" / run_id
+    assert _run_dirs(tmp_path) == [log_dir]
+    assert f"run {run_id}: " in out.stderr and f"written to {log_dir / 'metrics.jsonl'}" in out.stderr
+    # Complete when the script returned: the daemon drained on its request and is gone.
+    assert _pid_gone(pid, 5.0)
+    final = json.loads((log_dir / "drain.json").read_text())
+    assert final["stop_reason"] == "drain request" and final["records_lost"] == 0, final
+    steps = _steps(log_dir)
+    assert sorted(steps) == list(range(20))
+    assert [steps[i]["train/loss"] for i in range(20)] == [4.0 - i * 0.125 for i in range(20)]
+
+
+def test_a_script_that_raises_keeps_its_run_and_its_exit_code(tmp_path):
+    out = subprocess.run([sys.executable, str(_script(tmp_path))], cwd=tmp_path,
+                         env=_env(tmp_path, CRASH="1", ITERS="5"), capture_output=True, text=True, timeout=300)
+    assert out.returncode == 1 and "RuntimeError: boom" in out.stderr
+    (log_dir,) = _run_dirs(tmp_path)
+    assert sorted(_steps(log_dir)) == list(range(5))
+    assert json.loads((log_dir / "drain.json").read_text())["records_lost"] == 0
+
+
+def test_a_script_killed_by_sigterm_is_drained_by_the_daemon_it_started(tmp_path):
+    """SIGTERM ends Python without its exit hooks: the daemon, watching the script's pid, drains."""
+    proc = subprocess.Popen([sys.executable, str(_script(tmp_path))], cwd=tmp_path,
+                            env=_env(tmp_path, HANG="1", ITERS="10"), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "logged"
+        (log_dir,) = _run_dirs(tmp_path)
+        # The records are on their way: wait for them. Steps 0-8: W&B commits a step's row when
+        # the next step is logged (or at finish), so row 9 is still the script's when it dies.
+        deadline = time.monotonic() + 120
+        while len(_steps(log_dir)) < 9:
+            assert time.monotonic() < deadline, _steps(log_dir)
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    err = proc.stderr.read()
+    pid = int(re.search(r"telemetry daemon started \(pid (\d+)\)", err).group(1))
+    assert _pid_gone(pid, 60.0), err
+    final = json.loads((log_dir / "drain.json").read_text())
+    assert final["stop_reason"] == f"the process it was started for exited (pid {proc.pid})", final
+    assert sorted(_steps(log_dir)) == list(range(9)) and final["records_lost"] == 0
+
+
+def test_two_ranks_under_torchrun_start_one_daemon_and_both_are_in_it(tmp_path):
+    script = _script(tmp_path, NANOGPT_STYLE.replace('"train/loss": loss', '"train/loss": loss + int(os.environ["RANK"])'))
+    out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                          "--master-port", "0", str(script)], cwd=tmp_path, env=_env(tmp_path, ITERS="8"),
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert len(re.findall(r"telemetry daemon started", out.stderr)) == 1, out.stderr[-3000:]
+    (log_dir,) = _run_dirs(tmp_path)
+    steps = _steps(log_dir)
+    assert sorted(steps) == list(range(8))
+    # Both ranks in every step: the mean of rank 0's loss and rank 1's (one more).
+    assert [steps[i]["train/loss"] for i in range(8)] == [4.0 - i * 0.125 + 0.5 for i in range(8)]
+    final = json.loads((log_dir / "drain.json").read_text())
+    assert final["records_lost"] == 0 and sorted(final["per_rank"]) == ["0", "1"], final
+
+
+def test_when_no_daemon_can_start_one_warning_says_so_and_training_goes_on(tmp_path):
+    (tmp_path / "a-file").write_text("")      # the run directory would be under a file: cannot be made
+    out = subprocess.run([sys.executable, str(_script(tmp_path))], cwd=tmp_path,
+                         env=_env(tmp_path, TELEMETRY_DIR=str(tmp_path / "a-file" / "runs"), ITERS="3"),
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    warnings = [ln for ln in out.stderr.splitlines() if "not kept" in ln]
+    assert len(warnings) == 1 and "no daemon could be started" in warnings[0], out.stderr
+    assert "Traceback" not in out.stderr and not _run_dirs(tmp_path)
+
+
+def test_a_bare_client_says_once_that_nobody_listens_or_starts_one_when_asked(tmp_path):
+    code = ("import warnings; warnings.simplefilter('always'); from telemetry import TelemetryClient; "
+            "tm = TelemetryClient(rank=0); tm.log(1, {'a': 1.0}); tm.close(); "
+            "tm = TelemetryClient(rank=0); tm.close()")
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=_env(tmp_path), capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stderr.count("no daemon serves") == 1 and "TELEMETRY_AUTOSTART=1" in out.stderr, out.stderr
+    assert not _run_dirs(tmp_path)
+    out = subprocess.run([sys.executable, "-c", code.replace("'a': 1.0", "'a': 7.0")], cwd=tmp_path,
+                         env=_env(tmp_path, TELEMETRY_AUTOSTART="1"), capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and "no daemon serves" not in out.stderr, out.stderr
+    (log_dir,) = _run_dirs(tmp_path)
+    assert _steps(log_dir) == {1: {"a": 7.0}}
+
+
+def test_a_daemon_started_by_hand_is_used_not_doubled(tmp_path):
+    from daemon_util import start_daemon
+
+    env = _env(tmp_path)
+    saved = os.environ.copy()
+    os.environ["TELEMETRY_RUNTIME_DIR"] = env["TELEMETRY_RUNTIME_DIR"]
+    try:
+        # Its endpoints are the defaults of this runtime directory: its own ipc sockets.
+        rt = Path(env["TELEMETRY_RUNTIME_DIR"])
+        rt.mkdir(mode=0o700)
+        d = start_daemon(tmp_path / "by-hand", extra_args=("--ingest", f"ipc://{rt}/ingest.sock", "--pub",
+                                                            f"ipc://{rt}/pub.sock", "--control", f"ipc://{rt}/control.sock"))
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    try:
+        out = subprocess.run([sys.executable, str(_script(tmp_path))], cwd=tmp_path, env={**env, "ITERS": "4"},
+                             capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0 and "daemon started" not in out.stderr, out.stderr
+        assert not _run_dirs(tmp_path)
+        d.wait_for(lambda recs: sum(1 for r in recs if r.get("kind") == "metrics" and "rank" not in r) >= 4)
+    finally:
+        d.stop()
+        d.cleanup()
+
+
+def test_the_ready_line_is_the_daemons():
+    from telemetry.client import autostart
+    from telemetry.daemon.core import READY_LINE
+
+    assert autostart.READY_LINE == READY_LINE
+
+
+@pytest.mark.parametrize("value", ["0", "-3"])
+def test_watch_pid_must_be_a_process_id(tmp_path, value):
+    out = subprocess.run([sys.executable, "-m", "telemetry", "daemon", "--log-dir", str(tmp_path / "t"),
+                          "--watch-pid", value], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and out.stderr.count("\n") == 1 and "--watch-pid" in out.stderr, out.stderr
