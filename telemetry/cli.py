@@ -14,6 +14,7 @@ import sys
 # subcommand -> module. Order is the order shown in --help.
 COMMANDS: dict[str, str] = {
     "daemon": "telemetry.daemon.cli",
+    "run": "telemetry.tools.run",
     "status": "telemetry.consumers.status",
     "drain": "telemetry.consumers.drain",
     "tail": "telemetry.consumers.tail",
@@ -28,6 +29,7 @@ COMMANDS: dict[str, str] = {
 # One-line help per subcommand, kept here so `telemetry --help` imports nothing heavy.
 SUMMARIES: dict[str, str] = {
     "daemon": "run the telemetry daemon (ingest, aggregate, write JSONL, W&B, PUB)",
+    "run": "run a training script under the sidecar: daemon, ranks, drain, summary, its exit code",
     "status": "ask a running daemon for its counters",
     "drain": "ask a running daemon to drain, flush and exit",
     "tail": "live view of a running job from the daemon's PUB socket",

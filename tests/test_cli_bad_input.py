@@ -57,6 +57,8 @@ KINDS: dict[tuple[str, str], str] = {
     ("mfu-check", "--config"): "in_file", ("mfu-check", "--hf-config"): "in_file",
     ("mfu-check", "--model-type"): "name",
     ("keygen", "--dir"): "out_dir", ("keygen", "--name"): "name", ("keygen", "--allow"): "out_dir",
+    ("run", "--run-dir"): "out_dir", ("run", "--run-name"): "name", ("run", "--daemon-config"): "in_file",
+    ("run", "command"): "script",
 }
 # The same by option name alone, for any command (the live consumers share these flags).
 NAME_KINDS = {"--port": "number", "--addr": "address", "--token-file": "in_file", "--memory-mb": "number",
@@ -86,6 +88,8 @@ def bad_values(kind: str, tmp: Path) -> dict[str, str]:
         "wandb_id": {"empty": "", "slash": "a/b", "too-long": "a" * 5000, "control": "x\ny"},
         "wandb_name": {"empty": "", "too-long": "a" * 5000, "control": "x\x1b]0;t\x07"},
         "free": {},   # any text is a valid filter: nothing to refuse
+        "script": {"empty": "", "missing": str(tmp / "no-such.py"), "a-dir": str(tmp), "fifo": str(fifo),
+                   "module-without-name": "-m"},
         "unknown": {"unknown-kind": ""},
     }[kind]
 
@@ -238,6 +242,10 @@ def test_every_flag_refuses_bad_values(in_process, tmp_path, run_dir, cmd, name,
     value = bad_values(kind, tmp_path)[label]
     args = base_args(cmd, name, tmp_path, run_dir)
     argv = [cmd, *args, value] if not name.startswith("-") else [cmd, *args, name, value]
+    if cmd == "run" and name != "command":
+        script = tmp_path / "train.py"
+        script.write_text("")
+        argv += ["--", str(script)]          # the script comes last: what follows it is its own
     rc, out, err = in_process(argv)
     assert_refused(rc, out, err, f"telemetry {' '.join(argv)}")
 

@@ -1,0 +1,200 @@
+"""Run any training script under the sidecar: start a daemon for it, point its ranks at it, launch
+it (one process, or torchrun with --nproc N), stream the daemon's log, drain, print the summary,
+and exit with the script's own exit code (128+N when a rank was killed by signal N).
+
+    telemetry run -- train.py --batch_size 12            (python train.py ...)
+    telemetry run --nproc 2 -- train.py                   (torchrun --standalone --nproc-per-node 2)
+    telemetry run --nproc 2 -- -m mypkg.train --lr 3e-4  (a module, as python -m)
+
+The script logs as it already does: `import telemetry.wandb as wandb`, an integration (the HF
+callback, the Lightning logger, the Accelerate tracker) or a TelemetryClient; each finds this
+run's daemon through $TELEMETRY_RUNTIME_DIR (a private directory for the run's sockets). The run
+goes to --run-dir (default ./telemetry/<run-id>/): metrics.jsonl, daemon.log, drain.json.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+MAX_NPROC = 1024
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    from telemetry.shared.config import nonempty_arg
+
+    p.add_argument("--nproc", type=int, default=1, metavar="N",
+                   help="processes (ranks) on this node: 1 runs the script directly, more run it under "
+                        f"torchrun --standalone (1..{MAX_NPROC}; default 1)")
+    p.add_argument("--run-dir", type=nonempty_arg, metavar="DIR", help="where the run goes (default ./telemetry/<run-id>)")
+    p.add_argument("--run-name", type=nonempty_arg, metavar="NAME", help="the run's name (W&B, reports; default its id)")
+    p.add_argument("--wandb", choices=("disabled", "offline", "online"),
+                   help="the daemon's W&B mode (default: $WANDB_MODE, else offline)")
+    p.add_argument("--daemon-config", type=nonempty_arg, metavar="FILE", help="the daemon's YAML config (README, Daemon config)")
+    p.add_argument("--quiet", action="store_true", help="do not stream the daemon's log")
+    p.add_argument("command", nargs=argparse.REMAINDER, metavar="-- SCRIPT [ARGS]",
+                   help="the script and its arguments (or -m MODULE and its arguments)")
+
+
+def _fail(msg: str) -> int:
+    print(f"telemetry run: {msg}", file=sys.stderr)
+    return 2
+
+
+def _target(command: list[str]) -> tuple[list[str] | None, str]:
+    """The program to launch (script or -m module, and its arguments), or None and why not."""
+    if command[:1] == ["--"]:
+        command = command[1:]
+    if not command:
+        return None, "give the script to run after --: telemetry run [options] -- SCRIPT [ARGS]"
+    if command[0] == "-m":
+        if len(command) < 2 or not command[1] or command[1].startswith("-"):
+            return None, "-m needs a module name: telemetry run -- -m MODULE [ARGS]"
+        return command, ""
+    script = Path(command[0])
+    if not script.is_file():
+        return None, f"{command[0]}: no such script" if not script.exists() else f"{command[0]}: not a file"
+    return command, ""
+
+
+def run(args: argparse.Namespace) -> int:
+    from telemetry.client import autostart
+    from telemetry.shared import endpoints, files
+
+    target, why = _target(list(args.command))
+    if target is None:
+        return _fail(why)
+    if not 1 <= args.nproc <= MAX_NPROC:
+        return _fail(f"--nproc must be 1..{MAX_NPROC}, got {args.nproc}")
+    if args.daemon_config is not None and not Path(args.daemon_config).is_file():
+        return _fail(f"--daemon-config {args.daemon_config}: not a file")
+    run_id = autostart.new_run_id()
+    name = args.run_name or run_id
+    log_dir = Path(args.run_dir or Path("telemetry") / run_id).absolute()
+    try:
+        files.make_dir(log_dir, own=True)
+    except OSError as exc:
+        return _fail(f"--run-dir {log_dir}: cannot make it ({exc.strerror or exc})")
+    runtime = Path("/tmp") / f"telemetry-{os.getuid()}" / f"run-{run_id}"
+    try:
+        endpoints.private_dirs(runtime.parent, runtime)
+    except endpoints.EndpointError as exc:
+        return _fail(f"runtime directory: {exc}")
+    env = {k: v for k, v in os.environ.items()
+           if k not in (endpoints.ENV_INGEST, endpoints.ENV_PUB, endpoints.ENV_CONTROL)}
+    env.update({endpoints.ENV_RUNTIME_DIR: str(runtime), endpoints.ENV_RUN_NAME: name,
+                autostart.ENV_AUTOSTART: "0"})     # this run's daemon is ours: no rank starts another
+    # W&B's mode is the daemon's (its W&B sink); the ranks log to the daemon whatever it is, so
+    # $WANDB_MODE=disabled does not turn the script's telemetry.wandb into a stand-in.
+    mode = args.wandb or env.pop("WANDB_MODE", None) or "offline"
+    if mode not in ("disabled", "offline", "online"):
+        mode = "offline"
+    cmd = [sys.executable, "-m", "telemetry", "daemon", "--log-dir", str(log_dir), "--run-name", name,
+           "--wandb", mode, "--world-size", str(args.nproc)]
+    if args.daemon_config:
+        cmd += ["--config", args.daemon_config]
+    out_path = log_dir / "daemon.out"
+    with open(out_path, "ab") as out:
+        daemon = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                  start_new_session=True)
+    try:
+        why = autostart._wait_ready(daemon, out_path)
+        if why:
+            print(f"telemetry run: the daemon did not start: {why}", file=sys.stderr)
+            return 1
+        print(f"telemetry run: run {name}: daemon pid {daemon.pid}, writing to {log_dir}; watch it with "
+              f"`TELEMETRY_RUNTIME_DIR={runtime} telemetry tail`", file=sys.stderr, flush=True)
+        stop_stream = threading.Event()
+        if not args.quiet:
+            threading.Thread(target=_stream, args=(out_path, stop_stream), daemon=True).start()
+        rc = _launch(target, args.nproc, env)
+        stop_stream.set()
+        final = _drain(daemon, runtime, log_dir)
+        _summary(log_dir, final, rc)
+        return rc
+    finally:
+        if daemon.poll() is None:
+            daemon.kill()
+            daemon.wait()
+        shutil.rmtree(runtime, ignore_errors=True)
+
+
+def _launch(target: list[str], nproc: int, env: dict) -> int:
+    """The script's exit code as a shell reports it; SIGINT and SIGTERM are passed on to it."""
+    if nproc == 1:
+        cmd = [sys.executable, *target]
+    else:
+        module = target[0] == "-m"
+        cmd = [sys.executable, "-m", "trainer.launch", "--standalone", "--nproc_per_node", str(nproc),
+               *(["-m", *target[1:]] if module else target)]
+    proc = subprocess.Popen(cmd, env=env)
+
+    def forward(signum, _frame):
+        if proc.poll() is None:
+            proc.send_signal(signum)
+
+    old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        rc = proc.wait()
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+    return 128 - rc if rc < 0 else rc
+
+
+def _stream(path: Path, stop: threading.Event) -> None:
+    """The daemon's output, as it grows, on stderr (prefixed), until `stop` and caught up."""
+    pos = 0
+    while True:
+        try:
+            with open(path, "rb") as f:
+                f.seek(pos)
+                chunk = f.read()
+        except OSError:
+            chunk = b""
+        if chunk:
+            end = chunk.rfind(b"\n") + 1
+            if end:
+                for line in chunk[:end].decode(errors="replace").splitlines():
+                    print(f"[telemetry] {line}", file=sys.stderr, flush=True)
+                pos += end
+        elif stop.is_set():
+            return
+        time.sleep(0.2)
+
+
+def _drain(daemon: subprocess.Popen, runtime: Path, log_dir: Path) -> dict:
+    """Ask the daemon to drain (it waits for the ranks' byes) and wait for it; its final counters."""
+    from telemetry.shared import control
+
+    final: dict = {}
+    try:
+        final = control.request(f"ipc://{runtime}/control.sock", "drain", timeout_s=60)
+    except Exception as exc:       # no answer: SIGTERM drains too
+        print(f"telemetry run: no answer to the drain request ({exc}); stopping the daemon", file=sys.stderr)
+        daemon.send_signal(signal.SIGTERM)
+    try:
+        daemon.wait(60)
+    except subprocess.TimeoutExpired:
+        print(f"telemetry run: the daemon (pid {daemon.pid}) did not exit; killed", file=sys.stderr)
+    return final if isinstance(final, dict) else {}
+
+
+def _summary(log_dir: Path, final: dict, rc: int) -> None:
+    from telemetry.consumers.summary import main as summary_main
+
+    args = [str(log_dir), "--trainer-rc", str(rc)]
+    if (log_dir / "drain.json").is_file():
+        args += ["--drain-json", str(log_dir / "drain.json")]
+    try:
+        summary_main(args)
+    except SystemExit:
+        pass
+    except Exception as exc:       # a summary that cannot be made never hides the exit code
+        print(f"telemetry run: no summary ({exc})", file=sys.stderr)

@@ -1,0 +1,121 @@
+"""`telemetry run [--nproc N] -- SCRIPT [ARGS]` (issue 30 item 1): any script under the sidecar,
+with its own exit code. Real processes: the command, its daemon, the script (torchrun for two
+ranks); scripts written as outside projects write them (telemetry.wandb, a TelemetryClient)."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+SCRIPT = """
+import os, signal, sys
+import telemetry.wandb as wandb
+
+wandb.init(project="p", config={"lr": 1e-3})
+rank = int(os.environ.get("RANK", "0"))
+for i in range(int(sys.argv[1]) if len(sys.argv) > 1 else 10):
+    wandb.log({"train/loss": 3.0 - 0.125 * i + rank}, step=i)
+wandb.finish()
+if os.environ.get("FAIL_RANK") == str(rank):
+    if os.environ.get("HOW") == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    sys.exit(5)
+"""
+
+
+def _env(tmp_path: Path, **extra: str) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TELEMETRY_") and k not in ("RANK", "WORLD_SIZE")}
+    env.update({"WANDB_MODE": "disabled", "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1", **extra})
+    return env
+
+
+def _run(tmp_path: Path, *args: str, timeout: int = 600, **env: str) -> subprocess.CompletedProcess:
+    (tmp_path / "train.py").write_text(textwrap.dedent(SCRIPT))
+    return subprocess.run([sys.executable, "-m", "telemetry", "run", *args], cwd=tmp_path, env=_env(tmp_path, **env),
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def _run_dir(tmp_path: Path, out: subprocess.CompletedProcess) -> Path:
+    m = re.search(r"telemetry run: run (\w+): daemon pid \d+, writing to (\S+);", out.stderr)
+    assert m, out.stderr[-3000:]
+    return Path(m.group(2))
+
+
+def _steps(log_dir: Path) -> dict[int, dict]:
+    out = {}
+    for line in (log_dir / "metrics.jsonl").read_text().splitlines():
+        rec = json.loads(line)
+        if rec.get("kind") == "metrics" and "rank" not in rec:
+            out[rec["step"]] = rec["values"]
+    return out
+
+
+def test_one_process_keeps_its_run_and_its_exit_code(tmp_path):
+    out = _run(tmp_path, "--", "train.py", "12", FAIL_RANK="0")
+    assert out.returncode == 5, out.stderr[-3000:]
+    log_dir = _run_dir(tmp_path, out)
+    assert log_dir.parent == tmp_path / "telemetry" and re.fullmatch(r"[a-z0-9]{8}", log_dir.name)
+    steps = _steps(log_dir)
+    assert [steps[i]["train/loss"] for i in range(12)] == [3.0 - 0.125 * i for i in range(12)]
+    final = json.loads((log_dir / "drain.json").read_text())
+    assert final["stop_reason"] == "drain request" and final["records_lost"] == 0, final
+    assert "trainer exit code  5" in out.stdout and "steps logged       12" in out.stdout, out.stdout
+    assert "[telemetry] telemetry daemon ready" in out.stderr      # the daemon's log, streamed
+    assert not list(Path(f"/tmp/telemetry-{os.getuid()}").glob(f"run-{log_dir.name}"))   # its sockets gone
+
+
+@pytest.mark.parametrize("how, code", [("exit", 5), ("kill", 137)])
+def test_two_ranks_under_torchrun_and_the_failing_ranks_code(tmp_path, how, code):
+    out = _run(tmp_path, "--nproc", "2", "--run-dir", str(tmp_path / "r"), "--quiet", "--", "train.py", "6",
+               FAIL_RANK="1", HOW=how)
+    assert out.returncode == code, out.stderr[-3000:]
+    steps = _steps(tmp_path / "r")
+    # Both ranks in every step: the mean of rank 0's loss and rank 1's (one more).
+    assert [steps[i]["train/loss"] for i in range(6)] == [3.5 - 0.125 * i for i in range(6)]
+    assert "[telemetry]" not in out.stderr                           # --quiet
+    final = json.loads((tmp_path / "r" / "drain.json").read_text())
+    assert sorted(final["per_rank"]) == ["0", "1"] and final["records_lost"] == 0, final
+
+
+def test_a_module_with_its_arguments(tmp_path):
+    pkg = tmp_path / "mypkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "train.py").write_text(textwrap.dedent(SCRIPT))
+    out = _run(tmp_path, "--run-dir", str(tmp_path / "r"), "--", "-m", "mypkg.train", "3")
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert sorted(_steps(tmp_path / "r")) == [0, 1, 2]
+
+
+@pytest.mark.parametrize("args, words", [
+    ([], ["give the script"]),
+    (["--"], ["give the script"]),
+    (["--", "nope.py"], ["nope.py: no such script"]),
+    (["--", "-m"], ["-m needs a module"]),
+    (["--nproc", "0", "--", "train.py"], ["--nproc must be 1..1024"]),
+    (["--nproc", "abc", "--", "train.py"], ["--nproc"]),
+    (["--run-dir", "a-file/x", "--", "train.py"], ["--run-dir", "cannot make it"]),
+    (["--daemon-config", "nope.yaml", "--", "train.py"], ["--daemon-config nope.yaml: not a file"]),
+])
+def test_bad_input_is_one_line_and_exit_2(tmp_path, args, words):
+    (tmp_path / "a-file").write_text("")
+    out = _run(tmp_path, *args, timeout=120)
+    assert out.returncode == 2, out.stderr
+    assert "Traceback" not in out.stderr and out.stderr.count("\n") == 1, out.stderr
+    for w in words:
+        assert w in out.stderr, out.stderr
+    assert not (tmp_path / "telemetry").exists()                    # nothing started
+
+
+def test_help_names_the_forms():
+    out = subprocess.run([sys.executable, "-m", "telemetry", "run", "--help"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0 and "--nproc" in out.stdout and "-m MODULE" in out.stdout, out.stdout
