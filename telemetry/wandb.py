@@ -21,6 +21,7 @@ importing telemetry's client costs; torch is never imported here.
 from __future__ import annotations
 
 import os
+import sys
 from typing import Any
 
 from telemetry.integrations._client import process_rank
@@ -29,6 +30,7 @@ from telemetry.integrations.wandb_objects import Error, PreInit, Unsupported, co
 from telemetry.integrations.wandb_run import Run
 
 __all__ = ["init", "log", "finish", "define_metric", "watch", "unwatch", "login", "Settings", "Error",
+           "termlog", "termwarn", "termerror",
            "Run", "Image", "Table", "Histogram", "Audio", "Video", "Html", "Object3D", "Molecule",
            "Plotly", "Graph"]
 
@@ -40,7 +42,7 @@ _UNSUPPORTED_INIT_ARGS = ("sync_tensorboard", "monitor_gym", "resume_from", "for
 _UNSUPPORTED = frozenset({
     "Artifact", "save", "restore", "log_artifact", "use_artifact", "log_model", "use_model", "link_model",
     "alert", "sweep", "agent", "controller", "plot", "plot_table", "Api", "apis", "tensorboard",
-    "require", "setup", "teardown", "attach", "mark_preempting", "termlog", "termwarn", "termerror",
+    "require", "setup", "teardown", "attach", "mark_preempting",
     "Classes", "ImageMask", "BoundingBoxes2D"})
 
 _run: Run | None = None
@@ -81,6 +83,19 @@ class Settings:
 
     def __init__(self, **kwargs: Any) -> None:
         self.__dict__.update(kwargs)
+
+
+def termlog(string: str = "", newline: bool = True, repeat: bool = True, prefix: bool = True) -> None:
+    """Print a line as W&B does (on stderr, "wandb: " first)."""
+    print(("wandb: " if prefix else "") + str(string), end="\n" if newline else "", file=sys.stderr, flush=True)
+
+
+def termwarn(string: str = "", newline: bool = True, repeat: bool = True, prefix: bool = True) -> None:
+    termlog(("WARNING " if prefix else "") + str(string), newline, repeat, prefix)
+
+
+def termerror(string: str = "", newline: bool = True, repeat: bool = True, prefix: bool = True) -> None:
+    termlog(("ERROR " if prefix else "") + str(string), newline, repeat, prefix)
 
 
 def login(*args: Any, **kwargs: Any) -> bool:

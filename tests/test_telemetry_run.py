@@ -119,3 +119,72 @@ def test_help_names_the_forms():
     out = subprocess.run([sys.executable, "-m", "telemetry", "run", "--help"], cwd=ROOT, capture_output=True,
                          text=True, timeout=60)
     assert out.returncode == 0 and "--nproc" in out.stdout and "-m MODULE" in out.stdout, out.stdout
+
+
+PLAIN_WANDB = """
+import sys
+import wandb                        # unchanged: W&B's own import
+
+run = wandb.init(project="p", config={"lr": 0.1})
+for i in range(5):
+    wandb.log({"loss": 1.0 / (i + 1), "nested": {"acc": i / 10}})
+wandb.termlog("done")
+wandb.finish()
+print("WANDB_MODULE " + wandb.__file__, file=sys.stderr)
+"""
+
+HF_REPORT_TO_WANDB = """
+import json
+import torch
+from transformers import AutoModelForCausalLM, GPT2Config, Trainer, TrainingArguments
+
+torch.manual_seed(0)
+cfg = GPT2Config(n_embd=32, n_layer=2, n_head=2, vocab_size=64, n_positions=32, bos_token_id=0, eos_token_id=0)
+model = AutoModelForCausalLM.from_config(cfg)
+
+class Tokens(torch.utils.data.Dataset):
+    def __len__(self):
+        return 256
+    def __getitem__(self, i):
+        x = torch.randint(0, 64, (16,), generator=torch.Generator().manual_seed(i))
+        return {"input_ids": x, "labels": x.clone()}
+
+args = TrainingArguments(output_dir="out", max_steps=8, logging_steps=1, report_to=["wandb"], use_cpu=True,
+                         per_device_train_batch_size=4, save_strategy="no", disable_tqdm=True, learning_rate=1e-3,
+                         run_name="hf-as-wandb")
+trainer = Trainer(model=model, args=args, train_dataset=Tokens())
+trainer.train()
+print("RESULT " + json.dumps({h["step"]: h["loss"] for h in trainer.state.log_history if "loss" in h}))
+"""
+
+
+def test_as_wandb_an_unmodified_import_wandb_logs_through_the_sidecar(tmp_path):
+    (tmp_path / "plain.py").write_text(textwrap.dedent(PLAIN_WANDB))
+    out = subprocess.run([sys.executable, "-m", "telemetry", "run", "--as-wandb", "--quiet", "--run-dir",
+                          str(tmp_path / "r"), "--", "plain.py"], cwd=tmp_path, env=_env(tmp_path),
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    module = re.search(r"WANDB_MODULE (\S+)", out.stderr).group(1)
+    assert module.endswith("telemetry/integrations/as_wandb/wandb/__init__.py"), module
+    assert "wandb: done" in out.stderr
+    steps = _steps(tmp_path / "r")
+    assert [steps[i]["loss"] for i in range(5)] == [1.0 / (i + 1) for i in range(5)]
+    assert [steps[i]["nested/acc"] for i in range(5)] == [i / 10 for i in range(5)]
+
+
+@pytest.mark.slow
+def test_as_wandb_transformers_report_to_wandb_logs_through_the_sidecar(tmp_path):
+    pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")
+    (tmp_path / "hf.py").write_text(textwrap.dedent(HF_REPORT_TO_WANDB))
+    out = subprocess.run([sys.executable, "-m", "telemetry", "run", "--as-wandb", "--quiet", "--run-dir",
+                          str(tmp_path / "r"), "--", "hf.py"], cwd=tmp_path,
+                         env=_env(tmp_path, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false"),
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    losses = json.loads(re.search(r"RESULT (.*)", out.stdout).group(1))
+    steps = _steps(tmp_path / "r")
+    # The Trainer's own losses, exactly, at W&B's steps (its global step, one row per logging step).
+    assert {int(s): v for s, v in losses.items()} == {int(v["train/global_step"]): v["train/loss"]
+                                                      for v in steps.values() if "train/loss" in v}
+    assert len(losses) == 8

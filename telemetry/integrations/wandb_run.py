@@ -252,6 +252,10 @@ class Run:
     def __exit__(self, exc_type: Any, *exc: object) -> None:
         self.finish(exit_code=1 if exc_type is not None else None)
 
+    def _label(self, *args: Any, **kwargs: Any) -> None:
+        """W&B's own bookkeeping of which integration made the run (transformers calls it): nothing
+        to keep here."""
+
     def __getattr__(self, name: str) -> Any:
         if name in UNSUPPORTED_RUN_METHODS:
             return Unsupported(f"run.{name}")

@@ -5,6 +5,7 @@ and exit with the script's own exit code (128+N when a rank was killed by signal
     telemetry run -- train.py --batch_size 12            (python train.py ...)
     telemetry run --nproc 2 -- train.py                   (torchrun --standalone --nproc-per-node 2)
     telemetry run --nproc 2 -- -m mypkg.train --lr 3e-4  (a module, as python -m)
+    telemetry run --as-wandb -- train.py                  (its own `import wandb`, unchanged)
 
 The script logs as it already does: `import telemetry.wandb as wandb`, an integration (the HF
 callback, the Lightning logger, the Accelerate tracker) or a TelemetryClient; each finds this
@@ -38,6 +39,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the daemon's W&B mode (default: $WANDB_MODE, else offline)")
     p.add_argument("--daemon-config", type=nonempty_arg, metavar="FILE", help="the daemon's YAML config (README, Daemon config)")
     p.add_argument("--quiet", action="store_true", help="do not stream the daemon's log")
+    p.add_argument("--as-wandb", action="store_true",
+                   help="the script's own `import wandb` (and transformers' report_to=\"wandb\", Lightning's "
+                        "WandbLogger, Accelerate's log_with=\"wandb\") logs through the sidecar: zero changed lines")
     p.add_argument("command", nargs=argparse.REMAINDER, metavar="-- SCRIPT [ARGS]",
                    help="the script and its arguments (or -m MODULE and its arguments)")
 
@@ -90,6 +94,11 @@ def run(args: argparse.Namespace) -> int:
            if k not in (endpoints.ENV_INGEST, endpoints.ENV_PUB, endpoints.ENV_CONTROL)}
     env.update({endpoints.ENV_RUNTIME_DIR: str(runtime), endpoints.ENV_RUN_NAME: name,
                 autostart.ENV_AUTOSTART: "0"})     # this run's daemon is ours: no rank starts another
+    if args.as_wandb:
+        # `import wandb` in the script finds telemetry's (integrations/as_wandb/wandb); the daemon,
+        # started with the environment before this, keeps the real W&B for its sink.
+        shim = str(Path(__file__).resolve().parent.parent / "integrations" / "as_wandb")
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (shim, env.get("PYTHONPATH", "")) if p)
     # W&B's mode is the daemon's (its W&B sink); the ranks log to the daemon whatever it is, so
     # $WANDB_MODE=disabled does not turn the script's telemetry.wandb into a stand-in.
     mode = args.wandb or env.pop("WANDB_MODE", None) or "offline"
@@ -100,8 +109,11 @@ def run(args: argparse.Namespace) -> int:
     if args.daemon_config:
         cmd += ["--config", args.daemon_config]
     out_path = log_dir / "daemon.out"
+    daemon_env = {k: v for k, v in env.items() if k != "PYTHONPATH"}
+    if os.environ.get("PYTHONPATH"):
+        daemon_env["PYTHONPATH"] = os.environ["PYTHONPATH"]
     with open(out_path, "ab") as out:
-        daemon = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+        daemon = subprocess.Popen(cmd, env=daemon_env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                   start_new_session=True)
     try:
         why = autostart._wait_ready(daemon, out_path)
