@@ -30,7 +30,7 @@ from telemetry.integrations.wandb_objects import Error, PreInit, Unsupported, co
 from telemetry.integrations.wandb_run import Run
 
 __all__ = ["init", "log", "finish", "define_metric", "watch", "unwatch", "login", "Settings", "Error",
-           "termlog", "termwarn", "termerror",
+           "termlog", "termwarn", "termerror", "require",
            "Run", "Image", "Table", "Histogram", "Audio", "Video", "Html", "Object3D", "Molecule",
            "Plotly", "Graph"]
 
@@ -42,7 +42,7 @@ _UNSUPPORTED_INIT_ARGS = ("sync_tensorboard", "monitor_gym", "resume_from", "for
 _UNSUPPORTED = frozenset({
     "Artifact", "save", "restore", "log_artifact", "use_artifact", "log_model", "use_model", "link_model",
     "alert", "sweep", "agent", "controller", "plot", "plot_table", "Api", "apis", "tensorboard",
-    "require", "setup", "teardown", "attach", "mark_preempting",
+    "setup", "teardown", "attach", "mark_preempting",
     "Classes", "ImageMask", "BoundingBoxes2D"})
 
 _run: Run | None = None
@@ -98,6 +98,10 @@ def termerror(string: str = "", newline: bool = True, repeat: bool = True, prefi
     termlog(("ERROR " if prefix else "") + str(string), newline, repeat, prefix)
 
 
+def require(*args: Any, **kwargs: Any) -> None:
+    """A no-op: W&B's opt-in features ("service", ...) are its own process's; the daemon is ours."""
+
+
 def login(*args: Any, **kwargs: Any) -> bool:
     """A no-op: the daemon holds the W&B credentials, the training processes need none."""
     return True
@@ -125,6 +129,8 @@ def init(project: str | None = None, name: str | None = None, config: Any = None
         raise TypeError(f"wandb.init() got unexpected keyword arguments: {', '.join(sorted(unsupported))}")
     mode_given = mode is not None
     mode = mode or os.environ.get("WANDB_MODE") or "online"
+    if mode == "dryrun":            # W&B's older name for offline (Lightning's WandbLogger sets it)
+        mode = "offline"
     if mode not in MODES:
         raise ValueError(f"wandb.init(mode={mode!r}): expected one of {', '.join(MODES)}")
     if _run is not None and not _run._finished:
@@ -150,7 +156,7 @@ def init(project: str | None = None, name: str | None = None, config: Any = None
 
         autostart.ensure_daemon("telemetry.wandb", run_id=id or env("WANDB_RUN_ID"), run_name=name or env("WANDB_NAME"),
                                 wandb_mode=mode if (mode_given or env("WANDB_MODE")) else None,
-                                world_size=world_size, root=dir or env("WANDB_DIR"))
+                                root=dir or env("WANDB_DIR"))
     _run = Run(project=project or env("WANDB_PROJECT"), name=name or env("WANDB_NAME"), config=cfg,
                entity=entity or env("WANDB_ENTITY"), group=group or env("WANDB_RUN_GROUP"),
                tags=tags if tags is not None else (env_tags.split(",") if env_tags else None),

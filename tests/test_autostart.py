@@ -139,20 +139,32 @@ def test_a_script_killed_by_sigterm_is_drained_by_the_daemon_it_started(tmp_path
     assert sorted(_steps(log_dir)) == list(range(9)) and final["records_lost"] == 0
 
 
-def test_two_ranks_under_torchrun_start_one_daemon_and_both_are_in_it(tmp_path):
-    script = _script(tmp_path, NANOGPT_STYLE.replace('"train/loss": loss', '"train/loss": loss + int(os.environ["RANK"])'))
-    out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-                          "--master-port", "0", str(script)], cwd=tmp_path, env=_env(tmp_path, ITERS="8"),
-                         capture_output=True, text=True, timeout=600)
+@pytest.mark.parametrize("who", ["every rank", "rank 0 alone"])
+def test_two_ranks_under_torchrun_start_one_daemon(tmp_path, who):
+    text = NANOGPT_STYLE.replace('"train/loss": loss', '"train/loss": loss + int(os.environ["RANK"])')
+    # As a DDP script does: the process group first, every rank past init before training (a rank
+    # whose hello came after rank 0's first steps would find them written without it).
+    text = text.replace("import os, sys, time\n", "import os, sys, time\nimport torch.distributed as dist\n"
+                        "dist.init_process_group('gloo')\n")
+    text = text.replace("for iter_num in range", "dist.barrier()\nfor iter_num in range")
+    if who == "rank 0 alone":     # nanoGPT's way: `wandb_log and master_process`
+        text = text.replace("wandb_log = True", "wandb_log = os.environ['RANK'] == '0'")
+    out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                          str(_script(tmp_path, text))], cwd=tmp_path,
+                         env=_env(tmp_path, ITERS="8"), capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     assert len(re.findall(r"telemetry daemon started", out.stderr)) == 1, out.stderr[-3000:]
     (log_dir,) = _run_dirs(tmp_path)
     steps = _steps(log_dir)
     assert sorted(steps) == list(range(8))
-    # Both ranks in every step: the mean of rank 0's loss and rank 1's (one more).
-    assert [steps[i]["train/loss"] for i in range(8)] == [4.0 - i * 0.125 + 0.5 for i in range(8)]
     final = json.loads((log_dir / "drain.json").read_text())
-    assert final["records_lost"] == 0 and sorted(final["per_rank"]) == ["0", "1"], final
+    assert final["records_lost"] == 0 and final["steps_incomplete"] == 0, final
+    if who == "every rank":       # both in every step: the mean of rank 0's loss and rank 1's (one more)
+        assert [steps[i]["train/loss"] for i in range(8)] == [4.0 - i * 0.125 + 0.5 for i in range(8)]
+        assert sorted(final["per_rank"]) == ["0", "1"], final
+    else:                         # rank 0's own values; no step waited for rank 1
+        assert [steps[i]["train/loss"] for i in range(8)] == [4.0 - i * 0.125 for i in range(8)]
+        assert sorted(final["per_rank"]) == ["0"], final
 
 
 def test_when_no_daemon_can_start_one_warning_says_so_and_training_goes_on(tmp_path):

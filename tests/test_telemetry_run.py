@@ -74,8 +74,10 @@ def test_one_process_keeps_its_run_and_its_exit_code(tmp_path):
 
 @pytest.mark.parametrize("how, code", [("exit", 5), ("kill", 137)])
 def test_two_ranks_under_torchrun_and_the_failing_ranks_code(tmp_path, how, code):
-    out = _run(tmp_path, "--nproc", "2", "--run-dir", str(tmp_path / "r"), "--quiet", "--", "train.py", "6",
-               FAIL_RANK="1", HOW=how)
+    # Every rank logs: --world-size says so (by default the ranks' hellos do, and rank 0's own
+    # promises only itself, as W&B scripts log on rank 0 alone).
+    out = _run(tmp_path, "--nproc", "2", "--world-size", "2", "--run-dir", str(tmp_path / "r"), "--quiet", "--",
+               "train.py", "6", FAIL_RANK="1", HOW=how)
     assert out.returncode == code, out.stderr[-3000:]
     steps = _steps(tmp_path / "r")
     # Both ranks in every step: the mean of rank 0's loss and rank 1's (one more).
@@ -102,6 +104,7 @@ def test_a_module_with_its_arguments(tmp_path):
     (["--", "-m"], ["-m needs a module"]),
     (["--nproc", "0", "--", "train.py"], ["--nproc must be 1..1024"]),
     (["--nproc", "abc", "--", "train.py"], ["--nproc"]),
+    (["--world-size", "0", "--", "train.py"], ["--world-size must be 1..65536"]),
     (["--run-dir", "a-file/x", "--", "train.py"], ["--run-dir", "cannot make it"]),
     (["--daemon-config", "nope.yaml", "--", "train.py"], ["--daemon-config nope.yaml: not a file"]),
 ])
@@ -188,3 +191,27 @@ def test_as_wandb_transformers_report_to_wandb_logs_through_the_sidecar(tmp_path
     assert {int(s): v for s, v in losses.items()} == {int(v["train/global_step"]): v["train/loss"]
                                                       for v in steps.values() if "train/loss" in v}
     assert len(losses) == 8
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("script, env, nproc, key", [
+    # Lightning's own WandbLogger (offline: WANDB_MODE=dryrun), 2 devices; it logs on rank 0.
+    ("lightning_ddp.py", {"LOGGER": "wandb"}, "1", "loss"),
+    # Accelerate's log_with="wandb" on 2 processes (torchrun); it logs on the main process.
+    ("accelerate_ddp.py", {"TRACKER": "wandb"}, "2", "train/loss"),
+])
+def test_as_wandb_lightning_and_accelerate_own_wandb_loggers(tmp_path, script, env, nproc, key):
+    pytest.importorskip("lightning" if "lightning" in script else "accelerate")
+    path = ROOT / "tests" / "dropin_scripts" / script
+    out = subprocess.run([sys.executable, "-m", "telemetry", "run", "--as-wandb", "--quiet", "--nproc", nproc,
+                          "--run-dir", str(tmp_path / "r"), "--", str(path)], cwd=tmp_path,
+                         env=_env(tmp_path, WANDB_DIR=str(tmp_path), STEPS="6", **env),
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    recs = [json.loads(ln) for ln in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in recs if r.get("kind") == "metrics" and "rank" not in r and key in r["values"]]
+    assert len(steps) == 6, steps
+    # Logged on one rank, as W&B's loggers do: its hello promised only itself, so no step waited
+    # for another rank and none was written incomplete.
+    assert not any(r.get("missing_ranks") for r in steps), steps
+    assert json.loads((tmp_path / "r" / "drain.json").read_text())["records_lost"] == 0

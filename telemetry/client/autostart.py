@@ -84,8 +84,7 @@ def wanted(default: bool) -> bool:
 
 
 def ensure_daemon(prog: str, *, default: bool = True, run_id: str | None = None, run_name: str | None = None,
-                  wandb_mode: str | None = None, world_size: int | None = None,
-                  root: str | os.PathLike | None = None) -> Started | None:
+                  wandb_mode: str | None = None, root: str | os.PathLike | None = None) -> Started | None:
     """A daemon serving this node's default endpoints: the one running, or one started now.
 
     Returns what this process started (None when one was running already, or none is wanted, or
@@ -108,7 +107,7 @@ def ensure_daemon(prog: str, *, default: bool = True, run_id: str | None = None,
     try:
         if endpoints.daemon_serves(rdir):         # another rank started it while we waited
             return None
-        _started = _start(prog, run_id or new_run_id(), run_name, wandb_mode, world_size, root)
+        _started = _start(prog, run_id or new_run_id(), run_name, wandb_mode, root)
         return _started
     finally:
         os.close(lock)
@@ -133,7 +132,7 @@ def _take_start_lock(path: Path) -> int | None:
             time.sleep(0.02)
 
 
-def _start(prog: str, run_id: str, run_name: str | None, wandb_mode: str | None, world_size: int | None,
+def _start(prog: str, run_id: str, run_name: str | None, wandb_mode: str | None,
            root: str | os.PathLike | None) -> Started | None:
     from telemetry.shared import files
 
@@ -149,8 +148,8 @@ def _start(prog: str, run_id: str, run_name: str | None, wandb_mode: str | None,
            "--run-name", run_name or run_id, "--watch-pid", str(os.getpid())]
     if wandb_mode in ("online", "offline", "disabled"):
         cmd += ["--wandb", wandb_mode]
-    if world_size and world_size > 0:
-        cmd += ["--world-size", str(world_size)]
+    # No --world-size: the ranks' hellos say whom to wait for (a W&B script often logs on rank 0
+    # alone, and its hello promises only itself; every rank of a bare client says the world).
     try:
         # Its own session: a Ctrl-C meant for the script does not stop it before it has drained.
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,

@@ -171,7 +171,7 @@ class TelemetryClient(metaclass=abc.ABCMeta):   # ABCMeta: DisabledClient regist
         self.local_rank = _env_int(_LOCAL_RANK_ENV, 0)
         self.world_size = _env_int(_WORLD_SIZE_ENV, 1)
         if endpoint is None and self.endpoint.startswith("ipc://"):
-            _no_silent_discard(self.endpoint, self.world_size)
+            _no_silent_discard(self.endpoint)
         self.host = os.uname().nodename  # gethostname() without importing socket
         self._sndhwm = sndhwm
         self._linger_ms = linger_ms
@@ -470,7 +470,7 @@ class TelemetryClient(metaclass=abc.ABCMeta):   # ABCMeta: DisabledClient regist
 _warned_no_daemon: set[str] = set()
 
 
-def _no_silent_discard(endpoint: str, world_size: int) -> None:
+def _no_silent_discard(endpoint: str) -> None:
     """The default ipc endpoint with no daemon serving its directory: start one if asked
     ($TELEMETRY_AUTOSTART=1, client/autostart.py), else say once that records are dropped. A
     flock attempt on the directory's daemon.lock: microseconds, once per client."""
@@ -482,7 +482,7 @@ def _no_silent_discard(endpoint: str, world_size: int) -> None:
     if autostart.tried() or endpoints.daemon_serves(directory):
         return
     if autostart.wanted(default=False):
-        autostart.ensure_daemon("telemetry", default=False, world_size=world_size)
+        autostart.ensure_daemon("telemetry", default=False)
         return
     if os.environ.get(endpoints.ENV_INGEST) or str(directory) in _warned_no_daemon:
         return

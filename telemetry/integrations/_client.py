@@ -44,7 +44,7 @@ class LazyClient:
                 # No daemon on this node: start one (telemetry/client/autostart.py), never silence.
                 from telemetry.client import autostart
 
-                autostart.ensure_daemon("telemetry", world_size=process_rank()[1])
+                autostart.ensure_daemon("telemetry")
             self._client = TelemetryClient(self.endpoint, rank=rank, send_hello=self._send_hello)
         return self._client
 

@@ -33,6 +33,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--nproc", type=int, default=1, metavar="N",
                    help="processes (ranks) on this node: 1 runs the script directly, more run it under "
                         f"torchrun --standalone (1..{MAX_NPROC}; default 1)")
+    p.add_argument("--world-size", type=int, metavar="N",
+                   help="ranks the daemon waits for at each step (default: what the ranks' hellos say: a W&B "
+                        "script that logs on rank 0 alone promises only rank 0)")
     p.add_argument("--run-dir", type=nonempty_arg, metavar="DIR", help="where the run goes (default ./telemetry/<run-id>)")
     p.add_argument("--run-name", type=nonempty_arg, metavar="NAME", help="the run's name (W&B, reports; default its id)")
     p.add_argument("--wandb", choices=("disabled", "offline", "online"),
@@ -76,6 +79,8 @@ def run(args: argparse.Namespace) -> int:
         return _fail(why)
     if not 1 <= args.nproc <= MAX_NPROC:
         return _fail(f"--nproc must be 1..{MAX_NPROC}, got {args.nproc}")
+    if args.world_size is not None and not 1 <= args.world_size <= 65536:
+        return _fail(f"--world-size must be 1..65536, got {args.world_size}")
     if args.daemon_config is not None and not Path(args.daemon_config).is_file():
         return _fail(f"--daemon-config {args.daemon_config}: not a file")
     run_id = autostart.new_run_id()
@@ -105,7 +110,9 @@ def run(args: argparse.Namespace) -> int:
     if mode not in ("disabled", "offline", "online"):
         mode = "offline"
     cmd = [sys.executable, "-m", "telemetry", "daemon", "--log-dir", str(log_dir), "--run-name", name,
-           "--wandb", mode, "--world-size", str(args.nproc)]
+           "--wandb", mode]
+    if args.world_size is not None:
+        cmd += ["--world-size", str(args.world_size)]
     if args.daemon_config:
         cmd += ["--config", args.daemon_config]
     out_path = log_dir / "daemon.out"
