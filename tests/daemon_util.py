@@ -68,3 +68,16 @@ def start_daemon(tmp_path: Path, *, transport: str = "ipc", wandb: str = "disabl
         d.cleanup()
         raise
     return d
+
+
+def step_values(log_dir: Path) -> dict[int, dict]:
+    """The values of each aggregated step in a run directory's metrics.jsonl (a run whose daemon
+    a test did not start itself: `telemetry run`, a daemon started by a script)."""
+    import json
+
+    out = {}
+    for line in (Path(log_dir) / "metrics.jsonl").read_text().splitlines():
+        rec = json.loads(line)
+        if rec.get("kind") == "metrics" and "rank" not in rec:
+            out[rec["step"]] = rec["values"]
+    return out

@@ -12,6 +12,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from daemon_util import step_values as _steps
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -47,15 +48,6 @@ def _run_dir(tmp_path: Path, out: subprocess.CompletedProcess) -> Path:
     m = re.search(r"telemetry run: run (\w+): daemon pid \d+, writing to (\S+);", out.stderr)
     assert m, out.stderr[-3000:]
     return Path(m.group(2))
-
-
-def _steps(log_dir: Path) -> dict[int, dict]:
-    out = {}
-    for line in (log_dir / "metrics.jsonl").read_text().splitlines():
-        rec = json.loads(line)
-        if rec.get("kind") == "metrics" and "rank" not in rec:
-            out[rec["step"]] = rec["values"]
-    return out
 
 
 def test_one_process_keeps_its_run_and_its_exit_code(tmp_path):

@@ -26,47 +26,17 @@ static PyObject *s_values, *s_src, *s_rank, *s_seq, *s_dropped, *s_t_ns;
 
 /* ---- read_frames ------------------------------------------------------------------------ */
 
+/* Frames from next_frame() until it raises `empty`, max_frames were read, or their lengths reach
+ * max_bytes (the frame that reaches it is kept); their total length in *total. */
 static PyObject *
-read_frames(PyObject *self, PyObject *args)
+read_frames_impl(PyObject *next_frame, PyObject *empty, Py_ssize_t max_frames, Py_ssize_t max_bytes,
+                 Py_ssize_t *total)
 {
-    PyObject *next_frame, *empty;
-    Py_ssize_t max_frames;
-    if (!PyArg_ParseTuple(args, "OOn", &next_frame, &empty, &max_frames))
-        return NULL;
     PyObject *out = PyList_New(0);
     if (out == NULL)
         return NULL;
-    for (Py_ssize_t i = 0; i < max_frames; i++) {
-        PyObject *frame = PyObject_CallNoArgs(next_frame);
-        if (frame == NULL) {
-            if (PyErr_ExceptionMatches(empty)) {
-                PyErr_Clear();
-                break;
-            }
-            Py_DECREF(out);
-            return NULL;
-        }
-        int rc = PyList_Append(out, frame);
-        Py_DECREF(frame);
-        if (rc < 0) {
-            Py_DECREF(out);
-            return NULL;
-        }
-    }
-    return out;
-}
-
-static PyObject *
-read_frames_upto(PyObject *self, PyObject *args)
-{
-    PyObject *next_frame, *empty;
-    Py_ssize_t max_frames, max_bytes, total = 0;
-    if (!PyArg_ParseTuple(args, "OOnn", &next_frame, &empty, &max_frames, &max_bytes))
-        return NULL;
-    PyObject *out = PyList_New(0);
-    if (out == NULL)
-        return NULL;
-    for (Py_ssize_t i = 0; i < max_frames && total < max_bytes; i++) {
+    *total = 0;
+    for (Py_ssize_t i = 0; i < max_frames && *total < max_bytes; i++) {
         PyObject *frame = PyObject_CallNoArgs(next_frame);
         if (frame == NULL) {
             if (PyErr_ExceptionMatches(empty)) {
@@ -83,10 +53,32 @@ read_frames_upto(PyObject *self, PyObject *args)
             return NULL;
         }
         Py_DECREF(frame);
-        total += size;
+        *total += size;
     }
-    PyObject *res = Py_BuildValue("(Nn)", out, total);
-    return res;
+    return out;
+}
+
+static PyObject *
+read_frames(PyObject *self, PyObject *args)
+{
+    PyObject *next_frame, *empty;
+    Py_ssize_t max_frames, total;
+    if (!PyArg_ParseTuple(args, "OOn", &next_frame, &empty, &max_frames))
+        return NULL;
+    return read_frames_impl(next_frame, empty, max_frames, PY_SSIZE_T_MAX, &total);
+}
+
+static PyObject *
+read_frames_upto(PyObject *self, PyObject *args)
+{
+    PyObject *next_frame, *empty;
+    Py_ssize_t max_frames, max_bytes, total;
+    if (!PyArg_ParseTuple(args, "OOnn", &next_frame, &empty, &max_frames, &max_bytes))
+        return NULL;
+    PyObject *out = read_frames_impl(next_frame, empty, max_frames, max_bytes, &total);
+    if (out == NULL)
+        return NULL;
+    return Py_BuildValue("(Nn)", out, total);
 }
 
 /* ---- tally -------------------------------------------------------------------------------- */
