@@ -8,6 +8,8 @@ import sys
 import tomllib
 from pathlib import Path
 
+import pytest
+
 
 def test_public_import_paths():
     from telemetry import DisabledClient, TelemetryClient
@@ -81,3 +83,20 @@ def test_testkit_is_not_installed():
     cfg = tomllib.loads((ROOT / "pyproject.toml").read_text())
     include = cfg["tool"]["setuptools"]["packages"]["find"]["include"]
     assert sorted(include) == sorted(f"{p}*" for p in PRODUCT)
+
+
+def test_no_source_file_is_ignored_by_git():
+    """A .gitignore rule for W&B's run directories (`wandb/`) once hid the `import wandb` package
+    of `telemetry run --as-wandb`: every test passed here and the file never reached a clone. No
+    source file of the product or the tests may be ignored."""
+    import shutil
+
+    if shutil.which("git") is None or not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout")
+    out = subprocess.run(["git", "ls-files", "--others", "--ignored", "--exclude-standard", "--", *PRODUCT,
+                          "testkit", "tests", "benchmarks", "launch"], cwd=ROOT, capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    ignored = [p for p in out.stdout.splitlines() if p.endswith((".py", ".c", ".sh", ".js", ".html", ".yaml"))
+               and "__pycache__" not in p]
+    assert not ignored, f"source files git ignores (they would never reach a clone): {ignored}"
