@@ -218,3 +218,17 @@ def test_watch_pid_must_be_a_process_id(tmp_path, value):
     out = subprocess.run([sys.executable, "-m", "telemetry", "daemon", "--log-dir", str(tmp_path / "t"),
                           "--watch-pid", value], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and out.stderr.count("\n") == 1 and "--watch-pid" in out.stderr, out.stderr
+
+
+def test_a_run_id_that_is_no_directory_name_gets_one_of_its_own(tmp_path):
+    """WANDB_RUN_ID (or wandb.init(id=...)) names the run's directory: "../x" must not climb out."""
+    out = subprocess.run([sys.executable, str(_script(tmp_path))], cwd=tmp_path,
+                         env=_env(tmp_path, WANDB_RUN_ID="../escaped", ITERS="2"), capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr
+    (log_dir,) = _run_dirs(tmp_path)
+    assert re.fullmatch(r"[a-z0-9]{8}", log_dir.name) and not (tmp_path / "escaped").exists()
+    out = subprocess.run([sys.executable, str(_script(tmp_path))], cwd=tmp_path,
+                         env=_env(tmp_path, WANDB_RUN_ID="my-run_7", ITERS="2"), capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0 and (tmp_path / "telemetry" / "my-run_7" / "metrics.jsonl").is_file(), out.stderr

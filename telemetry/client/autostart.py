@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import re
 import secrets
 import string
 import subprocess
@@ -44,6 +45,7 @@ START_TIMEOUT_S = 60.0
 # How long the starting process waits at exit for the drain (the daemon's own deadline is 12 s).
 WAIT_DRAIN_S = 30.0
 _ID_CHARS = string.ascii_lowercase + string.digits
+_SAFE_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 
 @dataclass
@@ -107,7 +109,9 @@ def ensure_daemon(prog: str, *, default: bool = True, run_id: str | None = None,
     try:
         if endpoints.daemon_serves(rdir):         # another rank started it while we waited
             return None
-        _started = _start(prog, run_id or new_run_id(), run_name, wandb_mode, root)
+        if not (run_id and _SAFE_ID.fullmatch(run_id)):      # a directory name: no "/", "..", spaces
+            run_id = new_run_id()
+        _started = _start(prog, run_id, run_name, wandb_mode, root)
         return _started
     finally:
         os.close(lock)
