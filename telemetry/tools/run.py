@@ -109,8 +109,9 @@ def run(args: argparse.Namespace) -> int:
     mode = args.wandb or env.pop("WANDB_MODE", None) or "offline"
     if mode not in ("disabled", "offline", "online"):
         mode = "offline"
+    # --watch-pid: a `telemetry run` killed outright (SIGKILL) still leaves a drained run behind.
     cmd = [sys.executable, "-m", "telemetry", "daemon", "--log-dir", str(log_dir), "--run-name", name,
-           "--wandb", mode]
+           "--wandb", mode, "--watch-pid", str(os.getpid())]
     if args.world_size is not None:
         cmd += ["--world-size", str(args.world_size)]
     if args.daemon_config:
@@ -134,8 +135,8 @@ def run(args: argparse.Namespace) -> int:
             threading.Thread(target=_stream, args=(out_path, stop_stream), daemon=True).start()
         rc = _launch(target, args.nproc, env)
         stop_stream.set()
-        final = _drain(daemon, runtime, log_dir)
-        _summary(log_dir, final, rc)
+        _drain(daemon, runtime)
+        _summary(log_dir, rc)
         return rc
     finally:
         if daemon.poll() is None:
@@ -188,13 +189,12 @@ def _stream(path: Path, stop: threading.Event) -> None:
         time.sleep(0.2)
 
 
-def _drain(daemon: subprocess.Popen, runtime: Path, log_dir: Path) -> dict:
-    """Ask the daemon to drain (it waits for the ranks' byes) and wait for it; its final counters."""
+def _drain(daemon: subprocess.Popen, runtime: Path) -> None:
+    """Ask the daemon to drain (it waits for the ranks' byes; it writes drain.json) and wait for it."""
     from telemetry.shared import control
 
-    final: dict = {}
     try:
-        final = control.request(f"ipc://{runtime}/control.sock", "drain", timeout_s=60)
+        control.request(f"ipc://{runtime}/control.sock", "drain", timeout_s=60)
     except Exception as exc:       # no answer: SIGTERM drains too
         print(f"telemetry run: no answer to the drain request ({exc}); stopping the daemon", file=sys.stderr)
         daemon.send_signal(signal.SIGTERM)
@@ -202,10 +202,9 @@ def _drain(daemon: subprocess.Popen, runtime: Path, log_dir: Path) -> dict:
         daemon.wait(60)
     except subprocess.TimeoutExpired:
         print(f"telemetry run: the daemon (pid {daemon.pid}) did not exit; killed", file=sys.stderr)
-    return final if isinstance(final, dict) else {}
 
 
-def _summary(log_dir: Path, final: dict, rc: int) -> None:
+def _summary(log_dir: Path, rc: int) -> None:
     from telemetry.consumers.summary import main as summary_main
 
     args = [str(log_dir), "--trainer-rc", str(rc)]
