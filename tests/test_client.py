@@ -435,9 +435,10 @@ def test_cuda_tensors_resolve_through_pinned_buffers_without_caller_sync(rx, cli
             z = y @ x
         tm.log(step, {"train/loss": z[0, 0], "n": torch.tensor(step, device=dev),
                       "half": torch.tensor(0.5, device=dev, dtype=torch.bfloat16), "lr": 1e-4})
+    synced_by_the_client = list(on_caller)     # before the test's own sync below, which the wrapper sees too
     want = {step: float((x @ x @ x)[0, 0]) for step in range(1)}  # CPU-GPU sync point (test only)
     records = [r for r in rx.recv_n(21) if isinstance(r, Metrics)]
-    assert not on_caller, on_caller
+    assert not synced_by_the_client, synced_by_the_client
     by_step = {r.step: r.values for r in records}
     assert sorted(by_step) == list(range(20))
     assert by_step[0]["train/loss"] == pytest.approx(want[0], rel=1e-3)
