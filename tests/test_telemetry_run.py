@@ -26,9 +26,25 @@ for i in range(int(sys.argv[1]) if len(sys.argv) > 1 else 10):
     wandb.log({"train/loss": 3.0 - 0.125 * i + rank}, step=i)
 wandb.finish()
 if os.environ.get("FAIL_RANK") == str(rank):
+    if os.environ.get("WORLD_SIZE", "1") != "1":
+        # The other rank ends first, cleanly: torchrun then sees this failure alone (had it to
+        # end the other rank, that rank's code could come first: same second, lower rank).
+        import time
+        marker = os.path.join(os.environ["PIDS_DIR"], "other")
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if os.path.exists(marker):
+                pid = open(marker).read().strip()
+                if pid and not os.path.exists(f"/proc/{pid}"):
+                    break
+            time.sleep(0.05)
     if os.environ.get("HOW") == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
     sys.exit(5)
+elif os.environ.get("PIDS_DIR"):
+    # This rank's pid (its rows are sent: wandb.finish above); the failing rank waits for it to end.
+    with open(os.path.join(os.environ["PIDS_DIR"], "other"), "w") as f:
+        f.write(str(os.getpid()))
 """
 
 
@@ -68,8 +84,9 @@ def test_one_process_keeps_its_run_and_its_exit_code(tmp_path):
 def test_two_ranks_under_torchrun_and_the_failing_ranks_code(tmp_path, how, code):
     # Every rank logs: --world-size says so (by default the ranks' hellos do, and rank 0's own
     # promises only itself, as W&B scripts log on rank 0 alone).
+    (tmp_path / "pids").mkdir()
     out = _run(tmp_path, "--nproc", "2", "--world-size", "2", "--run-dir", str(tmp_path / "r"), "--quiet", "--",
-               "train.py", "6", FAIL_RANK="1", HOW=how)
+               "train.py", "6", FAIL_RANK="1", HOW=how, PIDS_DIR=str(tmp_path / "pids"))
     assert out.returncode == code, out.stderr[-3000:]
     steps = _steps(tmp_path / "r")
     # Both ranks in every step: the mean of rank 0's loss and rank 1's (one more).
@@ -199,7 +216,7 @@ def test_as_wandb_lightning_and_accelerate_own_wandb_loggers(tmp_path, script, e
                           "--run-dir", str(tmp_path / "r"), "--", str(path)], cwd=tmp_path,
                          env=_env(tmp_path, WANDB_DIR=str(tmp_path), STEPS="6", **env),
                          capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.returncode == 0, out.stderr[-12000:]
     recs = [json.loads(ln) for ln in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in recs if r.get("kind") == "metrics" and "rank" not in r and key in r["values"]]
     assert len(steps) == 6, steps

@@ -40,3 +40,9 @@ for step in range(STEPS):
         tracker.log({"rank_loss": loss.detach()}, step=step)
 accelerator.wait_for_everyone()
 accelerator.end_training()
+# A clean teardown: a process group left to the interpreter's exit can abort a rank (SIGABRT, seen
+# under load) when its peer has already gone.
+import torch.distributed as dist  # noqa: E402
+
+if dist.is_initialized():
+    dist.destroy_process_group()
