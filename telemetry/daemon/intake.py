@@ -125,7 +125,6 @@ class Intake:
 
     def __init__(self, sock: zmq.Socket, max_bytes: int, read_frames: Callable,
                  unread: Callable[[list], None]) -> None:
-        self.sock = sock
         self.max_bytes = max_bytes
         self._read_frames = read_frames        # loops.read_frames_upto or its C twin
         self._unread = unread                  # Receiver.unread_headers: account shed frames

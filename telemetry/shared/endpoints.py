@@ -277,34 +277,31 @@ def _lock_fd(path: Path, create: bool) -> int | None:
     return fd
 
 
+def _flock(path: Path, create: bool, exclusive: bool) -> tuple[int | None, bool]:
+    """(descriptor holding the lock, or None; whether another process holds it)."""
+    import fcntl
+
+    fd = _lock_fd(path, create)
+    if fd is None:
+        return None, False
+    try:
+        fcntl.flock(fd, (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return None, True
+    return fd, False
+
+
 def hold_daemon_lock(directory: Path) -> int | None:
     """Lock `directory`/daemon.lock for this process's life; its descriptor (keep it open), or
     None when another process holds it (a daemon already serves this directory) or it cannot
     be made."""
-    import fcntl
-
-    fd = _lock_fd(directory / DAEMON_LOCK_FILE, create=True)
-    if fd is None:
-        return None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        os.close(fd)
-        return None
-    return fd
+    return _flock(directory / DAEMON_LOCK_FILE, create=True, exclusive=True)[0]
 
 
 def daemon_serves(directory: Path) -> bool:
     """Whether a live daemon holds `directory`/daemon.lock."""
-    import fcntl
-
-    fd = _lock_fd(directory / DAEMON_LOCK_FILE, create=False)
-    if fd is None:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except OSError:
-        return True
-    finally:
+    fd, held = _flock(directory / DAEMON_LOCK_FILE, create=False, exclusive=False)
+    if fd is not None:
         os.close(fd)
-    return False
+    return held
