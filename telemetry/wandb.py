@@ -27,7 +27,7 @@ from typing import Any
 from telemetry.integrations._client import process_rank
 from telemetry.integrations.wandb_media import Histogram, Image, Media, Table
 from telemetry.integrations.wandb_objects import Error, PreInit, Unsupported, config_dict
-from telemetry.integrations.wandb_run import Run
+from telemetry.integrations.wandb_run import ENV_RUN_ID, Run, new_run_id
 
 __all__ = ["init", "log", "finish", "define_metric", "watch", "unwatch", "login", "Settings", "Error",
            "termlog", "termwarn", "termerror", "require",
@@ -150,18 +150,22 @@ def init(project: str | None = None, name: str | None = None, config: Any = None
 
         client = DisabledClient()
     rank, world_size = process_rank()
+    # One id for the script's run, the daemon's run directory and the W&B run the daemon opens.
+    run_id = id or env("WANDB_RUN_ID") or env(ENV_RUN_ID) or new_run_id()
     if client is None:
         # No daemon on this node: start one for the run, as wandb.init starts W&B's service.
         from telemetry.client import autostart
 
-        autostart.ensure_daemon("telemetry.wandb", run_id=id or env("WANDB_RUN_ID"), run_name=name or env("WANDB_NAME"),
+        autostart.ensure_daemon("telemetry.wandb", run_id=run_id, run_name=name or env("WANDB_NAME"),
                                 wandb_mode=mode if (mode_given or env("WANDB_MODE")) else None,
                                 root=dir or env("WANDB_DIR"))
+    console = settings.get("console") if isinstance(settings, dict) else getattr(settings, "console", None)
     _run = Run(project=project or env("WANDB_PROJECT"), name=name or env("WANDB_NAME"), config=cfg,
                entity=entity or env("WANDB_ENTITY"), group=group or env("WANDB_RUN_GROUP"),
                tags=tags if tags is not None else (env_tags.split(",") if env_tags else None),
                notes=notes or env("WANDB_NOTES"), job_type=job_type or env("WANDB_JOB_TYPE"),
-               id=id or env("WANDB_RUN_ID"), dir=dir, mode=mode, client=client, rank=rank, world_size=world_size)
+               id=run_id, dir=dir, mode=mode, client=client, rank=rank, world_size=world_size,
+               settings_console=console)
     return _run
 
 

@@ -62,7 +62,7 @@ def test_accelerate_two_processes_match_accelerates_wandb_tracker(make_daemon, t
     (real,) = [wait_finished(f) for f in glob.glob(str(tmp_path / "real" / "wandb" / "offline-run-*" / "run-*.wandb"))]
     (ours,) = [wait_finished(f) for f in glob.glob(str(d.log_dir / "wandb" / "offline-run-*" / "run-*.wandb"))]
     expected = {r["_step"]: (r["train/loss"], r["train/lr"]) for r in history_rows(real) if "train/loss" in r}
-    got = {r["train/step"]: (r["train/loss"], r["train/lr"]) for r in history_rows(ours) if "train/loss" in r}
+    got = {r["_step"]: (r["train/loss"], r["train/lr"]) for r in history_rows(ours) if "train/loss" in r}
     assert expected and got.keys() == expected.keys()
     for s, v in expected.items():
         assert got[s] == pytest.approx(v, rel=1e-6), s
@@ -70,7 +70,7 @@ def test_accelerate_two_processes_match_accelerates_wandb_tracker(make_daemon, t
     per_rank = {(r["rank"], r["step"]): r["values"]["rank_loss"] for r in d.read_jsonl(kind="metrics", aggregated=False)
                 if "rank_loss" in r["values"]}
     assert {rank for rank, _ in per_rank} == {0, 1}
-    means = {r["train/step"]: r["rank_loss"] for r in history_rows(ours) if "rank_loss" in r}
+    means = {r["_step"]: r["rank_loss"] for r in history_rows(ours) if "rank_loss" in r}
     for s, m in means.items():
         assert m == pytest.approx((per_rank[(0, s)] + per_rank[(1, s)]) / 2, rel=1e-6)
     assert len(means) == len(expected)

@@ -12,7 +12,8 @@ import pytest
 from telemetry.daemon.sinks import wandb_sink
 from telemetry.daemon.sinks.base import Out
 from telemetry.daemon.sinks.wandb_sink import WandbSink
-from wandb_offline import config, history_rows, run_info, summary, wait_finished
+from wandb_offline import (config, console, history_rows, read_records, run_info, stats_rows, user_history,
+                           user_summary, wait_finished)
 
 pytest.importorskip("wandb")
 
@@ -27,6 +28,10 @@ def hello(rank: int, info: dict) -> Out:
 
 def metrics(step: int, values: dict) -> Out:
     return out({"kind": "metrics", "t": 2.0, "step": step, "values": values})
+
+
+def event(rank: int, name: str, data: dict) -> Out:
+    return out({"kind": "event", "t": 2.5, "rank": rank, "name": name, "data": data})
 
 
 def system(v: float) -> Out:
@@ -53,12 +58,35 @@ def test_run_opened_with_the_init_and_the_records_that_waited(tmp_path):
     path = finish(sink, tmp_path)
     info = run_info(path)
     assert (info["project"], info["name"], info["group"], sorted(info["tags"])) == ("proj", "nano", "ddp", ["a", "b"])
-    cfg = config(path)
-    assert cfg["lr"] == 0.1 and cfg["telemetry"]["world_size"] == 2 and "wandb" not in cfg
-    rows = history_rows(path)
-    assert any(r.get("system/cpu_percent") == 10.0 for r in rows)   # waited, not lost
-    assert any(r.get("train/loss") == 2.0 and r["train/step"] == 0 for r in rows)
-    assert summary(path)["best"] == 1.5
+    assert config(path) == {"_wandb": {}, "lr": 0.1}                 # the script's config alone, as in W&B
+    # The user's run as W&B would have it: the row at its own step, nothing else in the history;
+    # the host series in W&B's system metrics (waited, not lost).
+    assert user_history(path) == {0: {"train/loss": 2.0}}
+    assert {"cpu_percent": 10.0} in stats_rows(path)
+    assert user_summary(path) == {"_step": 0, "train/loss": 2.0, "best": 1.5}
+
+
+def test_the_users_run_takes_text_values_console_output_and_define_metric(tmp_path):
+    """Text joins its step's row; the init rank's console output is the run's console log (another
+    rank's is not); define_metric as the script made it (step_metric included)."""
+    sink = WandbSink("offline", tmp_path, run_name="daemon-name")
+    sink.start()
+    init = {**INIT, "id": "abcd1234", "metrics": [{"name": "val/*", "step_metric": "epoch", "summary": "min"}]}
+    sink.consume([hello(0, {"config": {}, "wandb": init, "world_size": 2}), hello(1, {"wandb": init, "world_size": 2}),
+                  event(0, "wandb/values", {"step": 0, "values": {"note": "warm-up"}}),
+                  metrics(0, {"loss": 2.0}),
+                  event(0, "wandb/console", {"stream": "stdout", "text": "step 0 done\n"}),
+                  event(1, "wandb/console", {"stream": "stdout", "text": "rank 1 here\n"}),
+                  event(0, "wandb/console", {"stream": "stderr", "text": "a warning\n"}),
+                  metrics(1, {"loss": 1.0, "epoch": 0, "val/loss": 3.0})])
+    assert sink.stats()["run"]["id"] == "abcd1234" and sink.stats()["run"]["name"] == "nano"
+    path = finish(sink, tmp_path)
+    assert run_info(path)["id"] == "abcd1234"
+    assert user_history(path) == {0: {"note": "warm-up", "loss": 2.0}, 1: {"loss": 1.0, "epoch": 0, "val/loss": 3.0}}
+    assert console(path) == {"stdout": "step 0 done\n", "stderr": "a warning\n"}
+    assert sink.stats()["console"] == 2 and sink.num_dropped == 0
+    defs = [r.metric for r in read_records(path) if r.WhichOneof("record_type") == "metric"]
+    assert any(m.glob_name == "val/*" and m.step_metric == "epoch" for m in defs), defs
 
 
 def test_an_init_of_wrong_types_opens_the_daemons_run(tmp_path):
@@ -68,7 +96,7 @@ def test_an_init_of_wrong_types_opens_the_daemons_run(tmp_path):
                   metrics(0, {"train/loss": 2.0})])
     path = finish(sink, tmp_path)
     info = run_info(path)
-    assert (info["project"], info["name"]) == ("daemon-project", "daemon-name")
+    assert (info["project"], info["name"]) == ("daemon-project", "")     # no name given: none, as W&B offline
 
 
 def test_waiting_is_bounded_and_counted(tmp_path, monkeypatch):

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import telemetry.wandb as tw
-from wandb_offline import history_key_paths, history_rows, wait_finished
+from wandb_offline import history_key_paths, history_rows, user_history, user_summary, wait_finished
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -33,7 +33,7 @@ def calls(wandb) -> None:
         warnings.simplefilter("ignore")
         wandb.log({"f": 6}, step=3)            # below the current step: dropped
     wandb.log({"g": 7}, step=10, commit=True)
-    wandb.log({"h": {"x": 1, "y": {"z": 2}}})
+    wandb.log({"h": {"x": 1, "y": {"z": 2}}, "note": "text, as W&B keeps it"})
     wandb.log({"i": 1}, step=12)
     wandb.log({"j": 1}, step=12)
     wandb.log({"k": 1}, step=13, commit=False)
@@ -60,11 +60,9 @@ def test_step_and_commit_rules_match_real_wandb(tmp_path, make_daemon, monkeypat
     assert d.stop(timeout_s=60) == 0
     (our_file,) = [wait_finished(f) for f in glob.glob(str(d.log_dir / "wandb" / "offline-run-*" / "run-*.wandb"))]
     keys = set().union(*expected.values())
-    got = {}
-    for r in history_rows(our_file):
-        if keys & r.keys():
-            got[r["train/step"]] = {k: v for k, v in r.items() if k in keys}
-    assert got == expected
+    # The same rows at the same _step, and nothing else in the history; the same summary.
+    assert user_history(our_file) == expected
+    assert user_summary(our_file) == user_summary(real_file)
     # Nested dicts are stored nested, as W&B stores them (its UI shows "h.y.z"), not as "h/y/z".
     user_paths = {p for p in history_key_paths(real_file) if "/".join(p) in keys}
     assert ("h", "y", "z") in user_paths
@@ -147,7 +145,7 @@ def test_media_pass_through_as_real_wandb_logs_them(tmp_path, make_daemon, monke
     final = d.drain(timeout_s=60)
     assert (final["sinks"]["wandb"]["media_logged"], final["sinks"]["wandb"]["media_failed"]) == (5, 0)
     (our_file,) = [wait_finished(f) for f in glob.glob(str(d.log_dir / "wandb" / "offline-run-*" / "run-*.wandb"))]
-    assert media_values(our_file, "train/step") == expected
+    assert media_values(our_file, "_step") == expected
     assert list((tmp_path / "media").iterdir()) == []            # each file deleted once logged
 
 
@@ -178,13 +176,13 @@ def test_media_refused_by_name_once_counted_and_reported(daemon, monkeypatch):
     with warnings.catch_warnings():
         warnings.simplefilter("error")           # the second one is counted, not warned again
         run.log({"samples": tw.Audio([0.0], sample_rate=16000), "loss": 2.0})
-    with pytest.warns(RuntimeWarning, match="str at key 'note'"):
-        run.log({"note": "hello"})
-    assert run.num_refused == {"wandb.Audio": 2, "str": 1}
+    with pytest.warns(RuntimeWarning, match="list at key 'note'"):
+        run.log({"note": ["a", "b"]})
+    assert run.num_refused == {"wandb.Audio": 2, "list": 1}
     run.finish()
     events = daemon.wait_for(lambda rs: sum(r.get("name") == "wandb/refused" for r in rs) >= 2, kind="event")
     refused = [r["data"] for r in events if r.get("name") == "wandb/refused"]
-    assert {e["type"] for e in refused} == {"wandb.Audio", "str"}
+    assert {e["type"] for e in refused} == {"wandb.Audio", "list"}
     steps = daemon.wait_for(lambda rs: len(rs) >= 2, kind="metrics")
     assert [r["values"] for r in steps[:2]] == [{"loss": 1.0}, {"loss": 2.0}]
 

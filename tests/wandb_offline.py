@@ -95,6 +95,38 @@ def summary(path: str | Path) -> dict:
     return out
 
 
+def stats_rows(path: str | Path) -> list[dict]:
+    """The run's system metrics (stats records of type SYSTEM: W&B's System section), as dicts."""
+    from wandb.proto import wandb_internal_pb2
+
+    return [{item.key: json.loads(item.value_json) for item in rec.stats.item}
+            for rec in read_records(path) if rec.WhichOneof("record_type") == "stats"
+            and rec.stats.stats_type == wandb_internal_pb2.StatsRecord.StatsType.SYSTEM]
+
+
+def console(path: str | Path) -> dict[str, str]:
+    """The console output W&B kept (its Logs tab): the text of each stream, in order."""
+    out = {"stdout": "", "stderr": ""}
+    for rec in read_records(path):
+        kind = rec.WhichOneof("record_type")
+        if kind in ("output_raw", "output"):
+            o = getattr(rec, kind)
+            out[type(o).OutputType.Name(o.output_type).lower()] += o.line
+    return out
+
+
+def user_history(path: str | Path) -> dict[int, dict]:
+    """The history by `_step`, without the keys W&B adds to every row (_timestamp, _runtime)."""
+    return {r["_step"]: {k: v for k, v in r.items() if k not in ("_step", "_timestamp", "_runtime")}
+            for r in history_rows(path)}
+
+
+def user_summary(path: str | Path) -> dict:
+    """The summary without W&B's own keys (_runtime, _timestamp, _wandb/...): what a script put
+    there, and the last value of each of its history keys; `_step` is kept."""
+    return {k: v for k, v in summary(path).items() if k not in ("_runtime", "_timestamp") and not k.startswith("_wandb")}
+
+
 def run_info(path: str | Path) -> dict:
     """What the run was opened with: project, name, group, tags, id (the first run record)."""
     for rec in read_records(path):

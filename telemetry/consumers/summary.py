@@ -21,14 +21,16 @@ def summarize(log_dir: Path) -> dict:
     mfu: list[float] = []
     daemon = DaemonTotals()   # across daemon restarts: a resumed run has several
     num_events = 0
+    loss_key = None
     for rec in read_records(log_dir):
         kind = rec.get("kind")
         if kind == "metrics" and "rank" not in rec:
             v = rec.get("values", {})
-            if "train/loss" in v:
-                steps.append(rec["step"])
-                if v["train/loss"] is not None:
-                    losses.append(v["train/loss"])
+            steps.append(rec["step"])
+            if loss_key is None:
+                loss_key = _loss_key(v)
+            if loss_key in v and isinstance(v[loss_key], (int, float)):
+                losses.append(v[loss_key])
             if v.get("perf/tokens_per_second"):
                 tps.append(v["perf/tokens_per_second"])
             if v.get("perf/mfu") is not None:
@@ -41,6 +43,7 @@ def summarize(log_dir: Path) -> dict:
     steady = tps[len(tps) // 5:] or tps
     return {
         "num_steps": len(set(steps)),
+        "loss_key": loss_key,
         "last_step": max(steps) if steps else None,
         "first_loss": losses[0] if losses else None,
         "final_loss": losses[-1] if losses else None,
@@ -49,6 +52,15 @@ def summarize(log_dir: Path) -> dict:
         "num_events": num_events,
         "daemon": daemon,
     }
+
+
+def _loss_key(values: dict) -> str | None:
+    """The step's loss: the trainer's `train/loss`, else a script's own name for it (the
+    shortest key whose last part names a loss: "loss", "train_loss", "train/loss_step")."""
+    if "train/loss" in values:
+        return "train/loss"
+    named = [k for k in values if "loss" in k.rsplit("/", 1)[-1].lower() and "val" not in k.lower()]
+    return min(named, key=lambda k: (len(k), k)) if named else None
 
 
 def _fmt(x, spec: str = "") -> str:
@@ -80,7 +92,8 @@ def main(argv: list[str] | None = None) -> int:
     print("=" * 72)
     print(f"run summary ({args.log_dir})")
     print(f"  steps logged       {s['num_steps']} (last step {_fmt(s['last_step'])})")
-    print(f"  loss               {_fmt(s['first_loss'], '.4f')} -> {_fmt(s['final_loss'], '.4f')}")
+    loss = f"loss ({s['loss_key']})" if s["loss_key"] not in (None, "train/loss") else "loss"
+    print(f"  {loss:<18} {_fmt(s['first_loss'], '.4f')} -> {_fmt(s['final_loss'], '.4f')}")
     print(f"  tokens/s (median)  {_fmt(s['tokens_per_second_median'], ',.0f')}")
     if s["mfu_median"] is not None:
         print(f"  MFU (median)       {s['mfu_median'] * 100:.2f} %")

@@ -22,16 +22,29 @@ values when they all log. This relies on every logging rank's init (its hello) r
 daemon before rank 0's first row does, which a data-parallel script ensures: its first
 gradient all-reduce waits for every rank, and each rank calls init before training.
 
+Text values (W&B keeps strings in the history) are sent with the row, as a `wandb/values`
+event the daemon's W&B sink logs at the row's step. The console output of the process (rank 0
+only: W&B captures the process that made the run) is sent as `wandb/console` events, as W&B's
+console capture does, unless `settings.console` or $WANDB_CONSOLE is "off".
+
+The run's id is the script's (`id=`, $WANDB_RUN_ID, the `telemetry run` id, else a new W&B-style
+id), and the daemon opens its W&B run with it. What only W&B knows (`run.name` when none was
+given, `run.url`, `run.path`, the entity) is read from the daemon's open run when first asked
+(its `status`), so it is what W&B gave; without an answer, what W&B offline gives.
+
 `wandb.Image`, `wandb.Histogram` and `wandb.Table` are passed through: a snapshot is queued for a
 writer thread that writes it to a file, and a `wandb/media` event names the file, the key and the
 step; the daemon's W&B sink logs the real object (telemetry/integrations/wandb_media.py). Other
-media types, strings and the like are refused with one warning per type, counted
+media types, lists and the like are refused with one warning per type, counted
 (`Run.num_refused`), and reported once per type to the daemon as a `wandb/refused` event.
 """
 from __future__ import annotations
 
 import atexit
 import os
+import sys
+import threading
+import time
 import warnings
 import weakref
 from typing import Any, Mapping
@@ -44,13 +57,19 @@ from telemetry.shared.media import EVENT as MEDIA_EVENT
 SUMMARY_EVENT = "wandb/summary"
 REFUSED_EVENT = "wandb/refused"
 NESTED_EVENT = "wandb/nested"
+VALUES_EVENT = "wandb/values"
+CONSOLE_EVENT = "wandb/console"
+ENV_RUN_ID = "TELEMETRY_RUN_ID"
+# How long `run.name` / `run.url` / `run.path` wait for the daemon's W&B run to open (it imports
+# wandb and calls wandb.init: about 2 s on a quiet box) before giving what W&B offline gives.
+RUN_INFO_WAIT_S = 15.0
 
 # Run methods of W&B that this run does not offer: calling one raises, naming it.
 UNSUPPORTED_RUN_METHODS = frozenset({
     "alert", "save", "restore", "log_artifact", "use_artifact", "link_artifact", "log_model",
     "use_model", "link_model", "log_code", "upsert_artifact", "mark_preempting", "status",
     "to_html", "display", "unwatch", "project_name", "get_url", "get_project_url", "get_sweep_url",
-    "url", "sweep_id", "log_dir", "files_dir", "plot_table", "finish_artifact"})
+    "sweep_id", "log_dir", "files_dir", "plot_table", "finish_artifact"})
 
 
 # Runs not finished yet: finished at exit, as W&B does, so a pending row is sent.
@@ -80,7 +99,7 @@ def refusal(value: Any) -> str | None:
     """None for a value the daemon takes (a number, a one-element tensor, a numpy scalar), else
     the name of its type for the warning. Reads no tensor value: numel() is metadata."""
     c = value.__class__
-    if c is float or c is int or c is bool:
+    if c is float or c is int or c is bool or c is str:
         return None
     if hasattr(value, "detach"):
         if value.numel() == 1:
@@ -110,21 +129,23 @@ class Run:
                  entity: str | None = None, group: str | None = None, tags: Any = None,
                  notes: str | None = None, job_type: str | None = None, id: str | None = None,
                  dir: str | None = None, mode: str = "online", client: Any = None, endpoint: str | None = None,
-                 rank: int | None = None, world_size: int | None = None, framework: str = "wandb") -> None:
+                 rank: int | None = None, world_size: int | None = None, framework: str = "wandb",
+                 settings_console: str | None = None) -> None:
         env_rank, env_world = process_rank()
         if rank is None and client is not None:
             rank = getattr(client, "rank", None)    # the caller's client knows its rank
         self.rank = env_rank if rank is None else rank
         self.world_size = env_world if world_size is None else world_size
         self.project = project
-        self.name = name or os.environ.get("TELEMETRY_RUN_NAME") or ""
-        self.entity = entity
+        self._name = name or None
+        self._entity = entity
         self.group = group
         self.tags = tuple(tags or ())
         self.notes = notes
         self.job_type = job_type
-        self.id = id or ""
-        self.dir = dir
+        self.id = id or os.environ.get(ENV_RUN_ID) or new_run_id()
+        self._dir = dir
+        self._daemon_run: dict | None = None
         self.mode = mode
         self.framework = framework
         self.num_refused: dict[str, int] = {}
@@ -138,10 +159,61 @@ class Run:
         self._client = LazyClient(client, endpoint, rank=self.rank, send_hello=False)
         self.config = Config(self._send_hello)
         self.summary = Summary(self._send_summary, self._flatten)
+        self._texts: dict[str, str] = {}
         # The first hello, with the starting config: the daemon's W&B sink opens the run with it.
         self.config.update(config)
+        self._console = None
+        if self.rank == 0 and console_wanted(settings_console) and mode != "disabled":
+            self._console = ConsoleCapture(self._send_console)
         _unfinished.add(self)
         _register_exit_hook()
+
+    # -- what W&B gives ------------------------------------------------------------------------
+    @property
+    def name(self) -> str | None:
+        """The name given, else W&B's (offline: None)."""
+        return self._name if self._name else self._w_b("name")
+
+    @name.setter
+    def name(self, value: str | None) -> None:
+        self._name = value or None
+        self._send_hello()
+
+    @property
+    def entity(self) -> str:
+        return self._entity or self._w_b("entity") or ""
+
+    @property
+    def path(self) -> str:
+        """"entity/project/id", as W&B's (offline with no entity: "project/id")."""
+        got = self._w_b("path")
+        if got:
+            return got
+        return "/".join(p for p in (self._entity, self.project or "uncategorized", self.id) if p)
+
+    @property
+    def url(self) -> str | None:
+        """The run's page (online only: offline, W&B has none)."""
+        return self._w_b("url")
+
+    @property
+    def dir(self) -> str | None:
+        """Where the run's files are: the daemon's W&B run directory."""
+        return self._w_b("dir") or self._dir
+
+    @property
+    def offline(self) -> bool:
+        return self.url is None
+
+    @property
+    def disabled(self) -> bool:
+        return self.mode == "disabled"
+
+    def _w_b(self, key: str):
+        """`key` of the daemon's open W&B run, asked once (see RUN_INFO_WAIT_S)."""
+        if self._daemon_run is None:
+            self._daemon_run = daemon_run_info(self.id) if self.mode != "disabled" else {}
+        return self._daemon_run.get(key)
 
     # -- logging -------------------------------------------------------------------------------
     @property
@@ -168,6 +240,9 @@ class Run:
         for k, v in self._flatten(data).items():
             why = refusal(v)
             if why is None:
+                if v.__class__ is str:
+                    self._texts[k] = v
+                    continue
                 pending[k] = v
             elif isinstance(v, Media) and v.passthrough:
                 self._send_media(k, v)
@@ -178,6 +253,9 @@ class Run:
             self._step += 1
 
     def _commit(self) -> None:
+        if self._texts:          # first: the daemon's W&B sink logs them into the row before its numbers
+            self._client.get().event(VALUES_EVENT, {"step": self._step, "values": self._texts})
+            self._texts = {}
         if self._pending:
             self._client.get().log(self._step, self._pending)
             self._pending = {}
@@ -239,6 +317,8 @@ class Run:
         if self._finished:
             return
         self._commit()
+        if self._console is not None:
+            self._console.stop()
         self._finished = True
         _unfinished.discard(self)
         self._media.close()   # bounded: the files the daemon was told of get written
@@ -265,7 +345,7 @@ class Run:
     def _send_hello(self) -> None:
         if self._finished:
             return
-        wandb_info = {k: v for k, v in (("project", self.project), ("name", self.name), ("entity", self.entity),
+        wandb_info = {k: v for k, v in (("project", self.project), ("name", self._name), ("entity", self._entity),
                                         ("group", self.group), ("tags", list(self.tags)), ("notes", self.notes),
                                         ("job_type", self.job_type), ("id", self.id)) if v}
         wandb_info["metrics"] = self._metrics
@@ -291,6 +371,10 @@ class Run:
         if data and not self._finished:
             self._client.get().event(SUMMARY_EVENT, data)
 
+    def _send_console(self, stream: str, text: str) -> None:
+        if not self._finished:
+            self._client.get().event(CONSOLE_EVENT, {"stream": stream, "text": text})
+
     def _warn_once(self, key: str, message: str) -> None:
         if key not in self._warned:
             self._warned.add(key)
@@ -312,3 +396,93 @@ def _finish_all() -> None:
             run.finish()
         except Exception:
             pass
+
+
+def new_run_id() -> str:
+    """Eight lowercase letters and digits, as W&B's run ids."""
+    from telemetry.client.autostart import new_run_id as new
+
+    return new()
+
+
+def daemon_run_info(run_id: str, wait_s: float = RUN_INFO_WAIT_S) -> dict:
+    """id, name, project, entity, path, url and dir of the daemon's W&B run once it is this run
+    (`run_id`); {} when the daemon has no W&B run, cannot be asked, or does not open it in time."""
+    from telemetry.shared import control, endpoints
+
+    try:
+        ep = endpoints.resolve("control")
+    except Exception:
+        return {}
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            sink = control.request(ep, "status", timeout_s=max(0.5, deadline - time.monotonic())).get("sinks", {})
+        except Exception:
+            return {}
+        w = sink.get("wandb") if isinstance(sink, dict) else None
+        if not isinstance(w, dict):
+            return {}                           # no W&B sink: W&B disabled in the daemon
+        info = w.get("run")
+        if isinstance(info, dict) and info.get("id") == run_id:
+            return info
+        if time.monotonic() > deadline:
+            return {}
+        time.sleep(0.1)
+
+
+def console_wanted(setting: str | None) -> bool:
+    """W&B's console capture unless turned off (init settings, else $WANDB_CONSOLE)."""
+    value = setting if setting is not None else os.environ.get("WANDB_CONSOLE", "auto")
+    return str(value).lower() not in ("off", "false", "0")
+
+
+class ConsoleCapture:
+    """W&B's console capture ("wrap_raw"): each write to sys.stdout and sys.stderr also goes to
+    `send(stream, text)`; the streams' own write is called first and is what the caller gets.
+    What the sending itself prints (a warning) is not captured again."""
+
+    def __init__(self, send) -> None:
+        self._send = send
+        self._busy = threading.local()
+        self._wrapped: list[tuple[object, object]] = []
+        for name in ("stdout", "stderr"):
+            stream = getattr(sys, name, None)
+            write = getattr(stream, "write", None)
+            if write is None:
+                continue
+            own = "write" in getattr(stream, "__dict__", {})     # someone's wrapper already: put it back
+            try:
+                stream.write = self._wrap(name, write)
+            except (AttributeError, TypeError):
+                continue                    # a stream that takes no attribute: not captured
+            self._wrapped.append((stream, write if own else None))
+
+    def _wrap(self, name: str, write):
+        busy = self._busy
+        send = self._send
+
+        def captured(text, *args, **kwargs):
+            n = write(text, *args, **kwargs)
+            if text and not getattr(busy, "on", False) and isinstance(text, str):
+                busy.on = True
+                try:
+                    send(name, text)
+                except Exception:
+                    pass
+                finally:
+                    busy.on = False
+            return n
+
+        return captured
+
+    def stop(self) -> None:
+        for stream, write in self._wrapped:
+            try:
+                if write is None:
+                    del stream.write        # the instance attribute: the class's write again
+                else:
+                    stream.write = write
+            except AttributeError:
+                pass
+        self._wrapped = []

@@ -72,6 +72,7 @@ def _target(command: list[str]) -> tuple[list[str] | None, str]:
 
 def run(args: argparse.Namespace) -> int:
     from telemetry.client import autostart
+    from telemetry.integrations.wandb_run import ENV_RUN_ID
     from telemetry.shared import endpoints, files
 
     target, why = _target(list(args.command))
@@ -97,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
         return _fail(f"runtime directory: {exc}")
     env = {k: v for k, v in os.environ.items()
            if k not in (endpoints.ENV_INGEST, endpoints.ENV_PUB, endpoints.ENV_CONTROL)}
-    env.update({endpoints.ENV_RUNTIME_DIR: str(runtime), endpoints.ENV_RUN_NAME: name,
+    env.update({endpoints.ENV_RUNTIME_DIR: str(runtime), endpoints.ENV_RUN_NAME: name, ENV_RUN_ID: run_id,
                 autostart.ENV_AUTOSTART: "0"})     # this run's daemon is ours: no rank starts another
     if args.as_wandb:
         # `import wandb` in the script finds telemetry's (integrations/as_wandb/wandb); the daemon,

@@ -88,6 +88,9 @@ class ForensicsStage(Sink):
 
     # -- what the stream says ------------------------------------------------------------------
     def consume(self, batch: list[Out]) -> None:
+        # Ranks whose bye is in this batch: a short script's whole life (its hello is read after
+        # it has closed its connection, so it cannot be verified; nothing to warn about).
+        leaving = {o.record.get("rank") for o in batch if o.kind == "bye"}
         for o in batch:
             kind, rec = o.kind, o.record
             if kind == "metrics":
@@ -96,13 +99,13 @@ class ForensicsStage(Sink):
             elif kind == "hello":
                 rank = rec.get("rank")
                 if isinstance(rank, int) and isinstance(rec.get("info"), dict):
-                    self._on_hello(rank, rec["info"])
+                    self._on_hello(rank, rec["info"], quiet=rank in leaving)
             elif kind == "bye":
                 rank = rec.get("rank")
                 if isinstance(rank, int):
                     self.byes.add(rank)
 
-    def _on_hello(self, rank: int, info: dict) -> None:
+    def _on_hello(self, rank: int, info: dict, quiet: bool = False) -> None:
         """Believe a hello's claim to be a rank of this host only once verified (verify.py); an
         unverified one changes nothing of what is known (a verified rank stays verified)."""
         if not claims_this_host(info, self.host):
@@ -111,7 +114,10 @@ class ForensicsStage(Sink):
         if isinstance(found, str):
             if rank not in self.ranks and (rank in self.unverified or len(self.unverified) < MAX_UNVERIFIED_KEPT):
                 self.unverified[rank] = found
-            if self.num_refusals_logged < MAX_REFUSALS_LOGGED:
+            if quiet:
+                log.debug("forensics: rank %d (pid %r) said hello and bye before it was verified: %s",
+                          rank, info.get("pid"), found)
+            elif self.num_refusals_logged < MAX_REFUSALS_LOGGED:
                 self.num_refusals_logged += 1
                 log.warning("forensics: rank %d's hello (pid %r) not verified as a process of this run: %s; "
                             "the daemon will not signal or read it", rank, info.get("pid"), found)

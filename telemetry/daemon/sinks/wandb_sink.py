@@ -6,13 +6,25 @@ sink's thread at start (about 0.7 s), never on the daemon's. The run's config co
 ranks' hello records. `finish()` gets a deadline: an unreachable server must not hold up the
 daemon's exit (offline data stays on disk; `telemetry replay` or `wandb sync` uploads it later).
 
+Two kinds of run:
+- **The user's run** (a script's `wandb.init` through telemetry.wandb, the HF callback, the
+  Lightning logger, the Accelerate tracker: a hello with a "wandb" map): the run W&B itself would
+  have made. Its id is the one the script's run has (`run.id`); its name is the one given, else
+  W&B's; each aggregated step is logged at its own W&B step (`run.log(values, step=s)`), so
+  `_step` in the history is the script's step and history, summary and define_metric are as in
+  W&B; the daemon's host, GPU and telemetry series go to W&B's system metrics (stats records, the
+  run's System section: "gpu.0.util", "cpu_percent", "telemetry/records_in"), never into the
+  script's history or summary; text values (a "wandb/values" event) join the row of their step;
+  the script's console output (a "wandb/console" event) is the run's console log (W&B's Logs).
+- **The daemon's run** (our trainer, a bare client): every series against `train/step`.
+
 A training script that uses `telemetry.wandb` names its run in `wandb.init(project=, name=,
 config=, group=, tags=, ...)`: that reaches this sink as the "wandb" map of a hello. So the run
 is opened when the first such hello arrives, or with the daemon's own settings at the first
 aggregated step (a trainer that says nothing of W&B), or at close; the records before that
 (pollers start before training does) wait, up to MAX_WAITING, and beyond are dropped and
-counted. With an init's hello, the run config is the init's config (flat, as in W&B), with the
-daemon's view of the run (world size, hosts, framework) under "telemetry". `run.summary[...]`
+counted. With an init's hello, the run config is the init's config (flat, as in W&B) and nothing
+else. `run.summary[...]`
 set in a rank arrives as a "wandb/summary" event and is set on the run's summary. Keys a rank
 flattened from nested dicts ("a/b", the records' flat names) are nested again as W&B keeps
 them, from the paths a "wandb/nested" event gave. A
@@ -49,6 +61,8 @@ MAX_WAITING = 10_000
 INIT_KEYS = ("project", "name", "entity", "group", "notes", "job_type", "id")
 SUMMARY_EVENT = "wandb/summary"
 NESTED_EVENT = "wandb/nested"
+VALUES_EVENT = "wandb/values"        # {"step": s, "values": {key: text}}: values W&B keeps that are not numbers
+CONSOLE_EVENT = "wandb/console"      # {"stream": "stdout"|"stderr", "text": ...}: the script's console output
 # How long the sink waits for a media file the event names (the rank's writer thread writes it
 # after sending the event; on one host this takes milliseconds).
 MEDIA_WAIT_S = 10.0
@@ -102,6 +116,8 @@ class WandbSink(Sink):
         self.num_media_logged = 0
         self.num_media_failed = 0
         self._wandb = None
+        self._stats = None                    # W&B's system-metrics writer of the open run (the user's run)
+        self.num_console = 0                  # console writes passed to the run
         self._suspect: dict | None = None     # an aggregated step past MAX_STEP_JUMP, held back
         # Records not given to W&B, by reason; their sum is this sink's num_dropped (see Sink).
         self.dropped_by_reason: dict[str, int] = {}
@@ -130,13 +146,19 @@ class WandbSink(Sink):
         self.log_dir.mkdir(parents=True, exist_ok=True)
         files.write_file(id_file, (self.run_id + "\n").encode())   # the run-file mode (0600)
         kwargs = {k: init[k] for k in ("group", "tags", "notes", "job_type") if k in init}
+        user = self._init is not None
+        # The user's run has the name the script gave, else none (W&B names it: offline, None).
+        name = init.get("name") if user else self.run_name
         self.run = wandb.init(mode=self.mode, project=init.get("project") or self.project,
-                              entity=init.get("entity") or self.entity, name=init.get("name") or self.run_name,
+                              entity=init.get("entity") or self.entity, name=name,
                               id=self.run_id, resume="allow", dir=str(self.log_dir), reinit="create_new",
                               settings=wandb.Settings(silent=True, console="off", x_disable_stats=True), **kwargs)
-        # Steps are training steps; host and GPU records follow wall time.
-        self.run.define_metric("train/step")
-        self.run.define_metric("*", step_metric="train/step")
+        if user:
+            self._stats = _stats_writer(self.run)
+        else:
+            # Steps are training steps; host and GPU records follow wall time.
+            self.run.define_metric("train/step")
+            self.run.define_metric("*", step_metric="train/step")
         self._update_config()
         waiting, self._waiting = self._waiting, []
         self._consume(waiting)
@@ -171,6 +193,9 @@ class WandbSink(Sink):
                 self._log_step(rec)
             elif kind in ("gpu", "system", "daemon"):
                 values = rec["values"]
+                if self._init is not None:
+                    self._log_system(kind, rec)
+                    continue
                 if kind == "gpu":
                     values = {k.replace("gpu/", f"gpu{rec['gpu']}/", 1): v for k, v in values.items()}
                 run.log({"train/step": max(self._last_step, 0), **values})
@@ -187,6 +212,52 @@ class WandbSink(Sink):
                                          if isinstance(p, list) and p and all(isinstance(x, str) for x in p)})
                 elif name == shared_media.EVENT:
                     self._log_media(rec["data"])
+                elif name == VALUES_EVENT and self._from_init_rank(rec):
+                    self._log_values(rec["data"])
+                elif name == CONSOLE_EVENT and self._from_init_rank(rec):
+                    self._log_console(rec["data"])
+
+    def _from_init_rank(self, rec: dict) -> bool:
+        """Whether a rank's event belongs to the user's run: the run is the lowest init rank's."""
+        if self._init is None:
+            return False
+        inits = [r for r, h in self._hellos.items() if isinstance(h.get("wandb"), dict)]
+        return rec.get("rank", 0) == min(inits)
+
+    def _log_system(self, kind: str, rec: dict) -> None:
+        """A host, GPU or telemetry record of the user's run: W&B's system metrics, as W&B's own
+        monitor writes them ("gpu.0.util", "cpu_percent"), never the script's history."""
+        values = rec["values"]
+        if kind == "gpu":
+            values = {f"gpu.{rec['gpu']}." + k.split("/", 1)[-1]: v for k, v in values.items()}
+        elif kind == "system":
+            values = {k.split("/", 1)[1] if k.startswith("system/") else k: v for k, v in values.items()}
+        if self._stats is None:
+            self._drop("no_system_metrics", "this wandb has no system-metrics writer (interface.publish_stats): "
+                       "the daemon's host, GPU and telemetry series are in the JSONL only")
+            return
+        self._stats(values)
+        self.num_logged += 1
+
+    def _log_values(self, data: dict) -> None:
+        """Text values of a step (W&B keeps strings in the history): they join the row of their
+        step, which the step's numbers (logged after, by the aggregator) complete."""
+        step, values = data.get("step"), data.get("values")
+        if not isinstance(step, int) or not isinstance(values, dict) or step < self._last_step:
+            self._drop("values_late", "text values of step %r arrived after W&B took a later step" % (step,))
+            return
+        self.run.log(self._nest({k: v for k, v in values.items() if isinstance(k, str)}), step=step)
+
+    def _log_console(self, data: dict) -> None:
+        """The script's console output, as W&B's console capture keeps it (its Logs tab)."""
+        stream, text = data.get("stream"), data.get("text")
+        iface = _interface(self.run)
+        if stream not in ("stdout", "stderr") or not isinstance(text, str) or \
+                not hasattr(iface, "publish_output_raw"):
+            self._drop("console", "console output not kept (malformed, or this wandb cannot take it)")
+            return
+        iface.publish_output_raw(stream, text)
+        self.num_console += 1
 
     def _log_step(self, rec: dict) -> None:
         """An aggregated step, unless W&B's x-axis cannot take it: a step below the last one it
@@ -216,7 +287,10 @@ class WandbSink(Sink):
         values = rec["values"]
         if self._nested:
             values = self._nest(values)
-        self.run.log({"train/step": step, **values})
+        if self._init is not None:
+            self.run.log(values, step=step)       # the user's run: W&B's _step is the script's step
+        else:
+            self.run.log({"train/step": step, **values})
         self.num_logged += 1
 
     def _drop(self, reason: str, detail: str) -> None:
@@ -265,7 +339,12 @@ class WandbSink(Sink):
                                        f"host, or a rank that exited first)")
                 time.sleep(MEDIA_POLL_S)
             obj = self._media_object(str(data.get("type")), path, data.get("options") or {})
-            self.run.log({"train/step": step, **self._nest({key: obj})})
+            if self._init is not None:
+                if step < self._last_step:
+                    raise ValueError(f"it arrived after W&B took step {self._last_step}")
+                self.run.log(self._nest({key: obj}), step=step)
+            else:
+                self.run.log({"train/step": step, **self._nest({key: obj})})
             self.num_media_logged += 1
         except Exception as exc:
             self.num_media_failed += 1
@@ -323,8 +402,9 @@ class WandbSink(Sink):
         if self._init is not None:
             inits = [r for r, h in self._hellos.items() if isinstance(h.get("wandb"), dict)]
             user = self._hellos[min(inits)].get("config")
-            rest = {k: v for k, v in cfg.items() if k not in ("config", "wandb")}
-            cfg = {**(user if isinstance(user, dict) else {}), "telemetry": rest}
+            # The script's config alone, as W&B would have it (the daemon's view of the run,
+            # world size and hosts, is in the JSONL's hellos).
+            cfg = dict(user) if isinstance(user, dict) else {}
             self._define_metrics(self._init.get("metrics"))
         changed = {k: v for k, v in cfg.items() if self._config.get(k, _MISSING) != v}
         if changed:
@@ -332,14 +412,19 @@ class WandbSink(Sink):
             self._config.update(changed)
 
     def _define_metrics(self, metrics: object) -> None:
-        """An init's define_metric calls: summary, goal, hidden; the x-axis stays train/step."""
+        """An init's define_metric calls, as the script made them (step_metric, summary, goal,
+        hidden, step_sync)."""
         for m in metrics if isinstance(metrics, list) else []:
             name = m.get("name") if isinstance(m, dict) else None
             if not isinstance(name, str) or name in self._metric_defs:
                 continue
             self._metric_defs.add(name)
-            opts = {k: m[k] for k in ("summary", "goal", "hidden") if m.get(k) is not None}
-            self.run.define_metric(name, step_metric="train/step", **opts)
+            opts = {k: m[k] for k in ("step_metric", "summary", "goal", "hidden", "step_sync")
+                    if isinstance(m.get(k), (str, bool))}
+            try:
+                self.run.define_metric(name, **opts)
+            except Exception as exc:          # W&B refuses it (a bad summary name): the run goes on
+                self._drop("define_metric", "define_metric(%r, %r) refused by W&B: %s" % (name, opts, exc))
 
     def close(self) -> None:
         if self.run is None and self._wandb is not None and (self._waiting or self._hellos):
@@ -357,9 +442,37 @@ class WandbSink(Sink):
                       self.log_dir)
         self.run = None
 
+    def run_info(self) -> dict:
+        """The open run as W&B gives it: what a script's `run.name`, `run.url`, `run.path` read."""
+        run = self.run
+        if run is None:
+            return {}
+        out = {}
+        for k in ("id", "name", "project", "entity", "path", "url", "dir"):
+            try:
+                out[k] = getattr(run, k)
+            except Exception:
+                out[k] = None
+        return out
+
     def stats(self) -> dict:
-        return {"mode": self.mode, "run_id": self.run_id, "logged": self.num_logged,
+        return {"mode": self.mode, "run_id": self.run_id, "run": self.run_info(), "console": self.num_console,
+                "logged": self.num_logged,
                 "dropped_before_open": self.num_dropped_waiting, "media_logged": self.num_media_logged,
                 "media_failed": self.num_media_failed, "dropped_by_reason": dict(self.dropped_by_reason)}
 
 
+
+
+def _interface(run):
+    """The interface through which a W&B run writes its records (`run._interface` in wandb
+    0.31; `run._backend.interface` before), or None: W&B's internals, looked up, never assumed."""
+    iface = getattr(run, "_interface", None)
+    if iface is None:
+        iface = getattr(getattr(run, "_backend", None), "interface", None)
+    return iface
+
+
+def _stats_writer(run):
+    """W&B's system-metrics writer of `run` (what its own monitor calls), or None."""
+    return getattr(_interface(run), "publish_stats", None)
