@@ -298,13 +298,10 @@ class Run:
     def define_metric(self, name: str, step_metric: str | None = None, step_sync: bool | None = None,
                       hidden: bool | None = None, summary: str | None = None, goal: str | None = None,
                       overwrite: bool | None = None) -> None:
-        """Summary, goal and hidden reach the daemon's W&B run; its x-axis stays the training
-        step (a `step_metric` is noted once and not applied)."""
-        if step_metric is not None:
-            self._warn_once("step_metric", f"telemetry.wandb: define_metric({name!r}, step_metric={step_metric!r}): "
-                                           f"the daemon's W&B run plots every metric against train/step")
-        self._metrics.append({k: v for k, v in (("name", name), ("summary", summary), ("goal", goal),
-                                                ("hidden", hidden)) if v is not None})
+        """Reaches the daemon's W&B run as it was made (its step_metric, summary, goal, hidden)."""
+        self._metrics.append({k: v for k, v in (("name", name), ("step_metric", step_metric), ("step_sync", step_sync),
+                                                ("summary", summary), ("goal", goal), ("hidden", hidden))
+                              if v is not None})
         self._send_hello()
 
     def watch(self, *args: Any, **kwargs: Any) -> None:

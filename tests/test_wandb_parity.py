@@ -1,0 +1,147 @@
+"""The W&B run a user gets through the sidecar is the one W&B would have made (issue 30 items 3
+and 4). Scripts written the way outside projects write them, each run twice: with the real
+wandb (offline) and unmodified under `telemetry run --as-wandb` (zero changed lines); both runs
+are read back with W&B's own protobuf schema (tests/wandb_offline.py) and compared: the whole
+history by `_step`, the summary, the config, the run's project/name/group/tags, the console.
+
+Values that depend on timing (HF's train_runtime and its rates) are left out of the comparison,
+named here; so is what the sidecar redacts on purpose (a config key that looks like a secret).
+"""
+from __future__ import annotations
+
+import glob
+import os
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from wandb_offline import config, console, run_info, user_history, user_summary, wait_finished
+
+pytest.importorskip("wandb")
+pytest.importorskip("torch")
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPTS = ROOT / "tests" / "dropin_scripts"
+# Values that differ between any two runs of the same script, with or without the sidecar.
+TIMING = re.compile(r"(runtime|per_second)$")
+
+
+def _env(**extra: str) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TELEMETRY_", "WANDB_"))
+           and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    env.update({"PYTHONPATH": str(ROOT), "WANDB_SILENT": "true", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+                "TOKENIZERS_PARALLELISM": "false", **extra})
+    return env
+
+
+def _one_file(pattern: str) -> str:
+    files = [f for f in glob.glob(pattern, recursive=True) if "latest-run" not in f]
+    assert len(files) == 1, files
+    return wait_finished(files[0])
+
+
+def real_run(script: Path, nproc: int, work: Path, env: dict) -> tuple[str, str]:
+    work.mkdir()
+    cmd = [sys.executable, str(script)] if nproc == 1 else \
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc), str(script)]
+    p = subprocess.run(cmd, cwd=work, env=_env(WANDB_DIR=str(work), WANDB_MODE="offline", **env),
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-4000:]
+    return _one_file(f"{work}/**/run-*.wandb"), p.stdout
+
+
+def sidecar_run(script: Path, nproc: int, work: Path, env: dict) -> tuple[str, str]:
+    work.mkdir()
+    p = subprocess.run([sys.executable, "-m", "telemetry", "run", "--as-wandb", "--quiet", "--wandb", "offline",
+                        "--nproc", str(nproc), "--run-dir", str(work / "r"), "--", str(script)],
+                       cwd=work, env=_env(WANDB_DIR=str(work), **env), capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-4000:]
+    return _one_file(f"{work}/r/wandb/**/run-*.wandb"), p.stdout
+
+
+def _untimed(d: dict) -> dict:
+    return {k: v for k, v in d.items() if not TIMING.search(k)}
+
+
+def _close(a, b) -> bool:
+    """Equal, floats to 1e-6 relative (a mean over ranks may round differently), recursively."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_close(a[k], b[k]) for k in a)
+    if isinstance(a, float) or isinstance(b, float):
+        return isinstance(a, (int, float)) and isinstance(b, (int, float)) and a == pytest.approx(b, rel=1e-6)
+    return a == b
+
+
+def assert_same_run(real: str, ours: str) -> None:
+    hr, ho = user_history(real), user_history(ours)
+    assert sorted(ho) == sorted(hr), "the _steps"
+    for step in hr:
+        assert _close(_untimed(ho[step]), _untimed(hr[step])), (f"the row at _step {step}", ho[step], hr[step])
+    assert _close(_untimed(user_summary(ours)), _untimed(user_summary(real))), \
+        ("the summary", user_summary(ours), user_summary(real))
+    cr, co = config(real), config(ours)
+    assert co.keys() == cr.keys(), "the config's keys"
+    for k in cr:
+        if co[k] != cr[k]:
+            assert "token" in k and co[k] == "<redacted>", (k, cr[k], co[k])    # redacted by the sidecar
+    ir, io = run_info(real), run_info(ours)
+    assert {k: io[k] for k in ("project", "name", "group", "tags")} == {k: ir[k] for k in ("project", "name", "group", "tags")}
+
+
+HF = """
+import torch
+from transformers import AutoModelForCausalLM, GPT2Config, Trainer, TrainingArguments
+
+torch.manual_seed(0)
+cfg = GPT2Config(n_embd=32, n_layer=2, n_head=2, vocab_size=64, n_positions=32, bos_token_id=0, eos_token_id=0)
+model = AutoModelForCausalLM.from_config(cfg)
+
+class Tokens(torch.utils.data.Dataset):
+    def __len__(self):
+        return 256
+    def __getitem__(self, i):
+        x = torch.randint(0, 64, (16,), generator=torch.Generator().manual_seed(i))
+        return {"input_ids": x, "labels": x.clone()}
+
+args = TrainingArguments(output_dir="out", max_steps=6, logging_steps=1, report_to=["wandb"],
+                         use_cpu=True, per_device_train_batch_size=4, save_strategy="no", disable_tqdm=True,
+                         learning_rate=1e-3, run_name="hf-parity", seed=0, data_seed=0)
+Trainer(model=model, args=args, train_dataset=Tokens()).train()
+"""
+
+
+def test_a_plain_wandb_script_text_prints_define_metric_summary(tmp_path):
+    script = SCRIPTS / "wandb_features.py"
+    real, real_out = real_run(script, 1, tmp_path / "real", {})
+    ours, our_out = sidecar_run(script, 1, tmp_path / "ours", {})
+    assert_same_run(real, ours)
+    assert user_history(ours)[0]["phase"] == "warmup"                          # text, as W&B keeps it
+    assert console(ours) == console(real) and "epoch 1 done" in console(ours)["stdout"]    # W&B's Logs
+    # run.name and the path's project as W&B gives them (then `telemetry run`'s closing summary)
+    assert our_out.split("=" * 72)[0] == real_out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("script, nproc, env", [
+    ("nanogpt_wandb.py", 2, {"LOG_ON": "rank0"}),                   # 2 ranks, nanoGPT's master_process guard
+    ("accelerate_ddp.py", 2, {"TRACKER": "wandb"}),                 # Accelerate's log_with="wandb", 2 processes
+    ("lightning_ddp.py", 1, {"LOGGER": "wandb"}),                   # Lightning's WandbLogger, 2 devices
+    ("hf", 1, {}),                                                  # HF Trainer, report_to="wandb"
+])
+def test_outside_scripts_make_the_run_w_and_b_makes(tmp_path, script, nproc, env):
+    pytest.importorskip({"accelerate_ddp.py": "accelerate", "lightning_ddp.py": "lightning", "hf": "transformers"}
+                        .get(script, "torch"))
+    if script == "hf":
+        path = tmp_path / "hf.py"
+        path.write_text(textwrap.dedent(HF))
+    else:
+        path = SCRIPTS / script
+    env = {"STEPS": "6", **env}
+    real, _ = real_run(path, nproc, tmp_path / "real", env)
+    ours, _ = sidecar_run(path, nproc, tmp_path / "ours", env)
+    assert_same_run(real, ours)
+    assert len(user_history(ours)) >= 6
