@@ -3,6 +3,7 @@ the Trainer's own losses arrive in metrics.jsonl through a real daemon, and W&B 
 training process."""
 from __future__ import annotations
 
+import glob
 import json
 import os
 import subprocess
@@ -14,6 +15,8 @@ import pytest
 
 pytest.importorskip("transformers")
 pytest.importorskip("accelerate")  # the Trainer needs it
+
+from wandb_offline import run_info, summary, user_history, wait_finished  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 NUM_STEPS = 20
@@ -50,7 +53,7 @@ TRAIN = textwrap.dedent('''
 
 @pytest.mark.slow
 def test_trainer_losses_arrive_in_metrics_jsonl(make_daemon, tmp_path):
-    d = make_daemon(world_size=1)
+    d = make_daemon(world_size=1, wandb="offline")
     script = tmp_path / "train_hf.py"
     script.write_text(TRAIN)
     env = {**os.environ, "WANDB_MODE": "disabled", "WANDB_DIR": str(tmp_path), "TOKENIZERS_PARALLELISM": "false",
@@ -69,27 +72,43 @@ def test_trainer_losses_arrive_in_metrics_jsonl(make_daemon, tmp_path):
     for step, loss in trainer_losses.items():
         v = steps[step]
         assert v["train/loss"] == pytest.approx(loss, rel=1e-6), step  # the Trainer's own value
-        assert "train/lr" in v and "perf/step_time" in v and v["perf/step_time"] > 0
+        assert "train/learning_rate" in v and "perf/step_time" in v and v["perf/step_time"] > 0
+        assert v["train/global_step"] == step          # W&B's callback's names
         assert v["perf/tokens"] == 4 * 16  # include_num_input_tokens_seen: batch 4 x 16 tokens
         assert "perf/tokens_per_second" in v  # derived by the daemon from tokens and step time
     hello = [r for r in recs if r.get("kind") == "hello"][-1]  # the client's identity hello comes first
     assert hello["info"]["config"]["max_steps"] == NUM_STEPS
+    # W&B's callback's config: the model's config, the arguments, the parameter count.
+    assert hello["info"]["config"]["n_embd"] == 32 and hello["info"]["config"]["model/num_parameters"] > 0
     assert hello["info"]["model"]["hf_config"]["n_embd"] == 32
     events = [r for r in recs if r.get("kind") == "event"]
     saved = [e for e in events if e["name"] == "checkpoint_saved"]
     assert [e["data"]["step"] for e in saved] == [10, 20]
     assert any(e["name"] == "train_end" for e in events)
+    # The W&B run is the one W&B's callback opens: project "huggingface", named by run_name; the
+    # end-of-training values in its summary, not in its history; rows at their optimizer step.
+    assert d.stop(timeout_s=60) == 0
+    (path,) = glob.glob(str(d.log_dir / "wandb" / "offline-run-*" / "run-*.wandb"))
+    path = wait_finished(path)
+    info = run_info(path)
+    assert (info["project"], info["name"]) == ("huggingface", "hf-callback-test")
+    history = user_history(path)
+    assert {s: r["train/loss"] for s, r in history.items() if "train/loss" in r} == \
+        pytest.approx(trainer_losses, rel=1e-6)
+    assert not any("train_runtime" in r or "train/train_runtime" in r for r in history.values())
+    summ = summary(path)
+    assert summ["train_runtime"] > 0 and "train_loss" in summ and "total_flos" in summ
 
 
 def test_metric_names_follow_the_contract():
     from telemetry.integrations.hf import metric_name
 
-    assert metric_name("loss") == "train/loss"
-    assert metric_name("learning_rate") == "train/lr"
-    assert metric_name("grad_norm") == "train/grad_norm"
-    assert metric_name("eval_loss") == "eval/loss"
-    assert metric_name("dataset/code/loss") == "dataset/code/loss"
-    assert metric_name("foo") == "train/foo"
+    # As W&B's callback names them (transformers' rewrite_logs).
+    from transformers.integrations.integration_utils import rewrite_logs
+
+    for key in ("loss", "learning_rate", "grad_norm", "eval_loss", "test_acc", "dataset/code/loss", "foo", "epoch"):
+        assert {metric_name(key): 1} == rewrite_logs({key: 1}), key
+    assert metric_name("learning_rate") == "train/learning_rate"
 
 
 # -- a step with an evaluation is one record per rank (issue 29 item 6, the Trainer's side) --------

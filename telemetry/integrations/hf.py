@@ -7,17 +7,25 @@ Every rank sends its own records through a TelemetryClient (endpoint from $TELEM
 the default ipc socket; rank from $RANK); the daemon aggregates, writes metrics.jsonl and talks
 to W&B, so with report_to=[] (or "none") wandb is never imported in the training processes.
 
-What is sent, under the names of the JSONL contract:
-- at train begin, a hello with the TrainingArguments as "config" and the model's config as
-  "model" (so the daemon can compute MFU once tokens are known);
+The W&B run the daemon makes of it is the one W&B's own callback (report_to="wandb") makes:
+project $WANDB_PROJECT or "huggingface", named by `run_name`, the config the model's config and
+the TrainingArguments (credentials left out) with "model/num_parameters", the Trainer's log keys
+named as W&B's callback names them (`rewrite_logs`: eval_x -> eval/x, test_x -> test/x, anything
+else -> train/x: loss -> train/loss, learning_rate -> train/learning_rate) with
+"train/global_step", and the end-of-training values (train_runtime, train_loss, ...) in the
+summary, not in the history. Each row is at its optimizer step (`_step` = global step).
+
+What is sent:
+- at train begin, a hello with that config and run name, and the model's config as "model" (so
+  the daemon can compute MFU once tokens are known);
 - per optimizer step (on_step_end), the Trainer's own values: perf/step_time (wall time between
   step ends), train/epoch and, with include_num_input_tokens_seen, perf/tokens (tokens this rank
-  consumed in the step); they go out with that step's on_log values when it has them
-  (loss -> train/loss, learning_rate -> train/lr, grad_norm -> train/grad_norm, eval_x -> eval/x);
+  consumed in the step); they go out with that step's on_log values when it has them;
   a step with an evaluation is one record per rank: its training logs and the eval logs of every
   eval dataset (one on_log each) are held together and go out when the next step begins or
   training ends, so the daemon writes the step once with each value across the ranks;
-- on_save and on_evaluate as events (checkpoint_saved, evaluate); the final summary as train_end.
+- on_save and on_evaluate as events (checkpoint_saved, evaluate); the end-of-training values as
+  the run's summary (a wandb/summary event) and a train_end event.
 Nothing here reads a device tensor: the Trainer has already turned its logs into floats.
 """
 from __future__ import annotations
@@ -30,20 +38,17 @@ from transformers import TrainerCallback
 
 from telemetry.integrations._client import LazyClient
 
-# Trainer log keys -> contract names; anything else becomes train/<key>.
-KEY_MAP = {"loss": "train/loss", "learning_rate": "train/lr", "grad_norm": "train/grad_norm",
-           "epoch": "train/epoch", "num_input_tokens_seen": "train/num_input_tokens_seen"}
-# Keys of the Trainer's end-of-training summary log: sent as one event, not as a step.
+# Keys of the Trainer's end-of-training log: the run's summary, as W&B's callback keeps them.
 SUMMARY_KEYS = ("train_runtime", "train_samples_per_second", "train_steps_per_second", "total_flos", "train_loss")
+SUMMARY_EVENT = "wandb/summary"
 
 
 def metric_name(key: str) -> str:
-    if key in KEY_MAP:
-        return KEY_MAP[key]
+    """A Trainer log key as W&B's callback names it (transformers' rewrite_logs)."""
     if key.startswith("eval_"):
         return "eval/" + key[len("eval_"):]
-    if "/" in key:
-        return key  # already a namespaced name (a user's own log call)
+    if key.startswith("test_"):
+        return "test/" + key[len("test_"):]
     return "train/" + key
 
 
@@ -94,16 +99,24 @@ class TelemetryCallback(TrainerCallback):
 
     # -- Trainer hooks ------------------------------------------------------------------------
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
-        info: dict[str, Any] = {"framework": "transformers", "config": _training_args(args)}
+        config = _training_args(args)
         run_name = getattr(args, "run_name", None)
-        if run_name and not os.environ.get("TELEMETRY_RUN_NAME"):
-            info["run_name"] = run_name
         model_map: dict[str, Any] = {}
         cfg = getattr(model, "config", None)
         if cfg is not None and hasattr(cfg, "to_dict"):
             model_map["hf_config"] = cfg.to_dict()
+            config = {**_plain(model_map["hf_config"]), **config}       # W&B's callback: model config, then args
         if model is not None and hasattr(model, "parameters"):
             model_map["num_params"] = sum(p.numel() for p in model.parameters())
+            config["model/num_parameters"] = model_map["num_params"]
+        # The W&B run as W&B's callback opens it (trial runs aside).
+        wandb_info = {"project": os.environ.get("WANDB_PROJECT") or "huggingface", "metrics": [
+            {"name": "train/global_step"}, {"name": "*", "step_metric": "train/global_step", "step_sync": True}]}
+        if run_name:
+            wandb_info["name"] = run_name
+        info: dict[str, Any] = {"framework": "transformers", "config": config, "wandb": wandb_info}
+        if run_name and not os.environ.get("TELEMETRY_RUN_NAME"):
+            info["run_name"] = run_name
         model_map["gradient_checkpointing"] = bool(getattr(args, "gradient_checkpointing", False))
         model_map["dtype"] = "bf16" if getattr(args, "bf16", False) else "fp16" if getattr(args, "fp16", False) else "fp32"
         model_map.update(self._model_info)
@@ -141,13 +154,20 @@ class TelemetryCallback(TrainerCallback):
     def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None,
                **kwargs: Any) -> None:
         logs = logs or {}
-        if any(k in logs for k in SUMMARY_KEYS) and "loss" not in logs:
-            self._flush()
-            self.client.event("train_end", {k: v for k, v in logs.items() if _number(v) is not None})
+        scalars = {k: n for k in SUMMARY_KEYS if k in logs and (n := _number(logs[k])) is not None}
+        if scalars:
+            # The run's summary, as W&B's callback keeps them (some transformers versions put
+            # train_runtime in every log: the summary then holds the last one, as in W&B).
+            self.client.event(SUMMARY_EVENT, scalars)
+        if "train_loss" in logs:
+            # The end-of-training log. Its other keys (the epoch) are the last step's, already
+            # sent: a second record of that step would be a second point of it.
+            self.client.event("train_end", scalars)
             return
-        values = {metric_name(k): n for k, v in logs.items() if (n := _number(v)) is not None}
+        values = {metric_name(k): n for k, v in logs.items() if k not in SUMMARY_KEYS and (n := _number(v)) is not None}
         if not values:
             return
+        values["train/global_step"] = state.global_step
         if self._pending_step == state.global_step:
             # This step's on_step_end values and its logs, one record. While the step's evaluation
             # runs or is about to (the Trainer logs the training values, then each eval dataset's
@@ -176,6 +196,11 @@ class TelemetryCallback(TrainerCallback):
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._flush()
         self._client.close()  # an own client only; bounded: never holds up the trainer's exit
+
+
+def _plain(d: dict) -> dict[str, Any]:
+    """A config's values as JSON-able ones (nested maps kept; anything else as text)."""
+    return {k: v if isinstance(v, (int, float, str, bool, type(None), dict, list)) else str(v) for k, v in d.items()}
 
 
 def _training_args(args: Any) -> dict[str, Any]:
