@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import importlib
+from pathlib import Path
 
 import pytest
 
@@ -50,7 +51,30 @@ def test_lightning_losses_arrive(make_daemon, tmp_path):
                                 accelerator="cpu", enable_progress_bar=False, enable_checkpointing=False,
                                 default_root_dir=str(tmp_path))
     trainer.fit(_tiny_module(), torch.utils.data.DataLoader(data, batch_size=8))
-    d.wait_for(lambda rs: sum(1 for r in rs if "train/loss" in r.get("values", {})) >= 5)
+    d.wait_for(lambda rs: sum(1 for r in rs if "loss" in r.get("values", {})) >= 5)
+
+
+def test_versions_increase_and_keep_runs_apart(make_daemon, tmp_path):
+    """Like the CSV and TensorBoard loggers: each run takes the next version_N under
+    save_dir/name, so the second run's checkpoints do not land among the first's."""
+    pytest.importorskip("lightning")
+    import lightning
+    import torch
+
+    from telemetry.integrations.lightning import TelemetryLogger
+
+    d = make_daemon(world_size=1)
+    data = torch.utils.data.TensorDataset(torch.randn(32, 4), torch.randn(32, 1))
+    dirs = []
+    for _ in range(2):
+        logger = TelemetryLogger(endpoint=d.ingest, save_dir=str(tmp_path), name="tiny")
+        trainer = lightning.Trainer(max_steps=2, logger=logger, log_every_n_steps=1, accelerator="cpu",
+                                    enable_progress_bar=False, enable_model_summary=False,
+                                    default_root_dir=str(tmp_path))
+        trainer.fit(_tiny_module(), torch.utils.data.DataLoader(data, batch_size=8))
+        dirs.append(trainer.checkpoint_callback.dirpath)
+    assert [Path(p).relative_to(tmp_path).parts[:2] for p in dirs] == [("tiny", "version_0"), ("tiny", "version_1")]
+    assert all(list(Path(p).glob("*.ckpt")) for p in dirs)
 
 
 def _run_lightning(logger: str, env: dict, tmp_path) -> str:
@@ -95,8 +119,9 @@ def test_lightning_ddp_two_devices_report_their_own_ranks(make_daemon, tmp_path)
     _run_lightning("wandb", {"WANDB_MODE": "offline"}, tmp_path / "real")
     (real,) = [wait_finished(f) for f in glob.glob(str(tmp_path / "real" / "wandb" / "offline-run-*" / "run-*.wandb"))]
     (ours,) = [wait_finished(f) for f in glob.glob(str(d.log_dir / "wandb" / "offline-run-*" / "run-*.wandb"))]
+    # The keys as the module logged them, against trainer/global_step, as WandbLogger logs them.
     expected = {r["trainer/global_step"]: r["loss"] for r in history_rows(real) if "loss" in r}
-    got = {r["train/step"]: r["train/loss"] for r in history_rows(ours) if "train/loss" in r}
+    got = {r["trainer/global_step"]: r["loss"] for r in history_rows(ours) if "loss" in r}
     assert expected and got.keys() == expected.keys()
     for s, v in expected.items():
         assert got[s] == pytest.approx(v, rel=1e-6), s
@@ -132,7 +157,7 @@ def test_lightning_validation_step_is_one_record(make_daemon, tmp_path):
     for s, rs in by_step.items():
         assert len(rs) == 1, (s, rs)          # one record per step: no second point, no late record
         assert "rank" not in rs[0] and not rs[0].get("missing_ranks"), rs[0]
-        assert "train/loss" in rs[0]["values"], (s, rs[0])
+        assert "loss" in rs[0]["values"], (s, rs[0])
     for s in (3, 7):
-        assert {"train/loss", "val/loss"} <= by_step[s][0]["values"].keys(), by_step[s][0]
+        assert {"loss", "val/loss"} <= by_step[s][0]["values"].keys(), by_step[s][0]
     assert not any("val/loss" in by_step[s][0]["values"] for s in by_step if s not in (3, 7))

@@ -4,7 +4,13 @@
     trainer = lightning.Trainer(logger=TelemetryLogger(), ...)
 
 A Lightning Logger over TelemetryClient: log_metrics(metrics, step) -> client.log, hyperparameters
--> the hello's "config", finalize -> close. Lightning is imported only when TelemetryLogger is
+-> the hello's "config", finalize -> close. What it sends is what Lightning's WandbLogger would
+log: the keys as the module logged them ("loss", "val/loss", no prefix added) with
+"trainer/global_step", and the W&B run the daemon makes is WandbLogger's (project $WANDB_PROJECT or
+"lightning_logs", the logger's name, the hyperparameters as its config, every key against
+trainer/global_step). Its `version` is a number that increases from run to run, as the CSV and
+TensorBoard loggers' (the next free `version_N` under save_dir/name, the directory made then), so
+a second run's checkpoints never land in the first one's directory. Lightning is imported only when TelemetryLogger is
 first used, so importing this module never requires it (accessing TelemetryLogger without it
 raises ImportError). Lightning calls a logger on every rank (its own loggers make themselves
 rank-zero-only); every rank should log for the daemon's per-step aggregation, so this one does.
@@ -27,6 +33,7 @@ waited for a rank 1 that never came and warned that it "may be hung".
 """
 from __future__ import annotations
 
+import os
 import sys
 from typing import Any
 
@@ -61,12 +68,19 @@ def _build() -> Any:
             name: the run name reported in the hello.
         """
 
-        def __init__(self, endpoint: str | None = None, client: Any = None, name: str = "lightning") -> None:
+        def __init__(self, endpoint: str | None = None, client: Any = None, name: str = "lightning",
+                     save_dir: str | None = None, version: int | str | None = None,
+                     project: str | None = None) -> None:
             super().__init__()
             self._client = LazyClient(client, endpoint, rank=trainer_rank)
             self._name = name
+            self._save_dir = save_dir
+            self._version = version
+            self._project = project or os.environ.get("WANDB_PROJECT") or "lightning_logs"
+            self._config: dict[str, Any] = {}
             self._pending: dict[str, Any] = {}   # the values logged so far for _pending_step
             self._pending_step: int | None = None
+            self._said_hello = False
 
         @property
         def client(self) -> Any:
@@ -77,23 +91,49 @@ def _build() -> Any:
             return self._name
 
         @property
-        def version(self) -> str:
-            return "0"
+        def save_dir(self) -> str | None:
+            return self._save_dir
+
+        @property
+        def root_dir(self) -> str:
+            return os.path.join(self._save_dir or os.getcwd(), self._name)
+
+        @property
+        def version(self) -> int | str:
+            """The next free version_N under save_dir/name, decided once (and its directory made,
+            so the next run takes the next number)."""
+            if self._version is None:
+                self._version = next_version(self.root_dir)
+                if (trainer_rank() or 0) == 0:
+                    os.makedirs(os.path.join(self.root_dir, f"version_{self._version}"), exist_ok=True)
+            return self._version
 
         def log_hyperparams(self, params: Any, *args: Any, **kwargs: Any) -> None:
             params = dict(params) if not isinstance(params, dict) else params
-            config = {k: v if isinstance(v, (int, float, str, bool, type(None))) else str(v) for k, v in params.items()}
-            self.client.hello({"framework": "lightning", "run_name": self._name, "config": config,
-                               "world_size": process_rank()[1]})
+            self._config.update({k: v if isinstance(v, (int, float, str, bool, type(None))) else str(v)
+                                 for k, v in params.items()})
+            self._hello()
+
+        def _hello(self) -> None:
+            """The W&B run as WandbLogger opens it (see the module docstring)."""
+            self._said_hello = True
+            wandb_info = {"project": self._project, "name": self._name, "metrics": [
+                {"name": "trainer/global_step"},
+                {"name": "*", "step_metric": "trainer/global_step", "step_sync": True}]}
+            self.client.hello({"framework": "lightning", "run_name": self._name, "config": dict(self._config),
+                               "wandb": wandb_info, "world_size": process_rank()[1]})
 
         def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
             # Tensors go as they are: the client reads them off this thread, without a sync. One
             # held for a later send is a copy (an async device op, no sync), so what is sent is
             # its value at this call, as with client.log.
-            values = {k if "/" in k else f"train/{k}": v.detach().clone() if hasattr(v, "detach") else float(v)
+            if not self._said_hello:
+                self._hello()
+            values = {k: v.detach().clone() if hasattr(v, "detach") else float(v)
                       for k, v in metrics.items()
                       if isinstance(v, (int, float)) or hasattr(v, "detach") or hasattr(v, "__float__")}
             step = int(step or 0)
+            values["trainer/global_step"] = step
             if step != self._pending_step:
                 self._flush()
                 self._pending_step = step
@@ -113,6 +153,17 @@ def _build() -> Any:
                 self._client.close()
 
     return TelemetryLogger
+
+
+def next_version(root: str) -> int:
+    """One more than the highest version_N directory under `root` (0 when there is none)."""
+    try:
+        names = os.listdir(root)
+    except OSError:
+        return 0
+    found = [int(n[len("version_"):]) for n in names
+             if n.startswith("version_") and n[len("version_"):].isdigit() and os.path.isdir(os.path.join(root, n))]
+    return max(found) + 1 if found else 0
 
 
 def __getattr__(name: str) -> Any:
