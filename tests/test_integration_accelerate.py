@@ -75,6 +75,14 @@ def test_accelerate_two_processes_match_accelerates_wandb_tracker(make_daemon, t
         assert m == pytest.approx((per_rank[(0, s)] + per_rank[(1, s)]) / 2, rel=1e-6)
     assert len(means) == len(expected)
     assert not any(r.get("missing_ranks") for r in d.read_jsonl(kind="metrics", aggregated=True))
+    # log_images and log_table: the same W&B values at the same _step (a list of 2 images, a table).
+    def media(path: str) -> dict:
+        keep = ("_type", "count", "width", "height", "ncols", "nrows")
+        return {(r["_step"], k.split("/")[0]): {f: r[f"{k.split('/')[0]}/{f}"] for f in keep
+                                                 if f"{k.split('/')[0]}/{f}" in r}
+                for r in history_rows(path) for k in r if k.split("/")[0] in ("samples", "preds")}
+
+    assert media(ours) == media(real) and {k for _, k in media(real)} == {"samples", "preds"}, (media(ours), media(real))
     info = run_info(ours)
     assert (info["project"], info["name"], info["group"]) == ("dropin", "accelerate-ddp", "ddp")
     assert config(ours)["lr"] == config(real)["lr"] == 0.05

@@ -67,13 +67,16 @@ def test_run_opened_with_the_init_and_the_records_that_waited(tmp_path):
 
 
 def test_the_users_run_takes_text_values_console_output_and_define_metric(tmp_path):
-    """Text joins its step's row; the init rank's console output is the run's console log (another
+    """Text joins its step's row (also when it comes before the rows of earlier steps); the init rank's console output is the run's console log (another
     rank's is not); define_metric as the script made it (step_metric included)."""
     sink = WandbSink("offline", tmp_path, run_name="daemon-name")
     sink.start()
     init = {**INIT, "id": "abcd1234", "metrics": [{"name": "val/*", "step_metric": "epoch", "summary": "min"}]}
     sink.consume([hello(0, {"config": {}, "wandb": init, "world_size": 2}), hello(1, {"wandb": init, "world_size": 2}),
                   event(0, "wandb/values", {"step": 0, "values": {"note": "warm-up"}}),
+                  # step 1's text before step 0's numbers (those wait for every rank): it waits for
+                  # its step, else W&B, moved on to step 1, would drop step 0's row
+                  event(0, "wandb/values", {"step": 1, "values": {"phase": "train"}}),
                   metrics(0, {"loss": 2.0}),
                   event(0, "wandb/console", {"stream": "stdout", "text": "step 0 done\n"}),
                   event(1, "wandb/console", {"stream": "stdout", "text": "rank 1 here\n"}),
@@ -82,7 +85,8 @@ def test_the_users_run_takes_text_values_console_output_and_define_metric(tmp_pa
     assert sink.stats()["run"]["id"] == "abcd1234" and sink.stats()["run"]["name"] == "nano"
     path = finish(sink, tmp_path)
     assert run_info(path)["id"] == "abcd1234"
-    assert user_history(path) == {0: {"note": "warm-up", "loss": 2.0}, 1: {"loss": 1.0, "epoch": 0, "val/loss": 3.0}}
+    assert user_history(path) == {0: {"note": "warm-up", "loss": 2.0},
+                                  1: {"phase": "train", "loss": 1.0, "epoch": 0, "val/loss": 3.0}}
     assert console(path) == {"stdout": "step 0 done\n", "stderr": "a warning\n"}
     assert sink.stats()["console"] == 2 and sink.num_dropped == 0
     defs = [r.metric for r in read_records(path) if r.WhichOneof("record_type") == "metric"]

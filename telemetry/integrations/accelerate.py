@@ -10,6 +10,13 @@ A GeneralTracker over the run behind telemetry.wandb (telemetry/integrations/wan
 and commit rules, nested keys, media refused by name. The daemon's W&B sink opens the run with
 the project, name, group and tags given here and the config given to `init_trackers`.
 
+As with Accelerate's W&B tracker, `init_trackers(project_name, config, init_kwargs)` names the
+project (unless the tracker was given one), and `init_kwargs["wandb"]` (or ["telemetry"]) gives
+wandb.init's arguments (name, group, tags, notes, entity, id, job_type). Accelerate hands a tracker
+instance nothing of these: the tracker reads them from the `init_trackers` call that starts it.
+`log_images` and `log_table` log a list of `wandb.Image`s and a `wandb.Table`, as Accelerate's W&B
+tracker does (the daemon's W&B sink logs the real objects).
+
 Accelerate calls trackers on the main process only (`Accelerator.log` and `init_trackers` run
 there). To send from every process, keep the tracker and call its `log` on each rank: the
 tracker starts itself on first use, and the daemon then waits for every rank at each step and
@@ -17,11 +24,16 @@ means their values.
 """
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from accelerate.tracking import GeneralTracker
 
+from telemetry.integrations.wandb_media import Image, Table
 from telemetry.integrations.wandb_run import Run
+
+# What Accelerate's W&B tracker passes on to wandb.init from init_kwargs, that a Run takes.
+_INIT_KEYS = ("name", "group", "tags", "entity", "notes", "job_type", "id", "dir", "config")
 
 
 class TelemetryTracker(GeneralTracker):
@@ -48,7 +60,14 @@ class TelemetryTracker(GeneralTracker):
 
     def start(self) -> None:
         if self.run is None:
-            self.run = Run(**self._run_args, client=self._client, endpoint=self._endpoint, framework="accelerate")
+            args = {k: v for k, v in self._run_args.items() if v is not None}
+            project, kwargs = _init_trackers_call()
+            for k, v in kwargs.items():
+                if k in _INIT_KEYS:
+                    args.setdefault(k, v)
+            if project and "project" not in args:
+                args["project"] = project
+            self.run = Run(**args, client=self._client, endpoint=self._endpoint, framework="accelerate")
 
     @property
     def tracker(self) -> Run:
@@ -62,6 +81,34 @@ class TelemetryTracker(GeneralTracker):
         """Values as `wandb.log` takes them (numbers, tensors on any device, nested dicts)."""
         self.tracker.log(values, step=step, **kwargs)
 
+    def log_images(self, values: dict, step: int | None = None, **kwargs: Any) -> None:
+        """Each value a list of images (arrays, tensors, PIL images): logged as W&B images."""
+        for k, v in values.items():
+            self.log({k: [Image(image) for image in v]}, step=step, **kwargs)
+
+    def log_table(self, table_name: str, columns: list | None = None, data: list | None = None,
+                  dataframe: Any = None, step: int | None = None, **kwargs: Any) -> None:
+        """A table from columns and rows, or from a pandas DataFrame: logged as a W&B table."""
+        if dataframe is not None:
+            columns, data = list(dataframe.columns), dataframe.values.tolist()
+        self.log({table_name: Table(columns=columns, data=data)}, step=step, **kwargs)
+
     def finish(self) -> None:
         if self.run is not None:
             self.run.finish()
+
+
+def _init_trackers_call() -> tuple[str | None, dict]:
+    """(project_name, wandb.init arguments) of the `Accelerator.init_trackers` call that is
+    starting this tracker, if that is who calls start(); (None, {}) otherwise."""
+    frame = sys._getframe(2)
+    for _ in range(4):
+        if frame is None:
+            break
+        if frame.f_code.co_name == "init_trackers" and "project_name" in frame.f_locals:
+            kwargs = frame.f_locals.get("init_kwargs") or {}
+            mine = kwargs.get("telemetry") or kwargs.get("wandb") or {}
+            project = frame.f_locals.get("project_name")
+            return (project if isinstance(project, str) else None), (mine if isinstance(mine, dict) else {})
+        frame = frame.f_back
+    return None, {}

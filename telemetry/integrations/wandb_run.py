@@ -95,6 +95,12 @@ def flatten(data: Mapping[str, Any], nested: dict[str, tuple[str, ...]] | None =
     return out
 
 
+def _media_list(value: Any) -> bool:
+    """A non-empty list or tuple of passed-through media of one type (W&B's list of images)."""
+    return isinstance(value, (list, tuple)) and bool(value) and all(
+        isinstance(m, Media) and m.passthrough and type(m) is type(value[0]) for m in value)
+
+
 def refusal(value: Any) -> str | None:
     """None for a value the daemon takes (a number, a one-element tensor, a numpy scalar), else
     the name of its type for the warning. Reads no tensor value: numel() is metadata."""
@@ -245,7 +251,9 @@ class Run:
                     continue
                 pending[k] = v
             elif isinstance(v, Media) and v.passthrough:
-                self._send_media(k, v)
+                self._send_media(k, [v])
+            elif _media_list(v):
+                self._send_media(k, list(v), as_list=True)
             else:
                 self._refuse(k, why)
         if (step is None and commit is None) or commit:
@@ -271,20 +279,28 @@ class Run:
                 self._client.get().event(NESTED_EVENT, {"paths": new})
         return flat
 
-    def _send_media(self, key: str, media: Media) -> None:
+    def _send_media(self, key: str, media: list, as_list: bool = False) -> None:
+        """One media value, or a list of them of one type (W&B logs a list of images as one
+        value): each written to a file by the writer thread, one event naming the files."""
         from telemetry.client.core import DisabledClient
 
         client = self._client.get()
         if isinstance(client, DisabledClient):
             return    # mode="disabled" or $TELEMETRY_DISABLED: no daemon would take the file
-        queued = self._media.submit(media)
-        if queued is None:
-            why = self._media.unusable or "the media writer's queue is full"
-            self._refuse(key, f"wandb.{type(media).__name__} ({why})")
-            return
-        name, options = queued
-        client.event(MEDIA_EVENT, {"key": key, "step": self._step, "type": type(media).__name__,
-                                               "file": name, "options": options})
+        items = []
+        for m in media:
+            queued = self._media.submit(m)
+            if queued is None:
+                why = self._media.unusable or "the media writer's queue is full"
+                self._refuse(key, f"wandb.{type(m).__name__} ({why})")
+                return
+            items.append({"file": queued[0], "options": queued[1]})
+        event = {"key": key, "step": self._step, "type": type(media[0]).__name__}
+        if as_list:
+            event["items"] = items
+        else:
+            event.update(items[0])
+        client.event(MEDIA_EVENT, event)
 
     def _refuse(self, key: str, why: str) -> None:
         n = self.num_refused.get(why, 0)

@@ -15,7 +15,7 @@ STEPS = int(os.environ.get("STEPS", "6"))
 if os.environ["TRACKER"] == "telemetry":
     from telemetry.integrations.accelerate import TelemetryTracker
 
-    tracker = TelemetryTracker(project="dropin", name="accelerate-ddp", group="ddp")
+    tracker = TelemetryTracker()          # project, name and group from init_trackers, as Accelerate's W&B tracker
     accelerator = Accelerator(cpu=True, log_with=[tracker])
 else:
     tracker = None
@@ -38,6 +38,12 @@ for step in range(STEPS):
     accelerator.log({"train/loss": mean_loss, "train": {"lr": 0.05}}, step=step)
     if tracker is not None:
         tracker.log({"rank_loss": loss.detach()}, step=step)
+    if step == STEPS - 1 and accelerator.is_main_process:
+        # What Accelerate's W&B tracker offers beyond log: images and a table.
+        t = accelerator.get_tracker("telemetry" if tracker is not None else "wandb")
+        t.log_images({"samples": [torch.rand(3, 4, 5, generator=torch.Generator().manual_seed(s)) for s in (1, 2)]},
+                     step=step)
+        t.log_table("preds", columns=["x", "y"], data=[[1, 2.5], [2, 3.5]], step=step)
 accelerator.wait_for_everyone()
 accelerator.end_training()
 # A clean teardown: a process group left to the interpreter's exit can abort a rank (SIGABRT, seen

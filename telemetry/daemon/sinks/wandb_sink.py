@@ -67,6 +67,10 @@ CONSOLE_EVENT = "wandb/console"      # {"stream": "stdout"|"stderr", "text": ...
 # after sending the event; on one host this takes milliseconds).
 MEDIA_WAIT_S = 10.0
 MEDIA_POLL_S = 0.01
+# The most files one media event may name (a list of images logged as one value).
+MAX_MEDIA_ITEMS = 1024
+# Media and text events held for their step (see WandbSink._at_its_step); beyond, logged at once.
+MAX_HELD_EVENTS = 10_000
 # A step more than this above the last one W&B took (or above 0 for the first) is held back
 # until the next step says whether the run really moved there (then both are logged) or it was
 # one absurd step (a step of 10^12 among 1..2000: it is counted as dropped, and the steps after
@@ -117,6 +121,7 @@ class WandbSink(Sink):
         self.num_media_failed = 0
         self._wandb = None
         self._stats = None                    # W&B's system-metrics writer of the open run (the user's run)
+        self._held: list[tuple] = []          # media and text events of steps W&B has not reached
         self.num_console = 0                  # console writes passed to the run
         self._suspect: dict | None = None     # an aggregated step past MAX_STEP_JUMP, held back
         # Records not given to W&B, by reason; their sum is this sink's num_dropped (see Sink).
@@ -211,11 +216,33 @@ class WandbSink(Sink):
                     self._nested.update({k: p for k, p in rec["data"]["paths"].items()
                                          if isinstance(p, list) and p and all(isinstance(x, str) for x in p)})
                 elif name == shared_media.EVENT:
-                    self._log_media(rec["data"])
+                    self._at_its_step(self._log_media, rec["data"])
                 elif name == VALUES_EVENT and self._from_init_rank(rec):
-                    self._log_values(rec["data"])
+                    self._at_its_step(self._log_values, rec["data"])
                 elif name == CONSOLE_EVENT and self._from_init_rank(rec):
                     self._log_console(rec["data"])
+
+    def _at_its_step(self, log_it, data: dict) -> None:
+        """Log a media or text event into the row of its step. In the user's run, W&B's step is
+        the script's: an event arrives as it is sent, but its step's numbers only once every rank
+        has sent them, so an event of a step W&B has not reached yet waits for that step (logged
+        first, the later step would make W&B drop the earlier rows still to come)."""
+        step = data.get("step")
+        if self._init is None or not isinstance(step, int) or step <= self._last_step or \
+                len(self._held) >= MAX_HELD_EVENTS:
+            log_it(data)
+            return
+        self._held.append((step, log_it, data))
+
+    def _release(self, up_to: float) -> None:
+        """Log the held events of steps up to `up_to`, in step order."""
+        if not self._held:
+            return
+        ready = sorted((h for h in self._held if h[0] <= up_to), key=lambda h: h[0])
+        if ready:
+            self._held = [h for h in self._held if h[0] > up_to]
+            for _, log_it, data in ready:
+                log_it(data)
 
     def _from_init_rank(self, rec: dict) -> bool:
         """Whether a rank's event belongs to the user's run: the run is the lowest init rank's."""
@@ -283,13 +310,16 @@ class WandbSink(Sink):
 
     def _log_metrics(self, rec: dict) -> None:
         step = rec["step"]
-        self._last_step = step
         values = rec["values"]
         if self._nested:
             values = self._nest(values)
         if self._init is not None:
+            self._release(step - 1)               # the events of the steps before it, first
             self.run.log(values, step=step)       # the user's run: W&B's _step is the script's step
+            self._last_step = step
+            self._release(step)                   # those of its own step join its row
         else:
+            self._last_step = step
             self.run.log({"train/step": step, **values})
         self.num_logged += 1
 
@@ -322,23 +352,25 @@ class WandbSink(Sink):
         return out
 
     def _log_media(self, data: dict) -> None:
-        step, key, path = data.get("step"), data.get("key"), None
+        """A media event: one file ("file", "options"), or a list of them ("items": W&B's list
+        of images, logged as one value)."""
+        step, key, paths = data.get("step"), data.get("key"), []
+        items = data.get("items")
+        as_list = isinstance(items, list)
+        if not as_list:
+            items = [{"file": data.get("file"), "options": data.get("options")}]
         try:
-            path = shared_media.media_file(data.get("file"))   # UnsafePathError: not our directory
-            if path is None or not isinstance(step, int) or not isinstance(key, str):
+            if not isinstance(step, int) or not isinstance(key, str) or not items or len(items) > MAX_MEDIA_ITEMS:
                 raise ValueError(f"a malformed media event: {data!r:.200}")
-            failed = path.with_name(path.name + shared_media.FAILED_SUFFIX)
-            deadline = time.monotonic() + MEDIA_WAIT_S
-            while not path.exists():
-                if failed.exists():
-                    reason = failed.read_text().strip()
-                    failed.unlink(missing_ok=True)
-                    raise ValueError(f"the rank could not write it: {reason}")
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"{path} did not appear within {MEDIA_WAIT_S:.0f} s (a rank on another "
-                                       f"host, or a rank that exited first)")
-                time.sleep(MEDIA_POLL_S)
-            obj = self._media_object(str(data.get("type")), path, data.get("options") or {})
+            objs = []
+            for item in items:
+                path = shared_media.media_file(item.get("file") if isinstance(item, dict) else None)
+                if path is None:                                  # UnsafePathError: not our directory
+                    raise ValueError(f"a malformed media event: {data!r:.200}")
+                paths.append(path)
+                self._wait_media(path)
+                objs.append(self._media_object(str(data.get("type")), path, item.get("options") or {}))
+            obj = objs if as_list else objs[0]
             if self._init is not None:
                 if step < self._last_step:
                     raise ValueError(f"it arrived after W&B took step {self._last_step}")
@@ -351,8 +383,23 @@ class WandbSink(Sink):
             if self.num_media_failed == 1:
                 log.error("wandb: media at key %r, step %r not logged (counted in media_failed): %s", key, step, exc)
         finally:
-            if path is not None:
+            for path in paths:
                 path.unlink(missing_ok=True)
+
+    @staticmethod
+    def _wait_media(path: Path) -> None:
+        """Until the rank's writer has written `path` (or said it could not: its .failed marker)."""
+        failed = path.with_name(path.name + shared_media.FAILED_SUFFIX)
+        deadline = time.monotonic() + MEDIA_WAIT_S
+        while not path.exists():
+            if failed.exists():
+                reason = failed.read_text().strip()
+                failed.unlink(missing_ok=True)
+                raise ValueError(f"the rank could not write it: {reason}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{path} did not appear within {MEDIA_WAIT_S:.0f} s (a rank on another "
+                                   f"host, or a rank that exited first)")
+            time.sleep(MEDIA_POLL_S)
 
     def _media_object(self, kind: str, path: Path, options: dict):
         """The W&B object a rank's media file stands for (telemetry/integrations/wandb_media.py)."""
@@ -434,6 +481,7 @@ class WandbSink(Sink):
         if self._suspect is not None:             # nothing came after it to say it was absurd
             suspect, self._suspect = self._suspect, None
             self._log_metrics(suspect)
+        self._release(float("inf"))
         t = threading.Thread(target=self.run.finish, name="wandb-finish", daemon=True)
         t.start()
         t.join(self.finish_timeout_s)
