@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Train with the telemetry sidecar: set up (first use), start the daemon, wait until it is ready,
-# run the trainer on N ranks, stream the daemon's log, drain the daemon, print a summary.
-# Exits with the trainer's exit code.
+# Train with the telemetry sidecar: check the arguments and the trainer config, set up (first use),
+# then `telemetry run` our trainer: it starts the daemon, runs the trainer on N ranks, streams the
+# daemon's log, drains the daemon and prints a summary. Exits with the trainer's exit code.
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 
@@ -93,97 +93,16 @@ mkdir -p "$RUN_DIR/telemetry"
 chmod go-rwx "$RUN_DIR/telemetry" 2>/dev/null
 RUN_DIR="$(cd "$RUN_DIR" && pwd)"
 TEL_DIR="$RUN_DIR/telemetry"
-# Private sockets for this run (ipc paths must stay under 107 bytes, so not inside RUN_DIR).
-export TELEMETRY_RUN_NAME="$RUN_NAME"
-export TELEMETRY_RUNTIME_DIR="${TELEMETRY_RUNTIME_DIR:-/tmp/telemetry-$(id -u)/$RUN_NAME-$$}"
-mkdir -p -m 0700 "$(dirname "$TELEMETRY_RUNTIME_DIR")" && mkdir -p -m 0700 "$TELEMETRY_RUNTIME_DIR"
-
-DAEMON_OUT="$TEL_DIR/daemon.out"
-daemon_args=(--log-dir "$TEL_DIR" --run-name "$RUN_NAME" --wandb "$WANDB_MODE_ARG" --world-size "$NPROC")
-[[ -n "$DAEMON_CONFIG" ]] && daemon_args+=(--config "$DAEMON_CONFIG")
-"$PY" -m telemetry daemon "${daemon_args[@]}" >"$DAEMON_OUT" 2>&1 &
-DAEMON_PID=$!
-TAIL_PIDS=()
-
-cleanup() {
-    for p in "${TAIL_PIDS[@]}"; do kill "$p" 2>/dev/null; done
-    if kill -0 "$DAEMON_PID" 2>/dev/null; then
-        "$PY" -m telemetry drain --timeout 20 >"$TEL_DIR/drain.json" 2>/dev/null \
-            || kill -TERM "$DAEMON_PID" 2>/dev/null
-        for _ in $(seq 100); do kill -0 "$DAEMON_PID" 2>/dev/null || break; sleep 0.1; done
-        kill -KILL "$DAEMON_PID" 2>/dev/null
-    fi
-    wait "$DAEMON_PID" 2>/dev/null
-    rm -rf "$TELEMETRY_RUNTIME_DIR"
-}
-trap cleanup EXIT
-
-# Wait for the daemon's ready line (it binds every socket first).
-for _ in $(seq 600); do
-    grep -q "telemetry daemon ready" "$DAEMON_OUT" 2>/dev/null && break
-    kill -0 "$DAEMON_PID" 2>/dev/null || { echo "run.sh: the telemetry daemon exited:" >&2; cat "$DAEMON_OUT" >&2; exit 1; }
-    sleep 0.1
-done
-grep -q "telemetry daemon ready" "$DAEMON_OUT" || { echo "run.sh: the daemon was not ready within 60 s" >&2; exit 1; }
+# The rest is `telemetry run` (one path for our trainer and any script): the daemon and its ready
+# line, the ranks (trainer.launch: the first failed rank's exit code), the daemon's log streamed,
+# the live view (--attach), the drain (drain.json), the summary, the trainer's exit code.
 echo "[run.sh] run $RUN_NAME: telemetry in $TEL_DIR, checkpoints in $RUN_DIR/checkpoints"
-echo "[run.sh] watch it from another terminal: TELEMETRY_RUNTIME_DIR=$TELEMETRY_RUNTIME_DIR $ROOT/.venv/bin/telemetry tail"
-tail -n +1 -F "$DAEMON_OUT" 2>/dev/null | sed -u 's/^/[telemetry] /' &
-TAIL_PIDS+=($!)
-
-if [[ "$ATTACH" == tail ]]; then
-    if [[ -n "${TMUX:-}" ]] && command -v tmux >/dev/null; then
-        tmux split-window -h "TELEMETRY_RUNTIME_DIR='$TELEMETRY_RUNTIME_DIR' '$PY' -m telemetry tail; read -r"
-    else
-        "$PY" -m telemetry tail --plain >"$TEL_DIR/tail.log" 2>&1 &
-        TAIL_PIDS+=($!)
-        echo "[run.sh] live view: tail -f $TEL_DIR/tail.log  (or: TELEMETRY_RUNTIME_DIR=$TELEMETRY_RUNTIME_DIR telemetry tail)"
-    fi
-elif [[ "$ATTACH" == dashboard ]]; then
-    "$PY" -m telemetry dashboard "$RUN_DIR" --port "$DASHBOARD_PORT" >"$TEL_DIR/dashboard.log" 2>&1 &
-    DASHBOARD_PID=$!
-    for _ in $(seq 300); do   # the history is read before it serves: wait for its line (30 s at most)
-        grep -q "serving http" "$TEL_DIR/dashboard.log" 2>/dev/null && break
-        kill -0 "$DASHBOARD_PID" 2>/dev/null || break
-        sleep 0.1
-    done
-    if grep -q "serving http" "$TEL_DIR/dashboard.log" 2>/dev/null; then
-        TAIL_PIDS+=("$DASHBOARD_PID")
-        echo "[run.sh] dashboard: $(grep -o 'http://[^ ]*' "$TEL_DIR/dashboard.log" | head -1)  (log: $TEL_DIR/dashboard.log)"
-    else
-        echo "[run.sh] warning: the dashboard did not start (training goes on):" >&2
-        sed 's/^/[dashboard] /' "$TEL_DIR/dashboard.log" >&2
-        kill "$DASHBOARD_PID" 2>/dev/null
-        DASHBOARD_PID=""
-    fi
-fi
-
+run_args=(--nproc "$NPROC" --world-size "$NPROC" --run-dir "$TEL_DIR" --run-name "$RUN_NAME"
+          --wandb "$WANDB_MODE_ARG" --launcher "$LAUNCHER")
+[[ -n "$DAEMON_CONFIG" ]] && run_args+=(--daemon-config "$DAEMON_CONFIG")
+[[ -n "$ATTACH" ]] && run_args+=(--attach "$ATTACH")
 overrides=("run_dir=$RUN_DIR" "run_name=$RUN_NAME")
 [[ -n "$STEPS" ]] && overrides+=("steps=$STEPS")
 overrides+=("${EXTRA[@]}")
-# Either launcher loses the ranks' codes (torchrun exits 1 for any failed rank; DeepSpeed's exits
-# 256-N for a rank killed by signal N): trainer.launch runs it and exits with the code of the rank
-# that failed first (3 for nonfinite_action=stop, 128+N for signal N).
-if [[ "$LAUNCHER" == deepspeed ]]; then
-    launch=("$PY" -m trainer.launch --deepspeed --num_nodes 1 --num_gpus "$NPROC" --module trainer.train)
-else
-    launch=("$PY" -m trainer.launch --standalone --nproc_per_node "$NPROC" -m trainer.train)
-fi
-"${launch[@]}" --config "$CONFIG" "${overrides[@]}"
-TRAIN_RC=$?
-
-KEEP_DASHBOARD=""
-if [[ "$ATTACH" == dashboard && -n "${DASHBOARD_PID:-}" && -t 0 ]]; then
-    # The page is most useful right after the run: keep it up (it shows the run as ended once
-    # the daemon has drained) until the user is done with it.
-    KEEP_DASHBOARD="$DASHBOARD_PID"
-    TAIL_PIDS=("${TAIL_PIDS[@]/$DASHBOARD_PID}")
-fi
-cleanup
-trap - EXIT
-"$PY" -m telemetry.consumers.summary "$TEL_DIR" --drain-json "$TEL_DIR/drain.json" --trainer-rc "$TRAIN_RC"
-if [[ -n "$KEEP_DASHBOARD" ]]; then
-    trap 'kill "$KEEP_DASHBOARD" 2>/dev/null' EXIT
-    echo "[run.sh] the dashboard stays up: $(grep -o 'http://[^ ]*' "$TEL_DIR/dashboard.log" | head -1)  (Enter stops it)"
-    read -r _ || true
-fi
-exit "$TRAIN_RC"
+export TELEMETRY_DASHBOARD_PORT="$DASHBOARD_PORT"
+exec "$PY" -m telemetry run "${run_args[@]}" -- -m trainer.train --config "$CONFIG" "${overrides[@]}"

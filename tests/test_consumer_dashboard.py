@@ -200,7 +200,7 @@ def test_run_sh_attach_dashboard_serves_the_run_live(tmp_path):
                            "--attach", "dashboard"], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=600, stdin=subprocess.DEVNULL)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "[run.sh] dashboard: http://127.0.0.1:" in proc.stdout
+    assert "telemetry run: dashboard: http://127.0.0.1:" in proc.stdout
     log = (run_dir / "telemetry" / "dashboard.log").read_text()
     assert "live from pub ipc://" in log and "Traceback" not in log, log
     bad = subprocess.run([str(ROOT / "launch/run.sh"), "--attach", "browser"], cwd=ROOT, env=env,

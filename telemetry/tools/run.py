@@ -6,6 +6,10 @@ and exit with the script's own exit code (128+N when a rank was killed by signal
     telemetry run --nproc 2 -- train.py                   (torchrun --standalone --nproc-per-node 2)
     telemetry run --nproc 2 -- -m mypkg.train --lr 3e-4  (a module, as python -m)
     telemetry run --as-wandb -- train.py                  (its own `import wandb`, unchanged)
+    telemetry run --nproc 2 --launcher deepspeed -- -m trainer.train --config c.yaml
+    telemetry run --attach dashboard -- train.py          (the live dashboard beside it)
+
+`launch/run.sh` is this command with our trainer as the script.
 
 The script logs as it already does: `import telemetry.wandb as wandb`, an integration (the HF
 callback, the Lightning logger, the Accelerate tracker) or a TelemetryClient; each finds this
@@ -41,6 +45,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--wandb", choices=("disabled", "offline", "online"),
                    help="the daemon's W&B mode (default: $WANDB_MODE, else offline)")
     p.add_argument("--daemon-config", type=nonempty_arg, metavar="FILE", help="the daemon's YAML config (README, Daemon config)")
+    p.add_argument("--launcher", choices=("torchrun", "deepspeed"), default="torchrun",
+                   help="how more than one rank is launched (default torchrun; deepspeed: DeepSpeed's launcher, "
+                        "always, also for one rank); either way the exit code is the first failed rank's")
+    p.add_argument("--attach", choices=("tail", "dashboard"),
+                   help="beside the run: tail (a tmux pane inside tmux, else RUN_DIR/tail.log) or dashboard "
+                        "(http://127.0.0.1:$TELEMETRY_DASHBOARD_PORT, default 8765; it stays up after the run "
+                        "until Enter when stdin is a terminal)")
     p.add_argument("--quiet", action="store_true", help="do not stream the daemon's log")
     p.add_argument("--as-wandb", action="store_true",
                    help="the script's own `import wandb` (and transformers' report_to=\"wandb\", Lightning's "
@@ -84,6 +95,9 @@ def run(args: argparse.Namespace) -> int:
         return _fail(f"--world-size must be 1..65536, got {args.world_size}")
     if args.daemon_config is not None and not Path(args.daemon_config).is_file():
         return _fail(f"--daemon-config {args.daemon_config}: not a file")
+    port = os.environ.get("TELEMETRY_DASHBOARD_PORT", "8765")
+    if args.attach == "dashboard" and not (port.isdigit() and int(port) <= 65535):
+        return _fail(f"TELEMETRY_DASHBOARD_PORT must be a port number, got {port[:40]!r}")
     run_id = autostart.new_run_id()
     name = args.run_name or run_id
     log_dir = Path(args.run_dir or Path("telemetry") / run_id).absolute()
@@ -91,7 +105,9 @@ def run(args: argparse.Namespace) -> int:
         files.make_dir(log_dir, own=True)
     except OSError as exc:
         return _fail(f"--run-dir {log_dir}: cannot make it ({exc.strerror or exc})")
-    runtime = Path("/tmp") / f"telemetry-{os.getuid()}" / f"run-{run_id}"
+    # The run's private socket directory: $TELEMETRY_RUNTIME_DIR when the caller chose one.
+    runtime = Path(os.environ.get(endpoints.ENV_RUNTIME_DIR) or
+                   Path("/tmp") / f"telemetry-{os.getuid()}" / f"run-{run_id}").absolute()
     try:
         endpoints.private_dirs(runtime.parent, runtime)
     except endpoints.EndpointError as exc:
@@ -121,6 +137,7 @@ def run(args: argparse.Namespace) -> int:
     daemon_env = {k: v for k, v in env.items() if k != "PYTHONPATH"}
     if os.environ.get("PYTHONPATH"):
         daemon_env["PYTHONPATH"] = os.environ["PYTHONPATH"]
+    attached: list[subprocess.Popen] = []
     with open(out_path, "ab") as out:
         daemon = subprocess.Popen(cmd, env=daemon_env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                   start_new_session=True)
@@ -134,24 +151,47 @@ def run(args: argparse.Namespace) -> int:
         stop_stream = threading.Event()
         if not args.quiet:
             threading.Thread(target=_stream, args=(out_path, stop_stream), daemon=True).start()
-        rc = _launch(target, args.nproc, env)
+        if args.attach:
+            attached = _attach(args.attach, log_dir, runtime, env, port)
+        rc = _launch(target, args.nproc, env, args.launcher)
         stop_stream.set()
         _drain(daemon, runtime)
         _summary(log_dir, rc)
+        keep = [p for p in attached if args.attach == "dashboard"] if args.attach else []
+        if keep and sys.stdin.isatty():
+            # The page is most useful right after the run (it shows the run as ended): kept up
+            # until the user is done with it.
+            print(f"telemetry run: the dashboard stays up: {_dashboard_url(log_dir)}  (Enter stops it)", flush=True)
+            try:
+                sys.stdin.readline()
+            except (OSError, KeyboardInterrupt):
+                pass
         return rc
     finally:
+        for p in attached:
+            if p.poll() is None:
+                p.terminate()
+                try:
+                    p.wait(10)
+                except subprocess.TimeoutExpired:
+                    p.kill()
         if daemon.poll() is None:
             daemon.kill()
             daemon.wait()
         shutil.rmtree(runtime, ignore_errors=True)
 
 
-def _launch(target: list[str], nproc: int, env: dict) -> int:
-    """The script's exit code as a shell reports it; SIGINT and SIGTERM are passed on to it."""
-    if nproc == 1:
+def _launch(target: list[str], nproc: int, env: dict, launcher: str = "torchrun") -> int:
+    """The script's exit code as a shell reports it; SIGINT and SIGTERM are passed on to it.
+    Under a launcher, trainer.launch runs it and exits with the code of the rank that failed
+    first (torchrun exits 1 for any failed rank; DeepSpeed's 256-N for a rank killed by N)."""
+    module = target[0] == "-m"
+    if launcher == "deepspeed":
+        cmd = [sys.executable, "-m", "trainer.launch", "--deepspeed", "--num_nodes", "1", "--num_gpus", str(nproc),
+               *(["--module", *target[1:]] if module else target)]
+    elif nproc == 1:
         cmd = [sys.executable, *target]
     else:
-        module = target[0] == "-m"
         cmd = [sys.executable, "-m", "trainer.launch", "--standalone", "--nproc_per_node", str(nproc),
                *(["-m", *target[1:]] if module else target)]
     proc = subprocess.Popen(cmd, env=env)
@@ -167,6 +207,59 @@ def _launch(target: list[str], nproc: int, env: dict) -> int:
         for s, h in old.items():
             signal.signal(s, h)
     return 128 - rc if rc < 0 else rc
+
+
+def _attach(what: str, log_dir: Path, runtime: Path, env: dict, port: str) -> list[subprocess.Popen]:
+    """Start the live view beside the run; the processes to stop with it. A view that does not
+    start is said and the run goes on."""
+    py = sys.executable
+    env = {**env, "TELEMETRY_RUNTIME_DIR": str(runtime)}
+    if what == "tail":
+        if os.environ.get("TMUX") and shutil.which("tmux"):
+            subprocess.run(["tmux", "split-window", "-h", f"TELEMETRY_RUNTIME_DIR='{runtime}' '{py}' -m telemetry tail; "
+                                                          "read -r"], env=env)
+            return []
+        with open(log_dir / "tail.log", "ab") as out:
+            p = subprocess.Popen([py, "-m", "telemetry", "tail", "--plain"], env=env, stdout=out,
+                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        print(f"telemetry run: live view: tail -f {log_dir / 'tail.log'}  (or: TELEMETRY_RUNTIME_DIR={runtime} "
+              f"telemetry tail)", flush=True)
+        return [p]
+    log_path = log_dir / "dashboard.log"
+    with open(log_path, "ab") as out:
+        p = subprocess.Popen([py, "-m", "telemetry", "dashboard", str(log_dir), "--port", port], env=env, stdout=out,
+                             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    deadline = time.monotonic() + 30      # the history is read before it serves: its line, 30 s at most
+    while time.monotonic() < deadline and p.poll() is None and not _dashboard_url(log_dir):
+        time.sleep(0.1)
+    url = _dashboard_url(log_dir)
+    if url:
+        print(f"telemetry run: dashboard: {url}  (log: {log_path})", flush=True)
+        return [p]
+    print("telemetry run: warning: the dashboard did not start (training goes on):", file=sys.stderr)
+    print("".join(f"[dashboard] {ln}\n" for ln in _tail(log_path).splitlines()), file=sys.stderr, end="")
+    if p.poll() is None:
+        p.kill()
+    return []
+
+
+def _dashboard_url(log_dir: Path) -> str:
+    import re
+
+    try:
+        m = re.search(r"serving (http://\S+)", (log_dir / "dashboard.log").read_text(errors="replace"))
+    except OSError:
+        return ""
+    return m.group(1) if m else ""
+
+
+def _tail(path: Path, max_bytes: int = 4096) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, path.stat().st_size - max_bytes))
+            return f.read().decode(errors="replace")
+    except OSError:
+        return ""
 
 
 def _stream(path: Path, stop: threading.Event) -> None:
