@@ -13,7 +13,11 @@ that keeps its accumulators on device does), then 10 Python floats.
                          previous record (untimed), as between two training steps
     wandb (offline)      the real wandb.init(mode="offline") then wandb.log
 
-    .venv/bin/python benchmarks/wandb_dropin.py [--calls 5000] [--json OUT]
+`--init N` also times `wandb.init()` N times each, in fresh processes (imports not counted, as
+a script pays them once either way): telemetry.wandb's with no daemon running, so it starts one
+for the node and waits for its ready line, W&B offline; and the real wandb.init(mode="offline").
+
+    .venv/bin/python benchmarks/wandb_dropin.py [--calls 5000] [--init 5] [--json OUT]
 """
 from __future__ import annotations
 
@@ -79,10 +83,46 @@ def bench_real(tmp: Path, steps: list[dict]) -> dict:
     return res
 
 
+_INIT = """
+import os, sys, time
+which = sys.argv[1]
+if which == "ours":
+    import telemetry.wandb as wandb
+else:
+    import wandb
+t0 = time.perf_counter()
+run = wandb.init(project="bench", config={"lr": 0.1})
+t1 = time.perf_counter()
+wandb.finish()
+print("INIT", t1 - t0)
+"""
+
+
+def bench_init(n: int) -> dict:
+    """Seconds per wandb.init (median, all), ours starting its daemon, and the real one."""
+    out: dict[str, list[float]] = {"ours": [], "real": []}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TELEMETRY_", "WANDB_"))}
+    env.update({"PYTHONPATH": str(ROOT), "WANDB_MODE": "offline", "WANDB_SILENT": "true"})
+    for _ in range(n):
+        for which in ("ours", "real"):
+            with tempfile.TemporaryDirectory() as tmp:
+                e = {**env, "WANDB_DIR": tmp, "TELEMETRY_RUNTIME_DIR": os.path.join(tmp, "rt")}
+                p = subprocess.run([sys.executable, "-c", _INIT, which], cwd=tmp, env=e, capture_output=True,
+                                   text=True, timeout=300)
+                line = [ln for ln in p.stdout.splitlines() if ln.startswith("INIT ")]
+                if p.returncode != 0 or not line:
+                    raise RuntimeError(f"init ({which}) failed: {p.stderr[-2000:]}")
+                out[which].append(float(line[0].split()[1]))
+    import statistics
+
+    return {w: {"median_s": statistics.median(v), "all_s": [round(x, 3) for x in v]} for w, v in out.items()}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--calls", type=int, default=5000, help="timed calls per row")
     ap.add_argument("--json", type=Path, help="also write the results here")
+    ap.add_argument("--init", type=int, default=0, metavar="N", help="also time wandb.init N times each")
     args = ap.parse_args(argv)
     sink = subprocess.Popen([sys.executable, "-c", _SINK], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     endpoint = f"tcp://127.0.0.1:{sink.stdout.readline().strip()}"
@@ -101,6 +141,10 @@ def main(argv: list[str] | None = None) -> int:
         results["sink_received"] = int(sink.stdout.readline())
         sink.kill()
     results["rows"] = rows
+    if args.init:
+        results["init"] = bench_init(args.init)
+        for w, r in results["init"].items():
+            print(f"wandb.init, {w}: median {r['median_s']:.3f} s  ({r['all_s']})")
     results["ours_stats"] = stats
     results["conditions"]["loadavg_end"] = os.getloadavg()
     print(f"{'wandb.log of one row':58s} {'median µs':>10s} {'p99 µs':>10s}")

@@ -273,3 +273,37 @@ def test_the_guard_catches_real_wandb_reading_tensors(tmp_path, host_read_guard)
     finally:
         host_read_guard.clear()
         run.finish()
+
+
+def test_console_capture_buffers_writes_and_sends_them_from_the_training_thread(monkeypatch, capsys):
+    """W&B's console capture without its cost: a write appends; one event per run of writes to
+    a stream goes out at a flush, on the thread that made the run (never another thread's)."""
+    import io
+    import threading
+
+    from telemetry.integrations.wandb_run import ConsoleCapture
+
+    out, err = io.StringIO(), io.StringIO()
+    monkeypatch.setattr("sys.stdout", out)
+    monkeypatch.setattr("sys.stderr", err)
+    sent = []
+    cap = ConsoleCapture(lambda stream, text: sent.append((stream, text, threading.get_ident())))
+    print("step 1")
+    print("step 2")
+    print("oops", file=sys.stderr)
+    t = threading.Thread(target=lambda: print("from a loader thread"))
+    t.start()
+    t.join()
+    assert sent == [] and out.getvalue() == "step 1\nstep 2\nfrom a loader thread\n"     # written, not sent yet
+    cap.flush_due()
+    assert sent == []                                   # within FLUSH_S of the start: not due
+    cap._last_flush -= ConsoleCapture.FLUSH_S
+    cap.flush_due()
+    me = threading.get_ident()
+    assert sent == [("stdout", "step 1\nstep 2\n", me), ("stderr", "oops\n", me),
+                    ("stdout", "from a loader thread\n", me)]
+    print("last")
+    cap.stop()                                          # what is left goes, the streams are as before
+    assert sent[-1][:2] == ("stdout", "last\n") and "write" not in vars(out)
+    print("after")
+    assert sent[-1][:2] == ("stdout", "last\n") and out.getvalue().endswith("after\n")
