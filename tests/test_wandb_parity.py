@@ -116,8 +116,13 @@ Trainer(model=model, args=args, train_dataset=Tokens()).train()
 
 def test_a_plain_wandb_script_text_prints_define_metric_summary(tmp_path):
     script = SCRIPTS / "wandb_features.py"
-    real, real_out = real_run(script, 1, tmp_path / "real", {})
-    ours, our_out = sidecar_run(script, 1, tmp_path / "ours", {})
+    real, real_out = real_run(script, 1, tmp_path / "real", {"ID_FILE": str(tmp_path / "real_id")})
+    ours, our_out = sidecar_run(script, 1, tmp_path / "ours", {"ID_FILE": str(tmp_path / "our_id")})
+    # The script's run.id is the W&B run's; run.path and run.url as W&B offline gives them.
+    real_id, real_path, real_url = (tmp_path / "real_id").read_text().split()
+    our_id, our_path, our_url = (tmp_path / "our_id").read_text().split()
+    assert run_info(real)["id"] == real_id and run_info(ours)["id"] == our_id
+    assert (real_path, real_url) == (f"parity/{real_id}", "None") and (our_path, our_url) == (f"parity/{our_id}", "None")
     assert_same_run(real, ours)
     assert user_history(ours)[0]["phase"] == "warmup"                          # text, as W&B keeps it
     assert console(ours) == console(real) and "epoch 1 done" in console(ours)["stdout"]    # W&B's Logs

@@ -429,6 +429,8 @@ def daemon_run_info(run_id: str, wait_s: float = RUN_INFO_WAIT_S) -> dict:
         ep = endpoints.resolve("control")
     except Exception:
         return {}
+    if ep.startswith("ipc://") and not os.path.exists(ep[len("ipc://"):]):
+        return {}                                   # no daemon there to ask
     deadline = time.monotonic() + wait_s
     while True:
         try:
@@ -441,6 +443,8 @@ def daemon_run_info(run_id: str, wait_s: float = RUN_INFO_WAIT_S) -> dict:
         info = w.get("run")
         if isinstance(info, dict) and info.get("id") == run_id:
             return info
+        if isinstance(info, dict) and info.get("id"):
+            return {}                               # that daemon's W&B run is another one
         if time.monotonic() > deadline:
             return {}
         time.sleep(0.1)
