@@ -325,3 +325,28 @@ def test_the_verifier_believes_a_claim_only_when_every_check_holds(tmp_path, cas
         pull.close(0)
         other.close(0)
         ctx.term()
+
+
+def test_a_rank_that_said_hello_and_bye_in_one_batch_is_not_warned_about(tmp_path, caplog):
+    """A short script's whole life (hello ... bye) read in one batch: by then it has closed its
+    connection and cannot be verified; that is no forged claim, so no warning (one for a hello
+    alone, which is)."""
+    import logging
+    import os
+    import socket
+    from collections import deque
+
+    from telemetry.daemon.forensics.stage import ForensicsStage
+    from telemetry.daemon.sinks.base import Out
+
+    host = socket.gethostname()
+    stage = ForensicsStage(type("Cfg", (), {"enabled": True})(), tmp_path, host, post=lambda rec: None,
+                           recent=deque(), ingest=f"ipc://{tmp_path}/ingest.sock")
+    hello = {"kind": "hello", "t": 1.0, "rank": 0, "info": {"host": host, "pid": os.getpid(), "rank": 0}}
+    bye = {"kind": "bye", "t": 2.0, "rank": 0, "stats": {}}
+    with caplog.at_level(logging.DEBUG, logger="telemetry.daemon.forensics"):
+        stage.consume([Out("hello", hello, b""), Out("bye", bye, b"")])
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
+    with caplog.at_level(logging.DEBUG, logger="telemetry.daemon.forensics"):
+        stage.consume([Out("hello", {**hello, "rank": 1}, b"")])
+    assert "rank 1's hello" in caplog.text and "not verified" in caplog.text
