@@ -307,3 +307,31 @@ def test_console_capture_buffers_writes_and_sends_them_from_the_training_thread(
     assert sent[-1][:2] == ("stdout", "last\n") and "write" not in vars(out)
     print("after")
     assert sent[-1][:2] == ("stdout", "last\n") and out.getvalue().endswith("after\n")
+
+
+def test_console_capture_bounds_what_it_holds_and_each_event(monkeypatch):
+    """One write of 200k characters goes as events of at most MAX_EVENT_CHARS (a frame stays far
+    below the daemon's 1 MiB); what other threads write while nothing flushes is held up to
+    MAX_HELD, the rest counted and said."""
+    import io
+    import threading
+
+    from telemetry.integrations.wandb_run import ConsoleCapture
+
+    monkeypatch.setattr("sys.stdout", io.StringIO())
+    monkeypatch.setattr("sys.stderr", io.StringIO())
+    monkeypatch.setattr(ConsoleCapture, "MAX_HELD", 100_000)
+    sent = []
+    cap = ConsoleCapture(lambda stream, text: sent.append((stream, text)))
+    print("x" * 200_000, end="")                 # over MAX_BUFFER on the sending thread: flushed at once
+    assert "".join(t for _, t in sent) == "x" * 200_000
+    assert max(len(t) for _, t in sent) <= ConsoleCapture.MAX_EVENT_CHARS
+    sent.clear()
+    t = threading.Thread(target=lambda: [print("y" * 999) for _ in range(200)])   # 200k from a thread
+    t.start()
+    t.join()
+    assert sent == [] and cap.num_dropped_chars == 200 * 1000 - 100 * 1000
+    cap.stop()
+    text = "".join(t for s, t in sent if s == "stdout")
+    assert len(text) == 100 * 1000 and sent[-1] == ("stderr", "[telemetry: 100000 characters of console output "
+                                                               "not kept (written faster than sent)]\n")

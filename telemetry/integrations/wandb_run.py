@@ -469,6 +469,12 @@ class ConsoleCapture:
 
     FLUSH_S = 1.0
     MAX_BUFFER = 64 * 1024
+    # Characters per event: a frame stays far below the daemon's 1 MiB limit (a larger one would
+    # cost the connection), whatever one write holds.
+    MAX_EVENT_CHARS = 64 * 1024
+    # Kept while the thread that sends does not flush (other threads printing while it waits):
+    # beyond, writes are not kept, counted in `num_dropped_chars` and said at the next flush.
+    MAX_HELD = 4 * 1024 * 1024
 
     def __init__(self, send) -> None:
         self._send = send
@@ -476,6 +482,8 @@ class ConsoleCapture:
         self._size = 0
         self._last_flush = time.monotonic()
         self._flushing = False
+        self.num_dropped_chars = 0
+        self._said_dropped = 0
         self._owner = threading.get_ident()      # the client's socket is this thread's: only it sends
         self._wrapped: list[tuple[object, object]] = []
         for name in ("stdout", "stderr"):
@@ -496,9 +504,13 @@ class ConsoleCapture:
         def captured(text, *args, **kwargs):
             n = write(text, *args, **kwargs)
             if text and isinstance(text, str):
-                buf.append((name, text))
-                self._size += len(text)
-                if self._size > self.MAX_BUFFER and not self._flushing and threading.get_ident() == self._owner:
+                sender = threading.get_ident() == self._owner
+                if not sender and self._size + len(text) > self.MAX_HELD:
+                    self.num_dropped_chars += len(text)
+                else:
+                    buf.append((name, text))
+                    self._size += len(text)
+                if sender and self._size > self.MAX_BUFFER and not self._flushing:
                     self.flush()
             return n
 
@@ -519,13 +531,18 @@ class ConsoleCapture:
             taken = self._buf[:]
             del self._buf[:len(taken)]
             self._size = 0
+            if self.num_dropped_chars > self._said_dropped:
+                taken.append(("stderr", f"[telemetry: {self.num_dropped_chars - self._said_dropped} characters of "
+                                        f"console output not kept (written faster than sent)]\n"))
+                self._said_dropped = self.num_dropped_chars
             stream, parts = taken[0][0], []
-            for name, text in taken:
+            for name, text in taken + [("", "")]:
                 if name != stream:
-                    self._send(stream, "".join(parts))
+                    joined = "".join(parts)
+                    for i in range(0, len(joined), self.MAX_EVENT_CHARS):
+                        self._send(stream, joined[i:i + self.MAX_EVENT_CHARS])
                     stream, parts = name, []
                 parts.append(text)
-            self._send(stream, "".join(parts))
         except Exception:
             pass
         finally:
