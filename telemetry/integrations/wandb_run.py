@@ -84,14 +84,16 @@ def flatten(data: Mapping[str, Any], nested: dict[str, tuple[str, ...]] | None =
     out: dict[str, Any] = {}
     prefix = "".join(p + "/" for p in path)
     for k, v in data.items():
-        if not isinstance(k, str):
+        if k.__class__ is not str and not isinstance(k, str):
             raise TypeError("Key values passed to `wandb.log` must be strings.")
-        if isinstance(v, Mapping):
+        c = v.__class__
+        # A float or int (the usual value) skips the Mapping check: an ABC isinstance is slow.
+        if c is not float and c is not int and isinstance(v, Mapping):
             out.update(flatten(v, nested, path + (k,)))
-        else:
-            out[prefix + k] = v
-            if path and nested is not None:
-                nested[prefix + k] = path + (k,)
+            continue
+        out[prefix + k] = v
+        if path and nested is not None:
+            nested[prefix + k] = path + (k,)
     return out
 
 
