@@ -47,6 +47,11 @@ _UNSUPPORTED = frozenset({
 
 _run: Run | None = None
 
+# `sys.modules["wandb"] = telemetry.wandb`, the shortcut a user tries: the submodules the
+# integrations import from inside W&B (transformers' `wandb.sdk.lib.config_util`, Lightning's
+# `wandb.wandb_run`) are found in the package `telemetry run --as-wandb` uses.
+__path__ = [os.path.join(os.path.dirname(os.path.abspath(__file__)), "integrations", "as_wandb", "wandb")]
+
 
 # Image, Histogram and Table are passed through to the daemon's W&B run; these are refused by
 # name when logged (a script may still build them).
@@ -209,6 +214,13 @@ def __getattr__(name: str) -> Any:
         return PreInit(name) if _run is None or _run._finished else getattr(_run, name)
     if name in _UNSUPPORTED:
         return Unsupported(f"wandb.{name}")
+    if name == "__version__":       # integrations check W&B's features by it: the installed W&B's
+        try:
+            from importlib.metadata import version
+
+            return version("wandb")
+        except Exception:
+            return "0.19.0"
     raise AttributeError(f"module 'telemetry.wandb' has no attribute {name!r} (not part of the supported W&B "
                          f"subset: {', '.join(__all__)}, run, config, summary)")
 

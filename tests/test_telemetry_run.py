@@ -224,3 +224,31 @@ def test_as_wandb_lightning_and_accelerate_own_wandb_loggers(tmp_path, script, e
     # for another rank and none was written incomplete.
     assert not any(r.get("missing_ranks") for r in steps), steps
     assert json.loads((tmp_path / "r" / "drain.json").read_text())["records_lost"] == 0
+
+
+SHORTCUT = """
+import sys
+import telemetry.wandb
+sys.modules["wandb"] = telemetry.wandb          # the shortcut a user tries instead of --as-wandb
+import wandb
+from wandb.sdk.lib.config_util import ConfigError   # what transformers' WandbCallback imports
+from wandb.wandb_run import Run                     # what Lightning's WandbLogger imports
+assert wandb.__version__ and issubclass(ConfigError, Exception)
+run = wandb.init(project="p")
+assert isinstance(run, Run)
+for i in range(3):
+    wandb.log({"loss": 1.0 / (i + 1)})
+wandb.finish()
+"""
+
+
+def test_the_sys_modules_shortcut_finds_what_integrations_import(tmp_path):
+    """`sys.modules["wandb"] = telemetry.wandb` was a ModuleNotFoundError ('wandb.sdk') as soon as
+    an integration imported from inside W&B."""
+    (tmp_path / "short.py").write_text(textwrap.dedent(SHORTCUT))
+    out = subprocess.run([sys.executable, "-m", "telemetry", "run", "--quiet", "--run-dir", str(tmp_path / "r"),
+                          "--", "short.py"], cwd=tmp_path, env=_env(tmp_path), capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    steps = _steps(tmp_path / "r")
+    assert [steps[i]["loss"] for i in range(3)] == [1.0, 0.5, 1.0 / 3]
