@@ -74,6 +74,7 @@ DAEMON_CASES = [
     ("wandb: [offline]", "'wandb' must be a mapping"),
     ("jsonl: {rotate_mb: big}", "'jsonl.rotate_mb' must be float"),
     ("aggregator: {reductions: {train/loss: median}}", "aggregator.reductions"),
+    ("aggregator: {window_reductions: {train/loss: median}}", "aggregator.window_reductions"),
     ("aggregator: {world_size: -3}", "aggregator.world_size"),
     ("aggregator: {first_rank: -1}", "aggregator.first_rank"),
     ("mfu: {dtype: int3}", "mfu.dtype"),

@@ -38,3 +38,27 @@ def test_eval_does_not_shift_the_windows_of_a_downsampled_sink(make_daemon):
     assert [e.value for e in loss] == pytest.approx([5.5, 15.5, 25.5])
     ev = acc.Scalars("eval/web/loss")
     assert [(e.step, e.value) for e in ev] == [(10, 110.0), (20, 120.0), (30, 130.0)]
+
+
+def test_a_cross_rank_override_is_not_a_window_rule(make_daemon):
+    """`aggregator.reductions: {my/tokens_per_second: sum}` adds up the ranks (2 x 500 = 1,000/s);
+    over a window of 4 steps the rate stays 1,000/s (it was summed to 4,000: the cross-rank
+    overrides were the window's rules too). A window rule of its own is
+    `aggregator.window_reductions`."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    d = make_daemon(world_size=2, config={
+        "aggregator": {"reductions": {"my/tokens_per_second": "sum", "my/count": "sum"},
+                       "window_reductions": {"my/count": "sum"}},
+        "tensorboard": {"enabled": True, "every_n_steps": 4}})
+    clients = [TelemetryClient(d.ingest, rank=r) for r in (0, 1)]
+    for s in range(1, 9):
+        for c in clients:
+            c.log(s, {"my/tokens_per_second": 500.0, "my/count": 3})
+    for c in clients:
+        c.close()
+    d.drain()
+    acc = EventAccumulator(str(d.log_dir / "tensorboard"))
+    acc.Reload()
+    assert [(e.step, e.value) for e in acc.Scalars("my/tokens_per_second")] == [(4, 1000.0), (8, 1000.0)]
+    assert [(e.step, e.value) for e in acc.Scalars("my/count")] == [(4, 24.0), (8, 24.0)]   # 4 steps x 2 ranks x 3

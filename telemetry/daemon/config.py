@@ -96,6 +96,9 @@ class AggregatorConfig:
     world_size: int = 0                # ranks to wait for; 0 = from the hello records / ranks seen
     first_rank: int = 0                # the first of them (a node daemon: node_rank x ranks per node)
     reductions: dict[str, str] = field(default_factory=dict)   # metric name or prefix* -> reduction
+    # Over a sink's downsampling window (every_n_steps): kept apart from `reductions`, which is
+    # across ranks (tokens/s of 8 ranks add up; tokens/s over 4 steps does not).
+    window_reductions: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.step_timeout_s <= 0:
@@ -109,11 +112,12 @@ class AggregatorConfig:
         if not 0 <= self.first_rank <= MAX_WORLD_SIZE:
             raise ConfigError(f"aggregator.first_rank must be 0..{MAX_WORLD_SIZE}, got {self.first_rank}")
 
-        for k, v in self.reductions.items():
-            try:
-                parse(v)
-            except ValueError as exc:
-                raise ConfigError(f"aggregator.reductions[{k!r}] = {exc}") from None
+        for key, rules in (("reductions", self.reductions), ("window_reductions", self.window_reductions)):
+            for k, v in rules.items():
+                try:
+                    parse(v)
+                except ValueError as exc:
+                    raise ConfigError(f"aggregator.{key}[{k!r}] = {exc}") from None
 
 
 @dataclass(kw_only=True, slots=True)

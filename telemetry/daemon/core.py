@@ -281,7 +281,9 @@ class Daemon:
     def _add_runner(self, sink, sink_cfg) -> SinkRunner:
         ds = None
         if sink_cfg.every_n_steps > 1 or sink_cfg.max_per_second > 0:
-            ds = Downsampler(sink_cfg.every_n_steps, sink_cfg.max_per_second, self.cfg.aggregator.reductions)
+            # The window's own rules: the cross-rank overrides (a user's "sum" for a rate) would
+            # add up a window's steps (a steady 1,000/s made 4,000 over 4 steps).
+            ds = Downsampler(sink_cfg.every_n_steps, sink_cfg.max_per_second, self.cfg.aggregator.window_reductions)
         cls = InlineRunner if getattr(sink, "inline", False) else SinkRunner
         runner = cls(sink, max_queued=sink_cfg.max_queued, downsampler=ds, max_bytes=self.budget.sink_queue_bytes)
         self.runners.append(runner)
