@@ -252,3 +252,31 @@ def test_the_sys_modules_shortcut_finds_what_integrations_import(tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     steps = _steps(tmp_path / "r")
     assert [steps[i]["loss"] for i in range(3)] == [1.0, 0.5, 1.0 / 3]
+
+
+TAILED = """
+import time
+import telemetry.wandb as wandb
+wandb.init(project="p")
+deadline = time.monotonic() + 120    # until the live view has shown a record: it is subscribed (a hang detector)
+while not open("RUN/tail.log").read().strip() and time.monotonic() < deadline:
+    time.sleep(0.1)
+for i in range(20):
+    wandb.log({"loss": 1.0 / (i + 1)})
+    time.sleep(0.02)
+wandb.finish()
+"""
+
+
+def test_attach_tail_writes_the_live_view_beside_the_run(tmp_path):
+    """--attach tail outside tmux: `telemetry tail --plain` on the run's PUB socket, into
+    RUN_DIR/tail.log, stopped with the run."""
+    (tmp_path / "tailed.py").write_text(textwrap.dedent(TAILED).replace("RUN", str(tmp_path / "r")))
+    env = {k: v for k, v in _env(tmp_path).items() if k != "TMUX"}
+    out = subprocess.run([sys.executable, "-m", "telemetry", "run", "--quiet", "--attach", "tail", "--run-dir",
+                          str(tmp_path / "r"), "--", "tailed.py"], cwd=tmp_path, env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert f"live view: tail -f {tmp_path / 'r' / 'tail.log'}" in out.stdout
+    log = (tmp_path / "r" / "tail.log").read_text()
+    assert "loss=" in log and "Traceback" not in log, log[-3000:]
