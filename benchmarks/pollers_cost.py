@@ -7,7 +7,7 @@ Two measurements:
   threaded   both pollers on their own threads at 1 Hz for --duration seconds, as in the daemon;
              the process's CPU time (getrusage, the main thread only sleeps) over wall time.
 
-NVML: by default a fake pynvml (telemetry/daemon/pollers/fake_nvml.py) with 8 GPUs, each running one of
+NVML: by default a fake pynvml (testkit/fake_nvml.py) with 8 GPUs, each running one of
 the 8 rank pids, so every field and the per-process match are exercised. The fake's calls are
 Python functions, so this measures the poller's own overhead, not the driver's ioctl time;
 --real-nvml uses the machine's NVML instead (needs a GPU). The host poller is always real psutil,
@@ -55,7 +55,8 @@ def main() -> int:
     try:
         rank_pids = {r: c.pid for r, c in enumerate(children)}
         if not args.real_nvml:
-            from telemetry.daemon.pollers.fake_nvml import make_fake_pynvml
+            sys.path.insert(0, str(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))   # testkit/
+            from testkit.fake_nvml import make_fake_pynvml
 
             fake = make_fake_pynvml(NUM_GPUS)
             for g, pid in zip(fake.gpus, rank_pids.values()):

@@ -6,6 +6,7 @@ any module; nothing edits sys.path).
                             raw_push: a bare PUSH socket for hand-made frames to an ingest
     testkit/faults.py       fault-injection scenarios and their harness: Endpoints, launch,
                             rank processes (`python -m testkit.faults rank`), free_port
+    testkit/fake_nvml.py    a stand-in pynvml (the pollers' tests and their cost benchmark)
 
 The product (protocol/, telemetry/, trainer/) never imports it, and it is not installed
 (pyproject's packages.find includes only protocol*, telemetry*, trainer*); tests/test_layout.py

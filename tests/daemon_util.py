@@ -81,3 +81,16 @@ def step_values(log_dir: Path) -> dict[int, dict]:
         if rec.get("kind") == "metrics" and "rank" not in rec:
             out[rec["step"]] = rec["values"]
     return out
+
+
+def feed(receiver, frames: list) -> tuple[list, bool]:
+    """Hand `frames` to a Receiver as the daemon does (`take`): the valid records, and whether
+    they are all metrics records."""
+    recs, all_metrics, _ = receiver.take(iter(frames).__next__, StopIteration, len(frames))
+    return recs, all_metrics
+
+
+def feed_one(receiver, frame: bytes):
+    """One frame through `feed`: its record, or None (counted) when it is not a valid record."""
+    recs, _ = feed(receiver, [frame])
+    return recs[0] if recs else None

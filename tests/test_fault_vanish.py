@@ -409,20 +409,21 @@ def test_idle_raw_connections_do_not_lock_a_rank_out(make_daemon):
 def test_a_drain_waits_for_the_clients_still_sending_not_for_those_long_gone():
     """Receiver.open_live: the sources a drain waits for (their bye closes their accounting)."""
     import protocol
+    from daemon_util import feed, feed_one
     from telemetry.daemon.receiver import LIVE_MARKS, Receiver
 
     def metrics(src, seq):
         return protocol.encode_metrics(src, 0, seq, 0, 1, seq, {"train/loss": 1.0})
 
     r = Receiver()
-    r.accept_many([metrics(1, 0), metrics(2, 0), metrics(3, 0), metrics(4, 0)])
+    feed(r, [metrics(1, 0), metrics(2, 0), metrics(3, 0), metrics(4, 0)])
     for src in (1, 2, 3):
         r.note_hello(src)              # 4 never said hello: hand-made frames, no bye will come
     assert r.open_live() == {1, 2, 3}
     r.unread([protocol.encode_bye(2, 0, 1, 0, 1, {})])     # a bye only counted at the deadline closes it too
     for _ in range(LIVE_MARKS + 1):
         r.mark_progress()
-        r.accept(metrics(3, r.sources[3].max_seq + 1))     # 3 keeps sending; 1 went silent
+        feed_one(r, metrics(3, r.sources[3].max_seq + 1))     # 3 keeps sending; 1 went silent
     assert r.open_live() == {3}
     assert r.still_open({1, 2, 3}) == {1, 3}
     assert r.per_rank()[0]["open"] == 3 and r.per_rank()[0]["refused"] == 1
@@ -430,7 +431,7 @@ def test_a_drain_waits_for_the_clients_still_sending_not_for_those_long_gone():
     r2 = Receiver()
     r2.restore(snap)                                     # a predecessor's clients: live once they send
     assert r2.open_live() == set()
-    r2.accept(metrics(1, 5))
+    feed_one(r2, metrics(1, 5))
     r2.note_hello(1)
     assert r2.open_live() == {1}
 

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from telemetry.daemon.pollers import PollersConfig, make_pollers
-from telemetry.daemon.pollers.fake_nvml import GPU_IS_LOST, UNKNOWN, make_fake_pynvml
+from testkit.fake_nvml import GPU_IS_LOST, UNKNOWN, make_fake_pynvml
 from telemetry.daemon.pollers.nvml import NvmlPoller
 
 

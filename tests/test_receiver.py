@@ -2,6 +2,7 @@
 import pytest
 
 import protocol
+from daemon_util import feed, feed_one
 from telemetry.daemon.receiver import Receiver
 
 
@@ -12,7 +13,7 @@ def frame(src, seq, dropped=0):
 def test_out_of_order_and_counted_drops():
     r = Receiver()
     for seq in (0, 2, 1, 5):          # 3 and 4: dropped by the client, which says so in-band
-        r.accept(frame(7, seq, dropped=2 if seq == 5 else 0))
+        feed_one(r, frame(7, seq, dropped=2 if seq == 5 else 0))
     t = r.totals()
     assert (t["records_in"], t["records_lost"], t["records_dropped_by_clients"], t["records_lost_in_transit"]) \
         == (4, 2, 2, 0)
@@ -21,7 +22,7 @@ def test_out_of_order_and_counted_drops():
 def test_silent_loss_is_what_the_client_did_not_count():
     r = Receiver()
     for seq in (0, 1, 4):             # 2 and 3 vanished; the client counted none
-        r.accept(frame(7, seq))
+        feed_one(r, frame(7, seq))
     assert r.totals()["records_lost_in_transit"] == 2
 
 
@@ -30,9 +31,9 @@ def test_a_restarted_daemon_accounts_from_the_first_record_it_sees():
     is not lost; drops the client counted before that point are not this daemon's either."""
     r = Receiver()
     for seq in range(1000, 1010):
-        r.accept(frame(7, seq, dropped=300))
+        feed_one(r, frame(7, seq, dropped=300))
     for seq in range(1050, 1060):     # 40 dropped by the client in between, counted in-band
-        r.accept(frame(7, seq, dropped=340))
+        feed_one(r, frame(7, seq, dropped=340))
     t = r.totals()
     assert t["records_lost"] == 40
     assert t["records_dropped_by_clients"] == 40
@@ -41,7 +42,7 @@ def test_a_restarted_daemon_accounts_from_the_first_record_it_sees():
 
 def test_malformed_frames_are_counted_not_raised():
     r = Receiver()
-    assert r.accept(b"\xc1garbage") is None
+    assert feed_one(r, b"\xc1garbage") is None
     assert r.totals()["records_malformed"] == 1
 
 
@@ -54,7 +55,7 @@ def test_a_batch_rejects_bad_names_and_keeps_the_rest_in_order():
               protocol.encode_metrics(8, 1, 0, 0, 1, 0, dict(ok)),
               protocol.encode_metrics(8, 1, 1, 0, 1, 1, dict(reversed(list(ok.items())))),
               protocol.encode_event(8, 1, 2, 0, 1, "eval", {"acc": 0.5})]
-    recs, all_metrics = r.accept_many(frames)
+    recs, all_metrics = feed(r, frames)
     assert [rec.seq for rec in recs] == [0, 0, 1, 2] and not all_metrics
     assert [(rec.src, rec.seq) for rec in recs] == [(7, 0), (8, 0), (8, 1), (8, 2)]
     assert r.sources[7].received == 1 and r.sources[8].received == 3     # the rejected ones are not accounted

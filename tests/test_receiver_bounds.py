@@ -9,6 +9,7 @@ import tracemalloc
 import msgpack
 import pytest
 
+from daemon_util import feed
 from protocol import encode_metrics
 from telemetry.daemon import hotpath
 from telemetry.daemon import loops as python_loops
@@ -26,7 +27,7 @@ def test_a_negative_step_is_counted_once(loops):
     frames = [encode_metrics(7, 0, 0, 0, 1, 0, {"x": 1.0}),
               msgpack.packb([2, 1, 7, 0, 1, 0, 1, -5, {"x": 1.0}]),      # step -5: refused
               encode_metrics(7, 0, 2, 0, 1, 2, {"x": 1.0})]
-    r.accept_many(frames)
+    feed(r, frames)
     t = r.totals()
     assert (t["records_in"], t["records_malformed"], t["records_lost"]) == (2, 1, 0), t
     assert r.per_rank()[0]["received"] == 2
@@ -39,15 +40,15 @@ def test_a_seq_of_2_63_is_not_believed(loops, split):
     frames = [encode_metrics(7, 0, 0, 0, 1, 0, {"x": 1.0}), encode_metrics(7, 0, U63, 0, 1, 1, {"x": 1.0}),
               encode_metrics(8, 1, 0, U63, 1, 1, {"x": 1.0}), encode_metrics(8, 1, 5, U63, 1, 1, {"x": 1.0})]
     if split:
-        r.accept_many(frames[:1]), r.accept_many(frames[1:])
+        feed(r, frames[:1]), feed(r, frames[1:])
     else:
-        r.accept_many(frames)
+        feed(r, frames)
     t = r.totals()
     assert t["records_in"] == 4
     assert t["records_lost"] <= 4 and t["records_dropped_by_clients"] <= 4, t
     assert t["records_seq_bogus"] >= 1
     # A real gap (a client whose records vanished) is still counted exactly.
-    r.accept_many([encode_metrics(9, 2, 0, 0, 1, 1, {"x": 1.0}), encode_metrics(9, 2, 1000, 0, 1, 2, {"x": 1.0})])
+    feed(r, [encode_metrics(9, 2, 0, 0, 1, 1, {"x": 1.0}), encode_metrics(9, 2, 1000, 0, 1, 2, {"x": 1.0})])
     assert r.totals()["records_lost_in_transit"] - t["records_lost_in_transit"] == 999
     assert MAX_SEQ_GAP < U63
 
@@ -58,7 +59,7 @@ def test_fake_source_ids_are_bounded():
     tracemalloc.start()
     base = tracemalloc.get_traced_memory()[0]
     for start in range(0, n, 1024):
-        r.accept_many([encode_metrics(1000 + i, 0, 0, 0, 1, 1, {"x": 1.0}) for i in range(start, min(n, start + 1024))])
+        feed(r, [encode_metrics(1000 + i, 0, 0, 0, 1, 1, {"x": 1.0}) for i in range(start, min(n, start + 1024))])
     used = tracemalloc.get_traced_memory()[0] - base
     tracemalloc.stop()
     t0 = time.perf_counter()

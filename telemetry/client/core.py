@@ -182,14 +182,12 @@ class TelemetryClient(metaclass=abc.ABCMeta):   # ABCMeta: DisabledClient regist
         self._bg_encoder = codec.new_packer(default=host_scalar)  # the sender thread's own
         self._open()
         # Stacks on the daemon's signal when a step hangs (stacks.py); once, off the hot path.
-        self._stacks_hello, self._stacks_file = register_stacks(self.endpoint, self.rank) \
-            if self.endpoint else ({}, None)
+        self._stacks_hello = register_stacks(self.endpoint, self.rank)[0] if self.endpoint else {}
         _live_clients.add(self)
         if send_hello:
             self._send_hello()
 
     def _open(self) -> None:
-        self._pid = os.getpid()
         # With the pid it names this process for good: the daemon checks both in /proc before it
         # acts on this rank (telemetry/daemon/forensics/verify.py).
         self._start_time = proc_start_time()

@@ -115,15 +115,11 @@ class Aggregator:
         first = self.cfg.first_rank   # a node daemon waits for its own slice of the global ranks
         return set(range(first, first + self.world_size_hint)) | self.ranks_seen
 
-    def expected_ranks(self) -> set[int]:
-        return self.known_ranks() - self.ranks_gone
-
     def expected_world(self) -> int:
         return self.world_size_hint or len(self.ranks_seen)
 
     def _recount(self) -> int:
         self._known = self.known_ranks()
-        self._known_frozen = frozenset(self._known)
         self._expected = self._known - self.ranks_gone
         # Ranks seen, not gone, with no misses pending: a record from one of them changes nothing.
         self._steady = (self.ranks_seen - self.ranks_gone - self._misses.keys()) | self.strangers

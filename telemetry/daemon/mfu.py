@@ -39,8 +39,6 @@ The daemon's side (telemetry/daemon/derived.py):
                                   dtype_override=cfg.dtype or None)
     # once per aggregated step, from the step's columns (steps.StepBatch): rank i's values at i
     values.update(est.step_metrics_columns(tokens, attn_doc_len_sq, step_times_s, world_size))
-    # or from a map of ranks, either form:
-    values.update(est.step_metrics({rank: (tokens, attn_doc_len_sq, step_time_s), ...}, world_size))
 
 `from_hello` reads info["model"] = {"hf_config": dict, "seq_len": int, "causal": bool,
 "gradient_checkpointing": bool, "dtype": "bf16"|...} and info["device_name"]; it never raises
@@ -331,22 +329,11 @@ def _finite_positive(value: Any) -> float | None:
     return v if math.isfinite(v) and v > 0 else None
 
 
-def _rank_row(values: Any) -> tuple[Any, Any, Any]:
-    """(tokens, attn_doc_len_sq, step_time_s) from a values map or a 3-sequence; Nones if neither."""
-    if isinstance(values, Mapping):
-        return values.get("perf/tokens"), values.get("perf/attn_doc_len_sq"), values.get("perf/step_time")
-    try:
-        tokens, doc_sq, step_time_s = tuple(values)[:3]
-    except (TypeError, ValueError):
-        return None, None, None
-    return tokens, doc_sq, step_time_s
-
-
 @dataclass(frozen=True, slots=True)
 class MfuEstimator:
     """Per-step MFU/HFU for the daemon, built once from a rank's hello.
 
-    shape None (no or unreadable config) makes step_metrics return {}; peak None keeps
+    shape None (no or unreadable config) makes step_metrics_columns return {}; peak None keeps
     perf/model_flops_per_second and drops the MFU keys.
     """
 
@@ -391,18 +378,6 @@ class MfuEstimator:
         return cls(shape=shape, seq_len=seq_len, causal=halve_causal and bool(model.get("causal", True)),
                    gradient_checkpointing=bool(model.get("gradient_checkpointing", False)),
                    peak_flops_per_device=peak)
-
-    def step_metrics(self, per_rank: Mapping[Any, Any], world_size: int | None = None) -> dict[str, float]:
-        """MFU of one optimizer step from each rank's values.
-
-        per_rank: rank -> {"perf/tokens", "perf/attn_doc_len_sq", "perf/step_time"} or the
-        sequence (tokens, attn_doc_len_sq, step_time_s). Ranks without tokens or a positive step
-        time are left out; a missing or 0 attn_doc_len_sq means full seq_len-long rows.
-        """
-        if self.shape is None or not per_rank:
-            return {}
-        tokens, doc_sq, step_times = zip(*map(_rank_row, per_rank.values()))
-        return self.step_metrics_columns(tokens, doc_sq, step_times, world_size)
 
     def step_metrics_columns(self, tokens: Sequence[Any], doc_sq: Sequence[Any] | None,
                              step_times: Sequence[Any], world_size: int | None = None) -> dict[str, float]:

@@ -85,16 +85,6 @@ class Receiver:
         self.batch_bytes = 0           # the last batch's frames, in bytes (the memory budget's measure)
         self._mark_no = 0             # marks of progress taken (mark_progress), for open_live
 
-    def accept(self, frame: bytes):
-        """Return the decoded record, or None (counted) if the frame is not a valid record."""
-        recs, _ = self.accept_many([frame])
-        return recs[0] if recs else None
-
-    def accept_many(self, frames: list) -> tuple[list, bool]:
-        """`take` over a list of frames."""
-        recs, all_metrics, _ = self.take(iter(frames).__next__, StopIteration, len(frames))
-        return recs, all_metrics
-
     def take(self, next_frame: Callable[[], bytes], empty: type[BaseException],
              max_frames: int) -> tuple[list, bool, int]:
         """Read up to `max_frames` frames with next_frame() (until it raises `empty`), then

@@ -58,10 +58,6 @@ def apply_like(log_dir: str | os.PathLike) -> Modes:
     return apply(group)
 
 
-def modes() -> Modes:
-    return _modes
-
-
 class NotRegularFile(OSError):
     """A run file's path holds something else: a FIFO, a device, a socket, a directory."""
 

@@ -32,7 +32,6 @@ POINT_SENT_BYTES = 160
 
 @dataclass(frozen=True)
 class Budget:
-    memory_bytes: int
     store: StoreLimits
     max_log_bytes: int
     max_points_sent: int
@@ -53,5 +52,5 @@ def plan(memory_mb: int = DEFAULT_MEMORY_MB, max_series: int = DEFAULT_MAX_SERIE
                         max_points_per_series=max(65_536, max_points // 16),
                         max_event_groups=max(100, 20_000 // runs),
                         max_event_bytes=int(rest * EVENTS_SHARE / runs))
-    return Budget(memory_bytes=total, store=store, max_log_bytes=int(rest * CHANGES_SHARE),
+    return Budget(store=store, max_log_bytes=int(rest * CHANGES_SHARE),
                   max_points_sent=max(10_000, int(rest * ANSWER_SHARE) // POINT_SENT_BYTES))

@@ -38,8 +38,6 @@ from telemetry.daemon.sinks.base import Out, Sink
 
 log = logging.getLogger("telemetry.daemon")
 
-# Batches of metrics records kept for "the last records each rank sent".
-RECENT_BATCHES_KEPT = 256
 # Step durations the median step time is taken over.
 STEP_TIMES_KEPT = 50
 # How long a rank's process may be gone before it counts as exited without a bye: a rank that

@@ -93,11 +93,9 @@ class NvmlPoller(Poller):
         self.cfg = cfg
         self.host = cfg.host or socket.gethostname()
         self.available: bool | None = None  # None: not tried yet
-        self.unavailable_reason: str | None = None
         self.gpu_names: dict[int, str] = {}
         self._nvml: Any = None
         self._handles: dict[int, Any] = {}
-        self._memory_total_gb: dict[int, float] = {}
         self._unsupported: set[tuple[int, str]] = set()
         self._event_sets: dict[int, Any] = {}
         self._num_xid: dict[int, int] = {}
@@ -147,7 +145,6 @@ class NvmlPoller(Poller):
 
     def _turn_off(self, reason: str) -> bool:
         self.available = False
-        self.unavailable_reason = reason
         log.info("NVML not available (%s); GPU polling is off", reason)
         return False
 
@@ -180,7 +177,6 @@ class NvmlPoller(Poller):
         self._handles.clear()
         self._shutdown_quietly()
         self.available = False
-        self.unavailable_reason = "closed"
 
     def _shutdown_quietly(self) -> None:
         try:

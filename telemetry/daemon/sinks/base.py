@@ -104,8 +104,6 @@ class SinkRunner:
         self._num_bytes = 0
         self._cond = threading.Condition()
         self._thread = threading.Thread(target=self._run, name=f"sink-{self.name}", daemon=True)
-        self._started = threading.Event()
-        self.start_error: BaseException | None = None
         self.num_in = 0
         self.num_written = 0
         self.num_dropped = 0
@@ -116,9 +114,6 @@ class SinkRunner:
 
     def start(self) -> None:
         self._thread.start()
-
-    def wait_started(self, timeout_s: float) -> bool:
-        return self._started.wait(timeout_s)
 
     def put(self, batch: list[Out], num_bytes: int | None = None) -> None:
         """Hand a batch to the sink; never blocks. Thread-safe. After the sink's thread has taken
@@ -205,14 +200,11 @@ class SinkRunner:
         try:
             self.sink.start()
         except BaseException as exc:  # a sink that cannot start must not take the daemon down
-            self.start_error = exc
             self.last_error = f"start: {exc!r}"
             self.num_errors += 1
             log.error("sink %s failed to start: %r; its records will be dropped", self.name, exc)
-            self._started.set()
             self._discard_forever()
             return
-        self._started.set()
         next_flush = time.monotonic() + self.flush_interval_s
         while True:
             batch = self._take(max(0.0, next_flush - time.monotonic()))
@@ -335,7 +327,6 @@ class InlineRunner(SinkRunner):
         self.num_in = self.num_written = self.num_dropped = self.num_errors = 0
         self._sink_dropped_seen = 0
         self.last_error = ""
-        self.start_error = None
         self._num_queued = 0
         self._started = False
         self._closed = False
@@ -345,13 +336,9 @@ class InlineRunner(SinkRunner):
             self.sink.start()
             self._started = True
         except Exception as exc:
-            self.start_error = exc
             self.last_error = f"start: {exc!r}"
             self.num_errors += 1
             log.error("sink %s failed to start: %r; its records will be dropped", self.name, exc)
-
-    def wait_started(self, timeout_s: float) -> bool:
-        return True
 
     def put(self, batch: list[Out], num_bytes: int | None = None) -> None:
         self.num_in += len(batch)

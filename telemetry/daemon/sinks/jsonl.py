@@ -147,7 +147,7 @@ class JsonlSink(Sink):
         except OSError as exc:
             raise StartupError(f"cannot open {self.path} for writing ({exc.strerror}); it is the run's "
                                f"source of truth") from None
-        self.has_reserve = make_reserve(self.log_dir)
+        make_reserve(self.log_dir)
 
     def start(self) -> None:
         self.log_dir.mkdir(parents=True, exist_ok=True)
