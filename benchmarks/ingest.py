@@ -51,8 +51,6 @@ DIAGNOSIS = bool(int(os.environ.get("BENCH_DIAGNOSIS", "0")))
 WANDB = os.environ.get("BENCH_WANDB", "disabled")      # offline: the default config's W&B sink too
 # The pipeline's variants, each run every round: (name, hellos carry the model, C inner loops).
 VARIANTS = (("pipeline", True, True), ("pipeline_no_mfu", False, True), ("pipeline_no_mfu_pure_python", False, False))
-VALUE_NAMES = ("train/loss", "train/lr", "train/grad_norm", "perf/step_time", "perf/tokens", "perf/samples",
-               "memory/allocated_gb", "perf/forward_time", "perf/backward_time", "perf/optimizer_time")
 
 
 def _values(step: int, rank: int) -> dict:
@@ -235,7 +233,7 @@ def breakdown(records_per_rank: int = 10_000) -> dict:
     clock = time.thread_time
     for batch in batches:
         t0 = clock()
-        recs, _ = rx.accept_many(batch)
+        recs = rx.take(iter(batch).__next__, StopIteration, len(batch))[0]
         metrics = [r for r in recs if type(r) is Metrics]
         t1 = clock()
         done, _late = agg.add_many(metrics)

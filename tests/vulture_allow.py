@@ -32,6 +32,11 @@ RunDisabled                                                           # Lightnin
 _.setdefaults, _.offline, _.disabled, _._label                        # wandb config / run
 overwrite, save_code, anonymous, magic                                # wandb.init / define_metric arguments
 
+# The harness and the benchmarks: called by name, or a fake's signature.
+_.overhead          # benchmarks/gpu/bench.py runs its parts by name (--parts overhead,...)
+UNKNOWN             # testkit/fake_nvml.py: an NVML error code tests/test_pollers_nvml.py raises
+sensor, counter_type, event_types   # testkit/fake_nvml.py: pynvml's signatures
+
 # The trainer: a framework's signatures, a model config field, a reserved token id.
 worker_id           # torch DataLoader worker_init_fn(worker_id)
 closure             # torch.optim.Optimizer.step(closure=None)

@@ -93,6 +93,7 @@ class NvmlPoller(Poller):
         self.cfg = cfg
         self.host = cfg.host or socket.gethostname()
         self.available: bool | None = None  # None: not tried yet
+        self.unavailable_reason: str | None = None
         self.gpu_names: dict[int, str] = {}
         self._nvml: Any = None
         self._handles: dict[int, Any] = {}
@@ -145,6 +146,7 @@ class NvmlPoller(Poller):
 
     def _turn_off(self, reason: str) -> bool:
         self.available = False
+        self.unavailable_reason = reason
         log.info("NVML not available (%s); GPU polling is off", reason)
         return False
 
@@ -177,6 +179,7 @@ class NvmlPoller(Poller):
         self._handles.clear()
         self._shutdown_quietly()
         self.available = False
+        self.unavailable_reason = "closed"
 
     def _shutdown_quietly(self) -> None:
         try:

@@ -104,6 +104,7 @@ class SinkRunner:
         self._num_bytes = 0
         self._cond = threading.Condition()
         self._thread = threading.Thread(target=self._run, name=f"sink-{self.name}", daemon=True)
+        self._started = threading.Event()      # the sink's start() has returned or raised
         self.num_in = 0
         self.num_written = 0
         self.num_dropped = 0
@@ -114,6 +115,10 @@ class SinkRunner:
 
     def start(self) -> None:
         self._thread.start()
+
+    def wait_started(self, timeout_s: float) -> bool:
+        """Until the sink's start() has returned or raised (a benchmark times the steady state)."""
+        return self._started.wait(timeout_s)
 
     def put(self, batch: list[Out], num_bytes: int | None = None) -> None:
         """Hand a batch to the sink; never blocks. Thread-safe. After the sink's thread has taken
@@ -203,8 +208,10 @@ class SinkRunner:
             self.last_error = f"start: {exc!r}"
             self.num_errors += 1
             log.error("sink %s failed to start: %r; its records will be dropped", self.name, exc)
+            self._started.set()
             self._discard_forever()
             return
+        self._started.set()
         next_flush = time.monotonic() + self.flush_interval_s
         while True:
             batch = self._take(max(0.0, next_flush - time.monotonic()))
@@ -339,6 +346,9 @@ class InlineRunner(SinkRunner):
             self.last_error = f"start: {exc!r}"
             self.num_errors += 1
             log.error("sink %s failed to start: %r; its records will be dropped", self.name, exc)
+
+    def wait_started(self, timeout_s: float) -> bool:
+        return True     # start() ran the sink's start on the caller's thread
 
     def put(self, batch: list[Out], num_bytes: int | None = None) -> None:
         self.num_in += len(batch)
