@@ -447,6 +447,8 @@ def daemon_run_info(run_id: str, wait_s: float = RUN_INFO_WAIT_S) -> dict:
             return info
         if isinstance(info, dict) and info.get("id"):
             return {}                               # that daemon's W&B run is another one
+        if w.get("errors"):
+            return {}                               # its W&B sink failed (no credentials, ...): no run to ask
         if time.monotonic() > deadline:
             return {}
         time.sleep(0.1)
