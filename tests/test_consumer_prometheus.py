@@ -462,3 +462,34 @@ def test_idle_connections_hold_no_thread_for_good_and_are_bounded_in_number():
             s.close()
         server.shutdown()
         server.server_close()
+
+
+def test_runs_are_labelled_events_counted_once_and_a_ranks_series_go_with_it():
+    """Issue 31 item 4: a `run` label (two runs one after the other are two series, the old one let
+    go), an event every rank sends counted once, a rank's own series removed at its bye."""
+    latest = LatestValues()
+    for r in (0, 1):
+        latest.consume("hello", {"t": 1.0, "rank": r, "info": {"rank": r, "run_name": "run-a"}})
+    latest.consume("metrics", {"t": 1.0, "step": 3, "values": {"train/loss": 2.0}})
+    for r in (0, 1):
+        latest.consume("metrics", {"t": 1.0, "step": 3, "rank": r, "values": {"train/loss": 2.0 + r}})
+        latest.consume("gpu", {"t": 1.0, "host": "n0", "gpu": 0, "values": {f"gpu/rank{r}/memory_used_gb": 1.0}})
+        for step in (100, 200):                       # every rank says the checkpoint was saved
+            latest.consume("event", {"t": 1.0, "rank": r, "name": "checkpoint_saved", "data": {"step": step}})
+    latest.consume("event", {"t": 1.0, "rank": 0, "name": "note", "data": {"text": "no step"}})
+    latest.consume("event", {"t": 1.0, "rank": 1, "name": "note", "data": {"text": "no step"}})
+    text = _exposition(latest)
+    assert 'telemetry_train_loss{run="run-a"} 2.0' in text
+    assert 'telemetry_rank_train_loss{rank="1",run="run-a"} 3.0' in text
+    assert 'telemetry_events_total{name="checkpoint_saved",run="run-a"} 2.0' in text    # 2 checkpoints, not 4
+    assert 'telemetry_events_total{name="note",run="run-a"} 2.0' in text                 # no step: each one
+    latest.consume("bye", {"t": 2.0, "rank": 1, "stats": {}})
+    text = _exposition(latest)
+    assert 'rank="1"' not in text and 'telemetry_rank_train_loss{rank="0",run="run-a"} 2.0' in text
+    assert 'telemetry_gpu_rank_memory_used_gb{gpu="0",host="n0",rank="0",run="run-a"} 1.0' in text
+    # The next run on the same endpoint: its own series; the first run's are let go.
+    latest.consume("hello", {"t": 3.0, "rank": 0, "info": {"rank": 0, "run_name": "run-b"}})
+    latest.consume("metrics", {"t": 3.0, "step": 1, "values": {"train/loss": 5.0}})
+    text = _exposition(latest)
+    assert 'telemetry_train_loss{run="run-b"} 5.0' in text and "run-a" not in text
+    assert "telemetry_step 1.0" in text and latest.num_series == 1          # the budget counts run-b's alone

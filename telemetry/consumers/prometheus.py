@@ -11,8 +11,15 @@ system records host; dataset/<name>/ and eval/<name>/ become a dataset label
 never of the total: gpu/rank3/memory_used_gb -> telemetry_gpu_rank_memory_used_gb{rank="3"}, a
 per-rank metrics record's train/loss -> telemetry_rank_train_loss{rank="3"}. The daemon's own
 counters drop their telemetry/ segment: telemetry/records_in -> telemetry_records_in.
-Events are counted (telemetry_events_total{name=...}); telemetry_step is the last step and
-telemetry_last_record_timestamp_seconds says whether the run is still talking.
+Events are counted (telemetry_events_total{name=...}), once per event: the same event sent by
+every rank (a checkpoint saved at step 100, each rank saying so) counts once; telemetry_step is
+the last step and telemetry_last_record_timestamp_seconds says whether the run is still talking.
+
+Runs: once a rank's hello names the run (`run_name`), every series carries a `run` label, so two
+runs scraped one after the other are two series, never one; when a hello names another run (a
+new daemon on the same endpoint), the previous run's series are let go. A rank's own series
+(per-rank records, `rank<r>` segments) are removed when that rank says bye: they would otherwise
+keep its last value for good.
 
 The exposition is always valid: a name whose Prometheus name is already another's (train/loss
 and train_loss, a-b and a.b, a user metric `step` and the exporter's own telemetry_step) keeps
@@ -68,6 +75,8 @@ FAMILY_BYTES = 500
 # Series beyond a few thousand are a user's own names, each one a Prometheus series to store;
 # a scrape of 10,000 is ~2 MB of text.
 DEFAULT_MAX_SERIES = 10_000
+# Events of one name and step counted once (see the module docstring): the last this many kept.
+MAX_EVENTS_REMEMBERED = 4096
 
 # The exporter's own series. A user metric that maps onto one of them (or onto a counter's
 # _total/_created sample) is renamed, never merged with it.
@@ -184,6 +193,8 @@ class LatestValues:
         self._families: dict[str, _Family] = {}
         self._family_of: dict[str, str] = {}   # template -> its Prometheus name
         self._events: dict[str, int] = {}
+        self._events_seen: dict[tuple, None] = {}     # (name, step) of recent events: counted once
+        self.run: str | None = None
         self.step: int | None = None
         self.last_record_t: float | None = None
         self.num_records = 0
@@ -216,6 +227,8 @@ class LatestValues:
         return candidate
 
     def _set(self, prom: str, template: str, labels: dict[str, str], value: float) -> None:
+        if self.run is not None and "run" not in labels:
+            labels["run"] = self.run
         name = self._family(prom, template)
         key = tuple(sorted((k, v) for k, v in labels.items() if v != ""))   # "" is no label in Prometheus
         if name is not None:
@@ -249,7 +262,16 @@ class LatestValues:
             base = {"host": _label_value(rec.get("host", ""))}
         elif kind == "event":
             name = _label_value(rec.get("name", ""))
+            data = rec.get("data")
+            step = data.get("step") if isinstance(data, dict) else None
             with self._lock:
+                if isinstance(step, int) and not isinstance(step, bool):
+                    key = (name, step)
+                    if key in self._events_seen:
+                        return                      # another rank's word for the same event
+                    self._events_seen[key] = None
+                    if len(self._events_seen) > MAX_EVENTS_REMEMBERED:
+                        del self._events_seen[next(iter(self._events_seen))]
                 if name in self._events:
                     self._events[name] += 1
                 elif self._room(SERIES_BYTES + len(name)):
@@ -259,8 +281,20 @@ class LatestValues:
                 else:
                     self._drop()
             return
+        elif kind == "hello":
+            info = rec.get("info")
+            run = info.get("run_name") if isinstance(info, dict) else None
+            if isinstance(run, str) and run:
+                with self._lock:
+                    self._note_run(_label_value(run))
+            return      # otherwise config, not a time series
+        elif kind == "bye":
+            if isinstance(rec.get("rank"), int) and not isinstance(rec.get("rank"), bool):
+                with self._lock:
+                    self._forget_rank(str(rec["rank"]))
+            return
         elif kind != "daemon":
-            return  # hello: config, not a time series
+            return
         values = rec.get("values")
         if not isinstance(values, dict):
             return
@@ -281,6 +315,29 @@ class LatestValues:
                     prom = PREFIX + "rank_" + prom[len(PREFIX):]
                     template = "per-rank " + template
                 self._set(prom, template, {**base, **labels}, float(v))
+
+    def _note_run(self, run: str) -> None:
+        """The run a hello names: a label of every series; another run than before starts afresh."""
+        if run == self.run:
+            return
+        if self.run is not None:
+            self._families.clear()
+            self._family_of.clear()
+            self._events.clear()
+            self._events_seen.clear()
+            self.num_series = 0
+            self.num_bytes = 0
+            self.step = None
+        self.run = run
+
+    def _forget_rank(self, rank: str) -> None:
+        """Remove the series of one rank (its label rank=<r>): it said bye."""
+        for fam in self._families.values():
+            gone = [key for key in fam.series if ("rank", rank) in key]
+            for key in gone:
+                del fam.series[key]
+                self.num_series -= 1
+                self.num_bytes -= SERIES_BYTES + sum(len(k) + len(v) for k, v in key)
 
     def snapshot(self) -> tuple[dict, dict, int | None, float | None]:
         with self._lock:
@@ -312,9 +369,11 @@ class Collector:
                 d = dict(key)
                 fam.add_metric([d.get(n, "") for n in label_names], value)
             yield fam
-        ev = CounterMetricFamily(EVENTS, "events seen since the exporter attached", labels=["name"])
+        run = self.latest.run
+        ev = CounterMetricFamily(EVENTS, "events seen since the exporter attached (one per event, not per rank)",
+                                 labels=["name", "run"] if run is not None else ["name"])
         for name, n in sorted(events.items()):
-            ev.add_metric([name], n)
+            ev.add_metric([name, run] if run is not None else [name], n)
         yield ev
         if step is not None:
             yield GaugeMetricFamily(STEP, "last aggregated training step", value=step)
