@@ -50,6 +50,7 @@ from urllib.parse import urlsplit
 
 from telemetry.consumers import httpaccess
 from telemetry.consumers.httpaccess import HTTP_TIMEOUT_S, BoundedConnections
+from telemetry.shared.bookkeeping import is_bookkeeping
 
 DEFAULT_PORT = 9464  # the port OpenTelemetry's Prometheus exporter uses by convention
 PREFIX = "telemetry_"
@@ -261,6 +262,8 @@ class LatestValues:
         elif kind == "system":
             base = {"host": _label_value(rec.get("host", ""))}
         elif kind == "event":
+            if is_bookkeeping(rec.get("name")):
+                return
             name = _label_value(rec.get("name", ""))
             data = rec.get("data")
             step = data.get("step") if isinstance(data, dict) else None

@@ -27,6 +27,7 @@ from typing import Any
 
 from telemetry.shared import files
 from telemetry.shared.config import nonempty_arg, writable_dir_problem
+from telemetry.shared.bookkeeping import is_bookkeeping
 
 # Plots draw at most this many points per line: a week-long run must still plot in seconds.
 MAX_POINTS = 4000
@@ -120,7 +121,8 @@ def collect(records: Any) -> RunData:
             for k in ("system/cpu_percent", "system/memory_percent", "system/rss_gb"):
                 _append(d, s, k, t, values.get(k))
         elif kind == "event":
-            d.events.append(rec)
+            if not is_bookkeeping(rec.get("name")):
+                d.events.append(rec)
         elif kind == "hello":
             if isinstance(rec.get("rank"), int) and isinstance(rec.get("info"), dict):
                 d.hellos[rec["rank"]] = rec["info"]

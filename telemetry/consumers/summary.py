@@ -12,6 +12,7 @@ from pathlib import Path
 
 from telemetry.consumers.daemontotals import DaemonTotals
 from telemetry.consumers.readjsonl import read_records
+from telemetry.shared.bookkeeping import is_bookkeeping
 
 
 def summarize(log_dir: Path) -> dict:
@@ -37,7 +38,7 @@ def summarize(log_dir: Path) -> dict:
                 mfu.append(v["perf/mfu"])
         elif kind == "daemon" and isinstance(rec.get("values"), dict):
             daemon.consume(rec["values"], rec.get("t"))
-        elif kind == "event":
+        elif kind == "event" and not is_bookkeeping(rec.get("name")):
             num_events += 1
     # The first steps include warm-up (allocation, compilation): the median of the rest.
     steady = tps[len(tps) // 5:] or tps

@@ -24,6 +24,7 @@ from telemetry.consumers.events import EventGroup, EventGroups
 from telemetry.consumers.runend import RunEnd
 from telemetry.consumers.terminal import printable, printable_record
 from telemetry.shared.endpoints import endpoint_arg
+from telemetry.shared.bookkeeping import is_bookkeeping
 
 # Points kept for the sparklines (one per step).
 HISTORY = 120
@@ -193,6 +194,8 @@ class TailState:
         elif kind == "daemon":
             self.daemon.update(values)
         elif kind == "event":
+            if is_bookkeeping(rec.get("name")):
+                return
             group, new = self.event_groups.add(rec)
             if new:  # the same event from the other ranks only adds their rank to it
                 self.num_events += 1
@@ -445,6 +448,8 @@ def _run_plain(sub: Any, flt: RecordFilter) -> None:
                 if rec is None:
                     continue
                 if kind == "event":
+                    if is_bookkeeping(rec.get("name")):
+                        continue
                     group, new = groups.add(rec)
                     if new:
                         pending.append((time.monotonic(), group))

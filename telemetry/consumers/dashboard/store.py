@@ -39,6 +39,7 @@ from telemetry.consumers.daemontotals import DaemonTotals
 from telemetry.consumers.events import EventGroups
 from telemetry.consumers.runend import RunEnd
 from telemetry.consumers.series import gap_threshold, insert_gaps, last_per_x, minmax_downsample
+from telemetry.shared.bookkeeping import is_bookkeeping
 
 STEP, TIME = "step", "time"
 # Events sent to a page: the latest ones (the list scrolls; markers beyond it add nothing).
@@ -277,7 +278,7 @@ class RunStore:
                         self._add(k + suffix, TIME, t, y, points)
                 if kind == "daemon":
                     self.daemon.consume(values, t)
-            elif kind == "event":
+            elif kind == "event" and not is_bookkeeping(rec.get("name")):
                 g = self._add_event(rec)
                 events.append(self._event_dict(g))
             elif kind == "hello":
