@@ -4,7 +4,8 @@ wandb (offline) and unmodified under `telemetry run --as-wandb` (zero changed li
 are read back with W&B's own protobuf schema (tests/wandb_offline.py) and compared: the whole
 history by `_step`, the summary, the config, the run's project/name/group/tags, the console.
 
-Values that depend on timing (HF's train_runtime and its rates) are left out of the comparison,
+Values that depend on timing (HF's train_runtime and its rates) and a table's artifact paths (a
+random id per log call, different between two real runs too) are left out of the comparison,
 named here; so is what the sidecar redacts on purpose (a config key that looks like a secret).
 """
 from __future__ import annotations
@@ -26,8 +27,9 @@ pytest.importorskip("torch")
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = ROOT / "tests" / "dropin_scripts"
-# Values that differ between any two runs of the same script, with or without the sidecar.
-TIMING = re.compile(r"(runtime|per_second)$")
+# Values that differ between any two runs of the same script, with or without the sidecar:
+# timings, and a logged table's artifact paths (a random client id per log call).
+TIMING = re.compile(r"(runtime|per_second|artifact_path)$")
 
 
 def _env(**extra: str) -> dict:
