@@ -23,6 +23,7 @@ COMMANDS: dict[str, str] = {
     "export-prometheus": "telemetry.consumers.prometheus",
     "replay": "telemetry.consumers.replay",
     "mfu-check": "telemetry.tools.mfu_check",
+    "metrics": "telemetry.tools.metrics",
     "keygen": "telemetry.tools.keygen",
 }
 
@@ -38,6 +39,7 @@ SUMMARIES: dict[str, str] = {
     "export-prometheus": "serve the latest values as Prometheus gauges",
     "replay": "replay a run's metrics.jsonl into Weights & Biases",
     "mfu-check": "compare the analytic FLOPs formula with FlopCounterMode for a model",
+    "metrics": "the metric catalogue: each metric's unit, kind, rules and meaning",
     "keygen": "make CURVE key pairs for non-loopback endpoints",
 }
 

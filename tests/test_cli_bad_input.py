@@ -56,6 +56,7 @@ KINDS: dict[tuple[str, str], str] = {
     ("replay", "--run-id"): "wandb_id", ("replay", "--run-name"): "wandb_name",
     ("mfu-check", "--config"): "in_file", ("mfu-check", "--hf-config"): "in_file",
     ("mfu-check", "--model-type"): "name",
+    ("metrics", "--config"): "in_file",
     ("keygen", "--dir"): "out_dir", ("keygen", "--name"): "name", ("keygen", "--allow"): "out_dir",
     ("run", "--run-dir"): "out_dir", ("run", "--run-name"): "name", ("run", "--daemon-config"): "in_file",
     ("run", "command"): "script",

@@ -174,10 +174,19 @@ class DaemonConfig:
     forward: ForwardConfig | None = None   # a node daemon's link to the head; None on a head or single node
     custom_sinks: list[CustomSinkConfig] = field(default_factory=list)   # [{class: "mod:Cls", options: {...}}]
     files: FilesConfig = field(default_factory=FilesConfig)   # run files 0600/0700; group_readable: 0640/0750
+    # A user's own metrics, declared as the catalogue declares the built-in ones (telemetry/shared/
+    # catalogue.py): name or pattern -> {unit, kind, group, doc, across_ranks, over_window}.
+    metrics: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.run_name:
             self.run_name = Path(self.log_dir).resolve().parent.name or "run"
+        # The declared metrics' rules join the overrides (an explicit aggregator.reductions or
+        # window_reductions entry for the same name wins); a declaration that is not one: the
+        # error names it.
+        for m in self.declared_metrics():
+            self.aggregator.reductions.setdefault(m.name, m.across_ranks)
+            self.aggregator.window_reductions.setdefault(m.name, m.over_window)
         if self.daemon_record_interval_s <= 0:
             raise ConfigError(f"daemon_record_interval_s must be > 0, got {self.daemon_record_interval_s}")
         if self.drain_timeout_s <= 0:
@@ -219,6 +228,24 @@ class DaemonConfig:
     def connection_hwm(self) -> int:
         """Each ingest connection's queue: the rcvhwm budget shared by max_connections."""
         return max(MIN_CONNECTION_HWM, self.rcvhwm // self.max_connections)
+
+
+    def declared_metrics(self) -> tuple:
+        """The `metrics:` declarations (catalogue.Metric), their reductions checked."""
+        from telemetry.daemon.reductions import parse
+        from telemetry.shared.catalogue import declared
+
+        try:
+            out = declared(self.metrics)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        for m in out:
+            for key in ("across_ranks", "over_window"):
+                try:
+                    parse(getattr(m, key))
+                except ValueError as exc:
+                    raise ConfigError(f"metrics[{m.name!r}].{key} = {exc}") from None
+        return out
 
 
 def load(path: str | os.PathLike | None, overrides: dict[str, Any]) -> DaemonConfig:

@@ -2,7 +2,9 @@
 
 The two differ: tokens/s of 8 ranks add up, while tokens/s over 10 steps average. Rules are
 matched exactly first, then by prefix ("perf/*"), then by suffix ("*/tokens"); the default is the
-mean. Users add or override rules in the daemon config (`aggregator.reductions`).
+mean. The built-in rules are the metric catalogue's (telemetry/shared/catalogue.py); users add or
+override them in the daemon config (`metrics:` declarations, `aggregator.reductions`,
+`aggregator.window_reductions`).
 
 A reduction is one of mean, sum, max, min, last, or `weighted_mean:<count>`: the mean weighted
 by a sibling count, the metric of the same name with its last part replaced by <count>
@@ -21,44 +23,12 @@ from __future__ import annotations
 import math
 from typing import Any, Callable, NamedTuple, Sequence
 
-# Across ranks, within one step.
-RANK_RULES: dict[str, str] = {
-    "perf/tokens": "sum",
-    "perf/samples": "sum",
-    "perf/tokens_per_second": "sum",
-    "perf/samples_per_second": "sum",
-    "perf/attn_doc_len_sq": "sum",
-    "*/tokens": "sum",
-    "*/samples": "sum",
-    "*_count": "sum",
-    "memory/num_ooms": "sum",
-    "memory/alloc_retries": "sum",
-    "perf/step_time": "max",           # a synchronous step is as slow as its slowest rank
-    "memory/max_allocated_gb": "max",
-    "*_max": "max",
-    "*_min": "min",
-    "train/step": "max",
-    # dataset/<name>/loss and /accuracy (and eval/<name>/... when the trainer sends its tokens)
-    "*/loss": "weighted_mean:tokens",
-    "*/accuracy": "weighted_mean:tokens",
-}
+from telemetry.shared import catalogue
 
-# Across steps, within one downsampling window.
-WINDOW_RULES: dict[str, str] = {
-    "perf/tokens": "sum",
-    "perf/samples": "sum",
-    "perf/attn_doc_len_sq": "sum",
-    "*/tokens": "sum",
-    "*/samples": "sum",
-    "*_count": "sum",
-    "memory/num_ooms": "max",          # cumulative counters: the latest is the total
-    "memory/alloc_retries": "max",
-    "memory/max_allocated_gb": "max",
-    "*_max": "max",
-    "*_min": "min",
-    "perf/slowest_rank": "last",
-    "train/epoch": "last",
-}
+# Across ranks, within one step, and across steps, within one downsampling window: from the
+# metric catalogue (telemetry/shared/catalogue.py), the entries that are not the mean.
+RANK_RULES: dict[str, str] = catalogue.rules("across_ranks")
+WINDOW_RULES: dict[str, str] = catalogue.rules("over_window")
 
 WEIGHTED_MEAN = "weighted_mean:"
 

@@ -1,0 +1,104 @@
+"""The metric catalogue (telemetry/shared/catalogue.py) is where a metric's rules come from: the
+reduction tables are built from it, the README's table is it, and a user's own declaration in
+the daemon config reaches the aggregation and the downsampling like a built-in's."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from telemetry.daemon.aggregator import Aggregator
+from telemetry.daemon.config import ConfigError, load
+from telemetry.daemon.downsample import Downsampler
+from telemetry.daemon.reductions import RANK_RULES, WINDOW_RULES, Reducer, parse
+from telemetry.daemon.sinks.base import Out
+from telemetry.shared import catalogue
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_the_readme_table_is_the_catalogue():
+    readme = (ROOT / "README.md").read_text()
+    m = re.search(r"<!-- catalogue:begin -->\n(.*?)<!-- catalogue:end -->", readme, re.S)
+    assert m, "README.md lost its catalogue markers"
+    assert m.group(1) == catalogue.markdown_table(), \
+        "README.md's metric table differs from the catalogue: paste catalogue.markdown_table() between the markers"
+
+
+def test_every_entry_is_a_valid_declaration_and_names_are_unique():
+    names = [m.name for m in catalogue.CATALOGUE]
+    assert len(names) == len(set(names))
+    for m in catalogue.CATALOGUE:
+        parse(m.across_ranks)
+        parse(m.over_window)
+        assert m.doc and m.group
+
+
+def test_the_reduction_tables_are_built_from_it():
+    assert RANK_RULES == catalogue.rules("across_ranks") and WINDOW_RULES == catalogue.rules("over_window")
+    across, window = Reducer(RANK_RULES), Reducer(WINDOW_RULES)
+    # A rate adds up across ranks and averages over a window; a count adds up in both.
+    assert across.rule("perf/tokens_per_second") == parse("sum") and window.rule("perf/tokens_per_second") == parse("mean")
+    assert across.rule("perf/tokens") == window.rule("perf/tokens") == parse("sum")
+    assert across.rule("dataset/web/loss") == parse("weighted_mean:tokens")
+    assert window.rule("train/epoch") == parse("last") and window.rule("memory/num_ooms") == parse("max")
+    assert across.rule("an/unknown_name") == parse("mean")
+    # A metric added to the catalogue is in the tables: nothing else to edit.
+    more = catalogue.CATALOGUE + (catalogue.Metric("perf/new_rate", "x/s", "rate", "throughput", "new",
+                                                   across_ranks="sum"),)
+    assert catalogue.rules("across_ranks", more)["perf/new_rate"] == "sum"
+    assert "perf/new_rate" not in catalogue.rules("over_window", more)
+    assert "perf/new_rate" in catalogue.markdown_table(more)
+
+
+def test_a_declared_metric_is_aggregated_and_downsampled_by_its_rules():
+    cfg = load(None, {"metrics": {"my/tokens_per_second": {"unit": "tokens/s", "kind": "rate",
+                                                           "across_ranks": "sum", "over_window": "mean"},
+                                  "*/ppl": {"across_ranks": "max"}},
+                      "aggregator.world_size": 2})
+    agg = Aggregator(cfg.aggregator)
+    recs = []
+    for step in range(4):
+        for rank in (0, 1):
+            recs.append(type("R", (), {"rank": rank, "step": step, "t_ns": 0, "parts": 1,
+                                       "values": {"my/tokens_per_second": 500.0, "val/web/ppl": 3.0 + rank}})())
+    done, _ = agg.add_many(recs)
+    rows = agg.finish_many(done)
+    assert [r["values"]["my/tokens_per_second"] for r in rows] == [1000.0] * 4      # summed across the ranks
+    assert [r["values"]["val/web/ppl"] for r in rows] == [4.0] * 4                 # the declared max
+    ds = Downsampler(every_n_steps=4, overrides=cfg.aggregator.window_reductions)
+    out = ds.feed([Out("metrics", r, b"") for r in rows])
+    assert [o.record["values"]["my/tokens_per_second"] for o in out] == [1000.0]    # averaged over the window
+
+
+@pytest.mark.parametrize("metrics, words", [
+    ({"my/x": {"across_ranks": "median"}}, "metrics['my/x'].across_ranks"),
+    ({"my/x": {"colour": "red"}}, "unknown field(s) colour"),
+    ({"my/x": {"kind": "histogram"}}, "kind 'histogram'"),
+    ({"a/*/b": {}}, "a pattern is 'prefix*' or '*suffix'"),
+])
+def test_a_declaration_that_is_not_one_is_a_config_error_naming_it(metrics, words):
+    with pytest.raises(ConfigError, match=re.escape(words)):
+        load(None, {"metrics": metrics})
+
+
+def test_telemetry_metrics_lists_the_catalogue_and_a_configs_declarations(tmp_path):
+    import subprocess
+    import sys
+
+    cfg = tmp_path / "d.yaml"
+    cfg.write_text("metrics:\n  my/tokens_per_second: {unit: tokens/s, kind: rate, across_ranks: sum}\n")
+    out = subprocess.run([sys.executable, "-m", "telemetry", "metrics", "--config", str(cfg)], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert len(lines) == 1 + len(catalogue.CATALOGUE) + 1
+    assert any(ln.startswith("my/tokens_per_second") and "sum" in ln and "(declared)" in ln for ln in lines)
+    md = subprocess.run([sys.executable, "-m", "telemetry", "metrics", "--markdown"], cwd=ROOT,
+                        capture_output=True, text=True, timeout=120)
+    assert md.returncode == 0 and md.stdout == catalogue.markdown_table()
+    cfg.write_text("metrics:\n  my/x: {across_ranks: median}\n")
+    bad = subprocess.run([sys.executable, "-m", "telemetry", "metrics", "--config", str(cfg)], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "metrics['my/x'].across_ranks" in bad.stderr and "Traceback" not in bad.stderr
