@@ -508,15 +508,18 @@ def multinode(work: Path, num_nodes: int = 2, ranks_per_node: int = 2, rate: flo
 
 
 def load(work: Path, num_ranks: int = 8, n: int = 125_000, rate: float = 5000, sndhwm: int = 10_000,
-         rcvhwm: int | None = None, name: str = "load", max_connections: int | None = None) -> dict:
+         rcvhwm: int | None = None, name: str = "load", max_connections: int | None = None,
+         close_s: float = 30.0) -> dict:
     """`num_ranks` rank processes x `n` records at `rate` each (0: unpaced) into one daemon whose
-    ingest queue budget is `rcvhwm`, shared by `max_connections` (None: the daemon's defaults)."""
+    ingest queue budget is `rcvhwm`, shared by `max_connections` (None: the daemon's defaults);
+    each rank's close waits up to `close_s` for its queue to reach the daemon."""
     eps = Endpoints()
     log_dir = work / "telemetry"
     limits = {"rcvhwm": rcvhwm, "max_connections": max_connections}
     d = launch(log_dir, eps, world_size=num_ranks, config={k: v for k, v in limits.items() if v is not None})
     t0 = time.monotonic()
-    procs = start_ranks(eps.ingest, list(range(num_ranks)), n, rate, work / "ranks", sndhwm=sndhwm)
+    procs = start_ranks(eps.ingest, list(range(num_ranks)), n, rate, work / "ranks", sndhwm=sndhwm,
+                        extra=("--close-s", str(close_s)))
     ranks = wait_ranks(procs, work / "ranks")
     send_s = time.monotonic() - t0
     # Everything sent is in the daemon's socket or on its way: wait until each rank's records

@@ -11,8 +11,13 @@ RECORDS_PER_RANK = int(os.environ.get("TELEMETRY_TEST_LOAD_N", "125000"))
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(600)     # the budgets below are hang detectors, generous for a loaded machine
 def test_eight_ranks_paced_under_the_hwm_exactly_once(tmp_path):
-    r = faults.load(tmp_path, num_ranks=8, n=RECORDS_PER_RANK, rate=5000)
+    # 40,000 records/s in all: beside a CPU hog and another test worker the daemon takes fewer
+    # (seen: a rank's last 11,500 records still queued when its 30 s close ran out, gone with its
+    # bye). Nothing is lost while a rank's close waits for its queue to reach the daemon: the
+    # close's budget is a hang detector here, not a speed.
+    r = faults.load(tmp_path, num_ranks=8, n=RECORDS_PER_RANK, rate=5000, close_s=150)
     for rank, f in r["per_rank"].items():
         assert f["dropped"] == 0 and f["lost"] == 0, (rank, f)
         assert f["received"] == f["sent"] == f["tried"] == RECORDS_PER_RANK + 2, (rank, f)   # + hello, bye
