@@ -77,6 +77,26 @@ def test_versions_increase_and_keep_runs_apart(make_daemon, tmp_path):
     assert all(list(Path(p).glob("*.ckpt")) for p in dirs)
 
 
+def test_without_a_save_dir_the_version_is_the_start_and_nothing_is_made(tmp_path, monkeypatch):
+    """No save_dir: Lightning puts checkpoints under the Trainer's default_root_dir, which the logger
+    does not see; its version is the run's start time and pid (unique, increasing from run to
+    run), and it makes no directory in the working directory."""
+    pytest.importorskip("lightning")
+    from telemetry.integrations.lightning import TelemetryLogger
+
+    monkeypatch.chdir(tmp_path)
+    import os
+    import re
+
+    a = TelemetryLogger(endpoint="ipc:///nonexistent")
+    assert re.fullmatch(r"\d{8}-\d{6}-\d+", a.version) and a.version.endswith(f"-{os.getpid()}"), a.version
+    assert a.version == a.version                        # decided once
+    assert list(tmp_path.iterdir()) == []                # nothing made in the working directory
+    b = TelemetryLogger(endpoint="ipc:///nonexistent", save_dir=str(tmp_path))
+    assert b.version == 0 and (tmp_path / "lightning" / "version_0").is_dir()
+    assert TelemetryLogger(endpoint="ipc:///nonexistent", save_dir=str(tmp_path)).version == 1
+
+
 def _run_lightning(logger: str, env: dict, tmp_path) -> str:
     import os
     import subprocess

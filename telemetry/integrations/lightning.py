@@ -8,9 +8,11 @@ A Lightning Logger over TelemetryClient: log_metrics(metrics, step) -> client.lo
 log: the keys as the module logged them ("loss", "val/loss", no prefix added) with
 "trainer/global_step", and the W&B run the daemon makes is WandbLogger's (project $WANDB_PROJECT or
 "lightning_logs", the logger's name, the hyperparameters as its config, every key against
-trainer/global_step). Its `version` is a number that increases from run to run, as the CSV and
-TensorBoard loggers' (the next free `version_N` under save_dir/name, the directory made then), so
-a second run's checkpoints never land in the first one's directory. Lightning is imported only when TelemetryLogger is
+trainer/global_step). Its `version` increases from run to run, so a second run's checkpoints
+never land in the first one's directory: with a `save_dir`, as the CSV and TensorBoard loggers',
+the next free `version_N` under save_dir/name (the directory made then); without one (Lightning
+then puts checkpoints under the Trainer's default_root_dir, which a logger does not see), the
+run's start time and pid ("20261127-051800-4242"), so nothing is made in the working directory. Lightning is imported only when TelemetryLogger is
 first used, so importing this module never requires it (accessing TelemetryLogger without it
 raises ImportError). Lightning calls a logger on every rank (its own loggers make themselves
 rank-zero-only); every rank should log for the daemon's per-step aggregation, so this one does.
@@ -35,6 +37,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from typing import Any
 
 from telemetry.integrations._client import LazyClient, process_rank
@@ -95,17 +98,21 @@ def _build() -> Any:
             return self._save_dir
 
         @property
-        def root_dir(self) -> str:
-            return os.path.join(self._save_dir or os.getcwd(), self._name)
+        def root_dir(self) -> str | None:
+            return os.path.join(self._save_dir, self._name) if self._save_dir else None
 
         @property
         def version(self) -> int | str:
-            """The next free version_N under save_dir/name, decided once (and its directory made,
-            so the next run takes the next number)."""
+            """Decided once: the next free version_N under save_dir/name (its directory made, so
+            the next run takes the next number), or without a save_dir the start time and pid."""
             if self._version is None:
-                self._version = next_version(self.root_dir)
-                if (trainer_rank() or 0) == 0:
-                    os.makedirs(os.path.join(self.root_dir, f"version_{self._version}"), exist_ok=True)
+                root = self.root_dir
+                if root is None:
+                    self._version = time.strftime("%Y%m%d-%H%M%S") + f"-{os.getpid()}"
+                else:
+                    self._version = next_version(root)
+                    if (trainer_rank() or 0) == 0:
+                        os.makedirs(os.path.join(root, f"version_{self._version}"), exist_ok=True)
             return self._version
 
         def log_hyperparams(self, params: Any, *args: Any, **kwargs: Any) -> None:

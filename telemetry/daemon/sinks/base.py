@@ -188,8 +188,11 @@ class SinkRunner:
         try:
             self._serve()
         except BaseException as exc:  # a bug past the sink's own calls: the sink ends, counted
-            self.num_errors += 1
+            # last_error before the count, here and below: `status` reads them from another
+            # thread, and an error counted must come with what it was (seen: errors 1, no
+            # last_error, while the log line between the two was written).
             self.last_error = f"thread: {exc!r}"
+            self.num_errors += 1
             log.error("sink %s stopped on %r; what it had not written is counted as dropped", self.name, exc)
         finally:
             # However the thread ends, what it never took is counted, and so is whatever is put
@@ -246,18 +249,18 @@ class SinkRunner:
             self.num_written += len(batch)
             self._take_sink_drops()
         except Exception as exc:
+            self.last_error = repr(exc)
             self.num_errors += 1
             self.num_dropped += len(batch)
             if self.num_errors == 1 or self.num_errors % 1000 == 0:  # never log per item
                 log.error("sink %s failed (%d errors so far): %r", self.name, self.num_errors, exc)
-            self.last_error = repr(exc)
 
     def _call(self, method: str) -> None:
         try:
             getattr(self.sink, method)()
         except Exception as exc:
-            self.num_errors += 1
             self.last_error = f"{method}: {exc!r}"
+            self.num_errors += 1
             log.error("sink %s %s failed: %r", self.name, method, exc)
         self._take_sink_drops()
 
