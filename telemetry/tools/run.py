@@ -108,6 +108,7 @@ def run(args: argparse.Namespace) -> int:
     # The run's private socket directory: $TELEMETRY_RUNTIME_DIR when the caller chose one.
     runtime = Path(os.environ.get(endpoints.ENV_RUNTIME_DIR) or
                    Path("/tmp") / f"telemetry-{os.getuid()}" / f"run-{run_id}").absolute()
+    made_runtime = not runtime.exists()      # removed at the end only if this run made it
     try:
         endpoints.private_dirs(runtime.parent, runtime)
     except endpoints.EndpointError as exc:
@@ -178,7 +179,8 @@ def run(args: argparse.Namespace) -> int:
         if daemon.poll() is None:
             daemon.kill()
             daemon.wait()
-        shutil.rmtree(runtime, ignore_errors=True)
+        if made_runtime:
+            shutil.rmtree(runtime, ignore_errors=True)
 
 
 def _launch(target: list[str], nproc: int, env: dict, launcher: str = "torchrun") -> int:
