@@ -113,6 +113,7 @@ class WandbSink(Sink):
         self._hellos: dict[int, dict] = {}
         self._config: dict = {}
         self._init: dict | None = None        # the "wandb" map of the lowest rank's init hello
+        self._init_rank: int | None = None    # that rank: the user's run is its run
         self._metric_defs: set[str] = set()
         self._waiting: list[Out] = []
         self.num_dropped_waiting = 0
@@ -246,10 +247,7 @@ class WandbSink(Sink):
 
     def _from_init_rank(self, rec: dict) -> bool:
         """Whether a rank's event belongs to the user's run: the run is the lowest init rank's."""
-        if self._init is None:
-            return False
-        inits = [r for r, h in self._hellos.items() if isinstance(h.get("wandb"), dict)]
-        return rec.get("rank", 0) == min(inits)
+        return self._init_rank is not None and rec.get("rank", 0) == self._init_rank
 
     def _log_system(self, kind: str, rec: dict) -> None:
         """A host, GPU or telemetry record of the user's run: W&B's system metrics, as W&B's own
@@ -430,29 +428,29 @@ class WandbSink(Sink):
         self._hellos[rank] = info
         inits = [r for r, h in self._hellos.items() if isinstance(h.get("wandb"), dict)]
         if inits:
-            self._init = self._hellos[min(inits)]["wandb"]
+            self._init_rank = min(inits)
+            self._init = self._hellos[self._init_rank]["wandb"]
 
     def _update_config(self) -> None:
-        """The run config: the lowest rank's latest hello (a rank's explicit hello supersedes its
-        automatic one), without per-process keys; plus the world size and the hosts seen. With a
-        telemetry.wandb init, its config at the top level and the rest under "telemetry"."""
+        """The run config. The daemon's run: the lowest rank's latest hello (a rank's explicit
+        hello supersedes its automatic one), without per-process keys; plus the world size and the
+        hosts seen. The user's run (a telemetry.wandb init): the init's config alone, as W&B would
+        have it (the daemon's view of the run is in the JSONL's hellos)."""
         if not self._hellos:
             return
-        base = self._hellos[min(self._hellos)]
-        cfg = {k: v for k, v in base.items() if k not in PER_PROCESS_KEYS}
-        sizes = [h.get("world_size") for h in self._hellos.values() if isinstance(h.get("world_size"), int)]
-        if sizes:
-            cfg["world_size"] = max(sizes)
-        hosts = sorted({str(h["host"]) for h in self._hellos.values() if h.get("host")})
-        if hosts:
-            cfg["hosts"] = hosts
         if self._init is not None:
-            inits = [r for r, h in self._hellos.items() if isinstance(h.get("wandb"), dict)]
-            user = self._hellos[min(inits)].get("config")
-            # The script's config alone, as W&B would have it (the daemon's view of the run,
-            # world size and hosts, is in the JSONL's hellos).
+            user = self._hellos[self._init_rank].get("config")
             cfg = dict(user) if isinstance(user, dict) else {}
             self._define_metrics(self._init.get("metrics"))
+        else:
+            base = self._hellos[min(self._hellos)]
+            cfg = {k: v for k, v in base.items() if k not in PER_PROCESS_KEYS}
+            sizes = [h.get("world_size") for h in self._hellos.values() if isinstance(h.get("world_size"), int)]
+            if sizes:
+                cfg["world_size"] = max(sizes)
+            hosts = sorted({str(h["host"]) for h in self._hellos.values() if h.get("host")})
+            if hosts:
+                cfg["hosts"] = hosts
         changed = {k: v for k, v in cfg.items() if self._config.get(k, _MISSING) != v}
         if changed:
             self.run.config.update(changed, allow_val_change=True)
