@@ -145,31 +145,6 @@ wandb.finish()
 print("WANDB_MODULE " + wandb.__file__, file=sys.stderr)
 """
 
-HF_REPORT_TO_WANDB = """
-import json
-import torch
-from transformers import AutoModelForCausalLM, GPT2Config, Trainer, TrainingArguments
-
-torch.manual_seed(0)
-cfg = GPT2Config(n_embd=32, n_layer=2, n_head=2, vocab_size=64, n_positions=32, bos_token_id=0, eos_token_id=0)
-model = AutoModelForCausalLM.from_config(cfg)
-
-class Tokens(torch.utils.data.Dataset):
-    def __len__(self):
-        return 256
-    def __getitem__(self, i):
-        x = torch.randint(0, 64, (16,), generator=torch.Generator().manual_seed(i))
-        return {"input_ids": x, "labels": x.clone()}
-
-args = TrainingArguments(output_dir="out", max_steps=8, logging_steps=1, report_to=["wandb"], use_cpu=True,
-                         per_device_train_batch_size=4, save_strategy="no", disable_tqdm=True, learning_rate=1e-3,
-                         run_name="hf-as-wandb")
-trainer = Trainer(model=model, args=args, train_dataset=Tokens())
-trainer.train()
-print("RESULT " + json.dumps({h["step"]: h["loss"] for h in trainer.state.log_history if "loss" in h}))
-"""
-
-
 def test_as_wandb_an_unmodified_import_wandb_logs_through_the_sidecar(tmp_path):
     (tmp_path / "plain.py").write_text(textwrap.dedent(PLAIN_WANDB))
     out = subprocess.run([sys.executable, "-m", "telemetry", "run", "--as-wandb", "--quiet", "--run-dir",
@@ -188,9 +163,9 @@ def test_as_wandb_an_unmodified_import_wandb_logs_through_the_sidecar(tmp_path):
 def test_as_wandb_transformers_report_to_wandb_logs_through_the_sidecar(tmp_path):
     pytest.importorskip("transformers")
     pytest.importorskip("accelerate")
-    (tmp_path / "hf.py").write_text(textwrap.dedent(HF_REPORT_TO_WANDB))
     out = subprocess.run([sys.executable, "-m", "telemetry", "run", "--as-wandb", "--quiet", "--run-dir",
-                          str(tmp_path / "r"), "--", "hf.py"], cwd=tmp_path,
+                          str(tmp_path / "r"), "--", str(ROOT / "tests" / "dropin_scripts" / "hf_report_to_wandb.py")],
+                         cwd=tmp_path,
                          env=_env(tmp_path, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false"),
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]

@@ -15,7 +15,6 @@ import os
 import re
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -94,28 +93,6 @@ def assert_same_run(real: str, ours: str) -> None:
     assert {k: io[k] for k in ("project", "name", "group", "tags")} == {k: ir[k] for k in ("project", "name", "group", "tags")}
 
 
-HF = """
-import torch
-from transformers import AutoModelForCausalLM, GPT2Config, Trainer, TrainingArguments
-
-torch.manual_seed(0)
-cfg = GPT2Config(n_embd=32, n_layer=2, n_head=2, vocab_size=64, n_positions=32, bos_token_id=0, eos_token_id=0)
-model = AutoModelForCausalLM.from_config(cfg)
-
-class Tokens(torch.utils.data.Dataset):
-    def __len__(self):
-        return 256
-    def __getitem__(self, i):
-        x = torch.randint(0, 64, (16,), generator=torch.Generator().manual_seed(i))
-        return {"input_ids": x, "labels": x.clone()}
-
-args = TrainingArguments(output_dir="out", max_steps=6, logging_steps=1, report_to=["wandb"],
-                         use_cpu=True, per_device_train_batch_size=4, save_strategy="no", disable_tqdm=True,
-                         learning_rate=1e-3, run_name="hf-parity", seed=0, data_seed=0)
-Trainer(model=model, args=args, train_dataset=Tokens()).train()
-"""
-
-
 def test_a_plain_wandb_script_text_prints_define_metric_summary(tmp_path):
     script = SCRIPTS / "wandb_features.py"
     real, real_out = real_run(script, 1, tmp_path / "real", {"ID_FILE": str(tmp_path / "real_id")})
@@ -137,16 +114,12 @@ def test_a_plain_wandb_script_text_prints_define_metric_summary(tmp_path):
     ("nanogpt_wandb.py", 2, {"LOG_ON": "rank0"}),                   # 2 ranks, nanoGPT's master_process guard
     ("accelerate_ddp.py", 2, {"TRACKER": "wandb"}),                 # Accelerate's log_with="wandb", 2 processes
     ("lightning_ddp.py", 1, {"LOGGER": "wandb"}),                   # Lightning's WandbLogger, 2 devices
-    ("hf", 1, {}),                                                  # HF Trainer, report_to="wandb"
+    ("hf_report_to_wandb.py", 1, {}),                               # HF Trainer, report_to="wandb"
 ])
 def test_outside_scripts_make_the_run_w_and_b_makes(tmp_path, script, nproc, env):
-    pytest.importorskip({"accelerate_ddp.py": "accelerate", "lightning_ddp.py": "lightning", "hf": "transformers"}
-                        .get(script, "torch"))
-    if script == "hf":
-        path = tmp_path / "hf.py"
-        path.write_text(textwrap.dedent(HF))
-    else:
-        path = SCRIPTS / script
+    pytest.importorskip({"accelerate_ddp.py": "accelerate", "lightning_ddp.py": "lightning",
+                         "hf_report_to_wandb.py": "transformers"}.get(script, "torch"))
+    path = SCRIPTS / script
     env = {"STEPS": "6", **env}
     real, _ = real_run(path, nproc, tmp_path / "real", env)
     ours, _ = sidecar_run(path, nproc, tmp_path / "ours", env)
