@@ -11,6 +11,7 @@ gradient all-reduce runs inside it), optimizer step.
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import time
 
@@ -77,6 +78,8 @@ def main() -> None:
                       "perf/data_loading_ratio": (t1 - t0) / step_s})
     tm.close()
     dist.barrier()
+    del model          # collected before the group goes (see tests/dropin_scripts/nanogpt_wandb.py)
+    gc.collect()
     dist.destroy_process_group()
 
 
