@@ -1,16 +1,18 @@
 #!/usr/bin/env bash
 # Set up (a .venv with the project and its dev extras), then run the test suite.
 #   launch/test.sh [pytest args...]     e.g. launch/test.sh -k daemon -x
-# Two pytest-xdist workers by default: about half of a test's time is a subprocess starting
-# (torch, DeepSpeed) or a daemon waiting, so one worker keeps a 2-core machine half idle (689 s
-# of tests on two against ~1,100 s on one, 2026-11-26). TELEMETRY_TEST_WORKERS=0 runs them in
-# this process, N on N workers; any -n of your own wins.
+# Three pytest-xdist workers by default: much of a test's time is a daemon or a rank waiting (a
+# 60 s head outage, a silence limit, a hang detector), so fewer workers than that leave a 2-core
+# machine partly idle (the whole suite in place, quiet, 2026-11-27: 763 s of tests on two workers,
+# 675 s on three; ~1,100 s on one). The `slow` tests go first (tests/conftest.py), so no long
+# test is left alone at the end. TELEMETRY_TEST_WORKERS=0 runs them in this process, N on N
+# workers; any -n of your own wins.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 "$ROOT/launch/setup.sh" --dev
 cd "$ROOT"
 export WANDB_MODE="${WANDB_MODE:-offline}" WANDB_SILENT=true
-workers=(-n "${TELEMETRY_TEST_WORKERS:-2}")
+workers=(-n "${TELEMETRY_TEST_WORKERS:-3}")
 for a in "$@"; do
     case "$a" in -n|-n[0-9]*|--numprocesses|--numprocesses=*|no:xdist) workers=() ;; esac
 done

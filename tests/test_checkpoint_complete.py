@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from trainer import checkpoint as ckpt
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -52,6 +54,7 @@ def _train(run_dir, *args):
                           cwd=ROOT, env=_env(TELEMETRY_DISABLED="1"), capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow
 def test_resume_skips_an_incomplete_newest_checkpoint_and_says_so(tmp_path):
     run_dir = tmp_path / "run"
     p = _train(run_dir, "steps=4", "checkpoint.every_steps=2", "checkpoint.keep_last=5")

@@ -44,6 +44,7 @@ def _stopped(recs: list[dict]) -> list[dict]:
     return [r for r in recs if r.get("kind") == "event" and r.get("name") == "diagnosis/rank_stopped"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("offset_s", [-600.0, 600.0])
 @pytest.mark.parametrize("world, per_rank", [(1, False), (2, True)], ids=["one-rank-aggregated", "two-ranks-per-rank"])
 def test_a_rank_with_a_skewed_clock_is_not_reported_stopped(make_daemon, world, per_rank, offset_s):

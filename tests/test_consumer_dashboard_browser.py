@@ -48,6 +48,7 @@ def _charts(b: Browser) -> dict[str, dict]:
                       "lastX: c.dataset.lastX}]))")
 
 
+@pytest.mark.slow
 def test_dashboard_in_chromium_against_a_real_run(tmp_path):
     sockets = Path(tempfile.mkdtemp(prefix="tdash-", dir="/tmp"))   # ipc paths must stay short
     eps = {n: f"ipc://{sockets}/{n}.sock" for n in ("ingest", "pub", "control")}

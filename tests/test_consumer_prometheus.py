@@ -121,6 +121,7 @@ def _prom_query(base: str, query: str) -> list[dict]:
     return body["data"]["result"]
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(shutil.which("prometheus") is None,
                     reason="prometheus is not installed (apt-get install prometheus; launch/setup.sh --dev does it)")
 def test_a_real_prometheus_scrapes_the_exporter_during_a_run(daemon, tmp_path):

@@ -42,6 +42,7 @@ def _trainer(tmp_path, steps, env_extra):
                             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
+@pytest.mark.slow
 def test_trainer_without_any_daemon_trains(tmp_path):
     # An endpoint nobody listens on: every record is dropped and counted, training goes on.
     p = _trainer(tmp_path, 20, {"TELEMETRY_RUNTIME_DIR": str(tmp_path / "nobody")})
@@ -50,6 +51,7 @@ def test_trainer_without_any_daemon_trains(tmp_path):
     assert any((tmp_path / "run" / "checkpoints").iterdir()), "the run should leave a checkpoint"
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(1200)    # hang detectors below, generous for a loaded machine (5 s a step and more there)
 def test_killing_the_daemon_does_not_stop_the_trainer(tmp_path):
     from daemon_util import start_daemon

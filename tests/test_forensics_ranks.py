@@ -36,6 +36,7 @@ def events(recs: list[dict], name: str) -> list[dict]:
     return [r for r in recs if r.get("kind") == "event" and r.get("name") == name]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)     # hang detectors below, generous for a loaded machine
 def test_a_rank_hung_before_the_all_reduce_gets_one_bundle_naming_it(make_daemon):
     # py-spy (a dev extra) on: native frames where ptrace is permitted, else the reason.
@@ -78,6 +79,7 @@ def test_a_rank_hung_before_the_all_reduce_gets_one_bundle_naming_it(make_daemon
     d.drain()
 
 
+@pytest.mark.slow
 def test_a_rank_killed_with_sigkill_produces_rank_exited(make_daemon):
     d = make_daemon(world_size=2, config={"diagnosis": HANG, "pollers": {"nvml_enabled": False}})
     procs = start_ranks(d.ingest, 2, 10_000, "--slow-rank", "1", "--slow-phase", "forward", "--slow-s", "0.01")

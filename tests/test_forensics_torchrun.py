@@ -49,6 +49,7 @@ def _rank_pids(launcher: psutil.Process) -> dict[int, int]:
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not _kernel_keeps_exit_status(), reason="kernel before 6.15: no PIDFD_INFO_EXIT")
 def test_a_rank_killed_under_torchrun_has_its_exit_code(make_daemon, tmp_path):
     d = make_daemon(world_size=2, config={"diagnosis": HANG, "pollers": {"nvml_enabled": False}})

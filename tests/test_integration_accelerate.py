@@ -54,6 +54,7 @@ def test_tracker_is_a_general_tracker():
     assert isinstance(t, GeneralTracker) and t.name == "telemetry" and not t.requires_logging_directory
 
 
+@pytest.mark.slow
 def test_accelerate_two_processes_match_accelerates_wandb_tracker(make_daemon, tmp_path):
     d = make_daemon(wandb="offline", per_rank=True)
     _run_two({"TRACKER": "telemetry", "TELEMETRY_ENDPOINT": d.ingest}, tmp_path / "ours")

@@ -116,6 +116,7 @@ def _run_lightning(logger: str, env: dict, tmp_path) -> str:
     return p.stdout + p.stderr
 
 
+@pytest.mark.slow
 def test_lightning_ddp_two_devices_report_their_own_ranks(make_daemon, tmp_path):
     """Trainer(devices=2, strategy="ddp"): each process reports as the Trainer's rank, so every
     step has both ranks and no rank is taken for hung; the W&B history equals WandbLogger's."""

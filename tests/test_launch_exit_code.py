@@ -53,6 +53,7 @@ def test_deepspeed_launch_exits_with_the_first_failing_ranks_code(tmp_path, mode
             in p.stderr, p.stderr[-3000:]
 
 
+@pytest.mark.slow
 def test_run_sh_deepspeed_exits_137_when_the_rank_is_sigkilled(tmp_path):
     """run.sh --launcher deepspeed, one rank hung at step 2 and SIGKILLed (its pid from its hello):
     128+9 as under torchrun, not DeepSpeed's 247. One rank: no other rank can fail first."""
@@ -94,6 +95,7 @@ def test_run_sh_deepspeed_exits_137_when_the_rank_is_sigkilled(tmp_path):
     assert "[trainer.launch] rank 0 failed first (exit code -9): exiting 137" in out, out[-3000:]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("nproc", [2, 1])
 def test_run_sh_exits_3_when_the_trainer_stops_on_a_nonfinite_loss(tmp_path, nproc):
     """nonfinite_action=stop: the trainer exits 3 (on 2 ranks the NaN is on rank 1 only; both stop)."""

@@ -38,6 +38,7 @@ def _outage_checks(r: dict) -> None:
         assert f["received"] > 0
 
 
+@pytest.mark.slow
 def test_head_outage_short(tmp_path):
     r = faults.multinode(tmp_path, num_nodes=2, ranks_per_node=2, rate=20, before_s=2, outage_s=5,
                          after_s=3, max_buffered=50)

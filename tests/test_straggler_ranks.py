@@ -36,6 +36,7 @@ def run_ranks(endpoint: str, world: int, steps: int, *extra: str, timeout_s: flo
                 p.kill()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world, rank, phase", [(2, 1, "forward"), (2, 0, "data_loading"), (3, 2, "optimizer")])
 def test_slow_rank_is_named_with_its_phase(make_daemon, world, rank, phase):
     d = make_daemon(world_size=world, config={"diagnosis": DIAG, "pollers": {"nvml_enabled": False}})
@@ -53,6 +54,7 @@ def test_slow_rank_is_named_with_its_phase(make_daemon, world, rank, phase):
     d.drain()
 
 
+@pytest.mark.slow
 def test_a_slow_backward_accuses_no_other_rank(make_daemon):
     """Not attributable (README): the others wait for its gradients in the all-reduce inside their
     own backward, so every rank's backward lasts the same. No event may name a rank that is not slow."""

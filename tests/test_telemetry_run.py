@@ -184,6 +184,7 @@ def test_as_wandb_transformers_report_to_wandb_logs_through_the_sidecar(tmp_path
     # Accelerate's log_with="wandb" on 2 processes (torchrun); it logs on the main process.
     ("accelerate_ddp.py", {"TRACKER": "wandb"}, "2", "train/loss"),
 ])
+@pytest.mark.slow
 def test_as_wandb_lightning_and_accelerate_own_wandb_loggers(tmp_path, script, env, nproc, key):
     pytest.importorskip("lightning" if "lightning" in script else "accelerate")
     path = ROOT / "tests" / "dropin_scripts" / script

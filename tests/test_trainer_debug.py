@@ -75,6 +75,7 @@ BASE = ["engine.backend=ddp", "engine.zero_stage=0", "telemetry_endpoint=", "eva
         "data.micro_batch_size=2"]
 
 
+@pytest.mark.slow
 def test_slow_data_phase_lands_in_data_loading_time(tmp_path):
     """debug.slow_phase=data: the delay shows where a slow input pipeline's would."""
     p = subprocess.run([sys.executable, "-m", "trainer.train", *BASE, "steps=3", f"run_dir={tmp_path}",

@@ -68,6 +68,7 @@ sys.exit(rc)
 
 # DeepSpeed's ZeRO 1-3 optimizers read their overflow flag on the host (their sync, not ours);
 # ZeRO stage 0 in fp32 runs our optimizer and our grad norm, so it is held to the same rule.
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["ddp", "deepspeed"])
 def test_training_loop_reads_no_tensor_on_main_thread(tmp_path, backend):
     args = [f"run_dir={tmp_path}", "steps=6", f"engine.backend={backend}", "engine.zero_stage=0",

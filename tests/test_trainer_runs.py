@@ -107,6 +107,7 @@ def test_exception_writes_an_emergency_checkpoint(tmp_path):
     assert meta["reason"] == "exception" and meta["step"] == 2
 
 
+@pytest.mark.slow
 def test_epoch_is_the_same_with_and_without_a_resume(tmp_path):
     """train/epoch after 6 steps straight equals 3 steps + resume + 3 steps, at every step."""
     base = ["engine.backend=ddp", "engine.zero_stage=0", "telemetry_endpoint=", "eval.every_steps=0",

@@ -111,6 +111,7 @@ def reference(tmp_path_factory) -> dict:
     return by_rank
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("log_on", ["rank0", "all"])
 def test_dropin_script_matches_real_wandb(log_on, reference, tmp_path, make_daemon):
     d = make_daemon(wandb="offline", run_name="daemon-name")

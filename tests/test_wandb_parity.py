@@ -116,6 +116,7 @@ def test_a_plain_wandb_script_text_prints_define_metric_summary(tmp_path):
     ("lightning_ddp.py", 1, {"LOGGER": "wandb"}),                   # Lightning's WandbLogger, 2 devices
     ("hf_report_to_wandb.py", 1, {}),                               # HF Trainer, report_to="wandb"
 ])
+@pytest.mark.slow
 def test_outside_scripts_make_the_run_w_and_b_makes(tmp_path, script, nproc, env):
     pytest.importorskip({"accelerate_ddp.py": "accelerate", "lightning_ddp.py": "lightning",
                          "hf_report_to_wandb.py": "transformers"}.get(script, "torch"))
