@@ -4,9 +4,10 @@
 # Three pytest-xdist workers by default: much of a test's time is a daemon or a rank waiting (a
 # 60 s head outage, a silence limit, a hang detector), so fewer workers than that leave a 2-core
 # machine partly idle (the whole suite in place, quiet, 2026-11-27: 763 s of tests on two workers,
-# 675 s on three; ~1,100 s on one). The `slow` tests go first (tests/conftest.py), so no long
-# test is left alone at the end. TELEMETRY_TEST_WORKERS=0 runs them in this process, N on N
-# workers; any -n of your own wins.
+# 675 s on three; ~1,100 s on one). The tests run in file order, which mixes the CPU-bound ones
+# (a trainer launch) with the waiting ones; the slow ones first made it slower (a fresh clone,
+# quiet: 893 s of tests), as the trainer launches then all ran at once. TELEMETRY_TEST_WORKERS=0
+# runs them in this process, N on N workers; any -n of your own wins.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 "$ROOT/launch/setup.sh" --dev

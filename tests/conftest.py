@@ -15,14 +15,6 @@ os.environ["TELEMETRY_AUTOSTART"] = "0"
 from daemon_util import DaemonProc, start_daemon   # tests/ is on the path: pyproject's pytest `pythonpath`
 
 
-def pytest_collection_modifyitems(config, items):
-    """The `slow` tests first (a stable sort: otherwise in file order). pytest-xdist hands tests
-    out in this order, so the long ones (a trainer launch, a 60 s outage) start while the short
-    ones are left to fill the workers at the end, rather than one long test running alone on one
-    worker at the end of the run."""
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
-
-
 @pytest.fixture
 def make_daemon(tmp_path):
     started: list[DaemonProc] = []
