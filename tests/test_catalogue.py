@@ -102,3 +102,40 @@ def test_telemetry_metrics_lists_the_catalogue_and_a_configs_declarations(tmp_pa
     bad = subprocess.run([sys.executable, "-m", "telemetry", "metrics", "--config", str(cfg)], cwd=ROOT,
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "metrics['my/x'].across_ranks" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_what_the_daemon_polls_and_counts_is_in_it_and_not_reduced(monkeypatch, make_daemon):
+    """Every name the pollers emit (NVML through the fake pynvml, the host's psutil with this process
+    as a rank) and every counter in the daemon's own record has an entry (source poller or self),
+    looked up without its rank<r> segment; none of them is in the reduction tables."""
+    import os
+    import sys
+
+    from telemetry.daemon.pollers import PollersConfig
+    from telemetry.daemon.pollers.host import HostPoller
+    from telemetry.daemon.pollers.nvml import NvmlPoller
+    from testkit.fake_nvml import make_fake_pynvml
+
+    fake = make_fake_pynvml(num_gpus=1)
+    fake.gpus[0].processes = [(os.getpid(), 10**9)]
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    names = set()
+    for poller in (NvmlPoller(PollersConfig()), HostPoller(PollersConfig(host_per_core=True))):
+        poller.set_rank_pids({0: os.getpid()})
+        for _ in range(2):                           # a rank's cpu_percent comes from the second poll
+            for rec in poller.poll_once():
+                names.update(rec["values"])
+        poller.close()
+    d = make_daemon(config={"daemon_record_interval_s": 0.2})
+    recs = d.wait_for(lambda rs: any(r["kind"] == "daemon" for r in rs))
+    daemon_names = set(next(r for r in recs if r["kind"] == "daemon")["values"])
+    assert {"gpu/memory_used_gb", "gpu/rank0/memory_used_gb", "system/rank0/rss_gb", "system/cpu_percent_core0",
+            "system/rank0/cpu_percent"} <= names and "telemetry/records_in" in daemon_names
+    for name, source in [*((n, "poller") for n in names), *((n, "self") for n in daemon_names)]:
+        m = catalogue.lookup(name)
+        assert m is not None and m.source == source, (name, m)
+    assert catalogue.lookup("gpu/rank3/memory_used_gb").name == "gpu/memory_used_gb"
+    rules = {**catalogue.rules("across_ranks"), **catalogue.rules("over_window")}
+    assert not [m.name for m in catalogue.CATALOGUE if m.source in ("poller", "self") and m.name in rules]
+    table = catalogue.markdown_table()
+    assert "| GPU | `gpu/xid_errors` | - | counter, cumulative | - | - | the daemon's pollers |" in table

@@ -21,6 +21,7 @@ import pytest
 
 from other_user import can_act_as_other_user, http_status_as_other_user
 from telemetry.consumers.prometheus import Collector, LatestValues, metric_name
+from telemetry.shared import catalogue
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -78,12 +79,58 @@ def test_gauges_scraped_over_http(daemon):
 
 def test_names_and_labels():
     assert metric_name("train/loss") == ("telemetry_train_loss", {})
-    assert metric_name("gpu/rank3/memory_used_gb") == ("telemetry_gpu_rank_memory_used_gb", {"rank": "3"})
+    assert metric_name("gpu/rank3/memory_used_gb") == ("telemetry_gpu_rank_memory_used_bytes", {"rank": "3"})
     assert metric_name("dataset/my-set/accuracy") == ("telemetry_dataset_accuracy", {"dataset": "my-set"})
     assert metric_name("eval/copy/loss") == ("telemetry_eval_loss", {"dataset": "copy"})
-    assert metric_name("telemetry/records_in") == ("telemetry_records_in", {})   # not telemetry_telemetry_
+    assert metric_name("telemetry/records_in") == ("telemetry_records_in_total", {})   # not telemetry_telemetry_
     assert metric_name("system/cpu_percent_core0") == ("telemetry_system_cpu_percent_core0", {})
     assert metric_name("perf/a.b-c") == ("telemetry_perf_a_b_c", {})
+
+
+def test_types_and_units_come_from_the_catalogue():
+    """Seconds, bytes, watts, hertz, celsius and bytes per second in the names, the values in those
+    units; a cumulative count is a counter (_total); a name the catalogue does not know is a gauge
+    under its own name. Every built-in metric the catalogue gives a convertible unit gets it."""
+    latest = LatestValues()
+    latest.consume("metrics", {"t": 1.0, "step": 3, "values": {
+        "perf/step_time": 0.5, "perf/step_time_max": 0.75, "perf/straggler_excess_s": 0.125, "memory/num_ooms": 2,
+        "memory/allocated_gb": 1.5, "my/acc_gb": 3.0, "perf/mfu_percent": 40.0}})
+    latest.consume("gpu", {"t": 1.0, "host": "n0", "gpu": 0, "values": {
+        "gpu/power_w": 300.0, "gpu/sm_clock_mhz": 1500.0, "gpu/temperature_c": 61.0, "gpu/pcie_rx_mb_s": 2.5,
+        "gpu/xid_errors": 1, "gpu/util_percent": 90.0}})
+    latest.consume("daemon", {"t": 1.0, "values": {"telemetry/records_in": 10, "telemetry/uptime_s": 4.5}})
+    text = _exposition(latest)
+    for line in ["telemetry_perf_step_time_seconds 0.5", "telemetry_perf_step_time_max_seconds 0.75",
+                 "telemetry_perf_straggler_excess_seconds 0.125", "telemetry_memory_num_ooms_total 2.0",
+                 "telemetry_memory_allocated_bytes 1.5e+09", "telemetry_my_acc_gb 3.0", "telemetry_perf_mfu_percent 40.0",
+                 'telemetry_gpu_power_watts{gpu="0",host="n0"} 300.0',
+                 'telemetry_gpu_sm_clock_hertz{gpu="0",host="n0"} 1.5e+09',
+                 'telemetry_gpu_temperature_celsius{gpu="0",host="n0"} 61.0',
+                 'telemetry_gpu_pcie_rx_bytes_per_second{gpu="0",host="n0"} 2.5e+06',
+                 'telemetry_gpu_xid_errors_total{gpu="0",host="n0"} 1.0',
+                 'telemetry_gpu_util_percent{gpu="0",host="n0"} 90.0',
+                 "telemetry_records_in_total 10.0", "telemetry_uptime_seconds 4.5",
+                 "# TYPE telemetry_records_in_total counter", "# TYPE telemetry_perf_step_time_seconds gauge",
+                 "# TYPE telemetry_my_acc_gb gauge"]:
+        assert line in text, line
+    samples = [line.split("{")[0].split(" ")[0] for line in text.splitlines() if not line.startswith("#")]
+    assert not [n for n in samples if n.endswith(("_gb", "_time", "_s", "_w", "_mhz")) and n != "telemetry_my_acc_gb"]
+    for m in catalogue.CATALOGUE:
+        if "*" in m.name or m.unit not in ("s", "GB", "MB/s", "W", "°C", "MHz"):
+            continue
+        name, _ = metric_name(m.name)
+        assert name.endswith(("_seconds", "_bytes", "_bytes_per_second", "_watts", "_celsius", "_hertz")), (m.name, name)
+        assert not name.endswith(("_s_seconds", "_gb_bytes", "_w_watts", "_mhz_hertz", "_c_celsius")), name
+
+
+def test_a_counter_never_shares_its_samples_name_with_a_gauge():
+    """A user's gauge named like a counter's _total sample is renamed (a hash suffix), not merged."""
+    latest = LatestValues()
+    latest.consume("daemon", {"t": 1.0, "values": {"telemetry/records_in": 10}})
+    latest.consume("metrics", {"t": 1.0, "step": 1, "values": {"records_in_total": 7.0}})
+    text = _exposition(latest)
+    assert "telemetry_records_in_total 10.0" in text
+    assert "telemetry_records_in_total 7.0" not in text and latest.num_names_renamed == 1
 
 
 def test_a_total_never_carries_an_empty_rank_label():
@@ -94,8 +141,8 @@ def test_a_total_never_carries_an_empty_rank_label():
     latest.consume("metrics", {"t": 1.0, "step": 3, "values": {"train/loss": 2.0}})
     latest.consume("metrics", {"t": 1.0, "step": 3, "rank": 1, "values": {"train/loss": 2.5}})
     text = _exposition(latest)
-    assert 'telemetry_system_rss_gb{host="n0"} 12.0' in text
-    assert 'telemetry_system_rank_rss_gb{host="n0",rank="1"} 7.0' in text
+    assert 'telemetry_system_rss_bytes{host="n0"} 1.2e+10' in text
+    assert 'telemetry_system_rank_rss_bytes{host="n0",rank="1"} 7e+09' in text
     assert "telemetry_train_loss 2.0" in text and 'telemetry_rank_train_loss{rank="1"} 2.5' in text
     assert 'rank=""' not in text and "telemetry_telemetry_" not in text
 
@@ -169,9 +216,12 @@ def test_a_real_prometheus_scrapes_the_exporter_during_a_run(daemon, tmp_path):
         assert float(ev["value"][1]) == 0.625
         assert _prom_query(base, '{__name__=~"telemetry_telemetry_.*"}') == []
         deadline = time.monotonic() + 30   # the daemon's own counters come every daemon_record_interval_s
-        while time.monotonic() < deadline and not _prom_query(base, "telemetry_records_in"):
+        while time.monotonic() < deadline and not _prom_query(base, "telemetry_records_in_total"):
             time.sleep(0.5)
-        assert float(_prom_query(base, "telemetry_records_in")[0]["value"][1]) >= 1
+        assert float(_prom_query(base, "telemetry_records_in_total")[0]["value"][1]) >= 1
+        # Units as Prometheus names them: the step time in seconds (the client sent 0.5 s).
+        (step_time,) = _prom_query(base, "telemetry_perf_step_time_seconds")
+        assert float(step_time["value"][1]) == 0.5
     finally:
         client.close()
         if prom is not None:
@@ -487,7 +537,7 @@ def test_runs_are_labelled_events_counted_once_and_a_ranks_series_go_with_it():
     latest.consume("bye", {"t": 2.0, "rank": 1, "stats": {}})
     text = _exposition(latest)
     assert 'rank="1"' not in text and 'telemetry_rank_train_loss{rank="0",run="run-a"} 2.0' in text
-    assert 'telemetry_gpu_rank_memory_used_gb{gpu="0",host="n0",rank="0",run="run-a"} 1.0' in text
+    assert 'telemetry_gpu_rank_memory_used_bytes{gpu="0",host="n0",rank="0",run="run-a"} 1e+09' in text
     # The next run on the same endpoint: its own series; the first run's are let go.
     latest.consume("hello", {"t": 3.0, "rank": 0, "info": {"rank": 0, "run_name": "run-b"}})
     latest.consume("metrics", {"t": 3.0, "step": 1, "values": {"train/loss": 5.0}})

@@ -10,7 +10,16 @@ system records host; dataset/<name>/ and eval/<name>/ become a dataset label
 (eval/copy/loss -> telemetry_eval_loss{dataset="copy"}); a rank is a label of its own family,
 never of the total: gpu/rank3/memory_used_gb -> telemetry_gpu_rank_memory_used_gb{rank="3"}, a
 per-rank metrics record's train/loss -> telemetry_rank_train_loss{rank="3"}. The daemon's own
-counters drop their telemetry/ segment: telemetry/records_in -> telemetry_records_in.
+counters drop their telemetry/ segment: telemetry/records_in -> telemetry_records_in_total.
+
+Types and units come from the metric catalogue (telemetry/shared/catalogue.py), following
+Prometheus's conventions: a time in seconds ends in _seconds (perf/step_time ->
+telemetry_perf_step_time_seconds, perf/straggler_excess_s -> telemetry_perf_straggler_excess_seconds),
+GB become bytes (gpu/memory_used_gb, 12.5 -> telemetry_gpu_memory_used_bytes 1.25e10), MB/s
+bytes per second, MHz hertz, W watts, °C celsius, % stays _percent (as OpenTelemetry's exporter
+writes it); a cumulative count (OOMs so far, XID errors, the daemon's records_in) is a counter,
+exposed as <name>_total. A name the catalogue does not know (your own) is a gauge under its own
+name, unchanged.
 Events are counted (telemetry_events_total{name=...}), once per event: the same event sent by
 every rank (a checkpoint saved at step 100, each rank saying so) counts once; telemetry_step is
 the last step and telemetry_last_record_timestamp_seconds says whether the run is still talking.
@@ -50,6 +59,7 @@ from urllib.parse import urlsplit
 
 from telemetry.consumers import httpaccess
 from telemetry.consumers.httpaccess import HTTP_TIMEOUT_S, BoundedConnections
+from telemetry.shared import catalogue
 from telemetry.shared.bookkeeping import is_bookkeeping
 
 DEFAULT_PORT = 9464  # the port OpenTelemetry's Prometheus exporter uses by convention
@@ -154,6 +164,58 @@ def _map(name: str, taken: frozenset[str] = frozenset()) -> tuple[str, dict[str,
     return prom, labels, tpl
 
 
+# A catalogue unit -> (the Prometheus unit suffix, the factor to the base unit, how a name already
+# spells the unit at its end: cut before the suffix is added).
+_UNITS: dict[str, tuple[str, float, tuple[str, ...]]] = {
+    "s": ("seconds", 1.0, ("_seconds", "_s")),
+    "GB": ("bytes", 1e9, ("_gb",)),
+    "MB/s": ("bytes_per_second", 1e6, ("_mb_s",)),
+    "W": ("watts", 1.0, ("_w",)),
+    "°C": ("celsius", 1.0, ("_c",)),
+    "MHz": ("hertz", 1e6, ("_mhz",)),
+    "%": ("percent", 1.0, ("_percent",)),
+}
+
+
+class Typed:
+    """What the catalogue says of a family: its Prometheus name, counter or gauge, the factor its
+    values are multiplied by (GB -> bytes), and the help line."""
+
+    __slots__ = ("name", "counter", "scale", "help")
+
+    def __init__(self, name: str, counter: bool, scale: float, help: str) -> None:
+        self.name, self.counter, self.scale, self.help = name, counter, scale, help
+
+
+def typed(prom: str, template: str) -> Typed:
+    """The catalogue's type and unit applied to a family (`prom`, its name so far, `template`,
+    the metric name with {dataset}/rank{rank} placeholders; "per-rank " before a rank's own)."""
+    name = template.removeprefix("per-rank ")
+    name = "/".join(seg for seg in name.split("/") if seg != "rank{rank}")
+    m = catalogue.lookup(name)
+    if m is not None and not m.unit and m.name in ("*_max", "*_min"):
+        base = catalogue.lookup(name[:-4])        # perf/step_time_max: the unit of perf/step_time
+        if base is not None and base.unit:
+            m = base
+    what = f"{template} from the telemetry daemon"
+    if m is None:
+        return Typed(prom, False, 1.0, f"latest value of {what}")
+    help = f"{m.doc} ({what}{', unit ' + m.unit if m.unit else ''})"
+    if m.cumulative:
+        return Typed(prom.removesuffix("_total"), True, 1.0, help)
+    unit = _UNITS.get(m.unit)
+    if unit is None:
+        return Typed(prom, False, 1.0, help)
+    suffix, scale, spelled = unit
+    if suffix == "percent" and "_percent" in prom:        # system/cpu_percent_core0: said already
+        return Typed(prom, False, scale, help)
+    for tail in spelled:
+        if prom.endswith(tail):
+            prom = prom[:-len(tail)]
+            break
+    return Typed(f"{prom}_{suffix}", False, scale, help)
+
+
 def metric_name(name: str) -> tuple[str, dict[str, str]]:
     """Prometheus name and labels for a metric name of the JSONL contract.
 
@@ -161,18 +223,22 @@ def metric_name(name: str) -> tuple[str, dict[str, str]]:
     a path segment rank<r> -> a rank label, and "rank" stays in the name
     (gpu/rank3/memory_used_gb -> telemetry_gpu_rank_memory_used_gb{rank="3"}), so a per-rank
     family never shares its name with the total (gpu/memory_used_gb has no rank label);
-    telemetry/x (the daemon's own counters) -> telemetry_x, not telemetry_telemetry_x.
-    Before a collision with another name is resolved (LatestValues does that).
+    telemetry/x (the daemon's own counters) -> telemetry_x, not telemetry_telemetry_x; units
+    and counters as the catalogue says (gpu/memory_used_gb -> telemetry_gpu_memory_used_bytes,
+    telemetry/records_in -> telemetry_records_in_total). Before a collision with another name
+    is resolved (LatestValues does that).
     """
-    prom, labels, _ = _map(name)
-    return prom, labels
+    prom, labels, template = _map(name)
+    t = typed(prom, template)
+    return (t.name + "_total" if t.counter else t.name), labels
 
 
 class _Family:
-    __slots__ = ("template", "series")
+    __slots__ = ("template", "typed", "series")
 
-    def __init__(self, template: str) -> None:
+    def __init__(self, template: str, typed: Typed) -> None:
         self.template = template
+        self.typed = typed
         self.series: dict[tuple[tuple[str, str], ...], float] = {}
 
 
@@ -193,6 +259,7 @@ class LatestValues:
         self.num_series = 0
         self._families: dict[str, _Family] = {}
         self._family_of: dict[str, str] = {}   # template -> its Prometheus name
+        self._exposed: set[str] = set()         # the names the families' samples have (a counter's _total)
         self._events: dict[str, int] = {}
         self._events_seen: dict[tuple, None] = {}     # (name, step) of recent events: counted once
         self.run: str | None = None
@@ -212,19 +279,27 @@ class LatestValues:
         name = self._family_of.get(template)
         if name is not None:
             return name
+        t = typed(prom, template)
+        prom = t.name
+
+        def exposed(name: str) -> tuple[str, ...]:   # a counter's samples are <name>_total
+            return (name, name + "_total") if t.counter else (name,)
+
         candidate, n = prom, 0
-        while candidate in RESERVED_NAMES or candidate in self._families:
+        while any(x in RESERVED_NAMES or x in self._exposed for x in exposed(candidate)):
             # Taken by another name: a suffix from this name's own hash, so it is the same on every run.
             n += 1
             salt = template if n == 1 else f"{template}#{n}"
             candidate = prom[:MAX_NAME_CHARS - _HASH_CHARS - 1] + "_" + _hash(salt)
-        cost = FAMILY_BYTES + 2 * len(template) + len(candidate)
+        cost = FAMILY_BYTES + 2 * len(template) + len(candidate) + len(t.help)
         if not self._room(cost):
             return None
         self.num_bytes += cost
         self.num_names_renamed += candidate != prom
-        self._families[candidate] = _Family(template)
+        t.name = candidate
+        self._families[candidate] = _Family(template, t)
         self._family_of[template] = candidate
+        self._exposed.update(exposed(candidate))
         return candidate
 
     def _set(self, prom: str, template: str, labels: dict[str, str], value: float) -> None:
@@ -233,7 +308,9 @@ class LatestValues:
         name = self._family(prom, template)
         key = tuple(sorted((k, v) for k, v in labels.items() if v != ""))   # "" is no label in Prometheus
         if name is not None:
-            series = self._families[name].series
+            fam = self._families[name]
+            value *= fam.typed.scale
+            series = fam.series
             if key in series:
                 series[key] = value
                 return
@@ -326,6 +403,7 @@ class LatestValues:
         if self.run is not None:
             self._families.clear()
             self._family_of.clear()
+            self._exposed.clear()
             self._events.clear()
             self._events_seen.clear()
             self.num_series = 0
@@ -344,7 +422,7 @@ class LatestValues:
 
     def snapshot(self) -> tuple[dict, dict, int | None, float | None]:
         with self._lock:
-            gauges = {n: (f.template, dict(f.series)) for n, f in self._families.items() if f.series}
+            gauges = {n: (f.typed, dict(f.series)) for n, f in self._families.items() if f.series}
             return gauges, dict(self._events), self.step, self.last_record_t
 
     def own_counters(self) -> dict[str, float]:
@@ -364,10 +442,10 @@ class Collector:
 
         gauges, events, step, last_t = self.latest.snapshot()
         for name in sorted(gauges):
-            template, series = gauges[name]
+            t, series = gauges[name]
             label_names = sorted({k for key in series for k, _ in key})
-            fam = GaugeMetricFamily(name, _label_value(f"latest value of {template} from the telemetry daemon"),
-                                    labels=label_names)
+            family = CounterMetricFamily if t.counter else GaugeMetricFamily
+            fam = family(name, _label_value(t.help), labels=label_names)
             for key, value in series.items():
                 d = dict(key)
                 fam.add_metric([d.get(n, "") for n in label_names], value)

@@ -12,18 +12,26 @@ From it, not beside it:
   - the README's table of metric names (`markdown_table`; tests/test_catalogue.py checks the
     README equals it);
   - a user's own declarations (the daemon config's `metrics:` map, same fields; `declared`).
-Still to come from it (issue 28): the daemon's counters and `status`, Prometheus names and
-units, the groups and units of tail, report and the dashboard, W&B define_metric. Until then
-the polled GPU and host series and the daemon's counters are described in the README's prose.
+  - Prometheus names, types, units and help (telemetry/consumers/prometheus.py: `lookup` and
+    `prometheus_unit`): a time in seconds ends in _seconds, GB become _bytes, a cumulative
+    counter is a Prometheus counter (_total).
+The catalogue also declares what the daemon polls (GPU, host: source "poller") and its own
+counters in its `daemon` records (source "self"); neither is reduced across ranks or over a
+window (those records pass the downsampler as they are).
+Still to come from it (issue 28): `status`, the groups and units of tail, report and the
+dashboard, W&B define_metric.
 
 Adding a metric the daemon computes: one entry here (and its computation, in derived.py).
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 KINDS = ("gauge", "counter", "rate")
-SOURCES = ("rank", "daemon")          # sent by the ranks; derived by the daemon for each step
+# Sent by the ranks; derived by the daemon for each step; polled by the daemon (GPU, host); the
+# daemon's own counters (its `daemon` records, under telemetry/).
+SOURCES = ("rank", "daemon", "poller", "self")
 MEAN = "mean"
 
 
@@ -37,6 +45,9 @@ class Metric:
     across_ranks: str = MEAN   # a reduction's config spelling (reductions.parse)
     over_window: str = MEAN
     source: str = "rank"       # one of SOURCES
+    # A count since a start (OOMs so far, XID errors since the daemon started, records in), never
+    # a per-step amount: Prometheus exposes it as a counter (_total). Only for kind "counter".
+    cumulative: bool = False
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -45,6 +56,8 @@ class Metric:
             raise ValueError(f"metric {self.name!r}: source {self.source!r} is not one of {', '.join(SOURCES)}")
         if self.name.count("*") > 1 or ("*" in self.name and not (self.name.startswith("*") or self.name.endswith("*"))):
             raise ValueError(f"metric {self.name!r}: a pattern is 'prefix*' or '*suffix'")
+        if self.cumulative and self.kind != "counter":
+            raise ValueError(f"metric {self.name!r}: only a counter is cumulative")
 
 
 _PHASE = "the ranks' own phase time, no collective in it"
@@ -82,9 +95,9 @@ CATALOGUE: tuple[Metric, ...] = (
     Metric("memory/allocated_gb", "GB", "gauge", "device memory", "torch.cuda.memory_allocated"),
     Metric("memory/reserved_gb", "GB", "gauge", "device memory", "torch.cuda.memory_reserved"),
     Metric("memory/num_ooms", "", "counter", "device memory", "out-of-memory errors so far (cumulative)",
-           across_ranks="sum", over_window="max"),
+           across_ranks="sum", over_window="max", cumulative=True),
     Metric("memory/alloc_retries", "", "counter", "device memory", "allocator retries so far (cumulative)",
-           across_ranks="sum", over_window="max"),
+           across_ranks="sum", over_window="max", cumulative=True),
     # -- step timing -------------------------------------------------------------------------------
     Metric("perf/step_time", "s", "gauge", "step timing", "wall time of the optimizer step (a step is as slow "
            "as its slowest rank)", across_ranks="max"),
@@ -131,6 +144,86 @@ CATALOGUE: tuple[Metric, ...] = (
            across_ranks="weighted_mean:tokens"),
     Metric("*/accuracy", "", "gauge", "per dataset", "dataset/<name>/accuracy, eval/<name>/accuracy: weighted the same",
            across_ranks="weighted_mean:tokens"),
+    # -- GPU, polled by the daemon (NVML; telemetry/daemon/pollers/nvml.py), one record per GPU -------
+    *(Metric(name, unit, kind, "GPU", doc, source="poller", cumulative=cumulative)
+      for name, unit, kind, doc, cumulative in (
+          ("gpu/util_percent", "%", "gauge", "% of the last sample period a kernel was running", False),
+          ("gpu/mem_util_percent", "%", "gauge", "% of the period device memory was read or written", False),
+          ("gpu/memory_used_gb", "GB", "gauge", "device memory used, all processes "
+                                                "(gpu/rank<r>/memory_used_gb: rank r's process)", False),
+          ("gpu/memory_total_gb", "GB", "gauge", "device memory in all", False),
+          ("gpu/memory_percent", "%", "gauge", "used / total x 100", False),
+          ("gpu/power_w", "W", "gauge", "board power draw", False),
+          ("gpu/power_limit_w", "W", "gauge", "the enforced power limit", False),
+          ("gpu/temperature_c", "°C", "gauge", "GPU core temperature", False),
+          ("gpu/sm_clock_mhz", "MHz", "gauge", "current SM clock", False),
+          ("gpu/mem_clock_mhz", "MHz", "gauge", "current memory clock", False),
+          ("gpu/throttle_reasons", "", "gauge", "NVML's clocks-event (throttle) reason bitmask", False),
+          ("gpu/throttle_thermal", "", "gauge", "1 while a thermal slowdown is active", False),
+          ("gpu/throttle_power", "", "gauge", "1 while the power cap or power brake is active", False),
+          ("gpu/throttle_hw_slowdown", "", "gauge", "1 while a hardware slowdown is active", False),
+          ("gpu/throttle_idle", "", "gauge", "1 while clocks are low because the GPU is idle", False),
+          ("gpu/pcie_tx_mb_s", "MB/s", "gauge", "PCIe transmit throughput (pollers.nvml_pcie)", False),
+          ("gpu/pcie_rx_mb_s", "MB/s", "gauge", "PCIe receive throughput", False),
+          ("gpu/ecc_corrected_errors", "", "counter", "corrected ECC errors since the driver loaded", True),
+          ("gpu/ecc_uncorrected_errors", "", "counter", "uncorrected ECC errors since the driver loaded", True),
+          ("gpu/xid_errors", "", "counter", "XID critical errors since the daemon started", True),
+          ("gpu/last_xid", "", "gauge", "the most recent XID code", False),
+          ("gpu/num_processes", "", "gauge", "compute processes on the GPU", False))),
+    # -- host, polled by the daemon (psutil; telemetry/daemon/pollers/host.py) ----------------------
+    *(Metric(name, unit, "gauge", "host", doc, source="poller")
+      for name, unit, doc in (
+          ("system/cpu_percent", "%", "all cores, 0-100 (system/rank<r>/cpu_percent: rank r's process, "
+                                      "% of one core, can exceed 100)"),
+          ("system/cpu_percent_core*", "%", "system/cpu_percent_core<i>: core i, 0-100 (pollers.host_per_core)"),
+          ("system/load_1m", "", "load average, 1 minute"),
+          ("system/load_5m", "", "load average, 5 minutes"),
+          ("system/load_15m", "", "load average, 15 minutes"),
+          ("system/memory_percent", "%", "RAM in use, 0-100"),
+          ("system/memory_used_gb", "GB", "RAM in use (total - available)"),
+          ("system/memory_available_gb", "GB", "RAM available"),
+          ("system/memory_total_gb", "GB", "RAM in all"),
+          ("system/swap_percent", "%", "swap in use, 0-100"),
+          ("system/swap_used_gb", "GB", "swap in use"),
+          ("system/disk_read_mb_s", "MB/s", "read from all block devices"),
+          ("system/disk_write_mb_s", "MB/s", "written to all block devices"),
+          ("system/net_rx_mb_s", "MB/s", "received on all interfaces but loopback"),
+          ("system/net_tx_mb_s", "MB/s", "sent on all interfaces but loopback"),
+          ("system/rss_gb", "GB", "resident memory of the training ranks' processes, summed "
+                                  "(system/rank<r>/rss_gb: rank r's)"),
+          ("system/num_ranks_polled", "", "rank processes that could be read this poll"),
+          ("system/num_threads", "", "system/rank<r>/num_threads: rank r's process's threads"),
+          ("system/num_fds", "", "system/rank<r>/num_fds: rank r's open file descriptors (what runs into "
+                                 "ulimit -n)"))),
+    # -- the daemon's own counters (its `daemon` records; telemetry status says the same) ------------
+    *(Metric(name, unit, kind, "daemon", doc, source="self", cumulative=kind == "counter")
+      for name, unit, kind, doc in (
+          ("telemetry/records_in", "records", "counter", "records taken in"),
+          ("telemetry/records_malformed", "records", "counter", "records that were not records (refused)"),
+          ("telemetry/dropped", "records", "counter", "records lost, all causes (status: records_lost)"),
+          ("telemetry/dropped_by_clients", "records", "counter",
+           "records the clients dropped (their queue was full) and counted"),
+          ("telemetry/lost_in_transit", "records", "counter", "records sent and never received (seq gaps)"),
+          ("telemetry/unread_at_drain", "records", "counter", "records still queued when the daemon stopped"),
+          ("telemetry/shed_at_intake", "records", "counter", "records shed at intake (memory budget)"),
+          ("telemetry/records_failed", "records", "counter", "records that failed in the pipeline"),
+          ("telemetry/sink_dropped", "records", "counter", "records the sinks dropped (a queue full)"),
+          ("telemetry/diagnosis_skipped", "records", "counter", "records the diagnosis and forensics skipped"),
+          ("telemetry/steps_incomplete", "steps", "counter", "steps written without every rank"),
+          ("telemetry/records_late", "records", "counter", "records that came after their step was written"),
+          ("telemetry/hellos_in", "records", "counter", "hellos taken in"),
+          ("telemetry/events_in", "records", "counter", "events taken in"),
+          ("telemetry/byes_in", "records", "counter", "byes taken in"),
+          ("telemetry/steps_out", "steps", "counter", "steps written"),
+          ("telemetry/memory_shed", "records", "counter", "records shed for the memory budget, all stages"),
+          ("telemetry/auth_refused", "connections", "counter", "CURVE clients whose key is not allowed"),
+          ("telemetry/handshake_failed", "connections", "counter", "connections whose handshake failed"),
+          ("telemetry/disconnects", "connections", "counter", "connections closed (a rank's normal exit is one)"),
+          ("telemetry/connections_refused", "connections", "counter", "connections beyond the connection limit, shut at once"),
+          ("telemetry/num_ranks", "ranks", "gauge", "ranks seen"),
+          ("telemetry/uptime_s", "s", "gauge", "seconds since the daemon started"),
+          ("telemetry/sink/*", "records", "gauge",
+           "telemetry/sink/<sink>/queued: a sink's queue now; telemetry/sink/<sink>/dropped: what it dropped"))),
 )
 
 
@@ -139,7 +232,29 @@ def rules(which: str, catalogue: tuple[Metric, ...] = CATALOGUE) -> dict[str, st
     means (the default), in the catalogue's order (a suffix pattern is tried in that order)."""
     if which not in ("across_ranks", "over_window"):
         raise ValueError(f"rules({which!r}): across_ranks or over_window")
-    return {m.name: getattr(m, which) for m in catalogue if getattr(m, which) != MEAN}
+    return {m.name: getattr(m, which) for m in catalogue if getattr(m, which) != MEAN and m.source in REDUCED}
+
+
+# The sources whose metrics are in step records, reduced across ranks and over windows.
+REDUCED = ("rank", "daemon")
+_RANK_SEGMENT = re.compile(r"^rank\d+$")
+
+
+def lookup(name: str, catalogue: tuple[Metric, ...] = CATALOGUE) -> Metric | None:
+    """The entry of `name`, as the reductions match it: the exact name, else the first prefix
+    pattern, else the first suffix pattern; None for a name the catalogue does not know. A
+    rank<r> segment (gpu/rank3/memory_used_gb) is looked up without it (gpu/memory_used_gb)."""
+    parts = name.split("/")
+    if len(parts) > 2:
+        kept = [p for i, p in enumerate(parts) if i == 0 or i == len(parts) - 1 or not _RANK_SEGMENT.match(p)]
+        name = "/".join(kept)
+    exact = next((m for m in catalogue if m.name == name), None)
+    if exact is not None:
+        return exact
+    prefix = next((m for m in catalogue if m.name.endswith("*") and name.startswith(m.name[:-1])), None)
+    if prefix is not None:
+        return prefix
+    return next((m for m in catalogue if m.name.startswith("*") and name.endswith(m.name[1:])), None)
 
 
 def declared(metrics: dict, where: str = "metrics") -> tuple[Metric, ...]:
@@ -166,6 +281,9 @@ def declared(metrics: dict, where: str = "metrics") -> tuple[Metric, ...]:
     return tuple(out)
 
 
+_FROM = {"rank": "the ranks", "daemon": "the daemon", "poller": "the daemon's pollers", "self": "the daemon itself"}
+
+
 def markdown_table(catalogue: tuple[Metric, ...] = CATALOGUE) -> str:
     """The README's table of metric names, by group (in the order groups first appear)."""
     groups: dict[str, list[Metric]] = {}
@@ -175,6 +293,8 @@ def markdown_table(catalogue: tuple[Metric, ...] = CATALOGUE) -> str:
              "|---|---|---|---|---|---|---|---|"]
     for group, ms in groups.items():
         for m in ms:
-            lines.append(f"| {group} | `{m.name}` | {m.unit or '-'} | {m.kind} | {m.across_ranks} | {m.over_window} | "
-                         f"{'the ranks' if m.source == 'rank' else 'the daemon'} | {m.doc} |")
+            reduced = m.source in REDUCED
+            kind = m.kind + (", cumulative" if m.cumulative else "")
+            lines.append(f"| {group} | `{m.name}` | {m.unit or '-'} | {kind} | {m.across_ranks if reduced else '-'} | "
+                         f"{m.over_window if reduced else '-'} | {_FROM[m.source]} | {m.doc} |")
     return "\n".join(lines) + "\n"

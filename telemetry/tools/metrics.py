@@ -39,6 +39,7 @@ def run(args: argparse.Namespace) -> int:
     width = max(len(m.name) for m in metrics)
     print(f"{'name':<{width}}  {'unit':<9}  {'kind':<7}  {'across ranks':<20}  {'over a window':<13}  what it is")
     for m in metrics:
-        print(f"{m.name:<{width}}  {m.unit or '-':<9}  {m.kind:<7}  {m.across_ranks:<20}  {m.over_window:<13}  "
-              f"{m.doc}{'' if m.group != 'custom' else '  (declared)'}")
+        reduced = m.source in catalogue.REDUCED      # polled series and the daemon's counters: not reduced
+        print(f"{m.name:<{width}}  {m.unit or '-':<9}  {m.kind:<7}  {m.across_ranks if reduced else '-':<20}  "
+              f"{m.over_window if reduced else '-':<13}  {m.doc}{'' if m.group != 'custom' else '  (declared)'}")
     return 0
