@@ -48,6 +48,7 @@ KINDS: dict[tuple[str, str], str] = {
     ("daemon", "--log-dir"): "out_dir", ("daemon", "--config"): "in_file", ("daemon", "--run-name"): "name",
     ("tail", "--filter"): "free",
     ("report", "run_dir"): "run_dir", ("report", "--out"): "out_dir",
+    ("goodput", "run_dir"): "run_dir", ("goodput", "--json"): "out_dir",
     ("dashboard", "run_dir"): "run_dir", ("dashboard", "--addr"): "address", ("dashboard", "--port"): "number",
     ("export-prometheus", "--addr"): "address", ("export-prometheus", "--port"): "number",
     ("export-prometheus", "--token-file"): "in_file", ("export-prometheus", "--memory-mb"): "number",
@@ -126,7 +127,7 @@ def value_actions(cmd: str) -> list[argparse.Action]:
 def base_args(cmd: str, name: str, tmp: Path, run_dir: Path) -> list[str]:
     if cmd in ("status", "drain"):
         return [] if name == "--timeout" else ["--timeout", "0.2"]
-    if cmd == "report":
+    if cmd in ("report", "goodput"):
         return [] if name == "run_dir" else [str(run_dir)]
     if cmd == "replay":
         return [] if name == "run_dir" else [str(run_dir)]

@@ -177,6 +177,7 @@ class DebugConfig:
     hang_phase: str = "forward"
     raise_step: int = 0        # at the start of this step's optimizer phase raise_rank raises (0: off)
     raise_rank: int = 0
+    slow_checkpoint_s: float = 0.0   # extra seconds slept at the start of every checkpoint save, every rank (0: off)
 
     def __post_init__(self) -> None:
         for key in ("nan_step", "hang_step", "raise_step"):
@@ -184,6 +185,7 @@ class DebugConfig:
         for key in ("nan_rank", "slow_rank", "hang_rank", "raise_rank"):
             _check(getattr(self, key) >= -1, f"debug.{key} must be a rank or -1 (every rank), got {getattr(self, key)}")
         _check(self.slow_s >= 0, f"debug.slow_s must be >= 0, got {self.slow_s}")
+        _check(self.slow_checkpoint_s >= 0, f"debug.slow_checkpoint_s must be >= 0, got {self.slow_checkpoint_s}")
         _check(self.slow_from_step >= 1, f"debug.slow_from_step must be >= 1, got {self.slow_from_step}")
         for key in ("slow_phase", "hang_phase"):
             _check(getattr(self, key) in FAULT_PHASES,
@@ -191,7 +193,7 @@ class DebugConfig:
 
     @property
     def enabled(self) -> bool:
-        return bool(self.nan_step or self.slow_s or self.hang_step or self.raise_step)
+        return bool(self.nan_step or self.slow_s or self.hang_step or self.raise_step or self.slow_checkpoint_s)
 
 
 @dataclass(kw_only=True, slots=True)

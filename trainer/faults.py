@@ -3,6 +3,7 @@
     faults = make_faults(cfg.debug, rank)
     faults.phase("forward", step)          # at the start of each phase: sleeps or hangs if told to
     faults.phase("optimizer_update", step) # at the start of the optimizer's own update (its step())
+    faults.phase("checkpoint", step)       # at the start of a checkpoint save: debug.slow_checkpoint_s
     loss = faults.poison(loss, step)       # NaN at debug.nan_step on debug.nan_rank
 
 For tests and for users who want to see the alarms work (nonfinite, straggler, rank_stopped)
@@ -50,6 +51,10 @@ class Faults:
     def phase(self, phase: str, step: int) -> None:
         """Called when `phase` of optimizer step `step` (counted from 1) begins."""
         c = self.cfg
+        if phase == "checkpoint":
+            if c.slow_checkpoint_s:
+                time.sleep(c.slow_checkpoint_s)   # a slow file system under every save
+            return
         if (c.slow_s and phase == SLOW_SITE[c.slow_phase] and step >= c.slow_from_step and self._mine(c.slow_rank)
                 and (phase != "optimizer_update" or self._update_slept != step)):
             self._update_slept = step  # DeepSpeed updates once per parameter group: sleep once a step
@@ -77,6 +82,8 @@ class Faults:
             parts.append(f"hang in {c.hang_phase} at step {c.hang_step} on rank {c.hang_rank}")
         if c.raise_step:
             parts.append(f"an exception at step {c.raise_step} on rank {c.raise_rank}")
+        if c.slow_checkpoint_s:
+            parts.append(f"{c.slow_checkpoint_s} s extra in every checkpoint save")
         return "; ".join(parts)
 
 

@@ -123,11 +123,15 @@ class Run:
                             + (f"; resuming from {path.name}" if path is not None else ""))
         accum = cfg.engine.grad_accum_steps
         if path is not None:
+            t0 = time.perf_counter()
             self.step = ckpt.load(self.engine, path, self.info.rank)
+            restore_s = time.perf_counter() - t0
             # Without this rank's count (resumed on more ranks than saved): one document per row.
             self.samples_seen = ckpt.rank_state(path, self.info.rank).get(
                 "samples_seen", self.step * cfg.data.micro_batch_size * accum)
             self._print(f"resumed from {path} at step {self.step}")
+            # For the goodput ledger (telemetry/consumers/goodput.py): the restore's wall time.
+            self.tm.event("checkpoint_restored", {"path": str(path), "step": self.step, "duration_s": restore_s})
         if self.faults.describe():
             self._print(f"debug fault injection on: {self.faults.describe()}", all_ranks=True)
         hf = self.engine.module.config
@@ -269,8 +273,10 @@ class Run:
                         # the request is agreed like a signal, at the next step boundary.
                         self.stop.request(STOP_NONFINITE)
                 if evals:
-                    tm.log(self.step, self.evaluate(), parts=1 + logged)
+                    t0 = time.perf_counter()
+                    eval_values = self.evaluate()
                     t_last = time.perf_counter()  # eval time is not the next step's time
+                    tm.log(self.step, {**eval_values, "perf/eval_time": t_last - t0}, parts=1 + logged)
                 if cfg.checkpoint.every_steps and self.step % cfg.checkpoint.every_steps == 0:
                     self.save("periodic")
                     t_last = time.perf_counter()
@@ -311,10 +317,13 @@ class Run:
         return prepare_batch(host_batch, self.device, self.cfg.model.attn_implementation, self.compute_dtype)
 
     def save(self, reason: str, collective: bool = True) -> None:
+        t0 = time.perf_counter()
+        self.faults.phase("checkpoint", self.step)
         path = ckpt.save(self.engine, run_dir=self.cfg.run_dir, step=self.step, rank=self.info.rank,
                          config_yaml=self.config_yaml, keep_last=self.cfg.checkpoint.keep_last,
                          collective=collective, reason=reason, rank_state={"samples_seen": self.samples_seen})
-        self.tm.event("checkpoint_saved", {"path": str(path), "step": self.step, "reason": reason})
+        self.tm.event("checkpoint_saved", {"path": str(path), "step": self.step, "reason": reason,
+                                           "duration_s": time.perf_counter() - t0})
 
     def emergency_save(self, reason: str, collective: bool) -> None:
         try:

@@ -37,7 +37,7 @@ from telemetry.shared import endpoints
 from telemetry.client.deferred import DeferredSender, Job, host_scalar, snapshot
 from telemetry.client.spans import Span, SpanRecorder
 from telemetry.client.stacks import register as register_stacks
-from telemetry.shared.stacks_file import proc_start_time
+from telemetry.shared.stacks_file import proc_start_time, proc_started_at
 from telemetry.shared.security.redact import Redactor
 
 # Records queued in the socket before log() starts dropping. At ~250 B per record this is
@@ -191,6 +191,7 @@ class TelemetryClient(metaclass=abc.ABCMeta):   # ABCMeta: DisabledClient regist
         # With the pid it names this process for good: the daemon checks both in /proc before it
         # acts on this rank (telemetry/daemon/forensics/verify.py).
         self._start_time = proc_start_time()
+        self._started_at = proc_started_at()   # unix s: the goodput ledger's start of start-up
         self._forked = False
         self._closed = False
         self._src = _new_src()
@@ -352,6 +353,8 @@ class TelemetryClient(metaclass=abc.ABCMeta):   # ABCMeta: DisabledClient regist
                                  "src": self._src, "python": sys.version.split()[0], **self._stacks_hello}
         if self._start_time is not None:
             ident["start_time"] = self._start_time
+        if self._started_at is not None:
+            ident["started_at"] = round(self._started_at, 3)
         run_name = os.environ.get(endpoints.ENV_RUN_NAME)
         if run_name:
             ident["run_name"] = run_name

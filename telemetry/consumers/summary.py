@@ -1,4 +1,5 @@
-"""The closing summary run.sh prints: steps, throughput, final loss, records in, drops.
+"""The closing summary run.sh prints: steps, throughput, final loss, records in, drops, goodput
+(and goodput.json beside metrics.jsonl).
 
     python -m telemetry.consumers.summary RUN_DIR/telemetry [--drain-json FILE] [--trainer-rc N]
 """
@@ -102,10 +103,30 @@ def main(argv: list[str] | None = None) -> int:
           + (f"  (over {s['daemon'].num_daemons} daemon runs)" if s["daemon"].num_daemons > 1 else ""))
     print(f"  records dropped    {_fmt(s['dropped'])}  (sink drops {_fmt(s['sink_dropped'])})")
     print(f"  events             {s['num_events']}")
+    _goodput(args.log_dir)
     if args.trainer_rc is not None:
         print(f"  trainer exit code  {args.trainer_rc}")
     print("=" * 72)
     return 0
+
+
+def _goodput(log_dir: Path) -> None:
+    """The goodput ledger's line, and goodput.json beside metrics.jsonl (telemetry goodput RUN_DIR
+    prints the whole breakdown)."""
+    from telemetry.consumers.goodput import BUCKETS, ledger
+    from telemetry.shared import files
+
+    led = ledger(read_records(log_dir))
+    if not led.get("wall_s"):
+        return
+    b = led["buckets_s"]
+    top = max((k for k in BUCKETS if k != "productive"), key=lambda k: b[k])
+    print(f"  goodput            {100 * led['goodput']:.1f} % of {led['wall_s']:,.1f} s (biggest loss: {top}, "
+          f"{b[top]:,.1f} s; telemetry goodput for the rest)")
+    try:
+        files.write_file(log_dir / "goodput.json", (json.dumps(led, indent=1) + "\n").encode())
+    except OSError as exc:
+        print(f"  goodput.json       not written: {exc.strerror or exc}")
 
 
 if __name__ == "__main__":

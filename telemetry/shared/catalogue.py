@@ -117,6 +117,8 @@ CATALOGUE: tuple[Metric, ...] = (
            "forward minus its waits (DDP's buffer broadcast, ZeRO-3's all-gathers)"),
     Metric("perf/backward_compute_time", "s", "gauge", "step timing",
            "backward up to the launch of its last gradient bucket's all-reduce (DDP)"),
+    Metric("perf/eval_time", "s", "gauge", "step timing", "wall time of the evaluation after the step (its record's "
+           "eval part), the slowest rank's: the goodput ledger's eval bucket", across_ranks="max"),
     Metric("perf/data_loading_ratio", "", "gauge", "step timing", "data loading / step time"),
     Metric("perf/compute_ratio", "", "gauge", "step timing", "compute / step time"),
     # -- the straggler view (derived) --------------------------------------------------------------

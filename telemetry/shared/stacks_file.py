@@ -50,3 +50,22 @@ def proc_start_time(pid: int | str = "self") -> int | None:
         return int(stat[stat.rfind(b")") + 2:].split()[19])   # fields 3.. after "pid (comm) "
     except (OSError, ValueError, IndexError):
         return None
+
+
+def proc_started_at(pid: int | str = "self") -> float | None:
+    """When the process started, in unix seconds: now, less the time since then (the system's
+    uptime, /proc/uptime, less the process's start in clock ticks since boot); to 0.01 s (btime
+    in /proc/stat is whole seconds). The goodput ledger's start-up begins here
+    (telemetry/consumers/goodput.py)."""
+    import os
+    import time
+
+    ticks = proc_start_time(pid)
+    if ticks is None:
+        return None
+    try:
+        with open("/proc/uptime", "rb") as f:
+            uptime = float(f.read(64).split()[0])
+        return time.time() - (uptime - ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return None

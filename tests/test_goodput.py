@@ -1,0 +1,176 @@
+"""The goodput ledger (telemetry/consumers/goodput.py): where a run's wall-clock time went.
+
+Synthetic record streams with known times check the arithmetic of every bucket, a restart (work
+redone, a hang, recovery) and that the buckets sum to the wall time; a real run of the trainer
+on 2 CPU ranks, with the `debug:` section injecting a slow data loader and slow checkpoint
+saves, checks the buckets against the injected truth within 1 % of the wall time."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from telemetry.consumers.goodput import BUCKETS, ledger, text
+from telemetry.consumers.readjsonl import find_log_dir
+
+ROOT = Path(__file__).resolve().parent.parent
+T0 = 1_800_000_000.0
+
+
+def _hello(t: float, rank: int, started_at: float) -> dict:
+    return {"kind": "hello", "t": t, "rank": rank, "info": {"rank": rank, "pid": 100 + rank, "started_at": started_at}}
+
+
+def _step(t: float, step: int, step_time: float, data: float = 0.0, **more: float) -> dict:
+    return {"kind": "metrics", "t": t, "step": step,
+            "values": {"perf/step_time": step_time, "perf/data_loading_time": data, "train/loss": 1.0, **more}}
+
+
+def _event(t: float, name: str, rank: int = 0, **data) -> dict:
+    return {"kind": "event", "t": t, "rank": rank, "name": name, "data": data}
+
+
+def _sums_to_wall(led: dict) -> None:
+    assert sum(led["buckets_s"].values()) == pytest.approx(led["wall_s"], abs=1e-9)
+    assert set(led["buckets_s"]) == set(BUCKETS)
+
+
+def test_one_launch_every_bucket_from_known_times():
+    # Processes start at T0 and T0 + 0.5; the first step (1 s long) ends at T0 + 11: start-up 10 s.
+    recs = [_hello(T0 + 2, 0, T0), _hello(T0 + 2, 1, T0 + 0.5)]
+    t = T0 + 11
+    recs.append(_step(t, 1, 1.0, data=0.25))
+    for step in range(2, 11):          # nine more steps of 1 s, 0.25 s of it waiting for data
+        t += 1.0
+        extra = {}
+        if step == 5:                  # a straggler in forward: the others waited 0.5 s
+            extra = {"perf/straggler_excess_s": 0.5, "perf/straggler_phase_index": 1.0,
+                     "perf/straggler_median_s": 0.1}
+        if step == 6:                  # a straggler in data loading: its excess is not data loading too
+            extra = {"perf/straggler_excess_s": 0.4, "perf/straggler_phase_index": 0.0,
+                     "perf/straggler_median_s": 0.25}
+        if step == 10:                 # an eval after the step: 2 s
+            extra = {"perf/eval_time": 2.0}
+        recs.append(_step(t, step, 1.0, data=0.25 if step != 6 else 0.45, **extra))
+    t += 2.0                           # the eval
+    recs += [_event(t + 3.0, "checkpoint_saved", 0, step=10, duration_s=3.0),
+             _event(t + 3.0, "checkpoint_saved", 1, step=10, duration_s=2.5)]    # the slowest rank's counts
+    t += 3.0
+    recs += [_event(t + 0.5, "train_end", 0, step=10), {"kind": "bye", "t": t + 0.5, "rank": 0, "stats": {}}]
+    led = ledger(recs)
+    b = led["buckets_s"]
+    assert led["wall_s"] == pytest.approx(t + 0.5 - T0)
+    assert b["startup"] == pytest.approx(10.0)
+    assert b["data_loading"] == pytest.approx(10 * 0.25)
+    assert b["straggler"] == pytest.approx(0.5 + 0.4)
+    assert b["productive"] == pytest.approx(10 * 1.0 - 10 * 0.25 - 0.9)
+    assert b["eval"] == pytest.approx(2.0) and b["checkpoint_save"] == pytest.approx(3.0)
+    assert b["unexplained"] == pytest.approx(0.5)          # train_end came 0.5 s after the save
+    assert b["hang"] == b["redone"] == b["recovery"] == b["checkpoint_restore"] == 0.0
+    assert led["goodput"] == pytest.approx(b["productive"] / led["wall_s"])
+    assert led["steps"] == 10 and led["launches"] == 1 and led["steps_missing"] == 0
+    _sums_to_wall(led)
+    out = text(led, "run")
+    assert out.startswith("goodput of run: ") and "biggest loss: start-up" in out
+
+
+def test_a_hang_a_kill_and_a_restart_from_the_last_checkpoint():
+    recs = [_hello(T0 + 1, 0, T0), _hello(T0 + 1, 1, T0)]
+    t = T0 + 5                                          # start-up 4 s (the first step is 1 s)
+    for step in range(1, 9):
+        recs.append(_step(t, step, 1.0))
+        if step == 4:
+            t += 0.5
+            recs.append(_event(t, "checkpoint_saved", 0, step=4, duration_s=0.5))
+        t += 1.0
+    last_step_t = t - 1.0                               # step 8 ended; then rank 1 hangs
+    killed = last_step_t + 30.0                         # killed after 30 s; the daemon says so
+    recs.append(_event(killed, "diagnosis/rank_exited", 1, exit_code=-9))
+    restarted = killed + 7.0                            # the job supervisor relaunches 7 s later
+    recs += [_hello(restarted + 3, 0, restarted), _hello(restarted + 3, 1, restarted + 0.2)]
+    recs.append(_event(restarted + 4, "checkpoint_restored", 0, step=4, duration_s=1.5))
+    t = restarted + 6.0                                 # first step of the new launch ends here
+    for step in range(5, 11):
+        recs.append(_step(t, step, 1.0))
+        t += 1.0
+    recs.append(_event(t, "train_end", 0, step=10))
+    led = ledger(recs)
+    b = led["buckets_s"]
+    assert led["launches"] == 2 and led["steps"] == 8 + 6
+    assert b["startup"] == pytest.approx(4.0)
+    assert b["redone"] == pytest.approx(4 * 1.0)         # steps 5..8 of the first launch, done again
+    assert b["hang"] == pytest.approx(30.0)
+    assert b["checkpoint_restore"] == pytest.approx(1.5)
+    assert b["recovery"] == pytest.approx((restarted + 5.0) - killed - 1.5)   # the failure -> the first step
+    assert b["productive"] == pytest.approx(4 * 1.0 + 6 * 1.0)
+    assert b["checkpoint_save"] == pytest.approx(0.5)
+    _sums_to_wall(led)
+
+
+def test_no_steps_is_said_not_divided_by_zero():
+    led = ledger([_hello(T0, 0, T0 - 1), _event(T0 + 1, "note", 0)])
+    assert led["goodput"] is None and led["wall_s"] == 0.0
+    assert "nothing to account" in text(led)
+    assert ledger([])["launches"] == 0
+
+
+@pytest.mark.slow
+def test_the_trainer_on_two_ranks_against_the_injected_truth(tmp_path):
+    """2 CPU ranks under `telemetry run`: every rank waits 0.2 s for data per step and every
+    checkpoint save sleeps 1.5 s first. The data bucket lies within the ranks' own data loading
+    times (their loss logs, written apart from telemetry) and holds the injected time within 1 %
+    of the wall time; the checkpoint bucket holds the injected time and the saves' own,
+    within 1 % of the wall time; the buckets sum to the wall time; `telemetry goodput` prints it
+    and writes the JSON."""
+    steps, slow_data, slow_save, saves = 20, 0.2, 1.5, 2
+    run_dir = tmp_path / "run"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TELEMETRY_", "WANDB_"))}
+    env.update(OMP_NUM_THREADS="1", WANDB_MODE="disabled", TELEMETRY_RUNTIME_DIR=str(tmp_path / "rt"))
+    p = subprocess.run([sys.executable, "-m", "telemetry", "run", "--quiet", "--nproc", "2", "--run-dir",
+                        str(run_dir), "--", "-m", "trainer.train", "--config", str(ROOT / "launch/configs/tiny.yaml"),
+                        f"run_dir={run_dir}", f"steps={steps}", "log_every=1", "eval.every_steps=10",
+                        "checkpoint.every_steps=10", "debug.slow_rank=-1", "debug.slow_phase=data",
+                        f"debug.slow_s={slow_data}", f"debug.slow_checkpoint_s={slow_save}",
+                        f"debug_loss_log={tmp_path}/loss{{rank}}.jsonl"],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    out = subprocess.run([sys.executable, "-m", "telemetry", "goodput", str(run_dir), "--json", str(tmp_path / "g.json")],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    led = json.loads((tmp_path / "g.json").read_text())
+    b, wall = led["buckets_s"], led["wall_s"]
+    assert led["steps"] == steps and led["launches"] == 1 and led["steps_missing"] == 0
+    assert sum(b.values()) == pytest.approx(wall, abs=1e-6)
+    # The ranks' own record of their data loading, step by step.
+    own = [{json.loads(line)["step"]: json.loads(line)["data_loading_time"]
+            for line in (tmp_path / f"loss{r}.jsonl").read_text().splitlines()} for r in (0, 1)]
+    mean = sum((own[0][s] + own[1][s]) / 2 for s in range(1, steps + 1))
+    least = sum(min(own[0][s], own[1][s]) for s in range(1, steps + 1))
+    # The ranks' mean, but for a step whose straggler was slow in data loading: the others' wait
+    # for data then (the excess is the straggler bucket's).
+    assert least - 1e-6 <= b["data_loading"] <= mean + 1e-6 and least >= steps * slow_data, (b, least, mean)
+    tolerance = 0.01 * wall
+    assert steps * slow_data <= b["data_loading"] <= steps * slow_data + tolerance, (b, wall)
+    # The saves on the run's own timeline: a save follows the eval of steps 10 and 20 (whose
+    # record is stamped when the eval ended), and the next step begins (its end less its step
+    # time), or training ends, when the save is done.
+    log_dir = find_log_dir(run_dir)
+    recs = [json.loads(line) for line in (log_dir / "metrics.jsonl").read_text().splitlines()]
+    steps_at = {r["step"]: r for r in recs if r["kind"] == "metrics" and "rank" not in r}
+    end = max(r["t"] for r in recs if r["kind"] == "event" and r["name"] == "train_end")
+    on_timeline = (steps_at[11]["t"] - steps_at[11]["values"]["perf/step_time"] - steps_at[10]["t"]) \
+        + (end - steps_at[20]["t"])
+    assert b["checkpoint_save"] >= saves * slow_save
+    assert abs(b["checkpoint_save"] - on_timeline) <= tolerance, (b, on_timeline, wall)
+    assert b["startup"] > 0 and b["eval"] > 0 and b["productive"] > 0
+    assert b["hang"] == b["redone"] == b["recovery"] == b["checkpoint_restore"] == 0.0
+    # The rest is what nothing times (logging, the bye): small, never a bucket counted twice.
+    assert abs(b["unexplained"]) <= 0.05 * wall, (b, wall)
+    assert f"{100 * led['goodput']:.1f} %" in out.stdout and "biggest loss:" in out.stdout
+    # `telemetry run` closed the run with the same ledger: goodput.json and the summary's line.
+    assert json.loads((log_dir / "goodput.json").read_text()) == led
+    assert f"goodput            {100 * led['goodput']:.1f} % of" in p.stdout, p.stdout[-2000:]
