@@ -88,8 +88,9 @@ def test_a_hang_a_kill_and_a_restart_from_the_last_checkpoint():
             recs.append(_event(t, "checkpoint_saved", 0, step=4, duration_s=0.5))
         t += 1.0
     last_step_t = t - 1.0                               # step 8 ended; then rank 1 hangs
-    killed = last_step_t + 30.0                         # killed after 30 s; the daemon says so
-    recs.append(_event(killed, "diagnosis/rank_exited", 1, exit_code=-9))
+    killed = last_step_t + 30.0                         # killed after 30 s; the daemon says so 3.5 s later
+    recs.append(_event(killed + 1.0, "diagnosis/rank_stopped", 1, silent_s=31.0))   # the daemon's: not the ranks'
+    recs.append(_event(killed + 3.5, "diagnosis/rank_exited", 1, exit_code=-9, gone_for_s=3.5))
     restarted = killed + 7.0                            # the job supervisor relaunches 7 s later
     recs += [_hello(restarted + 3, 0, restarted), _hello(restarted + 3, 1, restarted + 0.2)]
     recs.append(_event(restarted + 4, "checkpoint_restored", 0, step=4, duration_s=1.5))
@@ -174,3 +175,77 @@ def test_the_trainer_on_two_ranks_against_the_injected_truth(tmp_path):
     # `telemetry run` closed the run with the same ledger: goodput.json and the summary's line.
     assert json.loads((log_dir / "goodput.json").read_text()) == led
     assert f"goodput            {100 * led['goodput']:.1f} % of" in p.stdout, p.stdout[-2000:]
+
+
+def _trainer(d, run_dir: Path, *extra: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "trainer.train",
+         "--config", str(ROOT / "launch/configs/tiny.yaml"), f"run_dir={run_dir}", "steps=12", "log_every=1",
+         "eval.every_steps=0", "checkpoint.every_steps=5", f"telemetry_endpoint={d.ingest}", *extra],
+        cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True, start_new_session=True)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)     # hang detectors below, generous for a loaded machine
+def test_a_real_hang_kill_and_restart_of_the_trainer(make_daemon, tmp_path):
+    """The trainer on 2 ranks, one daemon for the whole job: rank 1 hangs at step 9, the job is
+    killed 4 s after step 8, and relaunched on the run dir; it resumes from the step-5 checkpoint
+    and finishes. Two launches; steps 6-8 of the first are work redone, at their own step times;
+    the restore is the trainer's own figure; the hang is never less than the time from step 8 to
+    the kill, and hang + recovery is exactly the time from step 8 to the new launch's first step
+    less the restore; the buckets sum to the wall time."""
+    import signal
+    import time
+
+    import psutil
+
+    d = make_daemon(world_size=2, config={"pollers": {"nvml_enabled": False}})
+    run_dir = tmp_path / "run"
+    first = _trainer(d, run_dir, "debug.hang_step=9", "debug.hang_rank=1")
+    try:
+        steps = lambda rs: {r["step"]: r for r in rs if r["kind"] == "metrics" and "rank" not in r}   # noqa: E731
+        recs = d.wait_for(lambda rs: 8 in steps(rs), timeout_s=300)
+        time.sleep(4.0)
+        # The whole job at once, as a scheduler's kill does: the ranks (torchrun starts them in
+        # sessions of their own) and torchrun.
+        job = [*psutil.Process(first.pid).children(recursive=True), psutil.Process(first.pid)]
+        killed_at = time.time()
+        for proc in job:
+            proc.send_signal(signal.SIGKILL)
+        first.wait(60)
+        d.wait_for(lambda rs: sum(r.get("name") == "diagnosis/rank_exited" for r in rs) >= 2, timeout_s=120)
+    finally:
+        if first.poll() is None:
+            for proc in psutil.Process(first.pid).children(recursive=True):
+                proc.kill()
+            first.kill()
+            first.wait(30)
+    second = _trainer(d, run_dir)
+    out, _ = second.communicate(timeout=600)
+    assert second.returncode == 0, out[-3000:]
+    d.wait_for(lambda rs: any(r.get("name") == "train_end" for r in rs), timeout_s=120)
+    d.drain()
+    recs = d.read_jsonl()
+    led = ledger(recs)
+    b = led["buckets_s"]
+    assert led["launches"] == 2, led
+    _sums_to_wall(led)
+    rows = [r for r in recs if r["kind"] == "metrics" and "rank" not in r]
+    first_run = {r["step"]: r for r in rows if r["t"] <= killed_at}
+    second_run = {r["step"]: r for r in rows if r["t"] > killed_at}
+    assert sorted(first_run) == list(range(1, 9)) and sorted(second_run) == list(range(6, 13))
+    assert led["steps"] == 8 + 7
+    redone = sum(first_run[s]["values"]["perf/step_time"] for s in (6, 7, 8))
+    assert b["redone"] == pytest.approx(redone, rel=1e-9)
+    (restored,) = [r for r in recs if r.get("name") == "checkpoint_restored" and r["rank"] == 1] or \
+        [r for r in recs if r.get("name") == "checkpoint_restored"][:1]
+    assert restored["data"]["step"] == 5
+    restore = max(r["data"]["duration_s"] for r in recs if r.get("name") == "checkpoint_restored")
+    assert b["checkpoint_restore"] == pytest.approx(restore, rel=1e-9)
+    hang_truth = killed_at - first_run[8]["t"]
+    print(f"ledger {b}, wall {led['wall_s']:.3f} s, hang truth {hang_truth:.3f} s")
+    assert b["hang"] >= hang_truth - 0.05, (b, hang_truth)
+    assert b["hang"] <= hang_truth + 10.0, (b, hang_truth)     # a sanity bound: the daemon looks once a tick
+    began = second_run[6]["t"] - second_run[6]["values"]["perf/step_time"]
+    assert b["hang"] + b["recovery"] == pytest.approx(began - first_run[8]["t"] - restore, abs=1e-6)

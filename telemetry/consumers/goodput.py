@@ -18,9 +18,11 @@ last launch, into buckets that sum to it:
                         that phase is data loading, the data bucket takes the others' median
                         (perf/straggler_median_s) rather than the ranks' mean, so the excess is
                         counted once
-    hang                a launch that ended without train_end: its last step -> its last record
-                        (a rank_exited from the daemon when a hung rank was killed), less the
-                        saves after that step
+    hang                a launch that ended without train_end: its last step -> its end, the
+                        last record of its ranks or, when a rank was killed or crashed, when the
+                        daemon first saw its process gone (diagnosis/rank_exited, gone_for_s
+                        before the event; the daemon looks once a tick, 1 s), less the saves
+                        after that step
     redone              the steps a failed launch made after the checkpoint the next launch
                         resumed from, at their measured step time: work done twice
     recovery            a failed launch's end -> the next launch's first step, less its restore
@@ -103,8 +105,14 @@ def _launches(records: Iterable[dict]) -> tuple[list[_Launch], int]:
         if not launches:
             continue
         cur = launches[-1]
-        if kind in ("metrics", "event", "bye"):
-            cur.last_t = max(cur.last_t, t)
+        name = rec.get("name") if kind == "event" else None
+        if kind in ("metrics", "bye") or (kind == "event" and not str(name).startswith("diagnosis/")):
+            cur.last_t = max(cur.last_t, t)     # the ranks' own records: the launch was alive then
+        elif name == "diagnosis/rank_exited":
+            # The daemon saw a rank's process gone (killed, crashed): the launch ended when it was
+            # first seen gone, gone_for_s before the event.
+            data = rec.get("data") if isinstance(rec.get("data"), dict) else {}
+            cur.last_t = max(cur.last_t, t - max(0.0, _num(data.get("gone_for_s")) or 0.0))
         if kind == "metrics" and "rank" not in rec:
             step = rec.get("step")
             values = rec.get("values")
@@ -113,7 +121,7 @@ def _launches(records: Iterable[dict]) -> tuple[list[_Launch], int]:
                 cur.step_t[step] = t
         elif kind == "event":
             data = rec.get("data") if isinstance(rec.get("data"), dict) else {}
-            name, step, dur = rec.get("name"), data.get("step"), _num(data.get("duration_s"))
+            step, dur = data.get("step"), _num(data.get("duration_s"))
             if name == "checkpoint_saved" and isinstance(step, int) and dur is not None:
                 cur.saves[step] = max(cur.saves.get(step, 0.0), dur)
                 cur.save_t[step] = max(cur.save_t.get(step, 0.0), t)

@@ -200,11 +200,12 @@ class ForensicsStage(Sink):
             self.exited.add(rank)
             self._hold_pidfd(rank, None)
             self.num_exits += 1
-            self._bundle("rank_exited", self._live_local_ranks(), exited=(rank, code, how))
+            self._bundle("rank_exited", self._live_local_ranks(), exited=(rank, code, how),
+                         gone_for_s=time.monotonic() - first_s)
 
     # -- the bundle ----------------------------------------------------------------------------
     def _bundle(self, what: str, live: dict[int, LocalRank], *, stalled_s: float = 0.0,
-                exited: tuple[int, int | None, str] | None = None) -> None:
+                exited: tuple[int, int | None, str] | None = None, gone_for_s: float = 0.0) -> None:
         out_dir = _new_bundle_dir(self.log_dir / "forensics", f'{time.strftime("%Y%m%d-%H%M%S", time.gmtime())}-{what}')
         with_stacks = {r: lr for r, lr in live.items() if lr.stacks_signal is not None}
         dumps = signal_stacks(with_stacks, self.cfg.hang_stacks_wait_s, self.pidfds) if with_stacks else {}
@@ -238,7 +239,9 @@ class ForensicsStage(Sink):
                 "bundle": str(out_dir), "ranks": culprits, "step": self.last_step, "stalled_s": round(stalled_s, 3),
                 "num_suppressed": 0}
         if exited is not None:
-            data.update(exited_rank=exited[0], exit_code=exited[1], how=exited[2])
+            # gone_for_s: how long before this event the process was first seen gone (the
+            # goodput ledger ends the launch there, not at this event, EXIT_GRACE_S later).
+            data.update(exited_rank=exited[0], exit_code=exited[1], how=exited[2], gone_for_s=round(gone_for_s, 3))
         rank = exited[0] if exited is not None else (culprits[0] if len(culprits) == 1 else None)
         log.error("diagnosis: %s (bundle %s)", message, out_dir)
         self.post({"kind": "event", "t": time.time(), "rank": rank, "name": f"diagnosis/{what}", "data": data})
