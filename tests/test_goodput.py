@@ -3,7 +3,9 @@
 Synthetic record streams with known times check the arithmetic of every bucket, a restart (work
 redone, a hang, recovery) and that the buckets sum to the wall time; a real run of the trainer
 on 2 CPU ranks, with the `debug:` section injecting a slow data loader and slow checkpoint
-saves, checks the buckets against the injected truth within 1 % of the wall time."""
+saves, checks the buckets against the ranks' own figures and the run's timeline (on the dev box
+within 0.2-0.8 % of the wall time of the injected truth); a real hang, kill and restart of the
+trainer checks the launches, the work redone and the hang."""
 from __future__ import annotations
 
 import json
@@ -123,9 +125,8 @@ def test_no_steps_is_said_not_divided_by_zero():
 def test_the_trainer_on_two_ranks_against_the_injected_truth(tmp_path):
     """2 CPU ranks under `telemetry run`: every rank waits 0.2 s for data per step and every
     checkpoint save sleeps 1.5 s first. The data bucket lies within the ranks' own data loading
-    times (their loss logs, written apart from telemetry) and holds the injected time within 1 %
-    of the wall time; the checkpoint bucket holds the injected time and the saves' own,
-    within 1 % of the wall time; the buckets sum to the wall time; `telemetry goodput` prints it
+    times (their loss logs, written apart from telemetry); the checkpoint bucket holds the
+    injected time and matches the saves on the run's timeline; the buckets sum to the wall time; `telemetry goodput` prints it
     and writes the JSON."""
     steps, slow_data, slow_save, saves = 20, 0.2, 1.5, 2
     run_dir = tmp_path / "run"
@@ -154,8 +155,9 @@ def test_the_trainer_on_two_ranks_against_the_injected_truth(tmp_path):
     # The ranks' mean, but for a step whose straggler was slow in data loading: the others' wait
     # for data then (the excess is the straggler bucket's).
     assert least - 1e-6 <= b["data_loading"] <= mean + 1e-6 and least >= steps * slow_data, (b, least, mean)
-    tolerance = 0.01 * wall
-    assert steps * slow_data <= b["data_loading"] <= steps * slow_data + tolerance, (b, wall)
+    # (On the dev box, 2026-11-27: the bucket was the injected 4.0 s + 0.09-0.12 s, 0.5-0.8 % of
+    # the wall time; how long the loader itself takes depends on the machine, so the ranks' own
+    # figures above are the truth this test holds it to.)
     # The saves on the run's own timeline: a save follows the eval of steps 10 and 20 (whose
     # record is stamped when the eval ended), and the next step begins (its end less its step
     # time), or training ends, when the save is done.
@@ -165,8 +167,11 @@ def test_the_trainer_on_two_ranks_against_the_injected_truth(tmp_path):
     end = max(r["t"] for r in recs if r["kind"] == "event" and r["name"] == "train_end")
     on_timeline = (steps_at[11]["t"] - steps_at[11]["values"]["perf/step_time"] - steps_at[10]["t"]) \
         + (end - steps_at[20]["t"])
+    # The timeline starts at the later rank's eval end, the slowest save at the earlier rank's: they
+    # differ by that skew (0.03 s on the dev box, 0.2 % of the wall time); bounded loosely here
+    # so a loaded machine's skew cannot fail it, tightly enough to catch a save counted twice.
     assert b["checkpoint_save"] >= saves * slow_save
-    assert abs(b["checkpoint_save"] - on_timeline) <= tolerance, (b, on_timeline, wall)
+    assert abs(b["checkpoint_save"] - on_timeline) <= 0.05 * wall, (b, on_timeline, wall)
     assert b["startup"] > 0 and b["eval"] > 0 and b["productive"] > 0
     assert b["hang"] == b["redone"] == b["recovery"] == b["checkpoint_restore"] == 0.0
     # The rest is what nothing times (logging, the bye): small, never a bucket counted twice.
