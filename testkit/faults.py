@@ -60,9 +60,18 @@ def rank_main(a: argparse.Namespace) -> int:
     progress = os.open(a.progress, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600) if a.progress else -1
     end = a.n
     after_from = None   # the first step logged after --until appeared
+    slice_n = -(-a.n // a.slices) if a.slices > 1 else 0
     t0 = perf()
     i = 0
     while i < end:
+        if slice_n and i and i % slice_n == 0:
+            # The next slice only once the harness says the daemon has taken the last one
+            # (load(slices=...)): what a rank offers is paced under what the daemon digests.
+            go = os.path.join(a.slice_dir, f"go-{i // slice_n}")
+            deadline = time.monotonic() + 600        # a hang detector: the harness never said so
+            while not os.path.exists(go) and time.monotonic() < deadline:
+                time.sleep(0.01)
+            t0 = perf() - i * interval                # the pace resumes from here, not catching up
         if i % 100 == 0:
             if progress >= 0:
                 os.pwrite(progress, b"%-12d\n" % i, 0)
@@ -509,17 +518,31 @@ def multinode(work: Path, num_nodes: int = 2, ranks_per_node: int = 2, rate: flo
 
 def load(work: Path, num_ranks: int = 8, n: int = 125_000, rate: float = 5000, sndhwm: int = 10_000,
          rcvhwm: int | None = None, name: str = "load", max_connections: int | None = None,
-         close_s: float = 30.0) -> dict:
+         close_s: float = 30.0, slices: int = 1) -> dict:
     """`num_ranks` rank processes x `n` records at `rate` each (0: unpaced) into one daemon whose
     ingest queue budget is `rcvhwm`, shared by `max_connections` (None: the daemon's defaults);
-    each rank's close waits up to `close_s` for its queue to reach the daemon."""
+    each rank's close waits up to `close_s` for its queue to reach the daemon. With `slices` > 1
+    each rank sends its records in that many slices, the next only once the daemon's status
+    accounts for every rank's last one (received, or counted lost): paced by the daemon."""
     eps = Endpoints()
     log_dir = work / "telemetry"
     limits = {"rcvhwm": rcvhwm, "max_connections": max_connections}
     d = launch(log_dir, eps, world_size=num_ranks, config={k: v for k, v in limits.items() if v is not None})
     t0 = time.monotonic()
+    slice_dir = work / "slices"
+    slice_dir.mkdir(parents=True, exist_ok=True)
     procs = start_ranks(eps.ingest, list(range(num_ranks)), n, rate, work / "ranks", sndhwm=sndhwm,
-                        extra=("--close-s", str(close_s)))
+                        extra=("--close-s", str(close_s), "--slices", str(slices), "--slice-dir", str(slice_dir)))
+    slice_n = -(-n // slices)
+    for k in range(1, slices):
+        deadline = time.monotonic() + 600          # a hang detector, generous for a loaded machine
+        while time.monotonic() < deadline and any(p.poll() is None for p in procs):
+            per = d.status()["per_rank"]
+            if all(sum(per.get(str(r), {}).get(x, 0) for x in ("received", "lost")) >= 1 + k * slice_n
+                   for r in range(num_ranks)):       # + hello
+                break
+            time.sleep(0.05)
+        (slice_dir / f"go-{k}").touch()
     ranks = wait_ranks(procs, work / "ranks")
     send_s = time.monotonic() - t0
     # Everything sent is in the daemon's socket or on its way: wait until each rank's records
@@ -627,6 +650,8 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--close-s", type=float, default=30.0)   # let a slow daemon take the queue
     r.add_argument("--no-hello", action="store_true")
     r.add_argument("--no-close", action="store_true")
+    r.add_argument("--slices", type=int, default=1, help="send in this many slices, each after go-<k> exists")
+    r.add_argument("--slice-dir", default="")
     r.add_argument("--progress", help="a file that holds the number of log calls completed")
     r.add_argument("--until", help="log until this file exists, then --after more records")
     r.add_argument("--after", type=int, default=0)

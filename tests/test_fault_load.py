@@ -13,11 +13,14 @@ RECORDS_PER_RANK = int(os.environ.get("TELEMETRY_TEST_LOAD_N", "125000"))
 @pytest.mark.slow
 @pytest.mark.timeout(600)     # the budgets below are hang detectors, generous for a loaded machine
 def test_eight_ranks_paced_under_the_hwm_exactly_once(tmp_path):
-    # 40,000 records/s in all: beside a CPU hog and another test worker the daemon takes fewer
-    # (seen: a rank's last 11,500 records still queued when its 30 s close ran out, gone with its
-    # bye). Nothing is lost while a rank's close waits for its queue to reach the daemon: the
-    # close's budget is a hang detector here, not a speed.
-    r = faults.load(tmp_path, num_ranks=8, n=RECORDS_PER_RANK, rate=5000, close_s=150)
+    # 40,000 records/s offered in all, in 25 slices of 5,000 a rank (half its queue of 10,000):
+    # the next slice goes once the daemon has taken the last, so the offer stays under what the
+    # daemon digests whatever the machine. Unpaced by the daemon, beside a CPU hog, two other
+    # test workers and other work, the daemon took fewer than offered and a rank's queue
+    # overflowed (7,581 records dropped and counted, a loaded fresh-clone run, 2026-11-27): a
+    # speed, benchmarks/ingest.py's to measure. What is proved here is exactly once and every
+    # step complete. The close's budget is a hang detector, not a speed.
+    r = faults.load(tmp_path, num_ranks=8, n=RECORDS_PER_RANK, rate=5000, close_s=150, slices=25)
     for rank, f in r["per_rank"].items():
         assert f["dropped"] == 0 and f["lost"] == 0, (rank, f)
         assert f["received"] == f["sent"] == f["tried"] == RECORDS_PER_RANK + 2, (rank, f)   # + hello, bye
