@@ -114,6 +114,15 @@ def test_a_hang_a_kill_and_a_restart_from_the_last_checkpoint():
     _sums_to_wall(led)
 
 
+def test_a_loop_of_your_own_that_closes_its_client_has_no_hang():
+    """No train_end event (your own loop does not send one): its bye says it left; the time from
+    its last step to the bye is unexplained, not a hang."""
+    recs = [_hello(T0 + 1, 0, T0), _step(T0 + 3, 1, 1.0), _step(T0 + 4, 2, 1.0),
+            {"kind": "bye", "t": T0 + 4.5, "rank": 0, "stats": {}}]
+    b = ledger(recs)["buckets_s"]
+    assert b["hang"] == 0.0 and b["unexplained"] == pytest.approx(0.5) and b["startup"] == pytest.approx(2.0)
+
+
 def test_no_steps_is_said_not_divided_by_zero():
     led = ledger([_hello(T0, 0, T0 - 1), _event(T0 + 1, "note", 0)])
     assert led["goodput"] is None and led["wall_s"] == 0.0

@@ -18,7 +18,8 @@ last launch, into buckets that sum to it:
                         that phase is data loading, the data bucket takes the others' median
                         (perf/straggler_median_s) rather than the ranks' mean, so the excess is
                         counted once
-    hang                a launch that ended without train_end: its last step -> its end, the
+    hang                a launch that ended without train_end or a bye (killed, or crashed
+                        without closing its client): its last step -> its end, the
                         last record of its ranks or, when a rank was killed or crashed, when the
                         daemon first saw its process gone (diagnosis/rank_exited, gone_for_s
                         before the event; the daemon looks once a tick, 1 s), less the saves
@@ -76,7 +77,7 @@ class _Launch:
     save_t: dict[int, float] = field(default_factory=dict)
     restore_s: float = 0.0
     restored_step: int | None = None
-    ended: bool = False          # a train_end event
+    ended: bool = False          # a train_end event or a bye: the launch left, it was not killed
     last_t: float = 0.0          # its last record of any kind
 
 
@@ -130,6 +131,8 @@ def _launches(records: Iterable[dict]) -> tuple[list[_Launch], int]:
                 cur.restored_step = step if isinstance(step, int) else cur.restored_step
             elif name == "train_end":
                 cur.ended = True
+        if kind == "bye":
+            cur.ended = True      # a rank closed its client: it left, it was not killed mid-step
     return launches, n
 
 
