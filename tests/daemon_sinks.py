@@ -16,14 +16,18 @@ from telemetry.sinks.base import Sink
 
 
 class SleepySink(Sink):
-    """Sleeps `sleep_s` per batch: a slow W&B."""
+    """Sleeps `sleep_s` per batch: a slow W&B. With `gate` (a threading.Event), each batch waits
+    for it first: a test fills the queue, then opens the gate, and the sink's pace is known."""
     name = "sleepy"
 
-    def __init__(self, log_dir=None, sleep_s: float = 0.5) -> None:
+    def __init__(self, log_dir=None, sleep_s: float = 0.5, gate=None) -> None:
         self.sleep_s = sleep_s
+        self.gate = gate
         self.num_records = 0
 
     def consume(self, batch) -> None:
+        if self.gate is not None:
+            self.gate.wait()
         time.sleep(self.sleep_s)
         self.num_records += len(batch)
 

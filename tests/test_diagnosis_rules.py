@@ -335,6 +335,13 @@ def phases(step, times, ranks=(0, 1, 2, 3), step_time=None):
     return metrics(step, v)
 
 
+def balanced(steps, ranks=(0, 1)):
+    """Log steps with every rank alike before a straggler: the run's usual excess is then known
+    (before it is, an episode needs three times straggler_consecutive; test_diagnosis_noise.py)."""
+    even = {"data_loading": 0.001, "forward": 0.02, "backward": 0.04, "optimizer": 0.003}
+    return [phases(s, {p: [t] * len(ranks) for p, t in even.items()}, ranks=ranks) for s in steps]
+
+
 # DDP, rank 1 sleeps 0.15 s in forward: rank 0 waits the same time in backward's all-reduce.
 SLOW_FORWARD = {"data_loading": [0.001, 0.001], "forward": [0.022, 0.167], "backward": [0.19, 0.045],
                 "optimizer": [0.003, 0.003]}
@@ -342,7 +349,7 @@ SLOW_FORWARD = {"data_loading": [0.001, 0.001], "forward": [0.022, 0.167], "back
 
 def test_straggler_names_the_rank_and_phase_when_step_times_are_equal():
     d = only("straggler", straggler_consecutive=3)
-    ev = feed(d, [phases(s, SLOW_FORWARD, ranks=(0, 1)) for s in range(20, 26)])
+    ev = feed(d, balanced(range(15, 20)) + [phases(s, SLOW_FORWARD, ranks=(0, 1)) for s in range(20, 26)])
     assert names(ev) == ["diagnosis/straggler"]                     # once per episode
     data = ev[0]["data"]
     assert ev[0]["rank"] == 1 and data["phase"] == "forward" and data["step"] == 22
@@ -357,7 +364,8 @@ def test_straggler_phase_of_four_ranks(phase, slow):
     times = {"data_loading": [0.01] * 4, "forward": [0.05] * 4, "backward": [0.1] * 4, "optimizer": [0.003] * 4}
     times[phase] = slow
     times["backward"] = [0.1 + max(slow) - s for s in slow]          # the others wait in backward
-    ev = feed(only("straggler"), [phases(s, times) for s in range(20, 28)])   # straggler_consecutive: 8
+    ev = feed(only("straggler"), balanced(range(15, 20), ranks=(0, 1, 2, 3))
+              + [phases(s, times) for s in range(20, 28)])   # straggler_consecutive: 8
     assert names(ev) == ["diagnosis/straggler"]
     assert ev[0]["rank"] == slow.index(max(slow)) and ev[0]["data"]["phase"] == phase
 
@@ -378,8 +386,8 @@ SLOW_FORWARD_ZERO3 = {"data_loading": [0.001, 0.001], "forward": [0.17, 0.17], "
 
 
 def test_straggler_in_zero3_forward_is_named_by_its_compute():
-    ev = feed(only("straggler", straggler_consecutive=3), [phases(s, SLOW_FORWARD_ZERO3, ranks=(0, 1))
-                                                            for s in range(20, 26)])
+    ev = feed(only("straggler", straggler_consecutive=3),
+              balanced(range(15, 20)) + [phases(s, SLOW_FORWARD_ZERO3, ranks=(0, 1)) for s in range(20, 26)])
     data = ev[0]["data"]
     assert ev[0]["rank"] == 1 and (data["phase"], data["part"]) == ("forward", "compute")
     assert "rank 1 is slow in forward (its own compute" in data["message"] and "gathers" in data["message"]
@@ -387,7 +395,8 @@ def test_straggler_in_zero3_forward_is_named_by_its_compute():
 
 @pytest.mark.parametrize("times", [SLOW_UPDATE_ZERO2, SLOW_UPDATE_ZERO3])
 def test_straggler_in_the_optimizers_update_is_named_before_the_waits_it_causes(times):
-    ev = feed(only("straggler", straggler_consecutive=3), [phases(s, times, ranks=(0, 1)) for s in range(20, 26)])
+    ev = feed(only("straggler", straggler_consecutive=3),
+              balanced(range(15, 20)) + [phases(s, times, ranks=(0, 1)) for s in range(20, 26)])
     assert names(ev) == ["diagnosis/straggler"]
     data = ev[0]["data"]
     assert ev[0]["rank"] == 1 and (data["phase"], data["part"]) == ("optimizer", "update")

@@ -38,10 +38,14 @@ def test_a_sink_abandoned_at_the_deadline_counts_what_it_never_wrote():
     from daemon_sinks import HangSink, SleepySink
     from telemetry.daemon.sinks.base import SinkRunner
 
-    runner = SinkRunner(SleepySink(sleep_s=0.02), max_queued=1_000_000)   # a few batches a deadline's worth
+    import threading
+
+    gate = threading.Event()     # shut until all is queued: on a busy box the puts were once slower than the sink
+    runner = SinkRunner(SleepySink(sleep_s=0.02, gate=gate), max_queued=1_000_000)   # at most 10 batches in 0.2 s
     runner.start()
     for _ in range(50):
         runner.put(_out(10_000))                          # 500k queued: far more than 0.2 s allows
+    gate.set()
     assert runner.close(0.2) is False
     runner.abandon(2.0)
     s = runner.stats()

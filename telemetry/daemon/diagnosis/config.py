@@ -56,7 +56,8 @@ class DiagnosisConfig:
         throughput_min_points: need this many log steps of history first (the run's own
             spread is not known from a few: a shared machine's load changes over minutes).
         straggler_ratio: slowest / fastest rank step time at or above this is a straggler ...
-        straggler_consecutive: ... for this many consecutive log steps, same slowest rank.
+        straggler_consecutive: ... for this many consecutive log steps, same slowest rank (three
+            times as many while the run's usual excess, below, is not known yet).
             With per-phase timings (perf/forward_time, ...) the ratio is of the slowest rank's
             phase time to the other ranks' median in that phase (straggler_view.py) ...
         straggler_min_excess_s: ... and the slowest rank's excess in it at least this (s) ...

@@ -228,7 +228,11 @@ class Straggler(Rule):
     machine a rank that shares a core with another process is 2-3x slower in one phase for a
     while, as steady as a real straggler over 8 log steps. Such bursts come back all through a
     run, so they set its usual excess; a real straggler stands out of it. Before
-    USUAL_MIN_POINTS such steps it is not known and does not count.
+    USUAL_MIN_POINTS such steps it is not known and does not count; an episode then needs
+    UNKNOWN_USUAL_FACTOR x straggler_consecutive slow log steps instead (CI, stop 37: in a balanced
+    DDP run beside a hog, rank 0's forward compute 2x the other's for 8 log steps from about
+    step 14, before the run had five steps outside it; a straggler from the run's first step is
+    named after 24 log steps past the warm-up with the defaults, its series all along).
     Measured on a loaded 2-core box beside a CPU-bound process (issue 29): the noise 0.004-0.06 s,
     bursts of one rank 0.02-0.09 s slower for 5-13 log steps, swinging step to step or steady
     (one at +0.02 s for 8 log steps, steady, over a noise of 0.0043 s: the straggler_noise_z
@@ -243,6 +247,7 @@ class Straggler(Rule):
     MAX_GAP = 2            # log steps in a row of another pick (or none) an episode survives
     USUAL_QUANTILE = 0.9   # the run's usual excess: high enough to hold its recurring bursts
     USUAL_MIN_POINTS = 5   # log steps of excess before the usual excess counts
+    UNKNOWN_USUAL_FACTOR = 3   # an episode while the usual excess is not known lasts this many times longer
 
     def __init__(self, cfg: DiagnosisConfig) -> None:
         super().__init__(cfg)
@@ -278,20 +283,25 @@ class Straggler(Rule):
     def _settle(self, held: list[tuple]) -> None:
         """Take the log steps of an episode that ended into the run's usual excess: its own
         steps (the view picked its rank and phase, slow or not) if it was not reported and
-        stayed within what the usual excess allows (a burst like the run's others), and the
-        steps of anything else between them. A larger episode cut short (by gaps), or one met
-        before the usual excess is known, may be a straggler coming and going: it never raises
-        the bar for the next one."""
+        stayed within what the usual excess allows (a burst like the run's others; before the
+        usual excess is known, straggler_noise_z x the run's noise), and the steps of anything
+        else between them. A larger episode cut short (by gaps) may be a straggler coming and
+        going: it never raises the bar for the next one."""
         own = [x for pick, _, x in held if pick == self.slowest]
-        usual_s = self.usual_s()
-        learn_own = (not self.reported and bool(own) and usual_s > 0
-                     and statistics.median(own) < self.cfg.straggler_usual_factor * usual_s)
+        # Within what the usual excess allows; before it is known, within what the noise allows
+        # (bursts of 0.02-0.04 s under a noise of 0.01-0.03 s, early in a loaded run, so that it
+        # becomes known: a real straggler's 0.2 s coming and going early stays out).
+        bar_s = (self.cfg.straggler_usual_factor * self.usual_s() if len(self.usual) >= self.USUAL_MIN_POINTS
+                 else self.cfg.straggler_noise_z * self.noise_s())
+        learn_own = not self.reported and bool(own) and bar_s > 0 and statistics.median(own) < bar_s
         for pick, _, x in held:
             if learn_own or pick != self.slowest:
                 self.usual.append(x)
 
-    def _episode(self, who: tuple | None, excess_s: float = math.inf, noise_s: float = 0.0) -> bool:
-        """Count a slow log step for `who` (None: not slow); True when it is time to report."""
+    def _episode(self, who: tuple | None, excess_s: float = math.inf, noise_s: float = 0.0,
+                 needed: int | None = None) -> bool:
+        """Count a slow log step for `who` (None: not slow); True when it is time to report:
+        after `needed` slow log steps (straggler_consecutive when None)."""
         if who is not None and (not self.num_slow or who == self.slowest):
             self.num_slow, self.num_gap, self.slowest = self.num_slow + 1, 0, who
         elif self.num_slow and self.num_gap < self.MAX_GAP:
@@ -309,7 +319,7 @@ class Straggler(Rule):
             return False
         self.excesses.append(excess_s)
         n = self.cfg.straggler_consecutive
-        if self.num_slow < n or self.reported:
+        if self.num_slow < (needed or n) or self.reported:
             return False
         last = list(self.excesses)[-n:]
         swing_s = MAD_TO_SIGMA * statistics.median(abs(a - b) for a, b in zip(last, last[1:])) / math.sqrt(2) \
@@ -342,7 +352,11 @@ class Straggler(Rule):
                 and slow_s >= self.cfg.straggler_ratio * median)
         rank = int(rank_f)
         usual_s = self.usual_s()              # as it was before this step
-        report = self._episode((rank, phase) if slow else None, excess, noise_s)
+        # Before the usual excess is known (a burst early in a run, or a straggler from its start,
+        # whose steps are all the episode's), only a longer episode counts: bursts last 5-13 log steps.
+        known = len(self.usual) >= self.USUAL_MIN_POINTS
+        needed = self.cfg.straggler_consecutive * (1 if known else self.UNKNOWN_USUAL_FACTOR)
+        report = self._episode((rank, phase) if slow else None, excess, noise_s, needed)
         if self.num_slow:
             self.held.append(((rank, phase), slow, max(excess, 0.0)))
         else:
