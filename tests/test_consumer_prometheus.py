@@ -98,7 +98,8 @@ def test_types_and_units_come_from_the_catalogue():
     latest.consume("gpu", {"t": 1.0, "host": "n0", "gpu": 0, "values": {
         "gpu/power_w": 300.0, "gpu/sm_clock_mhz": 1500.0, "gpu/temperature_c": 61.0, "gpu/pcie_rx_mb_s": 2.5,
         "gpu/xid_errors": 1, "gpu/util_percent": 90.0}})
-    latest.consume("daemon", {"t": 1.0, "values": {"telemetry/records_in": 10, "telemetry/uptime_s": 4.5}})
+    latest.consume("daemon", {"t": 1.0, "values": {"telemetry/records_in": 10, "telemetry/uptime_s": 4.5,
+                                                   "goodput/productive_s": 80.0, "goodput/fraction": 0.8}})
     text = _exposition(latest)
     for line in ["telemetry_perf_step_time_seconds 0.5", "telemetry_perf_step_time_max_seconds 0.75",
                  "telemetry_perf_straggler_excess_seconds 0.125", "telemetry_memory_num_ooms_total 2.0",
@@ -110,6 +111,7 @@ def test_types_and_units_come_from_the_catalogue():
                  'telemetry_gpu_xid_errors_total{gpu="0",host="n0"} 1.0',
                  'telemetry_gpu_util_percent{gpu="0",host="n0"} 90.0',
                  "telemetry_records_in_total 10.0", "telemetry_uptime_seconds 4.5",
+                 "telemetry_goodput_productive_seconds 80.0", "telemetry_goodput_fraction 0.8",
                  "# TYPE telemetry_records_in_total counter", "# TYPE telemetry_perf_step_time_seconds gauge",
                  "# TYPE telemetry_my_acc_gb gauge"]:
         assert line in text, line

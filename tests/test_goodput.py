@@ -263,3 +263,133 @@ def test_a_real_hang_kill_and_restart_of_the_trainer(make_daemon, tmp_path):
     assert b["hang"] <= hang_truth + 10.0, (b, hang_truth)     # a sanity bound: the daemon looks once a tick
     began = second_run[6]["t"] - second_run[6]["values"]["perf/step_time"]
     assert b["hang"] + b["recovery"] == pytest.approx(began - first_run[8]["t"] - restore, abs=1e-6)
+
+
+# ---- the ledger kept as records go by (telemetry/shared/goodput.py: Ledger) -------------------
+def _job(seed: int) -> list[dict]:
+    """Three launches of 2 ranks with random step times, data waits and stragglers; saves whose
+    events come before or after their step's aggregated record (the daemon writes a step once
+    every rank has it, events at once); each failed launch resumed from its last save."""
+    import random
+
+    rng = random.Random(seed)
+    recs, t, step = [], T0, 0
+    for launch in range(3):
+        recs += [_hello(t + 1, 0, t), _hello(t + 1, 1, t + 0.1)]
+        t += 3.0
+        if launch:
+            recs.append(_event(t, "checkpoint_restored", 0, step=step, duration_s=0.7))
+            t += 0.7
+        last_save = step
+        for _ in range(rng.randint(30, 60)):
+            step += 1
+            st = rng.uniform(0.5, 1.5)
+            t += st
+            extra = {"perf/eval_time": 1.0} if step % 17 == 0 else {}
+            if rng.random() < 0.2:
+                extra.update({"perf/straggler_excess_s": rng.uniform(0, 0.3), "perf/straggler_median_s": 0.1,
+                              "perf/straggler_phase_index": float(rng.choice([0, 1, 3]))})
+            rec = _step(t, step, st, data=rng.uniform(0, 0.2), **extra)
+            if step % 10 == 0:
+                save = [_event(t + 0.2, "checkpoint_saved", r, step=step, duration_s=0.2 + r * 0.1) for r in (0, 1)]
+                recs += save + [rec] if rng.random() < 0.5 else [rec] + save
+                t += 0.3
+                last_save = step
+            else:
+                recs.append(rec)
+        if launch < 2:                        # it hangs, is killed; the next resumes from its last save
+            recs.append(_event(t + 20, "diagnosis/rank_exited", 1, gone_for_s=2.0))
+            t += 25
+            step = last_save
+        else:
+            recs.append(_event(t + 0.5, "train_end", 0, step=step))
+    return recs
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_the_ledger_kept_as_records_go_by_is_the_same_with_a_short_memory(seed, monkeypatch):
+    import telemetry.shared.goodput as gp
+
+    recs = _job(seed)
+    whole = ledger(recs)
+    assert whole["launches"] == 3 and whole["buckets_s"]["redone"] > 0 and whole["buckets_s"]["hang"] > 0
+    _sums_to_wall(whole)
+    monkeypatch.setattr(gp, "RECENT", 3)        # the steps after a save come from its running sums
+    short = ledger(recs)
+    assert "redone_estimated" not in short
+    assert short["buckets_s"] == pytest.approx(whole["buckets_s"], abs=1e-9)
+    # Live: the ledger after any prefix is the ledger of that prefix.
+    live = gp.Ledger()
+    for i, r in enumerate(recs):
+        live.feed(r)
+        if i % 37 == 0:
+            assert live.result()["buckets_s"] == pytest.approx(ledger(recs[:i + 1])["buckets_s"], abs=1e-9)
+
+
+def test_a_restore_from_a_checkpoint_it_never_saw_saved_is_charged_from_the_save_before():
+    import telemetry.shared.goodput as gp
+
+    recs = [_hello(T0 + 1, 0, T0)] + [_step(T0 + 2 + s, s, 1.0) for s in range(1, 101)]
+    recs.insert(41, _event(T0 + 42.5, "checkpoint_saved", 0, step=40, duration_s=0.0))
+    t = T0 + 150
+    recs += [_hello(t + 1, 0, t), _event(t + 2, "checkpoint_restored", 0, step=70, duration_s=0.0)]
+    recs += [_step(t + 3 + s, 71 + s, 1.0) for s in range(5)]
+    exact = ledger(recs)
+    assert exact["buckets_s"]["redone"] == pytest.approx(30.0) and "redone_estimated" not in exact
+    old = gp.RECENT
+    try:
+        gp.RECENT = 10                  # step 70 is no longer among the steps kept one by one
+        short = gp.Ledger().feed_all(recs).result()
+    finally:
+        gp.RECENT = old
+    assert short["redone_estimated"] is True
+    assert short["buckets_s"]["redone"] == pytest.approx(60.0)     # from the save at step 40
+    _sums_to_wall(short)
+
+
+def test_the_daemon_keeps_the_ledger_live_and_a_restarted_daemon_continues_it(make_daemon, tmp_path):
+    """Steps sent by a real client: `telemetry status` and the daemon records carry the ledger
+    so far; a daemon restarted on the same log directory reads it back and goes on."""
+    import time
+
+    from telemetry import TelemetryClient
+
+    log_dir = tmp_path / "telemetry"
+    d = make_daemon(world_size=1, log_dir=log_dir, config={"daemon_record_interval_s": 0.5})
+    tm = TelemetryClient(d.ingest, rank=0)
+    for s in range(1, 11):
+        tm.log(s, {"perf/step_time": 0.05, "perf/data_loading_time": 0.01, "train/loss": 1.0})
+        time.sleep(0.05)
+    tm.close()
+    d.wait_for(lambda rs: sum(r["kind"] == "metrics" for r in rs) >= 10)
+
+    def settled(status: dict) -> bool:
+        return status["goodput"].get("steps") == 10
+
+    deadline = time.monotonic() + 60
+    while not settled(st := d.status()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    g = st["goodput"]
+    assert g["steps"] == 10 and g["launches"] == 1, g
+    assert g["buckets_s"]["productive"] == pytest.approx(10 * 0.04, abs=1e-3)
+    assert g["buckets_s"]["data_loading"] == pytest.approx(10 * 0.01, abs=1e-3)
+    assert 0 < g["goodput"] < 1 and sum(g["buckets_s"].values()) == pytest.approx(g["wall_s"], abs=0.01)
+    recs = d.wait_for(lambda rs: any("goodput/fraction" in r.get("values", {}) for r in rs if r["kind"] == "daemon"))
+    last = [r for r in recs if r["kind"] == "daemon" and "goodput/fraction" in r["values"]][-1]["values"]
+    assert last["goodput/productive_s"] > 0 and last["goodput/wall_s"] >= last["goodput/productive_s"]
+    d.kill()                                      # SIGKILL: nothing of it is drained
+    d2 = make_daemon(world_size=1, log_dir=log_dir, tmp_path=tmp_path / "second")
+    tm2 = TelemetryClient(d2.ingest, rank=0)
+    for s in range(11, 16):
+        tm2.log(s, {"perf/step_time": 0.05, "perf/data_loading_time": 0.01, "train/loss": 1.0})
+    tm2.close()
+    deadline = time.monotonic() + 60
+    while (st := d2.status())["goodput"].get("steps") != 15 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    g2 = st["goodput"]
+    assert g2["steps"] == 15 and g2["records_seeded"] > 0, g2
+    assert g2["buckets_s"]["productive"] == pytest.approx(15 * 0.04, abs=1e-3)
+    # What the offline ledger of the same file says, once the second daemon has written it all.
+    d2.drain()
+    off = ledger(d2.read_jsonl())
+    assert off["steps"] == 15 and off["buckets_s"]["productive"] == pytest.approx(g2["buckets_s"]["productive"], abs=1e-3)

@@ -39,6 +39,7 @@ from telemetry.daemon.intake import Intake
 from telemetry.daemon import memory
 from telemetry.daemon.receiver import Receiver
 from telemetry.shared.security.redact import Redactor
+from telemetry.daemon.goodput_stage import daemon_values as goodput_values
 from telemetry.daemon.sinks.base import InlineRunner, Out, SinkRunner, StartupError, batch_bytes
 
 log = logging.getLogger("telemetry.daemon")
@@ -84,7 +85,7 @@ ABANDON_GRACE_S = 0.5
 GC_GEN0_THRESHOLD = 50_000
 # Stages that analyse the stream rather than write it (their own threads, like sinks): what
 # they skip under a backlog is analysis skipped (telemetry/diagnosis_skipped), not output lost.
-ANALYSIS_STAGES = frozenset({"diagnosis", "forensics"})
+ANALYSIS_STAGES = frozenset({"diagnosis", "forensics", "goodput"})
 # The most of the time the diagnosis stage's thread may spend on the rules (see SinkRunner).
 DIAGNOSIS_MAX_SHARE = 0.25
 
@@ -297,6 +298,7 @@ class Daemon:
         self.pollers = make_pollers(self.cfg.pollers)
         self.diagnoser = Diagnoser(self.cfg.diagnosis)
         self._add_forensics()       # also verifies this host's ranks for the pollers: always
+        self._add_goodput()
         if not self.cfg.diagnosis.enabled:
             return
         # Off the daemon's thread: the rules cost per step; their events come back via post().
@@ -306,6 +308,16 @@ class Daemon:
                             flush_interval_s=TICK_INTERVAL_S, max_share=DIAGNOSIS_MAX_SHARE,
                             max_bytes=self.budget.sink_queue_bytes)
         self.runners.append(runner)
+
+    def _add_goodput(self) -> None:
+        """The goodput ledger, live (telemetry/daemon/goodput_stage.py): on its own thread, held
+        to a share of the time like the rules; it first reads what this log directory holds."""
+        from telemetry.daemon.goodput_stage import GoodputStage
+        from telemetry.daemon.sinks.jsonl import FILE_NAME
+
+        self.goodput = GoodputStage(self.log_dir, FILE_NAME)
+        self.runners.append(SinkRunner(self.goodput, max_queued=10_000, max_share=DIAGNOSIS_MAX_SHARE,
+                                       max_bytes=self.budget.sink_queue_bytes))
 
     def _add_forensics(self) -> None:
         """Hang and crash forensics on their own thread (telemetry/daemon/forensics/). The stage
@@ -680,6 +692,7 @@ class Daemon:
                        "rcvhwm": self.cfg.rcvhwm, "rcvhwm_per_connection": self.cfg.connection_hwm()},
             "intake": self.intake.stats() if self.intake is not None else {},
             "memory": self.memory_status(),
+            "goodput": self.goodput.stats(),
         }
 
     def memory_status(self) -> dict:
@@ -748,6 +761,10 @@ class Daemon:
             # Items shed by the memory budget, all kinds (status: memory.shed has each kind).
             "telemetry/memory_shed": self.shed.total() + sum(r.num_dropped_for_bytes for r in self.runners),
         }
+        try:
+            values.update(goodput_values(self.goodput.result()))
+        except Exception:    # the daemon's own record must go out whatever the ledger does
+            log.exception("goodput: the ledger failed")
         for r in self.runners:
             values[f"telemetry/sink/{r.name}/queued"] = r.queued()
             values[f"telemetry/sink/{r.name}/dropped"] = r.num_dropped

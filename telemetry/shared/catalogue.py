@@ -225,7 +225,13 @@ CATALOGUE: tuple[Metric, ...] = (
           ("telemetry/num_ranks", "ranks", "gauge", "ranks seen"),
           ("telemetry/uptime_s", "s", "gauge", "seconds since the daemon started"),
           ("telemetry/sink/*", "records", "gauge",
-           "telemetry/sink/<sink>/queued: a sink's queue now; telemetry/sink/<sink>/dropped: what it dropped"))),
+           "telemetry/sink/<sink>/queued: a sink's queue now; telemetry/sink/<sink>/dropped: what it dropped"),
+          # The goodput ledger so far (telemetry/shared/goodput.py), in the daemon records too.
+          ("goodput/fraction", "", "gauge", "productive time / wall time so far (the goodput ledger)"),
+          ("goodput/*", "s", "gauge",
+           "goodput/<bucket>_s: the run's wall time so far in that bucket (productive, startup, "
+           "data_loading, eval, checkpoint_save, checkpoint_restore, straggler, hang, redone, recovery, "
+           "unexplained); goodput/wall_s: the wall time so far"))),
 )
 
 

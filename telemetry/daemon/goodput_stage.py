@@ -1,0 +1,133 @@
+"""The goodput ledger kept live (telemetry/shared/goodput.py), as a stage fed like a sink.
+
+Every output record goes by it on its own thread and bounded queue (never the ingest loop's
+time; what a burst leaves it no room for is dropped and counted in its runner's stats, and those
+steps are then `unexplained` in the ledger). The daemon puts the running totals in its own
+records (goodput/* values: every daemon_record_interval_s and a last one at the drain, so the
+JSONL file, W&B's summary, Prometheus and `telemetry tail` have them) and in `telemetry status`.
+
+A daemon restarted on a log directory continues the run's ledger: the stage first reads what
+the files held when the daemon started (every rotated piece, then metrics.jsonl up to its size
+then; opened on the daemon's thread, read on the stage's), then the records as they come.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import msgspec
+
+from telemetry.daemon.sinks.base import Out, Sink
+from telemetry.shared.goodput import BUCKETS, Ledger
+
+log = logging.getLogger("telemetry.daemon")
+
+READ_CHUNK_BYTES = 1 << 20
+MAX_LINE_BYTES = 16 << 20     # a longer line (no record of ours is) is skipped, counted
+
+
+def daemon_values(led: dict[str, Any]) -> dict[str, float]:
+    """The ledger as the daemon record's goodput/* values (the catalogue names them)."""
+    if not led.get("wall_s"):
+        return {}
+    out = {f"goodput/{k}_s": round(v, 6) for k, v in led["buckets_s"].items()}
+    out["goodput/wall_s"] = round(led["wall_s"], 6)
+    out["goodput/fraction"] = round(led["goodput"], 6)
+    return out
+
+
+class GoodputStage(Sink):
+    name = "goodput"
+
+    def __init__(self, log_dir: Path | None = None, file_name: str = "metrics.jsonl") -> None:
+        self.ledger = Ledger()
+        self._lock = threading.Lock()
+        self.num_seeded = 0            # records read from the files at start
+        self.num_seed_bad = 0          # lines there that were not a record
+        self._seed: list[tuple[BinaryIO, int]] = []
+        if log_dir is not None:
+            self._open_seed(Path(log_dir), file_name)
+
+    def _open_seed(self, log_dir: Path, file_name: str) -> None:
+        """Open what the files hold now (the daemon's thread, before it writes anything)."""
+        from telemetry.daemon.sinks.jsonl import rotated_files
+        from telemetry.shared import files
+
+        for path in rotated_files(log_dir):
+            try:
+                f = files.open_regular(path)
+            except (OSError, files.NotRegularFile):
+                continue
+            self._seed.append((f, os.fstat(f.fileno()).st_size))
+
+    def start(self) -> None:
+        seed, self._seed = self._seed, []
+        for f, size in seed:
+            with f:
+                try:
+                    self._read(f, size)
+                except OSError as exc:
+                    log.warning("goodput: reading %s: %s (the ledger goes on without the rest)", f.name, exc)
+        if self.num_seeded:
+            led = self.result()
+            log.info("goodput: continuing the run's ledger from %d record(s) on file (%d launch(es), %d step(s))",
+                     self.num_seeded, led["launches"], led["steps"])
+
+    def _read(self, f: BinaryIO, size: int) -> None:
+        left, partial, skipping = size, b"", False
+        decode = msgspec.json.decode
+        while left > 0:
+            chunk = f.read(min(READ_CHUNK_BYTES, left))
+            if not chunk:
+                break
+            left -= len(chunk)
+            if skipping:
+                end = chunk.find(b"\n")
+                if end < 0:
+                    continue
+                chunk, skipping = chunk[end + 1:], False
+            lines = (partial + chunk).split(b"\n")
+            partial = lines.pop()
+            if len(partial) > MAX_LINE_BYTES:
+                partial, skipping = b"", True
+                self.num_seed_bad += 1
+            recs = []
+            for line in lines:
+                if not line:
+                    continue
+                try:
+                    recs.append(decode(line))
+                except (msgspec.DecodeError, ValueError):
+                    self.num_seed_bad += 1
+            with self._lock:
+                for rec in recs:
+                    self.ledger.feed(rec)
+            self.num_seeded += len(recs)
+
+    def consume(self, batch: list[Out]) -> None:
+        with self._lock:
+            feed = self.ledger.feed
+            for o in batch:
+                if o.kind in ("metrics", "event", "hello", "bye"):
+                    feed(o.record)
+
+    def result(self) -> dict[str, Any]:
+        """The ledger so far; thread-safe (the daemon's thread asks while this one feeds)."""
+        with self._lock:
+            return self.ledger.result()
+
+    def stats(self) -> dict:
+        try:
+            led = self.result()
+        except Exception:   # stats must never fail a status request
+            log.exception("goodput: the ledger failed")
+            return {}
+        out = {k: led[k] for k in ("launches", "steps", "steps_missing", "wall_s", "goodput") if k in led}
+        out["buckets_s"] = {k: round(led["buckets_s"][k], 3) for k in BUCKETS}
+        out["records_seeded"] = self.num_seeded
+        if self.num_seed_bad:
+            out["seed_lines_bad"] = self.num_seed_bad
+        return out

@@ -1,0 +1,302 @@
+"""The goodput ledger: where a run's wall-clock time went, kept as records go by.
+
+`Ledger.feed(record)` takes the records the daemon writes (metrics.jsonl, in order: hellos,
+aggregated steps, events, byes) one at a time in constant time and memory per launch (a few
+numbers, one snapshot per checkpoint save, the last RECENT steps); `Ledger.result()` is the
+ledger so far. `telemetry goodput RUN_DIR` feeds it the whole file (telemetry/consumers/goodput.py);
+the daemon feeds it the records as it writes them and reports the running totals
+(telemetry/daemon/goodput_stage.py). It splits the job's wall time, from the first process's
+start to the last record of the last launch, into buckets that sum to it:
+
+    productive          Σ over steps of step time - data loading - straggler wait
+    startup             first launch: process start -> its first step began (imports, model,
+                        engine, data loader), less a checkpoint restore in it
+    data_loading        Σ perf/data_loading_time: what the steps waited for data
+    eval                Σ perf/eval_time (the trainer times its evaluation)
+    checkpoint_save     Σ over saves of the slowest rank's checkpoint_saved duration_s
+    checkpoint_restore  Σ over launches of the slowest rank's checkpoint_restored duration_s
+    straggler           Σ perf/straggler_excess_s: per step, how much longer the slowest rank's
+                        phase ran than the others' median (the time the others waited); when
+                        that phase is data loading, the data bucket takes the others' median
+                        (perf/straggler_median_s) rather than the ranks' mean, so the excess is
+                        counted once
+    hang                a launch that ended without train_end or a bye (killed, or crashed
+                        without closing its client): its last step -> its end, the
+                        last record of its ranks or, when a rank was killed or crashed, when the
+                        daemon first saw its process gone (diagnosis/rank_exited, gone_for_s
+                        before the event; the daemon looks once a tick, 1 s), less the saves
+                        after that step
+    redone              the steps a failed launch made after the checkpoint the next launch
+                        resumed from, at their measured step time: work done twice
+    recovery            a failed launch's end -> the next launch's first step, less its restore
+    unexplained         the rest: wall - all of the above (loop overhead, logging, anything the
+                        trainer does not time), shown as such
+
+goodput = productive / wall. Steps are the daemon's aggregated step records (across ranks: the
+step time is the slowest rank's, data loading the ranks' mean); a launch is the processes whose
+hello says they started after the previous launch's last step (hello `started_at`, sent by
+every client). A step the daemon never wrote (it was down) is in `unexplained`; `steps_missing`
+counts them. While a launch runs, its time since its last record is not in the wall time yet.
+
+Work redone needs the steps after the checkpoint the next launch resumed from: the ledger keeps
+the running sums at each checkpoint save and the last RECENT steps; a launch that resumed from
+a checkpoint older than both (not one this ledger saw saved, and more than RECENT log steps
+back) is charged from the nearest save before it, and `redone_estimated` says so.
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+BUCKETS = ("productive", "startup", "data_loading", "eval", "checkpoint_save", "checkpoint_restore", "straggler",
+           "hang", "redone", "recovery", "unexplained")
+DATA_PHASE = 0.0      # perf/straggler_phase_index of data loading (the catalogue's doc lists them)
+RECENT = 512          # steps kept one by one (for a restore from a checkpoint no save event announced)
+# What to do about each kind of loss, the report's line under the biggest.
+ADVICE = {
+    "startup": "start-up: cache the model and data locally, fewer imports, a warm container; it is paid per launch",
+    "data_loading": "data loading: more DataLoader workers, pinned memory, prefetch, data on local disk",
+    "eval": "evaluation: fewer eval batches or less often, or evaluate asynchronously",
+    "checkpoint_save": "checkpoint saves: less often, asynchronous or sharded saves, a faster file system",
+    "checkpoint_restore": "checkpoint restores: a faster file system, sharded checkpoints",
+    "straggler": "stragglers: see diagnosis/straggler events (telemetry tail) for the rank and phase",
+    "hang": "hangs: set a collective timeout; the daemon's hang bundle names the rank and where it waits",
+    "redone": "work redone: checkpoint more often (each lost step is paid twice)",
+    "recovery": "recovery: restart faster (a job supervisor that relaunches at once, a warm node pool)",
+    "unexplained": "unexplained: time outside the timed phases (logging, host syncs, the loop's own work)",
+}
+# A step's parts, in this order: step time, productive, data loading, straggler, eval.
+_ST, _PROD, _DATA, _STRAG, _EVAL = range(5)
+_ZERO = (0.0, 0.0, 0.0, 0.0, 0.0)
+
+
+def _num(v: Any) -> float | None:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and v == v else None
+
+
+def _add(a: tuple, b: tuple, sign: float = 1.0) -> tuple:
+    return tuple(x + sign * y for x, y in zip(a, b))
+
+
+def step_parts(values: dict) -> tuple[float, ...] | None:
+    """(step time, productive, data loading, straggler, eval) of an aggregated step's values, or
+    None without a step time (module docstring)."""
+    st = _num(values.get("perf/step_time"))
+    if st is None:
+        return None
+    data = _num(values.get("perf/data_loading_time")) or 0.0
+    excess = max(0.0, _num(values.get("perf/straggler_excess_s")) or 0.0)
+    if excess and _num(values.get("perf/straggler_phase_index")) == DATA_PHASE:
+        # The slow rank's data loading is in the ranks' mean: what the others waited for data is
+        # their median; its excess is the straggler's, counted once.
+        data = _num(values.get("perf/straggler_median_s")) or 0.0
+    data = min(st, data)
+    strag = min(st - data, excess)
+    return (st, st - data - strag, data, strag, _num(values.get("perf/eval_time")) or 0.0)
+
+
+@dataclass
+class _Launch:
+    started_at: float
+    last_t: float = 0.0          # its last record of any kind
+    ended: bool = False          # a train_end event or a bye: the launch left, it was not killed
+    num_steps: int = 0
+    lo: int | None = None        # its first and last step, and when they ended / began
+    hi: int | None = None
+    first_began: float = 0.0
+    hi_t: float = 0.0            # the t of its last step's record
+    max_step_t: float = 0.0      # the latest t of any of its steps
+    total: tuple = _ZERO         # Σ parts over its steps
+    recent: dict = field(default_factory=dict)      # step -> parts, the last RECENT steps
+    order: deque = field(default_factory=deque)     # their steps, oldest first
+    snaps: dict = field(default_factory=dict)       # save step -> Σ parts over steps <= it
+    pending: set = field(default_factory=set)       # save steps whose sums await a later step
+    saves: dict = field(default_factory=dict)       # step -> [slowest rank's duration, latest t]
+    restore_s: float = 0.0
+    restored_step: int | None = None
+
+    def add_step(self, step: int, t: float, parts: tuple) -> None:
+        old = self.recent.get(step)
+        if old is not None:                      # the same step again: the last one counts
+            self.total = _add(self.total, old, -1.0)
+        else:
+            if self.pending and (self.hi is None or step > self.hi):
+                for s in [s for s in self.pending if s < step]:
+                    self.snaps[s] = self.total   # the sums over the steps up to the save
+                    self.pending.discard(s)
+            self.num_steps += 1
+            self.order.append(step)
+            if len(self.order) > RECENT:
+                self.recent.pop(self.order.popleft(), None)
+        self.recent[step] = parts
+        self.total = _add(self.total, parts)
+        if self.lo is None or step < self.lo:
+            self.lo, self.first_began = step, t - parts[_ST]
+        if self.hi is None or step >= self.hi:
+            self.hi, self.hi_t = step, t
+        self.max_step_t = max(self.max_step_t, t)
+
+    def add_save(self, step: int, t: float, dur: float) -> None:
+        cur = self.saves.setdefault(step, [0.0, 0.0])
+        cur[0], cur[1] = max(cur[0], dur), max(cur[1], t)
+        if step in self.snaps or step in self.pending:
+            return
+        if self.hi is None or step >= self.hi:
+            self.pending.add(step)
+        elif self.order and step >= self.order[0] - 1:
+            self.snaps[step] = _add(self.total, self.after(step), -1.0)
+
+    def after(self, step: int) -> tuple:
+        """Σ parts over the recent steps after `step`."""
+        out = _ZERO
+        for s in self.order:
+            if s > step:
+                out = _add(out, self.recent[s])
+        return out
+
+    def redone(self, resumed: int) -> tuple[tuple, bool]:
+        """Σ parts over the steps after `resumed` (the checkpoint the next launch restored),
+        and whether that is an estimate (module docstring)."""
+        if self.hi is None or resumed >= self.hi:
+            return _ZERO, False
+        if resumed < self.lo:
+            return self.total, False
+        if resumed in self.snaps:
+            return _add(self.total, self.snaps[resumed], -1.0), False
+        if self.order and resumed >= self.order[0] - 1:
+            return self.after(resumed), False
+        older = [s for s in self.snaps if s < resumed]
+        if older:
+            return _add(self.total, self.snaps[max(older)], -1.0), True
+        return self.total, True
+
+
+class Ledger:
+    """The goodput ledger of one job, fed its records in order (module docstring)."""
+
+    def __init__(self) -> None:
+        self.launches: list[_Launch] = []
+        self.num_records = 0
+
+    def feed_all(self, records: Iterable[dict]) -> "Ledger":
+        for rec in records:
+            self.feed(rec)
+        return self
+
+    def feed(self, rec: dict) -> None:
+        self.num_records += 1
+        if not isinstance(rec, dict):
+            return
+        kind = rec.get("kind")
+        t = _num(rec.get("t"))
+        if t is None:
+            return
+        launches = self.launches
+        if kind == "hello":
+            info = rec.get("info") if isinstance(rec.get("info"), dict) else {}
+            started = _num(info.get("started_at"))
+            if started is None:
+                return
+            cur = launches[-1] if launches else None
+            if cur is None or (cur.num_steps and started > cur.max_step_t):
+                launches.append(_Launch(started_at=started, last_t=t))
+            else:
+                cur.started_at = min(cur.started_at, started)
+            return
+        if not launches:
+            return
+        cur = launches[-1]
+        name = rec.get("name") if kind == "event" else None
+        if kind in ("metrics", "bye") or (kind == "event" and not str(name).startswith("diagnosis/")):
+            cur.last_t = max(cur.last_t, t)     # the ranks' own records: the launch was alive then
+        elif name == "diagnosis/rank_exited":
+            # The daemon saw a rank's process gone (killed, crashed): the launch ended when it was
+            # first seen gone, gone_for_s before the event.
+            data = rec.get("data") if isinstance(rec.get("data"), dict) else {}
+            cur.last_t = max(cur.last_t, t - max(0.0, _num(data.get("gone_for_s")) or 0.0))
+        if kind == "metrics" and "rank" not in rec:
+            step, values = rec.get("step"), rec.get("values")
+            if isinstance(step, int) and not isinstance(step, bool) and isinstance(values, dict):
+                parts = step_parts(values)
+                if parts is not None:
+                    cur.add_step(step, t, parts)
+        elif kind == "event":
+            data = rec.get("data") if isinstance(rec.get("data"), dict) else {}
+            step, dur = data.get("step"), _num(data.get("duration_s"))
+            step = step if isinstance(step, int) and not isinstance(step, bool) else None
+            if name == "checkpoint_saved" and step is not None and dur is not None:
+                cur.add_save(step, t, dur)
+            elif name == "checkpoint_restored" and dur is not None:
+                cur.restore_s = max(cur.restore_s, dur)
+                cur.restored_step = step if step is not None else cur.restored_step
+            elif name == "train_end":
+                cur.ended = True
+        elif kind == "bye":
+            cur.ended = True      # a rank closed its client: it left, it was not killed mid-step
+
+    def result(self) -> dict[str, Any]:
+        """The ledger so far: seconds per bucket, wall, goodput, and what was counted."""
+        launches = self.launches
+        buckets = dict.fromkeys(BUCKETS, 0.0)
+        out: dict[str, Any] = {"records": self.num_records, "launches": len(launches), "steps": 0,
+                               "steps_missing": 0}
+        if not any(la.num_steps for la in launches):
+            out.update(wall_s=0.0, goodput=None, buckets_s=buckets, note="no step records with perf/step_time")
+            return out
+        estimated = False
+        for i, la in enumerate(launches):
+            nxt = launches[i + 1] if i + 1 < len(launches) else None
+            redone = _ZERO
+            if nxt is not None and la.num_steps:
+                redone, est = la.redone(nxt.restored_step if nxt.restored_step is not None else 0)
+                estimated |= est
+            kept = _add(la.total, redone, -1.0)
+            buckets["redone"] += redone[_ST]
+            buckets["productive"] += kept[_PROD]
+            buckets["data_loading"] += kept[_DATA]
+            buckets["straggler"] += kept[_STRAG]
+            buckets["eval"] += kept[_EVAL]
+            out["steps"] += la.num_steps
+            buckets["checkpoint_save"] += sum(d for d, _ in la.saves.values())
+            buckets["checkpoint_restore"] += la.restore_s
+            if not la.num_steps:
+                continue
+            out["steps_missing"] += (la.hi - la.lo + 1) - la.num_steps
+            if i == 0:
+                buckets["startup"] += max(0.0, la.first_began - la.started_at - la.restore_s)
+            else:
+                buckets["recovery"] += max(0.0, la.first_began - launches[i - 1].last_t - la.restore_s)
+            if not la.ended:
+                after = sum(d for d, st in la.saves.values() if st > la.hi_t)
+                buckets["hang"] += max(0.0, la.last_t - la.hi_t - after)
+        wall = launches[-1].last_t - launches[0].started_at
+        buckets["unexplained"] = wall - sum(v for k, v in buckets.items() if k != "unexplained")
+        out.update(wall_s=wall, goodput=buckets["productive"] / wall if wall > 0 else None, buckets_s=buckets)
+        if estimated:
+            out["redone_estimated"] = True
+        return out
+
+
+def ledger(records: Iterable[dict]) -> dict[str, Any]:
+    """The ledger of a run's records (module docstring)."""
+    return Ledger().feed_all(records).result()
+
+
+def text(led: dict[str, Any], name: str = "") -> str:
+    """The ledger as a table, the biggest loss first, with what to do about it."""
+    wall = led.get("wall_s") or 0.0
+    if not wall:
+        return f"goodput{' of ' + name if name else ''}: nothing to account ({led.get('note', 'no steps')})"
+    b = led["buckets_s"]
+    lines = [f"goodput{' of ' + name if name else ''}: {100 * led['goodput']:.1f} % of {wall:,.1f} s wall time "
+             f"was training ({led['steps']:,} steps, {led['launches']} launch(es)"
+             + (f", {led['steps_missing']:,} step(s) the daemon did not write" if led["steps_missing"] else "") + ")",
+             f"  {'productive':<20} {b['productive']:>11,.2f} s  {100 * b['productive'] / wall:6.2f} %"]
+    losses = sorted((k for k in BUCKETS if k != "productive"), key=lambda k: -abs(b[k]))
+    for k in losses:
+        lines.append(f"  {k:<20} {b[k]:>11,.2f} s  {100 * b[k] / wall:6.2f} %")
+    top = losses[0]
+    if b[top] > 0:
+        lines.append(f"biggest loss: {ADVICE[top]}")
+    return "\n".join(lines)
