@@ -129,12 +129,14 @@ def test_live_view_renders_every_panel():
                                                           "gpu/memory_total_gb": 80}})
     st.consume("event", {"t": 0, "name": "diagnosis/straggler", "data": {"message": "rank 1 is slow",
                                                                         "severity": "warning"}})
+    st.consume("daemon", {"t": 0, "values": {"goodput/fraction": 0.873, "goodput/startup_s": 12.0,
+                                             "goodput/hang_s": 3.0, "goodput/productive_s": 200.0}})
     for width in (80, 140):
         console = Console(width=width, record=True, file=open(os.devnull, "w"))
         console.print(render(st, "ipc:///x", width=width))
         text = console.export_text()
         for needle in ("my-run", "0.1000", "100,000", "40.0 %", "rank 1 is slow", "97 %", "40.0/80 GB",
-                       "spread 10.0 %"):
+                       "spread 10.0 %", "goodput", "87.3 %", "startup", "12 s"):
             assert needle in text, (width, needle, text)
 
 

@@ -377,6 +377,9 @@ def test_the_daemon_keeps_the_ledger_live_and_a_restarted_daemon_continues_it(ma
     recs = d.wait_for(lambda rs: any("goodput/fraction" in r.get("values", {}) for r in rs if r["kind"] == "daemon"))
     last = [r for r in recs if r["kind"] == "daemon" and "goodput/fraction" in r["values"]][-1]["values"]
     assert last["goodput/productive_s"] > 0 and last["goodput/wall_s"] >= last["goodput/productive_s"]
+    out = subprocess.run([sys.executable, "-m", "telemetry", "status", "--control", d.control], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and "goodput " in out.stdout and "10 steps, 1 launch(es)" in out.stdout, out
     d.kill()                                      # SIGKILL: nothing of it is drained
     d2 = make_daemon(world_size=1, log_dir=log_dir, tmp_path=tmp_path / "second")
     tm2 = TelemetryClient(d2.ingest, rank=0)

@@ -72,6 +72,14 @@ def run(args: argparse.Namespace) -> int:
              f"dropped by clients {g('records_dropped_by_clients')}  lost in transit {g('records_lost_in_transit')}",
              f"ranks {g('ranks')}  last step {g('last_step')}  steps out {g('steps_out')} "
              f"({g('steps_incomplete')} without every rank)"]
+    gp = g("goodput") if isinstance(g("goodput"), dict) else {}
+    if isinstance(gp.get("goodput"), (int, float)) and isinstance(gp.get("buckets_s"), dict):
+        from telemetry.shared.goodput import top_loss
+
+        loss = top_loss({f"goodput/{k}_s": v for k, v in gp["buckets_s"].items()})
+        lines.append(f"goodput {100 * gp['goodput']:.1f} % of {_n(gp.get('wall_s'), ',.0f')} s so far "
+                     f"({gp.get('steps')} steps, {gp.get('launches')} launch(es))"
+                     + (f"  biggest loss: {loss[0]} {loss[1]:,.1f} s" if loss else ""))
     sinks = g("sinks") if isinstance(g("sinks"), dict) else {}
     for name, s in sinks.items():
         s = s if isinstance(s, dict) else {}

@@ -23,6 +23,7 @@ from typing import Any
 from telemetry.consumers.events import EventGroup, EventGroups
 from telemetry.consumers.runend import RunEnd
 from telemetry.consumers.terminal import printable, printable_record
+from telemetry.shared.goodput import top_loss as goodput_top_loss
 from telemetry.shared.endpoints import endpoint_arg
 from telemetry.shared.bookkeeping import is_bookkeeping
 
@@ -330,6 +331,12 @@ def render(state: TailState, endpoint: str, filter_prefix: str = "", width: int 
                                          "telemetry/sink_dropped") else ""
         health.add_row(label, Text("—" if val is None else f"{int(val):,}", style=style))
     health.add_row("events", str(state.num_events))
+    frac = _num(d, "goodput/fraction")
+    if frac is not None:                  # the goodput ledger so far (telemetry/shared/goodput.py)
+        health.add_row("goodput", f"{frac * 100:.1f} %")
+        loss = goodput_top_loss(d)
+        if loss:
+            health.add_row(Text(loss[0], style="dim"), Text(f"{loss[1]:,.0f} s", style="dim"))
     if state.missing_ranks:
         health.add_row("missing ranks", Text(",".join(map(str, state.missing_ranks)), style="red"))
 

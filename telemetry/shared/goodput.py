@@ -72,7 +72,10 @@ _ZERO = (0.0, 0.0, 0.0, 0.0, 0.0)
 
 
 def _num(v: Any) -> float | None:
-    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and v == v else None
+    t = type(v)
+    if t is float:
+        return v if v == v else None
+    return float(v) if t is int or (isinstance(v, (int, float)) and not isinstance(v, bool) and v == v) else None
 
 
 def _add(a: tuple, b: tuple, sign: float = 1.0) -> tuple:
@@ -82,18 +85,21 @@ def _add(a: tuple, b: tuple, sign: float = 1.0) -> tuple:
 def step_parts(values: dict) -> tuple[float, ...] | None:
     """(step time, productive, data loading, straggler, eval) of an aggregated step's values, or
     None without a step time (module docstring)."""
-    st = _num(values.get("perf/step_time"))
+    get = values.get
+    st = _num(get("perf/step_time"))
     if st is None:
         return None
-    data = _num(values.get("perf/data_loading_time")) or 0.0
-    excess = max(0.0, _num(values.get("perf/straggler_excess_s")) or 0.0)
-    if excess and _num(values.get("perf/straggler_phase_index")) == DATA_PHASE:
+    data = _num(get("perf/data_loading_time")) or 0.0
+    excess = _num(get("perf/straggler_excess_s")) or 0.0
+    if excess < 0.0:
+        excess = 0.0
+    if excess and _num(get("perf/straggler_phase_index")) == DATA_PHASE:
         # The slow rank's data loading is in the ranks' mean: what the others waited for data is
         # their median; its excess is the straggler's, counted once.
         data = _num(values.get("perf/straggler_median_s")) or 0.0
     data = min(st, data)
     strag = min(st - data, excess)
-    return (st, st - data - strag, data, strag, _num(values.get("perf/eval_time")) or 0.0)
+    return (st, st - data - strag, data, strag, _num(get("perf/eval_time")) or 0.0)
 
 
 @dataclass
@@ -118,19 +124,22 @@ class _Launch:
 
     def add_step(self, step: int, t: float, parts: tuple) -> None:
         old = self.recent.get(step)
+        total = self.total
         if old is not None:                      # the same step again: the last one counts
-            self.total = _add(self.total, old, -1.0)
+            self.total = total = (total[0] - old[0], total[1] - old[1], total[2] - old[2], total[3] - old[3],
+                                  total[4] - old[4])
         else:
             if self.pending and (self.hi is None or step > self.hi):
                 for s in [s for s in self.pending if s < step]:
-                    self.snaps[s] = self.total   # the sums over the steps up to the save
+                    self.snaps[s] = total        # the sums over the steps up to the save
                     self.pending.discard(s)
             self.num_steps += 1
             self.order.append(step)
             if len(self.order) > RECENT:
                 self.recent.pop(self.order.popleft(), None)
         self.recent[step] = parts
-        self.total = _add(self.total, parts)
+        self.total = (total[0] + parts[0], total[1] + parts[1], total[2] + parts[2], total[3] + parts[3],
+                      total[4] + parts[4])
         if self.lo is None or step < self.lo:
             self.lo, self.first_began = step, t - parts[_ST]
         if self.hi is None or step >= self.hi:
@@ -186,13 +195,24 @@ class Ledger:
 
     def feed(self, rec: dict) -> None:
         self.num_records += 1
-        if not isinstance(rec, dict):
+        if type(rec) is not dict:
             return
         kind = rec.get("kind")
         t = _num(rec.get("t"))
         if t is None:
             return
         launches = self.launches
+        if kind == "metrics" and launches:       # the common case first: a step
+            cur = launches[-1]
+            if t > cur.last_t:
+                cur.last_t = t
+            if "rank" not in rec:
+                step, values = rec.get("step"), rec.get("values")
+                if type(step) is int and type(values) is dict:
+                    parts = step_parts(values)
+                    if parts is not None:
+                        cur.add_step(step, t, parts)
+            return
         if kind == "hello":
             info = rec.get("info") if isinstance(rec.get("info"), dict) else {}
             started = _num(info.get("started_at"))
@@ -276,6 +296,16 @@ class Ledger:
         if estimated:
             out["redone_estimated"] = True
         return out
+
+
+def top_loss(values: dict) -> tuple[str, float] | None:
+    """The biggest loss (bucket, seconds) of a daemon record's goodput/* values, or None."""
+    best = None
+    for k in BUCKETS[1:]:
+        v = values.get(f"goodput/{k}_s")
+        if isinstance(v, (int, float)) and v > 0 and (best is None or v > best[1]):
+            best = (k, float(v))
+    return best
 
 
 def ledger(records: Iterable[dict]) -> dict[str, Any]:
