@@ -111,3 +111,27 @@ def test_waiting_is_bounded_and_counted(tmp_path, monkeypatch):
     assert sink.stats()["dropped_before_open"] == 2
     path = finish(sink, tmp_path)                                    # close opens the run for them
     assert sorted(r["system/cpu_percent"] for r in history_rows(path) if "system/cpu_percent" in r) == [0.0, 1.0, 2.0]
+
+
+def test_the_goodput_ledger_is_in_the_daemons_run_summary_and_the_users_system_metrics(tmp_path):
+    """The daemon's records carry the goodput ledger so far (goodput/*): the daemon's run (our
+    trainer) has its last values in the summary; the user's run keeps W&B's own history and
+    summary, and has them in its system metrics with the other telemetry series."""
+    from wandb_offline import summary
+
+    gp = {"goodput/fraction": 0.75, "goodput/productive_s": 30.0, "goodput/startup_s": 10.0, "goodput/wall_s": 40.0}
+    daemon_rec = out({"kind": "daemon", "t": 3.0, "values": gp})
+    ours = tmp_path / "ours"
+    sink = WandbSink("offline", ours, run_name="daemon-name", project="daemon-project")
+    sink.start()
+    sink.consume([hello(0, {"world_size": 1}), metrics(1, {"train/loss": 2.0}), daemon_rec])
+    s = summary(finish(sink, ours))
+    assert {k: s.get(k) for k in gp} == gp, s
+    theirs = tmp_path / "theirs"
+    sink = WandbSink("offline", theirs, run_name="daemon-name", project="daemon-project")
+    sink.start()
+    sink.consume([hello(0, {"framework": "wandb", "config": {}, "wandb": INIT, "world_size": 1}),
+                  metrics(0, {"train/loss": 2.0}), daemon_rec])
+    path = finish(sink, theirs)
+    assert not any(k.startswith("goodput/") for k in summary(path))
+    assert any(row.get("goodput/fraction") == 0.75 for row in stats_rows(path)), stats_rows(path)
