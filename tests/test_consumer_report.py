@@ -61,6 +61,10 @@ def test_report_from_a_real_daemon(make_daemon, tmp_path):
     assert "<title>Run my-run-7" in page and "<h1>Run my-run-7</h1>" in page
     assert "config.optim.lr" in page and "checkpoint_saved" in page
     assert "code" in page or (out / "loss.png").exists()
+    # Where the time went: the goodput ledger, as `telemetry goodput` has it, biggest loss first.
+    assert "goodput: " in proc.stdout and "(30 steps, 1 launch(es))" in proc.stdout, proc.stdout
+    assert "  productive" in proc.stdout and "  startup" in proc.stdout
+    assert "Where the time went: goodput" in page and "<th>startup</th>" in page
 
     # The telemetry dir itself is accepted too, and --out is honoured.
     r = make_report(run_dir / "telemetry", tmp_path / "elsewhere")

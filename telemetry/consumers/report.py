@@ -65,6 +65,7 @@ class RunData:
     num_unplottable: int = 0     # numbers left out: NaN, Inf or beyond ±MAX_PLOT_ABS
     t_first: float | None = None
     t_last: float | None = None
+    goodput: dict[str, Any] = field(default_factory=dict)      # the goodput ledger (telemetry/shared/goodput.py)
 
     def series(self, name: str) -> tuple[list[int], list[float]]:
         return self.steps.get(name, ([], []))
@@ -91,9 +92,13 @@ def _append(d: RunData, store: dict, key: Any, x: float, y: Any) -> None:
 def collect(records: Any) -> RunData:
     from telemetry.consumers.daemontotals import DaemonTotals
 
+    from telemetry.shared.goodput import Ledger
+
     d = RunData()
     totals = DaemonTotals()
+    ledger = Ledger()
     for rec in records:
+        ledger.feed(rec)
         kind = rec.get("kind")
         t = rec.get("t")
         if _is_num(t):
@@ -130,6 +135,7 @@ def collect(records: Any) -> RunData:
             totals.consume(values, t)
     d.daemon = totals.totals()
     d.num_daemons = totals.num_daemons
+    d.goodput = ledger.result()
     return d
 
 
@@ -620,6 +626,7 @@ def write_html(out: Path, name: str, log_dir: Path, d: RunData, s: dict, images:
         '<p class="dim">No diagnosis events: no rule fired.</p>'
     other_html = f"<h2>Other events ({len(other)})</h2><table class='ev'>{head}{event_rows(other[-200:])}</table>" \
         if other else ""
+    goodput_html = _goodput_html(d.goodput)
     imgs = "\n".join(f'<figure><img src="{e(p.name)}" alt="{e(p.stem)}"></figure>' for p in images)
     missing_html = "".join(f"<li>{e(m)}</li>" for m in missing)
     page = f"""<!doctype html>
@@ -636,6 +643,7 @@ tr.critical td {{ background: #ffebee; }} figure {{ margin: 1em 0; }} img {{ max
 <h1>Run {e(name)}</h1>
 <p class="dim">telemetry report, {e(_when(d.t_first))} – {e(_when(d.t_last))}</p>
 <div class="cols"><div><h2>Summary</h2><table>{summary}</table></div></div>
+{goodput_html}
 <h2>Diagnosis ({len(diag)})</h2>
 {diag_html}
 <h2>Plots</h2>
@@ -649,6 +657,26 @@ tr.critical td {{ background: #ffebee; }} figure {{ margin: 1em 0; }} img {{ max
     path = out / "index.html"
     path.write_text(page, encoding="utf-8")
     return path
+
+
+def _goodput_html(led: dict[str, Any]) -> str:
+    """Where the run's wall-clock time went: the goodput ledger's buckets, the biggest loss first,
+    with what to do about it."""
+    from telemetry.shared.goodput import ADVICE, BUCKETS
+
+    wall = led.get("wall_s") or 0.0
+    if not wall:
+        return ""
+    b = led["buckets_s"]
+    e = html.escape
+    rows = [("productive", b["productive"], "")] + sorted(
+        ((k, b[k], ADVICE.get(k, "")) for k in BUCKETS if k != "productive"), key=lambda r: -abs(r[1]))
+    body = "\n".join(f"<tr><th>{e(k)}</th><td>{v:,.1f} s</td><td>{100 * v / wall:.1f} %</td>"
+                     f"<td class='dim'>{e(advice) if v > 0 else ''}</td></tr>" for k, v, advice in rows)
+    extra = f", {led['steps_missing']:,} step(s) the daemon did not write" if led.get("steps_missing") else ""
+    return (f"<h2>Where the time went: goodput {100 * led['goodput']:.1f} %</h2>"
+            f"<p class='dim'>{wall:,.1f} s of wall time, {led['steps']:,} steps, {led['launches']} launch(es){e(extra)}; "
+            f"telemetry goodput RUN_DIR says the same</p><table>{body}</table>")
 
 
 def _f(x: Any, spec: str = "", unit: str = "") -> str:
@@ -667,6 +695,10 @@ def text_summary(name: str, s: dict, d: RunData) -> str:
              f"  records in         {_f(s['records_in'])}  dropped {_f(s['dropped'])}"
              + (f"  (over {s['num_daemons']} daemon runs)" if s["num_daemons"] > 1 else ""),
              f"  events             {s['num_events']} ({s['num_diagnosis_events']} diagnosis)"]
+    if d.goodput.get("wall_s"):
+        from telemetry.shared.goodput import text as goodput_text
+
+        lines += ["  " + line for line in goodput_text(d.goodput).split("\n")]
     if s["eval_loss"]:
         lines.insert(3, "  eval loss (last)   " + ", ".join(f"{k} {v:.4f}" for k, v in s["eval_loss"].items()))
     diag = [ev for ev in d.events if str(ev.get("name", "")).startswith("diagnosis/")]
