@@ -71,7 +71,8 @@ def test_dashboard_in_chromium_against_a_real_run(tmp_path):
             c.event("checkpoint_saved", {"path": "/ckpt/step_40", "step": 40})
         daemons[0].wait_for(lambda rs: any(r.get("step") == NUM_STEPS and "rank" not in r for r in rs)
                             and sum(r.get("kind") == "event" and r.get("name") == "checkpoint_saved" for r in rs) == 2
-                            and any(r.get("kind") == "daemon" for r in rs) and any(r.get("kind") == "system" for r in rs))
+                            and any(r.get("kind") == "daemon" and "goodput/fraction" in r["values"] for r in rs)
+                            and any(r.get("kind") == "system" for r in rs))
         recs = daemons[0].read_jsonl()
         steps = [r for r in recs if r["kind"] == "metrics" and "rank" not in r]
         num_loss = sum("train/loss" in r["values"] for r in steps)
@@ -105,6 +106,13 @@ def test_dashboard_in_chromium_against_a_real_run(tmp_path):
             assert charts["dataset_accuracy"]["points"] == 2 * NUM_STEPS
             assert charts["host_cpu"]["points"] >= 1 and charts["records_in"]["points"] >= 1
             assert charts["records_lost"]["series"] == "dropped|lost in transit|sink dropped"
+            # Where the time went: the goodput ledger the daemon keeps, bucket by bucket, and its tile.
+            num_goodput = sum("goodput/fraction" in r["values"] for r in recs if r["kind"] == "daemon")
+            assert charts["goodput_fraction"]["points"] >= num_goodput >= 1, charts["goodput_fraction"]   # more since
+            assert charts["goodput_buckets"]["series"] == ("productive|startup|data loading|eval|checkpoint save|"
+                                                           "checkpoint restore|straggler|hang|redone|recovery|"
+                                                           "unexplained"), charts["goodput_buckets"]
+            assert b.evaluate("document.querySelector('[data-tile=goodput] .value').textContent").endswith(" %")
             # An event every rank sent is listed once, with its ranks.
             rows = b.evaluate("[...document.querySelectorAll('#event-rows tr')].map(r => r.textContent)")
             saved = [r for r in rows if "checkpoint_saved" in r]

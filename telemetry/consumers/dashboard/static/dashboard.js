@@ -13,6 +13,10 @@ const re = (r) => (k) => r.test(k);
 const afterAt = (k) => k.split("@")[1] || "";
 const datasetOf = (k) => k.split("/")[1];
 
+// The goodput ledger's buckets (telemetry/shared/goodput.py BUCKETS), in its order: productive at the bottom.
+const GOODPUT_BUCKETS = ["productive", "startup", "data_loading", "eval", "checkpoint_save", "checkpoint_restore",
+                         "straggler", "hang", "redone", "recovery", "unexplained"].map((b) => `goodput/${b}_s`);
+
 const GROUPS = [
   { title: "Training", charts: [
     { id: "loss", title: "Loss", axis: "step", match: (k) => k === "train/loss" || /^eval\/([^/]+\/)?loss$/.test(k),
@@ -61,6 +65,15 @@ const GROUPS = [
     { id: "host_cpu", title: "Host CPU (%)", axis: "time", match: re(/^system\/cpu_percent@/), label: afterAt },
     { id: "host_memory", title: "Host memory (%)", axis: "time", match: re(/^system\/memory_percent@/), label: afterAt },
   ]},
+  { title: "Where the time went (the goodput ledger)", why: "no goodput ledger yet (the daemon writes it in its own records)",
+    charts: [
+    { id: "goodput_buckets", title: "Wall time by bucket (s, stacked)", axis: "time", stacked: true,
+      match: (k) => GOODPUT_BUCKETS.includes(k), order: GOODPUT_BUCKETS,
+      label: (k) => k.replace("goodput/", "").replace(/_s$/, "").replace(/_/g, " "),
+      note: "telemetry goodput RUN_DIR: the formulas" },
+    { id: "goodput_fraction", title: "Goodput (productive / wall)", axis: "time", match: exact("goodput/fraction"),
+      label: () => "goodput" },
+  ]},
   { title: "Telemetry (the daemon's own accounting)", charts: [
     { id: "records_in", title: "Records in", axis: "time", match: exact("telemetry/records_in"), label: () => "records in" },
     { id: "records_lost", title: "Records lost", axis: "time",
@@ -72,7 +85,9 @@ const CHARTS = GROUPS.flatMap((g) => g.charts);
 
 const PALETTE = ["#2563eb", "#dc2626", "#16a34a", "#9333ea", "#ea580c", "#0891b2", "#ca8a04", "#db2777",
                  "#4b5563", "#65a30d"];
-const STACK_FILLS = ["#93c5fd", "#fca5a5", "#86efac", "#fcd34d"];
+// Light versions of PALETTE, in its order (a band's fill and its legend's line agree).
+const STACK_FILLS = ["#93c5fd", "#fca5a5", "#86efac", "#d8b4fe", "#fdba74", "#67e8f9", "#fde047", "#f9a8d4",
+                     "#d1d5db", "#bef264"];
 const DASHES = [[], [6, 3], [2, 3], [10, 3, 2, 3]];
 const SEVERITY_COLOR = { critical: "#dc2626", warning: "#d97706", info: "#2563eb" };
 const CHART_HEIGHT = 210;
@@ -228,6 +243,7 @@ const TILES = [
   ["grad norm", (r) => r.latest["train/grad_norm"], (v) => fmt(v)],
   ["lr", (r) => r.latest["train/lr"], (v) => fmt(v, 3)],
   // The daemon's counters summed over the run's daemons (a resumed run has several).
+  ["goodput", (r) => daemonTotal(r, "goodput/fraction"), (v) => v == null ? "—" : (v * 100).toFixed(1) + " %"],
   ["records in", (r) => daemonTotal(r, "telemetry/records_in"), (v) => fmt(v)],
   ["dropped", (r) => daemonTotal(r, "telemetry/dropped"), (v) => fmt(v), true],
   ["lost in transit", (r) => daemonTotal(r, "telemetry/lost_in_transit"), (v) => fmt(v), true],
