@@ -19,3 +19,8 @@ MAX_NAME_CHARS = 256               # metric and event names
 MAX_VALUES = 4096                  # metrics per record
 MAX_RANK = (1 << 20) - 1           # a global rank beyond this is not a rank of any real run
 MAX_PARTS = 1024                   # a metrics record's `parts`: records one rank sends for one step
+
+# A metrics value the client adds by itself, at most once a second: the seconds it has spent in
+# its log() and event() calls on the caller's thread so far (the goodput ledger's telemetry
+# bucket). The W&B sink keeps it out of a user's run's history.
+CLIENT_TIME_KEY = "telemetry/client_s"

@@ -71,15 +71,19 @@ def start_daemon(tmp_path: Path, *, transport: str = "ipc", wandb: str = "disabl
 
 
 def step_values(log_dir: Path) -> dict[int, dict]:
-    """The values of each aggregated step in a run directory's metrics.jsonl (a run whose daemon
-    a test did not start itself: `telemetry run`, a daemon started by a script)."""
+    """The values the script logged at each aggregated step of a run directory's metrics.jsonl
+    (a run whose daemon a test did not start itself: `telemetry run`, a daemon started by a
+    script): without the client's own time (CLIENT_TIME_KEY, which the client adds by itself;
+    test_goodput.py checks it)."""
     import json
+
+    from protocol.constants import CLIENT_TIME_KEY
 
     out = {}
     for line in (Path(log_dir) / "metrics.jsonl").read_text().splitlines():
         rec = json.loads(line)
         if rec.get("kind") == "metrics" and "rank" not in rec:
-            out[rec["step"]] = rec["values"]
+            out[rec["step"]] = {k: v for k, v in rec["values"].items() if k != CLIENT_TIME_KEY}
     return out
 
 

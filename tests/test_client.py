@@ -14,6 +14,7 @@ import zmq
 
 import protocol
 from protocol import Bye, Event, Hello, Metrics
+from protocol.constants import CLIENT_TIME_KEY
 from telemetry import DisabledClient, TelemetryClient
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -23,6 +24,7 @@ class Receiver:
     """A stand-in daemon: one PULL socket, decoding with protocol.decode."""
 
     def __init__(self, endpoint: str | None = None) -> None:
+        self.client_times: list[tuple[int, float]] = []
         self.ctx = zmq.Context()
         self.sock = self.ctx.socket(zmq.PULL)
         self.sock.linger = 0
@@ -35,7 +37,13 @@ class Receiver:
         self.endpoint = endpoint
 
     def recv(self) -> protocol.Record:
-        return protocol.decode(self.sock.recv())
+        """The next record. The client's own time (CLIENT_TIME_KEY, which it adds at most once a
+        second) is taken out of a metrics record's values into .client_times, as (seq, seconds):
+        the values are then exactly what the test logged."""
+        rec = protocol.decode(self.sock.recv())
+        if isinstance(rec, Metrics) and CLIENT_TIME_KEY in rec.values:
+            self.client_times.append((rec.seq, rec.values.pop(CLIENT_TIME_KEY)))
+        return rec
 
     def recv_until(self, pred, max_records: int = 100_000) -> list:
         """Records up to and including the first one matching `pred` (5 s timeout each)."""
@@ -100,6 +108,7 @@ def test_floats_and_ints_arrive_in_one_record_each(rx, client_factory):
     assert isinstance(hello, Hello) and hello.seq == 0
     assert hello.info["rank"] == 3 and hello.info["pid"] == os.getpid() and "host" in hello.info
     assert isinstance(m1, Metrics) and (m1.step, m1.values, m1.seq) == (7, {"train/loss": 2.5, "perf/tokens": 4096}, 1)
+    assert rx.client_times[0] == (1, 0.0)       # the first record says the client's time so far
     assert type(m1.values["perf/tokens"]) is int
     assert (m2.step, m2.seq, m2.src, m2.rank) == (8, 2, m1.src, 3)
     assert tm.stats()["sent"] == 3 and tm.stats()["dropped"] == 0

@@ -151,9 +151,17 @@ def test_a_drain_under_load_writes_or_counts_every_record_each_client_sent(tmp_p
 
 
 # -- the run directory deleted or moved under the daemon --------------------------------------------
-def _steps(tm, start, stop):
-    for s in range(start, stop):
-        tm.log(s, {"train/loss": float(s)})
+def _steps(tm, start, stop, d=None, slice_size=1000):
+    """Log steps start..stop-1. With `d`, in slices, each once the daemon has taken the last in
+    (status records_in): a burst of 10,000 into the client's queue of 10,000 while a loaded box
+    starved the daemon once dropped some (counted by the client, but never records_in)."""
+    for first in range(start, stop, slice_size if d is not None else stop - start):
+        last = min(stop, first + (slice_size if d is not None else stop - start))
+        for s in range(first, last):
+            tm.log(s, {"train/loss": float(s)})
+        if d is not None:
+            sent = tm.stats()["sent"]                 # the hello too
+            _wait(lambda: d.status()["records_in"] >= sent, f"the daemon taking steps {first}..{last - 1} in")
 
 
 def _drain_final(d) -> dict:
@@ -171,7 +179,7 @@ def test_run_dir_deleted_mid_run_counts_every_record_and_exits_nonzero(tmp_path,
     _steps(tm, 0, 100)
     d.wait_for(lambda recs: any(r.get("step") == 99 for r in recs), kind="metrics", timeout_s=60)
     shutil.rmtree(d.log_dir)
-    _steps(tm, 100, 10_100)
+    _steps(tm, 100, 10_100, d)
     tm.close()
     _wait(lambda: d.status()["records_in"] >= 10_100, "the records after the deletion")
     cli = subprocess.run([sys.executable, "-m", "telemetry", "drain", "--control", d.control, "--timeout", "120"],
@@ -194,7 +202,7 @@ def test_metrics_file_deleted_mid_run_is_created_again(tmp_path, make_daemon):
     _steps(tm, 0, 100)
     d.wait_for(lambda recs: any(r.get("step") == 99 for r in recs), kind="metrics", timeout_s=60)
     d.jsonl.unlink()
-    _steps(tm, 100, 10_100)
+    _steps(tm, 100, 10_100, d)
     tm.close()
     _wait(lambda: d.status()["records_in"] >= 10_100, "the records after the deletion")
     final = _drain_final(d)
@@ -216,7 +224,7 @@ def test_run_dir_moved_mid_run_keeps_what_it_holds_and_counts_the_rest(tmp_path,
     moved = tmp_path / "moved"
     d.log_dir.rename(moved)
     _wait(lambda: "moved or replaced" in d.output(), "the sink noticing the move (its flush timer)")
-    _steps(tm, 100, 10_100)
+    _steps(tm, 100, 10_100, d)
     tm.close()
     _wait(lambda: d.status()["records_in"] >= 10_100, "the records after the move")
     final = _drain_final(d)

@@ -396,3 +396,39 @@ def test_the_daemon_keeps_the_ledger_live_and_a_restarted_daemon_continues_it(ma
     d2.drain()
     off = ledger(d2.read_jsonl())
     assert off["steps"] == 15 and off["buckets_s"]["productive"] == pytest.approx(g2["buckets_s"]["productive"], abs=1e-3)
+
+
+def test_telemetrys_own_time_is_taken_out_of_productive():
+    # The client's cumulative time in its calls (telemetry/client_s, the slowest rank's), per
+    # launch its largest: 0.3 s of the 10 s of steps.
+    recs = [_hello(T0 + 1, 0, T0)]
+    for s in range(1, 11):
+        own = {"telemetry/client_s": 0.03 * s} if s % 3 == 0 else {}
+        recs.append(_step(T0 + 2 + s, s, 1.0, **own))
+    recs.append(_step(T0 + 13, 11, 1.0, **{"telemetry/client_s": 0.3}))
+    led = ledger(recs)
+    assert led["buckets_s"]["telemetry"] == pytest.approx(0.3)
+    assert led["buckets_s"]["productive"] == pytest.approx(11 * 1.0 - 0.3)
+    _sums_to_wall(led)
+
+
+def test_the_client_sends_the_time_it_spent_in_its_calls(make_daemon, monkeypatch):
+    """Every record carries it here (the client adds it at most once a second): it grows, and
+    it is no more than the time the calls took as the caller measured them."""
+    import time
+
+    import telemetry.client.core as core
+    from telemetry import TelemetryClient
+
+    monkeypatch.setattr(core, "OWN_TIME_EVERY_NS", 0)
+    d = make_daemon(world_size=1)
+    tm = TelemetryClient(d.ingest, rank=0)
+    spent = 0.0
+    for s in range(1, 51):
+        t0 = time.perf_counter()
+        tm.log(s, {"perf/step_time": 0.01, "train/loss": 1.0})
+        spent += time.perf_counter() - t0
+    tm.close()
+    recs = d.wait_for(lambda rs: sum(r["kind"] == "metrics" for r in rs) >= 50)
+    own = [r["values"]["telemetry/client_s"] for r in recs if r["kind"] == "metrics"]
+    assert len(own) == 50 and own[0] == 0.0 and own == sorted(own) and 0 < own[-1] <= spent, (own[-3:], spent)

@@ -32,7 +32,7 @@ from typing import Any, Mapping
 import zmq
 
 from protocol import codec
-from protocol.constants import MAX_PARTS
+from protocol.constants import CLIENT_TIME_KEY, MAX_PARTS, MAX_VALUES
 from telemetry.shared import endpoints
 from telemetry.client.deferred import DeferredSender, Job, host_scalar, snapshot
 from telemetry.client.spans import Span, SpanRecorder
@@ -57,6 +57,12 @@ _LOCAL_RANK_ENV = ("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID"
 _WORLD_SIZE_ENV = ("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS")
 
 _NOBLOCK = zmq.NOBLOCK
+_perf_ns = time.perf_counter_ns
+# The time this client spent inside its log() and event() calls on the caller's thread, as a
+# cumulative number of seconds, rides along in a metrics record at most once a second (the
+# goodput ledger's telemetry bucket; the catalogue has it).
+OWN_TIME_KEY = CLIENT_TIME_KEY
+OWN_TIME_EVERY_NS = 1_000_000_000
 _ZMQError = zmq.ZMQError
 
 _live_clients: "weakref.WeakSet[TelemetryClient]" = weakref.WeakSet()
@@ -196,6 +202,8 @@ class TelemetryClient(metaclass=abc.ABCMeta):   # ABCMeta: DisabledClient regist
         self._closed = False
         self._src = _new_src()
         self._seq = 0
+        self._own_ns = 0               # ns spent in log() and event() so far (OWN_TIME_KEY)
+        self._own_sent_at = -OWN_TIME_EVERY_NS   # perf_counter_ns when it was last sent
         # Counters are split by the thread that writes them, so no increment is ever lost and
         # the hot path takes no lock: the caller's thread and the sender thread.
         self._num_sent = 0
@@ -238,35 +246,46 @@ class TelemetryClient(metaclass=abc.ABCMeta):   # ABCMeta: DisabledClient regist
         daemon waits for every part of every rank and writes the step once, each value reduced
         across the ranks; with the default 1, a second call for a step can be written apart.
         """
-        if parts != 1 and not self._parts_ok(step, parts):
-            return
-        if self._forked:
-            self._reopen_after_fork()
-        spans = None
-        if self._spans.pending:
-            cpu_spans, spans = self._spans.take()
-            if cpu_spans:
-                values = {**values, **cpu_spans}
-        seq = self._seq
-        self._seq = seq + 1
-        if spans is None:
-            try:
-                frame = codec.encode_metrics(self._src, self.rank, seq, self._num_dropped + self._num_dropped_bg,
-                                             time.time_ns(), step, values, self._encoder, parts)
-            except _NeedsDeferral:
-                self._log_deferred(seq, step, values, None, parts)
+        t0 = _perf_ns()
+        try:
+            if t0 - self._own_sent_at >= OWN_TIME_EVERY_NS:
+                self._own_sent_at = t0
+                try:
+                    if len(values) < MAX_VALUES:      # never the value that makes a record too wide
+                        values = {**values, OWN_TIME_KEY: self._own_ns / 1e9}
+                except TypeError:     # not a mapping: refused below, as before
+                    pass
+            if parts != 1 and not self._parts_ok(step, parts):
                 return
-            except (TypeError, ValueError, OverflowError) as exc:  # a value that is no number
-                self._num_dropped += 1
-                self._warn_once("log", f"telemetry: dropped a record of step {step}: {exc}")
-                return
-            try:
-                self._sock_send(frame, _NOBLOCK)
-                self._num_sent += 1
-            except _ZMQError:  # Again: queue full or no daemon; anything else: closed
-                self._num_dropped += 1
-        else:
-            self._log_deferred(seq, step, values, spans, parts)
+            if self._forked:
+                self._reopen_after_fork()
+            spans = None
+            if self._spans.pending:
+                cpu_spans, spans = self._spans.take()
+                if cpu_spans:
+                    values = {**values, **cpu_spans}
+            seq = self._seq
+            self._seq = seq + 1
+            if spans is None:
+                try:
+                    frame = codec.encode_metrics(self._src, self.rank, seq, self._num_dropped + self._num_dropped_bg,
+                                                 time.time_ns(), step, values, self._encoder, parts)
+                except _NeedsDeferral:
+                    self._log_deferred(seq, step, values, None, parts)
+                    return
+                except (TypeError, ValueError, OverflowError) as exc:  # a value that is no number
+                    self._num_dropped += 1
+                    self._warn_once("log", f"telemetry: dropped a record of step {step}: {exc}")
+                    return
+                try:
+                    self._sock_send(frame, _NOBLOCK)
+                    self._num_sent += 1
+                except _ZMQError:  # Again: queue full or no daemon; anything else: closed
+                    self._num_dropped += 1
+            else:
+                self._log_deferred(seq, step, values, spans, parts)
+        finally:
+            self._own_ns += _perf_ns() - t0
 
     def _parts_ok(self, step: int, parts: Any) -> bool:
         """A `parts` the protocol takes (an int in 1..MAX_PARTS); otherwise the record is dropped
@@ -333,9 +352,13 @@ class TelemetryClient(metaclass=abc.ABCMeta):   # ABCMeta: DisabledClient regist
     def event(self, name: str, data: Mapping[str, Any] | None = None) -> None:
         """Send a discrete event (checkpoint saved, NaN seen, ...). Never blocks. Secret-looking
         entries of `data` are redacted here, as in hello()."""
-        data = Redactor()(dict(data)) if data else data
-        self._send_other("event", lambda seq, dropped: codec.encode_event(
-            self._src, self.rank, seq, dropped, time.time_ns(), name, _to_wire_map(data)))
+        t0 = _perf_ns()
+        try:
+            data = Redactor()(dict(data)) if data else data
+            self._send_other("event", lambda seq, dropped: codec.encode_event(
+                self._src, self.rank, seq, dropped, time.time_ns(), name, _to_wire_map(data)))
+        finally:
+            self._own_ns += _perf_ns() - t0
 
     def hello(self, info: Mapping[str, Any]) -> None:
         """Describe this rank's run (config, model shape); the daemon keeps the latest per rank.

@@ -201,19 +201,21 @@ def typed(prom: str, template: str) -> Typed:
     if m is None:
         return Typed(prom, False, 1.0, f"latest value of {what}")
     help = f"{m.doc} ({what}{', unit ' + m.unit if m.unit else ''})"
-    if m.cumulative:
-        return Typed(prom.removesuffix("_total"), True, 1.0, help)
+    counter = m.cumulative
+    if counter:
+        prom = prom.removesuffix("_total")
     unit = _UNITS.get(m.unit)
     if unit is None:
-        return Typed(prom, False, 1.0, help)
+        return Typed(prom, counter, 1.0, help)
     suffix, scale, spelled = unit
     if suffix == "percent" and "_percent" in prom:        # system/cpu_percent_core0: said already
-        return Typed(prom, False, scale, help)
+        return Typed(prom, counter, scale, help)
     for tail in spelled:
         if prom.endswith(tail):
             prom = prom[:-len(tail)]
             break
-    return Typed(f"{prom}_{suffix}", False, scale, help)
+    # A cumulative time: telemetry/client_s -> telemetry_client_seconds_total (the exposition adds _total).
+    return Typed(f"{prom}_{suffix}", counter, scale, help)
 
 
 def metric_name(name: str) -> tuple[str, dict[str, str]]:

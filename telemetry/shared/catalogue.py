@@ -117,6 +117,10 @@ CATALOGUE: tuple[Metric, ...] = (
            "forward minus its waits (DDP's buffer broadcast, ZeRO-3's all-gathers)"),
     Metric("perf/backward_compute_time", "s", "gauge", "step timing",
            "backward up to the launch of its last gradient bucket's all-reduce (DDP)"),
+    Metric("telemetry/client_s", "s", "counter", "step timing",
+           "seconds the client has spent in its log() and event() calls on the training thread so far (the "
+           "slowest rank's; the client adds it at most once a second): the goodput ledger's telemetry bucket",
+           across_ranks="max", over_window="max", cumulative=True),
     Metric("perf/eval_time", "s", "gauge", "step timing", "wall time of the evaluation after the step (its record's "
            "eval part), the slowest rank's: the goodput ledger's eval bucket", across_ranks="max"),
     Metric("perf/data_loading_ratio", "", "gauge", "step timing", "data loading / step time"),
@@ -231,7 +235,7 @@ CATALOGUE: tuple[Metric, ...] = (
           ("goodput/*", "s", "gauge",
            "goodput/<bucket>_s: the run's wall time so far in that bucket (productive, startup, "
            "data_loading, eval, checkpoint_save, checkpoint_restore, straggler, hang, redone, recovery, "
-           "unexplained); goodput/wall_s: the wall time so far"))),
+           "telemetry, unexplained); goodput/wall_s: the wall time so far"))),
 )
 
 

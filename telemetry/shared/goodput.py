@@ -29,6 +29,10 @@ start to the last record of the last launch, into buckets that sum to it:
     redone              the steps a failed launch made after the checkpoint the next launch
                         resumed from, at their measured step time: work done twice
     recovery            a failed launch's end -> the next launch's first step, less its restore
+    telemetry           the time the client spent inside its log() and event() calls on the
+                        training thread (telemetry/client_s: the slowest rank's, cumulative, sent
+                        at most once a second), per launch its largest; taken out of productive
+                        (the trainer's step time runs from one log call to the next, so it holds them)
     unexplained         the rest: wall - all of the above (loop overhead, logging, anything the
                         trainer does not time), shown as such
 
@@ -50,7 +54,8 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 BUCKETS = ("productive", "startup", "data_loading", "eval", "checkpoint_save", "checkpoint_restore", "straggler",
-           "hang", "redone", "recovery", "unexplained")
+           "hang", "redone", "recovery", "telemetry", "unexplained")
+CLIENT_TIME_KEY = "telemetry/client_s"   # protocol.constants.CLIENT_TIME_KEY (not imported: no zmq here)
 DATA_PHASE = 0.0      # perf/straggler_phase_index of data loading (the catalogue's doc lists them)
 RECENT = 512          # steps kept one by one (for a restore from a checkpoint no save event announced)
 # What to do about each kind of loss, the report's line under the biggest.
@@ -64,6 +69,7 @@ ADVICE = {
     "hang": "hangs: set a collective timeout; the daemon's hang bundle names the rank and where it waits",
     "redone": "work redone: checkpoint more often (each lost step is paid twice)",
     "recovery": "recovery: restart faster (a job supervisor that relaunches at once, a warm node pool)",
+    "telemetry": "telemetry: its calls on the training thread; log fewer values or less often",
     "unexplained": "unexplained: time outside the timed phases (logging, host syncs, the loop's own work)",
 }
 # A step's parts, in this order: step time, productive, data loading, straggler, eval.
@@ -121,6 +127,7 @@ class _Launch:
     saves: dict = field(default_factory=dict)       # step -> [slowest rank's duration, latest t]
     restore_s: float = 0.0
     restored_step: int | None = None
+    client_s: float = 0.0        # telemetry/client_s: the largest seen
 
     def add_step(self, step: int, t: float, parts: tuple) -> None:
         old = self.recent.get(step)
@@ -212,6 +219,11 @@ class Ledger:
                     parts = step_parts(values)
                     if parts is not None:
                         cur.add_step(step, t, parts)
+                    own = values.get(CLIENT_TIME_KEY)
+                    if own is not None:
+                        own = _num(own)
+                        if own is not None and own > cur.client_s:
+                            cur.client_s = own
             return
         if kind == "hello":
             info = rec.get("info") if isinstance(rec.get("info"), dict) else {}
@@ -235,13 +247,7 @@ class Ledger:
             # first seen gone, gone_for_s before the event.
             data = rec.get("data") if isinstance(rec.get("data"), dict) else {}
             cur.last_t = max(cur.last_t, t - max(0.0, _num(data.get("gone_for_s")) or 0.0))
-        if kind == "metrics" and "rank" not in rec:
-            step, values = rec.get("step"), rec.get("values")
-            if isinstance(step, int) and not isinstance(step, bool) and isinstance(values, dict):
-                parts = step_parts(values)
-                if parts is not None:
-                    cur.add_step(step, t, parts)
-        elif kind == "event":
+        if kind == "event":
             data = rec.get("data") if isinstance(rec.get("data"), dict) else {}
             step, dur = data.get("step"), _num(data.get("duration_s"))
             step = step if isinstance(step, int) and not isinstance(step, bool) else None
@@ -273,7 +279,9 @@ class Ledger:
                 estimated |= est
             kept = _add(la.total, redone, -1.0)
             buckets["redone"] += redone[_ST]
-            buckets["productive"] += kept[_PROD]
+            own = min(la.client_s, max(0.0, kept[_PROD]))
+            buckets["telemetry"] += own
+            buckets["productive"] += kept[_PROD] - own
             buckets["data_loading"] += kept[_DATA]
             buckets["straggler"] += kept[_STRAG]
             buckets["eval"] += kept[_EVAL]

@@ -44,6 +44,7 @@ import threading
 import time
 from pathlib import Path
 
+from protocol.constants import CLIENT_TIME_KEY as OWN_TIME_KEY
 from telemetry.daemon.sinks.base import Out, Sink
 from telemetry.shared import files
 from telemetry.shared import media as shared_media
@@ -309,6 +310,13 @@ class WandbSink(Sink):
     def _log_metrics(self, rec: dict) -> None:
         step = rec["step"]
         values = rec["values"]
+        if self._init is not None and OWN_TIME_KEY in values:
+            # The client's own time rides in the script's records; in the user's run it is one
+            # of the telemetry series (W&B's system metrics), never the script's history.
+            values = dict(values)
+            own = values.pop(OWN_TIME_KEY)
+            if self._stats is not None:
+                self._stats({OWN_TIME_KEY: own})
         if self._nested:
             values = self._nest(values)
         if self._init is not None:

@@ -15,7 +15,7 @@ const datasetOf = (k) => k.split("/")[1];
 
 // The goodput ledger's buckets (telemetry/shared/goodput.py BUCKETS), in its order: productive at the bottom.
 const GOODPUT_BUCKETS = ["productive", "startup", "data_loading", "eval", "checkpoint_save", "checkpoint_restore",
-                         "straggler", "hang", "redone", "recovery", "unexplained"].map((b) => `goodput/${b}_s`);
+                         "straggler", "hang", "redone", "recovery", "telemetry", "unexplained"].map((b) => `goodput/${b}_s`);
 
 const GROUPS = [
   { title: "Training", charts: [
