@@ -434,3 +434,27 @@ def test_the_client_sends_the_time_it_spent_in_its_calls(make_daemon, monkeypatc
     recs = d.wait_for(lambda rs: sum(r["kind"] == "metrics" for r in rs) >= 50)
     own = [r["values"]["telemetry/client_s"] for r in recs if r["kind"] == "metrics"]
     assert len(own) == 50 and own[0] == 0.0 and own == sorted(own) and 0 < own[-1] <= spent, (own[-3:], spent)
+
+
+def test_a_restarted_daemons_stage_reads_only_what_the_ledger_needs_from_the_files(tmp_path):
+    """What metrics.jsonl (and its rotated pieces) held when the daemon started: hellos, steps,
+    events and byes are fed; GPU, host and daemon records are told by their first bytes and
+    skipped; a line that is no record is counted; what is written after the start is not read
+    (it comes through the stage live)."""
+    from telemetry.daemon.goodput_stage import GoodputStage
+
+    def line(rec: dict) -> str:         # as the daemon writes them: compact
+        return json.dumps(rec, separators=(",", ":"))
+
+    lines = [line(_hello(T0 + 1, 0, T0)), line(_step(T0 + 2, 1, 1.0)),
+             line({"kind": "gpu", "t": T0 + 2, "host": "h", "gpu": 0, "values": {"gpu/util_percent": 1.0}}),
+             "{not json", line({"kind": "daemon", "t": T0 + 2, "values": {"goodput/fraction": 0.5}})]
+    (tmp_path / "metrics.jsonl.1").write_text("\n".join(lines) + "\n")
+    (tmp_path / "metrics.jsonl").write_text(line(_step(T0 + 3, 2, 1.0)) + "\n")
+    stage = GoodputStage(tmp_path, "metrics.jsonl")
+    with open(tmp_path / "metrics.jsonl", "a") as f:      # this daemon's own first line
+        f.write(line(_step(T0 + 4, 3, 1.0)) + "\n")
+    stage.start()
+    st = stage.stats()
+    assert st["records_seeded"] == 3 and st["seed_lines_bad"] == 1 and st["steps"] == 2, st
+    assert st["buckets_s"]["productive"] == pytest.approx(2.0)

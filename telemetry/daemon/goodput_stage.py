@@ -8,13 +8,14 @@ JSONL file, W&B's summary, Prometheus and `telemetry tail` have them) and in `te
 
 A daemon restarted on a log directory continues the run's ledger: the stage first reads what
 the files held when the daemon started (every rotated piece, then metrics.jsonl up to its size
-then; opened on the daemon's thread, read on the stage's), then the records as they come.
+then; opened on the daemon's thread, read on the stage's), then the records as they come; held to SEED_SHARE of the time while it reads.
 """
 from __future__ import annotations
 
 import logging
 import os
 import threading
+import time
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -27,6 +28,13 @@ log = logging.getLogger("telemetry.daemon")
 
 READ_CHUNK_BYTES = 1 << 20
 MAX_LINE_BYTES = 16 << 20     # a longer line (no record of ours is) is skipped, counted
+# Reading the files at start shares the GIL with the daemon's ingest: held to this share of the
+# time (a week-long run's file is gigabytes; GPU, host and daemon records, most of its lines,
+# are told by their first bytes and never decoded).
+SEED_SHARE = 0.25
+_SKIPPED = (b'{"kind":"gpu"', b'{"kind":"system"', b'{"kind":"daemon"')
+_FED = frozenset({"metrics", "event", "hello", "bye"})
+LOCK_RECORDS = 256            # records fed per hold of the lock (~1 ms)
 
 
 def daemon_values(led: dict[str, Any]) -> dict[str, float]:
@@ -80,6 +88,7 @@ class GoodputStage(Sink):
         left, partial, skipping = size, b"", False
         decode = msgspec.json.decode
         while left > 0:
+            t0 = time.perf_counter()
             chunk = f.read(min(READ_CHUNK_BYTES, left))
             if not chunk:
                 break
@@ -96,23 +105,27 @@ class GoodputStage(Sink):
                 self.num_seed_bad += 1
             recs = []
             for line in lines:
-                if not line:
+                if not line or line.startswith(_SKIPPED):
                     continue
                 try:
                     recs.append(decode(line))
                 except (msgspec.DecodeError, ValueError):
                     self.num_seed_bad += 1
-            with self._lock:
-                for rec in recs:
-                    self.ledger.feed(rec)
+            self._feed(recs)
             self.num_seeded += len(recs)
+            time.sleep((time.perf_counter() - t0) * (1 - SEED_SHARE) / SEED_SHARE)
 
     def consume(self, batch: list[Out]) -> None:
-        with self._lock:
-            feed = self.ledger.feed
-            for o in batch:
-                if o.kind in ("metrics", "event", "hello", "bye"):
-                    feed(o.record)
+        self._feed([o.record for o in batch if o.kind in _FED])
+
+    def _feed(self, recs: list[dict]) -> None:
+        """Feed records, a few at a time under the lock: the daemon's thread takes it to read the
+        ledger (status, its daemon records) and must never wait long."""
+        feed = self.ledger.feed
+        for i in range(0, len(recs), LOCK_RECORDS):
+            with self._lock:
+                for rec in recs[i:i + LOCK_RECORDS]:
+                    feed(rec)
 
     def result(self) -> dict[str, Any]:
         """The ledger so far; thread-safe (the daemon's thread asks while this one feeds)."""
