@@ -39,19 +39,38 @@ def run_ranks(endpoint: str, world: int, steps: int, *extra: str, timeout_s: flo
 @pytest.mark.slow
 @pytest.mark.parametrize("world, rank, phase", [(2, 1, "forward"), (2, 0, "data_loading"), (3, 2, "optimizer")])
 def test_slow_rank_is_named_with_its_phase(make_daemon, world, rank, phase):
-    d = make_daemon(world_size=world, config={"diagnosis": DIAG, "pollers": {"nvml_enabled": False}})
-    run_ranks(d.ingest, world, 14, "--slow-rank", str(rank), "--slow-phase", phase, "--slow-s", "0.08")
-    recs = d.wait_for(lambda rs: any(r.get("name") == "diagnosis/straggler" for r in rs)
-                      and sum(r["kind"] == "metrics" for r in rs) >= 14)
+    # Slow from the first step: the run's usual excess is never known, so the rule needs 3 x
+    # straggler_consecutive slow log steps past the warm-up (9 from step 3): 20 steps leave room
+    # for a step or two of something else. 0.15 s: out of a loaded box's own noise (bursts of
+    # 0.02-0.09 s; test_straggler_ddp_model.SLOW_S).
+    steps_n = 20
+    d = make_daemon(world_size=world, per_rank=True, config={"diagnosis": DIAG, "pollers": {"nvml_enabled": False}})
+    run_ranks(d.ingest, world, steps_n, "--slow-rank", str(rank), "--slow-phase", phase, "--slow-s", "0.15")
+    d.wait_for(lambda rs: sum(r["kind"] == "metrics" and "rank" not in r for r in rs) >= steps_n)
+    d.drain()
+    recs = d.read_jsonl()
     ev = [r for r in recs if r.get("name") == "diagnosis/straggler"]
     assert len(ev) == 1, [e["data"]["message"] for e in ev]
     assert ev[0]["rank"] == rank and ev[0]["data"]["phase"] == phase
-    assert ev[0]["data"]["excess_s"] > 0.05
-    steps = [r for r in recs if r["kind"] == "metrics" and r["step"] >= 3]
-    # the perf/ series a dashboard plots: the slow rank and its excess, step after step
-    assert all(r["values"]["perf/straggler_rank"] == rank for r in steps)
-    assert all(r["values"]["perf/straggler_excess_s"] > 0.05 for r in steps)
-    d.drain()
+    assert ev[0]["data"]["excess_s"] > 0.1
+    # The perf/ series a dashboard plots, step after step: what it names is what the ranks' own
+    # phase times say (the named rank's time in the named phase minus the others' median is the
+    # excess it reports), and it names the slow rank. On a loaded 2-core box another rank
+    # descheduled in a step (a real excess, in data loading say) may be that step's slowest
+    # (CI's machine once: one step of 17), and the series is right to name it then.
+    from telemetry.daemon.straggler_view import PHASES
+
+    per_rank = {(r["step"], r["rank"]): r["values"] for r in recs if r["kind"] == "metrics" and "rank" in r}
+    steps = [r for r in recs if r["kind"] == "metrics" and "rank" not in r and r["step"] >= 3]
+    for r in steps:
+        v = r["values"]
+        named, key = int(v["perf/straggler_rank"]), f"perf/{PHASES[int(v['perf/straggler_phase_index'])]}_time"
+        others = sorted(per_rank[(r["step"], o)][key] for o in range(world) if o != named)
+        median = others[len(others) // 2] if len(others) % 2 else (others[len(others) // 2 - 1] + others[len(others) // 2]) / 2
+        assert per_rank[(r["step"], named)][key] - median == pytest.approx(v["perf/straggler_excess_s"], abs=1e-9), r
+    slow = [r for r in steps if r["values"]["perf/straggler_rank"] == rank]
+    assert len(slow) >= 0.8 * len(steps) and all(r["values"]["perf/straggler_excess_s"] > 0.1 for r in slow), \
+        [(r["step"], r["values"]["perf/straggler_rank"], r["values"]["perf/straggler_excess_s"]) for r in steps]
 
 
 @pytest.mark.slow
