@@ -10,18 +10,18 @@
 # runs them in this process, N on N workers; any -n of your own wins.
 # Tests marked `alone` (a balanced run beside a CPU hog it starts raises no alarm) judge timings
 # against a load they set: beside the other workers' trainer launches coming and going, the run's
-# throughput really drops (CI, stop 37), so they run after the rest, one at a time. With a -m, -k
-# or a path of your own, everything runs in one go.
+# throughput really drops (CI, stop 37), so they run after the rest, one at a time. With a -m, -k,
+# a path or a -n of your own, everything runs in one go.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 "$ROOT/launch/setup.sh" --dev
 cd "$ROOT"
 export WANDB_MODE="${WANDB_MODE:-offline}" WANDB_SILENT=true
 workers=(-n "${TELEMETRY_TEST_WORKERS:-3}")
-for a in "$@"; do
-    case "$a" in -n|-n[0-9]*|--numprocesses|--numprocesses=*|no:xdist) workers=() ;; esac
-done
 split=1
+for a in "$@"; do
+    case "$a" in -n|-n[0-9]*|--numprocesses|--numprocesses=*|no:xdist) workers=(); split=0 ;; esac
+done
 for a in "$@"; do
     case "$a" in -m|-m*|-k|-k*|--deselect*) split=0 ;; -*) ;; *) [ ! -e "${a%%::*}" ] || split=0 ;; esac
 done
