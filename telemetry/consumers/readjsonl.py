@@ -15,13 +15,14 @@ from pathlib import Path
 from typing import Iterator
 
 from telemetry.shared import files
+from telemetry.shared import jsonlines
+from telemetry.shared.jsonlines import Lines
 
 FILE_NAME = "metrics.jsonl"
-# Files are read in chunks, never whole. A line longer than MAX_LINE_BYTES is not one of the
-# daemon's records (a frame is at most 1 MiB of msgpack; its JSON line a few times that): it is
-# skipped and counted in num_bad, never held whole.
-READ_CHUNK_BYTES = 1 << 20
-MAX_LINE_BYTES = 16 << 20
+# The chunk and line bounds (telemetry/shared/jsonlines.py), module globals here so that a test
+# can set them for this reader alone.
+READ_CHUNK_BYTES = jsonlines.READ_CHUNK_BYTES
+MAX_LINE_BYTES = jsonlines.MAX_LINE_BYTES
 
 
 def find_log_dir(path: str | Path) -> Path:
@@ -78,27 +79,9 @@ def read_records(log_dir: Path, stats: ReadStats | None = None) -> Iterator[dict
         yield from _file_records(path, stats)
 
 
-class _Lines:
-    """Whole lines out of chunks of a file, each at most MAX_LINE_BYTES; the rest of a line
-    longer than that is skipped (counted in stats.num_bad once its end comes)."""
-
-    def __init__(self, stats: ReadStats) -> None:
-        self.stats = stats
-        self.partial = b""      # the start of a line whose newline has not come yet
-        self.skipping = False   # inside a line too long to keep
-
-    def feed(self, chunk: bytes) -> list[bytes]:
-        if self.skipping:
-            end = chunk.find(b"\n")
-            if end < 0:
-                return []
-            chunk, self.skipping = chunk[end + 1:], False
-            self.stats.num_bad += 1
-        lines = (self.partial + chunk).split(b"\n")
-        self.partial = lines.pop()  # b"" after a whole last line
-        if len(self.partial) > MAX_LINE_BYTES:
-            self.partial, self.skipping = b"", True
-        return lines
+def _Lines(stats: ReadStats) -> Lines:
+    """Whole lines out of a file's chunks (telemetry/shared/jsonlines.py), at most MAX_LINE_BYTES each."""
+    return Lines(stats, MAX_LINE_BYTES)
 
 
 def _records_of_lines(lines: list[bytes], stats: ReadStats) -> Iterator[dict]:

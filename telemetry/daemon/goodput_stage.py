@@ -26,8 +26,6 @@ from telemetry.shared.goodput import BUCKETS, Ledger
 
 log = logging.getLogger("telemetry.daemon")
 
-READ_CHUNK_BYTES = 1 << 20
-MAX_LINE_BYTES = 16 << 20     # a longer line (no record of ours is) is skipped, counted
 # Reading the files at start shares the GIL with the daemon's ingest: held to this share of the
 # time (a week-long run's file is gigabytes; GPU, host and daemon records, most of its lines,
 # are told by their first bytes and never decoded).
@@ -54,7 +52,7 @@ class GoodputStage(Sink):
         self.ledger = Ledger()
         self._lock = threading.Lock()
         self.num_seeded = 0            # records read from the files at start
-        self.num_seed_bad = 0          # lines there that were not a record
+        self.num_bad = 0               # lines there that were not a record
         self._seed: list[tuple[BinaryIO, int]] = []
         if log_dir is not None:
             self._open_seed(Path(log_dir), file_name)
@@ -85,7 +83,9 @@ class GoodputStage(Sink):
                      self.num_seeded, led["launches"], led["steps"])
 
     def _read(self, f: BinaryIO, size: int) -> None:
-        left, partial, skipping = size, b"", False
+        from telemetry.shared.jsonlines import MAX_LINE_BYTES, READ_CHUNK_BYTES, Lines
+
+        lines, left = Lines(self, MAX_LINE_BYTES), size      # counts a line too long in num_bad
         decode = msgspec.json.decode
         while left > 0:
             t0 = time.perf_counter()
@@ -93,24 +93,14 @@ class GoodputStage(Sink):
             if not chunk:
                 break
             left -= len(chunk)
-            if skipping:
-                end = chunk.find(b"\n")
-                if end < 0:
-                    continue
-                chunk, skipping = chunk[end + 1:], False
-            lines = (partial + chunk).split(b"\n")
-            partial = lines.pop()
-            if len(partial) > MAX_LINE_BYTES:
-                partial, skipping = b"", True
-                self.num_seed_bad += 1
             recs = []
-            for line in lines:
+            for line in lines.feed(chunk):
                 if not line or line.startswith(_SKIPPED):
                     continue
                 try:
                     recs.append(decode(line))
                 except (msgspec.DecodeError, ValueError):
-                    self.num_seed_bad += 1
+                    self.num_bad += 1
             self._feed(recs)
             self.num_seeded += len(recs)
             time.sleep((time.perf_counter() - t0) * (1 - SEED_SHARE) / SEED_SHARE)
@@ -141,6 +131,6 @@ class GoodputStage(Sink):
         out = {k: led[k] for k in ("launches", "steps", "steps_missing", "wall_s", "goodput") if k in led}
         out["buckets_s"] = {k: round(led["buckets_s"][k], 3) for k in BUCKETS}
         out["records_seeded"] = self.num_seeded
-        if self.num_seed_bad:
-            out["seed_lines_bad"] = self.num_seed_bad
+        if self.num_bad:
+            out["seed_lines_bad"] = self.num_bad
         return out
