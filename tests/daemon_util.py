@@ -77,14 +77,20 @@ def step_values(log_dir: Path) -> dict[int, dict]:
     test_goodput.py checks it)."""
     import json
 
-    from protocol.constants import CLIENT_TIME_KEY
-
     out = {}
     for line in (Path(log_dir) / "metrics.jsonl").read_text().splitlines():
         rec = json.loads(line)
         if rec.get("kind") == "metrics" and "rank" not in rec:
-            out[rec["step"]] = {k: v for k, v in rec["values"].items() if k != CLIENT_TIME_KEY}
+            out[rec["step"]] = script_values(rec["values"])
     return out
+
+
+def script_values(values: dict) -> dict:
+    """A step's values without the client's own time (CLIENT_TIME_KEY: the client adds it by
+    itself; the W&B sink keeps it out of a user's run)."""
+    from protocol.constants import CLIENT_TIME_KEY
+
+    return {k: v for k, v in values.items() if k != CLIENT_TIME_KEY}
 
 
 def feed(receiver, frames: list) -> tuple[list, bool]:

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 import telemetry.wandb as tw
+from daemon_util import script_values
 from wandb_offline import history_key_paths, history_rows, user_history, user_summary, wait_finished
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -184,15 +185,7 @@ def test_media_refused_by_name_once_counted_and_reported(daemon, monkeypatch):
     refused = [r["data"] for r in events if r.get("name") == "wandb/refused"]
     assert {e["type"] for e in refused} == {"wandb.Audio", "list"}
     steps = daemon.wait_for(lambda rs: len(rs) >= 2, kind="metrics")
-    assert [_script_values(r) for r in steps[:2]] == [{"loss": 1.0}, {"loss": 2.0}]
-
-
-def _script_values(rec: dict) -> dict:
-    """A step's values without the client's own time (the client adds it; the W&B sink keeps it
-    out of the user's run)."""
-    from protocol.constants import CLIENT_TIME_KEY
-
-    return {k: v for k, v in rec["values"].items() if k != CLIENT_TIME_KEY}
+    assert [script_values(r["values"]) for r in steps[:2]] == [{"loss": 1.0}, {"loss": 2.0}]
 
 
 def test_unsupported_api_raises_naming_it(tmp_path, monkeypatch):
@@ -264,7 +257,7 @@ def test_log_reads_no_tensor_on_the_calling_thread(daemon, monkeypatch, host_rea
     tw.finish()
     assert host_read_guard == []
     steps = daemon.wait_for(lambda rs: len(rs) >= 2, kind="metrics")
-    assert [(r["step"], _script_values(r)) for r in steps] == [
+    assert [(r["step"], script_values(r["values"])) for r in steps] == [
         (0, {"train/loss": 2.5, "nested/grad_norm": 0.75, "lr": 0.1}), (5, {"train/loss": 5.0})]
 
 

@@ -102,7 +102,7 @@ def step_parts(values: dict) -> tuple[float, ...] | None:
     if excess and _num(get("perf/straggler_phase_index")) == DATA_PHASE:
         # The slow rank's data loading is in the ranks' mean: what the others waited for data is
         # their median; its excess is the straggler's, counted once.
-        data = _num(values.get("perf/straggler_median_s")) or 0.0
+        data = _num(get("perf/straggler_median_s")) or 0.0
     data = min(st, data)
     strag = min(st - data, excess)
     return (st, st - data - strag, data, strag, _num(get("perf/eval_time")) or 0.0)

@@ -276,9 +276,13 @@ class Straggler(Rule):
         """The run's step-time noise (class docstring), 0.0 before two step times."""
         return MAD_TO_SIGMA * self.changes.median() / math.sqrt(2) if len(self.changes) else 0.0
 
+    def usual_known(self) -> bool:
+        """Whether the run's usual excess is known yet (USUAL_MIN_POINTS log steps of it)."""
+        return len(self.usual) >= self.USUAL_MIN_POINTS
+
     def usual_s(self) -> float:
         """The run's usual straggler excess (class docstring), 0.0 while not known."""
-        return self.usual.quantile(self.USUAL_QUANTILE) if len(self.usual) >= self.USUAL_MIN_POINTS else 0.0
+        return self.usual.quantile(self.USUAL_QUANTILE) if self.usual_known() else 0.0
 
     def _settle(self, held: list[tuple]) -> None:
         """Take the log steps of an episode that ended into the run's usual excess: its own
@@ -291,7 +295,7 @@ class Straggler(Rule):
         # Within what the usual excess allows; before it is known, within what the noise allows
         # (bursts of 0.02-0.04 s under a noise of 0.01-0.03 s, early in a loaded run, so that it
         # becomes known: a real straggler's 0.2 s coming and going early stays out).
-        bar_s = (self.cfg.straggler_usual_factor * self.usual_s() if len(self.usual) >= self.USUAL_MIN_POINTS
+        bar_s = (self.cfg.straggler_usual_factor * self.usual_s() if self.usual_known()
                  else self.cfg.straggler_noise_z * self.noise_s())
         learn_own = not self.reported and bool(own) and bar_s > 0 and statistics.median(own) < bar_s
         for pick, _, x in held:
@@ -354,8 +358,7 @@ class Straggler(Rule):
         usual_s = self.usual_s()              # as it was before this step
         # Before the usual excess is known (a burst early in a run, or a straggler from its start,
         # whose steps are all the episode's), only a longer episode counts: bursts last 5-13 log steps.
-        known = len(self.usual) >= self.USUAL_MIN_POINTS
-        needed = self.cfg.straggler_consecutive * (1 if known else self.UNKNOWN_USUAL_FACTOR)
+        needed = self.cfg.straggler_consecutive * (1 if self.usual_known() else self.UNKNOWN_USUAL_FACTOR)
         report = self._episode((rank, phase) if slow else None, excess, noise_s, needed)
         if self.num_slow:
             self.held.append(((rank, phase), slow, max(excess, 0.0)))
