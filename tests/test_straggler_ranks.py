@@ -53,24 +53,39 @@ def test_slow_rank_is_named_with_its_phase(make_daemon, world, rank, phase):
     assert len(ev) == 1, [e["data"]["message"] for e in ev]
     assert ev[0]["rank"] == rank and ev[0]["data"]["phase"] == phase
     assert ev[0]["data"]["excess_s"] > 0.1
-    # The perf/ series a dashboard plots, step after step: what it names is what the ranks' own
-    # phase times say (the named rank's time in the named phase minus the others' median is the
-    # excess it reports), and it names the slow rank. On a loaded 2-core box another rank
-    # descheduled in a step (a real excess, in data loading say) may be that step's slowest
-    # (CI's machine once: one step of 17), and the series is right to name it then.
-    from telemetry.daemon.straggler_view import PHASES
+    # The perf/ series a dashboard plots, step after step, checked against the ranks' own phase
+    # times: on every step the slow rank spent the injected delay in its phase, and the series
+    # names it, with its excess over the others' median to the nanosecond. On a loaded 2-core box
+    # another rank descheduled in a step may have a real excess the rule must prefer (CI's machine
+    # once: one step of 17): one of at least CAUSE_MIN_FRACTION of the slowest rank's step in a
+    # phase it looks at first (CAUSE_ORDER), or, where the slow rank's excess fell under that
+    # floor, a larger one. On such a step the ranks' own times must prove it.
+    from telemetry.daemon.straggler_view import CAUSE_MIN_FRACTION, CAUSE_ORDER, PHASES
+
+    def excess(step, who, ph):
+        key = f"perf/{ph}_time"
+        others = sorted(per_rank[(step, o)][key] for o in range(world) if o != who)
+        n = len(others)
+        return per_rank[(step, who)][key] - (others[n // 2] if n % 2 else (others[n // 2 - 1] + others[n // 2]) / 2)
 
     per_rank = {(r["step"], r["rank"]): r["values"] for r in recs if r["kind"] == "metrics" and "rank" in r}
     steps = [r for r in recs if r["kind"] == "metrics" and "rank" not in r and r["step"] >= 3]
+    assert [r["step"] for r in steps] == list(range(3, steps_n))     # steps 0..19, past the warm-up
+    other_named = []
     for r in steps:
-        v = r["values"]
-        named, key = int(v["perf/straggler_rank"]), f"perf/{PHASES[int(v['perf/straggler_phase_index'])]}_time"
-        others = sorted(per_rank[(r["step"], o)][key] for o in range(world) if o != named)
-        median = others[len(others) // 2] if len(others) % 2 else (others[len(others) // 2 - 1] + others[len(others) // 2]) / 2
-        assert per_rank[(r["step"], named)][key] - median == pytest.approx(v["perf/straggler_excess_s"], abs=1e-9), r
-    slow = [r for r in steps if r["values"]["perf/straggler_rank"] == rank]
-    assert len(slow) >= 0.8 * len(steps) and all(r["values"]["perf/straggler_excess_s"] > 0.1 for r in slow), \
-        [(r["step"], r["values"]["perf/straggler_rank"], r["values"]["perf/straggler_excess_s"]) for r in steps]
+        v, s = r["values"], r["step"]
+        assert per_rank[(s, rank)][f"perf/{phase}_time"] >= 0.15, (s, per_rank[(s, rank)])
+        named, named_phase = int(v["perf/straggler_rank"]), PHASES[int(v["perf/straggler_phase_index"])]
+        assert excess(s, named, named_phase) == pytest.approx(v["perf/straggler_excess_s"], abs=1e-9), r
+        if named != rank or named_phase != phase:
+            other_named.append(s)
+            floor = CAUSE_MIN_FRACTION * max(per_rank[(s, o)]["perf/step_time"] for o in range(world))
+            if excess(s, rank, phase) >= floor:
+                assert CAUSE_ORDER.index(named_phase) <= CAUSE_ORDER.index(phase), r
+                assert v["perf/straggler_excess_s"] >= floor, r
+            else:
+                assert v["perf/straggler_excess_s"] >= excess(s, rank, phase), r
+    assert len(other_named) <= len(steps) // 4, other_named
 
 
 @pytest.mark.slow
