@@ -85,7 +85,7 @@ def rank_main(a: argparse.Namespace) -> int:
             if delay > 0:
                 time.sleep(delay)
         s = perf()
-        tm.log(i, {**VALUES, "train/loss": 1.0 + (i % 97) / 97 + a.rank})
+        tm.log(a.first_step + i, {**VALUES, "train/loss": 1.0 + (i % 97) / 97 + a.rank})
         d = perf() - s
         if d > worst_s:
             worst_s = d
@@ -425,8 +425,13 @@ def free_port() -> int:
 
 
 def multinode(work: Path, num_nodes: int = 2, ranks_per_node: int = 2, rate: float = 20.0,
-              before_s: float = 2.0, outage_s: float = 5.0, after_s: float = 3.0, max_buffered: int = 50) -> dict:
-    """Node daemons forward to a head over TCP + CURVE; the head is stopped for `outage_s`."""
+              before_s: float = 2.0, outage_s: float = 5.0, after_s: float = 3.0, max_buffered: int = 50,
+              relaunch_steps: int = 0) -> dict:
+    """Node daemons forward to a head over TCP + CURVE; the head is stopped for `outage_s`.
+    relaunch_steps: once the ranks are done, new rank processes (a relaunched job) log that many
+    steps more, going on from the last step. The result holds the goodput ledgers of the head's
+    and each node's metrics.jsonl, and the head's own live ledger before its drain."""
+    from telemetry.shared.goodput import ledger
     from telemetry.tools.keygen import make_pair
 
     keys = work / "keys"
@@ -480,6 +485,14 @@ def multinode(work: Path, num_nodes: int = 2, ranks_per_node: int = 2, rate: flo
                          "buffered": tried - dropped}
     for i in range(num_nodes):
         wait_ranks(procs[i * ranks_per_node:(i + 1) * ranks_per_node], work / f"ranks{i}")
+    if relaunch_steps:
+        procs = []
+        for i, eps in enumerate(node_eps):
+            ranks = list(range(i * ranks_per_node, (i + 1) * ranks_per_node))
+            procs += start_ranks(eps.ingest, ranks, relaunch_steps, rate, work / f"relaunch{i}",
+                                 env={"WORLD_SIZE": str(world)}, extra=("--first-step", str(n)))
+        for i in range(num_nodes):
+            wait_ranks(procs[i * ranks_per_node:(i + 1) * ranks_per_node], work / f"relaunch{i}")
     node_finals = [nd.drain() for nd in nodes]
     # The head has every node's bye once their forwarders have flushed.
     deadline = time.monotonic() + 30
@@ -490,12 +503,17 @@ def multinode(work: Path, num_nodes: int = 2, ranks_per_node: int = 2, rate: flo
                >= node_finals[i]["sinks"]["forward"]["sent"] for i in range(num_nodes)):
             break
         time.sleep(0.2)
+    # The head's own ledger, once it has fed it every step it wrote (a hang detector).
+    deadline = time.monotonic() + 60
+    while (live := head.status()["goodput"]).get("steps") != len(head.steps()) and time.monotonic() < deadline:
+        time.sleep(0.2)
     head_finals.append(head.drain())
     steps = head.steps()
     out = {"scenario": "multinode", "nodes": num_nodes, "ranks_per_node": ranks_per_node, "steps_per_rank": n,
            "outage_s": outage_s, "max_buffered": max_buffered, "per_node": {},
            "head_steps": len(steps), "head_security": head_finals[-1]["security"],
-           "head_world_size": head_finals[-1]["world_size"]}
+           "head_world_size": head_finals[-1]["world_size"], "head_live_goodput": live,
+           "head_ledger": ledger(head.read_jsonl()), "node_ledgers": [ledger(nd.read_jsonl()) for nd in nodes]}
     complete = [s for s, r in steps.items() if "missing_ranks" not in r]
     if complete:
         r = steps[complete[len(complete) // 2]]["values"]
@@ -655,6 +673,7 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--progress", help="a file that holds the number of log calls completed")
     r.add_argument("--until", help="log until this file exists, then --after more records")
     r.add_argument("--after", type=int, default=0)
+    r.add_argument("--first-step", type=int, default=0, help="the step of the first log call (a relaunch goes on)")
     r.add_argument("--out", required=True)
     return rank_main(p.parse_args(argv))
 

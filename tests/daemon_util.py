@@ -30,16 +30,20 @@ def start_daemon(tmp_path: Path, *, transport: str = "ipc", wandb: str = "disabl
                  world_size: int | None = None, per_rank: bool = False, config: dict[str, Any] | None = None,
                  extra_args: tuple[str, ...] = (), env: dict[str, str] | None = None,
                  log_dir: Path | None = None, run_name: str | None = None,
-                 ready_timeout_s: float = 180.0) -> DaemonProc:
+                 endpoints: tuple[str, str, str] | None = None, ready_timeout_s: float = 180.0) -> DaemonProc:
     """Start `python -m telemetry daemon` and wait for its ready line.
 
     config: a dict written as the daemon's YAML config (flags still override it).
     env: extra environment; WANDB_MODE/WANDB_DIR point at tmp_path unless given.
+    endpoints: (ingest, pub, control) to bind, e.g. a killed daemon's, as an operator restarts
+    one where its clients still send (the caller keeps them; this one removes nothing of them).
     """
     tmp_path = Path(tmp_path)
     log_dir = Path(log_dir) if log_dir is not None else tmp_path / "telemetry"
     runtime_dir = None
-    if transport == "ipc":
+    if endpoints is not None:
+        ingest, pub, control = endpoints
+    elif transport == "ipc":
         runtime_dir = Path(tempfile.mkdtemp(prefix="tmd-", dir="/tmp"))
         ingest, pub, control = (f"ipc://{runtime_dir}/{n}.sock" for n in ("ingest", "pub", "control"))
     elif transport == "tcp":

@@ -265,6 +265,70 @@ def test_a_real_hang_kill_and_restart_of_the_trainer(make_daemon, tmp_path):
     assert b["hang"] + b["recovery"] == pytest.approx(began - first_run[8]["t"] - restore, abs=1e-6)
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(900)     # hang detectors below, generous for a loaded machine
+def test_a_daemon_sigkilled_and_restarted_mid_run_leaves_one_launch_and_the_injected_truth(make_daemon, tmp_path):
+    """The trainer on 2 ranks, every rank waiting 0.2 s for data per step, the step-10 save
+    sleeping 1.5 s first; the daemon is SIGKILLed after step 4 and a new one is started on the
+    same endpoints and log directory, as an operator would. The ranks never stopped: one launch,
+    no hang, no recovery, no work redone; the steps the dead daemon took with it are counted as
+    missing; the data and checkpoint buckets hold the injected time and equal the ranks' own
+    figures (the data bucket within their data loading times for the steps written, the save
+    bucket the slowest rank's save); the buckets sum to the wall time; and the new daemon's live
+    ledger is the file's. (On the dev box: all 16 steps reached the new daemon, the client's queue
+    held them across the restart; the data bucket was the injected 3.2 s + 0.06 s.)"""
+    import time
+
+    steps_n, slow_data, slow_save = 16, 0.2, 1.5
+    cfg = {"pollers": {"nvml_enabled": False}}
+    d = make_daemon(world_size=2, config=cfg)
+    run_dir = tmp_path / "run"
+    p = _trainer(d, run_dir, f"steps={steps_n}", "checkpoint.every_steps=10", "checkpoint.save_final=false",
+                 "debug.slow_rank=-1", "debug.slow_phase=data", f"debug.slow_s={slow_data}",
+                 f"debug.slow_checkpoint_s={slow_save}", f"debug_loss_log={tmp_path}/loss{{rank}}.jsonl")
+    try:
+        d.wait_for(lambda rs: any(r["kind"] == "metrics" and r.get("step") == 4 for r in rs), timeout_s=300)
+        d.kill()
+        d2 = make_daemon(world_size=2, config=cfg, log_dir=d.log_dir, endpoints=(d.ingest, d.pub, d.control),
+                         tmp_path=tmp_path / "second")
+        out, _ = p.communicate(timeout=600)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, 9)
+            p.wait(30)
+    assert p.returncode == 0, out[-3000:]
+    d2.wait_for(lambda rs: any(r.get("name") == "train_end" for r in rs), timeout_s=120)
+    recs = d2.read_jsonl()
+    led = ledger(recs)
+    # The new daemon's own ledger (seeded from the file the first one wrote, then fed as it
+    # writes) settles on what the whole file says.
+    def same(live: dict) -> bool:
+        return live.get("steps") == led["steps"] and live.get("launches") == led["launches"] and \
+            all(abs(live["buckets_s"][k] - v) <= 1e-3 for k, v in led["buckets_s"].items())   # status: ms
+
+    deadline = time.monotonic() + 120
+    while not same(live := d2.status()["goodput"]):
+        assert time.monotonic() < deadline, (live, led)
+        time.sleep(0.2)
+    d2.drain()
+    b, wall = led["buckets_s"], led["wall_s"]
+    _sums_to_wall(led)
+    written = sorted(r["step"] for r in recs if r["kind"] == "metrics" and "rank" not in r)
+    assert led["launches"] == 1 and led["steps"] == len(written), led
+    assert led["steps_missing"] == steps_n - len(written) and written[-1] == steps_n, (written, led)
+    assert b["hang"] == b["recovery"] == b["redone"] == b["checkpoint_restore"] == 0.0, b
+    own = [{json.loads(line)["step"]: json.loads(line)["data_loading_time"]
+            for line in (tmp_path / f"loss{r}.jsonl").read_text().splitlines()} for r in (0, 1)]
+    mean = sum((own[0][s] + own[1][s]) / 2 for s in written)
+    least = sum(min(own[0][s], own[1][s]) for s in written)
+    assert least - 1e-6 <= b["data_loading"] <= mean + 1e-6, (b, least, mean)
+    print(f"ledger {b}, wall {wall:.3f} s, {len(written)} steps written of {steps_n}")
+    assert b["data_loading"] >= slow_data * len(written) - 1e-6, b
+    # The one save (step 10): the slowest rank's own figure, the injected sleep in it.
+    saves = [r["data"]["duration_s"] for r in recs if r.get("name") == "checkpoint_saved"]
+    assert len(saves) == 2 and b["checkpoint_save"] == pytest.approx(max(saves), abs=1e-9) and max(saves) >= slow_save
+
+
 # ---- the ledger kept as records go by (telemetry/shared/goodput.py: Ledger) -------------------
 def _job(seed: int) -> list[dict]:
     """Three launches of 2 ranks with random step times, data waits and stragglers; saves whose

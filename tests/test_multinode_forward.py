@@ -13,7 +13,9 @@ from testkit import faults
 
 
 def test_nodes_forward_and_the_head_aggregates_across_nodes(tmp_path):
-    r = faults.multinode(tmp_path, num_nodes=2, ranks_per_node=2, rate=20, before_s=1, outage_s=0, after_s=3)
+    # The job runs, its ranks close, and a relaunched job (new processes) goes on for 20 steps.
+    r = faults.multinode(tmp_path, num_nodes=2, ranks_per_node=2, rate=20, before_s=1, outage_s=0, after_s=3,
+                         relaunch_steps=20)
     assert r["head_world_size"] == 2
     sec = r["head_security"]
     assert sec["curve"] and sec["secured"] == ["remote_ingest"] and sec["auth_allowed"] >= 2
@@ -23,6 +25,24 @@ def test_nodes_forward_and_the_head_aggregates_across_nodes(tmp_path):
     s = r["sample_step"]
     assert s["perf/tokens"] == 4 * 4096 and s["perf/step_time"] == 0.05
     assert 2.5 <= s["train/loss"] < 3.5     # ranks log 1 + x + rank: the mean over ranks 0..3
+    # The head keeps the job's goodput ledger from what the nodes forward: both launches (each
+    # node announces a launch's start), the first one ended (its ranks' byes, forwarded), not hung
+    # until the nodes' own heartbeats stopped; nothing redone (the relaunch went on from the last
+    # step). It agrees with each node's own ledger, and the head's live one with its file's.
+    head, nodes, n = r["head_ledger"], r["node_ledgers"], r["steps_per_rank"]
+    for led in (head, *nodes):
+        b = led["buckets_s"]
+        assert led["launches"] == 2 and led["steps"] == n + 20 and led["steps_missing"] == 0, led
+        assert sum(b.values()) == pytest.approx(led["wall_s"], abs=1e-6)
+        assert b["hang"] == b["redone"] == 0.0 and b["recovery"] > 0, led
+        # Every step's step time is 0.05 s on every rank: at the head the slowest node's, also 0.05.
+        assert b["productive"] + b["telemetry"] == pytest.approx((n + 20) * 0.05, rel=1e-9), led
+    for node in nodes:
+        for k in ("startup", "recovery"):
+            assert head["buckets_s"][k] == pytest.approx(node["buckets_s"][k], abs=0.5), (k, head, node)
+    live = r["head_live_goodput"]
+    assert live["launches"] == 2 and live["steps"] == head["steps"], live
+    assert live["buckets_s"]["productive"] == pytest.approx(head["buckets_s"]["productive"], abs=1e-3)   # status rounds to ms
 
 
 def _outage_checks(r: dict) -> None:

@@ -20,14 +20,15 @@ start to the last record of the last launch, into buckets that sum to it:
                         that phase is data loading, the data bucket takes the others' median
                         (perf/straggler_median_s) rather than the ranks' mean, so the excess is
                         counted once
-    hang                a launch that ended without train_end or a bye (killed, or crashed
+    hang                a launch that ended without train_end or a rank's bye (killed, or crashed
                         without closing its client): its last step -> its end, the
                         last record of its ranks or, when a rank was killed or crashed, when the
                         daemon first saw its process gone (diagnosis/rank_exited, gone_for_s
                         before the event; the daemon looks once a tick, 1 s), less the saves
                         after that step
     redone              the steps a failed launch made after the checkpoint the next launch
-                        resumed from, at their measured step time: work done twice
+                        resumed from (its checkpoint_restored step; without one, the step
+                        before its first), at their measured step time: work done twice
     recovery            a failed launch's end -> the next launch's first step, less its restore
     telemetry           the time the client spent inside its log() and event() calls on the
                         training thread (telemetry/client_s: the slowest rank's, cumulative, sent
@@ -41,6 +42,11 @@ step time is the slowest rank's, data loading the ranks' mean); a launch is the 
 hello says they started after the previous launch's last step (hello `started_at`, sent by
 every client). A step the daemon never wrote (it was down) is in `unexplained`; `steps_missing`
 counts them. While a launch runs, its time since its last record is not in the wall time yet.
+
+On a multi-node job the head daemon keeps the job's ledger from what the nodes forward: their
+aggregated steps (the slowest node's step time), each launch's start (a node forwards the hello
+of a launch's first rank), the ranks' byes (as rank_bye events) and their events; a node
+daemon's own records (node_daemon, node_gpu, node_system events) do not keep a launch alive.
 
 Work redone needs the steps after the checkpoint the next launch resumed from: the ledger keeps
 the running sums at each checkpoint save and the last RECENT steps; a launch that resumed from
@@ -58,6 +64,9 @@ BUCKETS = ("productive", "startup", "data_loading", "eval", "checkpoint_save", "
 CLIENT_TIME_KEY = "telemetry/client_s"   # protocol.constants.CLIENT_TIME_KEY (not imported: no zmq here)
 DATA_PHASE = 0.0      # perf/straggler_phase_index of data loading (the catalogue's doc lists them)
 RECENT = 512          # steps kept one by one (for a restore from a checkpoint no save event announced)
+# Events the daemons write of themselves, not the ranks: they do not keep a launch alive (the
+# daemon's diagnoses; a node daemon's own records as its head receives them).
+DAEMON_EVENTS = ("diagnosis/", "node_daemon", "node_gpu", "node_system")
 # What to do about each kind of loss, the report's line under the biggest.
 ADVICE = {
     "startup": "start-up: cache the model and data locally, fewer imports, a warm container; it is paid per launch",
@@ -240,7 +249,7 @@ class Ledger:
             return
         cur = launches[-1]
         name = rec.get("name") if kind == "event" else None
-        if kind in ("metrics", "bye") or (kind == "event" and not str(name).startswith("diagnosis/")):
+        if kind in ("metrics", "bye") or (kind == "event" and not str(name).startswith(DAEMON_EVENTS)):
             cur.last_t = max(cur.last_t, t)     # the ranks' own records: the launch was alive then
         elif name == "diagnosis/rank_exited":
             # The daemon saw a rank's process gone (killed, crashed): the launch ended when it was
@@ -256,7 +265,7 @@ class Ledger:
             elif name == "checkpoint_restored" and dur is not None:
                 cur.restore_s = max(cur.restore_s, dur)
                 cur.restored_step = step if step is not None else cur.restored_step
-            elif name == "train_end":
+            elif name in ("train_end", "rank_bye"):    # rank_bye: a rank's bye, as a node forwards it
                 cur.ended = True
         elif kind == "bye":
             cur.ended = True      # a rank closed its client: it left, it was not killed mid-step
@@ -275,7 +284,11 @@ class Ledger:
             nxt = launches[i + 1] if i + 1 < len(launches) else None
             redone = _ZERO
             if nxt is not None and la.num_steps:
-                redone, est = la.redone(nxt.restored_step if nxt.restored_step is not None else 0)
+                # Resumed from the checkpoint it restored; without a restore event, from just
+                # before its first step (0 when it started over, the step before when it went on).
+                resumed = nxt.restored_step if nxt.restored_step is not None else \
+                    (nxt.lo - 1 if nxt.lo is not None else 0)
+                redone, est = la.redone(resumed)
                 estimated |= est
             kept = _add(la.total, redone, -1.0)
             buckets["redone"] += redone[_ST]

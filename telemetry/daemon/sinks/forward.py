@@ -7,9 +7,13 @@ to the head daemon as ordinary protocol records, so the head sees one "rank" per
       metrics (aggregated, no "rank")  -> metrics record, rank = node_rank
       event                            -> event record, data gains "rank" (the original rank)
       daemon (the node's counters)     -> event "node_daemon": a visible heartbeat at the head
-      hello (the first of the node)    -> hello with world_size = num_nodes, node_rank, and
-                                          peak_flops = device peak x ranks per node (for MFU)
+      hello (the first of the node,    -> hello with world_size = num_nodes, node_rank, and
+        the first with the model, and     peak_flops = device peak x ranks per node (for MFU),
+        the first of each new launch)     started_at as the rank's (the head's goodput ledger
+                                          tells a job's launches apart by it)
       gpu, system                      -> stay on the node unless listed in `kinds`
+      bye (a rank closed its client)   -> event "rank_bye" with the rank: the head's goodput
+                                          ledger tells a launch that ended from one killed
 
 Loss accounting is the protocol's: this sink is one `src` with its own seq and in-band drop
 count, so the head reports exactly what it lost from each node. During a head outage ZeroMQ
@@ -107,6 +111,8 @@ class ForwardSink(Sink):
         self._kinds = frozenset(cfg.kinds)
         self._hello_sent_with_model = False
         self._rank_info: dict = {}
+        self._launch_started: float | None = None    # started_at of the launch last announced
+        self._last_step_t = 0.0                       # t of the last step forwarded
         self._mon: zmq.Socket | None = None
         self.num_connects = 0
         self.num_disconnects = 0
@@ -146,6 +152,10 @@ class ForwardSink(Sink):
         node = self.cfg.node_rank
         for o in batch:
             kind = o.kind
+            if kind == "bye":
+                rec = o.record
+                self._send(KIND_EVENT, ("rank_bye", {"rank": rec.get("rank"), "node_rank": node}), _t_ns(rec))
+                continue
             if kind not in kinds:
                 continue
             rec = o.record
@@ -153,20 +163,43 @@ class ForwardSink(Sink):
                 if "rank" in rec:
                     continue  # per-rank records stay on the node
                 self._send(KIND_METRICS, (rec["step"], _numbers(rec["values"])), _t_ns(rec))
+                t = rec.get("t")
+                if type(t) is float and t > self._last_step_t:
+                    self._last_step_t = t
             elif kind == "event":
                 self._send(KIND_EVENT, (rec.get("name") or "event",
                                         {**rec.get("data", {}), "rank": rec.get("rank"), "node_rank": node}),
                            _t_ns(rec))
             elif kind == "hello":
-                info = rec.get("info", {})
-                if not self._hello_sent_with_model and isinstance(info.get("model"), dict):
-                    self._rank_info = info
-                    self._send(KIND_HELLO, (self._node_info(info),), _t_ns(rec))
-                    self._hello_sent_with_model = True
+                self._on_rank_hello(rec)
             else:  # daemon, gpu, system: the node's own records, as events at the head
                 name = "node_daemon" if kind == "daemon" else f"node_{kind}"
                 data = {k: v for k, v in rec.items() if k not in ("kind", "t")}
                 self._send(KIND_EVENT, (name, {**data, "node_rank": node}), _t_ns(rec))
+
+    def _on_rank_hello(self, rec: dict) -> None:
+        """Forward a rank's hello as the node's when it says something new: the first with a
+        start time, the first with the model (the head's MFU), or the first of a new launch (a
+        rank started after the last step forwarded: a restarted job), so that the head's
+        goodput ledger sees every launch's start. The other ranks' hellos stay on the node."""
+        info = rec.get("info")
+        if not isinstance(info, dict):
+            return
+        has_model = isinstance(info.get("model"), dict)
+        started = info.get("started_at")
+        started = float(started) if isinstance(started, (int, float)) and not isinstance(started, bool) else None
+        first = self._launch_started
+        new_launch = started is not None and (first is None or (self._last_step_t > first and started > self._last_step_t))
+        if not new_launch and (has_model and self._hello_sent_with_model or not has_model):
+            return
+        if has_model:
+            self._hello_sent_with_model = True
+        elif "model" in self._rank_info:        # a relaunch whose hello lacks it: the head keeps its MFU
+            info = {**info, "model": self._rank_info["model"]}
+        if started is not None and (first is None or started > first):
+            self._launch_started = started
+        self._rank_info = info
+        self._send(KIND_HELLO, (self._node_info(info),), _t_ns(rec))
 
     def flush(self) -> None:
         self._check_link()   # called about once a second, also when no records flow
