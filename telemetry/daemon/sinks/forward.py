@@ -112,7 +112,7 @@ class ForwardSink(Sink):
         self._hello_sent_with_model = False
         self._rank_info: dict = {}
         self._launch_started: float | None = None    # started_at of the launch last announced
-        self._last_step_t = 0.0                       # t of the last step forwarded
+        self._last_step_ns = 0                        # t of the last step forwarded (ns)
         self._mon: zmq.Socket | None = None
         self.num_connects = 0
         self.num_disconnects = 0
@@ -150,32 +150,34 @@ class ForwardSink(Sink):
         self._check_link()
         kinds = self._kinds
         node = self.cfg.node_rank
+        last_ns = 0              # the t of the last step forwarded in this batch
         for o in batch:
             kind = o.kind
-            if kind == "bye":
-                rec = o.record
-                self._send(KIND_EVENT, ("rank_bye", {"rank": rec.get("rank"), "node_rank": node}), _t_ns(rec))
-                continue
             if kind not in kinds:
+                if kind == "bye":
+                    rec = o.record
+                    self._send(KIND_EVENT, ("rank_bye", {"rank": rec.get("rank"), "node_rank": node}), _t_ns(rec))
                 continue
             rec = o.record
             if kind == "metrics":
                 if "rank" in rec:
                     continue  # per-rank records stay on the node
-                self._send(KIND_METRICS, (rec["step"], _numbers(rec["values"])), _t_ns(rec))
-                t = rec.get("t")
-                if type(t) is float and t > self._last_step_t:
-                    self._last_step_t = t
+                last_ns = _t_ns(rec)
+                self._send(KIND_METRICS, (rec["step"], _numbers(rec["values"])), last_ns)
             elif kind == "event":
                 self._send(KIND_EVENT, (rec.get("name") or "event",
                                         {**rec.get("data", {}), "rank": rec.get("rank"), "node_rank": node}),
                            _t_ns(rec))
             elif kind == "hello":
+                if last_ns > self._last_step_ns:
+                    self._last_step_ns = last_ns
                 self._on_rank_hello(rec)
             else:  # daemon, gpu, system: the node's own records, as events at the head
                 name = "node_daemon" if kind == "daemon" else f"node_{kind}"
                 data = {k: v for k, v in rec.items() if k not in ("kind", "t")}
                 self._send(KIND_EVENT, (name, {**data, "node_rank": node}), _t_ns(rec))
+        if last_ns > self._last_step_ns:
+            self._last_step_ns = last_ns
 
     def _on_rank_hello(self, rec: dict) -> None:
         """Forward a rank's hello as the node's when it says something new: the first with a
@@ -188,8 +190,8 @@ class ForwardSink(Sink):
         has_model = isinstance(info.get("model"), dict)
         started = info.get("started_at")
         started = float(started) if isinstance(started, (int, float)) and not isinstance(started, bool) else None
-        first = self._launch_started
-        new_launch = started is not None and (first is None or (self._last_step_t > first and started > self._last_step_t))
+        first, last_step = self._launch_started, self._last_step_ns / 1e9
+        new_launch = started is not None and (first is None or (last_step > first and started > last_step))
         if not new_launch and (has_model and self._hello_sent_with_model or not has_model):
             return
         if has_model:
