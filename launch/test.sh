@@ -18,9 +18,9 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 export WANDB_MODE="${WANDB_MODE:-offline}" WANDB_SILENT=true
 # Compiled code is cached (__pycache__, git-ignored) even where the environment says not to
-# (PYTHONDONTWRITEBYTECODE=1 on this machine and CI's): otherwise each pytest worker rewrites
-# every test module's asserts again (3-4 s of CPU each) and each of the ~300 daemon, rank and
-# script processes the tests start compiles the project's modules again.
+# (PYTHONDONTWRITEBYTECODE=1 on the development machine): otherwise each pytest worker rewrites
+# every test module's asserts again (3-4 s of CPU each) and each daemon, rank and script
+# process the tests start compiles the project's modules again.
 unset PYTHONDONTWRITEBYTECODE
 workers=(-n "${TELEMETRY_TEST_WORKERS:-3}")
 split=1
