@@ -81,3 +81,43 @@ def test_a_rank_killed_under_torchrun_has_its_exit_code(make_daemon, tmp_path):
     (ev,) = [e for e in events(recs, "diagnosis/rank_exited") if e["data"]["exited_rank"] == 1]
     assert ev["data"]["exit_code"] == -9 and "killed by SIGKILL" in ev["data"]["message"], ev["data"]
     d.drain()
+
+
+def test_the_exit_watcher_notes_when_each_watched_process_died():
+    """exitwatch.ExitWatcher: a process killed is noted between the kill and the moment the test
+    sees it noted (the stage's own timer looks once a second); one still running is not; one
+    forgotten is never noted; a descriptor number reused for another process names that one."""
+    from telemetry.daemon.forensics.exitwatch import ExitWatcher
+
+    procs = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"]) for _ in range(3)]
+    w = ExitWatcher()
+    try:
+        for rank, p in enumerate(procs):
+            w.watch(rank, os.pidfd_open(p.pid))
+        w.forget(2)
+        before = time.monotonic()
+        procs[0].kill()
+        procs[2].kill()
+        deadline = time.monotonic() + 60            # a hang detector
+        while (at := w.exited_at(0)) is None:
+            assert time.monotonic() < deadline, "the kill was never noted"
+            time.sleep(0.005)
+        seen = time.monotonic()
+        assert before <= at <= seen
+        assert w.exited_at(1) is None and w.exited_at(2) is None
+        # The number of a forgotten descriptor comes back for a new process: that one's life counts.
+        p3 = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
+        procs.append(p3)
+        w.watch(3, os.pidfd_open(p3.pid))
+        time.sleep(0.2)
+        assert w.exited_at(3) is None
+        p3.kill()
+        deadline = time.monotonic() + 60
+        while w.exited_at(3) is None:
+            assert time.monotonic() < deadline, "the second kill was never noted"
+            time.sleep(0.005)
+    finally:
+        w.close()
+        for p in procs:
+            p.kill()
+            p.wait(30)

@@ -206,9 +206,9 @@ def test_a_real_hang_kill_and_restart_of_the_trainer(make_daemon, tmp_path):
     """The trainer on 2 ranks, one daemon for the whole job: rank 1 hangs at step 9, the job is
     killed 4 s after step 8, and relaunched on the run dir; it resumes from the step-5 checkpoint
     and finishes. Two launches; steps 6-8 of the first are work redone, at their own step times;
-    the restore is the trainer's own figure; the hang is never less than the time from step 8 to
-    the kill, and hang + recovery is exactly the time from step 8 to the new launch's first step
-    less the restore; the buckets sum to the wall time."""
+    the restore is the trainer's own figure; the hang is the time from step 8 to the kill (within
+    1 % of the wall time), and hang + recovery is exactly the time from step 8 to the new launch's
+    first step less the restore; the buckets sum to the wall time."""
     import signal
     import time
 
@@ -259,8 +259,9 @@ def test_a_real_hang_kill_and_restart_of_the_trainer(make_daemon, tmp_path):
     assert b["checkpoint_restore"] == pytest.approx(restore, rel=1e-9)
     hang_truth = killed_at - first_run[8]["t"]
     print(f"ledger {b}, wall {led['wall_s']:.3f} s, hang truth {hang_truth:.3f} s")
-    assert b["hang"] >= hang_truth - 0.05, (b, hang_truth)
-    assert b["hang"] <= hang_truth + 10.0, (b, hang_truth)     # a sanity bound: the daemon looks once a tick
+    # The hang ends when the ranks died: the daemon's exit watcher notes it to the millisecond
+    # (the stage's own look, once a tick, came up to a second later). Within 1 % of the wall time.
+    assert abs(b["hang"] - hang_truth) <= 0.01 * led["wall_s"], (b, hang_truth, led["wall_s"])
     began = second_run[6]["t"] - second_run[6]["values"]["perf/step_time"]
     assert b["hang"] + b["recovery"] == pytest.approx(began - first_run[8]["t"] - restore, abs=1e-6)
 

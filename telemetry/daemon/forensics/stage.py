@@ -10,7 +10,8 @@ daemon's loop never waits for a signal, a dump or py-spy:
                  the last steps) -> one bundle and one `diagnosis/hang` event per hang (re-armed
                  when a step completes again)
     rank_exited  a rank's process on this host is gone without a bye (EXIT_GRACE_S after it was
-                 first seen gone) -> a bundle of the others
+                 first seen gone: when its pidfd polled readable, exitwatch.py, to the ms;
+                 without a pidfd, at the timer's look) -> a bundle of the others
                  and one `diagnosis/rank_exited` event with its exit code where it can be known:
                  through the pidfd held since the rank was verified (Linux >= 6.15 keeps the
                  status after the launcher reaped it), else from a zombie's /proc/<pid>/stat
@@ -33,6 +34,7 @@ from typing import Any, Callable
 
 from telemetry.daemon.forensics import stacks
 from telemetry.daemon.forensics.collect import exit_status, open_pidfd, process_state, py_spy, signal_stacks
+from telemetry.daemon.forensics.exitwatch import ExitWatcher
 from telemetry.daemon.forensics.verify import LocalRank, Verifier, claims_this_host
 from telemetry.daemon.sinks.base import Out, Sink
 
@@ -70,6 +72,7 @@ class ForensicsStage(Sink):
         self.ranks: dict[int, LocalRank] = {}   # rank -> its process, verified
         # rank -> a pidfd of it, held while it is watched: its exit status outlives the reap
         self.pidfds: dict[int, int] = {}
+        self._exit_watch: ExitWatcher | None = None   # when each exited, to the ms (exitwatch.py)
         self.unverified: dict[int, str] = {}    # rank -> why its claim of this host was not believed
         self.num_refusals_logged = 0
         self.byes: set[int] = set()
@@ -137,12 +140,26 @@ class ForensicsStage(Sink):
         old = self.pidfds.pop(rank, None)
         if old is not None:
             os.close(old)
+            self.exit_watch.forget(rank)
         if fd is not None:
             self.pidfds[rank] = fd
+            try:
+                self.exit_watch.watch(rank, os.dup(fd))
+            except OSError:                 # out of descriptors: the timer's look is all there is
+                pass
+
+    @property
+    def exit_watch(self) -> ExitWatcher:
+        if self._exit_watch is None:
+            self._exit_watch = ExitWatcher()
+        return self._exit_watch
 
     def close(self) -> None:
         for rank in list(self.pidfds):
             self._hold_pidfd(rank, None)
+        if self._exit_watch is not None:
+            self._exit_watch.close()
+            self._exit_watch = None
 
     def _note_step(self, rec: dict) -> None:
         step, t = rec.get("step"), rec.get("t")
@@ -193,7 +210,8 @@ class ForensicsStage(Sink):
                 gone, code, how = exit_status(lr, self.pidfds.get(rank))
                 if not gone:
                     continue
-                first_s = time.monotonic()
+                seen = self._exit_watch.exited_at(rank) if self._exit_watch is not None else None
+                first_s = seen if seen is not None else time.monotonic()
                 self.gone_since[rank] = (first_s, code, how)
             if time.monotonic() - first_s < EXIT_GRACE_S:
                 continue                    # its bye may still be on its way
@@ -201,11 +219,12 @@ class ForensicsStage(Sink):
             self._hold_pidfd(rank, None)
             self.num_exits += 1
             self._bundle("rank_exited", self._live_local_ranks(), exited=(rank, code, how),
-                         gone_for_s=time.monotonic() - first_s)
+                         gone_since=first_s)
 
     # -- the bundle ----------------------------------------------------------------------------
     def _bundle(self, what: str, live: dict[int, LocalRank], *, stalled_s: float = 0.0,
-                exited: tuple[int, int | None, str] | None = None, gone_for_s: float = 0.0) -> None:
+                exited: tuple[int, int | None, str] | None = None, gone_since: float = 0.0) -> None:
+        """gone_since: time.monotonic() when the exited rank was first seen gone."""
         out_dir = _new_bundle_dir(self.log_dir / "forensics", f'{time.strftime("%Y%m%d-%H%M%S", time.gmtime())}-{what}')
         with_stacks = {r: lr for r, lr in live.items() if lr.stacks_signal is not None}
         dumps = signal_stacks(with_stacks, self.cfg.hang_stacks_wait_s, self.pidfds) if with_stacks else {}
@@ -238,13 +257,16 @@ class ForensicsStage(Sink):
         data = {"message": message, "rule": what, "severity": "critical", "subject": "run",
                 "bundle": str(out_dir), "ranks": culprits, "step": self.last_step, "stalled_s": round(stalled_s, 3),
                 "num_suppressed": 0}
+        now = time.time()
         if exited is not None:
-            # gone_for_s: how long before this event the process was first seen gone (the
-            # goodput ledger ends the launch there, not at this event, EXIT_GRACE_S later).
-            data.update(exited_rank=exited[0], exit_code=exited[1], how=exited[2], gone_for_s=round(gone_for_s, 3))
+            # gone_for_s: how long before this event's t the process was first seen gone (the
+            # goodput ledger ends the launch there, not at this event, EXIT_GRACE_S and the
+            # bundle's collection later): read together with t.
+            data.update(exited_rank=exited[0], exit_code=exited[1], how=exited[2],
+                        gone_for_s=round(time.monotonic() - gone_since, 3))
         rank = exited[0] if exited is not None else (culprits[0] if len(culprits) == 1 else None)
         log.error("diagnosis: %s (bundle %s)", message, out_dir)
-        self.post({"kind": "event", "t": time.time(), "rank": rank, "name": f"diagnosis/{what}", "data": data})
+        self.post({"kind": "event", "t": now, "rank": rank, "name": f"diagnosis/{what}", "data": data})
 
     def _recent_by_rank(self) -> dict[int, list[dict]]:
         n = self.cfg.hang_records_kept
