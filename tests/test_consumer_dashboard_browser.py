@@ -113,6 +113,23 @@ def test_dashboard_in_chromium_against_a_real_run(tmp_path):
                                                            "checkpoint restore|straggler|hang|redone|recovery|"
                                                            "telemetry|unexplained"), charts["goodput_buckets"]
             assert b.evaluate("document.querySelector('[data-tile=goodput] .value').textContent").endswith(" %")
+            # And the run's wall time so far as one stacked bar: the buckets of a daemon record the
+            # daemon wrote, each positive one a segment as wide as its share; they sum to the wall.
+            bar = b.evaluate("(() => { const r = document.querySelector('#goodput-bar .grow'); return r && "
+                             "{wall: +r.dataset.wall, buckets: r.dataset.buckets, segs: [...r.querySelectorAll('.gseg')]"
+                             ".map(s => [s.dataset.bucket, +s.dataset.share, s.style.width])}; })()")
+            assert bar, "no goodput bar"
+            drawn = {k: float(v) for k, v in (kv.split("=") for kv in bar["buckets"].split("|"))}
+            written = [{k[len("goodput/"):-2]: v for k, v in r["values"].items() if k.startswith("goodput/") and
+                        k.endswith("_s") and k != "goodput/wall_s"} | {"wall": r["values"]["goodput/wall_s"]}
+                       for r in daemons[0].read_jsonl("daemon") if "goodput/wall_s" in r["values"]]
+            assert {**drawn, "wall": bar["wall"]} in written, (drawn, written[-3:])
+            assert sum(drawn.values()) == pytest.approx(bar["wall"], abs=1e-4)
+            assert [name for name, _, _ in bar["segs"]] == [k for k, v in drawn.items() if v > 0]
+            assert "productive" in drawn and drawn["productive"] > 0
+            for name, share, width in bar["segs"]:
+                assert share == pytest.approx(drawn[name] / bar["wall"], abs=1e-6)
+                assert float(width.rstrip("%")) == pytest.approx(100 * share, abs=1e-3), (name, width)
             # An event every rank sent is listed once, with its ranks.
             rows = b.evaluate("[...document.querySelectorAll('#event-rows tr')].map(r => r.textContent)")
             saved = [r for r in rows if "checkpoint_saved" in r]

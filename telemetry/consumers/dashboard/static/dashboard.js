@@ -66,6 +66,7 @@ const GROUPS = [
     { id: "host_memory", title: "Host memory (%)", axis: "time", match: re(/^system\/memory_percent@/), label: afterAt },
   ]},
   { title: "Where the time went (the goodput ledger)", why: "no goodput ledger yet (the daemon writes it in its own records)",
+    bar: true,   // the run's wall time so far as one stacked bar of its buckets, above the charts
     charts: [
     { id: "goodput_buckets", title: "Wall time by bucket (s, stacked)", axis: "time", stacked: true,
       match: (k) => GOODPUT_BUCKETS.includes(k), order: GOODPUT_BUCKETS,
@@ -472,10 +473,50 @@ function drawCharts() {
       card.dataset.series = list.map((o) => o.label).join("|");
       card.dataset.lastX = lastX === null ? "" : String(lastX);
     }
+    if (group.bar) drawGoodputBar(gEl);
     gEl.hidden = shown === 0;
     if (!shown) missing.push(`${group.title}: ${group.why || "no records yet"}`);
   }
   document.getElementById("missing").textContent = missing.length ? "Not shown: " + missing.join("; ") + "." : "";
+}
+
+// One stacked bar per run: its wall time so far split into the ledger's buckets (the daemon's
+// latest goodput/<bucket>_s; a restarted daemon continues the ledger, so the last one's values
+// are the run's), each segment as wide as its share, coloured as in the chart below. For tests:
+// each row carries data-run, data-wall and data-buckets ("name=seconds|..."), each segment
+// data-bucket and its share in data-share.
+function drawGoodputBar(gEl) {
+  let box = gEl.querySelector(".gbar-box");
+  if (!box) {
+    box = el("div", { class: "gbar-box", id: "goodput-bar" });
+    gEl.insertBefore(box, gEl.querySelector(".grid"));
+  }
+  const rows = [];
+  for (const id of state.order) {
+    const run = state.runs[id];
+    const wall = daemonTotal(run, "goodput/wall_s");
+    if (!(wall > 0)) continue;
+    const parts = GOODPUT_BUCKETS.map((key, k) => ({ name: key.replace("goodput/", "").replace(/_s$/, ""), k,
+                                                     v: daemonTotal(run, key) ?? 0 }));
+    const bar = el("div", { class: "gbar" });
+    for (const p of parts) {
+      if (!(p.v > 0)) continue;                         // unexplained may be a hair below 0
+      const share = p.v / wall;
+      bar.append(el("div", { class: "gseg", "data-bucket": p.name, "data-share": share.toFixed(6),
+                             title: `${p.name.replace(/_/g, " ")}: ${fmt(p.v, 4)} s (${(100 * share).toFixed(1)} %)`,
+                             style: `width:${(100 * share).toFixed(3)}%;background:${STACK_FILLS[p.k % STACK_FILLS.length]}` }));
+    }
+    const frac = daemonTotal(run, "goodput/fraction");
+    const head = el("div", { class: "glabel", text: (multi() ? run.name + ": " : "") +
+      `${frac == null ? "—" : (100 * frac).toFixed(1) + " %"} of ${fmt(wall, 4)} s was training` });
+    const legend = el("div", { class: "glegend" }, ...parts.filter((p) => p.v > 0).map((p) =>
+      el("span", {}, el("i", { style: `background:${STACK_FILLS[p.k % STACK_FILLS.length]}` }),
+         `${p.name.replace(/_/g, " ")} ${(100 * p.v / wall).toFixed(1)} %`)));
+    rows.push(el("div", { class: "grow", "data-run": run.name, "data-wall": String(wall),
+                          "data-buckets": parts.map((p) => `${p.name}=${p.v}`).join("|") }, head, bar, legend));
+  }
+  box.replaceChildren(...rows);
+  box.hidden = !rows.length;
 }
 
 function redraw() {
