@@ -80,6 +80,52 @@ def test_one_launch_every_bucket_from_known_times():
     assert out.startswith("goodput of run: ") and "biggest loss: start-up" in out
 
 
+def test_each_rank_gets_its_own_ledger_from_the_per_rank_records():
+    """The daemon's --per-rank records, written before their step's aggregated record: rank 1 is
+    slow in forward by 0.3 s at every step (rank 0 waits that long), rank 0 waits 0.2 s for data
+    and rank 1 0.05 s; each saves for its own time; rank 1 is killed after step 6 (no bye: its
+    process seen gone 1.5 s later), rank 0 ends with a bye. Each rank's ledger is its own."""
+    recs = [_hello(T0 + 1, 0, T0), _hello(T0 + 1, 1, T0 + 0.5)]
+    t = T0 + 5.0
+    for step in range(1, 7):
+        t += 1.0
+        own = {0: {"perf/step_time": 1.0, "perf/data_loading_time": 0.2, "perf/forward_time": 0.1},
+               1: {"perf/step_time": 1.0, "perf/data_loading_time": 0.05, "perf/forward_time": 0.4}}
+        for r in (0, 1):
+            recs.append({"kind": "metrics", "t": t - 0.01 * r, "step": step, "rank": r, "values": own[r]})
+        recs.append(_step(t, step, 1.0, data=0.125, **{"perf/straggler_rank": 1.0, "perf/straggler_excess_s": 0.3,
+                                                       "perf/straggler_phase_index": 1.0,
+                                                       "perf/straggler_median_s": 0.1}))
+        if step == 3:
+            recs += [_event(t + 0.5, "checkpoint_saved", 0, step=3, duration_s=0.4),
+                     _event(t + 0.5, "checkpoint_saved", 1, step=3, duration_s=0.5)]
+            t += 0.5
+    recs.append({"kind": "metrics", "t": t + 1.0, "step": 7, "rank": 0, "values": {"perf/step_time": 9.0}})  # never closed
+    recs.append(_event(t + 3.0, "diagnosis/rank_exited", 1, exited_rank=1, gone_for_s=1.5))
+    recs.append({"kind": "bye", "t": t + 4.0, "rank": 0, "stats": {}})
+    led = ledger(recs)
+    r0, r1 = led["ranks"][0], led["ranks"][1]
+    b0, b1 = r0["buckets_s"], r1["buckets_s"]
+    assert r0["steps"] == r1["steps"] == 6 and r0["launches"] == r1["launches"] == 1
+    assert b0["data_loading"] == pytest.approx(6 * 0.2) and b1["data_loading"] == pytest.approx(6 * 0.05)
+    assert b0["straggler"] == pytest.approx(6 * 0.3) and b1["straggler"] == 0.0      # rank 0 waited for rank 1
+    assert b0["productive"] == pytest.approx(6 * (1.0 - 0.2 - 0.3))
+    assert b1["productive"] == pytest.approx(6 * (1.0 - 0.05))
+    assert b0["checkpoint_save"] == pytest.approx(0.4) and b1["checkpoint_save"] == pytest.approx(0.5)
+    # Its own process start to its own first step's beginning (rank 1's records are 0.01 s earlier).
+    assert b0["startup"] == pytest.approx(6.0 - 1.0) and b1["startup"] == pytest.approx(5.99 - 1.0 - 0.5)
+    # Rank 0 left (its bye); rank 1 was killed: from its last step until it was seen gone.
+    assert b0["hang"] == 0.0 and b1["hang"] == pytest.approx(1.5 + 0.01)
+    assert r0["wall_s"] == pytest.approx(t + 4.0 - T0) and r1["wall_s"] == pytest.approx(t + 1.5 - (T0 + 0.5))
+    for rl in (r0, r1):
+        assert sum(rl["buckets_s"].values()) == pytest.approx(rl["wall_s"], abs=1e-9)
+        assert rl["goodput"] == pytest.approx(rl["buckets_s"]["productive"] / rl["wall_s"])
+    assert "rank 0" in text(led) and "waited for other ranks 1.80 s" in text(led)
+    # Without per-rank records, no per-rank ledger; the job's is the same either way.
+    job_only = ledger([r for r in recs if not (r["kind"] == "metrics" and "rank" in r)])
+    assert "ranks" not in job_only and job_only["buckets_s"] == led["buckets_s"]
+
+
 def test_a_hang_a_kill_and_a_restart_from_the_last_checkpoint():
     recs = [_hello(T0 + 1, 0, T0), _hello(T0 + 1, 1, T0)]
     t = T0 + 5                                          # start-up 4 s (the first step is 1 s)
@@ -282,7 +328,7 @@ def test_a_daemon_sigkilled_and_restarted_mid_run_leaves_one_launch_and_the_inje
 
     steps_n, slow_data, slow_save = 16, 0.2, 1.5
     cfg = {"pollers": {"nvml_enabled": False}}
-    d = make_daemon(world_size=2, config=cfg)
+    d = make_daemon(world_size=2, config=cfg, per_rank=True)
     run_dir = tmp_path / "run"
     p = _trainer(d, run_dir, f"steps={steps_n}", "checkpoint.every_steps=10", "checkpoint.save_final=false",
                  "debug.slow_rank=-1", "debug.slow_phase=data", f"debug.slow_s={slow_data}",
@@ -291,14 +337,16 @@ def test_a_daemon_sigkilled_and_restarted_mid_run_leaves_one_launch_and_the_inje
         d.wait_for(lambda rs: any(r["kind"] == "metrics" and r.get("step") == 4 for r in rs), timeout_s=300)
         d.kill()
         d2 = make_daemon(world_size=2, config=cfg, log_dir=d.log_dir, endpoints=(d.ingest, d.pub, d.control),
-                         tmp_path=tmp_path / "second")
+                         tmp_path=tmp_path / "second", per_rank=True)
         out, _ = p.communicate(timeout=600)
     finally:
         if p.poll() is None:
             os.killpg(p.pid, 9)
             p.wait(30)
     assert p.returncode == 0, out[-3000:]
-    d2.wait_for(lambda rs: any(r.get("name") == "train_end" for r in rs), timeout_s=120)
+    # Everything the ranks sent: train_end and both byes (the daemon holds a bye up to 2 s).
+    d2.wait_for(lambda rs: any(r.get("name") == "train_end" for r in rs) and sum(r["kind"] == "bye" for r in rs) >= 2,
+                timeout_s=120)
     recs = d2.read_jsonl()
     led = ledger(recs)
     # The new daemon's own ledger (seeded from the file the first one wrote, then fed as it
@@ -311,6 +359,11 @@ def test_a_daemon_sigkilled_and_restarted_mid_run_leaves_one_launch_and_the_inje
     while not same(live := d2.status()["goodput"]):
         assert time.monotonic() < deadline, (live, led)
         time.sleep(0.2)
+    assert live["ranks"] == {str(r): round(rl["goodput"], 4) for r, rl in led["ranks"].items()}, live
+    out = subprocess.run([sys.executable, "-m", "telemetry", "status", "--control", d2.control], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
+    low = min(live["ranks"], key=lambda r: live["ranks"][r])
+    assert f"goodput per rank (lowest first): rank {low} {100 * live['ranks'][low]:.1f} %" in out.stdout, out
     d2.drain()
     b, wall = led["buckets_s"], led["wall_s"]
     _sums_to_wall(led)
@@ -328,6 +381,23 @@ def test_a_daemon_sigkilled_and_restarted_mid_run_leaves_one_launch_and_the_inje
     # The one save (step 10): the slowest rank's own figure, the injected sleep in it.
     saves = [r["data"]["duration_s"] for r in recs if r.get("name") == "checkpoint_saved"]
     assert len(saves) == 2 and b["checkpoint_save"] == pytest.approx(max(saves), abs=1e-9) and max(saves) >= slow_save
+    # Each rank's own ledger (the daemons' --per-rank records): its data loading is its own
+    # figure step by step, its straggler time what it waited for the other (the steps where the
+    # other was the straggler), its save its own; one launch; its buckets sum to its wall time.
+    agg = {r["step"]: r["values"] for r in recs if r["kind"] == "metrics" and "rank" not in r}
+    for rank in (0, 1):
+        rl = led["ranks"][rank]
+        rb = rl["buckets_s"]
+        mine = sorted(r["step"] for r in recs if r["kind"] == "metrics" and r.get("rank") == rank and r["step"] in agg)
+        assert rl["launches"] == 1 and rl["steps"] == len(mine) > 0, (rank, rl, mine)
+        assert rb["data_loading"] == pytest.approx(sum(own[rank][s] for s in mine), abs=1e-6), (rank, rb)
+        waited = sum(agg[s].get("perf/straggler_excess_s", 0.0) for s in mine
+                     if agg[s].get("perf/straggler_rank") not in (None, rank))
+        assert rb["straggler"] == pytest.approx(waited, abs=1e-9), (rank, rb, waited)
+        own_save = [r["data"]["duration_s"] for r in recs if r.get("name") == "checkpoint_saved" and r["rank"] == rank]
+        assert rb["checkpoint_save"] == pytest.approx(own_save[0], abs=1e-9)
+        assert sum(rb.values()) == pytest.approx(rl["wall_s"], abs=1e-6)
+        assert rb["hang"] == rb["recovery"] == rb["redone"] == 0.0, (rank, rb)
 
 
 # ---- the ledger kept as records go by (telemetry/shared/goodput.py: Ledger) -------------------

@@ -80,6 +80,11 @@ def run(args: argparse.Namespace) -> int:
         lines.append(f"goodput {100 * gp['goodput']:.1f} % of {_n(gp.get('wall_s'), ',.0f')} s so far "
                      f"({gp.get('steps')} steps, {gp.get('launches')} launch(es))"
                      + (f"  biggest loss: {loss[0]} {loss[1]:,.1f} s" if loss else ""))
+        ranks = gp.get("ranks") if isinstance(gp.get("ranks"), dict) else {}
+        known = sorted(((v, r) for r, v in ranks.items() if isinstance(v, (int, float))), key=lambda x: x[0])
+        if known:   # per rank (a daemon with --per-rank): the lowest first
+            lines.append("goodput per rank (lowest first): " + ", ".join(
+                f"rank {r} {100 * v:.1f} %" for v, r in known[:8]) + (f", ... {len(known) - 8} more" if len(known) > 8 else ""))
     sinks = g("sinks") if isinstance(g("sinks"), dict) else {}
     for name, s in sinks.items():
         s = s if isinstance(s, dict) else {}

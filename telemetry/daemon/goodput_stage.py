@@ -130,6 +130,9 @@ class GoodputStage(Sink):
             return {}
         out = {k: led[k] for k in ("launches", "steps", "steps_missing", "wall_s", "goodput") if k in led}
         out["buckets_s"] = {k: round(led["buckets_s"][k], 3) for k in BUCKETS}
+        if led.get("ranks"):     # per rank (the daemon's --per-rank records): its goodput
+            out["ranks"] = {str(r): round(rl["goodput"], 4) if rl["goodput"] is not None else None
+                            for r, rl in led["ranks"].items()}
         out["records_seeded"] = self.num_seeded
         if self.num_bad:
             out["seed_lines_bad"] = self.num_bad

@@ -43,6 +43,12 @@ hello says they started after the previous launch's last step (hello `started_at
 every client). A step the daemon never wrote (it was down) is in `unexplained`; `steps_missing`
 counts them. While a launch runs, its time since its last record is not in the wall time yet.
 
+Per rank, where the stream has the daemon's per-rank records (`--per-rank`), a ledger of each
+rank's own (RankBooks: `ranks` in the result): its own step time, data loading, eval, client
+time, process start, saves, restores and bye; its straggler bucket is the time it waited for
+another rank (the step's perf/straggler_excess_s when the straggler was another rank). The job
+ledger above is the job's; the per-rank ones say which ranks waited and which lost time to data.
+
 On a multi-node job the head daemon keeps the job's ledger from what the nodes forward: their
 aggregated steps (the slowest node's step time), each launch's start (a node forwards the hello
 of a launch's first rank), the ranks' byes (as rank_bye events) and their events; a node
@@ -129,7 +135,7 @@ class _Launch:
     hi_t: float = 0.0            # the t of its last step's record
     max_step_t: float = 0.0      # the latest t of any of its steps
     total: tuple = _ZERO         # Σ parts over its steps
-    recent: dict = field(default_factory=dict)      # step -> parts, the last RECENT steps
+    recent: dict = field(default_factory=dict)      # step -> parts, the last recent_max steps
     order: deque = field(default_factory=deque)     # their steps, oldest first
     snaps: dict = field(default_factory=dict)       # save step -> Σ parts over steps <= it
     pending: set = field(default_factory=set)       # save steps whose sums await a later step
@@ -137,6 +143,7 @@ class _Launch:
     restore_s: float = 0.0
     restored_step: int | None = None
     client_s: float = 0.0        # telemetry/client_s: the largest seen
+    recent_max: int = field(default_factory=lambda: RECENT)
 
     def add_step(self, step: int, t: float, parts: tuple) -> None:
         old = self.recent.get(step)
@@ -151,7 +158,7 @@ class _Launch:
                     self.pending.discard(s)
             self.num_steps += 1
             self.order.append(step)
-            if len(self.order) > RECENT:
+            if len(self.order) > self.recent_max:
                 self.recent.pop(self.order.popleft(), None)
         self.recent[step] = parts
         self.total = (total[0] + parts[0], total[1] + parts[1], total[2] + parts[2], total[3] + parts[3],
@@ -198,11 +205,16 @@ class _Launch:
 
 
 class Ledger:
-    """The goodput ledger of one job, fed its records in order (module docstring)."""
+    """The goodput ledger of one job, fed its records in order (module docstring); with the
+    daemon's per-rank records in the stream, one more per rank (RankBooks)."""
 
-    def __init__(self) -> None:
+    def __init__(self, recent: int | None = None, per_rank: bool = True) -> None:
+        """recent: the steps each launch keeps one by one (RECENT); per_rank: keep RankBooks."""
         self.launches: list[_Launch] = []
         self.num_records = 0
+        self._recent = recent
+        self.ranks: RankBooks | None = RankBooks() if per_rank else None
+        self._pending = self.ranks.pending if self.ranks is not None else None   # the same dict
 
     def feed_all(self, records: Iterable[dict]) -> "Ledger":
         for rec in records:
@@ -222,18 +234,25 @@ class Ledger:
             cur = launches[-1]
             if t > cur.last_t:
                 cur.last_t = t
+            step, values = rec.get("step"), rec.get("values")
+            if type(step) is not int or type(values) is not dict:
+                return
             if "rank" not in rec:
-                step, values = rec.get("step"), rec.get("values")
-                if type(step) is int and type(values) is dict:
-                    parts = step_parts(values)
-                    if parts is not None:
-                        cur.add_step(step, t, parts)
-                    own = values.get(CLIENT_TIME_KEY)
-                    if own is not None:
-                        own = _num(own)
-                        if own is not None and own > cur.client_s:
-                            cur.client_s = own
+                parts = step_parts(values)
+                if parts is not None:
+                    cur.add_step(step, t, parts)
+                own = values.get(CLIENT_TIME_KEY)
+                if own is not None:
+                    own = _num(own)
+                    if own is not None and own > cur.client_s:
+                        cur.client_s = own
+                if self._pending:                # per-rank records wait for their step
+                    self.ranks.step_closed(step, values)
+            elif self.ranks is not None and not rec.get("late"):
+                self.ranks.rank_step(rec, step, t, values)
             return
+        if self.ranks is not None and kind in ("hello", "event", "bye"):
+            self.ranks.other(rec)
         if kind == "hello":
             info = rec.get("info") if isinstance(rec.get("info"), dict) else {}
             started = _num(info.get("started_at"))
@@ -241,7 +260,8 @@ class Ledger:
                 return
             cur = launches[-1] if launches else None
             if cur is None or (cur.num_steps and started > cur.max_step_t):
-                launches.append(_Launch(started_at=started, last_t=t))
+                launches.append(_Launch(started_at=started, last_t=t) if self._recent is None else
+                                _Launch(started_at=started, last_t=t, recent_max=self._recent))
             else:
                 cur.started_at = min(cur.started_at, started)
             return
@@ -316,6 +336,93 @@ class Ledger:
         out.update(wall_s=wall, goodput=buckets["productive"] / wall if wall > 0 else None, buckets_s=buckets)
         if estimated:
             out["redone_estimated"] = True
+        if self.ranks is not None and self.ranks.books:
+            out["ranks"] = self.ranks.result()
+        return out
+
+
+# Per rank: how many steps' per-rank records wait for their aggregated record (the daemon writes
+# a step's per-rank records as they come, the step once all ranks have it), the most ranks kept,
+# and the steps each rank's ledger keeps one by one (RECENT for the job's).
+PENDING_STEPS = 64
+MAX_RANK_BOOKS = 256
+RANK_RECENT = 64
+
+
+class RankBooks:
+    """A ledger per rank, from the daemon's per-rank records (`--per-rank`): the rank's own step
+    time, data loading, eval and client time, its own hello, events and bye; as straggler time,
+    what it waited for another rank (the step's perf/straggler_excess_s when the step's
+    straggler is another rank; the straggler itself waited for nobody: its own slowness is in
+    its compute or its data loading). Each rank's wall time runs from its own process start to
+    its last record; goodput = its productive / its wall."""
+
+    def __init__(self) -> None:
+        self.books: dict[int, Ledger] = {}
+        self.pending: dict[int, dict[int, tuple[float, dict]]] = {}   # step -> rank -> (t, values)
+        self._hellos: dict[int, dict] = {}      # rank -> its last hello, until its book exists
+        self.num_steps_unmatched = 0            # per-rank steps whose aggregated record never came
+        self.num_ranks_not_kept = 0
+
+    def _book(self, rank: int) -> Ledger | None:
+        book = self.books.get(rank)
+        if book is None:
+            if len(self.books) >= MAX_RANK_BOOKS:
+                self.num_ranks_not_kept += 1
+                return None
+            book = self.books[rank] = Ledger(recent=RANK_RECENT, per_rank=False)
+            hello = self._hellos.pop(rank, None)
+            if hello is not None:
+                book.feed(hello)
+        return book
+
+    def rank_step(self, rec: dict, step: int, t: float, values: dict) -> None:
+        rank = rec.get("rank")
+        if type(rank) is not int:
+            return
+        pending = self.pending
+        at = pending.get(step)
+        if at is None:
+            if len(pending) >= PENDING_STEPS:
+                oldest = min(pending)
+                self.num_steps_unmatched += len(pending.pop(oldest))
+            at = pending[step] = {}
+        at[rank] = (t, values)
+
+    def step_closed(self, step: int, values: dict) -> None:
+        at = self.pending.pop(step, None)
+        if not at:
+            return
+        slow = _num(values.get("perf/straggler_rank"))
+        excess = _num(values.get("perf/straggler_excess_s")) or 0.0
+        for rank, (t, own) in at.items():
+            book = self._book(rank)
+            if book is None:
+                continue
+            mine = {k: own[k] for k in ("perf/step_time", "perf/data_loading_time", "perf/eval_time",
+                                        CLIENT_TIME_KEY) if k in own}
+            if excess > 0 and slow is not None and slow != rank:
+                mine["perf/straggler_excess_s"] = excess
+            book.feed({"kind": "metrics", "t": t, "step": step, "values": mine})
+
+    def other(self, rec: dict) -> None:
+        """A hello, event or bye: to the ledger of the rank it is of (a rank_exited event is of
+        the rank that exited)."""
+        rank = rec.get("rank")
+        if type(rank) is not int:
+            return
+        book = self.books.get(rank)
+        if book is not None:
+            book.feed(rec)
+        elif rec.get("kind") == "hello" and (rank in self._hellos or len(self._hellos) < MAX_RANK_BOOKS):
+            self._hellos[rank] = rec
+
+    def result(self) -> dict[int, dict[str, Any]]:
+        out = {}
+        for rank in sorted(self.books):
+            led = self.books[rank].result()
+            if led.get("wall_s"):
+                out[rank] = {k: led[k] for k in ("goodput", "wall_s", "steps", "launches", "buckets_s")}
         return out
 
 
@@ -350,4 +457,15 @@ def text(led: dict[str, Any], name: str = "") -> str:
     top = losses[0]
     if b[top] > 0:
         lines.append(f"biggest loss: {ADVICE[top]}")
+    ranks = led.get("ranks")
+    if ranks:
+        shown = sorted(ranks.items(), key=lambda kv: (kv[1]["goodput"] if kv[1]["goodput"] is not None else 0.0))
+        lines.append(f"per rank (from its own process start to its last record; {len(ranks)} rank(s), "
+                     f"the lowest goodput first{', 8 shown' if len(ranks) > 8 else ''}):")
+        for rank, rl in shown[:8]:
+            rb = rl["buckets_s"]
+            worst = max((k for k in BUCKETS if k != "productive"), key=lambda k: rb[k])
+            lines.append(f"  rank {rank:<6} {100 * (rl['goodput'] or 0.0):6.2f} % of {rl['wall_s']:,.1f} s  "
+                         f"waited for other ranks {rb['straggler']:,.2f} s, data loading {rb['data_loading']:,.2f} s, "
+                         f"its biggest loss {worst.replace('_', ' ')} {rb[worst]:,.2f} s")
     return "\n".join(lines)
