@@ -126,6 +126,25 @@ def test_each_rank_gets_its_own_ledger_from_the_per_rank_records():
     assert "ranks" not in job_only and job_only["buckets_s"] == led["buckets_s"]
 
 
+def test_per_rank_records_the_ledger_cannot_keep_are_counted(monkeypatch):
+    from telemetry.shared import goodput
+
+    monkeypatch.setattr(goodput, "MAX_RANK_BOOKS", 1)
+    recs = [_hello(T0 + 1, 0, T0), _hello(T0 + 1, 1, T0)]
+    t = T0 + 2
+    for step in range(1, goodput.PENDING_STEPS + 11):   # 10 steps more than are held: never closed
+        recs += [{"kind": "metrics", "t": t + step, "step": step, "rank": r, "values": {"perf/step_time": 1.0}}
+                 for r in (0, 1)]
+    for step in (1000, 1001):                           # closed: rank 1 has no ledger (one is kept)
+        recs += [{"kind": "metrics", "t": t + step, "step": step, "rank": r, "values": {"perf/step_time": 1.0}}
+                 for r in (0, 1)]
+        recs.append(_step(t + step, step, 1.0))
+    led = ledger(recs)
+    assert list(led["ranks"]) == [0] and led["ranks"][0]["steps"] == 2
+    # The 10 beyond the hold, and one more to make room for step 1000 (then closed).
+    assert led["rank_steps_unmatched"] == 2 * 11 and led["rank_records_not_kept"] == 2
+
+
 def test_a_hang_a_kill_and_a_restart_from_the_last_checkpoint():
     recs = [_hello(T0 + 1, 0, T0), _hello(T0 + 1, 1, T0)]
     t = T0 + 5                                          # start-up 4 s (the first step is 1 s)

@@ -336,8 +336,15 @@ class Ledger:
         out.update(wall_s=wall, goodput=buckets["productive"] / wall if wall > 0 else None, buckets_s=buckets)
         if estimated:
             out["redone_estimated"] = True
-        if self.ranks is not None and self.ranks.books:
-            out["ranks"] = self.ranks.result()
+        ranks = self.ranks
+        if ranks is not None and ranks.books:
+            out["ranks"] = ranks.result()
+            # Said, never lost in silence: ranks past MAX_RANK_BOOKS, per-rank steps whose
+            # aggregated record never came (held for PENDING_STEPS steps).
+            if ranks.num_ranks_not_kept:
+                out["rank_records_not_kept"] = ranks.num_ranks_not_kept
+            if ranks.num_steps_unmatched:
+                out["rank_steps_unmatched"] = ranks.num_steps_unmatched
         return out
 
 
@@ -362,7 +369,7 @@ class RankBooks:
         self.pending: dict[int, dict[int, tuple[float, dict]]] = {}   # step -> rank -> (t, values)
         self._hellos: dict[int, dict] = {}      # rank -> its last hello, until its book exists
         self.num_steps_unmatched = 0            # per-rank steps whose aggregated record never came
-        self.num_ranks_not_kept = 0
+        self.num_ranks_not_kept = 0             # per-rank step records of ranks past MAX_RANK_BOOKS
 
     def _book(self, rank: int) -> Ledger | None:
         book = self.books.get(rank)
