@@ -28,7 +28,7 @@ def test_nodes_forward_and_the_head_aggregates_across_nodes(tmp_path):
     # The head keeps the job's goodput ledger from what the nodes forward: both launches (each
     # node announces a launch's start), the first one ended (its ranks' byes, forwarded), not hung
     # until the nodes' own heartbeats stopped; nothing redone (the relaunch went on from the last
-    # step). It agrees with each node's own ledger, and the head's live one with its file's.
+    # step); every step's time productive. The head's live ledger is its file's.
     head, nodes, n = r["head_ledger"], r["node_ledgers"], r["steps_per_rank"]
     for led in (head, *nodes):
         b = led["buckets_s"]
@@ -37,9 +37,6 @@ def test_nodes_forward_and_the_head_aggregates_across_nodes(tmp_path):
         assert b["hang"] == b["redone"] == 0.0 and b["recovery"] > 0, led
         # Every step's step time is 0.05 s on every rank: at the head the slowest node's, also 0.05.
         assert b["productive"] + b["telemetry"] == pytest.approx((n + 20) * 0.05, rel=1e-9), led
-    for node in nodes:
-        for k in ("startup", "recovery"):
-            assert head["buckets_s"][k] == pytest.approx(node["buckets_s"][k], abs=0.5), (k, head, node)
     live = r["head_live_goodput"]
     assert live["launches"] == 2 and live["steps"] == head["steps"], live
     assert live["buckets_s"]["productive"] == pytest.approx(head["buckets_s"]["productive"], abs=1e-3)   # status rounds to ms
