@@ -21,7 +21,14 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 ENGINES = {"ddp": ("engine.backend=ddp", "engine.zero_stage=0"),
            "zero2": ("engine.backend=deepspeed", "engine.zero_stage=2")}
-SLOW_FROM = 15
+# The slowdown starts after 20 balanced log steps past the warm-up: the rule names a straggler
+# within straggler_consecutive log steps once it knows the run's usual excess (five log steps
+# outside episodes), 3x that before. On a loaded box every early step may be some rank's 2x
+# burst (a loaded fresh-clone run of 7c8eee0, issue 27's chain: from the warm-up to the
+# slowdown at step 15 nine log steps, all in episodes, four points of usual excess; rank 1's own
+# burst ran on into the injected slowdown, and it was named at step 34): more balanced steps
+# let the bursts end and settle into the usual excess.
+SLOW_FROM = 25
 # The slowdown injected: well above what a loaded 2-core box does to a balanced run by itself
 # (bursts of one rank 0.02-0.09 s slower for 5-13 log steps, a usual excess up to 0.06 s, a
 # step-time noise up to 0.07 s, measured with three workers and a CPU hog beside the suite), so
