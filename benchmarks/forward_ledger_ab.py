@@ -12,16 +12,11 @@ feed(), and the ratios.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import socket
 import statistics
-import subprocess
 import sys
-import tempfile
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from benchmarks.ab import alternate, base_and_sink
 
 # Runs in a fresh interpreter with PYTHONPATH at one version's tree.
 CHILD = r"""
@@ -67,55 +62,28 @@ fwd.sort(); feed.sort()
 print(json.dumps({"forward": fwd[len(fwd) // 2], "ledger": feed[len(feed) // 2], "sent": sink.num_sent}))
 """
 
-SINK = r"""
-import sys, zmq
-ctx = zmq.Context(); s = ctx.socket(zmq.PULL); s.setsockopt(zmq.RCVHWM, 0); s.bind(sys.argv[1])
-print("ready", flush=True)
-while True:
-    s.recv()
-"""
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--base", default="HEAD", help="the commit to compare with (default HEAD)")
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--batches", type=int, default=400)
     a = ap.parse_args(argv)
-    tmp = Path(tempfile.mkdtemp(prefix="fwdab-"))
-    base_tree = tmp / "base"
-    subprocess.run(["git", "worktree", "add", "-q", "--detach", str(base_tree), a.base], cwd=ROOT, check=True)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        endpoint = f"tcp://127.0.0.1:{s.getsockname()[1]}"
-    sink = subprocess.Popen([sys.executable, "-c", SINK, endpoint], stdout=subprocess.PIPE, text=True)
-    try:
-        assert sink.stdout.readline().strip() == "ready"
-        trees = {f"base {a.base}": base_tree, "working tree": ROOT}
-        out: dict[str, list[dict]] = {k: [] for k in trees}
-        for r in range(a.rounds):
-            for name in (list(trees) if r % 2 == 0 else list(reversed(trees))):
-                env = {**os.environ, "PYTHONPATH": str(trees[name])}
-                p = subprocess.run([sys.executable, "-c", CHILD, endpoint, str(a.batches)], env=env,
-                                   cwd=trees[name], capture_output=True, text=True, timeout=600)
-                if p.returncode != 0:
-                    print(p.stderr, file=sys.stderr)
-                    return 1
-                res = json.loads(p.stdout.strip().splitlines()[-1])
-                out[name].append(res)
-                print(f"round {r} {name:>16}: forward {res['forward']:,.0f} ns/record, "
-                      f"ledger {res['ledger']:,.0f} ns/record", flush=True)
-        summary = {name: {k: statistics.median(x[k] for x in rows) for k in ("forward", "ledger")}
-                   for name, rows in out.items()}
-        for name, s in summary.items():
-            print(f"{name:>16}: forward {s['forward']:,.0f} ns/record, ledger {s['ledger']:,.0f} ns/record "
-                  f"(medians over {a.rounds} rounds)")
-        b, w = summary[f"base {a.base}"], summary["working tree"]
-        print(f"ratio (working tree / base): forward {w['forward'] / b['forward']:.3f}, "
-              f"ledger {w['ledger'] / b['ledger']:.3f}")
-    finally:
-        sink.kill()
-        subprocess.run(["git", "worktree", "remove", "--force", str(base_tree)], cwd=ROOT, check=False)
+        port = s.getsockname()[1]
+    with base_and_sink(a.base, lambda tmp: f"tcp://127.0.0.1:{port}") as (trees, endpoint):
+        out = alternate(trees, a.rounds, CHILD, [endpoint, str(a.batches)],
+                        lambda res: f"forward {res['forward']:,.0f} ns/record, ledger {res['ledger']:,.0f} ns/record")
+        if out is None:
+            return 1
+    summary = {name: {k: statistics.median(x[k] for x in rows) for k in ("forward", "ledger")}
+               for name, rows in out.items()}
+    for name, s in summary.items():
+        print(f"{name:>16}: forward {s['forward']:,.0f} ns/record, ledger {s['ledger']:,.0f} ns/record "
+              f"(medians over {a.rounds} rounds)")
+    b, w = summary[f"base {a.base}"], summary["working tree"]
+    print(f"ratio (working tree / base): forward {w['forward'] / b['forward']:.3f}, "
+          f"ledger {w['ledger'] / b['ledger']:.3f}")
     return 0
 
 

@@ -12,14 +12,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from benchmarks.ab import alternate, base_and_sink
 
 # Runs in a fresh interpreter with PYTHONPATH at one version's tree.
 CHILD = r"""
@@ -39,15 +36,6 @@ ns.sort()
 print(json.dumps({"median": ns[len(ns) // 2], "p99": ns[int(len(ns) * 0.99)], "sent": tm.stats()["sent"]}))
 """
 
-SINK = r"""
-import sys, zmq
-ctx = zmq.Context(); s = ctx.socket(zmq.PULL); s.setsockopt(zmq.RCVHWM, 0); s.bind(sys.argv[1])
-print("ready", flush=True)
-while True:
-    s.recv()
-"""
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--base", default="HEAD", help="the commit to compare with (default HEAD)")
@@ -55,40 +43,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--calls", type=int, default=20_000)
     ap.add_argument("--json", metavar="OUT")
     a = ap.parse_args(argv)
-    tmp = Path(tempfile.mkdtemp(prefix="logab-"))
-    base_tree = tmp / "base"
-    subprocess.run(["git", "worktree", "add", "-q", "--detach", str(base_tree), a.base], cwd=ROOT, check=True)
-    endpoint = f"ipc://{tmp}/sink.sock"
-    sink = subprocess.Popen([sys.executable, "-c", SINK, endpoint], stdout=subprocess.PIPE, text=True)
-    try:
-        assert sink.stdout.readline().strip() == "ready"
-        trees = {f"base {a.base}": base_tree, "working tree": ROOT}
-        out: dict[str, list[dict]] = {k: [] for k in trees}
-        for r in range(a.rounds):
-            for name in (list(trees) if r % 2 == 0 else list(reversed(trees))):
-                env = {**os.environ, "PYTHONPATH": str(trees[name])}
-                p = subprocess.run([sys.executable, "-c", CHILD, endpoint, str(a.calls)], env=env, cwd=trees[name],
-                                   capture_output=True, text=True, timeout=600)
-                if p.returncode != 0:
-                    print(p.stderr, file=sys.stderr)
-                    return 1
-                res = json.loads(p.stdout.strip().splitlines()[-1])
-                out[name].append(res)
-                print(f"round {r} {name:>16}: median {res['median']:,} ns, p99 {res['p99']:,} ns", flush=True)
-        summary = {}
-        for name, rows in out.items():
-            summary[name] = {"median_ns": statistics.median(x["median"] for x in rows),
-                             "p99_ns": statistics.median(x["p99"] for x in rows)}
-            print(f"{name:>16}: median {summary[name]['median_ns']:,.0f} ns, p99 {summary[name]['p99_ns']:,.0f} ns "
-                  f"(medians over {a.rounds} rounds)")
-        b, w = summary[f"base {a.base}"], summary["working tree"]
-        print(f"ratio (working tree / base): median {w['median_ns'] / b['median_ns']:.3f}, "
-              f"p99 {w['p99_ns'] / b['p99_ns']:.3f}")
-        if a.json:
-            Path(a.json).write_text(json.dumps({"rounds": out, "summary": summary}, indent=1))
-    finally:
-        sink.kill()
-        subprocess.run(["git", "worktree", "remove", "--force", str(base_tree)], cwd=ROOT, check=False)
+    with base_and_sink(a.base, lambda tmp: f"ipc://{tmp}/sink.sock") as (trees, endpoint):
+        out = alternate(trees, a.rounds, CHILD, [endpoint, str(a.calls)],
+                        lambda res: f"median {res['median']:,} ns, p99 {res['p99']:,} ns")
+        if out is None:
+            return 1
+    summary = {}
+    for name, rows in out.items():
+        summary[name] = {"median_ns": statistics.median(x["median"] for x in rows),
+                         "p99_ns": statistics.median(x["p99"] for x in rows)}
+        print(f"{name:>16}: median {summary[name]['median_ns']:,.0f} ns, p99 {summary[name]['p99_ns']:,.0f} ns "
+              f"(medians over {a.rounds} rounds)")
+    b, w = summary[f"base {a.base}"], summary["working tree"]
+    print(f"ratio (working tree / base): median {w['median_ns'] / b['median_ns']:.3f}, "
+          f"p99 {w['p99_ns'] / b['p99_ns']:.3f}")
+    if a.json:
+        Path(a.json).write_text(json.dumps({"rounds": out, "summary": summary}, indent=1))
     return 0
 
 

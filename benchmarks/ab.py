@@ -1,0 +1,63 @@
+"""A base commit against the working tree, side by side in one run: what benchmarks/log_cost_ab.py
+and benchmarks/forward_ledger_ab.py share. The base is a `git worktree` of the commit in a
+temporary directory; one receiving process drains a PULL socket (as the daemon or the head
+would); each round runs one short child process per version, alternately (the order flips every
+round), with PYTHONPATH at that version's tree, and takes the JSON object its last output line
+prints. Nothing is built in the base tree: a child that needs the C loops runs their Python twins.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+SINK = r"""
+import sys, zmq
+ctx = zmq.Context(); s = ctx.socket(zmq.PULL); s.setsockopt(zmq.RCVHWM, 0); s.bind(sys.argv[1])
+print("ready", flush=True)
+while True:
+    s.recv()
+"""
+
+
+@contextmanager
+def base_and_sink(base: str, endpoint: Callable[[Path], str]) -> Iterator[tuple[dict[str, Path], str]]:
+    """({"base <rev>": its worktree, "working tree": ROOT}, the sink's endpoint), for the with
+    block; the worktree and the sink are gone after it. endpoint(tmp dir) names the sink's."""
+    tmp = Path(tempfile.mkdtemp(prefix="ab-"))
+    base_tree = tmp / "base"
+    subprocess.run(["git", "worktree", "add", "-q", "--detach", str(base_tree), base], cwd=ROOT, check=True)
+    ep = endpoint(tmp)
+    sink = subprocess.Popen([sys.executable, "-c", SINK, ep], stdout=subprocess.PIPE, text=True)
+    try:
+        assert sink.stdout.readline().strip() == "ready"
+        yield {f"base {base}": base_tree, "working tree": ROOT}, ep
+    finally:
+        sink.kill()
+        subprocess.run(["git", "worktree", "remove", "--force", str(base_tree)], cwd=ROOT, check=False)
+
+
+def alternate(trees: dict[str, Path], rounds: int, child: str, args: list[str],
+              show: Callable[[dict], str]) -> dict[str, list[dict]] | None:
+    """Each version's results over the rounds, printing show(result) as each comes; None (its
+    stderr printed) when a child fails."""
+    out: dict[str, list[dict]] = {k: [] for k in trees}
+    for r in range(rounds):
+        for name in (list(trees) if r % 2 == 0 else list(reversed(trees))):
+            env = {**os.environ, "PYTHONPATH": str(trees[name])}
+            p = subprocess.run([sys.executable, "-c", child, *args], env=env, cwd=trees[name],
+                               capture_output=True, text=True, timeout=600)
+            if p.returncode != 0:
+                print(p.stderr, file=sys.stderr)
+                return None
+            res = json.loads(p.stdout.strip().splitlines()[-1])
+            out[name].append(res)
+            print(f"round {r} {name:>16}: {show(res)}", flush=True)
+    return out
