@@ -65,6 +65,10 @@ def test_report_from_a_real_daemon(make_daemon, tmp_path):
     assert "goodput: " in proc.stdout and "(30 steps, 1 launch(es))" in proc.stdout, proc.stdout
     assert "  productive" in proc.stdout and "  startup" in proc.stdout
     assert "Where the time went: goodput" in page and "<th>startup</th>" in page
+    # The daemon kept per-rank records: each rank's own ledger, in the text and on the page.
+    assert "per rank (from its own process start to its last record; 2 rank(s)" in proc.stdout, proc.stdout
+    assert "Per rank (from its own process start)" in page and page.count("<tr><th>0</th>") == 1
+    assert page.count("<tr><th>1</th>") == 1
 
     # The telemetry dir itself is accepted too, and --out is honoured.
     r = make_report(run_dir / "telemetry", tmp_path / "elsewhere")

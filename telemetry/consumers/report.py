@@ -674,9 +674,18 @@ def _goodput_html(led: dict[str, Any]) -> str:
     body = "\n".join(f"<tr><th>{e(k)}</th><td>{v:,.1f} s</td><td>{100 * v / wall:.1f} %</td>"
                      f"<td class='dim'>{e(advice) if v > 0 else ''}</td></tr>" for k, v, advice in rows)
     extra = f", {led['steps_missing']:,} step(s) the daemon did not write" if led.get("steps_missing") else ""
+    ranks = ""
+    if led.get("ranks"):    # each rank's own ledger (the daemon's --per-rank records), the lowest first
+        shown = sorted(led["ranks"].items(), key=lambda kv: kv[1]["goodput"] if kv[1]["goodput"] is not None else 0.0)
+        ranks = ("<h3>Per rank (from its own process start), the lowest goodput first</h3><table>"
+                 "<tr><th>rank</th><td>goodput</td><td>waited for other ranks</td><td>data loading</td>"
+                 "<td>wall time</td></tr>" + "\n".join(
+                     f"<tr><th>{e(str(r))}</th><td>{100 * (rl['goodput'] or 0.0):.1f} %</td>"
+                     f"<td>{rl['buckets_s']['straggler']:,.2f} s</td><td>{rl['buckets_s']['data_loading']:,.2f} s</td>"
+                     f"<td>{rl['wall_s']:,.1f} s</td></tr>" for r, rl in shown) + "</table>")
     return (f"<h2>Where the time went: goodput {100 * led['goodput']:.1f} %</h2>"
             f"<p class='dim'>{wall:,.1f} s of wall time, {led['steps']:,} steps, {led['launches']} launch(es){e(extra)}; "
-            f"telemetry goodput RUN_DIR says the same</p><table>{body}</table>")
+            f"telemetry goodput RUN_DIR says the same</p><table>{body}</table>{ranks}")
 
 
 def _f(x: Any, spec: str = "", unit: str = "") -> str:
