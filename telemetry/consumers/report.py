@@ -662,7 +662,7 @@ tr.critical td {{ background: #ffebee; }} figure {{ margin: 1em 0; }} img {{ max
 def _goodput_html(led: dict[str, Any]) -> str:
     """Where the run's wall-clock time went: the goodput ledger's buckets, the biggest loss first,
     with what to do about it."""
-    from telemetry.shared.goodput import ADVICE, BUCKETS
+    from telemetry.shared.goodput import ADVICE, BUCKETS, lowest_first
 
     wall = led.get("wall_s") or 0.0
     if not wall:
@@ -676,7 +676,7 @@ def _goodput_html(led: dict[str, Any]) -> str:
     extra = f", {led['steps_missing']:,} step(s) the daemon did not write" if led.get("steps_missing") else ""
     ranks = ""
     if led.get("ranks"):    # each rank's own ledger (the daemon's --per-rank records), the lowest first
-        shown = sorted(led["ranks"].items(), key=lambda kv: kv[1]["goodput"] if kv[1]["goodput"] is not None else 0.0)
+        shown = lowest_first(led["ranks"])
         ranks = ("<h3>Per rank (from its own process start), the lowest goodput first</h3><table>"
                  "<tr><th>rank</th><td>goodput</td><td>waited for other ranks</td><td>data loading</td>"
                  "<td>wall time</td></tr>" + "\n".join(

@@ -433,6 +433,11 @@ class RankBooks:
         return out
 
 
+def lowest_first(ranks: dict) -> list[tuple[Any, dict]]:
+    """A result's per-rank ledgers (`ranks`) as (rank, its ledger), the lowest goodput first."""
+    return sorted(ranks.items(), key=lambda kv: kv[1]["goodput"] if kv[1]["goodput"] is not None else 0.0)
+
+
 def top_loss(values: dict) -> tuple[str, float] | None:
     """The biggest loss (bucket, seconds) of a daemon record's goodput/* values, or None."""
     best = None
@@ -466,7 +471,7 @@ def text(led: dict[str, Any], name: str = "") -> str:
         lines.append(f"biggest loss: {ADVICE[top]}")
     ranks = led.get("ranks")
     if ranks:
-        shown = sorted(ranks.items(), key=lambda kv: (kv[1]["goodput"] if kv[1]["goodput"] is not None else 0.0))
+        shown = lowest_first(ranks)
         lines.append(f"per rank (from its own process start to its last record; {len(ranks)} rank(s), "
                      f"the lowest goodput first{', 8 shown' if len(ranks) > 8 else ''}):")
         for rank, rl in shown[:8]:

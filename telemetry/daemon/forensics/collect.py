@@ -178,11 +178,12 @@ def pidfd_exit_status(pidfd: int) -> int | None:
     return int.from_bytes(buf[_PIDFD_INFO_EXIT_CODE_AT:_PIDFD_INFO_EXIT_CODE_AT + 4], sys.byteorder, signed=True)
 
 
-def _has_exited(pidfd: int) -> bool:
-    """A pidfd polls readable once its process has exited (zombie or reaped)."""
+def has_exited(pidfd: int) -> bool:
+    """A pidfd polls readable once its process has exited (zombie or reaped); a descriptor
+    that is not open (POLLNVAL) says nothing of any process."""
     poller = select.poll()                  # not select(): a daemon may hold descriptors past 1024
     poller.register(pidfd, select.POLLIN)
-    return bool(poller.poll(0))
+    return any(ev & select.POLLIN for _, ev in poller.poll(0))
 
 
 def exit_status(lr: LocalRank, pidfd: int | None = None) -> tuple[bool, int | None, str]:
@@ -194,7 +195,7 @@ def exit_status(lr: LocalRank, pidfd: int | None = None) -> tuple[bool, int | No
     reaped, nothing is left to read. A pid that names a process with another start time is the
     pid reused: the rank is gone."""
     if pidfd is not None:
-        if not _has_exited(pidfd):
+        if not has_exited(pidfd):
             return False, None, ""
         status = pidfd_exit_status(pidfd)
         if status is not None:

@@ -15,6 +15,8 @@ import select
 import threading
 import time
 
+from telemetry.daemon.forensics.collect import has_exited
+
 
 class ExitWatcher:
     """watch(rank, fd) / forget(rank) from the stage's thread, exited_at(rank) from any thread.
@@ -100,11 +102,5 @@ class ExitWatcher:
                     rank = by_fd.get(fd)
                     # The descriptor polled may have been closed and its number reused since the
                     # poll began: only a fresh look at the one held now says the process is gone.
-                    if rank is not None and rank not in self._exited and _readable(fd):
+                    if rank is not None and rank not in self._exited and has_exited(fd):
                         self._exited[rank] = now
-
-
-def _readable(fd: int) -> bool:
-    poller = select.poll()
-    poller.register(fd, select.POLLIN)
-    return any(ev & select.POLLIN for _, ev in poller.poll(0))
