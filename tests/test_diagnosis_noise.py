@@ -156,3 +156,26 @@ def test_a_burst_before_the_runs_usual_excess_is_known_is_no_straggler():
     ev = feed(only("straggler"), recs)
     assert names(ev) == ["diagnosis/straggler"] and ev[0]["rank"] == 1, [e["data"]["message"] for e in ev]
     assert ev[0]["data"]["step"] == 10 + 3 * 8 - 1 and ev[0]["data"]["usual_excess_s"] == 0
+
+
+def test_a_slowdown_that_continues_a_burst_of_its_own_rank_and_phase_is_named_within_ten_steps():
+    # What issue 27's chain saw (a loaded fresh-clone run of 7c8eee0): from the warm-up on every log
+    # step was some rank's burst, so the run's usual excess was not known, and rank 1's own
+    # forward-compute burst ran on into an injected slowdown ten times its size. As one episode it
+    # needed three times straggler_consecutive log steps from the burst's start: named 16 log steps
+    # after the slowdown began. The jump splits it: the burst is the run's usual excess, the slowdown
+    # is named within straggler_consecutive log steps of its start, and it is rank 1's.
+    for first, n, other in ((11, 4, 0), (10, 5, 0), (12, 3, 1)):
+        recs = with_burst(trace("ddp_balanced_beside_a_hog.jsonl"), first=first, n=n, rank=other,
+                          median_s=0.02, excess_s=0.03)
+        recs = with_burst(recs, first=first + n, n=7, rank=1, median_s=0.02, excess_s=0.035)
+        slow_from = first + n + 7
+        recs = with_burst(recs, first=slow_from, n=200, rank=1, median_s=0.02, excess_s=0.35)
+        ev = feed(only("straggler"), recs)
+        assert names(ev) == ["diagnosis/straggler"] and ev[0]["rank"] == 1, [e["data"]["message"] for e in ev]
+        assert ev[0]["data"]["step"] < slow_from + 8 and ev[0]["data"]["usual_excess_s"] == 0.035
+    # A burst of the same rank and phase that only doubles is no jump: no straggler.
+    recs = with_burst(trace("ddp_balanced_beside_a_hog.jsonl"), first=11, n=4, rank=0, median_s=0.02, excess_s=0.03)
+    recs = with_burst(recs, first=15, n=7, rank=1, median_s=0.02, excess_s=0.02)
+    recs = with_burst(recs, first=22, n=8, rank=1, median_s=0.02, excess_s=0.04)
+    assert feed(only("straggler"), recs) == []

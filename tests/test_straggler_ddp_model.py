@@ -27,7 +27,8 @@ ENGINES = {"ddp": ("engine.backend=ddp", "engine.zero_stage=0"),
 # burst (a loaded fresh-clone run of 7c8eee0, issue 27's chain: from the warm-up to the
 # slowdown at step 15 nine log steps, all in episodes, four points of usual excess; rank 1's own
 # burst ran on into the injected slowdown, and it was named at step 34): more balanced steps
-# let the bursts end and settle into the usual excess.
+# let the bursts end and settle into the usual excess, and the rule now splits an episode whose
+# excess jumps to a new level (test_diagnosis_noise.py).
 SLOW_FROM = 25
 # The slowdown injected: well above what a loaded 2-core box does to a balanced run by itself
 # (bursts of one rank 0.02-0.09 s slower for 5-13 log steps, a usual excess up to 0.06 s, a

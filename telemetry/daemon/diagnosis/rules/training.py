@@ -233,6 +233,12 @@ class Straggler(Rule):
     DDP run beside a hog, rank 0's forward compute 2x the other's for 8 log steps from about
     step 14, before the run had five steps outside it; a straggler from the run's first step is
     named after 24 log steps past the warm-up with the defaults, its series all along).
+    While it is not known, an episode whose excess jumps to straggler_usual_factor x its level
+    so far for JUMP_STEPS slow log steps in a row is split there, when its earlier part (a burst,
+    learned as usual: the new level stands out of it by that factor) makes the usual excess known;
+    the new level is then an episode of its own (issue 27's chain: on a loaded box every early log
+    step was some rank's burst, and rank 1's own 0.035 s forward-compute burst ran on into an
+    injected 0.35 s slowdown, which was named 24 log steps after the burst began).
     Measured on a loaded 2-core box beside a CPU-bound process (issue 29): the noise 0.004-0.06 s,
     bursts of one rank 0.02-0.09 s slower for 5-13 log steps, swinging step to step or steady
     (one at +0.02 s for 8 log steps, steady, over a noise of 0.0043 s: the straggler_noise_z
@@ -248,6 +254,7 @@ class Straggler(Rule):
     USUAL_QUANTILE = 0.9   # the run's usual excess: high enough to hold its recurring bursts
     USUAL_MIN_POINTS = 5   # log steps of excess before the usual excess counts
     UNKNOWN_USUAL_FACTOR = 3   # an episode while the usual excess is not known lasts this many times longer
+    JUMP_STEPS = 2         # slow log steps in a row at a new level that split an episode (class docstring)
 
     def __init__(self, cfg: DiagnosisConfig) -> None:
         super().__init__(cfg)
@@ -284,7 +291,7 @@ class Straggler(Rule):
         """The run's usual straggler excess (class docstring), 0.0 while not known."""
         return self.usual.quantile(self.USUAL_QUANTILE) if self.usual_known() else 0.0
 
-    def _settle(self, held: list[tuple]) -> None:
+    def _settle(self, held: list[tuple], floor_s: float = 0.0) -> None:
         """Take the log steps of an episode that ended into the run's usual excess: its own
         steps (the view picked its rank and phase, slow or not) if it was not reported and
         stayed within what the usual excess allows (a burst like the run's others; before the
@@ -295,12 +302,37 @@ class Straggler(Rule):
         # Within what the usual excess allows; before it is known, within what the noise allows
         # (bursts of 0.02-0.04 s under a noise of 0.01-0.03 s, early in a loaded run, so that it
         # becomes known: a real straggler's 0.2 s coming and going early stays out).
-        bar_s = (self.cfg.straggler_usual_factor * self.usual_s() if self.usual_known()
-                 else self.cfg.straggler_noise_z * self.noise_s())
+        bar_s = max(floor_s, self.cfg.straggler_usual_factor * self.usual_s() if self.usual_known()
+                    else self.cfg.straggler_noise_z * self.noise_s())
         learn_own = not self.reported and bool(own) and bar_s > 0 and statistics.median(own) < bar_s
         for pick, _, x in held:
             if learn_own or pick != self.slowest:
                 self.usual.append(x)
+
+    def _split_at_jump(self, who: tuple | None, excess_s: float) -> None:
+        """Before a slow log step of the open episode's rank and phase: while the usual excess is
+        not known, split the episode where its excess jumped to straggler_usual_factor x its level
+        before (JUMP_STEPS slow log steps in a row, this one the last), when the earlier part,
+        learned as usual, makes it known (class docstring). The earlier part is settled; the rest
+        stays the episode."""
+        if self.reported or who is None or who != self.slowest or self.usual_known():
+            return
+        own = [i for i, (pick, slow, _) in enumerate(self.held) if slow and pick == who]
+        k = self.JUMP_STEPS - 1          # the episode's slow log steps at the new level before this one
+        if len(own) <= k:
+            return
+        new, before = own[len(own) - k:], [self.held[i][2] for i in own[:len(own) - k]]
+        level_s = min([self.held[i][2] for i in new] + [excess_s])
+        if level_s < self.cfg.straggler_usual_factor * statistics.median(before):
+            return
+        cut = new[0] if new else len(self.held)
+        if len(self.usual) + cut < self.USUAL_MIN_POINTS:   # learned, it would not make the usual known
+            return
+        self._settle(self.held[:cut], floor_s=level_s / self.cfg.straggler_usual_factor)
+        self.held = self.held[cut:]
+        self.num_slow = len(new)
+        self.excesses.clear()
+        self.excesses.extend(self.held[i - cut][2] for i in new)
 
     def _episode(self, who: tuple | None, excess_s: float = math.inf, noise_s: float = 0.0,
                  needed: int | None = None) -> bool:
@@ -355,6 +387,7 @@ class Straggler(Rule):
                               0.5 * self.cfg.straggler_noise_z * noise_s)
                 and slow_s >= self.cfg.straggler_ratio * median)
         rank = int(rank_f)
+        self._split_at_jump((rank, phase) if slow else None, excess)
         usual_s = self.usual_s()              # as it was before this step
         # Before the usual excess is known (a burst early in a run, or a straggler from its start,
         # whose steps are all the episode's), only a longer episode counts: bursts last 5-13 log steps.
