@@ -98,7 +98,7 @@ def test_a_rank_killed_with_sigkill_produces_rank_exited(make_daemon):
 
 def test_a_rank_gone_just_before_its_bye_arrives_is_no_exit(make_daemon):
     """A rank exits right after its bye; the daemon may see the process gone before the bye has
-    come through (it holds a bye that overtook its records up to 2 s): no rank_exited for it.
+    come through (it may hold a bye behind its records, core.BYE_HOLD_S): no rank_exited for it.
     The rank is a real client (the daemon verifies it in /proc before it watches it); its bye is
     sent for it after it is gone."""
     import zmq
@@ -129,3 +129,42 @@ def test_a_rank_gone_just_before_its_bye_arrives_is_no_exit(make_daemon):
     assert any(r["kind"] == "bye" for r in recs)
     assert events(recs, "diagnosis/rank_exited") == []
     d.drain()
+
+
+def test_a_bye_held_behind_records_that_keep_coming_is_written_last_and_is_no_exit(make_daemon):
+    """A loaded daemon takes a rank's last records in for longer than a fixed hold (issue 27: a
+    loaded run's bye was written 2 s into them). Here the rank is gone, its bye arrives first and
+    its 8 last records follow one every 0.6 s: the bye is held while they come, written after
+    them, and the rank's exit (longer ago than EXIT_GRACE_S by then) is no crash."""
+    import zmq
+
+    from protocol import encode_bye, encode_metrics
+
+    d = make_daemon(per_rank=True, world_size=1, config={"diagnosis": HANG, "pollers": {"nvml_enabled": False}})
+    rank = subprocess.Popen([sys.executable, "-c", "import sys, telemetry; tm = telemetry.TelemetryClient(sys.argv[1], "
+                             "rank=0); print(tm._src, flush=True); sys.stdin.read()", d.ingest],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    src = int(rank.stdout.readline())
+    deadline = time.monotonic() + 60
+    while d.status()["sinks"]["forensics"]["ranks_verified"] < 1:
+        assert time.monotonic() < deadline, d.status()["sinks"]["forensics"]
+        time.sleep(0.1)
+    rank.kill()
+    rank.wait()
+    ctx = zmq.Context()
+    push = d.push(ctx)
+    try:
+        push.send(encode_bye(src, 0, 9, 0, time.time_ns(), {"sent": 10, "dropped": 0}))
+        d.wait_for(lambda _: d.status()["records_in_by_kind"]["bye"] == 1, kind="daemon")
+        for seq in range(1, 9):
+            time.sleep(0.6)
+            push.send(encode_metrics(src, 0, seq, 0, time.time_ns(), seq, {"x": float(seq)}))
+        final = d.drain()
+    finally:
+        push.close(0)
+        ctx.term()
+    recs = d.read_jsonl()
+    kinds = [r["kind"] for r in recs if r.get("kind") in ("metrics", "bye") and r.get("rank") == 0]
+    assert kinds == ["metrics"] * 8 + ["bye"], kinds
+    assert final["records_lost"] == 0
+    assert events(recs, "diagnosis/rank_exited") == [], [e["data"]["message"] for e in events(recs, "diagnosis/rank_exited")]

@@ -107,8 +107,12 @@ FORENSICS_CHECK_S = 0.5
 # freed memory is given back to the system (memory.trim_heap; glibc keeps it otherwise).
 TRIM_AFTER_QUIET_S = 2.0
 # A bye travels on a connection of its own (telemetry/client/core.py close) and may arrive
-# before the last records of its client: its record goes out once they are in, or after this.
+# before the last records of its client: its record goes out once they are in, or once none of
+# them has come for this long (a daemon loaded behind a flood takes them in for longer than a
+# fixed hold: issue 27, a loaded run's bye written before 2 s of its records), or after
+# BYE_HOLD_MAX_S in all. The forensics stage knows of the bye when it arrives, held or not.
 BYE_HOLD_S = 2.0
+BYE_HOLD_MAX_S = 60.0
 
 
 class Daemon:
@@ -125,7 +129,9 @@ class Daemon:
         self.diagnoser = None
         self.host = socket.gethostname()
         self._out: list[Out] = []
-        self._held_byes: list[tuple[float, Bye]] = []   # (release by, bye): see BYE_HOLD_S
+        # [release by, records of its src in when last looked, release at the latest, bye]: BYE_HOLD_S
+        self._held_byes: list[list] = []
+        self.forensics = None                           # the ForensicsStage, when it runs
         self.fd_limit, self.max_connections = 0, cfg.max_connections   # set by start()
         self._inbox: collections.deque[dict] = collections.deque()
         self._stop_reason = ""
@@ -334,6 +340,7 @@ class Daemon:
 
         stage = ForensicsStage(self.cfg.diagnosis, self.log_dir, self.host, self.post, self._recent_metrics,
                                ingest=self.endpoints["ingest"], on_ranks=set_rank_pids)
+        self.forensics = stage
         self.runners.append(SinkRunner(stage, max_queued=10_000, flush_interval_s=FORENSICS_CHECK_S,
                                        max_bytes=self.budget.sink_queue_bytes))
 
@@ -456,20 +463,27 @@ class Daemon:
         """Counted by the receiver; passed on so the diagnosis knows a silent rank finished,
         after the records of its client that are still on their way (held up to BYE_HOLD_S)."""
         self.receiver.note_bye(rec.src)
+        if self.forensics is not None:
+            self.forensics.note_bye(rec.rank)      # this rank finished: its exit is no crash
         src = self.receiver.sources.get(rec.src)
         if src is not None and src.transit() > 0:
-            self._held_byes.append((time.monotonic() + BYE_HOLD_S, rec))
+            now = time.monotonic()
+            self._held_byes.append([now + BYE_HOLD_S, src.received, now + BYE_HOLD_MAX_S, rec])
         else:
             self._emit_bye(rec)
 
     def _release_byes(self, now: float, everything: bool = False) -> None:
+        """Write the held byes whose records are all in, or stopped coming (BYE_HOLD_S)."""
         held, self._held_byes = self._held_byes, []
-        for until, rec in held:
+        for entry in held:
+            until, seen, latest, rec = entry
             src = self.receiver.sources.get(rec.src)
-            if everything or now >= until or src is None or src.transit() == 0:
+            if src is not None and src.received != seen:     # its records still come: hold on
+                entry[0], entry[1] = now + BYE_HOLD_S, src.received
+            if everything or now >= entry[0] or now >= latest or src is None or src.transit() == 0:
                 self._emit_bye(rec)
             else:
-                self._held_byes.append((until, rec))
+                self._held_byes.append(entry)
 
     def _emit_bye(self, rec: Bye) -> None:
         self._emit({"kind": "bye", "t": rec.t_ns / 1e9, "rank": rec.rank, "stats": rec.stats})

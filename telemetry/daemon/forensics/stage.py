@@ -43,8 +43,8 @@ log = logging.getLogger("telemetry.daemon")
 # Step durations the median step time is taken over.
 STEP_TIMES_KEPT = 50
 # How long a rank's process may be gone before it counts as exited without a bye: a rank that
-# exits right after its bye is gone before the bye has come through the pipeline (the daemon
-# holds a bye that overtook its records up to core.BYE_HOLD_S, 2 s).
+# exits right after its bye may be gone before the daemon has read the bye (it is told of a bye
+# as it arrives, note_bye, however long the daemon then holds it behind its records).
 EXIT_GRACE_S = 3.0
 # The most ranks of this host the stage keeps (verified), and unverified claims it remembers
 # (for the bundle's summary); refusals logged, in all.
@@ -76,6 +76,8 @@ class ForensicsStage(Sink):
         self.unverified: dict[int, str] = {}    # rank -> why its claim of this host was not believed
         self.num_refusals_logged = 0
         self.byes: set[int] = set()
+        self._early_byes: deque[int] = deque()   # ranks whose bye arrived (note_bye), for this thread
+        self.byes_pending: dict[int, int] = {}   # rank -> byes arrived whose record has not come through
         self.exited: set[int] = set()
         self.gone_since: dict[int, tuple] = {}   # rank -> (when first seen gone, exit code, how)
         self.last_step: int | None = None
@@ -105,6 +107,23 @@ class ForensicsStage(Sink):
                 rank = rec.get("rank")
                 if isinstance(rank, int):
                     self.byes.add(rank)
+                    self._take_early_byes()
+                    if self.byes_pending.get(rank, 0) > 1:
+                        self.byes_pending[rank] -= 1
+                    else:
+                        self.byes_pending.pop(rank, None)
+
+    def note_bye(self, rank: int) -> None:
+        """From the daemon's loop, as a bye arrives, before its record comes through (the daemon
+        holds it behind its records, core.BYE_HOLD_S): the rank finished; its exit is no crash.
+        A deque's append is atomic; this stage's thread takes them (_take_early_byes)."""
+        if isinstance(rank, int):
+            self._early_byes.append(rank)
+
+    def _take_early_byes(self) -> None:
+        while self._early_byes:
+            rank = self._early_byes.popleft()
+            self.byes_pending[rank] = self.byes_pending.get(rank, 0) + 1
 
     def _on_hello(self, rank: int, info: dict, quiet: bool = False) -> None:
         """Believe a hello's claim to be a rank of this host only once verified (verify.py); an
@@ -177,6 +196,7 @@ class ForensicsStage(Sink):
         if not (self.cfg.enabled and self.cfg.hang_enabled):
             return                          # the stage still verifies ranks for the pollers
         try:
+            self._take_early_byes()
             self._check_exits()
             self._check_hang()
         except Exception:   # forensics must never take the daemon down
@@ -187,7 +207,8 @@ class ForensicsStage(Sink):
         return max(self.cfg.hang_min_s, self.cfg.hang_factor * median)
 
     def _live_local_ranks(self) -> dict[int, LocalRank]:
-        return {r: lr for r, lr in self.ranks.items() if r not in self.byes and r not in self.exited}
+        return {r: lr for r, lr in self.ranks.items()
+                if r not in self.byes and r not in self.byes_pending and r not in self.exited}
 
     def _check_hang(self) -> None:
         if self.hang_reported or self.last_advance_mono is None:
