@@ -639,3 +639,133 @@ def test_a_restarted_daemons_stage_reads_only_what_the_ledger_needs_from_the_fil
     st = stage.stats()
     assert st["records_seeded"] == 3 and st["seed_lines_bad"] == 1 and st["steps"] == 2, st
     assert st["buckets_s"]["productive"] == pytest.approx(2.0)
+
+
+def test_each_ranks_ledger_without_per_rank_records_and_across_a_daemon_sigkill(make_daemon, tmp_path):
+    """A daemon that does not write per-rank records (no --per-rank, the default) still keeps a
+    ledger per rank, from each rank's own records: its own data loading, step by step. It keeps
+    them in goodput_ranks.json (what `telemetry goodput` shows of them); a daemon SIGKILLed and
+    restarted on the run continues each from there, the steps it never wrote unexplained."""
+    import time
+
+    from telemetry import TelemetryClient
+    from telemetry.shared.goodput import RANKS_FILE
+
+    log_dir = tmp_path / "telemetry"
+    own = {0: {"perf/step_time": 0.05, "perf/data_loading_time": 0.02, "train/loss": 1.0},
+           1: {"perf/step_time": 0.05, "perf/data_loading_time": 0.005, "train/loss": 1.0}}
+
+    def train(clients, first: int, last: int) -> None:
+        for s in range(first, last + 1):
+            for r, tm in enumerate(clients):
+                tm.log(s, own[r])
+            time.sleep(0.06)                       # each step at least its step time
+
+    def ranks_file(pred) -> dict:
+        deadline, doc = time.monotonic() + 30, None
+        while time.monotonic() < deadline:
+            try:
+                doc = json.loads((log_dir / RANKS_FILE).read_text())
+                if pred(doc["ranks"]):
+                    return doc["ranks"]
+            except (FileNotFoundError, json.JSONDecodeError, KeyError):
+                pass
+            time.sleep(0.2)
+        raise AssertionError(f"{RANKS_FILE} never held what was asked: {doc}, status {d.status()['goodput']}")
+
+    d = make_daemon(world_size=2, log_dir=log_dir)
+    clients = [TelemetryClient(d.ingest, rank=r) for r in (0, 1)]
+    train(clients, 1, 10)
+    # Written while the run goes on (every RANKS_WRITE_S), not only at the end.
+    first = ranks_file(lambda rs: len(rs) == 2 and all(v["steps"] == 10 for v in rs.values()))
+    for r in (0, 1):
+        b = first[str(r)]["buckets_s"]
+        assert b["data_loading"] == pytest.approx(10 * own[r]["perf/data_loading_time"], abs=1e-9), (r, b)
+        assert "since" not in first[str(r)] and first[str(r)]["launches"] == 1
+    assert set(d.status()["goodput"]["ranks"]) == {"0", "1"}
+    d.kill()                                       # SIGKILL: nothing drained
+    recs = [json.loads(line) for line in (log_dir / "metrics.jsonl").read_text().splitlines()]
+    assert not [r for r in recs if r["kind"] == "metrics" and "rank" in r], "per-rank records were written"
+    killed_at = time.time()
+    time.sleep(1.0)
+    d2 = make_daemon(world_size=2, log_dir=log_dir, tmp_path=tmp_path / "second")
+    for tm in clients:                             # the same processes go on: one launch
+        tm.close()
+    clients = [TelemetryClient(d2.ingest, rank=r) for r in (0, 1)]
+    train(clients, 11, 16)
+    for tm in clients:
+        tm.close()
+    d2.wait_for(lambda rs: any(r["kind"] == "metrics" and r.get("step") == 16 for r in rs))
+    d2.drain()
+    ranks = json.loads((log_dir / RANKS_FILE).read_text())["ranks"]
+    out = subprocess.run([sys.executable, "-m", "telemetry", "goodput", str(log_dir), "--json", str(tmp_path / "g.json")],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    led = json.loads((tmp_path / "g.json").read_text())
+    assert led["steps"] == 16 and led["ranks_from"] == RANKS_FILE, led
+    assert "rank 0" in out.stdout and "rank 1" in out.stdout
+    for r in (0, 1):
+        rl = ranks[str(r)]
+        assert rl == led["ranks"][str(r)], (rl, led["ranks"])      # what `telemetry goodput` shows
+        b = rl["buckets_s"]
+        assert rl["steps"] == 16, (r, rl)
+        assert b["data_loading"] == pytest.approx(16 * own[r]["perf/data_loading_time"], abs=1e-9), (r, b)
+        assert sum(b.values()) == pytest.approx(rl["wall_s"], abs=1e-6)
+        # The daemon was down from the kill to its successor's first step of the rank: unexplained.
+        assert b["unexplained"] >= 1.0 and rl["until"] > killed_at, (r, rl)
+        assert rl["launches"] == 1 and "since" not in rl, (r, rl)     # the same processes, from their start
+        # Its wall: its process start to its last record, the job's but for the ranks' skew.
+        assert rl["wall_s"] == pytest.approx(led["wall_s"], abs=0.5), (r, rl, led["wall_s"])
+
+
+def test_per_rank_ledgers_that_begin_mid_run_say_since_when_and_join_what_came_before():
+    """RankBooks after a daemon restart on a run whose per-rank records are on no file: a rank
+    whose process ran before begins with its first step from now (`since`), a process started
+    after the restart from its own start; with the ledgers a daemon before left (prior), each
+    goes on from there and the time between is unexplained, exactly."""
+    from telemetry.shared.goodput import Ledger
+
+    restart = T0 + 100.0
+
+    def feed(led: Ledger, steps: range, t0: float) -> float:
+        t = t0
+        for s in steps:
+            t += 1.0
+            for r in (0, 1):
+                led.feed({"kind": "metrics", "t": t, "step": s, "rank": r,
+                          "values": {"perf/step_time": 1.0, "perf/data_loading_time": 0.1 * (r + 1)}})
+            led.feed(_step(t, s, 1.0, data=0.15))
+        return t
+
+    led = Ledger()
+    led.feed(_hello(T0 + 1, 0, T0))                # a hello from before the restart: of the old process
+    led.ranks.begin_partial(restart)
+    led.feed(_hello(restart + 2, 1, restart + 1))  # rank 1's process started after it
+    end = feed(led, range(50, 55), restart + 5)
+    ranks = led.result()["ranks"]
+    assert ranks[0]["since"] == restart + 6 - 1.0 and ranks[0]["steps"] == 5 and ranks[0]["launches"] == 1
+    assert ranks[0]["wall_s"] == pytest.approx(end - (restart + 5)) and ranks[0]["buckets_s"]["startup"] == 0.0
+    assert ranks[1]["since"] == restart + 1 and ranks[1]["buckets_s"]["startup"] == pytest.approx(4.0)
+    assert ranks[0]["buckets_s"]["data_loading"] == pytest.approx(5 * 0.1)
+
+    # With the ledgers the daemon before left: rank 0 continues its launch, rank 1 is a new one.
+    prior_b = {k: 0.0 for k in BUCKETS}
+    prior_b.update(productive=40.0, data_loading=5.0, startup=5.0)
+    prior = {r: {"goodput": 0.8, "wall_s": 50.0, "steps": 45, "launches": 1, "until": T0 + 50.0,
+                 "buckets_s": dict(prior_b)} for r in (0, 1)}
+    led = Ledger()
+    led.ranks.prior = prior
+    led.ranks.begin_partial(restart)
+    led.feed(_hello(restart + 2, 1, restart + 1))
+    end = feed(led, range(50, 55), restart + 5)
+    ranks = led.result()["ranks"]
+    r0, r1 = ranks[0], ranks[1]
+    assert "since" not in r0 and r0["launches"] == 1 and r0["steps"] == 50 and r0["until"] == end
+    # From the prior's end to its first step's start (restart + 5): unexplained.
+    assert r0["buckets_s"]["unexplained"] == pytest.approx((restart + 5) - (T0 + 50.0))
+    assert r0["wall_s"] == pytest.approx(end - T0) and r0["buckets_s"]["data_loading"] == pytest.approx(5.0 + 0.5)
+    assert r1["launches"] == 2 and r1["buckets_s"]["unexplained"] == pytest.approx((restart + 1) - (T0 + 50.0))
+    assert r1["buckets_s"]["startup"] == pytest.approx(5.0 + 4.0)
+    for rl in (r0, r1):
+        assert sum(rl["buckets_s"].values()) == pytest.approx(rl["wall_s"], abs=1e-9)
+        assert rl["goodput"] == pytest.approx(rl["buckets_s"]["productive"] / rl["wall_s"])

@@ -7,7 +7,8 @@ it, rotated pieces oldest first) and prints the ledger of telemetry/shared/goodp
 docstring has the buckets and their formulas): the job's wall time, from the first process's
 start to the last record of the last launch, split into buckets that sum to it, the biggest
 loss first, with what to do about it. The daemon keeps the same ledger live (`telemetry
-status`, its daemon records' goodput/* values).
+status`, its daemon records' goodput/* values). Per rank: from the per-rank records where the
+daemon wrote them (--per-rank), else from the ledgers it kept of them (goodput_ranks.json).
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import os
 import sys
 from pathlib import Path
 
-from telemetry.shared.goodput import ADVICE, BUCKETS, Ledger, ledger, text   # noqa: F401 (the CLI's API)
+from telemetry.shared.goodput import ADVICE, BUCKETS, Ledger, ledger, text, with_ranks_file   # noqa: F401 (the CLI's API)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -48,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"telemetry goodput: {exc}", file=sys.stderr)
         return 2
     stats = ReadStats()
-    led = ledger(read_records(log_dir, stats))
+    led = with_ranks_file(ledger(read_records(log_dir, stats)), log_dir)
     print("\n".join(printable(line) for line in text(led, Path(args.run_dir).name).split("\n")))
     if args.json:
         try:

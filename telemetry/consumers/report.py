@@ -675,7 +675,7 @@ def _goodput_html(led: dict[str, Any]) -> str:
                      f"<td class='dim'>{e(advice) if v > 0 else ''}</td></tr>" for k, v, advice in rows)
     extra = f", {led['steps_missing']:,} step(s) the daemon did not write" if led.get("steps_missing") else ""
     ranks = ""
-    if led.get("ranks"):    # each rank's own ledger (the daemon's --per-rank records), the lowest first
+    if led.get("ranks"):    # each rank's own ledger, the lowest first
         shown = lowest_first(led["ranks"])
         ranks = ("<h3>Per rank (from its own process start), the lowest goodput first</h3><table>"
                  "<tr><th>rank</th><td>goodput</td><td>waited for other ranks</td><td>data loading</td>"
@@ -733,6 +733,7 @@ def make_report(run_dir: str | Path, out: str | Path | None = None) -> dict[str,
 
     matplotlib.use("Agg")  # never a window, never a display: this runs on servers and in CI
     from telemetry.consumers.readjsonl import ReadStats, find_log_dir, read_records, run_dir_of
+    from telemetry.shared.goodput import with_ranks_file
 
     log_dir = find_log_dir(run_dir)
     out_dir = Path(out) if out else log_dir / "report"
@@ -742,6 +743,7 @@ def make_report(run_dir: str | Path, out: str | Path | None = None) -> dict[str,
         files.make_dir(out_dir)     # inside the run: as private as its files (0700 unless configured)
     stats = ReadStats()
     d = collect(read_records(log_dir, stats))
+    d.goodput = with_ranks_file(d.goodput, log_dir)     # per rank, where the daemon kept them apart
     name = run_name(d, run_dir_of(log_dir).name)
     s = summarize(d)
     images, missing = [], []

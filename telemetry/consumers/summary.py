@@ -113,10 +113,10 @@ def main(argv: list[str] | None = None) -> int:
 def _goodput(log_dir: Path) -> None:
     """The goodput ledger's line, and goodput.json beside metrics.jsonl (telemetry goodput RUN_DIR
     prints the whole breakdown)."""
-    from telemetry.consumers.goodput import BUCKETS, ledger
+    from telemetry.consumers.goodput import BUCKETS, ledger, with_ranks_file
     from telemetry.shared import files
 
-    led = ledger(read_records(log_dir))
+    led = with_ranks_file(ledger(read_records(log_dir)), log_dir)
     if not led.get("wall_s"):
         return
     b = led["buckets_s"]

@@ -132,6 +132,7 @@ class Daemon:
         # [release by, records of its src in when last looked, release at the latest, bye]: BYE_HOLD_S
         self._held_byes: list[list] = []
         self.forensics = None                           # the ForensicsStage, when it runs
+        self.goodput = None                             # the GoodputStage, once started
         self.fd_limit, self.max_connections = 0, cfg.max_connections   # set by start()
         self._inbox: collections.deque[dict] = collections.deque()
         self._stop_reason = ""
@@ -324,7 +325,10 @@ class Daemon:
         from telemetry.daemon.goodput_stage import GoodputStage
         from telemetry.daemon.sinks.jsonl import FILE_NAME
 
-        self.goodput = GoodputStage(self.log_dir, FILE_NAME)
+        # Without --per-rank the per-rank records go to it alone, for the per-rank ledgers
+        # (goodput_stage.py), bounded like a sink queue (memory.py).
+        rank_bytes = 0 if self.cfg.aggregator.per_rank else self.budget.sink_queue_bytes // 4
+        self.goodput = GoodputStage(self.log_dir, FILE_NAME, rank_bytes_max=rank_bytes)
         self.runners.append(SinkRunner(self.goodput, max_queued=100_000, max_share=GOODPUT_MAX_SHARE,
                                        max_bytes=self.budget.sink_queue_bytes))
 
@@ -512,6 +516,11 @@ class Daemon:
         if not self.cfg.aggregator.per_rank:
             for rec in late:
                 self._emit_rank(rec, late=True)   # its step went out without it; keep it
+            if self.goodput is not None:          # before their steps go out (goodput_stage.py)
+                if late:
+                    late_ids = set(map(id, late))
+                    recs = [r for r in recs if id(r) not in late_ids]
+                self.goodput.take_rank_records(recs, len(recs) * self._record_bytes)
         self._emit_steps(closed)
         max_open = self.budget.open_steps_bytes // self._record_bytes
         if self.aggregator.num_open_records > max_open:

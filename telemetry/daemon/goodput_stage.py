@@ -9,6 +9,16 @@ JSONL file, W&B's summary, Prometheus and `telemetry tail` have them) and in `te
 A daemon restarted on a log directory continues the run's ledger: the stage first reads what
 the files held when the daemon started (every rotated piece, then metrics.jsonl up to its size
 then; opened on the daemon's thread, read on the stage's), then the records as they come; held to SEED_SHARE of the time while it reads.
+
+The per-rank ledgers (RankBooks) need each rank's own step records. A daemon that writes them
+(`--per-rank`) passes them by like any record; one that does not hands them to this stage alone
+(take_rank_records: a list per ingest batch, bounded in bytes by the stage's memory share, what
+does not fit dropped and counted in rank_records_dropped). Those are not on file: the stage
+writes the per-rank ledgers to goodput_ranks.json beside metrics.jsonl (every RANKS_WRITE_S
+while they change, and at the end; what `telemetry goodput` shows of them), and a daemon
+restarted on the run continues each from there (RankBooks.prior), the time between the last
+write and the rank's next step unexplained. Without that file, a daemon restarted on a run that
+had steps begins them anew (RankBooks.begin_partial: each says `since` when).
 """
 from __future__ import annotations
 
@@ -16,13 +26,14 @@ import logging
 import os
 import threading
 import time
+from collections import deque
 from pathlib import Path
 from typing import Any, BinaryIO
 
 import msgspec
 
 from telemetry.daemon.sinks.base import Out, Sink
-from telemetry.shared.goodput import BUCKETS, Ledger
+from telemetry.shared.goodput import BUCKETS, RANKS_FILE, Ledger, ranks_file_data, read_ranks_file
 
 log = logging.getLogger("telemetry.daemon")
 
@@ -33,6 +44,7 @@ SEED_SHARE = 0.25
 _SKIPPED = (b'{"kind":"gpu"', b'{"kind":"system"', b'{"kind":"daemon"')
 _FED = frozenset({"metrics", "event", "hello", "bye"})
 LOCK_RECORDS = 256            # records fed per hold of the lock (~1 ms)
+RANKS_WRITE_S = 5.0           # goodput_ranks.json at most this often (what a SIGKILL loses of them)
 
 
 def daemon_values(led: dict[str, Any]) -> dict[str, float]:
@@ -48,12 +60,25 @@ def daemon_values(led: dict[str, Any]) -> dict[str, float]:
 class GoodputStage(Sink):
     name = "goodput"
 
-    def __init__(self, log_dir: Path | None = None, file_name: str = "metrics.jsonl") -> None:
+    def __init__(self, log_dir: Path | None = None, file_name: str = "metrics.jsonl",
+                 rank_bytes_max: int = 0) -> None:
+        """rank_bytes_max: the per-rank records handed to it (take_rank_records) it may hold
+        waiting; 0 when the daemon writes them (--per-rank) and hands it none."""
         self.ledger = Ledger()
         self._lock = threading.Lock()
         self.num_seeded = 0            # records read from the files at start
         self.num_bad = 0               # lines there that were not a record
         self._seed: list[tuple[BinaryIO, int]] = []
+        self.rank_bytes_max = rank_bytes_max
+        self._ranks_in: deque[tuple[list, int]] = deque()   # (per-rank Metrics, their bytes)
+        self._rank_bytes_in = 0        # written by the daemon's thread only
+        self._rank_bytes_out = 0       # written by this stage's thread only
+        self.num_rank_dropped = 0      # per-rank records that did not fit (the daemon's thread)
+        self._ranks_path = Path(log_dir) / RANKS_FILE if log_dir is not None and rank_bytes_max else None
+        self._ranks_written_at = 0.0   # time.monotonic() of the last write
+        self._ranks_fed = -1           # records the ledger had been fed at the last write
+        self.num_rank_fed = 0          # per-rank records handed to it and fed
+        self._ranks_warned = False
         if log_dir is not None:
             self._open_seed(Path(log_dir), file_name)
 
@@ -77,6 +102,15 @@ class GoodputStage(Sink):
                     self._read(f, size)
                 except OSError as exc:
                     log.warning("goodput: reading %s: %s (the ledger goes on without the rest)", f.name, exc)
+        ranks = self.ledger.ranks
+        if self._ranks_path is not None and not ranks.books:   # per-rank records were not on file
+            prior, why = read_ranks_file(self._ranks_path)
+            if why:
+                log.warning("goodput: %s; the per-rank ledgers begin anew", why)
+            if prior:
+                ranks.prior = prior
+            if prior or any(la.num_steps for la in self.ledger.launches):
+                ranks.begin_partial(time.time())
         if self.num_seeded:
             led = self.result()
             log.info("goodput: continuing the run's ledger from %d record(s) on file (%d launch(es), %d step(s))",
@@ -105,7 +139,32 @@ class GoodputStage(Sink):
             self.num_seeded += len(recs)
             time.sleep((time.perf_counter() - t0) * (1 - SEED_SHARE) / SEED_SHARE)
 
+    def take_rank_records(self, recs: list, num_bytes: int) -> None:
+        """From the daemon's thread, a daemon not writing per-rank records: an ingest batch's
+        per-rank Metrics (not late), for the per-rank ledgers. Handed before the batch's closed
+        steps go out, so consume() feeds them before their step. O(1) here."""
+        if self._rank_bytes_in - self._rank_bytes_out + num_bytes > self.rank_bytes_max:
+            self.num_rank_dropped += len(recs)
+            return
+        self._rank_bytes_in += num_bytes
+        self._ranks_in.append((recs, num_bytes))
+
+    def _take_ranks(self) -> None:
+        """The per-rank records handed over, to the per-rank ledgers alone (the job's ledger is
+        what the files give: it never sees them)."""
+        q, rank_step = self._ranks_in, self.ledger.ranks.rank_step
+        while q:
+            recs, num_bytes = q.popleft()
+            self.num_rank_fed += len(recs)
+            for i in range(0, len(recs), LOCK_RECORDS):
+                with self._lock:
+                    for r in recs[i:i + LOCK_RECORDS]:
+                        rank_step(r.rank, r.step, r.t_ns / 1e9, r.values)
+            self._rank_bytes_out += num_bytes
+
     def consume(self, batch: list[Out]) -> None:
+        if self._ranks_in:
+            self._take_ranks()
         self._feed([o.record for o in batch if o.kind in _FED])
 
     def _feed(self, recs: list[dict]) -> None:
@@ -117,10 +176,38 @@ class GoodputStage(Sink):
                 for rec in recs[i:i + LOCK_RECORDS]:
                     feed(rec)
 
+    def flush(self) -> None:
+        if (self._ranks_path is not None and self.num_rank_fed and self.ledger.num_records != self._ranks_fed
+                and time.monotonic() - self._ranks_written_at >= RANKS_WRITE_S):
+            self._write_ranks()
+
+    def close(self) -> None:
+        if self._ranks_path is not None and self.num_rank_fed and self.ledger.num_records != self._ranks_fed:
+            self._write_ranks()
+
+    def _write_ranks(self) -> None:
+        """goodput_ranks.json, replaced atomically (module docstring)."""
+        from telemetry.shared import files
+
+        with self._lock:
+            self._ranks_written_at, self._ranks_fed = time.monotonic(), self.ledger.num_records
+            ranks = self.ledger.ranks.result()
+        if not ranks:
+            return
+        try:
+            files.write_file(self._ranks_path, ranks_file_data(ranks, time.time()))
+        except OSError as exc:
+            if not self._ranks_warned:
+                self._ranks_warned = True
+                log.warning("goodput: writing %s: %s (said once)", self._ranks_path, exc)
+
     def result(self) -> dict[str, Any]:
         """The ledger so far; thread-safe (the daemon's thread asks while this one feeds)."""
         with self._lock:
-            return self.ledger.result()
+            out = self.ledger.result()
+        if self.num_rank_dropped:
+            out["rank_records_dropped"] = self.num_rank_dropped
+        return out
 
     def stats(self) -> dict:
         try:
@@ -130,7 +217,7 @@ class GoodputStage(Sink):
             return {}
         out = {k: led[k] for k in ("launches", "steps", "steps_missing", "wall_s", "goodput") if k in led}
         out["buckets_s"] = {k: round(led["buckets_s"][k], 3) for k in BUCKETS}
-        if led.get("ranks"):     # per rank (the daemon's --per-rank records): its goodput
+        if led.get("ranks"):     # per rank: its goodput
             out["ranks"] = {str(r): round(rl["goodput"], 4) if rl["goodput"] is not None else None
                             for r, rl in led["ranks"].items()}
         out["records_seeded"] = self.num_seeded

@@ -11,7 +11,9 @@ the first time, never per item. The split, of memory_mb:
                          beyond the share they are shed and counted lost
                          (records_shed_at_intake). libzmq holds what arrives in one turn
     sink queues    25 %  each sink's queue (SinkRunner max_bytes); the queues hold the same
-                         records, so this is what they hold together, not each
+                         records, so this is what they hold together, not each; a quarter of
+                         it more for the per-rank records handed to the goodput stage alone
+                         when the daemon does not write them (goodput_stage.py)
     open steps     15 %  records of steps the aggregator still waits on; beyond it the oldest
                          steps go out early, without their missing ranks (counted)
     recent         5 %   the last records for hang forensics (RecentRing)

@@ -43,11 +43,16 @@ hello says they started after the previous launch's last step (hello `started_at
 every client). A step the daemon never wrote (it was down) is in `unexplained`; `steps_missing`
 counts them. While a launch runs, its time since its last record is not in the wall time yet.
 
-Per rank, where the stream has the daemon's per-rank records (`--per-rank`), a ledger of each
-rank's own (RankBooks: `ranks` in the result): its own step time, data loading, eval, client
-time, process start, saves, restores and bye; its straggler bucket is the time it waited for
-another rank (the step's perf/straggler_excess_s when the straggler was another rank). The job
-ledger above is the job's; the per-rank ones say which ranks waited and which lost time to data.
+Per rank, from each rank's own step records, a ledger of each rank's own (RankBooks: `ranks` in
+the result): its own step time, data loading, eval, client time, process start, saves, restores
+and bye; its straggler bucket is the time it waited for another rank (the step's
+perf/straggler_excess_s when the straggler was another rank). The job ledger above is the job's;
+the per-rank ones say which ranks waited and which lost time to data. The daemon keeps them live
+from the per-rank records it receives; they are in its files only with `--per-rank`, so without
+it the daemon keeps them in RANKS_FILE (goodput_ranks.json, beside metrics.jsonl) for the
+offline tools and for a daemon restarted on the run, which joins each to its book from then on
+(join_rank: the time between, steps no ledger saw, unexplained); a book that begins mid-run
+with nothing before it says `since` when.
 
 On a multi-node job the head daemon keeps the job's ledger from what the nodes forward: their
 aggregated steps (the slowest node's step time), each launch's start (a node forwards the hello
@@ -61,6 +66,7 @@ back) is charged from the nearest save before it, and `redone_estimated` says so
 """
 from __future__ import annotations
 
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Iterable
@@ -249,7 +255,7 @@ class Ledger:
                 if self._pending:                # per-rank records wait for their step
                     self.ranks.step_closed(step, values)
             elif self.ranks is not None and not rec.get("late"):
-                self.ranks.rank_step(rec, step, t, values)
+                self.ranks.rank_step(rec.get("rank"), step, t, values)
             return
         if self.ranks is not None and kind in ("hello", "event", "bye"):
             self.ranks.other(rec)
@@ -337,7 +343,7 @@ class Ledger:
         if estimated:
             out["redone_estimated"] = True
         ranks = self.ranks
-        if ranks is not None and ranks.books:
+        if ranks is not None and (ranks.books or ranks.prior):
             out["ranks"] = ranks.result()
             # Said, never lost in silence: ranks past MAX_RANK_BOOKS, per-rank steps whose
             # aggregated record never came (held for PENDING_STEPS steps).
@@ -368,10 +374,28 @@ class RankBooks:
         self.books: dict[int, Ledger] = {}
         self.pending: dict[int, dict[int, tuple[float, dict]]] = {}   # step -> rank -> (t, values)
         self._hellos: dict[int, dict] = {}      # rank -> its last hello, until its book exists
+        # Set by begin_partial: the books begin now, not with the run (see there); rank -> when
+        # its book began; ranks whose book began with a step of a launch already running.
+        self.partial = False
+        self.partial_from = 0.0
+        self.since: dict[int, float] = {}
+        self._continued: set[int] = set()
+        # rank -> its ledger as a daemon before this one left it (RANKS_FILE), joined to its book
+        self.prior: dict[int, dict] = {}
         self.num_steps_unmatched = 0            # per-rank steps whose aggregated record never came
         self.num_ranks_not_kept = 0             # per-rank step records of ranks past MAX_RANK_BOOKS
 
-    def _book(self, rank: int) -> Ledger | None:
+    def begin_partial(self, t: float) -> None:
+        """The run's earlier per-rank records are nowhere (a daemon that does not write them,
+        restarted at t on a run that had steps): each rank's book begins at the process start of
+        its next launch, or else (a process already running then: its earlier steps are not
+        here) at its first step's start from now, and says since when (`since` in its result)
+        unless it continues a prior ledger (`prior`, whose end takes t's place for that rank)."""
+        self.partial = True
+        self.partial_from = t
+        self._hellos.clear()
+
+    def _book(self, rank: int, t: float = 0.0, step_s: float = 0.0) -> Ledger | None:
         book = self.books.get(rank)
         if book is None:
             if len(self.books) >= MAX_RANK_BOOKS:
@@ -379,12 +403,20 @@ class RankBooks:
                 return None
             book = self.books[rank] = Ledger(recent=RANK_RECENT, per_rank=False)
             hello = self._hellos.pop(rank, None)
+            if self.partial:
+                started = _num(hello["info"].get("started_at")) if hello is not None else None
+                before = self.prior[rank]["until"] if rank in self.prior else self.partial_from
+                if started is None or started < before:     # begins with this step (begin_partial)
+                    hello = {"kind": "hello", "t": t, "rank": rank, "info": {"started_at": t - step_s}}
+                    self._continued.add(rank)
             if hello is not None:
                 book.feed(hello)
+                if self.partial:
+                    self.since[rank] = _num(hello["info"].get("started_at")) or t
         return book
 
-    def rank_step(self, rec: dict, step: int, t: float, values: dict) -> None:
-        rank = rec.get("rank")
+    def rank_step(self, rank: Any, step: int, t: float, values: dict) -> None:
+        """A rank's own step record: held until its step's aggregated record (step_closed)."""
         if type(rank) is not int:
             return
         pending = self.pending
@@ -403,11 +435,11 @@ class RankBooks:
         slow = _num(values.get("perf/straggler_rank"))
         excess = _num(values.get("perf/straggler_excess_s")) or 0.0
         for rank, (t, own) in at.items():
-            book = self._book(rank)
-            if book is None:
-                continue
             mine = {k: own[k] for k in ("perf/step_time", "perf/data_loading_time", "perf/eval_time",
                                         CLIENT_TIME_KEY) if k in own}
+            book = self._book(rank, t, _num(mine.get("perf/step_time")) or 0.0)
+            if book is None:
+                continue
             if excess > 0 and slow is not None and slow != rank:
                 mine["perf/straggler_excess_s"] = excess
             book.feed({"kind": "metrics", "t": t, "step": step, "values": mine})
@@ -425,12 +457,88 @@ class RankBooks:
             self._hellos[rank] = rec
 
     def result(self) -> dict[int, dict[str, Any]]:
+        """rank -> its ledger: goodput, wall_s, steps, launches, buckets_s, until (its last
+        record's t), since (when it began, where not with the run), joined to its prior one."""
         out = {}
-        for rank in sorted(self.books):
-            led = self.books[rank].result()
+        for rank in sorted(set(self.books) | set(self.prior)):
+            book, cur = self.books.get(rank), None
+            led = book.result() if book is not None else {}
             if led.get("wall_s"):
-                out[rank] = {k: led[k] for k in ("goodput", "wall_s", "steps", "launches", "buckets_s")}
+                cur = {k: led[k] for k in ("goodput", "wall_s", "steps", "launches", "buckets_s")}
+                cur["until"] = book.launches[-1].last_t
+                if rank in self.since and not self.prior.get(rank):
+                    cur["since"] = self.since[rank]
+            joined = join_rank(self.prior[rank], cur, rank in self._continued) if self.prior.get(rank) else cur
+            if joined is not None:
+                out[rank] = joined
         return out
+
+
+def join_rank(prior: dict, cur: dict | None, continues: bool) -> dict:
+    """A rank's ledger as an earlier daemon left it (RANKS_FILE), then its book since this daemon
+    began: buckets and steps add up; the time between the two (the earlier daemon's last write to
+    this one's first step of the rank: steps no ledger saw) is unexplained; a book that began with
+    a step of the launch the prior one ended in (continues) is not another launch."""
+    if cur is None:
+        return prior
+    gap = max(0.0, (cur["until"] - cur["wall_s"]) - prior["until"])
+    buckets = {k: prior["buckets_s"].get(k, 0.0) + cur["buckets_s"].get(k, 0.0) for k in BUCKETS}
+    buckets["unexplained"] += gap
+    wall = prior["wall_s"] + gap + cur["wall_s"]
+    out = {"goodput": buckets["productive"] / wall if wall > 0 else None, "wall_s": wall,
+           "steps": prior["steps"] + cur["steps"],
+           "launches": prior["launches"] + cur["launches"] - (1 if continues and prior["launches"] else 0),
+           "buckets_s": buckets, "until": max(prior["until"], cur["until"])}
+    if "since" in prior:
+        out["since"] = prior["since"]
+    return out
+
+
+# Where a daemon that does not write per-rank records keeps the per-rank ledgers, beside
+# metrics.jsonl (goodput_stage.py): what `telemetry goodput` shows of them, and what a daemon
+# restarted on the run continues. At most this many bytes are read of it.
+RANKS_FILE = "goodput_ranks.json"
+RANKS_FILE_MAX_BYTES = 16 << 20
+
+
+def ranks_file_data(ranks: dict[int, dict], t: float) -> bytes:
+    import json
+
+    return (json.dumps({"t": t, "ranks": {str(r): v for r, v in ranks.items()}}, indent=1) + "\n").encode()
+
+
+def read_ranks_file(path) -> tuple[dict[int, dict] | None, str]:
+    """The per-rank ledgers in a RANKS_FILE: (rank -> ledger, "") or (None, why not). Only
+    well-formed entries: numbers where numbers go, every bucket."""
+    import json
+
+    from telemetry.shared import files
+
+    try:
+        f = files.open_regular(path)
+    except FileNotFoundError:
+        return None, ""
+    except (OSError, files.NotRegularFile) as exc:
+        return None, f"{path}: {exc}"
+    with f:
+        data = f.read(RANKS_FILE_MAX_BYTES + 1)
+    if len(data) > RANKS_FILE_MAX_BYTES:
+        return None, f"{path}: over {RANKS_FILE_MAX_BYTES} bytes"
+    try:
+        doc = json.loads(data)
+        ranks = doc["ranks"]
+        out = {}
+        for r, v in ranks.items():
+            b = v["buckets_s"]
+            entry = {"wall_s": float(v["wall_s"]), "steps": int(v["steps"]), "launches": int(v["launches"]),
+                     "until": float(v["until"]), "buckets_s": {k: float(b[k]) for k in BUCKETS}}
+            entry["goodput"] = entry["buckets_s"]["productive"] / entry["wall_s"] if entry["wall_s"] > 0 else None
+            if v.get("since") is not None:
+                entry["since"] = float(v["since"])
+            out[int(r)] = entry
+    except (ValueError, TypeError, KeyError, AttributeError) as exc:
+        return None, f"{path}: not a per-rank ledger file ({type(exc).__name__}: {exc})"
+    return out, ""
 
 
 def lowest_first(ranks: dict) -> list[tuple[Any, dict]]:
@@ -451,6 +559,22 @@ def top_loss(values: dict) -> tuple[str, float] | None:
 def ledger(records: Iterable[dict]) -> dict[str, Any]:
     """The ledger of a run's records (module docstring)."""
     return Ledger().feed_all(records).result()
+
+
+def with_ranks_file(led: dict[str, Any], log_dir) -> dict[str, Any]:
+    """A run's ledger from its files, with the per-rank ledgers the daemon kept (RANKS_FILE)
+    where the files hold no per-rank records; `ranks_from` says so, `ranks_file_problem` why a
+    file there was not read."""
+    from pathlib import Path
+
+    if led.get("ranks") or not led.get("wall_s"):
+        return led
+    ranks, why = read_ranks_file(Path(log_dir) / RANKS_FILE)
+    if ranks:
+        led = {**led, "ranks": ranks, "ranks_from": RANKS_FILE}
+    elif why:
+        led = {**led, "ranks_file_problem": why}
+    return led
 
 
 def text(led: dict[str, Any], name: str = "") -> str:
@@ -477,7 +601,9 @@ def text(led: dict[str, Any], name: str = "") -> str:
         for rank, rl in shown[:8]:
             rb = rl["buckets_s"]
             worst = max((k for k in BUCKETS if k != "productive"), key=lambda k: rb[k])
+            since = (f" (since {time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(rl['since']))} UTC: its records "
+                     "before were not kept)" if isinstance(rl.get("since"), (int, float)) else "")
             lines.append(f"  rank {rank:<6} {100 * (rl['goodput'] or 0.0):6.2f} % of {rl['wall_s']:,.1f} s  "
                          f"waited for other ranks {rb['straggler']:,.2f} s, data loading {rb['data_loading']:,.2f} s, "
-                         f"its biggest loss {worst.replace('_', ' ')} {rb[worst]:,.2f} s")
+                         f"its biggest loss {worst.replace('_', ' ')} {rb[worst]:,.2f} s{since}")
     return "\n".join(lines)
