@@ -84,8 +84,11 @@ def test_each_rank_gets_its_own_ledger_from_the_per_rank_records():
     """The daemon's --per-rank records, written before their step's aggregated record: rank 1 is
     slow in forward by 0.3 s at every step (rank 0 waits that long), rank 0 waits 0.2 s for data
     and rank 1 0.05 s; each saves for its own time; rank 1 is killed after step 6 (no bye: its
-    process seen gone 1.5 s later), rank 0 ends with a bye. Each rank's ledger is its own."""
-    recs = [_hello(T0 + 1, 0, T0), _hello(T0 + 1, 1, T0 + 0.5)]
+    process seen gone 1.5 s later), rank 0 ends with a bye; rank 1 restored a checkpoint for 0.8 s
+    before its first step (an event before its ledger's first step record). Each rank's ledger is
+    its own."""
+    recs = [_hello(T0 + 1, 0, T0), _hello(T0 + 1, 1, T0 + 0.5),
+            _event(T0 + 3, "checkpoint_restored", 1, step=0, duration_s=0.8)]
     t = T0 + 5.0
     for step in range(1, 7):
         t += 1.0
@@ -113,7 +116,8 @@ def test_each_rank_gets_its_own_ledger_from_the_per_rank_records():
     assert b1["productive"] == pytest.approx(6 * (1.0 - 0.05))
     assert b0["checkpoint_save"] == pytest.approx(0.4) and b1["checkpoint_save"] == pytest.approx(0.5)
     # Its own process start to its own first step's beginning (rank 1's records are 0.01 s earlier).
-    assert b0["startup"] == pytest.approx(6.0 - 1.0) and b1["startup"] == pytest.approx(5.99 - 1.0 - 0.5)
+    assert b0["startup"] == pytest.approx(6.0 - 1.0) and b1["startup"] == pytest.approx(5.99 - 1.0 - 0.5 - 0.8)
+    assert b1["checkpoint_restore"] == pytest.approx(0.8) and b0["checkpoint_restore"] == 0.0
     # Rank 0 left (its bye); rank 1 was killed: from its last step until it was seen gone.
     assert b0["hang"] == 0.0 and b1["hang"] == pytest.approx(1.5 + 0.01)
     assert r0["wall_s"] == pytest.approx(t + 4.0 - T0) and r1["wall_s"] == pytest.approx(t + 1.5 - (T0 + 0.5))

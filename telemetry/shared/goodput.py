@@ -358,6 +358,7 @@ class Ledger:
 # a step's per-rank records as they come, the step once all ranks have it), the most ranks kept,
 # and the steps each rank's ledger keeps one by one (RECENT for the job's).
 PENDING_STEPS = 64
+EARLY_EVENTS = 16       # a rank's events kept until its first step (its restore among them)
 MAX_RANK_BOOKS = 256
 RANK_RECENT = 64
 
@@ -374,6 +375,7 @@ class RankBooks:
         self.books: dict[int, Ledger] = {}
         self.pending: dict[int, dict[int, tuple[float, dict]]] = {}   # step -> rank -> (t, values)
         self._hellos: dict[int, dict] = {}      # rank -> its last hello, until its book exists
+        self._early: dict[int, list[dict]] = {}  # rank -> its events before then (a restore), in order
         # Set by begin_partial: the books begin now, not with the run (see there); rank -> when
         # its book began; ranks whose book began with a step of a launch already running.
         self.partial = False
@@ -394,6 +396,7 @@ class RankBooks:
         self.partial = True
         self.partial_from = t
         self._hellos.clear()
+        self._early.clear()
 
     def _book(self, rank: int, t: float = 0.0, step_s: float = 0.0) -> Ledger | None:
         book = self.books.get(rank)
@@ -413,6 +416,8 @@ class RankBooks:
                 book.feed(hello)
                 if self.partial:
                     self.since[rank] = _num(hello["info"].get("started_at")) or t
+            for rec in self._early.pop(rank, ()):
+                book.feed(rec)
         return book
 
     def rank_step(self, rank: Any, step: int, t: float, values: dict) -> None:
@@ -453,8 +458,14 @@ class RankBooks:
         book = self.books.get(rank)
         if book is not None:
             book.feed(rec)
-        elif rec.get("kind") == "hello" and (rank in self._hellos or len(self._hellos) < MAX_RANK_BOOKS):
-            self._hellos[rank] = rec
+        elif rec.get("kind") == "hello":
+            if rank in self._hellos or len(self._hellos) < MAX_RANK_BOOKS:
+                self._hellos[rank] = rec
+                self._early.pop(rank, None)         # a new process: the events before were another's
+        elif rec.get("kind") == "event" and (rank in self._early or len(self._early) < MAX_RANK_BOOKS):
+            early = self._early.setdefault(rank, [])
+            if len(early) < EARLY_EVENTS:           # a restore comes first; more are not counted on
+                early.append(rec)
 
     def result(self) -> dict[int, dict[str, Any]]:
         """rank -> its ledger: goodput, wall_s, steps, launches, buckets_s, until (its last
