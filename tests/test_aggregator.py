@@ -3,6 +3,7 @@ import pytest
 
 from telemetry.daemon.aggregator import DEAD_AFTER_TIMEOUTS, Aggregator
 from telemetry.daemon.config import AggregatorConfig, ConfigError
+from aggregator_util import add, finish
 
 
 def agg(world_size=4, **kw):
@@ -12,9 +13,9 @@ def agg(world_size=4, **kw):
 def feed(a, step, per_rank_values, t_ns=0):
     done = []
     for rank, values in per_rank_values.items():
-        out = a.add(rank, step, t_ns + rank, values)
+        out = add(a, rank, step, t_ns + rank, values)
         done += out or []
-    return [a.finish(acc) for acc in done]
+    return [finish(a, acc) for acc in done]
 
 
 def test_reductions_mean_sum_max_and_straggler_view():
@@ -61,7 +62,7 @@ def test_timeout_emits_without_the_missing_rank(monkeypatch):
     opened = a.pending[1].opened_mono
     assert a.expire(opened + 4.9) == []
     (acc,) = a.expire(opened + 5.0)
-    rec = a.finish(acc)
+    rec = finish(a, acc)
     assert rec["missing_ranks"] == [2] and rec["values"]["x"] == 2.0
     assert a.num_steps_incomplete == 1
 
@@ -81,7 +82,7 @@ def test_dead_rank_is_no_longer_waited_for_and_comes_back():
         feed(a, step, {0: {"x": 1.0}})
         now = a.pending[step].opened_mono + 1.0
         for acc in a.expire(now):
-            assert a.finish(acc)["missing_ranks"] == [1]
+            assert finish(a, acc)["missing_ranks"] == [1]
     assert a.ranks_gone == {1}
     # Now a step completes on rank 0 alone, still saying rank 1 is missing.
     (rec,) = feed(a, 10, {0: {"x": 1.0}})
@@ -97,8 +98,8 @@ def test_late_record_is_not_a_second_step_record():
     a = agg(2, step_timeout_s=1.0)
     feed(a, 5, {0: {"x": 1.0}})
     (acc,) = a.expire(a.pending[5].opened_mono + 1.0)
-    a.finish(acc)
-    assert a.add(1, 5, 0, {"x": 9.0}) is None     # the caller writes it as the rank's own record
+    finish(a, acc)
+    assert add(a, 1, 5, 0, {"x": 9.0}) is None     # the caller writes it as the rank's own record
     assert a.num_records_late == 1 and not a.pending
 
 
@@ -124,9 +125,9 @@ def test_none_and_bool_values_reduce_without_losing_the_step():
     from telemetry.daemon.config import AggregatorConfig
 
     a = Aggregator(AggregatorConfig(world_size=2))
-    a.add(0, 1, 0, {"train/loss": 1.0, "eval/acc": None, "is_best": True, "perf/tokens": 5})
-    (acc,) = a.add(1, 1, 0, {"train/loss": 3.0, "eval/acc": 0.5, "is_best": False, "perf/tokens": 7})
-    values = a.finish(acc)["values"]
+    add(a, 0, 1, 0, {"train/loss": 1.0, "eval/acc": None, "is_best": True, "perf/tokens": 5})
+    (acc,) = add(a, 1, 1, 0, {"train/loss": 3.0, "eval/acc": 0.5, "is_best": False, "perf/tokens": 7})
+    values = finish(a, acc)["values"]
     assert values["train/loss"] == 2.0 and values["perf/tokens"] == 12
     assert values["eval/acc"] == 0.5          # the rank without a value does not count
     assert values["is_best"] == 0.5           # the fraction of ranks

@@ -14,6 +14,7 @@ from telemetry.daemon.aggregator import Aggregator
 from telemetry.daemon.config import AggregatorConfig
 from mfu_util import step_metrics
 from telemetry.daemon.mfu import MfuEstimator
+from aggregator_util import finish_many
 
 KEYS = ("train/loss", "perf/tokens", "perf/step_time", "memory/max_allocated_gb", "custom/n_count", "train/lr")
 NUMBER = st.one_of(st.floats(-1e6, 1e6, allow_nan=False), st.integers(-10**6, 10**6), st.booleans())
@@ -86,7 +87,7 @@ def test_bulk_reduction_equals_one_step_at_a_time(case):
     agg = Aggregator(AggregatorConfig(world_size=world, reductions={"train/lr": "last"}))
     done = _close(agg, steps)
     assert [acc.step for acc in done] == list(range(len(steps)))
-    recs = agg.finish_many(done)
+    recs = finish_many(agg, done)
     for step, (rows, rec) in enumerate(zip(steps, recs)):
         want = _one_at_a_time(rows)
         assert rec["step"] == step and "missing_ranks" not in rec
@@ -123,7 +124,7 @@ def test_a_value_that_is_not_a_number_sends_the_group_one_step_at_a_time():
     agg = Aggregator(AggregatorConfig(world_size=2))
     steps = [{0: {"x": 1.0, "perf/tokens": 2}, 1: {"x": 3.0, "perf/tokens": 4}},
              {0: {"x": None, "perf/tokens": 2}, 1: {"x": 5.0, "perf/tokens": 4}}]
-    recs = agg.finish_many(_close(agg, steps))
+    recs = finish_many(agg, _close(agg, steps))
     assert recs[0]["values"] == {"x": 2.0, "perf/tokens": 6}
     assert recs[1]["values"] == {"x": 5.0, "perf/tokens": 6}      # the None is left out, as step by step
 

@@ -11,6 +11,7 @@ from telemetry.daemon import hotpath
 from telemetry.daemon import loops as python_loops
 from telemetry.daemon.aggregator import Aggregator
 from telemetry.daemon.config import AggregatorConfig
+from aggregator_util import finish_many
 
 LOOPS = [pytest.param(python_loops, id="python_loops"),
          pytest.param(hotpath.native, id="c_loops",
@@ -27,7 +28,7 @@ def test_a_step_is_aggregated_once_while_the_world_is_learned(loops):
             for s in range(num_steps) for r in range(num_ranks)]
     closed, late = a.add_many(recs)
     closed += a.flush()
-    out = a.finish_many(closed)
+    out = finish_many(a, closed)
     steps = [rec["step"] for rec in out]
     assert len(steps) == len(set(steps)), f"steps aggregated twice: {sorted(steps)}"
     # Every record is in exactly one aggregate or handed back as late.
@@ -45,7 +46,7 @@ def test_a_bogus_rank_makes_no_step_incomplete(loops):
     recs = [decode(encode_metrics(1, 999, 0, 0, 1, 0, {"train/loss": 5.0}))]
     recs += [decode(encode_metrics(10 + r, r, s, 0, 1, s, {"train/loss": 1.0})) for s in range(5) for r in range(2)]
     closed, late = a.add_many(recs)
-    out = a.finish_many(closed)
+    out = finish_many(a, closed)
     assert [rec["step"] for rec in out] == [0, 1, 2, 3, 4] and not late
     assert all("missing_ranks" not in rec for rec in out), out
     assert a.num_steps_incomplete == 0 and 999 not in a.known_ranks() - a.ranks_gone

@@ -24,6 +24,7 @@ from telemetry.daemon import hotpath
 from telemetry.daemon import loops as python_loops
 from telemetry.daemon.aggregator import Aggregator
 from telemetry.daemon.config import AggregatorConfig
+from aggregator_util import finish_many
 
 ROOT = Path(__file__).resolve().parent.parent
 LOOPS = [pytest.param(python_loops, id="python"),
@@ -94,7 +95,7 @@ def test_every_step_is_written_once_with_every_ranks_train_and_eval_values(loops
         late += came_late
     still_open = sorted(agg.pending)
     closed += agg.flush()
-    out = agg.finish_many(closed)
+    out = finish_many(agg, closed)
     assert not late, [(r.rank, r.step, r.values) for r in late]
     assert not still_open, f"steps left waiting after every rank sent every record: {still_open}"
     by_step: dict[int, list] = {}
@@ -119,7 +120,7 @@ def test_the_interleaving_of_the_issue(loops):
     order = [(0, 50, {"train/grad_norm": 1.0}, 2), (0, 50, {"eval/score": 10.0}, 2),
              (1, 50, {"train/grad_norm": 3.0}, 2), (1, 50, {"eval/score": 30.0}, 2)]
     closed, late = agg.add_many(_frames(order))
-    out = agg.finish_many(closed)
+    out = finish_many(agg, closed)
     assert not late and not agg.pending
     assert [(r["step"], r["values"]["train/grad_norm"], r["values"]["eval/score"], r.get("missing_ranks"))
             for r in out] == [(50, 2.0, 20.0, None)]
@@ -135,7 +136,7 @@ def test_a_rank_that_never_sends_its_second_part_is_missing_and_its_late_part_is
              (0, 5, {"train/grad_norm": 1.0}, 1), (1, 5, {"train/grad_norm": 1.0}, 1)]
     recs = _frames(order)
     closed, late = agg.add_many(recs)
-    out = agg.finish_many(closed)
+    out = finish_many(agg, closed)
     assert [(r["step"], r.get("missing_ranks")) for r in out] == [(4, [1]), (5, None)]
     assert out[0]["values"]["train/grad_norm"] == 2.0
     _, late = agg.add_many(_frames([(1, 4, {"eval/score": 3.0}, 2)]))

@@ -14,6 +14,7 @@ from telemetry.daemon.downsample import Downsampler
 from telemetry.daemon.reductions import RANK_RULES, WINDOW_RULES, Reducer, parse
 from telemetry.daemon.sinks.base import Out
 from telemetry.shared import catalogue
+from aggregator_util import finish_many
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -64,7 +65,7 @@ def test_a_declared_metric_is_aggregated_and_downsampled_by_its_rules():
             recs.append(type("R", (), {"rank": rank, "step": step, "t_ns": 0, "parts": 1,
                                        "values": {"my/tokens_per_second": 500.0, "val/web/ppl": 3.0 + rank}})())
     done, _ = agg.add_many(recs)
-    rows = agg.finish_many(done)
+    rows = finish_many(agg, done)
     assert [r["values"]["my/tokens_per_second"] for r in rows] == [1000.0] * 4      # summed across the ranks
     assert [r["values"]["val/web/ppl"] for r in rows] == [4.0] * 4                 # the declared max
     ds = Downsampler(every_n_steps=4, overrides=cfg.aggregator.window_reductions)

@@ -24,6 +24,7 @@ from telemetry.daemon import loops as python_loops
 from telemetry.daemon.aggregator import Aggregator
 from telemetry.daemon.config import AggregatorConfig
 from telemetry.daemon.receiver import Receiver
+from aggregator_util import finish_many
 
 ROOT = Path(__file__).resolve().parents[1]
 native = pytest.mark.skipif(hotpath.native is None, reason="the C loops are not built here")
@@ -251,7 +252,7 @@ def test_aggregated_steps_with_c_equal_python(case):
     results = []
     for impl in (python_loops, hotpath.native):
         agg = Aggregator(AggregatorConfig(world_size=world, reductions=rules), loops=impl)
-        results.append(agg.finish_many(_close(agg, steps)))
+        results.append(finish_many(agg, _close(agg, steps)))
     assert len(results[0]) == len(steps)
     assert _same(results[1], results[0])
 
@@ -262,7 +263,7 @@ def test_reduction_returns_the_extreme_item_itself_and_the_first_slowest_rank(im
     big = 10**30                                  # an int: max() returns that very object
     steps = [{0: {"perf/step_time": 0.5, "m_max": big}, 1: {"perf/step_time": 0.7, "m_max": 1},
               2: {"perf/step_time": 0.7, "m_max": 2}}]
-    v = agg.finish_many(_close(agg, steps))[0]["values"]
+    v = finish_many(agg, _close(agg, steps))[0]["values"]
     assert v["m_max"] is big
     assert v["perf/step_time_max"] == 0.7 and v["perf/slowest_rank"] == 1     # the first to report it
 
@@ -272,7 +273,7 @@ def test_max_and_min_keep_the_first_of_equal_items(impl):
     agg = Aggregator(AggregatorConfig(world_size=2), loops=impl)
     steps = [{0: {"memory/max_allocated_gb": 0.0, "custom/n_min": -0.0},
               1: {"memory/max_allocated_gb": -0.0, "custom/n_min": 0.0}}]
-    v = agg.finish_many(_close(agg, steps))[0]["values"]
+    v = finish_many(agg, _close(agg, steps))[0]["values"]
     assert repr(v["memory/max_allocated_gb"]) == "0.0" and repr(v["custom/n_min"]) == "-0.0"
 
 
@@ -299,11 +300,11 @@ def _run_arrivals(impl, world: int, script: list) -> list:
     for batch, expire in script:
         recs = [_Rec(rank, step, t, dict.fromkeys(keys, value)) for rank, step, t, keys, value in batch]
         done, late = agg.add_many(recs)
-        seen.append((agg.finish_many(done), [(r.rank, r.step) for r in late]))
+        seen.append((finish_many(agg, done), [(r.rank, r.step) for r in late]))
         if expire:
-            seen.append(agg.finish_many(agg.expire(time.monotonic() + agg.cfg.step_timeout_s + 1)))
+            seen.append(finish_many(agg, agg.expire(time.monotonic() + agg.cfg.step_timeout_s + 1)))
         seen.append((sorted(agg.pending), agg.ranks_seen, agg.ranks_gone, dict(agg._misses), agg.num_records_late))
-    seen.append(agg.finish_many(agg.flush()))
+    seen.append(finish_many(agg, agg.flush()))
     return seen
 
 

@@ -12,6 +12,7 @@ from telemetry.daemon import loops as python_loops
 from telemetry.daemon.aggregator import Aggregator
 from telemetry.daemon.config import AggregatorConfig
 from telemetry.daemon.reductions import RANK_RULES, Reducer, parse
+from aggregator_util import add, finish_many
 
 LOOPS = [pytest.param(python_loops, id="python"),
          pytest.param(hotpath.native, id="c",
@@ -22,8 +23,8 @@ def _step(impl, rows: dict[int, dict]) -> dict:
     agg = Aggregator(AggregatorConfig(world_size=len(rows)), loops=impl)
     done = []
     for rank, values in rows.items():
-        done += agg.add(rank, 1, rank, values) or []
-    (rec,) = agg.finish_many(done)
+        done += add(agg, rank, 1, rank, values) or []
+    (rec,) = finish_many(agg, done)
     return rec["values"]
 
 

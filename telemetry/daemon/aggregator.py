@@ -31,7 +31,6 @@ from __future__ import annotations
 import heapq
 import time
 from collections import OrderedDict, deque
-from typing import NamedTuple
 
 from telemetry.daemon import hotpath
 from telemetry.daemon.config import AggregatorConfig
@@ -73,14 +72,6 @@ class StepAccumulator:
             partial[rank] = n
             return True
         return False
-
-
-class _Row(NamedTuple):
-    rank: int
-    step: int
-    t_ns: int
-    values: dict
-    parts: int = 1
 
 
 class Aggregator:
@@ -147,14 +138,7 @@ class Aggregator:
         self._misses.pop(rank, None)
         self._num_expected = self._recount()
 
-    # -- the per-record path -------------------------------------------------------------------
-    def add(self, rank: int, step: int, t_ns: int, values: dict, parts: int = 1) -> list[StepAccumulator] | None:
-        """Add one rank's metrics; return the steps this completes (oldest first), or None if
-        the record is late (its step went out without this rank): the caller writes it as the
-        rank's own record."""
-        done, late = self.add_many([_Row(rank, step, t_ns, values, parts)])
-        return None if late else done
-
+    # -- the hot path ---------------------------------------------------------------------------
     def add_many(self, recs: list) -> tuple[list[StepAccumulator], list]:
         """Add metrics records (anything with .rank, .step, .t_ns, .values, .parts) in order of
         arrival. Returns the steps they complete, oldest first, and the records that came late
@@ -287,14 +271,6 @@ class Aggregator:
         return done
 
     # -- once per batch of closed steps ---------------------------------------------------------
-    def finish(self, acc: StepAccumulator) -> dict:
-        """The aggregated record for a closed step (the JSONL schema)."""
-        return self.finish_many([acc])[0]
-
-    def finish_many(self, accs: list[StepAccumulator]) -> list[dict]:
-        """The aggregated records of closed steps, in the order given."""
-        return self.finish_batch(accs)[1]
-
     def finish_batch(self, accs: list[StepAccumulator]) -> tuple[StepBatch, list[dict]]:
         """The closed steps as one StepBatch (for the derived metrics), and their records: each
         metric reduced across ranks, with the straggler view; remembers which ranks each had."""

@@ -327,24 +327,15 @@ class InlineRunner(SinkRunner):
 
     def __init__(self, sink: Sink, max_queued: int = 100_000, flush_interval_s: float = 1.0,
                  downsampler=None, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
-        self.sink = sink
-        self.name = sink.name
-        self.max_queued = max_queued
-        self.max_bytes = max_bytes   # nothing is queued: kept for the same interface
-        self.num_dropped_for_bytes = 0
-        self._num_bytes = 0
-        self.downsampler = downsampler
-        self.num_in = self.num_written = self.num_dropped = self.num_errors = 0
-        self._sink_dropped_seen = 0
-        self.last_error = ""
-        self._num_queued = 0
-        self._started = False
+        # The base's counters and bounds (nothing is queued here; its thread is never started).
+        super().__init__(sink, max_queued, flush_interval_s, downsampler, max_bytes=max_bytes)
+        self._running = False        # the sink's start() returned
         self._closed = False
 
     def start(self) -> None:
         try:
             self.sink.start()
-            self._started = True
+            self._running = True
         except Exception as exc:
             self.last_error = f"start: {exc!r}"
             self.num_errors += 1
@@ -355,7 +346,7 @@ class InlineRunner(SinkRunner):
 
     def put(self, batch: list[Out], num_bytes: int | None = None) -> None:
         self.num_in += len(batch)
-        if not self._started or self._closed:
+        if not self._running or self._closed:
             self.num_dropped += len(batch)
             return
         if self.downsampler is not None:
@@ -365,11 +356,14 @@ class InlineRunner(SinkRunner):
     def request_stop(self) -> None:
         pass
 
+    def abandon(self, grace_s: float) -> None:
+        pass            # nothing is ever queued or in another thread's hands
+
     def close(self, timeout_s: float) -> bool:
         if self._closed:
             return True
         self._closed = True
-        if self._started:
+        if self._running:
             if self.downsampler is not None:
                 self._consume(self.downsampler.flush())
             self._call("flush")

@@ -1,0 +1,29 @@
+"""Test helpers over the aggregator's one API (add_many, finish_batch): one record at a time and
+the records of closed steps alone, as the tests want them; the daemon takes batches."""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+
+class Row(NamedTuple):
+    rank: int
+    step: int
+    t_ns: int
+    values: dict
+    parts: int = 1
+
+
+def add(agg, rank: int, step: int, t_ns: int, values: dict, parts: int = 1):
+    """One rank's metrics: the steps this completes (oldest first), or None if the record is
+    late (its step went out without this rank)."""
+    done, late = agg.add_many([Row(rank, step, t_ns, values, parts)])
+    return None if late else done
+
+
+def finish_many(agg, accs) -> list[dict]:
+    """The aggregated records of closed steps, in the order given."""
+    return agg.finish_batch(accs)[1]
+
+
+def finish(agg, acc) -> dict:
+    return finish_many(agg, [acc])[0]
