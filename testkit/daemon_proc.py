@@ -178,7 +178,7 @@ class DaemonProc:
 
 
 def _pieces(log_dir: Path) -> list[Path]:
-    from telemetry.daemon.sinks.jsonl import rotated_files
+    from telemetry.shared.jsonlines import rotated_files
 
     return rotated_files(log_dir)
 

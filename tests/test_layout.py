@@ -79,6 +79,19 @@ def test_the_product_never_imports_testkit_or_benchmarks():
     assert wrong == {}
 
 
+def test_consumers_and_the_client_side_import_nothing_of_the_daemon_package():
+    """Consumers attach from outside and read what the daemon wrote or publishes: they import
+    protocol/ and telemetry/shared/, never telemetry.daemon (issue 28, item 4); nor do the
+    client, the integrations or telemetry/shared itself, which the daemon imports."""
+    wrong = {}
+    for sub in ("consumers", "client", "integrations", "shared"):
+        for f in sorted((ROOT / "telemetry" / sub).rglob("*.py")):
+            bad = sorted(m for m in _imported_modules(f) if m == "telemetry.daemon" or m.startswith("telemetry.daemon."))
+            if bad:
+                wrong[str(f.relative_to(ROOT))] = bad
+    assert wrong == {}
+
+
 def test_testkit_is_not_installed():
     cfg = tomllib.loads((ROOT / "pyproject.toml").read_text())
     include = cfg["tool"]["setuptools"]["packages"]["find"]["include"]

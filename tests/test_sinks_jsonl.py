@@ -4,7 +4,8 @@ import json
 import msgspec
 
 from telemetry.daemon.sinks.base import Out
-from telemetry.daemon.sinks.jsonl import FILE_NAME, JsonlSink, repair_torn_tail, rotated_files
+from telemetry.daemon.sinks.jsonl import FILE_NAME, JsonlSink, repair_torn_tail
+from telemetry.shared.jsonlines import rotated_files
 
 
 def out(i):

@@ -11,7 +11,7 @@ import glob
 import pytest
 
 from telemetry.client import TelemetryClient
-from telemetry.daemon.sinks.wandb_sink import stable_run_id
+from telemetry.shared.wandb_ids import stable_run_id
 from wandb_offline import config, history_rows, run_ids, wait_finished
 
 pytest.importorskip("wandb")

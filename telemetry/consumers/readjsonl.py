@@ -72,7 +72,7 @@ def _parse(line: bytes, stats: ReadStats) -> dict | None:
 
 def read_records(log_dir: Path, stats: ReadStats | None = None) -> Iterator[dict]:
     """Every whole record of a run's metrics files, oldest first."""
-    from telemetry.daemon.sinks.jsonl import rotated_files
+    from telemetry.shared.jsonlines import rotated_files
 
     stats = stats if stats is not None else ReadStats()
     for path in rotated_files(Path(log_dir)):
@@ -156,7 +156,7 @@ class Follower:
         """What poll() returns, one record at a time (a long history is never a list in memory)."""
         if not self._started:
             self._started = True
-            from telemetry.daemon.sinks.jsonl import rotated_files
+            from telemetry.shared.jsonlines import rotated_files
 
             for path in rotated_files(self.log_dir):
                 if path.name != FILE_NAME:

@@ -75,9 +75,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run_id_for(log_dir: Path, run_name: str) -> str:
     """The live sink's W&B run id for this log dir: the one it wrote down, else the same derivation."""
-    from telemetry.daemon.sinks.wandb_sink import stable_run_id
-
     from telemetry.shared import files
+    from telemetry.shared.wandb_ids import stable_run_id
 
     text = files.read_small(log_dir / "wandb_run_id").strip()
     if text:

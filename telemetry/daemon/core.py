@@ -323,7 +323,7 @@ class Daemon:
         a burst waits in its queue, and at the drain it runs at full speed); it first reads what
         this log directory holds."""
         from telemetry.daemon.goodput_stage import GoodputStage
-        from telemetry.daemon.sinks.jsonl import FILE_NAME
+        from telemetry.shared.jsonlines import FILE_NAME
 
         # Without --per-rank the per-rank records go to it alone, for the per-rank ledgers
         # (goodput_stage.py), bounded like a sink queue (memory.py).

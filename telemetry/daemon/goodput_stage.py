@@ -84,7 +84,7 @@ class GoodputStage(Sink):
 
     def _open_seed(self, log_dir: Path, file_name: str) -> None:
         """Open what the files hold now (the daemon's thread, before it writes anything)."""
-        from telemetry.daemon.sinks.jsonl import rotated_files
+        from telemetry.shared.jsonlines import rotated_files
         from telemetry.shared import files
 
         for path in rotated_files(log_dir):

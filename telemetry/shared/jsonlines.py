@@ -3,7 +3,12 @@ beyond a bound: what the consumers (telemetry/consumers/readjsonl.py) and the da
 stage (reading the files a restarted daemon finds) both read it with."""
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
+
+# The daemon's output file in its log directory; rotated pieces are FILE_NAME.1, .2, ... (oldest
+# first), written by the JSONL sink (telemetry/daemon/sinks/jsonl.py).
+FILE_NAME = "metrics.jsonl"
 
 # Files are read in chunks, never whole. A line longer than MAX_LINE_BYTES is not one of the
 # daemon's records (a frame is at most 1 MiB of msgpack; its JSON line a few times that): it is
@@ -35,3 +40,17 @@ class Lines:
         if len(self.partial) > self.max_line_bytes:
             self.partial, self.skipping = b"", True
         return lines
+
+
+def rotated_files(log_dir: Path) -> list[Path]:
+    """All pieces of a run's metrics, oldest first: metrics.jsonl.1, .2, ..., metrics.jsonl."""
+    pieces = []
+    for p in Path(log_dir).glob(FILE_NAME + ".*"):
+        suffix = p.name[len(FILE_NAME) + 1:]
+        if suffix.isdigit():
+            pieces.append((int(suffix), p))
+    out = [p for _, p in sorted(pieces)]
+    current = Path(log_dir) / FILE_NAME
+    if current.exists():
+        out.append(current)
+    return out

@@ -30,11 +30,11 @@ from pathlib import Path
 
 from telemetry.daemon.sinks.base import Out, Sink, StartupError
 from telemetry.shared import files
+from telemetry.shared.jsonlines import FILE_NAME
 
 _line = attrgetter("line")
 log = logging.getLogger("telemetry.daemon.sinks.jsonl")
 
-FILE_NAME = "metrics.jsonl"
 # Room held on the log directory's file system for the final record and drain.json (a few KB
 # each) when the disk fills; released only at the end.
 RESERVE_NAME = ".telemetry-reserve"
@@ -97,20 +97,6 @@ def repair_torn_tail(path: Path) -> int:
             pos = start
         f.truncate(keep)
         return size - keep
-
-
-def rotated_files(log_dir: Path) -> list[Path]:
-    """All pieces of a run's metrics, oldest first: metrics.jsonl.1, .2, ..., metrics.jsonl."""
-    pieces = []
-    for p in log_dir.glob(FILE_NAME + ".*"):
-        suffix = p.name[len(FILE_NAME) + 1:]
-        if suffix.isdigit():
-            pieces.append((int(suffix), p))
-    out = [p for _, p in sorted(pieces)]
-    current = log_dir / FILE_NAME
-    if current.exists():
-        out.append(current)
-    return out
 
 
 class JsonlSink(Sink):

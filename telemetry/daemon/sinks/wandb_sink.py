@@ -36,7 +36,6 @@ own, and deletes the file; a file that never came or cannot be read is counted
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -48,6 +47,7 @@ from protocol.constants import CLIENT_TIME_KEY as OWN_TIME_KEY
 from telemetry.daemon.sinks.base import Out, Sink
 from telemetry.shared import files
 from telemetry.shared import media as shared_media
+from telemetry.shared.wandb_ids import stable_run_id
 
 log = logging.getLogger("telemetry.daemon.sinks.wandb")
 
@@ -88,10 +88,6 @@ def init_kwargs(init: dict) -> dict:
     if isinstance(tags, list) and tags and all(isinstance(t, str) for t in tags):
         out["tags"] = tags
     return out
-
-
-def stable_run_id(run_name: str) -> str:
-    return "tm-" + hashlib.sha1(run_name.encode()).hexdigest()[:12]
 
 
 class WandbSink(Sink):
