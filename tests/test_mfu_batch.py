@@ -87,3 +87,22 @@ def test_step_metrics_batch_is_step_metrics_columns_step_by_step(seq_len, peak, 
         assert len(got) == len(want)
         for g, w in zip(got, want):
             assert list(g) == list(w) and all(_same(g[k], w[k]) for k in w), (columns, got, want)
+
+
+@settings(max_examples=300, deadline=None)
+@given(VALUE)
+def test_one_positive_finite_for_the_hot_loops_and_a_hellos_figures(v):
+    # Issue 28: MFU's reading of a hello took True as 1 and "4096" as 4096 where the loops (and
+    # the C twin) refuse both; one definition now (telemetry.shared.numbers).
+    from telemetry.shared.numbers import positive_finite
+
+    assert (positive_finite(v) is not None) == loops._positive_finite(v), v
+    est = MfuEstimator.from_hello({"model": {**LLAMA, "seq_len": v}, "peak_flops": v, "device_name": "unknown"})
+    assert est.seq_len == (int(v) if positive_finite(v) is not None else 0), v
+    assert est.peak_flops_per_device == positive_finite(v), v
+
+
+def test_a_bool_or_a_string_in_a_hello_is_no_figure():
+    for v in (True, "4096", "1e15"):
+        est = MfuEstimator.from_hello({"model": {**LLAMA, "seq_len": v}, "peak_flops": v, "device_name": "unknown"})
+        assert est.seq_len == 0 and est.peak_flops_per_device is None, v

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from telemetry.shared import config as shared_config
+from telemetry.shared.numbers import is_int
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "launch" / "configs" / "tiny.yaml"
 SYNTHETIC_TASKS = ("copy", "reverse", "sort", "add")
@@ -240,7 +241,7 @@ class TrainConfig:
                    "model.attn_implementation=flash_attention_2 but flash_attn is not installed; use sdpa")
         max_pos = self.model.hf_config.get("max_position_embeddings")
         if max_pos is not None:
-            _check(isinstance(max_pos, int) and not isinstance(max_pos, bool),
+            _check(is_int(max_pos),
                    f"model.hf_config.max_position_embeddings must be int, got {max_pos!r}")
             _check(self.data.seq_len <= max_pos,
                    f"data.seq_len={self.data.seq_len} exceeds model.hf_config.max_position_embeddings={max_pos}")

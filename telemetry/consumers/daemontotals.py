@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from telemetry.shared.numbers import is_number
+
 # Counters that only grow within one daemon's life; the rest (queued, num_ranks, uptime) are levels.
 COUNTERS = ("telemetry/records_in", "telemetry/records_malformed", "telemetry/dropped",
             "telemetry/dropped_by_clients", "telemetry/lost_in_transit", "telemetry/sink_dropped",
@@ -25,7 +27,7 @@ SAME_START_PER_S = 1e-3
 
 
 def _num(v: Any) -> float | None:
-    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+    return float(v) if is_number(v) else None
 
 
 class DaemonTotals:

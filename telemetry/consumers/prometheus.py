@@ -61,6 +61,7 @@ from telemetry.consumers import httpaccess
 from telemetry.consumers.httpaccess import HTTP_TIMEOUT_S, BoundedConnections
 from telemetry.shared import catalogue
 from telemetry.shared.bookkeeping import is_bookkeeping
+from telemetry.shared.numbers import is_int, is_number
 
 DEFAULT_PORT = 9464  # the port OpenTelemetry's Prometheus exporter uses by convention
 PREFIX = "telemetry_"
@@ -347,7 +348,7 @@ class LatestValues:
             data = rec.get("data")
             step = data.get("step") if isinstance(data, dict) else None
             with self._lock:
-                if isinstance(step, int) and not isinstance(step, bool):
+                if is_int(step):
                     key = (name, step)
                     if key in self._events_seen:
                         return                      # another rank's word for the same event
@@ -371,7 +372,7 @@ class LatestValues:
                     self._note_run(_label_value(run))
             return      # otherwise config, not a time series
         elif kind == "bye":
-            if isinstance(rec.get("rank"), int) and not isinstance(rec.get("rank"), bool):
+            if is_int(rec.get("rank")):
                 with self._lock:
                     self._forget_rank(str(rec["rank"]))
             return
@@ -384,10 +385,10 @@ class LatestValues:
         with self._lock:
             self.num_records += 1
             t = rec.get("t")
-            if isinstance(t, (int, float)) and not isinstance(t, bool):
+            if is_number(t):
                 self.last_record_t = float(t)
             step = rec.get("step")
-            if kind == "metrics" and not per_rank and isinstance(step, int) and not isinstance(step, bool):
+            if kind == "metrics" and not per_rank and is_int(step):
                 self.step = step if self.step is None else max(self.step, step)
             for k, v in values.items():
                 if isinstance(v, bool) or not isinstance(v, (int, float)):

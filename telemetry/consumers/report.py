@@ -28,6 +28,7 @@ from typing import Any
 from telemetry.shared import files
 from telemetry.shared.config import nonempty_arg, writable_dir_problem
 from telemetry.shared.bookkeeping import is_bookkeeping
+from telemetry.shared.numbers import is_number
 
 # Plots draw at most this many points per line: a week-long run must still plot in seconds.
 MAX_POINTS = 4000
@@ -72,7 +73,7 @@ class RunData:
 
 
 def _is_number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
+    return is_number(v)
 
 
 def _is_num(v: Any) -> bool:

@@ -7,6 +7,8 @@ dashboard reads run.sh's drain.json, tail sees the PUB socket disconnect.
 """
 from __future__ import annotations
 
+from telemetry.shared.numbers import is_int
+
 
 class RunEnd:
     def __init__(self) -> None:
@@ -17,7 +19,7 @@ class RunEnd:
 
     def consume(self, kind: str, rec: dict) -> None:
         rank = rec.get("rank")
-        rank = rank if isinstance(rank, int) and not isinstance(rank, bool) else None
+        rank = rank if is_int(rank) else None
         if kind == "metrics":
             step = rec.get("step")
             if isinstance(step, int) and "rank" not in rec:

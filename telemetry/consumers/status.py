@@ -7,6 +7,7 @@ import sys
 
 from telemetry.shared.config import number_arg
 from telemetry.shared.endpoints import endpoint_arg
+from telemetry.shared.numbers import is_number
 
 # The longest a status or drain may be told to wait (a day): beyond, a typo, and libzmq's
 # timeouts are C ints of milliseconds.
@@ -97,4 +98,4 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _n(v: object, spec: str) -> str:
-    return format(v, spec) if isinstance(v, (int, float)) and not isinstance(v, bool) else str(v)
+    return format(v, spec) if is_number(v) else str(v)

@@ -26,6 +26,7 @@ from telemetry.consumers.terminal import printable, printable_record
 from telemetry.shared.goodput import top_loss as goodput_top_loss
 from telemetry.shared.endpoints import endpoint_arg
 from telemetry.shared.bookkeeping import is_bookkeeping
+from telemetry.shared.numbers import is_number
 
 # Points kept for the sparklines (one per step).
 HISTORY = 120
@@ -231,7 +232,7 @@ def _bar(frac: float | None, width: int = 16) -> Any:
 
 def _num(d: dict, key: str) -> float | None:
     v = d.get(key)
-    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+    return float(v) if is_number(v) else None
 
 
 def _fmt(v: float | None, spec: str, unit: str = "") -> str:

@@ -21,6 +21,7 @@ from operator import truediv
 from typing import Callable
 
 from telemetry.daemon.reductions import reduce_column  # noqa: F401  (one of the twins)
+from telemetry.shared.numbers import EXACT_INT_LIMIT
 
 # One row of tally's per-source accounting: (src, rank, count, min_seq, dropped_at_min, max_seq, max_dropped).
 SrcRow = tuple[int, int, int, int, int, int, int]
@@ -140,7 +141,7 @@ def _cells(records: list, ranks: tuple) -> dict[str, tuple]:
 
 
 # Below 2**53 an int is a double exactly, so n / t in doubles is Python's n / t (the C twin's).
-_EXACT_INT_LIMIT = 2**53
+_EXACT_INT_LIMIT = EXACT_INT_LIMIT   # (telemetry.shared.numbers.positive_finite, inlined below)
 _INF = float("inf")
 
 

@@ -56,13 +56,13 @@ over the ranks that reported (n_ranks = world size when all did), the PaLM/Megat
 from __future__ import annotations
 
 import logging
-import math
 from dataclasses import dataclass, field
 from operator import truediv
 from typing import Any, Mapping, Sequence
 
 from telemetry.daemon import loops
 from telemetry.daemon.peaks import normalize_dtype, peak_flops
+from telemetry.shared.numbers import positive_finite
 
 log = logging.getLogger("telemetry.daemon.mfu")
 
@@ -321,14 +321,6 @@ def hardware_flops(hf_config: Any, num_tokens: int, sum_doc_len_sq: int, causal:
     return total
 
 
-def _finite_positive(value: Any) -> float | None:
-    try:
-        v = float(value)
-    except (TypeError, ValueError):
-        return None
-    return v if math.isfinite(v) and v > 0 else None
-
-
 @dataclass(frozen=True, slots=True)
 class MfuEstimator:
     """Per-step MFU/HFU for the daemon, built once from a rank's hello.
@@ -369,10 +361,10 @@ class MfuEstimator:
         except (ValueError, TypeError) as exc:
             log.warning("MFU disabled: %s", exc)
             shape = None
-        seq_len = int(_finite_positive(model.get("seq_len")) or 0)
+        seq_len = int(positive_finite(model.get("seq_len")) or 0)
         reported = dtype_override or str(model.get("dtype", "bf16"))
         dtype = normalize_dtype(reported) or reported
-        peak = _finite_positive(peak_override) or _finite_positive(info.get("peak_flops"))
+        peak = positive_finite(peak_override) or positive_finite(info.get("peak_flops"))
         if peak is None and shape is not None:
             peak = peak_flops(str(info.get("device_name", "unknown")), dtype)
         return cls(shape=shape, seq_len=seq_len, causal=halve_causal and bool(model.get("causal", True)),
@@ -453,10 +445,10 @@ class MfuEstimator:
         token_rate = sq_rate = 0.0
         num_ranks = 0
         for i, (n, t) in enumerate(zip(tokens, step_times)):
-            n, t = _finite_positive(n), _finite_positive(t)
+            n, t = positive_finite(n), positive_finite(t)
             if n is None or t is None:
                 continue
-            sq = _finite_positive(doc_sq[i]) if doc_sq is not None else None
+            sq = positive_finite(doc_sq[i]) if doc_sq is not None else None
             if sq is None:
                 if self.seq_len <= 0:
                     continue

@@ -34,6 +34,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
+from telemetry.shared.numbers import is_int, is_number
+
 T = TypeVar("T")
 
 # The largest int a config key may hold: every count or size ends up in a C long (libzmq,
@@ -118,7 +120,7 @@ def _coerce(value: Any, hint: Any, key: str) -> Any:
                 value = float(value)
             except ValueError:
                 pass
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if is_number(value):
             try:
                 value = float(value)
             except OverflowError:   # an int beyond any float
@@ -130,7 +132,7 @@ def _coerce(value: Any, hint: Any, key: str) -> Any:
             return value
         raise _wrong(key, "float", value)
     if hint is int:
-        if isinstance(value, int) and not isinstance(value, bool):
+        if is_int(value):
             if not -MAX_INT - 1 <= value <= MAX_INT:
                 raise ConfigError(f"config key {key!r} is out of range (a 64-bit integer), got {_describe(value)}")
             return value

@@ -71,6 +71,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
+from telemetry.shared.numbers import is_int, is_number
+
 BUCKETS = ("productive", "startup", "data_loading", "eval", "checkpoint_save", "checkpoint_restore", "straggler",
            "hang", "redone", "recovery", "telemetry", "unexplained")
 CLIENT_TIME_KEY = "telemetry/client_s"   # protocol.constants.CLIENT_TIME_KEY (not imported: no zmq here)
@@ -102,7 +104,7 @@ def _num(v: Any) -> float | None:
     t = type(v)
     if t is float:
         return v if v == v else None
-    return float(v) if t is int or (isinstance(v, (int, float)) and not isinstance(v, bool) and v == v) else None
+    return float(v) if t is int or (is_number(v) and v == v) else None
 
 
 def _add(a: tuple, b: tuple, sign: float = 1.0) -> tuple:
@@ -285,7 +287,7 @@ class Ledger:
         if kind == "event":
             data = rec.get("data") if isinstance(rec.get("data"), dict) else {}
             step, dur = data.get("step"), _num(data.get("duration_s"))
-            step = step if isinstance(step, int) and not isinstance(step, bool) else None
+            step = step if is_int(step) else None
             if name == "checkpoint_saved" and step is not None and dur is not None:
                 cur.add_save(step, t, dur)
             elif name == "checkpoint_restored" and dur is not None:

@@ -40,6 +40,7 @@ from telemetry.consumers.events import EventGroups
 from telemetry.consumers.runend import RunEnd
 from telemetry.consumers.series import gap_threshold, insert_gaps, last_per_x, minmax_downsample
 from telemetry.shared.bookkeeping import is_bookkeeping
+from telemetry.shared.numbers import is_int, is_number
 
 STEP, TIME = "step", "time"
 # Events sent to a page: the latest ones (the list scrolls; markers beyond it add nothing).
@@ -234,7 +235,7 @@ class RunStore:
         events: list = []
         kind = rec.get("kind")
         t = rec.get("t")
-        t = float(t) if isinstance(t, (int, float)) and not isinstance(t, bool) else None
+        t = float(t) if is_number(t) else None
         values = rec.get("values") if isinstance(rec.get("values"), dict) else {}
         with self.lock:
             self.num_records += 1
@@ -295,7 +296,7 @@ class RunStore:
 
     def _step_for(self, data: dict, t: float | None) -> int | None:
         step = data.get("step")
-        if isinstance(step, int) and not isinstance(step, bool):
+        if is_int(step):
             return step
         if t is None or not self._step_t:
             return self.last_step

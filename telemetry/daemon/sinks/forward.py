@@ -40,6 +40,7 @@ import zmq
 from protocol import KIND_EVENT, KIND_HELLO, KIND_METRICS, PROTOCOL_VERSION, encode_bye
 from telemetry.daemon.sinks.base import Out, Sink
 from telemetry.daemon.sinks.config import SinkConfig
+from telemetry.shared.numbers import is_number
 
 log = logging.getLogger("telemetry.daemon.sinks.forward")
 
@@ -189,7 +190,7 @@ class ForwardSink(Sink):
             return
         has_model = isinstance(info.get("model"), dict)
         started = info.get("started_at")
-        started = float(started) if isinstance(started, (int, float)) and not isinstance(started, bool) else None
+        started = float(started) if is_number(started) else None
         first, last_step = self._launch_started, self._last_step_ns / 1e9
         new_launch = started is not None and (first is None or (last_step > first and started > last_step))
         if not new_launch and (has_model and self._hello_sent_with_model or not has_model):
@@ -280,7 +281,7 @@ def _t_ns(rec: dict) -> int:
 
 def _numbers(values: dict) -> dict:
     # JSON null (a non-finite float on the node) and non-numbers cannot travel as metric values.
-    return {k: v for k, v in values.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    return {k: v for k, v in values.items() if is_number(v)}
 
 
 def _device_peak(info: dict) -> float | None:

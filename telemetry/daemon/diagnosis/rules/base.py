@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from telemetry.daemon.diagnosis.config import DiagnosisConfig
+from telemetry.shared.numbers import is_int, is_number
 
 
 @dataclass(slots=True)
@@ -95,12 +96,12 @@ def complete(record: dict) -> bool:
 
 def step_of(record: dict) -> int | None:
     s = record.get("step")
-    return s if isinstance(s, int) and not isinstance(s, bool) else None
+    return s if is_int(s) else None
 
 
 def t_of(record: dict) -> float:
     t = record.get("t")
-    return float(t) if isinstance(t, (int, float)) and not isinstance(t, bool) else 0.0
+    return float(t) if is_number(t) else 0.0
 
 
 def past_warmup(record: dict, cfg: DiagnosisConfig) -> bool:

@@ -14,13 +14,14 @@ from typing import Callable
 
 from telemetry.daemon.diagnosis.config import DiagnosisConfig
 from telemetry.daemon.diagnosis.rules.base import Finding, Rule, step_of
+from telemetry.shared.numbers import is_int
 
 _HINT = ("hung in a collective (NCCL), stuck in the data loader or a long checkpoint, or dead; "
          "py-spy dump --pid on that rank shows where")
 
 
 def _rank(v: object) -> int | None:
-    return v if isinstance(v, int) and not isinstance(v, bool) else None
+    return v if is_int(v) else None
 
 
 class RankStopped(Rule):
