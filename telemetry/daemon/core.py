@@ -326,8 +326,10 @@ class Daemon:
         from telemetry.shared.jsonlines import FILE_NAME
 
         # Without --per-rank the per-rank records go to it alone, for the per-rank ledgers
-        # (goodput_stage.py), bounded like a sink queue (memory.py).
-        rank_bytes = 0 if self.cfg.aggregator.per_rank else self.budget.sink_queue_bytes // 4
+        # (goodput_stage.py), bounded like a sink queue (memory.py). Not on a head (remote
+        # ingest): its "ranks" are nodes, thousands of them, whose own daemons keep their ranks'.
+        rank_bytes = (0 if self.cfg.aggregator.per_rank or self.cfg.remote_ingest
+                      else self.budget.sink_queue_bytes // 4)
         self.goodput = GoodputStage(self.log_dir, FILE_NAME, rank_bytes_max=rank_bytes)
         self.runners.append(SinkRunner(self.goodput, max_queued=100_000, max_share=GOODPUT_MAX_SHARE,
                                        max_bytes=self.budget.sink_queue_bytes))
@@ -516,7 +518,7 @@ class Daemon:
         if not self.cfg.aggregator.per_rank:
             for rec in late:
                 self._emit_rank(rec, late=True)   # its step went out without it; keep it
-            if self.goodput is not None:          # before their steps go out (goodput_stage.py)
+            if self.goodput is not None and self.goodput.rank_bytes_max:   # before their steps go out
                 if late:
                     late_ids = set(map(id, late))
                     recs = [r for r in recs if id(r) not in late_ids]

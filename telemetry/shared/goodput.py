@@ -229,6 +229,20 @@ class Ledger:
             self.feed(rec)
         return self
 
+    def own_step(self, step: int, t: float, parts: tuple | None, client_s: float | None) -> None:
+        """What feed() does with an aggregated step record, given its parts (step_parts) and
+        telemetry/client_s: RankBooks' path for a rank's own step, without a record to build."""
+        self.num_records += 1
+        if not self.launches:
+            return
+        cur = self.launches[-1]
+        if t > cur.last_t:
+            cur.last_t = t
+        if parts is not None:
+            cur.add_step(step, t, parts)
+        if client_s is not None and client_s > cur.client_s:
+            cur.client_s = client_s
+
     def feed(self, rec: dict) -> None:
         self.num_records += 1
         if type(rec) is not dict:
@@ -441,15 +455,20 @@ class RankBooks:
             return
         slow = _num(values.get("perf/straggler_rank"))
         excess = _num(values.get("perf/straggler_excess_s")) or 0.0
+        if excess < 0.0:
+            excess = 0.0
         for rank, (t, own) in at.items():
-            mine = {k: own[k] for k in ("perf/step_time", "perf/data_loading_time", "perf/eval_time",
-                                        CLIENT_TIME_KEY) if k in own}
-            book = self._book(rank, t, _num(mine.get("perf/step_time")) or 0.0)
+            get = own.get
+            st = _num(get("perf/step_time"))
+            book = self._book(rank, t, st or 0.0)
             if book is None:
                 continue
-            if excess > 0 and slow is not None and slow != rank:
-                mine["perf/straggler_excess_s"] = excess
-            book.feed({"kind": "metrics", "t": t, "step": step, "values": mine})
+            parts = None
+            if st is not None:       # step_parts of the rank's own figures, the wait for another rank its straggler
+                data = min(st, _num(get("perf/data_loading_time")) or 0.0)
+                strag = min(st - data, excess) if excess and slow is not None and slow != rank else 0.0
+                parts = (st, st - data - strag, data, strag, _num(get("perf/eval_time")) or 0.0)
+            book.own_step(step, t, parts, _num(get(CLIENT_TIME_KEY)))
 
     def other(self, rec: dict) -> None:
         """A hello, event or bye: to the ledger of the rank it is of (a rank_exited event is of
