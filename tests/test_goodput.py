@@ -773,3 +773,24 @@ def test_per_rank_ledgers_that_begin_mid_run_say_since_when_and_join_what_came_b
     for rl in (r0, r1):
         assert sum(rl["buckets_s"].values()) == pytest.approx(rl["wall_s"], abs=1e-9)
         assert rl["goodput"] == pytest.approx(rl["buckets_s"]["productive"] / rl["wall_s"])
+
+
+def test_per_rank_ledgers_the_daemon_kept_are_read_back_with_what_they_could_not_count(tmp_path):
+    """goodput_ranks.json as the stage writes it: `telemetry goodput` (with_ranks_file) shows its
+    ledgers where the files hold no per-rank records, and says when they are incomplete; a file
+    that is not one is said, not a traceback."""
+    from telemetry.shared.goodput import RANKS_FILE, ranks_file_data, with_ranks_file
+
+    b = {k: 0.0 for k in BUCKETS}
+    b.update(productive=8.0, data_loading=2.0)
+    ranks = {0: {"goodput": 0.8, "wall_s": 10.0, "steps": 10, "launches": 1, "until": T0 + 10, "buckets_s": b}}
+    (tmp_path / RANKS_FILE).write_bytes(ranks_file_data(ranks, T0 + 11, {"rank_records_dropped": 120}))
+    led = ledger([_hello(T0, 0, T0)] + [_step(T0 + s, s, 1.0) for s in range(1, 11)])
+    assert "ranks" not in led
+    full = with_ranks_file(led, tmp_path)
+    assert full["ranks"] == {0: {**ranks[0], "goodput": pytest.approx(0.8)}} and full["ranks_from"] == RANKS_FILE
+    assert full["rank_records_dropped"] == 120
+    assert "incomplete: rank_records_dropped 120" in text(full) and "rank 0" in text(full)
+    (tmp_path / RANKS_FILE).write_text('{"t": 1, "ranks": {"0": {"wall_s": "x"}}}')
+    bad = with_ranks_file(led, tmp_path)
+    assert "ranks" not in bad and "not a per-rank ledger file" in bad["ranks_file_problem"]

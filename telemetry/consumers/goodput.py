@@ -51,6 +51,8 @@ def run(args: argparse.Namespace) -> int:
     stats = ReadStats()
     led = with_ranks_file(ledger(read_records(log_dir, stats)), log_dir)
     print("\n".join(printable(line) for line in text(led, Path(args.run_dir).name).split("\n")))
+    if led.get("ranks_file_problem"):
+        print(f"telemetry goodput: per-rank ledgers not read: {printable(led['ranks_file_problem'])}", file=sys.stderr)
     if args.json:
         try:
             Path(args.json).write_text(json.dumps(led, indent=1) + "\n")

@@ -663,7 +663,7 @@ tr.critical td {{ background: #ffebee; }} figure {{ margin: 1em 0; }} img {{ max
 def _goodput_html(led: dict[str, Any]) -> str:
     """Where the run's wall-clock time went: the goodput ledger's buckets, the biggest loss first,
     with what to do about it."""
-    from telemetry.shared.goodput import ADVICE, BUCKETS, lowest_first
+    from telemetry.shared.goodput import ADVICE, BUCKETS, lowest_first, rank_counters
 
     wall = led.get("wall_s") or 0.0
     if not wall:
@@ -678,7 +678,10 @@ def _goodput_html(led: dict[str, Any]) -> str:
     ranks = ""
     if led.get("ranks"):    # each rank's own ledger, the lowest first
         shown = lowest_first(led["ranks"])
-        ranks = ("<h3>Per rank (from its own process start), the lowest goodput first</h3><table>"
+        lost = rank_counters(led)
+        note = ("<p class='dim'>incomplete: " + e(", ".join(f"{k} {v:,}" for k, v in lost.items()))
+                + " (per-rank records the per-rank ledgers could not count)</p>") if lost else ""
+        ranks = ("<h3>Per rank (from its own process start), the lowest goodput first</h3>" + note + "<table>"
                  "<tr><th>rank</th><td>goodput</td><td>waited for other ranks</td><td>data loading</td>"
                  "<td>wall time</td></tr>" + "\n".join(
                      f"<tr><th>{e(str(r))}</th><td>{100 * (rl['goodput'] or 0.0):.1f} %</td>"

@@ -23,6 +23,7 @@ had steps begins them anew (RankBooks.begin_partial: each says `since` when).
 from __future__ import annotations
 
 import logging
+import math
 import os
 import threading
 import time
@@ -33,7 +34,8 @@ from typing import Any, BinaryIO
 import msgspec
 
 from telemetry.daemon.sinks.base import Out, Sink
-from telemetry.shared.goodput import BUCKETS, RANKS_FILE, Ledger, ranks_file_data, read_ranks_file
+from telemetry.shared.goodput import (BATCH_PENDING_STEPS, BUCKETS, RANKS_FILE, Ledger, rank_counters,
+                                      ranks_file_data, read_ranks_file)
 
 log = logging.getLogger("telemetry.daemon")
 
@@ -75,6 +77,8 @@ class GoodputStage(Sink):
         self._rank_bytes_out = 0       # written by this stage's thread only
         self.num_rank_dropped = 0      # per-rank records that did not fit (the daemon's thread)
         self._ranks_path = Path(log_dir) / RANKS_FILE if log_dir is not None and rank_bytes_max else None
+        if rank_bytes_max:             # a batch's per-rank records come before its steps
+            self.ledger.ranks.max_pending = BATCH_PENDING_STEPS
         self._ranks_written_at = 0.0   # time.monotonic() of the last write
         self._ranks_fed = -1           # records the ledger had been fed at the last write
         self.num_rank_fed = 0          # per-rank records handed to it and fed
@@ -149,12 +153,18 @@ class GoodputStage(Sink):
         self._rank_bytes_in += num_bytes
         self._ranks_in.append((recs, num_bytes))
 
-    def _take_ranks(self) -> None:
+    def _take_ranks(self, through_step: float) -> None:
         """The per-rank records handed over, to the per-rank ledgers alone (the job's ledger is
-        what the files give: it never sees them)."""
+        what the files give: it never sees them): each ingest batch's that may hold a record of
+        a step up to `through_step` (its lowest step is not beyond it), before the steps close.
+        Those beyond wait their turn (a stage that lags holds them in the bounded queue, not in
+        the ledgers' pending steps)."""
         q, rank_step = self._ranks_in, self.ledger.ranks.rank_step
         while q:
-            recs, num_bytes = q.popleft()
+            recs, num_bytes = q[0]
+            if recs and min(r.step for r in recs) > through_step:
+                break
+            q.popleft()
             self.num_rank_fed += len(recs)
             for i in range(0, len(recs), LOCK_RECORDS):
                 with self._lock:
@@ -163,9 +173,12 @@ class GoodputStage(Sink):
             self._rank_bytes_out += num_bytes
 
     def consume(self, batch: list[Out]) -> None:
+        recs = [o.record for o in batch if o.kind in _FED]
         if self._ranks_in:
-            self._take_ranks()
-        self._feed([o.record for o in batch if o.kind in _FED])
+            steps = [r["step"] for r in recs if r["kind"] == "metrics" and "rank" not in r and type(r.get("step")) is int]
+            if steps:
+                self._take_ranks(max(steps))
+        self._feed(recs)
 
     def _feed(self, recs: list[dict]) -> None:
         """Feed records, a few at a time under the lock: the daemon's thread takes it to read the
@@ -182,6 +195,8 @@ class GoodputStage(Sink):
             self._write_ranks()
 
     def close(self) -> None:
+        if self._ranks_in:
+            self._take_ranks(math.inf)     # steps that never closed: counted unmatched
         if self._ranks_path is not None and self.num_rank_fed and self.ledger.num_records != self._ranks_fed:
             self._write_ranks()
 
@@ -192,10 +207,13 @@ class GoodputStage(Sink):
         with self._lock:
             self._ranks_written_at, self._ranks_fed = time.monotonic(), self.ledger.num_records
             ranks = self.ledger.ranks.result()
+            counters = {"rank_records_dropped": self.num_rank_dropped,
+                        "rank_records_not_kept": self.ledger.ranks.num_ranks_not_kept,
+                        "rank_steps_unmatched": self.ledger.ranks.num_steps_unmatched}
         if not ranks:
             return
         try:
-            files.write_file(self._ranks_path, ranks_file_data(ranks, time.time()))
+            files.write_file(self._ranks_path, ranks_file_data(ranks, time.time(), rank_counters(counters)))
         except OSError as exc:
             if not self._ranks_warned:
                 self._ranks_warned = True
@@ -220,6 +238,7 @@ class GoodputStage(Sink):
         if led.get("ranks"):     # per rank: its goodput
             out["ranks"] = {str(r): round(rl["goodput"], 4) if rl["goodput"] is not None else None
                             for r, rl in led["ranks"].items()}
+        out.update(rank_counters(led))   # per-rank records the per-rank ledgers could not take, counted
         out["records_seeded"] = self.num_seeded
         if self.num_bad:
             out["seed_lines_bad"] = self.num_bad

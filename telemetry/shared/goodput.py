@@ -374,6 +374,9 @@ class Ledger:
 # a step's per-rank records as they come, the step once all ranks have it), the most ranks kept,
 # and the steps each rank's ledger keeps one by one (RECENT for the job's).
 PENDING_STEPS = 64
+# ... where the daemon hands the goodput stage a whole ingest batch of per-rank records before the
+# batch's steps (goodput_stage.py): ~0.1 KB each held, 8 ranks x 4,096 steps ~ 3 MB.
+BATCH_PENDING_STEPS = 4096
 EARLY_EVENTS = 16       # a rank's events kept until its first step (its restore among them)
 MAX_RANK_BOOKS = 256
 RANK_RECENT = 64
@@ -387,9 +390,12 @@ class RankBooks:
     its compute or its data loading). Each rank's wall time runs from its own process start to
     its last record; goodput = its productive / its wall."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_pending: int = PENDING_STEPS) -> None:
         self.books: dict[int, Ledger] = {}
-        self.pending: dict[int, dict[int, tuple[float, dict]]] = {}   # step -> rank -> (t, values)
+        # step -> rank -> (t, step time, data loading, eval, client time): its figures, until the
+        # step's aggregated record comes (at most max_pending steps held; beyond, counted)
+        self.pending: dict[int, dict[int, tuple]] = {}
+        self.max_pending = max_pending
         self._hellos: dict[int, dict] = {}      # rank -> its last hello, until its book exists
         self._early: dict[int, list[dict]] = {}  # rank -> its events before then (a restore), in order
         # Set by begin_partial: the books begin now, not with the run (see there); rank -> when
@@ -443,11 +449,12 @@ class RankBooks:
         pending = self.pending
         at = pending.get(step)
         if at is None:
-            if len(pending) >= PENDING_STEPS:
-                oldest = min(pending)
-                self.num_steps_unmatched += len(pending.pop(oldest))
+            if len(pending) >= self.max_pending:     # the longest held (steps come in order)
+                self.num_steps_unmatched += len(pending.pop(next(iter(pending))))
             at = pending[step] = {}
-        at[rank] = (t, values)
+        get = values.get      # what its ledger needs of it, not the record (held in bulk while steps close)
+        at[rank] = (t, _num(get("perf/step_time")), _num(get("perf/data_loading_time")),
+                    _num(get("perf/eval_time")), _num(get(CLIENT_TIME_KEY)))
 
     def step_closed(self, step: int, values: dict) -> None:
         at = self.pending.pop(step, None)
@@ -457,18 +464,16 @@ class RankBooks:
         excess = _num(values.get("perf/straggler_excess_s")) or 0.0
         if excess < 0.0:
             excess = 0.0
-        for rank, (t, own) in at.items():
-            get = own.get
-            st = _num(get("perf/step_time"))
+        for rank, (t, st, data, eval_s, client_s) in at.items():
             book = self._book(rank, t, st or 0.0)
             if book is None:
                 continue
             parts = None
             if st is not None:       # step_parts of the rank's own figures, the wait for another rank its straggler
-                data = min(st, _num(get("perf/data_loading_time")) or 0.0)
+                data = min(st, data or 0.0)
                 strag = min(st - data, excess) if excess and slow is not None and slow != rank else 0.0
-                parts = (st, st - data - strag, data, strag, _num(get("perf/eval_time")) or 0.0)
-            book.own_step(step, t, parts, _num(get(CLIENT_TIME_KEY)))
+                parts = (st, st - data - strag, data, strag, eval_s or 0.0)
+            book.own_step(step, t, parts, client_s)
 
     def other(self, rec: dict) -> None:
         """A hello, event or bye: to the ledger of the rank it is of (a rank_exited event is of
@@ -533,15 +538,25 @@ RANKS_FILE = "goodput_ranks.json"
 RANKS_FILE_MAX_BYTES = 16 << 20
 
 
-def ranks_file_data(ranks: dict[int, dict], t: float) -> bytes:
+# Per-rank records the per-rank ledgers did not count (said with them, never lost in silence).
+RANK_COUNTERS = ("rank_records_dropped", "rank_records_not_kept", "rank_steps_unmatched")
+
+
+def ranks_file_data(ranks: dict[int, dict], t: float, counters: dict[str, int] | None = None) -> bytes:
     import json
 
-    return (json.dumps({"t": t, "ranks": {str(r): v for r, v in ranks.items()}}, indent=1) + "\n").encode()
+    doc = {"t": t, "ranks": {str(r): v for r, v in ranks.items()}, **(counters or {})}
+    return (json.dumps(doc, indent=1) + "\n").encode()
+
+
+def rank_counters(led: dict[str, Any]) -> dict[str, int]:
+    """The RANK_COUNTERS of a ledger's result that are not zero."""
+    return {k: led[k] for k in RANK_COUNTERS if led.get(k)}
 
 
 def read_ranks_file(path) -> tuple[dict[int, dict] | None, str]:
     """The per-rank ledgers in a RANKS_FILE: (rank -> ledger, "") or (None, why not). Only
-    well-formed entries: numbers where numbers go, every bucket."""
+    well-formed entries: numbers where numbers go, every bucket. (Its counters: ranks_file_counters.)"""
     import json
 
     from telemetry.shared import files
@@ -593,6 +608,17 @@ def ledger(records: Iterable[dict]) -> dict[str, Any]:
     return Ledger().feed_all(records).result()
 
 
+def ranks_file_counters(path) -> dict[str, int]:
+    """A RANKS_FILE's RANK_COUNTERS (what its ledgers did not count), the well-formed ones."""
+    import json
+
+    try:
+        doc = json.loads(path.read_bytes()[:RANKS_FILE_MAX_BYTES])
+        return {k: int(doc[k]) for k in RANK_COUNTERS if isinstance(doc.get(k), int) and not isinstance(doc[k], bool)}
+    except (OSError, ValueError, TypeError, AttributeError):
+        return {}
+
+
 def with_ranks_file(led: dict[str, Any], log_dir) -> dict[str, Any]:
     """A run's ledger from its files, with the per-rank ledgers the daemon kept (RANKS_FILE)
     where the files hold no per-rank records; `ranks_from` says so, `ranks_file_problem` why a
@@ -603,7 +629,7 @@ def with_ranks_file(led: dict[str, Any], log_dir) -> dict[str, Any]:
         return led
     ranks, why = read_ranks_file(Path(log_dir) / RANKS_FILE)
     if ranks:
-        led = {**led, "ranks": ranks, "ranks_from": RANKS_FILE}
+        led = {**led, "ranks": ranks, "ranks_from": RANKS_FILE, **ranks_file_counters(Path(log_dir) / RANKS_FILE)}
     elif why:
         led = {**led, "ranks_file_problem": why}
     return led
@@ -630,6 +656,10 @@ def text(led: dict[str, Any], name: str = "") -> str:
         shown = lowest_first(ranks)
         lines.append(f"per rank (from its own process start to its last record; {len(ranks)} rank(s), "
                      f"the lowest goodput first{', 8 shown' if len(ranks) > 8 else ''}):")
+        lost = rank_counters(led)
+        if lost:
+            lines.append("  (incomplete: " + ", ".join(f"{k} {v:,}" for k, v in lost.items())
+                         + " — per-rank records the per-rank ledgers could not count)")
         for rank, rl in shown[:8]:
             rb = rl["buckets_s"]
             worst = max((k for k in BUCKETS if k != "productive"), key=lambda k: rb[k])
