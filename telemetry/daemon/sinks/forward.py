@@ -281,7 +281,8 @@ def _t_ns(rec: dict) -> int:
 
 def _numbers(values: dict) -> dict:
     # JSON null (a non-finite float on the node) and non-numbers cannot travel as metric values.
-    return {k: v for k, v in values.items() if is_number(v)}
+    # Per value of every forwarded step: numbers.is_number's test inlined (no call per value).
+    return {k: v for k, v in values.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
 
 
 def _device_peak(info: dict) -> float | None:
