@@ -84,6 +84,60 @@ const GROUPS = [
 ];
 const CHARTS = GROUPS.flatMap((g) => g.charts);
 
+// Every other series a run logs (a script's own keys: acc, val/loss, nested/...) and every GPU
+// and host series no built-in chart draws: a chart per name, in a section per prefix (the part
+// before the first "/"; names without one under "Other metrics"), after the built-in groups. A
+// name's per-host or per-rank series (name@...) share its chart. The daemon's own counters
+// (time-axis names of its daemon records) stay in the Telemetry section. Recomputed only when
+// the set of names grows.
+const baseOf = (k) => k.split("@")[0];
+const builtIn = (k) => CHARTS.some((c) => c.match(k));
+const NOT_CHARTED = (k) => k.startsWith("system/cpu_percent_core");   // one series per core: not drawn
+function autoGroups() {
+  let numKeys = 0;
+  for (const id of state.order) numKeys += Object.keys(state.runs[id].series).length;
+  const sig = state.order.join(",") + ":" + numKeys;
+  if (state.auto && state.auto.sig === sig) return state.auto.groups;
+  const axes = new Map();          // name -> its axis
+  for (const id of state.order) {
+    for (const [k, s] of Object.entries(state.runs[id].series)) {
+      if (NOT_CHARTED(k) || builtIn(k)) continue;
+      if (s.axis === "time" && !k.includes("@")) continue;   // the daemon's own counters: the Telemetry section
+      const b = baseOf(k);
+      if (!axes.has(b)) axes.set(b, s.axis);
+    }
+  }
+  const byPrefix = new Map();
+  for (const b of [...axes.keys()].sort((x, y) => x.localeCompare(y, "en", { numeric: true }))) {
+    const prefix = b.includes("/") ? b.split("/")[0] + "/" : "";
+    if (!byPrefix.has(prefix)) byPrefix.set(prefix, []);
+    byPrefix.get(prefix).push({
+      id: "auto-" + b, title: b, axis: axes.get(b), auto: true,
+      match: (k) => baseOf(k) === b && !NOT_CHARTED(k) && !builtIn(k),
+      label: (k) => afterAt(k) || (b.includes("/") ? b.slice(b.lastIndexOf("/") + 1) : b),
+      points: (k) => sparse(k),     // a few points (an eval every N steps): markers, not a line to nowhere
+    });
+  }
+  const groups = [...byPrefix.entries()]
+    .sort(([a], [b]) => (a === "" ? 1 : b === "" ? -1 : a.localeCompare(b)))
+    .map(([prefix, charts]) => ({ title: prefix ? `${prefix} (logged by the run)` : "Other metrics (logged by the run)",
+                                  charts, auto: true }));
+  state.auto = { sig, groups };
+  return groups;
+}
+
+const SPARSE_POINTS = 12;
+function sparse(k) {
+  return state.order.every((id) => (state.runs[id].series[k]?.n ?? 0) <= SPARSE_POINTS);
+}
+
+// The filter box: a chart is shown when its title or one of its series' names holds the text.
+function passesFilter(chart, list) {
+  const f = state.filter;
+  if (!f) return true;
+  return chart.title.toLowerCase().includes(f) || list.some(({ key }) => key.toLowerCase().includes(f));
+}
+
 const PALETTE = ["#2563eb", "#dc2626", "#16a34a", "#9333ea", "#ea580c", "#0891b2", "#ca8a04", "#db2777",
                  "#4b5563", "#65a30d"];
 // Light versions of PALETTE, in its order (a band's fill and its legend's line agree).
@@ -97,7 +151,8 @@ const REDRAW_MS = 500;
 const RELOAD_POINTS_PER_PX = 4;
 
 // -- state -------------------------------------------------------------------------------------
-const state = { runs: {}, order: [], status: {}, seq: 0, plots: {}, dirty: false, reloading: false, stream: null };
+const state = { runs: {}, order: [], status: {}, seq: 0, plots: {}, dirty: false, reloading: false, stream: null,
+                filter: "", auto: null };
 
 function runLabel(runId) {
   return state.order.length > 1 ? (state.runs[runId].name + " ") : "";
@@ -411,7 +466,14 @@ function makePlot(chart, card, list) {
   const timeAxis = chart.axis === "time" && !multi();
   const opts = {
     width: chartWidth(), height: CHART_HEIGHT,
-    scales: { x: { time: timeAxis } },
+    // One x value (a single daemon record, one step): a minute or a few steps around it, not the
+    // years uPlot would span on a time axis.
+    scales: { x: { time: timeAxis, range: (u, min, max) => {
+      const xs = u.data?.[0] ?? [];
+      const one = xs.length > 0 && xs[0] === xs[xs.length - 1] ? xs[0] : null;
+      if (one === null) return [min, max];
+      return chart.axis === "time" ? [one - 60, one + 60] : [one - 1, one + 1];
+    } } },
     series: [{ label: chart.axis === "step" ? "step" : (timeAxis ? "time" : "s since start"),
                value: (u, v) => (v == null ? "—" : timeAxis ? fmtTime(v) : String(Math.round(v))) },
              ...seriesOpts(chart, list, raw)],
@@ -429,7 +491,8 @@ function makePlot(chart, card, list) {
 function drawCharts() {
   const groups = document.getElementById("groups");
   const missing = [];
-  for (const group of GROUPS) {
+  let numShown = 0, numHidden = 0;
+  for (const group of [...GROUPS, ...autoGroups()]) {
     let gEl = document.getElementById("group-" + group.title);
     if (!gEl) {
       gEl = el("section", { class: "group", id: "group-" + group.title }, el("h2", { text: group.title }),
@@ -440,11 +503,13 @@ function drawCharts() {
     for (const chart of group.charts) {
       const list = chartSeries(chart);
       let card = document.getElementById("chart-" + chart.id);
-      if (!list.length) {
+      if (!list.length || !passesFilter(chart, list)) {
         if (card) card.hidden = true;
+        if (list.length) numHidden += 1;
         continue;
       }
       shown += 1;
+      numShown += 1;
       if (!card) {
         const h = el("h3", { text: chart.title });
         if (chart.note) h.append(el("span", { class: "note", text: chart.note }));
@@ -475,9 +540,11 @@ function drawCharts() {
     }
     if (group.bar) drawGoodputBar(gEl);
     gEl.hidden = shown === 0;
-    if (!shown) missing.push(`${group.title}: ${group.why || "no records yet"}`);
+    if (!shown && !group.auto && !state.filter) missing.push(`${group.title}: ${group.why || "no records yet"}`);
   }
   document.getElementById("missing").textContent = missing.length ? "Not shown: " + missing.join("; ") + "." : "";
+  document.getElementById("filter-count").textContent = state.filter ?
+    `${numShown} chart(s) shown, ${numHidden} filtered out` : "";
 }
 
 // One stacked bar per run: its wall time so far split into the ledger's buckets (the daemon's
@@ -566,6 +633,8 @@ function openStream() {
 }
 
 async function start() {
+  const filter = document.getElementById("filter");
+  filter.addEventListener("input", () => { state.filter = filter.value.trim().toLowerCase(); redraw(); });
   await reload();
   document.body.dataset.ready = "1";
   setInterval(() => { if (state.dirty) redraw(); }, REDRAW_MS);

@@ -1,0 +1,103 @@
+"""Every series a run logs is on the dashboard (issue 31 item 1, first part), in a real browser.
+
+A script of one's own logs keys the page has no chart for (`acc`, `val/loss` every 5 steps,
+`nested/a/b`, a per-host series of a GPU metric it does not know); each gets a chart, in a section
+per prefix after the built-in ones, holding every point the daemon wrote. The filter box keeps the
+charts whose name holds its text. A key first logged after the page loaded gets its chart live.
+
+Skips only where chromium is not installed (launch/setup.sh --dev installs it with apt).
+"""
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from cdp import CHROMIUM, Browser
+from dashboard_util import Dashboard
+from daemon_util import start_daemon
+from telemetry.client import TelemetryClient
+
+pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install chromium; "
+                                                          "launch/setup.sh --dev does it)")
+NUM_STEPS = 30
+
+
+def _shown(b: Browser) -> dict[str, dict]:
+    return b.evaluate("Object.fromEntries([...document.querySelectorAll('[data-chart]')].filter(c => !c.hidden "
+                      "&& !c.closest('section').hidden).map(c => [c.dataset.chart, {points: +c.dataset.points, "
+                      "series: c.dataset.series, title: c.querySelector('h3').textContent, "
+                      "group: c.closest('section').querySelector('h2').textContent}]))")
+
+
+@pytest.mark.slow
+def test_a_scripts_own_keys_each_get_a_chart_and_the_filter_finds_them(tmp_path):
+    sockets = Path(tempfile.mkdtemp(prefix="tdash-", dir="/tmp"))
+    eps = {n: f"ipc://{sockets}/{n}.sock" for n in ("ingest", "pub", "control")}
+    log_dir = tmp_path / "own-run" / "telemetry"
+    d = start_daemon(tmp_path, world_size=1, log_dir=log_dir,
+                     extra_args=("--ingest", eps["ingest"], "--pub", eps["pub"], "--control", eps["control"],
+                                 "--run-name", "own-run"))
+    tm = TelemetryClient(eps["ingest"], rank=0)
+    dash = None
+    try:
+        for step in range(1, NUM_STEPS + 1):
+            v = {"train/loss": 2.0 / step, "acc": step / NUM_STEPS, "nested/a/b": float(step % 7)}
+            if step % 5 == 0:
+                v["val/loss"] = 2.5 / step
+            tm.log(step, v)
+        d.wait_for(lambda rs: any(r.get("step") == NUM_STEPS for r in rs if r["kind"] == "metrics"))
+        steps = [r for r in d.read_jsonl() if r["kind"] == "metrics" and "rank" not in r]
+        want = {k: sum(k in r["values"] for r in steps) for k in ("acc", "val/loss", "nested/a/b")}
+        assert want == {"acc": NUM_STEPS, "val/loss": NUM_STEPS // 5, "nested/a/b": NUM_STEPS}
+
+        dash = Dashboard(str(tmp_path / "own-run"), "--pub", eps["pub"])
+        with Browser(tmp_path / "chromium-profile", width=1400, height=1000) as b:
+            b.navigate(dash.login_url)
+            b.wait_for("document.body.dataset.ready === '1'", what="the page drawn")
+            charts = _shown(b)
+            assert charts["loss"]["points"] == NUM_STEPS                      # a built-in chart, as before
+            for key, n in want.items():
+                c = charts.get(f"auto-{key}")
+                assert c is not None, sorted(charts)
+                assert c["points"] == n and c["title"] == key, (key, c)
+            assert charts["auto-val/loss"]["group"] == "val/ (logged by the run)"
+            assert charts["auto-nested/a/b"]["group"] == "nested/ (logged by the run)"
+            assert charts["auto-acc"]["group"] == "Other metrics (logged by the run)"
+            # No built-in name is drawn twice.
+            assert not [k for k in charts if k.startswith("auto-") and k[5:] in ("train/loss", "perf/step_time")]
+
+            # The filter: only the charts whose name holds "loss" (train/loss's chart and val/loss).
+            b.evaluate("(() => { const f = document.getElementById('filter'); f.value = 'LOSS'; "
+                       "f.dispatchEvent(new Event('input')); })()")
+            b.wait_for("!document.getElementById('chart-auto-acc') || document.getElementById('chart-auto-acc').hidden",
+                       what="the filter applied")
+            assert sorted(_shown(b)) == ["auto-val/loss", "loss"], sorted(_shown(b))
+            assert "2 chart(s) shown" in b.evaluate("document.getElementById('filter-count').textContent")
+            b.evaluate("(() => { const f = document.getElementById('filter'); f.value = ''; "
+                       "f.dispatchEvent(new Event('input')); })()")
+            b.wait_for("!document.getElementById('chart-auto-acc').hidden", what="the filter cleared")
+
+            # A key first logged now, after the page loaded, gets its chart.
+            tm.log(NUM_STEPS + 1, {"train/loss": 0.01, "late/metric": 42.0})
+            b.wait_for("!!document.getElementById('chart-auto-late/metric') && "
+                       "document.getElementById('chart-auto-late/metric').dataset.points === '1'",
+                       what="the new key's chart")
+            assert _shown(b)["auto-late/metric"]["group"] == "late/ (logged by the run)"
+            # One point on a time axis spans two minutes around it, not years (issue 31).
+            spans = b.evaluate("Object.entries(state.plots).filter(([id, p]) => p.plot.data[0].length === 1)"
+                               ".map(([id, p]) => [id, p.plot.series[0].label, p.plot.scales.x.max - p.plot.scales.x.min])")
+            assert spans, "no chart of one point"
+            assert all(abs(span - (120 if axis == "time" else 2)) < 1e-3 for _, axis, span in spans), spans
+            print(f"\ndashboard screenshot: {b.screenshot(tmp_path / 'own-keys.png')}")
+        assert not [line for line in b.console if "exception" in line], b.console
+    finally:
+        tm.close()
+        try:
+            if dash is not None:
+                assert dash.stop() == 0, "".join(dash.lines)
+        finally:
+            d.cleanup()
+            shutil.rmtree(sockets, ignore_errors=True)
