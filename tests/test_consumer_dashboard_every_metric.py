@@ -37,7 +37,7 @@ def test_a_scripts_own_keys_each_get_a_chart_and_the_filter_finds_them(tmp_path)
     sockets = Path(tempfile.mkdtemp(prefix="tdash-", dir="/tmp"))
     eps = {n: f"ipc://{sockets}/{n}.sock" for n in ("ingest", "pub", "control")}
     log_dir = tmp_path / "own-run" / "telemetry"
-    d = start_daemon(tmp_path, world_size=1, log_dir=log_dir,
+    d = start_daemon(tmp_path, world_size=1, log_dir=log_dir, config={"daemon_record_interval_s": 1},
                      extra_args=("--ingest", eps["ingest"], "--pub", eps["pub"], "--control", eps["control"],
                                  "--run-name", "own-run"))
     tm = TelemetryClient(eps["ingest"], rank=0)
@@ -92,6 +92,60 @@ def test_a_scripts_own_keys_each_get_a_chart_and_the_filter_finds_them(tmp_path)
             assert spans, "no chart of one point"
             assert all(abs(span - (120 if axis == "time" else 2)) < 1e-3 for _, axis, span in spans), spans
             print(f"\ndashboard screenshot: {b.screenshot(tmp_path / 'own-keys.png')}")
+
+            # Smoothing: TensorBoard's debiased moving average of each line; markers stay as logged.
+            b.evaluate("(() => { const s = document.getElementById('smooth'); s.value = '0.9'; "
+                       "s.dispatchEvent(new Event('input')); })()")
+            b.wait_for("document.getElementById('smooth-value').textContent === '0.9'", what="smoothing set")
+            drawn = b.evaluate("state.plots['auto-acc'].plot.data[1]")
+            acc = [r["values"]["acc"] for r in steps]
+            ema, want_ys = 0.0, []
+            for n, y in enumerate(acc, 1):
+                ema = 0.9 * ema + 0.1 * y
+                want_ys.append(ema / (1 - 0.9 ** n))
+            assert drawn == pytest.approx(want_ys, rel=1e-9), (drawn[:5], want_ys[:5])
+            assert b.evaluate("state.plots['auto-val/loss'].plot.data[1].filter(v => v != null)") == pytest.approx(
+                [r["values"]["val/loss"] for r in steps if "val/loss" in r["values"]])     # markers: as logged
+            b.evaluate("(() => { const s = document.getElementById('smooth'); s.value = '0'; "
+                       "s.dispatchEvent(new Event('input')); })()")
+
+            # The log scale: on every chart whose values are all positive; nested/a/b has zeros.
+            b.evaluate("document.getElementById('logy').click()")
+            b.wait_for("document.getElementById('chart-loss').dataset.log === '1'", what="the log scale")
+            assert b.evaluate("state.plots['loss'].plot.scales.y.distr") == 3
+            assert b.evaluate("document.getElementById('chart-auto-nested/a/b').dataset.log") == "0"
+            b.evaluate("document.getElementById('logy').click()")
+            b.wait_for("document.getElementById('chart-loss').dataset.log === '0'", what="linear again")
+
+            # A drag on one chart zooms every chart of its axis, through live updates; a double-click undoes it.
+            b.evaluate("(() => { const u = state.plots['auto-acc'].plot; const l = u.valToPos(5, 'x'); "
+                       "u.setSelect({left: l, width: u.valToPos(12, 'x') - l, top: 0, height: 10}); })()")
+            ranges = b.evaluate("Object.entries(state.plots).filter(([id, p]) => p.axis === 'step')"
+                                ".map(([id, p]) => [id, p.plot.scales.x.min, p.plot.scales.x.max])")
+            assert len(ranges) >= 4 and all(lo == pytest.approx(5, abs=0.05) and hi == pytest.approx(12, abs=0.05)
+                                            for _, lo, hi in ranges), ranges
+            tm.log(NUM_STEPS + 2, {"train/loss": 0.02, "acc": 0.5})
+            b.wait_for(f"document.getElementById('chart-loss').dataset.lastX === '{NUM_STEPS + 2}'", what="a live step")
+            assert b.evaluate("[state.plots['loss'].plot.scales.x.min, state.plots['loss'].plot.scales.x.max]") == \
+                [pytest.approx(5, abs=0.05), pytest.approx(12, abs=0.05)]
+            b.evaluate("state.plots['loss'].plot.over.dispatchEvent(new MouseEvent('dblclick', {bubbles: true}))")
+            assert b.evaluate("state.plots['auto-acc'].plot.scales.x.max") >= NUM_STEPS + 2
+            assert b.evaluate("state.zoom.step") is None
+
+            # Runs compared: a colour for each run's each series, and a dash per run.
+            d.wait_for(lambda rs: any(r["kind"] == "daemon" for r in rs))
+            shutil.copytree(tmp_path / "own-run", tmp_path / "copy-run")
+            both = Dashboard(str(tmp_path))
+            try:
+                b.navigate(both.login_url)
+                b.wait_for("document.body.dataset.ready === '1' && state.order.length === 2", what="two runs drawn")
+                lines = b.evaluate("state.plots['records_lost'].plot.series.slice(1).map(s => "
+                                   "[typeof s.stroke === 'function' ? s.stroke(state.plots['records_lost'].plot, 1) "
+                                   ": s.stroke, JSON.stringify(s.dash || [])])")
+                assert len(lines) == 6 and len({c for c, _ in lines}) == 6, lines
+                assert len({dash for _, dash in lines}) == 2, lines
+            finally:
+                assert both.stop() == 0, "".join(both.lines)
         assert not [line for line in b.console if "exception" in line], b.console
     finally:
         tm.close()

@@ -139,7 +139,8 @@ function passesFilter(chart, list) {
 }
 
 const PALETTE = ["#2563eb", "#dc2626", "#16a34a", "#9333ea", "#ea580c", "#0891b2", "#ca8a04", "#db2777",
-                 "#4b5563", "#65a30d"];
+                 "#4b5563", "#65a30d", "#1e3a8a", "#7f1d1d", "#14532d", "#581c87", "#9a3412", "#155e75",
+                 "#854d0e", "#9d174d", "#111827", "#3f6212"];
 // Light versions of PALETTE, in its order (a band's fill and its legend's line agree).
 const STACK_FILLS = ["#93c5fd", "#fca5a5", "#86efac", "#d8b4fe", "#fdba74", "#67e8f9", "#fde047", "#f9a8d4",
                      "#d1d5db", "#bef264"];
@@ -152,7 +153,7 @@ const RELOAD_POINTS_PER_PX = 4;
 
 // -- state -------------------------------------------------------------------------------------
 const state = { runs: {}, order: [], status: {}, seq: 0, plots: {}, dirty: false, reloading: false, stream: null,
-                filter: "", auto: null };
+                filter: "", auto: null, smooth: 0, logY: false, zoom: { step: null, time: null } };
 
 function runLabel(runId) {
   return state.order.length > 1 ? (state.runs[runId].name + " ") : "";
@@ -392,7 +393,44 @@ function buildData(chart, list) {
     }
     return { data: [data[0], ...cum.reverse()], raw: raw.slice().reverse() };
   }
+  if (state.smooth > 0) {
+    // TensorBoard's smoothing: an exponential moving average, debiased; markers stay as logged.
+    for (let i = 1; i < data.length; i++) {
+      if (chart.points && chart.points(list[i - 1].key)) continue;
+      data[i] = smoothed(data[i], state.smooth);
+    }
+  }
   return { data, raw };
+}
+
+function smoothed(ys, w) {
+  const out = new Array(ys.length);
+  let last = 0, n = 0;
+  for (let j = 0; j < ys.length; j++) {
+    const y = ys[j];
+    if (y === null || y === undefined || !Number.isFinite(y)) { out[j] = y; continue; }
+    last = last * w + (1 - w) * y;
+    n += 1;
+    out[j] = last / (1 - Math.pow(w, n));
+  }
+  return out;
+}
+
+// Zoom: a drag on a chart sets the x range of every chart on its axis (step or time); a
+// double-click undoes it. Kept across live updates.
+function zoomTo(axis, min, max) {
+  state.zoom[axis] = min === null ? null : [min, max];
+  for (const [id, p] of Object.entries(state.plots)) {
+    if (p.axis !== axis) continue;
+    if (min === null) p.plot.setData(p.plot.data, true);
+    else p.plot.setScale("x", { min, max });
+  }
+}
+
+// The log scale: for a chart whose values are all positive (else it stays linear, said on its card).
+function allPositive(list) {
+  for (const { s } of list) for (const y of s.y) if (y !== null && y !== undefined && !(y > 0)) return false;
+  return true;
 }
 
 function seriesOpts(chart, list, raw) {
@@ -401,15 +439,18 @@ function seriesOpts(chart, list, raw) {
   return items.map((item, i) => {
     const runIdx = state.order.indexOf(item.run);
     const keyIdx = list.filter((o) => o.run === item.run).indexOf(item);
+    // Comparing runs: a colour per run and series (the run's keys one after the other), and a
+    // dash per run, so ten series of two runs are twenty lines told apart.
+    const perRun = Math.max(1, ...state.order.map((id) => list.filter((o) => o.run === id).length));
     const color = stacked ? PALETTE[(items.length - 1 - i) % PALETTE.length]
-      : multi() ? PALETTE[runIdx % PALETTE.length] : PALETTE[keyIdx % PALETTE.length];
+      : multi() ? PALETTE[(runIdx * perRun + keyIdx) % PALETTE.length] : PALETTE[keyIdx % PALETTE.length];
     const opts = { label: item.label, stroke: color, width: 1.5, spanGaps: false,
                    value: (u, v, si, di) => {
                      const cur = state.plots[chart.id]?.raw ?? raw;   // the values before stacking
                      const shown = stacked && cur && di !== null && di !== undefined ? cur[si - 1][di] : v;
                      return chart.integer ? (shown == null ? "—" : String(Math.round(shown))) : fmt(shown);
                    } };
-    if (multi() && !stacked) opts.dash = DASHES[keyIdx % DASHES.length];
+    if (multi() && !stacked) opts.dash = DASHES[runIdx % DASHES.length];
     if (stacked) opts.fill = STACK_FILLS[(items.length - 1 - i) % STACK_FILLS.length];
     if (chart.points && chart.points(item.key)) {
       opts.paths = () => null;   // markers only: eval every N steps, a rank number
@@ -464,11 +505,14 @@ function axisValues(chart) {
 function makePlot(chart, card, list) {
   const { data, raw } = buildData(chart, list);
   const timeAxis = chart.axis === "time" && !multi();
+  const log = state.logY && !chart.stacked && allPositive(list);
+  card.dataset.log = log ? "1" : "0";
   const opts = {
     width: chartWidth(), height: CHART_HEIGHT,
     // One x value (a single daemon record, one step): a minute or a few steps around it, not the
     // years uPlot would span on a time axis.
     scales: { x: { time: timeAxis, range: (u, min, max) => {
+      if (state.zoom[chart.axis]) return [min, max];          // the range a zoom asked for
       const xs = u.data?.[0] ?? [];
       const one = xs.length > 0 && xs[0] === xs[xs.length - 1] ? xs[0] : null;
       if (one === null) return [min, max];
@@ -481,11 +525,24 @@ function makePlot(chart, card, list) {
            { grid: { stroke: "#eef0f3" }, values: axisValues(chart), size: 60,
              ...(chart.integer ? { incrs: [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000] } : {}) }],
     legend: { live: true },
-    cursor: { drag: { x: true, y: false } },
+    cursor: { drag: { x: true, y: false, setScale: false }, sync: { key: chart.axis } },
+    hooks: { setSelect: [(u) => {
+      if (u.select.width < 2) return;
+      const min = u.posToVal(u.select.left, "x"), max = u.posToVal(u.select.left + u.select.width, "x");
+      u.setSelect({ left: 0, top: 0, width: 0, height: 0 }, false);
+      zoomTo(chart.axis, min, max);
+    }] },
     plugins: [markersPlugin(chart)],
   };
+  if (log) opts.scales.y = { distr: 3 };
   const plot = new uPlot(opts, data, card.querySelector(".plot"));
-  return { plot, signature: list.map((o) => o.run + ":" + o.key).join(","), raw };
+  plot.over.addEventListener("dblclick", () => zoomTo(chart.axis, null, null));
+  if (state.zoom[chart.axis]) plot.setScale("x", { min: state.zoom[chart.axis][0], max: state.zoom[chart.axis][1] });
+  return { plot, signature: signature(list), raw, axis: chart.axis };
+}
+
+function signature(list) {   // what a chart is drawn with: a new one when it changes
+  return list.map((o) => o.run + ":" + o.key).join(",") + (state.logY ? "|log" : "");
 }
 
 function drawCharts() {
@@ -517,12 +574,14 @@ function drawCharts() {
         gEl.querySelector(".grid").append(card);
       }
       card.hidden = false;
-      const sig = list.map((o) => o.run + ":" + o.key).join(",");
+      const sig = signature(list);
       const existing = state.plots[chart.id];
       if (existing && existing.signature === sig) {
         const { data, raw } = buildData(chart, list);
         existing.raw = raw;
-        existing.plot.setData(data);
+        const zoom = state.zoom[chart.axis];
+        existing.plot.setData(data, !zoom);
+        if (zoom) existing.plot.setScale("x", { min: zoom[0], max: zoom[1] });
       } else {
         if (existing) existing.plot.destroy();
         card.querySelector(".plot").replaceChildren();
@@ -635,6 +694,14 @@ function openStream() {
 async function start() {
   const filter = document.getElementById("filter");
   filter.addEventListener("input", () => { state.filter = filter.value.trim().toLowerCase(); redraw(); });
+  const logy = document.getElementById("logy");
+  logy.addEventListener("change", () => { state.logY = logy.checked; redraw(); });
+  const smooth = document.getElementById("smooth");
+  smooth.addEventListener("input", () => {
+    state.smooth = Math.min(0.99, Math.max(0, Number(smooth.value) || 0));
+    document.getElementById("smooth-value").textContent = String(state.smooth);
+    redraw();
+  });
   await reload();
   document.body.dataset.ready = "1";
   setInterval(() => { if (state.dirty) redraw(); }, REDRAW_MS);
