@@ -4,6 +4,9 @@ A script of one's own logs keys the page has no chart for (`acc`, `val/loss` eve
 `nested/a/b`, a per-host series of a GPU metric it does not know); each gets a chart, in a section
 per prefix after the built-in ones, holding every point the daemon wrote. The filter box keeps the
 charts whose name holds its text. A key first logged after the page loaded gets its chart live.
+Smoothing, the log scale and a zoom every chart of the axis follows are checked against the data;
+the run's config is shown with its secret redacted; two runs compared get a colour per run and
+series.
 
 Skips only where chromium is not installed (launch/setup.sh --dev installs it with apt).
 """
@@ -43,6 +46,8 @@ def test_a_scripts_own_keys_each_get_a_chart_and_the_filter_finds_them(tmp_path)
     tm = TelemetryClient(eps["ingest"], rank=0)
     dash = None
     try:
+        tm.hello({"run_name": "own-run", "config": {"optim": {"lr": 3e-4, "betas": [0.9, 0.95]}, "batch_size": 32,
+                                                     "wandb_api_key": "sk-not-for-the-page-1234"}})
         for step in range(1, NUM_STEPS + 1):
             v = {"train/loss": 2.0 / step, "acc": step / NUM_STEPS, "nested/a/b": float(step % 7)}
             if step % 5 == 0:
@@ -59,6 +64,12 @@ def test_a_scripts_own_keys_each_get_a_chart_and_the_filter_finds_them(tmp_path)
             b.wait_for("document.body.dataset.ready === '1'", what="the page drawn")
             charts = _shown(b)
             assert charts["loss"]["points"] == NUM_STEPS                      # a built-in chart, as before
+            # The run's config, flattened, its secret redacted by the daemon before anything was written.
+            config = b.evaluate("Object.fromEntries([...document.querySelectorAll('#config-rows tr')]"
+                                ".map(r => [r.dataset.key, r.querySelector('td').textContent]))")
+            assert config["optim.lr"] == "0.0003" and config["optim.betas"] == "[0.9,0.95]", config
+            assert config["batch_size"] == "32" and config["wandb_api_key"] == "<redacted>", config
+            assert "sk-not-for-the-page" not in b.evaluate("document.body.innerHTML")
             for key, n in want.items():
                 c = charts.get(f"auto-{key}")
                 assert c is not None, sorted(charts)
@@ -144,6 +155,9 @@ def test_a_scripts_own_keys_each_get_a_chart_and_the_filter_finds_them(tmp_path)
                                    ": s.stroke, JSON.stringify(s.dash || [])])")
                 assert len(lines) == 6 and len({c for c, _ in lines}) == 6, lines
                 assert len({dash for _, dash in lines}) == 2, lines
+                # The config side by side, one column per run; the same values, so no row marked.
+                assert b.evaluate("document.querySelectorAll('#config-head th').length") == 3
+                assert b.evaluate("document.querySelectorAll('#config-rows tr.differs').length") == 0
             finally:
                 assert both.stop() == 0, "".join(both.lines)
         assert not [line for line in b.console if "exception" in line], b.console

@@ -167,7 +167,7 @@ function loadSnapshot(data) {
     const series = {};
     for (const s of r.series) series[s.key] = { axis: s.axis, x: s.x, y: s.y, gap: s.gap, n: s.n };
     state.runs[r.id] = { id: r.id, name: r.name, t0: r.t0, latest: r.latest, series,
-                         events: r.events, numEvents: r.num_events };
+                         events: r.events, numEvents: r.num_events, config: r.config };
     state.order.push(r.id);
   }
   applyStatus(data.status);
@@ -645,6 +645,34 @@ function drawGoodputBar(gEl) {
   box.hidden = !rows.length;
 }
 
+// The run's config: its hello's `config` (else the hello itself), flattened to dotted keys, one
+// column per run; a row whose values differ between runs is marked. Drawn once per load.
+function flatten(obj, prefix = "", out = {}) {
+  for (const [k, v] of Object.entries(obj ?? {})) {
+    const key = prefix ? `${prefix}.${k}` : k;
+    if (v !== null && typeof v === "object" && !Array.isArray(v) && Object.keys(v).length) flatten(v, key, out);
+    else out[key] = typeof v === "string" ? v : JSON.stringify(v);
+  }
+  return out;
+}
+function drawConfig() {
+  const flat = state.order.map((id) => {
+    const info = state.runs[id].config;
+    return info && typeof info === "object" ? flatten(info.config && typeof info.config === "object" ? info.config : info) : {};
+  });
+  const keys = [...new Set(flat.flatMap((f) => Object.keys(f)))].sort();
+  const box = document.getElementById("config");
+  box.hidden = keys.length === 0;
+  document.getElementById("config-count").textContent = `(${keys.length} keys)`;
+  document.getElementById("config-head").replaceChildren(multi() ?
+    el("tr", {}, el("th", { text: "key" }), ...state.order.map((id) => el("th", { text: state.runs[id].name }))) : "");
+  document.getElementById("config-rows").replaceChildren(...keys.map((k) => {
+    const vals = flat.map((f) => f[k] ?? "");
+    return el("tr", { class: multi() && new Set(vals).size > 1 ? "differs" : "", "data-key": k },
+              el("th", { text: k }), ...vals.map((v) => el("td", { text: v })));
+  }));
+}
+
 function redraw() {
   drawCharts();
   drawTiles();
@@ -669,6 +697,7 @@ async function reload() {
     }
     const data = await resp.json();
     loadSnapshot(data);
+    drawConfig();
     redraw();
     openStream();
   } finally {
