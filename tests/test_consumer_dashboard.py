@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dashboard_util import ROOT, Dashboard, EventStream
+from testkit.dashboard_proc import ROOT, Dashboard, EventStream
 from telemetry.consumers.events import EventGroups
 from telemetry.consumers.readjsonl import Follower
 from telemetry.consumers.series import insert_gaps, last_per_x, minmax_downsample

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from dashboard_util import ROOT, Dashboard
+from testkit.dashboard_proc import ROOT, Dashboard
 from other_user import can_act_as_other_user, http_status_as_other_user
 
 

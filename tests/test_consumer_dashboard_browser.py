@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from cdp import CHROMIUM, Browser
-from dashboard_util import Dashboard
+from testkit.cdp import CHROMIUM, Browser
+from testkit.dashboard_proc import Dashboard
 from daemon_util import start_daemon
 from telemetry.client import TelemetryClient
 

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from cdp import CHROMIUM, Browser
-from dashboard_util import Dashboard
+from testkit.cdp import CHROMIUM, Browser
+from testkit.dashboard_proc import Dashboard
 from daemon_util import start_daemon
 from telemetry.client import TelemetryClient
 
@@ -169,3 +169,38 @@ def test_a_scripts_own_keys_each_get_a_chart_and_the_filter_finds_them(tmp_path)
         finally:
             d.cleanup()
             shutil.rmtree(sockets, ignore_errors=True)
+
+
+@pytest.mark.slow
+def test_hundreds_of_names_each_get_a_card_and_are_drawn_as_they_come_into_view(tmp_path):
+    """300 names: a card each with its points counted, the first ones drawn at once and the rest
+    when scrolled to (a run of thousands of names would otherwise build thousands of canvases
+    before the page answers: benchmarks/dashboard_scale.py)."""
+    import json
+
+    log_dir = tmp_path / "wide-run" / "telemetry"
+    log_dir.mkdir(parents=True)
+    names = [f"g{i % 7}/m{i}" for i in range(300)]
+    with open(log_dir / "metrics.jsonl", "w") as f:
+        f.write(json.dumps({"kind": "hello", "t": 1.8e9, "rank": 0, "info": {"run_name": "wide-run"}}) + "\n")
+        for s in range(1, 21):
+            f.write(json.dumps({"kind": "metrics", "t": 1.8e9 + s, "step": s,
+                                "values": {n: float(i * s) for i, n in enumerate(names) if s % (1 + i % 3) == 0}}) + "\n")
+    want = {f"auto-{n}": sum(1 for s in range(1, 21) if s % (1 + i % 3) == 0) for i, n in enumerate(names)}
+    dash = Dashboard(str(tmp_path / "wide-run"))
+    try:
+        with Browser(tmp_path / "chromium-profile", width=1400, height=1000) as b:
+            b.navigate(dash.login_url)
+            b.wait_for("document.body.dataset.ready === '1'", what="the page drawn")
+            cards = b.evaluate("Object.fromEntries([...document.querySelectorAll('[data-chart^=auto-]')]"
+                               ".map(c => [c.dataset.chart, +c.dataset.points]))")
+            assert cards == want
+            drawn = b.evaluate("Object.keys(state.plots).length")
+            assert 0 < drawn <= 60, drawn
+            last = "auto-" + sorted(names, key=lambda n: (n.split("/")[0], int(n.split("/m")[1])))[-1]
+            assert b.evaluate(f"!state.plots['{last}']")
+            b.evaluate(f"document.getElementById('chart-{last}').scrollIntoView()")
+            b.wait_for(f"!!state.plots['{last}']", what="the last chart drawn once in view")
+        assert not [line for line in b.console if "exception" in line], b.console
+    finally:
+        assert dash.stop() == 0, "".join(dash.lines)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dashboard_util import Dashboard
+from testkit.dashboard_proc import Dashboard
 from telemetry.consumers import readjsonl
 from telemetry.consumers.dashboard.live import Hub
 from telemetry.consumers.dashboard.store import RunStore, StoreLimits

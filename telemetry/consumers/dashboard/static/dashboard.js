@@ -99,12 +99,16 @@ function autoGroups() {
   const sig = state.order.join(",") + ":" + numKeys;
   if (state.auto && state.auto.sig === sig) return state.auto.groups;
   const axes = new Map();          // name -> its axis
+  const keysOf = new Map();        // name -> run -> its keys (a chart's series, without matching every key)
   for (const id of state.order) {
     for (const [k, s] of Object.entries(state.runs[id].series)) {
       if (NOT_CHARTED(k) || builtIn(k)) continue;
       if (s.axis === "time" && !k.includes("@")) continue;   // the daemon's own counters: the Telemetry section
       const b = baseOf(k);
-      if (!axes.has(b)) axes.set(b, s.axis);
+      if (!axes.has(b)) { axes.set(b, s.axis); keysOf.set(b, new Map()); }
+      const runs = keysOf.get(b);
+      if (!runs.has(id)) runs.set(id, []);
+      runs.get(id).push(k);
     }
   }
   const byPrefix = new Map();
@@ -114,6 +118,7 @@ function autoGroups() {
     byPrefix.get(prefix).push({
       id: "auto-" + b, title: b, axis: axes.get(b), auto: true,
       match: (k) => baseOf(k) === b && !NOT_CHARTED(k) && !builtIn(k),
+      keys: (runId) => keysOf.get(b).get(runId) ?? [],
       label: (k) => afterAt(k) || (b.includes("/") ? b.slice(b.lastIndexOf("/") + 1) : b),
       points: (k) => sparse(k),     // a few points (an eval every N steps): markers, not a line to nowhere
     });
@@ -147,6 +152,15 @@ const STACK_FILLS = ["#93c5fd", "#fca5a5", "#86efac", "#d8b4fe", "#fdba74", "#67
 const DASHES = [[], [6, 3], [2, 3], [10, 3, 2, 3]];
 const SEVERITY_COLOR = { critical: "#dc2626", warning: "#d97706", info: "#2563eb" };
 const CHART_HEIGHT = 210;
+// Charts drawn at once; the rest when they come near the viewport (a run of thousands of names
+// would otherwise build thousands of canvases before the page answers).
+const EAGER_CHARTS = 48;
+const nearView = new Set();
+const observer = typeof IntersectionObserver === "undefined" ? null : new IntersectionObserver((entries) => {
+  for (const e of entries) {
+    if (e.isIntersecting && !nearView.has(e.target.dataset.chart)) { nearView.add(e.target.dataset.chart); state.dirty = true; }
+  }
+}, { rootMargin: "600px 0px" });
 const REDRAW_MS = 500;
 // A live series grown past this many points per pixel column is fetched again, downsampled.
 const RELOAD_POINTS_PER_PX = 4;
@@ -365,7 +379,7 @@ function chartSeries(chart) {
   const out = [];
   for (const id of state.order) {
     const run = state.runs[id];
-    let keys = Object.keys(run.series).filter(chart.match);
+    let keys = chart.keys ? chart.keys(id).slice() : Object.keys(run.series).filter(chart.match);
     if (chart.order) keys.sort((a, b) => chart.order.indexOf(a) - chart.order.indexOf(b));
     else keys.sort((a, b) => a.localeCompare(b, "en", { numeric: true }));   // rank 2 before rank 10
     for (const key of keys) out.push({ run: id, key, label: runLabel(id) + (chart.label(key) ?? key), s: run.series[key] });
@@ -576,7 +590,10 @@ function drawCharts() {
       card.hidden = false;
       const sig = signature(list);
       const existing = state.plots[chart.id];
-      if (existing && existing.signature === sig) {
+      if (!existing && numShown > EAGER_CHARTS && observer && !nearView.has(chart.id)) {
+        if (!card.dataset.observed) { observer.observe(card); card.dataset.observed = "1"; }
+        card.querySelector(".plot").style.minHeight = CHART_HEIGHT + "px";   // its place, until drawn
+      } else if (existing && existing.signature === sig) {
         const { data, raw } = buildData(chart, list);
         existing.raw = raw;
         const zoom = state.zoom[chart.axis];
