@@ -173,10 +173,17 @@ class Browser:
     def screenshot(self, path: Path, full_page: bool = True) -> Path:
         """A PNG of the page (the whole page when full_page)."""
         if full_page:
-            height = int(self.evaluate("Math.ceil(document.documentElement.scrollHeight)") or self.height)
-            self.call("Emulation.setDeviceMetricsOverride", width=self.width, height=height, deviceScaleFactor=1,
-                      mobile=False)
-            time.sleep(0.5)   # let the page re-lay out to the taller viewport
+            # The taller viewport may draw more (charts drawn as they come into view) and so grow
+            # the page again: until its height holds (a few rounds).
+            height = 0
+            for _ in range(5):
+                now = int(self.evaluate("Math.ceil(document.documentElement.scrollHeight)") or self.height)
+                if now == height:
+                    break
+                height = now
+                self.call("Emulation.setDeviceMetricsOverride", width=self.width, height=height, deviceScaleFactor=1,
+                          mobile=False)
+                time.sleep(0.7)   # let the page re-lay out (and draw) to the taller viewport
         data = self.call("Page.captureScreenshot", format="png", captureBeyondViewport=full_page)["data"]
         Path(path).write_bytes(base64.b64decode(data))
         return Path(path)

@@ -101,6 +101,10 @@ def test_dashboard_in_chromium_against_a_real_run(tmp_path):
             assert charts["step_time"]["series"] == "slowest rank|mean|fastest rank"
             assert charts["rank_step_time"]["series"] == "rank 0|rank 1"          # the daemon's --per-rank
             assert charts["rank_step_time"]["points"] == 2 * NUM_STEPS
+            # Every metric the ranks send, a line per rank (the built-in charts draw the aggregate).
+            for key in ("train/loss", "train/grad_norm", "dataset/copy/accuracy"):
+                assert charts[f"auto-{key}"]["series"] == "rank 0|rank 1", (key, charts.get(f"auto-{key}"))
+                assert charts[f"auto-{key}"]["points"] == 2 * NUM_STEPS, (key, charts[f"auto-{key}"])
             assert charts["phases"]["points"] == 4 * NUM_STEPS
             assert charts["dataset_loss"]["series"] == "copy|sort"
             assert charts["dataset_accuracy"]["points"] == 2 * NUM_STEPS

@@ -19,7 +19,7 @@ Series keys (what the page's charts select):
     <name>@<host>/<gpu>      `gpu` values, x = unix time               (gpu/util_percent@node0/0)
     <name>@<host>            `system` values, x = unix time            (system/cpu_percent@node0)
     <name>                   `daemon` values, x = unix time            (telemetry/records_in)
-    perf/step_time@rank<r>   per-rank `metrics` step time, x = step   (with the daemon's --per-rank)
+    <name>@rank<r>           per-rank `metrics` values, x = step       (with the daemon's --per-rank)
 """
 from __future__ import annotations
 
@@ -248,11 +248,14 @@ class RunStore:
                 if not isinstance(step, int):
                     return points, events
                 if "rank" in rec:
-                    # Per-rank records (--per-rank): only each rank's step time is drawn (one line per
-                    # rank); the aggregate carries the rest, and min/max/slowest.
-                    y = _num(values.get("perf/step_time"))
-                    if isinstance(rec["rank"], int) and y is not None:
-                        self._add(f"perf/step_time@rank{rec['rank']}", STEP, float(step), y, points)
+                    # Per-rank records (--per-rank): each value as <name>@rank<r>, a line per rank
+                    # (within the series budget like any series); the aggregate is drawn apart.
+                    if is_int(rec["rank"]):
+                        suffix = f"@rank{rec['rank']}"
+                        for k, v in values.items():
+                            y = _num(v)
+                            if y is not None:
+                                self._add(k + suffix, STEP, float(step), y, points)
                     return points, events
                 self.last_step = step if self.last_step is None else max(self.last_step, step)
                 if t is not None and (not self._step_t or t >= self._step_t[-1]):

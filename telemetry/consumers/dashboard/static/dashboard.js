@@ -119,7 +119,7 @@ function autoGroups() {
       id: "auto-" + b, title: b, axis: axes.get(b), auto: true,
       match: (k) => baseOf(k) === b && !NOT_CHARTED(k) && !builtIn(k),
       keys: (runId) => keysOf.get(b).get(runId) ?? [],
-      label: (k) => afterAt(k) || (b.includes("/") ? b.slice(b.lastIndexOf("/") + 1) : b),
+      label: (k) => afterAt(k).replace(/^rank(\d+)$/, "rank $1") || (b.includes("/") ? b.slice(b.lastIndexOf("/") + 1) : b),
       points: (k) => sparse(k),     // a few points (an eval every N steps): markers, not a line to nowhere
     });
   }
@@ -592,7 +592,9 @@ function drawCharts() {
       const existing = state.plots[chart.id];
       if (!existing && numShown > EAGER_CHARTS && observer && !nearView.has(chart.id)) {
         if (!card.dataset.observed) { observer.observe(card); card.dataset.observed = "1"; }
-        card.querySelector(".plot").style.minHeight = CHART_HEIGHT + "px";   // its place, until drawn
+        // Its place until drawn: a drawn chart's height (legend included), so the page does not grow then.
+        const drawnHeight = document.querySelector(".card .plot .uplot")?.offsetHeight;
+        card.querySelector(".plot").style.minHeight = (drawnHeight || CHART_HEIGHT + 40) + "px";
       } else if (existing && existing.signature === sig) {
         const { data, raw } = buildData(chart, list);
         existing.raw = raw;
