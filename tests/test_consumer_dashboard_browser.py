@@ -99,6 +99,9 @@ def test_dashboard_in_chromium_against_a_real_run(tmp_path):
             for chart in ("lr", "grad_norm", "tokens", "slowest_rank"):
                 assert charts[chart]["points"] == NUM_STEPS, (chart, charts[chart])
             assert charts["step_time"]["series"] == "slowest rank|mean|fastest rank"
+            # Axis titles: the x axis, and the unit the metric catalogue gives the series.
+            assert b.evaluate("state.plots['step_time'].plot.axes.map(a => a.label)") == ["step", "s"]
+            assert b.evaluate("state.plots['host_cpu'].plot.axes.map(a => a.label)") == ["time", "%"]
             assert charts["rank_step_time"]["series"] == "rank 0|rank 1"          # the daemon's --per-rank
             assert charts["rank_step_time"]["points"] == 2 * NUM_STEPS
             # Every metric the ranks send, a line per rank (the built-in charts draw the aggregate).

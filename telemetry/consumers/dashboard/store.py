@@ -24,6 +24,7 @@ Series keys (what the page's charts select):
 from __future__ import annotations
 
 import bisect
+import functools
 import json
 import math
 import threading
@@ -39,6 +40,7 @@ from telemetry.consumers.daemontotals import DaemonTotals
 from telemetry.consumers.events import EventGroups
 from telemetry.consumers.runend import RunEnd
 from telemetry.consumers.series import gap_threshold, insert_gaps, last_per_x, minmax_downsample
+from telemetry.shared import catalogue
 from telemetry.shared.bookkeeping import is_bookkeeping
 from telemetry.shared.numbers import is_int, is_number
 
@@ -57,6 +59,18 @@ EVENT_BYTES = 600
 MIN_POINTS_THINNED = 64
 # (t, step) pairs kept to place an event that names no step; halved (every other kept) beyond.
 MAX_STEP_TIMES = 1 << 18
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def unit_of(key: str) -> str:
+    """A series' unit from the metric catalogue ("s", "GB", "%", ...; "" for a name it does not
+    know): the page's axis title."""
+    name = key.split("@")[0]
+    m = catalogue.lookup(name)
+    if m is not None and m.name.startswith("*") and not m.unit and name.endswith(m.name[1:]):
+        # perf/step_time_max: the unit of what it is the largest of
+        m = catalogue.lookup(name[:-(len(m.name) - 1)]) or m
+    return m.unit if m is not None else ""
 
 
 @dataclass(frozen=True)
@@ -347,7 +361,7 @@ class RunStore:
             out = {"id": self.run_id, "name": self.name, "log_dir": str(self.log_dir) if self.log_dir else None,
                    "t0": self.t_first, "latest": dict(self.latest),
                    "config": self.run_config, "num_events": len(self.events.groups)}
-        out["series"] = [{"key": k, "axis": axis, "x": _json_list(xs), "y": _json_list(ys), "n": n, "gap": gap}
-                         for k, axis, (xs, ys, gap), n in items]
+        out["series"] = [{"key": k, "axis": axis, "x": _json_list(xs), "y": _json_list(ys), "n": n, "gap": gap,
+                          "unit": unit_of(k)} for k, axis, (xs, ys, gap), n in items]
         out["events"] = events
         return out

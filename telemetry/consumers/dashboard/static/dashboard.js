@@ -179,7 +179,7 @@ function loadSnapshot(data) {
   state.order = [];
   for (const r of data.runs) {
     const series = {};
-    for (const s of r.series) series[s.key] = { axis: s.axis, x: s.x, y: s.y, gap: s.gap, n: s.n };
+    for (const s of r.series) series[s.key] = { axis: s.axis, x: s.x, y: s.y, gap: s.gap, n: s.n, unit: s.unit || "" };
     state.runs[r.id] = { id: r.id, name: r.name, t0: r.t0, latest: r.latest, series,
                          events: r.events, numEvents: r.num_events, config: r.config };
     state.order.push(r.id);
@@ -535,8 +535,11 @@ function makePlot(chart, card, list) {
     series: [{ label: chart.axis === "step" ? "step" : (timeAxis ? "time" : "s since start"),
                value: (u, v) => (v == null ? "—" : timeAxis ? fmtTime(v) : String(Math.round(v))) },
              ...seriesOpts(chart, list, raw)],
-    axes: [{ grid: { stroke: "#eef0f3" } },
+    // Axis titles: the x axis's, and the unit the catalogue gives the chart's series (when they agree).
+    axes: [{ grid: { stroke: "#eef0f3" }, label: chart.axis === "step" ? "step" : (timeAxis ? "time" : "s since start"),
+             labelSize: 16, labelFont: "11px system-ui, sans-serif" },
            { grid: { stroke: "#eef0f3" }, values: axisValues(chart), size: 60,
+             label: unitOf(list), labelSize: 16, labelFont: "11px system-ui, sans-serif",
              ...(chart.integer ? { incrs: [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000] } : {}) }],
     legend: { live: true },
     cursor: { drag: { x: true, y: false, setScale: false }, sync: { key: chart.axis } },
@@ -553,6 +556,11 @@ function makePlot(chart, card, list) {
   plot.over.addEventListener("dblclick", () => zoomTo(chart.axis, null, null));
   if (state.zoom[chart.axis]) plot.setScale("x", { min: state.zoom[chart.axis][0], max: state.zoom[chart.axis][1] });
   return { plot, signature: signature(list), raw, axis: chart.axis };
+}
+
+function unitOf(list) {
+  const units = new Set(list.map(({ s }) => s.unit || ""));
+  return units.size === 1 ? [...units][0] : "";
 }
 
 function signature(list) {   // what a chart is drawn with: a new one when it changes
