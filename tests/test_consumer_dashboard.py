@@ -88,7 +88,10 @@ def test_several_runs_side_by_side_followed_from_their_files(tmp_path):
                 f.write('{"kind": "metrics", "t": 1.7e9')    # a line caught mid-write waits for its end
             name, msg = stream.wait_for(lambda n, d: n == "changes", what="the appended step")
             run_b = next(r["id"] for r in data["runs"] if r["name"] == "run-b")
-            assert msg["points"] == {run_b: [["train/loss", "step", 11.0, 0.25]]}
+            # The step's point, and its wall time (for the page's x axis in wall time).
+            assert msg["points"] == {run_b: [["", "steptime", 11.0, 1.7e9 + 11], ["train/loss", "step", 11.0, 0.25]]}
+            assert next(r for r in data["runs"] if r["name"] == "run-b")["step_t"] == \
+                [[float(s) for s in range(1, 11)], [1.7e9 + s for s in range(1, 11)]]
         finally:
             stream.close()
     finally:

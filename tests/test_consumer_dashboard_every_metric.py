@@ -143,6 +143,20 @@ def test_a_scripts_own_keys_each_get_a_chart_and_the_filter_finds_them(tmp_path)
             assert b.evaluate("state.plots['auto-acc'].plot.scales.x.max") >= NUM_STEPS + 2
             assert b.evaluate("state.zoom.step") is None
 
+            # The x axis in wall time: each step where its record says it ended, live steps too.
+            b.evaluate("(() => { const x = document.getElementById('xaxis'); x.value = 'time'; "
+                       "x.dispatchEvent(new Event('change')); })()")
+            b.wait_for("state.plots['loss'].plot.axes[0].label === 'time'", what="the wall-time x axis")
+            tm.log(NUM_STEPS + 3, {"train/loss": 0.03})
+            d.wait_for(lambda rs: any(r.get("step") == NUM_STEPS + 3 for r in rs if r["kind"] == "metrics"))
+            loss_t = [r["t"] for r in d.read_jsonl() if r["kind"] == "metrics" and "rank" not in r
+                      and "train/loss" in r["values"]]
+            b.wait_for(f"state.plots['loss'].plot.data[0].length === {len(loss_t)}", what="the live step in time")
+            assert b.evaluate("state.plots['loss'].plot.data[0]") == pytest.approx(loss_t, abs=1e-3)
+            b.evaluate("(() => { const x = document.getElementById('xaxis'); x.value = 'step'; "
+                       "x.dispatchEvent(new Event('change')); })()")
+            b.wait_for("state.plots['loss'].plot.axes[0].label === 'step'", what="steps again")
+
             # Runs compared: a colour for each run's each series, and a dash per run.
             d.wait_for(lambda rs: any(r["kind"] == "daemon" for r in rs))
             shutil.copytree(tmp_path / "own-run", tmp_path / "copy-run")

@@ -45,6 +45,8 @@ from telemetry.shared.bookkeeping import is_bookkeeping
 from telemetry.shared.numbers import is_int, is_number
 
 STEP, TIME = "step", "time"
+# A change that is no series' point: a step and its record's wall time, for the page's step -> time x axis.
+STEP_TIME = "steptime"
 # Events sent to a page: the latest ones (the list scrolls; markers beyond it add nothing).
 MAX_EVENTS_SENT = 500
 # Per-core CPU values are one series per core and per second: not charted, not kept.
@@ -275,6 +277,7 @@ class RunStore:
                 if t is not None and (not self._step_t or t >= self._step_t[-1]):
                     self._step_t.append(t)
                     self._step_of_t.append(float(step))
+                    points.append(["", STEP_TIME, float(step), t])   # the page's wall-time x axis
                     if len(self._step_t) > MAX_STEP_TIMES:
                         self._step_t, self._step_of_t = self._step_t[::2], self._step_of_t[::2]
                 for k, v in values.items():
@@ -358,8 +361,13 @@ class RunStore:
             items = [(k, s.axis, s.for_display(num_buckets), len(s.xs)) for k, s in self.series.items()]
             groups = self.events.groups[-MAX_EVENTS_SENT:]
             events = [self._event_dict(g) for g in groups]
+            stride = max(1, -(-len(self._step_t) // (4 * num_buckets)))     # a step's wall time, for the x axis
+            steps_t = [_json_list(self._step_of_t[::stride]), _json_list(self._step_t[::stride])]
+            if self._step_t and (len(self._step_t) - 1) % stride:
+                steps_t[0].append(self._step_of_t[-1])
+                steps_t[1].append(self._step_t[-1])
             out = {"id": self.run_id, "name": self.name, "log_dir": str(self.log_dir) if self.log_dir else None,
-                   "t0": self.t_first, "latest": dict(self.latest),
+                   "t0": self.t_first, "latest": dict(self.latest), "step_t": steps_t,
                    "config": self.run_config, "num_events": len(self.events.groups)}
         out["series"] = [{"key": k, "axis": axis, "x": _json_list(xs), "y": _json_list(ys), "n": n, "gap": gap,
                           "unit": unit_of(k)} for k, axis, (xs, ys, gap), n in items]

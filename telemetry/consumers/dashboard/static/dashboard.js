@@ -167,7 +167,7 @@ const RELOAD_POINTS_PER_PX = 4;
 
 // -- state -------------------------------------------------------------------------------------
 const state = { runs: {}, order: [], status: {}, seq: 0, plots: {}, dirty: false, reloading: false, stream: null,
-                filter: "", auto: null, smooth: 0, logY: false, zoom: { step: null, time: null } };
+                filter: "", auto: null, smooth: 0, logY: false, xTime: false, zoom: { step: null, time: null } };
 
 function runLabel(runId) {
   return state.order.length > 1 ? (state.runs[runId].name + " ") : "";
@@ -181,7 +181,8 @@ function loadSnapshot(data) {
     const series = {};
     for (const s of r.series) series[s.key] = { axis: s.axis, x: s.x, y: s.y, gap: s.gap, n: s.n, unit: s.unit || "" };
     state.runs[r.id] = { id: r.id, name: r.name, t0: r.t0, latest: r.latest, series,
-                         events: r.events, numEvents: r.num_events, config: r.config };
+                         events: r.events, numEvents: r.num_events, config: r.config,
+                         stepT: { s: r.step_t?.[0] ?? [], t: r.step_t?.[1] ?? [] } };
     state.order.push(r.id);
   }
   applyStatus(data.status);
@@ -195,6 +196,12 @@ function applyChanges(msg) {
     const run = state.runs[runId];
     if (!run) continue;
     for (const [key, axis, x, y] of points) {
+      if (axis === "steptime") {            // a step's wall time (the x axis in wall time)
+        const st = run.stepT;
+        if (!st.s.length || x > st.s[st.s.length - 1]) { st.s.push(x); st.t.push(y); }
+        if (state.xTime) state.dirty = true;
+        continue;
+      }
       let s = run.series[key];
       if (!s) s = run.series[key] = { axis, x: [], y: [], gap: null, n: 0 };
       const last = s.x.length ? s.x[s.x.length - 1] : null;
@@ -387,13 +394,35 @@ function chartSeries(chart) {
   return out;
 }
 
+// A step chart's x axis is its steps, or with "x: wall time" the wall time each step ended.
+const axisOf = (chart) => (chart.axis === "step" && state.xTime ? "time" : chart.axis);
+
+function timeOfStep(run, step) {
+  const { s, t } = run.stepT;
+  if (!s.length || step < s[0] || step > s[s.length - 1]) return null;
+  let lo = 0, hi = s.length - 1;
+  while (lo < hi) { const mid = (lo + hi) >> 1; if (s[mid] < step) lo = mid + 1; else hi = mid; }
+  if (s[lo] === step || lo === 0) return t[lo];
+  const f = (step - s[lo - 1]) / (s[lo] - s[lo - 1]);      // between two kept steps (a long run's are thinned)
+  return t[lo - 1] + f * (t[lo] - t[lo - 1]);
+}
+
 function xOf(chart, runId, x) {
+  if (chart.axis === "step" && state.xTime) {
+    x = timeOfStep(state.runs[runId], x);
+    if (x === null) return null;
+  }
   // Several runs on one time axis: seconds since each run's first record, so they line up.
-  return chart.axis === "time" && multi() ? x - (state.runs[runId].t0 ?? 0) : x;
+  return axisOf(chart) === "time" && multi() ? x - (state.runs[runId].t0 ?? 0) : x;
 }
 
 function buildData(chart, list) {
-  const tables = list.map(({ run, s }) => [s.x.map((x) => xOf(chart, run, x)), s.y]);
+  const tables = list.map(({ run, s }) => {
+    const xs = s.x.map((x) => xOf(chart, run, x));
+    if (!xs.includes(null)) return [xs, s.y];
+    const keep = xs.map((x) => x !== null);                  // steps with no wall time known: left out
+    return [xs.filter((_, j) => keep[j]), s.y.filter((_, j) => keep[j])];
+  });
   const data = tables.length === 1 ? tables[0] : uPlot.join(tables);
   let raw = null;
   if (chart.stacked && list.length > 1 && !multi()) {
@@ -472,7 +501,7 @@ function seriesOpts(chart, list, raw) {
       opts.spanGaps = true;
     } else {
       opts.points = { show: false };
-      opts.spanGaps = !(chart.axis === "time");   // eval-only steps are undefined in joined data, not gaps
+      opts.spanGaps = chart.axis !== "time";   // eval-only steps are undefined in joined data, not gaps
     }
     return opts;
   });
@@ -486,7 +515,8 @@ function markersPlugin(chart) {
     ctx.save();
     for (const id of state.order) {
       for (const ev of state.runs[id].events) {
-        const x = chart.axis === "step" ? ev.step : (ev.t === null ? null : xOf(chart, id, ev.t));
+        const x = axisOf(chart) === "step" ? ev.step
+          : (ev.t === null || ev.t === undefined ? null : (multi() ? ev.t - (state.runs[id].t0 ?? 0) : ev.t));
         if (x === null || x === undefined) continue;
         const px = u.valToPos(x, "x", true);
         if (px < left || px > left + width) continue;
@@ -518,7 +548,8 @@ function axisValues(chart) {
 
 function makePlot(chart, card, list) {
   const { data, raw } = buildData(chart, list);
-  const timeAxis = chart.axis === "time" && !multi();
+  const axis = axisOf(chart);
+  const timeAxis = axis === "time" && !multi();
   const log = state.logY && !chart.stacked && allPositive(list);
   card.dataset.log = log ? "1" : "0";
   const opts = {
@@ -526,36 +557,36 @@ function makePlot(chart, card, list) {
     // One x value (a single daemon record, one step): a minute or a few steps around it, not the
     // years uPlot would span on a time axis.
     scales: { x: { time: timeAxis, range: (u, min, max) => {
-      if (state.zoom[chart.axis]) return [min, max];          // the range a zoom asked for
+      if (state.zoom[axis]) return [min, max];          // the range a zoom asked for
       const xs = u.data?.[0] ?? [];
       const one = xs.length > 0 && xs[0] === xs[xs.length - 1] ? xs[0] : null;
       if (one === null) return [min, max];
-      return chart.axis === "time" ? [one - 60, one + 60] : [one - 1, one + 1];
+      return axis === "time" ? [one - 60, one + 60] : [one - 1, one + 1];
     } } },
-    series: [{ label: chart.axis === "step" ? "step" : (timeAxis ? "time" : "s since start"),
+    series: [{ label: axis === "step" ? "step" : (timeAxis ? "time" : "s since start"),
                value: (u, v) => (v == null ? "—" : timeAxis ? fmtTime(v) : String(Math.round(v))) },
              ...seriesOpts(chart, list, raw)],
     // Axis titles: the x axis's, and the unit the catalogue gives the chart's series (when they agree).
-    axes: [{ grid: { stroke: "#eef0f3" }, label: chart.axis === "step" ? "step" : (timeAxis ? "time" : "s since start"),
+    axes: [{ grid: { stroke: "#eef0f3" }, label: axis === "step" ? "step" : (timeAxis ? "time" : "s since start"),
              labelSize: 16, labelFont: "11px system-ui, sans-serif" },
            { grid: { stroke: "#eef0f3" }, values: axisValues(chart), size: 60,
              label: unitOf(list), labelSize: 16, labelFont: "11px system-ui, sans-serif",
              ...(chart.integer ? { incrs: [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000] } : {}) }],
     legend: { live: true },
-    cursor: { drag: { x: true, y: false, setScale: false }, sync: { key: chart.axis } },
+    cursor: { drag: { x: true, y: false, setScale: false }, sync: { key: axis } },
     hooks: { setSelect: [(u) => {
       if (u.select.width < 2) return;
       const min = u.posToVal(u.select.left, "x"), max = u.posToVal(u.select.left + u.select.width, "x");
       u.setSelect({ left: 0, top: 0, width: 0, height: 0 }, false);
-      zoomTo(chart.axis, min, max);
+      zoomTo(axis, min, max);
     }] },
     plugins: [markersPlugin(chart)],
   };
   if (log) opts.scales.y = { distr: 3 };
   const plot = new uPlot(opts, data, card.querySelector(".plot"));
-  plot.over.addEventListener("dblclick", () => zoomTo(chart.axis, null, null));
-  if (state.zoom[chart.axis]) plot.setScale("x", { min: state.zoom[chart.axis][0], max: state.zoom[chart.axis][1] });
-  return { plot, signature: signature(list), raw, axis: chart.axis };
+  plot.over.addEventListener("dblclick", () => zoomTo(axis, null, null));
+  if (state.zoom[axis]) plot.setScale("x", { min: state.zoom[axis][0], max: state.zoom[axis][1] });
+  return { plot, signature: signature(list), raw, axis };
 }
 
 function unitOf(list) {
@@ -564,7 +595,7 @@ function unitOf(list) {
 }
 
 function signature(list) {   // what a chart is drawn with: a new one when it changes
-  return list.map((o) => o.run + ":" + o.key).join(",") + (state.logY ? "|log" : "");
+  return list.map((o) => o.run + ":" + o.key).join(",") + (state.logY ? "|log" : "") + (state.xTime ? "|time" : "");
 }
 
 function drawCharts() {
@@ -606,7 +637,7 @@ function drawCharts() {
       } else if (existing && existing.signature === sig) {
         const { data, raw } = buildData(chart, list);
         existing.raw = raw;
-        const zoom = state.zoom[chart.axis];
+        const zoom = state.zoom[axisOf(chart)];
         existing.plot.setData(data, !zoom);
         if (zoom) existing.plot.setScale("x", { min: zoom[0], max: zoom[1] });
       } else {
@@ -750,6 +781,12 @@ function openStream() {
 async function start() {
   const filter = document.getElementById("filter");
   filter.addEventListener("input", () => { state.filter = filter.value.trim().toLowerCase(); redraw(); });
+  const xaxis = document.getElementById("xaxis");
+  xaxis.addEventListener("change", () => {
+    state.xTime = xaxis.value === "time";
+    state.zoom = { step: null, time: null };    // a zoom in steps means nothing in time
+    redraw();
+  });
   const logy = document.getElementById("logy");
   logy.addEventListener("change", () => { state.logY = logy.checked; redraw(); });
   const smooth = document.getElementById("smooth");
