@@ -96,16 +96,9 @@ def test_a_rank_killed_with_sigkill_produces_rank_exited(make_daemon):
     d.drain()
 
 
-def test_a_rank_gone_just_before_its_bye_arrives_is_no_exit(make_daemon):
-    """A rank exits right after its bye; the daemon may see the process gone before the bye has
-    come through (it may hold a bye behind its records, core.BYE_HOLD_S): no rank_exited for it.
-    The rank is a real client (the daemon verifies it in /proc before it watches it); its bye is
-    sent for it after it is gone."""
-    import zmq
-
-    from protocol import encode_bye
-
-    d = make_daemon(world_size=1, config={"diagnosis": HANG, "pollers": {"nvml_enabled": False}})
+def a_verified_rank_gone(d) -> int:
+    """A real client as rank 0 (the daemon verifies it in /proc before it watches it), killed and
+    reaped once verified: its src, for records and a bye sent in its name after it is gone."""
     rank = subprocess.Popen([sys.executable, "-c", "import sys, telemetry; tm = telemetry.TelemetryClient(sys.argv[1], "
                              "rank=0); print(tm._src, flush=True); sys.stdin.read()", d.ingest],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
@@ -116,6 +109,20 @@ def test_a_rank_gone_just_before_its_bye_arrives_is_no_exit(make_daemon):
         time.sleep(0.1)
     rank.kill()
     rank.wait()                                # reaped: the pid is gone
+    return src
+
+
+def test_a_rank_gone_just_before_its_bye_arrives_is_no_exit(make_daemon):
+    """A rank exits right after its bye; the daemon may see the process gone before the bye has
+    come through (it may hold a bye behind its records, core.BYE_HOLD_S): no rank_exited for it.
+    The rank is a real client (the daemon verifies it in /proc before it watches it); its bye is
+    sent for it after it is gone."""
+    import zmq
+
+    from protocol import encode_bye
+
+    d = make_daemon(world_size=1, config={"diagnosis": HANG, "pollers": {"nvml_enabled": False}})
+    src = a_verified_rank_gone(d)
     ctx = zmq.Context()
     push = d.push(ctx)
     try:
@@ -141,16 +148,7 @@ def test_a_bye_held_behind_records_that_keep_coming_is_written_last_and_is_no_ex
     from protocol import encode_bye, encode_metrics
 
     d = make_daemon(per_rank=True, world_size=1, config={"diagnosis": HANG, "pollers": {"nvml_enabled": False}})
-    rank = subprocess.Popen([sys.executable, "-c", "import sys, telemetry; tm = telemetry.TelemetryClient(sys.argv[1], "
-                             "rank=0); print(tm._src, flush=True); sys.stdin.read()", d.ingest],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    src = int(rank.stdout.readline())
-    deadline = time.monotonic() + 60
-    while d.status()["sinks"]["forensics"]["ranks_verified"] < 1:
-        assert time.monotonic() < deadline, d.status()["sinks"]["forensics"]
-        time.sleep(0.1)
-    rank.kill()
-    rank.wait()
+    src = a_verified_rank_gone(d)
     ctx = zmq.Context()
     push = d.push(ctx)
     try:
