@@ -794,3 +794,10 @@ def test_per_rank_ledgers_the_daemon_kept_are_read_back_with_what_they_could_not
     (tmp_path / RANKS_FILE).write_text('{"t": 1, "ranks": {"0": {"wall_s": "x"}}}')
     bad = with_ranks_file(led, tmp_path)
     assert "ranks" not in bad and "not a per-rank ledger file" in bad["ranks_file_problem"]
+    # A FIFO there (someone's trap on a shared run dir) is refused, not read (a read would wait forever).
+    import os
+
+    (tmp_path / RANKS_FILE).unlink()
+    os.mkfifo(tmp_path / RANKS_FILE)
+    fifo = with_ranks_file(led, tmp_path)
+    assert "ranks" not in fifo and RANKS_FILE in fifo["ranks_file_problem"], fifo

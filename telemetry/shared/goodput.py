@@ -557,6 +557,27 @@ def rank_counters(led: dict[str, Any]) -> dict[str, int]:
 def read_ranks_file(path) -> tuple[dict[int, dict] | None, str]:
     """The per-rank ledgers in a RANKS_FILE: (rank -> ledger, "") or (None, why not). Only
     well-formed entries: numbers where numbers go, every bucket. (Its counters: ranks_file_counters.)"""
+    doc, why = _read_ranks_doc(path)
+    if doc is None:
+        return None, why
+    try:
+        out = {}
+        for r, v in doc["ranks"].items():
+            b = v["buckets_s"]
+            entry = {"wall_s": float(v["wall_s"]), "steps": int(v["steps"]), "launches": int(v["launches"]),
+                     "until": float(v["until"]), "buckets_s": {k: float(b[k]) for k in BUCKETS}}
+            entry["goodput"] = entry["buckets_s"]["productive"] / entry["wall_s"] if entry["wall_s"] > 0 else None
+            if v.get("since") is not None:
+                entry["since"] = float(v["since"])
+            out[int(r)] = entry
+    except (ValueError, TypeError, KeyError, AttributeError) as exc:
+        return None, f"{path}: not a per-rank ledger file ({type(exc).__name__}: {exc})"
+    return out, ""
+
+
+def _read_ranks_doc(path) -> tuple[dict | None, str]:
+    """A RANKS_FILE's JSON, read as a run file is (a regular file, at most RANKS_FILE_MAX_BYTES):
+    (the document, "") or (None, why not; "" when there is none)."""
     import json
 
     from telemetry.shared import files
@@ -573,19 +594,17 @@ def read_ranks_file(path) -> tuple[dict[int, dict] | None, str]:
         return None, f"{path}: over {RANKS_FILE_MAX_BYTES} bytes"
     try:
         doc = json.loads(data)
-        ranks = doc["ranks"]
-        out = {}
-        for r, v in ranks.items():
-            b = v["buckets_s"]
-            entry = {"wall_s": float(v["wall_s"]), "steps": int(v["steps"]), "launches": int(v["launches"]),
-                     "until": float(v["until"]), "buckets_s": {k: float(b[k]) for k in BUCKETS}}
-            entry["goodput"] = entry["buckets_s"]["productive"] / entry["wall_s"] if entry["wall_s"] > 0 else None
-            if v.get("since") is not None:
-                entry["since"] = float(v["since"])
-            out[int(r)] = entry
-    except (ValueError, TypeError, KeyError, AttributeError) as exc:
+    except ValueError as exc:
         return None, f"{path}: not a per-rank ledger file ({type(exc).__name__}: {exc})"
-    return out, ""
+    if not isinstance(doc, dict):
+        return None, f"{path}: not a per-rank ledger file (not a JSON object)"
+    return doc, ""
+
+
+def ranks_file_counters(path) -> dict[str, int]:
+    """A RANKS_FILE's RANK_COUNTERS (what its ledgers did not count), the well-formed ones."""
+    doc, _ = _read_ranks_doc(path)
+    return {k: doc[k] for k in RANK_COUNTERS if doc is not None and is_int(doc.get(k))}
 
 
 def lowest_first(ranks: dict) -> list[tuple[Any, dict]]:
@@ -606,17 +625,6 @@ def top_loss(values: dict) -> tuple[str, float] | None:
 def ledger(records: Iterable[dict]) -> dict[str, Any]:
     """The ledger of a run's records (module docstring)."""
     return Ledger().feed_all(records).result()
-
-
-def ranks_file_counters(path) -> dict[str, int]:
-    """A RANKS_FILE's RANK_COUNTERS (what its ledgers did not count), the well-formed ones."""
-    import json
-
-    try:
-        doc = json.loads(path.read_bytes()[:RANKS_FILE_MAX_BYTES])
-        return {k: int(doc[k]) for k in RANK_COUNTERS if isinstance(doc.get(k), int) and not isinstance(doc[k], bool)}
-    except (OSError, ValueError, TypeError, AttributeError):
-        return {}
 
 
 def with_ranks_file(led: dict[str, Any], log_dir) -> dict[str, Any]:
