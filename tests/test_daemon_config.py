@@ -92,3 +92,16 @@ def test_a_disabled_forward_section_starts_no_forwarder(tmp_path):
     finally:
         assert d.stop() == 0
         d.cleanup()
+
+
+def test_a_head_holds_a_connection_for_each_of_its_nodes(tmp_path):
+    # Issue 33: 1,100 nodes on a head of the default 1,024 connections were refused 89,517 times.
+    # A head (remote_ingest) whose world is 1,100 nodes holds two a node and its own, at least.
+    cfg = load(None, {"log_dir": str(tmp_path / "t"), "remote_ingest": "tcp://127.0.0.1:5999",
+                      "aggregator.world_size": 1100})
+    assert cfg.max_connections == 2 * 1100 + 64
+    bigger = load(None, {"log_dir": str(tmp_path / "t"), "remote_ingest": "tcp://127.0.0.1:5999",
+                         "aggregator.world_size": 8, "max_connections": 5000})
+    assert bigger.max_connections == 5000                  # a larger limit asked for stays
+    rank_daemon = load(None, {"log_dir": str(tmp_path / "t"), "aggregator.world_size": 1100})
+    assert rank_daemon.max_connections == 1024             # not a head: as configured

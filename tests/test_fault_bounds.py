@@ -47,6 +47,10 @@ def test_connections_beyond_the_limit_are_refused_and_counted(tmp_path):
                 break
             time.sleep(0.2)
         assert conns["refused"] >= 8 and conns["open"] <= 4, conns          # and it still answers
+        # Said in the log, with the limit and what to do (once, then at most once a minute).
+        said = [line for line in (tmp_path / "telemetry" / "daemon.log").read_text().splitlines()
+                if "refused a connection at its limit of 4 connections" in line]
+        assert len(said) == 1 and "max_connections" in said[0] and "ulimit -n" in said[0], said
         for s in socks:
             s.close(0)
         socks = []

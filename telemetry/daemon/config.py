@@ -135,6 +135,8 @@ class MfuConfig:
 
 # The most ingest connections one daemon may be configured for (each costs a descriptor).
 MAX_CONNECTIONS = 65_536
+# A head's connections beyond two per node: its own node's ranks, `telemetry` tools, a spare.
+HEAD_OWN_CONNECTIONS = 64
 # The least queue a connection gets, whatever rcvhwm // max_connections says.
 MIN_CONNECTION_HWM = 100
 # libzmq's high-water marks are C ints.
@@ -158,6 +160,7 @@ class DaemonConfig:
     # fits keeps that to a daemon that is really behind.
     rcvhwm: int = 10 * 1024 * 1024
     max_connections: int = 1024        # ingest connections at once (a rank has 1-2, +1 at close); beyond: refused
+                                       # (a head: at least 2 x its nodes + HEAD_OWN_CONNECTIONS)
     # The daemon's memory budget in MB, split across its buffers (telemetry/daemon/memory.py); what
     # does not fit is shed and counted (status: memory.shed; telemetry/memory_shed).
     memory_mb: float = 256.0
@@ -196,6 +199,11 @@ class DaemonConfig:
             raise ConfigError(f"rcvhwm must be 1..{MAX_RCVHWM}, got {self.rcvhwm}")
         if not 1 <= self.max_connections <= MAX_CONNECTIONS:
             raise ConfigError(f"max_connections must be 1..{MAX_CONNECTIONS}, got {self.max_connections}")
+        # A head (remote_ingest) that knows its nodes (aggregator.world_size: the number of nodes)
+        # holds a connection per node, two while one reconnects, and its own: never fewer.
+        if self.remote_ingest and self.aggregator.world_size:
+            need = min(MAX_CONNECTIONS, 2 * self.aggregator.world_size + HEAD_OWN_CONNECTIONS)
+            self.max_connections = max(self.max_connections, need)
         from telemetry.daemon.memory import MAX_MEMORY_MB, MIN_MEMORY_MB
 
         if not MIN_MEMORY_MB <= self.memory_mb <= MAX_MEMORY_MB:   # (NaN fails this too)

@@ -185,6 +185,9 @@ class Daemon:
             "control": endpoints.resolve("control", cfg.control, create_dir=True),
         }
         self.fd_limit, self.max_connections = _raise_fd_limit(cfg.max_connections)
+        if cfg.remote_ingest and cfg.aggregator.world_size:
+            log.info("head of %d nodes: up to %d ingest connections (max_connections: two a node and the head's "
+                     "own; descriptor limit %d)", cfg.aggregator.world_size, self.max_connections, self.fd_limit)
         if self.endpoints["ingest"].startswith("ipc://"):
             # Says "a daemon serves this directory" to whoever would start one (client/autostart.py).
             self._lock_fd = endpoints.hold_daemon_lock(Path(self.endpoints["ingest"][len("ipc://"):]).parent)

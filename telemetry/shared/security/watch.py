@@ -26,11 +26,13 @@ daemon) drops such a peer after a few seconds anyway (counted in `handshake_fail
 from __future__ import annotations
 
 import logging
+import math
 import os
 import socket
 import stat
 import struct
 import threading
+import time
 
 import zmq
 from zmq.utils.monitor import parse_monitor_message
@@ -54,6 +56,9 @@ _TCPI_BYTES_RECEIVED = 128
 
 log = logging.getLogger("telemetry.security")
 
+# A refused connection is logged at once, then at most this often (with the count so far).
+REFUSED_LOG_EVERY_S = 60.0
+
 
 class ConnectionWatch:
     """Counts per watched socket: accepted, disconnected, handshake_ok/failed, auth_failed, and
@@ -66,6 +71,7 @@ class ConnectionWatch:
         self._open: dict[str, dict[int, None]] = {}       # name -> live connections' fds, oldest first
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._refused_logged: dict[str, float] = {}       # name -> when a refusal was last logged
 
     def watch(self, name: str, sock: zmq.Socket, limit: int = 0, endpoints: tuple[str, ...] = ()) -> None:
         """Start counting `sock`'s connection events; call before start(). With `limit` > 0,
@@ -113,6 +119,7 @@ class ConnectionWatch:
             if len(live) >= limit and not self._close_an_idle_one(name, live, local):
                 if _refuse(fd, local):
                     self.counts[name]["refused"] += 1
+                    self._say_refused(name, limit)
                 else:
                     live[fd] = None
             else:
@@ -120,6 +127,20 @@ class ConnectionWatch:
         elif event in (zmq.EVENT_DISCONNECTED, zmq.EVENT_CLOSED):
             live.pop(fd, None)
         self.counts[name]["open"] = len(live)
+
+    def _say_refused(self, name: str, limit: int) -> None:
+        """A refused connection is a client that cannot send: said in the log at once, then at most
+        every REFUSED_LOG_EVERY_S with the count (issue 33: 1,100 nodes on a head of 1,024 were
+        refused 89,517 times with only a counter to say so)."""
+        n = self.counts[name]["refused"]
+        now = time.monotonic()
+        if n > 1 and now - self._refused_logged.get(name, -math.inf) < REFUSED_LOG_EVERY_S:
+            return
+        self._refused_logged[name] = now
+        log.warning("%s: refused a connection at its limit of %d connections (%d refused so far): each refused "
+                    "client cannot send. More ranks or nodes than that need max_connections raised in the daemon "
+                    "config (a head: the nodes it serves, plus its own ranks), and the descriptor limit with it "
+                    "(ulimit -n)", name, limit, n)
 
     def _close_an_idle_one(self, name: str, live: dict[int, None], local: set) -> bool:
         """Shut down the oldest live connection that never sent a whole greeting; True if one was."""
