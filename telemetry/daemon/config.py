@@ -76,6 +76,28 @@ class TensorBoardConfig(SinkConfig):
 
 
 @dataclass(kw_only=True, slots=True)
+class OtlpConfig(SinkConfig):
+    """OpenTelemetry export over OTLP/HTTP (telemetry/daemon/sinks/otlp.py); off by default."""
+    enabled: bool = False
+    endpoint: str = "http://127.0.0.1:4318/v1/metrics"   # a collector's OTLP/HTTP receiver
+    export_interval_s: float = 10.0
+    timeout_s: float = 10.0
+    headers: dict[str, str] = field(default_factory=dict)
+    job: str = ""                                         # the resource's `job` (default: the run name)
+
+    def __post_init__(self) -> None:
+        SinkConfig.__post_init__(self)
+        if not self.endpoint.startswith(("http://", "https://")):
+            raise ConfigError(f"otlp.endpoint {self.endpoint!r}: expected an http:// or https:// URL")
+        for name in ("export_interval_s", "timeout_s"):
+            v = getattr(self, name)
+            if not 0 < v < 86400:
+                raise ConfigError(f"otlp.{name} must be > 0 (seconds), got {v!r}")
+        if not all(isinstance(k, str) and isinstance(v, str) for k, v in self.headers.items()):
+            raise ConfigError("otlp.headers: a map of header names to strings")
+
+
+@dataclass(kw_only=True, slots=True)
 class CustomSinkConfig(SinkConfig):
     """A sink of your own: `class` is "package.module:ClassName", a telemetry.daemon.sinks.base.Sink
     subclass built as ClassName(log_dir=..., **options) on the daemon's thread."""
@@ -168,6 +190,7 @@ class DaemonConfig:
     wandb: WandbConfig = field(default_factory=WandbConfig)
     pub_sink: PubConfig = field(default_factory=PubConfig)
     tensorboard: TensorBoardConfig = field(default_factory=TensorBoardConfig)
+    otlp: OtlpConfig = field(default_factory=OtlpConfig)
     aggregator: AggregatorConfig = field(default_factory=AggregatorConfig)
     mfu: MfuConfig = field(default_factory=MfuConfig)
     pollers: PollersConfig = field(default_factory=PollersConfig)

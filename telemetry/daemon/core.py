@@ -282,6 +282,12 @@ class Daemon:
             from telemetry.daemon.sinks.tensorboard import TensorBoardSink
 
             self._add_runner(TensorBoardSink(self.log_dir), cfg.tensorboard)
+        if cfg.otlp.enabled:
+            from telemetry.daemon.sinks.otlp import OtlpSink
+
+            o = cfg.otlp
+            self._add_runner(OtlpSink(o.endpoint, cfg.run_name, job=o.job, export_interval_s=o.export_interval_s,
+                                      timeout_s=o.timeout_s, headers=o.headers, host=self.host), o)
         for i, c in enumerate(cfg.custom_sinks):
             if c.enabled:
                 self._add_runner(_load_sink(c.cls, self.log_dir, c.options, f"custom_sinks[{i}]"), c)
