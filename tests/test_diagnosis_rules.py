@@ -552,3 +552,21 @@ def test_sorted_window_median_is_the_median_of_the_last_values():
         last = (last + [x])[-37:]
         assert len(w) == len(last) and list(w) == last
         assert w.median() == statistics.median(last)
+
+
+def test_a_heads_findings_speak_of_nodes():
+    # Issue 33: on a head the world is its nodes (each node's aggregate is one "rank" there); its
+    # findings said "rank 1 ... hung in a collective" of a node.
+    from telemetry.daemon.diagnosis.diagnoser import Diagnoser
+
+    recs = [{"kind": "metrics", "t": 1000.0 + s, "step": s, "values": {"train/loss": 1.0},
+             "missing_ranks": [1] if s >= 12 else []} for s in range(1, 16)]
+    for unit, word in (("node", "node 1 is missing"), ("rank", "rank 1 is missing")):
+        d = Diagnoser(DiagnosisConfig(min_interval_s=1e-9), unit=unit)
+        d.rules = [r for r in d.rules if r.name == "rank_stopped"]
+        d._by_kind = {k: [r for r in d.rules if k in r.kinds] for k in ("metrics", "hello", "bye")}
+        ev = [e for r in recs for e in d.consume(r)]
+        assert len(ev) == 1 and word in ev[0]["data"]["message"], ev
+        assert ev[0]["data"]["subject"] == ("node1" if unit == "node" else "rank1")
+        assert ev[0]["data"].get("unit") == ("node" if unit == "node" else None)
+        assert (unit == "node") == ("rank" not in ev[0]["data"]["message"].replace("ranks_", "")), ev[0]["data"]["message"]

@@ -313,7 +313,7 @@ class Daemon:
         from telemetry.daemon.pollers import make_pollers
 
         self.pollers = make_pollers(self.cfg.pollers)
-        self.diagnoser = Diagnoser(self.cfg.diagnosis)
+        self.diagnoser = Diagnoser(self.cfg.diagnosis, unit="node" if self.cfg.remote_ingest else "rank")
         self._add_forensics()       # also verifies this host's ranks for the pollers: always
         self._add_goodput()
         if not self.cfg.diagnosis.enabled:

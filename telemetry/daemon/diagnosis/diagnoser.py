@@ -17,6 +17,7 @@ consume and tick never raise: a rule that throws is logged once and counted, and
 from __future__ import annotations
 
 import logging
+import re
 import math
 from typing import Any
 
@@ -42,8 +43,12 @@ class Diagnoser:
         rules: explicit rule instances instead of the registry (tests).
     """
 
-    def __init__(self, cfg: DiagnosisConfig | None = None, *, rules: list[Rule] | None = None) -> None:
+    def __init__(self, cfg: DiagnosisConfig | None = None, *, rules: list[Rule] | None = None,
+                 unit: str = "rank") -> None:
+        """unit: what the daemon's "ranks" are: "node" on a head, whose world is its nodes (each
+        node's aggregate is one "rank" there): its findings say node, not rank."""
         self.cfg = cfg if cfg is not None else DiagnosisConfig()
+        self.unit = unit
         if rules is None:
             rules = [] if not self.cfg.enabled else [
                 cls(self.cfg) for name, cls in RULES.items() if name not in self.cfg.disabled_rules]
@@ -101,9 +106,21 @@ class Diagnoser:
             return None
         self._last_event_t[key] = f.t
         data = {k: _json_safe(v) for k, v in f.data.items()}
-        data.update(message=f.message, rule=rule.name, severity=f.severity, subject=f.subject,
+        message, subject = f.message, f.subject
+        if self.unit == "node":          # a head: its ranks are nodes
+            message, subject = as_nodes(message), as_nodes(subject)
+            data["unit"] = "node"
+        data.update(message=message, rule=rule.name, severity=f.severity, subject=subject,
                     num_suppressed=self._num_suppressed.pop(key, 0))
         self.num_events += 1
         if self.cfg.log_events:
-            log.log(logging.ERROR if f.severity == "critical" else logging.WARNING, "%s", f.message)
+            log.log(logging.ERROR if f.severity == "critical" else logging.WARNING, "%s", message)
         return {"kind": "event", "t": f.t, "rank": f.rank, "name": f"diagnosis/{rule.name}", "data": data}
+
+
+_RANK_WORD = re.compile(r"\b([Rr])ank(s?)(?=\b|\d)")
+
+
+def as_nodes(text: str) -> str:
+    """A finding of a head's rules in its own terms: "rank 3" / "ranks" / "rank3" are nodes there."""
+    return _RANK_WORD.sub(lambda m: ("N" if m.group(1) == "R" else "n") + "ode" + m.group(2), text)
