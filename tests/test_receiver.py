@@ -40,6 +40,24 @@ def test_a_restarted_daemon_accounts_from_the_first_record_it_sees():
     assert t["records_lost_in_transit"] == 0
 
 
+def test_a_successor_says_what_the_daemons_before_it_took_in():
+    # Issue 33: after a head restart `status` showed only the new head's figures. The successor
+    # restores its predecessor's checkpoint: records_in is its own, records_in_earlier_daemons
+    # what the checkpoint says the clients had sent before, and together they are the run's.
+    first = Receiver()
+    for seq in range(0, 500):
+        feed_one(first, frame(7, seq))
+    for seq in range(0, 200):
+        feed_one(first, frame(8, seq))
+    second = Receiver()
+    second.restore(first.snapshot())
+    for seq in range(500, 600):
+        feed_one(second, frame(7, seq))
+    t = second.totals()
+    assert t["records_in"] == 100 and t["records_in_earlier_daemons"] == 700
+    assert t["records_lost"] == 0
+
+
 def test_malformed_frames_are_counted_not_raised():
     r = Receiver()
     assert feed_one(r, b"\xc1garbage") is None

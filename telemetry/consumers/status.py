@@ -69,7 +69,10 @@ def run(args: argparse.Namespace) -> int:
     g = st.get
     lines = [f"run {g('run_name')}  pid {g('pid')}  up {_n(g('uptime_s'), '.0f')} s  log dir {g('log_dir')}"
              f"  inner loops {g('inner_loops', '?')}",
-             f"records in {g('records_in')}  malformed {g('records_malformed')}  "
+             f"records in {g('records_in')}"
+             + (f" (and {g('records_in_earlier_daemons')} at the daemons before this one on the run)"
+                if g("records_in_earlier_daemons") else "")
+             + f"  malformed {g('records_malformed')}  "
              f"dropped by clients {g('records_dropped_by_clients')}  lost in transit {g('records_lost_in_transit')}",
              f"ranks {g('ranks')}  last step {g('last_step')}  steps out {g('steps_out')} "
              f"({g('steps_incomplete')} without every rank)"]

@@ -310,14 +310,18 @@ class Receiver:
             log.warning("rejected malformed record (%d so far): %s", self.num_malformed, exc)
 
     def totals(self) -> dict:
-        lost = dropped = transit = 0
+        lost = dropped = transit = earlier = 0
         for s in self.sources.values():
             n_lost, n_dropped = s.lost(), s.dropped_in_window()
             lost += n_lost
             dropped += n_dropped
             transit += n_lost - n_dropped
+            earlier += s.earlier
         return {
             "records_in": self.num_in,
+            # What the clients this daemon continues (sources.json) had sent to the daemons before
+            # it on this log directory, as their last checkpoint said: records_in + this is the run's.
+            "records_in_earlier_daemons": earlier,
             "records_malformed": self.num_malformed,
             "records_dropped_by_clients": dropped,
             # Counted by no one: sent (seq assigned, not dropped by the client) and never received.
