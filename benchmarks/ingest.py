@@ -145,7 +145,8 @@ def bench_bare(endpoint: str, records_per_rank: int) -> dict:
 
 
 def bench_pipeline(endpoint: str, pub_ep: str, control_ep: str, log_dir: Path, records_per_rank: int,
-                   profile: str = "", model: bool = True, native: bool = True) -> dict:
+                   profile: str = "", model: bool = True, native: bool = True, python_twins: tuple = ()) -> dict:
+    """python_twins: with native, these of hotpath.TWINS run their Python twin (benchmarks/c_loops_worth.py)."""
     from telemetry.daemon.config import load
     from telemetry.daemon.core import Daemon
 
@@ -163,6 +164,14 @@ def bench_pipeline(endpoint: str, pub_ep: str, control_ep: str, log_dir: Path, r
         from telemetry.daemon import loops
 
         d.receiver.loops = d.aggregator.loops = d.derived.loops = loops
+    elif python_twins:            # the C loops but these, each its Python twin
+        import types
+
+        from telemetry.daemon import loops
+
+        mixed = types.SimpleNamespace(**{t: getattr(loops if t in python_twins else hotpath.native, t)
+                                         for t in hotpath.TWINS})
+        d.receiver.loops = d.aggregator.loops = d.derived.loops = mixed
     d.start()
     for r in d.runners:
         r.wait_started(10)
