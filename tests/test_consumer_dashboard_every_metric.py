@@ -218,3 +218,52 @@ def test_hundreds_of_names_each_get_a_card_and_are_drawn_as_they_come_into_view(
         assert not [line for line in b.console if "exception" in line], b.console
     finally:
         assert dash.stop() == 0, "".join(dash.lines)
+
+
+@pytest.mark.slow
+def test_a_wandb_script_switched_with_one_line_shows_its_own_keys(tmp_path):
+    """tests/dropin_scripts/wandb_features.py, a plain W&B script, run unmodified under
+    `telemetry run --as-wandb`: its keys (loss, opt.lr from a nested dict, val/loss against its
+    own step metric, epoch, late at step 20) each have a chart holding what the daemon wrote."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parent.parent
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TELEMETRY_", "WANDB_"))}
+    env.update(PYTHONPATH=str(root), WANDB_SILENT="true", WANDB_DIR=str(tmp_path), TELEMETRY_RUNTIME_DIR=str(tmp_path / "rt"))
+    p = subprocess.run([sys.executable, "-m", "telemetry", "run", "--as-wandb", "--quiet", "--wandb", "disabled",
+                        "--nproc", "1", "--run-dir", str(tmp_path / "r"), "--",
+                        str(root / "tests" / "dropin_scripts" / "wandb_features.py")],
+                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
+    from telemetry.consumers.readjsonl import find_log_dir
+
+    recs = [json.loads(line) for line in (find_log_dir(tmp_path / "r") / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in recs if r["kind"] == "metrics" and "rank" not in r]
+    keys = sorted({k for r in steps for k in r["values"] if k in ("loss", "opt/lr", "val/loss", "epoch", "late")})
+    assert keys == ["epoch", "late", "loss", "opt/lr", "val/loss"], sorted({k for r in steps for k in r["values"]})
+    want = {k: sum(k in r["values"] for r in steps) for k in keys}
+    dash = Dashboard(str(tmp_path / "r"))
+    try:
+        with Browser(tmp_path / "chromium-profile", width=1400, height=1000) as b:
+            b.navigate(dash.login_url)
+            b.wait_for("document.body.dataset.ready === '1'", what="the page drawn")
+            charts = _shown(b)
+            for k, n in want.items():
+                assert charts.get(f"auto-{k}", {}).get("points") == n, (k, n, sorted(charts))
+            assert charts["auto-opt/lr"]["group"] == "opt/ (logged by the run)"
+            # The run's config, as the script's wandb.init and config.update gave it.
+            config = b.evaluate("Object.fromEntries([...document.querySelectorAll('#config-rows tr')]"
+                                ".map(r => [r.dataset.key, r.querySelector('td').textContent]))")
+            assert config.get("lr") == "0.1" and config.get("batch") == "8", config
+            # Each chart as wide as its card: nothing wider than the window (charts drawn before
+            # any card existed were 860 px in 690 px cards, overlapping their neighbours).
+            assert b.evaluate("document.documentElement.scrollWidth") <= 1400
+            assert b.evaluate("[...document.querySelectorAll('.card')].filter(c => !c.hidden && c.querySelector('.uplot'))"
+                              ".every(c => c.querySelector('.uplot').offsetWidth <= c.clientWidth)")
+            print(f"\ndashboard screenshot: {b.screenshot(tmp_path / 'dropin.png')}")
+        assert not [line for line in b.console if "exception" in line], b.console
+    finally:
+        assert dash.stop() == 0, "".join(dash.lines)

@@ -375,6 +375,11 @@ function drawEvents() {
 }
 
 // -- charts ------------------------------------------------------------------------------------
+// A chart as wide as its own card (a grid column); chartWidth() before any card exists.
+function cardWidth(card) {
+  return card && card.clientWidth ? Math.max(300, card.clientWidth - 22) : chartWidth();
+}
+
 function chartWidth() {
   const grid = document.querySelector(".grid");
   const w = grid ? grid.querySelector(".card")?.clientWidth : null;
@@ -553,7 +558,7 @@ function makePlot(chart, card, list) {
   const log = state.logY && !chart.stacked && allPositive(list);
   card.dataset.log = log ? "1" : "0";
   const opts = {
-    width: chartWidth(), height: CHART_HEIGHT,
+    width: cardWidth(card), height: CHART_HEIGHT,
     // One x value (a single daemon record, one step): a minute or a few steps around it, not the
     // years uPlot would span on a time axis.
     scales: { x: { time: timeAxis, range: (u, min, max) => {
@@ -802,7 +807,9 @@ async function start() {
   window.addEventListener("resize", () => {
     clearTimeout(resizeTimer);
     resizeTimer = setTimeout(() => {
-      for (const p of Object.values(state.plots)) p.plot.setSize({ width: chartWidth(), height: CHART_HEIGHT });
+      for (const p of Object.values(state.plots)) {
+        p.plot.setSize({ width: cardWidth(p.plot.root.closest(".card")), height: CHART_HEIGHT });
+      }
     }, 150);
   });
 }
