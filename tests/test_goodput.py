@@ -233,6 +233,8 @@ def test_the_trainer_on_two_ranks_against_the_injected_truth(tmp_path):
     # The ranks' mean, but for a step whose straggler was slow in data loading: the others' wait
     # for data then (the excess is the straggler bucket's).
     assert least - 1e-6 <= b["data_loading"] <= mean + 1e-6 and least >= steps * slow_data, (b, least, mean)
+    print(f"data bucket - injected {b['data_loading'] - steps * slow_data:.3f} s, checkpoint bucket - injected "
+          f"{b['checkpoint_save'] - saves * slow_save:.3f} s, of {wall:.2f} s wall")
     # (On the dev box, 2026-11-27: the bucket was the injected 4.0 s + 0.09-0.12 s, 0.5-0.8 % of
     # the wall time; how long the loader itself takes depends on the machine, so the ranks' own
     # figures above are the truth this test holds it to.)
