@@ -59,9 +59,9 @@ def test_throughput_swinging_with_other_jobs_is_no_drop():
     recs = [metrics(s, {"perf/tokens_per_second": rng.uniform(8e3, 3e4)}) for s in range(11, 60)]
     recs += [metrics(s, {"perf/tokens_per_second": 6.9e3}) for s in range(60, 65)]
     assert feed(only("throughput_drop"), recs) == []
-    # The same drop in a steady run is one.
+    # The same drop in a steady run is one (held 13 log steps of 1 s: past throughput_drop_min_s).
     recs = [metrics(s, {"perf/tokens_per_second": 1.7e4 + (s % 3) * 200}) for s in range(11, 60)]
-    recs += [metrics(s, {"perf/tokens_per_second": 6.9e3}) for s in range(60, 66)]
+    recs += [metrics(s, {"perf/tokens_per_second": 6.9e3}) for s in range(60, 73)]
     assert names(feed(only("throughput_drop"), recs)) == ["diagnosis/throughput_drop"]
 
 

@@ -265,7 +265,8 @@ def tps(step, v):
 
 
 def test_throughput_drop_fires_once_after_consecutive_low_steps():
-    d = only("throughput_drop", throughput_drop_consecutive=3, throughput_min_points=10)
+    # The count of log steps alone (throughput_drop_min_s off; its own test below).
+    d = only("throughput_drop", throughput_drop_consecutive=3, throughput_min_points=10, throughput_drop_min_s=0)
     recs = [tps(s, 1e5 + (s % 3) * 1e3) for s in range(10, 40)] + [tps(s, 5e4) for s in range(40, 46)]
     ev = feed(d, recs)
     assert names(ev) == ["diagnosis/throughput_drop"]
@@ -291,10 +292,27 @@ def test_throughput_drop_ignores_steps_with_missing_ranks():
 
 
 def test_throughput_drop_falls_back_to_samples_per_second():
-    d = only("throughput_drop", throughput_drop_consecutive=1, throughput_min_points=3)
+    d = only("throughput_drop", throughput_drop_consecutive=1, throughput_min_points=3, throughput_drop_min_s=0)
     recs = [metrics(s, {"perf/samples_per_second": 100.0}) for s in range(10, 14)]
     ev = feed(d, recs + [metrics(14, {"perf/samples_per_second": 10.0})])
     assert ev and ev[0]["data"]["key"] == "perf/samples_per_second"
+
+
+def test_a_dip_of_half_a_second_on_a_busy_machine_is_no_throughput_drop():
+    # Issue 27's chain (the balanced-run test beside two CPU-bound processes): steps of ~0.08 s,
+    # tokens/s 46 % under the median for 5 log steps, half a second, as the scheduler moved them.
+    d = only("throughput_drop")
+    base = [metrics(s, {"perf/tokens_per_second": 5.6e4 + (s % 5) * 500}, t=T0 + 0.08 * s) for s in range(11, 394)]
+    dip = [metrics(s, {"perf/tokens_per_second": 3.0e4}, t=T0 + 0.08 * s) for s in range(394, 399)]
+    after = [metrics(s, {"perf/tokens_per_second": 5.6e4}, t=T0 + 0.08 * s) for s in range(399, 500)]
+    assert feed(d, base + dip + after) == []
+    # The same drop held for 12 s (150 log steps) is a drop, named once it has lasted 10 s.
+    d = only("throughput_drop")
+    held = [metrics(s, {"perf/tokens_per_second": 3.0e4}, t=T0 + 0.08 * s) for s in range(394, 544)]
+    ev = feed(d, base + held)
+    assert names(ev) == ["diagnosis/throughput_drop"]
+    assert ev[0]["data"]["lasted_s"] == pytest.approx(10.0) and ev[0]["data"]["step"] == 394 + 125, ev[0]["data"]
+    assert "(10 s)" in ev[0]["data"]["message"]
 
 
 # ---- straggler ---------------------------------------------------------------------------------

@@ -52,7 +52,9 @@ class DiagnosisConfig:
         throughput_drop_fraction: tokens/s this fraction under the run's median is a drop.
         throughput_drop_robust_z: ... and more than this many robust sigmas of the run's own
             values (1.4826 x their median absolute deviation) under it ...
-        throughput_drop_consecutive: ... for this many consecutive log steps.
+        throughput_drop_consecutive: ... for this many consecutive log steps ...
+        throughput_drop_min_s: ... spanning at least this many seconds of the run (a busy
+            machine's scheduler dips a fast run's throughput for half a second at a time).
         throughput_min_points: need this many log steps of history first (the run's own
             spread is not known from a few: a shared machine's load changes over minutes).
         straggler_ratio: slowest / fastest rank step time at or above this is a straggler ...
@@ -104,6 +106,7 @@ class DiagnosisConfig:
     throughput_drop_fraction: float = 0.3
     throughput_drop_robust_z: float = 3.0
     throughput_drop_consecutive: int = 5
+    throughput_drop_min_s: float = 10.0
     throughput_min_points: int = 50
     straggler_ratio: float = 1.2
     straggler_consecutive: int = 8
@@ -142,6 +145,8 @@ class DiagnosisConfig:
                      "straggler_usual_factor"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"diagnosis.{name} must be > 0, got {getattr(self, name)!r}")
+        if self.throughput_drop_min_s < 0:
+            raise ValueError(f"diagnosis.throughput_drop_min_s must be >= 0, got {self.throughput_drop_min_s!r}")
         if self.warmup_steps < 0:
             raise ValueError(f"diagnosis.warmup_steps must be >= 0, got {self.warmup_steps!r}")
         if self.straggler_ratio <= 1.0:
