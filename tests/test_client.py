@@ -489,6 +489,11 @@ def test_a_record_submitted_as_the_sender_finds_its_queue_empty_is_sent_before_i
                     acted.set()
                     sender._num_submitted += 1
                     self.append(Job(2, 0, 2, {"x": 2.0}, []))
+                    # What close() does, in its order: the linger first, then closing. (With
+                    # closing alone the thread could close its socket with linger 0 before the
+                    # test's close() set it: both records discarded with the connection not yet
+                    # up; a loaded fresh-clone run of cbef90a.)
+                    sender._linger_ms = 60_000
                     sender._closing = True
                 raise
 
