@@ -556,10 +556,13 @@ def rank_counters(led: dict[str, Any]) -> dict[str, int]:
 
 def read_ranks_file(path) -> tuple[dict[int, dict] | None, str]:
     """The per-rank ledgers in a RANKS_FILE: (rank -> ledger, "") or (None, why not). Only
-    well-formed entries: numbers where numbers go, every bucket. (Its counters: ranks_file_counters.)"""
+    well-formed entries: numbers where numbers go, every bucket."""
     doc, why = _read_ranks_doc(path)
-    if doc is None:
-        return None, why
+    return _ranks_of(doc, path) if doc is not None else (None, why)
+
+
+def _ranks_of(doc: dict, path) -> tuple[dict[int, dict] | None, str]:
+    """The well-formed per-rank ledgers of a RANKS_FILE's document (read_ranks_file)."""
     try:
         out = {}
         for r, v in doc["ranks"].items():
@@ -601,12 +604,6 @@ def _read_ranks_doc(path) -> tuple[dict | None, str]:
     return doc, ""
 
 
-def ranks_file_counters(path) -> dict[str, int]:
-    """A RANKS_FILE's RANK_COUNTERS (what its ledgers did not count), the well-formed ones."""
-    doc, _ = _read_ranks_doc(path)
-    return {k: doc[k] for k in RANK_COUNTERS if doc is not None and is_int(doc.get(k))}
-
-
 def lowest_first(ranks: dict) -> list[tuple[Any, dict]]:
     """A result's per-rank ledgers (`ranks`) as (rank, its ledger), the lowest goodput first."""
     return sorted(ranks.items(), key=lambda kv: kv[1]["goodput"] if kv[1]["goodput"] is not None else 0.0)
@@ -635,9 +632,12 @@ def with_ranks_file(led: dict[str, Any], log_dir) -> dict[str, Any]:
 
     if led.get("ranks") or not led.get("wall_s"):
         return led
-    ranks, why = read_ranks_file(Path(log_dir) / RANKS_FILE)
+    path = Path(log_dir) / RANKS_FILE
+    doc, why = _read_ranks_doc(path)                  # read once: its ledgers and its counters
+    ranks, why = _ranks_of(doc, path) if doc is not None else (None, why)
     if ranks:
-        led = {**led, "ranks": ranks, "ranks_from": RANKS_FILE, **ranks_file_counters(Path(log_dir) / RANKS_FILE)}
+        counters = {k: doc[k] for k in RANK_COUNTERS if is_int(doc.get(k))}
+        led = {**led, "ranks": ranks, "ranks_from": RANKS_FILE, **counters}
     elif why:
         led = {**led, "ranks_file_problem": why}
     return led
