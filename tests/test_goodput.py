@@ -402,7 +402,12 @@ def test_a_daemon_sigkilled_and_restarted_mid_run_leaves_one_launch_and_the_inje
     own = [{json.loads(line)["step"]: json.loads(line)["data_loading_time"]
             for line in (tmp_path / f"loss{r}.jsonl").read_text().splitlines()} for r in (0, 1)]
     agg = {r["step"]: r["values"] for r in recs if r["kind"] == "metrics" and "rank" not in r}
-    print(f"ledger {b}, wall {wall:.3f} s, {len(written)} steps written of {steps_n}")
+    # A step written without a rank (its record went to the killed daemon): the ranks it has.
+    present = {r["step"]: [k for k in (0, 1) if k not in r.get("missing_ranks", ())]
+               for r in recs if r["kind"] == "metrics" and "rank" not in r}
+    missing = {s for s, ks in present.items() if len(ks) < 2}
+    print(f"ledger {b}, wall {wall:.3f} s, {len(written)} steps written of {steps_n}, "
+          f"written without a rank: {sorted(missing)}")
     # The straggler series, step by step, against the ranks' own figures: where it names rank 1
     # in data loading (the injected delay; on a loaded box another rank's real excess elsewhere
     # may win a step, CAUSE_ORDER), the excess is exactly what the two ranks' data times say;
@@ -411,7 +416,6 @@ def test_a_daemon_sigkilled_and_restarted_mid_run_leaves_one_launch_and_the_inje
 
     per_rank = {(r["step"], r["rank"]): r["values"] for r in recs if r["kind"] == "metrics" and "rank" in r}
     data_named = []
-    missing = {r["step"] for r in recs if r["kind"] == "metrics" and "rank" not in r and r.get("missing_ranks")}
     for s in written:
         v = agg[s]
         if "perf/straggler_rank" not in v:
@@ -425,14 +429,16 @@ def test_a_daemon_sigkilled_and_restarted_mid_run_leaves_one_launch_and_the_inje
         if (named, phase) == (1, "data_loading"):
             data_named.append(s)
             assert v["perf/straggler_excess_s"] == pytest.approx(own[1][s] - own[0][s], abs=1e-9), (s, v)
-    assert len(data_named) >= 0.75 * len(written), (data_named, written)
+    viewed = [s for s in written if s not in missing]
+    assert len(data_named) >= 0.75 * len(viewed), (data_named, written, missing)
     # The job: rank 1's 0.2 s a step (and what else its loader took beyond rank 0's) is straggler
     # time; the data bucket is what rank 0, the one that waited, waited for data on those steps
-    # (the ranks' mean on the others).
-    assert b["straggler"] == pytest.approx(sum(agg[s]["perf/straggler_excess_s"] for s in written), abs=1e-6), b
+    # (the ranks' mean on the others; on a step written without a rank, the mean of those it has).
+    assert b["straggler"] == pytest.approx(sum(agg[s]["perf/straggler_excess_s"] for s in viewed), abs=1e-6), b
     assert b["straggler"] >= sum(slow_data - own[0][s] for s in data_named), b
-    assert b["data_loading"] == pytest.approx(sum(own[0][s] if s in data_named else (own[0][s] + own[1][s]) / 2
-                                                  for s in written), abs=1e-6), b
+    assert b["data_loading"] == pytest.approx(
+        sum(own[0][s] if s in data_named else sum(own[k][s] for k in present[s]) / len(present[s]) for s in written),
+        abs=1e-6), b
     # The one save (step 10): the slowest rank's own figure, the injected sleep in it.
     saves = [r["data"]["duration_s"] for r in recs if r.get("name") == "checkpoint_saved"]
     assert len(saves) == 2 and b["checkpoint_save"] == pytest.approx(max(saves), abs=1e-9) and max(saves) >= slow_save
