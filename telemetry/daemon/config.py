@@ -98,6 +98,18 @@ class OtlpConfig(SinkConfig):
 
 
 @dataclass(kw_only=True, slots=True)
+class MediaConfig:
+    """The run's media (W&B images, histograms, tables) kept in <log_dir>/media for the dashboard
+    (telemetry/daemon/media_keeper.py)."""
+    keep: bool = True
+    max_mb: float = 1024.0             # past it a value is not kept (counted); W&B still gets it
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.max_mb <= 1 << 30:     # (NaN fails this too)
+            raise ConfigError(f"media.max_mb must be 0..{1 << 30}, got {self.max_mb!r}")
+
+
+@dataclass(kw_only=True, slots=True)
 class CustomSinkConfig(SinkConfig):
     """A sink of your own: `class` is "package.module:ClassName", a telemetry.daemon.sinks.base.Sink
     subclass built as ClassName(log_dir=..., **options) on the daemon's thread."""
@@ -191,6 +203,7 @@ class DaemonConfig:
     pub_sink: PubConfig = field(default_factory=PubConfig)
     tensorboard: TensorBoardConfig = field(default_factory=TensorBoardConfig)
     otlp: OtlpConfig = field(default_factory=OtlpConfig)
+    media: MediaConfig = field(default_factory=MediaConfig)
     aggregator: AggregatorConfig = field(default_factory=AggregatorConfig)
     mfu: MfuConfig = field(default_factory=MfuConfig)
     pollers: PollersConfig = field(default_factory=PollersConfig)

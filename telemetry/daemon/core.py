@@ -38,6 +38,7 @@ from telemetry.daemon.downsample import Downsampler
 from telemetry.daemon.intake import Intake
 from telemetry.daemon import memory
 from telemetry.daemon.receiver import Receiver
+from telemetry.shared.media import EVENT as MEDIA_EVENT
 from telemetry.shared.security.redact import Redactor
 from telemetry.daemon.goodput_stage import daemon_values as goodput_values
 from telemetry.daemon.sinks.base import InlineRunner, Out, SinkRunner, StartupError, batch_bytes
@@ -133,6 +134,8 @@ class Daemon:
         self._held_byes: list[list] = []
         self.forensics = None                           # the ForensicsStage, when it runs
         self.goodput = None                             # the GoodputStage, once started
+        self.media = None                               # the MediaKeeper (not on a head)
+        self.media_files = None                         # who deletes the ranks' media files
         self.fd_limit, self.max_connections = 0, cfg.max_connections   # set by start()
         self._inbox: collections.deque[dict] = collections.deque()
         self._stop_reason = ""
@@ -272,12 +275,22 @@ class Daemon:
             self._pub_sock = pub_sock
         else:
             pub_sock.close(linger=0)
-        if cfg.wandb.enabled and cfg.wandb.mode != "disabled":
+        with_wandb = cfg.wandb.enabled and cfg.wandb.mode != "disabled"
+        if not cfg.remote_ingest:
+            # The ranks' media files (on this host; a head's ranks are on others): kept for the
+            # dashboard, and each deleted by the last of its readers (media_keeper.py).
+            from telemetry.daemon.media_keeper import MediaFiles, MediaKeeper
+
+            self.media_files = MediaFiles(2 if with_wandb else 1)
+            self.media = MediaKeeper(self.log_dir, self.media_files, keep=cfg.media.keep,
+                                     max_bytes=int(cfg.media.max_mb * 2**20))
+            self.media.start()
+        if with_wandb:
             from telemetry.daemon.sinks.wandb_sink import WandbSink
 
             w = cfg.wandb
             self._add_runner(WandbSink(w.mode, self.log_dir, cfg.run_name, project=w.project, entity=w.entity,
-                                       finish_timeout_s=w.finish_timeout_s), w)
+                                       finish_timeout_s=w.finish_timeout_s, media_files=self.media_files), w)
         if cfg.tensorboard.enabled:
             from telemetry.daemon.sinks.tensorboard import TensorBoardSink
 
@@ -461,8 +474,11 @@ class Daemon:
             try:
                 if kind is Event:
                     self.num_events_in += 1
+                    data = self._redact(rec.data)
                     self._emit({"kind": "event", "t": rec.t_ns / 1e9, "rank": rec.rank, "name": rec.name,
-                                "data": self._redact(rec.data)})
+                                "data": data})
+                    if rec.name == MEDIA_EVENT and self.media is not None:
+                        self.media.put(rec.rank, data)
                 elif kind is Hello:
                     self.receiver.note_hello(rec.src)
                     self._on_hello(rec)
@@ -730,6 +746,7 @@ class Daemon:
             "intake": self.intake.stats() if self.intake is not None else {},
             "memory": self.memory_status(),
             "goodput": self.goodput.stats(),
+            "media": self.media.stats() if self.media is not None else {},
         }
 
     def memory_status(self) -> dict:
@@ -833,6 +850,8 @@ class Daemon:
         self._emit_steps(self.aggregator.flush())
         self._release_byes(time.monotonic(), everything=True)
         self._hand_out()
+        if self.media is not None:
+            self.media.request_stop()       # it keeps what it holds, beside the sinks' drain
         # 3. The diagnosis stage first (its last events must still reach the sinks), with a
         #    share of the time; then every sink drains, flushes, fsyncs and closes, in parallel.
         stages = [r for r in self.runners if r.name in ANALYSIS_STAGES]
@@ -846,6 +865,11 @@ class Daemon:
         for runner in sinks:
             runner.request_stop()
         unfinished += [r.name for r in sinks if not r.close(max(0.0, deadline - time.monotonic()))]
+        if self.media is not None:
+            if self.media.close(max(0.0, deadline - time.monotonic())):
+                self.media_files.close()    # what a reader never released (its event dropped)
+            else:
+                unfinished.append("media")
         self.unfinished = unfinished
         if unfinished:
             # What they never wrote is counted in their `dropped`, so the final counters add up.

@@ -30,9 +30,10 @@ flattened from nested dicts ("a/b", the records' flat names) are nested again as
 them, from the paths a "wandb/nested" event gave. A
 `wandb.Image`, `wandb.Histogram` or `wandb.Table` logged in a rank arrives as a "wandb/media"
 event naming a file in the media directory (telemetry/shared/media.py): the sink waits for the
-file (up to MEDIA_WAIT_S), logs the W&B object built from it at the event's step as a row of its
-own, and deletes the file; a file that never came or cannot be read is counted
-(`media_failed`) and named once in the daemon's log.
+file (up to media_keeper.MEDIA_WAIT_S), logs the W&B object built from it at the event's step as
+a row of its own, and releases the file (the last of its readers, this sink and the daemon's
+media keeper, deletes it: telemetry/daemon/media_keeper.py); a file that never came or cannot be
+read is counted (`media_failed`) and named once in the daemon's log.
 """
 from __future__ import annotations
 
@@ -40,12 +41,12 @@ import json
 import logging
 import os
 import threading
-import time
 from pathlib import Path
 
 from protocol.constants import CLIENT_TIME_KEY as OWN_TIME_KEY
 from telemetry.daemon.sinks.base import Out, Sink
 from telemetry.shared import files
+from telemetry.daemon.media_keeper import MediaFiles, event_files
 from telemetry.shared import media as shared_media
 from telemetry.shared.wandb_ids import stable_run_id
 
@@ -64,12 +65,6 @@ SUMMARY_EVENT = "wandb/summary"
 NESTED_EVENT = "wandb/nested"
 VALUES_EVENT = "wandb/values"        # {"step": s, "values": {key: text}}: values W&B keeps that are not numbers
 CONSOLE_EVENT = "wandb/console"      # {"stream": "stdout"|"stderr", "text": ...}: the script's console output
-# How long the sink waits for a media file the event names (the rank's writer thread writes it
-# after sending the event; on one host this takes milliseconds).
-MEDIA_WAIT_S = 10.0
-MEDIA_POLL_S = 0.01
-# The most files one media event may name (a list of images logged as one value).
-MAX_MEDIA_ITEMS = 1024
 # Media and text events held for their step (see WandbSink._at_its_step); beyond, logged at once.
 MAX_HELD_EVENTS = 10_000
 # A step more than this above the last one W&B took (or above 0 for the first) is held back
@@ -94,7 +89,10 @@ class WandbSink(Sink):
     name = "wandb"
 
     def __init__(self, mode: str, log_dir: str | Path, run_name: str, project: str = "telemetry",
-                 entity: str | None = None, finish_timeout_s: float = FINISH_TIMEOUT_S) -> None:
+                 entity: str | None = None, finish_timeout_s: float = FINISH_TIMEOUT_S,
+                 media_files: MediaFiles | None = None) -> None:
+        """media_files: who else reads the ranks' media files (the daemon's keeper): the last
+        reader deletes each; alone by default."""
         if mode not in MODES:
             raise ValueError(f"wandb mode {mode!r}: expected one of {', '.join(MODES)}")
         self.mode = mode
@@ -117,6 +115,7 @@ class WandbSink(Sink):
         self._nested: dict[str, list[str]] = {}   # flat key -> its path, from wandb/nested events
         self.num_media_logged = 0
         self.num_media_failed = 0
+        self.media_files = media_files if media_files is not None else MediaFiles(1)
         self._wandb = None
         self._stats = None                    # W&B's system-metrics writer of the open run (the user's run)
         self._held: list[tuple] = []          # media and text events of steps W&B has not reached
@@ -357,20 +356,15 @@ class WandbSink(Sink):
         """A media event: one file ("file", "options"), or a list of them ("items": W&B's list
         of images, logged as one value)."""
         step, key, paths = data.get("step"), data.get("key"), []
-        items = data.get("items")
-        as_list = isinstance(items, list)
-        if not as_list:
-            items = [{"file": data.get("file"), "options": data.get("options")}]
         try:
-            if not isinstance(step, int) or not isinstance(key, str) or not items or len(items) > MAX_MEDIA_ITEMS:
-                raise ValueError(f"a malformed media event: {data!r:.200}")
+            items, as_list = event_files(data)
             objs = []
             for item in items:
-                path = shared_media.media_file(item.get("file") if isinstance(item, dict) else None)
+                path = shared_media.media_file(item.get("file"))
                 if path is None:                                  # UnsafePathError: not our directory
                     raise ValueError(f"a malformed media event: {data!r:.200}")
                 paths.append(path)
-                self._wait_media(path)
+                self.media_files.wait(path)
                 objs.append(self._media_object(str(data.get("type")), path, item.get("options") or {}))
             obj = objs if as_list else objs[0]
             if self._init is not None:
@@ -385,23 +379,7 @@ class WandbSink(Sink):
             if self.num_media_failed == 1:
                 log.error("wandb: media at key %r, step %r not logged (counted in media_failed): %s", key, step, exc)
         finally:
-            for path in paths:
-                path.unlink(missing_ok=True)
-
-    @staticmethod
-    def _wait_media(path: Path) -> None:
-        """Until the rank's writer has written `path` (or said it could not: its .failed marker)."""
-        failed = path.with_name(path.name + shared_media.FAILED_SUFFIX)
-        deadline = time.monotonic() + MEDIA_WAIT_S
-        while not path.exists():
-            if failed.exists():
-                reason = failed.read_text().strip()
-                failed.unlink(missing_ok=True)
-                raise ValueError(f"the rank could not write it: {reason}")
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{path} did not appear within {MEDIA_WAIT_S:.0f} s (a rank on another "
-                                   f"host, or a rank that exited first)")
-            time.sleep(MEDIA_POLL_S)
+            self.media_files.release(paths)
 
     def _media_object(self, kind: str, path: Path, options: dict):
         """The W&B object a rank's media file stands for (telemetry/integrations/wandb_media.py)."""

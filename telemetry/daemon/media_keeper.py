@@ -1,0 +1,333 @@
+"""The run's media, kept for the dashboard; the rank-written media files, deleted once.
+
+A `wandb.Image`, `wandb.Histogram` or `wandb.Table` logged through the drop-in or an integration
+reaches the daemon as a `wandb/media` event naming a file a rank writes into the media directory
+(telemetry/shared/media.py). Two things in the daemon read those files: the W&B sink (which
+builds the W&B object) and the keeper here, which keeps a copy in the run's log directory for the
+dashboard, in a form a browser shows:
+
+    <log_dir>/media/index.jsonl   one line per media value: its step, key, type, the rank and
+                                  what the page needs (files, captions; a histogram's bins and
+                                  counts inline; a table's columns and number of rows)
+    <log_dir>/media/<n>.png       an image, re-encoded as PNG whatever the rank wrote (a file
+                                  path, a PIL image, an array or a tensor as W&B reads them)
+    <log_dir>/media/<n>.json      a table: {"columns": [...], "data": [[...], ...]}
+
+What is kept is bounded by `media.max_mb` of the daemon config (default 1024): past it a value is
+not kept (counted: status "media": not_kept, and said once in the log); W&B still gets it.
+
+MediaFiles decides when a rank's file goes: each of its readers (the keeper, and the W&B sink
+when there is one) releases it when done, and the last release deletes it (and its `.failed`
+marker). A file one reader never released (its queue was full and the event dropped, counted
+there) is deleted when the daemon closes. The keeper runs on its own thread, fed only media
+events (ingest hands them over as they pass: nothing per metrics record); it runs on every daemon
+that is not a head (a head is on another host than the ranks' files) with `media.keep: false`
+too, then only releasing what it is handed.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import threading
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+from telemetry.shared import files
+from telemetry.shared import media as shared_media
+
+log = logging.getLogger("telemetry.daemon.media")
+
+MEDIA_SUBDIR = "media"
+INDEX_NAME = "index.jsonl"
+# How long a reader waits for a media file the event names (the rank's writer thread writes it
+# after sending the event; on one host this takes milliseconds).
+MEDIA_WAIT_S = 10.0
+MEDIA_POLL_S = 0.01
+# The most files one media event may name (a list of images logged as one value).
+MAX_MEDIA_ITEMS = 1024
+# Media events waiting for the keeper's thread; beyond, one is not kept (counted) and released.
+MAX_PENDING = 10_000
+# A histogram is kept with at most this many bins (more are merged, neighbours summed).
+MAX_BINS = 512
+# An image larger than this many pixels is not kept (counted as failed): a page shows thumbnails.
+MAX_PIXELS = 1 << 24
+
+
+class MediaFiles:
+    """The rank-written media files and their readers: the last of `readers` to release a file
+    deletes it. Thread-safe (the W&B sink's thread and the keeper's)."""
+
+    def __init__(self, readers: int) -> None:
+        self.readers = readers
+        self._released: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def wait(path: Path, timeout_s: float = MEDIA_WAIT_S) -> None:
+        """Until the rank's writer has written `path`; ValueError when it said it could not (its
+        .failed marker, left for the last release to delete), TimeoutError past `timeout_s`."""
+        failed = path.with_name(path.name + shared_media.FAILED_SUFFIX)
+        deadline = time.monotonic() + timeout_s
+        while not path.exists():
+            if failed.exists():
+                try:
+                    reason = failed.read_text().strip()
+                except OSError as exc:
+                    reason = repr(exc)
+                raise ValueError(f"the rank could not write it: {reason}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{path} did not appear within {timeout_s:.0f} s (a rank on another "
+                                   f"host, or a rank that exited first)")
+            time.sleep(MEDIA_POLL_S)
+
+    def release(self, paths: list[Path]) -> None:
+        """This reader is done with these files; the last reader's release deletes them."""
+        for path in paths:
+            key = str(path)
+            with self._lock:
+                n = self._released.get(key, 0) + 1
+                if n < self.readers:
+                    self._released[key] = n
+                    continue
+                self._released.pop(key, None)
+            _unlink(path)
+
+    def close(self) -> int:
+        """Delete what some reader never released (its event dropped); return how many."""
+        with self._lock:
+            left, self._released = list(self._released), {}
+        for key in left:
+            _unlink(Path(key))
+        return len(left)
+
+
+def _unlink(path: Path) -> None:
+    path.unlink(missing_ok=True)
+    path.with_name(path.name + shared_media.FAILED_SUFFIX).unlink(missing_ok=True)
+
+
+def event_files(data: Any) -> tuple[list[dict], bool]:
+    """A media event's items ({"file", "options"}) and whether it was a list; ValueError for an
+    event that is not one (telemetry/integrations/wandb_run.py writes them)."""
+    if not isinstance(data, dict):
+        raise ValueError(f"a malformed media event: {data!r:.200}")
+    items = data.get("items")
+    as_list = isinstance(items, list)
+    if not as_list:
+        items = [{"file": data.get("file"), "options": data.get("options")}]
+    if not isinstance(data.get("step"), int) or not isinstance(data.get("key"), str) or not items \
+            or len(items) > MAX_MEDIA_ITEMS or not all(isinstance(i, dict) for i in items):
+        raise ValueError(f"a malformed media event: {data!r:.200}")
+    return items, as_list
+
+
+def event_paths(data: Any) -> list[Path]:
+    """The media files an event names (plain names in the media directory only); [] for an
+    event that names none it may."""
+    try:
+        items, _ = event_files(data)
+    except ValueError:
+        return []
+    paths = [shared_media.media_file(i.get("file")) for i in items]
+    return [p for p in paths if p is not None]
+
+
+def image_array(kind: str, path: Path, options: dict):
+    """The image a rank's file stands for, as W&B reads it: an HxW, HxWx1, HxWx3 or HxWx4 uint8
+    array (a tensor is CxHxW; float values in [0, 1] are scaled to 0-255, as W&B does)."""
+    import numpy as np
+
+    source = options.get("source")
+    if source in ("numpy", "torch"):
+        a = np.load(path, allow_pickle=False)
+        if source == "torch" and a.ndim == 3:
+            a = np.moveaxis(a, 0, -1)
+    else:
+        from PIL import Image
+
+        with Image.open(path) as im:
+            if im.width * im.height > MAX_PIXELS:
+                raise ValueError(f"an image of {im.width} x {im.height} pixels")
+            a = np.asarray(im.convert("RGBA" if "A" in im.getbands() else "RGB"))
+    if a.ndim == 3 and a.shape[2] == 1:
+        a = a[:, :, 0]
+    if a.ndim not in (2, 3) or (a.ndim == 3 and a.shape[2] not in (3, 4)) or a.size == 0:
+        raise ValueError(f"an image of shape {a.shape}: expected H x W, H x W x 1, 3 or 4 (a tensor: C x H x W)")
+    if a.shape[0] * a.shape[1] > MAX_PIXELS:
+        raise ValueError(f"an image of {a.shape[1]} x {a.shape[0]} pixels")
+    if a.dtype != np.uint8:
+        a = a.astype(np.float64)
+        a[~np.isfinite(a)] = 0.0
+        if a.size and a.max() <= 1.0 and a.min() >= 0.0:
+            a = a * 255.0
+        a = np.clip(np.rint(a), 0, 255).astype(np.uint8)
+    return a
+
+
+def histogram(path: Path, options: dict) -> tuple[list[float], list[float]]:
+    """A histogram file's (bin edges, counts), as W&B's Histogram makes them; at most MAX_BINS."""
+    import numpy as np
+
+    with np.load(path, allow_pickle=False) as f:
+        if "hist" in f:
+            counts, edges = np.asarray(f["hist"], dtype=np.float64), np.asarray(f["bins"], dtype=np.float64)
+        else:
+            seq = np.asarray(f["sequence"], dtype=np.float64)
+            seq = seq[np.isfinite(seq)]
+            counts, edges = np.histogram(seq, bins=int(options.get("num_bins", 64)))
+            counts = counts.astype(np.float64)
+    if counts.ndim != 1 or edges.shape != (counts.size + 1,) or not counts.size:
+        raise ValueError(f"a histogram of {counts.shape} counts and {edges.shape} edges")
+    while counts.size > MAX_BINS:
+        m = math.ceil(counts.size / MAX_BINS)
+        n = math.ceil(counts.size / m) * m
+        padded = np.concatenate([counts, np.zeros(n - counts.size)])
+        edges = np.concatenate([edges[::m], edges[-1:]]) if (edges.size - 1) % m else edges[::m]
+        counts = padded.reshape(-1, m).sum(axis=1)
+    return [float(x) for x in edges], [float(x) for x in counts]
+
+
+class MediaKeeper:
+    """Keeps the run's media for the dashboard (module docstring), on its own thread."""
+
+    def __init__(self, log_dir: Path, media_files: MediaFiles, keep: bool = True, max_bytes: int = 1 << 30) -> None:
+        self.dir = Path(log_dir) / MEDIA_SUBDIR
+        self.media_files = media_files
+        self.keep = keep
+        self.max_bytes = max_bytes
+        self.num_kept = 0
+        self.num_not_kept = 0        # past max_bytes, or past MAX_PENDING
+        self.num_failed = 0          # a file that never came, or one that is no image/histogram/table
+        self.num_bytes = 0
+        self.last_error = ""
+        self._pending: deque = deque()
+        self._cond = threading.Condition()
+        self._stopping = False
+        self._next = 0               # the next file's number
+        self._index = None
+        self._thread = threading.Thread(target=self._run, name="media-keeper", daemon=True)
+
+    def start(self) -> None:
+        if self.keep:
+            files.make_dir(self.dir)
+            # A daemon restarted on the run: numbers and bytes go on from what is there.
+            for p in self.dir.iterdir():
+                stem = p.name.split(".")[0]
+                if stem.isdigit():
+                    self._next = max(self._next, int(stem) + 1)
+                if stem.isdigit() or p.name == INDEX_NAME:
+                    self.num_bytes += p.lstat().st_size
+            self._index = files.open_fd(self.dir / INDEX_NAME, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+        self._thread.start()
+
+    def put(self, rank: int | None, data: Any) -> None:
+        """A media event as it passes ingest (the daemon's thread): never blocks."""
+        with self._cond:
+            if len(self._pending) < MAX_PENDING and not self._stopping:
+                self._pending.append((rank, data))
+                self._cond.notify()
+                return
+        self.num_not_kept += 1
+        self.media_files.release(event_paths(data))
+
+    def request_stop(self) -> None:
+        """Keep what is queued, then end; put() after this releases at once (counted)."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+
+    def close(self, timeout_s: float) -> bool:
+        """Keep what is queued, within `timeout_s`; then stop. False if its thread is still busy
+        (a file it waits for)."""
+        self.request_stop()
+        self._thread.join(timeout_s)
+        if self._thread.is_alive():
+            return False
+        if self._index is not None:
+            os.close(self._index)
+            self._index = None
+        return True
+
+    def stats(self) -> dict:
+        return {"kept": self.num_kept, "not_kept": self.num_not_kept, "failed": self.num_failed,
+                "bytes": self.num_bytes, "pending": len(self._pending), "last_error": self.last_error}
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._pending and not self._stopping:
+                    self._cond.wait()
+                if not self._pending:
+                    return
+                rank, data = self._pending.popleft()
+            paths: list[Path] = []
+            try:
+                items, as_list = event_files(data)
+                paths = [p for p in map(shared_media.media_file, (i.get("file") for i in items)) if p is not None]
+                if len(paths) != len(items):
+                    raise ValueError(f"a malformed media event: {data!r:.200}")
+                for path in paths:
+                    self.media_files.wait(path)
+                if self.keep:
+                    self._keep(rank, data, items, paths, as_list)
+            except Exception as exc:      # one value not kept, counted; the next one goes on
+                self.num_failed += 1
+                self.last_error = f"{type(exc).__name__}: {exc}"[:300]
+                if self.num_failed == 1:
+                    log.error("media: a value not kept for the dashboard (counted in media.failed): %s", exc)
+            finally:
+                self.media_files.release(paths)
+
+    def _keep(self, rank: int | None, data: dict, items: list[dict], paths: list[Path], as_list: bool) -> None:
+        kind = str(data.get("type"))
+        entry: dict[str, Any] = {"step": data["step"], "key": data["key"], "type": kind, "rank": rank}
+        out: list[tuple[str, bytes]] = []
+        if kind == "Image":
+            import io
+
+            from PIL import Image
+
+            entry["images"] = []
+            for item, path in zip(items, paths):
+                options = item.get("options") if isinstance(item.get("options"), dict) else {}
+                a = image_array(kind, path, options)
+                buf = io.BytesIO()
+                Image.fromarray(a).save(buf, format="PNG")
+                name = f"{self._next + len(out)}.png"
+                out.append((name, buf.getvalue()))
+                caption = options.get("caption")
+                entry["images"].append({"file": name, "width": int(a.shape[1]), "height": int(a.shape[0]),
+                                        **({"caption": str(caption)[:500]} if caption is not None else {})})
+            entry["list"] = as_list
+        elif kind == "Histogram" and not as_list:
+            options = items[0].get("options") if isinstance(items[0].get("options"), dict) else {}
+            entry["bins"], entry["counts"] = histogram(paths[0], options)
+        elif kind == "Table" and not as_list:
+            doc = json.loads(paths[0].read_text())
+            columns, rows = doc.get("columns"), doc.get("data")
+            if not isinstance(rows, list) or not (columns is None or isinstance(columns, list)):
+                raise ValueError("a table file without columns and data")
+            name = f"{self._next}.json"
+            out.append((name, json.dumps({"columns": columns, "data": rows}, allow_nan=False,
+                                         default=str).encode()))
+            entry.update(file=name, columns=[str(c) for c in columns or []], rows=len(rows))
+        else:
+            raise ValueError(f"unknown media type {kind!r}")
+        line = (json.dumps(entry, allow_nan=False) + "\n").encode()
+        size = sum(len(b) for _, b in out) + len(line)
+        if self.num_bytes + size > self.max_bytes:
+            self.num_not_kept += 1
+            if self.num_not_kept == 1:
+                log.warning("media: %.0f MB kept for the dashboard, media.max_mb reached: later values are not "
+                            "kept (counted in media.not_kept; W&B still gets them)", self.num_bytes / 2**20)
+            return
+        for name, body in out:
+            files.write_file(self.dir / name, body)
+        self._next += len(out) or 1
+        os.write(self._index, line)       # one write of one line: appended whole
+        self.num_bytes += size
+        self.num_kept += 1

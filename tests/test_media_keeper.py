@@ -1,0 +1,169 @@
+"""The daemon keeps a run's media for the dashboard (telemetry/daemon/media_keeper.py): what the
+drop-in logged, in <log_dir>/media, as the page shows it; the ranks' files deleted once, by the
+last of their readers, with or without W&B."""
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import telemetry.wandb as tw
+from telemetry.daemon.media_keeper import MAX_BINS, MediaFiles, histogram, image_array
+
+
+@pytest.fixture(autouse=True)
+def _no_run_left():
+    yield
+    tw.finish()
+
+
+def _log_media(wandb, rng) -> dict:
+    """A script's media calls; returns what each key's value is, as W&B reads it."""
+    import torch
+
+    hwc = rng.integers(0, 255, (8, 6, 3), dtype=np.uint8)
+    chw = torch.rand(3, 5, 7)
+    gray = rng.random((4, 9))
+    seq = rng.normal(size=500)
+    counts, edges = np.histogram(rng.normal(size=100), bins=8)
+    wandb.log({"loss": 1.0})
+    wandb.log({"img/hwc": wandb.Image(hwc, caption="hwc"), "weights": wandb.Histogram(seq, num_bins=16),
+               "preds": wandb.Table(columns=["x", "y"], data=[[1, "a"], [2, "b"], [3, "c"]])})
+    wandb.log({"img/chw": wandb.Image(chw), "hist2": wandb.Histogram(np_histogram=(counts, edges)),
+               "img/list": [wandb.Image(gray), wandb.Image(hwc)]}, step=4)
+    wandb.log({"img/hwc": wandb.Image(hwc[::-1].copy(), caption="flipped")}, step=6)
+    return {"hwc": hwc, "chw": np.moveaxis(chw.numpy(), 0, -1), "gray": gray, "seq": seq, "hist2": (counts, edges)}
+
+
+def _png(path: Path) -> np.ndarray:
+    from PIL import Image
+
+    with Image.open(path) as im:
+        assert im.format == "PNG"
+        return np.asarray(im)
+
+
+def _scaled(a: np.ndarray) -> np.ndarray:
+    return np.clip(np.rint(a.astype(np.float64) * 255.0), 0, 255).astype(np.uint8)
+
+
+@pytest.mark.parametrize("wandb_mode", ["offline", "disabled"])
+def test_the_daemon_keeps_what_the_script_logged_and_deletes_the_ranks_files(tmp_path, make_daemon, monkeypatch,
+                                                                             wandb_mode):
+    """Images (an array, a tensor, a list of them, captions), histograms (a sequence, an
+    np_histogram) and a table, logged by a script through the drop-in: the kept copies are what
+    was logged (pixels exact), at their steps; the media directory is empty after, whether W&B
+    also read each file (offline) or nobody else did (disabled: before, every file stayed)."""
+    media = tmp_path / "media"
+    monkeypatch.setenv("TELEMETRY_MEDIA_DIR", str(media))
+    d = make_daemon(wandb=wandb_mode, env={"TELEMETRY_MEDIA_DIR": str(media)})
+    monkeypatch.setenv("TELEMETRY_ENDPOINT", d.ingest)
+    tw.init(project="p")
+    truth = _log_media(tw, np.random.default_rng(0))
+    tw.finish()
+    final = d.drain(timeout_s=60)
+    assert final["media"]["kept"] == 7 and final["media"]["failed"] == final["media"]["not_kept"] == 0, final["media"]
+    if wandb_mode == "offline":
+        assert (final["sinks"]["wandb"]["media_logged"], final["sinks"]["wandb"]["media_failed"]) == (7, 0)
+    assert list(media.iterdir()) == []
+    kept = d.log_dir / "media"
+    index = [json.loads(line) for line in (kept / "index.jsonl").read_text().splitlines()]
+    by = {(e["step"], e["key"]): e for e in index}
+    assert sorted(by) == [(1, "img/hwc"), (1, "preds"), (1, "weights"), (4, "hist2"), (4, "img/chw"),
+                          (4, "img/list"), (6, "img/hwc")], sorted(by)
+    e = by[(1, "img/hwc")]
+    assert e["type"] == "Image" and e["rank"] == 0 and not e["list"]
+    assert e["images"][0]["caption"] == "hwc" and (e["images"][0]["width"], e["images"][0]["height"]) == (6, 8)
+    assert np.array_equal(_png(kept / e["images"][0]["file"]), truth["hwc"])
+    assert np.array_equal(_png(kept / by[(6, "img/hwc")]["images"][0]["file"]), truth["hwc"][::-1])
+    assert by[(6, "img/hwc")]["images"][0]["caption"] == "flipped"
+    # A tensor is C x H x W with values in [0, 1], scaled as W&B scales them.
+    assert np.array_equal(_png(kept / by[(4, "img/chw")]["images"][0]["file"]), _scaled(truth["chw"]))
+    lst = by[(4, "img/list")]
+    assert lst["list"] and len(lst["images"]) == 2
+    assert np.array_equal(_png(kept / lst["images"][0]["file"]), _scaled(truth["gray"]))
+    assert np.array_equal(_png(kept / lst["images"][1]["file"]), truth["hwc"])
+    counts, edges = np.histogram(truth["seq"], bins=16)
+    assert by[(1, "weights")]["counts"] == counts.tolist() and by[(1, "weights")]["bins"] == pytest.approx(edges)
+    assert by[(4, "hist2")]["counts"] == truth["hist2"][0].tolist()
+    assert by[(4, "hist2")]["bins"] == pytest.approx(truth["hist2"][1])
+    t = by[(1, "preds")]
+    assert (t["columns"], t["rows"]) == (["x", "y"], 3)
+    assert json.loads((kept / t["file"]).read_text()) == {"columns": ["x", "y"], "data": [[1, "a"], [2, "b"], [3, "c"]]}
+    # The run's files: private as the others are.
+    assert all(p.stat().st_mode & 0o077 == 0 for p in kept.iterdir()) and kept.stat().st_mode & 0o077 == 0
+
+
+def test_past_its_budget_a_value_is_not_kept_but_counted_and_its_file_still_goes(tmp_path, make_daemon, monkeypatch):
+    media = tmp_path / "media"
+    monkeypatch.setenv("TELEMETRY_MEDIA_DIR", str(media))
+    d = make_daemon(wandb="disabled", env={"TELEMETRY_MEDIA_DIR": str(media)}, config={"media": {"max_mb": 0.002}})
+    monkeypatch.setenv("TELEMETRY_ENDPOINT", d.ingest)
+    run = tw.init(project="p")
+    rng = np.random.default_rng(1)
+    for step in range(1, 6):
+        run.log({"img": tw.Image(rng.integers(0, 255, (16, 16, 3), dtype=np.uint8))}, step=step)
+    tw.finish()
+    final = d.drain(timeout_s=60)
+    m = final["media"]
+    index = (d.log_dir / "media" / "index.jsonl").read_text().splitlines()
+    assert m["kept"] == len(index) >= 1 and m["kept"] + m["not_kept"] == 5 and m["not_kept"] >= 1, m
+    assert m["bytes"] <= 0.002 * 2**20
+    assert list(media.iterdir()) == []
+    assert "media.max_mb reached" in d.output()
+
+
+def test_with_keep_off_nothing_is_kept_and_the_files_still_go(tmp_path, make_daemon, monkeypatch):
+    media = tmp_path / "media"
+    monkeypatch.setenv("TELEMETRY_MEDIA_DIR", str(media))
+    d = make_daemon(wandb="disabled", env={"TELEMETRY_MEDIA_DIR": str(media)}, config={"media": {"keep": False}})
+    monkeypatch.setenv("TELEMETRY_ENDPOINT", d.ingest)
+    run = tw.init(project="p")
+    run.log({"h": tw.Histogram([1.0, 2.0, 2.5])}, step=1)
+    tw.finish()
+    final = d.drain(timeout_s=60)
+    assert final["media"]["kept"] == 0 and not (d.log_dir / "media").exists()
+    assert list(media.iterdir()) == []
+
+
+def test_a_file_is_deleted_by_its_last_reader_and_the_rest_at_close(tmp_path):
+    a, b = tmp_path / "a.npy", tmp_path / "b.npy"
+    for p in (a, b):
+        p.write_bytes(b"x")
+    (tmp_path / "a.npy.failed").write_text("no")
+    files = MediaFiles(2)
+    files.release([a])
+    assert a.exists()
+    files.release([a, b])
+    assert not a.exists() and not (tmp_path / "a.npy.failed").exists() and b.exists()
+    assert files.close() == 1 and not b.exists()
+    with pytest.raises(ValueError, match="could not write it: no"):
+        (tmp_path / "c.failed").write_text("no")
+        MediaFiles.wait(tmp_path / "c", timeout_s=5)
+    with pytest.raises(TimeoutError):
+        MediaFiles.wait(tmp_path / "d", timeout_s=0.05)
+
+
+def test_images_as_w_and_b_reads_them_and_a_wide_histogram_merged(tmp_path):
+    p = tmp_path / "i.npy"
+    np.save(p, np.array([[0.0, 0.5], [1.0, np.nan]]))
+    assert image_array("Image", p, {"source": "numpy"}).tolist() == [[0, 128], [255, 0]]
+    np.save(p, np.array([[0, 300], [-5, 7]], dtype=np.int64))          # beyond 0..255: clipped
+    assert image_array("Image", p, {"source": "numpy"}).tolist() == [[0, 255], [0, 7]]
+    np.save(p, np.zeros((2, 3, 5)))
+    with pytest.raises(ValueError, match="shape"):
+        image_array("Image", p, {"source": "numpy"})
+    from PIL import Image
+
+    Image.new("RGBA", (3, 2), (1, 2, 3, 4)).save(tmp_path / "f.png")
+    assert image_array("Image", tmp_path / "f.png", {"source": "file"}).shape == (2, 3, 4)
+    buf = io.BytesIO()
+    np.savez(buf, hist=np.arange(1300.0), bins=np.linspace(0, 1, 1301))
+    (tmp_path / "h.npz").write_bytes(buf.getvalue())
+    edges, counts = histogram(tmp_path / "h.npz", {})
+    assert len(counts) <= MAX_BINS and len(edges) == len(counts) + 1
+    assert sum(counts) == sum(range(1300)) and edges[0] == 0 and edges[-1] == 1
+    assert edges == sorted(edges)
