@@ -5,6 +5,10 @@
     GET /static/<file>          the page's script and style, uPlot (shipped in the package)
     GET /api/data?width=PX      every run: its series downsampled to PX pixel columns, its
                                 events, latest values, state; and `seq`, the change number
+    GET /api/media?run=ID&since=N
+                                the run's kept media (images, histograms, tables): media.py
+    GET /api/media/file?run=ID&name=N
+                                one kept media file
     GET /api/stream?since=SEQ&instance=ID
                                 server-sent events: `changes` (new points and events after
                                 SEQ), `status` (each run's state, every STATUS_EVERY_S), and
@@ -37,6 +41,7 @@ from urllib.parse import parse_qs, urlsplit
 from telemetry.consumers import httpaccess
 from telemetry.consumers.httpaccess import HTTP_TIMEOUT_S, BoundedConnections
 from telemetry.consumers.dashboard.live import Hub
+from telemetry.consumers.dashboard.media import MediaIndex
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
 STATUS_EVERY_S = 1.0
@@ -54,6 +59,7 @@ class DashboardServer(BoundedConnections, ThreadingHTTPServer):
                  max_points_sent: int = DEFAULT_MAX_POINTS_SENT) -> None:
         super().__init__(addr, Handler)
         self.hub = hub
+        self.media = {run_id: MediaIndex(store.log_dir) for run_id, store in hub.stores.items()}
         self.allow_any_host = allow_any_host
         self.token = token
         self.cookie_name = f"telemetry_dashboard_{self.server_address[1]}"
@@ -138,6 +144,8 @@ class Handler(BaseHTTPRequestHandler):
             self._data(query)
         elif url.path == "/api/stream":
             self._stream(query)
+        elif url.path in ("/api/media", "/api/media/file"):
+            self._media(url.path, query)
         else:
             self._send(HTTPStatus.NOT_FOUND, b"not found\n", "text/plain")
 
@@ -176,6 +184,23 @@ class Handler(BaseHTTPRequestHandler):
             data = _dumps(body)
             del body
         self._send(HTTPStatus.OK, data, "application/json")
+
+    def _media(self, path: str, query: dict) -> None:
+        index = self.server.media.get(query.get("run", [""])[0])
+        if index is None:
+            self._send(HTTPStatus.NOT_FOUND, b"no such run\n", "text/plain")
+        elif path == "/api/media":
+            try:
+                since = int(query.get("since", ["0"])[0])
+            except ValueError:
+                since = 0
+            self._send(HTTPStatus.OK, _dumps(index.items(since)), "application/json")
+        else:
+            found = index.file(query.get("name", [""])[0])
+            if found is None:
+                self._send(HTTPStatus.NOT_FOUND, b"not found\n", "text/plain")
+            else:
+                self._send(HTTPStatus.OK, found[0], found[1], cache=True)   # a kept file never changes
 
     def _stream(self, query: dict) -> None:
         try:

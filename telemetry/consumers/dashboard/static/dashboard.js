@@ -736,6 +736,165 @@ function drawConfig() {
   }));
 }
 
+// -- media: what the daemon kept of the run's wandb.Image / Histogram / Table (/api/media) --------
+// A card per run and key; its slider picks the step (it follows the newest until moved back).
+const MEDIA_POLL_MS = 3000;
+const TABLE_ROWS_SHOWN = 100;
+const HEAT_ROWS = 200;                  // a histogram's steps drawn in its heat map, the newest
+const media = { items: {}, total: {}, cards: {}, tables: {}, loading: false };
+
+async function loadMedia() {
+  if (media.loading || document.body.dataset.locked) return;
+  media.loading = true;
+  let changed = false;
+  try {
+    for (const id of state.order) {
+      const since = media.total[id] ?? 0;
+      const resp = await fetch(`/api/media?run=${encodeURIComponent(id)}&since=${since}`, { cache: "no-store" });
+      if (!resp.ok) continue;
+      const got = await resp.json();
+      if (got.total === since) continue;
+      const list = (media.items[id] ??= []);
+      list.push(...got.items);
+      if (got.forgotten) list.splice(0, Math.max(0, list.length - (got.total - got.forgotten)));
+      media.total[id] = got.total;
+      changed = true;
+    }
+  } finally {
+    media.loading = false;
+  }
+  if (changed) drawMedia();
+}
+
+function mediaFile(runId, name) {
+  return `/api/media/file?run=${encodeURIComponent(runId)}&name=${encodeURIComponent(name)}`;
+}
+
+function drawMedia() {
+  const box = document.getElementById("media");
+  const groups = new Map();          // "run|key" -> its entries, by step then rank
+  for (const id of state.order) {
+    for (const e of media.items[id] ?? []) {
+      const g = `${id}|${e.key}`;
+      if (!groups.has(g)) groups.set(g, { run: id, key: e.key, type: e.type, entries: [] });
+      groups.get(g).entries.push(e);
+    }
+  }
+  const cards = [];
+  for (const [g, grp] of [...groups.entries()].sort((a, b) => a[1].key.localeCompare(b[1].key) || a[0].localeCompare(b[0]))) {
+    grp.entries.sort((a, b) => a.step - b.step || (a.rank ?? 0) - (b.rank ?? 0));
+    let card = media.cards[g];
+    if (!card) card = media.cards[g] = makeMediaCard(grp);
+    const n = grp.entries.length;
+    const atEnd = card.pos === null || card.pos >= card.n - 1;
+    card.grp = grp;
+    card.n = n;
+    card.slider.max = String(n - 1);
+    if (atEnd) card.pos = n - 1;
+    card.slider.value = String(card.pos);
+    showMedia(card);
+    cards.push(card.root);
+  }
+  document.getElementById("media-cards").replaceChildren(...cards);
+  const total = [...groups.values()].reduce((a, grp) => a + grp.entries.length, 0);
+  document.getElementById("media-count").textContent = `(${groups.size} keys, ${total} values)`;
+  box.hidden = groups.size === 0;
+}
+
+function makeMediaCard(grp) {
+  const title = el("h3", { text: (multi() ? state.runs[grp.run].name + " " : "") + grp.key });
+  const body = el("div", { class: "mbody" });
+  const slider = el("input", { type: "range", min: "0", max: "0", step: "1", value: "0",
+                               "aria-label": `step of ${grp.key}` });
+  const label = el("span", { class: "mlabel" });
+  const root = el("div", { class: "mcard", "data-key": grp.key, "data-type": grp.type, "data-run": grp.run },
+                  title, body, el("div", { class: "mstep" }, slider, label));
+  const card = { root, body, slider, label, pos: null, n: 0, grp };
+  slider.addEventListener("input", () => { card.pos = Number(slider.value); showMedia(card); });
+  return card;
+}
+
+function showMedia(card) {
+  const e = card.grp.entries[card.pos];
+  if (!e) return;
+  card.root.dataset.step = String(e.step);
+  card.label.textContent = `step ${e.step}` + (e.rank !== null && e.rank !== undefined ? ` · rank ${e.rank}` : "") +
+    ` · ${card.pos + 1} of ${card.n}`;
+  if (e.type === "Image") {
+    card.body.replaceChildren(el("div", { class: "mimgs" }, ...e.images.map((im) => {
+      const img = el("img", { src: mediaFile(card.grp.run, im.file), alt: `${card.grp.key} at step ${e.step}`,
+                              width: String(Math.max(96, im.width)), "data-file": im.file });
+      img.style.aspectRatio = `${im.width} / ${im.height}`;
+      return el("figure", {}, img, im.caption ? el("figcaption", { text: im.caption }) : "");
+    })));
+  } else if (e.type === "Histogram") {
+    drawHistogram(card, e);
+  } else if (e.type === "Table") {
+    drawTable(card, e);
+  }
+}
+
+// A histogram: the chosen step's bars over a heat map of the steps (newest at the bottom), each
+// row's counts scaled to its own largest, on one value axis for all steps.
+function drawHistogram(card, e) {
+  let bars = card.body.querySelector("canvas.bars");
+  let heat = card.body.querySelector("canvas.heat");
+  if (!bars) {
+    bars = el("canvas", { class: "bars", height: "120" });
+    heat = el("canvas", { class: "heat", height: "120" });
+    card.body.replaceChildren(bars, heat, el("div", { class: "dim mrange" }));
+  }
+  const rows = card.grp.entries.slice(-HEAT_ROWS);
+  const lo = Math.min(...rows.map((r) => r.bins[0])), hi = Math.max(...rows.map((r) => r.bins[r.bins.length - 1]));
+  const w = Math.max(200, Math.floor(card.root.clientWidth - 24) || 400);
+  const xOfV = (v) => (hi > lo ? (v - lo) / (hi - lo) : 0.5) * w;
+  bars.width = w; heat.width = w;
+  card.body.querySelector(".mrange").textContent = `values ${fmt(lo)} … ${fmt(hi)}; ${e.counts.reduce((a, b) => a + b, 0)} counted at step ${e.step}`;
+  const g = bars.getContext("2d");
+  g.clearRect(0, 0, w, bars.height);
+  const top = Math.max(...e.counts, 1);
+  g.fillStyle = PALETTE[0];
+  e.counts.forEach((c, i) => {
+    const x0 = xOfV(e.bins[i]), x1 = xOfV(e.bins[i + 1]);
+    const h = (c / top) * (bars.height - 4);
+    g.fillRect(x0, bars.height - h, Math.max(1, x1 - x0 - 0.5), h);
+  });
+  const hg = heat.getContext("2d");
+  hg.clearRect(0, 0, w, heat.height);
+  const rh = heat.height / rows.length;
+  rows.forEach((r, j) => {
+    const m = Math.max(...r.counts, 1);
+    r.counts.forEach((c, i) => {
+      if (!c) return;
+      hg.fillStyle = `rgba(37, 99, 235, ${(0.08 + 0.92 * c / m).toFixed(3)})`;
+      const x0 = xOfV(r.bins[i]), x1 = xOfV(r.bins[i + 1]);
+      hg.fillRect(x0, j * rh, Math.max(1, x1 - x0), Math.max(1, rh));
+    });
+    if (r === e) { hg.strokeStyle = "#dc2626"; hg.strokeRect(0.5, j * rh + 0.5, w - 1, Math.max(1, rh - 1)); }
+  });
+  card.root.dataset.counts = e.counts.join(",");
+}
+
+async function drawTable(card, e) {
+  const url = mediaFile(card.grp.run, e.file);
+  let doc = media.tables[url];
+  if (!doc) {
+    const resp = await fetch(url);
+    if (!resp.ok) { card.body.replaceChildren(el("p", { class: "dim", text: "table not readable" })); return; }
+    doc = media.tables[url] = await resp.json();
+  }
+  if (card.grp.entries[card.pos] !== e) return;       // the slider moved on while it loaded
+  const cols = doc.columns ?? (doc.data[0] ?? []).map((_, i) => `${i}`);
+  const cell = (v) => el("td", { text: typeof v === "string" ? v : JSON.stringify(v) });
+  const shown = doc.data.slice(0, TABLE_ROWS_SHOWN);
+  card.body.replaceChildren(el("div", { class: "mtable" }, el("table", {},
+    el("thead", {}, el("tr", {}, ...cols.map((c) => el("th", { text: String(c) })))),
+    el("tbody", {}, ...shown.map((row) => el("tr", {}, ...row.map(cell)))))),
+    el("div", { class: "dim", text: doc.data.length > shown.length ? `first ${shown.length} of ${doc.data.length} rows` :
+                                                                     `${doc.data.length} rows` }));
+  card.root.dataset.rows = String(doc.data.length);
+}
+
 function redraw() {
   drawCharts();
   drawTiles();
@@ -763,6 +922,7 @@ async function reload() {
     drawConfig();
     redraw();
     openStream();
+    loadMedia();
   } finally {
     state.reloading = false;
   }
@@ -803,6 +963,7 @@ async function start() {
   await reload();
   document.body.dataset.ready = "1";
   setInterval(() => { if (state.dirty) redraw(); }, REDRAW_MS);
+  setInterval(loadMedia, MEDIA_POLL_MS);
   let resizeTimer = null;
   window.addEventListener("resize", () => {
     clearTimeout(resizeTimer);
