@@ -84,6 +84,14 @@ def test_accelerate_two_processes_match_accelerates_wandb_tracker(make_daemon, t
                 for r in history_rows(path) for k in r if k.split("/")[0] in ("samples", "preds")}
 
     assert media(ours) == media(real) and {k for _, k in media(real)} == {"samples", "preds"}, (media(ours), media(real))
+    # The daemon kept them for the dashboard too, at the same steps (a list of 2 images, a table).
+    import json
+
+    kept = {(e["step"], e["key"]): e for e in map(json.loads, (d.log_dir / "media" / "index.jsonl").read_text().splitlines())}
+    assert {(s, k) for s, k in media(ours)} == set(kept), (sorted(kept), sorted(media(ours)))
+    assert all(len(e["images"]) == 2 and e["list"] for (s, k), e in kept.items() if k == "samples")
+    assert all(e["type"] == "Table" and e["rows"] == media(ours)[(s, k)]["nrows"] for (s, k), e in kept.items()
+               if k == "preds")
     info = run_info(ours)
     assert (info["project"], info["name"], info["group"]) == ("dropin", "accelerate-ddp", "ddp")
     assert config(ours)["lr"] == config(real)["lr"] == 0.05
