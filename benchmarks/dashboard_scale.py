@@ -1,7 +1,8 @@
 """The dashboard with thousands of metric names (issue 31 item 3): how long the page takes to be
-drawn, how long a chart far down takes once scrolled to, and the page's JS heap.
+drawn, how long a chart far down takes once scrolled to, how long a filter and a zoom take to
+redraw, the page's JS heap, and the dashboard process's memory (peak RSS, VmHWM).
 
-    .venv/bin/python -m benchmarks.dashboard_scale [--names 2000] [--steps 1000]
+    .venv/bin/python -m benchmarks.dashboard_scale [--names 2000] [--steps 1000] [--memory-mb 256]
 
 Writes a run of --names metric names (40 prefixes, so 40 sections) logged at every one of
 --steps steps, serves it with `telemetry dashboard`, and loads the page in headless Chromium
@@ -19,16 +20,31 @@ from pathlib import Path
 
 
 def write_run(root: Path, names: int, steps: int) -> Path:
+    import numpy as np
+
     log_dir = root / "scale-run" / "telemetry"
     log_dir.mkdir(parents=True)
     t0 = time.time() - steps
+    keys = [f'"grp{i % 40}/m{i}":' for i in range(names)]
+    phase = np.arange(names, dtype=np.float64)
+    every = max(1, steps // 20)
     with open(log_dir / "metrics.jsonl", "w") as f:
         f.write(json.dumps({"kind": "hello", "t": t0, "rank": 0, "info": {"run_name": "scale-run"}}) + "\n")
         for s in range(1, steps + 1):
-            v = {f"grp{i % 40}/m{i}": math.sin(s / 50 + i) for i in range(names)}
-            v["train/loss"] = 1.0 / s
-            f.write(json.dumps({"kind": "metrics", "t": t0 + s, "step": s, "values": v}) + "\n")
+            vals = np.sin(s / 50 + phase).round(6).tolist()
+            body = ",".join(k + repr(v) for k, v in zip(keys, vals))
+            f.write(f'{{"kind":"metrics","t":{t0 + s},"step":{s},"values":{{{body},"train/loss":{1.0 / s!r}}}}}\n')
+            if s % every == 0:
+                print(f"  written {s:,} of {steps:,} steps", flush=True)
     return root / "scale-run"
+
+
+def _vm(pid: int, key: str) -> float:
+    """A /proc/<pid>/status figure (VmRSS, VmHWM) in MB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -38,6 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--names", type=int, default=2000)
     ap.add_argument("--steps", type=int, default=1000)
+    ap.add_argument("--memory-mb", type=int, default=256, help="the dashboard's --memory-mb (its default)")
     a = ap.parse_args(argv)
     if CHROMIUM is None:
         print("dashboard_scale: chromium is not installed (apt-get install chromium)")
@@ -46,8 +63,9 @@ def main(argv: list[str] | None = None) -> int:
         run = write_run(Path(tmp), a.names, a.steps)
         size_mb = (run / "telemetry" / "metrics.jsonl").stat().st_size / 2**20
         t0 = time.monotonic()
-        dash = Dashboard(str(run), ready_timeout_s=600)
+        dash = Dashboard(str(run), "--memory-mb", str(a.memory_mb), ready_timeout_s=3600)
         served_s = time.monotonic() - t0
+        rss_served = _vm(dash.proc.pid, "VmRSS")
         try:
             with Browser(Path(tmp) / "profile", width=1400, height=1000) as b:
                 t1 = time.monotonic()
@@ -61,13 +79,33 @@ def main(argv: list[str] | None = None) -> int:
                 b.evaluate(f"document.getElementById('chart-{last}').scrollIntoView()")
                 b.wait_for(f"!!state.plots['{last}']", timeout_s=60, what="the last chart drawn")
                 scroll_s = time.monotonic() - t2
+                # Responsive: a filter typed, then cleared; a zoom on the loss chart (every step chart follows).
+                t3 = time.monotonic()
+                b.evaluate("(() => { const f = document.getElementById('filter'); f.value = 'grp7/'; "
+                           "f.dispatchEvent(new Event('input')); })()")
+                shown = b.evaluate("document.querySelectorAll('[data-chart]:not([hidden])').length")
+                b.evaluate("(() => { const f = document.getElementById('filter'); f.value = ''; "
+                           "f.dispatchEvent(new Event('input')); })()")
+                filter_s = time.monotonic() - t3
+                t4 = time.monotonic()
+                b.evaluate(f"zoomTo('step', {a.steps // 3}, {a.steps // 3 + a.steps // 50})")
+                b.evaluate("redraw()")
+                zoom_s = time.monotonic() - t4
                 heap = b.evaluate("performance.memory ? performance.memory.usedJSHeapSize : -1")
+                t5 = time.monotonic()
+                answer = dash.get(f"/api/data?width={b.evaluate('chartWidth()')}")
+                api_s = time.monotonic() - t5
+            rss_now, rss_peak = _vm(dash.proc.pid, "VmRSS"), _vm(dash.proc.pid, "VmHWM")
+            budget = dash.get_json("/api/data?width=400")["status"][0].get("budget", {})
         finally:
             dash.stop()
     print(f"{a.names:,} names x {a.steps:,} steps ({size_mb:.0f} MB of JSONL): served after {served_s:.1f} s "
           f"(history read); page drawn {ready_s:.2f} s after navigation with {cards:,} chart cards and "
           f"{plots} charts drawn; the last chart drawn {scroll_s:.2f} s after scrolling to it; JS heap "
-          f"{heap / 2**20:.0f} MB")
+          f"{heap / 2**20:.0f} MB; filter typed and cleared {filter_s:.2f} s ({shown} charts matched), zoom of every "
+          f"step chart {zoom_s:.2f} s; /api/data {len(answer) / 2**20:.1f} MB in {api_s:.2f} s; dashboard RSS "
+          f"{rss_served:.0f} MB when serving, {rss_now:.0f} MB after, peak {rss_peak:.0f} MB (--memory-mb "
+          f"{a.memory_mb}); shed: {json.dumps(budget)}")
     return 0
 
 
