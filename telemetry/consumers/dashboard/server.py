@@ -5,6 +5,9 @@
     GET /static/<file>          the page's script and style, uPlot (shipped in the package)
     GET /api/data?width=PX      every run: its series downsampled to PX pixel columns, its
                                 events, latest values, state; and `seq`, the change number
+    GET /api/range?run=ID&x0=A&x1=B&width=PX&key=K...
+                                a zoomed step range of those series, from the store or,
+                                where it thinned them, the run's files (ranges.py)
     GET /api/media?run=ID&since=N
                                 the run's kept media (images, histograms, tables): media.py
     GET /api/media/file?run=ID&name=N
@@ -42,6 +45,8 @@ from telemetry.consumers import httpaccess
 from telemetry.consumers.httpaccess import HTTP_TIMEOUT_S, BoundedConnections
 from telemetry.consumers.dashboard.live import Hub
 from telemetry.consumers.dashboard.media import MediaIndex
+from telemetry.consumers.dashboard.ranges import MAX_KEYS as MAX_RANGE_KEYS
+from telemetry.consumers.dashboard.ranges import StepBlocks, downsampled
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
 STATUS_EVERY_S = 1.0
@@ -60,6 +65,8 @@ class DashboardServer(BoundedConnections, ThreadingHTTPServer):
         super().__init__(addr, Handler)
         self.hub = hub
         self.media = {run_id: MediaIndex(store.log_dir) for run_id, store in hub.stores.items()}
+        self.ranges: dict[str, StepBlocks] = {}
+        self.range_lock = threading.Lock()
         self.allow_any_host = allow_any_host
         self.token = token
         self.cookie_name = f"telemetry_dashboard_{self.server_address[1]}"
@@ -144,6 +151,8 @@ class Handler(BaseHTTPRequestHandler):
             self._data(query)
         elif url.path == "/api/stream":
             self._stream(query)
+        elif url.path == "/api/range":
+            self._range(query)
         elif url.path in ("/api/media", "/api/media/file"):
             self._media(url.path, query)
         else:
@@ -184,6 +193,36 @@ class Handler(BaseHTTPRequestHandler):
             data = _dumps(body)
             del body
         self._send(HTTPStatus.OK, data, "application/json")
+
+    def _range(self, query: dict) -> None:
+        """A zoomed step range of some series, per pixel column (ranges.py)."""
+        store = self.server.hub.stores.get(query.get("run", [""])[0])
+        try:
+            x0, x1 = float(query["x0"][0]), float(query["x1"][0])
+            width = min(MAX_WIDTH_PX, max(100, int(query.get("width", [DEFAULT_WIDTH_PX])[0])))
+            if not x0 <= x1:
+                raise ValueError("x0 > x1")
+        except (KeyError, ValueError) as exc:
+            self._send(HTTPStatus.BAD_REQUEST, _dumps({"error": f"x0, x1 (x0 <= x1) and width: {exc}"}),
+                       "application/json")
+            return
+        if store is None:
+            self._send(HTTPStatus.NOT_FOUND, b"no such run\n", "text/plain")
+            return
+        keys = query.get("key", [])[:MAX_RANGE_KEYS]
+        num_buckets = max(16, width // 2)
+        series, thinned = store.zoomed(keys, x0, x1, num_buckets)
+        truncated, read = False, 0
+        if thinned and store.log_dir is not None:
+            blocks = self.server.ranges.setdefault(store.run_id, StepBlocks(store.log_dir))
+            with self.server.range_lock:      # one file read at a time: its memory is one answer's
+                got, truncated, read = blocks.read(x0, x1, set(thinned))
+            for key, (xs, ys) in got.items():
+                if not truncated:
+                    series[key] = downsampled(xs, ys, num_buckets)
+        body = {"run": store.run_id, "x0": x0, "x1": x1, "truncated": truncated, "read_bytes": read,
+                "series": {k: {"x": xs, "y": ys} for k, (xs, ys) in series.items()}}
+        self._send(HTTPStatus.OK, _dumps(body), "application/json")
 
     def _media(self, path: str, query: dict) -> None:
         index = self.server.media.get(query.get("run", [""])[0])

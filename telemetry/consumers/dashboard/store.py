@@ -99,12 +99,13 @@ def _num(v: Any) -> float | None:
 
 
 class Series:
-    __slots__ = ("axis", "xs", "ys")
+    __slots__ = ("axis", "xs", "ys", "thinned")
 
     def __init__(self, axis: str) -> None:
         self.axis = axis
         self.xs = array("d")
         self.ys = array("d")
+        self.thinned = False       # some of its points went (the files still have them: ranges.py)
 
     def __len__(self) -> int:
         return len(self.xs)
@@ -123,6 +124,7 @@ class Series:
         if len(xs) > n * 3 // 4:   # buckets of equal x width can be uneven: every other point then
             xs, ys = xs[::2], ys[::2]
         self.xs, self.ys = array("d", xs.tobytes()), array("d", ys.tobytes())
+        self.thinned = True
         return n - len(self.xs)
 
     def for_display(self, num_buckets: int) -> tuple[np.ndarray, np.ndarray, float | None]:
@@ -351,6 +353,30 @@ class RunStore:
                                if isinstance(v, (int, float)) and math.isfinite(v)},
                     "num_daemons": self.daemon.num_daemons}
 
+    def zoomed(self, keys: list[str], x0: float, x1: float, num_buckets: int) -> tuple[dict, list[str]]:
+        """A step range of these series: {key: (xs, ys)} of those the store holds whole, each
+        downsampled to num_buckets pixel columns; and the step-axis keys it holds thinned (for
+        ranges.py to read from the files)."""
+        whole, thinned = {}, []
+        with self.lock:
+            for key in keys:
+                s = self.series.get(key)
+                if s is None or s.axis != STEP:
+                    continue
+                if s.thinned:
+                    thinned.append(key)
+                    continue
+                xs = np.frombuffer(s.xs, dtype=np.float64).copy()
+                ys = np.frombuffer(s.ys, dtype=np.float64).copy()
+                whole[key] = (xs, ys)
+        out = {}
+        for key, (xs, ys) in whole.items():
+            xs, ys = last_per_x(xs, ys)
+            inside = (xs >= x0) & (xs <= x1)
+            xs, ys = minmax_downsample(xs[inside], ys[inside], num_buckets)
+            out[key] = (xs.tolist(), _json_list(ys))
+        return out, thinned
+
     def snapshot(self, width_px: int, max_points: int | None = None) -> dict[str, Any]:
         """Everything a page draws, each series downsampled to the chart width, and to fewer
         buckets when all of them together would send more than about `max_points` points."""
@@ -358,7 +384,7 @@ class RunStore:
             num_buckets = max(16, width_px // 2)
             if max_points is not None:
                 num_buckets = buckets_within([len(s) for s in self.series.values()], num_buckets, max_points)
-            items = [(k, s.axis, s.for_display(num_buckets), len(s.xs)) for k, s in self.series.items()]
+            items = [(k, s.axis, s.for_display(num_buckets), len(s.xs), s.thinned) for k, s in self.series.items()]
             groups = self.events.groups[-MAX_EVENTS_SENT:]
             events = [self._event_dict(g) for g in groups]
             stride = max(1, -(-len(self._step_t) // (4 * num_buckets)))     # a step's wall time, for the x axis
@@ -370,6 +396,6 @@ class RunStore:
                    "t0": self.t_first, "latest": dict(self.latest), "step_t": steps_t,
                    "config": self.run_config, "num_events": len(self.events.groups)}
         out["series"] = [{"key": k, "axis": axis, "x": _json_list(xs), "y": _json_list(ys), "n": n, "gap": gap,
-                          "unit": unit_of(k)} for k, axis, (xs, ys, gap), n in items]
+                          "unit": unit_of(k), "thinned": thinned} for k, axis, (xs, ys, gap), n, thinned in items]
         out["events"] = events
         return out

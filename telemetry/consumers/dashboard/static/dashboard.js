@@ -167,7 +167,8 @@ const RELOAD_POINTS_PER_PX = 4;
 
 // -- state -------------------------------------------------------------------------------------
 const state = { runs: {}, order: [], status: {}, seq: 0, plots: {}, dirty: false, reloading: false, stream: null,
-                filter: "", auto: null, smooth: 0, logY: false, xTime: false, zoom: { step: null, time: null } };
+                filter: "", auto: null, smooth: 0, logY: false, xTime: false, zoom: { step: null, time: null },
+                detail: null };
 
 function runLabel(runId) {
   return state.order.length > 1 ? (state.runs[runId].name + " ") : "";
@@ -394,7 +395,7 @@ function chartSeries(chart) {
     let keys = chart.keys ? chart.keys(id).slice() : Object.keys(run.series).filter(chart.match);
     if (chart.order) keys.sort((a, b) => chart.order.indexOf(a) - chart.order.indexOf(b));
     else keys.sort((a, b) => a.localeCompare(b, "en", { numeric: true }));   // rank 2 before rank 10
-    for (const key of keys) out.push({ run: id, key, label: runLabel(id) + (chart.label(key) ?? key), s: run.series[key] });
+    for (const key of keys) out.push({ run: id, key, label: runLabel(id) + (chart.label(key) ?? key), s: detailOf(id, key) ?? run.series[key] });
   }
   return out;
 }
@@ -468,11 +469,65 @@ function smoothed(ys, w) {
 // double-click undoes it. Kept across live updates.
 function zoomTo(axis, min, max) {
   state.zoom[axis] = min === null ? null : [min, max];
+  if (axis === "step" && !state.xTime) {
+    if (state.detail) { state.detail = null; state.dirty = true; }
+    if (min !== null) fetchDetail(min, max);
+  }
   for (const [id, p] of Object.entries(state.plots)) {
     if (p.axis !== axis) continue;
     if (min === null) p.plot.setData(p.plot.data, true);
     else p.plot.setScale("x", { min, max });
   }
+}
+
+// A zoomed step range, fetched again at the chart's width (/api/range): every point of it, from
+// the dashboard's store or, where a long run's series were thinned there, from the run's files;
+// used while that zoom lasts.
+const DETAIL_KEYS = 200;                     // keys per request
+function detailOf(runId, key) {
+  const d = state.detail;
+  const det = d && !state.xTime && state.zoom.step && d.min === state.zoom.step[0] && d.max === state.zoom.step[1] ?
+    d.runs[runId]?.[key] : null;
+  if (!det) return null;
+  // Outside the range, what the page holds (live steps too); inside, the range's every point.
+  const base = state.runs[runId].series[key];
+  const x = [], y = [];
+  for (let i = 0; i < base.x.length && base.x[i] < d.min; i++) { x.push(base.x[i]); y.push(base.y[i]); }
+  x.push(...det.x); y.push(...det.y);
+  for (let i = 0; i < base.x.length; i++) if (base.x[i] > d.max) { x.push(base.x[i]); y.push(base.y[i]); }
+  return { ...base, x, y };
+}
+async function fetchDetail(min, max) {
+  const wanted = {};
+  for (const p of Object.values(state.plots)) {
+    if (p.axis !== "step") continue;
+    for (const item of p.signature.split("|")[0].split(",")) {
+      const i = item.indexOf(":");
+      if (i > 0) (wanted[item.slice(0, i)] ??= new Set()).add(item.slice(i + 1));
+    }
+  }
+  const runs = {};
+  let truncated = false;
+  for (const [runId, keys] of Object.entries(wanted)) {
+    const list = [...keys];
+    for (let i = 0; i < list.length; i += DETAIL_KEYS) {
+      const q = list.slice(i, i + DETAIL_KEYS).map((k) => "&key=" + encodeURIComponent(k)).join("");
+      const resp = await fetch(`/api/range?run=${encodeURIComponent(runId)}&x0=${min}&x1=${max}&width=${chartWidth()}${q}`,
+                               { cache: "no-store" });
+      if (!resp.ok) continue;
+      const got = await resp.json();
+      truncated ||= got.truncated;
+      const run = state.runs[runId];
+      for (const [key, sr] of Object.entries(got.series)) {
+        const base = run?.series[key];
+        if (base) (runs[runId] ??= {})[key] = { x: sr.x, y: sr.y };
+      }
+    }
+  }
+  if (!state.zoom.step || state.zoom.step[0] !== min || state.zoom.step[1] !== max) return;   // zoomed elsewhere since
+  state.detail = { min, max, runs, truncated };
+  document.body.dataset.detail = `${min}-${max}`;
+  state.dirty = true;
 }
 
 // The log scale: for a chart whose values are all positive (else it stays linear, said on its card).

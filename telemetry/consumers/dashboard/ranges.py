@@ -1,0 +1,153 @@
+"""A zoomed step range, read again from the run's files: the store keeps a long run's series
+thinned to its memory budget (store.py), the files keep every value.
+
+    GET /api/range?run=ID&x0=A&x1=B&width=PX&key=K&key=K...
+
+answers, for each step-axis key (`train/loss`, `acc`, a per-rank `train/loss@rank1`), its points
+with A <= step <= B, downsampled per pixel column (a minimum and a maximum per column) to PX:
+from the store where it holds the series whole, else from the run's metrics files. Those are
+found through a small index (StepBlocks): per block of a file (BLOCK_BYTES), the smallest and
+largest step of the `metrics` lines beginning in it, built the first time it is asked and
+extended as the files grow (a rotated piece never changes). A range reads only the blocks whose
+steps meet it, at most MAX_READ_BYTES per request (beyond, the answer says `truncated` and the
+page keeps what the store has).
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import threading
+from pathlib import Path
+
+import numpy as np
+
+from telemetry.consumers.series import last_per_x, minmax_downsample
+from telemetry.shared import files
+from telemetry.shared.jsonlines import rotated_files
+
+BLOCK_BYTES = 4 << 20
+MAX_READ_BYTES = 512 << 20
+MAX_KEYS = 256
+# The daemon writes a metrics record's kind, time and step first: {"kind":"metrics","t":...,"step":N,
+_STEP = re.compile(rb'^\{"kind":"metrics","t":[^,]*,"step":(-?\d+)')
+_RANK = re.compile(r"^(.*)@rank(\d+)$")
+
+
+class StepBlocks:
+    """The index of one run's metrics files by step (module docstring). Thread-safe."""
+
+    def __init__(self, log_dir: Path) -> None:
+        self.log_dir = Path(log_dir)
+        self._files: dict[str, dict] = {}     # name -> {"inode", "size" indexed, "blocks": [[off, end, lo, hi]]}
+        self._lock = threading.Lock()
+
+    def _update(self) -> list[tuple[Path, list]]:
+        out = []
+        for path in rotated_files(self.log_dir):
+            try:
+                f = files.open_regular(path)
+            except OSError:
+                continue
+            with f:
+                st = os.fstat(f.fileno())
+                info = self._files.get(path.name)
+                if info is None or info["inode"] != st.st_ino or st.st_size < info["size"]:
+                    info = self._files[path.name] = {"inode": st.st_ino, "size": 0, "blocks": []}
+                self._index(f, info, st.st_size)
+            out.append((path, info["blocks"]))
+        return out
+
+    @staticmethod
+    def _index(f, info: dict, size: int) -> None:
+        """Index from info["size"] (a line start) to the last whole line before `size`."""
+        pos = info["size"]
+        while pos < size:
+            f.seek(pos)
+            data = f.read(min(BLOCK_BYTES, size - pos))
+            end = data.rfind(b"\n") + 1
+            if end == 0:
+                if size - pos < BLOCK_BYTES:
+                    return                       # a line being written: indexed next time
+                # One line longer than a block: read on to its end.
+                rest = b""
+                while b"\n" not in rest:
+                    more = f.read(BLOCK_BYTES)
+                    if not more:
+                        return
+                    rest += more
+                data += rest[:rest.index(b"\n") + 1]
+                end = len(data)
+            lo = hi = None
+            for line in data[:end].split(b"\n"):
+                m = _STEP.match(line)
+                if m:
+                    s = int(m.group(1))
+                    lo = s if lo is None or s < lo else lo
+                    hi = s if hi is None or s > hi else hi
+            if lo is not None:
+                info["blocks"].append([pos, pos + end, lo, hi])
+            pos += end
+            info["size"] = pos
+
+    def read(self, x0: float, x1: float, want: set[str], max_bytes: int = MAX_READ_BYTES) -> tuple[dict, bool, int]:
+        """{key: (steps, values)} of the wanted keys within [x0, x1] from the files, whether the
+        read stopped at max_bytes, and the bytes read."""
+        by_rank: dict[tuple[str, int | None], str] = {}
+        for key in want:
+            m = _RANK.match(key)
+            by_rank[(m.group(1), int(m.group(2))) if m else (key, None)] = key
+        names = {n for n, _ in by_rank}
+        got: dict[str, tuple[list, list]] = {k: ([], []) for k in want}
+        read = 0
+        truncated = False
+        with self._lock:
+            pieces = self._update()
+        for path, blocks in pieces:
+            hits = [b for b in blocks if b[3] >= x0 and b[2] <= x1]
+            if not hits:
+                continue
+            try:
+                f = files.open_regular(path)
+            except OSError:
+                continue
+            with f:
+                for off, end, _lo, _hi in hits:
+                    if read + (end - off) > max_bytes:
+                        truncated = True
+                        break
+                    f.seek(off)
+                    data = f.read(end - off)
+                    read += len(data)
+                    for line in data.split(b"\n"):
+                        m = _STEP.match(line)
+                        if not m or not x0 <= int(m.group(1)) <= x1:
+                            continue
+                        try:
+                            rec = json.loads(line)
+                        except ValueError:
+                            continue
+                        values = rec.get("values")
+                        if not isinstance(values, dict):
+                            continue
+                        rank = rec.get("rank")
+                        step = rec.get("step")
+                        for name in names & values.keys():
+                            key = by_rank.get((name, rank if isinstance(rank, int) else None))
+                            v = values[name]
+                            if key is not None and (v is None or (isinstance(v, (int, float)) and not isinstance(v, bool))):
+                                got[key][0].append(step)
+                                got[key][1].append(np.nan if v is None else float(v))
+            if truncated:
+                break
+        return got, truncated, read
+
+
+def downsampled(xs: list, ys: list, num_buckets: int) -> tuple[list, list]:
+    """Points in step order, the last value of a step logged twice (a resumed run), a minimum and
+    a maximum per pixel column; NaN (a gap) as None."""
+    if not xs:
+        return [], []
+    x, y = last_per_x(np.asarray(xs, dtype=np.float64), np.asarray(ys, dtype=np.float64))
+    x, y = minmax_downsample(x, y, num_buckets)
+    return x.tolist(), [None if v != v else v for v in y.tolist()]
