@@ -167,3 +167,21 @@ def test_images_as_w_and_b_reads_them_and_a_wide_histogram_merged(tmp_path):
     assert len(counts) <= MAX_BINS and len(edges) == len(counts) + 1
     assert sum(counts) == sum(range(1300)) and edges[0] == 0 and edges[-1] == 1
     assert edges == sorted(edges)
+
+
+def test_a_media_directory_that_cannot_be_made_costs_the_media_not_the_run(tmp_path, make_daemon, monkeypatch):
+    """Something else at <log_dir>/media (a file): the daemon starts, says so, keeps nothing and
+    still deletes the ranks' files."""
+    media = tmp_path / "media"
+    log_dir = tmp_path / "run" / "telemetry"
+    log_dir.mkdir(parents=True)
+    (log_dir / "media").write_text("not a directory")
+    monkeypatch.setenv("TELEMETRY_MEDIA_DIR", str(media))
+    d = make_daemon(wandb="disabled", log_dir=log_dir, env={"TELEMETRY_MEDIA_DIR": str(media)})
+    monkeypatch.setenv("TELEMETRY_ENDPOINT", d.ingest)
+    run = tw.init(project="p")
+    run.log({"h": tw.Histogram([1.0, 2.0])}, step=1)
+    tw.finish()
+    final = d.drain(timeout_s=60)
+    assert final["media"]["kept"] == 0 and "cannot keep the run's media" in d.output()
+    assert list(media.iterdir()) == []

@@ -213,15 +213,20 @@ class MediaKeeper:
 
     def start(self) -> None:
         if self.keep:
-            files.make_dir(self.dir)
-            # A daemon restarted on the run: numbers and bytes go on from what is there.
-            for p in self.dir.iterdir():
-                stem = p.name.split(".")[0]
-                if stem.isdigit():
-                    self._next = max(self._next, int(stem) + 1)
-                if stem.isdigit() or p.name == INDEX_NAME:
-                    self.num_bytes += p.lstat().st_size
-            self._index = files.open_fd(self.dir / INDEX_NAME, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+            try:
+                files.make_dir(self.dir)
+                # A daemon restarted on the run: numbers and bytes go on from what is there.
+                for p in self.dir.iterdir():
+                    stem = p.name.split(".")[0]
+                    if stem.isdigit():
+                        self._next = max(self._next, int(stem) + 1)
+                    if stem.isdigit() or p.name == INDEX_NAME:
+                        self.num_bytes += p.lstat().st_size
+                self._index = files.open_fd(self.dir / INDEX_NAME, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+            except OSError as exc:      # the run goes on; its media are not kept (the files still go)
+                self.keep = False
+                self.last_error = f"{self.dir}: {exc}"
+                log.error("media: cannot keep the run's media in %s (%s); W&B still gets them", self.dir, exc)
         self._thread.start()
 
     def put(self, rank: int | None, data: Any) -> None:
