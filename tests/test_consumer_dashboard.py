@@ -63,6 +63,30 @@ def test_a_100k_step_run_is_downsampled_for_display_never_the_data(tmp_path):
         assert dash.stop() == 0
 
 
+def test_a_long_history_is_read_while_serving_and_every_page_reloads_once_it_is_in(tmp_path):
+    """Past --wait-history-mb (here 0) the server answers at once: the page gets what was read so
+    far and `loading_history`; once the history is read, a page's stream says reload, and the
+    data is whole."""
+    _write_long_run(tmp_path / "long" / "telemetry")
+    dash = Dashboard(str(tmp_path / "long"), "--wait-history-mb", "0")
+    try:
+        assert "reading its" in "".join(dash.lines) and "of history while serving" in "".join(dash.lines)
+        first = dash.get_json("/api/data?width=1000")
+        assert first["status"][0]["loading_history"] is True, first["status"]
+        stream = dash.stream(f"/api/stream?since={first['seq']}&instance={first['instance']}")
+        try:
+            stream.wait_for(lambda name, data: name == "reload", timeout_s=600, what="a reload once the history is in")
+        finally:
+            stream.close()
+        data = dash.get_json("/api/data?width=1000")
+        st = data["status"][0]
+        assert st["loading_history"] is False and st["num_records"] == NUM_STEPS + NUM_STEPS // 10, st
+        series = {s["key"]: s for s in data["runs"][0]["series"]}
+        assert series["train/loss"]["n"] == NUM_STEPS and series["system/cpu_percent@n0"]["n"] == NUM_STEPS // 10
+    finally:
+        assert dash.stop() == 0
+
+
 def test_several_runs_side_by_side_followed_from_their_files(tmp_path):
     for name, loss in (("run-a", 2.0), ("run-b", 3.0)):
         tel = tmp_path / "runs" / name / "telemetry"

@@ -33,15 +33,20 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import threading
 from pathlib import Path
 
 DEFAULT_PORT = 8765
+# A history larger than this (MB) is read while serving (--wait-history-mb): ~2-3 s of reading
+# on the 2-core dev box; a long run's file takes minutes, and the page is there at once.
+WAIT_HISTORY_MB = 64.0
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from telemetry.consumers import httpaccess
     from telemetry.consumers.dashboard.budget import DEFAULT_MAX_SERIES, DEFAULT_MEMORY_MB
     from telemetry.shared.config import nonempty_arg
+    from telemetry.shared.config import number_arg
     from telemetry.shared.endpoints import endpoint_arg
 
     p.add_argument("run_dir", metavar="RUN_DIR", nargs="?", type=nonempty_arg,
@@ -58,6 +63,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="no access token: every local user (and with --allow-remote, anyone) reads the run")
     httpaccess.add_budget_arguments(p, DEFAULT_MEMORY_MB, DEFAULT_MAX_SERIES,
                                     "what is shed to stay under it is counted and shown on the page")
+    p.add_argument("--wait-history-mb", type=number_arg(float, lo=0, hi=1 << 30), default=WAIT_HISTORY_MB,
+                   metavar="MB", help=f"a history (metrics.jsonl and its pieces) up to this size is read before "
+                   f"serving; a larger one while serving, the page showing what came so far (default {WAIT_HISTORY_MB:g})")
 
 
 def _pub_from_environment() -> bool:
@@ -83,6 +91,33 @@ def find_runs(path: Path) -> list[Path]:
                 except FileNotFoundError:
                     continue
     return runs
+
+
+def _history_bytes(log_dir: Path | None) -> int:
+    from telemetry.shared.jsonlines import rotated_files
+
+    if log_dir is None:
+        return 0
+    total = 0
+    for path in rotated_files(log_dir):
+        try:
+            total += path.stat().st_size
+        except OSError:
+            pass
+    return total
+
+
+def _load_then_follow(hub, feeds) -> None:
+    """A long history, read while the server answers (pages show what came so far and the
+    progress); then every page reloads once (Hub.reset) and the feeds go live."""
+    for feed in feeds:
+        try:
+            feed.load_history()
+        finally:
+            feed.store.loading_history = False
+    hub.reset()
+    for feed in feeds:
+        feed.start()
 
 
 def _fail(msg: str) -> int:
@@ -162,17 +197,26 @@ def run(args: argparse.Namespace) -> int:
         store.on_first_drop = _said_once
         hub.add(store)
     server = None
+    history_mb = sum(_history_bytes(s.log_dir) for s in stores) / 2**20
+    in_background = history_mb > args.wait_history_mb
     try:
-        for feed in feeds:
-            feed.load_history()
+        if not in_background:
+            for feed in feeds:
+                feed.load_history()
         try:
             server = DashboardServer((args.addr, port), hub, allow_any_host=args.allow_remote, token=token,
                                      max_points_sent=budget.max_points_sent)
         except (OSError, OverflowError) as exc:
             print(f"telemetry dashboard: cannot listen on {args.addr}:{port}: {exc}", file=sys.stderr)
             return 1
-        for feed in feeds:
-            feed.start()
+        if in_background:
+            for store in stores:
+                store.loading_history = True
+            threading.Thread(target=_load_then_follow, args=(hub, feeds), name="dashboard-history",
+                             daemon=True).start()
+        else:
+            for feed in feeds:
+                feed.start()
         host, bound = server.server_address[:2]
         shown = "127.0.0.1" if host in ("127.0.0.1", "0.0.0.0") else host
         names = ", ".join(s.name for s in stores)
@@ -183,7 +227,8 @@ def run(args: argparse.Namespace) -> int:
                   else "the address carries its token")
         print(f"telemetry dashboard: serving {url} ({len(stores)} run{'s' if len(stores) > 1 else ''}: "
               f"{names}; live from {stores[0].source if len(stores) == 1 else 'their metrics.jsonl'}; {access}; "
-              f"memory budget {memory_mb} MB)", flush=True)
+              f"memory budget {memory_mb} MB)"
+              + (f"; reading its {history_mb:,.0f} MB of history while serving" if in_background else ""), flush=True)
         server.serve_forever(poll_interval=0.5)
     except KeyboardInterrupt:
         pass

@@ -1,7 +1,8 @@
 """Where a dashboard's records come from, and how pages hear of new ones.
 
-History is read from metrics.jsonl before the server answers (readjsonl). Then one feed thread
-per run brings what is new:
+History is read from metrics.jsonl before the server answers (readjsonl); a history larger than
+--wait-history-mb while it answers (pages show what came so far, then reload once: Hub.reset).
+Then one feed thread per run brings what is new:
 - PubFeed: the daemon's PUB socket (the live consumers' Subscriber). Its SUB socket is
   connected before the history is read, so nothing written in between is missed; records that
   arrive on both ways are taken once. A daemon restart is a disconnect, then a reconnect: the
@@ -74,6 +75,15 @@ class Hub:
                 self._log_bytes -= self._log.popleft()[4]
             self.cond.notify_all()
 
+    def reset(self) -> None:
+        """Every page reloads (a history read while serving is complete): its changes so far are
+        in the stores' snapshots, not in the log."""
+        with self.cond:
+            self._log.clear()
+            self._log_bytes = 0
+            self.seq += 1
+            self.cond.notify_all()
+
     def changes_since(self, seq: int, timeout_s: float) -> tuple[int, list | None]:
         """(latest seq, the changes after `seq`), waiting up to timeout_s for one.
 
@@ -82,7 +92,7 @@ class Hub:
             self.cond.wait_for(lambda: self.seq > seq, timeout=timeout_s)
             if self.seq <= seq:
                 return self.seq, []
-            if self._log[0][0] > seq + 1:
+            if not self._log or self._log[0][0] > seq + 1:
                 return self.seq, None
             return self.seq, [c[:4] for c in self._log if c[0] > seq]
 

@@ -200,6 +200,7 @@ class RunStore:
         self.source = "none"            # "pub <endpoint>" or "file <path>"
         self.connected: bool | None = None   # None: no PUB socket to be connected to
         self.num_reconnects = 0
+        self.loading_history = False    # its history is being read while the server answers
 
     # -- feeding -------------------------------------------------------------------------------
     def _add(self, key: str, axis: str, x: float, y: float, out: list) -> bool:
@@ -342,6 +343,7 @@ class RunStore:
             return {"run": self.run_id, "name": self.name, "source": self.source, "connected": self.connected,
                     "num_reconnects": self.num_reconnects, "ended": bool(ended), "ended_how": "; ".join(ended),
                     "last_step": self.last_step, "last_record_t": self.last_record_t,
+                    "loading_history": self.loading_history,
                     "num_records": self.num_records, "num_bad": self.num_bad, "now": time.time(),
                     "budget": {"num_series": len(self.series), "max_series": self.limits.max_series,
                                "num_values_dropped": self.num_values_dropped, "num_points": self.num_points,

@@ -225,8 +225,12 @@ function applyChanges(msg) {
   if (needReload) reload();
 }
 
+// While the server reads a long history, the charts are fetched again every HISTORY_RELOAD_MS
+// (they fill in); once it is read, the stream's reload brings the rest.
+const HISTORY_RELOAD_MS = 5000;
 function applyStatus(list) {
   for (const st of list) state.status[st.run] = st;
+  if (list.some((st) => st.loading_history) && Date.now() - (state.loadedAt ?? 0) > HISTORY_RELOAD_MS) reload();
   drawStatus();
   drawTiles();   // the daemon's counters come with the status
 }
@@ -263,7 +267,10 @@ function drawStatus() {
   let cls = "idle";
   for (const st of sts) {
     const who = multi() ? `${st.name}: ` : "";
-    if (st.ended) {
+    if (st.loading_history) {
+      parts.push(`${who}reading the run's history: ${st.num_records.toLocaleString("en-US")} records so far…`);
+      if (cls === "idle") cls = "down";
+    } else if (st.ended) {
       parts.push(`${who}run ended (${st.ended_how})`);
       if (cls === "idle") cls = "ended";
     } else if (st.connected === false) {
@@ -973,6 +980,7 @@ async function reload() {
       return;
     }
     const data = await resp.json();
+    state.loadedAt = Date.now();
     loadSnapshot(data);
     drawConfig();
     redraw();
