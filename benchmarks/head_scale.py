@@ -1,0 +1,210 @@
+"""A head daemon against simulated nodes (issue 33 item 1): N nodes, each sending what a node
+daemon's forward sink sends (a hello naming the job's node count, then one aggregated metrics
+record a step with --metrics values, as rank = its node), at --rate steps a second, over TCP on
+loopback; each node its own PUSH connection and `src`, so the head accounts each as it would a
+real node. What the head does with them, measured from outside:
+
+- exact: per node, records the head took in + counted lost == records the node sent; every step
+  written once, with no node missing (a step written without one is counted);
+- the head's CPU (% of one core over the steady window), RSS (peak), and latency: from a step's
+  send (its records' t) to its aggregated record reaching a PUB subscriber (p50, p95, max).
+
+    .venv/bin/python -m benchmarks.head_scale --nodes 2048 --rate 10 --seconds 30 [--senders 2]
+
+The senders are --senders processes (a node's socket and its descriptor are in one of them;
+their CPU is theirs, not the head's). Everything is on loopback, no CURVE (a loopback head
+needs none; CURVE's cost is per byte, the same per node-record at any node count).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _raise_nofile() -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
+def sender_main(a: argparse.Namespace) -> int:
+    """Nodes [first, first + count): hello, then a metrics record per node per tick, then bye."""
+    import zmq
+
+    from protocol import encode_bye, encode_hello, encode_metrics
+
+    _raise_nofile()
+    ctx = zmq.Context(2)
+    ctx.setsockopt(zmq.MAX_SOCKETS, 65536)
+    nodes = list(range(a.first, a.first + a.count))
+    socks = {}
+    for n in nodes:
+        s = ctx.socket(zmq.PUSH)
+        s.setsockopt(zmq.SNDHWM, 100_000)
+        s.setsockopt(zmq.LINGER, 30_000)
+        s.connect(a.endpoint)
+        socks[n] = s
+    src = {n: (os.getpid() << 20) + n for n in nodes}
+    seq = dict.fromkeys(nodes, 0)
+    sent = dict.fromkeys(nodes, 0)
+    names = [f"node/m{i}" for i in range(a.metrics)]
+    t0 = time.time_ns()
+    for n in nodes:
+        info = {"world_size": a.nodes, "node_rank": n, "run_name": "head-scale", "started_at": t0 / 1e9}
+        socks[n].send(encode_hello(src[n], n, seq[n], 0, time.time_ns(), info))
+        seq[n] += 1
+        sent[n] += 1
+    print("ready", flush=True)
+    # Start together: the parent writes a line when every sender is connected.
+    sys.stdin.readline()
+    steps = int(a.seconds * a.rate)
+    start = time.monotonic()
+    for step in range(1, steps + 1):
+        due = start + (step - 1) / a.rate
+        delay = due - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+        for n in nodes:
+            now = time.time_ns()
+            values = {name: (step * 0.001 + i) for i, name in enumerate(names)}
+            values["perf/step_time"] = 1.0 / a.rate
+            values["perf/tokens"] = 4096
+            socks[n].send(encode_metrics(src[n], n, seq[n], 0, now, step, values))
+            seq[n] += 1
+            sent[n] += 1
+    for n in nodes:
+        socks[n].send(encode_bye(src[n], n, seq[n], 0, time.time_ns(), {}))
+        seq[n] += 1
+        sent[n] += 1
+    behind = time.monotonic() - (start + steps / a.rate)
+    for s in socks.values():
+        s.close()          # linger: what is queued still goes
+    ctx.term()
+    print(json.dumps({"sent": {str(n): sent[n] for n in nodes}, "src": {str(n): src[n] for n in nodes},
+                      "behind_s": behind}), flush=True)
+    return 0
+
+
+def _vm(pid: int, key: str) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def _cpu_s(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--nodes", type=int, default=256)
+    ap.add_argument("--rate", type=float, default=10.0, help="steps a second of every node")
+    ap.add_argument("--seconds", type=float, default=30.0)
+    ap.add_argument("--metrics", type=int, default=50, help="values in a node's record")
+    ap.add_argument("--senders", type=int, default=2, help="sender processes")
+    ap.add_argument("--sender", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--endpoint", help=argparse.SUPPRESS)
+    ap.add_argument("--first", type=int, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("--count", type=int, default=0, help=argparse.SUPPRESS)
+    a = ap.parse_args(argv)
+    if a.sender:
+        return sender_main(a)
+    _raise_nofile()
+    from telemetry.consumers.subscribe import Subscriber
+    from testkit.faults import Endpoints, free_port, launch
+
+    work = Path(tempfile.mkdtemp(prefix="head-scale-", dir="/tmp"))
+    eps = Endpoints()
+    port = free_port()
+    remote = f"tcp://127.0.0.1:{port}"
+    head = launch(work / "head", eps, config={"pollers": {"nvml_enabled": False}, "daemon_record_interval_s": 5},
+                  extra=("--remote-ingest", remote), world_size=a.nodes)
+    pid = head.proc.pid
+    sub = Subscriber(eps.pub, topics=("metrics",))
+    arrivals: dict[int, float] = {}
+    stop = threading.Event()
+
+    def listen() -> None:
+        while not stop.is_set():
+            for _kind, rec in sub.records(timeout_ms=100):
+                if rec.get("kind") == "metrics" and "rank" not in rec:
+                    arrivals.setdefault(rec["step"], time.time())
+
+    listener = threading.Thread(target=listen, daemon=True)
+    listener.start()
+    per = math.ceil(a.nodes / a.senders)
+    senders = []
+    for i in range(a.senders):
+        first, count = i * per, min(per, a.nodes - i * per)
+        if count <= 0:
+            break
+        senders.append(subprocess.Popen(
+            [sys.executable, "-m", "benchmarks.head_scale", "--sender", "--endpoint", remote, "--nodes", str(a.nodes),
+             "--rate", str(a.rate), "--seconds", str(a.seconds), "--metrics", str(a.metrics), "--first", str(first),
+             "--count", str(count)], cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True))
+    for p in senders:
+        assert p.stdout.readline().strip() == "ready"
+    time.sleep(1.0)                      # every hello in
+    rss0, cpu0, w0 = _vm(pid, "VmRSS"), _cpu_s(pid), time.monotonic()
+    for p in senders:
+        p.stdin.write("go\n")
+        p.stdin.flush()
+    outs = [json.loads(p.stdout.readline()) for p in senders]
+    for p in senders:
+        p.wait(120)
+    cpu1, w1 = _cpu_s(pid), time.monotonic()
+    rss_peak = _vm(pid, "VmHWM")
+    final = head.drain(timeout_s=300)
+    stop.set()
+    listener.join(5)
+    sub.close()
+    head.stop()
+    sent = {int(k): v for o in outs for k, v in o["sent"].items()}
+    srcs = {int(k): v for o in outs for k, v in o["src"].items()}
+    # Exactness, per node: what the head took in + counted lost == sent.
+    recs = [json.loads(line) for line in (work / "head" / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in recs if r["kind"] == "metrics" and "rank" not in r]
+    step_nums = [r["step"] for r in steps]
+    incomplete = [r["step"] for r in steps if r.get("missing_ranks")]
+    per_node = {int(k): v for k, v in final.get("per_rank", {}).items()}
+    inexact = {n: (per_node.get(n), sent[n]) for n in sent
+               if n not in per_node or per_node[n]["received"] + per_node[n]["refused"] + per_node[n]["lost"] != sent[n]}
+    del srcs
+    n_steps = int(a.seconds * a.rate)
+    t_sent = {r["step"]: r["t"] for r in steps}
+    lat = sorted(arrivals[s] - t_sent[s] for s in arrivals if s in t_sent)
+    q = (lambda f: lat[min(len(lat) - 1, int(f * len(lat)))] * 1000) if lat else (lambda f: float("nan"))
+    cpu_pct = 100 * (cpu1 - cpu0) / (w1 - w0)
+    result = {
+        "nodes": a.nodes, "rate": a.rate, "seconds": a.seconds, "metrics": a.metrics,
+        "node_records_per_s": a.nodes * a.rate,
+        "steps_expected": n_steps, "steps_written": len(step_nums), "steps_written_twice": len(step_nums) - len(set(step_nums)),
+        "steps_incomplete": len(incomplete),
+        "records_in": final.get("records_in"), "records_lost": final.get("records_lost"),
+        "nodes_inexact": len(inexact), "inexact_sample": dict(list(inexact.items())[:3]),
+        "records_sent": sum(sent.values()), "senders_behind_s": max(o["behind_s"] for o in outs),
+        "head_cpu_percent_of_a_core": round(cpu_pct, 1), "head_us_per_node_record": round(
+            1e6 * (cpu1 - cpu0) / max(1, a.nodes * n_steps), 1),
+        "head_rss_mb_before": round(rss0), "head_rss_mb_peak": round(rss_peak),
+        "latency_ms_p50": round(q(0.5), 1), "latency_ms_p95": round(q(0.95), 1), "latency_ms_max": round(q(1.0), 1),
+        "connections_refused": sum(c.get("refused", 0) for c in final.get("security", {}).get("connections", {}).values()),
+    }
+    print(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
