@@ -20,9 +20,18 @@ def add(agg, rank: int, step: int, t_ns: int, values: dict, parts: int = 1):
     return None if late else done
 
 
-def finish_many(agg, accs) -> list[dict]:
-    """The aggregated records of closed steps, in the order given."""
-    return agg.finish_batch(accs)[1]
+def finish_many(agg, accs, only: tuple[str, ...] | None = None) -> list[dict]:
+    """The aggregated records of closed steps, in the order given, with the derived metrics the
+    daemon adds (derived.py: the straggler views, throughput; no MFU without a model's hello),
+    or only the derivations named in `only`."""
+    from telemetry.daemon.config import MfuConfig
+    from telemetry.daemon.derived import DERIVATIONS, Derived
+
+    batch, recs = agg.finish_batch(accs)
+    chosen = DERIVATIONS if only is None else tuple(d for d in DERIVATIONS if d.name in only)
+    failed = Derived(MfuConfig(), chosen).apply(batch, [r["values"] for r in recs], agg.expected_world())
+    assert not failed, failed
+    return recs
 
 
 def finish(agg, acc) -> dict:

@@ -16,6 +16,14 @@ from mfu_util import step_metrics
 from telemetry.daemon.mfu import MfuEstimator
 from aggregator_util import finish_many
 
+
+def derived_for(batch, recs, world: int) -> list:
+    """What the daemon adds to the records of a batch (derived.py); the derivations that failed."""
+    from telemetry.daemon.config import MfuConfig
+    from telemetry.daemon.derived import Derived
+
+    return Derived(MfuConfig()).apply(batch, [r["values"] for r in recs], world)
+
 KEYS = ("train/loss", "perf/tokens", "perf/step_time", "memory/max_allocated_gb", "custom/n_count", "train/lr")
 NUMBER = st.one_of(st.floats(-1e6, 1e6, allow_nan=False), st.integers(-10**6, 10**6), st.booleans())
 VALUE = st.one_of(NUMBER, NUMBER, NUMBER, st.none())
@@ -87,7 +95,7 @@ def test_bulk_reduction_equals_one_step_at_a_time(case):
     agg = Aggregator(AggregatorConfig(world_size=world, reductions={"train/lr": "last"}))
     done = _close(agg, steps)
     assert [acc.step for acc in done] == list(range(len(steps)))
-    recs = finish_many(agg, done)
+    recs = finish_many(agg, done, only=("step time view",))
     for step, (rows, rec) in enumerate(zip(steps, recs)):
         want = _one_at_a_time(rows)
         assert rec["step"] == step and "missing_ranks" not in rec
@@ -108,6 +116,7 @@ def test_a_batch_of_uniform_steps_is_grouped_and_keeps_its_order():
         steps.append({0: a, 1: b})
     done = _close(agg, steps)
     batch, recs = agg.finish_batch(done)
+    assert not derived_for(batch, recs, 2)
     assert [r["step"] for r in recs] == list(range(6))
     for s, r in enumerate(recs):
         v = r["values"]

@@ -140,3 +140,89 @@ def test_what_the_daemon_polls_and_counts_is_in_it_and_not_reduced(monkeypatch, 
     assert not [m.name for m in catalogue.CATALOGUE if m.source in ("poller", "self") and m.name in rules]
     table = catalogue.markdown_table()
     assert "| GPU | `gpu/xid_errors` | - | counter, cumulative | - | - | the daemon's pollers |" in table
+
+
+def test_every_derived_metric_is_declared_and_every_declared_one_is_derived():
+    """derived.py's DERIVATIONS write only catalogue names; every name the catalogue says the
+    daemon derives is written by one of them."""
+    from telemetry.daemon.derived import DERIVATIONS
+    from telemetry.shared.catalogue import CATALOGUE, lookup
+
+    written = [name for d in DERIVATIONS for name in d.outputs]
+    assert len(written) == len(set(written)), written
+    for name in written:
+        assert lookup(name) is not None, name
+    daemon_made = {m.name for m in CATALOGUE if m.source == "daemon"}
+    assert daemon_made <= set(written), daemon_made - set(written)
+
+
+ADDED = '''
+from telemetry.shared import catalogue
+from telemetry.shared.catalogue import Metric
+
+catalogue.CATALOGUE += (Metric("perf/tokens_per_rank", "tokens", "gauge", "counts",
+                               "the step's tokens per rank that reported it", across_ranks="sum",
+                               over_window="sum", source="daemon"),)
+from telemetry.daemon import derived
+
+
+def tokens_per_rank(batch, values, d):
+    for v, ranks in zip(values, batch.ranks):
+        if isinstance(v.get("perf/tokens"), int):
+            v["perf/tokens_per_rank"] = v["perf/tokens"] / len(ranks)
+
+
+derived.DERIVATIONS += (derived.Derivation("tokens per rank", ("perf/tokens_per_rank",), tokens_per_rank),)
+'''
+
+
+def test_a_metric_added_in_its_two_places_reaches_the_records_the_rules_prometheus_and_the_table(tmp_path, monkeypatch):
+    """README "Adding a metric": a Derivation in derived.py and an entry in the catalogue, and
+    nothing else. A real daemon started with both added (as a code change would) writes it for
+    every step; the rules a head and a downsampled sink apply, Prometheus's name and help, and the
+    README's table come from the entry."""
+    import json
+    import subprocess
+    import sys
+
+    from testkit.daemon_proc import DaemonProc, daemon_command
+    from testkit.faults import Endpoints
+
+    eps = Endpoints()
+    log_dir = tmp_path / "telemetry"
+    cmd = daemon_command(log_dir, eps.ingest, eps.pub, eps.control, world_size=2)
+    code = ADDED + "\nimport runpy\nsys.argv = ['telemetry'] + sys.argv[1:]\nrunpy.run_module('telemetry', run_name='__main__')\n"
+    proc = subprocess.Popen([sys.executable, "-c", "import sys\n" + code, *cmd[3:]], cwd=ROOT,
+                            env={k: v for k, v in __import__("os").environ.items() if not k.startswith("TELEMETRY_")},
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    d = DaemonProc(proc, log_dir, None)
+    try:
+        d.wait_ready(180)
+        from telemetry.client import TelemetryClient
+
+        clients = [TelemetryClient(eps.ingest, rank=r) for r in (0, 1)]
+        for step in range(1, 6):
+            for r, c in enumerate(clients):
+                c.log(step, {"perf/tokens": 100 * (r + 1) * step, "perf/step_time": 0.1})
+        for c in clients:
+            c.close()
+        d.wait_for(lambda rs: sum(r["kind"] == "metrics" for r in rs) >= 5)
+        assert d.drain()["steps_out"] == 5
+        steps = [r for r in map(json.loads, (log_dir / "metrics.jsonl").read_text().splitlines())
+                 if r["kind"] == "metrics"]
+        assert [r["values"]["perf/tokens_per_rank"] for r in steps] == [300 * s / 2 for s in range(1, 6)]
+    finally:
+        d.cleanup()
+    # In this process, the same two additions: what is built from the catalogue has it.
+    ns: dict = {}
+    exec(ADDED.replace("catalogue.CATALOGUE +=", "added = catalogue.CATALOGUE +").replace(
+        "derived.DERIVATIONS +=", "more = derived.DERIVATIONS +"), ns)
+    monkeypatch.setattr(catalogue, "CATALOGUE", ns["added"])
+    assert catalogue.rules("across_ranks")["perf/tokens_per_rank"] == "sum"
+    assert catalogue.rules("over_window")["perf/tokens_per_rank"] == "sum"
+    from telemetry.consumers import prometheus
+
+    name, _labels = prometheus.metric_name("perf/tokens_per_rank")
+    assert name.startswith("telemetry_perf_tokens_per_rank")
+    assert "the step's tokens per rank" in prometheus.typed(name, "perf/tokens_per_rank").help
+    assert "| counts | `perf/tokens_per_rank` | tokens | gauge | sum | sum | the daemon |" in catalogue.markdown_table()

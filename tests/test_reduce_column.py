@@ -146,12 +146,12 @@ def step_time_batches(draw):
 @settings(max_examples=500, deadline=None)
 @given(step_time_batches())
 def test_the_straggler_view_from_the_column_reductions_is_the_step_by_step_one(batch):
-    from telemetry.daemon.aggregator import add_straggler_view
+    from telemetry.daemon.straggler_view import add_step_time_view
 
     want = _straggler_view_by_step(batch)
     for reduce in filter(None, (loops.reduce_column, getattr(hotpath.native, "reduce_column", None))):
         got = [{} for _ in range(len(batch))]
-        add_straggler_view(batch, got, reduce)
+        add_step_time_view(batch, got, reduce)
         assert len(got) == len(want)
         for g, w in zip(got, want):
             assert list(g) == list(w) and all(_same(g[k], w[k]) for k in w), (batch, got, want)

@@ -4,7 +4,8 @@ A step is emitted when every expected rank has reported it, when a later step co
 step in lockstep and each rank's records arrive in order, so an older step still open then
 will get nothing more), or after `step_timeout_s` (a rank died; elastic worlds shrink). A step
 emitted without some ranks says which in "missing_ranks". Straggler view per step:
-perf/step_time_max, perf/step_time_min, perf/slowest_rank, and per phase (straggler_view.py).
+perf/step_time_max, perf/step_time_min, perf/slowest_rank, and per phase (straggler_view.py,
+run with the other derived metrics: derived.py).
 
 Ranks come and go: a rank missing from DEAD_AFTER_TIMEOUTS timed-out steps in a row is no
 longer waited for (so one dead rank does not delay every later step by the timeout); it is
@@ -34,9 +35,8 @@ from collections import OrderedDict, deque
 
 from telemetry.daemon import hotpath
 from telemetry.daemon.config import AggregatorConfig
-from telemetry.daemon.reductions import MAX, MIN, RANK_RULES, Reducer, reduce_column
-from telemetry.daemon.steps import STEP_TIME, StepBatch
-from telemetry.daemon.straggler_view import add_phase_straggler_view
+from telemetry.daemon.reductions import RANK_RULES, Reducer
+from telemetry.daemon.steps import StepBatch
 
 # Timed-out steps in a row a rank may miss before the aggregator stops waiting for it.
 DEAD_AFTER_TIMEOUTS = 2
@@ -272,12 +272,10 @@ class Aggregator:
 
     # -- once per batch of closed steps ---------------------------------------------------------
     def finish_batch(self, accs: list[StepAccumulator]) -> tuple[StepBatch, list[dict]]:
-        """The closed steps as one StepBatch (for the derived metrics), and their records: each
-        metric reduced across ranks, with the straggler view; remembers which ranks each had."""
+        """The closed steps as one StepBatch (for the derived metrics: derived.py), and their
+        records: each metric reduced across ranks; remembers which ranks each had."""
         batch = StepBatch.gather([acc.step for acc in accs], [acc.records for acc in accs], self.loops.gather)
         values = self.loops.step_values(batch.names, self.reducer.reduce_columns(batch.columns, self.loops.reduce_column))
-        add_straggler_view(batch, values, self.loops.reduce_column)
-        add_phase_straggler_view(batch, values, self.loops)    # which rank is slow, in which phase
         return batch, self._records(accs, batch, values)
 
     def _records(self, accs: list[StepAccumulator], batch: StepBatch, values: list[dict]) -> list[dict]:
@@ -297,20 +295,3 @@ class Aggregator:
             self.last_step = max(self.last_step, max(batch.steps))
         self.num_steps_out += len(accs)
         return recs
-
-
-def add_straggler_view(batch: StepBatch, values: list[dict], reduce=reduce_column) -> None:
-    """perf/step_time_max, perf/step_time_min and perf/slowest_rank (the first rank to report
-    the longest step time) of each step whose ranks logged perf/step_time, into its values.
-    `reduce`: reductions.reduce_column or its C twin (hotpath.loops)."""
-    times_column = batch.columns.get(STEP_TIME)
-    if times_column is None:
-        return
-    slowest_column, fastest_column = reduce(times_column, MAX), reduce(times_column, MIN)
-    for v, times, ranks, slowest, fastest in zip(values, times_column, batch.ranks, slowest_column, fastest_column):
-        if slowest is None:                # no rank of this step logged it
-            continue
-        v["perf/step_time_max"] = slowest
-        v["perf/step_time_min"] = fastest
-        # max() returns the item itself, so index() finds its rank (a missing time is None, never equal)
-        v["perf/slowest_rank"] = ranks[times.index(slowest)]

@@ -604,10 +604,9 @@ class Daemon:
         except Exception as exc:              # the boundary should have caught it: counted, go on
             self._failed("reduce", exc, sum(len(acc.records) for acc in accs))
             return
-        try:
-            self.derived.apply(batch, [rec["values"] for rec in recs], self.aggregator.expected_world())
-        except Exception as exc:              # the steps still go out, without derived metrics
-            self._failed("derived", exc, 0)
+        # A derivation that fails costs its names in this batch, never the steps (derived.py).
+        for what, exc in self.derived.apply(batch, [rec["values"] for rec in recs], self.aggregator.expected_world()):
+            self._failed(f"derived: {what}", exc, 0)
         for acc, rec in zip(accs, recs):
             try:
                 line = _json.encode(rec)

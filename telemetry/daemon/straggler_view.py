@@ -1,5 +1,9 @@
 """The straggler series of each aggregated step: which rank is slow, and in what phase.
 
+Its step time across the ranks (add_step_time_view): perf/step_time_max, perf/step_time_min and
+perf/slowest_rank, the first rank to report the longest step time. Then, per phase
+(add_phase_straggler_view):
+
 In synchronous data parallel the step times of all ranks are equal (the fast ranks wait for the
 slow one inside a collective), so the slow rank shows in its phases, not its step time. From the
 per-rank phase timings the ranks send anyway (no collective, nothing added to the step), over the
@@ -43,6 +47,7 @@ what an install without a C compiler runs: ~10 µs), and 4 values more in the re
 from __future__ import annotations
 
 from telemetry.daemon import hotpath
+from telemetry.daemon.reductions import MAX, MIN, reduce_column
 from telemetry.daemon.steps import STEP_TIME, StepBatch
 
 # The phases, in the order of their perf/straggler_phase_index (new ones are appended).
@@ -57,6 +62,8 @@ _CAUSE_INDEXES = tuple(map(PHASES.index, CAUSE_ORDER))
 # on a shared machine an earlier phase of some rank swings by 5-10 % of the step (measured on a
 # loaded 2-core box, issue 29), which would hide a real excess in a later phase.
 CAUSE_MIN_FRACTION = 0.15
+# What add_step_time_view writes.
+STEP_TIME_KEYS = ("perf/step_time_max", "perf/step_time_min", "perf/slowest_rank")
 # What phase_straggler writes, in its order: the phase index, the rank, the median, the excess.
 OUTPUT_KEYS = ("perf/straggler_phase_index", "perf/straggler_rank", "perf/straggler_median_s",
                "perf/straggler_excess_s")
@@ -70,3 +77,20 @@ def add_phase_straggler_view(batch: StepBatch, values: list[dict], loops=hotpath
     if not columns:
         return
     loops.phase_straggler(columns, get(STEP_TIME), batch.ranks, values, CAUSE_MIN_FRACTION, OUTPUT_KEYS)
+
+
+def add_step_time_view(batch: StepBatch, values: list[dict], reduce=reduce_column) -> None:
+    """perf/step_time_max, perf/step_time_min and perf/slowest_rank (the first rank to report
+    the longest step time) of each step whose ranks logged perf/step_time, into its values.
+    `reduce`: reductions.reduce_column or its C twin (hotpath.loops)."""
+    times_column = batch.columns.get(STEP_TIME)
+    if times_column is None:
+        return
+    slowest_column, fastest_column = reduce(times_column, MAX), reduce(times_column, MIN)
+    for v, times, ranks, slowest, fastest in zip(values, times_column, batch.ranks, slowest_column, fastest_column):
+        if slowest is None:                # no rank of this step logged it
+            continue
+        v["perf/step_time_max"] = slowest
+        v["perf/step_time_min"] = fastest
+        # max() returns the item itself, so index() finds its rank (a missing time is None, never equal)
+        v["perf/slowest_rank"] = ranks[times.index(slowest)]

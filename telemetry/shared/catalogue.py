@@ -21,7 +21,10 @@ window (those records pass the downsampler as they are).
 Still to come from it (issue 28): `status`, the groups and units of tail, report and the
 dashboard, W&B define_metric.
 
-Adding a metric the daemon computes: one entry here (and its computation, in derived.py).
+Adding a metric the daemon computes: one entry here, and its computation appended to
+DERIVATIONS in telemetry/daemon/derived.py (tests/test_catalogue.py adds one that way and finds it
+in a real daemon's records, both rule tables, Prometheus and the README table). The README's
+table is then `telemetry metrics --markdown`.
 """
 from __future__ import annotations
 
@@ -239,11 +242,12 @@ CATALOGUE: tuple[Metric, ...] = (
 )
 
 
-def rules(which: str, catalogue: tuple[Metric, ...] = CATALOGUE) -> dict[str, str]:
+def rules(which: str, catalogue: tuple[Metric, ...] | None = None) -> dict[str, str]:
     """The reduction table: "across_ranks" or "over_window", name -> reduction, without the
     means (the default), in the catalogue's order (a suffix pattern is tried in that order)."""
     if which not in ("across_ranks", "over_window"):
         raise ValueError(f"rules({which!r}): across_ranks or over_window")
+    catalogue = CATALOGUE if catalogue is None else catalogue     # (read now: a metric added later counts)
     return {m.name: getattr(m, which) for m in catalogue if getattr(m, which) != MEAN and m.source in REDUCED}
 
 
@@ -252,10 +256,11 @@ REDUCED = ("rank", "daemon")
 _RANK_SEGMENT = re.compile(r"^rank\d+$")
 
 
-def lookup(name: str, catalogue: tuple[Metric, ...] = CATALOGUE) -> Metric | None:
+def lookup(name: str, catalogue: tuple[Metric, ...] | None = None) -> Metric | None:
     """The entry of `name`, as the reductions match it: the exact name, else the first prefix
     pattern, else the first suffix pattern; None for a name the catalogue does not know. A
     rank<r> segment (gpu/rank3/memory_used_gb) is looked up without it (gpu/memory_used_gb)."""
+    catalogue = CATALOGUE if catalogue is None else catalogue
     parts = name.split("/")
     if len(parts) > 2:
         kept = [p for i, p in enumerate(parts) if i == 0 or i == len(parts) - 1 or not _RANK_SEGMENT.match(p)]
@@ -296,8 +301,9 @@ def declared(metrics: dict, where: str = "metrics") -> tuple[Metric, ...]:
 _FROM = {"rank": "the ranks", "daemon": "the daemon", "poller": "the daemon's pollers", "self": "the daemon itself"}
 
 
-def markdown_table(catalogue: tuple[Metric, ...] = CATALOGUE) -> str:
+def markdown_table(catalogue: tuple[Metric, ...] | None = None) -> str:
     """The README's table of metric names, by group (in the order groups first appear)."""
+    catalogue = CATALOGUE if catalogue is None else catalogue
     groups: dict[str, list[Metric]] = {}
     for m in catalogue:
         groups.setdefault(m.group, []).append(m)
