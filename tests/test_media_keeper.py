@@ -13,6 +13,8 @@ import pytest
 import telemetry.wandb as tw
 from telemetry.daemon.media_keeper import MAX_BINS, MediaFiles, histogram, image_array
 
+ROOT = Path(__file__).resolve().parent.parent
+
 
 @pytest.fixture(autouse=True)
 def _no_run_left():
@@ -129,22 +131,122 @@ def test_with_keep_off_nothing_is_kept_and_the_files_still_go(tmp_path, make_dae
     assert list(media.iterdir()) == []
 
 
-def test_a_file_is_deleted_by_its_last_reader_and_the_rest_at_close(tmp_path):
-    a, b = tmp_path / "a.npy", tmp_path / "b.npy"
-    for p in (a, b):
+def test_a_file_is_deleted_once_each_reader_released_it_and_never_raises(tmp_path):
+    a, b, c = (tmp_path / f"1-0000000{i}-{i}.npy" for i in range(3))
+    for p in (a, b, c):
         p.write_bytes(b"x")
-    (tmp_path / "a.npy.failed").write_text("no")
-    files = MediaFiles(2)
-    files.release([a])
+    (tmp_path / (a.name + ".failed")).write_text("no")
+    files = MediaFiles(("keeper", "wandb"))
+    files.release([a, a], "keeper")              # one reader twice (a name twice in one event): once
+    files.release([a], "keeper")
     assert a.exists()
-    files.release([a, b])
-    assert not a.exists() and not (tmp_path / "a.npy.failed").exists() and b.exists()
-    assert files.close() == 1 and not b.exists()
+    files.release([a], "wandb")
+    assert not a.exists() and not (tmp_path / (a.name + ".failed")).exists()
+    # A reader that cannot start: what only it held back goes at once.
+    files.release([b], "keeper")
+    assert b.exists()
+    files.drop_reader("wandb")
+    assert not b.exists()
+    files.release([c], "keeper")
+    assert not c.exists()
+    # One reader released it, the other never will (its event dropped): gone after ORPHAN_S.
+    files = MediaFiles(("keeper", "wandb"))
+    d = tmp_path / "1-00000000-9.png"
+    d.write_bytes(b"x")
+    files.release([d], "keeper")
+    assert files.sweep() == 0 and d.exists()
+    assert files.sweep(orphan_s=0.0) == 1 and not d.exists() and files.num_orphaned == 1
+    # A name no reader can delete (too long, a NUL): said, never raised.
+    files.release([tmp_path / ("x" * 300), tmp_path / "a\x00b"], "keeper")
+    files.release([tmp_path / ("x" * 300), tmp_path / "a\x00b"], "wandb")
     with pytest.raises(ValueError, match="could not write it: no"):
         (tmp_path / "c.failed").write_text("no")
         MediaFiles.wait(tmp_path / "c", timeout_s=5)
     with pytest.raises(TimeoutError):
         MediaFiles.wait(tmp_path / "d", timeout_s=0.05)
+
+
+@pytest.mark.parametrize("wandb_mode", ["offline", "disabled"])
+def test_hostile_media_events_cost_their_own_value_never_the_keeper_or_the_sink(tmp_path, make_daemon, monkeypatch,
+                                                                                wandb_mode):
+    """A rank's media events naming files the drop-in never writes (300 characters, a NUL, a
+    path), a histogram of 10^9 bins, a table with a missing value and one whose rows are not
+    rows: each counted or kept as it should be, and the images logged after them are kept and
+    their files deleted (one bad name killed the keeper thread, or made W&B drop its batch)."""
+    from telemetry.client import TelemetryClient
+
+    media = tmp_path / "media"
+    monkeypatch.setenv("TELEMETRY_MEDIA_DIR", str(media))
+    d = make_daemon(wandb=wandb_mode, env={"TELEMETRY_MEDIA_DIR": str(media)})
+    monkeypatch.setenv("TELEMETRY_ENDPOINT", d.ingest)
+    c = TelemetryClient(d.ingest, rank=3)
+    for name in ("a" * 300, "1-00000000-1\x00.png", "../../etc/passwd", "1-0000000g-1.png"):
+        c.event("wandb/media", {"step": 1, "key": "evil", "type": "Image", "file": name})
+    c.close()
+    run = tw.init(project="p")
+    rng = np.random.default_rng(2)
+    with pytest.raises(ValueError, match="maximum length of a histogram is 512"):
+        tw.Histogram([1.0, 2.0], num_bins=10**9)
+    run.log({"t": tw.Table(columns=["x", "loss"], data=[[1, 0.5], [2, float("nan")]])}, step=1)
+    imgs = [rng.integers(0, 255, (4, 4, 3), dtype=np.uint8) for _ in range(3)]
+    for step, im in enumerate(imgs, start=2):
+        run.log({"img": tw.Image(im)}, step=step)
+    tw.finish()
+    final = d.drain(timeout_s=120)
+    m = final["media"]
+    assert m["kept"] == 4 and m["failed"] == 4, m
+    index = [json.loads(line) for line in (d.log_dir / "media" / "index.jsonl").read_text().splitlines()]
+    table = next(e for e in index if e["key"] == "t")
+    assert json.loads((d.log_dir / "media" / table["file"]).read_text())["data"] == [[1, 0.5], [2, None]]
+    assert [e["step"] for e in index if e["key"] == "img"] == [2, 3, 4]
+    assert list(media.iterdir()) == []
+    if wandb_mode == "offline":
+        w = final["sinks"]["wandb"]
+        assert (w["media_logged"], w["media_failed"], w["errors"]) == (4, 4, 0), w
+    assert "Exception in thread" not in d.output(), d.output()[-3000:]
+
+
+def test_a_histogram_event_of_too_many_bins_is_refused_before_any_is_counted(tmp_path, make_daemon, monkeypatch):
+    """num_bins comes from the network: 3 x 10^7 bins took the daemon from 34 MB to 733 MB."""
+    from telemetry.client import TelemetryClient
+
+    media = tmp_path / "media"
+    media.mkdir(mode=0o700)
+    monkeypatch.setenv("TELEMETRY_MEDIA_DIR", str(media))
+    d = make_daemon(wandb="offline", env={"TELEMETRY_MEDIA_DIR": str(media)})
+    name = "1-00000000-1.npz"
+    np.savez(media / name, sequence=np.arange(1000.0))
+    c = TelemetryClient(d.ingest, rank=0)
+    c.event("wandb/media", {"step": 1, "key": "h", "type": "Histogram", "file": name,
+                            "options": {"num_bins": 30_000_000}})
+    c.close()
+    final = d.drain(timeout_s=60)
+    assert final["media"]["failed"] == 1 and "num_bins 30000000" in final["media"]["last_error"]
+    assert final["sinks"]["wandb"]["media_failed"] == 1
+    assert list(media.iterdir()) == []
+
+
+def test_a_wandb_sink_that_cannot_start_holds_no_media_file(tmp_path, make_daemon, monkeypatch):
+    """W&B on, but its package cannot be imported: the keeper alone reads the files, and
+    deletes each as it goes (they piled up until the daemon exited)."""
+    fake = tmp_path / "fakewandb" / "wandb"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("raise ImportError('no wandb here')\n")
+    media = tmp_path / "media"
+    monkeypatch.setenv("TELEMETRY_MEDIA_DIR", str(media))
+    d = make_daemon(wandb="offline", env={"TELEMETRY_MEDIA_DIR": str(media),
+                                          "PYTHONPATH": f"{tmp_path / 'fakewandb'}:{ROOT}"})
+    monkeypatch.setenv("TELEMETRY_ENDPOINT", d.ingest)
+    run = tw.init(project="p")
+    for step in range(1, 6):
+        run.log({"h": tw.Histogram([1.0, 2.0, float(step)])}, step=step)
+    deadline = __import__("time").monotonic() + 60
+    while d.status()["media"]["kept"] < 5:
+        assert __import__("time").monotonic() < deadline, d.status()["media"]
+        __import__("time").sleep(0.1)
+    assert list(media.iterdir()) == []            # while the run goes on
+    tw.finish()
+    d.drain(timeout_s=60)
 
 
 def test_images_as_w_and_b_reads_them_and_a_wide_histogram_merged(tmp_path):

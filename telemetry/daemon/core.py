@@ -281,7 +281,7 @@ class Daemon:
             # dashboard, and each deleted by the last of its readers (media_keeper.py).
             from telemetry.daemon.media_keeper import MediaFiles, MediaKeeper
 
-            self.media_files = MediaFiles(2 if with_wandb else 1)
+            self.media_files = MediaFiles(("keeper", "wandb") if with_wandb else ("keeper",))
             self.media = MediaKeeper(self.log_dir, self.media_files, keep=cfg.media.keep,
                                      max_bytes=int(cfg.media.max_mb * 2**20))
             self.media.start()

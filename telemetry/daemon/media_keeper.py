@@ -42,6 +42,7 @@ from telemetry.shared import media as shared_media
 log = logging.getLogger("telemetry.daemon.media")
 
 MEDIA_SUBDIR = "media"
+READER = "keeper"             # its name among MediaFiles' readers
 INDEX_NAME = "index.jsonl"
 # How long a reader waits for a media file the event names (the rank's writer thread writes it
 # after sending the event; on one host this takes milliseconds).
@@ -55,16 +56,24 @@ MAX_PENDING = 10_000
 MAX_BINS = 512
 # An image larger than this many pixels is not kept (counted as failed): a page shows thumbnails.
 MAX_PIXELS = 1 << 24
+# A file one reader released and another never will (its event was dropped) is deleted this
+# long after the first release (the keeper's sweep); a reader reads within seconds.
+ORPHAN_S = 600.0
+SWEEP_EVERY_S = 30.0
 
 
 class MediaFiles:
-    """The rank-written media files and their readers: the last of `readers` to release a file
-    deletes it. Thread-safe (the W&B sink's thread and the keeper's)."""
+    """The rank-written media files and their readers (names: "keeper", "wandb"): a file is
+    deleted once each reader has released it. A reader that will never read (a W&B sink that
+    could not start) is dropped (drop_reader); a file one reader released and another never will
+    (its event dropped in a full queue, a batch that failed) is deleted ORPHAN_S after the first
+    release (sweep). Thread-safe (the W&B sink's thread and the keeper's); never raises."""
 
-    def __init__(self, readers: int) -> None:
-        self.readers = readers
-        self._released: dict[str, int] = {}
+    def __init__(self, readers: tuple[str, ...]) -> None:
+        self.readers = frozenset(readers)
+        self._released: dict[str, tuple[set, float]] = {}   # path -> (readers done, first release)
         self._lock = threading.Lock()
+        self.num_orphaned = 0
 
     @staticmethod
     def wait(path: Path, timeout_s: float = MEDIA_WAIT_S) -> None:
@@ -75,8 +84,8 @@ class MediaFiles:
         while not path.exists():
             if failed.exists():
                 try:
-                    reason = failed.read_text().strip()
-                except OSError as exc:
+                    reason = failed.read_text()[:500].strip()
+                except (OSError, ValueError) as exc:
                     reason = repr(exc)
                 raise ValueError(f"the rank could not write it: {reason}")
             if time.monotonic() > deadline:
@@ -84,30 +93,64 @@ class MediaFiles:
                                    f"host, or a rank that exited first)")
             time.sleep(MEDIA_POLL_S)
 
-    def release(self, paths: list[Path]) -> None:
-        """This reader is done with these files; the last reader's release deletes them."""
-        for path in paths:
+    def release(self, paths: list[Path], reader: str) -> None:
+        """`reader` is done with these files; the last reader's release deletes them."""
+        now = time.monotonic()
+        for path in dict.fromkeys(paths):          # a name twice in one event: once
             key = str(path)
             with self._lock:
-                n = self._released.get(key, 0) + 1
-                if n < self.readers:
-                    self._released[key] = n
+                done, first = self._released.get(key, (set(), now))
+                done.add(reader)
+                if not self.readers <= done:
+                    self._released[key] = (done, first)
                     continue
                 self._released.pop(key, None)
             _unlink(path)
 
+    def drop_reader(self, reader: str) -> None:
+        """`reader` will read nothing (it could not start): what only it held goes now."""
+        with self._lock:
+            self.readers = self.readers - {reader}
+            gone = [k for k, (done, _) in self._released.items() if self.readers <= done]
+            for k in gone:
+                del self._released[k]
+        for k in gone:
+            _unlink(Path(k))
+
+    def sweep(self, orphan_s: float = None) -> int:
+        """Delete the files some reader released more than `orphan_s` ago that another never
+        did (counted in num_orphaned); return how many."""
+        limit = time.monotonic() - (ORPHAN_S if orphan_s is None else orphan_s)
+        with self._lock:
+            old = [k for k, (_, first) in self._released.items() if first <= limit]
+            for k in old:
+                del self._released[k]
+            self.num_orphaned += len(old)
+        for k in old:
+            _unlink(Path(k))
+        return len(old)
+
     def close(self) -> int:
         """Delete what some reader never released (its event dropped); return how many."""
-        with self._lock:
-            left, self._released = list(self._released), {}
-        for key in left:
-            _unlink(Path(key))
-        return len(left)
+        return self.sweep(orphan_s=-1.0)
 
 
 def _unlink(path: Path) -> None:
-    path.unlink(missing_ok=True)
-    path.with_name(path.name + shared_media.FAILED_SUFFIX).unlink(missing_ok=True)
+    for p in (path, path.with_name(path.name + shared_media.FAILED_SUFFIX)):
+        try:
+            p.unlink(missing_ok=True)
+        except (OSError, ValueError) as exc:       # never a reader's end: said, and it goes on
+            log.warning("media: cannot delete %s: %s", p, exc)
+
+
+def _finite(v: Any) -> Any:
+    if isinstance(v, float):
+        return v if math.isfinite(v) else None
+    if isinstance(v, list):
+        return [_finite(x) for x in v]
+    if isinstance(v, dict):
+        return {k: _finite(x) for k, x in v.items()}
+    return v
 
 
 def event_files(data: Any) -> tuple[list[dict], bool]:
@@ -168,6 +211,15 @@ def image_array(kind: str, path: Path, options: dict):
     return a
 
 
+def num_bins(options: dict) -> int:
+    """A histogram event's num_bins: an int in 1..MAX_BINS (W&B's bound; it comes from the
+    network), else ValueError."""
+    n = options.get("num_bins", 64)
+    if type(n) is not int or not 1 <= n <= MAX_BINS:
+        raise ValueError(f"num_bins {n!r}: expected an integer from 1 to {MAX_BINS}")
+    return n
+
+
 def histogram(path: Path, options: dict) -> tuple[list[float], list[float]]:
     """A histogram file's (bin edges, counts), as W&B's Histogram makes them; at most MAX_BINS."""
     import numpy as np
@@ -178,7 +230,7 @@ def histogram(path: Path, options: dict) -> tuple[list[float], list[float]]:
         else:
             seq = np.asarray(f["sequence"], dtype=np.float64)
             seq = seq[np.isfinite(seq)]
-            counts, edges = np.histogram(seq, bins=int(options.get("num_bins", 64)))
+            counts, edges = np.histogram(seq, bins=num_bins(options))
             counts = counts.astype(np.float64)
     if counts.ndim != 1 or edges.shape != (counts.size + 1,) or not counts.size:
         raise ValueError(f"a histogram of {counts.shape} counts and {edges.shape} edges")
@@ -237,7 +289,7 @@ class MediaKeeper:
                 self._cond.notify()
                 return
         self.num_not_kept += 1
-        self.media_files.release(event_paths(data))
+        self.media_files.release(event_paths(data), READER)
 
     def request_stop(self) -> None:
         """Keep what is queued, then end; put() after this releases at once (counted)."""
@@ -259,33 +311,51 @@ class MediaKeeper:
 
     def stats(self) -> dict:
         return {"kept": self.num_kept, "not_kept": self.num_not_kept, "failed": self.num_failed,
-                "bytes": self.num_bytes, "pending": len(self._pending), "last_error": self.last_error}
+                "bytes": self.num_bytes, "pending": len(self._pending), "orphaned": self.media_files.num_orphaned,
+                "last_error": self.last_error}
 
     def _run(self) -> None:
+        next_sweep = time.monotonic() + SWEEP_EVERY_S
         while True:
             with self._cond:
-                while not self._pending and not self._stopping:
-                    self._cond.wait()
-                if not self._pending:
+                while not self._pending and not self._stopping and time.monotonic() < next_sweep:
+                    self._cond.wait(max(0.0, next_sweep - time.monotonic()))
+                if time.monotonic() >= next_sweep:
+                    next_sweep = time.monotonic() + SWEEP_EVERY_S
+                    item = None
+                elif not self._pending:
                     return
-                rank, data = self._pending.popleft()
-            paths: list[Path] = []
+                else:
+                    item = self._pending.popleft()
+            if item is None:
+                self.media_files.sweep()
+                continue
             try:
-                items, as_list = event_files(data)
-                paths = [p for p in map(shared_media.media_file, (i.get("file") for i in items)) if p is not None]
-                if len(paths) != len(items):
-                    raise ValueError(f"a malformed media event: {data!r:.200}")
-                for path in paths:
-                    self.media_files.wait(path)
-                if self.keep:
-                    self._keep(rank, data, items, paths, as_list)
-            except Exception as exc:      # one value not kept, counted; the next one goes on
+                self._take(*item)
+            except BaseException as exc:     # never the thread's end (a bug here costs one value)
                 self.num_failed += 1
                 self.last_error = f"{type(exc).__name__}: {exc}"[:300]
-                if self.num_failed == 1:
-                    log.error("media: a value not kept for the dashboard (counted in media.failed): %s", exc)
-            finally:
-                self.media_files.release(paths)
+                log.exception("media: the keeper failed on one value (counted in media.failed)")
+
+    def _take(self, rank: int | None, data: Any) -> None:
+        """Wait for an event's files, keep them (when keeping), release them."""
+        paths: list[Path] = []
+        try:
+            items, as_list = event_files(data)
+            paths = [p for p in map(shared_media.media_file, (i.get("file") for i in items)) if p is not None]
+            if len(paths) != len(items):
+                raise ValueError(f"a malformed media event: {data!r:.200}")
+            for path in paths:
+                self.media_files.wait(path)
+            if self.keep:
+                self._keep(rank, data, items, paths, as_list)
+        except Exception as exc:      # one value not kept, counted; the next one goes on
+            self.num_failed += 1
+            self.last_error = f"{type(exc).__name__}: {exc}"[:300]
+            if self.num_failed == 1:
+                log.error("media: a value not kept for the dashboard (counted in media.failed): %s", exc)
+        finally:
+            self.media_files.release(paths, READER)
 
     def _keep(self, rank: int | None, data: dict, items: list[dict], paths: list[Path], as_list: bool) -> None:
         kind = str(data.get("type"))
@@ -314,10 +384,13 @@ class MediaKeeper:
         elif kind == "Table" and not as_list:
             doc = json.loads(paths[0].read_text())
             columns, rows = doc.get("columns"), doc.get("data")
-            if not isinstance(rows, list) or not (columns is None or isinstance(columns, list)):
-                raise ValueError("a table file without columns and data")
+            if not isinstance(rows, list) or not all(isinstance(r, list) for r in rows) \
+                    or not (columns is None or isinstance(columns, list)):
+                raise ValueError("a table file without columns and rows of cells")
             name = f"{self._next}.json"
-            out.append((name, json.dumps({"columns": columns, "data": rows}, allow_nan=False,
+            # A missing value (NaN, inf: the drop-in writes them as W&B keeps them) is null here:
+            # a browser's JSON has no NaN.
+            out.append((name, json.dumps({"columns": columns, "data": _finite(rows)}, allow_nan=False,
                                          default=str).encode()))
             entry.update(file=name, columns=[str(c) for c in columns or []], rows=len(rows))
         else:

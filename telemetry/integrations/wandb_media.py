@@ -24,6 +24,8 @@ from telemetry.shared import media as shared_media
 # Media waiting for the writer thread; past this a log call refuses them (counted), rather
 # than hold training memory for a writer that cannot keep up.
 MAX_QUEUED = 64
+# W&B's largest histogram (wandb.Histogram.MAX_LENGTH).
+MAX_BINS = 512
 # How long finish() lets the writer finish what is queued.
 CLOSE_TIMEOUT_S = 10.0
 
@@ -127,6 +129,12 @@ class Histogram(Media):
     def __init__(self, sequence: Any = None, np_histogram: Any = None, num_bins: int = 64) -> None:
         if sequence is None and np_histogram is None:
             raise ValueError("wandb.Histogram needs a sequence or np_histogram")
+        # As W&B's: at most 512 bins (W&B finds out after computing them; here before).
+        if isinstance(num_bins, int) and not isinstance(num_bins, bool) and not 1 <= num_bins <= MAX_BINS:
+            raise ValueError(f"The maximum length of a histogram is {MAX_BINS}" if num_bins > MAX_BINS
+                             else "num_bins must be at least 1")
+        if np_histogram is not None and len(np_histogram[0]) > MAX_BINS:
+            raise ValueError(f"The maximum length of a histogram is {MAX_BINS}")
         self.sequence = sequence
         self.np_histogram = np_histogram
         self.num_bins = num_bins
@@ -217,7 +225,7 @@ class MediaWriter:
             self._thread.start()
         snap = media.snapshot()
         ext, options = snap.describe()
-        name = f"{os.getpid()}-{os.urandom(4).hex()}-{next(self._names)}{ext}"
+        name = f"{os.getpid()}-{os.urandom(4).hex()}-{next(self._names)}{shared_media.safe_ext(ext)}"
         try:
             self._queue.put_nowait((name, snap))
         except queue.Full:

@@ -12,6 +12,7 @@ daemon read (and upload) any other file.
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 from telemetry.shared.endpoints import private_dirs
@@ -33,8 +34,19 @@ def media_dir(create: bool = False) -> Path:
     return private_dirs(path.parent, path, create=create)
 
 
+# The names the drop-in's writer gives its files (telemetry/integrations/wandb_media.py):
+# <pid>-<8 hex>-<n><.ext>; nothing else is ever read or deleted (a name from the network that is
+# too long, or holds a NUL, would make the readers' calls raise).
+NAME = re.compile(r"[0-9]{1,10}-[0-9a-f]{8}-[0-9]{1,12}(\.[A-Za-z0-9]{1,16})?")
+
+
+def safe_ext(ext: str) -> str:
+    """A file's extension as a media name may carry it (".png"); ".img" for one that may not."""
+    return ext if re.fullmatch(r"\.[A-Za-z0-9]{1,16}", ext) else ".img"
+
+
 def media_file(name: object) -> Path | None:
-    """The file a media event names, or None for a name that is not a plain file name."""
-    if not isinstance(name, str) or not name or "/" in name or "\\" in name or name.startswith("."):
+    """The file a media event names, or None for a name the drop-in's writer does not give."""
+    if not isinstance(name, str) or NAME.fullmatch(name) is None:
         return None
     return media_dir() / name

@@ -46,7 +46,7 @@ from pathlib import Path
 from protocol.constants import CLIENT_TIME_KEY as OWN_TIME_KEY
 from telemetry.daemon.sinks.base import Out, Sink
 from telemetry.shared import files
-from telemetry.daemon.media_keeper import MediaFiles, event_files
+from telemetry.daemon.media_keeper import MediaFiles, event_files, num_bins
 from telemetry.shared import media as shared_media
 from telemetry.shared.wandb_ids import stable_run_id
 
@@ -59,6 +59,7 @@ PER_PROCESS_KEYS = frozenset({"pid", "src", "rank", "local_rank", "host"})
 _MISSING = object()
 # Records held while the run is not open yet (see the module docstring).
 MAX_WAITING = 10_000
+MEDIA_READER = "wandb"          # its name among the media files' readers (media_keeper.MediaFiles)
 # What a telemetry.wandb init may name, as wandb.init's keyword arguments (text; tags a list).
 INIT_KEYS = ("project", "name", "entity", "group", "notes", "job_type", "id")
 SUMMARY_EVENT = "wandb/summary"
@@ -115,7 +116,7 @@ class WandbSink(Sink):
         self._nested: dict[str, list[str]] = {}   # flat key -> its path, from wandb/nested events
         self.num_media_logged = 0
         self.num_media_failed = 0
-        self.media_files = media_files if media_files is not None else MediaFiles(1)
+        self.media_files = media_files if media_files is not None else MediaFiles((MEDIA_READER,))
         self._wandb = None
         self._stats = None                    # W&B's system-metrics writer of the open run (the user's run)
         self._held: list[tuple] = []          # media and text events of steps W&B has not reached
@@ -129,7 +130,11 @@ class WandbSink(Sink):
         # process that had run wandb itself) would write this run's files with that process's
         # umask, not the daemon's private one, and end when that process does: start our own.
         os.environ.pop("WANDB_SERVICE", None)
-        import wandb  # lazy: ~0.7 s, on this sink's thread
+        try:
+            import wandb  # lazy: ~0.7 s, on this sink's thread
+        except BaseException:
+            self.media_files.drop_reader(MEDIA_READER)    # it will read no media file: not waited for
+            raise
 
         self._wandb = wandb
 
@@ -379,7 +384,7 @@ class WandbSink(Sink):
             if self.num_media_failed == 1:
                 log.error("wandb: media at key %r, step %r not logged (counted in media_failed): %s", key, step, exc)
         finally:
-            self.media_files.release(paths)
+            self.media_files.release(paths, MEDIA_READER)
 
     def _media_object(self, kind: str, path: Path, options: dict):
         """The W&B object a rank's media file stands for (telemetry/integrations/wandb_media.py)."""
@@ -400,7 +405,7 @@ class WandbSink(Sink):
             with np.load(path, allow_pickle=False) as f:
                 if "hist" in f:
                     return wandb.Histogram(np_histogram=(f["hist"], f["bins"]))
-                return wandb.Histogram(f["sequence"], num_bins=int(options.get("num_bins", 64)))
+                return wandb.Histogram(f["sequence"], num_bins=num_bins(options))
         if kind == "Table":
             doc = json.loads(path.read_text())
             return wandb.Table(columns=doc.get("columns"), data=doc.get("data"))
