@@ -126,3 +126,41 @@ def test_images_histograms_and_tables_a_script_logged_are_on_the_page_and_live(t
         finally:
             d.cleanup()
             shutil.rmtree(sockets, ignore_errors=True)
+
+
+def test_the_media_index_answers_in_bounded_pieces_holds_a_bounded_amount_and_serves_only_its_files(tmp_path,
+                                                                                                   monkeypatch):
+    import os
+
+    import telemetry.consumers.dashboard.media as m
+
+    media = tmp_path / "telemetry" / "media"
+    media.mkdir(parents=True)
+    hist = {"bins": list(range(513)), "counts": [1.0] * 512}
+    with open(media / "index.jsonl", "w") as f:
+        for step in range(1, 5001):
+            f.write(json.dumps({"step": step, "key": "h", "type": "Histogram", "rank": 0, **hist}) + "\n")
+    index = m.MediaIndex(tmp_path / "telemetry")
+    got, since = [], 0
+    while True:
+        answer = index.items(since)
+        assert len(answer["items"]) <= m.MAX_ANSWER_ITEMS
+        assert len(json.dumps(answer["items"])) <= m.MAX_ANSWER_BYTES + 20_000
+        got += answer["items"]
+        since = answer["total"]
+        if not answer["more"]:
+            break
+    assert [e["step"] for e in got] == list(range(1, 5001))
+    # Held: bounded in bytes, the oldest forgotten and said.
+    monkeypatch.setattr(m, "MAX_HELD_BYTES", 1 << 20)
+    index = m.MediaIndex(tmp_path / "telemetry")
+    first = index.items(0)
+    assert first["forgotten"] > 0 and first["items"][0]["step"] == first["forgotten"] + 1
+    assert sum(len(json.dumps(e)) for e in index.entries) <= (1 << 20) + 20_000
+    # Files: its own numbered PNGs and JSONs, never through a symlink or beyond the directory.
+    (media / "1.png").write_bytes(b"\x89PNG")
+    os.symlink("/etc/hostname", media / "2.json")
+    (tmp_path / "secret.json").write_text("{}")
+    assert index.file("1.png") == (b"\x89PNG", "image/png")
+    for name in ("2.json", "../secret.json", "index.jsonl", "1.png\n", "3.svg"):
+        assert index.file(name) is None, name

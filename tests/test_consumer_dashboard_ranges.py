@@ -55,6 +55,15 @@ def test_the_files_give_back_every_value_of_a_step_range_across_pieces_resumes_a
         f.write(_line(121, {"loss": 1.0})[:20])
     got, _, _ = blocks.read(110, 130, {"loss"})
     assert sorted(got["loss"][0]) == list(range(110, 121))
+    # Many points in range: downsampled as they are read (memory: a few per pixel column), the
+    # extremes kept (a one-step spike among 60,000 steps).
+    _write(log / "metrics.jsonl", ["\n"] + [_line(s, {"spiky": 1000.0 if s == 31_337 else float(s % 7)})
+                                            for s in range(200, 60_200)])     # (after the torn line above)
+    got, truncated, _ = blocks.read(200, 60_199, {"spiky"}, num_buckets=100)
+    assert not truncated and len(got["spiky"][0]) <= 8 * 100 + 1
+    xs, ys = downsampled(*got["spiky"], 100)
+    assert max(ys) == 1000.0 and xs[ys.index(1000.0)] == 31_337 and min(ys) == 0.0
+    assert xs[0] == 200 and xs[-1] == 60_199
     # A budget on what one request reads: said, never a silent half answer.
     got, truncated, read = blocks.read(1, 200, {"loss"}, max_bytes=2048)
     assert truncated and read <= 2048

@@ -45,17 +45,20 @@ def insert_gaps(xs: np.ndarray, ys: np.ndarray, threshold: float | None = None) 
     return np.insert(xs, at, mid), np.insert(ys.astype(float), at, np.nan)
 
 
-def minmax_downsample(xs: np.ndarray, ys: np.ndarray, num_buckets: int) -> tuple[np.ndarray, np.ndarray]:
+def minmax_downsample(xs: np.ndarray, ys: np.ndarray, num_buckets: int,
+                      x_range: tuple[float, float] | None = None) -> tuple[np.ndarray, np.ndarray]:
     """At most ~4 points per bucket of equal x width: first, last, min, max (and a NaN gap).
 
-    xs must be sorted. Series of at most 2 * num_buckets points come back as they are.
+    xs must be sorted. Series of at most 2 * num_buckets points come back as they are. The
+    buckets span the data, or `x_range` (so that downsampling again keeps to the same columns).
     """
     n = len(xs)
     if n <= 2 * max(1, num_buckets):
         return xs, ys
-    span = float(xs[-1] - xs[0])
+    lo, hi = (float(xs[0]), float(xs[-1])) if x_range is None else x_range
+    span = hi - lo
     if span > 0:
-        buckets = np.minimum(((xs - xs[0]) * (num_buckets / span)).astype(np.int64), num_buckets - 1)
+        buckets = np.clip(((xs - lo) * (num_buckets / span)).astype(np.int64), 0, num_buckets - 1)
     else:
         buckets = np.zeros(n, dtype=np.int64)
     starts = np.flatnonzero(np.r_[True, buckets[1:] != buckets[:-1]])

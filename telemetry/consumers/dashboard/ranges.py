@@ -18,6 +18,7 @@ import json
 import os
 import re
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -27,8 +28,13 @@ from telemetry.shared import files
 from telemetry.shared.jsonlines import rotated_files
 
 BLOCK_BYTES = 4 << 20
-MAX_READ_BYTES = 512 << 20
+# What one request may read, in bytes and in seconds (beyond either: `truncated`, the page keeps
+# what the store has); its points are downsampled as they come (memory: a few per pixel column).
+MAX_READ_BYTES = 256 << 20
+MAX_READ_S = 10.0
 MAX_KEYS = 256
+# A key's points are downsampled once they pass this many per pixel column.
+POINTS_PER_BUCKET_HELD = 8
 # The daemon writes a metrics record's kind, time and step first: {"kind":"metrics","t":...,"step":N,
 _STEP = re.compile(rb'^\{"kind":"metrics","t":[^,]*,"step":(-?\d+)')
 _RANK = re.compile(r"^(.*)@rank(\d+)$")
@@ -90,17 +96,22 @@ class StepBlocks:
             pos += end
             info["size"] = pos
 
-    def read(self, x0: float, x1: float, want: set[str], max_bytes: int = MAX_READ_BYTES) -> tuple[dict, bool, int]:
-        """{key: (steps, values)} of the wanted keys within [x0, x1] from the files, whether the
-        read stopped at max_bytes, and the bytes read."""
+    def read(self, x0: float, x1: float, want: set[str], max_bytes: int = MAX_READ_BYTES,
+             num_buckets: int = 4096, max_s: float = MAX_READ_S) -> tuple[dict, bool, int]:
+        """{key: (steps, values)} of the wanted keys within [x0, x1] from the files (at most a
+        few points per one of num_buckets columns: each key's points are downsampled as they
+        pile up), whether the read stopped at max_bytes or max_s, and the bytes read."""
         by_rank: dict[tuple[str, int | None], str] = {}
         for key in want:
             m = _RANK.match(key)
             by_rank[(m.group(1), int(m.group(2))) if m else (key, None)] = key
         names = {n for n, _ in by_rank}
+        quoted = [b'"' + json.dumps(n)[1:-1].encode() + b'":' for n in names]
         got: dict[str, tuple[list, list]] = {k: ([], []) for k in want}
+        held = POINTS_PER_BUCKET_HELD * num_buckets
         read = 0
         truncated = False
+        deadline = time.monotonic() + max_s
         with self._lock:
             pieces = self._update()
         for path, blocks in pieces:
@@ -113,7 +124,7 @@ class StepBlocks:
                 continue
             with f:
                 for off, end, _lo, _hi in hits:
-                    if read + (end - off) > max_bytes:
+                    if read + (end - off) > max_bytes or time.monotonic() > deadline:
                         truncated = True
                         break
                     f.seek(off)
@@ -121,7 +132,7 @@ class StepBlocks:
                     read += len(data)
                     for line in data.split(b"\n"):
                         m = _STEP.match(line)
-                        if not m or not x0 <= int(m.group(1)) <= x1:
+                        if not m or not x0 <= int(m.group(1)) <= x1 or not any(q in line for q in quoted):
                             continue
                         try:
                             rec = json.loads(line)
@@ -136,11 +147,22 @@ class StepBlocks:
                             key = by_rank.get((name, rank if isinstance(rank, int) else None))
                             v = values[name]
                             if key is not None and (v is None or (isinstance(v, (int, float)) and not isinstance(v, bool))):
-                                got[key][0].append(step)
-                                got[key][1].append(np.nan if v is None else float(v))
+                                xs, ys = got[key]
+                                xs.append(step)
+                                ys.append(np.nan if v is None else float(v))
+                                if len(xs) > held:        # memory: a few points per pixel column
+                                    got[key] = _thinned(xs, ys, num_buckets, x0, x1)
             if truncated:
                 break
         return got, truncated, read
+
+
+def _thinned(xs: list, ys: list, num_buckets: int, x0: float, x1: float) -> tuple[list, list]:
+    """A key's points so far, downsampled on the request's columns (its whole range, so each
+    column's extremes survive every later thinning)."""
+    x, y = last_per_x(np.asarray(xs, dtype=np.float64), np.asarray(ys, dtype=np.float64))
+    x, y = minmax_downsample(x, y, num_buckets, x_range=(x0, x1))
+    return x.tolist(), y.tolist()
 
 
 def downsampled(xs: list, ys: list, num_buckets: int) -> tuple[list, list]:

@@ -200,8 +200,8 @@ class Handler(BaseHTTPRequestHandler):
         try:
             x0, x1 = float(query["x0"][0]), float(query["x1"][0])
             width = min(MAX_WIDTH_PX, max(100, int(query.get("width", [DEFAULT_WIDTH_PX])[0])))
-            if not x0 <= x1:
-                raise ValueError("x0 > x1")
+            if not (math.isfinite(x0) and math.isfinite(x1) and x0 <= x1):
+                raise ValueError("x0 and x1 finite, x0 <= x1")
         except (KeyError, ValueError) as exc:
             self._send(HTTPStatus.BAD_REQUEST, _dumps({"error": f"x0, x1 (x0 <= x1) and width: {exc}"}),
                        "application/json")
@@ -216,7 +216,7 @@ class Handler(BaseHTTPRequestHandler):
         if thinned and store.log_dir is not None:
             blocks = self.server.ranges.setdefault(store.run_id, StepBlocks(store.log_dir))
             with self.server.range_lock:      # one file read at a time: its memory is one answer's
-                got, truncated, read = blocks.read(x0, x1, set(thinned))
+                got, truncated, read = blocks.read(x0, x1, set(thinned), num_buckets=num_buckets)
             for key, (xs, ys) in got.items():
                 if not truncated:
                     series[key] = downsampled(xs, ys, num_buckets)

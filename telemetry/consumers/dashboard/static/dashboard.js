@@ -808,7 +808,7 @@ const media = { items: {}, total: {}, cards: {}, tables: {}, loading: false };
 async function loadMedia() {
   if (media.loading || document.body.dataset.locked) return;
   media.loading = true;
-  let changed = false;
+  let changed = false, more = false;
   try {
     for (const id of state.order) {
       const since = media.total[id] ?? 0;
@@ -821,11 +821,13 @@ async function loadMedia() {
       if (got.forgotten) list.splice(0, Math.max(0, list.length - (got.total - got.forgotten)));
       media.total[id] = got.total;
       changed = true;
+      more ||= got.more;                             // the rest, in answers of bounded size
     }
   } finally {
     media.loading = false;
   }
   if (changed) drawMedia();
+  if (more) await loadMedia();
 }
 
 function mediaFile(runId, name) {
@@ -951,7 +953,7 @@ async function drawTable(card, e) {
   const shown = doc.data.slice(0, TABLE_ROWS_SHOWN);
   card.body.replaceChildren(el("div", { class: "mtable" }, el("table", {},
     el("thead", {}, el("tr", {}, ...cols.map((c) => el("th", { text: String(c) })))),
-    el("tbody", {}, ...shown.map((row) => el("tr", {}, ...row.map(cell)))))),
+    el("tbody", {}, ...shown.map((row) => el("tr", {}, ...(Array.isArray(row) ? row : [row]).map(cell)))))),
     el("div", { class: "dim", text: doc.data.length > shown.length ? `first ${shown.length} of ${doc.data.length} rows` :
                                                                      `${doc.data.length} rows` }));
   card.root.dataset.rows = String(doc.data.length);
