@@ -287,3 +287,31 @@ def test_a_media_directory_that_cannot_be_made_costs_the_media_not_the_run(tmp_p
     final = d.drain(timeout_s=60)
     assert final["media"]["kept"] == 0 and "cannot keep the run's media" in d.output()
     assert list(media.iterdir()) == []
+
+
+def test_a_starting_daemon_deletes_media_files_nobody_will_read(tmp_path, make_daemon, monkeypatch):
+    """Left by ranks with no daemon (or a killed one): their writer is gone and they are old.
+    A file of a live writer, or a recent one, stays."""
+    import os
+    import subprocess
+    import time
+
+    media = tmp_path / "media"
+    media.mkdir(mode=0o700)
+    p = subprocess.Popen(["true"])
+    p.wait()
+    old = time.time() - 3600
+    stale = [media / f"{p.pid}-0000000a-{i}.npy" for i in range(3)]
+    for f in stale:
+        f.write_bytes(b"x")
+        os.utime(f, (old, old))
+    (media / (stale[0].name + ".failed")).write_text("no")
+    os.utime(media / (stale[0].name + ".failed"), (old, old))
+    live = media / f"{os.getpid()}-0000000b-1.npy"
+    recent = media / f"{p.pid}-0000000c-1.npy"
+    for f in (live, recent):
+        f.write_bytes(b"x")
+    os.utime(live, (old, old))
+    d = make_daemon(wandb="disabled", env={"TELEMETRY_MEDIA_DIR": str(media)})
+    assert d.status()["media"]["stale_deleted"] == 3
+    assert sorted(f.name for f in media.iterdir()) == sorted([live.name, recent.name])

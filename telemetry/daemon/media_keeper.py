@@ -153,6 +153,36 @@ def _finite(v: Any) -> Any:
     return v
 
 
+def delete_stale(min_age_s: float = ORPHAN_S) -> int:
+    """Files in the media directory that nobody will read: their writer (the pid in the name)
+    is gone and they are older than `min_age_s` (no daemon took them: none was running, or one
+    was killed). Return how many went."""
+    try:
+        directory = shared_media.media_dir()
+        names = os.listdir(directory)
+    except (OSError, ValueError):
+        return 0
+    now = time.time()
+    gone = 0
+    for base, name in {n.removesuffix(shared_media.FAILED_SUFFIX): n for n in sorted(names, reverse=True)}.items():
+        # (a file and its .failed marker are one: the file's name wins, sorted before the marker)
+        if shared_media.NAME.fullmatch(base) is None:
+            continue
+        pid = int(base.split("-", 1)[0])
+        try:
+            old = now - os.lstat(directory / name).st_mtime > min_age_s
+            os.kill(pid, 0)
+            alive = True
+        except ProcessLookupError:
+            alive = False
+        except OSError:
+            continue            # gone already, or a pid of another user's: alive
+        if old and not alive:
+            _unlink(directory / base)
+            gone += 1
+    return gone
+
+
 def event_files(data: Any) -> tuple[list[dict], bool]:
     """A media event's items ({"file", "options"}) and whether it was a list; ValueError for an
     event that is not one (telemetry/integrations/wandb_run.py writes them)."""
@@ -262,6 +292,7 @@ class MediaKeeper:
         self._next = 0               # the next file's number
         self._index = None
         self._thread = threading.Thread(target=self._run, name="media-keeper", daemon=True)
+        self.num_stale_deleted = 0
 
     def start(self) -> None:
         if self.keep:
@@ -279,6 +310,7 @@ class MediaKeeper:
                 self.keep = False
                 self.last_error = f"{self.dir}: {exc}"
                 log.error("media: cannot keep the run's media in %s (%s); W&B still gets them", self.dir, exc)
+        self.num_stale_deleted = delete_stale()
         self._thread.start()
 
     def put(self, rank: int | None, data: Any) -> None:
@@ -312,6 +344,7 @@ class MediaKeeper:
     def stats(self) -> dict:
         return {"kept": self.num_kept, "not_kept": self.num_not_kept, "failed": self.num_failed,
                 "bytes": self.num_bytes, "pending": len(self._pending), "orphaned": self.media_files.num_orphaned,
+                "stale_deleted": self.num_stale_deleted,
                 "last_error": self.last_error}
 
     def _run(self) -> None:
