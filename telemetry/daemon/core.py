@@ -279,9 +279,10 @@ class Daemon:
         if not cfg.remote_ingest:
             # The ranks' media files (on this host; a head's ranks are on others): kept for the
             # dashboard, and each deleted by the last of its readers (media_keeper.py).
-            from telemetry.daemon.media_keeper import MediaFiles, MediaKeeper
+            from telemetry.daemon.media_keeper import READER, MediaFiles, MediaKeeper
+            from telemetry.daemon.sinks.wandb_sink import MEDIA_READER     # (wandb itself: at its start)
 
-            self.media_files = MediaFiles(("keeper", "wandb") if with_wandb else ("keeper",))
+            self.media_files = MediaFiles((READER, MEDIA_READER) if with_wandb else (READER,))
             self.media = MediaKeeper(self.log_dir, self.media_files, keep=cfg.media.keep,
                                      max_bytes=int(cfg.media.max_mb * 2**20))
             self.media.start()
