@@ -17,9 +17,11 @@ What is kept is bounded by `media.max_mb` of the daemon config (default 1024): p
 not kept (counted: status "media": not_kept, and said once in the log); W&B still gets it.
 
 MediaFiles decides when a rank's file goes: each of its readers (the keeper, and the W&B sink
-when there is one) releases it when done, and the last release deletes it (and its `.failed`
-marker). A file one reader never released (its queue was full and the event dropped, counted
-there) is deleted when the daemon closes. The keeper runs on its own thread, fed only media
+when there is one and it started) releases it when done, and the last release deletes it (and
+its `.failed` marker). A file one reader released and another never will (its event dropped in a
+full queue, a batch that failed) is deleted ORPHAN_S later, or when the daemon closes. A daemon
+starting deletes the files nobody will read (delete_stale: their writer gone, over ORPHAN_S old).
+Only names the drop-in's writer gives are read or deleted (shared/media.py: NAME). The keeper runs on its own thread, fed only media
 events (ingest hands them over as they pass: nothing per metrics record); it runs on every daemon
 that is not a head (a head is on another host than the ranks' files) with `media.keep: false`
 too, then only releasing what it is handed.
@@ -117,7 +119,7 @@ class MediaFiles:
         for k in gone:
             _unlink(Path(k))
 
-    def sweep(self, orphan_s: float = None) -> int:
+    def sweep(self, orphan_s: float | None = None) -> int:
         """Delete the files some reader released more than `orphan_s` ago that another never
         did (counted in num_orphaned); return how many."""
         limit = time.monotonic() - (ORPHAN_S if orphan_s is None else orphan_s)
