@@ -46,7 +46,7 @@ def sender_main(a: argparse.Namespace) -> int:
 
     _raise_nofile()
     ctx = zmq.Context(2)
-    ctx.setsockopt(zmq.MAX_SOCKETS, 65536)
+    ctx.set(zmq.MAX_SOCKETS, 65536)     # (a context option: the default is 1,023 sockets)
     nodes = list(range(a.first, a.first + a.count))
     socks = {}
     for n in nodes:
