@@ -239,11 +239,11 @@ def test_a_media_directory_another_user_owns_is_refused_on_both_ends(tmp_path, m
     from telemetry.shared.endpoints import UnsafePathError
 
     planted = _short_dir()
-    (planted / "1-x-0.png").write_bytes(b"not ours")
+    (planted / "1-0000000a-0.png").write_bytes(b"not ours")
     os.chown(planted, OTHER_UID, OTHER_UID)
     monkeypatch.setenv(media.ENV_MEDIA_DIR, str(planted))
     with pytest.raises(UnsafePathError):
-        media.media_file("1-x-0.png")                    # the daemon reads nothing from it
+        media.media_file("1-0000000a-0.png")             # the daemon reads nothing from it
     writer = MediaWriter()
 
     class Snap:
