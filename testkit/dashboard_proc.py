@@ -117,3 +117,16 @@ class EventStream:
 
     def close(self) -> None:
         self.resp.close()
+
+
+def stop_with_daemon(dash: "Dashboard | None", daemon, sockets: Path) -> None:
+    """A browser test's end: the dashboard stopped (it must exit 0, its output said if not), then
+    its daemon and the private socket directory, whatever the dashboard's stop said."""
+    import shutil
+
+    try:
+        if dash is not None:
+            assert dash.stop() == 0, "".join(dash.lines)
+    finally:
+        daemon.cleanup()
+        shutil.rmtree(sockets, ignore_errors=True)

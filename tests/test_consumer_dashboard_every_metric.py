@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from testkit.cdp import CHROMIUM, Browser
-from testkit.dashboard_proc import Dashboard
+from testkit.dashboard_proc import Dashboard, stop_with_daemon
 from daemon_util import start_daemon
 from telemetry.client import TelemetryClient
 
@@ -177,12 +177,7 @@ def test_a_scripts_own_keys_each_get_a_chart_and_the_filter_finds_them(tmp_path)
         assert not [line for line in b.console if "exception" in line], b.console
     finally:
         tm.close()
-        try:
-            if dash is not None:
-                assert dash.stop() == 0, "".join(dash.lines)
-        finally:
-            d.cleanup()
-            shutil.rmtree(sockets, ignore_errors=True)
+        stop_with_daemon(dash, d, sockets)
 
 
 @pytest.mark.slow

@@ -7,7 +7,6 @@ Skips only where chromium is not installed (launch/setup.sh --dev installs it wi
 from __future__ import annotations
 
 import json
-import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -18,7 +17,7 @@ import pytest
 import telemetry.wandb as tw
 from daemon_util import start_daemon
 from testkit.cdp import CHROMIUM, Browser
-from testkit.dashboard_proc import Dashboard
+from testkit.dashboard_proc import Dashboard, stop_with_daemon
 
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install chromium; "
                                                           "launch/setup.sh --dev does it)")
@@ -120,12 +119,7 @@ def test_images_histograms_and_tables_a_script_logged_are_on_the_page_and_live(t
         assert json.loads(index.read_text().splitlines()[-1])["step"] == STEPS + 1
     finally:
         tw.finish()
-        try:
-            if dash is not None:
-                assert dash.stop() == 0, "".join(dash.lines)
-        finally:
-            d.cleanup()
-            shutil.rmtree(sockets, ignore_errors=True)
+        stop_with_daemon(dash, d, sockets)
 
 
 def test_the_media_index_answers_in_bounded_pieces_holds_a_bounded_amount_and_serves_only_its_files(tmp_path,
