@@ -495,9 +495,9 @@ function detailOf(runId, key) {
   const d = state.detail;
   const det = d && !state.xTime && state.zoom.step && d.min === state.zoom.step[0] && d.max === state.zoom.step[1] ?
     d.runs[runId]?.[key] : null;
-  if (!det) return null;
+  const base = det ? state.runs[runId]?.series[key] : null;
+  if (!base) return null;
   // Outside the range, what the page holds (live steps too); inside, the range's every point.
-  const base = state.runs[runId].series[key];
   const x = [], y = [];
   for (let i = 0; i < base.x.length && base.x[i] < d.min; i++) { x.push(base.x[i]); y.push(base.y[i]); }
   x.push(...det.x); y.push(...det.y);
