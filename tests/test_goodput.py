@@ -235,12 +235,23 @@ def test_the_trainer_on_two_ranks_against_the_injected_truth(tmp_path):
     assert least - 1e-6 <= b["data_loading"] <= mean + 1e-6 and least >= steps * slow_data, (b, least, mean)
     print(f"data bucket - injected {b['data_loading'] - steps * slow_data:.3f} s, checkpoint bucket - injected "
           f"{b['checkpoint_save'] - saves * slow_save:.3f} s, of {wall:.2f} s wall")
-    # The injected truth, within 1 % of the wall time: what the buckets hold beyond it is the
-    # loader's and torch.save's own time, the same few ms a step however long the sleep (0.2 s a
-    # step and 20 steps, on the loaded dev box 2026-11-27: +0.09-0.12 s, 0.5-0.8 % of a 16 s wall;
-    # 0.4 s a step halves that share). The ranks' own figures above are the exact check.
-    assert abs(b["data_loading"] - steps * slow_data) <= 0.01 * wall, (b, wall)
-    assert abs(b["checkpoint_save"] - saves * slow_save) <= 0.01 * wall, (b, wall)
+    # The truth within 1 % of the wall time, each part measured apart from telemetry: the data
+    # bucket is the injected sleeps plus what the loader itself took (the ranks' own timer,
+    # above); the checkpoint bucket is, per save, the slowest rank's own save time, which is the
+    # injected sleep (as slept) plus torch.save's own work (the ranks' save logs). The real work
+    # is the machine's: on the loaded dev box the saves' own work was 0.07-0.23 s, up to 1.04 %
+    # of the wall, and the loader's 0.08-0.15 s, so the injected time alone is no 1 % bound.
+    assert abs(b["data_loading"] - steps * slow_data) <= 0.01 * wall + (least - steps * slow_data), (b, wall)
+    own_saves = {}
+    for r in (0, 1):
+        for line in (tmp_path / f"loss{r}.jsonl.saves").read_text().splitlines():
+            row = json.loads(line)
+            own_saves.setdefault(row["step"], []).append(row)
+    assert sorted(own_saves) == [10, 20] and all(len(rows) == 2 for rows in own_saves.values()), own_saves
+    slept = sum(max(row["injected_s"] for row in rows) for rows in own_saves.values())
+    truth = sum(max(row["duration_s"] for row in rows) for rows in own_saves.values())
+    assert slept >= saves * slow_save and abs(b["checkpoint_save"] - truth) <= 0.01 * wall, (b, truth, slept, wall)
+    print(f"checkpoint: injected {slept:.3f} s as slept, the saves' own work {truth - slept:.3f} s")
     # The saves on the run's own timeline: a save follows the eval of steps 10 and 20 (whose
     # record is stamped when the eval ended), and the next step begins (its end less its step
     # time), or training ends, when the save is done.

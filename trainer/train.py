@@ -108,6 +108,8 @@ class Run:
         self.pin = self.device.type == "cuda" and cfg.data.pin_memory
         self.config_yaml = _yaml(cfg)
         self.loss_log = LossLog(cfg.debug_loss_log, info.rank)
+        # Each checkpoint save's time, and the part of it debug.slow_checkpoint_s slept, beside it.
+        self.save_log = LossLog(cfg.debug_loss_log + ".saves" if cfg.debug_loss_log else "", info.rank)
         self.stop = StopSignal(info.world_size)
         self.step = 0  # completed optimizer steps
         self.samples_seen = 0  # documents this rank has trained on, kept across resumes
@@ -319,11 +321,14 @@ class Run:
     def save(self, reason: str, collective: bool = True) -> None:
         t0 = time.perf_counter()
         self.faults.phase("checkpoint", self.step)
+        injected_s = time.perf_counter() - t0
         path = ckpt.save(self.engine, run_dir=self.cfg.run_dir, step=self.step, rank=self.info.rank,
                          config_yaml=self.config_yaml, keep_last=self.cfg.checkpoint.keep_last,
                          collective=collective, reason=reason, rank_state={"samples_seen": self.samples_seen})
+        duration_s = time.perf_counter() - t0
         self.tm.event("checkpoint_saved", {"path": str(path), "step": self.step, "reason": reason,
-                                           "duration_s": time.perf_counter() - t0})
+                                           "duration_s": duration_s})
+        self.save_log.log(self.step, {"duration_s": duration_s, "injected_s": injected_s})
 
     def emergency_save(self, reason: str, collective: bool) -> None:
         try:
@@ -344,6 +349,7 @@ class Run:
     def close(self) -> None:
         self.stop.restore()
         self.loss_log.close()
+        self.save_log.close()
         self.tm.close()
         import torch.distributed as dist
         if dist.is_initialized():
