@@ -252,16 +252,16 @@ def test_a_wandb_sink_that_cannot_start_holds_no_media_file(tmp_path, make_daemo
 def test_images_as_w_and_b_reads_them_and_a_wide_histogram_merged(tmp_path):
     p = tmp_path / "i.npy"
     np.save(p, np.array([[0.0, 0.5], [1.0, np.nan]]))
-    assert image_array("Image", p, {"source": "numpy"}).tolist() == [[0, 128], [255, 0]]
+    assert image_array(p, {"source": "numpy"}).tolist() == [[0, 128], [255, 0]]
     np.save(p, np.array([[0, 300], [-5, 7]], dtype=np.int64))          # beyond 0..255: clipped
-    assert image_array("Image", p, {"source": "numpy"}).tolist() == [[0, 255], [0, 7]]
+    assert image_array(p, {"source": "numpy"}).tolist() == [[0, 255], [0, 7]]
     np.save(p, np.zeros((2, 3, 5)))
     with pytest.raises(ValueError, match="shape"):
-        image_array("Image", p, {"source": "numpy"})
+        image_array(p, {"source": "numpy"})
     from PIL import Image
 
     Image.new("RGBA", (3, 2), (1, 2, 3, 4)).save(tmp_path / "f.png")
-    assert image_array("Image", tmp_path / "f.png", {"source": "file"}).shape == (2, 3, 4)
+    assert image_array(tmp_path / "f.png", {"source": "file"}).shape == (2, 3, 4)
     buf = io.BytesIO()
     np.savez(buf, hist=np.arange(1300.0), bins=np.linspace(0, 1, 1301))
     (tmp_path / "h.npz").write_bytes(buf.getvalue())

@@ -206,7 +206,7 @@ class TrainConfig:
     log_every: int = 1
     telemetry_endpoint: str | None = None   # None: $TELEMETRY_ENDPOINT or the default; "": disabled
     nonfinite_action: str = "skip"       # skip | stop: a non-finite step is never applied; stop also ends the run
-    debug_loss_log: str = ""             # a JSONL of per-step losses, read back off the step path (tests)
+    debug_loss_log: str = ""             # a JSONL of per-step losses, read back off the step path (tests); <path>.saves: the saves' times
     estimate_memory: bool = True
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)

@@ -40,12 +40,11 @@ from typing import Any
 
 from telemetry.shared import files
 from telemetry.shared import media as shared_media
+from telemetry.shared.numbers import nonfinite_as_null
 
 log = logging.getLogger("telemetry.daemon.media")
 
-MEDIA_SUBDIR = "media"
 READER = "keeper"             # its name among MediaFiles' readers
-INDEX_NAME = "index.jsonl"
 # How long a reader waits for a media file the event names (the rank's writer thread writes it
 # after sending the event; on one host this takes milliseconds).
 MEDIA_WAIT_S = 10.0
@@ -145,16 +144,6 @@ def _unlink(path: Path) -> None:
             log.warning("media: cannot delete %s: %s", p, exc)
 
 
-def _finite(v: Any) -> Any:
-    if isinstance(v, float):
-        return v if math.isfinite(v) else None
-    if isinstance(v, list):
-        return [_finite(x) for x in v]
-    if isinstance(v, dict):
-        return {k: _finite(x) for k, x in v.items()}
-    return v
-
-
 def delete_stale(min_age_s: float = ORPHAN_S) -> int:
     """Files in the media directory that nobody will read: their writer (the pid in the name)
     is gone and they are older than `min_age_s` (no daemon took them: none was running, or one
@@ -167,7 +156,8 @@ def delete_stale(min_age_s: float = ORPHAN_S) -> int:
     now = time.time()
     gone = 0
     for base, name in {n.removesuffix(shared_media.FAILED_SUFFIX): n for n in sorted(names, reverse=True)}.items():
-        # (a file and its .failed marker are one: the file's name wins, sorted before the marker)
+        # (a file and its .failed marker are one: in reverse order the marker comes first and the
+        # file's own name overwrites it)
         if shared_media.NAME.fullmatch(base) is None:
             continue
         pid = int(base.split("-", 1)[0])
@@ -211,7 +201,7 @@ def event_paths(data: Any) -> list[Path]:
     return [p for p in paths if p is not None]
 
 
-def image_array(kind: str, path: Path, options: dict):
+def image_array(path: Path, options: dict):
     """The image a rank's file stands for, as W&B reads it: an HxW, HxWx1, HxWx3 or HxWx4 uint8
     array (a tensor is CxHxW; float values in [0, 1] are scaled to 0-255, as W&B does)."""
     import numpy as np
@@ -279,7 +269,7 @@ class MediaKeeper:
     """Keeps the run's media for the dashboard (module docstring), on its own thread."""
 
     def __init__(self, log_dir: Path, media_files: MediaFiles, keep: bool = True, max_bytes: int = 1 << 30) -> None:
-        self.dir = Path(log_dir) / MEDIA_SUBDIR
+        self.dir = Path(log_dir) / shared_media.KEPT_SUBDIR
         self.media_files = media_files
         self.keep = keep
         self.max_bytes = max_bytes
@@ -305,9 +295,9 @@ class MediaKeeper:
                     stem = p.name.split(".")[0]
                     if stem.isdigit():
                         self._next = max(self._next, int(stem) + 1)
-                    if stem.isdigit() or p.name == INDEX_NAME:
+                    if stem.isdigit() or p.name == shared_media.KEPT_INDEX:
                         self.num_bytes += p.lstat().st_size
-                self._index = files.open_fd(self.dir / INDEX_NAME, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+                self._index = files.open_fd(self.dir / shared_media.KEPT_INDEX, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
             except OSError as exc:      # the run goes on; its media are not kept (the files still go)
                 self.keep = False
                 self.last_error = f"{self.dir}: {exc}"
@@ -404,7 +394,7 @@ class MediaKeeper:
             entry["images"] = []
             for item, path in zip(items, paths):
                 options = item.get("options") if isinstance(item.get("options"), dict) else {}
-                a = image_array(kind, path, options)
+                a = image_array(path, options)
                 buf = io.BytesIO()
                 Image.fromarray(a).save(buf, format="PNG")
                 name = f"{self._next + len(out)}.png"
@@ -425,7 +415,7 @@ class MediaKeeper:
             name = f"{self._next}.json"
             # A missing value (NaN, inf: the drop-in writes them as W&B keeps them) is null here:
             # a browser's JSON has no NaN.
-            out.append((name, json.dumps({"columns": columns, "data": _finite(rows)}, allow_nan=False,
+            out.append((name, json.dumps({"columns": columns, "data": nonfinite_as_null(rows)}, allow_nan=False,
                                          default=str).encode()))
             entry.update(file=name, columns=[str(c) for c in columns or []], rows=len(rows))
         else:
@@ -440,7 +430,7 @@ class MediaKeeper:
             return
         for name, body in out:
             files.write_file(self.dir / name, body)
-        self._next += len(out) or 1
+        self._next += len(out)
         os.write(self._index, line)       # one write of one line: appended whole
         self.num_bytes += size
         self.num_kept += 1

@@ -34,6 +34,11 @@ def media_dir(create: bool = False) -> Path:
     return private_dirs(path.parent, path, create=create)
 
 
+# What the daemon keeps of a run's media for the dashboard, in its log directory
+# (telemetry/daemon/media_keeper.py writes it, telemetry/consumers/dashboard/media.py reads it).
+KEPT_SUBDIR = "media"
+KEPT_INDEX = "index.jsonl"
+
 # The names the drop-in's writer gives its files (telemetry/integrations/wandb_media.py):
 # <pid>-<8 hex>-<n><.ext>; nothing else is ever read or deleted (a name from the network that is
 # too long, or holds a NUL, would make the readers' calls raise).

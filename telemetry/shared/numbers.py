@@ -29,3 +29,15 @@ def positive_finite(v: Any) -> float | None:
     if is_int(v) and 0 < v <= EXACT_INT_LIMIT:
         return float(v)
     return None
+
+
+def nonfinite_as_null(obj: Any) -> Any:
+    """The same structure with NaN and infinities as None (JSON has no such numbers): the
+    dashboard's answers, the media keeper's tables."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: nonfinite_as_null(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [nonfinite_as_null(v) for v in obj]
+    return obj

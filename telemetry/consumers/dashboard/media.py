@@ -20,9 +20,8 @@ import threading
 from pathlib import Path
 
 from telemetry.shared import files
+from telemetry.shared.media import KEPT_INDEX, KEPT_SUBDIR
 
-MEDIA_SUBDIR = "media"           # as media_keeper.py writes it (the daemon package is not imported here)
-INDEX_NAME = "index.jsonl"
 MAX_ENTRIES = 20_000
 MAX_HELD_BYTES = 64 << 20
 MAX_ANSWER_ITEMS = 2_000
@@ -40,7 +39,7 @@ class MediaIndex:
     """One run's kept media values, read incrementally from its index.jsonl. Thread-safe."""
 
     def __init__(self, log_dir: Path | None) -> None:
-        self.dir = Path(log_dir) / MEDIA_SUBDIR if log_dir is not None else None
+        self.dir = Path(log_dir) / KEPT_SUBDIR if log_dir is not None else None
         self.entries: list[dict] = []
         self._sizes: list[int] = []       # each entry's line length
         self._held_bytes = 0
@@ -64,7 +63,7 @@ class MediaIndex:
         if self.dir is None:
             return
         try:
-            with files.open_regular(self.dir / INDEX_NAME) as f:
+            with files.open_regular(self.dir / KEPT_INDEX) as f:
                 f.seek(self._offset)
                 data = f.read(MAX_READ_BYTES)
         except OSError:

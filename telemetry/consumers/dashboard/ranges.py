@@ -26,6 +26,7 @@ import numpy as np
 from telemetry.consumers.series import last_per_x, minmax_downsample
 from telemetry.shared import files
 from telemetry.shared.jsonlines import rotated_files
+from telemetry.shared.numbers import is_number, nonfinite_as_null
 
 BLOCK_BYTES = 4 << 20
 # What one request may read, in bytes and in seconds (beyond either: `truncated`, the page keeps
@@ -146,7 +147,7 @@ class StepBlocks:
                         for name in names & values.keys():
                             key = by_rank.get((name, rank if isinstance(rank, int) else None))
                             v = values[name]
-                            if key is not None and (v is None or (isinstance(v, (int, float)) and not isinstance(v, bool))):
+                            if key is not None and (v is None or is_number(v)):
                                 xs, ys = got[key]
                                 xs.append(step)
                                 ys.append(np.nan if v is None else float(v))
@@ -172,4 +173,4 @@ def downsampled(xs: list, ys: list, num_buckets: int) -> tuple[list, list]:
         return [], []
     x, y = last_per_x(np.asarray(xs, dtype=np.float64), np.asarray(ys, dtype=np.float64))
     x, y = minmax_downsample(x, y, num_buckets)
-    return x.tolist(), [None if v != v else v for v in y.tolist()]
+    return x.tolist(), nonfinite_as_null(y.tolist())

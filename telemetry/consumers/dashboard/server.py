@@ -47,6 +47,7 @@ from telemetry.consumers.dashboard.live import Hub
 from telemetry.consumers.dashboard.media import MediaIndex
 from telemetry.consumers.dashboard.ranges import MAX_KEYS as MAX_RANGE_KEYS
 from telemetry.consumers.dashboard.ranges import StepBlocks, downsampled
+from telemetry.shared.numbers import nonfinite_as_null
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
 STATUS_EVERY_S = 1.0
@@ -77,22 +78,11 @@ class DashboardServer(BoundedConnections, ThreadingHTTPServer):
         self.stopping = False
 
 
-def _finite(obj: Any) -> Any:
-    """The same structure with NaN and infinities as null (JSON has no such numbers)."""
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if isinstance(obj, dict):
-        return {k: _finite(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_finite(v) for v in obj]
-    return obj
-
-
 def _dumps(obj: Any) -> bytes:
     try:
         return json.dumps(obj, separators=(",", ":"), allow_nan=False).encode()
     except ValueError:   # a non-finite number somewhere (an event's data): the slow, safe way
-        return json.dumps(_finite(obj), separators=(",", ":"), allow_nan=False).encode()
+        return json.dumps(nonfinite_as_null(obj), separators=(",", ":"), allow_nan=False).encode()
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -217,8 +207,8 @@ class Handler(BaseHTTPRequestHandler):
             blocks = self.server.ranges.setdefault(store.run_id, StepBlocks(store.log_dir))
             with self.server.range_lock:      # one file read at a time: its memory is one answer's
                 got, truncated, read = blocks.read(x0, x1, set(thinned), num_buckets=num_buckets)
-            for key, (xs, ys) in got.items():
-                if not truncated:
+            if not truncated:                 # a cut answer: the page keeps what it holds
+                for key, (xs, ys) in got.items():
                     series[key] = downsampled(xs, ys, num_buckets)
         body = {"run": store.run_id, "x0": x0, "x1": x1, "truncated": truncated, "read_bytes": read,
                 "series": {k: {"x": xs, "y": ys} for k, (xs, ys) in series.items()}}
