@@ -464,7 +464,7 @@ class Daemon:
             self._add_metrics(recs)
             return n
         run: list = []               # metrics in a row; other kinds are handled in order of arrival
-        for rec in recs:
+        for rec in _in_program_order(recs):
             kind = type(rec)
             if kind is Metrics:
                 run.append(rec)
@@ -1024,6 +1024,38 @@ def _rss_mb() -> float | None:
             return round(int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20, 1)
     except (OSError, ValueError, IndexError):
         return None
+
+
+def _in_program_order(recs: list) -> list:
+    """A batch with each client's records in the order it made them (by seq), in the slots its
+    records held; the others' order is kept. A client sends its metrics with tensor values from
+    its sender thread, on that thread's own socket (telemetry/client/deferred.py), and everything
+    else on its main socket: two pipes, which the ingest socket interleaves in any order. So an
+    event sent before a step's record (wandb/nested: how W&B must store that step's keys;
+    wandb/values: the text values of its row) could be handled after the step went out (a
+    loaded machine, both in one batch). Costs a pass over batches that hold other kinds than
+    metrics; a sort only where a client's records came out of order."""
+    last: dict[int, int] = {}
+    for rec in recs:
+        src, seq = rec.src, rec.seq
+        if last.get(src, -1) > seq:
+            break
+        last[src] = seq
+    else:
+        return recs
+    slots: dict[int, list[int]] = {}
+    for i, rec in enumerate(recs):
+        slots.setdefault(rec.src, []).append(i)
+    out = list(recs)
+    for idx in slots.values():
+        if len(idx) > 1:
+            for i, rec in zip(idx, sorted((recs[i] for i in idx), key=_by_seq)):
+                out[i] = rec
+    return out
+
+
+def _by_seq(rec) -> int:
+    return rec.seq
 
 
 def _write_final(path: Path, final: dict) -> bool:
