@@ -10,6 +10,12 @@ real node. What the head does with them, measured from outside:
   send (its records' t) to its aggregated record reaching a PUB subscriber (p50, p95, max).
 
     .venv/bin/python -m benchmarks.head_scale --nodes 2048 --rate 10 --seconds 30 [--senders 2]
+    .venv/bin/python -m benchmarks.head_scale --nodes 8192 --rate 1 --groups 8
+
+With --groups K the tree has one level more (node -> group head -> job head): K group heads, each
+the head of nodes/K of the nodes and forwarding to the job's head as its group. Exact is then
+checked at both levels (per node at its group head, per group at the job head), and every
+daemon's CPU and RSS is reported (the job head's, and the sum and the largest of the groups').
 
 The senders are --senders processes (a node's socket and its descriptor are in one of them;
 their CPU is theirs, not the head's). Everything is on loopback, no CURVE (a loopback head
@@ -49,11 +55,13 @@ def sender_main(a: argparse.Namespace) -> int:
     ctx.set(zmq.MAX_SOCKETS, 65536)     # (a context option: the default is 1,023 sockets)
     nodes = list(range(a.first, a.first + a.count))
     socks = {}
+    endpoints = a.endpoint.split(",")     # with group heads: node n's is its group's, n // per_group
+    per_group = -(-a.nodes // len(endpoints))
     for n in nodes:
         s = ctx.socket(zmq.PUSH)
         s.setsockopt(zmq.SNDHWM, 100_000)
         s.setsockopt(zmq.LINGER, 30_000)
-        s.connect(a.endpoint)
+        s.connect(endpoints[n // per_group])
         socks[n] = s
     src = {n: (os.getpid() << 20) + n for n in nodes}
     seq = dict.fromkeys(nodes, 0)
@@ -61,7 +69,8 @@ def sender_main(a: argparse.Namespace) -> int:
     names = [f"node/m{i}" for i in range(a.metrics)]
     t0 = time.time_ns()
     for n in nodes:
-        info = {"world_size": a.nodes, "node_rank": n, "run_name": "head-scale", "started_at": t0 / 1e9}
+        info = {"world_size": a.nodes, "node_rank": n, "num_nodes": a.nodes, "forwarded_by": "node daemon",
+                "run_name": "head-scale", "started_at": t0 / 1e9}
         socks[n].send(encode_hello(src[n], n, seq[n], 0, time.time_ns(), info))
         seq[n] += 1
         sent[n] += 1
@@ -115,6 +124,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seconds", type=float, default=30.0)
     ap.add_argument("--metrics", type=int, default=50, help="values in a node's record")
     ap.add_argument("--senders", type=int, default=2, help="sender processes")
+    ap.add_argument("--groups", type=int, default=0,
+                    help="group heads between the nodes and the job's head (0: the nodes send to the head)")
     ap.add_argument("--sender", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--endpoint", help=argparse.SUPPRESS)
     ap.add_argument("--first", type=int, default=0, help=argparse.SUPPRESS)
@@ -122,6 +133,8 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     if a.sender:
         return sender_main(a)
+    if a.groups and a.nodes % a.groups:
+        ap.error(f"--nodes {a.nodes} is not a multiple of --groups {a.groups}")
     _raise_nofile()
     from telemetry.consumers.subscribe import Subscriber
     from testkit.faults import Endpoints, free_port, launch
@@ -130,9 +143,17 @@ def main(argv: list[str] | None = None) -> int:
     eps = Endpoints()
     port = free_port()
     remote = f"tcp://127.0.0.1:{port}"
-    head = launch(work / "head", eps, config={"pollers": {"nvml_enabled": False}, "daemon_record_interval_s": 5},
-                  extra=("--remote-ingest", remote), world_size=a.nodes)
+    base = {"pollers": {"nvml_enabled": False}, "daemon_record_interval_s": 5}
+    head = launch(work / "head", eps, config=base, extra=("--remote-ingest", remote), world_size=a.groups or a.nodes)
     pid = head.proc.pid
+    groups, group_eps = [], []
+    for g in range(a.groups):
+        gp = free_port()
+        group_eps.append(f"tcp://127.0.0.1:{gp}")
+        groups.append(launch(work / f"group{g}", Endpoints(),
+                             config={**base, "forward": {"endpoint": remote, "node_rank": g, "num_nodes": a.groups}},
+                             extra=("--remote-ingest", group_eps[-1]), world_size=a.nodes // a.groups))
+    node_endpoints = ",".join(group_eps) if groups else remote
     sub = Subscriber(eps.pub, topics=("metrics",))
     arrivals: dict[int, float] = {}
     stop = threading.Event()
@@ -152,13 +173,14 @@ def main(argv: list[str] | None = None) -> int:
         if count <= 0:
             break
         senders.append(subprocess.Popen(
-            [sys.executable, "-m", "benchmarks.head_scale", "--sender", "--endpoint", remote, "--nodes", str(a.nodes),
+            [sys.executable, "-m", "benchmarks.head_scale", "--sender", "--endpoint", node_endpoints, "--nodes", str(a.nodes),
              "--rate", str(a.rate), "--seconds", str(a.seconds), "--metrics", str(a.metrics), "--first", str(first),
              "--count", str(count)], cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True))
     for p in senders:
         assert p.stdout.readline().strip() == "ready"
     time.sleep(1.0)                      # every hello in
     rss0, cpu0, w0 = _vm(pid, "VmRSS"), _cpu_s(pid), time.monotonic()
+    gcpu0 = [_cpu_s(gd.proc.pid) for gd in groups]
     for p in senders:
         p.stdin.write("go\n")
         p.stdin.flush()
@@ -166,7 +188,21 @@ def main(argv: list[str] | None = None) -> int:
     for p in senders:
         p.wait(120)
     cpu1, w1 = _cpu_s(pid), time.monotonic()
+    gcpu1 = [_cpu_s(gd.proc.pid) for gd in groups]
     rss_peak = _vm(pid, "VmHWM")
+    grss_peak = [_vm(gd.proc.pid, "VmHWM") for gd in groups]
+    # A group head's drain forwards what it holds and ends its link (a bye) to the job head.
+    gfinals = [gd.drain(timeout_s=300) for gd in groups]
+    for gd in groups:
+        gd.stop()
+    gsent = {g: f["sinks"]["forward"]["seq"] for g, f in enumerate(gfinals)}
+    deadline = time.monotonic() + 120      # the job head has every group's records, or counted them lost
+    while groups and time.monotonic() < deadline:
+        per = head.status()["per_rank"]
+        if all(sum(per.get(str(g), {}).get(k, 0) for k in ("received", "refused", "lost")) >= gsent[g]
+               for g in gsent):
+            break
+        time.sleep(0.2)
     final = head.drain(timeout_s=300)
     stop.set()
     listener.join(5)
@@ -179,9 +215,12 @@ def main(argv: list[str] | None = None) -> int:
     steps = [r for r in recs if r["kind"] == "metrics" and "rank" not in r]
     step_nums = [r["step"] for r in steps]
     incomplete = [r["step"] for r in steps if r.get("missing_ranks")]
-    per_node = {int(k): v for k, v in final.get("per_rank", {}).items()}
+    per_node = {int(k): v for f in (gfinals or [final]) for k, v in f.get("per_rank", {}).items()}
     inexact = {n: (per_node.get(n), sent[n]) for n in sent
                if n not in per_node or per_node[n]["received"] + per_node[n]["refused"] + per_node[n]["lost"] != sent[n]}
+    per_group = {int(k): v for k, v in final.get("per_rank", {}).items()} if groups else {}
+    groups_inexact = {g: (per_group.get(g), gsent[g]) for g in gsent
+                      if g not in per_group or sum(per_group[g][k] for k in ("received", "refused", "lost")) != gsent[g]}
     del srcs
     n_steps = int(a.seconds * a.rate)
     t_sent = {r["step"]: r["t"] for r in steps}
@@ -194,14 +233,24 @@ def main(argv: list[str] | None = None) -> int:
         "steps_expected": n_steps, "steps_written": len(step_nums), "steps_written_twice": len(step_nums) - len(set(step_nums)),
         "steps_incomplete": len(incomplete),
         "records_in": final.get("records_in"), "records_lost": final.get("records_lost"),
+        "groups": a.groups,
         "nodes_inexact": len(inexact), "inexact_sample": dict(list(inexact.items())[:3]),
         "records_sent": sum(sent.values()), "senders_behind_s": max(o["behind_s"] for o in outs),
         "head_cpu_percent_of_a_core": round(cpu_pct, 1), "head_us_per_node_record": round(
             1e6 * (cpu1 - cpu0) / max(1, a.nodes * n_steps), 1),
         "head_rss_mb_before": round(rss0), "head_rss_mb_peak": round(rss_peak),
         "latency_ms_p50": round(q(0.5), 1), "latency_ms_p95": round(q(0.95), 1), "latency_ms_max": round(q(1.0), 1),
-        "connections_refused": sum(c.get("refused", 0) for c in final.get("security", {}).get("connections", {}).values()),
+        "connections_refused": sum(c.get("refused", 0) for f in (final, *gfinals)
+                                   for c in f.get("security", {}).get("connections", {}).values()),
     }
+    if groups:
+        gcpu = [100 * (c1 - c0) / (w1 - w0) for c0, c1 in zip(gcpu0, gcpu1)]
+        result.update({
+            "groups_inexact": len(groups_inexact), "groups_inexact_sample": dict(list(groups_inexact.items())[:3]),
+            "group_records_lost": sum(f.get("records_lost", 0) for f in gfinals),
+            "group_cpu_percent_of_a_core_max": round(max(gcpu), 1), "group_cpu_percent_of_a_core_sum": round(sum(gcpu), 1),
+            "group_rss_mb_peak_max": round(max(grss_peak)), "group_rss_mb_peak_sum": round(sum(grss_peak)),
+        })
     print(json.dumps(result, indent=1))
     return 0
 

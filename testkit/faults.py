@@ -534,6 +534,101 @@ def multinode(work: Path, num_nodes: int = 2, ranks_per_node: int = 2, rate: flo
     return out
 
 
+def group_tree(work: Path, num_groups: int = 2, nodes_per_group: int = 2, ranks_per_node: int = 2,
+               n: int = 60, rate: float = 20.0) -> dict:
+    """One level more (issue 33): node daemons forward to their group's head, each group head
+    (remote ingest and forward) to the job's head; CURVE on both links (loopback, curve_loopback),
+    each group head a CURVE server for its nodes and a client of the job head. Each rank logs n
+    steps at `rate`; then the daemons drain from the leaves up. The result: each daemon's final
+    counters, the job head's steps, hellos and events, and per link what was tried and received."""
+    from telemetry.tools.keygen import make_pair
+
+    keys = work / "keys"
+    make_pair(keys, "job")
+    num_nodes = num_groups * nodes_per_group
+    allowed = {name: keys / f"allowed-{name}" for name in ("job", *(f"group{g}" for g in range(num_groups)))}
+    for d in allowed.values():
+        d.mkdir(mode=0o700)
+    for g in range(num_groups):
+        pub, _ = make_pair(keys, f"group{g}")
+        (allowed["job"] / pub.name).write_bytes(pub.read_bytes())
+    for i in range(num_nodes):
+        pub, _ = make_pair(keys, f"node{i}")
+        (allowed[f"group{i // nodes_per_group}"] / pub.name).write_bytes(pub.read_bytes())
+
+    def server(name: str) -> dict:
+        return {"server_secret_key": str(keys / f"{name}.key_secret"), "allowed_clients_dir": str(allowed[name]),
+                "curve_loopback": True}
+
+    def link(port: int, me: str, index: int, count: int, server_name: str) -> dict:
+        return {"endpoint": f"tcp://127.0.0.1:{port}", "node_rank": index, "num_nodes": count,
+                "server_public_key": str(keys / f"{server_name}.key"),
+                "client_secret_key": str(keys / f"{me}.key_secret"), "heartbeat_ivl_s": 0.5, "heartbeat_timeout_s": 2.0}
+
+    # Generous: the daemons and ranks start one after the other on a loaded machine; every rank
+    # sends every step, so a timeout only ever closes a step that would never be complete.
+    timeouts = {"step_timeout_s": 30.0}
+    started: list = []
+    try:
+        return _group_tree(work, num_groups, nodes_per_group, ranks_per_node, n, rate, server, link, timeouts, started)
+    finally:
+        for d in started:
+            d.cleanup()
+
+
+def _group_tree(work, num_groups, nodes_per_group, ranks_per_node, n, rate, server, link, timeouts, started) -> dict:
+    num_nodes = num_groups * nodes_per_group
+    job_port = free_port()
+    job = launch(work / "job", Endpoints(), config={"security": server("job"), "aggregator": timeouts},
+                 extra=("--remote-ingest", f"tcp://127.0.0.1:{job_port}"), world_size=num_groups)
+    started.append(job)
+    groups, group_ports = [], []
+    for g in range(num_groups):
+        group_ports.append(free_port())
+        cfg = {"security": server(f"group{g}"), "aggregator": timeouts,
+               "forward": link(job_port, f"group{g}", g, num_groups, "job")}
+        groups.append(launch(work / f"group{g}", Endpoints(), config=cfg,
+                             extra=("--remote-ingest", f"tcp://127.0.0.1:{group_ports[g]}"), world_size=nodes_per_group))
+        started.append(groups[-1])
+    nodes, node_eps, procs = [], [], []
+    world = num_nodes * ranks_per_node
+    for i in range(num_nodes):
+        node_eps.append(Endpoints())
+        cfg = {"aggregator": timeouts,
+               "forward": link(group_ports[i // nodes_per_group], f"node{i}", i, num_nodes, f"group{i // nodes_per_group}")}
+        nodes.append(launch(work / f"node{i}", node_eps[i], config=cfg, world_size=ranks_per_node))
+        started.append(nodes[-1])
+    for i in range(num_nodes):
+        procs.append(start_ranks(node_eps[i].ingest, list(range(i * ranks_per_node, (i + 1) * ranks_per_node)), n,
+                                 rate, work / f"ranks{i}", env={"WORLD_SIZE": str(world)}))
+    for i in range(num_nodes):
+        wait_ranks(procs[i], work / f"ranks{i}")
+
+    def settle(upper, lower_finals: dict[int, dict], what: str) -> None:
+        """Wait until `upper` has taken in (or counted lost) all that each lower daemon sent it."""
+        sent = {k: f["sinks"]["forward"]["seq"] for k, f in lower_finals.items()}
+
+        def done(_=None) -> bool:
+            per = upper.status()["per_rank"]
+            return all(sum(per.get(str(k), {}).get(x, 0) for x in ("received", "refused", "lost")) >= v
+                       for k, v in sent.items())
+        _wait_until(what, done, lambda: upper.status()["per_rank"], timeout_s=120, period_s=0.2)
+
+    node_finals = {i: nd.drain() for i, nd in enumerate(nodes)}
+    for g, gd in enumerate(groups):
+        settle(gd, {i: node_finals[i] for i in range(g * nodes_per_group, (g + 1) * nodes_per_group)},
+               f"group head {g} has its nodes' records")
+    group_finals = {g: gd.drain() for g, gd in enumerate(groups)}
+    settle(job, group_finals, "the job head has its groups' records")
+    job_final = job.drain()
+    out = {"num_groups": num_groups, "nodes_per_group": nodes_per_group, "ranks_per_node": ranks_per_node, "n": n,
+           "node_finals": node_finals, "group_finals": group_finals, "job_final": job_final,
+           "job_records": job.read_jsonl(), "job_steps": job.steps(), "job_hellos": job.read_jsonl("hello"),
+           "job_events": job.read_jsonl("event"),
+           "group_steps": {g: gd.steps() for g, gd in enumerate(groups)}}
+    return out
+
+
 def load(work: Path, num_ranks: int = 8, n: int = 125_000, rate: float = 5000, sndhwm: int = 10_000,
          rcvhwm: int | None = None, name: str = "load", max_connections: int | None = None,
          close_s: float = 30.0, slices: int = 1) -> dict:

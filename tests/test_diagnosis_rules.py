@@ -572,19 +572,20 @@ def test_sorted_window_median_is_the_median_of_the_last_values():
         assert w.median() == statistics.median(last)
 
 
-def test_a_heads_findings_speak_of_nodes():
+def test_a_heads_findings_speak_of_nodes_and_a_job_heads_of_groups():
     # Issue 33: on a head the world is its nodes (each node's aggregate is one "rank" there); its
-    # findings said "rank 1 ... hung in a collective" of a node.
+    # findings said "rank 1 ... hung in a collective" of a node. A job head fed by group heads
+    # (node -> group head -> job head) speaks of groups.
     from telemetry.daemon.diagnosis.diagnoser import Diagnoser
 
     recs = [{"kind": "metrics", "t": 1000.0 + s, "step": s, "values": {"train/loss": 1.0},
              "missing_ranks": [1] if s >= 12 else []} for s in range(1, 16)]
-    for unit, word in (("node", "node 1 is missing"), ("rank", "rank 1 is missing")):
+    for unit, word in (("node", "node 1 is missing"), ("group", "group 1 is missing"), ("rank", "rank 1 is missing")):
         d = Diagnoser(DiagnosisConfig(min_interval_s=1e-9), unit=unit)
         d.rules = [r for r in d.rules if r.name == "rank_stopped"]
         d._by_kind = {k: [r for r in d.rules if k in r.kinds] for k in ("metrics", "hello", "bye")}
         ev = [e for r in recs for e in d.consume(r)]
         assert len(ev) == 1 and word in ev[0]["data"]["message"], ev
-        assert ev[0]["data"]["subject"] == ("node1" if unit == "node" else "rank1")
-        assert ev[0]["data"].get("unit") == ("node" if unit == "node" else None)
-        assert (unit == "node") == ("rank" not in ev[0]["data"]["message"].replace("ranks_", "")), ev[0]["data"]["message"]
+        assert ev[0]["data"]["subject"] == f"{unit}1"
+        assert ev[0]["data"].get("unit") == (None if unit == "rank" else unit)
+        assert (unit != "rank") == ("rank" not in ev[0]["data"]["message"].replace("ranks_", "")), ev[0]["data"]["message"]

@@ -28,7 +28,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--run-name", type=nonempty_arg, metavar="NAME", help="run name (W&B, reports); default: the log dir's parent")
     p.add_argument("--wandb", choices=("disabled", "offline", "online"), help="W&B mode (default offline)")
     p.add_argument("--config", type=nonempty_arg, metavar="FILE", help="daemon YAML config; flags override it")
-    p.add_argument("--world-size", type=int, metavar="N", help="ranks to wait for per step (default: from hellos)")
+    p.add_argument("--world-size", type=int, metavar="N", help="ranks to wait for per step (default: from hellos); "
+                   "a node daemon: its ranks, a head: its nodes, a group head: the nodes of its group")
     p.add_argument("--per-rank", action="store_true", default=None, help="also write each rank's own records")
     p.add_argument("--quiet", action="store_true", help="log warnings and errors only")
     p.add_argument("--watch-pid", type=int, metavar="PID", help="drain and exit once process PID has exited "
@@ -38,8 +39,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "endpoint (CURVE required beyond loopback: security section of --config)")
     m.add_argument("--forward", type=endpoint_arg, metavar="EP", help="node: forward this node's aggregated records to the "
                    "head daemon's remote ingest (tcp://HEAD:PORT)")
-    m.add_argument("--node-rank", type=int, metavar="N", help="node: this node's rank (with --forward)")
-    m.add_argument("--num-nodes", type=int, metavar="N", help="node: number of nodes (with --forward)")
+    m.add_argument("--node-rank", type=int, metavar="N", help="node: this node's rank (with --forward); a group head "
+                   "(--remote-ingest and --forward): its group's index")
+    m.add_argument("--num-nodes", type=int, metavar="N", help="node: number of nodes (with --forward); a group head: "
+                   "the number of groups")
 
 
 def run(args: argparse.Namespace) -> int:

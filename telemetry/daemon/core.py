@@ -308,7 +308,8 @@ class Daemon:
         if cfg.forward is not None and cfg.forward.enabled:
             from telemetry.daemon.sinks.forward import ForwardSink
 
-            self._add_runner(ForwardSink(cfg.forward), cfg.forward)
+            # With a remote ingest too, this daemon is a group head: it forwards its nodes' records.
+            self._add_runner(ForwardSink(cfg.forward, relay=bool(cfg.remote_ingest)), cfg.forward)
 
     def _add_runner(self, sink, sink_cfg) -> SinkRunner:
         ds = None
@@ -584,6 +585,9 @@ class Daemon:
                 log.warning("rank %d's hello says world_size=%r: not an integer in 1..%d, ignored (the "
                             "daemon waits for the ranks it sees; set --world-size if that is wrong)",
                             rec.rank, ws, MAX_WORLD_SIZE)
+        if info.get("forwarded_by") == "group head" and self.cfg.remote_ingest and self.diagnoser.unit != "group":
+            # A job head fed by group heads: its "ranks" are groups of nodes, and its findings say so.
+            self.diagnoser.unit = "group"
         self.derived.on_hello(info)
         # A pid in a hello is a claim: the forensics stage verifies it before the pollers or the
         # forensics act on it (telemetry/daemon/forensics/verify.py).

@@ -1,7 +1,8 @@
 """Events that carry data between a rank and a sink, not news for a person: the W&B drop-in's
 nested-key paths, summary values, media files, text values and console output (the daemon's
 W&B sink consumes them; telemetry/integrations/wandb_run.py sends them), and the ranks' byes a
-node daemon forwards to its head (`rank_bye`, for the head's goodput ledger). They stay in the JSONL
+node daemon forwards to its head (`rank_bye`, for the head's goodput ledger) and a node's end as a
+group head forwards it (`node_bye`). They stay in the JSONL
 (the record of everything) but out of what people read: tail, the dashboard's and the report's
 event lists, the closing summary's count, Prometheus's events_total. `wandb/refused` (a value the
 drop-in could not log) is news and stays.
@@ -9,7 +10,7 @@ drop-in could not log) is news and stays.
 from __future__ import annotations
 
 BOOKKEEPING_EVENTS = frozenset({"wandb/nested", "wandb/summary", "wandb/media", "wandb/values", "wandb/console",
-                                "rank_bye"})
+                                "rank_bye", "node_bye"})
 
 
 def is_bookkeeping(name: object) -> bool:

@@ -57,7 +57,9 @@ with nothing before it says `since` when.
 On a multi-node job the head daemon keeps the job's ledger from what the nodes forward: their
 aggregated steps (the slowest node's step time), each launch's start (a node forwards the hello
 of a launch's first rank), the ranks' byes (as rank_bye events) and their events; a node
-daemon's own records (node_daemon, node_gpu, node_system events) do not keep a launch alive.
+daemon's own records (node_daemon, node_gpu, node_system events) do not keep a launch alive, nor
+do a group head's (group_daemon, ..., and node_bye, a node's forwarder ending) where the job's
+head is fed by group heads, nor the bye that ends a forwarder's link (its stats say forwarded_by).
 
 Work redone needs the steps after the checkpoint the next launch resumed from: the ledger keeps
 the running sums at each checkpoint save and the last RECENT steps; a launch that resumed from
@@ -79,8 +81,9 @@ CLIENT_TIME_KEY = "telemetry/client_s"   # protocol.constants.CLIENT_TIME_KEY (n
 DATA_PHASE = 0.0      # perf/straggler_phase_index of data loading (the catalogue's doc lists them)
 RECENT = 512          # steps kept one by one (for a restore from a checkpoint no save event announced)
 # Events the daemons write of themselves, not the ranks: they do not keep a launch alive (the
-# daemon's diagnoses; a node daemon's own records as its head receives them).
-DAEMON_EVENTS = ("diagnosis/", "node_daemon", "node_gpu", "node_system")
+# daemon's diagnoses; a node daemon's or a group head's own records as its head receives them).
+DAEMON_EVENTS = ("diagnosis/", "node_daemon", "node_gpu", "node_system", "node_bye", "group_daemon", "group_gpu",
+                 "group_system")
 # What to do about each kind of loss, the report's line under the biggest.
 ADVICE = {
     "startup": "start-up: cache the model and data locally, fewer imports, a warm container; it is paid per launch",
@@ -289,6 +292,8 @@ class Ledger:
             return
         if not launches:
             return
+        if kind == "bye" and isinstance(rec.get("stats"), dict) and "forwarded_by" in rec["stats"]:
+            return        # a node daemon's (a group head's) link to this head ended: not a rank's bye
         cur = launches[-1]
         name = rec.get("name") if kind == "event" else None
         if kind in ("metrics", "bye") or (kind == "event" and not str(name).startswith(DAEMON_EVENTS)):

@@ -46,7 +46,8 @@ class Diagnoser:
     def __init__(self, cfg: DiagnosisConfig | None = None, *, rules: list[Rule] | None = None,
                  unit: str = "rank") -> None:
         """unit: what the daemon's "ranks" are: "node" on a head, whose world is its nodes (each
-        node's aggregate is one "rank" there): its findings say node, not rank."""
+        node's aggregate is one "rank" there): its findings say node, not rank; "group" on a job
+        head fed by group heads (the daemon sets it when their hellos say so)."""
         self.cfg = cfg if cfg is not None else DiagnosisConfig()
         self.unit = unit
         if rules is None:
@@ -84,7 +85,7 @@ class Diagnoser:
 
     def stats(self) -> dict[str, Any]:
         """Counters for the daemon's status."""
-        return {"rules": [r.name for r in self.rules], "num_events": self.num_events,
+        return {"rules": [r.name for r in self.rules], "unit": self.unit, "num_events": self.num_events,
                 "num_suppressed": self.num_suppressed, "num_rule_errors": dict(self.num_rule_errors)}
 
     def _run(self, rule: Rule, fn: Any, arg: Any) -> list[dict]:
@@ -107,9 +108,10 @@ class Diagnoser:
         self._last_event_t[key] = f.t
         data = {k: _json_safe(v) for k, v in f.data.items()}
         message, subject = f.message, f.subject
-        if self.unit == "node":          # a head: its ranks are nodes
-            message, subject = as_nodes(message), as_nodes(subject)
-            data["unit"] = "node"
+        unit = self.unit
+        if unit != "rank":               # a head: its ranks are nodes (or groups of nodes)
+            message, subject = as_unit(message, unit), as_unit(subject, unit)
+            data["unit"] = unit
         data.update(message=message, rule=rule.name, severity=f.severity, subject=subject,
                     num_suppressed=self._num_suppressed.pop(key, 0))
         self.num_events += 1
@@ -121,6 +123,7 @@ class Diagnoser:
 _RANK_WORD = re.compile(r"\b([Rr])ank(s?)(?=\b|\d)")
 
 
-def as_nodes(text: str) -> str:
-    """A finding of a head's rules in its own terms: "rank 3" / "ranks" / "rank3" are nodes there."""
-    return _RANK_WORD.sub(lambda m: ("N" if m.group(1) == "R" else "n") + "ode" + m.group(2), text)
+def as_unit(text: str, unit: str) -> str:
+    """A finding of a head's rules in its own terms: "rank 3" / "ranks" / "rank3" are nodes there
+    (unit "node"), or groups of nodes on a job head fed by group heads (unit "group")."""
+    return _RANK_WORD.sub(lambda m: (unit[0].upper() if m.group(1) == "R" else unit[0]) + unit[1:] + m.group(2), text)

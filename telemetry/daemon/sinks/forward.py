@@ -25,6 +25,19 @@ detect a head that vanished without closing its connection (a partition, a dead 
 Across nodes the head's reductions combine node aggregates: sums of sums and max of max are
 exact; the mean of node means equals the global mean when every node has the same number of
 ranks (the usual torchrun/SLURM layout); with unequal nodes it is a mean of node means.
+
+A group head (`relay`): a head of nodes that itself forwards (remote_ingest and forward, one
+level more of the same code for jobs one head cannot hold: node -> group head -> job head).
+What it receives is already nodes' records, so it passes them on as a group's:
+      metrics (across its nodes)       -> metrics record, rank = group_rank (forward.node_rank)
+      event from a node                -> its data kept (rank, node_rank) and gains group_rank
+      event of its own (a diagnosis    -> data gains node_rank (the node it is about) and
+        naming one of its nodes)          group_rank
+      hello (a node's)                 -> hello with world_size = the number of groups,
+                                          forwarded_by "group head", nodes_per_group, and
+                                          peak_flops = a node's peak x nodes per group
+      daemon, gpu, system (its own)    -> event group_daemon, group_gpu, group_system
+      bye (a node's forwarder ended)   -> event node_bye with the node_rank
 """
 from __future__ import annotations
 
@@ -40,7 +53,7 @@ import zmq
 from protocol import KIND_EVENT, KIND_HELLO, KIND_METRICS, PROTOCOL_VERSION, encode_bye
 from telemetry.daemon.sinks.base import Out, Sink
 from telemetry.daemon.sinks.config import SinkConfig
-from telemetry.shared.numbers import is_number
+from telemetry.shared.numbers import is_number, positive_finite
 
 log = logging.getLogger("telemetry.daemon.sinks.forward")
 
@@ -102,8 +115,13 @@ class ForwardConfig(SinkConfig):
 class ForwardSink(Sink):
     name = "forward"
 
-    def __init__(self, cfg: ForwardConfig) -> None:
+    def __init__(self, cfg: ForwardConfig, *, relay: bool = False) -> None:
+        """relay: this daemon is a group head (it serves nodes on its remote ingest): what it
+        forwards is its nodes' (see the module docstring); cfg.node_rank is then the group's
+        index and cfg.num_nodes the number of groups."""
         self.cfg = cfg
+        self.relay = relay
+        self._own = "group" if relay else "node"     # the prefix of this daemon's own records' events
         self.src = int.from_bytes(os.urandom(8), "little") >> 1
         self.host = _socket.gethostname()
         self._enc = msgspec.msgpack.Encoder()
@@ -150,33 +168,42 @@ class ForwardSink(Sink):
     def consume(self, batch: list[Out]) -> None:
         self._check_link()
         kinds = self._kinds
-        node = self.cfg.node_rank
+        me = self.cfg.node_rank
+        own = self._own
+        mine = f"{own}_rank"     # node_rank on a node daemon, group_rank on a group head
         last_ns = 0              # the t of the last step forwarded in this batch
         for o in batch:
             kind = o.kind
             if kind not in kinds:
                 if kind == "bye":
                     rec = o.record
-                    self._send(KIND_EVENT, ("rank_bye", {"rank": rec.get("rank"), "node_rank": node}), _t_ns(rec))
+                    name, data = (("node_bye", {"node_rank": rec.get("rank"), "group_rank": me}) if self.relay
+                                  else ("rank_bye", {"rank": rec.get("rank"), "node_rank": me}))
+                    self._send(KIND_EVENT, (name, data), _t_ns(rec))
                 continue
             rec = o.record
             if kind == "metrics":
                 if "rank" in rec:
-                    continue  # per-rank records stay on the node
+                    continue  # per-rank (per-node) records stay on this daemon
                 last_ns = _t_ns(rec)
                 self._send(KIND_METRICS, (rec["step"], _numbers(rec["values"])), last_ns)
             elif kind == "event":
-                self._send(KIND_EVENT, (rec.get("name") or "event",
-                                        {**rec.get("data", {}), "rank": rec.get("rank"), "node_rank": node}),
-                           _t_ns(rec))
+                data = rec.get("data", {})
+                if not self.relay:
+                    data = {**data, "rank": rec.get("rank"), "node_rank": me}
+                elif "node_rank" in data:      # a node's event (a rank's, a node's finding): as it came
+                    data = {**data, "group_rank": me}
+                else:                          # the group head's own, about one of its nodes
+                    data = {**data, "node_rank": rec.get("rank"), "group_rank": me}
+                self._send(KIND_EVENT, (rec.get("name") or "event", data), _t_ns(rec))
             elif kind == "hello":
                 if last_ns > self._last_step_ns:
                     self._last_step_ns = last_ns
                 self._on_rank_hello(rec)
-            else:  # daemon, gpu, system: the node's own records, as events at the head
-                name = "node_daemon" if kind == "daemon" else f"node_{kind}"
+            else:  # daemon, gpu, system: this daemon's own records, as events at the head
+                name = f"{own}_daemon" if kind == "daemon" else f"{own}_{kind}"
                 data = {k: v for k, v in rec.items() if k not in ("kind", "t")}
-                self._send(KIND_EVENT, (name, {**data, "node_rank": node}), _t_ns(rec))
+                self._send(KIND_EVENT, (name, {**data, mine: me}), _t_ns(rec))
         if last_ns > self._last_step_ns:
             self._last_step_ns = last_ns
 
@@ -232,8 +259,9 @@ class ForwardSink(Sink):
         self._check_link()
         self._mon.close(linger=0)
         self._mon = None
+        # forwarded_by: the head's goodput ledger tells this link's end from a rank's.
         self._send_raw(encode_bye(self.src, self.cfg.node_rank, self.seq, self.num_dropped, time.time_ns(),
-                                  self.stats()))
+                                  {**self.stats(), "forwarded_by": "group head" if self.relay else "node daemon"}))
         self._sock.close()        # lingers up to close_linger_s for a reachable head
         self._ctx.term()
         self._sock = None
@@ -245,6 +273,8 @@ class ForwardSink(Sink):
 
     # -- sending -------------------------------------------------------------------------------
     def _node_info(self, rank_info: dict) -> dict:
+        if self.relay:
+            return self._group_info(rank_info)
         c = self.cfg
         info = {k: v for k, v in rank_info.items() if k not in ("pid", "src", "local_rank")}
         world = rank_info.get("world_size")
@@ -258,6 +288,24 @@ class ForwardSink(Sink):
             if peak:
                 # The head's MFU divides by one "device" per node: give it the node's peak.
                 info["peak_flops"] = peak * ranks_per_node
+        return info
+
+    def _group_info(self, node_info: dict) -> dict:
+        """A group head's hello, from one of its nodes' (which speaks of the whole job: num_nodes,
+        ranks_per_node, global_world_size stay as they are)."""
+        c = self.cfg
+        info = {k: v for k, v in node_info.items() if k not in ("pid", "src", "local_rank", "node_rank")}
+        nodes = node_info.get("num_nodes")
+        per_group = nodes // c.num_nodes if type(nodes) is int and nodes >= c.num_nodes else None
+        info.pop("peak_flops", None)
+        info.update({"host": self.host, "rank": c.node_rank, "group_rank": c.node_rank, "num_groups": c.num_nodes,
+                     "world_size": c.num_nodes, "forwarded_by": "group head", "src": self.src})
+        if per_group:
+            info["nodes_per_group"] = per_group
+            peak = positive_finite(node_info.get("peak_flops"))    # a node's (its devices'), from its daemon
+            if peak:
+                # The job head's MFU divides by one "device" per group: give it the group's peak.
+                info["peak_flops"] = peak * per_group
         return info
 
     def _send(self, kind: int, body: tuple, t_ns: int | None = None) -> None:
