@@ -52,6 +52,9 @@ def rank_main(a: argparse.Namespace) -> int:
     tm = TelemetryClient(a.endpoint, rank=a.rank, sndhwm=a.sndhwm, send_hello=not a.no_hello,
                          linger_ms=int(a.close_s * 1000))
     interval = 1.0 / a.rate if a.rate > 0 else 0.0
+    # --slow-from: a straggler, its phase timing (what it reports) that much longer from that step.
+    phase = f"perf/{a.slow_phase}_time"
+    slow_values = {**VALUES, phase: VALUES.get(phase, 0.0) + a.slow_by}
     worst_s = 0.0
     slow = 0          # calls over 1 ms
     perf = time.perf_counter
@@ -85,7 +88,8 @@ def rank_main(a: argparse.Namespace) -> int:
             if delay > 0:
                 time.sleep(delay)
         s = perf()
-        tm.log(a.first_step + i, {**VALUES, "train/loss": 1.0 + (i % 97) / 97 + a.rank})
+        step = a.first_step + i
+        tm.log(step, {**(slow_values if 0 <= a.slow_from <= step else VALUES), "train/loss": 1.0 + (i % 97) / 97 + a.rank})
         d = perf() - s
         if d > worst_s:
             worst_s = d
@@ -629,6 +633,55 @@ def _group_tree(work, num_groups, nodes_per_group, ranks_per_node, n, rate, serv
     return out
 
 
+def multinode_straggler(work: Path, num_nodes: int = 4, ranks_per_node: int = 2, n: int = 240,
+                        slow_from: int = 200, slow_ranks: tuple[int, ...] = (5,), rate: float = 40.0) -> dict:
+    """Node daemons forwarding to a head (loopback, no CURVE); every rank reports the same phase
+    timings (testkit VALUES) except `slow_ranks`, whose forward is 0.05 s longer from step
+    `slow_from` on. Returns each node's and the head's straggler findings (diagnosis/straggler
+    events) and the head's steps."""
+    started: list = []
+    try:
+        port = free_port()
+        head = launch(work / "head", Endpoints(), config={"aggregator": {"step_timeout_s": 30.0}},
+                      extra=("--remote-ingest", f"tcp://127.0.0.1:{port}"), world_size=num_nodes)
+        started.append(head)
+        nodes, node_eps = [], []
+        for i in range(num_nodes):
+            node_eps.append(Endpoints())
+            cfg = {"aggregator": {"step_timeout_s": 30.0},
+                   "forward": {"endpoint": f"tcp://127.0.0.1:{port}", "node_rank": i, "num_nodes": num_nodes}}
+            nodes.append(launch(work / f"node{i}", node_eps[i], config=cfg, world_size=ranks_per_node))
+            started.append(nodes[-1])
+        world = num_nodes * ranks_per_node
+        procs = []
+        for i in range(num_nodes):
+            for r in range(i * ranks_per_node, (i + 1) * ranks_per_node):
+                extra = ("--slow-from", str(slow_from)) if r in slow_ranks else ()
+                procs += start_ranks(node_eps[i].ingest, [r], n, rate, work / "ranks", env={"WORLD_SIZE": str(world)},
+                                     extra=extra)
+        done = wait_ranks(procs, work / "ranks")
+        assert sorted(done) == list(range(world)) and all(p.returncode == 0 for p in procs), \
+            f"a rank did not finish: {sorted(done)}, exit codes {[p.returncode for p in procs]}"
+        node_finals = {i: nd.drain() for i, nd in enumerate(nodes)}
+        sent = {i: f["sinks"]["forward"]["seq"] for i, f in node_finals.items()}
+
+        def settled() -> bool:
+            per = head.status()["per_rank"]
+            return all(sum(per.get(str(i), {}).get(k, 0) for k in ("received", "refused", "lost")) >= v
+                       for i, v in sent.items())
+        _wait_until("the head has every node's records", settled, lambda: head.status()["per_rank"],
+                    timeout_s=120, period_s=0.2)
+        head_final = head.drain()
+
+        def findings(d) -> list[dict]:
+            return [e for e in d.read_jsonl("event") if e["name"] == "diagnosis/straggler"]
+        return {"node_findings": {i: findings(nd) for i, nd in enumerate(nodes)}, "head_findings": findings(head),
+                "head_steps": head.steps(), "head_final": head_final, "node_finals": node_finals}
+    finally:
+        for d in started:
+            d.cleanup()
+
+
 def load(work: Path, num_ranks: int = 8, n: int = 125_000, rate: float = 5000, sndhwm: int = 10_000,
          rcvhwm: int | None = None, name: str = "load", max_connections: int | None = None,
          close_s: float = 30.0, slices: int = 1) -> dict:
@@ -769,6 +822,9 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--until", help="log until this file exists, then --after more records")
     r.add_argument("--after", type=int, default=0)
     r.add_argument("--first-step", type=int, default=0, help="the step of the first log call (a relaunch goes on)")
+    r.add_argument("--slow-from", type=int, default=-1, help="from this step on, log --slow-phase --slow-by s longer")
+    r.add_argument("--slow-phase", default="forward")
+    r.add_argument("--slow-by", type=float, default=0.05)
     r.add_argument("--out", required=True)
     return rank_main(p.parse_args(argv))
 
