@@ -13,7 +13,6 @@
  *   gather(groups) -> (ranks, t_ns, names, columns)
  *   reduce_column(column, op) -> values      (its twin is reductions.reduce_column)
  *   rate_sums(counts, times) -> rates
- *   step_values(names, reduced) -> list[dict]
  *   phase_straggler(columns, step_times, ranks, values, floor_fraction, keys) -> None
  */
 #define PY_SSIZE_T_CLEAN
@@ -955,70 +954,6 @@ rate_sums(PyObject *self, PyObject *args)
     return out;
 }
 
-/* ---- step_values ----------------------------------------------------------------------------- */
-
-static PyObject *
-step_values(PyObject *self, PyObject *args)
-{
-    PyObject *names, *reduced;
-    if (!PyArg_ParseTuple(args, "O!O!", &PyList_Type, &names, &PyDict_Type, &reduced))
-        return NULL;
-    Py_ssize_t num_steps = PyList_GET_SIZE(names), cap = 0;
-    PyObject **cols = NULL;                      /* borrowed: the reduced columns of `prev`'s names */
-    PyObject *prev = NULL;                       /* borrowed: the names the columns were looked up for */
-    PyObject *out = PyList_New(num_steps);
-    if (out == NULL)
-        return NULL;
-    for (Py_ssize_t i = 0; i < num_steps; i++) {
-        PyObject *step_names = PyList_GET_ITEM(names, i);
-        if (!PyTuple_Check(step_names)) {
-            PyErr_SetString(PyExc_TypeError, "step_values: a step's names are not a tuple");
-            goto fail;
-        }
-        Py_ssize_t k = PyTuple_GET_SIZE(step_names);
-        int same = prev != NULL ? PyObject_RichCompareBool(step_names, prev, Py_EQ) : 0;
-        if (same < 0)
-            goto fail;
-        if (!same) {                             /* other names than the step before: look them up */
-            if (grow((void **)&cols, &cap, k, sizeof(PyObject *)) < 0)
-                goto fail;
-            for (Py_ssize_t j = 0; j < k; j++) {
-                PyObject *name = PyTuple_GET_ITEM(step_names, j);
-                PyObject *col = PyDict_GetItemWithError(reduced, name);
-                if (col == NULL) {
-                    if (!PyErr_Occurred())
-                        PyErr_SetObject(PyExc_KeyError, name);
-                    goto fail;
-                }
-                if (!PyList_Check(col)) {
-                    PyErr_SetString(PyExc_TypeError, "step_values: a reduced column is not a list");
-                    goto fail;
-                }
-                cols[j] = col;
-            }
-            prev = step_names;
-        }
-        PyObject *d = PyDict_New();
-        if (d == NULL)
-            goto fail;
-        PyList_SET_ITEM(out, i, d);
-        for (Py_ssize_t j = 0; j < k; j++) {
-            if (i >= PyList_GET_SIZE(cols[j])) {
-                PyErr_SetString(PyExc_IndexError, "step_values: a reduced column is shorter than the steps");
-                goto fail;
-            }
-            if (PyDict_SetItem(d, PyTuple_GET_ITEM(step_names, j), PyList_GET_ITEM(cols[j], i)) < 0)
-                goto fail;
-        }
-    }
-    PyMem_Free(cols);
-    return out;
-fail:
-    PyMem_Free(cols);
-    Py_DECREF(out);
-    return NULL;
-}
-
 /* ---- phase_straggler ------------------------------------------------------------------------- */
 
 /* One counted value of a phase cell: as a double, and its place in the cell (its rank's place in
@@ -1288,7 +1223,6 @@ static PyMethodDef methods[] = {
     {"tally", tally, METH_VARARGS, "The receiver's accounting of a batch of decoded records."},
     {"gather", gather, METH_VARARGS, "Columns from the records of closed steps."},
     {"rate_sums", rate_sums, METH_VARARGS, "Per pair of cells sum(n_i / t_i), or None where not all positive finite."},
-    {"step_values", step_values, METH_VARARGS, "Each step's values dict from the reduced columns."},
     {"phase_straggler", phase_straggler, METH_VARARGS, "Per step, the slow rank of the likeliest cause phase, into its values."},
     {"reduce_column", reduce_column, METH_VARARGS, "One reduced value per cell of a column (op: a reduction's code)."},
     {NULL, NULL, 0, NULL},

@@ -35,6 +35,7 @@ from collections import OrderedDict, deque
 
 from telemetry.daemon import hotpath
 from telemetry.daemon.config import AggregatorConfig
+from telemetry.daemon.loops import step_values
 from telemetry.daemon.reductions import RANK_RULES, Reducer
 from telemetry.daemon.steps import StepBatch
 
@@ -275,7 +276,7 @@ class Aggregator:
         """The closed steps as one StepBatch (for the derived metrics: derived.py), and their
         records: each metric reduced across ranks; remembers which ranks each had."""
         batch = StepBatch.gather([acc.step for acc in accs], [acc.records for acc in accs], self.loops.gather)
-        values = self.loops.step_values(batch.names, self.reducer.reduce_columns(batch.columns, self.loops.reduce_column))
+        values = step_values(batch.names, self.reducer.reduce_columns(batch.columns, self.loops.reduce_column))
         return batch, self._records(accs, batch, values)
 
     def _records(self, accs: list[StepAccumulator], batch: StepBatch, values: list[dict]) -> list[dict]:

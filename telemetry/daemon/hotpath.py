@@ -20,7 +20,7 @@ def chosen_python() -> bool:
 
 
 # The functions each of the two has (loops.py's docstring says what they compute).
-TWINS = ("read_frames", "read_frames_upto", "tally", "gather", "reduce_column", "rate_sums", "step_values", "phase_straggler")
+TWINS = ("read_frames", "read_frames_upto", "tally", "gather", "reduce_column", "rate_sums", "phase_straggler")
 
 native = None
 if not chosen_python():
