@@ -137,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--nodes {a.nodes} is not a multiple of --groups {a.groups}")
     _raise_nofile()
     from telemetry.consumers.subscribe import Subscriber
-    from testkit.faults import Endpoints, free_port, launch
+    from testkit.faults import Endpoints, free_port, launch, wait_forwarded
 
     work = Path(tempfile.mkdtemp(prefix="head-scale-", dir="/tmp"))
     eps = Endpoints()
@@ -196,13 +196,8 @@ def main(argv: list[str] | None = None) -> int:
     for gd in groups:
         gd.stop()
     gsent = {g: f["sinks"]["forward"]["seq"] for g, f in enumerate(gfinals)}
-    deadline = time.monotonic() + 120      # the job head has every group's records, or counted them lost
-    while groups and time.monotonic() < deadline:
-        per = head.status()["per_rank"]
-        if all(sum(per.get(str(g), {}).get(k, 0) for k in ("received", "refused", "lost")) >= gsent[g]
-               for g in gsent):
-            break
-        time.sleep(0.2)
+    if groups:
+        wait_forwarded(head, dict(enumerate(gfinals)), "the job head has every group's records")
     final = head.drain(timeout_s=300)
     stop.set()
     listener.join(5)

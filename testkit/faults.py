@@ -538,6 +538,18 @@ def multinode(work: Path, num_nodes: int = 2, ranks_per_node: int = 2, rate: flo
     return out
 
 
+def wait_forwarded(upper, lower_finals: dict[int, dict], what: str) -> None:
+    """Wait until `upper` has taken in (or counted lost) all that each drained daemon of
+    `lower_finals` (index -> its final counters) forwarded to it: a hang detector."""
+    sent = {k: f["sinks"]["forward"]["seq"] for k, f in lower_finals.items()}
+
+    def done() -> bool:
+        per = upper.status()["per_rank"]
+        return all(sum(per.get(str(k), {}).get(x, 0) for x in ("received", "refused", "lost")) >= v
+                   for k, v in sent.items())
+    _wait_until(what, done, lambda: upper.status()["per_rank"], timeout_s=120, period_s=0.2)
+
+
 def group_tree(work: Path, num_groups: int = 2, nodes_per_group: int = 2, ranks_per_node: int = 2,
                n: int = 60, rate: float = 20.0) -> dict:
     """One level more (issue 33): node daemons forward to their group's head, each group head
@@ -574,63 +586,45 @@ def group_tree(work: Path, num_groups: int = 2, nodes_per_group: int = 2, ranks_
     timeouts = {"step_timeout_s": 30.0}
     started: list = []
     try:
-        return _group_tree(work, num_groups, nodes_per_group, ranks_per_node, n, rate, server, link, timeouts, started)
+        job_port = free_port()
+        job = launch(work / "job", Endpoints(), config={"security": server("job"), "aggregator": timeouts},
+                     extra=("--remote-ingest", f"tcp://127.0.0.1:{job_port}"), world_size=num_groups)
+        started.append(job)
+        groups, group_ports = [], []
+        for g in range(num_groups):
+            group_ports.append(free_port())
+            cfg = {"security": server(f"group{g}"), "aggregator": timeouts,
+                   "forward": link(job_port, f"group{g}", g, num_groups, "job")}
+            groups.append(launch(work / f"group{g}", Endpoints(), config=cfg, world_size=nodes_per_group,
+                                 extra=("--remote-ingest", f"tcp://127.0.0.1:{group_ports[g]}")))
+            started.append(groups[-1])
+        nodes, node_eps, procs = [], [], []
+        world = num_nodes * ranks_per_node
+        for i in range(num_nodes):
+            node_eps.append(Endpoints())
+            g = i // nodes_per_group
+            cfg = {"aggregator": timeouts, "forward": link(group_ports[g], f"node{i}", i, num_nodes, f"group{g}")}
+            nodes.append(launch(work / f"node{i}", node_eps[i], config=cfg, world_size=ranks_per_node))
+            started.append(nodes[-1])
+        for i in range(num_nodes):
+            procs.append(start_ranks(node_eps[i].ingest, list(range(i * ranks_per_node, (i + 1) * ranks_per_node)), n,
+                                     rate, work / f"ranks{i}", env={"WORLD_SIZE": str(world)}))
+        for i in range(num_nodes):
+            wait_ranks(procs[i], work / f"ranks{i}")
+
+        node_finals = {i: nd.drain() for i, nd in enumerate(nodes)}
+        for g, gd in enumerate(groups):
+            wait_forwarded(gd, {i: node_finals[i] for i in range(g * nodes_per_group, (g + 1) * nodes_per_group)},
+                           f"group head {g} has its nodes' records")
+        group_finals = {g: gd.drain() for g, gd in enumerate(groups)}
+        wait_forwarded(job, group_finals, "the job head has its groups' records")
+        job_final = job.drain()
+        return {"node_finals": node_finals, "group_finals": group_finals, "job_final": job_final,
+                "job_records": job.read_jsonl(), "job_steps": job.steps(), "job_hellos": job.read_jsonl("hello"),
+                "job_events": job.read_jsonl("event")}
     finally:
         for d in started:
             d.cleanup()
-
-
-def _group_tree(work, num_groups, nodes_per_group, ranks_per_node, n, rate, server, link, timeouts, started) -> dict:
-    num_nodes = num_groups * nodes_per_group
-    job_port = free_port()
-    job = launch(work / "job", Endpoints(), config={"security": server("job"), "aggregator": timeouts},
-                 extra=("--remote-ingest", f"tcp://127.0.0.1:{job_port}"), world_size=num_groups)
-    started.append(job)
-    groups, group_ports = [], []
-    for g in range(num_groups):
-        group_ports.append(free_port())
-        cfg = {"security": server(f"group{g}"), "aggregator": timeouts,
-               "forward": link(job_port, f"group{g}", g, num_groups, "job")}
-        groups.append(launch(work / f"group{g}", Endpoints(), config=cfg,
-                             extra=("--remote-ingest", f"tcp://127.0.0.1:{group_ports[g]}"), world_size=nodes_per_group))
-        started.append(groups[-1])
-    nodes, node_eps, procs = [], [], []
-    world = num_nodes * ranks_per_node
-    for i in range(num_nodes):
-        node_eps.append(Endpoints())
-        cfg = {"aggregator": timeouts,
-               "forward": link(group_ports[i // nodes_per_group], f"node{i}", i, num_nodes, f"group{i // nodes_per_group}")}
-        nodes.append(launch(work / f"node{i}", node_eps[i], config=cfg, world_size=ranks_per_node))
-        started.append(nodes[-1])
-    for i in range(num_nodes):
-        procs.append(start_ranks(node_eps[i].ingest, list(range(i * ranks_per_node, (i + 1) * ranks_per_node)), n,
-                                 rate, work / f"ranks{i}", env={"WORLD_SIZE": str(world)}))
-    for i in range(num_nodes):
-        wait_ranks(procs[i], work / f"ranks{i}")
-
-    def settle(upper, lower_finals: dict[int, dict], what: str) -> None:
-        """Wait until `upper` has taken in (or counted lost) all that each lower daemon sent it."""
-        sent = {k: f["sinks"]["forward"]["seq"] for k, f in lower_finals.items()}
-
-        def done(_=None) -> bool:
-            per = upper.status()["per_rank"]
-            return all(sum(per.get(str(k), {}).get(x, 0) for x in ("received", "refused", "lost")) >= v
-                       for k, v in sent.items())
-        _wait_until(what, done, lambda: upper.status()["per_rank"], timeout_s=120, period_s=0.2)
-
-    node_finals = {i: nd.drain() for i, nd in enumerate(nodes)}
-    for g, gd in enumerate(groups):
-        settle(gd, {i: node_finals[i] for i in range(g * nodes_per_group, (g + 1) * nodes_per_group)},
-               f"group head {g} has its nodes' records")
-    group_finals = {g: gd.drain() for g, gd in enumerate(groups)}
-    settle(job, group_finals, "the job head has its groups' records")
-    job_final = job.drain()
-    out = {"num_groups": num_groups, "nodes_per_group": nodes_per_group, "ranks_per_node": ranks_per_node, "n": n,
-           "node_finals": node_finals, "group_finals": group_finals, "job_final": job_final,
-           "job_records": job.read_jsonl(), "job_steps": job.steps(), "job_hellos": job.read_jsonl("hello"),
-           "job_events": job.read_jsonl("event"),
-           "group_steps": {g: gd.steps() for g, gd in enumerate(groups)}}
-    return out
 
 
 def multinode_straggler(work: Path, num_nodes: int = 4, ranks_per_node: int = 2, n: int = 240,
@@ -663,14 +657,7 @@ def multinode_straggler(work: Path, num_nodes: int = 4, ranks_per_node: int = 2,
         assert sorted(done) == list(range(world)) and all(p.returncode == 0 for p in procs), \
             f"a rank did not finish: {sorted(done)}, exit codes {[p.returncode for p in procs]}"
         node_finals = {i: nd.drain() for i, nd in enumerate(nodes)}
-        sent = {i: f["sinks"]["forward"]["seq"] for i, f in node_finals.items()}
-
-        def settled() -> bool:
-            per = head.status()["per_rank"]
-            return all(sum(per.get(str(i), {}).get(k, 0) for k in ("received", "refused", "lost")) >= v
-                       for i, v in sent.items())
-        _wait_until("the head has every node's records", settled, lambda: head.status()["per_rank"],
-                    timeout_s=120, period_s=0.2)
+        wait_forwarded(head, node_finals, "the head has every node's records")
         head_final = head.drain()
 
         def findings(d) -> list[dict]:
