@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from daemon_util import ROOT
+from daemon_util import ROOT, start_daemon
 
 HANG_S = 120
 
@@ -68,30 +68,16 @@ def test_a_sources_file_that_is_not_a_regular_file_is_not_read(tmp_path, kind):
     log_dir = tmp_path / "telemetry"
     log_dir.mkdir()
     _plant(log_dir / "sources.json", kind, tmp_path)
-    args = _daemon(log_dir)
-    p = subprocess.Popen([sys.executable, "-m", "telemetry", *args], cwd=ROOT, stdout=subprocess.PIPE,
-                         stderr=subprocess.STDOUT, text=True)
-    lines = []
+    # start_daemon reads the output on a thread: a select() on the pipe beside a buffered
+    # readline() missed a ready line that came in the same chunk as the one before it.
+    d = start_daemon(tmp_path, log_dir=log_dir, ready_timeout_s=HANG_S)
     try:
-        import select
-        import time
-        deadline = time.monotonic() + HANG_S
-        while not any("telemetry daemon ready" in ln for ln in lines):
-            assert time.monotonic() < deadline, f"no ready in {HANG_S} s: {''.join(lines)[-3000:]}"
-            if select.select([p.stdout], [], [], 1.0)[0]:
-                line = p.stdout.readline()
-                assert line or p.poll() is None, f"the daemon exited {p.poll()}: {''.join(lines)[-3000:]}"
-                lines.append(line)
-        drain = _telemetry(["drain", "--control", args[args.index("--control") + 1]])
-        assert drain.returncode == 0, drain.stderr
-        rest, _ = p.communicate(timeout=HANG_S)
-        lines.append(rest)
+        d.drain(timeout_s=HANG_S)
+        d.stop(timeout_s=HANG_S)
     finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait(30)
-    text = "".join(lines)
-    assert p.returncode == 0 and "Traceback" not in text, text
+        d.cleanup()
+    text = d.output()
+    assert d.proc.returncode == 0 and "Traceback" not in text, text
     assert "cannot read" in text and "sources.json" in text and "not a regular file" in text, text
     assert (log_dir / "sources.json").is_file() and not (log_dir / "sources.json").is_symlink()   # replaced
 
