@@ -1,0 +1,245 @@
+"""As many real node daemons as this box holds (issue 33 item 2): N node daemons, each the
+`telemetry daemon --forward` of a job's node, fed by its own R simulated ranks (real
+TelemetryClients, M values a step, --rate steps a second) and forwarding to one head daemon over
+TCP on loopback with CURVE (each node its own key pair, the head allowing each, as a job sets it
+up: docs/multinode.md). Measured from outside:
+
+- exact at every level: per rank, what the client tried == its node took in + counted lost
+  (+ what the client itself dropped); per node, what its forwarder tried == the head took in +
+  counted lost; every step written once by every node and by the head, none without a node;
+- the cost per node daemon (CPU, % of one core over the steady window; RSS peak), the head's,
+  and the latency from a step's records leaving the ranks to its aggregate on the head's PUB.
+
+    .venv/bin/python -m benchmarks.node_fleet --nodes 128 --ranks 8 --rate 1 --seconds 60
+
+The ranks run in --hosts processes (each holds the clients of nodes/hosts nodes); their CPU is
+theirs, not the daemons'. The node daemons start together, then the ranks; at the end the nodes
+drain (their forwarders flush to the head), then the head.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from benchmarks.head_scale import _cpu_s, _raise_nofile, _vm
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def host_main(a: argparse.Namespace) -> int:
+    """The ranks of nodes [first, first + count): R clients each, on that node's ingest."""
+    from telemetry.client import TelemetryClient
+
+    ingests = a.ingests.split(",")
+    clients = [TelemetryClient(ingests[i], rank=(a.first + i) * a.ranks + r, linger_ms=30_000)
+               for i in range(a.count) for r in range(a.ranks)]
+    names = [f"m/v{i}" for i in range(a.metrics - 2)]
+    print("ready", flush=True)
+    sys.stdin.readline()          # the parent says go once every host is ready
+    steps = int(a.seconds * a.rate)
+    start = time.monotonic()
+    for step in range(1, steps + 1):
+        delay = start + (step - 1) / a.rate - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+        for tm in clients:
+            values = {name: step * 0.001 + i for i, name in enumerate(names)}
+            values["perf/step_time"] = 1.0 / a.rate
+            values["perf/tokens"] = 4096
+            tm.log(step, values)
+    behind = time.monotonic() - (start + (steps - 1) / a.rate)     # after the last step was due
+    for tm in clients:
+        tm.close(timeout_s=30)
+    print(json.dumps({"behind_s": behind, "stats": {str(tm.rank): tm.stats() for tm in clients}}), flush=True)
+    return 0
+
+
+def _start(log_dir: Path, eps, config: dict, extra: tuple[str, ...], world_size: int):
+    """A daemon started without waiting for it (DaemonProc.wait_ready later): 128 start at once."""
+    import yaml
+
+    from testkit.daemon_proc import DaemonProc, daemon_command
+
+    log_dir.mkdir(parents=True)
+    cfg_path = log_dir.parent / f"{log_dir.name}.yaml"
+    cfg_path.write_text(yaml.safe_dump(config))
+    cmd = daemon_command(log_dir, eps.ingest, eps.pub, eps.control, world_size=world_size, config=cfg_path,
+                         extra_args=extra)
+    env = {**os.environ, "WANDB_MODE": "disabled", "WANDB_SILENT": "true", "PYTHONUNBUFFERED": "1"}
+    return DaemonProc(subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                       text=True), log_dir, None)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--nodes", type=int, default=128)
+    ap.add_argument("--ranks", type=int, default=8, help="simulated ranks per node")
+    ap.add_argument("--rate", type=float, default=1.0, help="steps a second")
+    ap.add_argument("--seconds", type=float, default=60.0)
+    ap.add_argument("--metrics", type=int, default=50, help="values a rank logs a step")
+    ap.add_argument("--hosts", type=int, default=8, help="processes that hold the ranks")
+    ap.add_argument("--host", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--ingests", help=argparse.SUPPRESS)
+    ap.add_argument("--first", type=int, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("--count", type=int, default=0, help=argparse.SUPPRESS)
+    a = ap.parse_args(argv)
+    if a.host:
+        return host_main(a)
+    for name in ("nodes", "ranks", "hosts", "metrics"):
+        if getattr(a, name) < (3 if name == "metrics" else 1):
+            ap.error(f"--{name} {getattr(a, name)} is too small")
+    if a.rate <= 0 or a.seconds <= 0:
+        ap.error("--rate and --seconds must be > 0")
+    _raise_nofile()
+    from telemetry.consumers.subscribe import Subscriber
+    from telemetry.tools.keygen import make_pair
+    from testkit.faults import Endpoints, free_port, wait_forwarded
+
+    work = Path(tempfile.mkdtemp(prefix="node-fleet-", dir="/tmp"))
+    print(f"node-fleet: {a.nodes} node daemons x {a.ranks} ranks, {a.rate:g} steps/s for {a.seconds:g} s; "
+          f"work dir {work}", file=sys.stderr, flush=True)
+    keys = work / "keys"
+    make_pair(keys, "head")
+    allowed = keys / "allowed"
+    allowed.mkdir(mode=0o700)
+    for i in range(a.nodes):
+        pub_key, _ = make_pair(keys, f"node{i}")
+        (allowed / pub_key.name).write_bytes(pub_key.read_bytes())
+    port = free_port()
+    remote = f"tcp://127.0.0.1:{port}"
+    base = {"pollers": {"nvml_enabled": False}, "daemon_record_interval_s": 5}
+    head_eps = Endpoints()
+    head = _start(work / "head", head_eps, {**base, "security": {
+        "server_secret_key": str(keys / "head.key_secret"), "allowed_clients_dir": str(allowed),
+        "curve_loopback": True}}, ("--remote-ingest", remote), a.nodes)
+    node_eps = [Endpoints() for _ in range(a.nodes)]
+    nodes = [_start(work / f"node{i}", node_eps[i], {**base, "forward": {
+        "endpoint": remote, "node_rank": i, "num_nodes": a.nodes, "server_public_key": str(keys / "head.key"),
+        "client_secret_key": str(keys / f"node{i}.key_secret")}}, (), a.ranks) for i in range(a.nodes)]
+    t_start = time.monotonic()
+    for d in [head, *nodes]:
+        d.wait_ready(600)           # a hang detector: N daemons importing at once on a small box
+    print(f"node-fleet: {a.nodes + 1} daemons ready in {time.monotonic() - t_start:.0f} s", file=sys.stderr, flush=True)
+    sub = Subscriber(head.pub, topics=("metrics",))
+    arrivals: dict[int, float] = {}
+    stop = threading.Event()
+
+    def listen() -> None:
+        while not stop.is_set():
+            for _kind, rec in sub.records(timeout_ms=100):
+                if rec.get("kind") == "metrics" and "rank" not in rec:
+                    arrivals.setdefault(rec["step"], time.time())
+
+    listener = threading.Thread(target=listen, daemon=True)
+    listener.start()
+    per = math.ceil(a.nodes / a.hosts)
+    hosts = []
+    for first in range(0, a.nodes, per):
+        count = min(per, a.nodes - first)
+        ingests = ",".join(e.ingest for e in node_eps[first:first + count])
+        hosts.append(subprocess.Popen(
+            [sys.executable, "-m", "benchmarks.node_fleet", "--host", "--ingests", ingests, "--first", str(first),
+             "--count", str(count), "--ranks", str(a.ranks), "--rate", str(a.rate), "--seconds", str(a.seconds),
+             "--metrics", str(a.metrics)], cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+            env={**os.environ, "WORLD_SIZE": str(a.nodes * a.ranks)}))
+    for p in hosts:
+        line = p.stdout.readline().strip()
+        if line != "ready":
+            raise SystemExit(f"node-fleet: a rank host did not start ({line!r})")
+    time.sleep(2.0)                 # every hello in
+    pids = [head.proc.pid] + [d.proc.pid for d in nodes]
+    cpu0, w0 = [_cpu_s(p) for p in pids], time.monotonic()
+    for p in hosts:
+        p.stdin.write("go\n")
+        p.stdin.flush()
+    outs = [json.loads(p.stdout.readline()) for p in hosts]
+    for p in hosts:
+        p.wait(300)
+    cpu1, w1 = [_cpu_s(p) for p in pids], time.monotonic()
+    rss_peak = [_vm(p, "VmHWM") for p in pids]
+    print(f"node-fleet: ranks done ({w1 - w0:.0f} s); draining the nodes", file=sys.stderr, flush=True)
+    with ThreadPoolExecutor(16) as pool:
+        node_finals = list(pool.map(lambda d: d.drain(timeout_s=300), nodes))
+    wait_forwarded(head, dict(enumerate(node_finals)), "the head has every node's records")
+    final = head.drain(timeout_s=300)
+    stop.set()
+    listener.join(5)
+    sub.close()
+    for d in [head, *nodes]:
+        d.stop()
+        d.cleanup()
+
+    n_steps = int(a.seconds * a.rate)
+    stats = {int(r): s for o in outs for r, s in o["stats"].items()}
+    def accounted(got: dict, dropped: int) -> int:
+        # `lost` holds what the sender said it dropped (dropped_by_client): counted once, here.
+        return got.get("received", 0) + got.get("refused", 0) + got.get("lost", 0) - got.get("dropped_by_client", 0) \
+            + dropped
+
+    # Rank -> node: what each client tried, its node took in, counted lost, or the client dropped.
+    ranks_inexact = {}
+    for r, s in stats.items():
+        got = node_finals[r // a.ranks]["per_rank"].get(str(r), {})
+        if accounted(got, s["dropped"]) != s["seq"]:
+            ranks_inexact[r] = (s, got)
+    # Node -> head: what each forwarder tried, the head took in or counted lost, or it dropped.
+    nodes_inexact = {}
+    for i, f in enumerate(node_finals):
+        got, fwd = final.get("per_rank", {}).get(str(i), {}), f["sinks"]["forward"]
+        if accounted(got, fwd["dropped"]) != fwd["seq"]:
+            nodes_inexact[i] = (fwd, got)
+    node_steps = [d.read_jsonl("metrics", aggregated=True) for d in nodes]
+    head_steps = head.read_jsonl("metrics", aggregated=True)
+    head_nums = [r["step"] for r in head_steps]
+    t_sent = {r["step"]: r["t"] for r in head_steps}
+    lat = sorted(arrivals[s] - t_sent[s] for s in arrivals if s in t_sent)
+
+    def q(f: float) -> float:
+        return round(lat[min(len(lat) - 1, int(f * len(lat)))] * 1000, 1) if lat else float("nan")
+
+    span = w1 - w0
+    node_cpu = [100 * (c1 - c0) / span for c0, c1 in zip(cpu0[1:], cpu1[1:])]
+    result = {
+        "nodes": a.nodes, "ranks_per_node": a.ranks, "rate": a.rate, "seconds": a.seconds, "metrics": a.metrics,
+        "curve": True, "records_from_ranks": sum(s["seq"] for s in stats.values()),
+        "ranks_inexact": len(ranks_inexact), "ranks_inexact_sample": dict(list(ranks_inexact.items())[:2]),
+        "rank_records_dropped_by_clients": sum(s["dropped"] for s in stats.values()),
+        "node_records_lost": sum(f.get("records_lost", 0) for f in node_finals),
+        "node_steps_expected": n_steps,
+        "nodes_with_wrong_steps": sum(sorted(r["step"] for r in st) != list(range(1, n_steps + 1))
+                                      for st in node_steps),
+        "node_steps_incomplete": sum(1 for st in node_steps for r in st if r.get("missing_ranks")),
+        "nodes_inexact": len(nodes_inexact), "nodes_inexact_sample": dict(list(nodes_inexact.items())[:2]),
+        "forwarded_dropped": sum(f["sinks"]["forward"]["dropped"] for f in node_finals),
+        "head_records_lost": final.get("records_lost"),
+        "head_steps_written": len(head_nums), "head_steps_written_twice": len(head_nums) - len(set(head_nums)),
+        "head_steps_incomplete": sum(1 for r in head_steps if r.get("missing_ranks")),
+        "head_cpu_percent_of_a_core": round(100 * (cpu1[0] - cpu0[0]) / span, 1),
+        "head_rss_mb_peak": round(rss_peak[0]),
+        "node_cpu_percent_of_a_core_median": round(sorted(node_cpu)[len(node_cpu) // 2], 2),
+        "node_cpu_percent_of_a_core_max": round(max(node_cpu), 2),
+        "node_cpu_percent_of_a_core_sum": round(sum(node_cpu), 1),
+        "node_rss_mb_peak_median": round(sorted(rss_peak[1:])[a.nodes // 2], 1),
+        "node_rss_mb_peak_max": round(max(rss_peak[1:]), 1),
+        "node_rss_mb_peak_sum": round(sum(rss_peak[1:])),
+        "latency_ms_p50": q(0.5), "latency_ms_p95": q(0.95), "latency_ms_max": q(1.0),
+        "hosts_behind_s": round(max(o["behind_s"] for o in outs), 2),
+    }
+    print(json.dumps(result, indent=1))
+    exact = not (ranks_inexact or nodes_inexact or result["nodes_with_wrong_steps"] or result["node_steps_incomplete"]
+                 or result["head_steps_incomplete"] or result["head_steps_written_twice"]
+                 or result["head_steps_written"] != n_steps)
+    return 0 if exact else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
