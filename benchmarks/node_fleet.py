@@ -8,9 +8,16 @@ up: docs/multinode.md). Measured from outside:
   (+ what the client itself dropped); per node, what its forwarder tried == the head took in +
   counted lost; every step written once by every node and by the head, none without a node;
 - the cost per node daemon (CPU, % of one core over the steady window; RSS peak), the head's,
-  and the latency from a step's records leaving the ranks to its aggregate on the head's PUB.
+  and the latency from a step's records leaving the ranks to its aggregate on the head's PUB;
+- with --kill-node, a node daemon SIGKILLed at a step (issue 33 item 3): when the head names the
+  node stopped, and which of the head's steps lack it (the others' exactness is kept as above);
+- with --slow-ranks, attribution end to end (issue 33 item 4): every rank reports the same phase
+  timings except those ranks, whose forward is --slow-by s longer from step --slow-from on; each
+  straggler finding (diagnosis/straggler) of every node daemon and of the head, with its step.
 
     .venv/bin/python -m benchmarks.node_fleet --nodes 128 --ranks 8 --rate 1 --seconds 60
+    .venv/bin/python -m benchmarks.node_fleet --nodes 128 --rate 2 --seconds 110 --slow-ranks 517 --slow-from 201
+    .venv/bin/python -m benchmarks.node_fleet --nodes 128 --rate 1 --seconds 60 --kill-node 77 --kill-at-step 20
 
 The ranks run in --hosts processes (each holds the clients of nodes/hosts nodes); their CPU is
 theirs, not the daemons'. The node daemons start together, then the ranks; at the end the nodes
@@ -33,6 +40,9 @@ from pathlib import Path
 from benchmarks.head_scale import _cpu_s, _raise_nofile, _vm
 
 ROOT = Path(__file__).resolve().parent.parent
+# What every rank reports as its phases (s); a --slow-ranks rank's forward is --slow-by longer.
+PHASES = {"perf/data_loading_time": 0.002, "perf/forward_time": 0.015, "perf/backward_time": 0.03,
+          "perf/optimizer_time": 0.005}
 
 
 def host_main(a: argparse.Namespace) -> int:
@@ -42,7 +52,8 @@ def host_main(a: argparse.Namespace) -> int:
     ingests = a.ingests.split(",")
     clients = [TelemetryClient(ingests[i], rank=(a.first + i) * a.ranks + r, linger_ms=30_000)
                for i in range(a.count) for r in range(a.ranks)]
-    names = [f"m/v{i}" for i in range(a.metrics - 2)]
+    names = [f"m/v{i}" for i in range(a.metrics - len(PHASES) - 2)]
+    slow = {int(r) for r in a.slow_ranks.split(",") if r}
     print("ready", flush=True)
     sys.stdin.readline()          # the parent says go once every host is ready
     steps = int(a.seconds * a.rate)
@@ -53,12 +64,15 @@ def host_main(a: argparse.Namespace) -> int:
             time.sleep(delay)
         for tm in clients:
             values = {name: step * 0.001 + i for i, name in enumerate(names)}
+            values.update(PHASES)
+            if tm.rank in slow and step >= a.slow_from:
+                values["perf/forward_time"] += a.slow_by
             values["perf/step_time"] = 1.0 / a.rate
             values["perf/tokens"] = 4096
             tm.log(step, values)
     behind = time.monotonic() - (start + (steps - 1) / a.rate)     # after the last step was due
-    for tm in clients:
-        tm.close(timeout_s=30)
+    with ThreadPoolExecutor(len(clients)) as pool:     # at once: a killed node's ranks wait out their linger
+        list(pool.map(lambda tm: tm.close(timeout_s=30), clients))
     print(json.dumps({"behind_s": behind, "stats": {str(tm.rank): tm.stats() for tm in clients}}), flush=True)
     return 0
 
@@ -79,6 +93,13 @@ def _start(log_dir: Path, eps, config: dict, extra: tuple[str, ...], world_size:
                                        text=True), log_dir, None)
 
 
+def _gone_nan(fn, *args) -> float:
+    try:
+        return fn(*args)
+    except OSError:                 # a killed daemon, reaped
+        return float("nan")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--nodes", type=int, default=128)
@@ -87,6 +108,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seconds", type=float, default=60.0)
     ap.add_argument("--metrics", type=int, default=50, help="values a rank logs a step")
     ap.add_argument("--hosts", type=int, default=8, help="processes that hold the ranks")
+    ap.add_argument("--slow-ranks", default="", help="global ranks whose forward is slower, e.g. 517 or 8,9,10")
+    ap.add_argument("--slow-from", type=int, default=1, help="the first slow step")
+    ap.add_argument("--slow-by", type=float, default=0.05, help="seconds more of forward")
+    ap.add_argument("--kill-node", type=int, default=-1, help="SIGKILL this node's daemon at --kill-at-step")
+    ap.add_argument("--kill-at-step", type=int, default=10)
+    ap.add_argument("--step-timeout", type=float, default=10.0,
+                    help="every daemon's aggregator.step_timeout_s (the default: 10 s)")
     ap.add_argument("--host", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--ingests", help=argparse.SUPPRESS)
     ap.add_argument("--first", type=int, default=0, help=argparse.SUPPRESS)
@@ -95,10 +123,12 @@ def main(argv: list[str] | None = None) -> int:
     if a.host:
         return host_main(a)
     for name in ("nodes", "ranks", "hosts", "metrics"):
-        if getattr(a, name) < (3 if name == "metrics" else 1):
+        if getattr(a, name) < (len(PHASES) + 3 if name == "metrics" else 1):
             ap.error(f"--{name} {getattr(a, name)} is too small")
     if a.rate <= 0 or a.seconds <= 0:
         ap.error("--rate and --seconds must be > 0")
+    if a.kill_node >= a.nodes or not 1 <= a.kill_at_step <= a.seconds * a.rate:
+        ap.error("--kill-node must be one of the nodes and --kill-at-step one of the steps")
     _raise_nofile()
     from telemetry.consumers.subscribe import Subscriber
     from telemetry.tools.keygen import make_pair
@@ -116,7 +146,8 @@ def main(argv: list[str] | None = None) -> int:
         (allowed / pub_key.name).write_bytes(pub_key.read_bytes())
     port = free_port()
     remote = f"tcp://127.0.0.1:{port}"
-    base = {"pollers": {"nvml_enabled": False}, "daemon_record_interval_s": 5}
+    base = {"pollers": {"nvml_enabled": False}, "daemon_record_interval_s": 5,
+            "aggregator": {"step_timeout_s": a.step_timeout}}
     head_eps = Endpoints()
     head = _start(work / "head", head_eps, {**base, "security": {
         "server_secret_key": str(keys / "head.key_secret"), "allowed_clients_dir": str(allowed),
@@ -149,7 +180,8 @@ def main(argv: list[str] | None = None) -> int:
         hosts.append(subprocess.Popen(
             [sys.executable, "-m", "benchmarks.node_fleet", "--host", "--ingests", ingests, "--first", str(first),
              "--count", str(count), "--ranks", str(a.ranks), "--rate", str(a.rate), "--seconds", str(a.seconds),
-             "--metrics", str(a.metrics)], cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+             "--metrics", str(a.metrics), "--slow-ranks", a.slow_ranks, "--slow-from", str(a.slow_from),
+             "--slow-by", str(a.slow_by)], cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
             env={**os.environ, "WORLD_SIZE": str(a.nodes * a.ranks)}))
     for p in hosts:
         line = p.stdout.readline().strip()
@@ -161,15 +193,23 @@ def main(argv: list[str] | None = None) -> int:
     for p in hosts:
         p.stdin.write("go\n")
         p.stdin.flush()
+    killed_at = None
+    if a.kill_node >= 0:
+        time.sleep(max(0.0, w0 + (a.kill_at_step - 1) / a.rate - time.monotonic()))
+        nodes[a.kill_node].proc.kill()
+        killed_at = time.time()
+        print(f"node-fleet: node {a.kill_node}'s daemon SIGKILLed at step ~{a.kill_at_step}", file=sys.stderr,
+              flush=True)
     outs = [json.loads(p.stdout.readline()) for p in hosts]
     for p in hosts:
         p.wait(300)
-    cpu1, w1 = [_cpu_s(p) for p in pids], time.monotonic()
-    rss_peak = [_vm(p, "VmHWM") for p in pids]
+    live = [i for i in range(a.nodes) if i != a.kill_node]
+    cpu1, w1 = [_gone_nan(_cpu_s, p) for p in pids], time.monotonic()
+    rss_peak = [_gone_nan(_vm, p, "VmHWM") for p in pids]
     print(f"node-fleet: ranks done ({w1 - w0:.0f} s); draining the nodes", file=sys.stderr, flush=True)
     with ThreadPoolExecutor(16) as pool:
-        node_finals = list(pool.map(lambda d: d.drain(timeout_s=300), nodes))
-    wait_forwarded(head, dict(enumerate(node_finals)), "the head has every node's records")
+        node_finals = dict(zip(live, pool.map(lambda i: nodes[i].drain(timeout_s=300), live)))
+    wait_forwarded(head, node_finals, "the head has every live node's records")
     final = head.drain(timeout_s=300)
     stop.set()
     listener.join(5)
@@ -188,16 +228,18 @@ def main(argv: list[str] | None = None) -> int:
     # Rank -> node: what each client tried, its node took in, counted lost, or the client dropped.
     ranks_inexact = {}
     for r, s in stats.items():
+        if r // a.ranks not in node_finals:
+            continue                # its node's daemon was killed: what it took in died with it
         got = node_finals[r // a.ranks]["per_rank"].get(str(r), {})
         if accounted(got, s["dropped"]) != s["seq"]:
             ranks_inexact[r] = (s, got)
     # Node -> head: what each forwarder tried, the head took in or counted lost, or it dropped.
     nodes_inexact = {}
-    for i, f in enumerate(node_finals):
+    for i, f in node_finals.items():
         got, fwd = final.get("per_rank", {}).get(str(i), {}), f["sinks"]["forward"]
         if accounted(got, fwd["dropped"]) != fwd["seq"]:
             nodes_inexact[i] = (fwd, got)
-    node_steps = [d.read_jsonl("metrics", aggregated=True) for d in nodes]
+    node_steps = [nodes[i].read_jsonl("metrics", aggregated=True) for i in live]
     head_steps = head.read_jsonl("metrics", aggregated=True)
     head_nums = [r["step"] for r in head_steps]
     t_sent = {r["step"]: r["t"] for r in head_steps}
@@ -207,33 +249,56 @@ def main(argv: list[str] | None = None) -> int:
         return round(lat[min(len(lat) - 1, int(f * len(lat)))] * 1000, 1) if lat else float("nan")
 
     span = w1 - w0
-    node_cpu = [100 * (c1 - c0) / span for c0, c1 in zip(cpu0[1:], cpu1[1:])]
+    node_cpu = [100 * (cpu1[1 + i] - cpu0[1 + i]) / span for i in live]
+    node_rss = [rss_peak[1 + i] for i in live]
+    # Steps the head wrote without a node: after a kill, those without that node alone are expected
+    # (from the step the node had not forwarded yet when it died, a step or two before the kill's).
+    lacking = [(r["step"], r["missing_ranks"]) for r in head_steps if r.get("missing_ranks")]
+    expected_lack = [st for st, m in lacking if m == [a.kill_node]]
     result = {
         "nodes": a.nodes, "ranks_per_node": a.ranks, "rate": a.rate, "seconds": a.seconds, "metrics": a.metrics,
         "curve": True, "records_from_ranks": sum(s["seq"] for s in stats.values()),
         "ranks_inexact": len(ranks_inexact), "ranks_inexact_sample": dict(list(ranks_inexact.items())[:2]),
         "rank_records_dropped_by_clients": sum(s["dropped"] for s in stats.values()),
-        "node_records_lost": sum(f.get("records_lost", 0) for f in node_finals),
+        "node_records_lost": sum(f.get("records_lost", 0) for f in node_finals.values()),
         "node_steps_expected": n_steps,
         "nodes_with_wrong_steps": sum(sorted(r["step"] for r in st) != list(range(1, n_steps + 1))
                                       for st in node_steps),
         "node_steps_incomplete": sum(1 for st in node_steps for r in st if r.get("missing_ranks")),
         "nodes_inexact": len(nodes_inexact), "nodes_inexact_sample": dict(list(nodes_inexact.items())[:2]),
-        "forwarded_dropped": sum(f["sinks"]["forward"]["dropped"] for f in node_finals),
+        "forwarded_dropped": sum(f["sinks"]["forward"]["dropped"] for f in node_finals.values()),
         "head_records_lost": final.get("records_lost"),
         "head_steps_written": len(head_nums), "head_steps_written_twice": len(head_nums) - len(set(head_nums)),
-        "head_steps_incomplete": sum(1 for r in head_steps if r.get("missing_ranks")),
+        "head_steps_incomplete": len(lacking) - len(expected_lack),
         "head_cpu_percent_of_a_core": round(100 * (cpu1[0] - cpu0[0]) / span, 1),
         "head_rss_mb_peak": round(rss_peak[0]),
         "node_cpu_percent_of_a_core_median": round(sorted(node_cpu)[len(node_cpu) // 2], 2),
         "node_cpu_percent_of_a_core_max": round(max(node_cpu), 2),
         "node_cpu_percent_of_a_core_sum": round(sum(node_cpu), 1),
-        "node_rss_mb_peak_median": round(sorted(rss_peak[1:])[a.nodes // 2], 1),
-        "node_rss_mb_peak_max": round(max(rss_peak[1:]), 1),
-        "node_rss_mb_peak_sum": round(sum(rss_peak[1:])),
+        "node_rss_mb_peak_median": round(sorted(node_rss)[len(node_rss) // 2], 1),
+        "node_rss_mb_peak_max": round(max(node_rss), 1),
+        "node_rss_mb_peak_sum": round(sum(node_rss)),
         "latency_ms_p50": q(0.5), "latency_ms_p95": q(0.95), "latency_ms_max": q(1.0),
         "hosts_behind_s": round(max(o["behind_s"] for o in outs), 2),
     }
+    if killed_at is not None:
+        named = [e for e in head.read_jsonl("event")
+                 if e["name"] == "diagnosis/rank_stopped" and e.get("rank") == a.kill_node]
+        result["killed"] = {
+            "node": a.kill_node, "at_step": a.kill_at_step, "head_steps_without_it": len(expected_lack),
+            "first_step_without_it": min(expected_lack, default=None),
+            "named_after_s": round(named[0]["t"] - killed_at, 1) if named else None,
+            "finding": named[0]["data"].get("message") if named else None,
+            "other_nodes_named_stopped": sorted({e.get("rank") for e in head.read_jsonl("event")
+                                                 if e["name"] == "diagnosis/rank_stopped"} - {a.kill_node})}
+    if a.slow_ranks:
+        def findings(d) -> list[dict]:
+            return [{k: e["data"].get(k) for k in ("step", "slowest_rank", "phase", "part", "node_rank", "unit",
+                                                    "message")} | {"rank": e.get("rank")}
+                    for e in d.read_jsonl("event") if e["name"] == "diagnosis/straggler"]
+        result["slow"] = {"ranks": a.slow_ranks, "from_step": a.slow_from, "by_s": a.slow_by,
+                          "node_findings": {i: f for i in live if (f := findings(nodes[i]))},
+                          "head_findings": findings(head)}
     print(json.dumps(result, indent=1))
     exact = not (ranks_inexact or nodes_inexact or result["nodes_with_wrong_steps"] or result["node_steps_incomplete"]
                  or result["head_steps_incomplete"] or result["head_steps_written_twice"]
