@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Set up (a .venv with the project and its dev extras), then run the test suite.
 #   launch/test.sh [pytest args...]     e.g. launch/test.sh -k daemon -x
-# Four pytest-xdist workers by default: much of a test's time is a daemon or a rank waiting (a
+# Three pytest-xdist workers by default: much of a test's time is a daemon or a rank waiting (a
 # 60 s head outage, a silence limit, a hang detector), so fewer workers leave a 2-core machine
-# partly idle. Measured in place on the 2-core box, quiet, the same hour (2026-11-28 00:00-00:35
-# UTC): 836 s of tests on three workers (one test of them waited out a 120 s deadline), 684 s on
-# four, both CPUs 97-100 % busy throughout that run (more workers would only queue); earlier,
-# 763 s on two and ~1,100 s on one. The tests run in file order, which mixes the CPU-bound ones (a trainer launch) with the waiting ones; the slow ones first made it
-# slower (a fresh clone, quiet: 893 s of tests), as the trainer launches then all ran at once.
+# partly idle (the whole suite in place, quiet, 2026-11-27: 763 s of tests on two workers, 675 s
+# on three; ~1,100 s on one). Four keep both CPUs 97-100 % busy and were no faster where it
+# counts (2026-11-28, 8117856): a fresh clone, quiet, 821 + 53 s of tests (three, the evening
+# before: 783 + 58, 776 + 60), and beside a CPU hog 976 + 54 s (three: 831-897 + 44-50); one
+# in-place run on four took 684 s, the next 812. The tests run in file order, which mixes the
+# CPU-bound ones (a trainer launch) with the waiting ones; the slow ones first made it slower (a
+# fresh clone, quiet: 893 s of tests), as the trainer launches then all ran at once.
 # TELEMETRY_TEST_WORKERS=0 runs them in this process, N on N workers; any -n of your own wins.
 # Tests marked `alone` (a balanced run beside a CPU hog it starts raises no alarm) judge timings
 # against a load they set: beside the other workers' trainer launches coming and going, the run's
@@ -23,7 +25,7 @@ export WANDB_MODE="${WANDB_MODE:-offline}" WANDB_SILENT=true
 # every test module's asserts again (3-4 s of CPU each) and each daemon, rank and script
 # process the tests start compiles the project's modules again.
 unset PYTHONDONTWRITEBYTECODE
-workers=(-n "${TELEMETRY_TEST_WORKERS:-4}")
+workers=(-n "${TELEMETRY_TEST_WORKERS:-3}")
 split=1
 for a in "$@"; do
     case "$a" in -n|-n[0-9]*|--numprocesses|--numprocesses=*|no:xdist) workers=(); split=0 ;; esac
