@@ -12,7 +12,7 @@ up: docs/multinode.md). Measured from outside:
 - with --kill-node, a node daemon SIGKILLed at a step (issue 33 item 3): when the head names the
   node stopped, and which of the head's steps lack it (the others' exactness is kept as above);
 - with --slow-ranks, attribution end to end (issue 33 item 4): every rank reports the same phase
-  timings except those ranks, whose forward is --slow-by s longer from step --slow-from on; each
+  timings except those ranks, whose forward is longer by --slow-by of a step from step --slow-from on; each
   straggler finding (diagnosis/straggler) of every node daemon and of the head, with its step.
 
     .venv/bin/python -m benchmarks.node_fleet --nodes 128 --ranks 8 --rate 1 --seconds 60
@@ -40,9 +40,11 @@ from pathlib import Path
 from benchmarks.head_scale import _cpu_s, _raise_nofile, _vm
 
 ROOT = Path(__file__).resolve().parent.parent
-# What every rank reports as its phases (s); a --slow-ranks rank's forward is --slow-by longer.
-PHASES = {"perf/data_loading_time": 0.002, "perf/forward_time": 0.015, "perf/backward_time": 0.03,
-          "perf/optimizer_time": 0.005}
+# What every rank reports as its phases, as fractions of its step (1 / --rate s); a --slow-ranks
+# rank's forward is --slow-by of a step longer (the diagnosis looks at an excess of at least 15 %
+# of the step: straggler_view.CAUSE_MIN_FRACTION).
+PHASES = {"perf/data_loading_time": 0.04, "perf/forward_time": 0.3, "perf/backward_time": 0.6,
+          "perf/optimizer_time": 0.06}
 
 
 def host_main(a: argparse.Namespace) -> int:
@@ -64,9 +66,9 @@ def host_main(a: argparse.Namespace) -> int:
             time.sleep(delay)
         for tm in clients:
             values = {name: step * 0.001 + i for i, name in enumerate(names)}
-            values.update(PHASES)
+            values.update({k: f / a.rate for k, f in PHASES.items()})
             if tm.rank in slow and step >= a.slow_from:
-                values["perf/forward_time"] += a.slow_by
+                values["perf/forward_time"] += a.slow_by / a.rate
             values["perf/step_time"] = 1.0 / a.rate
             values["perf/tokens"] = 4096
             tm.log(step, values)
@@ -110,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--hosts", type=int, default=8, help="processes that hold the ranks")
     ap.add_argument("--slow-ranks", default="", help="global ranks whose forward is slower, e.g. 517 or 8,9,10")
     ap.add_argument("--slow-from", type=int, default=1, help="the first slow step")
-    ap.add_argument("--slow-by", type=float, default=0.05, help="seconds more of forward")
+    ap.add_argument("--slow-by", type=float, default=0.3, help="more forward, as a fraction of the step")
     ap.add_argument("--kill-node", type=int, default=-1, help="SIGKILL this node's daemon at --kill-at-step")
     ap.add_argument("--kill-at-step", type=int, default=10)
     ap.add_argument("--step-timeout", type=float, default=10.0,
@@ -296,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
             return [{k: e["data"].get(k) for k in ("step", "slowest_rank", "phase", "part", "node_rank", "unit",
                                                     "message")} | {"rank": e.get("rank")}
                     for e in d.read_jsonl("event") if e["name"] == "diagnosis/straggler"]
-        result["slow"] = {"ranks": a.slow_ranks, "from_step": a.slow_from, "by_s": a.slow_by,
+        result["slow"] = {"ranks": a.slow_ranks, "from_step": a.slow_from, "by_s": a.slow_by / a.rate,
                           "node_findings": {i: f for i in live if (f := findings(nodes[i]))},
                           "head_findings": findings(head)}
     print(json.dumps(result, indent=1))
