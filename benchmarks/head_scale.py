@@ -105,6 +105,39 @@ def sender_main(a: argparse.Namespace) -> int:
     return 0
 
 
+class StepArrivals:
+    """When each step's aggregated record reached a subscriber of `pub` (unix s), on a thread;
+    latency_ms: from each step's `t` (its records' send time) to then, p50 / p95 / max."""
+
+    def __init__(self, pub: str) -> None:
+        from telemetry.consumers.subscribe import Subscriber
+
+        self.sub = Subscriber(pub, topics=("metrics",))
+        self.at: dict[int, float] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._listen, daemon=True)
+        self._thread.start()
+
+    def _listen(self) -> None:
+        while not self._stop.is_set():
+            for _kind, rec in self.sub.records(timeout_ms=100):
+                if rec.get("kind") == "metrics" and "rank" not in rec:
+                    self.at.setdefault(rec["step"], time.time())
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        self.sub.close()
+
+    def latency_ms(self, steps: list[dict]) -> dict:
+        t_sent = {r["step"]: r["t"] for r in steps}
+        lat = sorted(self.at[s] - t_sent[s] for s in self.at if s in t_sent)
+
+        def q(f: float) -> float:
+            return round(lat[min(len(lat) - 1, int(f * len(lat)))] * 1000, 1) if lat else float("nan")
+        return {"latency_ms_p50": q(0.5), "latency_ms_p95": q(0.95), "latency_ms_max": q(1.0)}
+
+
 def _vm(pid: int, key: str) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith(key + ":"):
@@ -136,7 +169,6 @@ def main(argv: list[str] | None = None) -> int:
     if a.groups and a.nodes % a.groups:
         ap.error(f"--nodes {a.nodes} is not a multiple of --groups {a.groups}")
     _raise_nofile()
-    from telemetry.consumers.subscribe import Subscriber
     from testkit.faults import Endpoints, free_port, launch, wait_forwarded
 
     work = Path(tempfile.mkdtemp(prefix="head-scale-", dir="/tmp"))
@@ -154,18 +186,7 @@ def main(argv: list[str] | None = None) -> int:
                              config={**base, "forward": {"endpoint": remote, "node_rank": g, "num_nodes": a.groups}},
                              extra=("--remote-ingest", group_eps[-1]), world_size=a.nodes // a.groups))
     node_endpoints = ",".join(group_eps) if groups else remote
-    sub = Subscriber(eps.pub, topics=("metrics",))
-    arrivals: dict[int, float] = {}
-    stop = threading.Event()
-
-    def listen() -> None:
-        while not stop.is_set():
-            for _kind, rec in sub.records(timeout_ms=100):
-                if rec.get("kind") == "metrics" and "rank" not in rec:
-                    arrivals.setdefault(rec["step"], time.time())
-
-    listener = threading.Thread(target=listen, daemon=True)
-    listener.start()
+    arrivals = StepArrivals(eps.pub)
     per = math.ceil(a.nodes / a.senders)
     senders = []
     for i in range(a.senders):
@@ -199,9 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     if groups:
         wait_forwarded(head, dict(enumerate(gfinals)), "the job head has every group's records")
     final = head.drain(timeout_s=300)
-    stop.set()
-    listener.join(5)
-    sub.close()
+    arrivals.close()
     head.stop()
     sent = {int(k): v for o in outs for k, v in o["sent"].items()}
     srcs = {int(k): v for o in outs for k, v in o["src"].items()}
@@ -218,9 +237,6 @@ def main(argv: list[str] | None = None) -> int:
                       if g not in per_group or sum(per_group[g][k] for k in ("received", "refused", "lost")) != gsent[g]}
     del srcs
     n_steps = int(a.seconds * a.rate)
-    t_sent = {r["step"]: r["t"] for r in steps}
-    lat = sorted(arrivals[s] - t_sent[s] for s in arrivals if s in t_sent)
-    q = (lambda f: lat[min(len(lat) - 1, int(f * len(lat)))] * 1000) if lat else (lambda f: float("nan"))
     cpu_pct = 100 * (cpu1 - cpu0) / (w1 - w0)
     result = {
         "nodes": a.nodes, "rate": a.rate, "seconds": a.seconds, "metrics": a.metrics,
@@ -234,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
         "head_cpu_percent_of_a_core": round(cpu_pct, 1), "head_us_per_node_record": round(
             1e6 * (cpu1 - cpu0) / max(1, a.nodes * n_steps), 1),
         "head_rss_mb_before": round(rss0), "head_rss_mb_peak": round(rss_peak),
-        "latency_ms_p50": round(q(0.5), 1), "latency_ms_p95": round(q(0.95), 1), "latency_ms_max": round(q(1.0), 1),
+        **arrivals.latency_ms(steps),
         "connections_refused": sum(c.get("refused", 0) for f in (final, *gfinals)
                                    for c in f.get("security", {}).get("connections", {}).values()),
     }

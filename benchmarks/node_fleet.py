@@ -32,12 +32,11 @@ import os
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from benchmarks.head_scale import _cpu_s, _raise_nofile, _vm
+from benchmarks.head_scale import StepArrivals, _cpu_s, _raise_nofile, _vm
 
 ROOT = Path(__file__).resolve().parent.parent
 # What every rank reports as its phases, as fractions of its step (1 / --rate s); a --slow-ranks
@@ -132,7 +131,6 @@ def main(argv: list[str] | None = None) -> int:
     if a.kill_node >= a.nodes or not 1 <= a.kill_at_step <= a.seconds * a.rate:
         ap.error("--kill-node must be one of the nodes and --kill-at-step one of the steps")
     _raise_nofile()
-    from telemetry.consumers.subscribe import Subscriber
     from telemetry.tools.keygen import make_pair
     from testkit.faults import Endpoints, free_port, wait_forwarded
 
@@ -162,18 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     for d in [head, *nodes]:
         d.wait_ready(600)           # a hang detector: N daemons importing at once on a small box
     print(f"node-fleet: {a.nodes + 1} daemons ready in {time.monotonic() - t_start:.0f} s", file=sys.stderr, flush=True)
-    sub = Subscriber(head.pub, topics=("metrics",))
-    arrivals: dict[int, float] = {}
-    stop = threading.Event()
-
-    def listen() -> None:
-        while not stop.is_set():
-            for _kind, rec in sub.records(timeout_ms=100):
-                if rec.get("kind") == "metrics" and "rank" not in rec:
-                    arrivals.setdefault(rec["step"], time.time())
-
-    listener = threading.Thread(target=listen, daemon=True)
-    listener.start()
+    arrivals = StepArrivals(head.pub)
     per = math.ceil(a.nodes / a.hosts)
     hosts = []
     for first in range(0, a.nodes, per):
@@ -213,9 +200,7 @@ def main(argv: list[str] | None = None) -> int:
         node_finals = dict(zip(live, pool.map(lambda i: nodes[i].drain(timeout_s=300), live)))
     wait_forwarded(head, node_finals, "the head has every live node's records")
     final = head.drain(timeout_s=300)
-    stop.set()
-    listener.join(5)
-    sub.close()
+    arrivals.close()
     for d in [head, *nodes]:
         d.stop()
         d.cleanup()
@@ -244,12 +229,6 @@ def main(argv: list[str] | None = None) -> int:
     node_steps = [nodes[i].read_jsonl("metrics", aggregated=True) for i in live]
     head_steps = head.read_jsonl("metrics", aggregated=True)
     head_nums = [r["step"] for r in head_steps]
-    t_sent = {r["step"]: r["t"] for r in head_steps}
-    lat = sorted(arrivals[s] - t_sent[s] for s in arrivals if s in t_sent)
-
-    def q(f: float) -> float:
-        return round(lat[min(len(lat) - 1, int(f * len(lat)))] * 1000, 1) if lat else float("nan")
-
     span = w1 - w0
     node_cpu = [100 * (cpu1[1 + i] - cpu0[1 + i]) / span for i in live]
     node_rss = [rss_peak[1 + i] for i in live]
@@ -280,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
         "node_rss_mb_peak_median": round(sorted(node_rss)[len(node_rss) // 2], 1),
         "node_rss_mb_peak_max": round(max(node_rss), 1),
         "node_rss_mb_peak_sum": round(sum(node_rss)),
-        "latency_ms_p50": q(0.5), "latency_ms_p95": q(0.95), "latency_ms_max": q(1.0),
+        **arrivals.latency_ms(head_steps),
         "hosts_behind_s": round(max(o["behind_s"] for o in outs), 2),
     }
     if killed_at is not None:
