@@ -72,8 +72,10 @@ def test_a_sources_file_that_is_not_a_regular_file_is_not_read(tmp_path, kind):
     # readline() missed a ready line that came in the same chunk as the one before it.
     d = start_daemon(tmp_path, log_dir=log_dir, ready_timeout_s=HANG_S)
     try:
-        d.drain(timeout_s=HANG_S)
-        d.stop(timeout_s=HANG_S)
+        drain = _telemetry(["drain", "--control", d.control])
+        assert drain.returncode == 0, drain.stderr
+        d.proc.wait(HANG_S)              # the drain's own exit
+        d.stop()                         # (exited: no signal) the output read to its end
     finally:
         d.cleanup()
     text = d.output()
