@@ -193,6 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     for p in hosts:
         p.wait(300)
     live = [i for i in range(a.nodes) if i != a.kill_node]
+    # (with --kill-node the window holds the killed node's ranks' 30 s linger at their close)
     cpu1, w1 = [_gone_nan(_cpu_s, p) for p in pids], time.monotonic()
     rss_peak = [_gone_nan(_vm, p, "VmHWM") for p in pids]
     print(f"node-fleet: ranks done ({w1 - w0:.0f} s); draining the nodes", file=sys.stderr, flush=True)
@@ -207,6 +208,7 @@ def main(argv: list[str] | None = None) -> int:
 
     n_steps = int(a.seconds * a.rate)
     stats = {int(r): s for o in outs for r, s in o["stats"].items()}
+
     def accounted(got: dict, dropped: int) -> int:
         # `lost` holds what the sender said it dropped (dropped_by_client): counted once, here.
         return got.get("received", 0) + got.get("refused", 0) + got.get("lost", 0) - got.get("dropped_by_client", 0) \
