@@ -78,22 +78,6 @@ def host_main(a: argparse.Namespace) -> int:
     return 0
 
 
-def _start(log_dir: Path, eps, config: dict, extra: tuple[str, ...], world_size: int):
-    """A daemon started without waiting for it (DaemonProc.wait_ready later): 128 start at once."""
-    import yaml
-
-    from testkit.daemon_proc import DaemonProc, daemon_command
-
-    log_dir.mkdir(parents=True)
-    cfg_path = log_dir.parent / f"{log_dir.name}.yaml"
-    cfg_path.write_text(yaml.safe_dump(config))
-    cmd = daemon_command(log_dir, eps.ingest, eps.pub, eps.control, world_size=world_size, config=cfg_path,
-                         extra_args=extra)
-    env = {**os.environ, "WANDB_MODE": "disabled", "WANDB_SILENT": "true", "PYTHONUNBUFFERED": "1"}
-    return DaemonProc(subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                       text=True), log_dir, None)
-
-
 def _gone_nan(fn, *args) -> float:
     try:
         return fn(*args)
@@ -131,31 +115,26 @@ def main(argv: list[str] | None = None) -> int:
     if a.kill_node >= a.nodes or not 1 <= a.kill_at_step <= a.seconds * a.rate:
         ap.error("--kill-node must be one of the nodes and --kill-at-step one of the steps")
     _raise_nofile()
-    from telemetry.tools.keygen import make_pair
-    from testkit.faults import Endpoints, free_port, wait_forwarded
+    from testkit.faults import Endpoints, free_port, launch, node_keys, wait_forwarded
 
     work = Path(tempfile.mkdtemp(prefix="node-fleet-", dir="/tmp"))
     print(f"node-fleet: {a.nodes} node daemons x {a.ranks} ranks, {a.rate:g} steps/s for {a.seconds:g} s; "
           f"work dir {work}", file=sys.stderr, flush=True)
-    keys = work / "keys"
-    make_pair(keys, "head")
-    allowed = keys / "allowed"
-    allowed.mkdir(mode=0o700)
-    for i in range(a.nodes):
-        pub_key, _ = make_pair(keys, f"node{i}")
-        (allowed / pub_key.name).write_bytes(pub_key.read_bytes())
+    keys, allowed = node_keys(work, a.nodes)
     port = free_port()
     remote = f"tcp://127.0.0.1:{port}"
     base = {"pollers": {"nvml_enabled": False}, "daemon_record_interval_s": 5,
             "aggregator": {"step_timeout_s": a.step_timeout}}
     head_eps = Endpoints()
-    head = _start(work / "head", head_eps, {**base, "security": {
+    # Every daemon started at once, then waited for (128 one after the other: minutes).
+    head = launch(work / "head", head_eps, config={**base, "security": {
         "server_secret_key": str(keys / "head.key_secret"), "allowed_clients_dir": str(allowed),
-        "curve_loopback": True}}, ("--remote-ingest", remote), a.nodes)
+        "curve_loopback": True}}, extra=("--remote-ingest", remote), world_size=a.nodes, ready_timeout_s=None)
     node_eps = [Endpoints() for _ in range(a.nodes)]
-    nodes = [_start(work / f"node{i}", node_eps[i], {**base, "forward": {
+    nodes = [launch(work / f"node{i}", node_eps[i], config={**base, "forward": {
         "endpoint": remote, "node_rank": i, "num_nodes": a.nodes, "server_public_key": str(keys / "head.key"),
-        "client_secret_key": str(keys / f"node{i}.key_secret")}}, (), a.ranks) for i in range(a.nodes)]
+        "client_secret_key": str(keys / f"node{i}.key_secret")}}, world_size=a.ranks, ready_timeout_s=None)
+        for i in range(a.nodes)]
     t_start = time.monotonic()
     for d in [head, *nodes]:
         d.wait_ready(600)           # a hang detector: N daemons importing at once on a small box

@@ -149,8 +149,9 @@ class Endpoints:
 
 def launch(log_dir: Path, eps: Endpoints, *, config: dict | None = None, extra: tuple[str, ...] = (),
            env: dict | None = None, fsize_limit: int = 0, world_size: int | None = None,
-           per_rank: bool = False, nofile_soft: int = 0):
-    """Start a daemon on `eps`; return a DaemonProc (testkit/daemon_proc.py) once it is ready."""
+           per_rank: bool = False, nofile_soft: int = 0, ready_timeout_s: float | None = 180):
+    """Start a daemon on `eps`; return a DaemonProc (testkit/daemon_proc.py) once it is ready
+    (ready_timeout_s=None: at once, the caller waits with wait_ready, e.g. for many started together)."""
     import yaml
 
     from testkit.daemon_proc import DaemonProc, daemon_command
@@ -175,7 +176,8 @@ def launch(log_dir: Path, eps: Endpoints, *, config: dict | None = None, extra: 
     proc = subprocess.Popen(cmd, cwd=ROOT, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, preexec_fn=limits if fsize_limit or nofile_soft else None)
     d = DaemonProc(proc, log_dir, None)
-    d.wait_ready(180)   # a hang detector: a daemon's start-up (imports) on a loaded machine
+    if ready_timeout_s is not None:
+        d.wait_ready(ready_timeout_s)   # a hang detector: a daemon's start-up (imports) on a loaded machine
     return d
 
 
@@ -428,14 +430,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def multinode(work: Path, num_nodes: int = 2, ranks_per_node: int = 2, rate: float = 20.0,
-              before_s: float = 2.0, outage_s: float = 5.0, after_s: float = 3.0, max_buffered: int = 50,
-              relaunch_steps: int = 0) -> dict:
-    """Node daemons forward to a head over TCP + CURVE; the head is stopped for `outage_s`.
-    relaunch_steps: once the ranks are done, new rank processes (a relaunched job) log that many
-    steps more, going on from the last step. The result holds the goodput ledgers of the head's
-    and each node's metrics.jsonl, and the head's own live ledger before its drain."""
-    from telemetry.shared.goodput import ledger
+def node_keys(work: Path, num_nodes: int) -> tuple[Path, Path]:
+    """CURVE keys as a job makes them (docs/multinode.md): `keys/head.key_secret` for the head,
+    `keys/node<i>.key_secret` for each node, and `keys/allowed/` (every node's public key), the
+    head's allow-list. Returns (keys, allowed)."""
     from telemetry.tools.keygen import make_pair
 
     keys = work / "keys"
@@ -445,6 +443,19 @@ def multinode(work: Path, num_nodes: int = 2, ranks_per_node: int = 2, rate: flo
     for i in range(num_nodes):
         pub_key, _ = make_pair(keys, f"node{i}")
         (allowed / pub_key.name).write_bytes(pub_key.read_bytes())
+    return keys, allowed
+
+
+def multinode(work: Path, num_nodes: int = 2, ranks_per_node: int = 2, rate: float = 20.0,
+              before_s: float = 2.0, outage_s: float = 5.0, after_s: float = 3.0, max_buffered: int = 50,
+              relaunch_steps: int = 0) -> dict:
+    """Node daemons forward to a head over TCP + CURVE; the head is stopped for `outage_s`.
+    relaunch_steps: once the ranks are done, new rank processes (a relaunched job) log that many
+    steps more, going on from the last step. The result holds the goodput ledgers of the head's
+    and each node's metrics.jsonl, and the head's own live ledger before its drain."""
+    from telemetry.shared.goodput import ledger
+
+    keys, allowed = node_keys(work, num_nodes)
     port = free_port()
     head_eps = Endpoints()
     head_cfg = {"security": {"server_secret_key": str(keys / "head.key_secret"),
