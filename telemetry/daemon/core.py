@@ -123,6 +123,7 @@ class Daemon:
         self.receiver = Receiver()
         self.aggregator = Aggregator(cfg.aggregator)
         self.derived = Derived(cfg.mfu)
+        self.derived.forwards = cfg.forward is not None and cfg.forward.enabled
         self.hellos: dict[int, dict] = {}
         self.runners: list[SinkRunner] = []
         self._runners_in_order: list[SinkRunner] = []   # inline ones first; set by start()

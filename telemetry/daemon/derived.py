@@ -7,6 +7,8 @@ Each of those names has its entry in the metric catalogue (telemetry/shared/cata
 kind, how it reduces at a head and over a window, group, doc; tests/test_catalogue.py checks).
 
     step time view       perf/step_time_max, perf/step_time_min, perf/slowest_rank (straggler_view.py)
+    phase maxima         perf/<phase>_time_max, a node daemon's only (it forwards): its slowest rank
+                         in each phase, which its head's phase straggler view compares (straggler_view.py)
     phase straggler      perf/straggler_rank, _excess_s, _median_s, _phase_index (straggler_view.py)
     throughput           perf/steps_per_second; perf/tokens_per_second and perf/samples_per_second
                          where the ranks did not send them (Σ counts / the slowest rank's step time)
@@ -27,7 +29,8 @@ from typing import Callable
 from telemetry.daemon import hotpath
 from telemetry.daemon.config import MfuConfig
 from telemetry.daemon.steps import ATTN_DOC_LEN_SQ, STEP_TIME, TOKENS, StepBatch
-from telemetry.daemon.straggler_view import OUTPUT_KEYS, STEP_TIME_KEYS, add_phase_straggler_view, add_step_time_view
+from telemetry.daemon.straggler_view import (OUTPUT_KEYS, PHASE_MAX_METRICS, STEP_TIME_KEYS, add_phase_maxima,
+                                             add_phase_straggler_view, add_step_time_view)
 from telemetry.shared.numbers import is_number, positive_finite
 
 log = logging.getLogger("telemetry.derived")
@@ -42,6 +45,11 @@ class Derivation:
 
 def _step_time_view(batch: StepBatch, values: list[dict], d: "Derived") -> None:
     add_step_time_view(batch, values, d.loops.reduce_column)
+
+
+def _phase_maxima(batch: StepBatch, values: list[dict], d: "Derived") -> None:
+    if d.forwards:
+        add_phase_maxima(batch, values, d.loops.reduce_column)
 
 
 def _phase_straggler(batch: StepBatch, values: list[dict], d: "Derived") -> None:
@@ -80,6 +88,7 @@ def _mfu(batch: StepBatch, values: list[dict], d: "Derived") -> None:
 
 DERIVATIONS: tuple[Derivation, ...] = (
     Derivation("step time view", STEP_TIME_KEYS, _step_time_view),
+    Derivation("phase maxima", PHASE_MAX_METRICS, _phase_maxima),
     Derivation("phase straggler", OUTPUT_KEYS, _phase_straggler),
     Derivation("throughput", ("perf/steps_per_second", "perf/tokens_per_second", "perf/samples_per_second"),
                _throughput),
@@ -89,13 +98,15 @@ DERIVATIONS: tuple[Derivation, ...] = (
 
 class Derived:
     """Runs DERIVATIONS (or the ones given) on the daemon's closed steps, with what they need:
-    the inner loops, the MFU estimator from the ranks' hellos, the world size."""
+    the inner loops, the MFU estimator from the ranks' hellos, the world size, whether this
+    daemon forwards to a head (`forwards`: a node daemon, or a group head)."""
 
     def __init__(self, cfg: MfuConfig, derivations: tuple[Derivation, ...] | None = None) -> None:
         self.cfg = cfg
         self.derivations = DERIVATIONS if derivations is None else derivations
         self.estimator = None
         self.world_size = 0
+        self.forwards = False
         self._warned = False
         self.loops = hotpath.loops      # loops.py or its C twin: the views' and MFU's loops
 

@@ -39,6 +39,14 @@ wrapped torch optimizer's step, which the trainer times apart). Under ZeRO 1-3 t
 phase ends in (or is followed by) a collective where the other ranks wait, so every rank's
 optimizer phase lasts the same; the update holds no collective, so a slow one shows there.
 
+Across nodes (a head daemon, whose "ranks" are node daemons): a node forwards with each step,
+beside the mean of each phase over its ranks, its slowest rank's time in it (add_phase_maxima:
+perf/<phase>_time_max, reduced by max at the head), and the head's view compares the nodes by
+those: one rank slow of a node's 8 moves the node's mean by an eighth of its excess, under
+CAUSE_MIN_FRACTION, while its maximum carries all of it (issue 33: at 128 nodes of 8 ranks, a rank
+0.3 of a step slow was named by its node and never by the head). A group head forwards its
+nodes' maxima reduced by max, so the job head compares groups the same way.
+
 Cost: per closed step (not per record), in hotpath.loops.phase_straggler: with the C loops ~0.8 µs
 a step of 8 ranks and 4 phases (the pure-Python function before it: ~6 µs; its Python twin,
 what an install without a C compiler runs: ~10 µs), and 4 values more in the record
@@ -54,6 +62,8 @@ from telemetry.daemon.steps import STEP_TIME, StepBatch
 PHASES = ("data_loading", "forward", "optimizer", "backward", "optimizer_update", "forward_compute",
           "backward_compute")
 PHASE_METRICS = tuple(f"perf/{p}_time" for p in PHASES)
+# Each phase's slowest rank (add_phase_maxima), what a head's view reads where a node sent it.
+PHASE_MAX_METRICS = tuple(f"{m}_max" for m in PHASE_METRICS)
 # In order of how rarely the phase holds a collective wait (see the module docstring).
 CAUSE_ORDER = ("data_loading", "optimizer_update", "forward_compute", "backward_compute", "forward", "optimizer",
                "backward")
@@ -73,10 +83,25 @@ def add_phase_straggler_view(batch: StepBatch, values: list[dict], loops=hotpath
     """Add the per-phase straggler view (module docstring) to each closed step's values.
     `loops`: the inner loops that compute it (loops.phase_straggler or its C twin)."""
     get = batch.columns.get
-    columns = [(i, col) for i in _CAUSE_INDEXES if (col := get(PHASE_METRICS[i])) is not None]
+    columns = [(i, col) for i in _CAUSE_INDEXES
+               if (col := get(PHASE_MAX_METRICS[i], get(PHASE_METRICS[i]))) is not None]
     if not columns:
         return
     loops.phase_straggler(columns, get(STEP_TIME), batch.ranks, values, CAUSE_MIN_FRACTION, OUTPUT_KEYS)
+
+
+def add_phase_maxima(batch: StepBatch, values: list[dict], reduce=reduce_column) -> None:
+    """perf/<phase>_time_max, the slowest rank's time in each phase its ranks logged, into each
+    closed step's values: what a node daemon forwards for its head's view (module docstring).
+    A value already there is kept (a group head's: its nodes' maxima, reduced by max)."""
+    get = batch.columns.get
+    for metric, key in zip(PHASE_METRICS, PHASE_MAX_METRICS):
+        column = get(metric)
+        if column is None:
+            continue
+        for v, slowest in zip(values, reduce(column, MAX)):
+            if slowest is not None and key not in v:
+                v[key] = slowest
 
 
 def add_step_time_view(batch: StepBatch, values: list[dict], reduce=reduce_column) -> None:
