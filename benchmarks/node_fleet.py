@@ -11,6 +11,9 @@ up: docs/multinode.md). Measured from outside:
   and the latency from a step's records leaving the ranks to its aggregate on the head's PUB;
 - with --kill-node, a node daemon SIGKILLed at a step (issue 33 item 3): when the head names the
   node stopped, and which of the head's steps lack it (the others' exactness is kept as above);
+- with --stop-node, a node daemon SIGSTOPped at a step for --stop-s and continued (issue 33 item
+  3): when the head names it (its link closed by the head's heartbeats), that it links again, and
+  that what it forwarded is still accounted exactly;
 - with --slow-ranks, attribution end to end (issue 33 item 4): every rank reports the same phase
   timings except those ranks, whose forward is longer by --slow-by of a step from step --slow-from on; each
   straggler finding (diagnosis/straggler) of every node daemon and of the head, with its step.
@@ -18,6 +21,7 @@ up: docs/multinode.md). Measured from outside:
     .venv/bin/python -m benchmarks.node_fleet --nodes 128 --ranks 8 --rate 1 --seconds 60
     .venv/bin/python -m benchmarks.node_fleet --nodes 128 --rate 2 --seconds 110 --slow-ranks 517 --slow-from 201
     .venv/bin/python -m benchmarks.node_fleet --nodes 128 --rate 1 --seconds 60 --kill-node 77 --kill-at-step 20
+    .venv/bin/python -m benchmarks.node_fleet --nodes 128 --rate 1 --seconds 90 --stop-node 40 --stop-at-step 20 --stop-s 30
 
 The ranks run in --hosts processes (each holds the clients of nodes/hosts nodes); their CPU is
 theirs, not the daemons'. The node daemons start together, then the ranks; at the end the nodes
@@ -29,6 +33,7 @@ import argparse
 import json
 import math
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -98,6 +103,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--slow-by", type=float, default=0.3, help="more forward, as a fraction of the step")
     ap.add_argument("--kill-node", type=int, default=-1, help="SIGKILL this node's daemon at --kill-at-step")
     ap.add_argument("--kill-at-step", type=int, default=10)
+    ap.add_argument("--stop-node", type=int, default=-1, help="SIGSTOP this node's daemon at --stop-at-step")
+    ap.add_argument("--stop-at-step", type=int, default=10)
+    ap.add_argument("--stop-s", type=float, default=30.0, help="then SIGCONT it this much later")
     ap.add_argument("--step-timeout", type=float, default=10.0,
                     help="every daemon's aggregator.step_timeout_s (the default: 10 s)")
     ap.add_argument("--host", action="store_true", help=argparse.SUPPRESS)
@@ -114,6 +122,9 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--rate and --seconds must be > 0")
     if a.kill_node >= a.nodes or not 1 <= a.kill_at_step <= a.seconds * a.rate:
         ap.error("--kill-node must be one of the nodes and --kill-at-step one of the steps")
+    if a.stop_node >= a.nodes or a.stop_node >= 0 and (a.stop_node == a.kill_node or a.stop_s <= 0 or
+                                                       not 1 <= a.stop_at_step <= a.seconds * a.rate):
+        ap.error("--stop-node must be another node than --kill-node, --stop-at-step one of the steps, --stop-s > 0")
     _raise_nofile()
     from testkit.faults import Endpoints, free_port, launch, node_keys, wait_forwarded
 
@@ -161,13 +172,29 @@ def main(argv: list[str] | None = None) -> int:
     for p in hosts:
         p.stdin.write("go\n")
         p.stdin.flush()
-    killed_at = None
+    killed_at = stopped_at = None
+    # (at, what) in time order: the kill, the stop and its continue.
+    plan = []
     if a.kill_node >= 0:
-        time.sleep(max(0.0, w0 + (a.kill_at_step - 1) / a.rate - time.monotonic()))
-        nodes[a.kill_node].proc.kill()
-        killed_at = time.time()
-        print(f"node-fleet: node {a.kill_node}'s daemon SIGKILLed at step ~{a.kill_at_step}", file=sys.stderr,
-              flush=True)
+        plan.append(((a.kill_at_step - 1) / a.rate, "kill"))
+    if a.stop_node >= 0:
+        plan += [((a.stop_at_step - 1) / a.rate, "stop"), ((a.stop_at_step - 1) / a.rate + a.stop_s, "cont")]
+    for at, what in sorted(plan):
+        time.sleep(max(0.0, w0 + at - time.monotonic()))
+        if what == "kill":
+            nodes[a.kill_node].proc.kill()
+            killed_at = time.time()
+            print(f"node-fleet: node {a.kill_node}'s daemon SIGKILLed at step ~{a.kill_at_step}", file=sys.stderr,
+                  flush=True)
+        elif what == "stop":
+            os.kill(nodes[a.stop_node].proc.pid, signal.SIGSTOP)
+            stopped_at = time.time()
+            print(f"node-fleet: node {a.stop_node}'s daemon SIGSTOPped at step ~{a.stop_at_step}", file=sys.stderr,
+                  flush=True)
+        else:
+            os.kill(nodes[a.stop_node].proc.pid, signal.SIGCONT)
+            print(f"node-fleet: node {a.stop_node}'s daemon continued after {a.stop_s:g} s", file=sys.stderr,
+                  flush=True)
     outs = [json.loads(p.stdout.readline()) for p in hosts]
     for p in hosts:
         p.wait(300)
@@ -217,6 +244,8 @@ def main(argv: list[str] | None = None) -> int:
     # (from the step the node had not forwarded yet when it died, a step or two before the kill's).
     lacking = [(r["step"], r["missing_ranks"]) for r in head_steps if r.get("missing_ranks")]
     expected_lack = [st for st, m in lacking if m == [a.kill_node]]
+    # ... and those without the stopped node (with or without the killed one), while it was stopped.
+    stop_lack = [st for st, m in lacking if a.stop_node in m and set(m) <= {a.stop_node, a.kill_node}]
     result = {
         "nodes": a.nodes, "ranks_per_node": a.ranks, "rate": a.rate, "seconds": a.seconds, "metrics": a.metrics,
         "curve": True, "records_from_ranks": sum(s["seq"] for s in stats.values()),
@@ -231,7 +260,8 @@ def main(argv: list[str] | None = None) -> int:
         "forwarded_dropped": sum(f["sinks"]["forward"]["dropped"] for f in node_finals.values()),
         "head_records_lost": final.get("records_lost"),
         "head_steps_written": len(head_nums), "head_steps_written_twice": len(head_nums) - len(set(head_nums)),
-        "head_steps_incomplete": len(lacking) - len(expected_lack),
+        "head_steps_incomplete": len(lacking) - len(expected_lack) - len([st for st in stop_lack if st not in
+                                                                           expected_lack]),
         "head_cpu_percent_of_a_core": round(100 * (cpu1[0] - cpu0[0]) / span, 1),
         "head_rss_mb_peak": round(rss_peak[0]),
         "node_cpu_percent_of_a_core_median": round(sorted(node_cpu)[len(node_cpu) // 2], 2),
@@ -253,6 +283,21 @@ def main(argv: list[str] | None = None) -> int:
             "finding": named[0]["data"].get("message") if named else None,
             "other_nodes_named_stopped": sorted({e.get("rank") for e in head.read_jsonl("event")
                                                  if e["name"] == "diagnosis/rank_stopped"} - {a.kill_node})}
+    if stopped_at is not None:
+        named = [e for e in head.read_jsonl("event")
+                 if e["name"] == "diagnosis/rank_stopped" and e.get("rank") == a.stop_node]
+        fwd = node_finals[a.stop_node]["sinks"]["forward"]
+        result["stopped"] = {
+            "node": a.stop_node, "at_step": a.stop_at_step, "for_s": a.stop_s,
+            "named_after_s": round(named[0]["t"] - stopped_at, 1) if named else None,
+            "findings": [e["data"].get("message") for e in named],
+            "head_steps_without_it": len(stop_lack),
+            "its_late_records_at_the_head": sum(1 for r in head.read_jsonl("metrics", aggregated=False)
+                                                if r.get("rank") == a.stop_node and r.get("late")),
+            "forwarder": {k: fwd[k] for k in ("seq", "sent", "dropped", "connects", "disconnects")},
+            "at_the_head": {k: final.get("per_rank", {}).get(str(a.stop_node), {}).get(k)
+                            for k in ("received", "refused", "lost")},
+            "exact": a.stop_node not in nodes_inexact}
     if a.slow_ranks:
         def findings(d) -> list[dict]:
             return [{k: e["data"].get(k) for k in ("step", "slowest_rank", "phase", "part", "node_rank", "unit",

@@ -212,7 +212,7 @@ def _progress(path: Path) -> int:
         return 0
 
 
-def _wait_until(what: str, cond, seen, timeout_s: float = 120.0, period_s: float = 0.05) -> float:
+def wait_until(what: str, cond, seen, timeout_s: float = 120.0, period_s: float = 0.05) -> float:
     """Poll `cond()` until true; a hang detector (generous for a loaded machine) that reports
     `seen()` when it fires. Returns the seconds waited."""
     t0 = time.monotonic()
@@ -249,7 +249,7 @@ def kill_restart(work: Path, num_ranks: int = 2, rate: float = 2000, before: int
             per = d.status(timeout_s=30)["per_rank"]
             return {r: per.get(str(r), {}).get("received", 0) for r in ranks_}
 
-        _wait_until(f"the daemon receiving {before} records of each rank", lambda: all(
+        wait_until(f"the daemon receiving {before} records of each rank", lambda: all(
             v >= before for v in received().values()), lambda: {"received": received(), "exited": [
                 p.poll() for p in procs]}, period_s=0.2)
         d.proc.kill()
@@ -259,7 +259,7 @@ def kill_restart(work: Path, num_ranks: int = 2, rate: float = 2000, before: int
         with open(log_dir / "metrics.jsonl", "ab") as f:   # what a crash in the middle of write() leaves
             f.write(b'{"kind": "metrics", "t": 1.0, "step": 12')
         # The trainer does not wait for the daemon: with no daemon at all, each rank goes on logging.
-        _wait_until(f"{during} log calls of each rank with the daemon down (does a client block on a dead "
+        wait_until(f"{during} log calls of each rank with the daemon down (does a client block on a dead "
                     f"daemon?)", lambda: all(_progress(progress[r]) - at_kill[r] >= during for r in ranks_),
                     lambda: {"log_calls_since_kill": {r: _progress(progress[r]) - at_kill[r] for r in ranks_},
                              "exited": [p.poll() for p in procs]})
@@ -268,7 +268,7 @@ def kill_restart(work: Path, num_ranks: int = 2, rate: float = 2000, before: int
         d2 = launch(log_dir, eps, per_rank=True, world_size=num_ranks)
         d = d2
         # Each client reconnected by itself: the new daemon has records of every rank.
-        _wait_until("the restarted daemon receiving records of each rank", lambda: all(
+        wait_until("the restarted daemon receiving records of each rank", lambda: all(
             v > 0 for v in received().values()), lambda: {"received": received(), "exited": [
                 p.poll() for p in procs]}, period_s=0.2)
         go.touch()
@@ -558,7 +558,7 @@ def wait_forwarded(upper, lower_finals: dict[int, dict], what: str) -> None:
         per = upper.status()["per_rank"]
         return all(sum(per.get(str(k), {}).get(x, 0) for x in ("received", "refused", "lost")) >= v
                    for k, v in sent.items())
-    _wait_until(what, done, lambda: upper.status()["per_rank"], timeout_s=120, period_s=0.2)
+    wait_until(what, done, lambda: upper.status()["per_rank"], timeout_s=120, period_s=0.2)
 
 
 def group_tree(work: Path, num_groups: int = 2, nodes_per_group: int = 2, ranks_per_node: int = 2,

@@ -34,6 +34,7 @@ from telemetry.daemon.aggregator import MAX_WORLD_SIZE, Aggregator
 from telemetry.daemon.config import DaemonConfig
 from telemetry.shared import control as control_protocol
 from telemetry.daemon.derived import Derived
+from telemetry.daemon.node_links import REMOTE_HEARTBEAT_IVL_MS, REMOTE_HEARTBEAT_TIMEOUT_MS, NodeLinks
 from telemetry.daemon.downsample import Downsampler
 from telemetry.daemon.intake import Intake
 from telemetry.daemon import memory
@@ -124,6 +125,8 @@ class Daemon:
         self.aggregator = Aggregator(cfg.aggregator)
         self.derived = Derived(cfg.mfu)
         self.derived.forwards = cfg.forward is not None and cfg.forward.enabled
+        self.links: NodeLinks | None = None      # a head's: which node each link is (start())
+        self._diagnosis_stage = None
         self.hellos: dict[int, dict] = {}
         self.runners: list[SinkRunner] = []
         self._runners_in_order: list[SinkRunner] = []   # inline ones first; set by start()
@@ -217,7 +220,13 @@ class Daemon:
             self.security.prepare(sock, self.endpoints[name], name)
             self.endpoints[name] = _bind(sock, self.endpoints[name])
         if remote:
-            # Node daemons: a second listener on the same PULL socket, with its own options.
+            # Node daemons: a second listener on the same PULL socket, with its own options: CURVE,
+            # and ZMTP heartbeats that close the link of a node that went silent (node_links.py).
+            self.pull.setsockopt(zmq.HEARTBEAT_IVL, REMOTE_HEARTBEAT_IVL_MS)
+            self.pull.setsockopt(zmq.HEARTBEAT_TIMEOUT, REMOTE_HEARTBEAT_TIMEOUT_MS)
+            self.pull.setsockopt(zmq.HEARTBEAT_TTL, REMOTE_HEARTBEAT_TIMEOUT_MS)
+            self.links = NodeLinks()
+            self.security.connections.on_tcp_gone = self.links.closed
             self.security.prepare(self.pull, remote, "remote_ingest")
             self.endpoints["remote_ingest"] = _bind(self.pull, remote)
         ingest_eps = tuple(ep for k, ep in self.endpoints.items() if k in ("ingest", "remote_ingest"))
@@ -337,7 +346,8 @@ class Daemon:
         # Off the daemon's thread: the rules cost per step; their events come back via post().
         # Held to a share of the time, so a backlog costs ingest little (what the rules cannot get
         # to is dropped and counted in the stage's stats).
-        runner = SinkRunner(DiagnosisStage(self.diagnoser, self.post), max_queued=10_000,
+        self._diagnosis_stage = DiagnosisStage(self.diagnoser, self.post)
+        runner = SinkRunner(self._diagnosis_stage, max_queued=10_000,
                             flush_interval_s=TICK_INTERVAL_S, max_share=DIAGNOSIS_MAX_SHARE,
                             max_bytes=self.budget.sink_queue_bytes)
         self.runners.append(runner)
@@ -403,6 +413,11 @@ class Daemon:
         self._emit_steps(self.aggregator.expire(now))
         if self._held_byes:
             self._release_byes(now)
+        if self.links is not None and self.links.busy():
+            for rec in self.links.due(now, self.receiver.sources):
+                self._emit(rec)
+                if self._diagnosis_stage is not None:
+                    self._diagnosis_stage.note(rec)      # the rules read no event but this kind
         if now >= self._next_daemon_record:
             self._emit(self._daemon_record())
             self._log_progress()
@@ -589,6 +604,8 @@ class Daemon:
         if info.get("forwarded_by") == "group head" and self.cfg.remote_ingest and self.diagnoser.unit != "group":
             # A job head fed by group heads: its "ranks" are groups of nodes, and its findings say so.
             self.diagnoser.unit = "group"
+        if self.links is not None and info.get("forwarded_by"):
+            self.links.on_hello(rec.rank, info, rec.src)
         self.derived.on_hello(info)
         # A pid in a hello is a claim: the forensics stage verifies it before the pollers or the
         # forensics act on it (telemetry/daemon/forensics/verify.py).
@@ -751,6 +768,7 @@ class Daemon:
             "intake": self.intake.stats() if self.intake is not None else {},
             "memory": self.memory_status(),
             "goodput": self.goodput.stats(),
+            "node_links": self.links.stats() if self.links is not None else {},
             "media": self.media.stats() if self.media is not None else {},
         }
 

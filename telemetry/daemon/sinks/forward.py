@@ -9,8 +9,10 @@ to the head daemon as ordinary protocol records, so the head sees one "rank" per
       daemon (the node's counters)     -> event "node_daemon": a visible heartbeat at the head
       hello (the first of the node,    -> hello with world_size = num_nodes, node_rank, and
         the first with the model, and     peak_flops = device peak x ranks per node (for MFU),
-        the first of each new launch)     started_at as the rank's (the head's goodput ledger
-                                          tells a job's launches apart by it)
+        the first of each new launch,     started_at as the rank's (the head's goodput ledger
+        and again on each connect)        tells a job's launches apart by it), and `link`, this
+                                          end of the TCP link ("ip:port"): the head names the
+                                          node whose link closes without a bye
       gpu, system                      -> stay on the node unless listed in `kinds`
       bye (a rank closed its client)   -> event "rank_bye" with the rank: the head's goodput
                                           ledger tells a launch that ended from one killed
@@ -133,6 +135,7 @@ class ForwardSink(Sink):
         self._launch_started: float | None = None    # started_at of the launch last announced
         self._last_step_ns = 0                        # t of the last step forwarded (ns)
         self._mon: zmq.Socket | None = None
+        self._link: str | None = None                 # this end of the TCP link to the head, "ip:port"
         self.num_connects = 0
         self.num_disconnects = 0
         self.seq = 0
@@ -159,7 +162,7 @@ class ForwardSink(Sink):
         self.curve = apply_client_curve(s, c.server_public_key or None, c.client_secret_key or None) \
             if c.server_public_key else False
         # Watch the link: a restarted head gets this node's hello again on reconnect.
-        self._mon = s.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED)
+        self._mon = s.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED)
         s.connect(c.endpoint)
         self._sock = s
         # Announce the node at once, so the head expects it before its first step arrives.
@@ -240,18 +243,23 @@ class ForwardSink(Sink):
         mon = self._mon
         while mon is not None and mon.poll(0):
             try:
-                event = parse_monitor_message(mon.recv_multipart(zmq.NOBLOCK))["event"]
+                msg = parse_monitor_message(mon.recv_multipart(zmq.NOBLOCK))
             except (zmq.ZMQError, ValueError):
                 return
+            event = msg["event"]
             if event == zmq.EVENT_DISCONNECTED:
                 self.num_disconnects += 1
                 log.warning("lost the head daemon at %s; buffering up to %d records", self.cfg.endpoint,
                             self.cfg.max_buffered)
+            elif event == zmq.EVENT_CONNECTED:
+                self._link = _local_link(msg["value"])
             elif event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
                 self.num_connects += 1
                 if self.num_connects > 1:
                     log.warning("reconnected to the head daemon at %s", self.cfg.endpoint)
-                    self._send(KIND_HELLO, (self._node_info(self._rank_info),))
+                # The hello again, now with this link's address: a restarted head learns the node
+                # anew, and every head can name the node whose link closes (node_links.py).
+                self._send(KIND_HELLO, (self._node_info(self._rank_info),))
 
     def close(self) -> None:
         if self._sock is None:
@@ -281,6 +289,8 @@ class ForwardSink(Sink):
         ranks_per_node = world // c.num_nodes if isinstance(world, int) and world >= c.num_nodes else None
         info.update({"host": self.host, "rank": c.node_rank, "node_rank": c.node_rank, "num_nodes": c.num_nodes,
                      "world_size": c.num_nodes, "forwarded_by": "node daemon", "src": self.src})
+        if self._link:
+            info["link"] = self._link
         if ranks_per_node:
             info["ranks_per_node"] = ranks_per_node
             info["global_world_size"] = world
@@ -294,12 +304,14 @@ class ForwardSink(Sink):
         """A group head's hello, from one of its nodes' (which speaks of the whole job: num_nodes,
         ranks_per_node, global_world_size stay as they are)."""
         c = self.cfg
-        info = {k: v for k, v in node_info.items() if k not in ("pid", "src", "local_rank", "node_rank")}
+        info = {k: v for k, v in node_info.items() if k not in ("pid", "src", "local_rank", "node_rank", "link")}
         nodes = node_info.get("num_nodes")
         per_group = nodes // c.num_nodes if type(nodes) is int and nodes >= c.num_nodes else None
         info.pop("peak_flops", None)
         info.update({"host": self.host, "rank": c.node_rank, "group_rank": c.node_rank, "num_groups": c.num_nodes,
                      "world_size": c.num_nodes, "forwarded_by": "group head", "src": self.src})
+        if self._link:
+            info["link"] = self._link
         if per_group:
             info["nodes_per_group"] = per_group
             peak = positive_finite(node_info.get("peak_flops"))    # a node's (its devices'), from its daemon
@@ -325,6 +337,23 @@ class ForwardSink(Sink):
 def _t_ns(rec: dict) -> int:
     t = rec.get("t")
     return int(t * 1e9) if isinstance(t, (int, float)) and t > 0 else time.time_ns()
+
+
+def _local_link(fd: int) -> str | None:
+    """This end of the TCP connection behind `fd` (a monitor's EVENT_CONNECTED, read after the
+    fact: None if it is gone or no longer TCP), as the head's watch names its peer."""
+    from telemetry.shared.security.watch import link_name
+
+    try:
+        s = _socket.socket(fileno=os.dup(fd))
+    except OSError:
+        return None
+    try:
+        return link_name(s.getsockname()) if s.family in (_socket.AF_INET, _socket.AF_INET6) else None
+    except OSError:
+        return None
+    finally:
+        s.close()
 
 
 def _numbers(values: dict) -> dict:

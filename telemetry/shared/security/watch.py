@@ -16,6 +16,13 @@ peer had already written is not accounted anywhere (it never became a record): t
 that it happened. libzmq itself has no such limit; 1,100 idle connections at nofile 1024 made it
 spin and abort.
 
+On a head, who a closed TCP connection was is worth knowing at once: a node daemon killed, or its
+host gone, closes its link (the kernel's FIN, or the head's ZMTP heartbeat timing out) long
+before the head's steps time out without it. With `on_tcp_gone` set, the peer address of each TCP
+connection accepted on a socket with a limit is kept (getpeername, "ip:port"), and passed to it
+(on this thread) when the connection ends; the node says which link is its own in its hello
+(telemetry/daemon/node_links.py).
+
 Connections that never become clients (a raw TCP socket that connects and sends nothing) must
 not hold the limit against real ranks: at the limit, the oldest TCP connection that has not yet
 received a whole ZMTP greeting (IDLE_BELOW_BYTES, from the kernel's TCP_INFO) is shut down to
@@ -33,6 +40,7 @@ import stat
 import struct
 import threading
 import time
+from typing import Callable
 
 import zmq
 from zmq.utils.monitor import parse_monitor_message
@@ -72,6 +80,9 @@ class ConnectionWatch:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._refused_logged: dict[str, float] = {}       # name -> when a refusal was last logged
+        # Called with a TCP peer's "ip:port" when its connection ends (set before start()).
+        self.on_tcp_gone: Callable[[str], None] | None = None
+        self._peers: dict[int, str] = {}                  # fd -> a live TCP connection's peer
 
     def watch(self, name: str, sock: zmq.Socket, limit: int = 0, endpoints: tuple[str, ...] = ()) -> None:
         """Start counting `sock`'s connection events; call before start(). With `limit` > 0,
@@ -121,12 +132,25 @@ class ConnectionWatch:
                     self.counts[name]["refused"] += 1
                     self._say_refused(name, limit)
                 else:
-                    live[fd] = None
+                    self._accept(fd, live, local)
             else:
-                live[fd] = None
+                self._accept(fd, live, local)
         elif event in (zmq.EVENT_DISCONNECTED, zmq.EVENT_CLOSED):
             live.pop(fd, None)
+            peer = self._peers.pop(fd, None)
+            if peer is not None:
+                try:
+                    self.on_tcp_gone(peer)
+                except Exception:           # the watch goes on whatever the callback does
+                    log.exception("on_tcp_gone(%s) failed", peer)
         self.counts[name]["open"] = len(live)
+
+    def _accept(self, fd: int, live: dict[int, None], local: set) -> None:
+        live[fd] = None
+        if self.on_tcp_gone is not None:
+            peer = _tcp_peer(fd, local)
+            if peer is not None:
+                self._peers[fd] = peer
 
     def _say_refused(self, name: str, limit: int) -> None:
         """A refused connection is a client that cannot send: said in the log at once, then at most
@@ -177,6 +201,29 @@ def _local_address(endpoint: str) -> str | int | None:
         except ValueError:
             return None
     return None
+
+
+def _tcp_peer(fd: int, local: set) -> str | None:
+    """The peer of the TCP connection behind `fd` as "ip:port" ("[ip]:port" for IPv6), if it
+    still is one accepted on our endpoints; None otherwise (ipc, or the descriptor gone)."""
+    try:
+        s = socket.socket(fileno=os.dup(fd))
+    except OSError:
+        return None
+    try:
+        if s.family not in (socket.AF_INET, socket.AF_INET6) or s.getsockname()[1] not in local:
+            return None
+        return link_name(s.getpeername())
+    except OSError:
+        return None
+    finally:
+        s.close()
+
+
+def link_name(address: tuple) -> str:
+    """A TCP endpoint's address (getsockname / getpeername) as both ends of a link write it."""
+    host, port = address[0], address[1]
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def _refuse(fd: int, local: set, idle_only: bool = False) -> bool:

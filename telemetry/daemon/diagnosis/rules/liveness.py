@@ -1,5 +1,7 @@
 """A rank that stopped reporting: silent for rank_silence_s (tick), or missing from
-rank_missing_steps consecutive aggregated steps (the daemon's "missing_ranks").
+rank_missing_steps consecutive aggregated steps (the daemon's "missing_ranks"); on a head, a node
+whose link closed without its goodbye (the head's "link_closed" event: telemetry/daemon/node_links.py),
+named at once rather than a step timeout and three missing steps later.
 
 Silence is measured on the daemon's own monotonic clock, read when the rule takes a record,
 never from a record's "t": that is the sending rank's wall clock, which may be minutes off (a
@@ -30,7 +32,7 @@ class RankStopped(Rule):
     Each stop is reported once; the rank reporting again re-arms it."""
 
     name = "rank_stopped"
-    kinds = frozenset({"hello", "metrics", "bye"})
+    kinds = frozenset({"hello", "metrics", "bye", "event"})
 
     def __init__(self, cfg: DiagnosisConfig, clock: Callable[[], float] = time.monotonic,
                  wall: Callable[[], float] = time.time) -> None:
@@ -65,6 +67,8 @@ class RankStopped(Rule):
                 self.known.discard(rank)
                 self.stopped.discard(rank)
             return []
+        if kind == "event":
+            return self._link_closed(record, rank) if record.get("name") == "link_closed" else []
         if rank is not None:
             self._seen(rank, t)
             return []
@@ -83,6 +87,21 @@ class RankStopped(Rule):
                 out.append(Finding(f"rank{r}", msg, self.wall(), rank=r, severity="critical",
                                    data={"num_steps_missing": n, "step": step_of(record)}))
         return out
+
+    def _link_closed(self, record: dict, rank: int | None) -> list[Finding]:
+        """A head's node (a rank, to this rule) whose link closed without a bye: stopped, said once
+        (its missing steps then add nothing); its hello on a new link re-arms it."""
+        if rank is None or rank in self.stopped:
+            return []
+        self.known.add(rank)
+        self.stopped.add(rank)
+        data = record.get("data") if isinstance(record.get("data"), dict) else {}
+        link = data.get("link") if isinstance(data.get("link"), str) else "?"
+        msg = (f"rank {rank}'s link to this daemon ({link}) closed without its goodbye: its daemon was killed, "
+               f"or its host is down or unreachable; its steps go out without it once aggregator.step_timeout_s "
+               f"has passed")
+        return [Finding(f"rank{rank}", msg, self.wall(), rank=rank, severity="critical",
+                        data={"link": link, "link_closed": True})]
 
     def tick(self, now: float) -> list[Finding]:
         limit, mono = self.cfg.rank_silence_s, self.clock()

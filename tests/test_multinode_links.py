@@ -1,0 +1,117 @@
+"""A node daemon killed, and one stopped and continued, named by the head from its link (issue 33
+item 3): the head knows which TCP link is which node (each node's hello says its end) and names a
+node whose link closes without its goodbye at once, not after a step timeout and three missing
+steps (telemetry/daemon/node_links.py). A stopped node's link is closed by the head's ZMTP
+heartbeats; continued, it links again and everything it forwarded is accounted, exactly.
+
+The step timeout is set far beyond the test (600 s), so no step goes out without a node before
+the drain and the missing-steps path cannot name anyone: a finding is the link's."""
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+
+from testkit.faults import Endpoints, wait_until, free_port, launch, start_ranks, wait_forwarded, wait_ranks
+
+NODES, RANKS_PER_NODE, RATE, N = 3, 2, 20.0, 300
+KILLED, STOPPED = 1, 2
+
+
+def _stopped_findings(head) -> list[dict]:
+    return [e for e in head.read_jsonl("event") if e["name"] == "diagnosis/rank_stopped"]
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    work = tmp_path_factory.mktemp("links")
+    started, procs = [], []
+    try:
+        port = free_port()
+        slow = {"aggregator": {"step_timeout_s": 600.0}}
+        head = launch(work / "head", Endpoints(), config=slow, world_size=NODES,
+                      extra=("--remote-ingest", f"tcp://127.0.0.1:{port}"))
+        started.append(head)
+        nodes, eps = [], []
+        for i in range(NODES):
+            eps.append(Endpoints())
+            cfg = {**slow, "forward": {"endpoint": f"tcp://127.0.0.1:{port}", "node_rank": i, "num_nodes": NODES,
+                                       "heartbeat_ivl_s": 0.5, "heartbeat_timeout_s": 2.0}}
+            nodes.append(launch(work / f"node{i}", eps[i], config=cfg, world_size=RANKS_PER_NODE))
+            started.append(nodes[-1])
+        world = NODES * RANKS_PER_NODE
+        for i in range(NODES):
+            ranks = list(range(i * RANKS_PER_NODE, (i + 1) * RANKS_PER_NODE))
+            # The killed node's ranks close at once: their daemon is gone, nothing will take their queue.
+            extra = ("--close-s", "1") if i == KILLED else ()
+            procs += start_ranks(eps[i].ingest, ranks, N, RATE, work / "ranks", env={"WORLD_SIZE": str(world)},
+                                 extra=extra)
+
+        def hellos_with_links() -> dict:
+            return {h["rank"]: h["info"]["link"] for h in head.read_jsonl("hello") if "link" in h["info"]}
+
+        # Every node has said which link is its own, and its steps are coming in.
+        wait_until("every node's hello with its link, and its records at the head",
+                    lambda: len(hellos_with_links()) == NODES and all(
+                        head.status()["per_rank"].get(str(i), {}).get("received", 0) >= 5 for i in range(NODES)),
+                    lambda: {"links": hellos_with_links(), "per_rank": head.status()["per_rank"]}, period_s=0.2)
+        nodes[KILLED].proc.kill()
+        os.kill(nodes[STOPPED].proc.pid, signal.SIGSTOP)
+        try:
+            # Both named while the one is still stopped (its link closed by the head's heartbeats).
+            wait_until("the head naming the killed node and the stopped one",
+                        lambda: {e["rank"] for e in _stopped_findings(head)} >= {KILLED, STOPPED},
+                        lambda: _stopped_findings(head), timeout_s=120, period_s=0.2)
+            during = _stopped_findings(head)
+        finally:
+            os.kill(nodes[STOPPED].proc.pid, signal.SIGCONT)
+        done = wait_ranks(procs, work / "ranks")
+        assert sorted(done) == list(range(world)), sorted(done)
+        finals = {i: nodes[i].drain() for i in range(NODES) if i != KILLED}
+        wait_forwarded(head, finals, "the head has every live node's records")
+        head_status = head.status()
+        head_final = head.drain()
+        yield {"head": head, "during": during, "after": _stopped_findings(head), "finals": finals,
+               "head_status": head_status, "head_final": head_final, "links": hellos_with_links()}
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+        for d in started:
+            d.cleanup()
+
+
+def test_a_killed_node_and_a_stopped_one_are_named_from_their_links_once(run):
+    by_node = {}
+    for e in run["after"]:
+        by_node.setdefault(e["rank"], []).append(e)
+    # Once each (the stopped node's missing steps add nothing); never the node that drained (its bye).
+    assert sorted(by_node) == [KILLED, STOPPED] and all(len(v) == 1 for v in by_node.values()), run["after"]
+    for node, (e,) in by_node.items():
+        assert e["data"]["link_closed"] is True and e["data"]["unit"] == "node", e
+        assert e["data"]["message"].startswith(f"node {node}'s link to this daemon (127.0.0.1:"), e
+    # The head's own record of each closed link, beside the finding.
+    closed = [e for e in run["head"].read_jsonl("event") if e["name"] == "link_closed"]
+    assert sorted(e["rank"] for e in closed) == [KILLED, STOPPED], closed
+    assert run["head_status"]["node_links"]["closed_named"] == 2
+    # The two nodes that drained closed their links after their byes: seen, and not named.
+    assert run["head_status"]["node_links"]["closed_with_bye"] == NODES - 1
+
+
+def test_the_stopped_node_links_again_and_everything_it_forwarded_is_accounted(run):
+    fwd = run["finals"][STOPPED]["sinks"]["forward"]
+    assert fwd["connects"] >= 2 and fwd["disconnects"] >= 1, fwd
+    # A new link, said in a new hello (the last one the head has from it).
+    closed = {e["rank"]: e["data"]["link"] for e in run["head"].read_jsonl("event") if e["name"] == "link_closed"}
+    assert run["links"][STOPPED] != closed[STOPPED]
+    per = run["head_final"]["per_rank"]
+    for node, final in run["finals"].items():
+        tried = final["sinks"]["forward"]["seq"]
+        accounted = per[str(node)]["received"] + per[str(node)]["refused"] + per[str(node)]["lost"]
+        assert accounted == tried, (node, per[str(node)], tried)
+    # Every step written once at the head, with every node but the killed one from where it died.
+    steps = run["head"].steps()
+    assert sorted(steps) == list(range(N))
+    assert all(set(s.get("missing_ranks", [])) <= {KILLED} for s in steps.values())
+    assert any(s.get("missing_ranks") == [KILLED] for s in steps.values())
