@@ -34,6 +34,7 @@ from telemetry.daemon.aggregator import MAX_WORLD_SIZE, Aggregator
 from telemetry.daemon.config import DaemonConfig
 from telemetry.shared import control as control_protocol
 from telemetry.daemon.derived import Derived
+from telemetry.daemon.node_clocks import CLOCK_EVENTS, NodeClocks
 from telemetry.daemon.node_links import REMOTE_HEARTBEAT_IVL_MS, REMOTE_HEARTBEAT_TIMEOUT_MS, NodeLinks
 from telemetry.daemon.downsample import Downsampler
 from telemetry.daemon.intake import Intake
@@ -126,6 +127,7 @@ class Daemon:
         self.derived = Derived(cfg.mfu)
         self.derived.forwards = cfg.forward is not None and cfg.forward.enabled
         self.links: NodeLinks | None = None      # a head's: which node each link is (start())
+        self.clocks: NodeClocks | None = None    # a head's: each node's clock against its own (start())
         self._diagnosis_stage = None
         self.hellos: dict[int, dict] = {}
         self.runners: list[SinkRunner] = []
@@ -226,6 +228,7 @@ class Daemon:
             self.pull.setsockopt(zmq.HEARTBEAT_TIMEOUT, REMOTE_HEARTBEAT_TIMEOUT_MS)
             self.pull.setsockopt(zmq.HEARTBEAT_TTL, REMOTE_HEARTBEAT_TIMEOUT_MS)
             self.links = NodeLinks()
+            self.clocks = NodeClocks()
             self.security.connections.on_tcp_gone = self.links.closed
             self.security.prepare(self.pull, remote, "remote_ingest")
             self.endpoints["remote_ingest"] = _bind(self.pull, remote)
@@ -481,6 +484,7 @@ class Daemon:
             self._add_metrics(recs)
             return n
         run: list = []               # metrics in a row; other kinds are handled in order of arrival
+        clocks = self.clocks
         for rec in _in_program_order(recs):
             kind = type(rec)
             if kind is Metrics:
@@ -490,6 +494,12 @@ class Daemon:
                 self._add_metrics(run)
                 run = []
             try:
+                if clocks is not None:
+                    if kind is Hello or kind is Event and rec.name in CLOCK_EVENTS:
+                        self._observe_clock(rec)
+                    off = clocks.offset_ns.get(rec.src)
+                    if off is not None:
+                        rec = clocks.correct_one(rec, off)
                 if kind is Event:
                     self.num_events_in += 1
                     data = self._redact(rec.data)
@@ -548,7 +558,25 @@ class Daemon:
             log.error("%s: a record raised %s (counted in records_failed; logged once per cause): %s",
                       stage, type(exc).__name__, exc, exc_info=exc)
 
+    def _observe_clock(self, rec) -> None:
+        """A node's record made as it was sent: its clock against this daemon's (node_clocks.py)."""
+        change = self.clocks.observe(rec.src, rec.rank, rec.t_ns, time.time_ns())
+        if change is None:
+            return
+        self._emit(change)
+        off = change["data"]["offset_s"]
+        unit = self.diagnoser.unit if self.diagnoser is not None else "node"
+        if off:
+            log.warning("%s %d's clock is %.1f s %s this daemon's: its records' times are moved by that from "
+                        "now on (an event clock_offset says so)", unit, rec.rank, abs(off),
+                        "ahead of" if off > 0 else "behind")
+        else:
+            log.warning("%s %d's clock agrees with this daemon's again: its records' times are no longer moved",
+                        unit, rec.rank)
+
     def _add_metrics(self, recs: list) -> None:
+        if self.clocks is not None and self.clocks.offset_ns:
+            recs = self.clocks.correct(recs)
         self._recent_metrics.append(recs, len(recs) * self._record_bytes)
         if self.cfg.aggregator.per_rank:
             for rec in recs:
@@ -769,6 +797,7 @@ class Daemon:
             "memory": self.memory_status(),
             "goodput": self.goodput.stats(),
             "node_links": self.links.stats() if self.links is not None else {},
+            "node_clocks": self.clocks.stats() if self.clocks is not None else {},
             "media": self.media.stats() if self.media is not None else {},
         }
 
