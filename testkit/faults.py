@@ -556,7 +556,7 @@ def wait_forwarded(upper, lower_finals: dict[int, dict], what: str) -> None:
 
     def done() -> bool:
         per = upper.status()["per_rank"]
-        return all(sum(per.get(str(k), {}).get(x, 0) for x in ("received", "refused", "lost")) >= v
+        return all(sum(per.get(str(k), {}).get(x, 0) for x in ("received", "refused", "lost", "earlier")) >= v
                    for k, v in sent.items())
     wait_until(what, done, lambda: upper.status()["per_rank"], timeout_s=120, period_s=0.2)
 

@@ -179,6 +179,16 @@ class Aggregator:
         self.num_open_records += len(recs) - len(late)
         return done, late
 
+    def held_by_source(self) -> dict[int, int]:
+        """Records in open steps, per source (`src`): taken in, not yet in any output record
+        (the daemon's checkpoint counts them as not arrived: core._ledger). Once a second, not per record."""
+        held: dict[int, int] = {}
+        get = held.get
+        for acc in self.pending.values():
+            for rec in acc.records:
+                held[rec.src] = get(rec.src, 0) + 1
+        return held
+
     def _open(self, step: int, rank: int, now: float) -> StepAccumulator | None:
         """A new accumulator for `step`, or None if `rank`'s record for it is late: the step went
         out without this rank. (A rank that had contributed to it logs it again: reopened.)"""

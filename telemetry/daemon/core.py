@@ -40,7 +40,9 @@ from telemetry.daemon.downsample import Downsampler
 from telemetry.daemon.intake import Intake
 from telemetry.daemon import memory
 from telemetry.daemon.receiver import Receiver
+from telemetry.shared.jsonlines import FILE_NAME
 from telemetry.shared.media import EVENT as MEDIA_EVENT
+from telemetry.shared.numbers import is_number
 from telemetry.shared.security.redact import Redactor
 from telemetry.daemon.goodput_stage import daemon_values as goodput_values
 from telemetry.daemon.sinks.base import InlineRunner, Out, SinkRunner, StartupError, batch_bytes
@@ -159,6 +161,11 @@ class Daemon:
         self.num_hellos_not_kept = 0           # hellos beyond MAX_WORLD_SIZE distinct ranks
         self._next_checkpoint = time.monotonic() + CHECKPOINT_INTERVAL_S
         self._checkpointed_in = -1
+        self._checkpointed_out = -1
+        # The run's counts in the daemons before this one on the log directory (sources.json's "run").
+        self._run_before = {"incarnations": 0, "records_in": 0, "steps_out": 0, "started_at": None}
+        self.restart: dict = {}                # what the start found of a predecessor (status)
+        self._repaired_at_restore = 0
         self.unfinished: list[str] = []        # stages still busy at the drain deadline
         self.endpoints: dict[str, str] = {}
         self._next_daemon_record = time.monotonic() + cfg.daemon_record_interval_s
@@ -280,7 +287,9 @@ class Daemon:
         cfg = self.cfg
         j = cfg.jsonl
         self.jsonl_runner = self._add_runner(
-            JsonlSink(self.log_dir, fsync_interval_s=j.fsync_interval_s, rotate_bytes=int(j.rotate_mb * 2**20)), j)
+            JsonlSink(self.log_dir, fsync_interval_s=j.fsync_interval_s, rotate_bytes=int(j.rotate_mb * 2**20),
+                      sources_file=SOURCES_FILE), j)
+        self.jsonl_runner.sink.num_repaired_bytes = self._repaired_at_restore
         pub_sock = bind_pub(self.ctx, self.endpoints["pub"], prepare=self.security.prepare)
         self.endpoints["pub"] = pub_sock.getsockopt(zmq.LAST_ENDPOINT).decode()
         if cfg.pub_sink.enabled:
@@ -361,7 +370,6 @@ class Daemon:
         a burst waits in its queue, and at the drain it runs at full speed); it first reads what
         this log directory holds."""
         from telemetry.daemon.goodput_stage import GoodputStage
-        from telemetry.shared.jsonlines import FILE_NAME
 
         # Without --per-rank the per-rank records go to it alone, for the per-rank ledgers
         # (goodput_stage.py), bounded like a sink queue (memory.py). Not on a head (remote
@@ -425,14 +433,17 @@ class Daemon:
             self._emit(self._daemon_record())
             self._log_progress()
             self._next_daemon_record = now + self.cfg.daemon_record_interval_s
+        checkpoint_due = False
         if now >= self._next_checkpoint:
-            if self.receiver.num_in != self._checkpointed_in:
-                self._checkpoint_sources()
+            checkpoint_due = (self.receiver.num_in != self._checkpointed_in
+                              or self.num_records_out + len(self._out) != self._checkpointed_out)
             self.receiver.mark_progress()      # which clients are still sending, for a drain
             self._next_checkpoint = now + CHECKPOINT_INTERVAL_S
             if self.watch_pid is not None and not _alive(self.watch_pid):
                 self._stop_reason = f"the process it was started for exited (pid {self.watch_pid})"
         self._hand_out()
+        if checkpoint_due:
+            self._checkpoint_through_jsonl()
         if self._trim_due and now - self._last_ingest_mono >= TRIM_AFTER_QUIET_S:
             self._trim_after_burst()
 
@@ -796,10 +807,21 @@ class Daemon:
             "intake": self.intake.stats() if self.intake is not None else {},
             "memory": self.memory_status(),
             "goodput": self.goodput.stats(),
+            "run": self._run_status(),
             "node_links": self.links.stats() if self.links is not None else {},
             "node_clocks": self.clocks.stats() if self.clocks is not None else {},
             "media": self.media.stats() if self.media is not None else {},
         }
+
+    def _run_status(self) -> dict:
+        """The run's counts across the daemons that served this log directory one after another
+        (sources.json carries them over a restart, a SIGKILL too), this one included."""
+        before = self._run_before
+        return {"incarnations": before["incarnations"] + 1,
+                "records_in": before["records_in"] + self.receiver.num_in,
+                "records_lost": self._totals()["records_lost"],     # per source over its whole life
+                "steps_out": before["steps_out"] + self.aggregator.num_steps_out,
+                "started_at": before["started_at"] or self._started_wall, "restart": self.restart}
 
     def memory_status(self) -> dict:
         """The memory budget: its split (MB), what each bounded buffer holds now, what was shed."""
@@ -813,11 +835,39 @@ class Daemon:
                          "names": len(self.names), "max_names": self.names.max_names},
                 "heap_trims": self.num_heap_trims}
 
+    def _snapshot(self, held: dict[int, int]) -> dict:
+        """The per-source loss accounting (Receiver.snapshot) and the run's counts so far, as of
+        the records handed out: `held`, the records in open steps, are not counted."""
+        snap = self.receiver.snapshot(held)
+        before = self._run_before
+        snap["run"] = {"incarnations": before["incarnations"] + 1,
+                       "records_in": before["records_in"] + self.receiver.num_in - sum(held.values()),
+                       "steps_out": before["steps_out"] + self.aggregator.num_steps_out,
+                       "started_at": before["started_at"] or self._started_wall}
+        return snap
+
+    def _checkpoint_through_jsonl(self) -> None:
+        """The loss accounting's checkpoint, about once a second, through the JSONL sink's queue:
+        it replaces sources.json once the lines handed out before it are written (sinks/jsonl.py),
+        with the offset where they end, so it never counts a record the file does not hold (a
+        record in an open step is in no line yet: not counted as arrived). A daemon restarted on
+        this directory after a SIGKILL then counts exactly what vanished with this one: what it
+        held, and what it wrote after its last checkpoint, which it moves aside (_restore_sources)."""
+        self._checkpointed_in, self._checkpointed_out = self.receiver.num_in, self.num_records_out
+        held = {} if self.cfg.aggregator.per_rank else self.aggregator.held_by_source()
+        self.jsonl_runner.sink.checkpoint(self.jsonl_runner.num_in, self._snapshot(held))
+
     def _checkpoint_sources(self) -> None:
-        """The per-source loss accounting beside metrics.jsonl, so a daemon restarted on this log
-        directory (after a SIGKILL too) counts what vanished with this one (Receiver.restore)."""
-        self._checkpointed_in = self.receiver.num_in
-        _write_final(self.log_dir / SOURCES_FILE, self.receiver.snapshot())
+        """sources.json written here, at start (a successor knows a predecessor existed) and at
+        exit (every line written: the JSONL sink has closed), with the file's end as it is."""
+        self._checkpointed_in, self._checkpointed_out = self.receiver.num_in, self.num_records_out
+        snap = self._snapshot({})
+        try:
+            st = os.stat(self.log_dir / FILE_NAME)
+            snap["jsonl"] = {"ino": st.st_ino, "dev": st.st_dev, "end": st.st_size}
+        except OSError:
+            pass
+        _write_final(self.log_dir / SOURCES_FILE, snap)
 
     def _restore_sources(self) -> None:
         path = self.log_dir / SOURCES_FILE
@@ -839,6 +889,52 @@ class Daemon:
             return
         n = self.receiver.restore(snap)
         log.info("continuing the loss accounting of %d client(s) from %s", n, path)
+        run = snap.get("run") if isinstance(snap, dict) else None
+        if isinstance(run, dict) and all(type(run.get(k)) is int and run[k] >= 0
+                                         for k in ("incarnations", "records_in", "steps_out")):
+            started = run.get("started_at")
+            self._run_before = {**{k: run[k] for k in ("incarnations", "records_in", "steps_out")},
+                                "started_at": started if is_number(started) else None}
+        self._move_aside_past_checkpoint(snap.get("jsonl") if isinstance(snap, dict) else None)
+
+    def _move_aside_past_checkpoint(self, where) -> None:
+        """The lines a predecessor wrote after its last checkpoint (it was killed before the next):
+        their records are not in the checkpoint, so they are counted lost; they are moved out of
+        metrics.jsonl into past-checkpoint-<time>.jsonl beside it, so that what the file holds plus
+        what is counted lost is exactly what was sent. A torn last line is cut first, as the JSONL
+        sink would (counted in its repaired_bytes)."""
+        from telemetry.daemon.sinks.jsonl import repair_torn_tail
+
+        if not isinstance(where, dict) or not all(type(where.get(k)) is int and where[k] >= 0
+                                                  for k in ("ino", "dev", "end")):
+            return
+        path = self.log_dir / FILE_NAME
+        try:
+            st = os.stat(path)
+            if (st.st_ino, st.st_dev) != (where["ino"], where["dev"]) or st.st_size <= where["end"]:
+                return                        # rotated or replaced since, or nothing past it
+            self._repaired_at_restore = repair_torn_tail(path)     # the JSONL sink's count (_make_sinks)
+            end = where["end"]
+            with files.open_regular(path) as f:
+                f.seek(end)
+                tail = f.read()
+            if not tail:
+                return
+            aside = self.log_dir / f"past-checkpoint-{int(time.time())}.jsonl"
+            fd = files.open_fd(aside, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+            try:
+                os.write(fd, tail)
+            finally:
+                os.close(fd)
+            os.truncate(path, end)
+        except OSError as exc:
+            log.error("cannot move what the previous daemon wrote after its last checkpoint out of %s (%r): "
+                      "its records are counted both as written and as lost", path, exc)
+            return
+        lines = tail.count(b"\n")
+        self.restart = {"moved_lines": lines, "moved_bytes": len(tail), "moved_to": str(aside)}
+        log.warning("moved %d line(s) the previous daemon wrote after its last checkpoint from %s to %s: their "
+                    "records are counted lost (it was killed before it could count them)", lines, path, aside)
 
     def _daemon_record(self) -> dict:
         t = self._totals()

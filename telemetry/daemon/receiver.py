@@ -265,11 +265,15 @@ class Receiver:
                 self._bogus_seq(src, src_id, *before[:3])
 
     # -- across a restart --------------------------------------------------------------------------
-    def snapshot(self) -> dict:
+    def snapshot(self, held: dict[int, int] | None = None) -> dict:
         """The per-source accounting, for `restore` in a daemon that follows this one on the same
-        log directory (written beside metrics.jsonl at every daemon record and at exit)."""
-        return {"version": 1, "sources": [[src_id, s.rank, s.min_seq, s.dropped_at_min, s.received + s.refused + s.earlier,
-                                           s.max_seq, s.dropped] for src_id, s in self.sources.items()]}
+        log directory (sources.json, beside metrics.jsonl: see core._ledger). `held`: records
+        per source taken in but in no output record yet (open steps): not counted as arrived, so
+        that a successor counts them lost if this daemon dies with them."""
+        held = held or {}
+        return {"version": 1, "sources": [[src_id, s.rank, s.min_seq, s.dropped_at_min,
+                                           s.received + s.refused + s.earlier - held.get(src_id, 0), s.max_seq,
+                                           s.dropped] for src_id, s in self.sources.items()]}
 
     def restore(self, snap: dict) -> int:
         """Continue a predecessor's accounting (see `snapshot`): a client that outlived the
@@ -335,11 +339,14 @@ class Receiver:
     def per_rank(self) -> dict[int, dict]:
         """Per rank: received (taken in), refused (arrived, not taken: malformed, or only counted
         at the drain), lost (of which dropped_by_client; the rest in transit), sources, and
-        open (sources whose bye has not arrived: their final count is not known)."""
+        open (sources whose bye has not arrived: their final count is not known); earlier: what
+        its sources had sent to the daemons before this one on the log directory, as their last
+        checkpoint counted it (received + refused + earlier + lost: all the rank sent)."""
         out: dict[int, dict] = {}
         for s in self.sources.values():
             r = out.setdefault(s.rank, {"received": 0, "refused": 0, "lost": 0, "dropped_by_client": 0,
-                                        "sources": 0, "open": 0})
+                                        "sources": 0, "open": 0, "earlier": 0})
+            r["earlier"] += s.earlier
             r["received"] += s.received
             r["refused"] += s.refused
             r["open"] += not s.bye

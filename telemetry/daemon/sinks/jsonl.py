@@ -15,6 +15,14 @@
   path if the directory is still there; lines written into a deleted file since the last look
   are counted as dropped (they went with it); with no directory, every batch is counted as
   dropped until one comes back. Logged once each.
+- The loss accounting's checkpoint (sources.json) is written here, tied to the lines: about once
+  a second the daemon hands this sink its per-source accounting as of the records it had handed
+  out (`checkpoint`: with the number of records this sink's queue had taken by then); once the
+  lines of those records are written, sources.json is replaced with it and the file offset they
+  end at (`jsonl`: inode, end). So sources.json never counts a record that is not in the file, and a daemon that follows
+  this one on the directory moves aside what lies past that offset (written after the last
+  checkpoint: its records are then counted lost, as they must be for the counts to be exact;
+  core._restore_sources).
 - A full disk: a small reserve file is allocated at start; at close, the last daemon record a
   full disk refused (at a drain, the final counters) is written in the room it frees, and
   `release_reserve` lets the daemon write drain.json there too.
@@ -25,8 +33,11 @@ import errno
 import logging
 import os
 import time
+from collections import deque
 from operator import attrgetter
 from pathlib import Path
+
+import msgspec
 
 from telemetry.daemon.sinks.base import Out, Sink, StartupError
 from telemetry.shared import files
@@ -102,9 +113,17 @@ def repair_torn_tail(path: Path) -> int:
 class JsonlSink(Sink):
     name = "jsonl"
 
-    def __init__(self, log_dir: str | Path, fsync_interval_s: float = 5.0, rotate_bytes: int = 0) -> None:
+    def __init__(self, log_dir: str | Path, fsync_interval_s: float = 5.0, rotate_bytes: int = 0,
+                 sources_file: str = "sources.json") -> None:
         self.log_dir = Path(log_dir)
         self.path = self.log_dir / FILE_NAME
+        self.sources_path = self.log_dir / sources_file
+        # (records this sink's queue had taken when it was made, the snapshot), oldest first: from
+        # the daemon's thread (checkpoint); and the records handed to consume() so far.
+        self._checkpoints: deque = deque()
+        self._consumed = 0
+        self.num_checkpoints = 0
+        self.num_checkpoint_errors = 0
         self.fsync_interval_s = fsync_interval_s
         self.rotate_bytes = rotate_bytes
         self._fd = -1
@@ -137,7 +156,7 @@ class JsonlSink(Sink):
 
     def start(self) -> None:
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        self.num_repaired_bytes = repair_torn_tail(self.path)
+        self.num_repaired_bytes += repair_torn_tail(self.path)     # (+: the daemon may have cut one already)
         if self.num_repaired_bytes:
             log.warning("%s: cut a torn last line of %d bytes", self.path, self.num_repaired_bytes)
         self._open()
@@ -147,7 +166,15 @@ class JsonlSink(Sink):
         self._fd = files.open_fd(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)   # 0600 unless configured
         self._offset = os.fstat(self._fd).st_size
 
+    def checkpoint(self, position: int, snapshot: dict) -> None:
+        """The daemon's accounting as of the first `position` records its queue took: written as
+        sources.json once their lines are (thread-safe: called on the daemon's thread)."""
+        self._checkpoints.append((position, snapshot))
+
     def consume(self, batch: list[Out]) -> None:
+        before = self._consumed
+        self._consumed = before + len(batch)
+        checkpoint = self._due_checkpoint() if self._checkpoints else None
         data = b"\n".join(map(_line, batch)) + b"\n"
         start = self._offset
         try:
@@ -169,6 +196,10 @@ class JsonlSink(Sink):
             raise
         self._offset = start + len(data)
         self._dirty = True
+        if checkpoint is not None:
+            position, snapshot = checkpoint
+            lines_before = min(len(batch), max(0, position - before))
+            self._write_checkpoint(snapshot, start + sum(map(len, map(_line, batch[:lines_before]))) + lines_before)
         self.num_lines += len(batch)
         self.num_bytes += len(data)
         self._lines_since_check += len(batch)
@@ -176,6 +207,28 @@ class JsonlSink(Sink):
             self._unwritten_daemon_line = b""      # a newer one made it: the kept one is stale
         if self.rotate_bytes and self._offset >= max(self.rotate_bytes, self._retry_rotation_at):
             self._rotate()
+
+    def _due_checkpoint(self) -> tuple[int, dict] | None:
+        """The latest checkpoint whose records are all in what consume() has been handed."""
+        due = None
+        queue = self._checkpoints
+        while queue and queue[0][0] <= self._consumed:
+            due = queue.popleft()
+        return due
+
+    def _write_checkpoint(self, snapshot: dict, end: int) -> None:
+        """sources.json: `snapshot` and where the lines it counts end in the open file."""
+        if self._fd < 0:
+            return
+        try:
+            st = os.fstat(self._fd)
+            files.write_file(self.sources_path, msgspec.json.encode(
+                {**snapshot, "jsonl": {"ino": st.st_ino, "dev": st.st_dev, "end": end}}) + b"\n")
+            self.num_checkpoints += 1
+        except OSError as exc:
+            self.num_checkpoint_errors += 1
+            self._warn_once("checkpoint", "cannot write %s (%r): a daemon restarted on this directory counts "
+                            "from the last one written", self.sources_path, exc)
 
     def _keep_daemon_line(self, batch: list[Out]) -> None:
         for o in reversed(batch):
@@ -215,6 +268,10 @@ class JsonlSink(Sink):
 
     def flush(self) -> None:
         self._check_file()
+        if self._checkpoints:                  # one made while nothing more came: all written
+            due = self._due_checkpoint()
+            if due is not None:
+                self._write_checkpoint(due[1], self._offset)
         # os.write already handed the bytes to the kernel; durability is fsync's job.
         if self._dirty and time.monotonic() >= self._next_fsync:
             self._fsync()
@@ -311,7 +368,8 @@ class JsonlSink(Sink):
                 "write_errors": self.num_write_errors, "repaired_bytes": self.num_repaired_bytes,
                 "rotations": self.num_rotations, "rotation_errors": self.num_rotation_errors,
                 "reopened": self.num_reopened, "lines_lost": self.num_lines_lost,
-                "final_rescued": self.num_final_rescued, "path": str(self.path)}
+                "final_rescued": self.num_final_rescued, "checkpoints": self.num_checkpoints,
+                "checkpoint_errors": self.num_checkpoint_errors, "path": str(self.path)}
 
     def failed(self) -> bool:
         """Did this source of truth fail to hold what it was handed (not load shedding)?"""
