@@ -11,6 +11,15 @@ real node. What the head does with them, measured from outside:
 
     .venv/bin/python -m benchmarks.head_scale --nodes 2048 --rate 10 --seconds 30 [--senders 2]
     .venv/bin/python -m benchmarks.head_scale --nodes 8192 --rate 1 --groups 8
+    .venv/bin/python -m benchmarks.head_scale --nodes 256 --rate 10 --seconds 40 --kill-head-at 15 --head-down-s 10
+
+With --kill-head-at S the head is SIGKILLed S seconds into the run and started again on its log
+directory and endpoints --head-down-s later (issue 33 item 3); the nodes' sockets hold what they
+send meanwhile and reconnect by themselves. Exact is then: per node, the records of it that the
+head's metrics.jsonl holds (in the aggregated steps it is not missing from, its own lines, its
+hello and bye) + what the head counts lost (lost, and refused: shed at its intake or unread at
+its drain) == what the node sent; and the final `run` totals
+(across the two heads) are reported.
 
 With --groups K the tree has one level more (node -> group head -> job head): K group heads, each
 the head of nodes/K of the nodes and forwarding to the job's head as its group. Exact is then
@@ -105,6 +114,22 @@ def sender_main(a: argparse.Namespace) -> int:
     return 0
 
 
+def _written_per_node(recs: list[dict], num_nodes: int) -> dict[int, int]:
+    """Each node's records in a head's lines: one per aggregated step it is not missing from, its
+    own step lines (late), its hello and its bye."""
+    out = dict.fromkeys(range(num_nodes), 0)
+    everyone = set(out)
+    for r in recs:
+        kind, rank = r["kind"], r.get("rank")
+        if kind == "metrics" and rank is None:
+            for n in everyone - set(r.get("missing_ranks", [])):
+                out[n] += 1
+        elif kind in ("metrics", "bye") or kind == "hello" and r["info"].get("forwarded_by") == "node daemon":
+            if rank in out:
+                out[rank] += 1
+    return out
+
+
 class StepArrivals:
     """When each step's aggregated record reached a subscriber of `pub` (unix s), on a thread;
     latency_ms: from each step's `t` (its records' send time) to then, p50 / p95 / max."""
@@ -159,6 +184,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--senders", type=int, default=2, help="sender processes")
     ap.add_argument("--groups", type=int, default=0,
                     help="group heads between the nodes and the job's head (0: the nodes send to the head)")
+    ap.add_argument("--kill-head-at", type=float, default=0.0, help="SIGKILL the head this many seconds in")
+    ap.add_argument("--head-down-s", type=float, default=10.0, help="and start it again this much later")
     ap.add_argument("--sender", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--endpoint", help=argparse.SUPPRESS)
     ap.add_argument("--first", type=int, default=0, help=argparse.SUPPRESS)
@@ -168,6 +195,8 @@ def main(argv: list[str] | None = None) -> int:
         return sender_main(a)
     if a.groups and a.nodes % a.groups:
         ap.error(f"--nodes {a.nodes} is not a multiple of --groups {a.groups}")
+    if a.kill_head_at and (a.groups or not 0 < a.kill_head_at < a.seconds or a.head_down_s < 0):
+        ap.error("--kill-head-at: a time within --seconds, without --groups")
     _raise_nofile()
     from testkit.faults import Endpoints, free_port, launch, wait_forwarded
 
@@ -176,7 +205,8 @@ def main(argv: list[str] | None = None) -> int:
     port = free_port()
     remote = f"tcp://127.0.0.1:{port}"
     base = {"pollers": {"nvml_enabled": False}, "daemon_record_interval_s": 5}
-    head = launch(work / "head", eps, config=base, extra=("--remote-ingest", remote), world_size=a.groups or a.nodes)
+    head_args = dict(config=base, extra=("--remote-ingest", remote), world_size=a.groups or a.nodes)
+    head = launch(work / "head", eps, **head_args)
     pid = head.proc.pid
     groups, group_eps = [], []
     for g in range(a.groups):
@@ -205,9 +235,22 @@ def main(argv: list[str] | None = None) -> int:
     for p in senders:
         p.stdin.write("go\n")
         p.stdin.flush()
+    killed = None
+    if a.kill_head_at:
+        time.sleep(max(0.0, w0 + a.kill_head_at - time.monotonic()))
+        cpu_killed = _cpu_s(pid)
+        head.proc.kill()
+        head.proc.wait(60)
+        killed = time.monotonic()
+        print(f"head-scale: head SIGKILLed at {killed - w0:.1f} s", file=sys.stderr, flush=True)
+        time.sleep(a.head_down_s)
+        head = launch(work / "head", eps, **head_args)       # the same directory, endpoints and port
+        print(f"head-scale: head started again after {time.monotonic() - killed:.1f} s", file=sys.stderr, flush=True)
+        cpu0 -= cpu_killed                 # the first head's share, then the second's from zero
+        pid = head.proc.pid
     outs = [json.loads(p.stdout.readline()) for p in senders]
     for p in senders:
-        p.wait(120)
+        p.wait(300)
     cpu1, w1 = _cpu_s(pid), time.monotonic()
     gcpu1 = [_cpu_s(gd.proc.pid) for gd in groups]
     rss_peak = _vm(pid, "VmHWM")
@@ -230,8 +273,13 @@ def main(argv: list[str] | None = None) -> int:
     step_nums = [r["step"] for r in steps]
     incomplete = [r["step"] for r in steps if r.get("missing_ranks")]
     per_node = {int(k): v for f in (gfinals or [final]) for k, v in f.get("per_rank", {}).items()}
-    inexact = {n: (per_node.get(n), sent[n]) for n in sent
-               if n not in per_node or per_node[n]["received"] + per_node[n]["refused"] + per_node[n]["lost"] != sent[n]}
+    if killed is None:
+        inexact = {n: (per_node.get(n), sent[n]) for n in sent
+                   if n not in per_node or per_node[n]["received"] + per_node[n]["refused"] + per_node[n]["lost"] != sent[n]}
+    else:
+        written = _written_per_node(recs, a.nodes)
+        inexact = {n: (written[n], per_node.get(n), sent[n]) for n in sent
+                   if n not in per_node or written[n] + per_node[n]["lost"] + per_node[n]["refused"] != sent[n]}
     per_group = {int(k): v for k, v in final.get("per_rank", {}).items()} if groups else {}
     groups_inexact = {g: (per_group.get(g), gsent[g]) for g in gsent
                       if g not in per_group or sum(per_group[g][k] for k in ("received", "refused", "lost")) != gsent[g]}
@@ -254,6 +302,14 @@ def main(argv: list[str] | None = None) -> int:
         "connections_refused": sum(c.get("refused", 0) for f in (final, *gfinals)
                                    for c in f.get("security", {}).get("connections", {}).values()),
     }
+    if killed is not None:
+        result["head_killed"] = {
+            "at_s": a.kill_head_at, "down_s": a.head_down_s, "run": final.get("run"),
+            "written": sum(written.values()), "lost": sum(p["lost"] for p in per_node.values()),
+            "refused": sum(p["refused"] for p in per_node.values()),
+            "overcount_nodes": sum(written[n] + per_node.get(n, {}).get("lost", 0) + per_node.get(n, {}).get("refused", 0)
+                                   > sent[n] for n in sent),
+            "records_in_this_head": final.get("records_in")}
     if groups:
         gcpu = [100 * (c1 - c0) / (w1 - w0) for c0, c1 in zip(gcpu0, gcpu1)]
         result.update({
