@@ -102,9 +102,14 @@ SOURCES_FILE = "sources.json"
 MAX_CONTROL_CONNECTIONS = 64
 # sources.json holds at most receiver.MAX_SOURCES rows of 7 integers (~10 MB): more is not ours.
 MAX_SOURCES_FILE_BYTES = 32 << 20
-# How often it is checkpointed (when records came in since): what a SIGKILL leaves unaccounted
-# is what arrived in the last interval, and it is counted as lost, never as written.
+# The daemon's housekeeping interval: which clients still send (for a drain), --watch-pid.
 CHECKPOINT_INTERVAL_S = 1.0
+# How often the loss accounting is checkpointed while records come and go (_checkpoint_through_jsonl):
+# a SIGKILL's successor moves aside what was written after the last checkpoint (counted lost), so
+# the shorter, the less. A checkpoint counts the records in open steps (~90 ns each): with more
+# than CHECKPOINT_HELD_MAX of them open, once per CHECKPOINT_INTERVAL_S only.
+SOURCES_CHECKPOINT_S = 0.1
+CHECKPOINT_HELD_MAX = 10_000
 # Hang forensics: the check interval. The last records each rank sent are kept in a RecentRing
 # bounded by its share of the memory budget (memory.py), not a number of batches.
 FORENSICS_CHECK_S = 0.5
@@ -162,6 +167,7 @@ class Daemon:
         self._next_checkpoint = time.monotonic() + CHECKPOINT_INTERVAL_S
         self._checkpointed_in = -1
         self._checkpointed_out = -1
+        self._next_sources_checkpoint = time.monotonic() + SOURCES_CHECKPOINT_S
         # The run's counts in the daemons before this one on the log directory (sources.json's "run").
         self._run_before = {"incarnations": 0, "records_in": 0, "steps_out": 0, "started_at": None}
         self.restart: dict = {}                # what the start found of a predecessor (status)
@@ -434,9 +440,12 @@ class Daemon:
             self._log_progress()
             self._next_daemon_record = now + self.cfg.daemon_record_interval_s
         checkpoint_due = False
-        if now >= self._next_checkpoint:
+        if now >= self._next_sources_checkpoint:
             checkpoint_due = (self.receiver.num_in != self._checkpointed_in
                               or self.num_records_out + len(self._out) != self._checkpointed_out)
+            self._next_sources_checkpoint = now + (SOURCES_CHECKPOINT_S if self.aggregator.num_open_records
+                                                   <= CHECKPOINT_HELD_MAX else CHECKPOINT_INTERVAL_S)
+        if now >= self._next_checkpoint:
             self.receiver.mark_progress()      # which clients are still sending, for a drain
             self._next_checkpoint = now + CHECKPOINT_INTERVAL_S
             if self.watch_pid is not None and not _alive(self.watch_pid):
@@ -847,7 +856,8 @@ class Daemon:
         return snap
 
     def _checkpoint_through_jsonl(self) -> None:
-        """The loss accounting's checkpoint, about once a second, through the JSONL sink's queue:
+        """The loss accounting's checkpoint, every SOURCES_CHECKPOINT_S while records flow, through
+        the JSONL sink's queue:
         it replaces sources.json once the lines handed out before it are written (sinks/jsonl.py),
         with the offset where they end, so it never counts a record the file does not hold (a
         record in an open step is in no line yet: not counted as arrived). A daemon restarted on
@@ -862,11 +872,9 @@ class Daemon:
         exit (every line written: the JSONL sink has closed), with the file's end as it is."""
         self._checkpointed_in, self._checkpointed_out = self.receiver.num_in, self.num_records_out
         snap = self._snapshot({})
-        try:
-            st = os.stat(self.log_dir / FILE_NAME)
-            snap["jsonl"] = {"ino": st.st_ino, "dev": st.st_dev, "end": st.st_size}
-        except OSError:
-            pass
+        where = _whole_lines_end(self.log_dir / FILE_NAME)
+        if where is not None:
+            snap["jsonl"] = where
         _write_final(self.log_dir / SOURCES_FILE, snap)
 
     def _restore_sources(self) -> None:
@@ -901,38 +909,42 @@ class Daemon:
         """The lines a predecessor wrote after its last checkpoint (it was killed before the next):
         their records are not in the checkpoint, so they are counted lost; they are moved out of
         metrics.jsonl into past-checkpoint-<time>.jsonl beside it, so that what the file holds plus
-        what is counted lost is exactly what was sent. A torn last line is cut first, as the JSONL
-        sink would (counted in its repaired_bytes)."""
-        from telemetry.daemon.sinks.jsonl import repair_torn_tail
-
+        what is counted lost is exactly what was sent. A torn last line among them is cut, as the
+        JSONL sink would (counted in its repaired_bytes). Through a descriptor opened as every run
+        file is (never a symlink, only a regular file)."""
         if not isinstance(where, dict) or not all(type(where.get(k)) is int and where[k] >= 0
                                                   for k in ("ino", "dev", "end")):
             return
-        path = self.log_dir / FILE_NAME
+        path, end = self.log_dir / FILE_NAME, where["end"]
         try:
-            st = os.stat(path)
-            if (st.st_ino, st.st_dev) != (where["ino"], where["dev"]) or st.st_size <= where["end"]:
+            fd = files.open_fd(path, os.O_RDWR)
+        except OSError:
+            return                            # none, or not one to touch: the JSONL sink says which
+        try:
+            st = os.fstat(fd)
+            if (st.st_ino, st.st_dev) != (where["ino"], where["dev"]) or st.st_size <= end:
                 return                        # rotated or replaced since, or nothing past it
-            self._repaired_at_restore = repair_torn_tail(path)     # the JSONL sink's count (_make_sinks)
-            end = where["end"]
-            with files.open_regular(path) as f:
-                f.seek(end)
-                tail = f.read()
-            if not tail:
-                return
+            tail = os.pread(fd, st.st_size - end, end)
+            whole = tail[:tail.rfind(b"\n") + 1]
             aside = self.log_dir / f"past-checkpoint-{int(time.time())}.jsonl"
-            fd = files.open_fd(aside, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
-            try:
-                os.write(fd, tail)
-            finally:
-                os.close(fd)
-            os.truncate(path, end)
+            if whole:
+                out = files.open_fd(aside, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+                try:
+                    os.write(out, whole)
+                finally:
+                    os.close(out)
+            os.ftruncate(fd, end)
         except OSError as exc:
             log.error("cannot move what the previous daemon wrote after its last checkpoint out of %s (%r): "
                       "its records are counted both as written and as lost", path, exc)
             return
-        lines = tail.count(b"\n")
-        self.restart = {"moved_lines": lines, "moved_bytes": len(tail), "moved_to": str(aside)}
+        finally:
+            os.close(fd)
+        self._repaired_at_restore = len(tail) - len(whole)
+        if not whole:
+            return
+        lines = whole.count(b"\n")
+        self.restart = {"moved_lines": lines, "moved_bytes": len(whole), "moved_to": str(aside)}
         log.warning("moved %d line(s) the previous daemon wrote after its last checkpoint from %s to %s: their "
                     "records are counted lost (it was killed before it could count them)", lines, path, aside)
 
@@ -1204,6 +1216,23 @@ def _in_program_order(recs: list) -> list:
 
 def _by_seq(rec) -> int:
     return rec.seq
+
+
+def _whole_lines_end(path: Path) -> dict | None:
+    """Where metrics.jsonl's whole lines end (a torn last line, which the JSONL sink cuts at its
+    start, not counted), with the file's identity; None without a regular file there."""
+    try:
+        with files.open_regular(path) as f:
+            st = os.fstat(f.fileno())
+            end = st.st_size
+            if end:
+                f.seek(max(0, end - 65536))
+                last = f.read()
+                if not last.endswith(b"\n"):
+                    end -= len(last) - (last.rfind(b"\n") + 1)
+    except OSError:
+        return None
+    return {"ino": st.st_ino, "dev": st.st_dev, "end": end}
 
 
 def _write_final(path: Path, final: dict) -> bool:

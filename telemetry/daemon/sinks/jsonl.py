@@ -15,8 +15,8 @@
   path if the directory is still there; lines written into a deleted file since the last look
   are counted as dropped (they went with it); with no directory, every batch is counted as
   dropped until one comes back. Logged once each.
-- The loss accounting's checkpoint (sources.json) is written here, tied to the lines: about once
-  a second the daemon hands this sink its per-source accounting as of the records it had handed
+- The loss accounting's checkpoint (sources.json) is written here, tied to the lines: every
+  0.1 s while records flow (core.SOURCES_CHECKPOINT_S) the daemon hands this sink its per-source accounting as of the records it had handed
   out (`checkpoint`: with the number of records this sink's queue had taken by then); once the
   lines of those records are written, sources.json is replaced with it and the file offset they
   end at (`jsonl`: inode, end). So sources.json never counts a record that is not in the file, and a daemon that follows
