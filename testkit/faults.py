@@ -561,6 +561,87 @@ def wait_forwarded(upper, lower_finals: dict[int, dict], what: str) -> None:
     wait_until(what, done, lambda: upper.status()["per_rank"], timeout_s=120, period_s=0.2)
 
 
+class NodeTree:
+    """A head daemon (a remote ingest on loopback TCP, no CURVE) and `num_nodes` node daemons
+    forwarding to it, each fed by `ranks_per_node` rank processes logging `n` steps at `rate`:
+    for tests that do something to a node or to the head meanwhile. A context manager: whatever
+    is still running at its end is killed and cleaned up.
+
+    head_config / node_config: daemon config (node_config(i) -> dict, merged with `forward`);
+    node_env(i): the environment of node i's daemon and ranks; rank_extra(i): the rank workers'
+    extra arguments."""
+
+    def __init__(self, work: Path, num_nodes: int, ranks_per_node: int, n: int, rate: float, *,
+                 head_config: dict | None = None, node_config=None, node_env=None, rank_extra=None) -> None:
+        self.work, self.num_nodes, self.ranks_per_node = work, num_nodes, ranks_per_node
+        self.n, self.rate = n, rate
+        self.head_config = head_config
+        self._node_config = node_config or (lambda i: {})
+        self._node_env = node_env or (lambda i: {})
+        self._rank_extra = rank_extra or (lambda i: ())
+        self.port = free_port()
+        self.head_eps = Endpoints()
+        self.head = None
+        self.nodes: list = []
+        self.procs: list[subprocess.Popen] = []
+        self._started: list = []
+
+    def __enter__(self) -> "NodeTree":
+        try:
+            self.head = self._launch_head()
+            for i in range(self.num_nodes):
+                eps = Endpoints()
+                cfg = self._node_config(i)
+                cfg = {**cfg, "forward": {"endpoint": f"tcp://127.0.0.1:{self.port}", "node_rank": i,
+                                          "num_nodes": self.num_nodes, **cfg.get("forward", {})}}
+                node = launch(self.work / f"node{i}", eps, config=cfg, world_size=self.ranks_per_node,
+                              env=self._node_env(i) or None)
+                self._started.append(node)
+                self.nodes.append(node)
+                ranks = list(range(i * self.ranks_per_node, (i + 1) * self.ranks_per_node))
+                self.procs += start_ranks(eps.ingest, ranks, self.n, self.rate, self.work / "ranks",
+                                          env={"WORLD_SIZE": str(self.world), **self._node_env(i)},
+                                          extra=self._rank_extra(i))
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+        return self
+
+    @property
+    def world(self) -> int:
+        return self.num_nodes * self.ranks_per_node
+
+    def _launch_head(self):
+        head = launch(self.work / "head", self.head_eps, config=self.head_config, world_size=self.num_nodes,
+                      extra=("--remote-ingest", f"tcp://127.0.0.1:{self.port}"))
+        self._started.append(head)
+        return head
+
+    def restart_head(self) -> None:
+        """SIGKILL the head and start it again on its log directory, endpoints and port."""
+        self.head.proc.kill()
+        self.head.proc.wait(60)
+        self.head.cleanup()
+        self.head = self._launch_head()
+
+    def finish(self, gone: tuple[int, ...] = ()) -> dict:
+        """Wait for the ranks, drain every node but those `gone`, wait until the head has what
+        each forwarded, take its status, drain it: {"finals" (per node), "status", "head_final"}."""
+        done = wait_ranks(self.procs, self.work / "ranks")
+        assert sorted(done) == list(range(self.world)), f"a rank did not finish: {sorted(done)}"
+        finals = {i: node.drain() for i, node in enumerate(self.nodes) if i not in gone}
+        wait_forwarded(self.head, finals, "the head has every live node's records")
+        status = self.head.status()
+        return {"finals": finals, "status": status, "head_final": self.head.drain()}
+
+    def __exit__(self, *exc) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                p.kill()
+        for d in self._started:
+            d.cleanup()
+
+
 def group_tree(work: Path, num_groups: int = 2, nodes_per_group: int = 2, ranks_per_node: int = 2,
                n: int = 60, rate: float = 20.0) -> dict:
     """One level more (issue 33): node daemons forward to their group's head, each group head

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from testkit.faults import Endpoints, free_port, launch, start_ranks, wait_forwarded, wait_ranks
+from testkit.faults import NodeTree, wait_ranks
 
 NODES, RANKS_PER_NODE, RATE, N = 4, 2, 20.0, 200
 OFFSETS = {1: -300.0, 2: 300.0}
@@ -28,37 +28,14 @@ def _shifted(offset_s: float | None) -> dict:
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    work = tmp_path_factory.mktemp("clocks")
-    started, procs = [], []
-    try:
-        port = free_port()
-        head = launch(work / "head", Endpoints(), world_size=NODES, extra=("--remote-ingest", f"tcp://127.0.0.1:{port}"))
-        started.append(head)
-        eps = []
-        for i in range(NODES):
-            eps.append(Endpoints())
-            cfg = {"forward": {"endpoint": f"tcp://127.0.0.1:{port}", "node_rank": i, "num_nodes": NODES}}
-            started.append(launch(work / f"node{i}", eps[i], config=cfg, world_size=RANKS_PER_NODE,
-                                  env=_shifted(OFFSETS.get(i))))
-        t0 = time.time()
-        for i in range(NODES):
-            procs += start_ranks(eps[i].ingest, list(range(i * RANKS_PER_NODE, (i + 1) * RANKS_PER_NODE)), N, RATE,
-                                 work / "ranks", env={"WORLD_SIZE": str(NODES * RANKS_PER_NODE),
-                                                      **_shifted(OFFSETS.get(i))})
-        done = wait_ranks(procs, work / "ranks")
-        assert sorted(done) == list(range(NODES * RANKS_PER_NODE)), sorted(done)
+    t0 = time.time()
+    with NodeTree(tmp_path_factory.mktemp("clocks"), NODES, RANKS_PER_NODE, N, RATE,
+                  node_env=lambda i: _shifted(OFFSETS.get(i))) as tree:
+        wait_ranks(tree.procs, tree.work / "ranks")
         t1 = time.time()
-        finals = {i: d.drain() for i, d in enumerate(started[1:])}
-        wait_forwarded(head, finals, "the head has every node's records")
-        status = head.status()
-        head_final = head.drain()
-        yield {"head": head, "t0": t0, "t1": t1, "finals": finals, "status": status, "head_final": head_final}
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-        for d in started:
-            d.cleanup()
+        end = tree.finish()
+        yield {"head": tree.head, "t0": t0, "t1": t1, "finals": end["finals"], "status": end["status"],
+               "head_final": end["head_final"]}
 
 
 def test_each_node_whose_clock_is_off_is_told_once_with_its_offset(run):

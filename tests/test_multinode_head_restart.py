@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from testkit.faults import Endpoints, free_port, launch, start_ranks, wait_forwarded, wait_ranks, wait_until
+from testkit.faults import NodeTree, wait_until
 
 NODES, RANKS_PER_NODE, RATE, N = 2, 2, 20.0, 300
 
@@ -36,46 +36,18 @@ def written_per_node(records: list[dict]) -> dict[int, int]:
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    work = tmp_path_factory.mktemp("head-restart")
-    started, procs = [], []
-    try:
-        port = free_port()
-        head_eps = Endpoints()
-        head_args = dict(world_size=NODES, extra=("--remote-ingest", f"tcp://127.0.0.1:{port}"))
-        head = launch(work / "head", head_eps, **head_args)
-        nodes, eps = [], []
-        for i in range(NODES):
-            eps.append(Endpoints())
-            cfg = {"forward": {"endpoint": f"tcp://127.0.0.1:{port}", "node_rank": i, "num_nodes": NODES,
-                               "heartbeat_ivl_s": 0.5, "heartbeat_timeout_s": 2.0}}
-            nodes.append(launch(work / f"node{i}", eps[i], config=cfg, world_size=RANKS_PER_NODE))
-            started.append(nodes[-1])
-        for i in range(NODES):
-            procs += start_ranks(eps[i].ingest, list(range(i * RANKS_PER_NODE, (i + 1) * RANKS_PER_NODE)), N, RATE,
-                                 work / "ranks", env={"WORLD_SIZE": str(NODES * RANKS_PER_NODE)})
+    heartbeats = {"forward": {"heartbeat_ivl_s": 0.5, "heartbeat_timeout_s": 2.0}}
+    with NodeTree(tmp_path_factory.mktemp("head-restart"), NODES, RANKS_PER_NODE, N, RATE,
+                  node_config=lambda i: heartbeats) as tree:
 
         def received() -> dict:
-            return {i: head.status()["per_rank"].get(str(i), {}).get("received", 0) for i in range(NODES)}
+            return {i: tree.head.status()["per_rank"].get(str(i), {}).get("received", 0) for i in range(NODES)}
 
         wait_until("the first head taking in 60 records of each node", lambda: min(received().values()) >= 60,
                    received, period_s=0.05)
-        head.proc.kill()
-        head.proc.wait(60)
-        head.cleanup()
-        head = launch(work / "head", head_eps, **head_args)      # the same directory and endpoints
-        started.append(head)
-        done = wait_ranks(procs, work / "ranks")
-        assert sorted(done) == list(range(NODES * RANKS_PER_NODE)), sorted(done)
-        finals = {i: nodes[i].drain() for i in range(NODES)}
-        wait_forwarded(head, finals, "the restarted head has every node's records")
-        head_final = head.drain()
-        yield {"head": head, "finals": finals, "head_final": head_final}
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-        for d in started:
-            d.cleanup()
+        tree.restart_head()              # SIGKILL, then the same directory and endpoints
+        end = tree.finish()
+        yield {"head": tree.head, "finals": end["finals"], "head_final": end["head_final"]}
 
 
 def test_written_plus_counted_lost_is_what_each_node_sent_exactly(run):

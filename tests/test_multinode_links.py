@@ -13,7 +13,7 @@ import signal
 
 import pytest
 
-from testkit.faults import Endpoints, wait_until, free_port, launch, start_ranks, wait_forwarded, wait_ranks
+from testkit.faults import NodeTree, wait_until
 
 NODES, RANKS_PER_NODE, RATE, N = 3, 2, 20.0, 300
 KILLED, STOPPED = 1, 2
@@ -25,61 +25,34 @@ def _stopped_findings(head) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    work = tmp_path_factory.mktemp("links")
-    started, procs = [], []
-    try:
-        port = free_port()
-        slow = {"aggregator": {"step_timeout_s": 600.0}}
-        head = launch(work / "head", Endpoints(), config=slow, world_size=NODES,
-                      extra=("--remote-ingest", f"tcp://127.0.0.1:{port}"))
-        started.append(head)
-        nodes, eps = [], []
-        for i in range(NODES):
-            eps.append(Endpoints())
-            cfg = {**slow, "forward": {"endpoint": f"tcp://127.0.0.1:{port}", "node_rank": i, "num_nodes": NODES,
-                                       "heartbeat_ivl_s": 0.5, "heartbeat_timeout_s": 2.0}}
-            nodes.append(launch(work / f"node{i}", eps[i], config=cfg, world_size=RANKS_PER_NODE))
-            started.append(nodes[-1])
-        world = NODES * RANKS_PER_NODE
-        for i in range(NODES):
-            ranks = list(range(i * RANKS_PER_NODE, (i + 1) * RANKS_PER_NODE))
-            # The killed node's ranks close at once: their daemon is gone, nothing will take their queue.
-            extra = ("--close-s", "1") if i == KILLED else ()
-            procs += start_ranks(eps[i].ingest, ranks, N, RATE, work / "ranks", env={"WORLD_SIZE": str(world)},
-                                 extra=extra)
+    slow = {"aggregator": {"step_timeout_s": 600.0}}
+    heartbeats = {"forward": {"heartbeat_ivl_s": 0.5, "heartbeat_timeout_s": 2.0}}
+    # The killed node's ranks close at once: their daemon is gone, nothing will take their queue.
+    with NodeTree(tmp_path_factory.mktemp("links"), NODES, RANKS_PER_NODE, N, RATE, head_config=slow,
+                  node_config=lambda i: {**slow, **heartbeats},
+                  rank_extra=lambda i: ("--close-s", "1") if i == KILLED else ()) as tree:
+        head, nodes = tree.head, tree.nodes
 
         def hellos_with_links() -> dict:
             return {h["rank"]: h["info"]["link"] for h in head.read_jsonl("hello") if "link" in h["info"]}
 
         # Every node has said which link is its own, and its steps are coming in.
         wait_until("every node's hello with its link, and its records at the head",
-                    lambda: len(hellos_with_links()) == NODES and all(
-                        head.status()["per_rank"].get(str(i), {}).get("received", 0) >= 5 for i in range(NODES)),
-                    lambda: {"links": hellos_with_links(), "per_rank": head.status()["per_rank"]}, period_s=0.2)
+                   lambda: len(hellos_with_links()) == NODES and all(
+                       head.status()["per_rank"].get(str(i), {}).get("received", 0) >= 5 for i in range(NODES)),
+                   lambda: {"links": hellos_with_links(), "per_rank": head.status()["per_rank"]}, period_s=0.2)
         nodes[KILLED].proc.kill()
         os.kill(nodes[STOPPED].proc.pid, signal.SIGSTOP)
         try:
             # Both named while the one is still stopped (its link closed by the head's heartbeats).
             wait_until("the head naming the killed node and the stopped one",
-                        lambda: {e["rank"] for e in _stopped_findings(head)} >= {KILLED, STOPPED},
-                        lambda: _stopped_findings(head), timeout_s=120, period_s=0.2)
-            during = _stopped_findings(head)
+                       lambda: {e["rank"] for e in _stopped_findings(head)} >= {KILLED, STOPPED},
+                       lambda: _stopped_findings(head), timeout_s=120, period_s=0.2)
         finally:
             os.kill(nodes[STOPPED].proc.pid, signal.SIGCONT)
-        done = wait_ranks(procs, work / "ranks")
-        assert sorted(done) == list(range(world)), sorted(done)
-        finals = {i: nodes[i].drain() for i in range(NODES) if i != KILLED}
-        wait_forwarded(head, finals, "the head has every live node's records")
-        head_status = head.status()
-        head_final = head.drain()
-        yield {"head": head, "during": during, "after": _stopped_findings(head), "finals": finals,
-               "head_status": head_status, "head_final": head_final, "links": hellos_with_links()}
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-        for d in started:
-            d.cleanup()
+        end = tree.finish(gone=(KILLED,))
+        yield {"head": head, "after": _stopped_findings(head), "finals": end["finals"],
+               "head_status": end["status"], "head_final": end["head_final"], "links": hellos_with_links()}
 
 
 def test_a_killed_node_and_a_stopped_one_are_named_from_their_links_once(run):

@@ -38,6 +38,7 @@ UNKNOWN             # testkit/fake_nvml.py: an NVML error code tests/test_poller
 sensor, counter_type, event_types   # testkit/fake_nvml.py: pynvml's signatures
 _.screenshot, _.get_json, stop_with_daemon   # testkit/cdp.py, testkit/dashboard_proc.py: the dashboard's tests call them
 _.group_tree, _.multinode_straggler   # testkit/faults.py: tests/test_multinode_groups.py and test_multinode_straggler.py run them
+NodeTree, _.restart_head   # testkit/faults.py: tests/test_multinode_links.py, _clock.py, _head_restart.py
 
 # The trainer: a framework's signatures, a model config field, a reserved token id.
 worker_id           # torch DataLoader worker_init_fn(worker_id)
