@@ -181,7 +181,7 @@ class Aggregator:
 
     def held_by_source(self) -> dict[int, int]:
         """Records in open steps, per source (`src`): taken in, not yet in any output record
-        (the daemon's checkpoint counts them as not arrived: core._ledger). Once a second, not per record."""
+        (the daemon's checkpoint counts them as not arrived: continuity.py). Per checkpoint, not per record."""
         held: dict[int, int] = {}
         get = held.get
         for acc in self.pending.values():

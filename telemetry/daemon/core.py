@@ -33,6 +33,7 @@ from telemetry.daemon import loops as python_loops
 from telemetry.daemon.aggregator import MAX_WORLD_SIZE, Aggregator
 from telemetry.daemon.config import DaemonConfig
 from telemetry.shared import control as control_protocol
+from telemetry.daemon.continuity import SOURCES_FILE, Continuity
 from telemetry.daemon.derived import Derived
 from telemetry.daemon.node_clocks import CLOCK_EVENTS, NodeClocks
 from telemetry.daemon.node_links import REMOTE_HEARTBEAT_IVL_MS, REMOTE_HEARTBEAT_TIMEOUT_MS, NodeLinks
@@ -42,7 +43,6 @@ from telemetry.daemon import memory
 from telemetry.daemon.receiver import Receiver
 from telemetry.shared.jsonlines import FILE_NAME
 from telemetry.shared.media import EVENT as MEDIA_EVENT
-from telemetry.shared.numbers import is_number
 from telemetry.shared.security.redact import Redactor
 from telemetry.daemon.goodput_stage import daemon_values as goodput_values
 from telemetry.daemon.sinks.base import InlineRunner, Out, SinkRunner, StartupError, batch_bytes
@@ -96,20 +96,11 @@ DIAGNOSIS_MAX_SHARE = 0.25
 GOODPUT_MAX_SHARE = 0.05
 
 _json = msgspec.json.Encoder()
-# Per-source accounting, checkpointed at each daemon record and at exit (see _checkpoint_sources).
-SOURCES_FILE = "sources.json"
 # Control connections at once (`telemetry status`/`drain` use one for a moment each).
 MAX_CONTROL_CONNECTIONS = 64
-# sources.json holds at most receiver.MAX_SOURCES rows of 7 integers (~10 MB): more is not ours.
-MAX_SOURCES_FILE_BYTES = 32 << 20
-# The daemon's housekeeping interval: which clients still send (for a drain), --watch-pid.
+# The daemon's housekeeping interval: which clients still send (for a drain), --watch-pid. (The
+# loss accounting's checkpoints have their own: continuity.py.)
 CHECKPOINT_INTERVAL_S = 1.0
-# How often the loss accounting is checkpointed while records come and go (_checkpoint_through_jsonl):
-# a SIGKILL's successor moves aside what was written after the last checkpoint (counted lost), so
-# the shorter, the less. A checkpoint counts the records in open steps (~90 ns each): with more
-# than CHECKPOINT_HELD_MAX of them open, once per CHECKPOINT_INTERVAL_S only.
-SOURCES_CHECKPOINT_S = 0.1
-CHECKPOINT_HELD_MAX = 10_000
 # Hang forensics: the check interval. The last records each rank sent are kept in a RecentRing
 # bounded by its share of the memory budget (memory.py), not a number of batches.
 FORENSICS_CHECK_S = 0.5
@@ -155,6 +146,9 @@ class Daemon:
         self._drain_requesters: list[bytes] = []
         self._started_mono = time.monotonic()
         self._started_wall = time.time()
+        # The accounting and counts a restarted daemon carries over, checkpointed in sources.json.
+        self.continuity = Continuity(self.log_dir, self.receiver, self.aggregator, cfg.aggregator.per_rank,
+                                     self._started_wall)
         self.num_records_out = 0
         self.num_hellos = 0
         self.num_events_in = 0
@@ -165,13 +159,6 @@ class Daemon:
         self._warned_world_size = False
         self.num_hellos_not_kept = 0           # hellos beyond MAX_WORLD_SIZE distinct ranks
         self._next_checkpoint = time.monotonic() + CHECKPOINT_INTERVAL_S
-        self._checkpointed_in = -1
-        self._checkpointed_out = -1
-        self._next_sources_checkpoint = time.monotonic() + SOURCES_CHECKPOINT_S
-        # The run's counts in the daemons before this one on the log directory (sources.json's "run").
-        self._run_before = {"incarnations": 0, "records_in": 0, "steps_out": 0, "started_at": None}
-        self.restart: dict = {}                # what the start found of a predecessor (status)
-        self._repaired_at_restore = 0
         self.unfinished: list[str] = []        # stages still busy at the drain deadline
         self.endpoints: dict[str, str] = {}
         self._next_daemon_record = time.monotonic() + cfg.daemon_record_interval_s
@@ -199,8 +186,8 @@ class Daemon:
     def start(self) -> None:
         cfg = self.cfg
         files.make_dir(self.log_dir, own=True)   # 0700 (or as configured), also when run.sh made it 0755
-        self._restore_sources()
-        self._checkpoint_sources()      # a successor on this log dir knows a predecessor existed
+        self.continuity.restore()
+        self.continuity.write(self.num_records_out)   # a successor on this log dir knows a predecessor existed
         self.endpoints = {
             "ingest": endpoints.resolve("ingest", cfg.ingest, create_dir=True),
             "pub": endpoints.resolve("pub", cfg.pub, create_dir=True),
@@ -295,7 +282,7 @@ class Daemon:
         self.jsonl_runner = self._add_runner(
             JsonlSink(self.log_dir, fsync_interval_s=j.fsync_interval_s, rotate_bytes=int(j.rotate_mb * 2**20),
                       sources_file=SOURCES_FILE), j)
-        self.jsonl_runner.sink.num_repaired_bytes = self._repaired_at_restore
+        self.jsonl_runner.sink.num_repaired_bytes = self.continuity.repaired_bytes
         pub_sock = bind_pub(self.ctx, self.endpoints["pub"], prepare=self.security.prepare)
         self.endpoints["pub"] = pub_sock.getsockopt(zmq.LAST_ENDPOINT).decode()
         if cfg.pub_sink.enabled:
@@ -439,12 +426,7 @@ class Daemon:
             self._emit(self._daemon_record())
             self._log_progress()
             self._next_daemon_record = now + self.cfg.daemon_record_interval_s
-        checkpoint_due = False
-        if now >= self._next_sources_checkpoint:
-            checkpoint_due = (self.receiver.num_in != self._checkpointed_in
-                              or self.num_records_out + len(self._out) != self._checkpointed_out)
-            self._next_sources_checkpoint = now + (SOURCES_CHECKPOINT_S if self.aggregator.num_open_records
-                                                   <= CHECKPOINT_HELD_MAX else CHECKPOINT_INTERVAL_S)
+        checkpoint_due = self.continuity.due(now, self.num_records_out + len(self._out))
         if now >= self._next_checkpoint:
             self.receiver.mark_progress()      # which clients are still sending, for a drain
             self._next_checkpoint = now + CHECKPOINT_INTERVAL_S
@@ -452,7 +434,7 @@ class Daemon:
                 self._stop_reason = f"the process it was started for exited (pid {self.watch_pid})"
         self._hand_out()
         if checkpoint_due:
-            self._checkpoint_through_jsonl()
+            self.continuity.through_jsonl(self.jsonl_runner, self.num_records_out)
         if self._trim_due and now - self._last_ingest_mono >= TRIM_AFTER_QUIET_S:
             self._trim_after_burst()
 
@@ -816,21 +798,11 @@ class Daemon:
             "intake": self.intake.stats() if self.intake is not None else {},
             "memory": self.memory_status(),
             "goodput": self.goodput.stats(),
-            "run": self._run_status(),
+            "run": self.continuity.status(self._totals()["records_lost"]),
             "node_links": self.links.stats() if self.links is not None else {},
             "node_clocks": self.clocks.stats() if self.clocks is not None else {},
             "media": self.media.stats() if self.media is not None else {},
         }
-
-    def _run_status(self) -> dict:
-        """The run's counts across the daemons that served this log directory one after another
-        (sources.json carries them over a restart, a SIGKILL too), this one included."""
-        before = self._run_before
-        return {"incarnations": before["incarnations"] + 1,
-                "records_in": before["records_in"] + self.receiver.num_in,
-                "records_lost": self._totals()["records_lost"],     # per source over its whole life
-                "steps_out": before["steps_out"] + self.aggregator.num_steps_out,
-                "started_at": before["started_at"] or self._started_wall, "restart": self.restart}
 
     def memory_status(self) -> dict:
         """The memory budget: its split (MB), what each bounded buffer holds now, what was shed."""
@@ -843,110 +815,6 @@ class Daemon:
                          "hellos_mb": round(self.hello_infos.num_bytes / 2**20, 1),
                          "names": len(self.names), "max_names": self.names.max_names},
                 "heap_trims": self.num_heap_trims}
-
-    def _snapshot(self, held: dict[int, int]) -> dict:
-        """The per-source loss accounting (Receiver.snapshot) and the run's counts so far, as of
-        the records handed out: `held`, the records in open steps, are not counted."""
-        snap = self.receiver.snapshot(held)
-        before = self._run_before
-        snap["run"] = {"incarnations": before["incarnations"] + 1,
-                       "records_in": before["records_in"] + self.receiver.num_in - sum(held.values()),
-                       "steps_out": before["steps_out"] + self.aggregator.num_steps_out,
-                       "started_at": before["started_at"] or self._started_wall}
-        return snap
-
-    def _checkpoint_through_jsonl(self) -> None:
-        """The loss accounting's checkpoint, every SOURCES_CHECKPOINT_S while records flow, through
-        the JSONL sink's queue:
-        it replaces sources.json once the lines handed out before it are written (sinks/jsonl.py),
-        with the offset where they end, so it never counts a record the file does not hold (a
-        record in an open step is in no line yet: not counted as arrived). A daemon restarted on
-        this directory after a SIGKILL then counts exactly what vanished with this one: what it
-        held, and what it wrote after its last checkpoint, which it moves aside (_restore_sources)."""
-        self._checkpointed_in, self._checkpointed_out = self.receiver.num_in, self.num_records_out
-        held = {} if self.cfg.aggregator.per_rank else self.aggregator.held_by_source()
-        self.jsonl_runner.sink.checkpoint(self.jsonl_runner.num_in, self._snapshot(held))
-
-    def _checkpoint_sources(self) -> None:
-        """sources.json written here, at start (a successor knows a predecessor existed) and at
-        exit (every line written: the JSONL sink has closed), with the file's end as it is."""
-        self._checkpointed_in, self._checkpointed_out = self.receiver.num_in, self.num_records_out
-        snap = self._snapshot({})
-        where = _whole_lines_end(self.log_dir / FILE_NAME)
-        if where is not None:
-            snap["jsonl"] = where
-        _write_final(self.log_dir / SOURCES_FILE, snap)
-
-    def _restore_sources(self) -> None:
-        path = self.log_dir / SOURCES_FILE
-        try:
-            with files.open_regular(path) as f:      # a FIFO or /dev/zero there: refused, not read
-                data = f.read(MAX_SOURCES_FILE_BYTES + 1)
-            if len(data) > MAX_SOURCES_FILE_BYTES:
-                raise ValueError(f"larger than {MAX_SOURCES_FILE_BYTES} bytes")
-            snap = msgspec.json.decode(data)
-        except FileNotFoundError:
-            return
-        except ValueError as exc:
-            log.warning("cannot read %s (%s): loss across the restart is accounted from the first "
-                        "record of each client", path, exc)
-            return
-        except (OSError, msgspec.DecodeError) as exc:
-            log.warning("cannot read %s (%s): loss across the restart is accounted from the first "
-                        "record of each client", path, exc)
-            return
-        n = self.receiver.restore(snap)
-        log.info("continuing the loss accounting of %d client(s) from %s", n, path)
-        run = snap.get("run") if isinstance(snap, dict) else None
-        if isinstance(run, dict) and all(type(run.get(k)) is int and run[k] >= 0
-                                         for k in ("incarnations", "records_in", "steps_out")):
-            started = run.get("started_at")
-            self._run_before = {**{k: run[k] for k in ("incarnations", "records_in", "steps_out")},
-                                "started_at": started if is_number(started) else None}
-        self._move_aside_past_checkpoint(snap.get("jsonl") if isinstance(snap, dict) else None)
-
-    def _move_aside_past_checkpoint(self, where) -> None:
-        """The lines a predecessor wrote after its last checkpoint (it was killed before the next):
-        their records are not in the checkpoint, so they are counted lost; they are moved out of
-        metrics.jsonl into past-checkpoint-<time>.jsonl beside it, so that what the file holds plus
-        what is counted lost is exactly what was sent. A torn last line among them is cut, as the
-        JSONL sink would (counted in its repaired_bytes). Through a descriptor opened as every run
-        file is (never a symlink, only a regular file)."""
-        if not isinstance(where, dict) or not all(type(where.get(k)) is int and where[k] >= 0
-                                                  for k in ("ino", "dev", "end")):
-            return
-        path, end = self.log_dir / FILE_NAME, where["end"]
-        try:
-            fd = files.open_fd(path, os.O_RDWR)
-        except OSError:
-            return                            # none, or not one to touch: the JSONL sink says which
-        try:
-            st = os.fstat(fd)
-            if (st.st_ino, st.st_dev) != (where["ino"], where["dev"]) or st.st_size <= end:
-                return                        # rotated or replaced since, or nothing past it
-            tail = os.pread(fd, st.st_size - end, end)
-            whole = tail[:tail.rfind(b"\n") + 1]
-            aside = self.log_dir / f"past-checkpoint-{int(time.time())}.jsonl"
-            if whole:
-                out = files.open_fd(aside, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
-                try:
-                    os.write(out, whole)
-                finally:
-                    os.close(out)
-            os.ftruncate(fd, end)
-        except OSError as exc:
-            log.error("cannot move what the previous daemon wrote after its last checkpoint out of %s (%r): "
-                      "its records are counted both as written and as lost", path, exc)
-            return
-        finally:
-            os.close(fd)
-        self._repaired_at_restore = len(tail) - len(whole)
-        if not whole:
-            return
-        lines = whole.count(b"\n")
-        self.restart = {"moved_lines": lines, "moved_bytes": len(whole), "moved_to": str(aside)}
-        log.warning("moved %d line(s) the previous daemon wrote after its last checkpoint from %s to %s: their "
-                    "records are counted lost (it was killed before it could count them)", lines, path, aside)
 
     def _daemon_record(self) -> dict:
         t = self._totals()
@@ -1040,7 +908,7 @@ class Daemon:
         final = {"ok": True, "drained": not unfinished, "unfinished_sinks": unfinished,
                  "stop_reason": self._stop_reason, **self.status()}
         final_written = self._write_drain_json(final)
-        self._checkpoint_sources()
+        self.continuity.write(self.num_records_out)
         for ident in self._drain_requesters:
             self._reply(ident, final)
         if threading.current_thread() is threading.main_thread():
@@ -1218,23 +1086,6 @@ def _by_seq(rec) -> int:
     return rec.seq
 
 
-def _whole_lines_end(path: Path) -> dict | None:
-    """Where metrics.jsonl's whole lines end (a torn last line, which the JSONL sink cuts at its
-    start, not counted), with the file's identity; None without a regular file there."""
-    try:
-        with files.open_regular(path) as f:
-            st = os.fstat(f.fileno())
-            end = st.st_size
-            if end:
-                f.seek(max(0, end - 65536))
-                last = f.read()
-                if not last.endswith(b"\n"):
-                    end -= len(last) - (last.rfind(b"\n") + 1)
-    except OSError:
-        return None
-    return {"ino": st.st_ino, "dev": st.st_dev, "end": end}
-
-
 def _write_final(path: Path, final: dict) -> bool:
     """The final counters beside metrics.jsonl, whatever stopped the daemon (SIGTERM too);
     `telemetry drain` replies with the same object."""
@@ -1242,7 +1093,7 @@ def _write_final(path: Path, final: dict) -> bool:
         files.write_file(path, _json.encode(final) + b"\n")
         return True
     except OSError as exc:
-        if path.name not in _write_failed:    # sources.json: every second; logged once
+        if path.name not in _write_failed:    # logged once a file
             _write_failed.add(path.name)
             log.error("cannot write %s: %r", path, exc)
         return False

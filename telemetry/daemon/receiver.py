@@ -267,7 +267,7 @@ class Receiver:
     # -- across a restart --------------------------------------------------------------------------
     def snapshot(self, held: dict[int, int] | None = None) -> dict:
         """The per-source accounting, for `restore` in a daemon that follows this one on the same
-        log directory (sources.json, beside metrics.jsonl: see core._ledger). `held`: records
+        log directory (sources.json, beside metrics.jsonl: see continuity.py). `held`: records
         per source taken in but in no output record yet (open steps): not counted as arrived, so
         that a successor counts them lost if this daemon dies with them."""
         held = held or {}

@@ -15,14 +15,13 @@
   path if the directory is still there; lines written into a deleted file since the last look
   are counted as dropped (they went with it); with no directory, every batch is counted as
   dropped until one comes back. Logged once each.
-- The loss accounting's checkpoint (sources.json) is written here, tied to the lines: every
-  0.1 s while records flow (core.SOURCES_CHECKPOINT_S) the daemon hands this sink its per-source accounting as of the records it had handed
-  out (`checkpoint`: with the number of records this sink's queue had taken by then); once the
-  lines of those records are written, sources.json is replaced with it and the file offset they
-  end at (`jsonl`: inode, end). So sources.json never counts a record that is not in the file, and a daemon that follows
-  this one on the directory moves aside what lies past that offset (written after the last
-  checkpoint: its records are then counted lost, as they must be for the counts to be exact;
-  core._restore_sources).
+- The loss accounting's checkpoint (sources.json) is written here, tied to the lines
+  (telemetry/daemon/continuity.py): while records flow the daemon hands this sink its accounting
+  as of the records it had handed out (`checkpoint`, with the number of records this sink's queue
+  had taken by then); once their lines are written, sources.json is replaced with it and the
+  offset where they end (`jsonl`: inode, device, end). So sources.json never counts a record the
+  file does not hold, and a daemon that follows this one on the directory moves aside what lies
+  past that offset (written after the last checkpoint: counted lost, so the counts are exact).
 - A full disk: a small reserve file is allocated at start; at close, the last daemon record a
   full disk refused (at a drain, the final counters) is written in the room it frees, and
   `release_reserve` lets the daemon write drain.json there too.
