@@ -74,3 +74,30 @@ def test_a_checkpoint_written_at_start_or_exit_ends_at_the_last_whole_line(tmp_p
     snap = json.loads((tmp_path / SOURCES_FILE).read_bytes())
     assert snap["jsonl"]["end"] == len(b"".join(LINES[:3]))
     assert snap["run"]["incarnations"] == 1 and snap["run"]["started_at"] == 456.0
+
+
+def test_a_downsampled_jsonl_is_checkpointed_by_the_daemon_at_the_files_end(make_daemon):
+    """jsonl.every_n_steps: most records have no line, so no line can say where they end; the
+    daemon writes the checkpoint itself, at the file's end, and hands the sink none."""
+    import time
+
+    from telemetry.client import TelemetryClient
+
+    d = make_daemon(world_size=1, config={"jsonl": {"every_n_steps": 4}})
+    c = TelemetryClient(d.ingest, rank=0)
+    for s in range(1, 41):
+        c.log(s, {"train/loss": 1.0})
+    c.close()
+    d.wait_for(lambda recs: any(r.get("step") == 40 for r in recs), kind="metrics")
+    deadline = time.monotonic() + 60          # a hang detector: a checkpoint comes every 0.1 s
+
+    def arrived() -> int:
+        return sum(row[4] for row in json.loads((d.log_dir / SOURCES_FILE).read_bytes())["sources"])
+
+    while arrived() < 41:                     # its hello and 40 steps
+        assert time.monotonic() < deadline, arrived()
+        time.sleep(0.05)
+    snap = json.loads((d.log_dir / SOURCES_FILE).read_bytes())
+    assert snap["jsonl"]["end"] <= os.path.getsize(d.log_dir / "metrics.jsonl")
+    assert d.status()["sinks"]["jsonl"]["checkpoints"] == 0
+    d.drain()

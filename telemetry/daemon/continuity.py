@@ -67,7 +67,12 @@ class Continuity:
         return (self.receiver.num_in, records_out) != self._checkpointed
 
     def through_jsonl(self, jsonl_runner, records_out: int) -> None:
-        """A checkpoint, to the JSONL sink (after the daemon handed out `records_out` records)."""
+        """A checkpoint, to the JSONL sink (after the daemon handed out `records_out` records). A
+        downsampled JSONL (jsonl.every_n_steps, max_per_second) holds no line for most records, so
+        no line can say where they end: the checkpoint is then written here, at the file's end."""
+        if jsonl_runner.downsampler is not None:
+            self.write(records_out)
+            return
         self._checkpointed = (self.receiver.num_in, records_out)
         held = {} if self.per_rank else self.aggregator.held_by_source()
         jsonl_runner.sink.checkpoint(jsonl_runner.num_in, self._snapshot(held))

@@ -119,7 +119,7 @@ class JsonlSink(Sink):
         self.sources_path = self.log_dir / sources_file
         # (records this sink's queue had taken when it was made, the snapshot), oldest first: from
         # the daemon's thread (checkpoint); and the records handed to consume() so far.
-        self._checkpoints: deque = deque()
+        self._checkpoints: deque = deque(maxlen=256)     # (a later one says all an earlier one does)
         self._consumed = 0
         self.num_checkpoints = 0
         self.num_checkpoint_errors = 0
