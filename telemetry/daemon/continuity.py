@@ -56,6 +56,7 @@ class Continuity:
         self.repaired_bytes = 0                 # a torn last line cut at start (the JSONL sink's count)
         self._checkpointed = (-1, -1)           # (records in, records out) at the last checkpoint
         self._next = time.monotonic() + SOURCES_CHECKPOINT_S
+        self._write_failed = False
 
     # -- while the daemon runs ---------------------------------------------------------------------
     def due(self, now: float, records_out: int) -> bool:
@@ -89,7 +90,9 @@ class Continuity:
         try:
             files.write_file(path, msgspec.json.encode(snap) + b"\n")
         except OSError as exc:
-            log.error("cannot write %s: %r", path, exc)
+            if not self._write_failed:          # (with a downsampled JSONL: every checkpoint)
+                self._write_failed = True
+                log.error("cannot write %s: %r (logged once)", path, exc)
 
     def status(self, records_lost: int) -> dict:
         """The run's counts across the daemons that served this log directory, this one included;
@@ -184,15 +187,12 @@ class Continuity:
 def _whole_lines_end(path: Path) -> dict | None:
     """Where metrics.jsonl's whole lines end (a torn last line, which the JSONL sink cuts at its
     start, not counted), with the file's identity; None without a regular file there."""
+    from telemetry.daemon.sinks.jsonl import whole_lines_end
+
     try:
         with files.open_regular(path) as f:
             st = os.fstat(f.fileno())
-            end = st.st_size
-            if end:
-                f.seek(max(0, end - 65536))
-                last = f.read()
-                if not last.endswith(b"\n"):
-                    end -= len(last) - (last.rfind(b"\n") + 1)
+            end = whole_lines_end(f, st.st_size)
     except OSError:
         return None
     return {"ino": st.st_ino, "dev": st.st_dev, "end": end}

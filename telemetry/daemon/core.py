@@ -798,7 +798,7 @@ class Daemon:
             "intake": self.intake.stats() if self.intake is not None else {},
             "memory": self.memory_status(),
             "goodput": self.goodput.stats(),
-            "run": self.continuity.status(self._totals()["records_lost"]),
+            "run": self.continuity.status(totals["records_lost"]),
             "node_links": self.links.stats() if self.links is not None else {},
             "node_clocks": self.clocks.stats() if self.clocks is not None else {},
             "media": self.media.stats() if self.media is not None else {},

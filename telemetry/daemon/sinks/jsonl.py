@@ -80,6 +80,26 @@ def release_reserve(log_dir: Path) -> bool:
         return False
 
 
+def whole_lines_end(f, size: int) -> int:
+    """Where the whole lines of the file open as `f` (binary, `size` bytes) end: past its last
+    newline (0 without one). Reads its last byte, and walks back in blocks only past a torn line."""
+    if size == 0:
+        return 0
+    f.seek(size - 1)
+    if f.read(1) == b"\n":
+        return size
+    pos = size
+    block = 64 * 1024
+    while pos > 0:
+        start = max(0, pos - block)
+        f.seek(start)
+        i = f.read(pos - start).rfind(b"\n")
+        if i >= 0:
+            return start + i + 1
+        pos = start
+    return 0
+
+
 def repair_torn_tail(path: Path) -> int:
     """Cut a partial last line off `path`; return the number of bytes removed."""
     try:
@@ -89,23 +109,9 @@ def repair_torn_tail(path: Path) -> int:
     if size == 0:
         return 0
     with open(path, "rb+") as f:
-        f.seek(size - 1)
-        if f.read(1) == b"\n":
-            return 0
-        # Walk back to the last newline in blocks.
-        pos = size
-        block = 64 * 1024
-        keep = 0
-        while pos > 0:
-            start = max(0, pos - block)
-            f.seek(start)
-            chunk = f.read(pos - start)
-            i = chunk.rfind(b"\n")
-            if i >= 0:
-                keep = start + i + 1
-                break
-            pos = start
-        f.truncate(keep)
+        keep = whole_lines_end(f, size)
+        if keep != size:
+            f.truncate(keep)
         return size - keep
 
 
