@@ -568,7 +568,7 @@ class NodeTree:
     is still running at its end is killed and cleaned up.
 
     head_config / node_config: daemon config (node_config(i) -> dict, merged with `forward`);
-    node_env(i): the environment of node i's daemon and ranks; rank_extra(i): the rank workers'
+    node_env(i): the environment of node i's daemon and ranks; rank_extra(r): rank r's worker's
     extra arguments."""
 
     def __init__(self, work: Path, num_nodes: int, ranks_per_node: int, n: int, rate: float, *,
@@ -598,10 +598,10 @@ class NodeTree:
                               env=self._node_env(i) or None)
                 self._started.append(node)
                 self.nodes.append(node)
-                ranks = list(range(i * self.ranks_per_node, (i + 1) * self.ranks_per_node))
-                self.procs += start_ranks(eps.ingest, ranks, self.n, self.rate, self.work / "ranks",
-                                          env={"WORLD_SIZE": str(self.world), **self._node_env(i)},
-                                          extra=self._rank_extra(i))
+                for r in range(i * self.ranks_per_node, (i + 1) * self.ranks_per_node):
+                    self.procs += start_ranks(eps.ingest, [r], self.n, self.rate, self.work / "ranks",
+                                              env={"WORLD_SIZE": str(self.world), **self._node_env(i)},
+                                              extra=self._rank_extra(r))
         except BaseException:
             self.__exit__(None, None, None)
             raise
@@ -628,7 +628,8 @@ class NodeTree:
         """Wait for the ranks, drain every node but those `gone`, wait until the head has what
         each forwarded, take its status, drain it: {"finals" (per node), "status", "head_final"}."""
         done = wait_ranks(self.procs, self.work / "ranks")
-        assert sorted(done) == list(range(self.world)), f"a rank did not finish: {sorted(done)}"
+        assert sorted(done) == list(range(self.world)) and all(p.returncode == 0 for p in self.procs), \
+            f"a rank did not finish: {sorted(done)}, exit codes {[p.returncode for p in self.procs]}"
         finals = {i: node.drain() for i, node in enumerate(self.nodes) if i not in gone}
         wait_forwarded(self.head, finals, "the head has every live node's records")
         status = self.head.status()
@@ -725,40 +726,16 @@ def multinode_straggler(work: Path, num_nodes: int = 4, ranks_per_node: int = 2,
     timings (testkit VALUES) except `slow_ranks`, whose forward is 0.05 s longer from step
     `slow_from` on. Returns each node's and the head's straggler findings (diagnosis/straggler
     events) and the head's steps."""
-    started: list = []
-    try:
-        port = free_port()
-        head = launch(work / "head", Endpoints(), config={"aggregator": {"step_timeout_s": 30.0}},
-                      extra=("--remote-ingest", f"tcp://127.0.0.1:{port}"), world_size=num_nodes)
-        started.append(head)
-        nodes, node_eps = [], []
-        for i in range(num_nodes):
-            node_eps.append(Endpoints())
-            cfg = {"aggregator": {"step_timeout_s": 30.0},
-                   "forward": {"endpoint": f"tcp://127.0.0.1:{port}", "node_rank": i, "num_nodes": num_nodes}}
-            nodes.append(launch(work / f"node{i}", node_eps[i], config=cfg, world_size=ranks_per_node))
-            started.append(nodes[-1])
-        world = num_nodes * ranks_per_node
-        procs = []
-        for i in range(num_nodes):
-            for r in range(i * ranks_per_node, (i + 1) * ranks_per_node):
-                extra = ("--slow-from", str(slow_from)) if r in slow_ranks else ()
-                procs += start_ranks(node_eps[i].ingest, [r], n, rate, work / "ranks", env={"WORLD_SIZE": str(world)},
-                                     extra=extra)
-        done = wait_ranks(procs, work / "ranks")
-        assert sorted(done) == list(range(world)) and all(p.returncode == 0 for p in procs), \
-            f"a rank did not finish: {sorted(done)}, exit codes {[p.returncode for p in procs]}"
-        node_finals = {i: nd.drain() for i, nd in enumerate(nodes)}
-        wait_forwarded(head, node_finals, "the head has every node's records")
-        head_final = head.drain()
+    slow = {"aggregator": {"step_timeout_s": 30.0}}
+    with NodeTree(work, num_nodes, ranks_per_node, n, rate, head_config=slow, node_config=lambda i: slow,
+                  rank_extra=lambda r: ("--slow-from", str(slow_from)) if r in slow_ranks else ()) as tree:
+        end = tree.finish()
 
         def findings(d) -> list[dict]:
             return [e for e in d.read_jsonl("event") if e["name"] == "diagnosis/straggler"]
-        return {"node_findings": {i: findings(nd) for i, nd in enumerate(nodes)}, "head_findings": findings(head),
-                "head_steps": head.steps(), "head_final": head_final, "node_finals": node_finals}
-    finally:
-        for d in started:
-            d.cleanup()
+        return {"node_findings": {i: findings(nd) for i, nd in enumerate(tree.nodes)},
+                "head_findings": findings(tree.head), "head_steps": tree.head.steps(),
+                "head_final": end["head_final"], "node_finals": end["finals"]}
 
 
 def load(work: Path, num_ranks: int = 8, n: int = 125_000, rate: float = 5000, sndhwm: int = 10_000,

@@ -30,7 +30,7 @@ def run(tmp_path_factory):
     # The killed node's ranks close at once: their daemon is gone, nothing will take their queue.
     with NodeTree(tmp_path_factory.mktemp("links"), NODES, RANKS_PER_NODE, N, RATE, head_config=slow,
                   node_config=lambda i: {**slow, **heartbeats},
-                  rank_extra=lambda i: ("--close-s", "1") if i == KILLED else ()) as tree:
+                  rank_extra=lambda r: ("--close-s", "1") if r // RANKS_PER_NODE == KILLED else ()) as tree:
         head, nodes = tree.head, tree.nodes
 
         def hellos_with_links() -> dict:
