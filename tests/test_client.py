@@ -456,6 +456,37 @@ def test_cuda_tensors_resolve_through_pinned_buffers_without_caller_sync(rx, cli
     assert tm._deferred.pool._free, "pinned buffers should be returned to the pool"
 
 
+@pytest.mark.gpu
+def test_cuda_log_and_spans_run_under_sync_debug_error(rx, client_factory):
+    """The caller's side of log() and span() on CUDA makes no sync torch can see: with
+    set_sync_debug_mode("error") any would raise here (the sender thread's event waits are
+    cudaEventSynchronize, outside what the mode checks, and off the caller's thread)."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    tm = client_factory(rx.endpoint)
+    dev = torch.device("cuda")
+    x = torch.randn(2048, 2048, device=dev)
+    with tm.span("warm"):        # the client's first CUDA use (its pinned pool, its events) before the check
+        y = x @ x
+    tm.log(0, {"train/loss": y[0, 0]})
+    torch.cuda.synchronize()     # test set-up
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for step in range(1, 11):
+            with tm.span("forward"):
+                torch.cuda._sleep(20_000_000)   # ~10 ms of queued GPU time inside the span
+                y = x @ x
+            tm.log(step, {"train/loss": y[0, 0], "tokens": torch.tensor(step, device=dev), "lr": 1e-4})
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    records = [r for r in rx.recv_n(12) if isinstance(r, Metrics)]   # 11 steps and the hello
+    by_step = {r.step: r.values for r in records}
+    assert sorted(by_step) == list(range(11))
+    assert all(by_step[s]["tokens"] == s for s in range(1, 11))
+    assert all(0.001 < by_step[s]["perf/forward_time"] < 60 for s in range(1, 11)), by_step
+
+
 def test_a_record_submitted_as_the_sender_finds_its_queue_empty_is_sent_before_it_ends():
     # The caller's last log() and close() can land between the sender thread's pop that found
     # nothing and its look at "closing". Here that window is forced: the empty pop itself submits

@@ -30,7 +30,8 @@ from benchmarks.gpu.syncguard import SyncWindow
 class Recorder:
     """Wraps the variant's client; records step times, the synchronized window and the sync check."""
 
-    def __init__(self, inner, warmup: int, sync_from: int | None, cuda: bool, inject_sync: bool = False) -> None:
+    def __init__(self, inner, warmup: int, sync_from: int | None, cuda: bool, inject_sync: bool = False,
+                 sync_mode: str = "error") -> None:
         self.inner, self.warmup, self.sync_from, self.cuda = inner, warmup, sync_from, cuda
         self.inject_sync = inject_sync
         self.steps: list[int] = []
@@ -39,7 +40,7 @@ class Recorder:
         self.window_s = None
         self.window_steps = 0
         self.last_step = 0
-        self.sync = SyncWindow(cuda) if sync_from is not None else None
+        self.sync = SyncWindow(cuda, sync_mode) if sync_from is not None else None
 
     def _device_wait(self) -> None:
         if self.cuda:
@@ -100,6 +101,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sync-check-from", type=int, default=None)
     ap.add_argument("--inject-sync", action="store_true",
                     help="self-test: read train/loss on the training thread inside the sync window")
+    ap.add_argument("--sync-mode", choices=("error", "warn"), default="error",
+                    help="torch's sync debug mode in the window: error (the first sync ends the run) or warn "
+                         "(every sync recorded with its caller; a library's own listed, ours failing)")
     ap.add_argument("--seed-profile-every", type=int, default=seed_monitor.PROFILE_EVERY)
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args(argv)
@@ -118,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
             inner = seed_monitor.SeedMonitor(args.run_dir, profile_every=args.seed_profile_every)
         else:
             inner = tc.TelemetryClient(endpoint=endpoint, rank=rank, **kwargs)
-        rec = Recorder(inner, args.warmup, args.sync_check_from, cuda, args.inject_sync)
+        rec = Recorder(inner, args.warmup, args.sync_check_from, cuda, args.inject_sync, args.sync_mode)
         recorders.append(rec)
         return rec
 

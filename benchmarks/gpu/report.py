@@ -71,7 +71,7 @@ def _overhead(p: dict, smoke: bool = False) -> list[str]:
 
 def _nosync(p: dict, smoke: bool = False) -> list[str]:
     out = ["**Zero syncs** (trainer step with our client to a live daemon; log_every=2)", "",
-           "| engine | result | steps checked | mode | syncs on the training thread | library reads (CPU, listed) | first site |",
+           "| engine | result | steps checked | mode | syncs on the training thread | library syncs (listed, not ours) | first site |",
            "|---|---|---|---|---|---|---|"]
     for c in p["checks"]:
         if "skipped" in c:
@@ -84,6 +84,10 @@ def _nosync(p: dict, smoke: bool = False) -> list[str]:
         out.append(f"| {c['engine']} | {'PASS' if c['ok'] else 'FAIL'} (rc {c['rc']}) | {c['steps_checked']} "
                    f"({c['num_log_steps_checked']} log steps) | {c['mode']} | {c['num_reads']} | "
                    f"{lib_text} | {site or '—'} |")
+    for c in p["checks"]:
+        for row in (c.get("library_reads") or [])[:8]:
+            out.append(f"- {c['engine']}: {row['what']} x{row['count']} from step {row['first_step']} at "
+                       f"`{row['site']}` (via `{row['via']}`)")
     return out
 
 

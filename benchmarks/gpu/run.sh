@@ -4,6 +4,7 @@
 #   bash benchmarks/gpu/run.sh                 # GPU machine: all four parts, ~8 min on an H100
 #   bash benchmarks/gpu/run.sh --cpu-smoke     # here: the same code paths, reduced, on CPU
 #   bash benchmarks/gpu/run.sh --parts overhead,mfu     # a subset (each device command: <= 10 min)
+#   bash benchmarks/gpu/run.sh --tests [pytest args]    # the gpu-marked tests, in the same environment
 #
 # Output: $OUT if set (the device tool brings it back), else benchmarks/out/gpu/: results.json,
 # results.md (printed at the end, ready for RESULTS.md) and logs/.
@@ -43,5 +44,10 @@ have wandb || echo "gpu-bench: wandb does not import: the seed variant and the d
 
 command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi --query-gpu=name,driver_version,memory.total,power.limit \
   --format=csv,noheader >&2 || true
+if [ "${1:-}" = "--tests" ]; then
+  shift
+  exec "$PY" -m pytest -m gpu -p no:cacheprovider -rA tests/test_gpu_nosync.py tests/test_gpu_nvml.py \
+    tests/test_client.py tests/test_trainer_causal.py "$@"
+fi
 export GPU_BENCH_COMMAND="bash benchmarks/gpu/run.sh $*"
 exec "$PY" -m benchmarks.gpu.bench "$@"

@@ -16,12 +16,20 @@ Two layers, because neither sees everything:
     two places built to turn tensors into numbers (ALLOWED_FILES); reads made inside libraries
     (torch.optim's host-side step counters, transformers) are listed, not failed, because
     whether they sync depends on where the tensor lives on a GPU, which only the GPU check sees.
+
+mode="warn" (CUDA): torch's sync debug mode "warn" instead of "error", so a run goes on past a
+library's own sync (DeepSpeed reads its overflow flag and its global norm on the host; in "error"
+mode the first such read ends the step) and every sync of the window is seen. Each is attributed
+to the innermost frame outside torch: project code (trainer/, telemetry/, benchmarks/) fails the
+check, a library's (deepspeed, transformers) is listed with its count and first step. Syncs on
+other threads (the client's sender waits on its copies there, by design) are counted apart.
 """
 from __future__ import annotations
 
 import os
 import sys
 import threading
+import warnings
 from typing import Any
 
 # Files allowed to read tensors on the training thread on CPU: HostFlag.poll reads a host copy
@@ -74,11 +82,17 @@ class SyncWindow:
     """start() ... stop(): syncs on the training thread in between are errors / records.
 
     Args:
-        cuda: turn on torch's sync debug mode ("error") and count only reads of CUDA tensors.
+        cuda: turn on torch's sync debug mode and count only reads of CUDA tensors.
+        mode: "error" (the first sync raises) or "warn" (every sync recorded and attributed).
     """
 
-    def __init__(self, cuda: bool) -> None:
+    def __init__(self, cuda: bool, mode: str = "error") -> None:
+        if mode not in ("error", "warn"):
+            raise ValueError(f"mode must be 'error' or 'warn', not {mode!r}")
         self.cuda = cuda
+        self.mode = mode
+        self.num_syncs_other_threads = 0  # warn mode: syncs torch reported on other threads
+        self._warn_state: tuple[Any, Any] | None = None
         self.active = False
         self.thread_id: int | None = None
         self.num_reads = 0            # counted host reads / synchronize calls on the training thread
@@ -105,7 +119,11 @@ class SyncWindow:
             self._wrap(torch.cuda, "synchronize", tensor_arg=False)
             self._wrap(torch.cuda.Event, "synchronize", tensor_arg=False)
             self._wrap(torch.cuda.Stream, "synchronize", tensor_arg=False)
-            torch.cuda.set_sync_debug_mode("error")
+            if self.mode == "warn":
+                self._warn_state = (warnings.showwarning, warnings.filters[:])
+                warnings.filterwarnings("always", message=".*synchronizing CUDA operation")
+                warnings.showwarning = self._on_warning
+            torch.cuda.set_sync_debug_mode(self.mode)
         self.active = True
 
     def stop(self) -> None:
@@ -115,6 +133,9 @@ class SyncWindow:
             import torch
 
             torch.cuda.set_sync_debug_mode(0)
+        if self._warn_state is not None:
+            warnings.showwarning, warnings.filters[:] = self._warn_state
+            self._warn_state = None
         for owner, name, original in reversed(self._saved):
             if original is None:
                 delattr(owner, name)
@@ -124,7 +145,8 @@ class SyncWindow:
         self.active = False
 
     def summary(self) -> dict:
-        return {"mode": "cuda sync debug 'error' + host-read tracer" if self.cuda else "host-read tracer (CPU)",
+        return {"mode": f"cuda sync debug '{self.mode}' + host-read tracer" if self.cuda else "host-read tracer (CPU)",
+                "num_syncs_other_threads": self.num_syncs_other_threads,
                 "first_step": self.first_step, "last_step": self.last_step,
                 "num_reads": self.num_reads, "num_allowed_reads": self.num_allowed, "reads": _rows(self.reads),
                 "num_library_reads": self.num_library_reads, "library_reads": _rows(self.library_reads)}
@@ -146,9 +168,40 @@ class SyncWindow:
         self._saved.append((owner, name, original_attr))
         setattr(owner, name, wrapper)
 
+    def _on_warning(self, message: Any, category: Any, filename: str, lineno: int, file: Any = None,
+                    line: Any = None) -> None:
+        """warn mode: torch's "called a synchronizing CUDA operation", attributed to its caller."""
+        if "synchronizing CUDA operation" not in str(message):
+            assert self._warn_state is not None
+            self._warn_state[0](message, category, filename, lineno, file, line)
+            return
+        if threading.get_ident() != self.thread_id:
+            self.num_syncs_other_threads += 1
+            return
+        f = sys._getframe(1)
+        while f is not None and (_is_torch(f.f_code.co_filename) or os.path.abspath(f.f_code.co_filename) == _HERE
+                                 or f.f_code.co_filename.endswith("warnings.py")):
+            f = f.f_back
+        direct = _where(f) if f is not None else "?"
+        project = "?"
+        g = f
+        while g is not None:
+            if _in_project(os.path.abspath(g.f_code.co_filename)):
+                project = _where(g)
+                break
+            g = g.f_back
+        if f is not None and not _in_project(os.path.abspath(f.f_code.co_filename)):
+            self.num_library_reads += 1
+            self._record(self.library_reads, "cuda sync", direct, project)
+        else:
+            self.num_reads += 1
+            self._record(self.reads, "cuda sync", direct, project)
+
     def _note(self, what: str, tensor: Any) -> None:
         if tensor is not None and self.cuda and not getattr(tensor, "is_cuda", False):
             return  # a host tensor: reading it is no sync
+        if self.cuda and self.mode == "warn" and tensor is not None:
+            return  # torch's own warning names this sync (and its caller): counted there, once
         direct, project, direct_in_project = _sites()
         if not self.cuda:
             if direct_in_project and any(a in direct for a in ALLOWED_FILES):
@@ -169,6 +222,10 @@ class SyncWindow:
             row["count"] += 1
         elif len(table) < MAX_RECORDED:
             table[(what, site, via)] = {"count": 1, "first_step": self.step}
+
+
+def _is_torch(path: str) -> bool:
+    return f"{os.sep}torch{os.sep}" in path
 
 
 def _rows(table: dict) -> list[dict]:
