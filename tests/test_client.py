@@ -470,6 +470,10 @@ def test_cuda_log_and_spans_run_under_sync_debug_error(rx, client_factory):
     with tm.span("warm"):        # the client's first CUDA use (its pinned pool, its events) before the check
         y = x @ x
     tm.log(0, {"train/loss": y[0, 0]})
+    # The test's own values made on the device before the check (torch.tensor(n, device=...) is a
+    # synchronous host-to-device copy: the test's sync, not the client's).
+    counts = [torch.tensor(step, device=dev) for step in range(11)]
+    torch.cuda._sleep(1000)      # the sleep kernel loaded (CUDA loads a kernel lazily, waiting for the device)
     torch.cuda.synchronize()     # test set-up
     torch.cuda.set_sync_debug_mode("error")
     try:
@@ -477,7 +481,7 @@ def test_cuda_log_and_spans_run_under_sync_debug_error(rx, client_factory):
             with tm.span("forward"):
                 torch.cuda._sleep(20_000_000)   # ~10 ms of queued GPU time inside the span
                 y = x @ x
-            tm.log(step, {"train/loss": y[0, 0], "tokens": torch.tensor(step, device=dev), "lr": 1e-4})
+            tm.log(step, {"train/loss": y[0, 0], "tokens": counts[step], "lr": 1e-4})
     finally:
         torch.cuda.set_sync_debug_mode(0)
     records = [r for r in rx.recv_n(12) if isinstance(r, Metrics)]   # 11 steps and the hello

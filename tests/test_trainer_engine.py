@@ -1,4 +1,5 @@
 """Engine details: DDP's no_sync() never outlives a failed forward; the skipping AdamW."""
+import ast
 import copy
 import os
 import socket
@@ -6,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 from trainer.optim import SkippingAdamW
@@ -134,20 +136,43 @@ cfg = load_config(None, ["engine.backend=deepspeed", "engine.zero_stage=2"])
 engine = DeepSpeedEngine(cfg, build_model(cfg.model), DistInfo(0, 0, 1, torch.device("cpu")))
 import deepspeed.comm.comm as ds_comm
 print("SHM_OP", ds_comm.cdb.shm_comm_op)
+m = engine.model
+print("SYNCING", {"comms_logger": ds_comm.comms_logger.enabled, "throughput_timer": m.tput_timer.config.enabled,
+                  "throughput_sync": m.tput_timer.config.synchronized, "wall_clock": m.wall_clock_breakdown(),
+                  "flops_profiler": m.flops_profiler_enabled(), "monitor": m.monitor.enabled})
 dist.destroy_process_group()
 '''
 
 
-def test_deepspeed_on_a_cpu_builds_no_inference_only_op(tmp_path):
-    # DeepSpeed's CPU communication would compile its shared-memory all-reduce (about a minute of
-    # g++ on a fresh machine, the first run.sh's silent wait) although training never calls it.
+@pytest.fixture(scope="module")
+def deepspeed_on_cpu(tmp_path_factory):
+    """One DeepSpeed ZeRO-2 engine built by the trainer on a CPU, in its own process."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    ext = tmp_path / "torch_extensions"
+    ext = tmp_path_factory.mktemp("ds") / "torch_extensions"
     p = subprocess.run([sys.executable, "-c", DEEPSPEED_CPU_SCRIPT], cwd=ROOT, capture_output=True, text=True,
                        timeout=300, env={**os.environ, "PORT": str(port), "OMP_NUM_THREADS": "1",
                                          "TORCH_EXTENSIONS_DIR": str(ext)})
     assert p.returncode == 0, p.stderr[-3000:]
+    return p, ext
+
+
+def test_deepspeed_on_a_cpu_builds_no_inference_only_op(deepspeed_on_cpu):
+    # DeepSpeed's CPU communication would compile its shared-memory all-reduce (about a minute of
+    # g++ on a fresh machine, the first run.sh's silent wait) although training never calls it.
+    p, ext = deepspeed_on_cpu
     assert "SHM_OP None" in p.stdout, p.stdout[-2000:]
     assert not ext.exists() or not any(ext.rglob("*.so")), sorted(map(str, ext.rglob("*")))
+
+
+def test_deepspeed_runs_none_of_its_own_syncing_monitors(deepspeed_on_cpu):
+    """Each of DeepSpeed's timers and loggers that synchronizes the device is off in the engine as
+    DeepSpeed parsed our config (not only in the dict we wrote): its comms logger, once on,
+    synchronizes after every collective and re-reads every event it ever timed (seen on an H200:
+    ~150 syncs a step by step 13, growing), and it is on whenever the key is present at all,
+    even as {"enabled": false}."""
+    p, _ = deepspeed_on_cpu
+    line = next(l for l in p.stdout.splitlines() if l.startswith("SYNCING "))
+    syncing = ast.literal_eval(line.removeprefix("SYNCING "))
+    assert not any(syncing.values()), syncing

@@ -85,7 +85,8 @@ def deepspeed_config(cfg: TrainConfig, world_size: int) -> dict[str, Any]:
         "wall_clock_breakdown": False,
         "memory_breakdown": False,
         "steps_per_print": 2 ** 62,
-        "comms_logger": {"enabled": False},
+        # No "comms_logger" key at all: DeepSpeed turns its comms logger on whenever the key is
+        # present, {"enabled": false} included, and that logger synchronizes after every collective.
         # The tag is always "ds"; validating it across ranks reads a device flag on the host.
         "checkpoint": {"tag_validation": "Ignore"},
     }

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Every GPU check in one device command (the device tool allows 10 minutes a command and 15 minutes
 # a session): the gpu-marked tests, then the benchmark's parts in the order that matters most
-# when time runs out (nosync, nvml, overhead, mfu), cut to fit GPU_BUDGET_S (default 560 s).
+# when time runs out (nosync, nvml, overhead, mfu; GPU_PARTS to choose), cut to fit GPU_BUDGET_S
+# (default 560 s). Arguments go to the benchmark (e.g. --variants off,ours --rounds 2).
 #
 #   bash benchmarks/gpu/all.sh          # on the GPU machine, with .whl/ carried (fetch_wheels.sh)
 #
@@ -28,7 +29,7 @@ tail -25 "$OUT/tests.log" >&2
 left=$(( BUDGET_S - $(elapsed) - 40 ))
 BENCH_OUT=/tmp/gpu-bench-out
 echo "[all $(elapsed)s] benchmark, $left s left" >&2
-timeout "$left" bash benchmarks/gpu/run.sh --parts nosync,nvml,overhead,mfu --out "$BENCH_OUT" \
+timeout "$left" bash benchmarks/gpu/run.sh --parts "${GPU_PARTS:-nosync,nvml,overhead,mfu}" --out "$BENCH_OUT" \
   --deadline-s $(( left - 90 )) "$@" > "$OUT/bench.log" 2>&1
 echo "[all $(elapsed)s] benchmark rc=$?" | tee -a "$OUT/bench.log" >&2
 cp "$BENCH_OUT"/results.json "$BENCH_OUT"/results.md "$OUT"/ 2>/dev/null

@@ -111,10 +111,12 @@ def engine_overrides(engine: str) -> list[str]:
 
 class Bench:
     def __init__(self, preset: Preset, out: Path, cuda: bool, parts: list[str], inject_sync: bool = False,
-                 sync_engines: list[str] | None = None, sync_mode: str = "warn") -> None:
+                 sync_engines: list[str] | None = None, sync_mode: str = "warn",
+                 variants: tuple[str, ...] = VARIANTS) -> None:
         self.p, self.out, self.cuda, self.parts = preset, out, cuda, parts
         self.inject_sync = inject_sync
         self.sync_mode = sync_mode
+        self.variants = variants
         self.sync_engines = sync_engines or engines(cuda)
         self.t_start = time.monotonic()
         self.logs = out / "logs"
@@ -224,7 +226,7 @@ class Bench:
         skipped = []
         longest_s = 0.0
         for r in range(p.rounds):
-            for v in VARIANTS:
+            for v in self.variants:
                 name = f"{v}-r{r + 1}"
                 if self.over_deadline(longest_s):
                     skipped.append(name)
@@ -393,6 +395,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--allow-cpu", action="store_true", help="run the GPU preset even without CUDA")
     ap.add_argument("--sync-engines", help="engines for the nosync part (default: deepspeed where it imports "
                     "and CUDA is there, and ddp)")
+    ap.add_argument("--variants", default=",".join(VARIANTS),
+                    help=f"overhead part: the variants to run, interleaved, from {','.join(VARIANTS)} (off is needed)")
     ap.add_argument("--sync-mode", choices=("error", "warn"), default="warn",
                     help="nosync part on CUDA: warn (default: every sync seen and attributed; a library's own, "
                          "such as DeepSpeed's overflow read, listed; ours fail) or error (the first sync ends the run)")
@@ -403,6 +407,9 @@ def main(argv: list[str] | None = None) -> int:
     bad = [p for p in parts if p not in PARTS]
     if bad:
         ap.error(f"unknown part(s) {bad}; choose from {PARTS}")
+    variants = tuple(v.strip() for v in args.variants.split(",") if v.strip())
+    if "off" not in variants or any(v not in VARIANTS for v in variants):
+        ap.error(f"--variants: a comma-separated subset of {','.join(VARIANTS)} that holds off")
     cuda = has_cuda()
     if not cuda and not args.cpu_smoke and not args.allow_cpu:
         print("gpu-bench: no CUDA device here; run with --cpu-smoke for the reduced CPU form", file=sys.stderr)
@@ -417,7 +424,7 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     bench = Bench(preset, out, cuda, parts, inject_sync=args.inject_sync,
                   sync_engines=[e for e in (args.sync_engines or "").split(",") if e] or None,
-                  sync_mode=args.sync_mode)
+                  sync_mode=args.sync_mode, variants=variants)
     results = bench.run()
     from benchmarks.gpu.report import markdown
 

@@ -48,6 +48,8 @@ def _overhead(p: dict, smoke: bool = False) -> list[str]:
            "|---|---|---|---|---|---|---|---|---|"]
     names = {"off": "(a) telemetry off", "ours": "(b) our client + daemon", "seed": "(c) seed-style monitor"}
     for v, row in p["variants"].items():
+        if v != "off" and not row["num_runs"]:
+            continue  # not run (--variants)
         ci = row.get("median_vs_off_ci95")
         vs = f"{_r(row.get('median_vs_off'))} [{_r(ci[0])}, {_r(ci[1])}]" if ci else "1"
         rounds = ", ".join(_r(x) for x in row.get("per_round_window_vs_off", [])) or "—"

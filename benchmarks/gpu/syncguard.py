@@ -203,6 +203,11 @@ class SyncWindow:
         if self.cuda and self.mode == "warn" and tensor is not None:
             return  # torch's own warning names this sync (and its caller): counted there, once
         direct, project, direct_in_project = _sites()
+        if self.cuda and self.mode == "warn" and not direct_in_project:
+            # A library's synchronize() (DeepSpeed's timers, its comms logger): listed as its own.
+            self.num_library_reads += 1
+            self._record(self.library_reads, what, direct, project)
+            return
         if not self.cuda:
             if direct_in_project and any(a in direct for a in ALLOWED_FILES):
                 self.num_allowed += 1
