@@ -56,7 +56,8 @@ class FakeGpu:
     name: str = "NVIDIA H100 80GB HBM3"
     util_percent: int = 97
     mem_util_percent: int = 40
-    memory_used_bytes: int = 60 * 10**9
+    memory_used_bytes: int = 60 * 10**9       # by processes: what nvidia-smi shows (NVML's v2 `used`)
+    memory_reserved_bytes: int = 600 * 2**20  # the driver's own; NVML's v1 `used` counts it too
     memory_total_bytes: int = 80 * 10**9
     power_mw: int = 650_000
     power_limit_mw: int = 700_000
@@ -74,9 +75,15 @@ class FakeGpu:
     failing: dict[str, int] = field(default_factory=dict)  # function name -> error code raised
 
 
-def make_fake_pynvml(num_gpus: int = 8, *, library_missing: bool = False) -> types.ModuleType:
-    """A module object with pynvml's names; `.gpus` holds the FakeGpu states, `.calls` counts calls."""
+NVML_MEMORY_V2 = 0x2000028  # pynvml.nvmlMemory_v2: sizeof(nvmlMemory_v2_t) | 2 << 24
+
+
+def make_fake_pynvml(num_gpus: int = 8, *, library_missing: bool = False, memory_v2: bool = True) -> types.ModuleType:
+    """A module object with pynvml's names; `.gpus` holds the FakeGpu states, `.calls` counts calls.
+    memory_v2=False: an nvidia-ml-py without nvmlMemory_v2 (before 11.5xx)."""
     m = types.ModuleType("pynvml")
+    if memory_v2:
+        m.nvmlMemory_v2 = NVML_MEMORY_V2
     m.NVMLError = NVMLError
     m.NVMLError_NotSupported = NVMLError_NotSupported
     m.NVMLError_Timeout = NVMLError_Timeout
@@ -126,10 +133,18 @@ def make_fake_pynvml(num_gpus: int = 8, *, library_missing: bool = False) -> typ
         g = gpu_call("nvmlDeviceGetUtilizationRates", h)
         return types.SimpleNamespace(gpu=g.util_percent, memory=g.mem_util_percent)
 
-    def nvmlDeviceGetMemoryInfo(h: int) -> Any:
-        g = gpu_call("nvmlDeviceGetMemoryInfo", h)
-        return types.SimpleNamespace(used=g.memory_used_bytes, total=g.memory_total_bytes,
-                                     free=g.memory_total_bytes - g.memory_used_bytes)
+    def nvmlDeviceGetMemoryInfo(h: int, version: int | None = None) -> Any:
+        # As the driver answers: v1 (no version) counts the driver's reserved memory as used;
+        # v2 (nvmlDeviceGetMemoryInfo_v2) reports it apart, `used` being what processes hold.
+        if version is None:
+            g = gpu_call("nvmlDeviceGetMemoryInfo", h)
+            used = g.memory_used_bytes + g.memory_reserved_bytes
+            return types.SimpleNamespace(used=used, total=g.memory_total_bytes, free=g.memory_total_bytes - used)
+        assert version == NVML_MEMORY_V2, version
+        g = gpu_call("nvmlDeviceGetMemoryInfo_v2", h)
+        return types.SimpleNamespace(used=g.memory_used_bytes, reserved=g.memory_reserved_bytes,
+                                     total=g.memory_total_bytes,
+                                     free=g.memory_total_bytes - g.memory_used_bytes - g.memory_reserved_bytes)
 
     def nvmlDeviceGetPowerUsage(h: int) -> int:
         return gpu_call("nvmlDeviceGetPowerUsage", h).power_mw

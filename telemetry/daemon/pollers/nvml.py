@@ -10,7 +10,8 @@ One record per GPU per poll:
 Values (present only where the GPU supports them; GB = 1e9 bytes, MB = 1e6 bytes):
     gpu/util_percent            % of the last sample period a kernel was running
     gpu/mem_util_percent        % of the period device memory was being read or written
-    gpu/memory_used_gb          device memory used (all processes)
+    gpu/memory_used_gb          device memory used (all processes; the driver's reserved memory apart,
+                                as nvidia-smi shows it, where NVML has nvmlDeviceGetMemoryInfo_v2)
     gpu/memory_total_gb
     gpu/memory_percent          used / total x 100
     gpu/power_w                 board power draw
@@ -230,7 +231,12 @@ class NvmlPoller(Poller):
         if util is not None:
             values["gpu/util_percent"] = util.gpu
             values["gpu/mem_util_percent"] = util.memory
-        mem = self._call(i, "memory", nv.nvmlDeviceGetMemoryInfo, h)
+        # v2 where the driver and nvidia-ml-py have it: v1's `used` counts the driver's reserved
+        # memory too (0.65 GB more than nvidia-smi on an H200 with driver 580).
+        v2 = getattr(nv, "nvmlMemory_v2", None)
+        mem = self._call(i, "memory_v2", nv.nvmlDeviceGetMemoryInfo, h, v2) if v2 is not None else None
+        if mem is None and (v2 is None or (i, "memory_v2") in self._unsupported):
+            mem = self._call(i, "memory", nv.nvmlDeviceGetMemoryInfo, h)
         if mem is not None:
             values["gpu/memory_used_gb"] = mem.used / GB
             values["gpu/memory_total_gb"] = mem.total / GB
