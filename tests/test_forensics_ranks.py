@@ -114,7 +114,7 @@ def a_verified_rank_gone(d) -> int:
 
 def test_a_rank_gone_just_before_its_bye_arrives_is_no_exit(make_daemon):
     """A rank exits right after its bye; the daemon may see the process gone before the bye has
-    come through (it may hold a bye behind its records, core.BYE_HOLD_S): no rank_exited for it.
+    come through (it may hold a bye behind its records, byes.BYE_HOLD_S): no rank_exited for it.
     The rank is a real client (the daemon verifies it in /proc before it watches it); its bye is
     sent for it after it is gone."""
     import zmq

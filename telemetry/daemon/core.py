@@ -30,11 +30,13 @@ from protocol import MAX_FRAME_BYTES, Bye, Event, Hello, Metrics
 from telemetry.shared import endpoints, files
 from telemetry.daemon import hotpath
 from telemetry.daemon import loops as python_loops
-from telemetry.daemon.aggregator import MAX_WORLD_SIZE, Aggregator
+from telemetry.daemon.aggregator import Aggregator
 from telemetry.daemon.config import DaemonConfig
-from telemetry.shared import control as control_protocol
+from telemetry.daemon.byes import HeldByes
 from telemetry.daemon.continuity import SOURCES_FILE, Continuity
+from telemetry.daemon.control_server import ControlServer
 from telemetry.daemon.derived import Derived
+from telemetry.daemon.hellos import Hellos
 from telemetry.daemon.node_clocks import CLOCK_EVENTS, NodeClocks
 from telemetry.daemon.node_links import REMOTE_HEARTBEAT_IVL_MS, REMOTE_HEARTBEAT_TIMEOUT_MS, NodeLinks
 from telemetry.daemon.downsample import Downsampler
@@ -107,13 +109,6 @@ FORENSICS_CHECK_S = 0.5
 # After a burst, once ingest has been quiet this long and the sink queues are empty, the heap's
 # freed memory is given back to the system (memory.trim_heap; glibc keeps it otherwise).
 TRIM_AFTER_QUIET_S = 2.0
-# A bye travels on a connection of its own (telemetry/client/core.py close) and may arrive
-# before the last records of its client: its record goes out once they are in, or once none of
-# them has come for this long (a daemon loaded behind a flood takes them in for longer than a
-# fixed hold: issue 27, a loaded run's bye written before 2 s of its records), or after
-# BYE_HOLD_MAX_S in all. The forensics stage knows of the bye when it arrives, held or not.
-BYE_HOLD_S = 2.0
-BYE_HOLD_MAX_S = 60.0
 
 
 class Daemon:
@@ -127,15 +122,13 @@ class Daemon:
         self.links: NodeLinks | None = None      # a head's: which node each link is (start())
         self.clocks: NodeClocks | None = None    # a head's: each node's clock against its own (start())
         self._diagnosis_stage = None
-        self.hellos: dict[int, dict] = {}
         self.runners: list[SinkRunner] = []
         self._runners_in_order: list[SinkRunner] = []   # inline ones first; set by start()
         self.pollers: list = []
         self.diagnoser = None
         self.host = socket.gethostname()
         self._out: list[Out] = []
-        # [release by, records of its src in when last looked, release at the latest, bye]: BYE_HOLD_S
-        self._held_byes: list[list] = []
+        self.byes = HeldByes()                          # byes behind their records (byes.py)
         self.forensics = None                           # the ForensicsStage, when it runs
         self.goodput = None                             # the GoodputStage, once started
         self.media = None                               # the MediaKeeper (not on a head)
@@ -143,21 +136,17 @@ class Daemon:
         self.fd_limit, self.max_connections = 0, cfg.max_connections   # set by start()
         self._inbox: collections.deque[dict] = collections.deque()
         self._stop_reason = ""
-        self._drain_requesters: list[bytes] = []
         self._started_mono = time.monotonic()
         self._started_wall = time.time()
         # The accounting and counts a restarted daemon carries over, checkpointed in sources.json.
         self.continuity = Continuity(self.log_dir, self.receiver, self.aggregator, cfg.aggregator.per_rank,
                                      self._started_wall)
         self.num_records_out = 0
-        self.num_hellos = 0
         self.num_events_in = 0
         self.num_unread_at_drain = 0           # queued at the drain deadline, read and counted lost
         self.num_sources_open_at_drain = 0     # clients still sending at the drain's end, no bye
         self.num_records_failed = 0            # raised in a pipeline stage (see _failed), counted lost
         self._failure_causes: set[tuple[str, str]] = set()
-        self._warned_world_size = False
-        self.num_hellos_not_kept = 0           # hellos beyond MAX_WORLD_SIZE distinct ranks
         self._next_checkpoint = time.monotonic() + CHECKPOINT_INTERVAL_S
         self.unfinished: list[str] = []        # stages still busy at the drain deadline
         self.endpoints: dict[str, str] = {}
@@ -172,6 +161,7 @@ class Daemon:
         self._recent_metrics = memory.RecentRing(self.budget.recent_bytes, self.shed)
         self.names = self.receiver.names = memory.NameCatalogue(self.budget.max_names, self.shed)
         self.hello_infos = memory.HelloInfos(self.budget.hello_bytes, self.shed)
+        self.hellos = Hellos(self.hello_infos, self._redact)   # each rank's hello info (hellos.py)
         self._pub_sock: zmq.Socket | None = None   # watched for its subscribers (start)
         self._record_bytes = 1024              # estimated bytes of a metrics record in memory (per batch)
         self._batch_frames = INGEST_BATCH      # frames per ingest batch: memory.INGEST_BATCH_BYTES of them
@@ -215,9 +205,8 @@ class Daemon:
         # Frames are read ahead off libzmq's queues (which count messages) into one bounded in bytes.
         self.intake = Intake(self.pull, self.budget.ingest_bytes, self.receiver.loops.read_frames_upto,
                              self.receiver.unread_headers)
-        self.control = self.ctx.socket(zmq.ROUTER)
-        self.control.setsockopt(zmq.LINGER, 0)
-        self.control.setsockopt(zmq.MAXMSGSIZE, 1 << 16)
+        self.control_server = ControlServer(self.ctx, self.status, self._request_drain)
+        self.control = self.control_server.sock
         for name, sock in (("ingest", self.pull), ("control", self.control)):
             self.security.prepare(sock, self.endpoints[name], name)
             self.endpoints[name] = _bind(sock, self.endpoints[name])
@@ -233,7 +222,7 @@ class Daemon:
             self.security.prepare(self.pull, remote, "remote_ingest")
             self.endpoints["remote_ingest"] = _bind(self.pull, remote)
         ingest_eps = tuple(ep for k, ep in self.endpoints.items() if k in ("ingest", "remote_ingest"))
-        self._control_token = control_protocol.issue_token(self.endpoints["control"])
+        self.control_server.issue_token(self.endpoints["control"])
         self._make_sinks()
         # Every listening socket has a connection limit: connections that are no rank (idle raw
         # ones, subscribers that never read, on loopback TCP anyone's) cannot take the daemon's
@@ -409,14 +398,14 @@ class Daemon:
         if self.pull in events or len(self.intake):
             self._ingest(self._batch_frames)
         if self.control in events:
-            self._serve_control()
+            self.control_server.serve()
         if self._wake_r.fileno() in events:
             self._drain_wakeups()
         now = time.monotonic()
         self._take_inbox()
         self._emit_steps(self.aggregator.expire(now))
-        if self._held_byes:
-            self._release_byes(now)
+        if self.byes:
+            self._write_byes(self.byes.release(now, self.receiver.sources))
         if self.links is not None and self.links.busy():
             for rec in self.links.due(now, self.receiver.sources):
                 self._emit(rec)
@@ -526,28 +515,12 @@ class Daemon:
         self.receiver.note_bye(rec.src)
         if self.forensics is not None:
             self.forensics.note_bye(rec.rank)      # this rank finished: its exit is no crash
-        src = self.receiver.sources.get(rec.src)
-        if src is not None and src.transit() > 0:
-            now = time.monotonic()
-            self._held_byes.append([now + BYE_HOLD_S, src.received, now + BYE_HOLD_MAX_S, rec])
-        else:
-            self._emit_bye(rec)
+        if not self.byes.hold(rec, self.receiver.sources.get(rec.src), time.monotonic()):
+            self._write_byes([rec])
 
-    def _release_byes(self, now: float, everything: bool = False) -> None:
-        """Write the held byes whose records are all in, or stopped coming (BYE_HOLD_S)."""
-        held, self._held_byes = self._held_byes, []
-        for entry in held:
-            until, seen, latest, rec = entry
-            src = self.receiver.sources.get(rec.src)
-            if src is not None and src.received != seen:     # its records still come: hold on
-                entry[0], entry[1] = now + BYE_HOLD_S, src.received
-            if everything or now >= entry[0] or now >= latest or src is None or src.transit() == 0:
-                self._emit_bye(rec)
-            else:
-                self._held_byes.append(entry)
-
-    def _emit_bye(self, rec: Bye) -> None:
-        self._emit({"kind": "bye", "t": rec.t_ns / 1e9, "rank": rec.rank, "stats": rec.stats})
+    def _write_byes(self, byes: list[Bye]) -> None:
+        for rec in byes:
+            self._emit({"kind": "bye", "t": rec.t_ns / 1e9, "rank": rec.rank, "stats": rec.stats})
 
     def _failed(self, stage: str, exc: Exception, num_records: int) -> None:
         """The last resort: a record the boundary (protocol/, receiver) let through raised in a
@@ -611,26 +584,12 @@ class Daemon:
         self._emit(out)
 
     def _on_hello(self, rec: Hello) -> None:
-        info = self._redact(self.hello_infos.keep(rec.info))
-        self.num_hellos += 1
-        # Bounded like the world: a flood of hellos with fake ranks must not grow memory or make
-        # each hello cost the number of hellos before it.
-        if rec.rank in self.hellos or len(self.hellos) < MAX_WORLD_SIZE:
-            self.hellos[rec.rank] = info
-        else:
-            self.num_hellos_not_kept += 1
-        ws = info.get("world_size")
+        info = self.hellos.take(rec.rank, rec.info)
         # A node daemon (forward) sees a slice of the global ranks: it waits for the ranks it has seen.
-        if ws is not None and not self.cfg.forward:
-            if type(ws) is int and 0 < ws <= MAX_WORLD_SIZE:
+        if not self.cfg.forward:
+            ws = self.hellos.world_size(rec.rank, info)
+            if ws is not None:
                 self.aggregator.note_world_size(ws)
-            elif not self._warned_world_size:
-                # The world size sizes per-rank structures and every step's missing_ranks: a
-                # hello is input from the network, so only a sane one is believed.
-                self._warned_world_size = True
-                log.warning("rank %d's hello says world_size=%r: not an integer in 1..%d, ignored (the "
-                            "daemon waits for the ranks it sees; set --world-size if that is wrong)",
-                            rec.rank, ws, MAX_WORLD_SIZE)
         if info.get("forwarded_by") == "group head" and self.cfg.remote_ingest and self.diagnoser.unit != "group":
             # A job head fed by group heads: its "ranks" are groups of nodes, and its findings say so.
             self.diagnoser.unit = "group"
@@ -723,33 +682,9 @@ class Daemon:
         self._stop_reason = signal.Signals(signum).name
 
     # -- control -------------------------------------------------------------------------------
-    def _serve_control(self) -> None:
-        while True:
-            try:
-                parts = self.control.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                return
-            if len(parts) < 3 or parts[-2] != b"":
-                continue  # not a REQ envelope; nothing sensible to answer
-            ident, body = parts[:-1], parts[-1]
-            cmd, error = control_protocol.parse_request(body, self._control_token)
-            if cmd == "status":
-                reply = {"ok": True, **self.status()}
-            elif cmd == "ping":
-                reply = {"ok": True}
-            elif cmd == "drain":
-                self._drain_requesters.append(ident)
-                self._stop_reason = "drain request"
-                continue  # answered after the drain, with the final counters
-            else:
-                reply = {"ok": False, "error": error}
-            self._reply(ident, reply)
-
-    def _reply(self, ident: list[bytes], reply: dict) -> None:
-        try:
-            self.control.send_multipart([*ident, _json.encode(reply)], zmq.NOBLOCK)
-        except zmq.ZMQError:
-            pass
+    def _request_drain(self) -> None:
+        """`telemetry drain`: stop as SIGTERM would (the requester is answered after the drain)."""
+        self._stop_reason = "drain request"
 
     def _totals(self) -> dict:
         """The receiver's accounting, plus the records left unread in the queue at the drain
@@ -766,7 +701,7 @@ class Daemon:
         totals = self._totals()
         return {
             **totals,
-            "ranks": sorted(self.aggregator.ranks_seen | set(self.hellos)),
+            "ranks": sorted(self.aggregator.ranks_seen | set(self.hellos.by_rank)),
             "world_size": self.aggregator.expected_world(),
             "last_step": self.aggregator.last_step,
             "steps_out": self.aggregator.num_steps_out,
@@ -774,10 +709,10 @@ class Daemon:
             "steps_pending": len(self.aggregator.pending),
             "records_late": self.aggregator.num_records_late,
             "records_keys_coerced": self.receiver.num_keys_coerced,
-            "hellos_not_kept": self.num_hellos_not_kept,
-            "records_in_by_kind": {"hello": self.num_hellos, "event": self.num_events_in,
+            "hellos_not_kept": self.hellos.num_not_kept,
+            "records_in_by_kind": {"hello": self.hellos.num_in, "event": self.num_events_in,
                                    "bye": self.receiver.num_byes,
-                                   "metrics": totals["records_in"] - self.num_hellos - self.num_events_in
+                                   "metrics": totals["records_in"] - self.hellos.num_in - self.num_events_in
                                    - self.receiver.num_byes},
             "ranks_gone": sorted(self.aggregator.ranks_gone),
             "queued": {r.name: r.queued() for r in self.runners},
@@ -833,7 +768,7 @@ class Daemon:
             "telemetry/diagnosis_skipped": sum(r.num_dropped for r in self.runners if r.name in ANALYSIS_STAGES),
             "telemetry/steps_incomplete": self.aggregator.num_steps_incomplete,
             "telemetry/records_late": self.aggregator.num_records_late,
-            "telemetry/hellos_in": self.num_hellos,
+            "telemetry/hellos_in": self.hellos.num_in,
             "telemetry/events_in": self.num_events_in,
             "telemetry/byes_in": self.receiver.num_byes,
             "telemetry/steps_out": self.aggregator.num_steps_out,
@@ -876,7 +811,7 @@ class Daemon:
         self._take_inbox()
         # 2. Flush the pipeline: open steps go out with whatever ranks they have.
         self._emit_steps(self.aggregator.flush())
-        self._release_byes(time.monotonic(), everything=True)
+        self._write_byes(self.byes.release(time.monotonic(), self.receiver.sources, everything=True))
         self._hand_out()
         if self.media is not None:
             self.media.request_stop()       # it keeps what it holds, beside the sinks' drain
@@ -909,17 +844,12 @@ class Daemon:
                  "stop_reason": self._stop_reason, **self.status()}
         final_written = self._write_drain_json(final)
         self.continuity.write(self.num_records_out)
-        for ident in self._drain_requesters:
-            self._reply(ident, final)
+        self.control_server.answer_drain(final)
         if threading.current_thread() is threading.main_thread():
             signal.set_wakeup_fd(-1)
-        self.control.close(linger=200)
+        self.control_server.close()
         self.security.close()
         endpoints.release_ipc(self.endpoints.values())
-        try:
-            control_protocol.token_path(self.endpoints["control"]).unlink()
-        except OSError:
-            pass
         self._wake_r.close()
         self._wake_w.close()
         if self._lock_fd is not None:

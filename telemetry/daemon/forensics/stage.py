@@ -115,7 +115,7 @@ class ForensicsStage(Sink):
 
     def note_bye(self, rank: int) -> None:
         """From the daemon's loop, as a bye arrives, before its record comes through (the daemon
-        holds it behind its records, core.BYE_HOLD_S): the rank finished; its exit is no crash.
+        holds it behind its records, byes.BYE_HOLD_S): the rank finished; its exit is no crash.
         A deque's append is atomic; this stage's thread takes them (_take_early_byes)."""
         if isinstance(rank, int):
             self._early_byes.append(rank)

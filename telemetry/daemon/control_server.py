@@ -1,0 +1,81 @@
+"""The daemon's control endpoint: `telemetry status`, `telemetry drain` and pings.
+
+A ROUTER socket; each request carries the endpoint's token (telemetry/shared/control.py: the
+token file beside an ipc endpoint, 0600). `status` and `ping` are answered at once; a `drain`
+is answered after the drain, with the final counters, so its requester learns how it ended.
+What a status says is the daemon's (`status`, a callable); what a drain does too (`on_drain`).
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import msgspec
+import zmq
+
+from telemetry.shared import control as control_protocol
+
+_json = msgspec.json.Encoder()
+MAX_REQUEST_BYTES = 1 << 16
+
+
+class ControlServer:
+    """Owns the control socket (bound by the daemon, which also puts it under its connection
+    watch) and the token; `serve()` answers what is queued, never blocking."""
+
+    def __init__(self, ctx: zmq.Context, status: Callable[[], dict], on_drain: Callable[[], None]) -> None:
+        self.sock = ctx.socket(zmq.ROUTER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.setsockopt(zmq.MAXMSGSIZE, MAX_REQUEST_BYTES)
+        self._status = status
+        self._on_drain = on_drain
+        self._token: str | None = None
+        self._endpoint = ""
+        self._drain_requesters: list[list[bytes]] = []
+
+    def issue_token(self, endpoint: str) -> None:
+        """Once bound: the token that requests must carry, written beside the endpoint."""
+        self._endpoint = endpoint
+        self._token = control_protocol.issue_token(endpoint)
+
+    def serve(self) -> None:
+        while True:
+            try:
+                parts = self.sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            if len(parts) < 3 or parts[-2] != b"":
+                continue  # not a REQ envelope; nothing sensible to answer
+            ident, body = parts[:-1], parts[-1]
+            cmd, error = control_protocol.parse_request(body, self._token)
+            if cmd == "status":
+                reply = {"ok": True, **self._status()}
+            elif cmd == "ping":
+                reply = {"ok": True}
+            elif cmd == "drain":
+                self._drain_requesters.append(ident)
+                self._on_drain()
+                continue  # answered after the drain, with the final counters
+            else:
+                reply = {"ok": False, "error": error}
+            self._reply(ident, reply)
+
+    def answer_drain(self, final: dict) -> None:
+        """The drain is over: each requester gets the final counters."""
+        for ident in self._drain_requesters:
+            self._reply(ident, final)
+        self._drain_requesters.clear()
+
+    def close(self) -> None:
+        """The socket (a reply still queued gets 200 ms) and the token file."""
+        self.sock.close(linger=200)
+        if self._endpoint:
+            try:
+                control_protocol.token_path(self._endpoint).unlink()
+            except OSError:
+                pass
+
+    def _reply(self, ident: list[bytes], reply: dict) -> None:
+        try:
+            self.sock.send_multipart([*ident, _json.encode(reply)], zmq.NOBLOCK)
+        except zmq.ZMQError:
+            pass
