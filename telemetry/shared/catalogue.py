@@ -158,8 +158,9 @@ CATALOGUE: tuple[Metric, ...] = (
       for name, unit, kind, doc, cumulative in (
           ("gpu/util_percent", "%", "gauge", "% of the last sample period a kernel was running", False),
           ("gpu/mem_util_percent", "%", "gauge", "% of the period device memory was read or written", False),
-          ("gpu/memory_used_gb", "GB", "gauge", "device memory used, all processes "
-                                                "(gpu/rank<r>/memory_used_gb: rank r's process)", False),
+          ("gpu/memory_used_gb", "GB", "gauge", "device memory used, all processes, the driver's reserved "
+                                                "memory apart as nvidia-smi shows it (gpu/rank<r>/memory_used_gb: "
+                                                "rank r's process)", False),
           ("gpu/memory_total_gb", "GB", "gauge", "device memory in all", False),
           ("gpu/memory_percent", "%", "gauge", "used / total x 100", False),
           ("gpu/power_w", "W", "gauge", "board power draw", False),
