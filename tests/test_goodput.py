@@ -613,6 +613,10 @@ def test_the_daemon_keeps_the_ledger_live_and_a_restarted_daemon_continues_it(ma
     out = subprocess.run([sys.executable, "-m", "telemetry", "status", "--control", d.control], cwd=ROOT,
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and "goodput " in out.stdout and "10 steps, 1 launch(es)" in out.stdout, out
+    # Killed once step 10 is in the daemon's checkpoint: the lines a SIGKILLed daemon wrote after
+    # its last checkpoint are moved aside and counted lost by its successor (continuity.py), and
+    # on a loaded box the kill came before that checkpoint (step 10 then missing: a chain run).
+    d.wait_for(lambda rs: _checkpointed_step(log_dir) >= 10, timeout_s=120)
     d.kill()                                      # SIGKILL: nothing of it is drained
     d2 = make_daemon(world_size=1, log_dir=log_dir, tmp_path=tmp_path / "second")
     tm2 = TelemetryClient(d2.ingest, rank=0)
@@ -735,6 +739,7 @@ def test_each_ranks_ledger_without_per_rank_records_and_across_a_daemon_sigkill(
         assert b["data_loading"] == pytest.approx(10 * own[r]["perf/data_loading_time"], abs=1e-9), (r, b)
         assert "since" not in first[str(r)] and first[str(r)]["launches"] == 1
     assert set(d.status()["goodput"]["ranks"]) == {"0", "1"}
+    d.wait_for(lambda rs: _checkpointed_step(log_dir) >= 10, timeout_s=120)   # as in the test above
     d.kill()                                       # SIGKILL: nothing drained
     recs = [json.loads(line) for line in (log_dir / "metrics.jsonl").read_text().splitlines()]
     assert not [r for r in recs if r["kind"] == "metrics" and "rank" in r], "per-rank records were written"
