@@ -92,19 +92,22 @@ def test_memory_used_leaves_out_the_drivers_reserved_memory_as_nvidia_smi_does(m
     """NVML's v1 memory info counts the driver's reserved memory as used (an H200, driver 580:
     0.65 GB over nvidia-smi); v2 reports it apart. v2 where nvidia-ml-py and the driver have it,
     v1 where not (older nvidia-ml-py, FUNCTION_NOT_FOUND), never both in one poll."""
-    new, old = make_fake_pynvml(num_gpus=2), make_fake_pynvml(num_gpus=1, memory_v2=False)
+    new, old = make_fake_pynvml(num_gpus=3), make_fake_pynvml(num_gpus=1, memory_v2=False)
     for g in new.gpus + old.gpus:
         g.memory_used_bytes, g.memory_reserved_bytes = 10**9, 650 * 10**6
     new.gpus[1].unsupported = {"nvmlDeviceGetMemoryInfo_v2"}   # a driver without the v2 call
+    new.gpus[2].failing = {"nvmlDeviceGetMemoryInfo_v2": 25}  # one that refuses the v2 struct
     monkeypatch.setitem(sys.modules, "pynvml", new)
     p = NvmlPoller()
     for _ in range(2):
         recs = _by_gpu(p.poll_once())
     assert recs[0]["values"]["gpu/memory_used_gb"] == pytest.approx(1.0)     # nvidia-smi's figure
     assert recs[0]["values"]["gpu/memory_percent"] == pytest.approx(100 * 1.0 / 80)
-    assert recs[1]["values"]["gpu/memory_used_gb"] == pytest.approx(1.65)    # v1: all NVML has
-    assert new.calls["nvmlDeviceGetMemoryInfo_v2"] == 2 + 1                  # GPU 1 asked once
-    assert new.calls["nvmlDeviceGetMemoryInfo"] == 2                         # GPU 1's fallback only
+    for i in (1, 2):
+        assert recs[i]["values"]["gpu/memory_used_gb"] == pytest.approx(1.65)  # v1: all NVML has
+    assert new.calls["nvmlDeviceGetMemoryInfo_v2"] == 2 + 1 + 1              # GPUs 1 and 2 asked once
+    assert new.calls["nvmlDeviceGetMemoryInfo"] == 2 + 2                     # their fallbacks only
+    assert p.num_field_errors == 0
     p.close()
     monkeypatch.setitem(sys.modules, "pynvml", old)
     p = NvmlPoller()
