@@ -43,14 +43,11 @@ _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__
 _HERE = os.path.abspath(__file__)
 
 
-def _sites() -> tuple[str, str, bool]:
-    """(immediate caller, nearest project frame, whether the immediate caller is project code).
-
-    The immediate caller is the frame that called the wrapped method (inside torch for a read
-    torch makes itself); project code is anything under the repository root that is not a
-    virtual environment.
+def _sites(f: Any) -> tuple[str, str, bool]:
+    """(immediate caller, nearest project frame, whether the immediate caller is project code),
+    for the frame `f` that made the read or the sync (inside torch for a read torch makes
+    itself); project code is anything under the repository root that is not a virtual environment.
     """
-    f = sys._getframe(3)
     direct = _where(f) if f is not None else "?"
     direct_in_project = f is not None and _in_project(os.path.abspath(f.f_code.co_filename))
     project = "?"
@@ -182,44 +179,31 @@ class SyncWindow:
         while f is not None and (_is_torch(f.f_code.co_filename) or os.path.abspath(f.f_code.co_filename) == _HERE
                                  or f.f_code.co_filename.endswith("warnings.py")):
             f = f.f_back
-        direct = _where(f) if f is not None else "?"
-        project = "?"
-        g = f
-        while g is not None:
-            if _in_project(os.path.abspath(g.f_code.co_filename)):
-                project = _where(g)
-                break
-            g = g.f_back
-        if f is not None and not _in_project(os.path.abspath(f.f_code.co_filename)):
-            self.num_library_reads += 1
-            self._record(self.library_reads, "cuda sync", direct, project)
-        else:
-            self.num_reads += 1
-            self._record(self.reads, "cuda sync", direct, project)
+        direct, project, direct_in_project = _sites(f)
+        self._count("cuda sync", direct, project, library=f is not None and not direct_in_project)
 
     def _note(self, what: str, tensor: Any) -> None:
         if tensor is not None and self.cuda and not getattr(tensor, "is_cuda", False):
             return  # a host tensor: reading it is no sync
         if self.cuda and self.mode == "warn" and tensor is not None:
             return  # torch's own warning names this sync (and its caller): counted there, once
-        direct, project, direct_in_project = _sites()
-        if self.cuda and self.mode == "warn" and not direct_in_project:
-            # A library's synchronize() (DeepSpeed's timers, its comms logger): listed as its own.
-            self.num_library_reads += 1
-            self._record(self.library_reads, what, direct, project)
+        direct, project, direct_in_project = _sites(sys._getframe(2))   # the wrapped method's caller
+        if not self.cuda and direct_in_project and any(a in direct for a in ALLOWED_FILES):
+            self.num_allowed += 1
             return
-        if not self.cuda:
-            if direct_in_project and any(a in direct for a in ALLOWED_FILES):
-                self.num_allowed += 1
-                return
-            if not direct_in_project:
-                # CPU: a library's own read (torch.optim's host-side step counter, ...). Whether
-                # it is a device sync depends on where that tensor lives on GPU: the GPU check decides.
-                self.num_library_reads += 1
-                self._record(self.library_reads, what, direct, project)
-                return
-        self.num_reads += 1
-        self._record(self.reads, what, direct, project)
+        # A library's own read or synchronize(), listed, not failed: on CPU (torch.optim's host-side
+        # step counter: whether it syncs depends on where that tensor lives on a GPU, which the GPU
+        # check decides), and in warn mode (DeepSpeed's timers, its comms logger).
+        library = not direct_in_project and (not self.cuda or self.mode == "warn")
+        self._count(what, direct, project, library)
+
+    def _count(self, what: str, site: str, via: str, library: bool) -> None:
+        if library:
+            self.num_library_reads += 1
+            self._record(self.library_reads, what, site, via)
+        else:
+            self.num_reads += 1
+            self._record(self.reads, what, site, via)
 
     def _record(self, table: dict, what: str, site: str, via: str) -> None:
         row = table.get((what, site, via))
