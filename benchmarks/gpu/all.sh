@@ -24,14 +24,16 @@ PY="${PYTHON:-python3}"
 "$PY" setup.py -q build_ext --inplace > "$OUT/build.log" 2>&1 || echo "C loops not built (Python twins run)" >> "$OUT/build.log"
 echo "[all $(elapsed)s] gpu tests" >&2
 timeout $(( BUDGET_S / 3 )) bash benchmarks/gpu/run.sh --tests -n 4 --timeout 170 > "$OUT/tests.log" 2>&1
-echo "[all $(elapsed)s] gpu tests rc=$?" | tee -a "$OUT/tests.log" >&2
+rc=$?   # taken at once: $(elapsed) below would reset $?
+echo "[all $(elapsed)s] gpu tests rc=$rc" | tee -a "$OUT/tests.log" >&2
 tail -25 "$OUT/tests.log" >&2
 left=$(( BUDGET_S - $(elapsed) - 40 ))
 BENCH_OUT=/tmp/gpu-bench-out
 echo "[all $(elapsed)s] benchmark, $left s left" >&2
 timeout "$left" bash benchmarks/gpu/run.sh --parts "${GPU_PARTS:-nosync,nvml,overhead,mfu}" --out "$BENCH_OUT" \
   --deadline-s $(( left - 90 )) "$@" > "$OUT/bench.log" 2>&1
-echo "[all $(elapsed)s] benchmark rc=$?" | tee -a "$OUT/bench.log" >&2
+rc=$?
+echo "[all $(elapsed)s] benchmark rc=$rc" | tee -a "$OUT/bench.log" >&2
 cp "$BENCH_OUT"/results.json "$BENCH_OUT"/results.md "$OUT"/ 2>/dev/null
 tar -czf "$OUT/logs.tar.gz" -C "$BENCH_OUT" logs 2>/dev/null
 cat "$OUT/results.md" >&2 2>/dev/null || tail -40 "$OUT/bench.log" >&2

@@ -26,9 +26,11 @@ have() { "$PY" -c "import $1" >/dev/null 2>&1; }
 
 if [ -d .whl ] && ! { have zmq && have msgspec && have wandb; }; then
   SITE=/tmp/site
-  echo "gpu-bench: installing $(ls .whl/*.whl | wc -l) wheels from .whl/ into $SITE" >&2
-  "$PY" -m pip install -q --no-index --no-deps --no-compile --target "$SITE" .whl/*.whl
   export PYTHONPATH="$SITE:$ROOT${PYTHONPATH:+:$PYTHONPATH}"
+  if ! { have zmq && have msgspec && have wandb; }; then   # not installed there by an earlier call
+    echo "gpu-bench: installing $(ls .whl/*.whl | wc -l) wheels from .whl/ into $SITE" >&2
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --target "$SITE" .whl/*.whl
+  fi
   if ! have deepspeed && ls .whl/sdist/deepspeed-*.tar.gz >/dev/null 2>&1; then
     echo "gpu-bench: building DeepSpeed from its sdist (no ops compiled)" >&2
     DS_BUILD_OPS=0 timeout 300 "$PY" -m pip install -q --no-index --no-build-isolation --no-deps --no-compile \
