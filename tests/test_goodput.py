@@ -130,6 +130,29 @@ def test_each_rank_gets_its_own_ledger_from_the_per_rank_records():
     assert "ranks" not in job_only and job_only["buckets_s"] == led["buckets_s"]
 
 
+def test_a_rank_that_began_a_step_late_waited_no_longer_than_its_step():
+    """Rank 1 is slow in data loading by 0.3 s a step; at step 2 rank 0 began late (descheduled
+    between steps on a busy host): its own step took 0.35 s, 0.2 s of it data loading, so it
+    waited 0.15 s for rank 1 there, not the step's 0.3 s excess; its buckets still sum to its
+    wall time and none is negative."""
+    recs = [_hello(T0, 0, T0), _hello(T0, 1, T0)]
+    t = T0 + 1.0
+    for step, st0 in ((1, 0.6), (2, 0.35), (3, 0.6)):
+        t += 0.6
+        recs += [{"kind": "metrics", "t": t, "step": step, "rank": 0,
+                  "values": {"perf/step_time": st0, "perf/data_loading_time": 0.2}},
+                 {"kind": "metrics", "t": t, "step": step, "rank": 1,
+                  "values": {"perf/step_time": 0.6, "perf/data_loading_time": 0.5}},
+                 _step(t, step, 0.6, data=0.35, **{"perf/straggler_rank": 1.0, "perf/straggler_excess_s": 0.3,
+                                                   "perf/straggler_phase_index": 0.0,
+                                                   "perf/straggler_median_s": 0.2})]
+    recs.append({"kind": "bye", "t": t, "rank": 0, "stats": {}})
+    b0 = ledger(recs)["ranks"][0]["buckets_s"]
+    assert b0["straggler"] == pytest.approx(0.3 + 0.15 + 0.3) and b0["data_loading"] == pytest.approx(3 * 0.2)
+    assert b0["productive"] == pytest.approx(0.1 + 0.0 + 0.1) and min(b0.values()) >= 0.0
+    assert sum(b0.values()) == pytest.approx(ledger(recs)["ranks"][0]["wall_s"], abs=1e-9)
+
+
 def test_per_rank_records_the_ledger_cannot_keep_are_counted(monkeypatch):
     from telemetry.shared import goodput
 
@@ -428,8 +451,9 @@ def test_a_daemon_sigkilled_and_restarted_mid_run_leaves_one_launch_and_the_inje
     assert led["launches"] == 1 and led["steps"] == len(written), led
     assert led["steps_missing"] == steps_n - len(written) and written[-1] == steps_n, (written, led)
     assert b["hang"] == b["recovery"] == b["redone"] == b["checkpoint_restore"] == 0.0, b
-    own = [{json.loads(line)["step"]: json.loads(line)["data_loading_time"]
-            for line in (tmp_path / f"loss{r}.jsonl").read_text().splitlines()} for r in (0, 1)]
+    rows = [[json.loads(line) for line in (tmp_path / f"loss{r}.jsonl").read_text().splitlines()] for r in (0, 1)]
+    own = [{row["step"]: row["data_loading_time"] for row in rows[r]} for r in (0, 1)]
+    own_st = [{row["step"]: row["step_time"] for row in rows[r]} for r in (0, 1)]
     agg = {r["step"]: r["values"] for r in recs if r["kind"] == "metrics" and "rank" not in r}
     # A step written without a rank (its record went to the killed daemon): the ranks it has.
     present = {r["step"]: [k for k in (0, 1) if k not in r.get("missing_ranks", ())]
@@ -486,15 +510,20 @@ def test_a_daemon_sigkilled_and_restarted_mid_run_leaves_one_launch_and_the_inje
         mine = sorted(r["step"] for r in recs if r["kind"] == "metrics" and r.get("rank") == rank and r["step"] in agg)
         assert rl["launches"] == 1 and rl["steps"] == len(mine) > 0, (rank, rl, mine)
         assert rb["data_loading"] == pytest.approx(sum(own[rank][s] for s in mine), abs=1e-6), (rank, rb)
-        waited = sum(agg[s].get("perf/straggler_excess_s", 0.0) for s in mine
+        # What it waited: the excess, but no more than its own step time less its own data
+        # loading (its loss log's figures; a rank descheduled between steps on a busy host
+        # begins the next one late and waits that much less).
+        waited = sum(min(own_st[rank][s] - own[rank][s], agg[s].get("perf/straggler_excess_s", 0.0)) for s in mine
                      if agg[s].get("perf/straggler_rank") not in (None, rank))
         assert rb["straggler"] == pytest.approx(waited, abs=1e-9), (rank, rb, waited)
         own_save = [r["data"]["duration_s"] for r in recs if r.get("name") == "checkpoint_saved" and r["rank"] == rank]
         assert rb["checkpoint_save"] == pytest.approx(own_save[0], abs=1e-9)
         assert sum(rb.values()) == pytest.approx(rl["wall_s"], abs=1e-6)
         assert rb["hang"] == rb["recovery"] == rb["redone"] == 0.0, (rank, rb)
-    # Rank 0 waited for rank 1's data at least on every step the series names it for that.
-    assert led["ranks"][0]["buckets_s"]["straggler"] >= sum(agg[s]["perf/straggler_excess_s"] for s in data_named) - 1e-6
+    # Rank 0 waited for rank 1's data on every step the series names it for that: the whole
+    # excess, within 1 % of the wall time (less only where it began a step late).
+    assert led["ranks"][0]["buckets_s"]["straggler"] >= \
+        sum(agg[s]["perf/straggler_excess_s"] for s in data_named) - 0.01 * wall, (led["ranks"][0], wall)
     assert led["ranks"][1]["buckets_s"]["data_loading"] >= slow_data * led["ranks"][1]["steps"]
 
 

@@ -234,7 +234,7 @@ class Run:
                 now = time.perf_counter()
                 step_time_s, t_last = now - t_last, now
                 self.loss_log.log(self.step, {"loss": step_loss, "grad_norm": grad_norm, "lr": lr, "epoch": epoch,
-                                              "data_loading_time": data_time_s})
+                                              "data_loading_time": data_time_s, "step_time": step_time_s})
                 # An eval step sends two records (this step's metrics, then eval's): each says so
                 # (parts=2), and the daemon writes the step once, both reduced across the ranks.
                 logged = self.step % cfg.log_every == 0

@@ -46,7 +46,9 @@ counts them. While a launch runs, its time since its last record is not in the w
 Per rank, from each rank's own step records, a ledger of each rank's own (RankBooks: `ranks` in
 the result): its own step time, data loading, eval, client time, process start, saves, restores
 and bye; its straggler bucket is the time it waited for another rank (the step's
-perf/straggler_excess_s when the straggler was another rank). The job ledger above is the job's;
+perf/straggler_excess_s when the straggler was another rank, but never more than its own step
+time less its own data loading: a rank that began the step late, descheduled on a busy host,
+waited that much less, and its buckets still sum to its wall time). The job ledger above is the job's;
 the per-rank ones say which ranks waited and which lost time to data. The daemon keeps them live
 from the per-rank records it receives; they are in its files only with `--per-rank`, so without
 it the daemon keeps them in RANKS_FILE (goodput_ranks.json, beside metrics.jsonl) for the
