@@ -17,8 +17,6 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 ENGINES = {"ddp": ["engine.backend=ddp", "engine.zero_stage=0"],
            **{f"zero{z}": ["engine.backend=deepspeed", f"engine.zero_stage={z}"] for z in range(4)}}
-TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-            "-m", "trainer.train"]
 
 
 def _env():
@@ -34,6 +32,17 @@ def _args(tmp_path, engine, action, extra=()):
 def _train(args, timeout=240):
     return subprocess.run([sys.executable, "-m", "trainer.train", *args], cwd=ROOT, capture_output=True,
                           text=True, timeout=timeout, env=_env())
+
+
+def _run_sh(tmp_path, nproc, args, timeout=600):
+    """launch/run.sh (its daemon, W&B off) on nproc ranks with the trainer's args (run_dir and
+    the endpoint are run.sh's own)."""
+    env = {**os.environ, "TELEMETRY_WANDB": "disabled", "OMP_NUM_THREADS": "1"}
+    for k in ("TELEMETRY_RUNTIME_DIR", "TELEMETRY_DISABLED"):
+        env.pop(k, None)
+    args = [a for a in args if not a.startswith(("run_dir=", "telemetry_endpoint="))]
+    return subprocess.run([str(ROOT / "launch/run.sh"), "--nproc", str(nproc), "--run-dir", str(tmp_path), "--",
+                           *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
 
 
 def _rows(tmp_path, name="loss.jsonl"):
@@ -95,7 +104,9 @@ def test_skip_drops_exactly_the_bad_step_and_healthy_steps_raise_nothing(tmp_pat
 
 @pytest.mark.parametrize("engine", ["ddp", "zero0"])
 def test_stop_exits_3_with_an_emergency_checkpoint(tmp_path, engine):
-    p = _train(_args(tmp_path, engine, "stop", ["steps=6", "debug.nan_step=2"]))
+    """DDP through launch/run.sh (one rank, its daemon): run.sh exits with the trainer's 3 too."""
+    args = _args(tmp_path, engine, "stop", ["steps=6", "debug.nan_step=2"])
+    p = _run_sh(tmp_path, 1, args) if engine == "ddp" else _train(args)
     assert p.returncode == 3, p.stdout[-3000:] + p.stderr[-3000:]
     assert "non-finite loss and grad_norm seen by step 2 (stop)" in p.stdout
     assert "emergency checkpoint (nonfinite) at step 2" in p.stdout
@@ -109,11 +120,13 @@ def test_stop_exits_3_with_an_emergency_checkpoint(tmp_path, engine):
 
 @pytest.mark.slow
 def test_stop_on_two_ranks_agrees_on_the_step_and_checkpoints_together(tmp_path):
-    """The NaN only on rank 1: both ranks stop at the same step and write one complete checkpoint."""
+    """The NaN only on rank 1: both ranks stop at the same step and write one complete checkpoint;
+    launch/run.sh exits 3, the trainer's code (torchrun alone would say 1)."""
     args = _args(tmp_path, "ddp", "stop", ["steps=8", "debug.nan_step=3", "debug.nan_rank=1",
                                            f"debug_loss_log={tmp_path}/loss{{rank}}.jsonl"])
-    p = subprocess.run(TORCHRUN + args, cwd=ROOT, capture_output=True, text=True, timeout=240, env=_env())
-    assert p.returncode != 0, p.stdout[-3000:]  # torchrun reports a worker's exit 3 as its own failure
+    p = _run_sh(tmp_path, 2, args)
+    assert p.returncode == 3, p.stdout[-3000:] + p.stderr[-3000:]
+    assert "emergency checkpoint (nonfinite)" in p.stdout, p.stdout[-3000:]
     ckpts = sorted((tmp_path / "checkpoints").glob("step_*"))
     assert len(ckpts) == 1, ckpts
     meta = json.loads((ckpts[0] / "meta.json").read_text())

@@ -89,13 +89,16 @@ def test_sigterm_writes_an_emergency_checkpoint_and_exits_cleanly(tmp_path):
 
 @pytest.mark.slow
 def test_trains_20_steps_without_a_daemon_and_leaves_a_checkpoint(tmp_path):
-    """The default config and engine, an endpoint nobody listens on: training is unaffected."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TELEMETRY_ENDPOINT": f"ipc://{tmp_path}/nobody.sock"}
-    env.pop("TELEMETRY_DISABLED", None)
+    """The default config and engine, no daemon anywhere (the default endpoint, in a runtime
+    directory nobody listens in): every record is dropped and counted, training is unaffected."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TELEMETRY_RUNTIME_DIR": str(tmp_path / "nobody")}
+    for k in ("TELEMETRY_DISABLED", "TELEMETRY_ENDPOINT"):
+        env.pop(k, None)
     p = subprocess.run([sys.executable, "-m", "trainer.train", "steps=20", f"run_dir={tmp_path}/run",
                         f"debug_loss_log={tmp_path}/loss.jsonl"], cwd=ROOT, capture_output=True, text=True,
                        timeout=240, env=env)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    assert f"no daemon serves {tmp_path / 'nobody'}: this process's records are dropped (and counted)" in p.stderr
     meta = json.loads((tmp_path / "run" / "checkpoints" / "step_00000020" / "meta.json").read_text())
     assert meta["step"] == 20
     assert (tmp_path / "run" / "checkpoints" / "config.yaml").is_file()
