@@ -197,8 +197,10 @@ def bench_pipeline(endpoint: str, pub_ep: str, control_ep: str, log_dir: Path, r
     while jsonl.num_written + jsonl.num_dropped < jsonl.num_in:     # the sink thread's backlog
         time.sleep(0.0002)
     t_jsonl = time.perf_counter() - t0
-    d._stop_reason = "benchmark"
-    rc = d._shutdown()       # drains queues, flushes, fsyncs, closes
+    from telemetry.daemon import shutdown
+
+    d.stop_reason = "benchmark"
+    rc = shutdown.run(d)     # drains queues, flushes, fsyncs, closes
     t_written = time.perf_counter() - t0
     cpu_written = time.process_time() - c0
     if prof is not None:

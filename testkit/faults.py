@@ -487,7 +487,7 @@ def multinode(work: Path, num_nodes: int = 2, ranks_per_node: int = 2, rate: flo
     outage = {}
     if outage_s > 0:
         # The outage starts when the head has exited: its drain takes records in until the ranks'
-        # byes or a quiet moment (up to core.BYE_WAIT_S while the nodes keep forwarding).
+        # byes or a quiet moment (up to shutdown.BYE_WAIT_S while the nodes keep forwarding).
         head_finals.append(head.drain())
         at_stop = [fwd(nd) for nd in nodes]
         time.sleep(outage_s)

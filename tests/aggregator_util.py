@@ -29,7 +29,7 @@ def finish_many(agg, accs, only: tuple[str, ...] | None = None) -> list[dict]:
 
     batch, recs = agg.finish_batch(accs)
     chosen = DERIVATIONS if only is None else tuple(d for d in DERIVATIONS if d.name in only)
-    failed = Derived(MfuConfig(), chosen).apply(batch, [r["values"] for r in recs], agg.expected_world())
+    failed = Derived(MfuConfig(), chosen).apply(batch, [r["values"] for r in recs], agg.world.size())
     assert not failed, failed
     return recs
 

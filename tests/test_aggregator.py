@@ -1,8 +1,9 @@
 """Aggregation semantics across ranks: reductions, straggler view, completion, timeouts, late records."""
 import pytest
 
-from telemetry.daemon.aggregator import DEAD_AFTER_TIMEOUTS, Aggregator
+from telemetry.daemon.aggregator import Aggregator
 from telemetry.daemon.config import AggregatorConfig, ConfigError
+from telemetry.daemon.world import DEAD_AFTER_TIMEOUTS, World
 from aggregator_util import add, finish
 
 
@@ -83,13 +84,13 @@ def test_dead_rank_is_no_longer_waited_for_and_comes_back():
         now = a.pending[step].opened_mono + 1.0
         for acc in a.expire(now):
             assert finish(a, acc)["missing_ranks"] == [1]
-    assert a.ranks_gone == {1}
+    assert a.world.gone == {1}
     # Now a step completes on rank 0 alone, still saying rank 1 is missing.
     (rec,) = feed(a, 10, {0: {"x": 1.0}})
     assert rec["missing_ranks"] == [1]
     # Rank 1 reports again: it is waited for again.
     assert feed(a, 11, {1: {"x": 1.0}}) == []
-    assert a.ranks_gone == set()
+    assert a.world.gone == set()
     (rec,) = feed(a, 11, {0: {"x": 3.0}})
     assert "missing_ranks" not in rec and rec["values"]["x"] == 2.0
 
@@ -114,10 +115,10 @@ def test_same_rank_logging_a_step_again_opens_it_again():
 
 def test_world_size_from_hellos_and_ranks_seen():
     a = Aggregator(AggregatorConfig())
-    a.note_world_size(2)
+    a.world.note_size(2)
     assert feed(a, 0, {0: {"x": 1.0}}) == []
     assert len(feed(a, 0, {1: {"x": 1.0}})) == 1
-    assert a.expected_world() == 2
+    assert a.world.size() == 2
 
 
 def test_none_and_bool_values_reduce_without_losing_the_step():
@@ -151,3 +152,28 @@ def test_per_phase_straggler_view():
     # one rank alone: no straggler view
     (rec,) = feed(agg(1), 0, {0: rows[0]})
     assert "perf/straggler_rank" not in rec["values"]
+
+
+def test_the_world_alone_strangers_hints_and_ranks_that_come_and_go():
+    """world.py without the aggregator: a node's slice of a configured world; a stranger never
+    waited for; a hello's size only where nothing is configured; a rank gone after
+    DEAD_AFTER_TIMEOUTS timed-out steps in a row, back once it reports."""
+    w = World(4, first_rank=4)                  # node 1 of 4-rank nodes: ranks 4..7
+    assert w.expected == {4, 5, 6, 7} and w.size() == 4
+    w.reported(99)
+    assert 99 in w.strangers and 99 in w.steady and 99 not in w.expected and w.num_expected == 4
+    w.note_size(8)                              # configured: a hello changes nothing
+    assert w.size() == 4
+    for r in (4, 5, 6, 7):
+        w.reported(r)
+    for n in range(DEAD_AFTER_TIMEOUTS):
+        assert 7 not in w.gone
+        w.timed_out({4, 5, 6})
+    assert w.gone == {7} and w.expected == {4, 5, 6} and 7 not in w.steady
+    w.reported(7)
+    assert w.gone == set() and w.num_expected == 4 and 7 in w.steady
+    h = World(0)                                # nothing configured: the hellos' hint, then the ranks
+    h.reported(3)
+    assert h.size() == 1 and h.expected == {3}
+    h.note_size(2)
+    assert h.size() == 2 and h.expected == {0, 1, 3}

@@ -49,4 +49,4 @@ def test_a_bogus_rank_makes_no_step_incomplete(loops):
     out = finish_many(a, closed)
     assert [rec["step"] for rec in out] == [0, 1, 2, 3, 4] and not late
     assert all("missing_ranks" not in rec for rec in out), out
-    assert a.num_steps_incomplete == 0 and 999 not in a.known_ranks() - a.ranks_gone
+    assert a.num_steps_incomplete == 0 and 999 not in a.world.known_ranks() - a.world.gone

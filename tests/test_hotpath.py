@@ -303,7 +303,7 @@ def _run_arrivals(impl, world: int, script: list) -> list:
         seen.append((finish_many(agg, done), [(r.rank, r.step) for r in late]))
         if expire:
             seen.append(finish_many(agg, agg.expire(time.monotonic() + agg.cfg.step_timeout_s + 1)))
-        seen.append((sorted(agg.pending), agg.ranks_seen, agg.ranks_gone, dict(agg._misses), agg.num_records_late))
+        seen.append((sorted(agg.pending), agg.world.seen, agg.world.gone, dict(agg.world.misses), agg.num_records_late))
     seen.append(finish_many(agg, agg.flush()))
     return seen
 

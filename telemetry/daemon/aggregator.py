@@ -7,9 +7,8 @@ emitted without some ranks says which in "missing_ranks". Straggler view per ste
 perf/step_time_max, perf/step_time_min, perf/slowest_rank, and per phase (straggler_view.py,
 run with the other derived metrics: derived.py).
 
-Ranks come and go: a rank missing from DEAD_AFTER_TIMEOUTS timed-out steps in a row is no
-longer waited for (so one dead rank does not delay every later step by the timeout); it is
-waited for again as soon as it reports. A record that arrives for a step already emitted
+Which ranks a step waits for is the World's (world.py): ranks come and go, a rank missing from
+timed-out steps in a row is no longer waited for, and waited for again once it reports. A record that arrives for a step already emitted
 without its rank (a straggler past the timeout) is "late": it is not folded into a second
 record for that step but handed back to be written as the rank's own record, so nothing
 accepted is lost. A rank that sends several records for a step says so in each (`parts`, e.g. 2
@@ -38,9 +37,7 @@ from telemetry.daemon.config import AggregatorConfig
 from telemetry.daemon.loops import step_values
 from telemetry.daemon.reductions import RANK_RULES, Reducer
 from telemetry.daemon.steps import StepBatch
-
-# Timed-out steps in a row a rank may miss before the aggregator stops waiting for it.
-DEAD_AFTER_TIMEOUTS = 2
+from telemetry.daemon.world import World
 # The largest world size a hello is believed about (core._on_hello): per-rank structures and each
 # step's missing_ranks are sized by it.
 MAX_WORLD_SIZE = 1 << 16
@@ -84,60 +81,13 @@ class Aggregator:
         # Indexes over `pending`; entries whose step has closed since are skipped lazily.
         self._step_heap: list[int] = []
         self._by_age: deque[StepAccumulator] = deque()
-        self.ranks_seen: set[int] = set()
-        self.world_size_hint = cfg.world_size
-        self.ranks_gone: set[int] = set()
-        # Ranks outside a configured world (0..world_size-1, or a node's slice): a bogus rank id. Their
-        # records join their steps, but no step waits for them or is "incomplete" without them.
-        self.strangers: set[int] = set()
-        self._misses: dict[int, int] = {}          # rank -> timed-out steps missed in a row
-        self._steady: set[int] = set()
+        self.world = World(cfg.world_size, cfg.first_rank)     # which ranks a step waits for
         self._closed: OrderedDict[int, frozenset] = OrderedDict()   # step -> ranks it had
-        self._num_expected = self._recount()
         self.last_step = -1
         self.num_steps_out = 0
         self.num_steps_incomplete = 0
         self.num_records_late = 0
         self.num_open_records = 0                 # records in `pending` (the memory budget's measure)
-
-    # -- who is expected -----------------------------------------------------------------------
-    def known_ranks(self) -> set[int]:
-        if not self.world_size_hint:
-            return set(self.ranks_seen)
-        first = self.cfg.first_rank   # a node daemon waits for its own slice of the global ranks
-        return set(range(first, first + self.world_size_hint)) | self.ranks_seen
-
-    def expected_world(self) -> int:
-        return self.world_size_hint or len(self.ranks_seen)
-
-    def _recount(self) -> int:
-        self._known = self.known_ranks()
-        self._expected = self._known - self.ranks_gone
-        # Ranks seen, not gone, with no misses pending: a record from one of them changes nothing.
-        self._steady = (self.ranks_seen - self.ranks_gone - self._misses.keys()) | self.strangers
-        return len(self._expected)
-
-    def note_world_size(self, world_size: int) -> None:
-        if not self.cfg.world_size and world_size > self.world_size_hint:
-            self.world_size_hint = world_size
-            first = self.cfg.first_rank
-            now_in = {r for r in self.strangers if first <= r < first + world_size}
-            self.strangers -= now_in
-            self.ranks_seen |= now_in
-            self._num_expected = self._recount()
-
-    def _rank_reported(self, rank: int) -> None:
-        # Only a configured world size is a statement about which ranks exist; one from the
-        # hellos (a client without WORLD_SIZE says 1) is a hint the ranks themselves overrule.
-        configured, first = self.cfg.world_size, self.cfg.first_rank
-        if configured and not first <= rank < first + configured:
-            self.strangers.add(rank)
-            self._num_expected = self._recount()
-            return
-        self.ranks_seen.add(rank)
-        self.ranks_gone.discard(rank)
-        self._misses.pop(rank, None)
-        self._num_expected = self._recount()
 
     # -- the hot path ---------------------------------------------------------------------------
     def add_many(self, recs: list) -> tuple[list[StepAccumulator], list]:
@@ -152,8 +102,8 @@ class Aggregator:
         The daemon's hot path: per record a dict lookup, two appends and the completeness test;
         opening a step, a rank not seen before and a record of several parts take the slower paths.
         """
-        pending = self.pending
-        steady, expected, num_expected = self._steady, self._expected, self._num_expected
+        pending, world = self.pending, self.world
+        steady, expected, num_expected = world.steady, world.expected, world.num_expected
         now = time.monotonic()
         done: list[StepAccumulator] = []
         late: list = []
@@ -171,8 +121,8 @@ class Aggregator:
             ranks = acc.ranks
             ranks.add(rank)
             if rank not in steady:          # one set lookup per record in the steady state
-                self._rank_reported(rank)
-                steady, expected, num_expected = self._steady, self._expected, self._num_expected
+                world.reported(rank)
+                steady, expected, num_expected = world.steady, world.expected, world.num_expected
             if len(ranks) >= num_expected and expected <= ranks:
                 done += self._close_through(step)
         self.num_records_late += len(late)
@@ -251,15 +201,8 @@ class Aggregator:
         done = self._close_through(max(late))
         for acc in done:
             if acc.step in late:
-                self._note_misses(acc)
+                self.world.timed_out(acc.ranks)
         return done
-
-    def _note_misses(self, acc: StepAccumulator) -> None:
-        for r in self._expected - acc.ranks:
-            n = self._misses[r] = self._misses.get(r, 0) + 1
-            if n >= DEAD_AFTER_TIMEOUTS:
-                self.ranks_gone.add(r)
-        self._num_expected = self._recount()
 
     def shed_oldest(self, max_open_records: int) -> list[StepAccumulator]:
         """Close the oldest open steps (and the steps before them) until at most `max_open_records`
@@ -291,7 +234,7 @@ class Aggregator:
 
     def _records(self, accs: list[StepAccumulator], batch: StepBatch, values: list[dict]) -> list[dict]:
         """The output records of closed steps (the JSONL schema); remembers which ranks each had."""
-        known = self._known
+        known = self.world.known
         num_known = len(known)
         recs = []
         for acc, t_ns, v in zip(accs, batch.t_ns, values):

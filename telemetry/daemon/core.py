@@ -9,6 +9,12 @@ The loop has one shape: poll the sockets with a timeout equal to the next timer'
 dispatch what arrived, then do the housekeeping that is due (expire steps, daemon record).
 Shutdown (SIGTERM, SIGINT or a drain request) stops intake, drains the ingest socket, flushes
 every stage, fsyncs, and closes, within `drain_timeout_s`; a stage still busy then is abandoned.
+
+The pieces beside the loop, each in its own module: shutdown.py (the drain), self_report.py
+(the loss accounting past the receiver's, `status`, the `daemon` record, the progress line),
+control_server.py (status, drain, ping), hellos.py and byes.py (what the ranks said at their
+start and end), world.py (which ranks a step waits for, the Aggregator's), continuity.py (what
+a restarted daemon takes over).
 """
 from __future__ import annotations
 
@@ -29,7 +35,6 @@ import zmq
 from protocol import MAX_FRAME_BYTES, Bye, Event, Hello, Metrics
 from telemetry.shared import endpoints, files
 from telemetry.daemon import hotpath
-from telemetry.daemon import loops as python_loops
 from telemetry.daemon.aggregator import Aggregator
 from telemetry.daemon.config import DaemonConfig
 from telemetry.daemon.byes import HeldByes
@@ -43,10 +48,11 @@ from telemetry.daemon.downsample import Downsampler
 from telemetry.daemon.intake import Intake
 from telemetry.daemon import memory
 from telemetry.daemon.receiver import Receiver
+from telemetry.daemon import shutdown, self_report
+from telemetry.daemon.self_report import Losses
 from telemetry.shared.jsonlines import FILE_NAME
 from telemetry.shared.media import EVENT as MEDIA_EVENT
 from telemetry.shared.security.redact import Redactor
-from telemetry.daemon.goodput_stage import daemon_values as goodput_values
 from telemetry.daemon.sinks.base import InlineRunner, Out, SinkRunner, StartupError, batch_bytes
 
 log = logging.getLogger("telemetry.daemon")
@@ -60,22 +66,6 @@ READY_LINE = "telemetry daemon ready"
 INGEST_BATCH = 1024
 # The longest the loop sleeps when no timer is due; bounds how stale "now" can get.
 MAX_POLL_MS = 500
-# At shutdown, intake ends once the ingest socket has been quiet this long (records still on the
-# wire from ranks that just closed get in), or when INTAKE_SHARE of drain_timeout_s is spent
-# (ranks still sending, or a backlog larger than the daemon can take in that time); the rest of
-# the deadline is the sinks' to flush. What is still queued then is read and counted as lost.
-INTAKE_QUIET_S = 0.05
-INTAKE_SHARE = 0.6
-# ... unless a client that was still sending when the drain began has not said bye yet (its bye
-# carries its final seq: only with it is what it sent and this daemon never got counted). Then
-# intake waits for the bye, or for the socket to be quiet this long (a rank killed or hung
-# mid-drain, which will never say bye; named in sources_open_at_drain). Under CPU hogs a busy
-# sender and libzmq's I/O thread go unscheduled for a while: the first empty read is no proof.
-SOURCE_SILENT_S = 1.0
-# ... and for the byes at most this long into the drain, once the socket has a quiet moment: ranks
-# that go on sending (a daemon restarted under a running job) will not say bye soon, and their
-# accounting goes on in the next daemon on this log directory (sources.json).
-BYE_WAIT_S = 5.0
 # A peer on the ingest socket that has not completed the ZMTP handshake in this long is dropped by
 # libzmq (counted in handshake_failed): a connection that never becomes a client (a raw TCP
 # socket that sends nothing) holds a connection slot and a descriptor this long at most
@@ -86,13 +76,8 @@ HANDSHAKE_IVL_MS = 5000
 # of raw ones) beyond it has its SYNs dropped and retried after 1, 3, 7 s, which a rank's close
 # (1.5 s) may not outlast.
 INGEST_BACKLOG = 1024
-# How long a sink abandoned at the deadline may take to finish the batch in its hands.
-ABANDON_GRACE_S = 0.5
 # Allocations between young-generation collections (CPython's default is 700); see _tune_gc.
 GC_GEN0_THRESHOLD = 50_000
-# Stages that analyse the stream rather than write it (their own threads, like sinks): what
-# they skip under a backlog is analysis skipped (telemetry/diagnosis_skipped), not output lost.
-ANALYSIS_STAGES = frozenset({"diagnosis", "forensics", "goodput"})
 # The most of the time the diagnosis stage's thread may spend on the rules (see SinkRunner).
 DIAGNOSIS_MAX_SHARE = 0.25
 GOODPUT_MAX_SHARE = 0.05
@@ -123,7 +108,7 @@ class Daemon:
         self.clocks: NodeClocks | None = None    # a head's: each node's clock against its own (start())
         self._diagnosis_stage = None
         self.runners: list[SinkRunner] = []
-        self._runners_in_order: list[SinkRunner] = []   # inline ones first; set by start()
+        self.runners_in_order: list[SinkRunner] = []   # inline ones first; set by start()
         self.pollers: list = []
         self.diagnoser = None
         self.host = socket.gethostname()
@@ -135,41 +120,38 @@ class Daemon:
         self.media_files = None                         # who deletes the ranks' media files
         self.fd_limit, self.max_connections = 0, cfg.max_connections   # set by start()
         self._inbox: collections.deque[dict] = collections.deque()
-        self._stop_reason = ""
-        self._started_mono = time.monotonic()
-        self._started_wall = time.time()
+        self.stop_reason = ""
+        self.started_mono = time.monotonic()
+        self.started_wall = time.time()
         # The accounting and counts a restarted daemon carries over, checkpointed in sources.json.
         self.continuity = Continuity(self.log_dir, self.receiver, self.aggregator, cfg.aggregator.per_rank,
-                                     self._started_wall)
+                                     self.started_wall)
         self.num_records_out = 0
         self.num_events_in = 0
-        self.num_unread_at_drain = 0           # queued at the drain deadline, read and counted lost
-        self.num_sources_open_at_drain = 0     # clients still sending at the drain's end, no bye
-        self.num_records_failed = 0            # raised in a pipeline stage (see _failed), counted lost
-        self._failure_causes: set[tuple[str, str]] = set()
+        self.losses = Losses()                 # lost past the receiver's accounting (self_report.py)
         self._next_checkpoint = time.monotonic() + CHECKPOINT_INTERVAL_S
         self.unfinished: list[str] = []        # stages still busy at the drain deadline
         self.endpoints: dict[str, str] = {}
         self._next_daemon_record = time.monotonic() + cfg.daemon_record_interval_s
         self._latest_step: dict | None = None
         self._progress_logged: dict | None = None
-        self._redact = Redactor()   # secrets in hello configs and event data never reach a sink
+        self.redactor = Redactor()   # secrets in hello configs and event data never reach a sink
         # The memory budget (memory.py): each buffer's share, what was shed beyond it.
         self.budget = memory.Budget(cfg.memory_mb)
         self.shed = memory.Shed()
         # The last batches of metrics records, for hang forensics (one append per batch).
-        self._recent_metrics = memory.RecentRing(self.budget.recent_bytes, self.shed)
+        self.recent_metrics = memory.RecentRing(self.budget.recent_bytes, self.shed)
         self.names = self.receiver.names = memory.NameCatalogue(self.budget.max_names, self.shed)
         self.hello_infos = memory.HelloInfos(self.budget.hello_bytes, self.shed)
-        self.hellos = Hellos(self.hello_infos, self._redact)   # each rank's hello info (hellos.py)
+        self.hellos = Hellos(self.hello_infos, self.redactor)   # each rank's hello info (hellos.py)
         self._pub_sock: zmq.Socket | None = None   # watched for its subscribers (start)
         self._record_bytes = 1024              # estimated bytes of a metrics record in memory (per batch)
-        self._batch_frames = INGEST_BATCH      # frames per ingest batch: memory.INGEST_BATCH_BYTES of them
+        self.batch_frames = INGEST_BATCH      # frames per ingest batch: memory.INGEST_BATCH_BYTES of them
         self._last_ingest_mono = 0.0
         self._trim_due = False                 # records came in since the heap was last trimmed
         self.intake: Intake | None = None      # the ingest socket's read-ahead queue (start)
         self.watch_pid: int | None = None      # --watch-pid: drain once this process has exited
-        self._lock_fd: int | None = None       # the runtime directory's daemon.lock, held for life
+        self.lock_fd: int | None = None       # the runtime directory's daemon.lock, held for life
         self.num_heap_trims = 0
 
     # -- start ---------------------------------------------------------------------------------
@@ -189,7 +171,7 @@ class Daemon:
                      "own; descriptor limit %d)", cfg.aggregator.world_size, self.max_connections, self.fd_limit)
         if self.endpoints["ingest"].startswith("ipc://"):
             # Says "a daemon serves this directory" to whoever would start one (client/autostart.py).
-            self._lock_fd = endpoints.hold_daemon_lock(Path(self.endpoints["ingest"][len("ipc://"):]).parent)
+            self.lock_fd = endpoints.hold_daemon_lock(Path(self.endpoints["ingest"][len("ipc://"):]).parent)
         self.ctx = zmq.Context(1)
         # Refuses (SecurityError) to listen beyond loopback without CURVE; runs the allow-list.
         from telemetry.shared.security.curve import DaemonSecurity
@@ -248,7 +230,7 @@ class Daemon:
         self._poller.register(self.pull, zmq.POLLIN)
         self._poller.register(self.control, zmq.POLLIN)
         self._poller.register(self._wake_r.fileno(), zmq.POLLIN)
-        self._runners_in_order = sorted(self.runners, key=lambda r: not isinstance(r, InlineRunner))
+        self.runners_in_order = sorted(self.runners, key=lambda r: not isinstance(r, InlineRunner))
         for runner in self.runners:
             runner.start()
         for p in self.pollers:
@@ -372,7 +354,7 @@ class Daemon:
             for p in self.pollers:
                 p.set_rank_pids(pids)
 
-        stage = ForensicsStage(self.cfg.diagnosis, self.log_dir, self.host, self.post, self._recent_metrics,
+        stage = ForensicsStage(self.cfg.diagnosis, self.log_dir, self.host, self.post, self.recent_metrics,
                                ingest=self.endpoints["ingest"], on_ranks=set_rank_pids)
         self.forensics = stage
         self.runners.append(SinkRunner(stage, max_queued=10_000, flush_interval_s=FORENSICS_CHECK_S,
@@ -381,9 +363,9 @@ class Daemon:
     # -- the loop ------------------------------------------------------------------------------
     def run(self) -> int:
         """Serve until SIGTERM, SIGINT or a drain request; then drain and return the exit code."""
-        while not self._stop_reason:
+        while not self.stop_reason:
             self.turn()
-        return self._shutdown()
+        return shutdown.run(self)
 
     def turn(self, max_wait_s: float | None = None) -> None:
         """One turn of the loop: wait for input or the next timer, dispatch, housekeeping."""
@@ -396,23 +378,23 @@ class Daemon:
             timeout_ms = 0                 # frames read ahead are waiting
         events = dict(self._poller.poll(timeout_ms))
         if self.pull in events or len(self.intake):
-            self._ingest(self._batch_frames)
+            self.ingest(self.batch_frames)
         if self.control in events:
             self.control_server.serve()
         if self._wake_r.fileno() in events:
             self._drain_wakeups()
         now = time.monotonic()
-        self._take_inbox()
-        self._emit_steps(self.aggregator.expire(now))
+        self.take_inbox()
+        self.emit_steps(self.aggregator.expire(now))
         if self.byes:
-            self._write_byes(self.byes.release(now, self.receiver.sources))
+            self.write_byes(self.byes.release(now, self.receiver.sources))
         if self.links is not None and self.links.busy():
             for rec in self.links.due(now, self.receiver.sources):
-                self._emit(rec)
+                self.emit(rec)
                 if self._diagnosis_stage is not None:
                     self._diagnosis_stage.note(rec)      # the rules read no event but this kind
         if now >= self._next_daemon_record:
-            self._emit(self._daemon_record())
+            self.emit(self.daemon_record())
             self._log_progress()
             self._next_daemon_record = now + self.cfg.daemon_record_interval_s
         checkpoint_due = self.continuity.due(now, self.num_records_out + len(self._out))
@@ -420,8 +402,8 @@ class Daemon:
             self.receiver.mark_progress()      # which clients are still sending, for a drain
             self._next_checkpoint = now + CHECKPOINT_INTERVAL_S
             if self.watch_pid is not None and not _alive(self.watch_pid):
-                self._stop_reason = f"the process it was started for exited (pid {self.watch_pid})"
-        self._hand_out()
+                self.stop_reason = f"the process it was started for exited (pid {self.watch_pid})"
+        self.hand_out()
         if checkpoint_due:
             self.continuity.through_jsonl(self.jsonl_runner, self.num_records_out)
         if self._trim_due and now - self._last_ingest_mono >= TRIM_AFTER_QUIET_S:
@@ -440,7 +422,7 @@ class Daemon:
         deadline = self.aggregator.next_deadline()
         return now + MAX_POLL_MS / 1000 if deadline is None else deadline
 
-    def _ingest(self, max_frames: int) -> int:
+    def ingest(self, max_frames: int) -> int:
         """Read ahead what the ingest socket holds (Intake.fill: bounded in bytes, the excess shed
         and counted), then take up to `max_frames` frames from the head of that queue; return
         how many were taken.
@@ -468,7 +450,7 @@ class Daemon:
         intake.taken(n, self.receiver.batch_bytes)
         frame_bytes = self.receiver.batch_bytes // n + 1
         self._record_bytes = frame_bytes * memory.RECORD_BYTES_PER_FRAME_BYTE
-        self._batch_frames = max(1, min(INGEST_BATCH, memory.INGEST_BATCH_BYTES // frame_bytes))
+        self.batch_frames = max(1, min(INGEST_BATCH, memory.INGEST_BATCH_BYTES // frame_bytes))
         self._trim_due = True
         self._last_ingest_mono = time.monotonic()
         if all_metrics:
@@ -493,8 +475,8 @@ class Daemon:
                         rec = clocks.correct_one(rec, off)
                 if kind is Event:
                     self.num_events_in += 1
-                    data = self._redact(rec.data)
-                    self._emit({"kind": "event", "t": rec.t_ns / 1e9, "rank": rec.rank, "name": rec.name,
+                    data = self.redactor(rec.data)
+                    self.emit({"kind": "event", "t": rec.t_ns / 1e9, "rank": rec.rank, "name": rec.name,
                                 "data": data})
                     if rec.name == MEDIA_EVENT and self.media is not None:
                         self.media.put(rec.rank, data)
@@ -504,7 +486,7 @@ class Daemon:
                 elif kind is Bye:
                     self._on_bye(rec)
             except Exception as exc:          # the boundary should have caught it: counted, go on
-                self._failed(kind.__name__.lower(), exc, 1)
+                self.losses.failed(kind.__name__.lower(), exc, 1)
         if run:
             self._add_metrics(run)
         return n
@@ -516,29 +498,18 @@ class Daemon:
         if self.forensics is not None:
             self.forensics.note_bye(rec.rank)      # this rank finished: its exit is no crash
         if not self.byes.hold(rec, self.receiver.sources.get(rec.src), time.monotonic()):
-            self._write_byes([rec])
+            self.write_byes([rec])
 
-    def _write_byes(self, byes: list[Bye]) -> None:
+    def write_byes(self, byes: list[Bye]) -> None:
         for rec in byes:
-            self._emit({"kind": "bye", "t": rec.t_ns / 1e9, "rank": rec.rank, "stats": rec.stats})
-
-    def _failed(self, stage: str, exc: Exception, num_records: int) -> None:
-        """The last resort: a record the boundary (protocol/, receiver) let through raised in a
-        pipeline stage. Counted in records_failed (and so in records_lost), logged with its
-        traceback once per stage and kind of exception; the loop goes on."""
-        self.num_records_failed += num_records
-        cause = (stage, type(exc).__name__)
-        if cause not in self._failure_causes and len(self._failure_causes) < 100:
-            self._failure_causes.add(cause)
-            log.error("%s: a record raised %s (counted in records_failed; logged once per cause): %s",
-                      stage, type(exc).__name__, exc, exc_info=exc)
+            self.emit({"kind": "bye", "t": rec.t_ns / 1e9, "rank": rec.rank, "stats": rec.stats})
 
     def _observe_clock(self, rec) -> None:
         """A node's record made as it was sent: its clock against this daemon's (node_clocks.py)."""
         change = self.clocks.observe(rec.src, rec.rank, rec.t_ns, time.time_ns())
         if change is None:
             return
-        self._emit(change)
+        self.emit(change)
         off = change["data"]["offset_s"]
         unit = self.diagnoser.unit if self.diagnoser is not None else "node"
         if off:
@@ -552,14 +523,14 @@ class Daemon:
     def _add_metrics(self, recs: list) -> None:
         if self.clocks is not None and self.clocks.offset_ns:
             recs = self.clocks.correct(recs)
-        self._recent_metrics.append(recs, len(recs) * self._record_bytes)
+        self.recent_metrics.append(recs, len(recs) * self._record_bytes)
         if self.cfg.aggregator.per_rank:
             for rec in recs:
                 self._emit_rank(rec)
         try:
             closed, late = self.aggregator.add_many(recs)
         except Exception as exc:              # the boundary should have caught it: counted, go on
-            self._failed("aggregator", exc, len(recs))
+            self.losses.failed("aggregator", exc, len(recs))
             return
         if not self.cfg.aggregator.per_rank:
             for rec in late:
@@ -569,19 +540,19 @@ class Daemon:
                     late_ids = set(map(id, late))
                     recs = [r for r in recs if id(r) not in late_ids]
                 self.goodput.take_rank_records(recs, len(recs) * self._record_bytes)
-        self._emit_steps(closed)
+        self.emit_steps(closed)
         max_open = self.budget.open_steps_bytes // self._record_bytes
         if self.aggregator.num_open_records > max_open:
             early = self.aggregator.shed_oldest(max_open)
             self.shed.add("steps_closed_early", len(early), "steps waited on hold more records than their share: "
                           "the oldest go out early, without the ranks that have not reported")
-            self._emit_steps(early)
+            self.emit_steps(early)
 
     def _emit_rank(self, rec: Metrics, late: bool = False) -> None:
         out = {"kind": "metrics", "t": rec.t_ns / 1e9, "step": rec.step, "rank": rec.rank, "values": rec.values}
         if late:
             out["late"] = True
-        self._emit(out)
+        self.emit(out)
 
     def _on_hello(self, rec: Hello) -> None:
         info = self.hellos.take(rec.rank, rec.info)
@@ -589,7 +560,7 @@ class Daemon:
         if not self.cfg.forward:
             ws = self.hellos.world_size(rec.rank, info)
             if ws is not None:
-                self.aggregator.note_world_size(ws)
+                self.aggregator.world.note_size(ws)
         if info.get("forwarded_by") == "group head" and self.cfg.remote_ingest and self.diagnoser.unit != "group":
             # A job head fed by group heads: its "ranks" are groups of nodes, and its findings say so.
             self.diagnoser.unit = "group"
@@ -598,9 +569,9 @@ class Daemon:
         self.derived.on_hello(info)
         # A pid in a hello is a claim: the forensics stage verifies it before the pollers or the
         # forensics act on it (telemetry/daemon/forensics/verify.py).
-        self._emit({"kind": "hello", "t": rec.t_ns / 1e9, "rank": rec.rank, "info": info})
+        self.emit({"kind": "hello", "t": rec.t_ns / 1e9, "rank": rec.rank, "info": info})
 
-    def _emit_steps(self, accs: list) -> None:
+    def emit_steps(self, accs: list) -> None:
         """The steps the aggregator closed, reduced across ranks, with their derived metrics; in
         chunks whose steps x names table fits memory.MAX_BATCH_CELLS (steps with different names
         each make that table grow as steps x all their names)."""
@@ -609,53 +580,44 @@ class Daemon:
         chunk = max(1, memory.MAX_BATCH_CELLS // max(1, len(self.names)))
         if len(accs) > chunk:
             for i in range(0, len(accs), chunk):
-                self._emit_steps(accs[i:i + chunk])
+                self.emit_steps(accs[i:i + chunk])
             return
         try:
             batch, recs = self.aggregator.finish_batch(accs)
         except Exception as exc:              # the boundary should have caught it: counted, go on
-            self._failed("reduce", exc, sum(len(acc.records) for acc in accs))
+            self.losses.failed("reduce", exc, sum(len(acc.records) for acc in accs))
             return
         # A derivation that fails costs its names in this batch, never the steps (derived.py).
-        for what, exc in self.derived.apply(batch, [rec["values"] for rec in recs], self.aggregator.expected_world()):
-            self._failed(f"derived: {what}", exc, 0)
+        for what, exc in self.derived.apply(batch, [rec["values"] for rec in recs], self.aggregator.world.size()):
+            self.losses.failed(f"derived: {what}", exc, 0)
         for acc, rec in zip(accs, recs):
             try:
                 line = _json.encode(rec)
             except Exception as exc:
-                self._failed("encode", exc, len(acc.records))
+                self.losses.failed("encode", exc, len(acc.records))
                 continue
             self._out.append(Out("metrics", rec, line))
         self._latest_step = recs[-1]
 
     def _log_progress(self) -> None:
-        """One line per daemon-record interval: the run's progress, seen from the daemon (the
-        trainer prints none: reading its loss would be a host-device sync)."""
+        """One line per daemon-record interval, when a step has gone out since the last."""
         rec = self._latest_step
         if rec is None or rec is self._progress_logged:
             return
         self._progress_logged = rec
-        v = rec["values"]
-        parts = [f"step {rec['step']}"]
-        for key, label, fmt in (("train/loss", "loss", ".4f"), ("perf/tokens_per_second", "tokens/s", ",.0f"),
-                                ("perf/step_time_max", "step", ".3f"), ("perf/mfu_percent", "MFU %", ".1f")):
-            x = v.get(key)
-            if isinstance(x, (int, float)):
-                parts.append(f"{label} {x:{fmt}}" + (" s" if label == "step" else ""))
-        lost = self._totals()["records_lost"]
-        log.info("progress: %s  (records in %d, lost %d)", "  ".join(parts), self.receiver.num_in, lost)
+        log.info("%s", self_report.progress_line(self, rec))
 
-    def _emit(self, rec: dict) -> None:
+    def emit(self, rec: dict) -> None:
         self._out.append(Out(rec["kind"], rec, _json.encode(rec)))
 
-    def _hand_out(self) -> None:
+    def hand_out(self) -> None:
         if not self._out:
             return
         batch, self._out = self._out, []
         self.num_records_out += len(batch)
         num_bytes = batch_bytes(batch)        # once for every queue (they hold the same records)
         # Inline sinks (PUB) first: subscribers get the batch before any sink thread is woken.
-        for runner in self._runners_in_order:
+        for runner in self.runners_in_order:
             runner.put(batch, num_bytes)
 
     def post(self, record: dict) -> None:
@@ -666,10 +628,10 @@ class Daemon:
         except (BlockingIOError, OSError):
             pass  # the loop is already awake (buffer full) or shutting down
 
-    def _take_inbox(self) -> None:
+    def take_inbox(self) -> None:
         inbox = self._inbox
         while inbox:
-            self._emit(inbox.popleft())
+            self.emit(inbox.popleft())
 
     def _drain_wakeups(self) -> None:
         try:
@@ -679,261 +641,23 @@ class Daemon:
             pass
 
     def _on_signal(self, signum: int, frame) -> None:
-        self._stop_reason = signal.Signals(signum).name
+        self.stop_reason = signal.Signals(signum).name
 
     # -- control -------------------------------------------------------------------------------
     def _request_drain(self) -> None:
         """`telemetry drain`: stop as SIGTERM would (the requester is answered after the drain)."""
-        self._stop_reason = "drain request"
-
-    def _totals(self) -> dict:
-        """The receiver's accounting, plus the records left unread in the queue at the drain
-        deadline: accepted by libzmq, never processed, so lost (and counted as such)."""
-        t = self.receiver.totals()
-        t["records_unread_at_drain"] = self.num_unread_at_drain
-        t["sources_open_at_drain"] = self.num_sources_open_at_drain
-        t["records_failed"] = self.num_records_failed
-        t["records_shed_at_intake"] = self.intake.num_shed if self.intake is not None else 0
-        t["records_lost"] += self.num_unread_at_drain + self.num_records_failed + t["records_shed_at_intake"]
-        return t
+        self.stop_reason = "drain request"
 
     def status(self) -> dict:
-        totals = self._totals()
-        return {
-            **totals,
-            "ranks": sorted(self.aggregator.ranks_seen | set(self.hellos.by_rank)),
-            "world_size": self.aggregator.expected_world(),
-            "last_step": self.aggregator.last_step,
-            "steps_out": self.aggregator.num_steps_out,
-            "steps_incomplete": self.aggregator.num_steps_incomplete,
-            "steps_pending": len(self.aggregator.pending),
-            "records_late": self.aggregator.num_records_late,
-            "records_keys_coerced": self.receiver.num_keys_coerced,
-            "hellos_not_kept": self.hellos.num_not_kept,
-            "records_in_by_kind": {"hello": self.hellos.num_in, "event": self.num_events_in,
-                                   "bye": self.receiver.num_byes,
-                                   "metrics": totals["records_in"] - self.hellos.num_in - self.num_events_in
-                                   - self.receiver.num_byes},
-            "ranks_gone": sorted(self.aggregator.ranks_gone),
-            "queued": {r.name: r.queued() for r in self.runners},
-            "records_out": self.num_records_out,
-            "per_rank": {str(r): v for r, v in self.receiver.per_rank().items()},
-            "sinks": {r.name: r.stats() for r in self.runners},
-            "pollers": {p.name: p.stats() for p in self.pollers},
-            "uptime_s": round(time.monotonic() - self._started_mono, 3),
-            "started_at": self._started_wall,
-            "pid": os.getpid(),
-            "inner_loops": "python" if self.receiver.loops is python_loops else "c",   # see hotpath.py
-            "run_name": self.cfg.run_name,
-            "log_dir": str(self.log_dir),
-            "endpoints": self.endpoints,
-            "security": {**self.security.stats(), "redacted": self._redact.num_redacted},
-            "limits": {"fd_limit": self.fd_limit, "max_connections": self.max_connections,
-                       "rcvhwm": self.cfg.rcvhwm, "rcvhwm_per_connection": self.cfg.connection_hwm()},
-            "intake": self.intake.stats() if self.intake is not None else {},
-            "memory": self.memory_status(),
-            "goodput": self.goodput.stats(),
-            "run": self.continuity.status(totals["records_lost"]),
-            "node_links": self.links.stats() if self.links is not None else {},
-            "node_clocks": self.clocks.stats() if self.clocks is not None else {},
-            "media": self.media.stats() if self.media is not None else {},
-        }
+        return self_report.status(self)
 
-    def memory_status(self) -> dict:
-        """The memory budget: its split (MB), what each bounded buffer holds now, what was shed."""
-        shed = dict(self.shed.counts)
-        shed["sink_records"] = sum(r.num_dropped_for_bytes for r in self.runners)
-        return {"budget_mb": self.cfg.memory_mb, "split_mb": self.budget.split(),
-                "rss_mb": _rss_mb(), "shed": shed, "shed_total": sum(shed.values()),
-                "held": {"recent_mb": round(self._recent_metrics.num_bytes / 2**20, 1),
-                         "open_records": self.aggregator.num_open_records,
-                         "hellos_mb": round(self.hello_infos.num_bytes / 2**20, 1),
-                         "names": len(self.names), "max_names": self.names.max_names},
-                "heap_trims": self.num_heap_trims}
+    def daemon_record(self) -> dict:
+        return self_report.daemon_record(self)
 
-    def _daemon_record(self) -> dict:
-        t = self._totals()
-        values = {
-            "telemetry/records_in": t["records_in"],
-            "telemetry/records_malformed": t["records_malformed"],
-            "telemetry/dropped": t["records_lost"],
-            "telemetry/dropped_by_clients": t["records_dropped_by_clients"],
-            "telemetry/lost_in_transit": t["records_lost_in_transit"],
-            "telemetry/unread_at_drain": t["records_unread_at_drain"],
-            "telemetry/shed_at_intake": t["records_shed_at_intake"],
-            "telemetry/records_failed": t["records_failed"],
-            # Records a sink never got. The analysis stages' own drops (diagnosis, held to a share
-            # of the time; hang forensics) are analysis skipped under load, not output lost.
-            "telemetry/sink_dropped": sum(r.num_dropped for r in self.runners if r.name not in ANALYSIS_STAGES),
-            "telemetry/diagnosis_skipped": sum(r.num_dropped for r in self.runners if r.name in ANALYSIS_STAGES),
-            "telemetry/steps_incomplete": self.aggregator.num_steps_incomplete,
-            "telemetry/records_late": self.aggregator.num_records_late,
-            "telemetry/hellos_in": self.hellos.num_in,
-            "telemetry/events_in": self.num_events_in,
-            "telemetry/byes_in": self.receiver.num_byes,
-            "telemetry/steps_out": self.aggregator.num_steps_out,
-            "telemetry/num_ranks": len(self.aggregator.ranks_seen),
-            "telemetry/uptime_s": round(time.monotonic() - self._started_mono, 3),
-            **self.security.counters(),
-            # Items shed by the memory budget, all kinds (status: memory.shed has each kind).
-            "telemetry/memory_shed": self.shed.total() + sum(r.num_dropped_for_bytes for r in self.runners),
-        }
-        try:
-            values.update(goodput_values(self.goodput.result()))
-        except Exception:    # the daemon's own record must go out whatever the ledger does
-            log.exception("goodput: the ledger failed")
-        for r in self.runners:
-            values[f"telemetry/sink/{r.name}/queued"] = r.queued()
-            values[f"telemetry/sink/{r.name}/dropped"] = r.num_dropped
-        return {"kind": "daemon", "t": time.time(), "values": values}
-
-    # -- shutdown ------------------------------------------------------------------------------
-    def _shutdown(self) -> int:
-        """Stop intake, drain every stage and queue, flush, fsync, close: all before the deadline.
-
-        Safe to reach once; a sink still busy at the deadline is abandoned (named in the log and
-        in the drain reply) so a hung W&B never holds the daemon past `drain_timeout_s`.
-        """
-        now = time.monotonic()
-        deadline = now + self.cfg.drain_timeout_s
-        log.info("draining (%s)", self._stop_reason)
-        # 1. Stop intake: take what libzmq holds or is still reading off the wire until every client
-        #    still sending has said bye (or gone silent), processed up to the intake's share of the
-        #    deadline and only counted after it; count what is still queued then as lost; close.
-        timeout_s = self.cfg.drain_timeout_s
-        self._drain_intake(now + timeout_s * INTAKE_SHARE, now + timeout_s * (1 + INTAKE_SHARE) / 2)
-        self.pull.close(linger=0)
-        for p in self.pollers:
-            try:
-                p.close()
-            except Exception as exc:   # a poller must not stop the drain
-                log.error("poller %s close failed: %r", getattr(p, "name", p), exc)
-        self._take_inbox()
-        # 2. Flush the pipeline: open steps go out with whatever ranks they have.
-        self._emit_steps(self.aggregator.flush())
-        self._write_byes(self.byes.release(time.monotonic(), self.receiver.sources, everything=True))
-        self._hand_out()
-        if self.media is not None:
-            self.media.request_stop()       # it keeps what it holds, beside the sinks' drain
-        # 3. The diagnosis stage first (its last events must still reach the sinks), with a
-        #    share of the time; then every sink drains, flushes, fsyncs and closes, in parallel.
-        stages = [r for r in self.runners if r.name in ANALYSIS_STAGES]
-        sinks = [r for r in self.runners if r.name not in ANALYSIS_STAGES]
-        unfinished = [r.name for r in stages if not r.close(max(0.0, (deadline - time.monotonic()) / 4))]
-        # Their part is over: what follows (their last events, the final counters) is for the sinks.
-        self._runners_in_order = [r for r in self._runners_in_order if r not in stages]
-        self._take_inbox()
-        self._emit(self._daemon_record())
-        self._hand_out()
-        for runner in sinks:
-            runner.request_stop()
-        unfinished += [r.name for r in sinks if not r.close(max(0.0, deadline - time.monotonic()))]
-        if self.media is not None:
-            if self.media.close(max(0.0, deadline - time.monotonic())):
-                self.media_files.close()    # what a reader never released (its event dropped)
-            else:
-                unfinished.append("media")
-        self.unfinished = unfinished
-        if unfinished:
-            # What they never wrote is counted in their `dropped`, so the final counters add up.
-            for r in self.runners:
-                if r.name in unfinished:
-                    r.abandon(ABANDON_GRACE_S)
-            log.error("still busy at the drain deadline, abandoned: %s", ", ".join(unfinished))
-        final = {"ok": True, "drained": not unfinished, "unfinished_sinks": unfinished,
-                 "stop_reason": self._stop_reason, **self.status()}
-        final_written = self._write_drain_json(final)
-        self.continuity.write(self.num_records_out)
-        self.control_server.answer_drain(final)
-        if threading.current_thread() is threading.main_thread():
-            signal.set_wakeup_fd(-1)
-        self.control_server.close()
-        self.security.close()
-        endpoints.release_ipc(self.endpoints.values())
+    # -- shutdown (shutdown.py) -----------------------------------------------------------------
+    def close_wakeups(self) -> None:
         self._wake_r.close()
         self._wake_w.close()
-        if self._lock_fd is not None:
-            os.close(self._lock_fd)         # the directory is free for a successor
-            self._lock_fd = None
-        if not unfinished:
-            # With a sink thread still inside a socket call, destroying the context could hang
-            # or crash; the process is about to exit anyway.
-            self.ctx.destroy(linger=0)
-        t = final
-        log.info("stopped: %d records in, %d malformed, %d lost, %d steps out", t["records_in"],
-                 t["records_malformed"], t["records_lost"], t["steps_out"])
-        failed = self.jsonl_runner.sink.failed()
-        if failed:
-            log.error("%s could not hold everything it was handed (%s): exit 1",
-                      self.jsonl_runner.sink.path, _json.encode(final["sinks"].get("jsonl")).decode())
-        return 0 if self.jsonl_runner.name not in unfinished and not failed and final_written else 1
-
-    def _write_drain_json(self, final: dict) -> bool:
-        """drain.json, on a full disk in the room the JSONL sink's reserve held; else the final
-        counters go to stderr, so they are somewhere. True if the file was written."""
-        from telemetry.daemon.sinks.jsonl import release_reserve
-
-        path = self.log_dir / "drain.json"
-        written = _write_final(path, final) or (release_reserve(self.log_dir) and _write_final(path, final))
-        release_reserve(self.log_dir)      # its job is done either way
-        if not written:
-            print("telemetry daemon: final counters (drain.json could not be written): "
-                  + _json.encode(final).decode(), file=sys.stderr, flush=True)
-        return bool(written)
-
-    def _drain_intake(self, until: float, deadline: float) -> None:
-        """Take records until every client that was sending when the drain began has said bye
-        and the socket has been quiet INTAKE_QUIET_S, or it has been quiet SOURCE_SILENT_S
-        whoever is still open (or INTAKE_QUIET_S after BYE_WAIT_S), or `deadline`. Up to `until` they are processed; after it only
-        counted (their headers, about a microsecond a frame: records_unread_at_drain), so that
-        a backlog larger than the daemon can process in time is counted, never left in the
-        socket. A bye arriving either way closes its client's accounting: what it sent and this
-        daemon never got is then counted in transit. The clients still open at the end are
-        counted in sources_open_at_drain: what they send after it, nobody counts."""
-        waiting = self.receiver.open_live()
-        started = quiet_since = time.monotonic()
-        while True:
-            if time.monotonic() < until:
-                n = self._ingest(self._batch_frames)
-                if n:
-                    self._hand_out()
-            else:
-                n = self._count_unread(INGEST_BATCH)
-                self.num_unread_at_drain += n
-            now = time.monotonic()
-            if n:
-                quiet_since = now
-            else:
-                quiet = now - quiet_since
-                if quiet >= INTAKE_QUIET_S:
-                    waiting = self.receiver.still_open(waiting)
-                    if not waiting or quiet >= SOURCE_SILENT_S or now - started >= BYE_WAIT_S:
-                        break
-                self.pull.poll(int(INTAKE_QUIET_S * 1000 / 2) + 1)
-            if now >= deadline:
-                break
-        self.num_sources_open_at_drain = len(self.receiver.still_open(waiting))
-        if self.num_unread_at_drain:
-            log.error("drain deadline: %d queued records could not be processed and are counted as "
-                      "lost (raise drain_timeout_s to keep them)", self.num_unread_at_drain)
-        if self.num_sources_open_at_drain:
-            log.error("drain: %d client(s) still open at its end, without a bye: what they sent after "
-                      "their last record that arrived is counted only by a daemon restarted on this log "
-                      "directory (sources_open_at_drain)", self.num_sources_open_at_drain)
-
-    def _count_unread(self, max_frames: int) -> int:
-        """Read up to `max_frames` queued frames without processing them (their header only), so
-        that the final counters say how much was lost instead of nothing: those read ahead into
-        the intake queue first (all of them), then the socket's."""
-        frames = self.intake.take_all()
-        recv, again = self.pull.recv, zmq.Again
-        try:
-            for _ in range(max_frames):
-                frames.append(recv(zmq.NOBLOCK))
-        except again:
-            pass
-        self.receiver.unread(frames)      # their srcs' seq windows: arrived, not lost twice
-        return len(frames)
 
 
 # Descriptors the daemon needs besides its ingest connections: files, sinks, pollers, sockets.
@@ -975,15 +699,6 @@ def _raise_fd_limit(max_connections: int) -> tuple[int, int]:
     return soft, max_connections
 
 
-def _rss_mb() -> float | None:
-    """This process's resident memory (Linux /proc), for status; None elsewhere."""
-    try:
-        with open("/proc/self/statm") as f:
-            return round(int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20, 1)
-    except (OSError, ValueError, IndexError):
-        return None
-
-
 def _in_program_order(recs: list) -> list:
     """A batch with each client's records in the order it made them (by seq), in the slots its
     records held; the others' order is kept. A client sends its metrics with tensor values from
@@ -1014,22 +729,6 @@ def _in_program_order(recs: list) -> list:
 
 def _by_seq(rec) -> int:
     return rec.seq
-
-
-def _write_final(path: Path, final: dict) -> bool:
-    """The final counters beside metrics.jsonl, whatever stopped the daemon (SIGTERM too);
-    `telemetry drain` replies with the same object."""
-    try:
-        files.write_file(path, _json.encode(final) + b"\n")
-        return True
-    except OSError as exc:
-        if path.name not in _write_failed:    # logged once a file
-            _write_failed.add(path.name)
-            log.error("cannot write %s: %r", path, exc)
-        return False
-
-
-_write_failed: set[str] = set()
 
 
 def _tune_gc() -> None:

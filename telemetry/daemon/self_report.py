@@ -1,0 +1,180 @@
+"""What the daemon says of itself: its loss accounting, `status`, the `daemon` record, its progress.
+
+- `Losses`: the records lost past the receiver's own accounting (receiver.py: malformed, dropped
+  by clients, lost in transit): those that raised in a pipeline stage, those shed by the intake
+  queue, those still queued at the drain deadline (read and counted, never processed), and the
+  clients still open when the drain ended. `totals()` adds them to the receiver's figures:
+  records_lost is summed there and nowhere else.
+- `status(d)`: the control socket's answer (`telemetry status`), also the drain's reply and
+  drain.json; `memory_status(d)` its memory part.
+- `daemon_values(d)`: the values of the `daemon` record written every daemon_record_interval_s
+  and at the drain (the counters' names are the catalogue's: telemetry/shared/catalogue.py).
+- `progress_line(d, rec)`: the line the daemon logs at that interval (the trainer prints none:
+  reading its loss would be a host-device sync).
+
+Each reads the daemon's parts (`d`: core.Daemon) and changes none of them.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import time
+
+from telemetry.daemon import loops as python_loops
+from telemetry.daemon.goodput_stage import daemon_values as goodput_values
+
+log = logging.getLogger("telemetry.daemon")
+
+# Stages that analyse the stream rather than write it (their own threads, like sinks): what
+# they skip under a backlog is analysis skipped (telemetry/diagnosis_skipped), not output lost.
+ANALYSIS_STAGES = frozenset({"diagnosis", "forensics", "goodput"})
+# Kinds of failure (stage, exception type) logged with a traceback; more are only counted.
+MAX_FAILURE_CAUSES = 100
+
+
+class Losses:
+    def __init__(self) -> None:
+        self.num_unread_at_drain = 0           # queued at the drain deadline, read and counted lost
+        self.num_sources_open_at_drain = 0     # clients still sending at the drain's end, no bye
+        self.num_records_failed = 0            # raised in a pipeline stage (failed()), counted lost
+        self._failure_causes: set[tuple[str, str]] = set()
+
+    def failed(self, stage: str, exc: Exception, num_records: int) -> None:
+        """The last resort: a record the boundary (protocol/, receiver) let through raised in a
+        pipeline stage. Counted in records_failed (and so in records_lost), logged with its
+        traceback once per stage and kind of exception; the loop goes on."""
+        self.num_records_failed += num_records
+        cause = (stage, type(exc).__name__)
+        if cause not in self._failure_causes and len(self._failure_causes) < MAX_FAILURE_CAUSES:
+            self._failure_causes.add(cause)
+            log.error("%s: a record raised %s (counted in records_failed; logged once per cause): %s",
+                      stage, type(exc).__name__, exc, exc_info=exc)
+
+    def totals(self, receiver, intake) -> dict:
+        """The receiver's accounting, plus the records left unread in the queue at the drain
+        deadline (accepted by libzmq, never processed), those that failed in a stage and those
+        the intake queue shed: all lost, and counted as such."""
+        t = receiver.totals()
+        t["records_unread_at_drain"] = self.num_unread_at_drain
+        t["sources_open_at_drain"] = self.num_sources_open_at_drain
+        t["records_failed"] = self.num_records_failed
+        t["records_shed_at_intake"] = intake.num_shed if intake is not None else 0
+        t["records_lost"] += self.num_unread_at_drain + self.num_records_failed + t["records_shed_at_intake"]
+        return t
+
+
+def status(d) -> dict:
+    totals = d.losses.totals(d.receiver, d.intake)
+    agg, hellos, receiver = d.aggregator, d.hellos, d.receiver
+    return {
+        **totals,
+        "ranks": sorted(agg.world.seen | set(hellos.by_rank)),
+        "world_size": agg.world.size(),
+        "last_step": agg.last_step,
+        "steps_out": agg.num_steps_out,
+        "steps_incomplete": agg.num_steps_incomplete,
+        "steps_pending": len(agg.pending),
+        "records_late": agg.num_records_late,
+        "records_keys_coerced": receiver.num_keys_coerced,
+        "hellos_not_kept": hellos.num_not_kept,
+        "records_in_by_kind": {"hello": hellos.num_in, "event": d.num_events_in, "bye": receiver.num_byes,
+                               "metrics": totals["records_in"] - hellos.num_in - d.num_events_in
+                               - receiver.num_byes},
+        "ranks_gone": sorted(agg.world.gone),
+        "queued": {r.name: r.queued() for r in d.runners},
+        "records_out": d.num_records_out,
+        "per_rank": {str(r): v for r, v in receiver.per_rank().items()},
+        "sinks": {r.name: r.stats() for r in d.runners},
+        "pollers": {p.name: p.stats() for p in d.pollers},
+        "uptime_s": round(time.monotonic() - d.started_mono, 3),
+        "started_at": d.started_wall,
+        "pid": os.getpid(),
+        "inner_loops": "python" if receiver.loops is python_loops else "c",   # see hotpath.py
+        "run_name": d.cfg.run_name,
+        "log_dir": str(d.log_dir),
+        "endpoints": d.endpoints,
+        "security": {**d.security.stats(), "redacted": d.redactor.num_redacted},
+        "limits": {"fd_limit": d.fd_limit, "max_connections": d.max_connections,
+                   "rcvhwm": d.cfg.rcvhwm, "rcvhwm_per_connection": d.cfg.connection_hwm()},
+        "intake": d.intake.stats() if d.intake is not None else {},
+        "memory": memory_status(d),
+        "goodput": d.goodput.stats(),
+        "run": d.continuity.status(totals["records_lost"]),
+        "node_links": d.links.stats() if d.links is not None else {},
+        "node_clocks": d.clocks.stats() if d.clocks is not None else {},
+        "media": d.media.stats() if d.media is not None else {},
+    }
+
+
+def memory_status(d) -> dict:
+    """The memory budget: its split (MB), what each bounded buffer holds now, what was shed."""
+    shed = dict(d.shed.counts)
+    shed["sink_records"] = sum(r.num_dropped_for_bytes for r in d.runners)
+    return {"budget_mb": d.cfg.memory_mb, "split_mb": d.budget.split(),
+            "rss_mb": rss_mb(), "shed": shed, "shed_total": sum(shed.values()),
+            "held": {"recent_mb": round(d.recent_metrics.num_bytes / 2**20, 1),
+                     "open_records": d.aggregator.num_open_records,
+                     "hellos_mb": round(d.hello_infos.num_bytes / 2**20, 1),
+                     "names": len(d.names), "max_names": d.names.max_names},
+            "heap_trims": d.num_heap_trims}
+
+
+def daemon_record(d) -> dict:
+    """The `daemon` record: the daemon's counters, the goodput ledger's figures, each sink's queue."""
+    t = d.losses.totals(d.receiver, d.intake)
+    agg, runners = d.aggregator, d.runners
+    values = {
+        "telemetry/records_in": t["records_in"],
+        "telemetry/records_malformed": t["records_malformed"],
+        "telemetry/dropped": t["records_lost"],
+        "telemetry/dropped_by_clients": t["records_dropped_by_clients"],
+        "telemetry/lost_in_transit": t["records_lost_in_transit"],
+        "telemetry/unread_at_drain": t["records_unread_at_drain"],
+        "telemetry/shed_at_intake": t["records_shed_at_intake"],
+        "telemetry/records_failed": t["records_failed"],
+        # Records a sink never got. The analysis stages' own drops (diagnosis, held to a share
+        # of the time; hang forensics) are analysis skipped under load, not output lost.
+        "telemetry/sink_dropped": sum(r.num_dropped for r in runners if r.name not in ANALYSIS_STAGES),
+        "telemetry/diagnosis_skipped": sum(r.num_dropped for r in runners if r.name in ANALYSIS_STAGES),
+        "telemetry/steps_incomplete": agg.num_steps_incomplete,
+        "telemetry/records_late": agg.num_records_late,
+        "telemetry/hellos_in": d.hellos.num_in,
+        "telemetry/events_in": d.num_events_in,
+        "telemetry/byes_in": d.receiver.num_byes,
+        "telemetry/steps_out": agg.num_steps_out,
+        "telemetry/num_ranks": len(agg.world.seen),
+        "telemetry/uptime_s": round(time.monotonic() - d.started_mono, 3),
+        **d.security.counters(),
+        # Items shed by the memory budget, all kinds (status: memory.shed has each kind).
+        "telemetry/memory_shed": d.shed.total() + sum(r.num_dropped_for_bytes for r in runners),
+    }
+    try:
+        values.update(goodput_values(d.goodput.result()))
+    except Exception:    # the daemon's own record must go out whatever the ledger does
+        log.exception("goodput: the ledger failed")
+    for r in runners:
+        values[f"telemetry/sink/{r.name}/queued"] = r.queued()
+        values[f"telemetry/sink/{r.name}/dropped"] = r.num_dropped
+    return {"kind": "daemon", "t": time.time(), "values": values}
+
+
+def progress_line(d, rec: dict) -> str:
+    """The run's progress at its latest aggregated step `rec`, seen from the daemon."""
+    v = rec["values"]
+    parts = [f"step {rec['step']}"]
+    for key, label, fmt in (("train/loss", "loss", ".4f"), ("perf/tokens_per_second", "tokens/s", ",.0f"),
+                            ("perf/step_time_max", "step", ".3f"), ("perf/mfu_percent", "MFU %", ".1f")):
+        x = v.get(key)
+        if isinstance(x, (int, float)):
+            parts.append(f"{label} {x:{fmt}}" + (" s" if label == "step" else ""))
+    lost = d.losses.totals(d.receiver, d.intake)["records_lost"]
+    return f"progress: {'  '.join(parts)}  (records in {d.receiver.num_in}, lost {lost})"
+
+
+def rss_mb() -> float | None:
+    """This process's resident memory (Linux /proc), for status; None elsewhere."""
+    try:
+        with open("/proc/self/statm") as f:
+            return round(int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20, 1)
+    except (OSError, ValueError, IndexError):
+        return None

@@ -1,0 +1,227 @@
+"""The daemon's drain: SIGTERM, SIGINT, a drain request or --watch-pid's process gone.
+
+Stop intake, drain every stage and queue, flush, fsync, close, all within `drain_timeout_s`:
+
+1. intake: what libzmq holds or is still reading off the wire is taken until every client that
+   was sending has said bye (or gone silent), processed up to INTAKE_SHARE of the deadline and
+   only counted after it (records_unread_at_drain); then the ingest socket closes;
+2. the pipeline: open steps go out with whatever ranks they have, the held byes after them;
+3. the analysis stages (diagnosis first: its last events must still reach the sinks) with a
+   share of the time, then every sink drains, flushes, fsyncs and closes, in parallel; one
+   still busy at the deadline is abandoned (named in the log and the reply), so a hung W&B
+   never holds the daemon past the deadline;
+4. the final counters: drain.json (self_report.status and how the drain went), the checkpoint
+   for a successor (continuity.py), the reply to `telemetry drain`; then the sockets close.
+
+`run(d)` returns the exit code: 1 if the JSONL sink could not hold everything or drain.json
+could not be written, else 0.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+import msgspec
+import zmq
+
+from telemetry.daemon.self_report import ANALYSIS_STAGES
+from telemetry.shared import endpoints, files
+
+log = logging.getLogger("telemetry.daemon")
+
+# At shutdown, intake ends once the ingest socket has been quiet this long (records still on the
+# wire from ranks that just closed get in), or when INTAKE_SHARE of drain_timeout_s is spent
+# (ranks still sending, or a backlog larger than the daemon can take in that time); the rest of
+# the deadline is the sinks' to flush. What is still queued then is read and counted as lost.
+INTAKE_QUIET_S = 0.05
+INTAKE_SHARE = 0.6
+# ... unless a client that was still sending when the drain began has not said bye yet (its bye
+# carries its final seq: only with it is what it sent and this daemon never got counted). Then
+# intake waits for the bye, or for the socket to be quiet this long (a rank killed or hung
+# mid-drain, which will never say bye; named in sources_open_at_drain). Under CPU hogs a busy
+# sender and libzmq's I/O thread go unscheduled for a while: the first empty read is no proof.
+SOURCE_SILENT_S = 1.0
+# ... and for the byes at most this long into the drain, once the socket has a quiet moment: ranks
+# that go on sending (a daemon restarted under a running job) will not say bye soon, and their
+# accounting goes on in the next daemon on this log directory (sources.json).
+BYE_WAIT_S = 5.0
+# How long a sink abandoned at the deadline may take to finish the batch in its hands.
+ABANDON_GRACE_S = 0.5
+# Frames counted (their headers only) per turn once the intake's share of the deadline is spent.
+COUNT_BATCH = 1024
+
+_json = msgspec.json.Encoder()
+
+
+def run(d) -> int:
+    """Drain the daemon `d` (core.Daemon), once; the exit code."""
+    now = time.monotonic()
+    timeout_s = d.cfg.drain_timeout_s
+    deadline = now + timeout_s
+    log.info("draining (%s)", d.stop_reason)
+    drain_intake(d, now + timeout_s * INTAKE_SHARE, now + timeout_s * (1 + INTAKE_SHARE) / 2)
+    d.pull.close(linger=0)
+    for p in d.pollers:
+        try:
+            p.close()
+        except Exception as exc:   # a poller must not stop the drain
+            log.error("poller %s close failed: %r", getattr(p, "name", p), exc)
+    d.take_inbox()
+    d.emit_steps(d.aggregator.flush())
+    d.write_byes(d.byes.release(time.monotonic(), d.receiver.sources, everything=True))
+    d.hand_out()
+    if d.media is not None:
+        d.media.request_stop()       # it keeps what it holds, beside the sinks' drain
+    unfinished = _close_stages(d, deadline)
+    if d.media is not None:
+        if d.media.close(max(0.0, deadline - time.monotonic())):
+            d.media_files.close()    # what a reader never released (its event dropped)
+        else:
+            unfinished.append("media")
+    d.unfinished = unfinished
+    if unfinished:
+        # What they never wrote is counted in their `dropped`, so the final counters add up.
+        for r in d.runners:
+            if r.name in unfinished:
+                r.abandon(ABANDON_GRACE_S)
+        log.error("still busy at the drain deadline, abandoned: %s", ", ".join(unfinished))
+    final = {"ok": True, "drained": not unfinished, "unfinished_sinks": unfinished,
+             "stop_reason": d.stop_reason, **d.status()}
+    final_written = write_drain_json(d.log_dir, final)
+    d.continuity.write(d.num_records_out)
+    d.control_server.answer_drain(final)
+    _close(d, unfinished)
+    log.info("stopped: %d records in, %d malformed, %d lost, %d steps out", final["records_in"],
+             final["records_malformed"], final["records_lost"], final["steps_out"])
+    failed = d.jsonl_runner.sink.failed()
+    if failed:
+        log.error("%s could not hold everything it was handed (%s): exit 1",
+                  d.jsonl_runner.sink.path, _json.encode(final["sinks"].get("jsonl")).decode())
+    return 0 if d.jsonl_runner.name not in unfinished and not failed and final_written else 1
+
+
+def _close_stages(d, deadline: float) -> list[str]:
+    """The analysis stages, with a quarter of the time left; then the daemon's own record and
+    every sink, until the deadline. The names of those still busy then."""
+    stages = [r for r in d.runners if r.name in ANALYSIS_STAGES]
+    sinks = [r for r in d.runners if r.name not in ANALYSIS_STAGES]
+    unfinished = [r.name for r in stages if not r.close(max(0.0, (deadline - time.monotonic()) / 4))]
+    # Their part is over: what follows (their last events, the final counters) is for the sinks.
+    d.runners_in_order = [r for r in d.runners_in_order if r not in stages]
+    d.take_inbox()
+    d.emit(d.daemon_record())
+    d.hand_out()
+    for runner in sinks:
+        runner.request_stop()
+    return unfinished + [r.name for r in sinks if not r.close(max(0.0, deadline - time.monotonic()))]
+
+
+def _close(d, unfinished: list[str]) -> None:
+    """The control socket, the security stage, the endpoints, the wake-up pipe, the directory's
+    lock (free for a successor) and, with no sink thread left inside a socket call, the context."""
+    if threading.current_thread() is threading.main_thread():
+        signal.set_wakeup_fd(-1)
+    d.control_server.close()
+    d.security.close()
+    endpoints.release_ipc(d.endpoints.values())
+    d.close_wakeups()
+    if d.lock_fd is not None:
+        os.close(d.lock_fd)
+        d.lock_fd = None
+    if not unfinished:
+        # With a sink thread still inside a socket call, destroying the context could hang
+        # or crash; the process is about to exit anyway.
+        d.ctx.destroy(linger=0)
+
+
+def drain_intake(d, until: float, deadline: float) -> None:
+    """Take records until every client that was sending when the drain began has said bye
+    and the socket has been quiet INTAKE_QUIET_S, or it has been quiet SOURCE_SILENT_S
+    whoever is still open (or INTAKE_QUIET_S after BYE_WAIT_S), or `deadline`. Up to `until`
+    they are processed; after it only counted (their headers, about a microsecond a frame:
+    records_unread_at_drain), so that a backlog larger than the daemon can process in time is
+    counted, never left in the socket. A bye arriving either way closes its client's
+    accounting: what it sent and this daemon never got is then counted in transit. The clients
+    still open at the end are counted in sources_open_at_drain: what they send after it, nobody
+    counts."""
+    losses, receiver = d.losses, d.receiver
+    waiting = receiver.open_live()
+    started = quiet_since = time.monotonic()
+    while True:
+        if time.monotonic() < until:
+            n = d.ingest(d.batch_frames)
+            if n:
+                d.hand_out()
+        else:
+            n = count_unread(d, COUNT_BATCH)
+            losses.num_unread_at_drain += n
+        now = time.monotonic()
+        if n:
+            quiet_since = now
+        else:
+            quiet = now - quiet_since
+            if quiet >= INTAKE_QUIET_S:
+                waiting = receiver.still_open(waiting)
+                if not waiting or quiet >= SOURCE_SILENT_S or now - started >= BYE_WAIT_S:
+                    break
+            d.pull.poll(int(INTAKE_QUIET_S * 1000 / 2) + 1)
+        if now >= deadline:
+            break
+    losses.num_sources_open_at_drain = len(receiver.still_open(waiting))
+    if losses.num_unread_at_drain:
+        log.error("drain deadline: %d queued records could not be processed and are counted as "
+                  "lost (raise drain_timeout_s to keep them)", losses.num_unread_at_drain)
+    if losses.num_sources_open_at_drain:
+        log.error("drain: %d client(s) still open at its end, without a bye: what they sent after "
+                  "their last record that arrived is counted only by a daemon restarted on this log "
+                  "directory (sources_open_at_drain)", losses.num_sources_open_at_drain)
+
+
+def count_unread(d, max_frames: int) -> int:
+    """Read up to `max_frames` queued frames without processing them (their header only), so
+    that the final counters say how much was lost instead of nothing: those read ahead into
+    the intake queue first (all of them), then the socket's."""
+    frames = d.intake.take_all()
+    recv, again = d.pull.recv, zmq.Again
+    try:
+        for _ in range(max_frames):
+            frames.append(recv(zmq.NOBLOCK))
+    except again:
+        pass
+    d.receiver.unread(frames)      # their srcs' seq windows: arrived, not lost twice
+    return len(frames)
+
+
+def write_drain_json(log_dir: Path, final: dict) -> bool:
+    """drain.json, on a full disk in the room the JSONL sink's reserve held; else the final
+    counters go to stderr, so they are somewhere. True if the file was written."""
+    from telemetry.daemon.sinks.jsonl import release_reserve
+
+    path = log_dir / "drain.json"
+    written = _write_final(path, final) or (release_reserve(log_dir) and _write_final(path, final))
+    release_reserve(log_dir)      # its job is done either way
+    if not written:
+        print("telemetry daemon: final counters (drain.json could not be written): "
+              + _json.encode(final).decode(), file=sys.stderr, flush=True)
+    return bool(written)
+
+
+def _write_final(path: Path, final: dict) -> bool:
+    """The final counters beside metrics.jsonl, whatever stopped the daemon (SIGTERM too);
+    `telemetry drain` replies with the same object."""
+    try:
+        files.write_file(path, _json.encode(final) + b"\n")
+        return True
+    except OSError as exc:
+        if path.name not in _write_failed:    # logged once a file
+            _write_failed.add(path.name)
+            log.error("cannot write %s: %r", path, exc)
+        return False
+
+
+_write_failed: set[str] = set()
