@@ -226,3 +226,41 @@ def test_a_metric_added_in_its_two_places_reaches_the_records_the_rules_promethe
     assert name.startswith("telemetry_perf_tokens_per_rank")
     assert "the step's tokens per rank" in prometheus.typed(name, "perf/tokens_per_rank").help
     assert "| counts | `perf/tokens_per_rank` | tokens | gauge | sum | sum | the daemon |" in catalogue.markdown_table()
+
+
+def test_the_daemon_record_and_status_say_the_same_of_every_counter_they_share(make_daemon):
+    """The daemon's own counters that `telemetry status` has too (the catalogue's `status`
+    path): its last `daemon` record, written at the drain, and drain.json (the final status)
+    give each the same figure, under its two names (telemetry/dropped and records_lost...); a
+    client that dropped records, malformed frames, hellos, events and a bye make them nonzero."""
+    import json
+
+    from telemetry import TelemetryClient
+
+    d = make_daemon(world_size=1)
+    tm = TelemetryClient(endpoint=d.ingest, rank=0)
+    for step in range(20):
+        tm.log(step, {"train/loss": 1.0})
+    tm.event("something", {"x": 1})
+    tm.close()
+    push = d.push()
+    for _ in range(3):
+        push.send(b"not a record")
+    d.wait_for(lambda rs: sum(r["kind"] == "metrics" for r in rs) >= 20 and any(r["kind"] == "bye" for r in rs))
+    d.wait_for(lambda rs: d.status()["records_malformed"] == 3)
+    final = d.drain()
+    last = [r for r in d.read_jsonl() if r["kind"] == "daemon"][-1]["values"]
+    on_disk = json.loads((d.log_dir / "drain.json").read_text())
+    twins = [m for m in catalogue.CATALOGUE if m.source == "self" and m.status]
+    assert {m.name for m in twins} >= {"telemetry/dropped", "telemetry/records_in", "telemetry/hellos_in"}
+    for m in twins:
+        v = on_disk
+        for k in m.status.split("."):
+            v = v[k]
+        if m.name == "telemetry/uptime_s":           # a moment later
+            assert 0 < last[m.name] <= v, (m.name, last[m.name], v)
+        else:
+            assert last[m.name] == v, (m.name, m.status, last[m.name], v)
+    assert last["telemetry/records_malformed"] == 3 and last["telemetry/hellos_in"] == 1
+    assert last["telemetry/events_in"] >= 1 and last["telemetry/byes_in"] == 1 and last["telemetry/steps_out"] == 20
+    assert final["records_lost"] == last["telemetry/dropped"]

@@ -7,8 +7,10 @@
   records_lost is summed there and nowhere else.
 - `status(d)`: the control socket's answer (`telemetry status`), also the drain's reply and
   drain.json; `memory_status(d)` its memory part.
-- `daemon_values(d)`: the values of the `daemon` record written every daemon_record_interval_s
-  and at the drain (the counters' names are the catalogue's: telemetry/shared/catalogue.py).
+- `daemon_record(d)`: the `daemon` record written every daemon_record_interval_s and at the
+  drain. Its counters are the catalogue's (telemetry/shared/catalogue.py, source "self"); one
+  that `status` also has is read from the same figures (`counts`) at the path its entry names,
+  so the two never say different things (telemetry/dropped is status's records_lost).
 - `progress_line(d, rec)`: the line the daemon logs at that interval (the trainer prints none:
   reading its loss would be a host-device sync).
 
@@ -22,6 +24,7 @@ import time
 
 from telemetry.daemon import loops as python_loops
 from telemetry.daemon.goodput_stage import daemon_values as goodput_values
+from telemetry.shared.catalogue import CATALOGUE
 
 log = logging.getLogger("telemetry.daemon")
 
@@ -30,6 +33,8 @@ log = logging.getLogger("telemetry.daemon")
 ANALYSIS_STAGES = frozenset({"diagnosis", "forensics", "goodput"})
 # Kinds of failure (stage, exception type) logged with a traceback; more are only counted.
 MAX_FAILURE_CAUSES = 100
+# The daemon record's counters that status has too: (name, path into counts()).
+STATUS_TWINS = tuple((m.name, tuple(m.status.split("."))) for m in CATALOGUE if m.source == "self" and m.status)
 
 
 class Losses:
@@ -63,30 +68,40 @@ class Losses:
         return t
 
 
-def status(d) -> dict:
+def counts(d) -> dict:
+    """The figures `status` and the `daemon` record both carry, by their status keys."""
     totals = d.losses.totals(d.receiver, d.intake)
     agg, hellos, receiver = d.aggregator, d.hellos, d.receiver
     return {
         **totals,
-        "ranks": sorted(agg.world.seen | set(hellos.by_rank)),
-        "world_size": agg.world.size(),
-        "last_step": agg.last_step,
         "steps_out": agg.num_steps_out,
         "steps_incomplete": agg.num_steps_incomplete,
-        "steps_pending": len(agg.pending),
         "records_late": agg.num_records_late,
-        "records_keys_coerced": receiver.num_keys_coerced,
-        "hellos_not_kept": hellos.num_not_kept,
         "records_in_by_kind": {"hello": hellos.num_in, "event": d.num_events_in, "bye": receiver.num_byes,
                                "metrics": totals["records_in"] - hellos.num_in - d.num_events_in
                                - receiver.num_byes},
+        "uptime_s": round(time.monotonic() - d.started_mono, 3),
+        "memory": memory_status(d),
+    }
+
+
+def status(d) -> dict:
+    c = counts(d)
+    agg, hellos, receiver = d.aggregator, d.hellos, d.receiver
+    return {
+        **c,
+        "ranks": sorted(agg.world.seen | set(hellos.by_rank)),
+        "world_size": agg.world.size(),
+        "last_step": agg.last_step,
+        "steps_pending": len(agg.pending),
+        "records_keys_coerced": receiver.num_keys_coerced,
+        "hellos_not_kept": hellos.num_not_kept,
         "ranks_gone": sorted(agg.world.gone),
         "queued": {r.name: r.queued() for r in d.runners},
         "records_out": d.num_records_out,
         "per_rank": {str(r): v for r, v in receiver.per_rank().items()},
         "sinks": {r.name: r.stats() for r in d.runners},
         "pollers": {p.name: p.stats() for p in d.pollers},
-        "uptime_s": round(time.monotonic() - d.started_mono, 3),
         "started_at": d.started_wall,
         "pid": os.getpid(),
         "inner_loops": "python" if receiver.loops is python_loops else "c",   # see hotpath.py
@@ -97,9 +112,8 @@ def status(d) -> dict:
         "limits": {"fd_limit": d.fd_limit, "max_connections": d.max_connections,
                    "rcvhwm": d.cfg.rcvhwm, "rcvhwm_per_connection": d.cfg.connection_hwm()},
         "intake": d.intake.stats() if d.intake is not None else {},
-        "memory": memory_status(d),
         "goodput": d.goodput.stats(),
-        "run": d.continuity.status(totals["records_lost"]),
+        "run": d.continuity.status(c["records_lost"]),
         "node_links": d.links.stats() if d.links is not None else {},
         "node_clocks": d.clocks.stats() if d.clocks is not None else {},
         "media": d.media.stats() if d.media is not None else {},
@@ -121,33 +135,20 @@ def memory_status(d) -> dict:
 
 def daemon_record(d) -> dict:
     """The `daemon` record: the daemon's counters, the goodput ledger's figures, each sink's queue."""
-    t = d.losses.totals(d.receiver, d.intake)
-    agg, runners = d.aggregator, d.runners
-    values = {
-        "telemetry/records_in": t["records_in"],
-        "telemetry/records_malformed": t["records_malformed"],
-        "telemetry/dropped": t["records_lost"],
-        "telemetry/dropped_by_clients": t["records_dropped_by_clients"],
-        "telemetry/lost_in_transit": t["records_lost_in_transit"],
-        "telemetry/unread_at_drain": t["records_unread_at_drain"],
-        "telemetry/shed_at_intake": t["records_shed_at_intake"],
-        "telemetry/records_failed": t["records_failed"],
-        # Records a sink never got. The analysis stages' own drops (diagnosis, held to a share
-        # of the time; hang forensics) are analysis skipped under load, not output lost.
-        "telemetry/sink_dropped": sum(r.num_dropped for r in runners if r.name not in ANALYSIS_STAGES),
-        "telemetry/diagnosis_skipped": sum(r.num_dropped for r in runners if r.name in ANALYSIS_STAGES),
-        "telemetry/steps_incomplete": agg.num_steps_incomplete,
-        "telemetry/records_late": agg.num_records_late,
-        "telemetry/hellos_in": d.hellos.num_in,
-        "telemetry/events_in": d.num_events_in,
-        "telemetry/byes_in": d.receiver.num_byes,
-        "telemetry/steps_out": agg.num_steps_out,
-        "telemetry/num_ranks": len(agg.world.seen),
-        "telemetry/uptime_s": round(time.monotonic() - d.started_mono, 3),
-        **d.security.counters(),
-        # Items shed by the memory budget, all kinds (status: memory.shed has each kind).
-        "telemetry/memory_shed": d.shed.total() + sum(r.num_dropped_for_bytes for r in runners),
-    }
+    c = counts(d)
+    runners = d.runners
+    values = {}
+    for name, path in STATUS_TWINS:
+        v = c
+        for k in path:
+            v = v[k]
+        values[name] = v
+    # Its own: records a sink never got; the analysis stages' drops (diagnosis, held to a share
+    # of the time; hang forensics) are analysis skipped under load, not output lost.
+    values["telemetry/sink_dropped"] = sum(r.num_dropped for r in runners if r.name not in ANALYSIS_STAGES)
+    values["telemetry/diagnosis_skipped"] = sum(r.num_dropped for r in runners if r.name in ANALYSIS_STAGES)
+    values["telemetry/num_ranks"] = len(d.aggregator.world.seen)
+    values.update(d.security.counters())
     try:
         values.update(goodput_values(d.goodput.result()))
     except Exception:    # the daemon's own record must go out whatever the ledger does

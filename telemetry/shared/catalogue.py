@@ -15,11 +15,14 @@ From it, not beside it:
   - Prometheus names, types, units and help (telemetry/consumers/prometheus.py: `lookup` and
     `prometheus_unit`): a time in seconds ends in _seconds, GB become _bytes, a cumulative
     counter is a Prometheus counter (_total).
+  - the daemon's own counters in its `daemon` records, each read where `telemetry status` has
+    the same figure (`status`: telemetry/dropped is status's records_lost), so the two never
+    disagree (telemetry/daemon/self_report.py).
 The catalogue also declares what the daemon polls (GPU, host: source "poller") and its own
 counters in its `daemon` records (source "self"); neither is reduced across ranks or over a
 window (those records pass the downsampler as they are).
-Still to come from it (issue 28): `status`, the groups and units of tail, report and the
-dashboard, W&B define_metric.
+Still to come from it (issue 28): the groups and units of tail, report and the dashboard, W&B
+define_metric.
 
 Adding a metric the daemon computes: one entry here, and its computation appended to
 DERIVATIONS in telemetry/daemon/derived.py (tests/test_catalogue.py adds one that way and finds it
@@ -51,6 +54,9 @@ class Metric:
     # A count since a start (OOMs so far, XID errors since the daemon started, records in), never
     # a per-step amount: Prometheus exposes it as a counter (_total). Only for kind "counter".
     cumulative: bool = False
+    # Source "self": where `telemetry status` (and drain.json) has the same figure, a key or a
+    # dotted path into it; the daemon record reads it there (self_report.py). "": its own.
+    status: str = ""
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -61,6 +67,8 @@ class Metric:
             raise ValueError(f"metric {self.name!r}: a pattern is 'prefix*' or '*suffix'")
         if self.cumulative and self.kind != "counter":
             raise ValueError(f"metric {self.name!r}: only a counter is cumulative")
+        if self.status and self.source != "self":
+            raise ValueError(f"metric {self.name!r}: only the daemon's own counters are in its status")
 
 
 _PHASE = "the ranks' own phase time, no collective in it"
@@ -206,37 +214,43 @@ CATALOGUE: tuple[Metric, ...] = (
           ("system/num_fds", "", "system/rank<r>/num_fds: rank r's open file descriptors (what runs into "
                                  "ulimit -n)"))),
     # -- the daemon's own counters (its `daemon` records; telemetry status says the same) ------------
-    *(Metric(name, unit, kind, "daemon", doc, source="self", cumulative=kind == "counter")
-      for name, unit, kind, doc in (
-          ("telemetry/records_in", "records", "counter", "records taken in"),
-          ("telemetry/records_malformed", "records", "counter", "records that were not records (refused)"),
-          ("telemetry/dropped", "records", "counter", "records lost, all causes (status: records_lost)"),
-          ("telemetry/dropped_by_clients", "records", "counter",
+    *(Metric(name, unit, kind, "daemon", doc, source="self", cumulative=kind == "counter", status=status)
+      for name, status, unit, kind, doc in (
+          ("telemetry/records_in", "records_in", "records", "counter", "records taken in"),
+          ("telemetry/records_malformed", "records_malformed", "records", "counter",
+           "records that were not records (refused)"),
+          ("telemetry/dropped", "records_lost", "records", "counter", "records lost, all causes"),
+          ("telemetry/dropped_by_clients", "records_dropped_by_clients", "records", "counter",
            "records the clients dropped (their queue was full) and counted"),
-          ("telemetry/lost_in_transit", "records", "counter", "records sent and never received (seq gaps)"),
-          ("telemetry/unread_at_drain", "records", "counter", "records still queued when the daemon stopped"),
-          ("telemetry/shed_at_intake", "records", "counter", "records shed at intake (memory budget)"),
-          ("telemetry/records_failed", "records", "counter", "records that failed in the pipeline"),
-          ("telemetry/sink_dropped", "records", "counter", "records the sinks dropped (a queue full)"),
-          ("telemetry/diagnosis_skipped", "records", "counter", "records the diagnosis and forensics skipped"),
-          ("telemetry/steps_incomplete", "steps", "counter", "steps written without every rank"),
-          ("telemetry/records_late", "records", "counter", "records that came after their step was written"),
-          ("telemetry/hellos_in", "records", "counter", "hellos taken in"),
-          ("telemetry/events_in", "records", "counter", "events taken in"),
-          ("telemetry/byes_in", "records", "counter", "byes taken in"),
-          ("telemetry/steps_out", "steps", "counter", "steps written"),
-          ("telemetry/memory_shed", "records", "counter", "records shed for the memory budget, all stages"),
-          ("telemetry/auth_refused", "connections", "counter", "CURVE clients whose key is not allowed"),
-          ("telemetry/handshake_failed", "connections", "counter", "connections whose handshake failed"),
-          ("telemetry/disconnects", "connections", "counter", "connections closed (a rank's normal exit is one)"),
-          ("telemetry/connections_refused", "connections", "counter", "connections beyond the connection limit, shut at once"),
-          ("telemetry/num_ranks", "ranks", "gauge", "ranks seen"),
-          ("telemetry/uptime_s", "s", "gauge", "seconds since the daemon started"),
-          ("telemetry/sink/*", "records", "gauge",
+          ("telemetry/lost_in_transit", "records_lost_in_transit", "records", "counter",
+           "records sent and never received (seq gaps)"),
+          ("telemetry/unread_at_drain", "records_unread_at_drain", "records", "counter",
+           "records still queued when the daemon stopped"),
+          ("telemetry/shed_at_intake", "records_shed_at_intake", "records", "counter",
+           "records shed at intake (memory budget)"),
+          ("telemetry/records_failed", "records_failed", "records", "counter", "records that failed in the pipeline"),
+          ("telemetry/sink_dropped", "", "records", "counter", "records the sinks dropped (a queue full)"),
+          ("telemetry/diagnosis_skipped", "", "records", "counter", "records the diagnosis and forensics skipped"),
+          ("telemetry/steps_incomplete", "steps_incomplete", "steps", "counter", "steps written without every rank"),
+          ("telemetry/records_late", "records_late", "records", "counter",
+           "records that came after their step was written"),
+          ("telemetry/hellos_in", "records_in_by_kind.hello", "records", "counter", "hellos taken in"),
+          ("telemetry/events_in", "records_in_by_kind.event", "records", "counter", "events taken in"),
+          ("telemetry/byes_in", "records_in_by_kind.bye", "records", "counter", "byes taken in"),
+          ("telemetry/steps_out", "steps_out", "steps", "counter", "steps written"),
+          ("telemetry/memory_shed", "memory.shed_total", "records", "counter",
+           "records shed for the memory budget, all stages"),
+          ("telemetry/auth_refused", "", "connections", "counter", "CURVE clients whose key is not allowed"),
+          ("telemetry/handshake_failed", "", "connections", "counter", "connections whose handshake failed"),
+          ("telemetry/disconnects", "", "connections", "counter", "connections closed (a rank's normal exit is one)"),
+          ("telemetry/connections_refused", "", "connections", "counter", "connections beyond the connection limit, shut at once"),
+          ("telemetry/num_ranks", "", "ranks", "gauge", "ranks seen"),
+          ("telemetry/uptime_s", "uptime_s", "s", "gauge", "seconds since the daemon started"),
+          ("telemetry/sink/*", "", "records", "gauge",
            "telemetry/sink/<sink>/queued: a sink's queue now; telemetry/sink/<sink>/dropped: what it dropped"),
           # The goodput ledger so far (telemetry/shared/goodput.py), in the daemon records too.
-          ("goodput/fraction", "", "gauge", "productive time / wall time so far (the goodput ledger)"),
-          ("goodput/*", "s", "gauge",
+          ("goodput/fraction", "", "", "gauge", "productive time / wall time so far (the goodput ledger)"),
+          ("goodput/*", "", "s", "gauge",
            "goodput/<bucket>_s: the run's wall time so far in that bucket (productive, startup, "
            "data_loading, eval, checkpoint_save, checkpoint_restore, straggler, hang, redone, recovery, "
            "telemetry, unexplained); goodput/wall_s: the wall time so far"))),
@@ -315,5 +329,6 @@ def markdown_table(catalogue: tuple[Metric, ...] | None = None) -> str:
             reduced = m.source in REDUCED
             kind = m.kind + (", cumulative" if m.cumulative else "")
             lines.append(f"| {group} | `{m.name}` | {m.unit or '-'} | {kind} | {m.across_ranks if reduced else '-'} | "
-                         f"{m.over_window if reduced else '-'} | {_FROM[m.source]} | {m.doc} |")
+                         f"{m.over_window if reduced else '-'} | {_FROM[m.source]} | {m.doc}"
+                         + (f" (status: `{m.status}`)" if m.status else "") + " |")
     return "\n".join(lines) + "\n"
