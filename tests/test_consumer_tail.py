@@ -169,7 +169,13 @@ def test_line_mode_says_when_the_daemon_goes_and_comes_back(make_daemon, tmp_pat
     first = make_daemon(extra_args=eps)
     tail = Tail(f"ipc://{sockets}/p.sock")
     try:
-        time.sleep(1.0)   # connected
+        # Connected: it prints what the first daemon publishes (a fixed sleep here failed on a
+        # loaded box, where the tail took longer than that to start).
+        client = TelemetryClient(first.ingest, rank=0)
+        try:
+            _send_until(client, tail, lambda ls: any(" metrics step=" in l for l in ls), lambda s: {"train/loss": 1.0})
+        finally:
+            client.close()
         first.stop()
         tail.wait_for(lambda ls: any("daemon not reachable" in l for l in ls))
         make_daemon(extra_args=eps)
@@ -197,3 +203,34 @@ def test_live_view_shows_eval_per_dataset_and_the_end():
                    "run ended: rank 0 closed", "checkpoint_saved ranks 0-1"):
         assert needle in text, (needle, text)
     assert text.count("checkpoint_saved") == 1
+
+
+def test_the_live_view_shows_the_runs_own_metrics_grouped_with_their_units():
+    """A script's own names (acc, my/thing) first, then the catalogue's not drawn elsewhere, by
+    the catalogue's group with its unit; what the training panel draws is not repeated; past
+    MAX_METRIC_ROWS the rest is counted, with the --filter that shows them; with a filter the
+    filter's own panel lists what matches instead."""
+    from rich.console import Console
+
+    from telemetry.consumers.tail import MAX_METRIC_ROWS, YOURS, other_metrics
+
+    values = {"train/loss": 2.0, "perf/tokens_per_second": 1e5, "eval/loss": 1.5, "acc": 0.75, "my/thing": 3,
+              "perf/forward_time": 0.125, "memory/allocated_gb": 1.5, "perf/tokens": 4096, "flag": True,
+              "note": "text"}
+    rows = other_metrics(values)
+    assert [(g, k) for g, k, _, _ in rows] == [(YOURS, "acc"), (YOURS, "my/thing"), ("counts", "perf/tokens"),
+                                              ("device memory", "memory/allocated_gb"),
+                                              ("step timing", "perf/forward_time")], rows
+    assert rows[4][3] == "s" and rows[3][3] == "GB" and rows[0][3] == ""
+    st = TailState()
+    st.consume("metrics", {"step": 3, "values": {**values, **{f"z{i}": float(i) for i in range(MAX_METRIC_ROWS)}}})
+    console = Console(width=120, record=True, file=open(os.devnull, "w"))
+    console.print(render(st, "ipc:///x", width=120))
+    text = console.export_text()
+    for needle in ("metrics", "yours", "acc", "0.75", "my/thing", "+5 more", "--filter PREFIX: memory/, perf/, z8, ..."):
+        assert needle in text, (needle, text)
+    assert text.count("train/loss") == 0 and "z0" in text
+    console = Console(width=120, record=True, file=open(os.devnull, "w"))
+    console.print(render(st, "ipc:///x", filter_prefix="perf/", width=120))
+    text = console.export_text()
+    assert "+5 more" not in text and "metrics matching 'perf/'" in text

@@ -26,6 +26,7 @@ from telemetry.consumers.terminal import printable, printable_record
 from telemetry.shared.goodput import top_loss as goodput_top_loss
 from telemetry.shared.endpoints import endpoint_arg
 from telemetry.shared.bookkeeping import is_bookkeeping
+from telemetry.shared.catalogue import CATALOGUE, lookup
 from telemetry.shared.numbers import is_number
 
 # Points kept for the sparklines (one per step).
@@ -42,6 +43,16 @@ STALE_S = 10.0
 EVENT_GATHER_S = 1.0
 
 SPARK_CHARS = "▁▂▃▄▅▆▇█"
+# The live view's "metrics" panel: the latest of every step metric the training panel does not
+# draw, this many rows at most (the rest counted, with the --filter that shows them).
+MAX_METRIC_ROWS = 12
+# What the training panel draws (eval/* too, per dataset).
+DRAWN = frozenset({"train/loss", "train/lr", "train/grad_norm", "train/epoch", "train/step",
+                   "perf/tokens_per_second", "perf/mfu", "perf/mfu_percent", "perf/step_time",
+                   "perf/step_time_max", "perf/step_time_min", "perf/slowest_rank", "perf/data_loading_ratio",
+                   "memory/max_allocated_gb"})
+YOURS = "yours"       # the group of a name the catalogue does not know: the run's own
+_GROUP_ORDER = {g: i for i, g in enumerate(dict.fromkeys(m.group for m in CATALOGUE))}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -215,6 +226,21 @@ class TailState:
                 return str(name)
         name = self.status.get("run_name")
         return str(name) if name else None
+
+
+def other_metrics(values: dict[str, Any]) -> list[tuple[str, str, Any, str]]:
+    """(group, name, value, unit) of every numeric step metric the training panel does not draw:
+    the run's own (names the catalogue does not know) first, under YOURS, then by the
+    catalogue's groups in its order; each with the catalogue's unit."""
+    rows = []
+    for k, v in values.items():
+        if k in DRAWN or k.startswith("eval/") or not is_number(v):
+            continue
+        m = lookup(k)
+        group, unit = (YOURS, "") if m is None else (m.group, m.unit)
+        rows.append((-1 if m is None else _GROUP_ORDER.get(group, len(_GROUP_ORDER)), group, k, v, unit))
+    rows.sort(key=lambda r: (r[0], r[2]))
+    return [r[1:] for r in rows]
 
 
 # -- the live view (rich) ------------------------------------------------------------------------
@@ -393,6 +419,25 @@ def render(state: TailState, endpoint: str, filter_prefix: str = "", width: int 
             ranks.add_row(str(r), Text(f"{t:.3f} s", style=style), _bar(t / slowest if slowest > 0 else None, 24),
                           Text(f"+{behind:.1f} %", style=style or "dim"))
         parts.append(Panel(ranks, title="step time per rank", title_align="left", border_style="grey50"))
+
+    others = [] if filter_prefix else other_metrics(state.values)
+    if others:
+        # The run's own metrics and the rest of the catalogue's, grouped, with their units.
+        mt = Table(box=None, padding=(0, 2), show_header=False)
+        mt.add_column(style="dim", no_wrap=True)
+        mt.add_column(no_wrap=True)
+        mt.add_column(justify="right", no_wrap=True)
+        last_group = None
+        for group, k, x, unit in others[:MAX_METRIC_ROWS]:
+            mt.add_row(group if group != last_group else "", Text(k), Text(fmt_num(x) + (f" {unit}" if unit else "")))
+            last_group = group
+        more = others[MAX_METRIC_ROWS:]
+        if more:
+            prefixes = sorted({k.split("/")[0] + "/" if "/" in k else k for _, k, _, _ in more})
+            mt.add_row("", Text(f"+{len(more)} more", style="dim"),
+                       Text("--filter PREFIX: " + ", ".join(prefixes[:3]) + (", ..." if len(prefixes) > 3 else ""),
+                            style="dim"))
+        parts.append(Panel(mt, title="metrics", title_align="left", border_style="grey50"))
 
     if filter_prefix and state.values:
         vt = Table(box=None, padding=(0, 2), header_style="bold")

@@ -21,8 +21,9 @@ From it, not beside it:
 The catalogue also declares what the daemon polls (GPU, host: source "poller") and its own
 counters in its `daemon` records (source "self"); neither is reduced across ranks or over a
 window (those records pass the downsampler as they are).
-Still to come from it (issue 28): the groups and units of tail, report and the dashboard, W&B
-define_metric.
+  - the groups and units of `telemetry tail`'s metrics panel (the run's own names first) and the
+    units of the dashboard's charts (telemetry/consumers/dashboard/store.py: unit_of).
+Still to come from it (issue 28): the groups of report and the dashboard, W&B define_metric.
 
 Adding a metric the daemon computes: one entry here, and its computation appended to
 DERIVATIONS in telemetry/daemon/derived.py (tests/test_catalogue.py adds one that way and finds it
