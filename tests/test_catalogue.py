@@ -264,3 +264,11 @@ def test_the_daemon_record_and_status_say_the_same_of_every_counter_they_share(m
     assert last["telemetry/records_malformed"] == 3 and last["telemetry/hellos_in"] == 1
     assert last["telemetry/events_in"] >= 1 and last["telemetry/byes_in"] == 1 and last["telemetry/steps_out"] == 20
     assert final["records_lost"] == last["telemetry/dropped"]
+
+
+def test_grouped_puts_the_runs_own_names_first_then_the_catalogues_groups_in_order():
+    rows = catalogue.grouped(["perf/forward_time", "val/acc", "acc", "train/loss", "gpu/util_percent",
+                              "perf/tokens_per_second"])
+    assert rows == [(catalogue.OWN_GROUP, "acc", ""), (catalogue.OWN_GROUP, "val/acc", ""),
+                    ("training", "train/loss", ""), ("throughput", "perf/tokens_per_second", "tokens/s"),
+                    ("step timing", "perf/forward_time", "s"), ("GPU", "gpu/util_percent", "%")], rows

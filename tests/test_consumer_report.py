@@ -105,6 +105,10 @@ def test_report_reads_rotated_and_torn_files(tmp_path):
     assert "loss jumped 4x at step 25" in page and 'class="critical"' in page
     assert "a torn last line skipped" in page
     assert "mfu: no perf/mfu" in page  # what was not plotted, and why
+    # Every metric, grouped and with its unit as the catalogue says.
+    assert "<h2>Every metric (2)</h2>" in page and "<td>perf/tokens_per_second</td><td>30</td>" in page
+    assert "<th>training</th><td>train/loss</td><td>30</td><td>5</td><td>0.16667</td>" in page
+    assert "<td>1030 tokens/s</td>" in page, page
 
 
 def test_report_without_metrics_says_so(tmp_path):

@@ -212,7 +212,8 @@ def test_the_live_view_shows_the_runs_own_metrics_grouped_with_their_units():
     filter's own panel lists what matches instead."""
     from rich.console import Console
 
-    from telemetry.consumers.tail import MAX_METRIC_ROWS, YOURS, other_metrics
+    from telemetry.consumers.tail import MAX_METRIC_ROWS, other_metrics
+    from telemetry.shared.catalogue import OWN_GROUP as YOURS
 
     values = {"train/loss": 2.0, "perf/tokens_per_second": 1e5, "eval/loss": 1.5, "acc": 0.75, "my/thing": 3,
               "perf/forward_time": 0.125, "memory/allocated_gb": 1.5, "perf/tokens": 4096, "flag": True,

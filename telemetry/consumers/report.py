@@ -28,6 +28,7 @@ from typing import Any
 from telemetry.shared import files
 from telemetry.shared.config import nonempty_arg, writable_dir_problem
 from telemetry.shared.bookkeeping import is_bookkeeping
+from telemetry.shared.catalogue import grouped
 from telemetry.shared.numbers import is_number
 
 # Plots draw at most this many points per line: a week-long run must still plot in seconds.
@@ -650,6 +651,7 @@ tr.critical td {{ background: #ffebee; }} figure {{ margin: 1em 0; }} img {{ max
 <h2>Plots</h2>
 {imgs}
 {"<p class='dim'>Not plotted:</p><ul class='dim'>" + missing_html + "</ul>" if missing else ""}
+{_metrics_html(d)}
 {other_html}
 <h2>Config</h2>
 <table>{config}</table>
@@ -658,6 +660,23 @@ tr.critical td {{ background: #ffebee; }} figure {{ margin: 1em 0; }} img {{ max
     path = out / "index.html"
     path.write_text(page, encoding="utf-8")
     return path
+
+
+def _metrics_html(d: RunData) -> str:
+    """Every metric of the run's steps, grouped and with units as the catalogue says (the run's
+    own first): steps seen, first, last, min, max."""
+    e = html.escape
+    rows, last_group = [], None
+    for group, k, unit in grouped(d.steps):
+        xs, ys = d.steps[k]
+        u = f" {unit}" if unit else ""
+        cells = "".join(f"<td>{e(_f(v, '.5g', u))}</td>" for v in (ys[0], ys[-1], min(ys), max(ys)))
+        rows.append(f"<tr><th>{e(group) if group != last_group else ''}</th><td>{e(k)}</td><td>{len(ys)}</td>{cells}</tr>")
+        last_group = group
+    if not rows:
+        return ""
+    head = "<tr><th>group</th><th>metric</th><th>steps</th><th>first</th><th>last</th><th>min</th><th>max</th></tr>"
+    return f"<h2>Every metric ({len(rows)})</h2><table class='ev'>{head}{''.join(rows)}</table>"
 
 
 def _goodput_html(led: dict[str, Any]) -> str:

@@ -26,7 +26,7 @@ from telemetry.consumers.terminal import printable, printable_record
 from telemetry.shared.goodput import top_loss as goodput_top_loss
 from telemetry.shared.endpoints import endpoint_arg
 from telemetry.shared.bookkeeping import is_bookkeeping
-from telemetry.shared.catalogue import CATALOGUE, lookup
+from telemetry.shared.catalogue import grouped
 from telemetry.shared.numbers import is_number
 
 # Points kept for the sparklines (one per step).
@@ -51,8 +51,6 @@ DRAWN = frozenset({"train/loss", "train/lr", "train/grad_norm", "train/epoch", "
                    "perf/tokens_per_second", "perf/mfu", "perf/mfu_percent", "perf/step_time",
                    "perf/step_time_max", "perf/step_time_min", "perf/slowest_rank", "perf/data_loading_ratio",
                    "memory/max_allocated_gb"})
-YOURS = "yours"       # the group of a name the catalogue does not know: the run's own
-_GROUP_ORDER = {g: i for i, g in enumerate(dict.fromkeys(m.group for m in CATALOGUE))}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -229,18 +227,10 @@ class TailState:
 
 
 def other_metrics(values: dict[str, Any]) -> list[tuple[str, str, Any, str]]:
-    """(group, name, value, unit) of every numeric step metric the training panel does not draw:
-    the run's own (names the catalogue does not know) first, under YOURS, then by the
-    catalogue's groups in its order; each with the catalogue's unit."""
-    rows = []
-    for k, v in values.items():
-        if k in DRAWN or k.startswith("eval/") or not is_number(v):
-            continue
-        m = lookup(k)
-        group, unit = (YOURS, "") if m is None else (m.group, m.unit)
-        rows.append((-1 if m is None else _GROUP_ORDER.get(group, len(_GROUP_ORDER)), group, k, v, unit))
-    rows.sort(key=lambda r: (r[0], r[2]))
-    return [r[1:] for r in rows]
+    """(group, name, value, unit) of every numeric step metric the training panel does not draw,
+    grouped as the catalogue says (catalogue.grouped: the run's own names first)."""
+    names = [k for k, v in values.items() if k not in DRAWN and not k.startswith("eval/") and is_number(v)]
+    return [(group, k, values[k], unit) for group, k, unit in grouped(names)]
 
 
 # -- the live view (rich) ------------------------------------------------------------------------

@@ -21,9 +21,10 @@ From it, not beside it:
 The catalogue also declares what the daemon polls (GPU, host: source "poller") and its own
 counters in its `daemon` records (source "self"); neither is reduced across ranks or over a
 window (those records pass the downsampler as they are).
-  - the groups and units of `telemetry tail`'s metrics panel (the run's own names first) and the
+  - the groups and units the consumers show metrics under (`grouped`: the run's own names
+    first): `telemetry tail`'s metrics panel, `telemetry report`'s table of every metric; the
     units of the dashboard's charts (telemetry/consumers/dashboard/store.py: unit_of).
-Still to come from it (issue 28): the groups of report and the dashboard, W&B define_metric.
+Still to come from it (issue 28): the dashboard's groups, W&B define_metric.
 
 Adding a metric the daemon computes: one entry here, and its computation appended to
 DERIVATIONS in telemetry/daemon/derived.py (tests/test_catalogue.py adds one that way and finds it
@@ -312,6 +313,26 @@ def declared(metrics: dict, where: str = "metrics") -> tuple[Metric, ...]:
         except ValueError as exc:
             raise ValueError(f"{where}: {exc}") from None
     return tuple(out)
+
+
+# The group of a name the catalogue does not know: the run's own (a script's acc, val/loss, ...).
+OWN_GROUP = "yours"
+
+
+def grouped(names) -> list[tuple[str, str, str]]:
+    """(group, name, unit) of each name, as the consumers show them: the run's own names (the
+    catalogue does not know them) first, under OWN_GROUP, then by the catalogue's groups in its
+    order; by name within a group."""
+    order = {g: i for i, g in enumerate(dict.fromkeys(m.group for m in CATALOGUE))}
+    rows = []
+    for name in names:
+        m = lookup(name)
+        if m is None:
+            rows.append((-1, OWN_GROUP, name, ""))
+        else:
+            rows.append((order.get(m.group, len(order)), m.group, name, m.unit))
+    rows.sort(key=lambda r: (r[0], r[2]))
+    return [r[1:] for r in rows]
 
 
 _FROM = {"rank": "the ranks", "daemon": "the daemon", "poller": "the daemon's pollers", "self": "the daemon itself"}
