@@ -86,5 +86,7 @@ def test_the_stopped_node_links_again_and_everything_it_forwarded_is_accounted(r
     # Every step written once at the head, with every node but the killed one from where it died.
     steps = run["head"].steps()
     assert sorted(steps) == list(range(N))
-    assert all(set(s.get("missing_ranks", [])) <= {KILLED} for s in steps.values())
+    assert all(set(s.get("missing_ranks", [])) <= {KILLED} for s in steps.values()), \
+        ({k: s.get("missing_ranks") for k, s in steps.items() if set(s.get("missing_ranks", [])) - {KILLED}},
+         run["head_final"]["per_rank"], {i: f["records_dropped_by_clients"] for i, f in run["finals"].items()})
     assert any(s.get("missing_ranks") == [KILLED] for s in steps.values())

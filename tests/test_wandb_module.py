@@ -138,12 +138,17 @@ def test_media_pass_through_as_real_wandb_logs_them(tmp_path, make_daemon, monke
     assert len(expected) == 5
 
     monkeypatch.setenv("TELEMETRY_MEDIA_DIR", str(tmp_path / "media"))
-    d = make_daemon(wandb="offline", env={"TELEMETRY_MEDIA_DIR": str(tmp_path / "media")})
+    # A drain deadline well past what W&B offline takes to open, log and finish on a loaded box
+    # (the default 12 s abandoned the W&B sink mid-media beside a busy suite): this test is about
+    # what W&B gets, the deadline's own tests are test_fault_drain.py's.
+    d = make_daemon(wandb="offline", env={"TELEMETRY_MEDIA_DIR": str(tmp_path / "media")},
+                    config={"drain_timeout_s": 120})
     monkeypatch.setenv("TELEMETRY_ENDPOINT", d.ingest)
     tw.init(project="p")
     media_calls(tw)
     tw.finish()
-    final = d.drain(timeout_s=60)
+    final = d.drain(timeout_s=180)
+    assert final["drained"], final["unfinished_sinks"]
     assert (final["sinks"]["wandb"]["media_logged"], final["sinks"]["wandb"]["media_failed"]) == (5, 0)
     (our_file,) = [wait_finished(f) for f in glob.glob(str(d.log_dir / "wandb" / "offline-run-*" / "run-*.wandb"))]
     assert media_values(our_file, "_step") == expected
