@@ -212,13 +212,15 @@ def test_the_live_view_shows_the_runs_own_metrics_grouped_with_their_units():
     filter's own panel lists what matches instead."""
     from rich.console import Console
 
-    from telemetry.consumers.tail import MAX_METRIC_ROWS, other_metrics
+    from telemetry.consumers.tail import MAX_METRIC_ROWS
     from telemetry.shared.catalogue import OWN_GROUP as YOURS
 
     values = {"train/loss": 2.0, "perf/tokens_per_second": 1e5, "eval/loss": 1.5, "acc": 0.75, "my/thing": 3,
               "perf/forward_time": 0.125, "memory/allocated_gb": 1.5, "perf/tokens": 4096, "flag": True,
               "note": "text"}
-    rows = other_metrics(values)
+    only = TailState()
+    only.consume("metrics", {"step": 3, "values": values})
+    rows = only.metric_rows()
     assert [(g, k) for g, k, _, _ in rows] == [(YOURS, "acc"), (YOURS, "my/thing"), ("counts", "perf/tokens"),
                                               ("device memory", "memory/allocated_gb"),
                                               ("step timing", "perf/forward_time")], rows
@@ -231,6 +233,9 @@ def test_the_live_view_shows_the_runs_own_metrics_grouped_with_their_units():
     for needle in ("metrics", "yours", "acc", "0.75", "my/thing", "+5 more", "--filter PREFIX: memory/, perf/, z8, ..."):
         assert needle in text, (needle, text)
     assert text.count("train/loss") == 0 and "z0" in text
+    st.consume("metrics", {"step": 4, "values": {"a/new": 1.0, "acc": 0.5}})     # a new name; a new value
+    rows = st.metric_rows()
+    assert rows[0] == (YOURS, "a/new", 1.0, "") and (YOURS, "acc", 0.5, "") in rows
     console = Console(width=120, record=True, file=open(os.devnull, "w"))
     console.print(render(st, "ipc:///x", filter_prefix="perf/", width=120))
     text = console.export_text()

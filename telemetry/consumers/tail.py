@@ -166,6 +166,19 @@ class TailState:
         self.connected: bool | None = None   # the PUB socket's link to the daemon (None: not watched)
         self.eval: dict[str, dict[str, float]] = {}   # dataset ("" = none named) -> {"loss": .., "accuracy": ..}
         self.eval_step: int | None = None
+        self._metric_rows: tuple[int, list] = (-1, [])   # (len(values) then, the rows' order)
+
+    def metric_rows(self) -> list[tuple[str, str, Any, str]]:
+        """(group, name, value, unit) of every numeric step metric the training panel does not
+        draw, grouped as the catalogue says (catalogue.grouped: the run's own names first). The
+        lookups and the sort are redone only when a new name came (values only grow), not at
+        every redraw (4 a second): a run that logs thousands of names pays for them once."""
+        n, rows = self._metric_rows
+        if n != len(self.values):
+            rows = grouped([k for k in self.values if k not in DRAWN and not k.startswith("eval/")])
+            self._metric_rows = (len(self.values), rows)
+        values = self.values
+        return [(group, k, values[k], unit) for group, k, unit in rows if is_number(values.get(k))]
 
     def consume(self, kind: str, rec: dict) -> None:
         self.num_records += 1
@@ -224,13 +237,6 @@ class TailState:
                 return str(name)
         name = self.status.get("run_name")
         return str(name) if name else None
-
-
-def other_metrics(values: dict[str, Any]) -> list[tuple[str, str, Any, str]]:
-    """(group, name, value, unit) of every numeric step metric the training panel does not draw,
-    grouped as the catalogue says (catalogue.grouped: the run's own names first)."""
-    names = [k for k, v in values.items() if k not in DRAWN and not k.startswith("eval/") and is_number(v)]
-    return [(group, k, values[k], unit) for group, k, unit in grouped(names)]
 
 
 # -- the live view (rich) ------------------------------------------------------------------------
@@ -410,7 +416,7 @@ def render(state: TailState, endpoint: str, filter_prefix: str = "", width: int 
                           Text(f"+{behind:.1f} %", style=style or "dim"))
         parts.append(Panel(ranks, title="step time per rank", title_align="left", border_style="grey50"))
 
-    others = [] if filter_prefix else other_metrics(state.values)
+    others = [] if filter_prefix else state.metric_rows()
     if others:
         # The run's own metrics and the rest of the catalogue's, grouped, with their units.
         mt = Table(box=None, padding=(0, 2), show_header=False)
