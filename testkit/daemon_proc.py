@@ -12,6 +12,7 @@ The daemon's stdout and stderr are collected in `.lines` (shown when a start fai
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -21,7 +22,10 @@ import time
 from pathlib import Path
 from typing import Callable
 
+import msgspec
 import zmq
+
+from protocol import output
 
 READY = "telemetry daemon ready"
 
@@ -51,6 +55,7 @@ class DaemonProc:
     def __init__(self, proc: subprocess.Popen, log_dir: Path, runtime_dir: Path | None) -> None:
         self.proc = proc
         self.log_dir = log_dir
+        self._parsed: dict[tuple[int, int], tuple[int, list[dict]]] = {}   # file -> (bytes read, records)
         self.jsonl = log_dir / "metrics.jsonl"
         self.lines: list[str] = []
         self.ingest = self.pub = self.control = ""
@@ -87,19 +92,35 @@ class DaemonProc:
         """
         out = []
         for path in _pieces(self.log_dir):
-            try:
-                data = path.read_bytes()
-            except FileNotFoundError:
-                continue
-            # A reader may catch a batch mid-write: only lines ending in "\n" are whole.
-            for line in data.split(b"\n")[:-1]:
-                rec = json.loads(line)
+            for rec in self._records_of(path):
                 if kind is not None and rec.get("kind") != kind:
                     continue
                 if aggregated is not None and (("rank" not in rec) != aggregated):
                     continue
                 out.append(rec)
         return out
+
+    def _records_of(self, path: Path) -> list[dict]:
+        """The whole lines of one file, each parsed and checked once: the lines read before are
+        kept by the file's identity (a rotated piece is the file it was), and only what was
+        appended since is read (wait_for polls every 50 ms; files grow to many MB)."""
+        try:
+            with open(path, "rb") as f:
+                st = os.fstat(f.fileno())
+                key = (st.st_dev, st.st_ino)
+                offset, recs = self._parsed.get(key, (0, []))
+                if st.st_size < offset:          # truncated (a torn tail repaired, a new file): anew
+                    offset, recs = 0, []
+                f.seek(offset)
+                data = f.read()
+        except FileNotFoundError:
+            return []
+        # A reader may catch a batch mid-write: only lines ending in "\n" are whole.
+        whole = data.rfind(b"\n") + 1
+        if whole:
+            recs = recs + [_parsed_line(line, path) for line in data[:whole].split(b"\n")[:-1]]
+            self._parsed[key] = (offset + whole, recs)
+        return recs
 
     def steps(self) -> dict[int, dict]:
         """Aggregated metrics records by step (the last one wins)."""
@@ -195,3 +216,14 @@ def daemon_command(log_dir: Path, ingest: str, pub: str, control: str, wandb: st
     if config is not None:
         cmd += ["--config", str(config)]
     return cmd + list(extra_args)
+
+
+def _parsed_line(line: bytes, path: Path) -> dict:
+    """A line as a dict, checked: every line a daemon writes is one of the records
+    protocol/output.py declares, field for field (no undeclared field, every type as declared),
+    and each test that reads a daemon's output checks it."""
+    try:
+        output.check(line)
+    except msgspec.ValidationError as exc:
+        raise AssertionError(f"{path}: a line that is not a declared record ({exc}): {line[:500]!r}") from None
+    return json.loads(line)

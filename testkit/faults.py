@@ -35,6 +35,8 @@ import threading
 import time
 from pathlib import Path
 
+from protocol import output
+
 ROOT = Path(__file__).resolve().parent.parent
 
 VALUES = {"train/loss": 2.5, "train/lr": 3e-4, "train/grad_norm": 1.1, "perf/step_time": 0.05,
@@ -188,7 +190,7 @@ def jsonl_integrity(log_dir: Path) -> dict:
     bad = 0
     for ln in lines[:-1]:
         try:
-            json.loads(ln)
+            output.check(ln)     # JSON, and one of the records protocol/output.py declares
         except ValueError:
             bad += 1
     return {"bytes": len(data), "lines": len(lines) - 1, "bad_lines": bad, "ends_with_newline": data.endswith(b"\n")

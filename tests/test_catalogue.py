@@ -69,7 +69,7 @@ def test_a_declared_metric_is_aggregated_and_downsampled_by_its_rules():
     assert [r["values"]["my/tokens_per_second"] for r in rows] == [1000.0] * 4      # summed across the ranks
     assert [r["values"]["val/web/ppl"] for r in rows] == [4.0] * 4                 # the declared max
     ds = Downsampler(every_n_steps=4, overrides=cfg.aggregator.window_reductions)
-    out = ds.feed([Out("metrics", r, b"") for r in rows])
+    out = ds.feed([Out("metrics", r, b"") for r in rows])      # the aggregator's MetricsRecords
     assert [o.record["values"]["my/tokens_per_second"] for o in out] == [1000.0]    # averaged over the window
 
 

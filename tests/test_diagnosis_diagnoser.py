@@ -29,7 +29,7 @@ def test_event_record_shape_is_the_jsonl_contract(caplog):
     assert set(ev) == {"kind", "t", "rank", "name", "data"}
     assert ev["kind"] == "event" and ev["t"] == T0 and ev["rank"] is None and ev["name"] == "diagnosis/nonfinite"
     assert ev["data"]["rule"] == "nonfinite" and ev["data"]["num_suppressed"] == 0
-    json.dumps(ev, allow_nan=False)  # no NaN leaks into the JSONL line
+    json.dumps(ev.to_dict(), allow_nan=False)  # no NaN leaks into the JSONL line
     [rec] = [r for r in caplog.records if r.name == "telemetry.daemon.diagnosis"]
     assert rec.levelno == logging.ERROR and rec.getMessage() == ev["data"]["message"]
     caplog.clear()
@@ -133,7 +133,7 @@ def test_real_host_poller_record_feeds_the_host_memory_rule():
     assert ev["name"] == "diagnosis/host_memory" and ev["data"]["host"] == "h0"
     assert ev["data"]["memory_percent"] == rec["values"]["system/memory_percent"]
     assert high.consume(rec) == []
-    json.dumps(ev, allow_nan=False)
+    json.dumps(ev.to_dict(), allow_nan=False)
 
 
 def test_the_common_opening_filter_is_the_dispatchs_not_each_rules():

@@ -1,14 +1,14 @@
 """Per-sink downsampling keeps the reductions: a window's loss is its mean, not a sample."""
 import pytest
 
+from protocol.output import EventRecord, MetricsRecord
 from telemetry.daemon.downsample import Downsampler
 from telemetry.daemon.sinks.base import Out
 
 
 def step(s, loss, tokens=100, t=None):
-    rec = {"kind": "metrics", "t": t if t is not None else float(s), "step": s,
-           "values": {"train/loss": loss, "perf/tokens": tokens, "perf/step_time_max": 0.1 * s,
-                      "train/epoch": s / 10}}
+    rec = MetricsRecord(t if t is not None else float(s), s,
+                        {"train/loss": loss, "perf/tokens": tokens, "perf/step_time_max": 0.1 * s, "train/epoch": s / 10})
     return Out("metrics", rec, b"{}")
 
 
@@ -29,8 +29,8 @@ def test_every_n_steps_reduces_the_window():
 
 def test_other_records_pass_through():
     d = Downsampler(every_n_steps=100)
-    ev = Out("event", {"kind": "event", "t": 0, "rank": 0, "name": "x", "data": {}}, b"{}")
-    per_rank = Out("metrics", {"kind": "metrics", "t": 0, "step": 1, "rank": 3, "values": {"x": 1}}, b"{}")
+    ev = Out("event", EventRecord(0, 0, "x", {}), b"{}")
+    per_rank = Out("metrics", MetricsRecord(0, 1, {"x": 1}, rank=3), b"{}")
     assert d.feed([ev, step(1, 1.0), per_rank]) == [ev, per_rank]
 
 
@@ -61,7 +61,7 @@ def test_every_n_and_rate_together():
 def evals(s, loss):
     """The record the daemon sends when the trainer logs eval metrics at step s after its
     training metrics: the step logged again, eval metrics only."""
-    rec = {"kind": "metrics", "t": float(s), "step": s, "values": {"eval/web/loss": loss, "eval/web/accuracy": 0.5}}
+    rec = MetricsRecord(float(s), s, {"eval/web/loss": loss, "eval/web/accuracy": 0.5})
     return Out("metrics", rec, b"{}")
 
 

@@ -8,11 +8,17 @@ from pathlib import Path
 
 import pytest
 
+from protocol import output
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def read_jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines()]
+    """The file's records, each checked against its declaration (protocol/output.py)."""
+    lines = path.read_bytes().splitlines()
+    for line in lines:
+        output.check(line)
+    return [json.loads(line) for line in lines]
 
 
 @pytest.mark.slow

@@ -19,6 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from protocol import encode_bye, encode_event, encode_hello, encode_metrics
+from protocol.output import OutputRecord
 from telemetry.daemon import hotpath
 from telemetry.daemon import loops as python_loops
 from telemetry.daemon.aggregator import Aggregator
@@ -198,6 +199,8 @@ def closed_steps(draw):
 
 
 def _same(a, b) -> bool:
+    if isinstance(a, OutputRecord) and isinstance(b, OutputRecord):
+        return type(a) is type(b) and _same(a.to_dict(), b.to_dict())
     if isinstance(a, (tuple, list)) and isinstance(b, (tuple, list)):
         return type(a) is type(b) and len(a) == len(b) and all(map(_same, a, b))
     if isinstance(a, dict) and isinstance(b, dict):

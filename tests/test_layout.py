@@ -92,6 +92,19 @@ def test_consumers_and_the_client_side_import_nothing_of_the_daemon_package():
     assert wrong == {}
 
 
+def test_the_daemon_builds_its_output_records_from_their_declaration():
+    """Every record the daemon writes is one of protocol/output.py's Structs (issue 28 item 4):
+    no dict literal with a "kind" key is left in the daemon package to build one beside them."""
+    import ast
+
+    wrong = []
+    for f in sorted((ROOT / "telemetry" / "daemon").rglob("*.py")):
+        for node in ast.walk(ast.parse(f.read_text())):
+            if isinstance(node, ast.Dict) and any(isinstance(k, ast.Constant) and k.value == "kind" for k in node.keys):
+                wrong.append(f"{f.relative_to(ROOT)}:{node.lineno}")
+    assert wrong == []
+
+
 def test_testkit_is_not_installed():
     cfg = tomllib.loads((ROOT / "pyproject.toml").read_text())
     include = cfg["tool"]["setuptools"]["packages"]["find"]["include"]

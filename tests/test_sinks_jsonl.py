@@ -1,16 +1,16 @@
 """metrics.jsonl: whole lines, appends on restart, torn tail repaired, size-based rotation."""
 import json
 
-import msgspec
-
+from protocol import output
+from protocol.output import MetricsRecord
 from telemetry.daemon.sinks.base import Out
 from telemetry.daemon.sinks.jsonl import FILE_NAME, JsonlSink, repair_torn_tail
 from telemetry.shared.jsonlines import rotated_files
 
 
 def out(i):
-    rec = {"kind": "metrics", "t": float(i), "step": i, "values": {"train/loss": 1.0 / (i + 1)}}
-    return Out("metrics", rec, msgspec.json.encode(rec))
+    rec = MetricsRecord(float(i), i, {"train/loss": 1.0 / (i + 1)})
+    return Out("metrics", rec, output.encode(rec))
 
 
 def lines(path):

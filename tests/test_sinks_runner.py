@@ -3,12 +3,13 @@ import threading
 import time
 
 from daemon_sinks import HangSink, RaisingSink
+from protocol.output import MetricsRecord
 from telemetry.daemon.downsample import Downsampler
 from telemetry.daemon.sinks.base import Out, Sink, SinkRunner
 
 
 def batch(n, start=0):
-    return [Out("metrics", {"kind": "metrics", "t": 0.0, "step": i, "values": {"x": 1.0}}, b"{}")
+    return [Out("metrics", MetricsRecord(0.0, i, {"x": 1.0}), b"{}")
             for i in range(start, start + n)]
 
 

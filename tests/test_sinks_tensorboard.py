@@ -2,6 +2,7 @@
 import msgspec
 import pytest
 
+from protocol import output
 from telemetry.daemon.sinks.base import Out
 from telemetry.daemon.sinks.tensorboard import TensorBoardSink
 
@@ -9,7 +10,9 @@ pytest.importorskip("tensorboard")
 
 
 def o(rec):
-    return Out(rec["kind"], rec, msgspec.json.encode(rec))
+    """The record as the daemon hands it to a sink: the declared Struct (protocol/output.py)."""
+    line = msgspec.json.encode(rec)
+    return Out(rec["kind"], output.check(line), line)
 
 
 def test_scalars_readable_by_tensorboard(tmp_path):

@@ -9,6 +9,7 @@ import json
 
 import pytest
 
+from protocol import output
 from telemetry.daemon.sinks import wandb_sink
 from telemetry.daemon.sinks.base import Out
 from telemetry.daemon.sinks.wandb_sink import WandbSink
@@ -19,7 +20,9 @@ pytest.importorskip("wandb")
 
 
 def out(rec: dict) -> Out:
-    return Out(rec["kind"], rec, json.dumps(rec).encode())
+    """The record as the daemon hands it to a sink: the declared Struct (protocol/output.py)."""
+    line = json.dumps(rec).encode()
+    return Out(rec["kind"], output.check(line), line)
 
 
 def hello(rank: int, info: dict) -> Out:

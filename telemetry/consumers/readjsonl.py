@@ -8,12 +8,13 @@ Nothing is written: a report of a live run must not race the daemon's own repair
 """
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
+from protocol import output
+from protocol.output import OutputRecord
 from telemetry.shared import files
 from telemetry.shared import jsonlines
 from telemetry.shared.jsonlines import Lines
@@ -57,13 +58,9 @@ class ReadStats:
     num_not_regular: int = 0    # a FIFO, device or directory at a metrics file's name: not read
 
 
-def _parse(line: bytes, stats: ReadStats) -> dict | None:
-    try:
-        rec = json.loads(line)
-    except ValueError:
-        stats.num_bad += 1
-        return None
-    if not isinstance(rec, dict) or not isinstance(rec.get("kind"), str):
+def _parse(line: bytes, stats: ReadStats) -> OutputRecord | dict | None:
+    rec = output.decode(line)
+    if rec is None:
         stats.num_bad += 1
         return None
     stats.num_lines += 1

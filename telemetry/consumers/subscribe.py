@@ -13,11 +13,12 @@ names the command, for an exit code 2.
 """
 from __future__ import annotations
 
-import json
 import signal
 from typing import Any, Iterable, Iterator
 
 import zmq
+
+from protocol import output
 
 # Records buffered on our side; beyond it PUB drops for this subscriber (never slows the daemon).
 SUB_RCVHWM = 100_000
@@ -101,11 +102,11 @@ class Subscriber:
                 continue
             try:
                 kind = parts[0].decode("ascii")
-                rec = json.loads(parts[1])
-            except (UnicodeDecodeError, ValueError):
+            except UnicodeDecodeError:
                 self.num_bad += 1
                 continue
-            if not isinstance(rec, dict):
+            rec = output.decode(parts[1])
+            if rec is None:
                 self.num_bad += 1
                 continue
             self.num_records += 1

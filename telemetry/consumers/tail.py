@@ -20,6 +20,7 @@ import sys
 import time
 from typing import Any
 
+from protocol import output
 from telemetry.consumers.events import EventGroup, EventGroups
 from telemetry.consumers.runend import RunEnd
 from telemetry.consumers.terminal import printable, printable_record
@@ -104,7 +105,7 @@ class RecordFilter:
         if not isinstance(values, dict):
             return None
         kept = {k: v for k, v in values.items() if k.startswith(p)}
-        return {**rec, "values": kept} if kept else None
+        return output.with_values(rec, kept) if kept else None
 
 
 def format_line(kind: str, rec: dict) -> str:

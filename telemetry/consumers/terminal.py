@@ -15,6 +15,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from protocol.output import OutputRecord
+
 _UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
 
 
@@ -33,6 +35,8 @@ def printable_record(v: Any) -> Any:
     """A decoded JSON value with every string in it, keys included, made printable."""
     if isinstance(v, str):
         return _UNSAFE.sub(_escape, v) if _UNSAFE.search(v) else v
+    if isinstance(v, OutputRecord):
+        v = v.to_dict()
     if isinstance(v, dict):
         return {printable_record(k): printable_record(x) for k, x in v.items()}
     if isinstance(v, list):

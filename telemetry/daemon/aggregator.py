@@ -32,6 +32,7 @@ import heapq
 import time
 from collections import OrderedDict, deque
 
+from protocol.output import MetricsRecord
 from telemetry.daemon import hotpath
 from telemetry.daemon.config import AggregatorConfig
 from telemetry.daemon.loops import step_values
@@ -225,24 +226,24 @@ class Aggregator:
         return done
 
     # -- once per batch of closed steps ---------------------------------------------------------
-    def finish_batch(self, accs: list[StepAccumulator]) -> tuple[StepBatch, list[dict]]:
+    def finish_batch(self, accs: list[StepAccumulator]) -> tuple[StepBatch, list[MetricsRecord]]:
         """The closed steps as one StepBatch (for the derived metrics: derived.py), and their
         records: each metric reduced across ranks; remembers which ranks each had."""
         batch = StepBatch.gather([acc.step for acc in accs], [acc.records for acc in accs], self.loops.gather)
         values = step_values(batch.names, self.reducer.reduce_columns(batch.columns, self.loops.reduce_column))
         return batch, self._records(accs, batch, values)
 
-    def _records(self, accs: list[StepAccumulator], batch: StepBatch, values: list[dict]) -> list[dict]:
+    def _records(self, accs: list[StepAccumulator], batch: StepBatch, values: list[dict]) -> list[MetricsRecord]:
         """The output records of closed steps (the JSONL schema); remembers which ranks each had."""
         known = self.world.known
         num_known = len(known)
         recs = []
         for acc, t_ns, v in zip(accs, batch.t_ns, values):
-            rec = {"kind": "metrics", "t": t_ns / 1e9, "step": acc.step, "values": v}
+            rec = MetricsRecord(t_ns / 1e9, acc.step, v)
             if len(acc.ranks) != num_known or not acc.ranks <= known:   # (strangers are not known)
                 missing = known - acc.ranks
                 if missing:
-                    rec["missing_ranks"] = sorted(missing)
+                    rec.missing_ranks = sorted(missing)
                     self.num_steps_incomplete += 1
             recs.append(rec)
         if accs:

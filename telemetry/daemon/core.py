@@ -29,10 +29,11 @@ import threading
 import time
 from pathlib import Path
 
-import msgspec
 import zmq
 
 from protocol import MAX_FRAME_BYTES, Bye, Event, Hello, Metrics
+from protocol import output
+from protocol.output import ByeRecord, EventRecord, HelloRecord, MetricsRecord, OutputRecord
 from telemetry.shared import endpoints, files
 from telemetry.daemon import hotpath
 from telemetry.daemon.aggregator import Aggregator
@@ -82,7 +83,6 @@ GC_GEN0_THRESHOLD = 50_000
 DIAGNOSIS_MAX_SHARE = 0.25
 GOODPUT_MAX_SHARE = 0.05
 
-_json = msgspec.json.Encoder()
 # Control connections at once (`telemetry status`/`drain` use one for a moment each).
 MAX_CONTROL_CONNECTIONS = 64
 # The daemon's housekeeping interval: which clients still send (for a drain), --watch-pid. (The
@@ -133,7 +133,7 @@ class Daemon:
         self.unfinished: list[str] = []        # stages still busy at the drain deadline
         self.endpoints: dict[str, str] = {}
         self._next_daemon_record = time.monotonic() + cfg.daemon_record_interval_s
-        self._latest_step: dict | None = None
+        self._latest_step: MetricsRecord | None = None
         self._progress_logged: dict | None = None
         self.redactor = Redactor()   # secrets in hello configs and event data never reach a sink
         # The memory budget (memory.py): each buffer's share, what was shed beyond it.
@@ -476,8 +476,7 @@ class Daemon:
                 if kind is Event:
                     self.num_events_in += 1
                     data = self.redactor(rec.data)
-                    self.emit({"kind": "event", "t": rec.t_ns / 1e9, "rank": rec.rank, "name": rec.name,
-                                "data": data})
+                    self.emit(EventRecord(rec.t_ns / 1e9, rec.rank, rec.name, data))
                     if rec.name == MEDIA_EVENT and self.media is not None:
                         self.media.put(rec.rank, data)
                 elif kind is Hello:
@@ -502,7 +501,7 @@ class Daemon:
 
     def write_byes(self, byes: list[Bye]) -> None:
         for rec in byes:
-            self.emit({"kind": "bye", "t": rec.t_ns / 1e9, "rank": rec.rank, "stats": rec.stats})
+            self.emit(ByeRecord(rec.t_ns / 1e9, rec.rank, rec.stats))
 
     def _observe_clock(self, rec) -> None:
         """A node's record made as it was sent: its clock against this daemon's (node_clocks.py)."""
@@ -549,9 +548,9 @@ class Daemon:
             self.emit_steps(early)
 
     def _emit_rank(self, rec: Metrics, late: bool = False) -> None:
-        out = {"kind": "metrics", "t": rec.t_ns / 1e9, "step": rec.step, "rank": rec.rank, "values": rec.values}
+        out = MetricsRecord(rec.t_ns / 1e9, rec.step, rec.values, rank=rec.rank)
         if late:
-            out["late"] = True
+            out.late = True
         self.emit(out)
 
     def _on_hello(self, rec: Hello) -> None:
@@ -569,7 +568,7 @@ class Daemon:
         self.derived.on_hello(info)
         # A pid in a hello is a claim: the forensics stage verifies it before the pollers or the
         # forensics act on it (telemetry/daemon/forensics/verify.py).
-        self.emit({"kind": "hello", "t": rec.t_ns / 1e9, "rank": rec.rank, "info": info})
+        self.emit(HelloRecord(rec.t_ns / 1e9, rec.rank, info))
 
     def emit_steps(self, accs: list) -> None:
         """The steps the aggregator closed, reduced across ranks, with their derived metrics; in
@@ -588,11 +587,11 @@ class Daemon:
             self.losses.failed("reduce", exc, sum(len(acc.records) for acc in accs))
             return
         # A derivation that fails costs its names in this batch, never the steps (derived.py).
-        for what, exc in self.derived.apply(batch, [rec["values"] for rec in recs], self.aggregator.world.size()):
+        for what, exc in self.derived.apply(batch, [rec.values for rec in recs], self.aggregator.world.size()):
             self.losses.failed(f"derived: {what}", exc, 0)
         for acc, rec in zip(accs, recs):
             try:
-                line = _json.encode(rec)
+                line = output.encode(rec)
             except Exception as exc:
                 self.losses.failed("encode", exc, len(acc.records))
                 continue
@@ -607,8 +606,8 @@ class Daemon:
         self._progress_logged = rec
         log.info("%s", self_report.progress_line(self, rec))
 
-    def emit(self, rec: dict) -> None:
-        self._out.append(Out(rec["kind"], rec, _json.encode(rec)))
+    def emit(self, rec: OutputRecord) -> None:
+        self._out.append(Out(rec.kind, rec, output.encode(rec)))
 
     def hand_out(self) -> None:
         if not self._out:
@@ -620,7 +619,7 @@ class Daemon:
         for runner in self.runners_in_order:
             runner.put(batch, num_bytes)
 
-    def post(self, record: dict) -> None:
+    def post(self, record: OutputRecord) -> None:
         """Thread-safe entry for pollers: the record joins the pipeline on the daemon's thread."""
         self._inbox.append(record)
         try:

@@ -19,10 +19,10 @@ import time
 
 import msgspec
 
+from protocol import output
+from protocol.output import UNSET, MetricsRecord
 from telemetry.daemon.reductions import WINDOW_RULES, Reducer
 from telemetry.daemon.sinks.base import Out
-
-_json = msgspec.json.Encoder()
 
 # Metrics under these prefixes are not training steps (see the module docstring).
 PASS_THROUGH_PREFIXES = ("eval/",)
@@ -36,17 +36,17 @@ class Downsampler:
         self.min_interval_s = 1.0 / max_per_second if max_per_second > 0 else 0.0
         self.reducer = Reducer(WINDOW_RULES, overrides)
         self._window: list[dict] = []          # the values of each training step in the window
-        self._last: dict | None = None
+        self._last: MetricsRecord | None = None
         self._last_emit = -float("inf")
 
     def feed(self, batch: list[Out]) -> list[Out]:
         out: list[Out] = []
         for o in batch:
             rec = o.record
-            if o.kind != "metrics" or "rank" in rec:
+            if o.kind != "metrics" or rec.rank is not UNSET:
                 out.append(o)
                 continue
-            values = rec["values"]
+            values = rec.values
             passing = [k for k in values if k.startswith(PASS_THROUGH_PREFIXES)]
             if passing:
                 if len(passing) == len(values):          # nothing but eval metrics: not a step
@@ -54,7 +54,7 @@ class Downsampler:
                     continue
                 # Training and eval metrics in one record (a rank's eval came in before another
                 # rank's training metrics of that step): the eval part goes out at its step now.
-                out.append(_out({**rec, "values": {k: values[k] for k in passing}}))
+                out.append(_out(msgspec.structs.replace(rec, values={k: values[k] for k in passing})))
                 values = {k: v for k, v in values.items() if not k.startswith(PASS_THROUGH_PREFIXES)}
             self._window.append(values)
             self._last = rec
@@ -84,13 +84,11 @@ class Downsampler:
         # One column per metric, one cell: the window's values, step by step (None: not logged).
         columns = {name: [tuple(values.get(name) for values in window)] for name in names}
         reduced = self.reducer.reduce_columns(columns)
-        rec = {"kind": "metrics", "t": last["t"], "step": last["step"],
-               "values": {name: cell[0] for name, cell in reduced.items()}}
-        if len(window) > 1:
-            rec["window_steps"] = len(window)
+        rec = MetricsRecord(last.t, last.step, {name: cell[0] for name, cell in reduced.items()},
+                            window_steps=len(window) if len(window) > 1 else UNSET)
         self._window = []
         return _out(rec)
 
 
-def _out(rec: dict) -> Out:
-    return Out("metrics", rec, _json.encode(rec))
+def _out(rec: MetricsRecord) -> Out:
+    return Out("metrics", rec, output.encode(rec))

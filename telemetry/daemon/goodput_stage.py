@@ -31,8 +31,7 @@ from collections import deque
 from pathlib import Path
 from typing import Any, BinaryIO
 
-import msgspec
-
+from protocol import output
 from telemetry.daemon.sinks.base import Out, Sink
 from telemetry.shared.goodput import (BATCH_PENDING_STEPS, BUCKETS, RANKS_FILE, Ledger, rank_counters,
                                       ranks_file_data, read_ranks_file)
@@ -124,7 +123,7 @@ class GoodputStage(Sink):
         from telemetry.shared.jsonlines import MAX_LINE_BYTES, READ_CHUNK_BYTES, Lines
 
         lines, left = Lines(self, MAX_LINE_BYTES), size      # counts a line too long in num_bad
-        decode = msgspec.json.decode
+        decode = output.decode
         while left > 0:
             t0 = time.perf_counter()
             chunk = f.read(min(READ_CHUNK_BYTES, left))
@@ -135,10 +134,11 @@ class GoodputStage(Sink):
             for line in lines.feed(chunk):
                 if not line or line.startswith(_SKIPPED):
                     continue
-                try:
-                    recs.append(decode(line))
-                except (msgspec.DecodeError, ValueError):
+                rec = decode(line)
+                if rec is None:
                     self.num_bad += 1
+                else:
+                    recs.append(rec)
             self._feed(recs)
             self.num_seeded += len(recs)
             time.sleep((time.perf_counter() - t0) * (1 - SEED_SHARE) / SEED_SHARE)

@@ -23,6 +23,7 @@ from collections import deque
 import msgspec
 
 from protocol import Hello
+from protocol.output import EventRecord
 
 SKEW_MIN_S = 30.0
 AGREE_S = 5.0
@@ -39,7 +40,7 @@ class NodeClocks:
         self._seen: dict[int, deque] = {}       # src -> its last observations (s)
         self.num_corrected = 0                  # records whose times were moved
 
-    def observe(self, src: int, rank: int, t_ns: int, now_ns: int) -> dict | None:
+    def observe(self, src: int, rank: int, t_ns: int, now_ns: int) -> EventRecord | None:
         """One observation of `src`'s clock; the event record to write if its correction changed."""
         seen = self._seen.get(src)
         if seen is None:
@@ -58,8 +59,8 @@ class NodeClocks:
             self.offset_ns[src] = new_ns
         else:
             self.offset_ns.pop(src, None)
-        return {"kind": "event", "t": now_ns / 1e9, "rank": rank, "name": "clock_offset",
-                "data": {"offset_s": round(new_ns / 1e9, 3), "observed_s": round(estimate_s, 3), "src": src}}
+        return EventRecord(now_ns / 1e9, rank, "clock_offset",
+                           {"offset_s": round(new_ns / 1e9, 3), "observed_s": round(estimate_s, 3), "src": src})
 
     def correct(self, recs: list) -> list:
         """`recs` with the times of the records of sources whose clock is off moved to this daemon's."""

@@ -21,6 +21,8 @@ from __future__ import annotations
 import time
 from collections import deque
 
+from protocol.output import EventRecord
+
 # How long after a link closed its node's bye may still arrive (it came first, on that link).
 LINK_GRACE_S = 1.0
 # ... and at most this long while that node's records still come in (a head with a backlog).
@@ -90,8 +92,7 @@ class NodeLinks:
                 keep.append(entry)
                 continue
             self.num_closed_named += 1
-            out.append({"kind": "event", "t": t, "rank": node, "name": "link_closed",
-                        "data": {"link": link}})
+            out.append(EventRecord(t, node, "link_closed", {"link": link}))
         self._pending = keep
         return out
 

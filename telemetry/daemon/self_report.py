@@ -22,6 +22,7 @@ import logging
 import os
 import time
 
+from protocol.output import DaemonRecord
 from telemetry.daemon import loops as python_loops
 from telemetry.daemon.goodput_stage import daemon_values as goodput_values
 from telemetry.shared.catalogue import CATALOGUE
@@ -156,7 +157,7 @@ def daemon_record(d) -> dict:
     for r in runners:
         values[f"telemetry/sink/{r.name}/queued"] = r.queued()
         values[f"telemetry/sink/{r.name}/dropped"] = r.num_dropped
-    return {"kind": "daemon", "t": time.time(), "values": values}
+    return DaemonRecord(time.time(), values)
 
 
 def progress_line(d, rec: dict) -> str:

@@ -75,6 +75,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
+from protocol.output import OutputRecord
 from telemetry.shared.numbers import is_int, is_number
 
 BUCKETS = ("productive", "startup", "data_loading", "eval", "checkpoint_save", "checkpoint_restore", "straggler",
@@ -250,7 +251,7 @@ class Ledger:
 
     def feed(self, rec: dict) -> None:
         self.num_records += 1
-        if type(rec) is not dict:
+        if not isinstance(rec, (OutputRecord, dict)):    # (a dict: a record outside the declaration)
             return
         kind = rec.get("kind")
         t = _num(rec.get("t"))

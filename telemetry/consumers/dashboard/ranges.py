@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from protocol import output
 from telemetry.consumers.series import last_per_x, minmax_downsample
 from telemetry.shared import files
 from telemetry.shared.jsonlines import rotated_files
@@ -135,9 +136,8 @@ class StepBlocks:
                         m = _STEP.match(line)
                         if not m or not x0 <= int(m.group(1)) <= x1 or not any(q in line for q in quoted):
                             continue
-                        try:
-                            rec = json.loads(line)
-                        except ValueError:
+                        rec = output.decode(line)
+                        if rec is None:
                             continue
                         values = rec.get("values")
                         if not isinstance(values, dict):

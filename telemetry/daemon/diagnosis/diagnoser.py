@@ -21,6 +21,7 @@ import re
 import math
 from typing import Any
 
+from protocol.output import EventRecord, OutputRecord
 from telemetry.daemon.diagnosis.config import DiagnosisConfig
 from telemetry.daemon.diagnosis.rules import RULES, Finding, Rule
 from telemetry.daemon.diagnosis.rules.base import metrics_facts
@@ -66,7 +67,7 @@ class Diagnoser:
 
     def consume(self, record: dict) -> list[dict]:
         """Event records caused by this record (usually none)."""
-        if not isinstance(record, dict):
+        if not isinstance(record, (OutputRecord, dict)):    # (a dict: a record read back from a file)
             return []
         kind = record.get("kind")
         out: list[dict] = []
@@ -98,7 +99,7 @@ class Diagnoser:
             return []
         return [e for e in (self._event(rule, f) for f in findings) if e is not None]
 
-    def _event(self, rule: Rule, f: Finding) -> dict | None:
+    def _event(self, rule: Rule, f: Finding) -> EventRecord | None:
         key = (rule.name, f.subject)
         last = self._last_event_t.get(key)
         if last is not None and f.t - last < self.cfg.min_interval_s:
@@ -117,7 +118,7 @@ class Diagnoser:
         self.num_events += 1
         if self.cfg.log_events:
             log.log(logging.ERROR if f.severity == "critical" else logging.WARNING, "%s", message)
-        return {"kind": "event", "t": f.t, "rank": f.rank, "name": f"diagnosis/{rule.name}", "data": data}
+        return EventRecord(f.t, f.rank, f"diagnosis/{rule.name}", data)
 
 
 _RANK_WORD = re.compile(r"\b([Rr])ank(s?)(?=\b|\d)")

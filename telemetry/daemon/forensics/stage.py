@@ -32,6 +32,7 @@ from collections import deque
 from pathlib import Path
 from typing import Any, Callable
 
+from protocol.output import EventRecord
 from telemetry.daemon.forensics import stacks
 from telemetry.daemon.forensics.collect import exit_status, open_pidfd, process_state, py_spy, signal_stacks
 from telemetry.daemon.forensics.exitwatch import ExitWatcher
@@ -287,7 +288,7 @@ class ForensicsStage(Sink):
                         gone_for_s=round(time.monotonic() - gone_since, 3))
         rank = exited[0] if exited is not None else (culprits[0] if len(culprits) == 1 else None)
         log.error("diagnosis: %s (bundle %s)", message, out_dir)
-        self.post({"kind": "event", "t": now, "rank": rank, "name": f"diagnosis/{what}", "data": data})
+        self.post(EventRecord(now, rank, f"diagnosis/{what}", data))
 
     def _recent_by_rank(self) -> dict[int, list[dict]]:
         n = self.cfg.hang_records_kept

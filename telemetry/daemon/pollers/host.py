@@ -34,6 +34,7 @@ import socket
 import time
 from typing import Any
 
+from protocol.output import SystemRecord
 from telemetry.daemon.pollers.base import Poller
 from telemetry.daemon.pollers.config import PollersConfig
 
@@ -137,7 +138,7 @@ class HostPoller(Poller):
         self._last_disk, self._last_net = disk, net
         if self.cfg.host_per_rank:
             self._poll_ranks(values)
-        return [{"kind": "system", "t": t, "host": self.host, "values": values}]
+        return [SystemRecord(t, self.host, values)]
 
     @staticmethod
     def _rates(values: dict, name_a: str, name_b: str, before: tuple[int, int] | None,

@@ -43,6 +43,7 @@ import socket
 import time
 from typing import Any, Callable
 
+from protocol.output import GpuRecord
 from telemetry.daemon.pollers.base import Poller
 from telemetry.daemon.pollers.config import PollersConfig
 
@@ -224,7 +225,7 @@ class NvmlPoller(Poller):
             if self.cfg.nvml_process_memory:
                 self._poll_processes(i, h, pid_to_rank, values)
             if values:
-                records.append({"kind": "gpu", "t": t, "host": self.host, "gpu": i, "values": values})
+                records.append(GpuRecord(t, self.host, i, values))
         return records
 
     def _poll_core(self, i: int, h: Any, values: dict) -> None:

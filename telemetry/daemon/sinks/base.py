@@ -15,6 +15,8 @@ import time
 from collections import deque
 from typing import NamedTuple
 
+from protocol.output import OutputRecord
+
 log = logging.getLogger("telemetry.daemon.sinks")
 
 
@@ -24,8 +26,8 @@ class StartupError(Exception):
     a writable directory): said before "ready", and `telemetry daemon` exits 2."""
 
 class Out(NamedTuple):
-    kind: str        # "metrics", "gpu", "system", "event", "daemon", "hello"
-    record: dict     # exactly what the JSONL line holds
+    kind: str        # the record's kind: "metrics", "event", "hello", "bye", "daemon", "system", "gpu"
+    record: OutputRecord   # exactly what the JSONL line holds (protocol/output.py)
     line: bytes      # the JSON encoding of `record`, without a newline
 
 

@@ -1,0 +1,163 @@
+"""The records the daemon writes, declared once (issue 28 item 4).
+
+Every line of `metrics.jsonl`, every PUB message and every record an in-process sink is handed is
+one of the Structs below, encoded as a JSON object whose `kind` says which:
+
+    metrics  a step: `values` reduced across the ranks that reported it (no `rank`), or one rank's
+             own record (`rank`; written with `--per-rank`, or `late` when its step had already
+             gone out). `missing_ranks`: known ranks the step went out without (a timeout or
+             the memory budget); `window_steps`: a downsampled sink's record stands for that many
+             steps (its values reduced over them; absent: one step).
+    event    something that happened, at a time: a rank's own (`rank`), a daemon finding
+             (`diagnosis/<rule>`, `rank` null when it names no rank), `clock_offset`,
+             `link_closed`, ...
+    hello    a rank's client started: its `info` (host, pid, world size, config, ...).
+    bye      a rank's client closed: its final counters (`stats`).
+    daemon   the daemon's own counters (`values`: the catalogue's source "self" metrics).
+    system   the host the daemon runs on, polled (`values`: system/...).
+    gpu      one GPU (`gpu`: its NVML index) of that host, polled (`values`: gpu/...).
+
+`t` is a unix time in seconds (the client's clock moved by its node's measured offset, or the
+daemon's). A field that is not there (msgspec.UNSET) is left out of the JSON, as the
+descriptions above say.
+
+Producers (the daemon) build these and nothing else. Readers (consumers, in-process sinks) use
+`decode`: a line the declaration does not describe (a newer daemon's kind or field, or a
+hand-made file) comes back as a plain dict rather than being lost, and a record reads the same
+either way: `rec["values"]`, `rec.get("rank")`, `"late" in rec` answer as they would on the
+record's JSON object (`kind` included), and attribute access (`rec.values`) is the typed form.
+"""
+from __future__ import annotations
+
+from typing import Any, Union
+
+import msgspec
+from msgspec import UNSET, UnsetType
+
+# A reduced, polled or counted value: a number, a flag, or null (not computable this time).
+Value = Union[float, int, bool, None]
+
+
+# A record's fields in the order declared are its JSON object's keys in that order, after `kind`:
+# `kind`, `t`, then the kind's own. Readers may rely on it (the dashboard's range reads find a
+# metrics line's step by its first bytes: telemetry/consumers/dashboard/ranges.py).
+# gc=False: a record holds numbers, strings and the plain containers decoded or built for it,
+# never itself, so the cyclic collector need not track it (cheaper to build and to free).
+class OutputRecord(msgspec.Struct, tag_field="kind", forbid_unknown_fields=True, gc=False):
+    t: float
+
+    @property
+    def kind(self) -> str:
+        return self.__struct_config__.tag
+
+    # -- read as the record's JSON object reads ------------------------------------------------
+    def __getitem__(self, key: str) -> Any:
+        if key == "kind":
+            return self.__struct_config__.tag
+        value = getattr(self, key, UNSET) if key in self.__struct_fields__ else UNSET
+        if value is UNSET:
+            raise KeyError(key)
+        return value
+
+    def get(self, key: str, default: Any = None) -> Any:
+        try:
+            return self[key]
+        except KeyError:
+            return default
+
+    def __contains__(self, key: object) -> bool:
+        return key == "kind" or (key in self.__struct_fields__ and getattr(self, key) is not UNSET)
+
+    def keys(self) -> list[str]:
+        """The JSON object's keys, `kind` first (so `dict(rec)` and `set(rec)` work)."""
+        return ["kind", *(k for k in self.__struct_fields__ if getattr(self, k) is not UNSET)]
+
+    def __iter__(self):
+        return iter(self.keys())
+
+    def items(self) -> list[tuple[str, Any]]:
+        return [(k, self[k]) for k in self.keys()]
+
+    def to_dict(self) -> dict:
+        """The record's JSON object as a dict (what a reader of the file gets with json.loads)."""
+        return msgspec.to_builtins(self)
+
+
+class MetricsRecord(OutputRecord, tag="metrics"):
+    step: int
+    values: dict[str, Value]
+    rank: Union[int, UnsetType] = UNSET
+    late: Union[bool, UnsetType] = UNSET
+    missing_ranks: Union[list[int], UnsetType] = UNSET
+    window_steps: Union[int, UnsetType] = UNSET
+
+
+class EventRecord(OutputRecord, tag="event"):
+    rank: Union[int, None]
+    name: str
+    data: dict[str, Any]
+
+
+class HelloRecord(OutputRecord, tag="hello"):
+    rank: int
+    info: dict[str, Any]
+
+
+class ByeRecord(OutputRecord, tag="bye"):
+    rank: int
+    stats: dict[str, Any]
+
+
+class DaemonRecord(OutputRecord, tag="daemon"):
+    values: dict[str, Value]
+
+
+class SystemRecord(OutputRecord, tag="system"):
+    host: str
+    values: dict[str, Value]
+
+
+class GpuRecord(OutputRecord, tag="gpu"):
+    host: str
+    gpu: int
+    values: dict[str, Value]
+
+
+AnyRecord = Union[MetricsRecord, EventRecord, HelloRecord, ByeRecord, DaemonRecord, SystemRecord, GpuRecord]
+KINDS = tuple(c.__struct_config__.tag for c in AnyRecord.__args__)
+
+_encoder = msgspec.json.Encoder()
+_typed = msgspec.json.Decoder(AnyRecord)
+_plain = msgspec.json.Decoder()
+
+
+def encode(rec: OutputRecord) -> bytes:
+    """The record's line (without the newline)."""
+    return _encoder.encode(rec)
+
+
+def decode(line: bytes | str) -> OutputRecord | dict | None:
+    """A line as a record: the declared Struct; a JSON object with a string `kind` the
+    declaration does not describe as a plain dict; None for anything else (not JSON, not an
+    object, no kind)."""
+    try:
+        return _typed.decode(line)
+    except msgspec.ValidationError:
+        pass
+    except msgspec.DecodeError:
+        return None
+    rec = _plain.decode(line)
+    return rec if isinstance(rec, dict) and isinstance(rec.get("kind"), str) else None
+
+
+def with_values(rec: OutputRecord | dict, values: dict) -> OutputRecord | dict:
+    """A copy of `rec` (a record or a record's dict) with other `values`."""
+    if isinstance(rec, OutputRecord):
+        return msgspec.structs.replace(rec, values=values)
+    return {**rec, "values": values}
+
+
+def check(line: bytes | str) -> OutputRecord:
+    """A line as the declared Struct, or msgspec.ValidationError / DecodeError saying where it
+    is not one (the tests hold every line a daemon wrote to this)."""
+    return _typed.decode(line)
