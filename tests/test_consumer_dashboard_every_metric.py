@@ -49,14 +49,15 @@ def test_a_scripts_own_keys_each_get_a_chart_and_the_filter_finds_them(tmp_path)
         tm.hello({"run_name": "own-run", "config": {"optim": {"lr": 3e-4, "betas": [0.9, 0.95]}, "batch_size": 32,
                                                      "wandb_api_key": "sk-not-for-the-page-1234"}})
         for step in range(1, NUM_STEPS + 1):
-            v = {"train/loss": 2.0 / step, "acc": step / NUM_STEPS, "nested/a/b": float(step % 7)}
+            # perf/samples: a name the metric catalogue knows (group "counts") that no built-in chart draws
+            v = {"train/loss": 2.0 / step, "acc": step / NUM_STEPS, "nested/a/b": float(step % 7), "perf/samples": 8}
             if step % 5 == 0:
                 v["val/loss"] = 2.5 / step
             tm.log(step, v)
         d.wait_for(lambda rs: any(r.get("step") == NUM_STEPS for r in rs if r["kind"] == "metrics"))
         steps = [r for r in d.read_jsonl() if r["kind"] == "metrics" and "rank" not in r]
-        want = {k: sum(k in r["values"] for r in steps) for k in ("acc", "val/loss", "nested/a/b")}
-        assert want == {"acc": NUM_STEPS, "val/loss": NUM_STEPS // 5, "nested/a/b": NUM_STEPS}
+        want = {k: sum(k in r["values"] for r in steps) for k in ("acc", "val/loss", "nested/a/b", "perf/samples")}
+        assert want == {"acc": NUM_STEPS, "val/loss": NUM_STEPS // 5, "nested/a/b": NUM_STEPS, "perf/samples": NUM_STEPS}
 
         dash = Dashboard(str(tmp_path / "own-run"), "--pub", eps["pub"])
         with Browser(tmp_path / "chromium-profile", width=1400, height=1000) as b:
@@ -74,7 +75,15 @@ def test_a_scripts_own_keys_each_get_a_chart_and_the_filter_finds_them(tmp_path)
                 c = charts.get(f"auto-{key}")
                 assert c is not None, sorted(charts)
                 assert c["points"] == n and c["title"] == key, (key, c)
-            assert charts["auto-val/loss"]["group"] == "val/ (logged by the run)"
+            # The run's own names by their prefix; a name the catalogue knows in its catalogue group:
+            # perf/samples (group "counts"), val/loss (the catalogue's "*/loss": a dataset's loss).
+            assert charts["auto-perf/samples"]["group"] == "counts (more series)"
+            assert charts["auto-val/loss"]["group"] == "per dataset (more series)"
+            sections = b.evaluate("[...document.querySelectorAll('#groups > section')].filter(s => !s.hidden)"
+                                  ".map(s => s.querySelector('h2').textContent)")
+            # the run's own sections first, then the catalogue's in its order (counts before per dataset)
+            assert sections.index("nested/ (logged by the run)") < sections.index("counts (more series)") \
+                < sections.index("per dataset (more series)"), sections
             assert charts["auto-nested/a/b"]["group"] == "nested/ (logged by the run)"
             assert charts["auto-acc"]["group"] == "Other metrics (logged by the run)"
             # No built-in name is drawn twice.
@@ -91,12 +100,16 @@ def test_a_scripts_own_keys_each_get_a_chart_and_the_filter_finds_them(tmp_path)
                        "f.dispatchEvent(new Event('input')); })()")
             b.wait_for("!document.getElementById('chart-auto-acc').hidden", what="the filter cleared")
 
-            # A key first logged now, after the page loaded, gets its chart.
-            tm.log(NUM_STEPS + 1, {"train/loss": 0.01, "late/metric": 42.0})
+            # A key first logged now, after the page loaded, gets its chart; one the catalogue knows
+            # (perf/eval_time: "step timing", in seconds) its section and unit with its first point.
+            tm.log(NUM_STEPS + 1, {"train/loss": 0.01, "late/metric": 42.0, "perf/eval_time": 0.5})
             b.wait_for("!!document.getElementById('chart-auto-late/metric') && "
-                       "document.getElementById('chart-auto-late/metric').dataset.points === '1'",
-                       what="the new key's chart")
-            assert _shown(b)["auto-late/metric"]["group"] == "late/ (logged by the run)"
+                       "document.getElementById('chart-auto-late/metric').dataset.points === '1' && "
+                       "!!document.getElementById('chart-auto-perf/eval_time')", what="the new keys' charts")
+            shown = _shown(b)
+            assert shown["auto-late/metric"]["group"] == "late/ (logged by the run)"
+            assert shown["auto-perf/eval_time"]["group"] == "step timing (more series)", shown["auto-perf/eval_time"]
+            assert b.evaluate("state.runs[state.order[0]].series['perf/eval_time'].unit") == "s"
             # One point on a time axis spans two minutes around it, not years (issue 31).
             spans = b.evaluate("Object.entries(state.plots).filter(([id, p]) => p.plot.data[0].length === 1)"
                                ".map(([id, p]) => [id, p.plot.series[0].label, p.plot.scales.x.max - p.plot.scales.x.min])")

@@ -23,8 +23,13 @@ counters in its `daemon` records (source "self"); neither is reduced across rank
 window (those records pass the downsampler as they are).
   - the groups and units the consumers show metrics under (`grouped`: the run's own names
     first): `telemetry tail`'s metrics panel, `telemetry report`'s table of every metric; the
-    units of the dashboard's charts (telemetry/consumers/dashboard/store.py: unit_of).
-Still to come from it (issue 28): the dashboard's groups, W&B define_metric.
+    units of the dashboard's charts, and the sections of the charts no built-in one draws
+    (telemetry/consumers/dashboard/store.py: meta_of; the run's own by their prefix).
+Not from it, by decision (2026-11-28): W&B's define_metric. The daemon's own run plots every
+metric against train/step (one define_metric("*")), and a user's run has the define_metric calls
+its script made; summaries stay W&B's default, the last value, as W&B's Hugging Face and
+Lightning integrations leave them. Nothing declared here would make W&B do otherwise; a summary
+of its own (a loss's minimum) would be a new field here, read by the W&B sink.
 
 Adding a metric the daemon computes: one entry here, and its computation appended to
 DERIVATIONS in telemetry/daemon/derived.py (tests/test_catalogue.py adds one that way and finds it
@@ -319,11 +324,16 @@ def declared(metrics: dict, where: str = "metrics") -> tuple[Metric, ...]:
 OWN_GROUP = "yours"
 
 
+def groups() -> list[str]:
+    """The display groups, in the order the catalogue first names them."""
+    return list(dict.fromkeys(m.group for m in CATALOGUE))
+
+
 def grouped(names) -> list[tuple[str, str, str]]:
     """(group, name, unit) of each name, as the consumers show them: the run's own names (the
     catalogue does not know them) first, under OWN_GROUP, then by the catalogue's groups in its
     order; by name within a group."""
-    order = {g: i for i, g in enumerate(dict.fromkeys(m.group for m in CATALOGUE))}
+    order = {g: i for i, g in enumerate(groups())}
     rows = []
     for name in names:
         m = lookup(name)

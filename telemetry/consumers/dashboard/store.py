@@ -64,15 +64,21 @@ MAX_STEP_TIMES = 1 << 18
 
 
 @functools.lru_cache(maxsize=1 << 16)
-def unit_of(key: str) -> str:
-    """A series' unit from the metric catalogue ("s", "GB", "%", ...; "" for a name it does not
-    know): the page's axis title."""
+def meta_of(key: str) -> tuple[str, str]:
+    """A series' unit and display group from the metric catalogue ("s", "GB", "%", ...; "" for
+    a name it does not know, the run's own): the page's axis title, and the section a chart no
+    built-in one draws goes in (the run's own names by their prefix)."""
     name = key.split("@")[0]
     m = catalogue.lookup(name)
+    group = m.group if m is not None else ""
     if m is not None and m.name.startswith("*") and not m.unit and name.endswith(m.name[1:]):
         # perf/step_time_max: the unit of what it is the largest of
         m = catalogue.lookup(name[:-(len(m.name) - 1)]) or m
-    return m.unit if m is not None else ""
+    return (m.unit if m is not None else ""), group
+
+
+# The catalogue's display groups in its order: the page's sections of charts no built-in one draws.
+GROUP_ORDER = catalogue.groups()
 
 
 @dataclass(frozen=True)
@@ -206,7 +212,8 @@ class RunStore:
     def _add(self, key: str, axis: str, x: float, y: float, out: list) -> bool:
         """Add a point; False when it was dropped (a new series beyond the limits)."""
         s = self.series.get(key)
-        if s is None:
+        new = s is None
+        if new:
             cost = SERIES_BYTES + 2 * len(key)
             if (len(self.series) >= self.limits.max_series
                     or self.num_series_bytes + cost > self.limits.max_series_bytes):
@@ -222,7 +229,9 @@ class RunStore:
             self._thin(s)
         elif self.num_points > self.limits.max_points:
             self._thin(max(self.series.values(), key=len))
-        out.append([key, axis, x, None if math.isnan(y) else y])
+        # A new series' first point says its unit and group (a page learns them with it).
+        out.append([key, axis, x, None if math.isnan(y) else y, *meta_of(key)] if new else
+                   [key, axis, x, None if math.isnan(y) else y])
         return True
 
     def _thin(self, s: Series) -> None:
@@ -398,6 +407,8 @@ class RunStore:
                    "t0": self.t_first, "latest": dict(self.latest), "step_t": steps_t,
                    "config": self.run_config, "num_events": len(self.events.groups)}
         out["series"] = [{"key": k, "axis": axis, "x": _json_list(xs), "y": _json_list(ys), "n": n, "gap": gap,
-                          "unit": unit_of(k), "thinned": thinned} for k, axis, (xs, ys, gap), n, thinned in items]
+                          "unit": meta_of(k)[0], "group": meta_of(k)[1], "thinned": thinned}
+                         for k, axis, (xs, ys, gap), n, thinned in items]
+        out["group_order"] = GROUP_ORDER
         out["events"] = events
         return out

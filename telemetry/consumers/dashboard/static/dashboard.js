@@ -84,9 +84,12 @@ const GROUPS = [
 ];
 const CHARTS = GROUPS.flatMap((g) => g.charts);
 
-// Every other series a run logs (a script's own keys: acc, val/loss, nested/...) and every GPU
-// and host series no built-in chart draws: a chart per name, in a section per prefix (the part
-// before the first "/"; names without one under "Other metrics"), after the built-in groups. A
+// Every other series a run logs (a script's own keys: acc, val/loss, nested/...) and every
+// series of the metric catalogue no built-in chart draws (GPU and host series, the straggler
+// view, counts): a chart per name, after the built-in groups. The run's own names (the catalogue
+// does not know them) first, in a section per prefix (the part before the first "/"; names
+// without one under "Other metrics"); then the catalogue's names, in a section per catalogue
+// group, in its order (the server says each series' group: telemetry/shared/catalogue.py). A
 // name's per-host or per-rank series (name@...) share its chart. The daemon's own counters
 // (time-axis names of its daemon records) stay in the Telemetry section. Recomputed only when
 // the set of names grows.
@@ -99,23 +102,27 @@ function autoGroups() {
   const sig = state.order.join(",") + ":" + numKeys;
   if (state.auto && state.auto.sig === sig) return state.auto.groups;
   const axes = new Map();          // name -> its axis
+  const groupOf = new Map();       // name -> its catalogue group ("": the run's own)
   const keysOf = new Map();        // name -> run -> its keys (a chart's series, without matching every key)
   for (const id of state.order) {
     for (const [k, s] of Object.entries(state.runs[id].series)) {
       if (NOT_CHARTED(k) || builtIn(k)) continue;
       if (s.axis === "time" && !k.includes("@")) continue;   // the daemon's own counters: the Telemetry section
       const b = baseOf(k);
-      if (!axes.has(b)) { axes.set(b, s.axis); keysOf.set(b, new Map()); }
+      if (!axes.has(b)) { axes.set(b, s.axis); keysOf.set(b, new Map()); groupOf.set(b, s.group || ""); }
       const runs = keysOf.get(b);
       if (!runs.has(id)) runs.set(id, []);
       runs.get(id).push(k);
     }
   }
-  const byPrefix = new Map();
+  const byPrefix = new Map();      // the run's own: prefix -> charts
+  const byGroup = new Map();       // the catalogue's: group -> charts
   for (const b of [...axes.keys()].sort((x, y) => x.localeCompare(y, "en", { numeric: true }))) {
+    const group = groupOf.get(b);
     const prefix = b.includes("/") ? b.split("/")[0] + "/" : "";
-    if (!byPrefix.has(prefix)) byPrefix.set(prefix, []);
-    byPrefix.get(prefix).push({
+    const into = group ? byGroup : byPrefix, at = group || prefix;
+    if (!into.has(at)) into.set(at, []);
+    into.get(at).push({
       id: "auto-" + b, title: b, axis: axes.get(b), auto: true,
       match: (k) => baseOf(k) === b && !NOT_CHARTED(k) && !builtIn(k),
       keys: (runId) => keysOf.get(b).get(runId) ?? [],
@@ -123,10 +130,14 @@ function autoGroups() {
       points: (k) => sparse(k),     // a few points (an eval every N steps): markers, not a line to nowhere
     });
   }
+  const rank = (g) => { const i = state.groupOrder.indexOf(g); return i < 0 ? state.groupOrder.length : i; };
   const groups = [...byPrefix.entries()]
     .sort(([a], [b]) => (a === "" ? 1 : b === "" ? -1 : a.localeCompare(b)))
     .map(([prefix, charts]) => ({ title: prefix ? `${prefix} (logged by the run)` : "Other metrics (logged by the run)",
-                                  charts, auto: true }));
+                                  charts, auto: true }))
+    .concat([...byGroup.entries()]
+      .sort(([a], [b]) => rank(a) - rank(b) || a.localeCompare(b))
+      .map(([group, charts]) => ({ title: `${group} (more series)`, charts, auto: true })));
   state.auto = { sig, groups };
   return groups;
 }
@@ -167,7 +178,7 @@ const RELOAD_POINTS_PER_PX = 4;
 
 // -- state -------------------------------------------------------------------------------------
 const state = { runs: {}, order: [], status: {}, seq: 0, plots: {}, dirty: false, reloading: false, stream: null,
-                filter: "", auto: null, smooth: 0, logY: false, xTime: false, zoom: { step: null, time: null },
+                filter: "", auto: null, groupOrder: [], smooth: 0, logY: false, xTime: false, zoom: { step: null, time: null },
                 detail: null };
 
 function runLabel(runId) {
@@ -180,7 +191,9 @@ function loadSnapshot(data) {
   state.order = [];
   for (const r of data.runs) {
     const series = {};
-    for (const s of r.series) series[s.key] = { axis: s.axis, x: s.x, y: s.y, gap: s.gap, n: s.n, unit: s.unit || "" };
+    for (const s of r.series) series[s.key] = { axis: s.axis, x: s.x, y: s.y, gap: s.gap, n: s.n, unit: s.unit || "",
+                                                group: s.group || "" };
+    if (r.group_order) state.groupOrder = r.group_order;
     state.runs[r.id] = { id: r.id, name: r.name, t0: r.t0, latest: r.latest, series,
                          events: r.events, numEvents: r.num_events, config: r.config,
                          stepT: { s: r.step_t?.[0] ?? [], t: r.step_t?.[1] ?? [] } };
@@ -196,7 +209,7 @@ function applyChanges(msg) {
   for (const [runId, points] of Object.entries(msg.points)) {
     const run = state.runs[runId];
     if (!run) continue;
-    for (const [key, axis, x, y] of points) {
+    for (const [key, axis, x, y, unit, group] of points) {
       if (axis === "steptime") {            // a step's wall time (the x axis in wall time)
         const st = run.stepT;
         if (!st.s.length || x > st.s[st.s.length - 1]) { st.s.push(x); st.t.push(y); }
@@ -204,7 +217,7 @@ function applyChanges(msg) {
         continue;
       }
       let s = run.series[key];
-      if (!s) s = run.series[key] = { axis, x: [], y: [], gap: null, n: 0 };
+      if (!s) s = run.series[key] = { axis, x: [], y: [], gap: null, n: 0, unit: unit || "", group: group || "" };
       const last = s.x.length ? s.x[s.x.length - 1] : null;
       if (last !== null && x <= last) { needReload = true; continue; }  // a resumed run logs a step again
       if (axis === "time" && s.gap && last !== null && x - last > s.gap) { s.x.push((x + last) / 2); s.y.push(null); }
