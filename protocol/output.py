@@ -29,7 +29,7 @@ record's JSON object (`kind` included), and attribute access (`rec.values`) is t
 """
 from __future__ import annotations
 
-from typing import Any, Union
+from typing import Any, ClassVar, Union
 
 import msgspec
 from msgspec import UNSET, UnsetType
@@ -51,22 +51,29 @@ class OutputRecord(msgspec.Struct, tag_field="kind", forbid_unknown_fields=True,
         return self.__struct_config__.tag
 
     # -- read as the record's JSON object reads ------------------------------------------------
+    # (No exception on the common paths: readers call these per record. _FIELDS is set on each
+    # kind below, after its class exists.)
+    _FIELDS: ClassVar[frozenset] = frozenset()
+
     def __getitem__(self, key: str) -> Any:
-        if key == "kind":
+        if key in self._FIELDS:
+            value = getattr(self, key)
+            if value is not UNSET:
+                return value
+        elif key == "kind":
             return self.__struct_config__.tag
-        value = getattr(self, key, UNSET) if key in self.__struct_fields__ else UNSET
-        if value is UNSET:
-            raise KeyError(key)
-        return value
+        raise KeyError(key)
 
     def get(self, key: str, default: Any = None) -> Any:
-        try:
-            return self[key]
-        except KeyError:
-            return default
+        if key in self._FIELDS:
+            value = getattr(self, key)
+            return default if value is UNSET else value
+        return self.__struct_config__.tag if key == "kind" else default
 
     def __contains__(self, key: object) -> bool:
-        return key == "kind" or (key in self.__struct_fields__ and getattr(self, key) is not UNSET)
+        if key in self._FIELDS:
+            return getattr(self, key) is not UNSET
+        return key == "kind"
 
     def keys(self) -> list[str]:
         """The JSON object's keys, `kind` first (so `dict(rec)` and `set(rec)` work)."""
@@ -125,6 +132,8 @@ class GpuRecord(OutputRecord, tag="gpu"):
 
 AnyRecord = Union[MetricsRecord, EventRecord, HelloRecord, ByeRecord, DaemonRecord, SystemRecord, GpuRecord]
 KINDS = tuple(c.__struct_config__.tag for c in AnyRecord.__args__)
+for _kind in AnyRecord.__args__:
+    _kind._FIELDS = frozenset(_kind.__struct_fields__)
 
 _encoder = msgspec.json.Encoder()
 _typed = msgspec.json.Decoder(AnyRecord)
