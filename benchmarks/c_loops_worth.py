@@ -1,7 +1,7 @@
 """What each C inner loop buys (issue 28 item 6): the daemon's ingest rate with every C loop,
 with each one in turn replaced by its Python twin, and with none; alternating, in one run.
 
-    .venv/bin/python -m benchmarks.c_loops_worth [--rounds 3] [--records-per-rank 25000]
+    .venv/bin/python -m benchmarks.c_loops_worth [--rounds 3] [--records-per-rank 25000] [--only tally,read_frames]
 
 Each configuration is benchmarks/ingest.py's pipeline (8 ranks, MFU on, the real Daemon in this
 process) on the same pre-filled input; the order of the configurations turns every round. Per
@@ -23,11 +23,17 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--records-per-rank", type=int, default=25_000)
+    ap.add_argument("--only", default="", help="comma-separated C loops to measure (default: every one, and all Python)")
     a = ap.parse_args(argv)
     if hotpath.native is None:
         print("c_loops_worth: the C loops are not built here (python setup.py build_ext --inplace)")
         return 2
-    configs = [("all C", True, ())] + [(f"{t} in Python", True, (t,)) for t in hotpath.TWINS] + [("all Python", False, ())]
+    only = [t.strip() for t in a.only.split(",") if t.strip()]
+    unknown = [t for t in only if t not in hotpath.TWINS]
+    if unknown:
+        ap.error(f"--only: not a C loop: {', '.join(unknown)} (they are: {', '.join(hotpath.TWINS)})")
+    configs = [("all C", True, ())] + [(f"{t} in Python", True, (t,)) for t in (only or hotpath.TWINS)] + \
+        ([] if only else [("all Python", False, ())])
     rates: dict[str, list[float]] = {c[0]: [] for c in configs}
     cpu: dict[str, list[float]] = {c[0]: [] for c in configs}
     tmp = Path(tempfile.mkdtemp(prefix="tmcloops-", dir="/tmp"))

@@ -7,9 +7,7 @@
  * keeps the two equal on random input. They keep no state, read no attribute of any class but
  * the records' fields (by their slots when the record type has them), and know no metric name:
  *
- *   read_frames(next_frame, empty, max_frames) -> list[bytes]
  *   read_frames_upto(next_frame, empty, max_frames, max_bytes) -> (list[bytes], their bytes)
- *   tally(recs, metrics_type, bye_type, good_names) -> (all_metrics, num_byes, per_src, unknown)
  *   gather(groups) -> (ranks, t_ns, names, columns)
  *   reduce_column(column, op) -> values      (its twin is reductions.reduce_column)
  *   rate_sums(counts, times) -> rates
@@ -20,10 +18,10 @@
 #include <structmember.h>
 #include <math.h>
 
-static PyObject *s_values, *s_src, *s_rank, *s_seq, *s_dropped, *s_t_ns;
+static PyObject *s_values, *s_rank, *s_t_ns;
 
 
-/* ---- read_frames ------------------------------------------------------------------------ */
+/* ---- read_frames_upto ------------------------------------------------------------------- */
 
 /* Frames from next_frame() until it raises `empty`, max_frames were read, or their lengths reach
  * max_bytes (the frame that reaches it is kept); their total length in *total. */
@@ -58,16 +56,6 @@ read_frames_impl(PyObject *next_frame, PyObject *empty, Py_ssize_t max_frames, P
 }
 
 static PyObject *
-read_frames(PyObject *self, PyObject *args)
-{
-    PyObject *next_frame, *empty;
-    Py_ssize_t max_frames, total;
-    if (!PyArg_ParseTuple(args, "OOn", &next_frame, &empty, &max_frames))
-        return NULL;
-    return read_frames_impl(next_frame, empty, max_frames, PY_SSIZE_T_MAX, &total);
-}
-
-static PyObject *
 read_frames_upto(PyObject *self, PyObject *args)
 {
     PyObject *next_frame, *empty;
@@ -80,12 +68,7 @@ read_frames_upto(PyObject *self, PyObject *args)
     return Py_BuildValue("(Nn)", out, total);
 }
 
-/* ---- tally -------------------------------------------------------------------------------- */
-
-typedef struct {
-    PyObject *src;              /* borrowed from a record, which the caller's list keeps alive */
-    long long src_id, rank, count, min_seq, dropped_at_min, max_seq, max_dropped;
-} SrcTally;
+/* ---- record fields ------------------------------------------------------------------------ */
 
 /* Where a record type keeps a field: msgspec Structs hold their fields in __slots__, whose
  * member descriptors carry the offset. -1 when the type says otherwise (then: getattr). */
@@ -120,215 +103,6 @@ field(PyObject *rec, Py_ssize_t offset, PyObject *name, int *owned)
     }
     *owned = 1;
     return PyObject_GetAttr(rec, name);
-}
-
-static int
-field_ll(PyObject *rec, Py_ssize_t offset, PyObject *name, long long *out)
-{
-    int owned;
-    PyObject *v = field(rec, offset, name, &owned);
-    if (v == NULL)
-        return -1;
-    *out = PyLong_AsLongLong(v);
-    if (owned)
-        Py_DECREF(v);
-    return (*out == -1 && PyErr_Occurred()) ? -1 : 0;
-}
-
-/* Whether dict `values` has exactly the keys of tuple `keys`, the same objects in the same order
- * (msgspec hands out one str object per distinct key, so a run's records usually do). */
-static int
-same_key_objects(PyObject *values, PyObject *keys)
-{
-    if (PyDict_GET_SIZE(values) != PyTuple_GET_SIZE(keys))
-        return 0;
-    Py_ssize_t pos = 0, j = 0;
-    PyObject *k, *v;
-    while (PyDict_Next(values, &pos, &k, &v))
-        if (k != PyTuple_GET_ITEM(keys, j++))
-            return 0;
-    return 1;
-}
-
-/* Up to this many srcs in a batch are found by a linear search, beyond it through a dict. */
-#define LINEAR_SRCS 32
-
-static PyObject *
-tally(PyObject *self, PyObject *args)
-{
-    PyObject *recs, *metrics_type, *bye_type, *good_names;
-    if (!PyArg_ParseTuple(args, "O!OOO!", &PyList_Type, &recs, &metrics_type, &bye_type,
-                          &PyDict_Type, &good_names))
-        return NULL;
-    /* The header fields are the same slots in every record type (they come from one base). */
-    Py_ssize_t at_values = slot_offset(metrics_type, s_values), at_src = slot_offset(metrics_type, s_src),
-               at_rank = slot_offset(metrics_type, s_rank), at_seq = slot_offset(metrics_type, s_seq),
-               at_dropped = slot_offset(metrics_type, s_dropped);
-    Py_ssize_t n = PyList_GET_SIZE(recs);
-    PyObject *unknown = PyList_New(0);       /* indexes of key orders not in good_names */
-    PyObject *index = NULL;                  /* src -> its slot in `tallies`, past LINEAR_SRCS */
-    PyObject *prev_keys = NULL;              /* borrowed: the last canonical key order seen */
-    SrcTally *tallies = NULL;
-    Py_ssize_t num_src = 0, cap = 0;
-    long long num_byes = 0;
-    int all_metrics = 1, owned;
-    if (unknown == NULL)
-        goto fail;
-
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *rec = PyList_GET_ITEM(recs, i);
-        int is_metrics = (PyObject *)Py_TYPE(rec) == metrics_type;
-        Py_ssize_t o_src = is_metrics ? at_src : -1, o_rank = is_metrics ? at_rank : -1,
-                   o_seq = is_metrics ? at_seq : -1, o_dropped = is_metrics ? at_dropped : -1;
-        if (is_metrics) {
-            PyObject *values = field(rec, at_values, s_values, &owned);
-            if (values == NULL)
-                goto fail;
-            if (!PyDict_CheckExact(values)) {
-                if (owned)
-                    Py_DECREF(values);
-                PyErr_SetString(PyExc_TypeError, "values is not a dict");
-                goto fail;
-            }
-            if (prev_keys == NULL || !same_key_objects(values, prev_keys)) {
-                PyObject *keys = PyTuple_New(PyDict_GET_SIZE(values));
-                if (keys == NULL) {
-                    if (owned)
-                        Py_DECREF(values);
-                    goto fail;
-                }
-                Py_ssize_t pos = 0, j = 0;
-                PyObject *k, *v;
-                while (PyDict_Next(values, &pos, &k, &v)) {
-                    Py_INCREF(k);
-                    PyTuple_SET_ITEM(keys, j++, k);
-                }
-                PyObject *canonical = PyDict_GetItemWithError(good_names, keys);   /* borrowed */
-                Py_DECREF(keys);
-                int rc = 0;
-                if (canonical != NULL) {
-                    prev_keys = canonical;
-                } else if (PyErr_Occurred()) {
-                    rc = -1;
-                } else {                         /* not checked yet: the caller does */
-                    PyObject *at = PyLong_FromSsize_t(i);
-                    rc = (at == NULL || PyList_Append(unknown, at) < 0) ? -1 : 0;
-                    Py_XDECREF(at);
-                }
-                if (rc < 0) {
-                    if (owned)
-                        Py_DECREF(values);
-                    goto fail;
-                }
-            }
-            if (owned)
-                Py_DECREF(values);
-        } else {
-            all_metrics = 0;
-            if ((PyObject *)Py_TYPE(rec) == bye_type)
-                num_byes++;
-        }
-
-        long long src_id, seq, dropped;
-        PyObject *src = field(rec, o_src, s_src, &owned);
-        if (src == NULL)
-            goto fail;
-        if (owned)
-            Py_DECREF(src);                  /* the record holds it */
-        src_id = PyLong_AsLongLong(src);
-        if (src_id == -1 && PyErr_Occurred())
-            goto fail;
-        Py_ssize_t slot = -1;
-        if (index == NULL) {
-            for (Py_ssize_t j = 0; j < num_src; j++) {
-                if (tallies[j].src_id == src_id) {
-                    slot = j;
-                    break;
-                }
-            }
-        } else {
-            PyObject *found = PyDict_GetItemWithError(index, src);
-            if (found != NULL)
-                slot = PyLong_AsSsize_t(found);
-            else if (PyErr_Occurred())
-                goto fail;
-        }
-        if (slot < 0) {
-            if (num_src == cap) {
-                cap = cap ? cap * 2 : 16;
-                SrcTally *grown = PyMem_Realloc(tallies, cap * sizeof(SrcTally));
-                if (grown == NULL) {
-                    PyErr_NoMemory();
-                    goto fail;
-                }
-                tallies = grown;
-            }
-            slot = num_src++;
-            if (num_src == LINEAR_SRCS + 1 && index == NULL) {
-                index = PyDict_New();
-                for (Py_ssize_t j = 0; index != NULL && j < num_src - 1; j++) {
-                    PyObject *slot_obj = PyLong_FromSsize_t(j);
-                    if (slot_obj == NULL || PyDict_SetItem(index, tallies[j].src, slot_obj) < 0)
-                        Py_CLEAR(index);
-                    Py_XDECREF(slot_obj);
-                }
-                if (index == NULL)
-                    goto fail;
-            }
-            if (index != NULL) {
-                PyObject *slot_obj = PyLong_FromSsize_t(slot);
-                int rc = slot_obj == NULL ? -1 : PyDict_SetItem(index, src, slot_obj);
-                Py_XDECREF(slot_obj);
-                if (rc < 0)
-                    goto fail;
-            }
-            SrcTally *t = &tallies[slot];
-            if (field_ll(rec, o_rank, s_rank, &t->rank) < 0)
-                goto fail;
-            t->src = src;
-            t->src_id = src_id;
-            t->count = 0;
-            t->min_seq = t->dropped_at_min = t->max_dropped = 0;
-            t->max_seq = -1;
-        }
-        if (field_ll(rec, o_seq, s_seq, &seq) < 0 || field_ll(rec, o_dropped, s_dropped, &dropped) < 0)
-            goto fail;
-        SrcTally *t = &tallies[slot];
-        /* As Receiver.take does record by record: min_seq and its dropped come from the first
-         * record with the lowest seq. */
-        if (t->count == 0 || seq < t->min_seq) {
-            t->min_seq = seq;
-            t->dropped_at_min = dropped;
-        }
-        if (seq > t->max_seq)
-            t->max_seq = seq;
-        if (dropped > t->max_dropped)
-            t->max_dropped = dropped;
-        t->count++;
-    }
-
-    PyObject *per_src = PyList_New(num_src);
-    if (per_src == NULL)
-        goto fail;
-    for (Py_ssize_t j = 0; j < num_src; j++) {
-        SrcTally *t = &tallies[j];
-        PyObject *row = Py_BuildValue("(OLLLLLL)", t->src, t->rank, t->count, t->min_seq,
-                                      t->dropped_at_min, t->max_seq, t->max_dropped);
-        if (row == NULL) {
-            Py_DECREF(per_src);
-            goto fail;
-        }
-        PyList_SET_ITEM(per_src, j, row);
-    }
-    PyMem_Free(tallies);
-    Py_XDECREF(index);
-    return Py_BuildValue("(OLNN)", all_metrics ? Py_True : Py_False, num_byes, per_src, unknown);
-
-fail:
-    PyMem_Free(tallies);
-    Py_XDECREF(index);
-    Py_XDECREF(unknown);
-    return NULL;
 }
 
 /* ---- gather ------------------------------------------------------------------------------- */
@@ -1217,10 +991,8 @@ done:
 /* ---- module ------------------------------------------------------------------------------- */
 
 static PyMethodDef methods[] = {
-    {"read_frames", read_frames, METH_VARARGS, "Frames from next_frame() until `empty` or max_frames."},
     {"read_frames_upto", read_frames_upto, METH_VARARGS,
      "Frames from next_frame() until `empty`, max_frames, or max_bytes reached; and their bytes."},
-    {"tally", tally, METH_VARARGS, "The receiver's accounting of a batch of decoded records."},
     {"gather", gather, METH_VARARGS, "Columns from the records of closed steps."},
     {"rate_sums", rate_sums, METH_VARARGS, "Per pair of cells sum(n_i / t_i), or None where not all positive finite."},
     {"phase_straggler", phase_straggler, METH_VARARGS, "Per step, the slow rank of the likeliest cause phase, into its values."},
@@ -1238,10 +1010,7 @@ PyInit__hotpath(void)
 {
 #define INTERN(var, text) if ((var = PyUnicode_InternFromString(text)) == NULL) return NULL
     INTERN(s_values, "values");
-    INTERN(s_src, "src");
     INTERN(s_rank, "rank");
-    INTERN(s_seq, "seq");
-    INTERN(s_dropped, "dropped");
     INTERN(s_t_ns, "t_ns");
 #undef INTERN
     PyObject *builtins = PyEval_GetBuiltins();          /* borrowed */

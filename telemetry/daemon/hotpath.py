@@ -20,7 +20,8 @@ def chosen_python() -> bool:
 
 
 # The functions each of the two has (loops.py's docstring says what they compute).
-TWINS = ("read_frames", "read_frames_upto", "tally", "gather", "reduce_column", "rate_sums", "phase_straggler")
+# (read_frames, tally and step_values have none any more: benchmarks/c_loops_worth.py, RESULTS.md.)
+TWINS = ("read_frames_upto", "gather", "reduce_column", "rate_sums", "phase_straggler")
 
 native = None
 if not chosen_python():

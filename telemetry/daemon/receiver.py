@@ -21,6 +21,8 @@ from protocol.clean import clean
 from protocol.codec import check_names, decode_header, decoder_parts, peek_header
 from protocol.constants import KIND_BYE
 from telemetry.daemon import hotpath
+# No C twin for these any more (benchmarks/c_loops_worth.py: under 10 % of ingest, issue 28's bar).
+from telemetry.daemon.loops import read_frames, tally
 
 log = logging.getLogger("telemetry.receiver")
 
@@ -71,7 +73,8 @@ class SourceStats:
 
 class Receiver:
     def __init__(self, loops=hotpath.loops) -> None:
-        self.loops = loops          # loops.py or its C twin (hotpath.loops); same results
+        self.loops = loops          # loops.py or its C twin (hotpath.loops); same results: the intake's
+                                    # read_frames_upto, and `status` says which
         self.sources: dict[int, SourceStats] = {}
         self.num_in = 0
         self.num_malformed = 0
@@ -92,9 +95,9 @@ class Receiver:
 
         Returns the valid records in order, whether they are all metrics records, and how many
         frames were read. The daemon's hot path: the frames are read in one call, decoded in
-        one loop, accounted in one call (loops.tally or its C twin).
+        one loop, accounted in one call (loops.tally).
         """
-        frames = self.loops.read_frames(next_frame, empty, max_frames)
+        frames = read_frames(next_frame, empty, max_frames)
         self.batch_bytes = sum(map(len, frames))
         malformed_before = self.num_malformed
         try:
@@ -176,7 +179,7 @@ class Receiver:
             recs = list(map(decode, frames))
         except errors:                      # a malformed frame: decode one at a time
             recs = self._decode_each(frames, decode, errors)
-        all_metrics, num_byes, per_src, unknown = self.loops.tally(recs, Metrics, Bye, good_names)
+        all_metrics, num_byes, per_src, unknown = tally(recs, Metrics, Bye, good_names)
         bad: set[int] = set()
         if not all_metrics:                 # hellos, events, byes: their free-form maps made writable
             self._clean_rare(recs, bad)
@@ -194,7 +197,7 @@ class Receiver:
                     recs[i] = msgspec.structs.replace(recs[i], values=kept)
             if bad:
                 recs = [rec for i, rec in enumerate(recs) if i not in bad]
-                all_metrics, num_byes, per_src, _ = self.loops.tally(recs, Metrics, Bye, good_names)
+                all_metrics, num_byes, per_src, _ = tally(recs, Metrics, Bye, good_names)
         return recs, all_metrics, num_byes, per_src
 
     def _clean_rare(self, recs: list, bad: set[int]) -> None:
