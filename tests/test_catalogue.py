@@ -84,6 +84,18 @@ def test_a_declaration_that_is_not_one_is_a_config_error_naming_it(metrics, word
         load(None, {"metrics": metrics})
 
 
+def test_a_built_in_name_declared_again_keeps_its_rules_but_the_fields_given():
+    """Declaring perf/tokens_per_second to give it a W&B summary must not make a head average it:
+    its reductions stay the catalogue's (sum across ranks), only wandb_summary is new."""
+    cfg = load(None, {"metrics": {"perf/tokens_per_second": {"wandb_summary": "max"},
+                                  "perf/mfu_percent": {"over_window": "max"}}})
+    tps, mfu = cfg.declared_metrics()
+    assert (tps.across_ranks, tps.over_window, tps.unit, tps.wandb_summary) == ("sum", "mean", "tokens/s", "max")
+    assert cfg.aggregator.reductions["perf/tokens_per_second"] == "sum"
+    assert mfu.over_window == "max" and mfu.across_ranks == catalogue.lookup("perf/mfu_percent").across_ranks
+    assert catalogue.wandb_summaries(cfg.declared_metrics()) == [("perf/tokens_per_second", "max")]
+
+
 def test_telemetry_metrics_lists_the_catalogue_and_a_configs_declarations(tmp_path):
     import subprocess
     import sys

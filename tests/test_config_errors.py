@@ -90,6 +90,8 @@ DAEMON_CASES = [
     ("forward: {endpoint: 'tcp://127.0.0.1:5', kinds: metrics}", "'forward.kinds' must be a list"),
     ("forward: {endpoint: 'tcp://127.0.0.1:5', bogus: 1}", "'forward.bogus'"),
     ("forward: {endpoint: 'ipc:///tmp/x'}", "forward.endpoint"),
+    ("metrics: {train/loss: {wandb_summary: best}}", "wandb_summary 'best'"),
+    ("metrics: {'*/ppl': {wandb_summary: min}}", "no suffix patterns"),
     ("custom_sinks: {class: 'a:B'}", "'custom_sinks' must be a list"),
     ("custom_sinks: [{class: 'daemon_sinks:SleepySink', optionz: {}}]", "'custom_sinks[0].optionz'"),
     ("custom_sinks: [{class: 'daemon_sinks:SleepySink'}, {class: nocolon}]", "custom_sinks[1]"),

@@ -138,3 +138,26 @@ def test_the_goodput_ledger_is_in_the_daemons_run_summary_and_the_users_system_m
     path = finish(sink, theirs)
     assert not any(k.startswith("goodput/") for k in summary(path))
     assert any(row.get("goodput/fraction") == 0.75 for row in stats_rows(path)), stats_rows(path)
+
+
+def test_the_daemons_run_defines_the_summaries_the_catalogue_declares(tmp_path):
+    """The daemon's own run: every metric against train/step, and a define_metric with its
+    summary for each declaration that gives one (the daemon config's `metrics:`: core.py passes
+    catalogue.wandb_summaries)."""
+    from telemetry.shared import catalogue
+
+    declared = catalogue.declared({"train/loss": {"wandb_summary": "min,last"}, "my/*": {"wandb_summary": "max"}})
+    assert declared[0].across_ranks == "mean" and declared[0].unit == ""       # the built-in entry's, kept
+    sink = WandbSink("offline", tmp_path, run_name="daemon-name", summaries=catalogue.wandb_summaries(declared))
+    sink.start()
+    sink.consume([metrics(s, {"train/loss": loss, "my/score": score})
+                  for s, (loss, score) in enumerate([(3.0, 1.0), (1.0, 5.0), (2.0, 2.0)])])
+    path = finish(sink, tmp_path)
+    defs = {(m.name or m.glob_name): m for r in read_records(path) if r.WhichOneof("record_type") == "metric"
+            for m in [r.metric]}
+    loss, mine = defs["train/loss"], defs["my/*"]
+    assert loss.step_metric == "train/step" and loss.summary.min and loss.summary.last and not loss.summary.max
+    assert mine.glob_name == "my/*" and mine.summary.max and not mine.summary.min
+    assert defs["*"].step_metric == "train/step" and sink.num_dropped == 0
+    summary = user_summary(path)
+    assert summary["train/loss"] == {"min": 1.0, "last": 2.0} and summary["my/score"] == {"max": 5.0}, summary

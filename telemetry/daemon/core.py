@@ -34,7 +34,7 @@ import zmq
 from protocol import MAX_FRAME_BYTES, Bye, Event, Hello, Metrics
 from protocol import output
 from protocol.output import ByeRecord, EventRecord, HelloRecord, MetricsRecord, OutputRecord
-from telemetry.shared import endpoints, files
+from telemetry.shared import catalogue, endpoints, files
 from telemetry.daemon import hotpath
 from telemetry.daemon.aggregator import Aggregator
 from telemetry.daemon.config import DaemonConfig
@@ -277,7 +277,8 @@ class Daemon:
 
             w = cfg.wandb
             self._add_runner(WandbSink(w.mode, self.log_dir, cfg.run_name, project=w.project, entity=w.entity,
-                                       finish_timeout_s=w.finish_timeout_s, media_files=self.media_files), w)
+                                       finish_timeout_s=w.finish_timeout_s, media_files=self.media_files,
+                                       summaries=catalogue.wandb_summaries(cfg.declared_metrics())), w)
         if cfg.tensorboard.enabled:
             from telemetry.daemon.sinks.tensorboard import TensorBoardSink
 

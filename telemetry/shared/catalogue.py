@@ -25,11 +25,13 @@ window (those records pass the downsampler as they are).
     first): `telemetry tail`'s metrics panel, `telemetry report`'s table of every metric; the
     units of the dashboard's charts, and the sections of the charts no built-in one draws
     (telemetry/consumers/dashboard/store.py: meta_of; the run's own by their prefix).
-Not from it, by decision (2026-11-28): W&B's define_metric. The daemon's own run plots every
-metric against train/step (one define_metric("*")), and a user's run has the define_metric calls
-its script made; summaries stay W&B's default, the last value, as W&B's Hugging Face and
-Lightning integrations leave them. Nothing declared here would make W&B do otherwise; a summary
-of its own (a loss's minimum) would be a new field here, read by the W&B sink.
+  - W&B's define_metric in the daemon's own run (`wandb_summaries`, sinks/wandb_sink.py): every
+    metric against train/step, and the summary of each entry with a `wandb_summary`. No built-in
+    entry has one, by decision (2026-11-28): W&B's default summary is the last value, as W&B's
+    Hugging Face and Lightning integrations leave it, and the runs table users know shows that;
+    a team that wants a loss's minimum declares it in the daemon config (`metrics:`, the same
+    field). A user's own run (telemetry.wandb, the integrations) keeps the define_metric calls
+    its script made, as W&B would.
 
 Adding a metric the daemon computes: one entry here, and its computation appended to
 DERIVATIONS in telemetry/daemon/derived.py (tests/test_catalogue.py adds one that way and finds it
@@ -42,6 +44,8 @@ import re
 from dataclasses import dataclass
 
 KINDS = ("gauge", "counter", "rate")
+# What W&B's define_metric(summary=...) takes (wandb_run.define_metric).
+WANDB_SUMMARIES = ("min", "max", "mean", "last", "first", "none")
 # Sent by the ranks; derived by the daemon for each step; polled by the daemon (GPU, host); the
 # daemon's own counters (its `daemon` records, under telemetry/).
 SOURCES = ("rank", "daemon", "poller", "self")
@@ -64,6 +68,10 @@ class Metric:
     # Source "self": where `telemetry status` (and drain.json) has the same figure, a key or a
     # dotted path into it; the daemon record reads it there (self_report.py). "": its own.
     status: str = ""
+    # The W&B summary of the daemon's own run for this name ("min", "max", "mean", "last",
+    # "first", "none", or several: "min,last"): a define_metric call (sinks/wandb_sink.py). "":
+    # W&B's default, the last value (every built-in entry: see the module docstring).
+    wandb_summary: str = ""
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -76,6 +84,15 @@ class Metric:
             raise ValueError(f"metric {self.name!r}: only a counter is cumulative")
         if self.status and self.source != "self":
             raise ValueError(f"metric {self.name!r}: only the daemon's own counters are in its status")
+        if self.wandb_summary:
+            ops = [op.strip() for op in self.wandb_summary.split(",")]
+            bad = [op for op in ops if op not in WANDB_SUMMARIES]
+            if bad or not all(ops):
+                raise ValueError(f"metric {self.name!r}: wandb_summary {self.wandb_summary!r}: one or more of "
+                                 f"{', '.join(WANDB_SUMMARIES)}, comma-separated")
+            if self.name.startswith("*"):
+                raise ValueError(f"metric {self.name!r}: wandb_summary needs a name or a 'prefix*' pattern "
+                                 "(W&B's define_metric has no suffix patterns)")
 
 
 _PHASE = "the ranks' own phase time, no collective in it"
@@ -298,11 +315,12 @@ def lookup(name: str, catalogue: tuple[Metric, ...] | None = None) -> Metric | N
 
 def declared(metrics: dict, where: str = "metrics") -> tuple[Metric, ...]:
     """A user's own declarations (the daemon config's `metrics:` map: name -> the fields of
-    Metric but `name` and `source`; unit, kind and group default to "", "gauge" and "custom").
+    Metric but `name` and `source`; unit, kind and group default to "", "gauge" and "custom", or
+    for a name the catalogue declares, to what it declares).
     ValueError naming the entry when one is not a declaration. (The daemon's config checks the
     reductions' spelling: reductions.parse.)"""
     out = []
-    allowed = {"unit", "kind", "group", "doc", "across_ranks", "over_window"}
+    allowed = {"unit", "kind", "group", "doc", "across_ranks", "over_window", "wandb_summary"}
     for name, fields in metrics.items():
         if not isinstance(name, str) or not name or not isinstance(fields, dict):
             raise ValueError(f"{where}[{name!r}]: a metric name and a map of its fields")
@@ -310,11 +328,19 @@ def declared(metrics: dict, where: str = "metrics") -> tuple[Metric, ...]:
         if unknown:
             raise ValueError(f"{where}[{name!r}]: unknown field(s) {', '.join(unknown)} "
                              f"(known: {', '.join(sorted(allowed))})")
+        # A built-in name declared again (to give it a wandb_summary, say) keeps what the
+        # catalogue says of it but the fields given: its reductions above all.
+        base = next((m for m in CATALOGUE if m.name == name), None)
+        dflt = {"unit": "", "kind": "gauge", "group": "custom", "doc": "", "across_ranks": MEAN,
+                "over_window": MEAN, "wandb_summary": ""} if base is None else \
+            {k: getattr(base, k) for k in allowed}
+        f = {k: str(fields.get(k, dflt[k])) for k in allowed}
         try:
-            out.append(Metric(name, unit=str(fields.get("unit", "")), kind=str(fields.get("kind", "gauge")),
-                              group=str(fields.get("group", "custom")), doc=str(fields.get("doc", "")),
-                              across_ranks=str(fields.get("across_ranks", MEAN)),
-                              over_window=str(fields.get("over_window", MEAN))))
+            out.append(Metric(name, unit=f["unit"], kind=f["kind"], group=f["group"], doc=f["doc"],
+                              across_ranks=f["across_ranks"], over_window=f["over_window"],
+                              wandb_summary=f["wandb_summary"],
+                              source=base.source if base is not None else "rank",
+                              cumulative=base.cumulative if base is not None and f["kind"] == base.kind else False))
         except ValueError as exc:
             raise ValueError(f"{where}: {exc}") from None
     return tuple(out)
@@ -322,6 +348,12 @@ def declared(metrics: dict, where: str = "metrics") -> tuple[Metric, ...]:
 
 # The group of a name the catalogue does not know: the run's own (a script's acc, val/loss, ...).
 OWN_GROUP = "yours"
+
+
+def wandb_summaries(extra: tuple[Metric, ...] = ()) -> list[tuple[str, str]]:
+    """(name, summary) for W&B's define_metric, of every entry (the catalogue's, then `extra`: a
+    daemon config's declarations) that says a wandb_summary; a "prefix*" name is W&B's glob."""
+    return [(m.name, m.wandb_summary) for m in CATALOGUE + tuple(extra) if m.wandb_summary]
 
 
 def groups() -> list[str]:

@@ -91,9 +91,10 @@ class WandbSink(Sink):
 
     def __init__(self, mode: str, log_dir: str | Path, run_name: str, project: str = "telemetry",
                  entity: str | None = None, finish_timeout_s: float = FINISH_TIMEOUT_S,
-                 media_files: MediaFiles | None = None) -> None:
+                 media_files: MediaFiles | None = None, summaries: list[tuple[str, str]] = ()) -> None:
         """media_files: who else reads the ranks' media files (the daemon's keeper): the last
-        reader deletes each; alone by default."""
+        reader deletes each; alone by default. summaries: (name or "prefix*", W&B summary) for
+        the daemon's own run, from the metric catalogue (catalogue.wandb_summaries)."""
         if mode not in MODES:
             raise ValueError(f"wandb mode {mode!r}: expected one of {', '.join(MODES)}")
         self.mode = mode
@@ -102,6 +103,7 @@ class WandbSink(Sink):
         self.project = project
         self.entity = entity
         self.finish_timeout_s = finish_timeout_s
+        self.summaries = list(summaries)
         self.run = None
         self.run_id = ""
         self.num_logged = 0
@@ -163,8 +165,14 @@ class WandbSink(Sink):
         if user:
             self._stats = _stats_writer(self.run)
         else:
-            # Steps are training steps; host and GPU records follow wall time.
+            # Steps are training steps; host and GPU records follow wall time. The catalogue's
+            # summaries before the "*" (W&B applies the first glob a new key matches).
             self.run.define_metric("train/step")
+            for name, summary in self.summaries:
+                try:
+                    self.run.define_metric(name, step_metric="train/step", summary=summary)
+                except Exception as exc:
+                    self._drop("define_metric", "define_metric(%r, summary=%r) refused by W&B: %s" % (name, summary, exc))
             self.run.define_metric("*", step_metric="train/step")
         self._update_config()
         waiting, self._waiting = self._waiting, []
