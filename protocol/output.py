@@ -131,7 +131,6 @@ class GpuRecord(OutputRecord, tag="gpu"):
 
 
 AnyRecord = Union[MetricsRecord, EventRecord, HelloRecord, ByeRecord, DaemonRecord, SystemRecord, GpuRecord]
-KINDS = tuple(c.__struct_config__.tag for c in AnyRecord.__args__)
 for _kind in AnyRecord.__args__:
     _kind._FIELDS = frozenset(_kind.__struct_fields__)
 

@@ -53,7 +53,7 @@ def test_each_kind_is_the_line_the_readme_shows_and_reads_back_as_itself(rec, wa
     assert type(back) is type(rec) and back.to_dict() == want == rec.to_dict()
     assert output.check(line) == back
     # Read as the JSON object reads: kind, the fields present; an UNSET field is not there.
-    assert back["kind"] == back.kind == want["kind"] and list(back) == list(want) and dict(back) == want
+    assert back["kind"] == back.kind == want["kind"] and list(back) == list(want) and dict(back) == want == {**back}
     for key, value in want.items():
         assert back[key] == value and back.get(key) == value and key in back
     for absent in ("rank", "late", "missing_ranks", "window_steps", "nope"):
