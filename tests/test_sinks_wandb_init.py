@@ -146,7 +146,7 @@ def test_the_daemons_run_defines_the_summaries_the_catalogue_declares(tmp_path):
     catalogue.wandb_summaries)."""
     from telemetry.shared import catalogue
 
-    declared = catalogue.declared({"train/loss": {"wandb_summary": "min,last"}, "my/*": {"wandb_summary": "max"}})
+    declared = catalogue.declared({"train/loss": {"wandb_summary": "min,last"}, "my/score": {"wandb_summary": "max"}})
     assert declared[0].across_ranks == "mean" and declared[0].unit == ""       # the built-in entry's, kept
     sink = WandbSink("offline", tmp_path, run_name="daemon-name", summaries=catalogue.wandb_summaries(declared))
     sink.start()
@@ -155,9 +155,9 @@ def test_the_daemons_run_defines_the_summaries_the_catalogue_declares(tmp_path):
     path = finish(sink, tmp_path)
     defs = {(m.name or m.glob_name): m for r in read_records(path) if r.WhichOneof("record_type") == "metric"
             for m in [r.metric]}
-    loss, mine = defs["train/loss"], defs["my/*"]
+    loss, mine = defs["train/loss"], defs["my/score"]
     assert loss.step_metric == "train/step" and loss.summary.min and loss.summary.last and not loss.summary.max
-    assert mine.glob_name == "my/*" and mine.summary.max and not mine.summary.min
+    assert mine.step_metric == "train/step" and mine.summary.max and not mine.summary.min
     assert defs["*"].step_metric == "train/step" and sink.num_dropped == 0
     summary = user_summary(path)
     assert summary["train/loss"] == {"min": 1.0, "last": 2.0} and summary["my/score"] == {"max": 5.0}, summary

@@ -68,7 +68,7 @@ class Metric:
     # Source "self": where `telemetry status` (and drain.json) has the same figure, a key or a
     # dotted path into it; the daemon record reads it there (self_report.py). "": its own.
     status: str = ""
-    # The W&B summary of the daemon's own run for this name ("min", "max", "mean", "last",
+    # The W&B summary of the daemon's own run for this exact name ("min", "max", "mean", "last",
     # "first", "none", or several: "min,last"): a define_metric call (sinks/wandb_sink.py). "":
     # W&B's default, the last value (every built-in entry: see the module docstring).
     wandb_summary: str = ""
@@ -90,9 +90,11 @@ class Metric:
             if bad or not all(ops):
                 raise ValueError(f"metric {self.name!r}: wandb_summary {self.wandb_summary!r}: one or more of "
                                  f"{', '.join(WANDB_SUMMARIES)}, comma-separated")
-            if self.name.startswith("*"):
-                raise ValueError(f"metric {self.name!r}: wandb_summary needs a name or a 'prefix*' pattern "
-                                 "(W&B's define_metric has no suffix patterns)")
+            if "*" in self.name:
+                # W&B's define_metric has prefix globs only, and a key two globs match (this one and
+                # the daemon run's "*" axis) takes either (wandb-core: seen both ways, 2026-11-28).
+                raise ValueError(f"metric {self.name!r}: wandb_summary needs an exact name (a W&B glob "
+                                 "would overlap the run's '*' axis, and W&B picks either)")
 
 
 _PHASE = "the ranks' own phase time, no collective in it"
@@ -352,7 +354,7 @@ OWN_GROUP = "yours"
 
 def wandb_summaries(extra: tuple[Metric, ...] = ()) -> list[tuple[str, str]]:
     """(name, summary) for W&B's define_metric, of every entry (the catalogue's, then `extra`: a
-    daemon config's declarations) that says a wandb_summary; a "prefix*" name is W&B's glob."""
+    daemon config's declarations) that says a wandb_summary (exact names only)."""
     return [(m.name, m.wandb_summary) for m in CATALOGUE + tuple(extra) if m.wandb_summary]
 
 

@@ -166,7 +166,7 @@ class WandbSink(Sink):
             self._stats = _stats_writer(self.run)
         else:
             # Steps are training steps; host and GPU records follow wall time. The catalogue's
-            # summaries before the "*" (W&B applies the first glob a new key matches).
+            # summaries, exact names (an exact definition wins over the "*" glob).
             self.run.define_metric("train/step")
             for name, summary in self.summaries:
                 try:
