@@ -93,7 +93,7 @@ class WandbSink(Sink):
                  entity: str | None = None, finish_timeout_s: float = FINISH_TIMEOUT_S,
                  media_files: MediaFiles | None = None, summaries: list[tuple[str, str]] = ()) -> None:
         """media_files: who else reads the ranks' media files (the daemon's keeper): the last
-        reader deletes each; alone by default. summaries: (name or "prefix*", W&B summary) for
+        reader deletes each; alone by default. summaries: (exact name, W&B summary) for
         the daemon's own run, from the metric catalogue (catalogue.wandb_summaries)."""
         if mode not in MODES:
             raise ValueError(f"wandb mode {mode!r}: expected one of {', '.join(MODES)}")
