@@ -118,8 +118,8 @@ class DaemonProc:
         # A reader may catch a batch mid-write: only lines ending in "\n" are whole.
         whole = data.rfind(b"\n") + 1
         if whole:
-            recs = recs + [_parsed_line(line, path) for line in data[:whole].split(b"\n")[:-1]]
-            self._parsed[key] = (offset + whole, recs)
+            recs.extend(_parsed_line(line, path) for line in data[:whole].split(b"\n")[:-1])
+            self._parsed[key] = (offset + whole, recs)      # (read_jsonl copies what it returns)
         return recs
 
     def steps(self) -> dict[int, dict]:

@@ -134,7 +134,7 @@ class Daemon:
         self.endpoints: dict[str, str] = {}
         self._next_daemon_record = time.monotonic() + cfg.daemon_record_interval_s
         self._latest_step: MetricsRecord | None = None
-        self._progress_logged: dict | None = None
+        self._progress_logged: MetricsRecord | None = None
         self.redactor = Redactor()   # secrets in hello configs and event data never reach a sink
         # The memory budget (memory.py): each buffer's share, what was shed beyond it.
         self.budget = memory.Budget(cfg.memory_mb)
