@@ -11,6 +11,11 @@ import pytest
 # the repo's directory and the shared default runtime directory): the tests that try it set
 # TELEMETRY_AUTOSTART=1 with a runtime directory and a run directory of their own.
 os.environ["TELEMETRY_AUTOSTART"] = "0"
+# One intra-op thread in every process the tests start (torchrun sets it for its ranks already; a
+# value of your own wins): three workers and their ranks share two cores, and torch's pool, a
+# thread per core in each process, spinning beside the training thread cost ~3x the CPU for the
+# same run (a guarded 6-step trainer run: ~20 CPU-s, ~7 with one thread).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 from daemon_util import DaemonProc, start_daemon   # tests/ is on the path: pyproject's pytest `pythonpath`
 
