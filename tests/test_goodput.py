@@ -21,6 +21,11 @@ from telemetry.consumers.readjsonl import find_log_dir
 
 ROOT = Path(__file__).resolve().parent.parent
 T0 = 1_800_000_000.0
+# The trainer runs below test the ledger, not a step's own compute: short rows, small
+# micro-batches, loaded on the training thread (debug.slow_phase=data sleeps there, before the
+# batch is taken, with or without loader workers; taking a batch there is ~1 ms, less than
+# receiving one from a worker on a loaded box).
+SMALL = ("data.seq_len=64", "data.micro_batch_size=4", "data.num_workers=0")
 
 
 def _hello(t: float, rank: int, started_at: float) -> dict:
@@ -238,7 +243,7 @@ def test_the_trainer_on_two_ranks_against_the_injected_truth(tmp_path):
                         f"run_dir={run_dir}", f"steps={steps}", "log_every=1", "eval.every_steps=10",
                         "checkpoint.every_steps=10", "debug.slow_rank=-1", "debug.slow_phase=data",
                         f"debug.slow_s={slow_data}", f"debug.slow_checkpoint_s={slow_save}",
-                        f"debug_loss_log={tmp_path}/loss{{rank}}.jsonl"],
+                        f"debug_loss_log={tmp_path}/loss{{rank}}.jsonl", "eval.num_batches=1", *SMALL],
                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     out = subprocess.run([sys.executable, "-m", "telemetry", "goodput", str(run_dir), "--json", str(tmp_path / "g.json")],
@@ -263,7 +268,8 @@ def test_the_trainer_on_two_ranks_against_the_injected_truth(tmp_path):
     # above); the checkpoint bucket is, per save, the slowest rank's own save time, which is the
     # injected sleep (as slept) plus torch.save's own work (the ranks' save logs). The real work
     # is the machine's: on the loaded dev box the saves' own work was 0.07-0.23 s, up to 1.04 %
-    # of the wall, and the loader's 0.08-0.15 s, so the injected time alone is no 1 % bound.
+    # of the wall, and the loader's 0.08-0.15 s (then with a loader worker), so the injected time
+    # alone is no 1 % bound.
     assert abs(b["data_loading"] - steps * slow_data) <= 0.01 * wall + (least - steps * slow_data), (b, wall)
     own_saves = {}
     for r in (0, 1):
@@ -315,7 +321,7 @@ def _trainer(d, run_dir: Path, *extra: str) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "trainer.train",
          "--config", str(ROOT / "launch/configs/tiny.yaml"), f"run_dir={run_dir}", "steps=12", "log_every=1",
-         "eval.every_steps=0", "checkpoint.every_steps=5", f"telemetry_endpoint={d.ingest}", *extra],
+         "eval.every_steps=0", "checkpoint.every_steps=5", f"telemetry_endpoint={d.ingest}", *SMALL, *extra],
         cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         text=True, start_new_session=True)
 

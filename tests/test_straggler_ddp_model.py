@@ -35,6 +35,12 @@ SLOW_FROM = 25
 # step-time noise up to 0.07 s, measured with three workers and a CPU hog beside the suite), so
 # that the test asks where a straggler is, not whether the box's noise hid it.
 SLOW_S = 0.35
+# A step's own compute is no part of what the slow-rank runs test (the slowdown is a sleep): short
+# rows, small micro-batches, loaded on the training thread (debug.slow_phase=data sleeps there,
+# before the batch is taken, with or without loader workers). Less compute per step, less for the
+# box's load to stretch: the noise SLOW_S stands above only shrinks. The balanced runs beside a
+# CPU hog keep tiny.yaml's workload: their noise is what they test.
+SMALL = ("data.seq_len=64", "data.micro_batch_size=4", "data.num_workers=0")
 
 
 def train(d, tmp_path, engine: str, steps: int, *extra: str) -> None:
@@ -60,7 +66,7 @@ def test_a_slow_rank_on_ddp_is_named_with_its_phase(make_daemon, tmp_path, phase
     d = make_daemon(world_size=2, config={"diagnosis": {"warmup_steps": 5}, "pollers": {"nvml_enabled": False}})
     steps = SLOW_FROM + 20
     train(d, tmp_path, "ddp", steps, "debug.slow_rank=1", f"debug.slow_phase={phase}", f"debug.slow_s={SLOW_S}",
-          f"debug.slow_from_step={SLOW_FROM}")
+          f"debug.slow_from_step={SLOW_FROM}", *SMALL)
     d.wait_for(lambda rs: len(aggregated(rs)) >= steps)
     d.drain()       # the rules run on their own thread: their events are all written once it has drained
     ev = [r for r in d.read_jsonl() if r.get("name") == "diagnosis/straggler"]
