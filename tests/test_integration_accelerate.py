@@ -55,12 +55,15 @@ def test_tracker_is_a_general_tracker():
 
 
 @pytest.mark.slow
-def test_accelerate_two_processes_match_accelerates_wandb_tracker(make_daemon, tmp_path):
+def test_accelerate_two_processes_match_accelerates_wandb_tracker(make_daemon, tmp_path, tmp_path_factory):
+    from test_wandb_parity import real_run, shared_run
+
     d = make_daemon(wandb="offline", per_rank=True)
     _run_two({"TRACKER": "telemetry", "TELEMETRY_ENDPOINT": d.ingest}, tmp_path / "ours")
     assert d.stop(timeout_s=60) == 0
-    _run_two({"TRACKER": "wandb", "WANDB_MODE": "offline"}, tmp_path / "real")
-    (real,) = [wait_finished(f) for f in glob.glob(str(tmp_path / "real" / "wandb" / "offline-run-*" / "run-*.wandb"))]
+    # Accelerate's W&B tracker, the same 6 steps on 2 processes (torchrun): the reference run
+    # tests/test_wandb_parity.py makes, made once for both.
+    real, _, _ = shared_run(tmp_path_factory, real_run, SCRIPT, 2, {"STEPS": "6", "TRACKER": "wandb"})
     (ours,) = [wait_finished(f) for f in glob.glob(str(d.log_dir / "wandb" / "offline-run-*" / "run-*.wandb"))]
     expected = {r["_step"]: (r["train/loss"], r["train/lr"]) for r in history_rows(real) if "train/loss" in r}
     got = {r["_step"]: (r["train/loss"], r["train/lr"]) for r in history_rows(ours) if "train/loss" in r}

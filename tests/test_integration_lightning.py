@@ -117,13 +117,14 @@ def _run_lightning(logger: str, env: dict, tmp_path) -> str:
 
 
 @pytest.mark.slow
-def test_lightning_ddp_two_devices_report_their_own_ranks(make_daemon, tmp_path):
+def test_lightning_ddp_two_devices_report_their_own_ranks(make_daemon, tmp_path, tmp_path_factory):
     """Trainer(devices=2, strategy="ddp"): each process reports as the Trainer's rank, so every
     step has both ranks and no rank is taken for hung; the W&B history equals WandbLogger's."""
     pytest.importorskip("lightning")
     pytest.importorskip("wandb")
     import glob
 
+    from test_wandb_parity import SCRIPTS, real_run, shared_run
     from wandb_offline import history_rows, wait_finished
 
     d = make_daemon(wandb="offline", per_rank=True)
@@ -137,8 +138,10 @@ def test_lightning_ddp_two_devices_report_their_own_ranks(make_daemon, tmp_path)
     assert not [e for e in d.read_jsonl(kind="event") if e.get("name") == "diagnosis/rank_stopped"]
     assert {r["rank"] for r in per_rank if "rank" in r} == {0, 1}
 
-    _run_lightning("wandb", {"WANDB_MODE": "offline"}, tmp_path / "real")
-    (real,) = [wait_finished(f) for f in glob.glob(str(tmp_path / "real" / "wandb" / "offline-run-*" / "run-*.wandb"))]
+    # WandbLogger's run, the same 6 steps on 2 devices: the reference run tests/test_wandb_parity.py
+    # makes, made once for both.
+    real, _, _ = shared_run(tmp_path_factory, real_run, SCRIPTS / "lightning_ddp.py", 1,
+                            {"STEPS": "6", "LOGGER": "wandb"})
     (ours,) = [wait_finished(f) for f in glob.glob(str(d.log_dir / "wandb" / "offline-run-*" / "run-*.wandb"))]
     # The keys as the module logged them, against trainer/global_step, as WandbLogger logs them.
     expected = {r["trainer/global_step"]: r["loss"] for r in history_rows(real) if "loss" in r}

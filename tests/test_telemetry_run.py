@@ -159,18 +159,25 @@ def test_as_wandb_an_unmodified_import_wandb_logs_through_the_sidecar(tmp_path):
     assert [steps[i]["nested/acc"] for i in range(5)] == [i / 10 for i in range(5)]
 
 
+def _as_wandb_run(tmp_path_factory, script: str, nproc: int, env: dict) -> tuple[str, Path]:
+    """`telemetry run --as-wandb --quiet --nproc N --run-dir WORK/r -- script` (W&B's offline
+    run in the daemon: --wandb offline), as tests/test_wandb_parity.py runs the same script with
+    the same environment: the one run serves both (shared_run); its stdout and run directory.
+    (sidecar_run asserts its exit code, 0.)"""
+    from test_wandb_parity import SCRIPTS, shared_run, sidecar_run
+
+    _, out, work = shared_run(tmp_path_factory, sidecar_run, SCRIPTS / script, nproc, env)
+    return out, work / "r"
+
+
 @pytest.mark.slow
-def test_as_wandb_transformers_report_to_wandb_logs_through_the_sidecar(tmp_path):
+def test_as_wandb_transformers_report_to_wandb_logs_through_the_sidecar(tmp_path_factory):
     pytest.importorskip("transformers")
     pytest.importorskip("accelerate")
-    out = subprocess.run([sys.executable, "-m", "telemetry", "run", "--as-wandb", "--quiet", "--run-dir",
-                          str(tmp_path / "r"), "--", str(ROOT / "tests" / "dropin_scripts" / "hf_report_to_wandb.py")],
-                         cwd=tmp_path,
-                         env=_env(tmp_path, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false"),
-                         capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, out.stderr[-3000:]
-    losses = json.loads(re.search(r"RESULT (.*)", out.stdout).group(1))
-    steps = _steps(tmp_path / "r")
+    pytest.importorskip("wandb")     # the daemon's W&B sink, offline
+    out, run_dir = _as_wandb_run(tmp_path_factory, "hf_report_to_wandb.py", 1, {"STEPS": "8"})
+    losses = json.loads(re.search(r"RESULT (.*)", out).group(1))
+    steps = _steps(run_dir)
     # The Trainer's own losses, exactly, at W&B's steps (its global step, one row per logging step).
     assert {int(s): v for s, v in losses.items()} == {int(v["train/global_step"]): v["train/loss"]
                                                       for v in steps.values() if "train/loss" in v}
@@ -185,21 +192,17 @@ def test_as_wandb_transformers_report_to_wandb_logs_through_the_sidecar(tmp_path
     ("accelerate_ddp.py", {"TRACKER": "wandb"}, "2", "train/loss"),
 ])
 @pytest.mark.slow
-def test_as_wandb_lightning_and_accelerate_own_wandb_loggers(tmp_path, script, env, nproc, key):
+def test_as_wandb_lightning_and_accelerate_own_wandb_loggers(tmp_path_factory, script, env, nproc, key):
     pytest.importorskip("lightning" if "lightning" in script else "accelerate")
-    path = ROOT / "tests" / "dropin_scripts" / script
-    out = subprocess.run([sys.executable, "-m", "telemetry", "run", "--as-wandb", "--quiet", "--nproc", nproc,
-                          "--run-dir", str(tmp_path / "r"), "--", str(path)], cwd=tmp_path,
-                         env=_env(tmp_path, WANDB_DIR=str(tmp_path), STEPS="6", **env),
-                         capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, out.stderr[-12000:]
-    recs = [json.loads(ln) for ln in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
+    pytest.importorskip("wandb")     # the daemon's W&B sink, offline
+    _, run_dir = _as_wandb_run(tmp_path_factory, script, int(nproc), {"STEPS": "6", **env})
+    recs = [json.loads(ln) for ln in (run_dir / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in recs if r.get("kind") == "metrics" and "rank" not in r and key in r["values"]]
     assert len(steps) == 6, steps
     # Logged on one rank, as W&B's loggers do: its hello promised only itself, so no step waited
     # for another rank and none was written incomplete.
     assert not any(r.get("missing_ranks") for r in steps), steps
-    assert json.loads((tmp_path / "r" / "drain.json").read_text())["records_lost"] == 0
+    assert json.loads((run_dir / "drain.json").read_text())["records_lost"] == 0
 
 
 SHORTCUT = """

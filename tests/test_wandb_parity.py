@@ -7,12 +7,19 @@ history by `_step`, the summary, the config, the run's project/name/group/tags, 
 Values that depend on timing (HF's train_runtime and its rates) and a table's artifact paths (a
 random id per log call, different between two real runs too) are left out of the comparison,
 named here; so is what the sidecar redacts on purpose (a config key that looks like a secret).
+
+A script's run, real or under the sidecar, is made once per test session (shared_run) and read by
+every test that needs it: this file's, and the same script's run in tests/test_integration_*.py
+and tests/test_telemetry_run.py.
 """
 from __future__ import annotations
 
+import fcntl
 import glob
+import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -62,6 +69,30 @@ def sidecar_run(script: Path, nproc: int, work: Path, env: dict) -> tuple[str, s
                        cwd=work, env=_env(WANDB_DIR=str(work), **env), capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr[-4000:]
     return _one_file(f"{work}/r/wandb/**/run-*.wandb"), p.stdout
+
+
+def shared_run(tmp_path_factory, launch, script: Path, nproc: int, env: dict) -> tuple[str, str, Path]:
+    """launch(script, nproc, work, env) (real_run or sidecar_run) once per test session: the first
+    test to ask runs it, the others read the same run, which no test changes; its wandb file,
+    stdout and work directory. A launch is 10-25 CPU-s (each trainer process ~4.5 CPU-s of imports
+    alone, torchrun's parent, the daemon); a module-scoped fixture would not share it between files,
+    nor between xdist workers, which share the session's base directory (a lock file: a test that
+    asks while another worker runs it waits for it, idle, no longer than it took to run it itself)."""
+    base = tmp_path_factory.getbasetemp()
+    uid = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    root = base.parent / f"shared-runs-{uid}" if uid else base / "shared-runs"
+    root.mkdir(exist_ok=True)
+    key = re.sub(r"[^\w.=-]", "_", "-".join([launch.__name__, script.stem, str(nproc),
+                                               *(f"{k}={v}" for k, v in sorted(env.items()))]))
+    with open(root / f"{key}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)            # released when the file closes
+        done = root / f"{key}.json"
+        if not done.exists():
+            work = root / key
+            shutil.rmtree(work, ignore_errors=True)     # a failed attempt's: this one starts afresh
+            done.write_text(json.dumps([*launch(script, nproc, work, env), str(work)]))
+        path, out, work = json.loads(done.read_text())
+    return path, out, Path(work)
 
 
 def _untimed(d: dict) -> dict:
@@ -114,15 +145,16 @@ def test_a_plain_wandb_script_text_prints_define_metric_summary(tmp_path):
     ("nanogpt_wandb.py", 2, {"LOG_ON": "rank0"}),                   # 2 ranks, nanoGPT's master_process guard
     ("accelerate_ddp.py", 2, {"TRACKER": "wandb"}),                 # Accelerate's log_with="wandb", 2 processes
     ("lightning_ddp.py", 1, {"LOGGER": "wandb"}),                   # Lightning's WandbLogger, 2 devices
-    ("hf_report_to_wandb.py", 1, {}),                               # HF Trainer, report_to="wandb"
+    # HF Trainer, report_to="wandb"; 8 steps: the run tests/test_telemetry_run.py reads too
+    ("hf_report_to_wandb.py", 1, {"STEPS": "8"}),
 ])
 @pytest.mark.slow
-def test_outside_scripts_make_the_run_w_and_b_makes(tmp_path, script, nproc, env):
+def test_outside_scripts_make_the_run_w_and_b_makes(tmp_path_factory, script, nproc, env):
     pytest.importorskip({"accelerate_ddp.py": "accelerate", "lightning_ddp.py": "lightning",
                          "hf_report_to_wandb.py": "transformers"}.get(script, "torch"))
     path = SCRIPTS / script
     env = {"STEPS": "6", **env}
-    real, _ = real_run(path, nproc, tmp_path / "real", env)
-    ours, _ = sidecar_run(path, nproc, tmp_path / "ours", env)
+    real, _, _ = shared_run(tmp_path_factory, real_run, path, nproc, env)
+    ours, _, _ = shared_run(tmp_path_factory, sidecar_run, path, nproc, env)
     assert_same_run(real, ours)
     assert len(user_history(ours)) >= 6
