@@ -155,3 +155,58 @@ def test_a_sigterm_while_a_handler_starts_still_stops_the_server():
     # Both slots free again: two can be taken, not a third.
     assert server._slots.acquire(blocking=False) and server._slots.acquire(blocking=False)
     assert not server._slots.acquire(blocking=False)
+
+
+def test_a_connection_its_peer_resets_is_counted_not_printed(capfd):
+    """A fresh-clone run beside a CPU hog: Chromium reset a connection of the dashboard's while it
+    read the request, and socketserver printed the ConnectionResetError's traceback in the
+    dashboard's output. The dashboard and the exporter share the server mixin: a peer's reset or
+    close mid-request is counted, nothing printed, and the server serves on; any other error out
+    of a handler is one line."""
+    import socket
+    import struct
+    import threading
+    import time
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from telemetry.consumers import httpaccess
+    from telemetry.consumers.dashboard.server import DashboardServer
+    from telemetry.consumers.prometheus import MetricsServer
+
+    assert DashboardServer.handle_error is MetricsServer.handle_error is httpaccess.BoundedConnections.handle_error
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):
+            if self.path == "/boom":
+                raise RuntimeError("a handler's own bug")
+            self.send_response(200)
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            self.wfile.write(b"ok")
+
+        def log_message(self, *args):
+            pass
+
+    class Server(httpaccess.BoundedConnections, ThreadingHTTPServer):
+        daemon_threads = True
+        error_prefix = "test server"
+
+    with Server(("127.0.0.1", 0), Handler) as srv:
+        threading.Thread(target=srv.serve_forever, daemon=True).start()
+        addr = srv.server_address
+        for sent in (b"", b"GET /api/da", b"GET / HTTP/1.1\r\nHost: x\r\n"):   # nothing, half a line, no end
+            s = socket.create_connection(addr, timeout=60)
+            s.sendall(sent)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            s.close()                                                        # an RST
+        deadline = time.monotonic() + 120
+        while srv.num_dropped < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert srv.num_dropped == 3
+        with pytest.raises(ConnectionError):      # closed without an answer (RemoteDisconnected)
+            urllib.request.urlopen(f"http://127.0.0.1:{addr[1]}/boom", timeout=60)
+        assert urllib.request.urlopen(f"http://127.0.0.1:{addr[1]}/", timeout=60).read() == b"ok"
+        srv.shutdown()
+    err = capfd.readouterr().err
+    assert "Traceback" not in err, err
+    assert err.splitlines() == ["test server: a request from 127.0.0.1 failed: RuntimeError: a handler's own bug"], err

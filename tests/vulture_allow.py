@@ -12,7 +12,7 @@ __getattr__  # protocol/__init__.py, telemetry/__init__.py, telemetry/wandb.py, 
 
 # argparse and socketserver read these attributes of objects we configure.
 _.description, _.formatter_class                                  # argparse.ArgumentParser (cli.py)
-_.daemon_threads, _.allow_reuse_address                           # socketserver.ThreadingMixIn / TCPServer
+_.daemon_threads, _.allow_reuse_address, _.handle_error              # socketserver.ThreadingMixIn / TCPServer
 _.protocol_version, _.log_message, _.close_connection, _.do_HEAD  # http.server.BaseHTTPRequestHandler
 
 # atexit runs it.

@@ -81,6 +81,24 @@ class BoundedConnections:
         if self._held.pop(request, None):     # dict.pop is atomic: one of the two callers gets True
             self._slots.release()
 
+    num_dropped = 0   # connections their peer reset or closed mid-request
+    error_prefix = "telemetry"
+
+    def handle_error(self, request, client_address):
+        """An exception out of a handler: socketserver printed its traceback and served on. A peer
+        that resets or closes its connection while it is read or answered (a browser closing a
+        kept-alive connection or a tab, a scraper giving up) is the peer's doing: counted, not
+        printed (a fresh-clone run beside a CPU hog: Chromium's reset printed a traceback in the
+        dashboard's output). Anything else is one line on stderr, the server serving on."""
+        import sys
+
+        exc = sys.exc_info()[1]
+        if isinstance(exc, ConnectionError):
+            self.num_dropped += 1
+            return
+        print(f"{self.error_prefix}: a request from {client_address[0]} failed: {type(exc).__name__}: {exc}",
+              file=sys.stderr, flush=True)
+
 
 class FlagError(ValueError):
     """A bad flag value: the message is one line naming the flag."""

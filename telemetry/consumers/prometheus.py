@@ -480,6 +480,7 @@ class MetricsServer(BoundedConnections, ThreadingHTTPServer):
 
     daemon_threads = True
     allow_reuse_address = True
+    error_prefix = "telemetry export-prometheus"
 
     def __init__(self, addr: tuple[str, int], registry: Any, token: str | None = None,
                  allow_any_host: bool = False) -> None:

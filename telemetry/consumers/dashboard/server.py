@@ -60,6 +60,7 @@ DEFAULT_MAX_POINTS_SENT = 400_000
 class DashboardServer(BoundedConnections, ThreadingHTTPServer):
     daemon_threads = True          # a page left open never holds the exit
     allow_reuse_address = True
+    error_prefix = "telemetry dashboard"
 
     def __init__(self, addr: tuple[str, int], hub: Hub, allow_any_host: bool = False, token: str | None = None,
                  max_points_sent: int = DEFAULT_MAX_POINTS_SENT) -> None:
