@@ -18,14 +18,10 @@ import pytest
 
 from telemetry.consumers.goodput import BUCKETS, ledger, text
 from telemetry.consumers.readjsonl import find_log_dir
+from test_straggler_ddp_model import SMALL   # the trainer runs below test the ledger, not a step's compute
 
 ROOT = Path(__file__).resolve().parent.parent
 T0 = 1_800_000_000.0
-# The trainer runs below test the ledger, not a step's own compute: short rows, small
-# micro-batches, loaded on the training thread (debug.slow_phase=data sleeps there, before the
-# batch is taken, with or without loader workers; taking a batch there is ~1 ms, less than
-# receiving one from a worker on a loaded box).
-SMALL = ("data.seq_len=64", "data.micro_batch_size=4", "data.num_workers=0")
 
 
 def _hello(t: float, rank: int, started_at: float) -> dict:

@@ -35,11 +35,13 @@ SLOW_FROM = 25
 # step-time noise up to 0.07 s, measured with three workers and a CPU hog beside the suite), so
 # that the test asks where a straggler is, not whether the box's noise hid it.
 SLOW_S = 0.35
-# A step's own compute is no part of what the slow-rank runs test (the slowdown is a sleep): short
-# rows, small micro-batches, loaded on the training thread (debug.slow_phase=data sleeps there,
-# before the batch is taken, with or without loader workers). Less compute per step, less for the
-# box's load to stretch: the noise SLOW_S stands above only shrinks. The balanced runs beside a
-# CPU hog keep tiny.yaml's workload: their noise is what they test.
+# For trainer runs that test where time went, not a step's own compute (here and in
+# test_straggler_trainer.py, test_goodput.py: the slowdowns are sleeps): short rows, small
+# micro-batches, loaded on the training thread (debug.slow_phase=data sleeps there, before the
+# batch is taken, with or without loader workers; taking one there is ~1 ms, less than receiving
+# one from a worker on a loaded box). Less compute per step, less for the box's load to stretch:
+# the noise SLOW_S stands above only shrinks. The balanced runs beside a CPU hog keep tiny.yaml's
+# workload: their noise is what they test.
 SMALL = ("data.seq_len=64", "data.micro_batch_size=4", "data.num_workers=0")
 
 

@@ -26,6 +26,8 @@ from pathlib import Path
 
 import pytest
 
+from test_straggler_ddp_model import SMALL   # a step's own compute is no part of what is tested
+
 ROOT = Path(__file__).resolve().parent.parent
 DIAG = {"warmup_steps": 3, "straggler_consecutive": 3, "min_interval_s": 3600}
 # The rank is slow from the first step, so the run's usual excess is never known and the rule
@@ -35,11 +37,6 @@ STEPS = 20
 # three workers and a CPU hog beside the suite, the step time swung by ~0.07 s step to step,
 # and three times that hid ZeRO-3's 0.15 s of slow data loading.
 SLOW_S = 0.3
-# A step's own compute is no part of what is tested (the slowdown is a sleep): short rows, small
-# micro-batches, loaded on the training thread (debug.slow_phase=data sleeps there, before the
-# batch is taken, with or without loader workers), and no final checkpoint. Less compute per
-# step, less for the box's load to stretch: the noise SLOW_S stands above only shrinks.
-SMALL = ("data.seq_len=64", "data.micro_batch_size=4", "data.num_workers=0")
 
 
 @pytest.mark.slow

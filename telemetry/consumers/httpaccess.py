@@ -17,6 +17,7 @@ import hmac
 import os
 import secrets
 import stat
+import sys
 
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "[::1]", "::1")
 # A token is sent in a header or a cookie: printable ASCII without spaces, and short.
@@ -39,7 +40,8 @@ HTTP_TIMEOUT_S = 30
 
 class BoundedConnections:
     """Mixin for a ThreadingHTTPServer: at most MAX_HTTP_CONNECTIONS handled at once, one beyond
-    closed at once and counted (num_refused); give the handler `timeout = HTTP_TIMEOUT_S`.
+    closed at once and counted (num_refused); give the handler `timeout = HTTP_TIMEOUT_S`. A
+    handler's exception is no traceback (handle_error).
 
     Each accepted connection holds one slot, given back exactly once: by its handler thread when
     it ends, or by process_request when the thread never took it. The two can both see the end
@@ -51,6 +53,8 @@ class BoundedConnections:
 
     max_connections = MAX_HTTP_CONNECTIONS
     num_refused = 0
+    num_dropped = 0   # connections their peer reset or closed mid-request (handle_error)
+    error_prefix = "telemetry"   # handle_error's line: the program's name
     _slots = None
     _held = None      # request -> True while its slot is out; whoever pops it gives the slot back
 
@@ -81,17 +85,12 @@ class BoundedConnections:
         if self._held.pop(request, None):     # dict.pop is atomic: one of the two callers gets True
             self._slots.release()
 
-    num_dropped = 0   # connections their peer reset or closed mid-request
-    error_prefix = "telemetry"
-
     def handle_error(self, request, client_address):
         """An exception out of a handler: socketserver printed its traceback and served on. A peer
         that resets or closes its connection while it is read or answered (a browser closing a
         kept-alive connection or a tab, a scraper giving up) is the peer's doing: counted, not
         printed (a fresh-clone run beside a CPU hog: Chromium's reset printed a traceback in the
         dashboard's output). Anything else is one line on stderr, the server serving on."""
-        import sys
-
         exc = sys.exc_info()[1]
         if isinstance(exc, ConnectionError):
             self.num_dropped += 1
