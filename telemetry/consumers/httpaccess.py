@@ -57,6 +57,7 @@ class BoundedConnections:
     error_prefix = "telemetry"   # handle_error's line: the program's name
     _slots = None
     _held = None      # request -> True while its slot is out; whoever pops it gives the slot back
+    _drop_lock = None  # num_dropped is counted by the handler threads
 
     def process_request(self, request, client_address):
         import threading
@@ -64,6 +65,7 @@ class BoundedConnections:
         if self._slots is None:
             self._slots = threading.BoundedSemaphore(self.max_connections)
             self._held = {}
+            self._drop_lock = threading.Lock()
         if not self._slots.acquire(blocking=False):
             self.num_refused += 1
             self.shutdown_request(request)
@@ -93,7 +95,8 @@ class BoundedConnections:
         dashboard's output). Anything else is one line on stderr, the server serving on."""
         exc = sys.exc_info()[1]
         if isinstance(exc, ConnectionError):
-            self.num_dropped += 1
+            with self._drop_lock:     # set by process_request, before any handler thread starts
+                self.num_dropped += 1
             return
         print(f"{self.error_prefix}: a request from {client_address[0]} failed: {type(exc).__name__}: {exc}",
               file=sys.stderr, flush=True)
