@@ -1,9 +1,11 @@
 """HostPoller with real psutil values of real child processes."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import threading
+import time
 
 import psutil
 import pytest
@@ -74,13 +76,24 @@ def test_rank_process_values_are_real(busy_child, idle_child):
     # first sight of a process: no cpu_percent yet (psutil needs a previous sample)
     assert "system/rank0/cpu_percent" not in v
     assert not any(k.startswith("system/cpu_percent_core") for k in v)
-    for _ in range(20):  # until the spinning child has had CPU time since the previous poll
+    # Truth, not a rate (a spinning thread's share of a core is whatever the machine's load
+    # leaves it): the share reported over the gap between two polls, times that gap, is CPU
+    # time the child really used, measured by us around both polls. The loop waits until the
+    # spinning child has been scheduled since the previous poll.
+    child = psutil.Process(busy_child.pid)
+    for _ in range(200):
+        cpu_before = sum(child.cpu_times()[:2])
+        gap_start = time.monotonic()              # after the previous poll ended
         threading.Event().wait(0.3)
+        gap_s = time.monotonic() - gap_start      # at most the gap psutil divides by
         [rec] = poller.poll_once()
+        cpu_used_s = sum(child.cpu_times()[:2]) - cpu_before
         v = rec["values"]
-        if v["system/rank0/cpu_percent"] > 20:
+        if v["system/rank0/cpu_percent"] > 0:
             break
-    assert v["system/rank0/cpu_percent"] > 20, v  # a spinning thread: most of one core
+    assert v["system/rank0/cpu_percent"] > 0, v
+    tick_s = 1 / os.sysconf("SC_CLK_TCK")         # /proc's CPU times come in clock ticks
+    assert v["system/rank0/cpu_percent"] / 100 * gap_s <= cpu_used_s + 2 * tick_s, (v, gap_s, cpu_used_s)
     assert v["system/rank1/cpu_percent"] < v["system/rank0/cpu_percent"]
     rss0 = psutil.Process(busy_child.pid).memory_info().rss / 1e9
     assert v["system/rank0/rss_gb"] == pytest.approx(rss0, rel=0.1) and v["system/rank0/rss_gb"] > 0.19
