@@ -12,7 +12,8 @@ dashboard  writes a metrics.jsonl of --names distinct names (records of --per-re
 exporter   binds a PUB socket here and publishes the same records as the daemon would (topic,
            JSON line), starts the real `telemetry export-prometheus --pub` on it, waits until
            every value has been taken (the exporter's own counters add up, or its CPU time stops
-           moving for the old code), times GET /metrics, and reports the same.
+           moving for the old code), times GET /metrics (with the token it printed, if any), and
+           reports the same.
 points     the dashboard on a run of --steps records of --values values each (the same names
            every step): long series rather than many, which the store thins beyond its share.
 
@@ -115,7 +116,7 @@ def case_dashboard(repo: Path, recs, tmp: Path, extra: list[str], case: str = "d
     proc, lines, _ = start(repo, ["dashboard", str(tmp / "names"), "--port", "0", *extra])
     try:
         load_s = time.monotonic() - t0
-        m = re.search(r"serving (http://127\.0\.0\.1:\d+/)(\?token=(\S+))?", "".join(lines))
+        m = re.search(r"serving (http://127\.0\.0\.1:\d+/)([?#]token=(\S+))?", "".join(lines))
         headers = {"Authorization": f"Bearer {m.group(3)}"} if m.group(3) else {}
         rss_loaded = proc_mb(proc.pid, "VmRSS")
         answers = [timed_get(m.group(1) + "api/data?width=1200", headers) for _ in range(3)]
@@ -141,13 +142,16 @@ def case_exporter(repo: Path, num_names: int, per_record: int, extra: list[str])
     proc, lines, _ = start(repo, ["export-prometheus", "--pub", f"tcp://127.0.0.1:{port}", "--port", "0", *extra])
     try:
         url = re.search(r"serving (http://[^ ]+/metrics)", "".join(lines)).group(1)
+        token = re.search(r"Authorization: Bearer (\S+) ", "".join(lines))   # the random one it printed
+        headers = {"Authorization": f"Bearer {token.group(1)}"} if token else {}
         # PUB/SUB slow joiner: publish a marker until the exporter shows it, then the load.
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             pub.send_multipart([b"metrics", json.dumps({"kind": "metrics", "t": 1.7e9, "step": 0,
                                                         "values": {"bench/marker": 1.0}}).encode()])
             time.sleep(0.2)
-            if b"telemetry_bench_marker" in urllib.request.urlopen(url, timeout=60).read():
+            if b"telemetry_bench_marker" in urllib.request.urlopen(urllib.request.Request(url, headers=headers),
+                                                                   timeout=60).read():
                 break
         t0 = time.monotonic()
         total = 0
@@ -164,8 +168,8 @@ def case_exporter(repo: Path, num_names: int, per_record: int, extra: list[str])
             if still >= 3:
                 break
         feed_s = time.monotonic() - t0
-        answers = [timed_get(url, {}) for _ in range(3)]
-        text = urllib.request.urlopen(url, timeout=600).read().decode()
+        answers = [timed_get(url, headers) for _ in range(3)]
+        text = urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=600).read().decode()
         own = {k: float(v) for k, v in re.findall(r"^(telemetry_exporter_\w+) (\S+)$", text, re.M)}
         return {"case": "exporter", "values_sent": total, "feed_s": round(feed_s, 1),
                 "peak_rss_mb": round(proc_mb(proc.pid, "VmHWM"), 1), "rss_after_mb": round(proc_mb(proc.pid, "VmRSS"), 1),

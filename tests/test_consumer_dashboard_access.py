@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from testkit.dashboard_proc import ROOT, Dashboard
+from testkit.hosts import EVIL_HOSTS, GOOD_HOSTS
 from other_user import can_act_as_other_user, http_status_as_other_user
 
 
@@ -90,6 +91,43 @@ def test_a_token_of_your_own_or_none(tmp_path):
         assert _status(dash.url + "api/data")[0] == 200
     finally:
         assert dash.stop() == 0
+
+
+def test_loopback_names_are_loopback_addresses_and_localhost_only():
+    """DNS rebinding: the Host check took any name that starts with `127.` (127.attacker.example,
+    127.0.0.1.nip.io: DNS names anyone can point at 127.0.0.1). The same rule for a tcp endpoint
+    (is_loopback: whether CURVE is needed) and an --addr (is_loopback_addr: --allow-remote)."""
+    from telemetry.consumers.httpaccess import host_is_loopback, is_loopback_addr
+    from telemetry.shared.endpoints import is_loopback
+
+    for host in GOOD_HOSTS:
+        assert host_is_loopback(host.replace("PORT", "8765")), host
+    for host in EVIL_HOSTS:
+        assert not host_is_loopback(host.replace("PORT", "8765")), host
+    for addr in ("127.0.0.1", "127.0.0.2", "localhost", "::1", "127.1"):
+        assert is_loopback_addr(addr) and is_loopback(f"tcp://{addr}:5555" if ":" not in addr
+                                                      else f"tcp://[{addr}]:5555"), addr
+    for addr in ("127.0.0.1.nip.io", "127.attacker.example", "localhost.attacker.example", "0.0.0.0", "*", "::",
+                 "10.0.0.1", "127.0.0.256"):
+        assert not is_loopback_addr(addr) and not is_loopback(f"tcp://{addr}:5555"), addr
+    assert is_loopback("ipc:///tmp/x.sock")
+
+
+def test_a_page_reaching_the_port_by_another_name_is_refused(tmp_path):
+    """Real HTTP with a forged Host, to a --no-token dashboard (where the Host check is all that
+    stands between a rebinding page and the run) and to one with its token."""
+    run = _run_dir(tmp_path)
+    for args in (["--no-token"], []):
+        dash = Dashboard(str(run), *args)
+        port = dash.url.rsplit(":", 1)[1].strip("/")
+        try:
+            for host in EVIL_HOSTS:
+                assert _status(dash.request("api/data", {"Host": host.replace("PORT", port)}))[0] == 403, host
+                assert _status(dash.request("", {"Host": host.replace("PORT", port)}))[0] == 403, host
+            for host in GOOD_HOSTS:
+                assert _status(dash.request("api/data", {"Host": host.replace("PORT", port)}))[0] == 200, host
+        finally:
+            assert dash.stop() == 0
 
 
 def _refused(args: list[str], *words: str) -> str:

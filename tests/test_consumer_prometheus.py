@@ -26,8 +26,10 @@ from telemetry.shared import catalogue
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _scrape(url: str) -> dict[str, float]:
-    text = urllib.request.urlopen(url, timeout=5).read().decode()
+def _scrape(url: str, token: str | None) -> dict[str, float]:
+    """The samples of one scrape, with the exporter's token (it asks for one by default)."""
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    text = urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=5).read().decode()
     out = {}
     for line in text.splitlines():
         if line and not line.startswith("#"):
@@ -37,15 +39,8 @@ def _scrape(url: str) -> dict[str, float]:
 
 
 def test_gauges_scraped_over_http(daemon):
-    proc = subprocess.Popen([sys.executable, "-m", "telemetry", "export-prometheus", "--pub", daemon.pub,
-                             "--port", "0"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    proc, url, _, token = _start_exporter("--pub", daemon.pub)
     try:
-        first = proc.stdout.readline()
-        m = re.search(r"serving (http://127\.0\.0\.1:\d+/metrics)", first)
-        assert m, first
-        url = m.group(1)
-        threading.Thread(target=lambda: [None for _ in proc.stdout], daemon=True).start()
         client = TelemetryClient(daemon.ingest, rank=0)
         try:
             deadline = time.monotonic() + 20
@@ -55,14 +50,14 @@ def test_gauges_scraped_over_http(daemon):
                 client.log(step, {"train/loss": 1.25, "perf/step_time": 0.5, "perf/tokens": 100,
                                   "dataset/code/loss": 0.75})
                 time.sleep(0.1)
-                got = _scrape(url)
+                got = _scrape(url, token)
                 if "telemetry_train_loss" in got and 'telemetry_dataset_loss{dataset="code"}' in got:
                     break
             client.event("checkpoint_saved", {"path": "/x"})
             deadline = time.monotonic() + 10
             while time.monotonic() < deadline and 'telemetry_events_total{name="checkpoint_saved"}' not in got:
                 time.sleep(0.1)
-                got = _scrape(url)
+                got = _scrape(url, token)
         finally:
             client.close()
         assert got["telemetry_train_loss"] == 1.25
@@ -325,7 +320,9 @@ def test_series_beyond_the_cap_are_dropped_and_counted():
     assert small.num_values_dropped == 1000 - small.num_series
 
 
-def _start_exporter(*args: str) -> tuple[subprocess.Popen, str, list[str]]:
+def _start_exporter(*args: str) -> tuple[subprocess.Popen, str, list[str], str | None]:
+    """The exporter on a free port: (process, its /metrics URL, its output, the random token it
+    printed or None: --token-file's is not printed, --no-token has none)."""
     proc = subprocess.Popen([sys.executable, "-m", "telemetry", "export-prometheus", "--port", "0", *args],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
@@ -334,13 +331,14 @@ def _start_exporter(*args: str) -> tuple[subprocess.Popen, str, list[str]]:
     if not m:
         proc.kill()
         raise AssertionError(first + proc.stdout.read())
+    printed = re.search(r"Authorization: Bearer (\S+) ", first)
     lines = [first]
     threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True).start()
-    return proc, m.group(1), lines
+    return proc, m.group(1), lines, printed.group(1) if printed else None
 
 
 def test_the_exporter_process_keeps_its_cap_and_says_so(daemon):
-    proc, url, lines = _start_exporter("--pub", daemon.pub, "--max-series", "50")
+    proc, url, lines, token = _start_exporter("--pub", daemon.pub, "--max-series", "50")
     client = TelemetryClient(daemon.ingest, rank=0)
     try:
         deadline = time.monotonic() + 60
@@ -350,7 +348,7 @@ def test_the_exporter_process_keeps_its_cap_and_says_so(daemon):
             step += 1
             client.log(step, {f"user/m{i}": 1.0 for i in range(200)})
             time.sleep(0.2)
-            got = _scrape(url)
+            got = _scrape(url, token)
             if got.get("telemetry_exporter_values_dropped_total", 0) > 0:
                 break
         assert got.get("telemetry_exporter_values_dropped_total", 0) > 0, got
@@ -374,10 +372,10 @@ def test_the_exporter_process_stays_under_its_budget_with_300k_names():
     pub = ctx.socket(zmq.PUB)
     pub.setsockopt(zmq.SNDHWM, 0)
     port = pub.bind_to_random_port("tcp://127.0.0.1")
-    proc, url, lines = _start_exporter("--pub", f"tcp://127.0.0.1:{port}")
+    proc, url, lines, token = _start_exporter("--pub", f"tcp://127.0.0.1:{port}")
     try:
         deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and "telemetry_first" not in _scrape(url):
+        while time.monotonic() < deadline and "telemetry_first" not in _scrape(url, token):
             pub.send_multipart([b"metrics", json.dumps({"kind": "metrics", "t": 1.0, "step": 0,
                                                         "values": {"first": 1.0}}).encode()])   # the slow joiner
             time.sleep(0.2)
@@ -388,7 +386,7 @@ def test_the_exporter_process_stays_under_its_budget_with_300k_names():
         deadline = time.monotonic() + 120
         got: dict = {}
         while time.monotonic() < deadline:   # every value taken: kept + dropped add up
-            got = _scrape(url)
+            got = _scrape(url, token)
             taken = got.get("telemetry_exporter_values_dropped_total", 0) + got.get("telemetry_exporter_series", 0)
             if taken >= 300_000:
                 break
@@ -415,7 +413,7 @@ def _token_file(tmp_path: Path, token: str = "s3cret-token-for-the-test") -> Pat
 
 def _get(url: str, token: str | None = None, host: str | None = None) -> int:
     headers = {"Authorization": f"Bearer {token}"} if token else {}
-    if host:
+    if host is not None:
         headers["Host"] = host
     try:
         return urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=30).status
@@ -426,12 +424,12 @@ def _get(url: str, token: str | None = None, host: str | None = None) -> int:
 
 
 def test_a_token_file_guards_metrics_from_other_local_users(daemon, tmp_path):
-    proc, url, lines = _start_exporter("--pub", daemon.pub, "--token-file", str(_token_file(tmp_path)))
+    proc, url, lines, printed = _start_exporter("--pub", daemon.pub, "--token-file", str(_token_file(tmp_path)))
     try:
+        assert printed is None and "s3cret" not in lines[0]      # a token of your own is not printed
         assert _get(url) == 401
         assert _get(url, "not-the-token-at-all") == 401
         assert _get(url, "s3cret-token-for-the-test") == 200
-        assert _get(url, "s3cret-token-for-the-test", host="evil.example:80") == 403   # DNS rebinding
         assert _get(url.replace("/metrics", "/other"), "s3cret-token-for-the-test") == 404
         if can_act_as_other_user():     # another local user, on loopback, without the token
             assert http_status_as_other_user(url) == "401"
@@ -439,6 +437,46 @@ def test_a_token_file_guards_metrics_from_other_local_users(daemon, tmp_path):
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 0
     assert "bearer token from" in lines[0]
+
+
+def test_a_token_by_default_and_none_only_when_asked(daemon):
+    """Loopback TCP is open to every local user: the exporter asks for a token unless told
+    --no-token, as the dashboard does; the random one is printed once, for the scraper."""
+    proc, url, lines, token = _start_exporter("--pub", daemon.pub)
+    try:
+        assert token and len(token) >= 16, lines[0]
+        assert _get(url) == 401 and _get(url, token[:-1] + "x") == 401
+        assert _get(url, token) == 200
+        if can_act_as_other_user():
+            assert http_status_as_other_user(url) == "401"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+    proc, url, lines, token = _start_exporter("--pub", daemon.pub, "--no-token")
+    try:
+        assert token is None and "no token: any local user can scrape" in lines[0]
+        assert _get(url) == 200
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+
+
+@pytest.mark.parametrize("token_args", [[], ["--no-token"]])
+def test_a_page_reaching_the_port_by_another_name_is_refused(daemon, token_args):
+    """DNS rebinding: a page on 127.0.0.1.nip.io (or any name pointed at 127.0.0.1) reaches the
+    port with its own name in Host. Only a loopback address or localhost is served, token or not."""
+    from testkit.hosts import EVIL_HOSTS, GOOD_HOSTS
+
+    proc, url, _, token = _start_exporter("--pub", daemon.pub, *token_args)
+    port = url.split(":")[2].split("/")[0]
+    try:
+        for host in EVIL_HOSTS:
+            assert _get(url, token, host=host.replace("PORT", port)) == 403, host
+        for host in GOOD_HOSTS:
+            assert _get(url, token, host=host.replace("PORT", port)) == 200, host
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
 
 
 def _refused(args: list[str], *words: str) -> None:
@@ -464,6 +502,7 @@ def test_beyond_loopback_needs_allow_remote():
     (["--memory-mb", "nan"], ["--memory-mb", "'nan'"]),
     (["--max-series", "0"], ["--max-series", ">= 1"]),
     (["--token-file", "/nonexistent/token"], ["--token-file /nonexistent/token"]),
+    (["--no-token", "--token-file", "/etc/hostname"], ["give one of them"]),
 ])
 def test_bad_flags_are_one_line_and_exit_2(args, words):
     _refused([*args, "--pub", "ipc:///nonexistent/pub.sock"], *words)

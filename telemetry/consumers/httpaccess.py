@@ -5,8 +5,8 @@ dashboard` and `telemetry export-prometheus`.
   who reaches the port reads the run). On loopback, a request whose Host header is not a
   loopback name is refused (a web page elsewhere reaching 127.0.0.1 by DNS rebinding).
 - A token: loopback TCP is open to every local user, so a port that serves a run's data asks
-  for a secret. `read_token_file` reads one the user gives; `new_token` makes one;
-  `token_matches` compares in constant time.
+  for a secret unless told not to (--no-token). `token_from_args` picks it: the user's
+  (`read_token_file`) or a new random one; `token_matches` compares in constant time.
 - The flags both share: --port, --memory-mb and --max-series are checked at the flag
   (telemetry.shared.config.number_arg: argparse's one line and exit 2); a token file is read
   by read_token_file, whose FlagError is one line naming the flag (the command exits 2).
@@ -19,8 +19,7 @@ import secrets
 import stat
 import sys
 
-LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "[::1]", "::1")
-# A token is sent in a header or a cookie: printable ASCII without spaces, and short.
+# A token is sent in a header: printable ASCII without spaces, and short.
 MAX_TOKEN_BYTES = 4096
 MIN_TOKEN_CHARS = 16
 # A consumer below this cannot hold its interpreter and libraries; above it is a typo.
@@ -126,10 +125,23 @@ def refuse_remote(addr: str, port: str, allow_remote: bool, what: str) -> str | 
 
 
 def host_is_loopback(host_header: str) -> bool:
-    """Whether a request's Host header names a loopback address (any port)."""
-    host = host_header or ""
-    name = host.split("]")[0] + "]" if host.startswith("[") else host.rsplit(":", 1)[0]
-    return name in LOOPBACK_HOSTS or name.startswith("127.")
+    """Whether a request's Host header names a loopback address or `localhost`, with or without
+    a port: 127.0.0.1:8765, localhost, [::1]:9464. A DNS name is refused whatever it starts
+    with: a page on 127.0.0.1.nip.io (or any name its owner points at 127.0.0.1) is another
+    site, and a browser lets it read what that name serves (DNS rebinding)."""
+    from telemetry.shared.endpoints import is_loopback_host
+
+    host = (host_header or "").strip()
+    if host.startswith("["):             # [IPv6]:port: brackets hold an IPv6 address, nothing else
+        name, bracket, rest = host[1:].partition("]")
+        if not bracket or ":" not in name or (rest and not rest.startswith(":")):
+            return False
+        port = rest[1:]
+    else:
+        name, _, port = host.partition(":")
+    if port and not (port.isascii() and port.isdigit()):
+        return False
+    return is_loopback_host(name)
 
 
 def add_port_argument(p, default: int) -> None:
@@ -153,6 +165,26 @@ def add_budget_arguments(p, default_mb: int, default_series: int, shed: str) -> 
 
 def new_token() -> str:
     return secrets.token_urlsafe(24)
+
+
+def add_token_arguments(p, what: str, default_help: str) -> None:
+    """--token-file FILE and --no-token; the token itself: token_from_args."""
+    from telemetry.shared.config import nonempty_arg
+
+    p.add_argument("--token-file", type=nonempty_arg, metavar="FILE",
+                   help=f"the access token, read from FILE (default: {default_help})")
+    p.add_argument("--no-token", action="store_true",
+                   help=f"no access token: every local user (and with --allow-remote, anyone) {what}")
+
+
+def token_from_args(args) -> str | None:
+    """The token a server asks for: --token-file's, a new random one by default (loopback TCP
+    is open to every local user), None with --no-token. FlagError: both flags, a bad file."""
+    if args.no_token and args.token_file:
+        raise FlagError("--no-token and --token-file: give one of them")
+    if args.no_token:
+        return None
+    return read_token_file(args.token_file) if args.token_file else new_token()
 
 
 def read_token_file(path: str) -> str:

@@ -1,7 +1,7 @@
 """Serve the latest values of a running job as Prometheus gauges (for Grafana).
 
     telemetry export-prometheus [--pub EP] [--port 9464] [--addr 127.0.0.1] [--allow-remote]
-                                [--token-file FILE] [--memory-mb 256] [--max-series 10000]
+                                [--token-file FILE | --no-token] [--memory-mb 256] [--max-series 10000]
 
 Subscribes to the daemon's PUB socket and keeps the latest value of every metric; a scrape of
 http://ADDR:PORT/metrics reads them. Names are sanitised: train/loss -> telemetry_train_loss.
@@ -41,9 +41,11 @@ under --memory-mb (default 256 MB for the whole process). The first series to co
 value of a new series once either is full is dropped and counted in
 telemetry_exporter_values_dropped_total (and said once on stderr).
 
-Access: on 127.0.0.1, any local user can scrape; --token-file FILE makes /metrics ask for
-`Authorization: Bearer <the file's token>` (Prometheus: `authorization: {credentials_file: FILE}`).
-An --addr beyond loopback needs --allow-remote.
+Access: 127.0.0.1 is open to every local user, so /metrics asks for `Authorization: Bearer
+<token>`: the token of --token-file FILE (Prometheus: `authorization: {credentials_file: FILE}`),
+else a random one per start, printed once; --no-token serves every local user. A request
+whose Host is not a loopback address or `localhost` is refused (DNS rebinding). An --addr
+beyond loopback needs --allow-remote.
 """
 from __future__ import annotations
 
@@ -105,7 +107,6 @@ RESERVED_NAMES = frozenset(_OWN_GAUGES) | frozenset(c + s for c in _OWN_COUNTERS
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from telemetry.shared.config import nonempty_arg
     from telemetry.shared.endpoints import endpoint_arg
 
     p.add_argument("--pub", type=endpoint_arg, metavar="EP",
@@ -113,10 +114,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     httpaccess.add_port_argument(p, DEFAULT_PORT)
     p.add_argument("--addr", default="127.0.0.1",
                    help="address to listen on (default 127.0.0.1; beyond loopback needs --allow-remote)")
-    httpaccess.add_remote_argument(p, "reads every metric (with --token-file, whoever has the token)")
-    p.add_argument("--token-file", type=nonempty_arg, metavar="FILE",
-                   help="ask scrapes for 'Authorization: Bearer TOKEN', TOKEN read from FILE (Prometheus: "
-                        "authorization: {credentials_file: FILE}); default: no token (any local user can scrape)")
+    httpaccess.add_remote_argument(p, "reads every metric with the token (with --no-token, without)")
+    httpaccess.add_token_arguments(p, "can scrape", "a random one, printed; scrapes send 'Authorization: Bearer "
+                                   "TOKEN', Prometheus with authorization: {credentials_file: FILE}")
     httpaccess.add_budget_arguments(p, DEFAULT_MEMORY_MB, DEFAULT_MAX_SERIES,
                                     "the series kept are bounded in bytes under it")
 
@@ -558,11 +558,11 @@ def run(args: argparse.Namespace) -> int:
 
     port, memory_mb, max_series = args.port, args.memory_mb, args.max_series
     try:
-        token = httpaccess.read_token_file(args.token_file) if args.token_file else None
+        token = httpaccess.token_from_args(args)
     except httpaccess.FlagError as exc:
         return _fail(str(exc))
     refusal = httpaccess.refuse_remote(args.addr, port, args.allow_remote,
-                                       "reads every metric" + ("" if token else " (no --token-file)"))
+                                       "reads every metric" + (" with its token" if token else " (--no-token)"))
     if refusal:
         return _fail(refusal)
     try:
@@ -582,7 +582,10 @@ def run(args: argparse.Namespace) -> int:
         f"--memory-mb {memory_mb}): values of new series are dropped from now on and counted in "
         f"{VALUES_DROPPED}_total", file=sys.stderr, flush=True)
     bound = server.server_address[1]
-    access = (f"bearer token from {args.token_file}" if token
+    # A random token is printed, once (a scraper's config needs it); a token of the user's own is not.
+    access = (f"scrapes need the bearer token from {args.token_file}" if args.token_file
+              else f"scrapes need Authorization: Bearer {token} (a random token for this start; --token-file "
+                   f"FILE for one of your own)" if token
               else "no token: any local user can scrape" if httpaccess.is_loopback_addr(args.addr)
               else "no token: anyone who reaches the port can scrape")
     print(f"telemetry export-prometheus: serving http://{args.addr}:{bound}/metrics from {sub.endpoint} ({access}; "

@@ -253,10 +253,61 @@ def endpoint_arg(text: str) -> str:
 
 
 def is_loopback(ep: str) -> bool:
+    """Whether an endpoint stays on this machine: ipc, or tcp to a loopback host (is_loopback_host)."""
     if not ep.startswith("tcp://"):
         return True
-    host = ep[len("tcp://"):].rsplit(":", 1)[0].strip("[]")
-    return host in ("127.0.0.1", "localhost", "::1") or host.startswith("127.")
+    host = ep[len("tcp://"):].rsplit(":", 1)[0]
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    return is_loopback_host(host)
+
+
+def is_loopback_host(host: str) -> bool:
+    """Whether `host` (no port, no brackets) is a loopback address or `localhost`: an IPv4
+    literal in 127.0.0.0/8 in any form a browser or inet_aton reads (127.0.0.1, 127.1,
+    0x7f.0.0.1, 2130706433), ::1 in any IPv6 form, ::ffff:127.x.y.z. A name that merely
+    starts like one (127.0.0.1.nip.io, 127.attacker.example) is a DNS name anyone can point
+    at this machine, which is how DNS rebinding reaches a loopback port: never loopback."""
+    import ipaddress
+
+    if host.lower() == "localhost":
+        return True
+    v4 = _ipv4_literal(host)
+    if v4 is not None:
+        return v4 >> 24 == 127
+    try:
+        ip = ipaddress.IPv6Address(host)
+    except ValueError:
+        return False
+    return ip.is_loopback or (ip.ipv4_mapped is not None and ip.ipv4_mapped.is_loopback)
+
+
+def _ipv4_literal(host: str) -> int | None:
+    """The address an IPv4 literal spells, as the WHATWG URL parser reads one (1 to 4 parts,
+    each decimal, 0x-hex or 0-octal, the last filling the remaining bytes, one trailing dot
+    allowed), else None."""
+    import string
+
+    parts = host.split(".")
+    if len(parts) > 1 and parts[-1] == "":
+        parts.pop()
+    if not 1 <= len(parts) <= 4:
+        return None
+    numbers = []
+    for part in parts:
+        if part[:2].lower() == "0x":
+            digits, base = part[2:] or "0", 16
+        elif len(part) > 1 and part.startswith("0"):
+            digits, base = part[1:], 8
+        else:
+            digits, base = part, 10
+        if not digits or not set(digits) <= set(string.hexdigits if base == 16 else string.digits[:base]):
+            return None     # also what int() would take and a browser would not: signs, spaces, "_"
+        numbers.append(int(digits, base))
+    *head, last = numbers
+    if any(n > 255 for n in head) or last >= 256 ** (5 - len(numbers)):
+        return None
+    return sum(n << (8 * (3 - i)) for i, n in enumerate(head)) + last
 
 
 # A daemon whose ingest socket is in a runtime directory holds this file locked (flock) for its

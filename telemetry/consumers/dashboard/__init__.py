@@ -57,10 +57,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     httpaccess.add_port_argument(p, DEFAULT_PORT)
     p.add_argument("--addr", default="127.0.0.1", help="address to serve on (default 127.0.0.1)")
     httpaccess.add_remote_argument(p, "can read the run with its token (with --no-token, without)")
-    p.add_argument("--token-file", type=nonempty_arg, metavar="FILE",
-                   help="the access token, read from FILE (default: a random one, in the address printed)")
-    p.add_argument("--no-token", action="store_true",
-                   help="no access token: every local user (and with --allow-remote, anyone) reads the run")
+    httpaccess.add_token_arguments(p, "reads the run", "a random one, in the address printed")
     httpaccess.add_budget_arguments(p, DEFAULT_MEMORY_MB, DEFAULT_MAX_SERIES,
                                     "what is shed to stay under it is counted and shown on the page")
     p.add_argument("--wait-history-mb", type=number_arg(float, lo=0, hi=1 << 30), default=WAIT_HISTORY_MB,
@@ -142,10 +139,7 @@ def run(args: argparse.Namespace) -> int:
 
     port, memory_mb, max_series = args.port, args.memory_mb, args.max_series
     try:
-        if args.no_token and args.token_file:
-            raise httpaccess.FlagError("--no-token and --token-file: give one of them")
-        token = None if args.no_token else (httpaccess.read_token_file(args.token_file) if args.token_file
-                                            else httpaccess.new_token())
+        token = httpaccess.token_from_args(args)
     except httpaccess.FlagError as exc:
         return _fail(str(exc))
     refusal = httpaccess.refuse_remote(args.addr, port, args.allow_remote,
