@@ -28,14 +28,14 @@ class Dashboard:
                                      text=True)
         self.lines: list[str] = []
         self.url = ""          # http://127.0.0.1:PORT/
-        self.login_url = ""    # the address printed: with ?token=... unless there is none (--no-token, --token-file)
+        self.login_url = ""    # the address printed: with #token=... unless there is none (--no-token, --token-file)
         self.token: str | None = None
         ready = threading.Event()
 
         def pump() -> None:
             for line in self.proc.stdout:
                 self.lines.append(line)
-                m = re.search(r"serving ((http://127\.0\.0\.1:\d+/)(\?token=(\S+))?)", line)
+                m = re.search(r"serving ((http://127\.0\.0\.1:\d+/)(#token=(\S+))?)", line)
                 if m and not self.url:
                     self.login_url, self.url, self.token = m.group(1), m.group(2), m.group(4)
                     ready.set()
@@ -48,7 +48,7 @@ class Dashboard:
                 raise RuntimeError("dashboard never served:\n" + "".join(self.lines))
 
     def request(self, path: str, headers: dict[str, str] | None = None) -> urllib.request.Request:
-        """A request for `path` with the token (Authorization: Bearer), as a page's cookie would carry it."""
+        """A request for `path` with the token (Authorization: Bearer), as curl would send it."""
         auth = {"Authorization": f"Bearer {self.token}"} if self.token else {}
         return urllib.request.Request(self.url + path.lstrip("/"), headers={**auth, **(headers or {})})
 

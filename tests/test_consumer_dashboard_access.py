@@ -34,38 +34,48 @@ def _status(req: urllib.request.Request | str) -> tuple[int, dict]:
         return exc.code, dict(exc.headers)
 
 
-class _NoRedirect(urllib.request.HTTPRedirectHandler):
-    def redirect_request(self, *args, **kwargs):
-        return None
+def _session(dash: Dashboard, token: str | None) -> tuple[int, dict, dict]:
+    """POST /api/session with `token`: (status, headers, JSON answer or {})."""
+    req = urllib.request.Request(dash.url + "api/session", method="POST", data=b"",
+                                 headers={"Authorization": f"Bearer {token}"} if token else {})
+    try:
+        resp = urllib.request.urlopen(req, timeout=60)
+        return resp.status, dict(resp.headers), json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, dict(exc.headers), {}
+
+
+def _data_with(dash: Dashboard, secret: str) -> int:
+    return _status(urllib.request.Request(dash.url + "api/data", headers={"Authorization": f"Bearer {secret}"}))[0]
 
 
 def test_api_needs_the_token_printed_once_in_the_address(tmp_path):
     dash = Dashboard(str(_run_dir(tmp_path)))
     try:
-        assert dash.token and len(dash.token) >= 16 and dash.login_url == f"{dash.url}?token={dash.token}"
+        assert dash.token and len(dash.token) >= 16 and dash.login_url == f"{dash.url}#token={dash.token}"
         # Without it: the page and its files (no data), but no data.
         for path in ("api/data", "api/stream?since=0"):
             code, _ = _status(dash.url + path)
             assert code == 403, path
         assert _status(dash.url)[0] == 200 and _status(dash.url + "static/dashboard.js")[0] == 200
-        assert _status(urllib.request.Request(dash.url + "api/data", headers={"Authorization": "Bearer nope"}))[0] == 403
-        assert _status(urllib.request.Request(dash.url + "api/data", headers={
-            "Cookie": f"telemetry_dashboard_{dash.url.rsplit(':', 1)[1].strip('/')}={dash.token}"}))[0] == 403
-        # The printed address: a cookie (an HMAC of the token, not the token), then on to / without it.
-        opener = urllib.request.build_opener(_NoRedirect)
-        with pytest.raises(urllib.error.HTTPError) as exc:
-            opener.open(dash.login_url, timeout=60)
-        assert exc.value.code == 303 and exc.value.headers["Location"] == "/"
-        cookie = exc.value.headers["Set-Cookie"]
-        assert "HttpOnly" in cookie and "SameSite=Strict" in cookie and dash.token not in cookie
-        with pytest.raises(urllib.error.HTTPError) as wrong:
-            opener.open(dash.url + "?token=not-the-token", timeout=60)
-        assert wrong.value.code == 403
-        pair = cookie.split(";")[0]
-        data = json.loads(urllib.request.urlopen(urllib.request.Request(dash.url + "api/data", headers={
-            "Cookie": pair}), timeout=60).read())
+        assert _data_with(dash, "nope-nope-nope-nope") == 403
+        # A cookie is never a credential, and none is ever set (a browser sends 127.0.0.1's
+        # cookies to every port of it: another local user's server among them).
+        port = dash.url.rsplit(":", 1)[1].strip("/")
+        for cookie in (f"telemetry_dashboard_{port}={dash.token}", f"token={dash.token}"):
+            assert _status(urllib.request.Request(dash.url + "api/data", headers={"Cookie": cookie}))[0] == 403
+        for url in (dash.url, f"{dash.url}?token={dash.token}"):
+            code, headers = _status(url)
+            assert code == 200 and "Set-Cookie" not in headers, headers
+        # The page's exchange: the token for this start's session key, itself a credential.
+        assert _session(dash, None)[0] == 403 and _session(dash, "not-the-token-at-all")[0] == 403
+        code, headers, got = _session(dash, dash.token)
+        assert code == 200 and "Set-Cookie" not in headers
+        key = got["session"]
+        assert len(key) >= 32 and key != dash.token and _data_with(dash, key) == 200
+        data = dash.get_json("api/data")                                          # curl's way: the token
         assert data["runs"][0]["config"]["config"]["optim"]["lr"] == 1e-3
-        assert dash.get_json("api/data")["runs"][0]["latest"]["train/loss"] == 2.5    # Authorization: Bearer
+        assert data["runs"][0]["latest"]["train/loss"] == 2.5
         if can_act_as_other_user():     # another local user on loopback, without the token
             assert http_status_as_other_user(dash.url + "api/data") == "403"
     finally:
@@ -73,22 +83,29 @@ def test_api_needs_the_token_printed_once_in_the_address(tmp_path):
 
 
 def test_a_token_of_your_own_or_none(tmp_path):
+    """--token-file: the same token on every start, but the page's session key is new at each:
+    a key kept in a browser dies with the server that gave it."""
     run = _run_dir(tmp_path)
     token_file = tmp_path / "token"
     token_file.write_text("my-own-dashboard-token-123\n")
     token_file.chmod(0o600)
-    dash = Dashboard(str(run), "--token-file", str(token_file))
-    try:
-        assert dash.token is None and "token from" in dash.lines[0]     # a token of your own is not printed
-        assert _status(dash.url + "api/data")[0] == 403
-        req = urllib.request.Request(dash.url + "api/data", headers={"Authorization": "Bearer my-own-dashboard-token-123"})
-        assert _status(req)[0] == 200
-    finally:
-        assert dash.stop() == 0
+    keys = []
+    for _ in range(2):
+        dash = Dashboard(str(run), "--token-file", str(token_file))
+        try:
+            assert dash.token is None and "token from" in dash.lines[0]     # a token of your own is not printed
+            assert _status(dash.url + "api/data")[0] == 403
+            assert _data_with(dash, "my-own-dashboard-token-123") == 200
+            keys.append(_session(dash, "my-own-dashboard-token-123")[2]["session"])
+            assert _data_with(dash, keys[-1]) == 200
+            assert all(_data_with(dash, old) == 403 for old in keys[:-1])   # the earlier start's key
+        finally:
+            assert dash.stop() == 0
     dash = Dashboard(str(run), "--no-token")
     try:
         assert dash.token is None and "no token" in dash.lines[0]
         assert _status(dash.url + "api/data")[0] == 200
+        assert _session(dash, None)[:3:2] == (200, {"session": None})
     finally:
         assert dash.stop() == 0
 

@@ -86,10 +86,10 @@ def test_dashboard_in_chromium_against_a_real_run(tmp_path):
             b.wait_for("document.body.dataset.locked === '1'", what="the page refused its data")
             assert "needs its token" in b.evaluate("document.getElementById('status').textContent")
             assert _charts(b) == {}
-            b.navigate(dash.login_url)   # the address printed, with its token: the page keeps it as a cookie
+            b.navigate(dash.login_url)   # the address printed, with its token: the page trades it for its key
             b.wait_for("document.body.dataset.ready === '1' && document.body.dataset.locked !== '1'",
                        what="the page drawn")
-            assert b.evaluate("location.search") == ""                     # the token left the address
+            assert b.evaluate("location.search + location.hash") == ""     # the token left the address
             assert b.evaluate("document.getElementById('shed').hidden") is True   # nothing shed
             charts = _charts(b)
             # The charts hold the run's data, counted from what the daemon wrote.
@@ -198,6 +198,101 @@ def test_dashboard_in_chromium_against_a_real_run(tmp_path):
             for d in daemons:
                 d.cleanup()
             shutil.rmtree(sockets, ignore_errors=True)
+
+
+class _OtherPort:
+    """Another local user's web server on another port of 127.0.0.1 (another origin): serves a
+    page and records the Cookie and Authorization headers of every request it gets."""
+
+    def __init__(self) -> None:
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        self.seen: list[tuple[str, str | None, str | None]] = []   # (path, Cookie, Authorization)
+        seen = self.seen
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self):
+                seen.append((self.path, self.headers.get("Cookie"), self.headers.get("Authorization")))
+                body = b"<!doctype html><title>other</title><body><script>document.body.dataset.other = '1';</script>"
+                self.send_response(200)
+                self.send_header("Content-Type", "text/html")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_the_pages_credential_never_leaves_its_port(tmp_path):
+    """The dashboard's cookie was scoped to the host, not the port: Chromium sent it to another
+    local user's page on another port of 127.0.0.1, which replayed it and read /api/data. The
+    page opened with the printed address must hold no credential that travels: another port's
+    server gets no cookie of ours, its page reads none of our storage and cannot fetch our data,
+    and the key the page keeps is dead once its server is gone."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    tel = tmp_path / "run" / "telemetry"
+    tel.mkdir(parents=True)
+    (tel / "metrics.jsonl").write_text(json.dumps({"kind": "metrics", "t": 1.7e9, "step": 1,
+                                                   "values": {"train/loss": 2.5}}) + "\n")
+    other = _OtherPort()
+    dash = Dashboard(str(tmp_path / "run"))
+    try:
+        with Browser(tmp_path / "chromium-profile") as b:
+            b.navigate(dash.login_url)     # as the user does: the address printed
+            b.wait_for("document.body.dataset.ready === '1' && document.body.dataset.locked !== '1' && "
+                       "state.order.length === 1", what="the page logged in and drawn")
+            assert b.evaluate("location.href") == dash.url                # the token left the address
+            assert b.evaluate("document.querySelector('[data-tile=loss] .value').textContent") == "2.5"
+
+            # Another port of the same host: its page, then a request of its own with credentials.
+            b.navigate(other.url)
+            b.wait_for("document.body.dataset.other === '1'", what="the other port's page")
+            b.evaluate("fetch('/probe', {credentials: 'include'}).then(r => r.status)")
+            assert b.evaluate("[document.cookie, localStorage.length, sessionStorage.length]") == ["", 0, 0]
+            got = b.evaluate(f"fetch({dash.url + 'api/data'!r}, {{credentials: 'include'}})"
+                             ".then(r => 'read ' + r.status, e => 'refused: ' + e)")
+            assert got.startswith("refused"), got
+            assert {path for path, _, _ in other.seen} >= {"/", "/probe"}
+            cookies = [c for _, c, _ in other.seen if c]
+            for cookie in cookies:          # whatever came, replayed as its server would
+                req = urllib.request.Request(dash.url + "api/data", headers={"Cookie": cookie})
+                with pytest.raises(urllib.error.HTTPError) as refused:
+                    urllib.request.urlopen(req, timeout=60)
+                assert refused.value.code == 403
+            assert cookies == [] and [a for _, _, a in other.seen if a] == [], other.seen
+
+            # Back on the dashboard's own port, by its plain address: still logged in.
+            b.navigate(dash.url)
+            b.wait_for("document.body.dataset.ready === '1' && state.order.length === 1 && "
+                       "document.body.dataset.locked !== '1'", what="the plain address, logged in")
+
+            # The server goes; a new one on the same port: the key the page kept is refused.
+            port = dash.url.rsplit(":", 1)[1].strip("/")
+            assert dash.stop() == 0
+            dash = Dashboard(str(tmp_path / "run"), "--port", port)
+            b.navigate(dash.url)
+            b.wait_for("document.body.dataset.locked === '1'", what="the old key refused")
+            assert b.evaluate("localStorage.length") == 0
+            b.navigate(dash.login_url)
+            b.wait_for("document.body.dataset.locked !== '1' && state.order.length === 1", what="logged in again")
+        assert not [line for line in b.console if "exception" in line], b.console
+    finally:
+        other.close()
+        assert dash.stop() == 0, "".join(dash.lines)
 
 
 def _check_screenshot(path: Path) -> None:

@@ -18,11 +18,13 @@ and subscribes. Charts are drawn by uPlot, shipped inside the package: no networ
 
 The page is served on 127.0.0.1, which every local user can reach, so its data asks for a
 token (as Jupyter does): a random one per start, carried once by the address printed
-(http://127.0.0.1:8765/?token=...); the page keeps it as a cookie and every /api/ request
-without it is refused (403). --token-file FILE gives your own (the printed address then has
-none: add ?token=...), --no-token turns it off. To serve beyond loopback (--addr), pass
---allow-remote as well, or better keep it on loopback and tunnel the port
-(ssh -N -L 8765:127.0.0.1:8765 host).
+(http://127.0.0.1:8765/#token=...: a fragment, never sent over the wire). The page trades it
+for this start's session key, kept for this port alone and sent in its requests' Authorization
+header, never as a cookie (server.py says why); every /api/ request without the token or the
+key is refused (403), `curl -H "Authorization: Bearer TOKEN"` works. --token-file FILE gives
+your own (the printed address then has none: add #token=...), --no-token turns it off. To
+serve beyond loopback (--addr), pass --allow-remote as well, or better keep it on loopback and
+tunnel the port (ssh -N -L 8765:127.0.0.1:8765 host).
 
 Memory: the process keeps under --memory-mb (default 256): series beyond --max-series (default
 10,000, the first to come are kept) are dropped, long series are thinned (minimum and maximum
@@ -215,9 +217,9 @@ def run(args: argparse.Namespace) -> int:
         shown = "127.0.0.1" if host in ("127.0.0.1", "0.0.0.0") else host
         names = ", ".join(s.name for s in stores)
         # The random token is in the address, once (as Jupyter prints it); a token of the user's own is not.
-        url = f"http://{shown}:{bound}/" + (f"?token={token}" if token and not args.token_file else "")
+        url = f"http://{shown}:{bound}/" + (f"#token={token}" if token and not args.token_file else "")
         access = ("no token: every local user can read it" if token is None
-                  else f"token from {args.token_file}: add ?token=..." if args.token_file
+                  else f"token from {args.token_file}: add #token=..." if args.token_file
                   else "the address carries its token")
         print(f"telemetry dashboard: serving {url} ({len(stores)} run{'s' if len(stores) > 1 else ''}: "
               f"{names}; live from {stores[0].source if len(stores) == 1 else 'their metrics.jsonl'}; {access}; "

@@ -1,7 +1,9 @@
 """The dashboard's HTTP side (standard library only): the page, its files, data, live events.
 
-    GET /                       the page (static/index.html); /?token=T sets the token's
-                                cookie and sends the browser on to / (the token leaves the URL)
+    GET /                       the page (static/index.html); it takes a token from its own
+                                address (/#token=T as printed; /?token=T of older links)
+    POST /api/session           Authorization: Bearer <token> -> {"session": KEY}: this server's
+                                session key, the page's credential from then on
     GET /static/<file>          the page's script and style, uPlot (shipped in the package)
     GET /api/data?width=PX      every run: its series downsampled to PX pixel columns, its
                                 events, latest values, state; and `seq`, the change number
@@ -20,21 +22,24 @@ Requests whose Host is not the address served are refused (a web page elsewhere 
 read a local run by DNS rebinding), unless the server was started for remote viewers.
 
 With a token (the default: loopback TCP is open to every local user), every /api/ request
-needs it, as the cookie that /?token= set or as `Authorization: Bearer <token>`; without it
-the answer is 403. The page and its static files carry no data and need none. The cookie's
-value is an HMAC of the token, not the token; its name carries the port (cookies are per
-host, not per port).
+needs `Authorization: Bearer <token>` or `Authorization: Bearer <session key>`; without it the
+answer is 403. The page and its static files carry no data and need none.
+
+The page's credential is never a cookie: a browser sends a cookie of 127.0.0.1 to every port
+of 127.0.0.1, so another local user's page on another port received it and replayed it. The
+page exchanges the token in its address for the session key (POST /api/session), keeps the key
+in its origin's localStorage (an origin is scheme, host and port: no page on another port
+reads it) and sends it in the Authorization header of its own requests, which a browser never
+adds by itself. The key is random per server start: it dies with the server, whatever the token.
 """
 from __future__ import annotations
 
-import hashlib
-import hmac
 import json
 import math
 import mimetypes
+import secrets
 import threading
 import time
-from http.cookies import CookieError, SimpleCookie
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -71,9 +76,7 @@ class DashboardServer(BoundedConnections, ThreadingHTTPServer):
         self.range_lock = threading.Lock()
         self.allow_any_host = allow_any_host
         self.token = token
-        self.cookie_name = f"telemetry_dashboard_{self.server_address[1]}"
-        self.cookie_value = (hmac.new(token.encode(), b"telemetry dashboard cookie", hashlib.sha256).hexdigest()
-                             if token else "")
+        self.session_key = secrets.token_urlsafe(32) if token else None   # this start's, never the token's
         self.max_points_sent = max_points_sent
         self.data_lock = threading.Lock()   # one /api/data answer in memory at a time
         self.stopping = False
@@ -97,17 +100,14 @@ class Handler(BaseHTTPRequestHandler):
     def _host_ok(self) -> bool:
         return self.server.allow_any_host or httpaccess.host_is_loopback(self.headers.get("Host") or "")
 
+    def _bearer_is(self, secret: str) -> bool:
+        return httpaccess.token_matches(httpaccess.bearer_token(self.headers.get("Authorization")), secret)
+
     def _authorized(self) -> bool:
+        """The token or this start's session key, in the Authorization header (a cookie is
+        never looked at: see the module docstring)."""
         srv = self.server
-        if srv.token is None:
-            return True
-        if httpaccess.token_matches(httpaccess.bearer_token(self.headers.get("Authorization")), srv.token):
-            return True
-        try:
-            morsel = SimpleCookie(self.headers.get("Cookie") or "").get(srv.cookie_name)
-        except CookieError:
-            return False
-        return morsel is not None and httpaccess.token_matches(morsel.value, srv.cookie_value)
+        return srv.token is None or self._bearer_is(srv.token) or self._bearer_is(srv.session_key)
 
     def _send(self, status: int, body: bytes, content_type: str, cache: bool = False,
               headers: dict[str, str] | None = None) -> None:
@@ -116,6 +116,7 @@ class Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(body)))
         self.send_header("Cache-Control", "max-age=3600" if cache else "no-store")
         self.send_header("X-Content-Type-Options", "nosniff")
+        self.send_header("Referrer-Policy", "no-referrer")    # an old /?token= link's address stays here
         for k, v in (headers or {}).items():
             self.send_header(k, v)
         self.end_headers()
@@ -128,16 +129,11 @@ class Handler(BaseHTTPRequestHandler):
         url = urlsplit(self.path)
         query = parse_qs(url.query)
         if url.path in ("/", "/index.html"):
-            if "token" in query and self.server.token is not None:
-                self._login(query["token"][0])
-            else:
-                self._static("index.html")
+            self._static("index.html")
         elif url.path.startswith("/static/"):
             self._static(url.path[len("/static/"):])
         elif url.path.startswith("/api/") and not self._authorized():
-            self._send(HTTPStatus.FORBIDDEN, _dumps({"error": "this dashboard needs its token: open the address "
-                                                              "`telemetry dashboard` printed (it ends in ?token=...)"}),
-                       "application/json")
+            self._forbidden()
         elif url.path == "/api/data":
             self._data(query)
         elif url.path == "/api/stream":
@@ -149,14 +145,26 @@ class Handler(BaseHTTPRequestHandler):
         else:
             self._send(HTTPStatus.NOT_FOUND, b"not found\n", "text/plain")
 
-    def _login(self, given: str) -> None:
-        """/?token=T: the right token becomes the page's cookie and the browser goes on to /."""
-        srv = self.server
-        if not httpaccess.token_matches(given, srv.token):
-            self._send(HTTPStatus.FORBIDDEN, b"forbidden: wrong token\n", "text/plain")
-            return
-        cookie = f"{srv.cookie_name}={srv.cookie_value}; Path=/; HttpOnly; SameSite=Strict"
-        self._send(HTTPStatus.SEE_OTHER, b"", "text/plain", headers={"Location": "/", "Set-Cookie": cookie})
+    def _forbidden(self) -> None:
+        self._send(HTTPStatus.FORBIDDEN, _dumps({"error": "this dashboard needs its token: open the address "
+                                                          "`telemetry dashboard` printed (it ends in #token=...)"}),
+                   "application/json")
+
+    def do_POST(self) -> None:
+        """POST /api/session: the token (Authorization: Bearer) for this start's session key."""
+        length = self.headers.get("Content-Length") or "0"
+        if not length.isdigit() or int(length) > 0:
+            self.close_connection = True    # a body is never read here: the connection goes with it
+        if not self._host_ok():
+            self._send(HTTPStatus.FORBIDDEN, b"forbidden: not a loopback Host\n", "text/plain")
+        elif urlsplit(self.path).path != "/api/session":
+            self._send(HTTPStatus.NOT_FOUND, b"not found\n", "text/plain")
+        elif self.server.token is None:
+            self._send(HTTPStatus.OK, _dumps({"session": None}), "application/json")   # --no-token: none needed
+        elif self._bearer_is(self.server.token):
+            self._send(HTTPStatus.OK, _dumps({"session": self.server.session_key}), "application/json")
+        else:
+            self._forbidden()
 
     def _static(self, name: str) -> None:
         # Only plain file names of the static dir: no path ever leaves it.

@@ -532,7 +532,7 @@ async function fetchDetail(min, max) {
     const list = [...keys];
     for (let i = 0; i < list.length; i += DETAIL_KEYS) {
       const q = list.slice(i, i + DETAIL_KEYS).map((k) => "&key=" + encodeURIComponent(k)).join("");
-      const resp = await fetch(`/api/range?run=${encodeURIComponent(runId)}&x0=${min}&x1=${max}&width=${chartWidth()}${q}`,
+      const resp = await api(`/api/range?run=${encodeURIComponent(runId)}&x0=${min}&x1=${max}&width=${chartWidth()}${q}`,
                                { cache: "no-store" });
       if (!resp.ok) continue;
       const got = await resp.json();
@@ -825,7 +825,7 @@ async function loadMedia() {
   try {
     for (const id of state.order) {
       const since = media.total[id] ?? 0;
-      const resp = await fetch(`/api/media?run=${encodeURIComponent(id)}&since=${since}`, { cache: "no-store" });
+      const resp = await api(`/api/media?run=${encodeURIComponent(id)}&since=${since}`, { cache: "no-store" });
       if (!resp.ok) continue;
       const got = await resp.json();
       if (got.total === since) continue;
@@ -845,6 +845,26 @@ async function loadMedia() {
 
 function mediaFile(runId, name) {
   return `/api/media/file?run=${encodeURIComponent(runId)}&name=${encodeURIComponent(name)}`;
+}
+
+// An image of the run is data: fetched with the page's credential (an <img src> could not send
+// it), shown from a blob URL. A kept file never changes: the newest MEDIA_BLOBS_KEPT are kept.
+const MEDIA_BLOBS_KEPT = 256;
+const mediaBlobs = new Map();    // file URL -> Promise of its blob URL (or null: not readable)
+function showImage(img, url) {
+  let got = mediaBlobs.get(url);
+  if (got) {
+    mediaBlobs.delete(url);      // the newest again
+  } else {
+    got = api(url).then((r) => (r.ok ? r.blob() : null)).then((b) => (b ? URL.createObjectURL(b) : null), () => null);
+    while (mediaBlobs.size >= MEDIA_BLOBS_KEPT) {
+      const [oldest, blob] = mediaBlobs.entries().next().value;
+      mediaBlobs.delete(oldest);
+      blob.then((u) => u && URL.revokeObjectURL(u));
+    }
+  }
+  mediaBlobs.set(url, got);
+  got.then((u) => { if (u) img.src = u; });
 }
 
 function drawMedia() {
@@ -899,8 +919,9 @@ function showMedia(card) {
     ` · ${card.pos + 1} of ${card.n}`;
   if (e.type === "Image") {
     card.body.replaceChildren(el("div", { class: "mimgs" }, ...e.images.map((im) => {
-      const img = el("img", { src: mediaFile(card.grp.run, im.file), alt: `${card.grp.key} at step ${e.step}`,
-                              width: String(Math.max(96, im.width)), "data-file": im.file });
+      const img = el("img", { alt: `${card.grp.key} at step ${e.step}`, width: String(Math.max(96, im.width)),
+                              "data-file": im.file });
+      showImage(img, mediaFile(card.grp.run, im.file));
       img.style.aspectRatio = `${im.width} / ${im.height}`;
       return el("figure", {}, img, im.caption ? el("figcaption", { text: im.caption }) : "");
     })));
@@ -956,7 +977,7 @@ async function drawTable(card, e) {
   const url = mediaFile(card.grp.run, e.file);
   let doc = media.tables[url];
   if (!doc) {
-    const resp = await fetch(url);
+    const resp = await api(url);
     if (!resp.ok) { card.body.replaceChildren(el("p", { class: "dim", text: "table not readable" })); return; }
     doc = media.tables[url] = await resp.json();
   }
@@ -980,20 +1001,58 @@ function redraw() {
   state.dirty = false;
 }
 
+// -- the page's credential ---------------------------------------------------------------------
+// Never a cookie: a browser sends 127.0.0.1's cookies to every port of 127.0.0.1, another local
+// user's server among them. The token in the page's address (#token=..., as `telemetry dashboard`
+// prints it; ?token=... of older links) is exchanged once for the server's session key, which
+// lives in this origin's localStorage (an origin includes the port: no other port's page reads
+// it) and goes in the Authorization header of this page's own requests. The server makes a new
+// key at each start, so a kept key dies with its server.
+const SESSION_ITEM = "telemetry-dashboard-session";
+
+function api(url, opts = {}) {
+  const key = localStorage.getItem(SESSION_ITEM);
+  const headers = key ? { ...(opts.headers ?? {}), Authorization: `Bearer ${key}` } : opts.headers;
+  return fetch(url, { cache: "no-store", ...opts, headers });
+}
+
+// The token in the address, if any, taken out of it and exchanged; false if the server refused it.
+async function login() {
+  const token = new URLSearchParams(location.hash.slice(1)).get("token") ??
+                new URLSearchParams(location.search).get("token");
+  if (!token) return true;
+  history.replaceState(null, "", location.pathname);
+  const resp = await fetch("/api/session", { method: "POST", cache: "no-store",
+                                             headers: { Authorization: `Bearer ${token}` } });
+  if (!resp.ok) return false;
+  const key = (await resp.json()).session;
+  if (key) localStorage.setItem(SESSION_ITEM, key); else localStorage.removeItem(SESSION_ITEM);
+  return true;
+}
+
+function lock(text) {
+  const box = document.getElementById("status");
+  box.textContent = text;
+  box.className = "status down";
+  document.body.dataset.locked = "1";
+  if (state.stream) state.stream.abort();
+  state.stream = null;
+}
+const NEEDS_TOKEN = "this dashboard needs its token: open the address `telemetry dashboard` printed (…/#token=…)";
+
 // -- loading and the live stream ---------------------------------------------------------------
 async function reload() {
   if (state.reloading) return;
   state.reloading = true;
   try {
-    const resp = await fetch(`/api/data?width=${chartWidth()}`, { cache: "no-store" });
+    const resp = await api(`/api/data?width=${chartWidth()}`);
     if (resp.status === 403) {
-      // No token (or a wrong one): the address `telemetry dashboard` printed carries it once.
-      const box = document.getElementById("status");
-      box.textContent = "this dashboard needs its token: open the address `telemetry dashboard` printed (…/?token=…)";
-      box.className = "status down";
-      document.body.dataset.locked = "1";
+      // No key, or one of an earlier start of the server: the address printed carries the token.
+      localStorage.removeItem(SESSION_ITEM);
+      lock(NEEDS_TOKEN);
       return;
     }
+    delete document.body.dataset.locked;
     const data = await resp.json();
     state.loadedAt = Date.now();
     loadSnapshot(data);
@@ -1006,19 +1065,53 @@ async function reload() {
   }
 }
 
-function openStream() {
-  if (state.stream) state.stream.close();
-  const es = new EventSource(`/api/stream?since=${state.seq}&instance=${encodeURIComponent(state.instance)}`);
-  state.stream = es;
-  es.addEventListener("changes", (e) => applyChanges(JSON.parse(e.data)));
-  es.addEventListener("status", (e) => applyStatus(JSON.parse(e.data).status));
-  es.addEventListener("reload", () => reload());
-  es.onerror = () => {
-    // The dashboard server itself went away (or restarts): say so; EventSource retries by itself.
-    const box = document.getElementById("status");
-    box.textContent = "dashboard server not reachable, retrying…";
-    box.className = "status down";
-  };
+// The server-sent events of /api/stream, read with fetch (an EventSource cannot send the
+// Authorization header). A stream that ends or fails is opened again after STREAM_RETRY_MS.
+const STREAM_RETRY_MS = 2000;
+async function openStream() {
+  if (state.stream) state.stream.abort();
+  const stream = new AbortController();
+  state.stream = stream;
+  try {
+    const resp = await api(`/api/stream?since=${state.seq}&instance=${encodeURIComponent(state.instance)}`,
+                           { signal: stream.signal });
+    if (resp.status === 403) {
+      localStorage.removeItem(SESSION_ITEM);
+      lock(NEEDS_TOKEN);
+      return;
+    }
+    if (!resp.ok) throw new Error(`HTTP ${resp.status}`);
+    const reader = resp.body.pipeThrough(new TextDecoderStream()).getReader();
+    let buf = "", reloading = false;
+    while (!reloading) {
+      const { value, done } = await reader.read();
+      if (done) break;
+      buf += value;
+      let end;
+      while (!reloading && (end = buf.indexOf("\n\n")) >= 0) {
+        const block = buf.slice(0, end);
+        buf = buf.slice(end + 2);
+        let name = "message", data = "";
+        for (const line of block.split("\n")) {
+          if (line.startsWith("event: ")) name = line.slice(7);
+          else if (line.startsWith("data: ")) data += line.slice(6);
+        }
+        if (state.stream !== stream) return;
+        if (name === "changes") applyChanges(JSON.parse(data));
+        else if (name === "status") applyStatus(JSON.parse(data).status);
+        else if (name === "reload") reloading = true;
+      }
+    }
+    if (reloading) await reload();      // which opens the next stream, unless it failed
+  } catch (err) {
+    if (stream.signal.aborted) return;
+  }
+  if (state.stream !== stream || document.body.dataset.locked) return;
+  // The dashboard server itself went away (or restarts): say so, and try again.
+  const box = document.getElementById("status");
+  box.textContent = "dashboard server not reachable, retrying…";
+  box.className = "status down";
+  setTimeout(() => { if (state.stream === stream) openStream(); }, STREAM_RETRY_MS);
 }
 
 async function start() {
@@ -1038,7 +1131,12 @@ async function start() {
     document.getElementById("smooth-value").textContent = String(state.smooth);
     redraw();
   });
-  await reload();
+  // A token given to the page while it is open (the printed address pasted over a plain one).
+  window.addEventListener("hashchange", async () => {
+    if (!new URLSearchParams(location.hash.slice(1)).has("token")) return;
+    if (await login()) reload(); else lock("wrong token: open the address `telemetry dashboard` printed");
+  });
+  if (await login()) await reload(); else lock("wrong token: open the address `telemetry dashboard` printed");
   document.body.dataset.ready = "1";
   setInterval(() => { if (state.dirty) redraw(); }, REDRAW_MS);
   setInterval(loadMedia, MEDIA_POLL_MS);
