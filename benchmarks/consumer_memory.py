@@ -142,7 +142,7 @@ def case_exporter(repo: Path, num_names: int, per_record: int, extra: list[str])
     proc, lines, _ = start(repo, ["export-prometheus", "--pub", f"tcp://127.0.0.1:{port}", "--port", "0", *extra])
     try:
         url = re.search(r"serving (http://[^ ]+/metrics)", "".join(lines)).group(1)
-        token = re.search(r"Authorization: Bearer (\S+) ", "".join(lines))   # the random one it printed
+        token = re.search(r"Authorization: Bearer ([\w-]+)", "".join(lines))   # the random one it printed
         headers = {"Authorization": f"Bearer {token.group(1)}"} if token else {}
         # PUB/SUB slow joiner: publish a marker until the exporter shows it, then the load.
         deadline = time.monotonic() + 120

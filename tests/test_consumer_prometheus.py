@@ -331,7 +331,7 @@ def _start_exporter(*args: str) -> tuple[subprocess.Popen, str, list[str], str |
     if not m:
         proc.kill()
         raise AssertionError(first + proc.stdout.read())
-    printed = re.search(r"Authorization: Bearer (\S+) ", first)
+    printed = re.search(r"Authorization: Bearer ([\w-]+)", first)
     lines = [first]
     threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True).start()
     return proc, m.group(1), lines, printed.group(1) if printed else None

@@ -584,8 +584,8 @@ def run(args: argparse.Namespace) -> int:
     bound = server.server_address[1]
     # A random token is printed, once (a scraper's config needs it); a token of the user's own is not.
     access = (f"scrapes need the bearer token from {args.token_file}" if args.token_file
-              else f"scrapes need Authorization: Bearer {token} (a random token for this start; --token-file "
-                   f"FILE for one of your own)" if token
+              else f"scrapes need Authorization: Bearer {token}, a random token for this start (--token-file "
+                   f"FILE: one of your own)" if token
               else "no token: any local user can scrape" if httpaccess.is_loopback_addr(args.addr)
               else "no token: anyone who reaches the port can scrape")
     print(f"telemetry export-prometheus: serving http://{args.addr}:{bound}/metrics from {sub.endpoint} ({access}; "
