@@ -283,14 +283,12 @@ def is_loopback_host(host: str) -> bool:
 
 
 def _ipv4_literal(host: str) -> int | None:
-    """The address an IPv4 literal spells, as the WHATWG URL parser reads one (1 to 4 parts,
-    each decimal, 0x-hex or 0-octal, the last filling the remaining bytes, one trailing dot
-    allowed), else None."""
+    """The address an IPv4 literal spells, as inet_aton and a browser read one (1 to 4 parts,
+    each decimal, 0x-hex or 0-octal, the last filling the remaining bytes), else None. No
+    trailing dot: "127.0.0.1." is a DNS name to a resolver."""
     import string
 
     parts = host.split(".")
-    if len(parts) > 1 and parts[-1] == "":
-        parts.pop()
     if not 1 <= len(parts) <= 4:
         return None
     numbers = []
