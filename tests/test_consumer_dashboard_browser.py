@@ -287,6 +287,9 @@ def test_the_pages_credential_never_leaves_its_port(tmp_path):
             b.navigate(dash.url)
             b.wait_for("document.body.dataset.locked === '1'", what="the old key refused")
             assert b.evaluate("localStorage.length") == 0
+            b.navigate(dash.url + "#token=not-the-token-at-all")
+            b.wait_for("document.getElementById('status').textContent.startsWith('wrong token')", what="refused")
+            assert b.evaluate("location.hash + localStorage.length") == "0"   # it left the address all the same
             b.navigate(dash.login_url)
             b.wait_for("document.body.dataset.locked !== '1' && state.order.length === 1", what="logged in again")
         assert not [line for line in b.console if "exception" in line], b.console

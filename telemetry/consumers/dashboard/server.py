@@ -18,8 +18,9 @@
                                 server-sent events: `changes` (new points and events after
                                 SEQ), `status` (each run's state, every STATUS_EVERY_S), and
                                 `reload` when the page fell too far behind
-Requests whose Host is not the address served are refused (a web page elsewhere must not
-read a local run by DNS rebinding), unless the server was started for remote viewers.
+Requests whose Host is not a loopback address or `localhost` are refused (a web page on a name
+pointed at 127.0.0.1 must not read a local run by DNS rebinding: httpaccess.host_is_loopback),
+unless the server was started for remote viewers.
 
 With a token (the default: loopback TCP is open to every local user), every /api/ request
 needs `Authorization: Bearer <token>` or `Authorization: Bearer <session key>`; without it the
@@ -153,7 +154,7 @@ class Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         """POST /api/session: the token (Authorization: Bearer) for this start's session key."""
         length = self.headers.get("Content-Length") or "0"
-        if not length.isdigit() or int(length) > 0:
+        if self.headers.get("Transfer-Encoding") or not length.isdigit() or int(length) > 0:
             self.close_connection = True    # a body is never read here: the connection goes with it
         if not self._host_ok():
             self._send(HTTPStatus.FORBIDDEN, b"forbidden: not a loopback Host\n", "text/plain")
