@@ -124,7 +124,11 @@ def init(project: str | None = None, name: str | None = None, config: Any = None
     run (defaults from $WANDB_PROJECT, $WANDB_NAME, ...). mode="disabled" (or $WANDB_MODE)
     gives a run that sends nothing; "online"/"offline" are the daemon's to choose (its
     `wandb.mode`). resume, dir, settings, save_code are accepted: the daemon resumes its own run.
-    A second init finishes the current run first, unless reinit="return_previous".
+    With a run active, as W&B: reinit=True or "finish_previous" finishes it first, "create_new"
+    makes another beside it (returned, not `wandb.run`), anything else returns it.
+
+    The run's id (`id=`, $WANDB_RUN_ID, else the launcher's $TELEMETRY_RUN_ID for the first run
+    of the process, else a new one) is its identity: it has a daemon of its own (its_daemon).
     """
     global _run
     for key in _UNSUPPORTED_INIT_ARGS:
@@ -138,10 +142,11 @@ def init(project: str | None = None, name: str | None = None, config: Any = None
         mode = "offline"
     if mode not in MODES:
         raise ValueError(f"wandb.init(mode={mode!r}): expected one of {', '.join(MODES)}")
-    if _run is not None and not _run._finished:
-        if reinit == "return_previous":
+    if _run is not None and not _run._finished and _run._pid == os.getpid():
+        if reinit in (True, "finish_previous"):
+            _run.finish()
+        elif reinit != "create_new":
             return _run
-        _run.finish()
     cfg = config_dict(config)
     if config_include_keys:
         cfg = {k: v for k, v in cfg.items() if k in set(config_include_keys)}
@@ -156,22 +161,70 @@ def init(project: str | None = None, name: str | None = None, config: Any = None
         client = DisabledClient()
     rank, world_size = process_rank()
     # One id for the script's run, the daemon's run directory and the W&B run the daemon opens.
-    run_id = id or env("WANDB_RUN_ID") or env(ENV_RUN_ID) or new_run_id()
+    run_id = id or env("WANDB_RUN_ID") or _launcher_run_id() or new_run_id()
+    runtime = None
     if client is None:
-        # No daemon on this node: start one for the run, as wandb.init starts W&B's service.
+        # No daemon for this run: start one, as wandb.init starts W&B's service.
         from telemetry.client import autostart
 
+        runtime = its_daemon(run_id)
         autostart.ensure_daemon("telemetry.wandb", run_id=run_id, run_name=name or env("WANDB_NAME"),
                                 wandb_mode=mode if (mode_given or env("WANDB_MODE")) else None,
-                                root=dir or env("WANDB_DIR"))
+                                root=dir or env("WANDB_DIR"), runtime=runtime)
     console = settings.get("console") if isinstance(settings, dict) else getattr(settings, "console", None)
-    _run = Run(project=project or env("WANDB_PROJECT"), name=name or env("WANDB_NAME"), config=cfg,
-               entity=entity or env("WANDB_ENTITY"), group=group or env("WANDB_RUN_GROUP"),
-               tags=tags if tags is not None else (env_tags.split(",") if env_tags else None),
-               notes=notes or env("WANDB_NOTES"), job_type=job_type or env("WANDB_JOB_TYPE"),
-               id=run_id, dir=dir, mode=mode, client=client, rank=rank, world_size=world_size,
-               settings_console=console)
-    return _run
+    run = Run(project=project or env("WANDB_PROJECT"), name=name or env("WANDB_NAME"), config=cfg,
+              entity=entity or env("WANDB_ENTITY"), group=group or env("WANDB_RUN_GROUP"),
+              tags=tags if tags is not None else (env_tags.split(",") if env_tags else None),
+              notes=notes or env("WANDB_NOTES"), job_type=job_type or env("WANDB_JOB_TYPE"),
+              id=run_id, dir=dir, mode=mode, client=client, rank=rank, world_size=world_size,
+              settings_console=console, runtime=runtime)
+    if reinit != "create_new":         # as W&B: a run made beside the active one is not wandb.run
+        _run = run
+    return run
+
+
+def its_daemon(run_id: str):
+    """The runtime directory of the daemon run `run_id` gets to itself (autostart.run_runtime_dir),
+    or None for the default endpoints: a launcher's daemon for this run (`telemetry run`: its
+    $TELEMETRY_RUN_ID), $TELEMETRY_ENDPOINT (a daemon you run: it takes what it is sent), a
+    daemon started by hand on the node's default endpoints outside a launcher, or no daemon
+    wanted ($TELEMETRY_AUTOSTART=0). So runs with distinct ids (sweep trials, forked children,
+    k-fold's folds, ranks that each name their own run) never share a daemon, and ranks that
+    share an id (torchrun with $WANDB_RUN_ID, `telemetry run`) share one."""
+    from telemetry.client import autostart
+    from telemetry.shared import endpoints
+
+    env = os.environ.get
+    if env(endpoints.ENV_INGEST) or run_id == env(ENV_RUN_ID) or not autostart.wanted(True):
+        return None
+    try:
+        if not env(ENV_RUN_ID) and endpoints.daemon_serves(endpoints.runtime_dir()):
+            return None
+        return autostart.run_runtime_dir(run_id)
+    except (endpoints.EndpointError, OSError):
+        return None        # ensure_daemon says why the default directory cannot serve either
+
+
+# The launcher's run id ($TELEMETRY_RUN_ID: `telemetry run`'s) names the first run this process
+# makes: its ranks share it, each from its own process. A second run of the process (k-fold's next
+# fold) and a forked child's runs are runs of their own, with ids of their own, as in W&B.
+_launcher_id_used = False
+
+
+def _launcher_run_id() -> str | None:
+    global _launcher_id_used
+    if _launcher_id_used:
+        return None
+    _launcher_id_used = True
+    return os.environ.get(ENV_RUN_ID)
+
+
+def _forked_child() -> None:
+    global _launcher_id_used
+    _launcher_id_used = True
+
+
+os.register_at_fork(after_in_child=_forked_child)
 
 
 def _active(what: str) -> Run:

@@ -232,3 +232,24 @@ def test_a_run_id_that_is_no_directory_name_gets_one_of_its_own(tmp_path):
                          env=_env(tmp_path, WANDB_RUN_ID="my-run_7", ITERS="2"), capture_output=True, text=True,
                          timeout=300)
     assert out.returncode == 0 and (tmp_path / "telemetry" / "my-run_7" / "metrics.jsonl").is_file(), out.stderr
+
+
+def test_trials_started_at_once_each_get_a_daemon_and_a_run_of_their_own(tmp_path):
+    """A sweep's trials on one node, each `wandb.init(id=...)` with its own id and no daemon
+    started by hand: each starts its own daemon (its runtime directory is keyed by the run id),
+    writes its own run directory and keeps exactly its rows (before: one daemon for the node,
+    every trial's rows in the first trial's run, nothing said)."""
+    script = _script(tmp_path, NANOGPT_STYLE.replace("config=config)", "config=config, id=os.environ['TRIAL'])")
+                     .replace("loss = 4.0 - iter_num * 0.125", "loss = 100.0 * int(os.environ['TRIAL'][-1]) + iter_num"))
+    procs = [subprocess.Popen([sys.executable, str(script)], cwd=tmp_path, env=_env(tmp_path, TRIAL=f"trial-{i}", ITERS="6"),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(4)]
+    errs = [p.communicate(timeout=300)[1] for p in procs]
+    assert [p.returncode for p in procs] == [0] * 4, errs
+    assert [len(re.findall(r"telemetry daemon started", e)) for e in errs] == [1] * 4, errs
+    assert [p.name for p in _run_dirs(tmp_path)] == [f"trial-{i}" for i in range(4)]
+    for i in range(4):
+        log_dir = tmp_path / "telemetry" / f"trial-{i}"
+        steps = _steps(log_dir)
+        assert {s: v["train/loss"] for s, v in steps.items()} == {s: 100.0 * i + s for s in range(6)}
+        final = json.loads((log_dir / "drain.json").read_text())
+        assert final["records_lost"] == 0 and sorted(final["per_rank"]) == ["0"], final

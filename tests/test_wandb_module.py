@@ -85,9 +85,13 @@ def test_run_config_summary_follow_init_and_finish(daemon, monkeypatch):
     with pytest.raises(tw.Error, match="allow_val_change"):
         tw.config.update({"lr": 0.2})
     tw.config.update({"lr": 0.2}, allow_val_change=True)
-    second = tw.init(project="p")            # a second init finishes the first
+    assert tw.init(project="p") is first     # as W&B: a run is active, init returns it
+    second = tw.init(project="p", reinit="finish_previous")
     assert tw.run is second and first._finished
     assert tw.init(reinit="return_previous") is second
+    beside = tw.init(project="p", reinit="create_new")      # another run, not wandb.run
+    assert tw.run is second and not beside._finished and beside.id != second.id
+    beside.finish()
     second.finish()
     assert tw.run is None
     with tw.init(project="p") as third:      # the run as a context manager

@@ -20,8 +20,10 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -158,3 +160,139 @@ def test_outside_scripts_make_the_run_w_and_b_makes(tmp_path_factory, script, np
     ours, _, _ = shared_run(tmp_path_factory, sidecar_run, path, nproc, env)
     assert_same_run(real, ours)
     assert len(user_history(ours)) >= 6
+
+
+# -- a run's identity and its end (each scenario's real and sidecar runs are its test's own) ------
+def _exit_code(path: str) -> int | None:
+    """The exit code W&B recorded for the run (its exit record), None when it wrote none."""
+    from wandb_offline import read_records
+
+    codes = [r.exit.exit_code for r in read_records(path) if r.WhichOneof("record_type") == "exit"]
+    return codes[-1] if codes else None
+
+
+def _runs_by_name(work: Path) -> dict[str, str]:
+    """Every finished W&B run under `work`, by its name; the run `telemetry run`'s own daemon makes
+    when the script's main process makes none (a sweep driver, a parent that forks: project
+    "telemetry", the daemon's host series only) is left out: see the README's differences."""
+    out = {}
+    for f in glob.glob(f"{work}/**/run-*.wandb", recursive=True):
+        if "latest-run" in f:
+            continue
+        info = run_info(wait_finished(f))
+        if info["project"] == "telemetry":
+            continue
+        assert info["name"] not in out, (info, f, out)
+        out[info["name"]] = f
+    return out
+
+
+def _launch_both(script: Path, tmp_path: Path, env: dict, rc: int = 0) -> tuple[dict, dict]:
+    """The script with the real wandb (offline) and under `telemetry run --as-wandb`, each ending
+    with exit code `rc`; the runs each made, by name."""
+    made = []
+    for how in ("real", "ours"):
+        work = tmp_path / how
+        work.mkdir()
+        cmd = [sys.executable, str(script)] if how == "real" else \
+            [sys.executable, "-m", "telemetry", "run", "--as-wandb", "--quiet", "--wandb", "offline",
+             "--run-dir", str(work / "r"), "--", str(script)]
+        extra = {"WANDB_MODE": "offline"} if how == "real" else {}
+        p = subprocess.run(cmd, cwd=work, env=_env(WANDB_DIR=str(work), **extra, **env), capture_output=True,
+                           text=True, timeout=600)
+        assert p.returncode == rc, (how, p.returncode, p.stderr[-4000:])
+        made.append(_runs_by_name(work))
+    return made[0], made[1]
+
+
+def _assert_same_runs(real: dict, ours: dict) -> None:
+    assert sorted(ours) == sorted(real), "the runs"
+    assert len({run_info(f)["id"] for f in ours.values()}) == len(ours), "a run id each"
+    for name in real:
+        assert_same_run(real[name], ours[name])
+        assert _exit_code(ours[name]) == _exit_code(real[name]), (name, "the exit code")
+
+
+@pytest.mark.slow
+def test_a_sweeps_trials_started_at_once_are_each_a_run_of_their_own(tmp_path):
+    """Four trials on one node, each `wandb.init(id=...)` in a process of its own: each its own
+    run, with its own rows, config and id (before: every trial's rows in one trial's run)."""
+    real, ours = _launch_both(SCRIPTS / "sweep_trials.py", tmp_path, {"TRIALS": "4"})
+    assert sorted(real) == [f"trial-{i}" for i in range(4)]
+    _assert_same_runs(real, ours)
+    assert {run_info(f)["id"] for f in ours.values()} == {f"trial-{i}" for i in range(4)}
+    for i in range(4):
+        assert {row["trial"] for row in user_history(ours[f"trial-{i}"]).values()} == {i}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("reinit", ["finish", "create_new"])
+def test_a_k_fold_loop_makes_a_run_per_fold(tmp_path, reinit):
+    """init, log, finish twice in one process, or two runs open at once (reinit="create_new"),
+    each logged through its own run object: two runs (before: one run with both folds' rows and
+    the second fold's config, and logging to the first then raised)."""
+    real, ours = _launch_both(SCRIPTS / "kfold.py", tmp_path, {"REINIT": reinit} if reinit == "create_new" else {})
+    assert sorted(real) == ["fold-0", "fold-1"]
+    _assert_same_runs(real, ours)
+    assert len({run_info(f)["id"] for f in ours.values()}) == 2
+
+
+@pytest.mark.slow
+def test_forked_children_each_make_a_run_of_their_own(tmp_path):
+    """A parent that imported wandb forks; each child inits, logs and finishes: one run per child,
+    every row in its child's run (before: the children's rows in one run, or nowhere)."""
+    real, ours = _launch_both(SCRIPTS / "forked_children.py", tmp_path, {"CHILDREN": "3"})
+    assert sorted(real) == [f"child-{i}" for i in range(3)]
+    _assert_same_runs(real, ours)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how, rc", [("crash", 1), ("exit3", 3), ("finish3", 0)])
+def test_a_run_that_fails_records_the_exit_code_w_and_b_records(tmp_path, how, rc):
+    """An uncaught exception, sys.exit(3), wandb.finish(exit_code=3): W&B records 1, 3, 3
+    (before: 0 every time); `telemetry run` exits as the script does."""
+    real, ours = _launch_both(SCRIPTS / "exit_codes.py", tmp_path, {"HOW": how}, rc=rc)
+    _assert_same_runs(real, ours)
+    assert _exit_code(ours[f"ends-{how}"]) == {"crash": 1, "exit3": 3, "finish3": 3}[how]
+
+
+@pytest.mark.slow
+def test_a_sigtermed_run_records_the_exit_code_telemetry_run_exits_with(tmp_path):
+    """SIGTERM (a scheduler's preemption) ends Python without its exit hooks. W&B offline (0.31)
+    then writes nothing of the run: no rows, no exit record. Under `telemetry run` the rows are
+    kept and the run's exit code is the one `telemetry run` exits with (143: 128 + SIGTERM), from
+    its drain request (before: 0). The difference is in the README."""
+    from daemon_util import step_values
+
+    codes, files = {}, {}
+    for how in ("real", "ours"):
+        work = tmp_path / how
+        work.mkdir()
+        cmd = [sys.executable, str(SCRIPTS / "exit_codes.py")] if how == "real" else \
+            [sys.executable, "-m", "telemetry", "run", "--as-wandb", "--quiet", "--wandb", "offline",
+             "--run-dir", str(work / "r"), "--", str(SCRIPTS / "exit_codes.py")]
+        extra = {"WANDB_MODE": "offline"} if how == "real" else {}
+        p = subprocess.Popen(cmd, cwd=work, env=_env(WANDB_DIR=str(work), HOW="sigterm", **extra),
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            assert p.stdout.readline().strip() == "logged"
+            if how == "ours":            # the rows are on their way: wait for them (W&B's are in its process)
+                deadline = time.monotonic() + 120
+                while not (work / "r" / "metrics.jsonl").exists() or len(step_values(work / "r")) < 3:
+                    assert time.monotonic() < deadline and p.poll() is None
+                    time.sleep(0.1)
+            p.send_signal(signal.SIGTERM)      # `telemetry run` passes it on to the script
+            codes[how] = p.wait(300)
+        finally:
+            if p.poll() is None:
+                p.kill()
+        files[how] = [f for f in glob.glob(f"{work}/**/run-*.wandb", recursive=True) if "latest-run" not in f]
+    assert codes == {"real": -signal.SIGTERM, "ours": 128 + signal.SIGTERM}
+    (real,) = files["real"]
+    (ours,) = files["ours"]
+    ours = wait_finished(ours)
+    assert _exit_code(ours) == 128 + signal.SIGTERM
+    assert user_history(ours) == {s: {"loss": 1.0 / (s + 1)} for s in range(3)}
+    assert run_info(ours)["name"] == "ends-sigterm"
+    if _exit_code(real) is not None:           # a W&B that records the run: the same run
+        assert_same_run(real, ours)

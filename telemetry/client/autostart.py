@@ -10,6 +10,12 @@ socket nobody listened on. `wandb.init()` starts W&B's own service process; thes
   take the start lock starts `telemetry daemon` there, writing the run to
   `./telemetry/<run-id>/` ($TELEMETRY_DIR/<run-id>/, or DIR/telemetry/<run-id>/ for
   `wandb.init(dir=DIR)`), and prints one line saying so. The other ranks find it and connect.
+- A W&B run (telemetry.wandb) has a daemon of its own: its runtime directory is keyed by its run
+  id (`run_runtime_dir`: `<runtime dir>/run-<id>/`), so trials of a sweep, forked children and
+  the folds of a k-fold loop, each with its own id, never share a daemon, a run directory or a
+  W&B run; ranks that share one id (torchrun with $WANDB_RUN_ID) converge on one daemon under
+  the start lock of that directory. The process that started a run's daemon drains it when the
+  run finishes (`drain_started`), so the run is complete when `finish()` returns.
 - The daemon watches the process that started it (`--watch-pid`): when the script ends, however
   it ends (normal exit, exception, SIGTERM, SIGKILL), it drains and writes everything. On a
   normal exit (and an exception, and Ctrl-C) the starting process also asks it to drain at once
@@ -29,13 +35,19 @@ import string
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from telemetry.shared import endpoints
 
 ENV_AUTOSTART = "TELEMETRY_AUTOSTART"
 ENV_DIR = "TELEMETRY_DIR"
+# The W&B mode of the daemons started here when the script names none: `telemetry run` sets it to
+# its own daemon's, for the runs a script makes beside the launcher's (k-fold's next fold).
+ENV_WANDB_MODE = "TELEMETRY_WANDB_MODE"
+# `telemetry run --as-wandb` puts this package first on the script's PYTHONPATH (its `import
+# wandb` is telemetry's); a daemon started from the script must import the real W&B.
+AS_WANDB_DIR = str(Path(__file__).resolve().parent.parent / "integrations" / "as_wandb")
 # The daemon's ready line (telemetry.daemon.core.READY_LINE; the client imports nothing of the
 # daemon's: tests/test_autostart.py checks the two are equal).
 READY_LINE = "telemetry daemon ready"
@@ -55,15 +67,44 @@ class Started:
     proc: subprocess.Popen
     log_dir: Path
     run_id: str
+    prog: str = "telemetry"
+    runtime: Path | None = None       # its own runtime directory (a W&B run's); None: the default one
+    # The process that started it, the one to drain it: a forked child inherits this record and
+    # its exit hook, and must leave the parent's daemon alone.
+    starter_pid: int = field(default_factory=os.getpid)
 
 
-_started: Started | None = None
-_failed = False        # tried and could not: said so once; no second try, no second warning
+# By runtime directory: the daemons this process started (one per run), and the directories it
+# could not start one for (said so once: no second try, no second warning).
+_started: dict[str, Started] = {}
+_failed: set[str] = set()
+_num_started = 0
+# A run directory name is the run id when the socket paths stay within the unix-socket limit
+# (107 bytes, shared/endpoints.normalize) with the longest socket file name, else its hash.
+_LONGEST_SOCKET = "control.sock"
 
 
 def tried() -> bool:
     """Whether this process started a daemon or failed to (and said so)."""
-    return _started is not None or _failed
+    return _num_started > 0 or bool(_failed)
+
+
+def run_runtime_dir(run_id: str) -> Path:
+    """The runtime directory of the daemon of W&B run `run_id`: `run-<id>` in this user's
+    private runtime directory (shared/endpoints.runtime_dir; made 0700 when missing). Ranks that
+    share the id share it; distinct ids never do."""
+    import hashlib
+
+    base = endpoints.runtime_dir(create=True)
+    name = f"run-{run_id}" if _SAFE_ID.fullmatch(run_id) else ""
+    if not name or len(str(base / name / _LONGEST_SOCKET)) > 107:
+        name = "run-" + hashlib.sha256(run_id.encode()).hexdigest()[:16]
+    return endpoints.private_dirs(base / name)
+
+
+def run_endpoint(runtime: Path, which: str) -> str:
+    """The ipc endpoint ('ingest', 'pub', 'control') of the daemon serving `runtime`."""
+    return f"ipc://{runtime}/{which}.sock"
 
 
 def new_run_id() -> str:
@@ -86,35 +127,57 @@ def wanted(default: bool) -> bool:
 
 
 def ensure_daemon(prog: str, *, default: bool = True, run_id: str | None = None, run_name: str | None = None,
-                  wandb_mode: str | None = None, root: str | os.PathLike | None = None) -> Started | None:
-    """A daemon serving this node's default endpoints: the one running, or one started now.
+                  wandb_mode: str | None = None, root: str | os.PathLike | None = None,
+                  runtime: Path | None = None) -> Started | None:
+    """A daemon serving `runtime` (default: this node's default endpoints' directory): the one
+    running, or one started now.
 
     Returns what this process started (None when one was running already, or none is wanted, or
     none could be started: then one warning, on stderr, says the metrics are not kept).
     """
-    global _started
-    if _started is not None or _failed or not wanted(default):
-        return _started
-    try:
-        rdir = endpoints.runtime_dir(create=True)
-    except (endpoints.EndpointError, OSError) as exc:
-        _warn(prog, f"no daemon could be started (runtime directory: {exc})")
+    if not wanted(default):
         return None
+    try:
+        rdir = runtime if runtime is not None else endpoints.runtime_dir(create=True)
+    except (endpoints.EndpointError, OSError) as exc:
+        if "" not in _failed:
+            _warn(prog, f"no daemon could be started (runtime directory: {exc})", "")
+        return None
+    key = str(rdir)
+    started = _started.get(key)
+    if key in _failed or (started is not None and started.proc.poll() is None):
+        return started
     if endpoints.daemon_serves(rdir):
         return None
     lock = _take_start_lock(rdir / START_LOCK_FILE)
     if lock is None:
-        _warn(prog, f"no daemon could be started (cannot lock {rdir / START_LOCK_FILE})")
+        _warn(prog, f"no daemon could be started (cannot lock {rdir / START_LOCK_FILE})", key)
         return None
     try:
         if endpoints.daemon_serves(rdir):         # another rank started it while we waited
             return None
         if not (run_id and _SAFE_ID.fullmatch(run_id)):      # a directory name: no "/", "..", spaces
             run_id = new_run_id()
-        _started = _start(prog, run_id, run_name, wandb_mode, root)
-        return _started
+        started = _start(prog, run_id, run_name, wandb_mode, root, runtime, key)
+        if started is not None:
+            global _num_started
+            _started[key] = started
+            _num_started += 1
+        return started
     finally:
         os.close(lock)
+
+
+def drain_started(runtime: Path, exit_code: int | None = None) -> None:
+    """The run of the daemon this process started on `runtime` is over: drain it now (nothing
+    when this process started none there, or it was drained already)."""
+    started = _started.pop(str(runtime), None)
+    if started is not None and started.starter_pid == os.getpid():
+        _drain(started.prog, started, exit_code)
+        if started.proc.poll() is not None:      # its sockets' directory: nothing serves it now
+            import shutil
+
+            shutil.rmtree(runtime, ignore_errors=True)
 
 
 def _take_start_lock(path: Path) -> int | None:
@@ -137,7 +200,7 @@ def _take_start_lock(path: Path) -> int | None:
 
 
 def _start(prog: str, run_id: str, run_name: str | None, wandb_mode: str | None,
-           root: str | os.PathLike | None) -> Started | None:
+           root: str | os.PathLike | None, runtime: Path | None, key: str) -> Started | None:
     from telemetry.shared import files
 
     base = Path(os.environ.get(ENV_DIR) or (Path(root) / "telemetry" if root else Path("telemetry")))
@@ -146,31 +209,37 @@ def _start(prog: str, run_id: str, run_name: str | None, wandb_mode: str | None,
         files.make_dir(log_dir, own=True)
         out = open(log_dir / "daemon.out", "ab")
     except OSError as exc:
-        _warn(prog, f"no daemon could be started (cannot make {log_dir}: {exc.strerror or exc})")
+        _warn(prog, f"no daemon could be started (cannot make {log_dir}: {exc.strerror or exc})", key)
         return None
     cmd = [sys.executable, "-m", "telemetry", "daemon", "--log-dir", str(log_dir),
            "--run-name", run_name or run_id, "--watch-pid", str(os.getpid())]
+    if runtime is not None:
+        cmd += [arg for which in ("ingest", "pub", "control") for arg in (f"--{which}", run_endpoint(runtime, which))]
+    wandb_mode = wandb_mode or os.environ.get(ENV_WANDB_MODE)
     if wandb_mode in ("online", "offline", "disabled"):
         cmd += ["--wandb", wandb_mode]
+    env = dict(os.environ)
+    path = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and os.path.abspath(p) != AS_WANDB_DIR]
+    env["PYTHONPATH"] = os.pathsep.join(path)
     # No --world-size: the ranks' hellos say whom to wait for (a W&B script often logs on rank 0
     # alone, and its hello promises only itself; every rank of a bare client says the world).
     try:
         # Its own session: a Ctrl-C meant for the script does not stop it before it has drained.
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True, close_fds=True)
+                                start_new_session=True, close_fds=True, env=env)
     except OSError as exc:
         out.close()
-        _warn(prog, f"no daemon could be started ({exc})")
+        _warn(prog, f"no daemon could be started ({exc})", key)
         return None
     out.close()
     why = _wait_ready(proc, log_dir / "daemon.out")
     if why:
         if proc.poll() is None:
             proc.kill()
-        _warn(prog, f"no daemon could be started: {why}")
+        _warn(prog, f"no daemon could be started: {why}", key)
         return None
-    started = Started(proc, log_dir, run_id)
-    atexit.register(_drain_at_exit, prog, started)
+    started = Started(proc, log_dir, run_id, prog, runtime)
+    atexit.register(_drain_at_exit, key)
     print(f"{prog}: run {run_id}: telemetry daemon started (pid {proc.pid}), writing to {log_dir}; "
           f"it drains when this script ends (`telemetry tail --run-dir {log_dir}` to watch)", file=sys.stderr,
           flush=True)
@@ -201,17 +270,27 @@ def _tail(path: Path, max_bytes: int = 1 << 16) -> str:
         return ""
 
 
-def _drain_at_exit(prog: str, started: Started) -> None:
-    """The script is ending: the daemon drains now (a drain request, as `telemetry drain` sends:
-    the clients' byes are in) and the run is complete before the script returns. Runs after the
-    clients' own exit hooks (they were registered later), so this process's bye was sent."""
+def _drain_at_exit(key: str) -> None:
+    """The script is ending: the daemon started on runtime directory `key`, not drained yet,
+    drains now (a drain request, as `telemetry drain` sends: the clients' byes are in) and the run
+    is complete before the script returns. Runs after the clients' own exit hooks (they were
+    registered later), so this process's bye was sent."""
+    started = _started.pop(key, None)
+    if started is not None and started.starter_pid == os.getpid():
+        _drain(started.prog, started, None)
+
+
+def _drain(prog: str, started: Started, exit_code: int | None) -> None:
+    """Ask `started` to drain (carrying the script's `exit_code` when known), wait for it, and say
+    where the run is and what it holds."""
     from telemetry.shared import control
 
     proc = started.proc
     final: dict = {}
     if proc.poll() is None:
+        ep = run_endpoint(started.runtime, "control") if started.runtime is not None else endpoints.resolve("control")
         try:
-            final = control.request(endpoints.resolve("control"), "drain", timeout_s=WAIT_DRAIN_S)
+            final = control.request(ep, "drain", timeout_s=WAIT_DRAIN_S, exit_code=exit_code)
         except Exception:          # no answer: it drains on its own once this process is gone
             final = {}
         try:
@@ -229,8 +308,7 @@ def _drain_at_exit(prog: str, started: Started) -> None:
           file=sys.stderr, flush=True)
 
 
-def _warn(prog: str, why: str) -> None:
-    global _failed
-    _failed = True
+def _warn(prog: str, why: str, key: str) -> None:
+    _failed.add(key)
     print(f"{prog}: {why}: the metrics of this process are not kept. Start one by hand "
           f"(`telemetry daemon`) or set $TELEMETRY_ENDPOINT to one.", file=sys.stderr, flush=True)

@@ -31,6 +31,7 @@ class ControlServer:
         self._token: str | None = None
         self._endpoint = ""
         self._drain_requesters: list[list[bytes]] = []
+        self.exit_code: int | None = None     # a drain request's: the script's (shared/control.py)
 
     def issue_token(self, endpoint: str) -> None:
         """Once bound: the token that requests must carry, written beside the endpoint."""
@@ -52,6 +53,9 @@ class ControlServer:
             elif cmd == "ping":
                 reply = {"ok": True}
             elif cmd == "drain":
+                code = control_protocol.exit_code_of(body)
+                if code is not None:
+                    self.exit_code = code
                 self._drain_requesters.append(ident)
                 self._on_drain()
                 continue  # answered after the drain, with the final counters

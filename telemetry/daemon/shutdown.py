@@ -7,7 +7,8 @@ Stop intake, drain every stage and queue, flush, fsync, close, all within `drain
    only counted after it (records_unread_at_drain); then the ingest socket closes;
 2. the pipeline: open steps go out with whatever ranks they have, the held byes after them;
 3. the analysis stages (diagnosis first: its last events must still reach the sinks) with a
-   share of the time, then every sink drains, flushes, fsyncs and closes, in parallel; one
+   share of the time; the script's exit code when the drain request carried one (a
+   `script_exit` event); then every sink drains, flushes, fsyncs and closes, in parallel; one
    still busy at the deadline is abandoned (named in the log and the reply), so a hung W&B
    never holds the daemon past the deadline;
 4. the final counters: drain.json (self_report.status and how the drain went), the checkpoint
@@ -29,6 +30,7 @@ from pathlib import Path
 import msgspec
 import zmq
 
+from protocol.output import EventRecord
 from telemetry.daemon.self_report import ANALYSIS_STAGES
 from telemetry.shared import endpoints, files
 
@@ -56,6 +58,7 @@ ABANDON_GRACE_S = 0.5
 COUNT_BATCH = 1024
 
 _json = msgspec.json.Encoder()
+SCRIPT_EXIT_EVENT = "script_exit"     # {"exit_code": N}: a drain request's (shared/control.py)
 
 
 def run(d) -> int:
@@ -114,6 +117,11 @@ def _close_stages(d, deadline: float) -> list[str]:
     # Their part is over: what follows (their last events, the final counters) is for the sinks.
     d.runners_in_order = [r for r in d.runners_in_order if r not in stages]
     d.take_inbox()
+    code = d.control_server.exit_code
+    if code is not None:
+        # The script's exit code, as its launcher saw it (`telemetry run`'s drain request): the
+        # W&B sink ends the run with it unless the script finished the run itself.
+        d.emit(EventRecord(time.time(), None, SCRIPT_EXIT_EVENT, {"exit_code": code}))
     d.emit(d.daemon_record())
     d.hand_out()
     for runner in sinks:

@@ -131,6 +131,9 @@ class Run:
             `endpoint` (None: $TELEMETRY_ENDPOINT or the default).
         rank, world_size: this process's; None: torch.distributed's, else $RANK/$WORLD_SIZE.
         framework: named in the hello ("wandb", "accelerate").
+        runtime: the runtime directory of the run's own daemon (telemetry.wandb.its_daemon): its
+            client sends there, `run.name` and the like are asked there, and the process that
+            started that daemon drains it at finish. None: the default endpoints.
     """
 
     def __init__(self, project: str | None = None, name: str | None = None, config: Any = None,
@@ -138,7 +141,7 @@ class Run:
                  notes: str | None = None, job_type: str | None = None, id: str | None = None,
                  dir: str | None = None, mode: str = "online", client: Any = None, endpoint: str | None = None,
                  rank: int | None = None, world_size: int | None = None, framework: str = "wandb",
-                 settings_console: str | None = None) -> None:
+                 settings_console: str | None = None, runtime: Any = None) -> None:
         env_rank, env_world = process_rank()
         if rank is None and client is not None:
             rank = getattr(client, "rank", None)    # the caller's client knows its rank
@@ -164,6 +167,10 @@ class Run:
         self._finished = False
         self._media = MediaWriter()
         self._nested_sent: set[str] = set()
+        self._pid = os.getpid()             # a forked child's copy is not its run (see _finish_all)
+        self._runtime = runtime
+        if runtime is not None and endpoint is None and client is None:
+            endpoint = f"ipc://{runtime}/ingest.sock"
         self._client = LazyClient(client, endpoint, rank=self.rank, send_hello=False)
         self.config = Config(self._send_hello)
         self.summary = Summary(self._send_summary, self._flatten)
@@ -220,7 +227,8 @@ class Run:
     def _w_b(self, key: str):
         """`key` of the daemon's open W&B run, asked once (see RUN_INFO_WAIT_S)."""
         if self._daemon_run is None:
-            self._daemon_run = daemon_run_info(self.id) if self.mode != "disabled" else {}
+            control = f"ipc://{self._runtime}/control.sock" if self._runtime is not None else None
+            self._daemon_run = daemon_run_info(self.id, control=control) if self.mode != "disabled" else {}
         return self._daemon_run.get(key)
 
     # -- logging -------------------------------------------------------------------------------
@@ -330,7 +338,10 @@ class Run:
                                  "are not sent to the daemon")
 
     def finish(self, exit_code: int | None = None, quiet: bool | None = None) -> None:
-        """Send the pending row and close this run's client (bounded time). Safe twice."""
+        """Send the pending row, say how the run ended (a `train_end` event with `exit_code`, 0
+        when None: the daemon's W&B run finishes with it) and close this run's client (bounded
+        time); the run's own daemon, if this process started it, drains now, so the run is
+        complete when finish returns, as W&B's. Safe twice."""
         if self._finished:
             return
         self._commit()
@@ -339,9 +350,13 @@ class Run:
         self._finished = True
         _unfinished.discard(self)
         self._media.close()   # bounded: the files the daemon was told of get written
-        if exit_code:
-            self._client.get().event("train_end", {"status": "failed", "exit_code": exit_code})
+        code = exit_code if isinstance(exit_code, int) else 0
+        self._client.get().event("train_end", {"status": "failed" if code else "finished", "exit_code": code})
         self._client.close()
+        if self._runtime is not None:
+            from telemetry.client import autostart
+
+            autostart.drain_started(self._runtime)
 
     def __enter__(self) -> "Run":
         return self
@@ -400,17 +415,44 @@ class Run:
 
 def _register_exit_hook() -> None:
     """Once, after the first run's client exists: exit hooks run last-registered first, so this
-    one sends the pending rows before the client's own hook closes the clients."""
+    one sends the pending rows before the client's own hook closes the clients. The script's exit
+    code is watched as W&B watches it (sys.exit's argument, an uncaught exception: 1), so a run
+    left open finishes with it."""
     global _exit_hook_registered
     if not _exit_hook_registered:
         _exit_hook_registered = True
         atexit.register(_finish_all)
+        _watch_exit_code()
+
+
+# The exit code the script is leaving with, as far as the hooks saw (None: a normal end, 0).
+_exit_code: int | None = None
+
+
+def _watch_exit_code() -> None:
+    """Wrap sys.exit and sys.excepthook (each calls the one it replaced) to note the code."""
+    exit_, excepthook = sys.exit, sys.excepthook
+
+    def exit(status: object = None) -> None:
+        global _exit_code
+        _exit_code = status if isinstance(status, int) else (0 if status is None else 1)
+        exit_(status)
+
+    def hook(exc_type, exc, tb) -> None:
+        global _exit_code
+        _exit_code = 1
+        excepthook(exc_type, exc, tb)
+
+    sys.exit = exit
+    sys.excepthook = hook
 
 
 def _finish_all() -> None:
     for run in list(_unfinished):
+        if run._pid != os.getpid():
+            continue               # a forked child's copy of its parent's run: the parent's to finish
         try:
-            run.finish()
+            run.finish(exit_code=_exit_code)
         except Exception:
             pass
 
@@ -422,13 +464,15 @@ def new_run_id() -> str:
     return new()
 
 
-def daemon_run_info(run_id: str, wait_s: float = RUN_INFO_WAIT_S) -> dict:
+def daemon_run_info(run_id: str, wait_s: float = RUN_INFO_WAIT_S, control: str | None = None) -> dict:
     """id, name, project, entity, path, url and dir of the daemon's W&B run once it is this run
-    (`run_id`); {} when the daemon has no W&B run, cannot be asked, or does not open it in time."""
-    from telemetry.shared import control, endpoints
+    (`run_id`); {} when the daemon has no W&B run, cannot be asked, or does not open it in time.
+    control: the daemon's control endpoint (None: the default)."""
+    from telemetry.shared import endpoints
+    from telemetry.shared import control as control_requests
 
     try:
-        ep = endpoints.resolve("control")
+        ep = control or endpoints.resolve("control")
     except Exception:
         return {}
     if ep.startswith("ipc://") and not os.path.exists(ep[len("ipc://"):]):
@@ -436,7 +480,7 @@ def daemon_run_info(run_id: str, wait_s: float = RUN_INFO_WAIT_S) -> dict:
     deadline = time.monotonic() + wait_s
     while True:
         try:
-            sink = control.request(ep, "status", timeout_s=max(0.5, deadline - time.monotonic())).get("sinks", {})
+            sink = control_requests.request(ep, "status", timeout_s=max(0.5, deadline - time.monotonic())).get("sinks", {})
         except Exception:
             return {}
         w = sink.get("wandb") if isinstance(sink, dict) else None

@@ -3,7 +3,8 @@
     {"cmd": "status", "token": T}  -> the daemon's counters (see Daemon.status)
     {"cmd": "drain", "token": T}   -> stop intake, drain every queue, flush, fsync; the reply comes
                                       once that is done and carries the final counters; then the
-                                      daemon exits
+                                      daemon exits. An optional "exit_code" (int): the script's, as
+                                      its launcher saw it (`telemetry run`): the run ends with it
     {"cmd": "ping"}                -> {"ok": true} (no token: it tells nothing)
 
 The token is the control socket's own credential: reaching the socket is not enough (any local
@@ -96,8 +97,19 @@ def parse_request(frame: bytes, token: str) -> tuple[str | None, str]:
     return cmd, ""
 
 
-def request(endpoint: str, cmd: str, timeout_s: float = 5.0) -> dict:
-    """Client side: send one command, wait at most `timeout_s` for the reply."""
+def exit_code_of(frame: bytes) -> int | None:
+    """The "exit_code" of a drain request (parse_request accepted it), or None: absent, or not an
+    int of a process's exit-status range (a shell's 0..255, 128+N for a signal)."""
+    try:
+        code = json.loads(frame).get("exit_code")
+    except (ValueError, UnicodeDecodeError, AttributeError):
+        return None
+    return code if type(code) is int and 0 <= code <= 255 else None
+
+
+def request(endpoint: str, cmd: str, timeout_s: float = 5.0, exit_code: int | None = None) -> dict:
+    """Client side: send one command, wait at most `timeout_s` for the reply. exit_code: a
+    drain's, the script's (see the module docstring)."""
     import zmq
 
     ctx = zmq.Context.instance()
@@ -113,6 +125,8 @@ def request(endpoint: str, cmd: str, timeout_s: float = 5.0) -> dict:
         body = {"cmd": cmd}
         if cmd not in _OPEN:
             body["token"] = read_token(endpoint)
+        if exit_code is not None:
+            body["exit_code"] = exit_code
         sock.send(json.dumps(body).encode())
         return json.loads(sock.recv())
     except zmq.Again:

@@ -115,8 +115,11 @@ def run(args: argparse.Namespace) -> int:
         return _fail(f"runtime directory: {exc}")
     env = {k: v for k, v in os.environ.items()
            if k not in (endpoints.ENV_INGEST, endpoints.ENV_PUB, endpoints.ENV_CONTROL)}
-    env.update({endpoints.ENV_RUNTIME_DIR: str(runtime), endpoints.ENV_RUN_NAME: name, ENV_RUN_ID: run_id,
-                autostart.ENV_AUTOSTART: "0"})     # this run's daemon is ours: no rank starts another
+    # The ranks' runs of this id find this run's daemon in `runtime`. A run the script makes with
+    # another id (k-fold's next fold, a sweep's trials, forked children) is a run of its own: its
+    # own daemon (autostart), its directory beside this one ($TELEMETRY_DIR unless given).
+    env.update({endpoints.ENV_RUNTIME_DIR: str(runtime), endpoints.ENV_RUN_NAME: name, ENV_RUN_ID: run_id})
+    env.setdefault(autostart.ENV_DIR, str(log_dir.parent))
     if args.as_wandb:
         # `import wandb` in the script finds telemetry's (integrations/as_wandb/wandb); the daemon,
         # started with the environment before this, keeps the real W&B for its sink.
@@ -127,6 +130,7 @@ def run(args: argparse.Namespace) -> int:
     mode = args.wandb or env.pop("WANDB_MODE", None) or "offline"
     if mode not in ("disabled", "offline", "online"):
         mode = "offline"
+    env[autostart.ENV_WANDB_MODE] = mode       # the daemons of the script's other runs: the same mode
     # --watch-pid: a `telemetry run` killed outright (SIGKILL) still leaves a drained run behind.
     cmd = [sys.executable, "-m", "telemetry", "daemon", "--log-dir", str(log_dir), "--run-name", name,
            "--wandb", mode, "--watch-pid", str(os.getpid())]
@@ -156,7 +160,7 @@ def run(args: argparse.Namespace) -> int:
             attached = _attach(args.attach, log_dir, runtime, env, port)
         rc = _launch(target, args.nproc, env, args.launcher)
         stop_stream.set()
-        _drain(daemon, runtime)
+        _drain(daemon, runtime, rc)
         _summary(log_dir, rc)
         keep = [p for p in attached if args.attach == "dashboard"] if args.attach else []
         if keep and sys.stdin.isatty():
@@ -285,12 +289,14 @@ def _stream(path: Path, stop: threading.Event) -> None:
         time.sleep(0.2)
 
 
-def _drain(daemon: subprocess.Popen, runtime: Path) -> None:
-    """Ask the daemon to drain (it waits for the ranks' byes; it writes drain.json) and wait for it."""
+def _drain(daemon: subprocess.Popen, runtime: Path, rc: int) -> None:
+    """Ask the daemon to drain (it waits for the ranks' byes; it writes drain.json) and wait for
+    it. The script's exit code goes with the request: the W&B run ends with it when the script
+    could not say it (killed by a signal: no exit hook ran)."""
     from telemetry.shared import control
 
     try:
-        control.request(f"ipc://{runtime}/control.sock", "drain", timeout_s=60)
+        control.request(f"ipc://{runtime}/control.sock", "drain", timeout_s=60, exit_code=min(max(rc, 0), 255))
     except Exception as exc:       # no answer: SIGTERM drains too
         print(f"telemetry run: no answer to the drain request ({exc}); stopping the daemon", file=sys.stderr)
         daemon.send_signal(signal.SIGTERM)

@@ -15,7 +15,8 @@ Two kinds of run:
   W&B; the daemon's host, GPU and telemetry series go to W&B's system metrics (stats records, the
   run's System section: "gpu.0.util", "cpu_percent", "telemetry/records_in"), never into the
   script's history or summary; text values (a "wandb/values" event) join the row of their step;
-  the script's console output (a "wandb/console" event) is the run's console log (W&B's Logs).
+  the script's console output (a "wandb/console" event) is the run's console log (W&B's Logs);
+  the run finishes with the script's exit code (see WandbSink.exit_code), as W&B records it.
 - **The daemon's run** (our trainer, a bare client): every series against `train/step`.
 
 A training script that uses `telemetry.wandb` names its run in `wandb.init(project=, name=,
@@ -66,6 +67,8 @@ SUMMARY_EVENT = "wandb/summary"
 NESTED_EVENT = "wandb/nested"
 VALUES_EVENT = "wandb/values"        # {"step": s, "values": {key: text}}: values W&B keeps that are not numbers
 CONSOLE_EVENT = "wandb/console"      # {"stream": "stdout"|"stderr", "text": ...}: the script's console output
+FINISH_EVENT = "train_end"           # {"exit_code": N, ...}: a rank finished its run (telemetry.wandb's finish)
+SCRIPT_EXIT_EVENT = "script_exit"    # {"exit_code": N}: the script's, from a drain request (daemon/shutdown.py)
 # Media and text events held for their step (see WandbSink._at_its_step); beyond, logged at once.
 MAX_HELD_EVENTS = 10_000
 # A step more than this above the last one W&B took (or above 0 for the first) is held back
@@ -124,6 +127,8 @@ class WandbSink(Sink):
         self._held: list[tuple] = []          # media and text events of steps W&B has not reached
         self.num_console = 0                  # console writes passed to the run
         self._suspect: dict | None = None     # an aggregated step past MAX_STEP_JUMP, held back
+        self._finished_ranks: dict[int, int] = {}   # rank -> the exit code its run finished with
+        self._script_exit: int | None = None          # the launcher's (a drain request's)
         # Records not given to W&B, by reason; their sum is this sink's num_dropped (see Sink).
         self.dropped_by_reason: dict[str, int] = {}
 
@@ -231,6 +236,32 @@ class WandbSink(Sink):
                     self._at_its_step(self._log_values, rec["data"])
                 elif name == CONSOLE_EVENT and self._from_init_rank(rec):
                     self._log_console(rec["data"])
+                elif name in (FINISH_EVENT, SCRIPT_EXIT_EVENT):
+                    self._note_exit(name, rec)
+
+    def _note_exit(self, name: str, rec: dict) -> None:
+        """A rank's finish (`train_end` with the exit code its run finished with) or the
+        script's exit code as its launcher saw it (`script_exit`, rank-less): see exit_code."""
+        code = rec["data"].get("exit_code")
+        if type(code) is not int:
+            return
+        if name == SCRIPT_EXIT_EVENT:
+            self._script_exit = code
+        else:
+            self._finished_ranks.setdefault(rec.get("rank", 0), code)
+
+    def exit_code(self) -> int:
+        """The exit code the W&B run ends with, as W&B records the script's: the first failure a
+        rank finished its run with; else, when a rank that made the run never finished it
+        (killed: no exit hook ran), the script's as its launcher saw it (`telemetry run`: 143 for
+        SIGTERM); else 0."""
+        failed = [c for r, c in sorted(self._finished_ranks.items()) if c]
+        if failed:
+            return failed[0]
+        inits = [r for r, h in self._hellos.items() if isinstance(h.get("wandb"), dict)]
+        if self._script_exit and any(r not in self._finished_ranks for r in inits or [0]):
+            return self._script_exit
+        return 0
 
     def _at_its_step(self, log_it, data: dict) -> None:
         """Log a media or text event into the row of its step. In the user's run, W&B's step is
@@ -475,7 +506,8 @@ class WandbSink(Sink):
             suspect, self._suspect = self._suspect, None
             self._log_metrics(suspect)
         self._release(float("inf"))
-        t = threading.Thread(target=self.run.finish, name="wandb-finish", daemon=True)
+        t = threading.Thread(target=self.run.finish, kwargs={"exit_code": self.exit_code()}, name="wandb-finish",
+                             daemon=True)
         t.start()
         t.join(self.finish_timeout_s)
         if t.is_alive():
