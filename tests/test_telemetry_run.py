@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 from daemon_util import step_values as _steps
 
+from telemetry.shared.userdir import user_dir
+
 ROOT = Path(__file__).resolve().parent.parent
 
 SCRIPT = """
@@ -77,7 +79,7 @@ def test_one_process_keeps_its_run_and_its_exit_code(tmp_path):
     assert final["stop_reason"] == "drain request" and final["records_lost"] == 0, final
     assert "trainer exit code  5" in out.stdout and "steps logged       12" in out.stdout, out.stdout
     assert "[telemetry] telemetry daemon ready" in out.stderr      # the daemon's log, streamed
-    assert not list(Path(f"/tmp/telemetry-{os.getuid()}").glob(f"run-{log_dir.name}"))   # its sockets gone
+    assert not list(user_dir().glob(f"run-{log_dir.name}"))   # its sockets gone
 
 
 @pytest.mark.parametrize("how, code", [("exit", 5), ("kill", 137)])

@@ -2,9 +2,11 @@
 
 Precedence: an explicit argument, then the environment ($TELEMETRY_ENDPOINT, $TELEMETRY_PUB,
 $TELEMETRY_CONTROL), then ipc sockets in a private per-run directory:
-    $TELEMETRY_RUNTIME_DIR, else /tmp/telemetry-<uid>/<run>   (mode 0700)
-where <run> is $TELEMETRY_RUN_NAME or "default". A TCP endpoint given as a bare port or
-"tcp://*:P" binds to 127.0.0.1: listening beyond loopback is an explicit choice (tcp://0.0.0.0:P).
+    $TELEMETRY_RUNTIME_DIR, else <the user's private directory>/<run>   (mode 0700)
+(userdir.py: $XDG_RUNTIME_DIR/telemetry, else $TMPDIR or /tmp/telemetry-<uid> unless another
+user took that name, then ~/.cache/telemetry/<host>), where <run> is $TELEMETRY_RUN_NAME or
+"default". A TCP endpoint given as a bare port or "tcp://*:P" binds to 127.0.0.1: listening
+beyond loopback is an explicit choice (tcp://0.0.0.0:P).
 """
 from __future__ import annotations
 
@@ -44,15 +46,15 @@ def runtime_dir(create: bool = False) -> Path:
     explicit = os.environ.get(ENV_RUNTIME_DIR)
     if explicit:
         path = Path(os.path.abspath(explicit))
-        ours = (path,)
     else:
+        from telemetry.shared.userdir import user_dir
+
         run = os.environ.get(ENV_RUN_NAME) or "default"
         if "/" in run or run in (".", ".."):
             raise UnsafePathError(f"${ENV_RUN_NAME} {run!r}: a run name cannot contain '/'")
-        path = Path("/tmp") / f"telemetry-{os.getuid()}" / run
-        ours = (path.parent, path)
+        path = user_dir(create=create) / run
     if create:
-        private_dirs(*ours)
+        private_dirs(path)
     return path
 
 
@@ -88,6 +90,8 @@ def check_parents(path: Path) -> None:
             st = os.lstat(parent)
         except FileNotFoundError:
             raise UnsafePathError(f"{parent} does not exist (needed for {path})") from None
+        except OSError as exc:       # EACCES: under another user's directory
+            raise UnsafePathError(f"cannot look at {parent} ({exc.strerror}); refusing to use {path}") from None
         if stat.S_ISLNK(st.st_mode):
             if st.st_uid not in (uid, 0):
                 raise UnsafePathError(f"{parent} is a symlink owned by another user; refusing to use {path}")
@@ -131,6 +135,8 @@ def check_ipc(ep: str) -> None:
         st = os.lstat(directory)
     except FileNotFoundError:
         return        # nothing there yet: the daemon makes it (a client's connect waits for it)
+    except OSError as exc:
+        raise UnsafePathError(f"cannot look at {directory} ({exc.strerror}); refusing {ep}") from None
     if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
         raise UnsafePathError(f"{directory} is a symlink or not a directory; refusing {ep}")
     if st.st_uid != os.getuid():

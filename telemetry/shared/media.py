@@ -5,9 +5,9 @@ file (written off the training thread) and a `wandb/media` event naming it; the 
 sink builds the real W&B object from the file, logs it and deletes the file. Both ends are on
 one host (a node daemon's head does not see these files: there the sink counts them missing).
 
-The directory is private to the user, /tmp/telemetry-<uid>/media (0700), or $TELEMETRY_MEDIA_DIR
-on both ends. The sink reads only plain file names inside it, so a record cannot make the
-daemon read (and upload) any other file.
+The directory is private to the user, <the user's private directory>/media (0700: userdir.py,
+e.g. /tmp/telemetry-<uid>/media), or $TELEMETRY_MEDIA_DIR on both ends. The sink reads only
+plain file names inside it, so a record cannot make the daemon read (and upload) any other file.
 """
 from __future__ import annotations
 
@@ -30,8 +30,12 @@ def media_dir(create: bool = False) -> Path:
     explicit = os.environ.get(ENV_MEDIA_DIR)
     if explicit:
         return private_dirs(Path(os.path.abspath(explicit)), create=create)
-    path = Path("/tmp") / f"telemetry-{os.getuid()}" / "media"
-    return private_dirs(path.parent, path, create=create)
+    from telemetry.shared.userdir import user_dir
+
+    base = user_dir(create=create)
+    if not create and not os.path.lexists(base):
+        return base / "media"          # nothing there yet: nothing of anyone else's either
+    return private_dirs(base, base / "media", create=create)
 
 
 # What the daemon keeps of a run's media for the dashboard, in its log directory

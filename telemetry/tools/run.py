@@ -106,11 +106,8 @@ def run(args: argparse.Namespace) -> int:
     except OSError as exc:
         return _fail(f"--run-dir {log_dir}: cannot make it ({exc.strerror or exc})")
     # The run's private socket directory: $TELEMETRY_RUNTIME_DIR when the caller chose one.
-    runtime = Path(os.environ.get(endpoints.ENV_RUNTIME_DIR) or
-                   Path("/tmp") / f"telemetry-{os.getuid()}" / f"run-{run_id}").absolute()
-    made_runtime = not runtime.exists()      # removed at the end only if this run made it
     try:
-        endpoints.private_dirs(runtime.parent, runtime)
+        runtime, made_runtime = _runtime_dir(run_id)     # removed at the end only if this run made it
     except endpoints.EndpointError as exc:
         return _fail(f"runtime directory: {exc}")
     env = {k: v for k, v in os.environ.items()
@@ -185,6 +182,28 @@ def run(args: argparse.Namespace) -> int:
             daemon.wait()
         if made_runtime:
             shutil.rmtree(runtime, ignore_errors=True)
+
+
+def _runtime_dir(run_id: str) -> tuple[Path, bool]:
+    """(the run's private socket directory, whether this run made it). Default: run-<id> in the
+    user's private directory (userdir.py); where there is none (another user took its name in
+    /tmp and there is no home to fall back to) a fresh directory of a name nobody can guess
+    (mkdtemp, 0700): every process of the run is told where it is ($TELEMETRY_RUNTIME_DIR)."""
+    import tempfile
+
+    from telemetry.shared import endpoints
+    from telemetry.shared.userdir import user_dir
+
+    given = os.environ.get(endpoints.ENV_RUNTIME_DIR)
+    if given:
+        runtime = Path(os.path.abspath(given))
+        made = not runtime.exists()
+        endpoints.private_dirs(runtime.parent, runtime)
+        return runtime, made
+    try:
+        return endpoints.private_dirs(user_dir(create=True) / f"run-{run_id}"), True
+    except endpoints.EndpointError:
+        return Path(tempfile.mkdtemp(prefix=f"telemetry-run-{run_id}-")), True
 
 
 def _launch(target: list[str], nproc: int, env: dict, launcher: str = "torchrun") -> int:
