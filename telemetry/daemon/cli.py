@@ -52,6 +52,7 @@ def run(args: argparse.Namespace) -> int:
     from telemetry.daemon.core import Daemon, setup_logging
     from telemetry.daemon.sinks.base import StartupError
     from telemetry.shared.endpoints import EndpointError
+    from telemetry.shared.run_lock import RunDirInUse
     from telemetry.shared import files
 
     overrides = {
@@ -85,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as exc:    # a custom sink that cannot be built
         print(f"telemetry daemon: bad config: {exc}", file=sys.stderr)
         return 2
-    except (EndpointError, StartupError) as exc:
+    except (EndpointError, StartupError, RunDirInUse) as exc:
         print(f"telemetry daemon: {exc}", file=sys.stderr)
         return 2
     rc = daemon.run()

@@ -34,7 +34,7 @@ import zmq
 from protocol import MAX_FRAME_BYTES, Bye, Event, Hello, Metrics
 from protocol import output
 from protocol.output import ByeRecord, EventRecord, HelloRecord, MetricsRecord, OutputRecord
-from telemetry.shared import catalogue, endpoints, files
+from telemetry.shared import catalogue, endpoints, files, run_lock
 from telemetry.daemon import hotpath
 from telemetry.daemon.aggregator import Aggregator
 from telemetry.daemon.config import DaemonConfig
@@ -152,12 +152,14 @@ class Daemon:
         self.intake: Intake | None = None      # the ingest socket's read-ahead queue (start)
         self.watch_pid: int | None = None      # --watch-pid: drain once this process has exited
         self.lock_fd: int | None = None       # the runtime directory's daemon.lock, held for life
+        self.run_lock_fd: int | None = None   # the log directory's run.lock, held until shutdown
         self.num_heap_trims = 0
 
     # -- start ---------------------------------------------------------------------------------
     def start(self) -> None:
         cfg = self.cfg
         files.make_dir(self.log_dir, own=True)   # 0700 (or as configured), also when run.sh made it 0755
+        self.run_lock_fd = run_lock.hold(self.log_dir)   # one live daemon per log dir (RunDirInUse)
         self.continuity.restore()
         self.continuity.write(self.num_records_out)   # a successor on this log dir knows a predecessor existed
         self.endpoints = {

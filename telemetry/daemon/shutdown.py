@@ -130,8 +130,8 @@ def _close_stages(d, deadline: float) -> list[str]:
 
 
 def _close(d, unfinished: list[str]) -> None:
-    """The control socket, the security stage, the endpoints, the wake-up pipe, the directory's
-    lock (free for a successor) and, with no sink thread left inside a socket call, the context."""
+    """The control socket, the security stage, the endpoints, the wake-up pipe, the directories'
+    locks (free for a successor) and, with no sink thread left inside a socket call, the context."""
     if threading.current_thread() is threading.main_thread():
         signal.set_wakeup_fd(-1)
     d.control_server.close()
@@ -141,6 +141,9 @@ def _close(d, unfinished: list[str]) -> None:
     if d.lock_fd is not None:
         os.close(d.lock_fd)
         d.lock_fd = None
+    if d.run_lock_fd is not None:      # the log directory: everything is written
+        os.close(d.run_lock_fd)
+        d.run_lock_fd = None
     if not unfinished:
         # With a sink thread still inside a socket call, destroying the context could hang
         # or crash; the process is about to exit anyway.

@@ -84,7 +84,7 @@ def _target(command: list[str]) -> tuple[list[str] | None, str]:
 def run(args: argparse.Namespace) -> int:
     from telemetry.client import autostart
     from telemetry.integrations.wandb_run import ENV_RUN_ID
-    from telemetry.shared import endpoints, files
+    from telemetry.shared import endpoints, files, run_lock
 
     target, why = _target(list(args.command))
     if target is None:
@@ -105,6 +105,11 @@ def run(args: argparse.Namespace) -> int:
         files.make_dir(log_dir, own=True)
     except OSError as exc:
         return _fail(f"--run-dir {log_dir}: cannot make it ({exc.strerror or exc})")
+    try:
+        # Before anything is written there; the daemon takes this same lock over (run_lock.py).
+        lock_fd = run_lock.hold(log_dir)
+    except run_lock.RunDirInUse as exc:
+        return _fail(f"--run-dir {exc}")
     # The run's private socket directory: $TELEMETRY_RUNTIME_DIR when the caller chose one.
     try:
         runtime, made_runtime = _runtime_dir(run_id)     # removed at the end only if this run made it
@@ -139,10 +144,11 @@ def run(args: argparse.Namespace) -> int:
     daemon_env = {k: v for k, v in env.items() if k != "PYTHONPATH"}
     if os.environ.get("PYTHONPATH"):
         daemon_env["PYTHONPATH"] = os.environ["PYTHONPATH"]
+    daemon_env[run_lock.ENV_FD] = str(lock_fd)
     attached: list[subprocess.Popen] = []
     with open(out_path, "ab") as out:
         daemon = subprocess.Popen(cmd, env=daemon_env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                  start_new_session=True)
+                                  start_new_session=True, pass_fds=(lock_fd,))
     try:
         why = autostart._wait_ready(daemon, out_path)
         if why:
