@@ -122,3 +122,35 @@ def test_a_run_into_the_directory_after_the_first_ended_continues_it(tmp_path):
         assert out.returncode == 0, out.stderr[-3000:]
     final = json.loads((run_dir / "drain.json").read_text())
     assert final["run"]["incarnations"] == 2 and final["records_lost"] == 0, final["run"]
+
+
+def test_a_scripts_own_daemon_refused_by_a_live_run_dir_is_said_not_taken_for_started(tmp_path):
+    """Two drop-in scripts with one run id and one $TELEMETRY_DIR, but each its own runtime
+    directory: the second's daemon is refused. The script must not take the first daemon's ready
+    line in the shared daemon.out for its own (its rows would go to a socket nobody serves)."""
+    (tmp_path / "train.py").write_text(textwrap.dedent(SCRIPT))
+    gate = tmp_path / "gate"
+
+    def env(rt: str, **extra: str) -> dict:
+        return _env(tmp_path, WANDB_MODE="offline", WANDB_DIR=str(tmp_path), WANDB_SILENT="true",
+                    WANDB_RUN_ID="samerun", TELEMETRY_DIR=str(tmp_path / "runs"),
+                    TELEMETRY_RUNTIME_DIR=tempfile.mkdtemp(prefix=f"tmlk{rt}-", dir="/tmp"), **extra)
+
+    first = subprocess.Popen([sys.executable, "train.py", "0", "4"], cwd=tmp_path, env=env("a", GATE=str(gate)),
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_for(Path(str(gate) + ".waiting"), first)
+        second = subprocess.run([sys.executable, "train.py", "100", "4"], cwd=tmp_path, env=env("b"),
+                                capture_output=True, text=True, timeout=300)
+        assert second.returncode == 0 and "Traceback" not in second.stderr, second.stderr[-3000:]
+        assert "no daemon could be started" in second.stderr and "live telemetry daemon" in second.stderr, \
+            second.stderr[-3000:]
+        assert "telemetry daemon started" not in second.stderr, second.stderr[-3000:]
+        gate.touch()
+        _, err = first.communicate(timeout=300)
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait()
+    assert first.returncode == 0, err[-3000:]
+    assert step_values(tmp_path / "runs" / "samerun") == {s: {"train/loss": float(s)} for s in range(4)}

@@ -247,11 +247,14 @@ def _start(prog: str, run_id: str, run_name: str | None, wandb_mode: str | None,
 
 
 def _wait_ready(proc: subprocess.Popen, out_path: Path) -> str:
-    """'' once the daemon printed its ready line; else why not."""
+    """'' once the daemon printed its ready line; else why not. Its own line, with its pid: the
+    file may hold another daemon's (one that served the directory before, or serves it now and
+    so made this one refuse it)."""
     deadline = time.monotonic() + START_TIMEOUT_S
+    ready = f"{READY_LINE} pid={proc.pid} "
     while time.monotonic() < deadline:
         text = _tail(out_path)
-        if READY_LINE in text:
+        if ready in text:
             return ""
         if proc.poll() is not None:
             last = " | ".join(ln for ln in text.strip().splitlines()[-3:])
