@@ -180,7 +180,8 @@ tm.close(timeout_s=0.5)
 
 
 def _plant(kind: str, stacks_dir: Path, theirs: Path, pid: int) -> None:
-    """What another user put at /tmp/telemetry-stacks-<uid> before the client started."""
+    """What the client finds at its stacks directory's path that is not its own (another user's
+    directory, a link, a FIFO) before it starts."""
     name = f"stacks-rank0-pid{pid}.txt"
     if kind == "dir_symlink":            # the directory is a symlink to theirs
         stacks_dir.symlink_to(theirs.parent)
@@ -200,6 +201,15 @@ def _plant(kind: str, stacks_dir: Path, theirs: Path, pid: int) -> None:
     os.chown(stacks_dir, OTHER_UID, OTHER_UID)
 
 
+def _stacks_env(base: Path) -> dict:
+    """A client's environment whose private directory (telemetry/shared/userdir.py) is
+    `base`/telemetry-<uid>: $TMPDIR, no session runtime directory, a home without a fallback."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(base), "HOME": str(base / "home")}
+    for name in ("TELEMETRY_STACKS_DIR", "TELEMETRY_STACKS_SIGNAL", "XDG_RUNTIME_DIR", "XDG_CACHE_HOME"):
+        env.pop(name, None)
+    return env
+
+
 @needs_root
 @pytest.mark.parametrize("kind", ["fifo", "file_symlink", "dir_symlink", "other_users_dir", "own_dir_fifo"])
 def test_a_stacks_path_planted_by_another_user_is_refused_without_blocking(tmp_path, kind):
@@ -211,11 +221,10 @@ def test_a_stacks_path_planted_by_another_user_is_refused_without_blocking(tmp_p
     theirs.chmod(0o644)
     os.chown(theirs, OTHER_UID, OTHER_UID)
     os.chown(theirs_dir, OTHER_UID, OTHER_UID)
-    stacks_dir = base / f"telemetry-stacks-{os.geteuid()}"
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(base)}
-    env.pop("TELEMETRY_STACKS_DIR", None)
-    env.pop("TELEMETRY_STACKS_SIGNAL", None)
-    endpoint = f"tcp://127.0.0.1:{faults.free_port()}"   # TCP: the stacks go under TMPDIR
+    (base / f"telemetry-{os.geteuid()}").mkdir(mode=0o700)            # the user's private directory
+    stacks_dir = base / f"telemetry-{os.geteuid()}" / "stacks"
+    env = _stacks_env(base)
+    endpoint = f"tcp://127.0.0.1:{faults.free_port()}"   # TCP: the stacks go in the user's directory
     p = subprocess.Popen([sys.executable, "-c", CLIENT, endpoint], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True, env=env)
     try:
@@ -243,16 +252,14 @@ def test_a_stacks_path_planted_by_another_user_is_refused_without_blocking(tmp_p
 
 def test_the_stacks_directory_is_made_private_and_the_file_says_who_holds_it(tmp_path):
     base = Path(tempfile.mkdtemp(prefix="tst-", dir="/tmp"))
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(base)}
-    env.pop("TELEMETRY_STACKS_DIR", None)
-    env.pop("TELEMETRY_STACKS_SIGNAL", None)
+    env = _stacks_env(base)
     endpoint = f"tcp://127.0.0.1:{faults.free_port()}"
     p = subprocess.run([sys.executable, "-c", CLIENT, endpoint], input="go\n", capture_output=True, text=True,
                        timeout=60, env=env)
     assert p.returncode == 0, p.stderr[-2000:]
     hello = json.loads(p.stdout.strip().splitlines()[-1])
     path = Path(hello["stacks_file"])
-    assert path.parent == base / f"telemetry-stacks-{os.geteuid()}"
+    assert path.parent == base / f"telemetry-{os.geteuid()}" / "stacks"
     assert stat.S_IMODE(path.parent.lstat().st_mode) == 0o700 and stat.S_IMODE(path.lstat().st_mode) == 0o600
     assert path.read_text().splitlines()[0] == f"telemetry-stacks v1 rank=0 pid={path.name.split('pid')[1][:-4]} " \
                                                f"signal={hello['stacks_signal']}"

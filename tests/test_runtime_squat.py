@@ -47,15 +47,19 @@ def squatted(tmp_path):
     try:
         tmp.chmod(0o1777)
         name = tmp / f"telemetry-{os.getuid()}"
-        subprocess.run([SYSTEM_PYTHON, "-I", "-c", f"import os; os.mkdir({str(name)!r}, 0o700)"], user=OTHER_UID,
-                       group=OTHER_UID, cwd="/", check=True, timeout=60)
-        assert name.stat().st_uid == OTHER_UID
+        _mkdir_as_other_user(name)
         home = tmp / "h"
         home.mkdir(mode=0o700)
         yield tmp, home
         assert name.stat().st_uid == OTHER_UID and not list(name.iterdir())     # theirs, untouched
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _mkdir_as_other_user(path: Path) -> None:
+    subprocess.run([SYSTEM_PYTHON, "-I", "-c", f"import os; os.mkdir({str(path)!r}, 0o700)"], user=OTHER_UID,
+                   group=OTHER_UID, cwd="/", check=True, timeout=60)
+    assert path.stat().st_uid == OTHER_UID
 
 
 def _env(tmp: Path, home: Path | None, **extra: str) -> dict:
@@ -137,3 +141,20 @@ def test_a_daemon_and_its_consumers_find_the_same_directory(squatted, tmp_path):
         if daemon.poll() is None:
             daemon.kill()
             daemon.wait()
+
+
+def test_a_client_on_tcp_keeps_its_stacks_file(squatted, tmp_path):
+    """Its stacks file (what the daemon reads when a rank hangs) is in the user's directory too,
+    not at a second fixed name in the temporary directory that another user can make first."""
+    tmp, home = squatted
+    _mkdir_as_other_user(tmp / f"telemetry-stacks-{os.getuid()}")
+    code = ("import json, telemetry\n"
+            "tm = telemetry.TelemetryClient('tcp://127.0.0.1:9', rank=0)\n"
+            "print(json.dumps(tm._stacks_hello))\n"
+            "tm.close(timeout_s=0.5)\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=_env(tmp, home), capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    hello = json.loads(out.stdout.strip().splitlines()[-1])
+    assert "stacks_unavailable" not in hello, hello
+    assert Path(hello["stacks_file"]).parent == home / ".cache" / "telemetry" / HOST / "stacks", hello

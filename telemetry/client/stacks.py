@@ -16,14 +16,13 @@ file among this process's open descriptors and reads the signal from the file's 
                                SIGRTMIN..SIGRTMAX are used. Not SIGUSR1 by default: Lightning's
                                SLURM requeue uses it; c10's fatal-signal handler uses SIGUSR2.
     $TELEMETRY_STACKS_DIR      the directory of the file; default: the ingest socket's directory
-                               for ipc (the run's private runtime directory), else a private
-                               directory under the temporary directory (telemetry-stacks-<uid>,
-                               created 0700).
+                               for ipc (the run's private runtime directory), else `stacks` in
+                               the user's private directory (telemetry/shared/userdir.py, which no
+                               other user can take first), created 0700.
 
-Another local user can create paths in the temporary directory first. The directory is used only
-if it is a real directory (not a symlink), owned by this uid, that no other user can write; the
-file is created in it 0600 with O_NOFOLLOW|O_NONBLOCK (a symlink or a FIFO put there is refused,
-never followed or waited on) and checked to be a regular file of ours. On any doubt, stacks are
+The directory is used only if it is a real directory (not a symlink), owned by this uid, that no
+other user can write; the file is created in it 0600 with O_NOFOLLOW|O_NONBLOCK (a symlink or a
+FIFO put there is refused, never followed or waited on) and checked to be a regular file of ours. On any doubt, stacks are
 off and the hello says why; TelemetryClient() neither blocks nor raises for it.
 
 A signal that already has a handler in this process is left alone (nothing registered).
@@ -42,7 +41,6 @@ import faulthandler
 import os
 import signal
 import stat
-import tempfile
 from typing import IO
 
 from telemetry.shared import stacks_file
@@ -79,13 +77,16 @@ def _stacks_dir(endpoint: str) -> tuple[str, bool]:
         return given, False
     if endpoint.startswith("ipc://"):
         return os.path.dirname(endpoint[len("ipc://"):]) or ".", False
-    return os.path.join(tempfile.gettempdir(), f"telemetry-stacks-{os.geteuid()}"), True
+    from telemetry.shared.userdir import user_dir
+
+    # Not a fixed name in the temporary directory: another user could make it first.
+    return str(user_dir(create=True) / "stacks"), True
 
 
 def _open_dir(path: str, ours: bool) -> int:
     """A descriptor of `path`, checked: a real directory (not a symlink, FIFO or file) owned by
     our uid that no other user can write; the file is then created relative to it, so what was
-    checked is what is used. `ours` (the default under the temporary directory): created 0700,
+    checked is what is used. `ours` (the default, in the user's private directory): created 0700,
     and made 0700 if it is ours and looser. Never blocks (O_NONBLOCK: a FIFO is refused, not
     opened); raises OSError (UnsafeStacksDir) on any doubt."""
     if ours:
