@@ -24,7 +24,7 @@ usage: launch/run.sh [--config FILE] [--nproc N] [--steps N] [--run-dir DIR] [--
                     the training until Ctrl-C when stdin is a terminal
   --launcher L      torchrun (default) or deepspeed
   --wandb MODE      W&B mode for the daemon (default offline; no network is needed)
-  --daemon-config F daemon YAML config (see README, "Daemon config")
+  --daemon-config F daemon YAML config (see docs/config.md)
   -- key=value ...  extra trainer overrides, e.g. -- optim.lr=1e-3 log_every=5
 USAGE
 }

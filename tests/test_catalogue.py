@@ -1,5 +1,5 @@
 """The metric catalogue (telemetry/shared/catalogue.py) is where a metric's rules come from: the
-reduction tables are built from it, the README's table is it, and a user's own declaration in
+reduction tables are built from it, the metric table of docs/metrics.md is it, and a user's own declaration in
 the daemon config reaches the aggregation and the downsampling like a built-in's."""
 from __future__ import annotations
 
@@ -19,12 +19,12 @@ from aggregator_util import finish_many
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def test_the_readme_table_is_the_catalogue():
-    readme = (ROOT / "README.md").read_text()
-    m = re.search(r"<!-- catalogue:begin -->\n(.*?)<!-- catalogue:end -->", readme, re.S)
-    assert m, "README.md lost its catalogue markers"
+def test_the_docs_table_is_the_catalogue():
+    doc = (ROOT / "docs" / "metrics.md").read_text()
+    m = re.search(r"<!-- catalogue:begin -->\n(.*?)<!-- catalogue:end -->", doc, re.S)
+    assert m, "docs/metrics.md lost its catalogue markers"
     assert m.group(1) == catalogue.markdown_table(), \
-        "README.md's metric table differs from the catalogue: paste catalogue.markdown_table() between the markers"
+        "docs/metrics.md's metric table differs from the catalogue: paste `telemetry metrics --markdown` between the markers"
 
 
 def test_every_entry_is_a_valid_declaration_and_names_are_unique():
@@ -189,10 +189,10 @@ derived.DERIVATIONS += (derived.Derivation("tokens per rank", ("perf/tokens_per_
 
 
 def test_a_metric_added_in_its_two_places_reaches_the_records_the_rules_prometheus_and_the_table(tmp_path, monkeypatch):
-    """README "Adding a metric": a Derivation in derived.py and an entry in the catalogue, and
+    """docs/metrics.md, "Adding a metric": a Derivation in derived.py and an entry in the catalogue, and
     nothing else. A real daemon started with both added (as a code change would) writes it for
     every step; the rules a head and a downsampled sink apply, Prometheus's name and help, and the
-    README's table come from the entry."""
+    docs/metrics.md's table come from the entry."""
     import json
     import subprocess
     import sys

@@ -103,10 +103,10 @@ def test_run_sh_keeps_exit_code_2_for_a_config_error(tmp_path):
     assert not (tmp_path / "run" / "telemetry" / "daemon.out").exists()  # no daemon was started
 
 
-def test_every_dtype_the_readme_lists_is_accepted():
+def test_every_dtype_the_config_doc_lists_is_accepted():
     import re
-    readme = (ROOT / "README.md").read_text()
-    listed = re.search(r"`dtype` \(([^)]*)\)", readme).group(1)
+    doc = (ROOT / "docs" / "config.md").read_text()
+    listed = re.search(r"`dtype` \(([^)]*)\)", doc).group(1)
     dtypes = [d.strip().split(";")[0] for d in listed.split("|")]
     assert dtypes and "bf16" in dtypes and "fp32" in dtypes
     for dtype in dtypes:

@@ -2,7 +2,7 @@
 
     telemetry metrics                          the built-in metrics, a plain table
     telemetry metrics --config daemon.yaml     ... with the metrics that config declares (`metrics:`)
-    telemetry metrics --markdown               as the README's table
+    telemetry metrics --markdown               as docs/metrics.md's table
 
 How a metric combines across the ranks of a step and over a sink's downsampling window comes
 from here (telemetry/shared/catalogue.py); a name in neither is the mean in both.
@@ -18,7 +18,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
     p.add_argument("--config", type=nonempty_arg, metavar="FILE",
                    help="a daemon YAML config: its `metrics:` declarations are listed too")
-    p.add_argument("--markdown", action="store_true", help="a Markdown table (the README's)")
+    p.add_argument("--markdown", action="store_true", help="a Markdown table (docs/metrics.md's)")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -102,7 +102,7 @@ def py_spy_exe() -> str | None:
 
 def py_spy(lr: LocalRank, enabled: bool) -> dict[str, Any]:
     """`py-spy dump --native --pid` (native frames too) of a verified rank. Needs ptrace: see
-    README, Hang forensics."""
+    docs/daemon.md, "Hang and crash forensics"."""
     if not enabled:
         return {"error": "off (diagnosis.hang_py_spy: false)"}
     pid = lr.pid

@@ -2,7 +2,7 @@
 
 A poller samples something outside the training processes (GPUs through NVML, the host through
 psutil) on its own daemon thread and its own fixed-rate timer, and hands plain record dicts
-(the JSONL contract: the README's "What the daemon writes") to an `emit` callable that the daemon provides. The trainer
+(the JSONL contract: docs/metrics.md, "Records") to an `emit` callable that the daemon provides. The trainer
 never runs any of this.
 
 Subclasses implement:
