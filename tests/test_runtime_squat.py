@@ -80,19 +80,24 @@ def _rows_kept(log_dir: Path) -> None:
     assert final["records_lost"] == 0, final
 
 
-@pytest.mark.parametrize("has_home", [True, False])
-def test_telemetry_run_goes_on_and_keeps_every_row(squatted, tmp_path, has_home):
+@pytest.mark.parametrize("home_kind", ["home", "no home", "a home too long for a socket path"])
+def test_telemetry_run_goes_on_and_keeps_every_row(squatted, tmp_path, home_kind):
     tmp, home = squatted
+    if home_kind == "no home":
+        home = None
+    elif home_kind != "home":
+        home = home / ("h" * 60)
+        home.mkdir(mode=0o700)
     (tmp_path / "train.py").write_text(textwrap.dedent(SCRIPT))
     out = subprocess.run([sys.executable, "-m", "telemetry", "run", "--run-dir", str(tmp_path / "r"), "--quiet",
                           "--", "train.py", str(N_ROWS)], cwd=tmp_path,
-                         env=_env(tmp, home if has_home else None), capture_output=True, text=True, timeout=300)
+                         env=_env(tmp, home), capture_output=True, text=True, timeout=300)
     assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr[-3000:]
     _rows_kept(tmp_path / "r")
     runtime = Path(re.search(r"TELEMETRY_RUNTIME_DIR=(\S+) telemetry tail", out.stderr).group(1))
-    if has_home:        # the user's own fallback, found again by any later process
+    if home_kind == "home":     # the user's own fallback, found again by any later process
         assert runtime.parent == home / ".cache" / "telemetry" / HOST, out.stderr
-    else:               # no home: a directory of a name nobody could guess, handed to the run's processes
+    else:       # a directory of a name nobody could guess, handed to the run's processes
         assert runtime.parent == tmp and runtime.name.startswith("telemetry-run-"), out.stderr
     assert not runtime.exists()                       # removed with the run
 

@@ -193,8 +193,9 @@ def run(args: argparse.Namespace) -> int:
 def _runtime_dir(run_id: str) -> tuple[Path, bool]:
     """(the run's private socket directory, whether this run made it). Default: run-<id> in the
     user's private directory (userdir.py); where there is none (another user took its name in
-    /tmp and there is no home to fall back to) a fresh directory of a name nobody can guess
-    (mkdtemp, 0700): every process of the run is told where it is ($TELEMETRY_RUNTIME_DIR)."""
+    /tmp and there is no home to fall back to), or its socket paths would be too long, a fresh
+    directory of a name nobody can guess (mkdtemp, 0700): every process of the run is told
+    where it is ($TELEMETRY_RUNTIME_DIR)."""
     import tempfile
 
     from telemetry.shared import endpoints
@@ -203,13 +204,17 @@ def _runtime_dir(run_id: str) -> tuple[Path, bool]:
     given = os.environ.get(endpoints.ENV_RUNTIME_DIR)
     if given:
         runtime = Path(os.path.abspath(given))
-        made = not runtime.exists()
+        made = not os.path.lexists(runtime)
         endpoints.private_dirs(runtime.parent, runtime)
         return runtime, made
     try:
-        return endpoints.private_dirs(user_dir(create=True) / f"run-{run_id}"), True
+        runtime = user_dir(create=True) / f"run-{run_id}"
+        # A unix socket's path holds 107 bytes (endpoints.normalize): a long home is no place for one.
+        if len(f"{runtime}/control.sock") <= 107:
+            return endpoints.private_dirs(runtime), True
     except endpoints.EndpointError:
-        return Path(tempfile.mkdtemp(prefix=f"telemetry-run-{run_id}-")), True
+        pass
+    return Path(tempfile.mkdtemp(prefix=f"telemetry-run-{run_id}-")), True
 
 
 def _launch(target: list[str], nproc: int, env: dict, launcher: str = "torchrun") -> int:
