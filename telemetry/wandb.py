@@ -161,13 +161,19 @@ def init(project: str | None = None, name: str | None = None, config: Any = None
         client = DisabledClient()
     rank, world_size = process_rank()
     # One id for the script's run, the daemon's run directory and the W&B run the daemon opens.
-    run_id = id or env("WANDB_RUN_ID") or _launcher_run_id() or new_run_id()
+    run_id = id or env("WANDB_RUN_ID") or _launcher_run_id()
+    made_here = not run_id
+    run_id = run_id or new_run_id()
     runtime = None
     if client is None:
         # No daemon for this run: start one, as wandb.init starts W&B's service.
         from telemetry.client import autostart
 
         runtime = its_daemon(run_id)
+        if made_here and runtime is not None:
+            # An id made here, on a daemon of the run's own: no other process can name this run
+            # (W&B's run per rank when every rank inits), so this process is its only rank.
+            rank, world_size = 0, 1
         autostart.ensure_daemon("telemetry.wandb", run_id=run_id, run_name=name or env("WANDB_NAME"),
                                 wandb_mode=mode if (mode_given or env("WANDB_MODE")) else None,
                                 root=dir or env("WANDB_DIR"), runtime=runtime)

@@ -253,3 +253,46 @@ def test_trials_started_at_once_each_get_a_daemon_and_a_run_of_their_own(tmp_pat
         assert {s: v["train/loss"] for s, v in steps.items()} == {s: 100.0 * i + s for s in range(6)}
         final = json.loads((log_dir / "drain.json").read_text())
         assert final["records_lost"] == 0 and sorted(final["per_rank"]) == ["0"], final
+
+
+EVERY_RANK_INITS = """
+import os
+import torch.distributed as dist
+import telemetry.wandb as wandb
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+wandb.init(project="ddp", config={"lr": 0.1})
+dist.barrier()
+for i in range(4):
+    wandb.log({"loss": 10.0 * rank + i})
+dist.barrier()
+wandb.finish()
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("shared_id", [True, False])
+def test_every_rank_inits_one_run_per_id(tmp_path, shared_id):
+    """Every rank calls init under torchrun. Ranks that share a run id ($WANDB_RUN_ID) make one
+    run: one daemon (the start lock of the id's runtime directory) that both ranks' records reach
+    (their values averaged once it has both hellos: see telemetry/integrations/wandb_run.py).
+    Ranks that each get an id of their own make a run each, as W&B does, each with its rank's
+    values alone (before: one daemon for the node, one run of the averaged values)."""
+    env = _env(tmp_path, **({"WANDB_RUN_ID": "ddp-shared"} if shared_id else {}))
+    out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                          str(_script(tmp_path, EVERY_RANK_INITS))], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    dirs = _run_dirs(tmp_path)
+    assert len(re.findall(r"telemetry daemon started", out.stderr)) == len(dirs) == (1 if shared_id else 2), \
+        out.stderr[-3000:]
+    finals = [json.loads((d / "drain.json").read_text()) for d in dirs]
+    assert all(f["records_lost"] == 0 for f in finals), finals
+    if shared_id:
+        assert [d.name for d in dirs] == ["ddp-shared"] and sorted(_steps(dirs[0])) == list(range(4))
+        assert sorted(finals[0]["per_rank"]) == ["0", "1"], finals
+    else:
+        losses = sorted(tuple(v["loss"] for _, v in sorted(_steps(d).items())) for d in dirs)
+        assert losses == [tuple(10.0 * r + i for i in range(4)) for r in (0, 1)]
+        assert all(sorted(f["per_rank"]) == ["0"] and f["steps_incomplete"] == 0 for f in finals), finals

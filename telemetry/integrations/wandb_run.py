@@ -430,7 +430,9 @@ _exit_code: int | None = None
 
 
 def _watch_exit_code() -> None:
-    """Wrap sys.exit and sys.excepthook (each calls the one it replaced) to note the code."""
+    """Wrap sys.exit and sys.excepthook (each calls the one it replaced) to note the code: W&B's
+    (its ExitHooks): sys.exit's int, 0 for None, 1 for anything else; 1 for an uncaught
+    exception, 255 for Ctrl-C."""
     exit_, excepthook = sys.exit, sys.excepthook
 
     def exit(status: object = None) -> None:
@@ -440,7 +442,7 @@ def _watch_exit_code() -> None:
 
     def hook(exc_type, exc, tb) -> None:
         global _exit_code
-        _exit_code = 1
+        _exit_code = 255 if issubclass(exc_type, KeyboardInterrupt) else 1
         excepthook(exc_type, exc, tb)
 
     sys.exit = exit
