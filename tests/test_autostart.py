@@ -129,6 +129,12 @@ def test_a_script_killed_by_sigterm_is_drained_by_the_daemon_it_started(tmp_path
     final = json.loads((log_dir / "drain.json").read_text())
     assert final["stop_reason"] == f"the process it was started for exited (pid {proc.pid})", final
     assert sorted(_steps(log_dir)) == list(range(9)) and final["records_lost"] == 0
+    # Its W&B run did not end well, and says so (W&B's exit code of a failure; before: 0).
+    from wandb_offline import read_records, wait_finished
+
+    (path,) = [p for p in log_dir.glob("wandb/offline-run-*/run-*.wandb")]
+    exits = [r.exit.exit_code for r in read_records(wait_finished(path)) if r.WhichOneof("record_type") == "exit"]
+    assert exits == [1]
 
 
 def test_two_ranks_under_torchrun_one_daemon_and_rank_0_alone_logs(tmp_path):

@@ -69,6 +69,12 @@ VALUES_EVENT = "wandb/values"        # {"step": s, "values": {key: text}}: value
 CONSOLE_EVENT = "wandb/console"      # {"stream": "stdout"|"stderr", "text": ...}: the script's console output
 FINISH_EVENT = "train_end"           # {"exit_code": N, ...}: a rank finished its run (telemetry.wandb's finish)
 SCRIPT_EXIT_EVENT = "script_exit"    # {"exit_code": N}: the script's, from a drain request (daemon/shutdown.py)
+# Hellos of runs whose finish always sends FINISH_EVENT (telemetry.wandb's Run: wandb.finish, the
+# exit hook, the Accelerate tracker): such a rank that never sent it was killed, and its run ends
+# with UNFINISHED_EXIT_CODE when no launcher says the script's code (W&B offline then writes no
+# exit record at all: its server shows the run as crashed).
+FINISH_FRAMEWORKS = ("wandb", "accelerate")
+UNFINISHED_EXIT_CODE = 1
 # Media and text events held for their step (see WandbSink._at_its_step); beyond, logged at once.
 MAX_HELD_EVENTS = 10_000
 # A step more than this above the last one W&B took (or above 0 for the first) is held back
@@ -254,13 +260,18 @@ class WandbSink(Sink):
         """The exit code the W&B run ends with, as W&B records the script's: the first failure a
         rank finished its run with; else, when a rank that made the run never finished it
         (killed: no exit hook ran), the script's as its launcher saw it (`telemetry run`: 143 for
-        SIGTERM); else 0."""
+        SIGTERM), or, with no launcher to say it, UNFINISHED_EXIT_CODE for a telemetry.wandb run
+        (its finish, at exit too, always says how it ended); else 0."""
         failed = [c for r, c in sorted(self._finished_ranks.items()) if c]
         if failed:
             return failed[0]
         inits = [r for r, h in self._hellos.items() if isinstance(h.get("wandb"), dict)]
-        if self._script_exit and any(r not in self._finished_ranks for r in inits or [0]):
+        unfinished = [r for r in inits or [0] if r not in self._finished_ranks]
+        if self._script_exit and unfinished:
             return self._script_exit
+        if self._script_exit is None and any(self._hellos.get(r, {}).get("framework") in FINISH_FRAMEWORKS
+                                             for r in unfinished):
+            return UNFINISHED_EXIT_CODE
         return 0
 
     def _at_its_step(self, log_it, data: dict) -> None:
