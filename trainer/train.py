@@ -291,6 +291,9 @@ class Run:
         except Exception:
             traceback.print_exc()
             self.emergency_save("exception", collective=False)
+            # How training ended, as a W&B run's train_end says it: the goodput ledger books the
+            # time since the last step as the failure's, not as a finished run's tail.
+            tm.event("train_end", {"step": self.step, "status": "failed", "exit_code": 1})
             return 1
         finally:
             for hook in hooks:

@@ -20,16 +20,26 @@ start to the last record of the last launch, into buckets that sum to it:
                         that phase is data loading, the data bucket takes the others' median
                         (perf/straggler_median_s) rather than the ranks' mean, so the excess is
                         counted once
-    hang                a launch that ended without train_end or a rank's bye (killed, or crashed
-                        without closing its client): its last step -> its end, the
-                        last record of its ranks or, when a rank was killed or crashed, when the
-                        daemon first saw its process gone (diagnosis/rank_exited, gone_for_s
-                        before the event; the daemon looks once a tick, 1 s), less the saves
-                        after that step
+    hang                a launch that failed: its last step -> when it failed, less the saves
+                        then (an emergency save is checkpoint_save). It failed unless a train_end
+                        said it finished: a rank that said hello never said bye, or after its
+                        last step the daemon said diagnosis/hang or diagnosis/rank_exited (a rank
+                        gone without a bye), the trainer saved an emergency_checkpoint (it raised
+                        or was signalled), or a W&B run's train_end said failed; a step after
+                        them and the run went on. However it ended (a rank killed, its peers'
+                        error byes, a timeout, a launcher's teardown): it failed when the first
+                        rank was seen gone (the daemon's diagnosis/rank_exited, gone_for_s
+                        before the event; to the ms where the kernel has pidfds, else up to its
+                        1 s tick) or said its bye after the last step, whichever came first; the
+                        last launch, at its last record. A launch that finished leaves the time
+                        from its last step to its last record unexplained (a loop of your own
+                        that closes its client ends so)
     redone              the steps a failed launch made after the checkpoint the next launch
                         resumed from (its checkpoint_restored step; without one, the step
                         before its first), at their measured step time: work done twice
-    recovery            a failed launch's end -> the next launch's first step, less its restore
+    recovery            a launch's end (a failed one's failure; any launch's end is at the
+                        latest when the next one's first process started) -> the next launch's
+                        first step, less its restore and the saves then
     telemetry           the time the client spent inside its log() and event() calls on the
                         training thread (telemetry/client_s: the slowest rank's, cumulative, sent
                         at most once a second), per launch its largest; taken out of productive
@@ -38,9 +48,12 @@ start to the last record of the last launch, into buckets that sum to it:
                         trainer does not time), shown as such
 
 goodput = productive / wall. Steps are the daemon's aggregated step records (across ranks: the
-step time is the slowest rank's, data loading the ranks' mean); a launch is the processes whose
-hello says they started after the previous launch's last step (hello `started_at`, sent by
-every client). A step the daemon never wrote (it was down) is in `unexplained`; `steps_missing`
+step time is the slowest rank's, data loading the ranks' mean). A launch whose first step has no
+perf/step_time (a W&B script, your own loop that times nothing) takes the time between its
+steps' records (their `t`, the last rank's) as their step times: its first step's is 0, so
+start-up runs to its first record, and a step logged again adds the time since. A launch is
+the processes whose hello says they started after the previous launch's last step (hello
+`started_at`, sent by every client). A step the daemon never wrote (it was down) is in `unexplained`; `steps_missing`
 counts them. While a launch runs, its time since its last record is not in the wall time yet.
 
 Per rank, from each rank's own step records, a ledger of each rank's own (RankBooks: `ranks` in
@@ -117,13 +130,19 @@ def _add(a: tuple, b: tuple, sign: float = 1.0) -> tuple:
     return tuple(x + sign * y for x, y in zip(a, b))
 
 
-def step_parts(values: dict) -> tuple[float, ...] | None:
+def step_parts(values: dict, room: float | None = None) -> tuple[float, ...] | None:
     """(step time, productive, data loading, straggler, eval) of an aggregated step's values, or
-    None without a step time (module docstring)."""
+    None without a step time (module docstring). room: the time since what came before it on
+    the job's timeline (_Launch.edge): the step time where the values have none (a script that
+    times nothing), and at most the step time otherwise."""
     get = values.get
     st = _num(get("perf/step_time"))
     if st is None:
-        return None
+        if room is None:
+            return None
+        st = room
+    elif room is not None and st > room:
+        st = max(0.0, room)
     data = _num(get("perf/data_loading_time")) or 0.0
     excess = _num(get("perf/straggler_excess_s")) or 0.0
     if excess < 0.0:
@@ -141,7 +160,7 @@ def step_parts(values: dict) -> tuple[float, ...] | None:
 class _Launch:
     started_at: float
     last_t: float = 0.0          # its last record of any kind
-    ended: bool = False          # a train_end event or a bye: the launch left, it was not killed
+    ended: bool = False          # a train_end event that did not say it failed: training was over
     num_steps: int = 0
     lo: int | None = None        # its first and last step, and when they ended / began
     hi: int | None = None
@@ -158,8 +177,45 @@ class _Launch:
     restored_step: int | None = None
     client_s: float = 0.0        # telemetry/client_s: the largest seen
     recent_max: int = field(default_factory=lambda: RECENT)
+    # How it ended (module docstring, `hang`): the ranks that said hello and those that said
+    # bye; when the evidence of a failure came (the daemon's diagnosis/hang or rank_exited, an
+    # emergency checkpoint, a train_end that says failed); the first bye and the first rank seen
+    # gone after its last step (reset by a step after them: the run went on).
+    hello_ranks: set = field(default_factory=set)
+    bye_ranks: set = field(default_factory=set)
+    fail_t: float | None = None
+    first_bye_t: float | None = None
+    first_gone_t: float | None = None
+    derived: bool | None = None  # its step times from its records' own times (no perf/step_time)
+    # Where its timeline is booked to: the latest end of its steps (their records' t, the last
+    # rank's), saves and restores (their events' t). A step begins no earlier: the slowest
+    # rank's step time began, on a rank that finished what came before sooner, while another
+    # still did it (the previous step, a save, a restore), and that time is booked there.
+    edge: float = 0.0
+
+    def failed(self) -> bool:
+        """Whether it ended in a failure (module docstring, `hang`)."""
+        if self.ended:        # a train_end that did not say it failed: training was over
+            return False
+        if self.fail_t is not None and self.fail_t >= self.max_step_t:
+            return True
+        return not self.bye_ranks or not self.hello_ranks <= self.bye_ranks
+
+    def failed_at(self, limit: float) -> float:
+        """When it failed: the first rank seen gone or the first bye after its last step, else
+        its last record; never after `limit` (the next launch's start)."""
+        cands = [x for x in (self.first_bye_t, self.first_gone_t) if x is not None]
+        return min(min(cands) if cands else self.last_t, limit)
+
+    def saves_within(self, a: float, b: float) -> float:
+        """The part of its saves (each [its end - its duration, its end]) within [a, b]."""
+        return sum(max(0.0, min(t, b) - max(t - d, a)) for d, t in self.saves.values()) if b > a else 0.0
 
     def add_step(self, step: int, t: float, parts: tuple) -> None:
+        if self.first_bye_t is not None and t > self.first_bye_t:
+            self.first_bye_t = None               # a bye, then steps: another process left, the run went on
+        if self.first_gone_t is not None and t > self.first_gone_t:
+            self.first_gone_t = None
         old = self.recent.get(step)
         total = self.total
         if old is not None:                      # the same step again: the last one counts
@@ -182,8 +238,10 @@ class _Launch:
         if self.hi is None or step >= self.hi:
             self.hi, self.hi_t = step, t
         self.max_step_t = max(self.max_step_t, t)
+        self.edge = max(self.edge, t)
 
     def add_save(self, step: int, t: float, dur: float) -> None:
+        self.edge = max(self.edge, t)
         cur = self.saves.setdefault(step, [0.0, 0.0])
         cur[0], cur[1] = max(cur[0], dur), max(cur[1], t)
         if step in self.snaps or step in self.pending:
@@ -249,6 +307,25 @@ class Ledger:
         if client_s is not None and client_s > cur.client_s:
             cur.client_s = client_s
 
+    @staticmethod
+    def _parts(cur: _Launch, step: int, t: float, values: dict) -> tuple | None:
+        """A step's parts (step_parts), a new step's within the time since the launch's edge; in
+        a launch whose first step had no perf/step_time (a script that times nothing), that time
+        is its step time: the first step's 0 (its work is in start-up, which ends when its record
+        came), a step logged again adds the time since."""
+        if cur.derived is None:
+            cur.derived = "perf/step_time" not in values
+        new = cur.hi is None or step > cur.hi
+        room = t - cur.edge if new and cur.edge else None
+        if not cur.derived or "perf/step_time" in values:
+            return step_parts(values, room)
+        if cur.hi is None:
+            return step_parts(values, 0.0)
+        if step == cur.hi and t > cur.edge and step in cur.recent:
+            old, more = cur.recent[step], t - cur.edge
+            return (old[_ST] + more, old[_PROD] + more) + tuple(old[_DATA:])
+        return step_parts(values, room)
+
     def feed(self, rec: dict) -> None:
         self.num_records += 1
         if not isinstance(rec, (OutputRecord, dict)):    # (a dict: a record outside the declaration)
@@ -266,7 +343,7 @@ class Ledger:
             if type(step) is not int or type(values) is not dict:
                 return
             if "rank" not in rec:
-                parts = step_parts(values)
+                parts = self._parts(cur, step, t, values)
                 if parts is not None:
                     cur.add_step(step, t, parts)
                 own = values.get(CLIENT_TIME_KEY)
@@ -288,10 +365,13 @@ class Ledger:
                 return
             cur = launches[-1] if launches else None
             if cur is None or (cur.num_steps and started > cur.max_step_t):
-                launches.append(_Launch(started_at=started, last_t=t) if self._recent is None else
-                                _Launch(started_at=started, last_t=t, recent_max=self._recent))
+                cur = _Launch(started_at=started, last_t=t) if self._recent is None else \
+                    _Launch(started_at=started, last_t=t, recent_max=self._recent)
+                launches.append(cur)
             else:
                 cur.started_at = min(cur.started_at, started)
+            if type(rec.get("rank")) is int:
+                cur.hello_ranks.add(rec["rank"])
             return
         if not launches:
             return
@@ -302,10 +382,16 @@ class Ledger:
         if kind in ("metrics", "bye") or (kind == "event" and not str(name).startswith(DAEMON_EVENTS)):
             cur.last_t = max(cur.last_t, t)     # the ranks' own records: the launch was alive then
         elif name == "diagnosis/rank_exited":
-            # The daemon saw a rank's process gone (killed, crashed): the launch ended when it was
-            # first seen gone, gone_for_s before the event.
+            # The daemon saw a rank's process gone without a bye (killed, crashed): the launch
+            # failed when it was first seen gone, gone_for_s before the event.
             data = rec.get("data") if isinstance(rec.get("data"), dict) else {}
-            cur.last_t = max(cur.last_t, t - max(0.0, _num(data.get("gone_for_s")) or 0.0))
+            gone = t - max(0.0, _num(data.get("gone_for_s")) or 0.0)
+            cur.last_t = max(cur.last_t, gone)
+            cur.fail_t = max(cur.fail_t or t, t)
+            if gone >= cur.max_step_t and (cur.first_gone_t is None or gone < cur.first_gone_t):
+                cur.first_gone_t = gone
+        elif name == "diagnosis/hang":
+            cur.fail_t = max(cur.fail_t or t, t)    # no step since: unless one comes, it failed
         if kind == "event":
             data = rec.get("data") if isinstance(rec.get("data"), dict) else {}
             step, dur = data.get("step"), _num(data.get("duration_s"))
@@ -313,12 +399,34 @@ class Ledger:
             if name == "checkpoint_saved" and step is not None and dur is not None:
                 cur.add_save(step, t, dur)
             elif name == "checkpoint_restored" and dur is not None:
+                cur.edge = max(cur.edge, t)
                 cur.restore_s = max(cur.restore_s, dur)
                 cur.restored_step = step if step is not None else cur.restored_step
-            elif name in ("train_end", "rank_bye"):    # rank_bye: a rank's bye, as a node forwards it
-                cur.ended = True
+            elif name == "train_end":
+                # It may say how it ended (status, exit_code: a W&B run's, the trainer's on an
+                # exception): a failed one is no clean end.
+                if data.get("status") == "failed" or (is_int(data.get("exit_code")) and data["exit_code"] != 0):
+                    cur.fail_t = max(cur.fail_t or t, t)
+                else:
+                    cur.ended = True
+            elif name == "script_exit" and is_int(data.get("exit_code")) and data["exit_code"] != 0:
+                cur.fail_t = max(cur.fail_t or t, t)      # the launcher's word (telemetry run's drain)
+            elif name == "emergency_checkpoint":          # the trainer's, on an exception or a signal
+                cur.fail_t = max(cur.fail_t or t, t)
+            elif name == "rank_bye":                      # a rank's bye, as a node forwards it
+                self._bye(cur, rec.get("rank"), t)
         elif kind == "bye":
-            cur.ended = True      # a rank closed its client: it left, it was not killed mid-step
+            self._bye(cur, rec.get("rank"), t)
+
+    @staticmethod
+    def _bye(cur: _Launch, rank: Any, t: float) -> None:
+        """A rank closed its client: it left, it was not killed mid-step; after the launch's last
+        step, the first one is when a failed launch failed (a rank that raised, or its peers'
+        error)."""
+        if type(rank) is int:
+            cur.bye_ranks.add(rank)
+        if t >= cur.max_step_t and (cur.first_bye_t is None or t < cur.first_bye_t):
+            cur.first_bye_t = t
 
     def result(self) -> dict[str, Any]:
         """The ledger so far: seconds per bucket, wall, goodput, and what was counted."""
@@ -330,6 +438,7 @@ class Ledger:
             out.update(wall_s=0.0, goodput=None, buckets_s=buckets, note="no step records with perf/step_time")
             return out
         estimated = False
+        prev, prev_end = None, 0.0          # the last launch with steps before this one, and its end
         for i, la in enumerate(launches):
             nxt = launches[i + 1] if i + 1 < len(launches) else None
             redone = _ZERO
@@ -354,13 +463,22 @@ class Ledger:
             if not la.num_steps:
                 continue
             out["steps_missing"] += (la.hi - la.lo + 1) - la.num_steps
-            if i == 0:
-                buckets["startup"] += max(0.0, la.first_began - la.started_at - la.restore_s)
-            else:
-                buckets["recovery"] += max(0.0, la.first_began - launches[i - 1].last_t - la.restore_s)
-            if not la.ended:
-                after = sum(d for d, st in la.saves.values() if st > la.hi_t)
-                buckets["hang"] += max(0.0, la.last_t - la.hi_t - after)
+            if prev is None:
+                buckets["startup"] += max(0.0, la.first_began - launches[0].started_at - la.restore_s)
+            else:       # the last launch with steps ended (prev_end) -> this one's first step began
+                buckets["recovery"] += max(0.0, la.first_began - prev_end - la.restore_s
+                                           - prev.saves_within(prev_end, la.first_began))
+            # Where it ends: a launch after it begins, at the latest, when that one's first
+            # process started; a failed one, when it failed (the time after, to the next
+            # launch's first step, is recovery), the last one at its last record.
+            nxt_start = next((x.started_at for x in launches[i + 1:]), None)
+            limit = nxt_start if nxt_start is not None else la.last_t
+            prev_end = min(la.last_t, limit)
+            if la.failed():
+                if nxt_start is not None:
+                    prev_end = la.failed_at(limit)
+                buckets["hang"] += max(0.0, prev_end - la.hi_t - la.saves_within(la.hi_t, prev_end))
+            prev = la
         wall = launches[-1].last_t - launches[0].started_at
         buckets["unexplained"] = wall - sum(v for k, v in buckets.items() if k != "unexplained")
         out.update(wall_s=wall, goodput=buckets["productive"] / wall if wall > 0 else None, buckets_s=buckets)
@@ -528,7 +646,13 @@ def join_rank(prior: dict, cur: dict | None, continues: bool) -> dict:
         return prior
     gap = max(0.0, (cur["until"] - cur["wall_s"]) - prior["until"])
     buckets = {k: prior["buckets_s"].get(k, 0.0) + cur["buckets_s"].get(k, 0.0) for k in BUCKETS}
-    buckets["unexplained"] += gap
+    if continues or not prior["launches"]:
+        buckets["unexplained"] += gap
+    else:
+        # A launch after the prior one's: the time between and its start-up are the restart's,
+        # recovery, as in the job's ledger.
+        buckets["recovery"] += gap + cur["buckets_s"].get("startup", 0.0)
+        buckets["startup"] -= cur["buckets_s"].get("startup", 0.0)
     wall = prior["wall_s"] + gap + cur["wall_s"]
     out = {"goodput": buckets["productive"] / wall if wall > 0 else None, "wall_s": wall,
            "steps": prior["steps"] + cur["steps"],
