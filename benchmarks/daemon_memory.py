@@ -1,10 +1,10 @@
 """The daemon's memory under the loads of issue 26: peak and retained RSS of a real daemon process.
 
     .venv/bin/python benchmarks/daemon_memory.py [--case flat,wide,hellos,names,world] [--duration 20]
-                                                 [--repo DIR] [--json OUT]
+                                                 [--memory-mb N] [--wandb MODE] [--repo DIR] [--json OUT]
 
-Each case starts `telemetry daemon` (W&B disabled, pollers and diagnosis as configured by
-default) from the checkout `--repo` (default: this one; a `git worktree` of an older commit
+Each case starts `telemetry daemon` (W&B disabled unless --wandb says, `memory_mb` from
+--memory-mb, else the default; pollers and diagnosis as configured by default) from the checkout `--repo` (default: this one; a `git worktree` of an older commit
 gives the "before"), drives it with raw PUSH sockets from sender processes (records encoded by
 protocol's own encoders, as a client does), samples the daemon's VmRSS from /proc every 50 ms,
 and reports the peak while loaded and the RSS once the load has stopped and the daemon's queues
@@ -173,13 +173,27 @@ def _drive_names(endpoint: str, num_records: int, names_per_record: int) -> dict
 
 
 # -- one case ------------------------------------------------------------------------------------
-def _start(repo: Path, tmp: Path, extra: tuple[str, ...] = ()) -> DaemonProc:
+class Refused(Exception):
+    """The daemon exited at start (a budget it cannot keep): its exit code and output."""
+
+
+def _start(repo: Path, tmp: Path, memory_mb: float | None, wandb: str) -> DaemonProc:
     log_dir = tmp / "telemetry"
-    cmd = daemon_command(log_dir, "tcp://127.0.0.1:0", "tcp://127.0.0.1:0", "tcp://127.0.0.1:0", extra_args=extra)
+    config = None
+    if memory_mb is not None:
+        config = tmp / "daemon.yaml"
+        config.write_text(f"memory_mb: {memory_mb}\n")
+    cmd = daemon_command(log_dir, "tcp://127.0.0.1:0", "tcp://127.0.0.1:0", "tcp://127.0.0.1:0", wandb=wandb,
+                         config=config)
     env = {**os.environ, "PYTHONPATH": str(repo)}
     proc = subprocess.Popen(cmd, cwd=repo, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     d = DaemonProc(proc, log_dir, None)
-    d.wait_ready(120)
+    try:
+        d.wait_ready(120)
+    except RuntimeError:
+        if proc.returncode is None:
+            raise
+        raise Refused(f"exit {proc.returncode}: {d.output().strip()}") from None
     return d
 
 
@@ -200,12 +214,16 @@ def _settle(d: DaemonProc, timeout_s: float = 120.0) -> float:
     return time.monotonic() - t0
 
 
-def run_case(case: str, repo: Path, duration_s: float) -> dict:
+def run_case(case: str, repo: Path, duration_s: float, memory_mb: float | None = None,
+             wandb: str = "disabled") -> dict:
     with tempfile.TemporaryDirectory(prefix=f"mem-{case}-") as tmp:
         tmp = Path(tmp)
         if case == "world":
             return _world(repo, tmp)
-        d = _start(repo, tmp)
+        try:
+            d = _start(repo, tmp, memory_mb, wandb)
+        except Refused as exc:
+            return {"case": case, "memory_mb": memory_mb, "refused": str(exc)}
         try:
             idle = rss_mb(d.proc.pid)
             sampler = Sampler(d.proc.pid)
@@ -230,7 +248,7 @@ def run_case(case: str, repo: Path, duration_s: float) -> dict:
             sampler.stop()
             after = rss_mb(d.proc.pid)
             mem = st.get("memory", {})
-            return {"case": case, "idle_mb": round(idle, 1), "peak_mb": round(sampler.peak_mb, 1),
+            return {"case": case, "memory_mb": memory_mb, "idle_mb": round(idle, 1), "peak_mb": round(sampler.peak_mb, 1),
                     "after_mb": round(after, 1), "load_s": round(load_s, 1), "settle_s": round(settle_s, 1),
                     "status_s": round(status_s, 3), "status_bytes": status_bytes, "records_in": st["records_in"],
                     "records_lost": st["records_lost"], "memory": mem, **drive}
@@ -262,12 +280,14 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--case", default="flat,wide,hellos,names,world", help="comma-separated cases")
     ap.add_argument("--duration", type=float, default=20.0, help="seconds of load in the flat and wide cases")
+    ap.add_argument("--memory-mb", type=float, help="the daemon's memory_mb (default: its own default)")
+    ap.add_argument("--wandb", default="disabled", choices=("disabled", "offline"), help="the daemon's W&B mode")
     ap.add_argument("--repo", type=Path, default=ROOT, help="the checkout whose daemon is run (default: this one)")
     ap.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     args = ap.parse_args()
     results = []
     for case in args.case.split(","):
-        r = run_case(case.strip(), args.repo.resolve(), args.duration)
+        r = run_case(case.strip(), args.repo.resolve(), args.duration, args.memory_mb, args.wandb)
         print(json.dumps(r), flush=True)
         results.append(r)
     if args.json:

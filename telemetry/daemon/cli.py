@@ -78,7 +78,21 @@ def run(args: argparse.Namespace) -> int:
         print(f"telemetry daemon: --watch-pid must be a process id (1..{MAX_PID}), got {args.watch_pid}",
               file=sys.stderr)
         return 2
-    daemon = Daemon(cfg)
+    # The budget is the whole process's: its own baseline (measured now that the daemon's
+    # modules are imported, plus what set-up and its lazily imported sinks add) must leave room
+    # for its work and its buffers, or the budget cannot be kept.
+    from telemetry.daemon import memory
+
+    with_wandb = cfg.wandb.enabled and cfg.wandb.mode != "disabled"
+    baseline = memory.baseline_mb(wandb=with_wandb, tensorboard=cfg.tensorboard.enabled)
+    least = memory.smallest_mb(baseline)
+    if cfg.memory_mb < least:
+        print(f"telemetry daemon: memory_mb {cfg.memory_mb:g} cannot be kept: the smallest that works here is "
+              f"{least} (the process itself takes {baseline:.0f} MB{' with W&B' if with_wandb else ''}, "
+              f"{memory.WORKING_MB} MB more while it works, and its buffers at least "
+              f"{memory.MIN_BUFFERS_MB:g} MB)", file=sys.stderr)
+        return 2
+    daemon = Daemon(cfg, memory.Budget(cfg.memory_mb, baseline))
     daemon.watch_pid = args.watch_pid
     try:
         setup_logging(Path(cfg.log_dir), logging.WARNING if args.quiet else logging.INFO)

@@ -195,8 +195,10 @@ class DaemonConfig:
     rcvhwm: int = 10 * 1024 * 1024
     max_connections: int = 1024        # ingest connections at once (a rank has 1-2, +1 at close); beyond: refused
                                        # (a head: at least 2 x its nodes + HEAD_OWN_CONNECTIONS)
-    # The daemon's memory budget in MB, split across its buffers (telemetry/daemon/memory.py); what
-    # does not fit is shed and counted (status: memory.shed; telemetry/memory_shed).
+    # The daemon's memory budget in MB: the whole process's RSS, its own baseline included; what
+    # the baseline leaves is split across its buffers (telemetry/daemon/memory.py); what does not
+    # fit is shed and counted (status: memory.shed; telemetry/memory_shed). A budget below what the
+    # process needs is refused at start, naming the smallest that works here.
     memory_mb: float = 256.0
     jsonl: JsonlConfig = field(default_factory=JsonlConfig)
     wandb: WandbConfig = field(default_factory=WandbConfig)
@@ -240,10 +242,11 @@ class DaemonConfig:
         if self.remote_ingest and self.aggregator.world_size:
             need = min(MAX_CONNECTIONS, 2 * self.aggregator.world_size + HEAD_OWN_CONNECTIONS)
             self.max_connections = max(self.max_connections, need)
-        from telemetry.daemon.memory import MAX_MEMORY_MB, MIN_MEMORY_MB
+        from telemetry.daemon.memory import MAX_MEMORY_MB
 
-        if not MIN_MEMORY_MB <= self.memory_mb <= MAX_MEMORY_MB:   # (NaN fails this too)
-            raise ConfigError(f"memory_mb must be {MIN_MEMORY_MB}..{MAX_MEMORY_MB}, got {self.memory_mb}")
+        # The least that works is measured at start (cli.py: memory.smallest_mb); here, a number.
+        if not 0 < self.memory_mb <= MAX_MEMORY_MB:   # (NaN fails this too)
+            raise ConfigError(f"memory_mb must be > 0 and <= {MAX_MEMORY_MB}, got {self.memory_mb}")
         self._check_endpoints()
         # A node daemon's --world-size is its ranks per node; they start at node_rank x that.
         if self.forward is not None and self.aggregator.world_size and not self.aggregator.first_rank:

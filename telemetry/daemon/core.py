@@ -97,7 +97,9 @@ TRIM_AFTER_QUIET_S = 2.0
 
 
 class Daemon:
-    def __init__(self, cfg: DaemonConfig) -> None:
+    def __init__(self, cfg: DaemonConfig, budget: memory.Budget | None = None) -> None:
+        """budget: the memory budget with the process's baseline measured (cli.py); None inside
+        another process (tests), where nothing is kept by measure (memory.Budget)."""
         self.cfg = cfg
         self.log_dir = Path(cfg.log_dir)
         self.receiver = Receiver()
@@ -137,7 +139,8 @@ class Daemon:
         self._progress_logged: MetricsRecord | None = None
         self.redactor = Redactor()   # secrets in hello configs and event data never reach a sink
         # The memory budget (memory.py): each buffer's share, what was shed beyond it.
-        self.budget = memory.Budget(cfg.memory_mb)
+        self.budget = budget or memory.Budget(cfg.memory_mb)
+        self.governor: memory.Governor | None = None     # the budget kept by measure (start)
         self.shed = memory.Shed()
         # The last batches of metrics records, for hang forensics (one append per batch).
         self.recent_metrics = memory.RecentRing(self.budget.recent_bytes, self.shed)
@@ -189,6 +192,8 @@ class Daemon:
         # Frames are read ahead off libzmq's queues (which count messages) into one bounded in bytes.
         self.intake = Intake(self.pull, self.budget.ingest_bytes, self.receiver.loops.read_frames_upto,
                              self.receiver.unread_headers)
+        if self.budget.baseline_mb is not None:
+            self.governor = memory.Governor(self.budget, self.intake)
         self.control_server = ControlServer(self.ctx, self.status, self._request_drain)
         self.control = self.control_server.sock
         for name, sock in (("ingest", self.pull), ("control", self.control)):
@@ -409,6 +414,8 @@ class Daemon:
         self.hand_out()
         if checkpoint_due:
             self.continuity.through_jsonl(self.jsonl_runner, self.num_records_out)
+        if self.governor is not None and now >= self.governor.next_check:
+            self.governor.check(now)
         if self._trim_due and now - self._last_ingest_mono >= TRIM_AFTER_QUIET_S:
             self._trim_after_burst()
 

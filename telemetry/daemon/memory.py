@@ -1,28 +1,35 @@
-"""The daemon's memory budget: one number (`memory_mb`, default 256), split across its buffers.
+"""The daemon's memory budget: one number (`memory_mb`, default 256), the whole process's RSS.
 
-Every buffer that grows with what the ranks send is bounded by its share of the budget, in
-(estimated) bytes; what does not fit is shed and counted (`Shed`), with one log line per kind
-the first time, never per item. The split, of memory_mb:
+The budget holds the process itself: its baseline (the interpreter, its modules, libzmq, the
+threads; W&B's when it runs), measured at start (`baseline_mb`: this process's RSS after its
+imports, plus what set-up and the lazily imported sinks add, measured once and named below), and
+WORKING_MB for what the daemon holds while it works besides its buffers. A budget below
+`smallest_mb()` cannot be kept and is refused at start (one line, exit 2, naming the smallest
+that works). What is left is split across the buffers that grow with what the ranks send, each
+bounded by its share in (estimated) bytes; what does not fit is shed and counted (`Shed`), with
+one log line per kind the first time, never per item:
 
-    runtime        30 %  the interpreter, modules, threads, sockets, libzmq and malloc's slack:
-                         not a buffer; measured idle at ~35 MB (~60 MB with W&B imported)
-    ingest         15 %  frames read ahead of processing (intake.Intake: each turn the daemon
-                         reads what libzmq's queues hold, which count messages, not bytes);
-                         beyond the share they are shed and counted lost
-                         (records_shed_at_intake). libzmq holds what arrives in one turn
-    sink queues    25 %  each sink's queue (SinkRunner max_bytes); the queues hold the same
-                         records, so this is what they hold together, not each; a quarter of
-                         it more for the per-rank records handed to the goodput stage alone
-                         when the daemon does not write them (goodput_stage.py)
-    open steps     15 %  records of steps the aggregator still waits on; beyond it the oldest
-                         steps go out early, without their missing ranks (counted)
-    recent         5 %   the last records for hang forensics (RecentRing)
-    hellos         5 %   hello infos (each cut to HELLO_INFO_MAX_BYTES; equal parts kept once)
-    names          5 %   the catalogue of distinct metric names (NameCatalogue)
+    ingest         frames read ahead of processing (intake.Intake: each turn the daemon
+                   reads what libzmq's queues hold, which count messages, not bytes);
+                   beyond the share they are shed and counted lost
+                   (records_shed_at_intake). libzmq holds what arrives in one turn
+    sink queues    each sink's queue (SinkRunner max_bytes); the queues hold the same
+                   records, so this is what they hold together, not each; a quarter of
+                   it more for the per-rank records handed to the goodput stage alone
+                   when the daemon does not write them (goodput_stage.py)
+    open steps     records of steps the aggregator still waits on; beyond it the oldest
+                   steps go out early, without their missing ranks (counted)
+    recent         the last records for hang forensics (RecentRing)
+    hellos         hello infos (each cut to HELLO_INFO_MAX_BYTES; equal parts kept once)
+    names          the catalogue of distinct metric names (NameCatalogue)
 
 Sizes are estimates from what is cheap to know on the hot path (a frame's length on the wire, a
 JSON line's length) times a factor measured with tracemalloc (benchmarks/daemon_memory.py):
-a decoded metrics record costs ~2x its frame with 10 values, ~4x with 4,096.
+a decoded metrics record costs ~2x its frame with 10 values, ~4x with 4,096. Estimates miss what
+is not the daemon's to count (libzmq's own queues, malloc's and pymalloc's slack, the stage
+threads' arenas), so the budget is also kept by measure (`Governor`): the RSS is read a few times
+a second, and above GOVERNOR_HIGH of the budget the intake sheds metrics frames (counted) and
+freed memory is given back, until the RSS is below GOVERNOR_LOW again.
 """
 from __future__ import annotations
 
@@ -30,22 +37,46 @@ import collections
 import ctypes
 import ctypes.util
 import logging
+import os
 from dataclasses import dataclass, field
 
 log = logging.getLogger("telemetry.daemon")
 
-# Sane bounds for the `memory_mb` key: below the runtime's own needs, or a typo's terabytes.
-MIN_MEMORY_MB = 64
+# A typo's terabytes are refused with the config; the least that works is measured (smallest_mb).
 MAX_MEMORY_MB = 1 << 20
 DEFAULT_MEMORY_MB = 256
 
-RUNTIME_SHARE = 0.30
-INGEST_SHARE = 0.15
-SINK_QUEUES_SHARE = 0.25
-OPEN_STEPS_SHARE = 0.15
-RECENT_SHARE = 0.05
-HELLOS_SHARE = 0.05
-NAMES_SHARE = 0.05
+# The buffers' shares of what the budget leaves after the baseline and WORKING_MB.
+INGEST_SHARE = 0.22
+SINK_QUEUES_SHARE = 0.35
+OPEN_STEPS_SHARE = 0.22
+RECENT_SHARE = 0.07
+HELLOS_SHARE = 0.07
+NAMES_SHARE = 0.07
+
+# What the process adds to its RSS after the daemon's modules are imported (baseline_mb adds
+# these to the RSS it reads then): set-up (the stages' modules, ten threads, the sockets,
+# libzmq's I/O thread) ~7 MB; W&B's module ~36 MB and its run (wandb.init) ~16 MB more. W&B
+# also starts its own process (wandb-core, ~36 MB RSS): not in the daemon's RSS, but in a
+# container's or cgroup's limit beside it. Measured with benchmarks/daemon_memory.py.
+SETUP_MB = 8
+WANDB_MB = 56
+TENSORBOARD_MB = 40
+# What the daemon holds while it works, besides its buffers: the batch in hand (INGEST_BATCH_BYTES
+# of frames, decoded, and its output records and JSON lines: ~6-8 MB), what one turn reads ahead
+# (intake.MAX_READ_PER_TURN frames, ~4 MB of small ones), libzmq's own queues (up to
+# rcvhwm_per_connection messages a connection, ~3 MB per flat-out rank), and the slack of
+# malloc's arenas (the stage threads' and libzmq's) and pymalloc's after the load has moved
+# through them, which trim_heap gives back only in part. Measured: 8 ranks flat out with every
+# buffer at its least took the RSS 60-70 MB above the baseline (benchmarks/daemon_memory.py).
+WORKING_MB = 72
+# A daemon inside another process (tests) has no baseline of its own to measure: this stands in.
+NOMINAL_BASELINE_MB = 40
+# The least of each share, whatever the budget says: a queue must hold a few batches.
+MIN_SHARE_BYTES = 1 << 20
+SHARES = (INGEST_SHARE, SINK_QUEUES_SHARE, OPEN_STEPS_SHARE, RECENT_SHARE, HELLOS_SHARE, NAMES_SHARE)
+# The least the buffers are given together: each share at its least.
+MIN_BUFFERS_MB = len(SHARES) * MIN_SHARE_BYTES / 2**20
 
 # A decoded metrics record against its frame on the wire (tracemalloc: 2.0x at 10 values,
 # 2.3x at 100, 3.9x at 4,096: wide dicts over-allocate): the larger, so estimates err high.
@@ -72,18 +103,61 @@ MAX_BATCH_CELLS = 1 << 22
 # waits in libzmq (unbounded in bytes) until the next turn reads it ahead (intake.py); small
 # records are unaffected (1,024 frames of ~250 B are 0.25 MB).
 INGEST_BATCH_BYTES = 1 << 20
-# The least of each share, whatever the budget says: a queue must hold a few batches.
-MIN_SHARE_BYTES = 1 << 20
+# The budget kept by measure (Governor): the RSS is read every GOVERNOR_CHECK_S (a read of
+# /proc/self/statm, a few µs); above GOVERNOR_HIGH of the budget the intake is cut to
+# MIN_SHARE_BYTES (metrics frames beyond it shed, counted; a rank's hello and bye still pass) and
+# the heap is trimmed (at most every GOVERNOR_TRIM_S: a trim of a big heap takes milliseconds);
+# below GOVERNOR_LOW the intake gets its share back. The high mark leaves what one turn can add
+# (a read-ahead of 16k frames and one batch: ~10 MB) below the budget.
+GOVERNOR_CHECK_S = 0.02
+GOVERNOR_HIGH = 0.90
+GOVERNOR_LOW = 0.80
+GOVERNOR_TRIM_S = 0.5
+
+
+def rss_bytes() -> int | None:
+    """This process's resident memory in bytes (Linux /proc); None elsewhere."""
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def baseline_mb(wandb: bool = False, tensorboard: bool = False) -> float:
+    """The process's own baseline: its RSS now (call it once the daemon's modules are imported),
+    plus what set-up and the sinks it will import lazily add (SETUP_MB, WANDB_MB, TENSORBOARD_MB)."""
+    rss = rss_bytes()
+    now = rss / 2**20 if rss is not None else 30.0
+    return now + SETUP_MB + (WANDB_MB if wandb else 0) + (TENSORBOARD_MB if tensorboard else 0)
+
+
+def smallest_mb(baseline: float) -> int:
+    """The smallest budget that a process of this baseline can keep: the baseline, WORKING_MB and
+    each buffer at its least, rounded up to whole MB, with the governor's high mark under it."""
+    import math
+
+    return math.ceil((baseline + WORKING_MB + MIN_BUFFERS_MB) / GOVERNOR_HIGH)
 
 
 @dataclass(frozen=True, slots=True)
 class Budget:
-    """The split of `memory_mb` into byte bounds (see the module docstring)."""
+    """The split of `memory_mb` into byte bounds (see the module docstring). `baseline_mb`: the
+    process's own, measured at start (baseline_mb()); None in a daemon run inside another
+    process (tests): its buffers then get their shares of the budget less a nominal baseline,
+    and nothing is kept by measure (that process's RSS is not the daemon's)."""
 
     memory_mb: float = DEFAULT_MEMORY_MB
+    baseline_mb: float | None = None
+
+    @property
+    def buffers_mb(self) -> float:
+        """What the buffers share: the budget less the baseline and WORKING_MB."""
+        base = self.baseline_mb if self.baseline_mb is not None else NOMINAL_BASELINE_MB
+        return max(0.0, self.memory_mb - base - WORKING_MB)
 
     def _share(self, share: float) -> int:
-        return max(MIN_SHARE_BYTES, int(self.memory_mb * share * 2**20))
+        return max(MIN_SHARE_BYTES, int(self.buffers_mb * share * 2**20))
 
     @property
     def ingest_bytes(self) -> int:
@@ -112,7 +186,8 @@ class Budget:
     def split(self) -> dict:
         """The split in MB, for `status --json`."""
         mb = lambda n: round(n / 2**20, 1)   # noqa: E731
-        return {"runtime": round(self.memory_mb * RUNTIME_SHARE, 1), "ingest": mb(self.ingest_bytes),
+        base = self.baseline_mb if self.baseline_mb is not None else NOMINAL_BASELINE_MB
+        return {"baseline": round(base, 1), "working": WORKING_MB, "ingest": mb(self.ingest_bytes),
                 "sink_queues": mb(self.sink_queue_bytes), "open_steps": mb(self.open_steps_bytes),
                 "recent": mb(self.recent_bytes), "hellos": mb(self.hello_bytes),
                 "names": mb(self._share(NAMES_SHARE))}
@@ -136,6 +211,70 @@ class Shed:
 
     def total(self) -> int:
         return sum(self.counts.values())
+
+
+class Governor:
+    """The budget kept by measure: the RSS read every GOVERNOR_CHECK_S (check(), from the daemon's
+    loop); above GOVERNOR_HIGH of the budget the intake's share is cut to MIN_SHARE_BYTES, so
+    metrics frames beyond it are shed (counted as the intake counts them, records_shed_at_intake)
+    while the queues drain, and freed memory is given back (trim_heap); below GOVERNOR_LOW the
+    share is restored. Each time it engages is counted (`num_engaged`), logged the first time."""
+
+    def __init__(self, budget: Budget, intake) -> None:
+        self.high_bytes = int(budget.memory_mb * GOVERNOR_HIGH * 2**20)
+        self.low_bytes = int(budget.memory_mb * GOVERNOR_LOW * 2**20)
+        self.intake = intake
+        self.share_bytes = intake.max_bytes
+        self.engaged = False
+        self.num_engaged = 0
+        self.num_trims = 0
+        self.peak_bytes = 0
+        self.next_check = 0.0          # monotonic seconds
+        self._next_trim = 0.0
+        self._page = os.sysconf("SC_PAGE_SIZE")
+        try:
+            self._fd: int | None = os.open("/proc/self/statm", os.O_RDONLY)
+        except OSError:
+            self._fd = None            # not Linux: the estimates alone bound the buffers
+
+    def _rss(self) -> int:
+        try:
+            return int(os.pread(self._fd, 64, 0).split()[1]) * self._page
+        except (OSError, ValueError, IndexError):
+            return 0
+
+    def check(self, now: float) -> None:
+        self.next_check = now + GOVERNOR_CHECK_S
+        if self._fd is None:
+            return
+        rss = self._rss()
+        if rss > self.peak_bytes:
+            self.peak_bytes = rss
+        if rss > self.high_bytes:
+            if not self.engaged:
+                self.engaged = True
+                self.num_engaged += 1
+                self.intake.max_bytes = min(self.share_bytes, MIN_SHARE_BYTES)
+                if self.num_engaged == 1:
+                    log.warning("memory budget: the process's RSS passed %.0f %% of memory_mb: metrics frames beyond "
+                                "a 1 MB intake are shed (records_shed_at_intake) until it is below %.0f %% (counted in "
+                                "status memory.governor; logged once)", GOVERNOR_HIGH * 100, GOVERNOR_LOW * 100)
+            if now >= self._next_trim and trim_heap():
+                self._next_trim = now + GOVERNOR_TRIM_S
+                self.num_trims += 1
+        elif self.engaged and rss < self.low_bytes:
+            self.engaged = False
+            self.intake.max_bytes = self.share_bytes
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def stats(self) -> dict:
+        return {"engaged": self.engaged, "times_engaged": self.num_engaged, "trims": self.num_trims,
+                "peak_rss_mb": round(self.peak_bytes / 2**20, 1), "high_mb": round(self.high_bytes / 2**20, 1),
+                "low_mb": round(self.low_bytes / 2**20, 1)}
 
 
 class RecentRing:

@@ -131,7 +131,8 @@ def memory_status(d) -> dict:
                      "open_records": d.aggregator.num_open_records,
                      "hellos_mb": round(d.hello_infos.num_bytes / 2**20, 1),
                      "names": len(d.names), "max_names": d.names.max_names},
-            "heap_trims": d.num_heap_trims}
+            "heap_trims": d.num_heap_trims,
+            "governor": d.governor.stats() if d.governor is not None else {}}
 
 
 def daemon_record(d) -> dict:
