@@ -35,8 +35,11 @@ def test_nodes_forward_and_the_head_aggregates_across_nodes(tmp_path):
         assert led["launches"] == 2 and led["steps"] == n + 20 and led["steps_missing"] == 0, led
         assert sum(b.values()) == pytest.approx(led["wall_s"], abs=1e-6)
         assert b["hang"] == b["redone"] == 0.0 and b["recovery"] > 0, led
-        # Every step's step time is 0.05 s on every rank: at the head the slowest node's, also 0.05.
-        assert b["productive"] + b["telemetry"] == pytest.approx((n + 20) * 0.05, rel=1e-9), led
+        # Every step's step time is 0.05 s on every rank (at the head the slowest node's, also
+        # 0.05: the sample step above), but the ranks log ten steps at a time and then sleep: a
+        # step is booked from the previous one's record on the job's timeline, so at most that.
+        assert 0 < b["productive"] + b["telemetry"] <= (n + 20) * 0.05 + 1e-9, led
+        assert all(v >= 0 for v in b.values()), led
     live = r["head_live_goodput"]
     assert live["launches"] == 2 and live["steps"] == head["steps"], live
     assert live["buckets_s"]["productive"] == pytest.approx(head["buckets_s"]["productive"], abs=1e-3)   # status rounds to ms
