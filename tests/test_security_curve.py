@@ -26,9 +26,9 @@ def _keygen(*args: str) -> subprocess.CompletedProcess:
 @pytest.fixture
 def keys(tmp_path):
     d = tmp_path / "keys"
-    r = _keygen("--dir", str(d), "--name", "head", "--name", "node1", "--allow", str(d / "allowed"))
+    r = _keygen("--dir", str(d), "--name", "head", "--name", "node0", "--allow", str(d / "allowed"))
     assert r.returncode == 0, r.stderr
-    os.remove(d / "allowed" / "head.key")   # only node1 is a client
+    os.remove(d / "allowed" / "head.key")   # only node0 is a client
     make_pair(d, "stranger")                # a valid key pair nobody allowed
     return d
 
@@ -39,7 +39,7 @@ def test_keygen_writes_private_key_files(keys):
     assert stat.S_IMODE((keys / "head.key_secret").stat().st_mode) == 0o600
     assert "secret-key" in (keys / "head.key_secret").read_text()
     assert "secret-key" not in (keys / "head.key").read_text()
-    assert sorted(p.name for p in (keys / "allowed").iterdir()) == ["node1.key"]
+    assert sorted(p.name for p in (keys / "allowed").iterdir()) == ["node0.key"]
     again = _keygen("--dir", str(keys), "--name", "head")
     assert again.returncode == 1 and "exists" in again.stderr   # never overwrites a key silently
 
@@ -82,7 +82,7 @@ def test_allow_list_admits_listed_keys_and_counts_refusals(make_daemon, keys, mo
             plain.send(encode_metrics(12, 8, i, 0, time.time_ns(), 200 + i, {"x": 1.0}), zmq.NOBLOCK)
         # The allow-listed node, through the client's own hook ($TELEMETRY_CURVE_*).
         monkeypatch.setenv(ENV_SERVER_KEY, str(keys / "head.key"))
-        monkeypatch.setenv(ENV_CLIENT_KEY, str(keys / "node1.key_secret"))
+        monkeypatch.setenv(ENV_CLIENT_KEY, str(keys / "node0.key_secret"))
         tm = TelemetryClient(endpoint, rank=0)
         for step in range(5):
             tm.log(step, {"train/loss": float(step)})
@@ -120,7 +120,7 @@ def test_client_hook_needs_both_keys(keys):
         with pytest.raises(SecurityError):
             apply_client_curve(s, server_key=str(keys / "head.key"))
         with pytest.raises(SecurityError):      # a public key file where a secret one belongs
-            apply_client_curve(s, str(keys / "head.key"), str(keys / "node1.key"))
+            apply_client_curve(s, str(keys / "head.key"), str(keys / "node0.key"))
     finally:
         s.close(linger=0)
 

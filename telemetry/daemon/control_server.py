@@ -33,10 +33,13 @@ class ControlServer:
         self._drain_requesters: list[list[bytes]] = []
         self.exit_code: int | None = None     # a drain request's: the script's (shared/control.py)
 
-    def issue_token(self, endpoint: str) -> None:
-        """Once bound: the token that requests must carry, written beside the endpoint."""
+    def issue_token(self, endpoint: str, curve_keys: tuple[bytes, bytes, bytes] | None = None) -> None:
+        """Once bound: the token that requests must carry, written beside the endpoint; and where
+        the socket is a CURVE server, the key pair this host's commands use (shared/control.py)."""
         self._endpoint = endpoint
         self._token = control_protocol.issue_token(endpoint)
+        if curve_keys is not None:
+            control_protocol.write_curve_keys(endpoint, curve_keys)
 
     def serve(self) -> None:
         while True:
@@ -73,10 +76,11 @@ class ControlServer:
         """The socket (a reply still queued gets 200 ms) and the token file."""
         self.sock.close(linger=200)
         if self._endpoint:
-            try:
-                control_protocol.token_path(self._endpoint).unlink()
-            except OSError:
-                pass
+            for path in (control_protocol.token_path(self._endpoint), control_protocol.curve_path(self._endpoint)):
+                try:
+                    path.unlink()
+                except OSError:
+                    pass
 
     def _reply(self, ident: list[bytes], reply: dict) -> None:
         try:

@@ -190,8 +190,11 @@ class Daemon:
         self.pull.setsockopt(zmq.HANDSHAKE_IVL, HANDSHAKE_IVL_MS)
         self.pull.setsockopt(zmq.BACKLOG, INGEST_BACKLOG)
         # Frames are read ahead off libzmq's queues (which count messages) into one bounded in bytes.
+        # On a head with CURVE node links, each frame is read with the check of which node it
+        # speaks as (a node's key speaks only for that node: security/identity.py).
+        guard = self.security.node_guard(self.pull, remote)
         self.intake = Intake(self.pull, self.budget.ingest_bytes, self.receiver.loops.read_frames_upto,
-                             self.receiver.unread_headers)
+                             self.receiver.unread_headers, recv=guard.recv if guard is not None else None)
         if self.budget.baseline_mb is not None:
             self.governor = memory.Governor(self.budget, self.intake)
         self.control_server = ControlServer(self.ctx, self.status, self._request_drain)
@@ -211,7 +214,8 @@ class Daemon:
             self.security.prepare(self.pull, remote, "remote_ingest")
             self.endpoints["remote_ingest"] = _bind(self.pull, remote)
         ingest_eps = tuple(ep for k, ep in self.endpoints.items() if k in ("ingest", "remote_ingest"))
-        self.control_server.issue_token(self.endpoints["control"])
+        self.control_server.issue_token(self.endpoints["control"], self.security.control_client_keys()
+                                        if "control" in self.security.secured else None)
         self._make_sinks()
         # Every listening socket has a connection limit: connections that are no rank (idle raw
         # ones, subscribers that never read, on loopback TCP anyone's) cannot take the daemon's

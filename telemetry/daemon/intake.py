@@ -124,7 +124,7 @@ class Intake:
     IndexError) and taken() what was popped, so that the queue's byte count stays exact."""
 
     def __init__(self, sock: zmq.Socket, max_bytes: int, read_frames: Callable,
-                 unread: Callable[[list], None]) -> None:
+                 unread: Callable[[list], None], recv: Callable[[], bytes] | None = None) -> None:
         self.max_bytes = max_bytes
         self._read_frames = read_frames        # loops.read_frames_upto or its C twin
         self._unread = unread                  # Receiver.unread_headers: account shed frames
@@ -135,7 +135,9 @@ class Intake:
         self.num_shed = 0                      # frames shed (records_shed_at_intake)
         self.num_hellos_cut = 0                # hellos queued with their info cut (big, or beyond the share)
         self.bytes_shed = 0
-        self._recv = functools.partial(sock.recv, zmq.NOBLOCK)     # a C call, no Python frame per frame
+        # A C call, no Python frame per frame; on a head whose node links are CURVE, the check of
+        # which node each frame speaks as (security.identity.NodeGuard.recv), same contract.
+        self._recv = recv or functools.partial(sock.recv, zmq.NOBLOCK)
 
     def __len__(self) -> int:
         return len(self._q)

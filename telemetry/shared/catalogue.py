@@ -267,6 +267,8 @@ CATALOGUE: tuple[Metric, ...] = (
           ("telemetry/memory_shed", "memory.shed_total", "records", "counter",
            "records shed for the memory budget, all stages"),
           ("telemetry/auth_refused", "", "connections", "counter", "CURVE clients whose key is not allowed"),
+          ("telemetry/identity_refused", "", "records", "counter",
+           "records a node's key sent as another node, refused (security.identity_refused)"),
           ("telemetry/handshake_failed", "", "connections", "counter", "connections whose handshake failed"),
           ("telemetry/disconnects", "", "connections", "counter", "connections closed (a rank's normal exit is one)"),
           ("telemetry/connections_refused", "", "connections", "counter", "connections beyond the connection limit, shut at once"),

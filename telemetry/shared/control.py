@@ -13,6 +13,13 @@ a random one at start and writes it, readable only by its owner, beside the sock
 ipc://PATH in PATH.token, for TCP in <runtime dir>/control-<port>.token. `request` reads it from
 there, or from $TELEMETRY_CONTROL_TOKEN (a consumer on another host). Requests are size-bounded
 and anything that is not such an object gets {"ok": false, "error": ...}.
+
+A control socket that is a CURVE server (TCP with `security.curve_loopback`, or beyond loopback)
+admits only allowed keys. So that `telemetry status` and `drain` on the daemon's own host need no
+key of their own, the daemon makes a key pair for them at start, allowed for its lifetime on that
+socket only (never on a node listener), and writes it beside the token, under the same rules
+(0600, the owner's): <token path without .token>.curve, three z85 lines (the server's public
+key, the client's public and secret keys). `request` uses it unless $TELEMETRY_CURVE_* name keys.
 """
 from __future__ import annotations
 
@@ -43,10 +50,22 @@ def issue_token(endpoint: str) -> str:
     """Make a token and write it (0600, never through a symlink) where `request` looks."""
     from telemetry.shared import endpoints
 
-    path = token_path(endpoint)
     if not endpoint.startswith("ipc://"):
         endpoints.runtime_dir(create=True)
     token = secrets.token_hex(16)
+    _write_private(token_path(endpoint), token + "\n", "the control token")
+    return token
+
+
+def curve_path(endpoint: str) -> Path:
+    """Where the daemon serving `endpoint` keeps its control clients' CURVE keys (if CURVE)."""
+    return token_path(endpoint).with_suffix(".curve")
+
+
+def _write_private(path: Path, text: str, what: str) -> None:
+    """Write a new file, 0600, never through a symlink (whatever was there is replaced)."""
+    from telemetry.shared import endpoints
+
     try:
         try:
             path.unlink()
@@ -54,10 +73,38 @@ def issue_token(endpoint: str) -> str:
             pass
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     except OSError as exc:
-        raise endpoints.EndpointError(f"cannot write the control token {path}: {exc.strerror}") from None
+        raise endpoints.EndpointError(f"cannot write {what} {path}: {exc.strerror}") from None
     with os.fdopen(fd, "w") as f:
-        f.write(token + "\n")
-    return token
+        f.write(text)
+
+
+def _read_private(path: Path, limit: int) -> str:
+    """A plain file of ours that nobody else can read, or "" (absent, or not such a file)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return ""
+    with os.fdopen(fd) as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+            return ""
+        return f.read(limit).strip()
+
+
+def write_curve_keys(endpoint: str, keys: tuple[bytes, bytes, bytes]) -> None:
+    """(server public, client public, client secret), z85: for `request` on this host."""
+    _write_private(curve_path(endpoint), "".join(k.decode("ascii") + "\n" for k in keys), "the control keys")
+
+
+def apply_local_curve(sock, endpoint: str) -> bool:
+    """Make `sock` a CURVE client with the daemon's control keys for `endpoint`, if it wrote
+    them (its control socket is a CURVE server); True if so."""
+    keys = _read_private(curve_path(endpoint), 512).split()
+    if len(keys) != 3:
+        return False
+    server, public, secret = (k.encode("ascii") for k in keys)
+    sock.curve_serverkey, sock.curve_publickey, sock.curve_secretkey = server, public, secret
+    return True
 
 
 def read_token(endpoint: str) -> str:
@@ -66,15 +113,7 @@ def read_token(endpoint: str) -> str:
     env = os.environ.get(ENV_TOKEN)
     if env:
         return env.strip()
-    try:
-        fd = os.open(token_path(endpoint), os.O_RDONLY | os.O_NOFOLLOW)
-    except OSError:
-        return ""
-    with os.fdopen(fd) as f:
-        st = os.fstat(f.fileno())
-        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
-            return ""
-        return f.read(256).strip()
+    return _read_private(token_path(endpoint), 256)
 
 
 def parse_request(frame: bytes, token: str) -> tuple[str | None, str]:
@@ -120,7 +159,10 @@ def request(endpoint: str, cmd: str, timeout_s: float = 5.0, exit_code: int | No
     try:
         from telemetry.shared.security.curve import apply_client_curve
 
-        apply_client_curve(sock)   # keys from $TELEMETRY_CURVE_*: a control endpoint beyond loopback
+        # Keys from $TELEMETRY_CURVE_* (a control endpoint beyond loopback, from another host),
+        # else the daemon's own for this host's commands, where its control socket is CURVE.
+        if not apply_client_curve(sock) and endpoint.startswith("tcp://"):
+            apply_local_curve(sock, endpoint)
         sock.connect(endpoint)
         body = {"cmd": cmd}
         if cmd not in _OPEN:

@@ -6,18 +6,21 @@
 Each pair is NAME.key (public, safe to copy to other nodes) and NAME.key_secret (public +
 secret, mode 0600). Both live in DIR, created 0700. --allow also copies the public key into an
 allow-list directory: the daemon's `security.allowed_clients_dir`; a client whose public key is
-not there is refused (and counted).
+not there is refused (and counted). The allowed copy binds the key to the node it belongs to,
+the number NAME ends in (node3: node 3; group2: group head 2), or --node-rank for one NAME: a
+head takes from that key only records that speak as that node (security/identity.py). A NAME
+that ends in no number is allowed as a key for no node (a remote consumer's).
 """
 from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import sys
 from pathlib import Path
 
 from telemetry.shared.config import nonempty_arg, writable_dir_problem
 from telemetry.shared.endpoints import private_dirs
+from telemetry.shared.security.identity import rank_in_name, write_allowed
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -25,6 +28,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--name", action="append", required=True, type=nonempty_arg, metavar="NAME",
                    help="key pair name; repeat for several pairs (head, node1, node2, ...)")
     p.add_argument("--allow", type=nonempty_arg, metavar="DIR", help="also copy the public keys into this allow-list dir")
+    p.add_argument("--node-rank", type=int, metavar="N",
+                   help="with --allow and one --name: the node (or group) this key speaks for "
+                        "(default: the number NAME ends in)")
     p.add_argument("--force", action="store_true", help="overwrite an existing pair of the same name")
 
 
@@ -62,6 +68,9 @@ def run(args: argparse.Namespace) -> int:
         if why:
             print(f"telemetry keygen: {flag} {why}", file=sys.stderr)
             return 2
+    if args.node_rank is not None and (not args.allow or len(args.name) != 1 or args.node_rank < 0):
+        print("telemetry keygen: --node-rank goes with --allow and one --name, and is >= 0", file=sys.stderr)
+        return 2
     try:
         allow_dir = private_dir(args.allow) if args.allow else None
     except (ValueError, OSError) as exc:     # UnsafePathError is a ValueError
@@ -78,6 +87,8 @@ def run(args: argparse.Namespace) -> int:
             return 2
         print(f"{name}: public {public}  secret {secret}")
         if allow_dir is not None:
-            shutil.copyfile(public, allow_dir / public.name)
-            print(f"{name}: allowed in {allow_dir}")
+            node = args.node_rank if args.node_rank is not None else rank_in_name(name)
+            write_allowed(allow_dir, public, node)
+            print(f"{name}: allowed in {allow_dir}, "
+                  + (f"speaking for node {node}" if node is not None else "for no node (its records are refused)"))
     return 0

@@ -14,7 +14,8 @@ pair and the server's public key from explicit files or from the environment:
     TELEMETRY_CURVE_SERVER_KEY   the server's public key file (NAME.key)
     TELEMETRY_CURVE_CLIENT_KEY   this client's secret key file (NAME.key_secret)
 Keys come from `telemetry keygen`. The allow-list is read once at start: restart the daemon to
-admit a new key.
+admit a new key. Each allowed key speaks for one node (identity.py): a head refuses, and counts,
+a record a node's key sends as another node.
 """
 from __future__ import annotations
 
@@ -22,11 +23,15 @@ import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import zmq
 
 from telemetry.shared import endpoints
 from telemetry.shared.endpoints import EndpointError
+
+if TYPE_CHECKING:
+    from telemetry.shared.security.identity import AllowList
 
 log = logging.getLogger("telemetry.shared.security")
 
@@ -111,14 +116,29 @@ def apply_client_curve(sock: zmq.Socket, server_key: str | None = None, client_k
     return True
 
 
-def _make_authenticator(ctx: zmq.Context):
+def _make_authenticator(ctx: zmq.Context, allow: "AllowList"):
     from zmq.auth.thread import ThreadAuthenticator
+    from zmq.utils import z85
+
+    from telemetry.shared.security.identity import NODE_DOMAIN, NODE_USER_PREFIX
 
     class CountingAuthenticator(ThreadAuthenticator):
-        """The allow-list ZAP handler, counting its answers (written on its thread only)."""
+        """The allow-list ZAP handler, counting its answers (written on its thread only). On the
+        node listener's domain a connection's User-Id names its key (identity.NodeGuard)."""
 
         num_allowed = 0
         num_refused = 0
+        _domain = ""
+
+        async def handle_zap_message(self, msg: list[bytes]) -> None:
+            # One request at a time on this thread: curve_user_id, called inside, reads it.
+            self._domain = msg[2].decode("utf-8", "replace") if len(msg) > 2 else ""
+            await super().handle_zap_message(msg)
+
+        def curve_user_id(self, client_public_key: bytes) -> str:
+            if self._domain != NODE_DOMAIN:
+                return "local"
+            return NODE_USER_PREFIX + allow.names.get(z85.encode(client_public_key), "")
 
         def _send_zap_reply(self, request_id, status_code, status_text, user_id="anonymous"):
             if status_code == b"200":
@@ -141,6 +161,8 @@ class DaemonSecurity:
 
         self.cfg = cfg
         self.auth = None
+        self.allow = None                 # identity.AllowList: which node each allowed key speaks for
+        self.guard = None                 # identity.NodeGuard on the remote ingest (node_guard)
         self.secured: list[str] = []
         self.connections = ConnectionWatch()
         exposed = [f"{n}={ep}" for n, ep in bind_endpoints.items()
@@ -151,27 +173,52 @@ class DaemonSecurity:
                 + ". Make keys with `telemetry keygen` and set security.server_secret_key and "
                 "security.allowed_clients_dir in the daemon config (or bind to 127.0.0.1 / ipc).")
         if cfg.enabled:
+            from telemetry.shared.security.identity import NODE_DOMAIN, AllowList
+
             self._public, self._secret = load_secret_key(cfg.server_secret_key)
-            num_keys = len(list(Path(cfg.allowed_clients_dir).glob("*.key")))
-            if num_keys == 0:
+            self.allow = AllowList(cfg.allowed_clients_dir)
+            if not self.allow.names:
                 log.warning("security.allowed_clients_dir %s holds no *.key files: every CURVE client "
                             "will be refused", cfg.allowed_clients_dir)
-            self.auth = _make_authenticator(ctx)
+            self.auth = _make_authenticator(ctx, self.allow)
             self.auth.start()
-            self.auth.configure_curve(domain=ZAP_DOMAIN, location=str(cfg.allowed_clients_dir))
+            # The same keys on every listener; the node listener's domain also names them (User-Id).
+            self.auth.allow_any = False
+            self.auth.certs[ZAP_DOMAIN] = dict.fromkeys(self.allow.names, True)
+            self.auth.certs[NODE_DOMAIN] = dict.fromkeys(self.allow.names, True)
 
     def prepare(self, sock: zmq.Socket, endpoint: str, name: str = "") -> None:
         """Set `sock`'s security options for its next bind (to `endpoint`)."""
         if self.auth is not None and needs_curve(endpoint, self.cfg):
+            from telemetry.shared.security.identity import NODE_DOMAIN
+
             sock.curve_secretkey = self._secret
             sock.curve_publickey = self._public
             sock.curve_server = True
-            sock.zap_domain = ZAP_DOMAIN.encode()
+            sock.zap_domain = (NODE_DOMAIN if name == "remote_ingest" else ZAP_DOMAIN).encode()
             self.secured.append(name or endpoint)
         elif sock.curve_server:
             # Options carry over to later binds of the same socket: switch CURVE off again (a
             # NULL connection then passes the ZAP handler, which has no address lists).
             sock.curve_server = False
+
+    def node_guard(self, sock: zmq.Socket, remote_endpoint: str):
+        """The per-frame check of which node a record speaks as (identity.NodeGuard), for a socket
+        whose remote ingest is a CURVE listener; None where there is none to check (no keys)."""
+        if self.auth is None or not remote_endpoint or not needs_curve(remote_endpoint, self.cfg):
+            return None
+        from telemetry.shared.security.identity import NodeGuard
+
+        self.guard = NodeGuard(sock, self.allow.node_user_ids())
+        return self.guard
+
+    def control_client_keys(self) -> tuple[bytes, bytes, bytes]:
+        """A key pair for this daemon's own control clients (`telemetry status`, `drain` on this
+        host), allowed for as long as the daemon runs, on no node listener: (server public,
+        client public, client secret), z85. The daemon writes it beside its control token."""
+        public, secret = zmq.curve_keypair()
+        self.auth.certs[ZAP_DOMAIN] = {**self.auth.certs[ZAP_DOMAIN], public: True}
+        return self._public, public, secret
 
     def watch(self, sockets: dict[str, zmq.Socket], limits: dict[str, tuple[int, tuple[str, ...]]] | None = None) -> None:
         """Count connection events (handshake failures, disconnects) on these bound sockets;
@@ -186,6 +233,8 @@ class DaemonSecurity:
         if self.auth is not None:
             out.update(secured=list(self.secured), auth_allowed=self.auth.num_allowed,
                        auth_refused=self.auth.num_refused)
+        if self.guard is not None:
+            out.update(self.guard.stats())
         return out
 
     def counters(self) -> dict[str, int]:
@@ -193,6 +242,7 @@ class DaemonSecurity:
         conns = self.connections.stats().values()
         return {
             "telemetry/auth_refused": self.auth.num_refused if self.auth is not None else 0,
+            "telemetry/identity_refused": self.guard.num_refused if self.guard is not None else 0,
             "telemetry/handshake_failed": sum(c["handshake_failed"] + c["auth_failed"] for c in conns),
             "telemetry/disconnects": sum(c["disconnected"] for c in conns),
             "telemetry/connections_refused": sum(c.get("refused", 0) for c in conns),
