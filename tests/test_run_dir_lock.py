@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -12,6 +13,7 @@ import textwrap
 import time
 from pathlib import Path
 
+import pytest
 from daemon_util import start_daemon, step_values
 from testkit.daemon_proc import daemon_command
 
@@ -53,7 +55,21 @@ def _wait_for(path: Path, proc: subprocess.Popen, timeout_s: float = 300) -> Non
         time.sleep(0.05)
 
 
-def test_a_second_daemon_on_a_live_log_dir_is_refused_and_writes_nothing_there(tmp_path):
+@pytest.fixture
+def short_dir():
+    """Short private directories under /tmp (socket paths stay < 107 bytes), removed after."""
+    made: list[str] = []
+
+    def make(prefix: str = "tmlk-") -> str:
+        made.append(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+        return made[-1]
+
+    yield make
+    for path in made:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def test_a_second_daemon_on_a_live_log_dir_is_refused_and_writes_nothing_there(tmp_path, short_dir):
     log_dir = tmp_path / "run"
     first = start_daemon(tmp_path, log_dir=log_dir, run_name="first")
     try:
@@ -61,7 +77,7 @@ def test_a_second_daemon_on_a_live_log_dir_is_refused_and_writes_nothing_there(t
         for step in range(5):
             tm.log(step, {"train/loss": 1.0 + step})
         tm.close()
-        rt = Path(tempfile.mkdtemp(prefix="tmlk-", dir="/tmp"))
+        rt = Path(short_dir())
         cmd = daemon_command(log_dir, *(f"ipc://{rt}/{n}.sock" for n in ("ingest", "pub", "control")),
                              extra_args=("--run-name", "second"))
         second = subprocess.run(cmd, cwd=ROOT, env={**os.environ, "WANDB_MODE": "disabled"}, capture_output=True,
@@ -124,7 +140,7 @@ def test_a_run_into_the_directory_after_the_first_ended_continues_it(tmp_path):
     assert final["run"]["incarnations"] == 2 and final["records_lost"] == 0, final["run"]
 
 
-def test_a_scripts_own_daemon_refused_by_a_live_run_dir_is_said_not_taken_for_started(tmp_path):
+def test_a_scripts_own_daemon_refused_by_a_live_run_dir_is_said_not_taken_for_started(tmp_path, short_dir):
     """Two drop-in scripts with one run id and one $TELEMETRY_DIR, but each its own runtime
     directory: the second's daemon is refused. The script must not take the first daemon's ready
     line in the shared daemon.out for its own (its rows would go to a socket nobody serves)."""
@@ -134,7 +150,7 @@ def test_a_scripts_own_daemon_refused_by_a_live_run_dir_is_said_not_taken_for_st
     def env(rt: str, **extra: str) -> dict:
         return _env(tmp_path, WANDB_MODE="offline", WANDB_DIR=str(tmp_path), WANDB_SILENT="true",
                     WANDB_RUN_ID="samerun", TELEMETRY_DIR=str(tmp_path / "runs"),
-                    TELEMETRY_RUNTIME_DIR=tempfile.mkdtemp(prefix=f"tmlk{rt}-", dir="/tmp"), **extra)
+                    TELEMETRY_RUNTIME_DIR=short_dir(f"tmlk{rt}-"), **extra)
 
     first = subprocess.Popen([sys.executable, "train.py", "0", "4"], cwd=tmp_path, env=env("a", GATE=str(gate)),
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
