@@ -46,6 +46,11 @@ MAX_INT = 2**63 - 1
 MAX_SECONDS = 365 * 86_400.0
 # A config file is a few kB; more is not a config (and `--config /dev/zero` must not hang).
 MAX_CONFIG_BYTES = 4 << 20
+# What one YAML (or JSON) config may stand for once parsed: nodes with every alias expanded (a
+# config is hundreds; a kB of nested aliases is billions) and levels of nesting (a config is a
+# handful; parsing and every reader of the result recurse once per level).
+MAX_YAML_NODES = 100_000
+MAX_YAML_DEPTH = 64
 
 
 class ConfigError(ValueError):
@@ -175,18 +180,107 @@ def _join(prefix: str, key: Any) -> str:
 # -- reading files and overrides --------------------------------------------------------------------
 def read_yaml(path: str | os.PathLike) -> dict[str, Any]:
     """The mapping in a YAML file; every way a file can be unusable is a ConfigError naming it."""
-    import yaml
-
-    text = read_text(path)
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"config file {path}: not valid YAML: {exc}") from None
+    data = parse_yaml(read_text(path), f"config file {path}")
     if data is None:   # an empty file: every default
         return {}
     if not isinstance(data, dict):
         raise ConfigError(f"config file {path}: the top level must be a mapping, got {_describe(data)}")
     return data
+
+
+def parse_yaml(text: str, source: str) -> Any:
+    """YAML text as Python data, within the bounds (MAX_YAML_NODES once aliases are expanded,
+    MAX_YAML_DEPTH), checked on yaml's node graph before any object is built: a few hundred
+    bytes of nested aliases ("billion laughs") or `[[[[...` are a ConfigError naming `source`
+    ("config file x.yaml", "override 'a=b'"), never gigabytes or a RecursionError. Every place
+    that reads YAML reads it here."""
+    import yaml
+
+    try:
+        loader = _bounded_loader()(text)
+        try:
+            return loader.get_single_data()
+        finally:
+            loader.dispose()
+    except _YamlBound as exc:
+        raise ConfigError(f"{source}: {exc}; not a config") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{source}: not valid YAML: {exc}") from None
+    except ValueError as exc:   # a scalar yaml resolves but cannot build: 5,000 digits, a 13th month
+        raise ConfigError(f"{source}: not usable YAML: {str(exc).split(';')[0]}") from None
+
+
+def parse_json(text: str, source: str) -> Any:
+    """JSON text (a model's config.json) as Python data, nested at most MAX_YAML_DEPTH deep
+    (JSON has no aliases): a ConfigError naming `source` otherwise, never a RecursionError."""
+    import json
+
+    try:
+        data = json.loads(text)
+    except RecursionError:
+        raise ConfigError(f"{source}: nested deeper than {MAX_YAML_DEPTH} levels; not a config") from None
+    except ValueError as exc:    # json.JSONDecodeError, an int of too many digits
+        raise ConfigError(f"{source}: not valid JSON: {exc}") from None
+    stack = [(data, 1)]
+    while stack:                 # an explicit stack: the check itself never recurses
+        value, depth = stack.pop()
+        if isinstance(value, (dict, list)):
+            if depth > MAX_YAML_DEPTH:
+                raise ConfigError(f"{source}: nested deeper than {MAX_YAML_DEPTH} levels; not a config")
+            stack.extend((v, depth + 1) for v in (value.values() if isinstance(value, dict) else value))
+    return data
+
+
+class _YamlBound(Exception):
+    """A YAML document beyond MAX_YAML_NODES or MAX_YAML_DEPTH (the message says which)."""
+
+
+@functools.cache
+def _bounded_loader() -> type:
+    """yaml's SafeLoader, counting while it composes the node graph: for each node, the nodes
+    it stands for with every alias in it expanded and the depth it reaches (aliases shared,
+    so each is counted once per node: linear in the file). Objects are built only from a
+    graph within the bounds."""
+    import yaml
+
+    class BoundedLoader(yaml.SafeLoader):
+        def __init__(self, stream: str) -> None:
+            super().__init__(stream)
+            self._depth = 0
+            self._sizes: dict[int, tuple[int, int]] = {}   # id(node) -> (expanded nodes, depth)
+
+        def compose_node(self, parent: Any, index: Any) -> Any:
+            if self._depth >= MAX_YAML_DEPTH:
+                raise _YamlBound(f"nested deeper than {MAX_YAML_DEPTH} levels")
+            alias = self.check_event(yaml.AliasEvent)
+            self._depth += 1
+            try:
+                node = super().compose_node(parent, index)
+            finally:
+                self._depth -= 1
+            sizes = self._sizes
+            if alias:
+                if id(node) not in sizes:   # a node that holds its own alias: endless once expanded
+                    raise _YamlBound("an alias refers to a node that contains it")
+                return node
+            if isinstance(node, yaml.ScalarNode):
+                sizes[id(node)] = (1, 1)
+                return node
+            children = node.value if isinstance(node, yaml.SequenceNode) else \
+                [n for pair in node.value for n in pair]
+            num, depth = 1, 1
+            for child in children:
+                child_num, child_depth = sizes[id(child)]
+                num += child_num
+                depth = max(depth, child_depth + 1)
+            if num > MAX_YAML_NODES:
+                raise _YamlBound(f"more than {MAX_YAML_NODES:,} YAML nodes once its aliases are expanded")
+            if depth > MAX_YAML_DEPTH:
+                raise _YamlBound(f"nested deeper than {MAX_YAML_DEPTH} levels once its aliases are expanded")
+            sizes[id(node)] = (num, depth)
+            return node
+
+    return BoundedLoader
 
 
 def read_text(path: str | os.PathLike, max_bytes: int = MAX_CONFIG_BYTES) -> str:
@@ -286,8 +380,6 @@ def nonempty_arg(text: str) -> str:
 
 def parse_override(item: str) -> tuple[str, Any]:
     """`dotted.key=value` from a command line; the value is read as YAML (`lr=1e-4`, `ids=[0, 1]`)."""
-    import yaml
-
     key, eq, text = item.partition("=")
     if not eq:
         raise ConfigError(f"override {item!r} is not key=value")
@@ -295,10 +387,7 @@ def parse_override(item: str) -> tuple[str, Any]:
         raise ConfigError(f"override {item!r} has an empty key")
     if text == "":
         return key, ""
-    try:
-        return key, yaml.safe_load(text)
-    except yaml.YAMLError:
-        raise ConfigError(f"override {item!r}: the value is not valid YAML (quote it)") from None
+    return key, parse_yaml(text, f"override {item[:60]!r}")
 
 
 def set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:

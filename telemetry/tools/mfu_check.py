@@ -21,7 +21,6 @@ import argparse
 import json
 import os
 import sys
-from pathlib import Path
 from typing import Any
 
 from telemetry.shared.config import number_arg
@@ -67,8 +66,8 @@ def _load_trainer_config(path: str) -> tuple[dict[str, Any], int | None, str]:
         model = {"hf_config": dict(cfg.model.hf_config), "path": cfg.model.path}
         seq_len, dtype = cfg.data.seq_len, cfg.model.dtype
     except ImportError:
-        import yaml
-        raw = yaml.safe_load(Path(path).read_text()) or {}
+        from telemetry.shared.config import read_yaml   # bounded: sizes, aliases, depth
+        raw = read_yaml(path)
         model = raw.get("model") or {}
         seq_len = (raw.get("data") or {}).get("seq_len")
         dtype = model.get("dtype", "fp32")
@@ -86,9 +85,9 @@ def _build_hf_config(args: argparse.Namespace) -> tuple[Any, int | None]:
     if args.config:
         kwargs, seq_len, _ = _load_trainer_config(args.config)
     elif args.hf_config:
-        from telemetry.shared.config import read_text   # bounded, regular files only (not /dev/zero)
+        from telemetry.shared.config import parse_json, read_text   # bounded: size, depth; regular files only
 
-        kwargs = json.loads(read_text(args.hf_config))
+        kwargs = parse_json(read_text(args.hf_config), f"--hf-config {args.hf_config}")
         if not isinstance(kwargs, dict):
             raise ValueError(f"{args.hf_config}: not a JSON object")
     elif args.model_type:
