@@ -29,13 +29,26 @@ record's JSON object (`kind` included), and attribute access (`rec.values`) is t
 """
 from __future__ import annotations
 
-from typing import Any, ClassVar, Union
+from typing import Annotated, Any, ClassVar, Union
 
 import msgspec
 from msgspec import UNSET, UnsetType
 
-# A reduced, polled or counted value: a number, a flag, or null (not computable this time).
-Value = Union[float, int, bool, None]
+# A reduced, polled or counted value: a number, a flag, or null (not computable this time). An
+# int fits in 64 bits: a 400-digit one read back from a file would be an OverflowError in every
+# reader that draws it (the line goes on to the plain-dict path, which holds it to the same).
+Value = Union[float, Annotated[int, msgspec.Meta(ge=-(1 << 63), le=(1 << 63) - 1)], bool, None]
+# A record's time: a unix time in seconds from 1970 up to the end of year 9999 (what `time` and
+# `datetime` can show). A line with a time outside it is not a record (a hand-made or damaged
+# file): every reader would otherwise meet it as an OverflowError when it shows the time.
+MAX_T = 253402300800.0
+Time = Annotated[float, msgspec.Meta(ge=0.0, lt=MAX_T)]
+# How deep a record's free-form part (an event's data, a hello's info, a bye's stats, a line
+# outside the declaration) may nest. Readers walk them recursively (a config table, a page's
+# JSON); a line nested deeper is not a record: skipped, never a RecursionError in a reader.
+MAX_DEPTH = 64
+# The ints a line may hold: what msgspec decodes into a declared int field (int64, uint64).
+_MIN_INT, _MAX_INT = -(1 << 63), (1 << 64) - 1
 
 
 # A record's fields in the order declared are its JSON object's keys in that order, after `kind`:
@@ -44,7 +57,7 @@ Value = Union[float, int, bool, None]
 # gc=False: a record holds numbers, strings and the plain containers decoded or built for it,
 # never itself, so the cyclic collector need not track it (cheaper to build and to free).
 class OutputRecord(msgspec.Struct, tag_field="kind", forbid_unknown_fields=True, gc=False):
-    t: float
+    t: Time
 
     @property
     def kind(self) -> str:
@@ -134,6 +147,9 @@ AnyRecord = Union[MetricsRecord, EventRecord, HelloRecord, ByeRecord, DaemonReco
 for _kind in AnyRecord.__args__:
     _kind._FIELDS = frozenset(_kind.__struct_fields__)
 
+# The kinds with a free-form field, and that field.
+_FREE_FORM = {EventRecord: "data", HelloRecord: "info", ByeRecord: "stats"}
+
 _encoder = msgspec.json.Encoder()
 _typed = msgspec.json.Decoder(AnyRecord)
 _plain = msgspec.json.Decoder()
@@ -147,15 +163,44 @@ def encode(rec: OutputRecord) -> bytes:
 def decode(line: bytes | str) -> OutputRecord | dict | None:
     """A line as a record: the declared Struct; a JSON object with a string `kind` the
     declaration does not describe as a plain dict; None for anything else (not JSON, not an
-    object, no kind)."""
+    object, no kind, a `t` that is not a Time, nested deeper than MAX_DEPTH, an int beyond 64
+    bits). Never raises: readers count a None as a line skipped."""
     try:
-        return _typed.decode(line)
+        rec = _typed.decode(line)
     except msgspec.ValidationError:
         pass
-    except msgspec.DecodeError:
+    except (ValueError, RecursionError):   # msgspec.DecodeError, a UnicodeDecodeError; too deep
         return None
-    rec = _plain.decode(line)
-    return rec if isinstance(rec, dict) and isinstance(rec.get("kind"), str) else None
+    else:
+        free = _FREE_FORM.get(rec.__class__)   # metrics, system, gpu, daemon: flat by declaration
+        return None if free is not None and _beyond_bounds(getattr(rec, free), MAX_DEPTH - 1) else rec
+    try:
+        rec = _plain.decode(line)
+    except (ValueError, RecursionError):   # not JSON after all: the typed decoder stops at the
+        return None                        # first wrong type, before the bytes that are not
+    if not isinstance(rec, dict) or not isinstance(rec.get("kind"), str):
+        return None
+    t = rec.get("t", 0.0)
+    if not isinstance(t, (int, float)) or isinstance(t, bool) or not 0.0 <= t < MAX_T:
+        return None
+    return None if _beyond_bounds(rec, MAX_DEPTH) else rec
+
+
+def _beyond_bounds(obj: Any, max_depth: int) -> bool:
+    """Whether dicts and lists nest in `obj` more than max_depth levels, or it holds an int
+    beyond 64 bits (the declared fields' bound: a 400-digit int is an OverflowError in every
+    reader that draws it as a float). An explicit stack: the check itself never recurses."""
+    stack = [(obj, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if depth > max_depth:
+            return True
+        for v in (value.values() if isinstance(value, dict) else value):
+            if isinstance(v, (dict, list)):
+                stack.append((v, depth + 1))
+            elif isinstance(v, int) and not _MIN_INT <= v <= _MAX_INT:
+                return True
+    return False
 
 
 def with_values(rec: OutputRecord | dict, values: dict) -> OutputRecord | dict:

@@ -51,6 +51,8 @@ def run(args: argparse.Namespace) -> int:
     stats = ReadStats()
     led = with_ranks_file(ledger(read_records(log_dir, stats)), log_dir)
     print("\n".join(printable(line) for line in text(led, Path(args.run_dir).name).split("\n")))
+    if stats.num_bad or stats.num_torn:   # a damaged or hand-made file: what was not read, said
+        print(f"  unreadable lines: {stats.num_bad + stats.num_torn} skipped (not records, or a torn last line)")
     if led.get("ranks_file_problem"):
         print(f"telemetry goodput: per-rank ledgers not read: {printable(led['ranks_file_problem'])}", file=sys.stderr)
     if args.json:

@@ -135,9 +135,9 @@ def plan(records: Any, after_step: int) -> tuple[list[tuple[int, dict]], list[di
 def replay(run_dir: str | Path, mode: str = "online", project: str | None = None, entity: str | None = None,
            run_id: str | None = None, run_name: str | None = None, out: Any = None) -> dict[str, Any]:
     """Replay into W&B; return {"run_id", "mode", "rows", "steps", "skipped_through", "last_step",
-    "superseded"}. Progress goes to `out` (default: sys.stdout at the time of the call)."""
+    "superseded", "unreadable_lines"}. Progress goes to `out` (default: sys.stdout at the time of the call)."""
     out = out if out is not None else sys.stdout
-    from telemetry.consumers.readjsonl import find_log_dir, read_records, run_dir_of
+    from telemetry.consumers.readjsonl import ReadStats, find_log_dir, read_records, run_dir_of
     from telemetry.consumers.report import collect
     from telemetry.consumers.report import run_name as name_of
 
@@ -149,12 +149,15 @@ def replay(run_dir: str | Path, mode: str = "online", project: str | None = None
     state = _load_state(log_dir)
     key = f"{mode}:{run_id}"
     done = int(state.get(key, {}).get("last_step", -1))
-    rows, _, config, events = plan(read_records(log_dir), done)
+    stats = ReadStats()
+    rows, _, config, events = plan(read_records(log_dir, stats), done)
     result = {"run_id": run_id, "mode": mode, "rows": 0, "steps": 0, "skipped_through": done, "last_step": done,
-              "superseded": []}
+              "superseded": [], "unreadable_lines": stats.num_bad + stats.num_torn}
+    # Lines that are not records (a damaged or hand-made file) are skipped, and said.
+    unreadable = f"; {result['unreadable_lines']} unreadable line(s) skipped" if result["unreadable_lines"] else ""
     if not rows:
-        print(f"replay: nothing new for W&B run {run_id} ({mode}); steps up to {done} were replayed before",
-              file=out)
+        print(f"replay: nothing new for W&B run {run_id} ({mode}); steps up to {done} were replayed before"
+              f"{unreadable}", file=out)
         return result
     if mode == "offline":
         # Something is new: the whole run goes into one new directory (see the module docstring).
@@ -203,7 +206,7 @@ def replay(run_dir: str | Path, mode: str = "online", project: str | None = None
     _save_state(log_dir, state)
     result.update(rows=len(rows), steps=len(steps), skipped_through=done, last_step=last)
     print(f"replay: {len(rows)} rows ({len(steps)} steps, {min(steps, default=last)}..{last}) into W&B run {run_id} "
-          f"({mode}) in {time.monotonic() - t0:.1f} s", file=out)
+          f"({mode}) in {time.monotonic() - t0:.1f} s{unreadable}", file=out)
     return result
 
 

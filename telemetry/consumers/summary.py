@@ -12,8 +12,9 @@ import sys
 from pathlib import Path
 
 from telemetry.consumers.daemontotals import DaemonTotals
-from telemetry.consumers.readjsonl import read_records
+from telemetry.consumers.readjsonl import ReadStats, read_records
 from telemetry.shared.bookkeeping import is_bookkeeping
+from telemetry.shared.numbers import is_int, is_number
 
 
 def summarize(log_dir: Path) -> dict:
@@ -24,18 +25,21 @@ def summarize(log_dir: Path) -> dict:
     daemon = DaemonTotals()   # across daemon restarts: a resumed run has several
     num_events = 0
     loss_key = None
-    for rec in read_records(log_dir):
+    stats = ReadStats()
+    for rec in read_records(log_dir, stats):
         kind = rec.get("kind")
         if kind == "metrics" and "rank" not in rec:
-            v = rec.get("values", {})
-            steps.append(rec["step"])
+            v, step = rec.get("values"), rec.get("step")
+            if not isinstance(v, dict) or not is_int(step):   # a hand-made line, not the daemon's
+                continue
+            steps.append(step)
             if loss_key is None:
                 loss_key = _loss_key(v)
-            if loss_key in v and isinstance(v[loss_key], (int, float)):
+            if loss_key in v and is_number(v[loss_key]):
                 losses.append(v[loss_key])
-            if v.get("perf/tokens_per_second"):
+            if is_number(v.get("perf/tokens_per_second")) and v["perf/tokens_per_second"]:
                 tps.append(v["perf/tokens_per_second"])
-            if v.get("perf/mfu") is not None:
+            if is_number(v.get("perf/mfu")):
                 mfu.append(v["perf/mfu"])
         elif kind == "daemon" and isinstance(rec.get("values"), dict):
             daemon.consume(rec["values"], rec.get("t"))
@@ -53,6 +57,7 @@ def summarize(log_dir: Path) -> dict:
         "mfu_median": statistics.median(mfu) if mfu else None,
         "num_events": num_events,
         "daemon": daemon,
+        "num_unreadable": stats.num_bad + stats.num_torn,
     }
 
 
@@ -103,6 +108,8 @@ def main(argv: list[str] | None = None) -> int:
           + (f"  (over {s['daemon'].num_daemons} daemon runs)" if s["daemon"].num_daemons > 1 else ""))
     print(f"  records dropped    {_fmt(s['dropped'])}  (sink drops {_fmt(s['sink_dropped'])})")
     print(f"  events             {s['num_events']}")
+    if s["num_unreadable"]:
+        print(f"  unreadable lines   {s['num_unreadable']} skipped (not records, or a torn last line)")
     _goodput(args.log_dir)
     if args.trainer_rc is not None:
         print(f"  trainer exit code  {args.trainer_rc}")

@@ -27,7 +27,7 @@ from protocol import output
 from telemetry.consumers.series import last_per_x, minmax_downsample
 from telemetry.shared import files
 from telemetry.shared.jsonlines import rotated_files
-from telemetry.shared.numbers import is_number, nonfinite_as_null
+from telemetry.shared.numbers import is_int, is_number, nonfinite_as_null
 
 BLOCK_BYTES = 4 << 20
 # What one request may read, in bytes and in seconds (beyond either: `truncated`, the page keeps
@@ -38,7 +38,8 @@ MAX_KEYS = 256
 # A key's points are downsampled once they pass this many per pixel column.
 POINTS_PER_BUCKET_HELD = 8
 # The daemon writes a metrics record's kind, time and step first: {"kind":"metrics","t":...,"step":N,
-_STEP = re.compile(rb'^\{"kind":"metrics","t":[^,]*,"step":(-?\d+)')
+# (a step is a 64-bit int: 19 digits at most; more is not the daemon's line, nor an int() to take)
+_STEP = re.compile(rb'^\{"kind":"metrics","t":[^,]*,"step":(-?\d{1,19})[,}]')
 _RANK = re.compile(r"^(.*)@rank(\d+)$")
 
 
@@ -139,11 +140,10 @@ class StepBlocks:
                         rec = output.decode(line)
                         if rec is None:
                             continue
-                        values = rec.get("values")
-                        if not isinstance(values, dict):
+                        values, step = rec.get("values"), rec.get("step")
+                        if not isinstance(values, dict) or not is_int(step):   # a hand-made line
                             continue
                         rank = rec.get("rank")
-                        step = rec.get("step")
                         for name in names & values.keys():
                             key = by_rank.get((name, rank if isinstance(rank, int) else None))
                             v = values[name]
