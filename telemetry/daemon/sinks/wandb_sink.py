@@ -77,6 +77,8 @@ FINISH_FRAMEWORKS = ("wandb", "accelerate")
 UNFINISHED_EXIT_CODE = 1
 # Media and text events held for their step (see WandbSink._at_its_step); beyond, logged at once.
 MAX_HELD_EVENTS = 10_000
+# The deepest path a flattened key is nested again to (a user's dict of dicts is a few levels).
+MAX_NESTED_DEPTH = 32
 # A step more than this above the last one W&B took (or above 0 for the first) is held back
 # until the next step says whether the run really moved there (then both are logged) or it was
 # one absurd step (a step of 10^12 among 1..2000: it is counted as dropped, and the steps after
@@ -124,6 +126,7 @@ class WandbSink(Sink):
         self._metric_defs: set[str] = set()
         self._waiting: list[Out] = []
         self.num_dropped_waiting = 0
+        self.num_nested_refused = 0       # wandb/nested paths deeper than MAX_NESTED_DEPTH: their keys stay flat
         self._nested: dict[str, list[str]] = {}   # flat key -> its path, from wandb/nested events
         self.num_media_logged = 0
         self.num_media_failed = 0
@@ -211,39 +214,45 @@ class WandbSink(Sink):
         self._consume(batch)
 
     def _consume(self, batch: list[Out]) -> None:
-        run = self.run
         for o in batch:
-            kind = o.kind
-            rec = o.record
-            if kind == "metrics" and "rank" not in rec:
-                self._log_step(rec)
-            elif kind in ("gpu", "system", "daemon"):
-                values = rec["values"]
-                if self._init is not None:
-                    self._log_system(kind, rec)
-                    continue
-                if kind == "gpu":
-                    values = {k.replace("gpu/", f"gpu{rec['gpu']}/", 1): v for k, v in values.items()}
-                run.log({"train/step": max(self._last_step, 0), **values})
-                self.num_logged += 1
-            elif kind == "hello":
-                self._note_hello(rec.get("rank", 0), rec.get("info") or {})
-                self._update_config()
-            elif kind == "event" and isinstance(rec.get("data"), dict):
-                name = rec.get("name")
-                if name == SUMMARY_EVENT:
-                    run.summary.update(self._nest(rec["data"]))
-                elif name == NESTED_EVENT and isinstance(rec["data"].get("paths"), dict):
-                    self._nested.update({k: p for k, p in rec["data"]["paths"].items()
-                                         if isinstance(p, list) and p and all(isinstance(x, str) for x in p)})
-                elif name == shared_media.EVENT:
-                    self._at_its_step(self._log_media, rec["data"])
-                elif name == VALUES_EVENT and self._from_init_rank(rec):
-                    self._at_its_step(self._log_values, rec["data"])
-                elif name == CONSOLE_EVENT and self._from_init_rank(rec):
-                    self._log_console(rec["data"])
-                elif name in (FINISH_EVENT, SCRIPT_EXIT_EVENT):
-                    self._note_exit(name, rec)
+            try:
+                self._consume_one(o)
+            except RecursionError:   # W&B walks nested values recursively: this record alone is lost
+                self._drop("too_deep", "a record (%s) nested too deep for W&B to take" % o.kind)
+
+    def _consume_one(self, o: Out) -> None:
+        """One record into W&B (a step's row, the system metrics, the config, an event's part)."""
+        run = self.run
+        kind = o.kind
+        rec = o.record
+        if kind == "metrics" and "rank" not in rec:
+            self._log_step(rec)
+        elif kind in ("gpu", "system", "daemon"):
+            values = rec["values"]
+            if self._init is not None:
+                self._log_system(kind, rec)
+                return
+            if kind == "gpu":
+                values = {k.replace("gpu/", f"gpu{rec['gpu']}/", 1): v for k, v in values.items()}
+            run.log({"train/step": max(self._last_step, 0), **values})
+            self.num_logged += 1
+        elif kind == "hello":
+            self._note_hello(rec.get("rank", 0), rec.get("info") or {})
+            self._update_config()
+        elif kind == "event" and isinstance(rec.get("data"), dict):
+            name = rec.get("name")
+            if name == SUMMARY_EVENT:
+                run.summary.update(self._nest(rec["data"]))
+            elif name == NESTED_EVENT and isinstance(rec["data"].get("paths"), dict):
+                self._note_nested(rec["data"]["paths"])
+            elif name == shared_media.EVENT:
+                self._at_its_step(self._log_media, rec["data"])
+            elif name == VALUES_EVENT and self._from_init_rank(rec):
+                self._at_its_step(self._log_values, rec["data"])
+            elif name == CONSOLE_EVENT and self._from_init_rank(rec):
+                self._log_console(rec["data"])
+            elif name in (FINISH_EVENT, SCRIPT_EXIT_EVENT):
+                self._note_exit(name, rec)
 
     def _note_exit(self, name: str, rec: dict) -> None:
         """A rank's finish (`train_end` with the exit code its run finished with) or the
@@ -273,6 +282,21 @@ class WandbSink(Sink):
                                              for r in unfinished):
             return UNFINISHED_EXIT_CODE
         return 0
+
+    def _note_nested(self, paths: dict) -> None:
+        """The paths a rank gave for its flattened keys; one deeper than MAX_NESTED_DEPTH is not
+        taken (its key stays flat, counted in nested_refused): W&B walks a row's nested values
+        recursively, and a 5,000-deep one would cost every record of its batch."""
+        for k, p in paths.items():
+            if not (isinstance(p, list) and p and all(isinstance(x, str) for x in p)):
+                continue
+            if len(p) > MAX_NESTED_DEPTH:
+                self.num_nested_refused += 1
+                if self.num_nested_refused == 1:
+                    log.warning("wandb: a key nested %d deep is logged flat (counted in nested_refused; logged "
+                                "once): at most %d levels", len(p), MAX_NESTED_DEPTH)
+                continue
+            self._nested[k] = p
 
     def _at_its_step(self, log_it, data: dict) -> None:
         """Log a media or text event into the row of its step. In the user's run, W&B's step is
@@ -543,7 +567,8 @@ class WandbSink(Sink):
         return {"mode": self.mode, "run_id": self.run_id, "run": self.run_info(), "console": self.num_console,
                 "logged": self.num_logged,
                 "dropped_before_open": self.num_dropped_waiting, "media_logged": self.num_media_logged,
-                "media_failed": self.num_media_failed, "dropped_by_reason": dict(self.dropped_by_reason)}
+                "media_failed": self.num_media_failed, "nested_refused": self.num_nested_refused,
+                "dropped_by_reason": dict(self.dropped_by_reason)}
 
 
 
