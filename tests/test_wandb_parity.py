@@ -187,16 +187,24 @@ def _runs_by_name(work: Path) -> dict[str, str]:
     return out
 
 
+# The daemons' drain deadline in these launches: several daemons drain at once (a sweep's trials,
+# forked children), each finishing its W&B run; under a loaded box W&B's start and finish alone
+# can pass the default 12 s, and a W&B sink still busy then is abandoned (no exit record). Every
+# daemon of the launch reads it (`--daemon-config` reaches the script's other runs' daemons).
+DRAIN_CONFIG = "drain_timeout_s: 120\n"
+
+
 def _launch_both(script: Path, tmp_path: Path, env: dict, rc: int = 0) -> tuple[dict, dict]:
     """The script with the real wandb (offline) and under `telemetry run --as-wandb`, each ending
     with exit code `rc`; the runs each made, by name."""
     made = []
+    (tmp_path / "daemon.yaml").write_text(DRAIN_CONFIG)
     for how in ("real", "ours"):
         work = tmp_path / how
         work.mkdir()
         cmd = [sys.executable, str(script)] if how == "real" else \
             [sys.executable, "-m", "telemetry", "run", "--as-wandb", "--quiet", "--wandb", "offline",
-             "--run-dir", str(work / "r"), "--", str(script)]
+             "--daemon-config", str(tmp_path / "daemon.yaml"), "--run-dir", str(work / "r"), "--", str(script)]
         extra = {"WANDB_MODE": "offline"} if how == "real" else {}
         p = subprocess.run(cmd, cwd=work, env=_env(WANDB_DIR=str(work), **extra, **env), capture_output=True,
                            text=True, timeout=600)

@@ -45,6 +45,9 @@ ENV_DIR = "TELEMETRY_DIR"
 # The W&B mode of the daemons started here when the script names none: `telemetry run` sets it to
 # its own daemon's, for the runs a script makes beside the launcher's (k-fold's next fold).
 ENV_WANDB_MODE = "TELEMETRY_WANDB_MODE"
+# ... and their daemon config (`telemetry run --daemon-config`): every daemon of the launch reads
+# the same one (a run's own daemon binds its endpoints by flag, whatever the file says).
+ENV_DAEMON_CONFIG = "TELEMETRY_DAEMON_CONFIG"
 # `telemetry run --as-wandb` puts this package first on the script's PYTHONPATH (its `import
 # wandb` is telemetry's); a daemon started from the script must import the real W&B.
 AS_WANDB_DIR = str(Path(__file__).resolve().parent.parent / "integrations" / "as_wandb")
@@ -215,6 +218,8 @@ def _start(prog: str, run_id: str, run_name: str | None, wandb_mode: str | None,
            "--run-name", run_name or run_id, "--watch-pid", str(os.getpid())]
     if runtime is not None:
         cmd += [arg for which in ("ingest", "pub", "control") for arg in (f"--{which}", run_endpoint(runtime, which))]
+        if os.environ.get(ENV_DAEMON_CONFIG):
+            cmd += ["--config", os.environ[ENV_DAEMON_CONFIG]]
     wandb_mode = wandb_mode or os.environ.get(ENV_WANDB_MODE)
     if wandb_mode in ("online", "offline", "disabled"):
         cmd += ["--wandb", wandb_mode]
