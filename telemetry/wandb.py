@@ -6,9 +6,13 @@
     wandb.run.summary["best_val"] = best
     wandb.finish()
 
-Every rank may call it (or rank 0 alone, as W&B scripts usually do): the daemon aggregates the
-ranks' rows (mean by default, see the daemon's reductions) and its W&B sink opens the one real
-run with the project, name, config, group and tags given to `init`. wandb itself is never
+A run is its run id (`id=`, $WANDB_RUN_ID, `telemetry run`'s, else a new one), and each run has a
+daemon of its own (its_daemon): runs with distinct ids (a sweep's trials, forked children,
+k-fold's folds, ranks that each init without a shared id) are runs of their own, as in W&B.
+Ranks that share an id (every rank under `telemetry run`, or torchrun with $WANDB_RUN_ID; or
+rank 0 alone, as W&B scripts usually do) share one daemon: it aggregates the ranks' rows (mean by
+default, see the daemon's reductions) and its W&B sink opens the one real run with the project,
+name, config, group and tags given to `init`. The run ends with the script's exit code. wandb itself is never
 imported in the training process. Step and commit rules, nested keys, what is refused and why:
 telemetry/integrations/wandb_run.py; `Image`, `Histogram` and `Table`, passed through to the
 daemon's run: telemetry/integrations/wandb_media.py. What W&B offers beyond this subset raises an

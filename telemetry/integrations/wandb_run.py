@@ -20,7 +20,9 @@ init says "every rank" (the world size), rank 0 alone says 1, so the daemon neve
 rank that will not log (the usual `if rank == 0: wandb.init(...)`), and means every rank's
 values when they all log. This relies on every logging rank's init (its hello) reaching the
 daemon before rank 0's first row does, which a data-parallel script ensures: its first
-gradient all-reduce waits for every rank, and each rank calls init before training.
+gradient all-reduce waits for every rank, and each rank calls init before training. That is
+for ranks that share a run id; a rank whose run has an id of its own (made in the process, on a
+daemon of the run's own: telemetry.wandb.init) is rank 0 of a world of one, as W&B's run per rank.
 
 Text values (W&B keeps strings in the history) are sent with the row, as a `wandb/values`
 event the daemon's W&B sink logs at the row's step. The console output of the process (rank 0
