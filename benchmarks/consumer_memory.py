@@ -2,7 +2,8 @@
 
     .venv/bin/python benchmarks/consumer_memory.py [--names 1000000] [--per-record 1000]
                                                    [--repo DIR | --before REV] [--case dashboard,exporter]
-                                                   [--max-series N] [--steps 100000 --values 100] [--json OUT]
+                                                   [--max-series N] [--steps 100000 --values 100]
+                                                   [--ranges 32] [--memory-mb N] [--json OUT]
 
 dashboard  writes a metrics.jsonl of --names distinct names (records of --per-record new names
            each, plus train/loss), starts the real `telemetry dashboard` on it, waits for its
@@ -16,6 +17,11 @@ exporter   binds a PUB socket here and publishes the same records as the daemon 
            reports the same.
 points     the dashboard on a run of --steps records of --values values each (the same names
            every step): long series rather than many, which the store thins beyond its share.
+
+--ranges N (dashboard and points): after the /api/data timings, N concurrent full-range reads
+(GET /api/range over every step, width 1200, the first 200 step-axis keys, as a page asks) from
+N threads at once; reports how many were answered, refused (503) and counted (`ranges_refused`),
+and the peak RSS (VmHWM) after them. --memory-mb N is passed to the dashboard.
 
 --max-series N is passed to both consumers (the new code only): with a large N, the byte
 bounds under --memory-mb are what hold.
@@ -105,7 +111,41 @@ def timed_get(url: str, headers: dict[str, str]) -> tuple[float, int]:
     return time.perf_counter() - t0, len(body)
 
 
-def case_dashboard(repo: Path, recs, tmp: Path, extra: list[str], case: str = "dashboard") -> dict:
+def _concurrent_ranges(url: str, headers: dict[str, str], run: dict, num: int) -> dict:
+    """`num` full-range /api/range reads at once: their answers' codes and the count refused."""
+    import urllib.error
+    from urllib.parse import quote
+
+    keys = [s["key"] for s in run["series"] if s["axis"] == "step"][:200]
+    x1 = max((max(s["x"]) for s in run["series"] if s["axis"] == "step" and s["x"]), default=0)
+    path = f"{url}api/range?run={run['id']}&x0=0&x1={x1}&width=1200" + "".join(f"&key={quote(k)}" for k in keys)
+    codes: list[int] = []
+    go = threading.Event()
+
+    def read() -> None:
+        go.wait()
+        try:
+            with urllib.request.urlopen(urllib.request.Request(path, headers=headers), timeout=600) as r:
+                r.read()
+                codes.append(r.status)
+        except urllib.error.HTTPError as exc:
+            codes.append(exc.code)
+
+    threads = [threading.Thread(target=read) for _ in range(num)]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    go.set()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    last = json.loads(urllib.request.urlopen(urllib.request.Request(path, headers=headers), timeout=600).read())
+    return {"ranges": num, "range_keys": len(keys), "ranges_ok": codes.count(200), "ranges_503": codes.count(503),
+            "ranges_refused_counted": last.get("ranges_refused"), "ranges_wall_s": round(wall, 2)}
+
+
+def case_dashboard(repo: Path, recs, tmp: Path, extra: list[str], case: str = "dashboard",
+                   concurrent: int = 0) -> dict:
     tel = tmp / "names" / "telemetry"
     tel.mkdir(parents=True)
     with open(tel / "metrics.jsonl", "w") as f:
@@ -123,7 +163,8 @@ def case_dashboard(repo: Path, recs, tmp: Path, extra: list[str], case: str = "d
         data = json.loads(urllib.request.urlopen(urllib.request.Request(m.group(1) + "api/data", headers=headers),
                                                  timeout=600).read())
         status = data["status"][0]
-        return {"case": case, "jsonl_mb": round(size_mb, 1), "load_s": round(load_s, 2),
+        ranges = _concurrent_ranges(m.group(1), headers, data["runs"][0], concurrent) if concurrent else {}
+        return {"case": case, **ranges, "jsonl_mb": round(size_mb, 1), "load_s": round(load_s, 2),
                 "rss_loaded_mb": round(rss_loaded, 1), "peak_rss_mb": round(proc_mb(proc.pid, "VmHWM"), 1),
                 "rss_after_mb": round(proc_mb(proc.pid, "VmRSS"), 1),
                 "api_data_s": [round(s, 3) for s, _ in answers], "api_data_mb": round(answers[0][1] / 1e6, 3),
@@ -191,6 +232,8 @@ def main() -> int:
     ap.add_argument("--max-series", type=int)
     ap.add_argument("--steps", type=int, default=100_000)
     ap.add_argument("--values", type=int, default=100)
+    ap.add_argument("--ranges", type=int, default=0, help="concurrent full-range reads after the load")
+    ap.add_argument("--memory-mb", type=int, help="the consumers' --memory-mb")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="consumer-memory-"))
@@ -203,14 +246,16 @@ def main() -> int:
             subprocess.run(["tar", "-x", "-C", str(repo)], input=archive, check=True)
         out = []
         extra = ["--max-series", str(args.max_series)] if args.max_series else []
+        extra += ["--memory-mb", str(args.memory_mb)] if args.memory_mb else []
         for case in args.case.split(","):
             if case == "dashboard":
-                res = case_dashboard(repo, records(args.names, args.per_record), tmp / "dash", extra)
+                res = case_dashboard(repo, records(args.names, args.per_record), tmp / "dash", extra,
+                                     concurrent=args.ranges)
             elif case == "points":
                 long_run = ({"kind": "metrics", "t": 1.7e9 + s, "step": s,
                              "values": {f"train/v{i}": float((s * (i + 1)) % 1009) for i in range(args.values)}}
                             for s in range(1, args.steps + 1))
-                res = case_dashboard(repo, long_run, tmp / "points", extra, case="points")
+                res = case_dashboard(repo, long_run, tmp / "points", extra, case="points", concurrent=args.ranges)
             elif case == "exporter":
                 res = case_exporter(repo, args.names, args.per_record, extra)
             else:

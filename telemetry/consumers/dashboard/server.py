@@ -53,6 +53,7 @@ from telemetry.consumers.dashboard.live import Hub
 from telemetry.consumers.dashboard.media import MediaIndex
 from telemetry.consumers.dashboard.ranges import MAX_KEYS as MAX_RANGE_KEYS
 from telemetry.consumers.dashboard.ranges import StepBlocks, downsampled
+from telemetry.consumers.dashboard.budget import Reservations, fit_range
 from telemetry.shared.numbers import nonfinite_as_null
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
@@ -61,6 +62,10 @@ DEFAULT_WIDTH_PX = 1200
 MAX_WIDTH_PX = 8000
 # Points of one /api/data answer, all series together, unless the server is told otherwise.
 DEFAULT_MAX_POINTS_SENT = 400_000
+# A range answer that does not fit beside those being built waits this long for room (a page's
+# requests overlapping by a moment go through), then is refused (503) with when to ask again.
+RANGE_WAIT_S = 2.0
+RANGE_RETRY_AFTER_S = 1
 
 
 class DashboardServer(BoundedConnections, ThreadingHTTPServer):
@@ -69,12 +74,14 @@ class DashboardServer(BoundedConnections, ThreadingHTTPServer):
     error_prefix = "telemetry dashboard"
 
     def __init__(self, addr: tuple[str, int], hub: Hub, allow_any_host: bool = False, token: str | None = None,
-                 max_points_sent: int = DEFAULT_MAX_POINTS_SENT) -> None:
+                 max_points_sent: int = DEFAULT_MAX_POINTS_SENT, max_range_bytes: int = 8 << 20) -> None:
         super().__init__(addr, Handler)
         self.hub = hub
         self.media = {run_id: MediaIndex(store.log_dir) for run_id, store in hub.stores.items()}
         self.ranges: dict[str, StepBlocks] = {}
         self.range_lock = threading.Lock()
+        # The range answers being built, their bytes reserved before (budget.Reservations).
+        self.range_bytes = Reservations(max_range_bytes)
         self.allow_any_host = allow_any_host
         self.token = token
         self.session_key = secrets.token_urlsafe(32) if token else None   # this start's, never the token's
@@ -211,6 +218,23 @@ class Handler(BaseHTTPRequestHandler):
             return
         keys = query.get("key", [])[:MAX_RANGE_KEYS]
         num_buckets = max(16, width // 2)
+        # Its bytes reserved before it is built (cut to fewer columns when it would not fit the
+        # share alone): concurrent answers stay within their share of the budget; one that finds
+        # no room in RANGE_WAIT_S is told to come back (503, Retry-After), and counted.
+        gate = self.server.range_bytes
+        num_buckets, cost = fit_range(*store.range_sizes(keys), num_buckets, gate.max_bytes, span=x1 - x0 + 1)
+        if not gate.reserve(cost, RANGE_WAIT_S):
+            self._send(HTTPStatus.SERVICE_UNAVAILABLE,
+                       _dumps({"error": "range answers in flight fill their share of the memory budget; retry",
+                               "ranges_refused": gate.num_refused}),
+                       "application/json", headers={"Retry-After": str(RANGE_RETRY_AFTER_S)})
+            return
+        try:
+            self._range_answer(store, keys, x0, x1, num_buckets)
+        finally:
+            gate.release(cost)
+
+    def _range_answer(self, store, keys: list[str], x0: float, x1: float, num_buckets: int) -> None:
         series, thinned = store.zoomed(keys, x0, x1, num_buckets)
         truncated, read = False, 0
         if thinned and store.log_dir is not None:
@@ -221,6 +245,7 @@ class Handler(BaseHTTPRequestHandler):
                 for key, (xs, ys) in got.items():
                     series[key] = downsampled(xs, ys, num_buckets)
         body = {"run": store.run_id, "x0": x0, "x1": x1, "truncated": truncated, "read_bytes": read,
+                "ranges_refused": self.server.range_bytes.num_refused,
                 "series": {k: {"x": xs, "y": ys} for k, (xs, ys) in series.items()}}
         self._send(HTTPStatus.OK, _dumps(body), "application/json")
 

@@ -364,6 +364,21 @@ class RunStore:
                                if isinstance(v, (int, float)) and math.isfinite(v)},
                     "num_daemons": self.daemon.num_daemons}
 
+    def range_sizes(self, keys: list[str]) -> tuple[list[int], int]:
+        """For the answer's reservation (budget.range_bytes): the lengths of the step-axis series
+        of `keys` held whole, and how many are held thinned (read from the files)."""
+        whole, num_thinned = [], 0
+        with self.lock:
+            for key in keys:
+                s = self.series.get(key)
+                if s is None or s.axis != STEP:
+                    continue
+                if s.thinned:
+                    num_thinned += 1
+                else:
+                    whole.append(len(s))
+        return whole, num_thinned
+
     def zoomed(self, keys: list[str], x0: float, x1: float, num_buckets: int) -> tuple[dict, list[str]]:
         """A step range of these series: {key: (xs, ys)} of those the store holds whole, each
         downsampled to num_buckets pixel columns; and the step-axis keys it holds thinned (for
