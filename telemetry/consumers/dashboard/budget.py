@@ -33,11 +33,10 @@ RANGES_SHARE = 0.10
 # One point of an /api/data answer while it is built: two Python floats in lists, the JSON text
 # and its bytes, numpy's copies.
 POINT_SENT_BYTES = 160
-# One point of a series the store holds whole, while a range answer is cut from it: its copy
-# (x and y, 16 B), held for every key of the answer at once; the step-deduplicated and in-range
-# arrays made from it and the mask (~48 B more), for one key at a time.
-RANGE_COPY_BYTES = 16
-RANGE_WORK_BYTES = 48
+# One point of a series the store holds whole, while a range answer is cut from it (one series
+# at a time: store.zoomed): its copy (x and y), the step-deduplicated and in-range arrays made
+# from it, the mask.
+RANGE_WORK_BYTES = 64
 # A range read from the files (ranges.py) holds per key up to POINTS_PER_BUCKET_HELD points a
 # column as Python numbers in lists (~70 B a point). Its block read (4 MB, and its lines) is not
 # reserved per answer: the reads from the files go one at a time (the server's range_lock).
@@ -62,8 +61,7 @@ def range_bytes(whole_lengths: list[int], num_thinned: int, num_buckets: int, sp
     from telemetry.consumers.dashboard.ranges import POINTS_PER_BUCKET_HELD
 
     sent = min(2 * num_buckets, span)
-    n = sum(k * RANGE_COPY_BYTES + min(k, sent) * POINT_SENT_BYTES for k in whole_lengths)
-    n += max(whole_lengths, default=0) * RANGE_WORK_BYTES
+    n = sum(min(k, sent) * POINT_SENT_BYTES for k in whole_lengths) + max(whole_lengths, default=0) * RANGE_WORK_BYTES
     held = min(POINTS_PER_BUCKET_HELD * num_buckets, span)
     n += num_thinned * (held * RANGE_HELD_POINT_BYTES + sent * POINT_SENT_BYTES)
     return int(n)

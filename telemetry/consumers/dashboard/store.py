@@ -383,9 +383,11 @@ class RunStore:
         """A step range of these series: {key: (xs, ys)} of those the store holds whole, each
         downsampled to num_buckets pixel columns; and the step-axis keys it holds thinned (for
         ranges.py to read from the files)."""
-        whole, thinned = {}, []
-        with self.lock:
-            for key in keys:
+        out, thinned = {}, []
+        for key in keys:
+            # One series copied at a time (its copy and working arrays are what an answer holds
+            # beyond its output: budget.range_bytes).
+            with self.lock:
                 s = self.series.get(key)
                 if s is None or s.axis != STEP:
                     continue
@@ -394,9 +396,6 @@ class RunStore:
                     continue
                 xs = np.frombuffer(s.xs, dtype=np.float64).copy()
                 ys = np.frombuffer(s.ys, dtype=np.float64).copy()
-                whole[key] = (xs, ys)
-        out = {}
-        for key, (xs, ys) in whole.items():
             xs, ys = last_per_x(xs, ys)
             inside = (xs >= x0) & (xs <= x1)
             xs, ys = minmax_downsample(xs[inside], ys[inside], num_buckets)
