@@ -163,3 +163,60 @@ def test_status_and_drain_reach_a_curve_control_socket(tmp_path, monkeypatch):
         assert not (rt / f"control-{port}.curve").exists()            # gone with its daemon
     finally:
         d.cleanup()
+
+
+def test_the_guard_checks_every_frame_after_good_ones(tmp_path):
+    """Unit, real sockets: after a key's good metrics (the fast path: their header bytes kept), a
+    frame as another node, under another node's source, or a hello naming another node is still
+    refused; the same key's new source and its own hello are taken."""
+    from protocol import encode_metrics
+    from telemetry.shared.security.curve import DaemonSecurity, SecurityConfig, apply_client_curve
+
+    keys = tmp_path / "keys"
+    make_pair(keys, "head")
+    allowed = keys / "allowed"
+    allowed.mkdir(mode=0o700)
+    for name, rank in (("node0", 0), ("node1", 1)):
+        write_allowed(allowed, make_pair(keys, name)[0], rank)
+    ctx = zmq.Context()
+    sec = DaemonSecurity(ctx, SecurityConfig(server_secret_key=str(keys / "head.key_secret"),
+                                             allowed_clients_dir=str(allowed), curve_loopback=True), {})
+    try:
+        pull = ctx.socket(zmq.PULL)
+        pull.linger = 0
+        sec.prepare(pull, "tcp://127.0.0.1:0", "remote_ingest")
+        pull.bind("tcp://127.0.0.1:0")
+        guard = sec.node_guard(pull, "tcp://127.0.0.1:1")
+        ep = pull.getsockopt(zmq.LAST_ENDPOINT).decode()
+        pushes = {}
+        for name in ("node0", "node1"):
+            pushes[name] = s = ctx.socket(zmq.PUSH)
+            s.linger = 0
+            apply_client_curve(s, str(keys / "head.key"), str(keys / f"{name}.key_secret"))
+            s.connect(ep)
+        t = time.time_ns()
+        hello = msgspec.msgpack.encode((1, PROTOCOL_VERSION, 77, 0, 3, 0, t, {"rank": 0, "node_rank": 0}))
+        forged_hello = msgspec.msgpack.encode((1, PROTOCOL_VERSION, 77, 0, 4, 0, t, {"rank": 0, "node_rank": 1}))
+        sent = [("node0", encode_metrics(77, 0, i, 0, t, i, {"x": 1.0}), True) for i in range(3)]
+        sent += [("node0", encode_metrics(77, 1, 3, 0, t, 3, {"x": 1.0}), False),     # as node 1
+                 ("node1", encode_metrics(77, 1, 0, 0, t, 0, {"x": 1.0}), False),     # node 0's source
+                 ("node1", encode_metrics(88, 1, 0, 0, t, 0, {"x": 2.0}), True),      # its own
+                 ("node0", encode_metrics(99, 0, 0, 0, t, 9, {"x": 1.0}), True),      # a new source of its own
+                 ("node0", hello, True), ("node0", forged_hello, False),
+                 ("node0", encode_metrics(77, 0, 5, 0, t, 5, {"x": 1.0}), True)]
+        got = []
+        for name, frame, _ in sent:           # one at a time: the order of two links is libzmq's
+            target = len(got) + guard.num_refused + 1
+            pushes[name].send(frame)
+            deadline = time.monotonic() + 30  # a hang detector
+            while len(got) + guard.num_refused < target:
+                assert time.monotonic() < deadline, (name, frame)
+                try:
+                    got.append(guard.recv())
+                except zmq.Again:
+                    time.sleep(0.005)
+        assert got == [frame for _, frame, ok in sent if ok]
+        assert guard.num_refused == 3 and guard.refused_by_key == {"node0": 2, "node1": 1}
+    finally:
+        sec.close()
+        ctx.destroy(linger=0)
