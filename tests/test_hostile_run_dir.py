@@ -1,5 +1,6 @@
 """A run dir built to break its readers: random bytes, a line nested a million arrays deep, a
-record time of 9.2e18, a 400-digit value, an event nested 900 deep. Every reader (`telemetry
+record time of 9.2e18, a 400-digit value, an event nested 900 deep (and the run's small JSON
+files, replay's marks and the daemon's final counters, nested past json's recursion limit). Every reader (`telemetry
 report`, `replay`, `goodput`, the run summary, the dashboard's store and range reads) skips each
 such line, counts it and says so, and reads the daemon's records around it: exit 0, never a
 traceback (protocol/output.py's decode never raises; its bounds: MAX_T, MAX_DEPTH, 64-bit ints).
@@ -56,7 +57,10 @@ def _crafted(tmp_path: Path) -> Path:
         if step <= len(HOSTILE):
             lines.append(HOSTILE[step - 1])
     lines.append(output.encode(EventRecord(T0 + 9, 0, "checkpoint_saved", {"path": "/x", "nested": {"ok": [1]}})))
-    return _run_dir(tmp_path, b"\n".join(lines) + b"\n")
+    run = _run_dir(tmp_path, b"\n".join(lines) + b"\n")
+    for name in ("wandb_replay.json", "drain.json"):   # replay's marks, the daemon's final counters
+        (run / "telemetry" / name).write_text("[" * 100_000)
+    return run
 
 
 def _random(tmp_path: Path) -> Path:
@@ -81,7 +85,8 @@ def _readers(run: Path, tmp_path: Path) -> dict[str, str]:
         "report": _run("-m", "telemetry", "report", str(run), "--out", str(tmp_path / "report")).stdout,
         "replay": _run("-m", "telemetry", "replay", str(run), "--wandb", "offline", cwd=tmp_path).stdout,
         "goodput": _run("-m", "telemetry", "goodput", str(run)).stdout,
-        "summary": _run("-m", "telemetry.consumers.summary", str(run / "telemetry")).stdout,
+        "summary": _run("-m", "telemetry.consumers.summary", str(run / "telemetry"),
+                        "--drain-json", str(run / "telemetry" / "drain.json")).stdout,
     }
 
 
@@ -139,3 +144,15 @@ def test_decode_never_raises_and_bounds_what_it_returns():
     assert output.decode('{"kind":"event","t":1.0,"rank":0,"name":"x","data":{"a":[%s]}}' % at_most) is None
     assert output.decode(b'{"kind":"newer","t":1.0,"n":%d}' % 2**64) is None
     assert output.decode(b'{"kind":"newer","t":1.0,"n":%d}' % (2**64 - 1))["n"] == 2**64 - 1
+
+
+def test_a_hostile_per_rank_ledger_file_is_a_problem_said_not_a_traceback(tmp_path):
+    """goodput_ranks.json, which report, goodput, the summary and a restarted daemon read."""
+    from telemetry.shared.goodput import read_ranks_file
+
+    entry = '{"wall_s": 1%s, "steps": 1, "launches": 1, "until": 1.0, "buckets_s": {}}' % ("0" * 400)
+    for name, text in (("deep", "[" * 100_000 + "]" * 100_000), ("huge", '{"ranks": {"0": %s}}' % entry)):
+        path = tmp_path / f"{name}.json"
+        path.write_text(text)
+        ranks, why = read_ranks_file(path)
+        assert ranks is None and why.startswith(f"{path}: not a per-rank ledger file"), why

@@ -90,7 +90,7 @@ def _load_state(log_dir: Path) -> dict:
     try:
         state = json.loads(files.read_small(log_dir / STATE_FILE) or "{}")
         return state if isinstance(state, dict) else {}
-    except ValueError:
+    except (ValueError, RecursionError):   # not JSON, or nested past json's recursion limit
         return {}
 
 

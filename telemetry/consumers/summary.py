@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
             drained = json.loads(args.drain_json.read_text() or "{}")
             # The last daemon's final counters, under their record names.
             final = {"telemetry/records_in": drained.get("records_in"), "telemetry/dropped": drained.get("records_lost")}
-        except ValueError:
+        except (ValueError, AttributeError, RecursionError):   # not the daemon's JSON object
             pass
     totals = s["daemon"].totals(final)
     s["records_in"] = totals.get("telemetry/records_in")

@@ -122,7 +122,7 @@ def parse_request(frame: bytes, token: str) -> tuple[str | None, str]:
         return None, "request too large"
     try:
         req = json.loads(frame)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):   # 4 kB of "[" is 2,000 levels: past json's limit
         return None, "not JSON"
     if not isinstance(req, dict) or not isinstance(req.get("cmd"), str):
         return None, 'expected {"cmd": "status" | "drain" | "ping", "token": "..."}'
@@ -141,7 +141,7 @@ def exit_code_of(frame: bytes) -> int | None:
     int of a process's exit-status range (a shell's 0..255, 128+N for a signal)."""
     try:
         code = json.loads(frame).get("exit_code")
-    except (ValueError, UnicodeDecodeError, AttributeError):
+    except (ValueError, UnicodeDecodeError, AttributeError, RecursionError):
         return None
     return code if type(code) is int and 0 <= code <= 255 else None
 

@@ -705,7 +705,7 @@ def _ranks_of(doc: dict, path) -> tuple[dict[int, dict] | None, str]:
             if v.get("since") is not None:
                 entry["since"] = float(v["since"])
             out[int(r)] = entry
-    except (ValueError, TypeError, KeyError, AttributeError) as exc:
+    except (ValueError, TypeError, KeyError, AttributeError, OverflowError) as exc:   # a 400-digit int
         return None, f"{path}: not a per-rank ledger file ({type(exc).__name__}: {exc})"
     return out, ""
 
@@ -729,7 +729,7 @@ def _read_ranks_doc(path) -> tuple[dict | None, str]:
         return None, f"{path}: over {RANKS_FILE_MAX_BYTES} bytes"
     try:
         doc = json.loads(data)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:   # RecursionError: nested deeper than json's recursion limit
         return None, f"{path}: not a per-rank ledger file ({type(exc).__name__}: {exc})"
     if not isinstance(doc, dict):
         return None, f"{path}: not a per-rank ledger file (not a JSON object)"

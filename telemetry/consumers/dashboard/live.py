@@ -111,7 +111,7 @@ def _drained_at(log_dir) -> float | None:
     try:
         mtime = path.stat().st_mtime
         final = json.loads(path.read_bytes()[:1 << 20])
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):   # RecursionError: nested past json's limit
         return None
     reason = final.get("stop_reason", "drain request") if isinstance(final, dict) else None
     # A drain request (run.sh's), or the end of the script a daemon was started for (--watch-pid).

@@ -73,7 +73,7 @@ class MediaIndex:
         for line in data[:end].splitlines():
             try:
                 entry = json.loads(line)
-            except ValueError:
+            except (ValueError, RecursionError):   # not a line of the keeper's, skipped
                 continue
             if isinstance(entry, dict) and isinstance(entry.get("step"), int) and isinstance(entry.get("key"), str):
                 self.entries.append(entry)
