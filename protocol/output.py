@@ -13,7 +13,9 @@ one of the Structs below, encoded as a JSON object whose `kind` says which:
              `link_closed`, ...
     hello    a rank's client started: its `info` (host, pid, world size, config, ...).
     bye      a rank's client closed: its final counters (`stats`).
-    daemon   the daemon's own counters (`values`: the catalogue's source "self" metrics).
+    daemon   the daemon's own counters (`values`: the catalogue's source "self" metrics), and
+             the run it serves (`run`: its run name), so a consumer attached at any time labels
+             its series with the run without a rank's hello naming it.
     system   the host the daemon runs on, polled (`values`: system/...).
     gpu      one GPU (`gpu`: its NVML index) of that host, polled (`values`: gpu/...).
 
@@ -130,6 +132,7 @@ class ByeRecord(OutputRecord, tag="bye"):
 
 class DaemonRecord(OutputRecord, tag="daemon"):
     values: dict[str, Value]
+    run: Union[str, UnsetType] = UNSET
 
 
 class SystemRecord(OutputRecord, tag="system"):

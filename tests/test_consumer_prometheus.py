@@ -588,3 +588,96 @@ def test_runs_are_labelled_events_counted_once_and_a_ranks_series_go_with_it():
     text = _exposition(latest)
     assert 'telemetry_train_loss{run="run-b"} 5.0' in text and "run-a" not in text
     assert "telemetry_step 1.0" in text and latest.num_series == 1          # the budget counts run-b's alone
+
+
+def test_every_series_carries_the_run_the_daemon_names_without_a_hello_naming_it(tmp_path):
+    """A daemon started with --run-name and plain clients (their hellos name no run): every series
+    the exporter serves carries run="<the daemon's run>", the ones kept before the first daemon
+    record said it included."""
+    from daemon_util import start_daemon
+
+    d = start_daemon(tmp_path, world_size=2, per_rank=True, run_name="the-run",
+                     config={"daemon_record_interval_s": 0.3, "pollers": {"nvml_enabled": False,
+                                                                           "host_interval_s": 0.3}})
+    proc, url, _, token = _start_exporter("--pub", d.pub)
+    clients = [TelemetryClient(d.ingest, rank=r) for r in (0, 1)]
+    try:
+        deadline = time.monotonic() + 60
+        step, got = 0, {}
+        while time.monotonic() < deadline:
+            step += 1
+            for r, c in enumerate(clients):
+                c.log(step, {"train/loss": 2.0, "memory/allocated_gb": 1.0 + r})
+            time.sleep(0.1)
+            got = _scrape(url, token)
+            if ('telemetry_train_loss{run="the-run"}' in got and 'telemetry_rank_train_loss{rank="1",run="the-run"}'
+                    in got and any(k.startswith("telemetry_records_in_total") for k in got)
+                    and any(k.startswith("telemetry_system_") for k in got)):
+                break
+        client_hellos = [r for r in d.read_jsonl("hello")]
+    finally:
+        for c in clients:
+            c.close()
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(10)
+        d.drain()
+    assert client_hellos and not any("run_name" in h["info"] for h in client_hellos)
+    assert got['telemetry_train_loss{run="the-run"}'] == 2.0
+    assert got['telemetry_rank_memory_allocated_bytes{rank="1",run="the-run"}'] == 2e9
+    own = ("telemetry_step", "telemetry_last_record_timestamp_seconds", "telemetry_exporter_")
+    run_series = [k for k in got if not k.startswith(own)]
+    assert run_series and all('run="the-run"' in k for k in run_series), [k for k in run_series if "run=" not in k]
+
+
+def test_a_daemon_record_names_the_run_and_labels_what_came_before():
+    latest = LatestValues()
+    latest.consume("metrics", {"t": 1.0, "step": 1, "values": {"train/loss": 2.0}})
+    latest.consume("metrics", {"t": 1.0, "step": 1, "rank": 0, "values": {"train/loss": 2.5}})
+    assert "telemetry_train_loss 2.0" in _exposition(latest)
+    latest.consume("daemon", {"t": 2.0, "run": "r1", "values": {"telemetry/records_in": 3}})
+    # A rank's hello naming another run does not take over what the daemon said.
+    latest.consume("hello", {"t": 2.5, "rank": 0, "info": {"rank": 0, "run_name": "other"}})
+    text = _exposition(latest)
+    for line in ('telemetry_train_loss{run="r1"} 2.0', 'telemetry_rank_train_loss{rank="0",run="r1"} 2.5',
+                 'telemetry_records_in_total{run="r1"} 3.0'):
+        assert line in text, line
+    assert "telemetry_train_loss 2.0" not in text.splitlines() and 'run="other"' not in text
+    # A new daemon on the endpoint (another run): its own series; the first run's let go.
+    latest.consume("daemon", {"t": 3.0, "run": "r2", "values": {"telemetry/records_in": 1}})
+    text = _exposition(latest)
+    assert 'telemetry_records_in_total{run="r2"} 1.0' in text and 'run="r1"' not in text
+
+
+# Prometheus's own translation of an OTLP metric name and unit (prometheus/otlptranslator, with
+# suffixes): dots become _, the unit's word is appended unless the name has it, a counter ends in
+# _total; a UCUM annotation ({token}) is no unit.
+_PROM_UNIT = {"s": "seconds", "By": "bytes", "W": "watts", "Cel": "celsius", "Hz": "hertz", "%": "percent"}
+
+
+def _prometheus_translation(name: str, unit: str, counter: bool) -> str:
+    tokens = name.replace(".", "_").split("_")
+    main, _, per = re.sub(r"\{[^}]*\}", "", unit).partition("/")
+    word = _PROM_UNIT.get(main, "")
+    if word and word not in tokens:
+        tokens.append(word)
+    if per:
+        per_word = {"s": "second"}[per]
+        if per_word not in tokens:
+            tokens += ["per", per_word]
+    if counter:
+        tokens.append("total")
+    return "_".join(tokens)
+
+
+def test_the_exporter_names_and_units_as_prometheus_names_the_otlp_export():
+    """The exporter and the OTLP sink name things the same way, from the catalogue: for every
+    built-in metric, the exporter's name is what Prometheus makes of the OTLP sink's name and unit
+    (behind the exporter's telemetry_ prefix, which the daemon's own telemetry.* already has)."""
+    for m in catalogue.CATALOGUE:
+        if "*" in m.name:
+            continue
+        o = catalogue.otel(m.name)
+        expected = _prometheus_translation(o.name, o.unit, o.cumulative)
+        if not m.name.startswith("telemetry/"):
+            expected = "telemetry_" + expected
+        assert metric_name(m.name)[0] == expected, m.name

@@ -24,9 +24,11 @@ Events are counted (telemetry_events_total{name=...}), once per event: the same 
 every rank (a checkpoint saved at step 100, each rank saying so) counts once; telemetry_step is
 the last step and telemetry_last_record_timestamp_seconds says whether the run is still talking.
 
-Runs: once a rank's hello names the run (`run_name`), every series carries a `run` label, so two
-runs scraped one after the other are two series, never one; when a hello names another run (a
-new daemon on the same endpoint), the previous run's series are let go. A rank's own series
+Runs: every series carries a `run` label, the run the daemon serves: its `daemon` records name it
+(`run`, its --run-name), and before the first of them a rank's hello that names one (`run_name`);
+the series kept before the run was known get the label then. Two runs scraped one after the other
+are two series, never one; when another run is named (a new daemon on the same endpoint), the
+previous run's series are let go. A rank's own series
 (per-rank records, `rank<r>` segments) are removed when that rank says bye: they would otherwise
 keep its last value for good.
 
@@ -68,7 +70,6 @@ from telemetry.shared.numbers import is_int, is_number
 DEFAULT_PORT = 9464  # the port OpenTelemetry's Prometheus exporter uses by convention
 PREFIX = "telemetry_"
 _BAD = re.compile(r"[^a-zA-Z0-9_]")
-_RANK_SEGMENT = re.compile(r"^rank(\d+)$")
 # Prometheus sets no limit on a name's length; a longer name than this is cut and made unique.
 MAX_NAME_CHARS = 200
 MAX_LABEL_VALUE_CHARS = 256
@@ -135,47 +136,19 @@ def _label_value(v: Any) -> str:
 
 def _map(name: str, taken: frozenset[str] = frozenset()) -> tuple[str, dict[str, str], str]:
     """(Prometheus name, labels, template) of a metric name; `taken`: label names the record
-    itself sets (a segment is never made a label the record already has). The template is the
-    name with its label segments as placeholders: two names with one template are one family."""
-    parts = name.split("/")
-    labels: dict[str, str] = {}
-    kept: list[str] = []
-    template: list[str] = []
-    in_dataset = len(parts) >= 3 and parts[0] in ("dataset", "eval") and "dataset" not in taken
-    for i, seg in enumerate(parts):
-        m = _RANK_SEGMENT.match(seg)
-        if i == 1 and in_dataset:
-            labels["dataset"] = _label_value(seg)
-            template.append("{dataset}")
-        elif i == 0 and seg == "telemetry" and len(parts) > 1:
-            template.append(seg)   # the daemon's own counters: telemetry_x, not telemetry_telemetry_x
-        elif m and kept and "rank" not in labels and "rank" not in taken:
-            # "rank3" inside a name is a label, never a metric of its own; "rank" stays in the
-            # name, so a per-rank family never shares its name with the total.
-            labels["rank"] = m.group(1)
-            kept.append("rank")
-            template.append("rank{rank}")
-        else:
-            kept.append(seg)
-            template.append(seg)
+    itself sets (a segment is never made a label the record already has). The segments and
+    labels are the OTLP sink's (catalogue.split); the daemon's own counters drop their telemetry/
+    segment here (telemetry_x, not telemetry_telemetry_x). The template is the name with its
+    label segments as placeholders: two names with one template are one family."""
+    kept, labels, template = catalogue.split(name, taken)
+    if len(kept) > 1 and kept[0] == "telemetry":
+        kept = kept[1:]
+    labels = {k: _label_value(v) for k, v in labels.items()}
     prom = PREFIX + _BAD.sub("_", "_".join(kept))
     tpl = "/".join(template)
     if len(prom) > MAX_NAME_CHARS:
         prom = prom[:MAX_NAME_CHARS - _HASH_CHARS - 1] + "_" + _hash(tpl)
     return prom, labels, tpl
-
-
-# A catalogue unit -> (the Prometheus unit suffix, the factor to the base unit, how a name already
-# spells the unit at its end: cut before the suffix is added).
-_UNITS: dict[str, tuple[str, float, tuple[str, ...]]] = {
-    "s": ("seconds", 1.0, ("_seconds", "_s")),
-    "GB": ("bytes", 1e9, ("_gb",)),
-    "MB/s": ("bytes_per_second", 1e6, ("_mb_s",)),
-    "W": ("watts", 1.0, ("_w",)),
-    "°C": ("celsius", 1.0, ("_c",)),
-    "MHz": ("hertz", 1e6, ("_mhz",)),
-    "%": ("percent", 1.0, ("_percent",)),
-}
 
 
 class Typed:
@@ -193,11 +166,7 @@ def typed(prom: str, template: str) -> Typed:
     the metric name with {dataset}/rank{rank} placeholders; "per-rank " before a rank's own)."""
     name = template.removeprefix("per-rank ")
     name = "/".join(seg for seg in name.split("/") if seg != "rank{rank}")
-    m = catalogue.lookup(name)
-    if m is not None and not m.unit and m.name in ("*_max", "*_min"):
-        base = catalogue.lookup(name[:-4])        # perf/step_time_max: the unit of perf/step_time
-        if base is not None and base.unit:
-            m = base
+    m = catalogue.unit_entry(name)                # perf/step_time_max: the unit of perf/step_time
     what = f"{template} from the telemetry daemon"
     if m is None:
         return Typed(prom, False, 1.0, f"latest value of {what}")
@@ -205,10 +174,10 @@ def typed(prom: str, template: str) -> Typed:
     counter = m.cumulative
     if counter:
         prom = prom.removesuffix("_total")
-    unit = _UNITS.get(m.unit)
-    if unit is None:
+    unit = catalogue.UNITS.get(m.unit)
+    if unit is None or not unit.prometheus:
         return Typed(prom, counter, 1.0, help)
-    suffix, scale, spelled = unit
+    suffix, scale, spelled = unit.prometheus, unit.scale, unit.spelled
     if suffix == "percent" and "_percent" in prom:        # system/cpu_percent_core0: said already
         return Typed(prom, counter, scale, help)
     for tail in spelled:
@@ -266,6 +235,7 @@ class LatestValues:
         self._events: dict[str, int] = {}
         self._events_seen: dict[tuple, None] = {}     # (name, step) of recent events: counted once
         self.run: str | None = None
+        self._run_from_daemon = False   # a daemon record named the run: hellos no longer do
         self.step: int | None = None
         self.last_record_t: float | None = None
         self.num_records = 0
@@ -369,7 +339,8 @@ class LatestValues:
             run = info.get("run_name") if isinstance(info, dict) else None
             if isinstance(run, str) and run:
                 with self._lock:
-                    self._note_run(_label_value(run))
+                    if not self._run_from_daemon:       # the daemon's word, once heard, is the run's
+                        self._note_run(_label_value(run))
             return      # otherwise config, not a time series
         elif kind == "bye":
             if is_int(rec.get("rank")):
@@ -378,6 +349,12 @@ class LatestValues:
             return
         elif kind != "daemon":
             return
+        else:
+            run = rec.get("run")            # the run the daemon serves (its --run-name)
+            if isinstance(run, str) and run:
+                with self._lock:
+                    self._run_from_daemon = True
+                    self._note_run(_label_value(run))
         values = rec.get("values")
         if not isinstance(values, dict):
             return
@@ -400,10 +377,20 @@ class LatestValues:
                 self._set(prom, template, {**base, **labels}, float(v))
 
     def _note_run(self, run: str) -> None:
-        """The run a hello names: a label of every series; another run than before starts afresh."""
+        """The run a daemon record (or, before one, a hello) names: a label of every series, those
+        already kept included; another run than before starts afresh."""
         if run == self.run:
             return
-        if self.run is not None:
+        if self.run is None:
+            for fam in self._families.values():
+                series = {}
+                for key, value in fam.series.items():
+                    if "run" not in dict(key):
+                        key = tuple(sorted(key + (("run", run),)))
+                        self.num_bytes += len("run") + len(run)
+                    series[key] = value
+                fam.series = series
+        else:
             self._families.clear()
             self._family_of.clear()
             self._exposed.clear()
@@ -575,7 +562,7 @@ def run(args: argparse.Namespace) -> int:
                                   memory_mb=memory_mb, max_series=max_series)
     except (OSError, OverflowError) as exc:
         sub.close()
-        print(f"telemetry export-prometheus: cannot listen on {args.addr}:{port}: {exc}", file=sys.stderr)
+        print(httpaccess.cannot_listen("telemetry export-prometheus", args.addr, port, exc), file=sys.stderr)
         return 1
     latest.on_first_drop = lambda: print(
         f"telemetry export-prometheus: {latest.num_series:,} series kept (--max-series {max_series}, "

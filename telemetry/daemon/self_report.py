@@ -158,7 +158,7 @@ def daemon_record(d) -> dict:
     for r in runners:
         values[f"telemetry/sink/{r.name}/queued"] = r.queued()
         values[f"telemetry/sink/{r.name}/dropped"] = r.num_dropped
-    return DaemonRecord(time.time(), values)
+    return DaemonRecord(time.time(), values, run=d.cfg.run_name)
 
 
 def progress_line(d, rec: dict) -> str:

@@ -13,8 +13,11 @@ From it, not beside it:
     README equals it);
   - a user's own declarations (the daemon config's `metrics:` map, same fields; `declared`).
   - Prometheus names, types, units and help (telemetry/consumers/prometheus.py: `lookup` and
-    `prometheus_unit`): a time in seconds ends in _seconds, GB become _bytes, a cumulative
-    counter is a Prometheus counter (_total).
+    UNITS): a time in seconds ends in _seconds, GB become _bytes, a cumulative counter is a
+    Prometheus counter (_total).
+  - OpenTelemetry names and units (`otel`, for the daemon's OTLP sink, telemetry/daemon/sinks/
+    otlp.py): dot-separated lowercase names without their unit, UCUM units, values in base units
+    (UNITS: GB are sent as bytes); the same segments and the same unit table as Prometheus's.
   - the daemon's own counters in its `daemon` records, each read where `telemetry status` has
     the same figure (`status`: telemetry/dropped is status's records_lost), so the two never
     disagree (telemetry/daemon/self_report.py).
@@ -315,6 +318,157 @@ def lookup(name: str, catalogue: tuple[Metric, ...] | None = None) -> Metric | N
     if prefix is not None:
         return prefix
     return next((m for m in catalogue if m.name.startswith("*") and name.endswith(m.name[1:])), None)
+
+
+# -- how a metric is exported: Prometheus and OpenTelemetry ---------------------------------------
+@dataclass(frozen=True, slots=True)
+class Unit:
+    """How a catalogue unit is exported: its UCUM code (OTLP's units), the factor from the
+    catalogue's unit to that base unit (GB -> bytes: 1e9), the Prometheus name suffix ("": none)
+    and how a metric name spells the unit at its end (cut before the export adds its own)."""
+    ucum: str
+    scale: float = 1.0
+    prometheus: str = ""
+    spelled: tuple[str, ...] = ()
+
+
+# Every unit the catalogue uses (tests/test_catalogue.py holds each entry to this table). A count
+# is a UCUM annotation ({token}: a dimensionless 1 that says what it counts): Prometheus drops
+# annotations, so it adds no suffix. A plain number ("": a loss, a learning rate) has no unit:
+# UCUM's "1" would make Prometheus's OTLP translation append _ratio to a gauge (train_loss_ratio).
+# A rate keeps its _per_second: cut, tokens_per_second would be the name of the count itself.
+UNITS: dict[str, Unit] = {
+    "": Unit(""),
+    "s": Unit("s", 1.0, "seconds", ("_seconds", "_s")),
+    "GB": Unit("By", 1e9, "bytes", ("_gb",)),
+    "MB/s": Unit("By/s", 1e6, "bytes_per_second", ("_mb_s",)),
+    "W": Unit("W", 1.0, "watts", ("_w",)),
+    "°C": Unit("Cel", 1.0, "celsius", ("_c",)),
+    "MHz": Unit("Hz", 1e6, "hertz", ("_mhz",)),
+    "%": Unit("%", 1.0, "percent", ("_percent",)),
+    "tokens": Unit("{token}"),
+    "tokens²": Unit("{token^2}"),
+    "samples": Unit("{sample}"),
+    "steps": Unit("{step}"),
+    "epochs": Unit("{epoch}"),
+    "rank": Unit("{rank}"),
+    "ranks": Unit("{rank}"),
+    "records": Unit("{record}"),
+    "connections": Unit("{connection}"),
+    "tokens/s": Unit("{token}/s"),
+    "samples/s": Unit("{sample}/s"),
+    "steps/s": Unit("{step}/s"),
+    "FLOP/s": Unit("{flop}/s"),
+}
+
+
+def unit_entry(name: str) -> Metric | None:
+    """The entry whose unit `name` has: its own (lookup), but for a name_max / name_min the
+    catalogue only knows as an extreme, the unit of name (perf/step_time_max: seconds)."""
+    m = lookup(name)
+    if m is not None and not m.unit and m.name in ("*_max", "*_min"):
+        base = lookup(name[:-4])
+        if base is not None and base.unit:
+            return base
+    return m
+
+
+_DATASET_PARENTS = ("dataset", "eval")
+
+
+def split(name: str, taken: frozenset[str] = frozenset()) -> tuple[list[str], dict[str, str], list[str]]:
+    """A metric name's path segments as both exports name it: (segments kept, labels, template).
+
+    dataset/<d>/x and eval/<d>/x: the dataset is a label (`dataset`), so every dataset's loss is
+    one metric; a segment rank<r> inside a name is a `rank` label and "rank" stays in the name, so a
+    per-rank metric never shares its name with the total (gpu/rank3/memory_used_gb ->
+    gpu, rank, memory_used_gb {rank: 3}). `taken`: labels the record itself sets (a segment never
+    becomes one of them). The template is the name with its label segments as placeholders."""
+    parts = name.split("/")
+    labels: dict[str, str] = {}
+    kept: list[str] = []
+    template: list[str] = []
+    in_dataset = len(parts) >= 3 and parts[0] in _DATASET_PARENTS and "dataset" not in taken
+    for i, seg in enumerate(parts):
+        m = _RANK_SEGMENT.match(seg)
+        if i == 1 and in_dataset:
+            labels["dataset"] = seg
+            template.append("{dataset}")
+        elif m and kept and "rank" not in labels and "rank" not in taken:
+            labels["rank"] = seg[len("rank"):]
+            kept.append("rank")
+            template.append("rank{rank}")
+        else:
+            kept.append(seg)
+            template.append(seg)
+    return kept, labels, template
+
+
+@dataclass(frozen=True, slots=True)
+class OtelMetric:
+    """A metric name as OpenTelemetry names it (`otel`)."""
+    name: str                  # train.loss, memory.allocated, rank.train.loss
+    unit: str                  # UCUM: "s", "By", "{token}/s", "" (a plain number)
+    scale: float               # the record's value times this is in `unit` (GB -> By: 1e9)
+    labels: dict[str, str]     # attributes from the name's segments (dataset, rank)
+    doc: str
+    cumulative: bool           # a count since a start: a monotonic cumulative sum, not a gauge
+
+
+_NOT_IN_SEGMENT = re.compile(r"[^a-z0-9_]+")
+# OpenTelemetry's instrument names: at most 255 characters.
+MAX_OTEL_NAME = 255
+
+
+def _otel_segment(seg: str) -> str:
+    return _NOT_IN_SEGMENT.sub("_", seg.lower()).strip("_")
+
+
+def _otel_join(segments: list[str]) -> str:
+    name = ".".join(s for s in map(_otel_segment, segments) if s) or "unnamed"
+    return name if name[0].isalpha() else "m_" + name
+
+
+_plain_names: frozenset[str] | None = None
+
+
+def _uncut_names() -> frozenset[str]:
+    """The OpenTelemetry names of the catalogue's exact names before any unit is cut from them."""
+    global _plain_names
+    if _plain_names is None:
+        _plain_names = frozenset(_otel_join(split(m.name)[0]) for m in CATALOGUE if "*" not in m.name)
+    return _plain_names
+
+
+def otel(name: str, taken: frozenset[str] = frozenset(), per_rank: bool = False) -> OtelMetric:
+    """`name` (a record's metric name) as an OpenTelemetry metric, by the semantic conventions'
+    naming: the path's segments become dot-separated namespaces, each lowercase snake_case
+    (anything else becomes "_"); the unit the name spells at its end is cut (memory/allocated_gb
+    -> memory.allocated, unit By, values x 1e9; goodput/checkpoint_save_s -> goodput.checkpoint_save,
+    unit s), unless the cut name is another built-in metric's (perf/mfu_percent stays
+    perf.mfu_percent beside perf.mfu); dataset and rank<r> segments become attributes as `split`
+    says. `per_rank`: one rank's own value (a per-rank record) is under the `rank.` namespace
+    (rank.train.loss {rank}), never the aggregate's name minus a label. A name the catalogue does
+    not know (your own: train/my_metric) is a gauge of no unit under its segments' name."""
+    kept, labels, _ = split(name, taken)
+    m = unit_entry(name)
+    unit = UNITS.get(m.unit, Unit(m.unit)) if m is not None else UNITS[""]
+    out = _otel_join(kept)
+    last = out.rsplit(".", 1)[-1]
+    for tail in unit.spelled:
+        if last.endswith(tail) and len(last) > len(tail):
+            cut = out[:-len(tail)]
+            if cut not in _uncut_names():
+                out = cut
+            break
+    if per_rank:
+        out = "rank." + out
+    if len(out) > MAX_OTEL_NAME:
+        import hashlib
+
+        out = out[:MAX_OTEL_NAME - 9] + "_" + hashlib.sha1(name.encode("utf-8", "surrogatepass")).hexdigest()[:8]
+    return OtelMetric(out, unit.ucum, unit.scale, labels, m.doc if m is not None else "",
+                      m is not None and m.cumulative)
 
 
 def declared(metrics: dict, where: str = "metrics") -> tuple[Metric, ...]:
