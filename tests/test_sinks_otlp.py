@@ -1,18 +1,40 @@
-"""OTLP export (issue 33 item 5): a real daemon exports to a receiver on loopback that decodes
-each request with the official opentelemetry-proto messages; names, values, units and
-attributes are checked against what the daemon wrote to metrics.jsonl."""
+"""OTLP export: a real daemon (2 ranks, per-rank records) exports to a receiver on loopback that
+decodes each OTLP/HTTP protobuf post with the official opentelemetry-proto messages, and what
+arrives is held to OpenTelemetry's conventions as a real backend needs them:
+
+- names: dot-separated lowercase namespaces without their unit, UCUM units, values in base units
+  (GB -> By), all from the metric catalogue, for the built-in metrics and a user's own;
+- the resource: service.name/namespace/instance.id, our own attributes under llm_telemetry.*, no
+  bare `job`; service.instance.id the same after a daemon restart;
+- a rank's own series never the aggregate's minus a label (a sum over a metric means something);
+- the run's step and the time of its last progress exported;
+- cumulative temporality whatever OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE says;
+- the sink as a custom sink (a second endpoint, no subclass).
+"""
 from __future__ import annotations
 
+import re
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, HTTPServer
+import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
 from daemon_util import start_daemon
 from telemetry.client import TelemetryClient
+from telemetry.shared import catalogue
 
 pb = pytest.importorskip("opentelemetry.proto.collector.metrics.v1.metrics_service_pb2")
+from opentelemetry.proto.metrics.v1 import metrics_pb2  # noqa: E402  (after the skip)
+
+CUMULATIVE = metrics_pb2.AGGREGATION_TEMPORALITY_CUMULATIVE
+# OpenTelemetry's naming: lowercase snake_case words in dot-separated namespaces.
+OTEL_NAME = re.compile(r"^[a-z][a-z0-9_]*(\.[a-z0-9_]+)*$")
+# The UCUM units the catalogue exports, and the sink's own ({event}).
+UCUM = {u.ucum for u in catalogue.UNITS.values()} | {"{event}"}
+# A unit spelled at the end of a name (what a backend would double: goodput_checkpoint_save_s_seconds).
+UNIT_TAILS = ("_gb", "_mb", "_mb_s", "_s", "_seconds", "_bytes", "_mhz", "_hz", "_w", "_c", "_percent")
 
 
 class Receiver:
@@ -21,6 +43,7 @@ class Receiver:
     def __init__(self) -> None:
         self.requests: list = []
         self.paths: list[str] = []
+        self.content_types: set[str] = set()
         got = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -30,6 +53,7 @@ class Receiver:
                 req.ParseFromString(body)
                 got.requests.append(req)
                 got.paths.append(self.path)
+                got.content_types.add(self.headers.get("Content-Type", ""))
                 self.send_response(200)
                 self.send_header("Content-Type", "application/x-protobuf")
                 self.end_headers()
@@ -38,26 +62,34 @@ class Receiver:
             def log_message(self, *args):
                 pass
 
-        self.server = HTTPServer(("127.0.0.1", 0), Handler)
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_port}/v1/metrics"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
-    def latest(self) -> dict[str, dict]:
-        """Metric name -> its last export: {"unit", "kind", "points": {attributes: value}, "resource"}."""
-        out = {}
-        for req in self.requests:
+    def metrics(self, since: int = 0):
+        """(resource attributes, metric) of every metric of every request from the `since`-th on."""
+        for req in self.requests[since:]:
             for rm in req.resource_metrics:
-                resource = {a.key: a.value.string_value for a in rm.resource.attributes}
+                resource = {a.key: _value(a.value) for a in rm.resource.attributes}
                 for sm in rm.scope_metrics:
                     for m in sm.metrics:
-                        kind = m.WhichOneof("data")
-                        data = getattr(m, kind)
-                        points = {tuple(sorted((a.key, _value(a.value)) for a in p.attributes)):
-                                  (p.as_double if p.HasField("as_double") else p.as_int) for p in data.data_points}
-                        out[m.name] = {"unit": m.unit, "kind": kind, "points": points, "resource": resource,
-                                       "temporality": getattr(data, "aggregation_temporality", None),
-                                       "monotonic": getattr(data, "is_monotonic", None)}
+                        yield resource, m
+
+    def latest(self, since: int = 0) -> dict[str, dict]:
+        """Metric name -> its last export: {"unit", "kind", "points": {attributes: value}, "resource"}."""
+        out = {}
+        for resource, m in self.metrics(since):
+            kind = m.WhichOneof("data")
+            data = getattr(m, kind)
+            points = {tuple(sorted((a.key, _value(a.value)) for a in p.attributes)):
+                      (p.as_double if p.HasField("as_double") else p.as_int) for p in data.data_points}
+            out[m.name] = {"unit": m.unit, "kind": kind, "points": points, "resource": resource,
+                           "temporality": getattr(data, "aggregation_temporality", None),
+                           "monotonic": getattr(data, "is_monotonic", None)}
         return out
+
+    def instance_ids(self, since: int = 0) -> set[str]:
+        return {r["service.instance.id"] for r, _ in self.metrics(since)}
 
     def close(self) -> None:
         self.server.shutdown()
@@ -68,55 +100,186 @@ def _value(v):
     return getattr(v, kind)
 
 
-def test_the_daemon_exports_steps_per_rank_values_host_metrics_and_events_over_otlp(tmp_path):
-    rx = Receiver()
-    d = start_daemon(tmp_path, world_size=2, per_rank=True, run_name="otlp-run",
-                     config={"otlp": {"enabled": True, "endpoint": rx.url, "export_interval_s": 0.5, "job": "job-7"},
-                             "pollers": {"nvml_enabled": False, "host_interval_s": 0.5}})
+def _wait(predicate, what: str, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.2)
+
+
+def _config(url: str, url2: str) -> dict:
+    return {"otlp": {"enabled": True, "endpoint": url, "export_interval_s": 0.3, "job": "job-7"},
+            # A second endpoint: the same class as a custom sink, built with the log_dir custom sinks get.
+            "custom_sinks": [{"class": "telemetry.daemon.sinks.otlp:OtlpSink",
+                              "options": {"endpoint": url2, "run_name": "otlp-run", "job": "job-7",
+                                          "export_interval_s": 0.3}}],
+            "daemon_record_interval_s": 0.3,
+            "pollers": {"nvml_enabled": False, "host_interval_s": 0.3}}
+
+
+def _log_steps(d, steps: range) -> None:
     clients = [TelemetryClient(d.ingest, rank=r) for r in (0, 1)]
     try:
-        for step in range(1, 21):
+        for step in steps:
             for r, c in enumerate(clients):
                 c.log(step, {"train/loss": 2.0 / step + r * 0.01, "perf/step_time": 0.1 + 0.01 * r,
-                             "weird key!": 1.0 * step})
+                             "memory/allocated_gb": 12.5 + r, "weird key!": 1.0 * step,
+                             "Train/Loss": 7.0, "eval/copy/loss": 1.5 + r})
         for c in clients:
-            c.event("checkpoint_saved", {"step": 20, "duration_s": 0.5})
-        d.wait_for(lambda rs: any(r.get("step") == 20 and "rank" not in r for r in rs if r["kind"] == "metrics")
-                   and sum(r.get("name") == "checkpoint_saved" for r in rs if r["kind"] == "event") == 2
-                   and any(r["kind"] == "system" for r in rs))
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            got = rx.latest()
-            if (got.get("train/loss", {}).get("points", {}).get(()) == pytest.approx(2.0 / 20 + 0.005)
-                    and got.get("telemetry.events") and "system/cpu_percent" in got):
-                break
-            time.sleep(0.3)
+            c.event("checkpoint_saved", {"step": steps[-1], "duration_s": 0.5})
     finally:
         for c in clients:
             c.close()
+
+
+def test_a_real_receiver_gets_otel_names_units_resource_progress_and_cumulative_sums(tmp_path):
+    rx, rx2 = Receiver(), Receiver()
+    # The environment asks the SDK for delta sums: the sink pins what the docs promise, cumulative.
+    env = {"OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE": "delta"}
+    d = start_daemon(tmp_path, world_size=2, per_rank=True, run_name="otlp-run", config=_config(rx.url, rx2.url),
+                     env=env)
+    try:
+        _log_steps(d, range(1, 21))
+        d.wait_for(lambda rs: any(r.get("step") == 20 and "rank" not in r for r in rs if r["kind"] == "metrics")
+                   and sum(r.get("name") == "checkpoint_saved" for r in rs if r["kind"] == "event") == 2
+                   and any(r["kind"] == "system" for r in rs) and any(r["kind"] == "daemon" for r in rs))
+
+        def arrived(r: Receiver) -> bool:
+            got = r.latest()
+            return (got.get("training.step", {}).get("points", {}).get(()) == 20
+                    and got.get("telemetry.events", {}).get("points")
+                    and "system.cpu" in got and "goodput.wall" in got and "telemetry.records_in" in got)
+        _wait(lambda: arrived(rx) and arrived(rx2), "the exports of step 20")
+    finally:
         d.drain()
-        rx.close()
     recs = d.read_jsonl()
     got = rx.latest()
-    assert rx.paths and set(rx.paths) == {"/v1/metrics"}
-    last = [r for r in recs if r["kind"] == "metrics" and "rank" not in r][-1]["values"]
-    loss = got["train/loss"]
-    assert loss["kind"] == "gauge" and loss["resource"]["run"] == "otlp-run" and loss["resource"]["job"] == "job-7"
-    assert loss["resource"]["service.name"] == "telemetry-daemon" and loss["resource"]["node"]
-    # The step's value across ranks, and each rank's own (the daemon's --per-rank records).
-    assert loss["points"][()] == pytest.approx(last["train/loss"])
-    for r in (0, 1):
-        own = [x for x in recs if x["kind"] == "metrics" and x.get("rank") == r][-1]["values"]
-        assert loss["points"][(("rank", r),)] == pytest.approx(own["train/loss"])
-    assert got["perf/step_time"]["unit"] == "s"                       # from the metric catalogue
-    assert got["weird_key_"]["points"][()] == pytest.approx(20.0)     # a name OpenTelemetry takes
-    host = [r for r in recs if r["kind"] == "system"][-1]["host"]
-    assert (("host", host),) in got["system/cpu_percent"]["points"]
-    assert got["system/cpu_percent"]["unit"] == "%"
-    # Events: one counter, cumulative and monotonic; both ranks' saves, counted once each.
+    assert rx.paths and set(rx.paths) == {"/v1/metrics"} and rx.content_types == {"application/x-protobuf"}
+
+    # -- names and units, for every metric that arrived ---------------------------------------------
+    for name, m in got.items():
+        assert OTEL_NAME.match(name), name
+        assert m["unit"] in UCUM, (name, m["unit"])
+        assert not name.endswith(UNIT_TAILS) or name == "perf.mfu_percent", name
+    last = [r for r in recs if r["kind"] == "metrics" and "rank" not in r][-1]
+    own = {r: [x for x in recs if x["kind"] == "metrics" and x.get("rank") == r][-1]["values"] for r in (0, 1)}
+    mem = got["memory.allocated"]                 # memory/allocated_gb: bytes, unit By
+    assert mem["unit"] == "By" and mem["points"][()] == pytest.approx(last["values"]["memory/allocated_gb"] * 1e9)
+    assert got["perf.step_time"]["unit"] == "s"
+    assert got["goodput.wall"]["unit"] == "s" and "goodput.wall_s" not in got
+    assert got["system.memory_used"]["unit"] == "By" and got["system.cpu"]["unit"] == "%"
+    assert got["train.loss"]["unit"] == ""        # a plain number: no unit (UCUM's 1 reads as a ratio)
+    assert got["weird_key"]["points"][()] == pytest.approx(20.0)
+    # Train/Loss is train.loss lowercased: never merged into it (the SDK takes names case-insensitively).
+    renamed = [n for n in got if n.startswith("train.loss_")]
+    assert len(renamed) == 1 and got[renamed[0]]["points"][()] == pytest.approx(7.0)
+    # A dataset is an attribute: eval/copy/loss -> eval.loss {dataset=copy}.
+    assert got["eval.loss"]["points"][(("dataset", "copy"),)] == pytest.approx(last["values"]["eval/copy/loss"])
+    # The daemon's own cumulative counts are monotonic cumulative sums.
+    rin = got["telemetry.records_in"]
+    assert rin["kind"] == "sum" and rin["monotonic"] and rin["temporality"] == CUMULATIVE
+    assert rin["unit"] == "{record}"
+
+    # -- a rank's own series are not the aggregate's minus a label ----------------------------------
+    loss = got["train.loss"]
+    assert loss["points"] == {(): pytest.approx(last["values"]["train/loss"])}
+    per_rank = got["rank.train.loss"]
+    assert per_rank["points"] == {(("rank", r),): pytest.approx(own[r]["train/loss"]) for r in (0, 1)}
+    for name, m in got.items():
+        with_rank = {any(k == "rank" for k, _ in attrs) for attrs in m["points"]}
+        assert len(with_rank) <= 1, f"{name}: per-rank and aggregate series under one name"
+
+    # -- the resource --------------------------------------------------------------------------------
+    resource = loss["resource"]
+    assert "job" not in resource and "run" not in resource and "node" not in resource and "instance" not in resource
+    assert resource["service.name"] == "telemetry-daemon" and resource["service.namespace"] == "job-7"
+    assert uuid.UUID(resource["service.instance.id"]).version == 5
+    assert resource["llm_telemetry.run.name"] == "otlp-run" and resource["host.name"]
+    for key in resource:          # OpenTelemetry's conventions (service.*, host.*, its SDK's telemetry.sdk.*) or ours
+        assert key.startswith(("service.", "host.", "telemetry.sdk.", "llm_telemetry.")), key
+
+    # -- the run's progress ----------------------------------------------------------------------------
+    assert got["training.step"]["points"][()] == 20 and got["training.step"]["unit"] == "{step}"
+    progress = got["training.last_progress_time"]
+    assert progress["unit"] == "s" and progress["points"][()] == pytest.approx(last["t"])
+
+    # -- events: one cumulative monotonic sum, the environment's delta preference notwithstanding -----
     ev = got["telemetry.events"]
-    assert ev["kind"] == "sum" and ev["monotonic"] is True and ev["temporality"] == 2   # CUMULATIVE
+    assert ev["kind"] == "sum" and ev["monotonic"] is True and ev["temporality"] == CUMULATIVE
     assert ev["points"][(("name", "checkpoint_saved"), ("severity", "info"))] == 2
-    # The daemon's own counters, as it wrote them last.
-    daemon_last = [r for r in recs if r["kind"] == "daemon"][-1]["values"]
-    assert got["telemetry/records_in"]["points"][()] <= daemon_last["telemetry/records_in"]
+
+    # -- the custom sink: the same export at its own endpoint ------------------------------------------
+    got2 = rx2.latest()
+    assert got2["train.loss"]["points"][()] == pytest.approx(loss["points"][()])
+    assert got2["memory.allocated"]["unit"] == "By"
+    assert rx2.instance_ids() == rx.instance_ids() == {resource["service.instance.id"]}
+
+    # -- a restarted daemon continues the same series (the same service.instance.id) -----------------
+    before = len(rx.requests)
+    d2 = start_daemon(tmp_path, world_size=2, per_rank=True, run_name="otlp-run", config=_config(rx.url, rx2.url),
+                      env=env, log_dir=d.log_dir)
+    try:
+        _log_steps(d2, range(21, 23))
+        _wait(lambda: rx.latest(before).get("training.step", {}).get("points", {}).get(()) == 22,
+              "the restarted daemon's exports")
+    finally:
+        d2.drain()
+    assert rx.instance_ids(before) == {resource["service.instance.id"]}
+
+
+def test_every_built_in_name_maps_to_its_own_otel_name_and_unit():
+    """The mapping rule (docs/metrics.md), over the whole catalogue: distinct names, no unit in a
+    name, a UCUM unit, values in base units."""
+    names = [m.name for m in catalogue.CATALOGUE if "*" not in m.name]
+    mapped = {n: catalogue.otel(n) for n in names}
+    assert len({m.name for m in mapped.values()}) == len(names)
+    for n, m in mapped.items():
+        assert OTEL_NAME.match(m.name), n
+        assert m.unit in UCUM, (n, m.unit)
+        assert not m.name.endswith(UNIT_TAILS) or n == "perf/mfu_percent", (n, m.name)
+    assert {m.unit for m in catalogue.CATALOGUE} <= set(catalogue.UNITS)
+    assert (mapped["memory/allocated_gb"].name, mapped["memory/allocated_gb"].unit,
+            mapped["memory/allocated_gb"].scale) == ("memory.allocated", "By", 1e9)
+    assert (mapped["goodput/fraction"].name, catalogue.otel("goodput/checkpoint_save_s").name,
+            catalogue.otel("goodput/checkpoint_save_s").unit) == ("goodput.fraction", "goodput.checkpoint_save", "s")
+    assert (mapped["gpu/sm_clock_mhz"].unit, mapped["gpu/sm_clock_mhz"].scale) == ("Hz", 1e6)
+    assert mapped["gpu/temperature_c"].unit == "Cel" and mapped["system/disk_read_mb_s"].unit == "By/s"
+    # A user's own: its segments, no unit; a rank's own under rank.
+    assert (catalogue.otel("train/my_metric").name, catalogue.otel("train/my_metric").unit) == ("train.my_metric", "")
+    assert catalogue.otel("train/loss", per_rank=True).name == "rank.train.loss"
+    gpu_rank = catalogue.otel("gpu/rank3/memory_used_gb")
+    assert (gpu_rank.name, gpu_rank.labels) == ("gpu.rank.memory_used", {"rank": "3"})
+
+
+def test_the_sink_is_a_custom_sink_and_refuses_a_bad_endpoint_as_the_config_does(tmp_path):
+    from telemetry.daemon.sinks.otlp import OtlpSink
+    from telemetry.shared.config import ConfigError
+
+    log_dir = tmp_path / "my-run" / "telemetry"
+    log_dir.mkdir(parents=True)
+    sink = OtlpSink(log_dir=log_dir, endpoint="http://127.0.0.1:4318/v1/metrics")
+    # The daemon's own default run name: the run directory's.
+    assert sink.run_name == "my-run" and sink.resource_attributes()["service.namespace"] == "my-run"
+    again = OtlpSink(log_dir=log_dir, endpoint="http://127.0.0.1:9/v1/metrics", export_interval_s=5)
+    assert again.instance_id == sink.instance_id          # what the daemon is, not when it started
+    other = OtlpSink(log_dir=log_dir, endpoint="http://127.0.0.1:4318/v1/metrics", run_name="another")
+    assert other.instance_id != sink.instance_id
+    with pytest.raises(ConfigError, match="endpoint"):
+        OtlpSink(log_dir=log_dir, endpoint="127.0.0.1:4318")
+
+
+def test_a_users_name_never_takes_the_sinks_own_or_another_names_series(tmp_path):
+    from telemetry.daemon.sinks.otlp import LAST_PROGRESS, STEP, OtlpSink
+
+    sink = OtlpSink(log_dir=tmp_path / "r" / "telemetry", endpoint="http://127.0.0.1:4318/v1/metrics")
+    none = frozenset()
+    names = {"per-rank train/loss": sink._family_of("train/loss", True, frozenset({"rank"}))[0].name}
+    # Each later than a name it maps onto (first come, first kept: as in Prometheus).
+    names.update((k, sink._family_of(k, False, none)[0].name)
+                 for k in ("training/step", "training/last_progress_time", "train/loss", "Train/Loss", "rank/train/loss"))
+    assert len(set(names.values())) == len(names)
+    assert STEP not in names.values() and LAST_PROGRESS not in names.values()
+    assert names["train/loss"] == "train.loss" and names["per-rank train/loss"] == "rank.train.loss"
+    assert names["Train/Loss"].startswith("train.loss_") and sink.num_names_renamed == 4
+    # A rank<r> segment's rank is the same number a per-rank record's is.
+    assert sink._family_of("gpu/rank3/memory_used_gb", False, frozenset({"host", "gpu"}))[2] == (("rank", 3),)

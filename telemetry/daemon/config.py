@@ -83,7 +83,7 @@ class OtlpConfig(SinkConfig):
     export_interval_s: float = 10.0
     timeout_s: float = 10.0
     headers: dict[str, str] = field(default_factory=dict)
-    job: str = ""                                         # the resource's `job` (default: the run name)
+    job: str = ""                                         # the resource's service.namespace (default: the run name)
 
     def __post_init__(self) -> None:
         SinkConfig.__post_init__(self)

@@ -298,8 +298,10 @@ class Daemon:
             from telemetry.daemon.sinks.otlp import OtlpSink
 
             o = cfg.otlp
-            self._add_runner(OtlpSink(o.endpoint, cfg.run_name, job=o.job, export_interval_s=o.export_interval_s,
-                                      timeout_s=o.timeout_s, headers=o.headers, host=self.host), o)
+            node_rank = cfg.forward.node_rank if cfg.forward is not None and cfg.forward.enabled else None
+            self._add_runner(OtlpSink(self.log_dir, o.endpoint, cfg.run_name, job=o.job,
+                                      export_interval_s=o.export_interval_s, timeout_s=o.timeout_s,
+                                      headers=o.headers, host=self.host, node_rank=node_rank), o)
         for i, c in enumerate(cfg.custom_sinks):
             if c.enabled:
                 self._add_runner(_load_sink(c.cls, self.log_dir, c.options, f"custom_sinks[{i}]"), c)

@@ -1,24 +1,40 @@
-"""Export to OpenTelemetry over OTLP/HTTP: into the cluster's own collector or Prometheus.
+"""Export to OpenTelemetry over OTLP/HTTP: into the cluster's own collector or time-series database.
 
 The daemon (never a rank) hands its output records to this sink like to any other, on its own
 thread. It keeps the latest value of each series and the OpenTelemetry SDK's periodic reader
 exports them every `export_interval_s` with the SDK's OTLP/HTTP exporter (protobuf, cumulative
-temporality):
+temporality, whatever OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE says):
 
-    metrics (aggregated)   gauge <name>                      the step's value across ranks
-    metrics (per rank)     gauge <name> {rank}               with the daemon's --per-rank
-    gpu                    gauge <name> {host, gpu}
-    system                 gauge <name> {host}
-    daemon                 gauge <name>                      the daemon's own counters (telemetry/*, goodput/*)
-    event                  counter telemetry.events {name, severity}   one per event (the daemon's
-                           own bookkeeping events left out)
+    metrics (aggregated)   <name>                      the step's value across ranks
+    metrics (per rank)     rank.<name> {rank}          with the daemon's --per-rank
+    gpu                    <name> {host, gpu}
+    system                 <name> {host}
+    daemon                 <name>                      the daemon's own counters (telemetry.*, goodput.*)
+    (the run's progress)   training.step               the last aggregated step
+                           training.last_progress_time unix time (s) the step last moved: a stalled
+                                                       run's stops while the gauges keep their values
+    event                  telemetry.events {name, severity}   a cumulative monotonic sum, one per
+                           event (the daemon's own bookkeeping events left out)
 
-Every point also carries the resource attributes service.name (telemetry-daemon), job, run and
-node (the daemon's host): several daemons of a job are told apart by their node. A name is kept
-as the records have it (train/loss); a character OpenTelemetry does not take in a name becomes
-"_". Units come from the metric catalogue (telemetry/shared/catalogue.py). A collector that does
-not answer costs this sink's thread (the exporter's timeout), never ingest; what the SDK could not
-export it logs.
+Names and units come from the metric catalogue (`catalogue.otel`, telemetry/shared/catalogue.py):
+dot-separated lowercase namespaces, no unit in the name, UCUM units, values in base units
+(memory/allocated_gb 12.5 -> memory.allocated 1.25e10 By); a cumulative count (OOMs so far, the
+daemon's records_in) is a monotonic sum, everything else a gauge. A rank's own value is never the
+aggregate's series minus a label: a sum over all of a metric's series must mean something
+(Prometheus's naming rule; OpenTelemetry's for attributes), so it has its own name, rank.<name>.
+Two record names that map to one OpenTelemetry name (Loss and loss: the SDK takes instrument names
+case-insensitively) do not share it: the later one gets _<8 hex digits of a hash of its name>
+(counted in stats' names_renamed).
+
+The resource says which daemon this is, by OpenTelemetry's semantic conventions: service.name
+telemetry-daemon, service.namespace the job (`job`, default the run name), service.instance.id a
+UUIDv5 of the host, run, node rank and log directory (the same after a restart, so a restarted
+daemon continues its series), host.name, and our own under llm_telemetry.*: run.name, node.rank
+(a node daemon's). No bare `job` or `instance`: a Prometheus-compatible backend makes its own
+job/instance labels from service.* (and `telemetry.*` attributes are OpenTelemetry's own SDK's).
+
+A collector that does not answer costs this sink's thread (the exporter's timeout), never ingest;
+what the SDK could not export it logs.
 
 Config (off by default):
 
@@ -28,72 +44,141 @@ Config (off by default):
       export_interval_s: 10
       timeout_s: 10
       headers: {}                                     # e.g. an auth token for a hosted backend
-      job: my-job                                     # the resource's `job` (default: the run name)
+      job: my-job                                     # service.namespace (default: the run name)
+
+A second endpoint is a custom sink of this class (built as OtlpSink(log_dir=..., **options)):
+
+    custom_sinks:
+      - class: telemetry.daemon.sinks.otlp:OtlpSink
+        options: {endpoint: "https://otlp.example.com/v1/metrics", run_name: my-run, headers: {...}}
+
+(`run_name` defaults to the daemon's own default, the run directory's name: give it when the
+daemon has --run-name.)
 """
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
-import re
 import socket
 import threading
+import uuid
+from pathlib import Path
 from typing import Any
 
 from telemetry.daemon.sinks.base import Out, Sink
+from telemetry.shared import catalogue
 from telemetry.shared.bookkeeping import is_bookkeeping
 from telemetry.shared.numbers import is_int, is_number
 
 log = logging.getLogger("telemetry.daemon.sinks.otlp")
 
-# OpenTelemetry's instrument names: a letter, then letters, digits, _ . - /, 255 at most.
-_NOT_IN_NAME = re.compile(r"[^A-Za-z0-9_.\-/]")
 EVENTS_COUNTER = "telemetry.events"
+STEP = "training.step"
+LAST_PROGRESS = "training.last_progress_time"
+SERVICE_NAME = "telemetry-daemon"
+# Our own resource attributes' namespace: `telemetry.*` is OpenTelemetry's (telemetry.sdk.*, set by
+# the SDK on every resource).
+ATTR_PREFIX = "llm_telemetry."
+# service.instance.id is a UUIDv5 in this namespace (uuid5(NAMESPACE_URL, our package's name)).
+INSTANCE_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "llm-telemetry-sidecar")
 # Distinct names kept (each an instrument and its latest values); beyond, values are counted, not kept.
 MAX_NAMES = 20_000
+_HASH_CHARS = 8
 
 
-def otel_name(name: str) -> str:
-    """A record's metric name as an OpenTelemetry instrument name."""
-    out = _NOT_IN_NAME.sub("_", name)[:255]
-    return out if out[:1].isalpha() else ("m_" + out)[:255]
+def instance_id(host: str, run_name: str, node_rank: int | None, log_dir: str) -> str:
+    """service.instance.id: what this daemon is, the same at every start of it."""
+    node = "" if node_rank is None else str(node_rank)
+    return str(uuid.uuid5(INSTANCE_NAMESPACE, "\0".join((host, run_name, node, log_dir))))
+
+
+class _Family:
+    """One OpenTelemetry metric: its latest value per attribute set."""
+
+    __slots__ = ("name", "unit", "doc", "cumulative", "series")
+
+    def __init__(self, name: str, unit: str, doc: str, cumulative: bool) -> None:
+        self.name, self.unit, self.doc, self.cumulative = name, unit, doc, cumulative
+        self.series: dict[tuple, float] = {}
 
 
 class OtlpSink(Sink):
     name = "otlp"
 
-    def __init__(self, endpoint: str, run_name: str, job: str = "", export_interval_s: float = 10.0,
-                 timeout_s: float = 10.0, headers: dict[str, str] | None = None, host: str = "") -> None:
+    def __init__(self, log_dir: str | Path | None = None, endpoint: str = "http://127.0.0.1:4318/v1/metrics",
+                 run_name: str = "", job: str = "", export_interval_s: float = 10.0, timeout_s: float = 10.0,
+                 headers: dict[str, str] | None = None, host: str = "", node_rank: int | None = None) -> None:
+        from telemetry.daemon.config import OtlpConfig
+
+        # The same checks as the daemon config's otlp: section (a custom sink's options too).
+        OtlpConfig(endpoint=endpoint, export_interval_s=export_interval_s, timeout_s=timeout_s,
+                   headers=dict(headers or {}))
+        self.log_dir = str(Path(log_dir).resolve()) if log_dir is not None else ""
         self.endpoint = endpoint
-        self.run_name = run_name
-        self.job = job or run_name
+        # The daemon's own default run name (telemetry.daemon.config): its run directory's name.
+        self.run_name = run_name or (Path(self.log_dir).parent.name if self.log_dir else "") or "run"
+        self.job = job or self.run_name
         self.export_interval_s = export_interval_s
         self.timeout_s = timeout_s
         self.headers = dict(headers or {})
         self.host = host or socket.gethostname()
+        self.node_rank = node_rank
+        self.instance_id = instance_id(self.host, self.run_name, node_rank, self.log_dir)
         self._lock = threading.Lock()               # the SDK's reader thread reads what this one writes
-        self._latest: dict[str, dict[tuple, float]] = {}   # instrument name -> attributes -> latest value
+        self._families: dict[str, _Family] = {}     # OpenTelemetry name -> its family
+        self._name_of: dict[tuple, tuple | None] = {}   # (record name, per rank, taken) -> (family, scale, labels)
+        # OpenTelemetry name -> the template that has it; the sink's own names are never a metric's.
+        self._claimed: dict[str, tuple] = {name: ("the sink's own",) for name in (EVENTS_COUNTER, STEP, LAST_PROGRESS)}
+        self._progress: dict[str, float] = {}       # STEP, LAST_PROGRESS
         self._provider = None
         self._meter = None
         self._events = None
         self.num_points = 0
         self.num_events = 0
         self.num_names_not_kept = 0
+        self.num_names_renamed = 0
+
+    def resource_attributes(self) -> dict[str, Any]:
+        attrs: dict[str, Any] = {"service.name": SERVICE_NAME, "service.namespace": self.job,
+                                 "service.instance.id": self.instance_id, "host.name": self.host,
+                                 ATTR_PREFIX + "run.name": self.run_name}
+        if self.node_rank is not None:
+            attrs[ATTR_PREFIX + "node.rank"] = self.node_rank
+        return attrs
 
     def start(self) -> None:
         from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
-        from opentelemetry.sdk.metrics import MeterProvider
-        from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+        from opentelemetry.metrics import Observation
+        from opentelemetry.sdk.metrics import (Counter, Histogram, MeterProvider, ObservableCounter,
+                                               ObservableGauge, ObservableUpDownCounter, UpDownCounter)
+        from opentelemetry.sdk.metrics.export import AggregationTemporality, PeriodicExportingMetricReader
         from opentelemetry.sdk.resources import Resource
 
-        resource = Resource.create({"service.name": "telemetry-daemon", "job": self.job, "run": self.run_name,
-                                    "node": self.host})
-        exporter = OTLPMetricExporter(endpoint=self.endpoint, headers=self.headers or None, timeout=self.timeout_s)
+        # Cumulative, as the docs promise, for every instrument: the exporter would otherwise take
+        # OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE from the environment (delta sums).
+        cumulative = {cls: AggregationTemporality.CUMULATIVE for cls in
+                      (Counter, UpDownCounter, Histogram, ObservableCounter, ObservableUpDownCounter, ObservableGauge)}
+        exporter = OTLPMetricExporter(endpoint=self.endpoint, headers=self.headers or None, timeout=self.timeout_s,
+                                      preferred_temporality=cumulative)
         reader = PeriodicExportingMetricReader(exporter, export_interval_millis=self.export_interval_s * 1000,
                                                export_timeout_millis=self.timeout_s * 1000)
-        self._provider = MeterProvider(resource=resource, metric_readers=[reader])
+        self._provider = MeterProvider(resource=Resource.create(self.resource_attributes()), metric_readers=[reader])
         self._meter = self._provider.get_meter("telemetry")
-        self._events = self._meter.create_counter(EVENTS_COUNTER, unit="1",
+        self._events = self._meter.create_counter(EVENTS_COUNTER, unit="{event}",
                                                   description="events the ranks and the daemon's diagnosis sent")
+
+        def progress(key: str):
+            def observe(_options):
+                with self._lock:
+                    return [Observation(self._progress[key])] if key in self._progress else []
+            return observe
+
+        self._meter.create_observable_gauge(STEP, callbacks=[progress(STEP)], unit="{step}",
+                                            description="the run's last aggregated step")
+        self._meter.create_observable_gauge(LAST_PROGRESS, callbacks=[progress(LAST_PROGRESS)], unit="s",
+                                            description="unix time of the step's last advance (a stalled run's "
+                                                        "stops moving)")
 
     def consume(self, batch: list[Out]) -> None:
         for o in batch:
@@ -107,10 +192,14 @@ class OtlpSink(Sink):
                     self._events.add(1, {"name": name, "severity": severity})
                     self.num_events += 1
                 continue
+            per_rank = False
             if kind == "metrics":
-                attrs = (("rank", rec["rank"]),) if is_int(rec.get("rank")) else ()
+                per_rank = is_int(rec.get("rank"))
+                attrs = (("rank", rec["rank"]),) if per_rank else ()
+                if not per_rank:
+                    self._note_step(rec)
             elif kind == "gpu":
-                attrs = (("host", str(rec.get("host", ""))), ("gpu", rec.get("gpu") if is_int(rec.get("gpu")) else 0))
+                attrs = (("gpu", rec.get("gpu") if is_int(rec.get("gpu")) else 0), ("host", str(rec.get("host", ""))))
             elif kind == "system":
                 attrs = (("host", str(rec.get("host", ""))),)
             elif kind == "daemon":
@@ -119,41 +208,82 @@ class OtlpSink(Sink):
                 continue
             values = rec.get("values")
             if isinstance(values, dict):
-                self._keep(values, attrs)
+                self._keep(values, attrs, per_rank)
 
-    def _keep(self, values: dict[str, Any], attrs: tuple) -> None:
-        latest, new = self._latest, []
+    def _note_step(self, rec) -> None:
+        step, t = rec.get("step"), rec.get("t")
+        if not is_int(step) or not is_number(t):
+            return
+        with self._lock:
+            if step > self._progress.get(STEP, -math.inf):
+                self._progress[STEP] = step
+                self._progress[LAST_PROGRESS] = float(t)
+
+    def _family_of(self, key: str, per_rank: bool, taken: frozenset) -> tuple | None:
+        """(family, scale, labels) of a record's metric name; None once MAX_NAMES are kept. Called
+        under the lock; a new family's instrument is made by the caller, outside it."""
+        cache_key = (key, per_rank, taken)
+        hit = self._name_of.get(cache_key, False)
+        if hit is not False:
+            return hit
+        m = catalogue.otel(key, taken, per_rank=per_rank)
+        _, _, template = catalogue.split(key, taken)
+        template = (per_rank, tuple(template))
+        name = m.name
+        owner = self._claimed.get(name)
+        n = 0
+        while owner is not None and owner != template:
+            # Another record name has it: a suffix from this name's own hash, the same on every run.
+            n += 1
+            salt = key if n == 1 else f"{key}#{n}"
+            name = m.name[:catalogue.MAX_OTEL_NAME - _HASH_CHARS - 1] + "_" + hashlib.sha1(
+                salt.encode("utf-8", "surrogatepass")).hexdigest()[:_HASH_CHARS]
+            owner = self._claimed.get(name)
+        fam = self._families.get(name)
+        if fam is None:
+            if len(self._families) >= MAX_NAMES:
+                if len(self._name_of) < 4 * MAX_NAMES:
+                    self._name_of[cache_key] = None
+                return None
+            fam = self._families[name] = _Family(name, m.unit, m.doc, m.cumulative)
+            self._claimed[name] = template
+            self.num_names_renamed += name != m.name
+        # A rank<r> segment's rank is the number a per-rank record's `rank` attribute is.
+        out = (fam, m.scale, tuple((k, int(v) if k == "rank" else v) for k, v in m.labels.items()))
+        if len(self._name_of) < 4 * MAX_NAMES:
+            self._name_of[cache_key] = out
+        return out
+
+    def _keep(self, values: dict[str, Any], attrs: tuple, per_rank: bool) -> None:
+        new = []
+        taken = frozenset(k for k, _ in attrs)
         with self._lock:
             for k, v in values.items():
                 if not is_number(v) or not math.isfinite(v):
                     continue
-                name = otel_name(k)
-                series = latest.get(name)
-                if series is None:
-                    if len(latest) >= MAX_NAMES:
-                        self.num_names_not_kept += 1
-                        continue
-                    series = latest[name] = {}
-                    new.append((name, k))
-                series[attrs] = float(v)
+                had = len(self._families)
+                got = self._family_of(k, per_rank, taken)
+                if got is None:
+                    self.num_names_not_kept += 1
+                    continue
+                fam, scale, labels = got
+                if len(self._families) > had:
+                    new.append(fam)
+                fam.series[tuple(sorted(attrs + labels))] = float(v) * scale
                 self.num_points += 1
         # Outside the lock: the SDK's reader may be collecting (its lock held) and calling observe().
-        for name, key in new:
-            self._instrument(name, key)
+        for fam in new:
+            self._instrument(fam)
 
-    def _instrument(self, name: str, key: str) -> None:
+    def _instrument(self, fam: _Family) -> None:
         from opentelemetry.metrics import Observation
 
-        from telemetry.shared import catalogue
-
-        m = catalogue.lookup(key)
-
-        def observe(_options, name=name):
+        def observe(_options, fam=fam):
             with self._lock:
-                return [Observation(v, dict(a)) for a, v in self._latest.get(name, {}).items()]
+                return [Observation(v, dict(a)) for a, v in fam.series.items()]
 
-        self._meter.create_observable_gauge(name, callbacks=[observe], unit=(m.unit if m is not None else "") or "",
-                                            description=m.doc if m is not None else "")
+        make = self._meter.create_observable_counter if fam.cumulative else self._meter.create_observable_gauge
+        make(fam.name, callbacks=[observe], unit=fam.unit, description=fam.doc)
 
     def close(self) -> None:
         if self._provider is not None:
@@ -164,5 +294,6 @@ class OtlpSink(Sink):
                 self._provider = None
 
     def stats(self) -> dict:
-        return {"points": self.num_points, "events": self.num_events, "names": len(self._latest),
-                "names_not_kept": self.num_names_not_kept, "endpoint": self.endpoint}
+        return {"points": self.num_points, "events": self.num_events, "names": len(self._families),
+                "names_not_kept": self.num_names_not_kept, "names_renamed": self.num_names_renamed,
+                "endpoint": self.endpoint, "instance_id": self.instance_id}
