@@ -26,14 +26,19 @@ from telemetry.shared import catalogue
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _scrape(url: str, token: str | None) -> dict[str, float]:
-    """The samples of one scrape, with the exporter's token (it asks for one by default)."""
+def _scrape(url: str, token: str | None, keep_run: bool = False) -> dict[str, float]:
+    """The samples of one scrape, with the exporter's token (it asks for one by default); without
+    their `run` label unless `keep_run` (every series gets it once the daemon's first daemon record
+    names the run)."""
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     text = urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=5).read().decode()
     out = {}
     for line in text.splitlines():
         if line and not line.startswith("#"):
             name, value = line.rsplit(" ", 1)
+            if not keep_run:
+                name = re.sub(r'run="[^"]*"', "", name).replace("{,", "{").replace(",}", "}").replace(",,", ",")
+                name = name.replace("{}", "")
             out[name] = float(value)
     return out
 
@@ -587,7 +592,7 @@ def test_runs_are_labelled_events_counted_once_and_a_ranks_series_go_with_it():
     latest.consume("metrics", {"t": 3.0, "step": 1, "values": {"train/loss": 5.0}})
     text = _exposition(latest)
     assert 'telemetry_train_loss{run="run-b"} 5.0' in text and "run-a" not in text
-    assert "telemetry_step 1.0" in text and latest.num_series == 1          # the budget counts run-b's alone
+    assert 'telemetry_step{run="run-b"} 1.0' in text and latest.num_series == 1    # the budget counts run-b's alone
 
 
 def test_every_series_carries_the_run_the_daemon_names_without_a_hello_naming_it(tmp_path):
@@ -609,7 +614,7 @@ def test_every_series_carries_the_run_the_daemon_names_without_a_hello_naming_it
             for r, c in enumerate(clients):
                 c.log(step, {"train/loss": 2.0, "memory/allocated_gb": 1.0 + r})
             time.sleep(0.1)
-            got = _scrape(url, token)
+            got = _scrape(url, token, keep_run=True)
             if ('telemetry_train_loss{run="the-run"}' in got and 'telemetry_rank_train_loss{rank="1",run="the-run"}'
                     in got and any(k.startswith("telemetry_records_in_total") for k in got)
                     and any(k.startswith("telemetry_system_") for k in got)):
@@ -624,8 +629,8 @@ def test_every_series_carries_the_run_the_daemon_names_without_a_hello_naming_it
     assert client_hellos and not any("run_name" in h["info"] for h in client_hellos)
     assert got['telemetry_train_loss{run="the-run"}'] == 2.0
     assert got['telemetry_rank_memory_allocated_bytes{rank="1",run="the-run"}'] == 2e9
-    own = ("telemetry_step", "telemetry_last_record_timestamp_seconds", "telemetry_exporter_")
-    run_series = [k for k in got if not k.startswith(own)]
+    run_series = [k for k in got if not k.startswith("telemetry_exporter_")]     # the exporter's own are not the run's
+    assert 'telemetry_step{run="the-run"}' in got
     assert run_series and all('run="the-run"' in k for k in run_series), [k for k in run_series if "run=" not in k]
 
 
@@ -681,3 +686,15 @@ def test_the_exporter_names_and_units_as_prometheus_names_the_otlp_export():
         if not m.name.startswith("telemetry/"):
             expected = "telemetry_" + expected
         assert metric_name(m.name)[0] == expected, m.name
+
+
+def test_labelling_kept_series_with_the_run_stays_in_the_byte_budget():
+    latest = LatestValues(max_series=1000, max_bytes=4000)
+    latest.consume("metrics", {"t": 1.0, "step": 1, "values": {f"m{i}": 1.0 for i in range(20)}})
+    kept = latest.num_series
+    assert 0 < kept < 20 and latest.max_bytes - latest.num_bytes < 300      # full, or nearly
+    latest.consume("daemon", {"t": 2.0, "run": "r" * 200, "values": {}})
+    assert latest.num_bytes <= latest.max_bytes and latest.num_series < kept
+    assert latest.num_values_dropped == 20 - kept + (kept - latest.num_series)
+    assert all('run="' in line for line in _exposition(latest).splitlines()
+               if line.startswith("telemetry_m"))

@@ -382,12 +382,18 @@ class LatestValues:
         if run == self.run:
             return
         if self.run is None:
+            cost = len("run") + len(run)
             for fam in self._families.values():
                 series = {}
                 for key, value in fam.series.items():
                     if "run" not in dict(key):
+                        if self.num_bytes + cost > self.max_bytes:   # no room for the label: let it go, counted
+                            self.num_series -= 1
+                            self.num_bytes -= SERIES_BYTES + sum(len(k) + len(v) for k, v in key)
+                            self._drop()
+                            continue
                         key = tuple(sorted(key + (("run", run),)))
-                        self.num_bytes += len("run") + len(run)
+                        self.num_bytes += cost
                     series[key] = value
                 fam.series = series
         else:
@@ -446,11 +452,15 @@ class Collector:
         for name, n in sorted(events.items()):
             ev.add_metric([name, run] if run is not None else [name], n)
         yield ev
-        if step is not None:
-            yield GaugeMetricFamily(STEP, "last aggregated training step", value=step)
-        if last_t is not None:
-            yield GaugeMetricFamily(LAST_RECORD_T, "unix time of the newest record (a stalled run stops moving it)",
-                                    value=last_t)
+        # The run's own series carry the run too; the exporter's own (below) are not the run's.
+        run_labels = ["run"] if run is not None else []
+        for name, help, value in ((STEP, "last aggregated training step", step),
+                                  (LAST_RECORD_T, "unix time of the newest record (a stalled run stops moving it)",
+                                   last_t)):
+            if value is not None:
+                fam = GaugeMetricFamily(name, help, labels=run_labels)
+                fam.add_metric([run] if run is not None else [], value)
+                yield fam
         own = self.latest.own_counters()
         yield GaugeMetricFamily(SERIES_KEPT, "series this exporter keeps (--max-series bounds it)",
                                 value=own[SERIES_KEPT])
