@@ -170,13 +170,13 @@ def decode(line: bytes | str) -> OutputRecord | dict | None:
     bits). Never raises: readers count a None as a line skipped."""
     try:
         rec = _typed.decode(line)
+        if rec.__class__ not in _FREE_FORM:    # metrics, system, gpu, daemon: flat by declaration
+            return rec
+        return None if _beyond_bounds(getattr(rec, _FREE_FORM[rec.__class__]), MAX_DEPTH - 1) else rec
     except msgspec.ValidationError:
         pass
     except (ValueError, RecursionError):   # msgspec.DecodeError, a UnicodeDecodeError; too deep
         return None
-    else:
-        free = _FREE_FORM.get(rec.__class__)   # metrics, system, gpu, daemon: flat by declaration
-        return None if free is not None and _beyond_bounds(getattr(rec, free), MAX_DEPTH - 1) else rec
     try:
         rec = _plain.decode(line)
     except (ValueError, RecursionError):   # not JSON after all: the typed decoder stops at the
