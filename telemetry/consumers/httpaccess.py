@@ -124,6 +124,19 @@ def refuse_remote(addr: str, port: str, allow_remote: bool, what: str) -> str | 
             f"to serve it anyway, or keep 127.0.0.1 and tunnel it (ssh -N -L {port}:127.0.0.1:{port} host)")
 
 
+def cannot_listen(prog: str, addr: str, port: int | str, exc: BaseException) -> str:
+    """The one line for a port the consumer cannot bind: a taken one says so and how to get a
+    free one (--port 0: the system picks, and the command prints it)."""
+    import errno
+
+    if isinstance(exc, OSError) and exc.errno == errno.EADDRINUSE:
+        return (f"{prog}: port {port} on {addr} is taken (another dashboard or exporter, or any other "
+                f"server): choose another with --port P, or --port 0 for any free one (printed at start)")
+    if isinstance(exc, OSError) and exc.errno == errno.EADDRNOTAVAIL:
+        return f"{prog}: cannot listen on {addr}:{port}: {addr} is not an address of this machine (--addr)"
+    return f"{prog}: cannot listen on {addr}:{port}: {exc.strerror if isinstance(exc, OSError) and exc.strerror else exc}"
+
+
 def host_is_loopback(host_header: str) -> bool:
     """Whether a request's Host header names a loopback address or `localhost`, with or without
     a port: 127.0.0.1:8765, localhost, [::1]:9464. A DNS name is refused whatever it starts

@@ -203,7 +203,7 @@ def run(args: argparse.Namespace) -> int:
             server = DashboardServer((args.addr, port), hub, allow_any_host=args.allow_remote, token=token,
                                      max_points_sent=budget.max_points_sent, max_range_bytes=budget.max_range_bytes)
         except (OSError, OverflowError) as exc:
-            print(f"telemetry dashboard: cannot listen on {args.addr}:{port}: {exc}", file=sys.stderr)
+            print(httpaccess.cannot_listen("telemetry dashboard", args.addr, port, exc), file=sys.stderr)
             return 1
         if in_background:
             for store in stores:
