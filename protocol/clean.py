@@ -8,7 +8,9 @@ user's `tm.event("x", {1: ...})` sends an int): such keys are turned into their 
 are typed (float, int, bool, nil) and their names are strings, checked in C as they parse.
 
 Runs on the rare kinds only (hellos, events, byes), never on metrics: a walk of the map that
-returns the very same object when nothing needed changing.
+returns the very same object when nothing needed changing. A map nested deeper than every reader
+of the daemon's lines takes (protocol.output.MAX_DEPTH, the record's own object the first level)
+is refused here, at ingest, rather than written and then skipped by each reader.
 """
 from __future__ import annotations
 
@@ -16,7 +18,11 @@ from typing import Any
 
 import msgspec
 
+from protocol.output import MAX_DEPTH
+
 _json = msgspec.json.Encoder()
+# A free-form map is the record's second level.
+MAX_FREE_FORM_DEPTH = MAX_DEPTH - 1
 
 
 def key_text(key: Any) -> str:
@@ -29,14 +35,16 @@ def key_text(key: Any) -> str:
         return repr(key)
 
 
-def clean(obj: Any) -> Any:
+def clean(obj: Any, max_depth: int = MAX_FREE_FORM_DEPTH) -> Any:
     """`obj` with every map key a str (see the module docstring); `obj` itself if it has none
-    other. Raises RecursionError on nesting deeper than the interpreter allows (the caller
-    counts the record as malformed)."""
+    other. Raises RecursionError on maps and lists nested more than max_depth levels (`obj` the
+    first; the caller counts the record as malformed)."""
+    if max_depth < 1 and isinstance(obj, (dict, list)):
+        raise RecursionError(f"nested deeper than {MAX_DEPTH} levels")
     if isinstance(obj, dict):
         out = None
         for key, value in obj.items():
-            new_value = clean(value) if isinstance(value, (dict, list)) else value
+            new_value = clean(value, max_depth - 1) if isinstance(value, (dict, list)) else value
             if out is None and (new_value is not value or type(key) is not str):
                 out = {}
                 for k, v in obj.items():       # copy what came before, unchanged
@@ -49,7 +57,7 @@ def clean(obj: Any) -> Any:
     if isinstance(obj, list):
         out = None
         for i, value in enumerate(obj):
-            new_value = clean(value) if isinstance(value, (dict, list)) else value
+            new_value = clean(value, max_depth - 1) if isinstance(value, (dict, list)) else value
             if out is None and new_value is not value:
                 out = list(obj[:i])
             if out is not None:

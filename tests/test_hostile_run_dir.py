@@ -156,3 +156,24 @@ def test_a_hostile_per_rank_ledger_file_is_a_problem_said_not_a_traceback(tmp_pa
         path.write_text(text)
         ranks, why = read_ranks_file(path)
         assert ranks is None and why.startswith(f"{path}: not a per-rank ledger file"), why
+
+
+def test_the_daemon_takes_in_no_record_its_readers_would_skip_for_depth():
+    """Ingest refuses an event nested deeper than output.MAX_DEPTH (counted malformed), so the
+    daemon never writes a line that every reader then skips; one at the bound is kept and read."""
+    import protocol
+    from daemon_util import feed_one
+    from telemetry.daemon.receiver import Receiver
+
+    def data(levels: int) -> dict:   # `levels` nested maps, the data itself the first
+        d: dict = {"a": 1}
+        for _ in range(levels - 1):
+            d = {"a": d}
+        return d
+
+    r = Receiver()
+    kept = feed_one(r, protocol.encode_event(1, 0, 0, 0, int(T0 * 1e9), "x", data(output.MAX_DEPTH - 1)))
+    assert kept is not None
+    assert output.decode(output.encode(EventRecord(T0, 0, "x", kept.data))) is not None
+    assert feed_one(r, protocol.encode_event(1, 0, 1, 0, int(T0 * 1e9), "x", data(output.MAX_DEPTH))) is None
+    assert r.totals()["records_malformed"] == 1
