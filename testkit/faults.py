@@ -349,10 +349,11 @@ def drain_backlog(work: Path, num_ranks: int = 2, n: int = 150_000, drain_timeou
     sent == written + counted lost, exactly."""
     eps = Endpoints()
     log_dir = work / "telemetry"
-    # The whole burst fits the daemon's queue (the default budget would hold the ranks at close).
+    # The whole burst fits the daemon's queue (the default budget would hold the ranks at close)
+    # and its read-ahead (the ingest share of a 512 MB budget: ~80 MB; of the default, ~32 MB).
     d = launch(log_dir, eps, per_rank=True, world_size=num_ranks,
                config={"drain_timeout_s": drain_timeout_s, "max_connections": 2 * num_ranks + 2,
-                       "rcvhwm": (2 * num_ranks + 2) * (n + 10)})
+                       "rcvhwm": (2 * num_ranks + 2) * (n + 10), "memory_mb": 512})
     procs = start_ranks(eps.ingest, list(range(num_ranks)), n, 0, work / "ranks", sndhwm=n + 10,
                         extra=("--no-hello", "--close-s", "60"))
     ranks = wait_ranks(procs, work / "ranks")       # closed: every record sent is in the daemon's queue
