@@ -6,7 +6,9 @@
 """
 from __future__ import annotations
 
-__version__ = "0.1.0"
+__version__ = "0.1.0"      # the source tree's; `telemetry --version` prefers the installed one
+# The distribution's name (pyproject.toml's [project] name): what `pip install` and its extras take.
+DIST_NAME = "llm-telemetry-sidecar"
 __all__ = ["TelemetryClient", "DisabledClient"]
 
 

@@ -56,13 +56,67 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {printable(message)} (see: {self.prog} --help)\n")
 
 
+class CommandParser(Parser):
+    """A subcommand's parser: what it does not know is its own error, naming its own --help.
+
+    argparse hands a subcommand's leftovers back to the top-level parser, which says
+    "unrecognized arguments" and points to `telemetry --help`; and a misspelt flag's value is
+    taken meanwhile as the next positional (`dashboard --prot 9000 runs/` reads RUN_DIR 9000).
+    So a leftover here is refused at once, the unknown flag named (with the nearest real one).
+    """
+
+    _args: list[str] = []
+
+    def parse_known_args(self, args=None, namespace=None):
+        self._args = list(args or [])
+        namespace, extras = super().parse_known_args(args, namespace)
+        if extras:
+            self.error(self._unknown(extras))
+        return namespace, extras
+
+    def error(self, message: str):
+        # A misspelt flag comes before what argparse misses because of it ("--dri" leaves
+        # "--dir" missing): the misspelling is the error to fix.
+        if "arguments are required" in message:
+            flags = self._unknown_flags(self._args)
+            if flags:
+                message = self._unknown(flags)
+        super().error(message)
+
+    def _unknown_flags(self, args: list[str]) -> list[str]:
+        """The flags in `args` that name no option of this parser (nor start one, as argparse
+        takes an abbreviation), up to a "--" (what follows it is a script's own)."""
+        known = [o for a in self._actions for o in a.option_strings]
+        out = []
+        for a in args:
+            if a == "--":
+                break
+            name = a.split("=", 1)[0]
+            if name.startswith("-") and name != "-" and not name.lstrip("-").replace(".", "").isdigit() \
+                    and not any(k.startswith(name) for k in known):
+                out.append(name)
+        return out
+
+    def _unknown(self, extras: list[str]) -> str:
+        import difflib
+
+        flags = [a for a in extras if a.startswith("-") and a != "-"]
+        if not flags:
+            return "unexpected argument(s): " + " ".join(extras)
+        name = flags[0].split("=", 1)[0]
+        known = [o for a in self._actions for o in a.option_strings]
+        near = difflib.get_close_matches(name, known, n=1)
+        return f"unknown option {name}" + (f" (did you mean {near[0]}?)" if near else "")
+
+
 def build_parser(argv: list[str]) -> argparse.ArgumentParser:
     parser = Parser(
         prog="telemetry",
         description="Asynchronous telemetry sidecar for LLM training.",
         epilog="Run 'telemetry COMMAND --help' for a command's options.",
     )
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version()}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=CommandParser)
     sub.required = True
     # Only the chosen subcommand's module is imported; the others show their summary.
     chosen = next((a for a in argv if not a.startswith("-")), None)
@@ -76,6 +130,18 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
             module.add_arguments(p)
             p.set_defaults(_run=module.run)
     return parser
+
+
+def version() -> str:
+    """The installed package's version; from a source tree that is not installed, its own."""
+    from importlib import metadata
+
+    from telemetry import DIST_NAME, __version__
+
+    try:
+        return metadata.version(DIST_NAME)
+    except metadata.PackageNotFoundError:
+        return __version__
 
 
 def main(argv: list[str] | None = None) -> int:

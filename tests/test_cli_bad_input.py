@@ -46,7 +46,7 @@ class _Hung(Exception):
 # Options whose kind the parser does not say (no type=, no choices, no EP metavar).
 KINDS: dict[tuple[str, str], str] = {
     ("daemon", "--log-dir"): "out_dir", ("daemon", "--config"): "in_file", ("daemon", "--run-name"): "name",
-    ("tail", "--filter"): "free",
+    ("tail", "--filter"): "free", ("tail", "--run-dir"): "run_dir",
     ("report", "run_dir"): "run_dir", ("report", "--out"): "out_dir",
     ("goodput", "run_dir"): "run_dir", ("goodput", "--json"): "out_dir",
     ("dashboard", "run_dir"): "run_dir", ("dashboard", "--addr"): "address", ("dashboard", "--port"): "number",
@@ -359,6 +359,40 @@ def test_config_from_a_fifo_is_refused_without_waiting(in_process, tmp_path):
     rc, out, err = in_process(["daemon", "--config", str(fifo)])
     assert_refused(rc, out, err, "--config FIFO")
     assert "not a regular file" in err
+
+
+# -- an unknown flag: the subcommand's own one line, naming the flag and its --help --------------
+@pytest.mark.parametrize("cmd", list(cli.COMMANDS))
+def test_an_unknown_flag_is_the_subcommands_one_line(in_process, cmd):
+    """argparse handed a subcommand's leftovers to `telemetry` itself, which pointed at
+    `telemetry --help`; each subcommand now says it, naming its own --help."""
+    rc, out, err = in_process([cmd, "--no-such-flag", "1"])
+    assert_refused(rc, out, err, f"{cmd} --no-such-flag")
+    assert len(err.strip().splitlines()) == 1, err
+    assert "unknown option --no-such-flag" in err and f"telemetry {cmd} --help" in err, err
+
+
+def test_a_misspelt_flag_is_named_not_taken_as_the_run_dir(in_process, tmp_path):
+    (tmp_path / "runs").mkdir()
+    rc, out, err = in_process(["dashboard", "--prot", "9000", "runs/"])
+    assert_refused(rc, out, err, "dashboard --prot 9000 runs/")
+    assert "unknown option --prot (did you mean --port?)" in err and "telemetry dashboard --help" in err, err
+    assert "9000" not in err          # not read as RUN_DIR
+
+
+def test_version_is_the_packages():
+    from importlib import metadata
+
+    import telemetry
+
+    p = subprocess.run([sys.executable, "-m", "telemetry", "--version"], cwd=ROOT, capture_output=True, text=True,
+                       timeout=60)
+    assert p.returncode == 0, p.stderr
+    try:
+        expected = metadata.version(telemetry.DIST_NAME)
+    except metadata.PackageNotFoundError:     # a source tree that is not installed
+        expected = telemetry.__version__
+    assert p.stdout.strip() == f"telemetry {expected}", p.stdout
 
 
 # -- the control socket: a refused token is one line and exit 2, --json included --------------
