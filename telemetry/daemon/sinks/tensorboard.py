@@ -4,27 +4,43 @@ Written with the `tensorboard` package's own event-file writer and protobufs, im
 start; not torch.utils.tensorboard, which would pull torch (hundreds of MB) into the daemon.
 One TensorBoard event per record, holding all of its scalars. Aggregated steps use their step;
 GPU, host and daemon records use the latest step seen (GPU values under gpu<i>/...).
+
+Turned on (`tensorboard.enabled`) where the package is not installed, the daemon refuses to start
+(one line naming the extra to install, exit 2) rather than run with a sink whose every record
+would be dropped: the user asked for TensorBoard files and would find none, after the run.
 """
 from __future__ import annotations
 
 from pathlib import Path
 
-from telemetry.daemon.sinks.base import Out, Sink
+from telemetry import DIST_NAME
+from telemetry.daemon.sinks.base import Out, Sink, StartupError
+
+# What installs the `tensorboard` package with this project (pyproject.toml's extra).
+INSTALL_HINT = f"pip install '{DIST_NAME}[tensorboard]'"
 
 
 class TensorBoardSink(Sink):
     name = "tensorboard"
 
     def __init__(self, log_dir: str | Path) -> None:
+        if not _installed():
+            import sys
+
+            raise StartupError(f"tensorboard.enabled is set, but the tensorboard package is not installed for "
+                               f"{sys.executable}: {INSTALL_HINT} (or set tensorboard.enabled: false)")
         self.log_dir = Path(log_dir) / "tensorboard"
         self._writer = None
         self._last_step = 0
         self.num_scalars = 0
 
     def start(self) -> None:
-        from tensorboard.compat.proto.event_pb2 import Event  # lazy: optional extra
-        from tensorboard.compat.proto.summary_pb2 import Summary
-        from tensorboard.summary.writer.event_file_writer import EventFileWriter
+        try:      # lazy: optional extra, imported on the sink's thread
+            from tensorboard.compat.proto.event_pb2 import Event
+            from tensorboard.compat.proto.summary_pb2 import Summary
+            from tensorboard.summary.writer.event_file_writer import EventFileWriter
+        except ImportError as exc:      # installed, but broken (a protobuf it does not work with)
+            raise ImportError(f"{exc} (reinstall it: {INSTALL_HINT})") from exc
 
         self._Event, self._Summary = Event, Summary
         self.log_dir.mkdir(parents=True, exist_ok=True)
@@ -61,3 +77,13 @@ class TensorBoardSink(Sink):
 
     def stats(self) -> dict:
         return {"scalars": self.num_scalars}
+
+
+def _installed() -> bool:
+    """Whether `tensorboard` can be found, without importing it (that is the sink thread's)."""
+    from importlib.util import find_spec
+
+    try:
+        return find_spec("tensorboard") is not None
+    except (ImportError, ValueError):
+        return False
