@@ -182,7 +182,8 @@ def test_run_dir_deleted_mid_run_counts_every_record_and_exits_nonzero(tmp_path,
     _steps(tm, 100, 10_100, d)
     tm.close()
     _wait(lambda: d.status()["records_in"] >= 10_100, "the records after the deletion")
-    cli = subprocess.run([sys.executable, "-m", "telemetry", "drain", "--control", d.control, "--timeout", "120"],
+    cli = subprocess.run([sys.executable, "-m", "telemetry", "drain", "--json", "--control", d.control,
+                          "--timeout", "120"],
                          capture_output=True, text=True, timeout=180, cwd=Path(__file__).resolve().parent.parent)
     d.proc.wait(60)
     assert cli.returncode == 1 and "metrics.jsonl could not hold" in cli.stderr, (cli.returncode, cli.stderr)

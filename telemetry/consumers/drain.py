@@ -1,5 +1,6 @@
 """Ask a running daemon to drain and exit: stop intake, flush and fsync every sink, then reply
-with the final counters (printed as JSON)."""
+with the final counters: a few lines (records in, written, lost; each sink; why it stopped;
+where the files are), or with --json the whole object, one line, as drain.json holds it."""
 from __future__ import annotations
 
 import argparse
@@ -12,6 +13,7 @@ from telemetry.shared.endpoints import endpoint_arg
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--control", type=endpoint_arg, metavar="EP", help="the daemon's control endpoint (default as for status)")
+    p.add_argument("--json", action="store_true", help="print the final counters as one JSON object (for scripts)")
     p.add_argument("--timeout", type=TIMEOUT_ARG, default=15.0, metavar="S", help="seconds to wait (default 15)")
 
 
@@ -21,7 +23,13 @@ def run(args: argparse.Namespace) -> int:
     final, rc = ask("telemetry drain", args.control, "drain", args.timeout)
     if final is None:
         return rc
-    print(json.dumps(final))
+    if args.json:
+        print(json.dumps(final))
+    else:
+        from telemetry.consumers.terminal import printable
+
+        # A run name, a path, a sink's last error may carry what a rank sent: no escape sequence.
+        print("\n".join(map(printable, summary_lines(final))))
     problems = _problems(final)
     if problems:
         print("telemetry drain: " + "; ".join(problems), file=sys.stderr)
@@ -49,3 +57,63 @@ def _problems(final: dict) -> list[str]:
     if final.get("unfinished_sinks"):
         out.append("abandoned at the deadline: " + ", ".join(map(str, final["unfinished_sinks"])))
     return out
+
+
+def summary_lines(final: dict) -> list[str]:
+    """The final counters in a few lines: the run and why it stopped, records in / written /
+    lost, steps, one line per sink, where the files are."""
+    g = final.get
+    sinks = g("sinks") if isinstance(g("sinks"), dict) else {}
+    jsonl = sinks.get("jsonl") if isinstance(sinks.get("jsonl"), dict) else {}
+    state = "drained" if g("drained") else "NOT fully drained"
+    lines = [f"run {g('run_name')}: {state} ({g('stop_reason') or 'no reason given'}) after "
+             f"{_num(g('uptime_s'), ',.0f')} s"]
+    kinds = g("records_in_by_kind") if isinstance(g("records_in_by_kind"), dict) else {}
+    by_kind = ", ".join(f"{_num(n, ',')} {k}" for k, n in kinds.items() if n)
+    lines.append(f"records in {_num(g('records_in'), ',')}" + (f" ({by_kind})" if by_kind else "")
+                 + f"; metrics.jsonl: {_num(jsonl.get('written'), ',')} written (with the daemon's own records)")
+    parts = [(label, g(key)) for label, key in LOSSES if g(key)]
+    lost = (f"lost {_num(g('records_lost'), ',')}" + (": " + ", ".join(f"{label} {_num(n, ',')}" for label, n in parts)
+                                                      if parts else "") if g("records_lost") else "lost none")
+    if g("records_malformed"):
+        lost += f"; malformed (refused) {_num(g('records_malformed'), ',')}"
+    lines.append(lost)
+    lines.append(f"steps {_num(g('steps_out'), ',')} (last {g('last_step')}, {_num(g('steps_incomplete'), ',')} "
+                 f"without every rank), ranks {_ranks(g('ranks'))}")
+    for name, st in sinks.items():
+        st = st if isinstance(st, dict) else {}
+        err = f"  last error: {st['last_error']}" if st.get("last_error") else ""
+        lines.append(f"sink {name:<12} written {_num(st.get('written'), ','):>9}  dropped "
+                     f"{_num(st.get('dropped'), ','):>7}  errors {_num(st.get('errors'), ',')}{err}")
+    log_dir = g("log_dir")
+    if isinstance(log_dir, str):
+        lines.append(f"files: {log_dir} (metrics.jsonl, daemon.log; drain.json: every counter, as --json prints)")
+        lines.append(f"next: telemetry report {log_dir}")
+    return lines
+
+
+# The parts of records_lost (sent, never processed), in words.
+LOSSES = (("dropped by clients", "records_dropped_by_clients"), ("lost in transit", "records_lost_in_transit"),
+          ("shed at intake", "records_shed_at_intake"),
+          ("unread at the deadline", "records_unread_at_drain"), ("failed", "records_failed"))
+
+
+def _num(v: object, spec: str) -> str:
+    from telemetry.shared.numbers import is_number
+
+    return format(v, spec) if is_number(v) else str(v)
+
+
+def _ranks(ranks: object) -> str:
+    """[0, 1, 2, 3, 7] -> "0-3, 7" (a thousand ranks stay one short line)."""
+    if not isinstance(ranks, list) or not all(type(r) is int for r in ranks):
+        return str(ranks)
+    out, ranks = [], sorted(set(ranks))
+    i = 0
+    while i < len(ranks):
+        j = i
+        while j + 1 < len(ranks) and ranks[j + 1] == ranks[j] + 1:
+            j += 1
+        out.append(str(ranks[i]) if i == j else f"{ranks[i]}-{ranks[j]}")
+        i = j + 1
+    return ", ".join(out) if out else "none"
