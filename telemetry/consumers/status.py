@@ -38,7 +38,9 @@ def ask(prog: str, control: str | None, cmd: str, timeout_s: float) -> tuple[dic
     try:
         reply = request(ep, cmd, timeout_s=timeout_s)
     except TimeoutError as exc:
-        print(f"{prog}: {exc}", file=sys.stderr)
+        # Nothing there: say where that was and how to look elsewhere (a `telemetry run` has
+        # its own socket directory, which a bare `telemetry status` does not know).
+        print(f"{prog}: {exc} {endpoints.where('control', control, '--control')}", file=sys.stderr)
         return None, 1
     except zmq.ZMQError as exc:   # an endpoint libzmq cannot connect to (tcp://999.1.1.1:5)
         print(f"{prog}: cannot connect to {ep}: {exc}", file=sys.stderr)

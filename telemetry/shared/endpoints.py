@@ -209,6 +209,41 @@ def resolve(which: str, explicit: str | None = None, create_dir: bool = False) -
     return ep
 
 
+def where(which: str, explicit: str | None = None, flag: str = "") -> str:
+    """Where resolve(which, explicit) looked and how to point it elsewhere, in words: the hint a
+    consumer prints when nothing answers there. `flag`: the command's option for the endpoint."""
+    if explicit:
+        return f"(from {flag or 'the command line'})"
+    if os.environ.get(_ENV[which]):
+        return f"(from ${_ENV[which]})"
+    point = f"{flag} EP or ${_ENV[which]}" if flag else f"${_ENV[which]}"
+    if os.environ.get(ENV_RUNTIME_DIR):
+        return (f"(in ${ENV_RUNTIME_DIR}; a run started by `telemetry run` prints its own directory: point "
+                f"there with ${ENV_RUNTIME_DIR}=DIR, or give {point})")
+    run = os.environ.get(ENV_RUN_NAME) or "default"
+    others = _runs_with_sockets(which, exclude=run)
+    found = ("; sockets there for: " + ", ".join(
+        f"{ENV_RUNTIME_DIR}={d}" for d in others[:3]) + (f" and {len(others) - 3} more" if len(others) > 3 else "")
+             ) if others else ""
+    return (f"(the default for run {run!r}, ${ENV_RUN_NAME}, in this user's private directory; "
+            f"${ENV_RUNTIME_DIR} unset: a run started by `telemetry run` has its own directory, which it "
+            f"prints: point there with ${ENV_RUNTIME_DIR}=DIR, or give {point}{found})")
+
+
+def _runs_with_sockets(which: str, exclude: str) -> list[str]:
+    """The run directories in the user's private directory that hold a `which` socket, newest
+    first (without making anything)."""
+    from telemetry.shared.userdir import user_dir
+
+    try:
+        base = user_dir()
+        found = [(p.stat().st_mtime, str(p.parent)) for p in base.glob(f"*/{_SOCKET_FILES[which]}")
+                 if p.parent.name != exclude]
+    except (OSError, EndpointError):
+        return []
+    return [d for _, d in sorted(found, reverse=True)]
+
+
 def normalize(ep: str) -> str:
     """Accept 'PORT', 'tcp://*:PORT', 'ipc://path', 'tcp://host:port'; loopback by default."""
     ep = ep.strip()
