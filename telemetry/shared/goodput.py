@@ -48,7 +48,12 @@ start to the last record of the last launch, into buckets that sum to it:
                         trainer does not time), shown as such
 
 goodput = productive / wall. Steps are the daemon's aggregated step records (across ranks: the
-step time is the slowest rank's, data loading the ranks' mean). A launch whose first step has no
+step time is the slowest rank's, data loading the ranks' mean). Each step (with its eval) and
+save is booked on the job's timeline from no earlier than the end of what came before it in its
+launch (the step before's record, whose t is the last rank's, after its eval; a save's or a
+restore's event): on ranks a few ms apart, the slowest rank's figure for one phase began while
+another rank still did the one before, and the buckets would overlap (sum past the wall time). A
+launch whose first step has no
 perf/step_time (a W&B script, your own loop that times nothing) takes the time between its
 steps' records (their `t`, the last rank's) as their step times: its first step's is 0, so
 start-up runs to its first record, and a step logged again adds the time since. A launch is
@@ -97,9 +102,10 @@ CLIENT_TIME_KEY = "telemetry/client_s"   # protocol.constants.CLIENT_TIME_KEY (n
 DATA_PHASE = 0.0      # perf/straggler_phase_index of data loading (the catalogue's doc lists them)
 RECENT = 512          # steps kept one by one (for a restore from a checkpoint no save event announced)
 # Events the daemons write of themselves, not the ranks: they do not keep a launch alive (the
-# daemon's diagnoses; a node daemon's or a group head's own records as its head receives them).
+# daemon's diagnoses; a node daemon's or a group head's own records as its head receives them;
+# the script's exit code a launcher hands the daemon's drain, written when the daemon drains).
 DAEMON_EVENTS = ("diagnosis/", "node_daemon", "node_gpu", "node_system", "node_bye", "group_daemon", "group_gpu",
-                 "group_system")
+                 "group_system", "script_exit")
 # What to do about each kind of loss, the report's line under the biggest.
 ADVICE = {
     "startup": "start-up: cache the model and data locally, fewer imports, a warm container; it is paid per launch",
@@ -133,16 +139,22 @@ def _add(a: tuple, b: tuple, sign: float = 1.0) -> tuple:
 def step_parts(values: dict, room: float | None = None) -> tuple[float, ...] | None:
     """(step time, productive, data loading, straggler, eval) of an aggregated step's values, or
     None without a step time (module docstring). room: the time since what came before it on
-    the job's timeline (_Launch.edge): the step time where the values have none (a script that
-    times nothing), and at most the step time otherwise."""
+    the job's timeline (_Launch.edge; its record's t is the last rank's, after its eval): what
+    its step time and eval take at most, the step time where the values have none (a script
+    that times nothing)."""
     get = values.get
     st = _num(get("perf/step_time"))
+    eval_s = _num(get("perf/eval_time")) or 0.0
+    if room is not None:
+        room = max(0.0, room)
+        eval_s = min(eval_s, room)
+        room -= eval_s
     if st is None:
         if room is None:
             return None
         st = room
     elif room is not None and st > room:
-        st = max(0.0, room)
+        st = room
     data = _num(get("perf/data_loading_time")) or 0.0
     excess = _num(get("perf/straggler_excess_s")) or 0.0
     if excess < 0.0:
@@ -153,7 +165,7 @@ def step_parts(values: dict, room: float | None = None) -> tuple[float, ...] | N
         data = _num(get("perf/straggler_median_s")) or 0.0
     data = min(st, data)
     strag = min(st - data, excess)
-    return (st, st - data - strag, data, strag, _num(get("perf/eval_time")) or 0.0)
+    return (st, st - data - strag, data, strag, eval_s)
 
 
 @dataclass
@@ -172,7 +184,7 @@ class _Launch:
     order: deque = field(default_factory=deque)     # their steps, oldest first
     snaps: dict = field(default_factory=dict)       # save step -> Σ parts over steps <= it
     pending: set = field(default_factory=set)       # save steps whose sums await a later step
-    saves: dict = field(default_factory=dict)       # step -> [slowest rank's duration, latest t]
+    saves: dict = field(default_factory=dict)       # step -> [slowest rank's duration, latest t, edge before]
     restore_s: float = 0.0
     restored_step: int | None = None
     client_s: float = 0.0        # telemetry/client_s: the largest seen
@@ -207,9 +219,15 @@ class _Launch:
         cands = [x for x in (self.first_bye_t, self.first_gone_t) if x is not None]
         return min(min(cands) if cands else self.last_t, limit)
 
+    def booked_saves(self) -> list[tuple[float, float]]:
+        """(duration, end) of each save as booked on the timeline: the slowest rank's duration,
+        from no earlier than the edge before it (the step it followed, as the last rank ended
+        it: the slowest rank's save began while another still did that step or its eval)."""
+        return [(min(d, max(0.0, t - e)) if e else d, t) for d, t, e in self.saves.values()]
+
     def saves_within(self, a: float, b: float) -> float:
         """The part of its saves (each [its end - its duration, its end]) within [a, b]."""
-        return sum(max(0.0, min(t, b) - max(t - d, a)) for d, t in self.saves.values()) if b > a else 0.0
+        return sum(max(0.0, min(t, b) - max(t - d, a)) for d, t in self.booked_saves()) if b > a else 0.0
 
     def add_step(self, step: int, t: float, parts: tuple) -> None:
         if self.first_bye_t is not None and t > self.first_bye_t:
@@ -241,9 +259,9 @@ class _Launch:
         self.edge = max(self.edge, t)
 
     def add_save(self, step: int, t: float, dur: float) -> None:
-        self.edge = max(self.edge, t)
-        cur = self.saves.setdefault(step, [0.0, 0.0])
+        cur = self.saves.setdefault(step, [0.0, 0.0, self.edge])
         cur[0], cur[1] = max(cur[0], dur), max(cur[1], t)
+        self.edge = max(self.edge, t)
         if step in self.snaps or step in self.pending:
             return
         if self.hi is None or step >= self.hi:
@@ -435,7 +453,7 @@ class Ledger:
         out: dict[str, Any] = {"records": self.num_records, "launches": len(launches), "steps": 0,
                                "steps_missing": 0}
         if not any(la.num_steps for la in launches):
-            out.update(wall_s=0.0, goodput=None, buckets_s=buckets, note="no step records with perf/step_time")
+            out.update(wall_s=0.0, goodput=None, buckets_s=buckets, note="no step records")
             return out
         estimated = False
         prev, prev_end = None, 0.0          # the last launch with steps before this one, and its end
@@ -458,7 +476,7 @@ class Ledger:
             buckets["straggler"] += kept[_STRAG]
             buckets["eval"] += kept[_EVAL]
             out["steps"] += la.num_steps
-            buckets["checkpoint_save"] += sum(d for d, _ in la.saves.values())
+            buckets["checkpoint_save"] += sum(d for d, _ in la.booked_saves())
             buckets["checkpoint_restore"] += la.restore_s
             if not la.num_steps:
                 continue
