@@ -16,26 +16,33 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 class Tail:
-    """`telemetry tail --pub EP --plain` as a subprocess, its lines collected by a thread."""
+    """`telemetry tail --pub EP --plain` as a subprocess (pub None: no --pub), its stdout lines
+    (`lines`) and stderr lines (`errors`) collected by threads."""
 
-    def __init__(self, pub: str, *extra: str) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-m", "telemetry", "tail", "--pub", pub, "--plain", *extra],
+    def __init__(self, pub: str | None, *extra: str, env: dict[str, str] | None = None) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-m", "telemetry", "tail", *(["--pub", pub] if pub else []),
+                                      "--plain", *extra],
                                      cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                     env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                                     env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
         self.lines: list[str] = []
-        threading.Thread(target=self._read, daemon=True).start()
+        self.errors: list[str] = []
+        threading.Thread(target=self._read, args=(self.proc.stdout, self.lines), daemon=True).start()
+        threading.Thread(target=self._read, args=(self.proc.stderr, self.errors), daemon=True).start()
 
-    def _read(self) -> None:
-        for line in self.proc.stdout:
-            self.lines.append(line.rstrip("\n"))
+    @staticmethod
+    def _read(stream, into: list[str]) -> None:
+        for line in stream:
+            into.append(line.rstrip("\n"))
 
-    def wait_for(self, pred, timeout_s: float = 20.0) -> list[str]:
+    def wait_for(self, pred, timeout_s: float = 20.0, stream: str = "lines") -> list[str]:
+        lines = getattr(self, stream)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            if pred(self.lines):
-                return self.lines
+            if pred(lines):
+                return lines
             time.sleep(0.05)
-        raise AssertionError("tail never printed what was expected:\n" + "\n".join(self.lines[-30:]))
+        raise AssertionError(f"tail never printed what was expected on {stream}:\n" + "\n".join(lines[-30:])
+                             + "\nstderr:\n" + "\n".join(self.errors[-10:]))
 
     def detach(self) -> int:
         self.proc.send_signal(signal.SIGINT)
@@ -73,7 +80,7 @@ def test_line_mode_prints_steps_and_events_and_detaches_cleanly(daemon):
     metric_lines = [l for l in tail.lines if " metrics step=" in l]
     # an aggregated line: the daemon's derived throughput rides along with the rank's loss
     assert any("perf/tokens_per_second=" in l for l in metric_lines)
-    assert "Traceback" not in tail.proc.stderr.read()
+    assert not any("Traceback" in e for e in tail.errors)
     assert daemon.proc.poll() is None  # the daemon never noticed
 
 
@@ -240,3 +247,137 @@ def test_the_live_view_shows_the_runs_own_metrics_grouped_with_their_units():
     console.print(render(st, "ipc:///x", filter_prefix="perf/", width=120))
     text = console.export_text()
     assert "+5 more" not in text and "metrics matching 'perf/'" in text
+
+
+# -- a daemon that is not there, gone, or relaunched elsewhere -----------------------------------
+def _socket_dir() -> Path:
+    import tempfile
+
+    return Path(tempfile.mkdtemp(prefix="ttail-", dir="/tmp"))
+
+
+def _eps(sockets: Path) -> tuple[str, str, str]:
+    """(ingest, pub, control) in `sockets` under the default names, as `telemetry run` makes them."""
+    return tuple(f"ipc://{sockets}/{n}.sock" for n in ("ingest", "pub", "control"))
+
+
+def _steps_in(lines: list[str]) -> list[int]:
+    return [int(l.split("step=")[1].split()[0]) for l in lines if " metrics step=" in l]
+
+
+def _log_steps(client: TelemetryClient, tail: Tail, first: int, until) -> int:
+    """Log steps from `first` until the tail's lines satisfy `until`; the next step's number."""
+    deadline = time.monotonic() + 120
+    step = first
+    while time.monotonic() < deadline:
+        client.log(step, {"train/loss": 1.0 / step})
+        step += 1
+        time.sleep(0.05)
+        if until(tail.lines):
+            return step
+    raise AssertionError("tail never printed what was expected:\n" + "\n".join(tail.lines[-30:])
+                         + "\nstderr:\n" + "\n".join(tail.errors[-10:]))
+
+
+def test_tail_follows_a_relaunched_run_to_its_new_socket_directory(make_daemon, tmp_path):
+    """A relaunch (same run directory, a new daemon with its sockets in a new directory, as
+    `telemetry run` does) is followed by a tail attached as `telemetry run` says to attach
+    ($TELEMETRY_RUNTIME_DIR of the first launch): it learns the run directory from the first
+    daemon's status and reaches the new daemon through the endpoints it wrote there."""
+    import shutil
+
+    log_dir = tmp_path / "run" / "telemetry"
+    first_dir, second_dir = _socket_dir(), _socket_dir()
+    try:
+        first = make_daemon(log_dir=log_dir, endpoints=_eps(first_dir))
+        tail = Tail(None, env={"TELEMETRY_RUNTIME_DIR": str(first_dir)})
+        try:
+            client = TelemetryClient(first.ingest, rank=0)
+            try:
+                nxt = _log_steps(client, tail, 1, lambda ls: max(_steps_in(ls), default=0) >= 49)
+            finally:
+                client.close()
+            first.drain()
+            shutil.rmtree(first_dir)          # `telemetry run` removes the directory it made
+            tail.wait_for(lambda ls: any("daemon not reachable" in l for l in ls))
+            # Only the second daemon publishes steps from `nxt` on.
+            second = make_daemon(log_dir=log_dir, endpoints=_eps(second_dir), tmp_path=tmp_path / "d1")
+            client = TelemetryClient(second.ingest, rank=0)
+            try:
+                _log_steps(client, tail, nxt, lambda ls: max(_steps_in(ls), default=0) >= max(80, nxt))
+            finally:
+                client.close()
+        finally:
+            assert tail.detach() == 0
+    finally:
+        shutil.rmtree(first_dir, ignore_errors=True)
+        shutil.rmtree(second_dir, ignore_errors=True)
+    assert any("new daemon" in e and str(second_dir) in e for e in tail.errors), tail.errors
+    assert not any("Traceback" in e for e in tail.errors), tail.errors
+
+
+def test_tail_run_dir_waits_for_the_runs_daemon_and_says_so(make_daemon, tmp_path):
+    """--run-dir before the run has a daemon: one line on stderr that it waits, then the run."""
+    import shutil
+
+    log_dir = tmp_path / "run" / "telemetry"
+    log_dir.mkdir(parents=True)
+    sockets = _socket_dir()
+    try:
+        tail = Tail(None, "--run-dir", str(log_dir.parent))     # the run dir of launch/run.sh's layout
+        try:
+            tail.wait_for(lambda es: any("waiting for one" in e for e in es), timeout_s=60, stream="errors")
+            d = make_daemon(log_dir=log_dir, endpoints=_eps(sockets))
+            client = TelemetryClient(d.ingest, rank=0)
+            try:
+                _log_steps(client, tail, 1, lambda ls: _steps_in(ls))
+            finally:
+                client.close()
+        finally:
+            assert tail.detach() == 0
+    finally:
+        shutil.rmtree(sockets, ignore_errors=True)
+    assert sum("waiting for one" in e for e in tail.errors) == 1, tail.errors
+
+
+def test_plain_tail_with_no_daemon_says_it_waits(tmp_path):
+    """Nothing serves the endpoint: said once on stderr (where it looked), not silence."""
+    import shutil
+
+    sockets = _socket_dir()
+    try:
+        tail = Tail(f"ipc://{sockets}/pub.sock")
+        try:
+            tail.wait_for(lambda es: any("nothing serves" in e for e in es), timeout_s=60, stream="errors")
+        finally:
+            assert tail.detach() == 0
+    finally:
+        shutil.rmtree(sockets, ignore_errors=True)
+    said = [e for e in tail.errors if "nothing serves" in e]
+    assert len(said) == 1 and f"ipc://{sockets}/pub.sock" in said[0] and "waiting" in said[0], tail.errors
+    assert tail.lines == []
+
+
+def test_tail_says_when_it_cannot_follow_a_daemon_whose_sockets_are_gone(make_daemon):
+    """Only --pub (no run directory to look in): a daemon whose socket file is gone is said to be
+    beyond this view, with what to do, instead of waiting on it for ever in silence."""
+    import shutil
+
+    sockets = _socket_dir()
+    try:
+        d = make_daemon(endpoints=_eps(sockets))
+        tail = Tail(f"ipc://{sockets}/pub.sock")
+        try:
+            client = TelemetryClient(d.ingest, rank=0)
+            try:
+                _log_steps(client, tail, 1, lambda ls: _steps_in(ls))
+            finally:
+                client.close()
+            d.drain()
+            shutil.rmtree(sockets)
+            tail.wait_for(lambda es: any("cannot follow" in e for e in es), timeout_s=60, stream="errors")
+        finally:
+            assert tail.detach() == 0
+    finally:
+        shutil.rmtree(sockets, ignore_errors=True)
+    assert any("--run-dir" in e for e in tail.errors if "cannot follow" in e), tail.errors

@@ -8,6 +8,11 @@ one line per record, for pipes and log files:
     12:00:01 gpu node0/0 gpu/util_percent=97 gpu/memory_used_gb=40.1 ...
     12:00:02 event diagnosis/straggler rank=3: rank 3 is 18% slower than the median ...
 
+--run-dir DIR follows the run written to DIR across relaunches: each daemon of a run writes its
+endpoints there, and a relaunch (a new daemon, new sockets) is followed. Without it the view
+follows the run directory its daemon's status names; where it has none (only --pub), a daemon
+that is gone for good is said, with what to do.
+
 --filter PREFIX keeps records whose kind starts with PREFIX (e.g. "event", "gpu"), events whose
 name does ("diagnosis/"), and of the other records only the values whose names do ("train/").
 """
@@ -16,8 +21,10 @@ from __future__ import annotations
 import argparse
 import collections
 import math
+import os
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from protocol import output
@@ -61,7 +68,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="only kinds, event names or metric names starting with PREFIX")
     p.add_argument("--plain", action="store_true", help="one line per record, even on a terminal")
     p.add_argument("--control", type=endpoint_arg, metavar="EP", help="control endpoint asked once for the run's name "
-                   "(default: the daemon's default one when --pub is not given)")
+                   "and directory (default: the daemon's default one when --pub is not given)")
+    p.add_argument("--run-dir", metavar="DIR", help="follow the run written to DIR (or DIR/telemetry) across "
+                   "relaunches: each of its daemons writes its endpoints there")
 
 
 # -- formatting --------------------------------------------------------------------------------
@@ -165,6 +174,8 @@ class TailState:
         self.status: dict[str, Any] = {}  # the daemon's status, when its control socket answered
         self.end = RunEnd()
         self.connected: bool | None = None   # the PUB socket's link to the daemon (None: not watched)
+        self.following = False               # a new daemon of the run will be followed (a run dir known)
+        self.notice = ""                     # the latest word from the subscriber (RunFollower.news)
         self.eval: dict[str, dict[str, float]] = {}   # dataset ("" = none named) -> {"loss": .., "accuracy": ..}
         self.eval_step: int | None = None
         self._metric_rows: tuple[int, list] = (-1, [])   # (len(values) then, the rows' order)
@@ -283,7 +294,10 @@ def render(state: TailState, endpoint: str, filter_prefix: str = "", width: int 
     if ended:
         head.append(f"  run ended: {ended}", style="bold magenta")
     elif state.connected is False:
-        head.append("  daemon not reachable (stopped or restarting; reconnects by itself)", style="bold red")
+        head.append("  daemon not reachable (stopped or restarting; "
+                    + ("follows the run's next daemon)" if state.following else "waiting for it)"), style="bold red")
+    if state.notice:
+        head.append(f"  {state.notice}", style="yellow")
     if state.last_record_mono is None:
         head.append("  waiting for records… (Ctrl-C detaches)", style="yellow")
     else:
@@ -516,6 +530,8 @@ def _run_plain(sub: Any, flt: RecordFilter) -> None:
             elif not sub.connected and link == "up":
                 lines.append(f"{_now()} daemon not reachable (stopped or restarting); waiting for it")
                 link = "down"
+            for news in sub.news():       # about the link itself: stderr, as errors are
+                print(printable(news), file=sys.stderr, flush=True)
             how = end.how()
             if how != said_ended and not pending:   # after the events that led to it
                 if how:
@@ -530,28 +546,13 @@ def _run_plain(sub: Any, flt: RecordFilter) -> None:
             out.flush()
 
 
-def _ask_status(control_ep: str, state: TailState) -> None:
-    """Once, in the background: the daemon's status (run name, ranks), for a view attached after
-    the ranks said hello. A daemon that does not answer costs nothing but this thread."""
-    from telemetry.shared.control import request
-
-    try:
-        state.status = printable_record(request(control_ep, "status", timeout_s=2.0))
-    except Exception:
-        pass
-
-
-def _run_live(sub: Any, flt: RecordFilter, endpoint: str, control_ep: str | None) -> None:
-    import threading
-
+def _run_live(sub: Any, flt: RecordFilter) -> None:
     from rich.console import Console
     from rich.live import Live
 
     state = TailState()
-    if control_ep:
-        threading.Thread(target=_ask_status, args=(control_ep, state), daemon=True).start()
     console = Console()
-    with Live(render(state, endpoint, flt.prefix, console.width), console=console, auto_refresh=False,
+    with Live(render(state, sub.endpoint, flt.prefix, console.width), console=console, auto_refresh=False,
               vertical_overflow="crop") as live:
         last_draw = 0.0
         while True:
@@ -563,38 +564,77 @@ def _run_live(sub: Any, flt: RecordFilter, endpoint: str, control_ep: str | None
                 else:
                     state.end.consume(kind, rec)   # the run's end, whatever the filter shows
             state.connected = sub.connected
+            state.following = sub.log_dir is not None
+            if sub.status and not state.status:
+                state.status = printable_record(sub.status)
+            for news in sub.news():     # shown until a daemon is there (the header names its endpoint)
+                state.notice = printable(news.split(": ", 1)[-1])
+            if sub.connected:
+                state.notice = ""
             now = time.monotonic()
             if now - last_draw >= REDRAW_S:
-                live.update(render(state, endpoint, flt.prefix, console.width), refresh=True)
+                live.update(render(state, sub.endpoint, flt.prefix, console.width), refresh=True)
                 last_draw = now
 
 
 def run(args: argparse.Namespace) -> int:
+    from telemetry.consumers.subscribe import AttachError, RunFollower, detach_on_signals, resolve_pub
     from telemetry.shared import endpoints
-    from telemetry.consumers.subscribe import AttachError, attach
 
+    prog = "telemetry tail"
+    log_dir = None
+    if args.run_dir is not None:
+        log_dir = _log_dir(args.run_dir)
+        if log_dir is None:
+            print(f"{prog}: --run-dir {printable(args.run_dir)!r}: not a directory", file=sys.stderr)
+            return 2
+    explicit = args.pub or os.environ.get(endpoints.ENV_PUB)
     try:
-        sub = attach("telemetry tail", args.pub, watch_connection=True)
+        pub = None if log_dir is not None and not explicit else resolve_pub(prog, args.pub)
     except AttachError as exc:
         print(exc, file=sys.stderr)
         return 2
-    ep = sub.endpoint
+    control_ep = args.control
+    if control_ep is None and log_dir is None and not args.pub:
+        try:
+            control_ep = endpoints.resolve("control")
+        except endpoints.EndpointError:
+            control_ep = None     # asked only for the run's name and directory
+    if control_ep is None and log_dir is not None:
+        from telemetry.shared import run_endpoints
+
+        control_ep = (run_endpoints.read(log_dir) or {}).get("control")
+    detach_on_signals()
+    sub = RunFollower(prog, pub, log_dir=log_dir, control_ep=control_ep,
+                      where=endpoints.where("pub", args.pub, "--pub") if pub else "")
     flt = RecordFilter(args.filter)
     plain = args.plain or not sys.stdout.isatty()
     try:
         if plain:
             _run_plain(sub, flt)
         else:
-            control_ep = args.control or (None if args.pub else endpoints.resolve("control"))
-            _run_live(sub, flt, ep, control_ep)
+            _run_live(sub, flt)
     except KeyboardInterrupt:
         return 0  # detaching is the normal way to leave
     except BrokenPipeError:
         # `telemetry tail | head`: the reader left; say nothing more (and not at exit either).
-        import os
-
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     finally:
         sub.close()
     return 0
+
+
+def _log_dir(run_dir: str) -> Path | None:
+    """The directory a run's daemon writes (its endpoints.json): DIR, or DIR/telemetry (a run
+    of launch/run.sh) when that is where they are; None when DIR is not a directory."""
+    from telemetry.shared.run_endpoints import FILE_NAME
+
+    path = Path(os.path.abspath(run_dir)) if run_dir.strip() else None
+    if path is None or not path.is_dir():
+        return None
+    inner = path / "telemetry"
+    if not (path / FILE_NAME).exists() and inner.is_dir() and (
+            (inner / FILE_NAME).exists() or not (path / "metrics.jsonl").exists()):
+        return inner
+    return path

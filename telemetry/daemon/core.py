@@ -34,7 +34,7 @@ import zmq
 from protocol import MAX_FRAME_BYTES, Bye, Event, Hello, Metrics
 from protocol import output
 from protocol.output import ByeRecord, EventRecord, HelloRecord, MetricsRecord, OutputRecord
-from telemetry.shared import catalogue, endpoints, files, run_lock
+from telemetry.shared import catalogue, endpoints, files, run_endpoints, run_lock
 from telemetry.daemon import hotpath
 from telemetry.daemon.aggregator import Aggregator
 from telemetry.daemon.config import DaemonConfig
@@ -249,6 +249,11 @@ class Daemon:
         _tune_gc()
         _warn_open_endpoints(self.endpoints, cfg.security)
         eps = " ".join(f"{k}={v}" for k, v in self.endpoints.items())
+        try:      # where this run's live daemon is, for a consumer that follows the run (tail)
+            run_endpoints.write(self.log_dir, self.endpoints)
+        except OSError as exc:
+            log.warning("cannot write %s in %s (%s): `telemetry tail --run-dir` will not find this daemon",
+                        run_endpoints.FILE_NAME, self.log_dir, exc.strerror or exc)
         print(f"{READY_LINE} pid={os.getpid()} {eps} log_dir={self.log_dir}", flush=True)
         log.info("ready: %s", eps)
         if hotpath.native is None and not hotpath.chosen_python():

@@ -157,7 +157,8 @@ def run(args: argparse.Namespace) -> int:
             print(f"telemetry run: the daemon did not start: {why}", file=sys.stderr)
             return 1
         print(f"telemetry run: run {name}: daemon pid {daemon.pid}, writing to {log_dir}; watch it with "
-              f"`TELEMETRY_RUNTIME_DIR={runtime} telemetry tail`", file=sys.stderr, flush=True)
+              f"`telemetry tail --run-dir {log_dir}` (it follows the run across relaunches; this launch's "
+              f"sockets alone: `TELEMETRY_RUNTIME_DIR={runtime} telemetry tail`)", file=sys.stderr, flush=True)
         stop_stream = threading.Event()
         if not args.quiet:
             threading.Thread(target=_stream, args=(out_path, stop_stream), daemon=True).start()
@@ -260,8 +261,8 @@ def _attach(what: str, log_dir: Path, runtime: Path, env: dict, port: str) -> li
         with open(log_dir / "tail.log", "ab") as out:
             p = subprocess.Popen([py, "-m", "telemetry", "tail", "--plain"], env=env, stdout=out,
                                  stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        print(f"telemetry run: live view: tail -f {log_dir / 'tail.log'}  (or: TELEMETRY_RUNTIME_DIR={runtime} "
-              f"telemetry tail)", flush=True)
+        print(f"telemetry run: live view: tail -f {log_dir / 'tail.log'}  (or: telemetry tail "
+              f"--run-dir {log_dir})", flush=True)
         return [p]
     log_path = log_dir / "dashboard.log"
     with open(log_path, "ab") as out:

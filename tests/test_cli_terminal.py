@@ -1,0 +1,133 @@
+"""What the command line says to a person at a terminal, with real processes: drain's summary
+(and its JSON for scripts), status with no daemon, a taken HTTP port, TensorBoard turned on
+without its package."""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from daemon_util import ROOT
+from telemetry.client import TelemetryClient
+
+HANG_S = 120
+
+
+def _telemetry(*argv: str, env: dict | None = None, timeout: float = HANG_S) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "telemetry", *argv], cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, **(env or {})})
+
+
+def _log_steps(d, num_steps: int) -> None:
+    tm = TelemetryClient(d.ingest, rank=0)
+    try:
+        for s in range(1, num_steps + 1):
+            tm.log(s, {"train/loss": 1.0 / s})
+    finally:
+        tm.close()
+    d.wait_for(lambda recs: any(r.get("step") == num_steps for r in recs), kind="metrics")
+
+
+def test_drain_prints_a_summary_and_json_only_when_asked(make_daemon):
+    d = make_daemon()
+    _log_steps(d, 20)
+    p = _telemetry("drain", "--control", d.control)
+    assert p.returncode == 0, p.stderr
+    d.proc.wait(HANG_S)
+    with pytest.raises(ValueError):
+        json.loads(p.stdout)                       # words for a person, not one line of JSON
+    text = p.stdout
+    final = json.loads((d.log_dir / "drain.json").read_text())      # what it summarises
+    assert f"records in {final['records_in']:,}" in text, text
+    assert f"{final['sinks']['jsonl']['written']:,} written" in text, text
+    assert "lost none" in text and final["records_lost"] == 0, text
+    assert "drain request" in text and str(d.log_dir) in text, text
+    assert all(f"sink {name}" in text for name in final["sinks"]), text
+    assert all(len(ln.replace(str(d.log_dir), "")) < 120 for ln in text.splitlines()), text
+
+    d2 = make_daemon()
+    _log_steps(d2, 5)
+    p = _telemetry("drain", "--json", "--control", d2.control)
+    assert p.returncode == 0, p.stderr
+    d2.proc.wait(HANG_S)
+    got = json.loads(p.stdout)
+    assert got["drained"] is True and got == json.loads((d2.log_dir / "drain.json").read_text())
+
+
+def test_status_with_no_daemon_says_where_it_looked_and_how_to_look_elsewhere(tmp_path):
+    """The default socket directory is chosen per user (userdir.py) and per run: a `telemetry
+    run` has one of its own, which a bare `telemetry status` cannot know."""
+    xdg = tmp_path / "xdg"
+    xdg.mkdir(mode=0o700)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TELEMETRY_")}
+    env.update(XDG_RUNTIME_DIR=str(xdg), TELEMETRY_RUN_NAME="mine")
+    other = xdg / "telemetry" / "run-abc"
+    other.mkdir(parents=True, mode=0o700)
+    (other / "control.sock").touch()            # another run's socket there (never answers)
+    p = subprocess.run([sys.executable, "-m", "telemetry", "status", "--timeout", "0.5"], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=HANG_S)
+    assert p.returncode == 1 and p.stdout == "" and "Traceback" not in p.stderr, p.stderr
+    line, = p.stderr.strip().splitlines()
+    assert f"ipc://{xdg}/telemetry/mine/control.sock" in line, line
+    assert "$TELEMETRY_RUNTIME_DIR" in line and "--control" in line and "'mine'" in line, line
+    assert f"TELEMETRY_RUNTIME_DIR={other}" in line, line     # where the other run's sockets are
+
+
+@pytest.mark.parametrize("cmd", ["dashboard", "export-prometheus"])
+def test_a_taken_port_is_said_with_the_way_to_a_free_one(tmp_path, cmd):
+    sockets = Path(tempfile.mkdtemp(prefix="tcli-", dir="/tmp"))
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    port = taken.getsockname()[1]
+    try:
+        (tmp_path / "run").mkdir()
+        (tmp_path / "run" / "metrics.jsonl").write_text("")
+        args = [str(tmp_path / "run")] if cmd == "dashboard" else ["--pub", f"ipc://{sockets}/pub.sock"]
+        p = _telemetry(cmd, *args, "--port", str(port))
+    finally:
+        taken.close()
+        os.rmdir(sockets)
+    assert p.returncode != 0 and "Traceback" not in p.stderr, p.stderr
+    line, = p.stderr.strip().splitlines()
+    assert f"port {port}" in line and "taken" in line and "--port 0" in line, line
+
+
+def test_tensorboard_turned_on_without_its_package_is_refused_at_start(tmp_path):
+    """One line naming the extra that installs it, exit 2, before anything is bound: not a
+    daemon that runs and drops every TensorBoard record."""
+    import tomllib
+
+    hide = tmp_path / "hide"
+    hide.mkdir()
+    # `tensorboard` cannot be found in this interpreter (importlib's "halted" marker).
+    (hide / "sitecustomize.py").write_text("import sys\nsys.modules['tensorboard'] = None\n")
+    (tmp_path / "d.yaml").write_text("tensorboard: {enabled: true}\n")
+    sockets = Path(tempfile.mkdtemp(prefix="tcli-", dir="/tmp"))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(hide), os.environ.get("PYTHONPATH")]))}
+    proc = subprocess.Popen([sys.executable, "-m", "telemetry", "daemon", "--wandb", "disabled", "--log-dir",
+                             str(tmp_path / "t"), "--config", str(tmp_path / "d.yaml"),
+                             *(a for n in ("ingest", "pub", "control") for a in (f"--{n}", f"ipc://{sockets}/{n}.sock"))],
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = proc.communicate(timeout=HANG_S)    # the old daemon ran on: a hang, killed below
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+        for f in sockets.iterdir():
+            f.unlink()
+        sockets.rmdir()
+    assert proc.returncode == 2 and "telemetry daemon ready" not in out, (proc.returncode, out, err)
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert "tensorboard" in project["optional-dependencies"]
+    lines = [ln for ln in err.strip().splitlines() if " INFO " not in ln]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    assert f"pip install '{project['name']}[tensorboard]'" in lines[0], lines[0]
