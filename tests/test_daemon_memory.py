@@ -262,3 +262,25 @@ def test_cut_hello_keeps_the_scalars_and_drops_the_big_tables_without_decoding_t
     import msgpack
     hostile = msgpack.packb((1, 1, 5, 3, 0, 0, 123, {1: "x" * 5000}))   # a non-str key: not read here
     assert cut_hello(hostile, 1024) is None
+
+
+def test_the_governor_cuts_the_intake_above_its_high_mark_and_restores_it_below_the_low():
+    """The budget kept by measure: this process's own RSS against a budget it is over (engaged:
+    the intake's share cut to MIN_SHARE_BYTES, counted once) and one it is far under (released:
+    the share back)."""
+    from telemetry.daemon.memory import MIN_SHARE_BYTES, Budget, Governor, rss_bytes
+
+    class Intake:
+        max_bytes = 64 << 20
+
+    rss_mb = rss_bytes() / 2**20
+    intake = Intake()
+    over = Governor(Budget(rss_mb / 2, 1.0), intake)
+    over.check(0.0)
+    over.check(1.0)
+    assert over.engaged and intake.max_bytes == MIN_SHARE_BYTES and over.num_engaged == 1
+    assert over.stats()["peak_rss_mb"] > rss_mb / 2
+    over.high_bytes, over.low_bytes = 5 * rss_bytes(), 4 * rss_bytes()   # as if the budget were far above the RSS
+    over.check(2.0)
+    assert not over.engaged and intake.max_bytes == 64 << 20 and over.num_engaged == 1
+    over.close()
