@@ -56,12 +56,13 @@ NAMES_SHARE = 0.07
 
 # What the process adds to its RSS after the daemon's modules are imported (baseline_mb adds
 # these to the RSS it reads then): set-up (the stages' modules, ten threads, the sockets,
-# libzmq's I/O thread) ~7 MB; W&B's module ~36 MB and its run (wandb.init) ~16 MB more. W&B
-# also starts its own process (wandb-core, ~36 MB RSS): not in the daemon's RSS, but in a
-# container's or cgroup's limit beside it. Measured with benchmarks/daemon_memory.py.
+# libzmq's I/O thread) ~7 MB; W&B's module ~36 MB and its run (wandb.init) ~16 MB more;
+# TensorBoard's event writer (tensorboard, its protobufs, numpy) ~20 MB. W&B also starts its
+# own process (wandb-core, ~36 MB RSS): not in the daemon's RSS, but in a container's or
+# cgroup's limit beside it. Measured with benchmarks/daemon_memory.py and /proc/self/statm.
 SETUP_MB = 8
 WANDB_MB = 56
-TENSORBOARD_MB = 40
+TENSORBOARD_MB = 24
 # What the daemon holds while it works, besides its buffers: the batch in hand (INGEST_BATCH_BYTES
 # of frames, decoded, and its output records and JSON lines: ~6-8 MB), what one turn reads ahead
 # (intake.MAX_READ_PER_TURN frames, ~4 MB of small ones), libzmq's own queues (up to
