@@ -191,7 +191,6 @@ class RunFollower:
         self.where = where             # how the first endpoint was chosen (endpoints.where)
         self.status: dict = {}         # the first daemon's status, when its control socket answered
         self.sub: Subscriber | None = None
-        self.num_moves = 0
         self._news: list[str] = []
         self._said: set[str] = set()
         self._started = time.monotonic()
@@ -268,7 +267,6 @@ class RunFollower:
             self.sub = Subscriber(pub, self.topics, watch_connection=True)
             if old is not None:
                 old.close()
-                self.num_moves += 1
                 self._said.discard("gone")
                 self._news.append(f"{self.prog}: the run has a new daemon (relaunched): following it at {pub}")
             return
