@@ -112,9 +112,9 @@ def test_tensorboard_turned_on_without_its_package_is_refused_at_start(tmp_path)
     (tmp_path / "d.yaml").write_text("tensorboard: {enabled: true}\n")
     sockets = Path(tempfile.mkdtemp(prefix="tcli-", dir="/tmp"))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(hide), os.environ.get("PYTHONPATH")]))}
+    eps = [a for n in ("ingest", "pub", "control") for a in (f"--{n}", f"ipc://{sockets}/{n}.sock")]
     proc = subprocess.Popen([sys.executable, "-m", "telemetry", "daemon", "--wandb", "disabled", "--log-dir",
-                             str(tmp_path / "t"), "--config", str(tmp_path / "d.yaml"),
-                             *(a for n in ("ingest", "pub", "control") for a in (f"--{n}", f"ipc://{sockets}/{n}.sock"))],
+                             str(tmp_path / "t"), "--config", str(tmp_path / "d.yaml"), *eps],
                             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         out, err = proc.communicate(timeout=HANG_S)    # the old daemon ran on: a hang, killed below

@@ -134,7 +134,8 @@ def cannot_listen(prog: str, addr: str, port: int | str, exc: BaseException) -> 
                 f"server): choose another with --port P, or --port 0 for any free one (printed at start)")
     if isinstance(exc, OSError) and exc.errno == errno.EADDRNOTAVAIL:
         return f"{prog}: cannot listen on {addr}:{port}: {addr} is not an address of this machine (--addr)"
-    return f"{prog}: cannot listen on {addr}:{port}: {exc.strerror if isinstance(exc, OSError) and exc.strerror else exc}"
+    why = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+    return f"{prog}: cannot listen on {addr}:{port}: {why}"
 
 
 def host_is_loopback(host_header: str) -> bool:
