@@ -13,13 +13,15 @@ __getattr__  # protocol/__init__.py, telemetry/__init__.py, telemetry/wandb.py, 
 # argparse and socketserver read these attributes of objects we configure.
 _.description, _.formatter_class                                  # argparse.ArgumentParser (cli.py)
 _.daemon_threads, _.allow_reuse_address, _.handle_error              # socketserver.ThreadingMixIn / TCPServer
-_.protocol_version, _.log_message, _.close_connection, _.do_HEAD  # http.server.BaseHTTPRequestHandler
+_.protocol_version, _.log_message, _.close_connection, _.do_HEAD, _.do_POST  # http.server.BaseHTTPRequestHandler
 
 # atexit runs it.
 _close_all  # telemetry/client/core.py
 
 # ZeroMQ socket options set as attributes (pyzmq: sock.curve_secretkey = ... is setsockopt).
 _.curve_secretkey, _.curve_publickey, _.curve_serverkey, _.zap_domain
+# pyzmq's zmq.auth.Authenticator calls curve_user_id for a key's User-Id and reads allow_any.
+_.curve_user_id, _.allow_any
 
 # What other frameworks call on our integrations (their hooks and class attributes).
 TelemetryTracker, _.requires_logging_directory, _.main_process_only   # Accelerate's GeneralTracker
@@ -38,6 +40,7 @@ UNKNOWN             # testkit/fake_nvml.py: an NVML error code tests/test_poller
 sensor, counter_type, event_types   # testkit/fake_nvml.py: pynvml's signatures
 _.screenshot, _.get_json, stop_with_daemon   # testkit/cdp.py, testkit/dashboard_proc.py: the dashboard's tests call them
 _.group_tree, _.multinode_straggler   # testkit/faults.py: tests/test_multinode_groups.py and test_multinode_straggler.py run them
+GOOD_HOSTS, EVIL_HOSTS   # testkit/hosts.py: the Host tables the dashboard's and the exporter's tests read
 NodeTree, _.restart_head   # testkit/faults.py: tests/test_multinode_links.py, _clock.py, _head_restart.py
 
 # The trainer: a framework's signatures, a model config field, a reserved token id.
