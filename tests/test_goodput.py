@@ -319,6 +319,17 @@ def test_the_slowest_ranks_times_never_overlap_on_the_jobs_timeline():
     assert b["startup"] == pytest.approx(1.0) and b["unexplained"] == pytest.approx(0.0, abs=1e-6)
 
 
+def test_a_hang_the_daemon_saw_lasts_at_least_until_it_said_so():
+    """The whole job killed with nothing more said of it (no exit watcher where its ranks ran):
+    the launch lasted until the daemon said diagnosis/hang, and that time is the hang."""
+    recs = [_hello(T0 + 1, 0, T0)]
+    steps, last = _steps(T0 + 3, 1, 4)
+    recs += steps + [_event(last + 60.0, "diagnosis/hang", 0, stalled_s=60.0)]
+    led = ledger(recs)
+    _sums_to_wall(led)
+    assert led["buckets_s"]["hang"] == pytest.approx(60.0) and led["wall_s"] == pytest.approx(last + 60.0 - T0)
+
+
 def test_a_long_save_the_daemon_took_for_a_hang_before_train_end_is_no_hang():
     recs = [_hello(T0 + 1, 0, T0)]
     steps, last = _steps(T0 + 3, 1, 4)

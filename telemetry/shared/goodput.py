@@ -31,7 +31,8 @@ start to the last record of the last launch, into buckets that sum to it:
                         rank was seen gone (the daemon's diagnosis/rank_exited, gone_for_s
                         before the event; to the ms where the kernel has pidfds, else up to its
                         1 s tick) or said its bye after the last step, whichever came first; the
-                        last launch, at its last record. A launch that finished leaves the time
+                        last launch, at its last record (a diagnosis/hang's counts: the daemon
+                        says it of ranks still there). A launch that finished leaves the time
                         from its last step to its last record unexplained (a loop of your own
                         that closes its client ends so)
     redone              the steps a failed launch made after the checkpoint the next launch
@@ -409,7 +410,10 @@ class Ledger:
             if gone >= cur.max_step_t and (cur.first_gone_t is None or gone < cur.first_gone_t):
                 cur.first_gone_t = gone
         elif name == "diagnosis/hang":
-            cur.fail_t = max(cur.fail_t or t, t)    # no step since: unless one comes, it failed
+            # No step since, its ranks still there (the daemon says a hang only of live ranks):
+            # the launch lasted at least this long, and unless a step comes, it failed.
+            cur.last_t = max(cur.last_t, t)
+            cur.fail_t = max(cur.fail_t or t, t)
         if kind == "event":
             data = rec.get("data") if isinstance(rec.get("data"), dict) else {}
             step, dur = data.get("step"), _num(data.get("duration_s"))
