@@ -308,3 +308,30 @@ def test_the_run_s_end_and_its_daemons_in_the_store():
     snap = s.snapshot(800)
     mfu = next(x for x in snap["series"] if x["key"] == "perf/mfu")
     assert mfu["y"] == [None]     # a non-finite value (null) is a gap, not a zero
+
+
+def test_the_store_keeps_the_runs_name_and_summary_from_the_wandb_dropin():
+    """The drop-in's hello names the run (wandb.init(name=...)) under `wandb`; its summary comes
+    as wandb/summary events (bookkeeping, kept out of the event list): the store keeps the name
+    and the summary (a later value of a key replaces it; non-finite said as text; keys beyond
+    MAX_SUMMARY_KEYS counted, not kept), and each value is a change for live pages."""
+    from telemetry.consumers.dashboard import store as store_mod
+    from telemetry.consumers.dashboard.store import RunStore
+
+    s = RunStore("r0", "oi1gac7g", None)
+    s.consume({"kind": "hello", "t": 1.0, "rank": 0, "info": {"framework": "wandb", "config": {"lr": 0.1},
+                                                              "wandb": {"name": "bleu-baseline", "id": "oi1gac7g"}}})
+    assert s.name == "bleu-baseline"
+    points, events = s.consume({"kind": "event", "t": 2.0, "rank": 0, "name": "wandb/summary",
+                                "data": {"best_bleu": 31.4, "worst": float("nan"), "cfg": {"a": [1, 2]}}})
+    assert events == [] and s.events.groups == []
+    assert points == [["best_bleu", "summary", 0.0, 31.4], ["worst", "summary", 0.0, "nan"],
+                      ["cfg", "summary", 0.0, '{"a": [1, 2]}']]
+    s.consume({"kind": "event", "t": 3.0, "rank": 0, "name": "wandb/summary", "data": {"best_bleu": 32.0}})
+    snap = s.snapshot(600)
+    assert snap["name"] == "bleu-baseline"
+    assert snap["summary"] == {"best_bleu": 32.0, "worst": "nan", "cfg": '{"a": [1, 2]}'}
+    assert snap["num_summary_dropped"] == 0
+    many = {f"k{i}": i for i in range(store_mod.MAX_SUMMARY_KEYS + 5)}
+    s.consume({"kind": "event", "t": 4.0, "rank": 0, "name": "wandb/summary", "data": many})
+    assert len(s.summary) == store_mod.MAX_SUMMARY_KEYS and s.num_summary_dropped == 8

@@ -99,6 +99,12 @@ def test_dashboard_in_chromium_against_a_real_run(tmp_path):
             for chart in ("lr", "grad_norm", "tokens", "slowest_rank"):
                 assert charts[chart]["points"] == NUM_STEPS, (chart, charts[chart])
             assert charts["step_time"]["series"] == "slowest rank|mean|fastest rank"
+            # The host's and the daemon's charts are in the System section, folded; opened, drawn.
+            assert b.evaluate("document.getElementById('system').open") is False
+            assert b.evaluate("['host_cpu', 'records_in'].every(c => document.getElementById('system')"
+                              ".contains(document.getElementById('chart-' + c)))")
+            b.evaluate("document.querySelector('#system > summary').click()")
+            b.wait_for("state.plots['host_cpu'] !== undefined", what="the System section's charts drawn")
             # Axis titles: the x axis, and the unit the metric catalogue gives the series.
             assert b.evaluate("state.plots['step_time'].plot.axes.map(a => a.label)") == ["step", "s"]
             assert b.evaluate("state.plots['host_cpu'].plot.axes.map(a => a.label)") == ["time", "%"]

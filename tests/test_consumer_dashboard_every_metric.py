@@ -79,7 +79,8 @@ def test_a_scripts_own_keys_each_get_a_chart_and_the_filter_finds_them(tmp_path)
             # perf/samples (group "counts"), val/loss (the catalogue's "*/loss": a dataset's loss).
             assert charts["auto-perf/samples"]["group"] == "counts (more series)"
             assert charts["auto-val/loss"]["group"] == "per dataset (more series)"
-            sections = b.evaluate("[...document.querySelectorAll('#groups > section')].filter(s => !s.hidden)"
+            sections = b.evaluate("[...document.querySelectorAll('#groups > section, #groups-more > section')]"
+                                  ".filter(s => !s.hidden)"
                                   ".map(s => s.querySelector('h2').textContent)")
             # the run's own sections first, then the catalogue's in its order (counts before per dataset)
             assert sections.index("nested/ (logged by the run)") < sections.index("counts (more series)") \
@@ -177,6 +178,8 @@ def test_a_scripts_own_keys_each_get_a_chart_and_the_filter_finds_them(tmp_path)
             try:
                 b.navigate(both.login_url)
                 b.wait_for("document.body.dataset.ready === '1' && state.order.length === 2", what="two runs drawn")
+                b.evaluate("document.querySelector('#system > summary').click()")      # the daemon's charts
+                b.wait_for("state.plots['records_lost'] !== undefined", what="the System section drawn")
                 lines = b.evaluate("state.plots['records_lost'].plot.series.slice(1).map(s => "
                                    "[typeof s.stroke === 'function' ? s.stroke(state.plots['records_lost'].plot, 1) "
                                    ": s.stroke, JSON.stringify(s.dash || [])])")

@@ -47,6 +47,14 @@ from telemetry.shared.numbers import is_int, is_number
 STEP, TIME = "step", "time"
 # A change that is no series' point: a step and its record's wall time, for the page's step -> time x axis.
 STEP_TIME = "steptime"
+# Another: a value of the run's summary (W&B's run.summary[key] = value), x unused.
+SUMMARY = "summary"
+# The summary events the W&B drop-in and the HF integration send (telemetry/integrations).
+SUMMARY_EVENT = "wandb/summary"
+# The run's summary: the first MAX_SUMMARY_KEYS keys are kept (the values of others are counted,
+# num_summary_dropped, as are keys longer than MAX_SUMMARY_TEXT); a text value is cut to that.
+MAX_SUMMARY_KEYS = 1000
+MAX_SUMMARY_TEXT = 200
 # Events sent to a page: the latest ones (the list scrolls; markers beyond it add nothing).
 MAX_EVENTS_SENT = 500
 # Per-core CPU values are one series per core and per second: not charted, not kept.
@@ -198,6 +206,8 @@ class RunStore:
         self.daemon = DaemonTotals()   # its counters over the whole run, across daemon restarts
         self.end = RunEnd()
         self.run_config: dict | None = None
+        self.summary: dict[str, Any] = {}   # the run's summary, flat keys (SUMMARY_EVENT)
+        self.num_summary_dropped = 0
         self.last_step: int | None = None
         self.num_records = 0
         self.num_bad = 0
@@ -311,6 +321,8 @@ class RunStore:
                         self._add(k + suffix, TIME, t, y, points)
                 if kind == "daemon":
                     self.daemon.consume(values, t)
+            elif kind == "event" and rec.get("name") == SUMMARY_EVENT and isinstance(rec.get("data"), dict):
+                self._add_summary(rec["data"], points)
             elif kind == "event" and not is_bookkeeping(rec.get("name")):
                 g = self._add_event(rec)
                 events.append(self._event_dict(g))
@@ -321,10 +333,31 @@ class RunStore:
                     if self.run_config is None or "config" in info:
                         self.run_config = info
                     cfg = info.get("config") if isinstance(info.get("config"), dict) else {}
-                    name = info.get("run_name") or cfg.get("run_name")
+                    wandb = info.get("wandb") if isinstance(info.get("wandb"), dict) else {}
+                    # Our trainer's run_name, an integration's, or wandb.init(name=...) of the drop-in.
+                    name = info.get("run_name") or cfg.get("run_name") or wandb.get("name")
                     if name and self.name_from_hello:
                         self.name = str(name)
         return points, events
+
+    def _add_summary(self, data: dict, out: list) -> None:
+        """Values of the run's summary (flat keys; a later value of a key replaces it), each also a
+        change for live pages: [key, SUMMARY, 0, value]."""
+        for k, v in data.items():
+            if not isinstance(k, str) or len(k) > MAX_SUMMARY_TEXT:
+                self.num_summary_dropped += 1
+                continue
+            if k not in self.summary and len(self.summary) >= MAX_SUMMARY_KEYS:
+                self.num_summary_dropped += 1
+                continue
+            if isinstance(v, float) and not math.isfinite(v):
+                v = str(v)                                   # NaN / inf: said, not JSON's null
+            elif not (v is None or isinstance(v, (bool, int, float, str))):
+                v = json.dumps(v, default=str)
+            if isinstance(v, str) and len(v) > MAX_SUMMARY_TEXT:
+                v = v[:MAX_SUMMARY_TEXT] + "…"
+            self.summary[k] = v
+            out.append([k, SUMMARY, 0.0, v])
 
     def _step_for(self, data: dict, t: float | None) -> int | None:
         step = data.get("step")
@@ -419,7 +452,8 @@ class RunStore:
                 steps_t[1].append(self._step_t[-1])
             out = {"id": self.run_id, "name": self.name, "log_dir": str(self.log_dir) if self.log_dir else None,
                    "t0": self.t_first, "latest": dict(self.latest), "step_t": steps_t,
-                   "config": self.run_config, "num_events": len(self.events.groups)}
+                   "config": self.run_config, "num_events": len(self.events.groups),
+                   "summary": dict(self.summary), "num_summary_dropped": self.num_summary_dropped}
         out["series"] = [{"key": k, "axis": axis, "x": _json_list(xs), "y": _json_list(ys), "n": n, "gap": gap,
                           "unit": meta_of(k)[0], "group": meta_of(k)[1], "thinned": thinned}
                          for k, axis, (xs, ys, gap), n, thinned in items]

@@ -17,15 +17,18 @@ const datasetOf = (k) => k.split("/")[1];
 const GOODPUT_BUCKETS = ["productive", "startup", "data_loading", "eval", "checkpoint_save", "checkpoint_restore",
                          "straggler", "hang", "redone", "recovery", "telemetry", "unexplained"].map((b) => `goodput/${b}_s`);
 
+// Where a section goes (SECTION_PLACES): "top", the run's own training signals, first; "more",
+// after the run's own keys and its media; "system", the host, GPU and the daemon's own series, in
+// the System section (folded until opened, as W&B's System tab).
 const GROUPS = [
-  { title: "Training", charts: [
+  { title: "Training", place: "top", charts: [
     { id: "loss", title: "Loss", axis: "step", match: (k) => k === "train/loss" || /^eval\/([^/]+\/)?loss$/.test(k),
       label: (k) => k === "train/loss" ? "train" : (k === "eval/loss" ? "eval" : `eval ${datasetOf(k)}`),
       points: (k) => k.startsWith("eval/") },
     { id: "lr", title: "Learning rate", axis: "step", match: exact("train/lr"), label: () => "lr" },
     { id: "grad_norm", title: "Gradient norm", axis: "step", match: exact("train/grad_norm"), label: () => "grad norm" },
   ]},
-  { title: "Throughput and step time", charts: [
+  { title: "Throughput and step time", place: "top", charts: [
     { id: "tokens", title: "Tokens per second (all ranks)", axis: "step", match: exact("perf/tokens_per_second"),
       label: () => "tokens/s" },
     { id: "mfu", title: "MFU (%)", axis: "step", match: exact("perf/mfu_percent"), label: () => "MFU %",
@@ -47,7 +50,7 @@ const GROUPS = [
       match: exact("memory/allocated_gb", "memory/max_allocated_gb", "memory/reserved_gb"),
       label: (k) => k.replace("memory/", "").replace("_gb", "").replace("_", " ") },
   ]},
-  { title: "Per dataset", charts: [
+  { title: "Per dataset", place: "top", charts: [
     { id: "dataset_loss", title: "Loss per dataset (train)", axis: "step", match: re(/^dataset\/[^/]+\/loss$/),
       label: datasetOf },
     { id: "dataset_accuracy", title: "Accuracy per dataset", axis: "step", match: re(/^(dataset|eval)\/[^/]+\/accuracy$/),
@@ -55,17 +58,17 @@ const GROUPS = [
     { id: "dataset_tokens", title: "Tokens per dataset", axis: "step", match: re(/^dataset\/[^/]+\/tokens$/),
       label: datasetOf },
   ]},
-  { title: "GPUs", why: "no GPU records (no NVML on the daemon's machine)", charts: [
+  { title: "GPUs", place: "system", why: "no GPU records (no NVML on the daemon's machine)", charts: [
     { id: "gpu_util", title: "GPU utilization (%)", axis: "time", match: re(/^gpu\/util_percent@/), label: afterAt },
     { id: "gpu_memory", title: "GPU memory used (GB)", axis: "time", match: re(/^gpu\/memory_used_gb@/), label: afterAt },
     { id: "gpu_power", title: "GPU power (W)", axis: "time", match: re(/^gpu\/power_w@/), label: afterAt },
     { id: "gpu_temperature", title: "GPU temperature (°C)", axis: "time", match: re(/^gpu\/temperature_c@/), label: afterAt },
   ]},
-  { title: "Host", charts: [
+  { title: "Host", place: "system", charts: [
     { id: "host_cpu", title: "Host CPU (%)", axis: "time", match: re(/^system\/cpu_percent@/), label: afterAt },
     { id: "host_memory", title: "Host memory (%)", axis: "time", match: re(/^system\/memory_percent@/), label: afterAt },
   ]},
-  { title: "Where the time went (the goodput ledger)", why: "no goodput ledger yet (the daemon writes it in its own records)",
+  { title: "Where the time went (the goodput ledger)", place: "more", why: "no goodput ledger yet (the daemon writes it in its own records)",
     bar: true,   // the run's wall time so far as one stacked bar of its buckets, above the charts
     charts: [
     { id: "goodput_buckets", title: "Wall time by bucket (s, stacked)", axis: "time", stacked: true,
@@ -75,7 +78,7 @@ const GROUPS = [
     { id: "goodput_fraction", title: "Goodput (productive / wall)", axis: "time", match: exact("goodput/fraction"),
       label: () => "goodput" },
   ]},
-  { title: "Telemetry (the daemon's own accounting)", charts: [
+  { title: "Telemetry (the daemon's own accounting)", place: "system", charts: [
     { id: "records_in", title: "Records in", axis: "time", match: exact("telemetry/records_in"), label: () => "records in" },
     { id: "records_lost", title: "Records lost", axis: "time",
       match: exact("telemetry/dropped", "telemetry/lost_in_transit", "telemetry/sink_dropped"),
@@ -83,13 +86,22 @@ const GROUPS = [
   ]},
 ];
 const CHARTS = GROUPS.flatMap((g) => g.charts);
+// The containers of the places, in the page's order (index.html): the run's own keys and media
+// come before anything of the machine's or the daemon's.
+const SECTION_PLACES = { top: "groups", own: "groups", more: "groups-more", system: "groups-system" };
+// The catalogue's groups of the machine and of the daemon, and the names that are theirs whatever
+// their group (telemetry/client_s is "step timing"): the System section's.
+const SYSTEM_GROUPS = new Set(["GPU", "host", "daemon"]);
+const isSystemName = (b, group) => SYSTEM_GROUPS.has(group) || /^(system|gpu|telemetry)\//.test(b);
 
 // Every other series a run logs (a script's own keys: acc, val/loss, nested/...) and every
 // series of the metric catalogue no built-in chart draws (GPU and host series, the straggler
-// view, counts): a chart per name, after the built-in groups. The run's own names (the catalogue
-// does not know them) first, in a section per prefix (the part before the first "/"; names
-// without one under "Other metrics"); then the catalogue's names, in a section per catalogue
-// group, in its order (the server says each series' group: telemetry/shared/catalogue.py). A
+// view, counts): a chart per name. The run's own names (the catalogue does not know them) right
+// after the built-in training sections (none of which draws anything for a plain script: its
+// keys are the page's first charts), in a section per prefix (the part before the first "/";
+// names without one under "Other metrics"); then the catalogue's names, in a section per
+// catalogue group, in its order (the server says each series' group:
+// telemetry/shared/catalogue.py), those of the machine and the daemon in the System section. A
 // name's per-host or per-rank series (name@...) share its chart. The daemon's own counters
 // (time-axis names of its daemon records) stay in the Telemetry section. Recomputed only when
 // the set of names grows.
@@ -120,7 +132,8 @@ function autoGroups() {
   for (const b of [...axes.keys()].sort((x, y) => x.localeCompare(y, "en", { numeric: true }))) {
     const group = groupOf.get(b);
     const prefix = b.includes("/") ? b.split("/")[0] + "/" : "";
-    const into = group ? byGroup : byPrefix, at = group || prefix;
+    const into = group ? byGroup : byPrefix;
+    const at = group ? (isSystemName(b, group) ? "system|" : "more|") + group : prefix;
     if (!into.has(at)) into.set(at, []);
     into.get(at).push({
       id: "auto-" + b, title: b, axis: axes.get(b), auto: true,
@@ -134,10 +147,12 @@ function autoGroups() {
   const groups = [...byPrefix.entries()]
     .sort(([a], [b]) => (a === "" ? 1 : b === "" ? -1 : a.localeCompare(b)))
     .map(([prefix, charts]) => ({ title: prefix ? `${prefix} (logged by the run)` : "Other metrics (logged by the run)",
-                                  charts, auto: true }))
+                                  charts, auto: true, place: "own" }))
     .concat([...byGroup.entries()]
-      .sort(([a], [b]) => rank(a) - rank(b) || a.localeCompare(b))
-      .map(([group, charts]) => ({ title: `${group} (more series)`, charts, auto: true })));
+      .map(([at, charts]) => { const [place, group] = at.split("|"); return { place, group, charts }; })
+      .sort((a, b) => rank(a.group) - rank(b.group) || a.group.localeCompare(b.group))
+      .map(({ place, group, charts }) => ({ title: `${group} (more series)`, id: `${place}-${group}`, charts,
+                                            auto: true, place })));
   state.auto = { sig, groups };
   return groups;
 }
@@ -196,6 +211,7 @@ function loadSnapshot(data) {
     if (r.group_order) state.groupOrder = r.group_order;
     state.runs[r.id] = { id: r.id, name: r.name, t0: r.t0, latest: r.latest, series,
                          events: r.events, numEvents: r.num_events, config: r.config,
+                         summary: r.summary ?? {}, numSummaryDropped: r.num_summary_dropped ?? 0,
                          stepT: { s: r.step_t?.[0] ?? [], t: r.step_t?.[1] ?? [] } };
     state.order.push(r.id);
   }
@@ -210,6 +226,11 @@ function applyChanges(msg) {
     const run = state.runs[runId];
     if (!run) continue;
     for (const [key, axis, x, y, unit, group] of points) {
+      if (axis === "summary") {             // a value of the run's summary (run.summary[key] = value)
+        run.summary[key] = y;
+        state.infoDirty = true;
+        continue;
+      }
       if (axis === "steptime") {            // a step's wall time (the x axis in wall time)
         const st = run.stepT;
         if (!st.s.length || x > st.s[st.s.length - 1]) { st.s.push(x); st.t.push(y); }
@@ -307,8 +328,13 @@ function drawStatus() {
   document.title = title.textContent + " · telemetry";
   drawShed(sts);
   const st0 = sts[0];
+  // One count of records on the page: the daemon's (its "records in" tile) where it said one;
+  // else the lines the dashboard read.
+  const daemonCount = st0.daemon?.["telemetry/records_in"] != null;
   document.getElementById("subtitle").textContent = multi() ? `${sts.length} runs` :
-    `step ${st0.last_step ?? "—"} · ${st0.num_records.toLocaleString("en-US")} records · ${st0.source}`;
+    [st0.last_step == null ? null : `step ${st0.last_step}`,
+     daemonCount ? null : `${st0.num_records.toLocaleString("en-US")} records read`, st0.source]
+      .filter(Boolean).join(" · ");
 }
 
 // What the dashboard did not keep to stay within its memory budget (--memory-mb, --max-series).
@@ -333,28 +359,38 @@ function drawShed(sts) {
 
 const daemonTotal = (run, key) => state.status[run.id]?.daemon?.[key];
 
+// [label, value, shown as, red when positive, whether the run has it]: a tile is drawn for a run
+// that has its value (a plain script logs no tokens/s, MFU or step time: no tile says "—"); a
+// series' tile stays while its latest value is NaN (shown "—").
+const has = (...keys) => (r) => keys.some((k) => k in r.series);
+const hasDaemon = (key) => (r) => daemonTotal(r, key) != null;
 const TILES = [
-  ["step", (r) => state.status[r.id]?.last_step, (v) => v ?? "—"],
-  ["loss", (r) => r.latest["train/loss"], (v) => fmt(v)],
-  ["tokens/s", (r) => r.latest["perf/tokens_per_second"], (v) => fmt(v)],
-  ["MFU", (r) => r.latest["perf/mfu_percent"], (v) => v === undefined || v === null ? "—" : v.toFixed(1) + " %"],
-  ["step time", (r) => r.latest["perf/step_time_max"] ?? r.latest["perf/step_time"], (v) => v == null ? "—" : fmt(v, 3) + " s"],
-  ["grad norm", (r) => r.latest["train/grad_norm"], (v) => fmt(v)],
-  ["lr", (r) => r.latest["train/lr"], (v) => fmt(v, 3)],
+  ["step", (r) => state.status[r.id]?.last_step, (v) => v ?? "—", false, (r) => state.status[r.id]?.last_step != null],
+  ["loss", (r) => r.latest["train/loss"], (v) => fmt(v), false, has("train/loss")],
+  ["tokens/s", (r) => r.latest["perf/tokens_per_second"], (v) => fmt(v), false, has("perf/tokens_per_second")],
+  ["MFU", (r) => r.latest["perf/mfu_percent"], (v) => v === undefined || v === null ? "—" : v.toFixed(1) + " %", false,
+   has("perf/mfu_percent")],
+  ["step time", (r) => r.latest["perf/step_time_max"] ?? r.latest["perf/step_time"], (v) => v == null ? "—" : fmt(v, 3) + " s",
+   false, has("perf/step_time_max", "perf/step_time")],
+  ["grad norm", (r) => r.latest["train/grad_norm"], (v) => fmt(v), false, has("train/grad_norm")],
+  ["lr", (r) => r.latest["train/lr"], (v) => fmt(v, 3), false, has("train/lr")],
   // The daemon's counters summed over the run's daemons (a resumed run has several).
-  ["goodput", (r) => daemonTotal(r, "goodput/fraction"), (v) => v == null ? "—" : (v * 100).toFixed(1) + " %"],
-  ["records in", (r) => daemonTotal(r, "telemetry/records_in"), (v) => fmt(v)],
-  ["dropped", (r) => daemonTotal(r, "telemetry/dropped"), (v) => fmt(v), true],
-  ["lost in transit", (r) => daemonTotal(r, "telemetry/lost_in_transit"), (v) => fmt(v), true],
-  ["sink dropped", (r) => daemonTotal(r, "telemetry/sink_dropped"), (v) => fmt(v), true],
+  ["goodput", (r) => daemonTotal(r, "goodput/fraction"), (v) => v == null ? "—" : (v * 100).toFixed(1) + " %", false,
+   hasDaemon("goodput/fraction")],
+  ["records in", (r) => daemonTotal(r, "telemetry/records_in"), (v) => fmt(v), false, hasDaemon("telemetry/records_in")],
+  ["dropped", (r) => daemonTotal(r, "telemetry/dropped"), (v) => fmt(v), true, hasDaemon("telemetry/dropped")],
+  ["lost in transit", (r) => daemonTotal(r, "telemetry/lost_in_transit"), (v) => fmt(v), true,
+   hasDaemon("telemetry/lost_in_transit")],
+  ["sink dropped", (r) => daemonTotal(r, "telemetry/sink_dropped"), (v) => fmt(v), true, hasDaemon("telemetry/sink_dropped")],
 ];
 
 function drawTiles() {
   const box = document.getElementById("tiles");
   box.replaceChildren();
-  for (const [label, get, show, badIfPositive] of TILES) {
+  for (const [label, get, show, badIfPositive, present] of TILES) {
     for (const id of state.order) {
       const run = state.runs[id];
+      if (!present(run)) continue;
       const v = get(run);
       const value = el("div", { class: "value" + (badIfPositive && v > 0 ? " bad" : ""), text: String(show(v)) });
       const tile = el("div", { class: "tile", "data-tile": label }, el("div", { class: "label", text: label }), value);
@@ -678,17 +714,24 @@ function signature(list) {   // what a chart is drawn with: a new one when it ch
   return list.map((o) => o.run + ":" + o.key).join(",") + (state.logY ? "|log" : "") + (state.xTime ? "|time" : "");
 }
 
+// Whether the System section is open (its charts are drawn only then: folded, they have no width).
+const systemOpen = () => document.getElementById("system").open;
+
 function drawCharts() {
-  const groups = document.getElementById("groups");
   const missing = [];
-  let numShown = 0, numHidden = 0;
+  let numShown = 0, numHidden = 0, numSystem = 0, numEager = 0;
+  const placed = {};                 // container id -> its sections, in the page's order
   for (const group of [...GROUPS, ...autoGroups()]) {
-    let gEl = document.getElementById("group-" + group.title);
+    const gid = "group-" + (group.id ?? group.title);
+    let gEl = document.getElementById(gid);
     if (!gEl) {
-      gEl = el("section", { class: "group", id: "group-" + group.title }, el("h2", { text: group.title }),
+      gEl = el("section", { class: "group", id: gid, "data-place": group.place }, el("h2", { text: group.title }),
                el("div", { class: "grid" }));
-      groups.append(gEl);
+      // In the page at once: its charts are drawn as wide as their cards (moved to its place below).
+      document.getElementById(SECTION_PLACES[group.place]).append(gEl);
     }
+    (placed[SECTION_PLACES[group.place]] ??= []).push(gEl);
+    const folded = group.place === "system" && !systemOpen();
     let shown = 0;
     for (const chart of group.charts) {
       const list = chartSeries(chart);
@@ -700,6 +743,8 @@ function drawCharts() {
       }
       shown += 1;
       numShown += 1;
+      if (group.place === "system") numSystem += 1;
+      if (!folded) numEager += 1;
       if (!card) {
         const h = el("h3", { text: chart.title });
         if (chart.note) h.append(el("span", { class: "note", text: chart.note }));
@@ -709,7 +754,9 @@ function drawCharts() {
       card.hidden = false;
       const sig = signature(list);
       const existing = state.plots[chart.id];
-      if (!existing && numShown > EAGER_CHARTS && observer && !nearView.has(chart.id)) {
+      if (!existing && folded) {
+        // Drawn when the System section is opened (its toggle redraws).
+      } else if (!existing && numEager > EAGER_CHARTS && observer && !nearView.has(chart.id)) {
         if (!card.dataset.observed) { observer.observe(card); card.dataset.observed = "1"; }
         // Its place until drawn: a drawn chart's height (legend included), so the page does not grow then.
         const drawnHeight = document.querySelector(".card .plot .uplot")?.offsetHeight;
@@ -739,6 +786,15 @@ function drawCharts() {
     gEl.hidden = shown === 0;
     if (!shown && !group.auto && !state.filter) missing.push(`${group.title}: ${group.why || "no records yet"}`);
   }
+  // Each container's sections in their order (a section that came later, e.g. a new prefix of the
+  // run's keys, is moved to its place; nothing moves when the order holds).
+  for (const [id, sections] of Object.entries(placed)) {
+    const box = document.getElementById(id);
+    const now = [...box.children];
+    if (now.length !== sections.length || sections.some((s, i) => now[i] !== s)) box.append(...sections);
+  }
+  document.getElementById("system-count").textContent = `(${numSystem} charts: host, GPUs, the daemon's own)`;
+  document.getElementById("system").hidden = numSystem === 0;
   document.getElementById("missing").textContent = missing.length ? "Not shown: " + missing.join("; ") + "." : "";
   document.getElementById("filter-count").textContent = state.filter ?
     `${numShown} chart(s) shown, ${numHidden} filtered out` : "";
@@ -809,6 +865,41 @@ function drawConfig() {
     return el("tr", { class: multi() && new Set(vals).size > 1 ? "differs" : "", "data-key": k },
               el("th", { text: k }), ...vals.map((v) => el("td", { text: v })));
   }));
+}
+
+// The run's summary (run.summary[key] = value: W&B's last word on a run, e.g. best_bleu), its
+// tags and notes (wandb.init(tags=..., notes=...), in its hello): under the tiles, a column per
+// run. Rows carry data-key; the notes and tags data-run.
+function drawRunInfo() {
+  state.infoDirty = false;
+  const keys = [...new Set(state.order.flatMap((id) => Object.keys(state.runs[id].summary)))]
+    .sort((a, b) => a.localeCompare(b, "en", { numeric: true }));
+  const wandbOf = (id) => { const w = state.runs[id].config?.wandb; return w && typeof w === "object" ? w : {}; };
+  const about = [];
+  for (const id of state.order) {
+    const w = wandbOf(id);
+    const who = multi() ? state.runs[id].name + ": " : "";
+    const tags = Array.isArray(w.tags) ? w.tags.filter((t) => typeof t === "string") : [];
+    if (tags.length) {
+      about.push(el("div", { class: "tags", "data-run": state.runs[id].name }, who,
+                    ...tags.map((t) => el("span", { class: "tag", text: t }))));
+    }
+    if (typeof w.notes === "string" && w.notes) {
+      about.push(el("p", { class: "notes", "data-run": state.runs[id].name, text: who + w.notes }));
+    }
+  }
+  const dropped = state.order.reduce((a, id) => a + state.runs[id].numSummaryDropped, 0);
+  const show = (v) => (typeof v === "number" ? fmt(v, 6) : typeof v === "string" ? v : JSON.stringify(v));
+  document.getElementById("run-about").replaceChildren(...about);
+  document.getElementById("summary-count").textContent = `(${keys.length} keys)` +
+    (dropped ? `; ${dropped.toLocaleString("en-US")} values of keys beyond the first ones kept not shown` : "");
+  document.getElementById("summary-head").replaceChildren(multi() ?
+    el("tr", {}, el("th", { text: "key" }), ...state.order.map((id) => el("th", { text: state.runs[id].name }))) : "");
+  document.getElementById("summary-rows").replaceChildren(...keys.map((k) =>
+    el("tr", { "data-key": k }, el("th", { text: k }),
+       ...state.order.map((id) => el("td", { text: k in state.runs[id].summary ? show(state.runs[id].summary[k]) : "" })))));
+  document.getElementById("summary-table").hidden = keys.length === 0;
+  document.getElementById("run-info").hidden = keys.length === 0 && about.length === 0;
 }
 
 // -- media: what the daemon kept of the run's wandb.Image / Histogram / Table (/api/media) --------
@@ -994,6 +1085,7 @@ async function drawTable(card, e) {
 }
 
 function redraw() {
+  if (state.infoDirty) drawRunInfo();
   drawCharts();
   drawTiles();
   drawEvents();
@@ -1057,6 +1149,7 @@ async function reload() {
     state.loadedAt = Date.now();
     loadSnapshot(data);
     drawConfig();
+    drawRunInfo();
     redraw();
     openStream();
     loadMedia();
@@ -1123,6 +1216,8 @@ async function start() {
     state.zoom = { step: null, time: null };    // a zoom in steps means nothing in time
     redraw();
   });
+  // The System section's charts are drawn when it is first opened.
+  document.getElementById("system").addEventListener("toggle", () => redraw());
   const logy = document.getElementById("logy");
   logy.addEventListener("change", () => { state.logY = logy.checked; redraw(); });
   const smooth = document.getElementById("smooth");
