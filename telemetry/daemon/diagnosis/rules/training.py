@@ -50,13 +50,32 @@ class SortedWindow:
         return iter(self._order)
 
 
+def is_our_trainer(info: object) -> bool:
+    """Whether a hello's info is our trainer's (trainer/train.py): its config has the trainer's
+    sections (optim) and its own keys (nonfinite_action), and no integration says it made the run
+    (an integration's and the W&B drop-in's hellos carry `framework`)."""
+    if not isinstance(info, dict) or "framework" in info:
+        return False
+    cfg = info.get("config")
+    return isinstance(cfg, dict) and isinstance(cfg.get("optim"), dict) and "nonfinite_action" in cfg
+
+
 class NonFinite(Rule):
-    """NaN or Inf in train/loss or train/grad_norm, aggregated or per rank (critical)."""
+    """NaN or Inf in train/loss or train/grad_norm, aggregated or per rank (critical). What it
+    suggests fits the run: our trainer's settings for our trainer's run (its hello says so), the
+    usual remedies in general words for any other program (a W&B script has no optim.lr)."""
 
     name = "nonfinite"
-    kinds = frozenset({"metrics"})
+    kinds = frozenset({"metrics", "hello"})
+
+    def __init__(self, cfg: DiagnosisConfig) -> None:
+        super().__init__(cfg)
+        self.our_trainer = False
 
     def consume(self, record: dict) -> list[Finding]:
+        if record.get("kind") == "hello":
+            self.our_trainer = self.our_trainer or is_our_trainer(record.get("info"))
+            return []
         values = record.get("values")
         out = []
         for key in NONFINITE_KEYS:
@@ -70,12 +89,19 @@ class NonFinite(Rule):
                 continue
             rank = record.get("rank")
             where = f"rank {rank}" if rank is not None else "the aggregated step"
-            # What to try is what the trainer's config allows: model.dtype is fp32 or bf16 (bf16 has
-            # fp32's range, so no loss scaling; fp16 is refused), non-finite steps are never applied.
+            if self.our_trainer:
+                # What to try is what the trainer's config allows: model.dtype is fp32 or bf16 (bf16
+                # has fp32's range, so no loss scaling; fp16 is refused), non-finite steps are never
+                # applied.
+                advice = ("try a lower optim.lr or a longer optim.warmup_steps, keep optim.grad_clip on, or "
+                          "train in fp32 (model.dtype) if bf16; nonfinite_action=skip drops such steps, stop "
+                          "ends the run with a checkpoint")
+            else:
+                advice = ("try a lower learning rate or a longer warm-up, clip the gradient norm, or train in "
+                          "fp32 (with fp16, a loss scaler); skipping the optimizer step when the loss is not "
+                          "finite keeps the weights")
             msg = (f"{key} is {v} at step {step_of(record)} ({where}): training has diverged or a batch "
-                   f"produced an overflow; try a lower optim.lr or a longer optim.warmup_steps, keep "
-                   f"optim.grad_clip on, or train in fp32 (model.dtype) if bf16; nonfinite_action=skip "
-                   f"drops such steps, stop ends the run with a checkpoint")
+                   f"produced an overflow; {advice}")
             # Subject is the key alone: one NaN usually shows on every rank at once; say it once.
             out.append(Finding(key, msg, t_of(record), rank=rank, severity="critical",
                                data={"key": key, "value": str(v), "step": step_of(record)}))
