@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -15,13 +16,13 @@ from telemetry.consumers.report import make_report
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _check_png(path: Path) -> None:
+def _check_png(path: Path, min_width: int = 600, min_height: int = 200) -> None:
     from PIL import Image
 
     with Image.open(path) as im:
         im.verify()  # decodes the structure; raises on a broken file
     with Image.open(path) as im:
-        assert im.format == "PNG" and im.size[0] >= 600 and im.size[1] >= 200
+        assert im.format == "PNG" and im.size[0] >= min_width and im.size[1] >= min_height
 
 
 def test_report_from_a_real_daemon(make_daemon, tmp_path):
@@ -161,3 +162,127 @@ def test_hang_and_crash_events_are_listed_first_with_their_bundle(tmp_path):
     text = text_summary("run", summarize(d), d)
     assert "!!diagnosis/hang: hang: rank 1 is in load_batch [forensics: /logs/forensics/20261123-120000-hang]" in text
     assert "spike 7" in text and "spike 0" not in text
+
+
+def test_a_wandb_script_s_report_plots_its_own_keys_and_shows_its_media_and_summary(make_daemon, tmp_path,
+                                                                                      monkeypatch):
+    """A plain W&B script through the drop-in: every key it logged has its plot, its image is on
+    the page, its histogram drawn, its table shown, its summary, name and config said; the NaN it
+    logged is counted, not drawn."""
+    import numpy as np
+
+    import telemetry.wandb as tw
+
+    run_dir = tmp_path / "script-run"
+    media = tmp_path / "media-tmp"
+    d = make_daemon(world_size=1, log_dir=run_dir / "telemetry", env={"TELEMETRY_MEDIA_DIR": str(media)})
+    monkeypatch.setenv("TELEMETRY_MEDIA_DIR", str(media))
+    monkeypatch.setenv("TELEMETRY_ENDPOINT", d.ingest)
+    rng = np.random.default_rng(3)
+    own = ["acc", "val/bleu", "val/ppl", "speed"]
+    try:
+        run = tw.init(project="mt", name="bleu-sweep-3", config={"lr": 0.01, "layers": 6}, tags=["baseline"])
+        for s in range(1, 13):
+            run.log({"acc": s / 12, "val/bleu": 20 + s, "val/ppl": float("nan") if s == 6 else 30 - s,
+                     "speed": 100 + s % 3}, step=s)
+        run.log({"samples": tw.Image(rng.integers(0, 255, (16, 24, 3), dtype=np.uint8), caption="first batch"),
+                 "weights": tw.Histogram(rng.normal(size=500), num_bins=16),
+                 "preds": tw.Table(columns=["src", "hyp"], data=[["guten tag", "good day"], ["danke", "thanks"]])},
+                step=12)
+        run.summary["best_bleu"] = 31.5
+    finally:
+        tw.finish()
+    index = run_dir / "telemetry" / "media" / "index.jsonl"
+    d.wait_for(lambda rs: any(r.get("step") == 12 and "rank" not in r for r in rs))
+    assert d.drain()["drained"]
+    assert index.exists() and len(index.read_text().splitlines()) == 3
+
+    proc = subprocess.run([sys.executable, "-m", "telemetry", "report", str(run_dir)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr
+    assert "run bleu-sweep-3" in proc.stdout and "best_bleu 31.5" in proc.stdout, proc.stdout
+    # Its own keys' last values in the text; none of our trainer's figures it has no data for.
+    assert "your metrics       acc 1, speed 100, val/bleu 32, val/ppl 18 (last values)" in proc.stdout
+    assert "  loss " not in proc.stdout and "MFU" not in proc.stdout
+    out = run_dir / "telemetry" / "report"
+    page = (out / "index.html").read_text()
+    assert "<h1>Run bleu-sweep-3</h1>" in page
+    # A plot per own key, named on the page, each a real PNG; the user's keys come first.
+    plotted = re.findall(r'<figure class="metric"><img src="([^"]+)" alt="([^"]+)">', page)
+    keys = [k for _, k in plotted]
+    assert keys[:len(own)] == sorted(own, key=lambda k: ("/" not in k, k)), keys
+    for src, _ in plotted:
+        _check_png(out / src, min_width=300, min_height=150)
+    # The NaN is counted beside its key's plot, not drawn.
+    assert "val/ppl" in page and "1 NaN/Inf not drawn" in page
+    # The image, as the daemon kept it, on the page.
+    imgs = re.findall(r'<img src="(media/[^"]+\.png)" alt="samples', page)
+    assert len(imgs) == 1 and "first batch" in page
+    from PIL import Image
+
+    with Image.open(out / imgs[0]) as im:
+        assert im.size == (24, 16)
+    # The histogram drawn, the table as a table.
+    hist = re.findall(r'<img src="(media/[^"]+\.png)" alt="weights', page)
+    assert len(hist) == 1
+    _check_png(out / hist[0], min_width=300, min_height=150)
+    assert "<td>guten tag</td><td>good day</td>" in page
+    # The summary, the config, the tags.
+    assert re.search(r"<th>best_bleu</th><td>31\.5</td>", page), page
+    assert "config.lr" in page and "baseline" in page
+
+
+def test_a_wide_long_run_is_reported_within_its_bounds(tmp_path, monkeypatch):
+    """However many keys and steps: each series holds a bounded number of points (its count,
+    first, last, min and max stay exact), the plots stop at their cap and the page says how many
+    were left out; a series past the held ones keeps its figures and is said not plotted."""
+    from telemetry.consumers import report
+
+    monkeypatch.setattr(report, "SERIES_POINTS", 64)
+    monkeypatch.setattr(report, "MAX_SERIES_HELD", 5)
+    monkeypatch.setattr(report, "MAX_METRIC_PLOTS", 4)
+    tel = tmp_path / "wide" / "telemetry"
+    tel.mkdir(parents=True)
+    keys = [f"grp/k{i}" for i in range(7)]
+    with open(tel / "metrics.jsonl", "w") as f:
+        for step in range(1, 1001):
+            values = {k: (None if step == 500 and i == 0 else step * (i + 1) - (step % 7)) for i, k in enumerate(keys)}
+            f.write(json.dumps({"kind": "metrics", "t": 1000.0 + step, "step": step, "values": values}) + "\n")
+    r = make_report(tel)
+    d = r["data"]
+    first = d.steps["grp/k0"]
+    assert 32 <= len(first.ys) <= 64 and first.held
+    assert (first.n, first.num_nonfinite, first.first, first.last) == (999, 1, 0.0, 1000 - 1000 % 7)
+    assert first.max == max(s - s % 7 for s in range(1, 1001) if s != 500)
+    assert [k for k in keys if not d.steps[k].held] == keys[5:]          # past MAX_SERIES_HELD: figures only
+    assert d.steps["grp/k6"].n == 1000 and d.steps["grp/k6"].max == 7000 - 1000 % 7
+    assert r["summary"]["num_steps"] == 1000
+    page = r["html"].read_text()
+    assert len(r["metric_plots"]) == 4 and page.count('<figure class="metric"><img') == 4
+    assert "3 more metric(s) not plotted (at most 4 plots)" in page
+    assert "<td>grp/k6</td><td>1000</td>" in page
+    for p in r["metric_plots"]:
+        _check_png(p, min_width=300, min_height=150)
+
+
+def test_media_the_report_cannot_trust_is_bounded_and_said(tmp_path):
+    """A media index damaged or hand-made: a line that is not an entry is counted, a file name
+    outside the kept files is never read, a big table is cut (and says so), a histogram without
+    its counts is said not shown; the rest of the page is made."""
+    tel = tmp_path / "run" / "telemetry"
+    (tel / "media").mkdir(parents=True)
+    metrics = {"kind": "metrics", "t": 1.0, "step": 1, "values": {"acc": 0.5}}
+    (tel / "metrics.jsonl").write_text(json.dumps(metrics) + "\n")
+    (tel / "media" / "0.json").write_text(json.dumps({"columns": [f"c{i}" for i in range(30)],
+                                                      "data": [[f"r{r}c{i}" for i in range(30)] for r in range(100)]}))
+    entries = [{"step": 1, "key": "big", "type": "Table", "file": "0.json"},
+               {"step": 1, "key": "escape", "type": "Image", "images": [{"file": "../metrics.jsonl"}]},
+               {"step": 1, "key": "hist", "type": "Histogram", "bins": [0, 1, 2], "counts": [3]}]
+    (tel / "media" / "index.jsonl").write_text("not json\n" + "".join(json.dumps(x) + "\n" for x in entries))
+    page = make_report(tel)["html"].read_text()
+    assert "1 unreadable media index line(s) skipped" in page
+    assert "the first 50 of 100 rows, the first 20 of 30 columns" in page and "<td>r49c19</td>" in page
+    assert "r50c0" not in page and "r0c20" not in page
+    assert "an image the daemon did not keep whole" in page and not (tel / "report" / "media" / "1-0.png").exists()
+    assert "not shown: ValueError: a histogram without its bins and counts" in page
+    assert '<img src="metrics/0.png" alt="acc">' in page

@@ -8,9 +8,13 @@ into --out (default <telemetry dir>/report): loss.png (per dataset), eval.png (e
 accuracy per dataset), training.png (lr, grad norm), throughput.png, mfu.png, step_time.png
 (spread across ranks), phases.png (data loading, forward, backward, optimizer, stacked),
 gpu.png (utilization, memory, power) or system.png (CPU and memory, when there are no GPU
-records), and index.html with the run's config and its diagnosis events. A plot without data is
-left out and the page says why. Time plots leave a gap where the daemon was down. The daemon's
-counters are summed over every daemon of the run (a resumed run has one per resume).
+records), metrics/<n>.png (a plot per metric none of those draws: the run's own keys first, by
+prefix, then the catalogue's groups; at most MAX_METRIC_PLOTS), media/ (the run's kept media:
+report_media.py), and index.html with the run's name, our summary and the run's own (a W&B
+script's run.summary), its config and its diagnosis events. A plot without data is left out and
+the page says why. Memory is bounded however long or wide the run (Held, MAX_KEYS). Time plots
+leave a gap where the daemon was down. The daemon's counters are summed over every daemon of the
+run (a resumed run has one per resume).
 """
 from __future__ import annotations
 
@@ -28,7 +32,7 @@ from typing import Any
 from telemetry.shared import files
 from telemetry.shared.config import nonempty_arg, writable_dir_problem
 from telemetry.shared.bookkeeping import is_bookkeeping
-from telemetry.shared.catalogue import grouped
+from telemetry.shared.catalogue import OWN_GROUP, grouped
 from telemetry.shared.numbers import is_number
 
 # Plots draw at most this many points per line: a week-long run must still plot in seconds.
@@ -43,6 +47,22 @@ DPI = 110
 # matplotlib's limit and tick arithmetic overflows on spans near the float range (±1e308 made
 # savefig fail), and no metric of a training run is anywhere near it.
 MAX_PLOT_ABS = 1e100
+# Memory stays bounded however long or wide the run: a series holds at most SERIES_POINTS points
+# (past it, every other point is let go and then every 2nd, 4th, ... arriving one is kept: a plot
+# needs MAX_POINTS); its count, first, last, min and max stay exact. Points are held for the first
+# MAX_SERIES_HELD step series; later ones keep only those figures (counted on the page), and a
+# key past the first MAX_KEYS is not read at all (its values counted).
+SERIES_POINTS = 2 * MAX_POINTS
+MAX_SERIES_HELD = 1000
+MAX_KEYS = 20_000
+# The page draws one plot per metric no built-in plot draws, for at most this many; the rest are
+# named in the table of every metric, their number said beside the plots.
+MAX_METRIC_PLOTS = 96
+# A metric's plot marks the steps of its first MAX_MARKS NaN/Inf values.
+MAX_MARKS = 200
+# The run's summary (run.summary, an integration's closing values): at most this many keys shown.
+MAX_SUMMARY_KEYS = 200
+MAX_SUMMARY_CHARS = 300
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -51,11 +71,70 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 # -- reading -------------------------------------------------------------------------------------
+class Held:
+    """One series as the report holds it: its points (at most SERIES_POINTS, thinned evenly past
+    that; none when `points` is False) and exact figures over every value it had: n, first,
+    last, min, max, and how many were not finite (a NaN the daemon wrote as null, an Inf).
+    Unpacks as (xs, ys), as the plots read a series."""
+
+    __slots__ = ("xs", "ys", "stride", "num_seen", "n", "first", "last", "min", "max", "num_nonfinite",
+                 "nonfinite_at")
+
+    def __init__(self, x_type: str = "d", points: bool = True) -> None:
+        from array import array
+
+        self.xs, self.ys = (array(x_type), array("d")) if points else (None, None)
+        self.stride, self.num_seen, self.n, self.num_nonfinite = 1, 0, 0, 0
+        self.first = self.last = self.min = self.max = None
+        self.nonfinite_at = array(x_type) if points else None   # the first MAX_MARKS of them, marked on its plot
+
+    def add_nonfinite(self, x: float) -> None:
+        self.num_nonfinite += 1
+        if self.nonfinite_at is not None and len(self.nonfinite_at) < MAX_MARKS:
+            self.nonfinite_at.append(x)
+
+    def add(self, x: float, y: float) -> None:
+        self.n += 1
+        self.last = y
+        if self.first is None:
+            self.first = self.min = self.max = y
+        elif y < self.min:
+            self.min = y
+        elif y > self.max:
+            self.max = y
+        if self.xs is None:
+            return
+        if self.num_seen % self.stride == 0:
+            if len(self.ys) >= SERIES_POINTS:     # keep every other point, then every 2*stride-th
+                del self.xs[1::2]
+                del self.ys[1::2]
+                self.stride *= 2
+            if self.num_seen % self.stride == 0:
+                self.xs.append(x)
+                self.ys.append(y)
+        self.num_seen += 1
+
+    @property
+    def held(self) -> bool:
+        return self.xs is not None
+
+    def __iter__(self):
+        return iter((self.xs if self.xs is not None else [], self.ys if self.ys is not None else []))
+
+    def __getitem__(self, i: int):
+        return tuple(self)[i]
+
+
 @dataclass
 class RunData:
     """Everything a report needs, gathered in one pass over the records."""
 
-    steps: dict[str, tuple[list[int], list[float]]] = field(default_factory=dict)   # aggregated, by name
+    steps: dict[str, Held] = field(default_factory=dict)   # aggregated, by name
+    step_numbers: set[int] = field(default_factory=set)
+    summary: dict[str, Any] = field(default_factory=dict)   # run.summary: the wandb/summary events, merged
+    num_summary_not_shown: int = 0
+    num_values_not_read: int = 0     # values of keys past the first MAX_KEYS
+    num_series_not_held: int = 0     # step series past the first MAX_SERIES_HELD: figures only
     rank_step_time: dict[int, tuple[list[int], list[float]]] = field(default_factory=dict)
     gpus: dict[tuple[str, int], dict[str, tuple[list[float], list[float]]]] = field(default_factory=dict)
     systems: dict[str, dict[str, tuple[list[float], list[float]]]] = field(default_factory=dict)
@@ -69,8 +148,9 @@ class RunData:
     t_last: float | None = None
     goodput: dict[str, Any] = field(default_factory=dict)      # the goodput ledger (telemetry/shared/goodput.py)
 
-    def series(self, name: str) -> tuple[list[int], list[float]]:
-        return self.steps.get(name, ([], []))
+    def series(self, name: str) -> tuple[Any, Any]:
+        h = self.steps.get(name)
+        return tuple(h) if h is not None else ([], [])
 
 
 def _is_number(v: Any) -> bool:
@@ -84,10 +164,31 @@ def _is_num(v: Any) -> bool:
 
 def _append(d: RunData, store: dict, key: Any, x: float, y: Any) -> None:
     if _is_num(y):
-        xs, ys = store.setdefault(key, ([], []))
-        xs.append(x)
-        ys.append(float(y))
+        h = store.get(key)
+        if h is None:
+            h = store[key] = Held()
+        h.add(x, float(y))
     elif _is_number(y):
+        d.num_unplottable += 1
+
+
+def _append_step(d: RunData, key: str, step: int, y: Any) -> None:
+    """A step value: held (up to MAX_KEYS keys, the first MAX_SERIES_HELD of them with their
+    points); a NaN (null in the JSONL) or Inf counted against its key."""
+    h = d.steps.get(key)
+    if h is None:
+        if y is not None and not _is_number(y):
+            return       # text (W&B keeps strings in its history): nothing to plot
+        if len(d.steps) >= MAX_KEYS:
+            d.num_values_not_read += 1
+            return
+        held = len(d.steps) - d.num_series_not_held < MAX_SERIES_HELD
+        d.num_series_not_held += not held
+        h = d.steps[key] = Held("q", points=held)
+    if _is_num(y):
+        h.add(step, float(y))
+    elif y is None or _is_number(y):
+        h.add_nonfinite(step)
         d.num_unplottable += 1
 
 
@@ -115,10 +216,13 @@ def collect(records: Any) -> RunData:
                 if isinstance(rec["rank"], int):
                     _append(d, d.rank_step_time, rec["rank"], step, values.get("perf/step_time"))
                 continue
+            if not -2**63 <= step < 2**63:
+                continue
             if rec.get("missing_ranks"):
                 d.num_steps_incomplete += 1
+            d.step_numbers.add(step)
             for k, v in values.items():
-                _append(d, d.steps, k, step, v)
+                _append_step(d, k, step, v)
         elif kind == "gpu" and _is_num(t):
             g = d.gpus.setdefault((str(rec.get("host", "?")), rec.get("gpu") if isinstance(rec.get("gpu"), int) else 0), {})
             for k, v in values.items():
@@ -128,7 +232,9 @@ def collect(records: Any) -> RunData:
             for k in ("system/cpu_percent", "system/memory_percent", "system/rss_gb"):
                 _append(d, s, k, t, values.get(k))
         elif kind == "event":
-            if not is_bookkeeping(rec.get("name")):
+            if rec.get("name") == SUMMARY_EVENT:
+                _take_summary(d, rec.get("data"))
+            elif not is_bookkeeping(rec.get("name")):
                 d.events.append(rec)
         elif kind == "hello":
             if isinstance(rec.get("rank"), int) and isinstance(rec.get("info"), dict):
@@ -141,12 +247,31 @@ def collect(records: Any) -> RunData:
     return d
 
 
+# A W&B script's run.summary (the drop-in, the integrations): telemetry/integrations/wandb_run.py.
+SUMMARY_EVENT = "wandb/summary"
+
+
+def _take_summary(d: RunData, data: Any) -> None:
+    """Merge one summary event (a later value of a key replaces an earlier one)."""
+    if not isinstance(data, dict):
+        return
+    for k, v in data.items():
+        if k in d.summary or len(d.summary) < MAX_SUMMARY_KEYS:
+            d.summary[str(k)] = v
+        else:
+            d.num_summary_not_shown += 1
+
+
 def run_name(d: RunData, fallback: str) -> str:
+    """The run's name as its script named it: the hello's run_name, config.run_name, or
+    wandb.init(name=...); else `fallback` (the run dir's name)."""
     for rank in sorted(d.hellos):
         info = d.hellos[rank]
         name = info.get("run_name")
         if not name and isinstance(info.get("config"), dict):
             name = info["config"].get("run_name")
+        if not name and isinstance(info.get("wandb"), dict):
+            name = info["wandb"].get("name")
         if name:
             return str(name)
     return fallback
@@ -158,8 +283,9 @@ def _steady(ys: list[float]) -> list[float]:
 
 
 def summarize(d: RunData) -> dict[str, Any]:
-    steps, losses = d.series("train/loss")
-    all_steps = sorted({s for xs, _ in d.steps.values() for s in xs})
+    loss = d.steps.get("train/loss")
+    first_step = min(d.step_numbers) if d.step_numbers else None
+    last_step = max(d.step_numbers) if d.step_numbers else None
     tps = d.series("perf/tokens_per_second")[1]
     mfu = d.series("perf/mfu")[1]
     if not mfu and d.series("perf/mfu_percent")[1]:
@@ -170,12 +296,12 @@ def summarize(d: RunData) -> dict[str, Any]:
     spreads = [(a - b) / a for a, b in zip(st_max, st_min) if a > 0] if len(st_max) == len(st_min) else []
     diagnosis = [e for e in d.events if str(e.get("name", "")).startswith("diagnosis/")]
     return {
-        "num_steps": len(all_steps),
-        "first_step": all_steps[0] if all_steps else None,
-        "last_step": all_steps[-1] if all_steps else None,
-        "first_loss": losses[0] if losses else None,
-        "final_loss": losses[-1] if losses else None,
-        "min_loss": min(losses) if losses else None,
+        "num_steps": len(d.step_numbers),
+        "first_step": first_step,
+        "last_step": last_step,
+        "first_loss": loss.first if loss else None,
+        "final_loss": loss.last if loss else None,
+        "min_loss": loss.min if loss else None,
         "tokens_per_second_median": statistics.median(_steady(tps)) if tps else None,
         "mfu_median": statistics.median(_steady(mfu)) if mfu else None,
         "step_time_median_s": statistics.median(_steady(st_max)) if st_max else None,
@@ -186,8 +312,8 @@ def summarize(d: RunData) -> dict[str, Any]:
         "num_diagnosis_events": len(diagnosis),
         "num_daemons": d.num_daemons,
         # The last eval loss of each dataset (eval/<name>/loss; "eval" for a plain eval/loss).
-        "eval_loss": {(k.split("/")[1] if k.count("/") == 2 else "eval"): d.series(k)[1][-1]
-                      for k in sorted(d.steps) if k.startswith("eval/") and k.endswith("/loss") and d.series(k)[1]},
+        "eval_loss": {(k.split("/")[1] if k.count("/") == 2 else "eval"): d.steps[k].last
+                      for k in sorted(d.steps) if k.startswith("eval/") and k.endswith("/loss") and d.steps[k].n},
         "records_in": d.daemon.get("telemetry/records_in"),
         "dropped": d.daemon.get("telemetry/dropped"),
         "sink_dropped": d.daemon.get("telemetry/sink_dropped"),
@@ -230,10 +356,10 @@ def _ema(ys: list[float], span: int) -> list[float]:
     return out
 
 
-def _figure(nrows: int = 1, height: float = 3.6):
+def _figure(nrows: int = 1, height: float = 3.6, width: float = 9):
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(nrows, 1, figsize=(9, height * nrows), squeeze=False, sharex=True)
+    fig, axes = plt.subplots(nrows, 1, figsize=(width, height * nrows), squeeze=False, sharex=True)
     for ax in axes[:, 0]:
         ax.grid(True, alpha=0.3)
         ax.spines[["top", "right"]].set_visible(False)
@@ -546,6 +672,89 @@ PLOTS = (("loss", plot_loss, "no train/loss or dataset/*/loss values"),
          ("system", plot_system, None))
 
 
+def builtin_drawn(d: RunData) -> set[str]:
+    """The step metrics the built-in plots above draw (PLOTS): they get no plot of their own."""
+    keys = {"train/loss", "train/lr", "train/grad_norm", "perf/mfu_percent", "perf/mfu", "perf/step_time",
+            "perf/step_time_max", "perf/step_time_min"} | {k for k, _ in PHASES}
+    keys |= {k for k in d.steps if (k.startswith("dataset/") and k.endswith("/loss"))
+             or (k.startswith("eval/") and (k.endswith("loss") or k.split("/")[-1] == "accuracy"))}
+    for k in ("perf/tokens_per_second", "perf/samples_per_second", "perf/steps_per_second"):
+        if d.series(k)[0]:      # the throughput plot draws the first of these the run has
+            keys.add(k)
+            break
+    return keys
+
+
+def metric_sections(d: RunData) -> list[tuple[str, list[str], bool]]:
+    """The step metrics no built-in plot draws, in sections as the dashboard has them: the run's
+    own names first, a section per prefix (the part before the first "/"; names without one
+    last, under "other metrics"), then the catalogue's groups in its order (training and perf
+    first, GPU, host and the daemon's own last)."""
+    drawn = builtin_drawn(d)
+    own: dict[str, list[str]] = {}
+    builtin: dict[str, list[str]] = {}
+    for group, k, _unit in grouped(d.steps):
+        if k in drawn:
+            continue
+        if group == OWN_GROUP:
+            own.setdefault(k.split("/")[0] + "/" if "/" in k else "", []).append(k)
+        else:
+            builtin.setdefault(group, []).append(k)
+    sections = [(f"{p} (logged by the run)" if p else "other metrics (logged by the run)", keys, True)
+                for p, keys in sorted(own.items(), key=lambda pk: (pk[0] == "", pk[0]))]
+    return sections + [(group, keys, False) for group, keys in builtin.items()]
+
+
+def plot_metric(d: RunData, key: str, unit: str, path: Path) -> Path | None:
+    """One metric against the step: a line (markers for a few points), its unit on the axis."""
+    xs, ys = d.series(key)
+    if not len(xs):
+        return None
+    fig, (ax,) = _figure(height=2.8, width=4.6)
+    xs, ys = _thin(xs, ys)
+    ax.plot(xs, ys, "o-" if len(xs) <= 12 else "-", ms=3.5, lw=1.2, color="tab:blue")
+    h = d.steps[key]
+    for i, x in enumerate(h.nonfinite_at or ()):     # where the value was NaN or Inf: a red mark
+        ax.axvline(x, color="tab:red", alpha=0.5, lw=0.8, ls=":", label="NaN/Inf" if i == 0 else None)
+    if h.nonfinite_at:
+        ax.legend(fontsize=7, frameon=False)
+    ax.set_title(key, loc="left", fontsize=10, fontweight="bold")
+    ax.set_xlabel("step", fontsize=8)
+    if unit:
+        ax.set_ylabel(unit, fontsize=8)
+    ax.tick_params(labelsize=8)
+    ax.yaxis.set_major_formatter(_si_formatter())
+    return _save(fig, path)
+
+
+Section = tuple[str, list[tuple[str, "Path | None"]], bool]   # title, (key, its plot), the run's own
+
+
+def plot_metrics(d: RunData, out: Path) -> tuple[list[Section], dict[bool, int]]:
+    """A plot per metric of metric_sections, into out/metrics/<n>.png (numbered: names are the
+    run's data, never a path), at most MAX_METRIC_PLOTS; returns the sections with each key's
+    plot (None: not plotted, no finite value or no points held) and how many were left out
+    ({True: of the run's own, False: of the catalogue's})."""
+    from telemetry.shared.catalogue import lookup
+
+    sections, n, left_out = [], 0, {True: 0, False: 0}
+    for title, keys, own in metric_sections(d):
+        shown = []
+        for k in keys:
+            if n >= MAX_METRIC_PLOTS:
+                left_out[own] += 1
+                continue
+            if n == 0:
+                files.make_dir(out / "metrics")
+            m = lookup(k)
+            path = plot_metric(d, k, m.unit if m is not None else "", out / "metrics" / f"{n}.png")
+            n += path is not None
+            shown.append((k, path))
+        if shown:
+            sections.append((title, shown, own))
+    return sections, left_out
+
+
 # -- the page ------------------------------------------------------------------------------------
 def _flatten(d: Any, prefix: str = "") -> list[tuple[str, Any]]:
     """Nested config as dotted (key, value) rows."""
@@ -572,7 +781,9 @@ def _when(t: Any) -> str:
 
 
 def write_html(out: Path, name: str, log_dir: Path, d: RunData, s: dict, images: list[Path],
-               missing: list[str], read_note: str) -> Path:
+               missing: list[str], read_note: str,
+               metric_plots: tuple[list[Section], dict[bool, int]] = ([], {True: 0, False: 0}),
+               media_html: str = "") -> Path:
     e = html.escape
     rows = [("steps", f"{s['num_steps']} ({s['first_step']} … {s['last_step']})" if s["num_steps"] else "none"),
             ("loss", f"{_f(s['first_loss'], '.4f')} → {_f(s['final_loss'], '.4f')} (min {_f(s['min_loss'], '.4f')})"),
@@ -590,6 +801,12 @@ def write_html(out: Path, name: str, log_dir: Path, d: RunData, s: dict, images:
              + (f" (over {s['num_daemons']} daemon runs)" if s["num_daemons"] > 1 else "")),
             ("events (diagnosis)", f"{s['num_events']} ({s['num_diagnosis_events']})"),
             ("source", f"{log_dir}{read_note}")]
+    # A figure the run has no data for is not a row (a W&B script has no loss or MFU of ours).
+    absent = {"loss": s["first_loss"], "tokens/s (median)": s["tokens_per_second_median"],
+              "MFU (median)": s["mfu_median"], "step time (median)": s["step_time_median_s"],
+              "step-time spread across ranks (median)": s["step_time_spread_median"],
+              "eval loss (last)": s["eval_loss"] or None}
+    rows = [(k, v) for k, v in rows if k not in absent or absent[k] is not None]
     summary = "\n".join(f"<tr><th>{e(k)}</th><td>{e(str(v))}</td></tr>" for k, v in rows)
 
     hello = d.hellos.get(min(d.hellos)) if d.hellos else {}
@@ -598,6 +815,9 @@ def write_html(out: Path, name: str, log_dir: Path, d: RunData, s: dict, images:
         if key in hello:
             cfg_rows.append((key, hello[key]))
     cfg_rows += _flatten(hello.get("config", {}), "config.")
+    wandb_info = hello.get("wandb") if isinstance(hello.get("wandb"), dict) else {}
+    cfg_rows += [(f"wandb.{k}", v) for k, v in wandb_info.items()
+                 if k in ("project", "name", "entity", "group", "tags", "notes", "job_type", "id")]
     model = hello.get("model") if isinstance(hello.get("model"), dict) else {}
     cfg_rows += [(k, v) for k, v in _flatten({k: v for k, v in model.items() if k != "hf_config"}, "model.")]
     hf = model.get("hf_config") if isinstance(model.get("hf_config"), dict) else {}
@@ -629,8 +849,18 @@ def write_html(out: Path, name: str, log_dir: Path, d: RunData, s: dict, images:
     other_html = f"<h2>Other events ({len(other)})</h2><table class='ev'>{head}{event_rows(other[-200:])}</table>" \
         if other else ""
     goodput_html = _goodput_html(d.goodput)
-    imgs = "\n".join(f'<figure><img src="{e(p.name)}" alt="{e(p.stem)}"></figure>' for p in images)
+    sections, left_out = metric_plots
+    own_html = _metric_plots_html(d, [x for x in sections if x[2]], left_out[True], "Your metrics")
+    more_html = _metric_plots_html(d, [x for x in sections if not x[2]], left_out[False],
+                                   "More series (built-in names no plot above draws)")
+    if not any(p.stem not in ("gpu", "system") for p in images):
+        # A run without the trainer's metric names (a W&B script): one line, not a list of
+        # plots it could never have.
+        missing = ["the training plots (loss, optimizer, throughput, MFU, step time, phases) draw the trainer's "
+                   "metric names (docs/metrics.md); this run logged none of them"]
+    run_summary = _summary_html(d)
     missing_html = "".join(f"<li>{e(m)}</li>" for m in missing)
+    imgs = "\n".join(f'<figure><img src="{e(p.name)}" alt="{e(p.stem)}"></figure>' for p in images)
     page = f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>Run {e(name)}: telemetry report</title>
 <style>
@@ -641,16 +871,22 @@ th {{ font-weight: 600; white-space: nowrap; }} .dim {{ color: #777; }}
 table.ev td {{ border-top: 1px solid #eee; }} tr.warning td {{ background: #fff8e1; }}
 tr.critical td {{ background: #ffebee; }} figure {{ margin: 1em 0; }} img {{ max-width: 100%; }}
 .cols {{ display: flex; gap: 3em; flex-wrap: wrap; }}
+.grid {{ display: flex; flex-wrap: wrap; gap: 0 1em; }} figure.metric {{ width: 480px; margin: 0.5em 0; }}
+figure.metric figcaption, figcaption {{ color: #777; font-size: 12px; }}
+div.media img {{ image-rendering: pixelated; min-width: 96px; }}
 </style></head><body>
 <h1>Run {e(name)}</h1>
 <p class="dim">telemetry report, {e(_when(d.t_first))} – {e(_when(d.t_last))}</p>
-<div class="cols"><div><h2>Summary</h2><table>{summary}</table></div></div>
+<div class="cols"><div><h2>Summary</h2><table>{summary}</table></div>{run_summary}</div>
+{own_html}
+{media_html}
 {goodput_html}
 <h2>Diagnosis ({len(diag)})</h2>
 {diag_html}
 <h2>Plots</h2>
 {imgs}
 {"<p class='dim'>Not plotted:</p><ul class='dim'>" + missing_html + "</ul>" if missing else ""}
+{more_html}
 {_metrics_html(d)}
 {other_html}
 <h2>Config</h2>
@@ -662,21 +898,87 @@ tr.critical td {{ background: #ffebee; }} figure {{ margin: 1em 0; }} img {{ max
     return path
 
 
+# The table of every metric shows at most this many rows (the page of a run with 20,000 keys
+# stays readable); the rest are counted under it.
+MAX_TABLE_ROWS = 2000
+
+
 def _metrics_html(d: RunData) -> str:
     """Every metric of the run's steps, grouped and with units as the catalogue says (the run's
-    own first): steps seen, first, last, min, max."""
+    own first): steps seen, first, last, min, max (exact, over every value), NaN/Inf."""
     e = html.escape
     rows, last_group = [], None
-    for group, k, unit in grouped(d.steps):
-        xs, ys = d.steps[k]
+    every = grouped(d.steps)
+    for group, k, unit in every[:MAX_TABLE_ROWS]:
+        h = d.steps[k]
         u = f" {unit}" if unit else ""
-        cells = "".join(f"<td>{e(_f(v, '.5g', u))}</td>" for v in (ys[0], ys[-1], min(ys), max(ys)))
-        rows.append(f"<tr><th>{e(group) if group != last_group else ''}</th><td>{e(k)}</td><td>{len(ys)}</td>{cells}</tr>")
+        cells = "".join(f"<td>{e(_f(v, '.5g', u))}</td>" for v in (h.first, h.last, h.min, h.max))
+        rows.append(f"<tr><th>{e(group) if group != last_group else ''}</th><td>{e(k)}</td><td>{h.n}</td>{cells}"
+                    f"<td>{h.num_nonfinite or ''}</td></tr>")
         last_group = group
     if not rows:
         return ""
-    head = "<tr><th>group</th><th>metric</th><th>steps</th><th>first</th><th>last</th><th>min</th><th>max</th></tr>"
-    return f"<h2>Every metric ({len(rows)})</h2><table class='ev'>{head}{''.join(rows)}</table>"
+    head = ("<tr><th>group</th><th>metric</th><th>steps</th><th>first</th><th>last</th><th>min</th><th>max</th>"
+            "<th>NaN/Inf</th></tr>")
+    notes = []
+    if len(every) > MAX_TABLE_ROWS:
+        notes.append(f"{len(every) - MAX_TABLE_ROWS:,} more metric(s) not listed (at most {MAX_TABLE_ROWS:,})")
+    if d.num_values_not_read:
+        notes.append(f"{d.num_values_not_read:,} value(s) of keys past the first {MAX_KEYS:,} not read")
+    note = f"<p class='dim'>{e('; '.join(notes))}</p>" if notes else ""
+    return f"<h2>Every metric ({len(every)})</h2><table class='ev'>{head}{''.join(rows)}</table>{note}"
+
+
+def _metric_plots_html(d: RunData, sections: list[Section], left_out: int, heading: str) -> str:
+    """A plot per metric no built-in plot draws, in the sections metric_sections gives."""
+    e = html.escape
+    parts = []
+    for title, shown, _own in sections:
+        figs = []
+        for k, path in shown:
+            h = d.steps[k]
+            notes = [f"{h.n:,} point(s)"]
+            if h.num_nonfinite:
+                notes.append(f"{h.num_nonfinite:,} NaN/Inf not drawn")
+            if path is None:
+                why = "no finite value" if not h.n else "its points were not held (too many series)"
+                figs.append(f"<figure class='metric'><p><b>{e(k)}</b></p><figcaption>not plotted: {why}; "
+                            f"{e(', '.join(notes))}</figcaption></figure>")
+                continue
+            rel = f"{path.parent.name}/{path.name}"
+            figs.append(f'<figure class="metric"><img src="{e(rel)}" alt="{e(k)}">'
+                        f"<figcaption>{e(', '.join(notes))}</figcaption></figure>")
+        parts.append(f"<h3>{e(title)}</h3><div class='grid'>{''.join(figs)}</div>")
+    more = (f"<p class='dim'>{left_out:,} more metric(s) not plotted (at most {MAX_METRIC_PLOTS} plots); "
+            "every metric is in the table below</p>") if left_out else ""
+    if not parts and not more:
+        return ""
+    return f"<h2>{e(heading)}</h2>{more}{''.join(parts)}"
+
+
+def _summary_html(d: RunData) -> str:
+    """The run's own summary (run.summary in a W&B script), beside ours."""
+    if not d.summary:
+        return ""
+    e = html.escape
+    rows = "".join(f"<tr><th>{e(k)}</th><td>{_summary_value(v)}</td></tr>" for k, v in d.summary.items())
+    more = f"<p class='dim'>{d.num_summary_not_shown} more value(s) not shown</p>" if d.num_summary_not_shown else ""
+    return f"<div><h2>Run summary</h2><table>{rows}</table>{more}</div>"
+
+
+def _summary_text(v: Any) -> str:
+    """A summary value as text, at most MAX_SUMMARY_CHARS (a number as the config's are)."""
+    if isinstance(v, float):
+        text = f"{v:.6g}"
+    elif isinstance(v, str):
+        text = v
+    else:
+        text = json.dumps(v, default=str)
+    return text if len(text) <= MAX_SUMMARY_CHARS else text[:MAX_SUMMARY_CHARS] + "…"
+
+
+def _summary_value(v: Any) -> str:
+    return html.escape(_summary_text(v))
 
 
 def _goodput_html(led: dict[str, Any]) -> str:
@@ -716,23 +1018,33 @@ def _f(x: Any, spec: str = "", unit: str = "") -> str:
 
 
 def text_summary(name: str, s: dict, d: RunData) -> str:
+    # A figure the run has no data for is not a line (a W&B script has no loss or MFU of ours).
+    figures = [(s["first_loss"], f"  loss               {_f(s['first_loss'], '.4f')} -> {_f(s['final_loss'], '.4f')}"),
+               (s["eval_loss"] or None,
+                "  eval loss (last)   " + ", ".join(f"{k} {v:.4f}" for k, v in s["eval_loss"].items())),
+               (s["tokens_per_second_median"], f"  tokens/s (median)  {_f(s['tokens_per_second_median'], ',.0f')}"),
+               (s["mfu_median"], f"  MFU (median)       {format((s['mfu_median'] or 0) * 100, '.1f')} %"),
+               (s["step_time_median_s"], f"  step time (median) {_f(s['step_time_median_s'], '.3f', ' s')}"
+                + ("" if s["step_time_spread_median"] is None
+                   else f"  (spread across ranks {s['step_time_spread_median'] * 100:.1f} %)"))]
     lines = [f"run {name}",
              f"  steps              {s['num_steps']} (last {_f(s['last_step'])})",
-             f"  loss               {_f(s['first_loss'], '.4f')} -> {_f(s['final_loss'], '.4f')}",
-             f"  tokens/s (median)  {_f(s['tokens_per_second_median'], ',.0f')}",
-             f"  MFU (median)       {'—' if s['mfu_median'] is None else format(s['mfu_median'] * 100, '.1f') + ' %'}",
-             f"  step time (median) {_f(s['step_time_median_s'], '.3f', ' s')}"
-             + ("" if s["step_time_spread_median"] is None
-                else f"  (spread across ranks {s['step_time_spread_median'] * 100:.1f} %)"),
+             *(line for value, line in figures if value is not None),
              f"  records in         {_f(s['records_in'])}  dropped {_f(s['dropped'])}"
              + (f"  (over {s['num_daemons']} daemon runs)" if s["num_daemons"] > 1 else ""),
              f"  events             {s['num_events']} ({s['num_diagnosis_events']} diagnosis)"]
+    own = [(k, d.steps[k]) for group, k, _ in grouped(d.steps) if group == OWN_GROUP and d.steps[k].n]
+    if own:
+        lines.append("  your metrics       " + ", ".join(f"{k} {h.last:.5g}" for k, h in own[:8])
+                     + (f" (last values; {len(own) - 8} more on the page)" if len(own) > 8 else " (last values)"))
+    if d.summary:
+        shown = list(d.summary.items())[:8]
+        lines.append("  summary            " + ", ".join(f"{k} {_summary_text(v)[:80]}" for k, v in shown)
+                     + (f" (and {len(d.summary) - len(shown)} more)" if len(d.summary) > len(shown) else ""))
     if d.goodput.get("wall_s"):
         from telemetry.shared.goodput import text as goodput_text
 
         lines += ["  " + line for line in goodput_text(d.goodput).split("\n")]
-    if s["eval_loss"]:
-        lines.insert(3, "  eval loss (last)   " + ", ".join(f"{k} {v:.4f}" for k, v in s["eval_loss"].items()))
     diag = [ev for ev in d.events if str(ev.get("name", "")).startswith("diagnosis/")]
     # Hangs and crashes (critical, with a forensics bundle) are listed whatever came after them.
     critical = [ev for ev in diag if _data(ev).get("severity") == "critical"]
@@ -755,6 +1067,7 @@ def make_report(run_dir: str | Path, out: str | Path | None = None) -> dict[str,
     import matplotlib
 
     matplotlib.use("Agg")  # never a window, never a display: this runs on servers and in CI
+    from telemetry.consumers import report_media
     from telemetry.consumers.readjsonl import ReadStats, find_log_dir, read_records, run_dir_of
     from telemetry.shared.goodput import with_ranks_file
 
@@ -781,6 +1094,8 @@ def make_report(run_dir: str | Path, out: str | Path | None = None) -> dict[str,
                 images.append(path)
             elif why:
                 missing.append(f"{key}: {why}")
+        metric_plots = plot_metrics(d, out_dir)
+        media_html = report_media.html_section(report_media.read_index(log_dir), log_dir, out_dir)
     notes = []
     if stats.num_files > 1:
         notes.append(f"{stats.num_files} files (rotated)")
@@ -791,8 +1106,9 @@ def make_report(run_dir: str | Path, out: str | Path | None = None) -> dict[str,
     if stats.num_not_regular:
         notes.append(f"{stats.num_not_regular} metrics file(s) not read: not a regular file")
     read_note = f" ({', '.join(notes)})" if notes else ""
-    page = write_html(out_dir, name, log_dir, d, s, images, missing, read_note)
+    page = write_html(out_dir, name, log_dir, d, s, images, missing, read_note, metric_plots, media_html)
     return {"name": name, "log_dir": log_dir, "out": out_dir, "html": page, "images": images,
+            "metric_plots": [p for _, shown, _ in metric_plots[0] for _, p in shown if p is not None],
             "missing": missing, "summary": s, "data": d, "read": stats}
 
 
@@ -826,7 +1142,8 @@ def run(args: argparse.Namespace) -> int:
     if r["data"].num_unplottable:
         lines.append(f"  not plotted        {r['data'].num_unplottable} value(s): NaN, Inf or beyond "
                      f"±{MAX_PLOT_ABS:g}")
-    lines.append(f"  plots              {', '.join(p.name for p in r['images']) or 'none'}")
+    lines.append(f"  plots              {', '.join(p.name for p in r['images']) or 'none'}"
+                 + (f"; {len(r['metric_plots'])} metric plot(s) in metrics/" if r["metric_plots"] else ""))
     lines.append(f"  report             {r['html']}")
     # Run, metric, dataset and event names are data from the ranks: no escape sequence of theirs.
     print("\n".join(printable(x) for text in lines for x in text.split("\n")))
