@@ -6,7 +6,8 @@ accounting. The page must show the script's keys first (its first chart is one o
 anything of the host's or the daemon's), its media before the System section (host, GPUs, the
 daemon's own series), which is folded until opened; no tile without a value (a script logs no
 tokens/s, MFU, step time or grad norm of the trainer's); one count of records; the run's name as the
-title; its summary (also a value set after the page loaded), tags and notes.
+title; its summary (also a value set after the page loaded), tags and notes; its image, enlarged
+with a click.
 
 Skips only where chromium is not installed (launch/setup.sh --dev installs it with apt).
 """
@@ -129,6 +130,17 @@ def test_a_wandb_scripts_run_shows_its_own_keys_name_and_summary_first(tmp_path,
             run.summary["final_loss"] = 0.0667
             b.wait_for("document.querySelector('#summary-rows tr[data-key=final_loss] td')?.textContent === '0.0667'",
                        what="the new summary value")
+
+            # The 16x16 image, enlarged with a click (the card shows it at ~96 px); a click closes it.
+            b.wait_for("[...document.querySelectorAll('.mcard img')].every(i => i.complete && i.naturalWidth)",
+                       what="the image loaded")
+            b.evaluate("document.querySelector('.mcard img').click()")
+            big = b.evaluate("(() => { const box = document.getElementById('lightbox'); const i = box.querySelector('img'); "
+                             "return {hidden: box.hidden, w: i.getBoundingClientRect().width, "
+                             "src: i.src === document.querySelector('.mcard img').src}; })()")
+            assert big["hidden"] is False and big["src"] and big["w"] >= 16 * 20, big
+            b.evaluate("document.getElementById('lightbox').click()")
+            assert b.evaluate("document.getElementById('lightbox').hidden") is True
 
             # Opened, the System section draws its charts, as wide as their cards.
             b.evaluate("document.querySelector('#system > summary').click()")

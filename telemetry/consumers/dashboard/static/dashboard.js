@@ -498,14 +498,18 @@ function buildData(chart, list) {
     }
     return { data: [data[0], ...cum.reverse()], raw: raw.slice().reverse() };
   }
+  let unsmoothed = null;
   if (state.smooth > 0) {
     // TensorBoard's smoothing: an exponential moving average, debiased; markers stay as logged.
+    // The values as logged are kept, drawn faint beneath (rawBeneathPlugin).
+    unsmoothed = data.map(() => null);
     for (let i = 1; i < data.length; i++) {
       if (chart.points && chart.points(list[i - 1].key)) continue;
+      unsmoothed[i] = data[i];
       data[i] = smoothed(data[i], state.smooth);
     }
   }
-  return { data, raw };
+  return { data, raw, unsmoothed };
 }
 
 function smoothed(ys, w) {
@@ -592,6 +596,18 @@ function allPositive(list) {
   return true;
 }
 
+// A rank's line (name@rank3) is the same colour on every chart: its rank's; a host's or a GPU's
+// (name@node0/1) the colour given to that suffix when first drawn. Other series by their place.
+const suffixColors = new Map();
+function colorOf(key, keyIdx) {
+  const at = key.includes("@") ? key.slice(key.indexOf("@") + 1) : null;
+  if (at === null) return PALETTE[keyIdx % PALETTE.length];
+  const r = /^rank(\d+)$/.exec(at);
+  if (r) return PALETTE[Number(r[1]) % PALETTE.length];
+  if (!suffixColors.has(at)) suffixColors.set(at, suffixColors.size);
+  return PALETTE[suffixColors.get(at) % PALETTE.length];
+}
+
 function seriesOpts(chart, list, raw) {
   const stacked = raw !== null;
   const items = stacked ? list.slice().reverse() : list;
@@ -602,7 +618,7 @@ function seriesOpts(chart, list, raw) {
     // dash per run, so ten series of two runs are twenty lines told apart.
     const perRun = Math.max(1, ...state.order.map((id) => list.filter((o) => o.run === id).length));
     const color = stacked ? PALETTE[(items.length - 1 - i) % PALETTE.length]
-      : multi() ? PALETTE[(runIdx * perRun + keyIdx) % PALETTE.length] : PALETTE[keyIdx % PALETTE.length];
+      : multi() ? PALETTE[(runIdx * perRun + keyIdx) % PALETTE.length] : colorOf(item.key, keyIdx);
     const opts = { label: item.label, stroke: color, width: 1.5, spanGaps: false,
                    value: (u, v, si, di) => {
                      const cur = state.plots[chart.id]?.raw ?? raw;   // the values before stacking
@@ -621,6 +637,47 @@ function seriesOpts(chart, list, raw) {
     }
     return opts;
   });
+}
+
+// With smoothing, each smoothed line's values as logged, faint, under the lines (drawn after the
+// grid, before the series), read from the chart's entry in state.plots (`held`: its unsmoothed,
+// renewed with each setData). Its card's data-raw-lines says how many it drew.
+const RAW_ALPHA = 0.22;
+function rawBeneathPlugin(held) {
+  return { hooks: { drawAxes: [(u) => {
+    const lines = held.unsmoothed;
+    const card = u.root.closest(".card");
+    let n = 0;
+    if (lines) {
+      const ctx = u.ctx, xs = u.data[0];
+      const { left, top, width, height } = u.bbox;
+      ctx.save();
+      ctx.beginPath();
+      ctx.rect(left, top, width, height);
+      ctx.clip();
+      ctx.globalAlpha = RAW_ALPHA;
+      ctx.lineWidth = devicePixelRatio;
+      for (let i = 1; i < lines.length; i++) {
+        const ys = lines[i];
+        const s = u.series[i];
+        if (!ys || !s || !s.show) continue;
+        ctx.strokeStyle = typeof s.stroke === "function" ? s.stroke(u, i) : s.stroke;
+        ctx.beginPath();
+        let pen = false;
+        for (let j = 0; j < xs.length; j++) {
+          const y = ys[j];
+          if (y === null || y === undefined || !Number.isFinite(y)) { if (!s.spanGaps || y === null) pen = false; continue; }
+          const px = u.valToPos(xs[j], "x", true), py = u.valToPos(y, "y", true);
+          if (pen) ctx.lineTo(px, py); else ctx.moveTo(px, py);
+          pen = true;
+        }
+        ctx.stroke();
+        n += 1;
+      }
+      ctx.restore();
+    }
+    if (card) card.dataset.rawLines = String(n);
+  }] } };
 }
 
 // Events as vertical lines on every chart: diagnosis in its severity's colour.
@@ -663,7 +720,8 @@ function axisValues(chart) {
 }
 
 function makePlot(chart, card, list) {
-  const { data, raw } = buildData(chart, list);
+  const { data, raw, unsmoothed } = buildData(chart, list);
+  const held = { unsmoothed };                        // the chart's entry in state.plots, completed below
   const axis = axisOf(chart);
   const timeAxis = axis === "time" && !multi();
   const log = state.logY && !chart.stacked && allPositive(list);
@@ -696,13 +754,13 @@ function makePlot(chart, card, list) {
       u.setSelect({ left: 0, top: 0, width: 0, height: 0 }, false);
       zoomTo(axis, min, max);
     }] },
-    plugins: [markersPlugin(chart)],
+    plugins: [rawBeneathPlugin(held), markersPlugin(chart)],
   };
   if (log) opts.scales.y = { distr: 3 };
   const plot = new uPlot(opts, data, card.querySelector(".plot"));
   plot.over.addEventListener("dblclick", () => zoomTo(axis, null, null));
   if (state.zoom[axis]) plot.setScale("x", { min: state.zoom[axis][0], max: state.zoom[axis][1] });
-  return { plot, signature: signature(list), raw, axis };
+  return Object.assign(held, { plot, signature: signature(list), raw, axis });
 }
 
 function unitOf(list) {
@@ -762,14 +820,16 @@ function drawCharts() {
         const drawnHeight = document.querySelector(".card .plot .uplot")?.offsetHeight;
         card.querySelector(".plot").style.minHeight = (drawnHeight || CHART_HEIGHT + 40) + "px";
       } else if (existing && existing.signature === sig) {
-        const { data, raw } = buildData(chart, list);
+        const { data, raw, unsmoothed } = buildData(chart, list);
         existing.raw = raw;
+        existing.unsmoothed = unsmoothed;
         const zoom = state.zoom[axisOf(chart)];
         existing.plot.setData(data, !zoom);
         if (zoom) existing.plot.setScale("x", { min: zoom[0], max: zoom[1] });
       } else {
         if (existing) existing.plot.destroy();
         card.querySelector(".plot").replaceChildren();
+        card.querySelector(".plot").style.minHeight = "";      // its place-holding height, if any
         state.plots[chart.id] = makePlot(chart, card, list);
       }
       let points = 0, lastX = null;
@@ -1014,6 +1074,8 @@ function showMedia(card) {
                               "data-file": im.file });
       showImage(img, mediaFile(card.grp.run, im.file));
       img.style.aspectRatio = `${im.width} / ${im.height}`;
+      img.title = "click to enlarge";
+      img.addEventListener("click", () => enlarge(img, im));
       return el("figure", {}, img, im.caption ? el("figcaption", { text: im.caption }) : "");
     })));
   } else if (e.type === "Histogram") {
@@ -1021,6 +1083,22 @@ function showMedia(card) {
   } else if (e.type === "Table") {
     drawTable(card, e);
   }
+}
+
+// An image opened over the page, as large as the window allows (a 64x64 one scaled up, its pixels
+// kept sharp); a click or Escape closes it.
+function enlarge(img, im) {
+  if (!img.src) return;
+  const box = document.getElementById("lightbox");
+  const big = box.querySelector("img");
+  big.src = img.src;
+  big.alt = img.alt;
+  const scale = Math.min(0.9 * window.innerWidth / im.width, 0.85 * window.innerHeight / im.height);
+  big.style.width = `${Math.round(im.width * scale)}px`;
+  big.style.height = `${Math.round(im.height * scale)}px`;
+  box.querySelector(".lcaption").textContent = `${img.alt} · ${im.width}×${im.height}` +
+    (im.caption ? ` · ${im.caption}` : "");
+  box.hidden = false;
 }
 
 // A histogram: the chosen step's bars over a heat map of the steps (newest at the bottom), each
@@ -1216,6 +1294,9 @@ async function start() {
     state.zoom = { step: null, time: null };    // a zoom in steps means nothing in time
     redraw();
   });
+  const lightbox = document.getElementById("lightbox");
+  lightbox.addEventListener("click", () => { lightbox.hidden = true; });
+  window.addEventListener("keydown", (e) => { if (e.key === "Escape") lightbox.hidden = true; });
   // The System section's charts are drawn when it is first opened.
   document.getElementById("system").addEventListener("toggle", () => redraw());
   const logy = document.getElementById("logy");
