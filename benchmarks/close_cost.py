@@ -34,7 +34,7 @@ def close_same_connection(tm: TelemetryClient, timeout_s: float) -> None:
     """The alternative: the bye on the records connection, then close and term."""
     deadline = time.monotonic() + timeout_s
     remaining_ms = lambda: int(max(0.0, deadline - time.monotonic()) * 1000)  # noqa: E731
-    tm._deferred.close(timeout_s=remaining_ms() / 2000, linger_ms=remaining_ms())
+    tm._deferred.close(timeout_s=remaining_ms() / 2000)
     tm._send_other("bye", lambda seq, dropped: codec.encode_bye(
         tm._src, tm.rank, seq, dropped, time.time_ns(), tm.stats()))
     tm._closed = True

@@ -9,9 +9,11 @@ the daemon reports loss exactly (loss per src = max seq + 1 - records received).
 Tensor values are never read on the caller's thread (reading a CUDA tensor is a host-device
 sync). The encoder meets a tensor only through its `default` hook, which aborts the encode; that
 record then takes the deferred path (telemetry/client/deferred.py): the tensors are stacked and, on
-CUDA, copied non-blocking into pinned memory behind an event; a sender thread with its own
-socket waits on the event and sends. A record of plain floats and ints pays no per-value
-Python work at all: msgpack checks the types in C. (msgpack, not msgspec, on this side: the
+CUDA, copied non-blocking into pinned memory behind an event; a sender thread waits on the
+event and sends, on the client's one socket, while every later record waits behind it: the
+daemon gets a client's records in the order of its calls. A record of plain floats and ints,
+with nothing waiting, pays no per-value Python work at all: msgpack checks the types in C, and
+one comparison of two counters says nothing waits. (msgpack, not msgspec, on this side: the
 same bytes, and it imports in ~4 ms where msgspec takes ~24, which the start-up budget needs.)
 
 Threads and processes: log/event/hello/span/close are meant for the one thread that trains.
@@ -22,19 +24,20 @@ from __future__ import annotations
 
 import abc
 import atexit
+import functools
 import os
 import sys
 import time
 import warnings
 import weakref
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import zmq
 
 from protocol import codec
-from protocol.constants import CLIENT_TIME_KEY, MAX_PARTS, MAX_VALUES
+from protocol.constants import CLIENT_TIME_KEY, MAX_FRAME_BYTES, MAX_NAME_CHARS, MAX_PARTS, MAX_VALUES
 from telemetry.shared import endpoints
-from telemetry.client.deferred import DeferredSender, Job, host_scalar, snapshot
+from telemetry.client.deferred import DeferredSender, Job, host_scalar, snapshot, wire_number
 from telemetry.client.spans import Span, SpanRecorder
 from telemetry.client.stacks import register as register_stacks
 from telemetry.shared.stacks_file import proc_start_time, proc_started_at
@@ -67,6 +70,14 @@ OWN_TIME_EVERY_NS = 1_000_000_000
 # across them) and counts it for all of them; event() is timed every time.
 OWN_TIME_STRIDE = 13
 _ZMQError = zmq.ZMQError
+# A row of more values than this is sent as records of at most this many: one such record fits
+# MAX_FRAME_BYTES whatever its names (each name at most MAX_NAME_CHARS characters of up to 4
+# UTF-8 bytes, 3 bytes of header, a value of at most 9 bytes).
+MAX_WIRE_VALUE_BYTES = 3 + 9
+FRAME_HEADER_BYTES = 128
+SPLIT_VALUES = (MAX_FRAME_BYTES - FRAME_HEADER_BYTES) // (4 * MAX_NAME_CHARS + MAX_WIRE_VALUE_BYTES)
+# Values left out of records are named in a warning each, up to this many names in all.
+MAX_WARNED_NAMES = 64
 
 _live_clients: "weakref.WeakSet[TelemetryClient]" = weakref.WeakSet()
 # A forked child's inherited zmq objects: kept referenced so no destructor ever runs on them
@@ -215,12 +226,15 @@ class TelemetryClient(metaclass=abc.ABCMeta):   # ABCMeta: DisabledClient regist
         self._num_sent_bg = 0
         self._num_dropped_bg = 0
         self._num_skipped_values = 0
+        self._num_skipped_bg = 0
         self._ctx = zmq.Context(io_threads=1)
         self._sock = self._new_socket()
         self._sock_send = self._sock.send
         self._spans = SpanRecorder()
-        self._deferred = DeferredSender(self._new_socket, self._encode_job, self._count_sent_bg,
-                                        self._count_dropped_bg)
+        # The sender thread sends on this same socket, in turn with the caller (see log()): one
+        # pipe to the daemon, so the records arrive in the order of the calls.
+        self._deferred = DeferredSender(functools.partial(self._sock.send, flags=_NOBLOCK), self._encode_job,
+                                        self._count_sent_bg, self._count_dropped_bg)
 
     def _new_socket(self, ctx: zmq.Context | None = None) -> zmq.Socket:
         sock = (ctx or self._ctx).socket(zmq.PUSH)
@@ -243,7 +257,16 @@ class TelemetryClient(metaclass=abc.ABCMeta):   # ABCMeta: DisabledClient regist
         """Send metrics for `step`: floats, ints, 0-dim tensors on any device. Never blocks.
 
         Tensors are read on the sender thread after their device has produced them; the values
-        sent are those at the time of this call, even if the tensors change afterwards.
+        sent are those at the time of this call, even if the tensors change afterwards. Records
+        reach the daemon in the order of the calls, whatever their values (a float record
+        logged while a tensor record waits for its device waits behind it).
+
+        A value that cannot be sent (a string, a tensor that is not one number, a meta, complex
+        or quantized tensor, a name longer than MAX_NAME_CHARS) is left out of the record, named
+        once in a warning and counted (stats()["skipped_values"]); the rest is sent. A row of more
+        than MAX_VALUES values is sent as several records of the same step, each within the
+        protocol's bounds: the caller's thread copies it (C speed) and the sender thread sorts,
+        splits and encodes it (see SPLIT_VALUES).
 
         `parts`: how many log() calls this rank makes for `step` in all, this one included (each
         says the same number), e.g. 2 for a training step's metrics and its eval results. The
@@ -269,31 +292,37 @@ class TelemetryClient(metaclass=abc.ABCMeta):   # ABCMeta: DisabledClient regist
                 return
             if self._forked:
                 self._reopen_after_fork()
-            spans = None
             if self._spans.pending:
                 cpu_spans, spans = self._spans.take()
                 if cpu_spans:
                     values = {**values, **cpu_spans}
+                self._log_slow(step, values, spans, parts)
+                return
             seq = self._seq
+            try:
+                if len(values) > MAX_VALUES:
+                    raise _NeedsDeferral
+                frame = codec.encode_metrics(self._src, self.rank, seq, self._num_dropped + self._num_dropped_bg,
+                                             time.time_ns(), step, values, self._encoder, parts)
+                if len(frame) > MAX_FRAME_BYTES:
+                    raise _NeedsDeferral
+            except (_NeedsDeferral, TypeError, ValueError, OverflowError):
+                # Tensors, a value that is no number, a row wider than a record: the slow path
+                # sorts the values out.
+                self._log_slow(step, values, None, parts)
+                return
             self._seq = seq + 1
-            if spans is None:
-                try:
-                    frame = codec.encode_metrics(self._src, self.rank, seq, self._num_dropped + self._num_dropped_bg,
-                                                 time.time_ns(), step, values, self._encoder, parts)
-                except _NeedsDeferral:
-                    self._log_deferred(seq, step, values, None, parts)
-                    return
-                except (TypeError, ValueError, OverflowError) as exc:  # a value that is no number
+            d = self._deferred
+            if d._num_submitted != d._num_done:
+                # Records before this one wait for their tensors: this one waits behind them.
+                if not d.submit(frame):
                     self._num_dropped += 1
-                    self._warn_once("log", f"telemetry: dropped a record of step {step}: {exc}")
-                    return
-                try:
-                    self._sock_send(frame, _NOBLOCK)
-                    self._num_sent += 1
-                except _ZMQError:  # Again: queue full or no daemon; anything else: closed
-                    self._num_dropped += 1
-            else:
-                self._log_deferred(seq, step, values, spans, parts)
+                return
+            try:
+                self._sock_send(frame, _NOBLOCK)
+                self._num_sent += 1
+            except _ZMQError:  # Again: queue full or no daemon; anything else: closed
+                self._num_dropped += 1
         finally:
             if t0:
                 self._own_ns += (_perf_ns() - t0) * OWN_TIME_STRIDE
@@ -309,38 +338,170 @@ class TelemetryClient(metaclass=abc.ABCMeta):   # ABCMeta: DisabledClient regist
                                  f"in 1..{MAX_PARTS}")
         return False
 
-    def _log_deferred(self, seq: int, step: int, values: Mapping[str, Any], spans: Any, parts: int = 1) -> None:
+    def _log_slow(self, step: int, values: Mapping[str, Any], spans: Any, parts: int = 1) -> None:
+        """A record the fast path could not send as it came: tensors to snapshot, spans to wait
+        for, values that cannot be sent (each left out, see log()), or a row wider than a record.
+        Sent at once when nothing waits for the sender thread, else queued for it."""
         t_ns = time.time_ns()
         if self._closed:
+            self._seq += 1
             self._num_dropped += 1
             return
-        plain: dict[str, Any] = {}
-        names: list[str] = []
-        tensors: list[Any] = []
-        for k, v in values.items():
-            c = v.__class__
-            if c is float or c is int or not hasattr(v, "detach"):
-                plain[k] = v  # numpy scalars and the like: the sender's encoder converts them
-            else:
-                names.append(k)
-                tensors.append(v)
+        if not isinstance(values, Mapping):
+            self._seq += 1
+            self._num_dropped += 1
+            self._warn_once("log", f"telemetry: dropped a record of step {step}: values must be a mapping, "
+                                   f"not {type(values).__name__}")
+            return
+        if len(values) > MAX_VALUES:
+            # Work beyond the bound goes to the sender thread: here, only a copy of the row (C
+            # speed), as the values are now; the sender sorts, splits and encodes it.
+            plain, groups, num = dict(values), [], len(values)
+            unchecked = True
+        else:
+            unchecked = False
+            plain = {}
+            names: list[str] = []
+            tensors: list[Any] = []
+            bad: list[tuple[str, str]] = []
+            for k, v in values.items():
+                c = v.__class__
+                if k.__class__ is not str or not 0 < len(k) <= MAX_NAME_CHARS:
+                    bad.append((str(k)[:80], f"a name of {len(k) if isinstance(k, str) else type(k).__name__} "
+                                             f"(metric names are 1..{MAX_NAME_CHARS} characters)"))
+                elif c is float or c is int:
+                    plain[k] = v
+                elif hasattr(v, "detach"):
+                    names.append(k)
+                    tensors.append(v)
+                else:
+                    num, why = wire_number(v)
+                    if why:
+                        bad.append((k, why))
+                    else:
+                        plain[k] = num
+            groups = []
+            if tensors:
+                try:
+                    groups, bad_tensors = snapshot(names, tensors, self._deferred.pool)
+                except Exception as exc:  # torch failed where it should not: lose the record, not the step
+                    self._seq += 1
+                    self._num_dropped += 1
+                    self._warn_once("snapshot", f"telemetry: dropped a record of step {step}: {exc}")
+                    return
+                bad += bad_tensors
+            if bad:
+                self._skip_values(bad)
+            num = len(plain) + sum(len(g.names) for g in groups)
+        if not num and spans is None:        # nothing left to send: the record is dropped
+            self._seq += 1
+            self._num_dropped += 1
+            return
+        num_seqs = self._num_records(plain, groups, num, unchecked)
+        seq = self._seq
+        self._seq = seq + num_seqs
+        if not groups and spans is None and num_seqs == 1:
+            try:
+                frame = codec.encode_metrics(self._src, self.rank, seq, self._num_dropped + self._num_dropped_bg,
+                                             t_ns, step, plain, self._encoder, parts)
+            except (TypeError, ValueError, OverflowError) as exc:   # not expected: every value is a number
+                self._num_dropped += 1
+                self._warn_once("log", f"telemetry: dropped a record of step {step}: {exc}")
+                return
+            self._send_frame(frame)
+            return
+        if not self._deferred.submit(Job(seq, t_ns, step, plain, groups, spans, parts, num_seqs, unchecked)):
+            self._num_dropped += num_seqs
+
+    @staticmethod
+    def _num_records(plain: dict, groups: list, num: int, unchecked: bool) -> int:
+        """How many records a row of `num` values is sent as: one when it surely fits the
+        protocol's bounds, else one per SPLIT_VALUES values (each surely fits)."""
+        if num <= SPLIT_VALUES:
+            return 1
+        if not unchecked and num <= MAX_VALUES:
+            names = [*plain, *(n for g in groups for n in g.names)]
+            if sum(len(k.encode()) for k in names) + num * MAX_WIRE_VALUE_BYTES < MAX_FRAME_BYTES - FRAME_HEADER_BYTES:
+                return 1
+        return -(-num // SPLIT_VALUES)
+
+    def _skip_values(self, bad: list[tuple[str, str]], count: Callable[[int], None] | None = None) -> None:
+        """Values left out of a record: counted, and each name said once in a warning (the first
+        MAX_WARNED_NAMES names; then once that there are more)."""
+        if count is None:
+            self._num_skipped_values += len(bad)
+        else:
+            count(len(bad))
+        for name, why in bad:
+            key = "value:" + name
+            if key in self._warned:
+                continue
+            if len(self._warned) >= MAX_WARNED_NAMES:
+                self._warn_once("values", "telemetry: more values left out of their records (not named: "
+                                          "counted in stats()['skipped_values'])")
+                return
+            self._warn_once(key, f"telemetry: {name!r} not sent: {why} (the rest of its record is; counted in "
+                                 f"stats()['skipped_values'])", stacklevel=5)
+
+    def _send_frame(self, frame: bytes) -> None:
+        """Send a ready frame, or queue it behind the records that wait for the sender thread."""
+        d = self._deferred
+        if d._num_submitted != d._num_done:
+            if not d.submit(frame):
+                self._num_dropped += 1
+            return
         try:
-            groups, num_skipped = snapshot(names, tensors, self._deferred.pool) if tensors else ([], 0)
-        except Exception as exc:  # a tensor torch cannot stack: lose the record, not the step
-            self._num_dropped += 1
-            self._warn_once("snapshot", f"telemetry: dropped a record of step {step}: {exc}")
-            return
-        if num_skipped:
-            self._num_skipped_values += num_skipped
-            self._warn_once("skipped", "telemetry: skipped tensor values with more than one element")
-        if not self._deferred.submit(Job(seq, t_ns, step, plain, groups, spans, parts)):
+            self._sock.send(frame, zmq.NOBLOCK)
+            self._num_sent += 1
+        except zmq.ZMQError:
             self._num_dropped += 1
 
-    def _encode_job(self, job: Job, values: dict[str, Any]) -> bytes:
-        # Sender thread: its own encoder (tensors are numbers by now; numpy scalars still go
-        # through the hook), and the drop count as of sending.
-        return codec.encode_metrics(self._src, self.rank, job.seq, self._num_dropped + self._num_dropped_bg,
-                                    job.t_ns, job.step, values, self._bg_encoder, job.parts)
+    def _encode_job(self, job: Job, values: dict[str, Any]) -> bytes | list[bytes]:
+        # Sender thread: its own encoder (tensors are numbers by now), and the drop count as of
+        # sending. A row past the bounds (job.num_seqs records) is sorted and split here.
+        if job.unchecked:
+            values = self._checked(values)
+        if job.num_seqs == 1:
+            try:
+                return codec.encode_metrics(self._src, self.rank, job.seq, self._num_dropped + self._num_dropped_bg,
+                                            job.t_ns, job.step, values, self._bg_encoder, job.parts)
+            except (TypeError, ValueError, OverflowError):
+                values = self._checked(values)
+        items = list(values.items())
+        chunk = -(-len(items) // job.num_seqs) if items else 1
+        frames = [codec.encode_metrics(self._src, self.rank, job.seq + i, self._num_dropped + self._num_dropped_bg,
+                                       job.t_ns, job.step, dict(items[i * chunk:(i + 1) * chunk]), self._bg_encoder,
+                                       job.parts)
+                  for i in range(job.num_seqs) if items[i * chunk:(i + 1) * chunk]]
+        if len(frames) < job.num_seqs:         # fewer values were left than records reserved
+            self._count_dropped_bg(job.num_seqs - len(frames))
+        if len(frames) > 1:
+            self._warn_once("split", f"telemetry: a row of {len(values)} values is sent as {len(frames)} records "
+                                     f"of step {job.step} (a record takes at most {MAX_VALUES} values and "
+                                     f"{MAX_FRAME_BYTES} bytes)")
+        return frames
+
+    def _checked(self, values: dict[str, Any]) -> dict[str, Any]:
+        """Sender thread: `values` with only what can be sent; the rest left out, counted and
+        named (log()). A tensor here (a row too wide to sort on the caller's thread) is read here."""
+        good: dict[str, Any] = {}
+        bad: list[tuple[str, str]] = []
+        for k, v in values.items():
+            if k.__class__ is not str or not 0 < len(k) <= MAX_NAME_CHARS:
+                bad.append((str(k)[:80], f"a name of {len(k) if isinstance(k, str) else type(k).__name__} "
+                                         f"(metric names are 1..{MAX_NAME_CHARS} characters)"))
+                continue
+            num, why = wire_number(v, read_tensors=True)
+            if why:
+                bad.append((k, why))
+            else:
+                good[k] = num
+        if bad:
+            self._skip_values(bad, self._count_skipped_bg)
+        return good
+
+    def _count_skipped_bg(self, n: int) -> None:
+        self._num_skipped_bg += n
 
     def _count_sent_bg(self) -> None:
         self._num_sent_bg += 1
@@ -402,8 +563,11 @@ class TelemetryClient(metaclass=abc.ABCMeta):   # ABCMeta: DisabledClient regist
             self._src, self.rank, seq, dropped, time.time_ns(),
             {**self._identity(), **_to_wire_map(self._hello_info)}))
 
-    def _send_other(self, what: str, encode: Any) -> None:
-        """Send a hello, event or bye (never blocks)."""
+    def _send_other(self, what: str, encode: Any, direct: bool = False) -> None:
+        """Send a hello, event or bye (never blocks): in turn behind the records that wait for
+        the sender thread, unless `direct` (the bye, on its own connection at close). A frame
+        beyond MAX_FRAME_BYTES is dropped here (counted, one warning): the daemon would cut the
+        connection it came on."""
         if self._forked:
             self._reopen_after_fork()
         seq = self._seq
@@ -414,17 +578,25 @@ class TelemetryClient(metaclass=abc.ABCMeta):   # ABCMeta: DisabledClient regist
             self._num_dropped += 1
             self._warn_once(what, f"telemetry: dropped a {what} record: {exc}")
             return
+        if len(frame) > MAX_FRAME_BYTES:
+            self._num_dropped += 1
+            self._warn_once(what + ":size", f"telemetry: dropped a {what} record of {len(frame)} bytes (the daemon "
+                                            f"takes {MAX_FRAME_BYTES} at most)")
+            return
+        if not direct:
+            self._send_frame(frame)
+            return
         try:
             self._sock.send(frame, zmq.NOBLOCK)
             self._num_sent += 1
         except zmq.ZMQError:
             self._num_dropped += 1
 
-    def _warn_once(self, key: str, message: str) -> None:
+    def _warn_once(self, key: str, message: str, stacklevel: int = 3) -> None:
         # Never one warning per record: a bad value logged every step would flood the trainer.
         if key not in self._warned:
             self._warned.add(key)
-            warnings.warn(message, RuntimeWarning, stacklevel=3)
+            warnings.warn(message, RuntimeWarning, stacklevel=stacklevel)
 
     # -- lifecycle -----------------------------------------------------------------------------
     def stats(self) -> dict[str, int]:
@@ -433,7 +605,7 @@ class TelemetryClient(metaclass=abc.ABCMeta):   # ABCMeta: DisabledClient regist
         return {"sent": self._num_sent + self._num_sent_bg,
                 "dropped": self._num_dropped + self._num_dropped_bg,
                 "seq": self._seq, "pending": self._deferred.pending(),
-                "skipped_values": self._num_skipped_values, "src": self._src}
+                "skipped_values": self._num_skipped_values + self._num_skipped_bg, "src": self._src}
 
     def close(self, timeout_s: float = CLOSE_TIMEOUT_S) -> None:
         """Flush what can be flushed within `timeout_s` and release the sockets. Safe twice.
@@ -450,17 +622,17 @@ class TelemetryClient(metaclass=abc.ABCMeta):   # ABCMeta: DisabledClient regist
         def remaining_ms() -> int:
             return int(max(0.0, deadline - time.monotonic()) * 1000)
 
-        # The sender thread finishes its queue and closes its socket; half the budget, so the
-        # caller's queue and the bye get the rest.
-        thread_done = self._deferred.close(timeout_s=remaining_ms() / 2000,
-                                           linger_ms=min(remaining_ms(), self._linger_ms))
+        # The sender thread finishes its queue; half the budget, so the socket's queue and the
+        # bye get the rest.
+        thread_done = self._deferred.close(timeout_s=remaining_ms() / 2000)
         self._closed = True
-        # The records first: handed to the kernel (or the linger, half of what is left, spent).
-        self._sock.close(linger=min(remaining_ms() // 2, self._linger_ms))
         if thread_done:
+            # The records first: handed to the kernel (or the linger, half of what is left, spent).
+            self._sock.close(linger=min(remaining_ms() // 2, self._linger_ms))
             self._ctx.term()
-        # else: a sender thread stuck waiting on a hung GPU still owns a socket; term() would
-        # wait for it forever. Leave the context to process exit.
+        # else: a sender thread stuck waiting on a hung GPU may still send on the socket when the
+        # GPU wakes it, and term() would wait for it forever: both are left to process exit (the
+        # caller never uses that socket again; its records after close are dropped and counted).
         #
         # Then the bye, the final seq and drop count that the daemon's loss figure needs, on a
         # connection of its own. Over ipc, libzmq discards what a peer that hangs up still has
@@ -472,8 +644,9 @@ class TelemetryClient(metaclass=abc.ABCMeta):   # ABCMeta: DisabledClient regist
         ctx = zmq.Context(io_threads=1)
         try:
             self._sock = self._new_socket(ctx)
+            self._sock_send = self._sock.send
             self._send_other("bye", lambda seq, dropped: codec.encode_bye(
-                self._src, self.rank, seq, dropped, time.time_ns(), self.stats()))
+                self._src, self.rank, seq, dropped, time.time_ns(), self.stats()), direct=True)
         finally:
             # Closes the bye's socket with this linger, then returns once it has gone or the
             # linger expired: bounded by the deadline.

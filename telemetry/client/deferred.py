@@ -6,7 +6,8 @@ tensors (`snapshot`): it stacks the 0-dim tensors of one device and dtype into o
 (one kernel), and on CUDA copies that vector with `non_blocking=True` into a reusable pinned
 host buffer and records a CUDA event behind the copy. The `DeferredSender` thread waits on the
 event (a blocking-sync event: the thread sleeps, it does not spin) and only then turns the
-buffer into Python numbers and sends the record on its own socket.
+buffer into Python numbers and sends the record on the client's socket (see DeferredSender for
+how the two threads take turns on it).
 
 This module is the only one that turns a tensor into a number, and it does so only on the
 sender thread. It never imports torch: a tensor can only reach it from a caller that already
@@ -44,6 +45,48 @@ def host_scalar(v: Any) -> float | int:
     return float(v)
 
 
+_INT_MIN, _INT_MAX = -(1 << 63), (1 << 64) - 1    # what msgpack and the daemon's decoder take
+
+
+def tensor_refusal(t: Any) -> str:
+    """Why a tensor cannot be sent as one number ("" if it can); reads metadata only."""
+    if t.is_meta:
+        return "a meta tensor (it has no value)"
+    if t.is_complex():
+        return f"a complex tensor ({t.dtype})"
+    if t.is_quantized:
+        return f"a quantized tensor ({t.dtype})"
+    if t.numel() != 1:
+        return f"a tensor of {t.numel()} elements"
+    return ""
+
+
+def wire_number(v: Any, read_tensors: bool = False) -> tuple[Any, str]:
+    """(v as a number the protocol takes, "") or (None, why it is not one). A tensor is read only
+    with `read_tensors` (the sender thread); the caller's thread snapshots its tensors instead."""
+    c = v.__class__
+    if c is float or c is bool or v is None:
+        return v, ""
+    if c is int:
+        return (v, "") if _INT_MIN <= v <= _INT_MAX else (None, "an int beyond 64 bits")
+    if c is str or c is bytes:
+        return None, f"{c.__name__} is not a number"
+    if hasattr(v, "detach"):
+        why = tensor_refusal(v) if read_tensors else "a tensor"
+        if why:
+            return None, why
+        # CPU-GPU sync point on a device tensor, on the sender thread only: a value of a row too
+        # wide to snapshot on the caller's thread (TelemetryClient.log).
+        return wire_number(v.detach().reshape(()).item())
+    try:
+        num = host_scalar(v)
+    except Exception:
+        return None, f"{c.__name__} is not a number"
+    if num.__class__ not in (float, int, bool):
+        return None, f"{c.__name__} is not a number"
+    return wire_number(num)
+
+
 class TensorGroup:
     """Some of one record's tensor values, stacked: `names[i]` is `tensor[i]`.
 
@@ -63,12 +106,16 @@ class TensorGroup:
 
 
 class Job:
-    """One record waiting for the sender thread; `spans` is a telemetry.client.spans.PendingSpans."""
-    __slots__ = ("seq", "t_ns", "step", "plain", "groups", "spans", "parts")
+    """One record waiting for the sender thread; `spans` is a telemetry.client.spans.PendingSpans.
+    `num_seqs`: the sequence numbers it holds from `seq` on (more than one: a row wider than a
+    record takes, sent as that many records)."""
+    __slots__ = ("seq", "t_ns", "step", "plain", "groups", "spans", "parts", "num_seqs", "unchecked")
 
     def __init__(self, seq: int, t_ns: int, step: int, plain: dict[str, Any], groups: list[TensorGroup],
-                 spans: Any = None, parts: int = 1) -> None:
+                 spans: Any = None, parts: int = 1, num_seqs: int = 1, unchecked: bool = False) -> None:
         self.parts = parts      # TelemetryClient.log's: records this rank sends for the step
+        self.num_seqs = num_seqs
+        self.unchecked = unchecked   # `plain` is the caller's row as it came: the sender sorts it
         self.seq = seq
         self.t_ns = t_ns
         self.step = step
@@ -105,11 +152,12 @@ class PinnedPool:
             free.append(buf)
 
 
-def snapshot(names: list[str], tensors: list[Any], pool: PinnedPool) -> tuple[list[TensorGroup], int]:
+def snapshot(names: list[str], tensors: list[Any], pool: PinnedPool) -> tuple[list[TensorGroup], list[tuple[str, str]]]:
     """Freeze the current values of `tensors` without reading them (caller's thread).
 
-    Returns the groups and how many values had to be skipped (not a single element).
-    The common case, every tensor 0-dim with one dtype on one device, is one `torch.stack`.
+    Returns the groups and the values that cannot be sent, as (name, why): not one element,
+    meta, complex, quantized, or one torch cannot copy. The common case, every tensor 0-dim with
+    one good dtype on one device, is one `torch.stack`.
     """
     torch = sys.modules["torch"]
     dtype = tensors[0].dtype
@@ -118,22 +166,35 @@ def snapshot(names: list[str], tensors: list[Any], pool: PinnedPool) -> tuple[li
             break  # torch.stack would promote: an int64 count in float32 loses digits
     else:
         try:
-            return [_freeze(torch, names, torch.stack(tensors), pool)], 0
-        except RuntimeError:  # mixed devices or shapes: the slow path below sorts them out
+            stacked = torch.stack(tensors)
+        except RuntimeError:  # mixed devices or shapes, quantized: the slow path below sorts them out
             pass
+        else:
+            if stacked.dim() == 1 and not (stacked.is_meta or stacked.is_complex() or stacked.is_quantized):
+                return [_freeze(torch, names, stacked, pool)], []
     groups: dict[tuple, tuple[list[str], list[Any]]] = {}
-    num_skipped = 0
+    bad: list[tuple[str, str]] = []
     for name, t in zip(names, tensors):
+        why = tensor_refusal(t)
+        if why:
+            bad.append((name, why))
+            continue
         if t.dim() != 0:
-            if t.numel() != 1:
-                num_skipped += 1
-                continue
             t = t.reshape(())
         g = groups.setdefault((t.device, t.dtype), ([], []))
         g[0].append(name)
         g[1].append(t)
-    out = [_freeze(torch, n, torch.stack(ts), pool) for n, ts in groups.values()]
-    return out, num_skipped
+    out = []
+    for n, ts in groups.values():
+        try:
+            out.append(_freeze(torch, n, torch.stack(ts), pool))
+        except RuntimeError:      # one by one: only the tensor torch cannot copy is left out
+            for name, t in zip(n, ts):
+                try:
+                    out.append(_freeze(torch, [name], t.reshape(1), pool))
+                except RuntimeError as exc:
+                    bad.append((name, f"torch cannot copy it ({str(exc).splitlines()[0][:120]})"))
+    return out, bad
 
 
 def _freeze(torch: Any, names: list[str], stacked: Any, pool: PinnedPool) -> TensorGroup:
@@ -156,6 +217,14 @@ def _freeze(torch: Any, names: list[str], stacked: Any, pool: PinnedPool) -> Ten
 class DeferredSender:
     """One background thread per client: resolves jobs' tensors and spans, then sends.
 
+    It sends on the client's own socket, and only while it has a job: the caller sends on that
+    socket only while nothing is pending here, and queues its records behind the jobs otherwise
+    (a ready frame, `submit_frame`). So one socket carries every record of the client, in the
+    order of its calls (two sockets are two pipes, which the daemon's ingest socket interleaves
+    in any order), and the socket passes between the two threads without a lock: the pending
+    count (two counters, each written by one thread) says whose it is, and the GIL orders the
+    hand-over (the full memory barrier ZeroMQ asks for when a socket changes threads).
+
     Handing a job over must not cost the training thread a wake-up syscall (a futex wake is
     several µs, more than the rest of log()). So the thread polls a deque every
     POLL_INTERVAL_S while records keep coming, and only after PARK_AFTER_IDLE_S without one
@@ -163,16 +232,17 @@ class DeferredSender:
     never pays a wake-up; one that logs less often pays one per record, which it can afford.
 
     Args:
-        make_socket: called on the sender thread to create its own PUSH socket (ZeroMQ sockets
-            are not shared between threads; the caller's socket stays lock-free).
-        encode: (job, values) -> frame bytes.
+        send: sends one frame on the client's socket without blocking; raises zmq.ZMQError when
+            it cannot (queue full, socket closed). Called on the sender thread only while a job
+            is pending.
+        encode: (job, values) -> frame bytes, or a list of frames (a row split for the wire).
         on_sent, on_dropped: counters, called on the sender thread only.
     """
 
-    def __init__(self, make_socket: Callable[[], Any], encode: Callable[[Job, dict], bytes],
+    def __init__(self, send: Callable[[bytes], Any], encode: Callable[[Job, dict], "bytes | list[bytes]"],
                  on_sent: Callable[[], None], on_dropped: Callable[[int], None],
                  max_pending: int = MAX_PENDING) -> None:
-        self._make_socket = make_socket
+        self._send = send
         self._encode = encode
         self._on_sent = on_sent
         self._on_dropped = on_dropped
@@ -185,11 +255,11 @@ class DeferredSender:
         self._num_submitted = 0
         self._num_done = 0
         self._thread: threading.Thread | None = None
-        self._linger_ms = 0
         self.pool = PinnedPool()
 
-    def submit(self, job: Job) -> bool:
-        """Hand a job over; False (caller counts a drop) when the backlog is full."""
+    def submit(self, job: "Job | bytes") -> bool:
+        """Hand a job over (a Job, or a ready frame that must wait its turn behind the jobs before
+        it); False (caller counts a drop) when the backlog is full."""
         if self._num_submitted - self._num_done >= self._max_pending:
             return False
         if self._thread is None:
@@ -216,51 +286,52 @@ class DeferredSender:
     def _run(self) -> None:
         import zmq
 
-        sock = self._make_socket()
+        send = self._send
         jobs = self._jobs
         idle_since = time.monotonic()
-        try:
-            while True:
-                try:
-                    job = jobs.popleft()
-                except IndexError:
-                    if self._closing:
-                        # close() sets _closing after the caller's last submit(): a job appended
-                        # between the empty pop above and this check is seen now, not left behind.
-                        if jobs:
-                            continue
-                        return
-                    if time.monotonic() - idle_since < PARK_AFTER_IDLE_S:
-                        time.sleep(POLL_INTERVAL_S)
-                    else:
-                        self._park()
-                        idle_since = time.monotonic()
-                    continue
-                try:
-                    values = resolve(job)
-                    frame = self._encode(job, values)
-                except Exception:  # a value that is no number: lose this record, not the thread
-                    self._on_dropped(1)
+        while True:
+            try:
+                job = jobs.popleft()
+            except IndexError:
+                if self._closing:
+                    # close() sets _closing after the caller's last submit(): a job appended
+                    # between the empty pop above and this check is seen now, not left behind.
+                    if jobs:
+                        continue
+                    return
+                if time.monotonic() - idle_since < PARK_AFTER_IDLE_S:
+                    time.sleep(POLL_INTERVAL_S)
                 else:
+                    self._park()
+                    idle_since = time.monotonic()
+                continue
+            frames: Any = job
+            if job.__class__ is not bytes:
+                try:
+                    frames = self._encode(job, resolve(job))
+                except Exception:  # a value that is no number: lose this record, not the thread
+                    frames = None
+                    self._on_dropped(job.num_seqs)
+            if frames is not None:
+                for frame in ((frames,) if frames.__class__ is bytes else frames):
                     try:
-                        sock.send(frame, zmq.NOBLOCK)
+                        send(frame)
                         self._on_sent()
                     except zmq.ZMQError:  # Again (queue full) or the socket going away
                         self._on_dropped(1)
-                self._num_done += 1
-                idle_since = time.monotonic()
-                if jobs:
-                    # A backlog: hand the GIL back to the training thread between records, so
-                    # it waits at most one record's resolution, not a 5 ms switch interval.
-                    time.sleep(0)
-        finally:
-            sock.close(linger=self._linger_ms)
+            # Last: from here on the caller may use the socket again (see the class docstring).
+            self._num_done += 1
+            idle_since = time.monotonic()
+            if jobs:
+                # A backlog: hand the GIL back to the training thread between records, so
+                # it waits at most one record's resolution, not a 5 ms switch interval.
+                time.sleep(0)
 
-    def close(self, timeout_s: float, linger_ms: int) -> bool:
-        """Stop after the queued jobs; True if the thread finished (its socket is closed)."""
+    def close(self, timeout_s: float) -> bool:
+        """Stop after the queued jobs; True if the thread finished (it no longer uses the
+        socket; False: it is stuck on a device, and may still send when that wakes it)."""
         if self._thread is None:
             return True
-        self._linger_ms = linger_ms
         self._closing = True
         self._wake.set()
         self._thread.join(timeout_s)
