@@ -313,12 +313,17 @@ class Ledger:
         return self
 
     def own_step(self, step: int, t: float, parts: tuple | None, client_s: float | None) -> None:
-        """What feed() does with an aggregated step record, given its parts (step_parts) and
-        telemetry/client_s: RankBooks' path for a rank's own step, without a record to build."""
+        """What feed() does with an aggregated step record, given its parts (step_parts; None
+        without a step time) and telemetry/client_s: RankBooks' path for a rank's own step,
+        without a record to build. A rank that times nothing gets its records' times (_parts)."""
         self.num_records += 1
         if not self.launches:
             return
         cur = self.launches[-1]
+        if parts is None and cur.derived is not False:
+            parts = self._parts(cur, step, t, {})
+        elif parts is not None and cur.derived is None:
+            cur.derived = False
         if t > cur.last_t:
             cur.last_t = t
         if parts is not None:
