@@ -76,6 +76,10 @@ _ZMQError = zmq.ZMQError
 MAX_WIRE_VALUE_BYTES = 3 + 9
 FRAME_HEADER_BYTES = 128
 SPLIT_VALUES = (MAX_FRAME_BYTES - FRAME_HEADER_BYTES) // (4 * MAX_NAME_CHARS + MAX_WIRE_VALUE_BYTES)
+# A record of more than MAX_VALUES values encodes to at least this many bytes (a value is at least
+# a one-character name and a one-byte number, each with a one-byte header): a shorter frame needs
+# no look at its width.
+ROOMY_FRAME_BYTES = 3 * MAX_VALUES
 # Values left out of records are named in a warning each, up to this many names in all.
 MAX_WARNED_NAMES = 64
 
@@ -265,8 +269,8 @@ class TelemetryClient(metaclass=abc.ABCMeta):   # ABCMeta: DisabledClient regist
         or quantized tensor, a name longer than MAX_NAME_CHARS) is left out of the record, named
         once in a warning and counted (stats()["skipped_values"]); the rest is sent. A row of more
         than MAX_VALUES values is sent as several records of the same step, each within the
-        protocol's bounds: the caller's thread copies it (C speed) and the sender thread sorts,
-        splits and encodes it (see SPLIT_VALUES).
+        protocol's bounds: the caller's thread encodes it once and copies it (C speed, no Python
+        work per value), and the sender thread sorts, splits and encodes it (see SPLIT_VALUES).
 
         `parts`: how many log() calls this rank makes for `step` in all, this one included (each
         says the same number), e.g. 2 for a training step's metrics and its eval results. The
@@ -300,16 +304,16 @@ class TelemetryClient(metaclass=abc.ABCMeta):   # ABCMeta: DisabledClient regist
                 return
             seq = self._seq
             try:
-                if len(values) > MAX_VALUES:
-                    raise _NeedsDeferral
                 frame = codec.encode_metrics(self._src, self.rank, seq, self._num_dropped + self._num_dropped_bg,
                                              time.time_ns(), step, values, self._encoder, parts)
-                if len(frame) > MAX_FRAME_BYTES:
-                    raise _NeedsDeferral
             except (_NeedsDeferral, TypeError, ValueError, OverflowError):
-                # Tensors, a value that is no number, a row wider than a record: the slow path
-                # sorts the values out.
+                # Tensors, a value that is no number: the slow path sorts the values out.
                 self._log_slow(step, values, None, parts)
+                return
+            # One comparison for both bounds: a record of more than MAX_VALUES values is at
+            # least ROOMY_FRAME_BYTES long.
+            if len(frame) > ROOMY_FRAME_BYTES and (len(frame) > MAX_FRAME_BYTES or len(values) > MAX_VALUES):
+                self._log_slow(step, values, None, parts)      # a row wider than a record
                 return
             self._seq = seq + 1
             d = self._deferred
