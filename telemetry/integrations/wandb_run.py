@@ -51,6 +51,7 @@ import warnings
 import weakref
 from typing import Any, Mapping
 
+from protocol.constants import MAX_NAME_CHARS, MAX_VALUES
 from telemetry.integrations._client import LazyClient, process_rank
 from telemetry.integrations.wandb_objects import Config, Error, Summary, Unsupported
 from telemetry.integrations.wandb_media import Media, MediaWriter
@@ -62,6 +63,9 @@ NESTED_EVENT = "wandb/nested"
 VALUES_EVENT = "wandb/values"
 CONSOLE_EVENT = "wandb/console"
 ENV_RUN_ID = "TELEMETRY_RUN_ID"
+# A log() of more top-level keys than this costs the training thread no Python work per key (see
+# Run.log): the bound on what a wandb.log call does on the caller's thread.
+WIDE_ROW_KEYS = MAX_VALUES
 # How long `run.name` / `run.url` / `run.path` wait for the daemon's W&B run to open (it imports
 # wandb and calls wandb.init: about 2 s on a quiet box) before giving what W&B offline gives.
 RUN_INFO_WAIT_S = 15.0
@@ -255,7 +259,19 @@ class Run:
                 self._commit()
                 self._step = step
         pending = self._pending
+        if len(data) > WIDE_ROW_KEYS:
+            # Work beyond the bound is not done here: the row goes to the client as it is (a
+            # copy at C speed), whose sender thread sends its numbers and tensors as records of
+            # this step and leaves the rest out (named once, counted in its skipped_values).
+            self._warn_once("wide", f"telemetry.wandb: a row of more than {WIDE_ROW_KEYS} keys is passed to the "
+                                    f"daemon unchecked: its numbers and tensors are logged; text, nested dicts "
+                                    f"and media in it are not")
+            pending.update(data)
+            data = {}
         for k, v in self._flatten(data).items():
+            if len(k) > MAX_NAME_CHARS:
+                self._refuse(k, f"a key longer than {MAX_NAME_CHARS} characters")
+                continue
             why = refusal(v)
             if why is None:
                 if v.__class__ is str:
