@@ -171,7 +171,7 @@ def test_a_scripts_own_keys_each_get_a_chart_and_the_filter_finds_them(tmp_path)
                        "x.dispatchEvent(new Event('change')); })()")
             b.wait_for("state.plots['loss'].plot.axes[0].label === 'step'", what="steps again")
 
-            # Runs compared: a colour for each run's each series, and a dash per run.
+            # Runs compared: a colour for each run, and a dash for each series of a run.
             d.wait_for(lambda rs: any(r["kind"] == "daemon" for r in rs))
             shutil.copytree(tmp_path / "own-run", tmp_path / "copy-run")
             both = Dashboard(str(tmp_path))
@@ -183,8 +183,9 @@ def test_a_scripts_own_keys_each_get_a_chart_and_the_filter_finds_them(tmp_path)
                 lines = b.evaluate("state.plots['records_lost'].plot.series.slice(1).map(s => "
                                    "[typeof s.stroke === 'function' ? s.stroke(state.plots['records_lost'].plot, 1) "
                                    ": s.stroke, JSON.stringify(s.dash || [])])")
-                assert len(lines) == 6 and len({c for c, _ in lines}) == 6, lines
-                assert len({dash for _, dash in lines}) == 2, lines
+                # (each run's colour, as in the runs table; a dash per series of a run)
+                assert len(lines) == 6 and len(set(map(tuple, lines))) == 6, lines
+                assert len({c for c, _ in lines}) == 2 and len({dash for _, dash in lines}) == 3, lines
                 # The config side by side, one column per run; the same values, so no row marked.
                 assert b.evaluate("document.querySelectorAll('#config-head th').length") == 3
                 assert b.evaluate("document.querySelectorAll('#config-rows tr.differs').length") == 0

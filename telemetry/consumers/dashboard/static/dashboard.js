@@ -194,7 +194,7 @@ const RELOAD_POINTS_PER_PX = 4;
 // -- state -------------------------------------------------------------------------------------
 const state = { runs: {}, order: [], status: {}, seq: 0, plots: {}, dirty: false, reloading: false, stream: null,
                 filter: "", auto: null, groupOrder: [], smooth: 0, logY: false, xTime: false, zoom: { step: null, time: null },
-                detail: null };
+                detail: null, hiddenRuns: new Set() };
 
 function runLabel(runId) {
   return state.order.length > 1 ? (state.runs[runId].name + " ") : "";
@@ -384,9 +384,16 @@ const TILES = [
   ["sink dropped", (r) => daemonTotal(r, "telemetry/sink_dropped"), (v) => fmt(v), true, hasDaemon("telemetry/sink_dropped")],
 ];
 
+// Comparing runs: each run's colour (its lines on every chart) and whether it is drawn.
+const runColor = (id) => PALETTE[state.order.indexOf(id) % PALETTE.length];
+const shownRun = (id) => !state.hiddenRuns.has(id);
+
 function drawTiles() {
   const box = document.getElementById("tiles");
   box.replaceChildren();
+  box.hidden = multi();
+  document.getElementById("runs").hidden = !multi();
+  if (multi()) { drawRunsTable(); return; }
   for (const [label, get, show, badIfPositive, present] of TILES) {
     for (const id of state.order) {
       const run = state.runs[id];
@@ -394,10 +401,34 @@ function drawTiles() {
       const v = get(run);
       const value = el("div", { class: "value" + (badIfPositive && v > 0 ? " bad" : ""), text: String(show(v)) });
       const tile = el("div", { class: "tile", "data-tile": label }, el("div", { class: "label", text: label }), value);
-      if (multi()) tile.append(el("div", { class: "run", text: run.name }));
       box.append(tile);
     }
   }
+}
+
+// Several runs: a row per run instead of a tile each (5 runs made 60 tiles): its colour, a
+// show/hide box, its name and the tiles' values as columns (those some run has). For tests: each
+// row carries data-run (the run's name) and data-color; each value cell data-tile.
+function drawRunsTable() {
+  const cols = TILES.filter(([, , , , present]) => state.order.some((id) => present(state.runs[id])));
+  document.getElementById("runs-head").replaceChildren(el("tr", {}, el("th", {}), el("th", { text: "run" }),
+    ...cols.map(([label]) => el("th", { text: label }))));
+  document.getElementById("runs-rows").replaceChildren(...state.order.map((id) => {
+    const run = state.runs[id];
+    const box = el("input", { type: "checkbox", "aria-label": `show ${run.name}` });
+    box.checked = shownRun(id);
+    box.addEventListener("change", () => {
+      if (box.checked) state.hiddenRuns.delete(id); else state.hiddenRuns.add(id);
+      redraw();
+    });
+    return el("tr", { "data-run": run.name, "data-color": runColor(id), class: shownRun(id) ? "" : "off" },
+      el("td", {}, el("label", { class: "swatch-box" }, box, el("i", { class: "swatch", style: `background:${runColor(id)}` }))),
+      el("th", { text: run.name }),
+      ...cols.map(([label, get, show, badIfPositive, present]) => {
+        const has = present(run), v = has ? get(run) : null;
+        return el("td", { "data-tile": label, class: badIfPositive && v > 0 ? "bad" : "", text: has ? String(show(v)) : "" });
+      }));
+  }));
 }
 
 function allEvents() {
@@ -447,6 +478,7 @@ function chartWidth() {
 function chartSeries(chart) {
   const out = [];
   for (const id of state.order) {
+    if (!shownRun(id)) continue;                 // a compared run hidden in the runs table
     const run = state.runs[id];
     let keys = chart.keys ? chart.keys(id).slice() : Object.keys(run.series).filter(chart.match);
     if (chart.order) keys.sort((a, b) => chart.order.indexOf(a) - chart.order.indexOf(b));
@@ -612,20 +644,18 @@ function seriesOpts(chart, list, raw) {
   const stacked = raw !== null;
   const items = stacked ? list.slice().reverse() : list;
   return items.map((item, i) => {
-    const runIdx = state.order.indexOf(item.run);
     const keyIdx = list.filter((o) => o.run === item.run).indexOf(item);
-    // Comparing runs: a colour per run and series (the run's keys one after the other), and a
-    // dash per run, so ten series of two runs are twenty lines told apart.
-    const perRun = Math.max(1, ...state.order.map((id) => list.filter((o) => o.run === id).length));
+    // Comparing runs: the run's colour (as in the runs table) on every chart, and a dash per
+    // series of a run, so ten series of two runs are twenty lines told apart.
     const color = stacked ? PALETTE[(items.length - 1 - i) % PALETTE.length]
-      : multi() ? PALETTE[(runIdx * perRun + keyIdx) % PALETTE.length] : colorOf(item.key, keyIdx);
+      : multi() ? runColor(item.run) : colorOf(item.key, keyIdx);
     const opts = { label: item.label, stroke: color, width: 1.5, spanGaps: false,
                    value: (u, v, si, di) => {
                      const cur = state.plots[chart.id]?.raw ?? raw;   // the values before stacking
                      const shown = stacked && cur && di !== null && di !== undefined ? cur[si - 1][di] : v;
                      return chart.integer ? (shown == null ? "—" : String(Math.round(shown))) : fmt(shown);
                    } };
-    if (multi() && !stacked) opts.dash = DASHES[runIdx % DASHES.length];
+    if (multi() && !stacked) opts.dash = DASHES[keyIdx % DASHES.length];
     if (stacked) opts.fill = STACK_FILLS[(items.length - 1 - i) % STACK_FILLS.length];
     if (chart.points && chart.points(item.key)) {
       opts.paths = () => null;   // markers only: eval every N steps, a rank number
@@ -687,6 +717,7 @@ function markersPlugin(chart) {
     const { left, top, width, height } = u.bbox;
     ctx.save();
     for (const id of state.order) {
+      if (!shownRun(id)) continue;
       for (const ev of state.runs[id].events) {
         const x = axisOf(chart) === "step" ? ev.step
           : (ev.t === null || ev.t === undefined ? null : (multi() ? ev.t - (state.runs[id].t0 ?? 0) : ev.t));
