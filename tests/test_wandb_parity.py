@@ -304,3 +304,16 @@ def test_a_sigtermed_run_records_the_exit_code_telemetry_run_exits_with(tmp_path
     assert run_info(ours)["name"] == "ends-sigterm"
     if _exit_code(real) is not None:           # a W&B that records the run: the same run
         assert_same_run(real, ours)
+
+
+def test_tensor_rows_and_float_rows_all_land_at_their_steps(tmp_path_factory):
+    """A 0-dim tensor row is read on the client's sender thread, a float row goes out at once:
+    every row of the two kinds is in the run, at its step, as W&B keeps them (the float row
+    logged after a tensor row used to overtake it, and the W&B sink dropped the tensor row as a
+    step going backwards)."""
+    path = SCRIPTS / "tensor_loss_loop.py"
+    real, _, _ = shared_run(tmp_path_factory, real_run, path, 1, {})
+    ours, _, _ = shared_run(tmp_path_factory, sidecar_run, path, 1, {})
+    assert_same_run(real, ours)
+    assert len(user_history(ours)) == 60 + 6 + 80
+
