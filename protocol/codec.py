@@ -177,15 +177,8 @@ def peek_header(frame: bytes | memoryview) -> tuple[int, int, int, int, int] | N
     frame: the daemon accounts a frame it sheds unread. A frame above PEEK_PARSE_MAX_BYTES is
     read from its first bytes only, so a header followed by garbage still reads."""
     if len(frame) <= PEEK_PARSE_MAX_BYTES:
-        global _peek_decoder
-        if _peek_decoder is None:
-            import msgspec
-
-            from protocol.records import LooseHeader
-
-            _peek_decoder = msgspec.msgpack.Decoder(LooseHeader)
         try:
-            h = _peek_decoder.decode(frame)
+            h = (_peek_decoder or _get_peek_decoder()).decode(frame)
         except Exception:
             return None
         return h.kind, h.src, h.rank, h.seq, h.dropped
@@ -220,6 +213,30 @@ def peek_header(frame: bytes | memoryview) -> tuple[int, int, int, int, int] | N
     if not KIND_HELLO <= kind <= KIND_BYE or version != PROTOCOL_VERSION or max(src, rank, seq, dropped) >= _U63:
         return None
     return kind, src, rank, seq, dropped
+
+
+def _get_peek_decoder():
+    global _peek_decoder
+    if _peek_decoder is None:
+        import msgspec
+
+        from protocol.records import LooseHeader
+
+        _peek_decoder = msgspec.msgpack.Decoder(LooseHeader)
+    return _peek_decoder
+
+
+def peek_headers(frames: list) -> list:
+    """peek_header of each frame, in order: in one pass of the header decoder when every frame
+    is small and has a header (a drain counting a backlog), without a Python call per frame;
+    else frame by frame."""
+    if frames and max(map(len, frames)) <= PEEK_PARSE_MAX_BYTES:
+        try:
+            return [(h.kind, h.src, h.rank, h.seq, h.dropped)
+                    for h in map((_peek_decoder or _get_peek_decoder()).decode, frames)]
+        except Exception:          # a frame without a header: peek_header says None for it
+            pass
+    return [peek_header(f) for f in frames]
 
 
 def decoder_parts() -> tuple[Any, tuple, dict]:

@@ -52,6 +52,12 @@ OVERDRAFT_DIVISOR = 8
 CUT_ABOVE_BYTES = HELLO_INFO_MAX_BYTES + 4096
 
 
+# A metrics frame begins with one of these: a msgpack array of up to 15 items, then its kind.
+_METRICS_HEADS = frozenset(bytes((0x90 + n, KIND_METRICS)) for n in range(16))
+# take_rare takes up to this many frames out of the queue one at a time, more by a copy of it.
+RARE_REMOVED_ONE_BY_ONE = 64
+
+
 def _kind(frame: bytes) -> int | None:
     """The record kind from a frame's header (None: no readable header)."""
     h = peek_header(frame)
@@ -215,6 +221,35 @@ class Intake:
         self._q.clear()
         self.num_bytes = 0
         return frames
+
+    def take(self, max_frames: int) -> list:
+        """Up to `max_frames` frames from the head of the queue (the drain counts what it cannot
+        process a bounded batch at a time, so that it sees its deadline between batches)."""
+        if max_frames >= len(self._q):
+            return self.take_all()
+        frames = [self._q.popleft() for _ in range(max_frames)]
+        self.taken(len(frames), sum(map(len, frames)))
+        return frames
+
+    def take_rare(self) -> list:
+        """The queued frames that are not plainly metrics records (by their first two bytes: a
+        short msgpack array whose kind is metrics), out of the queue, which keeps the rest in
+        order: the byes among them close their clients' accounting, so a drain that cannot
+        count the whole backlog in time finds them first (two bytes looked at a frame)."""
+        q = self._q
+        try:
+            rare = [f for f in q if f[1] != KIND_METRICS or f[0] >> 4 != 0x9]
+        except IndexError:        # a frame shorter than two bytes: no record at all
+            rare = [f for f in q if f[:2] not in _METRICS_HEADS]
+        if len(rare) <= RARE_REMOVED_ONE_BY_ONE:
+            for f in rare:            # a few byes: found by identity, no copy of the queue
+                q.remove(f)
+        else:
+            kept = [f for f in q if f[:2] in _METRICS_HEADS]
+            q.clear()
+            q.extend(kept)
+        self.num_bytes -= sum(map(len, rare)) + FRAME_OVERHEAD_BYTES * len(rare)
+        return rare
 
     def stats(self) -> dict:
         return {"queued": len(self._q), "held_mb": round(self.num_bytes / 2**20, 1),

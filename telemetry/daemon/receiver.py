@@ -18,7 +18,7 @@ import msgspec
 
 from protocol import Bye, Event, Hello, MalformedRecord, Metrics
 from protocol.clean import clean
-from protocol.codec import check_names, decode_header, decoder_parts, peek_header
+from protocol.codec import check_names, decode_header, decoder_parts, peek_headers
 from protocol.constants import KIND_BYE
 from telemetry.daemon import hotpath
 # No C twin for these any more (benchmarks/c_loops_worth.py: under 10 % of ingest, issue 28's bar).
@@ -71,6 +71,35 @@ class SourceStats:
         return self.lost() - self.dropped_in_window()
 
 
+def tally_headers(headers: list) -> tuple[list, list[int]]:
+    """Frames' headers (peek_header's tuples; None: no header, skipped) as the receiver accounts
+    them: one row per source (src, rank, count, min_seq, dropped_at_min, max_seq, max_dropped),
+    as loops.tally makes for decoded records, and the srcs of the byes among them. One pass and
+    one row a source, not one a frame: a drain counts what it cannot process at the cost of
+    reading the headers."""
+    per_src: dict[int, list] = {}
+    get = per_src.get
+    byes = []
+    for h in headers:
+        if h is None:
+            continue
+        kind, src, rank, seq, dropped = h
+        row = get(src)
+        if row is None:
+            per_src[src] = [src, rank, 1, seq, dropped, seq, dropped]
+        else:
+            row[2] += 1
+            if seq < row[3]:
+                row[3], row[4] = seq, dropped
+            elif seq > row[5]:
+                row[5] = seq
+            if dropped > row[6]:
+                row[6] = dropped
+        if kind == KIND_BYE:
+            byes.append(src)
+    return list(per_src.values()), byes
+
+
 class Receiver:
     def __init__(self, loops=hotpath.loops) -> None:
         self.loops = loops          # loops.py or its C twin (hotpath.loops); same results: the intake's
@@ -121,19 +150,12 @@ class Receiver:
         header counts as arrived for its src, like a refused record, so that its seq window
         does not count it lost a second time (the caller counts these frames as lost once,
         in records_unread_at_drain), whether or not the src's bye was processed before them."""
-        self.unread_headers([peek_header(f) for f in frames])
+        self.unread_headers(peek_headers(frames))
 
     def unread_headers(self, headers: list) -> None:
         """`unread` for frames whose headers were already read (protocol.codec.peek_header; None
         for a frame without one: nothing to account it to, counted lost by the caller)."""
-        rows, byes = [], []
-        for h in headers:
-            if h is None:
-                continue
-            kind, src, rank, seq, dropped = h
-            rows.append((src, rank, 1, seq, dropped, seq, dropped))
-            if kind == KIND_BYE:
-                byes.append(src)
+        rows, byes = tally_headers(headers)
         self._account(rows, refused=True)
         for src in byes:
             self.note_bye(src)

@@ -39,7 +39,8 @@ log = logging.getLogger("telemetry.daemon")
 # At shutdown, intake ends once the ingest socket has been quiet this long (records still on the
 # wire from ranks that just closed get in), or when INTAKE_SHARE of drain_timeout_s is spent
 # (ranks still sending, or a backlog larger than the daemon can take in that time); the rest of
-# the deadline is the sinks' to flush. What is still queued then is read and counted as lost.
+# the deadline is the sinks' to flush. What is still queued then is read and counted as lost, as
+# far as the deadline allows; what is left after that, the clients' byes account for.
 INTAKE_QUIET_S = 0.05
 INTAKE_SHARE = 0.6
 # ... unless a client that was still sending when the drain began has not said bye yet (its bye
@@ -54,8 +55,16 @@ SOURCE_SILENT_S = 1.0
 BYE_WAIT_S = 5.0
 # How long a sink abandoned at the deadline may take to finish the batch in its hands.
 ABANDON_GRACE_S = 0.5
-# Frames counted (their headers only) per turn once the intake's share of the deadline is spent.
+# Frames counted (their headers only) per turn once processing stops: the deadline is looked at
+# between turns.
 COUNT_BATCH = 1024
+# Processing stops early enough that the open steps still go out before the intake's deadline:
+# at this many times the cost of a step measured while processing (the least a turn's time over
+# the steps it closed: an upper bound of the step's own cost), DEFAULT_STEP_COST_S before any.
+FLUSH_COST_FACTOR = 2.0
+DEFAULT_STEP_COST_S = 2e-5
+# Sources still open at the drain's end named in the log (rank, src, the last seq seen).
+MAX_OPEN_NAMED = 8
 
 _json = msgspec.json.Encoder()
 SCRIPT_EXIT_EVENT = "script_exit"     # {"exit_code": N}: a drain request's (shared/control.py)
@@ -68,6 +77,7 @@ def run(d) -> int:
     deadline = now + timeout_s
     log.info("draining (%s)", d.stop_reason)
     drain_intake(d, now + timeout_s * INTAKE_SHARE, now + timeout_s * (1 + INTAKE_SHARE) / 2)
+    marks = [time.monotonic()]
     d.pull.close(linger=0)
     for p in d.pollers:
         try:
@@ -80,6 +90,7 @@ def run(d) -> int:
     d.hand_out()
     if d.media is not None:
         d.media.request_stop()       # it keeps what it holds, beside the sinks' drain
+    marks.append(time.monotonic())
     unfinished = _close_stages(d, deadline)
     if d.media is not None:
         if d.media.close(max(0.0, deadline - time.monotonic())):
@@ -89,16 +100,25 @@ def run(d) -> int:
     d.unfinished = unfinished
     if unfinished:
         # What they never wrote is counted in their `dropped`, so the final counters add up.
-        for r in d.runners:
-            if r.name in unfinished:
-                r.abandon(ABANDON_GRACE_S)
+        # Each is told first, then waited for: one grace for all of them, not one each.
+        late = [r for r in d.runners if r.name in unfinished]
+        for r in late:
+            r.give_up()
+        grace_end = time.monotonic() + ABANDON_GRACE_S
+        for r in late:
+            r.abandon(max(0.0, grace_end - time.monotonic()))
         log.error("still busy at the drain deadline, abandoned: %s", ", ".join(unfinished))
+    marks.append(time.monotonic())
     final = {"ok": True, "drained": not unfinished, "unfinished_sinks": unfinished,
              "stop_reason": d.stop_reason, **d.status()}
     final_written = write_drain_json(d.log_dir, final)
     d.continuity.write(d.num_records_out)
     d.control_server.answer_drain(final)
     _close(d, unfinished)
+    marks.append(time.monotonic())
+    log.info("drain: %.2f s of %.2f (intake %.2f, pipeline %.2f, stages and sinks %.2f, final counters "
+             "and close %.2f)", marks[-1] - now, timeout_s, marks[0] - now,
+             *(b - a for a, b in zip(marks, marks[1:])))
     log.info("stopped: %d records in, %d malformed, %d lost, %d steps out", final["records_in"],
              final["records_malformed"], final["records_lost"], final["steps_out"])
     failed = d.jsonl_runner.sink.failed()
@@ -154,23 +174,52 @@ def drain_intake(d, until: float, deadline: float) -> None:
     """Take records until every client that was sending when the drain began has said bye
     and the socket has been quiet INTAKE_QUIET_S, or it has been quiet SOURCE_SILENT_S
     whoever is still open (or INTAKE_QUIET_S after BYE_WAIT_S), or `deadline`. Up to `until`
-    they are processed; after it only counted (their headers, about a microsecond a frame:
-    records_unread_at_drain), so that a backlog larger than the daemon can process in time is
-    counted, never left in the socket. A bye arriving either way closes its client's
-    accounting: what it sent and this daemon never got is then counted in transit. The clients
-    still open at the end are counted in sources_open_at_drain: what they send after it, nobody
-    counts."""
-    losses, receiver = d.losses, d.receiver
+    they are processed, and only while a turn as long as the longest so far and the open steps'
+    flush (at the cost of a step measured as it goes) still end before `deadline`; then the open
+    steps go out and the rest is only counted (their headers, records_unread_at_drain): the
+    frames read ahead that are not metrics first (take_rare: the byes), then the others.
+
+    A client's bye closes its accounting: what it sent and this daemon never counted is then
+    lost in transit, exactly. So the count is exact however slow the box is: the byes in hand
+    are found by two bytes a frame, and what a count cut short by `deadline` leaves
+    (read ahead or still in libzmq) is accounted by them, never left uncounted. The clients
+    still open at the end are counted in sources_open_at_drain and named in the log with the
+    last seq seen: what they sent after it, nobody counts."""
+    losses, receiver, intake = d.losses, d.receiver, d.intake
     waiting = receiver.open_live()
     started = quiet_since = time.monotonic()
+    turn_s = 0.0                # the longest processing turn so far
+    step_s = None               # the cost of emitting a step, as measured (FLUSH_COST_FACTOR)
+    agg = d.aggregator
+    counting = False
+    processed = 0
     while True:
-        if time.monotonic() < until:
+        now = time.monotonic()
+        if not counting:
+            flush_s = FLUSH_COST_FACTOR * (step_s or DEFAULT_STEP_COST_S) * len(agg.pending)
+            counting = now >= until or now + 2 * turn_s + flush_s >= deadline
+            if counting:
+                # The open steps go out now, inside the intake's time; then the byes read ahead.
+                d.take_inbox()
+                d.emit_steps(agg.flush())
+                d.hand_out()
+                rare = intake.take_rare()
+                receiver.unread(rare)
+                losses.num_unread_at_drain += len(rare)
+        if counting:
+            n = count_unread(d, COUNT_BATCH)
+            losses.num_unread_at_drain += n
+        else:
+            steps_before = agg.num_steps_out
             n = d.ingest(d.batch_frames)
             if n:
                 d.hand_out()
-        else:
-            n = count_unread(d, COUNT_BATCH)
-            losses.num_unread_at_drain += n
+                processed += n
+            took = time.monotonic() - now
+            turn_s = max(turn_s, took)
+            steps = agg.num_steps_out - steps_before
+            if steps >= 16 and (step_s is None or took / steps < step_s):
+                step_s = took / steps
         now = time.monotonic()
         if n:
             quiet_since = now
@@ -183,27 +232,37 @@ def drain_intake(d, until: float, deadline: float) -> None:
             d.pull.poll(int(INTAKE_QUIET_S * 1000 / 2) + 1)
         if now >= deadline:
             break
-    losses.num_sources_open_at_drain = len(receiver.still_open(waiting))
-    if losses.num_unread_at_drain:
+    left = len(intake.take_all())
+    log.info("drain intake: %d records processed, %d counted unread, %d left uncounted at the deadline "
+             "(accounted by their clients' byes), in %.2f s (a step's cost measured at %s)", processed,
+             losses.num_unread_at_drain, left, time.monotonic() - started,
+             "-" if step_s is None else f"{step_s * 1e6:.0f} µs")
+    still = receiver.still_open(waiting)
+    losses.num_sources_open_at_drain = len(still)
+    if losses.num_unread_at_drain or left:
         log.error("drain deadline: %d queued records could not be processed and are counted as "
-                  "lost (raise drain_timeout_s to keep them)", losses.num_unread_at_drain)
-    if losses.num_sources_open_at_drain:
-        log.error("drain: %d client(s) still open at its end, without a bye: what they sent after "
+                  "lost (raise drain_timeout_s to keep them)", losses.num_unread_at_drain + left)
+    if still:
+        named = ", ".join(f"rank {receiver.sources[i].rank} (src {i}, last seq {receiver.sources[i].max_seq})"
+                          for i in sorted(still)[:MAX_OPEN_NAMED])
+        log.error("drain: %d client(s) still open at its end, without a bye: %s%s; what they sent after "
                   "their last record that arrived is counted only by a daemon restarted on this log "
-                  "directory (sources_open_at_drain)", losses.num_sources_open_at_drain)
+                  "directory (sources_open_at_drain)", len(still), named,
+                  " ..." if len(still) > MAX_OPEN_NAMED else "")
 
 
 def count_unread(d, max_frames: int) -> int:
     """Read up to `max_frames` queued frames without processing them (their header only), so
     that the final counters say how much was lost instead of nothing: those read ahead into
-    the intake queue first (all of them), then the socket's."""
-    frames = d.intake.take_all()
-    recv, again = d.pull.recv, zmq.Again
-    try:
-        for _ in range(max_frames):
-            frames.append(recv(zmq.NOBLOCK))
-    except again:
-        pass
+    the intake queue first, then the socket's."""
+    frames = d.intake.take(max_frames)
+    if len(frames) < max_frames:
+        recv, again = d.pull.recv, zmq.Again
+        try:
+            for _ in range(max_frames - len(frames)):
+                frames.append(recv(zmq.NOBLOCK))
+        except again:
+            pass
     d.receiver.unread(frames)      # their srcs' seq windows: arrived, not lost twice
     return len(frames)
 

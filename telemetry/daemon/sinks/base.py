@@ -298,13 +298,18 @@ class SinkRunner:
         self._thread.join(timeout_s)
         return not self._thread.is_alive()
 
+    def give_up(self) -> None:
+        """Past the drain deadline: the sink takes no more batches; returns at once (the drain
+        tells every late sink so before it waits for any: their graces run together)."""
+        with self._cond:
+            self._abandoned = True
+            self._cond.notify()
+
     def abandon(self, grace_s: float) -> None:
         """Past the drain deadline: the sink takes no more batches; whatever it has not written
         is counted as dropped. A sink still in a batch after `grace_s` (hung) has that batch
         counted too, so the count is exact for a slow sink and an upper bound for a hung one."""
-        with self._cond:
-            self._abandoned = True
-            self._cond.notify()
+        self.give_up()
         self._thread.join(grace_s)
         with self._cond:
             self.num_dropped += self._num_queued + (self._in_hand if self._thread.is_alive() else 0)
@@ -358,8 +363,11 @@ class InlineRunner(SinkRunner):
     def request_stop(self) -> None:
         pass
 
-    def abandon(self, grace_s: float) -> None:
+    def give_up(self) -> None:
         pass            # nothing is ever queued or in another thread's hands
+
+    def abandon(self, grace_s: float) -> None:
+        pass
 
     def close(self, timeout_s: float) -> bool:
         if self._closed:
