@@ -72,12 +72,38 @@ def test_a_row_wider_than_a_record_arrives_whole_in_several_records(rx, num_valu
     assert tm.stats()["dropped"] == 0 and tm.stats()["skipped_values"] == 0
 
 
-def test_a_hello_beyond_the_frame_limit_is_dropped_and_said_not_sent(rx):
+def test_a_config_beyond_the_frame_limit_is_cut_to_fit_and_said(rx, monkeypatch):
+    import threading
+
+    from telemetry import TelemetryClient
+    from telemetry.shared.security.redact import Redactor
+
+    redacted_on: list[int] = []
+    original = Redactor.__call__
+    monkeypatch.setattr(Redactor, "__call__", lambda self, obj: redacted_on.append(threading.get_ident()) or original(self, obj))
+    tm = TelemetryClient(rx.endpoint, rank=0)
+    config = {f"k{i:06d}": "v" * 64 for i in range(MAX_FRAME_BYTES // 64)}     # ~1.3 MiB of msgpack
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        tm.hello({"config": config, "model": "gpt2"})        # made and cut on the sender thread
+        tm.log(0, {"loss": 1.0})
+        tm.close(timeout_s=10.0)
+    records = [r for r in rx.recv_until(lambda r: isinstance(r, Bye)) + rx.drain(1000) if not isinstance(r, Bye)]
+    assert [type(r) for r in records] == [Hello, Hello, Metrics]            # in the order of the calls
+    info = records[1].info
+    assert info["model"] == "gpt2" and "_truncated" in info and 0 < len(info["config"]) < len(config)
+    assert all(config[k] == v for k, v in info["config"].items())
+    assert any("was cut" in str(w.message) for w in caught)
+    assert redacted_on and threading.get_ident() not in redacted_on     # no Python work per key here
+    assert tm.stats()["dropped"] == 0
+
+
+def test_an_event_beyond_the_frame_limit_is_dropped_and_said_not_sent(rx):
     from telemetry import TelemetryClient
 
     tm = TelemetryClient(rx.endpoint, rank=0)
-    with pytest.warns(RuntimeWarning, match="hello record of"):
-        tm.hello({"config": {f"k{i}": "v" * 64 for i in range(MAX_FRAME_BYTES // 64)}})
+    with pytest.warns(RuntimeWarning, match="event record of"):
+        tm.event("log_text", {"text": "x" * MAX_FRAME_BYTES})
     tm.log(0, {"loss": 1.0})
     tm.close(timeout_s=10.0)
     records = rx.recv_until(lambda r: isinstance(r, Bye)) + rx.drain(1000)

@@ -37,7 +37,7 @@ import zmq
 from protocol import codec
 from protocol.constants import CLIENT_TIME_KEY, MAX_FRAME_BYTES, MAX_NAME_CHARS, MAX_PARTS, MAX_VALUES
 from telemetry.shared import endpoints
-from telemetry.client.deferred import DeferredSender, Job, host_scalar, snapshot, wire_number
+from telemetry.client.deferred import DeferredSender, Job, Later, host_scalar, snapshot, wire_number
 from telemetry.client.spans import Span, SpanRecorder
 from telemetry.client.stacks import register as register_stacks
 from telemetry.shared.stacks_file import proc_start_time, proc_started_at
@@ -80,6 +80,10 @@ SPLIT_VALUES = (MAX_FRAME_BYTES - FRAME_HEADER_BYTES) // (4 * MAX_NAME_CHARS + M
 # a one-character name and a one-byte number, each with a one-byte header): a shorter frame needs
 # no look at its width.
 ROOMY_FRAME_BYTES = 3 * MAX_VALUES
+# hello(): an info of more entries than this (its own and those of the maps directly in it) is
+# copied on the caller's thread (C speed) and redacted, encoded and fitted to MAX_FRAME_BYTES on the
+# sender thread: a config of 200,000 keys costs the training thread no Python work per key.
+HELLO_INLINE_ENTRIES = 4096
 # Values left out of records are named in a warning each, up to this many names in all.
 MAX_WARNED_NAMES = 64
 
@@ -543,8 +547,51 @@ class TelemetryClient(metaclass=abc.ABCMeta):   # ABCMeta: DisabledClient regist
         `info` win. Non-JSON values (paths, enums, dtypes) are sent as text.
         """
         # Secrets (a W&B key, a hub token in the config) never leave this process.
-        self._hello_info = Redactor()(dict(info))
-        self._send_hello()
+        info = dict(info)
+        if len(info) + sum(len(v) for v in info.values() if isinstance(v, Mapping)) <= HELLO_INLINE_ENTRIES:
+            self._hello_info = Redactor()(info)
+            self._send_hello()
+            return
+        # The values as of this call, one level deep; the rest is the sender thread's work.
+        snap = {k: dict(v) if isinstance(v, Mapping) else v for k, v in info.items()}
+        if self._forked:
+            self._reopen_after_fork()
+        seq, t_ns, ident = self._seq, time.time_ns(), self._identity()
+        self._seq = seq + 1
+
+        def make() -> bytes:
+            red = Redactor()(snap)
+            self._hello_info = red        # what a later hello (after a fork) repeats
+            return self._fitted_hello(lambda i: codec.encode_hello(
+                self._src, self.rank, seq, self._num_dropped + self._num_dropped_bg, t_ns, {**ident, **_to_wire_map(i)}),
+                red)
+
+        if not self._deferred.submit(Later(make)):
+            self._num_dropped += 1
+
+    def _fitted_hello(self, encode: Callable[[dict], bytes], info: dict) -> bytes:
+        """encode(info), its biggest maps cut (their first items kept) until it fits
+        MAX_FRAME_BYTES, a "_truncated" entry saying so, and one warning (sender thread)."""
+        frame = encode(info)
+        size = len(frame)
+        for _ in range(16):
+            if len(frame) <= MAX_FRAME_BYTES:
+                break
+            keep = 0.9 * MAX_FRAME_BYTES / len(frame)
+            info = {k: dict(list(v.items())[:int(len(v) * keep)]) if isinstance(v, dict) and len(v) > 1 else v
+                    for k, v in info.items()}
+            info["_truncated"] = f"hello info of {size} bytes cut to the first items of its maps to fit " \
+                                 f"{MAX_FRAME_BYTES} bytes"
+            frame = encode(info)
+        if len(frame) > MAX_FRAME_BYTES:       # one value alone beyond it: dropped (counted by the sender)
+            self._warn_once("hello:size", f"telemetry: dropped a hello record of {size} bytes (the daemon takes "
+                                          f"{MAX_FRAME_BYTES} at most)")
+            raise ValueError("hello too big")
+        if len(frame) != size:
+            self._warn_once("hello:cut", f"telemetry: a hello of {size} bytes (a config this big) was cut to "
+                                         f"{len(frame)} to fit a record ({MAX_FRAME_BYTES} bytes); the daemon keeps "
+                                         f"its first part")
+        return frame
 
     def _identity(self) -> dict[str, Any]:
         ident: dict[str, Any] = {"host": self.host, "pid": os.getpid(), "rank": self.rank,

@@ -124,6 +124,15 @@ class Job:
         self.spans = spans
 
 
+class Later:
+    """A frame made on the sender thread (`make()` returns it): a record whose making costs more
+    than the caller's thread may spend (a hello with a huge config), in turn with the others."""
+    __slots__ = ("make",)
+
+    def __init__(self, make: Callable[[], bytes]) -> None:
+        self.make = make
+
+
 class PinnedPool:
     """Reusable page-locked host buffers, so a log step allocates no pinned memory.
 
@@ -257,7 +266,7 @@ class DeferredSender:
         self._thread: threading.Thread | None = None
         self.pool = PinnedPool()
 
-    def submit(self, job: "Job | bytes") -> bool:
+    def submit(self, job: "Job | Later | bytes") -> bool:
         """Hand a job over (a Job, or a ready frame that must wait its turn behind the jobs before
         it); False (caller counts a drop) when the backlog is full."""
         if self._num_submitted - self._num_done >= self._max_pending:
@@ -308,10 +317,10 @@ class DeferredSender:
             frames: Any = job
             if job.__class__ is not bytes:
                 try:
-                    frames = self._encode(job, resolve(job))
+                    frames = job.make() if job.__class__ is Later else self._encode(job, resolve(job))
                 except Exception:  # a value that is no number: lose this record, not the thread
                     frames = None
-                    self._on_dropped(job.num_seqs)
+                    self._on_dropped(getattr(job, "num_seqs", 1))
             if frames is not None:
                 for frame in ((frames,) if frames.__class__ is bytes else frames):
                     try:
