@@ -1,7 +1,9 @@
 """The charts' details in a real browser, on a run written as a daemon writes metrics.jsonl:
-smoothing keeps the values as logged, faint, beneath the smoothed line; a rank's line is its
+smoothing keeps the values as logged, faint, beneath the smoothed line; the line per rank of a
+name a built-in chart draws is in that chart's section, not a section of its own; a rank's line is its
 rank's colour on every chart (a chart of ranks 2 and 3 does not paint rank 2 in rank 0's);
-a card is as tall as its own chart, not as the tallest card of its row.
+a card is as tall as its own chart, not as the tallest card of its row; a chart is exported as
+CSV (its values as logged) and PNG.
 
 Skips only where chromium is not installed (launch/setup.sh --dev installs it with apt).
 """
@@ -28,11 +30,13 @@ def _records() -> list[dict]:
         t = T0 + s
         recs.append({"kind": "metrics", "t": t, "step": s,
                      "values": {"noisy": math.sin(s / 5) + (0.5 if s % 2 else -0.5), "w_one": 1.0 / s,
+                                "train/loss": 3.0 / s,
                                 "b": 2.0 + s}})   # (b: so w_many and w_one share a row)
         for r in range(MANY_RANKS):
             values = {"w_many": s + r}
             if r < 3:
                 values["a"] = r + s / 10               # ranks 0, 1, 2
+                values["train/loss"] = 3.0 / s + r / 100
             if r in (2, 3):
                 values["c"] = r - s / 10               # ranks 2 and 3 only
             recs.append({"kind": "metrics", "t": t, "step": s, "rank": r, "values": values})
@@ -63,6 +67,13 @@ def test_smoothing_rank_colours_and_card_heights(tmp_path):
             assert _stroke(b, "auto-a", "rank 2") == _stroke(b, "auto-c", "rank 2")
             assert _stroke(b, "auto-a", "rank 0") != _stroke(b, "auto-c", "rank 2")
 
+            # A name a built-in chart draws (train/loss): its line per rank is in that chart's
+            # section, after it, not in a "training (more series)" section of its own.
+            where = b.evaluate("[...document.querySelectorAll('#group-Training .card')].filter(c => !c.hidden)"
+                               ".map(c => c.dataset.chart + ':' + c.querySelector('h3').textContent)")
+            assert where == ["loss:Loss", "auto-train/loss:train/loss per rank"], where
+            assert not b.evaluate("[...document.querySelectorAll('section.group')].filter(s => !s.hidden)"
+                                  ".map(s => s.querySelector('h2').textContent).filter(t => t.includes('more series'))")
             # A card no taller than its chart: w_one (one line) shares a row with w_many (24 ranks,
             # a legend of several lines) and is not stretched to its height.
             heights = b.evaluate("Object.fromEntries([...document.querySelectorAll('.card')].filter(c => "
@@ -84,6 +95,12 @@ def test_smoothing_rank_colours_and_card_heights(tmp_path):
             assert len(drawn) == len(logged) == STEPS
             assert logged == pytest.approx([math.sin(s / 5) + (0.5 if s % 2 else -0.5) for s in range(1, STEPS + 1)])
             assert max(abs(x - y) for x, y in zip(drawn, logged)) > 0.3      # smoothed: not the raw values
+            # Exported: the points as CSV (the values as logged, not smoothed) and the chart as PNG.
+            assert b.evaluate("document.querySelectorAll('#chart-auto-noisy .export').length") == 2
+            csv = b.evaluate("chartCSV('auto-noisy')").splitlines()
+            assert csv[0] == "step,noisy" and len(csv) == STEPS + 1, csv[:3]
+            assert [float(line.split(",")[1]) for line in csv[1:]] == pytest.approx(logged)
+            assert b.evaluate("chartPNG('auto-noisy').then(b => [b.type, b.size > 1000])") == ["image/png", True]
             b.evaluate("(() => { const s = document.getElementById('smooth'); s.value = '0'; "
                        "s.dispatchEvent(new Event('input')); })()")
             b.wait_for("document.getElementById('chart-auto-noisy').dataset.rawLines === '0'", what="smoothing off")

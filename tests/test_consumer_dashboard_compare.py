@@ -1,7 +1,8 @@
 """Five runs compared on one page, in a real browser: a runs table (a row per run with its colour,
 a show/hide box and the tiles' values), never a set of tiles per run (5 runs made 60 tiles); one
 set of charts with one line per run in the run's colour, the first chart above the fold at
-1600x1200; a run hidden in the table leaves every chart and comes back.
+1600x1200; a run hidden in the table leaves every chart and comes back; the runs' media sliders
+move together.
 
 Skips only where chromium is not installed (launch/setup.sh --dev installs it with apt).
 """
@@ -35,6 +36,12 @@ def _write_run(root, name: str, i: int) -> None:
     recs.append({"kind": "daemon", "t": T0 + STEPS, "values": {"telemetry/records_in": 2 * STEPS + 1,
                                                                "telemetry/dropped": 0}})
     (tel / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    # A histogram every 10 steps (run 0 also at 15), as the daemon's media keeper writes its index.
+    steps = sorted({10, 20, 30, 40} | ({15} if i == 0 else set()))
+    (tel / "media").mkdir()
+    (tel / "media" / "index.jsonl").write_text("".join(
+        json.dumps({"step": s, "key": "weights", "type": "Histogram", "rank": None, "bins": [0, 1, 2, 3],
+                    "counts": [s, i, 1]}) + "\n" for s in steps))
 
 
 @pytest.mark.slow
@@ -75,6 +82,15 @@ def test_five_runs_compared_share_one_set_of_charts_with_a_runs_table(tmp_path):
             assert b.evaluate("document.querySelector('#runs-rows tr[data-run=\"lr-2\"] input').checked") is False
             b.evaluate("document.querySelector('#runs-rows tr[data-run=\"lr-2\"] input').click()")
             b.wait_for("document.getElementById('chart-loss').dataset.series.split('|').length === 5", what="lr-2 back")
+
+            # The runs' media sliders move together: run 0's to step 15, the others to their last
+            # value at or before it (step 10).
+            b.wait_for(f"document.querySelectorAll('.mcard[data-key=weights]').length === {NUM_RUNS}", what="media")
+            b.evaluate("(() => { const s = document.querySelector('.mcard[data-key=weights][data-run=r0] input'); "
+                       "s.value = '1'; s.dispatchEvent(new Event('input')); })()")
+            at = b.evaluate("[...document.querySelectorAll('.mcard[data-key=weights]')].map(c => [c.dataset.run, "
+                            "+c.dataset.step])")
+            assert dict(at) == {"r0": 15, **{f"r{i}": 10 for i in range(1, NUM_RUNS)}}, at
         assert not [line for line in b.console if "exception" in line], b.console
     finally:
         assert dash.stop() == 0, "".join(dash.lines)

@@ -113,6 +113,7 @@ function autoGroups() {
   for (const id of state.order) numKeys += Object.keys(state.runs[id].series).length;
   const sig = state.order.join(",") + ":" + numKeys;
   if (state.auto && state.auto.sig === sig) return state.auto.groups;
+  const extras = new Map();        // built-in group title -> the per-rank charts of its charts' names
   const axes = new Map();          // name -> its axis
   const groupOf = new Map();       // name -> its catalogue group ("": the run's own)
   const keysOf = new Map();        // name -> run -> its keys (a chart's series, without matching every key)
@@ -132,11 +133,22 @@ function autoGroups() {
   for (const b of [...axes.keys()].sort((x, y) => x.localeCompare(y, "en", { numeric: true }))) {
     const group = groupOf.get(b);
     const prefix = b.includes("/") ? b.split("/")[0] + "/" : "";
-    const into = group ? byGroup : byPrefix;
-    const at = group ? (isSystemName(b, group) ? "system|" : "more|") + group : prefix;
-    if (!into.has(at)) into.set(at, []);
-    into.get(at).push({
-      id: "auto-" + b, title: b, axis: axes.get(b), auto: true,
+    // A name a built-in chart draws (train/loss): its other series (a line per rank, with the
+    // daemon's --per-rank) go in that chart's section, after it, not in a section of their own.
+    const home = CHARTS.some((c) => c.match(b)) ? GROUPS.find((g) => g.charts.some((c) => c.match(b))) : null;
+    let list;
+    if (home) {
+      if (!extras.has(home.title)) extras.set(home.title, []);
+      list = extras.get(home.title);
+    } else {
+      const into = group ? byGroup : byPrefix;
+      const at = group ? (isSystemName(b, group) ? "system|" : "more|") + group : prefix;
+      if (!into.has(at)) into.set(at, []);
+      list = into.get(at);
+    }
+    const perRank = [...keysOf.get(b).values()].every((ks) => ks.every((k) => /@rank\d+$/.test(k)));
+    list.push({
+      id: "auto-" + b, title: home && perRank ? `${b} per rank` : b, axis: axes.get(b), auto: true,
       match: (k) => baseOf(k) === b && !NOT_CHARTED(k) && !builtIn(k),
       keys: (runId) => keysOf.get(b).get(runId) ?? [],
       label: (k) => afterAt(k).replace(/^rank(\d+)$/, "rank $1") || (b.includes("/") ? b.slice(b.lastIndexOf("/") + 1) : b),
@@ -153,9 +165,12 @@ function autoGroups() {
       .sort((a, b) => rank(a.group) - rank(b.group) || a.group.localeCompare(b.group))
       .map(({ place, group, charts }) => ({ title: `${group} (more series)`, id: `${place}-${group}`, charts,
                                             auto: true, place })));
-  state.auto = { sig, groups };
+  state.auto = { sig, groups, extras };
   return groups;
 }
+
+// A section's charts: a built-in one's with the per-rank charts of its names (autoGroups).
+const chartsOf = (group) => (group.auto ? group.charts : [...group.charts, ...(state.auto?.extras.get(group.title) ?? [])]);
 
 const SPARSE_POINTS = 12;
 function sparse(k) {
@@ -794,6 +809,39 @@ function makePlot(chart, card, list) {
   return Object.assign(held, { plot, signature: signature(list), raw, axis });
 }
 
+// A chart exported: its points as CSV (a column per line, the values as logged: before stacking
+// and smoothing; a long run's as drawn, a minimum and a maximum per pixel column) or its canvas
+// as PNG. The buttons at each card's top right call these.
+function chartCSV(id) {
+  const p = state.plots[id];
+  if (!p) return "";
+  const u = p.plot;
+  const cell = (v) => (v === null || v === undefined ? "" : typeof v === "number" ? String(v) :
+    /[",\n]/.test(String(v)) ? `"${String(v).replace(/"/g, '""')}"` : String(v));
+  const cols = u.data.map((d, i) => (i === 0 ? d : p.raw?.[i - 1] ?? p.unsmoothed?.[i] ?? d));
+  const lines = [u.series.map((s) => cell(s.label)).join(",")];
+  for (let j = 0; j < u.data[0].length; j++) lines.push(cols.map((c) => cell(c[j])).join(","));
+  return lines.join("\n") + "\n";
+}
+function chartPNG(id) {
+  const p = state.plots[id];
+  return new Promise((resolve) => (p ? p.plot.ctx.canvas.toBlob(resolve, "image/png") : resolve(null)));
+}
+function download(name, blob) {
+  if (!blob) return;
+  const url = URL.createObjectURL(blob);
+  el("a", { href: url, download: name }).click();
+  setTimeout(() => URL.revokeObjectURL(url), 10_000);
+}
+function exportButtons(chart) {
+  const name = chart.id.replace(/[^\w.-]+/g, "_");
+  const csv = el("button", { class: "export", type: "button", title: "the chart's points as CSV", text: "CSV" });
+  csv.addEventListener("click", () => download(`${name}.csv`, new Blob([chartCSV(chart.id)], { type: "text/csv" })));
+  const png = el("button", { class: "export", type: "button", title: "the chart as PNG", text: "PNG" });
+  png.addEventListener("click", async () => download(`${name}.png`, await chartPNG(chart.id)));
+  return el("span", { class: "exports" }, csv, png);
+}
+
 function unitOf(list) {
   const units = new Set(list.map(({ s }) => s.unit || ""));
   return units.size === 1 ? [...units][0] : "";
@@ -822,7 +870,7 @@ function drawCharts() {
     (placed[SECTION_PLACES[group.place]] ??= []).push(gEl);
     const folded = group.place === "system" && !systemOpen();
     let shown = 0;
-    for (const chart of group.charts) {
+    for (const chart of chartsOf(group)) {
       const list = chartSeries(chart);
       let card = document.getElementById("chart-" + chart.id);
       if (!list.length || !passesFilter(chart, list)) {
@@ -837,7 +885,8 @@ function drawCharts() {
       if (!card) {
         const h = el("h3", { text: chart.title });
         if (chart.note) h.append(el("span", { class: "note", text: chart.note }));
-        card = el("div", { class: "card", id: "chart-" + chart.id, "data-chart": chart.id }, h, el("div", { class: "plot" }));
+        card = el("div", { class: "card", id: "chart-" + chart.id, "data-chart": chart.id }, h, el("div", { class: "plot" }),
+                  exportButtons(chart));
         gEl.querySelector(".grid").append(card);
       }
       card.hidden = false;
@@ -1089,8 +1138,23 @@ function makeMediaCard(grp) {
   const root = el("div", { class: "mcard", "data-key": grp.key, "data-type": grp.type, "data-run": grp.run },
                   title, body, el("div", { class: "mstep" }, slider, label));
   const card = { root, body, slider, label, pos: null, n: 0, grp };
-  slider.addEventListener("input", () => { card.pos = Number(slider.value); showMedia(card); });
+  slider.addEventListener("input", () => { card.pos = Number(slider.value); showMedia(card); syncMedia(card); });
   return card;
+}
+
+// Compared runs: moving one run's slider moves the other runs' cards of the same key to the same
+// step (their last value at or before it), so the runs' images are compared step for step.
+function syncMedia(moved) {
+  const step = moved.grp.entries[moved.pos]?.step;
+  if (step === undefined) return;
+  for (const card of Object.values(media.cards)) {
+    if (card === moved || card.grp.key !== moved.grp.key || card.grp.run === moved.grp.run) continue;
+    let pos = -1;
+    card.grp.entries.forEach((e, i) => { if (e.step <= step) pos = i; });
+    card.pos = Math.max(0, pos);
+    card.slider.value = String(card.pos);
+    showMedia(card);
+  }
 }
 
 function showMedia(card) {
