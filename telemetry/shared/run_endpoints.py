@@ -48,7 +48,7 @@ def read(log_dir: Path) -> dict | None:
         return None
     try:
         body = json.loads(files.read_small(path, MAX_BYTES) or "null")
-    except ValueError:
+    except (ValueError, RecursionError):   # 4 kB of "[" is nested past json's recursion limit
         return None
     if not isinstance(body, dict):
         return None
