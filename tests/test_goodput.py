@@ -9,6 +9,7 @@ trainer checks the launches, the work redone and the hang."""
 from __future__ import annotations
 
 import json
+import re
 import os
 import subprocess
 import sys
@@ -1257,3 +1258,193 @@ def test_per_rank_ledgers_the_daemon_kept_are_read_back_with_what_they_could_not
     os.mkfifo(tmp_path / RANKS_FILE)
     fifo = with_ranks_file(led, tmp_path)
     assert "ranks" not in fifo and RANKS_FILE in fifo["ranks_file_problem"], fifo
+
+
+def _hang_and_resume_with_client_time() -> tuple[list[dict], int]:
+    """The hang, kill and resume above, each step's record with the client's cumulative time in
+    its calls; and the index of rank 1's kill's first record (launch 1 is over, not yet seen so)."""
+    recs = [_hello(T0 + 1, 0, T0), _hello(T0 + 1, 1, T0)]
+    t = T0 + 5
+    for step in range(1, 9):
+        recs.append(_step(t, step, 1.0, **{"telemetry/client_s": 0.01 * step}))
+        if step == 4:
+            t += 0.5
+            recs.append(_event(t, "checkpoint_saved", 0, step=4, duration_s=0.5))
+        t += 1.0
+    last = t - 1.0
+    recs.append(_event(last + 20.0, "diagnosis/hang", 0, stalled_s=20.0))
+    killed_at = len(recs)
+    killed = last + 24.0
+    recs.append(_bye(killed + 0.3, 0))
+    recs.append(_event(killed + 3.0, "diagnosis/rank_exited", 1, exit_code=-9, gone_for_s=3.0))
+    restarted = killed + 5.0
+    recs += [_hello(restarted + 2, 0, restarted), _hello(restarted + 2, 1, restarted)]
+    recs.append(_event(restarted + 3, "checkpoint_restored", 0, step=4, duration_s=1.0))
+    t = restarted + 4.0
+    for step in range(5, 11):
+        recs.append(_step(t, step, 1.0, **{"telemetry/client_s": 0.01 * (step - 4)}))
+        if step == 8:
+            t += 0.5
+            recs.append(_event(t, "checkpoint_saved", 0, step=8, duration_s=0.5))
+        t += 1.0
+    recs += [_event(t, "train_end", 0, step=10), _bye(t + 0.1, 0), _bye(t + 0.1, 1)]
+    return recs, killed_at
+
+
+def _settled_run(recs: list[dict]):
+    """Each record fed to a live goodput stage: the daemon record's goodput values after each
+    (its gauges and its counters), then the drain's (the stage closed)."""
+    from telemetry.daemon.goodput_stage import GoodputStage, daemon_values
+
+    stage = GoodputStage()
+    seen = []
+    for rec in recs:
+        stage.ledger.feed(rec)
+        seen.append({**daemon_values(stage.result()), **stage.settled_values()})
+    stage.close()
+    seen.append({**daemon_values(stage.result()), **stage.settled_values()})
+    return stage, seen
+
+
+def test_the_settled_ledger_never_goes_down_and_ends_as_the_ledger():
+    """The counters (goodput/settled/*) never decrease though the ledger's live figures do (a
+    live launch's hang or unexplained shrink when the next step comes, its steps after its last
+    save become work redone); at the drain they are the ledger's buckets."""
+    recs, killed_at = _hang_and_resume_with_client_time()
+    stage, seen = _settled_run(recs)
+    names = [f"goodput/settled/{k}_s" for k in BUCKETS] + ["goodput/settled/wall_s"]
+    went_down = set()
+    for before, after in zip(seen, seen[1:]):
+        for k in BUCKETS:
+            if f"goodput/{k}_s" in before and after.get(f"goodput/{k}_s", 0.0) < before[f"goodput/{k}_s"] - 1e-9:
+                went_down.add(k)
+        for name in names:
+            assert after.get(name, 0.0) >= before.get(name, 0.0), (name, before, after)
+    assert {"productive", "unexplained"} <= went_down     # as gauges they could not be summed as counters
+    led = ledger(recs)
+    _sums_to_wall(led)
+    final = seen[-1]
+    for k in BUCKETS:
+        assert final[f"goodput/settled/{k}_s"] == pytest.approx(led["buckets_s"][k], abs=1e-5), k
+    assert final["goodput/settled/wall_s"] == pytest.approx(led["wall_s"], abs=1e-5)
+    assert "settled_ahead_s" not in stage.stats()
+    # While launch 1 hung: its steps up to its save (4 of them, less their client time) settled,
+    # its steps after it (redone once the next launch restored step 4) and its hang not yet.
+    hung = seen[killed_at - 1]
+    assert hung["goodput/settled/productive_s"] == pytest.approx(4.0 - 0.04)
+    assert hung["goodput/settled/hang_s"] == 0.0 and hung["goodput/settled/redone_s"] == 0.0
+    assert hung["goodput/settled/wall_s"] == pytest.approx(4.0 + 4.0 + 0.5)     # start-up, 4 steps, the save
+    assert hung["goodput/productive_s"] == pytest.approx(8.0 - 0.08)            # the gauge: all 8 steps
+    # The client time in the steps redone is theirs (in redone), not telemetry's.
+    assert led["buckets_s"]["telemetry"] == pytest.approx(0.04 + 0.06)
+    assert led["buckets_s"]["redone"] == pytest.approx(4.0)
+
+
+def test_a_launch_that_resumed_from_an_older_checkpoint_holds_the_counters_and_says_by_how_much():
+    # Launch 1 saves at steps 2 and 4 and fails; launch 2 restores step 2: steps 3 and 4, settled
+    # as productive, are redone, and launch 2 does less than that before it ends. The counter holds; the stage's stats say what it showed ahead.
+    recs = [_hello(T0 + 1, 0, T0)]
+    steps, last = _steps(T0 + 2, 1, 6)
+    recs += steps[:2] + [_event(T0 + 3.2, "checkpoint_saved", 0, step=2, duration_s=0.1)] + steps[2:4] + \
+        [_event(T0 + 5.2, "checkpoint_saved", 0, step=4, duration_s=0.1)] + steps[4:]
+    recs += [_hello(last + 5, 0, last + 4), _event(last + 6, "checkpoint_restored", 0, step=2, duration_s=0.5)]
+    more, end = _steps(last + 7, 3, 3)          # one step, and it finished
+    recs += more + [_event(end, "train_end", 0, step=3), _bye(end, 0)]
+    stage, seen = _settled_run(recs)
+    led = ledger(recs)
+    assert led["buckets_s"]["redone"] > 3.0          # steps 3..6 (less the saves' time within them)
+    final = seen[-1]
+    assert final["goodput/settled/productive_s"] > led["buckets_s"]["productive"]
+    assert stage.stats()["settled_ahead_s"] == pytest.approx(
+        final["goodput/settled/productive_s"] - led["buckets_s"]["productive"], abs=1e-3)
+    for before, after in zip(seen, seen[1:]):
+        assert all(after.get(k, 0.0) >= v for k, v in before.items() if k.startswith("goodput/settled/"))
+
+
+def test_the_settled_ledger_goes_out_as_prometheus_and_otlp_counters_in_seconds():
+    """Through the exporters themselves: Prometheus counters in seconds (_seconds_total) and
+    OTLP monotonic cumulative sums in s, never lower from one daemon record to the next, their
+    last values the ledger's buckets."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from telemetry.consumers.prometheus import Collector, LatestValues
+    from telemetry.daemon.sinks.base import Out
+    from telemetry.daemon.sinks.otlp import OtlpSink
+    from test_sinks_otlp import Receiver
+
+    recs, _ = _hang_and_resume_with_client_time()
+    _, seen = _settled_run(recs)
+    led = ledger(recs)
+    latest = LatestValues()
+    receiver = Receiver()
+    sink = OtlpSink(endpoint=receiver.url, run_name="r", export_interval_s=3600.0)
+    sink.start()
+    prom_before, otel_before = {}, {}
+    try:
+        for i, values in enumerate(seen):
+            rec = {"kind": "daemon", "t": T0 + i, "run": "r", "values": values}
+            latest.consume("daemon", rec)
+            registry = CollectorRegistry(auto_describe=False)
+            registry.register(Collector(latest))
+            text = generate_latest(registry).decode()
+            prom = {m[1]: float(m[2]) for m in re.finditer(
+                r"^telemetry_goodput_settled_(\w+)_seconds_total\{run=\"r\"\} (\S+)$", text, re.M)}
+            if "goodput/settled/productive_s" in values:
+                assert re.search(r"^# TYPE telemetry_goodput_settled_productive_seconds(_total)? counter$", text, re.M)
+            assert all(prom[k] >= v for k, v in prom_before.items()), (prom_before, prom)
+            prom_before = prom
+            sink.consume([Out("daemon", rec, b"")])
+            if i % 8 == 0 or i == len(seen) - 1:
+                n = len(receiver.requests)
+                sink._provider.force_flush()
+                got = {name.removeprefix("goodput.settled."): m for name, m in receiver.latest(n).items()
+                       if name.startswith("goodput.settled.")}
+                for m in got.values():
+                    assert m["kind"] == "sum" and m["monotonic"] and m["unit"] == "s"
+                    assert m["temporality"] == 2          # cumulative
+                otel = {k: next(iter(m["points"].values())) for k, m in got.items()}
+                assert all(otel[k] >= v for k, v in otel_before.items()), (otel_before, otel)
+                otel_before = otel
+    finally:
+        sink.close()
+        receiver.close()
+    for k in BUCKETS:
+        assert prom_before[k] == pytest.approx(led["buckets_s"][k], abs=1e-5), k
+        assert otel_before[k] == pytest.approx(led["buckets_s"][k], abs=1e-5), k
+    assert prom_before["wall"] == pytest.approx(led["wall_s"], abs=1e-5)
+
+
+def test_a_real_daemons_records_carry_the_settled_counters_and_its_last_is_the_ledger(make_daemon, tmp_path):
+    """A real daemon and client: steps, a save, more steps, a pause, the end. In the daemon's own
+    records on file, goodput/settled/* never go down, and the drain's last record has the ledger
+    of the same file, bucket by bucket."""
+    import time
+
+    from telemetry import TelemetryClient
+
+    d = make_daemon(world_size=1, log_dir=tmp_path / "telemetry", config={"daemon_record_interval_s": 0.1})
+    tm = TelemetryClient(d.ingest, rank=0)
+    for s in range(1, 13):
+        tm.log(s, {"perf/step_time": 0.05, "train/loss": 1.0})
+        time.sleep(0.05)
+        if s == 6:
+            time.sleep(0.1)
+            tm.event("checkpoint_saved", {"step": 6, "duration_s": 0.1})
+        if s == 9:
+            time.sleep(0.5)         # daemon records while the launch is silent
+    tm.event("train_end", {"step": 12})
+    tm.close()
+    d.wait_for(lambda rs: sum(r["kind"] == "metrics" for r in rs) >= 12)
+    d.drain()
+    recs = d.read_jsonl()
+    daemon = [r["values"] for r in recs if r["kind"] == "daemon" and "goodput/settled/wall_s" in r["values"]]
+    assert len(daemon) >= 2
+    for before, after in zip(daemon, daemon[1:]):
+        for k, v in before.items():
+            if k.startswith("goodput/settled/"):
+                assert after[k] >= v, (k, before, after)
+    led = ledger(recs)
+    assert led["steps"] == 12
+    for k in BUCKETS:
+        assert daemon[-1][f"goodput/settled/{k}_s"] == pytest.approx(led["buckets_s"][k], abs=1e-5), k
+    assert daemon[-1]["goodput/settled/wall_s"] == pytest.approx(led["wall_s"], abs=1e-5)

@@ -4,7 +4,10 @@ Every output record goes by it on its own thread and bounded queue (never the in
 time; what a burst leaves it no room for is dropped and counted in its runner's stats, and those
 steps are then `unexplained` in the ledger). The daemon puts the running totals in its own
 records (goodput/* values: every daemon_record_interval_s and a last one at the drain, so the
-JSONL file, W&B's summary, Prometheus and `telemetry tail` have them) and in `telemetry status`.
+JSONL file, W&B's summary, Prometheus and `telemetry tail` have them) and in `telemetry status`:
+the ledger so far as gauges (goodput/<bucket>_s: a live launch's hang and unexplained rise, then
+shrink when its next step comes), and its settled part as cumulative counters that never go down
+(goodput/settled/<bucket>_s: settled_values), the whole ledger in the drain's last record.
 
 A daemon restarted on a log directory continues the run's ledger: the stage first reads what
 the files held when the daemon started (every rotated piece, then metrics.jsonl up to its size
@@ -48,6 +51,9 @@ LOCK_RECORDS = 256            # records fed per hold of the lock (~1 ms)
 RANKS_WRITE_S = 5.0           # goodput_ranks.json at most this often (what a SIGKILL loses of them)
 
 
+SETTLED = "goodput/settled/"    # the cumulative counters' names: goodput/settled/<bucket>_s, .../wall_s
+
+
 def daemon_values(led: dict[str, Any]) -> dict[str, float]:
     """The ledger as the daemon record's goodput/* values (the catalogue names them)."""
     if not led.get("wall_s"):
@@ -82,6 +88,11 @@ class GoodputStage(Sink):
         self._ranks_fed = -1           # records the ledger had been fed at the last write
         self.num_rank_fed = 0          # per-rank records handed to it and fed
         self._ranks_warned = False
+        # The counters' values so far (settled_values: never lower than they were), whether the
+        # ledger is final (the stage closed), and what the counters showed that it re-booked since.
+        self._settled: dict[str, float] = {}
+        self._final = False
+        self.settled_ahead_s = 0.0
         if log_dir is not None:
             self._open_seed(Path(log_dir), file_name)
 
@@ -197,8 +208,36 @@ class GoodputStage(Sink):
     def close(self) -> None:
         if self._ranks_in:
             self._take_ranks(math.inf)     # steps that never closed: counted unmatched
+        with self._lock:
+            self._final = True             # nothing more comes: the counters take the whole ledger
         if self._ranks_path is not None and self.num_rank_fed and self.ledger.num_records != self._ranks_fed:
             self._write_ranks()
+
+    def settled_values(self) -> dict[str, float]:
+        """The settled ledger as cumulative counters (goodput/settled/<bucket>_s, .../wall_s:
+        Prometheus and OTLP counters in seconds, so a cluster sums them across jobs): the time no
+        later record can re-book (Ledger.settled), all of the ledger once the stage closed (the
+        drain: nothing more comes). Never lower than a value given before: a bucket the ledger
+        re-booked after it was settled (a launch that resumed from a checkpoint older than its
+        predecessor's last save) holds, and settled_ahead_s in the stage's stats says by how much.
+        Thread-safe."""
+        with self._lock:
+            if self._final:
+                led = self.ledger.result()
+                cur = {**led["buckets_s"], "wall": led["wall_s"]} if led.get("wall_s") else {}
+            else:
+                cur = self.ledger.settled()
+            out = {}
+            for k, v in cur.items():
+                name = f"{SETTLED}{k}_s"
+                v = round(max(0.0, v), 6)
+                was = self._settled.get(name, 0.0)
+                if v < was:
+                    if self._final:
+                        self.settled_ahead_s += was - v
+                    v = was
+                out[name] = self._settled[name] = v
+            return out
 
     def _write_ranks(self) -> None:
         """goodput_ranks.json, replaced atomically (module docstring)."""
@@ -240,6 +279,8 @@ class GoodputStage(Sink):
                             for r, rl in led["ranks"].items()}
         out.update(rank_counters(led))   # per-rank records the per-rank ledgers could not take, counted
         out["records_seeded"] = self.num_seeded
+        if self.settled_ahead_s:
+            out["settled_ahead_s"] = round(self.settled_ahead_s, 3)
         if self.num_bad:
             out["seed_lines_bad"] = self.num_bad
         return out

@@ -153,6 +153,7 @@ def daemon_record(d) -> dict:
     values.update(d.security.counters())
     try:
         values.update(goodput_values(d.goodput.result()))
+        values.update(d.goodput.settled_values())
     except Exception:    # the daemon's own record must go out whatever the ledger does
         log.exception("goodput: the ledger failed")
     for r in runners:

@@ -281,6 +281,12 @@ CATALOGUE: tuple[Metric, ...] = (
            "telemetry/sink/<sink>/queued: a sink's queue now; telemetry/sink/<sink>/dropped: what it dropped"),
           # The goodput ledger so far (telemetry/shared/goodput.py), in the daemon records too.
           ("goodput/fraction", "", "", "gauge", "productive time / wall time so far (the goodput ledger)"),
+          # Before goodput/*: the first prefix pattern that matches is the entry.
+          ("goodput/settled/*", "", "s", "counter",
+           "goodput/settled/<bucket>_s: the run's time in that bucket that no later record can re-book "
+           "(cumulative, never lower: a live launch's steps to its last checkpoint save; all of it at "
+           "the drain); goodput/settled/wall_s: the wall time settled. Summed across jobs, "
+           "productive / wall is the cluster's goodput"),
           ("goodput/*", "", "s", "gauge",
            "goodput/<bucket>_s: the run's wall time so far in that bucket (productive, startup, "
            "data_loading, eval, checkpoint_save, checkpoint_restore, straggler, hang, redone, recovery, "

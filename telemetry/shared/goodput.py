@@ -82,6 +82,15 @@ daemon's own records (node_daemon, node_gpu, node_system events) do not keep a l
 do a group head's (group_daemon, ..., and node_bye, a node's forwarder ending) where the job's
 head is fed by group heads, nor the bye that ends a forwarder's link (its stats say forwarded_by).
 
+The settled ledger (`Ledger.settled`, what the daemon exports as cumulative counters) is the
+part of the buckets no later record can re-book, so that none of it ever goes down: every launch
+before the last one with steps; of that one, its start-up (or recovery) and restore, and its steps
+and saves up to its last checkpoint save, its wall ending when that save did (were the launch to
+fail, the steps after its last save would be work redone and its time since its last step hang;
+a launch that starts from scratch redoes them all); all of it once a train_end said it finished.
+A launch after it that has no step yet is not settled: its recovery ends at its first step. The
+client time in steps redone is in `redone`, not `telemetry` (it was part of their step time).
+
 Work redone needs the steps after the checkpoint the next launch resumed from: the ledger keeps
 the running sums at each checkpoint save and the last RECENT steps; a launch that resumed from
 a checkpoint older than both (not one this ledger saw saved, and more than RECENT log steps
@@ -91,7 +100,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Iterable
 
 from protocol.output import OutputRecord
@@ -185,7 +194,8 @@ class _Launch:
     order: deque = field(default_factory=deque)     # their steps, oldest first
     snaps: dict = field(default_factory=dict)       # save step -> Σ parts over steps <= it
     pending: set = field(default_factory=set)       # save steps whose sums await a later step
-    saves: dict = field(default_factory=dict)       # step -> [slowest rank's duration, latest t, edge before]
+    # step -> [slowest rank's duration, latest t, edge before, its client time then (client_s)]
+    saves: dict = field(default_factory=dict)
     restore_s: float = 0.0
     restored_step: int | None = None
     client_s: float = 0.0        # telemetry/client_s: the largest seen
@@ -224,7 +234,7 @@ class _Launch:
         """(duration, end) of each save as booked on the timeline: the slowest rank's duration,
         from no earlier than the edge before it (the step it followed, as the last rank ended
         it: the slowest rank's save began while another still did that step or its eval)."""
-        return [(min(d, max(0.0, t - e)) if e else d, t) for d, t, e in self.saves.values()]
+        return [(min(d, max(0.0, t - e)) if e else d, t) for d, t, e, _ in self.saves.values()]
 
     def saves_within(self, a: float, b: float) -> float:
         """The part of its saves (each [its end - its duration, its end]) within [a, b]."""
@@ -260,7 +270,7 @@ class _Launch:
         self.edge = max(self.edge, t)
 
     def add_save(self, step: int, t: float, dur: float) -> None:
-        cur = self.saves.setdefault(step, [0.0, 0.0, self.edge])
+        cur = self.saves.setdefault(step, [0.0, 0.0, self.edge, self.client_s])
         cur[0], cur[1] = max(cur[0], dur), max(cur[1], t)
         self.edge = max(self.edge, t)
         if step in self.snaps or step in self.pending:
@@ -277,6 +287,37 @@ class _Launch:
             if s > step:
                 out = _add(out, self.recent[s])
         return out
+
+    def client_kept(self, resumed: int | None) -> float:
+        """Its client time (telemetry/client_s) in the steps it kept: up to the save the next
+        launch resumed from (what it had sent by then), the steps after being redone, log calls
+        and all; all of it where it had no such save."""
+        at = self.saves.get(resumed) if resumed is not None and self.hi is not None and resumed < self.hi else None
+        return min(self.client_s, at[3]) if at is not None else self.client_s
+
+    def settled_part(self) -> "_Launch":
+        """Itself as far as a later record can no longer re-book it (Ledger.settled): to its last
+        checkpoint save (its steps up to it, its start-up, restore and saves then; a failure
+        would redo the steps after it), ending when that save did, as a launch that finished.
+        Without a save, to its first step's start."""
+        usable = [s for s in self.saves if (s in self.snaps or s in self.pending) and self.lo is not None
+                  and s >= self.lo]
+        part = replace(self, ended=True, fail_t=None, first_bye_t=None, first_gone_t=None, recent={},
+                       order=deque(), snaps={}, pending=set())
+        if not usable:
+            part.total, part.client_s, part.saves = _ZERO, 0.0, {}
+            part.hi, part.num_steps = self.lo, 1
+            part.hi_t = part.max_step_t = part.last_t = part.edge = self.first_began
+            return part
+        s = max(usable)
+        dur, t, edge, client = self.saves[s]
+        part.total = self.snaps[s] if s in self.snaps else self.total
+        part.hi = min(s, self.hi)
+        part.num_steps = min(self.num_steps, part.hi - self.lo + 1)
+        part.saves = {k: v for k, v in self.saves.items() if k <= s}
+        part.client_s = min(self.client_s, client)
+        part.hi_t = part.max_step_t = part.last_t = part.edge = t
+        return part
 
     def redone(self, resumed: int) -> tuple[tuple, bool]:
         """Σ parts over the steps after `resumed` (the checkpoint the next launch restored),
@@ -445,6 +486,20 @@ class Ledger:
         elif kind == "bye":
             self._bye(cur, rec.get("rank"), t)
 
+    def settled(self) -> dict[str, float]:
+        """The settled ledger: the part of result()'s buckets no later record can re-book,
+        `bucket -> seconds` and wall_s (what the daemon exports as cumulative counters, which
+        never go down; module docstring, `settled`). {} before the first step."""
+        launches = self.launches
+        last = next((i for i in range(len(launches) - 1, -1, -1) if launches[i].num_steps), None)
+        if last is None:
+            return {}
+        la = launches[last]
+        view = Ledger(per_rank=False)
+        view.launches = launches[:last] + [la if la.ended else la.settled_part()]
+        led = view.result()
+        return {**led["buckets_s"], "wall": led["wall_s"]}
+
     @staticmethod
     def _bye(cur: _Launch, rank: Any, t: float) -> None:
         """A rank closed its client: it left, it was not killed mid-step; after the launch's last
@@ -468,7 +523,7 @@ class Ledger:
         prev, prev_end = None, 0.0          # the last launch with steps before this one, and its end
         for i, la in enumerate(launches):
             nxt = launches[i + 1] if i + 1 < len(launches) else None
-            redone = _ZERO
+            redone, resumed = _ZERO, None
             if nxt is not None and la.num_steps:
                 # Resumed from the checkpoint it restored; without a restore event, from just
                 # before its first step (0 when it started over, the step before when it went on).
@@ -478,7 +533,7 @@ class Ledger:
                 estimated |= est
             kept = _add(la.total, redone, -1.0)
             buckets["redone"] += redone[_ST]
-            own = min(la.client_s, max(0.0, kept[_PROD]))
+            own = min(la.client_kept(resumed) if redone != _ZERO else la.client_s, max(0.0, kept[_PROD]))
             buckets["telemetry"] += own
             buckets["productive"] += kept[_PROD] - own
             buckets["data_loading"] += kept[_DATA]
