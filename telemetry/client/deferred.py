@@ -269,8 +269,8 @@ class DeferredSender:
     def submit(self, job: "Job | Later | bytes") -> bool:
         """Hand a job over (a Job, or a ready frame that must wait its turn behind the jobs before
         it); False (caller counts a drop) when the backlog is full."""
-        if self._num_submitted - self._num_done >= self._max_pending:
-            return False
+        if self._num_submitted - self._num_done >= self._max_pending or self._closing:
+            return False        # (after close(): a thread stuck on a device may never send it)
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="telemetry-sender", daemon=True)
             self._thread.start()
