@@ -15,8 +15,9 @@ default, see the daemon's reductions) and its W&B sink opens the one real run wi
 name, config, group and tags given to `init`. The run ends with the script's exit code. wandb itself is never
 imported in the training process. Step and commit rules, nested keys, what is refused and why:
 telemetry/integrations/wandb_run.py; `Image`, `Histogram` and `Table`, passed through to the
-daemon's run: telemetry/integrations/wandb_media.py. What W&B offers beyond this subset raises an
-error naming it.
+daemon's run: telemetry/integrations/wandb_media.py; artifacts, models, `save`, `log_code`,
+`alert`, `mark_preempting`, made by the daemon's run: telemetry/integrations/wandb_calls.py. What
+W&B offers beyond this subset raises an error naming it.
 
 `run`, `config` and `summary` are looked up at each access (a module `__getattr__`), so
 `wandb.run` read after `init` is the new run, as in W&B. Importing this module costs what
@@ -29,11 +30,14 @@ import sys
 from typing import Any
 
 from telemetry.integrations._client import process_rank
+from telemetry.integrations.wandb_calls import AlertLevel, Artifact, plot
 from telemetry.integrations.wandb_media import Histogram, Image, Media, Table
 from telemetry.integrations.wandb_objects import Error, PreInit, Unsupported, config_dict
 from telemetry.integrations.wandb_run import ENV_RUN_ID, Run, new_run_id
 
 __all__ = ["init", "log", "finish", "define_metric", "watch", "unwatch", "login", "Settings", "Error",
+           "Artifact", "AlertLevel", "plot", "save", "log_artifact", "use_artifact", "log_model", "alert",
+           "mark_preempting",
            "termlog", "termwarn", "termerror", "require",
            "Run", "Image", "Table", "Histogram", "Audio", "Video", "Html", "Object3D", "Molecule",
            "Plotly", "Graph"]
@@ -44,8 +48,8 @@ _UNSUPPORTED_INIT_ARGS = ("sync_tensorboard", "monitor_gym", "resume_from", "for
 # Module attributes of W&B that this module does not offer: using one raises, naming it (see
 # Unsupported: a stand-in, so that hasattr() on them stays harmless).
 _UNSUPPORTED = frozenset({
-    "Artifact", "save", "restore", "log_artifact", "use_artifact", "log_model", "use_model", "link_model",
-    "alert", "sweep", "agent", "controller", "plot", "plot_table", "Api", "apis", "tensorboard",
+    "restore", "use_model", "link_model",
+    "sweep", "agent", "controller", "plot_table", "Api", "apis", "tensorboard",
     "setup", "teardown", "attach", "mark_preempting",
     "Classes", "ImageMask", "BoundingBoxes2D"})
 
@@ -112,8 +116,23 @@ def require(*args: Any, **kwargs: Any) -> None:
 
 
 def login(*args: Any, **kwargs: Any) -> bool:
-    """A no-op: the daemon holds the W&B credentials, the training processes need none."""
-    return True
+    """Nothing to log in to here (the daemon holds the W&B credentials); answers as W&B does:
+    False offline ($WANDB_MODE or mode="offline"), else whether an API key is configured."""
+    mode = kwargs.get("mode") or os.environ.get("WANDB_MODE")
+    if mode in ("offline", "dryrun", "disabled"):
+        termwarn("Unable to verify login in offline mode.")
+        return False
+    return bool(kwargs.get("key") or os.environ.get("WANDB_API_KEY") or _netrc_has_key())
+
+
+def _netrc_has_key() -> bool:
+    import netrc
+
+    try:
+        path = os.environ.get("NETRC") or os.path.expanduser("~/.netrc")
+        return netrc.netrc(path).authenticators("api.wandb.ai") is not None
+    except (OSError, netrc.NetrcParseError):
+        return False
 
 
 def init(project: str | None = None, name: str | None = None, config: Any = None, entity: str | None = None,
@@ -259,6 +278,32 @@ def watch(*args: Any, **kwargs: Any) -> None:
 
 def unwatch(*args: Any, **kwargs: Any) -> None:
     pass
+
+
+def save(glob_str: Any = None, base_path: Any = None, policy: str = "live", glob: bool = True) -> Any:
+    """wandb.save on the current run (telemetry/integrations/wandb_calls.py)."""
+    return _active("save()").save(glob_str, base_path, policy, glob)
+
+
+def log_artifact(artifact_or_path: Any, name: str | None = None, type: str | None = None,
+                 aliases: Any = None, tags: Any = None) -> Artifact:
+    return _active("log_artifact()").log_artifact(artifact_or_path, name=name, type=type, aliases=aliases, tags=tags)
+
+
+def use_artifact(artifact_or_name: Any, type: str | None = None, aliases: Any = None, use_as: str | None = None) -> Any:
+    return _active("use_artifact()").use_artifact(artifact_or_name, type=type, aliases=aliases, use_as=use_as)
+
+
+def log_model(path: Any, name: str | None = None, aliases: Any = None) -> None:
+    return _active("log_model()").log_model(path, name=name, aliases=aliases)
+
+
+def alert(title: str, text: str, level: Any = None, wait_duration: Any = None) -> None:
+    return _active("alert()").alert(title, text, level=level, wait_duration=wait_duration)
+
+
+def mark_preempting() -> None:
+    return _active("mark_preempting()").mark_preempting()
 
 
 def finish(exit_code: int | None = None, quiet: bool | None = None) -> None:

@@ -204,11 +204,11 @@ def test_media_refused_by_name_once_counted_and_reported(daemon, monkeypatch):
 
 def test_unsupported_api_raises_naming_it(tmp_path, monkeypatch):
     monkeypatch.setenv("TELEMETRY_MEDIA_DIR", str(tmp_path / "media"))
-    with pytest.raises(NotImplementedError, match="wandb.Artifact"):
-        tw.Artifact("x", "dataset")
+    with pytest.raises(NotImplementedError, match="wandb.restore"):
+        tw.restore("model.h5")
     with pytest.raises(NotImplementedError, match=r"wandb.plot.line"):
         tw.plot.line(None, "x", "y")
-    assert hasattr(tw, "Artifact") and hasattr(tw, "config")     # harmless to probe, as with wandb
+    assert hasattr(tw, "Api") and hasattr(tw, "config")     # harmless to probe, as with wandb
     with pytest.raises(AttributeError, match="no attribute 'nonsense'"):
         tw.nonsense
     with pytest.raises(NotImplementedError, match=r"sync_tensorboard"):
@@ -216,8 +216,8 @@ def test_unsupported_api_raises_naming_it(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="mode"):
         tw.init(mode="sometimes")
     run = tw.init(mode="disabled")
-    with pytest.raises(NotImplementedError, match="run.log_artifact"):
-        run.log_artifact("x")
+    with pytest.raises(NotImplementedError, match="run.use_model"):
+        run.use_model("x")
     with pytest.warns(RuntimeWarning, match="watch"):
         tw.watch(object())
     run.log({"a": 1, "img": tw.Image(tmp_path)})   # disabled: accepted, sent nowhere, no file left

@@ -132,7 +132,25 @@ class Config(_Items):
 
 class Summary(_Items):
     """`run.summary`: values set here go to the W&B run's summary (W&B also keeps the last
-    logged value of each key there by itself; the daemon's run does the same)."""
+    logged value of each key there by itself; the daemon's run does the same). Read here, it is
+    what W&B's would be: each key's last logged or set value, whichever came later (the run
+    updates `_items` with each committed row: a dict update, no value read then); a one-element
+    tensor is read (`.item()`) when its key is read, as W&B reads it at log."""
+
+    def __getitem__(self, key: str) -> Any:
+        return _scalar(self._items[key])
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return _scalar(self._items[key]) if key in self._items else default
+
+    def items(self):
+        return [(k, _scalar(v)) for k, v in self._items.items()]
+
+    def values(self):
+        return [_scalar(v) for v in self._items.values()]
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.items())
 
     def __init__(self, on_set: Callable[[dict[str, Any]], None],
                  flatten_with_paths: Callable[[Mapping[str, Any]], dict[str, Any]]) -> None:
@@ -150,6 +168,21 @@ class Summary(_Items):
 
     def __repr__(self) -> str:
         return f"Summary({self._items!r})"
+
+
+def _scalar(v: Any) -> Any:
+    """A one-element tensor or a numpy scalar as the Python number W&B keeps; others as they are."""
+    c = v.__class__
+    if c is float or c is int or c is str or c is bool:
+        return v
+    try:
+        if hasattr(v, "detach") and v.numel() == 1:
+            return v.item()
+        if hasattr(v, "dtype") and getattr(v, "shape", None) == ():
+            return v.item()
+    except Exception:
+        pass
+    return v
 
 
 def config_dict(d: Any) -> dict[str, Any]:

@@ -53,6 +53,7 @@ from typing import Any, Mapping
 
 from protocol.constants import MAX_NAME_CHARS, MAX_VALUES
 from telemetry.integrations._client import LazyClient, process_rank
+from telemetry.integrations.wandb_calls import CALL_EVENT, RunCalls
 from telemetry.integrations.wandb_objects import Config, Error, Summary, Unsupported
 from telemetry.integrations.wandb_media import Media, MediaWriter
 from telemetry.shared.media import EVENT as MEDIA_EVENT
@@ -71,9 +72,9 @@ WIDE_ROW_KEYS = MAX_VALUES
 RUN_INFO_WAIT_S = 15.0
 
 # Run methods of W&B that this run does not offer: calling one raises, naming it.
+# (alert, save, log_artifact, log_model, log_code, use_artifact, mark_preempting: wandb_calls.py)
 UNSUPPORTED_RUN_METHODS = frozenset({
-    "alert", "save", "restore", "log_artifact", "use_artifact", "link_artifact", "log_model",
-    "use_model", "link_model", "log_code", "upsert_artifact", "mark_preempting", "status",
+    "restore", "link_artifact", "use_model", "link_model", "status",
     "to_html", "display", "unwatch", "project_name", "get_url", "get_project_url", "get_sweep_url",
     "sweep_id", "log_dir", "files_dir", "plot_table", "finish_artifact"})
 
@@ -126,7 +127,7 @@ def refusal(value: Any) -> str | None:
     return c.__name__
 
 
-class Run:
+class Run(RunCalls):
     """A W&B-like run whose rows go to the telemetry daemon (see the module docstring).
 
     Args:
@@ -157,8 +158,9 @@ class Run:
         self._name = name or None
         self._entity = entity
         self.group = group
-        self.tags = tuple(tags or ())
-        self.notes = notes
+        self._tags = tuple(tags or ())
+        self._notes = notes
+        self.start_time = time.time()       # W&B's: when init was called
         self.job_type = job_type
         self.id = id or os.environ.get(ENV_RUN_ID) or new_run_id()
         self._dir = dir
@@ -180,7 +182,9 @@ class Run:
         self._client = LazyClient(client, endpoint, rank=self.rank, send_hello=False)
         self.config = Config(self._send_hello)
         self.summary = Summary(self._send_summary, self._flatten)
+        self._logged = self.summary._items
         self._texts: dict[str, str] = {}
+        self._saved_late: list = []        # save()s with policy "live"/"end": staged again at finish
         # The first hello, with the starting config: the daemon's W&B sink opens the run with it.
         self.config.update(config)
         self._console = None
@@ -199,6 +203,35 @@ class Run:
     def name(self, value: str | None) -> None:
         self._name = value or None
         self._send_hello()
+
+    @property
+    def tags(self) -> tuple:
+        return self._tags
+
+    @tags.setter
+    def tags(self, value: Any) -> None:
+        """Set after init, as W&B: the daemon's run takes them (a new hello)."""
+        self._tags = tuple(value or ())
+        self._send_hello()
+
+    @property
+    def notes(self) -> str | None:
+        return self._notes
+
+    @notes.setter
+    def notes(self, value: str | None) -> None:
+        self._notes = value
+        self._send_hello()
+
+    @property
+    def resumed(self) -> bool:
+        """Whether the daemon's W&B run resumed an earlier one (W&B's run.resumed)."""
+        return bool(self._w_b("resumed"))
+
+    @property
+    def project_url(self) -> str | None:
+        """The project's page (online only: offline, W&B has none)."""
+        return self._w_b("project_url")
 
     @property
     def entity(self) -> str:
@@ -293,9 +326,11 @@ class Run:
             self._console.flush_due()
         if self._texts:          # first: the daemon's W&B sink logs them into the row before its numbers
             self._client.get().event(VALUES_EVENT, {"step": self._step, "values": self._texts})
+            self._logged.update(self._texts)
             self._texts = {}
         if self._pending:
             self._client.get().log(self._step, self._pending)
+            self._logged.update(self._pending)       # run.summary's last values (wandb_objects.Summary)
             self._pending = {}
 
     def _flatten(self, data: Mapping[str, Any]) -> dict[str, Any]:
@@ -362,6 +397,7 @@ class Run:
         complete when finish returns, as W&B's. Safe twice."""
         if self._finished:
             return
+        self._save_late()
         self._commit()
         if self._console is not None:
             self._console.stop()
@@ -420,6 +456,11 @@ class Run:
             data[k] = v
         if data and not self._finished:
             self._client.get().event(SUMMARY_EVENT, data)
+
+    def _send_call(self, data: dict) -> None:
+        """A W&B call for the daemon's run to make (wandb_calls.py): after this step's values."""
+        if not self._finished:
+            self._client.get().event(CALL_EVENT, data)
 
     def _send_console(self, stream: str, text: str) -> None:
         if not self._finished:

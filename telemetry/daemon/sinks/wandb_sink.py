@@ -34,7 +34,11 @@ event naming a file in the media directory (telemetry/shared/media.py): the sink
 file (up to media_keeper.MEDIA_WAIT_S), logs the W&B object built from it at the event's step as
 a row of its own, and releases the file (the last of its readers, this sink and the daemon's
 media keeper, deletes it: telemetry/daemon/media_keeper.py); a file that never came or cannot be
-read is counted (`media_failed`) and named once in the daemon's log.
+read is counted (`media_failed`) and named once in the daemon's log. A "wandb/call" event is a
+W&B call the script made that the daemon's run makes for it (`log_artifact`, `log_model`, `save`,
+`log_code`, `alert`, `mark_preempting`: telemetry/integrations/wandb_calls.py), from the files
+staged in the media directory's `staged` folder; one that fails is counted (`calls_failed`) and
+named once in the daemon's log.
 """
 from __future__ import annotations
 
@@ -66,6 +70,9 @@ INIT_KEYS = ("project", "name", "entity", "group", "notes", "job_type", "id")
 SUMMARY_EVENT = "wandb/summary"
 NESTED_EVENT = "wandb/nested"
 VALUES_EVENT = "wandb/values"        # {"step": s, "values": {key: text}}: values W&B keeps that are not numbers
+CALL_EVENT = "wandb/call"            # {"call": ..., "args": {...}, "dir": staged name}: wandb_calls.py
+# How long a call waits for the directory of files it names (staged by a rank, renamed when whole).
+STAGED_WAIT_S = 60.0
 CONSOLE_EVENT = "wandb/console"      # {"stream": "stdout"|"stderr", "text": ...}: the script's console output
 FINISH_EVENT = "train_end"           # {"exit_code": N, ...}: a rank finished its run (telemetry.wandb's finish)
 SCRIPT_EXIT_EVENT = "script_exit"    # {"exit_code": N}: the script's, from a drain request (daemon/shutdown.py)
@@ -130,6 +137,9 @@ class WandbSink(Sink):
         self._nested: dict[str, list[str]] = {}   # flat key -> its path, from wandb/nested events
         self.num_media_logged = 0
         self.num_media_failed = 0
+        self.num_calls = 0
+        self._run_attrs: dict = {}           # name, notes, tags the W&B run has (see _update_run_attrs)
+        self.num_calls_failed = 0
         self.media_files = media_files if media_files is not None else MediaFiles((MEDIA_READER,))
         self._wandb = None
         self._stats = None                    # W&B's system-metrics writer of the open run (the user's run)
@@ -188,6 +198,7 @@ class WandbSink(Sink):
                 except Exception as exc:
                     self._drop("define_metric", "define_metric(%r, summary=%r) refused by W&B: %s" % (name, summary, exc))
             self.run.define_metric("*", step_metric="train/step")
+        self._run_attrs = {k: init[k] for k in ("name", "notes", "tags") if k in init and user}
         self._update_config()
         waiting, self._waiting = self._waiting, []
         self._consume(waiting)
@@ -239,6 +250,7 @@ class WandbSink(Sink):
         elif kind == "hello":
             self._note_hello(rec.get("rank", 0), rec.get("info") or {})
             self._update_config()
+            self._update_run_attrs()
         elif kind == "event" and isinstance(rec.get("data"), dict):
             name = rec.get("name")
             if name == SUMMARY_EVENT:
@@ -249,6 +261,8 @@ class WandbSink(Sink):
                 self._at_its_step(self._log_media, rec["data"])
             elif name == VALUES_EVENT and self._from_init_rank(rec):
                 self._at_its_step(self._log_values, rec["data"])
+            elif name == CALL_EVENT and self._init is not None:
+                self._call(rec["data"])
             elif name == CONSOLE_EVENT and self._from_init_rank(rec):
                 self._log_console(rec["data"])
             elif name in (FINISH_EVENT, SCRIPT_EXIT_EVENT):
@@ -460,6 +474,78 @@ class WandbSink(Sink):
         finally:
             self.media_files.release(paths, MEDIA_READER)
 
+    def _call(self, data: dict) -> None:
+        """A W&B call the script made (telemetry/integrations/wandb_calls.py), made on the run."""
+        import shutil
+
+        from telemetry.integrations.wandb_calls import staged_dir
+
+        call, args = data.get("call"), data.get("args") if isinstance(data.get("args"), dict) else {}
+        stage = None
+        try:
+            if "dir" in data:
+                stage = staged_dir(data["dir"])
+                if stage is None:
+                    raise ValueError(f"a malformed call event: {data!r:.200}")
+                MediaFiles.wait(stage, STAGED_WAIT_S)
+                if stage.is_symlink() or not stage.is_dir():
+                    raise ValueError(f"{stage} is not a directory")
+            self._make_call(call, args, stage)
+            self.num_calls += 1
+        except Exception as exc:
+            self.num_calls_failed += 1
+            if self.num_calls_failed == 1:
+                log.error("wandb: the script's %s call not made (counted in calls_failed): %s", call, exc)
+        finally:
+            if stage is not None:
+                shutil.rmtree(stage, ignore_errors=True)
+
+    def _make_call(self, call: object, args: dict, stage: Path | None) -> None:
+        import shutil
+
+        wandb, run = self._wandb, self.run
+        if call == "log_artifact" and stage is not None:
+            a = args.get("artifact") or {}
+            art = wandb.Artifact(str(a["name"]), type=str(a["type"]), description=a.get("description"),
+                                 metadata=a.get("metadata") or None, incremental=bool(a.get("incremental")))
+            if any(stage.iterdir()):
+                art.add_dir(str(stage))
+            for ref in a.get("references") or []:
+                art.add_reference(ref["uri"], name=ref.get("name"), checksum=ref.get("checksum", True),
+                                  max_objects=ref.get("max_objects"))
+            run.log_artifact(art, aliases=args.get("aliases") or None, tags=args.get("tags") or None)
+        elif call == "log_model" and stage is not None:
+            run.log_model(str(stage / str(args.get("path") or "")), name=args.get("name"), aliases=args.get("aliases"))
+        elif call == "log_code" and stage is not None:
+            run.log_code(str(stage), name=args.get("name"), include_fn=lambda path, root: True)
+        elif call == "save" and stage is not None:
+            # Into the run's files directory first: W&B links what it saves, and the stage goes.
+            files_dir = Path(run.dir)
+            for rel in args.get("files") or []:
+                src = stage / rel
+                dst = files_dir / rel
+                if Path(os.path.normpath(dst)).is_relative_to(files_dir) and src.is_file():
+                    dst.parent.mkdir(parents=True, exist_ok=True)
+                    shutil.copyfile(src, dst)
+            glob_str = args.get("glob")
+            policy = args.get("policy") if args.get("policy") in ("live", "end", "now") else "now"
+            if args.get("refresh"):
+                pass       # the finish's copy of a "live"/"end" file: W&B uploads it as it is at the end
+            elif glob_str:
+                run.save(str(files_dir / glob_str), base_path=str(files_dir), policy=policy)
+            else:
+                for rel in args.get("files") or []:
+                    run.save(str(files_dir / rel), base_path=str(files_dir), policy=policy, glob=False)
+        elif call == "alert":
+            kwargs = {"level": wandb.AlertLevel(args.get("level") or "INFO")}
+            if args.get("wait_duration") is not None:
+                kwargs["wait_duration"] = args["wait_duration"]
+            run.alert(str(args.get("title")), str(args.get("text")), **kwargs)
+        elif call == "mark_preempting":
+            run.mark_preempting()
+        else:
+            raise ValueError(f"unknown call {call!r}")
+
     def _media_object(self, kind: str, path: Path, options: dict):
         """The W&B object a rank's media file stands for (telemetry/integrations/wandb_media.py)."""
         import numpy as np
@@ -517,6 +603,22 @@ class WandbSink(Sink):
             self.run.config.update(changed, allow_val_change=True)
             self._config.update(changed)
 
+    def _update_run_attrs(self) -> None:
+        """`run.name`, `run.tags`, `run.notes` set in the script after init (a new hello): set on
+        the W&B run as W&B sets them."""
+        if self._init is None or self.run is None:
+            return
+        init = init_kwargs(self._init)
+        for key in ("name", "notes", "tags"):
+            want = init.get(key)
+            if want is None or self._run_attrs.get(key, _MISSING) == want:
+                continue
+            try:
+                setattr(self.run, key, tuple(want) if key == "tags" else want)
+                self._run_attrs[key] = want
+            except Exception as exc:
+                self._drop("run_attr", "run.%s = %r refused by W&B: %s" % (key, want, exc))
+
     def _define_metrics(self, metrics: object) -> None:
         """An init's define_metric calls, as the script made them (step_metric, summary, goal,
         hidden, step_sync)."""
@@ -556,7 +658,7 @@ class WandbSink(Sink):
         if run is None:
             return {}
         out = {}
-        for k in ("id", "name", "project", "entity", "path", "url", "dir"):
+        for k in ("id", "name", "project", "entity", "path", "url", "dir", "resumed", "project_url"):
             try:
                 out[k] = getattr(run, k)
             except Exception:
@@ -567,7 +669,7 @@ class WandbSink(Sink):
         return {"mode": self.mode, "run_id": self.run_id, "run": self.run_info(), "console": self.num_console,
                 "logged": self.num_logged,
                 "dropped_before_open": self.num_dropped_waiting, "media_logged": self.num_media_logged,
-                "media_failed": self.num_media_failed, "nested_refused": self.num_nested_refused,
+                "media_failed": self.num_media_failed, "calls": self.num_calls, "calls_failed": self.num_calls_failed, "nested_refused": self.num_nested_refused,
                 "dropped_by_reason": dict(self.dropped_by_reason)}
 
 
