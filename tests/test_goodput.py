@@ -1448,3 +1448,66 @@ def test_a_real_daemons_records_carry_the_settled_counters_and_its_last_is_the_l
     for k in BUCKETS:
         assert daemon[-1][f"goodput/settled/{k}_s"] == pytest.approx(led["buckets_s"][k], abs=1e-5), k
     assert daemon[-1]["goodput/settled/wall_s"] == pytest.approx(led["wall_s"], abs=1e-5)
+
+
+def test_planned_maintenance_the_jobs_client_marks_is_excluded_from_the_gap_it_covers():
+    """Launch 1 stops cleanly for maintenance (rank 0 says goodput/exclude_begin before its last
+    save), the machine is down, launch 2 says goodput/exclude_end during its start-up: the part
+    of the window in the time between the launches is `excluded`, not recovery, and goodput is
+    productive over the wall less it."""
+    recs = [_hello(T0 + 1, 0, T0)]
+    steps, last = _steps(T0 + 5, 1, 5)
+    recs += steps + [_event(last + 0.1, "goodput/exclude_begin", 0, reason="kernel upgrade"),
+                     _event(last + 0.6, "checkpoint_saved", 0, step=5, duration_s=0.5),
+                     _event(last + 0.7, "train_end", 0, step=5), _bye(last + 1.0, 0)]
+    restarted = last + 60.0
+    recs += [_hello(restarted + 2, 0, restarted),
+             _event(restarted + 3, "checkpoint_restored", 0, step=5, duration_s=1.0),
+             _event(last + 80.0, "goodput/exclude_end", 0)]
+    more, end = _steps(restarted + 26.0, 6, 8)           # its first step began at restarted + 25
+    recs += more + [_event(end, "train_end", 0, step=8), _bye(end, 0)]
+    led = ledger(recs)
+    b = led["buckets_s"]
+    _sums_to_wall(led)
+    _no_negative(led)
+    gap = (restarted + 25.0) - (last + 1.0) - 1.0        # the first launch's end -> the first step, less the restore
+    assert b["excluded"] == pytest.approx((last + 80.0) - (last + 1.0))
+    assert b["recovery"] == pytest.approx(gap - b["excluded"])
+    assert b["productive"] == pytest.approx(8.0)
+    assert led["goodput"] == pytest.approx(8.0 / (led["wall_s"] - b["excluded"]))
+    out = text(led)
+    assert "79.0 s excluded" in out and "(planned maintenance)" in out and "biggest loss: excluded" not in out
+
+
+def test_a_window_given_whole_after_the_fact_is_taken_from_the_hang_and_the_recovery():
+    """The `goodput/exclude` event (start, end: what `telemetry goodput-exclude` has the daemon
+    write, late, with no rank): the part of the window in the hang and in the recovery is
+    excluded; it keeps no launch alive (the wall is unchanged). A window still open (a begin
+    without an end) runs to the end."""
+    recs = [_hello(T0 + 1, 0, T0), _hello(T0 + 1, 1, T0)]
+    steps, last = _steps(T0 + 5, 1, 8)
+    recs += steps[:4] + [_event(last - 4, "checkpoint_saved", 0, step=4, duration_s=0.0)] + steps[4:]
+    killed = last + 24.0
+    recs.append(_event(killed + 3.0, "diagnosis/rank_exited", 1, exit_code=-9, gone_for_s=3.0))
+    restarted = killed + 10.0
+    recs += [_hello(restarted + 2, 0, restarted), _hello(restarted + 2, 1, restarted)]
+    recs.append(_event(restarted + 3, "checkpoint_restored", 0, step=4, duration_s=1.0))
+    more, end = _steps(restarted + 4.0, 5, 10)
+    recs += more + [_event(end + 0.1, "train_end", 0, step=10), _bye(end + 0.2, 0), _bye(end + 0.2, 1)]
+    before = ledger(recs)
+    window = {"kind": "event", "t": end + 500.0, "rank": None, "name": "goodput/exclude",
+              "data": {"start": last + 20.0, "end": killed + 4.0, "reason": "planned"}}
+    led = ledger(recs + [window])
+    b, b0 = led["buckets_s"], before["buckets_s"]
+    _sums_to_wall(led)
+    _no_negative(led)
+    assert led["wall_s"] == pytest.approx(before["wall_s"])
+    assert b["excluded"] == pytest.approx((killed - (last + 20.0)) + 4.0)
+    assert b["hang"] == pytest.approx(b0["hang"] - (killed - (last + 20.0)))
+    assert b["recovery"] == pytest.approx(b0["recovery"] - 4.0)
+    assert led["goodput"] > before["goodput"]
+    # A begin never closed: to the end of the wall (here all of the recovery after it).
+    opened = _event(killed + 1.0, "goodput/exclude_begin", 0)
+    led = ledger(recs[:-9] + [opened] + recs[-9:])
+    assert led["buckets_s"]["excluded"] == pytest.approx(b0["recovery"] + 0.0)
+    assert led["buckets_s"]["recovery"] == pytest.approx(0.0)

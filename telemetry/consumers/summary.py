@@ -127,7 +127,7 @@ def _goodput(log_dir: Path) -> None:
     if not led.get("wall_s"):
         return
     b = led["buckets_s"]
-    top = max((k for k in BUCKETS if k != "productive"), key=lambda k: b[k])
+    top = max((k for k in BUCKETS if k not in ("productive", "excluded")), key=lambda k: b[k])   # excluded: planned, no loss
     print(f"  goodput            {100 * led['goodput']:.1f} % of {led['wall_s']:,.1f} s (biggest loss: {top}, "
           f"{b[top]:,.1f} s; telemetry goodput for the rest)")
     try:

@@ -45,10 +45,18 @@ start to the last record of the last launch, into buckets that sum to it:
                         training thread (telemetry/client_s: the slowest rank's, cumulative, sent
                         at most once a second), per launch its largest; taken out of productive
                         (the trainer's step time runs from one log call to the next, so it holds them)
+    excluded            planned maintenance: the part of the windows marked excluded (module
+                        constants EXCLUDE_*: the job's client's goodput/exclude_begin and
+                        goodput/exclude_end events, a window still open running to the end; or
+                        a goodput/exclude event with data start and end, unix times, which
+                        `telemetry goodput-exclude` has the daemon write) that lay in the time
+                        the job made no progress: its start-up, a failed launch's hang, a
+                        recovery, each taken out of that bucket where they overlap (steps run
+                        during a window are still booked as steps)
     unexplained         the rest: wall - all of the above (loop overhead, logging, anything the
                         trainer does not time), shown as such
 
-goodput = productive / wall. Steps are the daemon's aggregated step records (across ranks: the
+goodput = productive / (wall - excluded). Steps are the daemon's aggregated step records (across ranks: the
 step time is the slowest rank's, data loading the ranks' mean). Each step (with its eval) and
 save is booked on the job's timeline from no earlier than the end of what came before it in its
 launch (the step before's record, whose t is the last rank's, after its eval; a save's or a
@@ -107,7 +115,14 @@ from protocol.output import OutputRecord
 from telemetry.shared.numbers import is_int, is_number
 
 BUCKETS = ("productive", "startup", "data_loading", "eval", "checkpoint_save", "checkpoint_restore", "straggler",
-           "hang", "redone", "recovery", "telemetry", "unexplained")
+           "hang", "redone", "recovery", "telemetry", "excluded", "unexplained")
+# Buckets a ledger written before them lacks (goodput_ranks.json of an older daemon): 0 there.
+NEWER_BUCKETS = ("excluded",)
+# Planned maintenance (module docstring, `excluded`): a window the job's own client opens and
+# closes (EXCLUDE_BEGIN, EXCLUDE_END events) or one given whole (EXCLUDE: data start, end; what
+# `telemetry goodput-exclude` has the daemon write). At most MAX_EXCLUSIONS kept, the rest counted.
+EXCLUDE_BEGIN, EXCLUDE_END, EXCLUDE = "goodput/exclude_begin", "goodput/exclude_end", "goodput/exclude"
+MAX_EXCLUSIONS = 4096
 CLIENT_TIME_KEY = "telemetry/client_s"   # protocol.constants.CLIENT_TIME_KEY (not imported: no zmq here)
 DATA_PHASE = 0.0      # perf/straggler_phase_index of data loading (the catalogue's doc lists them)
 RECENT = 512          # steps kept one by one (for a restore from a checkpoint no save event announced)
@@ -128,6 +143,7 @@ ADVICE = {
     "redone": "work redone: checkpoint more often (each lost step is paid twice)",
     "recovery": "recovery: restart faster (a job supervisor that relaunches at once, a warm node pool)",
     "telemetry": "telemetry: its calls on the training thread; log fewer values or less often",
+    "excluded": "excluded: planned maintenance you marked; not counted against goodput",
     "unexplained": "unexplained: time outside the timed phases (logging, host syncs, the loop's own work)",
 }
 # A step's parts, in this order: step time, productive, data loading, straggler, eval.
@@ -346,6 +362,9 @@ class Ledger:
         self.num_records = 0
         self._recent = recent
         self.ranks: RankBooks | None = RankBooks() if per_rank else None
+        self.exclusions: list[list[float]] = []      # [start, end] windows (end inf while open)
+        self._excl_open: list[float] | None = None   # the window a begin opened and no end closed
+        self.num_exclusions_not_kept = 0
         self._pending = self.ranks.pending if self.ranks is not None else None   # the same dict
 
     def feed_all(self, records: Iterable[dict]) -> "Ledger":
@@ -438,6 +457,10 @@ class Ledger:
             if type(rec.get("rank")) is int:
                 cur.hello_ranks.add(rec["rank"])
             return
+        if kind == "event" and str(rec.get("name")).startswith(EXCLUDE):
+            self._exclusion(rec, t)
+            if rec.get("name") == EXCLUDE:
+                return            # the daemon's word, not a rank's: it keeps no launch alive
         if not launches:
             return
         if kind == "bye" and isinstance(rec.get("stats"), dict) and "forwarded_by" in rec["stats"]:
@@ -497,8 +520,50 @@ class Ledger:
         la = launches[last]
         view = Ledger(per_rank=False)
         view.launches = launches[:last] + [la if la.ended else la.settled_part()]
+        view.exclusions = self.exclusions
         led = view.result()
         return {**led["buckets_s"], "wall": led["wall_s"]}
+
+    def _exclusion(self, rec: dict, t: float) -> None:
+        """A planned-maintenance window's begin, end, or the whole of it (module docstring,
+        `excluded`). Ranks that each say begin and end: the first begin opens it, the first end
+        after closes it."""
+        name = rec.get("name")
+        if name == EXCLUDE_END:
+            if self._excl_open is not None:
+                self._excl_open[1] = max(t, self._excl_open[0])
+                self._excl_open = None
+            return
+        if name == EXCLUDE_BEGIN:
+            if self._excl_open is not None:
+                return
+            window = [t, float("inf")]
+        elif name == EXCLUDE:
+            data = rec.get("data") if isinstance(rec.get("data"), dict) else {}
+            a, b = _num(data.get("start")), _num(data.get("end"))
+            if a is None or b is None or not b > a:
+                return
+            window = [a, b]
+        else:
+            return
+        if len(self.exclusions) >= MAX_EXCLUSIONS:
+            self.num_exclusions_not_kept += 1
+            return
+        self.exclusions.append(window)
+        if name == EXCLUDE_BEGIN:
+            self._excl_open = window
+
+    def _excluded_within(self, a: float, b: float) -> float:
+        """How much of [a, b] the exclusion windows cover (each second once)."""
+        if b <= a or not self.exclusions:
+            return 0.0
+        out, reach = 0.0, a
+        for x, y in sorted(self.exclusions):
+            lo, hi = max(x, reach), min(y, b)
+            if hi > lo:
+                out += hi - lo
+                reach = hi
+        return out
 
     @staticmethod
     def _bye(cur: _Launch, rank: Any, t: float) -> None:
@@ -546,10 +611,14 @@ class Ledger:
                 continue
             out["steps_missing"] += (la.hi - la.lo + 1) - la.num_steps
             if prev is None:
-                buckets["startup"] += max(0.0, la.first_began - launches[0].started_at - la.restore_s)
+                gap = max(0.0, la.first_began - launches[0].started_at - la.restore_s)
+                ex = min(gap, self._excluded_within(launches[0].started_at, la.first_began))
+                buckets["startup"] += gap - ex
             else:       # the last launch with steps ended (prev_end) -> this one's first step began
-                buckets["recovery"] += max(0.0, la.first_began - prev_end - la.restore_s
-                                           - prev.saves_within(prev_end, la.first_began))
+                gap = max(0.0, la.first_began - prev_end - la.restore_s - prev.saves_within(prev_end, la.first_began))
+                ex = min(gap, self._excluded_within(prev_end, la.first_began))
+                buckets["recovery"] += gap - ex
+            buckets["excluded"] += ex
             # Where it ends: a launch after it begins, at the latest, when that one's first
             # process started; a failed one, when it failed (the time after, to the next
             # launch's first step, is recovery), the last one at its last record.
@@ -559,11 +628,17 @@ class Ledger:
             if la.failed():
                 if nxt_start is not None:
                     prev_end = la.failed_at(limit)
-                buckets["hang"] += max(0.0, prev_end - la.hi_t - la.saves_within(la.hi_t, prev_end))
+                gap = max(0.0, prev_end - la.hi_t - la.saves_within(la.hi_t, prev_end))
+                ex = min(gap, self._excluded_within(la.hi_t, prev_end))
+                buckets["hang"] += gap - ex
+                buckets["excluded"] += ex
             prev = la
         wall = launches[-1].last_t - launches[0].started_at
         buckets["unexplained"] = wall - sum(v for k, v in buckets.items() if k != "unexplained")
-        out.update(wall_s=wall, goodput=buckets["productive"] / wall if wall > 0 else None, buckets_s=buckets)
+        counted = wall - buckets["excluded"]
+        out.update(wall_s=wall, goodput=buckets["productive"] / counted if counted > 0 else None, buckets_s=buckets)
+        if self.num_exclusions_not_kept:
+            out["exclusions_not_kept"] = self.num_exclusions_not_kept
         if estimated:
             out["redone_estimated"] = True
         ranks = self.ranks
@@ -736,7 +811,8 @@ def join_rank(prior: dict, cur: dict | None, continues: bool) -> dict:
         buckets["recovery"] += gap + cur["buckets_s"].get("startup", 0.0)
         buckets["startup"] -= cur["buckets_s"].get("startup", 0.0)
     wall = prior["wall_s"] + gap + cur["wall_s"]
-    out = {"goodput": buckets["productive"] / wall if wall > 0 else None, "wall_s": wall,
+    counted = wall - buckets["excluded"]
+    out = {"goodput": buckets["productive"] / counted if counted > 0 else None, "wall_s": wall,
            "steps": prior["steps"] + cur["steps"],
            "launches": prior["launches"] + cur["launches"] - (1 if continues and prior["launches"] else 0),
            "buckets_s": buckets, "until": max(prior["until"], cur["until"])}
@@ -782,8 +858,10 @@ def _ranks_of(doc: dict, path) -> tuple[dict[int, dict] | None, str]:
         for r, v in doc["ranks"].items():
             b = v["buckets_s"]
             entry = {"wall_s": float(v["wall_s"]), "steps": int(v["steps"]), "launches": int(v["launches"]),
-                     "until": float(v["until"]), "buckets_s": {k: float(b[k]) for k in BUCKETS}}
-            entry["goodput"] = entry["buckets_s"]["productive"] / entry["wall_s"] if entry["wall_s"] > 0 else None
+                     "until": float(v["until"]),
+                     "buckets_s": {k: float(b[k] if k not in NEWER_BUCKETS else b.get(k, 0.0)) for k in BUCKETS}}
+            counted = entry["wall_s"] - entry["buckets_s"]["excluded"]
+            entry["goodput"] = entry["buckets_s"]["productive"] / counted if counted > 0 else None
             if v.get("since") is not None:
                 entry["since"] = float(v["since"])
             out[int(r)] = entry
@@ -863,11 +941,15 @@ def text(led: dict[str, Any], name: str = "") -> str:
     if not wall:
         return f"goodput{' of ' + name if name else ''}: nothing to account ({led.get('note', 'no steps')})"
     b = led["buckets_s"]
-    lines = [f"goodput{' of ' + name if name else ''}: {100 * led['goodput']:.1f} % of {wall:,.1f} s wall time "
+    excluded = b.get("excluded", 0.0)
+    of = f"{wall - excluded:,.1f} s wall time ({excluded:,.1f} s excluded)" if excluded else f"{wall:,.1f} s wall time"
+    lines = [f"goodput{' of ' + name if name else ''}: {100 * (led['goodput'] or 0.0):.1f} % of {of} "
              f"was training ({led['steps']:,} steps, {led['launches']} launch(es)"
              + (f", {led['steps_missing']:,} step(s) the daemon did not write" if led["steps_missing"] else "") + ")",
              f"  {'productive':<20} {b['productive']:>11,.2f} s  {100 * b['productive'] / wall:6.2f} %"]
-    losses = sorted((k for k in BUCKETS if k != "productive"), key=lambda k: -abs(b[k]))
+    losses = sorted((k for k in BUCKETS if k not in ("productive", "excluded")), key=lambda k: -abs(b[k]))
+    if excluded:        # planned maintenance: out of the wall time goodput counts, no loss
+        lines.append(f"  {'excluded':<20} {excluded:>11,.2f} s  {100 * excluded / wall:6.2f} %  (planned maintenance)")
     for k in losses:
         lines.append(f"  {k:<20} {b[k]:>11,.2f} s  {100 * b[k] / wall:6.2f} %")
     top = losses[0]
@@ -884,7 +966,7 @@ def text(led: dict[str, Any], name: str = "") -> str:
                          + " — per-rank records the per-rank ledgers could not count)")
         for rank, rl in shown[:8]:
             rb = rl["buckets_s"]
-            worst = max((k for k in BUCKETS if k != "productive"), key=lambda k: rb[k])
+            worst = max((k for k in BUCKETS if k not in ("productive", "excluded")), key=lambda k: rb[k])
             since = (f" (since {time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(rl['since']))} UTC: its records "
                      "before were not kept)" if isinstance(rl.get("since"), (int, float)) else "")
             lines.append(f"  rank {rank:<6} {100 * (rl['goodput'] or 0.0):6.2f} % of {rl['wall_s']:,.1f} s  "
