@@ -32,6 +32,8 @@ except Exception as exc:
     seen["use_artifact"] = f"{type(exc).__name__}: {exc}"
 run.log_model("ckpt", name="my-model", aliases=["final"])
 wandb.save("weights.bin", policy="now")
+with open("model_def.py", "w") as f:
+    f.write("LAYERS = 2\n")
 run.log_code(".", name="source-code")
 run.alert(title="loss", text="loss is high", level=wandb.AlertLevel.WARN)
 wandb.alert("done", "finished")

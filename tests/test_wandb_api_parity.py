@@ -1,0 +1,84 @@
+"""W&B's API beyond log, config and summary, real W&B (offline) against the drop-in under
+`telemetry run --as-wandb`, both read back with W&B's own protobufs (tests/wandb_offline.py):
+artifacts, log_model, save, log_code, alert, mark_preempting, use_artifact offline, the run's
+attributes set after init (tests/dropin_scripts/wandb_api_calls.py); HF's `WANDB_LOG_MODEL=end`
+(the model artifact transformers logs at the end of training); W&B's own Lightning Fabric logger.
+The calls' records are compared as W&B wrote them: an artifact's type, name, description,
+metadata, aliases and manifest (each file's path, digest and size); saved files; alerts.
+"""
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from test_wandb_parity import SCRIPTS, TIMING, assert_same_run, real_run, shared_run, sidecar_run
+from wandb_offline import read_records
+
+pytest.importorskip("wandb")
+
+
+def calls(path: str, run_id: str | None = None) -> list[tuple]:
+    """The records of the calls, in order; the run's id, where a name holds it, as "<id>"."""
+    out = []
+    for rec in read_records(path):
+        kind = rec.WhichOneof("record_type")
+        if kind == "artifact":
+            a = rec.artifact
+            meta = {k: v for k, v in json.loads(a.metadata or "{}").items() if not TIMING.search(k)}
+            out.append(("artifact", a.type, a.name.replace(run_id or "\0", "<id>"), a.description, meta,
+                        tuple(sorted(a.aliases)), tuple(sorted((c.path, c.digest, c.size) for c in a.manifest.contents))))
+        elif kind == "files":
+            out.append(("files", tuple((f.path, f.policy) for f in rec.files.files)))
+        elif kind == "alert":
+            out.append(("alert", rec.alert.title, rec.alert.text, rec.alert.level, rec.alert.wait_duration))
+        elif kind == "preempting":
+            out.append(("preempting",))
+        elif kind == "run":
+            out.append(("run", rec.run.display_name, tuple(rec.run.tags), rec.run.notes))
+    return out
+
+
+def _seen(stdout: str) -> dict:
+    return json.loads([line for line in stdout.splitlines() if line.startswith("{")][-1])
+
+
+def test_every_call_beyond_log_is_made_as_wandb_makes_it(tmp_path):
+    script = SCRIPTS / "wandb_api_calls.py"
+    real, real_out = real_run(script, 1, tmp_path / "real", {})
+    ours, our_out = sidecar_run(script, 1, tmp_path / "ours", {})
+    # What the script reads back: summary.get after a log, use_artifact offline (W&B's own
+    # TypeError), run.resumed / start_time / project_url, login() offline, AlertLevel.
+    assert _seen(our_out) == _seen(real_out)
+    assert _seen(our_out)["summary_get"] == 1.5
+    got, want = calls(ours), calls(real)
+    assert got == want
+    assert [c[2] for c in want if c[0] == "artifact"] == ["my-data", "raw-weights", "my-model", "source-code"]
+    assert ("run", "api-calls-renamed", ("a", "b"), "second") in want     # set after init, applied
+    assert_same_run(real, ours)
+
+
+def test_hf_trainer_with_wandb_log_model_end_logs_the_model(tmp_path_factory):
+    pytest.importorskip("transformers")
+    env = {"WANDB_LOG_MODEL": "end", "STEPS": "2"}
+    script = SCRIPTS / "hf_report_to_wandb.py"
+    real, _, _ = shared_run(tmp_path_factory, real_run, script, 1, env)
+    ours, _, _ = shared_run(tmp_path_factory, sidecar_run, script, 1, env)
+    want = [c for c in calls(real) if c[0] == "artifact"]
+    got = [c for c in calls(ours) if c[0] == "artifact"]
+    assert got == want
+    # transformers logs the model at the start ("base_model") and the trained one at the end
+    # ("final_model": its weights, config and architecture), both named after the run.
+    models = {c[5]: c for c in want if c[1] == "model" and c[2] == "model-hf-as-wandb"}
+    assert set(models) == {("base_model", "latest"), ("final_model", "latest")}    # (sorted aliases)
+    assert any(re.search(r"\.safetensors$", p) for p, _, _ in models[("final_model", "latest")][6])
+    assert_same_run(real, ours)
+
+
+def test_wandbs_own_lightning_fabric_logger(tmp_path):
+    pytest.importorskip("lightning")
+    script = SCRIPTS / "fabric_wandb_logger.py"
+    real, _ = real_run(script, 1, tmp_path / "real", {})
+    ours, _ = sidecar_run(script, 1, tmp_path / "ours", {})
+    assert_same_run(real, ours)
