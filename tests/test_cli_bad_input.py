@@ -48,7 +48,8 @@ KINDS: dict[tuple[str, str], str] = {
     ("daemon", "--log-dir"): "out_dir", ("daemon", "--config"): "in_file", ("daemon", "--run-name"): "name",
     ("tail", "--filter"): "free", ("tail", "--run-dir"): "run_dir",
     ("report", "run_dir"): "run_dir", ("report", "--out"): "out_dir",
-    ("goodput", "run_dir"): "run_dir", ("goodput", "--json"): "out_dir",
+    ("goodput", "run_dir"): "run_dir", ("goodput", "--json"): "out_dir", ("goodput", "--exclude"): "when",
+    ("goodput", "--reason"): "name",
     ("dashboard", "run_dir"): "run_dir", ("dashboard", "--addr"): "address", ("dashboard", "--port"): "number",
     ("export-prometheus", "--addr"): "address", ("export-prometheus", "--port"): "number",
     ("export-prometheus", "--token-file"): "in_file", ("export-prometheus", "--memory-mb"): "number",
@@ -90,6 +91,7 @@ def bad_values(kind: str, tmp: Path) -> dict[str, str]:
         "wandb_id": {"empty": "", "slash": "a/b", "too-long": "a" * 5000, "control": "x\ny"},
         "wandb_name": {"empty": "", "too-long": "a" * 5000, "control": "x\x1b]0;t\x07"},
         "free": {},   # any text is a valid filter: nothing to refuse
+        "when": {"empty": "", "text": "yesterday", "nan": "nan", "inf": "inf", "negative": "-1"},
         "script": {"empty": "", "missing": str(tmp / "no-such.py"), "a-dir": str(tmp), "fifo": str(fifo),
                    "module-without-name": "-m"},
         "unknown": {"unknown-kind": ""},

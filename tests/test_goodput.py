@@ -1511,3 +1511,51 @@ def test_a_window_given_whole_after_the_fact_is_taken_from_the_hang_and_the_reco
     led = ledger(recs[:-9] + [opened] + recs[-9:])
     assert led["buckets_s"]["excluded"] == pytest.approx(b0["recovery"] + 0.0)
     assert led["buckets_s"]["recovery"] == pytest.approx(0.0)
+
+
+def test_telemetry_goodput_exclude_has_the_running_daemon_write_the_window_into_its_run(make_daemon, tmp_path):
+    """`telemetry goodput --exclude START END --reason R` against a real daemon: the daemon writes
+    a goodput/exclude event of its own into the run; the part of the window in the start-up is
+    excluded, in the daemon's live ledger and in the offline one of the file alike. Bad windows
+    and a RUN_DIR with it are one line and exit code 2."""
+    import time
+
+    from telemetry import TelemetryClient
+
+    d = make_daemon(world_size=1, log_dir=tmp_path / "telemetry", config={"daemon_record_interval_s": 0.2})
+    tm = TelemetryClient(d.ingest, rank=0)
+    for s in range(1, 6):
+        tm.log(s, {"perf/step_time": 0.05, "train/loss": 1.0})
+        time.sleep(0.05)
+    tm.close()
+    recs = d.wait_for(lambda rs: sum(r["kind"] == "metrics" for r in rs) >= 5)
+    # A window in the middle of its start-up: from its process start to its first step's start.
+    started = next(r["info"]["started_at"] for r in recs if r["kind"] == "hello")
+    first_began = next(r["t"] - r["values"]["perf/step_time"] for r in recs if r["kind"] == "metrics")
+    a, b = started + 0.25 * (first_began - started), started + 0.75 * (first_began - started)
+    cmd = [sys.executable, "-m", "telemetry", "goodput", "--control", d.control, "--exclude"]
+    out = subprocess.run(cmd + [repr(a), repr(b), "--reason", "kernel upgrade"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and "excluded from goodput" in out.stdout, out
+    for bad in (["now", repr(a)], ["yesterday", "now"]):
+        out = subprocess.run(cmd + bad, cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out
+    # It needs the daemon's control token, as a drain does (another local user cannot book time away).
+    out = subprocess.run(cmd + ["1", "2"], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "TELEMETRY_CONTROL_TOKEN": "not-the-token"})
+    assert out.returncode == 2 and "not authorised" in out.stderr, out
+    out = subprocess.run(cmd[:4] + [str(tmp_path), "--exclude", "1", "2"], cwd=ROOT, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 2 and "no RUN_DIR" in out.stderr, out
+    d.wait_for(lambda rs: any(r["kind"] == "event" and r["name"] == "goodput/exclude" for r in rs))
+    d.drain()
+    recs = d.read_jsonl()
+    ev = [r for r in recs if r["kind"] == "event" and r["name"] == "goodput/exclude"]
+    assert len(ev) == 1 and ev[0]["rank"] is None and ev[0]["data"]["reason"] == "kernel upgrade"
+    led = ledger(recs)
+    _sums_to_wall(led)
+    assert led["buckets_s"]["excluded"] == pytest.approx(b - a, abs=1e-5)
+    assert led["goodput"] == pytest.approx(led["buckets_s"]["productive"] / (led["wall_s"] - (b - a)))
+    live = [r["values"] for r in recs if r["kind"] == "daemon" and "goodput/excluded_s" in r["values"]][-1]
+    assert live["goodput/excluded_s"] == pytest.approx(b - a, abs=1e-5)
+    assert live["goodput/settled/excluded_s"] == pytest.approx(b - a, abs=1e-5)

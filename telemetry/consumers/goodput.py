@@ -1,6 +1,14 @@
 """Where a run's wall-clock time went: the goodput ledger, from what the daemon wrote.
 
     telemetry goodput RUN_DIR [--json FILE]
+    telemetry goodput --exclude START END [--reason TEXT] [--control EP]
+
+The second form marks planned maintenance: the running daemon (found as `telemetry status` finds
+it) writes a goodput/exclude event into its run, and every ledger of that run (this command's,
+the daemon's own, `telemetry report`'s) books the part of the window in which the job made no
+progress as `excluded`, out of the wall time goodput counts. START and END are unix times or ISO
+8601 (2026-11-29T02:00:00Z; without a zone, this machine's local time), or `now`. The job's own
+client marks a window with the events goodput/exclude_begin and goodput/exclude_end.
 
 Reads the run's metrics.jsonl (every launch of the job on that run dir, every daemon that wrote
 it, rotated pieces oldest first) and prints the ledger of telemetry/shared/goodput.py (its
@@ -24,14 +32,78 @@ from telemetry.shared.goodput import ADVICE, BUCKETS, Ledger, ledger, text, with
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from telemetry.shared.config import nonempty_arg
 
-    p.add_argument("run_dir", type=nonempty_arg, help="the run dir (holding telemetry/metrics.jsonl) or the telemetry dir")
+    from telemetry.consumers.status import TIMEOUT_ARG
+    from telemetry.shared.endpoints import endpoint_arg
+
+    p.add_argument("run_dir", type=nonempty_arg, nargs="?",
+                   help="the run dir (holding telemetry/metrics.jsonl) or the telemetry dir")
     p.add_argument("--json", type=nonempty_arg, metavar="FILE", help="also write the ledger as JSON to FILE")
+    p.add_argument("--exclude", type=when_arg, nargs=2, metavar=("START", "END"),
+                   help="mark planned maintenance from START to END (unix time, ISO 8601 or now) in the run "
+                        "the daemon at --control writes: excluded from goodput")
+    p.add_argument("--reason", type=nonempty_arg, metavar="TEXT", help="with --exclude: why (kept in the event)")
+    p.add_argument("--control", type=endpoint_arg, metavar="EP",
+                   help="with --exclude: the daemon's control endpoint (default as for status)")
+    p.add_argument("--timeout", type=TIMEOUT_ARG, default=15.0, metavar="S",
+                   help="with --exclude: seconds to wait for the daemon (default 15)")
+
+
+def when_arg(text: str) -> float:
+    """An argparse `type=` for a moment: unix seconds, ISO 8601 (no zone: local time) or now."""
+    import math
+    import time
+    from datetime import datetime
+
+    text = text.strip()
+    if text == "now":
+        return time.time()
+    try:
+        t = float(text)
+    except ValueError:
+        try:
+            t = datetime.fromisoformat(text).timestamp()
+        except (ValueError, OverflowError, OSError):
+            raise argparse.ArgumentTypeError(f"{text!r}: a unix time, an ISO 8601 time or now") from None
+    if not math.isfinite(t) or t < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: a unix time, an ISO 8601 time or now")
+    return t
+
+
+def exclude(args: argparse.Namespace) -> int:
+    """`--exclude START END`: the daemon writes the window into its run (module docstring)."""
+    import time
+
+    from telemetry.consumers.status import ask
+
+    start, end = args.exclude
+    if not end > start:
+        print("telemetry goodput: --exclude START END: END must be after START", file=sys.stderr)
+        return 2
+    window = {"start": start, "end": end, "reason": args.reason or ""}
+    reply, rc = ask("telemetry goodput", args.control, "exclude", args.timeout, extra=window)
+    if reply is None:
+        return rc
+    fmt = "%Y-%m-%d %H:%M:%S UTC"
+    print(f"excluded from goodput: {time.strftime(fmt, time.gmtime(start))} -> {time.strftime(fmt, time.gmtime(end))} "
+          f"({end - start:,.0f} s, the part in which the job made no progress; written into the daemon's run)")
+    return 0
 
 
 def run(args: argparse.Namespace) -> int:
     from telemetry.consumers.readjsonl import ReadStats, find_log_dir, read_records
     from telemetry.consumers.terminal import printable
 
+    if args.exclude is not None:
+        if args.run_dir or args.json:
+            print("telemetry goodput: --exclude goes to the running daemon: no RUN_DIR or --json with it", file=sys.stderr)
+            return 2
+        return exclude(args)
+    if args.run_dir is None:
+        print("telemetry goodput: a RUN_DIR is needed (or --exclude START END)", file=sys.stderr)
+        return 2
+    if args.reason or args.control:
+        print("telemetry goodput: --reason and --control go with --exclude", file=sys.stderr)
+        return 2
     if not os.path.exists(args.run_dir):
         print(f"telemetry goodput: {args.run_dir}: no such file or directory", file=sys.stderr)
         return 2

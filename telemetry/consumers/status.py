@@ -22,7 +22,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--timeout", type=TIMEOUT_ARG, default=3.0, metavar="S", help="seconds to wait (default 3)")
 
 
-def ask(prog: str, control: str | None, cmd: str, timeout_s: float) -> tuple[dict | None, int]:
+def ask(prog: str, control: str | None, cmd: str, timeout_s: float, extra: dict | None = None) -> tuple[dict | None, int]:
     """(the daemon's reply, 0), or (None, exit code) after one line on stderr: 2 for what the
     user can fix (a bad endpoint, a refused token), 1 for a daemon that does not answer."""
     import zmq
@@ -36,7 +36,7 @@ def ask(prog: str, control: str | None, cmd: str, timeout_s: float) -> tuple[dic
         print(f"{prog}: {'--control' if control else 'control endpoint'}: {exc}", file=sys.stderr)
         return None, 2
     try:
-        reply = request(ep, cmd, timeout_s=timeout_s)
+        reply = request(ep, cmd, timeout_s=timeout_s, extra=extra)
     except TimeoutError as exc:
         # Nothing there: say where that was and how to look elsewhere (a `telemetry run` has
         # its own socket directory, which a bare `telemetry status` does not know).

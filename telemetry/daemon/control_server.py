@@ -22,12 +22,14 @@ class ControlServer:
     """Owns the control socket (bound by the daemon, which also puts it under its connection
     watch) and the token; `serve()` answers what is queued, never blocking."""
 
-    def __init__(self, ctx: zmq.Context, status: Callable[[], dict], on_drain: Callable[[], None]) -> None:
+    def __init__(self, ctx: zmq.Context, status: Callable[[], dict], on_drain: Callable[[], None],
+                 on_exclude: Callable[[dict], None] | None = None) -> None:
         self.sock = ctx.socket(zmq.ROUTER)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.setsockopt(zmq.MAXMSGSIZE, MAX_REQUEST_BYTES)
         self._status = status
         self._on_drain = on_drain
+        self._on_exclude = on_exclude    # an exclude request's window (shared/control.py)
         self._token: str | None = None
         self._endpoint = ""
         self._drain_requesters: list[list[bytes]] = []
@@ -55,6 +57,14 @@ class ControlServer:
                 reply = {"ok": True, **self._status()}
             elif cmd == "ping":
                 reply = {"ok": True}
+            elif cmd == "exclude":
+                window = control_protocol.exclusion_of(body)
+                if window is None or self._on_exclude is None:
+                    reply = {"ok": False, "error": "exclude: start and end are unix times, end after start"
+                             if window is None else "exclude: this daemon keeps no goodput ledger"}
+                else:
+                    self._on_exclude(window)
+                    reply = {"ok": True, **window}
             elif cmd == "drain":
                 code = control_protocol.exit_code_of(body)
                 if code is not None:

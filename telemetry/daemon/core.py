@@ -197,7 +197,7 @@ class Daemon:
                              self.receiver.unread_headers, recv=guard.recv if guard is not None else None)
         if self.budget.baseline_mb is not None:
             self.governor = memory.Governor(self.budget, self.intake)
-        self.control_server = ControlServer(self.ctx, self.status, self._request_drain)
+        self.control_server = ControlServer(self.ctx, self.status, self._request_drain, self._exclude)
         self.control = self.control_server.sock
         for name, sock in (("ingest", self.pull), ("control", self.control)):
             self.security.prepare(sock, self.endpoints[name], name)
@@ -626,6 +626,13 @@ class Daemon:
             return
         self._progress_logged = rec
         log.info("%s", self_report.progress_line(self, rec))
+
+    def _exclude(self, window: dict) -> None:
+        """A planned-maintenance window from the control socket (`telemetry goodput --exclude`):
+        an event of the run, the daemon's (no rank), for every ledger of it (goodput.py)."""
+        from telemetry.shared.goodput import EXCLUDE
+
+        self.emit(EventRecord(time.time(), None, EXCLUDE, window))
 
     def emit(self, rec: OutputRecord) -> None:
         self._out.append(Out(rec.kind, rec, output.encode(rec)))

@@ -6,6 +6,11 @@
                                       daemon exits. An optional "exit_code" (int): the script's, as
                                       its launcher saw it (`telemetry run`): the run ends with it
     {"cmd": "ping"}                -> {"ok": true} (no token: it tells nothing)
+    {"cmd": "exclude", "token": T, "start": S, "end": E, "reason": R}
+                                   -> the daemon writes a goodput/exclude event (data start, end:
+                                      unix times, reason: text) into the run: planned maintenance
+                                      the goodput ledger takes out of the wall (`telemetry goodput
+                                      --exclude`; telemetry/shared/goodput.py, `excluded`)
 
 The token is the control socket's own credential: reaching the socket is not enough (any local
 user can connect to loopback TCP; under CURVE every allow-listed node key can). The daemon makes
@@ -32,7 +37,8 @@ from pathlib import Path
 
 MAX_REQUEST_BYTES = 4096
 ENV_TOKEN = "TELEMETRY_CONTROL_TOKEN"
-COMMANDS = ("status", "drain", "ping")
+COMMANDS = ("status", "drain", "ping", "exclude")
+MAX_REASON_CHARS = 200     # an exclusion's reason, kept in the event
 _OPEN = ("ping",)      # commands that need no token
 
 
@@ -146,9 +152,28 @@ def exit_code_of(frame: bytes) -> int | None:
     return code if type(code) is int and 0 <= code <= 255 else None
 
 
-def request(endpoint: str, cmd: str, timeout_s: float = 5.0, exit_code: int | None = None) -> dict:
+def exclusion_of(frame: bytes) -> dict | None:
+    """An exclude request's window (parse_request accepted it): {"start", "end", "reason"}, or None
+    where start and end are not finite unix times with end after start, or the reason no text."""
+    import math
+
+    try:
+        req = json.loads(frame)
+        start, end, reason = req.get("start"), req.get("end"), req.get("reason", "")
+    except (ValueError, UnicodeDecodeError, AttributeError, RecursionError):
+        return None
+    if not all(type(x) in (int, float) and math.isfinite(x) for x in (start, end)) or not end > start:
+        return None
+    if not isinstance(reason, str):
+        return None
+    return {"start": float(start), "end": float(end), "reason": reason[:MAX_REASON_CHARS]}
+
+
+def request(endpoint: str, cmd: str, timeout_s: float = 5.0, exit_code: int | None = None,
+            extra: dict | None = None) -> dict:
     """Client side: send one command, wait at most `timeout_s` for the reply. exit_code: a
-    drain's, the script's (see the module docstring)."""
+    drain's, the script's (see the module docstring); extra: the command's other fields (an
+    exclude's start, end and reason)."""
     import zmq
 
     ctx = zmq.Context.instance()
@@ -169,6 +194,7 @@ def request(endpoint: str, cmd: str, timeout_s: float = 5.0, exit_code: int | No
             body["token"] = read_token(endpoint)
         if exit_code is not None:
             body["exit_code"] = exit_code
+        body.update(extra or {})
         sock.send(json.dumps(body).encode())
         return json.loads(sock.recv())
     except zmq.Again:
