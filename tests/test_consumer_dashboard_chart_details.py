@@ -30,7 +30,7 @@ def _records() -> list[dict]:
         t = T0 + s
         recs.append({"kind": "metrics", "t": t, "step": s,
                      "values": {"noisy": math.sin(s / 5) + (0.5 if s % 2 else -0.5), "w_one": 1.0 / s,
-                                "train/loss": 3.0 / s,
+                                "train/loss": 3.0 / s, "telemetry/not_in_the_catalogue": 1.0,
                                 "b": 2.0 + s}})   # (b: so w_many and w_one share a row)
         for r in range(MANY_RANKS):
             values = {"w_many": s + r}
@@ -73,7 +73,10 @@ def test_smoothing_rank_colours_and_card_heights(tmp_path):
                                ".map(c => c.dataset.chart + ':' + c.querySelector('h3').textContent)")
             assert where == ["loss:Loss", "auto-train/loss:train/loss per rank"], where
             assert not b.evaluate("[...document.querySelectorAll('section.group')].filter(s => !s.hidden)"
-                                  ".map(s => s.querySelector('h2').textContent).filter(t => t.includes('more series'))")
+                                  ".map(s => s.querySelector('h2').textContent).filter(t => t.startsWith('training'))")
+            # A name of the daemon's the catalogue does not know is in the System section all the same.
+            assert b.evaluate("document.getElementById('system').contains("
+                              "document.getElementById('chart-auto-telemetry/not_in_the_catalogue'))") is True
             # A card no taller than its chart: w_one (one line) shares a row with w_many (24 ranks,
             # a legend of several lines) and is not stretched to its height.
             heights = b.evaluate("Object.fromEntries([...document.querySelectorAll('.card')].filter(c => "

@@ -126,6 +126,9 @@ def test_a_wandb_scripts_run_shows_its_own_keys_name_and_summary_first(tmp_path,
                                 ".map(r => [r.dataset.key, r.querySelector('td').textContent]))")
             assert config == {"lr": "0.01", "batch_size": "32"}, config
 
+            shot = b.screenshot(tmp_path / "dashboard-wandb-script.png")      # the page as it opens
+            print(f"\ndashboard screenshot: {shot}")
+
             # A summary value set after the page loaded appears.
             run.summary["final_loss"] = 0.0667
             b.wait_for("document.querySelector('#summary-rows tr[data-key=final_loss] td')?.textContent === '0.0667'",

@@ -41,6 +41,7 @@ from telemetry.consumers.events import EventGroups
 from telemetry.consumers.runend import RunEnd
 from telemetry.consumers.series import gap_threshold, insert_gaps, last_per_x, minmax_downsample
 from telemetry.shared import catalogue
+from telemetry.shared.goodput import BUCKETS as GOODPUT_BUCKETS
 from telemetry.shared.bookkeeping import is_bookkeeping
 from telemetry.shared.numbers import is_int, is_number
 
@@ -458,5 +459,6 @@ class RunStore:
                           "unit": meta_of(k)[0], "group": meta_of(k)[1], "thinned": thinned}
                          for k, axis, (xs, ys, gap), n, thinned in items]
         out["group_order"] = GROUP_ORDER
+        out["goodput_buckets"] = list(GOODPUT_BUCKETS)     # the ledger's, in its order (the page's goodput chart)
         out["events"] = events
         return out

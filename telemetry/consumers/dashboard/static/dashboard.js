@@ -13,9 +13,11 @@ const re = (r) => (k) => r.test(k);
 const afterAt = (k) => k.split("@")[1] || "";
 const datasetOf = (k) => k.split("/")[1];
 
-// The goodput ledger's buckets (telemetry/shared/goodput.py BUCKETS), in its order: productive at the bottom.
+// The goodput ledger's buckets (telemetry/shared/goodput.py BUCKETS), in its order: productive at
+// the bottom. The server says them (a snapshot's goodput_buckets); these until it has.
 const GOODPUT_BUCKETS = ["productive", "startup", "data_loading", "eval", "checkpoint_save", "checkpoint_restore",
-                         "straggler", "hang", "redone", "recovery", "telemetry", "unexplained"].map((b) => `goodput/${b}_s`);
+                         "straggler", "hang", "redone", "recovery", "telemetry", "excluded", "unexplained"]
+  .map((b) => `goodput/${b}_s`);
 
 // Where a section goes (SECTION_PLACES): "top", the run's own training signals, first; "more",
 // after the run's own keys and its media; "system", the host, GPU and the daemon's own series, in
@@ -92,6 +94,7 @@ const SECTION_PLACES = { top: "groups", own: "groups", more: "groups-more", syst
 // The catalogue's groups of the machine and of the daemon, and the names that are theirs whatever
 // their group (telemetry/client_s is "step timing"): the System section's.
 const SYSTEM_GROUPS = new Set(["GPU", "host", "daemon"]);
+const SYSTEM_PREFIX_GROUPS = new Map([["system", "host"], ["gpu", "GPU"], ["telemetry", "daemon"]]);
 const isSystemName = (b, group) => SYSTEM_GROUPS.has(group) || /^(system|gpu|telemetry)\//.test(b);
 
 // Every other series a run logs (a script's own keys: acc, val/loss, nested/...) and every
@@ -122,7 +125,13 @@ function autoGroups() {
       if (NOT_CHARTED(k) || builtIn(k)) continue;
       if (s.axis === "time" && !k.includes("@")) continue;   // the daemon's own counters: the Telemetry section
       const b = baseOf(k);
-      if (!axes.has(b)) { axes.set(b, s.axis); keysOf.set(b, new Map()); groupOf.set(b, s.group || ""); }
+      if (!axes.has(b)) {
+        axes.set(b, s.axis);
+        keysOf.set(b, new Map());
+        // A name of the machine's or the daemon's the catalogue does not know (yet): its group by
+        // its prefix, so it is in the System section too.
+        groupOf.set(b, s.group || SYSTEM_PREFIX_GROUPS.get(b.split("/")[0]) || "");
+      }
       const runs = keysOf.get(b);
       if (!runs.has(id)) runs.set(id, []);
       runs.get(id).push(k);
@@ -224,6 +233,9 @@ function loadSnapshot(data) {
     for (const s of r.series) series[s.key] = { axis: s.axis, x: s.x, y: s.y, gap: s.gap, n: s.n, unit: s.unit || "",
                                                 group: s.group || "" };
     if (r.group_order) state.groupOrder = r.group_order;
+    if (Array.isArray(r.goodput_buckets) && r.goodput_buckets.length) {
+      GOODPUT_BUCKETS.splice(0, GOODPUT_BUCKETS.length, ...r.goodput_buckets.map((b) => `goodput/${b}_s`));
+    }
     state.runs[r.id] = { id: r.id, name: r.name, t0: r.t0, latest: r.latest, series,
                          events: r.events, numEvents: r.num_events, config: r.config,
                          summary: r.summary ?? {}, numSummaryDropped: r.num_summary_dropped ?? 0,
@@ -856,7 +868,7 @@ const systemOpen = () => document.getElementById("system").open;
 
 function drawCharts() {
   const missing = [];
-  let numShown = 0, numHidden = 0, numSystem = 0, numEager = 0;
+  let numShown = 0, numHidden = 0, numSystem = 0, numEager = 0, ownShown = false;
   const placed = {};                 // container id -> its sections, in the page's order
   for (const group of [...GROUPS, ...autoGroups()]) {
     const gid = "group-" + (group.id ?? group.title);
@@ -924,7 +936,8 @@ function drawCharts() {
     }
     if (group.bar) drawGoodputBar(gEl);
     gEl.hidden = shown === 0;
-    if (!shown && !group.auto && !state.filter) missing.push(`${group.title}: ${group.why || "no records yet"}`);
+    if (!shown && !group.auto && !state.filter) missing.push({ place: group.place, text: `${group.title}: ${group.why || "no records yet"}` });
+    if (shown && group.place === "own") ownShown = true;
   }
   // Each container's sections in their order (a section that came later, e.g. a new prefix of the
   // run's keys, is moved to its place; nothing moves when the order holds).
@@ -935,7 +948,9 @@ function drawCharts() {
   }
   document.getElementById("system-count").textContent = `(${numSystem} charts: host, GPUs, the daemon's own)`;
   document.getElementById("system").hidden = numSystem === 0;
-  document.getElementById("missing").textContent = missing.length ? "Not shown: " + missing.join("; ") + "." : "";
+  // A script's own run (its keys charted) is not told of our trainer's sections it has no data for.
+  const said = missing.filter((m) => !(ownShown && m.place === "top")).map((m) => m.text);
+  document.getElementById("missing").textContent = said.length ? "Not shown: " + said.join("; ") + "." : "";
   document.getElementById("filter-count").textContent = state.filter ?
     `${numShown} chart(s) shown, ${numHidden} filtered out` : "";
 }
