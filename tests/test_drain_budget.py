@@ -85,27 +85,40 @@ def test_a_backlog_too_big_to_count_in_time_is_accounted_exactly_by_the_deadline
     clock = Clock()
     monkeypatch.setattr(shutdown, "time", clock)
     d = _daemon(clock, monkeypatch)
-    num_clients, n = 4, 50_000
+    num_clients, n = 4, 70_000
     sent = {}
+    byes_in_libzmq = []
     for c in range(num_clients):
         src = 7000 + c
         frames = [codec.encode_metrics(src, c, seq, 0, 0, seq, VALUES) for seq in range(n)]
-        d.receiver.take(iter(frames[:10]).__next__, StopIteration, 10)      # taken before the drain
-        # The rest read ahead, its bye last (on its own connection, read as it came); a little
-        # still in libzmq.
-        d.intake._q.extend(frames[10:n - 100])
-        d.intake._q.append(codec.encode_bye(src, c, n, 0, 0, {}))
-        d.pull.frames.extend(frames[n - 100:])
+        # Each client's stream as a busy daemon met it: the first few processed (not client 0's),
+        # then read ahead, then shed (the queue full: accounted at once), then read ahead again,
+        # the rest still in libzmq. Its bye, on its own connection, read ahead for clients 0
+        # and 1, still in libzmq (where fair queueing hands it over early) for 2 and 3.
+        first = 0 if c == 0 else 10
+        d.receiver.take(iter(frames[:first]).__next__, StopIteration, first)
+        d.intake._q.extend(frames[first:30_000])
+        d.receiver.unread(frames[30_000:31_000])
+        d.intake.num_shed += 1000
+        d.intake._q.extend(frames[31_000:33_000])
+        d.pull.frames.extend(frames[33_000:])
+        bye = codec.encode_bye(src, c, n, 0, 0, {})
+        if c < 2:
+            d.intake._q.append(bye)
+        else:
+            byes_in_libzmq.append(bye)
         sent[src] = n + 1
+    d.pull.frames.extendleft(byes_in_libzmq)
+    d.intake.num_bytes = sum(map(len, d.intake._q))
     timeout_s = 3.0
     start = clock.t
-    # As shutdown.run calls it: processed up to INTAKE_SHARE of the deadline, counted up to halfway
-    # to the end. 200k frames at COUNT_S take 4 s: more than all of it.
+    # As shutdown.run calls it, its share for processing spent: counted up to halfway to the end.
+    # What is read ahead alone (128k frames at COUNT_S: 2.6 s) takes longer than that.
     deadline = start + timeout_s * (1 + shutdown.INTAKE_SHARE) / 2
-    shutdown.drain_intake(d, start + timeout_s * shutdown.INTAKE_SHARE, deadline)
+    shutdown.drain_intake(d, start, deadline)
     assert clock.t <= deadline + COUNT_S * shutdown.COUNT_BATCH + 0.05, clock.t - start   # one turn late at most
     t = d.losses.totals(d.receiver, d.intake)
     assert t["records_unread_at_drain"] > 0 and t["sources_open_at_drain"] == 0, t
     assert t["records_in"] + t["records_lost"] == sum(sent.values()), t
     for src, s in d.receiver.sources.items():       # per client: taken in, counted, or lost in transit
-        assert s.bye and s.received + s.refused + s.lost() == sent[src], (src, s)
+        assert s.bye and s.min_seq == 0 and s.received + s.refused + s.lost() == sent[src], (src, s)

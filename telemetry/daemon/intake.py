@@ -56,6 +56,9 @@ CUT_ABOVE_BYTES = HELLO_INFO_MAX_BYTES + 4096
 _METRICS_HEADS = frozenset(bytes((0x90 + n, KIND_METRICS)) for n in range(16))
 # take_rare takes up to this many frames out of the queue one at a time, more by a copy of it.
 RARE_REMOVED_ONE_BY_ONE = 64
+# take_firsts groups frames by their first bytes unless that makes more groups than this (srcs
+# with short encodings, whose first bytes hold the seq too): then by their headers.
+MAX_FIRSTS_BY_BYTES = 4096
 
 
 def _kind(frame: bytes) -> int | None:
@@ -221,6 +224,29 @@ class Intake:
         self._q.clear()
         self.num_bytes = 0
         return frames
+
+    def take_firsts(self) -> list:
+        """The first queued frame of each source, out of the queue (by the bytes that follow the
+        kind: version and src; a src below 2^32, which no client draws, by its header read
+        whole). A client's frames are queued in the order it sent them, so these
+        hold each source's lowest seq in the queue: a drain that counts them, and leaves the
+        rest uncounted, still has every client's seq window start where it should (the rest
+        lies inside it: lost in transit once the bye closes it)."""
+        q = self._q
+        firsts = {f[2:12]: f for f in reversed(q)}
+        if len(firsts) > MAX_FIRSTS_BY_BYTES:
+            firsts = {}
+            for f in reversed(q):
+                h = peek_header(f)
+                firsts[f[2:12] if h is None else h[1]] = f
+        if not firsts:
+            return []
+        chosen = set(map(id, firsts.values()))
+        kept = [f for f in q if id(f) not in chosen]
+        q.clear()
+        q.extend(kept)
+        self.num_bytes = sum(map(len, kept)) + FRAME_OVERHEAD_BYTES * len(kept)
+        return list(firsts.values())
 
     def take(self, max_frames: int) -> list:
         """Up to `max_frames` frames from the head of the queue (the drain counts what it cannot

@@ -181,13 +181,14 @@ class Receiver:
                 if arrived != s.arrived_at_mark:
                     s.arrived_at_mark, s.moved_at = arrived, n
 
-    def open_live(self) -> set[int]:
+    def open_live(self, hello_only: bool = True) -> set[int]:
         """The clients (sources that said hello: a TelemetryClient says bye at close) without a
         bye that moved within the last LIVE_MARKS marks (seconds) or since the last: clients still
         sending, whose bye a drain waits for. A source long silent (a rank killed without a bye)
-        is not waited for, nor one that never said hello (hand-made frames: no bye will come)."""
+        is not waited for, nor, with `hello_only`, one that never said hello (hand-made frames,
+        or a client told not to: its bye may or may not come)."""
         since = self._mark_no - LIVE_MARKS
-        return {i for i, s in self.sources.items() if s.hello and not s.bye
+        return {i for i, s in self.sources.items() if (s.hello or not hello_only) and not s.bye
                 and (s.moved_at > since or s.received + s.refused != s.arrived_at_mark)}
 
     def still_open(self, src_ids: set[int]) -> set[int]:

@@ -76,7 +76,7 @@ def run(d) -> int:
     timeout_s = d.cfg.drain_timeout_s
     deadline = now + timeout_s
     log.info("draining (%s)", d.stop_reason)
-    drain_intake(d, now + timeout_s * INTAKE_SHARE, now + timeout_s * (1 + INTAKE_SHARE) / 2)
+    drain_intake(d, now + timeout_s * INTAKE_SHARE, now + timeout_s * (1 + INTAKE_SHARE) / 2, deadline)
     marks = [time.monotonic()]
     d.pull.close(linger=0)
     for p in d.pollers:
@@ -170,7 +170,7 @@ def _close(d, unfinished: list[str]) -> None:
         d.ctx.destroy(linger=0)
 
 
-def drain_intake(d, until: float, deadline: float) -> None:
+def drain_intake(d, until: float, deadline: float, last_call: float | None = None) -> None:
     """Take records until every client that was sending when the drain began has said bye
     and the socket has been quiet INTAKE_QUIET_S, or it has been quiet SOURCE_SILENT_S
     whoever is still open (or INTAKE_QUIET_S after BYE_WAIT_S), or `deadline`. Up to `until`
@@ -184,9 +184,16 @@ def drain_intake(d, until: float, deadline: float) -> None:
     are found by two bytes a frame, and what a count cut short by `deadline` leaves
     (read ahead or still in libzmq) is accounted by them, never left uncounted. The clients
     still open at the end are counted in sources_open_at_drain and named in the log with the
-    last seq seen: what they sent after it, nobody counts."""
+    last seq seen: what they sent after it, nobody counts.
+
+    A bye can be late, though: libzmq's I/O thread, starved on a loaded box, may not have read
+    it off the connection yet. So while a source that moved lately (hello or not) has no bye,
+    a quiet socket ends the intake only after SOURCE_SILENT_S, and past `deadline` the socket
+    is read on (and counted) until `last_call` for it."""
     losses, receiver, intake = d.losses, d.receiver, d.intake
     waiting = receiver.open_live()
+    recent = receiver.open_live(hello_only=False)     # byes a drain can use, if they come
+    last_call = deadline if last_call is None else max(deadline, last_call)
     started = quiet_since = time.monotonic()
     turn_s = 0.0                # the longest processing turn so far
     step_s = None               # the cost of emitting a step, as measured (FLUSH_COST_FACTOR)
@@ -200,12 +207,17 @@ def drain_intake(d, until: float, deadline: float) -> None:
             counting = now >= until or now + 2 * turn_s + flush_s >= deadline
             if counting:
                 # The open steps go out now, inside the intake's time; then the byes read ahead.
+                num_open = len(agg.pending)
                 d.take_inbox()
                 d.emit_steps(agg.flush())
                 d.hand_out()
+                flushed_at = time.monotonic()
                 rare = intake.take_rare()
                 receiver.unread(rare)
                 losses.num_unread_at_drain += len(rare)
+                log.info("drain: processing stopped after %.2f s; %d open steps out in %.2f s (%.2f s "
+                         "foreseen), %d frames other than metrics found in %.2f s", now - started, num_open,
+                         flushed_at - now, flush_s, len(rare), time.monotonic() - flushed_at)
         if counting:
             n = count_unread(d, COUNT_BATCH)
             losses.num_unread_at_drain += n
@@ -227,11 +239,20 @@ def drain_intake(d, until: float, deadline: float) -> None:
             quiet = now - quiet_since
             if quiet >= INTAKE_QUIET_S:
                 waiting = receiver.still_open(waiting)
-                if not waiting or quiet >= SOURCE_SILENT_S or now - started >= BYE_WAIT_S:
+                recent = receiver.still_open(recent)
+                if not recent or quiet >= SOURCE_SILENT_S or now - started >= BYE_WAIT_S:
                     break
             d.pull.poll(int(INTAKE_QUIET_S * 1000 / 2) + 1)
         if now >= deadline:
-            break
+            recent = receiver.still_open(recent)
+            if not recent or now >= last_call:
+                break
+    if len(intake):
+        # Cut short: each source's earliest frame in hand is counted, so that its seq window
+        # starts there; the rest lies inside the window, lost in transit once its bye closes it.
+        firsts = intake.take_firsts()
+        receiver.unread(firsts)
+        losses.num_unread_at_drain += len(firsts)
     left = len(intake.take_all())
     log.info("drain intake: %d records processed, %d counted unread, %d left uncounted at the deadline "
              "(accounted by their clients' byes), in %.2f s (a step's cost measured at %s)", processed,
@@ -239,6 +260,7 @@ def drain_intake(d, until: float, deadline: float) -> None:
              "-" if step_s is None else f"{step_s * 1e6:.0f} µs")
     still = receiver.still_open(waiting)
     losses.num_sources_open_at_drain = len(still)
+    still |= receiver.still_open(recent)
     if losses.num_unread_at_drain or left:
         log.error("drain deadline: %d queued records could not be processed and are counted as "
                   "lost (raise drain_timeout_s to keep them)", losses.num_unread_at_drain + left)
@@ -253,16 +275,18 @@ def drain_intake(d, until: float, deadline: float) -> None:
 
 def count_unread(d, max_frames: int) -> int:
     """Read up to `max_frames` queued frames without processing them (their header only), so
-    that the final counters say how much was lost instead of nothing: those read ahead into
-    the intake queue first, then the socket's."""
-    frames = d.intake.take(max_frames)
+    that the final counters say how much was lost instead of nothing: the socket's first (a
+    bye libzmq still holds comes out within a frame per connection: its accounting closes
+    even if the count is cut short), then those read ahead into the intake queue."""
+    frames = []
+    recv, again = d.pull.recv, zmq.Again
+    try:
+        for _ in range(max_frames):
+            frames.append(recv(zmq.NOBLOCK))
+    except again:
+        pass
     if len(frames) < max_frames:
-        recv, again = d.pull.recv, zmq.Again
-        try:
-            for _ in range(max_frames - len(frames)):
-                frames.append(recv(zmq.NOBLOCK))
-        except again:
-            pass
+        frames += d.intake.take(max_frames - len(frames))
     d.receiver.unread(frames)      # their srcs' seq windows: arrived, not lost twice
     return len(frames)
 
