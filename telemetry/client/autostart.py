@@ -211,6 +211,7 @@ def _start(prog: str, run_id: str, run_name: str | None, wandb_mode: str | None,
     try:
         files.make_dir(log_dir, own=True)
         out = open(log_dir / "daemon.out", "ab")
+        out_start = out.seek(0, os.SEEK_END)     # an earlier run's lines (a reused run id) come before
     except OSError as exc:
         _warn(prog, f"no daemon could be started (cannot make {log_dir}: {exc.strerror or exc})", key)
         return None
@@ -237,7 +238,7 @@ def _start(prog: str, run_id: str, run_name: str | None, wandb_mode: str | None,
         _warn(prog, f"no daemon could be started ({exc})", key)
         return None
     out.close()
-    why = _wait_ready(proc, log_dir / "daemon.out")
+    why = _wait_ready(proc, log_dir / "daemon.out", start=out_start)
     if why:
         if proc.poll() is None:
             proc.kill()
@@ -251,14 +252,15 @@ def _start(prog: str, run_id: str, run_name: str | None, wandb_mode: str | None,
     return started
 
 
-def _wait_ready(proc: subprocess.Popen, out_path: Path) -> str:
+def _wait_ready(proc: subprocess.Popen, out_path: Path, start: int = 0) -> str:
     """'' once the daemon printed its ready line; else why not. Its own line, with its pid: the
     file may hold another daemon's (one that served the directory before, or serves it now and
-    so made this one refuse it)."""
+    so made this one refuse it). `start`: the file's size before this daemon began; its lines
+    come after it, so a failure said is this daemon's, not an earlier run's in the directory."""
     deadline = time.monotonic() + START_TIMEOUT_S
     ready = f"{READY_LINE} pid={proc.pid} "
     while time.monotonic() < deadline:
-        text = _tail(out_path)
+        text = _tail(out_path, start=start)
         if ready in text:
             return ""
         if proc.poll() is not None:
@@ -268,11 +270,12 @@ def _wait_ready(proc: subprocess.Popen, out_path: Path) -> str:
     return f"not ready within {START_TIMEOUT_S:.0f} s ({out_path})"
 
 
-def _tail(path: Path, max_bytes: int = 1 << 16) -> str:
+def _tail(path: Path, max_bytes: int = 1 << 16, start: int = 0) -> str:
+    """The last `max_bytes` of the file past offset `start`."""
     try:
         with open(path, "rb") as f:
             f.seek(0, os.SEEK_END)
-            f.seek(max(0, f.tell() - max_bytes))
+            f.seek(max(start, f.tell() - max_bytes))
             return f.read().decode(errors="replace")
     except OSError:
         return ""

@@ -149,13 +149,16 @@ def run(args: argparse.Namespace) -> int:
     daemon_env[run_lock.ENV_FD] = str(lock_fd)
     attached: list[subprocess.Popen] = []
     with open(out_path, "ab") as out:
+        out_start = out.seek(0, os.SEEK_END)     # what an earlier run of the directory wrote there
         daemon = subprocess.Popen(cmd, env=daemon_env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                   start_new_session=True, pass_fds=(lock_fd,))
     try:
-        why = autostart._wait_ready(daemon, out_path)
+        why = autostart._wait_ready(daemon, out_path, start=out_start)
         if why:
             print(f"telemetry run: the daemon did not start: {why}", file=sys.stderr)
-            return 1
+            # Its exit 2 is a refusal of what it was given (--daemon-config, the run directory):
+            # bad input to this command too.
+            return 2 if daemon.poll() == 2 else 1
         print(f"telemetry run: run {name}: daemon pid {daemon.pid}, writing to {log_dir}; watch it with "
               f"`telemetry tail --run-dir {log_dir}` (it follows the run across relaunches; this launch's "
               f"sockets alone: `TELEMETRY_RUNTIME_DIR={runtime} telemetry tail`)", file=sys.stderr, flush=True)
