@@ -44,7 +44,8 @@ from telemetry.daemon.control_server import ControlServer
 from telemetry.daemon.derived import Derived
 from telemetry.daemon.hellos import Hellos
 from telemetry.daemon.node_clocks import CLOCK_EVENTS, NodeClocks
-from telemetry.daemon.node_links import REMOTE_HEARTBEAT_IVL_MS, REMOTE_HEARTBEAT_TIMEOUT_MS, NodeLinks
+from telemetry.daemon.node_links import (REMOTE_HEARTBEAT_IVL_MS, REMOTE_HEARTBEAT_TIMEOUT_MS, REMOTE_HEARTBEAT_TTL_MS,
+                                         NodeLinks)
 from telemetry.daemon.downsample import Downsampler
 from telemetry.daemon.intake import Intake
 from telemetry.daemon import memory
@@ -207,7 +208,7 @@ class Daemon:
             # and ZMTP heartbeats that close the link of a node that went silent (node_links.py).
             self.pull.setsockopt(zmq.HEARTBEAT_IVL, REMOTE_HEARTBEAT_IVL_MS)
             self.pull.setsockopt(zmq.HEARTBEAT_TIMEOUT, REMOTE_HEARTBEAT_TIMEOUT_MS)
-            self.pull.setsockopt(zmq.HEARTBEAT_TTL, REMOTE_HEARTBEAT_TIMEOUT_MS)
+            self.pull.setsockopt(zmq.HEARTBEAT_TTL, REMOTE_HEARTBEAT_TTL_MS)
             self.links = NodeLinks()
             self.clocks = NodeClocks()
             self.security.connections.on_tcp_gone = self.links.closed
