@@ -1559,3 +1559,45 @@ def test_telemetry_goodput_exclude_has_the_running_daemon_write_the_window_into_
     live = [r["values"] for r in recs if r["kind"] == "daemon" and "goodput/excluded_s" in r["values"]][-1]
     assert live["goodput/excluded_s"] == pytest.approx(b - a, abs=1e-5)
     assert live["goodput/settled/excluded_s"] == pytest.approx(b - a, abs=1e-5)
+
+
+def test_slow_steps_are_booked_against_the_runs_ideal_step_time_beyond_its_noise():
+    """100 steps of ~1 s (a 2 % jitter, the run's own noise), three of them 3 s (a GC pause, a
+    throttled GPU): `slow_steps` is what those three took beyond the run's ideal (its usual step,
+    the median), taken out of productive; the jitter is no slow step, nor is a slow step in the
+    launch's warm-up (its first steps compile and fill caches)."""
+    import random
+
+    rnd = random.Random(7)
+    recs, t = [_hello(T0 + 1, 0, T0)], T0 + 2.0
+    truth = 0.0
+    for s in range(1, 101):
+        st = 1.0 + rnd.uniform(-0.02, 0.02)
+        if s in (3, 40, 70, 90):          # step 3 is in the warm-up: not judged
+            st = 3.0
+            truth += 2.0 if s != 3 else 0.0
+        t += st
+        recs.append(_step(t, s, st, data=0.1))
+    led = ledger(recs)
+    b = led["buckets_s"]
+    _sums_to_wall(led)
+    _no_negative(led)
+    # (the ideal is the median compute time, 0.9 s here, to its 1 % bin)
+    assert b["slow_steps"] == pytest.approx(truth, rel=0.02)
+    assert b["data_loading"] == pytest.approx(100 * 0.1)
+    assert b["productive"] == pytest.approx(sum(r["values"]["perf/step_time"] for r in recs[1:]) - 10.0 - b["slow_steps"])
+    assert "slow_steps" in text(led)
+
+
+def test_a_steady_run_with_its_own_jitter_has_no_slow_steps():
+    import random
+
+    rnd = random.Random(3)
+    recs, t = [_hello(T0 + 1, 0, T0)], T0 + 2.0
+    for s in range(1, 301):
+        st = rnd.uniform(0.9, 1.1)      # a busy machine's spread: noise, not slowness
+        t += st
+        recs.append(_step(t, s, st))
+    led = ledger(recs)
+    assert led["buckets_s"]["slow_steps"] == 0.0
+    _sums_to_wall(led)

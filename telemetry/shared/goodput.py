@@ -8,7 +8,7 @@ the daemon feeds it the records as it writes them and reports the running totals
 (telemetry/daemon/goodput_stage.py). It splits the job's wall time, from the first process's
 start to the last record of the last launch, into buckets that sum to it:
 
-    productive          Σ over steps of step time - data loading - straggler wait
+    productive          Σ over steps of step time - data loading - straggler wait - slow steps
     startup             first launch: process start -> its first step began (imports, model,
                         engine, data loader), less a checkpoint restore in it
     data_loading        Σ perf/data_loading_time: what the steps waited for data
@@ -20,6 +20,14 @@ start to the last record of the last launch, into buckets that sum to it:
                         that phase is data loading, the data bucket takes the others' median
                         (perf/straggler_median_s) rather than the ranks' mean, so the excess is
                         counted once
+    slow_steps          Σ over steps of what a step's compute (its step time less data loading
+                        and straggler wait) took beyond the launch's ideal step, where it lay
+                        beyond the run's own noise: the ideal is the median compute time of its
+                        steps after its first WARMUP_STEPS, the bound Tukey's outlier fence (p75 +
+                        1.5 x the interquartile range, at least NOISE_FLOOR over the ideal), each
+                        step judged against those of the steps before it (from the MIN_SAMPLES-th
+                        on); taken out of productive. A run's jitter is no slow step; a GC pause,
+                        a throttled GPU, a host sync that stalls a step is
     hang                a launch that failed: its last step -> when it failed, less the saves
                         then (an emergency save is checkpoint_save). It failed unless a train_end
                         said it finished: a rank that said hello never said bye, or after its
@@ -106,6 +114,7 @@ back) is charged from the nearest save before it, and `redone_estimated` says so
 """
 from __future__ import annotations
 
+import math
 import time
 from collections import deque
 from dataclasses import dataclass, field, replace
@@ -115,9 +124,9 @@ from protocol.output import OutputRecord
 from telemetry.shared.numbers import is_int, is_number
 
 BUCKETS = ("productive", "startup", "data_loading", "eval", "checkpoint_save", "checkpoint_restore", "straggler",
-           "hang", "redone", "recovery", "telemetry", "excluded", "unexplained")
+           "slow_steps", "hang", "redone", "recovery", "telemetry", "excluded", "unexplained")
 # Buckets a ledger written before them lacks (goodput_ranks.json of an older daemon): 0 there.
-NEWER_BUCKETS = ("excluded",)
+NEWER_BUCKETS = ("slow_steps", "excluded")
 # Planned maintenance (module docstring, `excluded`): a window the job's own client opens and
 # closes (EXCLUDE_BEGIN, EXCLUDE_END events) or one given whole (EXCLUDE: data start, end; what
 # `telemetry goodput-exclude` has the daemon write). At most MAX_EXCLUSIONS kept, the rest counted.
@@ -139,6 +148,8 @@ ADVICE = {
     "checkpoint_save": "checkpoint saves: less often, asynchronous or sharded saves, a faster file system",
     "checkpoint_restore": "checkpoint restores: a faster file system, sharded checkpoints",
     "straggler": "stragglers: see diagnosis/straggler events (telemetry tail) for the rank and phase",
+    "slow_steps": "slow steps: steps far beyond the run's usual step time (GC pauses, throttling, a noisy neighbour, "
+                  "host syncs): look for spikes in perf/step_time",
     "hang": "hangs: set a collective timeout; the daemon's hang bundle names the rank and where it waits",
     "redone": "work redone: checkpoint more often (each lost step is paid twice)",
     "recovery": "recovery: restart faster (a job supervisor that relaunches at once, a warm node pool)",
@@ -147,8 +158,18 @@ ADVICE = {
     "unexplained": "unexplained: time outside the timed phases (logging, host syncs, the loop's own work)",
 }
 # A step's parts, in this order: step time, productive, data loading, straggler, eval.
-_ST, _PROD, _DATA, _STRAG, _EVAL = range(5)
-_ZERO = (0.0, 0.0, 0.0, 0.0, 0.0)
+_ST, _PROD, _DATA, _STRAG, _EVAL, _SLOW = range(6)
+_ZERO = (0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
+# Slow steps (module docstring, `slow_steps`): the first WARMUP_STEPS of a launch are not judged;
+# its ideal and noise bound come from the compute time (step time - data - straggler) of the steps
+# after them, in log bins of HIST_RATIO (1 %), judged once MIN_SAMPLES are in, recomputed every
+# REFRESH_SAMPLES (O(1) a step); the bound is Tukey's outlier fence, at least NOISE_FLOOR over the ideal.
+WARMUP_STEPS = 10
+MIN_SAMPLES = 20
+REFRESH_SAMPLES = 32
+HIST_RATIO = 1.01
+NOISE_FLOOR = 0.05
+_LOG_RATIO = math.log(HIST_RATIO)
 
 
 def _num(v: Any) -> float | None:
@@ -191,7 +212,7 @@ def step_parts(values: dict, room: float | None = None) -> tuple[float, ...] | N
         data = _num(get("perf/straggler_median_s")) or 0.0
     data = min(st, data)
     strag = min(st - data, excess)
-    return (st, st - data - strag, data, strag, eval_s)
+    return (st, st - data - strag, data, strag, eval_s, 0.0)
 
 
 @dataclass
@@ -231,6 +252,44 @@ class _Launch:
     # rank's step time began, on a rank that finished what came before sooner, while another
     # still did it (the previous step, a save, a restore), and that time is booked there.
     edge: float = 0.0
+    # Slow steps: its steps' compute times after warm-up (log bin -> count), how many, and the
+    # ideal and noise bound they give (None until MIN_SAMPLES; refreshed every REFRESH_SAMPLES).
+    hist: dict = field(default_factory=dict)
+    num_judged: int = 0
+    seen_steps: int = 0
+    ideal: float | None = None
+    fence: float | None = None
+
+    def judge(self, parts: tuple, new: bool) -> tuple:
+        """A step's parts with its slow part (module docstring, `slow_steps`) taken out of its
+        productive one, against the ideal and bound known so far; a new step's compute time goes
+        into the histogram once the launch is warm."""
+        compute = parts[_PROD]
+        if self.fence is not None and compute > self.fence:
+            slow = compute - self.ideal
+            parts = parts[:_PROD] + (compute - slow,) + parts[_PROD + 1:_SLOW] + (slow,)
+        if new:
+            self.seen_steps += 1
+            if self.seen_steps > WARMUP_STEPS and compute > 0.0:
+                b = int(math.floor(math.log(compute) / _LOG_RATIO))
+                self.hist[b] = self.hist.get(b, 0) + 1
+                self.num_judged += 1
+                n = self.num_judged
+                if n >= MIN_SAMPLES and (n == MIN_SAMPLES or n % REFRESH_SAMPLES == 0):
+                    self._bounds()
+        return parts
+
+    def _bounds(self) -> None:
+        """The ideal (the median compute time) and the noise bound (Tukey's fence, p75 + 1.5 IQR,
+        at least NOISE_FLOOR over the ideal) from the histogram."""
+        n, qs, out, seen = self.num_judged, (0.25, 0.5, 0.75), [], 0
+        for b in sorted(self.hist):
+            seen += self.hist[b]
+            while len(out) < 3 and seen >= qs[len(out)] * n:
+                out.append(HIST_RATIO ** (b + 0.5))
+        p25, p50, p75 = out
+        self.ideal = p50
+        self.fence = max(p75 + 1.5 * (p75 - p25), p50 * (1.0 + NOISE_FLOOR))
 
     def failed(self) -> bool:
         """Whether it ended in a failure (module docstring, `hang`)."""
@@ -263,9 +322,9 @@ class _Launch:
             self.first_gone_t = None
         old = self.recent.get(step)
         total = self.total
+        parts = self.judge(parts, old is None)
         if old is not None:                      # the same step again: the last one counts
-            self.total = total = (total[0] - old[0], total[1] - old[1], total[2] - old[2], total[3] - old[3],
-                                  total[4] - old[4])
+            self.total = total = _add(total, old, -1.0)
         else:
             if self.pending and (self.hi is None or step > self.hi):
                 for s in [s for s in self.pending if s < step]:
@@ -276,8 +335,7 @@ class _Launch:
             if len(self.order) > self.recent_max:
                 self.recent.pop(self.order.popleft(), None)
         self.recent[step] = parts
-        self.total = (total[0] + parts[0], total[1] + parts[1], total[2] + parts[2], total[3] + parts[3],
-                      total[4] + parts[4])
+        self.total = _add(total, parts)
         if self.lo is None or step < self.lo:
             self.lo, self.first_began = step, t - parts[_ST]
         if self.hi is None or step >= self.hi:
@@ -603,6 +661,7 @@ class Ledger:
             buckets["productive"] += kept[_PROD] - own
             buckets["data_loading"] += kept[_DATA]
             buckets["straggler"] += kept[_STRAG]
+            buckets["slow_steps"] += kept[_SLOW]
             buckets["eval"] += kept[_EVAL]
             out["steps"] += la.num_steps
             buckets["checkpoint_save"] += sum(d for d, _ in la.booked_saves())
@@ -755,7 +814,7 @@ class RankBooks:
             if st is not None:       # step_parts of the rank's own figures, the wait for another rank its straggler
                 data = min(st, data or 0.0)
                 strag = min(st - data, excess) if excess and slow is not None and slow != rank else 0.0
-                parts = (st, st - data - strag, data, strag, eval_s or 0.0)
+                parts = (st, st - data - strag, data, strag, eval_s or 0.0, 0.0)
             book.own_step(step, t, parts, client_s)
 
     def other(self, rec: dict) -> None:
