@@ -24,6 +24,48 @@ if [[ ! -x "$VENV/bin/python" ]]; then
         "$PYTHON" -m venv "$VENV"
     fi
 fi
+# VictoriaMetrics with its OTLP receiver (1.92 and later) for the OTLP sink's end-to-end test, which
+# skips, saying why, where it is absent. The system's own package when it is new enough (Debian 13);
+# otherwise (Debian 12 has 1.79, without the receiver) Debian 13's package is fetched from Debian's
+# archive through a private sources list (the system's apt configuration is left as it is) and only
+# its binary is unpacked into /usr/local/bin: installing the package itself would pull Debian 13's
+# libzstd1 into the system, which the binary does not need (it runs on Debian 12's). Each network
+# step is bounded by a timeout; any failure is a warning, never fatal.
+VM_MIN="1.92"
+vm_has_otlp() { [[ "$(victoria-metrics -help 2>&1)" == *-opentelemetry.usePrometheusNaming* ]]; }
+install_victoria_metrics() {
+    command -v victoria-metrics >/dev/null 2>&1 && vm_has_otlp && return 0
+    if [[ "$(id -u)" != 0 ]] || ! command -v apt-get >/dev/null 2>&1; then
+        log "warning: VictoriaMetrics >= $VM_MIN not installed (needs root and apt-get); its OTLP test will skip"
+        return 0
+    fi
+    local cand
+    cand="$(apt-cache policy victoria-metrics 2>/dev/null | awk '/Candidate:/ {print $2}')"
+    if [[ -n "$cand" && "$cand" != "(none)" ]] && dpkg --compare-versions "$cand" ge "$VM_MIN"; then
+        log "installing victoria-metrics $cand with apt-get (the OTLP sink's end-to-end test)"
+        DEBIAN_FRONTEND=noninteractive timeout 600 apt-get install -y -q victoria-metrics >/dev/null 2>&1 || true
+    else
+        log "fetching victoria-metrics from Debian 13's archive (the OTLP sink's end-to-end test)"
+        local tmp apt_opts
+        tmp="$(mktemp -d)"
+        mkdir -p "$tmp/lists/partial" "$tmp/cache/archives/partial"
+        printf '%s\n' "Types: deb" "URIs: http://deb.debian.org/debian" "Suites: trixie" "Components: main" \
+            "Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg" >"$tmp/trixie.sources"
+        apt_opts=(-q -o "Dir::Etc::SourceList=$tmp/trixie.sources" -o Dir::Etc::SourceParts=/nonexistent
+                  -o "Dir::State::Lists=$tmp/lists" -o "Dir::Cache=$tmp/cache" -o Acquire::Retries=0
+                  -o Acquire::http::Timeout=20 -o APT::Sandbox::User=root)
+        if timeout 120 apt-get "${apt_opts[@]}" update >/dev/null 2>&1 \
+           && (cd "$tmp" && timeout 300 apt-get "${apt_opts[@]}" download victoria-metrics >/dev/null 2>&1) \
+           && dpkg-deb --fsys-tarfile "$tmp"/victoria-metrics_*.deb | tar -x -C "$tmp" ./usr/bin/victoria-metrics \
+           && "$tmp/usr/bin/victoria-metrics" -help >/dev/null 2>&1; then
+            install -m 755 "$tmp/usr/bin/victoria-metrics" /usr/local/bin/victoria-metrics
+        fi
+        rm -rf "$tmp"
+    fi
+    hash -r
+    command -v victoria-metrics >/dev/null 2>&1 && vm_has_otlp \
+        || log "warning: could not install VictoriaMetrics >= $VM_MIN; the OTLP sink's end-to-end test will skip"
+}
 # The dev set-up's system tools: Chromium for the dashboard's browser test, Prometheus for the
 # exporter's test (both tests skip, saying why, where these are absent). Installed with apt when
 # we are root on a Debian-like system; a failure here is a warning, never fatal.
@@ -44,6 +86,7 @@ if [[ -n "$extras" ]]; then
                 "the tests that need them will skip: apt-get install ${missing[*]}"
         fi
     fi
+    install_victoria_metrics
 fi
 PIP=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
 stamp="$VENV/.installed$extras"
