@@ -85,9 +85,13 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     s = summarize(args.log_dir)
     final = {}
-    if args.drain_json and args.drain_json.exists():
+    if args.drain_json:
+        from telemetry.shared import files
+
         try:
-            drained = json.loads(args.drain_json.read_text() or "{}")
+            # A run file: only a regular one, at most 16 MB ("" otherwise: a FIFO there never blocks
+            # the summary, /dev/zero is never read without end).
+            drained = json.loads(files.read_small(args.drain_json, 16 << 20) or "{}")
             # The last daemon's final counters, under their record names.
             final = {"telemetry/records_in": drained.get("records_in"), "telemetry/dropped": drained.get("records_lost")}
         except (ValueError, AttributeError, RecursionError):   # not the daemon's JSON object
