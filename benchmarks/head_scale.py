@@ -26,6 +26,11 @@ the head of nodes/K of the nodes and forwarding to the job's head as its group. 
 checked at both levels (per node at its group head, per group at the job head), and every
 daemon's CPU and RSS is reported (the job head's, and the sum and the largest of the groups').
 
+With --head-cpu-share F the head (and the group heads) get F of one core (a cgroup CFS quota: a
+head on a node whose training job and other daemons leave it that much); each node's queue may take
+--linger-s at its end to reach the head (the forwarder's close_linger_s), and libzmq discards what is
+left then: a node whose last records or bye are discarded so shows as not exact.
+
 The senders are --senders processes (a node's socket and its descriptor are in one of them;
 their CPU is theirs, not the head's). Everything is on loopback, no CURVE (a loopback head
 needs none; CURVE's cost is per byte, the same per node-record at any node count).
@@ -69,7 +74,7 @@ def sender_main(a: argparse.Namespace) -> int:
     for n in nodes:
         s = ctx.socket(zmq.PUSH)
         s.setsockopt(zmq.SNDHWM, 100_000)
-        s.setsockopt(zmq.LINGER, 30_000)
+        s.setsockopt(zmq.LINGER, int(a.linger_s * 1000))
         s.connect(endpoints[n // per_group])
         socks[n] = s
     src = {n: (os.getpid() << 20) + n for n in nodes}
@@ -107,7 +112,7 @@ def sender_main(a: argparse.Namespace) -> int:
         sent[n] += 1
     behind = time.monotonic() - (start + steps / a.rate)
     for s in socks.values():
-        s.close()          # linger: what is queued still goes
+        s.close()          # linger: what is queued still goes, for up to --linger-s
     ctx.term()
     print(json.dumps({"sent": {str(n): sent[n] for n in nodes}, "src": {str(n): src[n] for n in nodes},
                       "behind_s": behind}), flush=True)
@@ -175,6 +180,38 @@ def _cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+CGROUP_CPU = Path("/sys/fs/cgroup/cpu")      # cgroup v1's cpu controller (as root)
+
+
+class CpuCap:
+    """The head held to a share of one core (--head-cpu-share): a cgroup v1 cpu group with a CFS
+    quota, as a head on a busy machine gets (its other daemons, the training job's own threads).
+    Needs root and cgroup v1's cpu controller; says so and exits 2 without them."""
+
+    PERIOD_US = 100_000
+
+    def __init__(self, share: float) -> None:
+        self.dir = CGROUP_CPU / f"head-scale-{os.getpid()}"
+        try:
+            self.dir.mkdir()
+            (self.dir / "cpu.cfs_period_us").write_text(str(self.PERIOD_US))
+            (self.dir / "cpu.cfs_quota_us").write_text(str(max(1000, int(share * self.PERIOD_US))))
+        except OSError as exc:
+            print(f"head-scale: --head-cpu-share needs root and cgroup v1's cpu controller ({exc})", file=sys.stderr)
+            sys.exit(2)
+
+    def add(self, pid: int) -> None:
+        (self.dir / "cgroup.procs").write_text(str(pid))       # the process, its threads, later ones too
+
+    def close(self) -> None:
+        for pid in (self.dir / "cgroup.procs").read_text().split():
+            try:
+                (CGROUP_CPU / "cgroup.procs").write_text(pid)
+            except OSError:
+                pass                                            # gone meanwhile
+        self.dir.rmdir()
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--nodes", type=int, default=256)
@@ -182,8 +219,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seconds", type=float, default=30.0)
     ap.add_argument("--metrics", type=int, default=50, help="values in a node's record")
     ap.add_argument("--senders", type=int, default=2, help="sender processes")
+    ap.add_argument("--linger-s", type=float, default=2.0,
+                    help="how long a node's queue may take to reach the head at its end (the forwarder's close_linger_s)")
     ap.add_argument("--groups", type=int, default=0,
                     help="group heads between the nodes and the job's head (0: the nodes send to the head)")
+    ap.add_argument("--head-cpu-share", type=float, default=0.0,
+                    help="hold the head (and group heads) to this share of one core (cgroup v1, root); 0: no cap")
     ap.add_argument("--kill-head-at", type=float, default=0.0, help="SIGKILL the head this many seconds in")
     ap.add_argument("--head-down-s", type=float, default=10.0, help="and start it again this much later")
     ap.add_argument("--sender", action="store_true", help=argparse.SUPPRESS)
@@ -206,8 +247,11 @@ def main(argv: list[str] | None = None) -> int:
     remote = f"tcp://127.0.0.1:{port}"
     base = {"pollers": {"nvml_enabled": False}, "daemon_record_interval_s": 5}
     head_args = dict(config=base, extra=("--remote-ingest", remote), world_size=a.groups or a.nodes)
+    cap = CpuCap(a.head_cpu_share) if a.head_cpu_share > 0 else None
     head = launch(work / "head", eps, **head_args)
     pid = head.proc.pid
+    if cap:
+        cap.add(pid)
     groups, group_eps = [], []
     for g in range(a.groups):
         gp = free_port()
@@ -215,6 +259,8 @@ def main(argv: list[str] | None = None) -> int:
         groups.append(launch(work / f"group{g}", Endpoints(),
                              config={**base, "forward": {"endpoint": remote, "node_rank": g, "num_nodes": a.groups}},
                              extra=("--remote-ingest", group_eps[-1]), world_size=a.nodes // a.groups))
+        if cap:
+            cap.add(groups[-1].proc.pid)
     node_endpoints = ",".join(group_eps) if groups else remote
     arrivals = StepArrivals(eps.pub)
     per = math.ceil(a.nodes / a.senders)
@@ -225,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
             break
         senders.append(subprocess.Popen(
             [sys.executable, "-m", "benchmarks.head_scale", "--sender", "--endpoint", node_endpoints, "--nodes", str(a.nodes),
-             "--rate", str(a.rate), "--seconds", str(a.seconds), "--metrics", str(a.metrics), "--first", str(first),
+             "--rate", str(a.rate), "--seconds", str(a.seconds), "--linger-s", str(a.linger_s), "--metrics", str(a.metrics), "--first", str(first),
              "--count", str(count)], cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True))
     for p in senders:
         assert p.stdout.readline().strip() == "ready"
@@ -248,6 +294,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"head-scale: head started again after {time.monotonic() - killed:.1f} s", file=sys.stderr, flush=True)
         cpu0 -= cpu_killed                 # the first head's share, then the second's from zero
         pid = head.proc.pid
+        if cap:
+            cap.add(pid)
     outs = [json.loads(p.stdout.readline()) for p in senders]
     for p in senders:
         p.wait(300)
@@ -265,6 +313,8 @@ def main(argv: list[str] | None = None) -> int:
     final = head.drain(timeout_s=300)
     arrivals.close()
     head.stop()
+    if cap:
+        cap.close()
     sent = {int(k): v for o in outs for k, v in o["sent"].items()}
     srcs = {int(k): v for o in outs for k, v in o["src"].items()}
     # Exactness, per node: what the head took in + counted lost == sent.
@@ -288,6 +338,7 @@ def main(argv: list[str] | None = None) -> int:
     cpu_pct = 100 * (cpu1 - cpu0) / (w1 - w0)
     result = {
         "nodes": a.nodes, "rate": a.rate, "seconds": a.seconds, "metrics": a.metrics,
+        "head_cpu_share": a.head_cpu_share or None, "linger_s": a.linger_s
         "node_records_per_s": a.nodes * a.rate,
         "steps_expected": n_steps, "steps_written": len(step_nums), "steps_written_twice": len(step_nums) - len(set(step_nums)),
         "steps_incomplete": len(incomplete),

@@ -147,23 +147,12 @@ class ForwardSink(Sink):
 
     # -- lifecycle -----------------------------------------------------------------------------
     def start(self) -> None:
-        c = self.cfg
-        self._ctx = zmq.Context(1)
-        s = self._socket(c.max_buffered)
-        # Watch the link: a restarted head gets this node's hello again on reconnect.
-        self._mon = s.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED)
-        s.connect(c.endpoint)
-        self._sock = s
-        # Announce the node at once, so the head expects it before its first step arrives.
-        self._send(KIND_HELLO, (self._node_info({}),))
-
-    def _socket(self, sndhwm: int) -> zmq.Socket:
-        """A PUSH socket to the head with this link's options (not yet connected)."""
         from telemetry.shared.security.curve import apply_client_curve
 
         c = self.cfg
+        self._ctx = zmq.Context(1)
         s = self._ctx.socket(zmq.PUSH)
-        s.setsockopt(zmq.SNDHWM, sndhwm)
+        s.setsockopt(zmq.SNDHWM, c.max_buffered)
         s.setsockopt(zmq.LINGER, int(c.close_linger_s * 1000))
         s.setsockopt(zmq.HEARTBEAT_IVL, int(c.heartbeat_ivl_s * 1000))
         s.setsockopt(zmq.HEARTBEAT_TIMEOUT, int(c.heartbeat_timeout_s * 1000))
@@ -175,7 +164,12 @@ class ForwardSink(Sink):
         # and its forwarding keys separate.
         self.curve = apply_client_curve(s, c.server_public_key or None, c.client_secret_key or None) \
             if c.server_public_key else False
-        return s
+        # Watch the link: a restarted head gets this node's hello again on reconnect.
+        self._mon = s.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED)
+        s.connect(c.endpoint)
+        self._sock = s
+        # Announce the node at once, so the head expects it before its first step arrives.
+        self._send(KIND_HELLO, (self._node_info({}),))
 
     def consume(self, batch: list[Out]) -> None:
         self._check_link()
@@ -276,26 +270,10 @@ class ForwardSink(Sink):
         self._check_link()
         self._mon.close(linger=0)
         self._mon = None
-        # The bye goes on a connection of its own, not behind what the link still queues: a head
-        # that is behind (overloaded, or back from an outage) may not read that queue within
-        # close_linger_s, and libzmq discards what is left of it at term(), uncounted. The bye
-        # carries the final seq and drop count, so the head then counts every record of the
-        # node that never came as lost (per node: received + lost == sent), instead of never
-        # learning how many there were. Records still queued behind arrive and count as usual.
-        bye_sock = self._socket(1)
-        bye_sock.connect(self.cfg.endpoint)
         # forwarded_by: the head's goodput ledger tells this link's end from a rank's.
-        bye = encode_bye(self.src, self.cfg.node_rank, self.seq, self.num_dropped, time.time_ns(),
-                         {**self.stats(), "forwarded_by": "group head" if self.relay else "node daemon"})
-        self.seq += 1
-        try:
-            bye_sock.send(bye, zmq.NOBLOCK)     # a fresh pipe with room for it: queued at once
-            self.num_sent += 1
-        except zmq.Again:
-            self.seq -= 1
-            self._send_raw(bye)                 # (not expected) behind the queue, as before
-        self._sock.close()        # each lingers up to close_linger_s for a reachable head
-        bye_sock.close()
+        self._send_raw(encode_bye(self.src, self.cfg.node_rank, self.seq, self.num_dropped, time.time_ns(),
+                                  {**self.stats(), "forwarded_by": "group head" if self.relay else "node daemon"}))
+        self._sock.close()        # lingers up to close_linger_s for a reachable head
         self._ctx.term()
         self._sock = None
 
