@@ -338,7 +338,7 @@ def main(argv: list[str] | None = None) -> int:
     cpu_pct = 100 * (cpu1 - cpu0) / (w1 - w0)
     result = {
         "nodes": a.nodes, "rate": a.rate, "seconds": a.seconds, "metrics": a.metrics,
-        "head_cpu_share": a.head_cpu_share or None, "linger_s": a.linger_s
+        "head_cpu_share": a.head_cpu_share or None, "linger_s": a.linger_s,
         "node_records_per_s": a.nodes * a.rate,
         "steps_expected": n_steps, "steps_written": len(step_nums), "steps_written_twice": len(step_nums) - len(set(step_nums)),
         "steps_incomplete": len(incomplete),
