@@ -19,7 +19,16 @@ start to the last record of the last launch, into buckets that sum to it:
                         phase ran than the others' median (the time the others waited); when
                         that phase is data loading, the data bucket takes the others' median
                         (perf/straggler_median_s) rather than the ranks' mean, so the excess is
-                        counted once
+                        counted once. Beyond the run's own noise only: on ranks that are alike,
+                        some rank is always slowest by a little (a busy host's jitter), and which
+                        one changes; the excess of the steps whose straggler was not the
+                        launch's usual one so far is that noise, and an excess within its 99th
+                        percentile (NOISE_QUANTILE; judged from the MIN_SAMPLES-th such step on,
+                        against the steps before) stays where it was spent (productive, or data
+                        loading for that phase); before that, an excess is booked only where the
+                        same rank was the straggler of the PERSIST_STEPS steps before too. A rank
+                        that is slow step after step is always the usual one, and its excess is
+                        booked
     slow_steps          Σ over steps of what a step's compute (its step time less data loading
                         and straggler wait) took beyond the launch's ideal step, where it lay
                         beyond the run's own noise: the ideal is the median compute time of its
@@ -169,6 +178,15 @@ MIN_SAMPLES = 20
 REFRESH_SAMPLES = 32
 HIST_RATIO = 1.01
 NOISE_FLOOR = 0.05
+# Straggler noise (module docstring, `straggler`): the excess of the steps whose straggler was not
+# the launch's usual one so far is the run's own noise; past its NOISE_QUANTILE (from MIN_SAMPLES
+# of them on, refreshed every REFRESH_SAMPLES) an excess is a straggler's; at most MAX_RANKS_SEEN
+# ranks counted as stragglers.
+NOISE_QUANTILE = 0.99
+MAX_RANKS_SEEN = 256
+# Until the bound is known, an excess is a straggler's only where the same rank was the straggler
+# of the PERSIST_STEPS steps before too (on alike ranks, which is slowest changes step to step).
+PERSIST_STEPS = 1
 _LOG_RATIO = math.log(HIST_RATIO)
 
 
@@ -259,6 +277,54 @@ class _Launch:
     seen_steps: int = 0
     ideal: float | None = None
     fence: float | None = None
+    # Straggler noise: steps each rank was the straggler of, the noise histogram (log bin ->
+    # count), its size and the bound it gives (None until MIN_SAMPLES).
+    strag_ranks: dict = field(default_factory=dict)
+    noise_hist: dict = field(default_factory=dict)
+    num_noise: int = 0
+    noise_bound: float | None = None
+    last_strag: int | None = None    # the straggler rank of the steps before, and how many in a row
+    strag_run: int = 0
+
+    def sift_straggler(self, parts: tuple, values: dict, new: bool) -> tuple:
+        """A step's parts with its straggler excess moved back where it came from (data loading
+        for that phase, else productive) when it is within the run's own noise (module
+        docstring, `straggler`); a new step's excess is a noise sample when its straggler was not
+        the launch's usual one."""
+        excess = parts[_STRAG]
+        if excess <= 0.0:
+            return parts
+        rank = values.get("perf/straggler_rank")     # (without it, nothing to judge by: booked)
+        rank = int(rank) if is_number(rank) and rank == rank and abs(rank) < 1 << 31 else None
+        if self.noise_bound is not None:
+            noise = excess <= self.noise_bound
+        else:
+            noise = rank is not None and (rank != self.last_strag or self.strag_run < PERSIST_STEPS)
+        if new:
+            self.strag_run = self.strag_run + 1 if rank is not None and rank == self.last_strag else 1
+            self.last_strag = rank
+        if new and rank is not None:
+            ranks = self.strag_ranks
+            usual = max(ranks, key=ranks.__getitem__) if ranks else None
+            if rank in ranks or len(ranks) < MAX_RANKS_SEEN:
+                ranks[rank] = ranks.get(rank, 0) + 1
+            if usual is not None and rank != usual:
+                b = int(math.floor(math.log(excess) / _LOG_RATIO))
+                self.noise_hist[b] = self.noise_hist.get(b, 0) + 1
+                self.num_noise += 1
+                n = self.num_noise
+                if n >= MIN_SAMPLES and (n == MIN_SAMPLES or n % REFRESH_SAMPLES == 0):
+                    seen, want = 0, NOISE_QUANTILE * n
+                    for b in sorted(self.noise_hist):
+                        seen += self.noise_hist[b]
+                        if seen >= want:
+                            self.noise_bound = HIST_RATIO ** (b + 1)
+                            break
+        if not noise:
+            return parts
+        if _num(values.get("perf/straggler_phase_index")) == DATA_PHASE:
+            return parts[:_DATA] + (parts[_DATA] + excess, 0.0) + parts[_EVAL:]
+        return (parts[_ST], parts[_PROD] + excess) + parts[_DATA:_STRAG] + (0.0,) + parts[_EVAL:]
 
     def judge(self, parts: tuple, new: bool) -> tuple:
         """A step's parts with its slow part (module docstring, `slow_steps`) taken out of its
@@ -487,6 +553,8 @@ class Ledger:
             if "rank" not in rec:
                 parts = self._parts(cur, step, t, values)
                 if parts is not None:
+                    if parts[_STRAG] > 0.0:
+                        parts = cur.sift_straggler(parts, values, cur.hi is None or step > cur.hi)
                     cur.add_step(step, t, parts)
                 own = values.get(CLIENT_TIME_KEY)
                 if own is not None:
