@@ -229,9 +229,9 @@ class Intake:
         """The first queued frame of each source, out of the queue (by the bytes that follow the
         kind: version and src; a src below 2^32, which no client draws, by its header read
         whole). A client's frames are queued in the order it sent them, so these
-        hold each source's lowest seq in the queue: a drain that counts them, and leaves the
-        rest uncounted, still has every client's seq window start where it should (the rest
-        lies inside it: lost in transit once the bye closes it)."""
+        hold each source's lowest seq in the queue: a drain that counts them first, and may leave
+        the rest uncounted, still has every client's seq window start where it should (the
+        rest lies inside it: lost in transit once the bye closes it)."""
         q = self._q
         firsts = {f[2:12]: f for f in reversed(q)}
         if len(firsts) > MAX_FIRSTS_BY_BYTES:
@@ -239,14 +239,17 @@ class Intake:
             for f in reversed(q):
                 h = peek_header(f)
                 firsts[f[2:12] if h is None else h[1]] = f
-        if not firsts:
-            return []
-        chosen = set(map(id, firsts.values()))
-        kept = [f for f in q if id(f) not in chosen]
-        q.clear()
-        q.extend(kept)
-        self.num_bytes = sum(map(len, kept)) + FRAME_OVERHEAD_BYTES * len(kept)
-        return list(firsts.values())
+        out = list(firsts.values())
+        if len(out) <= RARE_REMOVED_ONE_BY_ONE:
+            for f in out:
+                q.remove(f)
+        else:
+            chosen = set(map(id, out))
+            kept = [f for f in q if id(f) not in chosen]
+            q.clear()
+            q.extend(kept)
+        self.num_bytes -= sum(map(len, out)) + FRAME_OVERHEAD_BYTES * len(out)
+        return out
 
     def take(self, max_frames: int) -> list:
         """Up to `max_frames` frames from the head of the queue (the drain counts what it cannot

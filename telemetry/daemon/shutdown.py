@@ -177,7 +177,8 @@ def drain_intake(d, until: float, deadline: float, last_call: float | None = Non
     they are processed, and only while a turn as long as the longest so far and the open steps'
     flush (at the cost of a step measured as it goes) still end before `deadline`; then the open
     steps go out and the rest is only counted (their headers, records_unread_at_drain): the
-    frames read ahead that are not metrics first (take_rare: the byes), then the others.
+    frames read ahead that are not metrics and each source's first in hand first (take_rare:
+    the byes; take_firsts), then the socket's and the others.
 
     A client's bye closes its accounting: what it sent and this daemon never counted is then
     lost in transit, exactly. So the count is exact however slow the box is: the byes in hand
@@ -212,12 +213,16 @@ def drain_intake(d, until: float, deadline: float, last_call: float | None = Non
                 d.emit_steps(agg.flush())
                 d.hand_out()
                 flushed_at = time.monotonic()
+                # Each source's first frame in hand, so that its seq window starts there whatever
+                # is left uncounted at the deadline (it lies inside the window).
                 rare = intake.take_rare()
-                receiver.unread(rare)
-                losses.num_unread_at_drain += len(rare)
+                firsts = intake.take_firsts()
+                receiver.unread(rare + firsts)
+                losses.num_unread_at_drain += len(rare) + len(firsts)
                 log.info("drain: processing stopped after %.2f s; %d open steps out in %.2f s (%.2f s "
-                         "foreseen), %d frames other than metrics found in %.2f s", now - started, num_open,
-                         flushed_at - now, flush_s, len(rare), time.monotonic() - flushed_at)
+                         "foreseen), %d frames other than metrics and %d sources' first found in %.2f s",
+                         now - started, num_open, flushed_at - now, flush_s, len(rare), len(firsts),
+                         time.monotonic() - flushed_at)
         if counting:
             n = count_unread(d, COUNT_BATCH)
             losses.num_unread_at_drain += n
@@ -247,13 +252,8 @@ def drain_intake(d, until: float, deadline: float, last_call: float | None = Non
             recent = receiver.still_open(recent)
             if not recent or now >= last_call:
                 break
-    if len(intake):
-        # Cut short: each source's earliest frame in hand is counted, so that its seq window
-        # starts there; the rest lies inside the window, lost in transit once its bye closes it.
-        firsts = intake.take_firsts()
-        receiver.unread(firsts)
-        losses.num_unread_at_drain += len(firsts)
-    left = len(intake.take_all())
+    left = len(intake)
+    intake.take_all()
     log.info("drain intake: %d records processed, %d counted unread, %d left uncounted at the deadline "
              "(accounted by their clients' byes), in %.2f s (a step's cost measured at %s)", processed,
              losses.num_unread_at_drain, left, time.monotonic() - started,
