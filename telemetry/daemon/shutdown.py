@@ -3,9 +3,12 @@
 Stop intake, drain every stage and queue, flush, fsync, close, all within `drain_timeout_s`:
 
 1. intake: what libzmq holds or is still reading off the wire is taken until every client that
-   was sending has said bye (or gone silent), processed up to INTAKE_SHARE of the deadline and
-   only counted after it (records_unread_at_drain); then the ingest socket closes;
-2. the pipeline: open steps go out with whatever ranks they have, the held byes after them;
+   was sending has said bye (or gone silent), processed up to INTAKE_SHARE of the deadline (less
+   when the open steps' flush would not fit) and only counted after it (records_unread_at_drain),
+   the byes and each client's first frame in hand first: what the deadline leaves uncounted,
+   the clients' byes account for (in transit); then the ingest socket closes;
+2. the pipeline: open steps go out with whatever ranks they have (at the end of processing, in
+   the intake's time), the held byes after them;
 3. the analysis stages (diagnosis first: its last events must still reach the sinks) with a
    share of the time; the script's exit code when the drain request carried one (a
    `script_exit` event); then every sink drains, flushes, fsyncs and closes, in parallel; one
