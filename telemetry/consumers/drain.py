@@ -33,7 +33,7 @@ def run(args: argparse.Namespace) -> int:
     problems = _problems(final)
     if problems:
         print("telemetry drain: " + "; ".join(problems), file=sys.stderr)
-    jsonl = (final.get("sinks") or {}).get("jsonl") or {}
+    jsonl = _jsonl(final)
     failed = any(jsonl.get(k) for k in ("write_errors", "lines_lost", "fsync_errors"))
     return 0 if final.get("drained") and not failed else 1
 
@@ -41,22 +41,32 @@ def run(args: argparse.Namespace) -> int:
 def _problems(final: dict) -> list[str]:
     """What the final counters say was lost or is unknown, in words (nothing: an empty list)."""
     out = []
-    jsonl = (final.get("sinks") or {}).get("jsonl") or {}
+    jsonl = _jsonl(final)
     if jsonl.get("write_errors") or jsonl.get("lines_lost"):
-        out.append(f"metrics.jsonl could not hold {jsonl.get('dropped', 0):,} records (write errors "
+        out.append(f"metrics.jsonl could not hold {_num(jsonl.get('dropped', 0), ',')} records (write errors "
                    f"{jsonl.get('write_errors', 0)}, lost with a deleted file {jsonl.get('lines_lost', 0)})")
     if final.get("records_unread_at_drain"):
-        out.append(f"{final['records_unread_at_drain']:,} records queued at the deadline were counted, "
+        out.append(f"{_num(final['records_unread_at_drain'], ',')} records queued at the deadline were counted, "
                    f"not processed (raise drain_timeout_s)")
     if final.get("records_shed_at_intake"):
-        out.append(f"{final['records_shed_at_intake']:,} records beyond the daemon's ingest share were shed and "
-                   f"counted (a backlog: raise memory_mb, or send fewer or narrower records)")
+        out.append(f"{_num(final['records_shed_at_intake'], ',')} records beyond the daemon's ingest share were shed "
+                   f"and counted (a backlog: raise memory_mb, or send fewer or narrower records)")
     if final.get("sources_open_at_drain"):
         out.append(f"{final['sources_open_at_drain']} client(s) were still sending without a bye: what they "
                    f"sent after the drain is counted by no one")
-    if final.get("unfinished_sinks"):
-        out.append("abandoned at the deadline: " + ", ".join(map(str, final["unfinished_sinks"])))
+    unfinished = final.get("unfinished_sinks")
+    if unfinished:
+        out.append("abandoned at the deadline: " + (", ".join(map(str, unfinished)) if isinstance(unfinished, list)
+                                                   else str(unfinished)))
     return out
+
+
+def _jsonl(final: dict) -> dict:
+    """The jsonl sink's counters, {} where the answer holds no such object (whatever answered
+    on the control endpoint is read, never trusted to be shaped as the daemon's)."""
+    sinks = final.get("sinks")
+    jsonl = sinks.get("jsonl") if isinstance(sinks, dict) else None
+    return jsonl if isinstance(jsonl, dict) else {}
 
 
 def summary_lines(final: dict) -> list[str]:

@@ -196,7 +196,11 @@ def request(endpoint: str, cmd: str, timeout_s: float = 5.0, exit_code: int | No
             body["exit_code"] = exit_code
         body.update(extra or {})
         sock.send(json.dumps(body).encode())
-        return json.loads(sock.recv())
+        answer = sock.recv()
+        try:
+            return json.loads(answer)
+        except RecursionError:    # whatever answers there (another user's port) nested it past json's limit
+            raise ValueError("an answer nested deeper than json's recursion limit") from None
     except zmq.Again:
         raise TimeoutError(f"no answer from a telemetry daemon at {endpoint} within {timeout_s:g} s") from None
     finally:
