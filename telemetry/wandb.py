@@ -159,8 +159,7 @@ def init(project: str | None = None, name: str | None = None, config: Any = None
             raise NotImplementedError(f"telemetry.wandb does not support wandb.init({key}=...)")
     if unsupported:
         raise TypeError(f"wandb.init() got unexpected keyword arguments: {', '.join(sorted(unsupported))}")
-    mode_given = mode is not None
-    mode = mode or os.environ.get("WANDB_MODE") or "online"
+    mode = mode or os.environ.get("WANDB_MODE") or _default_mode()
     if mode == "dryrun":            # W&B's older name for offline (Lightning's WandbLogger sets it)
         mode = "offline"
     if mode not in MODES:
@@ -198,7 +197,7 @@ def init(project: str | None = None, name: str | None = None, config: Any = None
             # (W&B's run per rank when every rank inits), so this process is its only rank.
             rank, world_size = 0, 1
         autostart.ensure_daemon("telemetry.wandb", run_id=run_id, run_name=name or env("WANDB_NAME"),
-                                wandb_mode=mode if (mode_given or env("WANDB_MODE")) else None,
+                                wandb_mode=mode,
                                 root=dir or env("WANDB_DIR"), runtime=runtime)
     console = settings.get("console") if isinstance(settings, dict) else getattr(settings, "console", None)
     run = Run(project=project or env("WANDB_PROJECT"), name=name or env("WANDB_NAME"), config=cfg,
@@ -210,6 +209,27 @@ def init(project: str | None = None, name: str | None = None, config: Any = None
     if reinit != "create_new":         # as W&B: a run made beside the active one is not wandb.run
         _run = run
     return run
+
+
+def _default_mode() -> str:
+    """W&B's mode when none is given: the launcher's (`telemetry run` sets $TELEMETRY_WANDB_MODE
+    for the script's runs), else W&B's own rule: online when an API key is configured, else
+    offline, said once as W&B says it (the command that syncs the run is printed at finish)."""
+    from telemetry.client import autostart
+
+    launcher = os.environ.get(autostart.ENV_WANDB_MODE)
+    if launcher in ("online", "offline", "disabled"):
+        return launcher
+    if login(mode="online"):
+        return "online"
+    if not _silent():
+        termlog("telemetry.wandb: no W&B API key configured ($WANDB_API_KEY or `wandb login`): the run is offline; "
+                "`wandb sync` uploads it later (the command is printed at finish). Set WANDB_MODE to choose.")
+    return "offline"
+
+
+def _silent() -> bool:
+    return os.environ.get("WANDB_SILENT", "").lower() in ("1", "true", "yes")
 
 
 def its_daemon(run_id: str):

@@ -8,12 +8,15 @@ metadata, aliases and manifest (each file's path, digest and size); saved files;
 """
 from __future__ import annotations
 
+import glob
 import json
 import re
+import subprocess
+import sys
 
 import pytest
 
-from test_wandb_parity import SCRIPTS, TIMING, assert_same_run, real_run, shared_run, sidecar_run
+from test_wandb_parity import ROOT, SCRIPTS, TIMING, _env, assert_same_run, real_run, shared_run, sidecar_run
 from wandb_offline import read_records
 
 pytest.importorskip("wandb")
@@ -49,7 +52,8 @@ def test_every_call_beyond_log_is_made_as_wandb_makes_it(tmp_path):
     real, real_out = real_run(script, 1, tmp_path / "real", {})
     ours, our_out = sidecar_run(script, 1, tmp_path / "ours", {})
     # What the script reads back: summary.get after a log, use_artifact offline (W&B's own
-    # TypeError), run.resumed / start_time / project_url, login() offline, AlertLevel.
+    # TypeError), run.resumed / start_time / project_url, login() offline, AlertLevel, and
+    # $WANDB_MODE ("offline": `telemetry run` leaves the script the mode its W&B run has).
     assert _seen(our_out) == _seen(real_out)
     assert _seen(our_out)["summary_get"] == 1.5
     got, want = calls(ours), calls(real)
@@ -82,3 +86,20 @@ def test_wandbs_own_lightning_fabric_logger(tmp_path):
     real, _ = real_run(script, 1, tmp_path / "real", {})
     ours, _ = sidecar_run(script, 1, tmp_path / "ours", {})
     assert_same_run(real, ours)
+
+
+def test_without_wandb_mode_or_a_key_the_run_is_offline_and_says_how_to_sync(tmp_path):
+    """As W&B: no $WANDB_MODE and no API key: offline, said, and at finish the `wandb sync`
+    command for the run's directory (the daemon's W&B run's)."""
+    script = tmp_path / "plain.py"
+    script.write_text("import telemetry.wandb as wandb\nrun = wandb.init(project='p')\nrun.log({'x': 1.0})\n"
+                      "run.finish()\n")
+    env = _env(HOME=str(tmp_path), TELEMETRY_RUNTIME_DIR=str(tmp_path / "rt"), TELEMETRY_DIR=str(tmp_path / "t"))
+    env.pop("WANDB_SILENT")
+    p = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "no W&B API key configured" in p.stderr
+    synced = re.findall(r"wandb: wandb sync (\S+)", p.stderr)
+    assert len(synced) == 1, p.stderr[-3000:]
+    assert glob.glob(f"{synced[0]}/run-*.wandb") and "offline-run-" in synced[0]

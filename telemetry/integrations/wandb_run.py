@@ -405,12 +405,24 @@ class Run(RunCalls):
         _unfinished.discard(self)
         self._media.close()   # bounded: the files the daemon was told of get written
         code = exit_code if isinstance(exit_code, int) else 0
+        self._say_sync()
         self._client.get().event("train_end", {"status": "failed" if code else "finished", "exit_code": code})
         self._client.close()
         if self._runtime is not None:
             from telemetry.client import autostart
 
             autostart.drain_started(self._runtime)
+
+    def _say_sync(self) -> None:
+        """Offline, as W&B at finish: the command that uploads the run (its directory is the
+        daemon's W&B run's), on rank 0 unless $WANDB_SILENT."""
+        if self.mode != "offline" or self.rank != 0 or \
+                os.environ.get("WANDB_SILENT", "").lower() in ("1", "true", "yes"):
+            return
+        files = self._w_b("dir")
+        if files:
+            print(f"wandb: You can sync this run to the cloud by running:\nwandb: wandb sync "
+                  f"{os.path.dirname(files.rstrip(os.sep))}", file=sys.stderr, flush=True)
 
     def __enter__(self) -> "Run":
         return self

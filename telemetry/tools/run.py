@@ -133,6 +133,8 @@ def run(args: argparse.Namespace) -> int:
     if mode not in ("disabled", "offline", "online"):
         mode = "offline"
     env[autostart.ENV_WANDB_MODE] = mode       # the daemons of the script's other runs: the same mode
+    if mode != "disabled":
+        env["WANDB_MODE"] = mode               # what the script's W&B code reads (transformers says "offline mode")
     if args.daemon_config:                     # ... and the same config
         env[autostart.ENV_DAEMON_CONFIG] = str(Path(args.daemon_config).absolute())
     # --watch-pid: a `telemetry run` killed outright (SIGKILL) still leaves a drained run behind.

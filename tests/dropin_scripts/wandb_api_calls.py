@@ -7,7 +7,7 @@ import os
 
 import wandb
 
-seen = {"login": wandb.login()}
+seen = {"login": wandb.login(), "WANDB_MODE": os.environ.get("WANDB_MODE")}
 run = wandb.init(project="parity", name="api-calls", tags=["a"], notes="first")
 seen.update(resumed=run.resumed, start_time=isinstance(run.start_time, float), project_url=run.project_url)
 run.log({"train/loss": 1.5})
