@@ -125,8 +125,12 @@ def _fail(msg: str) -> int:
 
 
 def _said_once(store) -> None:
-    print(f"telemetry dashboard: run {store.name}: {len(store.series):,} series kept (its share of --max-series "
-          "and --memory-mb): values of new series are dropped from now on, counted on the page",
+    from telemetry.consumers.terminal import printable
+
+    # The run's name may be a hello's (wandb.init's name, or whatever a TCP publisher sent): one
+    # line, no escape sequence reaches the terminal.
+    print(f"telemetry dashboard: run {printable(store.name)}: {len(store.series):,} series kept (its share of "
+          "--max-series and --memory-mb): values of new series are dropped from now on, counted on the page",
           file=sys.stderr, flush=True)
 
 
