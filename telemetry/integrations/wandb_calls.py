@@ -5,10 +5,11 @@ as a `wandb/call` event that the daemon's W&B sink turns into the real call (`ru
 
 The files a call names are staged where the daemon can read them: a directory of their own under
 the private media directory (<media dir>/staged/<pid>-<8 hex>-<n>, telemetry/shared/media.py),
-laid out as the W&B call will store them. A file is hard-linked there when it is on the same
-file system (no bytes copied), else copied, on the caller's thread, as W&B's own `add_file`
-copies it on the caller's thread; everything else (hashing, the manifest, W&B's own staging and
-upload) happens in the daemon. The directory is named in the event only once complete; the sink
+laid out as the W&B call will store them. A file is copied there on the caller's thread, as
+W&B's own `add_file` copies it (policy "mutable", the default), or hard-linked where the file
+system allows when W&B would not copy it either (policy "immutable"; `save(policy="live")`,
+which W&B links); everything else (hashing, the manifest, W&B's own staging and upload) happens
+in the daemon. The directory is named in the event only once complete; the sink
 deletes it after the call (a `save`d file is first copied into the W&B run's files directory).
 
 What cannot work without the files in the training process raises, naming the call:
@@ -74,14 +75,20 @@ def publish(stage: Path) -> str:
     return final.name
 
 
-def link_or_copy(src: str | os.PathLike, dst: Path) -> None:
+def link_or_copy(src: str | os.PathLike, dst: Path, link: bool = False) -> None:
+    """`src` staged at `dst`: a copy (what W&B's add_file makes of a "mutable" file, the default:
+    later writes to `src` do not change what is logged), or with `link` a hard link where the file
+    system allows (W&B's "immutable": the caller promises not to change it; no bytes copied)."""
     dst.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     if dst.exists():
         dst.unlink()
-    try:
-        os.link(src, dst)
-    except OSError:
-        shutil.copyfile(src, dst)
+    if link:
+        try:
+            os.link(src, dst)
+            return
+        except OSError:
+            pass
+    shutil.copyfile(src, dst)
 
 
 def jsonable(value: Any) -> Any:
@@ -145,7 +152,7 @@ class Artifact:
                  skip_cache: bool | None = False, policy: str | None = "mutable", overwrite: bool = False) -> None:
         if not os.path.isfile(local_path):
             raise ValueError(f"Path is not a file: {local_path!r}")
-        link_or_copy(local_path, self._stage_dir() / (name or os.path.basename(local_path)))
+        link_or_copy(local_path, self._stage_dir() / (name or os.path.basename(local_path)), policy == "immutable")
 
     def add_dir(self, local_path: str, name: str | None = None, skip_cache: bool | None = False,
                 policy: str | None = "mutable", merge: bool = False) -> None:
@@ -155,7 +162,7 @@ class Artifact:
         for dirpath, _, files in os.walk(local_path):
             for f in files:
                 src = os.path.join(dirpath, f)
-                link_or_copy(src, base / os.path.relpath(src, local_path))
+                link_or_copy(src, base / os.path.relpath(src, local_path), policy == "immutable")
 
     def new_file(self, name: str, mode: str = "x", encoding: str | None = None) -> _NewFile:
         return _NewFile(self, name, mode, encoding)
@@ -293,7 +300,7 @@ class RunCalls:
         if files:
             stage = new_stage()
             for f, rel in zip(files, rels):
-                link_or_copy(f, stage / rel)
+                link_or_copy(f, stage / rel, link=policy == "live")   # W&B links these too
             self._forward("save", stage, glob=rel_glob if glob else None, files=rels, policy=policy, refresh=refresh)
         run_dir = self.dir if files and not refresh else None
         return [os.path.join(run_dir, rel) for rel in rels] if run_dir else rels

@@ -21,6 +21,8 @@ with open("ckpt/inner/state.txt", "w") as f:
     f.write("state")
 art = wandb.Artifact("my-data", type="dataset", description="tiny", metadata={"rows": 3})
 art.add_file("weights.bin")
+with open("weights.bin", "r+b") as f:      # rewritten in place after add_file: W&B logs what was added
+    f.write(b"\x03" * 2000)
 art.add_dir("ckpt", name="checkpoint")
 with art.new_file("notes.txt", mode="w") as f:
     f.write("written into the artifact")
