@@ -858,7 +858,10 @@ def test_a_daemon_sigkilled_and_restarted_mid_run_leaves_one_launch_and_the_inje
     # The job: rank 1's 0.2 s a step (and what else its loader took beyond rank 0's) is straggler
     # time; the data bucket is what rank 0, the one that waited, waited for data on those steps
     # (the ranks' mean on the others; on a step written without a rank, the mean of those it has).
-    assert b["straggler"] == pytest.approx(sum(agg[s]["perf/straggler_excess_s"] for s in viewed), abs=1e-6), b
+    # (an excess the ledger took for the run's own noise, a step named for another rank or phase
+    # amid rank 1's, stays where it was spent: data loading for that phase, else productive)
+    excess = sum(agg[s]["perf/straggler_excess_s"] for s in viewed)
+    assert b["straggler"] <= excess + 1e-6, b
     assert b["straggler"] >= sum(slow_data - own[0][s] for s in data_named), b
     # The injected truth within 1 % of the wall time: on the steps it names rank 1's data loading,
     # the injected 0.2 s a step; on the others (data loading is the first cause looked for, so a
@@ -866,9 +869,9 @@ def test_a_daemon_sigkilled_and_restarted_mid_run_leaves_one_launch_and_the_inje
     assert abs(sum(agg[s]["perf/straggler_excess_s"] for s in data_named) - slow_data * len(data_named)) \
         <= 0.01 * wall, (b, wall, data_named)
     assert b["straggler"] >= slow_data * len(viewed) - 0.01 * wall, (b, wall, viewed)
-    assert b["data_loading"] == pytest.approx(
-        sum(own[0][s] if s in data_named else sum(own[k][s] for k in present[s]) / len(present[s]) for s in written),
-        abs=1e-6), b
+    waited = sum(own[0][s] if s in data_named else sum(own[k][s] for k in present[s]) / len(present[s])
+                 for s in written)
+    assert waited - 1e-6 <= b["data_loading"] <= waited + (excess - b["straggler"]) + 1e-6, (b, waited, excess)
     # The one save (step 10): the slowest rank's own figure, the injected sleep in it.
     saves = [r["data"]["duration_s"] for r in recs if r.get("name") == "checkpoint_saved"]
     assert len(saves) == 2 and b["checkpoint_save"] == pytest.approx(max(saves), abs=1e-9) and max(saves) >= slow_save

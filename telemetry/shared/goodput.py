@@ -21,12 +21,12 @@ start to the last record of the last launch, into buckets that sum to it:
                         (perf/straggler_median_s) rather than the ranks' mean, so the excess is
                         counted once. Beyond the run's own noise only: on ranks that are alike,
                         some rank is always slowest by a little (a busy host's jitter), and which
-                        one changes; the excess of the steps whose straggler was not the
-                        launch's usual one so far is that noise, and an excess within its 99th
-                        percentile (NOISE_QUANTILE; judged from the MIN_SAMPLES-th such step on,
-                        against the steps before) stays where it was spent (productive, or data
-                        loading for that phase); before that, an excess is booked only where the
-                        same rank was the straggler of the PERSIST_STEPS steps before too. A rank
+                        one changes; the excess of the steps whose straggler was not the step
+                        before's is that noise, and an excess within NOISE_FACTOR times its
+                        median (judged from the NOISE_MIN_SAMPLES-th such step on, against the
+                        steps before) stays where it was spent (productive, or data
+                        loading for that phase); before that, an excess is booked where its rank
+                        was the straggler of most of the last RECENT_STRAGGLERS steps. A rank
                         that is slow step after step is always the usual one, and its excess is
                         booked
     slow_steps          Σ over steps of what a step's compute (its step time less data loading
@@ -178,15 +178,17 @@ MIN_SAMPLES = 20
 REFRESH_SAMPLES = 32
 HIST_RATIO = 1.01
 NOISE_FLOOR = 0.05
-# Straggler noise (module docstring, `straggler`): the excess of the steps whose straggler was not
-# the launch's usual one so far is the run's own noise; past its NOISE_QUANTILE (from MIN_SAMPLES
-# of them on, refreshed every REFRESH_SAMPLES) an excess is a straggler's; at most MAX_RANKS_SEEN
-# ranks counted as stragglers.
-NOISE_QUANTILE = 0.99
-MAX_RANKS_SEEN = 256
-# Until the bound is known, an excess is a straggler's only where the same rank was the straggler
-# of the PERSIST_STEPS steps before too (on alike ranks, which is slowest changes step to step).
-PERSIST_STEPS = 1
+# Straggler noise (module docstring, `straggler`): the excess of a step whose straggler is not the
+# step before's is the run's own noise; NOISE_FACTOR x its median (from NOISE_MIN_SAMPLES of them
+# on; refreshed at each of the first 2 x REFRESH_SAMPLES, where a few more move it most, then every
+# REFRESH_SAMPLES) bounds it: a median, so that the onsets of a real straggler (a flip too) do not
+# raise it; 4 x the median of a half-normal excess (two alike ranks) is its 99.5th percentile.
+NOISE_FACTOR = 4.0
+NOISE_MIN_SAMPLES = 8
+# Until the bound is known, an excess is a straggler's only where its rank was the straggler of
+# most of the last RECENT_STRAGGLERS steps, this one included (on alike ranks, which is slowest
+# changes step to step; a real straggler is the same rank step after step).
+RECENT_STRAGGLERS = 8
 _LOG_RATIO = math.log(HIST_RATIO)
 
 
@@ -277,49 +279,45 @@ class _Launch:
     seen_steps: int = 0
     ideal: float | None = None
     fence: float | None = None
-    # Straggler noise: steps each rank was the straggler of, the noise histogram (log bin ->
-    # count), its size and the bound it gives (None until MIN_SAMPLES).
-    strag_ranks: dict = field(default_factory=dict)
+    # Straggler noise: the noise histogram (log bin -> count), its size and the bound it gives
+    # (None until NOISE_MIN_SAMPLES).
     noise_hist: dict = field(default_factory=dict)
     num_noise: int = 0
     noise_bound: float | None = None
-    last_strag: int | None = None    # the straggler rank of the steps before, and how many in a row
-    strag_run: int = 0
+    last_strag: int | None = None    # the straggler rank of the step before
+    recent_strag: deque = field(default_factory=lambda: deque(maxlen=RECENT_STRAGGLERS))
 
     def sift_straggler(self, parts: tuple, values: dict, new: bool) -> tuple:
         """A step's parts with its straggler excess moved back where it came from (data loading
         for that phase, else productive) when it is within the run's own noise (module
         docstring, `straggler`); a new step's excess is a noise sample when its straggler was not
-        the launch's usual one."""
+        the step before's."""
         excess = parts[_STRAG]
         if excess <= 0.0:
             return parts
         rank = values.get("perf/straggler_rank")     # (without it, nothing to judge by: booked)
         rank = int(rank) if is_number(rank) and rank == rank and abs(rank) < 1 << 31 else None
+        recent = self.recent_strag
+        if new and rank is not None:
+            recent.append(rank)
         if self.noise_bound is not None:
             noise = excess <= self.noise_bound
         else:
-            noise = rank is not None and (rank != self.last_strag or self.strag_run < PERSIST_STEPS)
+            noise = rank is not None and 2 * recent.count(rank) <= len(recent)
+        if new and rank is not None and self.last_strag is not None and rank != self.last_strag:
+            b = int(math.floor(math.log(excess) / _LOG_RATIO))
+            self.noise_hist[b] = self.noise_hist.get(b, 0) + 1
+            self.num_noise += 1
+            n = self.num_noise
+            if n >= NOISE_MIN_SAMPLES and (n <= 2 * REFRESH_SAMPLES or n % REFRESH_SAMPLES == 0):
+                seen = 0
+                for b in sorted(self.noise_hist):
+                    seen += self.noise_hist[b]
+                    if seen >= 0.5 * n:
+                        self.noise_bound = NOISE_FACTOR * HIST_RATIO ** (b + 0.5)
+                        break
         if new:
-            self.strag_run = self.strag_run + 1 if rank is not None and rank == self.last_strag else 1
             self.last_strag = rank
-        if new and rank is not None:
-            ranks = self.strag_ranks
-            usual = max(ranks, key=ranks.__getitem__) if ranks else None
-            if rank in ranks or len(ranks) < MAX_RANKS_SEEN:
-                ranks[rank] = ranks.get(rank, 0) + 1
-            if usual is not None and rank != usual:
-                b = int(math.floor(math.log(excess) / _LOG_RATIO))
-                self.noise_hist[b] = self.noise_hist.get(b, 0) + 1
-                self.num_noise += 1
-                n = self.num_noise
-                if n >= MIN_SAMPLES and (n == MIN_SAMPLES or n % REFRESH_SAMPLES == 0):
-                    seen, want = 0, NOISE_QUANTILE * n
-                    for b in sorted(self.noise_hist):
-                        seen += self.noise_hist[b]
-                        if seen >= want:
-                            self.noise_bound = HIST_RATIO ** (b + 1)
-                            break
         if not noise:
             return parts
         if _num(values.get("perf/straggler_phase_index")) == DATA_PHASE:
