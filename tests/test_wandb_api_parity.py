@@ -103,3 +103,31 @@ def test_without_wandb_mode_or_a_key_the_run_is_offline_and_says_how_to_sync(tmp
     synced = re.findall(r"wandb: wandb sync (\S+)", p.stderr)
     assert len(synced) == 1, p.stderr[-3000:]
     assert glob.glob(f"{synced[0]}/run-*.wandb") and "offline-run-" in synced[0]
+
+
+def test_staged_files_never_outlive_their_call(tmp_path, monkeypatch):
+    """A disabled run stages nothing it keeps; a staging directory whose writer died is swept by
+    the next W&B sink to start, a live writer's is left alone."""
+    import os
+    import time
+
+    import telemetry.wandb as tw
+    from telemetry.integrations import wandb_calls
+
+    monkeypatch.setenv("TELEMETRY_MEDIA_DIR", str(tmp_path / "media"))
+    (tmp_path / "w.bin").write_bytes(b"w")
+    run = tw.init(mode="disabled")
+    art = tw.Artifact("a", type="dataset")
+    art.add_file(str(tmp_path / "w.bin"))
+    run.log_artifact(art)
+    run.log_model(str(tmp_path / "w.bin"))
+    run.finish()
+    assert os.listdir(wandb_calls.staged_root()) == []
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True, check=True).stdout.strip()
+    for pid in (dead, str(os.getpid())):
+        d = wandb_calls.staged_root() / f"{pid}-0123abcd-0"
+        d.mkdir()
+        os.utime(d, (time.time() - 3600, time.time() - 3600))
+    assert wandb_calls.delete_stale_stages() == 1
+    assert os.listdir(wandb_calls.staged_root()) == [f"{os.getpid()}-0123abcd-0"]

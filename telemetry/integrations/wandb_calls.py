@@ -218,7 +218,9 @@ class RunCalls:
     `id`, `project`, `dir`)."""
 
     def _forward(self, call: str, stage: Path | None = None, **args: Any) -> None:
-        if self.mode == "disabled":
+        from telemetry.client.core import DisabledClient
+
+        if self.mode == "disabled" or isinstance(self._client.get(), DisabledClient):   # no daemon would take it
             if stage is not None:
                 shutil.rmtree(stage, ignore_errors=True)
             return
@@ -378,6 +380,36 @@ def staged_dir(name: object) -> Path | None:
     if not isinstance(name, str) or shared_media.NAME.fullmatch(name) is None or "." in name:
         return None
     return staged_root() / name
+
+
+def delete_stale_stages(min_age_s: float = 600.0) -> int:
+    """Staging directories nobody will read: their writer (the pid in the name) is gone and they
+    are older than `min_age_s` (a process killed between staging and its event's delivery, or a
+    daemon killed before its call). The W&B sink calls this as it starts. Returns how many went."""
+    import time
+
+    try:
+        root = staged_root()
+        names = os.listdir(root)
+    except (OSError, ValueError):
+        return 0
+    gone = 0
+    for name in names:
+        base = name.lstrip(".")
+        if staged_dir(base) is None:
+            continue
+        try:
+            old = time.time() - os.lstat(root / name).st_mtime > min_age_s
+            os.kill(int(base.split("-", 1)[0]), 0)
+            continue                           # its writer lives
+        except ProcessLookupError:
+            pass
+        except OSError:
+            continue
+        if old:
+            shutil.rmtree(root / name, ignore_errors=True)
+            gone += 1
+    return gone
 
 
 class _Plot:

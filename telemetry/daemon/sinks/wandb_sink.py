@@ -163,6 +163,9 @@ class WandbSink(Sink):
             raise
 
         self._wandb = wandb
+        from telemetry.integrations.wandb_calls import delete_stale_stages
+
+        delete_stale_stages()            # the staged files of calls nobody will make (their writer gone)
 
     def _open(self) -> None:
         """Open the W&B run: with the init's settings when a telemetry.wandb hello named them."""
