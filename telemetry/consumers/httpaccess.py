@@ -51,6 +51,11 @@ class BoundedConnections:
     """
 
     max_connections = MAX_HTTP_CONNECTIONS
+    # The listen backlog: socketserver's default of 5 let a burst of concurrent requests (a page's
+    # range reads, several scrapers) overflow it while the accept loop was busy; the kernel dropped
+    # their handshakes and some clients got a reset instead of an answer or a 503. Connections past
+    # the limit are closed and counted by process_request, not lost in the kernel.
+    request_queue_size = MAX_HTTP_CONNECTIONS
     num_refused = 0
     num_dropped = 0   # connections their peer reset or closed mid-request (handle_error)
     error_prefix = "telemetry"   # handle_error's line: the program's name
