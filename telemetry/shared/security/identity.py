@@ -73,6 +73,46 @@ def write_allowed(allow_dir: Path, public_file: Path, node_rank: int | None) -> 
     return out
 
 
+def _check_allow_dir(allow_dir: Path) -> None:
+    """The allow-list decides which key speaks for which node: a directory another local user
+    could write (or swap, through an ancestor) would let them allow a key of their own as any
+    node. SecurityError, one line, unless it and its ancestors are this user's or root's and
+    writable by no one else."""
+    import os
+    import stat
+
+    from telemetry.shared.endpoints import UnsafePathError, check_parents
+    from telemetry.shared.security.curve import SecurityError
+
+    try:
+        check_parents(allow_dir)
+        st = os.lstat(allow_dir)
+    except (UnsafePathError, OSError) as exc:
+        raise SecurityError(f"security.allowed_clients_dir: {exc}") from None
+    if stat.S_ISLNK(st.st_mode):
+        if st.st_uid not in (os.getuid(), 0):
+            raise SecurityError(f"security.allowed_clients_dir {allow_dir} is a symlink owned by another user")
+        _check_allow_dir(Path(os.path.realpath(allow_dir)))
+        return
+    if st.st_uid not in (os.getuid(), 0) or stat.S_IMODE(st.st_mode) & 0o022:
+        raise SecurityError(
+            f"security.allowed_clients_dir {allow_dir} (uid {st.st_uid}, mode {stat.S_IMODE(st.st_mode):o}) can be "
+            f"written by another user, who could allow a key of their own as any node: make it yours and "
+            f"`chmod go-w` it (telemetry keygen --allow makes it 0700)")
+
+
+def _ours(path: Path) -> bool:
+    """A regular file (no symlink) of this user's or root's."""
+    import os
+    import stat
+
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISREG(st.st_mode) and st.st_uid in (os.getuid(), 0)
+
+
 class AllowList:
     """The allow-list directory read once: z85 key -> name, name -> node rank (None: no node)."""
 
@@ -83,7 +123,12 @@ class AllowList:
         self.ranks: dict[str, int | None] = {}
         from_names, unbound, twice = [], [], []
         names_of_key: dict[bytes, list[str]] = {}
+        _check_allow_dir(Path(location))
+        others = []
         for path in sorted(Path(location).glob("*.key")):
+            if not _ours(path):
+                others.append(path.name)
+                continue
             try:
                 public, _ = zmq.auth.load_certificate(str(path))
                 raw = path.read_bytes()
@@ -118,6 +163,9 @@ class AllowList:
         if twice:
             log.warning("allow-list %s: a key allowed for two nodes (%s) speaks for none", location,
                         ", ".join(twice[:5]))
+        if others:
+            log.warning("allow-list %s: %s not allowed: not a regular file of this user's (or root's); another "
+                        "user could have put it there", location, ", ".join(others[:5]))
 
     def node_user_ids(self) -> dict[str, int | None]:
         """User-Id on the node listener -> the node rank its records must carry (the prefix alone:
