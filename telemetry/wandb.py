@@ -291,13 +291,15 @@ def define_metric(name: str, *args: Any, **kwargs: Any) -> None:
     _active("define_metric()").define_metric(name, *args, **kwargs)
 
 
-def watch(*args: Any, **kwargs: Any) -> None:
-    """A no-op that says so once (gradient histograms are not sent to the daemon)."""
-    _active("watch()").watch(*args, **kwargs)
+def watch(models: Any, criterion: Any = None, log: str | None = "gradients", log_freq: int = 1000,
+          idx: int | None = None, log_graph: bool = False) -> list:
+    """W&B's gradient/parameter histograms of `models`, computed off the training thread."""
+    return _active("watch()").watch(models, criterion, log=log, log_freq=log_freq, idx=idx, log_graph=log_graph)
 
 
-def unwatch(*args: Any, **kwargs: Any) -> None:
-    pass
+def unwatch(models: Any = None) -> None:
+    if _run is not None and not _run._finished:
+        _run.unwatch(models)
 
 
 def save(glob_str: Any = None, base_path: Any = None, policy: str = "live", glob: bool = True) -> Any:

@@ -131,3 +131,16 @@ def test_staged_files_never_outlive_their_call(tmp_path, monkeypatch):
         os.utime(d, (time.time() - 3600, time.time() - 3600))
     assert wandb_calls.delete_stale_stages() == 1
     assert os.listdir(wandb_calls.staged_root()) == [f"{os.getpid()}-0123abcd-0"]
+
+
+def test_watch_logs_wandbs_histograms_computed_off_the_training_thread(tmp_path):
+    pytest.importorskip("torch")
+    script = SCRIPTS / "wandb_watch.py"
+    real, _ = real_run(script, 1, tmp_path / "real", {})
+    ours, _ = sidecar_run(script, 1, tmp_path / "ours", {})
+    from wandb_offline import user_history
+
+    rows = user_history(real)
+    assert {k.rsplit("/", 1)[0] for r in rows.values() for k in r if k.startswith(("gradients/", "parameters/"))} >= {
+        "parameters/0.weight", "gradients/2.bias", "gradients/graph_1weight"}
+    assert_same_run(real, ours)

@@ -218,7 +218,7 @@ def test_unsupported_api_raises_naming_it(tmp_path, monkeypatch):
     run = tw.init(mode="disabled")
     with pytest.raises(NotImplementedError, match="run.use_model"):
         run.use_model("x")
-    with pytest.warns(RuntimeWarning, match="watch"):
+    with pytest.raises(TypeError, match="torch.nn.Module"):       # as W&B's watch
         tw.watch(object())
     run.log({"a": 1, "img": tw.Image(tmp_path)})   # disabled: accepted, sent nowhere, no file left
     assert run.step == 1 and not (tmp_path / "media").exists()

@@ -201,8 +201,8 @@ class MediaWriter:
     temporary name and renames, so the sink never reads half a file.
     """
 
-    def __init__(self) -> None:
-        self._queue: queue.Queue = queue.Queue(MAX_QUEUED)
+    def __init__(self, max_queued: int = MAX_QUEUED) -> None:
+        self._queue: queue.Queue = queue.Queue(max_queued)
         self._thread: threading.Thread | None = None
         self._names = itertools.count()
         self.num_written = 0

@@ -67,6 +67,8 @@ ENV_RUN_ID = "TELEMETRY_RUN_ID"
 # A log() of more top-level keys than this costs the training thread no Python work per key (see
 # Run.log): the bound on what a wandb.log call does on the caller's thread.
 WIDE_ROW_KEYS = MAX_VALUES
+# Histograms of watch() waiting for their writer (a model's parameters, noted at once).
+WATCH_MAX_QUEUED = 4096
 # How long `run.name` / `run.url` / `run.path` wait for the daemon's W&B run to open (it imports
 # wandb and calls wandb.init: about 2 s on a quiet box) before giving what W&B offline gives.
 RUN_INFO_WAIT_S = 15.0
@@ -75,7 +77,7 @@ RUN_INFO_WAIT_S = 15.0
 # (alert, save, log_artifact, log_model, log_code, use_artifact, mark_preempting: wandb_calls.py)
 UNSUPPORTED_RUN_METHODS = frozenset({
     "restore", "link_artifact", "use_model", "link_model", "status",
-    "to_html", "display", "unwatch", "project_name", "get_url", "get_project_url", "get_sweep_url",
+    "to_html", "display", "project_name", "get_url", "get_project_url", "get_sweep_url",
     "sweep_id", "log_dir", "files_dir", "plot_table", "finish_artifact"})
 
 
@@ -184,6 +186,9 @@ class Run(RunCalls):
         self.summary = Summary(self._send_summary, self._flatten)
         self._logged = self.summary._items
         self._texts: dict[str, str] = {}
+        self._watched: list = []           # (key, clone) noted by watch()'s hooks, sent at the next commit
+        self._watch_handles: dict = {}
+        self._watch_media: MediaWriter | None = None
         self._saved_late: list = []        # save()s with policy "live"/"end": staged again at finish
         # The first hello, with the starting config: the daemon's W&B sink opens the run with it.
         self.config.update(config)
@@ -324,6 +329,8 @@ class Run(RunCalls):
     def _commit(self) -> None:
         if self._console is not None:
             self._console.flush_due()
+        if self._watched:        # watch()'s clones of this row (wandb_watch.py)
+            self._send_watched()
         if self._texts:          # first: the daemon's W&B sink logs them into the row before its numbers
             self._client.get().event(VALUES_EVENT, {"step": self._step, "values": self._texts})
             self._logged.update(self._texts)
@@ -344,7 +351,7 @@ class Run(RunCalls):
                 self._client.get().event(NESTED_EVENT, {"paths": new})
         return flat
 
-    def _send_media(self, key: str, media: list, as_list: bool = False) -> None:
+    def _send_media(self, key: str, media: list, as_list: bool = False, writer: Any = None) -> None:
         """One media value, or a list of them of one type (W&B logs a list of images as one
         value): each written to a file by the writer thread, one event naming the files."""
         from telemetry.client.core import DisabledClient
@@ -354,9 +361,9 @@ class Run(RunCalls):
             return    # mode="disabled" or $TELEMETRY_DISABLED: no daemon would take the file
         items = []
         for m in media:
-            queued = self._media.submit(m)
+            queued = (writer or self._media).submit(m)
             if queued is None:
-                why = self._media.unusable or "the media writer's queue is full"
+                why = (writer or self._media).unusable or "the media writer's queue is full"
                 self._refuse(key, f"wandb.{type(m).__name__} ({why})")
                 return
             items.append({"file": queued[0], "options": queued[1]})
@@ -385,10 +392,30 @@ class Run(RunCalls):
                               if v is not None})
         self._send_hello()
 
-    def watch(self, *args: Any, **kwargs: Any) -> None:
-        """A no-op: gradient and parameter histograms are not sent to the daemon (it says so once)."""
-        self._warn_once("watch", "telemetry.wandb: watch() does nothing: gradient and parameter histograms "
-                                 "are not sent to the daemon")
+    def watch(self, models: Any, criterion: Any = None, log: str | None = "gradients", log_freq: int = 1000,
+              idx: int | None = None, log_graph: bool = False) -> list:
+        """W&B's gradient and parameter histograms, computed off the training thread
+        (telemetry/integrations/wandb_watch.py)."""
+        from telemetry.integrations import wandb_watch
+
+        return wandb_watch.watch(self, models, criterion, log, log_freq, idx, log_graph)
+
+    def unwatch(self, models: Any = None) -> None:
+        from telemetry.integrations import wandb_watch
+
+        wandb_watch.unwatch(self, models)
+
+    def _send_watched(self) -> None:
+        from telemetry.integrations.wandb_watch import Histogram
+
+        taken = self._watched[:]
+        del self._watched[:len(taken)]       # a hook on another thread may append meanwhile
+        if self._watch_media is None:
+            # Its own writer: a model's parameters at once, past what the media queue holds (the
+            # clones exist already; the bound here is on what a log_freq step may hold).
+            self._watch_media = MediaWriter(max_queued=WATCH_MAX_QUEUED)
+        for key, tensor in taken:
+            self._send_media(key, [Histogram(tensor)], writer=self._watch_media)
 
     def finish(self, exit_code: int | None = None, quiet: bool | None = None) -> None:
         """Send the pending row, say how the run ended (a `train_end` event with `exit_code`, 0
@@ -404,6 +431,8 @@ class Run(RunCalls):
         self._finished = True
         _unfinished.discard(self)
         self._media.close()   # bounded: the files the daemon was told of get written
+        if self._watch_media is not None:
+            self._watch_media.close()
         code = exit_code if isinstance(exit_code, int) else 0
         self._say_sync()
         self._client.get().event("train_end", {"status": "failed" if code else "finished", "exit_code": code})
