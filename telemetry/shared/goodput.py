@@ -27,8 +27,8 @@ start to the last record of the last launch, into buckets that sum to it:
                         steps before) stays where it was spent (productive, or data
                         loading for that phase); before that, an excess is booked where its rank
                         was the straggler of most of the last RECENT_STRAGGLERS steps. A rank
-                        that is slow step after step is always the usual one, and its excess is
-                        booked
+                        slow step after step leaves no noise sample (it is the step before's
+                        straggler too), and its excess is booked
     slow_steps          Σ over steps of what a step's compute (its step time less data loading
                         and straggler wait) took beyond the launch's ideal step, where it lay
                         beyond the run's own noise: the ideal is the median compute time of its
