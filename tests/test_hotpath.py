@@ -76,18 +76,22 @@ def test_a_daemon_told_to_run_pure_python_does_without_a_warning(make_daemon):
 
 
 # -- the receiver ---------------------------------------------------------------------------------
-def test_the_receiver_rejects_a_record_whose_names_were_not_checked_yet():
+def test_the_receiver_checks_names_not_seen_yet():
+    """A key set seen for the first time has its names checked; an empty name is refused alone
+    (values_refused), the rest of its record taken."""
     from protocol import codec
 
     codec._good_names.clear()
     rx = Receiver()
     good = encode_metrics(1, 0, 0, 0, 1, 0, {"train/loss": 1.0})
-    bad = encode_metrics(1, 0, 1, 0, 1, 0, {"": 1.0})       # an empty name: malformed
+    bad = encode_metrics(1, 0, 1, 0, 1, 0, {"": 1.0, "train/loss": 2.0})       # an empty name: refused alone
     recs, _, n = rx.take(iter([good, bad, good]).__next__, StopIteration, 10)
-    assert n == 3 and len(recs) == 2 and rx.num_malformed == 1
-    assert rx.sources[1].received == 2 and rx.sources[1].max_seq == 0
+    assert n == 3 and len(recs) == 3 and rx.num_malformed == 0
+    assert [dict(rec.values) for rec in recs] == [{"train/loss": 1.0}, {"train/loss": 2.0}, {"train/loss": 1.0}]
+    assert rx.values_refused == {"name": 1}
+    assert rx.sources[1].received == 3 and rx.sources[1].max_seq == 1
     recs, _, _ = rx.take(iter([good]).__next__, StopIteration, 10)   # now known
-    assert len(recs) == 1 and rx.sources[1].received == 3
+    assert len(recs) == 1 and rx.sources[1].received == 4
 
 
 # -- the columns of closed steps -----------------------------------------------------------------

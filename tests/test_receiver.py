@@ -64,20 +64,25 @@ def test_malformed_frames_are_counted_not_raised():
     assert r.totals()["records_malformed"] == 1
 
 
-def test_a_batch_rejects_bad_names_and_keeps_the_rest_in_order():
+def test_a_batch_refuses_bad_names_alone_and_keeps_the_rest_in_order():
+    """An empty or overlong name costs its value, not its record (values_refused["name"]);
+    protocol.decode alone still refuses such a record whole."""
+    protocol.codec._good_names.clear()
     r = Receiver()
     ok = {"train/loss": 1.0, "perf/tokens": 5}
     frames = [protocol.encode_metrics(7, 0, 0, 0, 1, 0, ok),
-              protocol.encode_metrics(7, 0, 1, 0, 1, 1, {"": 1.0}),                                # empty name
+              protocol.encode_metrics(7, 0, 1, 0, 1, 1, {"": 1.0, "a": 2.0}),                      # empty name
               protocol.encode_metrics(7, 0, 2, 0, 1, 2, {"x" * (protocol.MAX_NAME_CHARS + 1): 1.0}),  # too long
               protocol.encode_metrics(8, 1, 0, 0, 1, 0, dict(ok)),
               protocol.encode_metrics(8, 1, 1, 0, 1, 1, dict(reversed(list(ok.items())))),
               protocol.encode_event(8, 1, 2, 0, 1, "eval", {"acc": 0.5})]
     recs, all_metrics = feed(r, frames)
-    assert [rec.seq for rec in recs] == [0, 0, 1, 2] and not all_metrics
-    assert [(rec.src, rec.seq) for rec in recs] == [(7, 0), (8, 0), (8, 1), (8, 2)]
-    assert r.sources[7].received == 1 and r.sources[8].received == 3     # the rejected ones are not accounted
+    assert [rec.seq for rec in recs] == [0, 1, 2, 0, 1, 2] and not all_metrics
+    assert [(rec.src, rec.seq) for rec in recs] == [(7, 0), (7, 1), (7, 2), (8, 0), (8, 1), (8, 2)]
+    assert [dict(rec.values) for rec in recs[1:3]] == [{"a": 2.0}, {}]
+    assert r.sources[7].received == 3 and r.sources[8].received == 3
     t = r.totals()
-    assert t["records_malformed"] == 2 and t["records_in"] == 4
+    assert t["records_malformed"] == 0 and t["records_in"] == 6
+    assert r.values_refused == {"name": 2} and t["values_refused"] == 2
     with pytest.raises(protocol.MalformedRecord):
         protocol.decode(frames[1])

@@ -87,6 +87,8 @@ def summary_lines(final: dict) -> list[str]:
                                                       if parts else "") if g("records_lost") else "lost none")
     if g("records_malformed"):
         lost += f"; malformed (refused) {_num(g('records_malformed'), ',')}"
+    if g("values_refused"):
+        lost += f"; values refused alone (the rest of their rows kept) {_num(g('values_refused'), ',')}"
     lines.append(lost)
     lines.append(f"steps {_num(g('steps_out'), ',')} (last {g('last_step')}, {_num(g('steps_incomplete'), ',')} "
                  f"without every rank), ranks {_ranks(g('ranks'))}")

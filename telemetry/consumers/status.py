@@ -75,7 +75,8 @@ def run(args: argparse.Namespace) -> int:
              + (f" (and {g('records_in_earlier_daemons')} at the daemons before this one on the run)"
                 if g("records_in_earlier_daemons") else "")
              + f"  malformed {g('records_malformed')}  "
-             f"dropped by clients {g('records_dropped_by_clients')}  lost in transit {g('records_lost_in_transit')}",
+             f"dropped by clients {g('records_dropped_by_clients')}  lost in transit {g('records_lost_in_transit')}"
+             + _refused(g("values_refused"), g("values_refused_by_reason")),
              f"ranks {g('ranks')}  last step {g('last_step')}  steps out {g('steps_out')} "
              f"({g('steps_incomplete')} without every rank)"]
     gp = g("goodput") if isinstance(g("goodput"), dict) else {}
@@ -100,6 +101,15 @@ def run(args: argparse.Namespace) -> int:
     # A run name, a path, a sink's last error may carry what a rank sent: never an escape sequence.
     print("\n".join(map(printable, lines)))
     return 0
+
+
+def _refused(total: object, by_reason: object) -> str:
+    """The metrics values refused alone (the rest of their record taken), by reason; "" for none."""
+    if not is_number(total) or not total:
+        return ""
+    reasons = by_reason if isinstance(by_reason, dict) else {}
+    return f"  values refused {total}" + (" (" + ", ".join(f"{k} {v}" for k, v in reasons.items()) + ")"
+                                          if reasons else "")
 
 
 def _n(v: object, spec: str) -> str:

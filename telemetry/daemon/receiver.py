@@ -19,7 +19,7 @@ import msgspec
 from protocol import Bye, Event, Hello, MalformedRecord, Metrics
 from protocol.clean import clean
 from protocol.codec import check_names, decode_header, decoder_parts, peek_headers
-from protocol.constants import KIND_BYE
+from protocol.constants import KIND_BYE, KIND_METRICS, MAX_NAME_CHARS
 from telemetry.daemon import hotpath
 # No C twin for these any more (benchmarks/c_loops_worth.py: under 10 % of ingest, issue 28's bar).
 from telemetry.daemon.loops import read_frames, tally
@@ -41,6 +41,12 @@ LIVE_MARKS = 3
 
 # The free-form map of each rare kind (see protocol.clean).
 _FREE_FORM = {Hello: "info", Event: "data", Bye: "stats"}
+
+# Why a metrics value is refused alone (values_refused's reasons): by the value's type as msgpack
+# decodes it (a tuple arrives as a list); "name" is a name that is not 1..MAX_NAME_CHARS characters
+# of text; "other" anything else (bytes, an ext type).
+_VALUE_REASONS = {str: "text", dict: "map", list: "list"}
+_NUMBER_TYPES = (float, int, bool, type(None))
 
 
 @dataclass(slots=True)
@@ -100,6 +106,15 @@ def tally_headers(headers: list) -> tuple[list, list[int]]:
     return list(per_src.values()), byes
 
 
+def _value_reason(name, value) -> str | None:
+    """Why a metrics value is refused alone (_VALUE_REASONS), or None: it is taken."""
+    if type(name) is not str or not 0 < len(name) <= MAX_NAME_CHARS:
+        return "name"
+    if type(value) in _NUMBER_TYPES:
+        return None
+    return _VALUE_REASONS.get(type(value), "other")
+
+
 class Receiver:
     def __init__(self, loops=hotpath.loops) -> None:
         self.loops = loops          # loops.py or its C twin (hotpath.loops); same results: the intake's
@@ -111,6 +126,8 @@ class Receiver:
         self.num_keys_coerced = 0   # rare records whose non-str map keys were turned into text
         self.num_untracked = 0      # records of sources beyond MAX_SOURCES (not loss-accounted)
         self.num_seq_bogus = 0      # batches whose seq jump was not believed (MAX_SEQ_GAP)
+        # Metrics values refused alone, by reason (_VALUE_REASONS): the rest of their record taken.
+        self.values_refused: dict[str, int] = {}
         self._refused_rows: list[tuple] = []   # malformed frames' headers: received all the same
         self.had_predecessor = False   # restore()d: a daemon ran on this log directory before
         self.names = None              # a memory.NameCatalogue: new names beyond its cap are shed
@@ -210,10 +227,9 @@ class Receiver:
             for i in unknown:               # key sets seen for the first time: check their names
                 try:
                     keys = check_names(tuple(recs[i].values))
-                except MalformedRecord as exc:
-                    self._reject(exc)
-                    bad.add(i)
-                    continue
+                except MalformedRecord:     # a name too long or empty: that value refused alone
+                    recs[i] = self._drop_bad_names(recs[i])
+                    keys = check_names(tuple(recs[i].values))
                 kept = self.names.admit(recs[i].values) if self.names is not None else None
                 if kept is not None:        # names beyond the catalogue's cap: their values shed
                     good_names.pop(keys, None)   # so the next record with this key set is cut too
@@ -248,12 +264,69 @@ class Receiver:
             try:
                 recs.append(decode(frame))
             except errors as exc:
+                rec = self._salvage(frame, decode, errors)
+                if rec is not None:
+                    recs.append(rec)
+                    continue
                 self._reject(exc)
                 header = decode_header(frame)
                 if header is not None:     # received from its src: refused once, not also lost
                     src, rank, seq, dropped = header
                     self._refused_rows.append((src, rank, 1, seq, dropped, seq, dropped))
         return recs
+
+    def _salvage(self, frame: bytes, decode: Callable, errors: tuple):
+        """A metrics frame refused only for some of its values (text, a map, a list, a name too
+        long): the record without them, those counted by reason; None for any other refused frame.
+        Runs only on the failure path: a frame decoded again untyped, its good values encoded and
+        decoded again with the same typed decoder, so what is taken is what a good frame gives."""
+        try:
+            raw = msgspec.msgpack.decode(frame)
+        except Exception:           # not msgpack, invalid UTF-8, nested past the limit: malformed
+            return None
+        if type(raw) is not list or len(raw) < 9 or raw[0] != KIND_METRICS or type(raw[8]) is not dict:
+            return None
+        kept, refused = {}, []
+        for name, value in raw[8].items():
+            reason = _value_reason(name, value)
+            if reason is None:
+                kept[name] = value
+            else:
+                refused.append((name, reason))
+        if not refused:             # its values were not the trouble: the record is malformed
+            return None
+        raw[8] = kept
+        try:
+            rec = decode(msgspec.msgpack.encode(raw))
+        except errors:              # the header or the step is bad too
+            return None
+        self._count_refused(rec, refused)
+        return rec
+
+    def _drop_bad_names(self, rec: Metrics) -> Metrics:
+        """`rec` without its values whose names are not 1..MAX_NAME_CHARS characters (counted)."""
+        kept, refused = {}, []
+        for name, value in rec.values.items():
+            if 0 < len(name) <= MAX_NAME_CHARS:
+                kept[name] = value
+            else:
+                refused.append((name, "name"))
+        self._count_refused(rec, refused)
+        return msgspec.structs.replace(rec, values=kept)
+
+    def _count_refused(self, rec: Metrics, refused: list) -> None:
+        """Count values refused alone; the first of each reason is named in the log."""
+        counts = self.values_refused
+        for name, reason in refused:
+            n = counts.get(reason, 0)
+            counts[reason] = n + 1
+            if n == 0:
+                shown = repr(name)
+                shown = shown if len(shown) <= 80 else shown[:60] + f"... ({len(name)} characters)"
+                log.warning("refused value %s of rank %d at step %d: %s; the rest of its record taken "
+                            "(counted in values_refused)", shown, rec.rank, rec.step,
+                            "a name of 1..%d characters wanted" % MAX_NAME_CHARS if reason == "name"
+                            else f"{reason} is not a number")
 
     def _account(self, per_src: list, refused: bool = False) -> None:
         """Fold a batch's per-source tally into the running accounting (refused: the rows are
@@ -360,6 +433,7 @@ class Receiver:
             "num_sources": len(self.sources),
             "records_untracked": self.num_untracked,
             "records_seq_bogus": self.num_seq_bogus,
+            "values_refused": sum(self.values_refused.values()),
         }
 
     def per_rank(self) -> dict[int, dict]:

@@ -96,6 +96,7 @@ def status(d) -> dict:
         "last_step": agg.last_step,
         "steps_pending": len(agg.pending),
         "records_keys_coerced": receiver.num_keys_coerced,
+        "values_refused_by_reason": dict(receiver.values_refused),
         "hellos_not_kept": hellos.num_not_kept,
         "ranks_gone": sorted(agg.world.gone),
         "queued": {r.name: r.queued() for r in d.runners},

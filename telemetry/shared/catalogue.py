@@ -248,6 +248,9 @@ CATALOGUE: tuple[Metric, ...] = (
           ("telemetry/records_in", "records_in", "records", "counter", "records taken in"),
           ("telemetry/records_malformed", "records_malformed", "records", "counter",
            "records that were not records (refused)"),
+          ("telemetry/values_refused", "values_refused", "values", "counter",
+           "metrics values refused alone, the rest of their record taken: text, a map, a list, a name "
+           "not of 1..256 characters; by reason: status's values_refused_by_reason"),
           ("telemetry/dropped", "records_lost", "records", "counter", "records lost, all causes"),
           ("telemetry/dropped_by_clients", "records_dropped_by_clients", "records", "counter",
            "records the clients dropped (their queue was full) and counted"),
