@@ -218,8 +218,10 @@ def _default_mode() -> str:
     from telemetry.client import autostart
 
     launcher = os.environ.get(autostart.ENV_WANDB_MODE)
-    if launcher in ("online", "offline", "disabled"):
+    if launcher in ("online", "offline"):
         return launcher
+    if launcher == "disabled":
+        return "offline"     # the launcher's W&B is off; the run still logs to its daemon (not a stand-in)
     if login(mode="online"):
         return "online"
     if not _silent():
