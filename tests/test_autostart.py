@@ -4,6 +4,7 @@ Real processes: the script, the daemon it starts, torchrun for two ranks; each t
 runtime directory (the default endpoints' home) and run directory."""
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -44,7 +45,9 @@ if os.environ.get("CRASH"):
 def _env(tmp_path: Path, **extra: str) -> dict:
     env = {k: v for k, v in os.environ.items()
            if not k.startswith("TELEMETRY_") and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "WANDB_RUN_ID")}
-    runtime = tmp_path / "rt"
+    # A short path of the test's own: pytest's tmp_path (/tmp/pytest-of-root/pytest-NNN/popen-gwN/
+    # <test name>/) plus a run's `run-<id>/ingest.sock` passed the 107-byte unix socket limit.
+    runtime = Path("/tmp") / f"tmrt-{hashlib.sha1(str(tmp_path).encode()).hexdigest()[:12]}"
     env.update({"TELEMETRY_RUNTIME_DIR": str(runtime), "WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path),
                 "WANDB_SILENT": "true", "PYTHONPATH": str(ROOT),
                 "PYTHONUNBUFFERED": "1", **extra})
