@@ -874,7 +874,11 @@ def test_a_daemon_sigkilled_and_restarted_mid_run_leaves_one_launch_and_the_inje
     assert waited - 1e-6 <= b["data_loading"] <= waited + (excess - b["straggler"]) + 1e-6, (b, waited, excess)
     # The one save (step 10): the slowest rank's own figure, the injected sleep in it.
     saves = [r["data"]["duration_s"] for r in recs if r.get("name") == "checkpoint_saved"]
-    assert len(saves) == 2 and b["checkpoint_save"] == pytest.approx(max(saves), abs=1e-9) and max(saves) >= slow_save
+    # Booked on the job's timeline from the end of the step before it: a save the slowest rank
+    # began while the other rank's step record was still to come is clipped by that overlap
+    # (0.35 ms in a loaded fresh-clone run), never more than the issue's 1 % of the wall.
+    assert len(saves) == 2 and max(saves) >= slow_save, saves
+    assert max(saves) - 0.01 * wall <= b["checkpoint_save"] <= max(saves) + 1e-9, (b, saves, wall)
     # Each rank's own ledger (the daemons' --per-rank records): its data loading is its own
     # figure step by step, its straggler time what it waited for the other (the steps where the
     # other was the straggler), its save its own; one launch; its buckets sum to its wall time.
