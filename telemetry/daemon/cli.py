@@ -52,8 +52,8 @@ def run(args: argparse.Namespace) -> int:
     from telemetry.daemon.core import Daemon, setup_logging
     from telemetry.daemon.sinks.base import StartupError
     from telemetry.shared.endpoints import EndpointError
+    from telemetry.shared import files, run_lock
     from telemetry.shared.run_lock import RunDirInUse
-    from telemetry.shared import files
 
     overrides = {
         "ingest": args.ingest, "pub": args.pub, "control": args.control, "log_dir": args.log_dir,
@@ -70,6 +70,17 @@ def run(args: argparse.Namespace) -> int:
     # Before anything is written: every file of the run, W&B's and TensorBoard's included, is
     # born 0600 / 0700 (0640 / 0750 with files.group_readable).
     files.apply(cfg.files.group_readable)
+    # The run directory's lock before anything is written or chmod-ed there (daemon.log, the
+    # probe below): a daemon refused a live run's directory leaves it as it found it.
+    try:
+        run_lock_fd = run_lock.hold(Path(cfg.log_dir))
+    except RunDirInUse as exc:
+        print(f"telemetry daemon: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"telemetry daemon: log dir {cfg.log_dir}: cannot create or write it ({exc.strerror or exc})",
+              file=sys.stderr)
+        return 2
     why = writable_dir_problem(cfg.log_dir)   # before any socket or thread: one line, exit 2
     if why:
         print(f"telemetry daemon: log dir {why}", file=sys.stderr)
@@ -94,6 +105,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     daemon = Daemon(cfg, memory.Budget(cfg.memory_mb, baseline))
     daemon.watch_pid = args.watch_pid
+    daemon.run_lock_fd = run_lock_fd
     try:
         setup_logging(Path(cfg.log_dir), logging.WARNING if args.quiet else logging.INFO)
         daemon.start()

@@ -162,8 +162,10 @@ class Daemon:
     # -- start ---------------------------------------------------------------------------------
     def start(self) -> None:
         cfg = self.cfg
-        files.make_dir(self.log_dir, own=True)   # 0700 (or as configured), also when run.sh made it 0755
-        self.run_lock_fd = run_lock.hold(self.log_dir)   # one live daemon per log dir (RunDirInUse)
+        if self.run_lock_fd is None:     # the CLI takes it before it writes anything there
+            # One live daemon per log dir (RunDirInUse); then 0700 (or as configured), also when
+            # run.sh made it 0755.
+            self.run_lock_fd = run_lock.hold(self.log_dir)
         self.continuity.restore()
         self.continuity.write(self.num_records_out)   # a successor on this log dir knows a predecessor existed
         self.endpoints = {

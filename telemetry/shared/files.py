@@ -70,11 +70,12 @@ def _only_regular(fd: int, path) -> None:
     os.set_blocking(fd, True)
 
 
-def open_fd(path: str | os.PathLike, flags: int) -> int:
-    """os.open with the run-file mode; a file of ours that already existed gets that mode too.
-    Never follows a symlink at `path` (ELOOP) and never blocks: a FIFO, a device or anything
-    else that is not a regular file is refused (NotRegularFile, or ENXIO for a FIFO without a
-    reader), whoever put it there, before anything is written to it."""
+def open_fd(path: str | os.PathLike, flags: int, keep_mode: bool = False) -> int:
+    """os.open with the run-file mode; a file of ours that already existed gets that mode too
+    (unless `keep_mode`: then see set_file_mode). Never follows a symlink at `path` (ELOOP) and
+    never blocks: a FIFO, a device or anything else that is not a regular file is refused
+    (NotRegularFile, or ENXIO for a FIFO without a reader), whoever put it there, before anything
+    is written to it."""
     try:
         fd = os.open(path, flags | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK, _modes.file)
     except OSError as exc:
@@ -85,11 +86,17 @@ def open_fd(path: str | os.PathLike, flags: int) -> int:
         raise
     try:
         _only_regular(fd, path)
-        _set_mode(fd, path, _modes.file, stat.S_ISREG)
+        if not keep_mode:
+            _set_mode(fd, path, _modes.file, stat.S_ISREG)
     except OSError:
         os.close(fd)
         raise
     return fd
+
+
+def set_file_mode(fd: int, path: str | os.PathLike) -> None:
+    """Give an open run file of ours the run-file mode (what open_fd does unless `keep_mode`)."""
+    _set_mode(fd, path, _modes.file, stat.S_ISREG)
 
 
 def open_regular(path: str | os.PathLike):
@@ -130,12 +137,14 @@ def write_file(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
-def make_dir(path: str | os.PathLike, own: bool = False) -> Path:
+def make_dir(path: str | os.PathLike, own: bool = False, keep_mode: bool = False) -> Path:
     """Make a run directory (and its missing parents) with the run-directory mode; one of ours
-    that already existed gets that mode too. A directory others may write to by design (sticky,
-    like /tmp) or of another user is left as it is, unless `own`: then one that another user
-    owns is refused (OSError), as the daemon's log directory is: its owner could delete, rename
-    or swap the run's files (a symlink at wandb/ or a piece's name) under a daemon of ours."""
+    that already existed gets that mode too, unless `keep_mode` (checked only: a process that
+    may yet be refused the directory changes nothing in it). A directory others may write to by
+    design (sticky, like /tmp) or of another user is left as it is, unless `own`: then one that
+    another user owns is refused (OSError), as the daemon's log directory is: its owner could
+    delete, rename or swap the run's files (a symlink at wandb/ or a piece's name) under a daemon
+    of ours."""
     path = Path(path)
     if own:
         _check_no_open_parent(path)      # before anything is made under such a parent
@@ -150,7 +159,8 @@ def make_dir(path: str | os.PathLike, own: bool = False) -> Path:
             if st.st_uid != os.geteuid():
                 raise OSError(errno.EPERM, f"it is owned by another user (uid {st.st_uid}), who could delete or "
                                            f"swap the run's files in it; use a directory of your own", os.fspath(path))
-        _set_mode(fd, path, _modes.dir, stat.S_ISDIR)
+        if not keep_mode:
+            _set_mode(fd, path, _modes.dir, stat.S_ISDIR)
     finally:
         os.close(fd)
     return path

@@ -84,7 +84,7 @@ def _target(command: list[str]) -> tuple[list[str] | None, str]:
 def run(args: argparse.Namespace) -> int:
     from telemetry.client import autostart
     from telemetry.integrations.wandb_run import ENV_RUN_ID
-    from telemetry.shared import endpoints, files, run_lock
+    from telemetry.shared import endpoints, run_lock
 
     target, why = _target(list(args.command))
     if target is None:
@@ -102,14 +102,13 @@ def run(args: argparse.Namespace) -> int:
     name = args.run_name or run_id
     log_dir = Path(args.run_dir or Path("telemetry") / run_id).absolute()
     try:
-        files.make_dir(log_dir, own=True)
-    except OSError as exc:
-        return _fail(f"--run-dir {log_dir}: cannot make it ({exc.strerror or exc})")
-    try:
-        # Before anything is written there; the daemon takes this same lock over (run_lock.py).
+        # Before anything is written (or chmod-ed) there; the daemon takes this same lock over
+        # (run_lock.py). It makes the directory, or checks an existing one is ours.
         lock_fd = run_lock.hold(log_dir)
     except run_lock.RunDirInUse as exc:
         return _fail(f"--run-dir {exc}")
+    except OSError as exc:
+        return _fail(f"--run-dir {log_dir}: cannot make it ({exc.strerror or exc})")
     # The run's private socket directory: $TELEMETRY_RUNTIME_DIR when the caller chose one.
     try:
         runtime, made_runtime = _runtime_dir(run_id)     # removed at the end only if this run made it
