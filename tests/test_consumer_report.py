@@ -115,7 +115,8 @@ def test_report_reads_rotated_and_torn_files(tmp_path):
 def test_report_without_metrics_says_so(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "telemetry", "report", str(tmp_path)], cwd=ROOT,
                           capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 1 and "no metrics.jsonl" in proc.stderr
+    # Not a run: bad input, one line, exit 2 (it was 1).
+    assert proc.returncode == 2 and "no metrics.jsonl" in proc.stderr and len(proc.stderr.splitlines()) == 1
 
 
 def test_time_plots_leave_a_gap_where_the_daemon_was_down():

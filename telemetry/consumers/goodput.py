@@ -21,8 +21,10 @@ daemon wrote them (--per-rank), else from the ledgers it kept of them (goodput_r
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
+import stat
 import sys
 from pathlib import Path
 
@@ -89,6 +91,22 @@ def exclude(args: argparse.Namespace) -> int:
     return 0
 
 
+def _open_output(path: str) -> int:
+    """`--json FILE` opened for writing without ever waiting: a FIFO nobody reads is refused
+    (OSError), one with a reader (`--json /dev/stdout | jq`) and a terminal are written to. A
+    regular file is truncated here, once the run dir has been found."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NONBLOCK | os.O_CLOEXEC, 0o666)
+    except OSError as exc:
+        if exc.errno == errno.ENXIO:
+            raise OSError(exc.errno, "a FIFO that nobody reads (not waited on)", path) from None
+        raise
+    os.set_blocking(fd, True)
+    if stat.S_ISREG(os.fstat(fd).st_mode):
+        os.ftruncate(fd, 0)
+    return fd
+
+
 def run(args: argparse.Namespace) -> int:
     from telemetry.consumers.readjsonl import ReadStats, find_log_dir, read_records
     from telemetry.consumers.terminal import printable
@@ -120,6 +138,13 @@ def run(args: argparse.Namespace) -> int:
     except FileNotFoundError as exc:
         print(f"telemetry goodput: {exc}", file=sys.stderr)
         return 2
+    out_fd = None
+    if args.json:
+        try:
+            out_fd = _open_output(args.json)
+        except OSError as exc:
+            print(f"telemetry goodput: --json {args.json}: {exc.strerror or exc}", file=sys.stderr)
+            return 2
     stats = ReadStats()
     led = with_ranks_file(ledger(read_records(log_dir, stats)), log_dir)
     print("\n".join(printable(line) for line in text(led, Path(args.run_dir).name).split("\n")))
@@ -127,9 +152,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"  unreadable lines: {stats.num_bad + stats.num_torn} skipped (not records, or a torn last line)")
     if led.get("ranks_file_problem"):
         print(f"telemetry goodput: per-rank ledgers not read: {printable(led['ranks_file_problem'])}", file=sys.stderr)
-    if args.json:
+    if out_fd is not None:
         try:
-            Path(args.json).write_text(json.dumps(led, indent=1) + "\n")
+            with os.fdopen(out_fd, "w") as out:
+                out.write(json.dumps(led, indent=1) + "\n")
         except OSError as exc:
             print(f"telemetry goodput: --json {args.json}: {exc.strerror or exc}", file=sys.stderr)
             return 1

@@ -255,14 +255,18 @@ def run(args: argparse.Namespace) -> int:
     from telemetry.consumers.readjsonl import find_log_dir
     from telemetry.shared import files
 
-    if not os.path.exists(args.run_dir):   # a typo is bad input (2); a run without metrics is 1
+    if not os.path.exists(args.run_dir):   # a typo is bad input (2), and so is a directory with no run
         print(f"telemetry replay: {args.run_dir or repr(args.run_dir)}: no such file or directory", file=sys.stderr)
         return 2
     try:
-        # Its W&B directory and marks are as private as the run it reads.
-        files.apply_like(find_log_dir(args.run_dir))
-        replay(args.run_dir, args.wandb, args.project, args.entity, args.run_id, args.run_name)
+        log_dir = find_log_dir(args.run_dir)
     except FileNotFoundError as exc:
+        print(f"telemetry replay: {exc}", file=sys.stderr)
+        return 2
+    files.apply_like(log_dir)    # its W&B directory and marks are as private as the run it reads
+    try:
+        replay(args.run_dir, args.wandb, args.project, args.entity, args.run_id, args.run_name)
+    except FileNotFoundError as exc:     # the run's files gone while it read them
         print(f"telemetry replay: {exc}", file=sys.stderr)
         return 1
     return 0

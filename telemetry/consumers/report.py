@@ -1124,11 +1124,13 @@ def run(args: argparse.Namespace) -> int:
         print(f"telemetry report: --out {why}", file=sys.stderr)
         return 2
     try:
-        files.apply_like(find_log_dir(args.run_dir))   # the report is as private as the run it reads
-        r = make_report(args.run_dir, args.out)
-    except FileNotFoundError as exc:
+        log_dir = find_log_dir(args.run_dir)
+    except FileNotFoundError as exc:     # not a run: bad input, as a typo is
         print(f"telemetry report: {exc}", file=sys.stderr)
-        return 1
+        return 2
+    try:
+        files.apply_like(log_dir)   # the report is as private as the run it reads
+        r = make_report(args.run_dir, args.out)
     except OSError as exc:   # a directory that could not be made or written after all
         print(f"telemetry report: {exc.strerror or exc}: {exc.filename or args.out}", file=sys.stderr)
         return 1

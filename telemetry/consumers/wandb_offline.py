@@ -20,7 +20,10 @@ def records(wandb_file: Path) -> Iterator[Any]:
     """The Record protos of an offline run file, in order (a torn tail ends the iteration)."""
     from wandb.proto import wandb_internal_pb2 as pb
 
-    data = Path(wandb_file).read_bytes()
+    from telemetry.shared import files
+
+    with files.open_regular(wandb_file) as f:    # NotRegularFile (an OSError): a FIFO is never waited on
+        data = f.read()
     if data[:4] != b":W&B":
         return
     pos, buf = HEADER, b""

@@ -25,6 +25,7 @@ from typing import Any
 
 from telemetry.consumers.dashboard.store import RunStore
 from telemetry.consumers.readjsonl import Follower, ReadStats, read_records
+from telemetry.shared import files
 
 # Changes (one per record, its points) kept for pages that lag; a page further behind reloads
 # everything. Pages read the stream as it comes, so lag is short. Bounded in number and in
@@ -110,7 +111,9 @@ def _drained_at(log_dir) -> float | None:
     path = log_dir / DRAIN_FILE
     try:
         mtime = path.stat().st_mtime
-        final = json.loads(path.read_bytes()[:1 << 20])
+        # A regular file of at most 1 MB (a FIFO there never blocks the dashboard, /dev/zero is
+        # never read without end); anything else reads as "" and so as not drained.
+        final = json.loads(files.read_small(path, 1 << 20))
     except (OSError, ValueError, RecursionError):   # RecursionError: nested past json's limit
         return None
     reason = final.get("stop_reason", "drain request") if isinstance(final, dict) else None
