@@ -19,8 +19,10 @@ a record a node's key sends as another node.
 """
 from __future__ import annotations
 
+import errno
 import logging
 import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -67,10 +69,17 @@ class SecurityConfig:
         return bool(self.server_secret_key)
 
 
-def load_secret_key(path: str | os.PathLike) -> tuple[bytes, bytes]:
-    """(public, secret) z85 keys from a NAME.key_secret file."""
+def load_secret_key(path: str | os.PathLike, private: bool = False) -> tuple[bytes, bytes]:
+    """(public, secret) z85 keys from a NAME.key_secret file. Only a regular file is read (a
+    FIFO at the path never blocks). `private`: the daemon's own key must be as ssh wants a
+    private key: this user's (or root's) and readable by nobody else, or SecurityError; whoever
+    can read it can be this daemon to its nodes and consumers."""
     import zmq.auth
 
+    try:
+        _check_key_file(path, private)
+    except OSError as exc:
+        raise SecurityError(f"cannot read CURVE key {path}: {exc.strerror or exc}") from None
     try:
         public, secret = zmq.auth.load_certificate(str(path))
     except (OSError, ValueError) as exc:
@@ -78,6 +87,25 @@ def load_secret_key(path: str | os.PathLike) -> tuple[bytes, bytes]:
     if not secret:
         raise SecurityError(f"{path} holds no secret key (use the .key_secret file)")
     return public, secret
+
+
+def _check_key_file(path: str | os.PathLike, private: bool) -> None:
+    """OSError when `path` is not a regular file; SecurityError when `private` and the file is
+    another user's or readable, writable or runnable by group or others."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
+    finally:
+        os.close(fd)
+    if not stat.S_ISREG(st.st_mode):
+        raise OSError(errno.EINVAL, "not a regular file", os.fspath(path))
+    if not private:
+        return
+    if st.st_uid not in (os.geteuid(), 0):
+        raise SecurityError(f"CURVE secret key {path} is another user's (uid {st.st_uid}): use a key file of your own")
+    if st.st_mode & 0o077:
+        raise SecurityError(f"CURVE secret key {path} is open to others (mode {stat.S_IMODE(st.st_mode):o}): "
+                            f"anyone who can read it can pose as this daemon; run `chmod 600 {path}`")
 
 
 def load_public_key(path: str | os.PathLike) -> bytes:
@@ -175,7 +203,7 @@ class DaemonSecurity:
         if cfg.enabled:
             from telemetry.shared.security.identity import NODE_DOMAIN, AllowList
 
-            self._public, self._secret = load_secret_key(cfg.server_secret_key)
+            self._public, self._secret = load_secret_key(cfg.server_secret_key, private=True)
             self.allow = AllowList(cfg.allowed_clients_dir)
             if not self.allow.names:
                 log.warning("security.allowed_clients_dir %s holds no *.key files: every CURVE client "
