@@ -31,7 +31,8 @@ def calls(path: str, run_id: str | None = None) -> list[tuple]:
             a = rec.artifact
             meta = {k: v for k, v in json.loads(a.metadata or "{}").items() if not TIMING.search(k)}
             out.append(("artifact", a.type, a.name.replace(run_id or "\0", "<id>"), a.description, meta,
-                        tuple(sorted(a.aliases)), tuple(sorted((c.path, c.digest, c.size) for c in a.manifest.contents))))
+                        tuple(sorted(a.aliases)),
+                        tuple(sorted((c.path, c.digest, c.size) for c in a.manifest.contents))))
         elif kind == "files":
             out.append(("files", tuple((f.path, f.policy) for f in rec.files.files)))
         elif kind == "alert":

@@ -672,7 +672,8 @@ class WandbSink(Sink):
         return {"mode": self.mode, "run_id": self.run_id, "run": self.run_info(), "console": self.num_console,
                 "logged": self.num_logged,
                 "dropped_before_open": self.num_dropped_waiting, "media_logged": self.num_media_logged,
-                "media_failed": self.num_media_failed, "calls": self.num_calls, "calls_failed": self.num_calls_failed, "nested_refused": self.num_nested_refused,
+                "media_failed": self.num_media_failed, "calls": self.num_calls, "calls_failed": self.num_calls_failed,
+                "nested_refused": self.num_nested_refused,
                 "dropped_by_reason": dict(self.dropped_by_reason)}
 
 
