@@ -14,6 +14,7 @@ __getattr__  # protocol/__init__.py, telemetry/__init__.py, telemetry/wandb.py, 
 _.description, _.formatter_class                                  # argparse.ArgumentParser (cli.py)
 _.daemon_threads, _.allow_reuse_address, _.handle_error              # socketserver.ThreadingMixIn / TCPServer
 _.protocol_version, _.log_message, _.close_connection, _.do_HEAD, _.do_POST  # http.server.BaseHTTPRequestHandler
+_.request_queue_size                                              # socketserver.TCPServer's listen backlog
 
 # atexit runs it.
 _close_all  # telemetry/client/core.py
@@ -33,6 +34,9 @@ RunDisabled                                                           # Lightnin
 # W&B's API, kept by the drop-in for scripts and integrations (their signatures too).
 _.setdefaults, _.offline, _.disabled, _._label                        # wandb config / run
 overwrite, save_code, anonymous, magic                                # wandb.init / define_metric arguments
+is_tmp, skip_cache, merge                                             # wandb.Artifact.add_file / add_dir arguments
+_.WARN, _.new_file, _.upsert_artifact, _.project_url                  # wandb.AlertLevel.WARN, Artifact.new_file, run.upsert_artifact, run.project_url
+context                                                               # wandb.sdk.lib.telemetry.context: integrations run under the drop-in call it
 
 # The harness and the benchmarks: called by name, or a fake's signature.
 _.overhead          # benchmarks/gpu/bench.py runs its parts by name (--parts overhead,...)

@@ -96,7 +96,7 @@ def watch(run: Any, models: Any, criterion: Any = None, log: str | None = "gradi
         if log in ("parameters", "all"):
             track = [0, log_freq]
 
-            def on_forward(module, inputs, output, track=track, prefix=prefix):
+            def on_forward(module, _inputs, output, track=track, prefix=prefix):
                 if _due(track):
                     for name, p in module.named_parameters():
                         pending.append(("parameters/" + prefix + name, p.detach().clone()))
