@@ -377,6 +377,19 @@ def drain_backlog(work: Path, num_ranks: int = 2, n: int = 150_000, drain_timeou
     out["unaccounted_intake"] = sent - final["records_in"] - final["records_lost"]
     out["unaccounted_jsonl"] = jsonl["in"] - jsonl["written"] - jsonl["dropped"]
     out["file_vs_written"] = integrity["lines"] - jsonl["written"]
+    # A rank whose bye the drain could not reach by its deadline is open (per_rank): what it sent
+    # after its last record read is known to no one, which the daemon says (per_rank's open, and
+    # the log names it with that seq). Such a tail is said, not hidden; anything else
+    # unaccounted is (hidden_loss).
+    log_text = (log_dir / "daemon.log").read_text() if (log_dir / "daemon.log").exists() else d.output()
+    out["open_ranks"] = {}
+    for rank, pr in final["per_rank"].items():
+        if pr["open"]:
+            info = ranks[int(rank)]["final"]
+            window = pr["received"] + pr["refused"] + pr["lost"] + pr["earlier"]    # seqs 0..last
+            out["open_ranks"][rank] = {"last_seq": window - 1, "tail": info["sent"] - window,
+                                       "named": f"rank {rank} (src {info['src']}, last seq {window - 1})" in log_text}
+    out["hidden_loss"] = out["unaccounted_intake"] - sum(o["tail"] for o in out["open_ranks"].values() if o["named"])
     d.cleanup()
     return out
 

@@ -13,7 +13,11 @@ from testkit import faults
 
 
 def _adds_up(r: dict) -> None:
-    assert r["unaccounted_intake"] == 0, r
+    """What the ranks sent is taken in or counted lost, but for the tail of a rank whose bye the
+    drain could not reach by its deadline (a backlog larger than a loaded box reads in time):
+    that rank is open and named with its last seq, so the tail is said, not hidden."""
+    assert r["hidden_loss"] == 0, r
+    assert all(o["named"] and o["tail"] > 0 for o in r["open_ranks"].values()), r
     assert r["unaccounted_jsonl"] == 0 and r["file_vs_written"] == 0, r
     assert r["integrity"]["bad_lines"] == 0 and r["integrity"]["ends_with_newline"], r
 
@@ -35,8 +39,11 @@ def test_what_a_short_drain_deadline_leaves_is_counted(tmp_path):
 def test_a_drain_beside_cpu_bound_processes_is_exact(tmp_path, run):
     """Beside two processes that spin on the CPU (the daemon, its I/O thread and its sinks get a
     share of two cores), a backlog far larger than a 2 s deadline lets the daemon process or even
-    count: every run, what the clients sent is taken in or counted lost, exactly, and the daemon
-    still exits (the bound only catches a hang)."""
+    count: every run, what each rank sent is taken in or counted lost, exactly, and the daemon
+    still exits (the bound only catches a hang). A rank whose bye is still behind its backlog in
+    libzmq at the drain's deadline (it connected last, so its stream is the last read) cannot be
+    closed exactly: it must then be open and named with its last seq (_adds_up), never counted
+    as closed with its tail gone."""
     hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
     try:
         r = faults.drain_backlog(tmp_path, num_ranks=4, n=100_000, drain_timeout_s=2.0)

@@ -193,10 +193,26 @@ def drain_intake(d, until: float, deadline: float, last_call: float | None = Non
     A bye can be late, though: libzmq's I/O thread, starved on a loaded box, may not have read
     it off the connection yet. So while a source that moved lately (hello or not) has no bye,
     a quiet socket ends the intake only after SOURCE_SILENT_S, and past `deadline` the socket
-    is read on (and counted) until `last_call` for it."""
+    is read on (and counted) until `last_call` for it. A bye also lies behind its client's
+    backlog (one connection is one ordered stream), and a client met first in the drain (it
+    connected last, on a loaded box: nothing of it taken before) is read on for just the same;
+    one whose bye is still out of reach at `last_call` stays open, named with its last seq."""
     losses, receiver, intake = d.losses, d.receiver, d.intake
     waiting = receiver.open_live()
     recent = receiver.open_live(hello_only=False)     # byes a drain can use, if they come
+    num_known = len(receiver.sources)
+
+    def open_now() -> tuple[set, set]:
+        """`waiting` and `recent` as they stand: those still without a bye, plus the sources
+        first met during the drain (a rank that connected late, whose whole stream and bye were
+        still in libzmq or the read-ahead queue when the drain began: its bye lies behind its
+        backlog on its connection, so it is read on for like the others)."""
+        nonlocal num_known
+        if len(receiver.sources) == num_known:       # sources are only ever added
+            return receiver.still_open(waiting), receiver.still_open(recent)
+        num_known = len(receiver.sources)
+        return (receiver.still_open(waiting) | receiver.open_live(),
+                receiver.still_open(recent) | receiver.open_live(hello_only=False))
     last_call = deadline if last_call is None else max(deadline, last_call)
     started = quiet_since = time.monotonic()
     turn_s = 0.0                # the longest processing turn so far
@@ -246,13 +262,12 @@ def drain_intake(d, until: float, deadline: float, last_call: float | None = Non
         else:
             quiet = now - quiet_since
             if quiet >= INTAKE_QUIET_S:
-                waiting = receiver.still_open(waiting)
-                recent = receiver.still_open(recent)
+                waiting, recent = open_now()
                 if not recent or quiet >= SOURCE_SILENT_S or now - started >= BYE_WAIT_S:
                     break
             d.pull.poll(int(INTAKE_QUIET_S * 1000 / 2) + 1)
         if now >= deadline:
-            recent = receiver.still_open(recent)
+            waiting, recent = open_now()
             if not recent or now >= last_call:
                 break
     left = len(intake)
@@ -261,9 +276,10 @@ def drain_intake(d, until: float, deadline: float, last_call: float | None = Non
              "(accounted by their clients' byes), in %.2f s (a step's cost measured at %s)", processed,
              losses.num_unread_at_drain, left, time.monotonic() - started,
              "-" if step_s is None else f"{step_s * 1e6:.0f} µs")
-    still = receiver.still_open(waiting)
+    waiting, recent = open_now()
+    still = waiting
     losses.num_sources_open_at_drain = len(still)
-    still |= receiver.still_open(recent)
+    still |= recent
     if losses.num_unread_at_drain or left:
         log.error("drain deadline: %d queued records could not be processed and are counted as "
                   "lost (raise drain_timeout_s to keep them)", losses.num_unread_at_drain + left)
