@@ -433,9 +433,11 @@ def test_the_trainer_on_two_ranks_against_the_injected_truth(tmp_path):
             for line in (tmp_path / f"loss{r}.jsonl").read_text().splitlines()} for r in (0, 1)]
     mean = sum((own[0][s] + own[1][s]) / 2 for s in range(1, steps + 1))
     least = sum(min(own[0][s], own[1][s]) for s in range(1, steps + 1))
+    most = sum(max(own[0][s], own[1][s]) for s in range(1, steps + 1))
     # The ranks' mean, but for a step whose straggler was slow in data loading: the others' wait
-    # for data then (the excess is the straggler bucket's).
-    assert least - 1e-6 <= b["data_loading"] <= mean + 1e-6 and least >= steps * slow_data, (b, least, mean)
+    # for data then (the excess is the straggler bucket's), unless that excess is within the
+    # run's own noise, which stays in data loading: at most the slowest rank's own data time.
+    assert least - 1e-6 <= b["data_loading"] <= most + 1e-6 and least >= steps * slow_data, (b, least, mean, most)
     print(f"data bucket - injected {b['data_loading'] - steps * slow_data:.3f} s, checkpoint bucket - injected "
           f"{b['checkpoint_save'] - saves * slow_save:.3f} s, of {wall:.2f} s wall")
     # The truth within 1 % of the wall time, each part measured apart from telemetry: the data
