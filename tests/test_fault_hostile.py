@@ -28,8 +28,9 @@ def hostile_frames(seed: int = 0) -> dict[str, list[bytes]]:
         "truncated": [good[:rng.randint(0, len(good) - 1)] for _ in range(100)],
         "deeply_nested": [b"\x99" + head[1:] + b"\x81\xa1a" + b"\x91" * d + b"\xc0" for d in (10_000, 100_000)],
         "wrong_types": [msgpack.packb(x) for x in (
-            [2, 1, 1, 0, 0, 0, 0, 5, {"x": "text"}], [2, 1, 1, 0, 0, 0, 0, "5", {}], [2, 1, 1, -1, 0, 0, 0, 5, {}],
-            [2, 1, 1, 0, 0, 0, 0, 5, {1: 2.0}], [9, 1, 1, 0, 0, 0, 0, 5, {}], [3, 1, 1, 0, 0, 0, 0, "", {}],
+            # A bad value beside a bad header or step (a bad value alone costs only itself: test_values_refused.py).
+            [2, 1, 1, 0, 0, 0, 0, -5, {"x": "text"}], [2, 1, 1, 0, 0, 0, 0, "5", {}], [2, 1, 1, -1, 0, 0, 0, 5, {}],
+            [2, 1, 1, -1, 0, 0, 0, 5, {1: 2.0}], [9, 1, 1, 0, 0, 0, 0, 5, {}], [3, 1, 1, 0, 0, 0, 0, "", {}],
             [2, 1, 1, 0, 0, 0, 0, 5, [1.0]], {"kind": 2}, "metrics", 42, None, [], [2, 1, (1 << 64) - 1, 0, 0, 0, 0, 5, {}],
         )] * 5,
         "wrong_versions": [msgpack.packb([2, v, 1, 0, 0, 0, 0, 5, {"x": 1.0}]) for v in (0, 2, 99, -1, 1 << 40)] * 10,

@@ -21,6 +21,15 @@ from telemetry.daemon import loops as python_loops
 from telemetry.daemon.receiver import Receiver
 
 LONG = "n" * (protocol.MAX_NAME_CHARS + 1)
+
+
+def _nested(depth: int) -> dict:
+    value = 1.0
+    for _ in range(depth):
+        value = {"a": value}
+    return value
+
+
 # (step, the row logged, the reason the one bad value is refused for)
 ROWS = [
     (0, {"x": 0.5, "deep": {"a": 1.0}}, "map"),
@@ -29,9 +38,10 @@ ROWS = [
     (3, {"x": 3.5, "t": (1.0,)}, "list"),          # msgpack sends a tuple as an array
     (4, {"x": 4.5, "s": "text"}, "text"),
     (5, {"x": 5.5, LONG: 1.0}, "name"),
-    (6, {"x": 6.5, "y": 2}, None),                 # all good
+    (6, {"x": 6.5, "abyss": _nested(1000)}, "map"),   # deeper than msgspec decodes, as deep as msgpack packs
+    (7, {"x": 7.5, "y": 2}, None),                 # all good
 ]
-WANT_REFUSED = {"map": 2, "list": 2, "text": 1, "name": 1}
+WANT_REFUSED = {"map": 3, "list": 2, "text": 1, "name": 1}
 
 LOOPS = [pytest.param(python_loops, id="python_loops"),
          pytest.param(hotpath.native, id="c_loops",

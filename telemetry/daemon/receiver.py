@@ -14,6 +14,7 @@ import logging
 from dataclasses import dataclass
 from typing import Callable
 
+import msgpack
 import msgspec
 
 from protocol import Bye, Event, Hello, MalformedRecord, Metrics
@@ -264,7 +265,7 @@ class Receiver:
             try:
                 recs.append(decode(frame))
             except errors as exc:
-                rec = self._salvage(frame, decode, errors)
+                rec = self._salvage(frame, decode)
                 if rec is not None:
                     recs.append(rec)
                     continue
@@ -275,14 +276,14 @@ class Receiver:
                     self._refused_rows.append((src, rank, 1, seq, dropped, seq, dropped))
         return recs
 
-    def _salvage(self, frame: bytes, decode: Callable, errors: tuple):
+    def _salvage(self, frame: bytes, decode: Callable):
         """A metrics frame refused only for some of its values (text, a map, a list, a name too
         long): the record without them, those counted by reason; None for any other refused frame.
         Runs only on the failure path: a frame decoded again untyped, its good values encoded and
         decoded again with the same typed decoder, so what is taken is what a good frame gives."""
-        try:
-            raw = msgspec.msgpack.decode(frame)
-        except Exception:           # not msgpack, invalid UTF-8, nested past the limit: malformed
+        try:                        # msgpack's unpacker: it reads as deep as the client's packer writes
+            raw = msgpack.unpackb(frame, raw=False, strict_map_key=False)
+        except Exception:           # not msgpack, invalid UTF-8, an unhashable key: malformed
             return None
         if type(raw) is not list or len(raw) < 9 or raw[0] != KIND_METRICS or type(raw[8]) is not dict:
             return None
@@ -297,8 +298,8 @@ class Receiver:
             return None
         raw[8] = kept
         try:
-            rec = decode(msgspec.msgpack.encode(raw))
-        except errors:              # the header or the step is bad too
+            rec = decode(msgpack.packb(raw, use_bin_type=True))
+        except Exception:           # the header or the step is bad too
             return None
         self._count_refused(rec, refused)
         return rec
