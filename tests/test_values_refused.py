@@ -122,3 +122,11 @@ def test_a_real_client_loses_only_the_bad_values(tmp_path, pure_python):
     finally:
         d.cleanup()
 
+
+
+def test_the_drain_summary_says_the_values_refused():
+    from telemetry.consumers.drain import summary_lines
+
+    assert any("values refused alone (the rest of their rows kept) 3" in line
+               for line in summary_lines({"values_refused": 3, "records_lost": 0}))
+    assert not any("values refused" in line for line in summary_lines({"values_refused": 0, "records_lost": 0}))
