@@ -363,6 +363,7 @@ UNITS: dict[str, Unit] = {
     "rank": Unit("{rank}"),
     "ranks": Unit("{rank}"),
     "records": Unit("{record}"),
+    "values": Unit("{value}"),
     "connections": Unit("{connection}"),
     "tokens/s": Unit("{token}/s"),
     "samples/s": Unit("{sample}/s"),
