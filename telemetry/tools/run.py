@@ -218,7 +218,8 @@ def _runtime_dir(run_id: str) -> tuple[Path, bool]:
         runtime = user_dir(create=True) / f"run-{run_id}"
         # A unix socket's path holds 107 bytes (endpoints.normalize): a long home is no place for one.
         if len(f"{runtime}/control.sock") <= 107:
-            return endpoints.private_dirs(runtime), True
+            made = not os.path.lexists(runtime)     # a directory already there is not ours to remove
+            return endpoints.private_dirs(runtime), made
     except endpoints.EndpointError:
         pass
     return Path(tempfile.mkdtemp(prefix=f"telemetry-run-{run_id}-")), True
