@@ -19,7 +19,6 @@ a record a node's key sends as another node.
 """
 from __future__ import annotations
 
-import errno
 import logging
 import os
 import stat
@@ -92,13 +91,10 @@ def load_secret_key(path: str | os.PathLike, private: bool = False) -> tuple[byt
 def _check_key_file(path: str | os.PathLike, private: bool) -> None:
     """OSError when `path` is not a regular file; SecurityError when `private` and the file is
     another user's or readable, writable or runnable by group or others."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    try:
-        st = os.fstat(fd)
-    finally:
-        os.close(fd)
-    if not stat.S_ISREG(st.st_mode):
-        raise OSError(errno.EINVAL, "not a regular file", os.fspath(path))
+    from telemetry.shared import files
+
+    with files.open_regular(path) as f:      # NotRegularFile (an OSError): a FIFO is never waited on
+        st = os.fstat(f.fileno())
     if not private:
         return
     if st.st_uid not in (os.geteuid(), 0):
