@@ -17,7 +17,13 @@ that keeps its accumulators on device does), then 10 Python floats.
 a script pays them once either way): telemetry.wandb's with no daemon running, so it starts one
 for the node and waits for its ready line, W&B offline; and the real wandb.init(mode="offline").
 
+`--ab BASE` instead compares a base commit with the working tree in one run (benchmarks/ab.py:
+a worktree of BASE, one receiving process, short child processes alternating per round): each
+child times `wandb.log` of 10 floats with its version's telemetry.wandb, then the real
+wandb.log (offline) in the same process, and the ratio of the two.
+
     .venv/bin/python benchmarks/wandb_dropin.py [--calls 5000] [--init 5] [--json OUT]
+    .venv/bin/python benchmarks/wandb_dropin.py --ab HEAD~1 [--rounds 5] [--calls 20000]
 """
 from __future__ import annotations
 
@@ -118,12 +124,76 @@ def bench_init(n: int) -> dict:
     return {w: {"median_s": statistics.median(v), "all_s": [round(x, 3) for x in v]} for w, v in out.items()}
 
 
+# --ab's child: runs in a fresh interpreter with PYTHONPATH at one version's tree.
+_AB_CHILD = r"""
+import json, os, sys, tempfile, time
+endpoint, calls, warmup = sys.argv[1], int(sys.argv[2]), 2000
+os.environ.update({"TELEMETRY_ENDPOINT": endpoint, "WANDB_SILENT": "true", "WANDB_CONSOLE": "off",
+                   "WANDB_MODE": "offline"})
+keys = [f"train/metric_{i}" for i in range(10)]
+rows = [{k: 1.0 / (s + j + 1) for j, k in enumerate(keys)} for s in range(calls + warmup)]
+now = time.perf_counter_ns
+
+
+def timed(log, n):
+    for s in range(warmup):
+        log(rows[s])
+    ns = []
+    for s in range(warmup, warmup + n):
+        t0 = now(); log(rows[s]); ns.append(now() - t0)
+    ns.sort()
+    return ns[len(ns) // 2], ns[int(len(ns) * 0.99)]
+
+
+import telemetry.wandb as ours
+ours.init(project="bench", name="ab")
+med, p99 = timed(ours.log, calls)
+ours.finish()
+import wandb
+with tempfile.TemporaryDirectory() as tmp:
+    run = wandb.init(mode="offline", dir=tmp, project="bench",
+                     settings=wandb.Settings(silent=True, console="off", x_disable_stats=True))
+    real_med, _ = timed(run.log, min(calls, 5000))
+    run.finish()
+print(json.dumps({"median": med, "p99": p99, "real_median": real_med}))
+"""
+
+
+def main_ab(base: str, rounds: int, calls: int, out: Path | None) -> int:
+    import statistics
+
+    from ab import alternate, base_and_sink
+
+    with base_and_sink(base, lambda tmp: f"ipc://{tmp}/sink.sock") as (trees, endpoint):
+        got = alternate(trees, rounds, _AB_CHILD, [endpoint, str(calls)],
+                        lambda r: f"median {r['median'] / 1000:.2f} µs, p99 {r['p99'] / 1000:.2f} µs, "
+                                  f"real wandb.log {r['real_median'] / 1000:.1f} µs "
+                                  f"({r['real_median'] / r['median']:.1f}x)")
+    if got is None:
+        return 1
+    summary = {}
+    for name, rs in got.items():
+        med = statistics.median(r["median"] for r in rs) / 1000
+        real = statistics.median(r["real_median"] for r in rs) / 1000
+        summary[name] = {"median_us": med, "p99_us": statistics.median(r["p99"] for r in rs) / 1000,
+                         "real_median_us": real, "times_cheaper": real / med}
+        print(f"{name:>20}: wandb.log of 10 floats {med:.2f} µs (p99 {summary[name]['p99_us']:.2f}), "
+              f"real wandb.log {real:.1f} µs: {real / med:.1f}x cheaper (medians over {rounds} rounds)")
+    if out:
+        out.write_text(json.dumps({"rounds": got, "summary": summary}, indent=1))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--calls", type=int, default=5000, help="timed calls per row")
     ap.add_argument("--json", type=Path, help="also write the results here")
     ap.add_argument("--init", type=int, default=0, metavar="N", help="also time wandb.init N times each")
+    ap.add_argument("--ab", metavar="BASE", help="compare commit BASE with the working tree instead (10 floats)")
+    ap.add_argument("--rounds", type=int, default=5, help="rounds of --ab")
     args = ap.parse_args(argv)
+    if args.ab:
+        return main_ab(args.ab, args.rounds, args.calls, args.json)
     sink = subprocess.Popen([sys.executable, "-c", _SINK], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     endpoint = f"tcp://127.0.0.1:{sink.stdout.readline().strip()}"
     results: dict[str, Any] = {"conditions": {"cpus": os.cpu_count(), "loadavg_start": os.getloadavg(),

@@ -69,3 +69,44 @@ def test_a_row_of_many_keys_lands_whole_at_its_step(rx, monkeypatch):
     tm.close(timeout_s=10.0)
     assert _rows(rx) == {0: {"loss": 1.0}, 1: row, 2: {"loss": 0.5}}
     assert tm.stats()["dropped"] == 0
+
+
+def test_a_row_of_plain_numbers_takes_no_python_work_per_value(rx, monkeypatch):
+    """The common row (str keys, float/int values, no step or commit) goes to the client without
+    flatten() or refusal() per value, and keeps W&B's rules: rows mixed with a pending
+    (commit=False) row, a step given, text and nested values land as the general path puts them,
+    a dict reused and changed after its log is sent as it was at the call, and run.summary holds
+    the last values."""
+    from telemetry.integrations import wandb_run
+
+    run, tm = _run(rx, monkeypatch)
+    seen = {"flatten": 0, "refusal": 0}
+
+    def counting(name, real):
+        def f(*a, **k):
+            seen[name] += 1
+            return real(*a, **k)
+        return f
+
+    monkeypatch.setattr(wandb_run, "flatten", counting("flatten", wandb_run.flatten))
+    monkeypatch.setattr(wandb_run, "refusal", counting("refusal", wandb_run.refusal))
+    row = {f"train/m{i}": float(i) for i in range(10)}
+    for _ in range(3):
+        run.log(row)
+        row["train/m0"] += 1.0          # a loop that reuses its dict
+    assert seen == {"flatten": 0, "refusal": 0}
+    run.log({"eval/acc": 0.5}, commit=False)   # pending: the next plain row joins it
+    run.log({"loss": 2})
+    run.log({"loss": 3}, step=7)              # a step given: W&B's rule (not committed yet)
+    run.log({"loss": 4})                      # merges into step 7's row and commits it
+    run.log({"loss": 5, "b": {"c": 1.0}})     # nested: the general path
+    run.log({"loss": 6, "flag": True})        # a bool is no plain number here: the general path
+    run.log({"loss": 7})
+    assert run.step == 11
+    assert run.summary["loss"] == 7 and run.summary["train/m0"] == 2.0 and run.summary["eval/acc"] == 0.5
+    run.finish()
+    tm.close(timeout_s=10.0)
+    expected = {i: {**{f"train/m{j}": float(j) for j in range(10)}, "train/m0": float(i)} for i in range(3)}
+    expected.update({3: {"eval/acc": 0.5, "loss": 2}, 7: {"loss": 4}, 8: {"loss": 5, "b/c": 1.0},
+                     9: {"loss": 6, "flag": 1}, 10: {"loss": 7}})
+    assert _rows(rx) == expected
