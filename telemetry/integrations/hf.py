@@ -18,12 +18,25 @@ summary, not in the history. Each row is at its optimizer step (`_step` = global
 What is sent:
 - at train begin, a hello with that config and run name, and the model's config as "model" (so
   the daemon can compute MFU once tokens are known);
-- per optimizer step (on_step_end), the Trainer's own values: perf/step_time (wall time between
-  step ends), train/epoch and, with include_num_input_tokens_seen, perf/tokens (tokens this rank
-  consumed in the step); they go out with that step's on_log values when it has them;
-  a step with an evaluation is one record per rank: its training logs and the eval logs of every
-  eval dataset (one on_log each) are held together and go out when the next step begins or
-  training ends, so the daemon writes the step once with each value across the ranks;
+- per optimizer step (on_step_end), the Trainer's own values: perf/step_time, perf/data_loading_time,
+  train/epoch and, with include_num_input_tokens_seen, perf/tokens (tokens this rank consumed in
+  the step); they go out with that step's on_log values when it has them;
+- what the goodput ledger (telemetry/shared/goodput.py) books, as the repo's own trainer sends it
+  (trainer/train.py): perf/data_loading_time, what the step waited for its batches (synchronous
+  data loading: the Trainer fetches a step's micro-batches before on_step_begin, so it is the time
+  from the end of what the step before did (its log, evaluation and save) to on_step_begin; a
+  DataLoader worker's work that overlapped the step before is not in it), perf/step_time from
+  then to on_step_end (the evaluation and save after a step are not in the next one's time), and
+  perf/eval_time, the step's evaluation (from the hook before its first on_prediction_step to its
+  last on_evaluate, every eval dataset's), with the step's record; checkpoint_saved says its
+  duration_s (from the hook before the save to on_save);
+- a step with an evaluation is one record per rank: its training logs and the eval logs of every
+  eval dataset (one on_log each) are held together. A record goes out as soon as nothing more of
+  its step can come (the ledger takes a record's time for its step's end): at on_step_end when the
+  Trainer will not log, evaluate or end the epoch there, at its on_log when it does not evaluate,
+  at the last eval dataset's on_evaluate (one dataset; of several, the last of the names the first
+  evaluation had: that first one goes out when the next step begins), before a save's event; else
+  when the next step begins or training ends;
 - on_save and on_evaluate as events (checkpoint_saved, evaluate); the end-of-training values as
   the run's summary (a wandb/summary event) and a train_end event.
 Nothing here reads a device tensor: the Trainer has already turned its logs into floats.
@@ -82,8 +95,19 @@ class TelemetryCallback(TrainerCallback):
         self._pending: dict[str, Any] = {}
         self._pending_step: int | None = None
         self._held_step: int | None = None    # a step whose evaluation runs: its logs are held
-        self._last_step_end: float | None = None
         self._tokens_seen = 0
+        # Times (perf_counter) for the goodput ledger (module docstring): when the Trainer last
+        # finished something a hook tells (train or epoch begin, a step's end, its log, its
+        # evaluation, its save); when this step's wait for data began, and how long it was;
+        # when the evaluation under way began (None: none is).
+        self._mark: float | None = None
+        self._step_from: float | None = None
+        self._data_s = 0.0
+        self._eval_from: float | None = None
+        # The eval datasets' names in the order the first evaluation of several had them (their
+        # metrics' prefix, eval_<name>_runtime), the ones this evaluation has had so far.
+        self._eval_names: list[str] | None = None
+        self._eval_seen: list[str] = []
 
     # -- the client ---------------------------------------------------------------------------
     @property
@@ -93,6 +117,9 @@ class TelemetryCallback(TrainerCallback):
     def _flush(self) -> None:
         if self._pending_step is not None and self._pending:
             self.client.log(self._pending_step, self._pending)
+        if self._eval_seen and self._eval_names is None:
+            self._eval_names = self._eval_seen       # the first evaluation of several: now known
+        self._eval_seen = []
         self._pending = {}
         self._pending_step = None
         self._held_step = None
@@ -129,18 +156,27 @@ class TelemetryCallback(TrainerCallback):
         except Exception:
             pass
         self.client.hello(info)
-        self._last_step_end = time.perf_counter()
         self._tokens_seen = int(getattr(state, "num_input_tokens_seen", 0) or 0)
+        self._mark = time.perf_counter()
+
+    def on_epoch_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._flush()
+        self._mark = time.perf_counter()    # the epoch's data loader starts (its workers): data loading
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self._flush()  # the previous step had no on_log: send what on_step_end gathered
+        now = time.perf_counter()
+        self._flush()  # the previous step's record, if nothing sent it yet
+        # The Trainer fetched this step's batches since what it did last (get_batch_samples).
+        self._step_from = self._mark if self._mark is not None else now
+        self._data_s = now - self._step_from
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         now = time.perf_counter()
         values: dict[str, Any] = {}
-        if self._last_step_end is not None:
-            values["perf/step_time"] = now - self._last_step_end
-        self._last_step_end = now
+        if self._step_from is not None:
+            values["perf/step_time"] = now - self._step_from
+            values["perf/data_loading_time"] = self._data_s
+        self._step_from = None
         if state.epoch is not None:
             values["train/epoch"] = float(state.epoch)
         seen = int(getattr(state, "num_input_tokens_seen", 0) or 0)
@@ -150,10 +186,27 @@ class TelemetryCallback(TrainerCallback):
             self._tokens_seen = seen
         self._pending_step = state.global_step
         self._pending = values
+        # The flags the Trainer's flow callback (called before this one) set for this step: with
+        # none, no log or evaluation of this step follows, and its record goes now. At an
+        # epoch's end (a whole epoch) or training's, the epoch's log and evaluation may follow.
+        epoch_end = state.epoch is not None and float(state.epoch).is_integer()
+        if not (getattr(control, "should_log", False) or getattr(control, "should_evaluate", False)
+                or getattr(control, "should_training_stop", False) or epoch_end):
+            self._flush()
+        self._mark = time.perf_counter()
+
+    def on_epoch_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if not (getattr(control, "should_log", False) or getattr(control, "should_evaluate", False)):
+            self._flush()    # the epoch's end logs and evaluates nothing: the last step's record is whole
+        self._mark = time.perf_counter()
 
     def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None,
                **kwargs: Any) -> None:
-        logs = logs or {}
+        self._log(state, control, logs or {})
+        if self._eval_from is None:     # (an evaluation's own log: the evaluation goes on to on_evaluate)
+            self._mark = time.perf_counter()
+
+    def _log(self, state: Any, control: Any, logs: dict[str, Any]) -> None:
         scalars = {k: n for k in SUMMARY_KEYS if k in logs and (n := _number(logs[k])) is not None}
         if scalars:
             # The run's summary, as W&B's callback keeps them (some transformers versions put
@@ -174,7 +227,7 @@ class TelemetryCallback(TrainerCallback):
             # in an on_log of its own), the record waits for them all: a second record of the
             # step would be written as a second point (and, across ranks, split the step).
             self._pending.update(values)
-            if getattr(control, "should_evaluate", False):
+            if getattr(control, "should_evaluate", False) or self._eval_from is not None:
                 self._held_step = state.global_step
             if self._held_step != state.global_step:
                 self._flush()
@@ -182,16 +235,39 @@ class TelemetryCallback(TrainerCallback):
             self._flush()
             self.client.log(state.global_step, values)  # e.g. an evaluation between steps
 
+    def on_prediction_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self._eval_from is None:     # an evaluation's first batch: it began after what came last
+            self._eval_from = self._mark if self._mark is not None else time.perf_counter()
+
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        now = time.perf_counter()
+        self._flush()     # the step's record before the save's event (the ledger books them in order)
         path = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
-        self.client.event("checkpoint_saved", {"step": state.global_step, "path": path})
+        data: dict[str, Any] = {"step": state.global_step, "path": path}
+        if self._mark is not None:
+            data["duration_s"] = now - self._mark
+        self.client.event("checkpoint_saved", data)
+        self._mark = time.perf_counter()
 
     def on_evaluate(self, args: Any, state: Any, control: Any, metrics: dict[str, Any] | None = None,
                     **kwargs: Any) -> None:
+        now = time.perf_counter()
+        began = self._eval_from if self._eval_from is not None else self._mark
+        self._eval_from = None
         data = {metric_name(k): n for k, v in (metrics or {}).items() if (n := _number(v)) is not None}
         self.client.event("evaluate", {"step": state.global_step, **data})
         if self._pending_step == state.global_step:
-            self._held_step = state.global_step   # more eval datasets may log at this step
+            if began is not None:
+                self._pending["perf/eval_time"] = self._pending.get("perf/eval_time", 0.0) + (now - began)
+            # Which eval dataset this was (its metrics' prefix): with one, or the last of the
+            # names the first evaluation of several had, the step's record is whole.
+            name = next((k[:-len("_runtime")] for k in (metrics or {}) if k.endswith("_runtime")), None)
+            self._eval_seen.append(name or "")
+            if name == "eval" or (self._eval_names is not None and self._eval_seen == self._eval_names):
+                self._flush()
+            else:
+                self._held_step = state.global_step   # more eval datasets may log at this step
+        self._mark = time.perf_counter()
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._flush()

@@ -1,0 +1,117 @@
+"""The goodput ledger of a run through the framework integrations (telemetry/integrations/hf.py,
+lightning.py): a real transformers Trainer and a real Lightning fit on CPU, each with a slow
+training data set (a sleep in __getitem__) and an evaluation of a slow eval data set, under a
+real daemon. The ledger's data loading and evaluation buckets are checked against the truth timed
+from outside the integration (the sleeps as slept, the evaluations as the script timed them):
+within 1 % of the wall time, unexplained at most 2 %, no bucket below zero."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from telemetry.shared.goodput import BUCKETS, ledger
+
+ROOT = Path(__file__).resolve().parent.parent
+
+HF_SCRIPT = textwrap.dedent('''
+    import json, sys, time
+    import torch
+    from transformers import AutoModelForCausalLM, GPT2Config, Trainer, TrainingArguments
+    from telemetry.integrations.hf import TelemetryCallback
+
+    endpoint, out_dir, steps, data_s, eval_s = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4]), float(sys.argv[5])
+    torch.manual_seed(0)
+    cfg = GPT2Config(n_embd=32, n_layer=2, n_head=2, vocab_size=64, n_positions=32, bos_token_id=0, eos_token_id=0)
+    model = AutoModelForCausalLM.from_config(cfg)
+    slept = {"train": 0.0}
+
+    class Tokens(torch.utils.data.Dataset):
+        def __init__(self, n, seed, sleep_s, train):
+            self.n, self.seed, self.sleep_s, self.train = n, seed, sleep_s, train
+        def __len__(self):
+            return self.n
+        def __getitem__(self, i):
+            t0 = time.perf_counter()
+            time.sleep(self.sleep_s)
+            if self.train:
+                slept["train"] += time.perf_counter() - t0
+            x = torch.randint(0, 64, (16,), generator=torch.Generator().manual_seed(self.seed + i))
+            return {"input_ids": x, "labels": x.clone()}
+
+    class Timed(Trainer):
+        evaluated = fetched = 0.0
+        def get_batch_samples(self, *a, **k):      # a step's batches, fetched before it begins
+            t0 = time.perf_counter()
+            try:
+                return super().get_batch_samples(*a, **k)
+            finally:
+                Timed.fetched += time.perf_counter() - t0
+        def evaluate(self, *a, **k):
+            t0 = time.perf_counter()
+            try:
+                return super().evaluate(*a, **k)
+            finally:
+                Timed.evaluated += time.perf_counter() - t0
+
+    args = TrainingArguments(output_dir=out_dir, max_steps=steps, logging_steps=4, eval_strategy="steps",
+                             eval_steps=8, save_strategy="steps", save_steps=12, report_to=[], use_cpu=True,
+                             per_device_train_batch_size=2, per_device_eval_batch_size=2, disable_tqdm=True,
+                             learning_rate=1e-3, dataloader_num_workers=0)
+    trainer = Timed(model=model, args=args, train_dataset=Tokens(512, 0, data_s, True),
+                    eval_dataset=Tokens(4, 1000, eval_s, False), callbacks=[TelemetryCallback(endpoint=endpoint)])
+    trainer.train()
+    print("RESULT " + json.dumps({"data_s": Timed.fetched, "slept_s": slept["train"], "eval_s": Timed.evaluated}))
+''')
+
+
+def _result(proc: subprocess.CompletedProcess) -> dict:
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return json.loads(next(line for line in proc.stdout.splitlines() if line.startswith("RESULT "))[len("RESULT "):])
+
+
+def _check(led: dict, truth: dict) -> None:
+    """The data and eval buckets against the truth within 1 % of the wall, the rest sound."""
+    b, wall = led["buckets_s"], led["wall_s"]
+    print(f"ledger {b}, wall {wall:.3f} s, truth {truth}")
+    assert set(b) == set(BUCKETS) and sum(b.values()) == pytest.approx(wall, abs=1e-6)
+    assert all(v >= 0.0 for v in b.values()), b
+    assert truth["data_s"] > 0.05 * wall and truth["eval_s"] > 0.05 * wall, (truth, wall)   # worth measuring
+    assert abs(b["data_loading"] - truth["data_s"]) <= 0.01 * wall, (b, truth, wall)
+    assert abs(b["eval"] - truth["eval_s"]) <= 0.01 * wall, (b, truth, wall)
+    assert b["unexplained"] <= 0.02 * wall, (b, wall)
+    assert b["productive"] > 0 and b["startup"] > 0
+
+
+def _env(tmp_path: Path) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TELEMETRY_", "WANDB_"))}
+    env.update(OMP_NUM_THREADS="1", WANDB_MODE="disabled", TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1",
+               TRANSFORMERS_OFFLINE="1", WANDB_DIR=str(tmp_path))
+    return env
+
+
+@pytest.mark.slow
+def test_a_transformers_trainers_data_loading_and_evaluation_are_booked_as_timed(make_daemon, tmp_path):
+    """The Trainer (24 steps, 2 samples a step that sleep 30 ms each, an evaluation of 4 samples
+    that sleep 50 ms each every 8 steps, a save every 12): data loading is the Trainer's fetches
+    of its batches (get_batch_samples) as timed around them, at least the sleeps (num_workers=0:
+    the training thread waits for all of it), eval the Trainer's evaluate() calls as timed around
+    them, and a save is a save (checkpoint_saved says its duration), not unexplained."""
+    pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")
+    d = make_daemon(world_size=1, config={"pollers": {"nvml_enabled": False}})
+    script = tmp_path / "train_hf.py"
+    script.write_text(HF_SCRIPT)
+    proc = subprocess.run([sys.executable, str(script), d.ingest, str(tmp_path / "out"), "24", "0.03", "0.05"],
+                          cwd=ROOT, env=_env(tmp_path), capture_output=True, text=True, timeout=300)
+    truth = _result(proc)
+    d.drain()
+    led = ledger(d.read_jsonl())
+    assert led["steps"] == 24 and led["launches"] == 1 and led["steps_missing"] == 0, led
+    _check(led, truth)
+    assert led["buckets_s"]["data_loading"] >= truth["slept_s"] and led["buckets_s"]["checkpoint_save"] > 0.0
