@@ -115,3 +115,104 @@ def test_a_transformers_trainers_data_loading_and_evaluation_are_booked_as_timed
     assert led["steps"] == 24 and led["launches"] == 1 and led["steps_missing"] == 0, led
     _check(led, truth)
     assert led["buckets_s"]["data_loading"] >= truth["slept_s"] and led["buckets_s"]["checkpoint_save"] > 0.0
+
+
+LIGHTNING_SCRIPT = textwrap.dedent('''
+    import json, sys, time
+    import lightning
+    import torch
+    from lightning.pytorch.loops.fetchers import _PrefetchDataFetcher
+    from telemetry.integrations.lightning import TelemetryCallback, TelemetryLogger
+
+    endpoint, out_dir, steps, data_s, eval_s = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4]), float(sys.argv[5])
+    torch.manual_seed(0)
+    truth = {"data_s": 0.0, "slept_s": 0.0, "eval_s": 0.0}
+    first = []        # when the first training batch began (its module hook)
+
+    class Slow(torch.utils.data.Dataset):
+        def __init__(self, n, sleep_s, train):
+            self.n, self.sleep_s, self.train = n, sleep_s, train
+            self.x, self.y = torch.randn(n, 4), torch.randn(n, 1)
+        def __len__(self):
+            return self.n
+        def __getitem__(self, i):
+            t0 = time.perf_counter()
+            time.sleep(self.sleep_s)
+            if self.train and first:
+                truth["slept_s"] += time.perf_counter() - t0
+            return self.x[i], self.y[i]
+
+    class Tiny(lightning.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 1)
+        def on_train_batch_start(self, batch, i):
+            if not first:
+                first.append(time.perf_counter())
+        def training_step(self, batch, i):
+            x, y = batch
+            loss = torch.nn.functional.mse_loss(self.lin(x), y)
+            self.log("loss", loss)
+            return loss
+        def validation_step(self, batch, i):
+            x, y = batch
+            self.log("val/loss", torch.nn.functional.mse_loss(self.lin(x), y))
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    trainer = lightning.Trainer(max_steps=steps, logger=TelemetryLogger(endpoint=endpoint), callbacks=[TelemetryCallback()],
+                                log_every_n_steps=4, val_check_interval=8, accelerator="cpu", devices=1,
+                                enable_progress_bar=False, enable_checkpointing=False, enable_model_summary=False,
+                                default_root_dir=out_dir)
+    # The truth, timed around Lightning's own calls: the training loop's fetches of its batches
+    # once training began (the first fetches, before its first batch, are start-up) and each
+    # validation run (the sanity check's is start-up).
+    fetch = _PrefetchDataFetcher.__next__
+    def timed_fetch(self):
+        t0 = time.perf_counter()
+        try:
+            return fetch(self)
+        finally:
+            if first and self is trainer.fit_loop._data_fetcher:
+                truth["data_s"] += time.perf_counter() - t0
+    _PrefetchDataFetcher.__next__ = timed_fetch
+    val_loop = trainer.fit_loop.epoch_loop.val_loop
+    run = val_loop.run
+    def timed_run():
+        t0 = time.perf_counter()
+        try:
+            return run()
+        finally:
+            if not trainer.sanity_checking:
+                truth["eval_s"] += time.perf_counter() - t0
+    val_loop.run = timed_run
+    trainer.fit(Tiny(), torch.utils.data.DataLoader(Slow(512, data_s, True), batch_size=2),
+                torch.utils.data.DataLoader(Slow(4, eval_s, False), batch_size=2))
+    print("RESULT " + json.dumps(truth))
+''')
+
+
+@pytest.mark.slow
+def test_a_lightning_fits_data_loading_and_validation_are_booked_as_timed(make_daemon, tmp_path):
+    """Lightning (24 steps, 2 samples a step that sleep 30 ms each, a validation of 4 samples that
+    sleep 50 ms each every 8 steps, the sanity check's too) with TelemetryLogger and
+    TelemetryCallback: data loading is the training loop's fetches (timed around Lightning's data
+    fetcher), at least the sleeps in them; eval is the validation runs (timed around the
+    validation loop's run), not the sanity check's."""
+    pytest.importorskip("lightning")
+    d = make_daemon(world_size=1, config={"pollers": {"nvml_enabled": False}})
+    script = tmp_path / "train_lightning.py"
+    script.write_text(LIGHTNING_SCRIPT)
+    proc = subprocess.run([sys.executable, str(script), d.ingest, str(tmp_path / "out"), "24", "0.03", "0.05"],
+                          cwd=ROOT, env=_env(tmp_path), capture_output=True, text=True, timeout=300)
+    truth = _result(proc)
+    d.drain()
+    recs = d.read_jsonl()
+    led = ledger(recs)
+    # Lightning's logger steps count from 0: one record a step, the logged values in them.
+    steps = {r["step"]: r["values"] for r in recs if r["kind"] == "metrics" and "rank" not in r}
+    assert sorted(steps) == list(range(24)), sorted(steps)
+    assert all("loss" in steps[s] for s in (3, 7, 11)) and all("val/loss" in steps[s] for s in (7, 15, 23)), steps
+    assert led["steps"] == 24 and led["launches"] == 1 and led["steps_missing"] == 0, led
+    _check(led, truth)
+    assert led["buckets_s"]["data_loading"] >= truth["slept_s"]
