@@ -28,7 +28,9 @@ _.curve_user_id, _.allow_any
 TelemetryTracker, _.requires_logging_directory, _.main_process_only   # Accelerate's GeneralTracker
 _.store_init_configuration, _.log_images, _.log_table                 # Accelerate calls / users call
 TelemetryCallback, _.on_train_begin, _.on_step_begin, _.on_step_end, _.on_log, _.on_save, _.on_evaluate, _.on_train_end  # transformers
+_.on_epoch_begin, _.on_epoch_end, _.on_prediction_step               # transformers' TrainerCallback (hf.py's timing)
 _.log_hyperparams, _.log_metrics, _.finalize                          # Lightning's Logger
+_.on_train_start, _.on_train_batch_start, _.on_train_batch_end, _.on_validation_start, _.on_validation_end  # Lightning's Callback
 RunDisabled                                                           # Lightning's WandbLogger imports it from wandb.sdk.lib
 
 # W&B's API, kept by the drop-in for scripts and integrations (their signatures too).
@@ -46,6 +48,8 @@ _.screenshot, _.get_json, stop_with_daemon   # testkit/cdp.py, testkit/dashboard
 _.group_tree, _.multinode_straggler   # testkit/faults.py: tests/test_multinode_groups.py and test_multinode_straggler.py run them
 GOOD_HOSTS, EVIL_HOSTS   # testkit/hosts.py: the Host tables the dashboard's and the exporter's tests read
 NodeTree, _.restart_head   # testkit/faults.py: tests/test_multinode_links.py, _clock.py, _head_restart.py
+_.samples           # testkit/victoria_metrics.py: tests/test_otlp_victoriametrics.py reads a series' samples
+MeasuredOtlpSink    # benchmarks/otlp_fleet.py: its node daemons load it by name (custom_sinks' class)
 
 # The trainer: a framework's signatures, a model config field, a reserved token id.
 worker_id           # torch DataLoader worker_init_fn(worker_id)
