@@ -1,10 +1,10 @@
 """Wire encoding of the records in `protocol.records`: one MessagePack array per ZeroMQ frame.
 
 Encoding packs a plain tuple with msgpack (the client's hot path: no Struct instance per call;
-msgpack imports in ~4 ms where msgspec takes ~24, which the client's start-up budget needs; the
-bytes are the same). Decoding goes through a typed msgspec decoder, which rejects wrong kinds,
-wrong versions, wrong types, out-of-range integers, bad names and malformed bytes in C, as it
-parses.
+msgpack imports several times faster than msgspec, which the client's start-up budget needs
+(benchmarks/RESULTS.md, "Client cost"); the bytes are the same). Decoding goes through a typed
+msgspec decoder, which rejects wrong kinds, wrong versions, wrong types, out-of-range integers,
+bad names and malformed bytes in C, as it parses.
 Nothing here ever unpickles or evaluates anything. Every failure raises `MalformedRecord`.
 """
 from __future__ import annotations
@@ -165,9 +165,9 @@ _UINT_WIDTHS = {0xcc: 1, 0xcd: 2, 0xce: 4, 0xcf: 8}
 _U63 = 1 << 63
 
 
-# Up to this size a frame's header is read by msgspec (LooseHeader: ~0.25 µs, the whole frame
-# parsed); above it by hand from the first bytes (~1.6 µs, whatever the frame's size: msgspec
-# took ~25 µs for a 120 kB one).
+# Up to this size a frame's header is read by msgspec (LooseHeader, the whole frame parsed: the
+# cheapest for a small frame); above it by hand from the first bytes, at a cost that does not grow
+# with the frame, where msgspec's grows with every byte it parses.
 PEEK_PARSE_MAX_BYTES = 4096
 
 

@@ -1,4 +1,4 @@
-"""The records the daemon writes, declared once (issue 28 item 4).
+"""The records the daemon writes, declared once.
 
 Every line of `metrics.jsonl`, every PUB message and every record an in-process sink is handed is
 one of the Structs below, encoded as a JSON object whose `kind` says which:

@@ -50,7 +50,7 @@ Name = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_NAME_CHARS)]
 # cost the whole record; the daemon writes them as JSON true/false/null.
 # The keys are plain str here, not Name: msgspec interns unconstrained map keys (every record's
 # "train/loss" is one str object, its hash computed once) but allocates a new str per key for a
-# constrained one, which cost ~0.6 us per 10-value record plus slower dict work downstream.
+# constrained one, which costs more per record in the decode and in the dict work downstream.
 # `protocol.codec.decode` checks the names' lengths instead, once per distinct key set.
 Values = Annotated[dict[str, Union[float, int, bool, None]], msgspec.Meta(max_length=MAX_VALUES)]
 

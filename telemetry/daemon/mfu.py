@@ -36,15 +36,17 @@ down_proj), so there HFU reads high by 2*h*I*tokens per layer.
 The daemon's side (telemetry/daemon/derived.py):
 
     est = MfuEstimator.from_hello(hello.info, peak_override=cfg.peak_flops or None,
-                                  dtype_override=cfg.dtype or None)
-    # once per aggregated step, from the step's columns (steps.StepBatch): rank i's values at i
-    values.update(est.step_metrics_columns(tokens, attn_doc_len_sq, step_times_s, world_size))
+                                  dtype_override=cfg.dtype or None, halve_causal=cfg.halve_causal)
+    # once per batch of closed steps, from its columns (steps.StepBatch): one dict per step
+    per_step = est.step_metrics_batch(batch.column("perf/tokens"), batch.column("perf/attn_doc_len_sq"),
+                                      batch.column("perf/step_time"), world_size)
 
 `from_hello` reads info["model"] = {"hf_config": dict, "seq_len": int, "causal": bool,
 "gradient_checkpointing": bool, "dtype": "bf16"|...} and info["device_name"]; it never raises
-(a hello it cannot use gives an estimator that returns {}). `step_metrics` returns
-perf/model_flops_per_second (cluster-wide) and, when the peak is known, perf/mfu (0..1),
-perf/mfu_percent and perf/hfu; {} when it cannot compute them. Per-rank: perf/tokens are the
+(a hello it cannot use gives an estimator that returns {}). `step_metrics_columns` (one step:
+rank i's values at i) and each dict of `step_metrics_batch` hold perf/model_flops_per_second
+(cluster-wide) and, when the peak is known, perf/mfu (0..1), perf/mfu_percent and perf/hfu; {}
+when they cannot be computed. Per-rank: perf/tokens are the
 non-padding tokens of the whole optimizer step (all micro-batches: gradient accumulation is then
 counted right), perf/step_time its wall time in seconds, perf/attn_doc_len_sq the step's
 sum_i(L_i^2) (absent: every token is taken to sit in a full seq_len document).

@@ -43,14 +43,13 @@ Across nodes (a head daemon, whose "ranks" are node daemons): a node forwards wi
 beside the mean of each phase over its ranks, its slowest rank's time in it (add_phase_maxima:
 perf/<phase>_time_max, reduced by max at the head), and the head's view compares the nodes by
 those: one rank slow of a node's 8 moves the node's mean by an eighth of its excess, under
-CAUSE_MIN_FRACTION, while its maximum carries all of it (issue 33: at 128 nodes of 8 ranks, a rank
-0.3 of a step slow was named by its node and never by the head). A group head forwards its
+CAUSE_MIN_FRACTION, while its maximum carries all of it (by the means alone, a rank slow by a
+third of a step was named by its node and never by the head). A group head forwards its
 nodes' maxima reduced by max, so the job head compares groups the same way.
 
-Cost: per closed step (not per record), in hotpath.loops.phase_straggler: with the C loops ~0.8 µs
-a step of 8 ranks and 4 phases (the pure-Python function before it: ~6 µs; its Python twin,
-what an install without a C compiler runs: ~10 µs), and 4 values more in the record
-(benchmarks/straggler_view_cost.py; benchmarks/RESULTS.md, issue 19).
+Cost: per closed step (not per record), in hotpath.loops.phase_straggler (the C loops, or its
+Python twin where an install has no C compiler), and 4 values more in the record; measured by
+benchmarks/straggler_view_cost.py (figures in benchmarks/RESULTS.md).
 """
 from __future__ import annotations
 
@@ -69,8 +68,8 @@ CAUSE_ORDER = ("data_loading", "optimizer_update", "forward_compute", "backward_
                "backward")
 _CAUSE_INDEXES = tuple(map(PHASES.index, CAUSE_ORDER))
 # An excess at least this fraction of the step's time names its phase as the cause. Not less:
-# on a shared machine an earlier phase of some rank swings by 5-10 % of the step (measured on a
-# loaded 2-core box, issue 29), which would hide a real excess in a later phase.
+# on a shared machine an earlier phase of some rank swings by several percent of the step (seen
+# on a loaded 2-core box), which would hide a real excess in a later phase.
 CAUSE_MIN_FRACTION = 0.15
 # What add_step_time_view writes.
 STEP_TIME_KEYS = ("perf/step_time_max", "perf/step_time_min", "perf/slowest_rank")

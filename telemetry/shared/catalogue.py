@@ -1,4 +1,4 @@
-"""The metric catalogue: one declaration per built-in metric (issue 28 item 1, first part).
+"""The metric catalogue: one declaration per built-in metric.
 
 Each entry says what a name is: its unit, its kind (gauge, counter, rate), how it combines
 across the ranks of one step, how it combines over a downsampling window of steps (kept apart:
@@ -30,7 +30,7 @@ window (those records pass the downsampler as they are).
     (telemetry/consumers/dashboard/store.py: meta_of; the run's own by their prefix).
   - W&B's define_metric in the daemon's own run (`wandb_summaries`, sinks/wandb_sink.py): every
     metric against train/step, and the summary of each entry with a `wandb_summary`. No built-in
-    entry has one, by decision (2026-11-28): W&B's default summary is the last value, as W&B's
+    entry has one, by decision: W&B's default summary is the last value, as W&B's
     Hugging Face and Lightning integrations leave it, and the runs table users know shows that;
     a team that wants a loss's minimum declares it in the daemon config (`metrics:`, the same
     field). A user's own run (telemetry.wandb, the integrations) keeps the define_metric calls
@@ -95,7 +95,7 @@ class Metric:
                                  f"{', '.join(WANDB_SUMMARIES)}, comma-separated")
             if "*" in self.name:
                 # W&B's define_metric has prefix globs only, and a key two globs match (this one and
-                # the daemon run's "*" axis) takes either (wandb-core: seen both ways, 2026-11-28).
+                # the daemon run's "*" axis) takes either (wandb-core has been seen doing both).
                 raise ValueError(f"metric {self.name!r}: wandb_summary needs an exact name (a W&B glob "
                                  "would overlap the run's '*' axis, and W&B picks either)")
 

@@ -1,5 +1,5 @@
-"""What counts as a number in a record, said once (issue 28, item 2): JSON and msgpack give
-bools, which Python counts as ints; a value that is True is a flag, never 1.
+"""What counts as a number in a record, said once: JSON and msgpack give bools, which Python
+counts as ints; a value that is True is a flag, never 1.
 
 The daemon's hot loops (loops.py and its C twin) inline the same tests for speed."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Hang and crash forensics, from outside the training processes (issue 19).
+"""Hang and crash forensics, from outside the training processes.
 
 When no step completes for `diagnosis.hang_factor` x the recent median step time (at least
 `diagnosis.hang_min_s`), or a rank's process is gone without a bye, the daemon collects for each

@@ -17,9 +17,9 @@ from telemetry.shared import endpoints
 # a slow subscriber loses records, never slows the publisher). Each queued frame costs ~60 bytes
 # of libzmq's per subscriber (the line's bytes are shared), so the daemon holds at most about
 # MAX_SUBSCRIBERS x PUB_SNDHWM x 2 frames x 60 B (~77 MB) for subscribers that stop reading,
-# plus the last PUB_SNDHWM lines themselves. Measured before: 200 subscribers that never read
-# (another local user on a loopback TCP PUB, or suspended `telemetry tail`s) held 2.3 GB of the
-# daemon at 100,000 a subscriber, and kept it. A consumer's own queue (its RCVHWM, 100,000 in
+# plus the last PUB_SNDHWM lines themselves. Subscribers that never read (another local user on
+# a loopback TCP PUB, or suspended `telemetry tail`s) hold that much of the daemon for as long as
+# they stay, so the bound is per subscriber and small. A consumer's own queue (its RCVHWM, 100,000 in
 # telemetry's consumers) is in front of this one: a consumer that keeps up loses nothing here.
 PUB_SNDHWM = 10_000
 # Subscribers at once; one beyond is shut at once and counted (status: security.connections.pub
@@ -40,8 +40,8 @@ class PubSink(Sink):
         self.num_sent = 0
 
     def consume(self, batch: list[Out]) -> None:
-        # Two calls of the backend's send, not send_multipart: 0.4 against 5.3 us per record
-        # (pyzmq 27; the sugar Socket.send in between costs 1.1), measured in benchmarks/ingest.py.
+        # Two calls of the backend's send, not send_multipart (or the sugar Socket.send): a
+        # fraction of their cost per record (benchmarks/ingest.py; benchmarks/RESULTS.md).
         sock, send, topics = self._sock, _send, self._topics
         more, last = zmq.SNDMORE | zmq.NOBLOCK, zmq.NOBLOCK
         for o in batch:

@@ -154,8 +154,8 @@ class ConnectionWatch:
 
     def _say_refused(self, name: str, limit: int) -> None:
         """A refused connection is a client that cannot send: said in the log at once, then at most
-        every REFUSED_LOG_EVERY_S with the count (issue 33: 1,100 nodes on a head of 1,024 were
-        refused 89,517 times with only a counter to say so)."""
+        every REFUSED_LOG_EVERY_S with the count (a head with more nodes than its connection limit
+        otherwise refuses them over and over with only a counter to say so)."""
         n = self.counts[name]["refused"]
         now = time.monotonic()
         if n > 1 and now - self._refused_logged.get(name, -math.inf) < REFUSED_LOG_EVERY_S:

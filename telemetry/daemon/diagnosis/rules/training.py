@@ -149,9 +149,9 @@ class ThroughputDrop(Rule):
     values (1.4826 x their median absolute deviation: a run on a shared machine swings more than
     one alone on its node, and its swings are not drops), for throughput_drop_consecutive log
     steps in a row spanning at least throughput_drop_min_s of the run's time (the records' t);
-    reported once per episode. On a shared 2-core box, a balanced run of 0.06-0.1 s steps beside
-    two CPU-bound processes dipped 46 % for 5 log steps, half a second, as the scheduler moved
-    them (issue 27's chain, the balanced-run test): a dip that short is the machine, not a drop."""
+    reported once per episode. On a shared machine a balanced run beside CPU-bound processes dips
+    by nearly half for a few log steps, a fraction of a second, as the scheduler moves them (the
+    balanced-run test): a dip that short is the machine, not a drop."""
 
     name = "throughput_drop"
     kinds = frozenset({"metrics"})
@@ -269,21 +269,21 @@ class Straggler(Rule):
     while, as steady as a real straggler over 8 log steps. Such bursts come back all through a
     run, so they set its usual excess; a real straggler stands out of it. Before
     USUAL_MIN_POINTS such steps it is not known and does not count; an episode then needs
-    UNKNOWN_USUAL_FACTOR x straggler_consecutive slow log steps instead (CI, stop 37: in a balanced
-    DDP run beside a hog, rank 0's forward compute 2x the other's for 8 log steps from about
-    step 14, before the run had five steps outside it; a straggler from the run's first step is
-    named after 24 log steps past the warm-up with the defaults, its series all along).
+    UNKNOWN_USUAL_FACTOR x straggler_consecutive slow log steps instead (a balanced DDP run beside
+    a CPU-bound process can show one rank's forward compute twice the other's for 8 log steps
+    before the run has USUAL_MIN_POINTS steps outside such bursts; a straggler from the run's
+    first step is then named UNKNOWN_USUAL_FACTOR x straggler_consecutive log steps past the
+    warm-up, its series all along).
     While it is not known, an episode whose excess jumps to straggler_usual_factor x its level
     so far for JUMP_STEPS slow log steps in a row is split there, when its earlier part (a burst,
     learned as usual: the new level stands out of it by that factor) makes the usual excess known;
-    the new level is then an episode of its own (issue 27's chain: on a loaded box every early log
-    step was some rank's burst, and rank 1's own 0.035 s forward-compute burst ran on into an
-    injected 0.35 s slowdown, which was named 24 log steps after the burst began).
-    Measured on a loaded 2-core box beside a CPU-bound process (issue 29): the noise 0.004-0.06 s,
-    bursts of one rank 0.02-0.09 s slower for 5-13 log steps, swinging step to step or steady
-    (one at +0.02 s for 8 log steps, steady, over a noise of 0.0043 s: the straggler_noise_z
-    test alone let it through); the usual excess (90th percentile) 0.024-0.043 s in balanced
-    runs of 200 steps; an injected 0.2 s slowdown, steady, named 6-7 log steps after it began."""
+    the new level is then an episode of its own (on a loaded box every early log step can be some
+    rank's burst, and a burst that runs on into a real slowdown ten times its size would otherwise
+    hold the slowdown's naming back by the whole unknown-usual wait).
+    On a loaded machine beside a CPU-bound process, bursts of one rank are several times the step
+    times' noise and last 5-13 log steps, some as steady as a straggler (the straggler_noise_z
+    test alone lets one through): the usual excess is what tells them from a real straggler
+    (tests/test_diagnosis_noise.py)."""
 
     name = "straggler"
     kinds = frozenset({"metrics"})
