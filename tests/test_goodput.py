@@ -1659,3 +1659,32 @@ def test_a_straggler_amid_the_noise_is_booked_at_what_was_injected():
     noise = sum(r["values"]["perf/straggler_excess_s"] for r in recs[2:]) - injected
     assert noise > 0.01 * wall                       # what the old sum booked on top
     assert abs(b["straggler"] - injected) <= 0.005 * wall, (b["straggler"], injected, wall)
+
+
+def test_each_ranks_ledger_takes_the_jobs_planned_maintenance_windows():
+    """Both windows of a job's planned maintenance, the one `telemetry goodput --exclude` has the
+    daemon write (no rank) and the one rank 0's client opens and closes, lie in both ranks'
+    start-up: each rank's ledger excludes them as the job's does (the ranks' books saw neither
+    the daemon's event nor the other rank's before), and rank 0's events keep rank 1's process
+    alive no longer than it was."""
+    recs = [_hello(T0 + 0.2, 0, T0), _hello(T0 + 0.2, 1, T0 + 0.5),
+            {"kind": "event", "t": T0 + 30.0, "rank": None, "name": "goodput/exclude",
+             "data": {"start": T0 + 1.0, "end": T0 + 3.0, "reason": "planned"}},
+            _event(T0 + 4.0, "goodput/exclude_begin", 0), _event(T0 + 6.0, "goodput/exclude_end", 0)]
+    t = T0 + 10.0
+    for step in range(1, 6):
+        t += 1.0
+        for r in (0, 1):
+            recs.append({"kind": "metrics", "t": t, "step": step, "rank": r, "values": {"perf/step_time": 1.0}})
+        recs.append(_step(t, step, 1.0))
+    recs += [_event(t + 0.5, "goodput/exclude_begin", 0), _bye(t + 1.0, 0), _bye(t + 0.2, 1)]
+    led = ledger(recs)
+    assert led["buckets_s"]["excluded"] == pytest.approx(4.0)
+    for r in (0, 1):
+        rl = led["ranks"][r]
+        assert rl["buckets_s"]["excluded"] == pytest.approx(4.0), (r, rl)
+        assert rl["buckets_s"]["startup"] == pytest.approx(10.0 - (0.5 if r else 0.0) - 4.0), (r, rl)
+        assert sum(rl["buckets_s"].values()) == pytest.approx(rl["wall_s"], abs=1e-9)
+    # Rank 0's last begin (after rank 1's bye) is no record of rank 1's: its wall ends at its bye.
+    assert led["ranks"][1]["wall_s"] == pytest.approx(t + 0.2 - (T0 + 0.5))
+    assert led["ranks"][0]["wall_s"] == pytest.approx(t + 1.0 - T0)

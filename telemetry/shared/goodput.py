@@ -92,7 +92,8 @@ the result): its own step time, data loading, eval, client time, process start, 
 and bye; its straggler bucket is the time it waited for another rank (the step's
 perf/straggler_excess_s when the straggler was another rank, but never more than its own step
 time less its own data loading: a rank that began the step late, descheduled on a busy host,
-waited that much less, and its buckets still sum to its wall time). The job ledger above is the job's;
+waited that much less, and its buckets still sum to its wall time); its excluded time the job's
+windows (the daemon's goodput/exclude, any rank's begin and end) within its own. The job ledger above is the job's;
 the per-rank ones say which ranks waited and which lost time to data. The daemon keeps them live
 from the per-rank records it receives; they are in its files only with `--per-rank`, so without
 it the daemon keeps them in RANKS_FILE (goodput_ranks.json, beside metrics.jsonl) for the
@@ -648,6 +649,14 @@ class Ledger:
         led = view.result()
         return {**led["buckets_s"], "wall": led["wall_s"]}
 
+    def exclusion(self, rec: dict) -> None:
+        """A planned-maintenance event of the job's that is not this ledger's own (RankBooks: a
+        rank's book takes the job's windows, another rank's record keeping its launch alive no
+        longer than it was)."""
+        t = _num(rec.get("t"))
+        if t is not None:
+            self._exclusion(rec, t)
+
     def _exclusion(self, rec: dict, t: float) -> None:
         """A planned-maintenance window's begin, end, or the whole of it (module docstring,
         `excluded`). Ranks that each say begin and end: the first begin opens it, the first end
@@ -815,6 +824,9 @@ class RankBooks:
         # rank -> its ledger as a daemon before this one left it (RANKS_FILE), joined to its book
         self.prior: dict[int, dict] = {}
         self.num_steps_unmatched = 0            # per-rank steps whose aggregated record never came
+        # The job's planned-maintenance events (other()), for the books begun later; at most
+        # MAX_EXCLUSIONS, as the job's ledger keeps (it counts those beyond: exclusions_not_kept).
+        self._exclusions: list[dict] = []
         self.num_ranks_not_kept = 0             # per-rank step records of ranks past MAX_RANK_BOOKS
 
     def begin_partial(self, t: float) -> None:
@@ -848,6 +860,8 @@ class RankBooks:
                     self.since[rank] = _num(hello["info"].get("started_at")) or t
             for rec in self._early.pop(rank, ()):
                 book.feed(rec)
+            for rec in self._exclusions:
+                book.exclusion(rec)
         return book
 
     def rank_step(self, rank: Any, step: int, t: float, values: dict) -> None:
@@ -885,8 +899,19 @@ class RankBooks:
 
     def other(self, rec: dict) -> None:
         """A hello, event or bye: to the ledger of the rank it is of (a rank_exited event is of
-        the rank that exited)."""
+        the rank that exited); a planned-maintenance window's events (EXCLUDE_*: the daemon's,
+        of no rank, or a rank's client's) to every rank's, a book begun later too: the window is
+        the job's."""
         rank = rec.get("rank")
+        if rec.get("kind") == "event" and str(rec.get("name")).startswith(EXCLUDE):
+            if len(self._exclusions) < MAX_EXCLUSIONS:     # (those beyond: the job's exclusions_not_kept)
+                self._exclusions.append(rec)
+            for r, book in self.books.items():
+                if r == rank:
+                    book.feed(rec)          # its own event: the rank was alive then
+                else:
+                    book.exclusion(rec)
+            return
         if type(rank) is not int:
             return
         book = self.books.get(rank)
