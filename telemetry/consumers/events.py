@@ -11,6 +11,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from telemetry.shared.numbers import is_int, is_number
+
 # Ranks reach the same point within seconds of each other (a checkpoint save ends with a
 # barrier); a repeat after this long is a new occurrence.
 MERGE_WINDOW_S = 30.0
@@ -70,8 +72,8 @@ class EventGroups:
     def add(self, rec: dict) -> tuple[EventGroup, bool]:
         name = str(rec.get("name", ""))
         data = rec.get("data") if isinstance(rec.get("data"), dict) else {}
-        t = rec.get("t") if isinstance(rec.get("t"), (int, float)) and not isinstance(rec.get("t"), bool) else None
-        rank = rec.get("rank") if isinstance(rec.get("rank"), int) and not isinstance(rec.get("rank"), bool) else None
+        t = rec.get("t") if is_number(rec.get("t")) else None
+        rank = rec.get("rank") if is_int(rec.get("rank")) else None
         key = (name, _data_key(data))
         g = self._latest.get(key)
         near = g is not None and (t is None or g.t is None or abs(t - g.t) <= MERGE_WINDOW_S)

@@ -35,6 +35,8 @@ import secrets
 import stat
 from pathlib import Path
 
+from telemetry.shared.numbers import is_int, is_number
+
 MAX_REQUEST_BYTES = 4096
 ENV_TOKEN = "TELEMETRY_CONTROL_TOKEN"
 COMMANDS = ("status", "drain", "ping", "exclude")
@@ -149,7 +151,7 @@ def exit_code_of(frame: bytes) -> int | None:
         code = json.loads(frame).get("exit_code")
     except (ValueError, UnicodeDecodeError, AttributeError, RecursionError):
         return None
-    return code if type(code) is int and 0 <= code <= 255 else None
+    return code if is_int(code) and 0 <= code <= 255 else None
 
 
 def exclusion_of(frame: bytes) -> dict | None:
@@ -162,7 +164,7 @@ def exclusion_of(frame: bytes) -> dict | None:
         start, end, reason = req.get("start"), req.get("end"), req.get("reason", "")
     except (ValueError, UnicodeDecodeError, AttributeError, RecursionError):
         return None
-    if not all(type(x) in (int, float) and math.isfinite(x) for x in (start, end)) or not end > start:
+    if not all(is_number(x) and math.isfinite(x) for x in (start, end)) or not end > start:
         return None
     if not isinstance(reason, str):
         return None

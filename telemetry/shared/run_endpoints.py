@@ -20,6 +20,8 @@ import json
 import os
 from pathlib import Path
 
+from telemetry.shared.numbers import is_int
+
 FILE_NAME = "endpoints.json"
 MAX_BYTES = 4096
 KEYS = ("ingest", "pub", "control")
@@ -52,7 +54,7 @@ def read(log_dir: Path) -> dict | None:
         return None
     if not isinstance(body, dict):
         return None
-    out: dict = {"pid": body["pid"]} if type(body.get("pid")) is int else {}
+    out: dict = {"pid": body["pid"]} if is_int(body.get("pid")) else {}
     for k in KEYS:
         if isinstance(body.get(k), str):
             try:

@@ -45,6 +45,7 @@ import time
 from dataclasses import dataclass
 
 from telemetry.shared import stacks_file
+from telemetry.shared.numbers import is_int
 
 # Linux's largest pid_max (2^22): a claimed pid beyond (or <= 0) names no process.
 MAX_PID = 1 << 22
@@ -74,7 +75,7 @@ def claims_this_host(info: dict, host: str) -> bool:
     """The hello says it is a rank of this host (not a node daemon's, not another host's)."""
     if "forwarded_by" in info or "node_rank" in info:
         return False
-    return info.get("host") in (None, host) and type(info.get("pid")) is int
+    return info.get("host") in (None, host) and is_int(info.get("pid"))
 
 
 def read_status(pid: int) -> dict[str, str] | None:

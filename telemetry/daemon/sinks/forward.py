@@ -55,7 +55,7 @@ import zmq
 from protocol import KIND_EVENT, KIND_HELLO, KIND_METRICS, PROTOCOL_VERSION, encode_bye
 from telemetry.daemon.sinks.base import Out, Sink
 from telemetry.daemon.sinks.config import SinkConfig
-from telemetry.shared.numbers import is_number, positive_finite
+from telemetry.shared.numbers import is_int, is_number, positive_finite
 
 log = logging.getLogger("telemetry.daemon.sinks.forward")
 
@@ -309,7 +309,7 @@ class ForwardSink(Sink):
         c = self.cfg
         info = {k: v for k, v in node_info.items() if k not in ("pid", "src", "local_rank", "node_rank", "link")}
         nodes = node_info.get("num_nodes")
-        per_group = nodes // c.num_nodes if type(nodes) is int and nodes >= c.num_nodes else None
+        per_group = nodes // c.num_nodes if is_int(nodes) and nodes >= c.num_nodes else None
         info.pop("peak_flops", None)
         info.update({"host": self.host, "rank": c.node_rank, "group_rank": c.node_rank, "num_groups": c.num_nodes,
                      "world_size": c.num_nodes, "forwarded_by": "group head", "src": self.src})
@@ -361,8 +361,7 @@ def _local_link(fd: int) -> str | None:
 
 def _numbers(values: dict) -> dict:
     # JSON null (a non-finite float on the node) and non-numbers cannot travel as metric values.
-    # Per value of every forwarded step: numbers.is_number's test inlined (no call per value).
-    return {k: v for k, v in values.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    return {k: v for k, v in values.items() if is_number(v)}
 
 
 def _device_peak(info: dict) -> float | None:

@@ -73,7 +73,7 @@ def num(values: Any, key: str) -> float | None:
     if not isinstance(values, dict):
         return None
     v = values.get(key)
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
+    if not is_number(v):
         return None
     return float(v)
 
