@@ -67,7 +67,7 @@ def _parse(line: bytes, stats: ReadStats) -> OutputRecord | dict | None:
     return rec
 
 
-def read_records(log_dir: Path, stats: ReadStats | None = None) -> Iterator[dict]:
+def read_records(log_dir: Path, stats: ReadStats | None = None) -> Iterator[OutputRecord | dict]:
     """Every whole record of a run's metrics files, oldest first."""
     from telemetry.shared.jsonlines import rotated_files
 
@@ -81,7 +81,7 @@ def _Lines(stats: ReadStats) -> Lines:
     return Lines(stats, MAX_LINE_BYTES)
 
 
-def _records_of_lines(lines: list[bytes], stats: ReadStats) -> Iterator[dict]:
+def _records_of_lines(lines: list[bytes], stats: ReadStats) -> Iterator[OutputRecord | dict]:
     for line in lines:
         if len(line) > MAX_LINE_BYTES:
             stats.num_bad += 1
@@ -91,7 +91,7 @@ def _records_of_lines(lines: list[bytes], stats: ReadStats) -> Iterator[dict]:
             yield rec
 
 
-def _file_records(path: Path, stats: ReadStats) -> Iterator[dict]:
+def _file_records(path: Path, stats: ReadStats) -> Iterator[OutputRecord | dict]:
     """The whole records of one file."""
     stats.num_files += 1
     try:
@@ -128,7 +128,7 @@ class Follower:
         self._started = False
         self._not_regular = False
 
-    def _read_open_file(self) -> Iterator[dict]:
+    def _read_open_file(self) -> Iterator[OutputRecord | dict]:
         while chunk := self._file.read(READ_CHUNK_BYTES):
             yield from _records_of_lines(self._lines.feed(chunk), self.stats)
 
@@ -146,10 +146,10 @@ class Follower:
         self.stats.num_files += 1
         return True
 
-    def poll(self) -> list[dict]:
+    def poll(self) -> list[OutputRecord | dict]:
         return list(self.records())
 
-    def records(self) -> Iterator[dict]:
+    def records(self) -> Iterator[OutputRecord | dict]:
         """What poll() returns, one record at a time (a long history is never a list in memory)."""
         if not self._started:
             self._started = True

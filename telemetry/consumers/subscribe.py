@@ -23,6 +23,7 @@ from typing import Any, Iterable, Iterator
 import zmq
 
 from protocol import output
+from protocol.output import OutputRecord
 
 # Records buffered on our side; beyond it PUB drops for this subscriber (never slows the daemon).
 SUB_RCVHWM = 100_000
@@ -93,7 +94,8 @@ class Subscriber:
             elif msg["event"] == zmq.EVENT_DISCONNECTED:
                 self.connected = False
 
-    def records(self, timeout_ms: int = POLL_MS, max_records: int = 10_000) -> Iterator[tuple[str, dict]]:
+    def records(self, timeout_ms: int = POLL_MS,
+                max_records: int = 10_000) -> Iterator[tuple[str, OutputRecord | dict]]:
         ready = dict(self._poller.poll(timeout_ms))
         if self._monitor is not None and self._monitor in ready:
             self._read_monitor()
@@ -211,7 +213,7 @@ class RunFollower:
     def connected(self) -> bool:
         return self.sub is not None and self.sub.connected
 
-    def records(self, timeout_ms: int = POLL_MS) -> Iterator[tuple[str, dict]]:
+    def records(self, timeout_ms: int = POLL_MS) -> Iterator[tuple[str, OutputRecord | dict]]:
         if self.sub is None:
             time.sleep(timeout_ms / 1000)
         else:

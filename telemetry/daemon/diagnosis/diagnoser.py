@@ -65,21 +65,21 @@ class Diagnoser:
         self.num_suppressed = 0
         self.num_rule_errors: dict[str, int] = {}
 
-    def consume(self, record: dict) -> list[dict]:
+    def consume(self, record: OutputRecord | dict) -> list[EventRecord]:
         """Event records caused by this record (usually none)."""
         if not isinstance(record, (OutputRecord, dict)):    # (a dict: a record read back from a file)
             return []
         kind = record.get("kind")
-        out: list[dict] = []
+        out: list[EventRecord] = []
         facts = metrics_facts(record, self.cfg) if kind == "metrics" else None
         for rule in self._by_kind.get(kind, ()):  # type: ignore[arg-type]
             if facts is None or rule.judges(*facts):
                 out += self._run(rule, rule.consume, record)
         return out
 
-    def tick(self, now: float) -> list[dict]:
+    def tick(self, now: float) -> list[EventRecord]:
         """Event records of the time-based rules at unix time now."""
-        out: list[dict] = []
+        out: list[EventRecord] = []
         for rule in self.rules:
             out += self._run(rule, rule.tick, now)
         return out
@@ -89,7 +89,7 @@ class Diagnoser:
         return {"rules": [r.name for r in self.rules], "unit": self.unit, "num_events": self.num_events,
                 "num_suppressed": self.num_suppressed, "num_rule_errors": dict(self.num_rule_errors)}
 
-    def _run(self, rule: Rule, fn: Any, arg: Any) -> list[dict]:
+    def _run(self, rule: Rule, fn: Any, arg: Any) -> list[EventRecord]:
         try:
             findings = fn(arg)
         except Exception:

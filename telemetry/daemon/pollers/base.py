@@ -21,6 +21,8 @@ import threading
 import time
 from typing import Callable
 
+from protocol.output import OutputRecord
+
 log = logging.getLogger("telemetry.daemon.pollers")
 
 # close() waits this long for the poll thread; a poll stuck in a driver call must not hang the
@@ -108,7 +110,7 @@ class Poller:
                 "num_polls": self.num_polls, "num_poll_errors": self.num_poll_errors,
                 "num_emit_errors": self.num_emit_errors, "poll_cpu_s": self.poll_cpu_s}
 
-    def poll_once(self) -> list[dict]:
+    def poll_once(self) -> list[OutputRecord]:
         """Sample once and return the records (no emitting). Subclasses implement this."""
         raise NotImplementedError
 

@@ -111,7 +111,7 @@ class HostPoller(Poller):
             tx += c.bytes_sent
         return rx, tx
 
-    def poll_once(self) -> list[dict]:
+    def poll_once(self) -> list[SystemRecord]:
         """One system record (host totals plus one block of keys per training rank)."""
         ps = self._psutil
         t = time.time()

@@ -192,7 +192,7 @@ class NvmlPoller(Poller):
             pass
 
     # ---- polling -------------------------------------------------------------------------------
-    def poll_once(self) -> list[dict]:
+    def poll_once(self) -> list[GpuRecord]:
         """One gpu record per polled GPU; [] where NVML is absent."""
         if not self._ensure_init():
             return []
@@ -235,7 +235,7 @@ class NvmlPoller(Poller):
             values["gpu/util_percent"] = util.gpu
             values["gpu/mem_util_percent"] = util.memory
         # v2 where the driver and nvidia-ml-py have it: v1's `used` counts the driver's reserved
-        # memory too (0.65 GB more than nvidia-smi on an H200 with driver 580).
+        # memory too, so it reads higher than nvidia-smi's figure.
         v2 = getattr(nv, "nvmlMemory_v2", None)
         mem = self._call(i, "memory_v2", nv.nvmlDeviceGetMemoryInfo, h, v2) if v2 is not None else None
         if mem is None and (v2 is None or (i, "memory_v2") in self._unsupported):
