@@ -1688,3 +1688,42 @@ def test_each_ranks_ledger_takes_the_jobs_planned_maintenance_windows():
     # Rank 0's last begin (after rank 1's bye) is no record of rank 1's: its wall ends at its bye.
     assert led["ranks"][1]["wall_s"] == pytest.approx(t + 0.2 - (T0 + 0.5))
     assert led["ranks"][0]["wall_s"] == pytest.approx(t + 1.0 - T0)
+
+
+def test_a_window_a_client_marks_with_its_events_is_excluded_in_every_ledger(make_daemon):
+    """Rank 0's client sends goodput/exclude_begin and goodput/exclude_end (client.event, as
+    `tm.exclude()` does) during the start-up of a 2-rank job, through a real daemon that writes
+    per-rank records: the job's ledger, rank 1's as well as rank 0's, and the daemon's live one
+    exclude exactly the window between the two events (at least the time slept in it)."""
+    import time
+
+    from telemetry import TelemetryClient
+
+    d = make_daemon(world_size=2, per_rank=True, config={"pollers": {"nvml_enabled": False}})
+    tms = [TelemetryClient(d.ingest, rank=r) for r in (0, 1)]
+    tms[0].event("goodput/exclude_begin", {"reason": "maintenance"})
+    t0 = time.perf_counter()
+    time.sleep(0.3)
+    slept = time.perf_counter() - t0
+    tms[0].event("goodput/exclude_end", {"reason": "maintenance"})
+    for s in range(1, 6):
+        time.sleep(0.02)
+        for tm in tms:
+            tm.log(s, {"perf/step_time": 0.02, "train/loss": 1.0})
+    for tm in tms:
+        tm.event("train_end", {"step": 5})
+        tm.close()
+    d.wait_for(lambda rs: sum(r["kind"] == "bye" for r in rs) >= 2)
+    d.drain()
+    recs = d.read_jsonl()
+    at = {r["name"]: r["t"] for r in recs if r["kind"] == "event" and r["name"].startswith("goodput/")}
+    window = at["goodput/exclude_end"] - at["goodput/exclude_begin"]
+    assert window >= slept
+    led = ledger(recs)
+    _sums_to_wall(led)
+    _no_negative(led)
+    assert led["steps"] == 5 and led["buckets_s"]["excluded"] == pytest.approx(window, abs=1e-6)
+    for r in (0, 1):
+        assert led["ranks"][r]["buckets_s"]["excluded"] == pytest.approx(window, abs=1e-6), (r, led["ranks"][r])
+    live = [r["values"] for r in recs if r["kind"] == "daemon" and "goodput/excluded_s" in r["values"]][-1]
+    assert live["goodput/excluded_s"] == pytest.approx(window, abs=1e-5)
