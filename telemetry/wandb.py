@@ -14,7 +14,7 @@ rank 0 alone, as W&B scripts usually do) share one daemon: it aggregates the ran
 default, see the daemon's reductions) and its W&B sink opens the one real run with the project,
 name, config, group and tags given to `init`. The run ends with the script's exit code. wandb itself is never
 imported in the training process. Step and commit rules, nested keys, what is refused and why:
-telemetry/integrations/wandb_run.py; `Image`, `Histogram` and `Table`, passed through to the
+telemetry/integrations/wandb_run.py; `Image`, `Histogram`, `Table`, `Html` and `Audio`, passed through to the
 daemon's run: telemetry/integrations/wandb_media.py; artifacts, models, `save`, `log_code`,
 `alert`, `mark_preempting`, made by the daemon's run: telemetry/integrations/wandb_calls.py. What
 W&B offers beyond this subset raises an error naming it.
@@ -31,7 +31,7 @@ from typing import Any
 
 from telemetry.integrations._client import process_rank
 from telemetry.integrations.wandb_calls import AlertLevel, Artifact, plot
-from telemetry.integrations.wandb_media import Histogram, Image, Media, Table
+from telemetry.integrations.wandb_media import Audio, Histogram, Html, Image, Media, Table
 from telemetry.integrations.wandb_objects import Error, PreInit, Unsupported, config_dict
 from telemetry.integrations.wandb_run import ENV_RUN_ID, Run, new_run_id
 
@@ -61,17 +61,9 @@ _run: Run | None = None
 __path__ = [os.path.join(os.path.dirname(os.path.abspath(__file__)), "integrations", "as_wandb", "wandb")]
 
 
-# Image, Histogram and Table are passed through to the daemon's W&B run; these are refused by
+# Image, Histogram, Table, Html and Audio are passed through to the daemon's W&B run; these are refused by
 # name when logged (a script may still build them).
-class Audio(Media):
-    pass
-
-
 class Video(Media):
-    pass
-
-
-class Html(Media):
     pass
 
 

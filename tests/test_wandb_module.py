@@ -99,12 +99,17 @@ def test_run_config_summary_follow_init_and_finish(daemon, monkeypatch):
     assert tw.run is None
 
 
-def media_calls(wandb) -> None:
+def media_calls(wandb, wav: Path) -> None:
     import numpy as np
     import torch
 
     rng = np.random.default_rng(0)
     wandb.log({"loss": 1.0})
+    # Values W&B keeps in its history as they are (None, lists, numpy arrays by its size rule), and
+    # Html and Audio: each as W&B stores it.
+    wandb.log({"none": None, "nums": [1, 2.5, 3], "words": ("a", "b"), "long": [float(i) for i in range(300)],
+               "arr": np.arange(5, dtype=np.float32), "one": np.array([[7]]), "big": rng.normal(size=100),
+               "page": wandb.Html("<p>hello</p>"), "clip": wandb.Audio(str(wav), caption="beep")})
     wandb.log({"samples": wandb.Image(rng.integers(0, 255, (8, 6, 3), dtype=np.uint8), caption="hwc")},
               commit=False)
     wandb.log({"weights": wandb.Histogram(rng.normal(size=500), num_bins=16),
@@ -114,19 +119,37 @@ def media_calls(wandb) -> None:
     wandb.log({"loss": 2.0})
 
 
-MEDIA_KEYS = ("samples", "weights", "preds", "chw", "hist2")
+MEDIA_KEYS = ("samples", "weights", "preds", "chw", "hist2", "big", "page", "clip")
+VALUE_KEYS = ("none", "nums", "words", "long", "arr", "one")
+
+
+def a_wav(path: Path) -> Path:
+    import struct
+    import wave
+
+    with wave.open(str(path), "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(8000)
+        w.writeframes(b"".join(struct.pack("<h", (i * 37) % 2000) for i in range(800)))
+    return path
 
 
 def media_values(path: str, step_key: str) -> dict:
     """(step, key) -> what each media value in the run's history says of itself (W&B stores its
     fields as nested keys, "samples/_type"; its file name and hash differ between runs)."""
-    keep = ("_type", "width", "height", "format", "caption", "ncols", "nrows", "values", "bins")
+    keep = ("_type", "width", "height", "format", "caption", "ncols", "nrows", "values", "bins", "sha256",
+            "size", "sample_rate")
     out: dict = {}
     for r in history_rows(path):
         for key in MEDIA_KEYS:
             fields = {k[len(key) + 1:]: v for k, v in r.items() if k.startswith(key + "/")}
             if fields:
-                out[(r[step_key], key)] = {k: fields[k] for k in keep if k in fields}
+                out[(r[step_key], key)] = {k: fields[k] for k in keep if k in fields and
+                                           (k != "sha256" or key in ("page", "clip"))}
+        for key in VALUE_KEYS:
+            if key in r:
+                out[(r[step_key], key)] = r[key]
     return out
 
 
@@ -135,11 +158,12 @@ def test_media_pass_through_as_real_wandb_logs_them(tmp_path, make_daemon, monke
     pytest.importorskip("numpy")
     run = wandb.init(mode="offline", project="p", dir=str(tmp_path),
                      settings=wandb.Settings(silent=True, console="off", x_disable_stats=True))
-    media_calls(wandb)
+    wav = a_wav(tmp_path / "clip.wav")
+    media_calls(wandb, wav)
     run.finish()
     (real_file,) = [wait_finished(f) for f in glob.glob(str(tmp_path / "wandb" / "offline-run-*" / "run-*.wandb"))]
     expected = media_values(real_file, "_step")
-    assert len(expected) == 5
+    assert len(expected) == len(MEDIA_KEYS + VALUE_KEYS)
 
     monkeypatch.setenv("TELEMETRY_MEDIA_DIR", str(tmp_path / "media"))
     # A drain deadline well past what W&B offline takes to open, log and finish on a loaded box
@@ -149,11 +173,14 @@ def test_media_pass_through_as_real_wandb_logs_them(tmp_path, make_daemon, monke
                     config={"drain_timeout_s": 120})
     monkeypatch.setenv("TELEMETRY_ENDPOINT", d.ingest)
     tw.init(project="p")
-    media_calls(tw)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")                # nothing refused
+        media_calls(tw, wav)
     tw.finish()
     final = d.drain(timeout_s=180)
     assert final["drained"], final["unfinished_sinks"]
-    assert (final["sinks"]["wandb"]["media_logged"], final["sinks"]["wandb"]["media_failed"]) == (5, 0)
+    # Files: the five media above, the html, the audio, the long list and the big array.
+    assert (final["sinks"]["wandb"]["media_logged"], final["sinks"]["wandb"]["media_failed"]) == (9, 0)
     (our_file,) = [wait_finished(f) for f in glob.glob(str(d.log_dir / "wandb" / "offline-run-*" / "run-*.wandb"))]
     assert media_values(our_file, "_step") == expected
     assert list((tmp_path / "media").iterdir()) == []            # each file deleted once logged
@@ -186,20 +213,35 @@ def test_media_that_cannot_be_written_is_warned_and_counted(tmp_path, make_daemo
 def test_media_refused_by_name_once_counted_and_reported(daemon, monkeypatch):
     monkeypatch.setenv("TELEMETRY_ENDPOINT", daemon.ingest)
     run = tw.init(project="p")
-    with pytest.warns(RuntimeWarning, match=r"wandb\.Audio at key 'samples'"):
-        run.log({"samples": tw.Audio([0.0], sample_rate=16000), "loss": 1.0})
+    with pytest.warns(RuntimeWarning, match=r"wandb\.Video at key 'clip'"):
+        run.log({"clip": tw.Video("clip.mp4"), "loss": 1.0})
     with warnings.catch_warnings():
         warnings.simplefilter("error")           # the second one is counted, not warned again
-        run.log({"samples": tw.Audio([0.0], sample_rate=16000), "loss": 2.0})
-    with pytest.warns(RuntimeWarning, match="list at key 'note'"):
-        run.log({"note": ["a", "b"]})
-    assert run.num_refused == {"wandb.Audio": 2, "list": 1}
+        run.log({"clip": tw.Video("clip.mp4"), "loss": 2.0})
+    with pytest.warns(RuntimeWarning, match="object at key 'note'"):
+        run.log({"note": object()})
+    assert run.num_refused == {"wandb.Video": 2, "object": 1}
     run.finish()
     events = daemon.wait_for(lambda rs: sum(r.get("name") == "wandb/refused" for r in rs) >= 2, kind="event")
     refused = [r["data"] for r in events if r.get("name") == "wandb/refused"]
-    assert {e["type"] for e in refused} == {"wandb.Audio", "list"}
+    assert {e["type"] for e in refused} == {"wandb.Video", "object"}
     steps = daemon.wait_for(lambda rs: len(rs) >= 2, kind="metrics")
     assert [script_values(r["values"]) for r in steps[:2]] == [{"loss": 1.0}, {"loss": 2.0}]
+
+
+def test_raw_audio_needs_soundfile_as_in_wandb():
+    """W&B writes raw samples with soundfile: without it (or without sample_rate), its errors at
+    construction, whichever module is `wandb`."""
+    import importlib.util
+
+    wandb = pytest.importorskip("wandb")
+    for w in (wandb, tw):
+        with pytest.raises(ValueError, match="sample_rate"):
+            w.Audio([0.0, 0.1])
+        if importlib.util.find_spec("soundfile") is None:
+            with pytest.raises(Exception, match="soundfile") as got:
+                w.Audio([0.0, 0.1], sample_rate=8000)
+            assert got.type.__name__ == "Error"
 
 
 def test_unsupported_api_raises_naming_it(tmp_path, monkeypatch):

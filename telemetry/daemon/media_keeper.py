@@ -42,6 +42,9 @@ from telemetry.shared import files
 from telemetry.shared import media as shared_media
 from telemetry.shared.numbers import nonfinite_as_null
 
+# Media the W&B sink logs that the dashboard does not show (released, not kept).
+NOT_KEPT = frozenset({"Html", "Audio", "Array", "List"})
+
 log = logging.getLogger("telemetry.daemon.media")
 
 READER = "keeper"             # its name among MediaFiles' readers
@@ -418,6 +421,8 @@ class MediaKeeper:
             out.append((name, json.dumps({"columns": columns, "data": nonfinite_as_null(rows)}, allow_nan=False,
                                          default=str).encode()))
             entry.update(file=name, columns=[str(c) for c in columns or []], rows=len(rows))
+        elif kind in NOT_KEPT:
+            return
         else:
             raise ValueError(f"unknown media type {kind!r}")
         line = (json.dumps(entry, allow_nan=False) + "\n").encode()

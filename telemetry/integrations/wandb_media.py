@@ -3,17 +3,25 @@ thread, logged by the daemon's W&B sink (telemetry/shared/media.py says how the 
 
 Passed through: `Image` (a numpy array, a torch tensor, a PIL image or a file path, with
 `caption` and `mode`), `Histogram` (a sequence or `np_histogram`, with `num_bins`), `Table`
-(`columns` and `data` rows). On the caller's thread a log call only takes a snapshot that later
+(`columns` and `data` rows), `Html` (literal HTML, an IO object or a ".html" file, read as W&B
+reads them, with `inject`), `Audio` (a file path, or raw samples with `sample_rate`, which W&B
+writes with soundfile, so it needs soundfile as W&B does, with `caption`); and two plain values
+W&B keeps in its history that are too large to travel in an event: a numpy array of more than
+INLINE_ARRAY elements (`Array`: W&B stores it as a 32-bin histogram) and a list of more than
+INLINE_LIST items or of values that are not plain (`List`), each logged by the daemon's W&B run
+as the value itself, so W&B applies its own rule to it. On the caller's thread a log call only takes a snapshot that later
 training cannot change (`clone()` of a tensor, which on a GPU is queued, not waited for; `copy()`
 of an array or image) and queues it; the writer thread reads the values (on a GPU its
 `.cpu()` waits there, not on the training thread) and writes the file. The other types
-(`Audio`, `Video`, `Html`, ...) are stand-ins whose logging is refused by name.
+(`Video`, `Object3D`, ...) are stand-ins whose logging is refused by name.
 """
 from __future__ import annotations
 
+import importlib.util
 import itertools
 import json
 import os
+import pathlib
 import queue
 import threading
 import warnings
@@ -26,6 +34,10 @@ from telemetry.shared import media as shared_media
 MAX_QUEUED = 64
 # W&B's largest histogram (wandb.Histogram.MAX_LENGTH).
 MAX_BINS = 512
+# A numpy array up to this size, or a list of plain values up to this length, goes in the row's
+# event (W&B's rule: an array of up to 32 elements is stored as a list); larger ones as a file.
+INLINE_ARRAY = 32
+INLINE_LIST = 256
 # How long finish() lets the writer finish what is queued.
 CLOSE_TIMEOUT_S = 10.0
 
@@ -185,6 +197,129 @@ class Table(Media):
     def write(self, path: str) -> None:
         with open(path, "w") as f:
             json.dump({"columns": self.columns, "data": self.data}, f, default=_json_value)
+
+
+class Html(Media):
+    """wandb.Html: the HTML is taken as W&B takes it, at construction (a path to an existing
+    ".html" file unless `data_is_not_path`, a str, or an IO object, read); the daemon's run builds
+    the W&B object from it (so W&B injects its stylesheet, as `inject` says)."""
+
+    passthrough = True
+
+    def __init__(self, data: Any, inject: bool = True, data_is_not_path: bool = False) -> None:
+        if isinstance(data, (str, pathlib.Path)) and not data_is_not_path and os.path.isfile(data) \
+                and os.path.splitext(data)[1] == ".html":
+            with open(data, encoding="utf-8") as f:
+                self.html = f.read()
+        elif isinstance(data, str):
+            self.html = data
+        elif hasattr(data, "read"):
+            if hasattr(data, "seek"):
+                data.seek(0)
+            self.html = data.read()
+        else:
+            raise ValueError("data must be a string or an io object")
+        self.inject = bool(inject)
+
+    def describe(self) -> tuple[str, dict[str, Any]]:
+        return ".html", {"inject": self.inject}
+
+    def write(self, path: str) -> None:
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(self.html)
+
+
+class Audio(Media):
+    """wandb.Audio: a file path (copied as it is), or raw samples with `sample_rate` (W&B writes
+    them as WAV with soundfile: without soundfile installed, W&B's error at construction)."""
+
+    passthrough = True
+
+    def __init__(self, data_or_path: Any, sample_rate: int | None = None, caption: str | None = None) -> None:
+        self.sample_rate = sample_rate
+        self.caption = caption
+        if isinstance(data_or_path, (str, pathlib.Path)):
+            path = str(data_or_path)
+            if "://" in path:
+                raise NotImplementedError("telemetry.wandb does not support wandb.Audio of a reference (a URI): "
+                                          "pass a local file or the samples")
+            self.path, self.data = path, None
+            return
+        if sample_rate is None:
+            raise ValueError('Argument "sample_rate" is required when instantiating wandb.Audio with raw data.')
+        if importlib.util.find_spec("soundfile") is None:
+            from telemetry.integrations.wandb_objects import Error
+
+            raise Error('Raw audio requires the soundfile package. To get it, run "pip install soundfile"')
+        self.path, self.data = None, data_or_path
+
+    def snapshot(self) -> "Audio":
+        if self.data is None:
+            return self
+        data = self.data
+        data = data.detach().clone() if _is_tensor(data) else data.copy() if hasattr(data, "copy") else list(data)
+        snap = Audio.__new__(Audio)
+        snap.sample_rate, snap.caption, snap.path, snap.data = self.sample_rate, self.caption, None, data
+        return snap
+
+    def describe(self) -> tuple[str, dict[str, Any]]:
+        opts = {k: v for k, v in (("sample_rate", self.sample_rate), ("caption", self.caption)) if v is not None}
+        if self.path is not None:
+            return os.path.splitext(self.path)[1] or ".wav", {**opts, "source": "file"}
+        return ".npy", {**opts, "source": "numpy"}
+
+    def write(self, path: str) -> None:
+        if self.path is not None:
+            with open(self.path, "rb") as f_in, open(path, "wb") as f_out:
+                f_out.write(f_in.read())
+        else:
+            import numpy as np
+
+            with open(path, "wb") as f:
+                np.save(f, _host_array(self.data))
+
+
+class Array(Media):
+    """A numpy array logged as a value (not a W&B type): the daemon's run logs the array itself,
+    so W&B stores it by its own rule (more than 32 elements: a 32-bin histogram)."""
+
+    passthrough = True
+
+    def __init__(self, array: Any) -> None:
+        self.array = array
+
+    def snapshot(self) -> "Array":
+        return Array(self.array.copy())
+
+    def describe(self) -> tuple[str, dict[str, Any]]:
+        return ".npy", {}
+
+    def write(self, path: str) -> None:
+        import numpy as np
+
+        with open(path, "wb") as f:
+            np.save(f, _host_array(self.array))
+
+
+class List(Media):
+    """A list or tuple logged as a value, too long or not plain enough for the row's event: a
+    shallow copy, written as JSON on the writer thread (numbers in it as numbers, tensors and
+    arrays as their values, anything else as its str); the daemon's run logs the list."""
+
+    passthrough = True
+
+    def __init__(self, items: Any) -> None:
+        self.items = items
+
+    def snapshot(self) -> "List":
+        return List(list(self.items))
+
+    def describe(self) -> tuple[str, dict[str, Any]]:
+        return ".json", {}
+
+    def write(self, path: str) -> None:
+        with open(path, "w") as f:
+            json.dump(self.items, f, default=_json_value)
 
 
 def _json_value(v: Any) -> Any:

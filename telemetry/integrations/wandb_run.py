@@ -24,8 +24,10 @@ gradient all-reduce waits for every rank, and each rank calls init before traini
 for ranks that share a run id; a rank whose run has an id of its own (made in the process, on a
 daemon of the run's own: telemetry.wandb.init) is rank 0 of a world of one, as W&B's run per rank.
 
-Text values (W&B keeps strings in the history) are sent with the row, as a `wandb/values`
-event the daemon's W&B sink logs at the row's step. The console output of the process (rank 0
+Text values (W&B keeps strings in the history), `None` (W&B: null), short lists of plain values
+and numpy arrays of up to 32 elements (W&B: a list) are sent with the row, as a `wandb/values`
+event the daemon's W&B sink logs at the row's step; longer lists and arrays go as files, as media
+do (below), and the daemon's run logs the value itself, so W&B stores it by its own rule. The console output of the process (rank 0
 only: W&B captures the process that made the run) is sent as `wandb/console` events, as W&B's
 console capture does, unless `settings.console` or $WANDB_CONSOLE is "off".
 
@@ -34,11 +36,12 @@ id), and the daemon opens its W&B run with it. What only W&B knows (`run.name` w
 given, `run.url`, `run.path`, the entity) is read from the daemon's open run when first asked
 (its `status`), so it is what W&B gave; without an answer, what W&B offline gives.
 
-`wandb.Image`, `wandb.Histogram` and `wandb.Table` are passed through: a snapshot is queued for a
-writer thread that writes it to a file, and a `wandb/media` event names the file, the key and the
-step; the daemon's W&B sink logs the real object (telemetry/integrations/wandb_media.py). Other
-media types, lists and the like are refused with one warning per type, counted
-(`Run.num_refused`), and reported once per type to the daemon as a `wandb/refused` event.
+`wandb.Image`, `wandb.Histogram`, `wandb.Table`, `wandb.Html` and `wandb.Audio` are passed
+through: a snapshot is queued for a writer thread that writes it to a file, and a `wandb/media`
+event names the file, the key and the step; the daemon's W&B sink logs the real object
+(telemetry/integrations/wandb_media.py). Other media types, multi-element tensors and the like
+are refused with one warning per type, counted (`Run.num_refused`), and reported once per type to
+the daemon as a `wandb/refused` event.
 """
 from __future__ import annotations
 
@@ -55,7 +58,7 @@ from protocol.constants import MAX_NAME_CHARS, MAX_VALUES
 from telemetry.integrations._client import LazyClient, process_rank
 from telemetry.integrations.wandb_calls import CALL_EVENT, RunCalls
 from telemetry.integrations.wandb_objects import Config, Error, Summary, Unsupported
-from telemetry.integrations.wandb_media import Media, MediaWriter
+from telemetry.integrations.wandb_media import INLINE_ARRAY, INLINE_LIST, Array, List, Media, MediaWriter
 from telemetry.shared.media import EVENT as MEDIA_EVENT
 
 SUMMARY_EVENT = "wandb/summary"
@@ -84,6 +87,8 @@ UNSUPPORTED_RUN_METHODS = frozenset({
 # Run.log's fast path: the key and value types of the common row.
 _STR = {str}
 _PLAIN = {float, int}
+# A list of these goes with the row's text values (msgpack takes them as they are).
+_JSON_PLAIN = {float, int, str, bool, type(None)}
 
 # Runs not finished yet: finished at exit, as W&B does, so a pending row is sent.
 _unfinished: "weakref.WeakSet[Run]" = weakref.WeakSet()
@@ -114,6 +119,12 @@ def _media_list(value: Any) -> bool:
     """A non-empty list or tuple of passed-through media of one type (W&B's list of images)."""
     return isinstance(value, (list, tuple)) and bool(value) and all(
         isinstance(m, Media) and m.passthrough and type(m) is type(value[0]) for m in value)
+
+
+def _is_array(value: Any) -> bool:
+    """A numpy array of numbers (numpy is only looked for if the script imported it)."""
+    np = sys.modules.get("numpy")
+    return np is not None and isinstance(value, np.ndarray) and value.dtype != object
 
 
 def refusal(value: Any) -> str | None:
@@ -344,6 +355,12 @@ class Run(RunCalls):
                 self._send_media(k, [v])
             elif _media_list(v):
                 self._send_media(k, list(v), as_list=True)
+            elif v is None:
+                self._texts[k] = None           # W&B's history keeps it as null
+            elif v.__class__ is list or v.__class__ is tuple:
+                self._log_list(k, v)
+            elif _is_array(v):
+                self._log_array(k, v)
             else:
                 self._refuse(k, why)
         if (step is None and commit is None) or commit:
@@ -358,6 +375,29 @@ class Run(RunCalls):
             self._fast_keys = frozenset(data)
             return True
         return False
+
+    def _log_list(self, key: str, value: list | tuple) -> None:
+        """A list W&B keeps in its history as it is (a JSON list): a short one of plain values
+        travels with the row's text values; any other, as a file (wandb_media.List)."""
+        if len(value) <= INLINE_LIST and set(map(type, value)) <= _JSON_PLAIN:
+            self._texts[key] = list(value)
+        else:
+            self._send_media(key, [List(value)])
+
+    def _log_array(self, key: str, value: Any) -> None:
+        """A numpy array, stored as W&B stores it: one element as that number, up to
+        INLINE_ARRAY elements as a list (with the row), more as a file the daemon's run logs as
+        the array (W&B makes a 32-bin histogram of it)."""
+        if value.size == 1:
+            x = value.reshape(-1)[0].item()
+            if x.__class__ is float or x.__class__ is int:
+                self._pending[key] = x
+            else:
+                self._texts[key] = x
+        elif value.size <= INLINE_ARRAY:
+            self._texts[key] = value.tolist()
+        else:
+            self._send_media(key, [Array(value)])
 
     def _commit(self) -> None:
         if self._console is not None:

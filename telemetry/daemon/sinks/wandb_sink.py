@@ -29,7 +29,8 @@ else. `run.summary[...]`
 set in a rank arrives as a "wandb/summary" event and is set on the run's summary. Keys a rank
 flattened from nested dicts ("a/b", the records' flat names) are nested again as W&B keeps
 them, from the paths a "wandb/nested" event gave. A
-`wandb.Image`, `wandb.Histogram` or `wandb.Table` logged in a rank arrives as a "wandb/media"
+`wandb.Image`, `wandb.Histogram`, `wandb.Table`, `wandb.Html` or `wandb.Audio` (or a long list
+or numpy array value, logged as the value itself) logged in a rank arrives as a "wandb/media"
 event naming a file in the media directory (telemetry/shared/media.py): the sink waits for the
 file (up to media_keeper.MEDIA_WAIT_S), logs the W&B object built from it at the event's step as
 a row of its own, and releases the file (the last of its readers, this sink and the daemon's
@@ -572,6 +573,18 @@ class WandbSink(Sink):
         if kind == "Table":
             doc = json.loads(path.read_text())
             return wandb.Table(columns=doc.get("columns"), data=doc.get("data"))
+        if kind == "Html":
+            return wandb.Html(path.read_text(encoding="utf-8"), inject=bool(options.get("inject", True)),
+                              data_is_not_path=True)
+        if kind == "Audio":
+            kwargs = {k: options[k] for k in ("sample_rate", "caption") if options.get(k) is not None}
+            if options.get("source") == "numpy":
+                return wandb.Audio(np.load(path, allow_pickle=False), **kwargs)
+            return wandb.Audio(str(path), **kwargs)
+        if kind == "Array":      # a plain value: W&B stores it by its own rule
+            return np.load(path, allow_pickle=False)
+        if kind == "List":
+            return json.loads(path.read_text())
         raise ValueError(f"unknown media type {kind!r}")
 
     def _note_hello(self, rank: int, info: dict) -> None:
