@@ -233,8 +233,10 @@ class Run:
                 epoch = self.samples_seen * self.info.world_size / cfg.data.epoch_samples
                 now = time.perf_counter()
                 step_time_s, t_last = now - t_last, now
+                # (t: the step's end, wall clock: what a test times the run's timeline by, apart from telemetry)
                 self.loss_log.log(self.step, {"loss": step_loss, "grad_norm": grad_norm, "lr": lr, "epoch": epoch,
-                                              "data_loading_time": data_time_s, "step_time": step_time_s})
+                                              "data_loading_time": data_time_s, "step_time": step_time_s,
+                                              "t": time.time()})
                 # An eval step sends two records (this step's metrics, then eval's): each says so
                 # (parts=2), and the daemon writes the step once, both reduced across the ranks.
                 logged = self.step % cfg.log_every == 0
