@@ -512,7 +512,7 @@ def test_a_record_submitted_as_the_sender_finds_its_queue_empty_is_sent_before_i
     push = ctx.socket(zmq.PUSH)
     push.connect(f"tcp://127.0.0.1:{port}")
     sender = DeferredSender(lambda frame: push.send(frame, zmq.NOBLOCK), lambda job, values: str(values["x"]).encode(),
-                            lambda: sent.append(1), dropped.append)
+                            lambda n: sent.extend([1] * n), dropped.append)
 
     class EmptyPopActs(collections.deque):
         def popleft(self):

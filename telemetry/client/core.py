@@ -35,7 +35,7 @@ from typing import Any, Callable, Mapping
 import zmq
 
 from protocol import codec
-from protocol.constants import CLIENT_TIME_KEY, MAX_FRAME_BYTES, MAX_NAME_CHARS, MAX_PARTS, MAX_VALUES
+from protocol.constants import KIND_METRICS, PROTOCOL_VERSION, CLIENT_TIME_KEY, MAX_FRAME_BYTES, MAX_NAME_CHARS, MAX_PARTS, MAX_VALUES
 from telemetry.shared import endpoints
 from telemetry.client.deferred import DeferredSender, Job, Later, host_scalar, snapshot, wire_number
 from telemetry.client.spans import Span, SpanRecorder
@@ -50,6 +50,8 @@ SNDHWM = 10_000
 # at exit, never more.
 LINGER_MS = 1000
 CLOSE_TIMEOUT_S = 1.5
+# stats() waits at most this long for the sender thread to hand over the records logged before it.
+STATS_FLUSH_S = 0.5
 # atexit gives every still-open client this long: a trainer that forgot close() must still exit.
 ATEXIT_CLOSE_TIMEOUT_S = 0.5
 
@@ -61,6 +63,7 @@ _WORLD_SIZE_ENV = ("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTAS
 
 _NOBLOCK = zmq.NOBLOCK
 _perf_ns = time.perf_counter_ns
+_time_ns = time.time_ns
 # The time this client spent inside its log() and event() calls on the caller's thread, as a
 # cumulative number of seconds (log(): sampled, OWN_TIME_STRIDE), rides along in a metrics
 # record at most once a second (the goodput ledger's telemetry bucket; the catalogue has it).
@@ -69,7 +72,6 @@ OWN_TIME_EVERY_NS = 1_000_000_000
 # log() times one call in this many (a prime: a loop that alternates kinds of calls is sampled
 # across them) and counts it for all of them; event() is timed every time.
 OWN_TIME_STRIDE = 13
-_ZMQError = zmq.ZMQError
 # A row of more values than this is sent as records of at most this many: one such record fits
 # MAX_FRAME_BYTES whatever its names (each name at most MAX_NAME_CHARS characters of up to 4
 # UTF-8 bytes, 3 bytes of header, a value of at most 9 bytes).
@@ -207,6 +209,7 @@ class TelemetryClient(metaclass=abc.ABCMeta):   # ABCMeta: DisabledClient regist
         self._warned: set[str] = set()
         # Built once: the hook routes tensors to the deferred path and numpy scalars to numbers.
         self._encoder = codec.new_packer(default=_wire_hook)
+        self._pack = self._encoder.pack
         self._bg_encoder = codec.new_packer(default=host_scalar)  # the sender thread's own
         self._open()
         # Stacks on the daemon's signal when a step hangs (stacks.py); once, off the hot path.
@@ -236,18 +239,34 @@ class TelemetryClient(metaclass=abc.ABCMeta):   # ABCMeta: DisabledClient regist
         self._num_skipped_values = 0
         self._num_skipped_bg = 0
         self._ctx = zmq.Context(io_threads=1)
-        self._sock = self._new_socket()
-        self._sock_send = self._sock.send
+        # Whether a daemon ever took this client's connection (a ZMTP handshake): at close, with
+        # no daemon there now and none ever, nothing queued can reach one, and close() need not
+        # wait for it (see close()). One event per daemon (re)start: the pipe stays tiny.
+        self._reached = False
+        self._monitor = self._ctx.socket(zmq.PAIR)
+        self._monitor.setsockopt(zmq.LINGER, 0)
+        self._monitor.setsockopt(zmq.RCVHWM, 0)    # never a full pipe: libzmq's I/O thread must not wait on it
+        self._sock = self._new_socket(monitor=self._monitor)
         self._spans = SpanRecorder()
-        # The sender thread sends on this same socket, in turn with the caller (see log()): one
-        # pipe to the daemon, so the records arrive in the order of the calls.
+        # Every record goes out on this socket, sent by the sender thread (the caller's thread
+        # only queues it; see log()): one pipe to the daemon, so the records arrive in the order
+        # of the calls. The queue holds as many records as the socket's own (sndhwm).
         self._deferred = DeferredSender(functools.partial(self._sock.send, flags=_NOBLOCK), self._encode_job,
-                                        self._count_sent_bg, self._count_dropped_bg)
+                                        self._count_sent_bg, self._count_dropped_bg, max_queued=self._sndhwm)
+        self._submit = self._deferred.submit
 
-    def _new_socket(self, ctx: zmq.Context | None = None) -> zmq.Socket:
-        sock = (ctx or self._ctx).socket(zmq.PUSH)
+    def _new_socket(self, ctx: zmq.Context | None = None, monitor: zmq.Socket | None = None,
+                    events: int = zmq.EVENT_HANDSHAKE_SUCCEEDED) -> zmq.Socket:
+        """A PUSH socket to the daemon; with `monitor` (a PAIR socket of the same context), the
+        socket's `events` reach it (before the connect, so none is missed)."""
+        ctx = ctx or self._ctx
+        sock = ctx.socket(zmq.PUSH)
         sock.setsockopt(zmq.SNDHWM, self._sndhwm)
         sock.setsockopt(zmq.LINGER, self._linger_ms)
+        if monitor is not None:
+            addr = f"inproc://telemetry-monitor-{id(sock)}"
+            sock.monitor(addr, events)
+            monitor.connect(addr)
         # CURVE keys from $TELEMETRY_CURVE_SERVER_KEY/_CLIENT_KEY, for a daemon beyond loopback.
         # Imported only when a key is set: the module (logging, dataclasses) costs ~10 ms of
         # start-up that a rank on ipc or loopback does not need.
@@ -296,20 +315,15 @@ class TelemetryClient(metaclass=abc.ABCMeta):   # ABCMeta: DisabledClient regist
                 except TypeError:     # not a mapping: refused below, as before
                     pass
         try:
-            if parts != 1 and not self._parts_ok(step, parts):
+            if parts != 1 or self._forked or self._spans.pending:
+                self._log_general(step, values, parts)
                 return
-            if self._forked:
-                self._reopen_after_fork()
-            if self._spans.pending:
-                cpu_spans, spans = self._spans.take()
-                if cpu_spans:
-                    values = {**values, **cpu_spans}
-                self._log_slow(step, values, spans, parts)
-                return
+            # The common case, as few bytecodes as it can be (a training step between two calls
+            # leaves every cache cold, and each one costs): one encode, one append.
             seq = self._seq
             try:
-                frame = codec.encode_metrics(self._src, self.rank, seq, self._num_dropped + self._num_dropped_bg,
-                                             time.time_ns(), step, values, self._encoder, parts)
+                frame = self._pack((KIND_METRICS, PROTOCOL_VERSION, self._src, self.rank, seq,
+                                    self._num_dropped + self._num_dropped_bg, _time_ns(), step, values))
             except (_NeedsDeferral, TypeError, ValueError, OverflowError):
                 # Tensors, a value that is no number: the slow path sorts the values out.
                 self._log_slow(step, values, None, parts)
@@ -320,20 +334,46 @@ class TelemetryClient(metaclass=abc.ABCMeta):   # ABCMeta: DisabledClient regist
                 self._log_slow(step, values, None, parts)      # a row wider than a record
                 return
             self._seq = seq + 1
+            # Queued for the sender thread, behind any record still waiting there (its tensors):
+            # no system call, no lock here (DeferredSender.submit, inlined; `_room` is 0 until its
+            # thread runs and after close, when submit() decides).
             d = self._deferred
-            if d._num_submitted != d._num_done:
-                # Records before this one wait for their tensors: this one waits behind them.
-                if not d.submit(frame):
-                    self._num_dropped += 1
-                return
-            try:
-                self._sock_send(frame, _NOBLOCK)
-                self._num_sent += 1
-            except _ZMQError:  # Again: queue full or no daemon; anything else: closed
-                self._num_dropped += 1
+            if d._num_submitted - d._num_done < d._room:
+                d._num_submitted += 1
+                d._jobs.append(frame)
+                if d._parked:
+                    d._ring()
+            elif not d.submit(frame):
+                self._num_dropped += 1       # queue full or closed: counted, and said in-band
         finally:
             if t0:
                 self._own_ns += (_perf_ns() - t0) * OWN_TIME_STRIDE
+
+    def _log_general(self, step: int, values: Mapping[str, Any], parts: int) -> None:
+        """log() with `parts`, after a fork, or with spans to send."""
+        if parts != 1 and not self._parts_ok(step, parts):
+            return
+        if self._forked:
+            self._reopen_after_fork()
+        if self._spans.pending:
+            cpu_spans, spans = self._spans.take()
+            if cpu_spans:
+                values = {**values, **cpu_spans}
+            self._log_slow(step, values, spans, parts)
+            return
+        seq = self._seq
+        try:
+            frame = codec.encode_metrics(self._src, self.rank, seq, self._num_dropped + self._num_dropped_bg,
+                                         time.time_ns(), step, values, self._encoder, parts)
+        except (_NeedsDeferral, TypeError, ValueError, OverflowError):
+            self._log_slow(step, values, None, parts)
+            return
+        if len(frame) > ROOMY_FRAME_BYTES and (len(frame) > MAX_FRAME_BYTES or len(values) > MAX_VALUES):
+            self._log_slow(step, values, None, parts)
+            return
+        self._seq = seq + 1
+        if not self._submit(frame):
+            self._num_dropped += 1
 
     def _parts_ok(self, step: int, parts: Any) -> bool:
         """A `parts` the protocol takes (an int in 1..MAX_PARTS); otherwise the record is dropped
@@ -416,7 +456,8 @@ class TelemetryClient(metaclass=abc.ABCMeta):   # ABCMeta: DisabledClient regist
                 self._num_dropped += 1
                 self._warn_once("log", f"telemetry: dropped a record of step {step}: {exc}")
                 return
-            self._send_frame(frame)
+            if not self._submit(frame):
+                self._num_dropped += 1
             return
         if not self._deferred.submit(Job(seq, t_ns, step, plain, groups, spans, parts, num_seqs, unchecked)):
             self._num_dropped += num_seqs
@@ -452,9 +493,11 @@ class TelemetryClient(metaclass=abc.ABCMeta):   # ABCMeta: DisabledClient regist
                                  f"stats()['skipped_values'])", stacklevel=5)
 
     def _send_frame(self, frame: bytes) -> None:
-        """Send a ready frame, or queue it behind the records that wait for the sender thread."""
+        """Queue a ready frame for the sender thread; before that thread exists (the hello at
+        start-up, in a process that has not logged yet), send it here: a thread costs start-up
+        time that a client which never logs need not pay. Once it exists the socket is its."""
         d = self._deferred
-        if d._num_submitted != d._num_done:
+        if d._thread is not None or d._num_submitted:
             if not d.submit(frame):
                 self._num_dropped += 1
             return
@@ -511,8 +554,8 @@ class TelemetryClient(metaclass=abc.ABCMeta):   # ABCMeta: DisabledClient regist
     def _count_skipped_bg(self, n: int) -> None:
         self._num_skipped_bg += n
 
-    def _count_sent_bg(self) -> None:
-        self._num_sent_bg += 1
+    def _count_sent_bg(self, n: int) -> None:
+        self._num_sent_bg += n
 
     def _count_dropped_bg(self, n: int) -> None:
         self._num_dropped_bg += n
@@ -539,6 +582,21 @@ class TelemetryClient(metaclass=abc.ABCMeta):   # ABCMeta: DisabledClient regist
                 self._src, self.rank, seq, dropped, time.time_ns(), name, _to_wire_map(data)))
         finally:
             self._own_ns += _perf_ns() - t0
+
+    def exclude(self, reason: str | None = None) -> "_Exclusion":
+        """Leave a stretch of wall time out of the job's goodput: `with tm.exclude("eval"): ...`.
+
+        For work that is planned and not the training's (an evaluation run on the side, a
+        maintenance pause): the goodput ledger (telemetry/shared/goodput.py) counts the window
+        as `excluded` rather than as lost time. On enter it sends the event
+        `goodput/exclude_begin`, on exit `goodput/exclude_end` (data {"reason": reason} on both
+        when a reason is given), through event(): in order with this client's other records,
+        never blocking. A window left open (a crash inside it) runs to the end of the job.
+        """
+        from telemetry.shared.goodput import EXCLUDE_BEGIN, EXCLUDE_END   # rare: not at import
+
+        data = {"reason": reason} if reason is not None else None
+        return _Exclusion(lambda: self.event(EXCLUDE_BEGIN, data), lambda: self.event(EXCLUDE_END, data))
 
     def hello(self, info: Mapping[str, Any]) -> None:
         """Describe this rank's run (config, model shape); the daemon keeps the latest per rank.
@@ -651,17 +709,57 @@ class TelemetryClient(metaclass=abc.ABCMeta):   # ABCMeta: DisabledClient regist
 
     # -- lifecycle -----------------------------------------------------------------------------
     def stats(self) -> dict[str, int]:
-        """Counters of this client: sent, dropped (incl. refused by a full queue), seq (records
-        tried), pending (waiting for their tensors), skipped_values, src."""
+        """Counters of this client: sent (handed to the socket), dropped (incl. refused by a full
+        queue), seq (records tried), pending (waiting for the sender thread, e.g. for their
+        tensors), skipped_values, src.
+
+        Records are sent by the sender thread; stats() first waits (at most STATS_FLUSH_S) until
+        it has handed over those logged before the call, so that sent + dropped adds up to the
+        records tried unless some still wait for a device (pending). Not for the hot path."""
+        if not self._closed and not self._forked:
+            self._deferred.flush(STATS_FLUSH_S)
+        return self._counts()
+
+    def _counts(self) -> dict[str, int]:
         return {"sent": self._num_sent + self._num_sent_bg,
                 "dropped": self._num_dropped + self._num_dropped_bg,
                 "seq": self._seq, "pending": self._deferred.pending(),
                 "skipped_values": self._num_skipped_values + self._num_skipped_bg, "src": self._src}
 
+    def _reached_daemon(self) -> bool:
+        """Whether a daemon ever completed a handshake on the records connection (sticky)."""
+        if not self._reached:
+            try:
+                self._monitor.recv_multipart(zmq.NOBLOCK)
+                self._reached = True
+            except zmq.ZMQError:
+                pass
+        return self._reached
+
+    @staticmethod
+    def _daemon_answers(monitor: zmq.Socket, deadline: float) -> bool | None:
+        """On a fresh connection watched by `monitor` (handshake and refused-connect events): True
+        once a daemon completes the handshake, False when the connect is refused (nothing
+        listens there), None if neither happened by `deadline` (a remote peer that does not
+        answer: the caller keeps its bounded wait)."""
+        while True:
+            left_ms = int((deadline - time.monotonic()) * 1000)
+            if left_ms <= 0 or not monitor.poll(left_ms):
+                return None
+            frames = monitor.recv_multipart()
+            event = int.from_bytes(frames[0][:2], "little")
+            if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                return True
+            if event == zmq.EVENT_CONNECT_RETRIED:
+                return False
+
     def close(self, timeout_s: float = CLOSE_TIMEOUT_S) -> None:
         """Flush what can be flushed within `timeout_s` and release the sockets. Safe twice.
 
-        Returns within about `timeout_s` whether or not a daemon is there.
+        Returns within about `timeout_s` whether or not a daemon is there, and at once when no
+        daemon listens at the endpoint and none ever took this client's connection: then nothing
+        queued could reach one, and the records handed to the socket are counted as dropped
+        (stats()), not as sent.
         """
         if self._closed:
             return
@@ -677,9 +775,32 @@ class TelemetryClient(metaclass=abc.ABCMeta):   # ABCMeta: DisabledClient regist
         # bye get the rest.
         thread_done = self._deferred.close(timeout_s=remaining_ms() / 2000)
         self._closed = True
+        # The bye's connection, opened first: whether a daemon answers on it says whether the
+        # linger below can achieve anything. Over ipc or to a local port a refused connect is
+        # known within a millisecond; a peer that does not answer at all costs the bounded wait.
+        bye_ctx = zmq.Context(io_threads=1)
+        probe = bye_ctx.socket(zmq.PAIR)
+        probe.setsockopt(zmq.LINGER, 0)
+        probe.setsockopt(zmq.RCVHWM, 0)
+        bye_sock = self._new_socket(bye_ctx, monitor=probe,
+                                    events=zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_CONNECT_RETRIED)
+        answers = self._daemon_answers(probe, time.monotonic() + remaining_ms() / 2000) if not self._refused \
+            else False
+        nobody = answers is False and not self._reached_daemon()
+        # No event may find its reader gone (libzmq's I/O thread would wait on it).
+        bye_sock.disable_monitor()
+        probe.close()
         if thread_done:
-            # The records first: handed to the kernel (or the linger, half of what is left, spent).
-            self._sock.close(linger=min(remaining_ms() // 2, self._linger_ms))
+            self._sock.disable_monitor()
+            if nobody:
+                # Never delivered: what the socket still holds is all this client handed it.
+                self._num_dropped += self._num_sent + self._num_sent_bg
+                self._num_sent = self._num_sent_bg = 0
+                self._sock.close(linger=0)
+            else:
+                # The records first: handed to the kernel (or the linger, half of what is left, spent).
+                self._sock.close(linger=min(remaining_ms() // 2, self._linger_ms))
+            self._monitor.close()
             self._ctx.term()
         # else: a sender thread stuck waiting on a hung GPU may still send on the socket when the
         # GPU wakes it, and term() would wait for it forever: both are left to process exit (the
@@ -692,21 +813,21 @@ class TelemetryClient(metaclass=abc.ABCMeta):   # ABCMeta: DisabledClient regist
         # vanish after this process handed them over, counted by no one. A fresh connection's
         # queue is empty, so the bye arrives and such a tail is counted (records_lost_in_transit);
         # sent after the records were flushed, it arrives after them unless the daemon is behind.
-        ctx = zmq.Context(io_threads=1)
+        # With nobody there, no bye: no one would read it.
         try:
-            self._sock = self._new_socket(ctx)
-            self._sock_send = self._sock.send
-            self._send_other("bye", lambda seq, dropped: codec.encode_bye(
-                self._src, self.rank, seq, dropped, time.time_ns(), self.stats()), direct=True)
+            self._sock = bye_sock
+            if not nobody:
+                self._send_other("bye", lambda seq, dropped: codec.encode_bye(
+                    self._src, self.rank, seq, dropped, time.time_ns(), self._counts()), direct=True)
         finally:
             # Closes the bye's socket with this linger, then returns once it has gone or the
             # linger expired: bounded by the deadline.
-            ctx.destroy(linger=min(remaining_ms(), self._linger_ms))
+            bye_ctx.destroy(linger=0 if nobody else min(remaining_ms(), self._linger_ms))
         _live_clients.discard(self)
 
     def _reopen_after_fork(self) -> None:
         """First call in a forked child: a fresh context, socket and src; the parent's stay."""
-        _abandoned_after_fork.append((self._ctx, self._sock, self._deferred))
+        _abandoned_after_fork.append((self._ctx, self._sock, self._monitor, self._deferred))
         self._open()
         mp_util = sys.modules.get("multiprocessing.util")
         if mp_util is not None:
@@ -764,6 +885,21 @@ class _NullSpan:
 _NULL_SPAN = _NullSpan()
 
 
+class _Exclusion:
+    """TelemetryClient.exclude's context manager: begin() on enter, end() on exit."""
+    __slots__ = ("_begin", "_end")
+
+    def __init__(self, begin: Callable[[], None], end: Callable[[], None]) -> None:
+        self._begin, self._end = begin, end
+
+    def __enter__(self) -> "_Exclusion":
+        self._begin()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._end()
+
+
 class DisabledClient:
     """The stand-in for a disabled client: TelemetryClient's public interface, each method a no-op.
 
@@ -788,6 +924,9 @@ class DisabledClient:
 
     def event(self, name: str, data: Mapping[str, Any] | None = None) -> None:
         pass
+
+    def exclude(self, reason: str | None = None) -> Any:
+        return _NULL_SPAN
 
     def hello(self, info: Mapping[str, Any]) -> None:
         pass

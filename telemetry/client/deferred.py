@@ -15,6 +15,7 @@ did, so `sys.modules["torch"]` is there when needed.
 """
 from __future__ import annotations
 
+import _thread
 import collections
 import sys
 import threading
@@ -22,17 +23,24 @@ import time
 from typing import Any, Callable
 
 # Records waiting for their tensors; past this, submit() refuses and the caller counts a drop.
-# At one log() per step the sender is idle almost always; this only bounds a stalled GPU.
+# At one log() per step the sender is idle almost always; this only bounds a stalled GPU (each
+# such record holds a pinned buffer).
 MAX_PENDING = 1024
 # Pinned buffers kept per (dtype, length): the sender gives each back after reading it, so a
 # steady loop needs two or three; the rest only cover a backlog.
 MAX_POOLED_BUFFERS = 8
-# The sender thread's poll period while records keep coming: adds at most this much latency
-# to a tensor record (the emit -> subscriber budget is 20 ms) for ~500 cheap wake-ups a second.
+# The sender thread's poll period right after a record: at a step of a millisecond or less the
+# thread wakes once per this long, and sends what came meanwhile as one batch.
 POLL_INTERVAL_S = 0.002
-# After this long without a record the thread parks, and the next submit() wakes it.
+# Each empty poll doubles the period, up to this: the most latency a record waits here (the
+# emit -> subscriber budget is 20 ms), and ~10 wake-ups (~µs each, a GIL hand-over each in a
+# training thread that runs Python) per record at a step of 100 ms.
+MAX_POLL_INTERVAL_S = 0.010
+# After this long without a record the thread parks, and the next record wakes it: a lock
+# release on the caller's thread, a system call that wakes a thread (~10 µs on a loaded box with
+# cold caches, more than the rest of log()), so only a loop that logs less than once a second
+# pays it, once per record.
 PARK_AFTER_IDLE_S = 1.0
-
 
 def host_scalar(v: Any) -> float | int:
     """A host value (numpy scalar, bool, Decimal ...) as a wire number; never called on a tensor."""
@@ -224,72 +232,119 @@ def _freeze(torch: Any, names: list[str], stacked: Any, pool: PinnedPool) -> Ten
 
 
 class DeferredSender:
-    """One background thread per client: resolves jobs' tensors and spans, then sends.
+    """One background thread per client: it does every send on the client's socket, in the order
+    of the client's calls.
 
-    It sends on the client's own socket, and only while it has a job: the caller sends on that
-    socket only while nothing is pending here, and queues its records behind the jobs otherwise
-    (a ready frame, `submit_frame`). So one socket carries every record of the client, in the
-    order of its calls (two sockets are two pipes, which the daemon's ingest socket interleaves
-    in any order), and the socket passes between the two threads without a lock: the pending
-    count (two counters, each written by one thread) says whose it is, and the GIL orders the
+    The caller's thread encodes a record (or, for tensors and spans, snapshots it into a Job)
+    and appends it to a deque: no system call, no ZeroMQ call, no lock. This thread takes what
+    the deque holds as one batch, resolves the Jobs' tensors and spans (which may wait on a
+    device, here only), and sends each frame with NOBLOCK. One socket carries every record of
+    the client, in the order of its calls (two sockets are two pipes, which the daemon's ingest
+    socket interleaves in any order). The caller's thread sends on that socket itself only the
+    rare records (a hello, an event) and only while nothing is queued here: the pending count
+    (two counters, each written by one thread) says whose the socket is, and the GIL orders the
     hand-over (the full memory barrier ZeroMQ asks for when a socket changes threads).
 
-    Handing a job over must not cost the training thread a wake-up syscall (a futex wake is
-    several µs, more than the rest of log()). So the thread polls a deque every
-    POLL_INTERVAL_S while records keep coming, and only after PARK_AFTER_IDLE_S without one
-    parks on an Event that the next submit() sets: a loop that logs at least once a second
-    never pays a wake-up; one that logs less often pays one per record, which it can afford.
+    Handing a record over must not cost the training thread a wake-up syscall (a futex wake is
+    several µs, more than the rest of log()). So the thread polls the deque: every
+    POLL_INTERVAL_S right after a record, the period doubling with each empty poll up to
+    MAX_POLL_INTERVAL_S, and sends what came meanwhile as one batch (one wake-up of this thread
+    and of ZeroMQ's I/O thread per batch, not per record). After PARK_AFTER_IDLE_S without a
+    record it parks on a lock that the next record releases: a loop that logs at least once a
+    second never pays a wake-up; one that logs less often pays one per record.
+
+    Bounded: at most `max_queued` items wait here (of them at most `max_jobs` Jobs, which hold
+    pinned buffers while a device is stalled); past that submit() refuses and the caller counts
+    a drop, which rides in-band in its next records.
 
     Args:
         send: sends one frame on the client's socket without blocking; raises zmq.ZMQError when
-            it cannot (queue full, socket closed). Called on the sender thread only while a job
-            is pending.
+            it cannot (queue full, socket closed). Called on the sender thread only while an
+            item is pending.
         encode: (job, values) -> frame bytes, or a list of frames (a row split for the wire).
-        on_sent, on_dropped: counters, called on the sender thread only.
+        on_sent, on_dropped: counters, called on the sender thread only, with a count.
     """
 
     def __init__(self, send: Callable[[bytes], Any], encode: Callable[[Job, dict], "bytes | list[bytes]"],
-                 on_sent: Callable[[], None], on_dropped: Callable[[int], None],
-                 max_pending: int = MAX_PENDING) -> None:
+                 on_sent: Callable[[int], None], on_dropped: Callable[[int], None],
+                 max_pending: int = MAX_PENDING, max_queued: int | None = None) -> None:
         self._send = send
         self._encode = encode
         self._on_sent = on_sent
         self._on_dropped = on_dropped
-        self._max_pending = max_pending
+        self._max_jobs = max_pending
+        self._max_queued = max_queued or max_pending
         self._jobs: collections.deque = collections.deque()  # append/popleft: atomic, no lock
-        self._wake = threading.Event()
+        # A binary semaphore: held while nobody asked for a wake-up; a parked thread blocks on
+        # acquire() until a submit releases it (a plain lock: the cheapest wake CPython has).
+        self._bell = _thread.allocate_lock()
+        self._bell.acquire()
         self._parked = False
         self._closing = False
-        # Two counters, each written by one thread only, so pending() needs no lock.
+        # Counters, each written by one thread only, so pending() needs no lock: items handed
+        # over and items done (the caller's: submitted; the sender's: done), and the same for
+        # Jobs alone.
         self._num_submitted = 0
         self._num_done = 0
+        self._num_jobs = 0
+        self._num_jobs_done = 0
         self._thread: threading.Thread | None = None
+        # What the caller may append without calling submit() (its inlined fast path, for ready
+        # frames): 0 until the thread runs and once closing.
+        self._room = 0
         self.pool = PinnedPool()
 
     def submit(self, job: "Job | Later | bytes") -> bool:
-        """Hand a job over (a Job, or a ready frame that must wait its turn behind the jobs before
-        it); False (caller counts a drop) when the backlog is full."""
-        if self._num_submitted - self._num_done >= self._max_pending or self._closing:
+        """Hand an item over: a ready frame, a Job (tensors, spans, a row to split) or a Later;
+        False (the caller counts a drop) when the queue is full or the sender is closing."""
+        if self._num_submitted - self._num_done >= self._max_queued or self._closing:
             return False        # (after close(): a thread stuck on a device may never send it)
+        if job.__class__ is not bytes:
+            if self._num_jobs - self._num_jobs_done >= self._max_jobs:
+                return False
+            self._num_jobs += 1
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="telemetry-sender", daemon=True)
             self._thread.start()
+            self._room = self._max_queued
         self._num_submitted += 1
         self._jobs.append(job)
-        if self._parked:  # read after the append: see _park for why no job is missed
-            self._wake.set()
+        if self._parked:  # read after the append: see _park for why no item is missed
+            self._ring()
         return True
+
+    def _ring(self) -> None:
+        self._parked = False
+        try:
+            self._bell.release()
+        except RuntimeError:    # already released (a second ring before the thread woke): fine
+            pass
 
     def pending(self) -> int:
         return self._num_submitted - self._num_done
 
+    def flush(self, timeout_s: float) -> bool:
+        """Wait until what was submitted before this call has been handed to the socket (or
+        dropped), at most `timeout_s`; True if it has. Never on the hot path (stats())."""
+        target = self._num_submitted
+        if self._num_done >= target or self._thread is None:
+            return True
+        deadline = time.monotonic() + timeout_s
+        if self._parked:
+            self._ring()
+        while self._num_done < target and self._thread.is_alive():
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.0002)
+        return self._num_done >= target
+
     def _park(self) -> None:
-        self._wake.clear()
         self._parked = True
         # A submit() that appended before this line is seen here; one that appends after it
-        # reads _parked == True and sets the event. Either way the job is not left waiting.
+        # reads _parked == True and releases the bell. Either way the item is not left waiting
+        # (a release that finds the thread not blocked only makes its next park return at once).
         if not self._jobs and not self._closing:
-            self._wake.wait()
+            self._bell.acquire()
         self._parked = False
 
     def _run(self) -> None:
@@ -297,52 +352,89 @@ class DeferredSender:
 
         send = self._send
         jobs = self._jobs
+        popleft = jobs.popleft
+        ZMQError = zmq.ZMQError
         idle_since = time.monotonic()
+        period = POLL_INTERVAL_S
         while True:
             try:
-                job = jobs.popleft()
+                job = popleft()
             except IndexError:
                 if self._closing:
-                    # close() sets _closing after the caller's last submit(): a job appended
+                    # close() sets _closing after the caller's last submit(): an item appended
                     # between the empty pop above and this check is seen now, not left behind.
                     if jobs:
                         continue
                     return
                 if time.monotonic() - idle_since < PARK_AFTER_IDLE_S:
-                    time.sleep(POLL_INTERVAL_S)
+                    time.sleep(period)
+                    period = min(2 * period, MAX_POLL_INTERVAL_S)
                 else:
                     self._park()
                     idle_since = time.monotonic()
+                    period = POLL_INTERVAL_S
                 continue
-            frames: Any = job
-            if job.__class__ is not bytes:
+            # One batch: this item and what is queued behind it now. Ready frames are sent in a
+            # tight loop; a Job is resolved first (it may wait for its device), the items behind
+            # it wait their turn. The counts are updated before the items are marked done: once
+            # pending() says 0, stats() adds up.
+            sent = dropped = done = 0
+            for _ in range(len(jobs) + 1):
+                if job is None:
+                    job = popleft()
+                if job.__class__ is bytes:
+                    try:
+                        send(job)
+                        sent += 1
+                    except ZMQError:  # Again (queue full, no daemon) or the socket going away
+                        dropped += 1
+                    done += 1
+                    job = None
+                    continue
+                if done:               # what is sent so far counts now, before a possibly long wait
+                    self._settle(sent, dropped, done)
+                    sent = dropped = done = 0
+                frames: Any = None
                 try:
                     frames = job.make() if job.__class__ is Later else self._encode(job, resolve(job))
                 except Exception:  # a value that is no number: lose this record, not the thread
-                    frames = None
-                    self._on_dropped(getattr(job, "num_seqs", 1))
-            if frames is not None:
-                for frame in ((frames,) if frames.__class__ is bytes else frames):
-                    try:
-                        send(frame)
-                        self._on_sent()
-                    except zmq.ZMQError:  # Again (queue full) or the socket going away
-                        self._on_dropped(1)
-            # Last: from here on the caller may use the socket again (see the class docstring).
-            self._num_done += 1
+                    dropped += getattr(job, "num_seqs", 1)
+                job = None
+                if frames is not None:
+                    for frame in ((frames,) if frames.__class__ is bytes else frames):
+                        try:
+                            send(frame)
+                            sent += 1
+                        except ZMQError:
+                            dropped += 1
+                self._num_jobs_done += 1
+                self._settle(sent, dropped, 1)
+                sent = dropped = done = 0
+                if jobs:
+                    # Hand the GIL back to the training thread between records that took work
+                    # here, so it waits at most one record's resolution, not a switch interval.
+                    time.sleep(0)
+            if done:
+                self._settle(sent, dropped, done)
             idle_since = time.monotonic()
-            if jobs:
-                # A backlog: hand the GIL back to the training thread between records, so
-                # it waits at most one record's resolution, not a 5 ms switch interval.
-                time.sleep(0)
+            period = POLL_INTERVAL_S
+
+    def _settle(self, sent: int, dropped: int, done: int) -> None:
+        if sent:
+            self._on_sent(sent)
+        if dropped:
+            self._on_dropped(dropped)
+        # Last: once nothing is pending the caller may use the socket again.
+        self._num_done += done
 
     def close(self, timeout_s: float) -> bool:
-        """Stop after the queued jobs; True if the thread finished (it no longer uses the
+        """Stop after the queued items; True if the thread finished (it no longer uses the
         socket; False: it is stuck on a device, and may still send when that wakes it)."""
         if self._thread is None:
             return True
+        self._room = 0
         self._closing = True
-        self._wake.set()
+        self._ring()
         self._thread.join(timeout_s)
         return not self._thread.is_alive()
 
