@@ -26,7 +26,11 @@ start to the last record of the last launch, into buckets that sum to it:
                         median (judged from the NOISE_MIN_SAMPLES-th such step on, against the
                         steps before) stays where it was spent (productive, or data
                         loading for that phase); before that, an excess is booked where its rank
-                        was the straggler of most of the last RECENT_STRAGGLERS steps. A rank
+                        was the straggler of most of the last RECENT_STRAGGLERS steps, for now:
+                        once the bound is known, such an excess within it (of the last RECENT
+                        steps) goes back where it was spent (a busy host that slowed one rank
+                        for the run's first steps is no straggler the run's noise does not
+                        explain). A rank
                         slow step after step leaves no noise sample (it is the step before's
                         straggler too), and its excess is booked
     slow_steps          Σ over steps of what a step's compute (its step time less data loading
@@ -204,6 +208,14 @@ def _add(a: tuple, b: tuple, sign: float = 1.0) -> tuple:
     return tuple(x + sign * y for x, y in zip(a, b))
 
 
+def _unstraggle(parts: tuple, excess: float, data_phase: bool) -> tuple:
+    """A step's parts with `excess` of its straggler time back where it was spent: data loading
+    for that phase, else productive."""
+    if data_phase:
+        return parts[:_DATA] + (parts[_DATA] + excess, parts[_STRAG] - excess) + parts[_EVAL:]
+    return (parts[_ST], parts[_PROD] + excess) + parts[_DATA:_STRAG] + (parts[_STRAG] - excess,) + parts[_EVAL:]
+
+
 def step_parts(values: dict, room: float | None = None) -> tuple[float, ...] | None:
     """(step time, productive, data loading, straggler, eval) of an aggregated step's values, or
     None without a step time (module docstring). room: the time since what came before it on
@@ -287,8 +299,11 @@ class _Launch:
     noise_bound: float | None = None
     last_strag: int | None = None    # the straggler rank of the step before
     recent_strag: deque = field(default_factory=lambda: deque(maxlen=RECENT_STRAGGLERS))
+    # step -> (excess, its phase was data loading): booked before the noise bound was known (at
+    # most recent_max, the latest), judged again against it once it is (rejudge)
+    provisional: dict = field(default_factory=dict)
 
-    def sift_straggler(self, parts: tuple, values: dict, new: bool) -> tuple:
+    def sift_straggler(self, step: int, parts: tuple, values: dict, new: bool) -> tuple:
         """A step's parts with its straggler excess moved back where it came from (data loading
         for that phase, else productive) when it is within the run's own noise (module
         docstring, `straggler`); a new step's excess is a noise sample when its straggler was not
@@ -298,10 +313,12 @@ class _Launch:
             return parts
         rank = values.get("perf/straggler_rank")     # (without it, nothing to judge by: booked)
         rank = int(rank) if is_number(rank) and rank == rank and abs(rank) < 1 << 31 else None
+        data_phase = _num(values.get("perf/straggler_phase_index")) == DATA_PHASE
         recent = self.recent_strag
         if new and rank is not None:
             recent.append(rank)
-        if self.noise_bound is not None:
+        known = self.noise_bound is not None
+        if known:
             noise = excess <= self.noise_bound
         else:
             noise = rank is not None and 2 * recent.count(rank) <= len(recent)
@@ -319,11 +336,34 @@ class _Launch:
                         break
         if new:
             self.last_strag = rank
+        if not known and self.noise_bound is not None:
+            self.rejudge()
         if not noise:
+            if not known and self.noise_bound is None and rank is not None:
+                self.provisional[step] = (excess, data_phase)     # judged again once the bound is known
+                if len(self.provisional) > self.recent_max:
+                    del self.provisional[next(iter(self.provisional))]
             return parts
-        if _num(values.get("perf/straggler_phase_index")) == DATA_PHASE:
-            return parts[:_DATA] + (parts[_DATA] + excess, 0.0) + parts[_EVAL:]
-        return (parts[_ST], parts[_PROD] + excess) + parts[_DATA:_STRAG] + (0.0,) + parts[_EVAL:]
+        self.provisional.pop(step, None)
+        return _unstraggle(parts, excess, data_phase)
+
+    def rejudge(self) -> None:
+        """The noise bound is known now: the excess booked before it (provisional) that lies
+        within it goes back where it was spent, in each step's parts, its sums, and the sums at
+        each checkpoint save taken since (the steps before it are no longer in `recent`: kept
+        as booked)."""
+        bound = self.noise_bound
+        for step, (excess, data_phase) in self.provisional.items():
+            old = self.recent.get(step)
+            if old is None or excess > bound or old[_STRAG] < excess:
+                continue
+            delta = _add(_unstraggle(old, excess, data_phase), old, -1.0)
+            self.recent[step] = _add(old, delta)
+            self.total = _add(self.total, delta)
+            for k in self.snaps:
+                if k >= step:
+                    self.snaps[k] = _add(self.snaps[k], delta)
+        self.provisional.clear()
 
     def judge(self, parts: tuple, new: bool) -> tuple:
         """A step's parts with its slow part (module docstring, `slow_steps`) taken out of its
@@ -442,7 +482,7 @@ class _Launch:
         usable = [s for s in self.saves if (s in self.snaps or s in self.pending) and self.lo is not None
                   and s >= self.lo]
         part = replace(self, ended=True, fail_t=None, first_bye_t=None, first_gone_t=None, recent={},
-                       order=deque(), snaps={}, pending=set())
+                       order=deque(), snaps={}, pending=set(), provisional={})
         if not usable:
             part.total, part.client_s, part.saves = _ZERO, 0.0, {}
             part.hi, part.num_steps = self.lo, 1
@@ -553,7 +593,7 @@ class Ledger:
                 parts = self._parts(cur, step, t, values)
                 if parts is not None:
                     if parts[_STRAG] > 0.0:
-                        parts = cur.sift_straggler(parts, values, cur.hi is None or step > cur.hi)
+                        parts = cur.sift_straggler(step, parts, values, cur.hi is None or step > cur.hi)
                     cur.add_step(step, t, parts)
                 own = values.get(CLIENT_TIME_KEY)
                 if own is not None:
