@@ -292,8 +292,11 @@ CATALOGUE: tuple[Metric, ...] = (
            "productive / wall is the cluster's goodput"),
           ("goodput/*", "", "s", "gauge",
            "goodput/<bucket>_s: the run's wall time so far in that bucket (productive, startup, "
-           "data_loading, eval, checkpoint_save, checkpoint_restore, straggler, hang, redone, recovery, "
-           "telemetry, unexplained); goodput/wall_s: the wall time so far"))),
+           "data_loading, eval, checkpoint_save, checkpoint_restore, straggler, slow_steps, hang, redone, "
+           "recovery, telemetry, excluded, unexplained; data_loading is synchronous data loading, what "
+           "the steps waited for data: a loader's work overlapped with compute, the asynchronous data "
+           "loading of Google's goodput library, costs no wall time and is not measured); "
+           "goodput/wall_s: the wall time so far"))),
 )
 
 
