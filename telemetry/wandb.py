@@ -196,7 +196,7 @@ def init(project: str | None = None, name: str | None = None, config: Any = None
               entity=entity or env("WANDB_ENTITY"), group=group or env("WANDB_RUN_GROUP"),
               tags=tags if tags is not None else (env_tags.split(",") if env_tags else None),
               notes=notes or env("WANDB_NOTES"), job_type=job_type or env("WANDB_JOB_TYPE"),
-              id=run_id, dir=dir, mode=mode, client=client, rank=rank, world_size=world_size,
+              id=run_id, dir=dir or env("WANDB_DIR"), mode=mode, client=client, rank=rank, world_size=world_size,
               settings_console=console, runtime=runtime)
     if reinit != "create_new":         # as W&B: a run made beside the active one is not wandb.run
         _run = run

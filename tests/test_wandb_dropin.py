@@ -116,11 +116,11 @@ def reference(tmp_path_factory) -> dict:
 def test_dropin_script_matches_real_wandb(log_on, reference, tmp_path, make_daemon):
     d = make_daemon(wandb="offline", run_name="daemon-name")
     script = dropin_copy(SCRIPT, tmp_path)
-    outs = _run_two_ranks(script, {"LOG_ON": log_on, "WANDB_DIR": str(tmp_path / "unused"),
+    outs = _run_two_ranks(script, {"LOG_ON": log_on, "WANDB_DIR": str(tmp_path / "files"),
                                    "TELEMETRY_ENDPOINT": d.ingest})
     assert "less than the current step" in outs[0]              # the dropped step=1, warned as W&B does
     assert d.stop(timeout_s=60) == 0
-    (ours,) = offline_runs(d.log_dir)
+    (ours,) = offline_runs(tmp_path / "files")                  # where $WANDB_DIR says, as W&B
     real0 = reference[0]
     keys = set().union(*script_rows(real0).values())
     if log_on == "rank0":

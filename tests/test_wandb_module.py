@@ -12,7 +12,7 @@ import pytest
 
 import telemetry.wandb as tw
 from daemon_util import script_values
-from wandb_offline import history_key_paths, history_rows, user_history, user_summary, wait_finished
+from wandb_offline import config, history_key_paths, history_rows, user_history, user_summary, wait_finished
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -110,6 +110,11 @@ def media_calls(wandb, wav: Path) -> None:
     wandb.log({"none": None, "nums": [1, 2.5, 3], "words": ("a", "b"), "long": [float(i) for i in range(300)],
                "arr": np.arange(5, dtype=np.float32), "one": np.array([[7]]), "big": rng.normal(size=100),
                "page": wandb.Html("<p>hello</p>"), "clip": wandb.Audio(str(wav), caption="beep")})
+    # wandb.plot's charts: W&B logs each chart's table as "<key>_table" and its spec in the config.
+    squares = wandb.Table(columns=["x", "y"], data=[[i, i * i] for i in range(5)])
+    wandb.log({"line": wandb.plot.line(squares, "x", "y", title="squares"),
+               "cm": wandb.plot.confusion_matrix(y_true=[0, 1, 1, 0, 2], preds=[0, 1, 0, 0, 2],
+                                                 class_names=["a", "b", "c"])})
     wandb.log({"samples": wandb.Image(rng.integers(0, 255, (8, 6, 3), dtype=np.uint8), caption="hwc")},
               commit=False)
     wandb.log({"weights": wandb.Histogram(rng.normal(size=500), num_bins=16),
@@ -119,7 +124,7 @@ def media_calls(wandb, wav: Path) -> None:
     wandb.log({"loss": 2.0})
 
 
-MEDIA_KEYS = ("samples", "weights", "preds", "chw", "hist2", "big", "page", "clip")
+MEDIA_KEYS = ("samples", "weights", "preds", "chw", "hist2", "big", "page", "clip", "line_table", "cm_table")
 VALUE_KEYS = ("none", "nums", "words", "long", "arr", "one")
 
 
@@ -146,7 +151,7 @@ def media_values(path: str, step_key: str) -> dict:
             fields = {k[len(key) + 1:]: v for k, v in r.items() if k.startswith(key + "/")}
             if fields:
                 out[(r[step_key], key)] = {k: fields[k] for k in keep if k in fields and
-                                           (k != "sha256" or key in ("page", "clip"))}
+                                           (k != "sha256" or key in ("page", "clip", "line_table", "cm_table"))}
         for key in VALUE_KEYS:
             if key in r:
                 out[(r[step_key], key)] = r[key]
@@ -179,10 +184,13 @@ def test_media_pass_through_as_real_wandb_logs_them(tmp_path, make_daemon, monke
     tw.finish()
     final = d.drain(timeout_s=180)
     assert final["drained"], final["unfinished_sinks"]
-    # Files: the five media above, the html, the audio, the long list and the big array.
-    assert (final["sinks"]["wandb"]["media_logged"], final["sinks"]["wandb"]["media_failed"]) == (9, 0)
+    # Files: the five media above, the html, the audio, the long list, the big array, two charts.
+    assert (final["sinks"]["wandb"]["media_logged"], final["sinks"]["wandb"]["media_failed"]) == (11, 0)
     (our_file,) = [wait_finished(f) for f in glob.glob(str(d.log_dir / "wandb" / "offline-run-*" / "run-*.wandb"))]
     assert media_values(our_file, "_step") == expected
+    charts = {k: v for k, v in config(real_file).items() if k.startswith("_wandb/visualize/")}
+    assert set(charts) == {"_wandb/visualize/line", "_wandb/visualize/cm"}
+    assert {k: v for k, v in config(our_file).items() if k.startswith("_wandb/visualize/")} == charts
     assert list((tmp_path / "media").iterdir()) == []            # each file deleted once logged
 
 
@@ -248,8 +256,8 @@ def test_unsupported_api_raises_naming_it(tmp_path, monkeypatch):
     monkeypatch.setenv("TELEMETRY_MEDIA_DIR", str(tmp_path / "media"))
     with pytest.raises(NotImplementedError, match="wandb.restore"):
         tw.restore("model.h5")
-    with pytest.raises(NotImplementedError, match=r"wandb.plot.line"):
-        tw.plot.line(None, "x", "y")
+    with pytest.raises(NotImplementedError, match=r"wandb.plot.plot_table"):
+        tw.plot.plot_table("wandb/line/v0", None, {})
     assert hasattr(tw, "Api") and hasattr(tw, "config")     # harmless to probe, as with wandb
     with pytest.raises(AttributeError, match="no attribute 'nonsense'"):
         tw.nonsense
@@ -392,3 +400,16 @@ def test_console_capture_bounds_what_it_holds_and_each_event(monkeypatch):
     text = "".join(t for s, t in sent if s == "stdout")
     assert len(text) == 100 * 1000 and sent[-1] == ("stderr", "[telemetry: 100000 characters of console output "
                                                                "not kept (written faster than sent)]\n")
+
+
+def test_a_dir_that_cannot_be_made_is_said_once_and_left_to_the_default(tmp_path):
+    """wandb.init(dir=) that cannot be created: W&B's warning, and the daemon's run directory holds
+    W&B's files (W&B: the system's temporary directory); one that can is made and named to the
+    daemon, as W&B's root_dir."""
+    (tmp_path / "a_file").write_text("")
+    with pytest.warns(RuntimeWarning, match="Unable to create root directory .*a_file/sub"):
+        run = tw.init(mode="disabled", dir=str(tmp_path / "a_file" / "sub"))
+    assert run._files_root is None
+    run.finish()
+    run = tw.init(mode="disabled", dir=str(tmp_path / "made" / "here"))
+    assert run._files_root == str(tmp_path / "made" / "here") and (tmp_path / "made" / "here").is_dir()

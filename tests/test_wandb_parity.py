@@ -70,7 +70,8 @@ def sidecar_run(script: Path, nproc: int, work: Path, env: dict) -> tuple[str, s
                         "--nproc", str(nproc), "--run-dir", str(work / "r"), "--", str(script)],
                        cwd=work, env=_env(WANDB_DIR=str(work), **env), capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr[-4000:]
-    return _one_file(f"{work}/r/wandb/**/run-*.wandb"), p.stdout
+    # W&B's files where the script's $WANDB_DIR says, as W&B puts them (<dir>/wandb/offline-run-*).
+    return _one_file(f"{work}/wandb/**/run-*.wandb"), p.stdout
 
 
 def shared_run(tmp_path_factory, launch, script: Path, nproc: int, env: dict) -> tuple[str, str, Path]:
@@ -317,3 +318,49 @@ def test_tensor_rows_and_float_rows_all_land_at_their_steps(tmp_path_factory):
     assert_same_run(real, ours)
     assert len(user_history(ours)) == 60 + 6 + 80
 
+
+
+def _environment(path: str) -> dict:
+    """The run's metadata as W&B records it (its environment record: wandb-metadata.json)."""
+    from wandb_offline import read_records
+
+    for r in read_records(path):
+        if r.WhichOneof("record_type") == "environment" and r.environment.program:
+            e = r.environment
+            return {"program": e.program, "code_path": e.code_path, "root": e.root, "host": e.host,
+                    "python": e.python, "executable": e.executable, "os": e.os, "args": list(e.args)}
+    return {}
+
+
+def test_the_runs_metadata_and_files_are_the_scripts(tmp_path):
+    """The W&B run's metadata is the script's process's (program, code path from the git root,
+    args, host, python), not the daemon's; its files are under the script's `dir=`, in W&B's
+    layout; its `_runtime` is bounded by the script's run's lifetime (a hang detector: it used to
+    run from the daemon's start to its drain)."""
+    from wandb_offline import summary
+
+    got = {}
+    for how in ("real", "ours"):
+        work = tmp_path / how
+        (work / "src").mkdir(parents=True)
+        subprocess.run(["git", "init", "-q", str(work)], check=True)
+        shutil.copy(SCRIPTS / "meta_and_dir.py", work / "src" / "meta_and_dir.py")
+        files = work / "files"
+        args = ["src/meta_and_dir.py", "--lr", "0.1", "--files", str(files)]
+        cmd = [sys.executable, *args] if how == "real" else \
+            [sys.executable, "-m", "telemetry", "run", "--as-wandb", "--quiet", "--wandb", "offline",
+             "--run-dir", str(work / "r"), "--", *args]
+        p = subprocess.run(cmd, cwd=work, env=_env(**({"WANDB_MODE": "offline"} if how == "real" else {})),
+                           capture_output=True, text=True, timeout=600)
+        assert p.returncode == 0, (how, p.stderr[-4000:])
+        lifetime = float(re.search(r"LIFETIME (\S+)", p.stdout).group(1))
+        path = _one_file(f"{files}/wandb/offline-run-*/run-*.wandb")
+        env = _environment(path)
+        assert env.pop("program") == str(work / "src" / "meta_and_dir.py"), how
+        assert env.pop("args") == ["--lr", "0.1", "--files", str(files)], how
+        assert env.pop("root") == str(files), how
+        got[how] = (env, summary(path)["_runtime"], lifetime, path)
+    (real_env, _, _, real), (our_env, runtime, lifetime, ours) = got["real"], got["ours"]
+    assert our_env == real_env and our_env["code_path"] == "src/meta_and_dir.py"
+    assert 0 < runtime <= lifetime + 2.0, (runtime, lifetime)
+    assert_same_run(real, ours)

@@ -43,7 +43,7 @@ from telemetry.shared import media as shared_media
 from telemetry.shared.numbers import nonfinite_as_null
 
 # Media the W&B sink logs that the dashboard does not show (released, not kept).
-NOT_KEPT = frozenset({"Html", "Audio", "Array", "List"})
+NOT_KEPT = frozenset({"Html", "Audio", "Array", "List", "Chart"})
 
 log = logging.getLogger("telemetry.daemon.media")
 

@@ -413,11 +413,16 @@ def delete_stale_stages(min_age_s: float = 600.0) -> int:
 
 
 class _Plot:
-    """`wandb.plot`: its charts are built from a W&B Table in W&B's process; not passed through."""
+    """`wandb.plot`: its common charts (wandb_media.CHARTS) are passed through: the call is made
+    by the daemon's W&B run with the real wandb.plot (wandb_media.Chart); the others raise."""
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__"):
             raise AttributeError(name)
+        from telemetry.integrations.wandb_media import CHARTS, Chart
+
+        if name in CHARTS:
+            return lambda *args, **kwargs: Chart(name, args, kwargs)
 
         def refuse(*args: Any, **kwargs: Any) -> Any:
             raise NotImplementedError(f"telemetry.wandb does not support wandb.plot.{name}: log its table "

@@ -322,6 +322,54 @@ class List(Media):
             json.dump(self.items, f, default=_json_value)
 
 
+# wandb.plot's functions that a Chart passes through (W&B's common charts).
+CHARTS = frozenset({"line", "scatter", "bar", "histogram", "line_series", "confusion_matrix", "pr_curve",
+                    "roc_curve"})
+TABLE_ARG = "__wandb_table__"
+
+
+class Chart(Media):
+    """What `wandb.plot.<name>(...)` returns here: the call, its arguments kept (tables, arrays
+    and lists copied, as W&B's chart holds their values); the daemon's W&B run makes the same call
+    with the real wandb.plot and logs the chart W&B builds (its table, its Vega spec in the
+    config). Arguments W&B would refuse are refused there (counted in media_failed)."""
+
+    passthrough = True
+
+    def __init__(self, name: str, args: tuple, kwargs: dict) -> None:
+        self.name = name
+        self.args = args
+        self.kwargs = kwargs
+
+    def snapshot(self) -> "Chart":
+        return Chart(self.name, tuple(map(_copied, self.args)), {k: _copied(v) for k, v in self.kwargs.items()})
+
+    def describe(self) -> tuple[str, dict[str, Any]]:
+        return ".json", {"chart": self.name}
+
+    def write(self, path: str) -> None:
+        with open(path, "w") as f:
+            json.dump({"args": [_chart_arg(a) for a in self.args],
+                       "kwargs": {k: _chart_arg(v) for k, v in self.kwargs.items()}}, f, default=_json_value)
+
+
+def _copied(v: Any) -> Any:
+    """A value later training cannot change; on the caller's thread, reading no tensor."""
+    if isinstance(v, Table):
+        return v.snapshot()
+    if _is_tensor(v):
+        return v.detach().clone()
+    if hasattr(v, "copy") and not isinstance(v, (str, dict)):
+        return v.copy()
+    return list(v) if isinstance(v, (list, tuple)) else v
+
+
+def _chart_arg(v: Any) -> Any:
+    if isinstance(v, Table):
+        return {TABLE_ARG: {"columns": v.columns, "data": v.data}}
+    return v
+
+
 def _json_value(v: Any) -> Any:
     if _is_tensor(v) or hasattr(v, "item"):
         return v.item() if getattr(v, "ndim", 0) == 0 else _host_array(v).tolist()

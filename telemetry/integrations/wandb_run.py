@@ -181,6 +181,10 @@ class Run(RunCalls):
         self.job_type = job_type
         self.id = id or os.environ.get(ENV_RUN_ID) or new_run_id()
         self._dir = dir
+        # Where W&B's files go, as W&B's `dir` (its root_dir): made here, as W&B makes it; one
+        # that cannot be made or written is said once and left to the daemon's default.
+        self._files_root = files_root(dir)
+        self._meta = script_meta(self.start_time)     # the W&B run's metadata: this process's
         self._daemon_run: dict | None = None
         self.mode = mode
         self.framework = framework
@@ -549,6 +553,9 @@ class Run(RunCalls):
                                         ("group", self.group), ("tags", list(self.tags)), ("notes", self.notes),
                                         ("job_type", self.job_type), ("id", self.id)) if v}
         wandb_info["metrics"] = self._metrics
+        wandb_info["meta"] = self._meta
+        if self._files_root:
+            wandb_info["dir"] = self._files_root
         self._client.get().hello({
             "framework": self.framework,
             "config": self.config.as_dict(),
@@ -630,6 +637,72 @@ def _finish_all() -> None:
             run.finish(exit_code=_exit_code)
         except Exception:
             pass
+
+
+def files_root(dir: str | None) -> str | None:
+    """W&B's root_dir for `dir` (wandb.init's dir=, $WANDB_DIR): its absolute path, created as
+    W&B creates it; None when none was given, or (with one warning, as W&B warns) when it cannot
+    be created or read and written: the daemon's run directory then holds W&B's files (W&B would
+    fall back to the system's temporary directory)."""
+    if not dir:
+        return None
+    path = os.path.abspath(os.path.expanduser(os.fspath(dir)))
+    try:
+        os.makedirs(path, exist_ok=True)
+        ok = os.access(path, os.W_OK | os.R_OK)
+        why = f"Path {path} wasn't read/writable"
+    except OSError:
+        ok, why = False, f"Unable to create root directory {path}"
+    if not ok:
+        warnings.warn(f"telemetry.wandb: {why}: W&B's files go to the telemetry run directory instead",
+                      RuntimeWarning, stacklevel=4)
+        return None
+    return path
+
+
+def script_meta(start_time: float) -> dict:
+    """What W&B records of the process that made the run (its wandb-metadata: program, code
+    path, args, host, python, start), taken here, as W&B's settings take them in that process:
+    the program is $WANDB_PROGRAM, else __main__'s file, else "-m <module>"; its code path is
+    relative to the git root (else the working directory), None outside it."""
+    import platform
+    import socket
+
+    program = os.environ.get("WANDB_PROGRAM")
+    if program is None:
+        main = sys.modules.get("__main__")
+        spec = getattr(main, "__spec__", None)
+        if spec is not None and getattr(spec, "name", None):
+            program = f"-m {spec.name}"
+        else:
+            program = getattr(main, "__file__", None)
+    cwd = os.getcwd()
+    meta: dict[str, Any] = {"args": [str(a) for a in sys.argv[1:]], "host": socket.gethostname(),
+                            "python": f"{platform.python_implementation()} {platform.python_version()}",
+                            "executable": sys.executable, "start_time": start_time, "cwd": cwd}
+    if not program:
+        return meta
+    meta["program"] = str(program)
+    root = _git_root(cwd) or cwd
+    full = os.path.abspath(os.path.join(cwd, str(program)))
+    if os.path.exists(full):
+        meta["program_abspath"] = full
+        rel = os.path.relpath(full, root)
+        if "../" not in rel:
+            meta["program_relpath"] = rel
+    return meta
+
+
+def _git_root(start: str) -> str | None:
+    """The nearest directory at or above `start` holding `.git` (what git and W&B's GitRepo find)."""
+    d = start
+    while True:
+        if os.path.exists(os.path.join(d, ".git")):
+            return d
+        parent = os.path.dirname(d)
+        if parent == d:
+            return None
+        d = parent
 
 
 def new_run_id() -> str:

@@ -46,6 +46,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import sys
 import threading
 from pathlib import Path
 
@@ -68,6 +69,8 @@ MAX_WAITING = 10_000
 MEDIA_READER = "wandb"          # its name among the media files' readers (media_keeper.MediaFiles)
 # What a telemetry.wandb init may name, as wandb.init's keyword arguments (text; tags a list).
 INIT_KEYS = ("project", "name", "entity", "group", "notes", "job_type", "id")
+# The script's metadata W&B takes as settings (what W&B records of the process that made the run).
+META_SETTINGS = ("program", "program_relpath", "program_abspath", "host")
 SUMMARY_EVENT = "wandb/summary"
 NESTED_EVENT = "wandb/nested"
 VALUES_EVENT = "wandb/values"        # {"step": s, "values": {key: text}}: values W&B keeps that are not numbers
@@ -93,6 +96,18 @@ MAX_NESTED_DEPTH = 32
 # it still reach W&B, whose x-axis it would otherwise have pushed past all of them). A run
 # resumed at step 500k is below it; one resumed further costs one step's delay, nothing else.
 MAX_STEP_JUMP = 1_000_000
+
+
+def script_meta(meta: object) -> dict:
+    """The script process's metadata from an init's hello (telemetry/integrations/wandb_run.py:
+    script_meta), the well-typed parts only."""
+    if not isinstance(meta, dict):
+        return {}
+    out = {k: meta[k] for k in META_SETTINGS if isinstance(meta.get(k), str) and meta[k]}
+    args = meta.get("args")
+    if isinstance(args, list) and all(isinstance(a, str) for a in args):
+        out["args"] = args
+    return out
 
 
 def init_kwargs(init: dict) -> dict:
@@ -186,10 +201,22 @@ class WandbSink(Sink):
         user = self._init is not None
         # The user's run has the name the script gave, else none (W&B names it: offline, None).
         name = init.get("name") if user else self.run_name
-        self.run = wandb.init(mode=self.mode, project=init.get("project") or self.project,
-                              entity=init.get("entity") or self.entity, name=name,
-                              id=self.run_id, resume="allow", dir=str(self.log_dir), reinit="create_new",
-                              settings=wandb.Settings(silent=True, console="off", x_disable_stats=True), **kwargs)
+        meta = script_meta(self._init.get("meta")) if user else {}
+        settings = {k: meta[k] for k in META_SETTINGS if k in meta}
+        root = self._files_root(self._init.get("dir")) if user else None
+        # W&B takes the run's args from sys.argv when the run starts (no setting names them):
+        # the script's, for that moment, on this thread (nothing else in the daemon reads argv).
+        argv = sys.argv
+        if "args" in meta:
+            sys.argv = [meta.get("program") or argv[0], *meta["args"]]
+        try:
+            self.run = wandb.init(mode=self.mode, project=init.get("project") or self.project,
+                                  entity=init.get("entity") or self.entity, name=name,
+                                  id=self.run_id, resume="allow", dir=root or str(self.log_dir), reinit="create_new",
+                                  settings=wandb.Settings(silent=True, console="off", x_disable_stats=True,
+                                                          **settings), **kwargs)
+        finally:
+            sys.argv = argv
         if user:
             self._stats = _stats_writer(self.run)
         else:
@@ -206,6 +233,19 @@ class WandbSink(Sink):
         self._update_config()
         waiting, self._waiting = self._waiting, []
         self._consume(waiting)
+
+    def _files_root(self, root: object) -> str | None:
+        """The directory the script asked W&B's files to go to (its `dir`, $WANDB_DIR; the rank
+        made it), when it is an absolute path this daemon can read and write; else None (the
+        run directory), said once in the log."""
+        if root is None:
+            return None
+        if isinstance(root, str) and os.path.isabs(root) and os.path.isdir(root) \
+                and os.access(root, os.W_OK | os.R_OK | os.X_OK):
+            return root
+        log.warning("wandb: the script's W&B directory %r cannot be used by the daemon: W&B's files go to %s",
+                    str(root)[:300], self.log_dir)
+        return None
 
     def consume(self, batch: list[Out]) -> None:
         if self.run is None:
@@ -585,6 +625,20 @@ class WandbSink(Sink):
             return np.load(path, allow_pickle=False)
         if kind == "List":
             return json.loads(path.read_text())
+        if kind == "Chart":          # the script's wandb.plot call, made here with the real one
+            from telemetry.integrations.wandb_media import CHARTS, TABLE_ARG
+
+            name, doc = options.get("chart"), json.loads(path.read_text())
+            if name not in CHARTS:
+                raise ValueError(f"unknown chart {name!r}")
+
+            def arg(v):
+                if isinstance(v, dict) and isinstance(v.get(TABLE_ARG), dict):
+                    return wandb.Table(columns=v[TABLE_ARG].get("columns"), data=v[TABLE_ARG].get("data"))
+                return v
+
+            return getattr(wandb.plot, name)(*map(arg, doc.get("args") or []),
+                                             **{k: arg(v) for k, v in (doc.get("kwargs") or {}).items()})
         raise ValueError(f"unknown media type {kind!r}")
 
     def _note_hello(self, rank: int, info: dict) -> None:
