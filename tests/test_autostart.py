@@ -135,7 +135,7 @@ def test_a_script_killed_by_sigterm_is_drained_by_the_daemon_it_started(tmp_path
     # Its W&B run did not end well, and says so (W&B's exit code of a failure; before: 0).
     from wandb_offline import read_records, wait_finished
 
-    (path,) = [p for p in log_dir.glob("wandb/offline-run-*/run-*.wandb")]
+    (path,) = [p for p in tmp_path.glob("wandb/offline-run-*/run-*.wandb")]     # under $WANDB_DIR, as W&B's
     exits = [r.exit.exit_code for r in read_records(wait_finished(path)) if r.WhichOneof("record_type") == "exit"]
     assert exits == [1]
 
