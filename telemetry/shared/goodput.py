@@ -11,7 +11,9 @@ start to the last record of the last launch, into buckets that sum to it:
     productive          Σ over steps of step time - data loading - straggler wait - slow steps
     startup             first launch: process start -> its first step began (imports, model,
                         engine, data loader), less a checkpoint restore in it
-    data_loading        Σ perf/data_loading_time: what the steps waited for data
+    data_loading        Σ perf/data_loading_time: what the steps waited for data (synchronous data
+                        loading; a loader's work overlapped with compute, which Google's goodput
+                        library calls asynchronous, costs no wall time: no bucket, not measured)
     eval                Σ perf/eval_time (the trainer times its evaluation)
     checkpoint_save     Σ over saves of the slowest rank's checkpoint_saved duration_s
     checkpoint_restore  Σ over launches of the slowest rank's checkpoint_restored duration_s
@@ -30,7 +32,11 @@ start to the last record of the last launch, into buckets that sum to it:
                         once the bound is known, such an excess within it (of the last RECENT
                         steps) goes back where it was spent (a busy host that slowed one rank
                         for the run's first steps is no straggler the run's noise does not
-                        explain). A rank
+                        explain). A rank's first step beyond the bound (the step before's
+                        straggler was not it beyond the bound) is booked when the next step's
+                        straggler is the same rank beyond it too: a lone
+                        spike (a busy host deschedules one rank for a step) is the run's noise,
+                        booked where it was spent (a long one may then be a slow step). A rank
                         slow step after step leaves no noise sample (it is the step before's
                         straggler too), and its excess is booked
     slow_steps          Σ over steps of what a step's compute (its step time less data loading
@@ -302,17 +308,24 @@ class _Launch:
     # step -> (excess, its phase was data loading): booked before the noise bound was known (at
     # most recent_max, the latest), judged again against it once it is (rejudge)
     provisional: dict = field(default_factory=dict)
+    # (step, excess, data phase, rank): a rank's first step beyond the bound, booked
+    # until the next step says whether it went on (a lone spike of a busy host's is noise)
+    spike: tuple | None = None
+    last_beyond: int | None = None   # the straggler rank of the step before, where beyond the bound
 
     def sift_straggler(self, step: int, parts: tuple, values: dict, new: bool) -> tuple:
         """A step's parts with its straggler excess moved back where it came from (data loading
         for that phase, else productive) when it is within the run's own noise (module
         docstring, `straggler`); a new step's excess is a noise sample when its straggler was not
-        the step before's."""
+        the step before's. A new step settles the step before's spike."""
         excess = parts[_STRAG]
-        if excess <= 0.0:
-            return parts
         rank = values.get("perf/straggler_rank")     # (without it, nothing to judge by: booked)
         rank = int(rank) if is_number(rank) and rank == rank and abs(rank) < 1 << 31 else None
+        if excess <= 0.0:
+            if new:
+                self._settle_spike(None)
+                self.last_beyond = None
+            return parts
         data_phase = _num(values.get("perf/straggler_phase_index")) == DATA_PHASE
         recent = self.recent_strag
         if new and rank is not None:
@@ -322,7 +335,14 @@ class _Launch:
             noise = excess <= self.noise_bound
         else:
             noise = rank is not None and 2 * recent.count(rank) <= len(recent)
-        if new and rank is not None and self.last_strag is not None and rank != self.last_strag:
+        flip = new and rank is not None and self.last_strag is not None and rank != self.last_strag
+        if new:
+            beyond = rank if known and not noise else None
+            self._settle_spike(beyond)
+            if beyond is not None and beyond != self.last_beyond:
+                self.spike = (step, excess, data_phase, rank)
+            self.last_beyond = beyond
+        if flip:
             b = int(math.floor(math.log(excess) / _LOG_RATIO))
             self.noise_hist[b] = self.noise_hist.get(b, 0) + 1
             self.num_noise += 1
@@ -347,6 +367,27 @@ class _Launch:
         self.provisional.pop(step, None)
         return _unstraggle(parts, excess, data_phase)
 
+    def _settle_spike(self, rank: int | None) -> None:
+        """The step before's spike (a rank's first step beyond the bound) went on into this
+        step (its straggler `rank` again, beyond the bound): booked; else it was the run's noise,
+        a lone spike of a busy host: back where it was spent."""
+        spike, self.spike = self.spike, None
+        if spike is not None and spike[3] != rank:
+            self._unbook(spike[0], spike[1], spike[2])
+
+    def _unbook(self, step: int, excess: float, data_phase: bool) -> None:
+        """`excess` of a kept step's straggler time back where it was spent, in its parts, its
+        launch's sums and the sums at each checkpoint save since."""
+        old = self.recent.get(step)
+        if old is None or old[_STRAG] < excess:
+            return
+        delta = _add(_unstraggle(old, excess, data_phase), old, -1.0)
+        self.recent[step] = _add(old, delta)
+        self.total = _add(self.total, delta)
+        for k in self.snaps:
+            if k >= step:
+                self.snaps[k] = _add(self.snaps[k], delta)
+
     def rejudge(self) -> None:
         """The noise bound is known now: the excess booked before it (provisional) that lies
         within it goes back where it was spent, in each step's parts, its sums, and the sums at
@@ -354,15 +395,8 @@ class _Launch:
         as booked)."""
         bound = self.noise_bound
         for step, (excess, data_phase) in self.provisional.items():
-            old = self.recent.get(step)
-            if old is None or excess > bound or old[_STRAG] < excess:
-                continue
-            delta = _add(_unstraggle(old, excess, data_phase), old, -1.0)
-            self.recent[step] = _add(old, delta)
-            self.total = _add(self.total, delta)
-            for k in self.snaps:
-                if k >= step:
-                    self.snaps[k] = _add(self.snaps[k], delta)
+            if excess <= bound:
+                self._unbook(step, excess, data_phase)
         self.provisional.clear()
 
     def judge(self, parts: tuple, new: bool) -> tuple:
@@ -482,7 +516,7 @@ class _Launch:
         usable = [s for s in self.saves if (s in self.snaps or s in self.pending) and self.lo is not None
                   and s >= self.lo]
         part = replace(self, ended=True, fail_t=None, first_bye_t=None, first_gone_t=None, recent={},
-                       order=deque(), snaps={}, pending=set(), provisional={})
+                       order=deque(), snaps={}, pending=set(), provisional={}, spike=None)
         if not usable:
             part.total, part.client_s, part.saves = _ZERO, 0.0, {}
             part.hi, part.num_steps = self.lo, 1
@@ -592,7 +626,7 @@ class Ledger:
             if "rank" not in rec:
                 parts = self._parts(cur, step, t, values)
                 if parts is not None:
-                    if parts[_STRAG] > 0.0:
+                    if parts[_STRAG] > 0.0 or cur.spike is not None:
                         parts = cur.sift_straggler(step, parts, values, cur.hi is None or step > cur.hi)
                     cur.add_step(step, t, parts)
                 own = values.get(CLIENT_TIME_KEY)
