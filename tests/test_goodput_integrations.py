@@ -216,3 +216,48 @@ def test_a_lightning_fits_data_loading_and_validation_are_booked_as_timed(make_d
     assert led["steps"] == 24 and led["launches"] == 1 and led["steps_missing"] == 0, led
     _check(led, truth)
     assert led["buckets_s"]["data_loading"] >= truth["slept_s"]
+
+
+def test_an_accelerate_scripts_own_timing_values_reach_the_ledger(make_daemon):
+    """Accelerate's tracker sees only what the script logs: the perf/data_loading_time,
+    perf/step_time and perf/eval_time a script logs through `accelerator.log` (here the tracker's
+    own log, as Accelerate calls it) reach the step records by those names, and the ledger books
+    them, each step within the time between its record and the one before (a row goes out when
+    the next step is logged, W&B's rule: the last step's and an evaluation's longer than the next
+    step are booked in part)."""
+    pytest.importorskip("accelerate")
+    import time
+
+    from telemetry.integrations.accelerate import TelemetryTracker
+
+    d = make_daemon(world_size=1, config={"pollers": {"nvml_enabled": False}})
+    tracker = TelemetryTracker(project="p", name="goodput", endpoint=d.ingest)
+    tracker.start()
+    logged = {}
+    for step in range(1, 11):
+        t0 = time.perf_counter()
+        time.sleep(0.02)                           # the wait for the batch
+        wait = time.perf_counter() - t0
+        time.sleep(0.01)                           # the step's compute
+        values = {"train/loss": 1.0 / step, "perf/data_loading_time": wait, "perf/step_time": time.perf_counter() - t0}
+        if step == 5:
+            t1 = time.perf_counter()
+            time.sleep(0.01)                       # an evaluation after the step, shorter than a step
+            values["perf/eval_time"] = time.perf_counter() - t1
+        logged[step] = values
+        tracker.log(values, step=step)
+    tracker.finish()
+    d.drain()
+    recs = d.read_jsonl()
+    steps = {r["step"]: r["values"] for r in recs if r["kind"] == "metrics" and "rank" not in r}
+    for step, values in logged.items():
+        for k, v in values.items():
+            assert steps[step][k] == pytest.approx(v), (step, k)
+    led = ledger(recs)
+    b = led["buckets_s"]
+    assert led["steps"] == 10 and set(b) == set(BUCKETS), led
+    data = sum(v["perf/data_loading_time"] for v in logged.values())
+    # In part: the last step's (no record after it), the eval step's (its record's room is the next step's).
+    part = logged[10]["perf/data_loading_time"] + logged[5]["perf/data_loading_time"]
+    assert data - part - 1e-3 <= b["data_loading"] <= data + 1e-9, (b, data)
+    assert b["eval"] == pytest.approx(logged[5]["perf/eval_time"], abs=1e-3), b

@@ -17,6 +17,19 @@ instance nothing of these: the tracker reads them from the `init_trackers` call 
 `log_images` and `log_table` log a list of `wandb.Image`s and a `wandb.Table`, as Accelerate's W&B
 tracker does (the daemon's W&B sink logs the real objects).
 
+The goodput ledger (telemetry/shared/goodput.py): a tracker sees only what the script logs
+(Accelerate has no hooks for batches or evaluation, and `accelerator.log` is the script's call),
+so the ledger takes a step's time from its records' own times (the time between them), all of
+it productive. Data loading and evaluation buckets come from values the script logs with the
+step, as the repo's trainer sends them: `perf/data_loading_time` (seconds the step waited for its
+batch), `perf/step_time` (the step's own time, without its evaluation) and `perf/eval_time` (the
+evaluation after the step), e.g. `accelerator.log({"train/loss": loss, "perf/data_loading_time":
+wait_s, "perf/step_time": step_s}, step=step)`; they go through as they are named. A row goes
+out when the next step is logged (W&B's rule for `log(step=)`, which Accelerate's tracker uses),
+so its record's time is the next step's end: the ledger books each step within the time between
+its record and the one before, and the last step's, or an evaluation longer than the step after
+it, only in part.
+
 Accelerate calls trackers on the main process only (`Accelerator.log` and `init_trackers` run
 there). To send from every process, keep the tracker and call its `log` on each rank: the
 tracker starts itself on first use, and the daemon then waits for every rank at each step and
