@@ -1697,22 +1697,28 @@ def test_each_ranks_ledger_takes_the_jobs_planned_maintenance_windows():
     assert led["ranks"][0]["wall_s"] == pytest.approx(t + 1.0 - T0)
 
 
-def test_a_window_a_client_marks_with_its_events_is_excluded_in_every_ledger(make_daemon):
-    """Rank 0's client sends goodput/exclude_begin and goodput/exclude_end (client.event, as
-    `tm.exclude()` does) during the start-up of a 2-rank job, through a real daemon that writes
-    per-rank records: the job's ledger, rank 1's as well as rank 0's, and the daemon's live one
-    exclude exactly the window between the two events (at least the time slept in it)."""
+@pytest.mark.parametrize("via", ["event", "exclude"])
+def test_a_window_a_client_marks_with_its_events_is_excluded_in_every_ledger(make_daemon, via):
+    """Rank 0's client sends goodput/exclude_begin and goodput/exclude_end (client.event, or
+    `with tm.exclude(reason):`, which sends them) during the start-up of a 2-rank job, through a
+    real daemon that writes per-rank records: the job's ledger, rank 1's as well as rank 0's, and
+    the daemon's live one exclude exactly the window between the two events (at least the time
+    slept in it)."""
+    import contextlib
     import time
 
     from telemetry import TelemetryClient
 
     d = make_daemon(world_size=2, per_rank=True, config={"pollers": {"nvml_enabled": False}})
     tms = [TelemetryClient(d.ingest, rank=r) for r in (0, 1)]
-    tms[0].event("goodput/exclude_begin", {"reason": "maintenance"})
-    t0 = time.perf_counter()
-    time.sleep(0.3)
-    slept = time.perf_counter() - t0
-    tms[0].event("goodput/exclude_end", {"reason": "maintenance"})
+    with tms[0].exclude("maintenance") if via == "exclude" else contextlib.nullcontext():
+        if via == "event":
+            tms[0].event("goodput/exclude_begin", {"reason": "maintenance"})
+        t0 = time.perf_counter()
+        time.sleep(0.3)
+        slept = time.perf_counter() - t0
+        if via == "event":
+            tms[0].event("goodput/exclude_end", {"reason": "maintenance"})
     for s in range(1, 6):
         time.sleep(0.02)
         for tm in tms:
