@@ -16,6 +16,7 @@ import zmq
 
 from protocol import Bye, Event, Hello, Metrics
 from telemetry import TelemetryClient
+from telemetry.client import core
 from telemetry.shared.goodput import EXCLUDE_BEGIN, EXCLUDE_END
 from test_client import Receiver
 
@@ -43,15 +44,16 @@ def test_log_makes_no_zmq_call_on_the_callers_thread(rx, monkeypatch):
         on_caller.append(threading.get_ident() == caller)
         return original(self, *a, **k)
 
+    # Every call as if at a training loop's fast cadence (a slow loop's record is sent by the
+    # caller itself, the sender thread parked: core.DIRECT_AFTER_NS).
+    monkeypatch.setattr(core, "DIRECT_AFTER_NS", 1 << 62, raising=False)
     monkeypatch.setattr(zmq.Socket, "send", spy)
     tm = TelemetryClient(rx.endpoint, rank=0)   # its hello: sent here, before any thread exists
-    tm.log(0, {"x": 0.0})                       # the sender thread exists from here on
-    rx.recv_until(lambda r: isinstance(r, Metrics))
     del on_caller[:]
-    for step in range(1, 200):
+    for step in range(200):
         tm.log(step, {"x": float(step), "n": step})
     got = rx.recv_until(lambda r: isinstance(r, Metrics) and r.step == 199)
-    assert [r.step for r in got if isinstance(r, Metrics)] == list(range(1, 200))
+    assert [r.step for r in got if isinstance(r, Metrics)] == list(range(200))
     assert on_caller and not any(on_caller), "log() sent on the caller's thread"
     monkeypatch.undo()
     tm.close(timeout_s=5.0)
@@ -95,9 +97,36 @@ def test_a_full_queue_drops_and_counts_in_band_and_order_holds(rx, monkeypatch):
     tm.close(timeout_s=5.0)
 
 
+@pytest.mark.filterwarnings("ignore:telemetry. a row of")
+def test_a_slow_loops_record_sent_by_the_caller_still_waits_behind_a_queued_one(rx, monkeypatch):
+    # At a slow cadence log() sends itself; never past a record the sender thread still holds.
+    import telemetry.client.deferred as deferred
+
+    gate = threading.Event()
+    real_resolve = deferred.resolve
+
+    def held(job):
+        gate.wait(60)
+        return real_resolve(job)
+
+    monkeypatch.setattr(deferred, "resolve", held)
+    monkeypatch.setattr(core, "DIRECT_AFTER_NS", 0, raising=False)   # every call "slow"
+    tm = TelemetryClient(rx.endpoint, rank=0)
+    tm.log(0, {"a": 1.0})                                   # sent by the caller
+    tm.log(1, {f"w/{i}": float(i) for i in range(5000)})    # a Job, held on the sender thread
+    for step in range(2, 20):
+        tm.log(step, {"a": float(step)})
+    gate.set()
+    records = rx.recv_until(lambda r: isinstance(r, Metrics) and r.step == 19)
+    steps = [r.step for r in records if isinstance(r, Metrics)]
+    assert steps == sorted(steps) and set(steps) == set(range(20))
+    tm.close(timeout_s=5.0)
+
+
 _NO_DAEMON_SCRIPT = r"""
 import json, sys
 from telemetry import TelemetryClient
+from telemetry.client import core
 tm = TelemetryClient(sys.argv[1], linger_ms=600_000)
 for step in range(100):
     tm.log(step, {"x": float(step)})

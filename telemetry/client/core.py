@@ -37,7 +37,8 @@ import zmq
 from protocol import codec
 from protocol.constants import KIND_METRICS, PROTOCOL_VERSION, CLIENT_TIME_KEY, MAX_FRAME_BYTES, MAX_NAME_CHARS, MAX_PARTS, MAX_VALUES
 from telemetry.shared import endpoints
-from telemetry.client.deferred import DeferredSender, Job, Later, host_scalar, snapshot, wire_number
+from telemetry.client.deferred import (PARK_AFTER_IDLE_S, DeferredSender, Job, Later, host_scalar, snapshot,
+                                       wire_number)
 from telemetry.client.spans import Span, SpanRecorder
 from telemetry.client.stacks import register as register_stacks
 from telemetry.shared.stacks_file import proc_start_time, proc_started_at
@@ -64,6 +65,12 @@ _WORLD_SIZE_ENV = ("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTAS
 _NOBLOCK = zmq.NOBLOCK
 _perf_ns = time.perf_counter_ns
 _time_ns = time.time_ns
+_ZMQError = zmq.ZMQError
+# A log() call this long (or more) after the previous one, with nothing queued, sends on the
+# caller's thread; a closer one is queued for the sender thread (DeferredSender). The sender
+# parks after as long without a record: at a slower cadence it would be woken for every record,
+# a wake-up (and its empty polls before) costing the process more CPU than the send itself.
+DIRECT_AFTER_NS = int(PARK_AFTER_IDLE_S * 1e9)
 # The time this client spent inside its log() and event() calls on the caller's thread, as a
 # cumulative number of seconds (log(): sampled, OWN_TIME_STRIDE), rides along in a metrics
 # record at most once a second (the goodput ledger's telemetry bucket; the catalogue has it).
@@ -247,6 +254,8 @@ class TelemetryClient(metaclass=abc.ABCMeta):   # ABCMeta: DisabledClient regist
         self._monitor.setsockopt(zmq.LINGER, 0)
         self._monitor.setsockopt(zmq.RCVHWM, 0)    # never a full pipe: libzmq's I/O thread must not wait on it
         self._sock = self._new_socket(monitor=self._monitor)
+        self._sock_send = self._sock.send
+        self._last_log_ns = 0          # time_ns of the last log() on the fast path
         self._spans = SpanRecorder()
         # Every record goes out on this socket, sent by the sender thread (the caller's thread
         # only queues it; see log()): one pipe to the daemon, so the records arrive in the order
@@ -321,9 +330,10 @@ class TelemetryClient(metaclass=abc.ABCMeta):   # ABCMeta: DisabledClient regist
             # The common case, as few bytecodes as it can be (a training step between two calls
             # leaves every cache cold, and each one costs): one encode, one append.
             seq = self._seq
+            t = _time_ns()
             try:
                 frame = self._pack((KIND_METRICS, PROTOCOL_VERSION, self._src, self.rank, seq,
-                                    self._num_dropped + self._num_dropped_bg, _time_ns(), step, values))
+                                    self._num_dropped + self._num_dropped_bg, t, step, values))
             except (_NeedsDeferral, TypeError, ValueError, OverflowError):
                 # Tensors, a value that is no number: the slow path sorts the values out.
                 self._log_slow(step, values, None, parts)
@@ -334,17 +344,30 @@ class TelemetryClient(metaclass=abc.ABCMeta):   # ABCMeta: DisabledClient regist
                 self._log_slow(step, values, None, parts)      # a row wider than a record
                 return
             self._seq = seq + 1
-            # Queued for the sender thread, behind any record still waiting there (its tensors):
-            # no system call, no lock here (DeferredSender.submit, inlined; `_room` is 0 until its
-            # thread runs and after close, when submit() decides).
             d = self._deferred
-            if d._num_submitted - d._num_done < d._room:
-                d._num_submitted += 1
-                d._jobs.append(frame)
-                if d._parked:
-                    d._ring()
-            elif not d.submit(frame):
-                self._num_dropped += 1       # queue full or closed: counted, and said in-band
+            pending = d._num_submitted - d._num_done
+            if pending or t - self._last_log_ns < DIRECT_AFTER_NS:
+                # Queued for the sender thread, behind any record still waiting there: no system
+                # call, no lock here (DeferredSender.submit, inlined; `_room` is 0 until its
+                # thread runs and after close, when submit() decides).
+                self._last_log_ns = t
+                if pending < d._room:
+                    d._num_submitted += 1
+                    d._jobs.append(frame)
+                    if d._parked:
+                        d._ring()
+                elif not d.submit(frame):
+                    self._num_dropped += 1       # queue full or closed: counted, and said in-band
+                return
+            # A step this long after the previous one, nothing queued: the sender thread has
+            # parked, and waking it would cost more CPU than the send it would do, so the send
+            # is done here, as by the thread (it touches the socket only while it has items).
+            self._last_log_ns = t
+            try:
+                self._sock_send(frame, _NOBLOCK)
+                self._num_sent += 1
+            except _ZMQError:  # Again: queue full or no daemon; anything else: closed
+                self._num_dropped += 1
         finally:
             if t0:
                 self._own_ns += (_perf_ns() - t0) * OWN_TIME_STRIDE
@@ -493,11 +516,10 @@ class TelemetryClient(metaclass=abc.ABCMeta):   # ABCMeta: DisabledClient regist
                                  f"stats()['skipped_values'])", stacklevel=5)
 
     def _send_frame(self, frame: bytes) -> None:
-        """Queue a ready frame for the sender thread; before that thread exists (the hello at
-        start-up, in a process that has not logged yet), send it here: a thread costs start-up
-        time that a client which never logs need not pay. Once it exists the socket is its."""
+        """Send a ready frame (a hello, an event: rare), or queue it behind the records that wait
+        for the sender thread (which touches the socket only while it has items)."""
         d = self._deferred
-        if d._thread is not None or d._num_submitted:
+        if d.pending():
             if not d.submit(frame):
                 self._num_dropped += 1
             return

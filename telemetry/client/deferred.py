@@ -36,11 +36,11 @@ POLL_INTERVAL_S = 0.002
 # emit -> subscriber budget is 20 ms), and ~10 wake-ups (~µs each, a GIL hand-over each in a
 # training thread that runs Python) per record at a step of 100 ms.
 MAX_POLL_INTERVAL_S = 0.010
-# After this long without a record the thread parks, and the next record wakes it: a lock
-# release on the caller's thread, a system call that wakes a thread (~10 µs on a loaded box with
-# cold caches, more than the rest of log()), so only a loop that logs less than once a second
-# pays it, once per record.
-PARK_AFTER_IDLE_S = 1.0
+# After this long without a record the thread parks; the next item queued wakes it (a lock
+# release: a system call that wakes a thread, which on a busy machine may pre-empt the caller).
+# The client sends a record logged this long after the previous one itself, so a loop this slow
+# leaves the thread parked (TelemetryClient.log: DIRECT_AFTER_NS).
+PARK_AFTER_IDLE_S = 0.02
 
 def host_scalar(v: Any) -> float | int:
     """A host value (numpy scalar, bool, Decimal ...) as a wire number; never called on a tensor."""
@@ -250,8 +250,8 @@ class DeferredSender:
     POLL_INTERVAL_S right after a record, the period doubling with each empty poll up to
     MAX_POLL_INTERVAL_S, and sends what came meanwhile as one batch (one wake-up of this thread
     and of ZeroMQ's I/O thread per batch, not per record). After PARK_AFTER_IDLE_S without a
-    record it parks on a lock that the next record releases: a loop that logs at least once a
-    second never pays a wake-up; one that logs less often pays one per record.
+    record it parks on a lock that the next item queued releases. (The client does not queue
+    the record of a loop slower than that, but sends it itself: see TelemetryClient.log.)
 
     Bounded: at most `max_queued` items wait here (of them at most `max_jobs` Jobs, which hold
     pinned buffers while a device is stalled); past that submit() refuses and the caller counts
