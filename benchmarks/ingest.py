@@ -213,7 +213,7 @@ def bench_pipeline(endpoint: str, pub_ep: str, control_ep: str, log_dir: Path, r
             "main_thread_cpu_us_per_record_ingest": cpu_main / total * 1e6,
             "cpu_us_per_record_written": cpu_written / total * 1e6,
             "steps_written": d.aggregator.num_steps_out, "jsonl_lines": jsonl.sink.num_lines,
-            "mfu_computed": "perf/mfu" in ((d._latest_step or {}).get("values") or {}),
+            "mfu_computed": "perf/mfu" in ((d.steps.latest or {}).get("values") or {}),
             "malformed": rx.num_malformed, "lost": rx.totals()["records_lost"] + (intake.num_shed if intake else 0),
             "sink_dropped": sum(r.num_dropped for r in d.runners), "rc": rc}
 

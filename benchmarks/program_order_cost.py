@@ -1,5 +1,5 @@
 """What putting each client's records back in its own order costs the daemon's ingest
-(telemetry/daemon/core.py: _in_program_order), per record of a batch that holds other kinds than
+(telemetry/daemon/stages/rare.py: in_program_order), per record of a batch that holds other kinds than
 metrics (a batch of metrics alone skips it). Batches of 4,096 decoded records from 8 clients,
 an event every 64th record: in order (the usual case: one pass, no sort), and with one client's
 tensor-valued record read before the event it followed (the pass, then a sort of that client's
@@ -14,7 +14,7 @@ import statistics
 import time
 
 from protocol import decode, encode_event, encode_metrics
-from telemetry.daemon.core import _in_program_order
+from telemetry.daemon.stages.rare import in_program_order as _in_program_order
 
 N, CLIENTS = 4096, 8
 

@@ -223,7 +223,7 @@ def test_a_backlog_beyond_the_ingest_share_is_shed_and_counted_exactly(tmp_path)
         shed = st.get("records_shed_at_intake", 0)
         assert shed > 0, (num, st["records_in"], st["memory"])
         assert st["records_in_by_kind"]["hello"] == 2 and st["records_in_by_kind"]["bye"] == 1
-        assert st["memory"]["shed"]["hellos_cut_at_intake"] == 1 and st["intake"]["hellos_cut"] == 1
+        assert st["memory"]["shed"]["hellos_cut_at_intake"] == 1 and st["intake"]["hellos_cut_at_intake"] == 1
         assert st["per_rank"]["0"]["open"] == 1         # src 9 said bye; src 10 (a hello only) is open
         # What was taken in went on: one step each (world 1). Which ones: the frames that fitted
         # when each turn read ahead, so not a contiguous range; every one of them once.

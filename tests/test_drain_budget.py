@@ -11,10 +11,12 @@ from types import SimpleNamespace
 import zmq
 
 from protocol import Bye, codec
-from telemetry.daemon import loops, shutdown
+from telemetry.daemon import loops
 from telemetry.daemon.intake import Intake
 from telemetry.daemon.receiver import Receiver
 from telemetry.daemon.self_report import Losses
+from telemetry.daemon.stages import receive
+from telemetry.daemon.stages.receive import ReceiveStage
 
 COUNT_S = 20e-6          # a frame's header read and accounted, on the loaded box
 PROCESS_S = 200e-6       # a frame decoded, aggregated and handed on
@@ -62,28 +64,28 @@ def _daemon(clock: Clock, monkeypatch) -> SimpleNamespace:
     pull = Socket(clock)
     intake = Intake(None, 1 << 40, loops.read_frames_upto, receiver.unread_headers,
                     recv=lambda: pull.recv(zmq.NOBLOCK))
-    d = SimpleNamespace(receiver=receiver, intake=intake, pull=pull, losses=Losses(), batch_frames=1024,
-                        aggregator=SimpleNamespace(pending={}, num_steps_out=0, flush=list))
-    d.hand_out = d.take_inbox = lambda: None
-    d.emit_steps = lambda accs: None
+    losses = Losses()
+    stage = ReceiveStage(pull, receiver, intake, losses)
+    d = SimpleNamespace(receiver=receiver, intake=intake, pull=pull, losses=losses, stage=stage)
 
-    def ingest(max_frames: int) -> int:
+    def process() -> int:
         intake.fill()
-        recs, _, n = receiver.take(intake.pop, IndexError, max_frames)
-        intake.taken(n, receiver.batch_bytes)
+        frames, num_bytes = intake.take_batch(1024)
+        recs, _ = receiver.accept(frames, num_bytes)
         for rec in recs:
             if type(rec) is Bye:
                 receiver.note_bye(rec.src)
-        clock.t += PROCESS_S * n
-        return n
+        clock.t += PROCESS_S * len(frames)
+        return len(frames)
 
-    d.ingest = ingest
+    stage.downstream = SimpleNamespace(process=process, num_open_steps=lambda: 0, num_steps_out=lambda: 0,
+                                       flush_open=lambda: None)
     return d
 
 
 def test_a_backlog_too_big_to_count_in_time_is_accounted_exactly_by_the_deadline(monkeypatch):
     clock = Clock()
-    monkeypatch.setattr(shutdown, "time", clock)
+    monkeypatch.setattr(receive, "time", clock)
     d = _daemon(clock, monkeypatch)
     num_clients, n = 4, 70_000
     sent = {}
@@ -112,11 +114,11 @@ def test_a_backlog_too_big_to_count_in_time_is_accounted_exactly_by_the_deadline
     d.intake.num_bytes = sum(map(len, d.intake._q))
     timeout_s = 3.0
     start = clock.t
-    # As shutdown.run calls it, its share for processing spent: counted up to halfway to the end.
-    # What is read ahead alone (128k frames at COUNT_S: 2.6 s) takes longer than that.
-    deadline = start + timeout_s * (1 + shutdown.INTAKE_SHARE) / 2
-    shutdown.drain_intake(d, start, deadline)
-    assert clock.t <= deadline + COUNT_S * shutdown.COUNT_BATCH + 0.05, clock.t - start   # one turn late at most
+    # As the stage's drain calls it, its share for processing spent: counted up to 0.8 of the
+    # time. What is read ahead alone (128k frames at COUNT_S: 2.6 s) takes longer than that.
+    deadline = start + timeout_s * ReceiveStage.drain_share * receive.COUNT_SHARE
+    d.stage.drain_intake(start, deadline)
+    assert clock.t <= deadline + COUNT_S * receive.COUNT_BATCH + 0.05, clock.t - start   # one turn late at most
     t = d.losses.totals(d.receiver, d.intake)
     assert t["records_unread_at_drain"] > 0 and t["sources_open_at_drain"] == 0, t
     assert t["records_in"] + t["records_lost"] == sum(sent.values()), t
@@ -150,13 +152,13 @@ def test_a_rank_first_met_in_the_drain_is_read_on_for_its_bye(monkeypatch):
     backlog, must still be read on for past the count's deadline, like theirs (it was not: the
     drain stopped once the others' byes were in, and its tail went uncounted, in no counter)."""
     clock = Clock()
-    monkeypatch.setattr(shutdown, "time", clock)
+    monkeypatch.setattr(receive, "time", clock)
     d = _daemon(clock, monkeypatch)
     sent = _late_rank(d, clock, 2_000, 60_000)
     start = clock.t
     # Its 60k frames take 1.2 s to count: past the count's deadline, well before the last call.
-    shutdown.drain_intake(d, start, start + 0.5, start + 3.0)
-    assert clock.t <= start + 3.0 + COUNT_S * shutdown.COUNT_BATCH + 0.05, clock.t - start
+    d.stage.drain_intake(start, start + 0.5, start + 3.0)
+    assert clock.t <= start + 3.0 + COUNT_S * receive.COUNT_BATCH + 0.05, clock.t - start
     t = d.losses.totals(d.receiver, d.intake)
     assert t["records_in"] + t["records_lost"] == sum(sent.values()), t
     for src, s in d.receiver.sources.items():
@@ -169,13 +171,13 @@ def test_a_bye_the_drain_cannot_reach_leaves_its_rank_open_and_named(monkeypatch
     not hidden: the rank is open in per_rank and named in the log with its last seq, and its
     window up to that seq is accounted exactly (everything else adds up)."""
     clock = Clock()
-    monkeypatch.setattr(shutdown, "time", clock)
+    monkeypatch.setattr(receive, "time", clock)
     d = _daemon(clock, monkeypatch)
     sent = _late_rank(d, clock, 2_000, 120_000)
     start = clock.t
     with caplog.at_level("INFO", logger="telemetry.daemon"):
-        shutdown.drain_intake(d, start, start + 0.5, start + 1.5)
-    assert clock.t <= start + 1.5 + COUNT_S * shutdown.COUNT_BATCH + 0.05, clock.t - start
+        d.stage.drain_intake(start, start + 0.5, start + 1.5)
+    assert clock.t <= start + 1.5 + COUNT_S * receive.COUNT_BATCH + 0.05, clock.t - start
     late = d.receiver.sources[7003]
     assert not late.bye and late.min_seq == 0 and 0 < late.max_seq < 120_000, late
     assert d.receiver.per_rank()[3]["open"] == 1

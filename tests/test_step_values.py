@@ -1,4 +1,4 @@
-"""Each closed step's values dict from the reduced columns (`loops.step_values`): keys in the
+"""Each closed step's values dict from the reduced columns (`aggregator.step_values`): keys in the
 step's own order and the reduced values themselves, for batches whose steps share their names
 (the usual case, a faster path) and batches whose steps do not. It has no C twin since issue 28
 item 6: the twin bought 5 % of ingest, under the 10 % a C loop needs to keep its place."""
@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from telemetry.daemon import hotpath, loops
+from telemetry.daemon.aggregator import step_values as _step_values
 
 NAMES = ("train/loss", "perf/tokens", "perf/step_time", "a", "b", "c")
 
@@ -32,7 +33,7 @@ def reduced_batches(draw):
 @given(reduced_batches())
 def test_step_values_gives_each_steps_own_names_and_the_reduced_values(batch):
     names, reduced = batch
-    got = loops.step_values(names, reduced)
+    got = _step_values(names, reduced)
     assert len(got) == len(names)
     for i, (g, step_names) in enumerate(zip(got, names)):
         assert list(g) == list(step_names)
@@ -41,7 +42,7 @@ def test_step_values_gives_each_steps_own_names_and_the_reduced_values(batch):
 
 def test_step_values_cases():
     reduced = {"a": [1, 2, 3], "b": [None, 2.5, -0.0]}
-    step_values = loops.step_values
+    step_values = _step_values
     assert step_values([("a", "b"), ("b", "a"), ("a",)], reduced) == [{"a": 1, "b": None}, {"b": 2.5, "a": 2}, {"a": 3}]
     assert list(step_values([("b", "a")] * 3, reduced)[2]) == ["b", "a"]
     assert step_values([], {}) == []

@@ -35,7 +35,6 @@ from collections import OrderedDict, deque
 from protocol.output import MetricsRecord
 from telemetry.daemon import hotpath
 from telemetry.daemon.config import AggregatorConfig
-from telemetry.daemon.loops import step_values
 from telemetry.daemon.reductions import RANK_RULES, Reducer
 from telemetry.daemon.steps import StepBatch
 from telemetry.daemon.world import World
@@ -250,3 +249,13 @@ class Aggregator:
             self.last_step = max(self.last_step, max(batch.steps))
         self.num_steps_out += len(accs)
         return recs
+
+
+def step_values(names: list[tuple], reduced: dict[str, list]) -> list[dict]:
+    """Each step's values dict from the reduced columns (every name of every step has its
+    column in `reduced`, one value per step), its metrics in its own order."""
+    first = names[0] if names else ()
+    if first and names.count(first) == len(names):     # every step has the same metrics (the usual case)
+        rows = zip(*[reduced[name] for name in first])
+        return [dict(zip(first, row)) for row in rows]
+    return [{name: reduced[name][i] for name in step_names} for i, step_names in enumerate(names)]

@@ -2,9 +2,8 @@
 
 A bye travels on a connection of its own (telemetry/client/core.py close) and may arrive before
 the last records of its client. Its record goes out once they are all in, or once none of them
-has come for BYE_HOLD_S (a daemon loaded behind a flood takes them in for longer than a fixed
-hold: issue 27, a loaded run's bye written before 2 s of its records), or after BYE_HOLD_MAX_S
-in all. The forensics stage knows of the bye when it arrives, held or not (core.py).
+has come for BYE_HOLD_S (a daemon loaded behind a flood takes them in for longer than any fixed
+hold would allow: a bye written before its client's last records), or after BYE_HOLD_MAX_S in all. The forensics stage knows of the bye when it arrives, held or not (core.py).
 """
 from __future__ import annotations
 

@@ -2,8 +2,8 @@
 
 setup.py builds the C extension when the install finds a C compiler; without one (or with
 TELEMETRY_PURE_PYTHON=1 in the environment) the receiver and the aggregator run loops.py,
-which gives the same results at 60-70 % of the records per second (benchmarks/ingest.py on the
-2-core dev box). `telemetry status` says which one runs. Both have the same functions with the
+which gives the same results, more slowly (benchmarks/ingest.py measures by how much:
+benchmarks/RESULTS.md). `telemetry status` says which one runs. Both have the same functions with the
 same signatures (TWINS below); loops.py is their definition. An extension built from an older
 _hotpath.c that lacks one of them counts as not built (rebuild: `python setup.py build_ext --inplace`).
 """
@@ -20,7 +20,7 @@ def chosen_python() -> bool:
 
 
 # The functions each of the two has (loops.py's docstring says what they compute).
-# (read_frames, tally and step_values have none any more: benchmarks/c_loops_worth.py, RESULTS.md.)
+# (A loop without a C twin lives with its user: tally in receiver.py, step_values in aggregator.py.)
 TWINS = ("read_frames_upto", "gather", "reduce_column", "rate_sums", "phase_straggler")
 
 native = None

@@ -31,7 +31,11 @@ import zmq
 
 from protocol.codec import peek_header
 from protocol.constants import KIND_HELLO, KIND_METRICS
-from telemetry.daemon.memory import HELLO_INFO_MAX_BYTES, HELLO_INFO_OVER_BUDGET_BYTES
+from telemetry.daemon.memory import HELLO_INFO_MAX_BYTES, HELLO_INFO_OVER_BUDGET_BYTES, Shed
+
+# The counters' names, the same in status (top level and intake), memory.shed and the daemon record.
+SHED_KIND = "records_shed_at_intake"
+HELLOS_CUT_KIND = "hellos_cut_at_intake"
 
 # A frame held in the queue costs its bytes plus a bytes object's header (33 B) and its slot in
 # the deque (8 B), rounded up.
@@ -133,10 +137,12 @@ class Intake:
     IndexError) and taken() what was popped, so that the queue's byte count stays exact."""
 
     def __init__(self, sock: zmq.Socket, max_bytes: int, read_frames: Callable,
-                 unread: Callable[[list], None], recv: Callable[[], bytes] | None = None) -> None:
+                 unread: Callable[[list], None], recv: Callable[[], bytes] | None = None,
+                 shed: Shed | None = None) -> None:
         self.max_bytes = max_bytes
         self._read_frames = read_frames        # loops.read_frames_upto or its C twin
         self._unread = unread                  # Receiver.unread_headers: account shed frames
+        self._shed = shed if shed is not None else Shed()   # the memory budget's count of what is shed
         self._q: collections.deque[bytes] = collections.deque()
         self.pop = self._q.popleft
         self.num_bytes = 0                     # held now, with FRAME_OVERHEAD_BYTES each
@@ -200,6 +206,8 @@ class Intake:
         self.num_bytes = self.max_bytes - room
         if shed:
             self.num_shed += len(shed)
+            self._shed.add(SHED_KIND, len(shed), "frames beyond the ingest share, read ahead of a busy pipeline, "
+                           "are shed (and counted lost)")
             self._unread(shed)
 
     def _cut_hello(self, frame: bytes, limit: int) -> bytes:
@@ -212,6 +220,8 @@ class Intake:
         if out is None or out is frame:
             return frame
         self.num_hellos_cut += 1
+        self._shed.add(HELLOS_CUT_KIND, 1, "hellos with an info bigger than is kept (64 KiB of JSON) are cut as "
+                       "they are read, to their scalars when beyond the ingest share")
         return out
 
     def taken(self, num_frames: int, num_bytes: int) -> None:
@@ -251,6 +261,20 @@ class Intake:
         self.num_bytes -= sum(map(len, out)) + FRAME_OVERHEAD_BYTES * len(out)
         return out
 
+    def take_batch(self, max_frames: int) -> tuple[list, int]:
+        """The daemon's batch: up to `max_frames` frames from the head of the queue, and their
+        lengths' sum."""
+        q = self._q
+        if max_frames >= len(q):
+            frames = list(q)
+            q.clear()
+        else:
+            popleft = q.popleft
+            frames = [popleft() for _ in range(max_frames)]
+        num_bytes = sum(map(len, frames))
+        self.num_bytes -= num_bytes + FRAME_OVERHEAD_BYTES * len(frames)
+        return frames, num_bytes
+
     def take(self, max_frames: int) -> list:
         """Up to `max_frames` frames from the head of the queue (the drain counts what it cannot
         process a bounded batch at a time, so that it sees its deadline between batches)."""
@@ -283,5 +307,5 @@ class Intake:
     def stats(self) -> dict:
         return {"queued": len(self._q), "held_mb": round(self.num_bytes / 2**20, 1),
                 "peak_mb": round(self.peak_bytes / 2**20, 1), "max_mb": round(self.max_bytes / 2**20, 1),
-                "shed_frames": self.num_shed, "shed_mb": round(self.bytes_shed / 2**20, 1),
-                "hellos_cut": self.num_hellos_cut}
+                SHED_KIND: self.num_shed, "shed_mb": round(self.bytes_shed / 2**20, 1),
+                HELLOS_CUT_KIND: self.num_hellos_cut}

@@ -4,19 +4,18 @@ Each function here has a twin of the same name and signature in the optional C e
 (`telemetry/daemon/_hotpath.c`); `hotpath.loops` is whichever runs. They are leaves: plain
 inputs in (frames, decoded records, the records of closed steps), plain values out; they keep
 no state, read no attribute of any class of ours but the records' fields, and know no metric
-name. tests/test_hotpath.py keeps the twins equal on random input, value by value.
+name. tests/test_hotpath.py keeps the twins equal on random input, value by value. This module
+holds exactly the twins (hotpath.TWINS); a loop without a C twin lives with its user.
 
     read_frames_upto(next_frame, empty, max_frames, max_bytes) -> (list[bytes], their bytes)
     gather(groups) -> (ranks, t_ns, names, columns)
-    reduce_column(column, op) -> values       (defined in reductions.py, with the column functions)
+    reduce_column(column, op) -> values
     rate_sums(counts, times) -> rates
     phase_straggler(columns, step_times, ranks, values, floor_fraction, keys) -> None
 
-These have no C twin any more, each under issue 28's bar of 10 % of ingest for a C loop's place
-(benchmarks/c_loops_worth.py, RESULTS.md): step_values(names, reduced) -> list[dict] (5 %);
-read_frames(next_frame, empty, max_frames) -> list[bytes] and tally(recs, metrics_type,
-bye_type, good_names) -> (all_metrics, num_byes, per_src, unknown) (2026-11-28: three runs,
-tally +9.7, +9.3, +6.3 %, read_frames +13.3, -1.7, +1.8 %).
+reduce_column is defined in reductions.py, beside the column functions it dispatches to (one
+definition of each reduction, which the per-value path uses too), and named here so that this
+module and the C extension offer the same set.
 """
 from __future__ import annotations
 
@@ -26,21 +25,6 @@ from typing import Callable
 
 from telemetry.daemon.reductions import reduce_column  # noqa: F401  (one of the twins)
 from telemetry.shared.numbers import EXACT_INT_LIMIT
-
-# One row of tally's per-source accounting: (src, rank, count, min_seq, dropped_at_min, max_seq, max_dropped).
-SrcRow = tuple[int, int, int, int, int, int, int]
-
-
-def read_frames(next_frame: Callable[[], bytes], empty: type[BaseException], max_frames: int) -> list:
-    """Call next_frame() until it raises `empty` or max_frames frames were read."""
-    frames = []
-    for _ in range(max_frames):
-        try:
-            frames.append(next_frame())
-        except empty:
-            break
-    return frames
-
 
 def read_frames_upto(next_frame: Callable[[], bytes], empty: type[BaseException], max_frames: int,
                      max_bytes: int) -> tuple[list, int]:
@@ -59,42 +43,6 @@ def read_frames_upto(next_frame: Callable[[], bytes], empty: type[BaseException]
         frames.append(frame)
         total += len(frame)
     return frames, total
-
-
-def tally(recs: list, metrics_type: type, bye_type: type,
-          good_names: dict) -> tuple[bool, int, list[SrcRow], list[int]]:
-    """The receiver's accounting of a batch of decoded records.
-
-    Returns whether every record is a metrics record; how many are byes; per source (`src`), in
-    order of first appearance, (src, rank, count, min_seq, dropped_at_min, max_seq,
-    max_dropped) over the batch, where min_seq and dropped_at_min come from the first record
-    with the lowest seq; and the indexes of the metrics records whose key set is not in
-    `good_names` yet (their names are unchecked: the caller checks them and tallies again).
-    """
-    all_metrics = True
-    num_byes = 0
-    unknown: list[int] = []
-    per_src: dict[int, list] = {}
-    for i, rec in enumerate(recs):
-        if type(rec) is metrics_type:
-            if tuple(rec.values) not in good_names:
-                unknown.append(i)
-        else:
-            all_metrics = False
-            if type(rec) is bye_type:
-                num_byes += 1
-        row = per_src.get(rec.src)
-        if row is None:
-            per_src[rec.src] = [rec.src, rec.rank, 1, rec.seq, rec.dropped, rec.seq, rec.dropped]
-            continue
-        row[2] += 1
-        if rec.seq < row[3]:
-            row[3], row[4] = rec.seq, rec.dropped
-        if rec.seq > row[5]:
-            row[5] = rec.seq
-        if rec.dropped > row[6]:
-            row[6] = rec.dropped
-    return all_metrics, num_byes, [tuple(row) for row in per_src.values()], unknown
 
 
 def gather(groups: list[list]) -> tuple[list[tuple], list[int], list[tuple], dict[str, list]]:
@@ -168,17 +116,6 @@ def _positive_finite(x) -> bool:
     if type(x) is float:
         return 0.0 < x < _INF
     return type(x) is int and 0 < x <= _EXACT_INT_LIMIT
-
-
-def step_values(names: list[tuple], reduced: dict[str, list]) -> list[dict]:
-    """Each step's values dict from the reduced columns (every name of every step has its
-    column in `reduced`, one value per step), its metrics in its own order. (No C twin: the
-    module docstring.)"""
-    first = names[0] if names else ()
-    if first and names.count(first) == len(names):     # every step has the same metrics (the usual case)
-        rows = zip(*[reduced[name] for name in first])
-        return [dict(zip(first, row)) for row in rows]
-    return [{name: reduced[name][i] for name in step_names} for i, step_names in enumerate(names)]
 
 
 def phase_straggler(columns: list, step_times: list | None, ranks: list, values: list,

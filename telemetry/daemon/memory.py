@@ -200,7 +200,7 @@ class Shed:
 
     counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(
         ("recent_batches", "recent_records", "hellos_truncated", "metric_values", "steps_closed_early",
-         "ingest_frames", "hellos_cut_at_intake"), 0))
+         "records_shed_at_intake", "hellos_cut_at_intake"), 0))
     _logged: set = field(default_factory=set)
 
     def add(self, kind: str, n: int, why: str) -> None:

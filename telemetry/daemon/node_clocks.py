@@ -2,7 +2,7 @@
 
 Every time in a record is the sender's wall clock. One node of a job 5 minutes ahead made the
 head's steps 5 minutes late (a step's time is the latest of its records': aggregator), and the
-goodput ledger counted 300 s of start-up in a 10 s run (issue 33 item 3, measured). A head compares
+goodput ledger counted those minutes as start-up. A head compares
 each node's clock with its own on the records a node sends as soon as it makes them: its hellos
 (at start and on each connect) and its daemon's heartbeat events (`node_daemon`, `group_daemon`,
 every few seconds). For such a record, t - (when the head takes it in) = the node's offset - the

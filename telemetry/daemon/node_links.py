@@ -2,8 +2,7 @@
 without the node's goodbye.
 
 A node daemon SIGKILLed, or its host gone, stops sending; the head's steps then wait for it up to
-`aggregator.step_timeout_s` (10 s) and the liveness rule names it after `rank_missing_steps` more
-(11 s at 128 nodes, 1 step/s: issue 33 asks for 10). Its link says so at once: the kernel closes a
+`aggregator.step_timeout_s` and the liveness rule names it only after `rank_missing_steps` more. Its link says so at once: the kernel closes a
 killed process's connections (a FIN the head reads within milliseconds), and the head's ZMTP
 heartbeats (REMOTE_HEARTBEAT_*) close the link of a host that went silent (powered off,
 partitioned, a node daemon stopped). The head's connection watch (security/watch.py) passes each

@@ -22,8 +22,7 @@ from protocol.clean import clean
 from protocol.codec import check_names, decode_header, decoder_parts, peek_headers
 from protocol.constants import KIND_BYE, KIND_METRICS, MAX_NAME_CHARS
 from telemetry.daemon import hotpath
-# No C twin for these any more (benchmarks/c_loops_worth.py: under 10 % of ingest, issue 28's bar).
-from telemetry.daemon.loops import read_frames, tally
+from telemetry.daemon import loops as python_loops
 
 log = logging.getLogger("telemetry.receiver")
 
@@ -78,10 +77,50 @@ class SourceStats:
         return self.lost() - self.dropped_in_window()
 
 
+# One row of tally's per-source accounting: (src, rank, count, min_seq, dropped_at_min, max_seq, max_dropped).
+SrcRow = tuple[int, int, int, int, int, int, int]
+
+
+def tally(recs: list, metrics_type: type, bye_type: type,
+          good_names: dict) -> tuple[bool, int, list[SrcRow], list[int]]:
+    """The receiver's accounting of a batch of decoded records.
+
+    Returns whether every record is a metrics record; how many are byes; per source (`src`), in
+    order of first appearance, (src, rank, count, min_seq, dropped_at_min, max_seq,
+    max_dropped) over the batch, where min_seq and dropped_at_min come from the first record
+    with the lowest seq; and the indexes of the metrics records whose key set is not in
+    `good_names` yet (their names are unchecked: the caller checks them and tallies again).
+    """
+    all_metrics = True
+    num_byes = 0
+    unknown: list[int] = []
+    per_src: dict[int, list] = {}
+    for i, rec in enumerate(recs):
+        if type(rec) is metrics_type:
+            if tuple(rec.values) not in good_names:
+                unknown.append(i)
+        else:
+            all_metrics = False
+            if type(rec) is bye_type:
+                num_byes += 1
+        row = per_src.get(rec.src)
+        if row is None:
+            per_src[rec.src] = [rec.src, rec.rank, 1, rec.seq, rec.dropped, rec.seq, rec.dropped]
+            continue
+        row[2] += 1
+        if rec.seq < row[3]:
+            row[3], row[4] = rec.seq, rec.dropped
+        if rec.seq > row[5]:
+            row[5] = rec.seq
+        if rec.dropped > row[6]:
+            row[6] = rec.dropped
+    return all_metrics, num_byes, [tuple(row) for row in per_src.values()], unknown
+
+
 def tally_headers(headers: list) -> tuple[list, list[int]]:
     """Frames' headers (peek_header's tuples; None: no header, skipped) as the receiver accounts
     them: one row per source (src, rank, count, min_seq, dropped_at_min, max_seq, max_dropped),
-    as loops.tally makes for decoded records, and the srcs of the byes among them. One pass and
+    as tally makes for decoded records, and the srcs of the byes among them. One pass and
     one row a source, not one a frame: a drain counts what it cannot process at the cost of
     reading the headers."""
     per_src: dict[int, list] = {}
@@ -117,7 +156,8 @@ def _value_reason(name, value) -> str | None:
 
 
 class Receiver:
-    def __init__(self, loops=hotpath.loops) -> None:
+    def __init__(self, loops=hotpath.loops, names=None) -> None:
+        """names: a memory.NameCatalogue (new metric names beyond its cap are shed), or None."""
         self.loops = loops          # loops.py or its C twin (hotpath.loops); same results: the intake's
                                     # read_frames_upto, and `status` says which
         self.sources: dict[int, SourceStats] = {}
@@ -131,21 +171,16 @@ class Receiver:
         self.values_refused: dict[str, int] = {}
         self._refused_rows: list[tuple] = []   # malformed frames' headers: received all the same
         self.had_predecessor = False   # restore()d: a daemon ran on this log directory before
-        self.names = None              # a memory.NameCatalogue: new names beyond its cap are shed
+        self.names = names
         self.batch_bytes = 0           # the last batch's frames, in bytes (the memory budget's measure)
         self._mark_no = 0             # marks of progress taken (mark_progress), for open_live
 
-    def take(self, next_frame: Callable[[], bytes], empty: type[BaseException],
-             max_frames: int) -> tuple[list, bool, int]:
-        """Read up to `max_frames` frames with next_frame() (until it raises `empty`), then
-        decode, validate and account each (frames are bounded by the socket's MAXMSGSIZE).
-
-        Returns the valid records in order, whether they are all metrics records, and how many
-        frames were read. The daemon's hot path: the frames are read in one call, decoded in
-        one loop, accounted in one call (loops.tally).
-        """
-        frames = read_frames(next_frame, empty, max_frames)
-        self.batch_bytes = sum(map(len, frames))
+    def accept(self, frames: list, num_bytes: int) -> tuple[list, bool]:
+        """Decode, validate and account a batch of frames (bounded by the socket's MAXMSGSIZE;
+        `num_bytes`: their lengths' sum). Returns the valid records in order and whether they
+        are all metrics records. The daemon's hot path: decoded in one loop, accounted in one
+        call (tally)."""
+        self.batch_bytes = num_bytes
         malformed_before = self.num_malformed
         try:
             recs, all_metrics, num_byes, per_src = self._check(frames)
@@ -153,14 +188,32 @@ class Receiver:
             self.num_malformed = malformed_before + len(frames)
             log.error("a batch of %d frames raised %r in the receiver; counted as malformed",
                       len(frames), exc, exc_info=exc)
-            return [], True, len(frames)
+            return [], True
         self._account(per_src)
         if self._refused_rows:
             self._account(self._refused_rows, refused=True)
             self._refused_rows = []
         self.num_byes += num_byes
         self.num_in += len(recs)
+        return recs, all_metrics
+
+    def take(self, next_frame: Callable[[], bytes], empty: type[BaseException],
+             max_frames: int) -> tuple[list, bool, int]:
+        """`accept` for up to `max_frames` frames read with next_frame() (until it raises
+        `empty`): (records, all metrics?, frames read). For frames that are not in a list
+        already (tests, benchmarks); the daemon's receiver stage hands `accept` its batch."""
+        frames = []
+        for _ in range(max_frames):
+            try:
+                frames.append(next_frame())
+            except empty:
+                break
+        recs, all_metrics = self.accept(frames, sum(map(len, frames)))
         return recs, all_metrics, len(frames)
+
+    def loops_name(self) -> str:
+        """Which inner loops this receiver runs: "python" (loops.py) or "c" (hotpath.py)."""
+        return "python" if self.loops is python_loops else "c"
 
     def unread(self, frames: list) -> None:
         """Frames read off the socket but never processed (the drain deadline, or shed at intake:

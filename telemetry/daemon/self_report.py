@@ -22,16 +22,18 @@ import logging
 import os
 import time
 
-from protocol.output import DaemonRecord
-from telemetry.daemon import loops as python_loops
+from typing import TYPE_CHECKING
+
+from protocol.output import DaemonRecord, MetricsRecord
 from telemetry.daemon.goodput_stage import daemon_values as goodput_values
+from telemetry.daemon.intake import SHED_KIND
 from telemetry.shared.catalogue import CATALOGUE
+
+if TYPE_CHECKING:
+    from telemetry.daemon.core import Daemon
 
 log = logging.getLogger("telemetry.daemon")
 
-# Stages that analyse the stream rather than write it (their own threads, like sinks): what
-# they skip under a backlog is analysis skipped (telemetry/diagnosis_skipped), not output lost.
-ANALYSIS_STAGES = frozenset({"diagnosis", "forensics", "goodput"})
 # Kinds of failure (stage, exception type) logged with a traceback; more are only counted.
 MAX_FAILURE_CAUSES = 100
 # The daemon record's counters that status has too: (name, path into counts()).
@@ -64,65 +66,55 @@ class Losses:
         t["records_unread_at_drain"] = self.num_unread_at_drain
         t["sources_open_at_drain"] = self.num_sources_open_at_drain
         t["records_failed"] = self.num_records_failed
-        t["records_shed_at_intake"] = intake.num_shed if intake is not None else 0
-        t["records_lost"] += self.num_unread_at_drain + self.num_records_failed + t["records_shed_at_intake"]
+        t[SHED_KIND] = intake.num_shed if intake is not None else 0
+        t["records_lost"] += self.num_unread_at_drain + self.num_records_failed + t[SHED_KIND]
         return t
 
 
-def counts(d) -> dict:
+def counts(d: Daemon) -> dict:
     """The figures `status` and the `daemon` record both carry, by their status keys."""
     totals = d.losses.totals(d.receiver, d.intake)
-    agg, hellos, receiver = d.aggregator, d.hellos, d.receiver
+    hellos, receiver, events = d.hellos, d.receiver, d.rare.num_events_in
+    steps = d.steps.stats()
     return {
         **totals,
-        "steps_out": agg.num_steps_out,
-        "steps_incomplete": agg.num_steps_incomplete,
-        "records_late": agg.num_records_late,
-        "records_in_by_kind": {"hello": hellos.num_in, "event": d.num_events_in, "bye": receiver.num_byes,
-                               "metrics": totals["records_in"] - hellos.num_in - d.num_events_in
-                               - receiver.num_byes},
+        "steps_out": steps["steps_out"],
+        "steps_incomplete": steps["steps_incomplete"],
+        "records_late": steps["records_late"],
+        "records_in_by_kind": {"hello": hellos.num_in, "event": events, "bye": receiver.num_byes,
+                               "metrics": totals["records_in"] - hellos.num_in - events - receiver.num_byes},
         "uptime_s": round(time.monotonic() - d.started_mono, 3),
         "memory": memory_status(d),
     }
 
 
-def status(d) -> dict:
+def status(d: Daemon) -> dict:
+    """The daemon's counters (`counts`), each pipeline stage's (pipeline.Pipeline.stats), and
+    what the daemon itself holds: its run, sockets, limits, pollers and node links."""
     c = counts(d)
-    agg, hellos, receiver = d.aggregator, d.hellos, d.receiver
+    agg = d.aggregator
+    stages = d.pipeline.stats() if d.pipeline is not None else {}
     return {
         **c,
-        "ranks": sorted(agg.world.seen | set(hellos.by_rank)),
-        "world_size": agg.world.size(),
-        "last_step": agg.last_step,
-        "steps_pending": len(agg.pending),
-        "records_keys_coerced": receiver.num_keys_coerced,
-        "values_refused_by_reason": dict(receiver.values_refused),
-        "hellos_not_kept": hellos.num_not_kept,
-        "ranks_gone": sorted(agg.world.gone),
-        "queued": {r.name: r.queued() for r in d.runners},
-        "records_out": d.num_records_out,
-        "per_rank": {str(r): v for r, v in receiver.per_rank().items()},
-        "sinks": {r.name: r.stats() for r in d.runners},
+        "ranks": sorted(agg.world.seen | set(d.hellos.by_rank)),
+        **stages,
         "pollers": {p.name: p.stats() for p in d.pollers},
         "started_at": d.started_wall,
         "pid": os.getpid(),
-        "inner_loops": "python" if receiver.loops is python_loops else "c",   # see hotpath.py
         "run_name": d.cfg.run_name,
         "log_dir": str(d.log_dir),
         "endpoints": d.endpoints,
         "security": {**d.security.stats(), "redacted": d.redactor.num_redacted},
         "limits": {"fd_limit": d.fd_limit, "max_connections": d.max_connections,
                    "rcvhwm": d.cfg.rcvhwm, "rcvhwm_per_connection": d.cfg.connection_hwm()},
-        "intake": d.intake.stats() if d.intake is not None else {},
         "goodput": d.goodput.stats(),
         "run": d.continuity.status(c["records_lost"]),
         "node_links": d.links.stats() if d.links is not None else {},
         "node_clocks": d.clocks.stats() if d.clocks is not None else {},
-        "media": d.media.stats() if d.media is not None else {},
     }
 
 
-def memory_status(d) -> dict:
+def memory_status(d: Daemon) -> dict:
     """The memory budget: its split (MB), what each bounded buffer holds now, what was shed."""
     shed = dict(d.shed.counts)
     shed["sink_records"] = sum(r.num_dropped_for_bytes for r in d.runners)
@@ -136,7 +128,7 @@ def memory_status(d) -> dict:
             "governor": d.governor.stats() if d.governor is not None else {}}
 
 
-def daemon_record(d) -> dict:
+def daemon_record(d: Daemon) -> DaemonRecord:
     """The `daemon` record: the daemon's counters, the goodput ledger's figures, each sink's queue."""
     c = counts(d)
     runners = d.runners
@@ -148,8 +140,8 @@ def daemon_record(d) -> dict:
         values[name] = v
     # Its own: records a sink never got; the analysis stages' drops (diagnosis, held to a share
     # of the time; hang forensics) are analysis skipped under load, not output lost.
-    values["telemetry/sink_dropped"] = sum(r.num_dropped for r in runners if r.name not in ANALYSIS_STAGES)
-    values["telemetry/diagnosis_skipped"] = sum(r.num_dropped for r in runners if r.name in ANALYSIS_STAGES)
+    values["telemetry/sink_dropped"] = sum(r.num_dropped for r in runners if not r.analysis)
+    values["telemetry/diagnosis_skipped"] = sum(r.num_dropped for r in runners if r.analysis)
     values["telemetry/num_ranks"] = len(d.aggregator.world.seen)
     values.update(d.security.counters())
     try:
@@ -163,7 +155,7 @@ def daemon_record(d) -> dict:
     return DaemonRecord(time.time(), values, run=d.cfg.run_name)
 
 
-def progress_line(d, rec: dict) -> str:
+def progress_line(d: Daemon, rec: MetricsRecord) -> str:
     """The run's progress at its latest aggregated step `rec`, seen from the daemon."""
     v = rec["values"]
     parts = [f"step {rec['step']}"]

@@ -104,6 +104,10 @@ class Hub:
         return out
 
 
+# The stop codes (drain.json's stop_code) that end a run; a SIGTERM may come before a restart.
+RUN_ENDED = frozenset({"drain_request", "watched_process_exited"})
+
+
 def _drained_at(log_dir) -> float | None:
     """When the daemon of this run was drained, or None. The daemon writes drain.json whenever it
     stops; only a drain request (run.sh's, after the trainer) ends a run: a SIGTERM may come
@@ -116,10 +120,15 @@ def _drained_at(log_dir) -> float | None:
         final = json.loads(files.read_small(path, 1 << 20))
     except (OSError, ValueError, RecursionError):   # RecursionError: nested past json's limit
         return None
-    reason = final.get("stop_reason", "drain request") if isinstance(final, dict) else None
+    if not isinstance(final, dict):
+        return None
+    code = final.get("stop_code")
+    if code is None:      # an older daemon's: its words, or none at all (run.sh's drain)
+        reason = str(final.get("stop_reason", "drain request"))
+        code = ("drain_request" if reason == "drain request" else "watched_process_exited"
+                if reason.startswith("the process it was started for exited") else "")
     # A drain request (run.sh's), or the end of the script a daemon was started for (--watch-pid).
-    ended = reason == "drain request" or str(reason).startswith("the process it was started for exited")
-    return mtime if ended else None
+    return mtime if isinstance(code, str) and code in RUN_ENDED else None
 
 
 def _signature(rec: dict) -> tuple:

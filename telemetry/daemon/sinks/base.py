@@ -81,8 +81,12 @@ class SinkRunner:
     """Runs one sink on its own thread, fed through a bounded queue of records."""
 
     def __init__(self, sink: Sink, max_queued: int = 100_000, flush_interval_s: float = 1.0,
-                 downsampler=None, max_share: float = 1.0, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
+                 downsampler=None, max_share: float = 1.0, max_bytes: int = DEFAULT_MAX_BYTES,
+                 analysis: bool = False) -> None:
         """max_queued, max_bytes: the queue's bounds, in records and in estimated bytes.
+        analysis: the stage analyses the stream rather than writes it (diagnosis, forensics,
+        goodput): what it skips under a backlog is analysis skipped, not output lost, and at
+        the drain it is closed before the sinks, so that its last events still reach them.
         max_share: the fraction of the time this sink's thread may spend consuming; after a
         batch that took t, it waits t * (1 - max_share) / max_share. Python threads share one
         interpreter lock, so a sink that is always busy (a backlog) takes it from the daemon's
@@ -91,6 +95,7 @@ class SinkRunner:
             raise ValueError(f"max_share must be in (0, 1], got {max_share}")
         self.sink = sink
         self.name = sink.name
+        self.analysis = analysis
         self.max_queued = max_queued
         self.max_bytes = max_bytes
         self.flush_interval_s = flush_interval_s

@@ -1,0 +1,124 @@
+"""The fan-out stage: every output record encoded once and handed, a batch per loop turn, to each
+sink's runner (sinks/base.py: a bounded queue and a thread each; PUB inline, first) and to the
+analysis stages fed like sinks (runners flagged `analysis`: diagnosis, forensics, goodput).
+
+Its drain: the media keeper is told to stop (it keeps what it holds, beside the sinks); the
+analysis stages close first, with a quarter of the time left (their last events must still
+reach the sinks); then the last records (`last_words`: the daemon's own record, a script's exit
+code); then every sink drains, flushes, fsyncs and closes, in parallel, until the deadline less
+ABANDON_GRACE_S; one still busy then is abandoned within that grace (what it never wrote is
+counted in its `dropped`), so a hung W&B never holds the daemon past the deadline.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from typing import Callable
+
+from protocol import output
+from protocol.output import OutputRecord
+from telemetry.daemon.pipeline import Stage
+from telemetry.daemon.sinks.base import InlineRunner, Out, SinkRunner, batch_bytes
+
+log = logging.getLogger("telemetry.daemon")
+
+# How long a sink abandoned at the deadline may take to finish the batch in its hands: kept
+# inside the deadline (the sinks' own time ends this long before it; half the fan-out's time
+# when that is shorter).
+ABANDON_GRACE_S = 0.5
+# Of the time left when the fan-out's drain begins, the analysis stages' share.
+ANALYSIS_SHARE = 0.25
+
+
+class FanOut(Stage):
+    name = "fan-out"
+
+    def __init__(self) -> None:
+        self.runners: list[SinkRunner] = []
+        self._in_order: list[SinkRunner] = []      # inline ones first (start)
+        self._out: list[Out] = []
+        self.num_records_out = 0
+        self.media = None                          # the MediaKeeper (not on a head)
+        self.media_files = None                    # who deletes the ranks' media files
+        self.last_words: Callable[[], None] = lambda: None   # the drain's last records (the daemon's)
+        self.unfinished: list[str] = []            # runners (and "media") still busy at the deadline
+
+    def add(self, runner: SinkRunner) -> SinkRunner:
+        self.runners.append(runner)
+        return runner
+
+    def start(self) -> None:
+        self._in_order = sorted(self.runners, key=lambda r: not isinstance(r, InlineRunner))
+        for runner in self.runners:
+            runner.start()
+        if self.media is not None:
+            self.media.start()
+
+    def emit(self, rec: OutputRecord) -> None:
+        self._out.append(Out(rec.kind, rec, output.encode(rec)))
+
+    def put(self, out: Out) -> None:
+        """An output record already encoded (a step's line)."""
+        self._out.append(out)
+
+    def num_pending(self) -> int:
+        """Records emitted this turn, not handed out yet."""
+        return len(self._out)
+
+    def consume(self, batch: list) -> None:
+        for rec in batch:
+            self.emit(rec)
+
+    def flush(self) -> None:
+        """Hand this turn's records to every runner: inline sinks (PUB) first, so subscribers
+        get the batch before any sink thread is woken."""
+        if not self._out:
+            return
+        batch, self._out = self._out, []
+        self.num_records_out += len(batch)
+        num_bytes = batch_bytes(batch)        # once for every queue (they hold the same records)
+        for runner in self._in_order:
+            runner.put(batch, num_bytes)
+
+    def queued(self) -> bool:
+        return any(r.queued() for r in self.runners)
+
+    def drain(self, deadline: float) -> bool:
+        if self.media is not None:
+            self.media.request_stop()       # it keeps what it holds, beside the sinks' drain
+        grace = min(ABANDON_GRACE_S, max(0.0, deadline - time.monotonic()) / 2)
+        stages = [r for r in self.runners if r.analysis]
+        sinks = [r for r in self.runners if not r.analysis]
+        unfinished = [r.name for r in stages
+                      if not r.close(max(0.0, (deadline - time.monotonic()) * ANALYSIS_SHARE))]
+        # Their part is over: what follows (their last events, the final counters) is for the sinks.
+        self._in_order = [r for r in self._in_order if not r.analysis]
+        self.last_words()
+        self.flush()
+        for runner in sinks:
+            runner.request_stop()
+        sinks_end = deadline - grace
+        unfinished += [r.name for r in sinks if not r.close(max(0.0, sinks_end - time.monotonic()))]
+        if self.media is not None:
+            if self.media.close(max(0.0, sinks_end - time.monotonic())):
+                self.media_files.close()    # what a reader never released (its event dropped)
+            else:
+                unfinished.append("media")
+        if unfinished:
+            # What they never wrote is counted in their `dropped`, so the final counters add up.
+            # Each is told first, then waited for: one grace for all of them, not one each.
+            late = [r for r in self.runners if r.name in unfinished]
+            for r in late:
+                r.give_up()
+            grace_end = max(time.monotonic(), deadline)
+            for r in late:
+                r.abandon(max(0.0, grace_end - time.monotonic()))
+            log.error("still busy at the drain deadline, abandoned: %s", ", ".join(unfinished))
+        self.unfinished = unfinished
+        return not unfinished
+
+    def stats(self) -> dict:
+        return {"queued": {r.name: r.queued() for r in self.runners},
+                "records_out": self.num_records_out,
+                "sinks": {r.name: r.stats() for r in self.runners},
+                "media": self.media.stats() if self.media is not None else {}}

@@ -1,0 +1,198 @@
+"""The daemon's pipeline in-process (telemetry/daemon/pipeline.py, stages/): the stages drained in
+order, each by its share of the time left, their counters merged; the receiver stage reading each
+frame off the socket once and counting what its queue sheds itself; the fan-out's drain ending
+by its deadline with a hung sink; drain.json's stop code, which the dashboard matches. On a
+simulated clock where time matters: deterministic."""
+from __future__ import annotations
+
+import collections
+import json
+import signal
+import threading
+from pathlib import Path
+
+import zmq
+
+from protocol import codec
+from telemetry.daemon import loops, memory
+from telemetry.daemon.config import load
+from telemetry.daemon.core import Daemon
+from telemetry.daemon.intake import FRAME_OVERHEAD_BYTES, Intake
+from telemetry.daemon.pipeline import Pipeline, Stage
+from telemetry.daemon.receiver import Receiver
+from telemetry.daemon.self_report import Losses
+from telemetry.daemon.stages import fanout
+from telemetry.daemon.stages.fanout import FanOut
+from telemetry.daemon.stages.receive import ReceiveStage
+from telemetry.shared.control import request
+from testkit import faults
+
+VALUES = {"train/loss": 2.5, "perf/step_time": 0.05}
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def monotonic(self) -> float:
+        return self.t
+
+
+class Recorder(Stage):
+    def __init__(self, name: str, share: float, clock: Clock, log: list, cost_s: float = 0.0,
+                 done: bool = True) -> None:
+        self.name, self.drain_share, self.clock, self.log = name, share, clock, log
+        self.cost_s, self.done = cost_s, done
+
+    def drain(self, deadline: float) -> bool:
+        self.log.append((self.name, self.clock.t, deadline))
+        self.clock.t = min(deadline, self.clock.t + self.cost_s)
+        return self.done
+
+    def stats(self) -> dict:
+        return {self.name: 1, "shared": self.name}
+
+
+def test_the_pipeline_drains_in_order_each_stage_by_its_share_of_the_time_left():
+    clock, log = Clock(), []
+    stages = [Recorder("receiver", 0.9, clock, log, cost_s=100.0), Recorder("steps", 0.5, clock, log),
+              Recorder("sinks", 1.0, clock, log, cost_s=100.0, done=False)]
+    pipeline = Pipeline(stages, clock=clock.monotonic)
+    start = clock.t
+    assert pipeline.drain(start + 10.0) == ["sinks"]
+    # The receiver may take 9 of the 10 s, however long it would go on; the steps then have half of
+    # the second left, and the last stage the rest: nobody's time is taken by the one before it.
+    assert log == [("receiver", start, start + 9.0), ("steps", start + 9.0, start + 9.5),
+                   ("sinks", start + 9.0, start + 10.0)]
+    assert clock.t == start + 10.0
+    assert pipeline.stats() == {"receiver": 1, "steps": 1, "sinks": 1, "shared": "sinks"}
+
+
+class CountingSocket:
+    """The ingest socket: each recv() counted, frames handed over once."""
+
+    def __init__(self, frames: list) -> None:
+        self.frames = collections.deque(frames)
+        self.num_recv = 0
+
+    def recv(self, flags: int = 0) -> bytes:
+        self.num_recv += 1
+        try:
+            return self.frames.popleft()
+        except IndexError:
+            raise zmq.Again from None
+
+
+def test_the_receiver_stage_reads_each_frame_once_and_counts_what_it_sheds():
+    num = 3000
+    frames = [codec.encode_metrics(77, 0, seq, 0, 0, seq, VALUES) for seq in range(num)]
+    frames.append(codec.encode_bye(77, 0, num, 0, 0, {}))
+    sock = CountingSocket(frames)
+    shed = memory.Shed()
+    receiver = Receiver(loops)
+    # A share that holds about 500 of them: the rest of each read is shed as it is read.
+    share = 500 * (len(frames[0]) + FRAME_OVERHEAD_BYTES)
+    intake = Intake(None, share, loops.read_frames_upto, receiver.unread_headers, recv=sock.recv, shed=shed)
+    losses = Losses()
+    stage = ReceiveStage(None, receiver, intake, losses)
+    taken = 0
+    while True:
+        recs, _, n = stage.take(256)
+        if not n and not sock.frames:
+            break
+        taken += n
+    # Every frame came off the socket in exactly one recv (the empty reads raised Again), and
+    # each is either decoded or shed: none read twice, none lost between two readers.
+    empty_reads = sock.num_recv - len(frames)
+    assert 0 < empty_reads <= sock.num_recv // 256 + 2
+    assert intake.num_shed > 0 and taken + intake.num_shed == len(frames)
+    assert receiver.num_in == taken
+    # What the queue shed is counted where it sheds, under the one name it has everywhere.
+    t = losses.totals(receiver, intake)
+    assert shed.counts["records_shed_at_intake"] == intake.num_shed == t["records_shed_at_intake"]
+    assert stage.stats()["intake"]["records_shed_at_intake"] == intake.num_shed
+    assert t["records_in"] + t["records_lost"] == len(frames) and t["records_lost"] == intake.num_shed
+
+
+class Runner:
+    """A sink runner as the fan-out drives it; a hung one never finishes, on the simulated clock."""
+
+    def __init__(self, name: str, clock: Clock, log: list, analysis: bool = False, hung: bool = False) -> None:
+        self.name, self.clock, self.log, self.analysis, self.hung = name, clock, log, analysis, hung
+        self.num_dropped = 0
+
+    def put(self, batch: list, num_bytes: int) -> None:
+        self.log.append(("put", self.name, len(batch)))
+
+    def request_stop(self) -> None:
+        pass
+
+    def close(self, timeout_s: float) -> bool:
+        self.log.append(("close", self.name))
+        if self.hung:
+            self.clock.t += timeout_s
+            return False
+        return True
+
+    def give_up(self) -> None:
+        pass
+
+    def abandon(self, grace_s: float) -> None:
+        self.clock.t += grace_s
+        self.log.append(("abandon", self.name))
+
+    def queued(self) -> int:
+        return 0
+
+
+def test_the_fan_out_closes_analysis_first_and_ends_by_its_deadline_with_a_hung_sink(monkeypatch):
+    clock, log = Clock(), []
+    monkeypatch.setattr(fanout, "time", clock)
+    out = FanOut()
+    diagnosis = out.add(Runner("diagnosis", clock, log, analysis=True))
+    out.add(Runner("jsonl", clock, log))
+    out.add(Runner("wandb", clock, log, hung=True))
+    out._in_order = list(out.runners)
+    out.last_words = lambda: log.append(("last words",))
+    deadline = clock.t + 2.0
+    assert not out.drain(deadline)
+    assert out.unfinished == ["wandb"]
+    assert log.index(("close", "diagnosis")) < log.index(("last words",)) < log.index(("close", "jsonl"))
+    assert ("abandon", "wandb") in log and diagnosis not in out._in_order
+    assert clock.t <= deadline            # the hung sink's grace is inside the deadline, not after it
+
+
+def test_drain_json_says_why_as_a_code_and_in_words(tmp_path):
+    rt = Path(faults.Endpoints().dir)
+    cfg = load(None, {"log_dir": str(tmp_path / "tm"), "wandb.mode": "disabled", "ingest": f"ipc://{rt}/i",
+                      "pub": f"ipc://{rt}/p", "control": f"ipc://{rt}/c", "aggregator.world_size": 1})
+    d = Daemon(cfg)
+    old_handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    d.start()
+    try:
+        t = threading.Thread(target=lambda: setattr(d, "rc", d.run()), daemon=True)
+        t.start()
+        final = request(d.endpoints["control"], "drain", timeout_s=120)   # a hang detector
+        t.join(120)
+        assert not t.is_alive()
+    finally:
+        signal.set_wakeup_fd(-1)
+        for sig, h in old_handlers.items():
+            signal.signal(sig, h)
+    assert final["stop_code"] == "drain_request" and final["stop_reason"] == "drain request"
+    written = json.loads((tmp_path / "tm" / "drain.json").read_text())
+    assert written["stop_code"] == "drain_request"
+
+
+def test_the_dashboard_matches_the_stop_code_not_its_words(tmp_path):
+    from telemetry.consumers.dashboard.live import _drained_at
+
+    path = tmp_path / "drain.json"
+    for final, ended in (({"stop_code": "drain_request", "stop_reason": "anything at all"}, True),
+                         ({"stop_code": "watched_process_exited", "stop_reason": ""}, True),
+                         ({"stop_code": "sigterm", "stop_reason": "drain request"}, False),
+                         ({"stop_code": ["drain_request"]}, False),
+                         ({"stop_reason": "drain request"}, True),      # an older daemon's file
+                         ({"stop_reason": "SIGTERM"}, False)):
+        path.write_text(json.dumps(final))
+        assert (_drained_at(tmp_path) is not None) == ended, final
