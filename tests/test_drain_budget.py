@@ -79,7 +79,7 @@ def _daemon(clock: Clock, monkeypatch) -> SimpleNamespace:
         return len(frames)
 
     stage.downstream = SimpleNamespace(process=process, num_open_steps=lambda: 0, num_steps_out=lambda: 0,
-                                       flush_open=lambda: None)
+                                       flush_open=lambda: None, step_cost_s=lambda: None)
     return d
 
 
@@ -189,3 +189,34 @@ def test_a_bye_the_drain_cannot_reach_leaves_its_rank_open_and_named(monkeypatch
     for src, s in d.receiver.sources.items():
         if src != 7003:
             assert s.bye and s.received + s.refused + s.lost() == sent[src], (src, s)
+
+
+def test_the_open_steps_flush_is_sized_by_what_a_step_costs_now(monkeypatch):
+    """A loaded box where sending a step out costs 100 µs (the steps stage measured it) and the
+    drain begins with 19,000 steps open: processing stops in time for their flush, so the
+    intake still ends by its deadline. Sized at a fixed guess of a step's cost (20 µs), it went
+    on processing, and the flush ended the intake past its deadline."""
+    clock = Clock()
+    monkeypatch.setattr(receive, "time", clock)
+    d = _daemon(clock, monkeypatch)
+    step_s, open_steps = 100e-6, [19_000]
+
+    def flush_open() -> None:
+        clock.t += step_s * open_steps[0]
+        open_steps[0] = 0
+
+    down = d.stage.downstream
+    down.num_open_steps = lambda: open_steps[0]
+    down.flush_open = flush_open
+    down.step_cost_s = lambda: step_s
+    frames = [codec.encode_metrics(7000, 0, seq, 0, 0, seq, VALUES) for seq in range(40_000)]
+    frames.append(codec.encode_bye(7000, 0, 40_000, 0, 0, {}))
+    d.receiver.take(iter(frames[:10]).__next__, StopIteration, 10)
+    d.intake._q.extend(frames[10:])
+    d.intake.num_bytes = sum(map(len, d.intake._q))
+    start = clock.t
+    d.stage.drain_intake(start + 2.0, start + 2.4, start + 2.7)
+    assert open_steps[0] == 0
+    assert clock.t <= start + 2.7 + COUNT_S * receive.COUNT_BATCH + 0.05, clock.t - start
+    t = d.losses.totals(d.receiver, d.intake)
+    assert t["records_in"] + t["records_lost"] == len(frames), t

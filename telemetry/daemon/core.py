@@ -388,6 +388,9 @@ class Daemon:
     def num_steps_out(self) -> int:
         return self.aggregator.num_steps_out
 
+    def step_cost_s(self) -> float | None:
+        return self.steps.step_cost_s
+
     def flush_open(self) -> None:
         self.take_inbox()
         self.steps.flush()

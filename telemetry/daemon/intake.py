@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import collections
 import functools
+import itertools
+import time
 from typing import Callable
 
 import msgspec
@@ -60,6 +62,8 @@ CUT_ABOVE_BYTES = HELLO_INFO_MAX_BYTES + 4096
 _METRICS_HEADS = frozenset(bytes((0x90 + n, KIND_METRICS)) for n in range(16))
 # take_rare takes up to this many frames out of the queue one at a time, more by a copy of it.
 RARE_REMOVED_ONE_BY_ONE = 64
+# scan_cost_s times its test on this many frames.
+RARE_SAMPLE = 4096
 # take_firsts groups frames by their first bytes unless that makes more groups than this (srcs
 # with short encodings, whose first bytes hold the seq too): then by their headers.
 MAX_FIRSTS_BY_BYTES = 4096
@@ -303,6 +307,18 @@ class Intake:
             q.extend(kept)
         self.num_bytes -= sum(map(len, rare)) + FRAME_OVERHEAD_BYTES * len(rare)
         return rare
+
+    def scan_cost_s(self, sample: int = RARE_SAMPLE) -> float:
+        """What looking over one queued frame costs now (take_rare's test and take_firsts'
+        grouping, timed on up to `sample` frames at the head of the queue): the drain's estimate
+        of its own scans."""
+        frames = list(itertools.islice(self._q, sample))
+        if not frames:
+            return 0.0
+        t0 = time.perf_counter()
+        [f for f in frames if f[:2] not in _METRICS_HEADS]
+        {f[2:12]: f for f in reversed(frames)}
+        return (time.perf_counter() - t0) / len(frames)
 
     def stats(self) -> dict:
         return {"queued": len(self._q), "held_mb": round(self.num_bytes / 2**20, 1),

@@ -51,9 +51,10 @@ BYE_WAIT_S = 5.0
 # Frames counted (their headers only) per turn once processing stops: the deadline is looked at
 # between turns.
 COUNT_BATCH = 1024
-# Processing stops early enough that the open steps still go out before the count's deadline:
-# at this many times the cost of a step measured while processing (the least a turn's time over
-# the steps it closed: an upper bound of the step's own cost), DEFAULT_STEP_COST_S before any.
+# Processing stops early enough that the open steps still go out, and the queue is scanned for
+# the byes, before the count's deadline: the flush at this many times the cost of a step as
+# measured (while processing: the least a turn's time over the steps it closed, an upper bound
+# of the step's own cost; before, by the steps stage; the larger), at least DEFAULT_STEP_COST_S.
 FLUSH_COST_FACTOR = 2.0
 DEFAULT_STEP_COST_S = 2e-5
 # Sources still open at the drain's end named in the log (rank, src, the last seq seen).
@@ -71,6 +72,9 @@ class Downstream(Protocol):
 
     def num_steps_out(self) -> int:
         """Steps sent out so far."""
+
+    def step_cost_s(self) -> float | None:
+        """What sending one step out costs now, as measured (None: not yet)."""
 
     def flush_open(self) -> None:
         """Send the open steps out now, with whatever ranks they have, and hand them on."""
@@ -170,12 +174,17 @@ class ReceiveStage(Stage):
         step_s = None               # the cost of emitting a step, as measured (FLUSH_COST_FACTOR)
         counting = False
         processed = 0
+        # The two scans of the queue at the switch to counting (take_rare, take_firsts), at what
+        # looking over a frame costs now: on a loaded box they are no longer free.
+        scan_per_frame = intake.scan_cost_s()
         while True:
             now = time.monotonic()
             if not counting:
                 num_open = down.num_open_steps()
-                flush_s = FLUSH_COST_FACTOR * (step_s or DEFAULT_STEP_COST_S) * num_open
-                counting = now >= until or now + 2 * turn_s + flush_s >= deadline
+                cost = max(c for c in (step_s, down.step_cost_s(), DEFAULT_STEP_COST_S) if c is not None)
+                flush_s = FLUSH_COST_FACTOR * cost * num_open
+                scan_s = 2 * scan_per_frame * len(intake)
+                counting = now >= until or now + 2 * turn_s + flush_s + scan_s >= deadline
                 if counting:
                     # The open steps go out now, inside the intake's time; then the byes read ahead.
                     down.flush_open()
@@ -187,9 +196,9 @@ class ReceiveStage(Stage):
                     receiver.unread(rare + firsts)
                     losses.num_unread_at_drain += len(rare) + len(firsts)
                     log.info("drain: processing stopped after %.2f s; %d open steps out in %.2f s (%.2f s "
-                             "foreseen), %d frames other than metrics and %d sources' first found in %.2f s",
-                             now - started, num_open, flushed_at - now, flush_s, len(rare), len(firsts),
-                             time.monotonic() - flushed_at)
+                             "foreseen), %d frames other than metrics and %d sources' first found in %.2f s "
+                             "(%.2f s foreseen)", now - started, num_open, flushed_at - now, flush_s, len(rare),
+                             len(firsts), time.monotonic() - flushed_at, scan_s)
             if counting:
                 n = self.count_unread(COUNT_BATCH)
                 losses.num_unread_at_drain += n

@@ -8,6 +8,7 @@ per-rank records go to the goodput stage before their steps (goodput_stage.py).
 """
 from __future__ import annotations
 
+import time
 from typing import Callable
 
 from protocol import Metrics
@@ -20,6 +21,11 @@ from telemetry.daemon.node_clocks import NodeClocks
 from telemetry.daemon.pipeline import Stage
 from telemetry.daemon.self_report import Losses
 from telemetry.daemon.sinks.base import Out
+
+
+# Steps in one batch from which its cost per step is taken as a measure (fewer: the batch's fixed
+# costs would count as the steps').
+MEASURE_MIN_STEPS = 16
 
 
 class StepsStage(Stage):
@@ -45,6 +51,9 @@ class StepsStage(Stage):
         self.goodput = None                # the GoodputStage, for the per-rank records (set at start)
         self.record_bytes = 1024           # estimated bytes of a metrics record in memory (per batch)
         self.latest: MetricsRecord | None = None  # the last step out (the progress line)
+        # What sending a step out costs on this box now (reduce, derive, encode), measured on
+        # batches of MEASURE_MIN_STEPS or more: the drain sizes the open steps' flush with it.
+        self.step_cost_s: float | None = None
 
     def consume(self, batch: list) -> None:
         """A run of metrics records (protocol.Metrics), in the order they came."""
@@ -105,6 +114,7 @@ class StepsStage(Stage):
             for i in range(0, len(accs), chunk):
                 self.emit_steps(accs[i:i + chunk])
             return
+        t0 = time.perf_counter()
         try:
             batch, recs = self.aggregator.finish_batch(accs)
         except Exception as exc:              # the boundary should have caught it: counted, go on
@@ -122,6 +132,9 @@ class StepsStage(Stage):
                 continue
             put(Out("metrics", rec, line))
         self.latest = recs[-1]
+        if len(accs) >= MEASURE_MIN_STEPS:
+            cost = (time.perf_counter() - t0) / len(accs)
+            self.step_cost_s = cost if self.step_cost_s is None else (self.step_cost_s + cost) / 2
 
     def next_deadline(self, now: float, max_wait_s: float) -> float:
         """When the oldest open step is due (now + max_wait_s when none is open)."""
