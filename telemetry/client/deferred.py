@@ -332,8 +332,7 @@ class DeferredSender:
         if self._num_done >= target or self._thread is None:
             return True
         deadline = time.monotonic() + timeout_s
-        if self._parked:
-            self._ring()
+        self._ring()
         while self._num_done < target and self._thread.is_alive():
             if time.monotonic() >= deadline:
                 return False
@@ -369,7 +368,9 @@ class DeferredSender:
                         continue
                     return
                 if time.monotonic() - idle_since < PARK_AFTER_IDLE_S:
-                    time.sleep(period)
+                    # A sleep that flush() and close() can cut short (log() rings only a parked
+                    # thread: no system call on its path while this one polls).
+                    self._bell.acquire(timeout=period)
                     period = min(2 * period, MAX_POLL_INTERVAL_S)
                 else:
                     self._park()
