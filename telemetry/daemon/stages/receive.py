@@ -52,11 +52,15 @@ BYE_WAIT_S = 5.0
 # between turns.
 COUNT_BATCH = 1024
 # Processing stops early enough that the open steps still go out, and the queue is scanned for
-# the byes, before the count's deadline: the flush at this many times the cost of a step as
-# measured (while processing: the least a turn's time over the steps it closed, an upper bound
-# of the step's own cost; before, by the steps stage; the larger), at least DEFAULT_STEP_COST_S.
+# the byes, before the count's deadline: the flush at this many times the cost of a step as the
+# steps stage measured it (or, before it has, as the drain does: the least a turn's time over
+# the steps it closed, an upper bound of the step's own cost), DEFAULT_STEP_COST_S before any.
 FLUSH_COST_FACTOR = 2.0
 DEFAULT_STEP_COST_S = 2e-5
+# The queue's two scans (take_rare, take_firsts) at this many times what its sample cost a frame
+# (Intake.scan_cost_s): the sample is looked over in the CPU's caches, the whole queue is not,
+# and the scans take frames out of it as well.
+SCAN_COST_FACTOR = 8
 # Sources still open at the drain's end named in the log (rank, src, the last seq seen).
 MAX_OPEN_NAMED = 8
 
@@ -181,9 +185,9 @@ class ReceiveStage(Stage):
             now = time.monotonic()
             if not counting:
                 num_open = down.num_open_steps()
-                cost = max(c for c in (step_s, down.step_cost_s(), DEFAULT_STEP_COST_S) if c is not None)
+                cost = down.step_cost_s() or step_s or DEFAULT_STEP_COST_S
                 flush_s = FLUSH_COST_FACTOR * cost * num_open
-                scan_s = 2 * scan_per_frame * len(intake)
+                scan_s = SCAN_COST_FACTOR * scan_per_frame * len(intake)
                 counting = now >= until or now + 2 * turn_s + flush_s + scan_s >= deadline
                 if counting:
                     # The open steps go out now, inside the intake's time; then the byes read ahead.

@@ -25,7 +25,7 @@ from telemetry.daemon.sinks.base import Out
 
 # Steps in one batch from which its cost per step is taken as a measure (fewer: the batch's fixed
 # costs would count as the steps').
-MEASURE_MIN_STEPS = 16
+MEASURE_MIN_STEPS = 64
 
 
 class StepsStage(Stage):
