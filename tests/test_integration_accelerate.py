@@ -64,7 +64,8 @@ def test_accelerate_two_processes_match_accelerates_wandb_tracker(make_daemon, t
     # Accelerate's W&B tracker, the same 6 steps on 2 processes (torchrun): the reference run
     # tests/test_wandb_parity.py makes, made once for both.
     real, _, _ = shared_run(tmp_path_factory, real_run, SCRIPT, 2, {"STEPS": "6", "TRACKER": "wandb"})
-    (ours,) = [wait_finished(f) for f in glob.glob(str(d.log_dir / "wandb" / "offline-run-*" / "run-*.wandb"))]
+    # The ranks set $WANDB_DIR (as the reference run does): the daemon's W&B run writes there, as W&B's would.
+    (ours,) = [wait_finished(f) for f in glob.glob(str(tmp_path / "ours" / "wandb" / "offline-run-*" / "run-*.wandb"))]
     expected = {r["_step"]: (r["train/loss"], r["train/lr"]) for r in history_rows(real) if "train/loss" in r}
     got = {r["_step"]: (r["train/loss"], r["train/lr"]) for r in history_rows(ours) if "train/loss" in r}
     assert expected and got.keys() == expected.keys()
