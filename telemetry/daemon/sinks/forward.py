@@ -24,6 +24,18 @@ back (it reconnects by itself, every `reconnect_ivl_s` up to `reconnect_ivl_max_
 that records are dropped and counted. ZMTP heartbeats (`heartbeat_ivl_s`, `heartbeat_timeout_s`)
 detect a head that vanished without closing its connection (a partition, a dead host).
 
+What this node could not hand to a head is counted here, in stats() (status, the daemon record,
+drain.json) and in a warning line, never discarded in silence; a PUSH link has no
+acknowledgement, so the counts are what libzmq lets a sender know:
+- dropped: refused by the full send queue (the head away or not reading), exact;
+- unsent_no_handshake: at the close, the link never completed its ZMTP handshake (a head that
+  accepts TCP and never speaks, a CURVE key it refuses, a starved head): nothing it was handed
+  can have left, so every record is counted, exact;
+- unconfirmed_at_close: the link did complete its handshake, but the close's linger ran out with
+  records still queued (the head not reading, or gone): libzmq discards them without saying how
+  many, so this is an upper bound (the send queue's bound plus one encoder batch), "not
+  confirmed"; the head's own count of what it received from this node tells the exact part.
+
 Across nodes the head's reductions combine node aggregates: sums of sums and max of max are
 exact; the mean of node means equals the global mean when every node has the same number of
 ranks (the usual torchrun/SLURM layout); with unequal nodes it is a mean of node means.
@@ -60,6 +72,12 @@ from telemetry.shared.numbers import is_int, is_number, positive_finite
 log = logging.getLogger("telemetry.daemon.sinks.forward")
 
 FORWARD_KINDS = ("metrics", "event", "hello", "daemon", "gpu", "system")
+# libzmq's engine takes messages off the send queue into a batch of this many bytes (its
+# ZMQ_OUT_BATCH_SIZE default) before writing them out: at a close those may be discarded too.
+_ZMQ_OUT_BATCH_BYTES = 8192
+# After closing the socket, how long to wait for its monitor to report the events it saw before
+# (a handshake the close raced with); the monitor stops at once, this only bounds a stuck one.
+_MONITOR_STOP_WAIT_S = 1.0
 
 
 @dataclass(kw_only=True, slots=True)
@@ -143,6 +161,10 @@ class ForwardSink(Sink):
         self.seq = 0
         self.num_sent = 0
         self.num_dropped = 0
+        self.num_unsent_no_handshake = 0     # at close, on a link that never completed its handshake
+        self.num_unconfirmed_at_close = 0    # at close, an upper bound of what the linger left queued
+        self._min_frame_bytes = 0            # the smallest frame handed to the socket (ZMTP header included)
+        self._link_up = False                # a handshake succeeded and no disconnect since
         self.curve = False
 
     # -- lifecycle -----------------------------------------------------------------------------
@@ -165,7 +187,8 @@ class ForwardSink(Sink):
         self.curve = apply_client_curve(s, c.server_public_key or None, c.client_secret_key or None) \
             if c.server_public_key else False
         # Watch the link: a restarted head gets this node's hello again on reconnect.
-        self._mon = s.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED)
+        self._mon = s.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED
+                                         | zmq.EVENT_MONITOR_STOPPED)
         s.connect(c.endpoint)
         self._sock = s
         # Announce the node at once, so the head expects it before its first step arrives.
@@ -240,7 +263,9 @@ class ForwardSink(Sink):
     def flush(self) -> None:
         self._check_link()   # called about once a second, also when no records flow
 
-    def _check_link(self) -> None:
+    def _check_link(self, *, closing: bool = False) -> bool:
+        """Read the link's monitor events; closing: the socket is closed, so no hello is sent on a
+        handshake. Returns whether the monitor said it stopped."""
         from zmq.utils.monitor import parse_monitor_message
 
         mon = self._mon
@@ -248,39 +273,79 @@ class ForwardSink(Sink):
             try:
                 msg = parse_monitor_message(mon.recv_multipart(zmq.NOBLOCK))
             except (zmq.ZMQError, ValueError):
-                return
+                return False
             event = msg["event"]
+            if event == zmq.EVENT_MONITOR_STOPPED:
+                return True
             if event == zmq.EVENT_DISCONNECTED:
+                if not self._link_up:
+                    continue           # a TCP connection that never got through its handshake
+                self._link_up = False
                 self.num_disconnects += 1
                 log.warning("lost the head daemon at %s; buffering up to %d records", self.cfg.endpoint,
                             self.cfg.max_buffered)
             elif event == zmq.EVENT_CONNECTED:
                 self._link = _local_link(msg["value"])
             elif event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                self._link_up = True
                 self.num_connects += 1
+                if closing:
+                    continue
                 if self.num_connects > 1:
                     log.warning("reconnected to the head daemon at %s", self.cfg.endpoint)
                 # The hello again, now with this link's address: a restarted head learns the node
                 # anew, and every head can name the node whose link closes (node_links.py).
                 self._send(KIND_HELLO, (self._node_info(self._rank_info),))
+        return False
 
     def close(self) -> None:
         if self._sock is None:
             return
+        c = self.cfg
         self._check_link()
+        # forwarded_by: the head's goodput ledger tells this link's end from a rank's.
+        self._send_raw(encode_bye(self.src, c.node_rank, self.seq, self.num_dropped, time.time_ns(),
+                                  {**self.stats(), "forwarded_by": "group head" if self.relay else "node daemon"}))
+        # The linger is for a head that is there: one that never completed a handshake gets the
+        # same time to do so, and if it does not, nothing queued can have left.
+        deadline = time.monotonic() + c.close_linger_s
+        while self.num_connects == 0 and (left_s := deadline - time.monotonic()) > 0:
+            if self._mon.poll(max(1, int(left_s * 1000))):
+                self._check_link()
+        handshaken = self.num_connects > 0
+        linger_ms = int(max(0.0, deadline - time.monotonic()) * 1000) if handshaken else 0
+        t0 = time.monotonic()
+        self._sock.close(linger=linger_ms)
+        # The events before the close (a handshake the close raced with), up to the monitor's stop
+        # (once the socket is gone: after its linger).
+        stop_by = time.monotonic() + _MONITOR_STOP_WAIT_S
+        while (left_s := stop_by - time.monotonic()) > 0 and self._mon.poll(max(1, int(left_s * 1000))):
+            if self._check_link(closing=True):
+                break
         self._mon.close(linger=0)
         self._mon = None
-        # forwarded_by: the head's goodput ledger tells this link's end from a rank's.
-        self._send_raw(encode_bye(self.src, self.cfg.node_rank, self.seq, self.num_dropped, time.time_ns(),
-                                  {**self.stats(), "forwarded_by": "group head" if self.relay else "node daemon"}))
-        self._sock.close()        # lingers up to close_linger_s for a reachable head
-        self._ctx.term()
+        self._ctx.term()          # waits out the rest of the linger while records are still queued
+        lingered_out = time.monotonic() - t0 >= linger_ms / 1000 - 0.01
+        if self.num_connects == 0:
+            self.num_unsent_no_handshake = self.num_sent
+            log.warning("the link to the head daemon at %s never completed its handshake: %d records "
+                        "were not sent (counted as unsent_no_handshake)", c.endpoint, self.num_sent)
+        elif lingered_out:
+            # No acknowledgement on a PUSH link: what the linger left is known only to be at most
+            # the send queue's bound plus the batch libzmq's engine had taken off it.
+            in_batch = -(-_ZMQ_OUT_BATCH_BYTES // max(1, self._min_frame_bytes))
+            self.num_unconfirmed_at_close = min(self.num_sent, c.max_buffered + in_batch)
+            log.warning("records still queued for the head daemon at %s when the close's linger (%.1f s) ran "
+                        "out: up to %d not confirmed sent (unconfirmed_at_close)", c.endpoint,
+                        c.close_linger_s, self.num_unconfirmed_at_close)
         self._sock = None
 
     def stats(self) -> dict:
         return {"sent": self.num_sent, "dropped": self.num_dropped, "seq": self.seq, "src": self.src,
                 "endpoint": self.cfg.endpoint, "curve": self.curve, "connects": self.num_connects,
-                "disconnects": self.num_disconnects}
+                "disconnects": self.num_disconnects, "link_up": self._link_up,
+                "unsent_no_handshake": self.num_unsent_no_handshake,
+                "unconfirmed_at_close": self.num_unconfirmed_at_close}
 
     # -- sending -------------------------------------------------------------------------------
     def _node_info(self, rank_info: dict) -> dict:
@@ -333,7 +398,13 @@ class ForwardSink(Sink):
         try:
             self._sock.send(frame, zmq.NOBLOCK)
             self.num_sent += 1
-        except zmq.Again:  # the head is away and the buffer is full: drop, counted in-band
+            size = len(frame) + (2 if len(frame) < 256 else 9)     # ZMTP's frame header
+            if size < self._min_frame_bytes or not self._min_frame_bytes:
+                self._min_frame_bytes = size
+        except zmq.Again:  # the head is away or not reading and the buffer is full: drop, counted in-band
+            if not self.num_dropped:
+                log.warning("the send queue to the head daemon at %s is full (%d records): dropping, counted "
+                            "(dropped)", self.cfg.endpoint, self.cfg.max_buffered)
             self.num_dropped += 1
 
 
