@@ -10,6 +10,8 @@ step:
     back to back   no work between calls
     busy 1 ms      ~1 ms of pure-Python work between calls (holds the GIL: the worst case for a
                    sender thread, which must take the GIL from it to run)
+    numpy 1 ms     ~1 ms of 128x128 matrix products between calls (BLAS on one thread, the GIL
+                   released while it runs; skipped without numpy)
     sleep 1 ms     time.sleep(0.001) between calls (the caller's thread waits on I/O or a device)
     busy 100 ms    ~100 ms of pure-Python work between calls
     sleep 100 ms   time.sleep(0.1) between calls
@@ -26,7 +28,7 @@ Reported per cadence and variant: the call's median and p99 (ns, perf_counter_ns
 only); the CPU time one call costs the whole process (time.process_time_ns over the block, every
 thread included: the caller, a sender thread, ZeroMQ's I/O thread; minus the `none` block's, per
 call; each block ends with 20 ms of sleep inside its CPU window, so work a thread does after the
-last call counts); and for the busy cadences, the step's own time (the fixed work, timed): what
+last call counts); and for the busy and numpy cadences, the step's own time (the fixed work, timed): what
 the calls and any thread take from a compute-bound training thread.
 
 Then, in fresh interpreters: start-up (import telemetry + TelemetryClient(), in-process), and the
@@ -51,6 +53,7 @@ from benchmarks.ab import alternate, base_and_sink
 
 CHILD = r"""
 import json, os, sys, time
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")   # the numpy step: one core, as one rank's own
 import msgpack, zmq
 from telemetry import TelemetryClient
 
@@ -78,10 +81,21 @@ def spin(n):
     return x
 
 t0 = pc(); spin(100_000); per_ms = int(100_000 * 1e6 / (pc() - t0))   # iterations in ~1 ms
+try:
+    import numpy as np
+    a = np.random.default_rng(0).random((128, 128)); b = a.T.copy()
+    t0 = pc(); [a @ b for _ in range(50)]; mm_per_ms = max(1, int(50 * 1e6 / (pc() - t0)))
+
+    def numpy_step():
+        for _ in range(mm_per_ms):
+            a @ b                      # BLAS: the GIL released while it runs
+except ImportError:
+    numpy_step = None
 CADENCES = {  # name: (gap, calls per block, rounds)
     "back to back": (None, int(20_000 * scale), 3),
     "busy 1 ms": (lambda: spin(per_ms), int(300 * scale), 3),
     "sleep 1 ms": (lambda: time.sleep(0.001), int(300 * scale), 3),
+    **({"numpy 1 ms": (numpy_step, int(300 * scale), 3)} if numpy_step else {}),
     "busy 100 ms": (lambda: spin(100 * per_ms), int(12 * scale), 3),
     "sleep 100 ms": (lambda: time.sleep(0.1), int(12 * scale), 3),
 }

@@ -1,10 +1,16 @@
 """TelemetryClient: the only telemetry code that runs inside a training process.
 
 `log()` is the whole cost a training step pays for telemetry, so it does as little as a Python
-call can: one msgpack encode of a prebuilt tuple and one ZeroMQ send with NOBLOCK. It never
-waits. When the socket's queue (SNDHWM) is full, or no daemon is there to drain it, the record
-is dropped and counted; the count and a per-client sequence number ride in every record, so
-the daemon reports loss exactly (loss per src = max seq + 1 - records received).
+call can: one msgpack encode of a prebuilt tuple and one append to the client's queue, which a
+sender thread (telemetry/client/deferred.py) drains in batches onto the client's one ZeroMQ
+socket: no system call on the training thread, and at a step of a millisecond about a tenth of
+what a send costs it there (a send after other work wakes ZeroMQ's I/O thread, which on a busy
+machine pre-empts the caller). A loop slower than DIRECT_AFTER_NS per record, with nothing
+queued, sends itself (NOBLOCK): the sender thread has parked by then, and waking it per record
+costs more CPU than the send. It never waits. When a queue is full (the client's or the
+socket's, SNDHWM each), or no daemon is there to drain them, the record is dropped and counted;
+the count and a per-client sequence number ride in every record, so the daemon reports loss
+exactly (loss per src = max seq + 1 - records received).
 
 Tensor values are never read on the caller's thread (reading a CUDA tensor is a host-device
 sync). The encoder meets a tensor only through its `default` hook, which aborts the encode; that
@@ -12,8 +18,7 @@ record then takes the deferred path (telemetry/client/deferred.py): the tensors 
 CUDA, copied non-blocking into pinned memory behind an event; a sender thread waits on the
 event and sends, on the client's one socket, while every later record waits behind it: the
 daemon gets a client's records in the order of its calls. A record of plain floats and ints,
-with nothing waiting, pays no per-value Python work at all: msgpack checks the types in C, and
-one comparison of two counters says nothing waits. (msgpack, not msgspec, on this side: the
+pays no per-value Python work at all: msgpack checks the types in C. (msgpack, not msgspec, on this side: the
 same bytes, and it imports in ~4 ms where msgspec takes ~24, which the start-up budget needs.)
 
 Threads and processes: log/event/hello/span/close are meant for the one thread that trains.
@@ -35,7 +40,8 @@ from typing import Any, Callable, Mapping
 import zmq
 
 from protocol import codec
-from protocol.constants import KIND_METRICS, PROTOCOL_VERSION, CLIENT_TIME_KEY, MAX_FRAME_BYTES, MAX_NAME_CHARS, MAX_PARTS, MAX_VALUES
+from protocol.constants import (CLIENT_TIME_KEY, KIND_METRICS, MAX_FRAME_BYTES, MAX_NAME_CHARS, MAX_PARTS, MAX_VALUES,
+                                PROTOCOL_VERSION)
 from telemetry.shared import endpoints
 from telemetry.client.deferred import (PARK_AFTER_IDLE_S, DeferredSender, Job, Later, host_scalar, snapshot,
                                        wire_number)
@@ -176,7 +182,8 @@ class TelemetryClient(metaclass=abc.ABCMeta):   # ABCMeta: DisabledClient regist
         endpoint: the daemon's ingest socket; None: $TELEMETRY_ENDPOINT or the default ipc
             socket (telemetry.shared.endpoints). "" or $TELEMETRY_DISABLED=1 gives a DisabledClient.
         rank: global rank; None: $RANK (or the mpirun/srun equivalents), else 0.
-        sndhwm: records queued per socket before drops start.
+        sndhwm: records queued before drops start, in the client's queue (for its sender
+            thread) and again in the socket's.
         linger_ms: at close, how long queued records may take to reach the daemon.
         send_hello: send a minimal hello (host, pid, ranks) at once, so the daemon knows this
             rank even if hello(info) is never called.
@@ -262,7 +269,6 @@ class TelemetryClient(metaclass=abc.ABCMeta):   # ABCMeta: DisabledClient regist
         # of the calls. The queue holds as many records as the socket's own (sndhwm).
         self._deferred = DeferredSender(functools.partial(self._sock.send, flags=_NOBLOCK), self._encode_job,
                                         self._count_sent_bg, self._count_dropped_bg, max_queued=self._sndhwm)
-        self._submit = self._deferred.submit
 
     def _new_socket(self, ctx: zmq.Context | None = None, monitor: zmq.Socket | None = None,
                     events: int = zmq.EVENT_HANDSHAKE_SUCCEEDED) -> zmq.Socket:
@@ -395,7 +401,23 @@ class TelemetryClient(metaclass=abc.ABCMeta):   # ABCMeta: DisabledClient regist
             self._log_slow(step, values, None, parts)
             return
         self._seq = seq + 1
-        if not self._submit(frame):
+        self._hand_over(frame)
+
+    def _hand_over(self, frame: bytes) -> None:
+        """log()'s fast path's last step, for the other paths: queue the frame, or send it here
+        when the loop is slow and nothing is queued (see log())."""
+        t = _time_ns()
+        d = self._deferred
+        if d.pending() or t - self._last_log_ns < DIRECT_AFTER_NS:
+            self._last_log_ns = t
+            if not d.submit(frame):
+                self._num_dropped += 1
+            return
+        self._last_log_ns = t
+        try:
+            self._sock_send(frame, _NOBLOCK)
+            self._num_sent += 1
+        except _ZMQError:
             self._num_dropped += 1
 
     def _parts_ok(self, step: int, parts: Any) -> bool:
@@ -479,8 +501,7 @@ class TelemetryClient(metaclass=abc.ABCMeta):   # ABCMeta: DisabledClient regist
                 self._num_dropped += 1
                 self._warn_once("log", f"telemetry: dropped a record of step {step}: {exc}")
                 return
-            if not self._submit(frame):
-                self._num_dropped += 1
+            self._hand_over(frame)
             return
         if not self._deferred.submit(Job(seq, t_ns, step, plain, groups, spans, parts, num_seqs, unchecked)):
             self._num_dropped += num_seqs
