@@ -12,6 +12,7 @@ real node. What the head does with them, measured from outside:
     .venv/bin/python -m benchmarks.head_scale --nodes 2048 --rate 10 --seconds 30 [--senders 2]
     .venv/bin/python -m benchmarks.head_scale --nodes 8192 --rate 1 --groups 8
     .venv/bin/python -m benchmarks.head_scale --nodes 256 --rate 10 --seconds 40 --kill-head-at 15 --head-down-s 10
+    .venv/bin/python -m benchmarks.head_scale --nodes 2048 --rate 0.001 --seconds 40   # idle links: a hello, a bye
 
 With --kill-head-at S the head is SIGKILLed S seconds into the run and started again on its log
 directory and endpoints --head-down-s later (issue 33 item 3); the nodes' sockets hold what they
@@ -29,7 +30,11 @@ daemon's CPU and RSS is reported (the job head's, and the sum and the largest of
 With --head-cpu-share F the head (and the group heads) get F of one core (a cgroup CFS quota: a
 head on a node whose training job and other daemons leave it that much); each node's queue may take
 --linger-s at its end to reach the head (the forwarder's close_linger_s), and libzmq discards what is
-left then: a node whose last records or bye are discarded so shows as not exact.
+left then. Each node counts, as its forwarder does, what it could not hand to the head: every record
+on a link that never completed its handshake (exact: the head's count + the node's == sent), and, for
+a node whose linger ran out with records queued, an upper bound of what was discarded ("not
+confirmed": the node is reported within that bound, and the records it lost so are counted from the
+head's side). A node neither exact nor within its bound is inexact.
 
 The senders are --senders processes (a node's socket and its descriptor are in one of them;
 their CPU is theirs, not the head's). Everything is on loopback, no CURVE (a loopback head
@@ -51,6 +56,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+SENDER_HWM = 100_000                     # a node's send queue (records)
+_ZMQ_OUT_BATCH_FRAMES = 8192 // 3 + 1    # libzmq's engine batch (8 KiB) of the smallest frames, an upper bound
 
 
 def _raise_nofile() -> None:
@@ -71,10 +78,14 @@ def sender_main(a: argparse.Namespace) -> int:
     socks = {}
     endpoints = a.endpoint.split(",")     # with group heads: node n's is its group's, n // per_group
     per_group = -(-a.nodes // len(endpoints))
+    mons = {}
     for n in nodes:
         s = ctx.socket(zmq.PUSH)
-        s.setsockopt(zmq.SNDHWM, 100_000)
+        s.setsockopt(zmq.SNDHWM, SENDER_HWM)
         s.setsockopt(zmq.LINGER, int(a.linger_s * 1000))
+        # As a node's forwarder watches its link: did it ever complete its handshake, and when did
+        # the socket go at the close (after its linger: drained, or cut with records queued).
+        mons[n] = s.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_MONITOR_STOPPED)
         s.connect(endpoints[n // per_group])
         socks[n] = s
     src = {n: (os.getpid() << 20) + n for n in nodes}
@@ -111,12 +122,71 @@ def sender_main(a: argparse.Namespace) -> int:
         seq[n] += 1
         sent[n] += 1
     behind = time.monotonic() - (start + steps / a.rate)
-    for s in socks.values():
-        s.close()          # linger: what is queued still goes, for up to --linger-s
+    # The run lasts --seconds also with no step to send (--rate below 1/--seconds: idle links).
+    time.sleep(max(0.0, start + a.seconds - time.monotonic()))
+    unsent, unconfirmed = _close_counting(socks, mons, sent, a.linger_s)
     ctx.term()
     print(json.dumps({"sent": {str(n): sent[n] for n in nodes}, "src": {str(n): src[n] for n in nodes},
+                      "unsent_no_handshake": {str(n): v for n, v in unsent.items()},
+                      "unconfirmed_at_close": {str(n): v for n, v in unconfirmed.items()},
                       "behind_s": behind}), flush=True)
     return 0
+
+
+def _close_counting(socks: dict, mons: dict, sent: dict, linger_s: float) -> tuple[dict, dict]:
+    """Close every node's socket as the forwarder does (telemetry/daemon/sinks/forward.py) and
+    count what a node could not hand to its head: a link that never completed its handshake
+    within the linger has every record it was handed counted (exact); a socket still lingering
+    just before its linger runs out, an upper bound of what libzmq discarded (records queued, at
+    most its send queue plus one engine batch: "not confirmed"). A socket's monitor stops as soon
+    as it is gone: at once when its queue is empty, at the end of its linger when not. Returns
+    ({node: unsent}, {node: unconfirmed}), each holding only the nodes with something to count."""
+    import zmq
+    from zmq.utils.monitor import parse_monitor_message
+
+    shook, stopped = set(), {}          # stopped: node -> when its monitor's stop was seen
+
+    def read_all() -> None:        # one pass over every monitor, nothing waited for (thousands of them)
+        for n, m in mons.items():
+            while True:
+                try:
+                    ev = parse_monitor_message(m.recv_multipart(zmq.NOBLOCK))["event"]
+                except zmq.Again:
+                    break
+                if ev == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                    shook.add(n)
+                elif ev == zmq.EVENT_MONITOR_STOPPED:
+                    stopped[n] = time.monotonic()
+
+    # Each link gets the whole linger, as each node's forwarder does: the handshaken ones are
+    # closed with it at once, the others get it to complete their handshake (then what is left of it).
+    deadline = time.monotonic() + linger_s
+    read_all()
+    closed_with_linger = set()
+    while True:
+        for n in shook - closed_with_linger:
+            socks[n].close(linger=int(max(0.0, deadline - time.monotonic()) * 1000))
+            closed_with_linger.add(n)
+        if len(shook) == len(socks) or time.monotonic() >= deadline:
+            break
+        time.sleep(0.05)
+        read_all()
+    for n, s in socks.items():
+        if n not in closed_with_linger:
+            s.close(linger=0)
+    # Every handshaken socket's linger ends at the deadline: one seen gone before it was drained.
+    time.sleep(max(0.0, deadline - 0.05 * linger_s - time.monotonic()))
+    read_all()
+    lingering = {n for n in closed_with_linger if stopped.get(n, math.inf) >= deadline}
+    print(f"head-scale sender: {len(shook)} of {len(socks)} links handshaken, linger {linger_s} s, "
+          f"{len(lingering)} still lingering near its end", file=sys.stderr, flush=True)
+    read_all()                      # a handshake the close raced with: that link's records may have gone
+    for m in mons.values():
+        m.close(linger=0)
+    unsent = {n: sent[n] for n in socks if n not in shook}
+    raced = shook - closed_with_linger     # closed at once, yet handshaken meanwhile: some may have gone
+    unconfirmed = {n: min(sent[n], SENDER_HWM + _ZMQ_OUT_BATCH_FRAMES) for n in lingering | raced}
+    return unsent, unconfirmed
 
 
 def _written_per_node(recs: list[dict], num_nodes: int) -> dict[int, int]:
@@ -317,19 +387,28 @@ def main(argv: list[str] | None = None) -> int:
         cap.close()
     sent = {int(k): v for o in outs for k, v in o["sent"].items()}
     srcs = {int(k): v for o in outs for k, v in o["src"].items()}
+    unsent = {int(k): v for o in outs for k, v in o["unsent_no_handshake"].items()}
+    unconfirmed = {int(k): v for o in outs for k, v in o["unconfirmed_at_close"].items()}
     # Exactness, per node: what the head took in + counted lost == sent.
     recs = [json.loads(line) for line in (work / "head" / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in recs if r["kind"] == "metrics" and "rank" not in r]
     step_nums = [r["step"] for r in steps]
     incomplete = [r["step"] for r in steps if r.get("missing_ranks")]
     per_node = {int(k): v for f in (gfinals or [final]) for k, v in f.get("per_rank", {}).items()}
+    # Per node: what the head took in + counted lost (by the head: lost, refused; by the node:
+    # unsent on a link that never completed its handshake) == sent, exactly; or, for a node whose
+    # close's linger ran out with records queued, within the node's "not confirmed" bound.
     if killed is None:
-        inexact = {n: (per_node.get(n), sent[n]) for n in sent
-                   if n not in per_node or per_node[n]["received"] + per_node[n]["refused"] + per_node[n]["lost"] != sent[n]}
+        got = {n: per_node[n]["received"] + per_node[n]["refused"] + per_node[n]["lost"] if n in per_node else 0
+               for n in sent}
     else:
         written = _written_per_node(recs, a.nodes)
-        inexact = {n: (written[n], per_node.get(n), sent[n]) for n in sent
-                   if n not in per_node or written[n] + per_node[n]["lost"] + per_node[n]["refused"] != sent[n]}
+        got = {n: written[n] + per_node[n]["lost"] + per_node[n]["refused"] if n in per_node else 0 for n in sent}
+    accounted = {n: got[n] + unsent.get(n, 0) for n in sent}
+    not_confirmed = {n for n in sent if n in unconfirmed and accounted[n] <= sent[n] <= accounted[n] + unconfirmed[n]
+                     and accounted[n] != sent[n]}
+    inexact = {n: (per_node.get(n), unsent.get(n), unconfirmed.get(n), sent[n]) for n in sent
+               if accounted[n] != sent[n] and n not in not_confirmed}
     per_group = {int(k): v for k, v in final.get("per_rank", {}).items()} if groups else {}
     groups_inexact = {g: (per_group.get(g), gsent[g]) for g in gsent
                       if g not in per_group or sum(per_group[g][k] for k in ("received", "refused", "lost")) != gsent[g]}
@@ -345,6 +424,10 @@ def main(argv: list[str] | None = None) -> int:
         "records_in": final.get("records_in"), "records_lost": final.get("records_lost"),
         "groups": a.groups,
         "nodes_inexact": len(inexact), "inexact_sample": dict(list(inexact.items())[:3]),
+        "nodes_unsent_no_handshake": len(unsent), "records_unsent_no_handshake": sum(unsent.values()),
+        "nodes_cut_at_close": len(unconfirmed),
+        "nodes_within_not_confirmed_bound": len(not_confirmed),
+        "records_lost_at_close": sum(sent[n] - accounted[n] for n in not_confirmed),
         "records_sent": sum(sent.values()), "senders_behind_s": max(o["behind_s"] for o in outs),
         "head_cpu_percent_of_a_core": round(cpu_pct, 1), "head_us_per_node_record": round(
             1e6 * (cpu1 - cpu0) / max(1, a.nodes * n_steps), 1),
