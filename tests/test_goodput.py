@@ -1742,9 +1742,6 @@ def test_a_window_a_client_marks_with_its_events_is_excluded_in_every_ledger(mak
     assert live["goodput/excluded_s"] == pytest.approx(window, abs=1e-5)
 
 
-@pytest.mark.xfail(strict=True, reason="the drain closes the analysis stages (goodput among them) before it writes "
-                   "script_exit: the fix is the drain's (emit script_exit to every runner before the stages close); "
-                   "remove this mark with it")
 def test_the_drains_last_ledger_and_counters_take_a_scripts_non_zero_exit(make_daemon):
     """A script that closes its client (a bye, no train_end) and then exits 1: the drain request
     of its launcher carries the exit code, the daemon writes script_exit, and the offline ledger

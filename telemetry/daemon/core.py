@@ -254,6 +254,7 @@ class Daemon:
         self.rare.diagnoser, self.rare.forensics, self.rare.media = self.diagnoser, self.forensics, self.fanout.media
         self.steps.goodput = self.goodput
         self.fanout.last_words = self._last_words
+        self.fanout.first_words = self._first_words
         self.pipeline = Pipeline([self.receive, self.rare, self.steps, self.fanout])
         self.pipeline.start()
         for p in self.pollers:
@@ -396,15 +397,19 @@ class Daemon:
         self.steps.flush()
         self.fanout.flush()
 
-    def _last_words(self) -> None:
-        """The fan-out's drain, once the analysis stages are closed: their last events, the
-        script's exit code when the drain request carried one, the daemon's own record."""
-        self.take_inbox()
+    def _first_words(self) -> None:
+        """The fan-out's drain, before the analysis stages close: the script's exit code, as its
+        launcher saw it (`telemetry run`'s drain request), when the request carried one. The
+        goodput ledger books a failed script's tail as hang; the W&B sink ends the run with it
+        unless the script finished the run itself."""
         code = self.control_server.exit_code
         if code is not None:
-            # The script's exit code, as its launcher saw it (`telemetry run`'s drain request): the
-            # W&B sink ends the run with it unless the script finished the run itself.
             self.emit(EventRecord(time.time(), None, SCRIPT_EXIT_EVENT, {"exit_code": code}))
+
+    def _last_words(self) -> None:
+        """The fan-out's drain, once the analysis stages are closed: their last events, the
+        daemon's own record."""
+        self.take_inbox()
         self.emit(self.daemon_record())
 
     def _log_progress(self) -> None:

@@ -3,7 +3,8 @@
 Stop the inputs (the pollers; the ingest socket closes once the receiver stage has drained it),
 drain the pipeline's stages in order, each with its share of `drain_timeout_s`
 (pipeline.py: the receiver's read of what the clients sent, the held byes behind their
-steps, the open steps, then the fan-out: the analysis stages, the last records, the sinks),
+steps, the open steps, then the fan-out: a script's exit code to every runner, the analysis
+stages, the last records, the sinks),
 write the final counters (drain.json: `status` and how the drain went; the checkpoint for a
 successor: continuity.py; the reply to `telemetry drain`), and close.
 

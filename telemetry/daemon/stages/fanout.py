@@ -3,11 +3,13 @@ sink's runner (sinks/base.py: a bounded queue and a thread each; PUB inline, fir
 analysis stages fed like sinks (runners flagged `analysis`: diagnosis, forensics, goodput).
 
 Its drain: the media keeper is told to stop (it keeps what it holds, beside the sinks); the
-analysis stages close first, with a quarter of the time left (their last events must still
-reach the sinks); then the last records (`last_words`: the daemon's own record, a script's exit
-code); then every sink drains, flushes, fsyncs and closes, in parallel, until the deadline less
-ABANDON_GRACE_S; one still busy then is abandoned within that grace (what it never wrote is
-counted in its `dropped`), so a hung W&B never holds the daemon past the deadline.
+first records of the drain (`first_words`: a script's exit code) go to every runner, the
+analysis stages too (the goodput ledger books a failed script's tail by it); the analysis stages
+close, with a quarter of the time left (their last events must still reach the sinks); then the
+last records (`last_words`: their last events, the daemon's own record); then every sink
+drains, flushes, fsyncs and closes, in parallel, until the deadline less ABANDON_GRACE_S; one
+still busy then is abandoned within that grace (what it never wrote is counted in its
+`dropped`), so a hung W&B never holds the daemon past the deadline.
 """
 from __future__ import annotations
 
@@ -40,6 +42,7 @@ class FanOut(Stage):
         self.num_records_out = 0
         self.media = None                          # the MediaKeeper (not on a head)
         self.media_files = None                    # who deletes the ranks' media files
+        self.first_words: Callable[[], None] = lambda: None  # the drain's records every runner gets (script_exit)
         self.last_words: Callable[[], None] = lambda: None   # the drain's last records (the daemon's)
         self.unfinished: list[str] = []            # runners (and "media") still busy at the deadline
 
@@ -89,6 +92,8 @@ class FanOut(Stage):
         grace = min(ABANDON_GRACE_S, max(0.0, deadline - time.monotonic()) / 2)
         stages = [r for r in self.runners if r.analysis]
         sinks = [r for r in self.runners if not r.analysis]
+        self.first_words()      # the script's exit code, to the analysis stages too (the goodput ledger)
+        self.flush()
         unfinished = [r.name for r in stages
                       if not r.close(max(0.0, (deadline - time.monotonic()) * ANALYSIS_SHARE))]
         # Their part is over: what follows (their last events, the final counters) is for the sinks.
