@@ -127,3 +127,35 @@ def test_a_head_that_reads_nothing_else_is_counted():
     assert s["connects"] >= 1 and s["dropped"] == 0, s
     assert s["unsent_no_handshake"] == 0 and s["unconfirmed_at_close"] == 0, s
     assert len(got) == s["seq"], (s, len(got))
+
+
+def test_a_node_daemon_reports_what_its_head_never_took_in_status_and_drain(tmp_path):
+    # A node daemon whose "head" accepts TCP and never speaks ZMTP: its ranks' steps are forwarded
+    # into a link that never completes its handshake; the user sees the count at the drain and a
+    # warning line in the daemon's log.
+    from daemon_util import start_daemon
+
+    from telemetry import TelemetryClient
+
+    lst = socket.socket()
+    lst.bind(("127.0.0.1", 0))
+    lst.listen(8)
+    try:
+        d = start_daemon(tmp_path, world_size=1, config={
+            "pollers": {"nvml_enabled": False},
+            "forward": {"endpoint": f"tcp://127.0.0.1:{lst.getsockname()[1]}", "node_rank": 0, "num_nodes": 1,
+                        "close_linger_s": 0.5}})
+        tm = TelemetryClient(d.ingest, rank=0)
+        for step in range(1, 21):
+            tm.log(step, {"train/loss": 1.0 / step})
+        tm.close()
+        d.wait_for(lambda recs: any(r.get("step") == 20 and "rank" not in r for r in recs if r["kind"] == "metrics"))
+        live = d.status()["sinks"]["forward"]
+        assert live["connects"] == 0 and not live.get("link_up"), live
+        fwd = d.drain()["sinks"]["forward"]
+    finally:
+        lst.close()
+    # Every record the forwarder tried (its hellos, 20 steps, the ranks' bye, its daemon records,
+    # its own bye) is dropped at the socket or counted unsent; none reached a head.
+    assert fwd["seq"] >= 22 and fwd["dropped"] + fwd.get("unsent_no_handshake", 0) == fwd["seq"], fwd
+    assert "never completed its handshake" in d.output(), d.output()[-2000:]
