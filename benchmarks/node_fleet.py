@@ -6,7 +6,9 @@ up: docs/multinode.md). Measured from outside:
 
 - exact at every level: per rank, what the client tried == its node took in + counted lost
   (+ what the client itself dropped); per node, what its forwarder tried == the head took in +
-  counted lost; every step written once by every node and by the head, none without a node;
+  counted lost + what the forwarder counted (dropped; unsent on a link that never completed its
+  handshake), or within its "not confirmed" bound when its close ran out of linger; every step
+  written once by every node and by the head, none without a node;
 - the cost per node daemon (CPU, % of one core over the steady window; RSS peak), the head's,
   and the latency from a step's records leaving the ranks to its aggregate on the head's PUB;
 - with --kill-node, a node daemon SIGKILLed at a step (issue 33 item 3): when the head names the
@@ -228,12 +230,18 @@ def main(argv: list[str] | None = None) -> int:
         got = node_finals[r // a.ranks]["per_rank"].get(str(r), {})
         if accounted(got, s["dropped"]) != s["seq"]:
             ranks_inexact[r] = (s, got)
-    # Node -> head: what each forwarder tried, the head took in or counted lost, or it dropped.
-    nodes_inexact = {}
+    # Node -> head: what each forwarder tried, the head took in or counted lost, or it dropped or
+    # counted unsent (a link that never completed its handshake); or, for a forwarder whose close
+    # ran out of linger, within its not-confirmed bound.
+    nodes_inexact, nodes_not_confirmed = {}, {}
     for i, f in node_finals.items():
         got, fwd = final.get("per_rank", {}).get(str(i), {}), f["sinks"]["forward"]
-        if accounted(got, fwd["dropped"]) != fwd["seq"]:
-            nodes_inexact[i] = (fwd, got)
+        n = accounted(got, fwd["dropped"] + fwd.get("unsent_no_handshake", 0))
+        if n != fwd["seq"]:
+            if n < fwd["seq"] <= n + fwd.get("unconfirmed_at_close", 0):
+                nodes_not_confirmed[i] = fwd["seq"] - n
+            else:
+                nodes_inexact[i] = (fwd, got)
     node_steps = [nodes[i].read_jsonl("metrics", aggregated=True) for i in live]
     head_steps = head.read_jsonl("metrics", aggregated=True)
     head_nums = [r["step"] for r in head_steps]
@@ -257,6 +265,10 @@ def main(argv: list[str] | None = None) -> int:
                                       for st in node_steps),
         "node_steps_incomplete": sum(1 for st in node_steps for r in st if r.get("missing_ranks")),
         "nodes_inexact": len(nodes_inexact), "nodes_inexact_sample": dict(list(nodes_inexact.items())[:2]),
+        "nodes_within_not_confirmed_bound": len(nodes_not_confirmed),
+        "node_records_lost_at_close": sum(nodes_not_confirmed.values()),
+        "node_records_unsent_no_handshake": sum(f["sinks"]["forward"].get("unsent_no_handshake", 0)
+                                                for f in node_finals.values()),
         "forwarded_dropped": sum(f["sinks"]["forward"]["dropped"] for f in node_finals.values()),
         "head_records_lost": final.get("records_lost"),
         "head_steps_written": len(head_nums), "head_steps_written_twice": len(head_nums) - len(set(head_nums)),
@@ -294,7 +306,8 @@ def main(argv: list[str] | None = None) -> int:
             "head_steps_without_it": len(stop_lack),
             "its_late_records_at_the_head": sum(1 for r in head.read_jsonl("metrics", aggregated=False)
                                                 if r.get("rank") == a.stop_node and r.get("late")),
-            "forwarder": {k: fwd[k] for k in ("seq", "sent", "dropped", "connects", "disconnects")},
+            "forwarder": {k: fwd.get(k) for k in ("seq", "sent", "dropped", "connects", "disconnects",
+                                                  "unsent_no_handshake", "unconfirmed_at_close")},
             "at_the_head": {k: final.get("per_rank", {}).get(str(a.stop_node), {}).get(k)
                             for k in ("received", "refused", "lost")},
             "exact": a.stop_node not in nodes_inexact}
