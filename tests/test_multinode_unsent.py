@@ -159,3 +159,35 @@ def test_a_node_daemon_reports_what_its_head_never_took_in_status_and_drain(tmp_
     # its own bye) is dropped at the socket or counted unsent; none reached a head.
     assert fwd["seq"] >= 22 and fwd["dropped"] + fwd.get("unsent_no_handshake", 0) == fwd["seq"], fwd
     assert "never completed its handshake" in d.output(), d.output()[-2000:]
+
+
+def test_a_head_that_comes_up_during_the_close_gets_everything_and_the_bye_last():
+    # Nothing listens while the node runs; the head binds while the node is closing: the close
+    # gives the link its linger to complete a handshake, then everything goes, the bye last.
+    from protocol import KIND_BYE
+
+    probe = socket.socket()
+    probe.bind(("127.0.0.1", 0))
+    port = probe.getsockname()[1]
+    probe.close()
+    ctx = zmq.Context.instance()
+    pull = ctx.socket(zmq.PULL)
+    pull.setsockopt(zmq.LINGER, 0)
+    sink = ForwardSink(ForwardConfig(endpoint=f"tcp://127.0.0.1:{port}", node_rank=0, num_nodes=1,
+                                     close_linger_s=30.0, reconnect_ivl_s=0.05, reconnect_ivl_max_s=0.1))
+    sink.start()
+    sink.consume([_metrics(s) for s in range(50)])
+    up = threading.Timer(0.5, lambda: pull.bind(f"tcp://127.0.0.1:{port}"))
+    up.start()
+    try:
+        sink.close()
+        up.join(10)
+        kinds = []
+        while pull.poll(1000):
+            kinds.append(msgspec.msgpack.decode(pull.recv(zmq.NOBLOCK))[0])
+    finally:
+        up.cancel()
+        pull.close()
+    s = sink.stats()
+    assert s["connects"] == 1 and s["unsent_no_handshake"] == s["unconfirmed_at_close"] == 0, s
+    assert len(kinds) == s["seq"] and kinds[-1] == KIND_BYE, (s, kinds[-3:])

@@ -264,8 +264,8 @@ class ForwardSink(Sink):
         self._check_link()   # called about once a second, also when no records flow
 
     def _check_link(self, *, closing: bool = False) -> bool:
-        """Read the link's monitor events; closing: the socket is closed, so no hello is sent on a
-        handshake. Returns whether the monitor said it stopped."""
+        """Read the link's monitor events; closing: the bye is queued (or the socket closed), so no
+        hello is sent on a handshake. Returns whether the monitor said it stopped."""
         from zmq.utils.monitor import parse_monitor_message
 
         mon = self._mon
@@ -311,7 +311,7 @@ class ForwardSink(Sink):
         deadline = time.monotonic() + c.close_linger_s
         while self.num_connects == 0 and (left_s := deadline - time.monotonic()) > 0:
             if self._mon.poll(max(1, int(left_s * 1000))):
-                self._check_link()
+                self._check_link(closing=True)     # no hello after the bye: the queued one goes first
         handshaken = self.num_connects > 0
         linger_ms = int(max(0.0, deadline - time.monotonic()) * 1000) if handshaken else 0
         t0 = time.monotonic()
