@@ -243,7 +243,7 @@ def test_a_metric_added_in_its_two_places_reaches_the_records_the_rules_promethe
 def test_the_daemon_record_and_status_say_the_same_of_every_counter_they_share(make_daemon):
     """The daemon's own counters that `telemetry status` has too (the catalogue's `status`
     path): its last `daemon` record, written at the drain, and drain.json (the final status)
-    give each the same figure, under its two names (telemetry/dropped and records_lost...); a
+    give each the same figure, under the same words (telemetry/records_lost and records_lost...); a
     client that dropped records, malformed frames, hellos, events and a bye make them nonzero."""
     import json
 
@@ -264,7 +264,8 @@ def test_the_daemon_record_and_status_say_the_same_of_every_counter_they_share(m
     last = [r for r in d.read_jsonl() if r["kind"] == "daemon"][-1]["values"]
     on_disk = json.loads((d.log_dir / "drain.json").read_text())
     twins = [m for m in catalogue.CATALOGUE if m.source == "self" and m.status]
-    assert {m.name for m in twins} >= {"telemetry/dropped", "telemetry/records_in", "telemetry/hellos_in"}
+    assert {m.name for m in twins} >= {"telemetry/records_lost", "telemetry/records_in",
+                                      "telemetry/records_in_by_kind/hello", "telemetry/memory/records_shed"}
     for m in twins:
         v = on_disk
         for k in m.status.split("."):
@@ -273,9 +274,9 @@ def test_the_daemon_record_and_status_say_the_same_of_every_counter_they_share(m
             assert 0 < last[m.name] <= v, (m.name, last[m.name], v)
         else:
             assert last[m.name] == v, (m.name, m.status, last[m.name], v)
-    assert last["telemetry/records_malformed"] == 3 and last["telemetry/hellos_in"] == 1
-    assert last["telemetry/events_in"] >= 1 and last["telemetry/byes_in"] == 1 and last["telemetry/steps_out"] == 20
-    assert final["records_lost"] == last["telemetry/dropped"]
+    assert last["telemetry/records_malformed"] == 3 and last["telemetry/records_in_by_kind/hello"] == 1
+    assert last["telemetry/records_in_by_kind/event"] >= 1 and last["telemetry/records_in_by_kind/bye"] == 1
+    assert last["telemetry/steps_out"] == 20 and final["records_lost"] == last["telemetry/records_lost"]
 
 
 def test_grouped_puts_the_runs_own_names_first_then_the_catalogues_groups_in_order():
@@ -284,3 +285,19 @@ def test_grouped_puts_the_runs_own_names_first_then_the_catalogues_groups_in_ord
     assert rows == [(catalogue.OWN_GROUP, "acc", ""), (catalogue.OWN_GROUP, "val/acc", ""),
                     ("training", "train/loss", ""), ("throughput", "perf/tokens_per_second", "tokens/s"),
                     ("step timing", "perf/forward_time", "s"), ("GPU", "gpu/util_percent", "%")], rows
+
+
+def test_a_counter_status_has_too_has_one_name_status_s_path_under_telemetry():
+    """The daemon record's counter and status's figure are one name: records_lost is
+    telemetry/records_lost, memory.records_shed telemetry/memory/records_shed; an entry naming it
+    otherwise is refused; each older name is mapped to a name the catalogue has now."""
+    twins = [m for m in catalogue.CATALOGUE if m.source == "self" and m.status]
+    assert twins and all(m.name == "telemetry/" + m.status.replace(".", "/") for m in twins), \
+        [(m.name, m.status) for m in twins if m.name != "telemetry/" + m.status.replace(".", "/")]
+    with pytest.raises(ValueError, match="telemetry/records_lost"):
+        catalogue.Metric("telemetry/dropped", "records", "counter", "daemon", "x", source="self",
+                         cumulative=True, status="records_lost")
+    with pytest.raises(ValueError, match="_total"):      # Prometheus would say _total_total
+        catalogue.Metric("telemetry/x_total", "records", "counter", "daemon", "x", source="self", cumulative=True)
+    names = {m.name for m in catalogue.CATALOGUE}
+    assert set(catalogue.RENAMED.values()) <= names and not set(catalogue.RENAMED) & names

@@ -34,7 +34,7 @@ def _write_run(root, name: str, i: int) -> None:
     recs.append({"kind": "event", "t": T0 + 5, "rank": None, "name": "diagnosis/loss_spike",
                  "data": {"severity": "warning", "message": f"loss spike in {name}", "step": 5}})
     recs.append({"kind": "daemon", "t": T0 + STEPS, "values": {"telemetry/records_in": 2 * STEPS + 1,
-                                                               "telemetry/dropped": 0}})
+                                                               "telemetry/records_lost": 0}})
     (tel / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
     # A histogram every 10 steps (run 0 also at 15), as the daemon's media keeper writes its index.
     steps = sorted({10, 20, 30, 40} | ({15} if i == 0 else set()))

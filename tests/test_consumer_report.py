@@ -287,3 +287,40 @@ def test_media_the_report_cannot_trust_is_bounded_and_said(tmp_path):
     assert "an image the daemon did not keep whole" in page and not (tel / "report" / "media" / "1-0.png").exists()
     assert "not shown: ValueError: a histogram without its bins and counts" in page
     assert '<img src="metrics/0.png" alt="acc">' in page
+
+
+# A daemon record as a daemon wrote it before its counters took status's names.
+_OLD_DAEMON_VALUES = {"telemetry/records_in": 120, "telemetry/dropped": 7, "telemetry/dropped_by_clients": 4,
+                      "telemetry/lost_in_transit": 3, "telemetry/hellos_in": 2, "telemetry/events_in": 1,
+                      "telemetry/byes_in": 2, "telemetry/memory_shed": 5, "telemetry/sink_dropped": 0,
+                      "telemetry/uptime_s": 30.0}
+
+
+def test_an_older_daemon_s_counters_are_read_under_their_names_now(tmp_path):
+    """A run dir written by a daemon before the renames: report, summary, the dashboard's store
+    and tail's view still show its counts (the old names read as the new ones)."""
+    from telemetry.consumers.dashboard.store import RunStore
+    from telemetry.consumers.tail import TailState
+
+    tel = tmp_path / "old" / "telemetry"
+    tel.mkdir(parents=True)
+    recs = [{"kind": "metrics", "t": 1000.0 + s, "step": s, "values": {"train/loss": 1.0 / s}} for s in range(1, 6)]
+    recs.append({"kind": "daemon", "t": 1006.0, "values": _OLD_DAEMON_VALUES})
+    (tel / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    r = make_report(tmp_path / "old")
+    assert r["summary"]["dropped"] == 7 and r["summary"]["records_in"] == 120
+    proc = subprocess.run([sys.executable, "-m", "telemetry.consumers.summary", str(tel)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and "records dropped    7 " in proc.stdout, proc.stdout
+    s = RunStore("r0", "old", None)
+    for rec in recs:
+        s.consume(rec)
+    daemon = s.status()["daemon"]
+    assert daemon["telemetry/records_lost"] == 7 and daemon["telemetry/records_lost_in_transit"] == 3
+    assert daemon["telemetry/records_in_by_kind/hello"] == 2 and daemon["telemetry/memory/records_shed"] == 5
+    assert "telemetry/dropped" not in daemon
+    keys = {x["key"] for x in s.snapshot(800)["series"]}
+    assert {"telemetry/records_lost", "telemetry/records_lost_in_transit"} <= keys and "telemetry/dropped" not in keys
+    t = TailState()
+    t.consume("daemon", recs[-1])
+    assert t.daemon["telemetry/records_lost"] == 7 and t.daemon["telemetry/records_dropped_by_clients"] == 4

@@ -134,8 +134,8 @@ def test_sigterm_mid_stream_loses_nothing_accepted(make_daemon):
     finish_ranks(procs)
     recs = d.read_jsonl()
     final = [r for r in recs if r["kind"] == "daemon"][-1]["values"]
-    metrics_in = final["telemetry/records_in"] - final["telemetry/hellos_in"] - final["telemetry/events_in"] \
-        - final["telemetry/byes_in"]
+    metrics_in = final["telemetry/records_in"] - final["telemetry/records_in_by_kind/hello"] \
+        - final["telemetry/records_in_by_kind/event"] - final["telemetry/records_in_by_kind/bye"]
     per_rank = [r for r in recs if r["kind"] == "metrics" and "rank" in r]
     assert len(per_rank) == metrics_in > 0                      # every accepted record is on disk
     assert len(set((r["rank"], r["step"]) for r in per_rank)) == len(per_rank)

@@ -94,7 +94,7 @@ def test_daemon_bounds_hellos_names_and_the_forensics_ring(tmp_path):
         assert mem["shed"]["metric_values"] == 4 * WIDE - max_names
         assert mem["held"]["recent_mb"] * 2**20 <= recent_bytes + 0.1 * 2**20
         assert mem["shed"]["recent_batches"] + mem["shed"]["recent_records"] > 0
-        assert mem["shed_total"] == sum(mem["shed"].values())
+        assert mem["records_shed"] == sum(mem["shed"].values())
         steps = d.wait_for(lambda recs: any(r.get("step") == 5 for r in recs), kind="metrics")
         by_step = {r["step"]: r for r in steps if "rank" not in r}
         assert by_step[5]["values"]["user/m000000"] == 5.0 and by_step[5]["values"]["user/m000001"] == 6.0
@@ -106,7 +106,7 @@ def test_daemon_bounds_hellos_names_and_the_forensics_ring(tmp_path):
         assert hello["info"]["config"]["hidden_size"] == 2048     # the scalars stay
         s.close(linger=0)
         daemon_rec = _wait_status(d, lambda st: True)
-        assert daemon_rec["memory"]["shed_total"] >= 1
+        assert daemon_rec["memory"]["records_shed"] >= 1
     finally:
         d.stop()
         d.cleanup()

@@ -36,7 +36,7 @@ def test_run_sh_two_ranks_thirty_steps(tmp_path):
     assert all("missing_ranks" not in r for r in steps), "every step should have both ranks"
     assert any(r["values"].get("perf/tokens_per_second", 0) > 0 for r in steps)
     daemon = [r for r in records if r["kind"] == "daemon"]
-    assert daemon and daemon[-1]["values"]["telemetry/dropped"] == 0
+    assert daemon and daemon[-1]["values"]["telemetry/records_lost"] == 0
     assert daemon[-1]["values"]["telemetry/records_in"] >= 60
     assert "run summary" in proc.stdout
     assert (run_dir / "checkpoints").is_dir()

@@ -10,13 +10,15 @@ from __future__ import annotations
 
 from typing import Any
 
+from telemetry.shared.catalogue import current_names
 from telemetry.shared.numbers import is_number
 
 # Counters that only grow within one daemon's life; the rest (queued, num_ranks, uptime) are levels.
-COUNTERS = ("telemetry/records_in", "telemetry/records_malformed", "telemetry/dropped",
-            "telemetry/dropped_by_clients", "telemetry/lost_in_transit", "telemetry/sink_dropped",
+COUNTERS = ("telemetry/records_in", "telemetry/records_malformed", "telemetry/records_lost",
+            "telemetry/records_dropped_by_clients", "telemetry/records_lost_in_transit", "telemetry/sink_dropped",
             "telemetry/diagnosis_skipped", "telemetry/steps_incomplete", "telemetry/records_late",
-            "telemetry/hellos_in", "telemetry/events_in", "telemetry/byes_in", "telemetry/steps_out")
+            "telemetry/records_in_by_kind/hello", "telemetry/records_in_by_kind/event",
+            "telemetry/records_in_by_kind/bye", "telemetry/steps_out")
 UPTIME = "telemetry/uptime_s"
 # Two daemon records are from the same daemon when their start times agree to within the
 # drift of the wall clock against the monotonic uptime (NTP slews at most 500 ppm) plus the
@@ -50,7 +52,9 @@ class DaemonTotals:
                    and values[k] < self._current[k] for k in COUNTERS)
 
     def consume(self, values: dict, t: Any = None) -> None:
-        """One daemon record's values, and its `t` (unix seconds)."""
+        """One daemon record's values, and its `t` (unix seconds); an older daemon's names are
+        taken as the names now (catalogue.current_names)."""
+        values = current_names(values)
         up, t = _num(values.get(UPTIME)), _num(t)
         start_t = t - up if up is not None and t is not None else None
         if self._is_new_daemon(values, start_t):

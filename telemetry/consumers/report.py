@@ -315,7 +315,7 @@ def summarize(d: RunData) -> dict[str, Any]:
         "eval_loss": {(k.split("/")[1] if k.count("/") == 2 else "eval"): d.steps[k].last
                       for k in sorted(d.steps) if k.startswith("eval/") and k.endswith("/loss") and d.steps[k].n},
         "records_in": d.daemon.get("telemetry/records_in"),
-        "dropped": d.daemon.get("telemetry/dropped"),
+        "dropped": d.daemon.get("telemetry/records_lost"),
         "sink_dropped": d.daemon.get("telemetry/sink_dropped"),
         "duration_s": (d.t_last - d.t_first) if d.t_first is not None and d.t_last is not None else None,
     }

@@ -93,12 +93,13 @@ def main(argv: list[str] | None = None) -> int:
             # the summary, /dev/zero is never read without end).
             drained = json.loads(files.read_small(args.drain_json, 16 << 20) or "{}")
             # The last daemon's final counters, under their record names.
-            final = {"telemetry/records_in": drained.get("records_in"), "telemetry/dropped": drained.get("records_lost")}
+            final = {"telemetry/records_in": drained.get("records_in"),
+                     "telemetry/records_lost": drained.get("records_lost")}
         except (ValueError, AttributeError, RecursionError):   # not the daemon's JSON object
             pass
     totals = s["daemon"].totals(final)
     s["records_in"] = totals.get("telemetry/records_in")
-    s["dropped"] = totals.get("telemetry/dropped")
+    s["dropped"] = totals.get("telemetry/records_lost")
     s["sink_dropped"] = totals.get("telemetry/sink_dropped")
     print("=" * 72)
     print(f"run summary ({args.log_dir})")

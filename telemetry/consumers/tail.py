@@ -34,7 +34,7 @@ from telemetry.consumers.terminal import printable, printable_record
 from telemetry.shared.goodput import top_loss as goodput_top_loss
 from telemetry.shared.endpoints import endpoint_arg
 from telemetry.shared.bookkeeping import is_bookkeeping
-from telemetry.shared.catalogue import grouped
+from telemetry.shared.catalogue import current_names, grouped
 from telemetry.shared.numbers import is_number
 
 # Points kept for the sparklines (one per step).
@@ -228,7 +228,7 @@ class TailState:
         elif kind == "system":
             self.systems.setdefault(str(rec.get("host", "?")), {}).update(values)
         elif kind == "daemon":
-            self.daemon.update(values)
+            self.daemon.update(current_names(values))    # an older daemon's names as they are now
         elif kind == "event":
             if is_bookkeeping(rec.get("name")):
                 return
@@ -361,11 +361,12 @@ def render(state: TailState, endpoint: str, filter_prefix: str = "", width: int 
     health = Table.grid(padding=(0, 2))
     health.add_column(style="bold")
     health.add_column(justify="right")
-    for label, key in (("records in", "telemetry/records_in"), ("dropped", "telemetry/dropped"),
-                       ("lost in transit", "telemetry/lost_in_transit"), ("sink dropped", "telemetry/sink_dropped"),
+    for label, key in (("records in", "telemetry/records_in"), ("dropped", "telemetry/records_lost"),
+                       ("lost in transit", "telemetry/records_lost_in_transit"),
+                       ("sink dropped", "telemetry/sink_dropped"),
                        ("ranks", "telemetry/num_ranks")):
         val = _num(d, key)
-        style = "red" if val and key in ("telemetry/dropped", "telemetry/lost_in_transit",
+        style = "red" if val and key in ("telemetry/records_lost", "telemetry/records_lost_in_transit",
                                          "telemetry/sink_dropped") else ""
         health.add_row(label, Text("—" if val is None else f"{int(val):,}", style=style))
     health.add_row("events", str(state.num_events))

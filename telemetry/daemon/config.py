@@ -197,7 +197,7 @@ class DaemonConfig:
                                        # (a head: at least 2 x its nodes + HEAD_OWN_CONNECTIONS)
     # The daemon's memory budget in MB: the whole process's RSS, its own baseline included; what
     # the baseline leaves is split across its buffers (telemetry/daemon/memory.py); what does not
-    # fit is shed and counted (status: memory.shed; telemetry/memory_shed). A budget below what the
+    # fit is shed and counted (status: memory.shed; telemetry/memory/records_shed). A budget below what the
     # process needs is refused at start, naming the smallest that works here.
     memory_mb: float = 256.0
     jsonl: JsonlConfig = field(default_factory=JsonlConfig)

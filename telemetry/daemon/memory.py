@@ -207,7 +207,7 @@ class Shed:
         self.counts[kind] = self.counts.get(kind, 0) + n
         if kind not in self._logged:
             self._logged.add(kind)
-            log.warning("memory budget: %s (counted in status memory.shed.%s and telemetry/memory_shed; "
+            log.warning("memory budget: %s (counted in status memory.shed.%s and telemetry/memory/records_shed; "
                         "logged once)", why, kind)
 
     def total(self) -> int:

@@ -10,7 +10,7 @@
 - `daemon_record(d)`: the `daemon` record written every daemon_record_interval_s and at the
   drain. Its counters are the catalogue's (telemetry/shared/catalogue.py, source "self"); one
   that `status` also has is read from the same figures (`counts`) at the path its entry names,
-  so the two never say different things (telemetry/dropped is status's records_lost).
+  so the two never say different things (telemetry/records_lost is status's records_lost).
 - `progress_line(d, rec)`: the line the daemon logs at that interval (the trainer prints none:
   reading its loss would be a host-device sync).
 
@@ -119,7 +119,7 @@ def memory_status(d: Daemon) -> dict:
     shed = dict(d.shed.counts)
     shed["sink_records"] = sum(r.num_dropped_for_bytes for r in d.runners)
     return {"budget_mb": d.cfg.memory_mb, "split_mb": d.budget.split(),
-            "rss_mb": rss_mb(), "shed": shed, "shed_total": sum(shed.values()),
+            "rss_mb": rss_mb(), "shed": shed, "records_shed": sum(shed.values()),
             "held": {"recent_mb": round(d.recent_metrics.num_bytes / 2**20, 1),
                      "open_records": d.aggregator.num_open_records,
                      "hellos_mb": round(d.hello_infos.num_bytes / 2**20, 1),

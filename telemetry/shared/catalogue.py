@@ -19,8 +19,10 @@ From it, not beside it:
     otlp.py): dot-separated lowercase names without their unit, UCUM units, values in base units
     (UNITS: GB are sent as bytes); the same segments and the same unit table as Prometheus's.
   - the daemon's own counters in its `daemon` records, each read where `telemetry status` has
-    the same figure (`status`: telemetry/dropped is status's records_lost), so the two never
-    disagree (telemetry/daemon/self_report.py).
+    the same figure (`status`), so the two never disagree (telemetry/daemon/self_report.py); such
+    a counter has one name: status's path under telemetry/ (records_lost is telemetry/records_lost,
+    memory.records_shed is telemetry/memory/records_shed). What an older daemon wrote under other names
+    is read under these (`current_names`, for the consumers of run files).
 The catalogue also declares what the daemon polls (GPU, host: source "poller") and its own
 counters in its `daemon` records (source "self"); neither is reduced across ranks or over a
 window (those records pass the downsampler as they are).
@@ -55,6 +57,37 @@ SOURCES = ("rank", "daemon", "poller", "self")
 MEAN = "mean"
 
 
+def status_name(path: str) -> str:
+    """The daemon record's name of a counter `telemetry status` has at `path` (a key, or a dotted
+    path into it): the same words under telemetry/, one segment a key."""
+    return "telemetry/" + path.replace(".", "/")
+
+
+# The daemon record's counters as an older daemon named them, by their names now: a run dir
+# written before they took status's names is read under these (`current_names`).
+RENAMED = {
+    "telemetry/dropped": "telemetry/records_lost",
+    "telemetry/dropped_by_clients": "telemetry/records_dropped_by_clients",
+    "telemetry/lost_in_transit": "telemetry/records_lost_in_transit",
+    "telemetry/unread_at_drain": "telemetry/records_unread_at_drain",
+    "telemetry/shed_at_intake": "telemetry/records_shed_at_intake",
+    "telemetry/hellos_in": "telemetry/records_in_by_kind/hello",
+    "telemetry/events_in": "telemetry/records_in_by_kind/event",
+    "telemetry/byes_in": "telemetry/records_in_by_kind/bye",
+    "telemetry/memory_shed": "telemetry/memory/records_shed",
+}
+
+
+def current_names(values: dict) -> dict:
+    """A `daemon` record's values with an older daemon's names (RENAMED) as they are named now;
+    the same dict when it has none. A name now and its older one in the same record: the one now."""
+    if not any(k in RENAMED for k in values):
+        return values
+    out = {RENAMED[k]: v for k, v in values.items() if k in RENAMED}
+    out.update((k, v) for k, v in values.items() if k not in RENAMED)
+    return out
+
+
 @dataclass(frozen=True, slots=True)
 class Metric:
     name: str                  # exact, "prefix*" or "*suffix"
@@ -85,8 +118,14 @@ class Metric:
             raise ValueError(f"metric {self.name!r}: a pattern is 'prefix*' or '*suffix'")
         if self.cumulative and self.kind != "counter":
             raise ValueError(f"metric {self.name!r}: only a counter is cumulative")
+        if self.cumulative and self.name.endswith("_total"):
+            # The exports add it (Prometheus's counter samples; its OTLP translation adds it again).
+            raise ValueError(f"metric {self.name!r}: a cumulative counter's name does not end in _total")
         if self.status and self.source != "self":
             raise ValueError(f"metric {self.name!r}: only the daemon's own counters are in its status")
+        if self.status and self.name != status_name(self.status):
+            raise ValueError(f"metric {self.name!r}: a counter status has too is named as status names it: "
+                             f"{status_name(self.status)!r}")
         if self.wandb_summary:
             ops = [op.strip() for op in self.wandb_summary.split(",")]
             bad = [op for op in ops if op not in WANDB_SUMMARIES]
@@ -251,10 +290,10 @@ CATALOGUE: tuple[Metric, ...] = (
           ("telemetry/values_refused", "values_refused", "values", "counter",
            "metrics values refused alone, the rest of their record taken: text, a map, a list, a name "
            "not of 1..256 characters; by reason: status's values_refused_by_reason"),
-          ("telemetry/dropped", "records_lost", "records", "counter", "records lost, all causes"),
-          ("telemetry/dropped_by_clients", "records_dropped_by_clients", "records", "counter",
+          ("telemetry/records_lost", "records_lost", "records", "counter", "records lost, all causes"),
+          ("telemetry/records_dropped_by_clients", "records_dropped_by_clients", "records", "counter",
            "records the clients dropped (their queue was full) and counted"),
-          ("telemetry/lost_in_transit", "records_lost_in_transit", "records", "counter",
+          ("telemetry/records_lost_in_transit", "records_lost_in_transit", "records", "counter",
            "records sent and never received (seq gaps)"),
           ("telemetry/records_unread_at_drain", "records_unread_at_drain", "records", "counter",
            "records still queued when the daemon stopped"),
@@ -266,11 +305,13 @@ CATALOGUE: tuple[Metric, ...] = (
           ("telemetry/steps_incomplete", "steps_incomplete", "steps", "counter", "steps written without every rank"),
           ("telemetry/records_late", "records_late", "records", "counter",
            "records that came after their step was written"),
-          ("telemetry/hellos_in", "records_in_by_kind.hello", "records", "counter", "hellos taken in"),
-          ("telemetry/events_in", "records_in_by_kind.event", "records", "counter", "events taken in"),
-          ("telemetry/byes_in", "records_in_by_kind.bye", "records", "counter", "byes taken in"),
+          ("telemetry/records_in_by_kind/hello", "records_in_by_kind.hello", "records", "counter",
+           "hellos taken in"),
+          ("telemetry/records_in_by_kind/event", "records_in_by_kind.event", "records", "counter",
+           "events taken in"),
+          ("telemetry/records_in_by_kind/bye", "records_in_by_kind.bye", "records", "counter", "byes taken in"),
           ("telemetry/steps_out", "steps_out", "steps", "counter", "steps written"),
-          ("telemetry/memory_shed", "memory.shed_total", "records", "counter",
+          ("telemetry/memory/records_shed", "memory.records_shed", "records", "counter",
            "records shed for the memory budget, all stages"),
           ("telemetry/auth_refused", "", "connections", "counter", "CURVE clients whose key is not allowed"),
           ("telemetry/identity_refused", "", "records", "counter",

@@ -308,6 +308,8 @@ class RunStore:
                     if y is not None and self._add(k, STEP, float(step), y, points):
                         self.latest[k] = None if math.isnan(y) else y
             elif kind in ("gpu", "system", "daemon") and t is not None:
+                if kind == "daemon":
+                    values = catalogue.current_names(values)     # an older daemon's names as they are now
                 if kind == "gpu":
                     suffix = f"@{rec.get('host', '?')}/{rec.get('gpu', 0)}"
                 elif kind == "system":

@@ -83,7 +83,7 @@ const GROUPS = [
   { title: "Telemetry (the daemon's own accounting)", place: "system", charts: [
     { id: "records_in", title: "Records in", axis: "time", match: exact("telemetry/records_in"), label: () => "records in" },
     { id: "records_lost", title: "Records lost", axis: "time",
-      match: exact("telemetry/dropped", "telemetry/lost_in_transit", "telemetry/sink_dropped"),
+      match: exact("telemetry/records_lost", "telemetry/records_lost_in_transit", "telemetry/sink_dropped"),
       label: (k) => k.replace("telemetry/", "").replace(/_/g, " "), note: "should stay at 0" },
   ]},
 ];
@@ -405,9 +405,9 @@ const TILES = [
   ["goodput", (r) => daemonTotal(r, "goodput/fraction"), (v) => v == null ? "—" : (v * 100).toFixed(1) + " %", false,
    hasDaemon("goodput/fraction")],
   ["records in", (r) => daemonTotal(r, "telemetry/records_in"), (v) => fmt(v), false, hasDaemon("telemetry/records_in")],
-  ["dropped", (r) => daemonTotal(r, "telemetry/dropped"), (v) => fmt(v), true, hasDaemon("telemetry/dropped")],
-  ["lost in transit", (r) => daemonTotal(r, "telemetry/lost_in_transit"), (v) => fmt(v), true,
-   hasDaemon("telemetry/lost_in_transit")],
+  ["dropped", (r) => daemonTotal(r, "telemetry/records_lost"), (v) => fmt(v), true, hasDaemon("telemetry/records_lost")],
+  ["lost in transit", (r) => daemonTotal(r, "telemetry/records_lost_in_transit"), (v) => fmt(v), true,
+   hasDaemon("telemetry/records_lost_in_transit")],
   ["sink dropped", (r) => daemonTotal(r, "telemetry/sink_dropped"), (v) => fmt(v), true, hasDaemon("telemetry/sink_dropped")],
 ];
 
