@@ -49,7 +49,8 @@ def run(args: argparse.Namespace) -> int:
     import logging
 
     from telemetry.daemon.config import ConfigError, load
-    from telemetry.daemon.core import Daemon, setup_logging
+    from telemetry.daemon.core import Daemon
+    from telemetry.daemon.process import setup_logging
     from telemetry.daemon.sinks.base import StartupError
     from telemetry.shared.endpoints import EndpointError
     from telemetry.shared import files, run_lock

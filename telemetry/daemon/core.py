@@ -19,10 +19,8 @@ from __future__ import annotations
 import collections
 import logging
 import os
-import resource
 import signal
 import socket
-import sys
 import threading
 import time
 from pathlib import Path
@@ -31,7 +29,7 @@ import zmq
 
 from protocol import MAX_FRAME_BYTES
 from protocol.output import EventRecord, MetricsRecord, OutputRecord
-from telemetry.shared import endpoints, files, run_endpoints, run_lock
+from telemetry.shared import endpoints, run_endpoints, run_lock
 from telemetry.daemon import hotpath
 from telemetry.daemon.aggregator import Aggregator
 from telemetry.daemon.config import DaemonConfig
@@ -43,7 +41,7 @@ from telemetry.daemon.node_clocks import NodeClocks
 from telemetry.daemon.node_links import (REMOTE_HEARTBEAT_IVL_MS, REMOTE_HEARTBEAT_TIMEOUT_MS, REMOTE_HEARTBEAT_TTL_MS,
                                          NodeLinks)
 from telemetry.daemon.intake import Intake
-from telemetry.daemon import memory
+from telemetry.daemon import memory, process
 from telemetry.daemon.pipeline import Pipeline
 from telemetry.daemon.receiver import Receiver
 from telemetry.daemon import shutdown, self_report
@@ -77,8 +75,6 @@ HANDSHAKE_IVL_MS = 5000
 # of raw ones) beyond it has its SYNs dropped and retried after 1, 3, 7 s, which a rank's close
 # (1.5 s) may not outlast.
 INGEST_BACKLOG = 1024
-# Allocations between young-generation collections (CPython's default is 700); see _tune_gc.
-GC_GEN0_THRESHOLD = 50_000
 
 # Control connections at once (`telemetry status`/`drain` use one for a moment each).
 MAX_CONTROL_CONNECTIONS = 64
@@ -177,7 +173,7 @@ class Daemon:
             "pub": endpoints.resolve("pub", cfg.pub, create_dir=True),
             "control": endpoints.resolve("control", cfg.control, create_dir=True),
         }
-        self.fd_limit, self.max_connections = _raise_fd_limit(cfg.max_connections)
+        self.fd_limit, self.max_connections = process.raise_fd_limit(cfg.max_connections)
         if cfg.remote_ingest and cfg.aggregator.world_size:
             log.info("head of %d nodes: up to %d ingest connections (max_connections: two a node and the head's "
                      "own; descriptor limit %d)", cfg.aggregator.world_size, self.max_connections, self.fd_limit)
@@ -259,8 +255,8 @@ class Daemon:
         self.pipeline.start()
         for p in self.pollers:
             p.start(self.post)
-        _tune_gc()
-        _warn_open_endpoints(self.endpoints, cfg.security)
+        process.tune_gc()
+        process.warn_open_endpoints(self.endpoints, cfg.security)
         eps = " ".join(f"{k}={v}" for k, v in self.endpoints.items())
         try:      # where this run's live daemon is, for a consumer that follows the run (tail)
             run_endpoints.write(self.log_dir, self.endpoints)
@@ -336,7 +332,7 @@ class Daemon:
         if now >= self._next_checkpoint:
             self.receiver.mark_progress()      # which clients are still sending, for a drain
             self._next_checkpoint = now + CHECKPOINT_INTERVAL_S
-            if self.watch_pid is not None and not _alive(self.watch_pid):
+            if self.watch_pid is not None and not process.alive(self.watch_pid):
                 self.stop("watched_process_exited", f"the process it was started for exited (pid {self.watch_pid})")
         self.fanout.flush()
         if checkpoint_due:
@@ -477,80 +473,6 @@ class Daemon:
         self._wake_w.close()
 
 
-# Descriptors the daemon needs besides its ingest connections: files, sinks, pollers, sockets.
-FD_RESERVE = 256
-
-
-def _alive(pid: int) -> bool:
-    """Whether process `pid` still runs (a zombie counts as ended)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[-1].split()[0] != b"Z"
-    except OSError:
-        return True
-
-
-def _raise_fd_limit(max_connections: int) -> tuple[int, int]:
-    """Raise the soft descriptor limit to the hard one (libzmq aborts when accept() runs out of
-    descriptors); returns the soft limit now and the connections that fit in it: max_connections,
-    or fewer (with a warning) when the hard limit leaves no room for them."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    want = min(hard if hard != resource.RLIM_INFINITY else 1 << 20, 1 << 20)
-    if soft != resource.RLIM_INFINITY and soft < want:
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
-            soft = want
-        except (ValueError, OSError) as exc:
-            log.warning("cannot raise the descriptor limit from %d to %d: %r", soft, want, exc)
-    room = (soft if soft != resource.RLIM_INFINITY else 1 << 20) - FD_RESERVE
-    if max_connections > room:
-        log.warning("max_connections %d does not fit the descriptor limit %d: %d connections at most",
-                    max_connections, soft, max(1, room))
-        max_connections = max(1, room)
-    return soft, max_connections
-
-
-def _tune_gc() -> None:
-    """Records are acyclic dicts freed by reference counting; the cyclic collector only costs.
-
-    With the default thresholds it runs every 700 allocations and, under load, its older
-    generations rescan every record waiting in the sink queues (measured: ~1-3 us per record
-    of ingest). Everything built at start-up (imports, sockets, sinks) is frozen out of its
-    reach, and collections are made rarer; they still run, so a cycle is still freed.
-    """
-    import gc
-
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(GC_GEN0_THRESHOLD, 50, 100)
-
-
-# What another local user can do with a socket of ours that they can connect to.
-_OPEN_TO = {"ingest": "send it records (forged steps, events, hellos)", "remote_ingest": "send it records",
-            "pub": "read every record from it", "control": "connect to it (status and drain need its token)"}
-
-
-def _warn_open_endpoints(eps: dict[str, str], security) -> None:
-    """One warning line, at start, naming each socket bound to loopback TCP without CURVE: every
-    local user can connect to those. ipc sockets in the private (0700) runtime directory are the
-    owner's alone and need no word; beyond loopback the daemon refuses to start without CURVE."""
-    from telemetry.shared.security.curve import needs_curve
-
-    open_eps = [f"{name} {ep} (any local user can {_OPEN_TO.get(name, 'connect to it')})"
-                for name, ep in eps.items()
-                if ep.startswith("tcp://") and not (security.enabled and needs_curve(ep, security))]
-    if open_eps:
-        log.warning("open to every local user (loopback TCP without CURVE): %s. To close them: ipc "
-                    "endpoints (the default, in a private 0700 directory) or CURVE on loopback "
-                    "(security.curve_loopback; README \"Trust model\")", "; ".join(open_eps))
-
-
 def _bind(sock: zmq.Socket, ep: str) -> str:
     """Bind and return the endpoint as bound: tcp://127.0.0.1:0 becomes the port the OS picked.
     An ipc path is claimed first (endpoints.claim_ipc): a daemon already serving it is left alone."""
@@ -560,19 +482,3 @@ def _bind(sock: zmq.Socket, ep: str) -> str:
     except zmq.ZMQError as exc:   # a port in use: one line and exit 2 (telemetry.daemon.cli)
         raise StartupError(f"cannot bind {ep}: {exc.strerror}") from None
     return sock.getsockopt(zmq.LAST_ENDPOINT).decode()
-
-
-def setup_logging(log_dir: Path, level: int = logging.INFO) -> None:
-    try:
-        files.make_dir(log_dir, own=True)
-        # Made (or an older one brought to) the run-file mode first: FileHandler keeps what it finds.
-        os.close(files.open_fd(log_dir / "daemon.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT))
-        handlers = (logging.StreamHandler(sys.stderr), logging.FileHandler(log_dir / "daemon.log"))
-    except OSError as exc:
-        raise StartupError(f"cannot use {log_dir} as the log directory: {exc.strerror or exc}") from None
-    fmt = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
-    root = logging.getLogger("telemetry")
-    root.setLevel(level)
-    for h in handlers:
-        h.setFormatter(fmt)
-        root.addHandler(h)

@@ -1,0 +1,108 @@
+"""What the daemon sets up in its process, beside its sockets: the descriptor limit, the cyclic
+collector, logging, the start's warning of sockets open to every local user, and whether the
+process it watches (--watch-pid) still runs.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import resource
+import sys
+from pathlib import Path
+
+from telemetry.shared import files
+from telemetry.daemon.sinks.base import StartupError
+
+log = logging.getLogger("telemetry.daemon")
+
+# Allocations between young-generation collections (CPython's default is 700); see tune_gc.
+GC_GEN0_THRESHOLD = 50_000
+
+# Descriptors the daemon needs besides its ingest connections: files, sinks, pollers, sockets.
+FD_RESERVE = 256
+
+
+def alive(pid: int) -> bool:
+    """Whether process `pid` still runs (a zombie counts as ended)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[-1].split()[0] != b"Z"
+    except OSError:
+        return True
+
+
+def raise_fd_limit(max_connections: int) -> tuple[int, int]:
+    """Raise the soft descriptor limit to the hard one (libzmq aborts when accept() runs out of
+    descriptors); returns the soft limit now and the connections that fit in it: max_connections,
+    or fewer (with a warning) when the hard limit leaves no room for them."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = min(hard if hard != resource.RLIM_INFINITY else 1 << 20, 1 << 20)
+    if soft != resource.RLIM_INFINITY and soft < want:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+            soft = want
+        except (ValueError, OSError) as exc:
+            log.warning("cannot raise the descriptor limit from %d to %d: %r", soft, want, exc)
+    room = (soft if soft != resource.RLIM_INFINITY else 1 << 20) - FD_RESERVE
+    if max_connections > room:
+        log.warning("max_connections %d does not fit the descriptor limit %d: %d connections at most",
+                    max_connections, soft, max(1, room))
+        max_connections = max(1, room)
+    return soft, max_connections
+
+
+def tune_gc() -> None:
+    """Records are acyclic dicts freed by reference counting; the cyclic collector only costs.
+
+    With the default thresholds it runs every 700 allocations and, under load, its older
+    generations rescan every record waiting in the sink queues (measured: ~1-3 us per record
+    of ingest). Everything built at start-up (imports, sockets, sinks) is frozen out of its
+    reach, and collections are made rarer; they still run, so a cycle is still freed.
+    """
+    import gc
+
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(GC_GEN0_THRESHOLD, 50, 100)
+
+
+# What another local user can do with a socket of ours that they can connect to.
+_OPEN_TO = {"ingest": "send it records (forged steps, events, hellos)", "remote_ingest": "send it records",
+            "pub": "read every record from it", "control": "connect to it (status and drain need its token)"}
+
+
+def warn_open_endpoints(eps: dict[str, str], security) -> None:
+    """One warning line, at start, naming each socket bound to loopback TCP without CURVE: every
+    local user can connect to those. ipc sockets in the private (0700) runtime directory are the
+    owner's alone and need no word; beyond loopback the daemon refuses to start without CURVE."""
+    from telemetry.shared.security.curve import needs_curve
+
+    open_eps = [f"{name} {ep} (any local user can {_OPEN_TO.get(name, 'connect to it')})"
+                for name, ep in eps.items()
+                if ep.startswith("tcp://") and not (security.enabled and needs_curve(ep, security))]
+    if open_eps:
+        log.warning("open to every local user (loopback TCP without CURVE): %s. To close them: ipc "
+                    "endpoints (the default, in a private 0700 directory) or CURVE on loopback "
+                    "(security.curve_loopback; README \"Trust model\")", "; ".join(open_eps))
+
+
+def setup_logging(log_dir: Path, level: int = logging.INFO) -> None:
+    try:
+        files.make_dir(log_dir, own=True)
+        # Made (or an older one brought to) the run-file mode first: FileHandler keeps what it finds.
+        os.close(files.open_fd(log_dir / "daemon.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT))
+        handlers = (logging.StreamHandler(sys.stderr), logging.FileHandler(log_dir / "daemon.log"))
+    except OSError as exc:
+        raise StartupError(f"cannot use {log_dir} as the log directory: {exc.strerror or exc}") from None
+    fmt = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+    root = logging.getLogger("telemetry")
+    root.setLevel(level)
+    for h in handlers:
+        h.setFormatter(fmt)
+        root.addHandler(h)
