@@ -126,10 +126,9 @@ class Daemon:
         self.pipeline: Pipeline | None = None
         self.links: NodeLinks | None = None      # a head's: which node each link is (start())
         self.clocks: NodeClocks | None = None    # a head's: each node's clock against its own (start())
-        self._diagnosis_stage = None
         self.pollers: list = []
         self.diagnoser = None
-        self.forensics = None                           # the ForensicsStage, when it runs
+        self.forensics = None                           # the ForensicsStage
         self.goodput = None                             # the GoodputStage, once started
         self.fd_limit, self.max_connections = 0, cfg.max_connections   # set by start()
         self._inbox: collections.deque[dict] = collections.deque()
@@ -235,7 +234,9 @@ class Daemon:
             watched["pub"] = self._pub_sock
             limits["pub"] = (MAX_SUBSCRIBERS, (self.endpoints["pub"],))
         self.security.watch(watched, limits=limits)
-        self._make_pollers_and_diagnosis()
+        # The pollers, and the analysis stages fed like sinks (stages/outputs.py).
+        self.pollers, self.diagnoser, self.forensics, self.goodput, self.rare.diagnosis = \
+            self._outputs.analysis(self.host, self.post, self.recent_metrics, self.endpoints["ingest"])
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
         self._wake_w.setblocking(False)
@@ -274,23 +275,6 @@ class Daemon:
         self.jsonl_runner, self._pub_sock = self._outputs.sinks(
             self.ctx, self.endpoints, self.security.prepare, self.continuity.repaired_bytes, self.host)
 
-    def _make_pollers_and_diagnosis(self) -> None:
-        """The pollers, and the analysis stages fed like sinks: hang forensics (which also verifies
-        this host's ranks for the pollers: always), the goodput ledger, the diagnosis rules."""
-        from telemetry.daemon.diagnosis import Diagnoser
-        from telemetry.daemon.pollers import make_pollers
-
-        def set_rank_pids(pids: dict[int, int]) -> None:
-            for p in self.pollers:
-                p.set_rank_pids(pids)
-
-        self.pollers = make_pollers(self.cfg.pollers)
-        self.diagnoser = Diagnoser(self.cfg.diagnosis, unit="node" if self.cfg.remote_ingest else "rank")
-        self.forensics = self._outputs.forensics(self.host, self.post, self.recent_metrics, self.endpoints["ingest"],
-                                                 set_rank_pids)
-        self.goodput = self._outputs.goodput()
-        self._diagnosis_stage = self._outputs.diagnosis(self.diagnoser, self.post)
-
     # -- the loop ------------------------------------------------------------------------------
     def run(self) -> int:
         """Serve until SIGTERM, SIGINT or a drain request; then drain and return the exit code."""
@@ -318,12 +302,7 @@ class Daemon:
         now = time.monotonic()
         self.take_inbox()
         self.steps.expire(now)
-        self.rare.release_byes(now)
-        if self.links is not None and self.links.busy():
-            for rec in self.links.due(now, self.receiver.sources):
-                self.emit(rec)
-                if self._diagnosis_stage is not None:
-                    self._diagnosis_stage.note(rec)      # the rules read no event but this kind
+        self.rare.tick(now)
         if now >= self._next_daemon_record:
             self.emit(self.daemon_record())
             self._log_progress()

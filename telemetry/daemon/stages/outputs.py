@@ -103,6 +103,23 @@ class Outputs:
             self.add(ForwardSink(cfg.forward, relay=bool(cfg.remote_ingest)), cfg.forward)
         return jsonl, pub_sock
 
+    def analysis(self, host: str, post: Callable, recent, ingest: str) -> tuple:
+        """The pollers, and the analysis stages fed like sinks: hang forensics (which also verifies
+        this host's ranks for the pollers: always), the goodput ledger, the diagnosis rules.
+        Returns (pollers, diagnoser, forensics, goodput, the diagnosis stage or None)."""
+        from telemetry.daemon.diagnosis import Diagnoser
+        from telemetry.daemon.pollers import make_pollers
+
+        pollers = make_pollers(self.cfg.pollers)
+
+        def set_rank_pids(pids: dict[int, int]) -> None:
+            for p in pollers:
+                p.set_rank_pids(pids)
+
+        diagnoser = Diagnoser(self.cfg.diagnosis, unit="node" if self.cfg.remote_ingest else "rank")
+        forensics = self.forensics(host, post, recent, ingest, set_rank_pids)
+        return pollers, diagnoser, forensics, self.goodput(), self.diagnosis(diagnoser, post)
+
     def forensics(self, host: str, post: Callable, recent, ingest: str, on_ranks: Callable):
         """Hang and crash forensics on their own thread (telemetry/daemon/forensics/). The stage
         also decides which hellos are this host's ranks: it verifies each claim in /proc (off

@@ -48,6 +48,7 @@ class RareStage(Stage):
         self.diagnoser = None              # its unit ("rank", "node", "group") follows the hellos
         self.forensics = None              # told of each bye (a finished rank's exit is no crash)
         self.media = None                  # the MediaKeeper (not on a head)
+        self.diagnosis = None              # the DiagnosisStage: told of each node link's news
         self.num_events_in = 0
 
     def consume(self, batch: list) -> None:
@@ -84,10 +85,16 @@ class RareStage(Stage):
         if run:
             self.steps.consume(run)
 
-    def release_byes(self, now: float) -> None:
-        """The held byes that are due (byes.py)."""
+    def tick(self, now: float) -> None:
+        """The loop's housekeeping: the held byes that are due (byes.py); on a head, the news of
+        its node links (a node gone without a bye: node_links.py)."""
         if self.byes:
             self._write_byes(self.byes.release(now, self.receiver.sources))
+        if self.links is not None and self.links.busy():
+            for rec in self.links.due(now, self.receiver.sources):
+                self._emit(rec)
+                if self.diagnosis is not None:
+                    self.diagnosis.note(rec)      # the rules read no event but this kind
 
     def drain(self, deadline: float) -> bool:
         """Every held bye goes out (after the open steps: the steps stage drains first)."""
