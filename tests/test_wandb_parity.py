@@ -247,6 +247,35 @@ def test_a_k_fold_loop_makes_a_run_per_fold(tmp_path, reinit):
 
 
 @pytest.mark.slow
+def test_runs_left_open_at_exit_finish_before_their_daemons_drain(tmp_path):
+    """Two runs open at once (reinit="create_new"), neither finished, and the script exits with
+    sys.exit(3): each run finishes with the script's exit code before its daemon drains. The
+    second run's daemon is started by the script after the first run's exit hook was registered
+    (before: its drain ran first, so the run never said its end, its client was still open at the
+    drain, and its finish then waited up to 15 s for a daemon that was gone)."""
+    script = tmp_path / "open_at_exit.py"
+    script.write_text("import sys\nimport wandb\n"
+                      "runs = [wandb.init(project='open', name=f'open-{k}', reinit='create_new') for k in range(2)]\n"
+                      "for k, run in enumerate(runs):\n    run.log({'loss': 1.0 + k})\nsys.exit(3)\n")
+    work = tmp_path / "ours"
+    work.mkdir()
+    p = subprocess.run([sys.executable, "-m", "telemetry", "run", "--as-wandb", "--quiet", "--wandb", "offline",
+                        "--run-dir", str(work / "r"), "--", str(script)],
+                       cwd=work, env=_env(WANDB_DIR=str(work)), capture_output=True, text=True, timeout=600)
+    assert p.returncode == 3, p.stderr[-4000:]
+    runs = _runs_by_name(work)
+    assert sorted(runs) == ["open-0", "open-1"]
+    for name, path in runs.items():
+        assert _exit_code(path) == 3, name
+        assert user_history(path) == {0: {"loss": 1.0 + int(name[-1])}}, name
+    drains = [json.loads(f.read_text()) for f in work.rglob("drain.json")]
+    assert len(drains) == 2 and all(d["sources_open_at_drain"] == 0 for d in drains), drains
+    ends = [json.loads(line)["data"] for f in work.rglob("metrics.jsonl") for line in f.read_text().splitlines()
+            if '"train_end"' in line]
+    assert sorted(e["exit_code"] for e in ends) == [3, 3], ends
+
+
+@pytest.mark.slow
 def test_forked_children_each_make_a_run_of_their_own(tmp_path):
     """A parent that imported wandb forks; each child inits, logs and finishes: one run per child,
     every row in its child's run (before: the children's rows in one run, or nowhere)."""

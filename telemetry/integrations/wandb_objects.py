@@ -135,19 +135,55 @@ class Summary(_Items):
     logged value of each key there by itself; the daemon's run does the same). Read here, it is
     what W&B's would be: each key's last logged or set value, whichever came later (the run
     updates `_items` with each committed row: a dict update, no value read then); a one-element
-    tensor is read (`.item()`) when its key is read, as W&B reads it at log."""
+    tensor is read (`.item()`) when its key is read, as W&B reads it at log. A value logged or set
+    inside a nested dict is read back nested, as W&B's summary holds it (`summary["m"]` is
+    `{"a": 1}` after `log({"m": {"a": 1}})`, and there is no `summary["m/a"]`): `_paths` holds
+    the path of each flat key that came from nesting (filled by the run as it flattens)."""
+
+    def _view(self) -> dict[str, Any]:
+        """The summary as W&B's reads: flat keys as they are, nested ones under their path."""
+        paths, items = self._paths, self._items
+        if not paths:
+            return items
+        out: dict[str, Any] = {}
+        for k, v in items.items():
+            path = paths.get(k)
+            if path is None:
+                out[k] = v
+                continue
+            d = out
+            for part in path[:-1]:
+                sub = d.get(part)
+                if sub.__class__ is not dict:
+                    sub = d[part] = {}
+                d = sub
+            d[path[-1]] = v
+        return out
 
     def __getitem__(self, key: str) -> Any:
-        return _scalar(self._items[key])
+        return _read(self._view()[key])
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._view()
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(list(self._view()))
+
+    def __len__(self) -> int:
+        return len(self._view())
 
     def get(self, key: str, default: Any = None) -> Any:
-        return _scalar(self._items[key]) if key in self._items else default
+        view = self._view()
+        return _read(view[key]) if key in view else default
+
+    def keys(self):
+        return list(self._view())
 
     def items(self):
-        return [(k, _scalar(v)) for k, v in self._items.items()]
+        return [(k, _read(v)) for k, v in self._view().items()]
 
     def values(self):
-        return [_scalar(v) for v in self._items.values()]
+        return [_read(v) for v in self._view().values()]
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.items())
@@ -155,6 +191,7 @@ class Summary(_Items):
     def __init__(self, on_set: Callable[[dict[str, Any]], None],
                  flatten_with_paths: Callable[[Mapping[str, Any]], dict[str, Any]]) -> None:
         self._items: dict[str, Any] = {}
+        self._paths: dict[str, tuple[str, ...]] = {}
         self._on_set = on_set
         self._flatten = flatten_with_paths
 
@@ -167,7 +204,14 @@ class Summary(_Items):
         self.update({key: value})
 
     def __repr__(self) -> str:
-        return f"Summary({self._items!r})"
+        return f"Summary({self._view()!r})"
+
+
+def _read(v: Any) -> Any:
+    """A summary value as read: a nested dict's values each as _scalar gives them."""
+    if v.__class__ is dict:
+        return {k: _read(x) for k, x in v.items()}
+    return _scalar(v)
 
 
 def _scalar(v: Any) -> Any:

@@ -422,6 +422,7 @@ class Run(RunCalls):
         nested: dict[str, tuple[str, ...]] = {}
         flat = flatten(data, nested)
         if nested:
+            self.summary._paths.update(nested)      # run.summary reads them back nested, as W&B's
             new = {k: list(p) for k, p in nested.items() if k not in self._nested_sent}
             if new:
                 self._nested_sent.update(new)
@@ -594,14 +595,17 @@ class Run(RunCalls):
 
 
 def _register_exit_hook() -> None:
-    """Once, after the first run's client exists: exit hooks run last-registered first, so this
-    one sends the pending rows before the client's own hook closes the clients. The script's exit
-    code is watched as W&B watches it (sys.exit's argument, an uncaught exception: 1), so a run
-    left open finishes with it."""
+    """After each run's client exists: exit hooks run last-registered first, so this one sends
+    the pending rows and finishes every open run before the client's own hook closes the clients
+    and before any daemon this process started drains at exit (autostart registers that drain
+    when it starts a daemon: a second run's, after the first run registered this hook; so it is
+    moved after it each time). The script's exit code is watched as W&B watches it (sys.exit's
+    argument, an uncaught exception: 1), so a run left open finishes with it."""
     global _exit_hook_registered
+    atexit.unregister(_finish_all)
+    atexit.register(_finish_all)
     if not _exit_hook_registered:
         _exit_hook_registered = True
-        atexit.register(_finish_all)
         _watch_exit_code()
 
 

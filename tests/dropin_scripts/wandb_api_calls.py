@@ -1,6 +1,7 @@
 """A script that calls W&B's API beyond log, config and summary: artifacts (built from files, a
 directory and new_file), log_model, save, log_code, alert, mark_preempting, use_artifact offline,
-the run's attributes set after init, and `summary.get` after a log. What it reads back is printed
+the run's attributes set after init, and `summary.get` after a log (of a flat key, and of nested
+dicts logged and set: read back nested, as W&B's summary holds them). What it reads back is printed
 as one JSON line (the test compares the real W&B's with the drop-in's)."""
 import json
 import os
@@ -12,6 +13,10 @@ run = wandb.init(project="parity", name="api-calls", tags=["a"], notes="first")
 seen.update(resumed=run.resumed, start_time=isinstance(run.start_time, float), project_url=run.project_url)
 run.log({"train/loss": 1.5})
 seen["summary_get"] = run.summary.get("train/loss")
+run.log({"eval": {"loss": 0.25, "per_task": {"a": 0.5}}, "eval/acc": 0.75})
+run.summary["best"] = {"epoch": 2, "scores": {"f1": 0.5}}
+seen["summary_nested"] = {k: run.summary.get(k) for k in ("eval", "eval/loss", "eval/acc", "best", "best/epoch")}
+seen["summary_keys"] = sorted(k for k in run.summary.keys() if not k.startswith("_"))
 with open("weights.bin", "wb") as f:
     f.write(b"\x01\x02" * 1000)
 os.makedirs("ckpt/inner", exist_ok=True)
