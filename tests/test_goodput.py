@@ -278,6 +278,44 @@ def test_a_rank_that_raised_and_its_peers_error_byes_are_a_hang_to_the_end():
     assert b["unexplained"] == pytest.approx(0.0, abs=1e-6)
 
 
+def test_hung_ranks_a_launcher_tore_down_are_a_hang_until_the_scripts_exit():
+    """Rank 1 hangs, the daemon says diagnosis/hang; `telemetry run`'s launcher is SIGTERMed and
+    kills the ranks after its grace: no bye, and no rank_exited (the drain came within the
+    daemon's exit grace). The drain's script_exit (exit code 1) is the launch's end: the last
+    step -> it is hang, in a launch that was resumed (then recovery to the next first step) as in
+    the last one (its wall ends there), never the hang's diagnosis alone."""
+    recs = [_hello(T0 + 1, 0, T0), _hello(T0 + 1, 1, T0)]
+    steps, last = _steps(T0 + 5, 1, 8)
+    recs += steps[:5] + [_event(steps[4]["t"] + 0.1, "checkpoint_saved", 0, step=5, duration_s=0.1)] + steps[5:]
+    recs.append(_event(last + 4.6, "diagnosis/hang", 1))
+    exited = last + 349.0
+    alone = recs + [{"kind": "event", "t": exited, "rank": None, "name": "script_exit", "data": {"exit_code": 1}}]
+    led = ledger(alone)
+    _sums_to_wall(led)
+    _no_negative(led)
+    assert led["wall_s"] == pytest.approx(exited - T0)
+    assert led["buckets_s"]["hang"] == pytest.approx(349.0)
+    assert led["buckets_s"]["unexplained"] == pytest.approx(0.0, abs=1e-6)
+    restarted = exited + 27.0
+    resumed = alone + [_hello(restarted + 2, 0, restarted), _hello(restarted + 2, 1, restarted),
+                       _event(restarted + 3, "checkpoint_restored", 0, step=5, duration_s=0.5)]
+    more, end = _steps(restarted + 6.0, 6, 12)
+    resumed += more + [_event(end + 0.1, "train_end", 0, step=12), _bye(end + 0.2, 0), _bye(end + 0.2, 1)]
+    led = ledger(resumed)
+    b = led["buckets_s"]
+    _sums_to_wall(led)
+    _no_negative(led)
+    assert led["launches"] == 2
+    assert b["hang"] == pytest.approx(349.0)
+    assert b["recovery"] == pytest.approx((restarted + 5.0) - exited - 0.5)
+    assert b["redone"] == pytest.approx(3.0 - 0.1)     # steps 6-8, the first booked from the save's end
+    # A script that exited 0, or that finished training first, keeps its end where it was.
+    for data in ({"exit_code": 0}, {"exit_code": 1}):
+        done = recs[:-1] + [_event(last + 0.5, "train_end", 0, step=8)] * (data["exit_code"] == 1) + \
+            [{"kind": "event", "t": exited, "rank": None, "name": "script_exit", "data": data}]
+        assert ledger(done)["wall_s"] < exited - T0
+
+
 def test_a_launch_that_ends_after_the_next_one_began_is_never_counted_twice():
     """The job supervisor relaunched while the old launch's last record was still to come (a
     rank's late record): the old launch ends when the new one's processes start, so its hang,

@@ -59,7 +59,10 @@ start to the last record of the last launch, into buckets that sum to it:
                         before the event; to the ms where the kernel has pidfds, else up to its
                         1 s tick) or said its bye after the last step, whichever came first; the
                         last launch, at its last record (a diagnosis/hang's counts: the daemon
-                        says it of ranks still there). A launch that finished leaves the time
+                        says it of ranks still there; so does a non-zero script_exit, the
+                        script's exit as its launcher, `telemetry run`, hands it to the daemon's
+                        drain: a launcher's teardown of hung ranks may leave no other record). A
+                        launch that finished leaves the time
                         from its last step to its last record unexplained (a loop of your own
                         that closes its client ends so)
     redone              the steps a failed launch made after the checkpoint the next launch
@@ -700,7 +703,14 @@ class Ledger:
                 else:
                     cur.ended = True
             elif name == "script_exit" and is_int(data.get("exit_code")) and data["exit_code"] != 0:
-                cur.fail_t = max(cur.fail_t or t, t)      # the launcher's word (telemetry run's drain)
+                # The launcher's word (telemetry run's drain): the script failed, and its launch
+                # lasted until then. A launcher that tore its hung ranks down (torchrun's SIGTERM,
+                # then SIGKILL) leaves no bye, and no rank_exited where the drain came within
+                # the daemon's exit grace: without this the launch ended at its diagnosis/hang,
+                # and the hang after it was nobody's (the last launch's) or recovery (a resumed one's).
+                cur.fail_t = max(cur.fail_t or t, t)
+                if not cur.ended:
+                    cur.last_t = max(cur.last_t, t)
             elif name == "emergency_checkpoint":          # the trainer's, on an exception or a signal
                 cur.fail_t = max(cur.fail_t or t, t)
             elif name == "rank_bye":                      # a rank's bye, as a node forwards it
