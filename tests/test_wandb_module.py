@@ -117,11 +117,15 @@ def media_calls(wandb, wav: Path) -> None:
                                                  class_names=["a", "b", "c"])})
     wandb.log({"samples": wandb.Image(rng.integers(0, 255, (8, 6, 3), dtype=np.uint8), caption="hwc")},
               commit=False)
-    wandb.log({"weights": wandb.Histogram(rng.normal(size=500), num_bins=16),
-               "preds": wandb.Table(columns=["x", "y"], data=[[1, "a"], [2, "b"], [3, "c"]])})
+    preds = wandb.Table(columns=["x", "y"], data=[[1, "a"], [2, "b"], [3, "c"]])
+    wandb.log({"weights": wandb.Histogram(rng.normal(size=500), num_bins=16), "preds": preds})
     wandb.log({"chw": wandb.Image(torch.rand(3, 5, 7)), "hist2": wandb.Histogram(np_histogram=np.histogram(
         rng.normal(size=100), bins=8))}, step=4)
     wandb.log({"loss": 2.0})
+    # The same table again after a row was added: W&B's default log_mode ("IMMUTABLE") logs it as
+    # it was first logged.
+    preds.add_data(4, "d")
+    wandb.log({"preds": preds})
 
 
 MEDIA_KEYS = ("samples", "weights", "preds", "chw", "hist2", "big", "page", "clip", "line_table", "cm_table")
@@ -142,7 +146,8 @@ def a_wav(path: Path) -> Path:
 
 def media_values(path: str, step_key: str) -> dict:
     """(step, key) -> what each media value in the run's history says of itself (W&B stores its
-    fields as nested keys, "samples/_type"; its file name and hash differ between runs)."""
+    fields as nested keys, "samples/_type"; its file's hash differs between runs, not the step
+    in its name, `media/table/preds_<step>_<hash>.table.json`: kept as "file_step")."""
     keep = ("_type", "width", "height", "format", "caption", "ncols", "nrows", "values", "bins", "sha256",
             "size", "sample_rate")
     out: dict = {}
@@ -151,7 +156,10 @@ def media_values(path: str, step_key: str) -> dict:
             fields = {k[len(key) + 1:]: v for k, v in r.items() if k.startswith(key + "/")}
             if fields:
                 out[(r[step_key], key)] = {k: fields[k] for k in keep if k in fields and
-                                           (k != "sha256" or key in ("page", "clip", "line_table", "cm_table"))}
+                                           (k != "sha256" or key in ("page", "clip", "line_table", "cm_table",
+                                                                     "preds"))}
+                if "path" in fields:
+                    out[(r[step_key], key)]["file_step"] = fields["path"].rsplit("/", 1)[-1].split("_")[-2]
         for key in VALUE_KEYS:
             if key in r:
                 out[(r[step_key], key)] = r[key]
@@ -168,7 +176,7 @@ def test_media_pass_through_as_real_wandb_logs_them(tmp_path, make_daemon, monke
     run.finish()
     (real_file,) = [wait_finished(f) for f in glob.glob(str(tmp_path / "wandb" / "offline-run-*" / "run-*.wandb"))]
     expected = media_values(real_file, "_step")
-    assert len(expected) == len(MEDIA_KEYS + VALUE_KEYS)
+    assert len(expected) == len(MEDIA_KEYS + VALUE_KEYS) + 1            # preds twice
 
     monkeypatch.setenv("TELEMETRY_MEDIA_DIR", str(tmp_path / "media"))
     # A drain deadline well past what W&B offline takes to open, log and finish on a loaded box
@@ -184,10 +192,18 @@ def test_media_pass_through_as_real_wandb_logs_them(tmp_path, make_daemon, monke
     tw.finish()
     final = d.drain(timeout_s=180)
     assert final["drained"], final["unfinished_sinks"]
-    # Files: the five media above, the html, the audio, the long list, the big array, two charts.
-    assert (final["sinks"]["wandb"]["media_logged"], final["sinks"]["wandb"]["media_failed"]) == (11, 0)
+    # Files: the five media above, the html, the audio, the long list, the big array, two charts,
+    # the table logged again.
+    assert (final["sinks"]["wandb"]["media_logged"], final["sinks"]["wandb"]["media_failed"]) == (12, 0)
     (our_file,) = [wait_finished(f) for f in glob.glob(str(d.log_dir / "wandb" / "offline-run-*" / "run-*.wandb"))]
-    assert media_values(our_file, "_step") == expected
+    got = media_values(our_file, "_step")
+    # The table logged again: its content is W&B's (sha256); W&B's record of it names the file it
+    # wrote at the first log, and counts the rows the object has now (nrows: 4, for a file of 3),
+    # ours a file of this step with the rows it holds (docs/dropin-wandb.md, differences).
+    (again,) = [k for k in expected if k[1] == "preds" and k[0] == max(s for s, key in expected if key == "preds")]
+    for k in ("file_step", "nrows"):
+        expected[again].pop(k), got[again].pop(k)
+    assert got == expected
     charts = {k: v for k, v in config(real_file).items() if k.startswith("_wandb/visualize/")}
     assert set(charts) == {"_wandb/visualize/line", "_wandb/visualize/cm"}
     assert {k: v for k, v in config(our_file).items() if k.startswith("_wandb/visualize/")} == charts
@@ -263,6 +279,12 @@ def test_unsupported_api_raises_naming_it(tmp_path, monkeypatch):
         tw.nonsense
     with pytest.raises(NotImplementedError, match=r"sync_tensorboard"):
         tw.init(sync_tensorboard=True)
+    with pytest.raises(NotImplementedError, match=r"wandb.Table\(log_mode='INCREMENTAL'\)"):
+        tw.Table(columns=["a"], log_mode="INCREMENTAL")
+    mutable = tw.Table(columns=["a"], data=[[1]], log_mode="MUTABLE")     # logged as it is at each log
+    mutable.snapshot()
+    mutable.add_data(2)
+    assert mutable.snapshot().data == [[1], [2]]
     with pytest.raises(ValueError, match="mode"):
         tw.init(mode="sometimes")
     run = tw.init(mode="disabled")

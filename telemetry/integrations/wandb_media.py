@@ -178,18 +178,31 @@ class Histogram(Media):
 class Table(Media):
     passthrough = True
 
-    def __init__(self, columns: Any = None, data: Any = None, **unsupported: Any) -> None:
-        used = sorted(k for k, v in unsupported.items() if v is not None)
+    def __init__(self, columns: Any = None, data: Any = None, log_mode: str | None = "IMMUTABLE",
+                 **unsupported: Any) -> None:
+        used = [f"{k}=..." for k in sorted(k for k, v in unsupported.items() if v is not None)]
+        if log_mode not in (None, "IMMUTABLE", "MUTABLE"):
+            used.append(f"log_mode={log_mode!r}")
         if used:
-            raise NotImplementedError(f"telemetry.wandb does not support wandb.Table({', '.join(used)}=...)")
+            raise NotImplementedError(f"telemetry.wandb does not support wandb.Table({', '.join(used)})")
         self.columns = list(columns) if columns is not None else None
         self.data = [list(row) for row in data] if data is not None else []
+        self._mutable = log_mode == "MUTABLE"
+        self._logged: Table | None = None
 
     def add_data(self, *row: Any) -> None:
         self.data.append(list(row))
 
     def snapshot(self) -> "Table":
-        return Table(self.columns, self.data)   # rows copied; their values are read on the writer
+        """The rows as they are now (copied; their values are read on the writer). W&B's
+        default log_mode, "IMMUTABLE", logs a table as it was when first logged: a later log of
+        the same object logs that again, whatever rows were added since ("MUTABLE": as it is)."""
+        if self._logged is not None and not self._mutable:
+            return self._logged
+        snap = Table(self.columns, self.data, log_mode="MUTABLE")
+        if not self._mutable:
+            self._logged = snap
+        return snap
 
     def describe(self) -> tuple[str, dict[str, Any]]:
         return ".json", {}

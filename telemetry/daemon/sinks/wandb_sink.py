@@ -470,6 +470,14 @@ class WandbSink(Sink):
             log.warning("wandb: not logged (counted in the sink's dropped, reason %s; logged once): %s",
                         reason, detail)
 
+    def _at_local_step(self, step: int) -> None:
+        """W&B names a media file after its run's local step (`<key>_<step>_<hash>`), which an
+        explicit `step=` moves only once that row is logged; the script's W&B run is at `step`
+        when it logs the value: this run is put there too, so the file's name (the history's
+        `path`) is the one the script's own W&B would have written."""
+        if getattr(self.run, "_local_step", step) < step:
+            self.run._local_step = step
+
     def _nest(self, values: dict) -> dict:
         """Keys a telemetry.wandb rank flattened from nested dicts, nested again ("a/b" ->
         {"a": {"b": v}}), as W&B keeps them."""
@@ -507,6 +515,7 @@ class WandbSink(Sink):
             if self._init is not None:
                 if step < self._last_step:
                     raise ValueError(f"it arrived after W&B took step {self._last_step}")
+                self._at_local_step(step)
                 self.run.log(self._nest({key: obj}), step=step)
             else:
                 self.run.log({"train/step": step, **self._nest({key: obj})})
