@@ -283,7 +283,7 @@ def test_hung_ranks_a_launcher_tore_down_are_a_hang_until_the_scripts_exit():
     kills the ranks after its grace: no bye, and no rank_exited (the drain came within the
     daemon's exit grace). The drain's script_exit (exit code 1) is the launch's end: the last
     step -> it is hang, in a launch that was resumed (then recovery to the next first step) as in
-    the last one (its wall ends there), never the hang's diagnosis alone."""
+    the last one (its wall ends there), never the hang's diagnosis alone; in each rank's ledger too."""
     recs = [_hello(T0 + 1, 0, T0), _hello(T0 + 1, 1, T0)]
     steps, last = _steps(T0 + 5, 1, 8)
     recs += steps[:5] + [_event(steps[4]["t"] + 0.1, "checkpoint_saved", 0, step=5, duration_s=0.1)] + steps[5:]
@@ -296,6 +296,19 @@ def test_hung_ranks_a_launcher_tore_down_are_a_hang_until_the_scripts_exit():
     assert led["wall_s"] == pytest.approx(exited - T0)
     assert led["buckets_s"]["hang"] == pytest.approx(349.0)
     assert led["buckets_s"]["unexplained"] == pytest.approx(0.0, abs=1e-6)
+    # Each rank's own ledger (its per-rank records 0.01 s before the step's) likewise, but for a
+    # rank that said its bye (rank 0, after its collective's error): it ended there.
+    per_rank = []
+    for rec in alone[:-1] + [_bye(last + 1.0, 0), alone[-1]]:
+        if rec["kind"] == "metrics":
+            per_rank += [{"kind": "metrics", "t": rec["t"] - 0.01, "step": rec["step"], "rank": k,
+                          "values": {"perf/step_time": 1.0}} for k in (0, 1)]
+        per_rank.append(rec)
+    ranks = ledger(per_rank)["ranks"]
+    assert ranks[1]["buckets_s"]["hang"] == pytest.approx(349.0 + 0.01)
+    assert ranks[0]["buckets_s"]["hang"] == pytest.approx(1.0 + 0.01)
+    for rl in ranks.values():
+        assert sum(rl["buckets_s"].values()) == pytest.approx(rl["wall_s"], abs=1e-6)
     restarted = exited + 27.0
     resumed = alone + [_hello(restarted + 2, 0, restarted), _hello(restarted + 2, 1, restarted),
                        _event(restarted + 3, "checkpoint_restored", 0, step=5, duration_s=0.5)]

@@ -985,7 +985,8 @@ class RankBooks:
         """A hello, event or bye: to the ledger of the rank it is of (a rank_exited event is of
         the rank that exited); a planned-maintenance window's events (EXCLUDE_*: the daemon's,
         of no rank, or a rank's client's) to every rank's, a book begun later too: the window is
-        the job's."""
+        the job's; the script's exit (script_exit, of no rank) to the books of the ranks of
+        whose end nothing else says."""
         rank = rec.get("rank")
         if rec.get("kind") == "event" and str(rec.get("name")).startswith(EXCLUDE):
             if len(self._exclusions) < MAX_EXCLUSIONS:     # (those beyond: the job's exclusions_not_kept)
@@ -995,6 +996,21 @@ class RankBooks:
                     book.feed(rec)          # its own event: the rank was alive then
                 else:
                     book.exclusion(rec)
+            return
+        if rec.get("kind") == "event" and rec.get("name") == "script_exit":
+            # The launcher's word that the script ended (of no rank): a rank whose launch has no
+            # word of its end (no bye, not seen gone) lasted until then, as the job's launch did;
+            # one that ended before (its bye after its peer's error) ended in a launch that failed.
+            data = rec.get("data") if isinstance(rec.get("data"), dict) else {}
+            t, code = _num(rec.get("t")), data.get("exit_code")
+            for r, book in self.books.items():
+                la = book.launches[-1] if book.launches else None
+                if la is None or t is None:
+                    continue
+                if r not in la.bye_ranks and la.first_gone_t is None:
+                    book.feed(rec)
+                elif is_int(code) and code != 0 and not la.ended:
+                    la.fail_t = max(la.fail_t or t, t)
             return
         if type(rank) is not int:
             return
