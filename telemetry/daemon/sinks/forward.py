@@ -32,9 +32,11 @@ acknowledgement, so the counts are what libzmq lets a sender know:
   accepts TCP and never speaks, a CURVE key it refuses, a starved head): nothing it was handed
   can have left, so every record is counted, exact;
 - unconfirmed_at_close: the link did complete its handshake, but the close's linger ran out with
-  records still queued (the head not reading, or gone): libzmq discards them without saying how
-  many, so this is an upper bound (the send queue's bound plus one encoder batch), "not
+  records still queued (the head gone, or not reading), or the head was not keeping up (the send
+  queue refused records on this link): libzmq discards what is left at either end without saying
+  how many, so this is an upper bound (the send queue's bound plus one engine batch), "not
   confirmed"; the head's own count of what it received from this node tells the exact part.
+  Beyond it: bytes the head's host acknowledged and the head never read (its own to count).
 
 Across nodes the head's reductions combine node aggregates: sums of sums and max of max are
 exact; the mean of node means equals the global mean when every node has the same number of
@@ -165,6 +167,7 @@ class ForwardSink(Sink):
         self.num_unconfirmed_at_close = 0    # at close, an upper bound of what the linger left queued
         self._min_frame_bytes = 0            # the smallest frame handed to the socket (ZMTP header included)
         self._link_up = False                # a handshake succeeded and no disconnect since
+        self._dropped_at_link = 0            # num_dropped at the link's last handshake
         self.curve = False
 
     # -- lifecycle -----------------------------------------------------------------------------
@@ -288,6 +291,7 @@ class ForwardSink(Sink):
                 self._link = _local_link(msg["value"])
             elif event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
                 self._link_up = True
+                self._dropped_at_link = self.num_dropped
                 self.num_connects += 1
                 if closing:
                     continue
@@ -330,14 +334,17 @@ class ForwardSink(Sink):
             self.num_unsent_no_handshake = self.num_sent
             log.warning("the link to the head daemon at %s never completed its handshake: %d records "
                         "were not sent (counted as unsent_no_handshake)", c.endpoint, self.num_sent)
-        elif lingered_out:
-            # No acknowledgement on a PUSH link: what the linger left is known only to be at most
-            # the send queue's bound plus the batch libzmq's engine had taken off it.
+        elif lingered_out or self.num_dropped > self._dropped_at_link:
+            # No acknowledgement on a PUSH link: what the linger left, or what a head that was not
+            # keeping up (its send queue refused records on this link) had not read when the link
+            # closed, is known only to be at most the send queue's bound plus the batch libzmq's
+            # engine had taken off it.
             in_batch = -(-_ZMQ_OUT_BATCH_BYTES // max(1, self._min_frame_bytes))
             self.num_unconfirmed_at_close = min(self.num_sent, c.max_buffered + in_batch)
-            log.warning("records still queued for the head daemon at %s when the close's linger (%.1f s) ran "
-                        "out: up to %d not confirmed sent (unconfirmed_at_close)", c.endpoint,
-                        c.close_linger_s, self.num_unconfirmed_at_close)
+            why = (f"records still queued when the close's linger ({c.close_linger_s:.1f} s) ran out" if lingered_out
+                   else "the head was not keeping up (its send queue refused records)")
+            log.warning("closing the link to the head daemon at %s, %s: up to %d records not confirmed sent "
+                        "(unconfirmed_at_close)", c.endpoint, why, self.num_unconfirmed_at_close)
         self._sock = None
 
     def stats(self) -> dict:
