@@ -779,6 +779,44 @@ def test_a_hung_rank_killed_once_the_daemon_says_hang_then_a_resume(make_daemon,
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)     # hang detectors below, generous for a loaded machine
+def test_a_straggler_that_begins_mid_run_against_the_injected_truth(make_daemon, tmp_path):
+    """The trainer on 2 ranks: from step 6 on, rank 1 sleeps 0.2 s at the start of forward (rank 0
+    waits for it in the all-reduce). Every bucket against what was injected or what the ranks'
+    own logs time: straggler the slept time, data loading the ranks' mean, start-up the first
+    process's start -> the first step, nothing else lost; each within 1 % of the wall time,
+    unexplained at most 2 %, no bucket below zero."""
+    steps_n, slow_from, slow_s = 16, 6, 0.2
+    d = make_daemon(world_size=2, config={"pollers": {"nvml_enabled": False}})
+    p = _trainer(d, tmp_path / "run", f"steps={steps_n}", "checkpoint.every_steps=0", "checkpoint.save_final=false",
+                 "debug.slow_rank=1", "debug.slow_phase=forward", f"debug.slow_s={slow_s}",
+                 f"debug.slow_from_step={slow_from}", f"debug_loss_log={tmp_path}/a{{rank}}.jsonl")
+    try:
+        out, _ = p.communicate(timeout=600)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, 9)
+            p.wait(30)
+    assert p.returncode == 0, out[-3000:]
+    d.wait_for(lambda rs: any(r.get("name") == "train_end" for r in rs) and sum(r["kind"] == "bye" for r in rs) >= 2,
+               timeout_s=120)
+    d.drain()
+    recs = d.read_jsonl()
+    led = ledger(recs)
+    own = [{json.loads(line)["step"]: json.loads(line) for line in (tmp_path / f"a{r}.jsonl").read_text().splitlines()}
+           for r in (0, 1)]
+    started = min(r["info"]["started_at"] for r in recs if r["kind"] == "hello")
+    began = max(own[r][1]["t"] - own[r][1]["step_time"] for r in (0, 1))
+    print(f"ledger {led['buckets_s']}, wall {led['wall_s']:.3f} s")
+    assert led["launches"] == 1 and led["steps"] == steps_n, led
+    _against_truth(led, {"straggler": slow_s * (steps_n - slow_from + 1), "startup": began - started,
+                         "data_loading": sum((own[0][s]["data_loading_time"] + own[1][s]["data_loading_time"]) / 2
+                                             for s in range(1, steps_n + 1)),
+                         "slow_steps": 0.0, "hang": 0.0, "recovery": 0.0, "redone": 0.0, "checkpoint_save": 0.0,
+                         "checkpoint_restore": 0.0, "eval": 0.0, "excluded": 0.0})
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)     # hang detectors below, generous for a loaded machine
 def test_planned_maintenance_marked_from_the_cli_over_the_trainers_hang(tmp_path):
     """The trainer on 2 ranks under `telemetry run`: rank 1 hangs at step 6; once the daemon says
     diagnosis/hang, `telemetry goodput --exclude` marks a window over part of the hang, then rank 1
