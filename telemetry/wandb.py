@@ -158,8 +158,13 @@ def init(project: str | None = None, name: str | None = None, config: Any = None
         raise ValueError(f"wandb.init(mode={mode!r}): expected one of {', '.join(MODES)}")
     if _run is not None and not _run._finished and _run._pid == os.getpid():
         if reinit in (True, "finish_previous"):
+            if not _silent():
+                termlog(f"Finishing previous runs because reinit is set to {reinit!r}.")
             _run.finish()
         elif reinit != "create_new":
+            if not _silent():      # W&B's words: the arguments of this call are not used
+                termlog(f"wandb.init() called while a run is active and reinit is set to "
+                        f"{'default' if reinit is None else reinit!r}, so returning the previous run.")
             return _run
     cfg = config_dict(config)
     if config_include_keys:

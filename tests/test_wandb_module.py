@@ -435,3 +435,23 @@ def test_a_dir_that_cannot_be_made_is_said_once_and_left_to_the_default(tmp_path
     run.finish()
     run = tw.init(mode="disabled", dir=str(tmp_path / "made" / "here"))
     assert run._files_root == str(tmp_path / "made" / "here") and (tmp_path / "made" / "here").is_dir()
+
+
+def test_init_with_a_run_active_says_what_w_and_b_says(tmp_path, capsys, monkeypatch):
+    """A second wandb.init() in a script (reinit unset, or True) returns, or finishes, the run
+    that is active, and says so in W&B's words."""
+    wandb = pytest.importorskip("wandb")
+    monkeypatch.delenv("WANDB_SILENT", raising=False)
+
+    def said(w, **kw) -> list[str]:
+        capsys.readouterr()
+        first = w.init(**kw)
+        assert w.init(**kw) is first
+        w.init(reinit=True, **kw)
+        w.finish()
+        return [line for line in capsys.readouterr().err.splitlines() if "reinit is set to" in line]
+
+    real = said(wandb, mode="offline", project="p", dir=str(tmp_path),
+                settings=wandb.Settings(console="off", x_disable_stats=True))
+    assert len(real) == 2
+    assert said(tw, mode="disabled") == real
