@@ -455,3 +455,28 @@ def test_init_with_a_run_active_says_what_w_and_b_says(tmp_path, capsys, monkeyp
                 settings=wandb.Settings(console="off", x_disable_stats=True))
     assert len(real) == 2
     assert said(tw, mode="disabled") == real
+
+
+def test_a_step_below_the_current_one_is_said_as_w_and_b_says_it(tmp_path, capsys, monkeypatch):
+    """W&B prints its own line for each row logged at a step below the current one (and drops
+    it); not a Python warning, and nothing with $WANDB_SILENT."""
+    wandb = pytest.importorskip("wandb")
+    monkeypatch.delenv("WANDB_SILENT", raising=False)
+
+    def said(w, **kw) -> list[str]:
+        capsys.readouterr()
+        run = w.init(**kw)
+        run.log({"a": 1}, step=10)
+        for step in (2, 3):
+            run.log({"b": step}, step=step)
+        run.finish()
+        return [line for line in capsys.readouterr().err.splitlines() if "Tried to log" in line]
+
+    real = said(wandb, mode="offline", project="p", dir=str(tmp_path),
+                settings=wandb.Settings(console="off", x_disable_stats=True))
+    assert len(real) == 2
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert said(tw, mode="disabled") == real
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    assert said(tw, mode="disabled") == []

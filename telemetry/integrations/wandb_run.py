@@ -328,9 +328,12 @@ class Run(RunCalls):
             raise TypeError("wandb.log must be passed a dictionary")
         if step is not None:
             if step < self._step:
-                warnings.warn(f"Tried to log to step {step} that is less than the current step {self._step}. "
-                              f"Steps must be monotonically increasing, so this data will be ignored.",
-                              RuntimeWarning, stacklevel=3)
+                # W&B's line, each time, on stderr (not a Python warning), unless $WANDB_SILENT.
+                if os.environ.get("WANDB_SILENT", "").lower() not in ("1", "true", "yes"):
+                    print(f"wandb: WARNING Tried to log to step {step} that is less than the current step "
+                          f"{self._step}. Steps must be monotonically increasing, so this data will be ignored. "
+                          f"See https://wandb.me/define-metric to log data out of order.", file=sys.stderr,
+                          flush=True)
                 return
             if step > self._step:
                 self._commit()
