@@ -81,7 +81,9 @@ def _check(led: dict, truth: dict) -> None:
     print(f"ledger {b}, wall {wall:.3f} s, truth {truth}")
     assert set(b) == set(BUCKETS) and sum(b.values()) == pytest.approx(wall, abs=1e-6)
     assert all(v >= 0.0 for v in b.values()), b
-    assert truth["data_s"] > 0.05 * wall and truth["eval_s"] > 0.05 * wall, (truth, wall)   # worth measuring
+    # Booked at all, whatever the wall (a loaded box stretches the start-up, not the injected
+    # sleeps): an integration that sends no timing books 0 here.
+    assert b["data_loading"] >= 0.5 * truth["data_s"] > 0 and b["eval"] >= 0.5 * truth["eval_s"] > 0, (b, truth)
     assert abs(b["data_loading"] - truth["data_s"]) <= 0.01 * wall, (b, truth, wall)
     assert abs(b["eval"] - truth["eval_s"]) <= 0.01 * wall, (b, truth, wall)
     assert b["unexplained"] <= 0.02 * wall, (b, wall)
