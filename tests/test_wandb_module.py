@@ -480,3 +480,23 @@ def test_a_step_below_the_current_one_is_said_as_w_and_b_says_it(tmp_path, capsy
         assert said(tw, mode="disabled") == real
     monkeypatch.setenv("WANDB_SILENT", "true")
     assert said(tw, mode="disabled") == []
+
+
+def test_summary_of_a_define_metric_reads_tensors_when_read(monkeypatch):
+    """run.summary of a key whose define_metric asks for min/mean: its tensors are read when the
+    summary is, not at log; past the bound they are left out, counted and warned once."""
+    torch = pytest.importorskip("torch")
+    from telemetry.integrations import wandb_objects
+
+    monkeypatch.setattr(wandb_objects, "MAX_HELD_TENSORS", 3)
+    run = tw.init(mode="disabled")
+    run.define_metric("loss", summary="min,mean")
+    losses = [3.0, 1.0, 2.0]
+    for x in losses:
+        run.log({"loss": torch.tensor(x)})
+    assert run.summary["loss"] == {"min": min(losses), "mean": sum(losses) / len(losses)}
+    with pytest.warns(RuntimeWarning, match="holds at most 3 tensors"):
+        for x in (5.0, 6.0, 7.0, 0.5):
+            run.log({"loss": torch.tensor(x)})
+    assert run.summary.num_not_aggregated == 1
+    assert run.summary["loss"]["min"] == 1.0 and run.summary["loss"]["mean"] == (6.0 + 5.0 + 6.0 + 7.0) / 6

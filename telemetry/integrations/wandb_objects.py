@@ -4,6 +4,7 @@ drop-in does not offer. The run that uses them: telemetry/integrations/wandb_run
 """
 from __future__ import annotations
 
+from fnmatch import fnmatchcase
 from typing import Any, Callable, Iterator, Mapping
 
 
@@ -141,8 +142,11 @@ class Summary(_Items):
     the path of each flat key that came from nesting (filled by the run as it flattens)."""
 
     def _view(self) -> dict[str, Any]:
-        """The summary as W&B's reads: flat keys as they are, nested ones under their path."""
+        """The summary as W&B's reads: flat keys as they are, nested ones under their path; a
+        logged key whose define_metric has a summary reads as W&B's ({"max": ...}, see note)."""
         paths, items = self._paths, self._items
+        if self._ops:
+            items = self._summarized(items)
         if not paths:
             return items
         out: dict[str, Any] = {}
@@ -194,10 +198,63 @@ class Summary(_Items):
         self._paths: dict[str, tuple[str, ...]] = {}
         self._on_set = on_set
         self._flatten = flatten_with_paths
+        self._ops: list[tuple[str, frozenset[str]]] = []    # (name or glob, ops) of define_metric(summary=)
+        self._key_ops: dict[str, frozenset[str]] = {}       # each key's ops, once looked up
+        self._agg: dict[str, _Aggregate] = {}
+        self._set: set[str] = set()                         # keys set here: W&B reads them as set
+
+    def define(self, name: str, summary: str) -> None:
+        """define_metric(name, summary="min,last"): how W&B's summary reads the key(s) `name`
+        (a glob with "*") names, from now on."""
+        self._ops.append((name, frozenset(p.strip().lower() for p in summary.split(",") if p.strip())))
+        self._key_ops.clear()
+
+    def _ops_of(self, key: str) -> frozenset[str]:
+        ops = self._key_ops.get(key)
+        if ops is None:
+            exact = [o for n, o in self._ops if n == key]
+            ops = exact[-1] if exact else next((o for n, o in self._ops if "*" in n and fnmatchcase(key, n)),
+                                               frozenset())
+            self._key_ops[key] = ops
+        return ops
+
+    def note(self, values: Mapping[str, Any]) -> None:
+        """A committed row's values (the run calls this while a define_metric has a summary):
+        folded into the aggregates of the keys whose summary asks for one. A tensor is kept, and
+        read when the summary is (never on the training thread at log), at most
+        MAX_HELD_TENSORS per key; past that, its value is left out of min/max/mean and counted
+        in `num_not_aggregated`, with one warning."""
+        for k, v in values.items():
+            if not (self._ops_of(k) & _AGG_OPS):
+                continue
+            agg = self._agg.get(k)
+            if agg is None:
+                agg = self._agg[k] = _Aggregate()
+            agg.add(k, v, self)
+
+    num_not_aggregated = 0
+
+    def _summarized(self, items: dict[str, Any]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for k, v in items.items():
+            ops = self._ops_of(k) if k not in self._set else frozenset()
+            if not ops or ops == {"copy"}:
+                out[k] = v
+            elif "none" in ops:
+                continue
+            else:
+                agg = self._agg.get(k)
+                got = agg.read(ops) if agg is not None else {}
+                if "last" in ops:
+                    got["last"] = _scalar(v)
+                if got:
+                    out[k] = got
+        return out
 
     def update(self, d: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
         values = self._flatten({**(d or {}), **kwargs})
         self._items.update(values)
+        self._set.update(values)
         self._on_set(values)
 
     def __setitem__(self, key: str, value: Any) -> None:
@@ -205,6 +262,63 @@ class Summary(_Items):
 
     def __repr__(self) -> str:
         return f"Summary({self._view()!r})"
+
+
+# The define_metric summaries that need every logged value, not only the last.
+_AGG_OPS = frozenset({"min", "max", "mean", "first"})
+# Tensors of one key held for its summary until it is read (0-dim: a few hundred bytes each).
+MAX_HELD_TENSORS = 10_000
+
+
+class _Aggregate:
+    """min, max, mean and first of one key's logged numbers (tensors held until read)."""
+
+    __slots__ = ("n", "total", "lo", "hi", "first", "held")
+
+    def __init__(self) -> None:
+        self.n, self.total, self.lo, self.hi, self.first = 0, 0.0, None, None, None
+        self.held: list = []
+
+    def add(self, key: str, v: Any, summary: "Summary") -> None:
+        c = v.__class__
+        if c is float or c is int:
+            self._fold(v)
+        elif hasattr(v, "detach"):
+            if len(self.held) < MAX_HELD_TENSORS:
+                self.held.append(v)
+            else:
+                summary.num_not_aggregated += 1
+                if summary.num_not_aggregated == 1:
+                    import warnings
+
+                    warnings.warn(f"telemetry.wandb: run.summary[{key!r}] (define_metric summary) holds at most "
+                                  f"{MAX_HELD_TENSORS} tensors until it is read; later ones are left out of it "
+                                  f"(counted in run.summary.num_not_aggregated; the W&B run's summary has them)",
+                                  RuntimeWarning, stacklevel=5)
+        elif c is not bool and c is not str:
+            try:
+                self._fold(float(v))
+            except (TypeError, ValueError):
+                pass
+
+    def _fold(self, x: float) -> None:
+        if self.n == 0:
+            self.first = self.lo = self.hi = x
+        else:
+            self.lo, self.hi = min(self.lo, x), max(self.hi, x)
+        self.n += 1
+        self.total += x
+
+    def read(self, ops: frozenset[str]) -> dict[str, Any]:
+        held, self.held = self.held, []
+        for t in held:
+            x = _scalar(t)
+            if x.__class__ is float or x.__class__ is int:
+                self._fold(x)
+        if self.n == 0:
+            return {}
+        got = {"min": self.lo, "max": self.hi, "mean": self.total / self.n, "first": self.first}
+        return {op: got[op] for op in ops if op in got}
 
 
 def _read(v: Any) -> Any:

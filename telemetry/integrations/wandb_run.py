@@ -311,7 +311,7 @@ class Run(RunCalls):
         general path below (one committed row at the current step, the step advanced,
         run.summary's last values)."""
         if step is None and commit is None and data.__class__ is dict and data and not self._finished \
-                and not self._pending and not self._texts and not self._watched \
+                and not self._pending and not self._texts and not self._watched and not self.summary._ops \
                 and set(map(type, data.values())) <= _PLAIN \
                 and (data.keys() == self._fast_keys or self._fast_keys_ok(data)):
             console = self._console
@@ -418,6 +418,8 @@ class Run(RunCalls):
         if self._pending:
             self._client.get().log(self._step, self._pending)
             self._logged.update(self._pending)       # run.summary's last values (wandb_objects.Summary)
+            if self.summary._ops:                    # define_metric summaries (min, max, ...)
+                self.summary.note(self._pending)
             self._pending = {}
 
     def _flatten(self, data: Mapping[str, Any]) -> dict[str, Any]:
@@ -468,6 +470,8 @@ class Run(RunCalls):
                       hidden: bool | None = None, summary: str | None = None, goal: str | None = None,
                       overwrite: bool | None = None) -> None:
         """Reaches the daemon's W&B run as it was made (its step_metric, summary, goal, hidden)."""
+        if summary:
+            self.summary.define(name, summary)
         self._metrics.append({k: v for k, v in (("name", name), ("step_metric", step_metric), ("step_sync", step_sync),
                                                 ("summary", summary), ("goal", goal), ("hidden", hidden))
                               if v is not None})

@@ -1,7 +1,8 @@
 """A script that calls W&B's API beyond log, config and summary: artifacts (built from files, a
 directory and new_file), log_model, save, log_code, alert, mark_preempting, use_artifact offline,
 the run's attributes set after init, and `summary.get` after a log (of a flat key, and of nested
-dicts logged and set: read back nested, as W&B's summary holds them). What it reads back is printed
+dicts logged and set: read back nested, as W&B's summary holds them; keys with a define_metric
+summary: {"max": ...}). What it reads back is printed
 as one JSON line (the test compares the real W&B's with the drop-in's)."""
 import json
 import os
@@ -16,6 +17,11 @@ seen["summary_get"] = run.summary.get("train/loss")
 run.log({"eval": {"loss": 0.25, "per_task": {"a": 0.5}}, "eval/acc": 0.75})
 run.summary["best"] = {"epoch": 2, "scores": {"f1": 0.5}}
 seen["summary_nested"] = {k: run.summary.get(k) for k in ("eval", "eval/loss", "eval/acc", "best", "best/epoch")}
+run.define_metric("acc", summary="max")
+run.define_metric("val/*", summary="min,last")
+for acc, val_loss in ((0.5, 2.0), (0.875, 1.0), (0.75, 3.0)):
+    run.log({"acc": acc, "val/loss": val_loss})
+seen["summary_metrics"] = {k: run.summary.get(k) for k in ("acc", "val/loss")}
 seen["summary_keys"] = sorted(k for k in run.summary.keys() if not k.startswith("_"))
 with open("weights.bin", "wb") as f:
     f.write(b"\x01\x02" * 1000)
