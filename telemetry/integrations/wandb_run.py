@@ -311,7 +311,7 @@ class Run(RunCalls):
         general path below (one committed row at the current step, the step advanced,
         run.summary's last values)."""
         if step is None and commit is None and data.__class__ is dict and data and not self._finished \
-                and not self._pending and not self._texts and not self._watched and not self.summary._ops \
+                and not self._pending and not self._texts and not self._watched \
                 and set(map(type, data.values())) <= _PLAIN \
                 and (data.keys() == self._fast_keys or self._fast_keys_ok(data)):
             console = self._console
@@ -320,6 +320,8 @@ class Run(RunCalls):
             client = self._client._client
             (self._client.get() if client is None else client).log(self._step, data)
             self._logged.update(data)
+            if self.summary._ops:                    # define_metric summaries (min, max, ...)
+                self.summary.note(data)
             self._step += 1
             return
         if self._finished:
