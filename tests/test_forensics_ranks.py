@@ -166,3 +166,57 @@ def test_a_bye_held_behind_records_that_keep_coming_is_written_last_and_is_no_ex
     assert kinds == ["metrics"] * 8 + ["bye"], kinds
     assert final["records_lost"] == 0
     assert events(recs, "diagnosis/rank_exited") == [], [e["data"]["message"] for e in events(recs, "diagnosis/rank_exited")]
+
+
+def test_a_rank_gone_within_its_grace_when_the_drain_comes_gets_its_rank_exited(tmp_path):
+    """A launcher's teardown kills every rank and its script's drain comes a second or two later,
+    inside the exit grace (EXIT_GRACE_S): at the drain (the stage's close) the rank seen gone
+    gets its rank_exited all the same, gone_for_s as always. In-process: a real child as the
+    verified rank, the stage's timer look (flush) and its close as the runner calls them."""
+    import socket
+    from collections import deque
+
+    from telemetry.daemon.diagnosis.config import DiagnosisConfig
+    from telemetry.daemon.forensics.collect import open_pidfd
+    from telemetry.daemon.forensics.stage import EXIT_GRACE_S, ForensicsStage
+    from telemetry.daemon.forensics.verify import LocalRank
+
+    posted: list = []
+    stage = ForensicsStage(DiagnosisConfig(hang_py_spy=False), tmp_path, socket.gethostname(), post=posted.append,
+                           recent=deque(), ingest=f"ipc://{tmp_path}/ingest.sock")
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    try:
+        with open(f"/proc/{child.pid}/stat") as f:
+            start_time = int(f.read().rsplit(")", 1)[1].split()[19])
+        lr = LocalRank(rank=0, pid=child.pid, start_time=start_time, stacks_path="", stacks_dev_ino=(0, 0),
+                       stacks_signal=None, stacks_unavailable="none in this test")
+        stage.ranks[0] = lr
+        stage._hold_pidfd(0, open_pidfd(lr))
+        child.kill()
+        child.wait()
+        killed = time.monotonic()
+        stage.flush()                       # the timer's look: gone, inside its grace
+        assert posted == [] or time.monotonic() - killed >= EXIT_GRACE_S   # (a box that slow: no test of the grace)
+        stage.flush()                       # the runner's last flush, then its close: the drain
+        stage.close()
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    (ev,) = [r for r in posted if r.name == "diagnosis/rank_exited"]
+    assert ev.rank == 0 and ev.data["exited_rank"] == 0 and ev.data["gone_for_s"] >= 0.0
+    assert "rank 0 exited without a bye" in ev.data["message"]
+    assert stage.stats()["ranks_exited"] == 1
+    stage.close()                           # twice: nothing more
+    assert len(posted) == 1
+
+
+def test_a_rank_killed_just_before_the_drain_has_its_rank_exited_in_the_run(make_daemon):
+    """The same through a daemon: a verified rank killed, the drain asked at once (well inside
+    the exit grace); its rank_exited, posted at the forensics stage's close, still reaches the
+    run's JSONL (the fan-out takes the analysis stages' last events before the sinks drain)."""
+    d = make_daemon(world_size=1, config={"diagnosis": HANG, "pollers": {"nvml_enabled": False}})
+    a_verified_rank_gone(d)
+    d.drain()
+    (ev,) = events(d.read_jsonl(), "diagnosis/rank_exited")
+    assert ev["rank"] == 0 and ev["data"]["exited_rank"] == 0 and ev["data"]["gone_for_s"] >= 0.0

@@ -11,7 +11,8 @@ daemon's loop never waits for a signal, a dump or py-spy:
                  when a step completes again)
     rank_exited  a rank's process on this host is gone without a bye (EXIT_GRACE_S after it was
                  first seen gone: when its pidfd polled readable, exitwatch.py, to the ms;
-                 without a pidfd, at the timer's look) -> a bundle of the others
+                 without a pidfd, at the timer's look; at the drain, whatever its grace had
+                 left: no bye can come then) -> a bundle of the others
                  and one `diagnosis/rank_exited` event with its exit code where it can be known:
                  through the pidfd held since the rank was verified (Linux >= 6.15 keeps the
                  status after the launcher reaped it), else from a zombie's /proc/<pid>/stat
@@ -175,6 +176,17 @@ class ForensicsStage(Sink):
         return self._exit_watch
 
     def close(self) -> None:
+        """The drain (its runner flushed first): every rank seen gone without a bye gets its
+        rank_exited now, its grace or not. No bye can come any more (the daemon read what the
+        clients sent before its analysis stages close), and a launcher's teardown (every rank
+        killed, its script's exit, the drain a second or two later) is the end of a hang whose
+        only exit evidence this is (the goodput ledger ends the launch where it was seen gone)."""
+        if self.cfg.enabled and self.cfg.hang_enabled:
+            try:
+                self._take_early_byes()
+                self._check_exits(grace_s=0.0)
+            except Exception:   # forensics must never take the daemon down
+                log.exception("forensics check at the drain failed")
         for rank in list(self.pidfds):
             self._hold_pidfd(rank, None)
         if self._exit_watch is not None:
@@ -224,7 +236,9 @@ class ForensicsStage(Sink):
         self.num_hangs += 1
         self._bundle("hang", live, stalled_s=stalled_s)
 
-    def _check_exits(self) -> None:
+    def _check_exits(self, grace_s: float = EXIT_GRACE_S) -> None:
+        """grace_s: how long a rank must have been gone (its bye may still be on its way); none
+        at the drain (close)."""
         for rank, lr in list(self._live_local_ranks().items()):
             if rank in self.gone_since:
                 first_s, code, how = self.gone_since[rank]   # the status as first seen (before a reap)
@@ -235,7 +249,7 @@ class ForensicsStage(Sink):
                 seen = self._exit_watch.exited_at(rank) if self._exit_watch is not None else None
                 first_s = seen if seen is not None else time.monotonic()
                 self.gone_since[rank] = (first_s, code, how)
-            if time.monotonic() - first_s < EXIT_GRACE_S:
+            if time.monotonic() - first_s < grace_s:
                 continue                    # its bye may still be on its way
             self.exited.add(rank)
             self._hold_pidfd(rank, None)
