@@ -47,6 +47,7 @@ from telemetry.client.deferred import (PARK_AFTER_IDLE_S, DeferredSender, Job, L
                                        wire_number)
 from telemetry.client.spans import Span, SpanRecorder
 from telemetry.client.stacks import register as register_stacks
+from telemetry.shared.numbers import is_int
 from telemetry.shared.stacks_file import proc_start_time, proc_started_at
 from telemetry.shared.security.redact import Redactor
 
@@ -423,7 +424,7 @@ class TelemetryClient(metaclass=abc.ABCMeta):   # ABCMeta: DisabledClient regist
     def _parts_ok(self, step: int, parts: Any) -> bool:
         """A `parts` the protocol takes (an int in 1..MAX_PARTS); otherwise the record is dropped
         (counted, one warning): the daemon would refuse it."""
-        if type(parts) is int and 1 <= parts <= MAX_PARTS:
+        if is_int(parts) and 1 <= parts <= MAX_PARTS:
             return True
         self._seq += 1
         self._num_dropped += 1

@@ -9,6 +9,7 @@ import sys
 
 from telemetry.consumers.status import TIMEOUT_ARG
 from telemetry.shared.endpoints import endpoint_arg
+from telemetry.shared.numbers import is_int, is_number
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -111,14 +112,12 @@ LOSSES = (("dropped by clients", "records_dropped_by_clients"), ("lost in transi
 
 
 def _num(v: object, spec: str) -> str:
-    from telemetry.shared.numbers import is_number
-
     return format(v, spec) if is_number(v) else str(v)
 
 
 def _ranks(ranks: object) -> str:
     """[0, 1, 2, 3, 7] -> "0-3, 7" (a thousand ranks stay one short line)."""
-    if not isinstance(ranks, list) or not all(type(r) is int for r in ranks):
+    if not isinstance(ranks, list) or not all(is_int(r) for r in ranks):
         return str(ranks)
     out, ranks = [], sorted(set(ranks))
     i = 0

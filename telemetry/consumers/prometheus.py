@@ -368,7 +368,7 @@ class LatestValues:
             if kind == "metrics" and not per_rank and is_int(step):
                 self.step = step if self.step is None else max(self.step, step)
             for k, v in values.items():
-                if isinstance(v, bool) or not isinstance(v, (int, float)):
+                if not is_number(v):
                     continue
                 prom, labels, template = _map(str(k), taken)
                 if per_rank:  # one rank's own value (--per-rank): beside the aggregate, not in it

@@ -11,6 +11,7 @@ import logging
 from typing import Any
 
 from telemetry.daemon.aggregator import MAX_WORLD_SIZE
+from telemetry.shared.numbers import is_int
 
 log = logging.getLogger("telemetry.daemon")
 
@@ -43,7 +44,7 @@ class Hellos:
         ws = info.get("world_size")
         if ws is None:
             return None
-        if type(ws) is int and 0 < ws <= MAX_WORLD_SIZE:
+        if is_int(ws) and 0 < ws <= MAX_WORLD_SIZE:
             return ws
         if not self._warned_world_size:
             self._warned_world_size = True

@@ -24,6 +24,7 @@ import msgspec
 
 from protocol import Hello
 from protocol.output import EventRecord
+from telemetry.shared.numbers import is_number
 
 SKEW_MIN_S = 30.0
 AGREE_S = 5.0
@@ -75,8 +76,7 @@ class NodeClocks:
 
     def correct_one(self, rec, off: int):
         self.num_corrected += 1
-        if type(rec) is Hello and isinstance(rec.info.get("started_at"), (int, float)) \
-                and not isinstance(rec.info.get("started_at"), bool):
+        if type(rec) is Hello and is_number(rec.info.get("started_at")):
             info = {**rec.info, "started_at": rec.info["started_at"] - off / 1e9}
             return msgspec.structs.replace(rec, t_ns=rec.t_ns - off, info=info)
         return msgspec.structs.replace(rec, t_ns=rec.t_ns - off)

@@ -108,7 +108,7 @@ def _num(v: Any) -> float | None:
     a gap in the line); None for what is not a number at all (skipped)."""
     if v is None:
         return math.nan
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
+    if not is_number(v):
         return None
     return float(v)
 
