@@ -100,6 +100,55 @@ def test_the_control_server_answers_status_ping_and_drain_with_the_token_only(tm
     assert not control_protocol.token_path(endpoint).exists()
 
 
+def test_a_drain_requests_exit_code_and_exit_time_are_kept_for_the_script_exit_event(tmp_path):
+    """`telemetry run`'s drain request carries the script's exit code and when it exited
+    (exited_at, a unix time): exit_data is what the drain's script_exit event says. A bad
+    exited_at (not a finite number) is left out, the exit code kept; no exit code, no event."""
+    ctx = zmq.Context()
+    srv = ControlServer(ctx, status=lambda: {}, on_drain=lambda: None)
+    endpoint = f"ipc://{tmp_path}/control"
+    srv.sock.bind(endpoint)
+    srv.issue_token(endpoint)
+    token = control_protocol.token_path(endpoint).read_text().strip()
+    req = ctx.socket(zmq.REQ)
+    req.setsockopt(zmq.LINGER, 0)
+    req.connect(endpoint)
+    try:
+        def drain(body: str) -> dict | None:
+            req.send(body.encode())
+            while not srv._drain_requesters:
+                req.poll(10)
+                srv.serve()
+            srv.answer_drain({"ok": True})
+            assert req.poll(2000)
+            req.recv()
+            return srv.exit_data
+
+        head = f'{{"cmd": "drain", "token": "{token}"'
+        assert srv.exit_data is None
+        assert drain(head + "}") is None
+        assert drain(head + ', "exit_code": 1, "exited_at": 1800000000.25}') == {"exit_code": 1, "exited_at": 1_800_000_000.25}
+        # Python's json reads NaN, Infinity and 1e400 (an infinity) too: none is a time.
+        for bad in ('"soon"', "true", "null", "[1.0]", "NaN", "Infinity", "1e400"):
+            assert drain(head + f', "exit_code": 137, "exited_at": {bad}}}') == {"exit_code": 137}, bad
+    finally:
+        req.close()
+        srv.close()
+        ctx.term()
+
+
+def test_telemetry_runs_drain_request_says_when_the_script_exited(monkeypatch):
+    """`telemetry run` sends the script's exit code and exited_at (stamped when its wait returned)."""
+    from telemetry.shared import control
+    from telemetry.tools import run
+
+    sent = []
+    monkeypatch.setattr(control, "request", lambda *a, **kw: sent.append(kw) or {"ok": True})
+    run._drain(types.SimpleNamespace(wait=lambda timeout=None: 0), "/nonexistent", 1, 1_800_000_000.5)
+    (kw,) = sent
+    assert kw["exit_code"] == 1 and kw["extra"] == {"exited_at": 1_800_000_000.5}
+
+
 def test_hellos_are_redacted_bounded_in_ranks_and_a_world_size_believed_only_when_sane(caplog, monkeypatch):
     monkeypatch.setattr("telemetry.daemon.hellos.MAX_WORLD_SIZE", 8)   # the real bound is 65,536
     MAX_WORLD_SIZE = 8

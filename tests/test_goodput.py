@@ -329,6 +329,53 @@ def test_hung_ranks_a_launcher_tore_down_are_a_hang_until_the_scripts_exit():
         assert ledger(done)["wall_s"] < exited - T0
 
 
+def test_the_scripts_exit_time_from_its_drain_request_is_the_launchs_end_not_the_drain():
+    """`telemetry run` stamps when the script's wait returned (exited_at) in its drain request;
+    the daemon's script_exit event comes the drain's latency later (0.8 s here). The launch ends
+    at exited_at, in the job's ledger, each rank's, and a resumed job's recovery; without it (an
+    older `telemetry run`, a bad value) at the event, as before; never after the event."""
+    recs = [_hello(T0 + 1, 0, T0), _hello(T0 + 1, 1, T0)]
+    steps, last = _steps(T0 + 5, 1, 8)
+    recs += steps + [_event(last + 4.6, "diagnosis/hang", 1)]
+    exited, drained = last + 30.0, last + 30.8
+
+    def exit_event(**data) -> dict:
+        return {"kind": "event", "t": drained, "rank": None, "name": "script_exit", "data": {"exit_code": 1, **data}}
+
+    for data, end in (({"exited_at": exited}, exited), ({}, drained), ({"exited_at": "soon"}, drained),
+                      ({"exited_at": float("inf")}, drained), ({"exited_at": True}, drained),
+                      ({"exited_at": drained + 5.0}, drained)):
+        stream = recs + [exit_event(**data)]
+        led = ledger(stream)
+        _sums_to_wall(led)
+        _no_negative(led)
+        assert led["wall_s"] == pytest.approx(end - T0), data
+        assert led["buckets_s"]["hang"] == pytest.approx(end - last), data
+        assert led["buckets_s"]["unexplained"] == pytest.approx(0.0, abs=1e-6), data
+        # Each rank's ledger (its per-rank records 0.01 s before the step's): rank 1 hung to the end.
+        per_rank = []
+        for rec in stream:
+            if rec["kind"] == "metrics":
+                per_rank += [{"kind": "metrics", "t": rec["t"] - 0.01, "step": rec["step"], "rank": k,
+                              "values": {"perf/step_time": 1.0}} for k in (0, 1)]
+            per_rank.append(rec)
+        for rl in ledger(per_rank)["ranks"].values():
+            assert rl["buckets_s"]["hang"] == pytest.approx(end - last + 0.01), data
+            assert sum(rl["buckets_s"].values()) == pytest.approx(rl["wall_s"], abs=1e-6)
+    # Resumed: recovery runs from the script's exit to the new launch's first step (less its restore).
+    restarted = drained + 20.0
+    more, end = _steps(restarted + 6.0, 9, 12)
+    resumed = recs + [exit_event(exited_at=exited), _hello(restarted + 2, 0, restarted), _hello(restarted + 2, 1, restarted),
+                      _event(restarted + 3, "checkpoint_restored", 0, step=8, duration_s=0.5)] + \
+        more + [_event(end + 0.1, "train_end", 0, step=12), _bye(end + 0.2, 0), _bye(end + 0.2, 1)]
+    led = ledger(resumed)
+    _sums_to_wall(led)
+    _no_negative(led)
+    assert led["launches"] == 2
+    assert led["buckets_s"]["hang"] == pytest.approx(exited - last)
+    assert led["buckets_s"]["recovery"] == pytest.approx((restarted + 5.0) - exited - 0.5)
+
+
 def test_a_launch_that_ends_after_the_next_one_began_is_never_counted_twice():
     """The job supervisor relaunched while the old launch's last record was still to come (a
     rank's late record): the old launch ends when the new one's processes start, so its hang,

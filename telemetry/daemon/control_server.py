@@ -7,12 +7,15 @@ What a status says is the daemon's (`status`, a callable); what a drain does too
 """
 from __future__ import annotations
 
+import json
+import math
 from typing import Callable
 
 import msgspec
 import zmq
 
 from telemetry.shared import control as control_protocol
+from telemetry.shared.numbers import is_number
 
 _json = msgspec.json.Encoder()
 MAX_REQUEST_BYTES = 1 << 16
@@ -34,6 +37,7 @@ class ControlServer:
         self._endpoint = ""
         self._drain_requesters: list[list[bytes]] = []
         self.exit_code: int | None = None     # a drain request's: the script's (shared/control.py)
+        self.exited_at: float | None = None   # ... and when the script exited (unix time), where it says
 
     def issue_token(self, endpoint: str, curve_keys: tuple[bytes, bytes, bytes] | None = None) -> None:
         """Once bound: the token that requests must carry, written beside the endpoint; and where
@@ -69,12 +73,26 @@ class ControlServer:
                 code = control_protocol.exit_code_of(body)
                 if code is not None:
                     self.exit_code = code
+                    self.exited_at = _exited_at_of(body)
                 self._drain_requesters.append(ident)
                 self._on_drain()
                 continue  # answered after the drain, with the final counters
             else:
                 reply = {"ok": False, "error": error}
             self._reply(ident, reply)
+
+    @property
+    def exit_data(self) -> dict | None:
+        """The data of the drain's `script_exit` event: {"exit_code"} and, where the request said
+        it, "exited_at" (when the script exited, by its launcher's clock: the goodput ledger ends
+        the launch there, not at the event's own time, the drain's latency later); None without
+        an exit code."""
+        if self.exit_code is None:
+            return None
+        data: dict = {"exit_code": self.exit_code}
+        if self.exited_at is not None:
+            data["exited_at"] = self.exited_at
+        return data
 
     def answer_drain(self, final: dict) -> None:
         """The drain is over: each requester gets the final counters."""
@@ -97,3 +115,13 @@ class ControlServer:
             self.sock.send_multipart([*ident, _json.encode(reply)], zmq.NOBLOCK)
         except zmq.ZMQError:
             pass
+
+
+def _exited_at_of(frame: bytes) -> float | None:
+    """A drain request's "exited_at" (parse_request accepted it): a finite number, else None (a
+    bad one is ignored: the exit code still counts)."""
+    try:
+        at = json.loads(frame).get("exited_at")
+    except (ValueError, UnicodeDecodeError, AttributeError, RecursionError):
+        return None
+    return float(at) if is_number(at) and math.isfinite(at) else None

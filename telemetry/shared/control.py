@@ -4,7 +4,9 @@
     {"cmd": "drain", "token": T}   -> stop intake, drain every queue, flush, fsync; the reply comes
                                       once that is done and carries the final counters; then the
                                       daemon exits. An optional "exit_code" (int): the script's, as
-                                      its launcher saw it (`telemetry run`): the run ends with it
+                                      its launcher saw it (`telemetry run`): the run ends with it;
+                                      with it an optional "exited_at" (a finite unix time): when
+                                      the script exited (the goodput ledger's end of its launch)
     {"cmd": "ping"}                -> {"ok": true} (no token: it tells nothing)
     {"cmd": "exclude", "token": T, "start": S, "end": E, "reason": R}
                                    -> the daemon writes a goodput/exclude event (data start, end:

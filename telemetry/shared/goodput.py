@@ -213,6 +213,14 @@ def _num(v: Any) -> float | None:
     return float(v) if t is int or (is_number(v) and v == v) else None
 
 
+def _script_end(data: dict, t: float) -> float:
+    """When a script_exit's script exited: its "exited_at" (telemetry run stamps it as the
+    script's wait returns) where that is a finite number, never after the event's own time `t`
+    (the drain's); else `t`."""
+    at = _num(data.get("exited_at"))
+    return min(at, t) if at is not None and math.isfinite(at) else t
+
+
 def _add(a: tuple, b: tuple, sign: float = 1.0) -> tuple:
     return tuple(x + sign * y for x, y in zip(a, b))
 
@@ -708,9 +716,12 @@ class Ledger:
                 # then SIGKILL) leaves no bye, and no rank_exited where the drain came within
                 # the daemon's exit grace: without this the launch ended at its diagnosis/hang,
                 # and the hang after it was nobody's (the last launch's) or recovery (a resumed one's).
-                cur.fail_t = max(cur.fail_t or t, t)
+                # Its end: when the script exited (exited_at, the launcher's clock), where the
+                # drain request said it; never after the event (the drain, its latency later).
+                end = _script_end(data, t)
+                cur.fail_t = max(cur.fail_t or end, end)
                 if not cur.ended:
-                    cur.last_t = max(cur.last_t, t)
+                    cur.last_t = max(cur.last_t, end)
             elif name == "emergency_checkpoint":          # the trainer's, on an exception or a signal
                 cur.fail_t = max(cur.fail_t or t, t)
             elif name == "rank_bye":                      # a rank's bye, as a node forwards it
@@ -1003,6 +1014,7 @@ class RankBooks:
             # one that ended before (its bye after its peer's error) ended in a launch that failed.
             data = rec.get("data") if isinstance(rec.get("data"), dict) else {}
             t, code = _num(rec.get("t")), data.get("exit_code")
+            t = _script_end(data, t) if t is not None else None
             for r, book in self.books.items():
                 la = book.launches[-1] if book.launches else None
                 if la is None or t is None:

@@ -169,8 +169,9 @@ def run(args: argparse.Namespace) -> int:
         if args.attach:
             attached = _attach(args.attach, log_dir, runtime, env, port)
         rc = _launch(target, args.nproc, env, args.launcher)
+        exited_at = time.time()
         stop_stream.set()
-        _drain(daemon, runtime, rc)
+        _drain(daemon, runtime, rc, exited_at)
         _summary(log_dir, rc)
         keep = [p for p in attached if args.attach == "dashboard"] if args.attach else []
         if keep and sys.stdin.isatty():
@@ -327,14 +328,16 @@ def _stream(path: Path, stop: threading.Event) -> None:
         time.sleep(0.2)
 
 
-def _drain(daemon: subprocess.Popen, runtime: Path, rc: int) -> None:
+def _drain(daemon: subprocess.Popen, runtime: Path, rc: int, exited_at: float) -> None:
     """Ask the daemon to drain (it waits for the ranks' byes; it writes drain.json) and wait for
     it. The script's exit code goes with the request: the W&B run ends with it when the script
-    could not say it (killed by a signal: no exit hook ran)."""
+    could not say it (killed by a signal: no exit hook ran); and when it exited (unix time): the
+    goodput ledger ends a failed launch there, not at the drain."""
     from telemetry.shared import control
 
     try:
-        control.request(f"ipc://{runtime}/control.sock", "drain", timeout_s=60, exit_code=min(max(rc, 0), 255))
+        control.request(f"ipc://{runtime}/control.sock", "drain", timeout_s=60, exit_code=min(max(rc, 0), 255),
+                        extra={"exited_at": exited_at})
     except Exception as exc:       # no answer: SIGTERM drains too
         print(f"telemetry run: no answer to the drain request ({exc}); stopping the daemon", file=sys.stderr)
         daemon.send_signal(signal.SIGTERM)
