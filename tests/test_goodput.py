@@ -769,11 +769,41 @@ def _against_truth(led: dict, truth: dict[str, float]) -> None:
     """Every bucket of `truth` within 1 % of the wall time of it; the rest of what nothing
     injected at most 2 % unexplained; no bucket below zero; the buckets sum to the wall time."""
     b, wall = led["buckets_s"], led["wall_s"]
+    print("ledger - truth, % of wall:", {k: round(100 * (b[k] - v) / wall, 3) for k, v in truth.items()})
     _sums_to_wall(led)
     _no_negative(led)
     for k, v in truth.items():
         assert abs(b[k] - v) <= 0.01 * wall, (k, b[k], v, wall, b)
     assert b["unexplained"] <= 0.02 * wall, (b, wall)
+
+
+def _own_log(path_of_rank) -> list[dict[int, dict]]:
+    """Each rank's own per-step log (the trainer's debug_loss_log, written apart from telemetry):
+    step -> its row (t: the step's end; step_time, data_loading_time: the rank's own timing)."""
+    return [{json.loads(line)["step"]: json.loads(line) for line in path_of_rank(r).read_text().splitlines()}
+            for r in (0, 1)]
+
+
+def _own_steps(own: list[dict[int, dict]], steps) -> dict[str, float]:
+    """What the ranks' own logs say of `steps` (counted on the job's timeline): data loading, the
+    ranks' mean, and productive, the slowest rank's step time less that (the job's step time is
+    the slowest rank's; nothing injected in these runs slows a rank's compute, so neither
+    straggler nor slow steps take any of it)."""
+    data = sum((own[0][s]["data_loading_time"] + own[1][s]["data_loading_time"]) / 2 for s in steps)
+    step_time = sum(max(own[0][s]["step_time"], own[1][s]["step_time"]) for s in steps)
+    return {"data_loading": data, "productive": step_time - data}
+
+
+def _own_saves(*paths: Path) -> float:
+    """The saves the ranks' own logs time (<loss log>.saves), each its slowest rank's: a launch's
+    files together (its saves' steps apart)."""
+    slowest: dict[int, float] = {}
+    for path in paths:
+        if path.exists():
+            for line in path.read_text().splitlines():
+                row = json.loads(line)
+                slowest[row["step"]] = max(slowest.get(row["step"], 0.0), row["duration_s"])
+    return sum(slowest.values())
 
 
 @pytest.mark.slow
@@ -785,7 +815,11 @@ def test_a_hung_rank_killed_once_the_daemon_says_hang_then_a_resume(make_daemon,
     checkpoint and finishes. Timed from outside: the hang is rank 1's last step -> the kill; the
     recovery is the kill -> the new launch's first step, less its restore and rank 0's
     emergency save after the kill (the ranks' own save logs); work redone, the restore: the
-    ranks' own figures. Each within 1 % of the wall time, unexplained at most 2 %."""
+    ranks' own figures; every other bucket too: start-up the first process's start -> the first
+    step, data loading and productive the steps counted (the first launch's up to its checkpoint,
+    the second's) by the ranks' own logs, the saves theirs, nothing else lost (eval, straggler,
+    slow steps, exclusions: none run or injected; the client's own time: a few ms). Each within
+    1 % of the wall time, unexplained at most 2 %, no bucket below zero."""
     import signal
     import time
 
@@ -818,10 +852,20 @@ def test_a_hung_rank_killed_once_the_daemon_says_hang_then_a_resume(make_daemon,
     saves = [json.loads(line) for r in (0, 1) for line in (tmp_path / f"a{r}.jsonl.saves").read_text().splitlines()]
     emergency = max((row["duration_s"] for row in saves if row["step"] > 5), default=0.0)
     print(f"ledger {b}, wall {led['wall_s']:.3f} s, hang truth {killed_at - first_run[8]['t']:.3f} s")
+    own_a, own_b = _own_log(lambda r: tmp_path / f"a{r}.jsonl"), _own_log(lambda r: tmp_path / f"b{r}.jsonl")
+    a_steps, b_steps = _own_steps(own_a, range(1, 6)), _own_steps(own_b, range(6, 13))
+    started = min(r["info"]["started_at"] for r in recs if r["kind"] == "hello")
+    first_began = max(own_a[r][1]["t"] - own_a[r][1]["step_time"] for r in (0, 1))
     _against_truth(led, {"hang": killed_at - first_run[8]["t"],
                          "recovery": began - killed_at - restore - emergency,
                          "redone": sum(first_run[s]["values"]["perf/step_time"] for s in (6, 7, 8)),
-                         "checkpoint_restore": restore})
+                         "checkpoint_restore": restore,
+                         "startup": first_began - started,
+                         "data_loading": a_steps["data_loading"] + b_steps["data_loading"],
+                         "productive": a_steps["productive"] + b_steps["productive"],
+                         "checkpoint_save": _own_saves(*(tmp_path / f"a{r}.jsonl.saves" for r in (0, 1)))
+                         + _own_saves(*(tmp_path / f"b{r}.jsonl.saves" for r in (0, 1))),
+                         "eval": 0.0, "straggler": 0.0, "slow_steps": 0.0, "telemetry": 0.0, "excluded": 0.0})
 
 
 @pytest.mark.slow
@@ -943,7 +987,10 @@ def test_a_rank_whose_dataloader_worker_was_killed(make_daemon, tmp_path):
     telemetry) to the launch's end (its ranks' exits, seen from outside) is hang (less any
     emergency save: checkpoint_save), within 1 % of the wall; never more (what a process does
     after its bye, its DataLoader's and gloo's teardown, is after its last record: the wall ends
-    there); unexplained at most 2 % of the wall, no bucket below zero."""
+    there); every other bucket against the ranks' own logs (start-up, data loading, productive)
+    or nothing (no eval, straggler, slow step, restore, recovery, redone work or exclusion in
+    this run; the client's own time: a few ms), each within 1 % of the wall; unexplained at most
+    2 % of the wall, no bucket below zero."""
     import signal
     import time
 
@@ -989,7 +1036,18 @@ def test_a_rank_whose_dataloader_worker_was_killed(make_daemon, tmp_path):
     _no_negative(led)
     assert truth - 0.01 * wall <= lost <= truth + 1e-3, (b, truth, wall)
     assert lost >= killed_at - progress
-    assert b["unexplained"] <= 0.02 * wall, (b, wall)
+    # The same split by bucket: the emergency saves (the ranks' own save logs) are checkpoint_save,
+    # the rest of the tail hang; and every other bucket. (The truth's end, the ranks' exits, is
+    # later than the ledger's, their last bye, by their teardown after it: a few tens of ms here,
+    # ~1.8 s beside a CPU hog, past 1 % of this short wall. A long-lived daemon's ledger has no
+    # word of a process's exit after its bye; under `telemetry run` the script's exit ends it.)
+    emergency = _own_saves(*saves_file)
+    started = min(r["info"]["started_at"] for r in recs if r["kind"] == "hello")
+    began = max(own[r][1]["t"] - own[r][1]["step_time"] for r in (0, 1))
+    _against_truth(led, {"hang": truth - emergency, "checkpoint_save": emergency, "startup": began - started,
+                         **_own_steps(own, range(1, last + 1)),
+                         "eval": 0.0, "straggler": 0.0, "slow_steps": 0.0, "checkpoint_restore": 0.0, "recovery": 0.0,
+                         "redone": 0.0, "telemetry": 0.0, "excluded": 0.0})
 
 
 @pytest.mark.slow
