@@ -1038,7 +1038,7 @@ def test_a_rank_whose_dataloader_worker_was_killed(make_daemon, tmp_path):
     assert lost >= killed_at - progress
     # The same split by bucket: the emergency saves (the ranks' own save logs) are checkpoint_save,
     # the rest of the tail hang; and every other bucket. (The truth's end, the ranks' exits, is
-    # later than the ledger's, their last bye, by their teardown after it: a few tens of ms here,
+    # later than the ledger's, their last bye, by their teardown after it: under 0.1 s here,
     # ~1.8 s beside a CPU hog, past 1 % of this short wall. A long-lived daemon's ledger has no
     # word of a process's exit after its bye; under `telemetry run` the script's exit ends it.)
     emergency = _own_saves(*saves_file)
