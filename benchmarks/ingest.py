@@ -226,7 +226,7 @@ def breakdown(records_per_rank: int = 10_000) -> dict:
     from protocol import Metrics
     from telemetry.daemon.aggregator import Aggregator
     from telemetry.daemon.config import AggregatorConfig, MfuConfig
-    from telemetry.daemon.core import INGEST_BATCH
+    from telemetry.daemon.stages.receive import INGEST_BATCH
     from telemetry.daemon.derived import Derived
     from telemetry.daemon.receiver import Receiver
 

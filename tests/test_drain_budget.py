@@ -78,7 +78,8 @@ def _daemon(clock: Clock, monkeypatch) -> SimpleNamespace:
         clock.t += PROCESS_S * len(frames)
         return len(frames)
 
-    stage.downstream = SimpleNamespace(process=process, num_open_steps=lambda: 0, num_steps_out=lambda: 0,
+    stage.process = process          # a turn of the pipeline: no stages after the receiver here
+    stage.downstream = SimpleNamespace(num_open_steps=lambda: 0, num_steps_out=lambda: 0,
                                        flush_open=lambda: None, step_cost_s=lambda: None)
     return d
 

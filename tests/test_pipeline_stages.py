@@ -162,7 +162,9 @@ def test_the_fan_out_closes_analysis_first_and_ends_by_its_deadline_with_a_hung_
     assert clock.t <= deadline            # the hung sink's grace is inside the deadline, not after it
 
 
-def test_drain_json_says_why_as_a_code_and_in_words(tmp_path):
+def _drained_in_process(tmp_path, **drain_request) -> dict:
+    """A daemon in this process, drained by a drain request (`drain_request`: its fields); the
+    reply."""
     rt = Path(faults.Endpoints().dir)
     cfg = load(None, {"log_dir": str(tmp_path / "tm"), "wandb.mode": "disabled", "ingest": f"ipc://{rt}/i",
                       "pub": f"ipc://{rt}/p", "control": f"ipc://{rt}/c", "aggregator.world_size": 1})
@@ -172,16 +174,35 @@ def test_drain_json_says_why_as_a_code_and_in_words(tmp_path):
     try:
         t = threading.Thread(target=lambda: setattr(d, "rc", d.run()), daemon=True)
         t.start()
-        final = request(d.endpoints["control"], "drain", timeout_s=120)   # a hang detector
+        final = request(d.endpoints["control"], "drain", timeout_s=120, **drain_request)   # a hang detector
         t.join(120)
         assert not t.is_alive()
     finally:
         signal.set_wakeup_fd(-1)
         for sig, h in old_handlers.items():
             signal.signal(sig, h)
+    return final
+
+
+def test_drain_json_says_why_as_a_code_and_in_words(tmp_path):
+    final = _drained_in_process(tmp_path)
     assert final["stop_code"] == "drain_request" and final["stop_reason"] == "drain request"
     written = json.loads((tmp_path / "tm" / "drain.json").read_text())
     assert written["stop_code"] == "drain_request"
+    events = [r for r in map(json.loads, (tmp_path / "tm" / "metrics.jsonl").read_text().splitlines())
+              if r["kind"] == "event" and r["name"] == "script_exit"]
+    assert events == []          # no exit code in the request: no script_exit
+
+
+def test_the_drains_script_exit_event_says_when_the_script_exited(tmp_path):
+    """`telemetry run`'s drain request carries the script's exit code and when it exited: the
+    drain's script_exit event, which every runner gets, carries both (the goodput ledger ends
+    the launch at exited_at, not at the event's own time)."""
+    _drained_in_process(tmp_path, exit_code=3, extra={"exited_at": 1_800_000_000.5})
+    recs = [json.loads(line) for line in (tmp_path / "tm" / "metrics.jsonl").read_text().splitlines()]
+    events = [r for r in recs if r["kind"] == "event" and r["name"] == "script_exit"]
+    assert [(e["rank"], e["data"]) for e in events] == [(None, {"exit_code": 3, "exited_at": 1_800_000_000.5})]
+    assert recs.index(events[0]) < max(i for i, r in enumerate(recs) if r["kind"] == "daemon")   # before the last words
 
 
 def test_the_dashboard_matches_the_stop_code_not_its_words(tmp_path):

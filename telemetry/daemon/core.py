@@ -16,7 +16,6 @@ control_server.py (status, drain, ping), continuity.py (what a restarted daemon 
 """
 from __future__ import annotations
 
-import collections
 import logging
 import os
 import signal
@@ -28,7 +27,7 @@ from pathlib import Path
 import zmq
 
 from protocol import MAX_FRAME_BYTES
-from protocol.output import EventRecord, MetricsRecord, OutputRecord
+from protocol.output import OutputRecord
 from telemetry.shared import endpoints, run_endpoints, run_lock
 from telemetry.daemon import hotpath
 from telemetry.daemon.aggregator import Aggregator
@@ -44,25 +43,21 @@ from telemetry.daemon.intake import Intake
 from telemetry.daemon import memory, process
 from telemetry.daemon.pipeline import Pipeline
 from telemetry.daemon.receiver import Receiver
-from telemetry.daemon import shutdown, self_report
-from telemetry.daemon.self_report import Losses
-from telemetry.daemon.shutdown import SCRIPT_EXIT_EVENT, STOP_REASONS
+from telemetry.daemon import shutdown
+from telemetry.daemon.self_report import Identity, Losses, SelfReport
+from telemetry.daemon.shutdown import STOP_REASONS
 from telemetry.daemon.stages.fanout import FanOut
 from telemetry.daemon.stages.outputs import Outputs
 from telemetry.daemon.stages.rare import RareStage
 from telemetry.daemon.stages.receive import ReceiveStage
 from telemetry.daemon.stages.steps import StepsStage
+from telemetry.shared.goodput import EXCLUDE
 from telemetry.shared.security.redact import Redactor
 from telemetry.daemon.sinks.base import SinkRunner, StartupError
 
 log = logging.getLogger("telemetry.daemon")
 
 READY_LINE = "telemetry daemon ready"
-# Frames taken from the ingest socket per loop turn before housekeeping gets a look-in; also the
-# unit the receiver, the aggregator and the bulk reduction work in. Small enough for a batch's
-# records to stay in the CPU caches between the stages (larger batches measured slower, smaller
-# ones no faster: benchmarks/ingest.py), large enough to amortise the per-batch work.
-INGEST_BATCH = 1024
 # The longest the loop sleeps when no timer is due; bounds how stale "now" can get.
 MAX_POLL_MS = 500
 # A peer on the ingest socket that has not completed the ZMTP handshake in this long is dropped by
@@ -116,8 +111,7 @@ class Daemon:
         self._outputs = Outputs(self.fanout, cfg, self.log_dir, self.budget.sink_queue_bytes)
         self.steps = StepsStage(self.aggregator, self.derived, per_rank=cfg.aggregator.per_rank, losses=self.losses,
                                 shed=self.shed, names=self.names, recent=self.recent_metrics,
-                                open_steps_bytes=self.budget.open_steps_bytes, emit=self.fanout.emit,
-                                put=self.fanout.put)
+                                open_steps_bytes=self.budget.open_steps_bytes, fanout=self.fanout)
         self.hellos = Hellos(self.hello_infos, self.redactor)   # each rank's hello info (hellos.py)
         self.rare = RareStage(self.receiver, self.hellos, self.steps, self.losses, self.redactor, self.fanout.emit,
                               forwards=bool(cfg.forward), head=bool(cfg.remote_ingest))
@@ -131,17 +125,14 @@ class Daemon:
         self.forensics = None                           # the ForensicsStage
         self.goodput = None                             # the GoodputStage, once started
         self.fd_limit, self.max_connections = 0, cfg.max_connections   # set by start()
-        self._inbox: collections.deque[dict] = collections.deque()
         # The accounting and counts a restarted daemon carries over, checkpointed in sources.json.
         self.continuity = Continuity(self.log_dir, self.receiver, self.aggregator, cfg.aggregator.per_rank,
                                      self.started_wall)
         self._next_checkpoint = time.monotonic() + CHECKPOINT_INTERVAL_S
         self.endpoints: dict[str, str] = {}
         self._next_daemon_record = time.monotonic() + cfg.daemon_record_interval_s
-        self._progress_logged: MetricsRecord | None = None
+        self.report: SelfReport | None = None   # status, the daemon record, the progress line (start)
         self._pub_sock: zmq.Socket | None = None   # watched for its subscribers (start)
-        self.batch_frames = INGEST_BATCH      # frames per ingest batch: memory.INGEST_BATCH_BYTES of them
-        self._last_ingest_mono = 0.0
         self._trim_due = False                 # records came in since the heap was last trimmed
         self.watch_pid: int | None = None      # --watch-pid: drain once this process has exited
         self.lock_fd: int | None = None       # the runtime directory's daemon.lock, held for life
@@ -199,10 +190,12 @@ class Daemon:
                              self.receiver.unread_headers, recv=guard.recv if guard is not None else None,
                              shed=self.shed)
         self.receive = ReceiveStage(self.pull, self.receiver, self.intake, self.losses)
-        self.receive.downstream = self
+        self.receive.downstream, self.receive.rare = self.steps, self.rare
         if self.budget.baseline_mb is not None:
             self.governor = memory.Governor(self.budget, self.intake)
-        self.control_server = ControlServer(self.ctx, self.status, self._request_drain, self._exclude)
+        # A planned-maintenance window (`telemetry goodput --exclude`): an event for every ledger.
+        self.control_server = ControlServer(self.ctx, lambda: self.report.status(), self._request_drain,
+                                            lambda window: self.fanout.event(EXCLUDE, window))
         self.control = self.control_server.sock
         for name, sock in (("ingest", self.pull), ("control", self.control)):
             self.security.prepare(sock, self.endpoints[name], name)
@@ -250,9 +243,17 @@ class Daemon:
         self._poller.register(self._wake_r.fileno(), zmq.POLLIN)
         self.rare.diagnoser, self.rare.forensics, self.rare.media = self.diagnoser, self.forensics, self.fanout.media
         self.steps.goodput = self.goodput
-        self.fanout.last_words = self._last_words
-        self.fanout.first_words = self._first_words
+        self.fanout.exit_data = lambda: self.control_server.exit_data
+        # Once the analysis stages are closed: the daemon's own record, its last.
+        self.fanout.last_words = lambda: self.fanout.emit(self.report.daemon_record())
         self.pipeline = Pipeline([self.receive, self.rare, self.steps, self.fanout])
+        limits = {"fd_limit": self.fd_limit, "max_connections": self.max_connections,
+                  "rcvhwm": cfg.rcvhwm, "rcvhwm_per_connection": cfg.connection_hwm()}
+        self.report = SelfReport(
+            Identity(cfg.run_name, self.log_dir, self.started_wall, self.started_mono, self.endpoints, limits),
+            self.budget, self.pipeline, receive=self.receive, rare=self.rare, steps=self.steps, fanout=self.fanout,
+            hello_infos=self.hello_infos, security=self.security, pollers=self.pollers, continuity=self.continuity,
+            governor=self.governor, heap_trims=lambda: self.num_heap_trims)
         self.pipeline.start()
         for p in self.pollers:
             p.start(self.post)
@@ -293,19 +294,19 @@ class Daemon:
         if len(self.intake):
             timeout_ms = 0                 # frames read ahead are waiting
         events = dict(self._poller.poll(timeout_ms))
-        if self.pull in events or len(self.intake):
-            self.ingest(self.batch_frames)
+        if (self.pull in events or len(self.intake)) and self.receive.ingest():
+            self._trim_due = True
         if self.control in events:
             self.control_server.serve()
         if self._wake_r.fileno() in events:
             self._drain_wakeups()
         now = time.monotonic()
-        self.take_inbox()
+        self.fanout.take_inbox()
         self.steps.expire(now)
         self.rare.tick(now)
         if now >= self._next_daemon_record:
-            self.emit(self.daemon_record())
-            self._log_progress()
+            self.fanout.emit(self.report.daemon_record())
+            self.report.log_progress()
             self._next_daemon_record = now + self.cfg.daemon_record_interval_s
         checkpoint_due = self.continuity.due(now, self.fanout.num_records_out + self.fanout.num_pending())
         if now >= self._next_checkpoint:
@@ -318,7 +319,7 @@ class Daemon:
             self.continuity.through_jsonl(self.jsonl_runner, self.fanout.num_records_out)
         if self.governor is not None and now >= self.governor.next_check:
             self.governor.check(now)
-        if self._trim_due and now - self._last_ingest_mono >= TRIM_AFTER_QUIET_S:
+        if self._trim_due and now - self.receive.last_batch_mono >= TRIM_AFTER_QUIET_S:
             self._trim_after_burst()
 
     def _trim_after_burst(self) -> None:
@@ -330,93 +331,13 @@ class Daemon:
         if memory.trim_heap():
             self.num_heap_trims += 1
 
-    def ingest(self, max_frames: int) -> int:
-        """Take up to `max_frames` frames through the pipeline: the receiver stage reads ahead
-        what the socket holds and decodes a batch from the head of its queue; an all-metrics
-        batch goes to the steps stage, any other to the rare records' stage (which passes its
-        metrics runs on to the steps). Returns how many frames were taken. Records are single
-        frames; the parts of a multipart message are taken as frames of their own (see
-        protocol/README.md): a garbage part is counted as malformed."""
-        recs, all_metrics, n = self.receive.take(max_frames)
-        if not n:
-            return 0
-        frame_bytes = self.receive.batch_bytes // n + 1
-        self.steps.record_bytes = frame_bytes * memory.RECORD_BYTES_PER_FRAME_BYTE
-        self.batch_frames = max(1, min(INGEST_BATCH, memory.INGEST_BATCH_BYTES // frame_bytes))
-        self._trim_due = True
-        self._last_ingest_mono = time.monotonic()
-        if all_metrics:
-            self.steps.consume(recs)
-        else:
-            self.rare.consume(recs)
-        return n
-
-    # -- what the receiver's drain needs of the stages after it (stages.receive.Downstream) -----
-    def process(self) -> int:
-        n = self.ingest(self.batch_frames)
-        if n:
-            self.fanout.flush()
-        return n
-
-    def num_open_steps(self) -> int:
-        return len(self.aggregator.pending)
-
-    def num_steps_out(self) -> int:
-        return self.aggregator.num_steps_out
-
-    def step_cost_s(self) -> float | None:
-        return self.steps.step_cost_s
-
-    def flush_open(self) -> None:
-        self.take_inbox()
-        self.steps.flush()
-        self.fanout.flush()
-
-    def _first_words(self) -> None:
-        """The fan-out's drain, before the analysis stages close: the script's exit code, as its
-        launcher saw it (`telemetry run`'s drain request), when the request carried one. The
-        goodput ledger books a failed script's tail as hang; the W&B sink ends the run with it
-        unless the script finished the run itself."""
-        code = self.control_server.exit_code
-        if code is not None:
-            self.emit(EventRecord(time.time(), None, SCRIPT_EXIT_EVENT, {"exit_code": code}))
-
-    def _last_words(self) -> None:
-        """The fan-out's drain, once the analysis stages are closed: their last events, the
-        daemon's own record."""
-        self.take_inbox()
-        self.emit(self.daemon_record())
-
-    def _log_progress(self) -> None:
-        """One line per daemon-record interval, when a step has gone out since the last."""
-        rec = self.steps.latest
-        if rec is None or rec is self._progress_logged:
-            return
-        self._progress_logged = rec
-        log.info("%s", self_report.progress_line(self, rec))
-
-    def _exclude(self, window: dict) -> None:
-        """A planned-maintenance window from the control socket (`telemetry goodput --exclude`):
-        an event of the run, the daemon's (no rank), for every ledger of it (goodput.py)."""
-        from telemetry.shared.goodput import EXCLUDE
-
-        self.emit(EventRecord(time.time(), None, EXCLUDE, window))
-
-    def emit(self, rec: OutputRecord) -> None:
-        self.fanout.emit(rec)
-
     def post(self, record: OutputRecord) -> None:
         """Thread-safe entry for pollers: the record joins the pipeline on the daemon's thread."""
-        self._inbox.append(record)
+        self.fanout.post(record)
         try:
             self._wake_w.send(b"\0")
         except (BlockingIOError, OSError):
             pass  # the loop is already awake (buffer full) or shutting down
-
-    def take_inbox(self) -> None:
-        inbox = self._inbox
-        while inbox:
-            self.emit(inbox.popleft())
 
     def _drain_wakeups(self) -> None:
         try:
@@ -439,12 +360,6 @@ class Daemon:
     def _request_drain(self) -> None:
         """`telemetry drain`: stop as SIGTERM would (the requester is answered after the drain)."""
         self.stop("drain_request", "drain request")
-
-    def status(self) -> dict:
-        return self_report.status(self)
-
-    def daemon_record(self) -> dict:
-        return self_report.daemon_record(self)
 
     # -- shutdown (shutdown.py) -----------------------------------------------------------------
     def close_wakeups(self) -> None:

@@ -98,7 +98,7 @@ BYTES_PER_NAME = 256
 # step per name seen in the batch): closed steps are reduced in chunks that fit (~8 B a slot).
 MAX_BATCH_CELLS = 1 << 22
 # The most bytes (on the wire) the daemon takes from the intake queue in one batch: with wide
-# records a batch of core.INGEST_BATCH frames would decode to hundreds of MB at once (1,024 x
+# records a batch of stages.receive.INGEST_BATCH frames would decode to hundreds of MB at once (1,024 x
 # 4,096 values: ~500 MB). The next batch's frame count follows the last batch's frame size. 1 MB,
 # not 4: a batch of wide records takes ~10 ms a record to process, and what arrives meanwhile
 # waits in libzmq (unbounded in bytes) until the next turn reads it ahead (intake.py); small

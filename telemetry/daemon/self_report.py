@@ -5,32 +5,39 @@
   queue, those still queued at the drain deadline (read and counted, never processed), and the
   clients still open when the drain ended. `totals()` adds them to the receiver's figures:
   records_lost is summed there and nowhere else.
-- `status(d)`: the control socket's answer (`telemetry status`), also the drain's reply and
-  drain.json; `memory_status(d)` its memory part.
-- `daemon_record(d)`: the `daemon` record written every daemon_record_interval_s and at the
-  drain. Its counters are the catalogue's (telemetry/shared/catalogue.py, source "self"); one
-  that `status` also has is read from the same figures (`counts`) at the path its entry names,
-  so the two never say different things (telemetry/records_lost is status's records_lost).
-- `progress_line(d, rec)`: the line the daemon logs at that interval (the trainer prints none:
-  reading its loss would be a host-device sync).
-
-Each reads the daemon's parts (`d`: core.Daemon) and changes none of them.
+- `SelfReport`: built from the parts it reads (the pipeline's stages, the memory budget, the
+  security stage, the pollers, the continuity, the daemon's `Identity`), it changes none of them:
+  - `status()`: the control socket's answer (`telemetry status`), also the drain's reply and
+    drain.json; `memory_status()` its memory part.
+  - `daemon_record()`: the `daemon` record written every daemon_record_interval_s and at the
+    drain. Its counters are the catalogue's (telemetry/shared/catalogue.py, source "self"); one
+    that `status` also has is read from the same figures (`counts`) at the path its entry names,
+    so the two never say different things (telemetry/records_lost is status's records_lost).
+  - `log_progress()`: the line the daemon logs at that interval (the trainer prints none:
+    reading its loss would be a host-device sync).
 """
 from __future__ import annotations
 
 import logging
 import os
 import time
-
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable
 
 from protocol.output import DaemonRecord, MetricsRecord
+from telemetry.daemon import memory
 from telemetry.daemon.goodput_stage import daemon_values as goodput_values
 from telemetry.daemon.intake import SHED_KIND
 from telemetry.shared.catalogue import CATALOGUE
 
-if TYPE_CHECKING:
-    from telemetry.daemon.core import Daemon
+if TYPE_CHECKING:    # the stages import Losses from here
+    from telemetry.daemon.continuity import Continuity
+    from telemetry.daemon.pipeline import Pipeline
+    from telemetry.daemon.stages.fanout import FanOut
+    from telemetry.daemon.stages.rare import RareStage
+    from telemetry.daemon.stages.receive import ReceiveStage
+    from telemetry.daemon.stages.steps import StepsStage
 
 log = logging.getLogger("telemetry.daemon")
 
@@ -71,101 +78,145 @@ class Losses:
         return t
 
 
-def counts(d: Daemon) -> dict:
-    """The figures `status` and the `daemon` record both carry, by their status keys."""
-    totals = d.losses.totals(d.receiver, d.intake)
-    hellos, receiver, events = d.hellos, d.receiver, d.rare.num_events_in
-    steps = d.steps.stats()
-    return {
-        **totals,
-        "steps_out": steps["steps_out"],
-        "steps_incomplete": steps["steps_incomplete"],
-        "records_late": steps["records_late"],
-        "records_in_by_kind": {"hello": hellos.num_in, "event": events, "bye": receiver.num_byes,
-                               "metrics": totals["records_in"] - hellos.num_in - events - receiver.num_byes},
-        "uptime_s": round(time.monotonic() - d.started_mono, 3),
-        "memory": memory_status(d),
-    }
+@dataclass
+class Identity:
+    """Who the daemon is, for `status`: its run, where it writes, when it started, where it
+    listens and within which limits."""
+
+    run_name: str | None
+    log_dir: Path
+    started_wall: float
+    started_mono: float
+    endpoints: dict[str, str]
+    limits: dict
 
 
-def status(d: Daemon) -> dict:
-    """The daemon's counters (`counts`), each pipeline stage's (pipeline.Pipeline.stats), and
-    what the daemon itself holds: its run, sockets, limits, pollers and node links."""
-    c = counts(d)
-    agg = d.aggregator
-    stages = d.pipeline.stats() if d.pipeline is not None else {}
-    return {
-        **c,
-        "ranks": sorted(agg.world.seen | set(d.hellos.by_rank)),
-        **stages,
-        "pollers": {p.name: p.stats() for p in d.pollers},
-        "started_at": d.started_wall,
-        "pid": os.getpid(),
-        "run_name": d.cfg.run_name,
-        "log_dir": str(d.log_dir),
-        "endpoints": d.endpoints,
-        "security": {**d.security.stats(), "redacted": d.redactor.num_redacted},
-        "limits": {"fd_limit": d.fd_limit, "max_connections": d.max_connections,
-                   "rcvhwm": d.cfg.rcvhwm, "rcvhwm_per_connection": d.cfg.connection_hwm()},
-        "goodput": d.goodput.stats(),
-        "run": d.continuity.status(c["records_lost"]),
-        "node_links": d.links.stats() if d.links is not None else {},
-        "node_clocks": d.clocks.stats() if d.clocks is not None else {},
-    }
+class SelfReport:
+    """`status`, the `daemon` record and the progress line, from the parts they read: the
+    pipeline's stages (their stats() and counters), the memory budget, the security stage, the
+    pollers, the continuity and the daemon's identity. It changes none of them."""
 
+    def __init__(self, identity: Identity, budget: memory.Budget, pipeline: Pipeline, *, receive: ReceiveStage,
+                 rare: RareStage, steps: StepsStage, fanout: FanOut, hello_infos: memory.HelloInfos, security,
+                 pollers: list, continuity: Continuity, governor: memory.Governor | None,
+                 heap_trims: Callable[[], int]) -> None:
+        self.identity = identity
+        self.budget = budget
+        self.pipeline = pipeline
+        self.receive, self.rare, self.steps, self.fanout = receive, rare, steps, fanout
+        self.hello_infos = hello_infos
+        self.security = security
+        self.pollers = pollers
+        self.continuity = continuity
+        self.governor = governor
+        self.heap_trims = heap_trims           # how often the heap was given back (core's timer)
+        self._progress_logged: MetricsRecord | None = None
 
-def memory_status(d: Daemon) -> dict:
-    """The memory budget: its split (MB), what each bounded buffer holds now, what was shed."""
-    shed = dict(d.shed.counts)
-    shed["sink_records"] = sum(r.num_dropped_for_bytes for r in d.runners)
-    return {"budget_mb": d.cfg.memory_mb, "split_mb": d.budget.split(),
-            "rss_mb": rss_mb(), "shed": shed, "records_shed": sum(shed.values()),
-            "held": {"recent_mb": round(d.recent_metrics.num_bytes / 2**20, 1),
-                     "open_records": d.aggregator.num_open_records,
-                     "hellos_mb": round(d.hello_infos.num_bytes / 2**20, 1),
-                     "names": len(d.names), "max_names": d.names.max_names},
-            "heap_trims": d.num_heap_trims,
-            "governor": d.governor.stats() if d.governor is not None else {}}
+    def totals(self) -> dict:
+        """The loss accounting: the receiver's, plus what was lost past it (Losses)."""
+        return self.receive.losses.totals(self.receive.receiver, self.receive.intake)
 
+    def counts(self) -> dict:
+        """The figures `status` and the `daemon` record both carry, by their status keys."""
+        totals = self.totals()
+        hellos, receiver, events = self.rare.hellos, self.receive.receiver, self.rare.num_events_in
+        steps = self.steps.stats()
+        return {
+            **totals,
+            "steps_out": steps["steps_out"],
+            "steps_incomplete": steps["steps_incomplete"],
+            "records_late": steps["records_late"],
+            "records_in_by_kind": {"hello": hellos.num_in, "event": events, "bye": receiver.num_byes,
+                                   "metrics": totals["records_in"] - hellos.num_in - events - receiver.num_byes},
+            "uptime_s": round(time.monotonic() - self.identity.started_mono, 3),
+            "memory": self.memory_status(),
+        }
 
-def daemon_record(d: Daemon) -> DaemonRecord:
-    """The `daemon` record: the daemon's counters, the goodput ledger's figures, each sink's queue."""
-    c = counts(d)
-    runners = d.runners
-    values = {}
-    for name, path in STATUS_TWINS:
-        v = c
-        for k in path:
-            v = v[k]
-        values[name] = v
-    # Its own: records a sink never got; the analysis stages' drops (diagnosis, held to a share
-    # of the time; hang forensics) are analysis skipped under load, not output lost.
-    values["telemetry/sink_dropped"] = sum(r.num_dropped for r in runners if not r.analysis)
-    values["telemetry/diagnosis_skipped"] = sum(r.num_dropped for r in runners if r.analysis)
-    values["telemetry/num_ranks"] = len(d.aggregator.world.seen)
-    values.update(d.security.counters())
-    try:
-        values.update(goodput_values(d.goodput.result()))
-        values.update(d.goodput.settled_values())
-    except Exception:    # the daemon's own record must go out whatever the ledger does
-        log.exception("goodput: the ledger failed")
-    for r in runners:
-        values[f"telemetry/sink/{r.name}/queued"] = r.queued()
-        values[f"telemetry/sink/{r.name}/dropped"] = r.num_dropped
-    return DaemonRecord(time.time(), values, run=d.cfg.run_name)
+    def status(self) -> dict:
+        """The control socket's answer (`telemetry status`), also the drain's reply and drain.json:
+        the daemon's counters (`counts`), each stage's (Pipeline.stats), and its run, sockets,
+        limits, pollers and node links."""
+        c = self.counts()
+        ident, rare, goodput = self.identity, self.rare, self.steps.goodput
+        return {
+            **c,
+            "ranks": sorted(self.steps.aggregator.world.seen | set(rare.hellos.by_rank)),
+            **self.pipeline.stats(),
+            "pollers": {p.name: p.stats() for p in self.pollers},
+            "started_at": ident.started_wall,
+            "pid": os.getpid(),
+            "run_name": ident.run_name,
+            "log_dir": str(ident.log_dir),
+            "endpoints": ident.endpoints,
+            "security": {**self.security.stats(), "redacted": rare.redactor.num_redacted},
+            "limits": ident.limits,
+            "goodput": goodput.stats(),
+            "run": self.continuity.status(c["records_lost"]),
+            "node_links": rare.links.stats() if rare.links is not None else {},
+            "node_clocks": rare.clocks.stats() if rare.clocks is not None else {},
+        }
 
+    def memory_status(self) -> dict:
+        """The memory budget: its split (MB), what each bounded buffer holds now, what was shed."""
+        steps = self.steps
+        shed = dict(steps.shed.counts)
+        shed["sink_records"] = sum(r.num_dropped_for_bytes for r in self.fanout.runners)
+        return {"budget_mb": self.budget.memory_mb, "split_mb": self.budget.split(),
+                "rss_mb": rss_mb(), "shed": shed, "records_shed": sum(shed.values()),
+                "held": {"recent_mb": round(steps.recent.num_bytes / 2**20, 1),
+                         "open_records": steps.aggregator.num_open_records,
+                         "hellos_mb": round(self.hello_infos.num_bytes / 2**20, 1),
+                         "names": len(steps.names), "max_names": steps.names.max_names},
+                "heap_trims": self.heap_trims(),
+                "governor": self.governor.stats() if self.governor is not None else {}}
 
-def progress_line(d: Daemon, rec: MetricsRecord) -> str:
-    """The run's progress at its latest aggregated step `rec`, seen from the daemon."""
-    v = rec["values"]
-    parts = [f"step {rec['step']}"]
-    for key, label, fmt in (("train/loss", "loss", ".4f"), ("perf/tokens_per_second", "tokens/s", ",.0f"),
-                            ("perf/step_time_max", "step", ".3f"), ("perf/mfu_percent", "MFU %", ".1f")):
-        x = v.get(key)
-        if isinstance(x, (int, float)):
-            parts.append(f"{label} {x:{fmt}}" + (" s" if label == "step" else ""))
-    lost = d.losses.totals(d.receiver, d.intake)["records_lost"]
-    return f"progress: {'  '.join(parts)}  (records in {d.receiver.num_in}, lost {lost})"
+    def daemon_record(self) -> DaemonRecord:
+        """The `daemon` record, written every daemon_record_interval_s and at the drain: the
+        daemon's counters, the goodput ledger's figures, each sink's queue."""
+        c = self.counts()
+        runners = self.fanout.runners
+        values = {}
+        for name, path in STATUS_TWINS:
+            v = c
+            for k in path:
+                v = v[k]
+            values[name] = v
+        # Its own: records a sink never got; the analysis stages' drops (diagnosis, held to a share
+        # of the time; hang forensics) are analysis skipped under load, not output lost.
+        values["telemetry/sink_dropped"] = sum(r.num_dropped for r in runners if not r.analysis)
+        values["telemetry/diagnosis_skipped"] = sum(r.num_dropped for r in runners if r.analysis)
+        values["telemetry/num_ranks"] = len(self.steps.aggregator.world.seen)
+        values.update(self.security.counters())
+        goodput = self.steps.goodput
+        try:
+            values.update(goodput_values(goodput.result()))
+            values.update(goodput.settled_values())
+        except Exception:    # the daemon's own record must go out whatever the ledger does
+            log.exception("goodput: the ledger failed")
+        for r in runners:
+            values[f"telemetry/sink/{r.name}/queued"] = r.queued()
+            values[f"telemetry/sink/{r.name}/dropped"] = r.num_dropped
+        return DaemonRecord(time.time(), values, run=self.identity.run_name)
+
+    def log_progress(self) -> None:
+        """One line per daemon-record interval, when a step has gone out since the last."""
+        rec = self.steps.latest
+        if rec is None or rec is self._progress_logged:
+            return
+        self._progress_logged = rec
+        log.info("%s", self.progress_line(rec))
+
+    def progress_line(self, rec: MetricsRecord) -> str:
+        """The run's progress at its latest aggregated step `rec`, seen from the daemon."""
+        v = rec["values"]
+        parts = [f"step {rec['step']}"]
+        for key, label, fmt in (("train/loss", "loss", ".4f"), ("perf/tokens_per_second", "tokens/s", ",.0f"),
+                                ("perf/step_time_max", "step", ".3f"), ("perf/mfu_percent", "MFU %", ".1f")):
+            x = v.get(key)
+            if isinstance(x, (int, float)):
+                parts.append(f"{label} {x:{fmt}}" + (" s" if label == "step" else ""))
+        lost = self.totals()["records_lost"]
+        return f"progress: {'  '.join(parts)}  (records in {self.receive.receiver.num_in}, lost {lost})"
 
 
 def rss_mb() -> float | None:

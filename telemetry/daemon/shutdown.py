@@ -58,7 +58,7 @@ def run(d: Daemon) -> int:
     unfinished = d.fanout.unfinished
     drained_at = time.monotonic()
     final = {"ok": True, "drained": not unfinished, "unfinished_sinks": unfinished,
-             "stop_code": d.stop_code, "stop_reason": d.stop_reason, **d.status()}
+             "stop_code": d.stop_code, "stop_reason": d.stop_reason, **d.report.status()}
     final_written = write_drain_json(d.log_dir, final)
     d.continuity.write(d.fanout.num_records_out)
     d.control_server.answer_drain(final)

@@ -3,23 +3,26 @@ sink's runner (sinks/base.py: a bounded queue and a thread each; PUB inline, fir
 analysis stages fed like sinks (runners flagged `analysis`: diagnosis, forensics, goodput).
 
 Its drain: the media keeper is told to stop (it keeps what it holds, beside the sinks); the
-first records of the drain (`first_words`: a script's exit code) go to every runner, the
-analysis stages too (the goodput ledger books a failed script's tail by it); the analysis stages
-close, with a quarter of the time left (their last events must still reach the sinks); then the
-last records (`last_words`: their last events, the daemon's own record); then every sink
+first record of the drain (a script's exit code and when it exited, when its drain request
+carried them: `exit_data`) goes to every runner, the analysis stages too (the goodput ledger books a failed script's tail
+as hang by it; the W&B sink ends the run with it unless the script finished the run itself); the
+analysis stages close, with a quarter of the time left (their last events must still reach the
+sinks); then the last records (their last events, `last_words`: the daemon's own record); then every sink
 drains, flushes, fsyncs and closes, in parallel, until the deadline less ABANDON_GRACE_S; one
 still busy then is abandoned within that grace (what it never wrote is counted in its
 `dropped`), so a hung W&B never holds the daemon past the deadline.
 """
 from __future__ import annotations
 
+import collections
 import logging
 import time
 from typing import Callable
 
 from protocol import output
-from protocol.output import OutputRecord
+from protocol.output import EventRecord, OutputRecord
 from telemetry.daemon.pipeline import Stage
+from telemetry.daemon.shutdown import SCRIPT_EXIT_EVENT
 from telemetry.daemon.sinks.base import InlineRunner, Out, SinkRunner, batch_bytes
 
 log = logging.getLogger("telemetry.daemon")
@@ -40,9 +43,13 @@ class FanOut(Stage):
         self._in_order: list[SinkRunner] = []      # inline ones first (start)
         self._out: list[Out] = []
         self.num_records_out = 0
+        # Records posted from other threads (the pollers': post), taken on the daemon's thread.
+        self.inbox: collections.deque[OutputRecord] = collections.deque()
         self.media = None                          # the MediaKeeper (not on a head)
         self.media_files = None                    # who deletes the ranks' media files
-        self.first_words: Callable[[], None] = lambda: None  # the drain's records every runner gets (script_exit)
+        # The script's exit code as its launcher saw it, and when it exited (`telemetry run`'s drain
+        # request: the script_exit event's data; None: no exit code).
+        self.exit_data: Callable[[], dict | None] = lambda: None
         self.last_words: Callable[[], None] = lambda: None   # the drain's last records (the daemon's)
         self.unfinished: list[str] = []            # runners (and "media") still busy at the deadline
 
@@ -63,6 +70,19 @@ class FanOut(Stage):
     def put(self, out: Out) -> None:
         """An output record already encoded (a step's line)."""
         self._out.append(out)
+
+    def event(self, name: str, data: dict) -> None:
+        """An event of the daemon's own (no rank), for every runner."""
+        self.emit(EventRecord(time.time(), None, name, data))
+
+    def post(self, rec: OutputRecord) -> None:
+        """Thread-safe: the record is emitted on the daemon's thread (take_inbox)."""
+        self.inbox.append(rec)
+
+    def take_inbox(self) -> None:
+        inbox = self.inbox
+        while inbox:
+            self.emit(inbox.popleft())
 
     def num_pending(self) -> int:
         """Records emitted this turn, not handed out yet."""
@@ -92,12 +112,15 @@ class FanOut(Stage):
         grace = min(ABANDON_GRACE_S, max(0.0, deadline - time.monotonic()) / 2)
         stages = [r for r in self.runners if r.analysis]
         sinks = [r for r in self.runners if not r.analysis]
-        self.first_words()      # the script's exit code, to the analysis stages too (the goodput ledger)
+        data = self.exit_data()
+        if data is not None:    # to the analysis stages too (the goodput ledger)
+            self.event(SCRIPT_EXIT_EVENT, data)
         self.flush()
         unfinished = [r.name for r in stages
                       if not r.close(max(0.0, (deadline - time.monotonic()) * ANALYSIS_SHARE))]
         # Their part is over: what follows (their last events, the final counters) is for the sinks.
         self._in_order = [r for r in self._in_order if not r.analysis]
+        self.take_inbox()
         self.last_words()
         self.flush()
         for runner in sinks:

@@ -6,8 +6,11 @@ Each frame is read off the socket once, into the read-ahead queue, in chunks (lo
 or its C twin); a batch is a list taken from the queue's head and decoded as it is. What the
 queue sheds it counts itself, in memory.shed and in records_shed_at_intake.
 
+A batch all of metrics goes to the steps stage (`downstream`), any other to the rare records'
+stage, which passes its metrics runs on to the steps.
+
 The drain: what libzmq holds or is still reading off the wire is taken until every client that
-was sending has said bye (or gone silent), processed through the pipeline (`Downstream`) up to
+was sending has said bye (or gone silent), processed through the pipeline (`process`) up to
 PROCESS_SHARE of the stage's time (less when the open steps' flush would not fit) and only
 counted after it (records_unread_at_drain), the byes and each client's first frame in hand
 first: what the deadline leaves uncounted, the clients' byes account for (in transit).
@@ -20,6 +23,7 @@ from typing import Protocol
 
 import zmq
 
+from telemetry.daemon import memory
 from telemetry.daemon.intake import Intake
 from telemetry.daemon.pipeline import Stage
 from telemetry.daemon.receiver import Receiver
@@ -27,6 +31,11 @@ from telemetry.daemon.self_report import Losses
 
 log = logging.getLogger("telemetry.daemon")
 
+# Frames taken from the ingest socket per loop turn before housekeeping gets a look-in; also the
+# unit the receiver, the aggregator and the bulk reduction work in. Small enough for a batch's
+# records to stay in the CPU caches between the stages (larger batches measured slower, smaller
+# ones no faster: benchmarks/ingest.py), large enough to amortise the per-batch work.
+INGEST_BATCH = 1024
 # The drain's intake, as shares of the stage's time (its deadline is the last call for byes):
 # records are processed up to PROCESS_SHARE of it, then only counted up to COUNT_SHARE, then
 # the socket is read on, until the deadline, only for the byes of clients still open.
@@ -66,10 +75,15 @@ MAX_OPEN_NAMED = 8
 
 
 class Downstream(Protocol):
-    """What the receiver's drain needs of the stages after it."""
+    """What the receiver needs of the stage after it (the steps stage: stages/steps.py)."""
 
-    def process(self) -> int:
-        """One turn of the pipeline: a batch of frames taken, processed, handed out; how many."""
+    record_bytes: int      # estimated bytes of a metrics record in memory (the last batch's)
+
+    def consume(self, batch: list) -> None:
+        """A batch of metrics records, in the order they came."""
+
+    def hand_out(self) -> None:
+        """Pass on to the sinks what the stages made of the batches so far."""
 
     def num_open_steps(self) -> int:
         """Steps waiting for ranks (what a flush would send out now)."""
@@ -94,8 +108,11 @@ class ReceiveStage(Stage):
         self.receiver = receiver
         self.intake = intake
         self.losses = losses
-        self.downstream: Downstream | None = None      # the daemon's stages after this one
+        self.downstream: Downstream | None = None      # the steps stage (set at start)
+        self.rare: Stage | None = None                  # the rare records' stage (set at start)
         self.batch_bytes = 0                            # the last batch's frames, in bytes
+        self.batch_frames = INGEST_BATCH      # frames per batch: memory.INGEST_BATCH_BYTES of them
+        self.last_batch_mono = 0.0                      # when the last batch was taken
 
     def take(self, max_frames: int) -> tuple[list, bool, int]:
         """Read ahead what the socket holds (Intake.fill), then decode and account up to
@@ -108,6 +125,32 @@ class ReceiveStage(Stage):
             return [], True, 0
         recs, all_metrics = self.receiver.accept(frames, self.batch_bytes)
         return recs, all_metrics, len(frames)
+
+    def ingest(self, max_frames: int | None = None) -> int:
+        """Take a batch of up to `max_frames` frames (the batch size the last one's frames call
+        for) through the pipeline: an all-metrics batch to the steps stage, any other to the rare
+        records' stage. Returns how many frames were taken. Records are single frames; the parts
+        of a multipart message are taken as frames of their own (see protocol/README.md): a
+        garbage part is counted as malformed."""
+        recs, all_metrics, n = self.take(self.batch_frames if max_frames is None else max_frames)
+        if not n:
+            return 0
+        frame_bytes = self.batch_bytes // n + 1
+        self.downstream.record_bytes = frame_bytes * memory.RECORD_BYTES_PER_FRAME_BYTE
+        self.batch_frames = max(1, min(INGEST_BATCH, memory.INGEST_BATCH_BYTES // frame_bytes))
+        self.last_batch_mono = time.monotonic()
+        if all_metrics:
+            self.downstream.consume(recs)
+        else:
+            self.rare.consume(recs)
+        return n
+
+    def process(self) -> int:
+        """One turn of the pipeline in the drain: a batch taken, processed, handed out; how many."""
+        n = self.ingest()
+        if n:
+            self.downstream.hand_out()
+        return n
 
     def __len__(self) -> int:
         return len(self.intake)
@@ -208,7 +251,7 @@ class ReceiveStage(Stage):
                 losses.num_unread_at_drain += n
             else:
                 steps_before = down.num_steps_out()
-                n = down.process()
+                n = self.process()
                 processed += n
                 took = time.monotonic() - now
                 turn_s = max(turn_s, took)

@@ -1,6 +1,8 @@
 """The steps stage: each batch's metrics records added to their steps across ranks (aggregator.py,
 world.py), the steps they complete reduced and given their derived metrics (derived.py), encoded
-once and passed to the fan-out; steps waited on beyond their memory share go out early.
+once and passed to the fan-out; steps waited on beyond their memory share go out early. It is
+what the receiver stage's drain sizes its processing by (stages.receive.Downstream): the steps
+open, the steps out, a step's cost as measured, the open steps' flush.
 
 A node's metrics carry times moved by its clock's offset (node_clocks.py) before they are added;
 the last batches are kept for hang forensics (memory.RecentRing); without --per-rank, each batch's
@@ -9,11 +11,10 @@ per-rank records go to the goodput stage before their steps (goodput_stage.py).
 from __future__ import annotations
 
 import time
-from typing import Callable
 
 from protocol import Metrics
 from protocol import output
-from protocol.output import MetricsRecord, OutputRecord
+from protocol.output import MetricsRecord
 from telemetry.daemon import memory
 from telemetry.daemon.aggregator import Aggregator
 from telemetry.daemon.derived import Derived
@@ -21,6 +22,7 @@ from telemetry.daemon.node_clocks import NodeClocks
 from telemetry.daemon.pipeline import Stage
 from telemetry.daemon.self_report import Losses
 from telemetry.daemon.sinks.base import Out
+from telemetry.daemon.stages.fanout import FanOut
 
 
 # Steps in one batch from which its cost per step is taken as a measure (fewer: the batch's fixed
@@ -35,8 +37,7 @@ class StepsStage(Stage):
 
     def __init__(self, aggregator: Aggregator, derived: Derived, *, per_rank: bool, losses: Losses,
                  shed: memory.Shed, names: memory.NameCatalogue, recent: memory.RecentRing,
-                 open_steps_bytes: int, emit: Callable[[OutputRecord], None],
-                 put: Callable[[Out], None]) -> None:
+                 open_steps_bytes: int, fanout: FanOut) -> None:
         self.aggregator = aggregator
         self.derived = derived
         self.per_rank = per_rank
@@ -45,15 +46,16 @@ class StepsStage(Stage):
         self.names = names
         self.recent = recent
         self.open_steps_bytes = open_steps_bytes
-        self._emit = emit                  # an output record, encoded by the fan-out
-        self._put = put                    # an output record already encoded (a step's line)
+        self.fanout = fanout
+        self._emit = fanout.emit           # an output record, encoded by the fan-out
+        self._put = fanout.put             # an output record already encoded (a step's line)
         self.clocks: NodeClocks | None = None     # a head's (set at start)
         self.goodput = None                # the GoodputStage, for the per-rank records (set at start)
         self.record_bytes = 1024           # estimated bytes of a metrics record in memory (per batch)
         self.latest: MetricsRecord | None = None  # the last step out (the progress line)
         # What sending a step out costs on this box now (reduce, derive, encode), measured on
         # batches of MEASURE_MIN_STEPS or more: the drain sizes the open steps' flush with it.
-        self.step_cost_s: float | None = None
+        self._step_cost_s: float | None = None
 
     def consume(self, batch: list) -> None:
         """A run of metrics records (protocol.Metrics), in the order they came."""
@@ -97,6 +99,25 @@ class StepsStage(Stage):
         self.flush()
         return True
 
+    # -- what the receiver stage needs of it (stages.receive.Downstream) -----------------------
+    def hand_out(self) -> None:
+        self.fanout.flush()
+
+    def num_open_steps(self) -> int:
+        return len(self.aggregator.pending)
+
+    def num_steps_out(self) -> int:
+        return self.aggregator.num_steps_out
+
+    def step_cost_s(self) -> float | None:
+        return self._step_cost_s
+
+    def flush_open(self) -> None:
+        """The records posted from other threads first (the pollers'), as the loop takes them."""
+        self.fanout.take_inbox()
+        self.flush()
+        self.fanout.flush()
+
     def _emit_rank(self, rec: Metrics, late: bool = False) -> None:
         out = MetricsRecord(rec.t_ns / 1e9, rec.step, rec.values, rank=rec.rank)
         if late:
@@ -134,7 +155,7 @@ class StepsStage(Stage):
         self.latest = recs[-1]
         if len(accs) >= MEASURE_MIN_STEPS:
             cost = (time.perf_counter() - t0) / len(accs)
-            self.step_cost_s = cost if self.step_cost_s is None else (self.step_cost_s + cost) / 2
+            self._step_cost_s = cost if self._step_cost_s is None else (self._step_cost_s + cost) / 2
 
     def next_deadline(self, now: float, max_wait_s: float) -> float:
         """When the oldest open step is due (now + max_wait_s when none is open)."""
