@@ -90,12 +90,12 @@ if [[ -n "$extras" ]]; then
 fi
 PIP=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
 stamp="$VENV/.installed$extras"
-# Re-install only when the project's dependency list or its C part (built in place by the
-# editable install) changed since the last set-up (a set-up with the dev extras also serves one
-# without).
+# Re-install only when the project's dependency list, its C part (built in place by the
+# editable install) or this set-up changed since the last set-up (a set-up with the dev extras
+# also serves one without).
 for s in "$stamp" "$VENV/.installed[dev]"; do
     if [[ -f "$s" && "$s" -nt "$ROOT/pyproject.toml" && "$s" -nt "$ROOT/setup.py"
-          && "$s" -nt "$ROOT/telemetry/daemon/_hotpath.c" ]]; then
+          && "$s" -nt "$ROOT/telemetry/daemon/_hotpath.c" && "$s" -nt "$ROOT/launch/setup.sh" ]]; then
         exit 0
     fi
 done
@@ -111,7 +111,10 @@ if ! "$VENV/bin/python" -c "import deepspeed" >/dev/null 2>&1; then
     DS_BUILD_OPS=0 "${PIP[@]}" install --no-build-isolation "deepspeed>=0.15"
 fi
 log "installing the project${extras}"
-"${PIP[@]}" install -e "$ROOT$extras"
+# compat: the checkout's root goes on sys.path (a .pth line), not behind an import hook, so a
+# directory named like one of our packages in a user's working directory (the default run
+# directory ./telemetry/<id>, a trainer/ of theirs) is never imported in its place.
+"${PIP[@]}" install -e "$ROOT$extras" --config-settings editable_mode=compat
 loops="$(env -u TELEMETRY_PURE_PYTHON "$VENV/bin/python" -c 'from telemetry.daemon import hotpath; print(hotpath.name())')"
 if [[ "$loops" != c ]]; then
     log "warning: the daemon's C inner loops were not built (no C compiler?);" \

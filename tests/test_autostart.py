@@ -305,3 +305,23 @@ def test_every_rank_inits_one_run_per_id(tmp_path, shared_id):
         losses = sorted(tuple(v["loss"] for _, v in sorted(_steps(d).items())) for d in dirs)
         assert losses == [tuple(10.0 * r + i for i in range(4)) for r in (0, 1)]
         assert all(sorted(f["per_rank"]) == ["0"] and f["steps_incomplete"] == 0 for f in finals), finals
+
+
+def test_ctrl_c_ends_the_script_by_sigint_as_it_would_alone(tmp_path):
+    """An interrupted script that started its own daemon dies by SIGINT (the shell's 130), as it
+    would without telemetry, after its run is drained. The drain at exit used to import a module
+    whose dataclass runs exec(): CPython then forgets the KeyboardInterrupt and exits 1."""
+    proc = subprocess.Popen([sys.executable, str(_script(tmp_path))], cwd=tmp_path,
+                            env=_env(tmp_path, HANG="1", ITERS="3"), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "logged"
+        proc.send_signal(signal.SIGINT)
+        proc.wait(120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    err = proc.stderr.read()
+    assert proc.returncode == -signal.SIGINT, err[-3000:]
+    (log_dir,) = _run_dirs(tmp_path)
+    assert json.loads((log_dir / "drain.json").read_text())["records_lost"] == 0, err[-3000:]

@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from telemetry.shared import endpoints
+from telemetry.shared.ourpython import module_cmd
 
 ENV_AUTOSTART = "TELEMETRY_AUTOSTART"
 ENV_DIR = "TELEMETRY_DIR"
@@ -215,7 +216,7 @@ def _start(prog: str, run_id: str, run_name: str | None, wandb_mode: str | None,
     except OSError as exc:
         _warn(prog, f"no daemon could be started (cannot make {log_dir}: {exc.strerror or exc})", key)
         return None
-    cmd = [sys.executable, "-m", "telemetry", "daemon", "--log-dir", str(log_dir),
+    cmd = [*module_cmd("telemetry"), "daemon", "--log-dir", str(log_dir),
            "--run-name", run_name or run_id, "--watch-pid", str(os.getpid())]
     if runtime is not None:
         cmd += [arg for which in ("ingest", "pub", "control") for arg in (f"--{which}", run_endpoint(runtime, which))]
@@ -245,6 +246,11 @@ def _start(prog: str, run_id: str, run_name: str | None, wandb_mode: str | None,
         _warn(prog, f"no daemon could be started: {why}", key)
         return None
     started = Started(proc, log_dir, run_id, prog, runtime)
+    # What the drain at exit uses, imported now: a module first imported during an exit after
+    # Ctrl-C that runs exec() on a string (a dataclass, a namedtuple) makes CPython forget the
+    # KeyboardInterrupt, and the script exits 1 instead of dying by SIGINT as it would alone.
+    from telemetry.shared import control  # noqa: F401
+    from telemetry.shared.security import curve  # noqa: F401
     atexit.register(_drain_at_exit, key)
     print(f"{prog}: run {run_id}: telemetry daemon started (pid {proc.pid}), writing to {log_dir}; "
           f"it drains when this script ends (`telemetry tail --run-dir {log_dir}` to watch)", file=sys.stderr,
