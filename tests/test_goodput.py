@@ -784,14 +784,26 @@ def _own_log(path_of_rank) -> list[dict[int, dict]]:
             for r in (0, 1)]
 
 
-def _own_steps(own: list[dict[int, dict]], steps) -> dict[str, float]:
-    """What the ranks' own logs say of `steps` (counted on the job's timeline): data loading, the
-    ranks' mean, and productive, the slowest rank's step time less that (the job's step time is
-    the slowest rank's; nothing injected in these runs slows a rank's compute, so neither
-    straggler nor slow steps take any of it)."""
-    data = sum((own[0][s]["data_loading_time"] + own[1][s]["data_loading_time"]) / 2 for s in steps)
-    step_time = sum(max(own[0][s]["step_time"], own[1][s]["step_time"]) for s in steps)
-    return {"data_loading": data, "productive": step_time - data}
+def _own_steps(own: list[dict[int, dict]], steps) -> tuple[float, float]:
+    """What the ranks' own logs say of `steps` (counted on the job's timeline): (data loading, the
+    ranks' mean; the rest of the steps, the slowest rank's step time less that: the job's step
+    time is the slowest rank's). A step one rank's log lacks (the last of a rank that raised: its
+    log's writer thread went with it) is the other rank's alone."""
+    rows = [[own[r][s] for r in (0, 1) if s in own[r]] for s in steps]
+    data = sum(sum(row["data_loading_time"] for row in both) / len(both) for both in rows)
+    step_time = sum(max(row["step_time"] for row in both) for both in rows)
+    return data, step_time - data
+
+
+def _rest_of_the_steps(led: dict, truth: float) -> None:
+    """productive + straggler + slow steps against the rest of the steps' time by the ranks' own
+    logs, within 1 % of the wall. Not each alone: with nothing injected, a busy box still makes
+    one rank wait for the other now and then (seen: straggler 1.5 % of a 10 s wall beside a
+    CPU hog), a real wait the ledger books as straggler, and the ranks' logs (a step's whole
+    time) cannot tell it from compute."""
+    b, wall = led["buckets_s"], led["wall_s"]
+    rest = b["productive"] + b["straggler"] + b["slow_steps"]
+    assert abs(rest - truth) <= 0.01 * wall, (rest, truth, wall, b)
 
 
 def _own_saves(*paths: Path) -> float:
@@ -816,10 +828,11 @@ def test_a_hung_rank_killed_once_the_daemon_says_hang_then_a_resume(make_daemon,
     recovery is the kill -> the new launch's first step, less its restore and rank 0's
     emergency save after the kill (the ranks' own save logs); work redone, the restore: the
     ranks' own figures; every other bucket too: start-up the first process's start -> the first
-    step, data loading and productive the steps counted (the first launch's up to its checkpoint,
-    the second's) by the ranks' own logs, the saves theirs, nothing else lost (eval, straggler,
-    slow steps, exclusions: none run or injected; the client's own time: a few ms). Each within
-    1 % of the wall time, unexplained at most 2 %, no bucket below zero."""
+    step, data loading and the rest of the steps counted (the first launch's up to its
+    checkpoint, the second's: productive, straggler and slow steps together) by the ranks' own
+    logs, the saves theirs, nothing else lost (eval, exclusions: none run; the client's own
+    time: a few ms). Each within 1 % of the wall time, unexplained at most 2 %, no bucket below
+    zero."""
     import signal
     import time
 
@@ -853,7 +866,8 @@ def test_a_hung_rank_killed_once_the_daemon_says_hang_then_a_resume(make_daemon,
     emergency = max((row["duration_s"] for row in saves if row["step"] > 5), default=0.0)
     print(f"ledger {b}, wall {led['wall_s']:.3f} s, hang truth {killed_at - first_run[8]['t']:.3f} s")
     own_a, own_b = _own_log(lambda r: tmp_path / f"a{r}.jsonl"), _own_log(lambda r: tmp_path / f"b{r}.jsonl")
-    a_steps, b_steps = _own_steps(own_a, range(1, 6)), _own_steps(own_b, range(6, 13))
+    (a_data, a_rest), (b_data, b_rest) = _own_steps(own_a, range(1, 6)), _own_steps(own_b, range(6, 13))
+    _rest_of_the_steps(led, a_rest + b_rest)
     started = min(r["info"]["started_at"] for r in recs if r["kind"] == "hello")
     first_began = max(own_a[r][1]["t"] - own_a[r][1]["step_time"] for r in (0, 1))
     _against_truth(led, {"hang": killed_at - first_run[8]["t"],
@@ -861,11 +875,10 @@ def test_a_hung_rank_killed_once_the_daemon_says_hang_then_a_resume(make_daemon,
                          "redone": sum(first_run[s]["values"]["perf/step_time"] for s in (6, 7, 8)),
                          "checkpoint_restore": restore,
                          "startup": first_began - started,
-                         "data_loading": a_steps["data_loading"] + b_steps["data_loading"],
-                         "productive": a_steps["productive"] + b_steps["productive"],
+                         "data_loading": a_data + b_data,
                          "checkpoint_save": _own_saves(*(tmp_path / f"a{r}.jsonl.saves" for r in (0, 1)))
                          + _own_saves(*(tmp_path / f"b{r}.jsonl.saves" for r in (0, 1))),
-                         "eval": 0.0, "straggler": 0.0, "slow_steps": 0.0, "telemetry": 0.0, "excluded": 0.0})
+                         "eval": 0.0, "telemetry": 0.0, "excluded": 0.0})
 
 
 @pytest.mark.slow
@@ -987,10 +1000,10 @@ def test_a_rank_whose_dataloader_worker_was_killed(make_daemon, tmp_path):
     telemetry) to the launch's end (its ranks' exits, seen from outside) is hang (less any
     emergency save: checkpoint_save), within 1 % of the wall; never more (what a process does
     after its bye, its DataLoader's and gloo's teardown, is after its last record: the wall ends
-    there); every other bucket against the ranks' own logs (start-up, data loading, productive)
-    or nothing (no eval, straggler, slow step, restore, recovery, redone work or exclusion in
-    this run; the client's own time: a few ms), each within 1 % of the wall; unexplained at most
-    2 % of the wall, no bucket below zero."""
+    there); every other bucket against the ranks' own logs (start-up, data loading; productive,
+    straggler and slow steps together) or nothing (no eval, restore, recovery, redone work or
+    exclusion in this run; the client's own time: a few ms), each within 1 % of the wall;
+    unexplained at most 2 % of the wall, no bucket below zero."""
     import signal
     import time
 
@@ -1024,7 +1037,8 @@ def test_a_rank_whose_dataloader_worker_was_killed(make_daemon, tmp_path):
     last = max(r["step"] for r in recs if r["kind"] == "metrics" and "rank" not in r)
     own = [{json.loads(line)["step"]: json.loads(line) for line in (tmp_path / f"a{r}.jsonl").read_text().splitlines()}
            for r in (0, 1)]
-    progress = max(own[r][last]["t"] for r in (0, 1))     # the job's last step ended (its later rank's end)
+    # The job's last step ended (its later rank's end; a rank that raised may have lost its log's last row).
+    progress = max(own[r][last]["t"] for r in (0, 1) if last in own[r])
     saves_file = [tmp_path / f"a{r}.jsonl.saves" for r in (0, 1)]
     saves = [json.loads(line) for p in saves_file if p.exists() for line in p.read_text().splitlines()]
     truth = ended - progress
@@ -1044,9 +1058,10 @@ def test_a_rank_whose_dataloader_worker_was_killed(make_daemon, tmp_path):
     emergency = _own_saves(*saves_file)
     started = min(r["info"]["started_at"] for r in recs if r["kind"] == "hello")
     began = max(own[r][1]["t"] - own[r][1]["step_time"] for r in (0, 1))
+    data, rest = _own_steps(own, range(1, last + 1))
+    _rest_of_the_steps(led, rest)
     _against_truth(led, {"hang": truth - emergency, "checkpoint_save": emergency, "startup": began - started,
-                         **_own_steps(own, range(1, last + 1)),
-                         "eval": 0.0, "straggler": 0.0, "slow_steps": 0.0, "checkpoint_restore": 0.0, "recovery": 0.0,
+                         "data_loading": data, "eval": 0.0, "checkpoint_restore": 0.0, "recovery": 0.0,
                          "redone": 0.0, "telemetry": 0.0, "excluded": 0.0})
 
 
