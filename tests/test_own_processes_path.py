@@ -59,3 +59,18 @@ def test_a_scripts_own_daemon_starts_beside_a_namesake_in_the_working_directory(
     assert "telemetry daemon started" in out.stderr and "no daemon could be started" not in out.stderr, out.stderr
     (metrics,) = list((work / "telemetry").glob("*/metrics.jsonl"))
     assert '"x"' in metrics.read_text()
+
+
+def test_telemetry_runs_own_processes_start_beside_a_namesake(tmp_path):
+    """`telemetry run` (a console script: no working directory on its path) starts its daemon and
+    its launcher as ours, with a user's telemetry.py and trainer.py in the working directory."""
+    (tmp_path / "telemetry.py").write_text(TRAP)
+    (tmp_path / "trainer.py").write_text(TRAP.replace("telemetry.py", "trainer.py"))
+    (tmp_path / "plain.py").write_text("print('the script ran')\n")
+    runtime = Path("/tmp") / f"tmown-{os.getpid()}-{abs(hash(str(tmp_path))) % 10**8}"
+    for nproc in ("1", "2"):
+        out = subprocess.run([*module_cmd("telemetry"), "run", "--nproc", nproc, "--", "plain.py"], cwd=tmp_path,
+                             env=_env(TELEMETRY_RUNTIME_DIR=str(runtime), WANDB_MODE="disabled"),
+                             capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0 and "the script ran" in out.stdout, (nproc, out.stdout[-2000:], out.stderr[-3000:])
+        assert "was imported" not in out.stdout + out.stderr

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -27,6 +28,8 @@ import sys
 import threading
 import time
 from pathlib import Path
+
+from telemetry.shared.ourpython import module_cmd
 
 MAX_NPROC = 1024
 
@@ -137,7 +140,7 @@ def run(args: argparse.Namespace) -> int:
     if args.daemon_config:                     # ... and the same config
         env[autostart.ENV_DAEMON_CONFIG] = str(Path(args.daemon_config).absolute())
     # --watch-pid: a `telemetry run` killed outright (SIGKILL) still leaves a drained run behind.
-    cmd = [sys.executable, "-m", "telemetry", "daemon", "--log-dir", str(log_dir), "--run-name", name,
+    cmd = [*module_cmd("telemetry"), "daemon", "--log-dir", str(log_dir), "--run-name", name,
            "--wandb", mode, "--watch-pid", str(os.getpid())]
     if args.world_size is not None:
         cmd += ["--world-size", str(args.world_size)]
@@ -232,17 +235,17 @@ def _launch(target: list[str], nproc: int, env: dict, launcher: str = "torchrun"
     first (torchrun exits 1 for any failed rank; DeepSpeed's 256-N for a rank killed by N)."""
     module = target[0] == "-m"
     if launcher == "deepspeed":
-        cmd = [sys.executable, "-m", "trainer.launch", "--deepspeed", "--num_nodes", "1", "--num_gpus", str(nproc),
+        cmd = [*module_cmd("trainer.launch"), "--deepspeed", "--num_nodes", "1", "--num_gpus", str(nproc),
                *(["--module", *target[1:]] if module else target)]
     elif nproc == 1:
         cmd = [sys.executable, *target]
     else:
-        cmd = [sys.executable, "-m", "trainer.launch", "--standalone", "--nproc_per_node", str(nproc),
+        cmd = [*module_cmd("trainer.launch"), "--standalone", "--nproc_per_node", str(nproc),
                *(["-m", *target[1:]] if module else target)]
     proc = subprocess.Popen(cmd, env=env)
 
     def forward(signum, _frame):
-        if proc.poll() is None:
+        if proc.poll() is None and not (signum == signal.SIGINT and _terminal_sent_it()):
             proc.send_signal(signum)
 
     old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
@@ -254,25 +257,36 @@ def _launch(target: list[str], nproc: int, env: dict, launcher: str = "torchrun"
     return 128 - rc if rc < 0 else rc
 
 
+def _terminal_sent_it() -> bool:
+    """True when this process is in its terminal's foreground process group with the script: a
+    Ctrl-C there is the terminal's SIGINT to the whole group, so the script has it already (a
+    second one would interrupt its clean-up or exit hooks). A SIGINT sent to this process alone
+    while it runs in the foreground at a terminal is then not passed on; SIGTERM always is."""
+    try:
+        return os.isatty(0) and os.tcgetpgrp(0) == os.getpgrp()
+    except OSError:
+        return False
+
+
 def _attach(what: str, log_dir: Path, runtime: Path, env: dict, port: str) -> list[subprocess.Popen]:
     """Start the live view beside the run; the processes to stop with it. A view that does not
     start is said and the run goes on."""
-    py = sys.executable
     env = {**env, "TELEMETRY_RUNTIME_DIR": str(runtime)}
     if what == "tail":
         if os.environ.get("TMUX") and shutil.which("tmux"):
-            subprocess.run(["tmux", "split-window", "-h", f"TELEMETRY_RUNTIME_DIR='{runtime}' '{py}' -m telemetry tail; "
+            tail = shlex.join([*module_cmd("telemetry"), "tail"])
+            subprocess.run(["tmux", "split-window", "-h", f"TELEMETRY_RUNTIME_DIR={shlex.quote(str(runtime))} {tail}; "
                                                           "read -r"], env=env)
             return []
         with open(log_dir / "tail.log", "ab") as out:
-            p = subprocess.Popen([py, "-m", "telemetry", "tail", "--plain"], env=env, stdout=out,
+            p = subprocess.Popen([*module_cmd("telemetry"), "tail", "--plain"], env=env, stdout=out,
                                  stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         print(f"telemetry run: live view: tail -f {log_dir / 'tail.log'}  (or: telemetry tail "
               f"--run-dir {log_dir})", flush=True)
         return [p]
     log_path = log_dir / "dashboard.log"
     with open(log_path, "ab") as out:
-        p = subprocess.Popen([py, "-m", "telemetry", "dashboard", str(log_dir), "--port", port], env=env, stdout=out,
+        p = subprocess.Popen([*module_cmd("telemetry"), "dashboard", str(log_dir), "--port", port], env=env, stdout=out,
                              stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     deadline = time.monotonic() + 30      # the history is read before it serves: its line, 30 s at most
     while time.monotonic() < deadline and p.poll() is None and not _dashboard_url(log_dir):
