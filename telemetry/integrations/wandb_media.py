@@ -28,6 +28,7 @@ import warnings
 from typing import Any
 
 from telemetry.shared import media as shared_media
+from telemetry.shared.numbers import is_int
 
 # Media waiting for the writer thread; past this a log call refuses them (counted), rather
 # than hold training memory for a writer that cannot keep up.
@@ -142,7 +143,7 @@ class Histogram(Media):
         if sequence is None and np_histogram is None:
             raise ValueError("wandb.Histogram needs a sequence or np_histogram")
         # As W&B's: at most 512 bins (W&B finds out after computing them; here before).
-        if isinstance(num_bins, int) and not isinstance(num_bins, bool) and not 1 <= num_bins <= MAX_BINS:
+        if is_int(num_bins) and not 1 <= num_bins <= MAX_BINS:
             raise ValueError(f"The maximum length of a histogram is {MAX_BINS}" if num_bins > MAX_BINS
                              else "num_bins must be at least 1")
         if np_histogram is not None and len(np_histogram[0]) > MAX_BINS:

@@ -798,7 +798,7 @@ class Ledger:
         """A rank closed its client: it left, it was not killed mid-step; after the launch's last
         step, the first one is when a failed launch failed (a rank that raised, or its peers'
         error)."""
-        if type(rank) is int:
+        if is_int(rank):
             cur.bye_ranks.add(rank)
         if t >= cur.max_step_t and (cur.first_bye_t is None or t < cur.first_bye_t):
             cur.first_bye_t = t
