@@ -186,3 +186,26 @@ def _close_each(agg: Aggregator, steps: list[dict]) -> list:
     done, _ = agg.add_many(recs)
     assert not done
     return agg.flush()
+
+
+def test_a_steps_derived_metrics_are_added_as_its_record_is_made():
+    """finish_batch hands the batch and each step's reduced values to `derive` (the daemon's
+    derived metrics) before it makes the records: they come out with their derived metrics, the
+    values `derive` was given, never records edited after they were made."""
+    from telemetry.daemon.config import MfuConfig
+    from telemetry.daemon.derived import Derived
+
+    agg = Aggregator(AggregatorConfig(world_size=10))
+    steps = [{0: {"perf/step_time": 0.5, "perf/tokens": 100}, 1: {"perf/step_time": 0.25, "perf/tokens": 100}},
+             {0: {"perf/step_time": 2.0, "perf/tokens": 50}}]
+    given_values = []
+
+    def derive(batch, values) -> None:
+        given_values.extend(values)
+        assert not Derived(MfuConfig()).apply(batch, values, 2)
+
+    _, recs = agg.finish_batch(_close_each(agg, steps), derive)
+    assert [rec["values"] for rec in recs] == given_values and all(
+        rec["values"] is v for rec, v in zip(recs, given_values))
+    assert [rec["values"]["perf/steps_per_second"] for rec in recs] == [2.0, 0.5]
+    assert [rec["values"]["perf/tokens_per_second"] for rec in recs] == [400.0, 25.0]

@@ -20,8 +20,9 @@ step again.
 
 Cost: the daemon works in batches. `add_many` appends each record to its open step (a dict
 lookup and two appends per record); `finish_batch` turns the steps a batch closed into one
-StepBatch (steps.py: one column per metric, built by loops.gather or its C twin) and reduces
-each metric across ranks once, over the columns (reductions.py). Open steps are indexed twice,
+StepBatch (steps.py: one column per metric, built by loops.gather or its C twin), reduces
+each metric across ranks once, over the columns (reductions.py), and has the derived metrics
+added to each step's values before its record is made (`derive`: derived.py). Open steps are indexed twice,
 by step (a heap) and by opening time (a deque, in opening order), so closing and expiring cost
 what they close, not the number of open steps: under overload thousands of steps can be open
 at once.
@@ -31,6 +32,7 @@ from __future__ import annotations
 import heapq
 import time
 from collections import OrderedDict, deque
+from typing import Callable
 
 from protocol.output import MetricsRecord
 from telemetry.daemon import hotpath
@@ -38,7 +40,7 @@ from telemetry.daemon.config import AggregatorConfig
 from telemetry.daemon.reductions import RANK_RULES, Reducer
 from telemetry.daemon.steps import StepBatch
 from telemetry.daemon.world import World
-# The largest world size a hello is believed about (core._on_hello): per-rank structures and each
+# The largest world size a hello is believed about (hellos.py, for the rare stage): per-rank structures and each
 # step's missing_ranks are sized by it.
 MAX_WORLD_SIZE = 1 << 16
 # Closed steps remembered (with their ranks) to tell a late straggler from a step logged again.
@@ -225,11 +227,16 @@ class Aggregator:
         return done
 
     # -- once per batch of closed steps ---------------------------------------------------------
-    def finish_batch(self, accs: list[StepAccumulator]) -> tuple[StepBatch, list[MetricsRecord]]:
-        """The closed steps as one StepBatch (for the derived metrics: derived.py), and their
-        records: each metric reduced across ranks; remembers which ranks each had."""
+    def finish_batch(self, accs: list[StepAccumulator],
+                     derive: Callable[[StepBatch, list[dict]], None] | None = None,
+                     ) -> tuple[StepBatch, list[MetricsRecord]]:
+        """The closed steps as one StepBatch, and their records: each metric reduced across ranks,
+        plus what `derive` adds to each step's values from the batch (the derived metrics:
+        derived.py) before the records are made; remembers which ranks each had."""
         batch = StepBatch.gather([acc.step for acc in accs], [acc.records for acc in accs], self.loops.gather)
         values = step_values(batch.names, self.reducer.reduce_columns(batch.columns, self.loops.reduce_column))
+        if derive is not None:
+            derive(batch, values)
         return batch, self._records(accs, batch, values)
 
     def _records(self, accs: list[StepAccumulator], batch: StepBatch, values: list[dict]) -> list[MetricsRecord]:

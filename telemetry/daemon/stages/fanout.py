@@ -4,13 +4,14 @@ analysis stages fed like sinks (runners flagged `analysis`: diagnosis, forensics
 
 Its drain: the media keeper is told to stop (it keeps what it holds, beside the sinks); the
 first record of the drain (a script's exit code and when it exited, when its drain request
-carried them: `exit_data`) goes to every runner, the analysis stages too (the goodput ledger books a failed script's tail
-as hang by it; the W&B sink ends the run with it unless the script finished the run itself); the
-analysis stages close, with a quarter of the time left (their last events must still reach the
-sinks); then the last records (their last events, `last_words`: the daemon's own record); then every sink
-drains, flushes, fsyncs and closes, in parallel, until the deadline less ABANDON_GRACE_S; one
-still busy then is abandoned within that grace (what it never wrote is counted in its
-`dropped`), so a hung W&B never holds the daemon past the deadline.
+carried them: `exit_data`) goes to every runner, the analysis stages too (the goodput ledger
+books a failed script's tail as hang by it; the W&B sink ends the run with it unless the script
+finished the run itself); the analysis stages close, with a quarter of the time left (their
+last events must still reach the sinks); then the last records (their last events,
+`last_words`: the daemon's own record); then every sink drains, flushes, fsyncs and closes, in
+parallel, until the deadline less ABANDON_GRACE_S; one still busy then is abandoned within that
+grace (what it never wrote is counted in its `dropped`), so a hung W&B never holds the daemon
+past the deadline.
 """
 from __future__ import annotations
 

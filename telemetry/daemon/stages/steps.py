@@ -1,8 +1,9 @@
 """The steps stage: each batch's metrics records added to their steps across ranks (aggregator.py,
-world.py), the steps they complete reduced and given their derived metrics (derived.py), encoded
-once and passed to the fan-out; steps waited on beyond their memory share go out early. It is
-what the receiver stage's drain sizes its processing by (stages.receive.Downstream): the steps
-open, the steps out, a step's cost as measured, the open steps' flush.
+world.py), the steps they complete reduced and given their derived metrics as their records are
+made (aggregator.finish_batch, derived.py), encoded once and passed to the fan-out; steps waited
+on beyond their memory share go out early. It is what the receiver stage's drain sizes its
+processing by (stages.receive.Downstream): the steps open, the steps out, a step's cost as
+measured, the open steps' flush.
 
 A node's metrics carry times moved by its clock's offset (node_clocks.py) before they are added;
 the last batches are kept for hang forensics (memory.RecentRing); without --per-rank, each batch's
@@ -136,13 +137,15 @@ class StepsStage(Stage):
                 self.emit_steps(accs[i:i + chunk])
             return
         t0 = time.perf_counter()
+        failed: list = []           # a derivation that fails costs its names in this batch, never the steps
+        world_size = self.aggregator.world.size()
         try:
-            batch, recs = self.aggregator.finish_batch(accs)
+            _, recs = self.aggregator.finish_batch(
+                accs, lambda batch, values: failed.extend(self.derived.apply(batch, values, world_size)))
         except Exception as exc:              # the boundary should have caught it: counted, go on
             self.losses.failed("reduce", exc, sum(len(acc.records) for acc in accs))
             return
-        # A derivation that fails costs its names in this batch, never the steps (derived.py).
-        for what, exc in self.derived.apply(batch, [rec.values for rec in recs], self.aggregator.world.size()):
+        for what, exc in failed:
             self.losses.failed(f"derived: {what}", exc, 0)
         put = self._put
         for acc, rec in zip(accs, recs):
