@@ -184,7 +184,7 @@ class ForensicsStage(Sink):
         if self.cfg.enabled and self.cfg.hang_enabled:
             try:
                 self._take_early_byes()
-                self._check_exits(grace_s=0.0)
+                self._check_exits(grace_s=0.0, seen_only=True)
             except Exception:   # forensics must never take the daemon down
                 log.exception("forensics check at the drain failed")
         for rank in list(self.pidfds):
@@ -236,9 +236,11 @@ class ForensicsStage(Sink):
         self.num_hangs += 1
         self._bundle("hang", live, stalled_s=stalled_s)
 
-    def _check_exits(self, grace_s: float = EXIT_GRACE_S) -> None:
+    def _check_exits(self, grace_s: float = EXIT_GRACE_S, seen_only: bool = False) -> None:
         """grace_s: how long a rank must have been gone (its bye may still be on its way); none
-        at the drain (close)."""
+        at the drain (close). seen_only (the drain): only ranks whose going is already known
+        with its time (seen gone before, or timed by the exit watch); one first found gone now
+        left since when is unknown, and its event would end the launch at the drain."""
         for rank, lr in list(self._live_local_ranks().items()):
             if rank in self.gone_since:
                 first_s, code, how = self.gone_since[rank]   # the status as first seen (before a reap)
@@ -247,6 +249,8 @@ class ForensicsStage(Sink):
                 if not gone:
                     continue
                 seen = self._exit_watch.exited_at(rank) if self._exit_watch is not None else None
+                if seen is None and seen_only:
+                    continue
                 first_s = seen if seen is not None else time.monotonic()
                 self.gone_since[rank] = (first_s, code, how)
             if time.monotonic() - first_s < grace_s:
