@@ -23,6 +23,7 @@ from protocol.codec import check_names, decode_header, decoder_parts, peek_heade
 from protocol.constants import KIND_BYE, KIND_METRICS, MAX_NAME_CHARS
 from telemetry.daemon import hotpath
 from telemetry.daemon import loops as python_loops
+from telemetry.shared.numbers import is_int
 
 log = logging.getLogger("telemetry.receiver")
 
@@ -440,7 +441,7 @@ class Receiver:
             return 0
         for row in rows[:MAX_SOURCES]:
             if (not isinstance(row, list) or len(row) != 7
-                    or not all(type(x) is int and -1 <= x < 1 << 63 for x in row)):
+                    or not all(is_int(x) and -1 <= x < 1 << 63 for x in row)):
                 continue
             src_id, rank, min_seq, dropped_at_min, arrived, max_seq, dropped = row
             self.sources[src_id] = SourceStats(rank, min_seq, dropped_at_min, 0, max_seq, dropped, earlier=arrived)
