@@ -3,7 +3,7 @@
 `log()` is the whole cost a training step pays for telemetry, so it does as little as a Python
 call can: one msgpack encode of a prebuilt tuple and one append to the client's queue, which a
 sender thread (telemetry/client/deferred.py) drains in batches onto the client's one ZeroMQ
-socket: no system call on the training thread, and at a step of a millisecond about a tenth of
+socket: no system call on the training thread, and at a step of a millisecond a small fraction of
 what a send costs it there (a send after other work wakes ZeroMQ's I/O thread, which on a busy
 machine pre-empts the caller). A loop slower than DIRECT_AFTER_NS per record, with nothing
 queued, sends itself (NOBLOCK): the sender thread has parked by then, and waking it per record
@@ -19,7 +19,7 @@ CUDA, copied non-blocking into pinned memory behind an event; a sender thread wa
 event and sends, on the client's one socket, while every later record waits behind it: the
 daemon gets a client's records in the order of its calls. A record of plain floats and ints,
 pays no per-value Python work at all: msgpack checks the types in C. (msgpack, not msgspec, on this side: the
-same bytes, and it imports in ~4 ms where msgspec takes ~24, which the start-up budget needs.)
+same bytes, and it imports several times faster than msgspec, which the start-up budget needs.)
 
 Threads and processes: log/event/hello/span/close are meant for the one thread that trains.
 A forked child (a DataLoader worker) never touches the parent's sockets: an at-fork hook marks
@@ -284,8 +284,8 @@ class TelemetryClient(metaclass=abc.ABCMeta):   # ABCMeta: DisabledClient regist
             sock.monitor(addr, events)
             monitor.connect(addr)
         # CURVE keys from $TELEMETRY_CURVE_SERVER_KEY/_CLIENT_KEY, for a daemon beyond loopback.
-        # Imported only when a key is set: the module (logging, dataclasses) costs ~10 ms of
-        # start-up that a rank on ipc or loopback does not need.
+        # Imported only when a key is set: the module (logging, dataclasses) costs start-up time
+        # that a rank on ipc or loopback does not need.
         if os.environ.get("TELEMETRY_CURVE_SERVER_KEY") or os.environ.get("TELEMETRY_CURVE_CLIENT_KEY"):
             from telemetry.shared.security.curve import apply_client_curve
 
@@ -317,7 +317,7 @@ class TelemetryClient(metaclass=abc.ABCMeta):   # ABCMeta: DisabledClient regist
         across the ranks; with the default 1, a second call for a step can be written apart.
         """
         # Every OWN_TIME_STRIDE-th call is timed, and counts for that many (two clock reads on
-        # every call cost ~10 % of the call); that call also sends the total when it is due.
+        # every call cost a noticeable share of it); that call also sends the total when it is due.
         n = self._own_calls = self._own_calls - 1
         t0 = 0
         if not n:

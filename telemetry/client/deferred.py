@@ -30,12 +30,12 @@ MAX_PENDING = 1024
 # steady loop needs two or three; the rest only cover a backlog.
 MAX_POOLED_BUFFERS = 8
 # The sender thread's poll period right after a record: at a step of a millisecond or less the
-# thread wakes once per this long, and sends what came meanwhile as one batch (at 1 ms per step,
-# 2 ms cost the process about as much CPU per record as a send on the caller's thread; 5 ms,
-# half of it).
+# thread wakes once per this long, and sends what came meanwhile as one batch (at a step of a
+# millisecond, a much shorter period costs the process about as much CPU per record as a send on
+# the caller's thread; this one, markedly less: benchmarks/RESULTS.md, Client cost).
 POLL_INTERVAL_S = 0.005
 # Each empty poll doubles the period, up to this: the most latency a record waits here (the
-# emit -> subscriber budget is 20 ms), and ~10 wake-ups (~µs each, a GIL hand-over each in a
+# emit -> subscriber budget is 20 ms), and ~10 wake-ups (a GIL hand-over each in a
 # training thread that runs Python) per record at a step of 100 ms.
 MAX_POLL_INTERVAL_S = 0.010
 # After this long without a record the thread parks; the next item queued wakes it (a lock

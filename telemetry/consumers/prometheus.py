@@ -77,14 +77,14 @@ _HASH_CHARS = 8
 
 DEFAULT_MEMORY_MB = 256
 # What the process holds without any series (interpreter, pyzmq, prometheus_client, the SUB
-# queue's records): measured ~45 MB RSS (benchmarks/consumer_memory.py), with room.
+# queue's records): measured by benchmarks/consumer_memory.py (benchmarks/RESULTS.md), with room.
 BASELINE_BYTES = 80 << 20
 # The series' own share of the rest; the other two thirds are for a scrape, which builds a
-# sample object and a text line for every series (measured: ~2.5x the series' own bytes).
+# sample object and a text line for every series (measured: more than twice the series' own bytes).
 SERIES_SHARE = 1 / 3
 # What one series costs beyond its strings: its key tuple, dict entries, the float; a family
-# (a name) costs FAMILY_BYTES more (tracemalloc: ~510 bytes for a one-series family with a
-# 25-character name, all of it; a scrape adds ~770 bytes a series while it runs).
+# (a name) costs FAMILY_BYTES more (both measured with tracemalloc, as is what a scrape adds per
+# series while it runs: benchmarks/RESULTS.md).
 SERIES_BYTES = 250
 FAMILY_BYTES = 500
 # Series beyond a few thousand are a user's own names, each one a Prometheus series to store;

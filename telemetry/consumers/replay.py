@@ -164,7 +164,7 @@ def replay(run_dir: str | Path, mode: str = "online", project: str | None = None
         rows, _, config, events = plan(read_records(log_dir), -1)
         done = -1
 
-    import wandb  # lazy: ~1 s, and only when there is something to send
+    import wandb  # lazy: a slow import, and only when there is something to send
 
     t0 = time.monotonic()
     run = wandb.init(mode=mode, project=project or os.environ.get("WANDB_PROJECT") or "telemetry", entity=entity,

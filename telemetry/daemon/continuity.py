@@ -34,7 +34,7 @@ SOURCES_FILE = "sources.json"
 MAX_SOURCES_FILE_BYTES = 32 << 20
 # How often the accounting is checkpointed while records come and go: a SIGKILL's successor moves
 # aside what was written after the last checkpoint (counted lost), so the shorter, the less. A
-# checkpoint counts the records in open steps (~90 ns each): with more than CHECKPOINT_HELD_MAX of
+# checkpoint counts the records in open steps (a cost per record): above CHECKPOINT_HELD_MAX of
 # them open, once per SLOW_CHECKPOINT_S only.
 SOURCES_CHECKPOINT_S = 0.1
 SLOW_CHECKPOINT_S = 1.0

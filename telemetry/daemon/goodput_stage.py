@@ -47,7 +47,7 @@ log = logging.getLogger("telemetry.daemon")
 SEED_SHARE = 0.25
 _SKIPPED = (b'{"kind":"gpu"', b'{"kind":"system"', b'{"kind":"daemon"')
 _FED = frozenset({"metrics", "event", "hello", "bye"})
-LOCK_RECORDS = 256            # records fed per hold of the lock (~1 ms)
+LOCK_RECORDS = 256            # records fed per hold of the lock (a short hold)
 RANKS_WRITE_S = 5.0           # goodput_ranks.json at most this often (what a SIGKILL loses of them)
 
 

@@ -1,15 +1,16 @@
 """Intake: the ingest socket's frames, read ahead of processing into a queue bounded in bytes.
 
 libzmq's receive queue counts messages (`rcvhwm`, per connection), not bytes: a daemon busy with
-wide records let 10,240 frames of 123 kB a connection pile up there (1.3 GB; 300 hellos of
-0.7 MB: 277 MB). So every turn the daemon first reads what libzmq holds (a recv is about a
-microsecond) into this queue, then processes one batch from its head. The queue's bytes are
-bounded by the ingest share of the memory budget (`memory.Budget.ingest_bytes`); a frame that
-does not fit is shed at once, the newest first (what is queued keeps its order), and counted:
-its header is accounted to its source as arrived (`Receiver.unread`, so its seq window does not
-count it lost a second time) and the frame in `records_shed_at_intake`, part of `records_lost`.
+wide records let a connection's whole rcvhwm of wide frames pile up there (gigabytes; many
+ranks' large hellos: hundreds of MB; benchmarks/RESULTS.md, Memory). So every turn the daemon
+first reads what libzmq holds (a recv is cheap) into this queue, then processes one batch from
+its head. The queue's bytes are bounded by the ingest share of the memory budget
+(`memory.Budget.ingest_bytes`); a frame that does not fit is shed at once, the newest first (what
+is queued keeps its order), and counted: its header is accounted to its source as arrived
+(`Receiver.unread`, so its seq window does not count it lost a second time) and the frame in
+`records_shed_at_intake`, part of `records_lost`.
 A hello bigger than the daemon keeps anyway (HELLO_INFO_MAX_BYTES) is cut as it is read, from
-its encoded form (cut_hello: 0.4 ms for a 0.7 MB config, where decoding it takes 16 ms). Metrics
+its encoded form (cut_hello: a small fraction of what decoding a large config costs). Metrics
 frames are shed; a rank's hello (cut to its scalars), bye or event may overdraw the share by an
 eighth, so that a flood of metrics costs a rank neither its identity nor its final count.
 libzmq then holds only what arrives during one turn.
@@ -44,9 +45,9 @@ HELLOS_CUT_KIND = "hellos_cut_at_intake"
 FRAME_OVERHEAD_BYTES = 48
 # One read (loops.read_frames_upto) takes at most READ_CHUNK frames or READ_CHUNK_BYTES (plus one
 # frame): what is held at once before it is queued or shed. A turn reads at most
-# MAX_READ_PER_TURN frames: reading is cheap but not free, and a turn that only read (16k small
-# frames, ~10-20 ms) would keep the loop from its timers and control requests. Bytes per turn
-# are not capped: what is not read stays in libzmq, unbounded in bytes.
+# MAX_READ_PER_TURN frames: reading is cheap but not free, and a turn that only read would keep
+# the loop from its timers and control requests. Bytes per turn are not capped: what is not read
+# stays in libzmq, unbounded in bytes.
 READ_CHUNK = 1024
 READ_CHUNK_BYTES = 1 << 20
 MAX_READ_PER_TURN = 16 * READ_CHUNK
@@ -77,7 +78,7 @@ def _kind(frame: bytes) -> int | None:
 
 class _RawHello(msgspec.Struct, array_like=True):
     """A hello frame with its info's values left encoded (msgspec.Raw): read without building
-    them, which for a 0.7 MB config is most of the cost (16 ms decoded, ~1 ms this way)."""
+    them, which for a large config is most of the cost of decoding it (benchmarks/RESULTS.md)."""
     kind: int
     version: int
     src: int

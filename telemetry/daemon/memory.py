@@ -56,20 +56,21 @@ NAMES_SHARE = 0.07
 
 # What the process adds to its RSS after the daemon's modules are imported (baseline_mb adds
 # these to the RSS it reads then): set-up (the stages' modules, ten threads, the sockets,
-# libzmq's I/O thread) ~7 MB; W&B's module ~36 MB and its run (wandb.init) ~16 MB more;
-# TensorBoard's event writer (tensorboard, its protobufs, numpy) ~20 MB. W&B also starts its
-# own process (wandb-core, ~36 MB RSS): not in the daemon's RSS, but in a container's or
-# cgroup's limit beside it. Measured with benchmarks/daemon_memory.py and /proc/self/statm.
+# libzmq's I/O thread); W&B's module and its run (wandb.init); TensorBoard's event writer
+# (tensorboard, its protobufs, numpy); each a little above what was measured. W&B also starts its
+# own process (wandb-core): not in the daemon's RSS, but in a container's or cgroup's limit
+# beside it. Measured with benchmarks/daemon_memory.py and /proc/self/statm (figures:
+# benchmarks/RESULTS.md, Memory).
 SETUP_MB = 8
 WANDB_MB = 56
 TENSORBOARD_MB = 24
 # What the daemon holds while it works, besides its buffers: the batch in hand (INGEST_BATCH_BYTES
-# of frames, decoded, and its output records and JSON lines: ~6-8 MB), what one turn reads ahead
+# of frames, decoded, and its output records and JSON lines), what one turn reads ahead
 # (intake.MAX_READ_PER_TURN frames, ~4 MB of small ones), libzmq's own queues (up to
 # rcvhwm_per_connection messages a connection, ~3 MB per flat-out rank), and the slack of
 # malloc's arenas (the stage threads' and libzmq's) and pymalloc's after the load has moved
-# through them, which trim_heap gives back only in part. Measured: 8 ranks flat out with every
-# buffer at its least took the RSS 60-70 MB above the baseline (benchmarks/daemon_memory.py).
+# through them, which trim_heap gives back only in part. Measured with 8 ranks flat out and every
+# buffer at its least (benchmarks/daemon_memory.py; figures: benchmarks/RESULTS.md, Memory).
 WORKING_MB = 72
 # A daemon inside another process (tests) has no baseline of its own to measure: this stands in.
 NOMINAL_BASELINE_MB = 40
@@ -79,11 +80,11 @@ SHARES = (INGEST_SHARE, SINK_QUEUES_SHARE, OPEN_STEPS_SHARE, RECENT_SHARE, HELLO
 # The least the buffers are given together: each share at its least.
 MIN_BUFFERS_MB = len(SHARES) * MIN_SHARE_BYTES / 2**20
 
-# A decoded metrics record against its frame on the wire (tracemalloc: 2.0x at 10 values,
-# 2.3x at 100, 3.9x at 4,096: wide dicts over-allocate): the larger, so estimates err high.
+# A decoded metrics record against its frame on the wire (tracemalloc: the ratio grows with the
+# record's width, wide dicts over-allocate): the largest seen, so estimates err high.
 RECORD_BYTES_PER_FRAME_BYTE = 4
-# An output record (its dict, its values, its JSON line) against its JSON line (1.3-1.6x
-# measured for the dict and line; new floats for reduced values add more).
+# An output record (its dict, its values, its JSON line) against its JSON line (measured with
+# tracemalloc for the dict and line, with room: new floats for reduced values add more).
 OUT_BYTES_PER_LINE_BYTE = 3
 # A hello's info is kept up to this size (JSON); the rest is replaced by a note and counted.
 HELLO_INFO_MAX_BYTES = 64 * 1024
@@ -100,12 +101,12 @@ MAX_BATCH_CELLS = 1 << 22
 # The most bytes (on the wire) the daemon takes from the intake queue in one batch: with wide
 # records a batch of stages.receive.INGEST_BATCH frames would decode to hundreds of MB at once (1,024 x
 # 4,096 values: ~500 MB). The next batch's frame count follows the last batch's frame size. 1 MB,
-# not 4: a batch of wide records takes ~10 ms a record to process, and what arrives meanwhile
+# not 4: a batch of wide records takes long to process, and what arrives meanwhile
 # waits in libzmq (unbounded in bytes) until the next turn reads it ahead (intake.py); small
 # records are unaffected (1,024 frames of ~250 B are 0.25 MB).
 INGEST_BATCH_BYTES = 1 << 20
 # The budget kept by measure (Governor): the RSS is read every GOVERNOR_CHECK_S (a read of
-# /proc/self/statm, a few µs); above GOVERNOR_HIGH of the budget the intake is cut to
+# /proc/self/statm, cheap); above GOVERNOR_HIGH of the budget the intake is cut to
 # MIN_SHARE_BYTES (metrics frames beyond it shed, counted; a rank's hello and bye still pass) and
 # the heap is trimmed (at most every GOVERNOR_TRIM_S: a trim of a big heap takes milliseconds);
 # below GOVERNOR_LOW the intake gets its share back. The high mark leaves what one turn can add

@@ -29,7 +29,7 @@ LINK_GRACE_MAX_S = 5.0
 # The head's ZMTP heartbeats on its remote ingest: a link whose peer answers no ping for
 # REMOTE_HEARTBEAT_TIMEOUT_MS is closed (a node's host gone without a FIN, or its daemon stopped),
 # 5-10 s after it went silent. libzmq pings every interval whether data flows or not, and a ping
-# and its pong cost the head's I/O thread ~25 us a link: at 1 s, 8,192 links took the whole CPU
+# and its pong cost the head's I/O thread CPU time per link: at 1 s, 8,192 links took the whole CPU
 # share of a head on a busy node, so no data moved, and nodes that drained then lost their
 # queues, uncounted. At 5 s the head's idle cost per link is a fifth. The TTL the head asks of
 # its nodes (close the link on hearing nothing from the head) spans a ping and its timeout.

@@ -61,9 +61,10 @@ def tune_gc() -> None:
     """Records are acyclic dicts freed by reference counting; the cyclic collector only costs.
 
     With the default thresholds it runs every 700 allocations and, under load, its older
-    generations rescan every record waiting in the sink queues (measured: ~1-3 us per record
-    of ingest). Everything built at start-up (imports, sockets, sinks) is frozen out of its
-    reach, and collections are made rarer; they still run, so a cycle is still freed.
+    generations rescan every record waiting in the sink queues (a measurable cost per record of
+    ingest: benchmarks/RESULTS.md, Daemon ingest). Everything built at start-up (imports, sockets,
+    sinks) is frozen out of its reach, and collections are made rarer; they still run, so a cycle
+    is still freed.
     """
     import gc
 

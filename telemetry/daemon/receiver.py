@@ -28,7 +28,8 @@ from telemetry.shared.numbers import is_int
 log = logging.getLogger("telemetry.receiver")
 
 # Sources (client instances) whose loss is accounted: a run has a few per rank (restarts,
-# forks). Beyond this (500k fake src ids cost 211 MB and a 0.9 s status), a new src's records
+# forks). Beyond this (a flood of fake src ids cost hundreds of MB and a slow status before this
+# bound: benchmarks/RESULTS.md, Memory), a new src's records
 # are still taken in but counted in records_untracked instead of being loss-accounted.
 MAX_SOURCES = 1 << 16
 # The most records one batch may add to a source's loss (dropped by the client or vanished): a

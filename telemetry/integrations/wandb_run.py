@@ -73,7 +73,7 @@ WIDE_ROW_KEYS = MAX_VALUES
 # Histograms of watch() waiting for their writer (a model's parameters, noted at once).
 WATCH_MAX_QUEUED = 4096
 # How long `run.name` / `run.url` / `run.path` wait for the daemon's W&B run to open (it imports
-# wandb and calls wandb.init: about 2 s on a quiet box) before giving what W&B offline gives.
+# wandb and calls wandb.init, which take a while) before giving what W&B offline gives.
 RUN_INFO_WAIT_S = 15.0
 
 # Run methods of W&B that this run does not offer: calling one raises, naming it.
@@ -769,10 +769,10 @@ class ConsoleCapture:
     """W&B's console capture ("wrap_raw"): each write to sys.stdout and sys.stderr is also kept
     for `send(stream, text)`; the stream's own write is called first and is what the caller gets.
 
-    A write only appends to a buffer (sub-microsecond); the buffer goes to the daemon, consecutive
+    A write only appends to a buffer; the buffer goes to the daemon, consecutive
     writes of a stream as one event, on the thread that trains at moments it already spends on
     telemetry: a committed row at most once a FLUSH_S (`flush_due`), a buffer past MAX_BUFFER,
-    and finish. Sent at each write, a print cost the training thread ~70 µs (two events). Other
+    and finish. Sent at each write, a print would cost the training thread two events. Other
     threads' writes are kept too; only the thread that made the run sends (the client's socket is
     not shared between threads)."""
 

@@ -39,8 +39,8 @@ import threading
 from pathlib import Path
 
 DEFAULT_PORT = 8765
-# A history larger than this (MB) is read while serving (--wait-history-mb): ~2-3 s of reading
-# on the 2-core dev box; a long run's file takes minutes, and the page is there at once.
+# A history larger than this (MB) is read while serving (--wait-history-mb): a smaller one is a
+# short wait; a long run's file takes far longer, and the page is there at once.
 WAIT_HISTORY_MB = 64.0
 
 

@@ -20,8 +20,8 @@ from telemetry.consumers.dashboard.store import POINT_BYTES, SERIES_BYTES, Store
 
 DEFAULT_MEMORY_MB = 256
 DEFAULT_MAX_SERIES = 10_000
-# The process with no run loaded: interpreter, numpy, pyzmq, the HTTP server (~50 MB RSS
-# measured), with room for the SUB socket's queue.
+# The process with no run loaded: interpreter, numpy, pyzmq, the HTTP server (measured), with
+# room for the SUB socket's queue.
 BASELINE_BYTES = 80 << 20
 # Parts of the rest.
 POINTS_SHARE = 0.45
@@ -38,7 +38,7 @@ POINT_SENT_BYTES = 160
 # from it, the mask.
 RANGE_WORK_BYTES = 64
 # A range read from the files (ranges.py) holds per key up to POINTS_PER_BUCKET_HELD points a
-# column as Python numbers in lists (~70 B a point). Its block read (4 MB, and its lines) is not
+# column as Python numbers in lists (measured). Its block read (4 MB, and its lines) is not
 # reserved per answer: the reads from the files go one at a time (the server's range_lock).
 RANGE_HELD_POINT_BYTES = 72
 # The fewest pixel columns a range answer is cut to, to fit its share of the budget.

@@ -2,7 +2,7 @@
 
 One W&B run per training run: its id is derived from the run name and kept in the log dir, and
 `resume="allow"`, so a restarted daemon continues the same run. `wandb` is imported on this
-sink's thread at start (about 0.7 s), never on the daemon's. The run's config comes from the
+sink's thread at start (a slow import), never on the daemon's. The run's config comes from the
 ranks' hello records. `finish()` gets a deadline: an unreachable server must not hold up the
 daemon's exit (offline data stays on disk; `telemetry replay` or `wandb sync` uploads it later).
 
@@ -173,7 +173,7 @@ class WandbSink(Sink):
         # umask, not the daemon's private one, and end when that process does: start our own.
         os.environ.pop("WANDB_SERVICE", None)
         try:
-            import wandb  # lazy: ~0.7 s, on this sink's thread
+            import wandb  # lazy: a slow import, on this sink's thread
         except BaseException:
             self.media_files.drop_reader(MEDIA_READER)    # it will read no media file: not waited for
             raise

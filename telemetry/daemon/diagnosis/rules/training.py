@@ -265,8 +265,8 @@ class Straggler(Rule):
     phase) over the last NOISE_WINDOW log steps outside the episodes reported as stragglers
     and those too large to be usual (_settle): in
     synchronous data parallel some rank is always the slowest by a little, and on a shared
-    machine a rank that shares a core with another process is 2-3x slower in one phase for a
-    while, as steady as a real straggler over 8 log steps. Such bursts come back all through a
+    machine a rank that shares a core with another process is a few times slower in one phase for
+    a while, as steady as a real straggler over 8 log steps. Such bursts come back all through a
     run, so they set its usual excess; a real straggler stands out of it. Before
     USUAL_MIN_POINTS such steps it is not known and does not count; an episode then needs
     UNKNOWN_USUAL_FACTOR x straggler_consecutive slow log steps instead (a balanced DDP run beside
@@ -340,8 +340,8 @@ class Straggler(Rule):
         going: it never raises the bar for the next one."""
         own = [x for pick, _, x in held if pick == self.slowest]
         # Within what the usual excess allows; before it is known, within what the noise allows
-        # (bursts of 0.02-0.04 s under a noise of 0.01-0.03 s, early in a loaded run, so that it
-        # becomes known: a real straggler's 0.2 s coming and going early stays out).
+        # (bursts about as large as the noise itself, early in a loaded run, so that it becomes
+        # known: a real straggler's excess, many times that, coming and going early stays out).
         bar_s = max(floor_s, self.cfg.straggler_usual_factor * self.usual_s() if self.usual_known()
                     else self.cfg.straggler_noise_z * self.noise_s())
         learn_own = not self.reported and bool(own) and bar_s > 0 and statistics.median(own) < bar_s
