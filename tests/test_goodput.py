@@ -958,7 +958,7 @@ def test_planned_maintenance_marked_from_the_cli_over_the_trainers_hang(tmp_path
         while not any(r.get("name") == "diagnosis/hang" for r in recs()):
             assert p.poll() is None and time.monotonic() < deadline, p.stdout.read()[-3000:] if p.poll() else ""
             time.sleep(0.2)
-        (launcher,) = [c for c in psutil.Process(p.pid).children() if "trainer.launch" in c.cmdline()]
+        (launcher,) = [c for c in psutil.Process(p.pid).children() if any("trainer.launch" in a for a in c.cmdline())]
         launcher_gone = _watch_exit(launcher.pid)
         own = [{json.loads(line)["step"]: json.loads(line) for line in (tmp_path / f"a{r}.jsonl").read_text().splitlines()}
                for r in (0, 1)]
