@@ -139,3 +139,24 @@ def test_a_long_host_name_keeps_the_sockets_within_the_unix_limit(where, monkeyp
     base, host_dir = userdir._fallback()
     assert len(host_dir.name) <= userdir.MAX_HOST_CHARS and host_dir.name.startswith("node-")
     assert userdir._fallback()[1] == host_dir                                # the same every time
+
+
+def test_a_shared_sticky_directory_is_never_made_private(tmp_path):
+    """A runtime, media or staging directory named by the user that is a shared one (sticky and
+    writable by all, like /tmp, which is root's own when we run as root) is refused, never
+    chmod-ed 0700: that locked every other user out of /tmp."""
+    import os
+    import stat
+
+    import pytest
+
+    from telemetry.shared.endpoints import UnsafePathError, private_dirs
+
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o1777)
+    with pytest.raises(UnsafePathError, match="shared directory"):
+        private_dirs(shared)
+    assert stat.S_IMODE(os.stat(shared).st_mode) == 0o1777
+    inside = private_dirs(shared / "mine")                 # a directory of its own inside one is fine
+    assert stat.S_IMODE(os.stat(inside).st_mode) == 0o700

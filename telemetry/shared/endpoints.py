@@ -117,6 +117,10 @@ def make_private(path: Path) -> None:
         st = os.fstat(fd)
         if st.st_uid != os.getuid():
             raise UnsafePathError(f"{path} is not owned by this user (uid {st.st_uid}); refusing to use it")
+        if st.st_mode & stat.S_ISVTX:
+            # A shared directory (sticky, like /tmp, root's as much as ours when we run as root):
+            # never made private, which would lock every other user out of it.
+            raise UnsafePathError(f"{path} is a shared directory (sticky); give a directory of its own")
         if stat.S_IMODE(st.st_mode) != 0o700:
             os.fchmod(fd, 0o700)
     finally:
