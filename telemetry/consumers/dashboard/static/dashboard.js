@@ -84,7 +84,8 @@ const GROUPS = [
     { id: "records_in", title: "Records in", axis: "time", match: exact("telemetry/records_in"), label: () => "records in" },
     { id: "records_lost", title: "Records lost", axis: "time",
       match: exact("telemetry/records_lost", "telemetry/records_lost_in_transit", "telemetry/sink_dropped"),
-      label: (k) => k.replace("telemetry/", "").replace(/_/g, " "), note: "should stay at 0" },
+      label: (k) => ({ "telemetry/records_lost": "dropped", "telemetry/records_lost_in_transit": "lost in transit" })[k]
+        ?? k.replace("telemetry/", "").replace(/_/g, " "), note: "should stay at 0" },
   ]},
 ];
 const CHARTS = GROUPS.flatMap((g) => g.charts);
