@@ -160,3 +160,21 @@ def test_a_shared_sticky_directory_is_never_made_private(tmp_path):
     assert stat.S_IMODE(os.stat(shared).st_mode) == 0o1777
     inside = private_dirs(shared / "mine")                 # a directory of its own inside one is fine
     assert stat.S_IMODE(os.stat(inside).st_mode) == 0o700
+
+
+def test_telemetry_run_under_a_shared_directory_leaves_it_shared(tmp_path, monkeypatch):
+    """`telemetry run` with $TELEMETRY_RUNTIME_DIR inside a shared sticky directory (/tmp/x) makes
+    x private and leaves the shared one as it was (it was made 0700 when we ran as root, which
+    locked every other user out of /tmp); a missing parent is made, ours and 0700."""
+    from telemetry.tools.run import _runtime_dir
+
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o1777)
+    monkeypatch.setenv(endpoints.ENV_RUNTIME_DIR, str(shared / "run-x"))
+    runtime, made = _runtime_dir("x")
+    assert made and runtime == shared / "run-x" and _private(runtime)
+    assert stat.S_IMODE(os.stat(shared).st_mode) == 0o1777
+    monkeypatch.setenv(endpoints.ENV_RUNTIME_DIR, str(tmp_path / "new" / "run-y"))
+    runtime, made = _runtime_dir("y")
+    assert made and _private(runtime) and _private(runtime.parent)

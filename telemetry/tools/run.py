@@ -216,7 +216,10 @@ def _runtime_dir(run_id: str) -> tuple[Path, bool]:
     if given:
         runtime = Path(os.path.abspath(given))
         made = not os.path.lexists(runtime)
-        endpoints.private_dirs(runtime.parent, runtime)
+        # A missing parent is made (and ours, 0700); one already there is only checked, never
+        # chmod-ed: $TELEMETRY_RUNTIME_DIR=/tmp/x must not make /tmp private when we run as root.
+        chain = (runtime,) if os.path.lexists(runtime.parent) else (runtime.parent, runtime)
+        endpoints.private_dirs(*chain)
         return runtime, made
     try:
         runtime = user_dir(create=True) / f"run-{run_id}"
