@@ -23,6 +23,18 @@ def _no_run_left():
     tw.finish()
 
 
+@pytest.fixture
+def w_and_b_speaking(monkeypatch):
+    """Real W&B with $WANDB_SILENT unset, as read now: W&B reads its environment once per
+    process (wandb.setup's singleton), so a test before in this worker that ran it silent would
+    leave it silent; it is torn down so that the next init reads the environment again."""
+    wandb = pytest.importorskip("wandb")
+    monkeypatch.delenv("WANDB_SILENT", raising=False)
+    wandb.teardown()
+    yield wandb
+    wandb.teardown()
+
+
 def calls(wandb) -> None:
     """One sequence of log calls that exercises every step and commit rule."""
     wandb.log({"a": 1})
@@ -437,11 +449,10 @@ def test_a_dir_that_cannot_be_made_is_said_once_and_left_to_the_default(tmp_path
     assert run._files_root == str(tmp_path / "made" / "here") and (tmp_path / "made" / "here").is_dir()
 
 
-def test_init_with_a_run_active_says_what_w_and_b_says(tmp_path, capsys, monkeypatch):
+def test_init_with_a_run_active_says_what_w_and_b_says(tmp_path, capsys, w_and_b_speaking):
     """A second wandb.init() in a script (reinit unset, or True) returns, or finishes, the run
     that is active, and says so in W&B's words."""
-    wandb = pytest.importorskip("wandb")
-    monkeypatch.delenv("WANDB_SILENT", raising=False)
+    wandb = w_and_b_speaking
 
     def said(w, **kw) -> list[str]:
         capsys.readouterr()
@@ -457,11 +468,10 @@ def test_init_with_a_run_active_says_what_w_and_b_says(tmp_path, capsys, monkeyp
     assert said(tw, mode="disabled") == real
 
 
-def test_a_step_below_the_current_one_is_said_as_w_and_b_says_it(tmp_path, capsys, monkeypatch):
+def test_a_step_below_the_current_one_is_said_as_w_and_b_says_it(tmp_path, capsys, monkeypatch, w_and_b_speaking):
     """W&B prints its own line for each row logged at a step below the current one (and drops
     it); not a Python warning, and nothing with $WANDB_SILENT."""
-    wandb = pytest.importorskip("wandb")
-    monkeypatch.delenv("WANDB_SILENT", raising=False)
+    wandb = w_and_b_speaking
 
     def said(w, **kw) -> list[str]:
         capsys.readouterr()
