@@ -28,7 +28,8 @@ start to the last record of the last launch, into buckets that sum to it:
                         median (judged from the NOISE_MIN_SAMPLES-th such step on, against the
                         steps before) stays where it was spent (productive, or data
                         loading for that phase); before that, an excess is booked where its rank
-                        was the straggler of most of the last RECENT_STRAGGLERS steps, for now:
+                        was the straggler of most of the last RECENT_STRAGGLERS steps (and with
+                        it the steps in a row before whose straggler it was: its onset), for now:
                         once the bound is known, such an excess within it (of the last RECENT
                         steps) goes back where it was spent (a busy host that slowed one rank
                         for the run's first steps is no straggler the run's noise does not
@@ -323,6 +324,10 @@ class _Launch:
     # until the next step says whether it went on (a lone spike of a busy host's is noise)
     spike: tuple | None = None
     last_beyond: int | None = None   # the straggler rank of the step before, where beyond the bound
+    # Before the bound is known: the steps just before, in a row, whose straggler was one rank
+    # that was not yet the straggler of most recent steps (judged noise), as (step, excess, data
+    # phase, rank): when that rank becomes it, they were its onset and are booked too.
+    onset: list = field(default_factory=list)
 
     def sift_straggler(self, step: int, parts: tuple, values: dict, new: bool) -> tuple:
         """A step's parts with its straggler excess moved back where it came from (data loading
@@ -336,6 +341,7 @@ class _Launch:
             if new:
                 self._settle_spike(None)
                 self.last_beyond = None
+                self.onset.clear()
             return parts
         data_phase = _num(values.get("perf/straggler_phase_index")) == DATA_PHASE
         recent = self.recent_strag
@@ -369,14 +375,29 @@ class _Launch:
             self.last_strag = rank
         if not known and self.noise_bound is not None:
             self.rejudge()
+        onset = self.onset
+        if new and (known or self.noise_bound is not None or rank is None or (onset and onset[-1][3] != rank)):
+            onset.clear()                   # the run of one rank's steps is broken (or the bound known)
         if not noise:
             if not known and self.noise_bound is None and rank is not None:
-                self.provisional[step] = (excess, data_phase)     # judged again once the bound is known
-                if len(self.provisional) > self.recent_max:
-                    del self.provisional[next(iter(self.provisional))]
+                for was in onset:           # its onset, judged noise while it was not yet most steps'
+                    if was[3] == rank:
+                        self._unbook(was[0], -was[1], was[2])
+                        self._provisional(was[0], was[1], was[2])
+                onset.clear()
+                self._provisional(step, excess, data_phase)     # judged again once the bound is known
             return parts
+        if new and not known and self.noise_bound is None and rank is not None:
+            onset.append((step, excess, data_phase, rank))
+            if len(onset) > RECENT_STRAGGLERS:
+                del onset[0]
         self.provisional.pop(step, None)
         return _unstraggle(parts, excess, data_phase)
+
+    def _provisional(self, step: int, excess: float, data_phase: bool) -> None:
+        self.provisional[step] = (excess, data_phase)
+        if len(self.provisional) > self.recent_max:
+            del self.provisional[next(iter(self.provisional))]
 
     def _settle_spike(self, rank: int | None) -> None:
         """The step before's spike (a rank's first step beyond the bound) went on into this
@@ -388,9 +409,10 @@ class _Launch:
 
     def _unbook(self, step: int, excess: float, data_phase: bool) -> None:
         """`excess` of a kept step's straggler time back where it was spent, in its parts, its
-        launch's sums and the sums at each checkpoint save since."""
+        launch's sums and the sums at each checkpoint save since; a negative one is booked as
+        straggler time from where it was (a straggler's onset judged noise at first)."""
         old = self.recent.get(step)
-        if old is None or old[_STRAG] < excess:
+        if old is None or old[_STRAG] < excess or old[_DATA if data_phase else _PROD] < -excess:
             return
         delta = _add(_unstraggle(old, excess, data_phase), old, -1.0)
         self.recent[step] = _add(old, delta)
