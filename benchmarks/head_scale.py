@@ -295,6 +295,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="group heads between the nodes and the job's head (0: the nodes send to the head)")
     ap.add_argument("--head-cpu-share", type=float, default=0.0,
                     help="hold the head (and group heads) to this share of one core (cgroup v1, root); 0: no cap")
+    ap.add_argument("--memory-mb", type=float, default=0.0,
+                    help="the heads' memory budget (0: the daemon's default; a head reserves room for each node "
+                         "link and refuses a budget that cannot hold them, naming the least that does)")
     ap.add_argument("--kill-head-at", type=float, default=0.0, help="SIGKILL the head this many seconds in")
     ap.add_argument("--head-down-s", type=float, default=10.0, help="and start it again this much later")
     ap.add_argument("--sender", action="store_true", help=argparse.SUPPRESS)
@@ -315,7 +318,8 @@ def main(argv: list[str] | None = None) -> int:
     eps = Endpoints()
     port = free_port()
     remote = f"tcp://127.0.0.1:{port}"
-    base = {"pollers": {"nvml_enabled": False}, "daemon_record_interval_s": 5}
+    base = {"pollers": {"nvml_enabled": False}, "daemon_record_interval_s": 5,
+            **({"memory_mb": a.memory_mb} if a.memory_mb else {})}
     head_args = dict(config=base, extra=("--remote-ingest", remote), world_size=a.groups or a.nodes)
     cap = CpuCap(a.head_cpu_share) if a.head_cpu_share > 0 else None
     head = launch(work / "head", eps, **head_args)

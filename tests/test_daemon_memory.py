@@ -284,3 +284,66 @@ def test_the_governor_cuts_the_intake_above_its_high_mark_and_restores_it_below_
     over.check(2.0)
     assert not over.engaged and intake.max_bytes == 64 << 20 and over.num_engaged == 1
     over.close()
+
+
+def test_a_heads_node_links_are_in_its_budget_and_one_that_cannot_hold_them_is_refused(tmp_path):
+    """A head reserves what each node link may hold (memory.LINK_BYTES, one link a node) out of its
+    budget: a head of more nodes than its budget holds is refused at start, one line that names
+    its links and the smallest budget that holds them; that budget is accepted."""
+    import re
+
+    head = "remote_ingest: tcp://127.0.0.1:0\naggregator: {world_size: 4096}\n"
+    rc, lines = _start_or_exit(tmp_path, head + "memory_mb: 256\n")
+    assert rc == 2, "a head of 4,096 nodes was given 256 MB: its links alone take more than what is left"
+    assert len(lines) == 1 and "4,096 node links" in lines[0], lines
+    least = int(re.search(r"the smallest that works here is (\d+)", lines[0]).group(1))
+    rc, lines = _start_or_exit(tmp_path, head + f"memory_mb: {least + 8}\n")
+    assert rc is None, lines
+
+
+def test_a_head_that_reads_nothing_holds_a_few_frames_a_node_link(tmp_path):
+    """libzmq queues up to RCVHWM messages a connection, whatever their size, and a head starved
+    of CPU reads none: the node links' listener takes a small queue of its own (the ranks'
+    local ingest keeps its large one), so a node whose head does not read meets backpressure
+    after a few frames (its forwarder then holds, and counts what it cannot) instead of the head
+    holding thousands of frames a node outside its budget. A daemon in this process, started
+    but never turned: its I/O thread queues, nothing reads."""
+    import zmq
+
+    from telemetry.daemon.config import load
+    from telemetry.daemon.core import Daemon
+    from telemetry.daemon.memory import LINK_HWM
+
+    cfg = load(None, {"log_dir": str(tmp_path / "tm"), "wandb.mode": "disabled", "ingest": "tcp://127.0.0.1:0",
+                      "pub": "tcp://127.0.0.1:0", "control": "tcp://127.0.0.1:0",
+                      "remote_ingest": "tcp://127.0.0.1:0", "aggregator.world_size": 2})
+    d = Daemon(cfg)
+    old_handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    d.start()
+    ctx = zmq.Context()
+    try:
+        def queued(ep: str, cap: int = 1500) -> int:
+            s = ctx.socket(zmq.PUSH)
+            s.setsockopt(zmq.SNDHWM, 1)
+            s.setsockopt(zmq.LINGER, 0)
+            s.connect(ep)
+            frame, n, idle = b"\0" * 65536, 0, 0
+            while n < cap and idle < 100:          # until 1 s without room (a hang detector, not a timing)
+                try:
+                    s.send(frame, zmq.NOBLOCK)
+                    n, idle = n + 1, 0
+                except zmq.Again:
+                    idle += 1
+                    time.sleep(0.01)
+            s.close()
+            return n
+        # 64 KB frames: the kernel's socket buffers hold a few dozen; libzmq's queue the rest.
+        assert queued(d.endpoints["remote_ingest"]) < 300 + LINK_HWM
+        assert queued(d.endpoints["ingest"]) == 1500         # a rank's connection: the large queue
+    finally:
+        ctx.destroy(linger=0)
+        d.stop("drain_request", "drain request")
+        d.run()                                   # the drain (what was queued is read and written)
+        signal.set_wakeup_fd(-1)
+        for sig, h in old_handlers.items():
+            signal.signal(sig, h)

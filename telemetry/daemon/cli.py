@@ -97,14 +97,16 @@ def run(args: argparse.Namespace) -> int:
 
     with_wandb = cfg.wandb.enabled and cfg.wandb.mode != "disabled"
     baseline = memory.baseline_mb(wandb=with_wandb, tensorboard=cfg.tensorboard.enabled)
-    least = memory.smallest_mb(baseline)
+    links = cfg.head_links()
+    least = memory.smallest_mb(baseline, links)
     if cfg.memory_mb < least:
+        nodes = f", its {links:,} node links {memory.links_mb(links):.0f} MB" if links else ""
         print(f"telemetry daemon: memory_mb {cfg.memory_mb:g} cannot be kept: the smallest that works here is "
               f"{least} (the process itself takes {baseline:.0f} MB{' with W&B' if with_wandb else ''}, "
-              f"{memory.WORKING_MB} MB more while it works, and its buffers at least "
+              f"{memory.WORKING_MB} MB more while it works{nodes}, and its buffers at least "
               f"{memory.MIN_BUFFERS_MB:g} MB)", file=sys.stderr)
         return 2
-    daemon = Daemon(cfg, memory.Budget(cfg.memory_mb, baseline))
+    daemon = Daemon(cfg, memory.Budget(cfg.memory_mb, baseline, links))
     daemon.watch_pid = args.watch_pid
     daemon.run_lock_fd = run_lock_fd
     try:

@@ -272,6 +272,11 @@ class DaemonConfig:
                 raise ConfigError(f"{ep} is given for two sockets ({seen[ep]} and {name}); each needs its own endpoint")
             seen[ep] = name
 
+    def head_links(self) -> int:
+        """The node links a head holds (one a node: its aggregator.world_size); 0 for any other
+        daemon, or a head that was not told its nodes."""
+        return self.aggregator.world_size if self.remote_ingest else 0
+
     def connection_hwm(self) -> int:
         """Each ingest connection's queue: the rcvhwm budget shared by max_connections."""
         return max(MIN_CONNECTION_HWM, self.rcvhwm // self.max_connections)

@@ -94,7 +94,7 @@ class Daemon:
         self.started_wall = time.time()
         self.redactor = Redactor()   # secrets in hello configs and event data never reach a sink
         # The memory budget (memory.py): each buffer's share, what was shed beyond it.
-        self.budget = budget or memory.Budget(cfg.memory_mb)
+        self.budget = budget or memory.Budget(cfg.memory_mb, links=cfg.head_links())
         self.governor: memory.Governor | None = None     # the budget kept by measure (start)
         self.shed = memory.Shed()
         self.losses = Losses()                 # lost past the receiver's accounting (self_report.py)
@@ -209,6 +209,9 @@ class Daemon:
             self.links = self.rare.links = NodeLinks()
             self.clocks = self.rare.clocks = self.steps.clocks = NodeClocks()
             self.security.connections.on_tcp_gone = self.links.closed
+            # Each node link's own small queue (libzmq takes the option at bind, per listener):
+            # what a starved head holds for its nodes stays inside its budget (memory.LINK_BYTES).
+            self.pull.setsockopt(zmq.RCVHWM, memory.LINK_HWM)
             self.security.prepare(self.pull, remote, "remote_ingest")
             self.endpoints["remote_ingest"] = _bind(self.pull, remote)
         ingest_eps = tuple(ep for k, ep in self.endpoints.items() if k in ("ingest", "remote_ingest"))
@@ -249,6 +252,8 @@ class Daemon:
         self.pipeline = Pipeline([self.receive, self.rare, self.steps, self.fanout])
         limits = {"fd_limit": self.fd_limit, "max_connections": self.max_connections,
                   "rcvhwm": cfg.rcvhwm, "rcvhwm_per_connection": cfg.connection_hwm()}
+        if remote:
+            limits["rcvhwm_per_node_link"] = memory.LINK_HWM
         self.report = SelfReport(
             Identity(cfg.run_name, self.log_dir, self.started_wall, self.started_mono, self.endpoints, limits),
             self.budget, self.pipeline, receive=self.receive, rare=self.rare, steps=self.steps, fanout=self.fanout,

@@ -7,7 +7,8 @@ WORKING_MB for what the daemon holds while it works besides its buffers. A budge
 `smallest_mb()` cannot be kept and is refused at start (one line, exit 2, naming the smallest
 that works). What is left is split across the buffers that grow with what the ranks send, each
 bounded by its share in (estimated) bytes; what does not fit is shed and counted (`Shed`), with
-one log line per kind the first time, never per item:
+one log line per kind the first time, never per item (a head first sets aside LINK_BYTES for
+each of its node links):
 
     ingest         frames read ahead of processing (intake.Intake: each turn the daemon
                    reads what libzmq's queues hold, which count messages, not bytes);
@@ -72,6 +73,18 @@ TENSORBOARD_MB = 24
 # through them, which trim_heap gives back only in part. Measured with 8 ranks flat out and every
 # buffer at its least (benchmarks/daemon_memory.py; figures: benchmarks/RESULTS.md, Memory).
 WORKING_MB = 72
+# A head's node links (one a node: aggregator.world_size), each held whatever the nodes send:
+# libzmq's per-connection buffers and the per-source state (LINK_BASE_BYTES, a little above the
+# ~29 KB an idle link was measured to add: benchmarks/RESULTS.md, Head scale), and up to LINK_HWM
+# frames that libzmq queues for it unread (the remote listener's RCVHWM; a node's aggregated
+# record of ~100 values is ~2 KB with libzmq's header, LINK_FRAME_BYTES). libzmq counts messages,
+# not bytes, and a starved head reads nothing: so the queue is kept small, and a node's own
+# forwarder holds (and counts, if its queue fills) what waits beyond it. Reserved out of the budget
+# before the buffers' shares; a budget they do not fit in is refused at start (smallest_mb).
+LINK_HWM = 8
+LINK_BASE_BYTES = 32 * 1024
+LINK_FRAME_BYTES = 2 * 1024
+LINK_BYTES = LINK_BASE_BYTES + LINK_HWM * LINK_FRAME_BYTES
 # A daemon inside another process (tests) has no baseline of its own to measure: this stands in.
 NOMINAL_BASELINE_MB = 40
 # The least of each share, whatever the budget says: a queue must hold a few batches.
@@ -134,12 +147,18 @@ def baseline_mb(wandb: bool = False, tensorboard: bool = False) -> float:
     return now + SETUP_MB + (WANDB_MB if wandb else 0) + (TENSORBOARD_MB if tensorboard else 0)
 
 
-def smallest_mb(baseline: float) -> int:
-    """The smallest budget that a process of this baseline can keep: the baseline, WORKING_MB and
-    each buffer at its least, rounded up to whole MB, with the governor's high mark under it."""
+def links_mb(links: int) -> float:
+    """What a head's `links` node links hold at most (LINK_BYTES each), in MB."""
+    return links * LINK_BYTES / 2**20
+
+
+def smallest_mb(baseline: float, links: int = 0) -> int:
+    """The smallest budget that a process of this baseline can keep: the baseline, WORKING_MB, a
+    head's node links (links_mb) and each buffer at its least, rounded up to whole MB, with the
+    governor's high mark under it."""
     import math
 
-    return math.ceil((baseline + WORKING_MB + MIN_BUFFERS_MB) / GOVERNOR_HIGH)
+    return math.ceil((baseline + WORKING_MB + links_mb(links) + MIN_BUFFERS_MB) / GOVERNOR_HIGH)
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,12 +170,13 @@ class Budget:
 
     memory_mb: float = DEFAULT_MEMORY_MB
     baseline_mb: float | None = None
+    links: int = 0               # a head's node links (its nodes), each LINK_BYTES reserved
 
     @property
     def buffers_mb(self) -> float:
-        """What the buffers share: the budget less the baseline and WORKING_MB."""
+        """What the buffers share: the budget less the baseline, WORKING_MB and the node links."""
         base = self.baseline_mb if self.baseline_mb is not None else NOMINAL_BASELINE_MB
-        return max(0.0, self.memory_mb - base - WORKING_MB)
+        return max(0.0, self.memory_mb - base - WORKING_MB - links_mb(self.links))
 
     def _share(self, share: float) -> int:
         return max(MIN_SHARE_BYTES, int(self.buffers_mb * share * 2**20))
@@ -189,7 +209,8 @@ class Budget:
         """The split in MB, for `status --json`."""
         mb = lambda n: round(n / 2**20, 1)   # noqa: E731
         base = self.baseline_mb if self.baseline_mb is not None else NOMINAL_BASELINE_MB
-        return {"baseline": round(base, 1), "working": WORKING_MB, "ingest": mb(self.ingest_bytes),
+        return {"baseline": round(base, 1), "working": WORKING_MB, "node_links": round(links_mb(self.links), 1),
+                "ingest": mb(self.ingest_bytes),
                 "sink_queues": mb(self.sink_queue_bytes), "open_steps": mb(self.open_steps_bytes),
                 "recent": mb(self.recent_bytes), "hellos": mb(self.hello_bytes),
                 "names": mb(self._share(NAMES_SHARE))}
