@@ -64,10 +64,17 @@ class World:
         configured, first = self.configured, self.first_rank
         if configured and not first <= rank < first + configured:
             self.strangers.add(rank)
-        else:
+            self.steady.add(rank)         # what _recount gives, without its O(world) walk
+            return
+        if configured and rank not in self.gone and rank not in self.misses:
+            # In the configured world, never gone: known and expected stay as they are, and it is
+            # steady now. (Each node's first step at a head of thousands: no walk per node.)
             self.seen.add(rank)
-            self.gone.discard(rank)
-            self.misses.pop(rank, None)
+            self.steady.add(rank)
+            return
+        self.seen.add(rank)
+        self.gone.discard(rank)
+        self.misses.pop(rank, None)
         self._recount()
 
     def timed_out(self, ranks: set[int]) -> None:
