@@ -7,6 +7,8 @@ from __future__ import annotations
 from fnmatch import fnmatchcase
 from typing import Any, Callable, Iterator, Mapping
 
+from telemetry.shared.wandb_keys import nest
+
 
 class Error(RuntimeError):
     """A misuse of the W&B API (W&B raises wandb.Error for the same)."""
@@ -147,22 +149,7 @@ class Summary(_Items):
         paths, items = self._paths, self._items
         if self._ops:
             items = self._summarized(items)
-        if not paths:
-            return items
-        out: dict[str, Any] = {}
-        for k, v in items.items():
-            path = paths.get(k)
-            if path is None:
-                out[k] = v
-                continue
-            d = out
-            for part in path[:-1]:
-                sub = d.get(part)
-                if sub.__class__ is not dict:
-                    sub = d[part] = {}
-                d = sub
-            d[path[-1]] = v
-        return out
+        return nest(items, paths) if paths else items
 
     def __getitem__(self, key: str) -> Any:
         return _read(self._view()[key])

@@ -56,6 +56,7 @@ from telemetry.shared import files
 from telemetry.daemon.media_keeper import MediaFiles, event_files, num_bins
 from telemetry.shared import media as shared_media
 from telemetry.shared.wandb_ids import stable_run_id
+from telemetry.shared.wandb_keys import nest
 
 log = logging.getLogger("telemetry.daemon.sinks.wandb")
 
@@ -481,21 +482,7 @@ class WandbSink(Sink):
     def _nest(self, values: dict) -> dict:
         """Keys a telemetry.wandb rank flattened from nested dicts, nested again ("a/b" ->
         {"a": {"b": v}}), as W&B keeps them."""
-        nested = self._nested
-        out: dict = {}
-        for k, v in values.items():
-            path = nested.get(k)
-            if path is None:
-                out[k] = v
-                continue
-            node = out
-            for part in path[:-1]:
-                child = node.get(part)
-                if not isinstance(child, dict):
-                    child = node[part] = {}
-                node = child
-            node[path[-1]] = v
-        return out
+        return nest(values, self._nested)
 
     def _log_media(self, data: dict) -> None:
         """A media event: one file ("file", "options"), or a list of them ("items": W&B's list
