@@ -22,20 +22,24 @@ all alike):
     raw      the floor: msgpack.Packer.pack of the record tuple + PUSH send(NOBLOCK), on the
              caller's thread
     ours     TelemetryClient.log(step, values)
+    encode   the raw floor's encode alone (no send): what a call that encodes on the caller's
+             thread cannot go below at that cadence (caches cold after the step)
     none     no call: the step alone
 
 Reported per cadence and variant: the call's median and p99 (ns, perf_counter_ns around the call
 only); the CPU time one call costs the whole process (time.process_time_ns over the block, every
 thread included: the caller, a sender thread, ZeroMQ's I/O thread; minus the `none` block's, per
 call; each block ends with 20 ms of sleep inside its CPU window, so work a thread does after the
-last call counts); and for the busy and numpy cadences, the step's own time (the fixed work, timed): what
-the calls and any thread take from a compute-bound training thread.
+last call counts), and how much of it the caller's own thread spent (time.thread_time_ns: the rest
+is the sender thread's and ZeroMQ's I/O thread's); and for the busy and numpy cadences, the step's
+own time (the fixed work, timed): what the calls and any thread take from a compute-bound training
+thread.
 
 Then, in fresh interpreters: start-up (import telemetry + TelemetryClient(), in-process), and the
 wall time of a whole script that only makes a client, with no daemon at the endpoint, against
 `python -c pass` (what a script's exit waits for).
 
-    .venv/bin/python -m benchmarks.log_cadence_ab [--base HEAD~1] [--rounds 2] [--scale 1] [--json OUT]
+    .venv/bin/python -m benchmarks.log_cadence_ab [--base HEAD~1] [--rounds 2] [--scale 1] [--cadences WORDS] [--json OUT]
 """
 from __future__ import annotations
 
@@ -57,7 +61,7 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")   # the numpy step: one core,
 import msgpack, zmq
 from telemetry import TelemetryClient
 
-endpoint, scale = sys.argv[1], float(sys.argv[2])
+endpoint, scale, only = sys.argv[1], float(sys.argv[2]), sys.argv[3]
 pc, cpu, tns = time.perf_counter_ns, time.process_time_ns, time.time_ns
 tm = TelemetryClient(endpoint, sndhwm=200_000)
 ctx = zmq.Context(); sock = ctx.socket(zmq.PUSH); sock.setsockopt(zmq.SNDHWM, 200_000); sock.connect(endpoint)
@@ -69,10 +73,14 @@ def raw(step, values):
     except zmq.Again:
         pass
 
+def encode(step, values):
+    packer.pack((2, 1, 12345, 0, step, 0, tns(), step, values))
+
 def none(step, values):
     pass
 
-VARIANTS = {"raw": raw, "ours": tm.log, "none": none}
+VARIANTS = {"raw": raw, "ours": tm.log, "encode": encode, "none": none}
+tcpu = time.thread_time_ns
 
 def spin(n):
     x = 0
@@ -99,6 +107,7 @@ CADENCES = {  # name: (gap, calls per block, rounds)
     "busy 100 ms": (lambda: spin(100 * per_ms), int(12 * scale), 3),
     "sleep 100 ms": (lambda: time.sleep(0.1), int(12 * scale), 3),
 }
+CADENCES = {k: v for k, v in CADENCES.items() if not only or any(w in k for w in only.split(","))}
 values = [{f"train/m{j}": 1.0 / (i + j + 1) for j in range(10)} for i in range(1000)]
 for i in range(2000):                                    # warm-up: imports, first sends
     tm.log(i, values[i % 1000]); raw(i, values[i % 1000])
@@ -106,23 +115,25 @@ time.sleep(0.2)
 out = {}
 for cname, (gap, k, rounds) in CADENCES.items():
     ns = {v: [] for v in VARIANTS}; step_ns = {v: [] for v in VARIANTS}; cpu_ns = {v: 0 for v in VARIANTS}
+    own_ns = {v: 0 for v in VARIANTS}
     order = list(VARIANTS)
     for r in range(rounds):
-        for v in order[r % 3:] + order[:r % 3]:
+        for v in order[r % len(order):] + order[:r % len(order)]:
             fn, calls, steps = VARIANTS[v], ns[v], step_ns[v]
-            c0 = cpu()
+            c0 = cpu(); o0 = tcpu()
             for i in range(k):
                 if gap is not None:
                     g0 = pc(); gap(); steps.append(pc() - g0)
                 vals = values[i % 1000]
                 t0 = pc(); fn(i, vals); calls.append(pc() - t0)
             time.sleep(0.02)
-            cpu_ns[v] += cpu() - c0
+            cpu_ns[v] += cpu() - c0; own_ns[v] += tcpu() - o0
     res = {}
     for v in VARIANTS:
         s = sorted(ns[v]); n = len(s)
         res[v] = {"median_ns": s[n // 2], "p99_ns": s[min(n - 1, int(n * 0.99))], "calls": n,
-                  "cpu_per_call_ns": (cpu_ns[v] - cpu_ns["none"]) / n}
+                  "cpu_per_call_ns": (cpu_ns[v] - cpu_ns["none"]) / n,
+                  "caller_cpu_per_call_ns": (own_ns[v] - own_ns["none"]) / n}
         if steps := sorted(step_ns[v]):
             res[v]["step_median_ns"] = steps[len(steps) // 2]
             res[v]["step_mean_ns"] = sum(steps) / len(steps)
@@ -175,11 +186,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=2, help="child processes per version")
     ap.add_argument("--scale", type=float, default=1.0, help="calls per block, times this")
     ap.add_argument("--startup-repeats", type=int, default=7)
+    ap.add_argument("--cadences", default="", metavar="WORDS",
+                    help="only the cadences whose name has one of these comma-separated words (e.g. '100 ms,sleep 1')")
     ap.add_argument("--json", metavar="OUT")
     a = ap.parse_args(argv)
     load_start = os.getloadavg()
     with base_and_sink(a.base, lambda tmp: f"ipc://{tmp}/sink.sock") as (trees, endpoint):
-        out = alternate(trees, a.rounds, CHILD, [endpoint, str(a.scale)],
+        out = alternate(trees, a.rounds, CHILD, [endpoint, str(a.scale), a.cadences],
                         lambda res: "load %.1f" % res["loadavg"][0])
         if out is None:
             return 1
@@ -195,8 +208,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n{os.cpu_count()} CPUs, load average at start {load_start[0]:.1f}, at end {os.getloadavg()[0]:.1f}; "
           f"medians over {a.rounds} processes per version")
     print("| version | cadence | raw median µs | raw p99 µs | tm.log median µs | tm.log p99 µs | median ratio | "
-          "p99 ratio | CPU/call raw µs | CPU/call tm.log µs | step µs none / raw / tm.log |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+          "p99 ratio | CPU/call raw µs | CPU/call tm.log µs | of which its caller's thread µs | "
+          "encode alone median µs | step µs none / raw / tm.log |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
     for name, cads in summary.items():
         for cad, r in cads.items():
             raw, ours, none = r["raw"], r["ours"], r["none"]
@@ -206,7 +220,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"| {name} | {cad} | {raw['median_ns'] / 1000:.2f} | {raw['p99_ns'] / 1000:.2f} | "
                   f"{ours['median_ns'] / 1000:.2f} | {ours['p99_ns'] / 1000:.2f} | "
                   f"{ours['median_ns'] / raw['median_ns']:.2f} | {ours['p99_ns'] / raw['p99_ns']:.2f} | "
-                  f"{raw['cpu_per_call_ns'] / 1000:.2f} | {ours['cpu_per_call_ns'] / 1000:.2f} | {step} |")
+                  f"{raw['cpu_per_call_ns'] / 1000:.2f} | {ours['cpu_per_call_ns'] / 1000:.2f} | "
+                  f"{ours['caller_cpu_per_call_ns'] / 1000:.2f} | {r['encode']['median_ns'] / 1000:.2f} | {step} |")
     print("\n| version | start-up (import + TelemetryClient()) ms | a script's extra wall time, no daemon, ms |")
     print("|---|---:|---:|")
     for name, b in boot.items():
