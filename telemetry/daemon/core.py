@@ -214,9 +214,6 @@ class Daemon:
             self.links = self.rare.links = NodeLinks()
             self.clocks = self.rare.clocks = self.steps.clocks = NodeClocks()
             self.security.connections.on_tcp_gone = self.links.closed
-            # Each node link's own small queue (libzmq takes the option at bind, per listener):
-            # what a starved head holds for its nodes stays inside its budget (memory.LINK_BYTES).
-            self.pull.setsockopt(zmq.RCVHWM, memory.LINK_HWM)
             self.security.prepare(self.pull, remote, "remote_ingest")
             self.endpoints["remote_ingest"] = _bind(self.pull, remote)
         ingest_eps = tuple(ep for k, ep in self.endpoints.items() if k in ("ingest", "remote_ingest"))
@@ -260,8 +257,6 @@ class Daemon:
         self.pipeline = Pipeline([self.receive, self.rare, self.steps, self.fanout])
         limits = {"fd_limit": self.fd_limit, "max_connections": self.max_connections,
                   "rcvhwm": cfg.rcvhwm, "rcvhwm_per_connection": cfg.connection_hwm()}
-        if remote:
-            limits["rcvhwm_per_node_link"] = memory.LINK_HWM
         self.report = SelfReport(
             Identity(cfg.run_name, self.log_dir, self.started_wall, self.started_mono, self.endpoints, limits),
             self.budget, self.pipeline, receive=self.receive, rare=self.rare, steps=self.steps, fanout=self.fanout,

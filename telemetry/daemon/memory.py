@@ -73,18 +73,14 @@ TENSORBOARD_MB = 24
 # through them, which trim_heap gives back only in part. Measured with 8 ranks flat out and every
 # buffer at its least (benchmarks/daemon_memory.py; figures: benchmarks/RESULTS.md, Memory).
 WORKING_MB = 72
-# A head's node links (one a node: aggregator.world_size), each held whatever the nodes send:
-# libzmq's per-connection buffers and the per-source state (LINK_BASE_BYTES, a little above the
-# ~29 KB an idle link was measured to add: benchmarks/RESULTS.md, Head scale), and up to LINK_HWM
-# frames that libzmq queues for it unread (the remote listener's RCVHWM; a node's aggregated
-# record of ~100 values is ~2 KB with libzmq's header, LINK_FRAME_BYTES). libzmq counts messages,
-# not bytes, and a starved head reads nothing: so the queue is kept small, and a node's own
-# forwarder holds (and counts, if its queue fills) what waits beyond it. Reserved out of the budget
-# before the buffers' shares; a budget they do not fit in is refused at start (smallest_mb).
-LINK_HWM = 8
-LINK_BASE_BYTES = 32 * 1024
-LINK_FRAME_BYTES = 2 * 1024
-LINK_BYTES = LINK_BASE_BYTES + LINK_HWM * LINK_FRAME_BYTES
+# A head's node links (one a node: aggregator.world_size) each hold what an idle link costs: libzmq's
+# per-connection buffers and the per-source state (a little above the ~29 KB an idle link was
+# measured to add: benchmarks/RESULTS.md, Head scale). Reserved out of the budget before the
+# buffers' shares; a budget they do not fit in is refused at start (smallest_mb). What a link's
+# queue holds beyond it is kept by measure (Governor), not by a small per-link queue: the frames a
+# head cannot process must reach it to be counted (by their headers, cheaply), or a node whose
+# backlog stayed on its side when the head drained would be lost uncounted.
+LINK_BYTES = 32 * 1024
 # A daemon inside another process (tests) has no baseline of its own to measure: this stands in.
 NOMINAL_BASELINE_MB = 40
 # The least of each share, whatever the budget says: a queue must hold a few batches.
