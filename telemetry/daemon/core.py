@@ -79,11 +79,6 @@ CHECKPOINT_INTERVAL_S = 1.0
 # After a burst, once ingest has been quiet this long and the sink queues are empty, the heap's
 # freed memory is given back to the system (memory.trim_heap; glibc keeps it otherwise).
 TRIM_AFTER_QUIET_S = 2.0
-# A head reads its node links at most this often: what a turn costs per batch (the forensics
-# ring's append, the step gather, the hand-out to the sinks) is then spread over the records of
-# many nodes, not paid for each few that happen to arrive together. A step's latency through a
-# head grows by at most this much.
-HEAD_BATCH_S = 0.005
 
 
 class Daemon:
@@ -246,9 +241,6 @@ class Daemon:
         self._poller.register(self.pull, zmq.POLLIN)
         self._poller.register(self.control, zmq.POLLIN)
         self._poller.register(self._wake_r.fileno(), zmq.POLLIN)
-        self._ctl_poller = zmq.Poller()      # a head between batches (turn)
-        self._ctl_poller.register(self.control, zmq.POLLIN)
-        self._ctl_poller.register(self._wake_r.fileno(), zmq.POLLIN)
         self.rare.diagnoser, self.rare.forensics, self.rare.media = self.diagnoser, self.forensics, self.fanout.media
         self.steps.goodput = self.goodput
         self.fanout.exit_data = lambda: self.control_server.exit_data
@@ -301,13 +293,7 @@ class Daemon:
             timeout_ms = min(timeout_ms, int(max_wait_s * 1000))
         if len(self.intake):
             timeout_ms = 0                 # frames read ahead are waiting
-            events = dict(self._poller.poll(0))
-        elif self.links is not None and now - self.receive.last_batch_mono < HEAD_BATCH_S:
-            # A head, soon after its last batch: only the control socket and signals meanwhile.
-            wait_ms = int((self.receive.last_batch_mono + HEAD_BATCH_S - now) * 1000) + 1
-            events = dict(self._ctl_poller.poll(min(timeout_ms, wait_ms)))
-        else:
-            events = dict(self._poller.poll(timeout_ms))
+        events = dict(self._poller.poll(timeout_ms))
         if (self.pull in events or len(self.intake)) and self.receive.ingest():
             self._trim_due = True
         if self.control in events:
