@@ -269,7 +269,7 @@ class Daemon:
         log.info("ready: %s", eps)
         if hotpath.native is None and not hotpath.chosen_python():
             log.warning("the C inner loops are not built (no C compiler at install?): running the "
-                        "pure-Python ones, same results at 60-70 % of the ingest rate")
+                        "pure-Python ones: the same results at a lower ingest rate (benchmarks/RESULTS.md, Daemon ingest)")
 
     def _make_sinks(self) -> None:
         """Every configured sink, behind its runner in the fan-out (stages/outputs.py)."""
