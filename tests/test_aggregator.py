@@ -196,8 +196,20 @@ def test_a_large_worlds_ranks_reporting_first_keep_it_exact_without_a_walk_each(
     real(fresh)
     assert (w.known, w.expected, w.num_expected, w.steady) == (fresh.known, fresh.expected, fresh.num_expected,
                                                                fresh.steady)
+    for size, hint in ((0, 0), (0, 4096)):              # a world nobody configured; one a hello announced
+        u = World(size)
+        if hint:
+            u.note_size(hint)
+        before = len(walks)
+        for r in range(8192):
+            u.reported(r)
+        assert len(walks) == before
+        ref = World(size)
+        ref.size_hint, ref.seen = hint, set(range(8192))
+        real(ref)
+        assert (u.known, u.expected, u.num_expected, u.steady) == (ref.known, ref.expected, ref.num_expected, ref.steady)
     for _ in range(DEAD_AFTER_TIMEOUTS):
         w.timed_out(set(range(1, 8192)))                # rank 0 missed them: gone
     assert 0 not in w.expected and 0 not in w.steady
     w.reported(0)
-    assert 0 in w.expected and 0 in w.steady and 0 < len(walks) < 10
+    assert 0 in w.expected and 0 in w.steady and 0 < len(walks) < 12

@@ -66,10 +66,15 @@ class World:
             self.strangers.add(rank)
             self.steady.add(rank)         # what _recount gives, without its O(world) walk
             return
-        if configured and rank not in self.gone and rank not in self.misses:
-            # In the configured world, never gone: known and expected stay as they are, and it is
-            # steady now. (Each node's first step at a head of thousands: no walk per node.)
+        if rank not in self.gone and rank not in self.misses:
+            # Not gone, nothing missed: what _recount would give, in place (a head of thousands
+            # of nodes sees each one's first step: no walk of the world per node). In a world
+            # nobody announced, a rank seen for the first time joins the known and expected ones.
             self.seen.add(rank)
+            if rank not in self.known:
+                self.known.add(rank)
+                self.expected.add(rank)
+                self.num_expected = len(self.expected)
             self.steady.add(rank)
             return
         self.seen.add(rank)
