@@ -2187,3 +2187,28 @@ def test_a_stragglers_onset_is_booked_when_another_rank_was_slowest_before(first
     _no_negative(led)
     early = sum(0.004 for s in first if s == 1)           # rank 1's own early noise may be booked with it
     assert 11 * 0.2 - 1e-9 <= led["buckets_s"]["straggler"] <= 11 * 0.2 + early + 0.004 * len(first) + 1e-9, led["buckets_s"]
+
+
+@pytest.mark.parametrize("gap_step", [7, 9])
+def test_a_stragglers_onset_survives_a_step_it_was_not_slowest(gap_step):
+    """As above, rank 1 0.2 s slow from step 6, but at one step of its onset rank 0 is the
+    slowest, by a little (a busy host's jitter). Rank 1 is still the straggler of most recent
+    steps soon after, and its slow steps before that step were its onset as much as those
+    after: all of them are booked."""
+    recs, t = [_hello(T0 + 1, 0, T0), _hello(T0 + 1, 1, T0)], T0 + 2.0
+    slow_steps = 0
+    for s in range(1, 17):
+        if s <= 5 or s == gap_step:
+            slow, excess = 0, 0.004
+        else:
+            slow, excess = 1, 0.2
+            slow_steps += 1
+        st = 0.3 + excess
+        t += st
+        recs.append(_step(t, s, st, **{"perf/straggler_rank": float(slow), "perf/straggler_phase_index": 1.0,
+                                       "perf/straggler_excess_s": excess, "perf/straggler_median_s": 0.1}))
+    led = ledger(recs)
+    _sums_to_wall(led)
+    _no_negative(led)
+    early = 0.004 * 6                                   # rank 0's own early noise may be booked too
+    assert slow_steps * 0.2 - 1e-9 <= led["buckets_s"]["straggler"] <= slow_steps * 0.2 + early + 1e-9, led["buckets_s"]

@@ -29,7 +29,8 @@ start to the last record of the last launch, into buckets that sum to it:
                         steps before) stays where it was spent (productive, or data
                         loading for that phase); before that, an excess is booked where its rank
                         was the straggler of most of the last RECENT_STRAGGLERS steps (and with
-                        it the steps in a row before whose straggler it was: its onset), for now:
+                        it its steps among those, judged noise until then: its onset, even
+                        where another rank was slowest for a step between them), for now:
                         once the bound is known, such an excess within it (of the last RECENT
                         steps) goes back where it was spent (a busy host that slowed one rank
                         for the run's first steps is no straggler the run's noise does not
@@ -324,9 +325,11 @@ class _Launch:
     # until the next step says whether it went on (a lone spike of a busy host's is noise)
     spike: tuple | None = None
     last_beyond: int | None = None   # the straggler rank of the step before, where beyond the bound
-    # Before the bound is known: the steps just before, in a row, whose straggler was one rank
-    # that was not yet the straggler of most recent steps (judged noise), as (step, excess, data
-    # phase, rank): when that rank becomes it, they were its onset and are booked too.
+    # Before the bound is known: the last RECENT_STRAGGLERS steps judged noise (their straggler
+    # was not yet the straggler of most recent steps), as (step, excess, data phase, rank): when a
+    # rank becomes it, its steps among them were its onset and are booked too. Not only those in
+    # a row: a step where another rank was slowest (a busy host's jitter) does not end an onset,
+    # as it does not end the rank's count among the recent steps.
     onset: list = field(default_factory=list)
 
     def sift_straggler(self, step: int, parts: tuple, values: dict, new: bool) -> tuple:
@@ -376,15 +379,15 @@ class _Launch:
         if not known and self.noise_bound is not None:
             self.rejudge()
         onset = self.onset
-        if new and (known or self.noise_bound is not None or rank is None or (onset and onset[-1][3] != rank)):
-            onset.clear()                   # the run of one rank's steps is broken (or the bound known)
+        if new and (known or self.noise_bound is not None or rank is None):
+            onset.clear()                   # the bound is known (or a step without a rank to judge by)
         if not noise:
             if not known and self.noise_bound is None and rank is not None:
                 for was in onset:           # its onset, judged noise while it was not yet most steps'
                     if was[3] == rank:
                         self._unbook(was[0], -was[1], was[2])
                         self._provisional(was[0], was[1], was[2])
-                onset.clear()
+                onset[:] = [was for was in onset if was[3] != rank]
                 self._provisional(step, excess, data_phase)     # judged again once the bound is known
             return parts
         if new and not known and self.noise_bound is None and rank is not None:
