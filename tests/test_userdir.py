@@ -178,3 +178,36 @@ def test_telemetry_run_under_a_shared_directory_leaves_it_shared(tmp_path, monke
     monkeypatch.setenv(endpoints.ENV_RUNTIME_DIR, str(tmp_path / "new" / "run-y"))
     runtime, made = _runtime_dir("y")
     assert made and _private(runtime) and _private(runtime.parent)
+
+
+def test_a_directory_others_use_is_never_made_private(tmp_path, monkeypatch):
+    """A runtime, media or key directory named by the user that already exists: made 0700 when
+    it is empty (a directory just made for it), refused, never chmod-ed, when it is open to others
+    and holds something (/run or a project's directory named by mistake: as root every directory
+    is ours, and making it private locked everyone else out of it). `telemetry run` the same."""
+    from telemetry.tools.run import _runtime_dir
+
+    shared = tmp_path / "project"
+    shared.mkdir()
+    os.chmod(shared, 0o755)
+    (shared / "data.txt").write_text("theirs")
+    with pytest.raises(endpoints.UnsafePathError, match="open to other users"):
+        endpoints.private_dirs(shared, named=True)
+    monkeypatch.setenv(endpoints.ENV_RUNTIME_DIR, str(shared))
+    with pytest.raises(endpoints.UnsafePathError, match="open to other users"):
+        _runtime_dir("x")
+    assert stat.S_IMODE(os.stat(shared).st_mode) == 0o755
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    os.chmod(fresh, 0o755)
+    assert endpoints.private_dirs(fresh, named=True) == fresh and _private(fresh)
+    (fresh / "control.sock").write_text("")              # ours now, 0700, with things in it: still fine
+    assert endpoints.private_dirs(fresh, named=True) == fresh
+    media_dir = tmp_path / "media"                       # $TELEMETRY_MEDIA_DIR the same
+    media_dir.mkdir()
+    os.chmod(media_dir, 0o755)
+    (media_dir / "theirs.png").write_text("")
+    monkeypatch.setenv(media.ENV_MEDIA_DIR, str(media_dir))
+    with pytest.raises(endpoints.UnsafePathError, match="open to other users"):
+        media.media_dir(create=True)
+    assert stat.S_IMODE(os.stat(media_dir).st_mode) == 0o755

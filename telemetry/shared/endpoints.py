@@ -54,17 +54,18 @@ def runtime_dir(create: bool = False) -> Path:
             raise UnsafePathError(f"${ENV_RUN_NAME} {run!r}: a run name cannot contain '/'")
         path = user_dir(create=create) / run
     if create:
-        private_dirs(path)
+        private_dirs(path, named=bool(explicit))
     return path
 
 
-def private_dirs(*dirs: Path, create: bool = True) -> Path:
+def private_dirs(*dirs: Path, create: bool = True, named: bool = False) -> Path:
     """Make `dirs` (each inside the one before) private directories of this user: their
     ancestors checked (check_parents), each made 0700 if missing, each checked without following
     symlinks (make_private). With create=False a missing one is left missing (nothing of anyone
     else's can be in it). Returns the innermost. UnsafePathError for anything another user could
     change: the runtime directory, the W&B drop-in's media directory and keygen's key directory
-    all come through here."""
+    all come through here. `named`: the user named them ($TELEMETRY_RUNTIME_DIR,
+    $TELEMETRY_MEDIA_DIR), so one that exists may be someone's shared directory (make_private)."""
     check_parents(dirs[0])
     for p in dirs:
         if create:
@@ -76,7 +77,7 @@ def private_dirs(*dirs: Path, create: bool = True) -> Path:
                 raise UnsafePathError(f"cannot make {p}: {exc.strerror}") from None
         elif not os.path.lexists(p):
             break
-        make_private(p)
+        make_private(p, named)
     return dirs[-1]
 
 
@@ -105,9 +106,13 @@ def check_parents(path: Path) -> None:
                                 f"refusing to use it")
 
 
-def make_private(path: Path) -> None:
+def make_private(path: Path, named: bool = False) -> None:
     """`path` must be a directory of ours, not a symlink; it is made 0700 through a descriptor
-    opened without following links, so a link swapped in meanwhile is never chmod-ed."""
+    opened without following links, so a link swapped in meanwhile is never chmod-ed. One the
+    user `named` that others may enter and that already holds something is refused, never
+    chmod-ed: it is someone's shared directory (/run, a project's directory, named by mistake),
+    and making it private would lock them out of what is in it (as root, every directory is
+    "ours"); an empty one was made for us and is made private."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
     except OSError as exc:
@@ -121,7 +126,11 @@ def make_private(path: Path) -> None:
             # A shared directory (sticky, like /tmp, root's as much as ours when we run as root):
             # never made private, which would lock every other user out of it.
             raise UnsafePathError(f"{path} is a shared directory (sticky); give a directory of its own")
-        if stat.S_IMODE(st.st_mode) != 0o700:
+        mode = stat.S_IMODE(st.st_mode)
+        if named and mode & 0o077 and os.listdir(fd):
+            raise UnsafePathError(f"{path} is open to other users (mode {mode:o}) and not empty: refusing to make "
+                                  f"it private; give a directory of its own (or `chmod 700` it)")
+        if mode != 0o700:
             os.fchmod(fd, 0o700)
     finally:
         os.close(fd)

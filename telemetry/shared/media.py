@@ -29,7 +29,7 @@ def media_dir(create: bool = False) -> Path:
     user, no symlinks; UnsafePathError otherwise); made when `create`."""
     explicit = os.environ.get(ENV_MEDIA_DIR)
     if explicit:
-        return private_dirs(Path(os.path.abspath(explicit)), create=create)
+        return private_dirs(Path(os.path.abspath(explicit)), create=create, named=True)
     from telemetry.shared.userdir import user_dir
 
     base = user_dir(create=create)

@@ -219,7 +219,7 @@ def _runtime_dir(run_id: str) -> tuple[Path, bool]:
         # A missing parent is made (and ours, 0700); one already there is only checked, never
         # chmod-ed: $TELEMETRY_RUNTIME_DIR=/tmp/x must not make /tmp private when we run as root.
         chain = (runtime,) if os.path.lexists(runtime.parent) else (runtime.parent, runtime)
-        endpoints.private_dirs(*chain)
+        endpoints.private_dirs(*chain, named=True)
         return runtime, made
     try:
         runtime = user_dir(create=True) / f"run-{run_id}"
