@@ -1,5 +1,7 @@
 """A drain with a backlog loses nothing without counting it: ranks close with everything they
-sent queued at the daemon, then SIGTERM. With the default deadline the whole backlog is written;
+sent queued at the daemon, then SIGTERM. With a deadline the backlog fits in, the whole of it is
+written (how fast is a benchmark's: on a loaded box 120,000 records take longer than the default
+12 s, and what the deadline cuts is counted, as below);
 with a 1 s one the intake and the JSONL each add up exactly: sent = accepted + counted lost, and
 the JSONL's lines written + counted dropped = what it was handed, the file holding those lines."""
 from __future__ import annotations
@@ -23,7 +25,8 @@ def _adds_up(r: dict) -> None:
 
 
 def test_a_backlog_at_sigterm_is_written(tmp_path):
-    r = faults.drain_backlog(tmp_path, num_ranks=2, n=60_000)
+    # The drain ends once everything is written: the 120 s deadline only bounds a loaded box.
+    r = faults.drain_backlog(tmp_path, num_ranks=2, n=60_000, drain_timeout_s=120.0)
     _adds_up(r)
     assert r["exit_code"] == 0 and r["unread_at_drain"] == 0 and r["written"] == r["sent"], r
 
