@@ -2167,21 +2167,25 @@ def test_a_busy_hosts_lone_spikes_on_alike_ranks_are_no_straggler():
     assert 3 * 0.3 <= b["straggler"] <= 3 * 0.3 + 0.001 * led["wall_s"] + 0.2, b
 
 
+def _forward_stragglers(plan: list[tuple[int, float]]) -> list[dict]:
+    """Two ranks' hellos and one step a (slowest rank, its excess in forward) of `plan`: each
+    step 0.3 s plus that excess."""
+    recs, t = [_hello(T0 + 1, 0, T0), _hello(T0 + 1, 1, T0)], T0 + 2.0
+    for s, (slow, excess) in enumerate(plan, start=1):
+        st = 0.3 + excess
+        t += st
+        recs.append(_step(t, s, st, **{"perf/straggler_rank": float(slow), "perf/straggler_phase_index": 1.0,
+                                       "perf/straggler_excess_s": excess, "perf/straggler_median_s": 0.1}))
+    return recs
+
+
 @pytest.mark.parametrize("first", [[0, 0, 1, 0, 0], [0, 0, 0, 0, 0], [1, 0, 1, 0, 1], [0]])
 def test_a_stragglers_onset_is_booked_when_another_rank_was_slowest_before(first):
     """A short run (no noise bound yet): a busy host made rank 0 the slowest, by a little, of
     the first steps; from then on rank 1 is 0.2 s slow at every step. Its first slow steps are
     not yet most recent steps' straggler (judged noise for now), but they were its onset: the
     whole 0.2 s x its steps is booked (they were lost under load in a real 2-rank run)."""
-    recs, t = [_hello(T0 + 1, 0, T0), _hello(T0 + 1, 1, T0)], T0 + 2.0
-    ranks = first + [1] * 11
-    for s, slow in enumerate(ranks, start=1):
-        excess = 0.2 if s > len(first) else 0.004
-        st = 0.3 + excess
-        t += st
-        recs.append(_step(t, s, st, **{"perf/straggler_rank": float(slow), "perf/straggler_phase_index": 1.0,
-                                       "perf/straggler_excess_s": excess, "perf/straggler_median_s": 0.1}))
-    led = ledger(recs)
+    led = ledger(_forward_stragglers([(slow, 0.004) for slow in first] + [(1, 0.2)] * 11))
     _sums_to_wall(led)
     _no_negative(led)
     early = sum(0.004 for s in first if s == 1)           # rank 1's own early noise may be booked with it
@@ -2194,19 +2198,9 @@ def test_a_stragglers_onset_survives_a_step_it_was_not_slowest(gap_step):
     slowest, by a little (a busy host's jitter). Rank 1 is still the straggler of most recent
     steps soon after, and its slow steps before that step were its onset as much as those
     after: all of them are booked."""
-    recs, t = [_hello(T0 + 1, 0, T0), _hello(T0 + 1, 1, T0)], T0 + 2.0
-    slow_steps = 0
-    for s in range(1, 17):
-        if s <= 5 or s == gap_step:
-            slow, excess = 0, 0.004
-        else:
-            slow, excess = 1, 0.2
-            slow_steps += 1
-        st = 0.3 + excess
-        t += st
-        recs.append(_step(t, s, st, **{"perf/straggler_rank": float(slow), "perf/straggler_phase_index": 1.0,
-                                       "perf/straggler_excess_s": excess, "perf/straggler_median_s": 0.1}))
-    led = ledger(recs)
+    plan = [(0, 0.004) if s <= 5 or s == gap_step else (1, 0.2) for s in range(1, 17)]
+    slow_steps = sum(rank == 1 for rank, _ in plan)
+    led = ledger(_forward_stragglers(plan))
     _sums_to_wall(led)
     _no_negative(led)
     early = 0.004 * 6                                   # rank 0's own early noise may be booked too
