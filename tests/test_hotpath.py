@@ -151,6 +151,28 @@ def test_gather_in_c_equals_python(groups):
         assert set(names[s]) == {n for rec in records for n in rec.values}
 
 
+@native
+def test_gather_of_a_head_step_of_thousands_of_ranks_in_c_equals_python():
+    """A head's step: a record from each of thousands of nodes, in any order, some twice, rank
+    numbers up to the protocol's largest (the C twin finds ranks by value in a table: these
+    collide in it and fill it past a small step's size)."""
+    import random
+
+    from protocol.constants import MAX_RANK
+
+    rng = random.Random(55)
+    groups = []
+    for step, world in enumerate((1, 3, 3000, 17, 4096)):
+        ranks = rng.sample(range(MAX_RANK + 1), world) if step % 2 else list(range(world))
+        order = ranks + rng.choices(ranks, k=world // 3)          # some ranks log the step twice
+        rng.shuffle(order)
+        groups.append([_Rec(rank, step, rng.randrange(10**12), {"train/loss": rng.random(), "perf/tokens": rank})
+                       for rank in order])
+    got, want = hotpath.native.gather(groups), python_loops.gather(groups)
+    assert _same(got, want)
+    assert [len(r) for r in got[0]] == [1, 3, 3000, 17, 4096]
+
+
 @st.composite
 def uniform_steps(draw):
     world = draw(st.integers(1, 6))

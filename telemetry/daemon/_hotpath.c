@@ -158,7 +158,8 @@ typedef struct {
     Py_ssize_t *rank_of;         /* per record: the index of its rank */
     PyObject **keys;             /* borrowed from the records: the step's names, first seen first */
     PyObject **cells;            /* their cells, owned until they go into their columns */
-    Py_ssize_t cap_ranks, cap_recs, cap_keys;
+    Py_ssize_t *slots;           /* open addressing: rank value -> its index (-1: empty) */
+    Py_ssize_t cap_ranks, cap_recs, cap_keys, cap_slots;
 } Scratch;
 
 static int
@@ -194,6 +195,16 @@ gather_step(PyObject *records, Py_ssize_t s, Py_ssize_t num_steps, Scratch *sc, 
     }
     if (grow((void **)&sc->rank_of, &sc->cap_recs, n, sizeof(Py_ssize_t)) < 0)
         return -1;
+    /* The ranks seen so far, found by value in a table of at least twice as many slots as the
+     * step has records (a head's step has a record of each of thousands of nodes: a search
+     * through the ranks seen would cost their number squared). */
+    int bits = 4;
+    while (((Py_ssize_t)1 << bits) < 2 * n)
+        bits++;
+    size_t mask = ((size_t)1 << bits) - 1;
+    if (grow((void **)&sc->slots, &sc->cap_slots, (Py_ssize_t)mask + 1, sizeof(Py_ssize_t)) < 0)
+        return -1;
+    memset(sc->slots, 0xff, (mask + 1) * sizeof(Py_ssize_t));      /* every slot -1 */
     /* Pass 1: the distinct ranks in order of first report, and the latest t_ns. */
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *rec = PyList_GET_ITEM(records, i);
@@ -206,10 +217,13 @@ gather_step(PyObject *records, Py_ssize_t s, Py_ssize_t num_steps, Scratch *sc, 
         long long r = PyLong_AsLongLong(rank);
         if (r == -1 && PyErr_Occurred())
             return -1;
-        Py_ssize_t j = 0;
-        while (j < m && sc->rank_vals[j] != r)
-            j++;
-        if (j == m) {
+        size_t h = (size_t)(((unsigned long long)r * 0x9E3779B97F4A7C15ULL) >> (64 - bits));
+        Py_ssize_t j;
+        while ((j = sc->slots[h]) >= 0 && sc->rank_vals[j] != r)
+            h = (h + 1) & mask;
+        if (j < 0) {
+            j = m;
+            sc->slots[h] = m;
             Py_ssize_t cap = sc->cap_ranks;
             if (grow((void **)&sc->rank_objs, &sc->cap_ranks, m + 1, sizeof(PyObject *)) < 0
                     || grow((void **)&sc->rank_vals, &cap, m + 1, sizeof(long long)) < 0)
@@ -416,6 +430,7 @@ gather(PyObject *self, PyObject *args)
     PyMem_Free(sc.rank_of);
     PyMem_Free(sc.keys);
     PyMem_Free(sc.cells);
+    PyMem_Free(sc.slots);
     return Py_BuildValue("(NNNN)", ranks_out, t_out, names_out, columns);
 
 fail:
@@ -424,6 +439,7 @@ fail:
     PyMem_Free(sc.rank_of);
     PyMem_Free(sc.keys);
     PyMem_Free(sc.cells);
+    PyMem_Free(sc.slots);
     Py_XDECREF(ranks_out);
     Py_XDECREF(t_out);
     Py_XDECREF(names_out);
