@@ -18,7 +18,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from protocol import encode_metrics
+from protocol import encode_bye, encode_event, encode_hello, encode_metrics
 from protocol.output import OutputRecord
 from telemetry.daemon import hotpath
 from telemetry.daemon import loops as python_loops
@@ -92,6 +92,120 @@ def test_the_receiver_checks_names_not_seen_yet():
     assert rx.sources[1].received == 3 and rx.sources[1].max_seq == 1
     recs, _, _ = rx.take(iter([good]).__next__, StopIteration, 10)   # now known
     assert len(recs) == 1 and rx.sources[1].received == 4
+
+
+KEY_SETS = [("train/loss", "perf/step_time"), ("perf/step_time", "train/loss"), ("a",), ("x" * 200, "b"), ("", "b")]
+
+
+@st.composite
+def frame_batches(draw):
+    """Batches of frames as they come off the socket: mostly metrics, some other kinds, some
+    garbage; sources that restart, reorder and repeat; key sets seen before and new ones, some
+    with a bad name (empty, too long)."""
+    num_srcs = draw(st.sampled_from([1, 3, 8, 40]))
+    batches = []
+    for _ in range(draw(st.integers(1, 6))):
+        frames = []
+        for _ in range(draw(st.integers(0, 60))):
+            src = draw(st.integers(0, num_srcs - 1))
+            rank, seq, dropped = src % 8, draw(st.integers(0, 50)), draw(st.integers(0, 5))
+            kind = draw(st.sampled_from(["metrics"] * 30 + ["hello", "event", "bye", "garbage"]))
+            if kind == "metrics":
+                keys = draw(st.sampled_from(KEY_SETS))
+                frames.append(encode_metrics(1000 + src, rank, seq, dropped, 1, draw(st.integers(0, 9)),
+                                             {k: draw(st.floats(allow_nan=False)) for k in keys}))
+            elif kind == "hello":
+                frames.append(encode_hello(1000 + src, rank, seq, dropped, 1, {"world_size": 8}))
+            elif kind == "event":
+                frames.append(encode_event(1000 + src, rank, seq, dropped, 1, "e", {}))
+            elif kind == "bye":
+                frames.append(encode_bye(1000 + src, rank, seq, dropped, 1, {}))
+            else:
+                frames.append(draw(st.binary(max_size=12)))
+        batches.append(frames)
+    return batches
+
+
+def _take(rx: Receiver, frames: list) -> tuple:
+    recs, all_metrics, n = rx.take(iter(frames).__next__, StopIteration, 1024)
+    return [(type(r).__name__, r.src, r.seq, getattr(r, "values", None)) for r in recs], all_metrics, n
+
+
+def _state(rx: Receiver) -> tuple:
+    sources = {k: (s.rank, s.min_seq, s.dropped_at_min, s.received, s.refused, s.max_seq, s.dropped)
+               for k, s in rx.sources.items()}
+    return sources, rx.num_in, rx.num_malformed, rx.num_byes, rx.values_refused, rx.totals()
+
+
+@native
+@settings(max_examples=200, deadline=None)
+@given(frame_batches())
+def test_receiver_in_c_accounts_as_in_python(batches):
+    from protocol import codec
+
+    codec._good_names.clear()           # names unchecked at first in both runs
+    py = Receiver(loops=python_loops)
+    got_py = [_take(py, b) for b in batches]
+    codec._good_names.clear()
+    c = Receiver(loops=hotpath.native)
+    got_c = [_take(c, b) for b in batches]
+    assert got_c == got_py
+    assert _state(c) == _state(py)
+
+
+@native
+@settings(max_examples=200, deadline=None)
+@given(frame_batches(), st.booleans())
+def test_tally_in_c_equals_python(batches, names_known):
+    from protocol import Bye, Metrics, decode
+    from protocol.codec import decoder_parts
+
+    _, _, good_names = decoder_parts()
+    for frames in batches:
+        recs = []
+        for f in frames:
+            try:
+                recs.append(decode(f))       # registers the names as checked
+            except Exception:
+                continue
+        if not names_known:
+            good_names.clear()
+        assert hotpath.native.tally(recs, Metrics, Bye, good_names) == python_loops.tally(recs, Metrics, Bye, good_names)
+
+
+class _Head:
+    """A record as tally reads it (any class: its fields read by name), with the protocol's ints
+    and ints beyond 64 bits, which the C twin compares as Python does."""
+
+    def __init__(self, src, rank, seq, dropped, values=None):
+        self.src, self.rank, self.seq, self.dropped, self.values = src, rank, seq, dropped, values
+
+
+class _Other(_Head):
+    pass
+
+
+def _fresh(name: str) -> str:
+    """An equal str that is not the same object (as msgspec hands out when its cache of names misses)."""
+    return "".join(list(name))
+
+
+@native
+def test_tally_in_c_equals_python_for_names_equal_but_not_the_same_objects():
+    known, new = ("train/loss", "perf/step_time"), ("train/loss", "perf/tokens")
+    good_names = {known: known}
+    big = 1 << 70
+    recs = [_Head(1, 0, 5, 0, dict.fromkeys(known, 1.0)),
+            _Head(2, 1, 7, 1, dict.fromkeys(map(_fresh, known), 2.0)),       # equal names, other objects
+            _Head(1, 0, 3, 2, dict.fromkeys(map(_fresh, new), 3.0)),         # a key set not known yet
+            _Head(2, 1, 6, 0, dict.fromkeys(map(_fresh, known[:1]), 4.0)),   # a prefix of the known one
+            _Head(2, 1, 8, 0, dict.fromkeys(map(_fresh, reversed(known)), 4.0)),   # the same names, another order
+            _Other(big, 2, big, big + 1),                                    # another kind, ints past 64 bits
+            _Other(big, 2, big - 1, big),
+            _Head(1, 0, 9, 1, dict.fromkeys(known, 5.0))]
+    want = python_loops.tally(recs, _Head, _Other, good_names)
+    assert want[3] == [2, 3, 4] and want[1] == 2 and want[0] is False
+    assert hotpath.native.tally(recs, _Head, _Other, good_names) == want
 
 
 # -- the columns of closed steps -----------------------------------------------------------------

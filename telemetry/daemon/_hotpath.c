@@ -8,6 +8,7 @@
  * the records' fields (by their slots when the record type has them), and know no metric name:
  *
  *   read_frames_upto(next_frame, empty, max_frames, max_bytes) -> (list[bytes], their bytes)
+ *   tally(recs, metrics_type, bye_type, good_names) -> (all_metrics, num_byes, per_src, unknown)
  *   gather(groups) -> (ranks, t_ns, names, columns)
  *   reduce_column(column, op) -> values      (its twin is reductions.reduce_column)
  *   rate_sums(counts, times) -> rates
@@ -18,7 +19,7 @@
 #include <structmember.h>
 #include <math.h>
 
-static PyObject *s_values, *s_rank, *s_t_ns;
+static PyObject *s_values, *s_rank, *s_t_ns, *s_src, *s_seq, *s_dropped;
 
 
 /* ---- read_frames_upto ------------------------------------------------------------------- */
@@ -103,6 +104,252 @@ field(PyObject *rec, Py_ssize_t offset, PyObject *name, int *owned)
     }
     *owned = 1;
     return PyObject_GetAttr(rec, name);
+}
+
+/* ---- tally -------------------------------------------------------------------------------- */
+
+/* A header field of a record: the object, and its value when it is an int that fits a long long
+ * (compared as numbers then; any other object is compared as Python compares it). */
+typedef struct {
+    PyObject *obj;              /* borrowed: the record (or tally's `keep` list) holds it */
+    long long v;
+    int fits;
+} Num;
+
+static int
+num_of(Num *n, PyObject *obj)
+{
+    n->obj = obj;
+    n->fits = 0;
+    if (PyLong_CheckExact(obj)) {
+        int overflow;
+        n->v = PyLong_AsLongLongAndOverflow(obj, &overflow);
+        if (n->v == -1 && PyErr_Occurred())
+            return -1;
+        n->fits = !overflow;
+    }
+    return 0;
+}
+
+/* a < b as Python says it (-1: an error). */
+static int
+num_lt(const Num *a, const Num *b)
+{
+    if (a->fits && b->fits)
+        return a->v < b->v;
+    return PyObject_RichCompareBool(a->obj, b->obj, Py_LT);
+}
+
+typedef struct {
+    PyObject *src, *rank;       /* borrowed, of the source's first record in the batch */
+    Py_ssize_t count;
+    Num min_seq, dropped_at_min, max_seq, max_dropped;
+} SrcRow;
+
+/* A field of `rec` (its slot when `rec` is of the type the offset was found on), kept alive by
+ * the record or, when getattr made it, by `keep`; borrowed. */
+static PyObject *
+field_kept(PyObject *rec, Py_ssize_t offset, PyObject *name, PyObject *keep)
+{
+    int owned;
+    PyObject *v = field(rec, offset, name, &owned);
+    if (v != NULL && owned) {
+        int bad = PyList_Append(keep, v) < 0;
+        Py_DECREF(v);
+        if (bad)
+            return NULL;
+    }
+    return v;
+}
+
+/* Whether the keys of `values` (a dict), in order, equal the items of tuple `keys` (1), not (0),
+ * or an error (-1). A key that is the very object is equal without a compare (msgspec hands
+ * out one str object per distinct name, mostly: its cache of them may miss a few). */
+static int
+same_keys(PyObject *values, PyObject *keys)
+{
+    if (PyDict_GET_SIZE(values) != PyTuple_GET_SIZE(keys))
+        return 0;
+    Py_ssize_t pos = 0, j = 0;
+    PyObject *k, *v;
+    while (PyDict_Next(values, &pos, &k, &v)) {
+        PyObject *want = PyTuple_GET_ITEM(keys, j++);
+        if (k == want)
+            continue;
+        if (PyUnicode_CheckExact(k) && PyUnicode_CheckExact(want) && PyUnicode_IS_READY(k)
+                && PyUnicode_IS_READY(want)) {
+            /* as str.__eq__: the same length, kind and code points */
+            Py_ssize_t len = PyUnicode_GET_LENGTH(k);
+            if (len != PyUnicode_GET_LENGTH(want) || PyUnicode_KIND(k) != PyUnicode_KIND(want)
+                    || memcmp(PyUnicode_DATA(k), PyUnicode_DATA(want), len * PyUnicode_KIND(k)) != 0)
+                return 0;
+            continue;
+        }
+        int eq = PyObject_RichCompareBool(k, want, Py_EQ);
+        if (eq <= 0)
+            return eq;
+    }
+    return 1;
+}
+
+static PyObject *
+tally(PyObject *self, PyObject *args)
+{
+    PyObject *recs, *metrics_type, *bye_type, *good_names;
+    if (!PyArg_ParseTuple(args, "O!OOO!", &PyList_Type, &recs, &metrics_type, &bye_type,
+                          &PyDict_Type, &good_names))
+        return NULL;
+    Py_ssize_t at_values = -1, at_src = -1, at_rank = -1, at_seq = -1, at_dropped = -1;
+    if (PyType_Check(metrics_type)) {
+        at_values = slot_offset(metrics_type, s_values);
+        at_src = slot_offset(metrics_type, s_src);
+        at_rank = slot_offset(metrics_type, s_rank);
+        at_seq = slot_offset(metrics_type, s_seq);
+        at_dropped = slot_offset(metrics_type, s_dropped);
+    }
+    Py_ssize_t n = PyList_GET_SIZE(recs), num_src = 0, cap = 0;
+    long long num_byes = 0;
+    int all_metrics = 1;
+    SrcRow *rows = NULL;
+    PyObject *unknown = PyList_New(0);       /* indexes of records whose key set is not known good */
+    PyObject *index = PyDict_New();          /* src -> its row */
+    PyObject *keep = PyList_New(0);          /* fields getattr made (not slots): alive till the end */
+    PyObject *known = NULL;                  /* owned: the last key tuple found in good_names */
+    PyObject *result = NULL;
+    if (unknown == NULL || index == NULL || keep == NULL)
+        goto done;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *rec = PyList_GET_ITEM(recs, i);
+        int is_metrics = (PyObject *)Py_TYPE(rec) == metrics_type;
+        if (is_metrics) {
+            /* tuple(rec.values) in good_names; the last key tuple found there is compared with
+             * first (a batch's records mostly have the same names): no tuple made, no hash. */
+            PyObject *values = field_kept(rec, at_values, s_values, keep);
+            if (values == NULL)
+                goto done;
+            int in = 0;
+            if (known != NULL && PyDict_CheckExact(values)) {
+                in = same_keys(values, known);
+                if (in < 0)
+                    goto done;
+            }
+            if (!in) {
+                PyObject *keys = PySequence_Tuple(values);
+                if (keys == NULL)
+                    goto done;
+                in = PyDict_Contains(good_names, keys);
+                if (in > 0) {
+                    Py_XSETREF(known, keys);
+                } else {
+                    Py_DECREF(keys);
+                    if (in < 0)
+                        goto done;
+                    PyObject *at = PyLong_FromSsize_t(i);
+                    int bad = at == NULL || PyList_Append(unknown, at) < 0;
+                    Py_XDECREF(at);
+                    if (bad)
+                        goto done;
+                }
+            }
+        } else {
+            all_metrics = 0;
+            if ((PyObject *)Py_TYPE(rec) == bye_type)
+                num_byes++;
+        }
+        Py_ssize_t o_src = is_metrics ? at_src : -1, o_rank = is_metrics ? at_rank : -1,
+                   o_seq = is_metrics ? at_seq : -1, o_dropped = is_metrics ? at_dropped : -1;
+        PyObject *src = field_kept(rec, o_src, s_src, keep);
+        if (src == NULL)
+            goto done;
+        PyObject *found = PyDict_GetItemWithError(index, src);       /* borrowed */
+        Num seq, dropped;
+        PyObject *seq_obj, *dropped_obj;
+        if (found == NULL) {
+            if (PyErr_Occurred())
+                goto done;
+            PyObject *rank = field_kept(rec, o_rank, s_rank, keep);
+            if (rank == NULL || (seq_obj = field_kept(rec, o_seq, s_seq, keep)) == NULL
+                    || (dropped_obj = field_kept(rec, o_dropped, s_dropped, keep)) == NULL)
+                goto done;
+            if (num_of(&seq, seq_obj) < 0 || num_of(&dropped, dropped_obj) < 0)
+                goto done;
+            if (num_src == cap) {
+                cap = cap ? cap * 2 : 64;
+                SrcRow *grown = PyMem_Realloc(rows, cap * sizeof(SrcRow));
+                if (grown == NULL) {
+                    PyErr_NoMemory();
+                    goto done;
+                }
+                rows = grown;
+            }
+            PyObject *at = PyLong_FromSsize_t(num_src);
+            int bad = at == NULL || PyDict_SetItem(index, src, at) < 0;
+            Py_XDECREF(at);
+            if (bad)
+                goto done;
+            SrcRow *row = &rows[num_src++];
+            row->src = src;
+            row->rank = rank;
+            row->count = 1;
+            row->min_seq = row->max_seq = seq;
+            row->dropped_at_min = row->max_dropped = dropped;
+            continue;
+        }
+        SrcRow *row = &rows[PyLong_AsSsize_t(found)];
+        if ((seq_obj = field_kept(rec, o_seq, s_seq, keep)) == NULL
+                || (dropped_obj = field_kept(rec, o_dropped, s_dropped, keep)) == NULL)
+            goto done;
+        if (num_of(&seq, seq_obj) < 0 || num_of(&dropped, dropped_obj) < 0)
+            goto done;
+        row->count++;
+        int lt = num_lt(&seq, &row->min_seq);
+        if (lt < 0)
+            goto done;
+        if (lt) {
+            row->min_seq = seq;
+            row->dropped_at_min = dropped;
+        }
+        int gt = num_lt(&row->max_seq, &seq);
+        if (gt < 0)
+            goto done;
+        if (gt)
+            row->max_seq = seq;
+        gt = num_lt(&row->max_dropped, &dropped);
+        if (gt < 0)
+            goto done;
+        if (gt)
+            row->max_dropped = dropped;
+    }
+    PyObject *per_src = PyList_New(num_src);
+    if (per_src == NULL)
+        goto done;
+    for (Py_ssize_t j = 0; j < num_src; j++) {
+        SrcRow *row = &rows[j];
+        PyObject *t = PyTuple_New(7), *count = PyLong_FromSsize_t(row->count);
+        if (t == NULL || count == NULL) {
+            Py_XDECREF(t);
+            Py_XDECREF(count);
+            Py_DECREF(per_src);
+            goto done;
+        }
+        PyObject *items[7] = {row->src, row->rank, count, row->min_seq.obj, row->dropped_at_min.obj,
+                              row->max_seq.obj, row->max_dropped.obj};
+        for (int k = 0; k < 7; k++) {
+            if (k != 2)
+                Py_INCREF(items[k]);
+            PyTuple_SET_ITEM(t, k, items[k]);
+        }
+        PyList_SET_ITEM(per_src, j, t);
+    }
+    result = Py_BuildValue("(OLNO)", all_metrics ? Py_True : Py_False, num_byes, per_src, unknown);
+
+done:
+    PyMem_Free(rows);
+    Py_XDECREF(unknown);
+    Py_XDECREF(index);
+    Py_XDECREF(keep);
+    Py_XDECREF(known);
+    return result;
 }
 
 /* ---- gather ------------------------------------------------------------------------------- */
@@ -1009,6 +1256,7 @@ done:
 static PyMethodDef methods[] = {
     {"read_frames_upto", read_frames_upto, METH_VARARGS,
      "Frames from next_frame() until `empty`, max_frames, or max_bytes reached; and their bytes."},
+    {"tally", tally, METH_VARARGS, "The receiver's accounting of a batch of decoded records."},
     {"gather", gather, METH_VARARGS, "Columns from the records of closed steps."},
     {"rate_sums", rate_sums, METH_VARARGS, "Per pair of cells sum(n_i / t_i), or None where not all positive finite."},
     {"phase_straggler", phase_straggler, METH_VARARGS, "Per step, the slow rank of the likeliest cause phase, into its values."},
@@ -1028,6 +1276,9 @@ PyInit__hotpath(void)
     INTERN(s_values, "values");
     INTERN(s_rank, "rank");
     INTERN(s_t_ns, "t_ns");
+    INTERN(s_src, "src");
+    INTERN(s_seq, "seq");
+    INTERN(s_dropped, "dropped");
 #undef INTERN
     PyObject *builtins = PyEval_GetBuiltins();          /* borrowed */
     if (builtins == NULL)

@@ -20,8 +20,8 @@ def chosen_python() -> bool:
 
 
 # The functions each of the two has (loops.py's docstring says what they compute).
-# (A loop without a C twin lives with its user: tally in receiver.py, step_values in aggregator.py.)
-TWINS = ("read_frames_upto", "gather", "reduce_column", "rate_sums", "phase_straggler")
+# (A loop without a C twin lives with its user: step_values in aggregator.py.)
+TWINS = ("read_frames_upto", "tally", "gather", "reduce_column", "rate_sums", "phase_straggler")
 
 native = None
 if not chosen_python():

@@ -8,6 +8,7 @@ name. tests/test_hotpath.py keeps the twins equal on random input, value by valu
 holds exactly the twins (hotpath.TWINS); a loop without a C twin lives with its user.
 
     read_frames_upto(next_frame, empty, max_frames, max_bytes) -> (list[bytes], their bytes)
+    tally(recs, metrics_type, bye_type, good_names) -> (all_metrics, num_byes, per_src, unknown)
     gather(groups) -> (ranks, t_ns, names, columns)
     reduce_column(column, op) -> values
     rate_sums(counts, times) -> rates
@@ -43,6 +44,42 @@ def read_frames_upto(next_frame: Callable[[], bytes], empty: type[BaseException]
         frames.append(frame)
         total += len(frame)
     return frames, total
+
+
+def tally(recs: list, metrics_type: type, bye_type: type,
+          good_names: dict) -> tuple[bool, int, list[tuple], list[int]]:
+    """The receiver's accounting of a batch of decoded records.
+
+    Returns whether every record is a metrics record; how many are byes; per source (`src`), in
+    order of first appearance, (src, rank, count, min_seq, dropped_at_min, max_seq,
+    max_dropped) over the batch, where min_seq and dropped_at_min come from the first record
+    with the lowest seq; and the indexes of the metrics records whose key set is not in
+    `good_names` yet (their names are unchecked: the caller checks them and tallies again).
+    """
+    all_metrics = True
+    num_byes = 0
+    unknown: list[int] = []
+    per_src: dict[int, list] = {}
+    for i, rec in enumerate(recs):
+        if type(rec) is metrics_type:
+            if tuple(rec.values) not in good_names:
+                unknown.append(i)
+        else:
+            all_metrics = False
+            if type(rec) is bye_type:
+                num_byes += 1
+        row = per_src.get(rec.src)
+        if row is None:
+            per_src[rec.src] = [rec.src, rec.rank, 1, rec.seq, rec.dropped, rec.seq, rec.dropped]
+            continue
+        row[2] += 1
+        if rec.seq < row[3]:
+            row[3], row[4] = rec.seq, rec.dropped
+        if rec.seq > row[5]:
+            row[5] = rec.seq
+        if rec.dropped > row[6]:
+            row[6] = rec.dropped
+    return all_metrics, num_byes, [tuple(row) for row in per_src.values()], unknown
 
 
 def gather(groups: list[list]) -> tuple[list[tuple], list[int], list[tuple], dict[str, list]]:

@@ -79,46 +79,6 @@ class SourceStats:
         return self.lost() - self.dropped_in_window()
 
 
-# One row of tally's per-source accounting: (src, rank, count, min_seq, dropped_at_min, max_seq, max_dropped).
-SrcRow = tuple[int, int, int, int, int, int, int]
-
-
-def tally(recs: list, metrics_type: type, bye_type: type,
-          good_names: dict) -> tuple[bool, int, list[SrcRow], list[int]]:
-    """The receiver's accounting of a batch of decoded records.
-
-    Returns whether every record is a metrics record; how many are byes; per source (`src`), in
-    order of first appearance, (src, rank, count, min_seq, dropped_at_min, max_seq,
-    max_dropped) over the batch, where min_seq and dropped_at_min come from the first record
-    with the lowest seq; and the indexes of the metrics records whose key set is not in
-    `good_names` yet (their names are unchecked: the caller checks them and tallies again).
-    """
-    all_metrics = True
-    num_byes = 0
-    unknown: list[int] = []
-    per_src: dict[int, list] = {}
-    for i, rec in enumerate(recs):
-        if type(rec) is metrics_type:
-            if tuple(rec.values) not in good_names:
-                unknown.append(i)
-        else:
-            all_metrics = False
-            if type(rec) is bye_type:
-                num_byes += 1
-        row = per_src.get(rec.src)
-        if row is None:
-            per_src[rec.src] = [rec.src, rec.rank, 1, rec.seq, rec.dropped, rec.seq, rec.dropped]
-            continue
-        row[2] += 1
-        if rec.seq < row[3]:
-            row[3], row[4] = rec.seq, rec.dropped
-        if rec.seq > row[5]:
-            row[5] = rec.seq
-        if rec.dropped > row[6]:
-            row[6] = rec.dropped
-    return all_metrics, num_byes, [tuple(row) for row in per_src.values()], unknown
-
-
 def tally_headers(headers: list) -> tuple[list, list[int]]:
     """Frames' headers (peek_header's tuples; None: no header, skipped) as the receiver accounts
     them: one row per source (src, rank, count, min_seq, dropped_at_min, max_seq, max_dropped),
@@ -161,7 +121,7 @@ class Receiver:
     def __init__(self, loops=hotpath.loops, names=None) -> None:
         """names: a memory.NameCatalogue (new metric names beyond its cap are shed), or None."""
         self.loops = loops          # loops.py or its C twin (hotpath.loops); same results: the intake's
-                                    # read_frames_upto, and `status` says which
+                                    # read_frames_upto and tally, and `status` says which
         self.sources: dict[int, SourceStats] = {}
         self.num_in = 0
         self.num_malformed = 0
@@ -181,7 +141,7 @@ class Receiver:
         """Decode, validate and account a batch of frames (bounded by the socket's MAXMSGSIZE;
         `num_bytes`: their lengths' sum). Returns the valid records in order and whether they
         are all metrics records. The daemon's hot path: decoded in one loop, accounted in one
-        call (tally)."""
+        call (loops.tally or its C twin)."""
         self.batch_bytes = num_bytes
         malformed_before = self.num_malformed
         try:
@@ -275,7 +235,7 @@ class Receiver:
             recs = list(map(decode, frames))
         except errors:                      # a malformed frame: decode one at a time
             recs = self._decode_each(frames, decode, errors)
-        all_metrics, num_byes, per_src, unknown = tally(recs, Metrics, Bye, good_names)
+        all_metrics, num_byes, per_src, unknown = self.loops.tally(recs, Metrics, Bye, good_names)
         bad: set[int] = set()
         if not all_metrics:                 # hellos, events, byes: their free-form maps made writable
             self._clean_rare(recs, bad)
@@ -292,7 +252,7 @@ class Receiver:
                     recs[i] = msgspec.structs.replace(recs[i], values=kept)
             if bad:
                 recs = [rec for i, rec in enumerate(recs) if i not in bad]
-                all_metrics, num_byes, per_src, _ = tally(recs, Metrics, Bye, good_names)
+                all_metrics, num_byes, per_src, _ = self.loops.tally(recs, Metrics, Bye, good_names)
         return recs, all_metrics, num_byes, per_src
 
     def _clean_rare(self, recs: list, bad: set[int]) -> None:
