@@ -53,6 +53,23 @@ def test_a_seq_of_2_63_is_not_believed(loops, split):
     assert MAX_SEQ_GAP < U63
 
 
+@pytest.mark.parametrize("loops", LOOPS)
+def test_a_known_source_s_seq_jump_is_believed_up_to_max_seq_gap_lost_either_way(loops):
+    """A later batch of a source already accounted: a window that grows by MAX_SEQ_GAP + 1 seqs
+    (MAX_SEQ_GAP lost) is believed, one seq more is not; so is a seq that reaches back further."""
+    r = Receiver(loops)
+    feed(r, [encode_metrics(7, 0, 0, 0, 1, 0, {"x": 1.0})])
+    feed(r, [encode_metrics(7, 0, MAX_SEQ_GAP + 1, 0, 1, 1, {"x": 1.0})])
+    assert (r.totals()["records_lost"], r.num_seq_bogus) == (MAX_SEQ_GAP, 0)
+    feed(r, [encode_metrics(8, 1, 0, 0, 1, 0, {"x": 1.0})])
+    feed(r, [encode_metrics(8, 1, MAX_SEQ_GAP + 2, 0, 1, 1, {"x": 1.0})])
+    assert (r.sources[8].max_seq, r.num_seq_bogus) == (0, 1)
+    feed(r, [encode_metrics(9, 2, 2 * MAX_SEQ_GAP, 0, 1, 0, {"x": 1.0})])
+    feed(r, [encode_metrics(9, 2, 0, 0, 1, 1, {"x": 1.0})])        # reaching back: not believed either
+    assert (r.sources[9].min_seq, r.num_seq_bogus) == (2 * MAX_SEQ_GAP, 2)
+    assert r.totals()["records_lost"] == MAX_SEQ_GAP
+
+
 def test_fake_source_ids_are_bounded():
     r = Receiver(python_loops)
     n = 500_000

@@ -364,7 +364,11 @@ class Receiver:
                 if src.lost() > MAX_SEQ_GAP:
                     self._bogus_seq(src, src_id, min_seq, dropped_at_min, min_seq + count - 1)
                 continue
-            before = src.min_seq, src.dropped_at_min, src.max_seq, src.lost()
+            # The window grows by `grow` seqs, so its loss by at most that: only a growth past
+            # MAX_SEQ_GAP needs the loss before and after (a head folds a row a node a batch).
+            grow = (max_seq - src.max_seq if max_seq > src.max_seq else 0) + \
+                (src.min_seq - min_seq if min_seq < src.min_seq else 0)
+            before = (src.min_seq, src.dropped_at_min, src.max_seq, src.lost()) if grow > MAX_SEQ_GAP else None
             if refused:
                 src.refused += count
             else:
@@ -376,7 +380,7 @@ class Receiver:
                 src.dropped_at_min = dropped_at_min
             if dropped > src.dropped:
                 src.dropped = dropped
-            if src.lost() - before[3] > MAX_SEQ_GAP:
+            if before is not None and src.lost() - before[3] > MAX_SEQ_GAP:
                 self._bogus_seq(src, src_id, *before[:3])
 
     # -- across a restart --------------------------------------------------------------------------
