@@ -83,6 +83,11 @@ def sender_main(a: argparse.Namespace) -> int:
         s = ctx.socket(zmq.PUSH)
         s.setsockopt(zmq.SNDHWM, SENDER_HWM)
         s.setsockopt(zmq.LINGER, int(a.linger_s * 1000))
+        if a.node_heartbeat_s > 0:       # as a node's forwarder pings its head (forward.heartbeat_ivl_s)
+            ivl = int(a.node_heartbeat_s * 1000)
+            s.setsockopt(zmq.HEARTBEAT_IVL, ivl)
+            s.setsockopt(zmq.HEARTBEAT_TIMEOUT, ivl)
+            s.setsockopt(zmq.HEARTBEAT_TTL, 2 * ivl)
         # As a node's forwarder watches its link: did it ever complete its handshake, and when did
         # the socket go at the close (after its linger: drained, or cut with records queued).
         mons[n] = s.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_MONITOR_STOPPED)
@@ -250,6 +255,19 @@ def _cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def _threads_cpu_s(pid: int) -> dict[str, float]:
+    """CPU seconds of a process's threads by name (libzmq's I/O threads are `ZMQbg/IO/N`)."""
+    out: dict[str, float] = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            comm = (task / "comm").read_text().strip()
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue                                # gone meanwhile
+        out[comm] = out.get(comm, 0.0) + (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return out
+
+
 CGROUP_CPU = Path("/sys/fs/cgroup/cpu")      # cgroup v1's cpu controller (as root)
 
 
@@ -291,6 +309,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--senders", type=int, default=2, help="sender processes")
     ap.add_argument("--linger-s", type=float, default=2.0,
                     help="how long a node's queue may take to reach the head at its end (the forwarder's close_linger_s)")
+    ap.add_argument("--node-heartbeat-s", type=float, default=5.0,
+                    help="each node pings its head this often, with a timeout as long and a TTL of both, as the "
+                         "forwarder does by default (forward.heartbeat_ivl_s, heartbeat_timeout_s); 0: no pings")
     ap.add_argument("--groups", type=int, default=0,
                     help="group heads between the nodes and the job's head (0: the nodes send to the head)")
     ap.add_argument("--head-cpu-share", type=float, default=0.0,
@@ -345,12 +366,14 @@ def main(argv: list[str] | None = None) -> int:
             break
         senders.append(subprocess.Popen(
             [sys.executable, "-m", "benchmarks.head_scale", "--sender", "--endpoint", node_endpoints, "--nodes", str(a.nodes),
-             "--rate", str(a.rate), "--seconds", str(a.seconds), "--linger-s", str(a.linger_s), "--metrics", str(a.metrics), "--first", str(first),
+             "--rate", str(a.rate), "--seconds", str(a.seconds), "--linger-s", str(a.linger_s), "--metrics", str(a.metrics),
+             "--node-heartbeat-s", str(a.node_heartbeat_s), "--first", str(first),
              "--count", str(count)], cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True))
     for p in senders:
         assert p.stdout.readline().strip() == "ready"
     time.sleep(1.0)                      # every hello in
     rss0, cpu0, w0 = _vm(pid, "VmRSS"), _cpu_s(pid), time.monotonic()
+    threads0 = _threads_cpu_s(pid)
     gcpu0 = [_cpu_s(gd.proc.pid) for gd in groups]
     for p in senders:
         p.stdin.write("go\n")
@@ -374,6 +397,7 @@ def main(argv: list[str] | None = None) -> int:
     for p in senders:
         p.wait(300)
     cpu1, w1 = _cpu_s(pid), time.monotonic()
+    threads1 = _threads_cpu_s(pid) if killed is None else {}
     gcpu1 = [_cpu_s(gd.proc.pid) for gd in groups]
     rss_peak = _vm(pid, "VmHWM")
     grss_peak = [_vm(gd.proc.pid, "VmHWM") for gd in groups]
@@ -435,6 +459,11 @@ def main(argv: list[str] | None = None) -> int:
         "records_sent": sum(sent.values()), "senders_behind_s": max(o["behind_s"] for o in outs),
         "head_cpu_percent_of_a_core": round(cpu_pct, 1), "head_us_per_node_record": round(
             1e6 * (cpu1 - cpu0) / max(1, a.nodes * n_steps), 1),
+        # The head's CPU by thread, and over its node links: what a link costs it a second (all of
+        # it, for idle links: --rate below 1/--seconds).
+        "head_cpu_percent_by_thread": {k: round(100 * (v - threads0.get(k, 0.0)) / (w1 - w0), 2)
+                                       for k, v in sorted(threads1.items())},
+        "head_us_per_link_second": round(1e6 * (cpu1 - cpu0) / (a.nodes * (w1 - w0)), 2),
         "head_rss_mb_before": round(rss0), "head_rss_mb_peak": round(rss_peak),
         **arrivals.latency_ms(steps),
         "connections_refused": sum(c.get("refused", 0) for f in (final, *gfinals)

@@ -90,3 +90,30 @@ def test_the_stopped_node_links_again_and_everything_it_forwarded_is_accounted(r
         ({k: s.get("missing_ranks") for k, s in steps.items() if set(s.get("missing_ranks", [])) - {KILLED}},
          run["head_final"]["per_rank"], {i: f["records_dropped_by_clients"] for i, f in run["finals"].items()})
     assert any(s.get("missing_ranks") == [KILLED] for s in steps.values())
+
+
+def _io_threads(pid: int) -> int:
+    """libzmq's I/O threads in a process (named ZMQbg/IO/N)."""
+    from pathlib import Path
+
+    return sum((t / "comm").read_text().startswith("ZMQbg/IO/") for t in Path(f"/proc/{pid}/task").iterdir())
+
+
+@pytest.mark.parametrize("world_size, threads", [(1200, 3), (5000, 8)])
+def test_a_head_spreads_its_node_links_over_io_threads(tmp_path, world_size, threads):
+    """libzmq cancels each ping's timeout timer by a linear scan of its I/O thread's timers, so one
+    I/O thread serving every node link pays for the heartbeats the square of the links. A head
+    has one I/O thread per node_links.LINKS_PER_IO_THREAD of its nodes (at most MAX_IO_THREADS),
+    says so in its status, and a daemon without node links keeps one."""
+    from testkit.faults import Endpoints, free_port, launch
+
+    head = launch(tmp_path / "head", Endpoints(), config={"memory_mb": 512}, world_size=world_size,
+                  extra=("--remote-ingest", f"tcp://127.0.0.1:{free_port()}"))
+    plain = launch(tmp_path / "plain", Endpoints())
+    try:
+        assert _io_threads(head.proc.pid) == threads
+        assert head.status()["node_links"]["io_threads"] == threads
+        assert _io_threads(plain.proc.pid) == 1
+    finally:
+        head.stop()
+        plain.stop()

@@ -38,10 +38,23 @@ REMOTE_HEARTBEAT_TIMEOUT_MS = 5000
 REMOTE_HEARTBEAT_TTL_MS = REMOTE_HEARTBEAT_IVL_MS + REMOTE_HEARTBEAT_TIMEOUT_MS
 # Links remembered (a node's new link replaces its old one): a bound like the world's.
 MAX_LINKS = 1 << 16
+# libzmq cancels a timer by a linear scan of its I/O thread's timers, and each of the head's pings
+# arms one (its timeout) that the pong cancels: a ping costs the I/O thread time in proportion to
+# the links that thread serves, so the links' heartbeats together cost the square of the links.
+# A head spreads its links over one I/O thread per LINKS_PER_IO_THREAD (libzmq gives each new
+# connection to its least loaded I/O thread), which also shares the per-frame work of a busy head.
+LINKS_PER_IO_THREAD = 512
+MAX_IO_THREADS = 8
+
+
+def io_threads(links: int) -> int:
+    """The libzmq I/O threads for a daemon holding up to `links` node links (1 for none)."""
+    return max(1, min(MAX_IO_THREADS, -(-links // LINKS_PER_IO_THREAD)))
 
 
 class NodeLinks:
-    def __init__(self) -> None:
+    def __init__(self, io_threads: int = 1) -> None:
+        self.io_threads = io_threads
         self._by_link: dict[str, tuple[int, int]] = {}   # "ip:port" -> (node, its forwarder's src)
         self._link_of: dict[int, str] = {}               # node -> its latest link
         self._closed: deque = deque()                    # (link, monotonic), from the watch thread
@@ -102,5 +115,5 @@ class NodeLinks:
         return out
 
     def stats(self) -> dict:
-        return {"known": len(self._by_link), "closed_named": self.num_closed_named,
+        return {"known": len(self._by_link), "io_threads": self.io_threads, "closed_named": self.num_closed_named,
                 "closed_with_bye": self.num_closed_with_bye}
