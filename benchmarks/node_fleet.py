@@ -236,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
     nodes_inexact, nodes_not_confirmed = {}, {}
     for i, f in node_finals.items():
         got, fwd = final.get("per_rank", {}).get(str(i), {}), f["sinks"]["forward"]
-        n = accounted(got, fwd["dropped"] + fwd.get("unsent_no_handshake", 0))
+        n = accounted(got, fwd["refused_by_send_queue"] + fwd.get("unsent_no_handshake", 0))
         if n != fwd["seq"]:
             if n < fwd["seq"] <= n + fwd.get("unconfirmed_at_close", 0):
                 nodes_not_confirmed[i] = fwd["seq"] - n
@@ -269,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
         "node_records_lost_at_close": sum(nodes_not_confirmed.values()),
         "node_records_unsent_no_handshake": sum(f["sinks"]["forward"].get("unsent_no_handshake", 0)
                                                 for f in node_finals.values()),
-        "forwarded_dropped": sum(f["sinks"]["forward"]["dropped"] for f in node_finals.values()),
+        "forwarded_dropped": sum(f["sinks"]["forward"]["refused_by_send_queue"] for f in node_finals.values()),
         "head_records_lost": final.get("records_lost"),
         "head_steps_written": len(head_nums), "head_steps_written_twice": len(head_nums) - len(set(head_nums)),
         "head_steps_incomplete": len(lacking) - len(expected_lack) - len([st for st in stop_lack if st not in
@@ -306,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
             "head_steps_without_it": len(stop_lack),
             "its_late_records_at_the_head": sum(1 for r in head.read_jsonl("metrics", aggregated=False)
                                                 if r.get("rank") == a.stop_node and r.get("late")),
-            "forwarder": {k: fwd.get(k) for k in ("seq", "sent", "dropped", "connects", "disconnects",
+            "forwarder": {k: fwd.get(k) for k in ("seq", "sent", "refused_by_send_queue", "dropped", "connects", "disconnects",
                                                   "unsent_no_handshake", "unconfirmed_at_close")},
             "at_the_head": {k: final.get("per_rank", {}).get(str(a.stop_node), {}).get(k)
                             for k in ("received", "refused", "lost")},

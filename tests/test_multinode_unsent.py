@@ -70,8 +70,8 @@ def test_a_head_that_never_speaks_zmtp_every_record_counted_unsent():
         lst.close()
     s = sink.stats()
     assert conns, "the node never connected"
-    # Every record tried (the hellos, the steps, the bye) is either dropped or counted unsent.
-    assert s["dropped"] + s.get("unsent_no_handshake", 0) == s["seq"] and s["seq"] >= 502, s
+    # Every record tried (the hellos, the steps, the bye) is either refused by the send queue or counted unsent.
+    assert s["refused_by_send_queue"] + s.get("unsent_no_handshake", 0) == s["seq"] and s["seq"] >= 502, s
     assert s["connects"] == 0 and not s["link_up"] and s["unconfirmed_at_close"] == 0, s
 
 
@@ -91,8 +91,8 @@ def test_a_head_that_never_reads_what_the_linger_leaves_is_counted_not_confirmed
     finally:
         pull.close()
     assert s["connects"] >= 1, s
-    assert s["dropped"] > 0, s           # the full queue, counted
-    lost_at_close = s["seq"] - arrived - s["dropped"]
+    assert s["refused_by_send_queue"] > 0, s           # the full queue, counted
+    lost_at_close = s["seq"] - arrived - s["refused_by_send_queue"]
     assert lost_at_close > 0, (s, arrived)     # the linger ran out with records queued
     # Exact or within its stated bound: the node's counts + what arrived cover every record tried.
     assert 0 < lost_at_close <= s.get("unconfirmed_at_close", 0), (s, arrived)
@@ -124,7 +124,7 @@ def test_a_head_that_reads_nothing_else_is_counted():
         t.join(60)
         pull.close()
     s = sink.stats()
-    assert s["connects"] >= 1 and s["dropped"] == 0, s
+    assert s["connects"] >= 1 and s["refused_by_send_queue"] == 0, s
     assert s["unsent_no_handshake"] == 0 and s["unconfirmed_at_close"] == 0, s
     assert len(got) == s["seq"], (s, len(got))
 
@@ -157,7 +157,7 @@ def test_a_node_daemon_reports_what_its_head_never_took_in_status_and_drain(tmp_
         lst.close()
     # Every record the forwarder tried (its hellos, 20 steps, the ranks' bye, its daemon records,
     # its own bye) is dropped at the socket or counted unsent; none reached a head.
-    assert fwd["seq"] >= 22 and fwd["dropped"] + fwd.get("unsent_no_handshake", 0) == fwd["seq"], fwd
+    assert fwd["seq"] >= 22 and fwd["refused_by_send_queue"] + fwd.get("unsent_no_handshake", 0) == fwd["seq"], fwd
     assert "never completed its handshake" in d.output(), d.output()[-2000:]
 
 

@@ -183,3 +183,33 @@ def test_a_batch_put_after_the_thread_ended_is_counted_as_dropped():
     assert r.close(5)
     r.put(batch(3, start=2))               # nothing will ever take it: dropped, and said so
     assert sink.steps == [0, 1] and r.num_dropped == 3 and r.queued() == 0
+
+
+class DroppingSink(HangSink):
+    """Counts one record of each batch as its own drop, and says so in its stats (as the forward
+    sink counts what its send queue refused)."""
+
+    def consume(self, b):
+        super().consume(b)
+        self.num_dropped += 1
+
+    def stats(self):
+        return {"dropped": self.num_dropped, "detail": 7}
+
+
+def test_a_sinks_own_stats_never_replace_the_runners_counters():
+    """`dropped` in a sink's row is everything that sink lost: its queue's drops and its own (as
+    the daemon record's telemetry/sink/<name>/dropped). A sink whose stats also say `dropped`
+    (its own part) used to replace the runner's count there, so the queue's drops vanished from
+    `telemetry status`; the sink's own detail is kept."""
+    sink = DroppingSink()
+    r = SinkRunner(sink, max_queued=4)
+    r.start()
+    r.put(batch(1))
+    assert sink.entered.wait(5)            # stuck in consume: the queue fills, then drops
+    r.put(batch(8, start=1))               # 4 queued, 4 dropped by the queue
+    sink.release.set()
+    assert r.close(5)
+    st = r.stats()
+    assert st["dropped"] == r.num_dropped == 4 + sink.num_dropped and sink.num_dropped >= 2, st
+    assert st["detail"] == 7

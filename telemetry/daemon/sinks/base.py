@@ -323,12 +323,15 @@ class SinkRunner:
             self._sizes.clear()
 
     def stats(self) -> dict:
-        s = {"in": self.num_in, "written": self.num_written, "dropped": self.num_dropped,
-             "queued": self._num_queued, "queued_mb": round(self._num_bytes / 2**20, 1),
-             "dropped_for_bytes": self.num_dropped_for_bytes, "errors": self.num_errors}
+        """The runner's counters (what every sink's row means, as in the daemon record's
+        telemetry/sink/<name>/...; `dropped` holds the sink's own drops too) and the sink's own
+        detail, which never replaces them."""
+        s = self.sink.stats()
+        s.update({"in": self.num_in, "written": self.num_written, "dropped": self.num_dropped,
+                  "queued": self._num_queued, "queued_mb": round(self._num_bytes / 2**20, 1),
+                  "dropped_for_bytes": self.num_dropped_for_bytes, "errors": self.num_errors})
         if self.last_error:
             s["last_error"] = self.last_error
-        s.update(self.sink.stats())
         return s
 
 

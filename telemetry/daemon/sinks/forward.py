@@ -27,7 +27,8 @@ detect a head that vanished without closing its connection (a partition, a dead 
 What this node could not hand to a head is counted here, in stats() (status, the daemon record,
 drain.json) and in a warning line, never discarded in silence; a PUSH link has no
 acknowledgement, so the counts are what libzmq lets a sender know:
-- dropped: refused by the full send queue (the head away or not reading), exact;
+- refused_by_send_queue: refused by the full send queue (the head away or not reading), exact
+  (the sink's `dropped` holds these and what its own queue in the daemon dropped);
 - unsent_no_handshake: at the close, the link never completed its ZMTP handshake (a head that
   accepts TCP and never speaks, a CURVE key it refuses, a starved head): nothing it was handed
   can have left, so every record is counted, exact;
@@ -348,7 +349,7 @@ class ForwardSink(Sink):
         self._sock = None
 
     def stats(self) -> dict:
-        return {"sent": self.num_sent, "dropped": self.num_dropped, "seq": self.seq, "src": self.src,
+        return {"sent": self.num_sent, "refused_by_send_queue": self.num_dropped, "seq": self.seq, "src": self.src,
                 "endpoint": self.cfg.endpoint, "curve": self.curve, "connects": self.num_connects,
                 "disconnects": self.num_disconnects, "link_up": self._link_up,
                 "unsent_no_handshake": self.num_unsent_no_handshake,
