@@ -261,3 +261,17 @@ def test_attach_tail_writes_the_live_view_beside_the_run(tmp_path):
     assert f"live view: tail -f {tmp_path / 'r' / 'tail.log'}" in out.stdout
     log = (tmp_path / "r" / "tail.log").read_text()
     assert "loss=" in log and "Traceback" not in log, log[-3000:]
+
+
+def test_a_runtime_dir_it_made_is_removed_with_the_parent_it_made_and_nothing_else(tmp_path):
+    """$TELEMETRY_RUNTIME_DIR under a missing parent: `telemetry run` makes both (0700) and removes
+    both at its end (the parent was left behind, empty); a parent that was there stays."""
+    made_parent = tmp_path / "made" / "run-x"
+    out = _run(tmp_path, "--", "train.py", "3", TELEMETRY_RUNTIME_DIR=str(made_parent))
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert not made_parent.exists() and not made_parent.parent.exists()
+    there = tmp_path / "there"
+    there.mkdir()
+    out = _run(tmp_path, "--", "train.py", "3", TELEMETRY_RUNTIME_DIR=str(there / "run-y"))
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert there.is_dir() and not (there / "run-y").exists()

@@ -177,7 +177,7 @@ def test_telemetry_run_under_a_shared_directory_leaves_it_shared(tmp_path, monke
     assert stat.S_IMODE(os.stat(shared).st_mode) == 0o1777
     monkeypatch.setenv(endpoints.ENV_RUNTIME_DIR, str(tmp_path / "new" / "run-y"))
     runtime, made = _runtime_dir("y")
-    assert made and _private(runtime) and _private(runtime.parent)
+    assert made == (runtime, runtime.parent) and _private(runtime) and _private(runtime.parent)
 
 
 def test_a_directory_others_use_is_never_made_private(tmp_path, monkeypatch):

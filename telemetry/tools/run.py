@@ -114,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
         return _fail(f"--run-dir {log_dir}: cannot make it ({exc.strerror or exc})")
     # The run's private socket directory: $TELEMETRY_RUNTIME_DIR when the caller chose one.
     try:
-        runtime, made_runtime = _runtime_dir(run_id)     # removed at the end only if this run made it
+        runtime, made_runtime = _runtime_dir(run_id)     # what this run made: removed at its end
     except endpoints.EndpointError as exc:
         return _fail(f"runtime directory: {exc}")
     env = {k: v for k, v in os.environ.items()
@@ -197,12 +197,19 @@ def run(args: argparse.Namespace) -> int:
         if daemon.poll() is None:
             daemon.kill()
             daemon.wait()
-        if made_runtime:
-            shutil.rmtree(runtime, ignore_errors=True)
+        for i, made in enumerate(made_runtime):         # the runtime directory, then a parent made for it
+            if i == 0:
+                shutil.rmtree(made, ignore_errors=True)
+            else:
+                try:
+                    os.rmdir(made)                      # only if nothing else was put there meanwhile
+                except OSError:
+                    break
 
 
-def _runtime_dir(run_id: str) -> tuple[Path, bool]:
-    """(the run's private socket directory, whether this run made it). Default: run-<id> in the
+def _runtime_dir(run_id: str) -> tuple[Path, tuple[Path, ...]]:
+    """(the run's private socket directory, the directories this run made for it: itself, then a
+    missing parent of $TELEMETRY_RUNTIME_DIR; none where it was there already). Default: run-<id> in the
     user's private directory (userdir.py); where there is none (another user took its name in
     /tmp and there is no home to fall back to), or its socket paths would be too long, a fresh
     directory of a name nobody can guess (mkdtemp, 0700): every process of the run is told
@@ -215,21 +222,22 @@ def _runtime_dir(run_id: str) -> tuple[Path, bool]:
     given = os.environ.get(endpoints.ENV_RUNTIME_DIR)
     if given:
         runtime = Path(os.path.abspath(given))
-        made = not os.path.lexists(runtime)
         # A missing parent is made (and ours, 0700); one already there is only checked, never
         # chmod-ed: $TELEMETRY_RUNTIME_DIR=/tmp/x must not make /tmp private when we run as root.
         chain = (runtime,) if os.path.lexists(runtime.parent) else (runtime.parent, runtime)
+        made = tuple(d for d in reversed(chain) if not os.path.lexists(d))
         endpoints.private_dirs(*chain, named=True)
         return runtime, made
     try:
         runtime = user_dir(create=True) / f"run-{run_id}"
         # A unix socket's path holds 107 bytes (endpoints.normalize): a long home is no place for one.
         if len(f"{runtime}/control.sock") <= 107:
-            made = not os.path.lexists(runtime)     # a directory already there is not ours to remove
+            made = () if os.path.lexists(runtime) else (runtime,)   # one already there is not ours to remove
             return endpoints.private_dirs(runtime), made
     except endpoints.EndpointError:
         pass
-    return Path(tempfile.mkdtemp(prefix=f"telemetry-run-{run_id}-")), True
+    runtime = Path(tempfile.mkdtemp(prefix=f"telemetry-run-{run_id}-"))
+    return runtime, (runtime,)
 
 
 def _launch(target: list[str], nproc: int, env: dict, launcher: str = "torchrun") -> int:
