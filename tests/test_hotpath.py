@@ -208,6 +208,99 @@ def test_tally_in_c_equals_python_for_names_equal_but_not_the_same_objects():
     assert hotpath.native.tally(recs, _Head, _Other, good_names) == want
 
 
+U64 = (1 << 64) - 1
+HEADER_INT = st.one_of(st.integers(0, 127), st.integers(0, 1 << 20), st.integers(0, U64), st.integers(-(1 << 63), -1),
+                       st.sampled_from([0, 1, (1 << 20) - 1, 1 << 20, (1 << 63) - 1, 1 << 63, 1023, 1024, 1025]))
+KEY = st.one_of(st.sampled_from(NAMES_FOR_FRAMES := ("train/loss", "perf/tokens", "a", "", "é/loss", "x" * 300)),
+                st.text(max_size=12))
+ODD_VALUE = st.one_of(st.integers(-(1 << 63), U64), st.booleans(), st.none(), st.text(max_size=3), st.binary(max_size=3),
+                      st.lists(st.integers(-5, 5), max_size=2), st.dictionaries(st.text(max_size=2), st.integers(0, 5), max_size=1))
+
+
+@st.composite
+def metrics_frames(draw):
+    """Frames shaped like a metrics record, and all the ways they may not be one: every msgpack
+    width of every int, header ints out of bounds, float32, values of every kind, names not ASCII
+    and not UTF-8, a parts field in and out of bounds, trailing elements and bytes, cut frames."""
+    import msgpack
+
+    head = [draw(st.sampled_from([2, 2, 2, 2, 1, 3, 4])), draw(st.sampled_from([1, 1, 1, 1, 0, 2]))]
+    head += [draw(HEADER_INT) for _ in range(6)]          # src, rank, seq, dropped, t_ns, step
+    if draw(st.booleans()):                               # a header that is plainly good
+        head[2:8] = [draw(st.integers(0, (1 << 63) - 1)), draw(st.integers(0, (1 << 20) - 1))] + \
+            [draw(st.integers(0, (1 << 63) - 1)) for _ in range(4)]
+    single = draw(st.booleans())                          # floats packed as float32
+    number = st.one_of(st.floats(width=32 if single else 64), st.integers(-9, 300))
+    keys = draw(st.lists(KEY, max_size=8))
+    values = {k: draw(ODD_VALUE if draw(st.integers(0, 9)) == 0 else number) for k in keys}
+    body = head + [values]
+    tail = draw(st.sampled_from([[], [], [1], [draw(HEADER_INT)], [2, "extra"]]))
+    packed = msgpack.packb(body + tail, use_bin_type=True, use_single_float=single)
+    if draw(st.integers(0, 9)) == 0 and b"loss" in packed:           # a name's bytes not UTF-8
+        packed = packed.replace(b"loss", b"lo\xffs", 1)
+    cut = draw(st.integers(0, 12))
+    if cut == 1:
+        packed = packed[:draw(st.integers(0, len(packed)))]
+    elif cut == 2:
+        packed += b"\x00"
+    return packed
+
+
+def _decoded(decode, frame):
+    try:
+        return decode(frame)
+    except Exception as exc:
+        return (type(exc), str(exc))
+
+
+@native
+@settings(max_examples=500, deadline=None)
+@given(st.lists(metrics_frames(), max_size=12), st.lists(st.sampled_from(NAMES_FOR_FRAMES), max_size=4))
+def test_decode_frames_in_c_gives_what_the_decoder_gives(frames, template):
+    """Frame by frame the same record (field by field, each value of its type, NaN and -0.0
+    too) or the same error as the msgspec decoder; a batch of good frames the same list; with
+    any names left in the cache by an earlier call."""
+    from protocol.codec import decoder_parts
+    from protocol.records import Metrics
+    from telemetry.daemon.receiver import _METRICS_LIMITS
+
+    decode, _, _ = decoder_parts()
+    cache = [tuple(template), ("a", 1), ("a", "é"), 5]      # names kept by an earlier call; any junk
+    for frame in frames:
+        got = _decoded(lambda f: hotpath.native.decode_frames([f], decode, Metrics, _METRICS_LIMITS, cache)[0], frame)
+        want = _decoded(decode, frame)
+        if isinstance(want, tuple):
+            assert got == want
+        else:
+            assert type(got) is type(want) and _same(_fields(got), _fields(want)), (got, want)
+    good = [f for f in frames if not isinstance(_decoded(decode, f), tuple)]
+    got = hotpath.native.decode_frames(good, decode, Metrics, _METRICS_LIMITS, cache)
+    assert _same([_fields(r) for r in got], [_fields(r) for r in python_loops.decode_frames(good, decode, Metrics, _METRICS_LIMITS, [])])
+
+
+@native
+def test_decode_frames_in_c_keeps_the_names_of_many_key_sets_and_gives_what_the_decoder_gives():
+    from protocol.codec import decoder_parts
+    from protocol.records import Metrics
+    from telemetry.daemon.receiver import _METRICS_LIMITS
+
+    decode, _, _ = decoder_parts()
+    key_sets = [[f"set{k}/m{i}" for i in range(5)] for k in range(40)] + [["train/loss", "é"], ["train/loss", "e"]]
+    frames = [encode_metrics(7, 3, seq, 0, 1, seq, dict.fromkeys(key_sets[(seq * 7) % len(key_sets)], seq * 0.5))
+              for seq in range(500)]
+    cache: list = []
+    for at in range(0, len(frames), 50):
+        got = hotpath.native.decode_frames(frames[at:at + 50], decode, Metrics, _METRICS_LIMITS, cache)
+        assert _same([_fields(r) for r in got], [_fields(decode(f)) for f in frames[at:at + 50]])
+        assert 0 < len(cache) <= 16 and all(type(names) is tuple for names in cache)
+
+
+def _fields(rec) -> tuple:
+    import msgspec
+
+    return (type(rec).__name__,) + tuple(msgspec.structs.astuple(rec))
+
+
 # -- the columns of closed steps -----------------------------------------------------------------
 NAMES = ("train/loss", "perf/tokens", "perf/step_time", "perf/attn_doc_len_sq", "memory/max_allocated_gb",
          "custom/n_count", "custom/n_min", "train/lr", "train/epoch", "dataset/a/loss", "dataset/a/tokens")

@@ -8,6 +8,7 @@
  * the records' fields (by their slots when the record type has them), and know no metric name:
  *
  *   read_frames_upto(next_frame, empty, max_frames, max_bytes) -> (list[bytes], their bytes)
+ *   decode_frames(frames, decode, metrics_type, limits, cache) -> list of records
  *   tally(recs, metrics_type, bye_type, good_names) -> (all_metrics, num_byes, per_src, unknown)
  *   gather(groups) -> (ranks, t_ns, names, columns)
  *   reduce_column(column, op) -> values      (its twin is reductions.reduce_column)
@@ -104,6 +105,341 @@ field(PyObject *rec, Py_ssize_t offset, PyObject *name, int *owned)
     }
     *owned = 1;
     return PyObject_GetAttr(rec, name);
+}
+
+/* ---- decode_frames ------------------------------------------------------------------------ */
+
+/* A metrics frame read by hand, for the shape every client writes: a fixarray of 9 or 10 (parts),
+ * the header's ints as msgpack's unsigned ints, a map of str keys to floats, ints, bools and
+ * nils. Anything else, or anything out of bounds, is left to the caller's decoder (msgspec), which
+ * gives the same record or raises; so what this reads it must read exactly as msgspec does:
+ * a float32 as its double, an int as an int, keys decoded as strict UTF-8, a repeated key's
+ * later value kept at the first one's place. A key whose bytes are those of the template's key at
+ * the same place (the names of the last record read with as many names and the same first one)
+ * is that str object: no decode, no hash. */
+
+typedef struct {
+    const unsigned char *p, *end;
+} Reader;
+
+static inline int
+rd_need(Reader *r, Py_ssize_t n)
+{
+    return r->end - r->p >= n;
+}
+
+static inline unsigned long long
+rd_be(const unsigned char *p, int n)
+{
+    unsigned long long v = 0;
+    for (int i = 0; i < n; i++)
+        v = (v << 8) | p[i];
+    return v;
+}
+
+/* An unsigned int (positive fixint, uint 8..64) up to `max`: 0 and *out, or -1 (not one). */
+static int
+rd_uint(Reader *r, unsigned long long max, unsigned long long *out)
+{
+    if (!rd_need(r, 1))
+        return -1;
+    unsigned char t = *r->p;
+    int n;
+    if (t <= 0x7f) {
+        *out = t;
+        r->p++;
+        return t <= max ? 0 : -1;
+    }
+    switch (t) {
+    case 0xcc: n = 1; break;
+    case 0xcd: n = 2; break;
+    case 0xce: n = 4; break;
+    case 0xcf: n = 8; break;
+    default: return -1;
+    }
+    if (!rd_need(r, 1 + n))
+        return -1;
+    *out = rd_be(r->p + 1, n);
+    r->p += 1 + n;
+    return *out <= max ? 0 : -1;
+}
+
+/* A str's bytes: 0 and *s, *n, or -1 (not a str). */
+static int
+rd_str(Reader *r, const char **s, Py_ssize_t *n)
+{
+    if (!rd_need(r, 1))
+        return -1;
+    unsigned char t = *r->p;
+    int h;
+    unsigned long long len;
+    if (t >= 0xa0 && t <= 0xbf) {
+        h = 1;
+        len = t & 0x1f;
+    } else if (t == 0xd9 || t == 0xda || t == 0xdb) {
+        h = t == 0xd9 ? 2 : t == 0xda ? 3 : 5;
+        if (!rd_need(r, h))
+            return -1;
+        len = rd_be(r->p + 1, h - 1);
+    } else {
+        return -1;
+    }
+    if (!rd_need(r, h) || (unsigned long long)(r->end - r->p - h) < len)
+        return -1;
+    *s = (const char *)r->p + h;
+    *n = (Py_ssize_t)len;
+    r->p += h + len;
+    return 0;
+}
+
+/* A value: a new reference, NULL with no error set (not one this reads), or NULL with an error. */
+static PyObject *
+rd_value(Reader *r)
+{
+    if (!rd_need(r, 1))
+        return NULL;
+    unsigned char t = *r->p;
+    if (t <= 0x7f) {
+        r->p++;
+        return PyLong_FromLong(t);
+    }
+    if (t >= 0xe0) {
+        r->p++;
+        return PyLong_FromLong((signed char)t);
+    }
+    int n;
+    switch (t) {
+    case 0xc0: r->p++; Py_RETURN_NONE;
+    case 0xc2: r->p++; Py_RETURN_FALSE;
+    case 0xc3: r->p++; Py_RETURN_TRUE;
+    case 0xca: case 0xcb: {
+        n = t == 0xca ? 4 : 8;
+        if (!rd_need(r, 1 + n))
+            return NULL;
+        unsigned long long bits = rd_be(r->p + 1, n);
+        r->p += 1 + n;
+        double d;
+        if (n == 4) {
+            uint32_t b32 = (uint32_t)bits;
+            float f;
+            memcpy(&f, &b32, 4);
+            d = f;
+        } else {
+            memcpy(&d, &bits, 8);
+        }
+        return PyFloat_FromDouble(d);
+    }
+    case 0xcc: case 0xcd: case 0xce: case 0xcf: {
+        n = t == 0xcc ? 1 : t == 0xcd ? 2 : t == 0xce ? 4 : 8;
+        if (!rd_need(r, 1 + n))
+            return NULL;
+        unsigned long long v = rd_be(r->p + 1, n);
+        r->p += 1 + n;
+        return PyLong_FromUnsignedLongLong(v);
+    }
+    case 0xd0: case 0xd1: case 0xd2: case 0xd3: {
+        n = t == 0xd0 ? 1 : t == 0xd1 ? 2 : t == 0xd2 ? 4 : 8;
+        if (!rd_need(r, 1 + n))
+            return NULL;
+        unsigned long long v = rd_be(r->p + 1, n);
+        r->p += 1 + n;
+        long long s = n == 1 ? (signed char)v : n == 2 ? (int16_t)v : n == 4 ? (int32_t)v : (long long)v;
+        return PyLong_FromLongLong(s);
+    }
+    default:
+        return NULL;
+    }
+}
+
+/* The record of one frame read by hand: a new reference, or NULL with no error set (the caller's
+ * decoder decides), or NULL with an error (out of memory). */
+static PyObject *
+fast_metrics(PyObject *frame, PyObject *metrics_type, unsigned long long max_rank, Py_ssize_t max_values,
+             unsigned long long max_parts, PyObject *templates, PyObject **new_names)
+{
+    const unsigned long long u63 = (1ULL << 63) - 1;
+    Reader r = {(const unsigned char *)PyBytes_AS_STRING(frame),
+                (const unsigned char *)PyBytes_AS_STRING(frame) + PyBytes_GET_SIZE(frame)};
+    if (!rd_need(&r, 3) || (r.p[0] != 0x99 && r.p[0] != 0x9a) || r.p[1] != 0x02 || r.p[2] != 0x01)
+        return NULL;
+    int with_parts = r.p[0] == 0x9a;
+    r.p += 3;
+    unsigned long long src, rank, seq, dropped, t_ns, step, parts = 1;
+    if (rd_uint(&r, u63, &src) < 0 || rd_uint(&r, max_rank, &rank) < 0 || rd_uint(&r, u63, &seq) < 0
+            || rd_uint(&r, u63, &dropped) < 0 || rd_uint(&r, u63, &t_ns) < 0 || rd_uint(&r, u63, &step) < 0)
+        return NULL;
+    if (!rd_need(&r, 1))
+        return NULL;
+    Py_ssize_t count;
+    unsigned char t = *r.p;
+    if (t >= 0x80 && t <= 0x8f) {
+        count = t & 0x0f;
+        r.p++;
+    } else if (t == 0xde || t == 0xdf) {
+        int h = t == 0xde ? 3 : 5;
+        if (!rd_need(&r, h))
+            return NULL;
+        unsigned long long c = rd_be(r.p + 1, h - 1);
+        if (c > (unsigned long long)max_values)
+            return NULL;
+        count = (Py_ssize_t)c;
+        r.p += h;
+    } else {
+        return NULL;
+    }
+    if (count > max_values)
+        return NULL;
+    /* The template: the first of `templates` with as many names whose first is this record's. */
+    PyObject *tmpl = NULL;                       /* borrowed: a tuple of str, or NULL */
+    if (count > 0) {
+        Reader peek = r;
+        const char *s0;
+        Py_ssize_t n0;
+        if (rd_str(&peek, &s0, &n0) == 0) {
+            for (Py_ssize_t k = 0; k < PyList_GET_SIZE(templates); k++) {
+                PyObject *t = PyList_GET_ITEM(templates, k);
+                if (!PyTuple_CheckExact(t) || PyTuple_GET_SIZE(t) != count)
+                    continue;
+                PyObject *k0 = PyTuple_GET_ITEM(t, 0);
+                if (PyUnicode_CheckExact(k0) && PyUnicode_IS_COMPACT_ASCII(k0) && PyUnicode_GET_LENGTH(k0) == n0
+                        && memcmp(PyUnicode_DATA(k0), s0, n0) == 0) {
+                    tmpl = t;
+                    break;
+                }
+            }
+        }
+    }
+    Py_ssize_t tmpl_len = tmpl != NULL ? PyTuple_GET_SIZE(tmpl) : 0;
+    int same_names = tmpl != NULL && tmpl_len == count;
+    PyObject *values = _PyDict_NewPresized(count), *names = NULL;
+    if (values == NULL)
+        return NULL;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        const char *s;
+        Py_ssize_t n;
+        if (rd_str(&r, &s, &n) < 0)
+            goto decline;
+        PyObject *key = NULL;
+        if (i < tmpl_len) {
+            PyObject *k = PyTuple_GET_ITEM(tmpl, i);
+            if (PyUnicode_CheckExact(k) && PyUnicode_IS_COMPACT_ASCII(k) && PyUnicode_GET_LENGTH(k) == n && memcmp(PyUnicode_DATA(k), s, n) == 0) {
+                key = k;
+                Py_INCREF(key);
+            }
+        }
+        if (key == NULL) {
+            same_names = 0;
+            key = PyUnicode_DecodeUTF8(s, n, NULL);
+            if (key == NULL) {
+                if (PyErr_ExceptionMatches(PyExc_UnicodeDecodeError))
+                    PyErr_Clear();               /* the caller's decoder says how it is bad */
+                goto decline;
+            }
+        }
+        PyObject *value = rd_value(&r);
+        if (value == NULL) {
+            Py_DECREF(key);
+            goto decline;
+        }
+        int bad = PyDict_SetItem(values, key, value) < 0;
+        Py_DECREF(value);
+        if (!same_names && !bad) {               /* this record's names: a new template */
+            if (names == NULL) {
+                names = PyTuple_New(count);
+                if (names == NULL) {
+                    Py_DECREF(key);
+                    goto decline;
+                }
+                for (Py_ssize_t j = 0; j < i; j++) {
+                    PyObject *k = PyTuple_GET_ITEM(tmpl, j);
+                    Py_INCREF(k);
+                    PyTuple_SET_ITEM(names, j, k);
+                }
+            }
+            Py_INCREF(key);
+            PyTuple_SET_ITEM(names, i, key);
+        }
+        Py_DECREF(key);
+        if (bad)
+            goto decline;
+    }
+    if (with_parts && (rd_uint(&r, max_parts, &parts) < 0 || parts < 1))
+        goto decline;
+    if (r.p != r.end)
+        goto decline;
+    PyObject *args[9];
+    args[0] = PyLong_FromLong(1);
+    args[1] = PyLong_FromUnsignedLongLong(src);
+    args[2] = PyLong_FromUnsignedLongLong(rank);
+    args[3] = PyLong_FromUnsignedLongLong(seq);
+    args[4] = PyLong_FromUnsignedLongLong(dropped);
+    args[5] = PyLong_FromUnsignedLongLong(t_ns);
+    args[6] = PyLong_FromUnsignedLongLong(step);
+    args[7] = values;
+    args[8] = PyLong_FromUnsignedLongLong(parts);
+    PyObject *rec = NULL;
+    int ok = 1;
+    for (int k = 0; k < 9; k++)
+        ok &= args[k] != NULL;
+    if (ok)
+        rec = PyObject_Vectorcall(metrics_type, args, 9, NULL);
+    for (int k = 0; k < 9; k++)
+        Py_XDECREF(args[k]);
+    if (rec != NULL && names != NULL)
+        *new_names = names;                      /* the caller's */
+    else
+        Py_XDECREF(names);
+    return rec;
+
+decline:
+    Py_DECREF(values);
+    Py_XDECREF(names);
+    return NULL;
+}
+
+/* How many key sets decode_frames keeps as templates (the last ones met, the latest first). */
+#define NUM_TEMPLATES 16
+
+static PyObject *
+decode_frames(PyObject *self, PyObject *args)
+{
+    PyObject *frames, *decode, *metrics_type, *cache;
+    unsigned long long max_rank, max_parts;
+    Py_ssize_t max_values;
+    if (!PyArg_ParseTuple(args, "O!OO(KnK)O!", &PyList_Type, &frames, &decode, &metrics_type,
+                          &max_rank, &max_values, &max_parts, &PyList_Type, &cache))
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(frames);
+    PyObject *out = PyList_New(n);
+    /* The templates: the names of the last records of other key sets read here, kept in `cache`
+     * between calls (worked on in a copy: a list only this function holds). */
+    PyObject *templates = PyList_GetSlice(cache, 0, NUM_TEMPLATES);
+    if (out == NULL || templates == NULL)
+        goto fail;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *frame = PyList_GET_ITEM(frames, i), *names = NULL;
+        PyObject *rec = PyBytes_CheckExact(frame)
+            ? fast_metrics(frame, metrics_type, max_rank, max_values, max_parts, templates, &names) : NULL;
+        if (rec == NULL && (PyErr_Occurred() || (rec = PyObject_CallOneArg(decode, frame)) == NULL))
+            goto fail;
+        PyList_SET_ITEM(out, i, rec);
+        if (names != NULL) {                     /* new names: the first template, the last one goes */
+            int bad = PyList_Insert(templates, 0, names) < 0;
+            Py_DECREF(names);
+            if (bad || (PyList_GET_SIZE(templates) > NUM_TEMPLATES
+                        && PyList_SetSlice(templates, NUM_TEMPLATES, PY_SSIZE_T_MAX, NULL) < 0))
+                goto fail;
+        }
+    }
+    if (PyList_SetSlice(cache, 0, PY_SSIZE_T_MAX, templates) < 0)
+        goto fail;
+    Py_DECREF(templates);
+    return out;
+
+fail:
+    Py_XDECREF(out);                             /* its slots not filled yet are NULL */
+    Py_XDECREF(templates);
+    return NULL;
 }
 
 /* ---- tally -------------------------------------------------------------------------------- */
@@ -1256,6 +1592,7 @@ done:
 static PyMethodDef methods[] = {
     {"read_frames_upto", read_frames_upto, METH_VARARGS,
      "Frames from next_frame() until `empty`, max_frames, or max_bytes reached; and their bytes."},
+    {"decode_frames", decode_frames, METH_VARARGS, "Each frame's record: metrics frames read here, any other by `decode`."},
     {"tally", tally, METH_VARARGS, "The receiver's accounting of a batch of decoded records."},
     {"gather", gather, METH_VARARGS, "Columns from the records of closed steps."},
     {"rate_sums", rate_sums, METH_VARARGS, "Per pair of cells sum(n_i / t_i), or None where not all positive finite."},

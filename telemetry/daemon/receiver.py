@@ -20,7 +20,7 @@ import msgspec
 from protocol import Bye, Event, Hello, MalformedRecord, Metrics
 from protocol.clean import clean
 from protocol.codec import check_names, decode_header, decoder_parts, peek_headers
-from protocol.constants import KIND_BYE, KIND_METRICS, MAX_NAME_CHARS
+from protocol.constants import KIND_BYE, KIND_METRICS, MAX_NAME_CHARS, MAX_PARTS, MAX_RANK, MAX_VALUES
 from telemetry.daemon import hotpath
 from telemetry.daemon import loops as python_loops
 from telemetry.shared.numbers import is_int
@@ -40,6 +40,9 @@ MAX_SEQ_GAP = 1 << 24
 # Marks of each source's progress kept (one a second): a source that moved within them is one a
 # drain waits for (a rank that paused a few seconds, descheduled on a loaded box, is still live).
 LIVE_MARKS = 3
+
+# The bounds of a metrics record's header and body (protocol/records.py), for loops.decode_frames.
+_METRICS_LIMITS = (MAX_RANK, MAX_VALUES, MAX_PARTS)
 
 # The free-form map of each rare kind (see protocol.clean).
 _FREE_FORM = {Hello: "info", Event: "data", Bye: "stats"}
@@ -136,6 +139,7 @@ class Receiver:
         self.names = names
         self.batch_bytes = 0           # the last batch's frames, in bytes (the memory budget's measure)
         self._mark_no = 0             # marks of progress taken (mark_progress), for open_live
+        self._names_cache: list = []   # loops.decode_frames' names of the last record read
 
     def accept(self, frames: list, num_bytes: int) -> tuple[list, bool]:
         """Decode, validate and account a batch of frames (bounded by the socket's MAXMSGSIZE;
@@ -232,7 +236,7 @@ class Receiver:
         """Decode and validate a batch of frames: (records, all metrics?, byes, per-src tally)."""
         decode, errors, good_names = decoder_parts()
         try:
-            recs = list(map(decode, frames))
+            recs = self.loops.decode_frames(frames, decode, Metrics, _METRICS_LIMITS, self._names_cache)
         except errors:                      # a malformed frame: decode one at a time
             recs = self._decode_each(frames, decode, errors)
         all_metrics, num_byes, per_src, unknown = self.loops.tally(recs, Metrics, Bye, good_names)
