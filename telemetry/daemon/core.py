@@ -38,7 +38,8 @@ from telemetry.daemon.derived import Derived
 from telemetry.daemon.hellos import Hellos
 from telemetry.daemon.node_clocks import NodeClocks
 from telemetry.daemon.node_links import (REMOTE_HEARTBEAT_IVL_MS, REMOTE_HEARTBEAT_TIMEOUT_MS, REMOTE_HEARTBEAT_TTL_MS,
-                                         NodeLinks, io_threads)
+                                         NodeLinks, head_context,
+                                         yield_to_the_daemon)
 from telemetry.daemon.intake import Intake
 from telemetry.daemon import memory, process
 from telemetry.daemon.pipeline import Pipeline
@@ -170,10 +171,9 @@ class Daemon:
         if self.endpoints["ingest"].startswith("ipc://"):
             # Says "a daemon serves this directory" to whoever would start one (client/autostart.py).
             self.lock_fd = endpoints.hold_daemon_lock(Path(self.endpoints["ingest"][len("ipc://"):]).parent)
-        # A head's node links are spread over libzmq I/O threads (node_links.io_threads): at most
-        # its nodes, or its connection limit where it was not told them.
-        links = cfg.head_links() or (self.max_connections if cfg.remote_ingest else 0)
-        self.ctx = zmq.Context(io_threads(links))
+        # A head's libzmq context suits its node links (node_links.head_context): at most its
+        # nodes, or its connection limit where it was not told them.
+        self.ctx = head_context(cfg.head_links() or (self.max_connections if cfg.remote_ingest else 0))
         # Refuses (SecurityError) to listen beyond loopback without CURVE; runs the allow-list.
         from telemetry.shared.security.curve import DaemonSecurity
 
@@ -209,7 +209,8 @@ class Daemon:
             self.pull.setsockopt(zmq.HEARTBEAT_IVL, REMOTE_HEARTBEAT_IVL_MS)
             self.pull.setsockopt(zmq.HEARTBEAT_TIMEOUT, REMOTE_HEARTBEAT_TIMEOUT_MS)
             self.pull.setsockopt(zmq.HEARTBEAT_TTL, REMOTE_HEARTBEAT_TTL_MS)
-            self.links = self.rare.links = NodeLinks(self.ctx.get(zmq.IO_THREADS))
+            n = self.ctx.get(zmq.IO_THREADS)
+            self.links = self.rare.links = NodeLinks(n, yield_to_the_daemon(n))
             self.clocks = self.rare.clocks = self.steps.clocks = NodeClocks()
             self.security.connections.on_tcp_gone = self.links.closed
             self.security.prepare(self.pull, remote, "remote_ingest")
