@@ -30,7 +30,7 @@ def test_a_link_that_closes_without_a_bye_is_named_after_the_grace_and_only_then
     (ev,) = links.due(at + LINK_GRACE_S, sources)
     assert ev["kind"] == "event" and ev["name"] == "link_closed" and ev["rank"] == 3
     assert ev["data"] == {"link": "10.0.0.3:4711"}
-    assert links.stats() == {"known": 2, "io_threads": 1, "io_threads_lowered": 0, "closed_named": 1, "closed_with_bye": 1}
+    assert links.stats() == {"known": 2, "io_threads": 1, "closed_named": 1, "closed_with_bye": 1}
     assert not links.busy()
 
 

@@ -38,8 +38,7 @@ from telemetry.daemon.derived import Derived
 from telemetry.daemon.hellos import Hellos
 from telemetry.daemon.node_clocks import NodeClocks
 from telemetry.daemon.node_links import (REMOTE_HEARTBEAT_IVL_MS, REMOTE_HEARTBEAT_TIMEOUT_MS, REMOTE_HEARTBEAT_TTL_MS,
-                                         NodeLinks, head_context,
-                                         yield_to_the_daemon)
+                                         NodeLinks, head_context)
 from telemetry.daemon.intake import Intake
 from telemetry.daemon import memory, process
 from telemetry.daemon.pipeline import Pipeline
@@ -209,8 +208,7 @@ class Daemon:
             self.pull.setsockopt(zmq.HEARTBEAT_IVL, REMOTE_HEARTBEAT_IVL_MS)
             self.pull.setsockopt(zmq.HEARTBEAT_TIMEOUT, REMOTE_HEARTBEAT_TIMEOUT_MS)
             self.pull.setsockopt(zmq.HEARTBEAT_TTL, REMOTE_HEARTBEAT_TTL_MS)
-            n = self.ctx.get(zmq.IO_THREADS)
-            self.links = self.rare.links = NodeLinks(n, yield_to_the_daemon(n))
+            self.links = self.rare.links = NodeLinks(self.ctx.get(zmq.IO_THREADS))
             self.clocks = self.rare.clocks = self.steps.clocks = NodeClocks()
             self.security.connections.on_tcp_gone = self.links.closed
             self.security.prepare(self.pull, remote, "remote_ingest")

@@ -17,7 +17,6 @@ names the peer the head sees): that node is named by its missing steps, as befor
 """
 from __future__ import annotations
 
-import os
 import time
 from collections import deque
 
@@ -63,40 +62,6 @@ def io_threads(links: int) -> int:
     return max(1, min(MAX_IO_THREADS, -(-links // LINKS_PER_IO_THREAD)))
 
 
-# How much lower a head's libzmq I/O threads run than its main thread (os.setpriority's nice).
-IO_THREAD_NICE = 10
-
-
-def yield_to_the_daemon(expected: int, wait_s: float = 2.0) -> int:
-    """Lower the priority of the process's libzmq I/O threads, `expected` of them (called once the
-    head's context has made its sockets, before any other context exists: they are that
-    context's; each names itself as it starts, so they are looked for up to `wait_s`): a head short
-    of CPU then spends it on reading, shedding and counting, while what it cannot take in waits in
-    the kernel's socket buffers and its nodes' queues, bounded there, instead of being pulled into
-    its own memory faster than it can be shed. With CPU to spare it changes nothing. The threads
-    lowered (fewer where the system refuses: those run as before)."""
-    import logging
-
-    lowered: set[int] = set()
-    deadline = time.monotonic() + wait_s
-    try:
-        while True:
-            for task in os.scandir("/proc/self/task"):
-                tid = int(task.name)
-                if tid in lowered:
-                    continue
-                with open(f"{task.path}/comm") as f:
-                    if f.read().startswith("ZMQbg/IO/"):
-                        os.setpriority(os.PRIO_PROCESS, tid, IO_THREAD_NICE)
-                        lowered.add(tid)
-            if len(lowered) >= expected or time.monotonic() >= deadline:
-                break
-            time.sleep(0.01)
-    except OSError as exc:
-        logging.getLogger("telemetry.daemon").warning("the head's I/O threads keep their priority: %s", exc)
-    return len(lowered)
-
-
 def head_context(links: int) -> zmq.Context:
     """The libzmq context of a daemon holding up to `links` node links (0: a daemon of ranks only,
     which keeps libzmq's defaults: its ranks' frames come many to a read)."""
@@ -107,9 +72,8 @@ def head_context(links: int) -> zmq.Context:
 
 
 class NodeLinks:
-    def __init__(self, io_threads: int = 1, io_threads_lowered: int = 0) -> None:
+    def __init__(self, io_threads: int = 1) -> None:
         self.io_threads = io_threads
-        self.io_threads_lowered = io_threads_lowered
         self._by_link: dict[str, tuple[int, int]] = {}   # "ip:port" -> (node, its forwarder's src)
         self._link_of: dict[int, str] = {}               # node -> its latest link
         self._closed: deque = deque()                    # (link, monotonic), from the watch thread
@@ -170,6 +134,5 @@ class NodeLinks:
         return out
 
     def stats(self) -> dict:
-        return {"known": len(self._by_link), "io_threads": self.io_threads,
-                "io_threads_lowered": self.io_threads_lowered, "closed_named": self.num_closed_named,
+        return {"known": len(self._by_link), "io_threads": self.io_threads, "closed_named": self.num_closed_named,
                 "closed_with_bye": self.num_closed_with_bye}
