@@ -322,7 +322,8 @@ fast_metrics(PyObject *frame, PyObject *metrics_type, unsigned long long max_ran
         PyObject *key = NULL;
         if (i < tmpl_len) {
             PyObject *k = PyTuple_GET_ITEM(tmpl, i);
-            if (PyUnicode_CheckExact(k) && PyUnicode_IS_COMPACT_ASCII(k) && PyUnicode_GET_LENGTH(k) == n && memcmp(PyUnicode_DATA(k), s, n) == 0) {
+            if (PyUnicode_CheckExact(k) && PyUnicode_IS_COMPACT_ASCII(k) && PyUnicode_GET_LENGTH(k) == n
+                    && memcmp(PyUnicode_DATA(k), s, n) == 0) {
                 key = k;
                 Py_INCREF(key);
             }
