@@ -229,20 +229,16 @@ rd_value(Reader *r)
         }
         return PyFloat_FromDouble(d);
     }
-    case 0xcc: case 0xcd: case 0xce: case 0xcf: {
-        n = t == 0xcc ? 1 : t == 0xcd ? 2 : t == 0xce ? 4 : 8;
+    case 0xcc: case 0xcd: case 0xce: case 0xcf:            /* uint 8..64 */
+    case 0xd0: case 0xd1: case 0xd2: case 0xd3: {          /* int 8..64 */
+        int is_signed = t >= 0xd0;
+        n = 1 << (t - (is_signed ? 0xd0 : 0xcc));
         if (!rd_need(r, 1 + n))
             return NULL;
         unsigned long long v = rd_be(r->p + 1, n);
         r->p += 1 + n;
-        return PyLong_FromUnsignedLongLong(v);
-    }
-    case 0xd0: case 0xd1: case 0xd2: case 0xd3: {
-        n = t == 0xd0 ? 1 : t == 0xd1 ? 2 : t == 0xd2 ? 4 : 8;
-        if (!rd_need(r, 1 + n))
-            return NULL;
-        unsigned long long v = rd_be(r->p + 1, n);
-        r->p += 1 + n;
+        if (!is_signed)
+            return PyLong_FromUnsignedLongLong(v);
         long long s = n == 1 ? (signed char)v : n == 2 ? (int16_t)v : n == 4 ? (int32_t)v : (long long)v;
         return PyLong_FromLongLong(s);
     }
