@@ -91,6 +91,11 @@ def test_dashboard_in_chromium_against_a_real_run(tmp_path):
                        what="the page drawn")
             assert b.evaluate("location.search + location.hash") == ""     # the token left the address
             assert b.evaluate("document.getElementById('shed').hidden") is True   # nothing shed
+            # The run's rows may still be arriving when the page is first drawn (on a loaded box the
+            # loss chart came after it): every row within a generous hang detector.
+            b.wait_for("(c => c !== null && !c.hidden && +c.dataset.points === %d)"
+                       "(document.querySelector('[data-chart=loss]'))" % (num_loss + num_eval),
+                       timeout_s=120, what="the loss chart with every row")
             charts = _charts(b)
             # The charts hold the run's data, counted from what the daemon wrote.
             assert charts["loss"]["points"] == num_loss + num_eval, charts["loss"]
