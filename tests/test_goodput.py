@@ -1200,11 +1200,13 @@ def test_a_daemon_sigkilled_and_restarted_mid_run_leaves_one_launch_and_the_inje
     excess = sum(agg[s]["perf/straggler_excess_s"] for s in viewed)
     assert b["straggler"] <= excess + 1e-6, b
     assert b["straggler"] >= sum(slow_data - own[0][s] for s in data_named), b
-    # The injected truth within 1 % of the wall time: on the steps it names rank 1's data loading,
-    # the injected 0.2 s a step; on the others (data loading is the first cause looked for, so a
-    # step not named for it is one whose largest excess beat it) no less.
-    assert abs(sum(agg[s]["perf/straggler_excess_s"] for s in data_named) - slow_data * len(data_named)) \
-        <= 0.01 * wall, (b, wall, data_named)
+    # The injected truth: on the steps it names rank 1's data loading, the injected 0.2 s a step
+    # at least, within 1 % of the wall time (a sleep only overshoots: each step's excess is exactly
+    # the ranks' own data times' difference, above, which holds the overshoot and the loader's
+    # own time); on the others (data loading is the first cause looked for, so a step not named
+    # for it is one whose largest excess beat it) no less.
+    assert sum(agg[s]["perf/straggler_excess_s"] for s in data_named) >= slow_data * len(data_named) - 0.01 * wall, \
+        (b, wall, data_named)
     assert b["straggler"] >= slow_data * len(viewed) - 0.01 * wall, (b, wall, viewed)
     waited = sum(own[0][s] if s in data_named else sum(own[k][s] for k in present[s]) / len(present[s])
                  for s in written)
