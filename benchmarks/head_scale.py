@@ -250,8 +250,9 @@ def _vm(pid: int, key: str) -> float:
     return float("nan")
 
 
-def _cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+def _cpu_s(pid: int, stat: Path | None = None) -> float:
+    """A process's CPU seconds (or a thread's, by its `stat` file)."""
+    fields = (stat or Path(f"/proc/{pid}/stat")).read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
@@ -261,10 +262,10 @@ def _threads_cpu_s(pid: int) -> dict[str, float]:
     for task in Path(f"/proc/{pid}/task").iterdir():
         try:
             comm = (task / "comm").read_text().strip()
-            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+            cpu = _cpu_s(pid, task / "stat")
         except OSError:
             continue                                # gone meanwhile
-        out[comm] = out.get(comm, 0.0) + (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        out[comm] = out.get(comm, 0.0) + cpu
     return out
 
 

@@ -197,14 +197,13 @@ def run(args: argparse.Namespace) -> int:
         if daemon.poll() is None:
             daemon.kill()
             daemon.wait()
-        for i, made in enumerate(made_runtime):         # the runtime directory, then a parent made for it
-            if i == 0:
-                shutil.rmtree(made, ignore_errors=True)
-            else:
-                try:
-                    os.rmdir(made)                      # only if nothing else was put there meanwhile
-                except OSError:
-                    break
+        if made_runtime:
+            shutil.rmtree(made_runtime[0], ignore_errors=True)     # the runtime directory
+            try:
+                for parent in made_runtime[1:]:     # a parent made for it: only if nothing else went there
+                    os.rmdir(parent)
+            except OSError:
+                pass
 
 
 def _runtime_dir(run_id: str) -> tuple[Path, tuple[Path, ...]]:
