@@ -122,14 +122,16 @@ def sender_main(a: argparse.Namespace) -> int:
             socks[n].send(encode_metrics(src[n], n, seq[n], 0, now, step, values))
             seq[n] += 1
             sent[n] += 1
+    byes = {}
     for n in nodes:
-        socks[n].send(encode_bye(src[n], n, seq[n], 0, time.time_ns(), {}))
+        byes[n] = encode_bye(src[n], n, seq[n], 0, time.time_ns(), {})
         seq[n] += 1
         sent[n] += 1
     behind = time.monotonic() - (start + steps / a.rate)
     # The run lasts --seconds also with no step to send (--rate below 1/--seconds: idle links).
     time.sleep(max(0.0, start + a.seconds - time.monotonic()))
-    unsent, unconfirmed = _close_counting(socks, mons, sent, a.linger_s)
+    unsent, unconfirmed = _close_counting(ctx, socks, mons, sent, a.linger_s, byes,
+                                          lambda n: endpoints[n // per_group])
     ctx.term()
     print(json.dumps({"sent": {str(n): sent[n] for n in nodes}, "src": {str(n): src[n] for n in nodes},
                       "unsent_no_handshake": {str(n): v for n, v in unsent.items()},
@@ -138,30 +140,44 @@ def sender_main(a: argparse.Namespace) -> int:
     return 0
 
 
-def _close_counting(socks: dict, mons: dict, sent: dict, linger_s: float) -> tuple[dict, dict]:
+def _close_counting(ctx, socks: dict, mons: dict, sent: dict, linger_s: float, byes: dict,
+                    endpoint_of) -> tuple[dict, dict]:
     """Close every node's socket as the forwarder does (telemetry/daemon/sinks/forward.py) and
-    count what a node could not hand to its head: a link that never completed its handshake
-    within the linger has every record it was handed counted (exact); a socket still lingering
-    just before its linger runs out, an upper bound of what libzmq discarded (records queued, at
-    most its send queue plus one engine batch: "not confirmed"). A socket's monitor stops as soon
-    as it is gone: at once when its queue is empty, at the end of its linger when not. Returns
-    ({node: unsent}, {node: unconfirmed}), each holding only the nodes with something to count."""
+    count what a node could not hand to its head: a link that completed its handshake gets its
+    node's bye on a link of its own, then lingers; a link that never completed its handshake
+    within the linger has every record it was handed (its bye too) counted (exact); a socket
+    still lingering just before its linger runs out, an upper bound of what libzmq discarded
+    (records queued, at most its send queue plus one engine batch: "not confirmed"); a bye whose
+    own link never completed its handshake, counted unsent. A socket's monitor stops as soon as it
+    is gone: at once when its queue is empty, at the end of its linger when not. Returns ({node:
+    unsent}, {node: unconfirmed}), each holding only the nodes with something to count."""
     import zmq
     from zmq.utils.monitor import parse_monitor_message
 
     shook, stopped = set(), {}          # stopped: node -> when its monitor's stop was seen
+    bye_socks, bye_mons, bye_shook, bye_stopped = {}, {}, set(), set()
+
+    def events(m) -> list[int]:
+        out = []
+        while True:
+            try:
+                out.append(parse_monitor_message(m.recv_multipart(zmq.NOBLOCK))["event"])
+            except zmq.Again:
+                return out
 
     def read_all() -> None:        # one pass over every monitor, nothing waited for (thousands of them)
         for n, m in mons.items():
-            while True:
-                try:
-                    ev = parse_monitor_message(m.recv_multipart(zmq.NOBLOCK))["event"]
-                except zmq.Again:
-                    break
+            for ev in events(m):
                 if ev == zmq.EVENT_HANDSHAKE_SUCCEEDED:
                     shook.add(n)
                 elif ev == zmq.EVENT_MONITOR_STOPPED:
                     stopped[n] = time.monotonic()
+        for n, m in bye_mons.items():
+            for ev in events(m) if n not in bye_stopped else ():
+                if ev == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                    bye_shook.add(n)
+                elif ev == zmq.EVENT_MONITOR_STOPPED:
+                    bye_stopped.add(n)
 
     # Each link gets the whole linger, as each node's forwarder does: the handshaken ones are
     # closed with it at once, the others get it to complete their handshake (then what is left of it).
@@ -170,6 +186,16 @@ def _close_counting(socks: dict, mons: dict, sent: dict, linger_s: float) -> tup
     closed_with_linger = set()
     while True:
         for n in shook - closed_with_linger:
+            b = ctx.socket(zmq.PUSH)
+            b.setsockopt(zmq.SNDHWM, 1)
+            b.setsockopt(zmq.LINGER, 0)
+            b.monitor(f"inproc://head-scale-bye-{n}",                 # (a closed socket's fd, reused, would clash
+                      zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_MONITOR_STOPPED)    # in pyzmq's own name)
+            bye_mons[n] = ctx.socket(zmq.PAIR)
+            bye_mons[n].connect(f"inproc://head-scale-bye-{n}")
+            b.connect(endpoint_of(n))
+            b.send(byes[n], zmq.NOBLOCK)
+            bye_socks[n] = b
             socks[n].close(linger=int(max(0.0, deadline - time.monotonic()) * 1000))
             closed_with_linger.add(n)
         if len(shook) == len(socks) or time.monotonic() >= deadline:
@@ -183,14 +209,25 @@ def _close_counting(socks: dict, mons: dict, sent: dict, linger_s: float) -> tup
     time.sleep(max(0.0, deadline - 0.05 * linger_s - time.monotonic()))
     read_all()
     lingering = {n for n in closed_with_linger if stopped.get(n, math.inf) >= deadline}
-    print(f"head-scale sender: {len(shook)} of {len(socks)} links handshaken, linger {linger_s} s, "
-          f"{len(lingering)} still lingering near its end", file=sys.stderr, flush=True)
     read_all()                      # a handshake the close raced with: that link's records may have gone
-    for m in mons.values():
+    up = set(bye_shook)            # the byes that had the rest of the linger to leave
+    for n, b in bye_socks.items():
+        b.close(linger=int(max(0.0, deadline - time.monotonic()) * 1000) if n in up else 0)
+    stop_by = time.monotonic() + 2.0   # the others' monitors: a handshake the close raced with comes before their stop
+    while len(bye_stopped | up) < len(bye_socks) and time.monotonic() < stop_by:
+        time.sleep(0.02)
+        read_all()
+    print(f"head-scale sender: {len(shook)} of {len(socks)} links handshaken, linger {linger_s} s, "
+          f"{len(lingering)} still lingering near its end; {len(up)} of {len(bye_socks)} byes' links "
+          f"handshaken in time, {len(bye_shook - up)} as they closed", file=sys.stderr, flush=True)
+    for m in (*mons.values(), *bye_mons.values()):
         m.close(linger=0)
     unsent = {n: sent[n] for n in socks if n not in shook}
+    unsent.update({n: 1 for n in bye_socks if n not in bye_shook})
     raced = shook - closed_with_linger     # closed at once, yet handshaken meanwhile: some may have gone
     unconfirmed = {n: min(sent[n], SENDER_HWM + _ZMQ_OUT_BATCH_FRAMES) for n in lingering | raced}
+    for n in bye_shook - up:               # the bye's link came up as it closed: the bye may have gone
+        unconfirmed[n] = unconfirmed.get(n, 0) + 1
     return unsent, unconfirmed
 
 

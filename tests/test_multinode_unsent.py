@@ -40,6 +40,16 @@ def _read_all(pull: zmq.Socket, quiet_ms: int = 1000) -> int:
     return n
 
 
+def _head_that_reads_late() -> tuple[zmq.Socket, int]:
+    """A "head" whose queues are as small as libzmq and the kernel allow; it is read only after
+    the node has closed. Returns the socket and its port."""
+    pull = zmq.Context.instance().socket(zmq.PULL)
+    pull.setsockopt(zmq.RCVHWM, 1)
+    pull.setsockopt(zmq.RCVBUF, 4096)
+    pull.setsockopt(zmq.LINGER, 0)
+    return pull, pull.bind_to_random_port("tcp://127.0.0.1")
+
+
 def test_a_head_that_never_speaks_zmtp_every_record_counted_unsent():
     # Accepts the TCP connection, reads the node's greeting and never answers: the handshake
     # never completes, so nothing the node queued can have reached it.
@@ -76,12 +86,7 @@ def test_a_head_that_never_speaks_zmtp_every_record_counted_unsent():
 
 
 def test_a_head_that_never_reads_what_the_linger_leaves_is_counted_not_confirmed():
-    ctx = zmq.Context.instance()
-    pull = ctx.socket(zmq.PULL)
-    pull.setsockopt(zmq.RCVHWM, 1)
-    pull.setsockopt(zmq.RCVBUF, 4096)
-    pull.setsockopt(zmq.LINGER, 0)
-    port = pull.bind_to_random_port("tcp://127.0.0.1")
+    pull, port = _head_that_reads_late()
     try:
         # Far more than the kernel's socket buffers hold (~1 KB records, 30 MB): the send queue
         # fills (drops) and is still full at the close.
@@ -99,6 +104,31 @@ def test_a_head_that_never_reads_what_the_linger_leaves_is_counted_not_confirmed
     # The bound is the send queue's plus one engine batch (8 KiB of frames, each more than a record's
     # 16-byte envelope), not everything ever sent.
     assert s["unconfirmed_at_close"] <= 200 + 8192 // 16, s
+    assert s["unsent_no_handshake"] == 0, s
+
+
+def test_a_head_behind_its_node_still_gets_the_bye_with_the_final_seq():
+    # The records' link is backed up (the head reads nothing until the node has closed, its send
+    # queue full, what the linger leaves cut): the bye goes on a link of its own, so the head
+    # learns the node's final seq and drop count, and can count exactly what never came.
+    from protocol import KIND_BYE
+
+    pull, port = _head_that_reads_late()
+    try:
+        sink = _run_node(f"tcp://127.0.0.1:{port}", 30_000, num_values=60, close_linger_s=0.5, max_buffered=200)
+        s = sink.stats()
+        frames = []
+        while pull.poll(1000):
+            frames.append(msgspec.msgpack.decode(pull.recv(zmq.NOBLOCK)))
+    finally:
+        pull.close()
+    assert s["refused_by_send_queue"] > 0 and s["unconfirmed_at_close"] > 0, s    # backed up, cut at the close
+    byes = [f for f in frames if f[0] == KIND_BYE]
+    assert len(byes) == 1, (s, len(frames))
+    # (kind, version, src, rank, seq, dropped, ...): the last seq, and every refusal counted in it.
+    assert byes[0][2] == s["src"] and byes[0][4] == s["seq"] - 1 and byes[0][5] == s["refused_by_send_queue"], \
+        (byes[0][:6], s)
+    assert len(frames) < s["seq"] - s["refused_by_send_queue"], (len(frames), s)    # records were cut
     assert s["unsent_no_handshake"] == 0, s
 
 
@@ -161,9 +191,10 @@ def test_a_node_daemon_reports_what_its_head_never_took_in_status_and_drain(tmp_
     assert "never completed its handshake" in d.output(), d.output()[-2000:]
 
 
-def test_a_head_that_comes_up_during_the_close_gets_everything_and_the_bye_last():
+def test_a_head_that_comes_up_during_the_close_gets_everything_and_the_bye():
     # Nothing listens while the node runs; the head binds while the node is closing: the close
-    # gives the link its linger to complete a handshake, then everything goes, the bye last.
+    # gives the link its linger to complete a handshake, then everything goes, the bye on a link
+    # of its own (it may come before the records: the head holds it until they are in).
     from protocol import KIND_BYE
 
     probe = socket.socket()
@@ -190,4 +221,48 @@ def test_a_head_that_comes_up_during_the_close_gets_everything_and_the_bye_last(
         pull.close()
     s = sink.stats()
     assert s["connects"] == 1 and s["unsent_no_handshake"] == s["unconfirmed_at_close"] == 0, s
-    assert len(kinds) == s["seq"] and kinds[-1] == KIND_BYE, (s, kinds[-3:])
+    assert len(kinds) == s["seq"] and kinds.count(KIND_BYE) == 1, (s, kinds)
+
+
+def test_a_head_behind_its_node_counts_the_node_exactly_from_its_bye(tmp_path):
+    # A real head, stopped while the node queues records, continued during the node's close: the
+    # bye, on its own link, reaches the head ahead of the backlog; the head holds it until the
+    # records are in (or counted at its drain), and its own figures for the node add up to what
+    # the node sent, its source closed by the bye.
+    import os
+    import signal
+    import time
+
+    from testkit.faults import Endpoints, free_port, launch
+
+    remote = f"tcp://127.0.0.1:{free_port()}"
+    head = launch(tmp_path / "head", Endpoints(), config={"pollers": {"nvml_enabled": False}},
+                  extra=("--remote-ingest", remote), world_size=1)
+    stopped = False
+    try:
+        sink = ForwardSink(ForwardConfig(endpoint=remote, node_rank=0, num_nodes=1, close_linger_s=2.0,
+                                         max_buffered=100_000))
+        sink.start()
+        deadline = time.monotonic() + 60
+        while sink.num_connects == 0 and time.monotonic() < deadline:    # a hang detector
+            time.sleep(0.05)
+            sink._check_link()
+        assert sink.num_connects == 1
+        os.kill(head.proc.pid, signal.SIGSTOP)
+        stopped = True
+        for first in range(0, 8_000, 100):
+            sink.consume([_metrics(s, 100) for s in range(first, first + 100)])
+        resume = threading.Timer(1.0, lambda: os.kill(head.proc.pid, signal.SIGCONT))
+        resume.start()
+        sink.close()
+        resume.join(10)
+        stopped = False
+        final = head.drain(timeout_s=300)
+    finally:
+        if stopped:
+            os.kill(head.proc.pid, signal.SIGCONT)
+        head.stop()
+    s = sink.stats()
+    assert s["unsent_no_handshake"] == 0, s
+    node = final["per_rank"]["0"]
+    assert node["received"] + node["refused"] + node["lost"] == s["seq"] and node["open"] == 0, (node, s)

@@ -8,8 +8,9 @@ heartbeats (REMOTE_HEARTBEAT_*) close the link of a host that went silent (power
 partitioned, a node daemon stopped). The head's connection watch (security/watch.py) passes each
 closed TCP connection's peer ("ip:port"); each node says in its hello which link is its own
 (`link`, its end of the connection: forward.py). A node's link that closes is named once no bye
-of its forwarder has come LINK_GRACE_S later (a node that drains sends its bye, then closes: the
-bye may still sit in the head's queue when the close is seen) and the node has not linked again
+of its forwarder has come LINK_GRACE_S later (a node that drains sends its bye on a link of its
+own, then closes its records' link: the bye may still sit in the head's queue when the close is
+seen) and the node has not linked again
 meanwhile: an event `link_closed` with the node, which the liveness rule words as a finding.
 
 What it cannot see: a link through a proxy or NAT that rewrites the node's address (no hello
@@ -24,7 +25,7 @@ import zmq
 
 from protocol.output import EventRecord
 
-# How long after a link closed its node's bye may still arrive (it came first, on that link).
+# How long after a link closed its node's bye may still arrive (sent before that link closed).
 LINK_GRACE_S = 1.0
 # ... and at most this long while that node's records still come in (a head with a backlog).
 LINK_GRACE_MAX_S = 5.0

@@ -38,6 +38,11 @@ acknowledgement, so the counts are what libzmq lets a sender know:
   how many, so this is an upper bound (the send queue's bound plus one engine batch), "not
   confirmed"; the head's own count of what it received from this node tells the exact part.
   Beyond it: bytes the head's host acknowledged and the head never read (its own to count).
+The bye, with the final seq and drop count, goes on a link of its own at the close, before the
+records' link lingers: a full or cut send queue would take it with the records, and the head
+would not know what this node sent. With it, the head counts what never came (its held byes,
+daemon/byes.py). The bye's link is counted like the records': unsent_no_handshake + 1 if it never
+completed its handshake, unconfirmed_at_close + 1 if it did so only as it closed.
 
 Across nodes the head's reductions combine node aggregates: sums of sums and max of max are
 exact; the mean of node means equals the global mean when every node has the same number of
@@ -81,6 +86,9 @@ _ZMQ_OUT_BATCH_BYTES = 8192
 # After closing the socket, how long to wait for its monitor to report the events it saw before
 # (a handshake the close raced with); the monitor stops at once, this only bounds a stuck one.
 _MONITOR_STOP_WAIT_S = 1.0
+# The least time the bye's socket is given to hand its one frame to the kernel once its link is
+# up, even when its handshake came at the end of the close's linger.
+_BYE_LINGER_MS = 200
 
 
 @dataclass(kw_only=True, slots=True)
@@ -308,9 +316,6 @@ class ForwardSink(Sink):
             return
         c = self.cfg
         self._check_link()
-        # forwarded_by: the head's goodput ledger tells this link's end from a rank's.
-        self._send_raw(encode_bye(self.src, c.node_rank, self.seq, self.num_dropped, time.time_ns(),
-                                  {**self.stats(), "forwarded_by": "group head" if self.relay else "node daemon"}))
         # The linger is for a head that is there: one that never completed a handshake gets the
         # same time to do so, and if it does not, nothing queued can have left.
         deadline = time.monotonic() + c.close_linger_s
@@ -318,19 +323,43 @@ class ForwardSink(Sink):
             if self._mon.poll(max(1, int(left_s * 1000))):
                 self._check_link(closing=True)     # no hello after the bye: the queued one goes first
         handshaken = self.num_connects > 0
+        # forwarded_by: the head's goodput ledger tells this link's end from a rank's.
+        bye = encode_bye(self.src, c.node_rank, self.seq, self.num_dropped, time.time_ns(),
+                         {**self.stats(), "forwarded_by": "group head" if self.relay else "node daemon"})
+        bye_sock = bye_mon = None
+        if handshaken:
+            # The bye, with the final seq the head's per-node loss figure needs, on a link of its
+            # own, sent before the records' link lingers: behind a backlog (a head not keeping up)
+            # the records' send queue may be full, or cut at the linger's end, and the bye with
+            # it. A fresh link's queue is empty; the head holds a bye that came first until its
+            # node's records are in (daemon/byes.py), and counts what never came as lost.
+            bye_sock, bye_mon = self._bye_link()
+            data, self._sock = self._sock, bye_sock
+            try:
+                self._send_raw(bye)
+            finally:
+                self._sock = data
+        else:
+            self._send_raw(bye)
         linger_ms = int(max(0.0, deadline - time.monotonic()) * 1000) if handshaken else 0
         t0 = time.monotonic()
         self._sock.close(linger=linger_ms)
+        bye_link = "up"
+        if bye_sock is not None:
+            bye_link = _bye_link_outcome(bye_sock, bye_mon, deadline)
         # The events before the close (a handshake the close raced with), up to the monitor's stop
-        # (once the socket is gone: after its linger).
-        stop_by = time.monotonic() + _MONITOR_STOP_WAIT_S
+        # (once the socket is gone: drained, or at the end of its linger).
+        gone_at = None
+        stop_by = max(time.monotonic(), t0 + linger_ms / 1000) + _MONITOR_STOP_WAIT_S
         while (left_s := stop_by - time.monotonic()) > 0 and self._mon.poll(max(1, int(left_s * 1000))):
             if self._check_link(closing=True):
+                gone_at = time.monotonic()
                 break
         self._mon.close(linger=0)
         self._mon = None
         self._ctx.term()          # waits out the rest of the linger while records are still queued
-        lingered_out = time.monotonic() - t0 >= linger_ms / 1000 - 0.01
+        lingered_out = (gone_at or time.monotonic()) - t0 >= linger_ms / 1000 - 0.01
+        on_link = self.num_sent - (bye_sock is not None)      # the bye went on a link of its own
         if self.num_connects == 0:
             self.num_unsent_no_handshake = self.num_sent
             log.warning("the link to the head daemon at %s never completed its handshake: %d records "
@@ -339,14 +368,40 @@ class ForwardSink(Sink):
             # No acknowledgement on a PUSH link: what the linger left, or what a head that was not
             # keeping up (its send queue refused records on this link) had not read when the link
             # closed, is known only to be at most the send queue's bound plus the batch libzmq's
-            # engine had taken off it.
+            # engine had taken off it. (The head knows the exact figure from the bye's seq.)
             in_batch = -(-_ZMQ_OUT_BATCH_BYTES // max(1, self._min_frame_bytes))
-            self.num_unconfirmed_at_close = min(self.num_sent, c.max_buffered + in_batch)
+            self.num_unconfirmed_at_close = min(on_link, c.max_buffered + in_batch)
             why = (f"records still queued when the close's linger ({c.close_linger_s:.1f} s) ran out" if lingered_out
                    else "the head was not keeping up (its send queue refused records)")
             log.warning("closing the link to the head daemon at %s, %s: up to %d records not confirmed sent "
                         "(unconfirmed_at_close)", c.endpoint, why, self.num_unconfirmed_at_close)
+        if bye_link != "up":
+            # Its link never completed a handshake: the bye cannot have left; or it did so only as
+            # the socket closed: it may have.
+            if bye_link == "never":
+                self.num_unsent_no_handshake += 1
+            else:
+                self.num_unconfirmed_at_close += 1
+            log.warning("the bye's link to the head daemon at %s %s: the bye counted as %s; the head counts this "
+                        "node's records by what came", c.endpoint,
+                        "never completed its handshake" if bye_link == "never" else "completed its handshake only "
+                        "as it closed", "unsent_no_handshake" if bye_link == "never" else "unconfirmed_at_close")
         self._sock = None
+
+    def _bye_link(self) -> tuple[zmq.Socket, zmq.Socket]:
+        """A PUSH socket of its own to the head for the bye (the records' link's keys), and a
+        monitor of its handshake."""
+        s = self._ctx.socket(zmq.PUSH)
+        s.setsockopt(zmq.SNDHWM, 1)
+        s.setsockopt(zmq.LINGER, 0)
+        s.setsockopt(zmq.RECONNECT_IVL, int(self.cfg.reconnect_ivl_s * 1000))
+        if self.curve:
+            from telemetry.shared.security.curve import apply_client_curve
+
+            apply_client_curve(s, self.cfg.server_public_key, self.cfg.client_secret_key)
+        mon = s.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_MONITOR_STOPPED)
+        s.connect(self.cfg.endpoint)
+        return s, mon
 
     def stats(self) -> dict:
         return {"sent": self.num_sent, "refused_by_send_queue": self.num_dropped, "seq": self.seq, "src": self.src,
@@ -414,6 +469,24 @@ class ForwardSink(Sink):
                 log.warning("the send queue to the head daemon at %s is full (%d records): dropping, counted "
                             "(dropped)", self.cfg.endpoint, self.cfg.max_buffered)
             self.num_dropped += 1
+
+
+def _bye_link_outcome(sock: zmq.Socket, mon: zmq.Socket, deadline: float) -> str:
+    """Close the bye's socket and say how its link went: "up" (its handshake came by `deadline`:
+    the bye had the rest of the linger, at least _BYE_LINGER_MS, to leave), "never" (no handshake before the socket was
+    gone: the bye cannot have left) or "raced" (a handshake as it closed: it may have)."""
+    up = bool(mon.poll(max(0, int((deadline - time.monotonic()) * 1000))))
+    sock.close(linger=max(_BYE_LINGER_MS, int((deadline - time.monotonic()) * 1000)) if up else 0)
+    outcome = "up" if up else "never"
+    stop_by = time.monotonic() + _MONITOR_STOP_WAIT_S
+    while not up and (left_s := stop_by - time.monotonic()) > 0 and mon.poll(max(1, int(left_s * 1000))):
+        event = mon.recv_multipart()[0]
+        if int.from_bytes(event[:2], "little") == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+            outcome = "raced"
+        else:             # EVENT_MONITOR_STOPPED: every event before it has come
+            break
+    mon.close(linger=0)
+    return outcome
 
 
 def _t_ns(rec: dict) -> int:
