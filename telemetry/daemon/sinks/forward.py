@@ -178,10 +178,11 @@ class ForwardSink(Sink):
         self._link_up = False                # a handshake succeeded and no disconnect since
         self._dropped_at_link = 0            # num_dropped at the link's last handshake
         self.curve = False
+        self._curve_keys: tuple | None = None
 
     # -- lifecycle -----------------------------------------------------------------------------
     def start(self) -> None:
-        from telemetry.shared.security.curve import apply_client_curve
+        from telemetry.shared.security.curve import load_public_key, load_secret_key
 
         c = self.cfg
         self._ctx = zmq.Context(1)
@@ -194,10 +195,14 @@ class ForwardSink(Sink):
         s.setsockopt(zmq.HEARTBEAT_TTL, int((c.heartbeat_ivl_s + c.heartbeat_timeout_s) * 1000))
         s.setsockopt(zmq.RECONNECT_IVL, int(c.reconnect_ivl_s * 1000))
         s.setsockopt(zmq.RECONNECT_IVL_MAX, int(c.reconnect_ivl_max_s * 1000))
-        # Never explicitly: passing keys here, not the environment, keeps a node's rank-side keys
-        # and its forwarding keys separate.
-        self.curve = apply_client_curve(s, c.server_public_key or None, c.client_secret_key or None) \
-            if c.server_public_key else False
+        # The keys of the config, never of the environment: a node's rank-side keys and its
+        # forwarding keys stay separate.
+        if c.server_public_key:
+            # Kept for the bye's link at the close (the files may be gone by then).
+            public, secret = load_secret_key(c.client_secret_key)
+            self._curve_keys = (public, secret, load_public_key(c.server_public_key))
+            self._set_curve(s)
+            self.curve = True
         # Watch the link: a restarted head gets this node's hello again on reconnect.
         self._mon = s.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED
                                          | zmq.EVENT_MONITOR_STOPPED)
@@ -395,13 +400,15 @@ class ForwardSink(Sink):
         s.setsockopt(zmq.SNDHWM, 1)
         s.setsockopt(zmq.LINGER, 0)
         s.setsockopt(zmq.RECONNECT_IVL, int(self.cfg.reconnect_ivl_s * 1000))
-        if self.curve:
-            from telemetry.shared.security.curve import apply_client_curve
-
-            apply_client_curve(s, self.cfg.server_public_key, self.cfg.client_secret_key)
+        self._set_curve(s)
         mon = s.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_MONITOR_STOPPED)
         s.connect(self.cfg.endpoint)
         return s, mon
+
+    def _set_curve(self, s: zmq.Socket) -> None:
+        """Make `s` a CURVE client with this node's keys, if it has any (before its connect)."""
+        if self._curve_keys is not None:
+            s.curve_publickey, s.curve_secretkey, s.curve_serverkey = self._curve_keys
 
     def stats(self) -> dict:
         return {"sent": self.num_sent, "refused_by_send_queue": self.num_dropped, "seq": self.seq, "src": self.src,
