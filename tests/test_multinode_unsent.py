@@ -266,3 +266,32 @@ def test_a_head_behind_its_node_counts_the_node_exactly_from_its_bye(tmp_path):
     assert s["unsent_no_handshake"] == 0, s
     node = final["per_rank"]["0"]
     assert node["received"] + node["refused"] + node["lost"] == s["seq"] and node["open"] == 0, (node, s)
+
+
+def test_a_head_gone_before_the_close_the_bye_is_counted_unsent(caplog):
+    # The link was up, then the head went away: the bye's own link never completes a handshake
+    # within the linger, so the bye cannot have left: counted unsent, said in a warning.
+    import time
+
+    pull = zmq.Context.instance().socket(zmq.PULL)
+    pull.setsockopt(zmq.LINGER, 0)
+    port = pull.bind_to_random_port("tcp://127.0.0.1")
+    sink = ForwardSink(ForwardConfig(endpoint=f"tcp://127.0.0.1:{port}", node_rank=0, num_nodes=1,
+                                     close_linger_s=0.5))
+    sink.start()
+    sink.consume([_metrics(s) for s in range(10)])
+    got = 0
+    deadline = time.monotonic() + 60                     # a hang detector
+    while (got < sink.seq or sink.num_connects == 0) and time.monotonic() < deadline:    # hellos, 10 steps
+        sink._check_link()        # (a handshake sends the hello again, with the link's address)
+        if pull.poll(100):
+            pull.recv(zmq.NOBLOCK)
+            got += 1
+    pull.close()
+    before = sink.seq
+    with caplog.at_level("WARNING", logger="telemetry.daemon.sinks.forward"):
+        sink.close()
+    s = sink.stats()
+    assert got == before and s["connects"] == 1, (got, s)
+    assert s["unsent_no_handshake"] == 1 and s["seq"] == before + 1, s     # the bye, and only it
+    assert "the bye's link" in caplog.text and "never completed its handshake" in caplog.text, caplog.text
