@@ -295,3 +295,37 @@ def test_a_head_gone_before_the_close_the_bye_is_counted_unsent(caplog):
     assert got == before and s["connects"] == 1, (got, s)
     assert s["unsent_no_handshake"] == 1 and s["seq"] == before + 1, s     # the bye, and only it
     assert "the bye's link" in caplog.text and "never completed its handshake" in caplog.text, caplog.text
+
+
+def test_the_bye_goes_over_curve_with_keys_read_at_start(tmp_path):
+    # A CURVE head; the node's key files are gone by its close (a job's secrets cleaned up
+    # early): the bye's own link still speaks with the keys read at start, and the head gets it.
+    from protocol import KIND_BYE
+    from telemetry.shared.security.curve import load_secret_key
+    from testkit.faults import node_keys
+
+    keys, _ = node_keys(tmp_path, 1)
+    server_public, server_secret = load_secret_key(keys / "head.key_secret")
+    pull = zmq.Context.instance().socket(zmq.PULL)
+    pull.setsockopt(zmq.LINGER, 0)
+    pull.curve_server = True
+    pull.curve_publickey, pull.curve_secretkey = server_public, server_secret
+    port = pull.bind_to_random_port("tcp://127.0.0.1")
+    try:
+        sink = ForwardSink(ForwardConfig(endpoint=f"tcp://127.0.0.1:{port}", node_rank=0, num_nodes=1,
+                                         server_public_key=str(keys / "head.key"),
+                                         client_secret_key=str(keys / "node0.key_secret"), close_linger_s=5.0))
+        sink.start()
+        sink.consume([_metrics(s) for s in range(20)])
+        for f in keys.glob("node0.key*"):
+            f.unlink()
+        sink.close()
+        kinds = []
+        while pull.poll(1000):
+            kinds.append(msgspec.msgpack.decode(pull.recv(zmq.NOBLOCK))[0])
+    finally:
+        pull.close()
+    s = sink.stats()
+    assert s["curve"], s
+    assert len(kinds) == s["seq"] and kinds.count(KIND_BYE) == 1, (s, kinds)
+    assert s["unsent_no_handshake"] == s["unconfirmed_at_close"] == 0, s
