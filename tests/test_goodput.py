@@ -775,6 +775,27 @@ def _startup_truth(booked: float, own: list[dict], started: float) -> float:
     return min(max(booked, min(began) - started), max(began) - started)
 
 
+def _straggler_series(recs: list[dict], steps) -> dict[int, tuple[int, str, float]]:
+    """Each of `steps` whose aggregated record names a straggler: (rank, phase, excess), the excess
+    checked to be exactly what the two ranks' own figures for that phase say (their per-rank
+    records)."""
+    from telemetry.daemon.straggler_view import PHASES
+
+    agg = {r["step"]: r["values"] for r in recs if r["kind"] == "metrics" and "rank" not in r}
+    per_rank = {(r["step"], r["rank"]): r["values"] for r in recs if r["kind"] == "metrics" and "rank" in r}
+    out = {}
+    for s in steps:
+        v = agg[s]
+        if "perf/straggler_rank" not in v:
+            continue
+        named, phase = int(v["perf/straggler_rank"]), PHASES[int(v["perf/straggler_phase_index"])]
+        key = f"perf/{phase}_time"
+        assert v["perf/straggler_excess_s"] == pytest.approx(
+            per_rank[(s, named)][key] - per_rank[(s, 1 - named)][key], abs=1e-9), (s, v)
+        out[s] = (named, phase, v["perf/straggler_excess_s"])
+    return out
+
+
 def _against_truth(led: dict, truth: dict[str, float]) -> None:
     """Every bucket of `truth` within 1 % of the wall time of it; the rest of what nothing
     injected at most 2 % unexplained; no bucket below zero; the buckets sum to the wall time."""
@@ -926,20 +947,7 @@ def test_a_straggler_that_begins_mid_run_against_the_injected_truth(make_daemon,
     slow_n = steps_n - slow_from + 1
     # The straggler series, step by step: whatever it names, its excess is exactly what the two
     # ranks' own figures for that phase say (their per-rank records).
-    from telemetry.daemon.straggler_view import PHASES
-
-    agg = {r["step"]: r["values"] for r in recs if r["kind"] == "metrics" and "rank" not in r}
-    per_rank = {(r["step"], r["rank"]): r["values"] for r in recs if r["kind"] == "metrics" and "rank" in r}
-    excess = 0.0
-    for s in range(1, steps_n + 1):
-        v = agg[s]
-        if "perf/straggler_rank" not in v:
-            continue
-        named, phase = int(v["perf/straggler_rank"]), PHASES[int(v["perf/straggler_phase_index"])]
-        assert v["perf/straggler_excess_s"] == pytest.approx(
-            per_rank[(s, named)][f"perf/{phase}_time"] - per_rank[(s, 1 - named)][f"perf/{phase}_time"], abs=1e-9), \
-            (s, v)
-        excess += v["perf/straggler_excess_s"]
+    excess = sum(e for _, _, e in _straggler_series(recs, range(1, steps_n + 1)).values())
     b, wall = led["buckets_s"], led["wall_s"]
     # At least the slept time (a sleep only overshoots), at most what the series says was waited
     # (the ledger books no more than that; what it took for the run's noise stays where it was spent).
@@ -1183,23 +1191,14 @@ def test_a_daemon_sigkilled_and_restarted_mid_run_leaves_one_launch_and_the_inje
     # in data loading (the injected delay; on a loaded box another rank's real excess elsewhere
     # may win a step, CAUSE_ORDER), the excess is exactly what the two ranks' data times say;
     # on every step, whatever it names is what the per-rank records say.
-    from telemetry.daemon.straggler_view import PHASES
-
-    per_rank = {(r["step"], r["rank"]): r["values"] for r in recs if r["kind"] == "metrics" and "rank" in r}
+    series = _straggler_series(recs, written)
+    # A step written without a rank (its record went to the killed daemon): no view to check.
+    assert all(s in missing for s in written if s not in series), (series, written, missing)
     data_named = []
-    for s in written:
-        v = agg[s]
-        if "perf/straggler_rank" not in v:
-            # A step written without a rank (its record went to the killed daemon): no view to check.
-            assert s in missing, (s, v)
-            continue
-        named, phase = int(v["perf/straggler_rank"]), PHASES[int(v["perf/straggler_phase_index"])]
-        key = f"perf/{phase}_time"
-        assert v["perf/straggler_excess_s"] == pytest.approx(
-            per_rank[(s, named)][key] - per_rank[(s, 1 - named)][key], abs=1e-9), (s, v)
+    for s, (named, phase, excess_s) in series.items():
         if (named, phase) == (1, "data_loading"):
             data_named.append(s)
-            assert v["perf/straggler_excess_s"] == pytest.approx(own[1][s] - own[0][s], abs=1e-9), (s, v)
+            assert excess_s == pytest.approx(own[1][s] - own[0][s], abs=1e-9), (s, excess_s)
     viewed = [s for s in written if s not in missing]
     assert len(data_named) >= 0.75 * len(viewed), (data_named, written, missing)
     # The job: rank 1's 0.2 s a step (and what else its loader took beyond rank 0's) is straggler
