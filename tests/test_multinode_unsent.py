@@ -295,6 +295,50 @@ def test_a_head_gone_before_the_close_the_bye_is_counted_unsent(caplog):
     assert got == before and s["connects"] == 1, (got, s)
     assert s["unsent_no_handshake"] == 1 and s["seq"] == before + 1, s     # the bye, and only it
     assert "the bye's link" in caplog.text and "never completed its handshake" in caplog.text, caplog.text
+    # The records' link had nothing queued at the close: nothing of it is unconfirmed, however
+    # long the bye's link was waited for.
+    assert s["unconfirmed_at_close"] == 0 and "still queued" not in caplog.text, (s, caplog.text)
+
+
+def test_a_close_without_linger_still_hands_the_bye_to_a_head_that_is_there():
+    # close_linger_s: 0 (a node that must not wait for its queue at its end): the bye's own link
+    # still gets the time to complete its handshake, so a head that is there gets the bye and its
+    # final seq, close after close.
+    import time
+
+    from protocol import KIND_BYE
+
+    for attempt in range(3):
+        pull = zmq.Context.instance().socket(zmq.PULL)
+        pull.setsockopt(zmq.LINGER, 0)
+        port = pull.bind_to_random_port("tcp://127.0.0.1")
+        kinds: list[int] = []
+        stop = threading.Event()
+
+        def read() -> None:
+            while not stop.is_set():
+                if pull.poll(50):
+                    kinds.append(msgspec.msgpack.decode(pull.recv(zmq.NOBLOCK))[0])
+
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        sink = ForwardSink(ForwardConfig(endpoint=f"tcp://127.0.0.1:{port}", node_rank=0, num_nodes=1,
+                                         close_linger_s=0.0))
+        sink.start()
+        sink.consume([_metrics(s) for s in range(10)])
+        deadline = time.monotonic() + 60                     # a hang detector
+        while (len(kinds) < sink.seq or sink.num_connects == 0) and time.monotonic() < deadline:
+            sink._check_link()
+            time.sleep(0.02)
+        sink.close()
+        deadline = time.monotonic() + 10
+        while KIND_BYE not in kinds and time.monotonic() < deadline:
+            time.sleep(0.02)
+        stop.set()
+        reader.join()
+        pull.close()
+        s = sink.stats()
+        assert kinds.count(KIND_BYE) == 1 and s["unsent_no_handshake"] == 0, (attempt, kinds, s)
 
 
 def test_the_bye_goes_over_curve_with_keys_read_at_start(tmp_path):

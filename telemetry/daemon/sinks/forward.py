@@ -89,6 +89,11 @@ _MONITOR_STOP_WAIT_S = 1.0
 # The least time the bye's socket is given to hand its one frame to the kernel once its link is
 # up, even when its handshake came at the end of the close's linger.
 _BYE_LINGER_MS = 200
+# The least time the bye's link is given to complete its handshake (a TCP connect and ZMTP's, with
+# CURVE's), even when the close's linger is shorter (close_linger_s: 0): without it the bye of a
+# node whose head is there and idle would hardly ever leave. Only a node whose head was there
+# waits it; the records' linger is not lengthened.
+_BYE_HANDSHAKE_MIN_S = 0.5
 
 
 @dataclass(kw_only=True, slots=True)
@@ -339,6 +344,7 @@ class ForwardSink(Sink):
             # it. A fresh link's queue is empty; the head holds a bye that came first until its
             # node's records are in (daemon/byes.py), and counts what never came as lost.
             bye_sock, bye_mon = self._bye_link()
+            bye_opened = time.monotonic()
             data, self._sock = self._sock, bye_sock
             try:
                 self._send_raw(bye)
@@ -349,11 +355,9 @@ class ForwardSink(Sink):
         linger_ms = int(max(0.0, deadline - time.monotonic()) * 1000) if handshaken else 0
         t0 = time.monotonic()
         self._sock.close(linger=linger_ms)
-        bye_link = "up"
-        if bye_sock is not None:
-            bye_link = _bye_link_outcome(bye_sock, bye_mon, deadline)
         # The events before the close (a handshake the close raced with), up to the monitor's stop
-        # (once the socket is gone: drained, or at the end of its linger).
+        # (once the socket is gone: drained, or at the end of its linger). Read before the bye's
+        # link is waited for: when the stop was seen says whether the linger ran out.
         gone_at = None
         stop_by = max(time.monotonic(), t0 + linger_ms / 1000) + _MONITOR_STOP_WAIT_S
         while (left_s := stop_by - time.monotonic()) > 0 and self._mon.poll(max(1, int(left_s * 1000))):
@@ -362,6 +366,9 @@ class ForwardSink(Sink):
                 break
         self._mon.close(linger=0)
         self._mon = None
+        bye_link = "up"
+        if bye_sock is not None:
+            bye_link = _bye_link_outcome(bye_sock, bye_mon, max(deadline, bye_opened + _BYE_HANDSHAKE_MIN_S))
         self._ctx.term()          # waits out the rest of the linger while records are still queued
         lingered_out = (gone_at or time.monotonic()) - t0 >= linger_ms / 1000 - 0.01
         on_link = self.num_sent - (bye_sock is not None)      # the bye went on a link of its own
