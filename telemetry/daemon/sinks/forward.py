@@ -383,7 +383,8 @@ class ForwardSink(Sink):
             # engine had taken off it. (The head knows the exact figure from the bye's seq.)
             in_batch = -(-_ZMQ_OUT_BATCH_BYTES // max(1, self._min_frame_bytes))
             self.num_unconfirmed_at_close = min(on_link, c.max_buffered + in_batch)
-            why = (f"records still queued when the close's linger ({c.close_linger_s:.1f} s) ran out" if lingered_out
+            why = ("with no linger (close_linger_s: 0) whatever was still queued was discarded" if c.close_linger_s == 0
+                   else f"records still queued when the close's linger ({c.close_linger_s:.1f} s) ran out" if lingered_out
                    else "the head was not keeping up (its send queue refused records)")
             log.warning("closing the link to the head daemon at %s, %s: up to %d records not confirmed sent "
                         "(unconfirmed_at_close)", c.endpoint, why, self.num_unconfirmed_at_close)
