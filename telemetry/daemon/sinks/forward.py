@@ -94,6 +94,7 @@ _BYE_LINGER_MS = 200
 # node whose head is there and idle would hardly ever leave. Only a node whose head was there
 # waits it; the records' linger is not lengthened.
 _BYE_HANDSHAKE_MIN_S = 0.5
+_MAX_HWM = 2**31 - 1
 
 
 @dataclass(kw_only=True, slots=True)
@@ -141,8 +142,18 @@ class ForwardConfig(SinkConfig):
         for k in self.kinds:
             if k not in FORWARD_KINDS:
                 raise ValueError(f"forward.kinds: {k!r} is not one of {', '.join(FORWARD_KINDS)}")
-        if self.max_buffered < 1:
-            raise ValueError(f"forward.max_buffered must be >= 1, got {self.max_buffered}")
+        if not 1 <= self.max_buffered <= _MAX_HWM:       # libzmq's high-water mark is a C int
+            raise ValueError(f"forward.max_buffered must be 1..{_MAX_HWM}, got {self.max_buffered}")
+        if self.server_public_key:
+            # Read now, as the sink will at its start: a key that cannot be read refuses the
+            # config (exit 2), rather than a node daemon that runs without its link to the head.
+            from telemetry.shared.security.curve import SecurityError, load_public_key, load_secret_key
+
+            for name, load in (("client_secret_key", load_secret_key), ("server_public_key", load_public_key)):
+                try:
+                    load(getattr(self, name))
+                except SecurityError as exc:
+                    raise ValueError(f"forward.{name}: {exc}") from None
         for name in ("heartbeat_ivl_s", "heartbeat_timeout_s", "reconnect_ivl_s", "reconnect_ivl_max_s"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"forward.{name} must be > 0")
