@@ -95,6 +95,9 @@ _BYE_LINGER_MS = 200
 # waits it; the records' linger is not lengthened.
 _BYE_HANDSHAKE_MIN_S = 0.5
 _MAX_HWM = 2**31 - 1
+# A node whose link has not completed a handshake this long after its start says so, once (a head
+# that starts later than its nodes is common; one that never comes is a config to fix).
+NO_LINK_WARN_S = 30.0
 
 
 @dataclass(kw_only=True, slots=True)
@@ -183,6 +186,7 @@ class ForwardSink(Sink):
         self._last_step_ns = 0                        # t of the last step forwarded (ns)
         self._mon: zmq.Socket | None = None
         self._link: str | None = None                 # this end of the TCP link to the head, "ip:port"
+        self._no_link_warn_at = 0.0                   # monotonic; 0: said, or not started
         self.num_connects = 0
         self.num_disconnects = 0
         self.seq = 0
@@ -224,6 +228,7 @@ class ForwardSink(Sink):
                                          | zmq.EVENT_MONITOR_STOPPED)
         s.connect(c.endpoint)
         self._sock = s
+        self._no_link_warn_at = time.monotonic() + NO_LINK_WARN_S
         # Announce the node at once, so the head expects it before its first step arrives.
         self._send(KIND_HELLO, (self._node_info({}),))
 
@@ -295,6 +300,23 @@ class ForwardSink(Sink):
 
     def flush(self) -> None:
         self._check_link()   # called about once a second, also when no records flow
+        if self.num_connects == 0 and self._no_link_warn_at and time.monotonic() >= self._no_link_warn_at:
+            self._no_link_warn_at = 0.0
+            self._warn_no_link()
+
+    def _warn_no_link(self) -> None:
+        """Once, NO_LINK_WARN_S after the start with no handshake yet: the records are held (up to
+        max_buffered) for a head that may never come, so say it while it can be fixed, with what
+        the node can tell of why (a name that does not resolve)."""
+        host, _, port = self.cfg.endpoint[len("tcp://"):].rpartition(":")
+        why = ""
+        try:
+            _socket.getaddrinfo(host.strip("[]"), int(port), type=_socket.SOCK_STREAM)
+        except (OSError, ValueError) as exc:
+            why = f" ({host} does not resolve: {exc})"
+        log.warning("no link to the head daemon at %s after %.0f s%s: holding up to %d records for it; what is still "
+                    "held at the drain is counted unsent_no_handshake", self.cfg.endpoint, NO_LINK_WARN_S, why,
+                    self.cfg.max_buffered)
 
     def _check_link(self, *, closing: bool = False) -> bool:
         """Read the link's monitor events; closing: the bye is queued (or the socket closed), so no
