@@ -278,6 +278,26 @@ def test_a_rank_that_raised_and_its_peers_error_byes_are_a_hang_to_the_end():
     assert b["unexplained"] == pytest.approx(0.0, abs=1e-6)
 
 
+@pytest.mark.parametrize("hang_first", [False, True], ids=["hang after the byes", "hang between the byes"])
+def test_a_hang_decided_as_the_ranks_left_ends_no_later_than_their_byes(hang_first):
+    """As test_a_rank_that_raised_and_its_peers_error_byes_are_a_hang_to_the_end, but the
+    daemon's diagnosis/hang (decided when no step had come for its threshold, the last bye still
+    on its way) is stamped 0.07 s after rank 0's bye: read after both byes, or between them. The
+    ranks' byes say they left: the hang ends at the last bye, not at the diagnosis (seen in a
+    fresh clone beside a CPU hog: the ledger's hang 0.07 s, once 3 s, past the ranks' exits)."""
+    recs = [_hello(T0 + 1, 0, T0), _hello(T0 + 1, 1, T0)]
+    steps, last = _steps(T0 + 3, 1, 6)
+    recs += steps + [_event(last + 0.01, "train_end", 1, step=6, status="failed", exit_code=1), _bye(last + 0.02, 1)]
+    hang = _event(last + 4.43, "diagnosis/hang", None, ranks=[], step=6)
+    tail = [_event(last + 4.35, "train_end", 0, step=6, status="failed", exit_code=1), _bye(last + 4.36, 0)]
+    recs += ([hang] + tail) if hang_first else (tail + [hang])
+    led = ledger(recs)
+    b = led["buckets_s"]
+    _sums_to_wall(led)
+    _no_negative(led)
+    assert b["hang"] == pytest.approx(4.36) and led["wall_s"] == pytest.approx(last + 4.36 - T0), (b, led["wall_s"])
+
+
 def test_hung_ranks_a_launcher_tore_down_are_a_hang_until_the_scripts_exit():
     """Rank 1 hangs, the daemon says diagnosis/hang; `telemetry run`'s launcher is SIGTERMed and
     kills the ranks after its grace: no bye, and no rank_exited (the drain came within the

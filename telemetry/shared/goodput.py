@@ -60,8 +60,8 @@ start to the last record of the last launch, into buckets that sum to it:
                         rank was seen gone (the daemon's diagnosis/rank_exited, gone_for_s
                         before the event; to the ms where the kernel has pidfds, else up to its
                         1 s tick) or said its bye after the last step, whichever came first; the
-                        last launch, at its last record (a diagnosis/hang's counts: the daemon
-                        says it of ranks still there; so does a non-zero script_exit, the
+                        last launch, at its last record (a diagnosis/hang's counts, up to the
+                        ranks' byes: the daemon says it of ranks still there; so does a non-zero script_exit, the
                         script's exit as its launcher, `telemetry run`, hands it to the daemon's
                         drain: a launcher's teardown of hung ranks may leave no other record). A
                         launch that finished leaves the time
@@ -271,6 +271,9 @@ def step_parts(values: dict, room: float | None = None) -> tuple[float, ...] | N
 class _Launch:
     started_at: float
     last_t: float = 0.0          # its last record of any kind
+    # The same without the daemon's diagnosis/hang (a hang reached after every rank's bye was
+    # decided before the last of them came: the launch ended at its byes).
+    own_t: float = 0.0
     ended: bool = False          # a train_end event that did not say it failed: training was over
     num_steps: int = 0
     lo: int | None = None        # its first and last step, and when they ended / began
@@ -466,6 +469,10 @@ class _Launch:
         self.ideal = p50
         self.fence = max(p75 + 1.5 * (p75 - p25), p50 * (1.0 + NOISE_FLOOR))
 
+    def all_left(self) -> bool:
+        """Every rank that said hello has said bye."""
+        return bool(self.hello_ranks) and self.hello_ranks <= self.bye_ranks
+
     def failed(self) -> bool:
         """Whether it ended in a failure (module docstring, `hang`)."""
         if self.ended:        # a train_end that did not say it failed: training was over
@@ -556,7 +563,7 @@ class _Launch:
         if not usable:
             part.total, part.client_s, part.saves = _ZERO, 0.0, {}
             part.hi, part.num_steps = self.lo, 1
-            part.hi_t = part.max_step_t = part.last_t = part.edge = self.first_began
+            part.hi_t = part.max_step_t = part.last_t = part.own_t = part.edge = self.first_began
             return part
         s = max(usable)
         dur, t, edge, client = self.saves[s]
@@ -565,7 +572,7 @@ class _Launch:
         part.num_steps = min(self.num_steps, part.hi - self.lo + 1)
         part.saves = {k: v for k, v in self.saves.items() if k <= s}
         part.client_s = min(self.client_s, client)
-        part.hi_t = part.max_step_t = part.last_t = part.edge = t
+        part.hi_t = part.max_step_t = part.last_t = part.own_t = part.edge = t
         return part
 
     def redone(self, resumed: int) -> tuple[tuple, bool]:
@@ -619,6 +626,8 @@ class Ledger:
             cur.derived = False
         if t > cur.last_t:
             cur.last_t = t
+        if t > cur.own_t:
+            cur.own_t = t
         if parts is not None:
             cur.add_step(step, t, parts)
         if client_s is not None and client_s > cur.client_s:
@@ -656,6 +665,8 @@ class Ledger:
             cur = launches[-1]
             if t > cur.last_t:
                 cur.last_t = t
+            if t > cur.own_t:
+                cur.own_t = t
             step, values = rec.get("step"), rec.get("values")
             if type(step) is not int or type(values) is not dict:
                 return
@@ -684,8 +695,8 @@ class Ledger:
                 return
             cur = launches[-1] if launches else None
             if cur is None or (cur.num_steps and started > cur.max_step_t):
-                cur = _Launch(started_at=started, last_t=t) if self._recent is None else \
-                    _Launch(started_at=started, last_t=t, recent_max=self._recent)
+                cur = _Launch(started_at=started, last_t=t, own_t=t) if self._recent is None else \
+                    _Launch(started_at=started, last_t=t, own_t=t, recent_max=self._recent)
                 launches.append(cur)
             else:
                 cur.started_at = min(cur.started_at, started)
@@ -704,19 +715,25 @@ class Ledger:
         name = rec.get("name") if kind == "event" else None
         if kind in ("metrics", "bye") or (kind == "event" and not str(name).startswith(DAEMON_EVENTS)):
             cur.last_t = max(cur.last_t, t)     # the ranks' own records: the launch was alive then
+            cur.own_t = max(cur.own_t, t)
         elif name == "diagnosis/rank_exited":
             # The daemon saw a rank's process gone without a bye (killed, crashed): the launch
             # failed when it was first seen gone, gone_for_s before the event.
             data = rec.get("data") if isinstance(rec.get("data"), dict) else {}
             gone = t - max(0.0, _num(data.get("gone_for_s")) or 0.0)
             cur.last_t = max(cur.last_t, gone)
+            cur.own_t = max(cur.own_t, gone)
             cur.fail_t = max(cur.fail_t or t, t)
             if gone >= cur.max_step_t and (cur.first_gone_t is None or gone < cur.first_gone_t):
                 cur.first_gone_t = gone
         elif name == "diagnosis/hang":
             # No step since, its ranks still there (the daemon says a hang only of live ranks):
-            # the launch lasted at least this long, and unless a step comes, it failed.
-            cur.last_t = max(cur.last_t, t)
+            # the launch lasted at least this long, and unless a step comes, it failed. Not past
+            # the ranks' byes, though: a hang decided as the last of them was on its way (the
+            # ranks left, or were torn down, just then) comes after them; _bye undoes one that
+            # came before the last of them.
+            if not cur.all_left():
+                cur.last_t = max(cur.last_t, t)
             cur.fail_t = max(cur.fail_t or t, t)
         if kind == "event":
             data = rec.get("data") if isinstance(rec.get("data"), dict) else {}
@@ -747,6 +764,7 @@ class Ledger:
                 cur.fail_t = max(cur.fail_t or end, end)
                 if not cur.ended:
                     cur.last_t = max(cur.last_t, end)
+                    cur.own_t = max(cur.own_t, end)
             elif name == "emergency_checkpoint":          # the trainer's, on an exception or a signal
                 cur.fail_t = max(cur.fail_t or t, t)
             elif name == "rank_bye":                      # a rank's bye, as a node forwards it
@@ -825,6 +843,8 @@ class Ledger:
         error)."""
         if is_int(rank):
             cur.bye_ranks.add(rank)
+            if cur.last_t > cur.own_t and cur.all_left():
+                cur.last_t = cur.own_t          # a diagnosis/hang's reach past the last bye
         if t >= cur.max_step_t and (cur.first_bye_t is None or t < cur.first_bye_t):
             cur.first_bye_t = t
 
