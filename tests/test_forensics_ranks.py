@@ -220,3 +220,29 @@ def test_a_rank_killed_just_before_the_drain_has_its_rank_exited_in_the_run(make
     d.drain()
     (ev,) = events(d.read_jsonl(), "diagnosis/rank_exited")
     assert ev["rank"] == 0 and ev["data"]["exited_rank"] == 0 and ev["data"]["gone_for_s"] >= 0.0
+
+
+@pytest.mark.slow
+def test_ranks_killed_together_are_exits_not_a_hang(make_daemon):
+    """Both ranks SIGKILLed at once, a hang's threshold (1 s) shorter than the grace a gone rank
+    gets for its bye (3 s): no step comes, yet nobody hangs: each is told as rank_exited, and no
+    diagnosis/hang is said of ranks already seen gone (it made the goodput ledger's launch last
+    past their exits)."""
+    d = make_daemon(world_size=2, config={"diagnosis": {**HANG, "hang_min_s": 1.0}, "pollers": {"nvml_enabled": False}})
+    procs = start_ranks(d.ingest, 2, 10_000, "--slow-rank", "1", "--slow-phase", "forward", "--slow-s", "0.01")
+    try:
+        deadline = time.monotonic() + 60
+        while d.status()["sinks"]["forensics"]["ranks_verified"] < 2:     # both watched
+            assert time.monotonic() < deadline, d.status()["sinks"]["forensics"]
+            time.sleep(0.1)
+        d.wait_for(lambda rs: sum(r["kind"] == "metrics" for r in rs) >= 5, timeout_s=60)
+        for p in procs:
+            os.kill(p.pid, signal.SIGKILL)         # not reaped yet: their exit status can be read
+        recs = d.wait_for(lambda rs: len(events(rs, "diagnosis/rank_exited")) >= 2, timeout_s=120)
+        time.sleep(1.5)                            # a window for a late hang
+        recs = d.read_jsonl()
+    finally:
+        kill_all(procs)
+    assert sorted(e["data"]["exited_rank"] for e in events(recs, "diagnosis/rank_exited")) == [0, 1]
+    assert events(recs, "diagnosis/hang") == [], events(recs, "diagnosis/hang")
+    d.drain()

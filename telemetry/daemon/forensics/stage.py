@@ -226,7 +226,9 @@ class ForensicsStage(Sink):
     def _check_hang(self) -> None:
         if self.hang_reported or self.last_advance_mono is None:
             return
-        live = self._live_local_ranks()
+        # A rank already seen gone (its bye may still come, within its grace) is not hung: it
+        # left. Said of it, a hang would have its launch last past its exit.
+        live = {r: lr for r, lr in self._live_local_ranks().items() if r not in self.gone_since}
         if not live:
             return
         stalled_s = time.monotonic() - self.last_advance_mono
