@@ -61,12 +61,12 @@ start to the last record of the last launch, into buckets that sum to it:
                         before the event; to the ms where the kernel has pidfds, else up to its
                         1 s tick) or said its bye after the last step, whichever came first; the
                         last launch, at its last record (a diagnosis/hang's counts, up to the
-                        ranks' byes: the daemon says it of ranks still there; so does a non-zero script_exit, the
-                        script's exit as its launcher, `telemetry run`, hands it to the daemon's
-                        drain: a launcher's teardown of hung ranks may leave no other record). A
-                        launch that finished leaves the time
-                        from its last step to its last record unexplained (a loop of your own
-                        that closes its client ends so)
+                        ranks' byes: the daemon says it of ranks still there; so does a non-zero
+                        script_exit, the script's exit as its launcher, `telemetry run`, hands it
+                        to the daemon's drain: a launcher's teardown of hung ranks may leave no
+                        other record). A launch that finished leaves the time from its last step
+                        to its last record unexplained (a loop of your own that closes its
+                        client ends so)
     redone              the steps a failed launch made after the checkpoint the next launch
                         resumed from (its checkpoint_restored step; without one, the step
                         before its first), at their measured step time: work done twice
