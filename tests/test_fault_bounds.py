@@ -10,6 +10,7 @@ import pytest
 import zmq
 
 from protocol import encode_metrics
+from telemetry.daemon.intake import READ_CHUNK
 from test_daemon_e2e import SINKS_ENV
 from testkit import faults
 
@@ -164,7 +165,9 @@ def test_fast_clients_against_a_stalled_loop_stay_within_the_budget(tmp_path):
     # Each client was refused: it did push past what it may queue.
     assert all(o > s - 50 for o, s in zip(small["offers"], small["sent"])), small
     # What is queued for a client: the daemon's 250, the client's own CLIENT_HWM, the kernel's
-    # socket buffer (~200 records of 1 KB) and a batch in the decoder; never the 20,000 above.
+    # socket buffer (~200 records of 1 KB), a batch in the decoder, and what the daemon's intake
+    # read ahead in the turn its counters were read in (READ_CHUNK frames a read; "received" counts
+    # a record once processed); never the 20,000 above. (1,428 was seen beside a CPU hog.)
     for c, q in enumerate(small["peak_queued"]):
-        assert q <= 250 + CLIENT_HWM + 1000, (c, small)
+        assert q <= 250 + CLIENT_HWM + 200 + READ_CHUNK, (c, small)
     assert min(large["peak_queued"]) > 10 * max(small["peak_queued"]), (small, large)
