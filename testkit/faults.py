@@ -371,12 +371,15 @@ def drain_backlog(work: Path, num_ranks: int = 2, n: int = 150_000, drain_timeou
            "drain_timeout_s": drain_timeout_s, "exit_code": d.proc.returncode, "exit_s": exit_s, "sent": sent,
            "accepted": final["records_in"], "counted_lost": final["records_lost"],
            "unread_at_drain": final["records_unread_at_drain"], "written": written,
-           "jsonl": {k: jsonl[k] for k in ("in", "written", "dropped")}, "integrity": integrity}
+           "jsonl": {k: jsonl.get(k, 0) for k in ("in", "written", "dropped", "dropped_in_hand")}, "integrity": integrity}
     # Each stage adds up: the intake (sent = accepted + counted lost) and the JSONL (what it was
-    # handed = lines written + lines counted as dropped; the file holds exactly the lines written).
+    # handed = lines written + lines counted as dropped; the file holds exactly the lines written,
+    # but for a batch the sink still had in hand when it was abandoned at the deadline and the
+    # counters were read: counted dropped, it may yet reach the file, which the sink says).
     out["unaccounted_intake"] = sent - final["records_in"] - final["records_lost"]
     out["unaccounted_jsonl"] = jsonl["in"] - jsonl["written"] - jsonl["dropped"]
     out["file_vs_written"] = integrity["lines"] - jsonl["written"]
+    out["file_past_count"] = max(0, out["file_vs_written"] - jsonl.get("dropped_in_hand", 0))
     # A rank whose bye the drain could not reach by its deadline is open (per_rank): what it sent
     # after its last record read is known to no one, which the daemon says (per_rank's open, and
     # the log names it with that seq). Such a tail is said, not hidden; anything else

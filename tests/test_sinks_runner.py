@@ -37,6 +37,28 @@ def test_full_queue_drops_and_counts_without_blocking():
     assert sink.steps == list(range(11))   # first, then the queued ones in order
     assert r.stats()["written"] == 11 and sink.num_closed == 1
     assert r.close(1)                       # twice is harmless
+    r.put(batch(2))                         # after its end: dropped, and counted as handed to it
+    st = r.stats()
+    assert (st["in"], st["written"], st["dropped"]) == (23, 11, 12), st   # in = written + dropped
+
+
+def test_what_a_sink_was_handed_adds_up_whatever_dropped_it():
+    """A sink's `in` is what it was handed: written + dropped + queued, whether a record was
+    dropped for the queue's record bound, its byte bound or after the sink's end."""
+    sink = HangSink()
+    r = SinkRunner(sink, max_queued=6, max_bytes=3 * 6)         # a record: its 2-byte line x 3
+    r.start()
+    r.put(batch(1))
+    assert sink.entered.wait(5)
+    r.put(batch(4))                         # 4 fit the records, but their bytes (3 each) only 3
+    r.put(batch(4, start=5))                # nothing fits the bytes any more
+    st = r.stats()
+    assert (st["in"], st["queued"], st["dropped"]) == (9, 3, 5), st
+    assert st["in"] == st["written"] + st["dropped"] + st["queued"] + 1    # 1: in the sink's hands
+    sink.release.set()
+    assert r.close(5)
+    st = r.stats()
+    assert (st["in"], st["written"], st["dropped"]) == (9, 4, 5), st
 
 
 def test_a_hung_sink_does_not_hold_close_past_its_timeout():

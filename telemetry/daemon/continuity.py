@@ -76,7 +76,7 @@ class Continuity:
             return
         self._checkpointed = (self.receiver.num_in, records_out)
         held = {} if self.per_rank else self.aggregator.held_by_source()
-        jsonl_runner.sink.checkpoint(jsonl_runner.num_in, self._snapshot(held))
+        jsonl_runner.sink.checkpoint(jsonl_runner.num_taken, self._snapshot(held))
 
     def write(self, records_out: int) -> None:
         """sources.json written here: at start (a successor knows a predecessor existed) and at exit

@@ -104,6 +104,7 @@ class SinkRunner:
         self._stop_event = threading.Event()   # set by request_stop; also wakes a share's wait
         self._abandoned = False                # set by abandon: stop after the batch in hand
         self._in_hand = 0                      # records of the batch the sink is consuming now
+        self._in_hand_dropped = 0              # of them, counted dropped by abandon while in hand
         self._ended = False                    # the thread has taken its last batch (under _cond)
         self._batches: deque[list[Out]] = deque()
         self._sizes: deque[int] = deque()      # each queued batch's estimated bytes
@@ -112,7 +113,9 @@ class SinkRunner:
         self._cond = threading.Condition()
         self._thread = threading.Thread(target=self._run, name=f"sink-{self.name}", daemon=True)
         self._started = threading.Event()      # the sink's start() has returned or raised
-        self.num_in = 0
+        self.num_in = 0                        # handed to put: written + dropped + queued (+ in hand),
+                                               # less what a downsampler let go
+        self.num_taken = 0                     # of them, into the queue (a checkpoint's position)
         self.num_written = 0
         self.num_dropped = 0
         self.num_dropped_for_bytes = 0         # of num_dropped: beyond max_bytes (the memory budget)
@@ -135,6 +138,7 @@ class SinkRunner:
         if num_bytes is None:
             num_bytes = batch_bytes(batch)
         with self._cond:
+            self.num_in += len(batch)
             if self._ended or self._abandoned:
                 self.num_dropped += len(batch)
                 return
@@ -157,7 +161,7 @@ class SinkRunner:
             self._sizes.append(num_bytes)
             self._num_queued += len(batch)
             self._num_bytes += num_bytes
-            self.num_in += len(batch)
+            self.num_taken += len(batch)
             self._cond.notify()
 
     def queued(self) -> int:
@@ -206,8 +210,8 @@ class SinkRunner:
             # later: nothing waits in a queue that no thread will read.
             with self._cond:
                 self._ended = True
-                self.num_dropped += self._num_queued + self._in_hand
-                self._num_queued = self._in_hand = self._num_bytes = 0
+                self.num_dropped += self._num_queued + self._in_hand - self._in_hand_dropped
+                self._num_queued = self._in_hand = self._in_hand_dropped = self._num_bytes = 0
                 self._batches.clear()
                 self._sizes.clear()
 
@@ -231,8 +235,7 @@ class SinkRunner:
                 t0 = time.perf_counter()
                 if self.downsampler is not None:
                     batch = self.downsampler.feed(batch)
-                self._consume(batch)
-                self._in_hand = 0
+                self._consume(batch, in_hand=True)
                 if self.max_share < 1:
                     self._stop_event.wait((time.perf_counter() - t0) * (1 - self.max_share) / self.max_share)
             now = time.monotonic()
@@ -248,19 +251,32 @@ class SinkRunner:
         self._call("flush")
         self._call("close")
 
-    def _consume(self, batch: list[Out]) -> None:
-        if not batch:
-            return
-        try:
-            self.sink.consume(batch)
-            self.num_written += len(batch)
+    def _consume(self, batch: list[Out], in_hand: bool = False) -> None:
+        """The sink consumes `batch`, counted written or dropped. in_hand: the batch _take
+        handed out, which ends here. Counted under the queue's lock, with the end of the batch in
+        hand, so that abandon (the drain's thread) sees the batch either in hand or counted,
+        never both: the drain's final counters add up."""
+        ok = True
+        if batch:
+            try:
+                self.sink.consume(batch)
+            except Exception as exc:
+                ok = False
+                self.last_error = repr(exc)
+                self.num_errors += 1
+        with self._cond:
+            if ok:
+                self.num_written += len(batch)
+            else:
+                self.num_dropped += len(batch)
             self._take_sink_drops()
-        except Exception as exc:
-            self.last_error = repr(exc)
-            self.num_errors += 1
-            self.num_dropped += len(batch)
-            if self.num_errors == 1 or self.num_errors % 1000 == 0:  # never log per item
-                log.error("sink %s failed (%d errors so far): %r", self.name, self.num_errors, exc)
+            if in_hand:
+                # Abandoned while the sink held it, the batch was counted dropped then; the sink
+                # has come back, and the batch is counted by what became of it instead.
+                self.num_dropped -= self._in_hand_dropped
+                self._in_hand = self._in_hand_dropped = 0
+        if not ok and (self.num_errors == 1 or self.num_errors % 1000 == 0):  # never log per item
+            log.error("sink %s failed (%d errors so far): %s", self.name, self.num_errors, self.last_error)
 
     def _call(self, method: str) -> None:
         try:
@@ -269,10 +285,12 @@ class SinkRunner:
             self.last_error = f"{method}: {exc!r}"
             self.num_errors += 1
             log.error("sink %s %s failed: %r", self.name, method, exc)
-        self._take_sink_drops()
+        with self._cond:
+            self._take_sink_drops()
 
     def _take_sink_drops(self) -> None:
-        """What the sink counted as undelivered since the last look: written no more, dropped."""
+        """What the sink counted as undelivered since the last look: written no more, dropped.
+        Called under the queue's lock (put and abandon count drops from other threads)."""
         n = self.sink.num_dropped - self._sink_dropped_seen
         if n:
             self._sink_dropped_seen += n
@@ -285,8 +303,9 @@ class SinkRunner:
             if batch is STOP:
                 return
             if batch:
-                self.num_dropped += len(batch)
-                self._in_hand = 0
+                with self._cond:
+                    self.num_dropped += len(batch) - self._in_hand_dropped
+                    self._in_hand = self._in_hand_dropped = 0
 
     def request_stop(self) -> None:
         """Ask the thread to finish what is queued, flush and close; returns at once."""
@@ -312,13 +331,18 @@ class SinkRunner:
 
     def abandon(self, grace_s: float) -> None:
         """Past the drain deadline: the sink takes no more batches; whatever it has not written
-        is counted as dropped. A sink still in a batch after `grace_s` (hung) has that batch
-        counted too, so the count is exact for a slow sink and an upper bound for a hung one."""
+        is counted as dropped. A sink still in a batch after `grace_s` (slow or hung) has that
+        batch counted dropped too; should the sink come back from it, the batch is counted by
+        what became of it instead (_consume). The counts read while a batch is still in a sink's
+        hands are an upper bound on what it lost; exact once it returns."""
         self.give_up()
         self._thread.join(grace_s)
         with self._cond:
-            self.num_dropped += self._num_queued + (self._in_hand if self._thread.is_alive() else 0)
-            self._num_queued = self._in_hand = self._num_bytes = 0
+            self.num_dropped += self._num_queued
+            if self._thread.is_alive() and self._in_hand:
+                self.num_dropped += self._in_hand - self._in_hand_dropped
+                self._in_hand_dropped = self._in_hand
+            self._num_queued = self._num_bytes = 0
             self._batches.clear()
             self._sizes.clear()
 
@@ -330,6 +354,10 @@ class SinkRunner:
         s.update({"in": self.num_in, "written": self.num_written, "dropped": self.num_dropped,
                   "queued": self._num_queued, "queued_mb": round(self._num_bytes / 2**20, 1),
                   "dropped_for_bytes": self.num_dropped_for_bytes, "errors": self.num_errors})
+        if self._in_hand_dropped:
+            # Of `dropped`: the batch in the hands of a sink abandoned mid-batch, still there; it
+            # may yet reach its destination (the count is then an upper bound by this much).
+            s["dropped_in_hand"] = self._in_hand_dropped
         if self.last_error:
             s["last_error"] = self.last_error
         return s
