@@ -108,6 +108,7 @@ def test_a_sink_back_from_its_batch_after_the_deadline_counts_it_once(comes_back
     counted by what became of it (written, or dropped once), never both: seen as a JSONL's
     in = written + dropped - 1 in a drain whose last one-record batch ended at its deadline."""
     from daemon_sinks import HangSink
+    from telemetry.consumers.drain import summary_lines   # what `telemetry drain` prints of it
     from telemetry.daemon.sinks.base import SinkRunner
 
     sink = HangSink()
@@ -125,11 +126,15 @@ def test_a_sink_back_from_its_batch_after_the_deadline_counts_it_once(comes_back
     runner.abandon(0.0)                                   # the deadline is already gone
     s = runner.stats()
     assert (s["written"], s["dropped"], s["dropped_in_hand"]) == (0, 1, 1), s   # an upper bound, said
+    assert any("dropped       1 (of them 1 in its hands when it was abandoned: they may have been written)"
+               in line for line in summary_lines({"sinks": {"hang": s}})), summary_lines({"sinks": {"hang": s}})
     sink.release.set()
     runner._thread.join(30)
     assert not runner._thread.is_alive()
     s = runner.stats()
     expected = (1, 0) if comes_back == "writes" else (0, 1)
     assert (s["written"], s["dropped"]) == expected and s["in"] == 1 and "dropped_in_hand" not in s, s
+    said = [line for line in summary_lines({"sinks": {"jsonl": s}}) if line.startswith("sink jsonl")]
+    assert said and "in its hands" not in said[0], said
     runner.abandon(0.0)                                   # twice: nothing counted again
     assert (runner.stats()["written"], runner.stats()["dropped"]) == expected
