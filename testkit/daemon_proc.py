@@ -55,7 +55,8 @@ class DaemonProc:
     def __init__(self, proc: subprocess.Popen, log_dir: Path, runtime_dir: Path | None) -> None:
         self.proc = proc
         self.log_dir = log_dir
-        self._parsed: dict[tuple[int, int], tuple[int, list[dict]]] = {}   # file -> (bytes read, records)
+        # file -> (bytes read, records, its first bytes)
+        self._parsed: dict[tuple[int, int], tuple[int, list[dict], bytes]] = {}
         self.jsonl = log_dir / "metrics.jsonl"
         self.lines: list[str] = []
         self.ingest = self.pub = self.control = ""
@@ -103,13 +104,15 @@ class DaemonProc:
     def _records_of(self, path: Path) -> list[dict]:
         """The whole lines of one file, each parsed and checked once: the lines read before are
         kept by the file's identity (a rotated piece is the file it was), and only what was
-        appended since is read (wait_for polls every 50 ms; files grow to many MB)."""
+        appended since is read (wait_for polls every 50 ms; files grow to many MB). A file made
+        anew under a deleted one's inode number (it is reused at once) begins otherwise: its first
+        bytes tell it from the file read before."""
         try:
             with open(path, "rb") as f:
                 st = os.fstat(f.fileno())
                 key = (st.st_dev, st.st_ino)
-                offset, recs = self._parsed.get(key, (0, []))
-                if st.st_size < offset:          # truncated (a torn tail repaired, a new file): anew
+                offset, recs, head = self._parsed.get(key, (0, [], b""))
+                if st.st_size < offset or f.read(len(head)) != head:   # truncated, or another file: anew
                     offset, recs = 0, []
                 f.seek(offset)
                 data = f.read()
@@ -118,8 +121,9 @@ class DaemonProc:
         # A reader may catch a batch mid-write: only lines ending in "\n" are whole.
         whole = data.rfind(b"\n") + 1
         if whole:
+            head = head if offset else data[:min(whole, 256)]
             recs.extend(_parsed_line(line, path) for line in data[:whole].split(b"\n")[:-1])
-            self._parsed[key] = (offset + whole, recs)      # (read_jsonl copies what it returns)
+            self._parsed[key] = (offset + whole, recs, head)      # (read_jsonl copies what it returns)
         return recs
 
     def steps(self) -> dict[int, dict]:

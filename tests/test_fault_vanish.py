@@ -202,6 +202,7 @@ def test_metrics_file_deleted_mid_run_is_created_again(tmp_path, make_daemon):
     tm = TelemetryClient(d.ingest, rank=0)
     _steps(tm, 0, 100)
     d.wait_for(lambda recs: any(r.get("step") == 99 for r in recs), kind="metrics", timeout_s=60)
+    time.sleep(2.5)        # the sink has looked at its file since (its flush timer: every second)
     d.jsonl.unlink()
     _steps(tm, 100, 10_100, d)
     tm.close()
@@ -209,11 +210,14 @@ def test_metrics_file_deleted_mid_run_is_created_again(tmp_path, make_daemon):
     final = _drain_final(d)
     j = final["sinks"]["jsonl"]
     steps = {r["step"] for r in d.read_jsonl("metrics")}
-    missing = set(range(100, 10_100)) - steps
+    missing = set(range(10_100)) - steps
     assert j["reopened"] == 1, j
-    # Each step after the deletion is in the new file, or counted: written into the deleted one.
+    # Each step is in the new file, or counted: written into the deleted one (the 100 before the
+    # deletion too: they went with it). The file holds what is counted written, no more.
+    assert set(range(100)) <= missing, sorted(steps)[:5]
     assert len(missing) <= j["lines_lost"] and j["lines_lost"] == j["dropped"], (len(missing), j)
     assert j["written"] + j["dropped"] == j["in"], j
+    assert len(d.jsonl.read_bytes().splitlines()) == j["written"], j
     assert d.proc.returncode == 1      # lines were lost with the deleted file: said at exit
 
 

@@ -117,8 +117,10 @@ def test_the_receiver_stage_reads_each_frame_once_and_counts_what_it_sheds():
 class Runner:
     """A sink runner as the fan-out drives it; a hung one never finishes, on the simulated clock."""
 
-    def __init__(self, name: str, clock: Clock, log: list, analysis: bool = False, hung: bool = False) -> None:
+    def __init__(self, name: str, clock: Clock, log: list, analysis: bool = False, hung: bool = False,
+                 ends_in_grace: bool = False) -> None:
         self.name, self.clock, self.log, self.analysis, self.hung = name, clock, log, analysis, hung
+        self.ends_in_grace = ends_in_grace      # late at the deadline less the grace, back within it
         self.num_dropped = 0
 
     def put(self, batch: list, num_bytes: int) -> None:
@@ -137,9 +139,10 @@ class Runner:
     def give_up(self) -> None:
         pass
 
-    def abandon(self, grace_s: float) -> None:
-        self.clock.t += grace_s
+    def abandon(self, grace_s: float) -> bool:
+        self.clock.t += grace_s / 2 if self.ends_in_grace else grace_s
         self.log.append(("abandon", self.name))
+        return self.ends_in_grace
 
     def queued(self) -> int:
         return 0
@@ -160,6 +163,17 @@ def test_the_fan_out_closes_analysis_first_and_ends_by_its_deadline_with_a_hung_
     assert log.index(("close", "diagnosis")) < log.index(("last words",)) < log.index(("close", "jsonl"))
     assert ("abandon", "wandb") in log and diagnosis not in out._in_order
     assert clock.t <= deadline            # the hung sink's grace is inside the deadline, not after it
+
+
+def test_a_sink_back_from_its_last_batch_within_the_grace_is_not_unfinished(monkeypatch):
+    clock, log = Clock(), []
+    monkeypatch.setattr(fanout, "time", clock)
+    out = FanOut()
+    out.add(Runner("jsonl", clock, log, hung=True, ends_in_grace=True))
+    out.add(Runner("wandb", clock, log, hung=True))
+    out._in_order = list(out.runners)
+    assert not out.drain(clock.t + 2.0)
+    assert out.unfinished == ["wandb"] and ("abandon", "jsonl") in log
 
 
 def _drained_in_process(tmp_path, **drain_request) -> dict:
@@ -217,3 +231,19 @@ def test_the_dashboard_matches_the_stop_code_not_its_words(tmp_path):
                          ({"stop_reason": "SIGTERM"}, False)):
         path.write_text(json.dumps(final))
         assert (_drained_at(tmp_path) is not None) == ended, final
+
+
+def test_sinks_of_one_name_keep_their_own_counters():
+    """Two sinks of one name (two custom sinks of one class, a second OTLP endpoint): each has a
+    row of its own in the stats, never one hiding the other's drops."""
+    from daemon_sinks import RaisingSink
+    from telemetry.daemon.sinks.base import Out, SinkRunner
+
+    out = FanOut()
+    for _ in range(3):
+        out.add(SinkRunner(RaisingSink(sink_name="mine"), max_queued=10))
+    out.add(SinkRunner(RaisingSink(sink_name="mine-2"), max_queued=10))
+    assert [r.name for r in out.runners] == ["mine", "mine-2", "mine-3", "mine-2-2"]
+    out.runners[1].put([Out("metrics", {"step": i}, b"{}") for i in range(20)])   # not started: 10 queued, 10 dropped
+    sinks = out.stats()["sinks"]
+    assert len(sinks) == 4 and sinks["mine-2"]["dropped"] == 10 and sinks["mine"]["dropped"] == 0, sinks

@@ -235,3 +235,47 @@ def test_a_sinks_own_stats_never_replace_the_runners_counters():
     st = r.stats()
     assert st["dropped"] == r.num_dropped == 4 + sink.num_dropped and sink.num_dropped >= 2, st
     assert st["detail"] == 7
+
+
+class SlowLast(Sink):
+    """Slow on its one batch; counts its flushes and closes."""
+    name = "slowlast"
+
+    def __init__(self, sleep_s):
+        self.sleep_s, self.flushed, self.closed = sleep_s, 0, 0
+
+    def consume(self, b):
+        time.sleep(self.sleep_s)
+
+    def flush(self):
+        self.flushed += 1
+
+    def close(self):
+        self.closed += 1
+
+
+def test_a_sink_back_from_its_last_batch_within_the_grace_drained():
+    """Given up on at the drain's deadline less its grace, a sink with nothing queued behind the
+    batch in its hands, back from it within the grace, flushes and closes as at any end and has
+    drained (not "abandoned"); one with records queued behind it has not (they are counted)."""
+    sink = SlowLast(0.5)
+    r = SinkRunner(sink)
+    r.start()
+    r.put(batch(3))
+    assert r.close(0.05) is False               # still in its batch at the deadline less the grace
+    r.give_up()
+    assert r.abandon(30) is True
+    st = r.stats()
+    assert (st["in"], st["written"], st["dropped"], sink.flushed, sink.closed) == (3, 3, 0, 1, 1), st
+
+    behind = SlowLast(0.5)
+    r = SinkRunner(behind)
+    r.start()
+    r.put(batch(3))
+    time.sleep(0.1)                             # the first batch is in its hands
+    r.put(batch(2, start=3))
+    assert r.close(0.05) is False
+    r.give_up()
+    assert r.abandon(30) is False
+    st = r.stats()
+    assert (st["in"], st["written"], st["dropped"], behind.closed) == (5, 3, 2, 1), st

@@ -102,7 +102,9 @@ class SinkRunner:
         self.downsampler = downsampler
         self.max_share = max_share
         self._stop_event = threading.Event()   # set by request_stop; also wakes a share's wait
-        self._abandoned = False                # set by abandon: stop after the batch in hand
+        self._abandoned = False                # set by give_up: stop after the batch in hand
+        self._late = False                     # set by abandon: its grace is over, the drain gone on
+        self._dropped_at_give_up = 0           # num_dropped when give_up came (what abandon lost)
         self._in_hand = 0                      # records of the batch the sink is consuming now
         self._in_hand_dropped = 0              # of them, counted dropped by abandon while in hand
         self._ended = False                    # the thread has taken its last batch (under _cond)
@@ -244,8 +246,11 @@ class SinkRunner:
                     self._consume(self.downsampler.poll(now))
                 self._call("flush")
                 next_flush = now + self.flush_interval_s
-        if self._abandoned:
-            return
+        with self._cond:
+            if self._late:      # the drain has gone on without it: what it holds is counted lost
+                return
+        # Stopped, or given up on and back from its batch within the drain's grace (what was
+        # queued behind it is counted by abandon): the end is the same.
         if self.downsampler is not None:
             self._consume(self.downsampler.flush())
         self._call("flush")
@@ -326,38 +331,47 @@ class SinkRunner:
         """Past the drain deadline: the sink takes no more batches; returns at once (the drain
         tells every late sink so before it waits for any: their graces run together)."""
         with self._cond:
+            if not self._abandoned:
+                self._dropped_at_give_up = self.num_dropped
             self._abandoned = True
             self._cond.notify()
 
-    def abandon(self, grace_s: float) -> None:
-        """Past the drain deadline: the sink takes no more batches; whatever it has not written
-        is counted as dropped. A sink still in a batch after `grace_s` (slow or hung) has that
-        batch counted dropped too; should the sink come back from it, the batch is counted by
-        what became of it instead (_consume). The counts read while a batch is still in a sink's
-        hands are an upper bound on what it lost; exact once it returns."""
+    def abandon(self, grace_s: float) -> bool:
+        """Past the drain deadline: the sink takes no more batches, and has `grace_s` to finish
+        the batch in its hands, flush and close; whatever it has not written is counted as
+        dropped. A sink still in a batch after `grace_s` (slow or hung) has that batch counted
+        dropped too; should the sink come back from it, the batch is counted by what became of
+        it instead (_consume). The counts read while a batch is still in a sink's hands are an
+        upper bound on what it lost; exact once it returns. True if the sink ended within the
+        grace and lost nothing to it (nothing was queued behind its batch): it drained."""
         self.give_up()
         self._thread.join(grace_s)
         with self._cond:
+            alive = self._thread.is_alive()
             self.num_dropped += self._num_queued
-            if self._thread.is_alive() and self._in_hand:
-                self.num_dropped += self._in_hand - self._in_hand_dropped
-                self._in_hand_dropped = self._in_hand
+            if alive:
+                self._late = True
+                if self._in_hand:
+                    self.num_dropped += self._in_hand - self._in_hand_dropped
+                    self._in_hand_dropped = self._in_hand
             self._num_queued = self._num_bytes = 0
             self._batches.clear()
             self._sizes.clear()
+            return not alive and self.num_dropped == self._dropped_at_give_up
 
     def stats(self) -> dict:
         """The runner's counters (what every sink's row means, as in the daemon record's
         telemetry/sink/<name>/...; `dropped` holds the sink's own drops too) and the sink's own
         detail, which never replaces them."""
         s = self.sink.stats()
-        s.update({"in": self.num_in, "written": self.num_written, "dropped": self.num_dropped,
-                  "queued": self._num_queued, "queued_mb": round(self._num_bytes / 2**20, 1),
-                  "dropped_for_bytes": self.num_dropped_for_bytes, "errors": self.num_errors})
-        if self._in_hand_dropped:
-            # Of `dropped`: the batch in the hands of a sink abandoned mid-batch, still there; it
-            # may yet reach its destination (the count is then an upper bound by this much).
-            s["dropped_in_hand"] = self._in_hand_dropped
+        with self._cond:        # one moment's counters: a batch settled between two reads would not add up
+            s.update({"in": self.num_in, "written": self.num_written, "dropped": self.num_dropped,
+                      "queued": self._num_queued, "queued_mb": round(self._num_bytes / 2**20, 1),
+                      "dropped_for_bytes": self.num_dropped_for_bytes, "errors": self.num_errors})
+            if self._in_hand_dropped:
+                # Of `dropped`: the batch in the hands of a sink abandoned mid-batch, still there;
+                # it may yet reach its destination (the count is then an upper bound by this much).
+                s["dropped_in_hand"] = self._in_hand_dropped
         if self.last_error:
             s["last_error"] = self.last_error
         return s
@@ -402,8 +416,8 @@ class InlineRunner(SinkRunner):
     def give_up(self) -> None:
         pass            # nothing is ever queued or in another thread's hands
 
-    def abandon(self, grace_s: float) -> None:
-        pass
+    def abandon(self, grace_s: float) -> bool:
+        return True     # close never leaves it unfinished
 
     def close(self, timeout_s: float) -> bool:
         if self._closed:

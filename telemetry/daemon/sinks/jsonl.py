@@ -145,7 +145,7 @@ class JsonlSink(Sink):
         self.num_reopened = 0             # the file created again at its path after it went
         self.num_lines_lost = 0           # written into a file deleted since (in num_dropped too)
         self.num_final_rescued = 0        # daemon records written at close in the reserve's room
-        self._lines_since_check = 0       # written since the open file was last seen at its path
+        self._lines_in_file = 0           # written by this daemon into the open file
         self._retry_rotation_at = 0       # offset at which a failed rotation is tried again
         self._unwritten_daemon_line = b""  # the last daemon record a failed write refused
         self._warned: set[str] = set()
@@ -207,7 +207,7 @@ class JsonlSink(Sink):
             self._write_checkpoint(snapshot, start + sum(map(len, map(_line, batch[:lines_before]))) + lines_before)
         self.num_lines += len(batch)
         self.num_bytes += len(data)
-        self._lines_since_check += len(batch)
+        self._lines_in_file += len(batch)
         if self._unwritten_daemon_line and any(o.kind == "daemon" for o in batch):
             self._unwritten_daemon_line = b""      # a newer one made it: the kept one is stale
         if self.rotate_bytes and self._offset >= max(self.rotate_bytes, self._retry_rotation_at):
@@ -268,7 +268,7 @@ class JsonlSink(Sink):
             self._warn_once("rotate-open", "cannot open a new %s after rotating (%r): writing on to the "
                             "rotated piece", self.path, exc)
             return
-        self._lines_since_check = 0
+        self._lines_in_file = 0
         os.close(old_fd)
 
     def flush(self) -> None:
@@ -283,7 +283,7 @@ class JsonlSink(Sink):
 
     def _check_file(self) -> None:
         """On the flush timer, never per record: is the open file still the one at its path? If
-        it was deleted, what was written into it since the last look went with it (dropped); if
+        it was deleted, every line this daemon wrote into it went with it (dropped); if
         moved, it is kept where it went. Either way the next lines go to a file at the path,
         created again, or are dropped (counted by the runner) while its directory is gone."""
         if self._fd >= 0:
@@ -296,17 +296,16 @@ class JsonlSink(Sink):
             except OSError:
                 at_path = None
             if st is not None and at_path is not None and (at_path.st_ino, at_path.st_dev) == (st.st_ino, st.st_dev):
-                self._lines_since_check = 0
                 return
             deleted = st is None or st.st_nlink == 0
-            if deleted and self._lines_since_check:
-                self.num_lines_lost += self._lines_since_check
-                self.num_dropped += self._lines_since_check
+            if deleted and self._lines_in_file:
+                self.num_lines_lost += self._lines_in_file
+                self.num_dropped += self._lines_in_file
             self._warn_once("gone", "%s was %s under the daemon: %s", self.path,
                             "deleted" if deleted else "moved or replaced",
-                            "%d lines written into it since the last look are counted as dropped"
-                            % self._lines_since_check if deleted else "what it holds stays where it went")
-            self._lines_since_check = 0
+                            "the %d lines this daemon wrote into it are counted as dropped"
+                            % self._lines_in_file if deleted else "what it holds stays where it went")
+            self._lines_in_file = 0
             self._fsync()
             os.close(self._fd)
             self._fd = -1

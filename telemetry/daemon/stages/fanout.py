@@ -9,9 +9,10 @@ books a failed script's tail as hang by it; the W&B sink ends the run with it un
 finished the run itself); the analysis stages close, with a quarter of the time left (their
 last events must still reach the sinks); then the last records (their last events,
 `last_words`: the daemon's own record); then every sink drains, flushes, fsyncs and closes, in
-parallel, until the deadline less ABANDON_GRACE_S; one still busy then is abandoned within that
-grace (what it never wrote is counted in its `dropped`), so a hung W&B never holds the daemon
-past the deadline.
+parallel, until the deadline less ABANDON_GRACE_S; one still busy then takes no more batches and
+has that grace to finish the one in its hands, flush and close (with nothing queued behind that
+batch, it drained), else it is abandoned (what it never wrote is counted in its `dropped`), so
+a hung W&B never holds the daemon past the deadline.
 """
 from __future__ import annotations
 
@@ -55,6 +56,16 @@ class FanOut(Stage):
         self.unfinished: list[str] = []            # runners (and "media") still busy at the deadline
 
     def add(self, runner: SinkRunner) -> SinkRunner:
+        """A runner, under a name no other has: a second sink of the same name (two custom sinks
+        of one class, a second OTLP endpoint) is `<name>-2`, and so on, so that neither's counters
+        hide the other's in `status`, drain.json and the daemon's records."""
+        taken = {r.name for r in self.runners}
+        if runner.name in taken:
+            n = 2
+            while f"{runner.name}-{n}" in taken:
+                n += 1
+            log.info("a second sink named %s: its counters are under %s-%d", runner.name, runner.name, n)
+            runner.name = f"{runner.name}-{n}"
         self.runners.append(runner)
         return runner
 
@@ -140,9 +151,12 @@ class FanOut(Stage):
             for r in late:
                 r.give_up()
             grace_end = max(time.monotonic(), deadline)
-            for r in late:
-                r.abandon(max(0.0, grace_end - time.monotonic()))
-            log.error("still busy at the drain deadline, abandoned: %s", ", ".join(unfinished))
+            ended = [r.name for r in late if r.abandon(max(0.0, grace_end - time.monotonic()))]
+            if ended:           # back from their last batch within the grace, nothing queued behind
+                unfinished = [name for name in unfinished if name not in ended]
+                log.warning("finished within the drain's grace, nothing dropped: %s", ", ".join(ended))
+            if unfinished:
+                log.error("still busy at the drain deadline, abandoned: %s", ", ".join(unfinished))
         self.unfinished = unfinished
         return not unfinished
 
