@@ -316,6 +316,8 @@ def test_disk_full_counts_writes_drain_json_and_the_final_record_and_exits_nonze
         d.cleanup()
     assert d.proc.returncode == 1, d.output()[-2000:]
     final = json.loads((d.log_dir / "drain.json").read_text())                # it found room
+    assert "cannot write" not in "".join(l for l in d.output().splitlines(True) if "drain.json" in l), \
+        d.output()[-2000:]                                                    # and says no failure
     assert final["records_in"] == reply["records_in"]
     j = final["sinks"]["jsonl"]
     assert j["write_errors"] > 0 and j["dropped"] >= 1000 and j["written"] + j["dropped"] == j["in"], j
@@ -480,3 +482,35 @@ def test_the_reported_case_1024_idle_connections_then_a_rank(make_daemon):
     finally:
         for s in idle:
             s.close()
+
+
+def test_drain_json_written_in_the_reserves_room_is_no_error(tmp_path, monkeypatch, caplog):
+    """On a full disk drain.json is written in the room the JSONL sink's reserve held: the first
+    try's ENOSPC is no error of the daemon's (it said "cannot write drain.json" with the file
+    written); only a write that fails in that room too is."""
+    import errno
+    import logging
+
+    from telemetry.daemon import shutdown
+    from telemetry.daemon.sinks.jsonl import make_reserve
+    from telemetry.shared import files
+
+    real, calls = files.write_file, []
+
+    def full_until_the_reserve_goes(path, data, *a, **k):
+        calls.append(path)
+        if (tmp_path / ".telemetry-reserve").exists():
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(path, data, *a, **k)
+
+    assert make_reserve(tmp_path)
+    monkeypatch.setattr(files, "write_file", full_until_the_reserve_goes)
+    with caplog.at_level(logging.ERROR, logger="telemetry.daemon"):
+        assert shutdown.write_drain_json(tmp_path, {"ok": True}) is True
+    assert len(calls) == 2 and json.loads((tmp_path / "drain.json").read_text()) == {"ok": True}
+    assert not [r for r in caplog.records if "cannot write" in r.getMessage()], caplog.text
+
+    monkeypatch.setattr(files, "write_file", lambda *a, **k: (_ for _ in ()).throw(OSError(errno.ENOSPC, "full")))
+    with caplog.at_level(logging.ERROR, logger="telemetry.daemon"):
+        assert shutdown.write_drain_json(tmp_path / "nowhere", {"ok": True}) is False
+    assert [r for r in caplog.records if "cannot write" in r.getMessage()], caplog.text

@@ -130,3 +130,10 @@ def test_the_drain_summary_says_the_values_refused():
     assert any("values refused alone (the rest of their rows kept) 3" in line
                for line in summary_lines({"values_refused": 3, "records_lost": 0}))
     assert not any("values refused" in line for line in summary_lines({"values_refused": 0, "records_lost": 0}))
+
+
+def test_the_drain_summary_says_how_long_the_daemon_ran_not_the_drain():
+    from telemetry.consumers.drain import summary_lines
+
+    first = summary_lines({"run_name": "r", "drained": True, "stop_reason": "SIGTERM", "uptime_s": 6.2})[0]
+    assert first == "run r: drained (SIGTERM); the daemon ran 6 s", first

@@ -77,7 +77,7 @@ def summary_lines(final: dict) -> list[str]:
     sinks = g("sinks") if isinstance(g("sinks"), dict) else {}
     jsonl = sinks.get("jsonl") if isinstance(sinks.get("jsonl"), dict) else {}
     state = "drained" if g("drained") else "NOT fully drained"
-    lines = [f"run {g('run_name')}: {state} ({g('stop_reason') or 'no reason given'}) after "
+    lines = [f"run {g('run_name')}: {state} ({g('stop_reason') or 'no reason given'}); the daemon ran "
              f"{_num(g('uptime_s'), ',.0f')} s"]
     kinds = g("records_in_by_kind") if isinstance(g("records_in_by_kind"), dict) else {}
     by_kind = ", ".join(f"{_num(n, ',')} {k}" for k, n in kinds.items() if n)

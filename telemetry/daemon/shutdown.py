@@ -101,25 +101,23 @@ def write_drain_json(log_dir: Path, final: dict) -> bool:
     from telemetry.daemon.sinks.jsonl import release_reserve
 
     path = log_dir / "drain.json"
-    written = _write_final(path, final) or (release_reserve(log_dir) and _write_final(path, final))
+    data = _json.encode(final) + b"\n"
+    err = _write_final(path, data)
+    if err is not None and release_reserve(log_dir):
+        err = _write_final(path, data)          # in the reserve's room: said only if that fails too
     release_reserve(log_dir)      # its job is done either way
-    if not written:
+    if err is not None:
+        log.error("cannot write %s: %r", path, err)
         print("telemetry daemon: final counters (drain.json could not be written): "
-              + _json.encode(final).decode(), file=sys.stderr, flush=True)
-    return bool(written)
+              + data.decode().rstrip(), file=sys.stderr, flush=True)
+    return err is None
 
 
-def _write_final(path: Path, final: dict) -> bool:
+def _write_final(path: Path, data: bytes) -> OSError | None:
     """The final counters beside metrics.jsonl, whatever stopped the daemon (SIGTERM too);
-    `telemetry drain` replies with the same object."""
+    `telemetry drain` replies with the same object. The error, if it could not be written."""
     try:
-        files.write_file(path, _json.encode(final) + b"\n")
-        return True
+        files.write_file(path, data)
+        return None
     except OSError as exc:
-        if path.name not in _write_failed:    # logged once a file
-            _write_failed.add(path.name)
-            log.error("cannot write %s: %r", path, exc)
-        return False
-
-
-_write_failed: set[str] = set()
+        return exc
