@@ -54,7 +54,7 @@ def test_what_a_sink_was_handed_adds_up_whatever_dropped_it():
     r.put(batch(4, start=5))                # nothing fits the bytes any more
     st = r.stats()
     assert (st["in"], st["queued"], st["dropped"]) == (9, 3, 5), st
-    assert st["in"] == st["written"] + st["dropped"] + st["queued"] + 1    # 1: in the sink's hands
+    assert st["in_hand"] == 1 and st["in"] == st["written"] + st["dropped"] + st["queued"] + st["in_hand"], st
     sink.release.set()
     assert r.close(5)
     st = r.stats()

@@ -362,11 +362,13 @@ class SinkRunner:
     def stats(self) -> dict:
         """The runner's counters (what every sink's row means, as in the daemon record's
         telemetry/sink/<name>/...; `dropped` holds the sink's own drops too) and the sink's own
-        detail, which never replaces them."""
+        detail, which never replaces them. in = written + dropped + queued + in_hand (the batch
+        the sink is consuming now), less what a downsampler let go."""
         s = self.sink.stats()
         with self._cond:        # one moment's counters: a batch settled between two reads would not add up
             s.update({"in": self.num_in, "written": self.num_written, "dropped": self.num_dropped,
-                      "queued": self._num_queued, "queued_mb": round(self._num_bytes / 2**20, 1),
+                      "queued": self._num_queued, "in_hand": self._in_hand - self._in_hand_dropped,
+                      "queued_mb": round(self._num_bytes / 2**20, 1),
                       "dropped_for_bytes": self.num_dropped_for_bytes, "errors": self.num_errors})
             if self._in_hand_dropped:
                 # Of `dropped`: the batch in the hands of a sink abandoned mid-batch, still there;
