@@ -129,25 +129,41 @@ def test_the_dashboards_reader_does_not_wait_on_a_fifo(tmp_path):
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="chown to another user needs root")
-@pytest.mark.parametrize("where", ["theirs", "under_theirs"])
+@pytest.mark.parametrize("where", ["theirs", "under_theirs", "under_their_sticky", "their_files"])
 def test_a_log_dir_another_user_owns_or_can_swap_is_refused(tmp_path, where):
     """Not in the issue's list: the daemon wrote its run into a log directory another user owns
     (0777, theirs) or made one under a directory every user may write (no sticky bit). Its owner
     could delete or rename metrics.jsonl, or put a symlink at wandb/ or at the directory's name.
-    Refused before ready, exit 2, nothing written."""
+    Refused before ready, exit 2, nothing written. An outside attack found two more: a directory
+    of every user's with the sticky bit but another user's (its owner may rename what is in it
+    whatever the sticky bit), and files of another user's planted in a log directory of ours
+    while it was open to them (hard-linked where they keep reading): neither is used either."""
     from other_user import OTHER_UID
 
     base = Path(tempfile.mkdtemp(prefix="trf-", dir="/tmp"))
     theirs = base / "theirs"
     theirs.mkdir()
-    theirs.chmod(0o777)
+    theirs.chmod(0o1777 if where == "under_their_sticky" else 0o777)
     os.chown(theirs, OTHER_UID, OTHER_UID)
-    log_dir = theirs if where == "theirs" else theirs / "run" / "telemetry"
+    planted = []
+    if where == "their_files":
+        theirs.chmod(0o755)
+        os.chown(theirs, 0, 0)                  # ours, but once open to all: their files in it
+        theirs.chmod(0o777)
+        for name in ("daemon.log", "metrics.jsonl"):
+            (theirs / name).touch()
+            (theirs / name).chmod(0o666)
+            os.chown(theirs / name, OTHER_UID, OTHER_UID)
+            planted.append(theirs / name)
+    log_dir = theirs if where in ("theirs", "their_files") else theirs / "run" / "telemetry"
     out = _telemetry(_daemon(log_dir))
     text = out.stdout + out.stderr
     assert out.returncode == 2 and "Traceback" not in text and "telemetry daemon ready" not in text, text
-    assert ("owned by another user" if where == "theirs" else "writable by every user") in text, text
-    assert not list(theirs.rglob("*.jsonl")) and not list(theirs.rglob("daemon.log")), list(theirs.rglob("*"))
+    assert ("writable by every user" if where == "under_theirs" else "owned by another user") in text, text
+    if planted:
+        assert all(p.stat().st_size == 0 for p in planted), [(p, p.read_bytes()[:200]) for p in planted]
+    else:
+        assert not list(theirs.rglob("*.jsonl")) and not list(theirs.rglob("daemon.log")), list(theirs.rglob("*"))
 
 
 @pytest.mark.parametrize("name", ["wandb_run_id", "wandb_replay.json"])
@@ -166,3 +182,39 @@ def test_replay_does_not_wait_on_a_fifo_at_its_id_or_state_file(tmp_path, name):
     assert rp.returncode == 0 and "Traceback" not in rp.stderr and "1 rows" in rp.stdout, rp.stdout + rp.stderr
     state = log_dir / "wandb_replay.json"
     assert state.is_file() and not state.is_symlink() and (state.stat().st_mode & 0o007) == 0   # as the run: 0640 here
+
+
+@pytest.mark.parametrize("where", ["symlink_in_our_run", "their_run"])
+def test_report_never_writes_through_a_symlink_at_its_default_place(tmp_path, where):
+    """An outside attack: `telemetry report` on another user's run followed their symlink at
+    report/ (or at report/index.html) and overwrote the reader's own files. Its default place is
+    refused when it is a symlink or the run is another user's (exit 2, one line, --out named);
+    nothing of the reader's is touched."""
+    if where == "their_run" and os.geteuid() != 0:
+        pytest.skip("chown to another user needs root")
+    run = tmp_path / "run"
+    log_dir = run / "telemetry"
+    log_dir.mkdir(parents=True)
+    (log_dir / "metrics.jsonl").write_text(
+        '{"kind": "metrics", "t": 1700000000.0, "step": 1, "values": {"train/loss": 2.0}}\n')
+    mine = tmp_path / "mine"
+    mine.mkdir(mode=0o755)
+    (mine / "index.html").write_text("my own file\n")
+    if where == "symlink_in_our_run":
+        (log_dir / "report").symlink_to(mine)
+    else:                           # their report/, its index.html a link to the reader's file
+        from other_user import OTHER_UID
+
+        (log_dir / "report").mkdir()
+        (log_dir / "report" / "index.html").symlink_to(mine / "index.html")
+        for p in (run, log_dir, log_dir / "metrics.jsonl", log_dir / "report"):
+            os.chown(p, OTHER_UID, OTHER_UID)
+        os.lchown(log_dir / "report" / "index.html", OTHER_UID, OTHER_UID)
+    out = _telemetry(["report", str(run)])
+    text = out.stdout + out.stderr
+    assert out.returncode == 2 and "Traceback" not in text and "--out" in text, text
+    assert ("symlink" if where == "symlink_in_our_run" else "another user's run") in text, text
+    assert (mine / "index.html").read_text() == "my own file\n" and sorted(os.listdir(mine)) == ["index.html"]
+    assert (mine.stat().st_mode & 0o777) == 0o755
+    out = _telemetry(["report", str(run), "--out", str(tmp_path / "out")])    # where the reader says
+    assert out.returncode == 0 and (tmp_path / "out" / "index.html").is_file(), out.stdout + out.stderr

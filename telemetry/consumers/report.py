@@ -1076,7 +1076,9 @@ def make_report(run_dir: str | Path, out: str | Path | None = None) -> dict[str,
     if out:
         out_dir.mkdir(parents=True, exist_ok=True)
     else:
-        files.make_dir(out_dir)     # inside the run: as private as its files (0700 unless configured)
+        # Inside the run: as private as its files (0700 unless configured), and ours (run() has
+        # refused a symlink there and another user's run).
+        files.make_dir(out_dir, own=True)
     stats = ReadStats()
     d = collect(read_records(log_dir, stats))
     d.goodput = with_ranks_file(d.goodput, log_dir)     # per rank, where the daemon kept them apart
@@ -1112,6 +1114,19 @@ def make_report(run_dir: str | Path, out: str | Path | None = None) -> dict[str,
             "missing": missing, "summary": s, "data": d, "read": stats}
 
 
+def _default_out_problem(log_dir: Path) -> str | None:
+    """Why the report may not go to its default place, <log_dir>/report: another user's run (they
+    could put a symlink of theirs there, or at index.html, and have the report overwrite a file
+    of the reader's), or a symlink at report/ (never followed). None if it may."""
+    out = log_dir / "report"
+    if out.is_symlink():
+        return f"{out} is a symlink (not followed)"
+    owner = log_dir.stat().st_uid
+    if owner != os.geteuid():
+        return f"{log_dir} is another user's run (uid {owner})"
+    return None
+
+
 def run(args: argparse.Namespace) -> int:
     from telemetry.consumers.readjsonl import find_log_dir
     from telemetry.consumers.terminal import printable
@@ -1127,6 +1142,11 @@ def run(args: argparse.Namespace) -> int:
         log_dir = find_log_dir(args.run_dir)
     except FileNotFoundError as exc:     # not a run: bad input, as a typo is
         print(f"telemetry report: {exc}", file=sys.stderr)
+        return 2
+    why = None if args.out else _default_out_problem(Path(log_dir))
+    if why:
+        print(f"telemetry report: {why}; write the report into a directory of yours with --out DIR",
+              file=sys.stderr)
         return 2
     try:
         files.apply_like(log_dir)   # the report is as private as the run it reads

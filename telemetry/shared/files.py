@@ -75,7 +75,9 @@ def open_fd(path: str | os.PathLike, flags: int, keep_mode: bool = False) -> int
     (unless `keep_mode`: then see set_file_mode). Never follows a symlink at `path` (ELOOP) and
     never blocks: a FIFO, a device or anything else that is not a regular file is refused
     (NotRegularFile, or ENXIO for a FIFO without a reader), whoever put it there, before anything
-    is written to it."""
+    is written to it. Nor is a file another user owns opened to be written: one planted in a run
+    directory before it was ours (hard-linked elsewhere, or its mode theirs to widen) would let
+    them read the run (EPERM)."""
     try:
         fd = os.open(path, flags | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK, _modes.file)
     except OSError as exc:
@@ -86,6 +88,11 @@ def open_fd(path: str | os.PathLike, flags: int, keep_mode: bool = False) -> int
         raise
     try:
         _only_regular(fd, path)
+        if flags & (os.O_WRONLY | os.O_RDWR):
+            owner = os.fstat(fd).st_uid
+            if owner != os.geteuid():
+                raise OSError(errno.EPERM, f"it is owned by another user (uid {owner}), who could read what is "
+                                           f"written to it; remove it or use a directory of your own", os.fspath(path))
         if not keep_mode:
             _set_mode(fd, path, _modes.file, stat.S_ISREG)
     except OSError:
@@ -168,8 +175,10 @@ def make_dir(path: str | os.PathLike, own: bool = False, keep_mode: bool = False
 
 def _check_no_open_parent(path: Path) -> None:
     """No directory above `path` is writable by every user without the sticky bit: anyone could
-    rename the run's directory away and put a link of theirs at its name. (A group-writable one,
-    a team's runs/, is the team's choice.)"""
+    rename the run's directory away and put a link of theirs at its name. Nor is one with the
+    sticky bit (a /tmp of its own) owned by another user than root: its owner may rename what
+    anyone made in it. (A group-writable one, a team's runs/, is the team's choice.)"""
+    me = os.geteuid()
     for parent in Path(os.path.abspath(path)).parents:
         try:
             st = os.stat(parent)
@@ -178,6 +187,10 @@ def _check_no_open_parent(path: Path) -> None:
         if st.st_mode & stat.S_IWOTH and not st.st_mode & stat.S_ISVTX:
             raise OSError(errno.EPERM, f"{parent} above it is writable by every user (without the sticky bit), who "
                                        f"could swap the run's directory; use a directory of your own", os.fspath(path))
+        if st.st_mode & stat.S_IWOTH and st.st_uid not in (0, me):
+            raise OSError(errno.EPERM, f"{parent} above it is writable by every user and owned by another user "
+                                       f"(uid {st.st_uid}), who could swap the run's directory despite its sticky "
+                                       f"bit; use a directory of your own", os.fspath(path))
 
 
 def _set_mode(fd: int, path, mode: int, is_kind) -> None:
