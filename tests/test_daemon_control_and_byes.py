@@ -67,7 +67,7 @@ def test_the_control_server_answers_status_ping_and_drain_with_the_token_only(tm
     endpoint = f"ipc://{tmp_path}/control"
     srv.sock.bind(endpoint)
     srv.issue_token(endpoint)
-    token = control_protocol.token_path(endpoint).read_text().strip()
+    token = control_protocol.token_path(endpoint).read_text().split("\n")[0]   # (then, for TCP, its host)
     req = ctx.socket(zmq.REQ)
     req.setsockopt(zmq.LINGER, 0)
     req.connect(endpoint)
@@ -109,7 +109,7 @@ def test_a_drain_requests_exit_code_and_exit_time_are_kept_for_the_script_exit_e
     endpoint = f"ipc://{tmp_path}/control"
     srv.sock.bind(endpoint)
     srv.issue_token(endpoint)
-    token = control_protocol.token_path(endpoint).read_text().strip()
+    token = control_protocol.token_path(endpoint).read_text().split("\n")[0]   # (then, for TCP, its host)
     req = ctx.socket(zmq.REQ)
     req.setsockopt(zmq.LINGER, 0)
     req.connect(endpoint)

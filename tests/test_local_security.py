@@ -12,6 +12,7 @@ import stat
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import warnings
 from pathlib import Path
@@ -168,6 +169,42 @@ def test_control_needs_the_token_and_the_token_file_is_private(tmp_path):
         assert st.returncode == 0 and "records_in" in json.loads(st.stdout), st.stderr
         d.drain()
         assert not path.exists()                         # removed at exit
+    finally:
+        d.cleanup()
+
+
+def test_the_control_token_goes_only_to_the_listener_it_is_for(tmp_path):
+    """An outside attack: the TCP token file is found by port alone, so `telemetry status
+    --control tcp://127.0.0.2:P` (another local user listening on another loopback address at
+    the daemon's port) sent that user the daemon's token, and took its made-up reply. Now the
+    token goes only to the address the daemon is bound to (or a loopback name for it)."""
+    d = start_daemon(tmp_path, transport="tcp")
+    try:
+        from telemetry.shared.control import read_token
+
+        port = int(d.control.rsplit(":", 1)[1])
+        token = read_token(d.control)
+        assert len(token) == 32 and read_token(f"tcp://localhost:{port}") == token
+        ctx = zmq.Context.instance()
+        impostor = ctx.socket(zmq.REP)
+        impostor.setsockopt(zmq.LINGER, 0)
+        impostor.bind(f"tcp://127.0.0.2:{port}")
+        got = []
+
+        def answer() -> None:
+            if impostor.poll(30_000):
+                got.append(json.loads(impostor.recv()))
+                impostor.send(b'{"ok": true}')
+
+        t = threading.Thread(target=answer, daemon=True)
+        t.start()
+        st = subprocess.run([sys.executable, "-m", "telemetry", "status", "--control", f"tcp://127.0.0.2:{port}"],
+                            cwd=ROOT, capture_output=True, text=True, timeout=60)
+        t.join(40)
+        impostor.close()
+        assert got and token not in json.dumps(got[0]), got          # asked, without the token
+        assert read_token(f"tcp://127.0.0.2:{port}") == "" and read_token(f"tcp://example.invalid:{port}") == ""
+        assert d.status()["ok"] is True                              # the daemon's own still work
     finally:
         d.cleanup()
 

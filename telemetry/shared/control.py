@@ -63,8 +63,45 @@ def issue_token(endpoint: str) -> str:
     if not endpoint.startswith("ipc://"):
         endpoints.runtime_dir(create=True)
     token = secrets.token_hex(16)
-    _write_private(token_path(endpoint), token + "\n", "the control token")
+    # For TCP, the host it is bound to on the second line: the file is found by port alone, and
+    # read_token gives it only to a request for that listener (never to another host's, or to
+    # another loopback address's, on the same port).
+    host = "" if endpoint.startswith("ipc://") else "\n" + _host_of(endpoint)
+    _write_private(token_path(endpoint), token + host + "\n", "the control token")
     return token
+
+
+_WILDCARD = ("*", "0.0.0.0", "::", "")
+_LOOPBACK_NAMES = ("localhost", "ip6-localhost")
+
+
+def _host_of(endpoint: str) -> str:
+    return endpoint[len("tcp://"):].rsplit(":", 1)[0].strip("[]").lower() if endpoint.startswith("tcp://") else ""
+
+
+def _is_loopback(host: str) -> bool:
+    import ipaddress
+
+    if host in _LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _same_listener(asked: str, bound: str) -> bool:
+    """Is a request for host `asked` (at the token's port) one for the daemon bound to `bound`?
+    Its own address, a loopback name for its loopback address, or, bound to every address,
+    this host's loopback or name; never another host, nor another loopback address (anyone
+    may listen on 127.0.0.2 at the same port)."""
+    import socket
+
+    if asked == bound:
+        return True
+    if bound in _WILDCARD:
+        return _is_loopback(asked) or asked in (socket.gethostname().lower(), socket.getfqdn().lower())
+    return asked in _LOOPBACK_NAMES and bound in ("127.0.0.1", "::1")
 
 
 def curve_path(endpoint: str) -> Path:
@@ -123,7 +160,10 @@ def read_token(endpoint: str) -> str:
     env = os.environ.get(ENV_TOKEN)
     if env:
         return env.strip()
-    return _read_private(token_path(endpoint), 256)
+    lines = _read_private(token_path(endpoint), 256).split("\n")
+    if len(lines) > 1 and lines[1].strip() and not _same_listener(_host_of(endpoint), lines[1].strip()):
+        return ""       # the token of another listener on this port (an older daemon's file: one line)
+    return lines[0].strip()
 
 
 def parse_request(frame: bytes, token: str) -> tuple[str | None, str]:
