@@ -510,3 +510,40 @@ def test_summary_of_a_define_metric_reads_tensors_when_read(monkeypatch):
             run.log({"loss": torch.tensor(x)})
     assert run.summary.num_not_aggregated == 1
     assert run.summary["loss"]["min"] == 1.0 and run.summary["loss"]["mean"] == (6.0 + 5.0 + 6.0 + 7.0) / 6
+
+
+def test_a_config_of_tensors_and_numpy_and_a_tensor_step_as_w_and_b_takes_them(tmp_path, daemon, monkeypatch):
+    """An outside test beside real W&B: a tensor in the config made the drop-in's hello
+    unsendable (dropped, warned without a key), so the script's run never had its config, and a
+    later update with one lost every later update; W&B keeps such values as numbers and lists.
+    A step given as a tensor raised a private exception at the next log (W&B takes it), and a
+    float step lost its row without a word (W&B raises TypeError)."""
+    wandb = pytest.importorskip("wandb")
+    torch = pytest.importorskip("torch")
+    import numpy as np
+
+    def script(w, **kw) -> dict:
+        run = w.init(config={"lr": 0.1, "scale": torch.tensor(2.0), "arr": np.arange(3), "tup": (1, 2),
+                             "flag": np.bool_(True), "nested": {"t": torch.tensor([1, 2])}}, **kw)
+        run.config.update({"later": torch.tensor(3)})
+        run.config.update({"after": 7})
+        run.log({"a": 1.0}, step=torch.tensor(3))
+        run.log({"a": 2.0}, step=np.int64(5))
+        with pytest.raises(TypeError) as bad:
+            run.log({"a": 3.0}, step=4.0)
+        seen = {"config": {k: run.config[k] for k in ("lr", "scale", "arr", "tup", "flag", "nested", "later", "after")},
+                "step": run.step, "error": str(bad.value)}
+        run.finish()
+        return seen
+
+    real = script(wandb, mode="offline", project="p", dir=str(tmp_path),
+                  settings=wandb.Settings(console="off", x_disable_stats=True))
+    monkeypatch.setenv("TELEMETRY_ENDPOINT", daemon.ingest)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")                  # no dropped hello, no other warning
+        ours = script(tw, project="p", mode="offline")
+    assert ours == real, (ours, real)
+    hellos = daemon.wait_for(lambda recs: any(r["info"].get("config", {}).get("after") == 7 for r in recs),
+                             kind="hello", timeout_s=60)
+    config = [r["info"]["config"] for r in hellos if r["info"].get("config", {}).get("after") == 7][-1]
+    assert config["scale"] == 2.0 and config["arr"] == [0, 1, 2] and config["later"] == 3, config

@@ -108,6 +108,7 @@ class Config(_Items):
     def update(self, d: Any = None, allow_val_change: bool = False, **kwargs: Any) -> None:
         items = self._items
         for k, v in {**config_dict(d), **kwargs}.items():
+            v = plain_config_value(v)
             if k in items and items[k] != v and not allow_val_change:
                 raise Error(f"config key {k!r} is already {items[k]!r}; pass allow_val_change=True to change it "
                             f"to {v!r}")
@@ -327,6 +328,24 @@ def _scalar(v: Any) -> Any:
             return v.item()
     except Exception:
         pass
+    return v
+
+
+def plain_config_value(v: Any) -> Any:
+    """A config value as W&B keeps it (and the script reads it back): a tensor or a numpy value
+    as its Python number or list, a tuple as a list, inside dicts and lists too. A tensor left
+    in the config made the run's hello unsendable, and the run lost its config."""
+    if v is None or isinstance(v, (str, bool, int, float)):
+        return v
+    if isinstance(v, Mapping):
+        return {k: plain_config_value(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [plain_config_value(x) for x in v]
+    top = type(v).__module__.partition(".")[0]
+    if top in ("numpy", "torch") and hasattr(v, "tolist"):
+        if top == "torch":
+            v = v.detach().cpu()        # at config time, never on a training step
+        return v.tolist()
     return v
 
 

@@ -46,6 +46,7 @@ the daemon as a `wandb/refused` event.
 from __future__ import annotations
 
 import atexit
+import operator
 import os
 import sys
 import threading
@@ -329,6 +330,9 @@ class Run(RunCalls):
         if not isinstance(data, Mapping):
             raise TypeError("wandb.log must be passed a dictionary")
         if step is not None:
+            # As W&B takes it: an int, or what stands for one (a numpy integer, a one-element
+            # integer tensor); anything else raises TypeError, as W&B's does, never a row lost.
+            step = operator.index(step)
             if step < self._step:
                 # W&B's line, each time, on stderr (not a Python warning), unless $WANDB_SILENT.
                 if os.environ.get("WANDB_SILENT", "").lower() not in ("1", "true", "yes"):
