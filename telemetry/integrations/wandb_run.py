@@ -82,7 +82,7 @@ RUN_INFO_WAIT_S = 15.0
 UNSUPPORTED_RUN_METHODS = frozenset({
     "restore", "link_artifact", "use_model", "link_model", "status",
     "to_html", "display", "project_name", "get_url", "get_project_url", "get_sweep_url",
-    "sweep_id", "log_dir", "files_dir", "plot_table", "finish_artifact"})
+    "log_dir", "files_dir", "plot_table", "finish_artifact"})
 
 
 # Run.log's fast path: the key and value types of the common row.
@@ -175,11 +175,14 @@ class Run(RunCalls):
         self.project = project
         self._name = name or None
         self._entity = entity
-        self.group = group
+        self.group = group or ""            # W&B's: "" when none was given
         self._tags = tuple(tags or ())
         self._notes = notes
         self.start_time = time.time()       # W&B's: when init was called
-        self.job_type = job_type
+        self.job_type = job_type or ""
+        # W&B's: the sweep this run is a trial of ($WANDB_SWEEP_ID, set by the sweep agent), None
+        # outside a sweep (a stand-in here was truthy: `if run.sweep_id:` took the sweep's branch).
+        self.sweep_id = os.environ.get("WANDB_SWEEP_ID") or None
         self.id = id or os.environ.get(ENV_RUN_ID) or new_run_id()
         self._dir = dir
         # Where W&B's files go, as W&B's `dir` (its root_dir): made here, as W&B makes it; one
