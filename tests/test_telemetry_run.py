@@ -215,8 +215,14 @@ import wandb
 from wandb.sdk.lib.config_util import ConfigError   # what transformers' WandbCallback imports
 from wandb.wandb_run import Run                     # what Lightning's WandbLogger imports
 assert wandb.__version__ and issubclass(ConfigError, Exception)
-run = wandb.init(project="p")
+run = wandb.init(project="p", config={"lr": 1})
 assert isinstance(run, Run)
+try:                                                # W&B's ConfigError, as a script catches it
+    wandb.config.update({"lr": 2})
+except ConfigError as exc:
+    assert isinstance(exc, wandb.Error), type(exc).__mro__
+else:
+    raise AssertionError("a changed config value raised nothing")
 for i in range(3):
     wandb.log({"loss": 1.0 / (i + 1)})
 wandb.finish()

@@ -14,6 +14,12 @@ class Error(RuntimeError):
     """A misuse of the W&B API (W&B raises wandb.Error for the same)."""
 
 
+class ConfigError(Error):
+    """A config key changed without allow_val_change (W&B raises its ConfigError, a wandb.Error;
+    under `telemetry run --as-wandb` this is `wandb.sdk.lib.config_util.ConfigError`, so that a
+    script's `except ConfigError:` catches it)."""
+
+
 class Unsupported:
     """What stands for a part of W&B this drop-in does not offer: using it (calling it, or any
     attribute of it) raises, naming it. A stand-in rather than an AttributeError, so that
@@ -110,7 +116,7 @@ class Config(_Items):
         for k, v in {**config_dict(d), **kwargs}.items():
             v = plain_config_value(v)
             if k in items and items[k] != v and not allow_val_change:
-                raise Error(f"config key {k!r} is already {items[k]!r}; pass allow_val_change=True to change it "
+                raise ConfigError(f"config key {k!r} is already {items[k]!r}; pass allow_val_change=True to change it "
                             f"to {v!r}")
             items[k] = v
         self._on_change()

@@ -1,6 +1,4 @@
 """`wandb.sdk.lib.config_util` under `telemetry run --as-wandb` (transformers' WandbCallback
 catches its ConfigError around `wandb.config.update`)."""
 
-
-class ConfigError(Exception):
-    pass
+from telemetry.integrations.wandb_objects import ConfigError  # noqa: F401  (what the drop-in raises)
