@@ -56,3 +56,6 @@ worker_id           # torch DataLoader worker_init_fn(worker_id)
 closure             # torch.optim.Optimizer.step(closure=None)
 _.use_cache         # transformers model config (generation off while training)
 PAD_ID              # trainer/data.py: the byte vocabulary's reserved ids, named together
+
+# W&B's Run attributes a script reads by name (the drop-in's run, telemetry/integrations/wandb_run.py).
+_.sweep_id

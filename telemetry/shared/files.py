@@ -70,14 +70,15 @@ def _only_regular(fd: int, path) -> None:
     os.set_blocking(fd, True)
 
 
-def open_fd(path: str | os.PathLike, flags: int, keep_mode: bool = False) -> int:
+def open_fd(path: str | os.PathLike, flags: int, keep_mode: bool = False, any_owner: bool = False) -> int:
     """os.open with the run-file mode; a file of ours that already existed gets that mode too
     (unless `keep_mode`: then see set_file_mode). Never follows a symlink at `path` (ELOOP) and
     never blocks: a FIFO, a device or anything else that is not a regular file is refused
     (NotRegularFile, or ENXIO for a FIFO without a reader), whoever put it there, before anything
     is written to it. Nor is a file another user owns opened to be written: one planted in a run
     directory before it was ours (hard-linked elsewhere, or its mode theirs to widen) would let
-    them read the run (EPERM)."""
+    them read the run (EPERM), unless `any_owner`: the caller checks the owner itself, before
+    writing anything (the run lock, which names what it found)."""
     try:
         fd = os.open(path, flags | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK, _modes.file)
     except OSError as exc:
@@ -88,7 +89,7 @@ def open_fd(path: str | os.PathLike, flags: int, keep_mode: bool = False) -> int
         raise
     try:
         _only_regular(fd, path)
-        if flags & (os.O_WRONLY | os.O_RDWR):
+        if flags & (os.O_WRONLY | os.O_RDWR) and not any_owner:
             owner = os.fstat(fd).st_uid
             if owner != os.geteuid():
                 raise OSError(errno.EPERM, f"it is owned by another user (uid {owner}), who could read what is "

@@ -47,7 +47,7 @@ def hold(log_dir: Path) -> int:
     if fd is None:
         files.make_dir(log_dir, own=True, keep_mode=True)
         try:
-            fd = files.open_fd(path, os.O_RDWR | os.O_CREAT, keep_mode=True)
+            fd = files.open_fd(path, os.O_RDWR | os.O_CREAT, keep_mode=True, any_owner=True)   # checked below
         except OSError as exc:
             raise RunDirInUse(f"cannot lock {path}: {exc.strerror or exc}") from None
     st = os.fstat(fd)
