@@ -101,7 +101,12 @@ def _same_listener(asked: str, bound: str) -> bool:
         return True
     if bound in _WILDCARD:
         return _is_loopback(asked) or asked in (socket.gethostname().lower(), socket.getfqdn().lower())
-    return asked in _LOOPBACK_NAMES and bound in ("127.0.0.1", "::1")
+    if asked in _LOOPBACK_NAMES:
+        return bound in ("127.0.0.1", "::1")
+    try:                # a name for the bound address (the head's host name): what it resolves to
+        return bound in {info[4][0] for info in socket.getaddrinfo(asked, None)}
+    except (OSError, UnicodeError):
+        return False
 
 
 def curve_path(endpoint: str) -> Path:
