@@ -76,18 +76,9 @@ _LOOPBACK_NAMES = ("localhost", "ip6-localhost")
 
 
 def _host_of(endpoint: str) -> str:
-    return endpoint[len("tcp://"):].rsplit(":", 1)[0].strip("[]").lower() if endpoint.startswith("tcp://") else ""
+    from telemetry.shared import endpoints
 
-
-def _is_loopback(host: str) -> bool:
-    import ipaddress
-
-    if host in _LOOPBACK_NAMES:
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
+    return endpoints.tcp_host(endpoint).lower()
 
 
 def _same_listener(asked: str, bound: str) -> bool:
@@ -97,10 +88,13 @@ def _same_listener(asked: str, bound: str) -> bool:
     may listen on 127.0.0.2 at the same port)."""
     import socket
 
+    from telemetry.shared import endpoints
+
     if asked == bound:
         return True
     if bound in _WILDCARD:
-        return _is_loopback(asked) or asked in (socket.gethostname().lower(), socket.getfqdn().lower())
+        return (endpoints.is_loopback_host(asked) or asked in _LOOPBACK_NAMES
+                or asked in (socket.gethostname().lower(), socket.getfqdn().lower()))
     if asked in _LOOPBACK_NAMES:
         return bound in ("127.0.0.1", "::1")
     try:                # a name for the bound address (the head's host name): what it resolves to

@@ -306,14 +306,22 @@ def endpoint_arg(text: str) -> str:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def tcp_host(ep: str) -> str:
+    """The host of a tcp:// endpoint, without its port and an IPv6 literal's brackets ("" for
+    any other endpoint)."""
+    if not ep.startswith("tcp://"):
+        return ""
+    host = ep[len("tcp://"):].rsplit(":", 1)[0]
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    return host
+
+
 def is_loopback(ep: str) -> bool:
     """Whether an endpoint stays on this machine: ipc, or tcp to a loopback host (is_loopback_host)."""
     if not ep.startswith("tcp://"):
         return True
-    host = ep[len("tcp://"):].rsplit(":", 1)[0]
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    return is_loopback_host(host)
+    return is_loopback_host(tcp_host(ep))
 
 
 def is_loopback_host(host: str) -> bool:
