@@ -23,11 +23,14 @@ from typing import Protocol
 
 import zmq
 
+from pathlib import Path
+
 from telemetry.daemon import memory
 from telemetry.daemon.intake import Intake
 from telemetry.daemon.pipeline import Stage
 from telemetry.daemon.receiver import Receiver
 from telemetry.daemon.self_report import Losses
+from telemetry.shared import client_page
 
 log = logging.getLogger("telemetry.daemon")
 
@@ -103,8 +106,10 @@ class ReceiveStage(Stage):
     # The rest of the drain (the open steps, the analysis stages, the sinks) has the other tenth.
     drain_share = 0.9
 
-    def __init__(self, sock: zmq.Socket | None, receiver: Receiver, intake: Intake, losses: Losses) -> None:
+    def __init__(self, sock: zmq.Socket | None, receiver: Receiver, intake: Intake, losses: Losses,
+                 page_dir: Path | None = None) -> None:
         self.sock = sock
+        self.page_dir = page_dir      # the local clients' seq pages (client_page.py); None: not ipc
         self.receiver = receiver
         self.intake = intake
         self.losses = losses
@@ -279,6 +284,9 @@ class ReceiveStage(Stage):
                  losses.num_unread_at_drain, left, time.monotonic() - started,
                  "-" if step_s is None else f"{step_s * 1e6:.0f} µs")
         waiting, recent = open_now()
+        ended = self.end_by_pages()
+        waiting -= ended
+        recent -= ended
         still = waiting
         losses.num_sources_open_at_drain = len(still)
         still |= recent
@@ -292,6 +300,34 @@ class ReceiveStage(Stage):
                       "their last record that arrived is counted only by a daemon restarted on this log "
                       "directory (sources_open_at_drain)", len(still), named,
                       " ..." if len(still) > MAX_OPEN_NAMED else "")
+
+    def end_by_pages(self) -> set[int]:
+        """Close the accounting of the clients without a bye whose process has ended, by their
+        pages (client_page.py): what each took a seq for and never sent is counted lost. Then the
+        pages of every process that has ended go (nobody after this drain needs them). Returns
+        the sources ended."""
+        directory = self.page_dir
+        if directory is None:
+            return set()
+        receiver, losses = self.receiver, self.losses
+        ended: dict[int, tuple[int, int]] = {}
+        for src_id in [i for i, s in receiver.sources.items() if not s.bye]:
+            info = client_page.read_page(directory, src_id)
+            if info is None or not client_page.process_gone(info):
+                continue
+            tail = receiver.end_by_page(src_id, info.next_seq)
+            ended[src_id] = (info.pid, tail)
+            losses.num_lost_with_client += tail
+            client_page.remove(directory, src_id)
+        if ended:
+            losses.num_sources_ended_by_page += len(ended)
+            named = ", ".join(f"rank {receiver.sources[i].rank} (pid {pid}: {tail} unsent)"
+                              for i, (pid, tail) in sorted(ended.items())[:MAX_OPEN_NAMED])
+            log.warning("drain: %d client(s) ended without a bye: %s%s; what each took a seq for and never sent, "
+                        "by its seq page, is counted lost (records_lost_with_client: %d)", len(ended), named,
+                        " ..." if len(ended) > MAX_OPEN_NAMED else "", sum(t for _, t in ended.values()))
+        client_page.sweep(directory)
+        return set(ended)
 
     def count_unread(self, max_frames: int) -> int:
         """Read up to `max_frames` queued frames without processing them (their header only), so

@@ -1,0 +1,168 @@
+"""A client whose process ends without a bye (SIGKILL, the OOM killer, os._exit, a crash) is
+counted exactly by its seq page: every record it took a seq for and never sent is lost, and
+counted so; the daemon no longer leaves it "open" with its tail counted by no one.
+
+The children below hold the GIL from their first record to their end (a long switch interval),
+so the client's sender thread never runs: what they queued after the first record dies with them,
+deterministically."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from telemetry.shared import client_page
+
+N = 2000
+
+_CHILD = r"""
+import os, signal, sys, time
+sys.setswitchinterval(30.0)
+from telemetry.client import TelemetryClient
+ep, how, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+
+def run(rank):
+    tm = TelemetryClient(ep, rank=rank)
+    time.sleep(0.5)                # the hello's connection made
+    for i in range(n):
+        tm.log(i, {"train/loss": float(i)})
+    return tm
+
+if how == "fork":
+    parent = run(0)
+    pid = os.fork()
+    if pid == 0:
+        run(1)                      # the child's own client: a page of its own
+        os._exit(3)
+    os.waitpid(pid, 0)
+    parent.close(timeout_s=10.0)
+    sys.exit(0)
+tm = run(0)
+if how == "exit":
+    os._exit(5)
+if how == "kill":
+    os.kill(os.getpid(), signal.SIGKILL)
+if how == "wait":
+    print("logged", flush=True)
+    while not os.path.exists(sys.argv[4]):
+        time.sleep(0.05)
+    tm.close(timeout_s=10.0)
+"""
+
+
+def _child(ep: str, how: str, *extra: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", _CHILD, ep, how, str(N), *extra],
+                            stdout=subprocess.PIPE, text=True)
+
+
+def _drained(d) -> dict:
+    assert d.stop(timeout_s=120) in (0, 1), d.output()
+    return json.loads((d.log_dir / "drain.json").read_text())
+
+
+def _rows(d, rank: int) -> int:
+    return sum(1 for r in d.read_jsonl("metrics") if r.get("rank") == rank or (r.get("ranks") == 1 and rank == 0))
+
+
+def _pages(d) -> list[str]:
+    directory = client_page.page_dir(d.ingest)
+    return sorted(os.listdir(directory)) if directory.is_dir() else []
+
+
+@pytest.mark.parametrize("how", ["exit", "kill"])
+def test_a_client_that_dies_without_a_bye_is_counted_by_its_page(make_daemon, how):
+    d = make_daemon(world_size=1)
+    child = _child(d.ingest, how)
+    assert child.wait(timeout=60) == (5 if how == "exit" else -signal.SIGKILL)
+    final = _drained(d)
+    rank = final["per_rank"]["0"]
+    # The hello and N records took seqs 0..N: each was written or is counted lost.
+    assert rank["received"] + rank["refused"] + rank["lost"] == N + 1, final
+    assert rank["open"] == 0 and final["sources_open_at_drain"] == 0, final
+    assert final["sources_ended_by_page"] == 1, final
+    # The sender thread never ran: at most the first record (sent by the caller) arrived.
+    assert final["records_lost_with_client"] >= N - 1, final
+    assert final["records_lost"] >= final["records_lost_with_client"], final
+    assert "ended without a bye" in d.output()
+    assert _pages(d) == []                          # used, then removed
+
+
+def test_a_forked_child_has_its_own_page_and_the_parent_stays_exact(make_daemon):
+    d = make_daemon(world_size=2)
+    child = _child(d.ingest, "fork")
+    assert child.wait(timeout=60) == 0
+    final = _drained(d)
+    parent, forked = final["per_rank"]["0"], final["per_rank"]["1"]
+    # The parent closed with its bye: all of its records arrived, none lost.
+    assert parent["received"] == N + 2 and parent["lost"] == 0, final     # hello, N records, bye
+    # The child died with its queue; its own page counted it (the parent's page was not touched).
+    assert forked["received"] + forked["lost"] == N + 1 and forked["lost"] >= N - 1, final
+    assert final["sources_ended_by_page"] == 1 and final["sources_open_at_drain"] == 0, final
+    assert _pages(d) == []
+
+
+def test_a_live_client_is_not_ended_by_its_page(make_daemon, tmp_path):
+    """The neighbour: a client still alive at the drain (silent, not closed) keeps its page and
+    stays open: a page that still moves is never believed. Its close removes the page."""
+    d = make_daemon(world_size=1)
+    go = tmp_path / "go"
+    child = _child(d.ingest, "wait", str(go))
+    try:
+        assert child.stdout.readline().strip() == "logged"
+        assert len(_pages(d)) == 1
+        final = _drained(d)
+        assert final["sources_ended_by_page"] == 0 and final["records_lost_with_client"] == 0, final
+        assert final["per_rank"]["0"]["open"] == 1, final
+        assert len(_pages(d)) == 1
+    finally:
+        go.touch()
+    assert child.wait(timeout=60) == 0
+    assert _pages(d) == []
+
+
+def test_a_clean_close_leaves_no_page(daemon):
+    from telemetry.client import TelemetryClient
+
+    tm = TelemetryClient(daemon.ingest, rank=0)
+    tm.log(1, {"a": 1.0})
+    assert len(_pages(daemon)) == 1
+    tm.close(timeout_s=10.0)
+    assert _pages(daemon) == []
+
+
+def test_only_a_regular_page_of_ours_is_believed(tmp_path):
+    directory = tmp_path / client_page.DIR_NAME
+    page = client_page.ClientPage.create(f"ipc://{tmp_path}/ingest.sock", 7)
+    assert page.path == client_page.page_path(directory, 7)
+    page.seqs[0] = 41
+    info = client_page.read_page(directory, 7)
+    assert info is not None and info.next_seq == 41 and info.pid == os.getpid()
+    assert not client_page.process_gone(info)
+    # A symlink at a page's place, a short file, a wrong magic: not pages.
+    os.symlink(page.path, client_page.page_path(directory, 8))
+    client_page.page_path(directory, 9).write_bytes(b"\0" * 8)
+    client_page.page_path(directory, 10).write_bytes(b"x" * client_page.SIZE)
+    for src in (8, 9, 10):
+        assert client_page.read_page(directory, src) is None
+    # A page of a process that is gone is swept; ours (alive) stays.
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead = client_page.page_path(directory, 11)
+    dead.write_bytes(client_page._LAYOUT.pack(client_page.MAGIC, int(gone.stdout), 1, 5))
+    assert client_page.process_gone(client_page.read_page(directory, 11))
+    assert client_page.sweep(directory) == 1
+    assert not dead.exists() and page.path.exists()
+    page.remove()
+    assert not client_page.page_path(directory, 7).exists()
+
+
+def test_no_page_off_ipc():
+    page = client_page.ClientPage.create("tcp://127.0.0.1:5555", 1)
+    assert page.path is None
+    page.seqs[0] += 3
+    assert page.seqs[0] == 3
