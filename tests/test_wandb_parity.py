@@ -393,3 +393,22 @@ def test_the_runs_metadata_and_files_are_the_scripts(tmp_path):
     assert our_env == real_env and our_env["code_path"] == "src/meta_and_dir.py"
     assert 0 < runtime <= lifetime + 2.0, (runtime, lifetime)
     assert_same_run(real, ours)
+
+
+def test_summary_edits_make_the_summary_w_and_b_makes(tmp_path_factory):
+    """`run.summary` edited the ways W&B allows: a nested value edited through what reading it
+    gives (W&B's SummarySubDict; a copy before, so the edit was lost), keys deleted (raised
+    AttributeError before: the script died), a deleted key logged again. The summary W&B's server
+    builds from the file (updates and removals, nested keys) and what the script read back are
+    W&B's; the summary change waits for the rows logged before it (a row the daemon's run
+    committed after it would overwrite it)."""
+    from wandb_offline import summary_tree
+
+    path = SCRIPTS / "summary_edits.py"
+    real, out_real, _ = shared_run(tmp_path_factory, real_run, path, 1, {})
+    ours, out_ours, _ = shared_run(tmp_path_factory, sidecar_run, path, 1, {})
+    lines = [ln for ln in out_real.splitlines() if ln.startswith("{")]
+    assert len(lines) == 2 and [ln for ln in out_ours.splitlines() if ln.startswith("{")] == lines, out_ours
+    assert summary_tree(ours) == summary_tree(real), (summary_tree(ours), summary_tree(real))
+    assert summary_tree(ours)["m"] == {"a": 100, "b": 4} and "best" not in summary_tree(ours)
+    assert user_history(ours) == user_history(real)

@@ -95,6 +95,31 @@ def summary(path: str | Path) -> dict:
     return out
 
 
+def summary_tree(path: str | Path) -> dict:
+    """The run summary as W&B's server builds it from the file's summary records: each update
+    set at its key or nested key (inside the dicts above it), each removal applied; W&B's own
+    keys (_runtime, _timestamp, _wandb) left out."""
+    out: dict = {}
+    for rec in read_records(path):
+        if rec.WhichOneof("record_type") != "summary":
+            continue
+        for item in rec.summary.update:
+            keys = [item.key] if item.key else list(item.nested_key)
+            node = out
+            for k in keys[:-1]:
+                if not isinstance(node.get(k), dict):
+                    node[k] = {}
+                node = node[k]
+            node[keys[-1]] = json.loads(item.value_json)
+        for item in rec.summary.remove:
+            keys = [item.key] if item.key else list(item.nested_key)
+            node = out
+            for k in keys[:-1]:
+                node = node.get(k) if isinstance(node.get(k), dict) else {}
+            node.pop(keys[-1], None)
+    return {k: v for k, v in out.items() if k not in ("_runtime", "_timestamp", "_wandb")}
+
+
 def stats_rows(path: str | Path) -> list[dict]:
     """The run's system metrics (stats records of type SYSTEM: W&B's System section), as dicts."""
     from wandb.proto import wandb_internal_pb2

@@ -4,6 +4,7 @@ drop-in does not offer. The run that uses them: telemetry/integrations/wandb_run
 """
 from __future__ import annotations
 
+from collections.abc import MutableMapping
 from fnmatch import fnmatchcase
 from typing import Any, Callable, Iterator, Mapping
 
@@ -159,10 +160,18 @@ class Summary(_Items):
         return nest(items, paths) if paths else items
 
     def __getitem__(self, key: str) -> Any:
-        return _read(self._view()[key])
+        v = self._view()[key]
+        # A nested value is a view of it, as W&B's SummarySubDict: an edit through it
+        # (`summary["m"]["a"] = 2`) is an edit of the summary, never of a copy.
+        return SummarySubDict(self, (key,)) if v.__class__ is dict else _scalar(v)
 
     def __contains__(self, key: object) -> bool:
         return key in self._view()
+
+    def __delitem__(self, key: str) -> None:
+        """As W&B's: the key goes from the summary (a key not there is no error); a later log
+        of it puts it back."""
+        self._remove((key,))
 
     def __iter__(self) -> Iterator[str]:
         return iter(list(self._view()))
@@ -187,10 +196,12 @@ class Summary(_Items):
         return dict(self.items())
 
     def __init__(self, on_set: Callable[[dict[str, Any]], None],
-                 flatten_with_paths: Callable[[Mapping[str, Any]], dict[str, Any]]) -> None:
+                 flatten_with_paths: Callable[[Mapping[str, Any]], dict[str, Any]],
+                 on_remove: Callable[[list[tuple[str, ...]]], None] = lambda paths: None) -> None:
         self._items: dict[str, Any] = {}
         self._paths: dict[str, tuple[str, ...]] = {}
         self._on_set = on_set
+        self._on_remove = on_remove
         self._flatten = flatten_with_paths
         self._ops: list[tuple[str, frozenset[str]]] = []    # (name or glob, ops) of define_metric(summary=)
         self._key_ops: dict[str, frozenset[str]] = {}       # each key's ops, once looked up
@@ -254,8 +265,60 @@ class Summary(_Items):
     def __setitem__(self, key: str, value: Any) -> None:
         self.update({key: value})
 
+    def _set_path(self, path: tuple[str, ...], value: Any) -> None:
+        """summary[path[0]][path[1]]... = value, through a SummarySubDict."""
+        for part in reversed(path[1:]):
+            value = {part: value}
+        self.update({path[0]: value})
+
+    def _remove(self, path: tuple[str, ...]) -> None:
+        """The value at `path` (a key, or a key inside nested ones) and all under it go, here
+        and from the daemon's run."""
+        n = len(path)
+        gone = [k for k in self._items if self._paths.get(k, (k,))[:n] == path]
+        for k in gone:
+            del self._items[k]
+            self._set.discard(k)
+            self._agg.pop(k, None)
+        self._on_remove([path])
+
     def __repr__(self) -> str:
         return f"Summary({self._view()!r})"
+
+
+class SummarySubDict(MutableMapping):
+    """A nested value of `run.summary` (W&B's SummarySubDict): read, it is the summary's value
+    at its path as it is now; set or deleted, the summary is."""
+
+    def __init__(self, summary: Summary, path: tuple[str, ...]) -> None:
+        self._summary, self._path = summary, path
+
+    def _node(self) -> dict[str, Any]:
+        node: Any = self._summary._view()
+        for part in self._path:
+            node = node[part]
+        if node.__class__ is not dict:
+            raise KeyError(self._path[-1])
+        return node
+
+    def __getitem__(self, key: str) -> Any:
+        v = self._node()[key]
+        return SummarySubDict(self._summary, (*self._path, key)) if v.__class__ is dict else _scalar(v)
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        self._summary._set_path((*self._path, key), value)
+
+    def __delitem__(self, key: str) -> None:
+        self._summary._remove((*self._path, key))
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(list(self._node()))
+
+    def __len__(self) -> int:
+        return len(self._node())
+
+    def __repr__(self) -> str:
+        return repr(_read(self._node()))
 
 
 # The define_metric summaries that need every logged value, not only the last.

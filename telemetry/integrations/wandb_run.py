@@ -63,6 +63,10 @@ from telemetry.integrations.wandb_media import INLINE_ARRAY, INLINE_LIST, Array,
 from telemetry.shared.media import EVENT as MEDIA_EVENT
 
 SUMMARY_EVENT = "wandb/summary"
+# `run.summary` set / deleted, after the rows up to "step" (the daemon's run takes it after them):
+# {"step": s, "values": {...}} / {"step": s, "paths": [[key, ...], ...]}
+SUMMARY_SET_EVENT = "wandb/summary_set"
+SUMMARY_REMOVE_EVENT = "wandb/summary_remove"
 REFUSED_EVENT = "wandb/refused"
 NESTED_EVENT = "wandb/nested"
 VALUES_EVENT = "wandb/values"
@@ -207,7 +211,7 @@ class Run(RunCalls):
             endpoint = f"ipc://{runtime}/ingest.sock"
         self._client = LazyClient(client, endpoint, rank=self.rank, send_hello=False)
         self.config = Config(self._send_hello)
-        self.summary = Summary(self._send_summary, self._flatten)
+        self.summary = Summary(self._send_summary, self._flatten, self._send_summary_remove)
         self._logged = self.summary._items
         self._texts: dict[str, str] = {}
         self._watched: list = []           # (key, clone) noted by watch()'s hooks, sent at the next commit
@@ -593,7 +597,12 @@ class Run(RunCalls):
                 v = v.item()
             data[k] = v
         if data and not self._finished:
-            self._client.get().event(SUMMARY_EVENT, data)
+            self._client.get().event(SUMMARY_SET_EVENT, {"step": self._step - 1, "values": data})
+
+    def _send_summary_remove(self, paths: list[tuple[str, ...]]) -> None:
+        if not self._finished:
+            self._client.get().event(SUMMARY_REMOVE_EVENT, {"step": self._step - 1,
+                                                            "paths": [list(p) for p in paths]})
 
     def _send_call(self, data: dict) -> None:
         """A W&B call for the daemon's run to make (wandb_calls.py): after this step's values."""

@@ -56,6 +56,7 @@ from telemetry.shared import files
 from telemetry.daemon.media_keeper import MediaFiles, event_files, num_bins
 from telemetry.shared import media as shared_media
 from telemetry.shared.wandb_ids import stable_run_id
+from telemetry.shared.numbers import is_int
 from telemetry.shared.wandb_keys import nest
 
 log = logging.getLogger("telemetry.daemon.sinks.wandb")
@@ -72,7 +73,12 @@ MEDIA_READER = "wandb"          # its name among the media files' readers (media
 INIT_KEYS = ("project", "name", "entity", "group", "notes", "job_type", "id")
 # The script's metadata W&B takes as settings (what W&B records of the process that made the run).
 META_SETTINGS = ("program", "program_relpath", "program_abspath", "host")
-SUMMARY_EVENT = "wandb/summary"
+SUMMARY_EVENT = "wandb/summary"                 # {key: value}: an older rank's summary set, at once
+# `run.summary` set / deleted in a rank after its rows up to "step", taken after them:
+# {"step": s, "values": {...}} / {"step": s, "paths": [[key, ...], ...]}
+SUMMARY_SET_EVENT = "wandb/summary_set"
+SUMMARY_REMOVE_EVENT = "wandb/summary_remove"
+MAX_SUMMARY_REMOVALS = 1024      # paths taken from one such event
 NESTED_EVENT = "wandb/nested"
 VALUES_EVENT = "wandb/values"        # {"step": s, "values": {key: text}}: values W&B keeps that are not numbers
 CALL_EVENT = "wandb/call"            # {"call": ..., "args": {...}, "dir": staged name}: wandb_calls.py
@@ -299,7 +305,11 @@ class WandbSink(Sink):
         elif kind == "event" and isinstance(rec.get("data"), dict):
             name = rec.get("name")
             if name == SUMMARY_EVENT:
-                run.summary.update(self._nest(rec["data"]))
+                self._set_summary(rec["data"])
+            elif name == SUMMARY_SET_EVENT and isinstance(rec["data"].get("values"), dict):
+                self._after_its_rows(self._summary_set, rec["data"])
+            elif name == SUMMARY_REMOVE_EVENT and isinstance(rec["data"].get("paths"), list):
+                self._after_its_rows(self._summary_remove, rec["data"])
             elif name == NESTED_EVENT and isinstance(rec["data"].get("paths"), dict):
                 self._note_nested(rec["data"]["paths"])
             elif name == shared_media.EVENT:
@@ -368,6 +378,19 @@ class WandbSink(Sink):
             log_it(data)
             return
         self._held.append((step, log_it, data))
+
+    def _after_its_rows(self, apply, data: dict) -> None:
+        """A summary change made after the script's rows up to data["step"]: taken once W&B has
+        committed them (a row here is committed when the next step's is logged), so that no row
+        logged before it overwrites it in W&B's summary, as it would not in the script's run."""
+        step = data.get("step")
+        self._at_its_step(apply, {**data, "step": step + 1} if is_int(step) else data)
+
+    def _summary_set(self, data: dict) -> None:
+        self._set_summary(data["values"])
+
+    def _summary_remove(self, data: dict) -> None:
+        self._remove_summary(data["paths"])
 
     def _release(self, up_to: float) -> None:
         """Log the held events of steps up to `up_to`, in step order."""
@@ -478,6 +501,45 @@ class WandbSink(Sink):
         `path`) is the one the script's own W&B would have written."""
         if getattr(self.run, "_local_step", step) < step:
             self.run._local_step = step
+
+    def _set_summary(self, data: dict) -> None:
+        """A rank's `run.summary` set: a flat key as it is; a key that came from nesting set at
+        its path inside what the summary holds (as W&B's `summary["m"]["a"] = v`), so that the
+        other keys under "m" stay."""
+        summary, flat = self.run.summary, {}
+        for k, v in data.items():
+            path = self._nested.get(k)
+            if not path or len(path) < 2:
+                flat[k] = v
+                continue
+            node = summary
+            for i, part in enumerate(path[:-1]):
+                try:
+                    child = node[part]
+                except KeyError:
+                    child = None
+                if not hasattr(child, "keys"):     # missing, or a value: the rest of the path is new
+                    node[part] = nest({path[-1]: v}, {path[-1]: path[i + 1:]})
+                    break
+                node = child
+            else:
+                node[path[-1]] = v
+        if flat:
+            summary.update(flat)
+
+    def _remove_summary(self, paths: list) -> None:
+        """`del run.summary[...]` in a rank: the key (or the nested one at its path) goes from
+        the run's summary, as W&B's own (a key not there is no error)."""
+        for path in paths[:MAX_SUMMARY_REMOVALS]:
+            if not isinstance(path, list) or not path or not all(isinstance(p, str) for p in path):
+                continue
+            node = self.run.summary
+            try:
+                for part in path[:-1]:
+                    node = node[part]
+                del node[path[-1]]
+            except (KeyError, TypeError):
+                pass
 
     def _nest(self, values: dict) -> dict:
         """Keys a telemetry.wandb rank flattened from nested dicts, nested again ("a/b" ->
@@ -708,6 +770,9 @@ class WandbSink(Sink):
         if self._suspect is not None:             # nothing came after it to say it was absurd
             suspect, self._suspect = self._suspect, None
             self._log_metrics(suspect)
+        if self._init is not None and self._last_step >= 0 and \
+                any(h[1] in (self._summary_set, self._summary_remove) for h in self._held):
+            self.run.log({}, commit=True)         # the last row committed: the summary changes after it
         self._release(float("inf"))
         t = threading.Thread(target=self.run.finish, kwargs={"exit_code": self.exit_code()}, name="wandb-finish",
                              daemon=True)
