@@ -286,8 +286,8 @@ def log(data: dict[str, Any], step: int | None = None, commit: bool | None = Non
     _active("log()").log(data, step=step, commit=commit)
 
 
-def define_metric(name: str, *args: Any, **kwargs: Any) -> None:
-    _active("define_metric()").define_metric(name, *args, **kwargs)
+def define_metric(name: str, *args: Any, **kwargs: Any) -> Any:
+    return _active("define_metric()").define_metric(name, *args, **kwargs)
 
 
 def watch(models: Any, criterion: Any = None, log: str | None = "gradients", log_freq: int = 1000,

@@ -195,7 +195,8 @@ def test_numpy_scalars_and_bools(rx, client_factory):
     tm = client_factory(rx.endpoint)
     tm.log(1, {"a": np.float32(0.5), "b": np.int64(3), "c": np.bool_(True)})
     m = rx.recv_until(lambda r: isinstance(r, Metrics))[-1]
-    assert m.values == {"a": 0.5, "b": 3, "c": 1}
+    assert m.values == {"a": 0.5, "b": 3, "c": True}
+    assert m.values["c"] is True          # a bool, as a Python bool is (W&B keeps true, not 1)
 
 
 def test_unencodable_value_is_dropped_and_counted_not_raised(rx, client_factory):

@@ -324,3 +324,16 @@ def test_an_older_daemon_s_counters_are_read_under_their_names_now(tmp_path):
     t = TailState()
     t.consume("daemon", recs[-1])
     assert t.daemon["telemetry/records_lost"] == 7 and t.daemon["telemetry/records_dropped_by_clients"] == 4
+
+
+def test_a_deleted_summary_key_leaves_the_reports_summary():
+    """`del run.summary[...]` in a W&B script (a wandb/summary_remove event after the sets): the
+    report's summary is the run's, without the key and what was nested under it."""
+    from telemetry.consumers.report import collect
+
+    ev = lambda name, data: {"kind": "event", "name": name, "rank": 0, "t": 1.0, "data": data}  # noqa: E731
+    d = collect([ev("wandb/summary", {"best": 7, "nest/p": 1, "nest/q/r": 2, "nested_not": 3}),
+                 ev("wandb/summary_at", {"step": 2, "roots": ["best"]}),
+                 ev("wandb/summary_remove", {"step": 2, "paths": [["best"], ["nest", "q"], ["absent"]]})])
+    assert d.summary == {"nest/p": 1, "nested_not": 3}
+    assert not d.events          # bookkeeping, not events the report lists

@@ -412,3 +412,20 @@ def test_summary_edits_make_the_summary_w_and_b_makes(tmp_path_factory):
     assert summary_tree(ours) == summary_tree(real), (summary_tree(ours), summary_tree(real))
     assert summary_tree(ours)["m"] == {"a": 100, "b": 4} and "best" not in summary_tree(ours)
     assert user_history(ours) == user_history(real)
+
+
+def test_empty_rows_bools_and_late_define_metric_are_w_and_bs(tmp_path_factory):
+    """`wandb.log({})` is a row of W&B's history (it was not written); numpy and tensor bools are
+    W&B's true/false (they were 1/0); a define_metric made after rows applies from there, as
+    W&B's: the daemon's run defined it before those rows reached it, so its summary took values
+    W&B's never does; `define_metric` returns W&B's Metric (it returned None)."""
+    from wandb_offline import summary_tree
+
+    path = SCRIPTS / "define_and_bools.py"
+    real, out_real, _ = shared_run(tmp_path_factory, real_run, path, 1, {})
+    ours, out_ours, _ = shared_run(tmp_path_factory, sidecar_run, path, 1, {})
+    lines = [ln for ln in out_real.splitlines() if ln.startswith("{")]
+    assert len(lines) == 1 and [ln for ln in out_ours.splitlines() if ln.startswith("{")] == lines, out_ours
+    assert user_history(ours) == user_history(real)
+    assert user_history(ours)[1] == {} and user_history(ours)[2]["nb"] is False
+    assert summary_tree(ours) == summary_tree(real), (summary_tree(ours), summary_tree(real))

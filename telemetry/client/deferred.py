@@ -44,14 +44,14 @@ MAX_POLL_INTERVAL_S = 0.010
 # leaves the thread parked (TelemetryClient.log: DIRECT_AFTER_NS).
 PARK_AFTER_IDLE_S = 0.02
 
-def host_scalar(v: Any) -> float | int:
-    """A host value (numpy scalar, bool, Decimal ...) as a wire number; never called on a tensor."""
+def host_scalar(v: Any) -> float | int | bool:
+    """A host value (numpy scalar, Decimal ...) as a wire number; never called on a tensor. A
+    numpy bool is a bool, as a Python bool is on the wire (W&B keeps true/false, not 1/0)."""
     if v.__class__ is bool:
-        return int(v)
+        return v
     item = getattr(v, "item", None)
     if item is not None:  # numpy scalars: a host read, no device involved
-        v = item()
-        return int(v) if v.__class__ is bool else v
+        return item()
     return float(v)
 
 
@@ -450,9 +450,7 @@ def resolve(job: Job) -> dict[str, float | int]:
             # CPU-GPU sync point, on the sender thread only: waits (sleeping: a blocking-sync
             # event) until the copy into the pinned buffer has landed.
             g.event.synchronize()
-        nums = g.tensor.tolist()  # pinned/CPU memory: no sync (another device: one, here)
-        if nums and nums[0].__class__ is bool:
-            nums = [int(x) for x in nums]
+        nums = g.tensor.tolist()  # pinned/CPU memory: no sync (another device: one, here); bools stay bools
         values.update(zip(g.names, nums))
         if g.pool is not None:
             g.pool.give(g.pool_key, g.tensor)

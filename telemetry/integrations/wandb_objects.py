@@ -45,6 +45,20 @@ class Unsupported:
         return f"<{self._name}: not supported by telemetry.wandb>"
 
 
+class Metric:
+    """What `define_metric` returns (W&B's wandb_metric.Metric): the definition, read back."""
+
+    def __init__(self, name: str, step_metric: str | None = None, step_sync: bool | None = None,
+                 hidden: bool | None = None, summary: str | None = None, goal: str | None = None,
+                 overwrite: bool | None = None) -> None:
+        self.name, self.step_metric, self.step_sync, self.hidden = name, step_metric, step_sync, hidden
+        self.summary = tuple(p.strip() for p in summary.split(",")) if summary else None
+        self.goal, self.overwrite = goal, overwrite
+
+    def __repr__(self) -> str:
+        return f"Metric(name={self.name!r}, step_metric={self.step_metric!r}, summary={self.summary!r})"
+
+
 class PreInit:
     """`wandb.config` and `wandb.summary` before `wandb.init()`: any use raises, as in W&B."""
 
@@ -195,7 +209,7 @@ class Summary(_Items):
     def as_dict(self) -> dict[str, Any]:
         return dict(self.items())
 
-    def __init__(self, on_set: Callable[[dict[str, Any]], None],
+    def __init__(self, on_set: Callable[[dict[str, Any], list[str]], None],
                  flatten_with_paths: Callable[[Mapping[str, Any]], dict[str, Any]],
                  on_remove: Callable[[list[tuple[str, ...]]], None] = lambda paths: None) -> None:
         self._items: dict[str, Any] = {}
@@ -213,6 +227,11 @@ class Summary(_Items):
         (a glob with "*") names, from now on."""
         self._ops.append((name, frozenset(p.strip().lower() for p in summary.split(",") if p.strip())))
         self._key_ops.clear()
+        # As W&B's: the value a key holds now is the first its min/max/mean/first see.
+        for k, v in self._items.items():
+            if k not in self._agg and k not in self._set and self._ops_of(k) & _AGG_OPS:
+                agg = self._agg[k] = _Aggregate()
+                agg.add(k, v, self)
 
     def _ops_of(self, key: str) -> frozenset[str]:
         ops = self._key_ops.get(key)
@@ -249,6 +268,9 @@ class Summary(_Items):
                 continue
             else:
                 agg = self._agg.get(k)
+                if agg is None and "last" not in ops:
+                    out[k] = v      # nothing logged since its define_metric: as W&B's, the value
+                    continue
                 got = agg.read(ops) if agg is not None else {}
                 if "last" in ops:
                     got["last"] = _scalar(v)
@@ -257,19 +279,29 @@ class Summary(_Items):
         return out
 
     def update(self, d: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
-        values = self._flatten({**(d or {}), **kwargs})
-        self._items.update(values)
-        self._set.update(values)
-        self._on_set(values)
+        """As W&B's: each key given is set whole (a dict replaces what was under that key)."""
+        self._put({**(d or {}), **kwargs}, whole=True)
 
     def __setitem__(self, key: str, value: Any) -> None:
         self.update({key: value})
 
     def _set_path(self, path: tuple[str, ...], value: Any) -> None:
-        """summary[path[0]][path[1]]... = value, through a SummarySubDict."""
+        """summary[path[0]][path[1]]... = value, through a SummarySubDict: the rest under
+        path[0] stays."""
         for part in reversed(path[1:]):
             value = {part: value}
-        self.update({path[0]: value})
+        self._put({path[0]: value}, whole=False)
+
+    def _put(self, data: dict[str, Any], whole: bool) -> None:
+        if whole:
+            for k in [k for k in self._items if self._paths.get(k, (k,))[0] in data]:
+                del self._items[k]
+                self._set.discard(k)
+                self._agg.pop(k, None)
+        values = self._flatten(data)
+        self._items.update(values)
+        self._set.update(values)
+        self._on_set(values, list(data) if whole else [])
 
     def _remove(self, path: tuple[str, ...]) -> None:
         """The value at `path` (a key, or a key inside nested ones) and all under it go, here

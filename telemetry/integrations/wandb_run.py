@@ -58,15 +58,15 @@ from typing import Any, Mapping
 from protocol.constants import MAX_NAME_CHARS, MAX_VALUES
 from telemetry.integrations._client import LazyClient, process_rank
 from telemetry.integrations.wandb_calls import CALL_EVENT, RunCalls
-from telemetry.integrations.wandb_objects import Config, Error, Summary, Unsupported
+from telemetry.integrations.wandb_objects import Config, Error, Metric, Summary, Unsupported
 from telemetry.integrations.wandb_media import INLINE_ARRAY, INLINE_LIST, Array, List, Media, MediaWriter
 from telemetry.shared.media import EVENT as MEDIA_EVENT
 
-SUMMARY_EVENT = "wandb/summary"
-# `run.summary` set / deleted, after the rows up to "step" (the daemon's run takes it after them):
-# {"step": s, "values": {...}} / {"step": s, "paths": [[key, ...], ...]}
-SUMMARY_SET_EVENT = "wandb/summary_set"
-SUMMARY_REMOVE_EVENT = "wandb/summary_remove"
+SUMMARY_EVENT = "wandb/summary"             # {key: value}: run.summary set (what consumers read)
+# Just before each: {"step": s, "roots": [keys set whole]}, the rows it comes after (the daemon's
+# run takes it after them) and which keys replace what was under them.
+SUMMARY_AT_EVENT = "wandb/summary_at"
+SUMMARY_REMOVE_EVENT = "wandb/summary_remove"  # {"step": s, "paths": [[key, ...], ...]}: del run.summary[...]
 REFUSED_EVENT = "wandb/refused"
 NESTED_EVENT = "wandb/nested"
 VALUES_EVENT = "wandb/values"
@@ -205,6 +205,7 @@ class Run(RunCalls):
         self._media = MediaWriter()
         self._nested_sent: set[str] = set()
         self._fast_keys: frozenset = frozenset()    # the last fast row's keys (see log)
+        self._media_step = -1               # the step of the last media sent (its row is not empty)
         self._pid = os.getpid()             # a forked child's copy is not its run (see _finish_all)
         self._runtime = runtime
         if runtime is not None and endpoint is None and client is None:
@@ -384,7 +385,12 @@ class Run(RunCalls):
             else:
                 self._refuse(k, why)
         if (step is None and commit is None) or commit:
+            # Nothing in the row at all (`wandb.log({})`): W&B still writes it, a row of its
+            # _step alone; so does the daemon's run, from an empty values event.
+            empty = not (self._pending or self._texts or self._watched) and self._media_step != self._step
             self._commit()
+            if empty:
+                self._client.get().event(VALUES_EVENT, {"step": self._step, "values": {}})
             self._step += 1
 
     def _fast_keys_ok(self, data: dict) -> bool:
@@ -464,6 +470,7 @@ class Run(RunCalls):
                 return
             items.append({"file": queued[0], "options": queued[1]})
         event = {"key": key, "step": self._step, "type": type(media[0]).__name__}
+        self._media_step = self._step
         if as_list:
             event["items"] = items
         else:
@@ -481,14 +488,18 @@ class Run(RunCalls):
 
     def define_metric(self, name: str, step_metric: str | None = None, step_sync: bool | None = None,
                       hidden: bool | None = None, summary: str | None = None, goal: str | None = None,
-                      overwrite: bool | None = None) -> None:
-        """Reaches the daemon's W&B run as it was made (its step_metric, summary, goal, hidden)."""
+                      overwrite: bool | None = None) -> Metric:
+        """Reaches the daemon's W&B run as it was made (its step_metric, summary, goal, hidden),
+        after the rows logged before it, as in W&B. Returns what W&B's returns, a Metric."""
         if summary:
             self.summary.define(name, summary)
+        # "at": the rows before it (the daemon's run defines it once they are committed).
         self._metrics.append({k: v for k, v in (("name", name), ("step_metric", step_metric), ("step_sync", step_sync),
-                                                ("summary", summary), ("goal", goal), ("hidden", hidden))
+                                                ("summary", summary), ("goal", goal), ("hidden", hidden),
+                                                ("at", self._step - 1))
                               if v is not None})
         self._send_hello()
+        return Metric(name, step_metric, step_sync, hidden, summary, goal, overwrite)
 
     def watch(self, models: Any, criterion: Any = None, log: str | None = "gradients", log_freq: int = 1000,
               idx: int | None = None, log_graph: bool = False) -> list:
@@ -586,7 +597,9 @@ class Run(RunCalls):
             "world_size": self.world_size if self.rank > 0 else 1,
         })
 
-    def _send_summary(self, values: dict[str, Any]) -> None:
+    def _send_summary(self, values: dict[str, Any], roots: list[str]) -> None:
+        """run.summary set: the flat values, and the keys set whole (`roots`: what was under
+        them goes, as in W&B; an edit through a nested value sets only its path)."""
         data = {}
         for k, v in values.items():
             if hasattr(v, "detach"):
@@ -597,7 +610,9 @@ class Run(RunCalls):
                 v = v.item()
             data[k] = v
         if data and not self._finished:
-            self._client.get().event(SUMMARY_SET_EVENT, {"step": self._step - 1, "values": data})
+            client = self._client.get()
+            client.event(SUMMARY_AT_EVENT, {"step": self._step - 1, "roots": roots})
+            client.event(SUMMARY_EVENT, data)
 
     def _send_summary_remove(self, paths: list[tuple[str, ...]]) -> None:
         if not self._finished:

@@ -9,10 +9,21 @@ drop-in could not log) is news and stays.
 """
 from __future__ import annotations
 
-BOOKKEEPING_EVENTS = frozenset({"wandb/nested", "wandb/summary", "wandb/media", "wandb/values", "wandb/console",
-                                "rank_bye", "node_bye"})
+BOOKKEEPING_EVENTS = frozenset({"wandb/nested", "wandb/summary", "wandb/summary_at", "wandb/summary_remove",
+                                "wandb/media", "wandb/values", "wandb/console", "rank_bye", "node_bye"})
 
 
 def is_bookkeeping(name: object) -> bool:
     """Whether an event of this name is bookkeeping (see the module docstring)."""
     return name in BOOKKEEPING_EVENTS
+
+
+def drop_summary_paths(summary: dict, data: object) -> None:
+    """A `del run.summary[...]` event ("wandb/summary_remove": {"paths": [[key, ...], ...]}), on a
+    consumer's summary of flat keys ("a/b"): each path's key, and those under it, leave it."""
+    paths = data.get("paths") if isinstance(data, dict) else None
+    for path in paths if isinstance(paths, list) else []:
+        if isinstance(path, list) and path and all(isinstance(p, str) for p in path):
+            key = "/".join(path)
+            for k in [k for k in summary if k == key or k.startswith(key + "/")]:
+                del summary[k]

@@ -73,11 +73,11 @@ MEDIA_READER = "wandb"          # its name among the media files' readers (media
 INIT_KEYS = ("project", "name", "entity", "group", "notes", "job_type", "id")
 # The script's metadata W&B takes as settings (what W&B records of the process that made the run).
 META_SETTINGS = ("program", "program_relpath", "program_abspath", "host")
-SUMMARY_EVENT = "wandb/summary"                 # {key: value}: an older rank's summary set, at once
-# `run.summary` set / deleted in a rank after its rows up to "step", taken after them:
-# {"step": s, "values": {...}} / {"step": s, "paths": [[key, ...], ...]}
-SUMMARY_SET_EVENT = "wandb/summary_set"
-SUMMARY_REMOVE_EVENT = "wandb/summary_remove"
+SUMMARY_EVENT = "wandb/summary"                 # {key: value}: run.summary set in a rank
+# Just before a rank's summary event: {"step": s, "roots": [keys set whole]}: it is taken after the
+# rank's rows up to s (without one, from an older rank: at once, each key set whole).
+SUMMARY_AT_EVENT = "wandb/summary_at"
+SUMMARY_REMOVE_EVENT = "wandb/summary_remove"   # {"step": s, "paths": [[key, ...], ...]}: del run.summary[...]
 MAX_SUMMARY_REMOVALS = 1024      # paths taken from one such event
 NESTED_EVENT = "wandb/nested"
 VALUES_EVENT = "wandb/values"        # {"step": s, "values": {key: text}}: values W&B keeps that are not numbers
@@ -154,6 +154,11 @@ class WandbSink(Sink):
         self._init: dict | None = None        # the "wandb" map of the lowest rank's init hello
         self._init_rank: int | None = None    # that rank: the user's run is its run
         self._metric_defs: set[str] = set()
+        # Summary changes and define_metric calls made after the rows up to a step, waiting for
+        # them (_after_its_rows): (step, apply, data).
+        self._after_rows: list[tuple] = []
+        self._summary_at: dict[int, dict] = {}   # by rank: the summary_at event for its next summary event
+        self._uncommitted = False           # a row logged with its step, not committed yet
         self._waiting: list[Out] = []
         self.num_dropped_waiting = 0
         self.num_nested_refused = 0       # wandb/nested paths deeper than MAX_NESTED_DEPTH: their keys stay flat
@@ -305,9 +310,13 @@ class WandbSink(Sink):
         elif kind == "event" and isinstance(rec.get("data"), dict):
             name = rec.get("name")
             if name == SUMMARY_EVENT:
-                self._set_summary(rec["data"])
-            elif name == SUMMARY_SET_EVENT and isinstance(rec["data"].get("values"), dict):
-                self._after_its_rows(self._summary_set, rec["data"])
+                at = self._summary_at.pop(rec.get("rank", 0), None)
+                if at is None:
+                    run.summary.update(self._nest(rec["data"]))
+                else:
+                    self._after_its_rows(self._summary_set, {**at, "values": rec["data"]})
+            elif name == SUMMARY_AT_EVENT:
+                self._summary_at[rec.get("rank", 0)] = rec["data"]
             elif name == SUMMARY_REMOVE_EVENT and isinstance(rec["data"].get("paths"), list):
                 self._after_its_rows(self._summary_remove, rec["data"])
             elif name == NESTED_EVENT and isinstance(rec["data"].get("paths"), dict):
@@ -380,14 +389,34 @@ class WandbSink(Sink):
         self._held.append((step, log_it, data))
 
     def _after_its_rows(self, apply, data: dict) -> None:
-        """A summary change made after the script's rows up to data["step"]: taken once W&B has
-        committed them (a row here is committed when the next step's is logged), so that no row
-        logged before it overwrites it in W&B's summary, as it would not in the script's run."""
+        """A summary change or a define_metric made in the script after its rows up to
+        data["step"]: taken once W&B has those rows committed, and before any later row, as in
+        the script's own run (a row is logged here with its step and committed only when the
+        next one is, so a summary value set after it would be overwritten by it). Taken at once
+        when no row of that step can still come."""
         step = data.get("step")
-        self._at_its_step(apply, {**data, "step": step + 1} if is_int(step) else data)
+        if self._init is None or not is_int(step) or step < 0 or step < self._last_step or \
+                len(self._after_rows) >= MAX_HELD_EVENTS:
+            apply(data)
+            return
+        self._after_rows.append((step, apply, data))
+
+    def _take_after_rows(self, up_to: float) -> None:
+        """Before the row of step up_to + 1 (or at close): commit the row in hand, then take the
+        changes made after the rows up to `up_to`, in the order the script made them."""
+        if not self._after_rows or self._after_rows[0][0] > up_to:
+            return
+        if self._uncommitted:
+            self.run.log({}, commit=True)         # commits the row in hand; writes no row of its own
+            self._uncommitted = False
+        ready = [h for h in self._after_rows if h[0] <= up_to]
+        self._after_rows = [h for h in self._after_rows if h[0] > up_to]
+        for _, apply, data in ready:
+            apply(data)
 
     def _summary_set(self, data: dict) -> None:
-        self._set_summary(data["values"])
+        roots = data.get("roots")
+        self._set_summary(data["values"], {r for r in roots if isinstance(r, str)} if isinstance(roots, list) else set())
 
     def _summary_remove(self, data: dict) -> None:
         self._remove_summary(data["paths"])
@@ -477,7 +506,9 @@ class WandbSink(Sink):
             values = self._nest(values)
         if self._init is not None:
             self._release(step - 1)               # the events of the steps before it, first
+            self._take_after_rows(step - 1)       # then what the script did after those rows
             self.run.log(values, step=step)       # the user's run: W&B's _step is the script's step
+            self._uncommitted = True
             self._last_step = step
             self._release(step)                   # those of its own step join its row
         else:
@@ -502,15 +533,15 @@ class WandbSink(Sink):
         if getattr(self.run, "_local_step", step) < step:
             self.run._local_step = step
 
-    def _set_summary(self, data: dict) -> None:
-        """A rank's `run.summary` set: a flat key as it is; a key that came from nesting set at
-        its path inside what the summary holds (as W&B's `summary["m"]["a"] = v`), so that the
-        other keys under "m" stay."""
-        summary, flat = self.run.summary, {}
+    def _set_summary(self, data: dict, roots: set) -> None:
+        """A rank's `run.summary` set: the keys under a root set whole (`summary["m"] = {...}`)
+        replace it, as W&B's; a key from an edit through a nested value is set at its path inside
+        what the summary holds (as W&B's `summary["m"]["a"] = v`), so that the others under "m" stay."""
+        summary, whole = self.run.summary, {}
         for k, v in data.items():
             path = self._nested.get(k)
-            if not path or len(path) < 2:
-                flat[k] = v
+            if (path[0] if path else k) in roots or not path or len(path) < 2:
+                whole[k] = v
                 continue
             node = summary
             for i, part in enumerate(path[:-1]):
@@ -524,8 +555,8 @@ class WandbSink(Sink):
                 node = child
             else:
                 node[path[-1]] = v
-        if flat:
-            summary.update(flat)
+        if whole:
+            summary.update(self._nest(whole))
 
     def _remove_summary(self, paths: list) -> None:
         """`del run.summary[...]` in a rank: the key (or the nested one at its path) goes from
@@ -757,10 +788,14 @@ class WandbSink(Sink):
             self._metric_defs.add(name)
             opts = {k: m[k] for k in ("step_metric", "summary", "goal", "hidden", "step_sync")
                     if isinstance(m.get(k), (str, bool))}
-            try:
-                self.run.define_metric(name, **opts)
-            except Exception as exc:          # W&B refuses it (a bad summary name): the run goes on
-                self._drop("define_metric", "define_metric(%r, %r) refused by W&B: %s" % (name, opts, exc))
+            self._after_its_rows(self._define_metric, {"step": m.get("at"), "name": name, "opts": opts})
+
+    def _define_metric(self, data: dict) -> None:
+        name, opts = data["name"], data["opts"]
+        try:
+            self.run.define_metric(name, **opts)
+        except Exception as exc:          # W&B refuses it (a bad summary name): the run goes on
+            self._drop("define_metric", "define_metric(%r, %r) refused by W&B: %s" % (name, opts, exc))
 
     def close(self) -> None:
         if self.run is None and self._wandb is not None and (self._waiting or self._hellos):
@@ -770,10 +805,8 @@ class WandbSink(Sink):
         if self._suspect is not None:             # nothing came after it to say it was absurd
             suspect, self._suspect = self._suspect, None
             self._log_metrics(suspect)
-        if self._init is not None and self._last_step >= 0 and \
-                any(h[1] in (self._summary_set, self._summary_remove) for h in self._held):
-            self.run.log({}, commit=True)         # the last row committed: the summary changes after it
         self._release(float("inf"))
+        self._take_after_rows(float("inf"))
         t = threading.Thread(target=self.run.finish, kwargs={"exit_code": self.exit_code()}, name="wandb-finish",
                              daemon=True)
         t.start()
