@@ -244,7 +244,7 @@ class TelemetryClient(metaclass=abc.ABCMeta):   # ABCMeta: DisabledClient regist
         self._src = _new_src()
         # The next seq lives in the client's page (shared memory the daemon reads if this
         # process dies without a bye; telemetry/shared/client_page.py): `_seq` reads and writes it.
-        self._page = ClientPage.create(self.endpoint, self._src)
+        self._page = ClientPage.create(self.endpoint, self._src, self.rank)
         self._seqs = self._page.seqs
         self._own_ns = 0               # ns spent in log() and event() so far (OWN_TIME_KEY)
         self._own_sent_at = -OWN_TIME_EVERY_NS   # perf_counter_ns when it was last sent
@@ -881,7 +881,10 @@ class TelemetryClient(metaclass=abc.ABCMeta):   # ABCMeta: DisabledClient regist
             # Closes the bye's socket with this linger, then returns once it has gone or the
             # linger expired: bounded by the deadline.
             bye_ctx.destroy(linger=0 if nobody else min(remaining_ms(), self._linger_ms))
-            self._page.remove()       # the bye is the final word now (or no daemon ever was)
+            if nobody or answers:
+                # The bye is the final word now (or no daemon ever was). Otherwise the page stays,
+                # for a daemon (this one back, a successor) to account for what it never got.
+                self._page.remove()
         _live_clients.discard(self)
 
     def _reopen_after_fork(self) -> None:

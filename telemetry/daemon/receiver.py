@@ -208,6 +208,15 @@ class Receiver:
         if src is not None:
             src.bye = True
 
+    def add_unseen(self, src_id: int, rank: int, next_seq: int) -> int | None:
+        """A client that ended before any record of it arrived (its page: client_page.py): every
+        seq it took is lost. Returns how many (None: no room for another source, or a page too
+        far ahead to believe)."""
+        if len(self.sources) >= MAX_SOURCES or not 0 <= rank <= MAX_RANK or not 0 < next_seq <= MAX_SEQ_GAP:
+            return None
+        self.sources[src_id] = SourceStats(rank, 0, 0, 0, next_seq - 1, 0, bye=True)
+        return next_seq
+
     def end_by_page(self, src_id: int, next_seq: int) -> int:
         """A client whose process ended without a bye: its page's next seq stands for the bye's
         (telemetry/shared/client_page.py), so every seq it took and this daemon never counted is

@@ -1,22 +1,29 @@
 """A client's seq page: how many records a process made, readable after it died without a bye.
 
-    <dir of the ipc ingest socket>/clients/<src as 16 hex digits>     0600, in a 0700 directory
-    four little-endian u64: MAGIC, pid, start time (clock ticks since boot), next seq
+    <ipc socket's path>.clients/<src as 16 hex digits>     0600, in a 0700 directory
+    six little-endian u64: MAGIC, pid, start time (clock ticks since boot), pid namespace
+    (the inode of /proc/self/ns/pid), rank, next seq
 
 A client's bye carries its final seq, so the daemon counts what never arrived of it exactly. A
 process that ends without one (SIGKILL, the OOM killer, os._exit, a crash) leaves its last
 records in its own queues, and the daemon, which saw only the seqs that arrived, cannot tell
 how many there were. So a client on an ipc endpoint keeps its next seq in a shared file mapping
 (one store a record, no system call): the kernel keeps what was stored when the process dies.
-At its drain the daemon reads the page of each client still open without a bye whose process
-(pid and start time) is gone, and takes the page's seq as that bye's: what the process made and
-never sent is counted lost. A live client's page is never believed (it still moves).
 
-The client removes its page at close; the daemon one it has used, and at the end of its drain
-the pages of every process that is gone. The page is only ever opened without following links, and
-believed only when it is a regular file of the daemon's own uid in the socket's directory (which
-only that user can enter: telemetry.shared.endpoints); its path comes from the src on the wire,
-never a path.
+At its drain the daemon reads the page of each client without a bye whose process is gone (its
+pid and start time, in the daemon's own pid namespace: a pid from another namespace names
+another process here) and takes the page's seq as that bye's: what the process made and never
+sent is counted lost. A client it never heard from (dead before its first record got through)
+that started after the daemon did is counted the same way, every seq lost. A live client's page
+is never believed (it still moves).
+
+The client removes its page at close once its bye reached a daemon (or none was ever there);
+the daemon, at its drain, those it used, those of clients whose bye came, and those of
+processes gone before it started (no daemon will account for them: said in its log). Pages of
+one socket are apart from another's (two daemons in one directory). A page is opened without
+following links and believed only as a regular file of the daemon's uid, of its exact size, in a
+directory only that user can enter (telemetry.shared.endpoints); its path comes from the src on
+the wire or the directory's listing, never a path from the wire.
 """
 from __future__ import annotations
 
@@ -29,24 +36,32 @@ from typing import NamedTuple
 
 from telemetry.shared.stacks_file import proc_start_time
 
-DIR_NAME = "clients"
-MAGIC = int.from_bytes(b"tmseqpg1", "little")
-SIZE = 32
-_LAYOUT = struct.Struct("<4Q")
-SEQ_INDEX = 3          # the next seq's u64 in the page
+MAGIC = int.from_bytes(b"tmseqpg2", "little")
+_LAYOUT = struct.Struct("<6Q")
+SIZE = _LAYOUT.size
+SEQ_INDEX = 5          # the next seq's u64 in the page
 _HEX = frozenset("0123456789abcdef")
-MAX_SWEPT = 4096       # names looked at in one sweep: a bound on a drain's time
+MAX_LISTED = 4096      # names looked at in one drain: a bound on its time
 
 
 def page_dir(ingest_endpoint: str) -> Path | None:
-    """The pages' directory for an ingest endpoint: beside its ipc socket (None: not ipc)."""
+    """The pages' directory of an ingest endpoint, beside its ipc socket (None: not ipc)."""
     if not ingest_endpoint.startswith("ipc://"):
         return None
-    return Path(ingest_endpoint[len("ipc://"):]).parent / DIR_NAME
+    return Path(ingest_endpoint[len("ipc://"):] + ".clients")
 
 
 def page_path(directory: Path, src: int) -> Path:
     return directory / f"{src:016x}"
+
+
+def pid_namespace(pid: int | str = "self") -> int:
+    """The inode of the process's pid namespace (0: unknown): pids mean the same in two
+    processes only when theirs are equal."""
+    try:
+        return os.stat(f"/proc/{pid}/ns/pid").st_ino
+    except OSError:
+        return 0
 
 
 class ClientPage:
@@ -61,7 +76,7 @@ class ClientPage:
         self.seqs = buf.cast("Q")
 
     @classmethod
-    def create(cls, ingest_endpoint: str, src: int) -> "ClientPage":
+    def create(cls, ingest_endpoint: str, src: int, rank: int) -> "ClientPage":
         """This process's page for `src`; a page of private memory when the endpoint is not ipc
         or the file cannot be made (the client works as before, without it)."""
         directory = page_dir(ingest_endpoint)
@@ -80,7 +95,8 @@ class ClientPage:
         except OSError:
             return cls(None, None)
         try:
-            os.write(fd, _LAYOUT.pack(MAGIC, os.getpid(), proc_start_time() or 0, 0))
+            os.write(fd, _LAYOUT.pack(MAGIC, os.getpid(), proc_start_time() or 0, pid_namespace(),
+                                      min(rank, 1 << 62), 0))
             mapping = mmap.mmap(fd, SIZE, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         except (OSError, ValueError):
             _unlink(path)
@@ -90,8 +106,9 @@ class ClientPage:
         return cls(path, mapping)
 
     def remove(self) -> None:
-        """At close, the bye handed over: the page is no longer needed. The mapping stays (the
-        memoryview over it cannot be released while it is exported); it goes with the client."""
+        """The bye reached a daemon (or no daemon was ever there): the page is no longer needed.
+        The mapping stays (the memoryview over it cannot be released while it is exported); it
+        goes with the client."""
         if self.path is not None:
             _unlink(self.path)
             self.path = None
@@ -100,6 +117,8 @@ class ClientPage:
 class PageInfo(NamedTuple):
     pid: int
     start_time: int
+    pid_ns: int
+    rank: int
     next_seq: int
 
 
@@ -121,40 +140,35 @@ def read_page(directory: Path, src: int) -> PageInfo | None:
         os.close(fd)
     if len(data) != SIZE:
         return None
-    magic, pid, start_time, next_seq = _LAYOUT.unpack(data)
-    if magic != MAGIC or not 0 < pid < 1 << 31 or next_seq >= 1 << 62:
+    magic, pid, start_time, pid_ns, rank, next_seq = _LAYOUT.unpack(data)
+    if magic != MAGIC or not 0 < pid < 1 << 31:
         return None
-    return PageInfo(pid, start_time, next_seq)
+    return PageInfo(pid, start_time, pid_ns, rank, next_seq)
 
 
 def process_gone(info: PageInfo) -> bool:
-    """The process that wrote the page has ended (its pid is gone, or is another process now)."""
+    """The process that wrote the page has ended (its pid is gone, or is another process now).
+    Only for a page of this pid namespace (same_namespace)."""
     now = proc_start_time(info.pid)
     return now is None or now != info.start_time
 
 
-def remove(directory: Path, src: int) -> None:
-    _unlink(page_path(directory, src))
+def same_namespace(info: PageInfo, own_ns: int) -> bool:
+    return own_ns != 0 and info.pid_ns == own_ns
 
 
-def sweep(directory: Path | None) -> int:
-    """Remove the pages of processes that are gone (at a daemon's drain: after it, nobody on this
-    socket's directory would read them). Returns how many were removed."""
-    if directory is None:
-        return 0
+def listed(directory: Path) -> list[int]:
+    """The srcs of the pages in `directory` (at most MAX_LISTED names looked at)."""
     try:
-        names = os.listdir(directory)[:MAX_SWEPT]
+        with os.scandir(directory) as it:
+            names = [e.name for _, e in zip(range(MAX_LISTED), it)]
     except OSError:
-        return 0
-    removed = 0
-    for name in names:
-        if len(name) != 16 or not _HEX.issuperset(name):
-            continue
-        src = int(name, 16)
-        info = read_page(directory, src)
-        if info is not None and process_gone(info):
-            removed += _unlink(directory / name)
-    return removed
+        return []
+    return [int(n, 16) for n in names if len(n) == 16 and _HEX.issuperset(n)]
+
+
+def remove(directory: Path, src: int) -> bool:
+    return _unlink(page_path(directory, src))
 
 
 def _unlink(path: Path) -> bool:
