@@ -404,7 +404,7 @@ class WandbSink(Sink):
     def _take_after_rows(self, up_to: float) -> None:
         """Before the row of step up_to + 1 (or at close): commit the row in hand, then take the
         changes made after the rows up to `up_to`, in the order the script made them."""
-        if not self._after_rows or self._after_rows[0][0] > up_to:
+        if not any(h[0] <= up_to for h in self._after_rows):
             return
         if self._uncommitted:
             self.run.log({}, commit=True)         # commits the row in hand; writes no row of its own
@@ -458,6 +458,7 @@ class WandbSink(Sink):
             self._drop("values_late", "text values of step %r arrived after W&B took a later step" % (step,))
             return
         self.run.log(self._nest({k: v for k, v in values.items() if isinstance(k, str)}), step=step)
+        self._uncommitted = True
 
     def _log_console(self, data: dict) -> None:
         """The script's console output, as W&B's console capture keeps it (its Logs tab)."""
@@ -597,6 +598,7 @@ class WandbSink(Sink):
                     raise ValueError(f"it arrived after W&B took step {self._last_step}")
                 self._at_local_step(step)
                 self.run.log(self._nest({key: obj}), step=step)
+                self._uncommitted = True
             else:
                 self.run.log({"train/step": step, **self._nest({key: obj})})
             self.num_media_logged += 1
