@@ -209,7 +209,7 @@ class Summary(_Items):
     def as_dict(self) -> dict[str, Any]:
         return dict(self.items())
 
-    def __init__(self, on_set: Callable[[dict[str, Any], list[str]], None],
+    def __init__(self, on_set: Callable[[dict[str, Any], list[list[str]]], None],
                  flatten_with_paths: Callable[[Mapping[str, Any]], dict[str, Any]],
                  on_remove: Callable[[list[tuple[str, ...]]], None] = lambda paths: None) -> None:
         self._items: dict[str, Any] = {}
@@ -227,11 +227,6 @@ class Summary(_Items):
         (a glob with "*") names, from now on."""
         self._ops.append((name, frozenset(p.strip().lower() for p in summary.split(",") if p.strip())))
         self._key_ops.clear()
-        # As W&B's: the value a key holds now is the first its min/max/mean/first see.
-        for k, v in self._items.items():
-            if k not in self._agg and k not in self._set and self._ops_of(k) & _AGG_OPS:
-                agg = self._agg[k] = _Aggregate()
-                agg.add(k, v, self)
 
     def _ops_of(self, key: str) -> frozenset[str]:
         ops = self._key_ops.get(key)
@@ -269,7 +264,9 @@ class Summary(_Items):
             else:
                 agg = self._agg.get(k)
                 if agg is None and "last" not in ops:
-                    out[k] = v      # nothing logged since its define_metric: as W&B's, the value
+                    # Nothing logged since its define_metric: the value as it is (W&B's reads
+                    # its aggregate over the earlier rows too, which are not kept here).
+                    out[k] = v
                     continue
                 got = agg.read(ops) if agg is not None else {}
                 if "last" in ops:
@@ -286,32 +283,34 @@ class Summary(_Items):
         self.update({key: value})
 
     def _set_path(self, path: tuple[str, ...], value: Any) -> None:
-        """summary[path[0]][path[1]]... = value, through a SummarySubDict: the rest under
-        path[0] stays."""
+        """summary[path[0]][path[1]]... = value, through a SummarySubDict: the value replaces
+        what was at `path`; the rest under path[0] stays."""
         for part in reversed(path[1:]):
             value = {part: value}
-        self._put({path[0]: value}, whole=False)
+        self._put({path[0]: value}, whole=False, at=path)
 
-    def _put(self, data: dict[str, Any], whole: bool) -> None:
-        if whole:
-            for k in [k for k in self._items if self._paths.get(k, (k,))[0] in data]:
-                del self._items[k]
-                self._set.discard(k)
-                self._agg.pop(k, None)
+    def _put(self, data: dict[str, Any], whole: bool, at: tuple[str, ...] = ()) -> None:
+        """Set `data`: with `whole`, each of its keys replaces what was under it; else what was
+        at the path `at` is replaced (an edit through a nested value)."""
+        replaced = [(k,) for k in data] if whole else [at]
+        for path in replaced:
+            self._drop_under(path)
         values = self._flatten(data)
         self._items.update(values)
         self._set.update(values)
-        self._on_set(values, list(data) if whole else [])
+        self._on_set(values, [list(p) for p in replaced])
+
+    def _drop_under(self, path: tuple[str, ...]) -> None:
+        n = len(path)
+        for k in [k for k in self._items if self._paths.get(k, (k,))[:n] == path]:
+            del self._items[k]
+            self._set.discard(k)
+            self._agg.pop(k, None)
 
     def _remove(self, path: tuple[str, ...]) -> None:
         """The value at `path` (a key, or a key inside nested ones) and all under it go, here
         and from the daemon's run."""
-        n = len(path)
-        gone = [k for k in self._items if self._paths.get(k, (k,))[:n] == path]
-        for k in gone:
-            del self._items[k]
-            self._set.discard(k)
-            self._agg.pop(k, None)
+        self._drop_under(path)
         self._on_remove([path])
 
     def __repr__(self) -> str:

@@ -63,8 +63,8 @@ from telemetry.integrations.wandb_media import INLINE_ARRAY, INLINE_LIST, Array,
 from telemetry.shared.media import EVENT as MEDIA_EVENT
 
 SUMMARY_EVENT = "wandb/summary"             # {key: value}: run.summary set (what consumers read)
-# Just before each: {"step": s, "roots": [keys set whole]}, the rows it comes after (the daemon's
-# run takes it after them) and which keys replace what was under them.
+# Just before each: {"step": s, "replace": [[key, ...], ...]}, the rows it comes after (the
+# daemon's run takes it after them) and the paths whose value it replaces.
 SUMMARY_AT_EVENT = "wandb/summary_at"
 SUMMARY_REMOVE_EVENT = "wandb/summary_remove"  # {"step": s, "paths": [[key, ...], ...]}: del run.summary[...]
 REFUSED_EVENT = "wandb/refused"
@@ -206,6 +206,7 @@ class Run(RunCalls):
         self._nested_sent: set[str] = set()
         self._fast_keys: frozenset = frozenset()    # the last fast row's keys (see log)
         self._media_step = -1               # the step of the last media sent (its row is not empty)
+        self._row_open = False              # a log() call made the current step's row
         self._pid = os.getpid()             # a forked child's copy is not its run (see _finish_all)
         self._runtime = runtime
         if runtime is not None and endpoint is None and client is None:
@@ -332,6 +333,7 @@ class Run(RunCalls):
             if self.summary._ops:                    # define_metric summaries (min, max, ...)
                 self.summary.note(data)
             self._step += 1
+            self._row_open = False
             return
         if self._finished:
             raise Error("wandb.log called on a finished run; call wandb.init() for a new one")
@@ -384,13 +386,9 @@ class Run(RunCalls):
                 self._log_array(k, v)
             else:
                 self._refuse(k, why)
+        self._row_open = True               # this step's row is one W&B writes, even if empty
         if (step is None and commit is None) or commit:
-            # Nothing in the row at all (`wandb.log({})`): W&B still writes it, a row of its
-            # _step alone; so does the daemon's run, from an empty values event.
-            empty = not (self._pending or self._texts or self._watched) and self._media_step != self._step
             self._commit()
-            if empty:
-                self._client.get().event(VALUES_EVENT, {"step": self._step, "values": {}})
             self._step += 1
 
     def _fast_keys_ok(self, data: dict) -> bool:
@@ -426,6 +424,14 @@ class Run(RunCalls):
             self._send_media(key, [Array(value)])
 
     def _commit(self) -> None:
+        # A row logged with nothing in it (`wandb.log({})`, `log({}, commit=False)`): W&B still
+        # writes it, a row of its _step alone, when it is committed; so does the daemon's run,
+        # from an empty values event.
+        empty = self._row_open and not (self._pending or self._texts or self._watched) and \
+            self._media_step != self._step
+        self._row_open = False
+        if empty:
+            self._client.get().event(VALUES_EVENT, {"step": self._step, "values": {}})
         if self._console is not None:
             self._console.flush_due()
         if self._watched:        # watch()'s clones of this row (wandb_watch.py)
@@ -597,21 +603,30 @@ class Run(RunCalls):
             "world_size": self.world_size if self.rank > 0 else 1,
         })
 
-    def _send_summary(self, values: dict[str, Any], roots: list[str]) -> None:
-        """run.summary set: the flat values, and the keys set whole (`roots`: what was under
-        them goes, as in W&B; an edit through a nested value sets only its path)."""
+    def _send_summary(self, values: dict[str, Any], replaced: list[list[str]]) -> None:
+        """run.summary set: the flat values, and the paths whose value they replace (a key set
+        whole, or the path of an edit through a nested value: what was under it goes, as in
+        W&B; the rest under its key stays)."""
         data = {}
         for k, v in values.items():
             if hasattr(v, "detach"):
-                if v.numel() != 1:
-                    self._refuse(k, refusal(v) or type(v).__name__)
+                if v.numel() > INLINE_ARRAY:
+                    self._refuse(k, f"a tensor of {v.numel()} elements in run.summary (up to {INLINE_ARRAY} are kept, "
+                                    f"as a list)")
                     continue
                 # CPU-GPU sync point on a device tensor: a summary is set once, not per step.
-                v = v.item()
+                # W&B keeps a one-element tensor as its number, a longer one as a list.
+                v = v.item() if v.numel() == 1 else v.detach().cpu().tolist()
+            elif _is_array(v):
+                if v.size > INLINE_ARRAY:
+                    self._refuse(k, f"a numpy array of {v.size} elements in run.summary (up to {INLINE_ARRAY} are "
+                                    f"kept, as a list)")
+                    continue
+                v = v.tolist()                 # W&B's: a list (a one-element array: its list too)
             data[k] = v
-        if data and not self._finished:
+        if (data or replaced) and not self._finished:
             client = self._client.get()
-            client.event(SUMMARY_AT_EVENT, {"step": self._step - 1, "roots": roots})
+            client.event(SUMMARY_AT_EVENT, {"step": self._step - 1, "replace": replaced})
             client.event(SUMMARY_EVENT, data)
 
     def _send_summary_remove(self, paths: list[tuple[str, ...]]) -> None:

@@ -49,6 +49,7 @@ import os
 import sys
 import threading
 from pathlib import Path
+from typing import Any
 
 from protocol.constants import CLIENT_TIME_KEY as OWN_TIME_KEY
 from telemetry.daemon.sinks.base import Out, Sink
@@ -74,8 +75,9 @@ INIT_KEYS = ("project", "name", "entity", "group", "notes", "job_type", "id")
 # The script's metadata W&B takes as settings (what W&B records of the process that made the run).
 META_SETTINGS = ("program", "program_relpath", "program_abspath", "host")
 SUMMARY_EVENT = "wandb/summary"                 # {key: value}: run.summary set in a rank
-# Just before a rank's summary event: {"step": s, "roots": [keys set whole]}: it is taken after the
-# rank's rows up to s (without one, from an older rank: at once, each key set whole).
+# Just before a rank's summary event: {"step": s, "replace": [[key, ...], ...]}: it is taken after
+# the rank's rows up to s, each path's value replaced (without one, from an older rank: at once,
+# each key set whole).
 SUMMARY_AT_EVENT = "wandb/summary_at"
 SUMMARY_REMOVE_EVENT = "wandb/summary_remove"   # {"step": s, "paths": [[key, ...], ...]}: del run.summary[...]
 MAX_SUMMARY_REMOVALS = 1024      # paths taken from one such event
@@ -415,8 +417,10 @@ class WandbSink(Sink):
             apply(data)
 
     def _summary_set(self, data: dict) -> None:
-        roots = data.get("roots")
-        self._set_summary(data["values"], {r for r in roots if isinstance(r, str)} if isinstance(roots, list) else set())
+        paths = data.get("replace")
+        replaced = [tuple(p) for p in paths if isinstance(p, list) and p and all(isinstance(x, str) for x in p)] \
+            if isinstance(paths, list) else []
+        self._set_summary(data["values"], replaced[:MAX_SUMMARY_REMOVALS])
 
     def _summary_remove(self, data: dict) -> None:
         self._remove_summary(data["paths"])
@@ -534,30 +538,40 @@ class WandbSink(Sink):
         if getattr(self.run, "_local_step", step) < step:
             self.run._local_step = step
 
-    def _set_summary(self, data: dict, roots: set) -> None:
-        """A rank's `run.summary` set: the keys under a root set whole (`summary["m"] = {...}`)
-        replace it, as W&B's; a key from an edit through a nested value is set at its path inside
-        what the summary holds (as W&B's `summary["m"]["a"] = v`), so that the others under "m" stay."""
-        summary, whole = self.run.summary, {}
+    def _set_summary(self, data: dict, replaced: list[tuple]) -> None:
+        """A rank's `run.summary` set: each replaced path (a key set whole, `summary["m"] = {...}`,
+        or an edit through a nested value, `summary["m"]["b"] = {...}`) gets the value under it
+        anew, as W&B's; any other key from nesting is set at its path inside what the summary
+        holds, so that the others under its key stay."""
+        groups: dict[tuple, dict] = {p: {} for p in replaced}
         for k, v in data.items():
-            path = self._nested.get(k)
-            if (path[0] if path else k) in roots or not path or len(path) < 2:
-                whole[k] = v
-                continue
-            node = summary
-            for i, part in enumerate(path[:-1]):
-                try:
-                    child = node[part]
-                except KeyError:
-                    child = None
-                if not hasattr(child, "keys"):     # missing, or a value: the rest of the path is new
-                    node[part] = nest({path[-1]: v}, {path[-1]: path[i + 1:]})
-                    break
-                node = child
+            path = tuple(self._nested.get(k) or (k,))
+            whole = next((p for p in replaced if path[:len(p)] == p), None)
+            if whole is not None:
+                groups[whole][k] = v
             else:
-                node[path[-1]] = v
-        if whole:
-            summary.update(self._nest(whole))
+                self._set_at(path, v)
+        for path, values in groups.items():
+            value: Any = self._nest(values)
+            for part in path:
+                value = value.get(part, {}) if isinstance(value, dict) else {}
+            self._set_at(path, value)
+
+    def _set_at(self, path: tuple, value: Any) -> None:
+        """W&B's `summary[path[0]][path[1]]... = value`, the dicts on the way made if missing."""
+        node = self.run.summary
+        for i, part in enumerate(path[:-1]):
+            try:
+                child = node[part]
+            except KeyError:
+                child = None
+            if not hasattr(child, "keys"):     # missing, or a value: the rest of the path is new
+                for later in reversed(path[i + 1:]):
+                    value = {later: value}
+                node[part] = value
+                return
+            node = child
+        node[path[-1]] = value
 
     def _remove_summary(self, paths: list) -> None:
         """`del run.summary[...]` in a rank: the key (or the nested one at its path) goes from
