@@ -70,6 +70,11 @@ def _rows(d, rank: int) -> int:
     return sum(1 for r in d.read_jsonl("metrics") if r.get("rank") == rank or (r.get("ranks") == 1 and rank == 0))
 
 
+def _read(directory: Path, src: int):
+    with client_page.PageDir(directory) as pages:
+        return pages.read(src)
+
+
 def _pages(d) -> list[str]:
     directory = client_page.page_dir(d.ingest)
     return sorted(os.listdir(directory)) if directory.is_dir() else []
@@ -127,14 +132,27 @@ def test_a_live_client_is_not_ended_by_its_page(make_daemon, tmp_path):
     assert len(_pages(d)) == 1
 
 
-def test_a_clean_close_leaves_no_page(daemon):
+def test_a_clean_close_leaves_no_page(daemon, tmp_path):
+    """A client's page stays after its close until a daemon has its bye (a daemon that took the
+    bye's connection may die before it reads it), and goes at that daemon's drain; a client that
+    never met a daemon removes it at close."""
     from telemetry.client import TelemetryClient
 
     tm = TelemetryClient(daemon.ingest, rank=0)
     tm.log(1, {"a": 1.0})
     assert len(_pages(daemon)) == 1
     tm.close(timeout_s=10.0)
+    assert len(_pages(daemon)) == 1             # until the daemon has read the bye
+    final = _drained(daemon)
+    assert final["per_rank"]["0"]["lost"] == 0 and final["sources_ended_by_page"] == 0, final
     assert _pages(daemon) == []
+    ep = f"ipc://{tmp_path}/nobody.sock"
+    alone = TelemetryClient(ep, rank=0)
+    try:
+        alone.log(1, {"a": 1.0})
+    finally:
+        alone.close(timeout_s=2.0)
+    assert os.listdir(client_page.page_dir(ep)) == []
 
 
 def test_only_a_regular_page_of_ours_is_believed(tmp_path):
@@ -143,7 +161,7 @@ def test_only_a_regular_page_of_ours_is_believed(tmp_path):
     page = client_page.ClientPage.create(ep, 7, rank=3)
     assert page.path == client_page.page_path(directory, 7)
     page.seqs[0] = 41
-    info = client_page.read_page(directory, 7)
+    info = _read(directory, 7)
     assert info is not None and (info.next_seq, info.pid, info.rank) == (41, os.getpid(), 3)
     assert client_page.same_namespace(info, client_page.pid_namespace()) and not client_page.process_gone(info)
     # A symlink at a page's place, a short file, a wrong magic: not pages.
@@ -151,9 +169,15 @@ def test_only_a_regular_page_of_ours_is_believed(tmp_path):
     client_page.page_path(directory, 9).write_bytes(b"\0" * 8)
     client_page.page_path(directory, 10).write_bytes(b"x" * client_page.SIZE)
     for src in (8, 9, 10):
-        assert client_page.read_page(directory, src) is None
+        assert _read(directory, src) is None
     (directory / "not-a-page").write_bytes(b"")
-    assert sorted(client_page.listed(directory)) == [7, 8, 9, 10]
+    with client_page.PageDir(directory) as pages:
+        assert sorted(pages.listed()) == [7, 8, 9, 10]
+    # A pages directory that is a symlink is not read at all (nor anything removed through it).
+    os.symlink(directory, tmp_path / "linked.sock.clients")
+    with client_page.PageDir(tmp_path / "linked.sock.clients") as pages:
+        assert pages.listed() == [] and pages.read(7) is None and not pages.remove(9)
+    assert client_page.page_path(directory, 9).exists()
     page.remove()
     assert not client_page.page_path(directory, 7).exists()
     # Another socket in the same directory has pages of its own.
@@ -180,28 +204,44 @@ def _gone_pid() -> int:
                               text=True).stdout)
 
 
-def test_a_client_the_daemon_never_heard_from_is_counted(make_daemon):
-    """A client started after the daemon that died before any record of it arrived (a forked
-    child killed at once, a rank dead before its connection was made) is counted from its page:
-    every seq it took lost. One of a process gone before the daemon started is no client of this
-    daemon's: its page is removed (said in the log), never counted; one of another pid namespace
-    (a pid there names another process here) is left alone."""
-    from telemetry.shared.stacks_file import proc_start_time
+def test_a_client_the_daemon_never_heard_from_is_counted(make_daemon, tmp_path):
+    """A client whose page was made while the daemon ran and that died before any record of it
+    arrived (a forked child killed at once, a rank dead before its connection was made) is
+    counted from its page: every seq it took lost. A page of a process gone that was there before
+    the daemon started is another run's: removed (said in the log), never counted; one of another
+    pid namespace (a pid there names another process here) is left alone."""
+    import tempfile
 
-    d = make_daemon(world_size=1)
-    directory = client_page.page_dir(d.ingest)
+    rt = Path(tempfile.mkdtemp(prefix="tpg-", dir="/tmp"))
+    rt.chmod(0o700)
+    eps = tuple(f"ipc://{rt}/{n}.sock" for n in ("ingest", "pub", "control"))
+    directory = client_page.page_dir(eps[0])
     ns = client_page.pid_namespace()
     dead = _gone_pid()
-    # The page of a process started after the daemon (its start time in ticks, the daemon's + 1).
-    after = (proc_start_time(d.proc.pid) or 0) + 1
-    unseen = _plant(directory, 0x1111, dead, after, ns, 2, 300)
     before = _plant(directory, 0x2222, dead, 1, ns, 0, 50)
-    foreign = _plant(directory, 0x3333, dead, after, ns + 1, 0, 70)
+    d = make_daemon(world_size=1, endpoints=eps)
+    unseen = _plant(directory, 0x1111, dead, 1, ns, 2, 300)
+    foreign = _plant(directory, 0x3333, dead, 1, ns + 1, 0, 70)
     final = _drained(d)
     assert final["per_rank"]["2"]["lost"] == 300 and final["per_rank"]["2"]["received"] == 0, final
     assert final["records_lost_with_client"] == 300 and final["sources_ended_by_page"] == 1, final
     assert not unseen.exists() and not before.exists() and foreign.exists()
     assert "counted by no daemon" in d.output()
+
+
+def test_a_zombie_client_is_gone(make_daemon):
+    """A client killed and not yet reaped by its parent (a zombie: its pid and start time still
+    in /proc) has ended: its page counts what it never sent."""
+    d = make_daemon(world_size=1)
+    child = _child(d.ingest, "kill")
+    deadline = time.monotonic() + 60
+    while Path(f"/proc/{child.pid}/stat").read_text().split(") ")[1][0] != "Z":
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    final = _drained(d)
+    assert child.wait(timeout=60) == -signal.SIGKILL
+    rank = final["per_rank"]["0"]
+    assert rank["received"] + rank["lost"] == N + 1 and final["sources_ended_by_page"] == 1, final
 
 
 def test_a_client_whose_bye_found_no_daemon_keeps_its_page_for_the_next(make_daemon, tmp_path):

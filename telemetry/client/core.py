@@ -881,9 +881,11 @@ class TelemetryClient(metaclass=abc.ABCMeta):   # ABCMeta: DisabledClient regist
             # Closes the bye's socket with this linger, then returns once it has gone or the
             # linger expired: bounded by the deadline.
             bye_ctx.destroy(linger=0 if nobody else min(remaining_ms(), self._linger_ms))
-            if nobody or answers:
-                # The bye is the final word now (or no daemon ever was). Otherwise the page stays,
-                # for a daemon (this one back, a successor) to account for what it never got.
+            if nobody:
+                # No daemon ever was: none will look for it. Otherwise the page stays until a
+                # daemon has the bye (it removes the page then) or, without one, accounts by it
+                # for what it never got (the bye's connection made says only that a daemon's
+                # I/O thread took it: a daemon killed next may never read it).
                 self._page.remove()
         _live_clients.discard(self)
 

@@ -14,12 +14,14 @@ At its drain the daemon reads the page of each client without a bye whose proces
 pid and start time, in the daemon's own pid namespace: a pid from another namespace names
 another process here) and takes the page's seq as that bye's: what the process made and never
 sent is counted lost. A client it never heard from (dead before its first record got through)
-that started after the daemon did is counted the same way, every seq lost. A live client's page
-is never believed (it still moves).
+is counted the same way, every seq lost, when its page was made while the daemon ran (or the
+daemon continues a predecessor's accounting on the run's log directory). A live client's page is
+never believed (it still moves); a zombie's process is gone.
 
-The client removes its page at close once its bye reached a daemon (or none was ever there);
-the daemon, at its drain, those it used, those of clients whose bye came, and those of
-processes gone before it started (no daemon will account for them: said in its log). Pages of
+The client removes its page at close only when no daemon was ever there; the daemon, at its
+drain, those it used, those of clients whose bye came, and those of processes gone that were
+there before it started, when it continues no predecessor's accounting (another run's: said in
+its log). Pages of
 one socket are apart from another's (two daemons in one directory). A page is opened without
 following links and believed only as a regular file of the daemon's uid, of its exact size, in a
 directory only that user can enter (telemetry.shared.endpoints); its path comes from the src on
@@ -122,53 +124,94 @@ class PageInfo(NamedTuple):
     next_seq: int
 
 
-def read_page(directory: Path, src: int) -> PageInfo | None:
-    """The page of `src`, if it is one this daemon may believe (see the module's docstring)."""
-    path = page_path(directory, src)
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
-    except OSError:
-        return None
-    try:
+class PageDir:
+    """The daemon's side: a socket's pages directory, opened once without following links (one
+    that is a symlink, or not this user's alone, is not read at all), each page read and removed
+    through it."""
+
+    def __init__(self, directory: Path) -> None:
+        self.fd: int | None = None
+        try:
+            fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            return
         st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_size != SIZE:
+        if st.st_uid != os.geteuid() or stat.S_IMODE(st.st_mode) & 0o077:
+            os.close(fd)
+            return
+        self.fd = fd
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+    def __enter__(self) -> "PageDir":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def read(self, src: int) -> PageInfo | None:
+        """The page of `src`, if it is one this daemon may believe (see the module's docstring)."""
+        if self.fd is None:
             return None
-        data = os.read(fd, SIZE)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-    if len(data) != SIZE:
-        return None
-    magic, pid, start_time, pid_ns, rank, next_seq = _LAYOUT.unpack(data)
-    if magic != MAGIC or not 0 < pid < 1 << 31:
-        return None
-    return PageInfo(pid, start_time, pid_ns, rank, next_seq)
+        try:
+            fd = os.open(f"{src:016x}", os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, dir_fd=self.fd)
+        except OSError:
+            return None
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_size != SIZE:
+                return None
+            data = os.read(fd, SIZE)
+        except OSError:
+            return None
+        finally:
+            os.close(fd)
+        if len(data) != SIZE:
+            return None
+        magic, pid, start_time, pid_ns, rank, next_seq = _LAYOUT.unpack(data)
+        if magic != MAGIC or not 0 < pid < 1 << 31:
+            return None
+        return PageInfo(pid, start_time, pid_ns, rank, next_seq)
+
+    def listed(self) -> list[int]:
+        """The srcs of the pages here (at most MAX_LISTED names looked at)."""
+        if self.fd is None:
+            return []
+        try:
+            with os.scandir(self.fd) as it:
+                names = [e.name for _, e in zip(range(MAX_LISTED), it)]
+        except OSError:
+            return []
+        return [int(n, 16) for n in names if len(n) == 16 and _HEX.issuperset(n)]
+
+    def remove(self, src: int) -> bool:
+        if self.fd is None:
+            return False
+        try:
+            os.unlink(f"{src:016x}", dir_fd=self.fd)
+            return True
+        except OSError:
+            return False
 
 
 def process_gone(info: PageInfo) -> bool:
-    """The process that wrote the page has ended (its pid is gone, or is another process now).
-    Only for a page of this pid namespace (same_namespace)."""
-    now = proc_start_time(info.pid)
-    return now is None or now != info.start_time
+    """The process that wrote the page has ended: its pid is gone, is another process now (its
+    start time differs), or is a zombie (ended, not reaped yet). Only for a page of this pid
+    namespace (same_namespace)."""
+    try:
+        with open(f"/proc/{info.pid}/stat", "rb") as f:
+            st = f.read(4096)
+        fields = st[st.rfind(b")") + 2:].split()       # from field 3, the state, on
+        return fields[0] in (b"Z", b"X") or int(fields[19]) != info.start_time
+    except (OSError, ValueError, IndexError):
+        return True
 
 
 def same_namespace(info: PageInfo, own_ns: int) -> bool:
     return own_ns != 0 and info.pid_ns == own_ns
-
-
-def listed(directory: Path) -> list[int]:
-    """The srcs of the pages in `directory` (at most MAX_LISTED names looked at)."""
-    try:
-        with os.scandir(directory) as it:
-            names = [e.name for _, e in zip(range(MAX_LISTED), it)]
-    except OSError:
-        return []
-    return [int(n, 16) for n in names if len(n) == 16 and _HEX.issuperset(n)]
-
-
-def remove(directory: Path, src: int) -> bool:
-    return _unlink(page_path(directory, src))
 
 
 def _unlink(path: Path) -> bool:

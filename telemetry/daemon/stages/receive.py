@@ -31,7 +31,6 @@ from telemetry.daemon.pipeline import Stage
 from telemetry.daemon.receiver import Receiver
 from telemetry.daemon.self_report import Losses
 from telemetry.shared import client_page
-from telemetry.shared.stacks_file import proc_start_time
 
 log = logging.getLogger("telemetry.daemon")
 
@@ -112,7 +111,11 @@ class ReceiveStage(Stage):
         self.sock = sock
         self.page_dir = page_dir      # the local clients' seq pages (client_page.py); None: not ipc
         self.pid_ns = client_page.pid_namespace()
-        self.started_ticks = proc_start_time() or 0     # a client started since is this daemon's
+        # The pages there already at start: of clients of a daemon before this one on the socket.
+        self.pages_before: set[int] = set()
+        if page_dir is not None:
+            with client_page.PageDir(page_dir) as pages:
+                self.pages_before = set(pages.listed())
         self.receiver = receiver
         self.intake = intake
         self.losses = losses
@@ -307,46 +310,48 @@ class ReceiveStage(Stage):
     def end_by_pages(self) -> set[int]:
         """Close the accounting of the local clients whose process has ended without a bye, by
         their pages (client_page.py): what each took a seq for and never sent is counted lost,
-        for a client seen before and for one never heard from that started after this daemon.
-        The pages this daemon is done with go: those used, those of clients whose bye came, and
-        those of processes gone before it started, which no daemon will account for (said).
-        Returns the sources ended."""
-        directory = self.page_dir
-        if directory is None:
+        for a client seen before, and for one never heard from whose page was made while this
+        daemon ran (or, continuing a predecessor's accounting, before: the run's). The pages it
+        is done with go: those used, those of clients whose bye came, and those of processes
+        gone that were there before it started, of no run of its (said). Returns the sources
+        ended."""
+        if self.page_dir is None:
             return set()
         receiver, losses, own_ns = self.receiver, self.losses, self.pid_ns
         sources = receiver.sources
         ended: dict[int, tuple[int, int]] = {}
         unaccounted = 0
-        for src_id in client_page.listed(directory):
-            info = client_page.read_page(directory, src_id)
-            if info is None or not client_page.same_namespace(info, own_ns):
-                continue                    # not one this daemon can judge: left as it is
-            src = sources.get(src_id)
-            if src is not None and src.bye:
-                client_page.remove(directory, src_id)     # kept by a client unsure of its bye
-                continue
-            if not client_page.process_gone(info):
-                continue                    # alive: its page still moves
-            if src is not None:
-                tail = receiver.end_by_page(src_id, info.next_seq)
-            elif info.start_time >= self.started_ticks:
-                tail = receiver.add_unseen(src_id, info.rank, info.next_seq)
-            else:
-                unaccounted += 1            # before this daemon: another's client, gone with it
-                client_page.remove(directory, src_id)
-                continue
-            if tail is not None:
-                ended[src_id] = (info.pid, tail)
-                losses.num_lost_with_client += tail
-            client_page.remove(directory, src_id)
+        with client_page.PageDir(self.page_dir) as pages:
+            for src_id in [i for i, s in sources.items() if not s.bye]:       # by name: never missed
+                info = pages.read(src_id)
+                if info is None or not client_page.same_namespace(info, own_ns) or not client_page.process_gone(info):
+                    continue                # none, not one this daemon can judge, or alive: left as it is
+                ended[src_id] = (info.pid, receiver.end_by_page(src_id, info.next_seq))
+                pages.remove(src_id)
+            for src_id in [i for i, s in sources.items() if s.bye]:
+                pages.remove(src_id)        # kept by its client until a daemon had its bye
+            for src_id in pages.listed():   # clients never heard from
+                if src_id in sources:
+                    continue
+                info = pages.read(src_id)
+                if info is None or not client_page.same_namespace(info, own_ns) or not client_page.process_gone(info):
+                    continue
+                if src_id in self.pages_before and not receiver.had_predecessor:
+                    unaccounted += 1        # another run's: there before this daemon, gone since
+                else:
+                    tail = receiver.add_unseen(src_id, info.rank, info.next_seq)
+                    if tail is not None:
+                        ended[src_id] = (info.pid, tail)
+                pages.remove(src_id)
         if ended:
+            total = sum(t for _, t in ended.values())
             losses.num_sources_ended_by_page += len(ended)
+            losses.num_lost_with_client += total
             named = ", ".join(f"rank {sources[i].rank} (pid {pid}: {tail} unsent)"
                               for i, (pid, tail) in sorted(ended.items())[:MAX_OPEN_NAMED])
             log.warning("drain: %d client(s) ended without a bye: %s%s; what each took a seq for and never sent, "
                         "by its seq page, is counted lost (records_lost_with_client: %d)", len(ended), named,
-                        " ..." if len(ended) > MAX_OPEN_NAMED else "", sum(t for _, t in ended.values()))
+                        " ..." if len(ended) > MAX_OPEN_NAMED else "", total)
         if unaccounted:
             log.warning("drain: removed %d seq page(s) of clients that ended before this daemon started, never "
                         "heard from here: what they made is counted by no daemon", unaccounted)
