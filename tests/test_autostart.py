@@ -307,13 +307,21 @@ def test_every_rank_inits_one_run_per_id(tmp_path, shared_id):
         assert all(sorted(f["per_rank"]) == ["0"] and f["steps_incomplete"] == 0 for f in finals), finals
 
 
+def _sigint_as_a_shell_gives_it() -> None:
+    """The child's SIGINT as a shell starts a script: the default action, not blocked. A test
+    worker's ignored or blocked SIGINT is inherited through exec, and Python then installs no
+    KeyboardInterrupt: the script slept through the test's Ctrl-C (seen in CI's full runs)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
 def test_ctrl_c_ends_the_script_by_sigint_as_it_would_alone(tmp_path):
     """An interrupted script that started its own daemon dies by SIGINT (the shell's 130), as it
     would without telemetry, after its run is drained. The drain at exit used to import a module
     whose dataclass runs exec(): CPython then forgets the KeyboardInterrupt and exits 1."""
     proc = subprocess.Popen([sys.executable, str(_script(tmp_path))], cwd=tmp_path,
                             env=_env(tmp_path, HANG="1", ITERS="3"), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True, preexec_fn=_sigint_as_a_shell_gives_it)
     try:
         assert proc.stdout.readline().strip() == "logged"
         proc.send_signal(signal.SIGINT)

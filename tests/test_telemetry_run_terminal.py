@@ -9,6 +9,7 @@ import hashlib
 import os
 import pty
 import select
+import signal
 import sys
 import textwrap
 import time
@@ -53,6 +54,9 @@ def test_ctrl_c_at_the_terminal_reaches_the_script_once(tmp_path):
     pid, fd = pty.fork()        # the child leads a session whose controlling terminal is this pty
     if pid == 0:
         os.chdir(tmp_path)
+        # SIGINT as a shell gives it (a test worker's ignored or blocked one would be inherited).
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
         os.execve(sys.executable, [sys.executable, "-m", "telemetry", "run", "--as-wandb", "--", "train.py"], env)
     try:
         out = _read_until(fd, b"script is logging", 180)
