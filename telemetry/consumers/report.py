@@ -31,7 +31,7 @@ from typing import Any
 
 from telemetry.shared import files
 from telemetry.shared.config import nonempty_arg, writable_dir_problem
-from telemetry.shared.bookkeeping import drop_summary_paths, is_bookkeeping
+from telemetry.shared.bookkeeping import SUMMARY_REMOVE_EVENT, drop_summary_paths, is_bookkeeping
 from telemetry.shared.catalogue import OWN_GROUP, grouped
 from telemetry.shared.numbers import is_number
 
@@ -251,7 +251,6 @@ def collect(records: Any) -> RunData:
 
 # A W&B script's run.summary (the drop-in, the integrations): telemetry/integrations/wandb_run.py.
 SUMMARY_EVENT = "wandb/summary"
-SUMMARY_REMOVE_EVENT = "wandb/summary_remove"
 
 
 def _take_summary(d: RunData, data: Any) -> None:

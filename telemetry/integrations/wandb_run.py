@@ -60,13 +60,13 @@ from telemetry.integrations._client import LazyClient, process_rank
 from telemetry.integrations.wandb_calls import CALL_EVENT, RunCalls
 from telemetry.integrations.wandb_objects import Config, Error, Metric, Summary, Unsupported
 from telemetry.integrations.wandb_media import INLINE_ARRAY, INLINE_LIST, Array, List, Media, MediaWriter
+from telemetry.shared.bookkeeping import SUMMARY_REMOVE_EVENT
 from telemetry.shared.media import EVENT as MEDIA_EVENT
 
 SUMMARY_EVENT = "wandb/summary"             # {key: value}: run.summary set (what consumers read)
 # Just before each: {"step": s, "replace": [[key, ...], ...]}, the rows it comes after (the
 # daemon's run takes it after them) and the paths whose value it replaces.
 SUMMARY_AT_EVENT = "wandb/summary_at"
-SUMMARY_REMOVE_EVENT = "wandb/summary_remove"  # {"step": s, "paths": [[key, ...], ...]}: del run.summary[...]
 REFUSED_EVENT = "wandb/refused"
 NESTED_EVENT = "wandb/nested"
 VALUES_EVENT = "wandb/values"

@@ -18,12 +18,23 @@ def is_bookkeeping(name: object) -> bool:
     return name in BOOKKEEPING_EVENTS
 
 
+SUMMARY_REMOVE_EVENT = "wandb/summary_remove"   # {"step": s, "paths": [[key, ...], ...]}: del run.summary[...]
+MAX_SUMMARY_PATHS = 1024      # paths taken from one summary event
+
+
+def summary_paths(value: object) -> list[tuple[str, ...]]:
+    """The paths of a summary event's list ([[key, ...], ...]): each a non-empty list of str
+    (anything else left out), at most MAX_SUMMARY_PATHS."""
+    if not isinstance(value, list):
+        return []
+    return [tuple(p) for p in value[:MAX_SUMMARY_PATHS]
+            if isinstance(p, list) and p and all(isinstance(x, str) for x in p)]
+
+
 def drop_summary_paths(summary: dict, data: object) -> None:
-    """A `del run.summary[...]` event ("wandb/summary_remove": {"paths": [[key, ...], ...]}), on a
-    consumer's summary of flat keys ("a/b"): each path's key, and those under it, leave it."""
-    paths = data.get("paths") if isinstance(data, dict) else None
-    for path in paths if isinstance(paths, list) else []:
-        if isinstance(path, list) and path and all(isinstance(p, str) for p in path):
-            key = "/".join(path)
-            for k in [k for k in summary if k == key or k.startswith(key + "/")]:
-                del summary[k]
+    """A `del run.summary[...]` event (SUMMARY_REMOVE_EVENT), on a consumer's summary of flat
+    keys ("a/b"): each path's key, and those under it, leave it."""
+    for path in summary_paths(data.get("paths") if isinstance(data, dict) else None):
+        key = "/".join(path)
+        for k in [k for k in summary if k == key or k.startswith(key + "/")]:
+            del summary[k]

@@ -42,7 +42,7 @@ from telemetry.consumers.runend import RunEnd
 from telemetry.consumers.series import gap_threshold, insert_gaps, last_per_x, minmax_downsample
 from telemetry.shared import catalogue
 from telemetry.shared.goodput import BUCKETS as GOODPUT_BUCKETS
-from telemetry.shared.bookkeeping import drop_summary_paths, is_bookkeeping
+from telemetry.shared.bookkeeping import SUMMARY_REMOVE_EVENT, drop_summary_paths, is_bookkeeping
 from telemetry.shared.numbers import is_int, is_number
 
 STEP, TIME = "step", "time"
@@ -52,7 +52,6 @@ STEP_TIME = "steptime"
 SUMMARY = "summary"
 # The summary events the W&B drop-in and the HF integration send (telemetry/integrations).
 SUMMARY_EVENT = "wandb/summary"
-SUMMARY_REMOVE_EVENT = "wandb/summary_remove"
 # The run's summary: the first MAX_SUMMARY_KEYS keys are kept (the values of others are counted,
 # num_summary_dropped, as are keys longer than MAX_SUMMARY_TEXT); a text value is cut to that.
 MAX_SUMMARY_KEYS = 1000

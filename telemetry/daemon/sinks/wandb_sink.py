@@ -54,6 +54,7 @@ from typing import Any
 from protocol.constants import CLIENT_TIME_KEY as OWN_TIME_KEY
 from telemetry.daemon.sinks.base import Out, Sink
 from telemetry.shared import files
+from telemetry.shared.bookkeeping import SUMMARY_REMOVE_EVENT, summary_paths
 from telemetry.daemon.media_keeper import MediaFiles, event_files, num_bins
 from telemetry.shared import media as shared_media
 from telemetry.shared.wandb_ids import stable_run_id
@@ -79,8 +80,6 @@ SUMMARY_EVENT = "wandb/summary"                 # {key: value}: run.summary set 
 # the rank's rows up to s, each path's value replaced (without one, from an older rank: at once,
 # each key set whole).
 SUMMARY_AT_EVENT = "wandb/summary_at"
-SUMMARY_REMOVE_EVENT = "wandb/summary_remove"   # {"step": s, "paths": [[key, ...], ...]}: del run.summary[...]
-MAX_SUMMARY_REMOVALS = 1024      # paths taken from one such event
 NESTED_EVENT = "wandb/nested"
 VALUES_EVENT = "wandb/values"        # {"step": s, "values": {key: text}}: values W&B keeps that are not numbers
 CALL_EVENT = "wandb/call"            # {"call": ..., "args": {...}, "dir": staged name}: wandb_calls.py
@@ -316,11 +315,11 @@ class WandbSink(Sink):
                 if at is None:
                     run.summary.update(self._nest(rec["data"]))
                 else:
-                    self._after_its_rows(self._summary_set, {**at, "values": rec["data"]})
+                    self._after_its_rows(self._set_summary, {**at, "values": rec["data"]})
             elif name == SUMMARY_AT_EVENT:
                 self._summary_at[rec.get("rank", 0)] = rec["data"]
-            elif name == SUMMARY_REMOVE_EVENT and isinstance(rec["data"].get("paths"), list):
-                self._after_its_rows(self._summary_remove, rec["data"])
+            elif name == SUMMARY_REMOVE_EVENT:
+                self._after_its_rows(self._remove_summary, rec["data"])
             elif name == NESTED_EVENT and isinstance(rec["data"].get("paths"), dict):
                 self._note_nested(rec["data"]["paths"])
             elif name == shared_media.EVENT:
@@ -415,15 +414,6 @@ class WandbSink(Sink):
         self._after_rows = [h for h in self._after_rows if h[0] > up_to]
         for _, apply, data in ready:
             apply(data)
-
-    def _summary_set(self, data: dict) -> None:
-        paths = data.get("replace")
-        replaced = [tuple(p) for p in paths if isinstance(p, list) and p and all(isinstance(x, str) for x in p)] \
-            if isinstance(paths, list) else []
-        self._set_summary(data["values"], replaced[:MAX_SUMMARY_REMOVALS])
-
-    def _summary_remove(self, data: dict) -> None:
-        self._remove_summary(data["paths"])
 
     def _release(self, up_to: float) -> None:
         """Log the held events of steps up to `up_to`, in step order."""
@@ -538,13 +528,14 @@ class WandbSink(Sink):
         if getattr(self.run, "_local_step", step) < step:
             self.run._local_step = step
 
-    def _set_summary(self, data: dict, replaced: list[tuple]) -> None:
-        """A rank's `run.summary` set: each replaced path (a key set whole, `summary["m"] = {...}`,
+    def _set_summary(self, data: dict) -> None:
+        """A rank's `run.summary` set (data["values"], data["replace"]): each replaced path (a key set whole, `summary["m"] = {...}`,
         or an edit through a nested value, `summary["m"]["b"] = {...}`) gets the value under it
         anew, as W&B's; any other key from nesting is set at its path inside what the summary
         holds, so that the others under its key stay."""
+        replaced = summary_paths(data.get("replace"))
         groups: dict[tuple, dict] = {p: {} for p in replaced}
-        for k, v in data.items():
+        for k, v in data["values"].items():
             path = tuple(self._nested.get(k) or (k,))
             whole = next((p for p in replaced if path[:len(p)] == p), None)
             if whole is not None:
@@ -573,12 +564,10 @@ class WandbSink(Sink):
             node = child
         node[path[-1]] = value
 
-    def _remove_summary(self, paths: list) -> None:
-        """`del run.summary[...]` in a rank: the key (or the nested one at its path) goes from
-        the run's summary, as W&B's own (a key not there is no error)."""
-        for path in paths[:MAX_SUMMARY_REMOVALS]:
-            if not isinstance(path, list) or not path or not all(isinstance(p, str) for p in path):
-                continue
+    def _remove_summary(self, data: dict) -> None:
+        """`del run.summary[...]` in a rank (data["paths"]): the key (or the nested one at its
+        path) goes from the run's summary, as W&B's own (a key not there is no error)."""
+        for path in summary_paths(data.get("paths")):
             node = self.run.summary
             try:
                 for part in path[:-1]:
