@@ -43,6 +43,7 @@ from protocol import codec
 from protocol.constants import (CLIENT_TIME_KEY, KIND_METRICS, MAX_FRAME_BYTES, MAX_NAME_CHARS, MAX_PARTS, MAX_VALUES,
                                 PROTOCOL_VERSION)
 from telemetry.shared import endpoints
+from telemetry.shared.client_page import ClientPage
 from telemetry.client.deferred import (PARK_AFTER_IDLE_S, DeferredSender, Job, Later, host_scalar, snapshot,
                                        wire_number)
 from telemetry.client.spans import Span, SpanRecorder
@@ -241,7 +242,10 @@ class TelemetryClient(metaclass=abc.ABCMeta):   # ABCMeta: DisabledClient regist
         self._forked = False
         self._closed = False
         self._src = _new_src()
-        self._seq = 0
+        # The next seq lives in the client's page (shared memory the daemon reads if this
+        # process dies without a bye; telemetry/shared/client_page.py): `_seq` reads and writes it.
+        self._page = ClientPage.create(self.endpoint, self._src, self.rank)
+        self._seqs = self._page.seqs
         self._own_ns = 0               # ns spent in log() and event() so far (OWN_TIME_KEY)
         self._own_sent_at = -OWN_TIME_EVERY_NS   # perf_counter_ns when it was last sent
         self._own_calls = 1            # log() calls to the next timed one (the first is)
@@ -295,6 +299,15 @@ class TelemetryClient(metaclass=abc.ABCMeta):   # ABCMeta: DisabledClient regist
             sock.connect(self.endpoint)
         return sock
 
+    @property
+    def _seq(self) -> int:
+        """The next seq, as the page holds it (log()'s fast path uses `_seqs` itself)."""
+        return self._seqs[0]
+
+    @_seq.setter
+    def _seq(self, value: int) -> None:
+        self._seqs[0] = value
+
     # -- the hot path --------------------------------------------------------------------------
     def log(self, step: int, values: Mapping[str, Any], parts: int = 1) -> None:
         """Send metrics for `step`: floats, ints, 0-dim tensors on any device. Never blocks.
@@ -336,7 +349,8 @@ class TelemetryClient(metaclass=abc.ABCMeta):   # ABCMeta: DisabledClient regist
                 return
             # The common case, as few bytecodes as it can be (a training step between two calls
             # leaves every cache cold, and each one costs): one encode, one append.
-            seq = self._seq
+            seqs = self._seqs
+            seq = seqs[0]
             t = _time_ns()
             try:
                 frame = self._pack((KIND_METRICS, PROTOCOL_VERSION, self._src, self.rank, seq,
@@ -350,7 +364,7 @@ class TelemetryClient(metaclass=abc.ABCMeta):   # ABCMeta: DisabledClient regist
             if len(frame) > ROOMY_FRAME_BYTES and (len(frame) > MAX_FRAME_BYTES or len(values) > MAX_VALUES):
                 self._log_slow(step, values, None, parts)      # a row wider than a record
                 return
-            self._seq = seq + 1
+            seqs[0] = seq + 1
             d = self._deferred
             pending = d._num_submitted - d._num_done
             if pending or t - self._last_log_ns < DIRECT_AFTER_NS:
@@ -381,10 +395,10 @@ class TelemetryClient(metaclass=abc.ABCMeta):   # ABCMeta: DisabledClient regist
 
     def _log_general(self, step: int, values: Mapping[str, Any], parts: int) -> None:
         """log() with `parts`, after a fork, or with spans to send."""
+        if self._forked:                 # before any seq is taken: the parent's page is not ours
+            self._reopen_after_fork()
         if parts != 1 and not self._parts_ok(step, parts):
             return
-        if self._forked:
-            self._reopen_after_fork()
         if self._spans.pending:
             cpu_spans, spans = self._spans.take()
             if cpu_spans:
@@ -867,11 +881,17 @@ class TelemetryClient(metaclass=abc.ABCMeta):   # ABCMeta: DisabledClient regist
             # Closes the bye's socket with this linger, then returns once it has gone or the
             # linger expired: bounded by the deadline.
             bye_ctx.destroy(linger=0 if nobody else min(remaining_ms(), self._linger_ms))
+            if nobody:
+                # No daemon ever was: none will look for it. Otherwise the page stays until a
+                # daemon has the bye (it removes the page then) or, without one, accounts by it
+                # for what it never got (the bye's connection made says only that a daemon's
+                # I/O thread took it: a daemon killed next may never read it).
+                self._page.remove()
         _live_clients.discard(self)
 
     def _reopen_after_fork(self) -> None:
         """First call in a forked child: a fresh context, socket and src; the parent's stay."""
-        _abandoned_after_fork.append((self._ctx, self._sock, self._monitor, self._deferred))
+        _abandoned_after_fork.append((self._ctx, self._sock, self._monitor, self._deferred, self._page))
         self._open()
         mp_util = sys.modules.get("multiprocessing.util")
         if mp_util is not None:

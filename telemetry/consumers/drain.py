@@ -55,6 +55,10 @@ def _problems(final: dict) -> list[str]:
     if final.get("sources_open_at_drain"):
         out.append(f"{final['sources_open_at_drain']} client(s) were still sending without a bye: what they "
                    f"sent after the drain is counted by no one")
+    if final.get("records_lost_with_client"):
+        out.append(f"{_num(final['records_lost_with_client'], ',')} records never left "
+                   f"{final.get('sources_ended_by_page', 0)} client(s) that ended without a bye (killed or crashed): "
+                   f"counted lost by their seq pages")
     unfinished = final.get("unfinished_sinks")
     if unfinished:
         out.append("abandoned at the deadline: " + (", ".join(map(str, unfinished)) if isinstance(unfinished, list)

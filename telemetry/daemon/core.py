@@ -28,7 +28,7 @@ import zmq
 
 from protocol import MAX_FRAME_BYTES
 from protocol.output import OutputRecord
-from telemetry.shared import endpoints, run_endpoints, run_lock
+from telemetry.shared import client_page, endpoints, run_endpoints, run_lock
 from telemetry.daemon import hotpath
 from telemetry.daemon.aggregator import Aggregator
 from telemetry.daemon.config import DaemonConfig
@@ -191,7 +191,8 @@ class Daemon:
         self.intake = Intake(self.pull, self.budget.ingest_bytes, self.receiver.loops.read_frames_upto,
                              self.receiver.unread_headers, recv=guard.recv if guard is not None else None,
                              shed=self.shed)
-        self.receive = ReceiveStage(self.pull, self.receiver, self.intake, self.losses)
+        self.receive = ReceiveStage(self.pull, self.receiver, self.intake, self.losses,
+                                    client_page.page_dir(self.endpoints["ingest"]))
         self.receive.downstream, self.receive.rare = self.steps, self.rare
         if self.budget.baseline_mb is not None:
             self.governor = memory.Governor(self.budget, self.intake)

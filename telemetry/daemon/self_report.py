@@ -51,6 +51,10 @@ class Losses:
     def __init__(self) -> None:
         self.num_unread_at_drain = 0           # queued at the drain deadline, read and counted lost
         self.num_sources_open_at_drain = 0     # clients still sending at the drain's end, no bye
+        # Clients whose process ended without a bye, their accounting closed by their page
+        # (client_page.py), and the records they took a seq for that never left them.
+        self.num_sources_ended_by_page = 0
+        self.num_lost_with_client = 0
         self.num_records_failed = 0            # raised in a pipeline stage (failed()), counted lost
         self._failure_causes: set[tuple[str, str]] = set()
 
@@ -72,6 +76,8 @@ class Losses:
         t = receiver.totals()
         t["records_unread_at_drain"] = self.num_unread_at_drain
         t["sources_open_at_drain"] = self.num_sources_open_at_drain
+        t["sources_ended_by_page"] = self.num_sources_ended_by_page
+        t["records_lost_with_client"] = self.num_lost_with_client
         t["records_failed"] = self.num_records_failed
         t[SHED_KIND] = intake.num_shed if intake is not None else 0
         t["records_lost"] += self.num_unread_at_drain + self.num_records_failed + t[SHED_KIND]

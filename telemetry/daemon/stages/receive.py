@@ -23,11 +23,14 @@ from typing import Protocol
 
 import zmq
 
+from pathlib import Path
+
 from telemetry.daemon import memory
 from telemetry.daemon.intake import Intake
 from telemetry.daemon.pipeline import Stage
 from telemetry.daemon.receiver import Receiver
 from telemetry.daemon.self_report import Losses
+from telemetry.shared import client_page
 
 log = logging.getLogger("telemetry.daemon")
 
@@ -103,8 +106,16 @@ class ReceiveStage(Stage):
     # The rest of the drain (the open steps, the analysis stages, the sinks) has the other tenth.
     drain_share = 0.9
 
-    def __init__(self, sock: zmq.Socket | None, receiver: Receiver, intake: Intake, losses: Losses) -> None:
+    def __init__(self, sock: zmq.Socket | None, receiver: Receiver, intake: Intake, losses: Losses,
+                 page_dir: Path | None = None) -> None:
         self.sock = sock
+        self.page_dir = page_dir      # the local clients' seq pages (client_page.py); None: not ipc
+        self.pid_ns = client_page.pid_namespace()
+        # The pages there already at start: of clients of a daemon before this one on the socket.
+        self.pages_before: set[int] = set()
+        if page_dir is not None:
+            with client_page.PageDir(page_dir) as pages:
+                self.pages_before = set(pages.listed())
         self.receiver = receiver
         self.intake = intake
         self.losses = losses
@@ -279,6 +290,9 @@ class ReceiveStage(Stage):
                  losses.num_unread_at_drain, left, time.monotonic() - started,
                  "-" if step_s is None else f"{step_s * 1e6:.0f} µs")
         waiting, recent = open_now()
+        ended = self.end_by_pages()
+        waiting -= ended
+        recent -= ended
         still = waiting
         losses.num_sources_open_at_drain = len(still)
         still |= recent
@@ -292,6 +306,56 @@ class ReceiveStage(Stage):
                       "their last record that arrived is counted only by a daemon restarted on this log "
                       "directory (sources_open_at_drain)", len(still), named,
                       " ..." if len(still) > MAX_OPEN_NAMED else "")
+
+    def end_by_pages(self) -> set[int]:
+        """Close the accounting of the local clients whose process has ended without a bye, by
+        their pages (client_page.py): what each took a seq for and never sent is counted lost,
+        for a client seen before, and for one never heard from whose page was made while this
+        daemon ran (or, continuing a predecessor's accounting, before: the run's). The pages it
+        is done with go: those used, those of clients whose bye came, and those of processes
+        gone that were there before it started, of no run of its (said). Returns the sources
+        ended."""
+        if self.page_dir is None:
+            return set()
+        receiver, losses, own_ns = self.receiver, self.losses, self.pid_ns
+        sources = receiver.sources
+        ended: dict[int, tuple[int, int]] = {}
+        unaccounted = 0
+        with client_page.PageDir(self.page_dir) as pages:
+            for src_id in [i for i, s in sources.items() if not s.bye]:       # by name: never missed
+                info = pages.read(src_id)
+                if info is None or not client_page.same_namespace(info, own_ns) or not client_page.process_gone(info):
+                    continue                # none, not one this daemon can judge, or alive: left as it is
+                ended[src_id] = (info.pid, receiver.end_by_page(src_id, info.next_seq))
+                pages.remove(src_id)
+            for src_id in [i for i, s in sources.items() if s.bye]:
+                pages.remove(src_id)        # kept by its client until a daemon had its bye
+            for src_id in pages.listed():   # clients never heard from
+                if src_id in sources:
+                    continue
+                info = pages.read(src_id)
+                if info is None or not client_page.same_namespace(info, own_ns) or not client_page.process_gone(info):
+                    continue
+                if src_id in self.pages_before and not receiver.had_predecessor:
+                    unaccounted += 1        # another run's: there before this daemon, gone since
+                else:
+                    tail = receiver.add_unseen(src_id, info.rank, info.next_seq)
+                    if tail is not None:
+                        ended[src_id] = (info.pid, tail)
+                pages.remove(src_id)
+        if ended:
+            total = sum(t for _, t in ended.values())
+            losses.num_sources_ended_by_page += len(ended)
+            losses.num_lost_with_client += total
+            named = ", ".join(f"rank {sources[i].rank} (pid {pid}: {tail} unsent)"
+                              for i, (pid, tail) in sorted(ended.items())[:MAX_OPEN_NAMED])
+            log.warning("drain: %d client(s) ended without a bye: %s%s; what each took a seq for and never sent, "
+                        "by its seq page, is counted lost (records_lost_with_client: %d)", len(ended), named,
+                        " ..." if len(ended) > MAX_OPEN_NAMED else "", total)
+        if unaccounted:
+            log.warning("drain: removed %d seq page(s) of clients that ended before this daemon started, never "
+                        "heard from here: what they made is counted by no daemon", unaccounted)
+        return set(ended)
 
     def count_unread(self, max_frames: int) -> int:
         """Read up to `max_frames` queued frames without processing them (their header only), so

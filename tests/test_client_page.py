@@ -1,0 +1,269 @@
+"""A client whose process ends without a bye (SIGKILL, the OOM killer, os._exit, a crash) is
+counted exactly by its seq page: every record it took a seq for and never sent is lost, and
+counted so; the daemon no longer leaves it "open" with its tail counted by no one.
+
+The children below hold the GIL from their first record to their end (a long switch interval),
+so the client's sender thread never runs: what they queued after the first record dies with them,
+deterministically."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from telemetry.shared import client_page
+
+N = 2000
+
+_CHILD = r"""
+import os, signal, sys, time
+sys.setswitchinterval(30.0)
+from telemetry.client import TelemetryClient
+ep, how, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+
+def run(rank):
+    tm = TelemetryClient(ep, rank=rank)
+    time.sleep(0.5)                # the hello's connection made
+    for i in range(n):
+        tm.log(i, {"train/loss": float(i)})
+    return tm
+
+if how == "fork":
+    parent = run(0)
+    pid = os.fork()
+    if pid == 0:
+        run(1)                      # the child's own client: a page of its own
+        os._exit(3)
+    os.waitpid(pid, 0)
+    parent.close(timeout_s=10.0)
+    sys.exit(0)
+tm = run(0)
+if how == "exit":
+    os._exit(5)
+if how == "kill":
+    os.kill(os.getpid(), signal.SIGKILL)
+if how == "wait":
+    print("logged", flush=True)
+    while not os.path.exists(sys.argv[4]):
+        time.sleep(0.05)
+    tm.close(timeout_s=10.0)
+"""
+
+
+def _child(ep: str, how: str, *extra: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", _CHILD, ep, how, str(N), *extra],
+                            stdout=subprocess.PIPE, text=True)
+
+
+def _drained(d) -> dict:
+    assert d.stop(timeout_s=120) in (0, 1), d.output()
+    return json.loads((d.log_dir / "drain.json").read_text())
+
+
+def _rows(d, rank: int) -> int:
+    return sum(1 for r in d.read_jsonl("metrics") if r.get("rank") == rank or (r.get("ranks") == 1 and rank == 0))
+
+
+def _read(directory: Path, src: int):
+    with client_page.PageDir(directory) as pages:
+        return pages.read(src)
+
+
+def _pages(d) -> list[str]:
+    directory = client_page.page_dir(d.ingest)
+    return sorted(os.listdir(directory)) if directory.is_dir() else []
+
+
+@pytest.mark.parametrize("how", ["exit", "kill"])
+def test_a_client_that_dies_without_a_bye_is_counted_by_its_page(make_daemon, how):
+    d = make_daemon(world_size=1)
+    child = _child(d.ingest, how)
+    assert child.wait(timeout=60) == (5 if how == "exit" else -signal.SIGKILL)
+    final = _drained(d)
+    rank = final["per_rank"]["0"]
+    # The hello and N records took seqs 0..N: each was written or is counted lost.
+    assert rank["received"] + rank["refused"] + rank["lost"] == N + 1, final
+    assert rank["open"] == 0 and final["sources_open_at_drain"] == 0, final
+    assert final["sources_ended_by_page"] == 1, final
+    # The sender thread never ran: at most the first record (sent by the caller) arrived.
+    assert final["records_lost_with_client"] >= N - 1, final
+    assert final["records_lost"] >= final["records_lost_with_client"], final
+    assert "ended without a bye" in d.output()
+    assert _pages(d) == []                          # used, then removed
+
+
+def test_a_forked_child_has_its_own_page_and_the_parent_stays_exact(make_daemon):
+    d = make_daemon(world_size=2)
+    child = _child(d.ingest, "fork")
+    assert child.wait(timeout=60) == 0
+    final = _drained(d)
+    parent, forked = final["per_rank"]["0"], final["per_rank"]["1"]
+    # The parent closed with its bye: all of its records arrived, none lost.
+    assert parent["received"] == N + 2 and parent["lost"] == 0, final     # hello, N records, bye
+    # The child died with its queue; its own page counted it (the parent's page was not touched).
+    assert forked["received"] + forked["lost"] == N + 1 and forked["lost"] >= N - 1, final
+    assert final["sources_ended_by_page"] == 1 and final["sources_open_at_drain"] == 0, final
+    assert _pages(d) == []
+
+
+def test_a_live_client_is_not_ended_by_its_page(make_daemon, tmp_path):
+    """The neighbour: a client still alive at the drain (silent, not closed) keeps its page and
+    stays open: a page that still moves is never believed. Its close, with the daemon gone, keeps
+    the page too (its bye reached no one: a daemon next on the socket accounts for it)."""
+    d = make_daemon(world_size=1)
+    go = tmp_path / "go"
+    child = _child(d.ingest, "wait", str(go))
+    try:
+        assert child.stdout.readline().strip() == "logged"
+        assert len(_pages(d)) == 1
+        final = _drained(d)
+        assert final["sources_ended_by_page"] == 0 and final["records_lost_with_client"] == 0, final
+        assert final["per_rank"]["0"]["open"] == 1, final
+        assert len(_pages(d)) == 1
+    finally:
+        go.touch()
+    assert child.wait(timeout=60) == 0
+    assert len(_pages(d)) == 1
+
+
+def test_a_clean_close_leaves_no_page(daemon, tmp_path):
+    """A client's page stays after its close until a daemon has its bye (a daemon that took the
+    bye's connection may die before it reads it), and goes at that daemon's drain; a client that
+    never met a daemon removes it at close."""
+    from telemetry.client import TelemetryClient
+
+    tm = TelemetryClient(daemon.ingest, rank=0)
+    tm.log(1, {"a": 1.0})
+    assert len(_pages(daemon)) == 1
+    tm.close(timeout_s=10.0)
+    assert len(_pages(daemon)) == 1             # until the daemon has read the bye
+    final = _drained(daemon)
+    assert final["per_rank"]["0"]["lost"] == 0 and final["sources_ended_by_page"] == 0, final
+    assert _pages(daemon) == []
+    ep = f"ipc://{tmp_path}/nobody.sock"
+    alone = TelemetryClient(ep, rank=0)
+    try:
+        alone.log(1, {"a": 1.0})
+    finally:
+        alone.close(timeout_s=2.0)
+    assert os.listdir(client_page.page_dir(ep)) == []
+
+
+def test_only_a_regular_page_of_ours_is_believed(tmp_path):
+    ep = f"ipc://{tmp_path}/ingest.sock"
+    directory = client_page.page_dir(ep)
+    page = client_page.ClientPage.create(ep, 7, rank=3)
+    assert page.path == client_page.page_path(directory, 7)
+    page.seqs[0] = 41
+    info = _read(directory, 7)
+    assert info is not None and (info.next_seq, info.pid, info.rank) == (41, os.getpid(), 3)
+    assert client_page.same_namespace(info, client_page.pid_namespace()) and not client_page.process_gone(info)
+    # A symlink at a page's place, a short file, a wrong magic: not pages.
+    os.symlink(page.path, client_page.page_path(directory, 8))
+    client_page.page_path(directory, 9).write_bytes(b"\0" * 8)
+    client_page.page_path(directory, 10).write_bytes(b"x" * client_page.SIZE)
+    for src in (8, 9, 10):
+        assert _read(directory, src) is None
+    (directory / "not-a-page").write_bytes(b"")
+    with client_page.PageDir(directory) as pages:
+        assert sorted(pages.listed()) == [7, 8, 9, 10]
+    # A pages directory that is a symlink is not read at all (nor anything removed through it).
+    os.symlink(directory, tmp_path / "linked.sock.clients")
+    with client_page.PageDir(tmp_path / "linked.sock.clients") as pages:
+        assert pages.listed() == [] and pages.read(7) is None and not pages.remove(9)
+    assert client_page.page_path(directory, 9).exists()
+    page.remove()
+    assert not client_page.page_path(directory, 7).exists()
+    # Another socket in the same directory has pages of its own.
+    assert client_page.page_dir(f"ipc://{tmp_path}/other.sock") != directory
+
+
+def test_no_page_off_ipc():
+    page = client_page.ClientPage.create("tcp://127.0.0.1:5555", 1, rank=0)
+    assert page.path is None
+    page.seqs[0] += 3
+    assert page.seqs[0] == 3
+
+
+def _plant(directory: Path, src: int, pid: int, start: int, ns: int, rank: int, next_seq: int) -> Path:
+    directory.mkdir(mode=0o700, exist_ok=True)
+    path = client_page.page_path(directory, src)
+    path.write_bytes(client_page._LAYOUT.pack(client_page.MAGIC, pid, start, ns, rank, next_seq))
+    path.chmod(0o600)
+    return path
+
+
+def _gone_pid() -> int:
+    return int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                              text=True).stdout)
+
+
+def test_a_client_the_daemon_never_heard_from_is_counted(make_daemon, tmp_path):
+    """A client whose page was made while the daemon ran and that died before any record of it
+    arrived (a forked child killed at once, a rank dead before its connection was made) is
+    counted from its page: every seq it took lost. A page of a process gone that was there before
+    the daemon started is another run's: removed (said in the log), never counted; one of another
+    pid namespace (a pid there names another process here) is left alone."""
+    import tempfile
+
+    rt = Path(tempfile.mkdtemp(prefix="tpg-", dir="/tmp"))
+    rt.chmod(0o700)
+    eps = tuple(f"ipc://{rt}/{n}.sock" for n in ("ingest", "pub", "control"))
+    directory = client_page.page_dir(eps[0])
+    ns = client_page.pid_namespace()
+    dead = _gone_pid()
+    before = _plant(directory, 0x2222, dead, 1, ns, 0, 50)
+    d = make_daemon(world_size=1, endpoints=eps)
+    unseen = _plant(directory, 0x1111, dead, 1, ns, 2, 300)
+    foreign = _plant(directory, 0x3333, dead, 1, ns + 1, 0, 70)
+    final = _drained(d)
+    assert final["per_rank"]["2"]["lost"] == 300 and final["per_rank"]["2"]["received"] == 0, final
+    assert final["records_lost_with_client"] == 300 and final["sources_ended_by_page"] == 1, final
+    assert not unseen.exists() and not before.exists() and foreign.exists()
+    assert "counted by no daemon" in d.output()
+
+
+def test_a_zombie_client_is_gone(make_daemon):
+    """A client killed and not yet reaped by its parent (a zombie: its pid and start time still
+    in /proc) has ended: its page counts what it never sent."""
+    d = make_daemon(world_size=1)
+    child = _child(d.ingest, "kill")
+    deadline = time.monotonic() + 60
+    while Path(f"/proc/{child.pid}/stat").read_text().split(") ")[1][0] != "Z":
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    final = _drained(d)
+    assert child.wait(timeout=60) == -signal.SIGKILL
+    rank = final["per_rank"]["0"]
+    assert rank["received"] + rank["lost"] == N + 1 and final["sources_ended_by_page"] == 1, final
+
+
+def test_a_client_whose_bye_found_no_daemon_keeps_its_page_for_the_next(make_daemon, tmp_path):
+    """The daemon goes (SIGKILL) while a client still sends; the client logs on and closes: its
+    bye reaches no one, so it keeps its page, and the daemon restarted on the same log directory
+    counts what never reached it once the client's process has ended: exact."""
+    d = make_daemon(world_size=1)
+    go = tmp_path / "go"
+    child = _child(d.ingest, "wait", str(go))
+    try:
+        assert child.stdout.readline().strip() == "logged"
+        d.wait_for(lambda rs: sum(1 for r in rs if r.get("kind") == "metrics") >= 1)
+        time.sleep(0.5)                     # a checkpoint of the accounting (sources.json)
+        d.kill()
+    finally:
+        go.touch()
+    assert child.wait(timeout=60) == 0
+    assert len(_pages(d)) == 1
+    d2 = make_daemon(world_size=1, log_dir=d.log_dir, endpoints=(d.ingest, d.pub, d.control))
+    final = _drained(d2)
+    rank = final["per_rank"]["0"]
+    # The hello, N records and the bye: each counted by one daemon or the other, or lost.
+    assert rank["earlier"] + rank["received"] + rank["refused"] + rank["lost"] == N + 2, final
+    assert rank["open"] == 0 and final["sources_ended_by_page"] == 1, final
+    assert _pages(d2) == []
