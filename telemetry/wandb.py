@@ -26,6 +26,7 @@ importing telemetry's client costs; torch is never imported here.
 from __future__ import annotations
 
 import os
+import stat
 import sys
 from typing import Any
 
@@ -180,7 +181,8 @@ def init(project: str | None = None, name: str | None = None, config: Any = None
         client = DisabledClient()
     rank, world_size = process_rank()
     # One id for the script's run, the daemon's run directory and the W&B run the daemon opens.
-    run_id = id or env("WANDB_RUN_ID") or _launcher_run_id()
+    launcher_id = _launcher_run_id()
+    run_id = id or env("WANDB_RUN_ID") or launcher_id
     made_here = not run_id
     run_id = run_id or new_run_id()
     runtime = None
@@ -188,7 +190,7 @@ def init(project: str | None = None, name: str | None = None, config: Any = None
         # No daemon for this run: start one, as wandb.init starts W&B's service.
         from telemetry.client import autostart
 
-        runtime = its_daemon(run_id)
+        runtime = its_daemon(run_id, first=launcher_id is not None)
         if made_here and runtime is not None:
             # An id made here, on a daemon of the run's own: no other process can name this run
             # (W&B's run per rank when every rank inits), so this process is its only rank.
@@ -231,19 +233,24 @@ def _silent() -> bool:
     return os.environ.get("WANDB_SILENT", "").lower() in ("1", "true", "yes")
 
 
-def its_daemon(run_id: str):
+def its_daemon(run_id: str, first: bool = False):
     """The runtime directory of the daemon run `run_id` gets to itself (autostart.run_runtime_dir),
     or None for the default endpoints: a launcher's daemon for this run (`telemetry run`: its
-    $TELEMETRY_RUN_ID), $TELEMETRY_ENDPOINT (a daemon you run: it takes what it is sent), a
-    daemon started by hand on the node's default endpoints outside a launcher, or no daemon
-    wanted ($TELEMETRY_AUTOSTART=0). So runs with distinct ids (sweep trials, forked children,
-    k-fold's folds, ranks that each name their own run) never share a daemon, and ranks that
-    share an id (torchrun with $WANDB_RUN_ID, `telemetry run`) share one."""
+    $TELEMETRY_RUN_ID, or the id the launched script's first run claimed: claim_launcher_run),
+    $TELEMETRY_ENDPOINT (a daemon you run: it takes what it is sent), a daemon started by hand
+    on the node's default endpoints outside a launcher, or no daemon wanted
+    ($TELEMETRY_AUTOSTART=0). So runs with distinct ids (sweep trials, forked children, k-fold's
+    folds, ranks that each name their own run) never share a daemon, and ranks that share an id
+    (torchrun with $WANDB_RUN_ID, `telemetry run`) share one. `first`: the process's first run,
+    which may claim the launcher's daemon."""
     from telemetry.client import autostart
     from telemetry.shared import endpoints
 
     env = os.environ.get
-    if env(endpoints.ENV_INGEST) or run_id == env(ENV_RUN_ID) or not autostart.wanted(True):
+    if env(endpoints.ENV_INGEST) or not autostart.wanted(True):
+        return None
+    launcher = env(ENV_RUN_ID)
+    if launcher and (run_id == launcher or first) and (claim_launcher_run(run_id) == run_id or run_id == launcher):
         return None
     try:
         if not env(ENV_RUN_ID) and endpoints.daemon_serves(endpoints.runtime_dir()):
@@ -251,6 +258,52 @@ def its_daemon(run_id: str):
         return autostart.run_runtime_dir(run_id)
     except (endpoints.EndpointError, OSError):
         return None        # ensure_daemon says why the default directory cannot serve either
+
+
+# In the launcher's runtime directory: the id of the run its daemon serves (claim_launcher_run).
+LAUNCHER_CLAIM = "wandb_run.id"
+
+
+def claim_launcher_run(run_id: str) -> str | None:
+    """The id of the run `telemetry run`'s daemon serves: the first the launched script's
+    processes name to it (`wandb.init(id=...)` or $WANDB_RUN_ID in the first run of a process,
+    else the launcher's own id), taken here by `run_id` if none has been. Recorded in the
+    launcher's private runtime directory, made whole and linked in at once (two ranks of one id
+    find one answer). A script whose run has an id of its own is then the run the launcher shows,
+    summarises and drains; a second id (a sweep's next trial, a fold run in a process of its own)
+    gets a daemon of its own, as before. None when the directory cannot be used (not this user's,
+    not private): the run then gets a daemon of its own."""
+    from telemetry.shared import endpoints
+
+    try:
+        fd = os.open(endpoints.runtime_dir(), os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except (OSError, endpoints.EndpointError):
+        return None
+    try:
+        st = os.fstat(fd)
+        if st.st_uid != os.geteuid() or st.st_mode & 0o077:
+            return None
+        tmp = f".{LAUNCHER_CLAIM}.{os.getpid()}.{os.urandom(4).hex()}"
+        wfd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=fd)
+        try:
+            os.write(wfd, run_id.encode())
+        finally:
+            os.close(wfd)
+        try:
+            os.link(tmp, LAUNCHER_CLAIM, src_dir_fd=fd, dst_dir_fd=fd, follow_symlinks=False)
+            return run_id
+        except FileExistsError:
+            rfd = os.open(LAUNCHER_CLAIM, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=fd)
+            try:
+                return os.read(rfd, 4096).decode(errors="replace") if stat.S_ISREG(os.fstat(rfd).st_mode) else None
+            finally:
+                os.close(rfd)
+        finally:
+            os.unlink(tmp, dir_fd=fd)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
 
 
 # The launcher's run id ($TELEMETRY_RUN_ID: `telemetry run`'s) names the first run this process

@@ -235,6 +235,22 @@ def test_a_sweeps_trials_started_at_once_are_each_a_run_of_their_own(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("how", ["arg", "env"])
+def test_a_run_the_script_names_is_the_launchers_run(tmp_path, how):
+    """`wandb.init(id=..., resume="allow")` (or $WANDB_RUN_ID), the one run of the script: it is
+    the run `telemetry run` drains and summarises, with the script's id (before: a second daemon
+    and run directory for it, and the launcher's run empty: "steps logged 0")."""
+    env = {"HOW": how, **({"WANDB_RUN_ID": "fixed-run-1"} if how == "env" else {})}
+    real, ours = _launch_both(SCRIPTS / "fixed_id.py", tmp_path, env)
+    _assert_same_runs(real, ours)
+    assert run_info(ours["named"])["id"] == "fixed-run-1"
+    drains = sorted(tmp_path.joinpath("ours").rglob("drain.json"))
+    assert drains == [tmp_path / "ours" / "r" / "drain.json"], drains
+    final = json.loads(drains[0].read_text())
+    assert final["records_lost"] == 0 and final["run"]["steps_out"] == 5, final
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("reinit", ["finish", "create_new"])
 def test_a_k_fold_loop_makes_a_run_per_fold(tmp_path, reinit):
     """init, log, finish twice in one process, or two runs open at once (reinit="create_new"),
