@@ -308,6 +308,25 @@ def test_unsupported_api_raises_naming_it(tmp_path, monkeypatch):
     assert run.step == 1 and not (tmp_path / "media").exists()
 
 
+def test_a_run_has_the_attributes_w_and_bs_run_has(tmp_path, monkeypatch):
+    """A script probing a run (`hasattr(run, "get_url")`, `run.files_dir`) finds what W&B's run
+    has: names W&B 0.31's run lacks raise AttributeError, as W&B's (they were stand-ins whose use
+    raised TypeError: `os.path.join(run.files_dir, ...)`)."""
+    import wandb
+
+    monkeypatch.chdir(tmp_path)
+    real = wandb.init(mode="disabled")
+    try:
+        ours = tw.init(mode="disabled")
+        older = ["log_dir", "files_dir", "get_url", "get_project_url", "get_sweep_url", "project_name", "plot_table"]
+        for name in older + ["dir", "url", "project_url", "path", "to_html", "display", "restore", "link_artifact"]:
+            assert hasattr(ours, name) == hasattr(real, name), name
+        with pytest.raises(AttributeError, match="files_dir"):
+            ours.files_dir
+    finally:
+        real.finish()
+
+
 def test_import_is_cheap():
     code = ("import sys, time; t = time.perf_counter(); import telemetry.wandb; "
             "print(time.perf_counter() - t, 'torch' in sys.modules, 'wandb' in sys.modules)")

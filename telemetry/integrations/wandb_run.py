@@ -81,12 +81,12 @@ WATCH_MAX_QUEUED = 4096
 # wandb and calls wandb.init, which take a while) before giving what W&B offline gives.
 RUN_INFO_WAIT_S = 15.0
 
-# Run methods of W&B that this run does not offer: calling one raises, naming it.
+# Run methods of W&B (0.31) that this run does not offer: calling one raises, naming it. A name
+# W&B's run does not have (`files_dir`, `get_url`: older W&B's) raises AttributeError, as W&B's.
 # (alert, save, log_artifact, log_model, log_code, use_artifact, mark_preempting: wandb_calls.py)
 UNSUPPORTED_RUN_METHODS = frozenset({
     "restore", "link_artifact", "use_model", "link_model", "status",
-    "to_html", "display", "project_name", "get_url", "get_project_url", "get_sweep_url",
-    "log_dir", "files_dir", "plot_table", "finish_artifact"})
+    "to_html", "display", "finish_artifact"})
 
 
 # Run.log's fast path: the key and value types of the common row.
