@@ -1,4 +1,6 @@
 """The receiver's loss accounting, per client instance (src), from sequence numbers alone."""
+import json
+
 import pytest
 
 import protocol
@@ -56,6 +58,30 @@ def test_a_successor_says_what_the_daemons_before_it_took_in():
     t = second.totals()
     assert t["records_in"] == 100 and t["records_in_earlier_daemons"] == 700
     assert t["records_lost"] == 0
+
+
+def test_a_successor_keeps_the_byes_its_predecessor_had():
+    """A client that said bye before the checkpoint is ended for the successor too: not open in
+    per_rank (it said 1 open for ever), not waited for at a drain; a checkpoint without the key
+    (an older daemon's) restores every source open, as before."""
+    first = Receiver()
+    for seq in range(0, 5):
+        feed_one(first, frame(7, seq))
+    feed_one(first, protocol.encode_bye(7, 0, 5, 0, 1, {"sent": 6, "dropped": 0}))
+    first.note_bye(7)          # the daemon's rare stage, on the bye
+    for seq in range(0, 3):
+        feed_one(first, frame(8, seq))
+    snap = json.loads(json.dumps(first.snapshot()))
+    second = Receiver()
+    second.restore(snap)
+    assert second.per_rank()[0]["open"] == 1 and second.open_live() == set()
+    assert {i for i, s in second.sources.items() if not s.bye} == {8}
+    older = Receiver()
+    older.restore({k: v for k, v in snap.items() if k != "ended"})
+    assert older.per_rank()[0]["open"] == 2
+    hostile = Receiver()
+    hostile.restore({**snap, "ended": [7, "x", None, 10**30, 99]})
+    assert {i for i, s in hostile.sources.items() if s.bye} == {7}
 
 
 def test_malformed_frames_are_counted_not_raised():

@@ -416,11 +416,13 @@ class Receiver:
         """The per-source accounting, for `restore` in a daemon that follows this one on the same
         log directory (sources.json, beside metrics.jsonl: see continuity.py). `held`: records
         per source taken in but in no output record yet (open steps): not counted as arrived, so
-        that a successor counts them lost if this daemon dies with them."""
+        that a successor counts them lost if this daemon dies with them. `ended`: the sources
+        whose bye arrived (their window final), a key a daemon that does not know it ignores."""
         held = held or {}
         return {"version": 1, "sources": [[src_id, s.rank, s.min_seq, s.dropped_at_min,
                                            s.received + s.refused + s.earlier - held.get(src_id, 0), s.max_seq,
-                                           s.dropped] for src_id, s in self.sources.items()]}
+                                           s.dropped] for src_id, s in self.sources.items()],
+                "ended": [src_id for src_id, s in self.sources.items() if s.bye]}
 
     def restore(self, snap: dict) -> int:
         """Continue a predecessor's accounting (see `snapshot`): a client that outlived the
@@ -438,6 +440,11 @@ class Receiver:
                 continue
             src_id, rank, min_seq, dropped_at_min, arrived, max_seq, dropped = row
             self.sources[src_id] = SourceStats(rank, min_seq, dropped_at_min, 0, max_seq, dropped, earlier=arrived)
+        ended = snap.get("ended")
+        for src_id in ended[:MAX_SOURCES] if isinstance(ended, list) else ():
+            src = self.sources.get(src_id) if is_int(src_id) else None
+            if src is not None:        # its bye came before the checkpoint: not open, nothing to wait for
+                src.bye = True
         self.had_predecessor = True
         # As they were: a restored client is live at a drain only if it sends again (open_live).
         for src in self.sources.values():
