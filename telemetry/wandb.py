@@ -33,10 +33,10 @@ from typing import Any
 from telemetry.integrations._client import process_rank
 from telemetry.integrations.wandb_calls import AlertLevel, Artifact, plot
 from telemetry.integrations.wandb_media import Audio, Histogram, Html, Image, Media, Table
-from telemetry.integrations.wandb_objects import Error, PreInit, Unsupported, config_dict
+from telemetry.integrations.wandb_objects import Error, PreInit, Unsupported, UsageError, config_dict
 from telemetry.integrations.wandb_run import ENV_RUN_ID, Run, new_run_id
 
-__all__ = ["init", "log", "finish", "define_metric", "watch", "unwatch", "login", "Settings", "Error",
+__all__ = ["init", "log", "finish", "define_metric", "watch", "unwatch", "login", "Settings", "Error", "UsageError",
            "Artifact", "AlertLevel", "plot", "save", "log_artifact", "use_artifact", "log_model", "alert",
            "mark_preempting",
            "termlog", "termwarn", "termerror", "require",
@@ -181,8 +181,13 @@ def init(project: str | None = None, name: str | None = None, config: Any = None
         client = DisabledClient()
     rank, world_size = process_rank()
     # One id for the script's run, the daemon's run directory and the W&B run the daemon opens.
-    launcher_id = _launcher_run_id()
-    run_id = id or env("WANDB_RUN_ID") or launcher_id
+    run_id = id if id is not None else env("WANDB_RUN_ID")
+    if run_id is not None:
+        check_run_id(run_id)
+    launch_id = _launcher_run_id()           # this process's first run may be the launch's
+    if launch_id is not None and client is None and not _launch_takes(run_id or launch_id):
+        launch_id = None                     # the launch's run is another's: this one is a run of its own
+    run_id = run_id or launch_id
     made_here = not run_id
     run_id = run_id or new_run_id()
     runtime = None
@@ -190,7 +195,7 @@ def init(project: str | None = None, name: str | None = None, config: Any = None
         # No daemon for this run: start one, as wandb.init starts W&B's service.
         from telemetry.client import autostart
 
-        runtime = its_daemon(run_id, first=launcher_id is not None)
+        runtime = its_daemon(run_id, launch=launch_id is not None)
         if made_here and runtime is not None:
             # An id made here, on a daemon of the run's own: no other process can name this run
             # (W&B's run per rank when every rank inits), so this process is its only rank.
@@ -233,24 +238,21 @@ def _silent() -> bool:
     return os.environ.get("WANDB_SILENT", "").lower() in ("1", "true", "yes")
 
 
-def its_daemon(run_id: str, first: bool = False):
+def its_daemon(run_id: str, launch: bool = False):
     """The runtime directory of the daemon run `run_id` gets to itself (autostart.run_runtime_dir),
     or None for the default endpoints: a launcher's daemon for this run (`telemetry run`: its
-    $TELEMETRY_RUN_ID, or the id the launched script's first run claimed: claim_launcher_run),
+    $TELEMETRY_RUN_ID, or the id the launched script's first run claimed: _launch_takes),
     $TELEMETRY_ENDPOINT (a daemon you run: it takes what it is sent), a daemon started by hand
     on the node's default endpoints outside a launcher, or no daemon wanted
     ($TELEMETRY_AUTOSTART=0). So runs with distinct ids (sweep trials, forked children, k-fold's
     folds, ranks that each name their own run) never share a daemon, and ranks that share an id
-    (torchrun with $WANDB_RUN_ID, `telemetry run`) share one. `first`: the process's first run,
-    which may claim the launcher's daemon."""
+    (torchrun with $WANDB_RUN_ID, `telemetry run`) share one. `launch`: this run is the launch's
+    (_launch_takes)."""
     from telemetry.client import autostart
     from telemetry.shared import endpoints
 
     env = os.environ.get
-    if env(endpoints.ENV_INGEST) or not autostart.wanted(True):
-        return None
-    launcher = env(ENV_RUN_ID)
-    if launcher and (run_id == launcher or first) and (claim_launcher_run(run_id) == run_id or run_id == launcher):
+    if env(endpoints.ENV_INGEST) or launch or run_id == env(ENV_RUN_ID) or not autostart.wanted(True):
         return None
     try:
         if not env(ENV_RUN_ID) and endpoints.daemon_serves(endpoints.runtime_dir()):
@@ -260,23 +262,67 @@ def its_daemon(run_id: str, first: bool = False):
         return None        # ensure_daemon says why the default directory cannot serve either
 
 
-# In the launcher's runtime directory: the id of the run its daemon serves (claim_launcher_run).
+# In the launcher's runtime directory: the run its daemon serves (_launch_takes).
 LAUNCHER_CLAIM = "wandb_run.id"
+# W&B's rule for a run id (its settings refuse these characters).
+RUN_ID_RESERVED = ":;,#?/'"
 
 
-def claim_launcher_run(run_id: str) -> str | None:
-    """The id of the run `telemetry run`'s daemon serves: the first the launched script's
-    processes name to it (`wandb.init(id=...)` or $WANDB_RUN_ID in the first run of a process,
-    else the launcher's own id), taken here by `run_id` if none has been. Recorded in the
-    launcher's private runtime directory, made whole and linked in at once (two ranks of one id
-    find one answer). A script whose run has an id of its own is then the run the launcher shows,
-    summarises and drains; a second id (a sweep's next trial, a fold run in a process of its own)
-    gets a daemon of its own, as before. None when the directory cannot be used (not this user's,
-    not private): the run then gets a daemon of its own."""
-    from telemetry.shared import endpoints
+def check_run_id(run_id: object) -> None:
+    """Refuse a run id W&B refuses, with W&B's words (its UsageError at init): the daemon's W&B
+    run could not be made with it, and the rows would reach no W&B run."""
+    if not isinstance(run_id, str):
+        raise UsageError(f"Run ID must be a string, got {type(run_id).__name__}")
+    if not run_id:
+        raise UsageError("Run ID cannot be empty")
+    if not run_id.strip():
+        raise UsageError("Run ID cannot contain only whitespace")
+    if run_id != run_id.strip():
+        raise UsageError("Run ID cannot start or end with whitespace")
+    if any(c in RUN_ID_RESERVED for c in run_id):
+        raise UsageError(f"Run ID cannot contain the characters: {RUN_ID_RESERVED}")
+
+
+def _launch_takes(run_id: str) -> bool:
+    """Whether the first run of this process, of id `run_id`, is the run `telemetry run`'s
+    daemon serves. That is the first run a process of the launched script names to it (its own
+    id: `wandb.init(id=..., resume="allow")` or $WANDB_RUN_ID; else the launch's id), claimed
+    here; later, a run of the same id from a process while the claimant still runs (the ranks of
+    one run), and a run of the launch's own id (the launched script's ranks, each a process that
+    inits without an id). A run of another id (a sweep's trials, a retry of the same id after the
+    claimant ended, a rank that inits without an id beside a rank that named one) is a run of its
+    own, as in W&B."""
+    launch_id = os.environ.get(ENV_RUN_ID)
+    claim = _claim_launch(run_id)
+    if claim is None:                       # the claim cannot be kept: the launch's own id alone
+        return run_id == launch_id
+    claimed, pid, start = claim
+    if claimed != run_id:
+        return False
+    return run_id == launch_id or pid == os.getpid() or _still_runs(pid, start)
+
+
+def _still_runs(pid: int, start: int) -> bool:
+    from telemetry.shared.stacks_file import proc_start_time
 
     try:
-        fd = os.open(endpoints.runtime_dir(), os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            state = f.read(4096).rsplit(b")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in (b"Z", b"X") and proc_start_time(pid) == start
+
+
+def _claim_launch(run_id: str) -> tuple[str, int, int] | None:
+    """The claim of the launch's run, made by this process for `run_id` if none was: (the id,
+    the claimant's pid and start time). Kept in the launcher's private runtime directory, written
+    whole and linked in at once (two ranks of one id find one answer). None when the directory
+    cannot be used (not this user's alone) or the claim there is not one."""
+    from telemetry.shared import endpoints
+    from telemetry.shared.stacks_file import proc_start_time
+
+    try:
+        fd = os.open(endpoints.runtime_dir(), os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except (OSError, endpoints.EndpointError):
         return None
     try:
@@ -284,22 +330,27 @@ def claim_launcher_run(run_id: str) -> str | None:
         if st.st_uid != os.geteuid() or st.st_mode & 0o077:
             return None
         tmp = f".{LAUNCHER_CLAIM}.{os.getpid()}.{os.urandom(4).hex()}"
-        wfd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=fd)
+        wfd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=fd)
         try:
-            os.write(wfd, run_id.encode())
+            os.write(wfd, f"{run_id}\n{os.getpid()} {proc_start_time() or 0}\n".encode())
         finally:
             os.close(wfd)
         try:
             os.link(tmp, LAUNCHER_CLAIM, src_dir_fd=fd, dst_dir_fd=fd, follow_symlinks=False)
-            return run_id
         except FileExistsError:
-            rfd = os.open(LAUNCHER_CLAIM, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=fd)
-            try:
-                return os.read(rfd, 4096).decode(errors="replace") if stat.S_ISREG(os.fstat(rfd).st_mode) else None
-            finally:
-                os.close(rfd)
+            pass
         finally:
             os.unlink(tmp, dir_fd=fd)
+        rfd = os.open(LAUNCHER_CLAIM, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, dir_fd=fd)
+        try:
+            if not stat.S_ISREG(os.fstat(rfd).st_mode):
+                return None
+            data = os.read(rfd, 4096).decode(errors="replace")
+        finally:
+            os.close(rfd)
+        claimed, _, who = data.partition("\n")
+        pid, _, start = who.strip().partition(" ")
+        return (claimed, int(pid), int(start)) if pid.isdigit() and start.isdigit() else None
     except OSError:
         return None
     finally:

@@ -230,13 +230,20 @@ def test_watch_pid_must_be_a_process_id(tmp_path, value):
 
 
 def test_a_run_id_that_is_no_directory_name_gets_one_of_its_own(tmp_path):
-    """WANDB_RUN_ID (or wandb.init(id=...)) names the run's directory: "../x" must not climb out."""
+    """WANDB_RUN_ID (or wandb.init(id=...)) names the run's directory: ".." must not climb out.
+    An id W&B refuses ("../x": a "/") is refused at init with W&B's UsageError, as W&B does
+    (before: accepted, and the daemon's W&B run was never made, said only in its log)."""
     out = subprocess.run([sys.executable, str(_script(tmp_path))], cwd=tmp_path,
                          env=_env(tmp_path, WANDB_RUN_ID="../escaped", ITERS="2"), capture_output=True, text=True,
                          timeout=300)
+    assert out.returncode == 1 and "UsageError: Run ID cannot contain the characters" in out.stderr, out.stderr
+    assert not (tmp_path / "escaped").exists() and not _run_dirs(tmp_path)
+    out = subprocess.run([sys.executable, str(_script(tmp_path))], cwd=tmp_path,
+                         env=_env(tmp_path, WANDB_RUN_ID="..", ITERS="2"), capture_output=True, text=True,
+                         timeout=300)
     assert out.returncode == 0, out.stderr
     (log_dir,) = _run_dirs(tmp_path)
-    assert re.fullmatch(r"[a-z0-9]{8}", log_dir.name) and not (tmp_path / "escaped").exists()
+    assert re.fullmatch(r"[a-z0-9]{8}", log_dir.name) and log_dir.parent == tmp_path / "telemetry"
     out = subprocess.run([sys.executable, str(_script(tmp_path))], cwd=tmp_path,
                          env=_env(tmp_path, WANDB_RUN_ID="my-run_7", ITERS="2"), capture_output=True, text=True,
                          timeout=300)

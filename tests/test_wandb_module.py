@@ -327,6 +327,33 @@ def test_a_run_has_the_attributes_w_and_bs_run_has(tmp_path, monkeypatch):
         real.finish()
 
 
+@pytest.mark.parametrize("run_id", ["a:b", "", " ab", "../x", "it's", "a b", "..", "ok-1"])
+def test_a_run_id_is_refused_where_w_and_b_refuses_it(run_id, monkeypatch):
+    """An id W&B refuses (its settings' rule) raises W&B's UsageError at init, with W&B's words,
+    by `id=` or $WANDB_RUN_ID (before: accepted, and the daemon's W&B run was never made: the
+    rows reached no W&B run, said only in the daemon's log)."""
+    import wandb
+
+    try:
+        wandb.Settings(run_id=run_id)
+        refused = None
+    except wandb.errors.UsageError as exc:
+        refused = str(exc)
+    monkeypatch.setenv("TELEMETRY_AUTOSTART", "0")
+    for how in ("arg", "env"):
+        kwargs = {"id": run_id} if how == "arg" else {}
+        if how == "env":
+            monkeypatch.setenv("WANDB_RUN_ID", run_id)
+        if refused is None:
+            run = tw.init(mode="disabled", **kwargs)
+            assert run.id == run_id
+            run.finish()
+        else:
+            with pytest.raises(tw.UsageError) as got:
+                tw.init(mode="disabled", **kwargs)
+            assert str(got.value) == refused and isinstance(got.value, tw.Error)
+
+
 def test_import_is_cheap():
     code = ("import sys, time; t = time.perf_counter(); import telemetry.wandb; "
             "print(time.perf_counter() - t, 'torch' in sys.modules, 'wandb' in sys.modules)")

@@ -195,17 +195,19 @@ def _runs_by_name(work: Path) -> dict[str, str]:
 DRAIN_CONFIG = "drain_timeout_s: 120\n"
 
 
-def _launch_both(script: Path, tmp_path: Path, env: dict, rc: int = 0) -> tuple[dict, dict]:
+def _launch_both(script: Path, tmp_path: Path, env: dict, rc: int = 0, nproc: int = 1) -> tuple[dict, dict]:
     """The script with the real wandb (offline) and under `telemetry run --as-wandb`, each ending
-    with exit code `rc`; the runs each made, by name."""
+    with exit code `rc` (`nproc` > 1: under torchrun, and `--nproc`); the runs each made, by name."""
     made = []
     (tmp_path / "daemon.yaml").write_text(DRAIN_CONFIG)
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc)]
     for how in ("real", "ours"):
         work = tmp_path / how
         work.mkdir()
-        cmd = [sys.executable, str(script)] if how == "real" else \
+        cmd = [*(torchrun if nproc > 1 else [sys.executable]), str(script)] if how == "real" else \
             [sys.executable, "-m", "telemetry", "run", "--as-wandb", "--quiet", "--wandb", "offline",
-             "--daemon-config", str(tmp_path / "daemon.yaml"), "--run-dir", str(work / "r"), "--", str(script)]
+             "--daemon-config", str(tmp_path / "daemon.yaml"), "--run-dir", str(work / "r"),
+             *(["--nproc", str(nproc)] if nproc > 1 else []), "--", str(script)]
         extra = {"WANDB_MODE": "offline"} if how == "real" else {}
         p = subprocess.run(cmd, cwd=work, env=_env(WANDB_DIR=str(work), **extra, **env), capture_output=True,
                            text=True, timeout=600)
@@ -248,6 +250,26 @@ def test_a_run_the_script_names_is_the_launchers_run(tmp_path, how):
     assert drains == [tmp_path / "ours" / "r" / "drain.json"], drains
     final = json.loads(drains[0].read_text())
     assert final["records_lost"] == 0 and final["run"]["steps_out"] == 5, final
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["child_then_parent", "retry", "rank_named"])
+def test_runs_of_other_ids_beside_the_launchs_keep_their_own_rows(tmp_path, how):
+    """The launch's run is the first a process of the script names (the test above); the others
+    stay runs of their own: a run without an id made after a subprocess claimed the launch, a
+    retry of the same id after the first attempt ended, a rank without an id beside a rank that
+    named its run (before: merged into the claimant's W&B run, rows lost, drain.json 0 lost)."""
+    real, ours = _launch_both(SCRIPTS / "launch_claims.py", tmp_path, {"HOW": how},
+                              nproc=2 if how == "rank_named" else 1)
+    assert sorted(ours) == sorted(real) and len(real) == 2, (sorted(real), sorted(ours))
+    for name in real:
+        assert_same_run(real[name], ours[name])
+    if how == "retry":
+        assert {run_info(f)["id"] for f in ours.values()} == {"same"}
+    else:
+        assert len({run_info(f)["id"] for f in ours.values()}) == 2
+    for final in (json.loads(f.read_text()) for f in tmp_path.joinpath("ours").rglob("drain.json")):
+        assert final["records_lost"] == 0, final
 
 
 @pytest.mark.slow

@@ -15,6 +15,10 @@ class Error(RuntimeError):
     """A misuse of the W&B API (W&B raises wandb.Error for the same)."""
 
 
+class UsageError(Error):
+    """An argument W&B refuses (W&B raises its UsageError, a wandb.Error: a run id it cannot take)."""
+
+
 class ConfigError(Error):
     """A config key changed without allow_val_change (W&B raises its ConfigError, a wandb.Error;
     under `telemetry run --as-wandb` this is `wandb.sdk.lib.config_util.ConfigError`, so that a
