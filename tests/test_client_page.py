@@ -267,3 +267,18 @@ def test_a_client_whose_bye_found_no_daemon_keeps_its_page_for_the_next(make_dae
     assert rank["earlier"] + rank["received"] + rank["refused"] + rank["lost"] == N + 2, final
     assert rank["open"] == 0 and final["sources_ended_by_page"] == 1, final
     assert _pages(d2) == []
+
+
+def test_a_predecessors_client_that_never_came_back_is_open_at_the_drain(make_daemon, tmp_path):
+    """A client in the checkpoint (sources.json) without a bye that never sends again: per_rank
+    says it open, and so does sources_open_at_drain, named in the log (before: per_rank 1 open,
+    sources_open_at_drain 0, not named). One whose bye the checkpoint holds is neither."""
+    log_dir = tmp_path / "run"
+    log_dir.mkdir(mode=0o700)
+    (log_dir / "sources.json").write_text(json.dumps({"version": 1, "sources": [
+        [0x51, 0, 0, 0, 10, 9, 0], [0x52, 1, 0, 0, 5, 4, 0]], "ended": [0x52]}))
+    d = make_daemon(world_size=2, per_rank=True, log_dir=log_dir)
+    final = _drained(d)
+    assert final["per_rank"]["0"]["open"] == 1 and final["per_rank"]["1"]["open"] == 0, final
+    assert final["sources_open_at_drain"] == 1, final
+    assert "rank 0 (src 81, last seq 9)" in d.output()

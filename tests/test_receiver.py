@@ -84,6 +84,19 @@ def test_a_successor_keeps_the_byes_its_predecessor_had():
     assert {i for i, s in hostile.sources.items() if s.bye} == {7}
 
 
+def test_a_checkpoint_row_no_daemon_writes_is_not_believed(caplog):
+    """sources.json is the user's file: a row out of range (a rank past MAX_RANK, a source twice,
+    more arrived than its window, a window 2^63 long: a loss of that size counted for ever, and
+    written back at every checkpoint) is refused, said once; the good rows are kept."""
+    good = [7, 0, 0, 0, 10, 9, 0]
+    rows = [good, [8, -1, 0, 0, 1, 0, 0], [9, 1 << 40, 0, 0, 1, 0, 0], [7, 0, 0, 0, 3, 2, 0],
+            [10, 0, 0, 0, 1000, 82, 0], [11, 0, 0, 0, 5, (1 << 63) - 1, 0], [12, 0, 9, 0, 0, 3, 0], "x"]
+    r = Receiver()
+    assert r.restore({"version": 1, "sources": rows}) == 1
+    assert r.sources[7].earlier == 10 and r.totals()["records_lost"] == 0
+    assert "7 row(s) not believed" in caplog.text
+
+
 def test_malformed_frames_are_counted_not_raised():
     r = Receiver()
     assert feed_one(r, b"\xc1garbage") is None

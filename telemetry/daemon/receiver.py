@@ -136,6 +136,7 @@ class Receiver:
         self.values_refused: dict[str, int] = {}
         self._refused_rows: list[tuple] = []   # malformed frames' headers: received all the same
         self.had_predecessor = False   # restore()d: a daemon ran on this log directory before
+        self.restored: set[int] = set()   # the sources restore()d (a predecessor's clients)
         self.names = names
         self.batch_bytes = 0           # the last batch's frames, in bytes (the memory budget's measure)
         self._mark_no = 0             # marks of progress taken (mark_progress), for open_live
@@ -251,6 +252,13 @@ class Receiver:
         since = self._mark_no - LIVE_MARKS
         return {i for i, s in self.sources.items() if (s.hello or not hello_only) and not s.bye
                 and (s.moved_at > since or s.received + s.refused != s.arrived_at_mark)}
+
+    def open_clients(self) -> set[int]:
+        """Every client whose final count is not known: without a bye, and a client (it said
+        hello) or a predecessor's (restored): what per_rank counts `open`, less the sources that
+        never said hello here (a bare sender, which says no bye)."""
+        restored = self.restored
+        return {i for i, s in self.sources.items() if not s.bye and (s.hello or i in restored)}
 
     def still_open(self, src_ids: set[int]) -> set[int]:
         sources = self.sources
@@ -434,12 +442,25 @@ class Receiver:
         rows = snap.get("sources") if isinstance(snap, dict) and snap.get("version") == 1 else None
         if not isinstance(rows, list):
             return 0
+        refused = 0
         for row in rows[:MAX_SOURCES]:
             if (not isinstance(row, list) or len(row) != 7
                     or not all(is_int(x) and -1 <= x < 1 << 63 for x in row)):
+                refused += 1
                 continue
             src_id, rank, min_seq, dropped_at_min, arrived, max_seq, dropped = row
-            self.sources[src_id] = SourceStats(rank, min_seq, dropped_at_min, 0, max_seq, dropped, earlier=arrived)
+            src = SourceStats(rank, min_seq, dropped_at_min, 0, max_seq, dropped, earlier=arrived)
+            # What no daemon writes: a rank out of range, a source twice, more arrived than its
+            # window holds, a loss in transit larger than the live path believes of one batch.
+            if (not 0 <= rank <= MAX_RANK or src_id in self.sources or max_seq < min_seq - 1
+                    or arrived > max_seq - min_seq + 1 or src.transit() > MAX_SEQ_GAP):
+                refused += 1
+                continue
+            self.sources[src_id] = src
+            self.restored.add(src_id)
+        if refused or len(rows) > MAX_SOURCES:
+            log.warning("sources.json: %d row(s) not believed (not what a daemon writes); those clients are "
+                        "accounted from their next record", refused + max(0, len(rows) - MAX_SOURCES))
         ended = snap.get("ended")
         for src_id in ended[:MAX_SOURCES] if isinstance(ended, list) else ():
             src = self.sources.get(src_id) if is_int(src_id) else None

@@ -50,7 +50,7 @@ STATUS_TWINS = tuple((m.name, tuple(m.status.split("."))) for m in CATALOGUE if 
 class Losses:
     def __init__(self) -> None:
         self.num_unread_at_drain = 0           # queued at the drain deadline, read and counted lost
-        self.num_sources_open_at_drain = 0     # clients still sending at the drain's end, no bye
+        self.num_sources_open_at_drain = 0     # clients without a bye at the drain's end (Receiver.open_clients)
         # Clients whose process ended without a bye, their accounting closed by their page
         # (client_page.py), and the records they took a seq for that never left them.
         self.num_sources_ended_by_page = 0

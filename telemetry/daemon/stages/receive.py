@@ -291,9 +291,10 @@ class ReceiveStage(Stage):
                  "-" if step_s is None else f"{step_s * 1e6:.0f} µs")
         waiting, recent = open_now()
         ended = self.end_by_pages()
-        waiting -= ended
+        # Still open: those the drain waited for, and every client without a bye long silent
+        # (a remote rank killed, a predecessor's client that never came back): per_rank's `open`.
+        still = (waiting | receiver.open_clients()) - ended
         recent -= ended
-        still = waiting
         losses.num_sources_open_at_drain = len(still)
         still |= recent
         if losses.num_unread_at_drain or left:
