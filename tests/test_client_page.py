@@ -48,11 +48,15 @@ if how == "exit":
     os._exit(5)
 if how == "kill":
     os.kill(os.getpid(), signal.SIGKILL)
-if how == "wait":
+if how in ("wait", "stay"):
     print("logged", flush=True)
     while not os.path.exists(sys.argv[4]):
         time.sleep(0.05)
     tm.close(timeout_s=10.0)
+if how == "stay":                   # closed, and the process goes on
+    print("closed", flush=True)
+    while not os.path.exists(sys.argv[5]):
+        time.sleep(0.05)
 """
 
 
@@ -282,3 +286,36 @@ def test_a_predecessors_client_that_never_came_back_is_open_at_the_drain(make_da
     assert final["per_rank"]["0"]["open"] == 1 and final["per_rank"]["1"]["open"] == 0, final
     assert final["sources_open_at_drain"] == 1, final
     assert "rank 0 (src 81, last seq 9)" in d.output()
+
+
+def test_a_client_that_closed_while_its_daemon_died_is_counted_while_it_lives(make_daemon, tmp_path):
+    """A client closes (its bye sent) and its process goes on; the daemon dies before it read
+    the bye (stopped, then killed): the daemon restarted on the log directory takes the closed
+    page's seq as the bye's, so what the dead one never wrote is counted lost, not left open
+    (before: per_rank open 1 and that tail counted by no one, for as long as the process lived)."""
+    d = make_daemon(world_size=1)
+    go, done = tmp_path / "go", tmp_path / "done"
+    child = _child(d.ingest, "stay", str(go), str(done))
+    try:
+        assert child.stdout.readline().strip() == "logged"
+        d.wait_for(lambda rs: sum(1 for r in rs if r.get("kind") == "metrics") >= 1)
+        time.sleep(0.5)                     # a checkpoint of the accounting (sources.json)
+        d.proc.send_signal(signal.SIGSTOP)  # it reads nothing more: the bye below reaches no one
+        go.touch()
+        assert child.stdout.readline().strip() == "closed"
+        d.kill()
+        (page,) = _pages(d)
+        assert _read(client_page.page_dir(d.ingest), int(page, 16)).closed
+        d2 = make_daemon(world_size=1, log_dir=d.log_dir, endpoints=(d.ingest, d.pub, d.control))
+        final = _drained(d2)
+        assert child.poll() is None                  # still running: believed because it closed
+    finally:
+        done.touch()
+    assert child.wait(timeout=60) == 0
+    rank = final["per_rank"]["0"]
+    # The hello, N records and the bye: each counted by one daemon or the other, or lost.
+    assert rank["earlier"] + rank["received"] + rank["refused"] + rank["lost"] == N + 2, final
+    assert rank["open"] == 0 and final["sources_open_at_drain"] == 0, final
+    assert final["sources_ended_by_page"] == 1 and final["records_lost_with_client"] == 0, final
+    assert "closed with a bye that never arrived" in d2.output()
+    assert _pages(d2) == []

@@ -12,11 +12,12 @@ how many there were. So a client on an ipc endpoint keeps its next seq in a shar
 
 At its drain the daemon reads the page of each client without a bye whose process is gone (its
 pid and start time, in the daemon's own pid namespace: a pid from another namespace names
-another process here) and takes the page's seq as that bye's: what the process made and never
-sent is counted lost. A client it never heard from (dead before its first record got through)
+another process here), or that closed (its bye sent, the page marked: MAGIC_CLOSED; a daemon
+killed before it read the bye, or before its checkpoint held it, leaves it to its successor),
+and takes the page's seq as that bye's: what the process made and never sent is counted lost. A client it never heard from (dead before its first record got through)
 is counted the same way, every seq lost, when its page was made while the daemon ran (or the
 daemon continues a predecessor's accounting on the run's log directory). A live client's page is
-never believed (it still moves); a zombie's process is gone.
+never believed until it closed (it still moves); a zombie's process is gone.
 
 The client removes its page at close only when no daemon was ever there; the daemon, at its
 drain, those it used, those of clients whose bye came, and those of processes gone that were
@@ -39,6 +40,8 @@ from typing import NamedTuple
 from telemetry.shared.stacks_file import proc_start_time
 
 MAGIC = int.from_bytes(b"tmseqpg2", "little")
+# The magic of a page whose client has closed: its bye is sent, its seq final (ClientPage.close).
+MAGIC_CLOSED = int.from_bytes(b"tmseqpgC", "little")
 _LAYOUT = struct.Struct("<6Q")
 SIZE = _LAYOUT.size
 SEQ_INDEX = 5          # the next seq's u64 in the page
@@ -107,6 +110,13 @@ class ClientPage:
             os.close(fd)
         return cls(path, mapping)
 
+    def mark_closed(self) -> None:
+        """The client has closed: its bye took the last seq, so the page's seq is final, to be
+        believed while the process still runs (a daemon that died before reading the bye, or
+        before its checkpoint held it, leaves the client's tail to its successor's drain)."""
+        if self._map is not None:
+            self._map[0:8] = MAGIC_CLOSED.to_bytes(8, "little")
+
     def remove(self) -> None:
         """The bye reached a daemon (or no daemon was ever there): the page is no longer needed.
         The mapping stays (the memoryview over it cannot be released while it is exported); it
@@ -122,6 +132,7 @@ class PageInfo(NamedTuple):
     pid_ns: int
     rank: int
     next_seq: int
+    closed: bool = False      # the client closed (MAGIC_CLOSED): its seq is final
 
 
 class PageDir:
@@ -172,9 +183,9 @@ class PageDir:
         if len(data) != SIZE:
             return None
         magic, pid, start_time, pid_ns, rank, next_seq = _LAYOUT.unpack(data)
-        if magic != MAGIC or not 0 < pid < 1 << 31:
+        if magic not in (MAGIC, MAGIC_CLOSED) or not 0 < pid < 1 << 31:
             return None
-        return PageInfo(pid, start_time, pid_ns, rank, next_seq)
+        return PageInfo(pid, start_time, pid_ns, rank, next_seq, magic == MAGIC_CLOSED)
 
     def listed(self) -> list[int]:
         """The srcs of the pages here (at most MAX_LISTED names looked at)."""
@@ -195,6 +206,11 @@ class PageDir:
             return True
         except OSError:
             return False
+
+
+def final(info: PageInfo) -> bool:
+    """Whether the page's seq is its client's last: the client closed, or its process is gone."""
+    return info.closed or process_gone(info)
 
 
 def process_gone(info: PageInfo) -> bool:

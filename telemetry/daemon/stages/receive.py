@@ -321,13 +321,14 @@ class ReceiveStage(Stage):
         receiver, losses, own_ns = self.receiver, self.losses, self.pid_ns
         sources = receiver.sources
         ended: dict[int, tuple[int, int]] = {}
+        closed: dict[int, tuple[int, int]] = {}      # of those, clients that closed: their tail was sent
         unaccounted = 0
         with client_page.PageDir(self.page_dir) as pages:
             for src_id in [i for i, s in sources.items() if not s.bye]:       # by name: never missed
                 info = pages.read(src_id)
-                if info is None or not client_page.same_namespace(info, own_ns) or not client_page.process_gone(info):
+                if info is None or not client_page.same_namespace(info, own_ns) or not client_page.final(info):
                     continue                # none, not one this daemon can judge, or alive: left as it is
-                ended[src_id] = (info.pid, receiver.end_by_page(src_id, info.next_seq))
+                (closed if info.closed else ended)[src_id] = (info.pid, receiver.end_by_page(src_id, info.next_seq))
                 pages.remove(src_id)
             for src_id in [i for i, s in sources.items() if s.bye]:
                 pages.remove(src_id)        # kept by its client until a daemon had its bye
@@ -335,14 +336,14 @@ class ReceiveStage(Stage):
                 if src_id in sources:
                     continue
                 info = pages.read(src_id)
-                if info is None or not client_page.same_namespace(info, own_ns) or not client_page.process_gone(info):
+                if info is None or not client_page.same_namespace(info, own_ns) or not client_page.final(info):
                     continue
                 if src_id in self.pages_before and not receiver.had_predecessor:
                     unaccounted += 1        # another run's: there before this daemon, gone since
                 else:
                     tail = receiver.add_unseen(src_id, info.rank, info.next_seq)
                     if tail is not None:
-                        ended[src_id] = (info.pid, tail)
+                        (closed if info.closed else ended)[src_id] = (info.pid, tail)
                 pages.remove(src_id)
         if ended:
             total = sum(t for _, t in ended.values())
@@ -353,10 +354,18 @@ class ReceiveStage(Stage):
             log.warning("drain: %d client(s) ended without a bye: %s%s; what each took a seq for and never sent, "
                         "by its seq page, is counted lost (records_lost_with_client: %d)", len(ended), named,
                         " ..." if len(ended) > MAX_OPEN_NAMED else "", total)
+        if closed:
+            # Sent, with a bye no daemon read (a predecessor killed first): lost in transit.
+            losses.num_sources_ended_by_page += len(closed)
+            named = ", ".join(f"rank {sources[i].rank} (pid {pid}: {tail} after the last that arrived)"
+                              for i, (pid, tail) in sorted(closed.items())[:MAX_OPEN_NAMED])
+            log.warning("drain: %d client(s) closed with a bye that never arrived: %s%s; their final seq, by "
+                        "their seq pages, counts what they sent after their last record that arrived as lost "
+                        "in transit", len(closed), named, " ..." if len(closed) > MAX_OPEN_NAMED else "")
         if unaccounted:
             log.warning("drain: removed %d seq page(s) of clients that ended before this daemon started, never "
                         "heard from here: what they made is counted by no daemon", unaccounted)
-        return set(ended)
+        return set(ended) | set(closed)
 
     def count_unread(self, max_frames: int) -> int:
         """Read up to `max_frames` queued frames without processing them (their header only), so
