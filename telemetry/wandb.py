@@ -262,8 +262,6 @@ def its_daemon(run_id: str, launch: bool = False):
         return None        # ensure_daemon says why the default directory cannot serve either
 
 
-# In the launcher's runtime directory: the run its daemon serves (_launch_takes).
-LAUNCHER_CLAIM = "wandb_run.id"
 # W&B's rule for a run id (its settings refuse these characters).
 RUN_ID_RESERVED = ":;,#?/'"
 
@@ -329,19 +327,19 @@ def _claim_launch(run_id: str) -> tuple[str, int, int] | None:
         st = os.fstat(fd)
         if st.st_uid != os.geteuid() or st.st_mode & 0o077:
             return None
-        tmp = f".{LAUNCHER_CLAIM}.{os.getpid()}.{os.urandom(4).hex()}"
+        tmp = f".{endpoints.LAUNCH_CLAIM_FILE}.{os.getpid()}.{os.urandom(4).hex()}"
         wfd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=fd)
         try:
             os.write(wfd, f"{run_id}\n{os.getpid()} {proc_start_time() or 0}\n".encode())
         finally:
             os.close(wfd)
         try:
-            os.link(tmp, LAUNCHER_CLAIM, src_dir_fd=fd, dst_dir_fd=fd, follow_symlinks=False)
+            os.link(tmp, endpoints.LAUNCH_CLAIM_FILE, src_dir_fd=fd, dst_dir_fd=fd, follow_symlinks=False)
         except FileExistsError:
             pass
         finally:
             os.unlink(tmp, dir_fd=fd)
-        rfd = os.open(LAUNCHER_CLAIM, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, dir_fd=fd)
+        rfd = os.open(endpoints.LAUNCH_CLAIM_FILE, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, dir_fd=fd)
         try:
             if not stat.S_ISREG(os.fstat(rfd).st_mode):
                 return None

@@ -253,6 +253,29 @@ def test_a_run_the_script_names_is_the_launchers_run(tmp_path, how):
 
 
 @pytest.mark.slow
+def test_an_earlier_launchs_claim_in_a_reused_runtime_dir_is_not_this_launchs(tmp_path):
+    """$TELEMETRY_RUNTIME_DIR reused across launches: the claim an earlier launch left there
+    (another id, its process gone) must not turn this launch's run away to a daemon of its own."""
+    import tempfile
+
+    rt = Path(tempfile.mkdtemp(prefix="tmclaim-", dir="/tmp"))
+    try:
+        (rt / "wandb_run.id").write_text("stale-run\n1 1\n")
+        work = tmp_path / "ours"
+        work.mkdir()
+        p = subprocess.run([sys.executable, "-m", "telemetry", "run", "--as-wandb", "--quiet", "--wandb", "offline",
+                            "--run-dir", str(work / "r"), "--", str(SCRIPTS / "fixed_id.py")], cwd=work,
+                           env=_env(WANDB_DIR=str(work), HOW="arg", TELEMETRY_RUNTIME_DIR=str(rt)),
+                           capture_output=True, text=True, timeout=600)
+        assert p.returncode == 0, p.stderr[-4000:]
+        assert sorted(work.rglob("drain.json")) == [work / "r" / "drain.json"]
+        assert json.loads((work / "r" / "drain.json").read_text())["run"]["steps_out"] == 5
+        assert not (rt / "wandb_run.id").exists()     # this launch's claim goes with it
+    finally:
+        shutil.rmtree(rt, ignore_errors=True)
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["child_then_parent", "retry", "rank_named"])
 def test_runs_of_other_ids_beside_the_launchs_keep_their_own_rows(tmp_path, how):
     """The launch's run is the first a process of the script names (the test above); the others

@@ -19,6 +19,9 @@ ENV_INGEST = "TELEMETRY_ENDPOINT"
 ENV_PUB = "TELEMETRY_PUB"
 ENV_CONTROL = "TELEMETRY_CONTROL"
 ENV_RUNTIME_DIR = "TELEMETRY_RUNTIME_DIR"
+# In a `telemetry run` launch's runtime directory: the run its daemon serves, claimed by the
+# first process of the script that names one (telemetry.wandb._launch_takes).
+LAUNCH_CLAIM_FILE = "wandb_run.id"
 ENV_RUN_NAME = "TELEMETRY_RUN_NAME"
 ENV_DISABLED = "TELEMETRY_DISABLED"
 

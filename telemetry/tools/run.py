@@ -117,6 +117,7 @@ def run(args: argparse.Namespace) -> int:
         runtime, made_runtime = _runtime_dir(run_id)     # what this run made: removed at its end
     except endpoints.EndpointError as exc:
         return _fail(f"runtime directory: {exc}")
+    _forget_claim(runtime)      # an earlier launch's, in a runtime directory the caller reuses
     env = {k: v for k, v in os.environ.items()
            if k not in (endpoints.ENV_INGEST, endpoints.ENV_PUB, endpoints.ENV_CONTROL)}
     # The ranks' runs of this id find this run's daemon in `runtime`. A run the script makes with
@@ -197,6 +198,7 @@ def run(args: argparse.Namespace) -> int:
         if daemon.poll() is None:
             daemon.kill()
             daemon.wait()
+        _forget_claim(runtime)
         if made_runtime:
             shutil.rmtree(made_runtime[0], ignore_errors=True)     # the runtime directory
             try:
@@ -204,6 +206,16 @@ def run(args: argparse.Namespace) -> int:
                     os.rmdir(parent)
             except OSError:
                 pass
+
+
+def _forget_claim(runtime: Path) -> None:
+    """Remove the claim of this launch's run (telemetry.wandb._launch_takes) from `runtime`."""
+    from telemetry.shared.endpoints import LAUNCH_CLAIM_FILE
+
+    try:
+        os.unlink(runtime / LAUNCH_CLAIM_FILE)
+    except OSError:
+        pass
 
 
 def _runtime_dir(run_id: str) -> tuple[Path, tuple[Path, ...]]:
