@@ -185,7 +185,7 @@ def init(project: str | None = None, name: str | None = None, config: Any = None
     if run_id is not None:
         check_run_id(run_id)
     launch_id = _launcher_run_id()           # this process's first run may be the launch's
-    if launch_id is not None and client is None and not _launch_takes(run_id or launch_id):
+    if launch_id is not None and client is None and not _launch_takes(run_id or launch_id, rank):
         launch_id = None                     # the launch's run is another's: this one is a run of its own
     run_id = run_id or launch_id
     made_here = not run_id
@@ -281,23 +281,22 @@ def check_run_id(run_id: object) -> None:
         raise UsageError(f"Run ID cannot contain the characters: {RUN_ID_RESERVED}")
 
 
-def _launch_takes(run_id: str) -> bool:
-    """Whether the first run of this process, of id `run_id`, is the run `telemetry run`'s
-    daemon serves. That is the first run a process of the launched script names to it (its own
-    id: `wandb.init(id=..., resume="allow")` or $WANDB_RUN_ID; else the launch's id), claimed
-    here; later, a run of the same id from a process while the claimant still runs (the ranks of
-    one run), and a run of the launch's own id (the launched script's ranks, each a process that
-    inits without an id). A run of another id (a sweep's trials, a retry of the same id after the
-    claimant ended, a rank that inits without an id beside a rank that named one) is a run of its
-    own, as in W&B."""
-    launch_id = os.environ.get(ENV_RUN_ID)
-    claim = _claim_launch(run_id)
+def _launch_takes(run_id: str, rank: int) -> bool:
+    """Whether the first run of this process, of id `run_id`, made by rank `rank`, is the run
+    `telemetry run`'s daemon serves. That is the first run a process of the launched script
+    names to it (its own id: `wandb.init(id=..., resume="allow")` or $WANDB_RUN_ID; else the
+    launch's id), claimed here, and the runs of that id that the other ranks of the claimant
+    make while it runs. Any other run is one of its own, as in W&B: another id (a sweep's
+    trials), the same id from the claimant's own rank (a retry, an evaluation subprocess, a
+    driver's run after its trial's, mp.spawn children that never set up their process group),
+    or after the claimant ended."""
+    claim = _claim_launch(run_id, rank)
     if claim is None:                       # the claim cannot be kept: the launch's own id alone
-        return run_id == launch_id
-    claimed, pid, start = claim
+        return run_id == os.environ.get(ENV_RUN_ID)
+    claimed, pid, start, claimant_rank = claim
     if claimed != run_id:
         return False
-    return run_id == launch_id or pid == os.getpid() or _still_runs(pid, start)
+    return pid == os.getpid() or (claimant_rank != rank and _still_runs(pid, start))
 
 
 def _still_runs(pid: int, start: int) -> bool:
@@ -311,9 +310,9 @@ def _still_runs(pid: int, start: int) -> bool:
     return state not in (b"Z", b"X") and proc_start_time(pid) == start
 
 
-def _claim_launch(run_id: str) -> tuple[str, int, int] | None:
-    """The claim of the launch's run, made by this process for `run_id` if none was: (the id,
-    the claimant's pid and start time). Kept in the launcher's private runtime directory, written
+def _claim_launch(run_id: str, rank: int) -> tuple[str, int, int, int] | None:
+    """The claim of the launch's run, made by this process (rank `rank`) for `run_id` if none
+    was: (the id, the claimant's pid, start time and rank). Kept in the launcher's private runtime directory, written
     whole and linked in at once (two ranks of one id find one answer). None when the directory
     cannot be used (not this user's alone) or the claim there is not one."""
     from telemetry.shared import endpoints
@@ -330,7 +329,7 @@ def _claim_launch(run_id: str) -> tuple[str, int, int] | None:
         tmp = f".{endpoints.LAUNCH_CLAIM_FILE}.{os.getpid()}.{os.urandom(4).hex()}"
         wfd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=fd)
         try:
-            os.write(wfd, f"{run_id}\n{os.getpid()} {proc_start_time() or 0}\n".encode())
+            os.write(wfd, f"{run_id}\n{os.getpid()} {proc_start_time() or 0} {rank}\n".encode())
         finally:
             os.close(wfd)
         try:
@@ -347,8 +346,8 @@ def _claim_launch(run_id: str) -> tuple[str, int, int] | None:
         finally:
             os.close(rfd)
         claimed, _, who = data.partition("\n")
-        pid, _, start = who.strip().partition(" ")
-        return (claimed, int(pid), int(start)) if pid.isdigit() and start.isdigit() else None
+        fields = who.split()
+        return (claimed, *map(int, fields)) if len(fields) == 3 and all(f.isdigit() for f in fields) else None
     except OSError:
         return None
     finally:

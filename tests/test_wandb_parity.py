@@ -276,18 +276,20 @@ def test_an_earlier_launchs_claim_in_a_reused_runtime_dir_is_not_this_launchs(tm
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("how", ["child_then_parent", "retry", "rank_named"])
+@pytest.mark.parametrize("how", ["child_then_parent", "noid_child_then_parent", "retry", "retry_beside_driver",
+                                 "rank_named"])
 def test_runs_of_other_ids_beside_the_launchs_keep_their_own_rows(tmp_path, how):
     """The launch's run is the first a process of the script names (the test above); the others
-    stay runs of their own: a run without an id made after a subprocess claimed the launch, a
-    retry of the same id after the first attempt ended, a rank without an id beside a rank that
-    named its run (before: merged into the claimant's W&B run, rows lost, drain.json 0 lost)."""
+    stay runs of their own: a run without an id made after a subprocess claimed the launch (with
+    an id or without), a retry of the same id after the first attempt ended or from the claimant's
+    own rank while it runs, a rank without an id beside a rank that named its run (before: merged
+    into the claimant's W&B run, rows lost, drain.json 0 lost)."""
     real, ours = _launch_both(SCRIPTS / "launch_claims.py", tmp_path, {"HOW": how},
                               nproc=2 if how == "rank_named" else 1)
     assert sorted(ours) == sorted(real) and len(real) == 2, (sorted(real), sorted(ours))
     for name in real:
         assert_same_run(real[name], ours[name])
-    if how == "retry":
+    if how.startswith("retry"):
         assert {run_info(f)["id"] for f in ours.values()} == {"same"}
     else:
         assert len({run_info(f)["id"] for f in ours.values()}) == 2
