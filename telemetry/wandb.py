@@ -285,38 +285,24 @@ def _launch_takes(run_id: str, rank: int) -> bool:
     """Whether the first run of this process, of id `run_id`, made by rank `rank`, is the run
     `telemetry run`'s daemon serves. That is the first run a process of the launched script
     names to it (its own id: `wandb.init(id=..., resume="allow")` or $WANDB_RUN_ID; else the
-    launch's id), claimed here, and the runs of that id that the other ranks of the claimant
-    make while it runs. Any other run is one of its own, as in W&B: another id (a sweep's
-    trials), the same id from the claimant's own rank (a retry, an evaluation subprocess, a
-    driver's run after its trial's, mp.spawn children that never set up their process group),
-    or after the claimant ended."""
+    launch's id), claimed here, and the runs of that id that the claimant's other ranks make
+    (early or late: a rank may start after another has ended). Any other run is one of its own,
+    as in W&B: another id (a sweep's trials), or the same id from the claimant's own rank (a
+    retry, an evaluation subprocess, a driver's run after its trial's, mp.spawn children that
+    never set up their process group)."""
     claim = _claim_launch(run_id, rank)
     if claim is None:                       # the claim cannot be kept: the launch's own id alone
         return run_id == os.environ.get(ENV_RUN_ID)
-    claimed, pid, start, claimant_rank = claim
-    if claimed != run_id:
-        return False
-    return pid == os.getpid() or (claimant_rank != rank and _still_runs(pid, start))
+    claimed, pid, claimant_rank = claim
+    return claimed == run_id and (pid == os.getpid() or claimant_rank != rank)
 
 
-def _still_runs(pid: int, start: int) -> bool:
-    from telemetry.shared.stacks_file import proc_start_time
-
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            state = f.read(4096).rsplit(b")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state not in (b"Z", b"X") and proc_start_time(pid) == start
-
-
-def _claim_launch(run_id: str, rank: int) -> tuple[str, int, int, int] | None:
+def _claim_launch(run_id: str, rank: int) -> tuple[str, int, int] | None:
     """The claim of the launch's run, made by this process (rank `rank`) for `run_id` if none
-    was: (the id, the claimant's pid, start time and rank). Kept in the launcher's private runtime directory, written
+    was: (the id, the claimant's pid and rank). Kept in the launcher's private runtime directory, written
     whole and linked in at once (two ranks of one id find one answer). None when the directory
     cannot be used (not this user's alone) or the claim there is not one."""
     from telemetry.shared import endpoints
-    from telemetry.shared.stacks_file import proc_start_time
 
     try:
         fd = os.open(endpoints.runtime_dir(), os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
@@ -329,7 +315,7 @@ def _claim_launch(run_id: str, rank: int) -> tuple[str, int, int, int] | None:
         tmp = f".{endpoints.LAUNCH_CLAIM_FILE}.{os.getpid()}.{os.urandom(4).hex()}"
         wfd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=fd)
         try:
-            os.write(wfd, f"{run_id}\n{os.getpid()} {proc_start_time() or 0} {rank}\n".encode())
+            os.write(wfd, f"{run_id}\n{os.getpid()} {rank}\n".encode())
         finally:
             os.close(wfd)
         try:
@@ -347,7 +333,7 @@ def _claim_launch(run_id: str, rank: int) -> tuple[str, int, int, int] | None:
             os.close(rfd)
         claimed, _, who = data.partition("\n")
         fields = who.split()
-        return (claimed, *map(int, fields)) if len(fields) == 3 and all(f.isdigit() for f in fields) else None
+        return (claimed, *map(int, fields)) if len(fields) == 2 and all(f.isdigit() for f in fields) else None
     except OSError:
         return None
     finally:

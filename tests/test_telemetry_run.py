@@ -98,6 +98,45 @@ def test_two_ranks_under_torchrun_and_the_failing_ranks_code(tmp_path, how, code
     assert sorted(final["per_rank"]) == ["0", "1"] and final["records_lost"] == 0, final
 
 
+LATE_RANK = """
+import os, sys, time
+import telemetry.wandb as wandb
+
+rank = int(os.environ["RANK"])
+marker = os.path.join(os.environ["PIDS_DIR"], "rank0")
+if rank == 1:              # starts after rank 0's whole run: its process gone
+    deadline = time.monotonic() + 120
+    while not os.path.exists(marker) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    pid = open(marker).read().strip()
+    while pid and os.path.exists(f"/proc/{pid}") and time.monotonic() < deadline:
+        time.sleep(0.05)
+wandb.init(project="p")
+for i in range(3):
+    wandb.log({"train/loss": float(i + 10 * rank)}, step=i)
+wandb.finish()
+if rank == 0:
+    with open(marker, "w") as f:
+        f.write(str(os.getpid()))
+"""
+
+
+def test_a_rank_that_inits_after_another_ended_joins_the_launchs_run(tmp_path):
+    """Under `--nproc 2` a rank may start its run after another rank's process has ended (a
+    loaded box): it is the same run, the launch's (it got a run and a daemon of its own when the
+    launch's claim asked for a live claimant)."""
+    (tmp_path / "pids").mkdir()
+    (tmp_path / "late.py").write_text(LATE_RANK)
+    out = subprocess.run([sys.executable, "-m", "telemetry", "run", "--nproc", "2", "--quiet", "--run-dir",
+                          str(tmp_path / "r"), "--", "late.py"], cwd=tmp_path,
+                         env=_env(tmp_path, PIDS_DIR=str(tmp_path / "pids")), capture_output=True, text=True,
+                         timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert [p.parent.name for p in tmp_path.rglob("drain.json")] == ["r"], out.stderr[-3000:]
+    final = json.loads((tmp_path / "r" / "drain.json").read_text())
+    assert sorted(final["per_rank"]) == ["0", "1"] and final["records_lost"] == 0, final
+
+
 def test_a_module_with_its_arguments(tmp_path):
     pkg = tmp_path / "mypkg"
     pkg.mkdir()
