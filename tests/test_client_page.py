@@ -195,10 +195,12 @@ def test_no_page_off_ipc():
     assert page.seqs[0] == 3
 
 
-def _plant(directory: Path, src: int, pid: int, start: int, ns: int, rank: int, next_seq: int) -> Path:
+def _plant(directory: Path, src: int, pid: int, start: int, ns: int, rank: int, next_seq: int,
+           closed: bool = False) -> Path:
     directory.mkdir(mode=0o700, exist_ok=True)
     path = client_page.page_path(directory, src)
-    path.write_bytes(client_page._LAYOUT.pack(client_page.MAGIC, pid, start, ns, rank, next_seq))
+    magic = client_page.MAGIC_CLOSED if closed else client_page.MAGIC
+    path.write_bytes(client_page._LAYOUT.pack(magic, pid, start, ns, rank, next_seq))
     path.chmod(0o600)
     return path
 
@@ -226,10 +228,13 @@ def test_a_client_the_daemon_never_heard_from_is_counted(make_daemon, tmp_path):
     d = make_daemon(world_size=1, endpoints=eps)
     unseen = _plant(directory, 0x1111, dead, 1, ns, 2, 300)
     foreign = _plant(directory, 0x3333, dead, 1, ns + 1, 0, 70)
+    # Closed (its bye sent, no daemon read it), in another pid namespace: final all the same.
+    foreign_closed = _plant(directory, 0x4444, dead, 1, ns + 1, 3, 40, closed=True)
     final = _drained(d)
     assert final["per_rank"]["2"]["lost"] == 300 and final["per_rank"]["2"]["received"] == 0, final
-    assert final["records_lost_with_client"] == 300 and final["sources_ended_by_page"] == 1, final
-    assert not unseen.exists() and not before.exists() and foreign.exists()
+    assert final["per_rank"]["3"]["lost"] == 40, final
+    assert final["records_lost_with_client"] == 300 and final["sources_ended_by_page"] == 2, final
+    assert not unseen.exists() and not before.exists() and foreign.exists() and not foreign_closed.exists()
     assert "counted by no daemon" in d.output()
 
 
@@ -319,3 +324,54 @@ def test_a_client_that_closed_while_its_daemon_died_is_counted_while_it_lives(ma
     assert final["sources_ended_by_page"] == 1 and final["records_lost_with_client"] == 0, final
     assert "closed with a bye that never arrived" in d2.output()
     assert _pages(d2) == []
+
+
+def test_a_closed_clients_page_stays_final_whatever_it_logs_after(daemon):
+    """log() after close is dropped on the client's side: its seq never reaches the page the close
+    marked final (a successor daemon would have counted it as sent and lost in transit), nor does
+    a child forked after the close, which shares the page's mapping."""
+    from telemetry.client import TelemetryClient
+
+    tm = TelemetryClient(daemon.ingest, rank=0)
+    for i in range(5):
+        tm.log(i, {"a": 1.0})
+    tm.close(timeout_s=10.0)
+    directory = client_page.page_dir(daemon.ingest)
+    (name,) = _pages(daemon)
+    final_seq = _read(directory, int(name, 16)).next_seq
+    assert final_seq == 7 and _read(directory, int(name, 16)).closed      # hello, 5 records, bye
+    for i in range(3):
+        tm.log(10 + i, {"a": 1.0})
+    pid = os.fork()
+    if pid == 0:
+        try:
+            tm.log(20, {"a": 1.0})
+        finally:
+            os._exit(0)
+    os.waitpid(pid, 0)
+    assert _read(directory, int(name, 16)).next_seq == final_seq
+    assert tm.stats()["dropped"] == 3 and tm.stats()["seq"] == final_seq + 3
+
+
+def test_a_page_not_believed_leaves_its_client_as_it_was(make_daemon, tmp_path):
+    """A live client's page rewritten as closed and far ahead of its records (no client makes
+    that many unseen) is not believed: counted in records_seq_bogus, the client left open, not
+    ended (before: ended, 0 lost, its tail counted by no one)."""
+    d = make_daemon(world_size=1)
+    go = tmp_path / "go"
+    child = _child(d.ingest, "wait", str(go))
+    try:
+        assert child.stdout.readline().strip() == "logged"
+        d.wait_for(lambda rs: sum(1 for r in rs if r.get("kind") == "metrics") >= 1)
+        (name,) = _pages(d)
+        path = client_page.page_dir(d.ingest) / name
+        data = bytearray(path.read_bytes())
+        data[0:8] = client_page.MAGIC_CLOSED.to_bytes(8, "little")
+        data[40:48] = (1 << 40).to_bytes(8, "little")
+        path.write_bytes(bytes(data))
+        final = _drained(d)
+        assert final["records_seq_bogus"] == 1 and final["per_rank"]["0"]["open"] == 1, final
+        assert final["sources_ended_by_page"] == 0 and final["sources_open_at_drain"] == 1, final
+    finally:
+        go.touch()
+    assert child.wait(timeout=60) == 0

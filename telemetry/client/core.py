@@ -878,6 +878,7 @@ class TelemetryClient(metaclass=abc.ABCMeta):   # ABCMeta: DisabledClient regist
                 self._send_other("bye", lambda seq, dropped: codec.encode_bye(
                     self._src, self.rank, seq, dropped, time.time_ns(), self._counts()), direct=True)
                 self._page.mark_closed()      # the bye took the last seq: the page's is final
+                self._seqs = self._page.seqs      # from here, private memory
         finally:
             # Closes the bye's socket with this linger, then returns once it has gone or the
             # linger expired: bounded by the deadline.

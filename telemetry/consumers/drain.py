@@ -54,7 +54,8 @@ def _problems(final: dict) -> list[str]:
                    f"and counted (a backlog: raise memory_mb, or send fewer or narrower records)")
     if final.get("sources_open_at_drain"):
         out.append(f"{final['sources_open_at_drain']} client(s) had not said bye (still sending, or gone silent): "
-                   f"what they sent after their last record that arrived is counted by no one")
+                   f"what they sent after their last record that arrived is counted only by a daemon restarted "
+                   f"on this run directory")
     if final.get("records_lost_with_client"):
         out.append(f"{_num(final['records_lost_with_client'], ',')} records never left "
                    f"{final.get('sources_ended_by_page', 0)} client(s) that ended without a bye (killed or crashed): "

@@ -213,25 +213,35 @@ class Receiver:
         """A client that ended before any record of it arrived (its page: client_page.py): every
         seq it took is lost. Returns how many (None: no room for another source, or a page too
         far ahead to believe)."""
-        if len(self.sources) >= MAX_SOURCES or not 0 <= rank <= MAX_RANK or not 0 < next_seq <= MAX_SEQ_GAP:
+        if len(self.sources) >= MAX_SOURCES:
+            return None
+        if not 0 <= rank <= MAX_RANK or not 0 < next_seq <= MAX_SEQ_GAP:
+            self._not_believed(src_id, rank, next_seq)
             return None
         self.sources[src_id] = SourceStats(rank, 0, 0, 0, next_seq - 1, 0, bye=True)
         return next_seq
 
-    def end_by_page(self, src_id: int, next_seq: int) -> int:
-        """A client whose process ended without a bye: its page's next seq stands for the bye's
-        (telemetry/shared/client_page.py), so every seq it took and this daemon never counted is
-        lost. Returns how many seqs that adds past the last one that arrived."""
+    def end_by_page(self, src_id: int, next_seq: int) -> int | None:
+        """A client whose process ended without a bye, or that closed with a bye this daemon
+        never read: its page's next seq stands for the bye's (telemetry/shared/client_page.py),
+        so every seq it took and this daemon never counted is lost. Returns how many seqs that
+        adds past the last one that arrived; None for a page not believed (further ahead than
+        any real client's, counted in records_seq_bogus): the client stays as it was."""
         src = self.sources[src_id]
-        src.bye = True
         tail = next_seq - 1 - src.max_seq
-        if tail <= 0:
-            return 0
         if tail > MAX_SEQ_GAP:          # no page of a real client is that far ahead of its records
-            self._bogus_seq(src, src_id, src.min_seq, src.dropped_at_min, src.max_seq)
+            self._not_believed(src_id, src.rank, next_seq)
+            return None
+        src.bye = True
+        if tail <= 0:
             return 0
         src.max_seq = next_seq - 1
         return tail
+
+    def _not_believed(self, src_id: int, rank: int, next_seq: int) -> None:
+        self.num_seq_bogus += 1
+        log.warning("src %d (rank %d): its seq page says %d records, past what any client makes unseen: "
+                    "not believed (counted in records_seq_bogus)", src_id, rank, next_seq)
 
     def mark_progress(self) -> None:
         """Note which open sources moved since the last mark; called about once a second

@@ -113,9 +113,15 @@ class ClientPage:
     def mark_closed(self) -> None:
         """The client has closed: its bye took the last seq, so the page's seq is final, to be
         believed while the process still runs (a daemon that died before reading the bye, or
-        before its checkpoint held it, leaves the client's tail to its successor's drain)."""
+        before its checkpoint held it, leaves the client's tail to its successor's drain). What
+        the client counts after (a log() after close: dropped, on its side alone) goes to private
+        memory from here (`seqs`), never to the page: nor from a child forked later, which
+        shares the mapping."""
         if self._map is not None:
             self._map[0:8] = MAGIC_CLOSED.to_bytes(8, "little")
+            private = memoryview(bytearray(8)).cast("Q")
+            private[0] = self.seqs[0]
+            self.seqs = private
 
     def remove(self) -> None:
         """The bye reached a daemon (or no daemon was ever there): the page is no longer needed.
@@ -208,9 +214,10 @@ class PageDir:
             return False
 
 
-def final(info: PageInfo) -> bool:
-    """Whether the page's seq is its client's last: the client closed, or its process is gone."""
-    return info.closed or process_gone(info)
+def final(info: PageInfo, own_ns: int) -> bool:
+    """Whether the page's seq is its client's last: the client closed (in any pid namespace),
+    or its process is gone (judged only in the reader's own: `own_ns`, pid_namespace())."""
+    return info.closed or (same_namespace(info, own_ns) and process_gone(info))
 
 
 def process_gone(info: PageInfo) -> bool:

@@ -326,9 +326,11 @@ class ReceiveStage(Stage):
         with client_page.PageDir(self.page_dir) as pages:
             for src_id in [i for i, s in sources.items() if not s.bye]:       # by name: never missed
                 info = pages.read(src_id)
-                if info is None or not client_page.same_namespace(info, own_ns) or not client_page.final(info):
-                    continue                # none, not one this daemon can judge, or alive: left as it is
-                (closed if info.closed else ended)[src_id] = (info.pid, receiver.end_by_page(src_id, info.next_seq))
+                if info is None or not client_page.final(info, own_ns):
+                    continue                # none, or alive (or not judged here: another pid namespace)
+                tail = receiver.end_by_page(src_id, info.next_seq)
+                if tail is not None:
+                    (closed if info.closed else ended)[src_id] = (info.pid, tail)
                 pages.remove(src_id)
             for src_id in [i for i, s in sources.items() if s.bye]:
                 pages.remove(src_id)        # kept by its client until a daemon had its bye
@@ -336,7 +338,7 @@ class ReceiveStage(Stage):
                 if src_id in sources:
                     continue
                 info = pages.read(src_id)
-                if info is None or not client_page.same_namespace(info, own_ns) or not client_page.final(info):
+                if info is None or not client_page.final(info, own_ns):
                     continue
                 if src_id in self.pages_before and not receiver.had_predecessor:
                     unaccounted += 1        # another run's: there before this daemon, gone since
