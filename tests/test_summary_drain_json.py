@@ -35,3 +35,17 @@ def test_drain_json_counters_are_read(tmp_path):
     p = subprocess.run([sys.executable, "-m", "telemetry.consumers.summary", str(run), "--drain-json",
                         str(run / "drain.json")], capture_output=True, text=True, timeout=120)
     assert p.returncode == 0 and "4321" in p.stdout.replace(",", ""), (p.stdout[-2000:], p.stderr[-2000:])
+
+
+def test_sink_drops_after_the_last_counter_record_are_in_the_summary(tmp_path):
+    """What a sink dropped after the daemon's last `daemon` record (the W&B run refusing a late
+    row at its finish) is in drain.json alone: the summary says it (it said "sink drops 0")."""
+    run = _run_dir(tmp_path)
+    with open(run / "metrics.jsonl", "a") as f:
+        f.write(json.dumps({"kind": "daemon", "t": 1.7e9 + 9, "values": {
+            "telemetry/records_in": 5, "telemetry/records_lost": 0, "telemetry/sink_dropped": 0,
+            "telemetry/uptime_s": 9.0}}) + "\n")
+    (run / "drain.json").write_text(json.dumps({"records_in": 5, "records_lost": 0, "sink_dropped": 2}))
+    p = subprocess.run([sys.executable, "-m", "telemetry.consumers.summary", str(run), "--drain-json",
+                        str(run / "drain.json")], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and "(sink drops 2)" in p.stdout, (p.stdout[-2000:], p.stderr[-2000:])

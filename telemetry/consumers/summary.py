@@ -94,7 +94,10 @@ def main(argv: list[str] | None = None) -> int:
             drained = json.loads(files.read_small(args.drain_json, 16 << 20) or "{}")
             # The last daemon's final counters, under their record names.
             final = {"telemetry/records_in": drained.get("records_in"),
-                     "telemetry/records_lost": drained.get("records_lost")}
+                     "telemetry/records_lost": drained.get("records_lost"),
+                     # What the sinks dropped after the daemon's last counter record (the W&B
+                     # run's finish, a late row): only the final counters have it.
+                     "telemetry/sink_dropped": drained.get("sink_dropped")}
         except (ValueError, AttributeError, RecursionError):   # not the daemon's JSON object
             pass
     totals = s["daemon"].totals(final)

@@ -138,6 +138,11 @@ class SelfReport:
             "memory": self.memory_status(),
         }
 
+    def sink_dropped(self) -> int:
+        """Records an output sink never got (the analysis stages' drops are analysis skipped under
+        load, not output lost: diagnosis_skipped)."""
+        return sum(r.num_dropped for r in self.fanout.runners if not r.analysis)
+
     def status(self) -> dict:
         """The control socket's answer (`telemetry status`), also the drain's reply and drain.json:
         the daemon's counters (`counts`), each stage's (Pipeline.stats), and its run, sockets,
@@ -153,6 +158,7 @@ class SelfReport:
             "pid": os.getpid(),
             "run_name": ident.run_name,
             "log_dir": str(ident.log_dir),
+            "sink_dropped": self.sink_dropped(),
             "endpoints": ident.endpoints,
             "security": {**self.security.stats(), "redacted": rare.redactor.num_redacted},
             "limits": ident.limits,
@@ -189,7 +195,7 @@ class SelfReport:
             values[name] = v
         # Its own: records a sink never got; the analysis stages' drops (diagnosis, held to a share
         # of the time; hang forensics) are analysis skipped under load, not output lost.
-        values["telemetry/sink_dropped"] = sum(r.num_dropped for r in runners if not r.analysis)
+        values["telemetry/sink_dropped"] = self.sink_dropped()
         values["telemetry/diagnosis_skipped"] = sum(r.num_dropped for r in runners if r.analysis)
         values["telemetry/num_ranks"] = len(self.steps.aggregator.world.seen)
         values.update(self.security.counters())
