@@ -65,6 +65,14 @@ def _child(ep: str, how: str, *extra: str) -> subprocess.Popen:
                             stdout=subprocess.PIPE, text=True)
 
 
+def _logged(d, how: str, *files: Path) -> subprocess.Popen:
+    """A child that logged N records and waits (for `files`), once the daemon has its first."""
+    child = _child(d.ingest, how, *map(str, files))
+    assert child.stdout.readline().strip() == "logged"
+    d.wait_for(lambda rs: sum(1 for r in rs if r.get("kind") == "metrics") >= 1)
+    return child
+
+
 def _drained(d) -> dict:
     assert d.stop(timeout_s=120) in (0, 1), d.output()
     return json.loads((d.log_dir / "drain.json").read_text())
@@ -259,10 +267,8 @@ def test_a_client_whose_bye_found_no_daemon_keeps_its_page_for_the_next(make_dae
     counts what never reached it once the client's process has ended: exact."""
     d = make_daemon(world_size=1)
     go = tmp_path / "go"
-    child = _child(d.ingest, "wait", str(go))
+    child = _logged(d, "wait", go)
     try:
-        assert child.stdout.readline().strip() == "logged"
-        d.wait_for(lambda rs: sum(1 for r in rs if r.get("kind") == "metrics") >= 1)
         time.sleep(0.5)                     # a checkpoint of the accounting (sources.json)
         d.kill()
     finally:
@@ -300,10 +306,8 @@ def test_a_client_that_closed_while_its_daemon_died_is_counted_while_it_lives(ma
     (before: per_rank open 1 and that tail counted by no one, for as long as the process lived)."""
     d = make_daemon(world_size=1)
     go, done = tmp_path / "go", tmp_path / "done"
-    child = _child(d.ingest, "stay", str(go), str(done))
+    child = _logged(d, "stay", go, done)
     try:
-        assert child.stdout.readline().strip() == "logged"
-        d.wait_for(lambda rs: sum(1 for r in rs if r.get("kind") == "metrics") >= 1)
         time.sleep(0.5)                     # a checkpoint of the accounting (sources.json)
         d.proc.send_signal(signal.SIGSTOP)  # it reads nothing more: the bye below reaches no one
         go.touch()
@@ -359,10 +363,8 @@ def test_a_page_not_believed_leaves_its_client_as_it_was(make_daemon, tmp_path):
     ended (before: ended, 0 lost, its tail counted by no one)."""
     d = make_daemon(world_size=1)
     go = tmp_path / "go"
-    child = _child(d.ingest, "wait", str(go))
+    child = _logged(d, "wait", go)
     try:
-        assert child.stdout.readline().strip() == "logged"
-        d.wait_for(lambda rs: sum(1 for r in rs if r.get("kind") == "metrics") >= 1)
         (name,) = _pages(d)
         path = client_page.page_dir(d.ingest) / name
         data = bytearray(path.read_bytes())
