@@ -33,8 +33,9 @@ from typing import Any
 from telemetry.integrations._client import process_rank
 from telemetry.integrations.wandb_calls import AlertLevel, Artifact, plot
 from telemetry.integrations.wandb_media import Audio, Histogram, Html, Image, Media, Table
-from telemetry.integrations.wandb_objects import Error, PreInit, Unsupported, UsageError, config_dict
-from telemetry.integrations.wandb_run import ENV_RUN_ID, Run, new_run_id
+from telemetry.integrations.wandb_objects import (Error, PreInit, ServerResponseError, Unsupported, UsageError,
+                                                  config_dict)
+from telemetry.integrations.wandb_run import ENV_RUN_ID, Run, new_run_id, run_in_use
 
 __all__ = ["init", "log", "finish", "define_metric", "watch", "unwatch", "login", "Settings", "Error", "UsageError",
            "Artifact", "AlertLevel", "plot", "save", "log_artifact", "use_artifact", "log_model", "alert",
@@ -188,6 +189,8 @@ def init(project: str | None = None, name: str | None = None, config: Any = None
     if launch_id is not None and client is None and not _launch_takes(run_id or launch_id, rank):
         launch_id = None                     # the launch's run is another's: this one is a run of its own
     run_id = run_id or launch_id
+    if run_id and client is None and run_in_use(run_id):
+        raise ServerResponseError(f"run ID {run_id} is in use")      # W&B's words
     made_here = not run_id
     run_id = run_id or new_run_id()
     runtime = None

@@ -354,6 +354,36 @@ def test_a_run_id_is_refused_where_w_and_b_refuses_it(run_id, monkeypatch):
             assert str(got.value) == refused and isinstance(got.value, tw.Error)
 
 
+@pytest.mark.filterwarnings("ignore:telemetry. no daemon serves:RuntimeWarning")
+def test_a_second_open_run_of_one_id_is_refused_as_w_and_b_refuses_it(tmp_path, monkeypatch):
+    """`wandb.init(id=X, reinit="create_new")` while a run of id X is open in the process: W&B's
+    service refuses it (ServerResponseError, "run ID X is in use"); ours made a second run of
+    that id. Once the first is finished, the id can be used again."""
+    import wandb
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    first = wandb.init(mode="offline", project="p", id="dup-a", reinit="create_new")
+    try:
+        with pytest.raises(Exception) as real:
+            wandb.init(mode="offline", project="p", id="dup-a", reinit="create_new")
+    finally:
+        first.finish()
+    monkeypatch.setenv("TELEMETRY_AUTOSTART", "0")
+    monkeypatch.setenv("TELEMETRY_DIR", str(tmp_path / "runs"))
+    ours = tw.init(mode="offline", project="p", id="dup-a", reinit="create_new")
+    try:
+        with pytest.raises(Exception) as got:
+            tw.init(mode="offline", project="p", id="dup-a", reinit="create_new")
+        assert (type(got.value).__name__, str(got.value)) == (type(real.value).__name__, str(real.value))
+        assert not isinstance(got.value, tw.Error)
+    finally:
+        ours.finish()
+    again = tw.init(mode="offline", project="p", id="dup-a", reinit="create_new")
+    again.finish()
+
+
 def test_import_is_cheap():
     code = ("import sys, time; t = time.perf_counter(); import telemetry.wandb; "
             "print(time.perf_counter() - t, 'torch' in sys.modules, 'wandb' in sys.modules)")

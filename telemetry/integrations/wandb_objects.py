@@ -19,6 +19,11 @@ class UsageError(Error):
     """An argument W&B refuses (W&B raises its UsageError, a wandb.Error: a run id it cannot take)."""
 
 
+class ServerResponseError(Exception):
+    """W&B's refusal of a run its service cannot open (a wandb.init of a run id already open in
+    the process); as W&B's, not a wandb.Error."""
+
+
 class ConfigError(Error):
     """A config key changed without allow_val_change (W&B raises its ConfigError, a wandb.Error;
     under `telemetry run --as-wandb` this is `wandb.sdk.lib.config_util.ConfigError`, so that a

@@ -97,6 +97,13 @@ _JSON_PLAIN = {float, int, str, bool, type(None)}
 
 # Runs not finished yet: finished at exit, as W&B does, so a pending row is sent.
 _unfinished: "weakref.WeakSet[Run]" = weakref.WeakSet()
+
+
+def run_in_use(run_id: str) -> bool:
+    """Whether a run of this process with this id is still open (W&B's service refuses a second
+    one: "run ID ... is in use")."""
+    pid = os.getpid()
+    return any(run.id == run_id and run._pid == pid and not run._finished for run in list(_unfinished))
 _exit_hook_registered = False
 
 
