@@ -289,20 +289,30 @@ def _launch_takes(run_id: str, rank: int) -> bool:
     `telemetry run`'s daemon serves. That is the first run a process of the launched script
     names to it (its own id: `wandb.init(id=..., resume="allow")` or $WANDB_RUN_ID; else the
     launch's id), claimed here, and the runs of that id that the claimant's other ranks make
-    (early or late: a rank may start after another has ended). Any other run is one of its own,
-    as in W&B: another id (a sweep's trials), or the same id from the claimant's own rank (a
-    retry, an evaluation subprocess, a driver's run after its trial's, mp.spawn children that
-    never set up their process group)."""
-    claim = _claim_launch(run_id, rank)
+    (early or late: a rank may start after another has ended), in this attempt or a later one of
+    an elastic launcher. Any other run is one of its own, as in W&B: another id (a sweep's
+    trials), or the same id from the claimant's own rank in its attempt (a retry, an evaluation
+    subprocess, a driver's run after its trial's, mp.spawn children that never set up their
+    process group)."""
+    attempt = _restart_count()
+    claim = _claim_launch(run_id, rank, attempt)
     if claim is None:                       # the claim cannot be kept: the launch's own id alone
         return run_id == os.environ.get(ENV_RUN_ID)
-    claimed, pid, claimant_rank = claim
-    return claimed == run_id and (pid == os.getpid() or claimant_rank != rank)
+    claimed, pid, claimant_rank, claimant_attempt = claim
+    # A rank restarted by an elastic launcher (torchrun --max-restarts) is the claimant's rank
+    # again, in a later attempt: the same run.
+    return claimed == run_id and (pid == os.getpid() or claimant_rank != rank or attempt > claimant_attempt)
 
 
-def _claim_launch(run_id: str, rank: int) -> tuple[str, int, int] | None:
-    """The claim of the launch's run, made by this process (rank `rank`) for `run_id` if none
-    was: (the id, the claimant's pid and rank). Kept in the launcher's private runtime directory, written
+def _restart_count() -> int:
+    """The elastic launcher's attempt of this process (torchrun's $TORCHELASTIC_RESTART_COUNT), 0 alone."""
+    value = os.environ.get("TORCHELASTIC_RESTART_COUNT", "")
+    return int(value) if value.isdigit() else 0
+
+
+def _claim_launch(run_id: str, rank: int, attempt: int) -> tuple[str, int, int, int] | None:
+    """The claim of the launch's run, made by this process (rank `rank`, the launcher's attempt
+    `attempt`) for `run_id` if none was: (the id, the claimant's pid, rank and attempt). Kept in the launcher's private runtime directory, written
     whole and linked in at once (two ranks of one id find one answer). None when the directory
     cannot be used (not this user's alone) or the claim there is not one."""
     from telemetry.shared import endpoints
@@ -318,7 +328,7 @@ def _claim_launch(run_id: str, rank: int) -> tuple[str, int, int] | None:
         tmp = f".{endpoints.LAUNCH_CLAIM_FILE}.{os.getpid()}.{os.urandom(4).hex()}"
         wfd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=fd)
         try:
-            os.write(wfd, f"{run_id}\n{os.getpid()} {rank}\n".encode())
+            os.write(wfd, f"{run_id}\n{os.getpid()} {rank} {attempt}\n".encode())
         finally:
             os.close(wfd)
         try:
@@ -336,7 +346,8 @@ def _claim_launch(run_id: str, rank: int) -> tuple[str, int, int] | None:
             os.close(rfd)
         claimed, _, who = data.partition("\n")
         fields = who.split()
-        return (claimed, *map(int, fields)) if len(fields) == 2 and all(f.isdigit() for f in fields) else None
+        return (claimed, *map(int, fields)) if len(fields) == 3 and all(f.isascii() and f.isdigit() for f in fields) \
+            else None
     except OSError:
         return None
     finally:

@@ -238,11 +238,14 @@ def test_a_client_the_daemon_never_heard_from_is_counted(make_daemon, tmp_path):
     foreign = _plant(directory, 0x3333, dead, 1, ns + 1, 0, 70)
     # Closed (its bye sent, no daemon read it), in another pid namespace: final all the same.
     foreign_closed = _plant(directory, 0x4444, dead, 1, ns + 1, 3, 40, closed=True)
+    made_only = _plant(directory, 0x5555, dead, 1, ns, 4, 0)      # killed before its first record
     final = _drained(d)
     assert final["per_rank"]["2"]["lost"] == 300 and final["per_rank"]["2"]["received"] == 0, final
     assert final["per_rank"]["3"]["lost"] == 40, final
-    assert final["records_lost_with_client"] == 300 and final["sources_ended_by_page"] == 2, final
+    assert final["records_lost_with_client"] == 300 and final["sources_ended_by_page"] == 1, final
+    assert final["sources_closed_by_page"] == 1, final
     assert not unseen.exists() and not before.exists() and foreign.exists() and not foreign_closed.exists()
+    assert not made_only.exists() and final["records_seq_bogus"] == 0 and "4" not in final["per_rank"], final
     assert "counted by no daemon" in d.output()
 
 
@@ -278,9 +281,10 @@ def test_a_client_whose_bye_found_no_daemon_keeps_its_page_for_the_next(make_dae
     d2 = make_daemon(world_size=1, log_dir=d.log_dir, endpoints=(d.ingest, d.pub, d.control))
     final = _drained(d2)
     rank = final["per_rank"]["0"]
-    # The hello, N records and the bye: each counted by one daemon or the other, or lost.
+    # The hello, N records and the bye: each counted by one daemon or the other, or lost. The
+    # client closed (its page marked so): its tail was sent, lost in transit.
     assert rank["earlier"] + rank["received"] + rank["refused"] + rank["lost"] == N + 2, final
-    assert rank["open"] == 0 and final["sources_ended_by_page"] == 1, final
+    assert rank["open"] == 0 and final["sources_closed_by_page"] == 1, final
     assert _pages(d2) == []
 
 
@@ -325,7 +329,8 @@ def test_a_client_that_closed_while_its_daemon_died_is_counted_while_it_lives(ma
     # The hello, N records and the bye: each counted by one daemon or the other, or lost.
     assert rank["earlier"] + rank["received"] + rank["refused"] + rank["lost"] == N + 2, final
     assert rank["open"] == 0 and final["sources_open_at_drain"] == 0, final
-    assert final["sources_ended_by_page"] == 1 and final["records_lost_with_client"] == 0, final
+    assert final["sources_closed_by_page"] == 1 and final["sources_ended_by_page"] == 0, final
+    assert final["records_lost_with_client"] == 0, final
     assert "closed with a bye that never arrived" in d2.output()
     assert _pages(d2) == []
 
@@ -377,3 +382,30 @@ def test_a_page_not_believed_leaves_its_client_as_it_was(make_daemon, tmp_path):
     finally:
         go.touch()
     assert child.wait(timeout=60) == 0
+
+
+def test_a_child_forked_while_its_parent_closes_never_moves_the_parents_page(daemon):
+    """A fork from another thread while close() waits for its daemon's answer (the client closed,
+    its page not marked yet): the child's log() counts in its own memory, not in the page the
+    parent is about to mark final."""
+    from telemetry.client import TelemetryClient
+
+    tm = TelemetryClient(daemon.ingest, rank=0)
+    tm.log(0, {"a": 1.0})
+    directory = client_page.page_dir(daemon.ingest)
+    (name,) = _pages(daemon)
+    before = _read(directory, int(name, 16)).next_seq
+    tm._closed = True                 # the window inside close(), before the bye is sent
+    try:
+        pid = os.fork()
+        if pid == 0:
+            try:
+                for i in range(3):
+                    tm.log(1 + i, {"a": 1.0})
+            finally:
+                os._exit(0)
+        os.waitpid(pid, 0)
+        assert _read(directory, int(name, 16)).next_seq == before
+    finally:
+        tm._closed = False
+        tm.close(timeout_s=10.0)

@@ -3,6 +3,7 @@ the real wandb in offline mode), what is refused or unsupported and how it says 
 from __future__ import annotations
 
 import glob
+import os
 import subprocess
 import sys
 import warnings
@@ -382,6 +383,27 @@ def test_a_second_open_run_of_one_id_is_refused_as_w_and_b_refuses_it(tmp_path, 
         ours.finish()
     again = tw.init(mode="offline", project="p", id="dup-a", reinit="create_new")
     again.finish()
+
+
+def test_the_launchs_claim_takes_its_ranks_and_their_elastic_restarts(tmp_path):
+    """Which first runs of processes `telemetry run`'s daemon serves (telemetry.wandb._launch_takes),
+    each process its own: the claimant; another rank; a rank restarted by torchrun's elastic agent
+    (a later $TORCHELASTIC_RESTART_COUNT: it was turned away, its rows in a run of its own); not
+    the claimant's rank again in the same attempt (a retry), nor another id."""
+    rt = tmp_path / "rt"
+    rt.mkdir(mode=0o700)
+    code = "import sys, telemetry.wandb as w; print(w._launch_takes(sys.argv[1], int(sys.argv[2])))"
+
+    def takes(run_id: str, rank: int, attempt: int) -> bool:
+        env = {**os.environ, "TELEMETRY_RUNTIME_DIR": str(rt), "TELEMETRY_RUN_ID": "launch1",
+               "TORCHELASTIC_RESTART_COUNT": str(attempt)}
+        out = subprocess.run([sys.executable, "-c", code, run_id, str(rank)], cwd=ROOT, env=env,
+                             capture_output=True, text=True, check=True).stdout.strip()
+        return out == "True"
+
+    assert [takes("launch1", 0, 0), takes("launch1", 1, 0)] == [True, True]
+    assert [takes("launch1", 0, 1), takes("launch1", 1, 1)] == [True, True]
+    assert takes("launch1", 0, 0) is False and takes("other", 1, 1) is False
 
 
 def test_import_is_cheap():

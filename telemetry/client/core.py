@@ -43,7 +43,7 @@ from protocol import codec
 from protocol.constants import (CLIENT_TIME_KEY, KIND_METRICS, MAX_FRAME_BYTES, MAX_NAME_CHARS, MAX_PARTS, MAX_VALUES,
                                 PROTOCOL_VERSION)
 from telemetry.shared import endpoints
-from telemetry.shared.client_page import ClientPage
+from telemetry.shared.client_page import ClientPage, private_seqs
 from telemetry.client.deferred import (PARK_AFTER_IDLE_S, DeferredSender, Job, Later, host_scalar, snapshot,
                                        wire_number)
 from telemetry.client.spans import Span, SpanRecorder
@@ -905,6 +905,10 @@ class TelemetryClient(metaclass=abc.ABCMeta):   # ABCMeta: DisabledClient regist
     def _mark_forked(self) -> None:
         if not self._closed:
             self._forked = True
+        else:
+            # Closed, or closing on another thread of the parent (its page not marked yet): what
+            # this child counts stays in its own memory, never in the parent's shared page.
+            self._seqs = private_seqs(self._seqs[0])
 
     def __enter__(self) -> "TelemetryClient":
         return self

@@ -213,7 +213,7 @@ class Receiver:
         """A client that ended before any record of it arrived (its page: client_page.py): every
         seq it took is lost. Returns how many (None: no room for another source, or a page too
         far ahead to believe)."""
-        if len(self.sources) >= MAX_SOURCES:
+        if len(self.sources) >= MAX_SOURCES or next_seq == 0:    # 0: made, then killed before a record
             return None
         if not 0 <= rank <= MAX_RANK or not 0 < next_seq <= MAX_SEQ_GAP:
             self._not_believed(src_id, rank, next_seq)

@@ -55,6 +55,9 @@ class Losses:
         # (client_page.py), and the records they took a seq for that never left them.
         self.num_sources_ended_by_page = 0
         self.num_lost_with_client = 0
+        # Clients that closed with a bye this daemon never read (a predecessor killed first):
+        # their accounting closed by their page marked closed; their tail was sent, lost in transit.
+        self.num_sources_closed_by_page = 0
         self.num_records_failed = 0            # raised in a pipeline stage (failed()), counted lost
         self._failure_causes: set[tuple[str, str]] = set()
 
@@ -77,6 +80,7 @@ class Losses:
         t["records_unread_at_drain"] = self.num_unread_at_drain
         t["sources_open_at_drain"] = self.num_sources_open_at_drain
         t["sources_ended_by_page"] = self.num_sources_ended_by_page
+        t["sources_closed_by_page"] = self.num_sources_closed_by_page
         t["records_lost_with_client"] = self.num_lost_with_client
         t["records_failed"] = self.num_records_failed
         t[SHED_KIND] = intake.num_shed if intake is not None else 0

@@ -69,6 +69,13 @@ def pid_namespace(pid: int | str = "self") -> int:
         return 0
 
 
+def private_seqs(next_seq: int = 0) -> memoryview:
+    """A seq cell of the page's kind over this process's own memory (never seen by a daemon)."""
+    seqs = memoryview(bytearray(8)).cast("Q")
+    seqs[0] = next_seq
+    return seqs
+
+
 class ClientPage:
     """The client's side: `seqs[0]` is the next seq, stored into the shared mapping."""
 
@@ -77,8 +84,7 @@ class ClientPage:
     def __init__(self, path: Path | None, mapping: mmap.mmap | None) -> None:
         self.path, self._map = path, mapping
         # With no page, the same kind of object over private memory: the hot path is one code.
-        buf = memoryview(mapping)[SEQ_INDEX * 8:SIZE] if mapping is not None else memoryview(bytearray(8))
-        self.seqs = buf.cast("Q")
+        self.seqs = memoryview(mapping)[SEQ_INDEX * 8:SIZE].cast("Q") if mapping is not None else private_seqs()
 
     @classmethod
     def create(cls, ingest_endpoint: str, src: int, rank: int) -> "ClientPage":
@@ -119,9 +125,7 @@ class ClientPage:
         shares the mapping."""
         if self._map is not None:
             self._map[0:8] = MAGIC_CLOSED.to_bytes(8, "little")
-            private = memoryview(bytearray(8)).cast("Q")
-            private[0] = self.seqs[0]
-            self.seqs = private
+            self.seqs = private_seqs(self.seqs[0])
 
     def remove(self) -> None:
         """The bye reached a daemon (or no daemon was ever there): the page is no longer needed.

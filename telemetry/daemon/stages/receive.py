@@ -358,7 +358,7 @@ class ReceiveStage(Stage):
                         " ..." if len(ended) > MAX_OPEN_NAMED else "", total)
         if closed:
             # Sent, with a bye no daemon read (a predecessor killed first): lost in transit.
-            losses.num_sources_ended_by_page += len(closed)
+            losses.num_sources_closed_by_page += len(closed)
             named = ", ".join(f"rank {sources[i].rank} (pid {pid}: {tail} after the last that arrived)"
                               for i, (pid, tail) in sorted(closed.items())[:MAX_OPEN_NAMED])
             log.warning("drain: %d client(s) closed with a bye that never arrived: %s%s; their final seq, by "
