@@ -63,3 +63,24 @@ def test_offline_run_holds_the_steps_config_and_a_stable_id(tmp_path, make_daemo
 
 def test_stable_run_id():
     assert stable_run_id("a") == stable_run_id("a") != stable_run_id("b")
+
+
+def test_the_reader_takes_a_file_cut_anywhere_as_the_records_before_the_cut(tmp_path):
+    """The tests read a .wandb file while wandb's core writes it: a file cut at any byte is the
+    whole records before the cut, never a torn one parsed (a fresh-clone CI read one)."""
+    import wandb
+
+    from wandb_offline import read_records
+
+    run = wandb.init(mode="offline", dir=str(tmp_path), project="p", id="cut", settings=wandb.Settings(silent=True))
+    for s in range(40):
+        run.log({"loss": 1.0 / (s + 1), "text": "x" * (s * 97)})
+    run.finish()
+    path = wait_finished(glob.glob(str(tmp_path / "wandb" / "offline-run-*-cut" / "run-cut.wandb"))[0])
+    data = open(path, "rb").read()
+    whole = [r.SerializeToString() for r in read_records(path)]
+    cut = tmp_path / "cut.wandb"
+    for end in range(7, len(data), 17):
+        cut.write_bytes(data[:end])
+        got = [r.SerializeToString() for r in read_records(cut)]
+        assert got == whole[:len(got)], end

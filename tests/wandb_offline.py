@@ -34,6 +34,8 @@ def read_records(path: str | Path) -> list:
             continue
         _crc, length, kind = struct.unpack_from("<IHB", data, pos)
         pos += 7
+        if pos + length > len(data):
+            break                       # a chunk still being written (the file is read live)
         chunk = data[pos:pos + length]
         pos += length
         if kind == 0 and length == 0:
@@ -167,16 +169,21 @@ def wait_finished(path: str | Path, timeout_s: float = 30.0) -> str:
 
     `run.finish()` can return before wandb's core process has written the run's records to the
     file (seen with wandb 0.31: a file of the 7-byte header alone right after finish, whole a
-    moment later), so a test reads it only once it is complete."""
+    moment later), so a test reads it only once it is complete. The file is read while the core
+    writes it: a record torn at the read's end is read again on the next try."""
     import time
+
+    from google.protobuf.message import DecodeError
 
     deadline = time.monotonic() + timeout_s
     while True:
         try:
             if any(rec.WhichOneof("record_type") == "exit" for rec in read_records(path)):
                 return str(path)
-        except ValueError:
-            pass                         # not even the header yet
+        except (ValueError, DecodeError) as e:
+            last = e                     # not even the header yet, or a record half written
+        else:
+            last = None
         if time.monotonic() > deadline:
-            raise AssertionError(f"{path}: no exit record within {timeout_s} s")
+            raise AssertionError(f"{path}: no exit record within {timeout_s} s (last read: {last!r})")
         time.sleep(0.05)
