@@ -646,3 +646,75 @@ def test_a_config_of_tensors_and_numpy_and_a_tensor_step_as_w_and_b_takes_them(t
                              kind="hello", timeout_s=60)
     config = [r["info"]["config"] for r in hellos if r["info"].get("config", {}).get("after") == 7][-1]
     assert config["scale"] == 2.0 and config["arr"] == [0, 1, 2] and config["later"] == 3, config
+
+
+@pytest.mark.filterwarnings("ignore:telemetry. no daemon serves:RuntimeWarning")
+def test_summary_update_takes_what_w_and_bs_takes(tmp_path, monkeypatch):
+    """`run.summary.update` takes one dict, as W&B's: keywords, or nothing, raise TypeError as
+    there (ours took keywords: a script that worked here failed under real W&B)."""
+    import wandb
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    calls = [((), {"m": 1}), ((), {}), (({"a": 1},), {"m": 2}), (({"a": 1},), {})]
+
+    def said(run):
+        out = []
+        for args, kwargs in calls:
+            try:
+                run.summary.update(*args, **kwargs)
+                out.append(None)
+            except Exception as exc:
+                out.append(type(exc).__name__)
+        return out, {k: run.summary.get(k) for k in ("a", "m")}
+
+    real_run = wandb.init(mode="offline", project="p")
+    try:
+        real = said(real_run)
+    finally:
+        real_run.finish()
+    monkeypatch.setenv("TELEMETRY_AUTOSTART", "0")
+    ours_run = tw.init(mode="disabled")
+    try:
+        assert said(ours_run) == real == (["TypeError", "TypeError", "TypeError", None], {"a": 1, "m": None}), real
+    finally:
+        ours_run.finish()
+
+
+@pytest.mark.filterwarnings("ignore:telemetry. no daemon serves:RuntimeWarning")
+def test_summary_reads_back_lists_arrays_and_tensors_as_w_and_b_does(tmp_path, monkeypatch):
+    """`run.summary` read back, beside real W&B: a logged list of numpy scalars (short or long:
+    the long one goes as a file) reads as a list of numbers (it was missing); an array or a
+    tensor set on the summary, or nested in a dict set there, reads as a list (it read back as
+    the array or tensor set)."""
+    import numpy as np
+    import torch
+    import wandb
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    monkeypatch.setenv("WANDB_SILENT", "true")
+
+    def script(mod, **init):
+        run = mod.init(**init)
+        try:
+            run.log({"l": [np.float32(1.5), np.int64(2)], "long": [np.float32(i) for i in range(300)],
+                     "t": (1, 2), "mixed": [1, "a", None]})
+            run.summary["sa"] = np.arange(4)
+            run.summary["st"] = torch.tensor([1.0, 2.0])
+            run.summary["sd"] = {"x": np.float32(1.0), "y": np.arange(2)}
+            run.summary.update({"su": [np.int32(3), torch.tensor(4)]})
+            out = {}
+            for k in ("l", "long", "t", "mixed", "sa", "st", "sd", "su"):
+                v = run.summary[k]
+                out[k] = {kk: v[kk] for kk in v.keys()} if hasattr(v, "keys") else v
+            return out
+        finally:
+            run.finish()
+
+    real = script(wandb, mode="offline", project="p")
+    monkeypatch.setenv("TELEMETRY_AUTOSTART", "0")
+    ours = script(tw, mode="disabled")
+    assert ours == real, (ours, real)
+    assert all(type(v) is list for k, v in ours.items() if k != "sd"), ours

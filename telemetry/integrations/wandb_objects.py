@@ -284,9 +284,10 @@ class Summary(_Items):
                     out[k] = got
         return out
 
-    def update(self, d: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
-        """As W&B's: each key given is set whole (a dict replaces what was under that key)."""
-        self._put({**(d or {}), **kwargs}, whole=True)
+    def update(self, d: Mapping[str, Any]) -> None:
+        """As W&B's: each key given is set whole (a dict replaces what was under that key); one
+        dict, as W&B's takes (keywords raise TypeError there too)."""
+        self._put(dict(d.items()), whole=True)
 
     def __setitem__(self, key: str, value: Any) -> None:
         self.update({key: value})
@@ -426,15 +427,19 @@ def _read(v: Any) -> Any:
 
 
 def _scalar(v: Any) -> Any:
-    """A one-element tensor or a numpy scalar as the Python number W&B keeps; others as they are."""
+    """A summary value as W&B's reads back: a one-element tensor or a numpy scalar as its
+    Python number; a list or tuple as a list of such values; an array or a tensor of more
+    elements as a list (read here, when the summary is, never at log); others as they are."""
     c = v.__class__
     if c is float or c is int or c is str or c is bool:
         return v
+    if c is list or c is tuple:
+        return [_scalar(x) for x in v]
     try:
-        if hasattr(v, "detach") and v.numel() == 1:
-            return v.item()
-        if hasattr(v, "dtype") and getattr(v, "shape", None) == ():
-            return v.item()
+        if hasattr(v, "detach"):
+            return v.item() if v.numel() == 1 else v.detach().cpu().tolist()
+        if hasattr(v, "dtype") and hasattr(v, "tolist") and type(v).__module__.partition(".")[0] == "numpy":
+            return v.tolist()            # a numpy scalar as its number, an array as a list
     except Exception:
         pass
     return v

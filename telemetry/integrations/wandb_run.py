@@ -414,6 +414,7 @@ class Run(RunCalls):
             self._texts[key] = list(value)
         else:
             self._send_media(key, [List(value)])
+            self._logged[key] = list(value)     # run.summary reads it back as W&B's: a list of its values
 
     def _log_array(self, key: str, value: Any) -> None:
         """A numpy array, stored as W&B stores it: one element as that number, up to
