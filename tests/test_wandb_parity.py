@@ -492,3 +492,22 @@ def test_empty_rows_bools_and_late_define_metric_are_w_and_bs(tmp_path_factory):
     assert user_history(ours) == user_history(real)
     assert user_history(ours)[1] == {} and user_history(ours)[2]["nb"] is False
     assert summary_tree(ours) == summary_tree(real), (summary_tree(ours), summary_tree(real))
+
+
+def test_config_values_w_and_b_turns_into_json_are_the_runs(tmp_path_factory):
+    """A config of values W&B's config turns into JSON by its rules (ints beyond 64 bits, bytes,
+    an Enum, dates, a set, a slice, a dataclass, a function, NaN, numpy arrays, tensors): the run
+    is the script's, its config W&B's, and the script reads the config back as W&B's. An int
+    beyond 64 bits made the run's hello unsendable: the W&B run lost its config, project and
+    id, and took the daemon's own series into its history; bytes and Enums were other text."""
+    path = SCRIPTS / "config_values.py"
+    real, out_real, _ = shared_run(tmp_path_factory, real_run, path, 1, {})
+    ours, out_ours, _ = shared_run(tmp_path_factory, sidecar_run, path, 1, {})
+    lines = [json.loads(ln) for ln in out_real.splitlines() if ln.startswith("{")]
+    # Compared as values: W&B's init reads its config back through JSON (a tensor's 1.0 as 1).
+    assert len(lines) == 1 and [json.loads(ln) for ln in out_ours.splitlines() if ln.startswith("{")] == lines, out_ours
+    assert_same_run(real, ours)
+    assert run_info(ours)["project"] == "config-values"
+    cfg = config(ours)
+    assert cfg["seed"] == 2**64 and cfg["later"] == 2**65 and cfg["raw"] == "ab" and cfg["color"] == "RED", cfg
+    assert sorted(user_history(ours)) == [0, 1, 2, 3]

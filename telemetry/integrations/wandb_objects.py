@@ -4,6 +4,9 @@ drop-in does not offer. The run that uses them: telemetry/integrations/wandb_run
 """
 from __future__ import annotations
 
+import dataclasses
+import datetime
+import enum
 from collections.abc import MutableMapping
 from fnmatch import fnmatchcase
 from typing import Any, Callable, Iterator, Mapping
@@ -445,22 +448,63 @@ def _scalar(v: Any) -> Any:
     return v
 
 
+# The ints the wire (msgpack) carries; W&B's config reads one beyond them back as a float.
+_INT_MIN, _INT_MAX = -(1 << 63), (1 << 64) - 1
+
+
 def plain_config_value(v: Any) -> Any:
-    """A config value as W&B keeps it (and the script reads it back): a tensor or a numpy value
-    as its Python number or list, a tuple as a list, inside dicts and lists too. A tensor left
-    in the config made the run's hello unsendable, and the run lost its config."""
-    if v is None or isinstance(v, (str, bool, int, float)):
+    """A config value as W&B's config keeps it (and the script reads it back), by W&B's rules
+    for a config value: a tensor or a numpy value as its number or (up to 32 elements) its list,
+    bytes decoded, a date as its ISO text, an Enum by its name, a set, tuple or other sequence as
+    a list, a dataclass as its dict, a slice as W&B's dict of it, a function by its qualified
+    name, NaN as None, an int beyond 64 bits as a float, inside dicts and lists too; any other
+    object as its str. A value left as it was made the run's hello unsendable (an int beyond 64
+    bits, bytes, an Enum): the run then lost its config, name and project."""
+    c = v.__class__
+    if v is None or c is str or c is bool:
         return v
+    if c is int:
+        return v if _INT_MIN <= v <= _INT_MAX else float(v)
+    if c is float:
+        return None if v != v else v
     if isinstance(v, Mapping):
         return {k: plain_config_value(x) for k, x in v.items()}
-    if isinstance(v, (list, tuple)):
-        return [plain_config_value(x) for x in v]
+    if c is slice:
+        return {"slice_start": v.start, "slice_step": v.step, "slice_stop": v.stop}
     top = type(v).__module__.partition(".")[0]
-    if top in ("numpy", "torch") and hasattr(v, "tolist"):
-        if top == "torch":
-            v = v.detach().cpu()        # at config time, never on a training step
-        return v.tolist()
-    return v
+    if top == "torch" and hasattr(v, "detach"):
+        v = v.detach().cpu()             # at config time, never on a training step
+        if v.dim() == 0:
+            return plain_config_value(v.item())
+        v = v.numpy()
+        top = "numpy"
+    if top == "numpy" and hasattr(v, "tolist"):
+        size = getattr(v, "size", 1)
+        if getattr(v, "shape", ()) == ():
+            return plain_config_value(v.item())
+        if size == 1:
+            return str(v.reshape(-1)[0])     # W&B's: the element, kept as its text
+        return plain_config_value(v.tolist()) if size <= 32 else str(v)
+    if isinstance(v, (bytes, bytearray)):
+        return bytes(v).decode("utf-8", errors="replace")
+    if isinstance(v, (datetime.date, datetime.datetime)):
+        return v.isoformat()
+    if isinstance(v, enum.Enum):
+        return v.name
+    if callable(v):
+        mod, name = getattr(v, "__module__", None), getattr(v, "__qualname__", None)
+        return f"{mod}.{name}" if mod is not None and name is not None else str(v)
+    if isinstance(v, (set, frozenset, list, tuple, range)):
+        return [plain_config_value(x) for x in v]
+    if dataclasses.is_dataclass(v):
+        return plain_config_value(dataclasses.asdict(v))
+    if isinstance(v, float):             # a float subclass
+        return plain_config_value(float(v))
+    if isinstance(v, int):               # an int subclass (not an Enum: above)
+        return plain_config_value(int(v))
+    if isinstance(v, str):
+        return str(v)
+    return str(v)
 
 
 def config_dict(d: Any) -> dict[str, Any]:
