@@ -112,3 +112,18 @@ def test_an_empty_optional_section_is_one_not_given(tmp_path):
     cfg_file = tmp_path / "d.yaml"
     cfg_file.write_text("forward: {}\n")
     assert load(cfg_file, {}).forward is None     # `forward: {}` meant "no forwarding" before
+
+
+@pytest.mark.parametrize("content, said", [
+    (b"foo: [unclosed\n", "expected ',' or ']', but got '<stream end>' at line 2, column 1"),
+    (b"a: 1\n  b: 2\n", "mapping values are not allowed here at line 2, column 4"),
+    (b'a: "x\n', "found unexpected end of stream at line 2, column 1"),
+])
+def test_a_yaml_error_is_said_in_one_line_with_what_and_where(tmp_path, content, said):
+    """PyYAML's message is several lines whose last is a caret: `telemetry run` showed that last
+    line alone (an outside tester's find). One line: what was wrong, where."""
+    p = tmp_path / "c.yaml"
+    p.write_bytes(content)
+    with pytest.raises(ConfigError) as got:
+        load(Top, p)
+    assert "\n" not in str(got.value) and said in str(got.value), str(got.value)

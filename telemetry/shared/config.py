@@ -205,9 +205,21 @@ def parse_yaml(text: str, source: str) -> Any:
     except _YamlBound as exc:
         raise ConfigError(f"{source}: {exc}; not a config") from None
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{source}: not valid YAML: {exc}") from None
+        raise ConfigError(f"{source}: not valid YAML: {_yaml_said(exc)}") from None
     except ValueError as exc:   # a scalar yaml resolves but cannot build: 5,000 digits, a 13th month
         raise ConfigError(f"{source}: not usable YAML: {str(exc).split(';')[0]}") from None
+
+
+def _yaml_said(exc: Exception) -> str:
+    """A YAML error in one line: what was wrong and where (line, column of the file), rather
+    than PyYAML's several lines, whose last is only a caret under the spot."""
+    problem = getattr(exc, "problem", None)
+    mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+    if problem is None:
+        return " ".join(str(exc).split())
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    context = getattr(exc, "context", None)
+    return f"{problem}{where}" + (f" ({context})" if context else "")
 
 
 def parse_json(text: str, source: str) -> Any:
