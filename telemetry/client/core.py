@@ -249,6 +249,7 @@ class TelemetryClient(metaclass=abc.ABCMeta):   # ABCMeta: DisabledClient regist
         self._own_ns = 0               # ns spent in log() and event() so far (OWN_TIME_KEY)
         self._own_sent_at = -OWN_TIME_EVERY_NS   # perf_counter_ns when it was last sent
         self._own_calls = 1            # log() calls to the next timed one (the first is)
+        self._own_last_ns = 0          # the last timed log() call's time
         # Counters are split by the thread that writes them, so no increment is ever lost and
         # the hot path takes no lock: the caller's thread and the sender thread.
         self._num_sent = 0
@@ -391,7 +392,12 @@ class TelemetryClient(metaclass=abc.ABCMeta):   # ABCMeta: DisabledClient regist
                 self._num_dropped += 1
         finally:
             if t0:
-                self._own_ns += (_perf_ns() - t0) * OWN_TIME_STRIDE
+                # The timed call counts once as it took; the STRIDE - 1 untimed ones at the
+                # lesser of it and the timed call before: one stall (a page-in, a host under
+                # memory pressure) is counted once, not STRIDE times.
+                dt = _perf_ns() - t0
+                self._own_ns += dt + (OWN_TIME_STRIDE - 1) * min(dt, self._own_last_ns)
+                self._own_last_ns = dt
 
     def _log_general(self, step: int, values: Mapping[str, Any], parts: int) -> None:
         """log() with `parts`, after a fork, or with spans to send."""
