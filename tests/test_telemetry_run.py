@@ -320,3 +320,27 @@ def test_a_runtime_dir_it_made_is_removed_with_the_parent_it_made_and_nothing_el
     out = _run(tmp_path, "--", "train.py", "3", TELEMETRY_RUNTIME_DIR=str(there / "run-y"))
     assert out.returncode == 0, out.stderr[-3000:]
     assert there.is_dir() and not (there / "run-y").exists()
+
+
+def test_what_the_daemon_says_as_it_drains_is_on_the_terminal(tmp_path):
+    """A script whose client ends without a bye (os._exit): the daemon's drain says so (records
+    counted lost with the client); that line reaches the terminal before the run's summary (the
+    log's stream stopped when the script ended, and lines of the drain were in daemon.log only:
+    an outside tester's find)."""
+    (tmp_path / "osexit.py").write_text(textwrap.dedent("""
+        import os
+        import telemetry
+        tm = telemetry.TelemetryClient()
+        for s in range(20):
+            tm.log(s, {"train/loss": 1.0 / (s + 1)})
+        os._exit(0)
+    """))
+    out = subprocess.run([sys.executable, "-m", "telemetry", "run", "--", "osexit.py"], cwd=tmp_path,
+                         env=_env(tmp_path), capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    log = (_run_dir(tmp_path, out) / "daemon.log").read_text()
+    said = [ln for ln in log.splitlines() if "without a bye" in ln]
+    assert said, log[-3000:]
+    assert "without a bye" in out.stderr, out.stderr[-3000:]
+    # Each of the daemon's lines once, this launch's alone.
+    assert out.stderr.count("telemetry daemon ready") == 1, out.stderr[-3000:]

@@ -168,14 +168,21 @@ def run(args: argparse.Namespace) -> int:
               f"`telemetry tail --run-dir {log_dir}` (it follows the run across relaunches; this launch's "
               f"sockets alone: `TELEMETRY_RUNTIME_DIR={runtime} telemetry tail`)", file=sys.stderr, flush=True)
         stop_stream = threading.Event()
+        streamer = None
         if not args.quiet:
-            threading.Thread(target=_stream, args=(out_path, stop_stream), daemon=True).start()
+            streamer = threading.Thread(target=_stream, args=(out_path, stop_stream, out_start), daemon=True)
+            streamer.start()
         if args.attach:
             attached = _attach(args.attach, log_dir, runtime, env, port)
         rc = _launch(target, args.nproc, env, args.launcher)
         exited_at = time.time()
-        stop_stream.set()
         _drain(daemon, runtime, rc, exited_at)
+        # What the daemon said while it drained (clients without a bye, records counted lost)
+        # is on the terminal before the summary: the stream stops once it has read to the end
+        # of what the exited daemon wrote.
+        stop_stream.set()
+        if streamer is not None:
+            streamer.join(5)
         _summary(log_dir, rc)
         keep = [p for p in attached if args.attach == "dashboard"] if args.attach else []
         if keep and sys.stdin.isatty():
@@ -343,9 +350,10 @@ def _tail(path: Path, max_bytes: int = 4096) -> str:
         return ""
 
 
-def _stream(path: Path, stop: threading.Event) -> None:
-    """The daemon's output, as it grows, on stderr (prefixed), until `stop` and caught up."""
-    pos = 0
+def _stream(path: Path, stop: threading.Event, start: int = 0) -> None:
+    """The daemon's output from `start` (what this launch's daemon wrote), as it grows, on
+    stderr (prefixed), until `stop` and caught up."""
+    pos = start
     while True:
         try:
             with open(path, "rb") as f:
