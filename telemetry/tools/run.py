@@ -28,6 +28,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Callable
 
 from telemetry.shared.ourpython import module_cmd
 
@@ -174,7 +175,16 @@ def run(args: argparse.Namespace) -> int:
             streamer.start()
         if args.attach:
             attached = _attach(args.attach, log_dir, runtime, env, port)
-        rc = _launch(target, args.nproc, env, args.launcher)
+        def successor() -> subprocess.Popen:
+            with open(out_path, "ab") as out:
+                return subprocess.Popen(cmd, env=daemon_env, stdin=subprocess.DEVNULL, stdout=out,
+                                        stderr=subprocess.STDOUT, start_new_session=True, pass_fds=(lock_fd,))
+
+        keeper = _DaemonKeeper(daemon, successor, out_path)
+        try:
+            rc = _launch(target, args.nproc, env, args.launcher)
+        finally:
+            daemon = keeper.stop()
         exited_at = time.time()
         _drain(daemon, runtime, rc, exited_at)
         # What the daemon said while it drained (clients without a bye, records counted lost)
@@ -213,6 +223,61 @@ def run(args: argparse.Namespace) -> int:
                     os.rmdir(parent)
             except OSError:
                 pass
+
+
+class _DaemonKeeper:
+    """While the script runs, a daemon that dies (killed, crashed: anything but its own clean
+    stop, exit 0, or a refusal, exit 2) is followed by a successor on the same run directory and
+    sockets, at most MAX_RESTARTS times: the ranks' clients reconnect by themselves, and the
+    successor takes the run over from its files (checkpoint, sources.json) and the clients' seq
+    pages, so what the dead one never wrote is counted lost, exactly. Without it the ranks sent
+    into nothing for the rest of the run, counted by no one, and the launcher waited a minute
+    for a drain nobody could answer."""
+
+    MAX_RESTARTS = 3
+
+    def __init__(self, daemon: subprocess.Popen, start: Callable[[], subprocess.Popen], out_path: Path) -> None:
+        self.daemon, self._start, self._out_path = daemon, start, out_path
+        self.restarts = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="telemetry-run-daemon-keeper", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        from telemetry.client import autostart
+
+        while not self._stop.wait(0.5):
+            rc = self.daemon.poll()
+            if rc is None:
+                continue
+            if rc in (0, 2):         # stopped as asked (`telemetry drain`), or refused its input
+                return
+            how = f"killed by signal {-rc}" if rc < 0 else f"exited with code {rc}"
+            if self.restarts >= self.MAX_RESTARTS:
+                print(f"telemetry run: the daemon (pid {self.daemon.pid}) {how}; no more successors "
+                      f"({self.restarts} started): the rest of the run is not kept", file=sys.stderr, flush=True)
+                return
+            self.restarts += 1
+            start = self._out_path.stat().st_size if self._out_path.exists() else 0
+            print(f"telemetry run: the daemon (pid {self.daemon.pid}) {how} during the run; starting a successor "
+                  f"on the same run directory (what it had not written is counted lost)", file=sys.stderr, flush=True)
+            try:
+                daemon = self._start()
+            except OSError as exc:
+                print(f"telemetry run: no successor ({exc}): the rest of the run is not kept", file=sys.stderr)
+                return
+            why = autostart._wait_ready(daemon, self._out_path, start=start)
+            self.daemon = daemon
+            if why:
+                print(f"telemetry run: the successor did not start: {why}", file=sys.stderr, flush=True)
+                return
+            print(f"telemetry run: the successor, pid {daemon.pid}, is ready", file=sys.stderr, flush=True)
+
+    def stop(self) -> subprocess.Popen:
+        """Stop watching (the script ended); the daemon now serving the run."""
+        self._stop.set()
+        self._thread.join(120)
+        return self.daemon
 
 
 def _forget_claim(runtime: Path) -> None:
