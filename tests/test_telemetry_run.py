@@ -397,3 +397,20 @@ def test_a_daemon_killed_during_the_run_is_followed_by_a_successor_that_counts_e
     assert written < steps and written + run["records_lost"] == steps, (written, run)
     sent = json.loads(next(ln for ln in out.splitlines() if ln.startswith('{"sent"')))
     assert run["records_in"] + run["records_lost"] == sent["seq"], (run, sent)
+
+
+def test_under_umask_000_the_default_run_directory_is_made_and_used(tmp_path):
+    """Under umask 000 the default run directory's parent (./telemetry) was made 0777, which the
+    run's own check refuses (anyone could swap the run's directory): the script never ran (exit
+    2) and the open directory stayed behind; daemon.out was 0666 (an outside tester's find). Now
+    a parent is made as `mkdir -p` would, less write for every user, and daemon.out has the run
+    files' mode."""
+    import stat
+
+    (tmp_path / "ok.py").write_text("print('ran')\n")
+    out = subprocess.run([sys.executable, "-m", "telemetry", "run", "--", "ok.py"], cwd=tmp_path,
+                         env=_env(tmp_path), capture_output=True, text=True, timeout=300, umask=0)
+    assert out.returncode == 0 and "ran" in out.stdout, out.stderr[-3000:]
+    log_dir = _run_dir(tmp_path, out)
+    assert not stat.S_IMODE((tmp_path / "telemetry").stat().st_mode) & stat.S_IWOTH
+    assert stat.S_IMODE((log_dir / "daemon.out").stat().st_mode) == 0o600

@@ -211,7 +211,7 @@ def _start(prog: str, run_id: str, run_name: str | None, wandb_mode: str | None,
     log_dir = (base / run_id).absolute()
     try:
         files.make_dir(log_dir, own=True)
-        out = open(log_dir / "daemon.out", "ab")
+        out = files.open_append(log_dir / "daemon.out")
         out_start = out.seek(0, os.SEEK_END)     # an earlier run's lines (a reused run id) come before
     except OSError as exc:
         _warn(prog, f"no daemon could be started (cannot make {log_dir}: {exc.strerror or exc})", key)

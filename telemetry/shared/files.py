@@ -70,6 +70,12 @@ def _only_regular(fd: int, path) -> None:
     os.set_blocking(fd, True)
 
 
+def open_append(path: str | os.PathLike):
+    """A run file (daemon.out) opened to append, binary, with the run-file mode whatever the
+    umask (open_fd's checks: no symlink followed, nothing of another user's written to)."""
+    return os.fdopen(open_fd(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT), "ab")
+
+
 def open_fd(path: str | os.PathLike, flags: int, keep_mode: bool = False, any_owner: bool = False) -> int:
     """os.open with the run-file mode; a file of ours that already existed gets that mode too
     (unless `keep_mode`: then see set_file_mode). Never follows a symlink at `path` (ELOOP) and
@@ -156,7 +162,15 @@ def make_dir(path: str | os.PathLike, own: bool = False, keep_mode: bool = False
     path = Path(path)
     if own:
         _check_no_open_parent(path)      # before anything is made under such a parent
-    path.mkdir(parents=True, exist_ok=True, mode=_modes.dir)
+    # Missing parents as `mkdir -p` makes them (the umask's mode), but never writable by every
+    # user: under umask 000 a parent made 0777 (./telemetry) was one the check above refuses,
+    # and the run refused the directory it had just made itself.
+    for parent in reversed([p for p in path.parents if not p.exists()]):
+        try:
+            parent.mkdir(mode=0o775)
+        except FileExistsError:
+            pass
+    path.mkdir(exist_ok=True, mode=_modes.dir)
     try:
         fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError:             # one we may write to but not list: used as it is

@@ -88,7 +88,7 @@ def _target(command: list[str]) -> tuple[list[str] | None, str]:
 def run(args: argparse.Namespace) -> int:
     from telemetry.client import autostart
     from telemetry.integrations.wandb_run import ENV_RUN_ID
-    from telemetry.shared import endpoints, run_lock
+    from telemetry.shared import endpoints, files, run_lock
 
     target, why = _target(list(args.command))
     if target is None:
@@ -154,7 +154,7 @@ def run(args: argparse.Namespace) -> int:
         daemon_env["PYTHONPATH"] = os.environ["PYTHONPATH"]
     daemon_env[run_lock.ENV_FD] = str(lock_fd)
     attached: list[subprocess.Popen] = []
-    with open(out_path, "ab") as out:
+    with files.open_append(out_path) as out:
         out_start = out.seek(0, os.SEEK_END)     # what an earlier run of the directory wrote there
         daemon = subprocess.Popen(cmd, env=daemon_env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                   start_new_session=True, pass_fds=(lock_fd,))
@@ -176,7 +176,7 @@ def run(args: argparse.Namespace) -> int:
         if args.attach:
             attached = _attach(args.attach, log_dir, runtime, env, port)
         def successor() -> subprocess.Popen:
-            with open(out_path, "ab") as out:
+            with files.open_append(out_path) as out:
                 return subprocess.Popen(cmd, env=daemon_env, stdin=subprocess.DEVNULL, stdout=out,
                                         stderr=subprocess.STDOUT, start_new_session=True, pass_fds=(lock_fd,))
 
