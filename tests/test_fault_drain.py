@@ -138,3 +138,33 @@ def test_a_sink_back_from_its_batch_after_the_deadline_counts_it_once(comes_back
     assert said and "in its hands" not in said[0], said
     runner.abandon(0.0)                                   # twice: nothing counted again
     assert (runner.stats()["written"], runner.stats()["dropped"]) == expected
+
+
+@pytest.mark.timeout(600)
+def test_a_w_and_b_run_behind_a_backlog_still_ends_with_its_exit_record(tmp_path, make_daemon):
+    """A burst W&B cannot log by the drain's deadline: the W&B sink stops taking batches early
+    enough to finish the run (its exit record, as a finished run), what it never took counted
+    dropped. It was abandoned mid-backlog: no exit record, so a clean run looked crashed or
+    still running in W&B (an outside tester's find)."""
+    import glob
+
+    from telemetry.client import TelemetryClient
+    from wandb_offline import read_records, wait_finished
+
+    pytest.importorskip("wandb")
+    n = 120_000
+    d = make_daemon(wandb="offline", world_size=1,
+                    config={"drain_timeout_s": 16.0, "pollers": {"nvml_enabled": False}, "memory_mb": 512,
+                            "rcvhwm": n + 100})
+    tm = TelemetryClient(d.ingest, rank=0, sndhwm=n + 100)
+    values = {f"train/v{i}": float(i) for i in range(10)}
+    for s in range(n):
+        tm.log(s, values)
+    tm.close(timeout_s=120)
+    final = d.drain()
+    wb = final["sinks"]["wandb"]
+    assert wb["dropped"] > 0, wb                 # a backlog it could not log by the deadline
+    assert wb["in"] == wb["written"] + wb["dropped"] + wb.get("queued", 0), wb
+    (path,) = glob.glob(str(d.log_dir / "wandb" / "offline-run-*" / "run-*.wandb"))
+    exits = [r.exit for r in read_records(wait_finished(path, timeout_s=60)) if r.WhichOneof("record_type") == "exit"]
+    assert len(exits) == 1 and exits[0].exit_code == 0, exits

@@ -39,6 +39,14 @@ class Sink:
     # it refused, lines written into a file that was then deleted): its runner moves them from
     # `written` to `dropped` after each call, so the daemon's sink_dropped holds them too.
     num_dropped = 0
+    # How long its close may take (W&B's finish: the run's exit record). Under a backlog at the
+    # drain, the sink takes no more batches this long before the sinks' deadline, so that it
+    # closes within the drain (what it never took is counted dropped) rather than being
+    # abandoned mid-backlog, unclosed.
+    close_reserve_s = 0.0
+    # Set (from the drain's thread) when the drain gives up on this sink's backlog: a sink with a
+    # close_reserve_s stops inside the batch in its hands, counting the rest in num_dropped.
+    giving_up = False
 
     def start(self) -> None:
         """Open files, sockets, connections. Runs on the sink's thread."""
@@ -335,6 +343,10 @@ class SinkRunner:
                 self._dropped_at_give_up = self.num_dropped
             self._abandoned = True
             self._cond.notify()
+        try:
+            self.sink.giving_up = True
+        except AttributeError:      # a sink of the user's that takes no attributes
+            pass
 
     def abandon(self, grace_s: float) -> bool:
         """Past the drain deadline: the sink takes no more batches, and has `grace_s` to finish

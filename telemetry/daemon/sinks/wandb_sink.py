@@ -130,6 +130,9 @@ def init_kwargs(init: dict) -> dict:
 
 class WandbSink(Sink):
     name = "wandb"
+    # W&B's finish (offline: 1-3 s on a busy host) ends the run with its exit code: under a
+    # backlog at the drain, this sink stops taking batches this long before the end (Sink).
+    close_reserve_s = 5.0
 
     def __init__(self, mode: str, log_dir: str | Path, run_name: str, project: str = "telemetry",
                  entity: str | None = None, finish_timeout_s: float = FINISH_TIMEOUT_S,
@@ -282,7 +285,14 @@ class WandbSink(Sink):
         self._consume(batch)
 
     def _consume(self, batch: list[Out]) -> None:
-        for o in batch:
+        for i, o in enumerate(batch):
+            if self.giving_up:       # the drain's deadline: the run's finish first (Sink.giving_up)
+                left = len(batch) - i
+                self._drop("drain_deadline", "the drain's deadline came with a backlog W&B had not logged: the run "
+                                             "is finished with what it has")
+                self.dropped_by_reason["drain_deadline"] += left - 1
+                self.num_dropped += left - 1
+                return
             try:
                 self._consume_one(o)
             except RecursionError:   # W&B walks nested values recursively: this record alone is lost

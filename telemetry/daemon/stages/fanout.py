@@ -9,10 +9,11 @@ books a failed script's tail as hang by it; the W&B sink ends the run with it un
 finished the run itself); the analysis stages close, with a quarter of the time left (their
 last events must still reach the sinks); then the last records (their last events,
 `last_words`: the daemon's own record); then every sink drains, flushes, fsyncs and closes, in
-parallel, until the deadline less ABANDON_GRACE_S; one still busy then takes no more batches and
-has that grace to finish the one in its hands, flush and close (with nothing queued behind that
-batch, it drained), else it is abandoned (what it never wrote is counted in its `dropped`), so
-a hung W&B never holds the daemon past the deadline.
+parallel, until the deadline less ABANDON_GRACE_S (less its `close_reserve_s` for a sink whose
+close takes time: W&B's finish, the run's exit record); one still busy then takes no more
+batches and has that grace (and its reserve) to finish the one in its hands, flush and close
+(with nothing queued behind that batch, it drained), else it is abandoned (what it never wrote
+is counted in its `dropped`), so a hung W&B never holds the daemon past the deadline.
 """
 from __future__ import annotations
 
@@ -138,7 +139,14 @@ class FanOut(Stage):
         for runner in sinks:
             runner.request_stop()
         sinks_end = deadline - grace
-        unfinished += [r.name for r in sinks if not r.close(max(0.0, sinks_end - time.monotonic()))]
+        for r in sinks:
+            # A sink whose close takes time (W&B's finish) stops taking batches that long before
+            # the end, so that it closes within the drain (its exit record) with what it wrote.
+            reserve = min(getattr(r.sink, "close_reserve_s", 0.0), max(0.0, sinks_end - time.monotonic()) / 2)
+            if not r.close(max(0.0, sinks_end - reserve - time.monotonic())):
+                unfinished.append(r.name)
+                if reserve:
+                    r.give_up()     # the batch in its hands, then its close: the rest is counted dropped
         if self.media is not None:
             if self.media.close(max(0.0, sinks_end - time.monotonic())):
                 self.media_files.close()    # what a reader never released (its event dropped)
