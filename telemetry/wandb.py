@@ -28,13 +28,14 @@ from __future__ import annotations
 import os
 import stat
 import sys
+import types
 from typing import Any
 
 from telemetry.integrations._client import process_rank
 from telemetry.integrations.wandb_calls import AlertLevel, Artifact, plot
 from telemetry.integrations.wandb_media import Audio, Histogram, Html, Image, Media, Table
-from telemetry.integrations.wandb_objects import (Error, PreInit, ServerResponseError, Unsupported, UsageError,
-                                                  config_dict)
+from telemetry.integrations.wandb_objects import (AuthenticationError, CommError, Error, PreInit, ServerResponseError,
+                                                  Unsupported, UnsupportedError, UsageError, config_dict)
 from telemetry.integrations.wandb_run import ENV_RUN_ID, Run, new_run_id, run_in_use
 
 __all__ = ["init", "log", "finish", "define_metric", "watch", "unwatch", "login", "Settings", "Error", "UsageError",
@@ -43,6 +44,13 @@ __all__ = ["init", "log", "finish", "define_metric", "watch", "unwatch", "login"
            "termlog", "termwarn", "termerror", "require",
            "Run", "Image", "Table", "Histogram", "Audio", "Video", "Html", "Object3D", "Molecule",
            "Plotly", "Graph"]
+
+# `wandb.errors`, as W&B's (a script's `except wandb.errors.UsageError:`); under `telemetry run
+# --as-wandb`, `import wandb.errors` finds the same classes (as_wandb/wandb/errors.py).
+errors = types.ModuleType("wandb.errors", "W&B's error classes, as the drop-in raises them.")
+for _cls in (Error, CommError, AuthenticationError, UsageError, UnsupportedError):
+    setattr(errors, _cls.__name__, _cls)
+errors.__all__ = [c.__name__ for c in (Error, CommError, AuthenticationError, UsageError, UnsupportedError)]
 
 MODES = ("online", "offline", "disabled", "shared")
 # init() arguments that change what W&B does in ways the daemon's run cannot follow.

@@ -511,3 +511,18 @@ def test_config_values_w_and_b_turns_into_json_are_the_runs(tmp_path_factory):
     cfg = config(ours)
     assert cfg["seed"] == 2**64 and cfg["later"] == 2**65 and cfg["raw"] == "ab" and cfg["color"] == "RED", cfg
     assert sorted(user_history(ours)) == [0, 1, 2, 3]
+
+
+def test_values_and_calls_w_and_b_takes_or_refuses_in_its_own_ways(tmp_path_factory):
+    """numpy's str_ is text in W&B's run (it was sent as a number and refused by the daemon:
+    missing from the W&B run, while the script's summary read it); a bool step, a Histogram in a
+    list and a log after finish raise what W&B raises (they were taken, stored as junk, or raised
+    another error class)."""
+    path = SCRIPTS / "odd_values.py"
+    real, out_real, _ = shared_run(tmp_path_factory, real_run, path, 1, {})
+    ours, out_ours, _ = shared_run(tmp_path_factory, sidecar_run, path, 1, {})
+    lines = [json.loads(ln) for ln in out_real.splitlines() if ln.startswith("{")]
+    assert len(lines) == 1 and [json.loads(ln) for ln in out_ours.splitlines() if ln.startswith("{")] == lines, out_ours
+    assert all(v is not None for v in lines[0].values()), lines
+    assert_same_run(real, ours)
+    assert user_history(ours)[0]["npstr"] == "hi"

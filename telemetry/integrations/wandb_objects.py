@@ -22,6 +22,19 @@ class UsageError(Error):
     """An argument W&B refuses (W&B raises its UsageError, a wandb.Error: a run id it cannot take)."""
 
 
+class CommError(Error):
+    """W&B's error for a failed exchange with its server (not raised here: named so that a
+    script's `except wandb.errors.CommError:` works)."""
+
+
+class AuthenticationError(CommError):
+    """W&B's error for a refused API key (named, as CommError)."""
+
+
+class UnsupportedError(UsageError):
+    """W&B's error for a feature it does not support in a mode (named, as CommError)."""
+
+
 class ServerResponseError(Exception):
     """W&B's refusal of a run its service cannot open (a wandb.init of a run id already open in
     the process); as W&B's, not a wandb.Error."""

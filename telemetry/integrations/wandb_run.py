@@ -58,7 +58,7 @@ from typing import Any, Mapping
 from protocol.constants import MAX_NAME_CHARS, MAX_VALUES
 from telemetry.integrations._client import LazyClient, process_rank
 from telemetry.integrations.wandb_calls import CALL_EVENT, RunCalls
-from telemetry.integrations.wandb_objects import Config, Error, Metric, Summary, Unsupported
+from telemetry.integrations.wandb_objects import Config, Error, Metric, Summary, Unsupported, UsageError
 from telemetry.integrations.wandb_media import INLINE_ARRAY, INLINE_LIST, Array, List, Media, MediaWriter
 from telemetry.shared.bookkeeping import SUMMARY_REMOVE_EVENT
 from telemetry.shared.media import EVENT as MEDIA_EVENT
@@ -343,12 +343,16 @@ class Run(RunCalls):
             self._row_open = False
             return
         if self._finished:
-            raise Error("wandb.log called on a finished run; call wandb.init() for a new one")
+            # W&B's error and words (a UsageError: `except wandb.errors.UsageError` catches it).
+            raise UsageError(f"Run ({self.id}) is finished. The call to `log` will be ignored. Please make sure "
+                             f"that you are using an active run.")
         if not isinstance(data, Mapping):
             raise TypeError("wandb.log must be passed a dictionary")
         if step is not None:
             # As W&B takes it: an int, or what stands for one (a numpy integer, a one-element
             # integer tensor); anything else raises TypeError, as W&B's does, never a row lost.
+            if step.__class__ is bool:       # an int to operator.index; W&B's history refuses it
+                raise TypeError("Field wandb_internal.HistoryStep.num: Expected an int, got a boolean.")
             step = operator.index(step)
             if step < self._step:
                 # W&B's line, each time, on stderr (not a Python warning), unless $WANDB_SILENT.
@@ -377,8 +381,8 @@ class Run(RunCalls):
                 continue
             why = refusal(v)
             if why is None:
-                if v.__class__ is str:
-                    self._texts[k] = v
+                if isinstance(v, str):
+                    self._texts[k] = v if v.__class__ is str else str(v)    # numpy's str_ too: text
                     continue
                 pending[k] = v
             elif isinstance(v, Media) and v.passthrough:
@@ -413,6 +417,9 @@ class Run(RunCalls):
         if len(value) <= INLINE_LIST and set(map(type, value)) <= _JSON_PLAIN:
             self._texts[key] = list(value)
         else:
+            for x in value:
+                if isinstance(x, Media):     # W&B's JSON encoder refuses one inside a list, so does this
+                    raise TypeError(f"Object of type {type(x).__name__} is not JSON serializable")
             self._send_media(key, [List(value)])
             self._logged[key] = list(value)     # run.summary reads it back as W&B's: a list of its values
 
