@@ -526,3 +526,14 @@ def test_values_and_calls_w_and_b_takes_or_refuses_in_its_own_ways(tmp_path_fact
     assert all(v is not None for v in lines[0].values()), lines
     assert_same_run(real, ours)
     assert user_history(ours)[0]["npstr"] == "hi"
+
+
+def test_a_histogram_set_on_the_summary_is_in_the_w_and_b_runs_summary(tmp_path_factory):
+    """`run.summary[k] = wandb.Histogram(...)`: W&B's summary holds the histogram's JSON; the
+    drop-in's event could not carry the object, and the key was missing from the W&B run with
+    nothing said (an outside tester's find)."""
+    path = SCRIPTS / "summary_media.py"
+    real, _, _ = shared_run(tmp_path_factory, real_run, path, 1, {})
+    ours, _, _ = shared_run(tmp_path_factory, sidecar_run, path, 1, {})
+    assert user_summary(ours)["s_hist"]["_type"] == "histogram"
+    assert_same_run(real, ours)

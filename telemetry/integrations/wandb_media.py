@@ -165,6 +165,17 @@ class Histogram(Media):
     def describe(self) -> tuple[str, dict[str, Any]]:
         return ".npz", {"num_bins": self.num_bins}
 
+    def as_json(self) -> dict[str, Any]:
+        """W&B's JSON of the histogram (what its run.summary holds for one set there): computed
+        here, a tensor read to the host (a summary is set once, not on a training step)."""
+        import numpy as np
+
+        if self.np_histogram is not None:
+            hist, bins = (_host_array(x) for x in self.np_histogram)
+        else:
+            hist, bins = np.histogram(_host_array(self.sequence), bins=self.num_bins)
+        return {"_type": "histogram", "values": np.asarray(hist).tolist(), "bins": np.asarray(bins).tolist()}
+
     def write(self, path: str) -> None:
         import numpy as np
 

@@ -59,7 +59,7 @@ from protocol.constants import MAX_NAME_CHARS, MAX_VALUES
 from telemetry.integrations._client import LazyClient, process_rank
 from telemetry.integrations.wandb_calls import CALL_EVENT, RunCalls
 from telemetry.integrations.wandb_objects import Config, Error, Metric, Summary, Unsupported, UsageError
-from telemetry.integrations.wandb_media import INLINE_ARRAY, INLINE_LIST, Array, List, Media, MediaWriter
+from telemetry.integrations.wandb_media import INLINE_ARRAY, INLINE_LIST, Array, Histogram, List, Media, MediaWriter
 from telemetry.shared.bookkeeping import SUMMARY_REMOVE_EVENT
 from telemetry.shared.media import EVENT as MEDIA_EVENT
 
@@ -638,6 +638,11 @@ class Run(RunCalls):
                                     f"kept, as a list)")
                     continue
                 v = v.tolist()                 # W&B's: a list (a one-element array: its list too)
+            elif isinstance(v, Histogram):
+                v = v.as_json()                # W&B's summary holds the histogram's JSON
+            elif isinstance(v, Media):
+                self._refuse(k, f"wandb.{type(v).__name__} in run.summary (log it instead)")
+                continue
             data[k] = v
         if (data or replaced) and not self._finished:
             client = self._client.get()
