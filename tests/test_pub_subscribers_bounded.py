@@ -52,8 +52,9 @@ def _rss_mb(pid: int) -> int:
     return 0
 
 
-def _silent_subscribers(endpoint: str, n: int) -> tuple[int, int]:
-    """A forked process as uid 65534 holding `n` SUB sockets that never read; (pid, fd to close)."""
+def _as_stranger(work) -> tuple[int, int]:
+    """A forked process as uid 65534 that runs work(), then holds what it made until the test
+    closes its end of a pipe (or dies); (pid, fd to close)."""
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:
@@ -62,20 +63,28 @@ def _silent_subscribers(endpoint: str, n: int) -> tuple[int, int]:
             os.setgroups([])
             os.setgid(OTHER_UID)
             os.setuid(OTHER_UID)
-            ctx = zmq.Context()
-            socks = []
-            for _ in range(n):
-                s = ctx.socket(zmq.SUB)
-                s.setsockopt(zmq.RCVHWM, 1)
-                s.setsockopt(zmq.RCVBUF, 4096)
-                s.setsockopt(zmq.SUBSCRIBE, b"")
-                s.connect(endpoint)
-                socks.append(s)
-            os.read(r, 1)           # until the test closes its end (or dies)
+            held = work()           # noqa: F841  (kept open while the test runs)
+            os.read(r, 1)
         finally:
             os._exit(0)
     os.close(r)
     return pid, w
+
+
+def _silent_subscribers(endpoint: str, n: int) -> tuple[int, int]:
+    """Another user holding `n` SUB sockets that never read."""
+    def work():
+        ctx = zmq.Context()
+        socks = []
+        for _ in range(n):
+            s = ctx.socket(zmq.SUB)
+            s.setsockopt(zmq.RCVHWM, 1)
+            s.setsockopt(zmq.RCVBUF, 4096)
+            s.setsockopt(zmq.SUBSCRIBE, b"")
+            s.connect(endpoint)
+            socks.append(s)
+        return ctx, socks
+    return _as_stranger(work)
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="acting as another user needs root")
@@ -117,30 +126,19 @@ def test_subscribers_that_never_read_are_bounded_in_number_and_memory(make_daemo
 
 
 def _subscribing_stranger(endpoint: str, topics: list[bytes]) -> tuple[int, int]:
-    """A forked process as uid 65534: one SUB socket sending `topics` as subscriptions, held
-    open; (pid, fd to close)."""
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        try:
-            os.close(w)
-            os.setgroups([])
-            os.setgid(OTHER_UID)
-            os.setuid(OTHER_UID)
-            ctx = zmq.Context()
-            s = ctx.socket(zmq.SUB)
-            s.setsockopt(zmq.RCVHWM, 1)
-            s.connect(endpoint)
-            time.sleep(1.0)         # connected: a SUB drops what its queue (1,000) cannot hold
-            for i, t in enumerate(topics):
-                s.setsockopt(zmq.SUBSCRIBE, t)
-                if i % 200 == 199:
-                    time.sleep(0.02)
-            os.read(r, 1)           # until the test closes its end (or dies)
-        finally:
-            os._exit(0)
-    os.close(r)
-    return pid, w
+    """Another user's SUB socket sending `topics` as subscriptions, held open."""
+    def work():
+        ctx = zmq.Context()
+        s = ctx.socket(zmq.SUB)
+        s.setsockopt(zmq.RCVHWM, 1)
+        s.connect(endpoint)
+        time.sleep(1.0)             # connected: a SUB drops what its queue (1,000) cannot hold
+        for i, t in enumerate(topics):
+            s.setsockopt(zmq.SUBSCRIBE, t)
+            if i % 200 == 199:
+                time.sleep(0.02)
+        return ctx, s
+    return _as_stranger(work)
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="acting as another user needs root")
