@@ -141,3 +141,35 @@ def test_defaults_stay_private(tmp_path, monkeypatch):
     ep = endpoints.resolve("ingest", create_dir=True)
     assert ep == f"ipc://{run_dir}/ingest.sock"
     assert stat.S_IMODE(run_dir.stat().st_mode) == 0o700                      # tightened to 0700
+
+
+def test_a_curve_subscriber_gets_the_pub_records(make_daemon, keys):
+    """A PUB beyond loopback speaks CURVE: an allow-listed subscriber completes the handshake and
+    gets the records. The PUB's bound on a subscriber's message (MAXMSGSIZE, against subscriptions
+    that grow the daemon) applies to the handshake's messages too: at 256 bytes the CURVE
+    INITIATE (~300) was refused and no CURVE subscriber ever got a record."""
+    d = make_daemon(world_size=1, extra_args=("--pub", "tcp://0.0.0.0:0"),
+                    config={"security": {"server_secret_key": str(keys / "head.key_secret"),
+                                         "allowed_clients_dir": str(keys / "allowed")}})
+    line = next(ln for ln in d.lines if "telemetry daemon ready" in ln)
+    pub = [t.split("=", 1)[1] for t in line.split() if t.startswith("pub=")][0]
+    endpoint = "tcp://127.0.0.1:" + pub.rsplit(":", 1)[1]
+    ctx = zmq.Context()
+    try:
+        sub = ctx.socket(zmq.SUB)
+        apply_client_curve(sub, str(keys / "head.key"), str(keys / "node0.key_secret"))
+        sub.setsockopt(zmq.SUBSCRIBE, b"metrics")
+        sub.connect(endpoint)
+        poller = zmq.Poller()
+        poller.register(sub, zmq.POLLIN)
+        tm = TelemetryClient(d.ingest, rank=0)
+        deadline, step = time.monotonic() + 120, 0         # hang detector
+        while not poller.poll(100):
+            assert time.monotonic() < deadline, "no record reached the CURVE subscriber"
+            tm.log(step, {"train/loss": 1.0})
+            step += 1
+        topic, _line = sub.recv_multipart()
+        assert topic == b"metrics"
+        tm.close()
+    finally:
+        ctx.destroy(linger=0)

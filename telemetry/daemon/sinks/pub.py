@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import zmq
 
-from protocol.output import OutputRecord
 from telemetry.daemon.sinks.base import Out, Sink
 from telemetry.shared import endpoints
 
@@ -29,25 +28,13 @@ MAX_SUBSCRIBERS = 64
 # zmq.Socket's own send without the Python layer pyzmq puts over it (routing ids, groups, Frames:
 # none of which a PUB of bytes uses).
 _send = getattr(zmq.backend, "Socket", zmq.Socket).send
-# A subscription is a topic, a prefix of a record's kind; a message from a subscriber longer
-# than this (libzmq's MAXMSGSIZE: its connection is shut) is none. libzmq keeps every distinct
-# subscription a subscriber sends in a trie, with no bound of its own: one 20 MB subscription
-# from another local user on a loopback TCP PUB grew a daemon by 1.2 GB. So the socket is an
-# XPUB in manual mode: the daemon applies a subscription only where its topic is a prefix of a
-# kind it publishes (what else could it match?), and counts the others (`subscriptions_refused`).
-MAX_SUBSCRIPTION_BYTES = 256
-
-
-def _kinds(cls: type) -> list[bytes]:
-    out = []
-    for c in cls.__subclasses__():
-        tag = c.__struct_config__.tag
-        out += ([tag.encode("ascii")] if isinstance(tag, str) else []) + _kinds(c)
-    return out
-
-
-KINDS = tuple(dict.fromkeys(_kinds(OutputRecord)))
-_recv = getattr(zmq.backend, "Socket", zmq.Socket).recv
+# The longest message a subscriber may send (libzmq's MAXMSGSIZE: a longer one shuts its
+# connection). A subscription is a topic, a prefix of a record's kind (7 bytes at most); libzmq
+# keeps every distinct one a subscriber sends, at ~45 bytes of the daemon's memory per byte of
+# it, with no bound of its own: one 20 MB subscription from another local user on a loopback TCP
+# PUB grew a daemon by 1.2 GB. The bound is not smaller because the handshake's own messages
+# pass through it too (a CURVE INITIATE is ~300 bytes).
+MAX_SUBSCRIBER_MESSAGE_BYTES = 1024
 
 
 class PubSink(Sink):
@@ -58,26 +45,8 @@ class PubSink(Sink):
         self._sock = sock
         self._topics: dict[str, bytes] = {}
         self.num_sent = 0
-        self.num_subscriptions_refused = 0
-
-    def subscriptions(self) -> None:
-        """Apply what subscribers asked since the last call (the socket is an XPUB in manual
-        mode, bind_pub): a (un)subscription whose topic is a prefix of a kind published here
-        is applied for the subscriber it came from; any other is counted and left out."""
-        sock = self._sock
-        while True:
-            try:
-                msg = _recv(sock, zmq.NOBLOCK)
-            except zmq.Again:
-                return
-            topic = msg[1:]
-            if msg[:1] in (b"\x01", b"\x00") and any(k.startswith(topic) for k in KINDS):
-                sock.setsockopt(zmq.SUBSCRIBE if msg[:1] == b"\x01" else zmq.UNSUBSCRIBE, topic)
-            else:
-                self.num_subscriptions_refused += 1
 
     def consume(self, batch: list[Out]) -> None:
-        self.subscriptions()
         # Two calls of the backend's send, not send_multipart (or the sugar Socket.send): a
         # fraction of their cost per record (benchmarks/ingest.py; benchmarks/RESULTS.md).
         sock, send, topics = self._sock, _send, self._topics
@@ -94,15 +63,14 @@ class PubSink(Sink):
         self._sock.close(linger=200)
 
     def stats(self) -> dict:
-        return {"sent": self.num_sent, "subscriptions_refused": self.num_subscriptions_refused}
+        return {"sent": self.num_sent}
 
 
 def bind_pub(ctx: zmq.Context, endpoint: str, prepare=None) -> zmq.Socket:
     """prepare(sock, endpoint, name): the daemon's security hook (CURVE beyond loopback)."""
-    sock = ctx.socket(zmq.XPUB)
+    sock = ctx.socket(zmq.PUB)
     sock.setsockopt(zmq.SNDHWM, PUB_SNDHWM)
-    sock.setsockopt(zmq.XPUB_MANUAL, 1)
-    sock.setsockopt(zmq.MAXMSGSIZE, MAX_SUBSCRIPTION_BYTES)
+    sock.setsockopt(zmq.MAXMSGSIZE, MAX_SUBSCRIBER_MESSAGE_BYTES)
     if prepare is not None:
         prepare(sock, endpoint, "pub")
     endpoints.claim_ipc(endpoint)    # a daemon already serving this ipc path is left alone
