@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import enum
-from collections.abc import MutableMapping
+from collections.abc import MutableMapping, Sequence
 from fnmatch import fnmatchcase
 from typing import Any, Callable, Iterator, Mapping
 
@@ -480,7 +480,7 @@ def plain_config_value(v: Any) -> Any:
         return v if _INT_MIN <= v <= _INT_MAX else float(v)
     if c is float:
         return None if v != v else v
-    if isinstance(v, Mapping):
+    if isinstance(v, dict):
         return {k: plain_config_value(x) for k, x in v.items()}
     if c is slice:
         return {"slice_start": v.start, "slice_step": v.step, "slice_stop": v.stop}
@@ -494,12 +494,17 @@ def plain_config_value(v: Any) -> Any:
     if top == "numpy" and hasattr(v, "tolist"):
         size = getattr(v, "size", 1)
         if getattr(v, "shape", ()) == ():
-            return plain_config_value(v.item())
+            x = v.item()
+            if type(x).__module__.partition(".")[0] == "numpy":   # a long double: item() keeps it
+                import numpy as np
+
+                return str(x) if np.iscomplexobj(x) else plain_config_value(float(x))
+            return plain_config_value(x)
         if size == 1:
             return str(v.reshape(-1)[0])     # W&B's: the element, kept as its text
         return plain_config_value(v.tolist()) if size <= 32 else str(v)
-    if isinstance(v, (bytes, bytearray)):
-        return bytes(v).decode("utf-8", errors="replace")
+    if isinstance(v, bytes):
+        return v.decode("utf-8", errors="replace")
     if isinstance(v, (datetime.date, datetime.datetime)):
         return v.isoformat()
     if isinstance(v, enum.Enum):
@@ -507,7 +512,7 @@ def plain_config_value(v: Any) -> Any:
     if callable(v):
         mod, name = getattr(v, "__module__", None), getattr(v, "__qualname__", None)
         return f"{mod}.{name}" if mod is not None and name is not None else str(v)
-    if isinstance(v, (set, frozenset, list, tuple, range)):
+    if isinstance(v, (set, frozenset, Sequence)) and not isinstance(v, str):
         return [plain_config_value(x) for x in v]
     if dataclasses.is_dataclass(v):
         return plain_config_value(dataclasses.asdict(v))
