@@ -247,3 +247,32 @@ def test_sinks_of_one_name_keep_their_own_counters():
     out.runners[1].put([Out("metrics", {"step": i}, b"{}") for i in range(20)])   # not started: 10 queued, 10 dropped
     sinks = out.stats()["sinks"]
     assert len(sinks) == 4 and sinks["mine-2"]["dropped"] == 10 and sinks["mine"]["dropped"] == 0, sinks
+
+
+def test_a_sink_with_a_close_reserve_is_given_up_on_that_long_before_the_end_whatever_its_place(monkeypatch):
+    """The W&B sink's reserve (its finish: the run's exit record) holds even behind a slow sink
+    listed before it: sinks with a reserve are waited for first, and given up on (no more
+    batches) that long before the sinks' end (a reviewer's find: a JSONL that took all the time
+    left W&B no reserve)."""
+    clock, log = Clock(), []
+    monkeypatch.setattr(fanout, "time", clock)
+
+    class Reserving(Runner):
+        def __init__(self, *args, reserve: float = 0.0, **kwargs) -> None:
+            super().__init__(*args, **kwargs)
+            self.sink = type("S", (), {"close_reserve_s": reserve})()
+
+        def give_up(self) -> None:
+            log.append(("give_up", self.name, clock.t))
+
+    out = FanOut()
+    out.add(Reserving("jsonl", clock, log, hung=True))
+    out.add(Reserving("wandb", clock, log, hung=True, reserve=5.0))
+    out._in_order = list(out.runners)
+    start = clock.t
+    deadline = start + 12.0
+    out.drain(deadline)
+    closes = [e[1] for e in log if e[0] == "close"]
+    assert closes.index("wandb") < closes.index("jsonl"), log
+    given = [e for e in log if e[0] == "give_up" and e[1] == "wandb"]
+    assert given and given[0][2] <= deadline - fanout.ABANDON_GRACE_S - 5.0 + 1e-9, log

@@ -414,3 +414,37 @@ def test_under_umask_000_the_default_run_directory_is_made_and_used(tmp_path):
     log_dir = _run_dir(tmp_path, out)
     assert not stat.S_IMODE((tmp_path / "telemetry").stat().st_mode) & stat.S_IWOTH
     assert stat.S_IMODE((log_dir / "daemon.out").stat().st_mode) == 0o600
+
+
+def test_a_daemon_drained_during_the_run_is_not_followed_and_not_asked_again(tmp_path):
+    """The user drains the daemon while the script runs (`telemetry drain`): no successor is
+    started (it stopped as asked), and the launcher does not send its own drain request to the
+    gone daemon (it waited a minute for an answer nobody could give: a reviewer's find)."""
+    (tmp_path / "drains.py").write_text(textwrap.dedent("""
+        import subprocess, sys, time
+        import telemetry
+        tm = telemetry.TelemetryClient()
+        for s in range(5):
+            tm.log(s, {"train/loss": 1.0})
+        tm.close()
+        r = subprocess.run([sys.executable, "-m", "telemetry", "drain"], capture_output=True, text=True)
+        print("drain rc", r.returncode, flush=True)
+        time.sleep(2)          # the launcher's keeper looks at its daemon meanwhile
+    """))
+    out = subprocess.run([sys.executable, "-m", "telemetry", "run", "--", "drains.py"], cwd=tmp_path,
+                         env=_env(tmp_path), capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and "drain rc 0" in out.stdout, out.stdout[-2000:] + out.stderr[-3000:]
+    assert "successor" not in out.stderr and "no answer to the drain request" not in out.stderr, out.stderr[-3000:]
+
+
+def test_a_symlink_at_daemon_out_is_refused_in_one_line(tmp_path):
+    """A run directory whose daemon.out is a symlink (planted, or left by a tool): refused with
+    one line and exit code 2, nothing written through it (it was a traceback: a reviewer's find)."""
+    run = tmp_path / "run"
+    run.mkdir(mode=0o700)
+    (run / "daemon.out").symlink_to(tmp_path / "elsewhere")
+    (tmp_path / "ok.py").write_text("print('ran')\n")
+    out = subprocess.run([sys.executable, "-m", "telemetry", "run", "--run-dir", str(run), "--", "ok.py"],
+                         cwd=tmp_path, env=_env(tmp_path), capture_output=True, text=True, timeout=300)
+    assert out.returncode == 2 and "daemon.out" in out.stderr and "Traceback" not in out.stderr, out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1 and not (tmp_path / "elsewhere").exists()

@@ -154,7 +154,12 @@ def run(args: argparse.Namespace) -> int:
         daemon_env["PYTHONPATH"] = os.environ["PYTHONPATH"]
     daemon_env[run_lock.ENV_FD] = str(lock_fd)
     attached: list[subprocess.Popen] = []
-    with files.open_append(out_path) as out:
+    try:
+        out = files.open_append(out_path)
+    except OSError as exc:      # a symlink or another user's file at its name: refused, not written
+        _forget_runtime(made_runtime)
+        return _fail(f"--run-dir {log_dir}: cannot write {out_path.name} ({exc.strerror or exc})")
+    with out:
         out_start = out.seek(0, os.SEEK_END)     # what an earlier run of the directory wrote there
         daemon = subprocess.Popen(cmd, env=daemon_env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                   start_new_session=True, pass_fds=(lock_fd,))
@@ -216,13 +221,19 @@ def run(args: argparse.Namespace) -> int:
             daemon.kill()
             daemon.wait()
         _forget_claim(runtime)
-        if made_runtime:
-            shutil.rmtree(made_runtime[0], ignore_errors=True)     # the runtime directory
-            try:
-                for parent in made_runtime[1:]:     # a parent made for it: only if nothing else went there
-                    os.rmdir(parent)
-            except OSError:
-                pass
+        _forget_runtime(made_runtime)
+
+
+def _forget_runtime(made_runtime: tuple[Path, ...]) -> None:
+    """Remove the runtime directory this launch made, and a parent made for it when nothing
+    else went there."""
+    if made_runtime:
+        shutil.rmtree(made_runtime[0], ignore_errors=True)
+        try:
+            for parent in made_runtime[1:]:
+                os.rmdir(parent)
+        except OSError:
+            pass
 
 
 class _DaemonKeeper:
@@ -239,44 +250,69 @@ class _DaemonKeeper:
     def __init__(self, daemon: subprocess.Popen, start: Callable[[], subprocess.Popen], out_path: Path) -> None:
         self.daemon, self._start, self._out_path = daemon, start, out_path
         self.restarts = 0
+        self._done = False     # nothing more to watch
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="telemetry-run-daemon-keeper", daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
+        while not self._stop.wait(0.5) and self._check():
+            pass
+
+    def _stopped_as_asked(self) -> bool:
+        """Whether the daemon that exited drained first (a `telemetry drain`, SIGTERM): its
+        drain.json is its own. A drain whose JSONL was unfinished exits 1, and is no crash."""
+        import json
+
+        try:
+            return json.loads((self._out_path.parent / "drain.json").read_text()).get("pid") == self.daemon.pid
+        except (OSError, ValueError, AttributeError):
+            return False
+
+    def _check(self) -> bool:
+        """One look at the daemon; a successor for a dead one. False once there is nothing more
+        to watch (stopped as asked, refused, no successor possible)."""
         from telemetry.client import autostart
 
-        while not self._stop.wait(0.5):
-            rc = self.daemon.poll()
-            if rc is None:
-                continue
-            if rc in (0, 2):         # stopped as asked (`telemetry drain`), or refused its input
-                return
-            how = f"killed by signal {-rc}" if rc < 0 else f"exited with code {rc}"
-            if self.restarts >= self.MAX_RESTARTS:
-                print(f"telemetry run: the daemon (pid {self.daemon.pid}) {how}; no more successors "
-                      f"({self.restarts} started): the rest of the run is not kept", file=sys.stderr, flush=True)
-                return
-            self.restarts += 1
-            start = self._out_path.stat().st_size if self._out_path.exists() else 0
-            print(f"telemetry run: the daemon (pid {self.daemon.pid}) {how} during the run; starting a successor "
-                  f"on the same run directory (what it had not written is counted lost)", file=sys.stderr, flush=True)
-            try:
-                daemon = self._start()
-            except OSError as exc:
-                print(f"telemetry run: no successor ({exc}): the rest of the run is not kept", file=sys.stderr)
-                return
-            why = autostart._wait_ready(daemon, self._out_path, start=start)
-            self.daemon = daemon
-            if why:
-                print(f"telemetry run: the successor did not start: {why}", file=sys.stderr, flush=True)
-                return
-            print(f"telemetry run: the successor, pid {daemon.pid}, is ready", file=sys.stderr, flush=True)
+        if self._done:
+            return False
+        rc = self.daemon.poll()
+        if rc is None:
+            return True
+        self._done = True      # unless a successor starts, below
+        if rc in (0, 2) or self._stopped_as_asked():    # as asked, or it refused its input
+            return False
+        how = f"killed by signal {-rc}" if rc < 0 else f"exited with code {rc}"
+        if self.restarts >= self.MAX_RESTARTS:
+            print(f"telemetry run: the daemon (pid {self.daemon.pid}) {how}; no more successors "
+                  f"({self.restarts} started): the rest of the run is not kept", file=sys.stderr, flush=True)
+            return False
+        self.restarts += 1
+        start = self._out_path.stat().st_size if self._out_path.exists() else 0
+        print(f"telemetry run: the daemon (pid {self.daemon.pid}) {how} during the run; starting a successor "
+              f"on the same run directory (what it had not written is counted lost)", file=sys.stderr, flush=True)
+        try:
+            daemon = self._start()
+        except OSError as exc:
+            print(f"telemetry run: no successor ({exc}): the rest of the run is not kept", file=sys.stderr)
+            return False
+        why = autostart._wait_ready(daemon, self._out_path, start=start)
+        self.daemon = daemon
+        if why:
+            print(f"telemetry run: the successor did not start: {why}", file=sys.stderr, flush=True)
+            return False
+        print(f"telemetry run: the successor, pid {daemon.pid}, is ready", file=sys.stderr, flush=True)
+        self._done = False
+        return True
 
     def stop(self) -> subprocess.Popen:
-        """Stop watching (the script ended); the daemon now serving the run."""
+        """Stop watching (the script ended); the daemon now serving the run: a daemon found dead
+        at this last look gets its successor too, which drains the run and counts what the dead
+        one never wrote."""
         self._stop.set()
         self._thread.join(120)
+        if not self._thread.is_alive():
+            self._check()
         return self.daemon
 
 
@@ -428,6 +464,8 @@ def _stream(path: Path, stop: threading.Event, start: int = 0) -> None:
             chunk = b""
         if chunk:
             end = chunk.rfind(b"\n") + 1
+            if not end and stop.is_set():       # a last line without its newline: shown as it is
+                end = len(chunk)
             if end:
                 for line in chunk[:end].decode(errors="replace").splitlines():
                     print(f"[telemetry] {line}", file=sys.stderr, flush=True)
@@ -444,6 +482,8 @@ def _drain(daemon: subprocess.Popen, runtime: Path, rc: int, exited_at: float) -
     goodput ledger ends a failed launch there, not at the drain."""
     from telemetry.shared import control
 
+    if daemon.poll() is not None:      # already gone (drained as asked, or no successor): nobody to ask
+        return
     try:
         control.request(f"ipc://{runtime}/control.sock", "drain", timeout_s=60, exit_code=min(max(rc, 0), 255),
                         extra={"exited_at": exited_at})

@@ -139,13 +139,17 @@ class FanOut(Stage):
         for runner in sinks:
             runner.request_stop()
         sinks_end = deadline - grace
-        for r in sinks:
-            # A sink whose close takes time (W&B's finish) stops taking batches that long before
-            # the end, so that it closes within the drain (its exit record) with what it wrote.
-            reserve = min(getattr(r.sink, "close_reserve_s", 0.0), max(0.0, sinks_end - time.monotonic()) / 2)
-            if not r.close(max(0.0, sinks_end - reserve - time.monotonic())):
+        # A sink whose close takes time (W&B's finish) stops taking batches that long before the
+        # end, so that it closes within the drain (its exit record) with what it wrote. They all
+        # drain at once; those are waited for first, so that a slow one before them in the list
+        # (a JSONL on a slow disk) cannot eat their reserve.
+        left = max(0.0, sinks_end - time.monotonic())
+        ends = {id(r): sinks_end - min(getattr(getattr(r, "sink", None), "close_reserve_s", 0.0), left / 2)
+                for r in sinks}
+        for r in sorted(sinks, key=lambda r: ends[id(r)]):
+            if not r.close(max(0.0, ends[id(r)] - time.monotonic())):
                 unfinished.append(r.name)
-                if reserve:
+                if ends[id(r)] < sinks_end:
                     r.give_up()     # the batch in its hands, then its close: the rest is counted dropped
         if self.media is not None:
             if self.media.close(max(0.0, sinks_end - time.monotonic())):
