@@ -34,6 +34,9 @@ log = logging.getLogger("telemetry.daemon")
 # inside the deadline (the sinks' own time ends this long before it; half the fan-out's time
 # when that is shorter).
 ABANDON_GRACE_S = 0.5
+# A sink with a close reserve (W&B) is given up on at its reserve's start only with more records
+# than this queued: about what W&B logs in a second or two on a loaded host.
+EARLY_GIVE_UP_BACKLOG = 2000
 # Of the time left when the fan-out's drain begins, the analysis stages' share.
 ANALYSIS_SHARE = 0.25
 
@@ -149,7 +152,9 @@ class FanOut(Stage):
         for r in sorted(sinks, key=lambda r: ends[id(r)]):
             if not r.close(max(0.0, ends[id(r)] - time.monotonic())):
                 unfinished.append(r.name)
-                if ends[id(r)] < sinks_end:
+                # Given up on early only with a backlog it cannot log in its reserve anyway: a
+                # slow start (W&B's init under load) with a few records queued logs them by the end.
+                if ends[id(r)] < sinks_end and r.queued() > EARLY_GIVE_UP_BACKLOG:
                     r.give_up()     # the batch in its hands, then its close: the rest is counted dropped
         if self.media is not None:
             if self.media.close(max(0.0, sinks_end - time.monotonic())):
