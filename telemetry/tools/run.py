@@ -237,8 +237,9 @@ def _forget_runtime(made_runtime: tuple[Path, ...]) -> None:
 
 
 class _DaemonKeeper:
-    """While the script runs, a daemon that dies (killed, crashed: anything but its own clean
-    stop, exit 0, or a refusal, exit 2) is followed by a successor on the same run directory and
+    """While the script runs, a daemon that dies (killed, crashed: anything but a stop it was
+    asked for, which writes its drain.json, or a refusal, exit 2) is followed by a successor on
+    the same run directory and
     sockets, at most MAX_RESTARTS times: the ranks' clients reconnect by themselves, and the
     successor takes the run over from its files (checkpoint, sources.json) and the clients' seq
     pages, so what the dead one never wrote is counted lost, exactly. Without it the ranks sent
