@@ -48,9 +48,8 @@ __all__ = ["init", "log", "finish", "define_metric", "watch", "unwatch", "login"
 # `wandb.errors`, as W&B's (a script's `except wandb.errors.UsageError:`); under `telemetry run
 # --as-wandb`, `import wandb.errors` finds the same classes (as_wandb/wandb/errors.py).
 errors = types.ModuleType("wandb.errors", "W&B's error classes, as the drop-in raises them.")
-for _cls in (Error, CommError, AuthenticationError, UsageError, UnsupportedError):
-    setattr(errors, _cls.__name__, _cls)
-errors.__all__ = [c.__name__ for c in (Error, CommError, AuthenticationError, UsageError, UnsupportedError)]
+errors.__dict__.update({c.__name__: c for c in (Error, CommError, AuthenticationError, UsageError, UnsupportedError)})
+errors.__all__ = [k for k in errors.__dict__ if not k.startswith("_")]
 
 MODES = ("online", "offline", "disabled", "shared")
 # init() arguments that change what W&B does in ways the daemon's run cannot follow.

@@ -32,7 +32,7 @@ class AuthenticationError(CommError):
 
 
 class UnsupportedError(UsageError):
-    """W&B's error for a feature it does not support in a mode (named, as CommError)."""
+    """W&B's error for a feature it does not support in a mode (not raised here: named)."""
 
 
 class ServerResponseError(Exception):
@@ -520,9 +520,7 @@ def plain_config_value(v: Any) -> Any:
         return plain_config_value(float(v))
     if isinstance(v, int):               # an int subclass (not an Enum: above)
         return plain_config_value(int(v))
-    if isinstance(v, str):
-        return str(v)
-    return str(v)
+    return str(v)                        # a str subclass as its text; any other object too
 
 
 def config_dict(d: Any) -> dict[str, Any]:

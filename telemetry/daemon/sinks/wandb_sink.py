@@ -287,11 +287,8 @@ class WandbSink(Sink):
     def _consume(self, batch: list[Out]) -> None:
         for i, o in enumerate(batch):
             if self.giving_up:       # the drain's deadline: the run's finish first (Sink.giving_up)
-                left = len(batch) - i
                 self._drop("drain_deadline", "the drain's deadline came with a backlog W&B had not logged: the run "
-                                             "is finished with what it has")
-                self.dropped_by_reason["drain_deadline"] += left - 1
-                self.num_dropped += left - 1
+                                             "is finished with what it has", len(batch) - i)
                 return
             try:
                 self._consume_one(o)
@@ -521,11 +518,11 @@ class WandbSink(Sink):
             self.run.log({"train/step": step, **values})
         self.num_logged += 1
 
-    def _drop(self, reason: str, detail: str) -> None:
-        """A record W&B will not get: counted (num_dropped, by reason), logged once per reason."""
+    def _drop(self, reason: str, detail: str, count: int = 1) -> None:
+        """`count` records W&B will not get: counted (num_dropped, by reason), logged once per reason."""
         n = self.dropped_by_reason.get(reason, 0)
-        self.dropped_by_reason[reason] = n + 1
-        self.num_dropped += 1
+        self.dropped_by_reason[reason] = n + count
+        self.num_dropped += count
         if not n:
             log.warning("wandb: not logged (counted in the sink's dropped, reason %s; logged once): %s",
                         reason, detail)
