@@ -11,6 +11,7 @@ import sys
 
 import pytest
 
+from telemetry.consumers.drain import problem_lines
 from testkit import faults
 
 
@@ -165,6 +166,11 @@ def test_a_w_and_b_run_behind_a_backlog_still_ends_with_its_exit_record(tmp_path
     wb = final["sinks"]["wandb"]
     assert wb["dropped"] > 0, wb                 # a backlog it could not log by the deadline
     assert wb["in"] == wb["written"] + wb["dropped"] + wb.get("queued", 0), wb
+    # It closed (its exit record below): never said "abandoned"; given up on, said closed short.
+    said = problem_lines(final)
+    assert not any("abandoned" in line for line in said), said
+    if "wandb" in final["unfinished_sinks"]:
+        assert 0 < final["sinks_closed_short"]["wandb"] <= wb["dropped"], (final["sinks_closed_short"], wb)
     (path,) = glob.glob(str(d.log_dir / "wandb" / "offline-run-*" / "run-*.wandb"))
     exits = [r.exit for r in read_records(wait_finished(path, timeout_s=60)) if r.WhichOneof("record_type") == "exit"]
     assert len(exits) == 1 and exits[0].exit_code == 0, exits

@@ -144,6 +144,9 @@ class Runner:
         self.log.append(("abandon", self.name))
         return self.ends_in_grace
 
+    def ended_short(self) -> int | None:
+        return None if self.hung else 0      # a hung sink is still in its batch
+
     def queued(self) -> int:
         return 0
 
@@ -290,3 +293,52 @@ def test_a_sink_with_a_close_reserve_is_given_up_on_that_long_before_the_end_wha
     out._in_order = list(out.runners)
     out.drain(clock2.t + 12.0)
     assert not [e for e in log if e[0] == "give_up" and e[2] < clock2.t - 1.0], log
+
+
+def test_a_sink_given_up_on_that_closed_in_time_is_said_closed_short_not_abandoned():
+    """A sink with a close reserve (W&B) given up on under a backlog at the drain stops inside its
+    batch, closes (W&B: the run's exit record) and counts the rest dropped: the drain names it
+    closed without them, with how many, and not "abandoned" (it was logged "still busy at the
+    drain deadline, abandoned" though it had finished); a sink still inside its batch at the end
+    is abandoned. Real runner threads, a real clock."""
+    import time
+
+    from telemetry.consumers.drain import problem_lines
+    from telemetry.daemon.sinks.base import Out, Sink, SinkRunner
+
+    class Slow(Sink):
+        close_reserve_s = 1.0
+
+        def __init__(self, name: str, hang: bool = False) -> None:
+            self.name, self.hang, self.closed = name, hang, False
+
+        def consume(self, batch):
+            for i in range(len(batch)):
+                if self.giving_up and not self.hang:
+                    self.num_dropped += len(batch) - i    # the rest of its batch, counted
+                    return
+                time.sleep(0.001 if not self.hang else 30)
+
+        def close(self):
+            self.closed = True
+
+    out = FanOut()
+    slow = out.add(SinkRunner(Slow("wandb"), max_queued=10 ** 6))
+    hung = out.add(SinkRunner(Slow("hung", hang=True), max_queued=10 ** 6))
+    out._in_order = list(out.runners)
+    out.last_words = lambda: None
+    for r in out.runners:
+        r.start()
+    records = [Out("metrics", {"step": s}, b"x") for s in range(fanout.EARLY_GIVE_UP_BACKLOG * 4)]
+    for i in range(0, len(records), 500):
+        for r in out.runners:
+            r.put(records[i:i + 500], 500)
+    assert not out.drain(time.monotonic() + 3.0)
+    assert slow.sink.closed and not hung.sink.closed
+    assert set(out.unfinished) == {"wandb", "hung"}, out.unfinished
+    st = slow.stats()
+    assert 0 < out.closed_short["wandb"] <= st["dropped"] and st["in"] == st["written"] + st["dropped"], (out.closed_short, st)
+    assert "hung" not in out.closed_short
+    said = problem_lines({"unfinished_sinks": out.unfinished, "sinks_closed_short": out.closed_short})
+    assert any(line.startswith("closed in time without") and "wandb" in line for line in said), said
+    assert [line for line in said if "abandoned" in line] == ["abandoned at the deadline: hung"], said

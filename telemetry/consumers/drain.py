@@ -31,7 +31,7 @@ def run(args: argparse.Namespace) -> int:
 
         # A run name, a path, a sink's last error may carry what a rank sent: no escape sequence.
         print("\n".join(map(printable, summary_lines(final))))
-    problems = _problems(final)
+    problems = problem_lines(final)
     if problems:
         print("telemetry drain: " + "; ".join(problems), file=sys.stderr)
     jsonl = _jsonl(final)
@@ -39,7 +39,7 @@ def run(args: argparse.Namespace) -> int:
     return 0 if final.get("drained") and not failed else 1
 
 
-def _problems(final: dict) -> list[str]:
+def problem_lines(final: dict) -> list[str]:
     """What the final counters say was lost or is unknown, in words (nothing: an empty list)."""
     out = []
     jsonl = _jsonl(final)
@@ -61,6 +61,13 @@ def _problems(final: dict) -> list[str]:
                    f"{final.get('sources_ended_by_page', 0)} client(s) that ended without a bye (killed or crashed): "
                    f"counted lost by their seq pages")
     unfinished = final.get("unfinished_sinks")
+    short = final.get("sinks_closed_short")
+    short = short if isinstance(short, dict) else {}
+    if short:
+        out.append("closed in time without what was queued behind them (counted dropped): "
+                   + ", ".join(f"{name} {_num(n, ',')} records" for name, n in short.items()))
+    if isinstance(unfinished, list):
+        unfinished = [name for name in unfinished if name not in short]
     if unfinished:
         out.append("abandoned at the deadline: " + (", ".join(map(str, unfinished)) if isinstance(unfinished, list)
                                                    else str(unfinished)))

@@ -58,6 +58,7 @@ def run(d: Daemon) -> int:
     unfinished = d.fanout.unfinished
     drained_at = time.monotonic()
     final = {"ok": True, "drained": not unfinished, "unfinished_sinks": unfinished,
+             "sinks_closed_short": d.fanout.closed_short,
              "stop_code": d.stop_code, "stop_reason": d.stop_reason, **d.report.status()}
     final_written = write_drain_json(d.log_dir, final)
     d.continuity.write(d.fanout.num_records_out)

@@ -371,6 +371,14 @@ class SinkRunner:
             self._sizes.clear()
             return not alive and self.num_dropped == self._dropped_at_give_up
 
+    def ended_short(self) -> int | None:
+        """After abandon: how many records the sink closed without (given up on, it ended with
+        those counted dropped), or None while it is still busy (abandoned in its batch)."""
+        with self._cond:
+            if self._thread.is_alive():
+                return None
+            return self.num_dropped - self._dropped_at_give_up
+
     def stats(self) -> dict:
         """The runner's counters (what every sink's row means, as in the daemon record's
         telemetry/sink/<name>/...; `dropped` holds the sink's own drops too) and the sink's own
@@ -432,6 +440,9 @@ class InlineRunner(SinkRunner):
 
     def abandon(self, grace_s: float) -> bool:
         return True     # close never leaves it unfinished
+
+    def ended_short(self) -> int | None:
+        return 0
 
     def close(self, timeout_s: float) -> bool:
         if self._closed:

@@ -57,7 +57,8 @@ class FanOut(Stage):
         # request: the script_exit event's data; None: no exit code).
         self.exit_data: Callable[[], dict | None] = lambda: None
         self.last_words: Callable[[], None] = lambda: None   # the drain's last records (the daemon's)
-        self.unfinished: list[str] = []            # runners (and "media") still busy at the deadline
+        self.unfinished: list[str] = []            # runners (and "media") not drained by the deadline
+        self.closed_short: dict[str, int] = {}     # of those: closed, without this many records
 
     def add(self, runner: SinkRunner) -> SinkRunner:
         """A runner, under a name no other has: a second sink of the same name (two custom sinks
@@ -172,8 +173,16 @@ class FanOut(Stage):
             if ended:           # back from their last batch within the grace, nothing queued behind
                 unfinished = [name for name in unfinished if name not in ended]
                 log.warning("finished within the drain's grace, nothing dropped: %s", ", ".join(ended))
-            if unfinished:
-                log.error("still busy at the drain deadline, abandoned: %s", ", ".join(unfinished))
+            # Closed, but without what was queued behind their last batch (counted dropped): not
+            # drained, yet not "abandoned" either (W&B's run got its exit record).
+            short = {r.name: r.ended_short() for r in late if r.name in unfinished}
+            self.closed_short = {name: n for name, n in short.items() if n is not None}
+            if self.closed_short:
+                log.warning("closed in time without the records queued behind its last batch (counted "
+                            "dropped): %s", ", ".join(f"{name} {n}" for name, n in self.closed_short.items()))
+            busy = [name for name in unfinished if name not in self.closed_short]
+            if busy:
+                log.error("still busy at the drain deadline, abandoned: %s", ", ".join(busy))
         self.unfinished = unfinished
         return not unfinished
 
