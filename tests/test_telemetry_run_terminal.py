@@ -1,9 +1,14 @@
-"""`telemetry run` at a terminal: Ctrl-C reaches the script once, as it would without us.
+"""`telemetry run` and signals: one the script would have had without us reaches it once.
 
-The terminal sends SIGINT to its whole foreground process group, the launcher and the script
-alike; a launcher that passed it on as well interrupted the script a second time, inside its exit
-hooks (a second traceback, and the W&B run's exit code 130 where W&B records 255)."""
+At a terminal: the terminal sends SIGINT to its whole foreground process group, the launcher and
+the script alike; a launcher that passed it on as well interrupted the script a second time,
+inside its exit hooks (a second traceback, and the W&B run's exit code 130 where W&B records
+255). Without one: `timeout`, `kill -TERM -PGID` or a scheduler signal the launcher's whole group;
+the script had it directly and passed on by the launcher, twice (a preemption handler ran twice).
+It now runs in a group of its own and still ends with the launcher (a group SIGKILL)."""
 from __future__ import annotations
+
+import subprocess
 
 import hashlib
 import os
@@ -80,3 +85,84 @@ def test_ctrl_c_at_the_terminal_reaches_the_script_once(tmp_path):
     (path,) = tmp_path.glob("wandb/offline-run-*/run-*.wandb")
     exits = [r.exit.exit_code for r in read_records(wait_finished(path)) if r.WhichOneof("record_type") == "exit"]
     assert exits == [255], (exits, text[-3000:])                      # W&B's code for a KeyboardInterrupt
+
+
+COUNTING = """
+import os, signal, sys, time
+got = []
+for sig in (signal.SIGINT, signal.SIGTERM):
+    signal.signal(sig, lambda n, _f: got.append(signal.Signals(n).name))
+print("ready", os.getpid(), flush=True)
+deadline, first = time.monotonic() + float(sys.argv[1]), None
+while time.monotonic() < deadline:
+    if got and first is None:          # one more would come within this
+        first = time.monotonic()
+        deadline = first + 3.0
+    time.sleep(0.05)
+print("signals", ",".join(got) or "none", flush=True)
+"""
+
+
+def _launched(tmp_path, wait_s: float) -> subprocess.Popen:
+    """`telemetry run` of COUNTING without a terminal, leading a process group of its own (as
+    under `timeout` or a scheduler), once the script said it is ready."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    (tmp_path / "count.py").write_text(COUNTING)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TELEMETRY_", "WANDB_"))}
+    env.update(PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
+    p = subprocess.Popen([sys.executable, "-m", "telemetry", "run", "--quiet", "--wandb", "disabled",
+                          "--run-dir", str(tmp_path / "r"), "--", "count.py", str(wait_s)],
+                         cwd=tmp_path, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    for line in p.stdout:
+        if line.startswith("ready"):
+            p.script_pid = int(line.split()[1])
+            return p
+    raise AssertionError(f"the script never said ready: exit {p.wait()}")
+
+
+def test_a_signal_to_the_launchers_group_reaches_the_script_once(tmp_path):
+    """`timeout` sends SIGTERM to its child and to its whole process group: the script gets one."""
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        p = _launched(tmp_path / sig.name, 120)
+        try:
+            os.killpg(p.pid, sig)
+            rest = p.stdout.read()
+            assert p.wait(120) == 0, rest
+        finally:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+        assert f"signals {sig.name}\n" in rest, rest
+
+
+def test_the_script_ends_with_the_launcher_killed_by_a_group_sigkill(tmp_path):
+    """In a group of its own, the script still ends when its launcher's group is SIGKILLed (and
+    when the launcher alone is): nothing keeps training, unseen, after `timeout -k` or kill -9."""
+    for alone in (False, True):
+        p = _launched(tmp_path / f"alone-{alone}", 600)
+        if alone:
+            p.kill()
+        else:
+            os.killpg(p.pid, signal.SIGKILL)
+        p.wait(60)
+        deadline = time.monotonic() + 60     # a hang detector
+        while not _gone(p.script_pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        outlived = not _gone(p.script_pid)
+        if outlived:
+            os.kill(p.script_pid, signal.SIGKILL)
+        # The daemon watches the launcher's pid: it drains by itself (a drained run left behind).
+        drained = tmp_path / f"alone-{alone}" / "r" / "drain.json"
+        while not drained.exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not outlived, f"the script outlived its launcher (alone={alone})"
+
+
+def _gone(pid: int) -> bool:
+    """The process has ended (a zombie not yet reaped counts as ended)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+

@@ -373,10 +373,19 @@ def _launch(target: list[str], nproc: int, env: dict, launcher: str = "torchrun"
     else:
         cmd = [*module_cmd("trainer.launch"), "--standalone", "--nproc_per_node", str(nproc),
                *(["-m", *target[1:]] if module else target)]
+    at_terminal = _terminal_sent_it()
+    if not at_terminal and sys.platform.startswith("linux"):
+        # A signal to the launcher's whole process group (`timeout`, `kill -TERM -PGID`, a
+        # scheduler's group kill) reached the script twice: directly, and passed on by us (a
+        # preemption handler ran twice; a second SIGINT broke the script's clean-up). In a group
+        # of its own it gets what we pass on, once; it still ends with us, as a group SIGKILL
+        # would have ended it (PR_SET_PDEATHSIG). At a terminal it stays in the foreground group:
+        # Ctrl-C is the terminal's, and it may read the terminal.
+        cmd = [sys.executable, "-I", "-S", "-c", _OWN_GROUP, str(os.getpid()), *cmd]
     proc = subprocess.Popen(cmd, env=env)
 
     def forward(signum, _frame):
-        if proc.poll() is None and not (signum == signal.SIGINT and _terminal_sent_it()):
+        if proc.poll() is None and not (signum == signal.SIGINT and at_terminal and _terminal_sent_it()):
             proc.send_signal(signum)
 
     old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
@@ -386,6 +395,20 @@ def _launch(target: list[str], nproc: int, env: dict, launcher: str = "torchrun"
         for s, h in old.items():
             signal.signal(s, h)
     return 128 - rc if rc < 0 else rc
+
+
+# Execs the script's command (argv[2:]) in a process group of its own, to be SIGKILLed when the
+# launcher (argv[1], its parent) dies: what a signal to the launcher's group did before.
+_OWN_GROUP = """import ctypes, os, sys
+try:
+    ctypes.CDLL(None, use_errno=True).prctl(1, 9)   # PR_SET_PDEATHSIG, SIGKILL
+except (OSError, AttributeError):
+    pass
+if os.getppid() != int(sys.argv[1]):
+    os._exit(128 + 9)                               # the launcher is already gone
+os.setpgid(0, 0)
+os.execv(sys.argv[2], sys.argv[2:])
+"""
 
 
 def _terminal_sent_it() -> bool:
