@@ -97,3 +97,52 @@ def test_run_sh_deepspeed_exits_137_when_the_rank_is_sigkilled(tmp_path):
     assert "[trainer.launch] rank 0 failed first (exit code -9): exiting 137" in out, out[-3000:]
 
 
+
+
+def test_deepspeed_launch_passes_sigterm_on_to_its_ranks(tmp_path):
+    """SIGTERM to trainer.launch --deepspeed (what `telemetry run` passes on) reaches every rank
+    once, through DeepSpeed's node launcher, and the launch exits 128+15. DeepSpeed's runner
+    passes nothing on to a local node launcher: killed, it left the ranks training, unseen."""
+    pytest.importorskip("deepspeed")
+    import signal
+    import time
+
+    script = tmp_path / "worker.py"
+    script.write_text(SIGTERM_WORKER)
+    p = subprocess.Popen([sys.executable, "-m", "trainer.launch", "--deepspeed", "--num_nodes", "1", "--num_gpus", "2",
+                          str(script), str(tmp_path)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 240          # a hang detector
+        while not all((tmp_path / f"ready-{r}").exists() for r in (0, 1)):
+            assert time.monotonic() < deadline and p.poll() is None, p.stdout.read()[-3000:] if p.poll() else ""
+            time.sleep(0.1)
+        p.send_signal(signal.SIGTERM)
+        out = p.communicate(timeout=120)[0]
+    finally:
+        try:
+            os.killpg(p.pid, signal.SIGKILL)    # whatever is left of its group (an orphaned node launcher)
+        except ProcessLookupError:
+            pass
+    pids = [int((tmp_path / f"ready-{r}").read_text()) for r in (0, 1)]
+    for pid in pids:
+        assert not os.path.exists(f"/proc/{pid}") or \
+            open(f"/proc/{pid}/stat").read().rpartition(")")[2].split()[0] == "Z", f"rank {pid} outlived the launch"
+    assert [(tmp_path / f"got-{r}").read_text() for r in (0, 1)] == ["SIGTERM", "SIGTERM"], out[-3000:]
+    assert p.returncode == 128 + signal.SIGTERM, out[-3000:]
+
+
+SIGTERM_WORKER = """
+import os, signal, sys, time
+rank, out = int(os.environ["RANK"]), sys.argv[-1]
+got = []
+signal.signal(signal.SIGTERM, lambda n, _f: got.append(signal.Signals(n).name))
+with open(f"{out}/ready-{rank}", "w") as f:
+    f.write(str(os.getpid()))
+deadline = time.monotonic() + 200
+while time.monotonic() < deadline and not got:
+    time.sleep(0.05)
+time.sleep(1.0)                 # a second one would come within this
+with open(f"{out}/got-{rank}", "w") as f:
+    f.write(",".join(got))
+"""

@@ -22,9 +22,12 @@ Either way a rank killed by signal N exits 128+N, as a shell reports it.
 """
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 from typing import Any
+
+from telemetry.shared.signals import at_foreground_terminal
 
 DS_NODE_MODULE = "deepspeed.launcher.launch"
 
@@ -106,11 +109,32 @@ def deepspeed_main(argv: list[str]) -> int:
         return subprocess.Popen(cmd, *args, **kwargs)   # anything else (pdsh, ssh) as it was
 
     runner.subprocess = _Subprocess(popen)
+    forwarded: list[int] = []
+
+    def forward(signum, _frame):
+        # DeepSpeed's runner passes nothing on to a local node launcher: killed by SIGTERM, it left
+        # the node launcher and its ranks training, unseen. Its node launcher ends its ranks on
+        # either signal; a Ctrl-C at a terminal reached it already (the whole foreground group).
+        forwarded.append(signum)
+        if not nodes:       # before the node launcher started: nothing to end but this
+            raise SystemExit(128 + signum)
+        if signum == signal.SIGINT and at_foreground_terminal():
+            return
+        for proc in nodes:
+            if proc.poll() is None:
+                proc.send_signal(signum)
+
+    old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         runner.main(argv)
         code = 0
     except SystemExit as exc:
         code = _exit_code(exc)
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+    if forwarded and code != 0:      # stopped by the signal: the shell's code for it, as for a rank
+        return 128 + forwarded[0]
     if code == 0 and nodes and nodes[-1].returncode:   # the runner exits 0 for a killed node launcher
         code = shell_code(nodes[-1].returncode)
         print(f"[trainer.launch] the node launcher was ended by signal {-nodes[-1].returncode}: "

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Callable
 
 from telemetry.shared.ourpython import module_cmd
+from telemetry.shared.signals import at_foreground_terminal
 
 MAX_NPROC = 1024
 
@@ -373,7 +374,7 @@ def _launch(target: list[str], nproc: int, env: dict, launcher: str = "torchrun"
     else:
         cmd = [*module_cmd("trainer.launch"), "--standalone", "--nproc_per_node", str(nproc),
                *(["-m", *target[1:]] if module else target)]
-    at_terminal = _terminal_sent_it()
+    at_terminal = at_foreground_terminal()
     if not at_terminal and sys.platform.startswith("linux"):
         # A signal to the launcher's whole process group (`timeout`, `kill -TERM -PGID`, a
         # scheduler's group kill) reached the script twice: directly, and passed on by us (a
@@ -385,7 +386,7 @@ def _launch(target: list[str], nproc: int, env: dict, launcher: str = "torchrun"
     proc = subprocess.Popen(cmd, env=env)
 
     def forward(signum, _frame):
-        if proc.poll() is None and not (signum == signal.SIGINT and at_terminal and _terminal_sent_it()):
+        if proc.poll() is None and not (signum == signal.SIGINT and at_terminal and at_foreground_terminal()):
             proc.send_signal(signum)
 
     old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
@@ -409,17 +410,6 @@ if os.getppid() != int(sys.argv[1]):
 os.setpgid(0, 0)
 os.execv(sys.argv[2], sys.argv[2:])
 """
-
-
-def _terminal_sent_it() -> bool:
-    """True when this process is in its terminal's foreground process group with the script: a
-    Ctrl-C there is the terminal's SIGINT to the whole group, so the script has it already (a
-    second one would interrupt its clean-up or exit hooks). A SIGINT sent to this process alone
-    while it runs in the foreground at a terminal is then not passed on; SIGTERM always is."""
-    try:
-        return os.isatty(0) and os.tcgetpgrp(0) == os.getpgrp()
-    except OSError:
-        return False
 
 
 def _attach(what: str, log_dir: Path, runtime: Path, env: dict, port: str) -> list[subprocess.Popen]:
