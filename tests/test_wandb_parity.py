@@ -537,3 +537,36 @@ def test_a_histogram_set_on_the_summary_is_in_the_w_and_b_runs_summary(tmp_path_
     ours, _, _ = shared_run(tmp_path_factory, sidecar_run, path, 1, {})
     assert user_summary(ours)["s_hist"]["_type"] == "histogram"
     assert_same_run(real, ours)
+
+
+def test_a_flat_key_and_a_nested_one_of_the_same_name_are_two_keys_as_in_w_and_b(tmp_path_factory):
+    """A flat "a/b" and a nested {"a": {"b": v}} are two keys in W&B's run (its history and
+    summary keep the path ("a", "b") beside the key "a/b"; so a flat "d.e.f" beside d -> e -> f):
+    the drop-in flattened both to "a/b", so one value of the row was lost, the summary held one of
+    them nested, and define_metric of "m.x" (W&B's name of the nested key) read back as the plain
+    value. The history by path, the summary W&B's server builds, what the script read back and
+    metrics.jsonl (every number of each W&B row, none lost to another of its name) are W&B's."""
+    from collections import Counter
+
+    from wandb_offline import summary_tree, user_history_paths
+
+    path = SCRIPTS / "flat_and_nested.py"
+    real, out_real, _ = shared_run(tmp_path_factory, real_run, path, 1, {})
+    ours, out_ours, work = shared_run(tmp_path_factory, sidecar_run, path, 1, {})
+    hr, ho = user_history_paths(real), user_history_paths(ours)
+    assert sorted(ho) == sorted(hr), "the _steps"
+    for step in hr:
+        assert _close(ho[step], hr[step]), (f"the row at _step {step}", ho[step], hr[step])
+    assert hr[0] == {("a/b",): 1, ("a", "b"): 2}
+    assert summary_tree(ours) == summary_tree(real), (summary_tree(ours), summary_tree(real))
+    lines = [json.loads(ln) for ln in out_real.splitlines() if ln.startswith("{")]
+    assert len(lines) == 1 and [json.loads(ln) for ln in out_ours.splitlines() if ln.startswith("{")] == lines, out_ours
+    assert lines[0]["a/b"] == 1 and lines[0]["a"] == {"b": 20} and lines[0]["m"] == {"x": {"max": 62}}
+    jsonl: dict[int, Counter] = {}
+    with open(work / "r" / "metrics.jsonl") as f:
+        for rec in map(json.loads, f):
+            if rec["kind"] == "metrics" and "rank" not in rec:
+                jsonl.setdefault(rec["step"], Counter()).update(rec["values"].values())
+    for step, row in hr.items():
+        numbers = Counter(v for v in row.values() if isinstance(v, (int, float)) and not isinstance(v, bool))
+        assert not numbers - jsonl.get(step, Counter()), (f"metrics.jsonl at step {step}", jsonl.get(step), row)

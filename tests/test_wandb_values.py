@@ -71,6 +71,41 @@ def test_a_row_of_many_keys_lands_whole_at_its_step(rx, monkeypatch):
     assert tm.stats()["dropped"] == 0
 
 
+def test_a_flat_key_a_nested_one_named_first_keeps_its_rows_on_every_path(rx, monkeypatch):
+    """W&B keeps a flat "a/b" and a nested a -> b as two keys: once a nested one has the record
+    name "a/b", the flat key is named apart on the fast path (plain floats) and in a row too wide
+    to be checked key by key, as on the general path; no row loses a value to the other key, and
+    the daemon is told each name's path before the rows that use it."""
+    from protocol import Event
+
+    run, tm = _run(rx, monkeypatch)
+    wide = {f"w{i}": 0.0 for i in range(20_000)}
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        run.log({"a": {"b": 1.0}, "c/d": 2.0})       # nested first: it is "a/b"
+        run.log({"a/b": 3.0, "c/d": 4.0})            # the fast path's row (plain floats)
+        run.log({"a/b": 5.0, "c/d": 6.0})
+        run.log({**wide, "a/b": 7.0})                # the wide row
+        run.log({"c": {"d": 8.0}})                   # nested after the flat "c/d"
+        run.finish()
+    tm.close(timeout_s=10.0)
+    records = rx.recv_until(lambda r: isinstance(r, Bye)) + rx.drain(1000)
+    paths = {}
+    for r in records:
+        if isinstance(r, Event) and r.name == "wandb/nested":
+            paths.update(r.data["paths"])
+        elif isinstance(r, Metrics):
+            assert set(r.values) - {"telemetry/client_s"} <= set(paths) | {"c/d"} | set(wide), (r.values, paths)
+    assert paths == {"a/b": ["a", "b"], "a/b#2": ["a/b"], "c/d#2": ["c", "d"]}
+    rows = {}
+    for r in records:
+        if isinstance(r, Metrics):
+            rows.setdefault(r.step, {}).update({k: v for k, v in r.values.items() if k != "telemetry/client_s"})
+    assert rows == {0: {"a/b": 1.0, "c/d": 2.0}, 1: {"a/b#2": 3.0, "c/d": 4.0}, 2: {"a/b#2": 5.0, "c/d": 6.0},
+                    3: {**wide, "a/b#2": 7.0}, 4: {"c/d#2": 8.0}}
+    assert run.summary["a"] == {"b": 1.0} and run.summary["a/b"] == 7.0 and run.summary["c"]["d"] == 8.0
+
+
 def test_a_row_of_plain_numbers_takes_no_python_work_per_value(rx, monkeypatch):
     """The common row (str keys, float/int values, no step or commit) goes to the client without
     flatten() or refusal() per value, and keeps W&B's rules: rows mixed with a pending

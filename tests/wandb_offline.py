@@ -97,6 +97,20 @@ def summary(path: str | Path) -> dict:
     return out
 
 
+def user_history_paths(path: str | Path) -> dict[int, dict[tuple[str, ...], object]]:
+    """The history by `_step`, each value under its key's path as W&B stored it (a nested dict's
+    value under ("a", "b"), a flat key under ("a/b",): two keys user_history would join into
+    one), without W&B's own row keys."""
+    rows: dict[int, dict[tuple[str, ...], object]] = {}
+    for rec in read_records(path):
+        if rec.WhichOneof("record_type") == "history":
+            row = {tuple(item.nested_key) if item.nested_key else (item.key,): json.loads(item.value_json)
+                   for item in rec.history.item}
+            step = row.pop(("_step",))
+            rows[step] = {k: v for k, v in row.items() if k not in (("_timestamp",), ("_runtime",))}
+    return rows
+
+
 def summary_tree(path: str | Path) -> dict:
     """The run summary as W&B's server builds it from the file's summary records: each update
     set at its key or nested key (inside the dicts above it), each removal applied; W&B's own

@@ -11,7 +11,7 @@ from collections.abc import MutableMapping, Sequence
 from fnmatch import fnmatchcase
 from typing import Any, Callable, Iterator, Mapping
 
-from telemetry.shared.wandb_keys import nest
+from telemetry.shared.wandb_keys import metric_name, nest
 
 
 class Error(RuntimeError):
@@ -188,7 +188,9 @@ class Summary(_Items):
     tensor is read (`.item()`) when its key is read, as W&B reads it at log. A value logged or set
     inside a nested dict is read back nested, as W&B's summary holds it (`summary["m"]` is
     `{"a": 1}` after `log({"m": {"a": 1}})`, and there is no `summary["m/a"]`): `_paths` holds
-    the path of each flat key that came from nesting (filled by the run as it flattens)."""
+    the path of each record name that is not a flat key named as itself (a nested key, or a flat
+    one named apart from a nested one: telemetry/shared/wandb_keys.py, RecordNames), filled by
+    the run as it flattens."""
 
     def _view(self) -> dict[str, Any]:
         """The summary as W&B's reads: flat keys as they are, nested ones under their path; a
@@ -254,10 +256,13 @@ class Summary(_Items):
         self._key_ops.clear()
 
     def _ops_of(self, key: str) -> frozenset[str]:
+        """The define_metric summary of the key with record name `key`, matched as W&B matches
+        it: by the key's metric name ("m.x" for the nested m -> x, "m/x" for the flat "m/x")."""
         ops = self._key_ops.get(key)
         if ops is None:
-            exact = [o for n, o in self._ops if n == key]
-            ops = exact[-1] if exact else next((o for n, o in self._ops if "*" in n and fnmatchcase(key, n)),
+            name = metric_name(self._paths.get(key, (key,)))
+            exact = [o for n, o in self._ops if n == name]
+            ops = exact[-1] if exact else next((o for n, o in self._ops if "*" in n and fnmatchcase(name, n)),
                                                frozenset())
             self._key_ops[key] = ops
         return ops

@@ -13,7 +13,9 @@ tests/test_wandb_module.py and tests/test_wandb_dropin.py):
   below it is dropped with W&B's warning; the row at s is not committed unless commit=True;
 - nested dicts become "a/b" keys in the records (the daemon's flat names); W&B keeps them nested
   (its UI shows "a.b"), so each such key's path is sent once (a `wandb/nested` event) and the
-  daemon's W&B sink logs the value nested again, as W&B would have.
+  daemon's W&B sink logs the value nested again, as W&B would have. W&B keeps a flat "a/b" and a
+  nested a -> b as two keys; the second of them to be logged is named "a/b#2" in the records
+  (telemetry/shared/wandb_keys.py: RecordNames), its path sent the same way.
 
 Across ranks: every rank may log. The hello names how many ranks log: a rank above 0 that calls
 init says "every rank" (the world size), rank 0 alone says 1, so the daemon never waits for a
@@ -62,6 +64,7 @@ from telemetry.integrations.wandb_objects import Config, Error, Metric, Summary,
 from telemetry.integrations.wandb_media import INLINE_ARRAY, INLINE_LIST, Array, Histogram, List, Media, MediaWriter
 from telemetry.shared.bookkeeping import SUMMARY_REMOVE_EVENT
 from telemetry.shared.media import EVENT as MEDIA_EVENT
+from telemetry.shared.wandb_keys import RecordNames
 
 SUMMARY_EVENT = "wandb/summary"             # {key: value}: run.summary set (what consumers read)
 # Just before each: {"step": s, "replace": [[key, ...], ...]}, the rows it comes after (the
@@ -107,23 +110,23 @@ def run_in_use(run_id: str) -> bool:
 _exit_hook_registered = False
 
 
-def flatten(data: Mapping[str, Any], nested: dict[str, tuple[str, ...]] | None = None,
-            path: tuple[str, ...] = ()) -> dict[str, Any]:
-    """Nested dicts as "a/b" keys; other values as they are. `nested` gets the path of each key
-    that came from nesting ("a/b" -> ("a", "b")), for the daemon's W&B run to nest it again."""
+def flatten(data: Mapping[str, Any], names: RecordNames, path: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Each value under its record name: a nested dict's as "a/b", a flat key's as it is, either
+    made distinct when another key of the run has that name (`names`, which keeps each path)."""
     out: dict[str, Any] = {}
-    prefix = "".join(p + "/" for p in path)
+    claimed, flat = names.paths, names.flat
     for k, v in data.items():
         if k.__class__ is not str and not isinstance(k, str):
             raise TypeError("Key values passed to `wandb.log` must be strings.")
         c = v.__class__
         # A float or int (the usual value) skips the Mapping check: an ABC isinstance is slow.
         if c is not float and c is not int and isinstance(v, Mapping):
-            out.update(flatten(v, nested, path + (k,)))
-            continue
-        out[prefix + k] = v
-        if path and nested is not None:
-            nested[prefix + k] = path + (k,)
+            out.update(flatten(v, names, path + (k,)))
+        elif path or k in claimed:
+            out[names.name(path + (k,))] = v
+        else:                   # a top-level key no other has named: itself (RecordNames.name, inline)
+            flat.add(k)
+            out[k] = v
     return out
 
 
@@ -210,7 +213,8 @@ class Run(RunCalls):
         self._warned: set[str] = set()
         self._finished = False
         self._media = MediaWriter()
-        self._nested_sent: set[str] = set()
+        self._names = RecordNames()
+        self._num_paths_sent = 0            # of _names.paths, told the daemon (wandb/nested)
         self._fast_keys: frozenset = frozenset()    # the last fast row's keys (see log)
         self._media_step = -1               # the step of the last media sent (its row is not empty)
         self._row_open = False              # a log() call made the current step's row
@@ -373,6 +377,12 @@ class Run(RunCalls):
             self._warn_once("wide", f"telemetry.wandb: a row of more than {WIDE_ROW_KEYS} keys is passed to the "
                                     f"daemon unchecked: its numbers and tensors are logged; text, nested dicts "
                                     f"and media in it are not")
+            names = self._names
+            if names.paths.keys().isdisjoint(data):
+                names.flat.update(data)
+            else:                           # a key a nested one was named first: its own name
+                data = {names.name((k,)): v for k, v in data.items()}
+                self._send_paths()
             pending.update(data)
             data = {}
         for k, v in self._flatten(data).items():
@@ -404,9 +414,12 @@ class Run(RunCalls):
 
     def _fast_keys_ok(self, data: dict) -> bool:
         """Whether `data`'s keys suit Run.log's fast path (1..WIDE_ROW_KEYS str keys, none
-        longer than MAX_NAME_CHARS); if so they are kept, for the next row's keys comparison."""
+        longer than MAX_NAME_CHARS, none whose record name is another: see RecordNames); if so
+        they are kept, for the next row's keys comparison, and named as themselves."""
+        names = self._names
         if data and len(data) <= WIDE_ROW_KEYS and set(map(type, data)) == _STR \
-                and max(map(len, data)) <= MAX_NAME_CHARS:
+                and max(map(len, data)) <= MAX_NAME_CHARS and names.paths.keys().isdisjoint(data):
+            names.flat.update(data)
             self._fast_keys = frozenset(data)
             return True
         return False
@@ -463,16 +476,21 @@ class Run(RunCalls):
             self._pending = {}
 
     def _flatten(self, data: Mapping[str, Any]) -> dict[str, Any]:
-        """flatten(), telling the daemon once of each key that came from nesting."""
-        nested: dict[str, tuple[str, ...]] = {}
-        flat = flatten(data, nested)
-        if nested:
-            self.summary._paths.update(nested)      # run.summary reads them back nested, as W&B's
-            new = {k: list(p) for k, p in nested.items() if k not in self._nested_sent}
-            if new:
-                self._nested_sent.update(new)
-                self._client.get().event(NESTED_EVENT, {"paths": new})
+        """flatten(), telling the daemon once of each key's path (see _send_paths)."""
+        flat = flatten(data, self._names)
+        self._send_paths()
         return flat
+
+    def _send_paths(self) -> None:
+        """The paths of the record names made since the last call (nested keys, and flat ones
+        named apart): run.summary reads them back at their paths, and the daemon's W&B run logs
+        them there, as W&B's (a `wandb/nested` event, before the values that use them)."""
+        paths = self._names.paths
+        if len(paths) > self._num_paths_sent:
+            new = dict(list(paths.items())[self._num_paths_sent:])
+            self._num_paths_sent = len(paths)
+            self.summary._paths.update(new)
+            self._client.get().event(NESTED_EVENT, {"paths": {k: list(p) for k, p in new.items()}})
 
     def _send_media(self, key: str, media: list, as_list: bool = False, writer: Any = None) -> None:
         """One media value, or a list of them of one type (W&B logs a list of images as one

@@ -28,7 +28,8 @@ counted. With an init's hello, the run config is the init's config (flat, as in 
 else. `run.summary[...]`
 set in a rank arrives as a "wandb/summary" event and is set on the run's summary. Keys a rank
 flattened from nested dicts ("a/b", the records' flat names) are nested again as W&B keeps
-them, from the paths a "wandb/nested" event gave. A
+them, from the paths a "wandb/nested" event gave; so is a flat key the rank named apart from a
+nested one of the same name ("a/b#2": the path ["a/b"], W&B's key "a/b"). A
 `wandb.Image`, `wandb.Histogram`, `wandb.Table`, `wandb.Html` or `wandb.Audio` (or a long list
 or numpy array value, logged as the value itself) logged in a rank arrives as a "wandb/media"
 event naming a file in the media directory (telemetry/shared/media.py): the sink waits for the
@@ -585,7 +586,8 @@ class WandbSink(Sink):
 
     def _nest(self, values: dict) -> dict:
         """Keys a telemetry.wandb rank flattened from nested dicts, nested again ("a/b" ->
-        {"a": {"b": v}}), as W&B keeps them."""
+        {"a": {"b": v}}), and flat keys it named apart back at their own key ("a/b#2" -> "a/b"),
+        as W&B keeps them."""
         return nest(values, self._nested)
 
     def _log_media(self, data: dict) -> None:
