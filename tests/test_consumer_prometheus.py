@@ -60,7 +60,7 @@ def test_gauges_scraped_over_http(daemon):
                     break
             client.event("checkpoint_saved", {"path": "/x"})
             deadline = time.monotonic() + 10
-            while time.monotonic() < deadline and 'telemetry_events_total{name="checkpoint_saved"}' not in got:
+            while time.monotonic() < deadline and 'telemetry_events_total{name="checkpoint_saved",severity="info"}' not in got:
                 time.sleep(0.1)
                 got = _scrape(url, token)
         finally:
@@ -68,8 +68,8 @@ def test_gauges_scraped_over_http(daemon):
         assert got["telemetry_train_loss"] == 1.25
         assert got['telemetry_dataset_loss{dataset="code"}'] == 0.75
         assert got["telemetry_perf_tokens_per_second"] == 200.0  # derived by the daemon: 100 / 0.5 s
-        assert got["telemetry_step"] >= 1
-        assert got['telemetry_events_total{name="checkpoint_saved"}'] == 1
+        assert got["telemetry_training_step"] >= 1
+        assert got['telemetry_events_total{name="checkpoint_saved",severity="info"}'] == 1
         assert got["telemetry_last_record_timestamp_seconds"] > 1.6e9
     finally:
         proc.send_signal(signal.SIGTERM)
@@ -240,7 +240,8 @@ def test_a_real_prometheus_scrapes_the_exporter_during_a_run(daemon, tmp_path):
 ODD_NAMES = ["step", "train/step", "a-b.c", "a_b_c", "a.b.c", "1abc", "x" * 300, "y" * 300 + "/z", "é/ü", "损失",
              "train/loss", "train_loss", "events", "events_total", "last_record_timestamp_seconds",
              "exporter/values_dropped_total", "exporter/series", "rank/train/loss", "dataset_loss", "", "/",
-             "gpu/rank3/rank4/x", "dataset/\ud800bad/loss", "dataset/" + "d" * 400 + "/loss", "x:y", "telemetry/step"]
+             "gpu/rank3/rank4/x", "dataset/\ud800bad/loss", "dataset/" + "d" * 400 + "/loss", "x:y", "telemetry/step",
+             "training/step"]
 
 
 def _feed_odd_names(latest: LatestValues) -> None:
@@ -260,9 +261,11 @@ def _samples(text: str) -> list[tuple[str, tuple]]:
 
 
 def test_every_name_gets_its_own_valid_series():
-    """A user metric named `step` (the exporter's own telemetry_step), names that map to one
-    Prometheus name, names too long or not ASCII: each is a series of its own, the first to come
-    keeps the plain name, the others a suffix from their own hash, counted."""
+    """A user metric named `training/step` (the exporter's own telemetry_training_step), names that
+    map to one Prometheus name, names too long or not ASCII, one name in a rank's record and a GPU
+    record's (`step`), a rank's value under a poller's name (system/rss_gb): each is a series of
+    its own, the first to come keeps the plain name, the others a suffix from their own hash,
+    counted (a rank's value under a poller's name always)."""
     latest = LatestValues()
     _feed_odd_names(latest)
     text = _exposition(latest)
@@ -270,19 +273,24 @@ def test_every_name_gets_its_own_valid_series():
     assert len(samples) == len(set(samples)), "a sample twice"
     helps = [line.split()[2] for line in text.splitlines() if line.startswith("# HELP")]
     assert len(helps) == len(set(helps)), "a family twice"
-    own = {"telemetry_step", "telemetry_last_record_timestamp_seconds", "telemetry_events_total",
+    own = {"telemetry_training_step", "telemetry_training_last_progress_time_seconds",
+           "telemetry_last_record_timestamp_seconds", "telemetry_events_total",
            "telemetry_exporter_series", "telemetry_exporter_memory_budget_bytes",
            "telemetry_exporter_values_dropped_total", "telemetry_exporter_names_renamed_total"}
-    assert {n for n, _ in samples} >= own and "telemetry_step 7.0" in text   # the exporter's own step is the step
+    assert {n for n, _ in samples} >= own and "telemetry_training_step 7.0" in text   # the exporter's own step is the step
     # Every name its series: the odd names, the per-rank record's two, the GPU record's two, and
-    # system/rss_gb (a system record without a host and a metric of that name are one series).
-    assert len(samples) - len(own) == len(ODD_NAMES) + 2 + 2 + 1
+    # system/rss_gb twice (a system record's, and a rank's value of that name: never one family).
+    assert len(samples) - len(own) == len(ODD_NAMES) + 2 + 2 + 2
+    assert "telemetry_system_rss_bytes 1e+09" in text and "telemetry_training_step 7.0" in text
+    assert len([n for n, _ in samples if n.startswith("telemetry_system_rss_bytes_")]) == 1
+    assert len([n for n, _ in samples if n.startswith("telemetry_training_step_")]) == 1
     assert all(len(name) <= 200 for name, _ in samples)
     renamed = {n for n, _ in samples if n.startswith(("telemetry_step_", "telemetry_a_b_c_", "telemetry_train_loss_"))}
-    assert len(renamed) == 5, renamed            # step, telemetry/step, a_b_c and a.b.c after a-b.c, train_loss
+    assert len(renamed) == 5, renamed   # the GPU record's step, telemetry/step, a_b_c and a.b.c after a-b.c, train_loss
     # ... and events, events_total, last_record_timestamp_seconds, the two exporter/ names, the
-    # per-rank train/loss after a user's rank/train/loss, dataset/<d>/loss after dataset_loss.
-    assert "telemetry_exporter_names_renamed_total 12.0" in text
+    # per-rank train/loss after a user's rank/train/loss, dataset/<d>/loss after dataset_loss,
+    # training/step, the rank's system/rss_gb.
+    assert "telemetry_exporter_names_renamed_total 14.0" in text
     # The same names in the same order: the same exposition (the suffixes come from the names).
     again = LatestValues()
     _feed_odd_names(again)
@@ -582,8 +590,8 @@ def test_runs_are_labelled_events_counted_once_and_a_ranks_series_go_with_it():
     text = _exposition(latest)
     assert 'telemetry_train_loss{run="run-a"} 2.0' in text
     assert 'telemetry_rank_train_loss{rank="1",run="run-a"} 3.0' in text
-    assert 'telemetry_events_total{name="checkpoint_saved",run="run-a"} 2.0' in text    # 2 checkpoints, not 4
-    assert 'telemetry_events_total{name="note",run="run-a"} 2.0' in text                 # no step: each one
+    assert 'telemetry_events_total{name="checkpoint_saved",run="run-a",severity="info"} 2.0' in text    # 2 checkpoints, not 4
+    assert 'telemetry_events_total{name="note",run="run-a",severity="info"} 2.0' in text                 # no step: each one
     latest.consume("bye", {"t": 2.0, "rank": 1, "stats": {}})
     text = _exposition(latest)
     assert 'rank="1"' not in text and 'telemetry_rank_train_loss{rank="0",run="run-a"} 2.0' in text
@@ -593,7 +601,7 @@ def test_runs_are_labelled_events_counted_once_and_a_ranks_series_go_with_it():
     latest.consume("metrics", {"t": 3.0, "step": 1, "values": {"train/loss": 5.0}})
     text = _exposition(latest)
     assert 'telemetry_train_loss{run="run-b"} 5.0' in text and "run-a" not in text
-    assert 'telemetry_step{run="run-b"} 1.0' in text and latest.num_series == 1    # the budget counts run-b's alone
+    assert 'telemetry_training_step{run="run-b"} 1.0' in text and latest.num_series == 1    # the budget counts run-b's alone
 
 
 def test_every_series_carries_the_run_the_daemon_names_without_a_hello_naming_it(tmp_path):
@@ -631,7 +639,7 @@ def test_every_series_carries_the_run_the_daemon_names_without_a_hello_naming_it
     assert got['telemetry_train_loss{run="the-run"}'] == 2.0
     assert got['telemetry_rank_memory_allocated_bytes{rank="1",run="the-run"}'] == 2e9
     run_series = [k for k in got if not k.startswith("telemetry_exporter_")]     # the exporter's own are not the run's
-    assert 'telemetry_step{run="the-run"}' in got
+    assert 'telemetry_training_step{run="the-run"}' in got
     assert run_series and all('run="the-run"' in k for k in run_series), [k for k in run_series if "run=" not in k]
 
 
@@ -699,3 +707,29 @@ def test_labelling_kept_series_with_the_run_stays_in_the_byte_budget():
     assert latest.num_values_dropped == 20 - kept + (kept - latest.num_series)
     assert all('run="' in line for line in _exposition(latest).splitlines()
                if line.startswith("telemetry_m"))
+
+
+def test_a_stall_shows_the_step_and_its_time_stop_while_the_pollers_talk():
+    """The run's progress as the OTLP sink names it (training.step, training.last_progress_time,
+    in a backend's Prometheus translation): its time is the step's last advance, so a stalled run
+    shows though the host poller and the daemon's own records keep coming. Before, only
+    telemetry_last_record_timestamp_seconds, moved by every record ("a stalled run stops moving
+    it": it did not; an outside tester's find), and the step under another name than OTLP's."""
+    from telemetry.consumers import prometheus
+    from telemetry.daemon.sinks import otlp
+
+    latest = LatestValues()
+    latest.consume("daemon", {"t": 5.0, "run": "r", "values": {"telemetry/records_in": 1}})
+    latest.consume("metrics", {"t": 10.0, "step": 3, "values": {"train/loss": 1.0}})
+    latest.consume("metrics", {"t": 12.0, "step": 2, "values": {"train/loss": 1.0}})      # late: no progress
+    latest.consume("metrics", {"t": 40.0, "step": 9, "rank": 0, "values": {"train/loss": 1.0}})   # a rank's own
+    latest.consume("system", {"t": 50.0, "host": "h", "values": {"system/cpu_percent": 5.0}})
+    latest.consume("daemon", {"t": 60.0, "run": "r", "values": {"telemetry/records_in": 9}})
+    latest.consume("event", {"t": 61.0, "name": "nonfinite", "data": {"step": 3, "severity": "error"}})
+    text = _exposition(latest)
+    assert 'telemetry_training_step{run="r"} 3.0' in text
+    assert 'telemetry_training_last_progress_time_seconds{run="r"} 10.0' in text
+    assert 'telemetry_last_record_timestamp_seconds{run="r"} 60.0' in text
+    assert 'telemetry_events_total{name="nonfinite",run="r",severity="error"} 1.0' in text   # OTLP's labels
+    for name, unit, own in ((otlp.STEP, "{step}", prometheus.STEP), (otlp.LAST_PROGRESS, "s", prometheus.LAST_PROGRESS)):
+        assert prometheus.PREFIX + otlp.backend_names(name, unit, False)[1] == own

@@ -9,7 +9,10 @@ arrives is held to OpenTelemetry's conventions as a real backend needs them:
 - a rank's own series never the aggregate's minus a label (a sum over a metric means something);
 - the run's step and the time of its last progress exported;
 - cumulative temporality whatever OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE says;
-- the sink as a custom sink (a second endpoint, no subclass).
+- the sink as a custom sink (a second endpoint, no subclass);
+- no `job` or `instance` from OTEL_RESOURCE_ATTRIBUTES; failed exports counted, said now and then;
+- no two names one in a backend that translates them (train.loss, train_loss), and a rank's value
+  under a poller's name never in the poller's series.
 """
 from __future__ import annotations
 
@@ -44,6 +47,7 @@ class Receiver:
         self.requests: list = []
         self.paths: list[str] = []
         self.content_types: set[str] = set()
+        self.status = 200           # what it answers (a failing collector: 500)
         got = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -54,6 +58,11 @@ class Receiver:
                 got.requests.append(req)
                 got.paths.append(self.path)
                 got.content_types.add(self.headers.get("Content-Type", ""))
+                if got.status != 200:
+                    self.send_response(got.status)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
                 self.send_response(200)
                 self.send_header("Content-Type", "application/x-protobuf")
                 self.end_headers()
@@ -283,3 +292,87 @@ def test_a_users_name_never_takes_the_sinks_own_or_another_names_series(tmp_path
     assert names["Train/Loss"].startswith("train.loss_") and sink.num_names_renamed == 4
     # A rank<r> segment's rank is the same number a per-rank record's is.
     assert sink._family_of("gpu/rank3/memory_used_gb", False, frozenset({"host", "gpu"}))[2] == (("rank", 3),)
+
+
+def _in_process_sink(tmp_path, url: str):
+    from telemetry.daemon.sinks.otlp import OtlpSink
+
+    sink = OtlpSink(log_dir=tmp_path / "r" / "telemetry", endpoint=url, export_interval_s=0.2, timeout_s=2.0)
+    sink.start()
+    return sink
+
+
+def _out(kind: str, rec: dict):
+    from telemetry.daemon.sinks.base import Out
+
+    return Out(kind, rec, b"")
+
+
+def test_the_environment_adds_resource_attributes_but_never_job_or_instance(tmp_path, monkeypatch, caplog):
+    """OTEL_RESOURCE_ATTRIBUTES is the SDK's way to add attributes (deployment.environment), but a
+    `job` or `instance` there reached the resource: the labels a Prometheus-compatible backend makes
+    itself (an outside tester's find). Left out, said once; the rest kept."""
+    monkeypatch.setenv("OTEL_RESOURCE_ATTRIBUTES", "job=envjob,instance=envinst,deployment.environment=prod")
+    rx = Receiver()
+    sink = _in_process_sink(tmp_path, rx.url)
+    try:
+        sink.consume([_out("metrics", {"step": 1, "t": time.time(), "values": {"train/loss": 2.0}})])
+        _wait(lambda: rx.requests, "an export")
+    finally:
+        sink.close()
+        rx.close()
+    (resource,) = {tuple(sorted(r.items())) for r, _ in rx.metrics()}
+    resource = dict(resource)
+    assert "job" not in resource and "instance" not in resource, resource
+    assert resource["deployment.environment"] == "prod" and resource["service.name"] == "telemetry-daemon"
+    assert sink.stats()["resource_refused"] == ["instance", "job"]
+    assert [r.getMessage() for r in caplog.records if "OTEL_RESOURCE_ATTRIBUTES" in r.getMessage()], caplog.text
+
+
+def test_failed_exports_are_counted_and_said_now_and_then_not_once_an_export(tmp_path, caplog):
+    """A collector answering 500, then gone: every failed export counted (stats: export_failures of
+    exports, the last error), said once in the daemon's log within FAILURE_LOG_INTERVAL_S; the
+    SDK's own line per export (~360 an hour at the default interval) not printed. Before: nothing
+    counted anywhere and a line a failure on stderr."""
+    import logging
+
+    from telemetry.daemon.sinks.otlp import SDK_EXPORTER_LOGGER
+
+    rx = Receiver()
+    rx.status = 500
+    sink = _in_process_sink(tmp_path, rx.url)
+    try:
+        sink.consume([_out("metrics", {"step": 1, "t": time.time(), "values": {"train/loss": 2.0}})])
+        _wait(lambda: sink.stats()["export_failures"] >= 3, "three failed exports")
+        rx.close()                       # and then no collector at all
+        n = sink.stats()["export_failures"]
+        _wait(lambda: sink.stats()["export_failures"] >= n + 2, "failed exports to a closed port")
+    finally:
+        sink.close()
+    st = sink.stats()
+    assert st["exports"] >= st["export_failures"] >= 5 and st["last_export_error"], st
+    said = [r for r in caplog.records if r.name == "telemetry.daemon.sinks.otlp" and "export to" in r.getMessage()]
+    assert len(said) == 1 and "500" in said[0].getMessage(), [r.getMessage() for r in said]
+    assert not [r for r in caplog.records if r.name == SDK_EXPORTER_LOGGER and r.levelno >= logging.WARNING]
+
+
+def test_no_two_names_are_one_in_a_backend_and_a_ranks_value_never_joins_a_pollers_series(tmp_path):
+    """Names a Prometheus-compatible backend would make one (train.loss and train_loss: train_loss;
+    memory.allocated in By and a user's memory/allocated_bytes: memory_allocated_bytes) are two;
+    a rank's value under a poller's name (system/cpu_percent) was the poller's series with other
+    attributes (a sum over it mixed the two): it has a name of its own, whichever came first."""
+    from telemetry.daemon.sinks.otlp import OtlpSink, backend_names
+
+    sink = OtlpSink(log_dir=tmp_path / "r" / "telemetry", endpoint="http://127.0.0.1:4318/v1/metrics")
+    none, host = frozenset(), frozenset({"host"})
+    user_cpu = sink._family_of("system/cpu_percent", False, none, "rank")[0]        # before the poller's
+    poller_cpu = sink._family_of("system/cpu_percent", False, host, "poller")[0]
+    assert poller_cpu.name == "system.cpu" and user_cpu.name.startswith("system.cpu_") and user_cpu is not poller_cpu
+    names = [sink._family_of(k, False, none, "rank")[0] for k in
+             ("train/loss", "train_loss", "memory/allocated_gb", "memory/allocated_bytes", "goodput/wall_s")]
+    flat = [backend_names(f.name, f.unit, f.cumulative)[1] for f in names]
+    assert len(set(flat)) == len(flat), flat
+    assert names[0].name == "train.loss" and names[1].name.startswith("train_loss_"), [f.name for f in names]
+    assert names[2].name == "memory.allocated" and names[3].name.startswith("memory.allocated_bytes_")
+    assert names[4].name != "goodput.wall"          # the daemon's own (its records) keep theirs
+    assert sink._family_of("goodput/wall_s", False, none, "self")[0].name == "goodput.wall"

@@ -20,9 +20,13 @@ bytes per second, MHz hertz, W watts, °C celsius, % stays _percent (as OpenTele
 writes it); a cumulative count (OOMs so far, XID errors, the daemon's records_in) is a counter,
 exposed as <name>_total. A name the catalogue does not know (your own) is a gauge under its own
 name, unchanged.
-Events are counted (telemetry_events_total{name=...}), once per event: the same event sent by
-every rank (a checkpoint saved at step 100, each rank saying so) counts once; telemetry_step is
-the last step and telemetry_last_record_timestamp_seconds says whether the run is still talking.
+Events are counted (telemetry_events_total{name=..., severity=...}), once per event: the same
+event sent by every rank (a checkpoint saved at step 100, each rank saying so) counts once. The
+run's progress, named as the OTLP sink names it (training.step, training.last_progress_time, in a
+backend's Prometheus translation): telemetry_training_step is the last aggregated step and
+telemetry_training_last_progress_time_seconds the unix time it came, so a stalled run shows (its
+gauges keep their last values); telemetry_last_record_timestamp_seconds is the newest record of
+any kind (the daemon and its pollers still talking, also through a stall).
 
 Runs: every series carries a `run` label, the run the daemon serves: its `daemon` records name it
 (`run`, its --run-name), and before the first of them a rank's hello that names one (`run_name`);
@@ -33,10 +37,14 @@ previous run's series are let go. A rank's own series
 keep its last value for good.
 
 The exposition is always valid: a name whose Prometheus name is already another's (train/loss
-and train_loss, a-b and a.b, a user metric `step` and the exporter's own telemetry_step) keeps
+and train_loss, a-b and a.b, a user metric `training/step` and the exporter's own
+telemetry_training_step) keeps
 it if it came first, else gets `_<8 hex digits of a hash of the name>` appended (the same name
 always gets the same suffix; counted in telemetry_exporter_names_renamed_total). Names longer
-than MAX_NAME_CHARS are cut and suffixed the same way.
+than MAX_NAME_CHARS are cut and suffixed the same way. A value a rank logs under a name the
+daemon's pollers or its own records have (a user's system/cpu_percent) is always suffixed so, and
+one name in records of two kinds (a rank's `step`, a GPU record's) is two families: a family's
+series never mix a rank's values with a poller's under other labels.
 
 Memory: the series kept are bounded in number (--max-series, default 10,000) and in bytes,
 under --memory-mb (default 256 MB for the whole process). The first series to come are kept; a
@@ -52,6 +60,7 @@ beyond loopback needs --allow-remote.
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import re
 import sys
@@ -95,14 +104,15 @@ MAX_EVENTS_REMEMBERED = 4096
 
 # The exporter's own series. A user metric that maps onto one of them (or onto a counter's
 # _total/_created sample) is renamed, never merged with it.
-STEP = PREFIX + "step"
+STEP = PREFIX + "training_step"
+LAST_PROGRESS = PREFIX + "training_last_progress_time_seconds"
 LAST_RECORD_T = PREFIX + "last_record_timestamp_seconds"
 EVENTS = PREFIX + "events"
 SERIES_KEPT = PREFIX + "exporter_series"
 BUDGET = PREFIX + "exporter_memory_budget_bytes"
 VALUES_DROPPED = PREFIX + "exporter_values_dropped"
 NAMES_RENAMED = PREFIX + "exporter_names_renamed"
-_OWN_GAUGES = (STEP, LAST_RECORD_T, SERIES_KEPT, BUDGET)
+_OWN_GAUGES = (STEP, LAST_PROGRESS, LAST_RECORD_T, SERIES_KEPT, BUDGET)
 _OWN_COUNTERS = (EVENTS, VALUES_DROPPED, NAMES_RENAMED)
 RESERVED_NAMES = frozenset(_OWN_GAUGES) | frozenset(c + s for c in _OWN_COUNTERS for s in ("", "_total", "_created"))
 
@@ -120,6 +130,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                    "TOKEN', Prometheus with authorization: {credentials_file: FILE}")
     httpaccess.add_budget_arguments(p, DEFAULT_MEMORY_MB, DEFAULT_MAX_SERIES,
                                     "the series kept are bounded in bytes under it")
+
+
+@functools.lru_cache(maxsize=4096)
+def _the_daemons(name: str) -> bool:
+    """A name the daemon's pollers or its own records export (catalogue source poller or self)."""
+    entry = catalogue.lookup(name)
+    return entry is not None and entry.source in ("poller", "self")
 
 
 def _hash(text: str) -> str:
@@ -161,9 +178,17 @@ class Typed:
         self.name, self.counter, self.scale, self.help = name, counter, scale, help
 
 
+# Before a family's template, whose values it holds where a rank's and the daemon's could share a
+# name: a poller's or the daemon's own record kind, or a rank's value under one of their names.
+RANKS_TAG = "a rank's "
+ORIGIN_TAGS = ("gpu: ", "system: ", "daemon: ", RANKS_TAG)
+
+
 def typed(prom: str, template: str) -> Typed:
     """The catalogue's type and unit applied to a family (`prom`, its name so far, `template`,
     the metric name with {dataset}/rank{rank} placeholders; "per-rank " before a rank's own)."""
+    for origin in ORIGIN_TAGS:      # whose family it is, not part of the name
+        template = template.removeprefix(origin)
     name = template.removeprefix("per-rank ")
     name = "/".join(seg for seg in name.split("/") if seg != "rank{rank}")
     m = catalogue.unit_entry(name)                # perf/step_time_max: the unit of perf/step_time
@@ -232,11 +257,12 @@ class LatestValues:
         self._families: dict[str, _Family] = {}
         self._family_of: dict[str, str] = {}   # template -> its Prometheus name
         self._exposed: set[str] = set()         # the names the families' samples have (a counter's _total)
-        self._events: dict[str, int] = {}
+        self._events: dict[tuple[str, str], int] = {}   # (name, severity) -> how many
         self._events_seen: dict[tuple, None] = {}     # (name, step) of recent events: counted once
         self.run: str | None = None
         self._run_from_daemon = False   # a daemon record named the run: hellos no longer do
         self.step: int | None = None
+        self.last_progress_t: float | None = None     # the record time of the step's last advance
         self.last_record_t: float | None = None
         self.num_records = 0
         self.num_values_dropped = 0
@@ -247,8 +273,9 @@ class LatestValues:
         """Whether one more series of `cost` bytes fits under both bounds."""
         return self.num_series < self.max_series and self.num_bytes + cost <= self.max_bytes
 
-    def _family(self, prom: str, template: str) -> str | None:
-        """The Prometheus name of `template`'s family, claimed if new and there is room (None if not)."""
+    def _family(self, prom: str, template: str, own_name: bool = False) -> str | None:
+        """The Prometheus name of `template`'s family, claimed if new and there is room (None if not).
+        own_name: never the name itself, always one suffixed (a rank's value under a poller's name)."""
         name = self._family_of.get(template)
         if name is not None:
             return name
@@ -259,7 +286,7 @@ class LatestValues:
             return (name, name + "_total") if t.counter else (name,)
 
         candidate, n = prom, 0
-        while any(x in RESERVED_NAMES or x in self._exposed for x in exposed(candidate)):
+        while (own_name and n == 0) or any(x in RESERVED_NAMES or x in self._exposed for x in exposed(candidate)):
             # Taken by another name: a suffix from this name's own hash, so it is the same on every run.
             n += 1
             salt = template if n == 1 else f"{template}#{n}"
@@ -275,10 +302,10 @@ class LatestValues:
         self._exposed.update(exposed(candidate))
         return candidate
 
-    def _set(self, prom: str, template: str, labels: dict[str, str], value: float) -> None:
+    def _set(self, prom: str, template: str, labels: dict[str, str], value: float, own_name: bool = False) -> None:
         if self.run is not None and "run" not in labels:
             labels["run"] = self.run
-        name = self._family(prom, template)
+        name = self._family(prom, template, own_name)
         key = tuple(sorted((k, v) for k, v in labels.items() if v != ""))   # "" is no label in Prometheus
         if name is not None:
             fam = self._families[name]
@@ -317,6 +344,8 @@ class LatestValues:
             name = _label_value(rec.get("name", ""))
             data = rec.get("data")
             step = data.get("step") if isinstance(data, dict) else None
+            severity = data.get("severity") if isinstance(data, dict) else None
+            key_ev = (name, _label_value(severity) if isinstance(severity, str) and severity else "info")
             with self._lock:
                 if is_int(step):
                     key = (name, step)
@@ -325,12 +354,12 @@ class LatestValues:
                     self._events_seen[key] = None
                     if len(self._events_seen) > MAX_EVENTS_REMEMBERED:
                         del self._events_seen[next(iter(self._events_seen))]
-                if name in self._events:
-                    self._events[name] += 1
-                elif self._room(SERIES_BYTES + len(name)):
-                    self.num_bytes += SERIES_BYTES + len(name)
+                if key_ev in self._events:
+                    self._events[key_ev] += 1
+                elif self._room(SERIES_BYTES + len(name) + len(key_ev[1])):
+                    self.num_bytes += SERIES_BYTES + len(name) + len(key_ev[1])
                     self.num_series += 1
-                    self._events[name] = 1
+                    self._events[key_ev] = 1
                 else:
                     self._drop()
             return
@@ -365,16 +394,22 @@ class LatestValues:
             if is_number(t):
                 self.last_record_t = float(t)
             step = rec.get("step")
-            if kind == "metrics" and not per_rank and is_int(step):
-                self.step = step if self.step is None else max(self.step, step)
+            if kind == "metrics" and not per_rank and is_int(step) and (self.step is None or step > self.step):
+                self.step = step
+                self.last_progress_t = float(t) if is_number(t) else self.last_progress_t
             for k, v in values.items():
                 if not is_number(v):
                     continue
                 prom, labels, template = _map(str(k), taken)
+                own_name = False
                 if per_rank:  # one rank's own value (--per-rank): beside the aggregate, not in it
                     prom = PREFIX + "rank_" + prom[len(PREFIX):]
                     template = "per-rank " + template
-                self._set(prom, template, {**base, **labels}, float(v))
+                if kind != "metrics":       # a poller's or the daemon's own: never one family with a rank's
+                    template = f"{kind}: {template}"
+                elif _the_daemons(str(k)):  # a rank's value under their name: a name of its own
+                    template, own_name = RANKS_TAG + template, True
+                self._set(prom, template, {**base, **labels}, float(v), own_name)
 
     def _note_run(self, run: str) -> None:
         """The run a daemon record (or, before one, a hello) names: a label of every series, those
@@ -405,6 +440,7 @@ class LatestValues:
             self.num_series = 0
             self.num_bytes = 0
             self.step = None
+            self.last_progress_t = None
         self.run = run
 
     def _forget_rank(self, rank: str) -> None:
@@ -416,10 +452,10 @@ class LatestValues:
                 self.num_series -= 1
                 self.num_bytes -= SERIES_BYTES + sum(len(k) + len(v) for k, v in key)
 
-    def snapshot(self) -> tuple[dict, dict, int | None, float | None]:
+    def snapshot(self) -> tuple[dict, dict, int | None, float | None, float | None]:
         with self._lock:
             gauges = {n: (f.typed, dict(f.series)) for n, f in self._families.items() if f.series}
-            return gauges, dict(self._events), self.step, self.last_record_t
+            return gauges, dict(self._events), self.step, self.last_progress_t, self.last_record_t
 
     def own_counters(self) -> dict[str, float]:
         with self._lock:
@@ -436,7 +472,7 @@ class Collector:
     def collect(self) -> Iterator[Any]:
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-        gauges, events, step, last_t = self.latest.snapshot()
+        gauges, events, step, progress_t, last_t = self.latest.snapshot()
         for name in sorted(gauges):
             t, series = gauges[name]
             label_names = sorted({k for key in series for k, _ in key})
@@ -448,15 +484,17 @@ class Collector:
             yield fam
         run = self.latest.run
         ev = CounterMetricFamily(EVENTS, "events seen since the exporter attached (one per event, not per rank)",
-                                 labels=["name", "run"] if run is not None else ["name"])
-        for name, n in sorted(events.items()):
-            ev.add_metric([name, run] if run is not None else [name], n)
+                                 labels=["name", "severity", "run"] if run is not None else ["name", "severity"])
+        for (name, severity), n in sorted(events.items()):
+            ev.add_metric([name, severity, run] if run is not None else [name, severity], n)
         yield ev
         # The run's own series carry the run too; the exporter's own (below) are not the run's.
         run_labels = ["run"] if run is not None else []
         for name, help, value in ((STEP, "last aggregated training step", step),
-                                  (LAST_RECORD_T, "unix time of the newest record (a stalled run stops moving it)",
-                                   last_t)):
+                                  (LAST_PROGRESS, "unix time of the step's last advance (a stalled run stops "
+                                                  "moving it)", progress_t),
+                                  (LAST_RECORD_T, "unix time of the newest record of any kind (the daemon and its "
+                                                  "pollers: it moves through a stall)", last_t)):
             if value is not None:
                 fam = GaugeMetricFamily(name, help, labels=run_labels)
                 fam.add_metric([run] if run is not None else [], value)
