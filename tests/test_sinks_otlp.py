@@ -376,3 +376,23 @@ def test_no_two_names_are_one_in_a_backend_and_a_ranks_value_never_joins_a_polle
     assert names[2].name == "memory.allocated" and names[3].name.startswith("memory.allocated_bytes_")
     assert names[4].name != "goodput.wall"          # the daemon's own (its records) keep theirs
     assert sink._family_of("goodput/wall_s", False, none, "self")[0].name == "goodput.wall"
+
+
+def test_telemetry_status_says_the_collectors_failures(tmp_path):
+    """A daemon whose collector answers 500: `telemetry status` names the failed exports and why."""
+    import subprocess
+    import sys
+
+    rx = Receiver()
+    rx.status = 500
+    d = start_daemon(tmp_path, config={"otlp": {"enabled": True, "endpoint": rx.url, "export_interval_s": 0.3},
+                                       "pollers": {"nvml_enabled": False, "host_interval_s": 0.3}})
+    try:
+        _wait(lambda: (d.status()["sinks"]["otlp"].get("export_failures") or 0) >= 2, "two failed exports")
+        out = subprocess.run([sys.executable, "-m", "telemetry", "status", "--control", d.control],
+                             capture_output=True, text=True, timeout=120)
+    finally:
+        d.drain()
+        rx.close()
+    line = next(line for line in out.stdout.splitlines() if line.startswith("sink otlp"))
+    assert "exports failed" in line and "500" in line, out.stdout

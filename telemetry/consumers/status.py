@@ -96,6 +96,9 @@ def run(args: argparse.Namespace) -> int:
     for name, s in sinks.items():
         s = s if isinstance(s, dict) else {}
         err = f"  last error: {s['last_error']}" if s.get("last_error") else ""
+        if s.get("export_failures"):      # OTLP: the collector down or answering errors
+            err += (f"  exports failed {s['export_failures']} of {s.get('exports')}: "
+                    f"{s.get('last_export_error') or 'no reason given'}")
         lines.append(f"sink {name:<12} written {s.get('written')!s:<9} queued {s.get('queued')!s:<7} "
                      f"dropped {s.get('dropped')!s:<7} errors {s.get('errors')}{err}")
     # A run name, a path, a sink's last error may carry what a rank sent: never an escape sequence.
