@@ -396,3 +396,19 @@ def test_telemetry_status_says_the_collectors_failures(tmp_path):
         rx.close()
     line = next(line for line in out.stdout.splitlines() if line.startswith("sink otlp"))
     assert "exports failed" in line and "500" in line, out.stdout
+
+
+def test_the_sdk_turned_off_by_the_environment_is_said_not_silent(tmp_path, monkeypatch, caplog):
+    """OTEL_SDK_DISABLED=true makes OpenTelemetry's SDK export nothing, and the sink said nothing
+    (its points counted, no export ever tried): now said in the log and in its stats."""
+    monkeypatch.setenv("OTEL_SDK_DISABLED", "true")
+    rx = Receiver()
+    sink = _in_process_sink(tmp_path, rx.url)
+    try:
+        sink.consume([_out("metrics", {"step": 1, "t": time.time(), "values": {"train/loss": 2.0}})])
+        time.sleep(1.0)                 # five export intervals: none comes
+    finally:
+        sink.close()
+        rx.close()
+    assert not rx.requests and sink.stats()["disabled_by"] == "OTEL_SDK_DISABLED=true"
+    assert any("OTEL_SDK_DISABLED" in r.getMessage() for r in caplog.records), caplog.text

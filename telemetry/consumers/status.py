@@ -96,6 +96,8 @@ def run(args: argparse.Namespace) -> int:
     for name, s in sinks.items():
         s = s if isinstance(s, dict) else {}
         err = f"  last error: {s['last_error']}" if s.get("last_error") else ""
+        if s.get("disabled_by"):          # OTLP: the environment turned OpenTelemetry's SDK off
+            err += f"  exporting nothing: {s['disabled_by']}"
         if s.get("export_failures"):      # OTLP: the collector down or answering errors
             err += (f"  exports failed {s['export_failures']} of {s.get('exports')}: "
                     f"{s.get('last_export_error') or 'no reason given'}")

@@ -43,6 +43,8 @@ A collector that does not answer costs this sink's thread (the exporter's timeou
 An export that fails is counted (stats' export_failures, beside exports, and last_export_error:
 `telemetry status`) and said in the daemon's log at the first failure and then at most every
 FAILURE_LOG_INTERVAL_S, with the count; the SDK's own line per failed export is not printed.
+OTEL_SDK_DISABLED=true (the SDK's switch for a whole process) leaves it exporting nothing: said in
+the daemon's log and in stats' disabled_by (`telemetry status`).
 
 Config (off by default):
 
@@ -68,6 +70,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import math
+import os
 import socket
 import threading
 import time
@@ -195,6 +198,7 @@ class OtlpSink(Sink):
         self._failures_said = 0                     # export failures the log has said
         self._failure_said_at = -math.inf
         self.resource_refused: list[str] = []       # the environment's attributes left out
+        self.disabled_by = ""                       # the environment turned the SDK off
 
     def resource_attributes(self) -> dict[str, Any]:
         attrs: dict[str, Any] = {"service.name": SERVICE_NAME, "service.namespace": self.job,
@@ -230,6 +234,11 @@ class OtlpSink(Sink):
                 return result
 
         logging.getLogger(SDK_EXPORTER_LOGGER).addFilter(_SDK_LINES)
+        if os.environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+            # The SDK's switch for the whole process: it then exports nothing, without a word.
+            self.disabled_by = "OTEL_SDK_DISABLED=true"
+            log.warning("otlp: OTEL_SDK_DISABLED=true in the daemon's environment: OpenTelemetry's SDK is off, "
+                        "nothing is exported to %s", self.endpoint)
         exporter = Counted(endpoint=self.endpoint, headers=self.headers or None, timeout=self.timeout_s,
                            preferred_temporality=cumulative)
         reader = PeriodicExportingMetricReader(exporter, export_interval_millis=self.export_interval_s * 1000,
@@ -403,4 +412,5 @@ class OtlpSink(Sink):
                 "exports": self.num_exports, "export_failures": self.num_export_failures,
                 **({"last_export_error": self.last_export_error} if self.last_export_error else {}),
                 **({"resource_refused": self.resource_refused} if self.resource_refused else {}),
+                **({"disabled_by": self.disabled_by} if self.disabled_by else {}),
                 "endpoint": self.endpoint, "instance_id": self.instance_id}
