@@ -108,3 +108,36 @@ def test_plan_assigns_host_records_to_the_step_before(tmp_path):
     rows, _, _, _ = plan(recs, after_step=-1)
     assert rows == [(1, {"train/loss": 1.0}), (1, {"gpu1/util_percent": 50}), (2, {"train/loss": 0.5})]
     assert plan(recs, after_step=1)[0] == [(2, {"train/loss": 0.5})]
+
+
+def test_replay_logs_a_drop_in_ranks_keys_at_their_w_and_b_keys(make_daemon, tmp_path, monkeypatch):
+    """A drop-in rank's nested {"a": {"b": v}} travels as "a/b" and its flat "a/b" beside it as
+    "a/b#2", their W&B paths in a "wandb/nested" event: the live sink logs them at their keys,
+    and a replay did not (the keys "a/b" and "a/b#2" in W&B: a key W&B's own run never had)."""
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    from telemetry.consumers.replay import replay
+    from telemetry.consumers.wandb_offline import is_finished, records
+    from telemetry.shared.wandb_keys import NESTED_EVENT
+
+    log_dir = tmp_path / "run" / "telemetry"
+    d = make_daemon(world_size=1, log_dir=log_dir)
+    c = TelemetryClient(d.ingest, rank=0)
+    c.event(NESTED_EVENT, {"paths": {"a/b": ["a", "b"], "a/b#2": ["a/b"]}})
+    for s in (1, 2):
+        c.log(s, {"a/b": 2.0 * s, "a/b#2": 1.0 * s, "train/loss": 0.5})
+    c.close()
+    d.wait_for(lambda rs: any(r.get("step") == 2 for r in rs))
+    d.drain()
+
+    replay(tmp_path / "run", mode="offline")
+    (run_file,) = _offline_runs(log_dir)
+    deadline = time.monotonic() + 120
+    while not is_finished(run_file.parent) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    rows = [{tuple(i.nested_key) or (i.key,): json.loads(i.value_json) for i in rec.history.item}
+            for rec in records(run_file) if rec.WhichOneof("record_type") == "history"]
+    steps = [r for r in rows if ("train/loss",) in r]
+    assert [(r[("train/step",)], r[("a", "b")], r[("a/b",)]) for r in steps] == [(1, 2.0, 1.0), (2, 4.0, 2.0)], steps
+    assert not [k for r in rows for k in r if k[0].endswith("#2")]

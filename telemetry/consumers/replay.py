@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from telemetry.shared.config import WANDB_PROJECT_FORBIDDEN, WANDB_RUN_ID_FORBIDDEN
+from telemetry.shared.wandb_keys import NESTED_EVENT, nest, usable_path
 
 STATE_FILE = "wandb_replay.json"
 SUPERSEDED_DIR = "wandb-superseded"
@@ -105,20 +106,30 @@ def plan(records: Any, after_step: int) -> tuple[list[tuple[int, dict]], list[di
     """Split a run's records into W&B rows after `after_step`.
 
     Returns (rows, hellos, config, events): rows are (step, values) in file order, where GPU,
-    host and daemon records take the step of the last aggregated metrics record before them.
+    host and daemon records take the step of the last aggregated metrics record before them. A
+    drop-in rank's keys are at their W&B keys, as the live sink logs them, from the paths its
+    "wandb/nested" events gave (before the values that use them): "a/b" of a nested
+    {"a": {"b": v}} nested again, a flat "a/b" it named "a/b#2" back at "a/b".
     """
     rows: list[tuple[int, dict]] = []
     events: list[dict] = []
     config: dict = {}
     hellos: list[dict] = []
+    paths: dict[str, list[str]] = {}
     cur = -1
     for rec in records:
         kind = rec.get("kind")
         values = rec.get("values") if isinstance(rec.get("values"), dict) else None
+        if kind == "event" and rec.get("name") == NESTED_EVENT:
+            data = rec.get("data")
+            given = data.get("paths") if isinstance(data, dict) else None
+            if isinstance(given, dict):
+                paths.update((k, p) for k, p in given.items() if usable_path(p))
+            continue
         if kind == "metrics" and "rank" not in rec and isinstance(rec.get("step"), int):
             cur = max(cur, rec["step"])
             if rec["step"] > after_step and values:
-                rows.append((rec["step"], values))
+                rows.append((rec["step"], nest(values, paths) if paths else values))
         elif kind in ("gpu", "system", "daemon") and values and cur > after_step:
             if kind == "gpu":
                 values = {k.replace("gpu/", f"gpu{rec.get('gpu', 0)}/", 1): v for k, v in values.items()}

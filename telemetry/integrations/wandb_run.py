@@ -64,14 +64,13 @@ from telemetry.integrations.wandb_objects import Config, Error, Metric, Summary,
 from telemetry.integrations.wandb_media import INLINE_ARRAY, INLINE_LIST, Array, Histogram, List, Media, MediaWriter
 from telemetry.shared.bookkeeping import SUMMARY_REMOVE_EVENT
 from telemetry.shared.media import EVENT as MEDIA_EVENT
-from telemetry.shared.wandb_keys import RecordNames
+from telemetry.shared.wandb_keys import NESTED_EVENT, RecordNames
 
 SUMMARY_EVENT = "wandb/summary"             # {key: value}: run.summary set (what consumers read)
 # Just before each: {"step": s, "replace": [[key, ...], ...]}, the rows it comes after (the
 # daemon's run takes it after them) and the paths whose value it replaces.
 SUMMARY_AT_EVENT = "wandb/summary_at"
 REFUSED_EVENT = "wandb/refused"
-NESTED_EVENT = "wandb/nested"
 VALUES_EVENT = "wandb/values"
 CONSOLE_EVENT = "wandb/console"
 ENV_RUN_ID = "TELEMETRY_RUN_ID"

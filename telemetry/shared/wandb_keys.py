@@ -1,9 +1,22 @@
 """W&B's nested keys: a value logged as {"a": {"b": v}} travels flat ("a/b") with its path kept
 beside it, and is nested again where W&B's view of it is made: the drop-in's run.summary
-(integrations/wandb_objects.py) and the daemon's W&B sink (daemon/sinks/wandb_sink.py)."""
+(integrations/wandb_objects.py), the daemon's W&B sink (daemon/sinks/wandb_sink.py) and a replay
+into W&B (consumers/replay.py)."""
 from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
+
+# The event a drop-in rank sends with the paths of its keys ({"paths": {record name: [part, ...]}})
+# before the first value that uses them.
+NESTED_EVENT = "wandb/nested"
+# The deepest path a flattened key is nested again to (a user's dict of dicts is a few levels):
+# W&B walks a row's nested values recursively.
+MAX_NESTED_DEPTH = 32
+
+
+def usable_path(p: Any) -> bool:
+    """A path from a nested event that may nest its key: a list of strings, not too deep."""
+    return isinstance(p, list) and 0 < len(p) <= MAX_NESTED_DEPTH and all(isinstance(x, str) for x in p)
 
 
 def nest(values: Mapping[str, Any], paths: Mapping[str, Sequence[str]]) -> dict[str, Any]:

@@ -60,7 +60,7 @@ from telemetry.daemon.media_keeper import MediaFiles, event_files, num_bins
 from telemetry.shared import media as shared_media
 from telemetry.shared.wandb_ids import stable_run_id
 from telemetry.shared.numbers import is_int
-from telemetry.shared.wandb_keys import nest
+from telemetry.shared.wandb_keys import MAX_NESTED_DEPTH, NESTED_EVENT, nest
 
 log = logging.getLogger("telemetry.daemon.sinks.wandb")
 
@@ -81,7 +81,6 @@ SUMMARY_EVENT = "wandb/summary"                 # {key: value}: run.summary set 
 # the rank's rows up to s, each path's value replaced (without one, from an older rank: at once,
 # each key set whole).
 SUMMARY_AT_EVENT = "wandb/summary_at"
-NESTED_EVENT = "wandb/nested"
 VALUES_EVENT = "wandb/values"        # {"step": s, "values": {key: text}}: values W&B keeps that are not numbers
 CALL_EVENT = "wandb/call"            # {"call": ..., "args": {...}, "dir": staged name}: wandb_calls.py
 # How long a call waits for the directory of files it names (staged by a rank, renamed when whole).
@@ -97,8 +96,6 @@ FINISH_FRAMEWORKS = ("wandb", "accelerate")
 UNFINISHED_EXIT_CODE = 1
 # Media and text events held for their step (see WandbSink._at_its_step); beyond, logged at once.
 MAX_HELD_EVENTS = 10_000
-# The deepest path a flattened key is nested again to (a user's dict of dicts is a few levels).
-MAX_NESTED_DEPTH = 32
 # A step more than this above the last one W&B took (or above 0 for the first) is held back
 # until the next step says whether the run really moved there (then both are logged) or it was
 # one absurd step (a step of 10^12 among 1..2000: it is counted as dropped, and the steps after
