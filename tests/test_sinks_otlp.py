@@ -412,3 +412,22 @@ def test_the_sdk_turned_off_by_the_environment_is_said_not_silent(tmp_path, monk
         rx.close()
     assert not rx.requests and sink.stats()["disabled_by"] == "OTEL_SDK_DISABLED=true"
     assert any("OTEL_SDK_DISABLED" in r.getMessage() for r in caplog.records), caplog.text
+
+
+def test_an_exporter_that_raises_is_counted_as_a_failed_export(tmp_path, monkeypatch):
+    """Older OTLP exporters let a collector that is down raise out of export(): counted as a failed
+    export with its reason, like one that returns FAILURE (the SDK's reader would otherwise log a
+    traceback every export, uncounted: a reviewer's find)."""
+    from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+
+    def raises(self, *args, **kwargs):
+        raise ConnectionError("collector down")
+
+    monkeypatch.setattr(OTLPMetricExporter, "export", raises)
+    sink = _in_process_sink(tmp_path, "http://127.0.0.1:9/v1/metrics")
+    try:
+        sink.consume([_out("metrics", {"step": 1, "t": time.time(), "values": {"train/loss": 2.0}})])
+        _wait(lambda: sink.stats()["export_failures"] >= 2, "two failed exports")
+    finally:
+        sink.close()
+    assert "collector down" in sink.stats()["last_export_error"]

@@ -8,17 +8,18 @@ the script had it directly and passed on by the launcher, twice (a preemption ha
 It now runs in a group of its own and still ends with the launcher (a group SIGKILL)."""
 from __future__ import annotations
 
-import subprocess
-
 import hashlib
 import os
 import pty
 import select
 import signal
+import subprocess
 import sys
 import textwrap
 import time
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -103,22 +104,29 @@ print("signals", ",".join(got) or "none", flush=True)
 """
 
 
-def _launched(tmp_path, wait_s: float) -> subprocess.Popen:
-    """`telemetry run` of COUNTING without a terminal, leading a process group of its own (as
-    under `timeout` or a scheduler), once the script said it is ready."""
+def _launched(tmp_path, wait_s: float, nproc: int = 1) -> subprocess.Popen:
+    """`telemetry run` of COUNTING without a terminal, leading a session and a process group of
+    its own (as under `timeout`, a scheduler or nohup), once every rank said it is ready."""
     tmp_path.mkdir(parents=True, exist_ok=True)
     (tmp_path / "count.py").write_text(COUNTING)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TELEMETRY_", "WANDB_"))}
-    env.update(PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
+    runtime = Path("/tmp") / f"tmsig-{hashlib.sha1(str(tmp_path).encode()).hexdigest()[:12]}"
+    env.update(PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", TELEMETRY_RUNTIME_DIR=str(runtime))
     p = subprocess.Popen([sys.executable, "-m", "telemetry", "run", "--quiet", "--wandb", "disabled",
-                          "--run-dir", str(tmp_path / "r"), "--", "count.py", str(wait_s)],
+                          "--nproc", str(nproc), "--run-dir", str(tmp_path / "r"), "--", "count.py", str(wait_s)],
                          cwd=tmp_path, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                         stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    for line in p.stdout:
-        if line.startswith("ready"):
-            p.script_pid = int(line.split()[1])
-            return p
-    raise AssertionError(f"the script never said ready: exit {p.wait()}")
+                         stderr=subprocess.STDOUT, start_new_session=True)
+    p.script_pids, said, deadline = [], b"", time.monotonic() + 240     # a hang detector
+    while len(p.script_pids) < nproc and time.monotonic() < deadline:
+        said += _read_until(p.stdout.fileno(), b"\n", 1.0)
+        p.script_pids = [int(x.split()[1]) for x in said.split(b"\n") if x.startswith(b"ready ")]
+        if p.poll() is not None and not select.select([p.stdout], [], [], 0)[0]:
+            break
+    if len(p.script_pids) < nproc:
+        os.killpg(p.pid, signal.SIGKILL)
+        raise AssertionError(f"the script never said ready ({p.poll()}): {said.decode(errors='replace')[-3000:]}")
+    p.script_pid = p.script_pids[0]
+    return p
 
 
 def test_a_signal_to_the_launchers_group_reaches_the_script_once(tmp_path):
@@ -127,7 +135,7 @@ def test_a_signal_to_the_launchers_group_reaches_the_script_once(tmp_path):
         p = _launched(tmp_path / sig.name, 120)
         try:
             os.killpg(p.pid, sig)
-            rest = p.stdout.read()
+            rest = p.stdout.read().decode(errors="replace")
             assert p.wait(120) == 0, rest
         finally:
             if p.poll() is None:
@@ -135,27 +143,62 @@ def test_a_signal_to_the_launchers_group_reaches_the_script_once(tmp_path):
         assert f"signals {sig.name}\n" in rest, rest
 
 
-def test_the_script_ends_with_the_launcher_killed_by_a_group_sigkill(tmp_path):
+@pytest.mark.parametrize("nproc", [1, 2])
+def test_the_script_ends_with_the_launcher_killed_by_a_group_sigkill(tmp_path, nproc):
     """In a group of its own, the script still ends when its launcher's group is SIGKILLed (and
-    when the launcher alone is): nothing keeps training, unseen, after `timeout -k` or kill -9."""
+    when the launcher alone is): nothing keeps training, unseen, after `timeout -k` or kill -9.
+    Under torchrun (--nproc 2) its ranks are in sessions of their own: the agent is told to
+    end them (a SIGKILLed agent would have left them running)."""
     for alone in (False, True):
-        p = _launched(tmp_path / f"alone-{alone}", 600)
+        p = _launched(tmp_path / f"alone-{alone}", 600, nproc)
         if alone:
             p.kill()
         else:
             os.killpg(p.pid, signal.SIGKILL)
         p.wait(60)
-        deadline = time.monotonic() + 60     # a hang detector
-        while not _gone(p.script_pid) and time.monotonic() < deadline:
+        deadline = time.monotonic() + 90     # a hang detector (torch elastic's grace is 30 s)
+        while not all(map(_gone, p.script_pids)) and time.monotonic() < deadline:
             time.sleep(0.1)
-        outlived = not _gone(p.script_pid)
-        if outlived:
-            os.kill(p.script_pid, signal.SIGKILL)
+        outlived = [pid for pid in p.script_pids if not _gone(pid)]
+        for pid in outlived:
+            os.kill(pid, signal.SIGKILL)
         # The daemon watches the launcher's pid: it drains by itself (a drained run left behind).
         drained = tmp_path / f"alone-{alone}" / "r" / "drain.json"
         while not drained.exists() and time.monotonic() < deadline:
             time.sleep(0.2)
-        assert not outlived, f"the script outlived its launcher (alone={alone})"
+        assert not outlived, f"the script outlived its launcher (alone={alone}, nproc={nproc})"
+
+
+def test_with_a_terminal_the_script_stays_under_its_job_control(tmp_path):
+    """A launcher with a controlling terminal, its stdin not that terminal (`< /dev/null`, a pipe,
+    or a job in the background): the script stays in the launcher's process group, under the
+    terminal's job control. In a group of its own, a read of the terminal stopped it alone (the
+    shell showed the job running; `fg` never continued it) and Ctrl-Z stopped only the launcher
+    (a reviewer's find)."""
+    (tmp_path / "groups.py").write_text("import os\nprint('groups', os.getpgrp(), os.getpgid(os.getppid()), flush=True)\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TELEMETRY_", "WANDB_"))}
+    env.update(PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1", TELEMETRY_RUNTIME_DIR=str(tmp_path / "rt"))
+    pid, fd = pty.fork()        # the child leads a session whose controlling terminal is this pty
+    if pid == 0:
+        os.chdir(tmp_path)
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.execve(sys.executable, [sys.executable, "-m", "telemetry", "run", "--quiet", "--wandb", "disabled",
+                                   "--run-dir", str(tmp_path / "r"), "--", "groups.py"], env)
+    try:
+        out = _read_until(fd, b"\x00never", 180)
+        _, status = os.waitpid(pid, 0)
+    finally:
+        try:
+            os.kill(pid, 9)
+        except ProcessLookupError:
+            pass
+        os.close(fd)
+    text = out.decode(errors="replace")
+    assert os.waitstatus_to_exitcode(status) == 0, text[-3000:]
+    line = next(x for x in text.splitlines() if x.startswith("groups"))
+    own, parents = line.split()[1:3]
+    assert own == parents, line          # the script's process group is its launcher's
 
 
 def _gone(pid: int) -> bool:

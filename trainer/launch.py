@@ -97,14 +97,22 @@ def deepspeed_main(argv: list[str]) -> int:
     from deepspeed.launcher import runner
 
     nodes: list[subprocess.Popen] = []
+    starting: list[int] = []        # signals that came while a node launcher was being started
 
     def popen(cmd: Any, *args: Any, **kwargs: Any) -> subprocess.Popen:
         cmd = list(cmd)
         for i in range(len(cmd) - 1):
             if cmd[i] == "-m" and cmd[i + 1] == DS_NODE_MODULE:   # the local node launcher
                 cmd[i:i + 2] = ["-m", "trainer.launch", "--deepspeed-node"]
-                proc = subprocess.Popen(cmd, *args, **kwargs)
-                nodes.append(proc)
+                starting.append(0)
+                try:
+                    proc = subprocess.Popen(cmd, *args, **kwargs)
+                    nodes.append(proc)
+                finally:
+                    came = starting[1:]
+                    starting.clear()
+                for signum in came[:1]:     # passed on now that it exists (it never had it)
+                    proc.send_signal(signum)
                 return proc
         return subprocess.Popen(cmd, *args, **kwargs)   # anything else (pdsh, ssh) as it was
 
@@ -116,8 +124,11 @@ def deepspeed_main(argv: list[str]) -> int:
         # the node launcher and its ranks training, unseen. Its node launcher ends its ranks on
         # either signal; a Ctrl-C at a terminal reached it already (the whole foreground group).
         forwarded.append(signum)
-        if not nodes:       # before the node launcher started: nothing to end but this
-            raise SystemExit(128 + signum)
+        if not nodes:
+            if starting:    # inside popen, the node launcher forked or not: popen passes it on
+                starting.append(signum)
+                return
+            raise SystemExit(128 + signum)      # before the node launcher: nothing to end but this
         if signum == signal.SIGINT and at_foreground_terminal():
             return
         for proc in nodes:

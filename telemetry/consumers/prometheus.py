@@ -73,7 +73,7 @@ from urllib.parse import urlsplit
 from telemetry.consumers import httpaccess
 from telemetry.consumers.httpaccess import HTTP_TIMEOUT_S, BoundedConnections
 from telemetry.shared import catalogue
-from telemetry.shared.bookkeeping import is_bookkeeping
+from telemetry.shared.bookkeeping import is_bookkeeping, severity
 from telemetry.shared.numbers import is_int, is_number
 
 DEFAULT_PORT = 9464  # the port OpenTelemetry's Prometheus exporter uses by convention
@@ -344,8 +344,7 @@ class LatestValues:
             name = _label_value(rec.get("name", ""))
             data = rec.get("data")
             step = data.get("step") if isinstance(data, dict) else None
-            severity = data.get("severity") if isinstance(data, dict) else None
-            key_ev = (name, _label_value(severity) if isinstance(severity, str) and severity else "info")
+            key_ev = (name, severity(data))
             with self._lock:
                 if is_int(step):
                     key = (name, step)
@@ -485,8 +484,8 @@ class Collector:
         run = self.latest.run
         ev = CounterMetricFamily(EVENTS, "events seen since the exporter attached (one per event, not per rank)",
                                  labels=["name", "severity", "run"] if run is not None else ["name", "severity"])
-        for (name, severity), n in sorted(events.items()):
-            ev.add_metric([name, severity, run] if run is not None else [name, severity], n)
+        for (name, sev), n in sorted(events.items()):
+            ev.add_metric([name, sev, run] if run is not None else [name, sev], n)
         yield ev
         # The run's own series carry the run too; the exporter's own (below) are not the run's.
         run_labels = ["run"] if run is not None else []
@@ -623,9 +622,9 @@ def run(args: argparse.Namespace) -> int:
                    f"FILE: one of your own)" if token
               else "no token: any local user can scrape" if httpaccess.is_loopback_addr(args.addr)
               else "no token: anyone who reaches the port can scrape")
-    print(f"telemetry export-prometheus: serving http://{args.addr}:{bound}/metrics from {sub.endpoint} ({access}; "
-          f"at most {max_series:,} series, memory budget {memory_mb} MB)", flush=True)
-    try:
+    try:        # a Ctrl-C right after the line that says it serves (a test waits for it) ends it cleanly
+        print(f"telemetry export-prometheus: serving http://{args.addr}:{bound}/metrics from {sub.endpoint} "
+              f"({access}; at most {max_series:,} series, memory budget {memory_mb} MB)", flush=True)
         while True:
             for kind, rec in sub.records(timeout_ms=500):
                 latest.consume(kind, rec)

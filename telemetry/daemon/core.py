@@ -141,7 +141,8 @@ class Daemon:
 
     @property
     def unfinished(self) -> list[str]:
-        """The sinks (and "media") still busy at the drain's deadline, abandoned."""
+        """The sinks (and "media") not drained by the drain's deadline: abandoned, or closed
+        without what was queued behind their last batch (fanout.closed_short)."""
         return self.fanout.unfinished
 
     @property

@@ -38,3 +38,17 @@ def drop_summary_paths(summary: dict, data: object) -> None:
         key = "/".join(path)
         for k in [k for k in summary if k == key or k.startswith(key + "/")]:
             del summary[k]
+
+
+# An event's severity as the exporters label it (OTLP's telemetry.events, Prometheus's
+# telemetry_events_total): one of these; anything else an event's data says is "other", so that a
+# free-text severity cannot grow a label's values without bound.
+SEVERITIES = ("debug", "info", "warning", "error", "critical")
+
+
+def severity(data: object) -> str:
+    """The severity label of an event with this data ("info" when it says none)."""
+    given = data.get("severity") if isinstance(data, dict) else None
+    if given is None:
+        return "info"
+    return given if given in SEVERITIES else "other"

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Callable
 
 from telemetry.shared.ourpython import module_cmd
-from telemetry.shared.signals import at_foreground_terminal
+from telemetry.shared.signals import at_foreground_terminal, has_controlling_terminal
 
 MAX_NPROC = 1024
 
@@ -375,14 +375,18 @@ def _launch(target: list[str], nproc: int, env: dict, launcher: str = "torchrun"
         cmd = [*module_cmd("trainer.launch"), "--standalone", "--nproc_per_node", str(nproc),
                *(["-m", *target[1:]] if module else target)]
     at_terminal = at_foreground_terminal()
-    if not at_terminal and sys.platform.startswith("linux"):
+    if not has_controlling_terminal() and sys.platform.startswith("linux"):
         # A signal to the launcher's whole process group (`timeout`, `kill -TERM -PGID`, a
         # scheduler's group kill) reached the script twice: directly, and passed on by us (a
         # preemption handler ran twice; a second SIGINT broke the script's clean-up). In a group
         # of its own it gets what we pass on, once; it still ends with us, as a group SIGKILL
-        # would have ended it (PR_SET_PDEATHSIG). At a terminal it stays in the foreground group:
-        # Ctrl-C is the terminal's, and it may read the terminal.
-        cmd = [sys.executable, "-I", "-S", "-c", _OWN_GROUP, str(os.getpid()), *cmd]
+        # would have ended it (PR_SET_PDEATHSIG): SIGKILL for the script itself, SIGTERM for
+        # torchrun's agent or DeepSpeed's runner (trainer.launch), which end their ranks on it
+        # (its ranks are in sessions of their own: a SIGKILLed agent would leave them running).
+        # With a terminal it stays in our group, under the terminal's job control (Ctrl-C,
+        # Ctrl-Z, fg, a background read's SIGTTIN), as before.
+        death = signal.SIGKILL if nproc == 1 and launcher != "deepspeed" else signal.SIGTERM
+        cmd = [sys.executable, "-I", "-S", "-c", _OWN_GROUP, str(os.getpid()), str(int(death)), *cmd]
     proc = subprocess.Popen(cmd, env=env)
 
     def forward(signum, _frame):
@@ -398,17 +402,22 @@ def _launch(target: list[str], nproc: int, env: dict, launcher: str = "torchrun"
     return 128 - rc if rc < 0 else rc
 
 
-# Execs the script's command (argv[2:]) in a process group of its own, to be SIGKILLed when the
-# launcher (argv[1], its parent) dies: what a signal to the launcher's group did before.
-_OWN_GROUP = """import ctypes, os, sys
+# Execs the script's command (argv[3:]) in a process group of its own, to get signal argv[2] when
+# the launcher (argv[1], its parent) dies: what a signal to the launcher's group did before.
+_OWN_GROUP = """import os, sys
 try:
-    ctypes.CDLL(None, use_errno=True).prctl(1, 9)   # PR_SET_PDEATHSIG, SIGKILL
-except (OSError, AttributeError):
+    import ctypes
+    ctypes.CDLL(None, use_errno=True).prctl(1, int(sys.argv[2]))   # PR_SET_PDEATHSIG
+except (ImportError, OSError, AttributeError):
     pass
 if os.getppid() != int(sys.argv[1]):
-    os._exit(128 + 9)                               # the launcher is already gone
+    os._exit(128 + int(sys.argv[2]))                # the launcher is already gone
 os.setpgid(0, 0)
-os.execv(sys.argv[2], sys.argv[2:])
+try:
+    os.execv(sys.argv[3], sys.argv[3:])
+except OSError as exc:
+    print(f"telemetry run: cannot run {sys.argv[3]}: {exc.strerror}", file=sys.stderr)
+    os._exit(127)
 """
 
 

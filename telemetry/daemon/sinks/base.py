@@ -113,6 +113,7 @@ class SinkRunner:
         self._abandoned = False                # set by give_up: stop after the batch in hand
         self._late = False                     # set by abandon: its grace is over, the drain gone on
         self._dropped_at_give_up = 0           # num_dropped when give_up came (what abandon lost)
+        self._short: int | None = None         # set by abandon: ended within its grace, less this many
         self._in_hand = 0                      # records of the batch the sink is consuming now
         self._in_hand_dropped = 0              # of them, counted dropped by abandon while in hand
         self._ended = False                    # the thread has taken its last batch (under _cond)
@@ -369,15 +370,14 @@ class SinkRunner:
             self._num_queued = self._num_bytes = 0
             self._batches.clear()
             self._sizes.clear()
+            self._short = None if alive else self.num_dropped - self._dropped_at_give_up
             return not alive and self.num_dropped == self._dropped_at_give_up
 
     def ended_short(self) -> int | None:
-        """After abandon: how many records the sink closed without (given up on, it ended with
-        those counted dropped), or None while it is still busy (abandoned in its batch)."""
-        with self._cond:
-            if self._thread.is_alive():
-                return None
-            return self.num_dropped - self._dropped_at_give_up
+        """As abandon found it: how many records the sink closed without (given up on, it ended
+        within the grace with those counted dropped), or None if it was still busy then (abandoned
+        in its batch; it may end later, past the grace: still not "closed")."""
+        return self._short
 
     def stats(self) -> dict:
         """The runner's counters (what every sink's row means, as in the daemon record's

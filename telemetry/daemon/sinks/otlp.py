@@ -80,7 +80,7 @@ from typing import Any
 
 from telemetry.daemon.sinks.base import Out, Sink
 from telemetry.shared import catalogue
-from telemetry.shared.bookkeeping import is_bookkeeping
+from telemetry.shared.bookkeeping import is_bookkeeping, severity
 from telemetry.shared.numbers import is_int, is_number
 
 log = logging.getLogger("telemetry.daemon.sinks.otlp")
@@ -228,6 +228,9 @@ class OtlpSink(Sink):
                 _SdkLines.current.sink = sink
                 try:
                     result = super().export(metrics_data, timeout_millis=timeout_millis, **kwargs)
+                except Exception as exc:    # an exporter that raises (older SDKs, a collector down)
+                    sink.last_export_error = repr(exc)[:500]
+                    result = MetricExportResult.FAILURE
                 finally:
                     _SdkLines.current.sink = None
                 sink._exported(result is MetricExportResult.SUCCESS)
@@ -290,9 +293,7 @@ class OtlpSink(Sink):
             if kind == "event":
                 name = rec.get("name")
                 if isinstance(name, str) and not is_bookkeeping(name):
-                    data = rec.get("data") if isinstance(rec.get("data"), dict) else {}
-                    severity = data.get("severity") if isinstance(data.get("severity"), str) else "info"
-                    self._events.add(1, {"name": name, "severity": severity})
+                    self._events.add(1, {"name": name, "severity": severity(rec.get("data"))})
                     self.num_events += 1
                 continue
             per_rank = False
