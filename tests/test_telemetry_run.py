@@ -394,7 +394,9 @@ def test_a_daemon_killed_during_the_run_is_followed_by_a_successor_that_counts_e
     run = final["run"]
     written = len(_steps(log_dir))
     assert run["incarnations"] == 2 and final["sources_open_at_drain"] == 0, final
-    assert written < steps and written + run["records_lost"] == steps, (written, run)
+    # Some steps may be lost with the killed daemon, or none (it had written what it took, and
+    # the client held the rest for the successor): either way every step is accounted.
+    assert written + run["records_lost"] == steps, (written, run)
     sent = json.loads(next(ln for ln in out.splitlines() if ln.startswith('{"sent"')))
     assert run["records_in"] + run["records_lost"] == sent["seq"], (run, sent)
 
