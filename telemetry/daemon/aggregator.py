@@ -159,10 +159,10 @@ class Aggregator:
     def _count_strangers(self, num_taken: int, num_refused: int) -> None:
         """Count a batch's records of strangers; the first taken and the first refused are logged."""
         if num_taken and not self.num_records_unannounced:
-            log.warning("records of a rank no hello announced (rank ids outside the world): each joins its step, "
+            log.warning("records of a rank no hello announced (a rank id outside the world): each joins its step, "
                         "no step waits for it or names it missing (counted in records_unannounced; "
-                        "status: ranks_unannounced). A rank of this run whose hello never arrived: "
-                        "set --world-size")
+                        "status: ranks_unannounced). A rank of this run whose hello never arrived is not "
+                        "waited for either: --world-size says whom to wait for")
         if num_refused and not self.num_records_unannounced_refused:
             log.warning("records of more than %d ranks no hello announced: those of the ranks beyond are refused "
                         "(counted in records_unannounced_refused)", MAX_UNANNOUNCED_RANKS)
