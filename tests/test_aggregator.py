@@ -157,11 +157,14 @@ def test_per_phase_straggler_view():
 def test_the_world_alone_strangers_hints_and_ranks_that_come_and_go():
     """world.py without the aggregator: a node's slice of a configured world; a stranger never
     waited for; a hello's size only where nothing is configured; a rank gone after
-    DEAD_AFTER_TIMEOUTS timed-out steps in a row, back once it reports."""
+    DEAD_AFTER_TIMEOUTS timed-out steps in a row, back once it reports; the ranks seen are the
+    world only while nothing is announced."""
     w = World(4, first_rank=4)                  # node 1 of 4-rank nodes: ranks 4..7
     assert w.expected == {4, 5, 6, 7} and w.size() == 4
-    w.reported(99)
-    assert 99 in w.strangers and 99 in w.steady and 99 not in w.expected and w.num_expected == 4
+    w.announce(99)                              # configured: a hello changes nothing
+    assert w.admit(99) is False
+    assert 99 in w.strangers and 99 not in w.steady and 99 not in w.expected and w.num_expected == 4
+    assert all(w.admit(r) for r in (4, 5, 6, 7))
     w.note_size(8)                              # configured: a hello changes nothing
     assert w.size() == 4
     for r in (4, 5, 6, 7):
@@ -172,11 +175,20 @@ def test_the_world_alone_strangers_hints_and_ranks_that_come_and_go():
     assert w.gone == {7} and w.expected == {4, 5, 6} and 7 not in w.steady
     w.reported(7)
     assert w.gone == set() and w.num_expected == 4 and 7 in w.steady
-    h = World(0)                                # nothing configured: the hellos' hint, then the ranks
+    h = World(0)                                # nothing announced: the ranks seen
+    assert h.admit(3) and h.admit(5)
     h.reported(3)
-    assert h.size() == 1 and h.expected == {3}
-    h.note_size(2)
-    assert h.size() == 2 and h.expected == {0, 1, 3}
+    h.reported(5)
+    assert h.size() == 2 and h.expected == {3, 5}
+    h.announce(5)                               # the first hello: rank 3, seen, announced by none, leaves
+    assert h.expected == {5} and h.admit(3) is False and 3 in h.strangers
+    h.note_size(4)                              # a hello's WORLD_SIZE: 0..3, rank 3 among them
+    assert h.size() == 4 and h.expected == {0, 1, 2, 3, 5} and h.admit(3) and not h.strangers
+    assert h.admit(9) is False and 9 not in h.expected
+    h.announce(9)                               # its hello came after its first record
+    assert h.admit(9)
+    h.reported(9)
+    assert 9 in h.expected and 9 in h.steady
 
 
 def test_a_large_worlds_ranks_reporting_first_keep_it_exact_without_a_walk_each(monkeypatch):
@@ -188,24 +200,28 @@ def test_a_large_worlds_ranks_reporting_first_keep_it_exact_without_a_walk_each(
     real = World._recount
     monkeypatch.setattr(World, "_recount", lambda self: (walks.append(1), real(self))[1])
     for r in range(8192):
+        assert w.admit(r)
         w.reported(r)
-    w.reported(9000)                                    # a stranger
+    assert w.admit(9000) is False                       # a stranger
     assert walks == []
     fresh = World(8192)
     fresh.seen, fresh.strangers = set(range(8192)), {9000}
     real(fresh)
     assert (w.known, w.expected, w.num_expected, w.steady) == (fresh.known, fresh.expected, fresh.num_expected,
                                                                fresh.steady)
-    for size, hint in ((0, 0), (0, 4096)):              # a world nobody configured; one a hello announced
+    for size, hint in ((0, 0), (0, 4096)):              # nodes that each said hello, with no world size; with one
         u = World(size)
         if hint:
             u.note_size(hint)
+        for r in range(8192):
+            u.announce(r)
         before = len(walks)
         for r in range(8192):
+            assert u.admit(r)
             u.reported(r)
         assert len(walks) == before
         ref = World(size)
-        ref.size_hint, ref.seen = hint, set(range(8192))
+        ref.size_hint, ref.seen, ref.announced = hint, set(range(8192)), set(range(8192))
         real(ref)
         assert (u.known, u.expected, u.num_expected, u.steady) == (ref.known, ref.expected, ref.num_expected, ref.steady)
     for _ in range(DEAD_AFTER_TIMEOUTS):

@@ -101,3 +101,30 @@ def test_a_downsampled_jsonl_is_checkpointed_by_the_daemon_at_the_files_end(make
     assert snap["jsonl"]["end"] <= os.path.getsize(d.log_dir / "metrics.jsonl")
     assert d.status()["sinks"]["jsonl"]["checkpoints"] == 0
     d.drain()
+
+
+def test_the_world_the_hellos_announced_carries_over(tmp_path):
+    """A successor waits for the ranks whose hellos went to its predecessor (a surviving client
+    says no hello again) and for no rank that only sent records; from an older checkpoint that
+    does not say which ranks were announced, the ranks of the clients it continues."""
+    first = _continuity(tmp_path)
+    world = first.aggregator.world
+    world.note_size(2)                          # rank 0's hello: WORLD_SIZE 2
+    world.announce(0)
+    world.announce(5)                           # a rank beyond it that said hello itself
+    assert world.admit(9) is False              # records only: a stranger
+    first.write(records_out=0)
+    then = _continuity(tmp_path)
+    then.restore()
+    w = then.aggregator.world
+    assert w.size() == 2 and w.announced == {0, 5} and w.expected == {0, 1}
+    assert w.admit(1) and w.admit(5) and w.admit(9) is False
+    # An older daemon's checkpoint: its clients' ranks (7 of rank 3), nothing else.
+    older = tmp_path / "older"
+    _predecessor(older, 2)
+    snap = json.loads((older / SOURCES_FILE).read_text())
+    snap["sources"][0][1] = 3
+    (older / SOURCES_FILE).write_text(json.dumps(snap))
+    c = _continuity(older)
+    c.restore()
+    assert c.aggregator.world.announced == {3} and c.aggregator.world.admit(3) and c.aggregator.world.admit(4) is False

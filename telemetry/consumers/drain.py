@@ -105,6 +105,10 @@ def summary_lines(final: dict) -> list[str]:
     lines.append(lost)
     lines.append(f"steps {_num(g('steps_out'), ',')} (last {g('last_step')}, {_num(g('steps_incomplete'), ',')} "
                  f"without every rank), ranks {_ranks(g('ranks'))}")
+    if g("records_unannounced") or g("records_unannounced_refused"):
+        lines.append(f"records of ranks no hello announced (in their steps, never waited for): "
+                     f"{_num(g('records_unannounced'), ',')} of {_num(g('ranks_unannounced'), ',')} rank(s), "
+                     f"{_num(g('records_unannounced_refused'), ',')} more refused")
     for name, st in sinks.items():
         st = st if isinstance(st, dict) else {}
         err = f"  last error: {st['last_error']}" if st.get("last_error") else ""

@@ -78,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
              f"dropped by clients {g('records_dropped_by_clients')}  lost in transit {g('records_lost_in_transit')}"
              + _refused(g("values_refused"), g("values_refused_by_reason")),
              f"ranks {g('ranks')}  last step {g('last_step')}  steps out {g('steps_out')} "
-             f"({g('steps_incomplete')} without every rank)"]
+             f"({g('steps_incomplete')} without every rank)" + _unannounced(st)]
     gp = g("goodput") if isinstance(g("goodput"), dict) else {}
     if isinstance(gp.get("goodput"), (int, float)) and isinstance(gp.get("buckets_s"), dict):
         from telemetry.shared.goodput import top_loss
@@ -115,6 +115,15 @@ def _refused(total: object, by_reason: object) -> str:
     reasons = by_reason if isinstance(by_reason, dict) else {}
     return f"  values refused {total}" + (" (" + ", ".join(f"{k} {v}" for k, v in reasons.items()) + ")"
                                           if reasons else "")
+
+
+def _unannounced(st: dict) -> str:
+    """Records of ranks no hello announced (not waited for; beyond a bound, refused); "" for none."""
+    taken, refused = st.get("records_unannounced"), st.get("records_unannounced_refused")
+    if not (is_number(taken) and taken or is_number(refused) and refused):
+        return ""
+    return (f"  records of {st.get('ranks_unannounced')} rank(s) no hello announced {taken}"
+            + (f" (and {refused} refused)" if refused else ""))
 
 
 def _n(v: object, spec: str) -> str:

@@ -7,7 +7,8 @@ emitted without some ranks says which in "missing_ranks". Straggler view per ste
 perf/step_time_max, perf/step_time_min, perf/slowest_rank, and per phase (straggler_view.py,
 run with the other derived metrics: derived.py).
 
-Which ranks a step waits for is the World's (world.py): ranks come and go, a rank missing from
+Which ranks a step waits for is the World's (world.py): the ranks announced to the daemon; a
+rank no hello announced joins its steps but is never waited for; ranks come and go, a rank missing from
 timed-out steps in a row is no longer waited for, and waited for again once it reports. A record that arrives for a step already emitted
 without its rank (a straggler past the timeout) is "late": it is not folded into a second
 record for that step but handed back to be written as the rank's own record, so nothing
@@ -30,6 +31,7 @@ at once.
 from __future__ import annotations
 
 import heapq
+import logging
 import time
 from collections import OrderedDict, deque
 from typing import Callable
@@ -39,10 +41,11 @@ from telemetry.daemon import hotpath
 from telemetry.daemon.config import AggregatorConfig
 from telemetry.daemon.reductions import RANK_RULES, Reducer
 from telemetry.daemon.steps import StepBatch
-from telemetry.daemon.world import World
-# The largest world size a hello is believed about (hellos.py, for the rare stage): per-rank structures and each
-# step's missing_ranks are sized by it.
-MAX_WORLD_SIZE = 1 << 16
+# MAX_WORLD_SIZE: the largest world size a hello is believed about (hellos.py, for the rare stage).
+from telemetry.daemon.world import MAX_UNANNOUNCED_RANKS, MAX_WORLD_SIZE, World
+
+log = logging.getLogger("telemetry.daemon")
+
 # Closed steps remembered (with their ranks) to tell a late straggler from a step logged again.
 CLOSED_STEPS_KEPT = 4096
 
@@ -89,6 +92,10 @@ class Aggregator:
         self.num_steps_out = 0
         self.num_steps_incomplete = 0
         self.num_records_late = 0
+        # Records of ranks outside the world (world.py): taken into their steps, never waited for;
+        # refused beyond the strangers the world remembers.
+        self.num_records_unannounced = 0
+        self.num_records_unannounced_refused = 0
         self.num_open_records = 0                 # records in `pending` (the memory budget's measure)
 
     # -- the hot path ---------------------------------------------------------------------------
@@ -101,16 +108,30 @@ class Aggregator:
         a training record and an eval record: 2, in whatever order they and the other ranks'
         arrive); the step is complete when every expected rank is done with it.
 
+        A record of a rank outside the world (a stranger: no hello announced it, world.py) joins
+        its step without counting toward it; one of a stranger beyond those the world remembers
+        is refused (counted, in neither list).
+
         The daemon's hot path: per record a dict lookup, two appends and the completeness test;
-        opening a step, a rank not seen before and a record of several parts take the slower paths.
+        opening a step, a rank not seen before, a stranger's record and a record of several parts
+        take the slower paths (each O(1)).
         """
         pending, world = self.pending, self.world
         steady, expected, num_expected = world.steady, world.expected, world.num_expected
         now = time.monotonic()
         done: list[StepAccumulator] = []
         late: list = []
+        num_strangers = num_refused = 0
         for rec in recs:
             step, rank = rec.step, rec.rank
+            settled = rank in steady        # one set lookup per record in the steady state
+            if not settled:
+                member = world.admit(rank)
+                if member is None:
+                    num_refused += 1
+                    continue
+                if not member:
+                    num_strangers += 1
             acc = pending.get(step)
             if acc is None:
                 acc = self._open(step, rank, now)
@@ -118,18 +139,35 @@ class Aggregator:
                     late.append(rec)
                     continue
             acc.records.append(rec)
+            if not settled and not member:
+                continue                    # a stranger's: no step waits for it
             if rec.parts != 1 and acc.more_to_come(rank, rec.parts):
                 continue                    # the rank is not done with the step yet
             ranks = acc.ranks
             ranks.add(rank)
-            if rank not in steady:          # one set lookup per record in the steady state
+            if not settled:
                 world.reported(rank)
                 steady, expected, num_expected = world.steady, world.expected, world.num_expected
             if len(ranks) >= num_expected and expected <= ranks:
                 done += self._close_through(step)
+        if num_strangers or num_refused:
+            self._count_strangers(num_strangers, num_refused)
         self.num_records_late += len(late)
-        self.num_open_records += len(recs) - len(late)
+        self.num_open_records += len(recs) - len(late) - num_refused
         return done, late
+
+    def _count_strangers(self, num_taken: int, num_refused: int) -> None:
+        """Count a batch's records of strangers; the first taken and the first refused are logged."""
+        if num_taken and not self.num_records_unannounced:
+            log.warning("records of a rank no hello announced (a rank id outside the world): each joins its step, "
+                        "no step waits for it or names it missing (counted in records_unannounced; "
+                        "status: ranks_unannounced). A rank of this run whose hello never arrived is not "
+                        "waited for either: --world-size says whom to wait for")
+        if num_refused and not self.num_records_unannounced_refused:
+            log.warning("records of more than %d ranks no hello announced: those of the ranks beyond are refused "
+                        "(counted in records_unannounced_refused)", MAX_UNANNOUNCED_RANKS)
+        self.num_records_unannounced += num_taken
+        self.num_records_unannounced_refused += num_refused
 
     def held_by_source(self) -> dict[int, int]:
         """Records in open steps, per source (`src`): taken in, not yet in any output record
@@ -202,7 +240,8 @@ class Aggregator:
             return []
         done = self._close_through(max(late))
         for acc in done:
-            if acc.step in late:
+            # A step no rank of the world reported (a stranger's alone) is none the world missed.
+            if acc.step in late and (acc.ranks or acc.partial):
                 self.world.timed_out(acc.ranks)
         return done
 

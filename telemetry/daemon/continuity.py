@@ -23,6 +23,8 @@ from pathlib import Path
 
 import msgspec
 
+from protocol.constants import MAX_RANK
+from telemetry.daemon.world import MAX_WORLD_SIZE
 from telemetry.shared import files
 from telemetry.shared.jsonlines import FILE_NAME
 from telemetry.shared.numbers import is_number
@@ -107,6 +109,11 @@ class Continuity:
         """Receiver.snapshot and the run's counts so far, as of the records handed out: `held`, the
         records in open steps, are not counted."""
         snap = self.receiver.snapshot(held)
+        # The world the hellos announced, to this daemon or to one before it: a successor's (a
+        # surviving client does not say hello again), where its ranks' records count toward their steps.
+        world = self.aggregator.world
+        snap["world_size_announced"] = 0 if world.configured else world.size_hint
+        snap["ranks_announced"] = sorted(world.announced)
         before = self.before
         snap["run"] = {"incarnations": before["incarnations"] + 1,
                        "records_in": before["records_in"] + self.receiver.num_in - sum(held.values()),
@@ -134,6 +141,7 @@ class Continuity:
         log.info("continuing the loss accounting of %d client(s) from %s", n, path)
         if not isinstance(snap, dict):
             return
+        self._restore_world(snap.get("world_size_announced"), snap.get("ranks_announced"))
         run = snap.get("run")
         if isinstance(run, dict) and all(type(run.get(k)) is int and run[k] >= 0
                                          for k in ("incarnations", "records_in", "steps_out")):
@@ -141,6 +149,19 @@ class Continuity:
             self.before = {**{k: run[k] for k in ("incarnations", "records_in", "steps_out")},
                            "started_at": started if is_number(started) else None}
         self._move_aside_past(snap.get("jsonl"))
+
+    def _restore_world(self, size, announced) -> None:
+        """The world the predecessor's hellos announced is this daemon's (world.py); from a
+        checkpoint that does not say it (an older daemon's), the ranks of the clients it continues."""
+        world = self.aggregator.world
+        if type(size) is int and 0 < size <= MAX_WORLD_SIZE:
+            world.note_size(size)
+        if not isinstance(announced, list):
+            sources = self.receiver.sources
+            announced = [sources[i].rank for i in self.receiver.restored]
+        for rank in announced[:MAX_WORLD_SIZE]:
+            if type(rank) is int and 0 <= rank <= MAX_RANK:
+                world.announce(rank)
 
     def _move_aside_past(self, where) -> None:
         """The lines a predecessor wrote after its last checkpoint are moved out of metrics.jsonl

@@ -49,6 +49,6 @@ class Hellos:
         if not self._warned_world_size:
             self._warned_world_size = True
             log.warning("rank %d's hello says world_size=%r: not an integer in 1..%d, ignored (the "
-                        "daemon waits for the ranks it sees; set --world-size if that is wrong)",
+                        "daemon waits for the ranks that said hello; set --world-size if that is wrong)",
                         rank, ws, MAX_WORLD_SIZE)
         return None

@@ -136,6 +136,8 @@ class SelfReport:
             "steps_out": steps["steps_out"],
             "steps_incomplete": steps["steps_incomplete"],
             "records_late": steps["records_late"],
+            "records_unannounced": steps["records_unannounced"],
+            "records_unannounced_refused": steps["records_unannounced_refused"],
             "records_in_by_kind": {"hello": hellos.num_in, "event": events, "bye": receiver.num_byes,
                                    "metrics": totals["records_in"] - hellos.num_in - events - receiver.num_byes},
             "uptime_s": round(time.monotonic() - self.identity.started_mono, 3),

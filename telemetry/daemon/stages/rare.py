@@ -119,10 +119,12 @@ class RareStage(Stage):
 
     def _on_hello(self, rec: Hello) -> None:
         info = self.hellos.take(rec.rank, rec.info)
+        world = self.steps.aggregator.world
+        world.announce(rec.rank)           # of the world: its records count toward their steps
         if not self.forwards:
             ws = self.hellos.world_size(rec.rank, info)
             if ws is not None:
-                self.steps.aggregator.world.note_size(ws)
+                world.note_size(ws)
         diagnoser = self.diagnoser
         if info.get("forwarded_by") == "group head" and self.head and diagnoser is not None \
                 and diagnoser.unit != "group":

@@ -169,6 +169,9 @@ class StepsStage(Stage):
         agg = self.aggregator
         return {"steps_out": agg.num_steps_out, "steps_incomplete": agg.num_steps_incomplete,
                 "records_late": agg.num_records_late, "world_size": agg.world.size(),
+                "records_unannounced": agg.num_records_unannounced,
+                "records_unannounced_refused": agg.num_records_unannounced_refused,
+                "ranks_unannounced": len(agg.world.strangers),
                 "last_step": agg.last_step, "steps_pending": len(agg.pending),
                 "ranks_gone": sorted(agg.world.gone)}
 
