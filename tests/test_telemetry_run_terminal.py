@@ -51,6 +51,22 @@ def _read_until(fd: int, needle: bytes, timeout_s: float) -> bytes:
     return out
 
 
+def _to_the_end(pid: int, fd: int, first=lambda fd: b"") -> tuple[str, int]:
+    """What a process forked onto the pty `fd` writes to it to its end (after `first(fd)`, what
+    is done at the terminal first), and its exit code; it is killed if the test fails before."""
+    try:
+        out = first(fd)
+        out += _read_until(fd, b"\x00never", 180)
+        _, status = os.waitpid(pid, 0)
+    finally:
+        try:
+            os.kill(pid, 9)
+        except ProcessLookupError:
+            pass
+        os.close(fd)
+    return out.decode(errors="replace"), os.waitstatus_to_exitcode(status)
+
+
 def test_ctrl_c_at_the_terminal_reaches_the_script_once(tmp_path):
     (tmp_path / "train.py").write_text(textwrap.dedent(SCRIPT))
     runtime = Path("/tmp") / f"tmtty-{hashlib.sha1(str(tmp_path).encode()).hexdigest()[:12]}"
@@ -64,20 +80,14 @@ def test_ctrl_c_at_the_terminal_reaches_the_script_once(tmp_path):
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
         os.execve(sys.executable, [sys.executable, "-m", "telemetry", "run", "--as-wandb", "--", "train.py"], env)
-    try:
+    def ctrl_c(fd: int) -> bytes:
         out = _read_until(fd, b"script is logging", 180)
         assert b"script is logging" in out, out.decode(errors="replace")[-3000:]
         os.write(fd, b"\x03")                     # Ctrl-C: the terminal signals its foreground group
-        out += _read_until(fd, b"\x00never", 180)
-        _, status = os.waitpid(pid, 0)
-    finally:
-        try:
-            os.kill(pid, 9)
-        except ProcessLookupError:
-            pass
-        os.close(fd)
-    text = out.decode(errors="replace")
-    assert os.waitstatus_to_exitcode(status) == 130, text[-3000:]      # the shell's code for SIGINT
+        return out
+
+    text, code = _to_the_end(pid, fd, ctrl_c)
+    assert code == 130, text[-3000:]      # the shell's code for SIGINT
     assert "clean-up done" in text, text[-3000:]                      # not interrupted a second time
     assert text.count("KeyboardInterrupt") == 1, text[-3000:]
     sys.path.insert(0, str(ROOT / "tests"))
@@ -185,17 +195,8 @@ def test_with_a_terminal_the_script_stays_under_its_job_control(tmp_path):
         os.dup2(null, 0)
         os.execve(sys.executable, [sys.executable, "-m", "telemetry", "run", "--quiet", "--wandb", "disabled",
                                    "--run-dir", str(tmp_path / "r"), "--", "groups.py"], env)
-    try:
-        out = _read_until(fd, b"\x00never", 180)
-        _, status = os.waitpid(pid, 0)
-    finally:
-        try:
-            os.kill(pid, 9)
-        except ProcessLookupError:
-            pass
-        os.close(fd)
-    text = out.decode(errors="replace")
-    assert os.waitstatus_to_exitcode(status) == 0, text[-3000:]
+    text, code = _to_the_end(pid, fd)
+    assert code == 0, text[-3000:]
     line = next(x for x in text.splitlines() if x.startswith("groups"))
     own, parents = line.split()[1:3]
     assert own == parents, line          # the script's process group is its launcher's
