@@ -374,7 +374,6 @@ def _launch(target: list[str], nproc: int, env: dict, launcher: str = "torchrun"
     else:
         cmd = [*module_cmd("trainer.launch"), "--standalone", "--nproc_per_node", str(nproc),
                *(["-m", *target[1:]] if module else target)]
-    at_terminal = at_foreground_terminal()
     if not has_controlling_terminal() and sys.platform.startswith("linux"):
         # A signal to the launcher's whole process group (`timeout`, `kill -TERM -PGID`, a
         # scheduler's group kill) reached the script twice: directly, and passed on by us (a
@@ -390,7 +389,8 @@ def _launch(target: list[str], nproc: int, env: dict, launcher: str = "torchrun"
     proc = subprocess.Popen(cmd, env=env)
 
     def forward(signum, _frame):
-        if proc.poll() is None and not (signum == signal.SIGINT and at_terminal and at_foreground_terminal()):
+        # At a terminal's foreground a Ctrl-C is the terminal's, to the whole group: the script has it.
+        if proc.poll() is None and not (signum == signal.SIGINT and at_foreground_terminal()):
             proc.send_signal(signum)
 
     old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
