@@ -728,11 +728,12 @@ def test_a_stall_shows_the_step_and_its_time_stop_while_the_pollers_talk():
     latest.consume("event", {"t": 61.0, "name": "nonfinite", "data": {"step": 3, "severity": "error"}})
     for i in range(3):                  # free text: one label value, not three series
         latest.consume("event", {"t": 62.0, "name": "note", "data": {"severity": f"sev {i}"}})
+    latest.consume("event", {"t": 63.0, "name": "nonfinite", "data": {"step": 4, "severity": "ERROR"}})
     text = _exposition(latest)
     assert 'telemetry_training_step{run="r"} 3.0' in text
     assert 'telemetry_training_last_progress_time_seconds{run="r"} 10.0' in text
     assert 'telemetry_last_record_timestamp_seconds{run="r"} 60.0' in text
-    assert 'telemetry_events_total{name="nonfinite",run="r",severity="error"} 1.0' in text   # OTLP's labels
+    assert 'telemetry_events_total{name="nonfinite",run="r",severity="error"} 2.0' in text   # OTLP's labels
     assert 'telemetry_events_total{name="note",run="r",severity="other"} 3.0' in text
     for name, unit, own in ((otlp.STEP, "{step}", prometheus.STEP), (otlp.LAST_PROGRESS, "s", prometheus.LAST_PROGRESS)):
         assert prometheus.PREFIX + otlp.backend_names(name, unit, False)[1] == own

@@ -51,4 +51,5 @@ def severity(data: object) -> str:
     given = data.get("severity") if isinstance(data, dict) else None
     if given is None:
         return "info"
+    given = given.lower() if isinstance(given, str) else given
     return given if given in SEVERITIES else "other"
