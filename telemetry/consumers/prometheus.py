@@ -60,7 +60,6 @@ beyond loopback needs --allow-remote.
 from __future__ import annotations
 
 import argparse
-import functools
 import hashlib
 import re
 import sys
@@ -130,13 +129,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                    "TOKEN', Prometheus with authorization: {credentials_file: FILE}")
     httpaccess.add_budget_arguments(p, DEFAULT_MEMORY_MB, DEFAULT_MAX_SERIES,
                                     "the series kept are bounded in bytes under it")
-
-
-@functools.lru_cache(maxsize=4096)
-def _the_daemons(name: str) -> bool:
-    """A name the daemon's pollers or its own records export (catalogue source poller or self)."""
-    entry = catalogue.lookup(name)
-    return entry is not None and entry.source in ("poller", "self")
 
 
 def _hash(text: str) -> str:
@@ -406,7 +398,7 @@ class LatestValues:
                     template = "per-rank " + template
                 if kind != "metrics":       # a poller's or the daemon's own: never one family with a rank's
                     template = f"{kind}: {template}"
-                elif _the_daemons(str(k)):  # a rank's value under their name: a name of its own
+                elif catalogue.daemons_own(str(k)):  # a rank's value under their name: a name of its own
                     template, own_name = RANKS_TAG + template, True
                 self._set(prom, template, {**base, **labels}, float(v), own_name)
 

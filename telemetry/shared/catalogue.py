@@ -45,6 +45,7 @@ table is then `telemetry metrics --markdown`.
 """
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 
@@ -356,6 +357,8 @@ def rules(which: str, catalogue: tuple[Metric, ...] | None = None) -> dict[str, 
 
 # The sources whose metrics are in step records, reduced across ranks and over windows.
 REDUCED = ("rank", "daemon")
+# The sources whose metrics are in the daemon's own records (gpu, system, daemon), never a rank's.
+DAEMONS_OWN = ("poller", "self")
 _RANK_SEGMENT = re.compile(r"^rank\d+$")
 
 
@@ -418,6 +421,14 @@ UNITS: dict[str, Unit] = {
     "steps/s": Unit("{step}/s"),
     "FLOP/s": Unit("{flop}/s"),
 }
+
+
+@functools.lru_cache(maxsize=4096)
+def daemons_own(name: str) -> bool:
+    """Whether `name` is one the daemon's pollers or its own records export: a rank's value under
+    it is not theirs, and the exporters give it a name of its own (OTLP, Prometheus)."""
+    m = lookup(name)
+    return m is not None and m.source in DAEMONS_OWN
 
 
 def unit_entry(name: str) -> Metric | None:

@@ -334,9 +334,8 @@ class OtlpSink(Sink):
         _, _, template = catalogue.split(key, taken)
         template = (origin, per_rank, tuple(template))
         name = m.name
-        entry = catalogue.lookup(key) if origin == "rank" else None
         # A rank's value under a name the pollers' or the daemon's own records export: never theirs.
-        owner = ("the daemon's",) if entry is not None and entry.source in ("poller", "self") else \
+        owner = ("the daemon's",) if origin == "rank" and catalogue.daemons_own(key) else \
             self._owner(name, m.unit, m.cumulative, template)
         n = 0
         while owner is not None and owner != template:
