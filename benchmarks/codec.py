@@ -7,6 +7,7 @@ a typed record, the receiver's per-record cost (it bounds ingest throughput).
     msgspec   msgspec.msgpack.Encoder().encode(tuple) / protocol.decode (typed Decoder + bounds)
     msgpack   msgpack.Packer().pack(tuple) / msgpack.unpackb + the same checks in Python,
               building the same protocol.Metrics struct, so both produce the same result
+    C         the client's own encode of the tuple (protocol/_pack.c), when built: msgpack's bytes
 
 Also measured, for a possible wire change: a per-connection name table, where a record
 carries a table id and a list of values instead of a name -> value map.
@@ -31,6 +32,7 @@ import msgpack
 import msgspec
 
 import protocol
+from protocol import codec
 from protocol.constants import KIND_METRICS, MAX_NAME_CHARS, MAX_VALUES, PROTOCOL_VERSION
 from protocol.records import Metrics
 
@@ -111,6 +113,8 @@ def main(argv: list[str] | None = None) -> int:
     mp_pack = msgpack.Packer(use_bin_type=True)
     ms_frame, mp_frame = ms_enc.encode(record), mp_pack.pack(record)
     assert ms_frame == mp_frame, "both must produce the same bytes for this record"
+    pack_ints_map = codec.pack_ints_map
+    assert pack_ints_map is None or pack_ints_map(*record) == mp_frame
     assert protocol.decode(ms_frame) == msgpack_decode_validated(mp_frame)
 
     table_record = (*HEADER, 120, 1, list(VALUES.values()))
@@ -133,6 +137,8 @@ def main(argv: list[str] | None = None) -> int:
         "client encode: msgspec Encoder.encode": lambda: ms_enc.encode(record),
         "client encode: msgpack Packer.pack": lambda: mp_pack.pack(record),
         "client encode: msgpack.packb": lambda: msgpack.packb(record),
+        **({"client encode: C (protocol.codec.pack_ints_map, what log() uses)": lambda: pack_ints_map(*record)}
+           if pack_ints_map is not None else {}),
         "daemon decode+validate: msgspec (protocol.decode)": lambda: protocol.decode(ms_frame),
         "daemon decode+validate: msgpack + Python checks": lambda: msgpack_decode_validated(mp_frame),
         "daemon decode only: msgspec typed Decoder(Record), no bounds": lambda: raw_dec.decode(ms_frame),

@@ -9,7 +9,8 @@ Nothing here ever unpickles or evaluates anything. Every failure raises `Malform
 """
 from __future__ import annotations
 
-from typing import Any, Mapping
+import os
+from typing import Any, Callable, Mapping
 
 import msgpack
 
@@ -26,6 +27,26 @@ from protocol.constants import (
 
 class MalformedRecord(ValueError):
     """A frame that is not a valid record of a version this code understands."""
+
+
+def _native_pack_ints_map() -> Callable[..., bytes | None] | None:
+    """The C encoder of a metrics frame (_pack.c), or None: not built (no C compiler at install)
+    or TELEMETRY_PURE_PYTHON set (the same switch as the daemon's C loops)."""
+    if os.environ.get("TELEMETRY_PURE_PYTHON", "") not in ("", "0"):
+        return None
+    try:
+        from protocol._pack import pack_ints_map
+    except ImportError:
+        return None
+    return pack_ints_map
+
+
+# pack_ints_map(*ints, values): msgpack's bytes of the tuple (*ints, values) when `values` is a
+# dict of plain numbers under str keys, else None (then pack the tuple with a Packer: it also
+# takes every other value, calls its `default` hook, and raises msgpack's errors). In C, without
+# msgpack's general walk, which on cold caches after a training step is most of the client's
+# log() (benchmarks/RESULTS.md, Client cost). None when not built.
+pack_ints_map: Callable[..., bytes | None] | None = _native_pack_ints_map()
 
 
 def new_packer(default: Any = None) -> msgpack.Packer:
@@ -46,6 +67,10 @@ def encode_metrics(src: int, rank: int, seq: int, dropped: int, t_ns: int, step:
         frame = (KIND_METRICS, PROTOCOL_VERSION, src, rank, seq, dropped, t_ns, step, values)
     else:
         frame = (KIND_METRICS, PROTOCOL_VERSION, src, rank, seq, dropped, t_ns, step, values, parts)
+    if pack_ints_map is not None and parts == 1:
+        out = pack_ints_map(*frame)
+        if out is not None:
+            return out
     return packer.pack(frame) if packer is not None else msgpack.packb(frame, use_bin_type=True)
 
 

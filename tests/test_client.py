@@ -550,15 +550,15 @@ def test_one_stalled_call_counts_once_in_the_clients_own_time(rx, client_factory
     from telemetry.client.core import OWN_TIME_STRIDE
 
     tm = client_factory(rx.endpoint, rank=0)
-    pack, calls, stall_s = tm._pack, [0], 0.3
+    pack, calls, stall_s = tm._pack_ints_map, [0], 0.3
 
-    def stalling(obj):
+    def stalling(*frame):
         calls[0] += 1
         if calls[0] == 1 + 3 * OWN_TIME_STRIDE:       # a timed call (the 1st, the 14th, ...)
             time.sleep(stall_s)
-        return pack(obj)
+        return pack(*frame)
 
-    tm._pack = stalling
+    tm._pack_ints_map = stalling
     for s in range(10 * OWN_TIME_STRIDE):
         tm.log(s, {"train/loss": 1.0})
     own_s = tm._own_ns / 1e9

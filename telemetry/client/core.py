@@ -226,6 +226,10 @@ class TelemetryClient(metaclass=abc.ABCMeta):   # ABCMeta: DisabledClient regist
         # Built once: the hook routes tensors to the deferred path and numpy scalars to numbers.
         self._encoder = codec.new_packer(default=_wire_hook)
         self._pack = self._encoder.pack
+        # The common record (a dict of plain numbers) in C, msgpack's bytes; None for any other,
+        # which self._pack then takes. Without the C part, self._pack itself.
+        pack = self._pack
+        self._pack_ints_map = codec.pack_ints_map or (lambda *frame: pack(frame))
         self._bg_encoder = codec.new_packer(default=host_scalar)  # the sender thread's own
         self._open()
         # Stacks on the daemon's signal when a step hangs (stacks.py); once, off the hot path.
@@ -354,8 +358,11 @@ class TelemetryClient(metaclass=abc.ABCMeta):   # ABCMeta: DisabledClient regist
             seq = seqs[0]
             t = _time_ns()
             try:
-                frame = self._pack((KIND_METRICS, PROTOCOL_VERSION, self._src, self.rank, seq,
-                                    self._num_dropped + self._num_dropped_bg, t, step, values))
+                frame = self._pack_ints_map(KIND_METRICS, PROTOCOL_VERSION, self._src, self.rank, seq,
+                                            self._num_dropped + self._num_dropped_bg, t, step, values)
+                if frame is None:
+                    frame = self._pack((KIND_METRICS, PROTOCOL_VERSION, self._src, self.rank, seq,
+                                        self._num_dropped + self._num_dropped_bg, t, step, values))
             except (_NeedsDeferral, TypeError, ValueError, OverflowError):
                 # Tensors, a value that is no number: the slow path sorts the values out.
                 self._log_slow(step, values, None, parts)
