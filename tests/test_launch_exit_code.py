@@ -146,3 +146,67 @@ time.sleep(1.0)                 # a second one would come within this
 with open(f"{out}/got-{rank}", "w") as f:
     f.write(",".join(got))
 """
+
+
+@pytest.mark.parametrize("signame", ["SIGTERM", "SIGINT"])
+def test_torchrun_launch_stopped_by_a_signal_exits_128_plus_n_without_a_traceback(tmp_path, signame):
+    """SIGTERM or SIGINT to trainer.launch on torchrun (what `telemetry run --nproc 2` passes on,
+    a scheduler's preemption): torchrun's agent stops its ranks and raises SignalException, which
+    torchrun ends in a traceback and exit 1; the launch exits 128+N and says so in one line."""
+    import signal
+    import time
+
+    signum = getattr(signal, signame)
+    script = tmp_path / "worker.py"
+    script.write_text(QUIET_WORKER)
+    p = subprocess.Popen([sys.executable, "-m", "trainer.launch", "--standalone", "--nproc_per_node", "2",
+                          str(script), str(tmp_path)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 240          # a hang detector
+        while not all((tmp_path / f"ready-{r}").exists() for r in (0, 1)):
+            assert time.monotonic() < deadline and p.poll() is None, p.communicate()[1][-3000:] if p.poll() else ""
+            time.sleep(0.1)
+        p.send_signal(signum)
+        out, err = p.communicate(timeout=120)
+    finally:
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    assert p.returncode == 128 + signum, err[-3000:]
+    assert f"[trainer.launch] stopped by {signame}: exiting {128 + signum}" in err, err[-3000:]
+    assert "Traceback" not in err, err[-3000:]
+    for r in (0, 1):
+        pid = int((tmp_path / f"ready-{r}").read_text())
+        assert not os.path.exists(f"/proc/{pid}") or \
+            open(f"/proc/{pid}/stat").read().rpartition(")")[2].split()[0] == "Z", f"rank {r} outlived the launch"
+
+
+QUIET_WORKER = """
+import os, signal, sys, time
+rank, out = int(os.environ["RANK"]), sys.argv[-1]
+signal.signal(signal.SIGINT, signal.SIG_DFL)      # a rank that ends quietly on either signal
+with open(f"{out}/ready-{rank}", "w") as f:
+    f.write(str(os.getpid()))
+time.sleep(200)
+"""
+
+
+def test_telemetry_run_nproc_2_stopped_by_sigterm_exits_143(tmp_path):
+    """`telemetry run --nproc 2` SIGTERMed (a scheduler's preemption): each rank gets one SIGTERM,
+    and the run exits 143, the launch's 128+N, not torchrun's 1 under a traceback."""
+    import signal
+
+    from test_telemetry_run_terminal import _launched
+
+    p = _launched(tmp_path, 120, nproc=2)
+    try:
+        p.send_signal(signal.SIGTERM)
+        rest = p.stdout.read().decode(errors="replace")
+        assert p.wait(120) == 128 + signal.SIGTERM, rest[-3000:]
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+    assert rest.count("signals SIGTERM\n") == 2, rest[-3000:]
+    assert "Traceback" not in rest, rest[-3000:]

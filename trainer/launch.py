@@ -52,6 +52,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def torchrun_main(argv: list[str]) -> int:
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, record
     from torch.distributed.run import parse_args, run
 
@@ -64,6 +65,14 @@ def torchrun_main(argv: list[str]) -> int:
             rank, failure = exc.get_first_failure()
             code = shell_code(failure.exitcode) or 1
             _report(rank, failure.exitcode, code)
+            return code
+        except SignalException as exc:
+            # SIGTERM, SIGINT, SIGHUP or SIGQUIT to the agent: it has passed the signal on to its
+            # ranks and stopped them; torchrun would end in this exception's traceback and exit 1.
+            # A launch stopped by signal N exits 128+N, as a shell reports a process it killed.
+            code = 128 + int(exc.sigval)
+            print(f"[trainer.launch] stopped by {signal.Signals(exc.sigval).name}: exiting {code}",
+                  file=sys.stderr, flush=True)
             return code
         return 0
 
