@@ -108,3 +108,22 @@ def feed_one(receiver, frame: bytes):
     """One frame through `feed`: its record, or None (counted) when it is not a valid record."""
     recs, _ = feed(receiver, [frame])
     return recs[0] if recs else None
+
+
+def kernel_keeps_exit_status() -> bool:
+    """Whether this kernel keeps a process's exit status for a pidfd holder after the parent
+    reaped it (PIDFD_INFO_EXIT, Linux 6.15 and later): how a daemon learns how a process it only
+    watched (its launcher, a --watch-pid script) ended."""
+    from telemetry.daemon.forensics.collect import pidfd_exit_status
+
+    child = subprocess.Popen(["sleep", "0.2"])
+    try:
+        fd = os.pidfd_open(child.pid)
+    except (AttributeError, OSError):
+        child.wait()
+        return False
+    try:
+        child.wait()
+        return pidfd_exit_status(fd) is not None
+    finally:
+        os.close(fd)

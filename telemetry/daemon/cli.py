@@ -50,6 +50,7 @@ def run(args: argparse.Namespace) -> int:
 
     from telemetry.daemon.config import ConfigError, load
     from telemetry.daemon.core import Daemon
+    from telemetry.daemon import process
     from telemetry.daemon.process import setup_logging
     from telemetry.daemon.sinks.base import StartupError
     from telemetry.shared.endpoints import EndpointError
@@ -107,7 +108,8 @@ def run(args: argparse.Namespace) -> int:
               f"{memory.MIN_BUFFERS_MB:g} MB)", file=sys.stderr)
         return 2
     daemon = Daemon(cfg, memory.Budget(cfg.memory_mb, baseline, links))
-    daemon.watch_pid = args.watch_pid
+    if args.watch_pid is not None:
+        daemon.watched = process.Watched(args.watch_pid)
     daemon.run_lock_fd = run_lock_fd
     try:
         setup_logging(Path(cfg.log_dir), logging.WARNING if args.quiet else logging.INFO)

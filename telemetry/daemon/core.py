@@ -134,7 +134,7 @@ class Daemon:
         self.report: SelfReport | None = None   # status, the daemon record, the progress line (start)
         self._pub_sock: zmq.Socket | None = None   # watched for its subscribers (start)
         self._trim_due = False                 # records came in since the heap was last trimmed
-        self.watch_pid: int | None = None      # --watch-pid: drain once this process has exited
+        self.watched: process.Watched | None = None   # --watch-pid: drain once this process has exited
         self.lock_fd: int | None = None       # the runtime directory's daemon.lock, held for life
         self.run_lock_fd: int | None = None   # the log directory's run.lock, held until shutdown
         self.num_heap_trims = 0
@@ -316,8 +316,8 @@ class Daemon:
         if now >= self._next_checkpoint:
             self.receiver.mark_progress()      # which clients are still sending, for a drain
             self._next_checkpoint = now + CHECKPOINT_INTERVAL_S
-            if self.watch_pid is not None and not process.alive(self.watch_pid):
-                self.stop("watched_process_exited", f"the process it was started for exited (pid {self.watch_pid})")
+            if self.watched is not None and not self.stop_code and not self.watched.alive():
+                self._watched_ended(self.watched)
         self.fanout.flush()
         if checkpoint_due:
             self.continuity.through_jsonl(self.jsonl_runner, self.fanout.num_records_out)
@@ -355,6 +355,17 @@ class Daemon:
         assert code in STOP_REASONS, code
         if not self.stop_code:
             self.stop_code, self.stop_reason = code, reason
+
+    def _watched_ended(self, watched: process.Watched) -> None:
+        """The process it was started for has exited with no drain request (`telemetry run`
+        killed, a user's own --watch-pid script ended): its exit code, where the kernel kept it,
+        is the run's, as a drain request would have said (the W&B run ends with it: 137, not 0,
+        for a launcher SIGKILLed with its script)."""
+        code, how = watched.ended()
+        if code is not None and self.control_server.exit_code is None:
+            self.control_server.exit_code = code
+            log.info("the process it was started for (pid %d) %s: the run's exit code is %d", watched.pid, how, code)
+        self.stop("watched_process_exited", f"the process it was started for exited (pid {watched.pid})")
 
     def _on_signal(self, signum: int, frame) -> None:
         name = signal.Signals(signum).name

@@ -37,6 +37,54 @@ def alive(pid: int) -> bool:
         return True
 
 
+class Watched:
+    """The process --watch-pid names: whether it still runs, and once it has ended, how.
+
+    A pidfd is taken at once, while the process runs: through it the kernel (Linux >= 6.15)
+    keeps the wait status after the process's parent reaped it, which is how a daemon whose
+    launcher (`telemetry run`) was killed learns what a shell saw (137 for a SIGKILL): the run's
+    exit code, with no drain request to say it."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        try:
+            self._pidfd: int | None = os.pidfd_open(pid)
+        except (AttributeError, OSError):
+            self._pidfd = None
+
+    def alive(self) -> bool:
+        return alive(self.pid)
+
+    def ended(self) -> tuple[int | None, str]:
+        """(its exit code as a shell reports it: 128+N when signal N killed it, how it ended) once
+        it has ended; (None, "") while it runs or where the kernel keeps no status (before 6.15,
+        once reaped)."""
+        from telemetry.daemon.forensics.collect import describe_status, pidfd_exit_status
+
+        status = pidfd_exit_status(self._pidfd) if self._pidfd is not None else None
+        if status is None:
+            status = _zombie_status(self.pid)
+        if status is None:
+            return None, ""
+        code, how = describe_status(status)
+        return (128 - code if code < 0 else code), how
+
+    def close(self) -> None:
+        if self._pidfd is not None:
+            os.close(self._pidfd)
+            self._pidfd = None
+
+
+def _zombie_status(pid: int) -> int | None:
+    """The wait status of an exited process its parent has not reaped yet (/proc/PID/stat field 52)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[-1].split()
+        return int(fields[49]) if fields and fields[0] == b"Z" else None
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def raise_fd_limit(max_connections: int) -> tuple[int, int]:
     """Raise the soft descriptor limit to the hard one (libzmq aborts when accept() runs out of
     descriptors); returns the soft limit now and the connections that fit in it: max_connections,

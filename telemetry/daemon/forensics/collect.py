@@ -199,12 +199,12 @@ def exit_status(lr: LocalRank, pidfd: int | None = None) -> tuple[bool, int | No
             return False, None, ""
         status = pidfd_exit_status(pidfd)
         if status is not None:
-            return (True, *_describe(status))
+            return (True, *describe_status(status))
     gone, code, how = _proc_exit_status(lr)
     if pidfd is not None and gone and code is None:
         status = pidfd_exit_status(pidfd)   # reaped between the two looks
         if status is not None:
-            return (True, *_describe(status))
+            return (True, *describe_status(status))
     return gone, code, how
 
 
@@ -225,10 +225,10 @@ def _proc_exit_status(lr: LocalRank) -> tuple[bool, int | None, str]:
         status = int(fields[49])                   # field 52 of the whole line
     except (IndexError, ValueError):
         return True, None, "exited (exit code unknown)"
-    return (True, *_describe(status))
+    return (True, *describe_status(status))
 
 
-def _describe(status: int) -> tuple[int, str]:
+def describe_status(status: int) -> tuple[int, str]:
     """A wait status as (exit code, or minus the signal number; how it ended)."""
     if status & 0x7F:
         sig = status & 0x7F

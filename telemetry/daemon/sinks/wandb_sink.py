@@ -88,6 +88,9 @@ STAGED_WAIT_S = 60.0
 CONSOLE_EVENT = "wandb/console"      # {"stream": "stdout"|"stderr", "text": ...}: the script's console output
 FINISH_EVENT = "train_end"           # {"exit_code": N, ...}: a rank finished its run (telemetry.wandb's finish)
 SCRIPT_EXIT_EVENT = "script_exit"    # {"exit_code": N}: the script's, from a drain request (daemon/shutdown.py)
+# The daemon's own: a rank's process gone without its bye, {"exited_rank": R, "exit_code": its
+# code, or minus the signal that killed it, or None: unknown} (daemon/forensics/stage.py).
+RANK_EXITED_EVENT = "diagnosis/rank_exited"
 # Hellos of runs whose finish always sends FINISH_EVENT (telemetry.wandb's Run: wandb.finish, the
 # exit hook, the Accelerate tracker): such a rank that never sent it was killed, and its run ends
 # with UNFINISHED_EXIT_CODE when no launcher says the script's code (W&B offline then writes no
@@ -178,6 +181,7 @@ class WandbSink(Sink):
         self._suspect: dict | None = None     # an aggregated step past MAX_STEP_JUMP, held back
         self._finished_ranks: dict[int, int] = {}   # rank -> the exit code its run finished with
         self._script_exit: int | None = None          # the launcher's (a drain request's)
+        self._died: dict[int, int] = {}               # rank -> its shell code, gone without a bye, not 0
         # Records not given to W&B, by reason; their sum is this sink's num_dropped (see Sink).
         self.dropped_by_reason: dict[str, int] = {}
 
@@ -335,7 +339,7 @@ class WandbSink(Sink):
                 self._call(rec["data"])
             elif name == CONSOLE_EVENT and self._from_init_rank(rec):
                 self._log_console(rec["data"])
-            elif name in (FINISH_EVENT, SCRIPT_EXIT_EVENT):
+            elif name in (FINISH_EVENT, SCRIPT_EXIT_EVENT, RANK_EXITED_EVENT):
                 self._note_exit(name, rec)
 
     def _note_exit(self, name: str, rec: dict) -> None:
@@ -346,6 +350,10 @@ class WandbSink(Sink):
             return
         if name == SCRIPT_EXIT_EVENT:
             self._script_exit = code
+        elif name == RANK_EXITED_EVENT:
+            rank = rec["data"].get("exited_rank")
+            if type(rank) is int and code:
+                self._died.setdefault(rank, 128 - code if code < 0 else code)
         else:
             self._finished_ranks.setdefault(rec.get("rank", 0), code)
 
@@ -353,8 +361,10 @@ class WandbSink(Sink):
         """The exit code the W&B run ends with, as W&B records the script's: the first failure a
         rank finished its run with; else, when a rank that made the run never finished it
         (killed: no exit hook ran), the script's as its launcher saw it (`telemetry run`: 143 for
-        SIGTERM), or, with no launcher to say it, UNFINISHED_EXIT_CODE for a telemetry.wandb run
-        (its finish, at exit too, always says how it ended); else 0."""
+        SIGTERM). With no launcher to say it (`telemetry run` itself killed, a daemon of one's
+        own), the first rank the daemon saw gone without its bye by a failure (137: SIGKILLed),
+        or UNFINISHED_EXIT_CODE for a telemetry.wandb run (its finish, at exit too, always says
+        how it ended); else 0."""
         failed = [c for r, c in sorted(self._finished_ranks.items()) if c]
         if failed:
             return failed[0]
@@ -362,9 +372,12 @@ class WandbSink(Sink):
         unfinished = [r for r in inits or [0] if r not in self._finished_ranks]
         if self._script_exit and unfinished:
             return self._script_exit
-        if self._script_exit is None and any(self._hellos.get(r, {}).get("framework") in FINISH_FRAMEWORKS
-                                             for r in unfinished):
-            return UNFINISHED_EXIT_CODE
+        if self._script_exit is None:
+            died = [c for r, c in sorted(self._died.items()) if r not in self._finished_ranks]
+            if died:
+                return died[0]
+            if any(self._hellos.get(r, {}).get("framework") in FINISH_FRAMEWORKS for r in unfinished):
+                return UNFINISHED_EXIT_CODE
         return 0
 
     def _note_nested(self, paths: dict) -> None:
