@@ -94,6 +94,13 @@ def _close(d: Daemon, unfinished: list[str]) -> None:
         # With a sink thread still inside a socket call, destroying the context could hang
         # or crash; the process is about to exit anyway.
         d.ctx.destroy(linger=0)
+    if d.remove_runtime_dir is not None:
+        # A run's own socket directory (`telemetry run`'s): its sockets, lock files, the ranks'
+        # stack files. The daemon that ends the run outlives whoever started it, so it is the
+        # one sure to be there to remove it; a successor daemon makes it again.
+        import shutil
+
+        shutil.rmtree(d.remove_runtime_dir, ignore_errors=True)
 
 
 def write_drain_json(log_dir: Path, final: dict) -> bool:
