@@ -33,10 +33,15 @@ if sys.argv[1:] == ["child"]:
     step, deadline = 0, time.monotonic() + 120
     while time.monotonic() < deadline and not os.path.exists(os.environ["CHILD_STOP"]):
         tm.log(step, {"worker/x": 1.0}); step += 1; time.sleep(0.05)
+        if step == 5:
+            open(os.environ["CHILD_STOP"] + ".sending", "w").close()
     sys.exit(0)
 tm = TelemetryClient(); tm.hello({})
 if os.environ.get("WITH_CHILD"):
     subprocess.Popen([sys.executable, __file__, "child"])
+    deadline = time.monotonic() + 120      # its client sends before this one ends (then a drain waits on it)
+    while not os.path.exists(os.environ["CHILD_STOP"] + ".sending") and time.monotonic() < deadline:
+        time.sleep(0.05)
 for step in range(20):
     tm.log(step, {"train/loss": 1.0 / (step + 1)}); time.sleep(0.02)
 print("reached", flush=True)

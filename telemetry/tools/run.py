@@ -249,7 +249,7 @@ def _run(args: argparse.Namespace) -> int:
         if keep and sys.stdin.isatty():
             # The page is most useful right after the run (it shows the run as ended): kept up
             # until the user is done with it.
-            _say(f"telemetry run: the dashboard stays up: {_dashboard_url(log_dir)}  (Enter stops it)")
+            print(f"telemetry run: the dashboard stays up: {_dashboard_url(log_dir)}  (Enter stops it)", flush=True)
             try:
                 sys.stdin.readline()
             except (OSError, KeyboardInterrupt, _StopWaiting):
@@ -465,8 +465,8 @@ class _Signals:
     the terminal's hangup reached the group).
     DRAINING (the script has ended): the first is said and the drain goes on: the Ctrl-C or
     the scheduler's SIGTERM that ended the script often comes again, and the run's drain.json,
-    goodput.json, script_exit event and W&B exit record are all written in the drain. The next
-    raises _StopWaiting: the wait ends, never the daemon's drain.
+    script_exit event and W&B exit record are all written in the drain (goodput.json by the
+    summary after it). The next raises _StopWaiting: the wait ends, never the daemon's drain.
     DONE (the summary, the dashboard kept up): each raises _StopWaiting.
     """
 
