@@ -210,6 +210,7 @@ def _run(args: argparse.Namespace) -> int:
         daemon = subprocess.Popen(cmd, env=daemon_env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                   start_new_session=True, pass_fds=(lock_fd,))
     try:
+        signals.arm()        # a signal that came while the daemon's process was made: now
         why = autostart._wait_ready(daemon, out_path, start=out_start)
         if why:
             print(f"telemetry run: the daemon did not start: {why}", file=sys.stderr)
@@ -480,7 +481,16 @@ class _Signals:
         self.shares_group = True          # the script is in our process group (a terminal's job control)
         self.pending: list[int] = []      # signals that came before the script's process existed
         self.num_draining = 0
+        self._armed = False               # STARTING: raise only once the daemon's Popen is ours
+        self._early: int | None = None    # a signal before that
         self._old = {s: signal.signal(s, self._handle) for s in self.HANDLED}
+
+    def arm(self) -> None:
+        """From now on a signal while STARTING raises _Interrupted (one that came before, now)."""
+        self._armed = True
+        if self._early is not None and self.phase == self.STARTING:
+            self.phase = self.DRAINING
+            raise _Interrupted(self._early)
 
     def restore(self) -> None:
         for s, h in self._old.items():
@@ -488,6 +498,9 @@ class _Signals:
 
     def _handle(self, signum: int, _frame) -> None:
         if self.phase == self.STARTING:
+            if not self._armed:       # inside the daemon's Popen: raising would lose its handle
+                self._early = self._early or signum
+                return
             self.phase = self.DRAINING
             raise _Interrupted(signum)
         if self.phase == self.SCRIPT:
