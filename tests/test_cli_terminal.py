@@ -3,6 +3,7 @@
 without its package."""
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import socket
@@ -71,13 +72,23 @@ def test_status_with_no_daemon_says_where_it_looked_and_how_to_look_elsewhere(tm
     other = xdg / "telemetry" / "run-abc"
     other.mkdir(parents=True, mode=0o700)
     (other / "control.sock").touch()            # another run's socket there (never answers)
-    p = subprocess.run([sys.executable, "-m", "telemetry", "status", "--timeout", "0.5"], cwd=ROOT, env=env,
-                       capture_output=True, text=True, timeout=HANG_S)
+    lock = os.open(other / "daemon.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(lock, fcntl.LOCK_EX)            # ... and its daemon alive, as this process stands for
+    dead = xdg / "telemetry" / "run-dead"       # a run whose daemon was SIGKILLed: its files, no daemon
+    dead.mkdir(mode=0o700)
+    (dead / "control.sock").touch()
+    (dead / "daemon.lock").touch()
+    try:
+        p = subprocess.run([sys.executable, "-m", "telemetry", "status", "--timeout", "0.5"], cwd=ROOT, env=env,
+                           capture_output=True, text=True, timeout=HANG_S)
+    finally:
+        os.close(lock)
     assert p.returncode == 1 and p.stdout == "" and "Traceback" not in p.stderr, p.stderr
     line, = p.stderr.strip().splitlines()
     assert f"ipc://{xdg}/telemetry/mine/control.sock" in line, line
     assert "$TELEMETRY_RUNTIME_DIR" in line and "--control" in line and "'mine'" in line, line
     assert f"TELEMETRY_RUNTIME_DIR={other}" in line, line     # where the other run's sockets are
+    assert str(dead) not in line, line
 
 
 @pytest.mark.parametrize("cmd", ["dashboard", "export-prometheus"])

@@ -144,7 +144,8 @@ def test_telemetry_runs_drain_request_says_when_the_script_exited(monkeypatch):
 
     sent = []
     monkeypatch.setattr(control, "request", lambda *a, **kw: sent.append(kw) or {"ok": True})
-    run._drain(types.SimpleNamespace(wait=lambda timeout=None: 0, poll=lambda: None), "/nonexistent", 1, 1_800_000_000.5)
+    run._drain(types.SimpleNamespace(wait=lambda timeout=None: 0, poll=lambda: None), "/nonexistent", "/nonexistent",
+               1, 1_800_000_000.5)
     (kw,) = sent
     assert kw["exit_code"] == 1 and kw["extra"] == {"exited_at": 1_800_000_000.5}
 

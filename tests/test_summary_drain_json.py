@@ -49,3 +49,18 @@ def test_sink_drops_after_the_last_counter_record_are_in_the_summary(tmp_path):
     p = subprocess.run([sys.executable, "-m", "telemetry.consumers.summary", str(run), "--drain-json",
                         str(run / "drain.json")], capture_output=True, text=True, timeout=120)
     assert p.returncode == 0 and "(sink drops 2)" in p.stdout, (p.stdout[-2000:], p.stderr[-2000:])
+
+
+def test_records_in_after_a_daemon_restart_is_the_whole_runs(tmp_path):
+    """A daemon killed and followed by a successor: drain.json's `run` has the run's records in
+    across both; the summary said only the last daemon's (the killed one left no counter record)."""
+    run = _run_dir(tmp_path)
+    with open(run / "metrics.jsonl", "a") as f:
+        f.write(json.dumps({"kind": "daemon", "t": 1.7e9 + 9, "values": {
+            "telemetry/records_in": 3, "telemetry/records_lost": 0, "telemetry/uptime_s": 2.0}}) + "\n")
+    (run / "drain.json").write_text(json.dumps({"records_in": 3, "records_lost": 2, "run": {
+        "incarnations": 2, "records_in": 7, "records_lost": 2, "steps_out": 5}}))
+    p = subprocess.run([sys.executable, "-m", "telemetry.consumers.summary", str(run), "--drain-json",
+                        str(run / "drain.json")], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert "records in         7\n" in p.stdout and "records dropped    2 " in p.stdout, p.stdout

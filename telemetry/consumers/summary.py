@@ -85,6 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     s = summarize(args.log_dir)
     final = {}
+    run_totals = {}
     if args.drain_json:
         from telemetry.shared import files
 
@@ -98,9 +99,15 @@ def main(argv: list[str] | None = None) -> int:
                      # What the sinks dropped after the daemon's last counter record (the W&B
                      # run's finish, a late row): only the final counters have it.
                      "telemetry/sink_dropped": drained.get("sink_dropped")}
+            # The whole run's, across the daemons that served it one after another (a restart):
+            # a daemon killed before its first counter record left none in metrics.jsonl.
+            run_totals = drained.get("run") if isinstance(drained.get("run"), dict) else {}
         except (ValueError, AttributeError, RecursionError):   # not the daemon's JSON object
             pass
     totals = s["daemon"].totals(final)
+    for key in ("records_in", "records_lost"):
+        if isinstance(run_totals.get(key), int):
+            totals[f"telemetry/{key}"] = run_totals[key]
     s["records_in"] = totals.get("telemetry/records_in")
     s["dropped"] = totals.get("telemetry/records_lost")
     s["sink_dropped"] = totals.get("telemetry/sink_dropped")

@@ -34,6 +34,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quiet", action="store_true", help="log warnings and errors only")
     p.add_argument("--watch-pid", type=int, metavar="PID", help="drain and exit once process PID has exited "
                    "(a daemon started for one script: telemetry.wandb.init and the integrations start it so)")
+    p.add_argument("--remove-runtime-dir", action="store_true",
+                   help="remove $TELEMETRY_RUNTIME_DIR (its sockets' directory, made for this run alone) when it "
+                        "exits after its drain: `telemetry run` passes it, so that the directory goes also when "
+                        "`telemetry run` itself was killed")
     m = p.add_argument_group("multi-node (docs/multinode.md)")
     m.add_argument("--remote-ingest", type=endpoint_arg, metavar="EP", help="head: also accept node daemons on this TCP "
                    "endpoint (CURVE required beyond loopback: security section of --config)")
@@ -91,6 +95,15 @@ def run(args: argparse.Namespace) -> int:
         print(f"telemetry daemon: --watch-pid must be a process id (1..{MAX_PID}), got {args.watch_pid}",
               file=sys.stderr)
         return 2
+    remove_runtime_dir = None
+    if args.remove_runtime_dir:
+        from telemetry.shared.endpoints import ENV_RUNTIME_DIR
+
+        if not os.environ.get(ENV_RUNTIME_DIR):
+            print(f"telemetry daemon: --remove-runtime-dir needs ${ENV_RUNTIME_DIR} (the directory to remove)",
+                  file=sys.stderr)
+            return 2
+        remove_runtime_dir = Path(os.path.abspath(os.environ[ENV_RUNTIME_DIR]))
     # The budget is the whole process's: its own baseline (measured now that the daemon's
     # modules are imported, plus what set-up and its lazily imported sinks add) must leave room
     # for its work and its buffers, or the budget cannot be kept.
@@ -110,6 +123,7 @@ def run(args: argparse.Namespace) -> int:
     daemon = Daemon(cfg, memory.Budget(cfg.memory_mb, baseline, links))
     if args.watch_pid is not None:
         daemon.watched = process.Watched(args.watch_pid)
+    daemon.remove_runtime_dir = remove_runtime_dir
     daemon.run_lock_fd = run_lock_fd
     try:
         setup_logging(Path(cfg.log_dir), logging.WARNING if args.quiet else logging.INFO)

@@ -135,6 +135,7 @@ class Daemon:
         self._pub_sock: zmq.Socket | None = None   # watched for its subscribers (start)
         self._trim_due = False                 # records came in since the heap was last trimmed
         self.watched: process.Watched | None = None   # --watch-pid: drain once this process has exited
+        self.remove_runtime_dir: Path | None = None   # --remove-runtime-dir: removed after the drain
         self.lock_fd: int | None = None       # the runtime directory's daemon.lock, held for life
         self.run_lock_fd: int | None = None   # the log directory's run.lock, held until shutdown
         self.num_heap_trims = 0

@@ -35,7 +35,9 @@ import json
 import os
 import secrets
 import stat
+import time
 from pathlib import Path
+from typing import Callable
 
 from telemetry.shared.numbers import is_int, is_number
 
@@ -212,11 +214,20 @@ def exclusion_of(frame: bytes) -> dict | None:
     return {"start": float(start), "end": float(end), "reason": reason[:MAX_REASON_CHARS]}
 
 
+class GaveUp(Exception):
+    """request()'s `give_up` said so before an answer came (the daemon asked has exited)."""
+
+
+# How often request() asks its `give_up` while it waits for the answer.
+GIVE_UP_CHECK_S = 0.2
+
+
 def request(endpoint: str, cmd: str, timeout_s: float = 5.0, exit_code: int | None = None,
-            extra: dict | None = None) -> dict:
+            extra: dict | None = None, give_up: Callable[[], bool] | None = None) -> dict:
     """Client side: send one command, wait at most `timeout_s` for the reply. exit_code: a
     drain's, the script's (see the module docstring); extra: the command's other fields (an
-    exclude's start, end and reason)."""
+    exclude's start, end and reason); give_up: asked every GIVE_UP_CHECK_S while it waits,
+    True ends the wait with GaveUp (the daemon's process is gone: no answer can come)."""
     import zmq
 
     ctx = zmq.Context.instance()
@@ -239,6 +250,13 @@ def request(endpoint: str, cmd: str, timeout_s: float = 5.0, exit_code: int | No
             body["exit_code"] = exit_code
         body.update(extra or {})
         sock.send(json.dumps(body).encode())
+        if give_up is not None:
+            deadline = time.monotonic() + timeout_s
+            while not sock.poll(int(GIVE_UP_CHECK_S * 1000)):
+                if give_up():
+                    raise GaveUp(f"the daemon at {endpoint} is gone; it did not answer")
+                if time.monotonic() >= deadline:
+                    raise zmq.Again()
         answer = sock.recv()
         try:
             return json.loads(answer)

@@ -247,14 +247,15 @@ def where(which: str, explicit: str | None = None, flag: str = "") -> str:
 
 
 def _runs_with_sockets(which: str, exclude: str) -> list[str]:
-    """The run directories in the user's private directory that hold a `which` socket, newest
+    """The run directories in the user's private directory that hold a `which` socket and a live
+    daemon (its daemon.lock held: a directory whose daemon was SIGKILLed answers no one), newest
     first (without making anything)."""
     from telemetry.shared.userdir import user_dir
 
     try:
         base = user_dir()
         found = [(p.stat().st_mtime, str(p.parent)) for p in base.glob(f"*/{_SOCKET_FILES[which]}")
-                 if p.parent.name != exclude]
+                 if p.parent.name != exclude and daemon_serves(p.parent)]
     except (OSError, EndpointError):
         return []
     return [d for _, d in sorted(found, reverse=True)]

@@ -86,7 +86,37 @@ def _target(command: list[str]) -> tuple[list[str] | None, str]:
     return command, ""
 
 
+def _daemon_config(path: str) -> tuple[str | None, str]:
+    """(the wandb.mode the daemon config file sets, or None; why the file is refused, or ''),
+    checked as the daemon checks it, before anything of the run is made or started."""
+    from telemetry.daemon.config import load
+    from telemetry.shared.config import ConfigError, read_yaml
+
+    if not Path(path).is_file():
+        return None, "not a file"
+    try:
+        load(path, {})
+        wandb = read_yaml(path).get("wandb")
+    except ConfigError as exc:
+        return None, f"bad config: {exc}"
+    return (wandb.get("mode") if isinstance(wandb, dict) else None), ""
+
+
 def run(args: argparse.Namespace) -> int:
+    rc = _run(args)
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        # The terminal is gone (SIGHUP): what is left to write goes nowhere, and the exit code
+        # stays the script's (a failed flush at exit would make it 120).
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 1)
+        os.dup2(devnull, 2)
+    return rc
+
+
+def _run(args: argparse.Namespace) -> int:
     from telemetry.client import autostart
     from telemetry.integrations.wandb_run import ENV_RUN_ID
     from telemetry.shared import endpoints, files, run_lock
@@ -98,8 +128,11 @@ def run(args: argparse.Namespace) -> int:
         return _fail(f"--nproc must be 1..{MAX_NPROC}, got {args.nproc}")
     if args.world_size is not None and not 1 <= args.world_size <= 65536:
         return _fail(f"--world-size must be 1..65536, got {args.world_size}")
-    if args.daemon_config is not None and not Path(args.daemon_config).is_file():
-        return _fail(f"--daemon-config {args.daemon_config}: not a file")
+    file_mode = None
+    if args.daemon_config is not None:
+        file_mode, why = _daemon_config(args.daemon_config)
+        if why:
+            return _fail(f"--daemon-config {args.daemon_config}: {why}")
     port = os.environ.get("TELEMETRY_DASHBOARD_PORT", "8765")
     if args.attach == "dashboard" and not (port.isdigit() and int(port) <= 65535):
         return _fail(f"TELEMETRY_DASHBOARD_PORT must be a port number, got {port[:40]!r}")
@@ -111,9 +144,10 @@ def run(args: argparse.Namespace) -> int:
         # (run_lock.py). It makes the directory, or checks an existing one is ours.
         lock_fd = run_lock.hold(log_dir)
     except run_lock.RunDirInUse as exc:
-        return _fail(f"--run-dir {exc}")
+        return _fail(f"{'--run-dir' if args.run_dir else 'run directory'} {exc}")
     except OSError as exc:
-        return _fail(f"--run-dir {log_dir}: cannot make it ({exc.strerror or exc})")
+        return _fail(f"{'--run-dir' if args.run_dir else 'run directory'} {log_dir}: cannot make it "
+                     f"({exc.strerror or exc})")
     # The run's private socket directory: $TELEMETRY_RUNTIME_DIR when the caller chose one.
     try:
         runtime, made_runtime = _runtime_dir(run_id)     # what this run made: removed at its end
@@ -133,8 +167,10 @@ def run(args: argparse.Namespace) -> int:
         shim = str(Path(__file__).resolve().parent.parent / "integrations" / "as_wandb")
         env["PYTHONPATH"] = os.pathsep.join(p for p in (shim, env.get("PYTHONPATH", "")) if p)
     # W&B's mode is the daemon's (its W&B sink); the ranks log to the daemon whatever it is, so
-    # $WANDB_MODE=disabled does not turn the script's telemetry.wandb into a stand-in.
-    mode = args.wandb or env.pop("WANDB_MODE", None) or "offline"
+    # $WANDB_MODE=disabled does not turn the script's telemetry.wandb into a stand-in. Only an
+    # explicit --wandb overrides the daemon config's wandb.mode (docs/config.md).
+    env_mode = env.pop("WANDB_MODE", None)
+    mode = args.wandb or file_mode or env_mode or "offline"
     if mode not in ("disabled", "offline", "online"):
         mode = "offline"
     env[autostart.ENV_WANDB_MODE] = mode       # the daemons of the script's other runs: the same mode
@@ -145,6 +181,10 @@ def run(args: argparse.Namespace) -> int:
     # --watch-pid: a `telemetry run` killed outright (SIGKILL) still leaves a drained run behind.
     cmd = [*module_cmd("telemetry"), "daemon", "--log-dir", str(log_dir), "--run-name", name,
            "--wandb", mode, "--watch-pid", str(os.getpid())]
+    if made_runtime:
+        # The runtime directory is this run's alone: whichever daemon ends the run removes it,
+        # also when this process is gone (SIGKILLed: the daemon outlives it and drains).
+        cmd.append("--remove-runtime-dir")
     if args.world_size is not None:
         cmd += ["--world-size", str(args.world_size)]
     if args.daemon_config:
@@ -160,22 +200,29 @@ def run(args: argparse.Namespace) -> int:
     except OSError as exc:      # a symlink or another user's file at its name: refused, not written
         _forget_runtime(made_runtime)
         return _fail(f"--run-dir {log_dir}: cannot write {out_path.name} ({exc.strerror or exc})")
+    signals = _Signals()       # from here on a signal never leaves the daemon undrained
+    keeper = None
+    stop_stream = threading.Event()
+    streamer = None
+    left_draining = False      # the daemon drains on by itself (a second signal stopped the wait)
     with out:
         out_start = out.seek(0, os.SEEK_END)     # what an earlier run of the directory wrote there
         daemon = subprocess.Popen(cmd, env=daemon_env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                   start_new_session=True, pass_fds=(lock_fd,))
     try:
+        signals.arm()        # a signal that came while the daemon's process was made: now
         why = autostart._wait_ready(daemon, out_path, start=out_start)
         if why:
             print(f"telemetry run: the daemon did not start: {why}", file=sys.stderr)
+            if daemon.poll() is None:
+                daemon.kill()
+                daemon.wait()
             # Its exit 2 is a refusal of what it was given (--daemon-config, the run directory):
             # bad input to this command too.
             return 2 if daemon.poll() == 2 else 1
         print(f"telemetry run: run {name}: daemon pid {daemon.pid}, writing to {log_dir}; watch it with "
               f"`telemetry tail --run-dir {log_dir}` (it follows the run across relaunches; this launch's "
               f"sockets alone: `TELEMETRY_RUNTIME_DIR={runtime} telemetry tail`)", file=sys.stderr, flush=True)
-        stop_stream = threading.Event()
-        streamer = None
         if not args.quiet:
             streamer = threading.Thread(target=_stream, args=(out_path, stop_stream, out_start), daemon=True)
             streamer.start()
@@ -187,18 +234,17 @@ def run(args: argparse.Namespace) -> int:
                                         stderr=subprocess.STDOUT, start_new_session=True, pass_fds=(lock_fd,))
 
         keeper = _DaemonKeeper(daemon, successor, out_path)
-        try:
-            rc = _launch(target, args.nproc, env, args.launcher)
-        finally:
-            daemon = keeper.stop()
+        rc = _launch(target, args.nproc, env, args.launcher, signals)
         exited_at = time.time()
-        _drain(daemon, runtime, rc, exited_at)
+        daemon = keeper.stop()
+        _drain(daemon, runtime, log_dir, rc, exited_at)
         # What the daemon said while it drained (clients without a bye, records counted lost)
         # is on the terminal before the summary: the stream stops once it has read to the end
         # of what the exited daemon wrote.
         stop_stream.set()
         if streamer is not None:
             streamer.join(5)
+        signals.phase = _Signals.DONE
         _summary(log_dir, rc)
         keep = [p for p in attached if args.attach == "dashboard"] if args.attach else []
         if keep and sys.stdin.isatty():
@@ -207,10 +253,31 @@ def run(args: argparse.Namespace) -> int:
             print(f"telemetry run: the dashboard stays up: {_dashboard_url(log_dir)}  (Enter stops it)", flush=True)
             try:
                 sys.stdin.readline()
-            except (OSError, KeyboardInterrupt):
+            except (OSError, KeyboardInterrupt, _StopWaiting):
                 pass
         return rc
+    except _Interrupted as exc:
+        # Before the script started: nothing of it ran. The daemon drains below, once it is
+        # ready (a daemon SIGTERMed while it starts dies undrained, its W&B run unfinished).
+        _say(f"telemetry run: {signal.Signals(exc.signum).name} before the script started: it is not run; "
+             f"the daemon drains")
+        try:
+            autostart._wait_ready(daemon, out_path, start=out_start)
+        except _StopWaiting:
+            pass
+        return 128 + exc.signum
+    except _StopWaiting:
+        # A second signal during the drain: the wait stops, the drain does not. The daemon
+        # (its own session) finishes it, writes drain.json and removes the runtime directory.
+        if keeper is not None:
+            daemon = keeper.daemon
+        left_draining = daemon.poll() is None
+        if left_draining:
+            _say(f"telemetry run: not waiting for the drain: the daemon (pid {daemon.pid}) finishes it by itself; "
+                 f"its final counters go to {log_dir / 'drain.json'} (`telemetry report {log_dir}` then)")
+        return signals.script_rc
     finally:
+        stop_stream.set()
         for p in attached:
             if p.poll() is None:
                 p.terminate()
@@ -218,11 +285,23 @@ def run(args: argparse.Namespace) -> int:
                     p.wait(10)
                 except subprocess.TimeoutExpired:
                     p.kill()
-        if daemon.poll() is None:
-            daemon.kill()
-            daemon.wait()
+        if keeper is not None:
+            keeper.stop(wait=False)
+            daemon = keeper.daemon
+        if daemon.poll() is None and not left_draining:
+            # Not drained yet (a signal before the script started, an error of ours): SIGTERM
+            # drains it as a drain request would, without the script's exit code.
+            signals.phase = _Signals.DRAINING
+            try:
+                daemon.send_signal(signal.SIGTERM)
+                _wait_daemon(daemon)
+            except _StopWaiting:
+                left_draining = True
+                _say(f"telemetry run: not waiting for the drain: the daemon (pid {daemon.pid}) finishes it by itself")
+        signals.restore()
         _forget_claim(runtime)
-        _forget_runtime(made_runtime)
+        if daemon.poll() is not None:       # else the draining daemon removes it when it is done
+            _forget_runtime(made_runtime)
 
 
 def _forget_runtime(made_runtime: tuple[Path, ...]) -> None:
@@ -307,11 +386,13 @@ class _DaemonKeeper:
         self._done = False
         return True
 
-    def stop(self) -> subprocess.Popen:
+    def stop(self, wait: bool = True) -> subprocess.Popen:
         """Stop watching (the script ended); the daemon now serving the run: a daemon found dead
         at this last look gets its successor too, which drains the run and counts what the dead
-        one never wrote."""
+        one never wrote. wait=False: stop watching, no last look (the launch is being abandoned)."""
         self._stop.set()
+        if not wait:
+            return self.daemon
         self._thread.join(120)
         if not self._thread.is_alive():
             self._check()
@@ -361,8 +442,117 @@ def _runtime_dir(run_id: str) -> tuple[Path, tuple[Path, ...]]:
     return runtime, (runtime,)
 
 
-def _launch(target: list[str], nproc: int, env: dict, launcher: str = "torchrun") -> int:
-    """The script's exit code as a shell reports it; SIGINT and SIGTERM are passed on to it.
+class _Interrupted(BaseException):
+    """A signal before the script started: it is not run. (Not an Exception: no `except
+    Exception` on the way swallows it.)"""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+class _StopWaiting(BaseException):
+    """Another signal while the daemon drains, or one at the summary or the kept-up dashboard:
+    stop waiting. The daemon is not stopped: it drains on by itself."""
+
+
+class _Signals:
+    """What SIGINT, SIGTERM and SIGHUP (the terminal closed) do to `telemetry run`, by phase.
+
+    STARTING (the daemon starting, the script not yet run): the first stops the launch
+    (_Interrupted); the daemon is drained, the exit code is 128+N.
+    SCRIPT: each is passed on to the script (forward), once: not a Ctrl-C the terminal sent to
+    our whole foreground group, nor a hangup when the script shares our group (with a terminal:
+    the terminal's hangup reached the group).
+    DRAINING (the script has ended): the first is said and the drain goes on: the Ctrl-C or
+    the scheduler's SIGTERM that ended the script often comes again, and the run's drain.json,
+    script_exit event and W&B exit record are all written in the drain (goodput.json by the
+    summary after it). The next raises _StopWaiting: the wait ends, never the daemon's drain.
+    DONE (the summary, the dashboard kept up): each raises _StopWaiting.
+    """
+
+    STARTING, SCRIPT, DRAINING, DONE = "starting", "script", "draining", "done"
+    HANDLED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+    def __init__(self) -> None:
+        self.phase = self.STARTING
+        self.script: subprocess.Popen | None = None
+        self.script_rc = 0                # the script's exit code, once it ended
+        self.shares_group = True          # the script is in our process group (a terminal's job control)
+        self.pending: list[int] = []      # signals that came before the script's process existed
+        self.num_draining = 0
+        self._armed = False               # STARTING: raise only once the daemon's Popen is ours
+        self._early: int | None = None    # a signal before that
+        self._old = {s: signal.signal(s, self._handle) for s in self.HANDLED}
+
+    def arm(self) -> None:
+        """From now on a signal while STARTING raises _Interrupted (one that came before, now)."""
+        self._armed = True
+        if self._early is not None and self.phase == self.STARTING:
+            self.phase = self.DRAINING
+            raise _Interrupted(self._early)
+
+    def restore(self) -> None:
+        for s, h in self._old.items():
+            signal.signal(s, h)
+
+    def _handle(self, signum: int, _frame) -> None:
+        if self.phase == self.STARTING:
+            if not self._armed:       # inside the daemon's Popen: raising would lose its handle
+                self._early = self._early or signum
+                return
+            self.phase = self.DRAINING
+            raise _Interrupted(signum)
+        if self.phase == self.SCRIPT:
+            self.forward(signum)
+            return
+        if self.phase == self.DRAINING and self.num_draining == 0:
+            self.num_draining += 1
+            again = "Ctrl-C again" if signum == signal.SIGINT else f"another {signal.Signals(signum).name}"
+            _say(f"telemetry run: {signal.Signals(signum).name} while the daemon drains: the drain goes on "
+                 f"(the run's final counters and its exit are written in it); {again} stops the waiting, "
+                 f"not the drain")
+            return
+        raise _StopWaiting()
+
+    def forward(self, signum: int) -> None:
+        """Pass `signum` on to the script, unless its process group had it already."""
+        proc = self.script
+        if proc is None:
+            self.pending.append(signum)
+            return
+        if proc.poll() is not None:
+            return
+        if signum == signal.SIGINT and at_foreground_terminal():
+            return          # at a terminal's foreground a Ctrl-C is the terminal's, to the whole group
+        if signum == signal.SIGHUP and self.shares_group:
+            return          # the terminal's hangup, to its foreground group (the shell's, to the job)
+        proc.send_signal(signum)
+
+
+def _say(msg: str) -> None:
+    """One line on stderr; nothing when it cannot be written (the terminal closed: SIGHUP)."""
+    try:
+        print(msg, file=sys.stderr, flush=True)
+    except (OSError, ValueError):
+        pass
+
+
+def _wait_daemon(daemon: subprocess.Popen, timeout_s: float = 60) -> None:
+    """Wait for the daemon to exit (its drain is bounded by its drain_timeout_s); killed after
+    `timeout_s`, and said."""
+    try:
+        daemon.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        _say(f"telemetry run: the daemon (pid {daemon.pid}) did not exit within {timeout_s:g} s; killed "
+             f"(its drain.json is not written; a next daemon on the run directory counts what it held as lost)")
+        daemon.kill()
+        daemon.wait()
+
+
+def _launch(target: list[str], nproc: int, env: dict, launcher: str, signals: _Signals) -> int:
+    """The script's exit code as a shell reports it; SIGINT, SIGTERM and SIGHUP are passed on to
+    it (`signals`, which moves on to DRAINING once it has ended).
     Under a launcher, trainer.launch runs it and exits with the code of the rank that failed
     first (torchrun exits 1 for any failed rank; DeepSpeed's 256-N for a rank killed by N)."""
     module = target[0] == "-m"
@@ -386,24 +576,20 @@ def _launch(target: list[str], nproc: int, env: dict, launcher: str = "torchrun"
         # Ctrl-Z, fg, a background read's SIGTTIN), as before.
         death = signal.SIGKILL if nproc == 1 and launcher != "deepspeed" else signal.SIGTERM
         cmd = [sys.executable, "-I", "-S", "-c", _OWN_GROUP, str(os.getpid()), str(int(death)), *cmd]
-    proc = subprocess.Popen(cmd, env=env)
-
-    def forward(signum, _frame):
-        # At a terminal's foreground a Ctrl-C is the terminal's, to the whole group: the script has it.
-        if proc.poll() is None and not (signum == signal.SIGINT and at_foreground_terminal()):
-            proc.send_signal(signum)
-
-    old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        rc = proc.wait()
-    finally:
-        for s, h in old.items():
-            signal.signal(s, h)
-    return 128 - rc if rc < 0 else rc
+        signals.shares_group = False
+    signals.phase = _Signals.SCRIPT
+    signals.script = proc = subprocess.Popen(cmd, env=env)
+    for signum in signals.pending:     # came while it was being started: it had none of them
+        proc.send_signal(signum)
+    rc = proc.wait()
+    signals.script_rc = rc = 128 - rc if rc < 0 else rc
+    signals.phase = _Signals.DRAINING
+    return rc
 
 
-# Execs the script's command (argv[3:]) in a process group of its own, to get signal argv[2] when
-# the launcher (argv[1], its parent) dies: what a signal to the launcher's group did before.
+# Execs a command (argv[3:]: the script's, an attached view's) in a process group of its own, to
+# get signal argv[2] when the launcher (argv[1], its parent) dies: what a signal to the launcher's
+# group did before.
 _OWN_GROUP = """import os, sys
 try:
     import ctypes
@@ -421,6 +607,16 @@ except OSError as exc:
 """
 
 
+def _ends_with_us(cmd: list[str]) -> list[str]:
+    """`cmd` run so that it gets SIGTERM when this process dies, however (a `kill -9` too): an
+    attached view left behind would hold its port and its run directory's files. In a process
+    group of its own (_OWN_GROUP): the Ctrl-C meant for the script does not close the dashboard
+    that stays up after the run."""
+    if not sys.platform.startswith("linux"):
+        return cmd
+    return [sys.executable, "-I", "-S", "-c", _OWN_GROUP, str(os.getpid()), str(int(signal.SIGTERM)), *cmd]
+
+
 def _attach(what: str, log_dir: Path, runtime: Path, env: dict, port: str) -> list[subprocess.Popen]:
     """Start the live view beside the run; the processes to stop with it. A view that does not
     start is said and the run goes on."""
@@ -432,15 +628,15 @@ def _attach(what: str, log_dir: Path, runtime: Path, env: dict, port: str) -> li
                                                           "read -r"], env=env)
             return []
         with open(log_dir / "tail.log", "ab") as out:
-            p = subprocess.Popen([*module_cmd("telemetry"), "tail", "--plain"], env=env, stdout=out,
+            p = subprocess.Popen(_ends_with_us([*module_cmd("telemetry"), "tail", "--plain"]), env=env, stdout=out,
                                  stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         print(f"telemetry run: live view: tail -f {log_dir / 'tail.log'}  (or: telemetry tail "
               f"--run-dir {log_dir})", flush=True)
         return [p]
     log_path = log_dir / "dashboard.log"
     with open(log_path, "ab") as out:
-        p = subprocess.Popen([*module_cmd("telemetry"), "dashboard", str(log_dir), "--port", port], env=env, stdout=out,
-                             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        p = subprocess.Popen(_ends_with_us([*module_cmd("telemetry"), "dashboard", str(log_dir), "--port", port]),
+                             env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     deadline = time.monotonic() + 30      # the history is read before it serves: its line, 30 s at most
     while time.monotonic() < deadline and p.poll() is None and not _dashboard_url(log_dir):
         time.sleep(0.1)
@@ -490,15 +686,18 @@ def _stream(path: Path, stop: threading.Event, start: int = 0) -> None:
             if not end and stop.is_set():       # a last line without its newline: shown as it is
                 end = len(chunk)
             if end:
-                for line in chunk[:end].decode(errors="replace").splitlines():
-                    print(f"[telemetry] {line}", file=sys.stderr, flush=True)
+                try:
+                    for line in chunk[:end].decode(errors="replace").splitlines():
+                        print(f"[telemetry] {line}", file=sys.stderr, flush=True)
+                except (OSError, ValueError):     # the terminal closed (SIGHUP): the log is in daemon.out
+                    return
                 pos += end
         elif stop.is_set():
             return
         time.sleep(0.2)
 
 
-def _drain(daemon: subprocess.Popen, runtime: Path, rc: int, exited_at: float) -> None:
+def _drain(daemon: subprocess.Popen, runtime: Path, log_dir: Path, rc: int, exited_at: float) -> None:
     """Ask the daemon to drain (it waits for the ranks' byes; it writes drain.json) and wait for
     it. The script's exit code goes with the request: the W&B run ends with it when the script
     could not say it (killed by a signal: no exit hook ran); and when it exited (unix time): the
@@ -506,17 +705,39 @@ def _drain(daemon: subprocess.Popen, runtime: Path, rc: int, exited_at: float) -
     from telemetry.shared import control
 
     if daemon.poll() is not None:      # already gone (drained as asked, or no successor): nobody to ask
+        _say_gone(daemon, log_dir, rc)
         return
     try:
+        # A daemon that exits before it answers (an outside `telemetry drain` under way, a
+        # crash) ends the wait at once, not at the timeout.
         control.request(f"ipc://{runtime}/control.sock", "drain", timeout_s=60, exit_code=min(max(rc, 0), 255),
-                        extra={"exited_at": exited_at})
+                        extra={"exited_at": exited_at}, give_up=lambda: daemon.poll() is not None)
+    except control.GaveUp:
+        _say_gone(daemon, log_dir, rc)
+        return
     except Exception as exc:       # no answer: SIGTERM drains too
-        print(f"telemetry run: no answer to the drain request ({exc}); stopping the daemon", file=sys.stderr)
+        _say(f"telemetry run: no answer to the drain request ({exc}); stopping the daemon")
         daemon.send_signal(signal.SIGTERM)
+    _wait_daemon(daemon)
+
+
+def _say_gone(daemon: subprocess.Popen, log_dir: Path, rc: int) -> None:
+    """Say that the daemon had ended before the script's end reached it: drained already (an
+    outside `telemetry drain`, a SIGTERM of its own) or gone without a drain (when no successor
+    could start, which the keeper said). Either way its drain.json, script_exit event and W&B
+    exit record lack the script's exit code."""
+    import json
+
     try:
-        daemon.wait(60)
-    except subprocess.TimeoutExpired:
-        print(f"telemetry run: the daemon (pid {daemon.pid}) did not exit; killed", file=sys.stderr)
+        final = json.loads((log_dir / "drain.json").read_text())
+    except (OSError, ValueError):
+        final = None
+    if isinstance(final, dict) and final.get("pid") == daemon.pid:
+        how = f"had drained already ({final.get('stop_reason', 'reason unknown')})"
+    else:
+        how = f"had exited (code {daemon.returncode}) without a drain"
+    _say(f"telemetry run: the daemon (pid {daemon.pid}) {how} when the script ended: the run's records "
+         f"are as it wrote them, without the script's exit code {rc}")
 
 
 def _summary(log_dir: Path, rc: int) -> None:
@@ -530,4 +751,4 @@ def _summary(log_dir: Path, rc: int) -> None:
     except SystemExit:
         pass
     except Exception as exc:       # a summary that cannot be made never hides the exit code
-        print(f"telemetry run: no summary ({exc})", file=sys.stderr)
+        _say(f"telemetry run: no summary ({exc})")
