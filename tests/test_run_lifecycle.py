@@ -301,3 +301,31 @@ def test_the_daemon_configs_wandb_mode_is_kept_and_a_bad_one_refused_before_anyt
     # W&B off: no W&B sink, no offline run (without the file's mode, offline was the default).
     assert "wandb" not in json.loads((tmp_path / "r" / "drain.json").read_text())["sinks"]
     assert not (tmp_path / "r" / "wandb").exists()
+
+
+def test_the_daemon_removes_only_what_the_run_made_in_its_runtime_directory(tmp_path, caplog):
+    """--remove-runtime-dir takes the directory from the environment: given a directory of the
+    user's by mistake, the daemon removes its own names alone and keeps the directory."""
+    import logging
+
+    from telemetry.daemon.shutdown import remove_runtime_dir
+
+    def made(d):
+        d.mkdir()
+        for name in ("ingest.sock", "pub.sock", "control.sock", "control.sock.token", "daemon.lock",
+                     "stacks-rank0-pid12.txt"):
+            (d / name).write_text("x")
+        (d / "ingest.sock.clients").mkdir()
+        (d / "ingest.sock.clients" / "00000000000000ab").write_text("page")
+        return d
+
+    run = made(tmp_path / "run")
+    remove_runtime_dir(run)
+    assert not run.exists()
+
+    home = made(tmp_path / "home")
+    (home / "thesis.tex").write_text("years of work")
+    with caplog.at_level(logging.WARNING, logger="telemetry.daemon"):
+        remove_runtime_dir(home)
+    assert sorted(p.name for p in home.iterdir()) == ["thesis.tex"]
+    assert "kept: it holds what this run did not make (thesis.tex)" in caplog.text

@@ -94,6 +94,49 @@ def _close(d: Daemon, unfinished: list[str]) -> None:
         # With a sink thread still inside a socket call, destroying the context could hang
         # or crash; the process is about to exit anyway.
         d.ctx.destroy(linger=0)
+    if d.remove_runtime_dir is not None:
+        # A run's own socket directory (`telemetry run`'s): its sockets, lock files, the ranks'
+        # stack files. The daemon that ends the run outlives whoever started it, so it is the
+        # one sure to be there to remove it; a successor daemon makes it again.
+        remove_runtime_dir(d.remove_runtime_dir)
+
+
+def _ours(name: str) -> bool:
+    """A name the daemon, its clients or `telemetry run` make in a runtime directory: sockets
+    and what sits beside them (tokens, keys, the clients' seq pages), locks, stack files."""
+    return (name.endswith((".sock", ".lock")) or ".sock." in name
+            or (name.startswith("stacks-rank") and name.endswith(".txt")))
+
+
+def remove_runtime_dir(path: Path) -> None:
+    """Remove what the run made in its runtime directory, then the directory. Only names of ours:
+    anything else (a directory given by mistake, a user's file) is left, with the directory,
+    and said."""
+    import shutil
+
+    try:
+        entries = list(os.scandir(path))
+    except OSError:
+        return                          # gone already, or not ours to read
+    others = []
+    for e in entries:
+        if not _ours(e.name):
+            others.append(e.name)
+        elif e.is_dir(follow_symlinks=False):
+            shutil.rmtree(e.path, ignore_errors=True)
+        else:
+            try:
+                os.unlink(e.path)
+            except OSError:
+                pass
+    if others:
+        log.warning("runtime directory %s kept: it holds what this run did not make (%s)", path,
+                    ", ".join(sorted(others)[:5]) + (" ..." if len(others) > 5 else ""))
+        return
+    try:
+        os.rmdir(path)
+    except OSError:
+        pass
 
 
 def write_drain_json(log_dir: Path, final: dict) -> bool:
