@@ -89,6 +89,12 @@ def test_a_restarted_daemon_waits_for_the_ranks_its_predecessor_was_announced(ma
                      config={"aggregator": {"step_timeout_s": 30.0}})
     push = d2.push()
     _forge(push, range(100, 100 + 2000), range(10, 15))
+    # Every stranger's record in before the ranks log: the steps have them when they open (on
+    # connections of their own, some could otherwise come after their step closed: late).
+    deadline = time.monotonic() + 120
+    while (st := d2.status()).get("records_unannounced", 0) + st.get("records_unannounced_refused", 0) < 2000:
+        assert time.monotonic() < deadline, st
+        time.sleep(0.05)
     for step in range(10, 15):
         for r, c in enumerate(clients):
             c.log(step, {"train/loss": float(r)})
