@@ -37,6 +37,7 @@ from telemetry.integrations.wandb_media import Audio, Histogram, Html, Image, Me
 from telemetry.integrations.wandb_objects import (AuthenticationError, CommError, Error, PreInit, ServerResponseError,
                                                   Unsupported, UnsupportedError, UsageError, config_dict)
 from telemetry.integrations.wandb_run import ENV_RUN_ID, Run, new_run_id, run_in_use
+from telemetry.integrations.wandb_settings import REINITS, check_init, check_settings, lax_bool
 
 __all__ = ["init", "log", "finish", "define_metric", "watch", "unwatch", "login", "Settings", "Error", "UsageError",
            "Artifact", "AlertLevel", "plot", "save", "log_artifact", "use_artifact", "log_model", "alert",
@@ -51,7 +52,6 @@ errors = types.ModuleType("wandb.errors", "W&B's error classes, as the drop-in r
 errors.__dict__.update({c.__name__: c for c in (Error, CommError, AuthenticationError, UsageError, UnsupportedError)})
 errors.__all__ = [k for k in errors.__dict__ if not k.startswith("_")]
 
-MODES = ("online", "offline", "disabled", "shared")
 # init() arguments that change what W&B does in ways the daemon's run cannot follow.
 _UNSUPPORTED_INIT_ARGS = ("sync_tensorboard", "monitor_gym", "resume_from", "fork_from", "tensorboard")
 # Module attributes of W&B that this module does not offer: using one raises, naming it (see
@@ -93,9 +93,12 @@ class Graph(Media):
 
 
 class Settings:
-    """Accepted for `init(settings=wandb.Settings(...))`; the daemon's W&B run has its own."""
+    """Accepted for `init(settings=wandb.Settings(...))`; the daemon's W&B run has its own. The
+    fields W&B's Settings validates that a script is likely to set (console, mode, project, the
+    run's name and tags, ...) are refused as W&B refuses them (wandb_settings.check_settings)."""
 
     def __init__(self, **kwargs: Any) -> None:
+        check_settings(kwargs)
         self.__dict__.update(kwargs)
 
 
@@ -160,11 +163,18 @@ def init(project: str | None = None, name: str | None = None, config: Any = None
             raise NotImplementedError(f"telemetry.wandb does not support wandb.init({key}=...)")
     if unsupported:
         raise TypeError(f"wandb.init() got unexpected keyword arguments: {', '.join(sorted(unsupported))}")
+    # What W&B's init refuses (its Settings' rules) raises here, before any run exists: the
+    # daemon's W&B run, made from the same values, could not be made.
+    check_init({"job_type": job_type, "dir": dir, "project": project, "entity": entity, "reinit": reinit,
+                "tags": tags, "group": group, "name": name, "notes": notes, "mode": mode, "resume": resume,
+                "save_code": save_code, "id": id})
+    if isinstance(settings, dict):
+        check_settings(settings)
+    if reinit is not None and reinit not in REINITS:
+        reinit = lax_bool(reinit)       # as W&B reads it: 1 or "yes" is True
     mode = mode or os.environ.get("WANDB_MODE") or _default_mode()
-    if mode == "dryrun":            # W&B's older name for offline (Lightning's WandbLogger sets it)
-        mode = "offline"
-    if mode not in MODES:
-        raise ValueError(f"wandb.init(mode={mode!r}): expected one of {', '.join(MODES)}")
+    # W&B's older names: "dryrun" for offline (Lightning's WandbLogger sets it), "run" for online.
+    mode = {"dryrun": "offline", "run": "online"}.get(mode, mode)
     if _run is not None and not _run._finished and _run._pid == os.getpid():
         if reinit in (True, "finish_previous"):
             if not _silent():
@@ -189,9 +199,7 @@ def init(project: str | None = None, name: str | None = None, config: Any = None
         client = DisabledClient()
     rank, world_size = process_rank()
     # One id for the script's run, the daemon's run directory and the W&B run the daemon opens.
-    run_id = id if id is not None else env("WANDB_RUN_ID")
-    if run_id is not None:
-        check_run_id(run_id)
+    run_id = id if id is not None else env("WANDB_RUN_ID")       # checked above, as W&B checks it
     launch_id = _launcher_run_id()           # this process's first run may be the launch's
     if launch_id is not None and client is None and not _launch_takes(run_id or launch_id, rank):
         launch_id = None                     # the launch's run is another's: this one is a run of its own
@@ -270,25 +278,6 @@ def its_daemon(run_id: str, launch: bool = False):
         return autostart.run_runtime_dir(run_id)
     except (endpoints.EndpointError, OSError):
         return None        # ensure_daemon says why the default directory cannot serve either
-
-
-# W&B's rule for a run id (its settings refuse these characters).
-RUN_ID_RESERVED = ":;,#?/'"
-
-
-def check_run_id(run_id: object) -> None:
-    """Refuse a run id W&B refuses, with W&B's words (its UsageError at init): the daemon's W&B
-    run could not be made with it, and the rows would reach no W&B run."""
-    if not isinstance(run_id, str):
-        raise UsageError(f"Run ID must be a string, got {type(run_id).__name__}")
-    if not run_id:
-        raise UsageError("Run ID cannot be empty")
-    if not run_id.strip():
-        raise UsageError("Run ID cannot contain only whitespace")
-    if run_id != run_id.strip():
-        raise UsageError("Run ID cannot start or end with whitespace")
-    if any(c in RUN_ID_RESERVED for c in run_id):
-        raise UsageError(f"Run ID cannot contain the characters: {RUN_ID_RESERVED}")
 
 
 def _launch_takes(run_id: str, rank: int) -> bool:

@@ -718,3 +718,70 @@ def test_summary_reads_back_lists_arrays_and_tensors_as_w_and_b_does(tmp_path, m
     ours = script(tw, mode="disabled")
     assert ours == real, (ours, real)
     assert all(type(v) is list for k, v in ours.items() if k != "sd"), ours
+
+
+# wandb.init arguments (and W&B environment variables) W&B's Settings refuse, by the field each
+# reaches; each pair is (init's keyword arguments, environment).
+INIT_REFUSED = [
+    ({"project": "a/b"}, {}), ({"project": "p" * 129}, {}), ({"project": 5}, {}), ({"project": "x#y"}, {}),
+    ({"tags": ["x" * 65]}, {}), ({"tags": [""]}, {}), ({"tags": ["", "y" * 70]}, {}), ({"tags": [5]}, {}),
+    ({"name": 5}, {}), ({"group": 5}, {}), ({"notes": 5}, {}), ({"job_type": 5}, {}), ({"entity": 5}, {}),
+    ({"mode": "foo"}, {}), ({"resume": "yes"}, {}), ({"reinit": "foo"}, {}), ({"id": "a/b"}, {}), ({"id": 5}, {}),
+    ({"dir": 5}, {}), ({"settings": {"console": "foo"}}, {}), ({"project": "ok"}, {"WANDB_PROJECT": "a/b"}),
+    ({}, {"WANDB_TAGS": "a,,b"}), ({}, {"WANDB_TAGS": "t" * 70}), ({}, {"WANDB_MODE": "foo"}),
+    ({}, {"WANDB_RESUME": "true"}), ({}, {"WANDB_RUN_ID": "a/b"}),
+]
+
+
+def _refusal(make) -> tuple[str, str] | None:
+    """What make() raised (its type's name, its words); None when it returned (a run: finished)."""
+    try:
+        made = make()
+    except Exception as exc:
+        return type(exc).__name__, str(exc)
+    getattr(made, "finish", lambda: None)()
+    return None
+
+
+@pytest.mark.parametrize("kwargs, env", INIT_REFUSED)
+def test_init_refuses_what_w_and_bs_init_refuses(kwargs, env, tmp_path, monkeypatch):
+    """An init argument W&B refuses (a project name with "/" or past 128 characters, a tag past
+    64, a mode, resume or reinit it does not know, a name that is not text, ...) raises at the
+    drop-in's init what W&B's init raises: its type (UsageError, pydantic's ValidationError) and
+    its words (before: init returned a run, the daemon's W&B sink failed, no W&B run existed,
+    and the script and `telemetry run` exited 0)."""
+    import wandb
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("TELEMETRY_AUTOSTART", "0")
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    settings = kwargs.get("settings")
+    if settings is None:
+        wandb.teardown()         # W&B reads its environment once per process (its setup): read it now
+        try:
+            real = _refusal(lambda: wandb.init(**kwargs))
+        finally:
+            wandb.teardown()
+        ours = _refusal(lambda: tw.init(**kwargs))
+    else:
+        real, ours = _refusal(lambda: wandb.Settings(**settings)), _refusal(lambda: tw.Settings(**settings))
+    assert real is not None, "W&B takes it: not a case for this test"
+    assert ours == real
+
+
+@pytest.mark.parametrize("kwargs", [{"project": "p" * 128}, {"tags": "abc"}, {"save_code": "yes"}, {"reinit": 1},
+                                    {"name": ""}, {"resume": True}, {"tags": ("a", "a", "b")}])
+def test_init_takes_what_w_and_bs_init_takes(kwargs, monkeypatch):
+    """The edges W&B's Settings let through are taken here too (its lax bool, text as tags)."""
+    import wandb
+
+    field = {"project": "project", "tags": "run_tags", "save_code": "save_code", "reinit": "reinit",
+             "name": "run_name", "resume": "resume"}
+    (key, value), = kwargs.items()
+    wandb.Settings(**{field[key]: tuple(value) if key == "tags" else value})      # W&B takes it
+    monkeypatch.setenv("TELEMETRY_AUTOSTART", "0")
+    tw.init(mode="disabled", **kwargs).finish()
