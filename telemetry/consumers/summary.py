@@ -85,6 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     s = summarize(args.log_dir)
     final = {}
+    wandb_sink: dict = {}
     if args.drain_json:
         from telemetry.shared import files
 
@@ -98,6 +99,8 @@ def main(argv: list[str] | None = None) -> int:
                      # What the sinks dropped after the daemon's last counter record (the W&B
                      # run's finish, a late row): only the final counters have it.
                      "telemetry/sink_dropped": drained.get("sink_dropped")}
+            sinks = drained.get("sinks")
+            wandb_sink = sinks.get("wandb") if isinstance(sinks, dict) and isinstance(sinks.get("wandb"), dict) else {}
         except (ValueError, AttributeError, RecursionError):   # not the daemon's JSON object
             pass
     totals = s["daemon"].totals(final)
@@ -116,6 +119,10 @@ def main(argv: list[str] | None = None) -> int:
           + (f"  (over {s['daemon'].num_daemons} daemon runs)" if s["daemon"].num_daemons > 1 else ""))
     print(f"  records dropped    {_fmt(s['dropped'])}  (sink drops {_fmt(s['sink_dropped'])})")
     print(f"  events             {s['num_events']}")
+    if wandb_sink.get("open_error") and not wandb_sink.get("opened"):
+        # The W&B run the user expects does not exist: said in the summary whatever else was quiet.
+        print(f"  W&B run            NOT MADE: {str(wandb_sink['open_error'])[:300]} ({_fmt(wandb_sink.get('dropped'))} "
+              f"records not in W&B; metrics.jsonl has the run)")
     if s["num_unreadable"]:
         print(f"  unreadable lines   {s['num_unreadable']} skipped (not records, or a torn last line)")
     _goodput(args.log_dir)
