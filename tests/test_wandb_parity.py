@@ -570,3 +570,21 @@ def test_a_flat_key_and_a_nested_one_of_the_same_name_are_two_keys_as_in_w_and_b
     for step, row in hr.items():
         numbers = Counter(v for v in row.values() if isinstance(v, (int, float)) and not isinstance(v, bool))
         assert not numbers - jsonl.get(step, Counter()), (f"metrics.jsonl at step {step}", jsonl.get(step), row)
+
+
+def test_summary_keys_read_set_and_deleted_as_attributes_as_in_w_and_b(tmp_path_factory):
+    """`run.summary.best_acc = 0.9`, `wandb.summary.note = ...`, `run.summary.eval.loss = ...`
+    (nested), `del run.summary.gone`, and reads as attributes: W&B's summary takes them all
+    (before: a set was kept on the object and never reached the W&B run; a read raised
+    AttributeError). The W&B run's summary and what the script read back are W&B's."""
+    from wandb_offline import summary_tree
+
+    path = SCRIPTS / "summary_attrs.py"
+    real, out_real, _ = shared_run(tmp_path_factory, real_run, path, 1, {})
+    ours, out_ours, _ = shared_run(tmp_path_factory, sidecar_run, path, 1, {})
+    lines = [json.loads(ln) for ln in out_real.splitlines() if ln.startswith("{")]
+    assert len(lines) == 1 and [json.loads(ln) for ln in out_ours.splitlines() if ln.startswith("{")] == lines, out_ours
+    assert lines[0]["acc"] == 0.5 and lines[0]["missing"] == ["KeyError", "'nope'"], lines
+    assert summary_tree(ours) == summary_tree(real), (summary_tree(ours), summary_tree(real))
+    assert summary_tree(ours)["best_acc"] == 0.75 and summary_tree(ours)["note"] == "ok"
+    assert user_history(ours) == user_history(real)

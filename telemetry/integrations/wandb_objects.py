@@ -180,7 +180,42 @@ class Config(_Items):
         return f"Config({self._items!r})"
 
 
-class Summary(_Items):
+class SummaryKeyError(KeyError, AttributeError):
+    """A key not in `run.summary`, asked as an attribute (`run.summary.best`): W&B's summary
+    raises KeyError there, so a script's `except KeyError` is caught as in W&B; an
+    AttributeError too, so that hasattr() and getattr(..., default) stay harmless."""
+
+
+class _AttributeKeys:
+    """W&B's summary reads, sets and deletes its keys as attributes too (`run.summary.acc`,
+    `run.summary.best = 0.9`, `run.summary.eval.loss`, `del run.summary.acc`), nested as well.
+    Names starting with "_", and those in `_own_attrs`, are the object's own (its state), never
+    keys."""
+
+    _own_attrs: frozenset[str] = frozenset()
+
+    def __getattr__(self, key: str) -> Any:
+        if key.startswith("_"):
+            raise AttributeError(key)
+        try:
+            return self[key]
+        except KeyError:
+            raise SummaryKeyError(key) from None
+
+    def __setattr__(self, key: str, value: Any) -> None:
+        if key.startswith("_") or key in self._own_attrs:
+            object.__setattr__(self, key, value)
+        else:
+            self[key] = value
+
+    def __delattr__(self, key: str) -> None:
+        if key.startswith("_"):
+            object.__delattr__(self, key)
+        else:
+            del self[key]
+
+
+class Summary(_AttributeKeys, _Items):
     """`run.summary`: values set here go to the W&B run's summary (W&B also keeps the last
     logged value of each key there by itself; the daemon's run does the same). Read here, it is
     what W&B's would be: each key's last logged or set value, whichever came later (the run
@@ -282,6 +317,7 @@ class Summary(_Items):
             agg.add(k, v, self)
 
     num_not_aggregated = 0
+    _own_attrs = frozenset({"num_not_aggregated"})
 
     def _summarized(self, items: dict[str, Any]) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -348,7 +384,7 @@ class Summary(_Items):
         return f"Summary({self._view()!r})"
 
 
-class SummarySubDict(MutableMapping):
+class SummarySubDict(_AttributeKeys, MutableMapping):
     """A nested value of `run.summary` (W&B's SummarySubDict): read, it is the summary's value
     at its path as it is now; set or deleted, the summary is."""
 
