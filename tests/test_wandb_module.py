@@ -785,3 +785,30 @@ def test_init_takes_what_w_and_bs_init_takes(kwargs, monkeypatch):
     wandb.Settings(**{field[key]: tuple(value) if key == "tags" else value})      # W&B takes it
     monkeypatch.setenv("TELEMETRY_AUTOSTART", "0")
     tw.init(mode="disabled", **kwargs).finish()
+
+
+@pytest.mark.filterwarnings("ignore:telemetry. no daemon serves:RuntimeWarning")
+def test_summary_takes_sets_and_bytes_and_refuses_keys_that_are_not_text_as_w_and_b(tmp_path, monkeypatch):
+    """A dict set on `run.summary` with a key that is not text raises W&B's TypeError (its
+    summary, unlike its log, takes text keys alone); a set or bytes set there reads back as
+    W&B's (a list, text)."""
+    import wandb
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    monkeypatch.setenv("WANDB_SILENT", "true")
+
+    def script(mod, **init):
+        run = mod.init(**init)
+        try:
+            refused = _refusal(lambda: run.summary.update({"per_class": {0: 0.5}}))
+            run.summary["labels"] = {3}
+            run.summary["raw"] = b"ok"
+            return refused, run.summary["labels"], run.summary["raw"]
+        finally:
+            run.finish()
+
+    real = script(wandb, mode="offline", project="p")
+    monkeypatch.setenv("TELEMETRY_AUTOSTART", "0")
+    assert script(tw, mode="disabled") == real == (("TypeError", 'can only concatenate str (not "int") to str'),
+                                                   [3], "ok")

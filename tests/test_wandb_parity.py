@@ -588,3 +588,25 @@ def test_summary_keys_read_set_and_deleted_as_attributes_as_in_w_and_b(tmp_path_
     assert summary_tree(ours) == summary_tree(real), (summary_tree(ours), summary_tree(real))
     assert summary_tree(ours)["best_acc"] == 0.75 and summary_tree(ours)["note"] == "ok"
     assert user_history(ours) == user_history(real)
+
+
+def test_nested_keys_that_are_not_text_sets_and_bytes_are_logged_as_w_and_b_logs_them(tmp_path_factory):
+    """A nested dict keyed by ints (per-class accuracy), floats, bools, None, tuples, an Enum,
+    numpy scalars or a date: W&B names each nested key by its own rules (`acc_per_class/0`,
+    `by/0.5`, `by/true`, `by/None`, `by/1,2`); a set is a list, bytes are text (before: the
+    first crashed the script with W&B's top-level TypeError, the others were warned and
+    dropped). What W&B refuses (a top-level key that is not text, bytes that are not UTF-8, an
+    object as a key) raises what W&B raises, and the row is not logged. The history by path,
+    the summary W&B's server builds and what the script read back are W&B's."""
+    from wandb_offline import summary_tree, user_history_paths
+
+    path = SCRIPTS / "keys_and_values.py"
+    real, out_real, _ = shared_run(tmp_path_factory, real_run, path, 1, {})
+    ours, out_ours, _ = shared_run(tmp_path_factory, sidecar_run, path, 1, {})
+    lines = [json.loads(ln) for ln in out_real.splitlines() if ln.startswith("{")]
+    assert len(lines) == 1 and [json.loads(ln) for ln in out_ours.splitlines() if ln.startswith("{")] == lines, out_ours
+    assert lines[0]["bad_bytes"][0] == "UnicodeDecodeError" and lines[0]["per_class"] == {"0": 0.9, "1": 0.8}, lines
+    hr, ho = user_history_paths(real), user_history_paths(ours)
+    assert ho == hr, (ho, hr)
+    assert hr[0][("acc_per_class", "0")] == 0.9 and hr[1][("by", "1,2")] == 8 and hr[2][("seen",)] == [1, 2, 3]
+    assert summary_tree(ours) == summary_tree(real), (summary_tree(ours), summary_tree(real))

@@ -55,12 +55,13 @@ import threading
 import time
 import warnings
 import weakref
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from protocol.constants import MAX_NAME_CHARS, MAX_VALUES
 from telemetry.integrations._client import LazyClient, process_rank
 from telemetry.integrations.wandb_calls import CALL_EVENT, RunCalls
 from telemetry.integrations.wandb_objects import Config, Error, Metric, Summary, Unsupported, UsageError
+from telemetry.integrations.wandb_values import json_value, nested_key_text, summary_key_text
 from telemetry.integrations.wandb_media import INLINE_ARRAY, INLINE_LIST, Array, Histogram, List, Media, MediaWriter
 from telemetry.shared.bookkeeping import SUMMARY_REMOVE_EVENT
 from telemetry.shared.media import EVENT as MEDIA_EVENT
@@ -109,19 +110,30 @@ def run_in_use(run_id: str) -> bool:
 _exit_hook_registered = False
 
 
-def flatten(data: Mapping[str, Any], names: RecordNames, path: tuple[str, ...] = ()) -> dict[str, Any]:
+def flatten(data: Mapping[str, Any], names: RecordNames, path: tuple[str, ...] = (),
+            key_text: Callable[[Any], str] = nested_key_text) -> dict[str, Any]:
     """Each value under its record name: a nested dict's as "a/b", a flat key's as it is, either
-    made distinct when another key of the run has that name (`names`, which keeps each path)."""
+    made distinct when another key of the run has that name (`names`, which keeps each path).
+    A top-level key must be text, as W&B's; a nested one is named by `key_text` (W&B's name for
+    it in a logged row: wandb_values.nested_key_text). A set or bytes value is what W&B logs of it
+    (wandb_values.json_value). Raises before anything is logged, as W&B's log does."""
     out: dict[str, Any] = {}
     claimed, flat = names.paths, names.flat
     for k, v in data.items():
         if k.__class__ is not str and not isinstance(k, str):
-            raise TypeError("Key values passed to `wandb.log` must be strings.")
+            if not path:
+                raise TypeError("Key values passed to `wandb.log` must be strings.")
+            k = key_text(k)
         c = v.__class__
-        # A float or int (the usual value) skips the Mapping check: an ABC isinstance is slow.
-        if c is not float and c is not int and isinstance(v, Mapping):
-            out.update(flatten(v, names, path + (k,)))
-        elif path or k in claimed:
+        # A float or int (the usual value) skips the other checks: an ABC isinstance is slow.
+        if c is float or c is int:
+            pass
+        elif isinstance(v, Mapping):
+            out.update(flatten(v, names, path + (k,), key_text))
+            continue
+        elif isinstance(v, (set, frozenset, bytes, bytearray)):
+            v = json_value(v)
+        if path or k in claimed:
             out[names.name(path + (k,))] = v
         else:                   # a top-level key no other has named: itself (RecordNames.name, inline)
             flat.add(k)
@@ -223,7 +235,8 @@ class Run(RunCalls):
             endpoint = f"ipc://{runtime}/ingest.sock"
         self._client = LazyClient(client, endpoint, rank=self.rank, send_hello=False)
         self.config = Config(self._send_hello)
-        self.summary = Summary(self._send_summary, self._flatten, self._send_summary_remove)
+        self.summary = Summary(self._send_summary, lambda data: self._flatten(data, summary_key_text),
+                               self._send_summary_remove)
         self._logged = self.summary._items
         self._texts: dict[str, str] = {}
         self._watched: list = []           # (key, clone) noted by watch()'s hooks, sent at the next commit
@@ -474,9 +487,9 @@ class Run(RunCalls):
                 self.summary.note(self._pending)
             self._pending = {}
 
-    def _flatten(self, data: Mapping[str, Any]) -> dict[str, Any]:
+    def _flatten(self, data: Mapping[str, Any], key_text: Callable[[Any], str] = nested_key_text) -> dict[str, Any]:
         """flatten(), telling the daemon once of each key's path (see _send_paths)."""
-        flat = flatten(data, self._names)
+        flat = flatten(data, self._names, key_text=key_text)
         self._send_paths()
         return flat
 
