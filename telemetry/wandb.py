@@ -34,8 +34,9 @@ from typing import Any
 from telemetry.integrations._client import process_rank
 from telemetry.integrations.wandb_calls import AlertLevel, Artifact, plot
 from telemetry.integrations.wandb_media import Audio, Histogram, Html, Image, Media, Table
-from telemetry.integrations.wandb_objects import (AuthenticationError, CommError, Error, PreInit, ServerResponseError,
-                                                  Unsupported, UnsupportedError, UsageError, config_dict)
+from telemetry.integrations.wandb_objects import (CONFIG_DEFAULTS_FILE, AuthenticationError, CommError, Error, PreInit,
+                                                  ServerResponseError, Unsupported, UnsupportedError, UsageError,
+                                                  config_dict, config_from_file)
 from telemetry.integrations.wandb_run import ENV_RUN_ID, Run, new_run_id, run_in_use
 from telemetry.integrations.wandb_settings import REINITS, check_init, check_settings, lax_bool
 
@@ -190,6 +191,9 @@ def init(project: str | None = None, name: str | None = None, config: Any = None
         cfg = {k: v for k, v in cfg.items() if k in set(config_include_keys)}
     if config_exclude_keys:
         cfg = {k: v for k, v in cfg.items() if k not in set(config_exclude_keys)}
+    # As W&B's init: `config-defaults.yaml` in the working directory, under the config given
+    # (each of its keys replaces the file's).
+    cfg = {**config_from_file(CONFIG_DEFAULTS_FILE), **cfg}
     env = os.environ.get
     env_tags = env("WANDB_TAGS")
     client = None

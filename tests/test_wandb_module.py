@@ -812,3 +812,25 @@ def test_summary_takes_sets_and_bytes_and_refuses_keys_that_are_not_text_as_w_an
     monkeypatch.setenv("TELEMETRY_AUTOSTART", "0")
     assert script(tw, mode="disabled") == real == (("TypeError", 'can only concatenate str (not "int") to str'),
                                                    [3], "ok")
+
+
+def test_config_paths_in_the_environment_are_refused_as_w_and_b_0_31_refuses_them(tmp_path, monkeypatch):
+    """$WANDB_CONFIG_PATHS: W&B 0.31 reads it as one text where its settings want a list, and
+    its init raises pydantic's ValidationError; so does the drop-in's (the daemon's W&B run,
+    which reads the same environment, could not be made either)."""
+    import wandb
+
+    (tmp_path / "extra.yaml").write_text("lr:\n  value: 0.5\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_CONFIG_PATHS", "extra.yaml")
+    monkeypatch.setenv("TELEMETRY_AUTOSTART", "0")
+    wandb.teardown()
+    try:
+        real = _refusal(lambda: wandb.init(project="p"))
+    finally:
+        wandb.teardown()
+    assert real is not None and real[0] == "ValidationError" and "config_paths" in real[1]
+    assert _refusal(lambda: tw.init(project="p")) == real

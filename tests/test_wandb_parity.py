@@ -610,3 +610,20 @@ def test_nested_keys_that_are_not_text_sets_and_bytes_are_logged_as_w_and_b_logs
     assert ho == hr, (ho, hr)
     assert hr[0][("acc_per_class", "0")] == 0.9 and hr[1][("by", "1,2")] == 8 and hr[2][("seen",)] == [1, 2, 3]
     assert summary_tree(ours) == summary_tree(real), (summary_tree(ours), summary_tree(real))
+
+
+def test_config_defaults_yaml_is_in_the_scripts_config_as_in_w_and_b(tmp_path_factory):
+    """W&B's init loads `config-defaults.yaml` from the working directory into run.config, under
+    the config given: the script reads it back (before: `wandb.config.epochs` raised
+    AttributeError, though the daemon's W&B run had it), and the run's config is W&B's."""
+    path = SCRIPTS / "config_defaults.py"
+    real, out_real, _ = shared_run(tmp_path_factory, real_run, path, 1, {})
+    ours, out_ours, work = shared_run(tmp_path_factory, sidecar_run, path, 1, {})
+    lines = [json.loads(ln) for ln in out_real.splitlines() if ln.startswith("{")]
+    assert len(lines) == 1 and [json.loads(ln) for ln in out_ours.splitlines() if ln.startswith("{")] == lines, out_ours
+    assert lines[0]["epochs"] == 3 and lines[0]["batch_size"] == 64, lines
+    with open(work / "r" / "metrics.jsonl") as f:         # the run's hello (what the daemon's sinks read)
+        hellos = [rec["info"] for rec in map(json.loads, f) if rec["kind"] == "hello"]
+    assert [h["config"] for h in hellos if "config" in h][-1] == lines[0]
+    assert_same_run(real, ours)
+    assert config(ours)["opt"] == {"name": "adam", "betas": [0.9, 0.99]} and len(user_history(ours)) == 3

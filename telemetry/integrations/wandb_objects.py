@@ -564,6 +564,43 @@ def plain_config_value(v: Any) -> Any:
     return str(v)                        # a str subclass as its text; any other object too
 
 
+CONFIG_DEFAULTS_FILE = "config-defaults.yaml"
+
+
+def config_from_file(path: str, must_exist: bool = False) -> dict[str, Any]:
+    """The config a W&B config file holds, as W&B's init reads it (its `config-defaults.yaml` in
+    the working directory, the files of `config_paths`): each top-level key's "value", beside
+    "wandb_version: 1"; {} for a missing file (unless must_exist) or an empty one (said, as W&B
+    says it). A file W&B refuses raises what W&B raises (ConfigError, or the KeyError or TypeError
+    of a key without a "value")."""
+    import os
+
+    if not os.path.exists(path):
+        if must_exist:
+            raise ConfigError(f"config file {path} doesn't exist")
+        return {}
+    import yaml                          # W&B's own dependency; imported only when a file is there
+
+    try:
+        with open(path) as f:
+            loaded = yaml.safe_load(f)
+    except OSError:
+        raise ConfigError(f"Couldn't read config file: {path}") from None
+    except yaml.YAMLError:
+        raise ConfigError("Invalid YAML in config yaml") from None
+    if loaded is None:
+        if os.environ.get("WANDB_SILENT", "").lower() not in ("1", "true", "yes"):
+            import sys
+
+            print(f"wandb: WARNING Found an empty default config file ({CONFIG_DEFAULTS_FILE}). Proceeding with no "
+                  f"defaults.", file=sys.stderr, flush=True)
+        return {}
+    version = loaded.pop("wandb_version", None)
+    if version is not None and version != 1:
+        raise ConfigError("Unknown config version")
+    return {k: v["value"] for k, v in loaded.items()}
+
+
 def config_dict(d: Any) -> dict[str, Any]:
     """A config as W&B takes it (None, a mapping, a Config, an argparse.Namespace) as a dict."""
     if d is None:

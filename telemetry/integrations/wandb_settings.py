@@ -29,7 +29,8 @@ INIT_FIELDS = (("run_job_type", "job_type"), ("root_dir", "dir"), ("project", "p
 ENV_FIELDS = (("WANDB_DIR", "root_dir"), ("WANDB_PROJECT", "project"), ("WANDB_ENTITY", "entity"),
               ("WANDB_TAGS", "run_tags"), ("WANDB_RUN_GROUP", "run_group"), ("WANDB_NAME", "run_name"),
               ("WANDB_NOTES", "run_notes"), ("WANDB_JOB_TYPE", "run_job_type"), ("WANDB_MODE", "mode"),
-              ("WANDB_RESUME", "resume"), ("WANDB_RUN_ID", "run_id"), ("WANDB_CONSOLE", "console"))
+              ("WANDB_RESUME", "resume"), ("WANDB_RUN_ID", "run_id"), ("WANDB_CONSOLE", "console"),
+              ("WANDB_CONFIG_PATHS", "config_paths"))
 
 MODES = ("online", "offline", "shared", "disabled", "dryrun", "run")
 RESUMES = ("allow", "must", "never", "auto")
@@ -96,6 +97,11 @@ def check_setting(field: str, value: Any) -> None:
         literal = "literal[" + ",".join(f"'{r}'" for r in REINITS) + "]"
         raise validation_error([("literal_error", (field, literal), value, {"expected": _expected(REINITS)}),
                                 (_bool_error(value), (field, "bool"), value, None)])
+    elif field == "config_paths":
+        # A sequence of paths, never one text: W&B 0.31 reads $WANDB_CONFIG_PATHS as that text
+        # and so refuses it at every init (set the paths with wandb.setup's settings instead).
+        if isinstance(value, str) or not isinstance(value, (list, tuple)):
+            raise _sequence_error(field, value)
     elif field in ("save_code", "force"):
         if lax_bool(value) is None:
             raise validation_error([(_bool_error(value), (field,), value, None)])
@@ -174,6 +180,24 @@ def _expected(allowed: Iterable[str]) -> str:
 _MESSAGES = {"string_type": "Input should be a valid string",
              "bool_type": "Input should be a valid boolean",
              "bool_parsing": "Input should be a valid boolean, unable to interpret input"}
+
+
+def _sequence_error(field: str, value: Any) -> ValueError:
+    """pydantic's error for text (or another non-sequence) given as a sequence of text: an error
+    type its from_exception_data does not make, so a model of that one field makes it."""
+    try:
+        from typing import Optional, Sequence
+
+        from pydantic import ValidationError as PydanticError, create_model
+    except ImportError:
+        kind = "sequence_str" if isinstance(value, str) else "list_type"
+        return ValidationError(f"1 validation error for Settings\n{field}\n  'str' instances are not allowed as a "
+                               f"Sequence value [type={kind}, input_value={value!r}, input_type={type(value).__name__}]")
+    try:
+        create_model("Settings", **{field: (Optional[Sequence[str]], None)})(**{field: value})
+    except PydanticError as exc:
+        return exc
+    return ValidationError(f"1 validation error for Settings\n{field}\n  Input should be a valid sequence")
 
 
 class ValidationError(ValueError):
