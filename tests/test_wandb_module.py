@@ -834,3 +834,40 @@ def test_config_paths_in_the_environment_are_refused_as_w_and_b_0_31_refuses_the
         wandb.teardown()
     assert real is not None and real[0] == "ValidationError" and "config_paths" in real[1]
     assert _refusal(lambda: tw.init(project="p")) == real
+
+
+@pytest.mark.filterwarnings("ignore:telemetry. no daemon serves:RuntimeWarning")
+def test_a_finished_run_refuses_changes_as_w_and_bs_does(tmp_path, monkeypatch):
+    """After `run.finish()`, W&B refuses what would change the run (`config.update`, a summary
+    set or delete, `define_metric`, a new name, tags or notes, `alert`, `save`) with its
+    UsageError, and its summary reads as empty; the drop-in took them all and lost them."""
+    import wandb
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    (tmp_path / "f.txt").write_text("x")
+
+    def script(mod, **init):
+        run = mod.init(config={"c": 1}, **init)
+        run.log({"a": 1.5})
+        run.finish()
+        calls = {"config_update": lambda: run.config.update({"d": 2}), "config_item": lambda: run.config.__setitem__("e", 3),
+                 "summary_set": lambda: run.summary.__setitem__("z", 1), "summary_attr": lambda: setattr(run.summary, "y", 2),
+                 "summary_del": lambda: run.summary.__delitem__("a"), "summary_update": lambda: run.summary.update({"x": 1}),
+                 "define_metric": lambda: run.define_metric("a", summary="max"), "name": lambda: setattr(run, "name", "n"),
+                 "tags": lambda: setattr(run, "tags", ["t"]), "notes": lambda: setattr(run, "notes", "n"),
+                 "alert": lambda: run.alert("t", "x"), "save": lambda: run.save(str(tmp_path / "f.txt")),
+                 "summary_get": lambda: run.summary.get("a"), "config_read": lambda: run.config.c}
+        said = {}
+        for name, call in calls.items():
+            got = _refusal(call)
+            said[name] = got if got is None else (got[0], got[1].replace(run.id, "ID"))
+        return said
+
+    real = script(wandb, mode="offline", project="p")
+    monkeypatch.setenv("TELEMETRY_AUTOSTART", "0")
+    ours = script(tw, mode="disabled")
+    assert ours == real, (ours, real)
+    assert real["config_update"] == ("UsageError", "Run (ID) is finished. The call to `_config_callback` will be "
+                                                   "ignored. Please make sure that you are using an active run.")

@@ -7,6 +7,8 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import enum
+import os
+import sys
 from collections.abc import MutableMapping, Sequence
 from fnmatch import fnmatchcase
 from typing import Any, Callable, Iterator, Mapping
@@ -147,11 +149,15 @@ class _Items:
 class Config(_Items):
     """`run.config`: a dict with attribute access; every change goes to the daemon's W&B run."""
 
-    def __init__(self, on_change: Callable[[], None]) -> None:
+    def __init__(self, on_change: Callable[[], None], guard: Callable[[], None] = lambda: None) -> None:
+        """on_change: called after each change; guard: before it, raises when the run can take
+        no change (finished: W&B's UsageError)."""
         object.__setattr__(self, "_items", {})
         object.__setattr__(self, "_on_change", on_change)
+        object.__setattr__(self, "_guard", guard)
 
     def update(self, d: Any = None, allow_val_change: bool = False, **kwargs: Any) -> None:
+        self._guard()
         items = self._items
         for k, v in {**config_dict(d), **kwargs}.items():
             v = plain_config_value(v)
@@ -229,7 +235,13 @@ class Summary(_AttributeKeys, _Items):
 
     def _view(self) -> dict[str, Any]:
         """The summary as W&B's reads: flat keys as they are, nested ones under their path; a
-        logged key whose define_metric has a summary reads as W&B's ({"max": ...}, see note)."""
+        logged key whose define_metric has a summary reads as W&B's ({"max": ...}, see note).
+        Once the run is finished, nothing, with W&B's warning: W&B's summary is read from its
+        service, which a finished run no longer has."""
+        if self._finished():
+            if os.environ.get("WANDB_SILENT", "").lower() not in ("1", "true", "yes"):
+                print("wandb: WARNING Summary data not available in finished run", file=sys.stderr, flush=True)
+            return {}
         paths, items = self._paths, self._items
         if self._ops:
             items = self._summarized(items)
@@ -273,7 +285,12 @@ class Summary(_AttributeKeys, _Items):
 
     def __init__(self, on_set: Callable[[dict[str, Any], list[list[str]]], None],
                  flatten_with_paths: Callable[[Mapping[str, Any]], dict[str, Any]],
-                 on_remove: Callable[[list[tuple[str, ...]]], None] = lambda paths: None) -> None:
+                 on_remove: Callable[[list[tuple[str, ...]]], None] = lambda paths: None,
+                 guard: Callable[[], None] = lambda: None, finished: Callable[[], bool] = lambda: False) -> None:
+        """guard: called before each change, raises when the run can take none (finished: W&B's
+        UsageError); finished: whether the run is, for reads (see _view)."""
+        self._guard = guard
+        self._finished = finished
         self._items: dict[str, Any] = {}
         self._paths: dict[str, tuple[str, ...]] = {}
         self._on_set = on_set
@@ -359,6 +376,7 @@ class Summary(_AttributeKeys, _Items):
     def _put(self, data: dict[str, Any], whole: bool, at: tuple[str, ...] = ()) -> None:
         """Set `data`: with `whole`, each of its keys replaces what was under it; else what was
         at the path `at` is replaced (an edit through a nested value)."""
+        self._guard()
         replaced = [(k,) for k in data] if whole else [at]
         for path in replaced:
             self._drop_under(path)
@@ -377,6 +395,7 @@ class Summary(_AttributeKeys, _Items):
     def _remove(self, path: tuple[str, ...]) -> None:
         """The value at `path` (a key, or a key inside nested ones) and all under it go, here
         and from the daemon's run."""
+        self._guard()
         self._drop_under(path)
         self._on_remove([path])
 
@@ -573,8 +592,6 @@ def config_from_file(path: str, must_exist: bool = False) -> dict[str, Any]:
     "wandb_version: 1"; {} for a missing file (unless must_exist) or an empty one (said, as W&B
     says it). A file W&B refuses raises what W&B raises (ConfigError, or the KeyError or TypeError
     of a key without a "value")."""
-    import os
-
     if not os.path.exists(path):
         if must_exist:
             raise ConfigError(f"config file {path} doesn't exist")
@@ -590,8 +607,6 @@ def config_from_file(path: str, must_exist: bool = False) -> dict[str, Any]:
         raise ConfigError("Invalid YAML in config yaml") from None
     if loaded is None:
         if os.environ.get("WANDB_SILENT", "").lower() not in ("1", "true", "yes"):
-            import sys
-
             print(f"wandb: WARNING Found an empty default config file ({CONFIG_DEFAULTS_FILE}). Proceeding with no "
                   f"defaults.", file=sys.stderr, flush=True)
         return {}

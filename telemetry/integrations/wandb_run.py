@@ -234,9 +234,11 @@ class Run(RunCalls):
         if runtime is not None and endpoint is None and client is None:
             endpoint = f"ipc://{runtime}/ingest.sock"
         self._client = LazyClient(client, endpoint, rank=self.rank, send_hello=False)
-        self.config = Config(self._send_hello)
+        self.config = Config(self._send_hello, guard=lambda: self._raise_if_finished("_config_callback"))
         self.summary = Summary(self._send_summary, lambda data: self._flatten(data, summary_key_text),
-                               self._send_summary_remove)
+                               self._send_summary_remove,
+                               guard=lambda: self._raise_if_finished("_summary_update_callback"),
+                               finished=lambda: self._finished)
         self._logged = self.summary._items
         self._texts: dict[str, str] = {}
         self._watched: list = []           # (key, clone) noted by watch()'s hooks, sent at the next commit
@@ -259,6 +261,7 @@ class Run(RunCalls):
 
     @name.setter
     def name(self, value: str | None) -> None:
+        self._raise_if_finished("name")
         self._name = value or None
         self._send_hello()
 
@@ -269,6 +272,7 @@ class Run(RunCalls):
     @tags.setter
     def tags(self, value: Any) -> None:
         """Set after init, as W&B: the daemon's run takes them (a new hello)."""
+        self._raise_if_finished("tags")
         self._tags = tuple(value or ())
         self._send_hello()
 
@@ -278,6 +282,7 @@ class Run(RunCalls):
 
     @notes.setter
     def notes(self, value: str | None) -> None:
+        self._raise_if_finished("notes")
         self._notes = value
         self._send_hello()
 
@@ -358,10 +363,7 @@ class Run(RunCalls):
             self._step += 1
             self._row_open = False
             return
-        if self._finished:
-            # W&B's error and words (a UsageError: `except wandb.errors.UsageError` catches it).
-            raise UsageError(f"Run ({self.id}) is finished. The call to `log` will be ignored. Please make sure "
-                             f"that you are using an active run.")
+        self._raise_if_finished("log")
         if not isinstance(data, Mapping):
             raise TypeError("wandb.log must be passed a dictionary")
         if step is not None:
@@ -423,6 +425,14 @@ class Run(RunCalls):
         if (step is None and commit is None) or commit:
             self._commit()
             self._step += 1
+
+    def _raise_if_finished(self, call: str) -> None:
+        """W&B's UsageError, in its words, for `call` (the name of W&B's method that refuses it)
+        on a finished run: what it would have changed reaches no run, so it is never taken
+        silently (`except wandb.errors.UsageError` catches it, as with W&B)."""
+        if self._finished:
+            raise UsageError(f"Run ({self.id}) is finished. The call to `{call}` will be ignored. Please make sure "
+                             f"that you are using an active run.")
 
     def _fast_keys_ok(self, data: dict) -> bool:
         """Whether `data`'s keys suit Run.log's fast path (1..WIDE_ROW_KEYS str keys, none
@@ -542,6 +552,7 @@ class Run(RunCalls):
                       overwrite: bool | None = None) -> Metric:
         """Reaches the daemon's W&B run as it was made (its step_metric, summary, goal, hidden),
         after the rows logged before it, as in W&B. Returns what W&B's returns, a Metric."""
+        self._raise_if_finished("define_metric")
         if summary:
             self.summary.define(name, summary)
         # "at": the rows before it (the daemon's run defines it once they are committed).
