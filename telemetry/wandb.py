@@ -40,7 +40,8 @@ from telemetry.integrations.wandb_objects import (CONFIG_DEFAULTS_FILE, Authenti
 from telemetry.integrations.wandb_run import ENV_RUN_ID, Run, new_run_id, run_in_use
 from telemetry.integrations.wandb_settings import REINITS, check_init, check_settings, lax_bool
 
-__all__ = ["init", "log", "finish", "define_metric", "watch", "unwatch", "login", "Settings", "Error", "UsageError",
+__all__ = ["init", "log", "finish", "define_metric", "watch", "unwatch", "login", "setup", "teardown", "Settings",
+           "Error", "UsageError",
            "Artifact", "AlertLevel", "plot", "save", "log_artifact", "use_artifact", "log_model", "alert",
            "mark_preempting",
            "termlog", "termwarn", "termerror", "require",
@@ -60,10 +61,14 @@ _UNSUPPORTED_INIT_ARGS = ("sync_tensorboard", "monitor_gym", "resume_from", "for
 _UNSUPPORTED = frozenset({
     "restore", "use_model", "link_model",
     "sweep", "agent", "controller", "plot_table", "Api", "apis", "tensorboard",
-    "setup", "teardown", "attach", "mark_preempting",
+    "attach", "mark_preempting",
     "Classes", "ImageMask", "BoundingBoxes2D"})
 
 _run: Run | None = None
+# wandb.setup's settings (W&B's field names): every later init of the process takes them for the
+# arguments it is not given (a forked child too: it inherits them, as W&B's singleton).
+_setup_settings: dict[str, Any] = {}
+_setup: "WandbSetup | None" = None
 
 # `sys.modules["wandb"] = telemetry.wandb`, the shortcut a user tries: the submodules the
 # integrations import from inside W&B (transformers' `wandb.sdk.lib.config_util`, Lightning's
@@ -120,6 +125,56 @@ def require(*args: Any, **kwargs: Any) -> None:
     """A no-op: W&B's opt-in features ("service", ...) are its own process's; the daemon is ours."""
 
 
+class WandbSetup:
+    """What `wandb.setup()` returns (W&B's process-wide setup object), as far as a script reads
+    it: the settings it holds."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+
+    def __repr__(self) -> str:
+        return f"<WandbSetup settings={vars(self.settings)!r}>"
+
+
+def setup(settings: Settings | None = None) -> WandbSetup:
+    """W&B's `wandb.setup`: what it prepares (W&B's service) is the daemon here, started by
+    `init` when a run needs one, so it starts nothing; its Settings apply to this process's
+    later inits as W&B's global settings do, each init argument given taking precedence: the
+    project, entity, the run's name, id, group, tags, notes and job type, mode, dir, console,
+    and `config_paths` (their files read into each run's config, over the init's config, as
+    W&B 0.31 reads them). Called again, its settings update the earlier ones; it returns the
+    one setup object of the process until `teardown`, as W&B's. A dict of settings raises
+    W&B 0.31's AttributeError (its docs show one; its code takes a Settings alone)."""
+    global _setup
+    if isinstance(settings, dict):
+        raise AttributeError("'dict' object has no attribute 'model_fields_set'")
+    if settings is not None:
+        _setup_settings.update((k, v) for k, v in vars(settings).items() if v is not None)
+    if _setup is None:
+        _setup = WandbSetup(Settings())
+    _setup.settings = Settings(**_setup_settings)
+    return _setup
+
+
+def teardown(exit_code: int | None = None) -> None:
+    """W&B's `wandb.teardown`: finishes this process's runs not finished yet (with `exit_code`),
+    and forgets wandb.setup's settings."""
+    global _run, _setup
+    from telemetry.integrations import wandb_run
+
+    for run in list(wandb_run._unfinished):
+        if run._pid == os.getpid():
+            run.finish(exit_code=exit_code)
+    _run = None
+    _setup = None
+    _setup_settings.clear()
+
+
+def _or_setup(value: Any, field: str) -> Any:
+    """An init argument, or when not given, wandb.setup's setting `field` for it (None without)."""
+    return value if value is not None else _setup_settings.get(field)
+
+
 def login(*args: Any, **kwargs: Any) -> bool:
     """Nothing to log in to here (the daemon holds the W&B credentials); answers as W&B does:
     False offline ($WANDB_MODE or mode="offline"), else whether an API key is configured."""
@@ -164,6 +219,13 @@ def init(project: str | None = None, name: str | None = None, config: Any = None
             raise NotImplementedError(f"telemetry.wandb does not support wandb.init({key}=...)")
     if unsupported:
         raise TypeError(f"wandb.init() got unexpected keyword arguments: {', '.join(sorted(unsupported))}")
+    # wandb.setup's settings, for the arguments this init is not given.
+    project, entity = _or_setup(project, "project"), _or_setup(entity, "entity")
+    name, group, tags = _or_setup(name, "run_name"), _or_setup(group, "run_group"), _or_setup(tags, "run_tags")
+    notes, job_type, id = _or_setup(notes, "run_notes"), _or_setup(job_type, "run_job_type"), _or_setup(id, "run_id")
+    mode, dir = _or_setup(mode, "mode"), _or_setup(dir, "root_dir")
+    if settings is None and "console" in _setup_settings:
+        settings = {"console": _setup_settings["console"]}
     # What W&B's init refuses (its Settings' rules) raises here, before any run exists: the
     # daemon's W&B run, made from the same values, could not be made.
     check_init({"job_type": job_type, "dir": dir, "project": project, "entity": entity, "reinit": reinit,
@@ -191,9 +253,11 @@ def init(project: str | None = None, name: str | None = None, config: Any = None
         cfg = {k: v for k, v in cfg.items() if k in set(config_include_keys)}
     if config_exclude_keys:
         cfg = {k: v for k, v in cfg.items() if k not in set(config_exclude_keys)}
-    # As W&B's init: `config-defaults.yaml` in the working directory, under the config given
-    # (each of its keys replaces the file's).
+    # As W&B 0.31's init: `config-defaults.yaml` in the working directory under the config given
+    # (each of its keys replaces the file's), the files of wandb.setup's `config_paths` over it.
     cfg = {**config_from_file(CONFIG_DEFAULTS_FILE), **cfg}
+    for path in _setup_settings.get("config_paths", ()):
+        cfg.update(config_from_file(path))
     env = os.environ.get
     env_tags = env("WANDB_TAGS")
     client = None

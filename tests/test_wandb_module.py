@@ -871,3 +871,40 @@ def test_a_finished_run_refuses_changes_as_w_and_bs_does(tmp_path, monkeypatch):
     assert ours == real, (ours, real)
     assert real["config_update"] == ("UsageError", "Run (ID) is finished. The call to `_config_callback` will be "
                                                    "ignored. Please make sure that you are using an active run.")
+
+
+def test_setup_prepares_as_w_and_b_documents_it(tmp_path, monkeypatch):
+    """`wandb.setup()` (W&B's advice before starting child processes) returns the one setup
+    object, and its settings apply to later inits as W&B's global settings: the project, and
+    `config_paths` read into the config (over the init's, as W&B 0.31 reads them); an init's own
+    project wins; settings W&B refuses raise as W&B's, and so does a dict of settings (W&B 0.31's
+    AttributeError). It raised NotImplementedError, so a script that called it died."""
+    import wandb
+
+    (tmp_path / "extra.yaml").write_text("lr:\n  value: 0.5\nepochs:\n  value: 2\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    monkeypatch.setenv("WANDB_SILENT", "true")
+
+    def script(mod, **init):
+        mod.teardown()
+        try:
+            ready = mod.setup() is mod.setup()
+            refused = [_refusal(lambda: mod.setup(settings=mod.Settings(console="foo"))),
+                       _refusal(lambda: mod.setup(settings={"project": "p"}))]
+            mod.setup(settings=mod.Settings(project="from-setup", config_paths=["extra.yaml"]))
+            first = mod.init(config={"epochs": 3}, **init)
+            seen = [first.project, dict(first.config)]
+            first.finish()
+            second = mod.init(project="given", **init)
+            seen.append(second.project)
+            second.finish()
+            return ready, refused, seen
+        finally:
+            mod.teardown()
+
+    real = script(wandb, mode="offline")
+    monkeypatch.setenv("TELEMETRY_AUTOSTART", "0")
+    assert script(tw, mode="disabled") == real
+    assert real[0] and real[2] == ["from-setup", {"lr": 0.5, "epochs": 2}, "given"], real
+    assert [r[0] for r in real[1]] == ["ValidationError", "AttributeError"], real
