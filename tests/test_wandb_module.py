@@ -908,3 +908,37 @@ def test_setup_prepares_as_w_and_b_documents_it(tmp_path, monkeypatch):
     assert script(tw, mode="disabled") == real
     assert real[0] and real[2] == ["from-setup", {"lr": 0.5, "epochs": 2}, "given"], real
     assert [r[0] for r in real[1]] == ["ValidationError", "AttributeError"], real
+
+
+@pytest.mark.filterwarnings("ignore:telemetry. no daemon serves:RuntimeWarning")
+def test_summary_reads_whole_floats_back_as_w_and_b_does(tmp_path, monkeypatch):
+    """W&B's summary reads a float of a whole value back as an int below 1e6 (6.0 as 6, in
+    lists, nested dicts, tensors and numpy values too) and as a float from there (1e6, 2**53);
+    the drop-in read back 6.0."""
+    import numpy as np
+    import torch
+    import wandb
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    row = {"six": 6.0, "under": 999999.0, "million": 1e6, "big": 2.0**53, "neg": -3.0, "zero": -0.0, "half": 2.5,
+           "int": 7, "flag": True, "lst": [1.0, 2.5], "t": torch.tensor(4.0), "np": np.float32(8.0),
+           "nest": {"x": 5.0}}
+
+    def script(mod, **init):
+        run = mod.init(**init)
+        try:
+            run.log(row)
+            run.summary["set"] = 9.0
+            got = {k: run.summary[k] for k in [*row, "set"] if k != "nest"}
+            got["nest"] = run.summary["nest"]["x"]
+            return {k: (type(v).__name__, v) for k, v in got.items()}
+        finally:
+            run.finish()
+
+    real = script(wandb, mode="offline", project="p")
+    monkeypatch.setenv("TELEMETRY_AUTOSTART", "0")
+    ours = script(tw, mode="disabled")
+    assert ours == real, (ours, real)
+    assert real["six"] == ("int", 6) and real["million"] == ("float", 1e6), real

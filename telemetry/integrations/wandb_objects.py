@@ -502,20 +502,30 @@ def _read(v: Any) -> Any:
     return _scalar(v)
 
 
+# W&B reads its summary back as its service writes it in JSON (Go's shortest "%g"): a float of
+# a whole value below this in magnitude has no exponent and no fraction there, and reads back as
+# an int (6.0 as 6, 999999.0 as 999999); from it on it is written with an exponent (1e+06) and
+# stays a float.
+WHOLE_FLOAT_READS_AS_INT_BELOW = 1e6
+
+
 def _scalar(v: Any) -> Any:
     """A summary value as W&B's reads back: a one-element tensor or a numpy scalar as its
     Python number; a list or tuple as a list of such values; an array or a tensor of more
-    elements as a list (read here, when the summary is, never at log); others as they are."""
+    elements as a list (read here, when the summary is, never at log); a float of a whole value
+    below WHOLE_FLOAT_READS_AS_INT_BELOW as that int, as W&B's; others as they are."""
     c = v.__class__
-    if c is float or c is int or c is str or c is bool:
+    if c is int or c is str or c is bool:
         return v
+    if c is float:
+        return int(v) if v.is_integer() and -WHOLE_FLOAT_READS_AS_INT_BELOW < v < WHOLE_FLOAT_READS_AS_INT_BELOW else v
     if c is list or c is tuple:
         return [_scalar(x) for x in v]
     try:
         if hasattr(v, "detach"):
-            return v.item() if v.numel() == 1 else v.detach().cpu().tolist()
+            return _scalar(v.item() if v.numel() == 1 else v.detach().cpu().tolist())
         if hasattr(v, "dtype") and hasattr(v, "tolist") and type(v).__module__.partition(".")[0] == "numpy":
-            return v.tolist()            # a numpy scalar as its number, an array as a list
+            return _scalar(v.tolist())   # a numpy scalar as its number, an array as a list
     except Exception:
         pass
     return v
