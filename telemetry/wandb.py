@@ -34,11 +34,14 @@ from typing import Any
 from telemetry.integrations._client import process_rank
 from telemetry.integrations.wandb_calls import AlertLevel, Artifact, plot
 from telemetry.integrations.wandb_media import Audio, Histogram, Html, Image, Media, Table
-from telemetry.integrations.wandb_objects import (AuthenticationError, CommError, Error, PreInit, ServerResponseError,
-                                                  Unsupported, UnsupportedError, UsageError, config_dict)
+from telemetry.integrations.wandb_objects import (CONFIG_DEFAULTS_FILE, AuthenticationError, CommError, Error, PreInit,
+                                                  ServerResponseError, Unsupported, UnsupportedError, UsageError,
+                                                  config_dict, config_from_file)
 from telemetry.integrations.wandb_run import ENV_RUN_ID, Run, new_run_id, run_in_use
+from telemetry.integrations.wandb_settings import REINITS, check_init, check_settings, lax_bool
 
-__all__ = ["init", "log", "finish", "define_metric", "watch", "unwatch", "login", "Settings", "Error", "UsageError",
+__all__ = ["init", "log", "finish", "define_metric", "watch", "unwatch", "login", "setup", "teardown", "Settings",
+           "Error", "UsageError",
            "Artifact", "AlertLevel", "plot", "save", "log_artifact", "use_artifact", "log_model", "alert",
            "mark_preempting",
            "termlog", "termwarn", "termerror", "require",
@@ -51,7 +54,6 @@ errors = types.ModuleType("wandb.errors", "W&B's error classes, as the drop-in r
 errors.__dict__.update({c.__name__: c for c in (Error, CommError, AuthenticationError, UsageError, UnsupportedError)})
 errors.__all__ = [k for k in errors.__dict__ if not k.startswith("_")]
 
-MODES = ("online", "offline", "disabled", "shared")
 # init() arguments that change what W&B does in ways the daemon's run cannot follow.
 _UNSUPPORTED_INIT_ARGS = ("sync_tensorboard", "monitor_gym", "resume_from", "fork_from", "tensorboard")
 # Module attributes of W&B that this module does not offer: using one raises, naming it (see
@@ -59,10 +61,14 @@ _UNSUPPORTED_INIT_ARGS = ("sync_tensorboard", "monitor_gym", "resume_from", "for
 _UNSUPPORTED = frozenset({
     "restore", "use_model", "link_model",
     "sweep", "agent", "controller", "plot_table", "Api", "apis", "tensorboard",
-    "setup", "teardown", "attach", "mark_preempting",
+    "attach", "mark_preempting",
     "Classes", "ImageMask", "BoundingBoxes2D"})
 
 _run: Run | None = None
+# wandb.setup's settings (W&B's field names): every later init of the process takes them for the
+# arguments it is not given (a forked child too: it inherits them, as W&B's singleton).
+_setup_settings: dict[str, Any] = {}
+_setup: "WandbSetup | None" = None
 
 # `sys.modules["wandb"] = telemetry.wandb`, the shortcut a user tries: the submodules the
 # integrations import from inside W&B (transformers' `wandb.sdk.lib.config_util`, Lightning's
@@ -93,9 +99,12 @@ class Graph(Media):
 
 
 class Settings:
-    """Accepted for `init(settings=wandb.Settings(...))`; the daemon's W&B run has its own."""
+    """Accepted for `init(settings=wandb.Settings(...))`; the daemon's W&B run has its own. The
+    fields W&B's Settings validates that a script is likely to set (console, mode, project, the
+    run's name and tags, ...) are refused as W&B refuses them (wandb_settings.check_settings)."""
 
     def __init__(self, **kwargs: Any) -> None:
+        check_settings(kwargs)
         self.__dict__.update(kwargs)
 
 
@@ -114,6 +123,56 @@ def termerror(string: str = "", newline: bool = True, repeat: bool = True, prefi
 
 def require(*args: Any, **kwargs: Any) -> None:
     """A no-op: W&B's opt-in features ("service", ...) are its own process's; the daemon is ours."""
+
+
+class WandbSetup:
+    """What `wandb.setup()` returns (W&B's process-wide setup object), as far as a script reads
+    it: the settings it holds."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+
+    def __repr__(self) -> str:
+        return f"<WandbSetup settings={vars(self.settings)!r}>"
+
+
+def setup(settings: Settings | None = None) -> WandbSetup:
+    """W&B's `wandb.setup`: what it prepares (W&B's service) is the daemon here, started by
+    `init` when a run needs one, so it starts nothing; its Settings apply to this process's
+    later inits as W&B's global settings do, each init argument given taking precedence: the
+    project, entity, the run's name, id, group, tags, notes and job type, mode, dir, console,
+    and `config_paths` (their files read into each run's config, over the init's config, as
+    W&B 0.31 reads them). Called again, its settings update the earlier ones; it returns the
+    one setup object of the process until `teardown`, as W&B's. A dict of settings raises
+    W&B 0.31's AttributeError (its docs show one; its code takes a Settings alone)."""
+    global _setup
+    if isinstance(settings, dict):
+        raise AttributeError("'dict' object has no attribute 'model_fields_set'")
+    if settings is not None:
+        _setup_settings.update((k, v) for k, v in vars(settings).items() if v is not None)
+    if _setup is None:
+        _setup = WandbSetup(Settings())
+    _setup.settings = Settings(**_setup_settings)
+    return _setup
+
+
+def teardown(exit_code: int | None = None) -> None:
+    """W&B's `wandb.teardown`: finishes this process's runs not finished yet (with `exit_code`),
+    and forgets wandb.setup's settings."""
+    global _run, _setup
+    from telemetry.integrations import wandb_run
+
+    for run in list(wandb_run._unfinished):
+        if run._pid == os.getpid():
+            run.finish(exit_code=exit_code)
+    _run = None
+    _setup = None
+    _setup_settings.clear()
+
+
+def _or_setup(value: Any, field: str) -> Any:
+    """An init argument, or when not given, wandb.setup's setting `field` for it (None without)."""
+    return value if value is not None else _setup_settings.get(field)
 
 
 def login(*args: Any, **kwargs: Any) -> bool:
@@ -160,11 +219,25 @@ def init(project: str | None = None, name: str | None = None, config: Any = None
             raise NotImplementedError(f"telemetry.wandb does not support wandb.init({key}=...)")
     if unsupported:
         raise TypeError(f"wandb.init() got unexpected keyword arguments: {', '.join(sorted(unsupported))}")
+    # wandb.setup's settings, for the arguments this init is not given.
+    project, entity = _or_setup(project, "project"), _or_setup(entity, "entity")
+    name, group, tags = _or_setup(name, "run_name"), _or_setup(group, "run_group"), _or_setup(tags, "run_tags")
+    notes, job_type, id = _or_setup(notes, "run_notes"), _or_setup(job_type, "run_job_type"), _or_setup(id, "run_id")
+    mode, dir = _or_setup(mode, "mode"), _or_setup(dir, "root_dir")
+    if settings is None and "console" in _setup_settings:
+        settings = {"console": _setup_settings["console"]}
+    # What W&B's init refuses (its Settings' rules) raises here, before any run exists: the
+    # daemon's W&B run, made from the same values, could not be made.
+    check_init({"job_type": job_type, "dir": dir, "project": project, "entity": entity, "reinit": reinit,
+                "tags": tags, "group": group, "name": name, "notes": notes, "mode": mode, "resume": resume,
+                "save_code": save_code, "id": id})
+    if isinstance(settings, dict):
+        check_settings(settings)
+    if reinit is not None and reinit not in REINITS:
+        reinit = lax_bool(reinit)       # as W&B reads it: 1 or "yes" is True
     mode = mode or os.environ.get("WANDB_MODE") or _default_mode()
-    if mode == "dryrun":            # W&B's older name for offline (Lightning's WandbLogger sets it)
-        mode = "offline"
-    if mode not in MODES:
-        raise ValueError(f"wandb.init(mode={mode!r}): expected one of {', '.join(MODES)}")
+    # W&B's older names: "dryrun" for offline (Lightning's WandbLogger sets it), "run" for online.
+    mode = {"dryrun": "offline", "run": "online"}.get(mode, mode)
     if _run is not None and not _run._finished and _run._pid == os.getpid():
         if reinit in (True, "finish_previous"):
             if not _silent():
@@ -180,6 +253,11 @@ def init(project: str | None = None, name: str | None = None, config: Any = None
         cfg = {k: v for k, v in cfg.items() if k in set(config_include_keys)}
     if config_exclude_keys:
         cfg = {k: v for k, v in cfg.items() if k not in set(config_exclude_keys)}
+    # As W&B 0.31's init: `config-defaults.yaml` in the working directory under the config given
+    # (each of its keys replaces the file's), the files of wandb.setup's `config_paths` over it.
+    cfg = {**config_from_file(CONFIG_DEFAULTS_FILE), **cfg}
+    for path in _setup_settings.get("config_paths", ()):
+        cfg.update(config_from_file(path))
     env = os.environ.get
     env_tags = env("WANDB_TAGS")
     client = None
@@ -189,9 +267,7 @@ def init(project: str | None = None, name: str | None = None, config: Any = None
         client = DisabledClient()
     rank, world_size = process_rank()
     # One id for the script's run, the daemon's run directory and the W&B run the daemon opens.
-    run_id = id if id is not None else env("WANDB_RUN_ID")
-    if run_id is not None:
-        check_run_id(run_id)
+    run_id = id if id is not None else env("WANDB_RUN_ID")       # checked above, as W&B checks it
     launch_id = _launcher_run_id()           # this process's first run may be the launch's
     if launch_id is not None and client is None and not _launch_takes(run_id or launch_id, rank):
         launch_id = None                     # the launch's run is another's: this one is a run of its own
@@ -270,25 +346,6 @@ def its_daemon(run_id: str, launch: bool = False):
         return autostart.run_runtime_dir(run_id)
     except (endpoints.EndpointError, OSError):
         return None        # ensure_daemon says why the default directory cannot serve either
-
-
-# W&B's rule for a run id (its settings refuse these characters).
-RUN_ID_RESERVED = ":;,#?/'"
-
-
-def check_run_id(run_id: object) -> None:
-    """Refuse a run id W&B refuses, with W&B's words (its UsageError at init): the daemon's W&B
-    run could not be made with it, and the rows would reach no W&B run."""
-    if not isinstance(run_id, str):
-        raise UsageError(f"Run ID must be a string, got {type(run_id).__name__}")
-    if not run_id:
-        raise UsageError("Run ID cannot be empty")
-    if not run_id.strip():
-        raise UsageError("Run ID cannot contain only whitespace")
-    if run_id != run_id.strip():
-        raise UsageError("Run ID cannot start or end with whitespace")
-    if any(c in RUN_ID_RESERVED for c in run_id):
-        raise UsageError(f"Run ID cannot contain the characters: {RUN_ID_RESERVED}")
 
 
 def _launch_takes(run_id: str, rank: int) -> bool:

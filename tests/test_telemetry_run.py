@@ -450,3 +450,35 @@ def test_a_symlink_at_daemon_out_is_refused_in_one_line(tmp_path):
                          cwd=tmp_path, env=_env(tmp_path), capture_output=True, text=True, timeout=300)
     assert out.returncode == 2 and "daemon.out" in out.stderr and "Traceback" not in out.stderr, out.stderr
     assert len(out.stderr.strip().splitlines()) == 1 and not (tmp_path / "elsewhere").exists()
+
+
+SINK_REFUSED = """
+import time
+from telemetry import TelemetryClient
+
+tm = TelemetryClient()
+tm.hello({"framework": "wandb", "wandb": {"project": "a/b", "name": "refused"}, "world_size": 1})
+for step in range(3):
+    tm.log(step, {"loss": 1.0 / (step + 1)})
+time.sleep(float(__import__("sys").argv[1]))   # long enough for the launcher to ask the daemon
+tm.close()
+"""
+
+
+@pytest.mark.parametrize("quiet", [False, True])
+def test_a_w_and_b_run_the_sink_could_not_make_is_said_quiet_or_not(tmp_path, quiet):
+    """The daemon's W&B sink fails at start (W&B refuses the init it is given: here a project
+    name with "/"): `telemetry run` says so on stderr while the script runs, and its summary
+    names it, with --quiet too (before: an ERROR line among the streamed log, nothing at all
+    with --quiet; the summary's "sink drops" alone; exit 0 and no W&B run)."""
+    (tmp_path / "refused.py").write_text(textwrap.dedent(SINK_REFUSED))
+    out = subprocess.run([sys.executable, "-m", "telemetry", "run", "--wandb", "offline", *(["--quiet"] if quiet else []),
+                          "--run-dir", str(tmp_path / "r"), "--", "refused.py", "6"], cwd=tmp_path,
+                         env=_env(tmp_path, WANDB_SILENT="true"), capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    said = [ln for ln in out.stderr.splitlines() if ln.startswith("telemetry run: the W&B run was not made")]
+    assert len(said) == 1 and "Invalid project name 'a/b'" in said[0], out.stderr[-3000:]
+    assert f"kept in {tmp_path / 'r'}" in said[0]
+    summary = [ln for ln in out.stdout.splitlines() if ln.strip().startswith("W&B run")]
+    assert len(summary) == 1 and "NOT MADE: UsageError" in summary[0], out.stdout
+    assert _steps(tmp_path / "r")[2]["loss"] == 1.0 / 3           # the run itself is kept

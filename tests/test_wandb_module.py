@@ -718,3 +718,227 @@ def test_summary_reads_back_lists_arrays_and_tensors_as_w_and_b_does(tmp_path, m
     ours = script(tw, mode="disabled")
     assert ours == real, (ours, real)
     assert all(type(v) is list for k, v in ours.items() if k != "sd"), ours
+
+
+# wandb.init arguments (and W&B environment variables) W&B's Settings refuse, by the field each
+# reaches; each pair is (init's keyword arguments, environment).
+INIT_REFUSED = [
+    ({"project": "a/b"}, {}), ({"project": "p" * 129}, {}), ({"project": 5}, {}), ({"project": "x#y"}, {}),
+    ({"tags": ["x" * 65]}, {}), ({"tags": [""]}, {}), ({"tags": ["", "y" * 70]}, {}), ({"tags": [5]}, {}),
+    ({"name": 5}, {}), ({"group": 5}, {}), ({"notes": 5}, {}), ({"job_type": 5}, {}), ({"entity": 5}, {}),
+    ({"mode": "foo"}, {}), ({"resume": "yes"}, {}), ({"reinit": "foo"}, {}), ({"id": "a/b"}, {}), ({"id": 5}, {}),
+    ({"dir": 5}, {}), ({"settings": {"console": "foo"}}, {}), ({"project": "ok"}, {"WANDB_PROJECT": "a/b"}),
+    ({}, {"WANDB_TAGS": "a,,b"}), ({}, {"WANDB_TAGS": "t" * 70}), ({}, {"WANDB_MODE": "foo"}),
+    ({}, {"WANDB_RESUME": "true"}), ({}, {"WANDB_RUN_ID": "a/b"}),
+]
+
+
+def _refusal(make) -> tuple[str, str] | None:
+    """What make() raised (its type's name, its words); None when it returned (a run: finished)."""
+    try:
+        made = make()
+    except Exception as exc:
+        return type(exc).__name__, str(exc)
+    getattr(made, "finish", lambda: None)()
+    return None
+
+
+@pytest.mark.parametrize("kwargs, env", INIT_REFUSED)
+def test_init_refuses_what_w_and_bs_init_refuses(kwargs, env, tmp_path, monkeypatch):
+    """An init argument W&B refuses (a project name with "/" or past 128 characters, a tag past
+    64, a mode, resume or reinit it does not know, a name that is not text, ...) raises at the
+    drop-in's init what W&B's init raises: its type (UsageError, pydantic's ValidationError) and
+    its words (before: init returned a run, the daemon's W&B sink failed, no W&B run existed,
+    and the script and `telemetry run` exited 0)."""
+    import wandb
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("TELEMETRY_AUTOSTART", "0")
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    settings = kwargs.get("settings")
+    if settings is None:
+        wandb.teardown()         # W&B reads its environment once per process (its setup): read it now
+        try:
+            real = _refusal(lambda: wandb.init(**kwargs))
+        finally:
+            wandb.teardown()
+        ours = _refusal(lambda: tw.init(**kwargs))
+    else:
+        real, ours = _refusal(lambda: wandb.Settings(**settings)), _refusal(lambda: tw.Settings(**settings))
+    assert real is not None, "W&B takes it: not a case for this test"
+    assert ours == real
+
+
+@pytest.mark.parametrize("kwargs", [{"project": "p" * 128}, {"tags": "abc"}, {"save_code": "yes"}, {"reinit": 1},
+                                    {"name": ""}, {"resume": True}, {"tags": ("a", "a", "b")}])
+def test_init_takes_what_w_and_bs_init_takes(kwargs, monkeypatch):
+    """The edges W&B's Settings let through are taken here too (its lax bool, text as tags)."""
+    import wandb
+
+    field = {"project": "project", "tags": "run_tags", "save_code": "save_code", "reinit": "reinit",
+             "name": "run_name", "resume": "resume"}
+    (key, value), = kwargs.items()
+    wandb.Settings(**{field[key]: tuple(value) if key == "tags" else value})      # W&B takes it
+    monkeypatch.setenv("TELEMETRY_AUTOSTART", "0")
+    tw.init(mode="disabled", **kwargs).finish()
+
+
+@pytest.mark.filterwarnings("ignore:telemetry. no daemon serves:RuntimeWarning")
+def test_summary_takes_sets_and_bytes_and_refuses_keys_that_are_not_text_as_w_and_b(tmp_path, monkeypatch):
+    """A dict set on `run.summary` with a key that is not text raises W&B's TypeError (its
+    summary, unlike its log, takes text keys alone); a set or bytes set there reads back as
+    W&B's (a list, text)."""
+    import wandb
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    monkeypatch.setenv("WANDB_SILENT", "true")
+
+    def script(mod, **init):
+        run = mod.init(**init)
+        try:
+            refused = _refusal(lambda: run.summary.update({"per_class": {0: 0.5}}))
+            run.summary["labels"] = {3}
+            run.summary["raw"] = b"ok"
+            return refused, run.summary["labels"], run.summary["raw"]
+        finally:
+            run.finish()
+
+    real = script(wandb, mode="offline", project="p")
+    monkeypatch.setenv("TELEMETRY_AUTOSTART", "0")
+    assert script(tw, mode="disabled") == real == (("TypeError", 'can only concatenate str (not "int") to str'),
+                                                   [3], "ok")
+
+
+def test_config_paths_in_the_environment_are_refused_as_w_and_b_0_31_refuses_them(tmp_path, monkeypatch):
+    """$WANDB_CONFIG_PATHS: W&B 0.31 reads it as one text where its settings want a list, and
+    its init raises pydantic's ValidationError; so does the drop-in's (the daemon's W&B run,
+    which reads the same environment, could not be made either)."""
+    import wandb
+
+    (tmp_path / "extra.yaml").write_text("lr:\n  value: 0.5\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_CONFIG_PATHS", "extra.yaml")
+    monkeypatch.setenv("TELEMETRY_AUTOSTART", "0")
+    wandb.teardown()
+    try:
+        real = _refusal(lambda: wandb.init(project="p"))
+    finally:
+        wandb.teardown()
+    assert real is not None and real[0] == "ValidationError" and "config_paths" in real[1]
+    assert _refusal(lambda: tw.init(project="p")) == real
+
+
+@pytest.mark.filterwarnings("ignore:telemetry. no daemon serves:RuntimeWarning")
+def test_a_finished_run_refuses_changes_as_w_and_bs_does(tmp_path, monkeypatch):
+    """After `run.finish()`, W&B refuses what would change the run (`config.update`, a summary
+    set or delete, `define_metric`, a new name, tags or notes, `alert`, `save`) with its
+    UsageError, and its summary reads as empty; the drop-in took them all and lost them."""
+    import wandb
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    (tmp_path / "f.txt").write_text("x")
+
+    def script(mod, **init):
+        run = mod.init(config={"c": 1}, **init)
+        run.log({"a": 1.5})
+        run.finish()
+        calls = {"config_update": lambda: run.config.update({"d": 2}), "config_item": lambda: run.config.__setitem__("e", 3),
+                 "summary_set": lambda: run.summary.__setitem__("z", 1), "summary_attr": lambda: setattr(run.summary, "y", 2),
+                 "summary_del": lambda: run.summary.__delitem__("a"), "summary_update": lambda: run.summary.update({"x": 1}),
+                 "define_metric": lambda: run.define_metric("a", summary="max"), "name": lambda: setattr(run, "name", "n"),
+                 "tags": lambda: setattr(run, "tags", ["t"]), "notes": lambda: setattr(run, "notes", "n"),
+                 "alert": lambda: run.alert("t", "x"), "save": lambda: run.save(str(tmp_path / "f.txt")),
+                 "summary_get": lambda: run.summary.get("a"), "config_read": lambda: run.config.c}
+        said = {}
+        for name, call in calls.items():
+            got = _refusal(call)
+            said[name] = got if got is None else (got[0], got[1].replace(run.id, "ID"))
+        return said
+
+    real = script(wandb, mode="offline", project="p")
+    monkeypatch.setenv("TELEMETRY_AUTOSTART", "0")
+    ours = script(tw, mode="disabled")
+    assert ours == real, (ours, real)
+    assert real["config_update"] == ("UsageError", "Run (ID) is finished. The call to `_config_callback` will be "
+                                                   "ignored. Please make sure that you are using an active run.")
+
+
+def test_setup_prepares_as_w_and_b_documents_it(tmp_path, monkeypatch):
+    """`wandb.setup()` (W&B's advice before starting child processes) returns the one setup
+    object, and its settings apply to later inits as W&B's global settings: the project, and
+    `config_paths` read into the config (over the init's, as W&B 0.31 reads them); an init's own
+    project wins; settings W&B refuses raise as W&B's, and so does a dict of settings (W&B 0.31's
+    AttributeError). It raised NotImplementedError, so a script that called it died."""
+    import wandb
+
+    (tmp_path / "extra.yaml").write_text("lr:\n  value: 0.5\nepochs:\n  value: 2\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    monkeypatch.setenv("WANDB_SILENT", "true")
+
+    def script(mod, **init):
+        mod.teardown()
+        try:
+            ready = mod.setup() is mod.setup()
+            refused = [_refusal(lambda: mod.setup(settings=mod.Settings(console="foo"))),
+                       _refusal(lambda: mod.setup(settings={"project": "p"}))]
+            mod.setup(settings=mod.Settings(project="from-setup", config_paths=["extra.yaml"]))
+            first = mod.init(config={"epochs": 3}, **init)
+            seen = [first.project, dict(first.config)]
+            first.finish()
+            second = mod.init(project="given", **init)
+            seen.append(second.project)
+            second.finish()
+            return ready, refused, seen
+        finally:
+            mod.teardown()
+
+    real = script(wandb, mode="offline")
+    monkeypatch.setenv("TELEMETRY_AUTOSTART", "0")
+    assert script(tw, mode="disabled") == real
+    assert real[0] and real[2] == ["from-setup", {"lr": 0.5, "epochs": 2}, "given"], real
+    assert [r[0] for r in real[1]] == ["ValidationError", "AttributeError"], real
+
+
+@pytest.mark.filterwarnings("ignore:telemetry. no daemon serves:RuntimeWarning")
+def test_summary_reads_whole_floats_back_as_w_and_b_does(tmp_path, monkeypatch):
+    """W&B's summary reads a float of a whole value back as an int below 1e6 (6.0 as 6, in
+    lists, nested dicts, tensors and numpy values too) and as a float from there (1e6, 2**53);
+    the drop-in read back 6.0."""
+    import numpy as np
+    import torch
+    import wandb
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    row = {"six": 6.0, "under": 999999.0, "million": 1e6, "big": 2.0**53, "neg": -3.0, "zero": -0.0, "half": 2.5,
+           "int": 7, "flag": True, "lst": [1.0, 2.5], "t": torch.tensor(4.0), "np": np.float32(8.0),
+           "nest": {"x": 5.0}}
+
+    def script(mod, **init):
+        run = mod.init(**init)
+        try:
+            run.log(row)
+            run.summary["set"] = 9.0
+            got = {k: run.summary[k] for k in [*row, "set"] if k != "nest"}
+            got["nest"] = run.summary["nest"]["x"]
+            return {k: (type(v).__name__, v) for k, v in got.items()}
+        finally:
+            run.finish()
+
+    real = script(wandb, mode="offline", project="p")
+    monkeypatch.setenv("TELEMETRY_AUTOSTART", "0")
+    ours = script(tw, mode="disabled")
+    assert ours == real, (ours, real)
+    assert real["six"] == ("int", 6) and real["million"] == ("float", 1e6), real

@@ -570,3 +570,60 @@ def test_a_flat_key_and_a_nested_one_of_the_same_name_are_two_keys_as_in_w_and_b
     for step, row in hr.items():
         numbers = Counter(v for v in row.values() if isinstance(v, (int, float)) and not isinstance(v, bool))
         assert not numbers - jsonl.get(step, Counter()), (f"metrics.jsonl at step {step}", jsonl.get(step), row)
+
+
+def test_summary_keys_read_set_and_deleted_as_attributes_as_in_w_and_b(tmp_path_factory):
+    """`run.summary.best_acc = 0.9`, `wandb.summary.note = ...`, `run.summary.eval.loss = ...`
+    (nested), `del run.summary.gone`, and reads as attributes: W&B's summary takes them all
+    (before: a set was kept on the object and never reached the W&B run; a read raised
+    AttributeError). The W&B run's summary and what the script read back are W&B's."""
+    from wandb_offline import summary_tree
+
+    path = SCRIPTS / "summary_attrs.py"
+    real, out_real, _ = shared_run(tmp_path_factory, real_run, path, 1, {})
+    ours, out_ours, _ = shared_run(tmp_path_factory, sidecar_run, path, 1, {})
+    lines = [json.loads(ln) for ln in out_real.splitlines() if ln.startswith("{")]
+    assert len(lines) == 1 and [json.loads(ln) for ln in out_ours.splitlines() if ln.startswith("{")] == lines, out_ours
+    assert lines[0]["acc"] == 0.5 and lines[0]["missing"] == ["KeyError", "'nope'"], lines
+    assert summary_tree(ours) == summary_tree(real), (summary_tree(ours), summary_tree(real))
+    assert summary_tree(ours)["best_acc"] == 0.75 and summary_tree(ours)["note"] == "ok"
+    assert user_history(ours) == user_history(real)
+
+
+def test_nested_keys_that_are_not_text_sets_and_bytes_are_logged_as_w_and_b_logs_them(tmp_path_factory):
+    """A nested dict keyed by ints (per-class accuracy), floats, bools, None, tuples, an Enum,
+    numpy scalars or a date: W&B names each nested key by its own rules (`acc_per_class/0`,
+    `by/0.5`, `by/true`, `by/None`, `by/1,2`); a set is a list, bytes are text (before: the
+    first crashed the script with W&B's top-level TypeError, the others were warned and
+    dropped). What W&B refuses (a top-level key that is not text, bytes that are not UTF-8, an
+    object as a key) raises what W&B raises, and the row is not logged. The history by path,
+    the summary W&B's server builds and what the script read back are W&B's."""
+    from wandb_offline import summary_tree, user_history_paths
+
+    path = SCRIPTS / "keys_and_values.py"
+    real, out_real, _ = shared_run(tmp_path_factory, real_run, path, 1, {})
+    ours, out_ours, _ = shared_run(tmp_path_factory, sidecar_run, path, 1, {})
+    lines = [json.loads(ln) for ln in out_real.splitlines() if ln.startswith("{")]
+    assert len(lines) == 1 and [json.loads(ln) for ln in out_ours.splitlines() if ln.startswith("{")] == lines, out_ours
+    assert lines[0]["bad_bytes"][0] == "UnicodeDecodeError" and lines[0]["per_class"] == {"0": 0.9, "1": 0.8}, lines
+    hr, ho = user_history_paths(real), user_history_paths(ours)
+    assert ho == hr, (ho, hr)
+    assert hr[0][("acc_per_class", "0")] == 0.9 and hr[1][("by", "1,2")] == 8 and hr[2][("seen",)] == [1, 2, 3]
+    assert summary_tree(ours) == summary_tree(real), (summary_tree(ours), summary_tree(real))
+
+
+def test_config_defaults_yaml_is_in_the_scripts_config_as_in_w_and_b(tmp_path_factory):
+    """W&B's init loads `config-defaults.yaml` from the working directory into run.config, under
+    the config given: the script reads it back (before: `wandb.config.epochs` raised
+    AttributeError, though the daemon's W&B run had it), and the run's config is W&B's."""
+    path = SCRIPTS / "config_defaults.py"
+    real, out_real, _ = shared_run(tmp_path_factory, real_run, path, 1, {})
+    ours, out_ours, work = shared_run(tmp_path_factory, sidecar_run, path, 1, {})
+    lines = [json.loads(ln) for ln in out_real.splitlines() if ln.startswith("{")]
+    assert len(lines) == 1 and [json.loads(ln) for ln in out_ours.splitlines() if ln.startswith("{")] == lines, out_ours
+    assert lines[0]["epochs"] == 3 and lines[0]["batch_size"] == 64, lines
+    with open(work / "r" / "metrics.jsonl") as f:         # the run's hello (what the daemon's sinks read)
+        hellos = [rec["info"] for rec in map(json.loads, f) if rec["kind"] == "hello"]
+    assert [h["config"] for h in hellos if "config" in h][-1] == lines[0]
+    assert_same_run(real, ours)
+    assert config(ours)["opt"] == {"name": "adam", "betas": [0.9, 0.99]} and len(user_history(ours)) == 3

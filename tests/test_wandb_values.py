@@ -87,6 +87,8 @@ def test_a_flat_key_a_nested_one_named_first_keeps_its_rows_on_every_path(rx, mo
         run.log({"a/b": 5.0, "c/d": 6.0})
         run.log({**wide, "a/b": 7.0})                # the wide row
         run.log({"c": {"d": 8.0}})                   # nested after the flat "c/d"
+        # Read before finish: W&B's summary of a finished run reads as empty.
+        assert run.summary["a"] == {"b": 1.0} and run.summary["a/b"] == 7.0 and run.summary["c"]["d"] == 8.0
         run.finish()
     tm.close(timeout_s=10.0)
     records = rx.recv_until(lambda r: isinstance(r, Bye)) + rx.drain(1000)
@@ -103,7 +105,6 @@ def test_a_flat_key_a_nested_one_named_first_keeps_its_rows_on_every_path(rx, mo
             rows.setdefault(r.step, {}).update({k: v for k, v in r.values.items() if k != "telemetry/client_s"})
     assert rows == {0: {"a/b": 1.0, "c/d": 2.0}, 1: {"a/b#2": 3.0, "c/d": 4.0}, 2: {"a/b#2": 5.0, "c/d": 6.0},
                     3: {**wide, "a/b#2": 7.0}, 4: {"c/d#2": 8.0}}
-    assert run.summary["a"] == {"b": 1.0} and run.summary["a/b"] == 7.0 and run.summary["c"]["d"] == 8.0
 
 
 def test_a_row_of_plain_numbers_takes_no_python_work_per_value(rx, monkeypatch):

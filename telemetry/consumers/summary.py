@@ -86,6 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     s = summarize(args.log_dir)
     final = {}
     run_totals = {}
+    wandb_sink: dict = {}
     if args.drain_json:
         from telemetry.shared import files
 
@@ -102,6 +103,8 @@ def main(argv: list[str] | None = None) -> int:
             # The whole run's, across the daemons that served it one after another (a restart):
             # a daemon killed before its first counter record left none in metrics.jsonl.
             run_totals = drained.get("run") if isinstance(drained.get("run"), dict) else {}
+            sinks = drained.get("sinks")
+            wandb_sink = sinks.get("wandb") if isinstance(sinks, dict) and isinstance(sinks.get("wandb"), dict) else {}
         except (ValueError, AttributeError, RecursionError):   # not the daemon's JSON object
             pass
     totals = s["daemon"].totals(final)
@@ -123,6 +126,10 @@ def main(argv: list[str] | None = None) -> int:
           + (f"  (over {s['daemon'].num_daemons} daemon runs)" if s["daemon"].num_daemons > 1 else ""))
     print(f"  records dropped    {_fmt(s['dropped'])}  (sink drops {_fmt(s['sink_dropped'])})")
     print(f"  events             {s['num_events']}")
+    if wandb_sink.get("open_error") and not wandb_sink.get("opened"):
+        # The W&B run the user expects does not exist: said in the summary whatever else was quiet.
+        print(f"  W&B run            NOT MADE: {str(wandb_sink['open_error'])[:300]} ({_fmt(wandb_sink.get('dropped'))} "
+              f"records not in W&B; metrics.jsonl has the run)")
     if s["num_unreadable"]:
         print(f"  unreadable lines   {s['num_unreadable']} skipped (not records, or a torn last line)")
     _goodput(args.log_dir)

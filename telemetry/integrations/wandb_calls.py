@@ -215,7 +215,8 @@ def _call2(fn, path: str, root: str) -> bool:
 
 class RunCalls:
     """The calls above, as methods of telemetry.wandb's Run (which supplies `_call`, `offline`,
-    `id`, `project`, `dir`)."""
+    `id`, `project`, `dir`, and `_raise_if_finished`: each call W&B refuses on a finished run
+    raises W&B's UsageError there too)."""
 
     def _forward(self, call: str, stage: Path | None = None, **args: Any) -> None:
         from telemetry.client.core import DisabledClient
@@ -232,6 +233,7 @@ class RunCalls:
     def log_artifact(self, artifact_or_path: Any, name: str | None = None, type: str | None = None,
                      aliases: list[str] | None = None, tags: list[str] | None = None) -> Artifact:
         """run.log_artifact: an Artifact, or a path (a file or directory) with name and type."""
+        self._raise_if_finished("log_artifact")
         if isinstance(artifact_or_path, Artifact):
             art = artifact_or_path
         else:
@@ -255,6 +257,7 @@ class RunCalls:
 
     def log_model(self, path: str, name: str | None = None, aliases: list[str] | None = None) -> None:
         """run.log_model: a file or directory, as an artifact of type "model"."""
+        self._raise_if_finished("log_model")
         path = str(path)
         base = os.path.basename(path.rstrip(os.sep))
         stage = new_stage()
@@ -274,6 +277,7 @@ class RunCalls:
              glob: bool = True) -> list[str] | bool:
         """run.save: the matching files, staged now, saved into the W&B run's files (see
         docs/dropin-wandb.md: "live" and "end" files are staged again at finish)."""
+        self._raise_if_finished("save")
         return self._save(glob_str, base_path, policy, glob, refresh=False)
 
     def _save(self, glob_str: Any, base_path: Any, policy: str, glob: bool, refresh: bool) -> list[str] | bool:
@@ -344,6 +348,7 @@ class RunCalls:
 
     def use_artifact(self, artifact_or_name: Any, type: str | None = None, aliases: list[str] | None = None,
                      use_as: str | None = None) -> Any:
+        self._raise_if_finished("use_artifact")
         if self.offline:
             raise TypeError("Cannot use artifact when in offline mode.")
         raise NotImplementedError("telemetry.wandb does not support run.use_artifact online: the daemon owns the "
@@ -352,6 +357,7 @@ class RunCalls:
 
     def alert(self, title: str, text: str, level: Any = None, wait_duration: Any = None) -> None:
         """run.alert: sent by the daemon's W&B run (offline, recorded in the run as W&B does)."""
+        self._raise_if_finished("alert")
         level = getattr(level, "value", level) or "INFO"
         if level not in ("INFO", "WARN", "ERROR"):
             raise ValueError(f"level must be one of {', '.join(a.value for a in AlertLevel)}")
@@ -360,6 +366,7 @@ class RunCalls:
         self._forward("alert", title=str(title), text=str(text), level=level, wait_duration=wait_duration)
 
     def mark_preempting(self) -> None:
+        self._raise_if_finished("mark_preempting")
         self._forward("mark_preempting")
 
 

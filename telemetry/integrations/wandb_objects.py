@@ -7,6 +7,8 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import enum
+import os
+import sys
 from collections.abc import MutableMapping, Sequence
 from fnmatch import fnmatchcase
 from typing import Any, Callable, Iterator, Mapping
@@ -147,11 +149,15 @@ class _Items:
 class Config(_Items):
     """`run.config`: a dict with attribute access; every change goes to the daemon's W&B run."""
 
-    def __init__(self, on_change: Callable[[], None]) -> None:
+    def __init__(self, on_change: Callable[[], None], guard: Callable[[], None] = lambda: None) -> None:
+        """on_change: called after each change; guard: before it, raises when the run can take
+        no change (finished: W&B's UsageError)."""
         object.__setattr__(self, "_items", {})
         object.__setattr__(self, "_on_change", on_change)
+        object.__setattr__(self, "_guard", guard)
 
     def update(self, d: Any = None, allow_val_change: bool = False, **kwargs: Any) -> None:
+        self._guard()
         items = self._items
         for k, v in {**config_dict(d), **kwargs}.items():
             v = plain_config_value(v)
@@ -180,7 +186,42 @@ class Config(_Items):
         return f"Config({self._items!r})"
 
 
-class Summary(_Items):
+class SummaryKeyError(KeyError, AttributeError):
+    """A key not in `run.summary`, asked as an attribute (`run.summary.best`): W&B's summary
+    raises KeyError there, so a script's `except KeyError` is caught as in W&B; an
+    AttributeError too, so that hasattr() and getattr(..., default) stay harmless."""
+
+
+class _AttributeKeys:
+    """W&B's summary reads, sets and deletes its keys as attributes too (`run.summary.acc`,
+    `run.summary.best = 0.9`, `run.summary.eval.loss`, `del run.summary.acc`), nested as well.
+    Names starting with "_", and those in `_own_attrs`, are the object's own (its state), never
+    keys."""
+
+    _own_attrs: frozenset[str] = frozenset()
+
+    def __getattr__(self, key: str) -> Any:
+        if key.startswith("_"):
+            raise AttributeError(key)
+        try:
+            return self[key]
+        except KeyError:
+            raise SummaryKeyError(key) from None
+
+    def __setattr__(self, key: str, value: Any) -> None:
+        if key.startswith("_") or key in self._own_attrs:
+            object.__setattr__(self, key, value)
+        else:
+            self[key] = value
+
+    def __delattr__(self, key: str) -> None:
+        if key.startswith("_"):
+            object.__delattr__(self, key)
+        else:
+            del self[key]
+
+
+class Summary(_AttributeKeys, _Items):
     """`run.summary`: values set here go to the W&B run's summary (W&B also keeps the last
     logged value of each key there by itself; the daemon's run does the same). Read here, it is
     what W&B's would be: each key's last logged or set value, whichever came later (the run
@@ -194,7 +235,13 @@ class Summary(_Items):
 
     def _view(self) -> dict[str, Any]:
         """The summary as W&B's reads: flat keys as they are, nested ones under their path; a
-        logged key whose define_metric has a summary reads as W&B's ({"max": ...}, see note)."""
+        logged key whose define_metric has a summary reads as W&B's ({"max": ...}, see note).
+        Once the run is finished, nothing, with W&B's warning: W&B's summary is read from its
+        service, which a finished run no longer has."""
+        if self._finished():
+            if os.environ.get("WANDB_SILENT", "").lower() not in ("1", "true", "yes"):
+                print("wandb: WARNING Summary data not available in finished run", file=sys.stderr, flush=True)
+            return {}
         paths, items = self._paths, self._items
         if self._ops:
             items = self._summarized(items)
@@ -238,7 +285,12 @@ class Summary(_Items):
 
     def __init__(self, on_set: Callable[[dict[str, Any], list[list[str]]], None],
                  flatten_with_paths: Callable[[Mapping[str, Any]], dict[str, Any]],
-                 on_remove: Callable[[list[tuple[str, ...]]], None] = lambda paths: None) -> None:
+                 on_remove: Callable[[list[tuple[str, ...]]], None] = lambda paths: None,
+                 guard: Callable[[], None] = lambda: None, finished: Callable[[], bool] = lambda: False) -> None:
+        """guard: called before each change, raises when the run can take none (finished: W&B's
+        UsageError); finished: whether the run is, for reads (see _view)."""
+        self._guard = guard
+        self._finished = finished
         self._items: dict[str, Any] = {}
         self._paths: dict[str, tuple[str, ...]] = {}
         self._on_set = on_set
@@ -282,6 +334,7 @@ class Summary(_Items):
             agg.add(k, v, self)
 
     num_not_aggregated = 0
+    _own_attrs = frozenset({"num_not_aggregated"})
 
     def _summarized(self, items: dict[str, Any]) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -323,6 +376,7 @@ class Summary(_Items):
     def _put(self, data: dict[str, Any], whole: bool, at: tuple[str, ...] = ()) -> None:
         """Set `data`: with `whole`, each of its keys replaces what was under it; else what was
         at the path `at` is replaced (an edit through a nested value)."""
+        self._guard()
         replaced = [(k,) for k in data] if whole else [at]
         for path in replaced:
             self._drop_under(path)
@@ -341,6 +395,7 @@ class Summary(_Items):
     def _remove(self, path: tuple[str, ...]) -> None:
         """The value at `path` (a key, or a key inside nested ones) and all under it go, here
         and from the daemon's run."""
+        self._guard()
         self._drop_under(path)
         self._on_remove([path])
 
@@ -348,7 +403,7 @@ class Summary(_Items):
         return f"Summary({self._view()!r})"
 
 
-class SummarySubDict(MutableMapping):
+class SummarySubDict(_AttributeKeys, MutableMapping):
     """A nested value of `run.summary` (W&B's SummarySubDict): read, it is the summary's value
     at its path as it is now; set or deleted, the summary is."""
 
@@ -447,20 +502,30 @@ def _read(v: Any) -> Any:
     return _scalar(v)
 
 
+# W&B reads its summary back as its service writes it in JSON (Go's shortest "%g"): a float of
+# a whole value below this in magnitude has no exponent and no fraction there, and reads back as
+# an int (6.0 as 6, 999999.0 as 999999); from it on it is written with an exponent (1e+06) and
+# stays a float.
+WHOLE_FLOAT_READS_AS_INT_BELOW = 1e6
+
+
 def _scalar(v: Any) -> Any:
     """A summary value as W&B's reads back: a one-element tensor or a numpy scalar as its
     Python number; a list or tuple as a list of such values; an array or a tensor of more
-    elements as a list (read here, when the summary is, never at log); others as they are."""
+    elements as a list (read here, when the summary is, never at log); a float of a whole value
+    below WHOLE_FLOAT_READS_AS_INT_BELOW as that int, as W&B's; others as they are."""
     c = v.__class__
-    if c is float or c is int or c is str or c is bool:
+    if c is int or c is str or c is bool:
         return v
+    if c is float:
+        return int(v) if v.is_integer() and -WHOLE_FLOAT_READS_AS_INT_BELOW < v < WHOLE_FLOAT_READS_AS_INT_BELOW else v
     if c is list or c is tuple:
         return [_scalar(x) for x in v]
     try:
         if hasattr(v, "detach"):
-            return v.item() if v.numel() == 1 else v.detach().cpu().tolist()
+            return _scalar(v.item() if v.numel() == 1 else v.detach().cpu().tolist())
         if hasattr(v, "dtype") and hasattr(v, "tolist") and type(v).__module__.partition(".")[0] == "numpy":
-            return v.tolist()            # a numpy scalar as its number, an array as a list
+            return _scalar(v.tolist())   # a numpy scalar as its number, an array as a list
     except Exception:
         pass
     return v
@@ -526,6 +591,39 @@ def plain_config_value(v: Any) -> Any:
     if isinstance(v, int):               # an int subclass (not an Enum: above)
         return plain_config_value(int(v))
     return str(v)                        # a str subclass as its text; any other object too
+
+
+CONFIG_DEFAULTS_FILE = "config-defaults.yaml"
+
+
+def config_from_file(path: str, must_exist: bool = False) -> dict[str, Any]:
+    """The config a W&B config file holds, as W&B's init reads it (its `config-defaults.yaml` in
+    the working directory, the files of `config_paths`): each top-level key's "value", beside
+    "wandb_version: 1"; {} for a missing file (unless must_exist) or an empty one (said, as W&B
+    says it). A file W&B refuses raises what W&B raises (ConfigError, or the KeyError or TypeError
+    of a key without a "value")."""
+    if not os.path.exists(path):
+        if must_exist:
+            raise ConfigError(f"config file {path} doesn't exist")
+        return {}
+    import yaml                          # W&B's own dependency; imported only when a file is there
+
+    try:
+        with open(path) as f:
+            loaded = yaml.safe_load(f)
+    except OSError:
+        raise ConfigError(f"Couldn't read config file: {path}") from None
+    except yaml.YAMLError:
+        raise ConfigError("Invalid YAML in config yaml") from None
+    if loaded is None:
+        if os.environ.get("WANDB_SILENT", "").lower() not in ("1", "true", "yes"):
+            print(f"wandb: WARNING Found an empty default config file ({CONFIG_DEFAULTS_FILE}). Proceeding with no "
+                  f"defaults.", file=sys.stderr, flush=True)
+        return {}
+    version = loaded.pop("wandb_version", None)
+    if version is not None and version != 1:
+        raise ConfigError("Unknown config version")
+    return {k: v["value"] for k, v in loaded.items()}
 
 
 def config_dict(d: Any) -> dict[str, Any]:

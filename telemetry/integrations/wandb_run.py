@@ -55,12 +55,13 @@ import threading
 import time
 import warnings
 import weakref
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from protocol.constants import MAX_NAME_CHARS, MAX_VALUES
 from telemetry.integrations._client import LazyClient, process_rank
 from telemetry.integrations.wandb_calls import CALL_EVENT, RunCalls
 from telemetry.integrations.wandb_objects import Config, Error, Metric, Summary, Unsupported, UsageError
+from telemetry.integrations.wandb_values import json_value, nested_key_text, summary_key_text
 from telemetry.integrations.wandb_media import INLINE_ARRAY, INLINE_LIST, Array, Histogram, List, Media, MediaWriter
 from telemetry.shared.bookkeeping import SUMMARY_REMOVE_EVENT
 from telemetry.shared.media import EVENT as MEDIA_EVENT
@@ -109,19 +110,30 @@ def run_in_use(run_id: str) -> bool:
 _exit_hook_registered = False
 
 
-def flatten(data: Mapping[str, Any], names: RecordNames, path: tuple[str, ...] = ()) -> dict[str, Any]:
+def flatten(data: Mapping[str, Any], names: RecordNames, path: tuple[str, ...] = (),
+            key_text: Callable[[Any], str] = nested_key_text) -> dict[str, Any]:
     """Each value under its record name: a nested dict's as "a/b", a flat key's as it is, either
-    made distinct when another key of the run has that name (`names`, which keeps each path)."""
+    made distinct when another key of the run has that name (`names`, which keeps each path).
+    A top-level key must be text, as W&B's; a nested one is named by `key_text` (W&B's name for
+    it in a logged row: wandb_values.nested_key_text). A set or bytes value is what W&B logs of it
+    (wandb_values.json_value). Raises before anything is logged, as W&B's log does."""
     out: dict[str, Any] = {}
     claimed, flat = names.paths, names.flat
     for k, v in data.items():
         if k.__class__ is not str and not isinstance(k, str):
-            raise TypeError("Key values passed to `wandb.log` must be strings.")
+            if not path:
+                raise TypeError("Key values passed to `wandb.log` must be strings.")
+            k = key_text(k)
         c = v.__class__
-        # A float or int (the usual value) skips the Mapping check: an ABC isinstance is slow.
-        if c is not float and c is not int and isinstance(v, Mapping):
-            out.update(flatten(v, names, path + (k,)))
-        elif path or k in claimed:
+        # A float or int (the usual value) skips the other checks: an ABC isinstance is slow.
+        if c is float or c is int:
+            pass
+        elif isinstance(v, Mapping):
+            out.update(flatten(v, names, path + (k,), key_text))
+            continue
+        elif isinstance(v, (set, frozenset, bytes, bytearray)):
+            v = json_value(v)
+        if path or k in claimed:
             out[names.name(path + (k,))] = v
         else:                   # a top-level key no other has named: itself (RecordNames.name, inline)
             flat.add(k)
@@ -222,8 +234,11 @@ class Run(RunCalls):
         if runtime is not None and endpoint is None and client is None:
             endpoint = f"ipc://{runtime}/ingest.sock"
         self._client = LazyClient(client, endpoint, rank=self.rank, send_hello=False)
-        self.config = Config(self._send_hello)
-        self.summary = Summary(self._send_summary, self._flatten, self._send_summary_remove)
+        self.config = Config(self._send_hello, guard=lambda: self._raise_if_finished("_config_callback"))
+        self.summary = Summary(self._send_summary, lambda data: self._flatten(data, summary_key_text),
+                               self._send_summary_remove,
+                               guard=lambda: self._raise_if_finished("_summary_update_callback"),
+                               finished=lambda: self._finished)
         self._logged = self.summary._items
         self._texts: dict[str, str] = {}
         self._watched: list = []           # (key, clone) noted by watch()'s hooks, sent at the next commit
@@ -246,6 +261,7 @@ class Run(RunCalls):
 
     @name.setter
     def name(self, value: str | None) -> None:
+        self._raise_if_finished("name")
         self._name = value or None
         self._send_hello()
 
@@ -256,6 +272,7 @@ class Run(RunCalls):
     @tags.setter
     def tags(self, value: Any) -> None:
         """Set after init, as W&B: the daemon's run takes them (a new hello)."""
+        self._raise_if_finished("tags")
         self._tags = tuple(value or ())
         self._send_hello()
 
@@ -265,6 +282,7 @@ class Run(RunCalls):
 
     @notes.setter
     def notes(self, value: str | None) -> None:
+        self._raise_if_finished("notes")
         self._notes = value
         self._send_hello()
 
@@ -345,10 +363,7 @@ class Run(RunCalls):
             self._step += 1
             self._row_open = False
             return
-        if self._finished:
-            # W&B's error and words (a UsageError: `except wandb.errors.UsageError` catches it).
-            raise UsageError(f"Run ({self.id}) is finished. The call to `log` will be ignored. Please make sure "
-                             f"that you are using an active run.")
+        self._raise_if_finished("log")
         if not isinstance(data, Mapping):
             raise TypeError("wandb.log must be passed a dictionary")
         if step is not None:
@@ -410,6 +425,14 @@ class Run(RunCalls):
         if (step is None and commit is None) or commit:
             self._commit()
             self._step += 1
+
+    def _raise_if_finished(self, call: str) -> None:
+        """W&B's UsageError, in its words, for `call` (the name of W&B's method that refuses it)
+        on a finished run: what it would have changed reaches no run, so it is never taken
+        silently (`except wandb.errors.UsageError` catches it, as with W&B)."""
+        if self._finished:
+            raise UsageError(f"Run ({self.id}) is finished. The call to `{call}` will be ignored. Please make sure "
+                             f"that you are using an active run.")
 
     def _fast_keys_ok(self, data: dict) -> bool:
         """Whether `data`'s keys suit Run.log's fast path (1..WIDE_ROW_KEYS str keys, none
@@ -474,9 +497,9 @@ class Run(RunCalls):
                 self.summary.note(self._pending)
             self._pending = {}
 
-    def _flatten(self, data: Mapping[str, Any]) -> dict[str, Any]:
+    def _flatten(self, data: Mapping[str, Any], key_text: Callable[[Any], str] = nested_key_text) -> dict[str, Any]:
         """flatten(), telling the daemon once of each key's path (see _send_paths)."""
-        flat = flatten(data, self._names)
+        flat = flatten(data, self._names, key_text=key_text)
         self._send_paths()
         return flat
 
@@ -529,6 +552,7 @@ class Run(RunCalls):
                       overwrite: bool | None = None) -> Metric:
         """Reaches the daemon's W&B run as it was made (its step_metric, summary, goal, hidden),
         after the rows logged before it, as in W&B. Returns what W&B's returns, a Metric."""
+        self._raise_if_finished("define_metric")
         if summary:
             self.summary.define(name, summary)
         # "at": the rows before it (the daemon's run defines it once they are committed).

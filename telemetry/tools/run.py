@@ -228,6 +228,10 @@ def _run(args: argparse.Namespace) -> int:
             streamer.start()
         if args.attach:
             attached = _attach(args.attach, log_dir, runtime, env, port)
+        if mode != "disabled":
+            threading.Thread(target=_watch_wandb_run, args=(runtime, log_dir, stop_stream),
+                             name="telemetry-run-wandb-watch", daemon=True).start()
+
         def successor() -> subprocess.Popen:
             with files.open_append(out_path) as out:
                 return subprocess.Popen(cmd, env=daemon_env, stdin=subprocess.DEVNULL, stdout=out,
@@ -695,6 +699,31 @@ def _stream(path: Path, stop: threading.Event, start: int = 0) -> None:
         elif stop.is_set():
             return
         time.sleep(0.2)
+
+
+# How often the launcher asks the daemon whether its W&B run is made, until it is or it failed.
+WANDB_WATCH_S = 2.0
+
+
+def _watch_wandb_run(runtime: Path, log_dir: Path, stop: threading.Event) -> None:
+    """Say on stderr, once, as soon as the daemon's W&B sink could not make the W&B run (W&B
+    refused its init: a project name, no credentials online, ...), also with --quiet: the run
+    would otherwise be missing from W&B with nothing said until the summary. Asks the daemon's
+    `status` every WANDB_WATCH_S until the run is made, fails, or the run ends."""
+    from telemetry.shared import control
+
+    while not stop.wait(WANDB_WATCH_S):
+        try:
+            sinks = control.request(f"ipc://{runtime}/control.sock", "status", timeout_s=2.0).get("sinks")
+        except Exception:
+            continue                       # a daemon starting over (its successor): asked again
+        w = sinks.get("wandb") if isinstance(sinks, dict) else None
+        if not isinstance(w, dict) or w.get("opened"):
+            return                         # no W&B sink, or its run is made
+        if w.get("open_error"):
+            print(f"telemetry run: the W&B run was not made: {str(w['open_error'])[:300]}; the run's metrics are kept "
+                  f"in {log_dir} (metrics.jsonl), not in W&B", file=sys.stderr, flush=True)
+            return
 
 
 def _drain(daemon: subprocess.Popen, runtime: Path, log_dir: Path, rc: int, exited_at: float) -> None:

@@ -152,6 +152,10 @@ class WandbSink(Sink):
         self.summaries = list(summaries)
         self.run = None
         self.run_id = ""
+        # Whether W&B's run was made, and why not while it is not: read by `telemetry run`
+        # (status, drain.json) to say it, as a failed W&B run must never pass unseen.
+        self.opened = False
+        self.open_error = ""
         self.num_logged = 0
         self._last_step = -1
         self._hellos: dict[int, dict] = {}
@@ -233,8 +237,12 @@ class WandbSink(Sink):
                                   id=self.run_id, resume="allow", dir=root or str(self.log_dir), reinit="create_new",
                                   settings=wandb.Settings(silent=True, console="off", x_disable_stats=True,
                                                           **settings), **kwargs)
+        except Exception as exc:
+            self.open_error = repr(exc)
+            raise
         finally:
             sys.argv = argv
+        self.opened, self.open_error = True, ""
         if user:
             self._stats = _stats_writer(self.run)
         else:
@@ -854,7 +862,8 @@ class WandbSink(Sink):
         return out
 
     def stats(self) -> dict:
-        return {"mode": self.mode, "run_id": self.run_id, "run": self.run_info(), "console": self.num_console,
+        return {"mode": self.mode, "run_id": self.run_id, "run": self.run_info(), "opened": self.opened,
+                "open_error": self.open_error, "console": self.num_console,
                 "logged": self.num_logged,
                 "dropped_before_open": self.num_dropped_waiting, "media_logged": self.num_media_logged,
                 "media_failed": self.num_media_failed, "calls": self.num_calls, "calls_failed": self.num_calls_failed,
