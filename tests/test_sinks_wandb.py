@@ -7,6 +7,8 @@ protobuf class (wandb.proto.wandb_internal_pb2.Record).
 from __future__ import annotations
 
 import glob
+import json
+from pathlib import Path
 
 import pytest
 
@@ -84,3 +86,46 @@ def test_the_reader_takes_a_file_cut_anywhere_as_the_records_before_the_cut(tmp_
         cut.write_bytes(data[:end])
         got = [r.SerializeToString() for r in read_records(cut)]
         assert got == whole[:len(got)], end
+
+
+
+def test_status_of_an_offline_run_writes_nothing_to_the_runs_terminal(tmp_path):
+    """`telemetry status` reads the W&B run's name, path and URL: asked for its URL, an offline
+    W&B run logs "URL not available in offline run", and each status put such lines in the
+    daemon's output, which `telemetry run` streams to the user's terminal. Offline, the URL is
+    None (as W&B's) without asking."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    root = Path(__file__).resolve().parents[1]
+    (tmp_path / "s.py").write_text("import sys, time\nfrom telemetry import TelemetryClient\n"
+                                   "tm = TelemetryClient()\ntm.log(0, {'a': 1.0})\n"
+                                   "print('logged', flush=True)\nsys.stdin.readline()\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TELEMETRY_", "WANDB_"))}
+    env.update(PYTHONPATH=str(root), TELEMETRY_RUNTIME_DIR=str(tmp_path / "rt"))
+    p = subprocess.Popen([sys.executable, "-m", "telemetry", "run", "--wandb", "offline", "--run-dir",
+                          str(tmp_path / "r"), "--", "s.py"], cwd=tmp_path, env=env, stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        while "logged" not in p.stdout.readline():
+            assert p.poll() is None
+        status = [sys.executable, "-m", "telemetry", "status", "--json"]
+        deadline = time.monotonic() + 120           # a hang detector: W&B's start
+        while True:
+            out = subprocess.run(status, env=env, capture_output=True, text=True, timeout=120)
+            wandb_sink = json.loads(out.stdout)["sinks"]["wandb"] if out.returncode == 0 else {}
+            if wandb_sink.get("opened"):
+                break
+            assert time.monotonic() < deadline, out.stdout[-3000:] + out.stderr[-3000:]
+            time.sleep(0.5)
+        for _ in range(2):
+            subprocess.run(status, env=env, capture_output=True, text=True, timeout=120)
+        assert wandb_sink["run"]["url"] is None and wandb_sink["run"]["id"]
+        said, _ = p.communicate("\n", timeout=300)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 0, said[-3000:]
+    assert "URL not available" not in said, said[-3000:]
