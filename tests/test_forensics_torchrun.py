@@ -13,28 +13,12 @@ from pathlib import Path
 import psutil
 import pytest
 
+from daemon_util import kernel_keeps_exit_status
 from test_forensics_ranks import HANG, events
 
 ROOT = Path(__file__).resolve().parent.parent
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
             "-m", "trainer.train"]
-
-
-def _kernel_keeps_exit_status() -> bool:
-    """PIDFD_INFO_EXIT: the kernel answers PIDFD_GET_INFO with the status of a reaped child."""
-    from telemetry.daemon.forensics.collect import pidfd_exit_status
-
-    child = subprocess.Popen([sys.executable, "-c", "pass"])
-    try:
-        fd = os.pidfd_open(child.pid)
-    except (AttributeError, OSError):
-        child.wait()
-        return False
-    try:
-        child.wait()
-        return pidfd_exit_status(fd) is not None
-    finally:
-        os.close(fd)
 
 
 def _rank_pids(launcher: psutil.Process) -> dict[int, int]:
@@ -50,7 +34,7 @@ def _rank_pids(launcher: psutil.Process) -> dict[int, int]:
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not _kernel_keeps_exit_status(), reason="kernel before 6.15: no PIDFD_INFO_EXIT")
+@pytest.mark.skipif(not kernel_keeps_exit_status(), reason="kernel before 6.15: no PIDFD_INFO_EXIT")
 def test_a_rank_killed_under_torchrun_has_its_exit_code(make_daemon, tmp_path):
     d = make_daemon(world_size=2, config={"diagnosis": HANG, "pollers": {"nvml_enabled": False}})
     run = subprocess.Popen(
