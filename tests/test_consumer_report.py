@@ -337,3 +337,26 @@ def test_a_deleted_summary_key_leaves_the_reports_summary():
                  ev("wandb/summary_remove", {"step": 2, "paths": [["best"], ["nest", "q"], ["absent"]]})])
     assert d.summary == {"nest/p": 1, "nested_not": 3}
     assert not d.events          # bookkeeping, not events the report lists
+
+
+def test_the_text_summary_says_how_the_run_ended(tmp_path):
+    """The launcher's exit code (`script_exit`) or, without one, a rank's failed finish: the text
+    report said neither, so a crashed run read like any other."""
+    from telemetry.consumers.report import collect, summarize, text_summary
+
+    steps = [{"kind": "metrics", "t": 1000.0, "step": 1, "values": {"train/loss": 2.0}}]
+
+    def ended(*events):
+        d = collect(steps + [{"kind": "event", "t": 1001.0 + i, "rank": r, "name": n, "data": data}
+                             for i, (n, r, data) in enumerate(events)])
+        lines = [line for line in text_summary("run", summarize(d), d).split("\n") if line.startswith("  ended")]
+        return lines[0].split(None, 1)[1] if lines else None
+
+    assert ended() is None
+    assert ended(("script_exit", None, {"exit_code": 0})) == "successfully (the script's exit code 0)"
+    assert ended(("script_exit", None, {"exit_code": 137})) == "FAILED (the script's exit code 137: SIGKILL)"
+    assert ended(("script_exit", None, {"exit_code": 3})) == "FAILED (the script's exit code 3)"
+    assert ended(("train_end", 0, {"exit_code": 2})) == "FAILED (a rank's run finished with exit code 2)"
+    assert ended(("train_end", 0, {"exit_code": 0})) is None
+    assert ended(("train_end", 0, {"exit_code": 2}), ("script_exit", None, {"exit_code": 0})) == \
+        "successfully (the script's exit code 0)"
