@@ -27,6 +27,19 @@ while True:
 """
 
 
+def _build_extensions(tree: Path) -> None:
+    """The base's C parts, built in its worktree as the install builds them in a checkout (they
+    are build products, not in git): without them the base would run its Python twins and the
+    comparison would measure that. A base whose build fails runs without them, said."""
+    if not (tree / "setup.py").exists():
+        return
+    out = subprocess.run([sys.executable, "setup.py", "build_ext", "--inplace"], cwd=tree, capture_output=True,
+                         text=True)
+    if out.returncode != 0:
+        print(f"warning: the base's C extensions did not build (it runs without them): {out.stderr[-500:]}",
+              file=sys.stderr)
+
+
 @contextmanager
 def base_and_sink(base: str, endpoint: Callable[[Path], str]) -> Iterator[tuple[dict[str, Path], str]]:
     """({"base <rev>": its worktree, "working tree": ROOT}, the sink's endpoint), for the with
@@ -34,6 +47,7 @@ def base_and_sink(base: str, endpoint: Callable[[Path], str]) -> Iterator[tuple[
     tmp = Path(tempfile.mkdtemp(prefix="ab-"))
     base_tree = tmp / "base"
     subprocess.run(["git", "worktree", "add", "-q", "--detach", str(base_tree), base], cwd=ROOT, check=True)
+    _build_extensions(base_tree)
     ep = endpoint(tmp)
     sink = subprocess.Popen([sys.executable, "-c", SINK, ep], stdout=subprocess.PIPE, text=True)
     try:
