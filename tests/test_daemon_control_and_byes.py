@@ -145,9 +145,10 @@ def test_telemetry_runs_drain_request_says_when_the_script_exited(monkeypatch):
     sent = []
     monkeypatch.setattr(control, "request", lambda *a, **kw: sent.append(kw) or {"ok": True})
     run._drain(types.SimpleNamespace(wait=lambda timeout=None: 0, poll=lambda: None), "/nonexistent", "/nonexistent",
-               1, 1_800_000_000.5)
+               1, 1_800_000_000.5, 102.0)
     (kw,) = sent
     assert kw["exit_code"] == 1 and kw["extra"] == {"exited_at": 1_800_000_000.5}
+    assert kw["timeout_s"] == 102.0          # the drain's own deadline and more, not a fixed minute
 
 
 def test_hellos_are_redacted_bounded_in_ranks_and_a_world_size_believed_only_when_sane(caplog, monkeypatch):

@@ -34,6 +34,8 @@ from telemetry.shared.ourpython import module_cmd
 from telemetry.shared.signals import at_foreground_terminal, has_controlling_terminal
 
 MAX_NPROC = 1024
+# Beyond the daemon's own drain deadline, how long `telemetry run` waits for its final counters and exit.
+DRAIN_MARGIN_S = 30.0
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -86,20 +88,32 @@ def _target(command: list[str]) -> tuple[list[str] | None, str]:
     return command, ""
 
 
-def _daemon_config(path: str) -> tuple[str | None, str]:
-    """(the wandb.mode the daemon config file sets, or None; why the file is refused, or ''),
-    checked as the daemon checks it, before anything of the run is made or started."""
+def _daemon_config(path: str | None) -> tuple[str | None, float, str]:
+    """(the wandb.mode the daemon config file sets, or None; its drain_timeout_s; why the file is
+    refused, or ''), checked as the daemon checks it, before anything of the run is made or
+    started. No file: the defaults."""
     from telemetry.daemon.config import load
     from telemetry.shared.config import ConfigError, read_yaml
 
+    if path is None:
+        return None, load(None, {}).drain_timeout_s, ""
     if not Path(path).is_file():
-        return None, "not a file"
+        return None, 0.0, "not a file"
     try:
-        load(path, {})
+        cfg = load(path, {})
         wandb = read_yaml(path).get("wandb")
     except ConfigError as exc:
-        return None, f"bad config: {exc}"
-    return (wandb.get("mode") if isinstance(wandb, dict) else None), ""
+        return None, 0.0, f"bad config: {exc}"
+    return (wandb.get("mode") if isinstance(wandb, dict) else None), cfg.drain_timeout_s, ""
+
+
+def _drain_wait_s(drain_timeout_s: float, mode: str) -> float:
+    """How long to wait for the daemon's drain before killing it: its own deadline, the time its
+    drain may add for W&B's start on a loaded host (sinks/wandb_sink.py), and the final
+    counters' margin."""
+    from telemetry.daemon.sinks.wandb_sink import START_ALLOWANCE_S
+
+    return drain_timeout_s + (START_ALLOWANCE_S if mode != "disabled" else 0.0) + DRAIN_MARGIN_S
 
 
 def run(args: argparse.Namespace) -> int:
@@ -128,11 +142,9 @@ def _run(args: argparse.Namespace) -> int:
         return _fail(f"--nproc must be 1..{MAX_NPROC}, got {args.nproc}")
     if args.world_size is not None and not 1 <= args.world_size <= 65536:
         return _fail(f"--world-size must be 1..65536, got {args.world_size}")
-    file_mode = None
-    if args.daemon_config is not None:
-        file_mode, why = _daemon_config(args.daemon_config)
-        if why:
-            return _fail(f"--daemon-config {args.daemon_config}: {why}")
+    file_mode, drain_timeout_s, why = _daemon_config(args.daemon_config)
+    if why:
+        return _fail(f"--daemon-config {args.daemon_config}: {why}")
     port = os.environ.get("TELEMETRY_DASHBOARD_PORT", "8765")
     if args.attach == "dashboard" and not (port.isdigit() and int(port) <= 65535):
         return _fail(f"TELEMETRY_DASHBOARD_PORT must be a port number, got {port[:40]!r}")
@@ -174,6 +186,7 @@ def _run(args: argparse.Namespace) -> int:
     if mode not in ("disabled", "offline", "online"):
         mode = "offline"
     env[autostart.ENV_WANDB_MODE] = mode       # the daemons of the script's other runs: the same mode
+    drain_wait_s = _drain_wait_s(drain_timeout_s, mode)
     if mode != "disabled":
         env["WANDB_MODE"] = mode               # what the script's W&B code reads (transformers says "offline mode")
     if args.daemon_config:                     # ... and the same config
@@ -241,7 +254,7 @@ def _run(args: argparse.Namespace) -> int:
         rc = _launch(target, args.nproc, env, args.launcher, signals)
         exited_at = time.time()
         daemon = keeper.stop()
-        _drain(daemon, runtime, log_dir, rc, exited_at)
+        _drain(daemon, runtime, log_dir, rc, exited_at, drain_wait_s)
         # What the daemon said while it drained (clients without a bye, records counted lost)
         # is on the terminal before the summary: the stream stops once it has read to the end
         # of what the exited daemon wrote.
@@ -298,7 +311,7 @@ def _run(args: argparse.Namespace) -> int:
             signals.phase = _Signals.DRAINING
             try:
                 daemon.send_signal(signal.SIGTERM)
-                _wait_daemon(daemon)
+                _wait_daemon(daemon, drain_wait_s)
             except _StopWaiting:
                 left_draining = True
                 _say(f"telemetry run: not waiting for the drain: the daemon (pid {daemon.pid}) finishes it by itself")
@@ -542,8 +555,8 @@ def _say(msg: str) -> None:
         pass
 
 
-def _wait_daemon(daemon: subprocess.Popen, timeout_s: float = 60) -> None:
-    """Wait for the daemon to exit (its drain is bounded by its drain_timeout_s); killed after
+def _wait_daemon(daemon: subprocess.Popen, timeout_s: float) -> None:
+    """Wait for the daemon to exit (its drain is bounded: _drain_wait_s); killed after
     `timeout_s`, and said."""
     try:
         daemon.wait(timeout_s)
@@ -726,7 +739,8 @@ def _watch_wandb_run(runtime: Path, log_dir: Path, stop: threading.Event) -> Non
             return
 
 
-def _drain(daemon: subprocess.Popen, runtime: Path, log_dir: Path, rc: int, exited_at: float) -> None:
+def _drain(daemon: subprocess.Popen, runtime: Path, log_dir: Path, rc: int, exited_at: float,
+           wait_s: float) -> None:
     """Ask the daemon to drain (it waits for the ranks' byes; it writes drain.json) and wait for
     it. The script's exit code goes with the request: the W&B run ends with it when the script
     could not say it (killed by a signal: no exit hook ran); and when it exited (unix time): the
@@ -739,7 +753,7 @@ def _drain(daemon: subprocess.Popen, runtime: Path, log_dir: Path, rc: int, exit
     try:
         # A daemon that exits before it answers (an outside `telemetry drain` under way, a
         # crash) ends the wait at once, not at the timeout.
-        control.request(f"ipc://{runtime}/control.sock", "drain", timeout_s=60, exit_code=min(max(rc, 0), 255),
+        control.request(f"ipc://{runtime}/control.sock", "drain", timeout_s=wait_s, exit_code=min(max(rc, 0), 255),
                         extra={"exited_at": exited_at}, give_up=lambda: daemon.poll() is not None)
     except control.GaveUp:
         _say_gone(daemon, log_dir, rc)
@@ -747,7 +761,7 @@ def _drain(daemon: subprocess.Popen, runtime: Path, log_dir: Path, rc: int, exit
     except Exception as exc:       # no answer: SIGTERM drains too
         _say(f"telemetry run: no answer to the drain request ({exc}); stopping the daemon")
         daemon.send_signal(signal.SIGTERM)
-    _wait_daemon(daemon)
+    _wait_daemon(daemon, wait_s)
 
 
 def _say_gone(daemon: subprocess.Popen, log_dir: Path, rc: int) -> None:

@@ -47,6 +47,12 @@ class Sink:
     # Set (from the drain's thread) when the drain gives up on this sink's backlog: a sink with a
     # close_reserve_s stops inside the batch in its hands, counting the rest in num_dropped.
     giving_up = False
+    # Whether the sink is starting (W&B: its import, its run's `wandb.init`), read from the
+    # drain's thread: time a sink spends starting during the drain moves its end on, up to
+    # start_allowance_s in all, so that a start slowed by a loaded host does not cost the run
+    # everything it logged (the script's own `wandb.init` would have been waited for).
+    starting = False
+    start_allowance_s = 0.0
 
     def start(self) -> None:
         """Open files, sockets, connections. Runs on the sink's thread."""

@@ -66,6 +66,7 @@ log = logging.getLogger("telemetry.daemon.sinks.wandb")
 
 MODES = ("disabled", "offline", "online")
 FINISH_TIMEOUT_S = 30.0
+START_ALLOWANCE_S = 60.0
 # Hello keys that describe one process, not the run: they stay out of the run config.
 PER_PROCESS_KEYS = frozenset({"pid", "src", "rank", "local_rank", "host"})
 _MISSING = object()
@@ -134,6 +135,10 @@ class WandbSink(Sink):
     # W&B's finish (offline: 1-3 s on a busy host) ends the run with its exit code: under a
     # backlog at the drain, this sink stops taking batches this long before the end (Sink).
     close_reserve_s = 5.0
+    # W&B's start (its import, its service's start in `wandb.init`) takes seconds, and tens of
+    # seconds on a loaded host: time it spends starting during the drain is added to the drain,
+    # up to this (Sink.starting), as the script's own `wandb.init` would have been waited for.
+    start_allowance_s = START_ALLOWANCE_S
 
     def __init__(self, mode: str, log_dir: str | Path, run_name: str, project: str = "telemetry",
                  entity: str | None = None, finish_timeout_s: float = FINISH_TIMEOUT_S,
@@ -156,6 +161,7 @@ class WandbSink(Sink):
         # (status, drain.json) to say it, as a failed W&B run must never pass unseen.
         self.opened = False
         self.open_error = ""
+        self.starting = True                  # until start() returns; again while _open runs
         self.num_logged = 0
         self._last_step = -1
         self._hellos: dict[int, dict] = {}
@@ -169,6 +175,7 @@ class WandbSink(Sink):
         self._summary_at: dict[int, dict] = {}   # by rank: the summary_at event for its next summary event
         self._uncommitted = False           # a row logged with its step, not committed yet
         self._waiting: list[Out] = []
+        self._hellos_before_open = 0          # hellos taken (their config) while no run was open
         self.num_dropped_waiting = 0
         self.num_nested_refused = 0       # wandb/nested paths deeper than MAX_NESTED_DEPTH: their keys stay flat
         self._nested: dict[str, list[str]] = {}   # flat key -> its path, from wandb/nested events
@@ -199,14 +206,17 @@ class WandbSink(Sink):
         except BaseException:
             self.media_files.drop_reader(MEDIA_READER)    # it will read no media file: not waited for
             raise
+        finally:
+            self.starting = False
 
         self._wandb = wandb
         from telemetry.integrations.wandb_calls import delete_stale_stages
 
         delete_stale_stages()            # the staged files of calls nobody will make (their writer gone)
 
-    def _open(self) -> None:
-        """Open the W&B run: with the init's settings when a telemetry.wandb hello named them."""
+    def _open(self) -> bool:
+        """Open the W&B run: with the init's settings when a telemetry.wandb hello named them.
+        False when W&B refused it (open_error says why)."""
         wandb = self._wandb
         init = init_kwargs(self._init or {})
         id_file = self.log_dir / "wandb_run_id"
@@ -231,6 +241,7 @@ class WandbSink(Sink):
         argv = sys.argv
         if "args" in meta:
             sys.argv = [meta.get("program") or argv[0], *meta["args"]]
+        self.starting = True
         try:
             self.run = wandb.init(mode=self.mode, project=init.get("project") or self.project,
                                   entity=init.get("entity") or self.entity, name=name,
@@ -238,10 +249,18 @@ class WandbSink(Sink):
                                   settings=wandb.Settings(silent=True, console="off", x_disable_stats=True,
                                                           **settings), **kwargs)
         except Exception as exc:
-            self.open_error = repr(exc)
-            raise
+            # Not tried again (each try can take as long as W&B's init timeout, while the queue
+            # behind it fills): what waited for the run, and what comes after, is counted.
+            self.open_error = repr(exc) or type(exc).__name__
+            log.error("wandb: the W&B run could not be made, and is not tried again: %r", exc)
+            lost = len(self._waiting) + self._hellos_before_open    # the hellos' config too
+            self._waiting, self._hellos_before_open = [], 0
+            if lost:
+                self._drop("no_run", "the W&B run could not be made: %s" % self.open_error, lost)
+            return False
         finally:
             sys.argv = argv
+            self.starting = False
         self.opened, self.open_error = True, ""
         if user:
             self._stats = _stats_writer(self.run)
@@ -259,6 +278,7 @@ class WandbSink(Sink):
         self._update_config()
         waiting, self._waiting = self._waiting, []
         self._consume(waiting)
+        return True
 
     def _files_root(self, root: object) -> str | None:
         """The directory the script asked W&B's files to go to (its `dir`, $WANDB_DIR; the rank
@@ -274,17 +294,19 @@ class WandbSink(Sink):
         return None
 
     def consume(self, batch: list[Out]) -> None:
+        if self.open_error:      # W&B refused the run (_open): not asked again
+            self._drop("no_run", "the W&B run could not be made: %s" % self.open_error, len(batch))
+            return
         if self.run is None:
             for i, o in enumerate(batch):
                 if o.kind == "hello":
                     self._note_hello(o.record.get("rank", 0), o.record.get("info") or {})
+                    self._hellos_before_open += 1
                     if self._init is not None:
-                        self._open()
-                        self._consume(batch[i + 1:])
+                        self._then(self._open(), batch[i + 1:])
                         return
                 elif o.kind == "metrics" and "rank" not in o.record:
-                    self._open()
-                    self._consume(batch[i:])
+                    self._then(self._open(), batch[i:])
                     return
                 elif len(self._waiting) < MAX_WAITING:
                     self._waiting.append(o)
@@ -293,6 +315,13 @@ class WandbSink(Sink):
                     self._drop("waiting_for_run", "more than %d records before the run could open" % MAX_WAITING)
             return
         self._consume(batch)
+
+    def _then(self, opened: bool, rest: list[Out]) -> None:
+        """The rest of a batch after the run's opening: logged, or counted (no run)."""
+        if opened:
+            self._consume(rest)
+        elif rest:
+            self._drop("no_run", "the W&B run could not be made: %s" % self.open_error, len(rest))
 
     def _consume(self, batch: list[Out]) -> None:
         for i, o in enumerate(batch):
@@ -830,7 +859,7 @@ class WandbSink(Sink):
             self._drop("define_metric", "define_metric(%r, %r) refused by W&B: %s" % (name, opts, exc))
 
     def close(self) -> None:
-        if self.run is None and self._wandb is not None and (self._waiting or self._hellos):
+        if self.run is None and self._wandb is not None and not self.open_error and (self._waiting or self._hellos):
             self._open()   # nothing opened it: the records that waited still go to a run
         if self.run is None:
             return

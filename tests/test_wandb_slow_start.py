@@ -1,0 +1,164 @@
+"""A W&B start slower than the daemon's drain, and one that fails: the daemon's W&B sink with
+the real W&B (offline), its `wandb.init` held or refused by the test in the daemon's process.
+
+On a loaded host W&B's start (its service process, `wandb.init`) takes tens of seconds: a
+short script's run reached W&B with no rows, the drain having given up on a sink that was still
+starting (counted, but lost to the user, whose own `wandb.init` would have been waited for).
+A start W&B refused was tried again at every batch, each try as long as W&B's init timeout."""
+from __future__ import annotations
+
+import glob
+import json
+import os
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+import telemetry.wandb as tw
+from telemetry.client import TelemetryClient
+from wandb_offline import user_history, wait_finished
+
+pytest.importorskip("wandb")
+
+# On the daemon's PYTHONPATH: its W&B, with `wandb.init` counted (a line in $HOLD_DIR/inits per
+# call), then refused ($HOLD_FAIL) or held until the test makes $HOLD_DIR/go.
+HOLD_WANDB_INIT = """
+import os, time
+if b"--log-dir" in open("/proc/self/cmdline", "rb").read():
+    import wandb
+    _init = wandb.init
+
+    def init(*args, **kwargs):
+        hold = os.environ["HOLD_DIR"]
+        with open(os.path.join(hold, "inits"), "a") as f:
+            f.write("init\\n")
+        if os.environ.get("HOLD_FAIL"):
+            raise RuntimeError("refused by the test")
+        deadline = time.monotonic() + 120
+        while not os.path.exists(os.path.join(hold, "go")) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return _init(*args, **kwargs)
+
+    wandb.init = init
+"""
+DRAIN_TIMEOUT_S = 2.0
+
+
+@pytest.fixture(autouse=True)
+def _no_run_left():
+    yield
+    tw.finish()
+
+
+def held_daemon(make_daemon, tmp_path: Path, fail: bool = False):
+    hold = tmp_path / "hold"
+    hold.mkdir()
+    (hold / "sitecustomize.py").write_text(HOLD_WANDB_INIT)
+    env = {"PYTHONPATH": os.pathsep.join(p for p in (str(hold), os.environ.get("PYTHONPATH", "")) if p),
+           "HOLD_DIR": str(hold)}
+    if fail:
+        env["HOLD_FAIL"] = "1"
+    d = make_daemon(wandb="offline", config={"drain_timeout_s": DRAIN_TIMEOUT_S}, env=env)
+    return d, hold
+
+
+def wait_for(path: Path, timeout_s: float = 120) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not path.exists():
+        assert time.monotonic() < deadline, f"{path} never came"
+        time.sleep(0.02)
+
+
+def test_a_wandb_start_slower_than_the_drain_keeps_every_row(tmp_path, make_daemon, monkeypatch):
+    d, hold = held_daemon(make_daemon, tmp_path)
+    monkeypatch.setenv("TELEMETRY_ENDPOINT", d.ingest)
+    tw.init(project="p")
+    for i in range(5):
+        tw.log({"loss": float(i)})
+    tw.finish()
+    wait_for(hold / "inits")             # the sink is inside wandb.init
+    rc: list[int] = []
+    stopper = threading.Thread(target=lambda: rc.append(d.stop(timeout_s=180)))
+    stopper.start()
+    time.sleep(DRAIN_TIMEOUT_S + 3)      # past the drain's deadline: the start is still held
+    (hold / "go").touch()
+    stopper.join(200)
+    assert rc == [0], d.output()[-3000:]
+    (run_file,) = [wait_finished(f) for f in glob.glob(str(d.log_dir / "wandb" / "offline-run-*" / "run-*.wandb"))]
+    assert user_history(run_file) == {i: {"loss": i} for i in range(5)}
+    final = json.loads((d.log_dir / "drain.json").read_text())
+    assert final["drained"] and final["sinks"]["wandb"]["dropped"] == 0, final["sinks"]["wandb"]
+    assert "the drain waits for it" in d.output()
+
+
+def test_a_refused_wandb_start_is_tried_once_and_what_it_lost_is_counted(tmp_path, make_daemon):
+    d, hold = held_daemon(make_daemon, tmp_path, fail=True)
+    tm = TelemetryClient(d.ingest, rank=0)
+    n = 40
+    for step in range(n):
+        tm.log(step, {"train/loss": 1.0 / (step + 1)})
+        time.sleep(0.05)                 # steps in many of the sink's batches: each once tried W&B again
+    tm.close()
+    assert d.stop(timeout_s=120) == 0, d.output()[-3000:]
+    assert (hold / "inits").read_text().splitlines() == ["init"]
+    final = json.loads((d.log_dir / "drain.json").read_text())
+    w = final["sinks"]["wandb"]
+    assert w["written"] == 0 and w["dropped"] == w["in"] > n, w
+    assert w["dropped_by_reason"]["no_run"] == w["dropped"], w
+    assert "refused by the test" in w["open_error"] and not w["opened"]
+
+
+def test_telemetry_run_waits_for_a_slow_wandb_start_and_the_script_run_has_its_rows(tmp_path):
+    # The user's path: `telemetry run --as-wandb` of a short script, W&B's start in the daemon
+    # slower than the drain's deadline.
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parent.parent
+    hold = tmp_path / "hold"
+    hold.mkdir()
+    (hold / "sitecustomize.py").write_text(HOLD_WANDB_INIT)
+    (tmp_path / "d.yaml").write_text(f"drain_timeout_s: {DRAIN_TIMEOUT_S}\n")
+    (tmp_path / "s.py").write_text("import wandb\nwandb.init(project='p')\n"
+                                   "for i in range(5):\n    wandb.log({'loss': float(i)})\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TELEMETRY_", "WANDB_"))}
+    env.update({"PYTHONPATH": os.pathsep.join((str(hold), str(root))), "HOLD_DIR": str(hold),
+                "TELEMETRY_RUNTIME_DIR": str(tmp_path / "rt"), "WANDB_SILENT": "true"})
+    p = subprocess.Popen([sys.executable, "-m", "telemetry", "run", "--as-wandb", "--wandb", "offline",
+                          "--daemon-config", "d.yaml", "--run-dir", "r", "--", "s.py"], cwd=tmp_path, env=env,
+                         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_for(hold / "inits")
+        deadline = time.monotonic() + 120
+        while not (tmp_path / "r" / "daemon.out").exists() or \
+                "the drain waits for it" not in (tmp_path / "r" / "daemon.out").read_text():
+            assert time.monotonic() < deadline and p.poll() is None
+            time.sleep(0.05)
+        time.sleep(DRAIN_TIMEOUT_S + 1)        # past the drain's own deadline
+        (hold / "go").touch()
+        out, _ = p.communicate(timeout=240)
+    finally:
+        (hold / "go").touch()
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert p.returncode == 0, out[-3000:]
+    (run_file,) = [wait_finished(f) for f in glob.glob(str(tmp_path / "r" / "wandb" / "offline-run-*" / "run-*.wandb"))]
+    assert user_history(run_file) == {i: {"loss": i} for i in range(5)}
+    assert "still starting: the drain waits for it" in out
+    assert json.loads((tmp_path / "r" / "drain.json").read_text())["drained"]
+
+
+def test_telemetry_run_waits_as_long_as_the_daemons_drain_may_take(tmp_path):
+    # It killed the daemon after 60 s whatever its drain_timeout_s said.
+    from telemetry.daemon.sinks.wandb_sink import START_ALLOWANCE_S
+    from telemetry.tools import run
+
+    (tmp_path / "d.yaml").write_text("drain_timeout_s: 300\n")
+    mode, drain_timeout_s, why = run._daemon_config(str(tmp_path / "d.yaml"))
+    assert (mode, drain_timeout_s, why) == (None, 300.0, "")
+    assert run._drain_wait_s(drain_timeout_s, "offline") > 300 + START_ALLOWANCE_S
+    assert 300 < run._drain_wait_s(drain_timeout_s, "disabled") < 300 + START_ALLOWANCE_S
+    assert run._daemon_config(None)[1] > 0
