@@ -9,6 +9,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import time
+
 import pytest
 
 from telemetry.consumers.drain import problem_lines
@@ -153,14 +155,26 @@ def test_a_w_and_b_run_behind_a_backlog_still_ends_with_its_exit_record(tmp_path
     from wandb_offline import read_records, wait_finished
 
     pytest.importorskip("wandb")
-    n = 120_000
+    n = 40_000
     d = make_daemon(wandb="offline", world_size=1,
                     config={"drain_timeout_s": 16.0, "pollers": {"nvml_enabled": False}, "memory_mb": 512,
                             "rcvhwm": n + 100})
     tm = TelemetryClient(d.ingest, rank=0, sndhwm=n + 100)
     values = {f"train/v{i}": float(i) for i in range(10)}
-    for s in range(n):
+    # W&B's run made first (its start is waited for at the drain: Sink.phase), then a backlog
+    # every record of which reaches the daemon: W&B logs at most a few thousand rows a second
+    # here, far fewer than it is handed at the drain, however loaded the host.
+    tm.log(0, values)
+    deadline = time.monotonic() + 180
+    while not d.status()["sinks"]["wandb"].get("opened"):
+        assert time.monotonic() < deadline, "W&B's run was never made"
+        time.sleep(0.2)
+    for s in range(1, n):
         tm.log(s, values)
+        if s % 2000 == 0:                # at the daemon's pace: nothing dropped by the client
+            while d.status()["records_in"] < s - 100:
+                assert time.monotonic() < deadline + 300
+                time.sleep(0.05)
     tm.close(timeout_s=120)
     final = d.drain()
     wb = final["sinks"]["wandb"]

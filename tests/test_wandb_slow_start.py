@@ -18,30 +18,41 @@ import pytest
 
 import telemetry.wandb as tw
 from telemetry.client import TelemetryClient
-from wandb_offline import user_history, wait_finished
+from wandb_offline import read_records, user_history, wait_finished
 
 pytest.importorskip("wandb")
 
 # On the daemon's PYTHONPATH: its W&B, with `wandb.init` counted (a line in $HOLD_DIR/inits per
-# call), then refused ($HOLD_FAIL) or held until the test makes $HOLD_DIR/go.
+# call), then refused ($HOLD_FAIL) or held until the test makes $HOLD_DIR/go; with
+# $HOLD_FINISH, `run.finish` is held instead ($HOLD_DIR/finishing, then the same wait).
 HOLD_WANDB_INIT = """
 import os, time
 if b"--log-dir" in open("/proc/self/cmdline", "rb").read():
     import wandb
-    _init = wandb.init
+    _init, _finish = wandb.init, wandb.Run.finish
+
+    def hold(name):
+        with open(os.path.join(os.environ["HOLD_DIR"], name), "a") as f:
+            f.write(name + "\\n")
+        deadline = time.monotonic() + 120
+        while not os.path.exists(os.path.join(os.environ["HOLD_DIR"], "go")) and time.monotonic() < deadline:
+            time.sleep(0.02)
 
     def init(*args, **kwargs):
-        hold = os.environ["HOLD_DIR"]
-        with open(os.path.join(hold, "inits"), "a") as f:
-            f.write("init\\n")
         if os.environ.get("HOLD_FAIL"):
+            open(os.path.join(os.environ["HOLD_DIR"], "inits"), "a").write("inits\\n")
             raise RuntimeError("refused by the test")
-        deadline = time.monotonic() + 120
-        while not os.path.exists(os.path.join(hold, "go")) and time.monotonic() < deadline:
-            time.sleep(0.02)
+        if not os.environ.get("HOLD_FINISH"):
+            hold("inits")
         return _init(*args, **kwargs)
 
+    def finish(self, *args, **kwargs):
+        hold("finishing")
+        return _finish(self, *args, **kwargs)
+
     wandb.init = init
+    if os.environ.get("HOLD_FINISH"):
+        wandb.Run.finish = finish
 """
 DRAIN_TIMEOUT_S = 2.0
 
@@ -52,7 +63,7 @@ def _no_run_left():
     tw.finish()
 
 
-def held_daemon(make_daemon, tmp_path: Path, fail: bool = False):
+def held_daemon(make_daemon, tmp_path: Path, fail: bool = False, finish: bool = False):
     hold = tmp_path / "hold"
     hold.mkdir()
     (hold / "sitecustomize.py").write_text(HOLD_WANDB_INIT)
@@ -60,6 +71,8 @@ def held_daemon(make_daemon, tmp_path: Path, fail: bool = False):
            "HOLD_DIR": str(hold)}
     if fail:
         env["HOLD_FAIL"] = "1"
+    if finish:
+        env["HOLD_FINISH"] = "1"
     d = make_daemon(wandb="offline", config={"drain_timeout_s": DRAIN_TIMEOUT_S}, env=env)
     return d, hold
 
@@ -93,6 +106,30 @@ def test_a_wandb_start_slower_than_the_drain_keeps_every_row(tmp_path, make_daem
     assert "the drain waits for it" in d.output()
 
 
+def test_a_wandb_finish_slower_than_the_drain_still_writes_the_runs_exit(tmp_path, make_daemon, monkeypatch):
+    # The daemon exited while W&B's finish was under way: the run had no exit record (W&B shows
+    # it crashed, or running).
+    d, hold = held_daemon(make_daemon, tmp_path, finish=True)
+    monkeypatch.setenv("TELEMETRY_ENDPOINT", d.ingest)
+    tw.init(project="p")
+    for i in range(3):
+        tw.log({"loss": float(i)})
+    tw.finish(exit_code=3)
+    rc: list[int] = []
+    stopper = threading.Thread(target=lambda: rc.append(d.stop(timeout_s=180)))
+    stopper.start()
+    wait_for(hold / "finishing")
+    time.sleep(DRAIN_TIMEOUT_S + 3)      # past the drain's deadline: the finish is still held
+    (hold / "go").touch()
+    stopper.join(200)
+    assert rc == [0], d.output()[-3000:]
+    (run_file,) = [wait_finished(f, timeout_s=60)
+                   for f in glob.glob(str(d.log_dir / "wandb" / "offline-run-*" / "run-*.wandb"))]
+    assert [r.exit.exit_code for r in read_records(run_file) if r.WhichOneof("record_type") == "exit"] == [3]
+    assert user_history(run_file) == {i: {"loss": i} for i in range(3)}
+    assert "sink wandb is still finishing: the drain waits for it" in d.output()
+
+
 def test_a_refused_wandb_start_is_tried_once_and_what_it_lost_is_counted(tmp_path, make_daemon):
     d, hold = held_daemon(make_daemon, tmp_path, fail=True)
     tm = TelemetryClient(d.ingest, rank=0)
@@ -102,7 +139,7 @@ def test_a_refused_wandb_start_is_tried_once_and_what_it_lost_is_counted(tmp_pat
         time.sleep(0.05)                 # steps in many of the sink's batches: each once tried W&B again
     tm.close()
     assert d.stop(timeout_s=120) == 0, d.output()[-3000:]
-    assert (hold / "inits").read_text().splitlines() == ["init"]
+    assert (hold / "inits").read_text().splitlines() == ["inits"]
     final = json.loads((d.log_dir / "drain.json").read_text())
     w = final["sinks"]["wandb"]
     assert w["written"] == 0 and w["dropped"] == w["in"] > n, w
@@ -153,12 +190,54 @@ def test_telemetry_run_waits_for_a_slow_wandb_start_and_the_script_run_has_its_r
 
 def test_telemetry_run_waits_as_long_as_the_daemons_drain_may_take(tmp_path):
     # It killed the daemon after 60 s whatever its drain_timeout_s said.
-    from telemetry.daemon.sinks.wandb_sink import START_ALLOWANCE_S
+    from telemetry.daemon.sinks.wandb_sink import PHASE_ALLOWANCE_S
     from telemetry.tools import run
 
     (tmp_path / "d.yaml").write_text("drain_timeout_s: 300\n")
     mode, drain_timeout_s, why = run._daemon_config(str(tmp_path / "d.yaml"))
     assert (mode, drain_timeout_s, why) == (None, 300.0, "")
-    assert run._drain_wait_s(drain_timeout_s, "offline") > 300 + START_ALLOWANCE_S
-    assert 300 < run._drain_wait_s(drain_timeout_s, "disabled") < 300 + START_ALLOWANCE_S
+    assert run._drain_wait_s(drain_timeout_s, "offline") > 300 + PHASE_ALLOWANCE_S
+    assert 300 < run._drain_wait_s(drain_timeout_s, "disabled") < 300 + PHASE_ALLOWANCE_S
     assert run._daemon_config(None)[1] > 0
+
+
+def test_telemetry_drain_waits_as_long_as_the_daemon_says_its_drain_may_take(tmp_path, make_daemon):
+    # `telemetry drain` gave up after 15 s ("no answer from a telemetry daemon"), and exited 1,
+    # while the daemon was draining fine, waiting for W&B's start.
+    import subprocess
+    import sys
+
+    from telemetry.daemon.sinks.wandb_sink import PHASE_ALLOWANCE_S
+
+    d, hold = held_daemon(make_daemon, tmp_path)
+    limits = d.status()["limits"]
+    assert limits["drain_may_take_s"] == limits["drain_timeout_s"] + PHASE_ALLOWANCE_S
+    tm = TelemetryClient(d.ingest, rank=0)
+    tm.log(0, {"train/loss": 1.0})
+    tm.close()
+    wait_for(hold / "inits")
+    drain = subprocess.Popen([sys.executable, "-m", "telemetry", "drain", "--json", "--control", d.control],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(18)                   # longer than the old fixed 15 s
+        (hold / "go").touch()
+        out, err = drain.communicate(timeout=200)
+    finally:
+        (hold / "go").touch()
+        if drain.poll() is None:
+            drain.kill()
+    assert drain.returncode == 0, err
+    final = json.loads(out)
+    assert final["sinks"]["wandb"]["written"] >= 1 and final["sinks"]["wandb"]["dropped"] == 0
+    d.proc.wait(60)
+
+
+def test_telemetry_drain_of_no_daemon_says_so_at_once(tmp_path):
+    import subprocess
+    import sys
+
+    t0 = time.monotonic()
+    p = subprocess.run([sys.executable, "-m", "telemetry", "drain", "--control", f"ipc://{tmp_path}/none.sock"],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 1 and "no answer" in p.stderr, p.stderr
+    assert time.monotonic() - t0 < 60       # the probe's few seconds, not the drain's long wait

@@ -15,13 +15,31 @@ from telemetry.shared.numbers import is_int, is_number
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--control", type=endpoint_arg, metavar="EP", help="the daemon's control endpoint (default as for status)")
     p.add_argument("--json", action="store_true", help="print the final counters as one JSON object (for scripts)")
-    p.add_argument("--timeout", type=TIMEOUT_ARG, default=15.0, metavar="S", help="seconds to wait (default 15)")
+    p.add_argument("--timeout", type=TIMEOUT_ARG, default=None, metavar="S",
+                   help="seconds to wait for the final counters (default: as long as the daemon says its drain may "
+                        "take, its drain_timeout_s and a slow W&B start or finish, and 30 s more)")
+
+
+# With no --timeout: how long to wait for the daemon's `status` (is anyone there?), and beyond
+# the drain's own length (its `limits.drain_may_take_s`) for the final counters.
+PROBE_S = 5.0
+MARGIN_S = 30.0
 
 
 def run(args: argparse.Namespace) -> int:
     from telemetry.consumers.status import ask
 
-    final, rc = ask("telemetry drain", args.control, "drain", args.timeout)
+    timeout = args.timeout
+    if timeout is None:
+        # Asked first, briefly: a daemon that is not there is said at once, not after the long
+        # wait a drain may need (a W&B start on a loaded host adds up to a minute).
+        st, rc = ask("telemetry drain", args.control, "status", PROBE_S)
+        if st is None:
+            return rc
+        limits = st.get("limits") if isinstance(st.get("limits"), dict) else {}
+        may_take = limits.get("drain_may_take_s")
+        timeout = (may_take if is_number(may_take) and 0 < may_take < 86400 else 15.0) + MARGIN_S
+    final, rc = ask("telemetry drain", args.control, "drain", timeout)
     if final is None:
         return rc
     if args.json:

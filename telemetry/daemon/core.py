@@ -252,8 +252,13 @@ class Daemon:
         # Once the analysis stages are closed: the daemon's own record, its last.
         self.fanout.last_words = lambda: self.fanout.emit(self.report.daemon_record())
         self.pipeline = Pipeline([self.receive, self.rare, self.steps, self.fanout])
+        # How long a drain may take: its deadline, and what a sink's slow phase may add to it
+        # (W&B's start or finish: Sink.phase); `telemetry drain` waits that long.
+        phases = max((getattr(getattr(r, "sink", None), "phase_allowance_s", 0.0) for r in self.fanout.runners),
+                     default=0.0)
         limits = {"fd_limit": self.fd_limit, "max_connections": self.max_connections,
-                  "rcvhwm": cfg.rcvhwm, "rcvhwm_per_connection": cfg.connection_hwm()}
+                  "rcvhwm": cfg.rcvhwm, "rcvhwm_per_connection": cfg.connection_hwm(),
+                  "drain_timeout_s": cfg.drain_timeout_s, "drain_may_take_s": cfg.drain_timeout_s + phases}
         self.report = SelfReport(
             Identity(cfg.run_name, self.log_dir, self.started_wall, self.started_mono, self.endpoints, limits),
             self.budget, self.pipeline, receive=self.receive, rare=self.rare, steps=self.steps, fanout=self.fanout,

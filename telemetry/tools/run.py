@@ -111,9 +111,9 @@ def _drain_wait_s(drain_timeout_s: float, mode: str) -> float:
     """How long to wait for the daemon's drain before killing it: its own deadline, the time its
     drain may add for W&B's start on a loaded host (sinks/wandb_sink.py), and the final
     counters' margin."""
-    from telemetry.daemon.sinks.wandb_sink import START_ALLOWANCE_S
+    from telemetry.daemon.sinks.wandb_sink import PHASE_ALLOWANCE_S
 
-    return drain_timeout_s + (START_ALLOWANCE_S if mode != "disabled" else 0.0) + DRAIN_MARGIN_S
+    return drain_timeout_s + (PHASE_ALLOWANCE_S if mode != "disabled" else 0.0) + DRAIN_MARGIN_S
 
 
 def run(args: argparse.Namespace) -> int:

@@ -47,12 +47,13 @@ class Sink:
     # Set (from the drain's thread) when the drain gives up on this sink's backlog: a sink with a
     # close_reserve_s stops inside the batch in its hands, counting the rest in num_dropped.
     giving_up = False
-    # Whether the sink is starting (W&B: its import, its run's `wandb.init`), read from the
-    # drain's thread: time a sink spends starting during the drain moves its end on, up to
-    # start_allowance_s in all, so that a start slowed by a loaded host does not cost the run
-    # everything it logged (the script's own `wandb.init` would have been waited for).
-    starting = False
-    start_allowance_s = 0.0
+    # A call of the sink's service the script's own code would have waited for, under way now
+    # ("starting": W&B's import and `wandb.init`; "finishing": `run.finish`, the run's exit
+    # record; "" otherwise), read from the drain's thread: time a sink spends in one during the
+    # drain moves its end on, up to phase_allowance_s in all, so that a loaded host's slow W&B
+    # does not cost the run its rows or its exit record.
+    phase = ""
+    phase_allowance_s = 0.0
 
     def start(self) -> None:
         """Open files, sockets, connections. Runs on the sink's thread."""

@@ -66,7 +66,7 @@ log = logging.getLogger("telemetry.daemon.sinks.wandb")
 
 MODES = ("disabled", "offline", "online")
 FINISH_TIMEOUT_S = 30.0
-START_ALLOWANCE_S = 60.0
+PHASE_ALLOWANCE_S = 60.0
 # Hello keys that describe one process, not the run: they stay out of the run config.
 PER_PROCESS_KEYS = frozenset({"pid", "src", "rank", "local_rank", "host"})
 _MISSING = object()
@@ -135,10 +135,10 @@ class WandbSink(Sink):
     # W&B's finish (offline: 1-3 s on a busy host) ends the run with its exit code: under a
     # backlog at the drain, this sink stops taking batches this long before the end (Sink).
     close_reserve_s = 5.0
-    # W&B's start (its import, its service's start in `wandb.init`) takes seconds, and tens of
-    # seconds on a loaded host: time it spends starting during the drain is added to the drain,
-    # up to this (Sink.starting), as the script's own `wandb.init` would have been waited for.
-    start_allowance_s = START_ALLOWANCE_S
+    # W&B's start (its import, its service's start in `wandb.init`) and its finish take seconds,
+    # and tens of seconds on a loaded host: time they take during the drain is added to the
+    # drain, up to this (Sink.phase), as the script's own W&B calls would have been waited for.
+    phase_allowance_s = PHASE_ALLOWANCE_S
 
     def __init__(self, mode: str, log_dir: str | Path, run_name: str, project: str = "telemetry",
                  entity: str | None = None, finish_timeout_s: float = FINISH_TIMEOUT_S,
@@ -161,7 +161,7 @@ class WandbSink(Sink):
         # (status, drain.json) to say it, as a failed W&B run must never pass unseen.
         self.opened = False
         self.open_error = ""
-        self.starting = True                  # until start() returns; again while _open runs
+        self.phase = "starting"               # until start() returns; again while _open runs (Sink.phase)
         self.num_logged = 0
         self._last_step = -1
         self._hellos: dict[int, dict] = {}
@@ -207,7 +207,7 @@ class WandbSink(Sink):
             self.media_files.drop_reader(MEDIA_READER)    # it will read no media file: not waited for
             raise
         finally:
-            self.starting = False
+            self.phase = ""
 
         self._wandb = wandb
         from telemetry.integrations.wandb_calls import delete_stale_stages
@@ -241,7 +241,7 @@ class WandbSink(Sink):
         argv = sys.argv
         if "args" in meta:
             sys.argv = [meta.get("program") or argv[0], *meta["args"]]
-        self.starting = True
+        self.phase = "starting"
         try:
             self.run = wandb.init(mode=self.mode, project=init.get("project") or self.project,
                                   entity=init.get("entity") or self.entity, name=name,
@@ -260,7 +260,7 @@ class WandbSink(Sink):
             return False
         finally:
             sys.argv = argv
-            self.starting = False
+            self.phase = ""
         self.opened, self.open_error = True, ""
         if user:
             self._stats = _stats_writer(self.run)
@@ -870,8 +870,10 @@ class WandbSink(Sink):
         self._take_after_rows(float("inf"))
         t = threading.Thread(target=self.run.finish, kwargs={"exit_code": self.exit_code()}, name="wandb-finish",
                              daemon=True)
+        self.phase = "finishing"
         t.start()
         t.join(self.finish_timeout_s)
+        self.phase = ""
         if t.is_alive():
             log.error("wandb finish did not return within %.0f s; its data stays in %s", self.finish_timeout_s,
                       self.log_dir)

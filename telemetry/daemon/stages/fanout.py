@@ -10,9 +10,9 @@ finished the run itself); the analysis stages close, with a quarter of the time 
 last events must still reach the sinks); then the last records (their last events,
 `last_words`: the daemon's own record); then every sink drains, flushes, fsyncs and closes, in
 parallel, until the deadline less ABANDON_GRACE_S (less its `close_reserve_s` for a sink whose
-close takes time: W&B's finish, the run's exit record; moved on by the time a sink spends
-starting during the drain, up to its `start_allowance_s`: W&B's init on a loaded host, which
-the script's own `wandb.init` would have waited for); one still busy then takes no more
+close takes time: W&B's finish, the run's exit record; moved on by the time a sink spends in
+a `phase` during the drain, up to its `phase_allowance_s`: W&B's init or finish on a loaded
+host, which the script's own W&B calls would have waited for); one still busy then takes no more
 batches and has that grace (and its reserve) to finish the one in its hands, flush and close
 (with nothing queued behind that batch, it drained), else it is abandoned (what it never wrote
 is counted in its `dropped`), so a hung W&B never holds the daemon past the deadline.
@@ -39,8 +39,8 @@ ABANDON_GRACE_S = 0.5
 # A sink with a close reserve (W&B) is given up on at its reserve's start only with more records
 # than this queued: about what W&B logs in a second or two on a loaded host.
 EARLY_GIVE_UP_BACKLOG = 2000
-# How often the drain looks whether a sink is still starting (FanOut._close_by).
-START_POLL_S = 0.1
+# How often the drain looks whether a sink is still in a phase (FanOut._close_by).
+PHASE_POLL_S = 0.1
 # Of the time left when the fan-out's drain begins, the analysis stages' share.
 ANALYSIS_SHARE = 0.25
 
@@ -62,7 +62,7 @@ class FanOut(Stage):
         self.exit_data: Callable[[], dict | None] = lambda: None
         self.last_words: Callable[[], None] = lambda: None   # the drain's last records (the daemon's)
         self.unfinished: list[str] = []            # runners (and "media") not drained by the deadline
-        self.start_waits: dict[str, float] = {}    # seconds the drain waited for a sink's start, by runner
+        self.phase_waits: dict[str, float] = {}    # seconds the drain waited for a sink's phase, by runner
         self.closed_short: dict[str, int] = {}     # of those: closed, without this many records
 
     def add(self, runner: SinkRunner) -> SinkRunner:
@@ -162,7 +162,7 @@ class FanOut(Stage):
                 # slow start (W&B's init under load) with a few records queued logs them by the end.
                 if ends[id(r)] < sinks_end and r.queued() > EARLY_GIVE_UP_BACKLOG:
                     r.give_up()     # the batch in its hands, then its close: the rest is counted dropped
-        deadline += max(self.start_waits.values(), default=0.0)
+        deadline += max(self.phase_waits.values(), default=0.0)
         if self.media is not None:
             if self.media.close(max(0.0, sinks_end - time.monotonic())):
                 self.media_files.close()    # what a reader never released (its event dropped)
@@ -175,7 +175,9 @@ class FanOut(Stage):
             for r in late:
                 r.give_up()
             grace_end = max(time.monotonic(), deadline)
-            ended = [r.name for r in late if r.abandon(max(0.0, grace_end - time.monotonic()))]
+            for r in late:
+                self._close_by(r, grace_end)     # its last batch, then its close (W&B's finish)
+            ended = [r.name for r in late if r.abandon(0.0)]
             if ended:           # back from their last batch within the grace, nothing queued behind
                 unfinished = [name for name in unfinished if name not in ended]
                 log.warning("finished within the drain's grace, nothing dropped: %s", ", ".join(ended))
@@ -194,29 +196,34 @@ class FanOut(Stage):
 
     def _close_by(self, r: SinkRunner, end: float) -> bool:
         """Wait for the runner `r` to drain and close by `end` (time.monotonic()); True if it did.
-        Time its sink spends starting meanwhile (Sink.starting: W&B's `wandb.init` on a loaded
-        host) moves `end` on, up to its start_allowance_s; how far is in start_waits."""
+        Time its sink spends in a phase meanwhile (Sink.phase: W&B's `wandb.init` or `finish`
+        on a loaded host) moves `end` on, up to its phase_allowance_s over the whole drain; how
+        far is in phase_waits."""
         sink = getattr(r, "sink", None)
-        allowance = getattr(sink, "start_allowance_s", 0.0)
+        allowance = getattr(sink, "phase_allowance_s", 0.0)
         if not allowance:
             return r.close(max(0.0, end - time.monotonic()))
-        moved = 0.0
+        moved = 0.0                       # this call's; the allowance is what earlier calls left
+        before = self.phase_waits.get(r.name, 0.0)
+        said = ""
         while True:
             t0 = time.monotonic()
-            starting = getattr(sink, "starting", False) and moved < allowance
-            if starting and not moved:
-                log.warning("sink %s is still starting: the drain waits for it (up to %.0f s more)", r.name, allowance)
-            closed = r.close(START_POLL_S if starting else max(0.0, min(START_POLL_S, end + moved - t0)))
+            phase = getattr(sink, "phase", "") if before + moved < allowance else ""
+            if phase and phase != said:
+                said = phase
+                log.warning("sink %s is still %s: the drain waits for it (up to %.0f s more in all)", r.name, phase,
+                            allowance - before - moved)
+            closed = r.close(PHASE_POLL_S if phase else max(0.0, min(PHASE_POLL_S, end + moved - t0)))
             t1 = time.monotonic()
-            if starting:
-                moved = min(allowance, moved + (t1 - t0))
-                self.start_waits[r.name] = moved
-            if closed or (not starting and t1 >= end + moved):
+            if phase:
+                moved = min(allowance - before, moved + (t1 - t0))
+                self.phase_waits[r.name] = before + moved
+            if closed or (not phase and t1 >= end + moved):
                 return closed
 
     def stats(self) -> dict:
         return {"queued": {r.name: r.queued() for r in self.runners},
                 "records_out": self.num_records_out,
-                "start_waits": dict(self.start_waits),
+                "phase_waits": dict(self.phase_waits),
                 "sinks": {r.name: r.stats() for r in self.runners},
                 "media": self.media.stats() if self.media is not None else {}}
