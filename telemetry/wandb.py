@@ -286,8 +286,10 @@ def init(project: str | None = None, name: str | None = None, config: Any = None
             # An id made here, on a daemon of the run's own: no other process can name this run
             # (W&B's run per rank when every rank inits), so this process is its only rank.
             rank, world_size = 0, 1
+        # W&B's "shared" mode is online, with several processes writing one run: what a daemon
+        # of the run does for its ranks anyway.
         autostart.ensure_daemon("telemetry.wandb", run_id=run_id, run_name=name or env("WANDB_NAME"),
-                                wandb_mode=mode,
+                                wandb_mode="online" if mode == "shared" else mode,
                                 root=dir or env("WANDB_DIR"), runtime=runtime)
     console = settings.get("console") if isinstance(settings, dict) else getattr(settings, "console", None)
     run = Run(project=project or env("WANDB_PROJECT"), name=name or env("WANDB_NAME"), config=cfg,

@@ -329,3 +329,18 @@ def test_the_daemon_removes_only_what_the_run_made_in_its_runtime_directory(tmp_
         remove_runtime_dir(home)
     assert sorted(p.name for p in home.iterdir()) == ["thesis.tex"]
     assert "kept: it holds what this run did not make (thesis.tex)" in caplog.text
+
+
+def test_wandbs_shared_mode_in_the_environment_is_online(tmp_path):
+    # $WANDB_MODE=shared (W&B's online run written by several processes) became offline.
+    # No API key and W&B's server at a closed local port: nothing leaves the machine, and the
+    # online run cannot be made, which the run says.
+    (tmp_path / "s.py").write_text("import os\nprint('mode', os.environ['WANDB_MODE'])\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TELEMETRY_", "WANDB_"))}
+    env.update({"PYTHONPATH": str(ROOT), "TELEMETRY_RUNTIME_DIR": str(tmp_path / "rt"), "HOME": str(tmp_path),
+                "WANDB_MODE": "shared", "WANDB_BASE_URL": "http://127.0.0.1:9", "WANDB_SILENT": "true"})
+    p = subprocess.run([sys.executable, "-m", "telemetry", "run", "--run-dir", "r", "--", "s.py"], cwd=tmp_path,
+                       env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "mode online" in p.stdout, p.stdout
+    assert json.loads((tmp_path / "r" / "drain.json").read_text())["sinks"]["wandb"]["mode"] == "online"

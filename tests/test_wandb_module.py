@@ -942,3 +942,18 @@ def test_summary_reads_whole_floats_back_as_w_and_b_does(tmp_path, monkeypatch):
     ours = script(tw, mode="disabled")
     assert ours == real, (ours, real)
     assert real["six"] == ("int", 6) and real["million"] == ("float", 1e6), real
+
+
+def test_wandbs_shared_mode_starts_an_online_daemon(tmp_path, monkeypatch):
+    # W&B's "shared" (several processes writing one online run) passed init's check, but the
+    # daemon started for it was given no mode: the daemon's default, not online.
+    from telemetry.client import autostart
+
+    asked = []
+    monkeypatch.setattr(autostart, "ensure_daemon", lambda prog, **kw: asked.append(kw.get("wandb_mode")) if prog == "telemetry.wandb" else None)
+    monkeypatch.setenv("TELEMETRY_RUNTIME_DIR", str(tmp_path / "rt"))
+    for k in ("TELEMETRY_ENDPOINT", "TELEMETRY_RUN_ID", autostart.ENV_WANDB_MODE):
+        monkeypatch.delenv(k, raising=False)
+    tw.init(project="p", mode="shared").finish()
+    tw.init(project="p", mode="offline").finish()
+    assert asked == ["online", "offline"]

@@ -183,6 +183,9 @@ def _run(args: argparse.Namespace) -> int:
     # explicit --wandb overrides the daemon config's wandb.mode (docs/config.md).
     env_mode = env.pop("WANDB_MODE", None)
     mode = args.wandb or file_mode or env_mode or "offline"
+    # W&B's other names for its modes: "shared" (one online run from several processes),
+    # "run" (online) and "dryrun" (offline), as W&B reads $WANDB_MODE.
+    mode = {"shared": "online", "run": "online", "dryrun": "offline"}.get(mode, mode)
     if mode not in ("disabled", "offline", "online"):
         mode = "offline"
     env[autostart.ENV_WANDB_MODE] = mode       # the daemons of the script's other runs: the same mode

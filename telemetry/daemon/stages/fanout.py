@@ -39,8 +39,10 @@ ABANDON_GRACE_S = 0.5
 # A sink with a close reserve (W&B) is given up on at its reserve's start only with more records
 # than this queued: about what W&B logs in a second or two on a loaded host.
 EARLY_GIVE_UP_BACKLOG = 2000
-# How often the drain looks whether a sink is still in a phase (FanOut._close_by).
+# How often the drain looks whether a sink is still in a phase (FanOut._close_by), and after how
+# long a wait for one it says so (a W&B start of a short script is often a moment of the drain).
 PHASE_POLL_S = 0.1
+PHASE_SAY_AFTER_S = 1.0
 # Of the time left when the fan-out's drain begins, the analysis stages' share.
 ANALYSIS_SHARE = 0.25
 
@@ -209,10 +211,10 @@ class FanOut(Stage):
         while True:
             t0 = time.monotonic()
             phase = getattr(sink, "phase", "") if before + moved < allowance else ""
-            if phase and phase != said:
+            if phase and phase != said and moved >= PHASE_SAY_AFTER_S:
                 said = phase
-                log.warning("sink %s is still %s: the drain waits for it (up to %.0f s more in all)", r.name, phase,
-                            allowance - before - moved)
+                log.info("sink %s is still %s: the drain waits for it (up to %.0f s more in all)", r.name, phase,
+                         allowance - before - moved)
             closed = r.close(PHASE_POLL_S if phase else max(0.0, min(PHASE_POLL_S, end + moved - t0)))
             t1 = time.monotonic()
             if phase:
