@@ -53,6 +53,9 @@ if b"--log-dir" in open("/proc/self/cmdline", "rb").read():
     wandb.init = init
     if os.environ.get("HOLD_FINISH"):
         wandb.Run.finish = finish
+    if os.environ.get("HOLD_ALLOWANCE_S"):     # the drain's wait for W&B, shortened for a test
+        from telemetry.daemon.sinks.wandb_sink import WandbSink
+        WandbSink.phase_allowance_s = float(os.environ["HOLD_ALLOWANCE_S"])
 """
 DRAIN_TIMEOUT_S = 2.0
 
@@ -63,7 +66,8 @@ def _no_run_left():
     tw.finish()
 
 
-def held_daemon(make_daemon, tmp_path: Path, fail: bool = False, finish: bool = False):
+def held_daemon(make_daemon, tmp_path: Path, fail: bool = False, finish: bool = False,
+                allowance_s: float | None = None):
     hold = tmp_path / "hold"
     hold.mkdir()
     (hold / "sitecustomize.py").write_text(HOLD_WANDB_INIT)
@@ -73,6 +77,8 @@ def held_daemon(make_daemon, tmp_path: Path, fail: bool = False, finish: bool = 
         env["HOLD_FAIL"] = "1"
     if finish:
         env["HOLD_FINISH"] = "1"
+    if allowance_s is not None:
+        env["HOLD_ALLOWANCE_S"] = str(allowance_s)
     d = make_daemon(wandb="offline", config={"drain_timeout_s": DRAIN_TIMEOUT_S}, env=env)
     return d, hold
 
@@ -241,3 +247,121 @@ def test_telemetry_drain_of_no_daemon_says_so_at_once(tmp_path):
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 1 and "no answer" in p.stderr, p.stderr
     assert time.monotonic() - t0 < 60       # the probe's few seconds, not the drain's long wait
+
+
+def test_a_wandb_start_longer_than_the_drain_allows_is_said_as_a_run_not_made(tmp_path, make_daemon, capsys):
+    # Past the allowance the run was lost with nothing said: no open_error, no reason, and
+    # `telemetry run`'s summary had no "W&B run NOT MADE" line.
+    d, hold = held_daemon(make_daemon, tmp_path, allowance_s=2.0)
+    tm = TelemetryClient(d.ingest, rank=0)
+    for step in range(5):
+        tm.log(step, {"train/loss": 1.0})
+    tm.close()
+    wait_for(hold / "inits")
+    assert d.stop(timeout_s=120) == 0, d.output()[-3000:]       # the start is still held
+    (hold / "go").touch()
+    final = json.loads((d.log_dir / "drain.json").read_text())
+    w = final["sinks"]["wandb"]
+    assert not w["opened"] and "start had not ended" in w["open_error"], w
+    assert w["in"] == w["written"] + w["dropped"], w
+    assert "still starting after the drain waited" in d.output()
+    from telemetry.consumers import summary
+
+    capsys.readouterr()
+    assert summary.main([str(d.log_dir), "--drain-json", str(d.log_dir / "drain.json")]) == 0
+    assert "W&B run            NOT MADE: W&B's start had not ended" in capsys.readouterr().out
+
+
+def test_a_backlog_given_up_at_the_drain_still_ends_the_run_with_the_scripts_exit_code(tmp_path, make_daemon,
+                                                                                        monkeypatch):
+    # The script's exit code (and the ranks' finish) were records behind the backlog W&B gave
+    # up on: a script that exited 0 had its W&B run end with exit 1.
+    from telemetry.shared import control
+
+    d, hold = held_daemon(make_daemon, tmp_path)
+    monkeypatch.setenv("TELEMETRY_ENDPOINT", d.ingest)
+    tw.init(project="p")
+    for i in range(20_000):
+        tw.log({"loss": float(i)})
+    tw.finish()
+    wait_for(hold / "inits")
+    answer: list[dict] = []
+    drain = threading.Thread(target=lambda: answer.append(control.request(d.control, "drain", timeout_s=180,
+                                                                          exit_code=0)))
+    drain.start()
+    time.sleep(DRAIN_TIMEOUT_S + 1)
+    (hold / "go").touch()               # W&B starts with far more rows than it logs in what is left
+    drain.join(200)
+    d.proc.wait(60)
+    w = answer[0]["sinks"]["wandb"]
+    assert w["dropped"] > 0, w           # the backlog was given up on
+    (run_file,) = [wait_finished(f, timeout_s=60)
+                   for f in glob.glob(str(d.log_dir / "wandb" / "offline-run-*" / "run-*.wandb"))]
+    assert [r.exit.exit_code for r in read_records(run_file) if r.WhichOneof("record_type") == "exit"] == [0]
+
+
+def test_status_and_a_second_drain_are_answered_during_a_long_drain(tmp_path, make_daemon):
+    # The daemon's loop did not serve its control socket while it drained: `telemetry status`
+    # and a second `telemetry drain` went unanswered, for up to a minute now that the drain
+    # waits for W&B's start.
+    import subprocess
+    import sys
+
+    from telemetry.shared import control
+
+    d, hold = held_daemon(make_daemon, tmp_path)
+    tm = TelemetryClient(d.ingest, rank=0)
+    tm.log(0, {"train/loss": 1.0})
+    tm.close()
+    wait_for(hold / "inits")
+    first: list[dict] = []
+    drain = threading.Thread(target=lambda: first.append(control.request(d.control, "drain", timeout_s=180)))
+    drain.start()
+    time.sleep(DRAIN_TIMEOUT_S + 1.5)               # the drain now waits for W&B's start
+    try:
+        st = control.request(d.control, "status", timeout_s=30)
+        assert st["ok"] and st["pid"] == d.proc.pid
+        second = subprocess.Popen([sys.executable, "-m", "telemetry", "drain", "--json", "--timeout", "120",
+                                   "--control", d.control], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        time.sleep(1)
+    finally:
+        (hold / "go").touch()
+    out, err = second.communicate(timeout=200)
+    drain.join(200)
+    assert second.returncode == 0, err
+    assert json.loads(out)["records_in"] == first[0]["records_in"] >= 1
+
+
+def test_a_wait_longer_than_libzmq_takes_is_its_longest(tmp_path, make_daemon):
+    # A drain_timeout_s of a year made `telemetry run`'s drain request fail ("value too large
+    # to convert to int"): no script_exit event, a SIGTERM instead.
+    from telemetry.shared import control
+
+    d = make_daemon()
+    assert control.request(d.control, "status", timeout_s=3.0e7)["ok"]
+
+
+def test_telemetry_drain_stops_waiting_when_the_daemon_dies(tmp_path, make_daemon):
+    import signal
+    import subprocess
+    import sys
+
+    d, hold = held_daemon(make_daemon, tmp_path)
+    tm = TelemetryClient(d.ingest, rank=0)
+    tm.log(0, {"train/loss": 1.0})
+    tm.close()
+    wait_for(hold / "inits")
+    drain = subprocess.Popen([sys.executable, "-m", "telemetry", "drain", "--control", d.control],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while "draining (drain request)" not in d.output():
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        d.proc.send_signal(signal.SIGKILL)
+        out, err = drain.communicate(timeout=120)
+    finally:
+        (hold / "go").touch()
+        if drain.poll() is None:
+            drain.kill()
+    assert drain.returncode == 1 and "exited without answering" in err, err

@@ -29,17 +29,20 @@ MARGIN_S = 30.0
 def run(args: argparse.Namespace) -> int:
     from telemetry.consumers.status import ask
 
-    timeout = args.timeout
+    timeout, pid = args.timeout, None
     if timeout is None:
         # Asked first, briefly: a daemon that is not there is said at once, not after the long
-        # wait a drain may need (a W&B start on a loaded host adds up to a minute).
+        # wait a drain may need (a W&B start on a loaded host adds up to a minute); and its pid,
+        # on this host, ends the wait should it exit without answering.
         st, rc = ask("telemetry drain", args.control, "status", PROBE_S)
         if st is None:
             return rc
         limits = st.get("limits") if isinstance(st.get("limits"), dict) else {}
         may_take = limits.get("drain_may_take_s")
         timeout = (may_take if is_number(may_take) and 0 < may_take < 86400 else 15.0) + MARGIN_S
-    final, rc = ask("telemetry drain", args.control, "drain", timeout)
+        if is_int(st.get("pid")) and st["pid"] > 0 and _local(args.control):
+            pid = st["pid"]
+    final, rc = ask("telemetry drain", args.control, "drain", timeout, pid=pid)
     if final is None:
         return rc
     if args.json:
@@ -55,6 +58,18 @@ def run(args: argparse.Namespace) -> int:
     jsonl = _jsonl(final)
     failed = any(jsonl.get(k) for k in ("write_errors", "lines_lost", "fsync_errors"))
     return 0 if final.get("drained") and not failed else 1
+
+
+def _local(control: str | None) -> bool:
+    """Whether the control endpoint is this host's (ipc, or loopback tcp): a pid it gives is a
+    process here."""
+    from telemetry.shared import endpoints
+
+    try:
+        ep = endpoints.resolve("control", control)
+    except endpoints.EndpointError:
+        return False
+    return ep.startswith("ipc://") or ep.startswith(("tcp://127.", "tcp://localhost:", "tcp://[::1]:"))
 
 
 def problem_lines(final: dict) -> list[str]:

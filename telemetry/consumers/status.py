@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from telemetry.shared.config import number_arg
@@ -22,12 +23,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--timeout", type=TIMEOUT_ARG, default=3.0, metavar="S", help="seconds to wait (default 3)")
 
 
-def ask(prog: str, control: str | None, cmd: str, timeout_s: float, extra: dict | None = None) -> tuple[dict | None, int]:
+def ask(prog: str, control: str | None, cmd: str, timeout_s: float, extra: dict | None = None,
+        pid: int | None = None) -> tuple[dict | None, int]:
     """(the daemon's reply, 0), or (None, exit code) after one line on stderr: 2 for what the
-    user can fix (a bad endpoint, a refused token), 1 for a daemon that does not answer."""
+    user can fix (a bad endpoint, a refused token), 1 for a daemon that does not answer.
+    pid: the daemon's process on this host (its status said it), whose end stops the wait."""
     import zmq
 
-    from telemetry.shared.control import request
+    from telemetry.shared.control import GaveUp, request
     from telemetry.shared import endpoints
 
     try:
@@ -36,7 +39,11 @@ def ask(prog: str, control: str | None, cmd: str, timeout_s: float, extra: dict 
         print(f"{prog}: {'--control' if control else 'control endpoint'}: {exc}", file=sys.stderr)
         return None, 2
     try:
-        reply = request(ep, cmd, timeout_s=timeout_s, extra=extra)
+        reply = request(ep, cmd, timeout_s=timeout_s, extra=extra,
+                        give_up=(lambda: not _alive(pid)) if pid is not None else None)
+    except GaveUp:
+        print(f"{prog}: the daemon at {ep} (pid {pid}) exited without answering", file=sys.stderr)
+        return None, 1
     except TimeoutError as exc:
         # Nothing there: say where that was and how to look elsewhere (a `telemetry run` has
         # its own socket directory, which a bare `telemetry status` does not know).
@@ -57,6 +64,23 @@ def ask(prog: str, control: str | None, cmd: str, timeout_s: float, extra: dict 
         print(f"{prog}: the daemon at {ep} refused: {printable(reply.get('error', '?'))}", file=sys.stderr)
         return None, 2
     return reply, 0
+
+
+def _alive(pid: int) -> bool:
+    """Whether process `pid` runs: it exists and, where /proc says, is not a zombie (dead, its
+    parent not having reaped it yet)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:                # another user's: it exists
+        pass
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            state = f.read().rpartition(b")")[2].split()[0]
+    except (OSError, IndexError):
+        return True
+    return state not in (b"Z", b"X")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -36,6 +36,7 @@ class ControlServer:
         self._token: str | None = None
         self._endpoint = ""
         self._drain_requesters: list[list[bytes]] = []
+        self._ended = False                   # drained: answer_drain has run
         self.exit_code: int | None = None     # a drain request's: the script's (shared/control.py)
         self.exited_at: float | None = None   # ... and when the script exited (unix time), where it says
 
@@ -61,6 +62,8 @@ class ControlServer:
                 reply = {"ok": True, **self._status()}
             elif cmd == "ping":
                 reply = {"ok": True}
+            elif cmd == "exclude" and self._ended:
+                reply = {"ok": False, "error": "exclude: the run has ended (the daemon has drained)"}
             elif cmd == "exclude":
                 window = control_protocol.exclusion_of(body)
                 if window is None or self._on_exclude is None:
@@ -95,7 +98,13 @@ class ControlServer:
         return data
 
     def answer_drain(self, final: dict) -> None:
-        """The drain is over: each requester gets the final counters."""
+        """The drain is over: each requester gets the final counters, and so does a request that
+        came since the socket was last served (a `telemetry status` or a second `telemetry
+        drain` during the drain's last moments: the final counters are the daemon's status now)."""
+        self._status = lambda: final
+        self._on_drain = lambda: None
+        self._ended = True
+        self.serve()
         for ident in self._drain_requesters:
             self._reply(ident, final)
         self._drain_requesters.clear()

@@ -251,6 +251,7 @@ class Daemon:
         self.fanout.exit_data = lambda: self.control_server.exit_data
         # Once the analysis stages are closed: the daemon's own record, its last.
         self.fanout.last_words = lambda: self.fanout.emit(self.report.daemon_record())
+        self.fanout.while_waiting = self._serve_control_while_draining
         self.pipeline = Pipeline([self.receive, self.rare, self.steps, self.fanout])
         # How long a drain may take: its deadline, and what a sink's slow phase may add to it
         # (W&B's start or finish: Sink.phase); `telemetry drain` waits that long.
@@ -378,6 +379,14 @@ class Daemon:
         self.stop(name.lower(), name)
 
     # -- control -------------------------------------------------------------------------------
+    def _serve_control_while_draining(self) -> None:
+        """The control socket's queued requests, answered during a long drain (a status is the
+        counters so far; a drain request is answered with the others, at the end)."""
+        try:
+            self.control_server.serve()
+        except Exception as exc:       # nothing asked of it may stop the drain
+            log.error("control request during the drain failed: %r", exc)
+
     def _request_drain(self) -> None:
         """`telemetry drain`: stop as SIGTERM would (the requester is answered after the drain)."""
         self.stop("drain_request", "drain request")

@@ -220,6 +220,8 @@ class GaveUp(Exception):
 
 # How often request() asks its `give_up` while it waits for the answer.
 GIVE_UP_CHECK_S = 0.2
+# The longest wait libzmq takes (RCVTIMEO and SNDTIMEO are milliseconds in a C int).
+MAX_WAIT_MS = 2**31 - 1
 
 
 def request(endpoint: str, cmd: str, timeout_s: float = 5.0, exit_code: int | None = None,
@@ -233,8 +235,11 @@ def request(endpoint: str, cmd: str, timeout_s: float = 5.0, exit_code: int | No
     ctx = zmq.Context.instance()
     sock = ctx.socket(zmq.REQ)
     sock.setsockopt(zmq.LINGER, 0)
-    sock.setsockopt(zmq.RCVTIMEO, int(timeout_s * 1000))
-    sock.setsockopt(zmq.SNDTIMEO, int(timeout_s * 1000))
+    # libzmq takes milliseconds as a C int: a longer wait (a drain_timeout_s of a year) is the
+    # longest it can, about 24 days, not an error that loses the request.
+    wait_ms = int(min(timeout_s * 1000, MAX_WAIT_MS))
+    sock.setsockopt(zmq.RCVTIMEO, wait_ms)
+    sock.setsockopt(zmq.SNDTIMEO, wait_ms)
     try:
         from telemetry.shared.security.curve import apply_client_curve
 

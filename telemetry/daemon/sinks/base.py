@@ -54,6 +54,10 @@ class Sink:
     # does not cost the run its rows or its exit record.
     phase = ""
     phase_allowance_s = 0.0
+    # The script's exit as the drain's first record (`script_exit`) says it, also set here from the
+    # drain's thread: a sink whose backlog is given up on never reaches that record, and W&B's run
+    # must still end with the script's exit code.
+    script_exit: dict | None = None
 
     def start(self) -> None:
         """Open files, sockets, connections. Runs on the sink's thread."""

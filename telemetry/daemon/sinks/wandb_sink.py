@@ -407,9 +407,14 @@ class WandbSink(Sink):
             return failed[0]
         inits = [r for r, h in self._hellos.items() if isinstance(h.get("wandb"), dict)]
         unfinished = [r for r in inits or [0] if r not in self._finished_ranks]
-        if self._script_exit and unfinished:
-            return self._script_exit
-        if self._script_exit is None:
+        script = self._script_exit
+        if script is None and isinstance(self.script_exit, dict) and type(self.script_exit.get("exit_code")) is int:
+            # Its record was behind a backlog given up on at the drain (with the ranks' finish
+            # before it): the script's exit code, set by the drain (Sink.script_exit).
+            script = self.script_exit["exit_code"]
+        if script and unfinished:
+            return script
+        if script is None:
             died = [c for r, c in sorted(self._died.items()) if r not in self._finished_ranks]
             if died:
                 return died[0]
@@ -898,8 +903,14 @@ class WandbSink(Sink):
         return out
 
     def stats(self) -> dict:
+        open_error = self.open_error
+        if not open_error and self.phase == "starting" and self.giving_up:
+            # The drain gave up on it inside wandb.init: no run is made, and that must be said
+            # as a refused start is (`telemetry run`'s summary: "W&B run NOT MADE").
+            open_error = ("W&B's start had not ended when the drain gave up on it (drain_timeout_s and %.0f s more)"
+                          % self.phase_allowance_s)
         return {"mode": self.mode, "run_id": self.run_id, "run": self.run_info(), "opened": self.opened,
-                "open_error": self.open_error, "console": self.num_console,
+                "open_error": open_error, "console": self.num_console,
                 "logged": self.num_logged,
                 "dropped_before_open": self.num_dropped_waiting, "media_logged": self.num_media_logged,
                 "media_failed": self.num_media_failed, "calls": self.num_calls, "calls_failed": self.num_calls_failed,

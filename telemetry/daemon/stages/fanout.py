@@ -63,6 +63,9 @@ class FanOut(Stage):
         # request: the script_exit event's data; None: no exit code).
         self.exit_data: Callable[[], dict | None] = lambda: None
         self.last_words: Callable[[], None] = lambda: None   # the drain's last records (the daemon's)
+        # Called while the drain waits for a sink's slow phase (up to a minute): the daemon's
+        # control socket is served meanwhile (`telemetry status`, a second `telemetry drain`).
+        self.while_waiting: Callable[[], None] = lambda: None
         self.unfinished: list[str] = []            # runners (and "media") not drained by the deadline
         self.phase_waits: dict[str, float] = {}    # seconds the drain waited for a sink's phase, by runner
         self.closed_short: dict[str, int] = {}     # of those: closed, without this many records
@@ -139,6 +142,11 @@ class FanOut(Stage):
         data = self.exit_data()
         if data is not None:    # to the analysis stages too (the goodput ledger)
             self.event(SCRIPT_EXIT_EVENT, data)
+            for r in self.runners:    # ... and to each sink at once, ahead of any backlog (Sink.script_exit)
+                try:
+                    r.sink.script_exit = dict(data)
+                except AttributeError:      # an inline runner, or a sink of the user's that takes none
+                    pass
         self.flush()
         unfinished = [r.name for r in stages
                       if not r.close(max(0.0, (deadline - time.monotonic()) * ANALYSIS_SHARE))]
@@ -216,10 +224,15 @@ class FanOut(Stage):
                 log.info("sink %s is still %s: the drain waits for it (up to %.0f s more in all)", r.name, phase,
                          allowance - before - moved)
             closed = r.close(PHASE_POLL_S if phase else max(0.0, min(PHASE_POLL_S, end + moved - t0)))
+            if not closed:
+                self.while_waiting()
             t1 = time.monotonic()
             if phase:
                 moved = min(allowance - before, moved + (t1 - t0))
                 self.phase_waits[r.name] = before + moved
+                if before + moved >= allowance and not closed:
+                    log.error("sink %s: still %s after the drain waited %.0f s for it: given up on", r.name,
+                              phase, allowance)
             if closed or (not phase and t1 >= end + moved):
                 return closed
 
