@@ -51,7 +51,7 @@ def test_run_dir_during_a_slow_start_is_a_path_whose_files_reach_the_run(tmp_pat
     to(monkeypatch, d)
     # The script's wait for the daemon's run, shorter than W&B's held start (which lasts until `go`).
     monkeypatch.setattr(wandb_run, "RUN_INFO_WAIT_S", 0.5)
-    monkeypatch.setattr(wandb_run, "RUN_INFO_RETRY_S", 0.0)
+    monkeypatch.setattr(wandb_run, "RUN_INFO_RETRY_S", 0.0, raising=False)
     run = tw.init(project="p")
     wait_for(hold / "inits")                     # the daemon's sink is inside wandb.init
     early = run.dir
