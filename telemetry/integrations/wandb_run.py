@@ -87,6 +87,7 @@ RUN_INFO_WAIT_S = 15.0
 # After that wait ran out with W&B still starting, a later read asks again with one look, at most
 # this often (a loop reading `run.dir` each step does not ask the daemon each step).
 RUN_INFO_RETRY_S = 1.0
+NOT_UPLOADED = ": its files are not uploaded"     # why run.dir is the run's own, when no W&B run takes them
 
 # Run methods of W&B (0.31) that this run does not offer: calling one raises, naming it. A name
 # W&B's run does not have (`files_dir`, `get_url`: older W&B's) raises AttributeError, as W&B's.
@@ -383,8 +384,8 @@ class Run(RunCalls):
                 raise OSError(f"telemetry.wandb: no directory for run.dir under {' or '.join(roots)}")
         if self._no_run_why and not self._said_no_upload and self.rank == 0:
             self._said_no_upload = True
-            print(f"telemetry.wandb: the files in run.dir ({self._fallback}) stay there, not uploaded: "
-                  f"{self._no_run_why}", file=sys.stderr, flush=True)
+            print(f"telemetry.wandb: run.dir is this run's own {self._fallback}: {self._no_run_why}",
+                  file=sys.stderr, flush=True)
         return self._fallback
 
     # -- logging -------------------------------------------------------------------------------
@@ -899,27 +900,29 @@ def daemon_run_info(run_id: str, wait_s: float, control: str | None = None) -> t
     try:
         ep = control or endpoints.resolve("control")
     except Exception:
-        return {}, "no telemetry daemon to ask"
+        return {}, "no telemetry daemon to ask" + NOT_UPLOADED
     if ep.startswith("ipc://") and not os.path.exists(ep[len("ipc://"):]):
-        return {}, "no telemetry daemon to ask"
+        return {}, "no telemetry daemon to ask" + NOT_UPLOADED
     deadline = time.monotonic() + wait_s
     while True:
         try:
             sink = control_requests.request(ep, "status", timeout_s=max(0.5, deadline - time.monotonic())).get("sinks", {})
         except Exception:
-            return {}, "the telemetry daemon did not answer"
+            return {}, ("the telemetry daemon did not answer: its files are uploaded at the run's finish only if "
+                        "the daemon has this W&B run")
         w = sink.get("wandb") if isinstance(sink, dict) else None
         if not isinstance(w, dict):
-            return {}, "W&B is off in the telemetry daemon"
+            return {}, "W&B is off in the telemetry daemon" + NOT_UPLOADED
         info = w.get("run")
         if isinstance(info, dict) and info.get("id") == run_id:
             return info, ""
         if isinstance(info, dict) and info.get("id"):
-            return {}, "the telemetry daemon's W&B run is another run"
+            return {}, "the telemetry daemon's W&B run is another run" + NOT_UPLOADED
         # W&B refused the run (the sink says why in open_error, and does not try again), or the
         # sink failed (no wandb to import): either way no run will open.
         if w.get("open_error") or w.get("errors"):
-            return {}, f"W&B could not make the run in the telemetry daemon ({w.get('open_error') or w.get('last_error') or 'failed'})"
+            why = w.get("open_error") or w.get("last_error") or "failed"
+            return {}, f"W&B could not make the run in the telemetry daemon ({why}){NOT_UPLOADED}"
         if time.monotonic() > deadline:
             return {}, None
         time.sleep(0.1)
