@@ -131,3 +131,57 @@ def test_a_disabled_run_dir_is_wandbs_path(monkeypatch, tmp_path, workdir):
         assert Path(got).name == "files" and parent.parent == Path(real_dir).parent.parent
         assert parent.name.startswith("run-") and parent.name.endswith("-" + run_id)
     assert not os.path.exists(ours.dir)
+
+
+def test_telemetry_run_as_wandb_script_writes_to_run_dir_during_a_slow_start(tmp_path):
+    # The user's path, as the bug was found: `telemetry run --as-wandb` of a classic W&B script
+    # that writes into wandb.run.dir while the daemon's W&B start is held.
+    import subprocess
+    import sys
+
+    from test_wandb_slow_start import HOLD_WANDB_INIT
+
+    root = Path(__file__).resolve().parent.parent
+    hold = tmp_path / "hold"
+    hold.mkdir()
+    (hold / "sitecustomize.py").write_text(HOLD_WANDB_INIT)
+    (tmp_path / "s.py").write_text(
+        "import os, time, wandb\n"
+        "import telemetry.integrations.wandb_run as wr\n"
+        "wr.RUN_INFO_WAIT_S = 0.5      # the script's wait, shorter than the held start\n"
+        "wandb.init(project='p')\n"
+        "d = wandb.run.dir\n"
+        "with open(os.path.join(d, 'model.txt'), 'w') as f:\n"
+        "    f.write('weights')\n"
+        "open('early.txt', 'w').write(d)\n"
+        "deadline = time.monotonic() + 120\n"
+        "while wandb.run.dir == d and time.monotonic() < deadline:\n"
+        "    time.sleep(0.2)\n"
+        "open('later.txt', 'w').write(wandb.run.dir)\n"
+        "wandb.log({'loss': 1.0})\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TELEMETRY_", "WANDB_"))}
+    env.update({"PYTHONPATH": os.pathsep.join((str(hold), str(root))), "HOLD_DIR": str(hold),
+                "TELEMETRY_RUNTIME_DIR": str(tmp_path / "rt"), "WANDB_SILENT": "true"})
+    p = subprocess.Popen([sys.executable, "-m", "telemetry", "run", "--as-wandb", "--wandb", "offline",
+                          "--run-dir", "r", "--", "s.py"], cwd=tmp_path, env=env,
+                         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not (tmp_path / "early.txt").exists() and p.poll() is None:   # the script wrote to run.dir, or died
+            assert time.monotonic() < deadline, "the script never wrote to run.dir"
+            time.sleep(0.05)
+        (hold / "go").touch()
+        out, _ = p.communicate(timeout=240)
+    finally:
+        (hold / "go").touch()
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert p.returncode == 0 and (tmp_path / "early.txt").exists(), out[-3000:]
+    early, later = (tmp_path / "early.txt").read_text(), (tmp_path / "later.txt").read_text()
+    assert Path(early).parent.parent == tmp_path / "wandb" and Path(early).parent.name.startswith("telemetry-")
+    assert later.startswith(str(tmp_path / "r" / "wandb" / "offline-run-")), later
+    (run_file,) = [wait_finished(f) for f in glob.glob(str(tmp_path / "r" / "wandb" / "offline-run-*" / "run-*.wandb"))]
+    assert Path(later, "model.txt").read_text() == "weights"
+    assert "model.txt" in {f.path for r in read_records(run_file) if r.WhichOneof("record_type") == "files"
+                           for f in r.files.files}
