@@ -308,7 +308,7 @@ class RunCalls:
             for f, rel in zip(files, rels):
                 link_or_copy(f, stage / rel, link=policy == "live")   # W&B links these too
             self._forward("save", stage, glob=rel_glob if glob else None, files=rels, policy=policy, refresh=refresh)
-        run_dir = self.dir if files and not refresh else None
+        run_dir = self._w_b("dir") if files and not refresh else None    # where the daemon's run keeps them
         return [os.path.join(run_dir, rel) for rel in rels] if run_dir else rels
 
     def _save_late(self) -> None:

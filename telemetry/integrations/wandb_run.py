@@ -65,6 +65,7 @@ from telemetry.integrations.wandb_values import json_value, nested_key_text, sum
 from telemetry.integrations.wandb_media import INLINE_ARRAY, INLINE_LIST, Array, Histogram, List, Media, MediaWriter
 from telemetry.shared.bookkeeping import SUMMARY_REMOVE_EVENT
 from telemetry.shared.media import EVENT as MEDIA_EVENT
+from telemetry.shared.wandb_ids import fallback_files_dir
 from telemetry.shared.wandb_keys import NESTED_EVENT, RecordNames
 
 SUMMARY_EVENT = "wandb/summary"             # {key: value}: run.summary set (what consumers read)
@@ -83,6 +84,10 @@ WATCH_MAX_QUEUED = 4096
 # How long `run.name` / `run.url` / `run.path` wait for the daemon's W&B run to open (it imports
 # wandb and calls wandb.init, which take a while) before giving what W&B offline gives.
 RUN_INFO_WAIT_S = 15.0
+# After that wait ran out with W&B still starting, a later read asks again with one look, at most
+# this often (a loop reading `run.dir` each step does not ask the daemon each step).
+RUN_INFO_RETRY_S = 1.0
+NOT_UPLOADED = ": its files are not uploaded"     # why run.dir is the run's own, when no W&B run takes them
 
 # Run methods of W&B (0.31) that this run does not offer: calling one raises, naming it. A name
 # W&B's run does not have (`files_dir`, `get_url`: older W&B's) raises AttributeError, as W&B's.
@@ -209,12 +214,15 @@ class Run(RunCalls):
         # outside a sweep (a stand-in here was truthy: `if run.sweep_id:` took the sweep's branch).
         self.sweep_id = os.environ.get("WANDB_SWEEP_ID") or None
         self.id = id or os.environ.get(ENV_RUN_ID) or new_run_id()
-        self._dir = dir
         # Where W&B's files go, as W&B's `dir` (its root_dir): made here, as W&B makes it; one
         # that cannot be made or written is said once and left to the daemon's default.
         self._files_root = files_root(dir)
         self._meta = script_meta(self.start_time)     # the W&B run's metadata: this process's
-        self._daemon_run: dict | None = None
+        self._daemon_run: dict | None = None     # the daemon's answer, once final (see _w_b)
+        self._no_run_why = ""                    # with {} there: why no W&B run takes this run's files
+        self._asked_at: float | None = None      # when the daemon was last asked
+        self._fallback: str | None = None        # run.dir until the daemon's is known (_fallback_dir)
+        self._said_no_upload = False
         self.mode = mode
         self.framework = framework
         self.num_refused: dict[str, int] = {}
@@ -314,9 +322,18 @@ class Run(RunCalls):
         return self._w_b("url")
 
     @property
-    def dir(self) -> str | None:
-        """Where the run's files are: the daemon's W&B run directory."""
-        return self._w_b("dir") or self._dir
+    def dir(self) -> str:
+        """Where the run's files are, as W&B's `run.dir`: the daemon's W&B run's files directory
+        once the daemon has it; until then (W&B still starting there) and without one (W&B off
+        or refused), this run's own (_fallback_dir), whose files the daemon's W&B sink saves into
+        the run at its finish. Never None: scripts join paths to it. With mode="disabled", W&B's
+        own: a path under the system's temporary directory, not made."""
+        if self.mode == "disabled":
+            import tempfile
+
+            stamp = time.strftime("%Y%m%d_%H%M%S", time.localtime(self.start_time))
+            return os.path.join(tempfile.gettempdir(), "wandb", f"run-{stamp}-{self.id}", "files")
+        return self._w_b("dir") or self._fallback_dir()
 
     @property
     def offline(self) -> bool:
@@ -327,11 +344,49 @@ class Run(RunCalls):
         return self.mode == "disabled"
 
     def _w_b(self, key: str):
-        """`key` of the daemon's open W&B run, asked once (see RUN_INFO_WAIT_S)."""
+        """`key` of the daemon's open W&B run (None when it has none, or has none yet). Asked
+        once with a wait (RUN_INFO_WAIT_S) for W&B's start in the daemon; an answer that says
+        the run is still starting is not kept: a later read asks again, with one look and no
+        wait (at most once a RUN_INFO_RETRY_S), so a training loop never waits that long twice."""
         if self._daemon_run is None:
-            control = f"ipc://{self._runtime}/control.sock" if self._runtime is not None else None
-            self._daemon_run = daemon_run_info(self.id, control=control) if self.mode != "disabled" else {}
-        return self._daemon_run.get(key)
+            if self.mode == "disabled":
+                self._daemon_run, self._no_run_why = {}, ""
+            elif self._asked_at is None or time.monotonic() - self._asked_at >= RUN_INFO_RETRY_S:
+                control = f"ipc://{self._runtime}/control.sock" if self._runtime is not None else None
+                wait_s = RUN_INFO_WAIT_S if self._asked_at is None else 0.0
+                info, why = daemon_run_info(self.id, wait_s, control=control)
+                self._asked_at = time.monotonic()
+                if why is not None:
+                    self._daemon_run, self._no_run_why = info, why
+        return (self._daemon_run or {}).get(key)
+
+    def _fallback_dir(self) -> str:
+        """This run's own files directory (wandb_ids.fallback_files_dir), made on first use, for
+        `run.dir` while the daemon's W&B run directory is not known. Under the script's `dir`,
+        else its working directory at init; one that cannot be made is the system's temporary
+        directory's (W&B's own fallback), said once. Said once too when no W&B run will take
+        its files (W&B off or refused in the daemon)."""
+        if self._fallback is None:
+            import tempfile
+
+            roots = [self._files_root or self._meta["cwd"], tempfile.gettempdir()]
+            for root in roots:
+                path = fallback_files_dir(root, self.id)
+                try:
+                    os.makedirs(path, exist_ok=True)
+                except OSError as exc:
+                    warnings.warn(f"telemetry.wandb: run.dir {path} cannot be made ({exc}): using the system's "
+                                  f"temporary directory", RuntimeWarning, stacklevel=3)
+                    continue
+                self._fallback = path
+                break
+            else:
+                raise OSError(f"telemetry.wandb: no directory for run.dir under {' or '.join(roots)}")
+        if self._no_run_why and not self._said_no_upload and self.rank == 0:
+            self._said_no_upload = True
+            print(f"telemetry.wandb: run.dir is this run's own {self._fallback}: {self._no_run_why}",
+                  file=sys.stderr, flush=True)
+        return self._fallback
 
     # -- logging -------------------------------------------------------------------------------
     @property
@@ -832,9 +887,12 @@ def new_run_id() -> str:
     return new()
 
 
-def daemon_run_info(run_id: str, wait_s: float = RUN_INFO_WAIT_S, control: str | None = None) -> dict:
-    """id, name, project, entity, path, url and dir of the daemon's W&B run once it is this run
-    (`run_id`); {} when the daemon has no W&B run, cannot be asked, or does not open it in time.
+def daemon_run_info(run_id: str, wait_s: float, control: str | None = None) -> tuple[dict, str | None]:
+    """The daemon's W&B run as it gives it (id, name, project, entity, path, url, dir), once it is
+    this run (`run_id`), waiting up to `wait_s` for it to open (0: one look). Returns (info, why):
+    the run's info and ""; or {} and why there is, and will be, no such run to ask (no daemon to
+    ask, W&B off in the daemon, its W&B run is another one, W&B refused to make it); or {} and
+    None when W&B was still starting in the daemon when the wait ended (asked again, it may know).
     control: the daemon's control endpoint (None: the default)."""
     from telemetry.shared import endpoints
     from telemetry.shared import control as control_requests
@@ -842,27 +900,31 @@ def daemon_run_info(run_id: str, wait_s: float = RUN_INFO_WAIT_S, control: str |
     try:
         ep = control or endpoints.resolve("control")
     except Exception:
-        return {}
+        return {}, "no telemetry daemon to ask" + NOT_UPLOADED
     if ep.startswith("ipc://") and not os.path.exists(ep[len("ipc://"):]):
-        return {}                                   # no daemon there to ask
+        return {}, "no telemetry daemon to ask" + NOT_UPLOADED
     deadline = time.monotonic() + wait_s
     while True:
         try:
             sink = control_requests.request(ep, "status", timeout_s=max(0.5, deadline - time.monotonic())).get("sinks", {})
         except Exception:
-            return {}
+            return {}, ("the telemetry daemon did not answer: its files are uploaded at the run's finish only if "
+                        "the daemon has this W&B run")
         w = sink.get("wandb") if isinstance(sink, dict) else None
         if not isinstance(w, dict):
-            return {}                           # no W&B sink: W&B disabled in the daemon
+            return {}, "W&B is off in the telemetry daemon" + NOT_UPLOADED
         info = w.get("run")
         if isinstance(info, dict) and info.get("id") == run_id:
-            return info
+            return info, ""
         if isinstance(info, dict) and info.get("id"):
-            return {}                               # that daemon's W&B run is another one
-        if w.get("errors"):
-            return {}                               # its W&B sink failed (no credentials, ...): no run to ask
+            return {}, "the telemetry daemon's W&B run is another run" + NOT_UPLOADED
+        # W&B refused the run (the sink says why in open_error, and does not try again), or the
+        # sink failed (no wandb to import): either way no run will open.
+        if w.get("open_error") or w.get("errors"):
+            why = w.get("open_error") or w.get("last_error") or "failed"
+            return {}, f"W&B could not make the run in the telemetry daemon ({why}){NOT_UPLOADED}"
         if time.monotonic() > deadline:
-            return {}
+            return {}, None
         time.sleep(0.1)
 
 

@@ -58,7 +58,7 @@ from telemetry.shared import files
 from telemetry.shared.bookkeeping import SUMMARY_REMOVE_EVENT, summary_paths
 from telemetry.daemon.media_keeper import MediaFiles, event_files, num_bins
 from telemetry.shared import media as shared_media
-from telemetry.shared.wandb_ids import stable_run_id
+from telemetry.shared.wandb_ids import fallback_files_dir, stable_run_id
 from telemetry.shared.numbers import is_int
 from telemetry.shared.wandb_keys import MAX_NESTED_DEPTH, NESTED_EVENT, nest
 
@@ -195,6 +195,7 @@ class WandbSink(Sink):
         self._died: dict[int, int] = {}               # rank -> its shell code, gone without a bye, not 0
         # Records not given to W&B, by reason; their sum is this sink's num_dropped (see Sink).
         self.dropped_by_reason: dict[str, int] = {}
+        self.num_files_unsaved = 0    # of the script's run.dir files W&B could not take (_save_fallback_files)
 
     def start(self) -> None:
         # A W&B service inherited through the environment (WANDB_SERVICE: the daemon started by a
@@ -873,6 +874,7 @@ class WandbSink(Sink):
             self._log_metrics(suspect)
         self._release(float("inf"))
         self._take_after_rows(float("inf"))
+        self._save_fallback_files()
         t = threading.Thread(target=self.run.finish, kwargs={"exit_code": self.exit_code()}, name="wandb-finish",
                              daemon=True)
         self.phase = "finishing"
@@ -883,6 +885,45 @@ class WandbSink(Sink):
             log.error("wandb finish did not return within %.0f s; its data stays in %s", self.finish_timeout_s,
                       self.log_dir)
         self.run = None
+
+    def _save_fallback_files(self) -> None:
+        """The files the script wrote to its `run.dir` while this run's directory was not known
+        to it (W&B still starting here): saved into the run, as W&B saves the files of its run
+        directory at finish. Their directory is wandb_ids.fallback_files_dir under the init's
+        `dir`, else the script's working directory (else the temporary directory, the script's
+        second choice). A file W&B could not take is counted (files_unsaved) and said once; so
+        is a directory this daemon cannot see (the script on another host)."""
+        import socket
+        import tempfile
+
+        init = self._init
+        if init is None:
+            return
+        meta = init.get("meta") if isinstance(init.get("meta"), dict) else {}
+        root = init.get("dir") if isinstance(init.get("dir"), str) else meta.get("cwd")
+        if not isinstance(root, str) or not os.path.isabs(root):
+            return
+        bases = [fallback_files_dir(r, self.run_id) for r in (root, tempfile.gettempdir())]
+        base = next((b for b in bases if os.path.isdir(b)), None)
+        if base is None:
+            host = meta.get("host")
+            if isinstance(host, str) and host != socket.gethostname():
+                log.warning("wandb: files the script may have written to run.dir before W&B's run started (%s, on "
+                            "host %s) cannot be seen from this host: not saved to the W&B run", bases[0], host)
+            return
+        unreadable: list[OSError] = []
+        for folder, _, names in os.walk(base, onerror=unreadable.append):
+            for name in sorted(names):
+                path = os.path.join(folder, name)
+                try:
+                    if not self.run.save(path, base_path=base, policy="now", glob=False):
+                        raise OSError("W&B took no file")
+                except Exception as exc:
+                    unreadable.append(OSError(f"{path}: {exc}"))
+        if unreadable:
+            self.num_files_unsaved += len(unreadable)
+            log.error("wandb: %d file(s) or folder(s) of the script's run.dir %s not saved to the W&B run (counted in "
+                      "files_unsaved): %s", len(unreadable), base, unreadable[0])
 
     def run_info(self) -> dict:
         """The open run as W&B gives it: what a script's `run.name`, `run.url`, `run.path` read."""
@@ -915,7 +956,7 @@ class WandbSink(Sink):
                 "dropped_before_open": self.num_dropped_waiting, "media_logged": self.num_media_logged,
                 "media_failed": self.num_media_failed, "calls": self.num_calls, "calls_failed": self.num_calls_failed,
                 "nested_refused": self.num_nested_refused,
-                "dropped_by_reason": dict(self.dropped_by_reason)}
+                "dropped_by_reason": dict(self.dropped_by_reason), "files_unsaved": self.num_files_unsaved}
 
 
 

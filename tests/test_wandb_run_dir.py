@@ -1,0 +1,187 @@
+"""`run.dir` of a telemetry.wandb run is always a path whose files reach the W&B run, as real W&B's.
+
+The daemon's W&B run (and its directory) exists only once W&B has started in the daemon, which
+takes tens of seconds on a loaded host. `run.dir` read before that was None for the rest of the
+run (the first answer, "no run yet", was kept), and a script's
+`open(os.path.join(wandb.run.dir, "model.txt"), "w")` raised TypeError; a start W&B refused
+kept `run.name` waiting its full RUN_INFO_WAIT_S. Real daemons, W&B offline, the daemon's
+`wandb.init` held or refused as in tests/test_wandb_slow_start.py."""
+from __future__ import annotations
+
+import glob
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+import telemetry.wandb as tw
+from telemetry.integrations import wandb_run
+from telemetry.shared.wandb_ids import fallback_files_dir
+from test_wandb_slow_start import held_daemon, wait_for
+from wandb_offline import read_records, wait_finished
+
+pytest.importorskip("wandb")
+
+
+@pytest.fixture(autouse=True)
+def _no_run_left():
+    yield
+    tw.finish()
+
+
+@pytest.fixture
+def workdir(tmp_path, monkeypatch) -> Path:
+    """The script's working directory (W&B's root without a `dir`), and no $WANDB_DIR."""
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    monkeypatch.delenv("WANDB_DIR", raising=False)
+    return work
+
+
+def to(monkeypatch, d) -> None:
+    monkeypatch.setenv("TELEMETRY_ENDPOINT", d.ingest)
+    monkeypatch.setenv("TELEMETRY_CONTROL", d.control)
+
+
+def test_run_dir_during_a_slow_start_is_a_path_whose_files_reach_the_run(tmp_path, make_daemon, monkeypatch,
+                                                                        workdir):
+    d, hold = held_daemon(make_daemon, tmp_path)
+    to(monkeypatch, d)
+    # The script's wait for the daemon's run, shorter than W&B's held start (which lasts until `go`).
+    monkeypatch.setattr(wandb_run, "RUN_INFO_WAIT_S", 0.5)
+    monkeypatch.setattr(wandb_run, "RUN_INFO_RETRY_S", 0.0, raising=False)
+    run = tw.init(project="p")
+    wait_for(hold / "inits")                     # the daemon's sink is inside wandb.init
+    early = run.dir
+    assert early == fallback_files_dir(str(workdir), run.id) and os.path.isdir(early)
+    with open(os.path.join(early, "model.txt"), "w") as f:       # the classic W&B script
+        f.write("weights")
+    os.makedirs(os.path.join(early, "ckpt"))
+    Path(early, "ckpt", "step1.txt").write_text("step 1")
+    (hold / "go").touch()
+    deadline = time.monotonic() + 120
+    while run.dir == early:                      # asked again (not kept): the daemon's, once it has it
+        assert time.monotonic() < deadline, "run.dir never became the daemon's W&B run's"
+        time.sleep(0.1)
+    later = run.dir
+    assert later.startswith(str(d.log_dir / "wandb" / "offline-run-")) and later.endswith(os.sep + "files")
+    tw.log({"loss": 1.0})
+    tw.finish()
+    assert d.stop(timeout_s=120) == 0, d.output()[-3000:]
+    (run_file,) = [wait_finished(f) for f in glob.glob(str(d.log_dir / "wandb" / "offline-run-*" / "run-*.wandb"))]
+    # The files are the run's: in its files directory and in its records, as W&B saves them.
+    assert Path(later, "model.txt").read_text() == "weights"
+    assert Path(later, "ckpt", "step1.txt").read_text() == "step 1"
+    saved = {f.path for r in read_records(run_file) if r.WhichOneof("record_type") == "files" for f in r.files.files}
+    assert {"model.txt", os.path.join("ckpt", "step1.txt")} <= saved, saved
+    assert "files_unsaved" not in d.output()
+
+
+def test_a_refused_wandb_start_answers_at_once_and_run_dir_is_a_path(tmp_path, make_daemon, monkeypatch, workdir,
+                                                                    capfd):
+    d, hold = held_daemon(make_daemon, tmp_path, fail=True)
+    to(monkeypatch, d)
+    t0 = time.monotonic()
+    run = tw.init(project="p")
+    assert run.name is None                      # W&B offline's, once the daemon says it has no run
+    # The sink's "no run" (open_error) ends the wait: not RUN_INFO_WAIT_S (a bound that only a hang passes).
+    assert time.monotonic() - t0 < 10
+    assert (hold / "inits").read_text().splitlines() == ["inits"]
+    path = run.dir
+    assert path == fallback_files_dir(str(workdir), run.id) and os.path.isdir(path)
+    Path(path, "model.txt").write_text("weights")
+    err = capfd.readouterr().err
+    assert "W&B could not make the run in the telemetry daemon" in err and "not uploaded" in err, err
+    tw.finish()
+    assert d.stop(timeout_s=120) == 0, d.output()[-3000:]
+
+
+def test_wandb_off_in_the_daemon_gives_a_path_and_says_its_files_stay(make_daemon, monkeypatch, workdir, capfd):
+    d = make_daemon(wandb="disabled")
+    to(monkeypatch, d)
+    t0 = time.monotonic()
+    run = tw.init(project="p")
+    path = run.dir
+    assert time.monotonic() - t0 < 10
+    assert path == fallback_files_dir(str(workdir), run.id) and os.path.isdir(path)
+    Path(path, "model.txt").write_text("weights")
+    assert run.dir == path
+    err = capfd.readouterr().err
+    assert err.count("W&B is off in the telemetry daemon: its files are not uploaded") == 1, err
+    assert run.dir == path and "not uploaded" not in capfd.readouterr().err      # said once
+    tw.finish()
+    assert d.stop(timeout_s=60) == 0
+
+
+def test_a_disabled_run_dir_is_wandbs_path(monkeypatch, tmp_path, workdir):
+    # W&B 0.31's disabled run: `<tmp>/wandb/run-<time>-<id>/files`, not made (and `dir=` not used).
+    import wandb
+
+    real = wandb.init(mode="disabled", id="realdis1", dir=str(tmp_path / "given"))
+    try:
+        real_dir = real.dir
+    finally:
+        real.finish()
+    ours = tw.init(mode="disabled", id="ourdis01", dir=str(tmp_path / "given"))
+    assert isinstance(ours.dir, str)
+    for got, run_id in ((real_dir, "realdis1"), (ours.dir, "ourdis01")):
+        parent = Path(got).parent
+        assert Path(got).name == "files" and parent.parent == Path(real_dir).parent.parent
+        assert parent.name.startswith("run-") and parent.name.endswith("-" + run_id)
+    assert not os.path.exists(ours.dir)
+
+
+def test_telemetry_run_as_wandb_script_writes_to_run_dir_during_a_slow_start(tmp_path):
+    # The user's path, as the bug was found: `telemetry run --as-wandb` of a classic W&B script
+    # that writes into wandb.run.dir while the daemon's W&B start is held.
+    import subprocess
+    import sys
+
+    from test_wandb_slow_start import HOLD_WANDB_INIT
+
+    root = Path(__file__).resolve().parent.parent
+    hold = tmp_path / "hold"
+    hold.mkdir()
+    (hold / "sitecustomize.py").write_text(HOLD_WANDB_INIT)
+    (tmp_path / "s.py").write_text(
+        "import os, time, wandb\n"
+        "import telemetry.integrations.wandb_run as wr\n"
+        "wr.RUN_INFO_WAIT_S = 0.5      # the script's wait, shorter than the held start\n"
+        "wandb.init(project='p')\n"
+        "d = wandb.run.dir\n"
+        "with open(os.path.join(d, 'model.txt'), 'w') as f:\n"
+        "    f.write('weights')\n"
+        "open('early.txt', 'w').write(d)\n"
+        "deadline = time.monotonic() + 120\n"
+        "while wandb.run.dir == d and time.monotonic() < deadline:\n"
+        "    time.sleep(0.2)\n"
+        "open('later.txt', 'w').write(wandb.run.dir)\n"
+        "wandb.log({'loss': 1.0})\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TELEMETRY_", "WANDB_"))}
+    env.update({"PYTHONPATH": os.pathsep.join((str(hold), str(root))), "HOLD_DIR": str(hold),
+                "TELEMETRY_RUNTIME_DIR": str(tmp_path / "rt"), "WANDB_SILENT": "true"})
+    p = subprocess.Popen([sys.executable, "-m", "telemetry", "run", "--as-wandb", "--wandb", "offline",
+                          "--run-dir", "r", "--", "s.py"], cwd=tmp_path, env=env,
+                         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not (tmp_path / "early.txt").exists() and p.poll() is None:   # the script wrote to run.dir, or died
+            assert time.monotonic() < deadline, "the script never wrote to run.dir"
+            time.sleep(0.05)
+        (hold / "go").touch()
+        out, _ = p.communicate(timeout=240)
+    finally:
+        (hold / "go").touch()
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert p.returncode == 0 and (tmp_path / "early.txt").exists(), out[-3000:]
+    early, later = (tmp_path / "early.txt").read_text(), (tmp_path / "later.txt").read_text()
+    assert Path(early).parent.parent == tmp_path / "wandb" and Path(early).parent.name.startswith("telemetry-")
+    assert later.startswith(str(tmp_path / "r" / "wandb" / "offline-run-")), later
+    (run_file,) = [wait_finished(f) for f in glob.glob(str(tmp_path / "r" / "wandb" / "offline-run-*" / "run-*.wandb"))]
+    assert Path(later, "model.txt").read_text() == "weights"
+    assert "model.txt" in {f.path for r in read_records(run_file) if r.WhichOneof("record_type") == "files"
+                           for f in r.files.files}
