@@ -185,3 +185,48 @@ def test_telemetry_run_as_wandb_script_writes_to_run_dir_during_a_slow_start(tmp
     assert Path(later, "model.txt").read_text() == "weights"
     assert "model.txt" in {f.path for r in read_records(run_file) if r.WhichOneof("record_type") == "files"
                            for f in r.files.files}
+
+
+def test_a_strangers_run_dir_made_first_is_neither_written_nor_saved(tmp_path, make_daemon, monkeypatch):
+    # run.dir under a shared directory (the script's `dir` in a sticky /tmp-like place): another
+    # user who made wandb/telemetry-<id>/files there first would read what the script writes, and
+    # have their own files saved into the user's W&B run.
+    import shutil
+    import subprocess
+    import tempfile
+
+    from other_user import OTHER_UID, SYSTEM_PYTHON, can_act_as_other_user
+
+    if not can_act_as_other_user():
+        pytest.skip("needs root to act as another user")
+    shared = Path(tempfile.mkdtemp(prefix="tsh-", dir="/tmp"))
+    shared.chmod(0o1777)
+    run_id = "stranger" + os.urandom(3).hex()
+    theirs = Path(fallback_files_dir(str(shared), run_id))
+    ours = Path(fallback_files_dir(tempfile.gettempdir(), run_id))
+    try:
+        subprocess.run([SYSTEM_PYTHON, "-I", "-c", f"import os; os.makedirs({str(theirs)!r}, 0o777); "
+                        f"open(os.path.join({str(theirs)!r}, 'evil.txt'), 'w').write('planted')"],
+                       user=OTHER_UID, group=OTHER_UID, cwd="/", check=True, timeout=60)
+        d, hold = held_daemon(make_daemon, tmp_path)
+        to(monkeypatch, d)
+        monkeypatch.setattr(wandb_run, "RUN_INFO_WAIT_S", 0.5)
+        run = tw.init(project="p", id=run_id, dir=str(shared))
+        wait_for(hold / "inits")
+        path = run.dir
+        assert path == str(ours), path               # not the stranger's
+        Path(path, "model.txt").write_text("weights")
+        (hold / "go").touch()
+        tw.finish()
+        assert d.stop(timeout_s=120) == 0, d.output()[-3000:]
+        # W&B's files under the script's `dir`, as W&B puts them.
+        (run_file,) = [wait_finished(f) for f in glob.glob(str(shared / "wandb" / "offline-run-*" / "run-*.wandb"))]
+        saved = {f.path for r in read_records(run_file) if r.WhichOneof("record_type") == "files"
+                 for f in r.files.files}
+        assert "model.txt" in saved and "evil.txt" not in saved, saved
+        assert f"{theirs} is not saved to the W&B run" in d.output()
+        assert sorted(os.listdir(theirs)) == ["evil.txt"]       # theirs, untouched
+    finally:
+        (hold / "go").touch() if "hold" in locals() else None
+        shutil.rmtree(shared, ignore_errors=True)
+        shutil.rmtree(ours.parent, ignore_errors=True)

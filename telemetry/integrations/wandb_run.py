@@ -369,11 +369,15 @@ class Run(RunCalls):
         if self._fallback is None:
             import tempfile
 
+            from telemetry.shared import files
+
             roots = [self._files_root or self._meta["cwd"], tempfile.gettempdir()]
             for root in roots:
                 path = fallback_files_dir(root, self.id)
                 try:
-                    os.makedirs(path, exist_ok=True)
+                    # Ours alone (files.make_dir's checks): under /tmp a stranger may have made
+                    # wandb/ or the run's directory first, to read or swap the files put there.
+                    files.make_dir(path, own=True)
                 except OSError as exc:
                     warnings.warn(f"telemetry.wandb: run.dir {path} cannot be made ({exc}): using the system's "
                                   f"temporary directory", RuntimeWarning, stacklevel=3)

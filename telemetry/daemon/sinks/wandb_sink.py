@@ -903,14 +903,28 @@ class WandbSink(Sink):
         root = init.get("dir") if isinstance(init.get("dir"), str) else meta.get("cwd")
         if not isinstance(root, str) or not os.path.isabs(root):
             return
-        bases = [fallback_files_dir(r, self.run_id) for r in (root, tempfile.gettempdir())]
-        base = next((b for b in bases if os.path.isdir(b)), None)
-        if base is None:
+        bases = [b for b in (fallback_files_dir(r, self.run_id) for r in (root, tempfile.gettempdir()))
+                 if os.path.isdir(b)]
+        if not bases:
             host = meta.get("host")
             if isinstance(host, str) and host != socket.gethostname():
                 log.warning("wandb: files the script may have written to run.dir before W&B's run started (%s, on "
-                            "host %s) cannot be seen from this host: not saved to the W&B run", bases[0], host)
+                            "host %s) cannot be seen from this host: not saved to the W&B run",
+                            fallback_files_dir(root, self.run_id), host)
             return
+        for base in bases:
+            try:
+                # Only a directory of this user's, under no parent others may swap it in
+                # (files.make_dir's checks; nothing is made): a stranger's wandb/telemetry-<id>
+                # (under /tmp, made first) is not put into the run; the script refused it too.
+                files.make_dir(base, own=True, keep_mode=True)
+            except OSError as exc:
+                log.warning("wandb: %s is not saved to the W&B run: %s", base, exc)
+                continue
+            self._save_files_of(base)
+
+    def _save_files_of(self, base: str) -> None:
+        """Each file under `base` into the run (_save_fallback_files), counted when W&B refuses one."""
         unreadable: list[OSError] = []
         for folder, _, names in os.walk(base, onerror=unreadable.append):
             for name in sorted(names):
