@@ -18,7 +18,7 @@ import pytest
 import telemetry.wandb as tw
 from telemetry.integrations import wandb_run
 from telemetry.shared.wandb_ids import fallback_files_dir
-from test_wandb_slow_start import held_daemon, wait_for
+from test_wandb_slow_start import held_daemon, release, wait_for
 from wandb_offline import read_records, wait_finished
 
 pytest.importorskip("wandb")
@@ -173,10 +173,7 @@ def test_telemetry_run_as_wandb_script_writes_to_run_dir_during_a_slow_start(tmp
         (hold / "go").touch()
         out, _ = p.communicate(timeout=240)
     finally:
-        (hold / "go").touch()
-        if p.poll() is None:
-            p.kill()
-            p.wait()
+        release(hold, p)
     assert p.returncode == 0 and (tmp_path / "early.txt").exists(), out[-3000:]
     early, later = (tmp_path / "early.txt").read_text(), (tmp_path / "later.txt").read_text()
     assert Path(early).parent.parent == tmp_path / "wandb" and Path(early).parent.name.startswith("telemetry-")

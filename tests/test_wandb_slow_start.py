@@ -83,6 +83,36 @@ def held_daemon(make_daemon, tmp_path: Path, fail: bool = False, finish: bool = 
     return d, hold
 
 
+def one_step_then_held(d, hold: Path) -> None:
+    """A bare client's one step, then until the test says `go` the daemon's W&B sink is held
+    inside wandb.init."""
+    tm = TelemetryClient(d.ingest, rank=0)
+    tm.log(0, {"train/loss": 1.0})
+    tm.close()
+    wait_for(hold / "inits")
+
+
+def rows_then_held(make_daemon, tmp_path: Path, monkeypatch, n: int):
+    """A telemetry.wandb run of `n` rows ({"loss": i}), finished, its daemon's W&B sink held
+    inside wandb.init until the test says `go`: (the daemon, the hold directory)."""
+    d, hold = held_daemon(make_daemon, tmp_path)
+    monkeypatch.setenv("TELEMETRY_ENDPOINT", d.ingest)
+    tw.init(project="p")
+    for i in range(n):
+        tw.log({"loss": float(i)})
+    tw.finish()
+    wait_for(hold / "inits")
+    return d, hold
+
+
+def release(hold: Path, p) -> None:
+    """The held W&B call goes on, and the process `p` is not left behind."""
+    (hold / "go").touch()
+    if p.poll() is None:
+        p.kill()
+        p.wait()
+
+
 def wait_for(path: Path, timeout_s: float = 120) -> None:
     deadline = time.monotonic() + timeout_s
     while not path.exists():
@@ -91,13 +121,7 @@ def wait_for(path: Path, timeout_s: float = 120) -> None:
 
 
 def test_a_wandb_start_slower_than_the_drain_keeps_every_row(tmp_path, make_daemon, monkeypatch):
-    d, hold = held_daemon(make_daemon, tmp_path)
-    monkeypatch.setenv("TELEMETRY_ENDPOINT", d.ingest)
-    tw.init(project="p")
-    for i in range(5):
-        tw.log({"loss": float(i)})
-    tw.finish()
-    wait_for(hold / "inits")             # the sink is inside wandb.init
+    d, hold = rows_then_held(make_daemon, tmp_path, monkeypatch, 5)
     rc: list[int] = []
     stopper = threading.Thread(target=lambda: rc.append(d.stop(timeout_s=180)))
     stopper.start()
@@ -183,10 +207,7 @@ def test_telemetry_run_waits_for_a_slow_wandb_start_and_the_script_run_has_its_r
         (hold / "go").touch()
         out, _ = p.communicate(timeout=240)
     finally:
-        (hold / "go").touch()
-        if p.poll() is None:
-            p.kill()
-            p.wait()
+        release(hold, p)
     assert p.returncode == 0, out[-3000:]
     (run_file,) = [wait_finished(f) for f in glob.glob(str(tmp_path / "r" / "wandb" / "offline-run-*" / "run-*.wandb"))]
     assert user_history(run_file) == {i: {"loss": i} for i in range(5)}
@@ -218,10 +239,7 @@ def test_telemetry_drain_waits_as_long_as_the_daemon_says_its_drain_may_take(tmp
     d, hold = held_daemon(make_daemon, tmp_path)
     limits = d.status()["limits"]
     assert limits["drain_may_take_s"] == limits["drain_timeout_s"] + PHASE_ALLOWANCE_S
-    tm = TelemetryClient(d.ingest, rank=0)
-    tm.log(0, {"train/loss": 1.0})
-    tm.close()
-    wait_for(hold / "inits")
+    one_step_then_held(d, hold)
     drain = subprocess.Popen([sys.executable, "-m", "telemetry", "drain", "--json", "--control", d.control],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -278,13 +296,7 @@ def test_a_backlog_given_up_at_the_drain_still_ends_the_run_with_the_scripts_exi
     # up on: a script that exited 0 had its W&B run end with exit 1.
     from telemetry.shared import control
 
-    d, hold = held_daemon(make_daemon, tmp_path)
-    monkeypatch.setenv("TELEMETRY_ENDPOINT", d.ingest)
-    tw.init(project="p")
-    for i in range(20_000):
-        tw.log({"loss": float(i)})
-    tw.finish()
-    wait_for(hold / "inits")
+    d, hold = rows_then_held(make_daemon, tmp_path, monkeypatch, 20_000)
     answer: list[dict] = []
     drain = threading.Thread(target=lambda: answer.append(control.request(d.control, "drain", timeout_s=180,
                                                                           exit_code=0)))
@@ -310,10 +322,7 @@ def test_status_and_a_second_drain_are_answered_during_a_long_drain(tmp_path, ma
     from telemetry.shared import control
 
     d, hold = held_daemon(make_daemon, tmp_path)
-    tm = TelemetryClient(d.ingest, rank=0)
-    tm.log(0, {"train/loss": 1.0})
-    tm.close()
-    wait_for(hold / "inits")
+    one_step_then_held(d, hold)
     first: list[dict] = []
     drain = threading.Thread(target=lambda: first.append(control.request(d.control, "drain", timeout_s=180)))
     drain.start()
@@ -347,10 +356,7 @@ def test_telemetry_drain_stops_waiting_when_the_daemon_dies(tmp_path, make_daemo
     import sys
 
     d, hold = held_daemon(make_daemon, tmp_path)
-    tm = TelemetryClient(d.ingest, rank=0)
-    tm.log(0, {"train/loss": 1.0})
-    tm.close()
-    wait_for(hold / "inits")
+    one_step_then_held(d, hold)
     drain = subprocess.Popen([sys.executable, "-m", "telemetry", "drain", "--control", d.control],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
