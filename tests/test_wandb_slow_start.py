@@ -330,6 +330,9 @@ def test_status_and_a_second_drain_are_answered_during_a_long_drain(tmp_path, ma
     try:
         st = control.request(d.control, "status", timeout_s=30)
         assert st["ok"] and st["pid"] == d.proc.pid
+        now = time.time()          # the goodput ledger has closed its books: an exclusion is refused, said
+        ex = control.request(d.control, "exclude", timeout_s=30, extra={"start": now - 10, "end": now})
+        assert not ex["ok"] and "the run has ended" in ex["error"], ex
         second = subprocess.Popen([sys.executable, "-m", "telemetry", "drain", "--json", "--timeout", "120",
                                    "--control", d.control], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         time.sleep(1)

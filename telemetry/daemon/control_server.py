@@ -37,6 +37,7 @@ class ControlServer:
         self._endpoint = ""
         self._drain_requesters: list[list[bytes]] = []
         self._ended = False                   # drained: answer_drain has run
+        self.draining = False                 # served from within the drain (Daemon._serve_control_while_draining)
         self.exit_code: int | None = None     # a drain request's: the script's (shared/control.py)
         self.exited_at: float | None = None   # ... and when the script exited (unix time), where it says
 
@@ -62,8 +63,9 @@ class ControlServer:
                 reply = {"ok": True, **self._status()}
             elif cmd == "ping":
                 reply = {"ok": True}
-            elif cmd == "exclude" and self._ended:
-                reply = {"ok": False, "error": "exclude: the run has ended (the daemon has drained)"}
+            elif cmd == "exclude" and (self._ended or self.draining):
+                # The goodput ledger has closed (or is closing) its books: a window now is never booked.
+                reply = {"ok": False, "error": "exclude: the run has ended (the daemon is draining or has drained)"}
             elif cmd == "exclude":
                 window = control_protocol.exclusion_of(body)
                 if window is None or self._on_exclude is None:

@@ -382,6 +382,7 @@ class Daemon:
     def _serve_control_while_draining(self) -> None:
         """The control socket's queued requests, answered during a long drain (a status is the
         counters so far; a drain request is answered with the others, at the end)."""
+        self.control_server.draining = True
         try:
             self.control_server.serve()
         except Exception as exc:       # nothing asked of it may stop the drain
