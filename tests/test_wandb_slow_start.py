@@ -341,7 +341,10 @@ def test_status_and_a_second_drain_are_answered_during_a_long_drain(tmp_path, ma
     out, err = second.communicate(timeout=200)
     drain.join(200)
     assert second.returncode == 0, err
-    assert json.loads(out)["records_in"] == first[0]["records_in"] >= 1
+    assert "a drain was already under way" in err, err
+    final = json.loads(out)
+    assert final["records_in"] == first[0]["records_in"] >= 1 and final["drain_under_way"]
+    assert "drain_under_way" not in first[0]
 
 
 def test_a_wait_longer_than_libzmq_takes_is_its_longest(tmp_path, make_daemon):

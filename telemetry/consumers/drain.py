@@ -45,6 +45,8 @@ def run(args: argparse.Namespace) -> int:
     final, rc = ask("telemetry drain", args.control, "drain", timeout, pid=pid)
     if final is None:
         return rc
+    if final.get("drain_under_way"):
+        print("telemetry drain: a drain was already under way: its final counters", file=sys.stderr)
     if args.json:
         print(json.dumps(final))
     else:

@@ -36,6 +36,7 @@ class ControlServer:
         self._token: str | None = None
         self._endpoint = ""
         self._drain_requesters: list[list[bytes]] = []
+        self._late_requesters: list[list[bytes]] = []     # drain requests read during the drain
         self._ended = False                   # drained: answer_drain has run
         self.draining = False                 # served from within the drain (Daemon._serve_control_while_draining)
         self.exit_code: int | None = None     # a drain request's: the script's (shared/control.py)
@@ -74,6 +75,12 @@ class ControlServer:
                 else:
                     self._on_exclude(window)
                     reply = {"ok": True, **window}
+            elif cmd == "drain" and (self.draining or self._ended):
+                # A drain already under way (another's request, a signal): answered with its final
+                # counters, marked, as its exit code came too late to be taken (`telemetry run`
+                # says so: the run lacks the script's exit code).
+                self._late_requesters.append(ident)
+                continue
             elif cmd == "drain":
                 code = control_protocol.exit_code_of(body)
                 if code is not None:
@@ -109,7 +116,10 @@ class ControlServer:
         self.serve()
         for ident in self._drain_requesters:
             self._reply(ident, final)
+        for ident in self._late_requesters:
+            self._reply(ident, {**final, "drain_under_way": True})
         self._drain_requesters.clear()
+        self._late_requesters.clear()
 
     def close(self) -> None:
         """The socket (a reply still queued gets 200 ms) and the token file."""

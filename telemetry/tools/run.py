@@ -756,8 +756,11 @@ def _drain(daemon: subprocess.Popen, runtime: Path, log_dir: Path, rc: int, exit
     try:
         # A daemon that exits before it answers (an outside `telemetry drain` under way, a
         # crash) ends the wait at once, not at the timeout.
-        control.request(f"ipc://{runtime}/control.sock", "drain", timeout_s=wait_s, exit_code=min(max(rc, 0), 255),
-                        extra={"exited_at": exited_at}, give_up=lambda: daemon.poll() is not None)
+        reply = control.request(f"ipc://{runtime}/control.sock", "drain", timeout_s=wait_s,
+                                exit_code=min(max(rc, 0), 255), extra={"exited_at": exited_at},
+                                give_up=lambda: daemon.poll() is not None)
+        if isinstance(reply, dict) and reply.get("drain_under_way"):
+            _say_gone(daemon, log_dir, rc)      # an outside drain's counters: without the exit code
     except control.GaveUp:
         _say_gone(daemon, log_dir, rc)
         return
