@@ -2,6 +2,7 @@
 and without the token), the hellos it keeps, and the byes it holds behind their client's records."""
 from __future__ import annotations
 
+import json
 import types
 
 import msgspec
@@ -105,34 +106,68 @@ def test_a_drain_requests_exit_code_and_exit_time_are_kept_for_the_script_exit_e
     (exited_at, a unix time): exit_data is what the drain's script_exit event says. A bad
     exited_at (not a finite number) is left out, the exit code kept; no exit code, no event."""
     ctx = zmq.Context()
+    made = []
+
+    def drain(body: str) -> dict | None:
+        """`body` as the drain request of a daemon of its own (a daemon drains once: a drain
+        request read after its drain began is another's, answered, its exit code not taken)."""
+        srv = ControlServer(ctx, status=lambda: {}, on_drain=lambda: None)
+        endpoint = f"ipc://{tmp_path}/control{len(made)}"
+        srv.sock.bind(endpoint)
+        srv.issue_token(endpoint)
+        req = ctx.socket(zmq.REQ)
+        req.setsockopt(zmq.LINGER, 0)
+        req.connect(endpoint)
+        made.extend((req, srv))
+        token = control_protocol.token_path(endpoint).read_text().split("\n")[0]   # (then, for TCP, its host)
+        req.send((f'{{"cmd": "drain", "token": "{token}"' + body).encode())
+        while not srv._drain_requesters:
+            req.poll(10)
+            srv.serve()
+        srv.answer_drain({"ok": True})
+        assert req.poll(2000)
+        req.recv()
+        return srv.exit_data
+
+    try:
+        assert drain("}") is None
+        assert drain(', "exit_code": 1, "exited_at": 1800000000.25}') == {"exit_code": 1, "exited_at": 1_800_000_000.25}
+        # Python's json reads NaN, Infinity and 1e400 (an infinity) too: none is a time.
+        for bad in ('"soon"', "true", "null", "[1.0]", "NaN", "Infinity", "1e400"):
+            assert drain(f', "exit_code": 137, "exited_at": {bad}}}') == {"exit_code": 137}, bad
+    finally:
+        for x in made:
+            x.close()
+        ctx.term()
+
+
+def test_a_drain_request_during_the_drain_is_answered_marked_and_its_exit_code_not_taken(tmp_path):
+    ctx = zmq.Context()
     srv = ControlServer(ctx, status=lambda: {}, on_drain=lambda: None)
     endpoint = f"ipc://{tmp_path}/control"
     srv.sock.bind(endpoint)
     srv.issue_token(endpoint)
-    token = control_protocol.token_path(endpoint).read_text().split("\n")[0]   # (then, for TCP, its host)
-    req = ctx.socket(zmq.REQ)
-    req.setsockopt(zmq.LINGER, 0)
-    req.connect(endpoint)
+    token = control_protocol.token_path(endpoint).read_text().split("\n")[0]
+    first, late = ctx.socket(zmq.REQ), ctx.socket(zmq.REQ)
     try:
-        def drain(body: str) -> dict | None:
-            req.send(body.encode())
-            while not srv._drain_requesters:
-                req.poll(10)
-                srv.serve()
-            srv.answer_drain({"ok": True})
-            assert req.poll(2000)
-            req.recv()
-            return srv.exit_data
-
-        head = f'{{"cmd": "drain", "token": "{token}"'
-        assert srv.exit_data is None
-        assert drain(head + "}") is None
-        assert drain(head + ', "exit_code": 1, "exited_at": 1800000000.25}') == {"exit_code": 1, "exited_at": 1_800_000_000.25}
-        # Python's json reads NaN, Infinity and 1e400 (an infinity) too: none is a time.
-        for bad in ('"soon"', "true", "null", "[1.0]", "NaN", "Infinity", "1e400"):
-            assert drain(head + f', "exit_code": 137, "exited_at": {bad}}}') == {"exit_code": 137}, bad
+        for r in (first, late):
+            r.setsockopt(zmq.LINGER, 0)
+            r.connect(endpoint)
+        first.send(f'{{"cmd": "drain", "token": "{token}", "exit_code": 0}}'.encode())
+        while not srv._drain_requesters:
+            first.poll(10)
+            srv.serve()
+        srv.draining = True              # the daemon serves its socket from within the drain
+        late.send(f'{{"cmd": "drain", "token": "{token}", "exit_code": 9}}'.encode())
+        assert srv.sock.poll(5000)       # it has arrived, unread: answer_drain reads it
+        srv.answer_drain({"ok": True, "records_in": 5})
+        assert first.poll(2000) and late.poll(2000)
+        assert json.loads(first.recv()) == {"ok": True, "records_in": 5}
+        assert json.loads(late.recv()) == {"ok": True, "records_in": 5, "drain_under_way": True}
+        assert srv.exit_data == {"exit_code": 0}
     finally:
-        req.close()
+        first.close()
+        late.close()
         srv.close()
         ctx.term()
 
