@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 
 from telemetry.shared.config import number_arg
@@ -31,6 +30,7 @@ def ask(prog: str, control: str | None, cmd: str, timeout_s: float, extra: dict 
     import zmq
 
     from telemetry.shared.control import GaveUp, request
+    from telemetry.shared.procs import alive
     from telemetry.shared import endpoints
 
     try:
@@ -40,7 +40,7 @@ def ask(prog: str, control: str | None, cmd: str, timeout_s: float, extra: dict 
         return None, 2
     try:
         reply = request(ep, cmd, timeout_s=timeout_s, extra=extra,
-                        give_up=(lambda: not _alive(pid)) if pid is not None else None)
+                        give_up=(lambda: not alive(pid)) if pid is not None else None)
     except GaveUp:
         print(f"{prog}: the daemon at {ep} (pid {pid}) exited without answering", file=sys.stderr)
         return None, 1
@@ -64,23 +64,6 @@ def ask(prog: str, control: str | None, cmd: str, timeout_s: float, extra: dict 
         print(f"{prog}: the daemon at {ep} refused: {printable(reply.get('error', '?'))}", file=sys.stderr)
         return None, 2
     return reply, 0
-
-
-def _alive(pid: int) -> bool:
-    """Whether process `pid` runs: it exists and, where /proc says, is not a zombie (dead, its
-    parent not having reaped it yet)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:                # another user's: it exists
-        pass
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            state = f.read().rpartition(b")")[2].split()[0]
-    except (OSError, IndexError):
-        return True
-    return state not in (b"Z", b"X")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from telemetry.shared import files
+from telemetry.shared.procs import alive
 from telemetry.daemon.sinks.base import StartupError
 
 log = logging.getLogger("telemetry.daemon")
@@ -20,21 +21,6 @@ GC_GEN0_THRESHOLD = 50_000
 
 # Descriptors the daemon needs besides its ingest connections: files, sinks, pollers, sockets.
 FD_RESERVE = 256
-
-
-def alive(pid: int) -> bool:
-    """Whether process `pid` still runs (a zombie counts as ended)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[-1].split()[0] != b"Z"
-    except OSError:
-        return True
 
 
 class Watched:
