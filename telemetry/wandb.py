@@ -38,7 +38,7 @@ from telemetry.integrations.wandb_objects import (CONFIG_DEFAULTS_FILE, Authenti
                                                   ServerResponseError, Unsupported, UnsupportedError, UsageError,
                                                   config_dict, config_from_file)
 from telemetry.integrations.wandb_run import ENV_RUN_ID, Run, new_run_id, run_in_use
-from telemetry.integrations.wandb_settings import REINITS, check_init, check_settings, lax_bool
+from telemetry.integrations.wandb_settings import MODE_NAMES, REINITS, check_init, check_settings, lax_bool, sink_mode
 
 __all__ = ["init", "log", "finish", "define_metric", "watch", "unwatch", "login", "setup", "teardown", "Settings",
            "Error", "UsageError",
@@ -237,7 +237,7 @@ def init(project: str | None = None, name: str | None = None, config: Any = None
         reinit = lax_bool(reinit)       # as W&B reads it: 1 or "yes" is True
     mode = mode or os.environ.get("WANDB_MODE") or _default_mode()
     # W&B's older names: "dryrun" for offline (Lightning's WandbLogger sets it), "run" for online.
-    mode = {"dryrun": "offline", "run": "online"}.get(mode, mode)
+    mode = MODE_NAMES.get(mode, mode)
     if _run is not None and not _run._finished and _run._pid == os.getpid():
         if reinit in (True, "finish_previous"):
             if not _silent():
@@ -286,10 +286,8 @@ def init(project: str | None = None, name: str | None = None, config: Any = None
             # An id made here, on a daemon of the run's own: no other process can name this run
             # (W&B's run per rank when every rank inits), so this process is its only rank.
             rank, world_size = 0, 1
-        # W&B's "shared" mode is online, with several processes writing one run: what a daemon
-        # of the run does for its ranks anyway.
         autostart.ensure_daemon("telemetry.wandb", run_id=run_id, run_name=name or env("WANDB_NAME"),
-                                wandb_mode="online" if mode == "shared" else mode,
+                                wandb_mode=sink_mode(mode),
                                 root=dir or env("WANDB_DIR"), runtime=runtime)
     console = settings.get("console") if isinstance(settings, dict) else getattr(settings, "console", None)
     run = Run(project=project or env("WANDB_PROJECT"), name=name or env("WANDB_NAME"), config=cfg,

@@ -65,7 +65,7 @@ from telemetry.integrations.wandb_values import json_value, nested_key_text, sum
 from telemetry.integrations.wandb_media import INLINE_ARRAY, INLINE_LIST, Array, Histogram, List, Media, MediaWriter
 from telemetry.shared.bookkeeping import SUMMARY_REMOVE_EVENT
 from telemetry.shared.media import EVENT as MEDIA_EVENT
-from telemetry.shared.wandb_ids import fallback_files_dir
+from telemetry.shared.wandb_ids import fallback_files_dirs
 from telemetry.shared.wandb_keys import NESTED_EVENT, RecordNames
 
 SUMMARY_EVENT = "wandb/summary"             # {key: value}: run.summary set (what consumers read)
@@ -361,19 +361,16 @@ class Run(RunCalls):
         return (self._daemon_run or {}).get(key)
 
     def _fallback_dir(self) -> str:
-        """This run's own files directory (wandb_ids.fallback_files_dir), made on first use, for
+        """This run's own files directory (wandb_ids.fallback_files_dirs), made on first use, for
         `run.dir` while the daemon's W&B run directory is not known. Under the script's `dir`,
         else its working directory at init; one that cannot be made is the system's temporary
         directory's (W&B's own fallback), said once. Said once too when no W&B run will take
         its files (W&B off or refused in the daemon)."""
         if self._fallback is None:
-            import tempfile
-
             from telemetry.shared import files
 
-            roots = [self._files_root or self._meta["cwd"], tempfile.gettempdir()]
-            for root in roots:
-                path = fallback_files_dir(root, self.id)
+            paths = fallback_files_dirs(self._files_root or self._meta["cwd"], self.id)
+            for path in paths:
                 try:
                     # Ours alone (files.make_dir's checks): under /tmp a stranger may have made
                     # wandb/ or the run's directory first, to read or swap the files put there.
@@ -385,7 +382,7 @@ class Run(RunCalls):
                 self._fallback = path
                 break
             else:
-                raise OSError(f"telemetry.wandb: no directory for run.dir under {' or '.join(roots)}")
+                raise OSError(f"telemetry.wandb: no directory for run.dir: {' or '.join(paths)}")
         if self._no_run_why and not self._said_no_upload and self.rank == 0:
             self._said_no_upload = True
             print(f"telemetry.wandb: run.dir is this run's own {self._fallback}: {self._no_run_why}",

@@ -33,6 +33,15 @@ ENV_FIELDS = (("WANDB_DIR", "root_dir"), ("WANDB_PROJECT", "project"), ("WANDB_E
               ("WANDB_CONFIG_PATHS", "config_paths"))
 
 MODES = ("online", "offline", "shared", "disabled", "dryrun", "run")
+# W&B's other names for its modes, as W&B reads them: "dryrun" (offline) and "run" (online), and
+# "shared", one online run written by several processes (what a daemon of the run does for its
+# ranks anyway): the mode a daemon's W&B sink runs in (sink_mode).
+MODE_NAMES = {"dryrun": "offline", "run": "online"}
+
+
+def sink_mode(mode: str | None) -> str | None:
+    """The W&B mode a daemon's sink runs in for a script's `mode` (MODE_NAMES, "shared")."""
+    return "online" if mode == "shared" else MODE_NAMES.get(mode, mode)
 RESUMES = ("allow", "must", "never", "auto")
 REINITS = ("default", "return_previous", "finish_previous", "create_new")
 CONSOLES = ("auto", "off", "wrap", "redirect", "wrap_raw", "wrap_emu")

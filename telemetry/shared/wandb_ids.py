@@ -12,6 +12,15 @@ def stable_run_id(run_name: str) -> str:
     return "tm-" + hashlib.sha1(run_name.encode()).hexdigest()[:12]
 
 
+def fallback_files_dirs(root: str, run_id: str) -> list[str]:
+    """Where a telemetry.wandb run's own `run.dir` may be, in the order the script tries them:
+    under its root, else under the system's temporary directory (W&B's own fallback). The
+    daemon's W&B sink looks in the same places."""
+    import tempfile
+
+    return [fallback_files_dir(r, run_id) for r in (root, tempfile.gettempdir())]
+
+
 def fallback_files_dir(root: str, run_id: str) -> str:
     """A telemetry.wandb run's `run.dir` while the daemon's W&B run directory is not known to the
     script (W&B still starting in the daemon, off there, or refused): `<root>/wandb/telemetry-<id>/files`,

@@ -133,6 +133,7 @@ def run(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace) -> int:
     from telemetry.client import autostart
     from telemetry.integrations.wandb_run import ENV_RUN_ID
+    from telemetry.integrations.wandb_settings import sink_mode
     from telemetry.shared import endpoints, files, run_lock
 
     target, why = _target(list(args.command))
@@ -182,10 +183,8 @@ def _run(args: argparse.Namespace) -> int:
     # $WANDB_MODE=disabled does not turn the script's telemetry.wandb into a stand-in. Only an
     # explicit --wandb overrides the daemon config's wandb.mode (docs/config.md).
     env_mode = env.pop("WANDB_MODE", None)
-    mode = args.wandb or file_mode or env_mode or "offline"
-    # W&B's other names for its modes: "shared" (one online run from several processes),
-    # "run" (online) and "dryrun" (offline), as W&B reads $WANDB_MODE.
-    mode = {"shared": "online", "run": "online", "dryrun": "offline"}.get(mode, mode)
+    # W&B's other names for its modes ("shared", "run", "dryrun") as W&B reads $WANDB_MODE.
+    mode = sink_mode(args.wandb or file_mode or env_mode or "offline")
     if mode not in ("disabled", "offline", "online"):
         mode = "offline"
     env[autostart.ENV_WANDB_MODE] = mode       # the daemons of the script's other runs: the same mode

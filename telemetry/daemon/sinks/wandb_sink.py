@@ -58,7 +58,7 @@ from telemetry.shared import files
 from telemetry.shared.bookkeeping import SUMMARY_REMOVE_EVENT, summary_paths
 from telemetry.daemon.media_keeper import MediaFiles, event_files, num_bins
 from telemetry.shared import media as shared_media
-from telemetry.shared.wandb_ids import fallback_files_dir, stable_run_id
+from telemetry.shared.wandb_ids import fallback_files_dirs, stable_run_id
 from telemetry.shared.numbers import is_int
 from telemetry.shared.wandb_keys import MAX_NESTED_DEPTH, NESTED_EVENT, nest
 
@@ -257,7 +257,7 @@ class WandbSink(Sink):
             lost = len(self._waiting) + self._hellos_before_open    # the hellos' config too
             self._waiting, self._hellos_before_open = [], 0
             if lost:
-                self._drop("no_run", "the W&B run could not be made: %s" % self.open_error, lost)
+                self._drop_no_run(lost)
             return False
         finally:
             sys.argv = argv
@@ -296,7 +296,7 @@ class WandbSink(Sink):
 
     def consume(self, batch: list[Out]) -> None:
         if self.open_error:      # W&B refused the run (_open): not asked again
-            self._drop("no_run", "the W&B run could not be made: %s" % self.open_error, len(batch))
+            self._drop_no_run(len(batch))
             return
         if self.run is None:
             for i, o in enumerate(batch):
@@ -322,7 +322,11 @@ class WandbSink(Sink):
         if opened:
             self._consume(rest)
         elif rest:
-            self._drop("no_run", "the W&B run could not be made: %s" % self.open_error, len(rest))
+            self._drop_no_run(len(rest))
+
+    def _drop_no_run(self, count: int) -> None:
+        """`count` records for a run W&B refused to make (open_error): counted, reason no_run."""
+        self._drop("no_run", "the W&B run could not be made: %s" % self.open_error, count)
 
     def _consume(self, batch: list[Out]) -> None:
         for i, o in enumerate(batch):
@@ -889,12 +893,11 @@ class WandbSink(Sink):
     def _save_fallback_files(self) -> None:
         """The files the script wrote to its `run.dir` while this run's directory was not known
         to it (W&B still starting here): saved into the run, as W&B saves the files of its run
-        directory at finish. Their directory is wandb_ids.fallback_files_dir under the init's
+        directory at finish. Their directories are wandb_ids.fallback_files_dirs under the init's
         `dir`, else the script's working directory (else the temporary directory, the script's
         second choice). A file W&B could not take is counted (files_unsaved) and said once; so
         is a directory this daemon cannot see (the script on another host)."""
         import socket
-        import tempfile
 
         init = self._init
         if init is None:
@@ -903,14 +906,14 @@ class WandbSink(Sink):
         root = init.get("dir") if isinstance(init.get("dir"), str) else meta.get("cwd")
         if not isinstance(root, str) or not os.path.isabs(root):
             return
-        bases = [b for b in (fallback_files_dir(r, self.run_id) for r in (root, tempfile.gettempdir()))
-                 if os.path.isdir(b)]
+        candidates = fallback_files_dirs(root, self.run_id)
+        bases = [b for b in candidates if os.path.isdir(b)]
         if not bases:
             host = meta.get("host")
             if isinstance(host, str) and host != socket.gethostname():
                 log.warning("wandb: files the script may have written to run.dir before W&B's run started (%s, on "
                             "host %s) cannot be seen from this host: not saved to the W&B run",
-                            fallback_files_dir(root, self.run_id), host)
+                            candidates[0], host)
             return
         for base in bases:
             try:
