@@ -139,6 +139,9 @@ def test_a_sink_back_from_its_batch_after_the_deadline_counts_it_once(comes_back
     assert (s["written"], s["dropped"]) == expected and s["in"] == 1 and "dropped_in_hand" not in s, s
     said = [line for line in summary_lines({"sinks": {"jsonl": s}}) if line.startswith("sink jsonl")]
     assert said and "in its hands" not in said[0], said
+    # Every record dropped has a reason, in the counters and in the summary's words.
+    assert s["dropped_by_reason"] == ({} if comes_back == "writes" else {"sink_error": 1}), s
+    assert ("dropped for: sink_error 1" in said[0]) == (comes_back == "raises"), said
     runner.abandon(0.0)                                   # twice: nothing counted again
     assert (runner.stats()["written"], runner.stats()["dropped"]) == expected
 
@@ -180,6 +183,10 @@ def test_a_w_and_b_run_behind_a_backlog_still_ends_with_its_exit_record(tmp_path
     wb = final["sinks"]["wandb"]
     assert wb["dropped"] > 0, wb                 # a backlog it could not log by the deadline
     assert wb["in"] == wb["written"] + wb["dropped"] + wb.get("queued", 0), wb
+    # Every record dropped has its reason (its queue's bound, the deadline), the sink's own part
+    # named by the sink: nothing unnamed.
+    assert sum(wb["dropped_by_reason"].values()) == wb["dropped"], wb
+    assert wb["dropped_by_reason"] and "sink" not in wb["dropped_by_reason"], wb
     # It closed (its exit record below): never said "abandoned"; given up on, said closed short.
     said = problem_lines(final)
     assert not any("abandoned" in line for line in said), said

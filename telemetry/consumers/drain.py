@@ -149,8 +149,11 @@ def summary_lines(final: dict) -> list[str]:
         err = f"  last error: {st['last_error']}" if st.get("last_error") else ""
         in_hand = (f" (of them {_num(st['dropped_in_hand'], ',')} in its hands when it was abandoned:"
                    " they may have been written)") if st.get("dropped_in_hand") else ""
+        why = st.get("dropped_by_reason") if st.get("dropped") else None
+        why = ("  dropped for: " + ", ".join(f"{reason} {_num(n, ',')}" for reason, n in why.items())
+               if isinstance(why, dict) and why else "")
         lines.append(f"sink {name:<12} written {_num(st.get('written'), ','):>9}  dropped "
-                     f"{_num(st.get('dropped'), ','):>7}{in_hand}  errors {_num(st.get('errors'), ',')}{err}")
+                     f"{_num(st.get('dropped'), ','):>7}{in_hand}  errors {_num(st.get('errors'), ',')}{why}{err}")
     log_dir = g("log_dir")
     if isinstance(log_dir, str):
         lines.append(f"files: {log_dir} (metrics.jsonl, daemon.log; drain.json: every counter, as --json prints)")

@@ -141,6 +141,9 @@ class SinkRunner:
         self.num_written = 0
         self.num_dropped = 0
         self.num_dropped_for_bytes = 0         # of num_dropped: beyond max_bytes (the memory budget)
+        # Of num_dropped, by why (RUNNER_REASONS; what the sink counted itself is "sink" here, and
+        # named by the sink's own dropped_by_reason in stats): every record dropped has a reason.
+        self.dropped_by_reason: dict[str, int] = {}
         self.num_errors = 0
         self.last_error = ""
         self._sink_dropped_seen = 0            # sink.num_dropped already moved into ours
@@ -162,21 +165,24 @@ class SinkRunner:
         with self._cond:
             self.num_in += len(batch)
             if self._ended or self._abandoned:
-                self.num_dropped += len(batch)
+                self._drop(len(batch), "drain_deadline" if self._abandoned else "sink_ended")
                 return
             room = self.max_queued - self._num_queued
+            over_bytes = 0
             if self._num_bytes + num_bytes > self.max_bytes and batch:
                 # Whole records only, in proportion: the records of a batch are alike in size.
                 per_record = num_bytes / len(batch)
                 fit = max(0, int((self.max_bytes - self._num_bytes) / per_record)) if per_record else len(batch)
                 if fit < min(room, len(batch)):
-                    self.num_dropped_for_bytes += min(room, len(batch)) - fit
+                    over_bytes = min(room, len(batch)) - fit
+                    self.num_dropped_for_bytes += over_bytes
                     room = fit
+            if room < len(batch):
+                self._drop(over_bytes, "memory_budget")
+                self._drop(len(batch) - max(room, 0) - over_bytes, "queue_full")
             if room <= 0:
-                self.num_dropped += len(batch)
                 return
             if len(batch) > room:
-                self.num_dropped += len(batch) - room
                 num_bytes = num_bytes * room // len(batch)
                 batch = batch[:room]
             self._batches.append(batch)
@@ -218,9 +224,11 @@ class SinkRunner:
             return batch
 
     def _run(self) -> None:
+        why = "sink_ended"
         try:
             self._serve()
         except BaseException as exc:  # a bug past the sink's own calls: the sink ends, counted
+            why = "sink_error"
             # last_error before the count, here and below: `status` reads them from another
             # thread, and an error counted must come with what it was (seen: errors 1, no
             # last_error, while the log line between the two was written).
@@ -232,7 +240,8 @@ class SinkRunner:
             # later: nothing waits in a queue that no thread will read.
             with self._cond:
                 self._ended = True
-                self.num_dropped += self._num_queued + self._in_hand - self._in_hand_dropped
+                self._drop(self._num_queued + self._in_hand - self._in_hand_dropped,
+                           "drain_deadline" if self._abandoned else why)
                 self._num_queued = self._in_hand = self._in_hand_dropped = self._num_bytes = 0
                 self._batches.clear()
                 self._sizes.clear()
@@ -293,12 +302,12 @@ class SinkRunner:
             if ok:
                 self.num_written += len(batch)
             else:
-                self.num_dropped += len(batch)
+                self._drop(len(batch), "sink_error")
             self._take_sink_drops()
             if in_hand:
                 # Abandoned while the sink held it, the batch was counted dropped then; the sink
                 # has come back, and the batch is counted by what became of it instead.
-                self.num_dropped -= self._in_hand_dropped
+                self._drop(-self._in_hand_dropped, "drain_deadline")
                 self._in_hand = self._in_hand_dropped = 0
         if not ok and (self.num_errors == 1 or self.num_errors % 1000 == 0):  # never log per item
             log.error("sink %s failed (%d errors so far): %s", self.name, self.num_errors, self.last_error)
@@ -320,7 +329,18 @@ class SinkRunner:
         if n:
             self._sink_dropped_seen += n
             self.num_written -= n
+            self._drop(n, "sink")
+
+    def _drop(self, n: int, reason: str) -> None:
+        """Count `n` records dropped (less, when negative: a batch counted lost comes back) for
+        `reason`. Under the queue's lock where other threads count too."""
+        if n:
             self.num_dropped += n
+            left = self.dropped_by_reason.get(reason, 0) + n
+            if left:
+                self.dropped_by_reason[reason] = left
+            else:
+                self.dropped_by_reason.pop(reason, None)
 
     def _discard_forever(self) -> None:
         while True:
@@ -329,7 +349,7 @@ class SinkRunner:
                 return
             if batch:
                 with self._cond:
-                    self.num_dropped += len(batch) - self._in_hand_dropped
+                    self._drop(len(batch) - self._in_hand_dropped, "sink_failed_to_start")
                     self._in_hand = self._in_hand_dropped = 0
 
     def request_stop(self) -> None:
@@ -372,11 +392,11 @@ class SinkRunner:
         self._thread.join(grace_s)
         with self._cond:
             alive = self._thread.is_alive()
-            self.num_dropped += self._num_queued
+            self._drop(self._num_queued, "drain_deadline")
             if alive:
                 self._late = True
                 if self._in_hand:
-                    self.num_dropped += self._in_hand - self._in_hand_dropped
+                    self._drop(self._in_hand - self._in_hand_dropped, "drain_deadline")
                     self._in_hand_dropped = self._in_hand
             self._num_queued = self._num_bytes = 0
             self._batches.clear()
@@ -401,6 +421,7 @@ class SinkRunner:
                       "queued": self._num_queued, "in_hand": self._in_hand - self._in_hand_dropped,
                       "queued_mb": round(self._num_bytes / 2**20, 1),
                       "dropped_for_bytes": self.num_dropped_for_bytes, "errors": self.num_errors})
+            s["dropped_by_reason"] = _reasons(self.dropped_by_reason, s.get("dropped_by_reason"))
             if self._in_hand_dropped:
                 # Of `dropped`: the batch in the hands of a sink abandoned mid-batch, still there;
                 # it may yet reach its destination (the count is then an upper bound by this much).
@@ -408,6 +429,20 @@ class SinkRunner:
         if self.last_error:
             s["last_error"] = self.last_error
         return s
+
+
+def _reasons(runner: dict[str, int], sink: object) -> dict[str, int]:
+    """`dropped` by why: the runner's reasons, with what the sink counted itself ("sink") named by
+    the sink's own dropped_by_reason where it keeps one (the W&B sink's; a reason both use adds)."""
+    out = dict(runner)
+    own = out.pop("sink", 0)
+    for reason, n in (sink.items() if isinstance(sink, dict) else ()):
+        if isinstance(n, int) and n > 0:
+            out[reason] = out.get(reason, 0) + n
+            own -= n
+    if own > 0:
+        out["sink"] = own
+    return out
 
 
 class InlineRunner(SinkRunner):
@@ -437,7 +472,7 @@ class InlineRunner(SinkRunner):
     def put(self, batch: list[Out], num_bytes: int | None = None) -> None:
         self.num_in += len(batch)
         if not self._running or self._closed:
-            self.num_dropped += len(batch)
+            self._drop(len(batch), "sink_ended" if self._closed else "sink_failed_to_start")
             return
         if self.downsampler is not None:
             batch = self.downsampler.feed(batch)
