@@ -360,3 +360,38 @@ def test_the_text_summary_says_how_the_run_ended(tmp_path):
     assert ended(("train_end", 0, {"exit_code": 0})) is None
     assert ended(("train_end", 0, {"exit_code": 2}), ("script_exit", None, {"exit_code": 0})) == \
         "successfully (the script's exit code 0)"
+
+
+def test_the_report_says_what_the_drain_found_lost_or_not_made(tmp_path):
+    """The final counters (drain.json) say what metrics.jsonl cannot: a W&B run W&B refused to
+    make, records the deadline left unread. The report read metrics.jsonl only, so it said
+    nothing of either; a drain.json that is not the daemon's object is read as none."""
+    tel = tmp_path / "run" / "telemetry"
+    tel.mkdir(parents=True)
+    (tel / "metrics.jsonl").write_text("".join(json.dumps(
+        {"kind": "metrics", "t": 1000.0 + s, "step": s, "values": {"train/loss": 1.0 / s}}) + "\n" for s in range(1, 6)))
+
+    def report(drain):
+        if drain is not None:
+            (tel / "drain.json").write_text(drain if isinstance(drain, str) else json.dumps(drain))
+        proc = subprocess.run([sys.executable, "-m", "telemetry", "report", str(tmp_path / "run"),
+                               "--out", str(tmp_path / "out")], cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0 and not proc.stderr, proc.stderr
+        said = [line.split(None, 3)[3] for line in proc.stdout.splitlines() if line.startswith("  at the drain")]
+        return said, (tmp_path / "out" / "index.html").read_text()
+
+    final = {"drained": True, "records_unread_at_drain": 1234,
+             "sinks": {"jsonl": {"written": 5}, "wandb": {"opened": False, "dropped": 7,
+                                                         "open_error": "UsageError('Invalid project name')"}}}
+    said, page = report(final)
+    assert said == ["1,234 records queued at the deadline were counted, not processed (raise drain_timeout_s)",
+                    "the W&B run was not made: UsageError('Invalid project name') (7 records not in W&B; "
+                    "metrics.jsonl has the run)"], said
+    assert "<th>at the drain</th><td>the W&amp;B run was not made: UsageError(&#x27;Invalid project name&#x27;)" in page
+    final["sinks"]["wandb"]["opened"] = True          # made after all (a retry): nothing to say of it
+    del final["records_unread_at_drain"]
+    assert report(final)[0] == []
+    for not_the_daemons in ("not json", "[1, 2]", '{"sinks": [1]}', '{"sinks": {"wandb": 3}}'):
+        assert report(not_the_daemons)[0] == [], not_the_daemons
+    (tel / "drain.json").unlink()
+    assert report(None)[0] == []

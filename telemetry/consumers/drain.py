@@ -95,6 +95,9 @@ def problem_lines(final: dict) -> list[str]:
         out.append(f"{_num(final['records_lost_with_client'], ',')} records never left "
                    f"{final.get('sources_ended_by_page', 0)} client(s) that ended without a bye (killed or crashed): "
                    f"counted lost by their seq pages")
+    not_made = wandb_not_made(final)
+    if not_made:
+        out.append(f"the W&B run was not made: {not_made}")
     unfinished = final.get("unfinished_sinks")
     short = final.get("sinks_closed_short")
     short = short if isinstance(short, dict) else {}
@@ -107,6 +110,17 @@ def problem_lines(final: dict) -> list[str]:
         out.append("abandoned at the deadline: " + (", ".join(map(str, unfinished)) if isinstance(unfinished, list)
                                                    else str(unfinished)))
     return out
+
+
+def wandb_not_made(final: dict) -> str | None:
+    """Why the W&B run the user expects does not exist, with what that cost, in words; None when
+    it was made or there was no W&B sink."""
+    sinks = final.get("sinks")
+    w = sinks.get("wandb") if isinstance(sinks, dict) else None
+    if not isinstance(w, dict) or not w.get("open_error") or w.get("opened"):
+        return None
+    return (f"{str(w['open_error'])[:300]} ({_num(w.get('dropped'), ',')} records not in W&B; "
+            f"metrics.jsonl has the run)")
 
 
 def _jsonl(final: dict) -> dict:

@@ -803,6 +803,7 @@ def write_html(out: Path, name: str, log_dir: Path, d: RunData, s: dict, images:
              f"{_f(s['records_in'])} / {_f(s['dropped'])} / {_f(s['sink_dropped'])}"
              + (f" (over {s['num_daemons']} daemon runs)" if s["num_daemons"] > 1 else "")),
             ("events (diagnosis)", f"{s['num_events']} ({s['num_diagnosis_events']})"),
+            *(("at the drain", line) for line in s.get("at_drain", ())),
             ("source", f"{log_dir}{read_note}")]
     # A figure the run has no data for is not a row (a W&B script has no loss or MFU of ours).
     absent = {"loss": s["first_loss"], "tokens/s (median)": s["tokens_per_second_median"],
@@ -1039,6 +1040,7 @@ def text_summary(name: str, s: dict, d: RunData) -> str:
     ended = _ended(d.events)
     if ended:
         lines.append(f"  ended              {ended}")
+    lines += [f"  at the drain       {line}" for line in s.get("at_drain", ())]
     own = [(k, d.steps[k]) for group, k, _ in grouped(d.steps) if group == OWN_GROUP and d.steps[k].n]
     if own:
         lines.append("  your metrics       " + ", ".join(f"{k} {h.last:.5g}" for k, h in own[:8])
@@ -1115,6 +1117,7 @@ def make_report(run_dir: str | Path, out: str | Path | None = None) -> dict[str,
     d.goodput = with_ranks_file(d.goodput, log_dir)     # per rank, where the daemon kept them apart
     name = run_name(d, run_dir_of(log_dir).name)
     s = summarize(d)
+    s["at_drain"] = drain_problems(log_dir)
     images, missing = [], []
     # Names are data: a dataset called "$x^2$" is drawn as written, never parsed as mathtext
     # (an unbalanced "$" made savefig raise) nor handed to LaTeX.
@@ -1143,6 +1146,19 @@ def make_report(run_dir: str | Path, out: str | Path | None = None) -> dict[str,
     return {"name": name, "log_dir": log_dir, "out": out_dir, "html": page, "images": images,
             "metric_plots": [p for _, shown, _ in metric_plots[0] for _, p in shown if p is not None],
             "missing": missing, "summary": s, "data": d, "read": stats}
+
+
+def drain_problems(log_dir: Path) -> list[str]:
+    """What the last daemon's final counters (drain.json) say was lost or not made, in words (the
+    W&B run refused, records unread at the deadline, sinks closed short): metrics.jsonl does not
+    say it. [] without a drain.json (a daemon killed, an older run) or with one not the daemon's."""
+    from telemetry.consumers.drain import problem_lines
+
+    try:
+        final = json.loads(files.read_small(log_dir / "drain.json", 16 << 20) or "{}")
+    except (OSError, ValueError, RecursionError):
+        return []
+    return problem_lines(final) if isinstance(final, dict) else []
 
 
 def _default_out_problem(log_dir: Path) -> str | None:

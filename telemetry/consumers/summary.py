@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from telemetry.consumers.daemontotals import DaemonTotals
+from telemetry.consumers.drain import wandb_not_made
 from telemetry.consumers.readjsonl import ReadStats, read_records
 from telemetry.shared.bookkeeping import is_bookkeeping
 from telemetry.shared.numbers import is_int, is_number
@@ -126,10 +127,10 @@ def main(argv: list[str] | None = None) -> int:
           + (f"  (over {s['daemon'].num_daemons} daemon runs)" if s["daemon"].num_daemons > 1 else ""))
     print(f"  records dropped    {_fmt(s['dropped'])}  (sink drops {_fmt(s['sink_dropped'])})")
     print(f"  events             {s['num_events']}")
-    if wandb_sink.get("open_error") and not wandb_sink.get("opened"):
+    not_made = wandb_not_made({"sinks": {"wandb": wandb_sink}})
+    if not_made:
         # The W&B run the user expects does not exist: said in the summary whatever else was quiet.
-        print(f"  W&B run            NOT MADE: {str(wandb_sink['open_error'])[:300]} ({_fmt(wandb_sink.get('dropped'))} "
-              f"records not in W&B; metrics.jsonl has the run)")
+        print(f"  W&B run            NOT MADE: {not_made}")
     if s["num_unreadable"]:
         print(f"  unreadable lines   {s['num_unreadable']} skipped (not records, or a torn last line)")
     _goodput(args.log_dir)
