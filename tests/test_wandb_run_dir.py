@@ -115,6 +115,35 @@ def test_wandb_off_in_the_daemon_gives_a_path_and_says_its_files_stay(make_daemo
     assert d.stop(timeout_s=60) == 0
 
 
+def test_run_dir_where_no_directory_can_be_made_says_each_why(make_daemon, monkeypatch, tmp_path, workdir):
+    """The first place failing, the warning names the place used instead; both failing, the error
+    names both and why (the warning said "using the system's temporary directory" when that was
+    the place that had failed, then raised with no reason)."""
+    import tempfile
+
+    d = make_daemon(wandb="disabled")
+    to(monkeypatch, d)
+    (workdir / "wandb").write_text("")           # a file where wandb/ would be made
+    run = tw.init(project="p")
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    monkeypatch.setattr(tempfile, "gettempdir", lambda: str(tmp))
+    with pytest.warns(RuntimeWarning, match=f"using {tmp}/wandb/telemetry-{run.id}/files"):
+        assert run.dir == fallback_files_dir(str(tmp), run.id) and os.path.isdir(run.dir)
+    tw.finish()
+
+    run = tw.init(project="p")
+    (tmp_path / "tmp-file").write_text("")
+    monkeypatch.setattr(tempfile, "gettempdir", lambda: str(tmp_path / "tmp-file"))
+    with pytest.warns(RuntimeWarning), pytest.raises(OSError) as raised:
+        run.dir
+    said = str(raised.value)
+    assert str(workdir / "wandb" / f"telemetry-{run.id}") in said and str(tmp_path / "tmp-file" / "wandb") in said, said
+    assert said.count("Not a directory") == 2, said
+    tw.finish()
+    assert d.stop(timeout_s=60) == 0
+
+
 def test_a_disabled_run_dir_is_wandbs_path(monkeypatch, tmp_path, workdir):
     # W&B 0.31's disabled run: `<tmp>/wandb/run-<time>-<id>/files`, not made (and `dir=` not used).
     import wandb

@@ -370,19 +370,23 @@ class Run(RunCalls):
             from telemetry.shared import files
 
             paths = fallback_files_dirs(self._files_root or self._meta["cwd"], self.id)
-            for path in paths:
+            why = []
+            for i, path in enumerate(paths):
                 try:
                     # Ours alone (files.make_dir's checks): under /tmp a stranger may have made
                     # wandb/ or the run's directory first, to read or swap the files put there.
                     files.make_dir(path, own=True)
                 except OSError as exc:
-                    warnings.warn(f"telemetry.wandb: run.dir {path} cannot be made ({exc}): using the system's "
-                                  f"temporary directory", RuntimeWarning, stacklevel=3)
+                    why.append(f"{path}: {exc}")
+                    if i + 1 < len(paths):
+                        warnings.warn(f"telemetry.wandb: run.dir {path} cannot be made ({exc}): using "
+                                      f"{paths[i + 1]} (under the system's temporary directory)",
+                                      RuntimeWarning, stacklevel=3)
                     continue
                 self._fallback = path
                 break
             else:
-                raise OSError(f"telemetry.wandb: no directory for run.dir: {' or '.join(paths)}")
+                raise OSError(f"telemetry.wandb: no directory for run.dir could be made: {'; '.join(why)}")
         if self._no_run_why and not self._said_no_upload and self.rank == 0:
             self._said_no_upload = True
             print(f"telemetry.wandb: run.dir is this run's own {self._fallback}: {self._no_run_why}",

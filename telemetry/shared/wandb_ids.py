@@ -18,7 +18,7 @@ def fallback_files_dirs(root: str, run_id: str) -> list[str]:
     daemon's W&B sink looks in the same places."""
     import tempfile
 
-    return [fallback_files_dir(r, run_id) for r in (root, tempfile.gettempdir())]
+    return list(dict.fromkeys(fallback_files_dir(r, run_id) for r in (root, tempfile.gettempdir())))
 
 
 def fallback_files_dir(root: str, run_id: str) -> str:
