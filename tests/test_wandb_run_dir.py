@@ -256,3 +256,27 @@ def test_a_strangers_run_dir_made_first_is_neither_written_nor_saved(tmp_path, m
         (hold / "go").touch() if "hold" in locals() else None
         shutil.rmtree(shared, ignore_errors=True)
         shutil.rmtree(ours.parent, ignore_errors=True)
+
+
+def test_run_dir_files_on_another_host_are_said_not_saved(tmp_path, caplog):
+    """A script on another host than the daemon's (a node's rank, the head's W&B run): the files it
+    wrote to its own run.dir cannot be seen here; said, by the host name its hello gave, never
+    silently missing. A script on this host whose run.dir was never made: nothing to say."""
+    import logging
+    import socket
+
+    from telemetry.daemon.sinks.wandb_sink import WandbSink
+
+    sink = WandbSink("offline", tmp_path, run_name="elsewhere")
+    sink.run_id = "abc123"
+    gone = str(tmp_path / "not-here")
+    with caplog.at_level(logging.WARNING, logger="telemetry.daemon.sinks.wandb"):
+        sink._init = {"dir": gone, "meta": {"host": "some-other-node", "cwd": gone}}
+        sink._save_fallback_files()
+        said = [r.getMessage() for r in caplog.records]
+        assert len(said) == 1 and "on host some-other-node" in said[0] and "cannot be seen" in said[0], said
+        assert fallback_files_dir(gone, "abc123") in said[0], said
+        caplog.clear()
+        sink._init = {"dir": gone, "meta": {"host": socket.gethostname(), "cwd": gone}}
+        sink._save_fallback_files()
+        assert not caplog.records, [r.getMessage() for r in caplog.records]
