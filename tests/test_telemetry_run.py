@@ -157,9 +157,16 @@ def test_a_module_with_its_arguments(tmp_path):
     (["--world-size", "0", "--", "train.py"], ["--world-size must be 1..65536"]),
     (["--run-dir", "a-file/x", "--", "train.py"], ["--run-dir", "cannot make it"]),
     (["--daemon-config", "nope.yaml", "--", "train.py"], ["--daemon-config nope.yaml: not a file"]),
+    # The run's daemon would listen there while the script sends to the run's own sockets: every
+    # record lost, and the summary said none was.
+    (["--daemon-config", "ingest.yaml", "--", "train.py"], ["sets ingest: tcp://127.0.0.1:47999", "remove it"]),
+    (["--daemon-config", "two.yaml", "--", "train.py"], ["sets pub: tcp://127.0.0.1:47998, control: "
+                                                         "tcp://127.0.0.1:47997", "remove them"]),
 ])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, args, words):
     (tmp_path / "a-file").write_text("")
+    (tmp_path / "ingest.yaml").write_text("ingest: tcp://127.0.0.1:47999\n")
+    (tmp_path / "two.yaml").write_text("pub: tcp://127.0.0.1:47998\ncontrol: tcp://127.0.0.1:47997\n")
     out = _run(tmp_path, *args, timeout=120)
     assert out.returncode == 2, out.stderr
     assert "Traceback" not in out.stderr and out.stderr.count("\n") == 1, out.stderr

@@ -104,6 +104,15 @@ def _daemon_config(path: str | None) -> tuple[str | None, float, str]:
         wandb = read_yaml(path).get("wandb")
     except ConfigError as exc:
         return None, 0.0, f"bad config: {exc}"
+    # The run's daemon listens where the run's script is pointed (the run's private socket
+    # directory): an endpoint of the file's would be the daemon's alone, and every record the
+    # script sent would go where no daemon listens, the run's summary saying none was lost.
+    own = [f"{name}: {getattr(cfg, name)}" for name in ("ingest", "pub", "control") if getattr(cfg, name)]
+    if own:
+        return None, 0.0, (f"sets {', '.join(own)}: telemetry run gives its daemon the run's own endpoints and "
+                           f"points the script at them; remove {'it' if len(own) == 1 else 'them'}, or start the "
+                           f"daemon yourself (telemetry daemon --config FILE) and set the script's "
+                           f"TELEMETRY_ENDPOINT")
     return (wandb.get("mode") if isinstance(wandb, dict) else None), cfg.drain_timeout_s, ""
 
 
