@@ -6,7 +6,11 @@
  * or None), the bytes of msgpack.Packer(use_bin_type=True).pack((i0, ..., iN, values)). It
  * returns None, and the caller packs with msgpack instead, for anything else: a value of
  * another type (a tensor, a numpy scalar, a string), a key that is not a str or has no UTF-8
- * form, a dict subclass, an int beyond 64 bits, a map of 65,536 entries or more. So what a frame
+ * form, a dict subclass, an int beyond 64 bits, a map of 65,536 entries or more; and for what
+ * the protocol refuses, so that the caller's checks see it (the client leaves out and counts a
+ * bad name, and a record with a bad step, instead of sending what the daemon refuses): a header
+ * int outside [0, 2**63) (every header field is one), a key of no characters or more than
+ * MAX_NAME_CHARS (protocol/constants.py; the module's MAX_NAME_CHARS, held equal by the test). So what a frame
  * carries, and every refusal and error, stay msgpack's; this only takes the common record, a
  * dict of plain numbers, off msgpack's general walk (its type dispatch per value is most of the
  * encode, and after a training step, on cold caches, most of log()'s time).
@@ -20,6 +24,8 @@
 #include <stdint.h>
 #include <string.h>
 
+/* A metric name's most characters (protocol/constants.py MAX_NAME_CHARS). */
+#define MAX_NAME_CHARS 256
 /* A frame is built on the stack up to this long, on the heap beyond. */
 #define STACK_BYTES 4096
 /* The most a key's header and a value take besides the key's own bytes. */
@@ -125,8 +131,15 @@ static PyObject *pack(buf_t *b, PyObject *const *args, Py_ssize_t nargs)
     put1(b, (unsigned char)(0x90 | nargs));                 /* fixarray */
     for (Py_ssize_t i = 0; i < nargs - 1; i++) {
         /* Each header int takes at most 9 bytes: 14 of them and a map header fit the stack. */
-        if (!PyLong_Check(args[i]) || args[i] == Py_True || args[i] == Py_False || put_int(b, args[i]))
+        if (!PyLong_Check(args[i]) || args[i] == Py_True || args[i] == Py_False)
             Py_RETURN_NONE;
+        int overflow;
+        long long h = PyLong_AsLongLongAndOverflow(args[i], &overflow);
+        if (overflow != 0 || h < 0) {           /* beyond [0, 2**63): the protocol's to refuse */
+            PyErr_Clear();
+            Py_RETURN_NONE;
+        }
+        put_uint(b, (uint64_t)h);
     }
     Py_ssize_t count = PyDict_GET_SIZE(values);
     if (count < 16) put1(b, (unsigned char)(0x80 | count));
@@ -136,6 +149,9 @@ static PyObject *pack(buf_t *b, PyObject *const *args, Py_ssize_t nargs)
     PyObject *key, *v;
     while (PyDict_Next(values, &pos, &key, &v)) {
         if (!PyUnicode_Check(key))
+            Py_RETURN_NONE;
+        Py_ssize_t chars = PyUnicode_GET_LENGTH(key);
+        if (chars < 1 || chars > MAX_NAME_CHARS)
             Py_RETURN_NONE;
         Py_ssize_t len;
         const char *s = PyUnicode_AsUTF8AndSize(key, &len);
@@ -180,4 +196,12 @@ static struct PyModuleDef module = {
     NULL, NULL, NULL, NULL,
 };
 
-PyMODINIT_FUNC PyInit__pack(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__pack(void)
+{
+    PyObject *m = PyModule_Create(&module);
+    if (m != NULL && PyModule_AddIntConstant(m, "MAX_NAME_CHARS", MAX_NAME_CHARS) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

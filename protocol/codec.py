@@ -21,6 +21,7 @@ from protocol.constants import (
     KIND_METRICS,
     MAX_FRAME_BYTES,
     MAX_NAME_CHARS,
+    MAX_STEP,
     PROTOCOL_VERSION,
 )
 
@@ -47,6 +48,34 @@ def _native_pack_ints_map() -> Callable[..., bytes | None] | None:
 # msgpack's general walk, which on cold caches after a training step is most of the client's
 # log() (benchmarks/RESULTS.md, Client cost). None when not built.
 pack_ints_map: Callable[..., bytes | None] | None = _native_pack_ints_map()
+
+
+def checked_pack(packer: msgpack.Packer) -> Callable[..., bytes | None]:
+    """pack_ints_map's contract in Python, where the C part is not built: the frame's bytes when
+    every header int is in 0..MAX_STEP and `values` a dict of plain numbers (float, int in 64
+    bits, bool, None) under names of 1..MAX_NAME_CHARS characters; else None (the caller's slow
+    path sorts the record out). Dearer than C by a Python look at each value."""
+    pack = packer.pack
+
+    def pack_ints_map_py(*frame: Any) -> bytes | None:
+        values = frame[-1]
+        if values.__class__ is not dict:
+            return None
+        for x in frame[:-1]:
+            if x.__class__ is not int or not 0 <= x <= MAX_STEP:
+                return None
+        for k, v in values.items():
+            if k.__class__ is not str or not 0 < len(k) <= MAX_NAME_CHARS:
+                return None
+            c = v.__class__
+            if c is int:
+                if not -(1 << 63) <= v < (1 << 64):
+                    return None
+            elif c is not float and c is not bool and v is not None:
+                return None
+        return pack(frame)
+
+    return pack_ints_map_py
 
 
 def new_packer(default: Any = None) -> msgpack.Packer:

@@ -19,6 +19,7 @@ MAX_NAME_CHARS = 256               # metric and event names
 MAX_VALUES = 4096                  # metrics per record
 MAX_RANK = (1 << 20) - 1           # a global rank beyond this is not a rank of any real run
 MAX_PARTS = 1024                   # a metrics record's `parts`: records one rank sends for one step
+MAX_STEP = (1 << 63) - 1           # a step, as every header int, is in 0..2**63 - 1
 
 # A metrics value the client adds by itself, at most once a second: the seconds it has spent in
 # its log() and event() calls on the caller's thread so far (the goodput ledger's telemetry

@@ -69,3 +69,23 @@ def test_its_public_attributes_are_a_real_clients(disabled):
         real.close(timeout_s=0)
     assert public <= set(vars(disabled)), public - set(vars(disabled))
     assert disabled.rank == 3 and disabled.endpoint == ""
+
+
+@pytest.mark.parametrize("value, off", [("1", True), ("yes", True), ("true", True), ("", False), ("0", False),
+                                        ("false", False), ("FALSE", False), ("no", False), ("off", False),
+                                        (" false ", False)])
+def test_telemetry_disabled_is_read_one_way_by_the_client_and_by_autostart(monkeypatch, value, off):
+    """With TELEMETRY_DISABLED=false the client was on while autostart read it as off: every
+    record went to a daemon never started, and the warning told the user to set
+    TELEMETRY_AUTOSTART=1, which was set (an outside tester's find)."""
+    from telemetry.client import autostart
+
+    monkeypatch.delenv("TELEMETRY_ENDPOINT", raising=False)
+    monkeypatch.setenv("TELEMETRY_DISABLED", value)
+    monkeypatch.setenv("TELEMETRY_AUTOSTART", "1")
+    tm = TelemetryClient("ipc:///nonexistent-dir/ingest.sock", send_hello=False)
+    try:
+        assert isinstance(tm, DisabledClient) is off
+    finally:
+        tm.close(timeout_s=0)
+    assert autostart.wanted(True) is not off

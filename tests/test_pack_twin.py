@@ -1,6 +1,8 @@
 """The client's C encode of a metrics record (protocol/_pack.c) writes msgpack's bytes, and
-leaves every record it does not take to msgpack (None), so what reaches the daemon, and every
-refusal and error the client makes, are msgpack's either way.
+leaves every record it does not take (None) to the client's slow path: a value it does not
+encode, or what the protocol refuses (a header int outside 0..2**63-1, a name of no characters or
+more than MAX_NAME_CHARS), which the slow path counts instead of sending. Without the C part,
+codec.checked_pack makes the same choice in Python.
 
 The client's own log() goes through it (tests/test_client.py and the rest check what arrives);
 here each record's bytes are compared with msgpack.Packer(use_bin_type=True)'s: random headers and
@@ -21,7 +23,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from protocol import codec
-from protocol.constants import KIND_METRICS, PROTOCOL_VERSION
+from protocol.constants import KIND_METRICS, MAX_NAME_CHARS, MAX_STEP, PROTOCOL_VERSION
 
 ROOT = Path(__file__).resolve().parents[1]
 pack = codec.pack_ints_map
@@ -63,7 +65,34 @@ keys = st.one_of(st.text(max_size=40), st.text(min_size=30, max_size=300),
 @settings(max_examples=600, deadline=None)
 @given(st.lists(ints, min_size=0, max_size=13), st.dictionaries(keys, plain, max_size=40))
 def test_its_bytes_are_msgpacks(header, values):
-    assert pack(*header, values) == msgpack_bytes(*header, values)
+    takes = all(0 <= h <= MAX_STEP for h in header) and all(0 < len(k) <= MAX_NAME_CHARS for k in values)
+    assert pack(*header, values) == (msgpack_bytes(*header, values) if takes else None)
+
+
+@settings(max_examples=600, deadline=None)
+@given(st.lists(ints, min_size=0, max_size=13), st.dictionaries(keys, plain, max_size=40))
+def test_the_python_twin_takes_the_same_records(header, values):
+    # Without the C part (no compiler, TELEMETRY_PURE_PYTHON): the same records taken, the same bytes.
+    takes = all(0 <= h <= MAX_STEP for h in header) and all(0 < len(k) <= MAX_NAME_CHARS for k in values)
+    out = codec.checked_pack(msgpack.Packer(use_bin_type=True))(*header, values)
+    assert out == (msgpack_bytes(*header, values) if takes else None)
+
+
+@native
+def test_what_the_protocol_refuses_goes_to_the_slow_path():
+    """A record the daemon would refuse whole (a negative or too large step or header int) or in
+    part (a name of 0 or more than MAX_NAME_CHARS characters) is not encoded: the client's slow
+    path counts it (stats' dropped, skipped_values) and says so, where it was sent and refused."""
+    from protocol import _pack
+
+    assert _pack.MAX_NAME_CHARS == MAX_NAME_CHARS
+    for header in ((-1,), (1, -5), (MAX_STEP + 1,), (2**64 - 1,)):
+        assert pack(*header, {"a": 1.0}) is None, header
+    assert pack(MAX_STEP, {"a": 1.0}) == msgpack_bytes(MAX_STEP, {"a": 1.0})
+    for name in ("", "a" * (MAX_NAME_CHARS + 1), "é" * (MAX_NAME_CHARS + 1)):
+        assert pack(1, {"ok": 1.0, name: 1.0}) is None, len(name)
+    for name in ("a" * MAX_NAME_CHARS, "é" * MAX_NAME_CHARS):       # characters, not bytes
+        assert pack(1, {name: 1.0}) == msgpack_bytes(1, {name: 1.0})
 
 
 @native
@@ -71,7 +100,7 @@ def test_a_client_record_and_its_widths():
     t = 1_790_000_000_123_456_789
     for n in (0, 1, 15, 16, 17, 300, 4096, 65535):   # past the stack's buffer, too
         values = {f"train/metric_{i}": i * 0.5 - 7 for i in range(n)}
-        frame = (KIND_METRICS, PROTOCOL_VERSION, 2**63 + 5, 3, 123456, 7, t, 10_000, values)
+        frame = (KIND_METRICS, PROTOCOL_VERSION, 2**63 - 5, 3, 123456, 7, t, 10_000, values)
         out = pack(*frame)
         assert out == msgpack_bytes(*frame), n
     # Signed zero, NaN's payload and infinities go through as their bits.
@@ -120,6 +149,7 @@ def test_other_mappings_and_odd_headers_go_back_to_msgpack():
     assert pack(True, {"a": 1.0}) is None           # msgpack writes True, not 1
     assert pack(1.0, {"a": 1.0}) is None
     assert pack(2**64, {"a": 1.0}) is None
+    assert pack(-1, {"a": 1.0}) is None
     assert pack(1, {f"k{i}": 1.0 for i in range(65536)}) is None     # map32: msgpack's
 
 

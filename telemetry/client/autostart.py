@@ -120,7 +120,7 @@ def wanted(default: bool) -> bool:
     """Whether to start a daemon: $TELEMETRY_AUTOSTART ("0" no, "1" yes), else `default`
     (yes for the integrations, no for a bare TelemetryClient); never with $TELEMETRY_ENDPOINT
     (someone runs their own daemon) or $TELEMETRY_DISABLED."""
-    if os.environ.get(endpoints.ENV_INGEST) or os.environ.get(endpoints.ENV_DISABLED, "") not in ("", "0"):
+    if os.environ.get(endpoints.ENV_INGEST) or endpoints.telemetry_disabled():
         return False
     value = os.environ.get(ENV_AUTOSTART, "").strip().lower()
     if value in ("0", "false", "no", "off"):

@@ -30,6 +30,7 @@ from __future__ import annotations
 import abc
 import atexit
 import functools
+import operator
 import os
 import sys
 import time
@@ -40,8 +41,8 @@ from typing import Any, Callable, Mapping
 import zmq
 
 from protocol import codec
-from protocol.constants import (CLIENT_TIME_KEY, KIND_METRICS, MAX_FRAME_BYTES, MAX_NAME_CHARS, MAX_PARTS, MAX_VALUES,
-                                PROTOCOL_VERSION)
+from protocol.constants import (CLIENT_TIME_KEY, KIND_METRICS, MAX_FRAME_BYTES, MAX_NAME_CHARS, MAX_PARTS, MAX_STEP,
+                                MAX_VALUES, PROTOCOL_VERSION)
 from telemetry.shared import endpoints
 from telemetry.shared.client_page import ClientPage, private_seqs
 from telemetry.client.deferred import (PARK_AFTER_IDLE_S, DeferredSender, Job, Later, host_scalar, snapshot,
@@ -169,7 +170,7 @@ def _env_int(names: tuple[str, ...], default: int) -> int:
 
 
 def _disabled(endpoint: str | None) -> bool:
-    return endpoint == "" or os.environ.get(endpoints.ENV_DISABLED, "") not in ("", "0", "false", "no")
+    return endpoint == "" or endpoints.telemetry_disabled()
 
 
 def _new_src() -> int:
@@ -225,11 +226,10 @@ class TelemetryClient(metaclass=abc.ABCMeta):   # ABCMeta: DisabledClient regist
         self._warned: set[str] = set()
         # Built once: the hook routes tensors to the deferred path and numpy scalars to numbers.
         self._encoder = codec.new_packer(default=_wire_hook)
-        self._pack = self._encoder.pack
-        # The common record (a dict of plain numbers) in C, msgpack's bytes; None for any other,
-        # which self._pack then takes. Without the C part, self._pack itself.
-        pack = self._pack
-        self._pack_ints_map = codec.pack_ints_map or (lambda *frame: pack(frame))
+        # The common record (a dict of plain numbers under good names, a good step) in C,
+        # msgpack's bytes; None for any other, which the slow path sorts out. Without the C part,
+        # its contract in Python.
+        self._pack_ints_map = codec.pack_ints_map or codec.checked_pack(self._encoder)
         self._bg_encoder = codec.new_packer(default=host_scalar)  # the sender thread's own
         self._open()
         # Stacks on the daemon's signal when a step hangs (stacks.py); once, off the hot path.
@@ -323,8 +323,11 @@ class TelemetryClient(metaclass=abc.ABCMeta):   # ABCMeta: DisabledClient regist
         logged while a tensor record waits for its device waits behind it).
 
         A value that cannot be sent (a string, a tensor that is not one number, a meta, complex
-        or quantized tensor, a name longer than MAX_NAME_CHARS) is left out of the record, named
-        once in a warning and counted (stats()["skipped_values"]); the rest is sent. A row of more
+        or quantized tensor, a name that is not a str of 1..MAX_NAME_CHARS characters) is left
+        out of the record, named once in a warning and counted (stats()["skipped_values"]); the
+        rest is sent. A `step` that is not an int in 0..2**63-1 (a numpy integer is one; a float,
+        a bool, a tensor is not: reading a tensor would wait for its device) drops the record,
+        said once and counted (stats()["dropped"], and in-band to the daemon). A row of more
         than MAX_VALUES values is sent as several records of the same step, each within the
         protocol's bounds: the caller's thread encodes it once and copies it (C speed, no Python
         work per value), and the sender thread sorts, splits and encodes it (see SPLIT_VALUES).
@@ -357,14 +360,11 @@ class TelemetryClient(metaclass=abc.ABCMeta):   # ABCMeta: DisabledClient regist
             seqs = self._seqs
             seq = seqs[0]
             t = _time_ns()
-            try:
-                frame = self._pack_ints_map(KIND_METRICS, PROTOCOL_VERSION, self._src, self.rank, seq,
-                                            self._num_dropped + self._num_dropped_bg, t, step, values)
-                if frame is None:
-                    frame = self._pack((KIND_METRICS, PROTOCOL_VERSION, self._src, self.rank, seq,
-                                        self._num_dropped + self._num_dropped_bg, t, step, values))
-            except (_NeedsDeferral, TypeError, ValueError, OverflowError):
-                # Tensors, a value that is no number: the slow path sorts the values out.
+            frame = self._pack_ints_map(KIND_METRICS, PROTOCOL_VERSION, self._src, self.rank, seq,
+                                        self._num_dropped + self._num_dropped_bg, t, step, values)
+            if frame is None:
+                # Tensors, a value that is no number, a name or a step the protocol refuses, a
+                # mapping that is not a dict: the slow path sorts them out (and counts them).
                 self._log_slow(step, values, None, parts)
                 return
             # One comparison for both bounds: a record of more than MAX_VALUES values is at
@@ -419,10 +419,10 @@ class TelemetryClient(metaclass=abc.ABCMeta):   # ABCMeta: DisabledClient regist
             self._log_slow(step, values, spans, parts)
             return
         seq = self._seq
-        try:
-            frame = codec.encode_metrics(self._src, self.rank, seq, self._num_dropped + self._num_dropped_bg,
-                                         time.time_ns(), step, values, self._encoder, parts)
-        except (_NeedsDeferral, TypeError, ValueError, OverflowError):
+        frame = None if parts != 1 else self._pack_ints_map(
+            KIND_METRICS, PROTOCOL_VERSION, self._src, self.rank, seq, self._num_dropped + self._num_dropped_bg,
+            time.time_ns(), step, values)
+        if frame is None:
             self._log_slow(step, values, None, parts)
             return
         if len(frame) > ROOMY_FRAME_BYTES and (len(frame) > MAX_FRAME_BYTES or len(values) > MAX_VALUES):
@@ -468,11 +468,17 @@ class TelemetryClient(metaclass=abc.ABCMeta):   # ABCMeta: DisabledClient regist
             self._seq += 1
             self._num_dropped += 1
             return
+        if step.__class__ is not int or not 0 <= step <= MAX_STEP:
+            step = self._step_int(step)
+        if step is None:
+            self._seq += 1
+            self._num_dropped += 1
+            return
         if not isinstance(values, Mapping):
             self._seq += 1
             self._num_dropped += 1
             self._warn_once("log", f"telemetry: dropped a record of step {step}: values must be a mapping, "
-                                   f"not {type(values).__name__}")
+                                   f"not {type(values).__name__}", stacklevel=4)
             return
         if len(values) > MAX_VALUES:
             # Work beyond the bound goes to the sender thread: here, only a copy of the row (C
@@ -533,6 +539,24 @@ class TelemetryClient(metaclass=abc.ABCMeta):   # ABCMeta: DisabledClient regist
             return
         if not self._deferred.submit(Job(seq, t_ns, step, plain, groups, spans, parts, num_seqs, unchecked)):
             self._num_dropped += num_seqs
+
+    def _step_int(self, step: Any) -> int | None:
+        """`step` as the int it stands for (a numpy integer), or None, said once (counted by
+        the caller): a bool, a float, a string, a tensor (reading it would wait for its device)
+        is no step."""
+        if step.__class__ is not bool and not hasattr(step, "detach"):
+            try:
+                num = operator.index(step)
+            except TypeError:
+                pass
+            else:
+                if 0 <= num <= MAX_STEP:
+                    return num
+        self._warn_once("step", f"telemetry: dropped a record: its step must be an int in 0..2**63-1, not "
+                                f"{type(step).__name__} {str(step)[:40]!r}"
+                        + (" (int(step) reads a tensor on its device: count steps in a Python int)"
+                           if hasattr(step, "detach") else "") + "; counted in stats()['dropped']", stacklevel=5)
+        return None
 
     @staticmethod
     def _num_records(plain: dict, groups: list, num: int, unchecked: bool) -> int:

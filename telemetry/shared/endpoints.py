@@ -24,6 +24,14 @@ ENV_RUNTIME_DIR = "TELEMETRY_RUNTIME_DIR"
 LAUNCH_CLAIM_FILE = "wandb_run.id"
 ENV_RUN_NAME = "TELEMETRY_RUN_NAME"
 ENV_DISABLED = "TELEMETRY_DISABLED"
+# What $TELEMETRY_DISABLED may say for "not disabled" (any other value disables).
+_NOT_DISABLED = ("", "0", "false", "no", "off")
+
+
+def telemetry_disabled() -> bool:
+    """$TELEMETRY_DISABLED, read one way by the client and by autostart: set to anything but
+    empty, 0, false, no or off (any case), telemetry is off (a client that sends nothing)."""
+    return os.environ.get(ENV_DISABLED, "").strip().lower() not in _NOT_DISABLED
 
 _SOCKET_FILES = {"ingest": "ingest.sock", "pub": "pub.sock", "control": "control.sock"}
 _ENV = {"ingest": ENV_INGEST, "pub": ENV_PUB, "control": ENV_CONTROL}
