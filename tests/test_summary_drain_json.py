@@ -64,3 +64,27 @@ def test_records_in_after_a_daemon_restart_is_the_whole_runs(tmp_path):
                         str(run / "drain.json")], capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr[-2000:]
     assert "records in         7\n" in p.stdout and "records dropped    2 " in p.stdout, p.stdout
+
+
+def test_what_the_drain_found_and_what_was_refused_are_in_the_run_summary(tmp_path):
+    """A full disk (metrics.jsonl could not hold records), records unread at the deadline, frames
+    refused as malformed: `telemetry run`'s summary said "records dropped 0 (sink drops 1531)" and
+    nothing more (an outside tester's find); `telemetry drain` said them, the summary did not."""
+    run = _run_dir(tmp_path)
+    final = {"records_in": 9, "records_lost": 0, "sink_dropped": 1531, "records_malformed": 20,
+             "values_refused": 3, "records_unread_at_drain": 40,
+             "sinks": {"jsonl": {"dropped": 1531, "write_errors": 2, "lines_lost": 0},
+                       "wandb": {"opened": False, "open_error": "UsageError('bad project')", "dropped": 9}}}
+    (run / "drain.json").write_text(json.dumps(final))
+    p = subprocess.run([sys.executable, "-m", "telemetry.consumers.summary", str(run), "--drain-json",
+                        str(run / "drain.json")], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-2000:]
+    lines = p.stdout.splitlines()
+    assert any(line.startswith("  refused            20 records not of the protocol (refused whole); 3 values "
+                               "refused alone") for line in lines), p.stdout
+    drain = [line for line in lines if line.startswith("  at the drain")]
+    assert len(drain) == 2 and "metrics.jsonl could not hold 1,531 records (write errors 2" in drain[0], drain
+    assert "40 records queued at the deadline" in drain[1], drain
+    # The W&B run not made: its own line, once.
+    assert sum("W&B run" in line and "NOT MADE" in line for line in lines) == 1, p.stdout
+    assert not any("the W&B run was not made" in line for line in lines), p.stdout

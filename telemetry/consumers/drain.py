@@ -74,8 +74,9 @@ def _local(control: str | None) -> bool:
     return ep.startswith("ipc://") or ep.startswith(("tcp://127.", "tcp://localhost:", "tcp://[::1]:"))
 
 
-def problem_lines(final: dict) -> list[str]:
-    """What the final counters say was lost or is unknown, in words (nothing: an empty list)."""
+def problem_lines(final: dict, with_wandb: bool = True) -> list[str]:
+    """What the final counters say was lost or is unknown, in words (nothing: an empty list);
+    with_wandb: a W&B run not made among them (the run's summary says that on a line of its own)."""
     out = []
     jsonl = _jsonl(final)
     if jsonl.get("write_errors") or jsonl.get("lines_lost"):
@@ -95,7 +96,7 @@ def problem_lines(final: dict) -> list[str]:
         out.append(f"{_num(final['records_lost_with_client'], ',')} records never left "
                    f"{final.get('sources_ended_by_page', 0)} client(s) that ended without a bye (killed or crashed): "
                    f"counted lost by their seq pages")
-    not_made = wandb_not_made(final)
+    not_made = wandb_not_made(final) if with_wandb else None
     if not_made:
         out.append(f"the W&B run was not made: {not_made}")
     unfinished = final.get("unfinished_sinks")

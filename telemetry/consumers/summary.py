@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from telemetry.consumers.daemontotals import DaemonTotals
-from telemetry.consumers.drain import wandb_not_made
+from telemetry.consumers.drain import problem_lines, wandb_not_made
 from telemetry.consumers.readjsonl import ReadStats, read_records
 from telemetry.shared.bookkeeping import is_bookkeeping
 from telemetry.shared.numbers import is_int, is_number
@@ -88,6 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     final = {}
     run_totals = {}
     wandb_sink: dict = {}
+    drained: dict = {}
     if args.drain_json:
         from telemetry.shared import files
 
@@ -95,6 +96,7 @@ def main(argv: list[str] | None = None) -> int:
             # A run file: only a regular one, at most 16 MB ("" otherwise: a FIFO there never blocks
             # the summary, /dev/zero is never read without end).
             drained = json.loads(files.read_small(args.drain_json, 16 << 20) or "{}")
+            drained = drained if isinstance(drained, dict) else {}
             # The last daemon's final counters, under their record names.
             final = {"telemetry/records_in": drained.get("records_in"),
                      "telemetry/records_lost": drained.get("records_lost"),
@@ -131,6 +133,14 @@ def main(argv: list[str] | None = None) -> int:
     if not_made:
         # The W&B run the user expects does not exist: said in the summary whatever else was quiet.
         print(f"  W&B run            NOT MADE: {not_made}")
+    refused = [f"{_fmt(drained[k])} {words}" for k, words in
+               (("records_malformed", "records not of the protocol (refused whole)"),
+                ("values_refused", "values refused alone (the rest of their rows kept)")) if drained.get(k)]
+    if refused:
+        print(f"  refused            {'; '.join(refused)} (telemetry status --json: by reason)")
+    for line in problem_lines(drained, with_wandb=False):
+        # Lost, unread or closed short at the drain: said here, not only in drain.json.
+        print(f"  at the drain       {line}")
     if s["num_unreadable"]:
         print(f"  unreadable lines   {s['num_unreadable']} skipped (not records, or a torn last line)")
     _goodput(args.log_dir)
