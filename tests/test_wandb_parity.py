@@ -627,3 +627,16 @@ def test_config_defaults_yaml_is_in_the_scripts_config_as_in_w_and_b(tmp_path_fa
     assert [h["config"] for h in hellos if "config" in h][-1] == lines[0]
     assert_same_run(real, ours)
     assert config(ours)["opt"] == {"name": "adam", "betas": [0.9, 0.99]} and len(user_history(ours)) == 3
+
+
+def test_names_the_daemon_derives_too_stay_what_the_script_logged(tmp_path_factory):
+    """A script that logs perf/step_time (a common name) had the daemon's derivations written into
+    its rows: its own perf/steps_per_second (7) replaced by 1/step_time (2), and perf/step_time_max,
+    _min, perf/slowest_rank, perf/samples_per_second added to every row and the summary (an outside
+    tester's find). Compared exactly here: the parity tests leave rates out as timings."""
+    path = SCRIPTS / "perf_keys.py"
+    real, _, _ = shared_run(tmp_path_factory, real_run, path, 1, {})
+    ours, _, _ = shared_run(tmp_path_factory, sidecar_run, path, 1, {})
+    assert user_history(ours) == user_history(real), (user_history(ours), user_history(real))
+    assert user_history(ours)[0]["perf/steps_per_second"] == 7.0
+    assert user_summary(ours) == user_summary(real), (user_summary(ours), user_summary(real))

@@ -220,6 +220,9 @@ class Daemon:
         self.control_server.issue_token(self.endpoints["control"], self.security.control_client_keys()
                                         if "control" in self.security.secured else None)
         self._make_sinks()
+        for r in self.fanout.runners:
+            if hasattr(getattr(r, "sink", None), "rank_names"):
+                r.sink.rank_names = self.names.names       # a W&B script's own names (wandb_sink.py)
         # Every listening socket has a connection limit: connections that are no rank (idle raw
         # ones, subscribers that never read, on loopback TCP anyone's) cannot take the daemon's
         # descriptors or, on PUB, its memory (a queue each).

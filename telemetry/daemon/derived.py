@@ -61,12 +61,14 @@ _RATES = (("perf/tokens", "perf/tokens_per_second"), ("perf/samples", "perf/samp
 
 
 def add_throughput(v: dict) -> None:
-    """perf/steps_per_second, and tokens/s and samples/s where the ranks did not send them, from
-    a step's reduced values: a synchronous step runs at the pace of its slowest rank."""
+    """perf/steps_per_second, tokens/s and samples/s where the ranks did not send them, from a
+    step's reduced values: a synchronous step runs at the pace of its slowest rank. What a rank
+    sent is its own (a W&B script's perf/steps_per_second was replaced by 1/step_time)."""
     st_max = positive_finite(v.get("perf/step_time_max") or v.get("perf/step_time"))
     if st_max is None:
         return
-    v["perf/steps_per_second"] = 1.0 / st_max
+    if "perf/steps_per_second" not in v:
+        v["perf/steps_per_second"] = 1.0 / st_max
     for count, rate in _RATES:
         if rate not in v and is_number(v.get(count)):
             v[rate] = v[count] / st_max
@@ -94,6 +96,11 @@ DERIVATIONS: tuple[Derivation, ...] = (
                _throughput),
     Derivation("MFU", ("perf/mfu", "perf/mfu_percent", "perf/hfu", "perf/model_flops_per_second"), _mfu),
 )
+
+
+# Every name a derivation may write: in a W&B script's own run, those the ranks never sent are the
+# daemon's series (W&B's system metrics), not the script's history (sinks/wandb_sink.py).
+DERIVED_KEYS = frozenset(k for dv in DERIVATIONS for k in dv.outputs)
 
 
 class Derived:

@@ -53,6 +53,7 @@ from pathlib import Path
 from typing import Any
 
 from protocol.constants import CLIENT_TIME_KEY as OWN_TIME_KEY
+from telemetry.daemon.derived import DERIVED_KEYS
 from telemetry.daemon.sinks.base import Out, Sink
 from telemetry.shared import files
 from telemetry.shared.bookkeeping import SUMMARY_REMOVE_EVENT, summary_paths
@@ -139,6 +140,9 @@ class WandbSink(Sink):
     # and tens of seconds on a loaded host: time they take during the drain is added to the
     # drain, up to this (Sink.phase), as the script's own W&B calls would have been waited for.
     phase_allowance_s = PHASE_ALLOWANCE_S
+    # The metric names the ranks have sent (the daemon's name catalogue, memory.NameCatalogue:
+    # read here, grown by the receiver), set by the daemon; None: every derived name is kept.
+    rank_names: set[str] | None = None
 
     def __init__(self, mode: str, log_dir: str | Path, run_name: str, project: str = "telemetry",
                  entity: str | None = None, finish_timeout_s: float = FINISH_TIMEOUT_S,
@@ -562,6 +566,16 @@ class WandbSink(Sink):
             own = values.pop(OWN_TIME_KEY)
             if self._stats is not None:
                 self._stats({OWN_TIME_KEY: own})
+        if self._init is not None and self.rank_names is not None:
+            # What the daemon derived from the script's values (a script that logs perf/step_time
+            # gets perf/step_time_max, perf/steps_per_second, ...) is the daemon's series too,
+            # unless the script logs that name itself.
+            ours = [k for k in values if k in DERIVED_KEYS and k not in self.rank_names]
+            if ours:
+                derived = {k: values[k] for k in ours}
+                values = {k: v for k, v in values.items() if k not in derived}
+                if self._stats is not None:
+                    self._stats(derived)
         if self._nested:
             values = self._nest(values)
         if self._init is not None:
