@@ -263,7 +263,7 @@ def supersede_offline_dirs(log_dir: Path, run_id: str, keep: Path, out: Any = No
 
 
 def run(args: argparse.Namespace) -> int:
-    from telemetry.consumers.readjsonl import find_log_dir
+    from telemetry.consumers.readjsonl import Unreadable, find_log_dir
     from telemetry.shared import files
 
     if not os.path.exists(args.run_dir):   # a typo is bad input (2), and so is a directory with no run
@@ -271,7 +271,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         log_dir = find_log_dir(args.run_dir)
-    except FileNotFoundError as exc:
+    except (FileNotFoundError, Unreadable) as exc:
         print(f"telemetry replay: {exc}", file=sys.stderr)
         return 2
     files.apply_like(log_dir)    # its W&B directory and marks are as private as the run it reads

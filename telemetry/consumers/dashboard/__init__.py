@@ -140,7 +140,7 @@ def run(args: argparse.Namespace) -> int:
     from telemetry.consumers.dashboard.live import FileFeed, Hub, PubFeed
     from telemetry.consumers.dashboard.server import DashboardServer
     from telemetry.consumers.dashboard.store import RunStore
-    from telemetry.consumers.readjsonl import run_dir_of
+    from telemetry.consumers.readjsonl import Unreadable, run_dir_of
     from telemetry.consumers.subscribe import AttachError, attach
 
     port, memory_mb, max_series = args.port, args.memory_mb, args.max_series
@@ -158,7 +158,10 @@ def run(args: argparse.Namespace) -> int:
     if root is not None:
         if not root.exists():
             return _fail(f"{root} does not exist")
-        log_dirs = find_runs(root)
+        try:
+            log_dirs = find_runs(root)
+        except Unreadable as exc:
+            return _fail(str(exc))
         if not log_dirs:
             if not (args.pub or _pub_from_environment()):
                 return _fail(f"no metrics.jsonl in {root}, {root / 'telemetry'} or the run dirs inside {root}")
