@@ -163,6 +163,8 @@ def run(args: argparse.Namespace) -> int:
         except Unreadable as exc:
             return _fail(str(exc))
         if not log_dirs:
+            if not root.is_dir():     # a file is never a run about to start, whatever the environment
+                return _fail(f"no metrics.jsonl in {root} or {root / 'telemetry'}")
             if not (args.pub or _pub_from_environment()):
                 return _fail(f"no metrics.jsonl in {root}, {root / 'telemetry'} or the run dirs inside {root}")
             # A run about to write its first records: live, and its dir for drain.json.
