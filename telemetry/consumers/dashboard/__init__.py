@@ -213,7 +213,7 @@ def run(args: argparse.Namespace) -> int:
                                      max_points_sent=budget.max_points_sent, max_range_bytes=budget.max_range_bytes)
         except (OSError, OverflowError) as exc:
             print(httpaccess.cannot_listen("telemetry dashboard", args.addr, port, exc), file=sys.stderr)
-            return 1
+            return 2    # the --port or --addr given, as the daemon's taken endpoint is
         if in_background:
             for store in stores:
                 store.loading_history = True
