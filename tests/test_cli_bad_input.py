@@ -409,6 +409,27 @@ def test_a_wrong_token_is_refused_in_one_line(make_daemon, argv):
     assert d.proc.poll() is None   # a refused drain drains nothing
 
 
+
+@pytest.mark.parametrize("kind", ["directory", "fifo"])
+def test_a_token_path_that_is_not_a_file_is_a_refused_token(make_daemon, kind):
+    """A directory at the control token's path made `telemetry status` raise IsADirectoryError
+    (a traceback), and a FIFO there made it wait for a writer for ever. Neither is a token: the
+    request goes without one and is refused in one line, exit 2."""
+    from telemetry.shared.control import token_path
+
+    d = make_daemon()
+    path = token_path(d.control)
+    path.unlink()
+    if kind == "directory":
+        path.mkdir(mode=0o700)
+    else:
+        os.mkfifo(path, 0o600)
+    env = {k: v for k, v in os.environ.items() if k != "TELEMETRY_CONTROL_TOKEN"}
+    p = subprocess.run([sys.executable, "-m", "telemetry", "status", "--control", d.control], cwd=ROOT,
+                       env=env, capture_output=True, text=True, timeout=60)
+    assert_refused(p.returncode, p.stdout, p.stderr, f"status with a {kind} at {path}")
+    assert "not authorised" in p.stderr and p.stdout == "", p.stderr
+
 # -- the daemon's sockets ------------------------------------------------------------------------
 def test_daemon_with_a_port_in_use_or_one_port_twice(tmp_path):
     taken = socket.socket()
