@@ -355,6 +355,15 @@ def test_node_daemon_sizes_are_bounded(in_process, tmp_path, args, fragment):
     assert fragment in err
 
 
+def test_watch_pid_of_no_running_process_is_refused(in_process, tmp_path):
+    """`--watch-pid 999999` (no such process) started a daemon that drained at once and exited 0,
+    having watched nothing; refused now, before the log dir is made."""
+    gone = subprocess.Popen([sys.executable, "-c", ""])
+    gone.wait()                                  # reaped: its pid names no process
+    rc, out, err = in_process(["daemon", "--log-dir", str(tmp_path / "t"), "--watch-pid", str(gone.pid)])
+    assert_refused(rc, out, err, f"--watch-pid {gone.pid}")
+    assert f"--watch-pid {gone.pid}: no such process" in err and not (tmp_path / "t").exists(), err
+
 def test_config_from_a_fifo_is_refused_without_waiting(in_process, tmp_path):
     fifo = tmp_path / "config.fifo"
     os.mkfifo(fifo)
