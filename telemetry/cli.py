@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import io
+import os
 import sys
 
 # subcommand -> module. Order is the order shown in --help.
@@ -144,13 +146,88 @@ def version() -> str:
         return __version__
 
 
+# The exit code when the reader of stdout left (`telemetry status | head -1`): a shell's for a
+# process that SIGPIPE ended (128 + 13), as `cat` or `grep` give there, so that a `pipefail`
+# script that lets 141 pass treats us as it treats them, and tells it from a failure (1).
+EXIT_READER_LEFT = 141
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Run one subcommand; its exit code. Its output is flushed here, where a failed write can
+    still be said: a reader of stdout that left ends the command quietly (EXIT_READER_LEFT), a
+    stdout that cannot be written (a full disk, /dev/full) is one line on stderr and exit 1;
+    neither is a traceback, nor Python's "Exception ignored" at its own flush at exit."""
     argv = sys.argv[1:] if argv is None else argv
-    args = build_parser(argv).parse_args(argv)
+    restore = _mark_stdout_errors()
     try:
-        return int(args._run(args) or 0)
-    except KeyboardInterrupt:
-        return 130
+        try:
+            args = build_parser(argv).parse_args(argv)
+            rc = int(args._run(args) or 0)
+        except KeyboardInterrupt:
+            rc = 130
+        except SystemExit:      # argparse's --help and refusals: their text is flushed here too
+            _flush_stdout()
+            raise
+        _flush_stdout()
+        return rc
+    except OSError as exc:
+        if not getattr(exc, _ON_STDOUT, False):
+            raise
+        # What is still buffered goes nowhere: the interpreter's flush at exit cannot fail again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        if isinstance(exc, BrokenPipeError):
+            return EXIT_READER_LEFT
+        command = next((a for a in argv if a in COMMANDS), None)
+        try:
+            print(f"telemetry{' ' + command if command else ''}: cannot write stdout: {exc.strerror or exc}",
+                  file=sys.stderr)
+        except OSError:     # stderr is gone as well: the exit code says it
+            pass
+        return 1
+    finally:
+        restore()
+
+
+# The attribute an OSError raised by a write to stdout carries (see _mark_stdout_errors).
+_ON_STDOUT = "telemetry_on_stdout"
+
+
+def _flush_stdout() -> None:
+    if sys.stdout is not None:      # None: started with stdout closed (`>&-`); print writes nothing
+        sys.stdout.flush()
+
+
+def _mark_stdout_errors():
+    """Make a failed write to the process's stdout (fd 1) tell itself apart from any other
+    file's error: the OSError raised carries the _ON_STDOUT attribute. Every write to stdout,
+    print's, a Rich console's, the final flush's, ends in its raw file's write(), buffered or
+    not (PYTHONUNBUFFERED), so that is where it is marked. Returns what undoes it. A stdout
+    that is not the process's fd 1 (a test's StringIO) is left as it is."""
+    raw = getattr(sys.stdout, "buffer", None)
+    raw = getattr(raw, "raw", raw)
+    try:
+        ours = isinstance(raw, io.FileIO) and raw.fileno() == 1
+    except (OSError, ValueError):
+        ours = False
+    if not ours:
+        return lambda: None
+    write = raw.write
+
+    def marked_write(data):
+        try:
+            return write(data)
+        except OSError as exc:
+            setattr(exc, _ON_STDOUT, True)
+            raise
+
+    raw.write = marked_write
+
+    def restore() -> None:
+        if raw.__dict__.get("write") is marked_write:
+            del raw.write
+    return restore
 
 
 if __name__ == "__main__":

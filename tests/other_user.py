@@ -23,3 +23,21 @@ def http_status_as_other_user(url: str) -> str:
     out = subprocess.run([SYSTEM_PYTHON, "-I", "-c", code], user=OTHER_UID, group=OTHER_UID, cwd="/",
                          capture_output=True, text=True, timeout=60)
     return out.stdout.strip() or out.stderr.strip()
+
+
+def with_reads_refused(argv: list[str], probe: str) -> list[str] | None:
+    """`argv` run so that a file's mode refuses its reads, as it does `probe` (a file of mode
+    000): as it is when we are not root; for root, under capsh with the two capabilities that
+    pass over file modes dropped. None when neither can be (root without capsh, or a capsh not
+    allowed to drop them)."""
+    import shutil
+
+    prefix: list[str] = []
+    if os.geteuid() == 0:
+        capsh = shutil.which("capsh")
+        if capsh is None:
+            return None
+        prefix = [capsh, "--drop=cap_dac_override,cap_dac_read_search", "--", "-c", 'exec "$0" "$@"']
+    if subprocess.run([*prefix, "test", "-r", probe], capture_output=True, timeout=60).returncode == 0:
+        return None
+    return [*prefix, *argv]

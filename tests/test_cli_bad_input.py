@@ -355,6 +355,15 @@ def test_node_daemon_sizes_are_bounded(in_process, tmp_path, args, fragment):
     assert fragment in err
 
 
+def test_watch_pid_of_no_running_process_is_refused(in_process, tmp_path):
+    """`--watch-pid 999999` (no such process) started a daemon that drained at once and exited 0,
+    having watched nothing; refused now, before the log dir is made."""
+    gone = subprocess.Popen([sys.executable, "-c", ""])
+    gone.wait()                                  # reaped: its pid names no process
+    rc, out, err = in_process(["daemon", "--log-dir", str(tmp_path / "t"), "--watch-pid", str(gone.pid)])
+    assert_refused(rc, out, err, f"--watch-pid {gone.pid}")
+    assert f"--watch-pid {gone.pid}: no such process" in err and not (tmp_path / "t").exists(), err
+
 def test_config_from_a_fifo_is_refused_without_waiting(in_process, tmp_path):
     fifo = tmp_path / "config.fifo"
     os.mkfifo(fifo)
@@ -408,6 +417,27 @@ def test_a_wrong_token_is_refused_in_one_line(make_daemon, argv):
     assert "not authorised" in p.stderr and p.stdout == ""
     assert d.proc.poll() is None   # a refused drain drains nothing
 
+
+
+@pytest.mark.parametrize("kind", ["directory", "fifo"])
+def test_a_token_path_that_is_not_a_file_is_a_refused_token(make_daemon, kind):
+    """A directory at the control token's path made `telemetry status` raise IsADirectoryError
+    (a traceback), and a FIFO there made it wait for a writer for ever. Neither is a token: the
+    request goes without one and is refused in one line, exit 2."""
+    from telemetry.shared.control import token_path
+
+    d = make_daemon()
+    path = token_path(d.control)
+    path.unlink()
+    if kind == "directory":
+        path.mkdir(mode=0o700)
+    else:
+        os.mkfifo(path, 0o600)
+    env = {k: v for k, v in os.environ.items() if k != "TELEMETRY_CONTROL_TOKEN"}
+    p = subprocess.run([sys.executable, "-m", "telemetry", "status", "--control", d.control], cwd=ROOT,
+                       env=env, capture_output=True, text=True, timeout=60)
+    assert_refused(p.returncode, p.stdout, p.stderr, f"status with a {kind} at {path}")
+    assert "not authorised" in p.stderr and p.stdout == "", p.stderr
 
 # -- the daemon's sockets ------------------------------------------------------------------------
 def test_daemon_with_a_port_in_use_or_one_port_twice(tmp_path):

@@ -1,6 +1,6 @@
 """What the command line says to a person at a terminal, with real processes: drain's summary
 (and its JSON for scripts), status with no daemon, a taken HTTP port, TensorBoard turned on
-without its package."""
+without its package, a stdout whose reader left or that cannot be written."""
 from __future__ import annotations
 
 import fcntl
@@ -93,6 +93,8 @@ def test_status_with_no_daemon_says_where_it_looked_and_how_to_look_elsewhere(tm
 
 @pytest.mark.parametrize("cmd", ["dashboard", "export-prometheus"])
 def test_a_taken_port_is_said_with_the_way_to_a_free_one(tmp_path, cmd):
+    """One line and exit 2, as the daemon's taken endpoint is: the --port given is the user's to
+    change (both exited 1)."""
     sockets = Path(tempfile.mkdtemp(prefix="tcli-", dir="/tmp"))
     taken = socket.socket()
     taken.bind(("127.0.0.1", 0))
@@ -106,7 +108,7 @@ def test_a_taken_port_is_said_with_the_way_to_a_free_one(tmp_path, cmd):
     finally:
         taken.close()
         os.rmdir(sockets)
-    assert p.returncode != 0 and "Traceback" not in p.stderr, p.stderr
+    assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr
     line, = p.stderr.strip().splitlines()
     assert f"port {port}" in line and "taken" in line and "--port 0" in line, line
 
@@ -142,3 +144,58 @@ def test_tensorboard_turned_on_without_its_package_is_refused_at_start(tmp_path)
     lines = [ln for ln in err.strip().splitlines() if " INFO " not in ln]
     assert len(lines) == 1 and "Traceback" not in err, err
     assert f"pip install '{project['name']}[tensorboard]'" in lines[0], lines[0]
+
+
+# -- stdout that cannot be written: a reader that left, a full disk ---------------------------
+def _a_small_run(tmp_path) -> Path:
+    run = tmp_path / "run"
+    (run / "telemetry").mkdir(parents=True)
+    with open(run / "telemetry" / "metrics.jsonl", "w") as f:
+        for s in range(1, 6):
+            f.write(json.dumps({"kind": "metrics", "t": 1.7e9 + s, "step": s, "values": {"train/loss": 2.0 / s}}) + "\n")
+    return run
+
+
+def _stdout_cases(tmp_path) -> list[list[str]]:
+    run = _a_small_run(tmp_path)
+    return [["metrics"], ["goodput", str(run)], ["report", str(run), "--out", str(tmp_path / "out")],
+            ["keygen", "--dir", str(tmp_path / "keys"), "--name", "k", "--force"]]
+
+
+@pytest.mark.parametrize("buffered", [True, False], ids=["buffered", "PYTHONUNBUFFERED"])
+def test_a_reader_that_left_ends_the_command_quietly(tmp_path, buffered):
+    """`telemetry metrics | head -c 5`: whether the print or Python's flush at exit met the closed
+    pipe depended on when head left; either was a BrokenPipeError traceback (or "Exception
+    ignored" and exit 120). The read end is closed before the command starts, so every write
+    meets it: nothing on stderr, exit 141 as for a process that SIGPIPE ended."""
+    from telemetry.cli import EXIT_READER_LEFT
+
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    if not buffered:
+        env["PYTHONUNBUFFERED"] = "1"
+    for argv in _stdout_cases(tmp_path):
+        r, w = os.pipe()
+        os.close(r)
+        try:
+            p = subprocess.run([sys.executable, "-m", "telemetry", *argv], cwd=ROOT, stdout=w, stderr=subprocess.PIPE,
+                               text=True, timeout=HANG_S, env=env)
+        finally:
+            os.close(w)
+        assert (p.returncode, p.stderr) == (EXIT_READER_LEFT, ""), (argv, p.returncode, p.stderr[-2000:])
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="/dev/full (Linux) is the disk that is always full")
+@pytest.mark.parametrize("buffered", [True, False], ids=["buffered", "PYTHONUNBUFFERED"])
+def test_a_stdout_that_cannot_be_written_is_one_line(tmp_path, buffered):
+    """`telemetry goodput RUN > /dev/full` was an OSError traceback (ENOSPC); now one line
+    naming the command and why, exit 1."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    if not buffered:
+        env["PYTHONUNBUFFERED"] = "1"
+    for argv in _stdout_cases(tmp_path):
+        with open("/dev/full", "w") as full:
+            p = subprocess.run([sys.executable, "-m", "telemetry", *argv], cwd=ROOT, stdout=full,
+                               stderr=subprocess.PIPE, text=True, timeout=HANG_S, env=env)
+        assert p.returncode == 1, (argv, p.returncode, p.stderr[-2000:])
+        assert p.stderr.splitlines() == [f"telemetry {argv[0]}: cannot write stdout: No space left on device"], \
+            (argv, p.stderr[-2000:])

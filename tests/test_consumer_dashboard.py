@@ -152,6 +152,35 @@ def test_beyond_loopback_only_on_request(tmp_path):
         assert dash.stop() == 0
 
 
+
+@pytest.mark.parametrize("live", ["TELEMETRY_RUNTIME_DIR", "--pub"])
+def test_a_regular_file_is_refused_as_report_refuses_it(tmp_path, live):
+    """`telemetry dashboard f.txt` with a live source at hand ($TELEMETRY_RUNTIME_DIR set, or
+    --pub) served "1 run: f.txt", taken for a run about to write its first records; report,
+    goodput and replay refuse it. A file is never a run dir: refused the same way, exit 2."""
+    import os
+
+    f = tmp_path / "f.txt"
+    f.write_text("not a run\n")
+    runtime = tmp_path / "rt"
+    runtime.mkdir(mode=0o700)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TELEMETRY_")}
+    args = ["--port", "0"]
+    if live == "--pub":
+        args += ["--pub", f"ipc://{runtime}/pub.sock"]
+    else:
+        env["TELEMETRY_RUNTIME_DIR"] = str(runtime)
+    try:
+        proc = subprocess.run([sys.executable, "-m", "telemetry", "dashboard", str(f), *args], cwd=ROOT,
+                              capture_output=True, text=True, timeout=60, env=env)
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"served {f} as a run: {exc.stdout!r:.500}")
+    report = subprocess.run([sys.executable, "-m", "telemetry", "report", str(f)], cwd=ROOT,
+                            capture_output=True, text=True, timeout=60, env=env)
+    assert report.returncode == 2
+    assert proc.returncode == 2 and proc.stdout == "", (proc.returncode, proc.stdout, proc.stderr)
+    assert proc.stderr.replace("dashboard", "report") == report.stderr, (proc.stderr, report.stderr)
+
 # -- the pieces ----------------------------------------------------------------------------------
 def test_minmax_downsample_keeps_first_last_extremes_and_gaps():
     xs = np.arange(10_000, dtype=float)

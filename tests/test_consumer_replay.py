@@ -141,3 +141,36 @@ def test_replay_logs_a_drop_in_ranks_keys_at_their_w_and_b_keys(make_daemon, tmp
     steps = [r for r in rows if ("train/loss",) in r]
     assert [(r[("train/step",)], r[("a", "b")], r[("a/b",)]) for r in steps] == [(1, 2.0, 1.0), (2, 4.0, 2.0)], steps
     assert not [k for r in rows for k in r if k[0].endswith("#2")]
+
+
+@pytest.mark.parametrize("case", ["no-key", "bad-key", "unreachable"])
+def test_w_and_b_refusing_or_unreachable_is_one_line(tmp_path, case):
+    """`telemetry replay RUN --wandb online`, its main use, raised W&B's UsageError (no API key),
+    AuthenticationError (a key W&B refuses) or CommError (no network) as a traceback. Each is
+    one line now: exit 2 for the key (the user's to fix), 1 for a W&B that cannot be reached."""
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parent.parent
+    log_dir = tmp_path / "run" / "telemetry"
+    log_dir.mkdir(parents=True)
+    (log_dir / "metrics.jsonl").write_text("".join(
+        json.dumps({"kind": "metrics", "t": 1.7e9 + s, "step": s, "values": {"train/loss": 1.0 / s}}) + "\n"
+        for s in range(1, 4)))
+    home = tmp_path / "home"           # no ~/.netrc: no key but the one given here
+    home.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
+    env.update(HOME=str(home), WANDB_DIR=str(tmp_path / "wandb"), WANDB_CONFIG_DIR=str(home / "wandb-config"))
+    env.update({"no-key": {}, "bad-key": {"WANDB_API_KEY": "abc"},
+                "unreachable": {"WANDB_API_KEY": "a" * 40, "WANDB_BASE_URL": "http://127.0.0.1:9",
+                                "WANDB_INIT_TIMEOUT": "3"}}[case])
+    p = subprocess.run([sys.executable, "-m", "telemetry", "replay", str(tmp_path / "run"), "--wandb", "online",
+                        "--run-id", "r1"], cwd=root, env=env, capture_output=True, text=True, timeout=300)
+    assert "Traceback" not in p.stderr, p.stderr
+    ours = [ln for ln in p.stderr.splitlines() if ln.startswith("telemetry replay: ")]
+    assert len(ours) == 1, p.stderr
+    if case == "unreachable":
+        assert p.returncode == 1 and "W&B failed: " in ours[0] and "127.0.0.1:9" in ours[0], (p.returncode, p.stderr)
+    else:
+        assert p.returncode == 2 and "W&B refused: " in ours[0] and "API key" in ours[0], (p.returncode, p.stderr)

@@ -60,7 +60,8 @@ def test_unreadable_config_is_a_clear_error(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("argv", [
-    ["--model-type", "llama", "--hidden-size", "65536", "--num-layers", "64", "--num-heads", "64"],
+    ["--model-type", "llama", "--hidden-size", "65536", "--num-layers", "64", "--num-heads", "64",
+     "--intermediate-size", "262144", "--vocab-size", "32000"],
     ["--model-type", "llama", "--hidden-size", "64", "--num-layers", "2", "--num-heads", "4",
      "--intermediate-size", "128", "--vocab-size", "256", "--seq-len", "16000000"],
 ], ids=["1.2T-parameters", "seq-len-16M"])
@@ -71,3 +72,37 @@ def test_real_tensors_beyond_this_machines_memory_are_refused_before_allocation(
     assert cli.main(["mfu-check", *argv, "--device", "cpu"]) == 2
     err = capsys.readouterr().err
     assert "--device cpu would need about" in err and "use --device meta" in err and len(err.splitlines()) == 1, err
+
+
+_LLAMA = ["--model-type", "llama", "--hidden-size", "64", "--num-layers", "2", "--intermediate-size", "128",
+          "--vocab-size", "100"]
+
+
+@pytest.mark.parametrize("argv, said", [
+    (_LLAMA + ["--num-heads", "4", "--num-kv-heads", "8"], "--num-kv-heads 8 must divide --num-heads 4"),
+    (_LLAMA + ["--num-heads", "4", "--num-kv-heads", "3"], "--num-kv-heads 3 must divide --num-heads 4"),
+    (_LLAMA + ["--num-heads", "3"], "--hidden-size 64 is not a multiple of --num-heads 3"),
+    (_LLAMA + ["--num-heads", "3", "--num-kv-heads", "3", "--head-dim", "16"],
+     "--model-type llama: transformers refused it: The hidden size (64) is not a multiple of the number of "
+     "attention heads (3)."),
+    (["--model-type", "llama", "--hidden-size", "64"],
+     "--model-type llama needs --num-layers, --num-heads, --intermediate-size, --vocab-size too"),
+    ({**QWEN2, "num_attention_heads": 0}, "num_attention_heads = 0 is not a positive integer"),
+    ({**QWEN2, "hidden_size": "big"}, "hidden_size = 'big' is not a positive integer"),
+    ({**QWEN2, "num_key_value_heads": 3}, "num_key_value_heads = 3 must divide num_attention_heads = 4"),
+], ids=["kv-heads-beyond-heads", "kv-heads-not-dividing", "hidden-not-multiple", "the-familys-own-check",
+        "shape-flags-left-out", "hf-zero-heads", "hf-hidden-size-text", "hf-kv-heads-not-dividing"])
+def test_an_impossible_model_shape_is_refused_naming_it(tmp_path, argv, said):
+    """Shapes no model has raised transformers' ValueError, a ZeroDivisionError or a tensor-size
+    RuntimeError deep in the forward pass (tracebacks); --model-type with shape flags left out
+    ran transformers' defaults for the family (32 layers of head_dim 2 for a hidden size of 64)
+    with exit 0. Each is one line naming the flag or key, exit 2, before any model is built."""
+    if isinstance(argv, dict):
+        path = tmp_path / "config.json"
+        path.write_text(json.dumps(argv))
+        argv, said = ["--hf-config", str(path)], f"--hf-config {path}: {said}"
+    p = subprocess.run([sys.executable, "-m", "telemetry", "mfu-check", *argv], cwd=ROOT, capture_output=True,
+                       text=True, timeout=120)
+    assert p.returncode == 2 and p.stdout == "", (p.returncode, p.stdout, p.stderr[-3000:])
+    line, = p.stderr.splitlines()
+    assert line.startswith(f"telemetry mfu-check: {said}"), line

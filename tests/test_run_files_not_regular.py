@@ -218,3 +218,34 @@ def test_report_never_writes_through_a_symlink_at_its_default_place(tmp_path, wh
     assert (mine.stat().st_mode & 0o777) == 0o755
     out = _telemetry(["report", str(run), "--out", str(tmp_path / "out")])    # where the reader says
     assert out.returncode == 0 and (tmp_path / "out" / "index.html").is_file(), out.stdout + out.stderr
+
+
+@pytest.mark.parametrize("cmd", ["goodput", "replay", "dashboard", "report", "report-rotated-piece"])
+def test_an_unreadable_metrics_file_is_bad_input_named_in_one_line(tmp_path, cmd):
+    """A metrics file the user may not read (mode 000, another user's run): goodput, replay and
+    the dashboard raised PermissionError (a traceback), report said it in one line with exit 1.
+    Each now names the file in one line and exits 2, as for a path that holds no run; a rotated
+    piece (metrics.jsonl.1) the same."""
+    from other_user import with_reads_refused
+
+    log_dir = tmp_path / "run" / "telemetry"
+    log_dir.mkdir(parents=True)
+    line = '{"kind": "metrics", "t": 1700000000.0, "step": 1, "values": {"train/loss": 2.0}}\n'
+    (log_dir / "metrics.jsonl").write_text(line)
+    unreadable = log_dir / "metrics.jsonl"
+    if cmd == "report-rotated-piece":
+        cmd, unreadable = "report", log_dir / "metrics.jsonl.1"
+        unreadable.write_text(line)
+    unreadable.chmod(0)
+    args = {"goodput": [], "replay": ["--wandb", "offline"], "dashboard": ["--port", "0"],
+            "report": ["--out", str(tmp_path / "report")]}[cmd]
+    argv = with_reads_refused([sys.executable, "-m", "telemetry", cmd, str(tmp_path / "run"), *args], str(unreadable))
+    if argv is None:
+        pytest.skip("a file's mode does not stop this user's reads (root without capsh)")
+    env = {**os.environ, "WANDB_DIR": str(tmp_path / "wandb"), "WANDB_SILENT": "true"}
+    try:
+        p = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=HANG_S, env=env)
+    except subprocess.TimeoutExpired as exc:     # the dashboard served it
+        pytest.fail(f"telemetry {cmd} did not refuse it in {HANG_S} s: {exc.stderr!r:.2000}")
+    assert p.stderr.splitlines() == [f"telemetry {cmd}: {unreadable}: cannot read it (Permission denied)"], p.stderr
+    assert p.returncode == 2 and p.stdout == "", (p.returncode, p.stdout)

@@ -108,7 +108,7 @@ def _open_output(path: str) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from telemetry.consumers.readjsonl import ReadStats, find_log_dir, read_records
+    from telemetry.consumers.readjsonl import ReadStats, Unreadable, find_log_dir, read_records
     from telemetry.consumers.terminal import printable
 
     if args.exclude is not None:
@@ -135,7 +135,7 @@ def run(args: argparse.Namespace) -> int:
             return 2
     try:
         log_dir = find_log_dir(args.run_dir)
-    except FileNotFoundError as exc:
+    except (FileNotFoundError, Unreadable) as exc:
         print(f"telemetry goodput: {exc}", file=sys.stderr)
         return 2
     out_fd = None

@@ -602,7 +602,7 @@ def run(args: argparse.Namespace) -> int:
     except (OSError, OverflowError) as exc:
         sub.close()
         print(httpaccess.cannot_listen("telemetry export-prometheus", args.addr, port, exc), file=sys.stderr)
-        return 1
+        return 2    # the --port or --addr given, as the daemon's taken endpoint is
     latest.on_first_drop = lambda: print(
         f"telemetry export-prometheus: {latest.num_series:,} series kept (--max-series {max_series}, "
         f"--memory-mb {memory_mb}): values of new series are dropped from now on and counted in "

@@ -26,19 +26,50 @@ READ_CHUNK_BYTES = jsonlines.READ_CHUNK_BYTES
 MAX_LINE_BYTES = jsonlines.MAX_LINE_BYTES
 
 
+class Unreadable(OSError):
+    """A run's metrics file (or the directory holding them) is there but cannot be read: its
+    mode, another user's run. Bad input, as a path that holds no run is: the commands that read
+    a run say it in one line and exit 2."""
+
+    def __str__(self) -> str:
+        return f"{self.filename}: cannot read it ({self.strerror})"
+
+
+def _unreadable(exc: OSError, path: Path) -> Unreadable:
+    return Unreadable(exc.errno, exc.strerror or str(exc), exc.filename or os.fspath(path))
+
+
 def find_log_dir(path: str | Path) -> Path:
     """The directory holding metrics.jsonl (or its rotated pieces) for a run dir or telemetry dir.
 
-    Raises FileNotFoundError with the places looked at when there is none.
+    Raises FileNotFoundError with the places looked at when there is none, and Unreadable naming
+    the first metrics file (or directory) that is there but cannot be read: found here, before a
+    command prints or serves anything, not as a traceback halfway through reading. A piece that
+    is not a regular file is left to the reader, which skips and counts it.
     """
     path = Path(path)
-    if path.is_file() and path.name.startswith(FILE_NAME):
-        return path.parent
-    candidates = [path, path / "telemetry"]
-    for c in candidates:
-        if (c / FILE_NAME).exists() or any(c.glob(FILE_NAME + ".*")):
-            return c
-    raise FileNotFoundError(f"no {FILE_NAME} in {' or '.join(str(c) for c in candidates)}")
+    try:
+        if path.is_file() and path.name.startswith(FILE_NAME):
+            log_dir = path.parent
+        else:
+            candidates = [path, path / "telemetry"]
+            log_dir = next((c for c in candidates if (c / FILE_NAME).exists() or any(c.glob(FILE_NAME + ".*"))),
+                           None)
+            if log_dir is None:
+                raise FileNotFoundError(f"no {FILE_NAME} in {' or '.join(str(c) for c in candidates)}")
+        from telemetry.shared.jsonlines import rotated_files
+
+        pieces = rotated_files(log_dir)
+    except PermissionError as exc:    # a directory on the way that may not be searched
+        raise _unreadable(exc, path) from None
+    for piece in pieces:
+        try:
+            files.open_regular(piece).close()
+        except (FileNotFoundError, files.NotRegularFile):   # rotated away meanwhile; a FIFO
+            continue
+        except OSError as exc:
+            raise _unreadable(exc, piece) from None
+    return log_dir
 
 
 def run_dir_of(log_dir: Path) -> Path:
@@ -101,6 +132,8 @@ def _file_records(path: Path, stats: ReadStats) -> Iterator[OutputRecord | dict]
     except files.NotRegularFile:
         stats.num_not_regular += 1
         return
+    except OSError as exc:   # made unreadable since find_log_dir looked
+        raise _unreadable(exc, path) from None
     lines = _Lines(stats)
     with f:
         while chunk := f.read(READ_CHUNK_BYTES):
@@ -142,6 +175,8 @@ class Follower:
                 self._not_regular = True
                 self.stats.num_not_regular += 1
             return False
+        except OSError as exc:
+            raise _unreadable(exc, self.log_dir / FILE_NAME) from None
         self._file, self._inode, self._lines = f, os.fstat(f.fileno()).st_ino, _Lines(self.stats)
         self.stats.num_files += 1
         return True

@@ -263,7 +263,7 @@ def supersede_offline_dirs(log_dir: Path, run_id: str, keep: Path, out: Any = No
 
 
 def run(args: argparse.Namespace) -> int:
-    from telemetry.consumers.readjsonl import find_log_dir
+    from telemetry.consumers.readjsonl import Unreadable, find_log_dir
     from telemetry.shared import files
 
     if not os.path.exists(args.run_dir):   # a typo is bad input (2), and so is a directory with no run
@@ -271,7 +271,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         log_dir = find_log_dir(args.run_dir)
-    except FileNotFoundError as exc:
+    except (FileNotFoundError, Unreadable) as exc:
         print(f"telemetry replay: {exc}", file=sys.stderr)
         return 2
     files.apply_like(log_dir)    # its W&B directory and marks are as private as the run it reads
@@ -280,4 +280,26 @@ def run(args: argparse.Namespace) -> int:
     except FileNotFoundError as exc:     # the run's files gone while it read them
         print(f"telemetry replay: {exc}", file=sys.stderr)
         return 1
+    except Exception as exc:
+        said = _wandb_refusal(exc)
+        if said is None:
+            raise
+        rc, line = said
+        print(f"telemetry replay: {line}", file=sys.stderr)
+        return rc
     return 0
+
+
+def _wandb_refusal(exc: Exception) -> tuple[int, str] | None:
+    """(exit code, the line to say) for an error W&B raised, None for any other. No API key, or
+    one W&B refuses, is the user's to fix (2, with how); W&B that cannot be reached, or that
+    failed on its side, is 1. W&B's messages run over several lines: one is said."""
+    errors = sys.modules.get("wandb.errors")     # imported with wandb: an error of W&B's came from it
+    if errors is None or not isinstance(exc, errors.Error):
+        return None
+    from telemetry.consumers.terminal import printable
+
+    why = printable(" ".join(str(exc).split())) or type(exc).__name__
+    if isinstance(exc, (errors.UsageError, errors.AuthenticationError)):
+        return 2, f"W&B refused: {why} (or --wandb offline, then `wandb sync`)"
+    return 1, f"W&B failed: {why}"

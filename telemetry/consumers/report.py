@@ -1175,7 +1175,7 @@ def _default_out_problem(log_dir: Path) -> str | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from telemetry.consumers.readjsonl import find_log_dir
+    from telemetry.consumers.readjsonl import Unreadable, find_log_dir
     from telemetry.consumers.terminal import printable
 
     if not os.path.exists(args.run_dir):
@@ -1187,7 +1187,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         log_dir = find_log_dir(args.run_dir)
-    except FileNotFoundError as exc:     # not a run: bad input, as a typo is
+    except (FileNotFoundError, Unreadable) as exc:     # not a run, or not ours to read: bad input, as a typo is
         print(f"telemetry report: {exc}", file=sys.stderr)
         return 2
     why = None if args.out else _default_out_problem(Path(log_dir))

@@ -60,6 +60,18 @@ def run(args: argparse.Namespace) -> int:
     from telemetry.shared.endpoints import EndpointError
     from telemetry.shared import files, run_lock
     from telemetry.shared.run_lock import RunDirInUse
+    from telemetry.shared.procs import alive
+
+    # Before anything is made: a process that is not running would only start a daemon that
+    # drains at once (a typo'd or stale pid), exit 0, having watched nothing.
+    if args.watch_pid is not None and not 0 < args.watch_pid <= MAX_PID:
+        print(f"telemetry daemon: --watch-pid must be a process id (1..{MAX_PID}), got {args.watch_pid}",
+              file=sys.stderr)
+        return 2
+    if args.watch_pid is not None and not alive(args.watch_pid):
+        print(f"telemetry daemon: --watch-pid {args.watch_pid}: no such process runs on this host (it has "
+              "exited, or the pid is wrong)", file=sys.stderr)
+        return 2
 
     overrides = {
         "ingest": args.ingest, "pub": args.pub, "control": args.control, "log_dir": args.log_dir,
@@ -90,10 +102,6 @@ def run(args: argparse.Namespace) -> int:
     why = writable_dir_problem(cfg.log_dir)   # before any socket or thread: one line, exit 2
     if why:
         print(f"telemetry daemon: log dir {why}", file=sys.stderr)
-        return 2
-    if args.watch_pid is not None and not 0 < args.watch_pid <= MAX_PID:
-        print(f"telemetry daemon: --watch-pid must be a process id (1..{MAX_PID}), got {args.watch_pid}",
-              file=sys.stderr)
         return 2
     remove_runtime_dir = None
     if args.remove_runtime_dir:

@@ -9,6 +9,9 @@ daemon's MFU for that model is off by the same factor (and a peak or FLOPs overr
 Eager attention is forced because FlopCounterMode counts SDPA's fused kernels as 0 FLOPs on
 CPU, and MoE experts run their per-expert loop (experts_implementation="eager") because grouped
 matmuls are invisible to it too. Exit code: 0 when formula and count agree within 0.5 %.
+--model-type needs every shape flag but --num-kv-heads (default: --num-heads) and --head-dim
+(default: hidden size / heads); a shape no model has (key-value heads that do not divide the
+heads, a size of 0) is refused naming the flag or key, exit 2.
 
   telemetry mfu-check --config launch/configs/tiny.yaml
   telemetry mfu-check --hf-config config.json --seq-len 4096
@@ -35,6 +38,16 @@ _SIZE_FLAGS = {
 }
 _HF_KEYS = {"num_layers": "num_hidden_layers", "num_heads": "num_attention_heads",
             "num_kv_heads": "num_key_value_heads"}
+# The flags --model-type needs: left out, transformers would fill them with its defaults for
+# the family (--model-type llama --hidden-size 64 ran a 32-layer, 32-head model of head_dim 2),
+# some other model than the user's. --num-kv-heads (default: --num-heads) and --head-dim
+# (default: hidden size / heads) mean the same in every family and may be left out.
+_REQUIRED_FLAGS = ("hidden_size", "num_layers", "num_heads", "intermediate_size", "vocab_size")
+# The size keys of a config file (HF's names and the aliases telemetry.daemon.mfu reads): each
+# one given must be a positive integer, checked before transformers divides by it.
+_SIZE_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
+              "intermediate_size", "vocab_size", "n_embd", "d_model", "n_layer", "num_layers", "n_head",
+              "num_heads", "num_kv_heads", "n_inner", "ffn_dim")
 
 
 # A model size, a sequence length, a batch: a positive int a model could have (on --device cpu
@@ -78,6 +91,51 @@ def _load_trainer_config(path: str) -> tuple[dict[str, Any], int | None, str]:
     return dict(model["hf_config"]), seq_len, dtype
 
 
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _check_flags(args: argparse.Namespace) -> None:
+    """--model-type's shape flags: all there, and heads that fit together; else ValueError
+    naming the flags."""
+    missing = [_flag(f) for f in _REQUIRED_FLAGS if getattr(args, f) is None]
+    if missing:
+        raise ValueError(f"--model-type {args.model_type} needs {', '.join(missing)} too (transformers' defaults "
+                         "for them are another model's)")
+    if args.num_kv_heads is not None and args.num_heads % args.num_kv_heads:
+        raise ValueError(f"--num-kv-heads {args.num_kv_heads} must divide --num-heads {args.num_heads} "
+                         "(each key-value head serves a whole group of heads)")
+    if args.head_dim is None and args.hidden_size % args.num_heads:
+        raise ValueError(f"--hidden-size {args.hidden_size} is not a multiple of --num-heads {args.num_heads} "
+                         "(the head dimension is hidden size / heads unless --head-dim gives it)")
+
+
+def _check_sizes(kwargs: dict[str, Any], source: str, prefix: str) -> None:
+    """Each size key a config file gives is a positive integer; else ValueError naming it
+    (`prefix` + key: its dotted key in a trainer config)."""
+    for key in _SIZE_KEYS:
+        value = kwargs.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ValueError(f"{source}: {prefix}{key} = {value!r} is not a positive integer")
+
+
+def _check_heads(shape: Any, source: str) -> None:
+    """A config file's key-value heads divide its heads (grouped-query attention), else
+    ValueError: the model would fail to run with a tensor-shape error."""
+    if shape.num_heads % shape.num_kv_heads:
+        raise ValueError(f"{source}: num_key_value_heads = {shape.num_kv_heads} must divide "
+                         f"num_attention_heads = {shape.num_heads}")
+
+
+def _source(args: argparse.Namespace) -> str:
+    """Where the model's config comes from, as an error names it (the order _build_hf_config takes them in)."""
+    if args.config:
+        return f"--config {args.config}"
+    if args.hf_config:
+        return f"--hf-config {args.hf_config}"
+    return f"--model-type {args.model_type}"
+
+
 def _build_hf_config(args: argparse.Namespace) -> tuple[Any, int | None]:
     from transformers import AutoConfig
 
@@ -91,6 +149,7 @@ def _build_hf_config(args: argparse.Namespace) -> tuple[Any, int | None]:
         if not isinstance(kwargs, dict):
             raise ValueError(f"{args.hf_config}: not a JSON object")
     elif args.model_type:
+        _check_flags(args)
         kwargs = {"model_type": args.model_type}
         for flag in _SIZE_FLAGS:
             value = getattr(args, flag)
@@ -105,6 +164,7 @@ def _build_hf_config(args: argparse.Namespace) -> tuple[Any, int | None]:
     if "_path" in kwargs:
         return AutoConfig.from_pretrained(kwargs["_path"], local_files_only=True), seq_len
     kwargs = dict(kwargs)
+    _check_sizes(kwargs, _source(args), "model.hf_config." if args.config else "")
     model_type = kwargs.pop("model_type", None)
     if not model_type:
         raise ValueError("the config has no model_type")
@@ -116,7 +176,17 @@ def _build_hf_config(args: argparse.Namespace) -> tuple[Any, int | None]:
         for key in ("pad_token_id", "bos_token_id", "eos_token_id"):
             if isinstance(kwargs.get(key), int) and kwargs[key] >= vocab:
                 kwargs[key] = None
-    return AutoConfig.for_model(model_type, **kwargs), seq_len
+    try:
+        return AutoConfig.for_model(model_type, **kwargs), seq_len
+    except Exception as exc:     # the family's own checks, some of them huggingface_hub's StrictDataclass errors
+        raise ValueError(f"{_source(args)}: transformers refused it: {_first_words(exc)}") from None
+
+
+def _first_words(exc: BaseException) -> str:
+    """An exception's message on one line; a wrapper's (huggingface_hub's validation errors)
+    says what it wraps on its second line: the wrapped one's."""
+    inner = exc.__cause__ if exc.__cause__ is not None else exc
+    return " ".join(str(inner).split()) or type(inner).__name__
 
 
 def cpu_memory_problem(hf_config: Any, shape: Any, batch_size: int, seq_len: int) -> str | None:
@@ -189,6 +259,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         hf_config, config_seq_len = _build_hf_config(args)
         shape = mfu.model_shape(hf_config)
+        _check_heads(shape, _source(args))
     except (ValueError, OSError, KeyError) as exc:
         print(f"telemetry mfu-check: {exc}", file=sys.stderr)
         return 2
@@ -200,7 +271,14 @@ def run(args: argparse.Namespace) -> int:
             return 2
     num_tokens = args.batch_size * seq_len
     sum_sq = args.batch_size * seq_len * seq_len
-    counted = count_flops(hf_config, args.batch_size, seq_len, args.device)
+    try:
+        counted = count_flops(hf_config, args.batch_size, seq_len, args.device)
+        hw_counted = (sum(count_flops(hf_config, args.batch_size, seq_len, args.device, True).values())
+                      if args.gradient_checkpointing else 0)
+    except RuntimeError as exc:    # a shape the checks above let through, an op the device lacks
+        print(f"telemetry mfu-check: the model could not run one step on --device {args.device}: "
+              f"{_first_words(exc)}", file=sys.stderr)
+        return 1
     formula = mfu.training_flops(shape, num_tokens, sum_sq)
     total = sum(counted.values())
     ratio = total / formula if formula else float("nan")
@@ -212,7 +290,6 @@ def run(args: argparse.Namespace) -> int:
     }
     ok = abs(ratio - 1) <= TOLERANCE
     if args.gradient_checkpointing:
-        hw_counted = sum(count_flops(hf_config, args.batch_size, seq_len, args.device, True).values())
         hw_formula = mfu.hardware_flops(shape, num_tokens, sum_sq, gradient_checkpointing=True)
         result.update(hardware_formula_flops=hw_formula, hardware_counted_flops=hw_counted,
                       hardware_ratio=hw_counted / hw_formula)

@@ -140,7 +140,7 @@ def run(args: argparse.Namespace) -> int:
     from telemetry.consumers.dashboard.live import FileFeed, Hub, PubFeed
     from telemetry.consumers.dashboard.server import DashboardServer
     from telemetry.consumers.dashboard.store import RunStore
-    from telemetry.consumers.readjsonl import run_dir_of
+    from telemetry.consumers.readjsonl import Unreadable, run_dir_of
     from telemetry.consumers.subscribe import AttachError, attach
 
     port, memory_mb, max_series = args.port, args.memory_mb, args.max_series
@@ -158,8 +158,13 @@ def run(args: argparse.Namespace) -> int:
     if root is not None:
         if not root.exists():
             return _fail(f"{root} does not exist")
-        log_dirs = find_runs(root)
+        try:
+            log_dirs = find_runs(root)
+        except Unreadable as exc:
+            return _fail(str(exc))
         if not log_dirs:
+            if not root.is_dir():     # a file is never a run about to start, whatever the environment
+                return _fail(f"no metrics.jsonl in {root} or {root / 'telemetry'}")
             if not (args.pub or _pub_from_environment()):
                 return _fail(f"no metrics.jsonl in {root}, {root / 'telemetry'} or the run dirs inside {root}")
             # A run about to write its first records: live, and its dir for drain.json.
@@ -208,7 +213,7 @@ def run(args: argparse.Namespace) -> int:
                                      max_points_sent=budget.max_points_sent, max_range_bytes=budget.max_range_bytes)
         except (OSError, OverflowError) as exc:
             print(httpaccess.cannot_listen("telemetry dashboard", args.addr, port, exc), file=sys.stderr)
-            return 1
+            return 2    # the --port or --addr given, as the daemon's taken endpoint is
         if in_background:
             for store in stores:
                 store.loading_history = True
