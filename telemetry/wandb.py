@@ -290,7 +290,10 @@ def init(project: str | None = None, name: str | None = None, config: Any = None
                                 wandb_mode=sink_mode(mode),
                                 root=dir or env("WANDB_DIR"), runtime=runtime)
     console = settings.get("console") if isinstance(settings, dict) else getattr(settings, "console", None)
-    run = Run(project=project or env("WANDB_PROJECT"), name=name or env("WANDB_NAME"), config=cfg,
+    # W&B's own project for a run that names none: "uncategorized" (a disabled run's: "dummy");
+    # the daemon's default project ("telemetry") is for its own runs, never a script's.
+    project = project or env("WANDB_PROJECT") or ("dummy" if mode == "disabled" else "uncategorized")
+    run = Run(project=project, name=name or env("WANDB_NAME"), config=cfg,
               entity=entity or env("WANDB_ENTITY"), group=group or env("WANDB_RUN_GROUP"),
               tags=tags if tags is not None else (env_tags.split(",") if env_tags else None),
               notes=notes or env("WANDB_NOTES"), job_type=job_type or env("WANDB_JOB_TYPE"),

@@ -219,9 +219,8 @@ def in_process(tmp_path, monkeypatch):
     return run
 
 
-@pytest.fixture
-def run_dir(tmp_path) -> Path:
-    """A small finished run: what report and replay read when the swept option is another one."""
+def small_run(tmp_path) -> Path:
+    """A small finished run (five steps of train/loss) under tmp_path/run."""
     import json
 
     d = tmp_path / "run"
@@ -230,6 +229,12 @@ def run_dir(tmp_path) -> Path:
         for s in range(1, 6):
             f.write(json.dumps({"kind": "metrics", "t": 1.7e9 + s, "step": s, "values": {"train/loss": 2.0 / s}}) + "\n")
     return d
+
+
+@pytest.fixture
+def run_dir(tmp_path) -> Path:
+    """A small finished run: what report and replay read when the swept option is another one."""
+    return small_run(tmp_path)
 
 
 def assert_refused(rc, out: str, err: str, what: str) -> None:

@@ -148,12 +148,9 @@ def test_tensorboard_turned_on_without_its_package_is_refused_at_start(tmp_path)
 
 # -- stdout that cannot be written: a reader that left, a full disk ---------------------------
 def _a_small_run(tmp_path) -> Path:
-    run = tmp_path / "run"
-    (run / "telemetry").mkdir(parents=True)
-    with open(run / "telemetry" / "metrics.jsonl", "w") as f:
-        for s in range(1, 6):
-            f.write(json.dumps({"kind": "metrics", "t": 1.7e9 + s, "step": s, "values": {"train/loss": 2.0 / s}}) + "\n")
-    return run
+    from test_cli_bad_input import small_run
+
+    return small_run(tmp_path)
 
 
 def _stdout_cases(tmp_path) -> list[list[str]]:

@@ -259,11 +259,17 @@ def test_media_refused_by_name_once_counted_and_reported(daemon, monkeypatch):
         run.log({"note": object()})
     assert run.num_refused == {"wandb.Video": 2, "object": 1}
     run.finish()
-    events = daemon.wait_for(lambda rs: sum(r.get("name") == "wandb/refused" for r in rs) >= 2, kind="event")
+    # The first of each why as it came, and the totals at the run's end (the summary says them:
+    # "not logged to W&B  2 wandb.Video"; the second Video was in no counter outside the script).
+    events = daemon.wait_for(lambda rs: sum(r.get("name") == "wandb/refused" for r in rs) >= 3, kind="event")
     refused = [r["data"] for r in events if r.get("name") == "wandb/refused"]
     assert {e["type"] for e in refused} == {"wandb.Video", "object"}
+    assert {(e["type"], e["count"]) for e in refused} == {("wandb.Video", 1), ("object", 1), ("wandb.Video", 2)}
     steps = daemon.wait_for(lambda rs: len(rs) >= 2, kind="metrics")
     assert [script_values(r["values"]) for r in steps[:2]] == [{"loss": 1.0}, {"loss": 2.0}]
+    from telemetry.consumers.summary import summarize
+
+    assert summarize(daemon.log_dir)["wandb_refused"] == {"wandb.Video": 2, "object": 1}
 
 
 def test_raw_audio_needs_soundfile_as_in_wandb():

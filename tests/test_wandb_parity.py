@@ -640,3 +640,18 @@ def test_names_the_daemon_derives_too_stay_what_the_script_logged(tmp_path_facto
     assert user_history(ours) == user_history(real), (user_history(ours), user_history(real))
     assert user_history(ours)[0]["perf/steps_per_second"] == 7.0
     assert user_summary(ours) == user_summary(real), (user_summary(ours), user_summary(real))
+
+
+def test_a_config_file_and_no_project_are_w_and_bs(tmp_path_factory):
+    """`wandb.init(config="file.yaml")` and `config.update(path)` read W&B's config file (they
+    raised TypeError: the script died); a run that names no project is W&B's "uncategorized"
+    (it was filed under the daemon's own project "telemetry", and run.project was None)."""
+    path = SCRIPTS / "config_file_no_project.py"
+    real, out_real, _ = shared_run(tmp_path_factory, real_run, path, 1, {})
+    ours, out_ours, _ = shared_run(tmp_path_factory, sidecar_run, path, 1, {})
+    said = [ln for ln in out_real.splitlines() if ln.startswith(("PROJECT", "MISSING"))]
+    assert said == ["PROJECT uncategorized uncategorized", "MISSING ConfigError"], out_real
+    assert [ln for ln in out_ours.splitlines() if ln.startswith(("PROJECT", "MISSING"))] == said, out_ours
+    assert config(ours) == config(real) == {"_wandb": {}, "lr": 0.01, "batch": 32, "dropout": 0.1}, \
+        (config(ours), config(real))
+    assert run_info(ours)["project"] == run_info(real)["project"] == "uncategorized"

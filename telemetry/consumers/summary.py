@@ -16,6 +16,7 @@ from telemetry.consumers.drain import problem_lines, wandb_not_made
 from telemetry.consumers.readjsonl import ReadStats, read_records
 from telemetry.shared.bookkeeping import is_bookkeeping
 from telemetry.shared.numbers import is_int, is_number
+from telemetry.shared.wandb_keys import REFUSED_EVENT
 
 
 def summarize(log_dir: Path) -> dict:
@@ -25,6 +26,7 @@ def summarize(log_dir: Path) -> dict:
     mfu: list[float] = []
     daemon = DaemonTotals()   # across daemon restarts: a resumed run has several
     num_events = 0
+    refused: dict[str, int] = {}        # a W&B script's values not logged, by why (wandb/refused)
     loss_key = None
     stats = ReadStats()
     for rec in read_records(log_dir, stats):
@@ -46,6 +48,10 @@ def summarize(log_dir: Path) -> dict:
             daemon.consume(rec["values"], rec.get("t"))
         elif kind == "event" and not is_bookkeeping(rec.get("name")):
             num_events += 1
+            data = rec.get("data")
+            if rec.get("name") == REFUSED_EVENT and isinstance(data, dict) and isinstance(data.get("type"), str):
+                n = data.get("count", 1)
+                refused[data["type"]] = max(refused.get(data["type"], 0), n if is_int(n) else 1)
     # The first steps include warm-up (allocation, compilation): the median of the rest.
     steady = tps[len(tps) // 5:] or tps
     return {
@@ -57,6 +63,7 @@ def summarize(log_dir: Path) -> dict:
         "tokens_per_second_median": statistics.median(steady) if steady else None,
         "mfu_median": statistics.median(mfu) if mfu else None,
         "num_events": num_events,
+        "wandb_refused": refused,
         "daemon": daemon,
         "num_unreadable": stats.num_bad + stats.num_torn,
     }
@@ -133,6 +140,9 @@ def main(argv: list[str] | None = None) -> int:
     if not_made:
         # The W&B run the user expects does not exist: said in the summary whatever else was quiet.
         print(f"  W&B run            NOT MADE: {not_made}")
+    if s["wandb_refused"]:
+        # The script's values the drop-in could not log (said once each as they came).
+        print("  not logged to W&B  " + "; ".join(f"{_fmt(n)} {why}" for why, n in s["wandb_refused"].items()))
     refused = [f"{_fmt(drained[k])} {words}" for k, words in
                (("records_malformed", "records not of the protocol (refused whole)"),
                 ("values_refused", "values refused alone (the rest of their rows kept)")) if drained.get(k)]

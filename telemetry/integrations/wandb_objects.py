@@ -627,9 +627,12 @@ def config_from_file(path: str, must_exist: bool = False) -> dict[str, Any]:
 
 
 def config_dict(d: Any) -> dict[str, Any]:
-    """A config as W&B takes it (None, a mapping, a Config, an argparse.Namespace) as a dict."""
+    """A config as W&B takes it (None, a mapping, a Config, an argparse.Namespace, or a str: the
+    path of a YAML config file in W&B's format, which must exist) as a dict."""
     if d is None:
         return {}
+    if isinstance(d, str):
+        return config_from_file(d, must_exist=True)
     if isinstance(d, Mapping):
         return dict(d)
     if isinstance(d, Config):

@@ -66,13 +66,12 @@ from telemetry.integrations.wandb_media import INLINE_ARRAY, INLINE_LIST, Array,
 from telemetry.shared.bookkeeping import SUMMARY_REMOVE_EVENT
 from telemetry.shared.media import EVENT as MEDIA_EVENT
 from telemetry.shared.wandb_ids import fallback_files_dirs
-from telemetry.shared.wandb_keys import NESTED_EVENT, RecordNames
+from telemetry.shared.wandb_keys import NESTED_EVENT, REFUSED_EVENT, RecordNames
 
 SUMMARY_EVENT = "wandb/summary"             # {key: value}: run.summary set (what consumers read)
 # Just before each: {"step": s, "replace": [[key, ...], ...]}, the rows it comes after (the
 # daemon's run takes it after them) and the paths whose value it replaces.
 SUMMARY_AT_EVENT = "wandb/summary_at"
-REFUSED_EVENT = "wandb/refused"
 VALUES_EVENT = "wandb/values"
 CONSOLE_EVENT = "wandb/console"
 ENV_RUN_ID = "TELEMETRY_RUN_ID"
@@ -586,8 +585,9 @@ class Run(RunCalls):
         for m in media:
             queued = (writer or self._media).submit(m)
             if queued is None:
-                why = (writer or self._media).unusable or "the media writer's queue is full"
-                self._refuse(key, f"wandb.{type(m).__name__} ({why})")
+                unusable = (writer or self._media).unusable
+                self._refuse(key, f"wandb.{type(m).__name__} ({unusable or 'the media writer queue is full'})",
+                             None if unusable else "logged faster than its files are written")
                 return
             items.append({"file": queued[0], "options": queued[1]})
         event = {"key": key, "step": self._step, "type": type(media[0]).__name__}
@@ -598,14 +598,16 @@ class Run(RunCalls):
             event.update(items[0])
         client.event(MEDIA_EVENT, event)
 
-    def _refuse(self, key: str, why: str) -> None:
+    def _refuse(self, key: str, why: str, hint: str | None = None) -> None:
+        """A value not logged, counted by `why` (run.num_refused), said once; the run's end sends
+        the counts (a `wandb/refused` event each: the summary says them)."""
         n = self.num_refused.get(why, 0)
         self.num_refused[why] = n + 1
         if n == 0:
-            warnings.warn(f"telemetry.wandb: {why} at key {key!r} is not logged: the daemon's W&B run takes "
-                          f"numbers and one-element tensors (counted in run.num_refused)", RuntimeWarning,
-                          stacklevel=4)
-            self._client.get().event(REFUSED_EVENT, {"type": why, "key": key, "step": self._step})
+            hint = hint or "the daemon's W&B run takes numbers and one-element tensors"
+            warnings.warn(f"telemetry.wandb: {why} at key {key!r} is not logged: {hint} (counted in "
+                          f"run.num_refused, said at the run's end)", RuntimeWarning, stacklevel=4)
+            self._client.get().event(REFUSED_EVENT, {"type": why, "key": key, "step": self._step, "count": 1})
 
     def define_metric(self, name: str, step_metric: str | None = None, step_sync: bool | None = None,
                       hidden: bool | None = None, summary: str | None = None, goal: str | None = None,
@@ -665,6 +667,9 @@ class Run(RunCalls):
         if self._watch_media is not None:
             self._watch_media.close()
         code = exit_code if isinstance(exit_code, int) else 0
+        for why, n in self.num_refused.items():
+            if n > 1:              # the first was sent as it came: the total now
+                self._client.get().event(REFUSED_EVENT, {"type": why, "count": n})
         self._say_sync()
         self._client.get().event("train_end", {"status": "failed" if code else "finished", "exit_code": code})
         self._client.close()

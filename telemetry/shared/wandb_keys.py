@@ -9,6 +9,9 @@ from typing import Any, Mapping, Sequence
 # The event a drop-in rank sends with the paths of its keys ({"paths": {record name: [part, ...]}})
 # before the first value that uses them.
 NESTED_EVENT = "wandb/nested"
+# A W&B script's value the drop-in did not log: {"type": why, "count": how many so far}, sent at
+# the first of each why and, with the total, at the run's end (the run's summary says them).
+REFUSED_EVENT = "wandb/refused"
 # The deepest path a flattened key is nested again to (a user's dict of dicts is a few levels):
 # W&B walks a row's nested values recursively.
 MAX_NESTED_DEPTH = 32
