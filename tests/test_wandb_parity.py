@@ -655,3 +655,14 @@ def test_a_config_file_and_no_project_are_w_and_bs(tmp_path_factory):
     assert config(ours) == config(real) == {"_wandb": {}, "lr": 0.01, "batch": 32, "dropout": 0.1}, \
         (config(ours), config(real))
     assert run_info(ours)["project"] == run_info(real)["project"] == "uncategorized"
+
+
+def test_values_w_and_b_keeps_as_text_or_their_value_are_logged_as_w_and_b_logs_them(tmp_path_factory):
+    """A datetime, date, Decimal, Fraction or Enum in a row was refused (one warning a key, the
+    value not in the run), where W&B logs its ISO text, its text or its value (an outside
+    tester's find)."""
+    path = SCRIPTS / "text_like_values.py"
+    real, _, _ = shared_run(tmp_path_factory, real_run, path, 1, {})
+    ours, _, _ = shared_run(tmp_path_factory, sidecar_run, path, 1, {})
+    assert user_history(ours) == user_history(real), (user_history(ours), user_history(real))
+    assert user_history(ours)[0]["eval_time"] == "2020-01-02T03:04:05" and user_history(ours)[0]["split"] == 1

@@ -157,6 +157,24 @@ def _is_array(value: Any) -> bool:
     return np is not None and isinstance(value, np.ndarray) and value.dtype != object
 
 
+def as_w_and_b_logs(value: Any) -> Any:
+    """A value as W&B's history keeps it where W&B turns it into something else: a datetime,
+    date or time as its ISO text, a Decimal or a Fraction as its text, an Enum as its value;
+    anything else as it is."""
+    import datetime
+    import decimal
+    import enum
+    import fractions
+
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, (datetime.date, datetime.time)):     # a datetime is a date
+        return value.isoformat()
+    if isinstance(value, (decimal.Decimal, fractions.Fraction)):
+        return str(value)
+    return value
+
+
 def refusal(value: Any) -> str | None:
     """None for a value the daemon takes (a number, a one-element tensor, a numpy scalar), else
     the name of its type for the warning. Reads no tensor value: numel() is metadata."""
@@ -463,6 +481,9 @@ class Run(RunCalls):
                 self._refuse(k, f"a key longer than {MAX_NAME_CHARS} characters")
                 continue
             why = refusal(v)
+            if why is not None and not isinstance(v, (Media, list, tuple, dict)) and v is not None:
+                v = as_w_and_b_logs(v)
+                why = refusal(v)
             if why is None:
                 if isinstance(v, str):
                     self._texts[k] = v if v.__class__ is str else str(v)    # numpy's str_ too: text
