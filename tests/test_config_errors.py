@@ -101,6 +101,14 @@ DAEMON_CASES = [
     ("custom_sinks: [{class: 'daemon_sinks:SleepySink'}, {class: nocolon}]", "custom_sinks[1]"),
     ("custom_sinks: [{class: 'no_such_module:Sink'}]", "custom_sinks[0]: cannot build custom sink"),
     ("custom_sinks: [{class: 'daemon_sinks:SleepySink', options: {nope: 1}}]", "custom_sinks[0]: cannot build"),
+    # Accepted before, each impossible (an outside tester's finds): an OTLP URL with no host or a
+    # port beyond 65535 failed every export at run time; a record every 0.1 ms filled
+    # metrics.jsonl with the daemon's own records; an empty pattern; a key given twice (the last won).
+    ("otlp: {enabled: true, endpoint: 'http://'}", "otlp.endpoint 'http://': no host"),
+    ("otlp: {enabled: true, endpoint: 'http://127.0.0.1:99999/v1/metrics'}", "otlp.endpoint"),
+    ("daemon_record_interval_s: 0.0001", "daemon_record_interval_s must be at least 0.1 s"),
+    ("aggregator: {reductions: {'': mean}}", "aggregator.reductions['']: a metric name or prefix* is needed"),
+    ("aggregator: {step_timeout_s: 10, step_timeout_s: 20}", "the key 'step_timeout_s' is given twice"),
 ]
 
 

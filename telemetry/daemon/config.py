@@ -16,7 +16,7 @@ from typing import Any
 
 from telemetry.daemon.diagnosis.config import DiagnosisConfig
 from telemetry.daemon.peaks import normalize_dtype
-from telemetry.daemon.pollers.config import PollersConfig
+from telemetry.daemon.pollers.config import MIN_INTERVAL_S, PollersConfig
 from telemetry.daemon.sinks.config import SinkConfig
 from telemetry.daemon.sinks.forward import ForwardConfig
 from telemetry.shared import config as shared_config
@@ -89,6 +89,17 @@ class OtlpConfig(SinkConfig):
         SinkConfig.__post_init__(self)
         if not self.endpoint.startswith(("http://", "https://")):
             raise ConfigError(f"otlp.endpoint {self.endpoint!r}: expected an http:// or https:// URL")
+        from urllib.parse import urlsplit
+
+        try:
+            url = urlsplit(self.endpoint)
+            port = url.port                    # ValueError beyond 0..65535 or not a number
+        except ValueError as exc:
+            raise ConfigError(f"otlp.endpoint {self.endpoint!r}: {exc}") from None
+        if not url.hostname:
+            raise ConfigError(f"otlp.endpoint {self.endpoint!r}: no host")
+        if port == 0:
+            raise ConfigError(f"otlp.endpoint {self.endpoint!r}: port 0 is no port to send to")
         for name in ("export_interval_s", "timeout_s"):
             v = getattr(self, name)
             if not 0 < v < 86400:
@@ -148,6 +159,8 @@ class AggregatorConfig:
 
         for key, rules in (("reductions", self.reductions), ("window_reductions", self.window_reductions)):
             for k, v in rules.items():
+                if not isinstance(k, str) or not k.strip():
+                    raise ConfigError(f"aggregator.{key}[{k!r}]: a metric name or prefix* is needed")
                 try:
                     parse(v)
                 except ValueError as exc:
@@ -228,8 +241,10 @@ class DaemonConfig:
         for m in self.declared_metrics():
             self.aggregator.reductions.setdefault(m.name, m.across_ranks)
             self.aggregator.window_reductions.setdefault(m.name, m.over_window)
-        if self.daemon_record_interval_s <= 0:
-            raise ConfigError(f"daemon_record_interval_s must be > 0, got {self.daemon_record_interval_s}")
+        if self.daemon_record_interval_s < MIN_INTERVAL_S:
+            # As the pollers' least: a smaller one fills metrics.jsonl with the daemon's own records.
+            raise ConfigError(f"daemon_record_interval_s must be at least {MIN_INTERVAL_S} s, got "
+                              f"{self.daemon_record_interval_s}")
         if self.drain_timeout_s <= 0:
             raise ConfigError(f"drain_timeout_s must be > 0, got {self.drain_timeout_s}")
         # A bound, always: 0 would be libzmq's "unlimited", a daemon that grows until it is killed.

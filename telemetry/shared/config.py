@@ -278,6 +278,15 @@ def _bounded_loader() -> type:
             if isinstance(node, yaml.ScalarNode):
                 sizes[id(node)] = (1, 1)
                 return node
+            if isinstance(node, yaml.MappingNode):
+                # A key given twice: yaml keeps the last one, silently; a config's author meant one.
+                seen = set()
+                for key, _ in node.value:
+                    if isinstance(key, yaml.ScalarNode) and key.tag != "tag:yaml.org,2002:merge":
+                        if key.value in seen:
+                            raise _YamlBound(f"the key {key.value[:80]!r} is given twice in one mapping "
+                                             f"(line {key.start_mark.line + 1})")
+                        seen.add(key.value)
             children = node.value if isinstance(node, yaml.SequenceNode) else \
                 [n for pair in node.value for n in pair]
             num, depth = 1, 1
