@@ -244,6 +244,26 @@ def test_a_record_the_daemon_would_refuse_is_counted_here_and_said(rx, client_fa
     assert sum("not sent" in w for w in words) == 4, words
 
 
+def test_an_event_or_hello_the_daemon_would_refuse_is_counted_here_never_raised(rx, client_factory):
+    """tm.event("x", [1, 2]) raised dict()'s TypeError into the loop, tm.event("x", "s") a
+    ValueError, tm.hello(None) a TypeError (the DisabledClient took all three); tm.event("", {})
+    went out and the daemon refused it as malformed while stats() said sent."""
+    tm = client_factory(rx.endpoint)
+    with pytest.warns(RuntimeWarning) as said:
+        for name, data in (("x", [1, 2]), ("x", "s"), ("", {}), (5, {}), ("n" * 300, {})):
+            tm.event(name, data)
+        tm.hello(None)
+        tm.event("ok", {"a": 1})
+    records = rx.recv_until(lambda r: isinstance(r, Event))
+    assert [r.name for r in records if isinstance(r, Event)] == ["ok"] and records[-1].dropped == 5
+    assert tm.stats()["dropped"] == 5
+    assert _loss_as_daemon_sees_it(records, tm.stats()["src"]) == 5          # a seq each: exact
+    words = [str(w.message) for w in said]
+    assert sum("dropped an event record" in w for w in words) == 1 and \
+        sum("hello() takes a mapping" in w for w in words) == 1, words
+    assert all(w.filename == __file__ for w in said), [w.filename for w in said]
+
+
 def test_sequence_accounting_is_exact_across_paths(rx, client_factory):
     torch = pytest.importorskip("torch")
     tm = client_factory(rx.endpoint)

@@ -669,12 +669,22 @@ class TelemetryClient(metaclass=abc.ABCMeta):   # ABCMeta: DisabledClient regist
     # -- everything else is rare ---------------------------------------------------------------
     def event(self, name: str, data: Mapping[str, Any] | None = None) -> None:
         """Send a discrete event (checkpoint saved, NaN seen, ...). Never blocks. Secret-looking
-        entries of `data` are redacted here, as in hello()."""
+        entries of `data` are redacted here, as in hello(). A name that is not a str of
+        1..MAX_NAME_CHARS characters, or `data` that is not a mapping, drops the event (counted in
+        stats()["dropped"], said once), as the daemon would refuse it; never an exception."""
         t0 = _perf_ns()
+
+        def encode(seq: int, dropped: int) -> bytes:
+            if name.__class__ is not str or not 0 < len(name) <= MAX_NAME_CHARS:
+                raise ValueError(f"its name must be a str of 1..{MAX_NAME_CHARS} characters, not "
+                                 f"{type(name).__name__} {str(name)[:40]!r}")
+            if data is not None and not isinstance(data, Mapping):
+                raise TypeError(f"its data must be a mapping (or None), not {type(data).__name__}")
+            clean = Redactor()(dict(data)) if data else data
+            return codec.encode_event(self._src, self.rank, seq, dropped, time.time_ns(), name, _to_wire_map(clean))
+
         try:
-            data = Redactor()(dict(data)) if data else data
-            self._send_other("event", lambda seq, dropped: codec.encode_event(
-                self._src, self.rank, seq, dropped, time.time_ns(), name, _to_wire_map(data)))
+            self._send_other("event", encode)
         finally:
             self._own_ns += _perf_ns() - t0
 
@@ -699,6 +709,9 @@ class TelemetryClient(metaclass=abc.ABCMeta):   # ABCMeta: DisabledClient regist
         The identity fields (host, pid, rank, local_rank, world_size) are added; keys in
         `info` win. Non-JSON values (paths, enums, dtypes) are sent as text.
         """
+        if not isinstance(info, Mapping):       # as the daemon would refuse it: said, never raised
+            self._warn_once("hello", f"telemetry: hello() takes a mapping, not {type(info).__name__}: ignored")
+            return
         # Secrets (a W&B key, a hub token in the config) never leave this process.
         info = dict(info)
         if len(info) + sum(len(v) for v in info.values() if isinstance(v, Mapping)) <= HELLO_INLINE_ENTRIES:
@@ -780,7 +793,8 @@ class TelemetryClient(metaclass=abc.ABCMeta):   # ABCMeta: DisabledClient regist
             frame = encode(seq, self._num_dropped + self._num_dropped_bg)
         except (TypeError, ValueError, OverflowError) as exc:
             self._num_dropped += 1
-            self._warn_once(what, f"telemetry: dropped a {what} record: {exc}")
+            self._warn_once(what, f"telemetry: dropped {'an' if what[0] in 'aeiou' else 'a'} {what} record: {exc}",
+                            stacklevel=4 if what == "event" else 3)
             return
         if len(frame) > MAX_FRAME_BYTES:
             self._num_dropped += 1
