@@ -75,3 +75,14 @@ def test_a_client_key_at_a_fifo_is_refused_not_waited_on(tmp_path, keys):
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
                          timeout=60)     # old: open() waited for a writer
     assert out.stdout.startswith("refused:") and "not a regular file" in out.stdout, (out.stdout, out.stderr)
+
+
+@pytest.mark.parametrize("name", ["x\ny", "a b", "tab\there", "bell\x07", "", "a/b", ".hidden"])
+def test_a_key_name_that_is_no_plain_file_name_is_refused_with_exit_2(tmp_path, name):
+    """`keygen --name $'x\\ny'` and `--name 'a b'` made files such as `keys/x\\ny.key` (an outside
+    tester's find): a name is refused, one line, exit 2, nothing made."""
+    out = subprocess.run([sys.executable, "-m", "telemetry", "keygen", "--dir", str(tmp_path / "k"), "--name", name],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert not list((tmp_path / "k").glob("*.key")) if (tmp_path / "k").exists() else True

@@ -46,8 +46,10 @@ def make_pair(key_dir: str | os.PathLike, name: str, force: bool = False) -> tup
     """Write NAME.key and NAME.key_secret into `key_dir` (0700); return (public, secret) paths."""
     import zmq.auth
 
-    if not name or "/" in name or name.startswith("."):
-        raise ValueError(f"key name {name!r}: expected a plain file name")
+    if not name or "/" in name or name.startswith(".") or not name.isprintable() or any(c.isspace() for c in name):
+        # A newline or a space in a key's file name breaks every listing and script that reads them.
+        raise ValueError(f"key name {name!r}: expected a plain file name (no '/', no leading '.', no spaces "
+                         f"or control characters)")
     d = private_dir(key_dir)
     public, secret = d / f"{name}.key", d / f"{name}.key_secret"
     if (public.exists() or secret.exists()) and not force:
