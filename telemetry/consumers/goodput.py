@@ -87,7 +87,8 @@ def exclude(args: argparse.Namespace) -> int:
         return rc
     fmt = "%Y-%m-%d %H:%M:%S UTC"
     print(f"excluded from goodput: {time.strftime(fmt, time.gmtime(start))} -> {time.strftime(fmt, time.gmtime(end))} "
-          f"({end - start:,.0f} s, the part in which the job made no progress; written into the daemon's run)")
+          f"(a window of {end - start:,.0f} s: the ledger counts only its part within the job's run in which the "
+          f"job made no progress; written into the daemon's run)")
     return 0
 
 
