@@ -141,8 +141,9 @@ class SinkRunner:
         self.num_written = 0
         self.num_dropped = 0
         self.num_dropped_for_bytes = 0         # of num_dropped: beyond max_bytes (the memory budget)
-        # Of num_dropped, by why (RUNNER_REASONS; what the sink counted itself is "sink" here, and
-        # named by the sink's own dropped_by_reason in stats): every record dropped has a reason.
+        # Of num_dropped, by why: queue_full, memory_budget, drain_deadline, sink_error,
+        # sink_failed_to_start, sink_ended, and "sink" for what the sink counted itself (named by
+        # its own dropped_by_reason in stats): every record dropped has a reason.
         self.dropped_by_reason: dict[str, int] = {}
         self.num_errors = 0
         self.last_error = ""
