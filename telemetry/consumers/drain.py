@@ -113,6 +113,19 @@ def problem_lines(final: dict, with_wandb: bool = True) -> list[str]:
     return out
 
 
+def read_final(path) -> dict:
+    """The final counters a daemon wrote (drain.json), as a run file is read: only a regular file,
+    at most 16 MB (a FIFO there never blocks the reader, /dev/zero is never read without end);
+    {} when there is none, or it is not the daemon's JSON object."""
+    from telemetry.shared import files
+
+    try:
+        final = json.loads(files.read_small(path, 16 << 20) or "{}")
+    except (ValueError, RecursionError):
+        return {}
+    return final if isinstance(final, dict) else {}
+
+
 def wandb_not_made(final: dict) -> str | None:
     """Why the W&B run the user expects does not exist, with what that cost, in words; None when
     it was made or there was no W&B sink."""

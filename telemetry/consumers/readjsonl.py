@@ -57,9 +57,7 @@ def find_log_dir(path: str | Path) -> Path:
                            None)
             if log_dir is None:
                 raise FileNotFoundError(f"no {FILE_NAME} in {' or '.join(str(c) for c in candidates)}")
-        from telemetry.shared.jsonlines import rotated_files
-
-        pieces = rotated_files(log_dir)
+        pieces = jsonlines.rotated_files(log_dir)
     except PermissionError as exc:    # a directory on the way that may not be searched
         raise _unreadable(exc, path) from None
     for piece in pieces:

@@ -1152,13 +1152,9 @@ def drain_problems(log_dir: Path) -> list[str]:
     """What the last daemon's final counters (drain.json) say was lost or not made, in words (the
     W&B run refused, records unread at the deadline, sinks closed short): metrics.jsonl does not
     say it. [] without a drain.json (a daemon killed, an older run) or with one not the daemon's."""
-    from telemetry.consumers.drain import problem_lines
+    from telemetry.consumers.drain import problem_lines, read_final
 
-    try:
-        final = json.loads(files.read_small(log_dir / "drain.json", 16 << 20) or "{}")
-    except (OSError, ValueError, RecursionError):
-        return []
-    return problem_lines(final) if isinstance(final, dict) else []
+    return problem_lines(read_final(log_dir / "drain.json"))
 
 
 def _default_out_problem(log_dir: Path) -> str | None:

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from telemetry.consumers.daemontotals import DaemonTotals
-from telemetry.consumers.drain import problem_lines, wandb_not_made
+from telemetry.consumers.drain import problem_lines, read_final, wandb_not_made
 from telemetry.consumers.readjsonl import ReadStats, read_records
 from telemetry.shared.bookkeeping import is_bookkeeping
 from telemetry.shared.numbers import is_int, is_number
@@ -95,28 +95,19 @@ def main(argv: list[str] | None = None) -> int:
     final = {}
     run_totals = {}
     wandb_sink: dict = {}
-    drained: dict = {}
-    if args.drain_json:
-        from telemetry.shared import files
-
-        try:
-            # A run file: only a regular one, at most 16 MB ("" otherwise: a FIFO there never blocks
-            # the summary, /dev/zero is never read without end).
-            drained = json.loads(files.read_small(args.drain_json, 16 << 20) or "{}")
-            drained = drained if isinstance(drained, dict) else {}
-            # The last daemon's final counters, under their record names.
-            final = {"telemetry/records_in": drained.get("records_in"),
-                     "telemetry/records_lost": drained.get("records_lost"),
-                     # What the sinks dropped after the daemon's last counter record (the W&B
-                     # run's finish, a late row): only the final counters have it.
-                     "telemetry/sink_dropped": drained.get("sink_dropped")}
-            # The whole run's, across the daemons that served it one after another (a restart):
-            # a daemon killed before its first counter record left none in metrics.jsonl.
-            run_totals = drained.get("run") if isinstance(drained.get("run"), dict) else {}
-            sinks = drained.get("sinks")
-            wandb_sink = sinks.get("wandb") if isinstance(sinks, dict) and isinstance(sinks.get("wandb"), dict) else {}
-        except (ValueError, AttributeError, RecursionError):   # not the daemon's JSON object
-            pass
+    drained: dict = read_final(args.drain_json) if args.drain_json else {}
+    if drained:
+        # The last daemon's final counters, under their record names.
+        final = {"telemetry/records_in": drained.get("records_in"),
+                 "telemetry/records_lost": drained.get("records_lost"),
+                 # What the sinks dropped after the daemon's last counter record (the W&B run's
+                 # finish, a late row): only the final counters have it.
+                 "telemetry/sink_dropped": drained.get("sink_dropped")}
+        # The whole run's, across the daemons that served it one after another (a restart): a
+        # daemon killed before its first counter record left none in metrics.jsonl.
+        run_totals = drained.get("run") if isinstance(drained.get("run"), dict) else {}
+        sinks = drained.get("sinks")
+        wandb_sink = sinks.get("wandb") if isinstance(sinks, dict) and isinstance(sinks.get("wandb"), dict) else {}
     totals = s["daemon"].totals(final)
     for key in ("records_in", "records_lost"):
         if isinstance(run_totals.get(key), int):

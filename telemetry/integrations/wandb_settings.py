@@ -37,11 +37,6 @@ MODES = ("online", "offline", "shared", "disabled", "dryrun", "run")
 # "shared", one online run written by several processes (what a daemon of the run does for its
 # ranks anyway): the mode a daemon's W&B sink runs in (sink_mode).
 MODE_NAMES = {"dryrun": "offline", "run": "online"}
-
-
-def sink_mode(mode: str | None) -> str | None:
-    """The W&B mode a daemon's sink runs in for a script's `mode` (MODE_NAMES, "shared")."""
-    return "online" if mode == "shared" else MODE_NAMES.get(mode, mode)
 RESUMES = ("allow", "must", "never", "auto")
 REINITS = ("default", "return_previous", "finish_previous", "create_new")
 CONSOLES = ("auto", "off", "wrap", "redirect", "wrap_raw", "wrap_emu")
@@ -52,6 +47,11 @@ RUN_ID_RESERVED = ":;,#?/'"
 # What pydantic's lax bool takes as a bool (a setting of type bool: save_code, reinit's bool).
 _TRUE = frozenset({"1", "on", "t", "true", "y", "yes"})
 _FALSE = frozenset({"0", "off", "f", "false", "n", "no"})
+
+
+def sink_mode(mode: str | None) -> str | None:
+    """The W&B mode a daemon's sink runs in for a script's `mode` (MODE_NAMES, "shared")."""
+    return "online" if mode == "shared" else MODE_NAMES.get(mode, mode)
 
 
 def check_init(args: dict[str, Any], environ: Any = None) -> None:

@@ -34,7 +34,6 @@ import hmac
 import json
 import os
 import secrets
-import stat
 import time
 from pathlib import Path
 from typing import Callable
@@ -129,19 +128,16 @@ def _write_private(path: Path, text: str, what: str) -> None:
 def _read_private(path: Path, limit: int) -> str:
     """A plain file of ours that nobody else can read, or "" (absent, or not such a file: a
     directory or a device there is looked at, never opened as a file, a FIFO never waited on)."""
+    from telemetry.shared import files
+
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        with files.open_regular(path, nofollow=True) as f:
+            st = os.fstat(f.fileno())
+            if st.st_uid != os.getuid() or st.st_mode & 0o077:
+                return ""
+            return f.read(limit).decode("utf-8", "replace").strip()
     except OSError:
         return ""
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
-            return ""
-        return os.read(fd, limit).decode("utf-8", "replace").strip()
-    except OSError:
-        return ""
-    finally:
-        os.close(fd)
 
 
 def write_curve_keys(endpoint: str, keys: tuple[bytes, bytes, bytes]) -> None:

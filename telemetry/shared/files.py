@@ -113,11 +113,11 @@ def set_file_mode(fd: int, path: str | os.PathLike) -> None:
     _set_mode(fd, path, _modes.file, stat.S_ISREG)
 
 
-def open_regular(path: str | os.PathLike):
+def open_regular(path: str | os.PathLike, nofollow: bool = False):
     """A run file opened for reading ("rb"), only if it is a regular file: opening a FIFO never
     waits for a writer, and a device (/dev/zero) is never read without end. Raises
-    NotRegularFile (an OSError) otherwise."""
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+    NotRegularFile (an OSError) otherwise. nofollow: a symlink at `path` is refused (ELOOP)."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | (os.O_NOFOLLOW if nofollow else 0))
     try:
         _only_regular(fd, path)
     except OSError:
