@@ -98,6 +98,10 @@ _ALIASES: dict[str, tuple[str, ...]] = {
     "intermediate_size": ("n_inner", "ffn_dim"),
     "vocab_size": (),
 }
+# Every config key the formula reads a size from, under any family's name (mfu-check refuses a
+# config whose size there is not a positive integer before transformers divides by it).
+SIZE_KEYS = (*(k for name, aliases in _ALIASES.items() for k in (name, *aliases)),
+             "num_key_value_heads", "num_kv_heads", "head_dim")
 
 _warned_families: set[str] = set()
 

@@ -43,11 +43,6 @@ _HF_KEYS = {"num_layers": "num_hidden_layers", "num_heads": "num_attention_heads
 # some other model than the user's. --num-kv-heads (default: --num-heads) and --head-dim
 # (default: hidden size / heads) mean the same in every family and may be left out.
 _REQUIRED_FLAGS = ("hidden_size", "num_layers", "num_heads", "intermediate_size", "vocab_size")
-# The size keys of a config file (HF's names and the aliases telemetry.daemon.mfu reads): each
-# one given must be a positive integer, checked before transformers divides by it.
-_SIZE_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
-              "intermediate_size", "vocab_size", "n_embd", "d_model", "n_layer", "num_layers", "n_head",
-              "num_heads", "num_kv_heads", "n_inner", "ffn_dim")
 
 
 # A model size, a sequence length, a batch: a positive int a model could have (on --device cpu
@@ -113,7 +108,9 @@ def _check_flags(args: argparse.Namespace) -> None:
 def _check_sizes(kwargs: dict[str, Any], source: str, prefix: str) -> None:
     """Each size key a config file gives is a positive integer; else ValueError naming it
     (`prefix` + key: its dotted key in a trainer config)."""
-    for key in _SIZE_KEYS:
+    from telemetry.daemon.mfu import SIZE_KEYS     # HF's names and the aliases the formula reads
+
+    for key in SIZE_KEYS:
         value = kwargs.get(key)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
             raise ValueError(f"{source}: {prefix}{key} = {value!r} is not a positive integer")
