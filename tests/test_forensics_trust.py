@@ -254,15 +254,20 @@ def test_the_stacks_directory_is_made_private_and_the_file_says_who_holds_it(tmp
     base = Path(tempfile.mkdtemp(prefix="tst-", dir="/tmp"))
     env = _stacks_env(base)
     endpoint = f"tcp://127.0.0.1:{faults.free_port()}"
-    p = subprocess.run([sys.executable, "-c", CLIENT, endpoint], input="go\n", capture_output=True, text=True,
+    # The file is looked at while its process lives: at its exit it is removed.
+    looks = CLIENT.replace("tm.close(", "p = tm._stacks_hello['stacks_file']; "
+                                        "print(json.dumps([oct(os.lstat(p).st_mode), open(p).readline()]), flush=True); "
+                                        "tm.close(").replace("import json, sys", "import json, os, sys")
+    p = subprocess.run([sys.executable, "-c", looks, endpoint], input="go\n", capture_output=True, text=True,
                        timeout=60, env=env)
     assert p.returncode == 0, p.stderr[-2000:]
-    hello = json.loads(p.stdout.strip().splitlines()[-1])
+    hello, (mode, first) = (json.loads(line) for line in p.stdout.strip().splitlines()[-2:])
     path = Path(hello["stacks_file"])
     assert path.parent == base / f"telemetry-{os.geteuid()}" / "stacks"
-    assert stat.S_IMODE(path.parent.lstat().st_mode) == 0o700 and stat.S_IMODE(path.lstat().st_mode) == 0o600
-    assert path.read_text().splitlines()[0] == f"telemetry-stacks v1 rank=0 pid={path.name.split('pid')[1][:-4]} " \
-                                               f"signal={hello['stacks_signal']}"
+    assert stat.S_IMODE(path.parent.lstat().st_mode) == 0o700 and stat.S_IMODE(int(mode, 8)) == 0o600
+    assert first.rstrip("\n") == f"telemetry-stacks v1 rank=0 pid={path.name.split('pid')[1][:-4]} " \
+                                  f"signal={hello['stacks_signal']}"
+    assert not path.exists()
 
 
 # -- the verifier, against processes made to fit each check but one ---------------------------

@@ -27,8 +27,8 @@ off and the hello says why; TelemetryClient() neither blocks nor raises for it.
 
 A signal that already has a handler in this process is left alone (nothing registered).
 
-When the interpreter exits, the signal is set to be ignored (an atexit hook, which runs before
-the interpreter's finalization): finalization unregisters faulthandler's handler and restores the
+When the interpreter exits, the file is removed and the signal is set to be ignored (an atexit
+hook, which runs before the interpreter's finalization): finalization unregisters faulthandler's handler and restores the
 default action, and a daemon that had not yet seen this rank's bye (a rank ending as another one
 exits) would otherwise end the process it meant to ask for its stacks. Not at close(): an ignored
 signal is inherited across exec, and the processes a closed client's process starts later (the
@@ -155,10 +155,12 @@ def register(endpoint: str, rank: int) -> tuple[dict, IO | None]:
         f = os.fdopen(fd, "a", encoding="utf-8")
         f.write(stacks_file.header(rank, os.getpid(), sig).decode("ascii"))
         f.flush()
+        st = os.fstat(fd)
         if sig is not None:
             # Append mode: the daemon reads what a dump added past the size it saw before the signal.
             faulthandler.register(sig, file=f, all_threads=True, chain=False)
-            atexit.register(_ignore_at_exit, sig)
+        atexit.register(_at_exit, sig, os.path.join(os.path.abspath(path), stacks_file.file_name(rank, os.getpid())),
+                        (st.st_dev, st.st_ino), os.getpid())
     except (OSError, ValueError, RuntimeError) as exc:
         return {"stacks_unavailable": f"{why + '; ' if why else ''}{exc}"}, None
     if sig is None:
@@ -167,10 +169,23 @@ def register(endpoint: str, rank: int) -> tuple[dict, IO | None]:
                                                               stacks_file.file_name(rank, os.getpid()))}, f
 
 
-def _ignore_at_exit(sig: int) -> None:
-    """atexit: from now on the stacks signal does nothing (see the module's docstring)."""
+def _at_exit(sig: int | None, path: str, ident: tuple[int, int], pid: int) -> None:
+    """atexit: from now on the stacks signal does nothing (see the module's docstring), and the
+    file goes: a process that has exited has no stacks to give, and one file a process would
+    otherwise be left behind for each process that ever logged (the user's `stacks/` directory
+    of a TCP client is never cleaned by a run). Only by the process that made it (a forked child
+    runs its parent's atexit hooks too), and only while the name is still that file."""
+    if sig is not None:
+        try:
+            faulthandler.unregister(sig)            # restores the action it found: the default
+            signal.signal(sig, signal.SIG_IGN)
+        except (ValueError, OSError, RuntimeError):  # not the main thread, or already finalizing
+            pass
+    if os.getpid() != pid:
+        return
     try:
-        faulthandler.unregister(sig)            # restores the action it found: the default
-        signal.signal(sig, signal.SIG_IGN)
-    except (ValueError, OSError, RuntimeError):  # not the main thread, or already finalizing
+        st = os.stat(path, follow_symlinks=False)
+        if (st.st_dev, st.st_ino) == ident:
+            os.unlink(path)
+    except OSError:
         pass
