@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from daemon_util import step_values as _steps
+from testkit import faults
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -190,6 +191,23 @@ def test_a_bare_client_says_once_that_nobody_listens_or_starts_one_when_asked(tm
     assert out.returncode == 0 and "no daemon serves" not in out.stderr, out.stderr
     (log_dir,) = _run_dirs(tmp_path)
     assert _steps(log_dir) == {1: {"a": 7.0}}
+
+
+@pytest.mark.parametrize("how", ["argument", "environment", "tcp"])
+def test_an_endpoint_nobody_ever_served_is_said_at_exit_with_what_it_dropped(tmp_path, how):
+    """An endpoint the caller names is not looked at when the client starts (a daemon may come
+    later); when none ever took the connection, the records were dropped and only stats() said so."""
+    ep = f"ipc://{tmp_path}/nobody/ingest.sock" if how != "tcp" else f"tcp://127.0.0.1:{faults.free_port()}"
+    arg = repr(ep) if how != "environment" else "None"
+    code = (f"from telemetry import TelemetryClient; tm = TelemetryClient({arg}, rank=0)\n"
+            "for i in range(5): tm.log(i, {'a': 1.0})\n")
+    env = _env(tmp_path, **({"TELEMETRY_ENDPOINT": ep} if how == "environment" else {}))
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    said = [ln for ln in out.stderr.splitlines() if "no daemon ever took" in ln]
+    assert len(said) == 1 and ep in said[0] and "6 records were dropped" in said[0], out.stderr  # the hello too
+    assert "no daemon serves" not in out.stderr
 
 
 def test_a_daemon_started_by_hand_is_used_not_doubled(tmp_path):

@@ -903,9 +903,17 @@ class TelemetryClient(metaclass=abc.ABCMeta):   # ABCMeta: DisabledClient regist
             self._sock.disable_monitor()
             if nobody:
                 # Never delivered: what the socket still holds is all this client handed it.
-                self._num_dropped += self._num_sent + self._num_sent_bg
+                lost = self._num_sent + self._num_sent_bg
+                self._num_dropped += lost
                 self._num_sent = self._num_sent_bg = 0
                 self._sock.close(linger=0)
+                if lost and os.path.dirname(self.endpoint[len("ipc://"):]) not in _warned_no_daemon:
+                    # An endpoint given by the caller or $TELEMETRY_ENDPOINT is not looked at when
+                    # the client starts (a daemon may come later): said here, or it would be said
+                    # only by stats().
+                    warnings.warn(f"telemetry: no daemon ever took this process's connection to {self.endpoint}: "
+                                  f"its {lost} records were dropped (counted in stats()['dropped'])",
+                                  RuntimeWarning, stacklevel=2)
             else:
                 # The records first: handed to the kernel (or the linger, half of what is left, spent).
                 self._sock.close(linger=min(remaining_ms() // 2, self._linger_ms))
