@@ -73,7 +73,10 @@ def checked_pack(packer: msgpack.Packer) -> Callable[..., bytes | None]:
                     return None
             elif c is not float and c is not bool and v is not None:
                 return None
-        return pack(frame)
+        try:
+            return pack(frame)
+        except ValueError:      # a name with no UTF-8 form (a lone surrogate): as the C encode, not here
+            return None
 
     return pack_ints_map_py
 

@@ -211,7 +211,7 @@ def test_unencodable_value_is_dropped_and_counted_not_raised(rx, client_factory)
 
 
 @pytest.mark.parametrize("encode", ["c", "python"])
-def test_a_record_the_daemon_would_refuse_is_counted_here_and_said(rx, client_factory, encode):
+def test_a_record_the_daemon_would_refuse_is_counted_here_and_said(rx, client_factory, encode, monkeypatch):
     """A step that is no step (a float, None, a bool, negative, past 2**63, a string, a tensor)
     and a name the protocol refuses (empty, too long, not a str) went out as they came: the
     daemon refused the record (records_malformed) or the value, while stats() said sent and
@@ -220,10 +220,11 @@ def test_a_record_the_daemon_would_refuse_is_counted_here_and_said(rx, client_fa
     is sent is every record the daemon takes, with the client's seq and in-band drop count."""
     torch = pytest.importorskip("torch")
     np = pytest.importorskip("numpy")
-    tm = client_factory(rx.endpoint)
     if encode == "python":                       # no C part (no compiler, TELEMETRY_PURE_PYTHON)
         from protocol import codec
-        tm._pack_ints_map = codec.checked_pack(tm._encoder)
+        monkeypatch.setattr(codec, "pack_ints_map", None)
+    tm = client_factory(rx.endpoint)
+    assert (type(tm._st).__name__ == "LogState") == (encode == "c" and codec_is_native())
     bad_steps = [1.5, None, True, -1, 2**63, 2**70, "abc", torch.tensor(4), np.int64(-2)]
     with pytest.warns(RuntimeWarning) as said:
         for i, step in enumerate(bad_steps):
@@ -595,25 +596,50 @@ def test_a_record_submitted_as_the_sender_finds_its_queue_empty_is_sent_before_i
         pull.close(linger=0)
 
 
-def test_one_stalled_call_counts_once_in_the_clients_own_time(rx, client_factory):
-    """log() times one call in OWN_TIME_STRIDE and counts it for all of them: one call stalled
-    (a host under memory pressure pages the client in) was counted STRIDE times, and the
-    goodput ledger booked 13x that as telemetry (286 s of a 607 s run, in an outside tester's
-    run). Now a timed call counts once as it took, the others at the lesser of it and the last
-    timed one."""
-    from telemetry.client.core import OWN_TIME_STRIDE
-
+@pytest.mark.parametrize("common_case", ["c", "python"])
+def test_one_stalled_call_counts_once_in_the_clients_own_time(rx, client_factory, monkeypatch, common_case):
+    """The client's own time (the goodput ledger's telemetry bucket) is what its calls took: one
+    call stalled (a host under memory pressure pages the client in) once counted 13 times, when
+    one call in 13 was timed for all of them (286 s of a 607 s run booked as telemetry, in an
+    outside tester's run). Every call is timed now, the common case's in C as in Python."""
+    if common_case == "python":             # no C part (no compiler, TELEMETRY_PURE_PYTHON)
+        from protocol import codec
+        monkeypatch.setattr(codec, "pack_ints_map", None)
     tm = client_factory(rx.endpoint, rank=0)
-    pack, calls, stall_s = tm._pack_ints_map, [0], 0.3
+    assert (type(tm._st).__name__ == "LogState") == (common_case == "c" and codec_is_native())
+    stall_s, d = 0.3, tm._deferred
 
-    def stalling(*frame):
-        calls[0] += 1
-        if calls[0] == 1 + 3 * OWN_TIME_STRIDE:       # a timed call (the 1st, the 14th, ...)
-            time.sleep(stall_s)
-        return pack(*frame)
+    class StallingBell:                     # the wake-up of a parked sender thread stalls once
+        def __init__(self, bell):
+            self.bell, self.stalled = bell, False
 
-    tm._pack_ints_map = stalling
-    for s in range(10 * OWN_TIME_STRIDE):
+        def acquire(self, *a, **k):
+            return self.bell.acquire(*a, **k)
+
+        def release(self):
+            if not self.stalled:
+                self.stalled = True
+                time.sleep(stall_s)
+            return self.bell.release()
+
+    for s in range(50):
         tm.log(s, {"train/loss": 1.0})
-    own_s = tm._own_ns / 1e9
+    assert tm.stats()["pending"] == 0
+    while not d._parked:                    # the thread parks once idle
+        time.sleep(0.001)
+    d._bell = StallingBell(d._bell)
+    before = tm._own_ns
+    tm.log(50, {"train/loss": 1.0})         # sent on the caller's thread: the loop is slow now
+    tm.log(51, {"train/loss": 1.0})         # queued at once after: rings the parked thread
+    assert d._bell.stalled
+    for s in range(52, 100):
+        tm.log(s, {"train/loss": 1.0})
+    own_s = (tm._own_ns - before) / 1e9
     assert stall_s <= own_s < 2 * stall_s, own_s
+    got = rx.recv_until(lambda r: isinstance(r, Metrics) and r.step == 99)
+    assert [r.step for r in got if isinstance(r, Metrics)][-100:] == list(range(100))
+
+
+def codec_is_native() -> bool:
+    from protocol import codec
+    return codec.pack_ints_map is not None

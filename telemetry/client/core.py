@@ -47,6 +47,7 @@ from telemetry.shared import endpoints
 from telemetry.shared.client_page import ClientPage, private_seqs
 from telemetry.client.deferred import (PARK_AFTER_IDLE_S, DeferredSender, Job, Later, host_scalar, snapshot,
                                        wire_number)
+from telemetry.client.fastlog import new_state
 from telemetry.client.spans import Span, SpanRecorder
 from telemetry.client.stacks import register as register_stacks
 from telemetry.shared.numbers import is_int
@@ -73,6 +74,7 @@ _WORLD_SIZE_ENV = ("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTAS
 
 _NOBLOCK = zmq.NOBLOCK
 _perf_ns = time.perf_counter_ns
+_monotonic_ns = time.monotonic_ns
 _time_ns = time.time_ns
 _ZMQError = zmq.ZMQError
 # A log() call this long (or more) after the previous one, with nothing queued, sends on the
@@ -81,13 +83,10 @@ _ZMQError = zmq.ZMQError
 # a wake-up (and its empty polls before) costing the process more CPU than the send itself.
 DIRECT_AFTER_NS = int(PARK_AFTER_IDLE_S * 1e9)
 # The time this client spent inside its log() and event() calls on the caller's thread, as a
-# cumulative number of seconds (log(): sampled, OWN_TIME_STRIDE), rides along in a metrics
+# cumulative number of seconds (every call timed, with CLOCK_MONOTONIC), rides along in a metrics
 # record at most once a second (the goodput ledger's telemetry bucket; the catalogue has it).
 OWN_TIME_KEY = CLIENT_TIME_KEY
 OWN_TIME_EVERY_NS = 1_000_000_000
-# log() times one call in this many (a prime: a loop that alternates kinds of calls is sampled
-# across them) and counts it for all of them; event() is timed every time.
-OWN_TIME_STRIDE = 13
 # A row of more values than this is sent as records of at most this many: one such record fits
 # MAX_FRAME_BYTES whatever its names (each name at most MAX_NAME_CHARS characters of up to 4
 # UTF-8 bytes, 3 bytes of header, a value of at most 9 bytes).
@@ -243,6 +242,9 @@ class TelemetryClient(metaclass=abc.ABCMeta):   # ABCMeta: DisabledClient regist
         # acts on this rank (telemetry/daemon/forensics/verify.py).
         self._start_time = proc_start_time()
         self._started_at = proc_started_at()   # unix s: the goodput ledger's start of start-up
+        # log()'s common case and the counters it shares with the sender thread and the span
+        # recorder (telemetry/client/fastlog.py); the properties below read and write them.
+        self._st = new_state(self._pack_ints_map, codec.pack_ints_map)
         self._forked = False
         self._closed = False
         self._src = _new_src()
@@ -251,9 +253,7 @@ class TelemetryClient(metaclass=abc.ABCMeta):   # ABCMeta: DisabledClient regist
         self._page = ClientPage.create(self.endpoint, self._src, self.rank)
         self._seqs = self._page.seqs
         self._own_ns = 0               # ns spent in log() and event() so far (OWN_TIME_KEY)
-        self._own_sent_at = -OWN_TIME_EVERY_NS   # perf_counter_ns when it was last sent
-        self._own_calls = 1            # log() calls to the next timed one (the first is)
-        self._own_last_ns = 0          # the last timed log() call's time
+        self._own_sent_at = -OWN_TIME_EVERY_NS   # monotonic_ns when it was last sent
         # Counters are split by the thread that writes them, so no increment is ever lost and
         # the hot path takes no lock: the caller's thread and the sender thread.
         self._num_sent = 0
@@ -273,12 +273,26 @@ class TelemetryClient(metaclass=abc.ABCMeta):   # ABCMeta: DisabledClient regist
         self._sock = self._new_socket(monitor=self._monitor)
         self._sock_send = self._sock.send
         self._last_log_ns = 0          # time_ns of the last log() on the fast path
-        self._spans = SpanRecorder()
+        self._spans = SpanRecorder(self._st)
         # Every record goes out on this socket, sent by the sender thread (the caller's thread
         # only queues it; see log()): one pipe to the daemon, so the records arrive in the order
         # of the calls. The queue holds as many records as the socket's own (sndhwm).
-        self._deferred = DeferredSender(functools.partial(self._sock.send, flags=_NOBLOCK), self._encode_job,
-                                        self._count_sent_bg, self._count_dropped_bg, max_queued=self._sndhwm)
+        d = self._deferred = DeferredSender(functools.partial(self._sock.send, flags=_NOBLOCK), self._encode_job,
+                                            self._count_sent_bg, self._count_dropped_bg, max_queued=self._sndhwm,
+                                            state=self._st)
+        self._st.bind(self._seqs, KIND_METRICS, PROTOCOL_VERSION, self._src, self.rank, d._jobs.append, d._ring,
+                      self._sock.send, zmq.ZMQError, _NOBLOCK, MAX_FRAME_BYTES, MAX_VALUES, ROOMY_FRAME_BYTES,
+                      DIRECT_AFTER_NS, OWN_TIME_EVERY_NS)
+        self._fast_log = self._st.log
+
+    # The counters log()'s common case shares (see _open), by the names the rest of the client uses.
+    _forked = property(lambda self: self._st.forked, lambda self, v: setattr(self._st, "forked", v))
+    _num_sent = property(lambda self: self._st.sent, lambda self, v: setattr(self._st, "sent", v))
+    _num_dropped = property(lambda self: self._st.dropped, lambda self, v: setattr(self._st, "dropped", v))
+    _num_dropped_bg = property(lambda self: self._st.dropped_bg, lambda self, v: setattr(self._st, "dropped_bg", v))
+    _last_log_ns = property(lambda self: self._st.last_ns, lambda self, v: setattr(self._st, "last_ns", v))
+    _own_ns = property(lambda self: self._st.own_ns, lambda self, v: setattr(self._st, "own_ns", v))
+    _own_sent_at = property(lambda self: self._st.own_sent_at, lambda self, v: setattr(self._st, "own_sent_at", v))
 
     def _new_socket(self, ctx: zmq.Context | None = None, monitor: zmq.Socket | None = None,
                     events: int = zmq.EVENT_HANDSHAKE_SUCCEEDED) -> zmq.Socket:
@@ -337,13 +351,21 @@ class TelemetryClient(metaclass=abc.ABCMeta):   # ABCMeta: DisabledClient regist
         daemon waits for every part of every rank and writes the step once, each value reduced
         across the ranks; with the default 1, a second call for a step can be written apart.
         """
-        # Every OWN_TIME_STRIDE-th call is timed, and counts for that many (two clock reads on
-        # every call cost a noticeable share of it); that call also sends the total when it is due.
-        n = self._own_calls = self._own_calls - 1
-        t0 = 0
-        if not n:
-            self._own_calls = OWN_TIME_STRIDE
-            t0 = _perf_ns()
+        # The common case is one C call (telemetry/client/fastlog.py): a training step between two
+        # calls leaves every cache cold, and each bytecode and attribute touched here costs.
+        done = self._fast_log(step, values, parts)
+        if done is not None:
+            self._log_rest(done, step, values, parts)
+
+    def _log_rest(self, frame: "bytes | bool", step: int, values: Mapping[str, Any], parts: int) -> None:
+        """log() past its common case: `frame` is the record's frame (its seq taken) when only the
+        queue was not open to it, else False (nothing taken: the whole call is the Python's)."""
+        if frame.__class__ is bytes:
+            if not self._deferred.submit(frame):
+                self._num_dropped += 1       # queue full or closed: counted, and said in-band
+            return
+        t0 = _monotonic_ns()
+        try:
             if t0 - self._own_sent_at >= OWN_TIME_EVERY_NS:
                 self._own_sent_at = t0
                 try:
@@ -351,63 +373,13 @@ class TelemetryClient(metaclass=abc.ABCMeta):   # ABCMeta: DisabledClient regist
                         values = {**values, OWN_TIME_KEY: self._own_ns / 1e9}
                 except TypeError:     # not a mapping: refused below, as before
                     pass
-        try:
-            if parts != 1 or self._forked or self._spans.pending:
-                self._log_general(step, values, parts)
-                return
-            # The common case, as few bytecodes as it can be (a training step between two calls
-            # leaves every cache cold, and each one costs): one encode, one append.
-            seqs = self._seqs
-            seq = seqs[0]
-            t = _time_ns()
-            frame = self._pack_ints_map(KIND_METRICS, PROTOCOL_VERSION, self._src, self.rank, seq,
-                                        self._num_dropped + self._num_dropped_bg, t, step, values)
-            if frame is None:
-                # Tensors, a value that is no number, a name or a step the protocol refuses, a
-                # mapping that is not a dict: the slow path sorts them out (and counts them).
-                self._log_slow(step, values, None, parts)
-                return
-            # One comparison for both bounds: a record of more than MAX_VALUES values is at
-            # least ROOMY_FRAME_BYTES long.
-            if len(frame) > ROOMY_FRAME_BYTES and (len(frame) > MAX_FRAME_BYTES or len(values) > MAX_VALUES):
-                self._log_slow(step, values, None, parts)      # a row wider than a record
-                return
-            seqs[0] = seq + 1
-            d = self._deferred
-            pending = d._num_submitted - d._num_done
-            if pending or t - self._last_log_ns < DIRECT_AFTER_NS:
-                # Queued for the sender thread, behind any record still waiting there: no system
-                # call, no lock here (DeferredSender.submit, inlined; `_room` is 0 until its
-                # thread runs and after close, when submit() decides).
-                self._last_log_ns = t
-                if pending < d._room:
-                    d._num_submitted += 1
-                    d._jobs.append(frame)
-                    if d._parked:
-                        d._ring()
-                elif not d.submit(frame):
-                    self._num_dropped += 1       # queue full or closed: counted, and said in-band
-                return
-            # A step this long after the previous one, nothing queued: the sender thread has
-            # parked, and waking it would cost more CPU than the send it would do, so the send
-            # is done here, as by the thread (it touches the socket only while it has items).
-            self._last_log_ns = t
-            try:
-                self._sock_send(frame, _NOBLOCK)
-                self._num_sent += 1
-            except _ZMQError:  # Again: queue full or no daemon; anything else: closed
-                self._num_dropped += 1
+            self._log_general(step, values, parts)
         finally:
-            if t0:
-                # The timed call counts once as it took; the STRIDE - 1 untimed ones at the
-                # lesser of it and the timed call before: one stall (a page-in, a host under
-                # memory pressure) is counted once, not STRIDE times.
-                dt = _perf_ns() - t0
-                self._own_ns += dt + (OWN_TIME_STRIDE - 1) * min(dt, self._own_last_ns)
-                self._own_last_ns = dt
+            self._own_ns += _monotonic_ns() - t0
 
     def _log_general(self, step: int, values: Mapping[str, Any], parts: int) -> None:
-        """log() with `parts`, after a fork, or with spans to send."""
+        """log() in Python: with `parts`, after a fork, with spans to send, when the client's own
+        time is due, and whatever its common case leaves (the slow path sorts out the values)."""
         if self._forked:                 # before any seq is taken: the parent's page is not ours
             self._reopen_after_fork()
         if parts != 1 and not self._parts_ok(step, parts):
@@ -478,7 +450,7 @@ class TelemetryClient(metaclass=abc.ABCMeta):   # ABCMeta: DisabledClient regist
             self._seq += 1
             self._num_dropped += 1
             self._warn_once("log", f"telemetry: dropped a record of step {step}: values must be a mapping, "
-                                   f"not {type(values).__name__}", stacklevel=4)
+                                   f"not {type(values).__name__}")
             return
         if len(values) > MAX_VALUES:
             # Work beyond the bound goes to the sender thread: here, only a copy of the row (C
@@ -496,6 +468,9 @@ class TelemetryClient(metaclass=abc.ABCMeta):   # ABCMeta: DisabledClient regist
                 if k.__class__ is not str or not 0 < len(k) <= MAX_NAME_CHARS:
                     bad.append((str(k)[:80], f"a name of {len(k) if isinstance(k, str) else type(k).__name__} "
                                              f"(metric names are 1..{MAX_NAME_CHARS} characters)"))
+                elif not k.isascii() and not _has_utf8(k):
+                    bad.append((k.encode("utf-8", "backslashreplace").decode()[:80],
+                                "a name with no UTF-8 form (a lone surrogate)"))
                 elif c is float or c is int:
                     plain[k] = v
                 elif hasattr(v, "detach"):
@@ -555,7 +530,7 @@ class TelemetryClient(metaclass=abc.ABCMeta):   # ABCMeta: DisabledClient regist
         self._warn_once("step", f"telemetry: dropped a record: its step must be an int in 0..2**63-1, not "
                                 f"{type(step).__name__} {str(step)[:40]!r}"
                         + (" (int(step) reads a tensor on its device: count steps in a Python int)"
-                           if hasattr(step, "detach") else "") + "; counted in stats()['dropped']", stacklevel=5)
+                           if hasattr(step, "detach") else "") + "; counted in stats()['dropped']")
         return None
 
     @staticmethod
@@ -586,7 +561,7 @@ class TelemetryClient(metaclass=abc.ABCMeta):   # ABCMeta: DisabledClient regist
                                           "counted in stats()['skipped_values'])")
                 return
             self._warn_once(key, f"telemetry: {name!r} not sent: {why} (the rest of its record is; counted in "
-                                 f"stats()['skipped_values'])", stacklevel=5)
+                                 f"stats()['skipped_values'])")
 
     def _send_frame(self, frame: bytes) -> None:
         """Send a ready frame (a hello, an event: rare), or queue it behind the records that wait
@@ -793,8 +768,7 @@ class TelemetryClient(metaclass=abc.ABCMeta):   # ABCMeta: DisabledClient regist
             frame = encode(seq, self._num_dropped + self._num_dropped_bg)
         except (TypeError, ValueError, OverflowError) as exc:
             self._num_dropped += 1
-            self._warn_once(what, f"telemetry: dropped {'an' if what[0] in 'aeiou' else 'a'} {what} record: {exc}",
-                            stacklevel=4 if what == "event" else 3)
+            self._warn_once(what, f"telemetry: dropped {'an' if what[0] in 'aeiou' else 'a'} {what} record: {exc}")
             return
         if len(frame) > MAX_FRAME_BYTES:
             self._num_dropped += 1
@@ -810,11 +784,12 @@ class TelemetryClient(metaclass=abc.ABCMeta):   # ABCMeta: DisabledClient regist
         except zmq.ZMQError:
             self._num_dropped += 1
 
-    def _warn_once(self, key: str, message: str, stacklevel: int = 3) -> None:
-        # Never one warning per record: a bad value logged every step would flood the trainer.
+    def _warn_once(self, key: str, message: str) -> None:
+        """A warning at the caller's line (see _warn), once per `key`: a bad value logged every
+        step would flood the trainer."""
         if key not in self._warned:
             self._warned.add(key)
-            warnings.warn(message, RuntimeWarning, stacklevel=stacklevel)
+            _warn(message)
 
     # -- lifecycle -----------------------------------------------------------------------------
     def stats(self) -> dict[str, int]:
@@ -876,6 +851,9 @@ class TelemetryClient(metaclass=abc.ABCMeta):   # ABCMeta: DisabledClient regist
             self._closed = True
             return
         deadline = time.monotonic() + timeout_s
+        # log()'s common case lets go of the page and the socket: a log() from here on is the
+        # Python path's, which drops it (counted) and never touches the page the bye makes final.
+        self._st.unbind()
 
         def remaining_ms() -> int:
             return int(max(0.0, deadline - time.monotonic()) * 1000)
@@ -911,9 +889,8 @@ class TelemetryClient(metaclass=abc.ABCMeta):   # ABCMeta: DisabledClient regist
                     # An endpoint given by the caller or $TELEMETRY_ENDPOINT is not looked at when
                     # the client starts (a daemon may come later): said here, or it would be said
                     # only by stats().
-                    warnings.warn(f"telemetry: no daemon ever took this process's connection to {self.endpoint}: "
-                                  f"its {lost} records were dropped (counted in stats()['dropped'])",
-                                  RuntimeWarning, stacklevel=2)
+                    _warn(f"telemetry: no daemon ever took this process's connection to {self.endpoint}: "
+                          f"its {lost} records were dropped (counted in stats()['dropped'])")
             else:
                 # The records first: handed to the kernel (or the linger, half of what is left, spent).
                 self._sock.close(linger=min(remaining_ms() // 2, self._linger_ms))
@@ -966,7 +943,9 @@ class TelemetryClient(metaclass=abc.ABCMeta):   # ABCMeta: DisabledClient regist
             self._forked = True
         else:
             # Closed, or closing on another thread of the parent (its page not marked yet): what
-            # this child counts stays in its own memory, never in the parent's shared page.
+            # this child counts stays in its own memory, never in the parent's shared page (nor
+            # through log()'s common case, which the page was bound to).
+            self._st.unbind()
             self._seqs = private_seqs(self._seqs[0])
 
     def __enter__(self) -> "TelemetryClient":
@@ -974,6 +953,27 @@ class TelemetryClient(metaclass=abc.ABCMeta):   # ABCMeta: DisabledClient regist
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+
+
+def _warn(message: str) -> None:
+    """A RuntimeWarning at the line that called into telemetry: the first frame outside the
+    package, whichever of the client's paths (the drop-in's `wandb.log`, atexit's close) it came
+    through."""
+    frame, level = sys._getframe(1), 2
+    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR):
+        frame, level = frame.f_back, level + 1
+    warnings.warn(message, RuntimeWarning, stacklevel=level)
+
+
+def _has_utf8(name: str) -> bool:
+    try:
+        name.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 _warned_no_daemon: set[str] = set()

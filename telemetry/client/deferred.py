@@ -22,6 +22,8 @@ import threading
 import time
 from typing import Any, Callable
 
+from telemetry.client.fastlog import PyLogState
+
 # Records waiting for their tensors; past this, submit() refuses and the caller counts a drop.
 # At one log() per step the sender is idle almost always; this only bounds a stalled GPU (each
 # such record holds a pinned buffer).
@@ -265,11 +267,20 @@ class DeferredSender:
             item is pending.
         encode: (job, values) -> frame bytes, or a list of frames (a row split for the wire).
         on_sent, on_dropped: counters, called on the sender thread only, with a count.
+        state: where the counters the client's log() reads live (telemetry/client/fastlog.py):
+            `submitted`, `done`, `room`, `parked`; a state of its own when None.
     """
+
+    # The counters the client's log() reads (or, its common case in C, writes), kept in its state.
+    _num_submitted = property(lambda self: self._st.submitted, lambda self, v: setattr(self._st, "submitted", v))
+    _num_done = property(lambda self: self._st.done, lambda self, v: setattr(self._st, "done", v))
+    _room = property(lambda self: self._st.room, lambda self, v: setattr(self._st, "room", v))
+    _parked = property(lambda self: self._st.parked, lambda self, v: setattr(self._st, "parked", v))
 
     def __init__(self, send: Callable[[bytes], Any], encode: Callable[[Job, dict], "bytes | list[bytes]"],
                  on_sent: Callable[[int], None], on_dropped: Callable[[int], None],
-                 max_pending: int = MAX_PENDING, max_queued: int | None = None) -> None:
+                 max_pending: int = MAX_PENDING, max_queued: int | None = None, state: Any = None) -> None:
+        self._st = state if state is not None else PyLogState()
         self._send = send
         self._encode = encode
         self._on_sent = on_sent

@@ -86,15 +86,30 @@ class Span:
             self._rec._add_cpu(self._key, time.perf_counter() - self._t0)
 
 
+class _Pending:
+    __slots__ = ("spans",)
+
+
 class SpanRecorder:
     """Collects closed spans between two log() calls (the caller's thread only)."""
 
-    __slots__ = ("_cpu", "_cuda", "pending")
+    __slots__ = ("_cpu", "_cuda", "_st")
 
-    def __init__(self) -> None:
+    def __init__(self, state: Any = None) -> None:
         self._cpu: dict[str, list] = {}           # key -> [total_s, count]
         self._cuda: dict[str, list[tuple[Any, Any]]] = {}
-        self.pending = False                      # checked by log(): one attribute read
+        # Whether spans wait for the next log() is the client's state's `spans` (fastlog.py),
+        # which log()'s common case reads.
+        self._st = state if state is not None else _Pending()
+        self.pending = False
+
+    @property
+    def pending(self) -> bool:
+        return self._st.spans
+
+    @pending.setter
+    def pending(self, value: bool) -> None:
+        self._st.spans = value
 
     def span(self, name: str, cuda: bool | None = None) -> Span:
         """A context manager timing its body; `cuda` None: CUDA events if CUDA is in use."""

@@ -1,0 +1,283 @@
+/* TelemetryClient.log()'s common case in C: one call from log(), no Python frame of its own.
+ *
+ * LogState holds what that case reads and writes: the counters the client, its sender thread
+ * (telemetry/client/deferred.py) and its span recorder share (Python reads and writes them as
+ * attributes of this object, under the GIL), and, once bound, the client's seq cell (its shared
+ * page), its header fields, the sender thread's deque and bell, and the socket's send.
+ *
+ * log(step, values, parts) -> None | bytes | False
+ *   None   done: the record was encoded, took its seq, and was queued for the sender thread
+ *          (the deque's append; the bell rung if the thread is parked) or sent on the socket
+ *          here (a loop slower than direct_after_ns with nothing queued), or counted dropped
+ *          (the socket refused it: a ZMQError);
+ *   bytes  the frame, its seq taken: the queue is not open to this path (the thread not
+ *          started yet, or full, or closing); the client hands it to DeferredSender.submit();
+ *   False  nothing done, nothing taken: the client's Python path decides (a `parts` other than
+ *          1, a forked process, spans to send, the state unbound (closed), the client's own
+ *          time due in the record, a step or value the encoder does not take, a row wider
+ *          than a record).
+ * Every call that returns None or bytes adds its own time to own_ns (two CLOCK_MONOTONIC reads);
+ * the Python path times itself.
+ *
+ * The Python twin is telemetry/client/fastlog.py (PyLogState); tests/test_fastlog_twin.py holds
+ * the two to the same frames and counters. The frame is protocol/_pack_frame.h's encoder: a
+ * header of nine ints and the values, msgpack's bytes.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <structmember.h>
+#include <time.h>
+
+#include "../../protocol/_pack_frame.h"
+
+typedef struct {
+    PyObject_HEAD
+    /* Bound (bind()); `seqs.obj` is NULL while unbound. */
+    Py_buffer seqs;                         /* one uint64: the next seq (the client's page) */
+    unsigned long long kind, version, src, rank;
+    PyObject *append, *ring, *send, *zmq_error, *noblock;
+    long long max_frame, max_values, roomy, direct_after, own_every;
+    /* Shared with Python (members). */
+    long long sent, dropped, dropped_bg, submitted, done, room, last_ns, own_ns, own_sent_at;
+    char forked, spans, parked;
+} LogState;
+
+static long long now_ns(clockid_t clock)
+{
+    struct timespec ts;
+    clock_gettime(clock, &ts);
+    return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+static int LogState_traverse(LogState *s, visitproc visit, void *arg)
+{
+    Py_VISIT(s->append);
+    Py_VISIT(s->ring);
+    Py_VISIT(s->send);
+    Py_VISIT(s->zmq_error);
+    Py_VISIT(s->noblock);
+    return 0;
+}
+
+static int LogState_clear(LogState *s)
+{
+    if (s->seqs.obj != NULL)
+        PyBuffer_Release(&s->seqs);
+    Py_CLEAR(s->append);
+    Py_CLEAR(s->ring);
+    Py_CLEAR(s->send);
+    Py_CLEAR(s->zmq_error);
+    Py_CLEAR(s->noblock);
+    return 0;
+}
+
+static void LogState_dealloc(LogState *s)
+{
+    PyObject_GC_UnTrack(s);
+    LogState_clear(s);
+    Py_TYPE(s)->tp_free((PyObject *)s);
+}
+
+static PyObject *LogState_bind(LogState *s, PyObject *args)
+{
+    PyObject *seqs, *append, *ring, *send, *zmq_error, *noblock;
+    unsigned long long kind, version, src, rank;
+    long long max_frame, max_values, roomy, direct_after, own_every;
+    if (!PyArg_ParseTuple(args, "OKKKKOOOOOLLLLL:bind", &seqs, &kind, &version, &src, &rank, &append, &ring,
+                          &send, &zmq_error, &noblock, &max_frame, &max_values, &roomy, &direct_after, &own_every))
+        return NULL;
+    if (kind >= (1ULL << 63) || version >= (1ULL << 63) || src >= (1ULL << 63) || rank >= (1ULL << 63)) {
+        PyErr_SetString(PyExc_ValueError, "bind: a header field outside 0..2**63-1");
+        return NULL;
+    }
+    Py_buffer view;
+    if (PyObject_GetBuffer(seqs, &view, PyBUF_WRITABLE | PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) < 0)
+        return NULL;
+    if (view.len != 8 || view.format == NULL || strcmp(view.format, "Q") != 0) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_ValueError, "bind: seqs must be one writable uint64 ('Q')");
+        return NULL;
+    }
+    LogState_clear(s);
+    s->seqs = view;
+    s->kind = kind; s->version = version; s->src = src; s->rank = rank;
+    Py_INCREF(append); s->append = append;
+    Py_INCREF(ring); s->ring = ring;
+    Py_INCREF(send); s->send = send;
+    Py_INCREF(zmq_error); s->zmq_error = zmq_error;
+    Py_INCREF(noblock); s->noblock = noblock;
+    s->max_frame = max_frame; s->max_values = max_values; s->roomy = roomy;
+    s->direct_after = direct_after; s->own_every = own_every;
+    Py_RETURN_NONE;
+}
+
+static PyObject *LogState_unbind(LogState *s, PyObject *unused)
+{
+    (void)unused;
+    LogState_clear(s);
+    Py_RETURN_NONE;
+}
+
+/* A step the protocol takes: an int (not a bool) in [0, 2**63); -1 otherwise. */
+static long long header_int(PyObject *o)
+{
+    if (!PyLong_Check(o) || o == Py_True || o == Py_False)
+        return -1;
+    int overflow;
+    long long v = PyLong_AsLongLongAndOverflow(o, &overflow);
+    if (overflow != 0 || v < 0) {
+        PyErr_Clear();
+        return -1;
+    }
+    return v;
+}
+
+static PyObject *LogState_log(LogState *s, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "log(step, values, parts)");
+        return NULL;
+    }
+    PyObject *values = args[1], *parts = args[2];
+    int overflow;
+    if (s->seqs.obj == NULL || s->forked || s->spans || !PyLong_CheckExact(parts)
+            || PyLong_AsLongAndOverflow(parts, &overflow) != 1 || !PyDict_CheckExact(values))
+        Py_RETURN_FALSE;
+    long long t0 = now_ns(CLOCK_MONOTONIC);
+    if (t0 - s->own_sent_at >= s->own_every)
+        Py_RETURN_FALSE;
+    long long step = header_int(args[0]);
+    if (step < 0)
+        Py_RETURN_FALSE;
+    long long t = now_ns(CLOCK_REALTIME);
+    uint64_t *cell = (uint64_t *)s->seqs.buf;
+    uint64_t seq = *cell;
+    long long dropped = s->dropped + s->dropped_bg;
+    if (seq >= (1ULL << 63) || dropped < 0 || t < 0)
+        Py_RETURN_FALSE;
+
+    unsigned char stack[STACK_BYTES];
+    buf_t b = {stack, 0, STACK_BYTES, NULL};
+    put1(&b, 0x99);                                   /* fixarray of 9: 8 ints and the map */
+    put_uint(&b, s->kind);
+    put_uint(&b, s->version);
+    put_uint(&b, s->src);
+    put_uint(&b, s->rank);
+    put_uint(&b, seq);
+    put_uint(&b, (uint64_t)dropped);
+    put_uint(&b, (uint64_t)t);
+    put_uint(&b, (uint64_t)step);
+    int r = pack_map(&b, values);
+    if (r != 0) {
+        PyMem_Free(b.heap);
+        if (r < 0)
+            return NULL;
+        Py_RETURN_FALSE;
+    }
+    /* One comparison for both bounds: a record of more than max_values values is at least
+     * `roomy` bytes long. */
+    if (b.n > s->roomy && (b.n > s->max_frame || PyDict_GET_SIZE(values) > s->max_values)) {
+        PyMem_Free(b.heap);
+        Py_RETURN_FALSE;
+    }
+    PyObject *frame = PyBytes_FromStringAndSize((const char *)b.p, b.n);
+    PyMem_Free(b.heap);
+    if (frame == NULL)
+        return NULL;
+    *cell = seq + 1;
+
+    long long pending = s->submitted - s->done;
+    if (pending || t - s->last_ns < s->direct_after) {
+        s->last_ns = t;
+        if (pending >= s->room) {                      /* submit()'s to decide */
+            s->own_ns += now_ns(CLOCK_MONOTONIC) - t0;
+            return frame;
+        }
+        s->submitted++;
+        PyObject *ok = PyObject_CallOneArg(s->append, frame);
+        Py_DECREF(frame);
+        if (ok == NULL)
+            return NULL;
+        Py_DECREF(ok);
+        if (s->parked) {                               /* read after the append: see DeferredSender._park */
+            ok = PyObject_CallNoArgs(s->ring);
+            if (ok == NULL)
+                return NULL;
+            Py_DECREF(ok);
+        }
+    }
+    else {
+        /* A step this long after the previous one, nothing queued: the sender thread has parked,
+         * and waking it would cost more CPU than the send, so the send is done here. */
+        s->last_ns = t;
+        PyObject *send_args[2] = {frame, s->noblock};
+        PyObject *ok = PyObject_Vectorcall(s->send, send_args, 2, NULL);
+        Py_DECREF(frame);
+        if (ok != NULL) {
+            Py_DECREF(ok);
+            s->sent++;
+        }
+        else if (PyErr_ExceptionMatches(s->zmq_error)) {   /* Again: queue full or no daemon */
+            PyErr_Clear();
+            s->dropped++;
+        }
+        else
+            return NULL;
+    }
+    s->own_ns += now_ns(CLOCK_MONOTONIC) - t0;
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef LogState_methods[] = {
+    {"log", (PyCFunction)(void (*)(void))LogState_log, METH_FASTCALL,
+     "log(step, values, parts) -> None | bytes | False: log()'s common case (see _fastlog.c)."},
+    {"bind", (PyCFunction)LogState_bind, METH_VARARGS,
+     "bind(seqs, kind, version, src, rank, append, ring, send, zmq_error, noblock, max_frame_bytes, "
+     "max_values, roomy_frame_bytes, direct_after_ns, own_every_ns)"},
+    {"unbind", (PyCFunction)LogState_unbind, METH_NOARGS, "Let go of what bind() took; log() answers False."},
+    {NULL, NULL, 0, NULL},
+};
+
+#define MEMBER(name, type) {#name, type, offsetof(LogState, name), 0, NULL}
+static PyMemberDef LogState_members[] = {
+    MEMBER(sent, T_LONGLONG), MEMBER(dropped, T_LONGLONG), MEMBER(dropped_bg, T_LONGLONG),
+    MEMBER(submitted, T_LONGLONG), MEMBER(done, T_LONGLONG), MEMBER(room, T_LONGLONG),
+    MEMBER(last_ns, T_LONGLONG), MEMBER(own_ns, T_LONGLONG), MEMBER(own_sent_at, T_LONGLONG),
+    MEMBER(forked, T_BOOL), MEMBER(spans, T_BOOL), MEMBER(parked, T_BOOL),
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyTypeObject LogStateType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "telemetry.client._fastlog.LogState",
+    .tp_doc = "What TelemetryClient.log()'s common case reads and writes (see _fastlog.c).",
+    .tp_basicsize = sizeof(LogState),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_new = PyType_GenericNew,
+    .tp_traverse = (traverseproc)LogState_traverse,
+    .tp_clear = (inquiry)LogState_clear,
+    .tp_dealloc = (destructor)LogState_dealloc,
+    .tp_methods = LogState_methods,
+    .tp_members = LogState_members,
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "telemetry.client._fastlog",
+    "TelemetryClient.log()'s common case in C (see _fastlog.c).", -1, NULL, NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__fastlog(void)
+{
+    if (PyType_Ready(&LogStateType) < 0)
+        return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL)
+        return NULL;
+    Py_INCREF(&LogStateType);
+    if (PyModule_AddObject(m, "LogState", (PyObject *)&LogStateType) < 0) {
+        Py_DECREF(&LogStateType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}
