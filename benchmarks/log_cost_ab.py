@@ -2,7 +2,7 @@
 side in one run. Each round runs one short process per version, alternately (the order flips
 every round), each timing --calls log() calls of 10 Python floats (after a warm-up) against one
 receiving process that drains the socket, as the daemon would. The base is a `git worktree` of
---base in a temporary directory (the client is pure Python: nothing to build). Reported: per
+--base in a temporary directory (its C parts built there: benchmarks/ab.py). Reported: per
 version, the median over the rounds of each round's median and p99 (ns per call), and the
 ratios.
 
