@@ -213,7 +213,8 @@ def test_unencodable_value_is_dropped_and_counted_not_raised(rx, client_factory)
 @pytest.mark.parametrize("encode", ["c", "python"])
 def test_a_record_the_daemon_would_refuse_is_counted_here_and_said(rx, client_factory, encode, monkeypatch):
     """A step that is no step (a float, None, a bool, negative, past 2**63, a string, a tensor)
-    and a name the protocol refuses (empty, too long, not a str) went out as they came: the
+    and a name the protocol refuses (empty, too long, not a str; one with no UTF-8 form dropped its
+    whole record, or raised into the loop without the C part) went out as they came: the
     daemon refused the record (records_malformed) or the value, while stats() said sent and
     skipped_values 0, and a tensor step raised the client's private exception into the loop.
     Now a bad step drops its record, a bad name its value, each counted here and said once; what
@@ -231,18 +232,18 @@ def test_a_record_the_daemon_would_refuse_is_counted_here_and_said(rx, client_fa
             tm.log(step, {"x": float(i)})
             tm.log(step, {"x": float(i)}, parts=2)
         tm.log(np.int64(5), {"x": 5.0})                          # a numpy int is a step
-        tm.log(6, {"": 1.0, "y" * 257: 2.0, 7: 3.0, "s": "text", "ok": 6.0})
+        tm.log(6, {"": 1.0, "y" * 257: 2.0, 7: 3.0, "s": "text", "ok": 6.0, "lone \ud800": 8.0})
         tm.log(7, {"ok": 7.0})
     records = rx.recv_until(lambda r: isinstance(r, Metrics) and r.step == 7)
     steps = [m for m in records if isinstance(m, Metrics)]
     assert [(m.step, m.values) for m in steps] == [(5, {"x": 5.0}), (6, {"ok": 6.0}), (7, {"ok": 7.0})], steps
     st = tm.stats()
-    assert st["dropped"] == 2 * len(bad_steps) and st["skipped_values"] == 4, st
+    assert st["dropped"] == 2 * len(bad_steps) and st["skipped_values"] == 5, st
     assert steps[-1].dropped == 2 * len(bad_steps)                # in-band: the daemon counts them too
     assert _loss_as_daemon_sees_it(records, st["src"]) == 2 * len(bad_steps)       # a seq each: exact
     words = [str(w.message) for w in said]
     assert sum("its step must be an int" in w for w in words) == 1, words      # once, whatever step
-    assert sum("not sent" in w for w in words) == 4, words
+    assert sum("not sent" in w for w in words) == 5, words
 
 
 def test_an_event_or_hello_the_daemon_would_refuse_is_counted_here_never_raised(rx, client_factory):
