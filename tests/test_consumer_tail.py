@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -381,3 +382,31 @@ def test_tail_says_when_it_cannot_follow_a_daemon_whose_sockets_are_gone(make_da
     finally:
         shutil.rmtree(sockets, ignore_errors=True)
     assert any("--run-dir" in e for e in tail.errors if "cannot follow" in e), tail.errors
+
+
+def test_a_reader_that_left_ends_tail_as_every_command(daemon):
+    """`telemetry tail | head -1`: the reader left and tail exited 0, as if it had shown all it was
+    asked; now quietly with 141, as every other command (telemetry.cli.EXIT_READER_LEFT)."""
+    from telemetry.cli import EXIT_READER_LEFT
+
+    r, w = os.pipe()
+    os.close(r)          # the reader is gone before tail writes its first line
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", "telemetry", "tail", "--pub", daemon.pub, "--plain"],
+                                cwd=ROOT, stdout=w, stderr=subprocess.PIPE, text=True)
+    finally:
+        os.close(w)
+    client = TelemetryClient(daemon.ingest, rank=0)
+    try:
+        deadline = time.monotonic() + 120
+        step = 0
+        while proc.poll() is None and time.monotonic() < deadline:   # until tail writes a line
+            step += 1
+            client.log(step, {"train/loss": 1.0})
+            time.sleep(0.05)
+    finally:
+        client.close()
+        if proc.poll() is None:
+            proc.kill()
+    err = proc.stderr.read()
+    assert (proc.wait(10), err) == (EXIT_READER_LEFT, ""), err[-2000:]

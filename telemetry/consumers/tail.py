@@ -617,10 +617,8 @@ def run(args: argparse.Namespace) -> int:
             _run_live(sub, flt)
     except KeyboardInterrupt:
         return 0  # detaching is the normal way to leave
-    except BrokenPipeError:
-        # `telemetry tail | head`: the reader left; say nothing more (and not at exit either).
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 0
+    # `telemetry tail | head`: the reader left. telemetry.cli.main ends it as it ends every
+    # command whose reader left (quietly, exit 141), not as a success.
     finally:
         sub.close()
     return 0
