@@ -48,7 +48,7 @@ KINDS: dict[tuple[str, str], str] = {
     ("daemon", "--log-dir"): "out_dir", ("daemon", "--config"): "in_file", ("daemon", "--run-name"): "name",
     ("tail", "--filter"): "free", ("tail", "--run-dir"): "run_dir",
     ("report", "run_dir"): "run_dir", ("report", "--out"): "out_dir",
-    ("goodput", "run_dir"): "run_dir", ("goodput", "--json"): "out_dir", ("goodput", "--exclude"): "when",
+    ("goodput", "run_dir"): "run_dir", ("goodput", "--json"): "out_file", ("goodput", "--exclude"): "when",
     ("goodput", "--reason"): "name",
     ("dashboard", "run_dir"): "run_dir", ("dashboard", "--addr"): "address", ("dashboard", "--port"): "number",
     ("export-prometheus", "--addr"): "address", ("export-prometheus", "--port"): "number",
@@ -80,7 +80,10 @@ def bad_values(kind: str, tmp: Path) -> dict[str, str]:
         "endpoint": {"empty": "", "text": "foo", "bad-port": "tcp://999.1.1.1:x", "bad-host": "tcp://999.1.1.1:5",
                      "port-range": "tcp://127.0.0.1:99999", "inproc": "inproc://x"},
         "choice": {"text": "no-such-choice"},
-        "out_dir": {"empty": "", "under-a-file": under_file, "proc": "/proc/telemetry-no/such"},
+        # "-" is stdout on our command lines (an output FILE of "-": goodput --json -): never a
+        # directory of that name made in the working directory.
+        "out_dir": {"empty": "", "under-a-file": under_file, "proc": "/proc/telemetry-no/such", "stdout": "-"},
+        "out_file": {"empty": "", "under-a-file": under_file, "proc": "/proc/telemetry-no/such", "a-dir": str(tmp)},
         "in_file": {"empty": "", "under-a-file": under_file, "missing": str(tmp / "missing.yaml"),
                     "a-dir": str(tmp), "dev-zero": "/dev/zero", "fifo": str(fifo)},
         "run_dir": {"empty": "", "under-a-file": under_file, "missing": str(tmp / "no-such-run")},

@@ -205,3 +205,20 @@ def test_a_stdout_that_cannot_be_written_is_one_line(tmp_path, buffered):
         assert p.returncode == 1, (argv, p.returncode, p.stderr[-2000:])
         assert p.stderr.splitlines() == [f"{_prog(argv)}: cannot write stdout: No space left on device"], \
             (argv, p.stderr[-2000:])
+
+
+# -- "-" is stdout -------------------------------------------------------------------------------
+def test_an_output_file_of_dash_is_stdout(tmp_path):
+    """`telemetry goodput RUN --json -` wrote a file named "-" in the working directory; now the
+    JSON alone on stdout (a script parses it), the same as --json FILE writes. An output that
+    is a directory (report --out) refuses "-" in one line: tests/test_cli_bad_input.py sweeps it."""
+    run = _a_small_run(tmp_path)
+    work = tmp_path / "work"
+    work.mkdir()
+    p = subprocess.run([sys.executable, "-m", "telemetry", "goodput", str(run), "--json", "-"], cwd=work,
+                       capture_output=True, text=True, timeout=HANG_S, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert p.returncode == 0 and p.stderr == "", (p.returncode, p.stderr[-2000:])
+    assert list(work.iterdir()) == [], list(work.iterdir())
+    to_file = _telemetry("goodput", str(run), "--json", str(tmp_path / "g.json"))
+    assert to_file.returncode == 0, to_file.stderr[-2000:]
+    assert json.loads(p.stdout) == json.loads((tmp_path / "g.json").read_text())

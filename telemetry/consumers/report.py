@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from telemetry.shared import files
-from telemetry.shared.config import nonempty_arg, writable_dir_problem
+from telemetry.shared.config import out_dir_arg, writable_dir_problem
 from telemetry.shared.bookkeeping import SUMMARY_REMOVE_EVENT, drop_summary_paths, is_bookkeeping
 from telemetry.shared.catalogue import OWN_GROUP, grouped
 from telemetry.shared.numbers import is_number
@@ -68,7 +68,7 @@ MAX_SUMMARY_CHARS = 300
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("run_dir", metavar="RUN_DIR", help="run dir holding telemetry/metrics.jsonl, or the telemetry dir")
-    p.add_argument("--out", type=nonempty_arg, metavar="DIR", help="where the PNGs and index.html go (default <telemetry dir>/report)")
+    p.add_argument("--out", type=out_dir_arg, metavar="DIR", help="where the PNGs and index.html go (default <telemetry dir>/report)")
 
 
 # -- reading -------------------------------------------------------------------------------------

@@ -399,6 +399,21 @@ def nonempty_arg(text: str) -> str:
     return text
 
 
+# What an output path of "-" means on every command line: stdout (goodput --json -).
+STDOUT_PATH = "-"
+
+
+def out_dir_arg(text: str) -> str:
+    """An argparse `type=` for a directory a command writes into: not empty, and not "-", which
+    names stdout on our command lines (an output FILE of "-" is stdout) and cannot hold a
+    directory's files; a directory of that name is ./-."""
+    text = nonempty_arg(text)
+    if text == STDOUT_PATH:
+        raise argparse.ArgumentTypeError("- is stdout, which cannot hold a directory of files "
+                                         "(a directory named -: write ./-)")
+    return text
+
+
 def parse_override(item: str) -> tuple[str, Any]:
     """`dotted.key=value` from a command line; the value is read as YAML (`lr=1e-4`, `ids=[0, 1]`)."""
     key, eq, text = item.partition("=")

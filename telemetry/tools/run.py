@@ -39,7 +39,7 @@ DRAIN_MARGIN_S = 30.0
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from telemetry.shared.config import nonempty_arg
+    from telemetry.shared.config import nonempty_arg, out_dir_arg
 
     p.add_argument("--nproc", type=int, default=1, metavar="N",
                    help="processes (ranks) on this node: 1 runs the script directly, more run it under "
@@ -47,7 +47,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--world-size", type=int, metavar="N",
                    help="ranks the daemon waits for at each step (default: what the ranks' hellos say: a W&B "
                         "script that logs on rank 0 alone promises only rank 0)")
-    p.add_argument("--run-dir", type=nonempty_arg, metavar="DIR", help="where the run goes (default ./telemetry/<run-id>)")
+    p.add_argument("--run-dir", type=out_dir_arg, metavar="DIR", help="where the run goes (default ./telemetry/<run-id>)")
     p.add_argument("--run-name", type=nonempty_arg, metavar="NAME", help="the run's name (W&B, reports; default its id)")
     p.add_argument("--wandb", choices=("disabled", "offline", "online"),
                    help="the daemon's W&B mode (default: $WANDB_MODE, else offline)")
