@@ -372,6 +372,33 @@ def test_watch_pid_of_no_running_process_is_refused(in_process, tmp_path):
     assert_refused(rc, out, err, f"--watch-pid {gone.pid}")
     assert f"--watch-pid {gone.pid}: no such process" in err and not (tmp_path / "t").exists(), err
 
+def _in_file_flags() -> list:
+    return [pytest.param(cmd, a.option_strings[0], id=f"{cmd}-{a.option_strings[0]}") for cmd in cli.COMMANDS
+            for a in value_actions(cmd) if a.option_strings and kind_of(cmd, a) == "in_file"]
+
+
+@pytest.mark.parametrize("cmd, flag", _in_file_flags())
+@pytest.mark.parametrize("what", ["missing", "a-dir"])
+def test_a_file_to_read_is_said_as_what_it_is(in_process, tmp_path, run_dir, cmd, flag, what):
+    """Every FILE a command reads (a config, a token): a path that is not there says so ("not
+    found", "no such file"), a directory says it is one. `telemetry run --daemon-config
+    /nonexistent` said "not a file", of a file that does not exist."""
+    path = str(tmp_path / "nonexistent.yaml") if what == "missing" else str(tmp_path)
+    argv = [cmd, *base_args(cmd, flag, tmp_path, run_dir), flag, path]
+    if cmd == "run":
+        script = tmp_path / "train.py"
+        script.write_text("")
+        argv += ["--", str(script)]
+    rc, out, err = in_process(argv)
+    assert_refused(rc, out, err, " ".join(argv))
+    said = err.lower()
+    if what == "missing":
+        assert ("not found" in said or "no such file" in said) and "is a directory" not in said \
+            and "not a file" not in said, err
+    else:
+        assert "is a directory" in said, err
+
+
 def test_config_from_a_fifo_is_refused_without_waiting(in_process, tmp_path):
     fifo = tmp_path / "config.fifo"
     os.mkfifo(fifo)

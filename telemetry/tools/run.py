@@ -93,15 +93,15 @@ def _daemon_config(path: str | None) -> tuple[str | None, float, str]:
     refused, or ''), checked as the daemon checks it, before anything of the run is made or
     started. No file: the defaults."""
     from telemetry.daemon.config import load
-    from telemetry.shared.config import ConfigError, read_yaml
+    from telemetry.shared.config import ConfigError, ConfigFileError, read_yaml
 
     if path is None:
         return None, load(None, {}).drain_timeout_s, ""
-    if not Path(path).is_file():
-        return None, 0.0, "not a file"
     try:
         cfg = load(path, {})
         wandb = read_yaml(path).get("wandb")
+    except ConfigFileError as exc:     # said as the daemon and `metrics --config` say it: not found, a directory
+        return None, 0.0, exc.why
     except ConfigError as exc:
         return None, 0.0, f"bad config: {exc}"
     # The run's daemon listens where the run's script is pointed (the run's private socket
