@@ -1151,10 +1151,14 @@ def make_report(run_dir: str | Path, out: str | Path | None = None) -> dict[str,
 def drain_problems(log_dir: Path) -> list[str]:
     """What the last daemon's final counters (drain.json) say was lost or not made, in words (the
     W&B run refused, records unread at the deadline, sinks closed short): metrics.jsonl does not
-    say it. [] without a drain.json (a daemon killed, an older run) or with one not the daemon's."""
+    say it. [] without a drain.json (a daemon killed, an older run); a drain.json that cannot be
+    read is one line saying so and why (what it would have said is not known)."""
     from telemetry.consumers.drain import problem_lines, read_final
 
-    return problem_lines(read_final(log_dir / "drain.json"))
+    final, why = read_final(log_dir / "drain.json")
+    if why:
+        return [f"drain.json could not be read: {why}; the daemon's final counters are not in this report"]
+    return problem_lines(final)
 
 
 def _default_out_problem(log_dir: Path) -> str | None:
