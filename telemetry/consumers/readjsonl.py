@@ -147,7 +147,8 @@ class Follower:
     A line without its newline yet is kept back until it is whole (the daemon writes whole
     lines, but a reader can catch one mid-write). When the daemon rotates metrics.jsonl, the
     rest of the old file is read before the new one. Lines that are not records are counted
-    in stats.num_bad. Nothing is written.
+    in stats.num_bad. Nothing is written. A file that can no longer be read (its mode, its
+    directory's) raises Unreadable from poll(); a later poll tries again from where it was.
     """
 
     def __init__(self, log_dir: Path, stats: ReadStats | None = None) -> None:
@@ -198,6 +199,8 @@ class Follower:
             inode = os.stat(self.log_dir / FILE_NAME).st_ino
         except FileNotFoundError:
             inode = None
+        except OSError as exc:    # the directory made unsearchable, replaced by a file; a symlink loop
+            raise _unreadable(exc, self.log_dir / FILE_NAME) from None
         if inode != self._inode:  # rotated: the old file is complete, go on with the new one
             yield from self._read_open_file()
             if self._lines.partial or self._lines.skipping:
