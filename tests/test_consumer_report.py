@@ -430,3 +430,41 @@ def test_a_drain_json_that_cannot_be_read_is_said_and_the_report_goes_on(tmp_pat
     assert [line for line in summary.stdout.splitlines() if "drain.json" in line] == [
         f"  at the drain       drain.json could not be read: {why}; the daemon's final counters are not in this "
         "summary"], summary.stdout
+
+
+def test_progress_is_shown_on_a_terminal_and_nowhere_else(tmp_path):
+    """A long run's report read for seconds with no sign of life. On a terminal (stderr a pty) a
+    line is drawn in place: how much of metrics.jsonl is read, then the drawing, erased before
+    the summary; with stderr a pipe or a file, nothing at all, and stdout is the same either way."""
+    import os
+    import pty
+
+    tel = tmp_path / "run" / "telemetry"
+    tel.mkdir(parents=True)
+    (tel / "metrics.jsonl").write_text("".join(json.dumps(
+        {"kind": "metrics", "t": 1000.0 + s, "step": s, "values": {"train/loss": 1.0 / s}}) + "\n" for s in range(1, 200)))
+    argv = [sys.executable, "-m", "telemetry", "report", str(tmp_path / "run"), "--out", str(tmp_path / "out")]
+    master, slave = pty.openpty()
+    try:
+        proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=slave, text=True)
+        os.close(slave)
+        on_tty = b""
+        while True:
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:     # EIO: every writer of the pty is gone
+                break
+            if not chunk:
+                break
+            on_tty += chunk
+        out = proc.stdout.read()
+        assert proc.wait(120) == 0, on_tty
+    finally:
+        os.close(master)
+    frames = on_tty.decode().split("\r\x1b[K")
+    assert frames[0] == "" and frames[-1] == "", frames          # each drawn in place, the last erased
+    assert re.fullmatch(r"telemetry report: reading metrics\.jsonl 100 % \(0\.0 of 0\.0 MB\)", frames[1]), frames
+    assert frames[-2] == "telemetry report: drawing the plots", frames
+    piped = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert piped.returncode == 0 and piped.stderr == "", piped.stderr
+    assert piped.stdout == out
