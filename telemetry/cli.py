@@ -57,6 +57,20 @@ class Parser(argparse.ArgumentParser):
 
         self.exit(2, f"{self.prog}: error: {printable(message)} (see: {self.prog} --help)\n")
 
+    def _print_message(self, message: str, file=None) -> None:
+        # argparse drops a failed write (--help, --version, usage) and exits 0, so that
+        # `telemetry --help > /dev/full` passed for a success: a failed write to stdout goes on
+        # to main(), which says it as for every other command. Any other file: as argparse does.
+        if not message:
+            return
+        try:
+            (file or sys.stderr).write(message)
+        except OSError as exc:
+            if getattr(exc, _ON_STDOUT, False):
+                raise
+        except AttributeError:      # no stderr at all (pythonw, `2>&-`)
+            pass
+
 
 class CommandParser(Parser):
     """A subcommand's parser: what it does not know is its own error, naming its own --help.

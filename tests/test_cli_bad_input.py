@@ -48,7 +48,7 @@ KINDS: dict[tuple[str, str], str] = {
     ("daemon", "--log-dir"): "out_dir", ("daemon", "--config"): "in_file", ("daemon", "--run-name"): "name",
     ("tail", "--filter"): "free", ("tail", "--run-dir"): "run_dir",
     ("report", "run_dir"): "run_dir", ("report", "--out"): "out_dir",
-    ("goodput", "run_dir"): "run_dir", ("goodput", "--json"): "out_dir", ("goodput", "--exclude"): "when",
+    ("goodput", "run_dir"): "run_dir", ("goodput", "--json"): "out_file", ("goodput", "--exclude"): "when",
     ("goodput", "--reason"): "name",
     ("dashboard", "run_dir"): "run_dir", ("dashboard", "--addr"): "address", ("dashboard", "--port"): "number",
     ("export-prometheus", "--addr"): "address", ("export-prometheus", "--port"): "number",
@@ -80,7 +80,10 @@ def bad_values(kind: str, tmp: Path) -> dict[str, str]:
         "endpoint": {"empty": "", "text": "foo", "bad-port": "tcp://999.1.1.1:x", "bad-host": "tcp://999.1.1.1:5",
                      "port-range": "tcp://127.0.0.1:99999", "inproc": "inproc://x"},
         "choice": {"text": "no-such-choice"},
-        "out_dir": {"empty": "", "under-a-file": under_file, "proc": "/proc/telemetry-no/such"},
+        # "-" is stdout on our command lines (an output FILE of "-": goodput --json -): never a
+        # directory of that name made in the working directory.
+        "out_dir": {"empty": "", "under-a-file": under_file, "proc": "/proc/telemetry-no/such", "stdout": "-"},
+        "out_file": {"empty": "", "under-a-file": under_file, "proc": "/proc/telemetry-no/such", "a-dir": str(tmp)},
         "in_file": {"empty": "", "under-a-file": under_file, "missing": str(tmp / "missing.yaml"),
                     "a-dir": str(tmp), "dev-zero": "/dev/zero", "fifo": str(fifo)},
         "run_dir": {"empty": "", "under-a-file": under_file, "missing": str(tmp / "no-such-run")},
@@ -368,6 +371,33 @@ def test_watch_pid_of_no_running_process_is_refused(in_process, tmp_path):
     rc, out, err = in_process(["daemon", "--log-dir", str(tmp_path / "t"), "--watch-pid", str(gone.pid)])
     assert_refused(rc, out, err, f"--watch-pid {gone.pid}")
     assert f"--watch-pid {gone.pid}: no such process" in err and not (tmp_path / "t").exists(), err
+
+def _in_file_flags() -> list:
+    return [pytest.param(cmd, a.option_strings[0], id=f"{cmd}-{a.option_strings[0]}") for cmd in cli.COMMANDS
+            for a in value_actions(cmd) if a.option_strings and kind_of(cmd, a) == "in_file"]
+
+
+@pytest.mark.parametrize("cmd, flag", _in_file_flags())
+@pytest.mark.parametrize("what", ["missing", "a-dir"])
+def test_a_file_to_read_is_said_as_what_it_is(in_process, tmp_path, run_dir, cmd, flag, what):
+    """Every FILE a command reads (a config, a token): a path that is not there says so ("not
+    found", "no such file"), a directory says it is one. `telemetry run --daemon-config
+    /nonexistent` said "not a file", of a file that does not exist."""
+    path = str(tmp_path / "nonexistent.yaml") if what == "missing" else str(tmp_path)
+    argv = [cmd, *base_args(cmd, flag, tmp_path, run_dir), flag, path]
+    if cmd == "run":
+        script = tmp_path / "train.py"
+        script.write_text("")
+        argv += ["--", str(script)]
+    rc, out, err = in_process(argv)
+    assert_refused(rc, out, err, " ".join(argv))
+    said = err.lower()
+    if what == "missing":
+        assert ("not found" in said or "no such file" in said) and "is a directory" not in said \
+            and "not a file" not in said, err
+    else:
+        assert "is a directory" in said, err
+
 
 def test_config_from_a_fifo_is_refused_without_waiting(in_process, tmp_path):
     fifo = tmp_path / "config.fifo"

@@ -156,7 +156,16 @@ def _a_small_run(tmp_path) -> Path:
 def _stdout_cases(tmp_path) -> list[list[str]]:
     run = _a_small_run(tmp_path)
     return [["metrics"], ["goodput", str(run)], ["report", str(run), "--out", str(tmp_path / "out")],
-            ["keygen", "--dir", str(tmp_path / "keys"), "--name", "k", "--force"]]
+            ["keygen", "--dir", str(tmp_path / "keys"), "--name", "k", "--force"],
+            # argparse's own output: it dropped a failed write and exited 0
+            ["--help"], ["report", "--help"], ["--version"]]
+
+
+def _prog(argv: list[str]) -> str:
+    """How the command names itself: `telemetry report`, or `telemetry` for the top level."""
+    from telemetry.cli import COMMANDS
+
+    return " ".join(["telemetry", *[a for a in argv[:1] if a in COMMANDS]])
 
 
 @pytest.mark.parametrize("buffered", [True, False], ids=["buffered", "PYTHONUNBUFFERED"])
@@ -184,8 +193,8 @@ def test_a_reader_that_left_ends_the_command_quietly(tmp_path, buffered):
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="/dev/full (Linux) is the disk that is always full")
 @pytest.mark.parametrize("buffered", [True, False], ids=["buffered", "PYTHONUNBUFFERED"])
 def test_a_stdout_that_cannot_be_written_is_one_line(tmp_path, buffered):
-    """`telemetry goodput RUN > /dev/full` was an OSError traceback (ENOSPC); now one line
-    naming the command and why, exit 1."""
+    """`telemetry goodput RUN > /dev/full` was an OSError traceback (ENOSPC), and
+    `telemetry --help > /dev/full` exit 0; now one line naming the command and why, exit 1."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
     if not buffered:
         env["PYTHONUNBUFFERED"] = "1"
@@ -194,5 +203,22 @@ def test_a_stdout_that_cannot_be_written_is_one_line(tmp_path, buffered):
             p = subprocess.run([sys.executable, "-m", "telemetry", *argv], cwd=ROOT, stdout=full,
                                stderr=subprocess.PIPE, text=True, timeout=HANG_S, env=env)
         assert p.returncode == 1, (argv, p.returncode, p.stderr[-2000:])
-        assert p.stderr.splitlines() == [f"telemetry {argv[0]}: cannot write stdout: No space left on device"], \
+        assert p.stderr.splitlines() == [f"{_prog(argv)}: cannot write stdout: No space left on device"], \
             (argv, p.stderr[-2000:])
+
+
+# -- "-" is stdout -------------------------------------------------------------------------------
+def test_an_output_file_of_dash_is_stdout(tmp_path):
+    """`telemetry goodput RUN --json -` wrote a file named "-" in the working directory; now the
+    JSON alone on stdout (a script parses it), the same as --json FILE writes. An output that
+    is a directory (report --out) refuses "-" in one line: tests/test_cli_bad_input.py sweeps it."""
+    run = _a_small_run(tmp_path)
+    work = tmp_path / "work"
+    work.mkdir()
+    p = subprocess.run([sys.executable, "-m", "telemetry", "goodput", str(run), "--json", "-"], cwd=work,
+                       capture_output=True, text=True, timeout=HANG_S, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert p.returncode == 0 and p.stderr == "", (p.returncode, p.stderr[-2000:])
+    assert list(work.iterdir()) == [], list(work.iterdir())
+    to_file = _telemetry("goodput", str(run), "--json", str(tmp_path / "g.json"))
+    assert to_file.returncode == 0, to_file.stderr[-2000:]
+    assert json.loads(p.stdout) == json.loads((tmp_path / "g.json").read_text())

@@ -364,3 +364,56 @@ def test_the_store_keeps_the_runs_name_and_summary_from_the_wandb_dropin():
     many = {f"k{i}": i for i in range(store_mod.MAX_SUMMARY_KEYS + 5)}
     s.consume({"kind": "event", "t": 4.0, "rank": 0, "name": "wandb/summary", "data": many})
     assert len(s.summary) == store_mod.MAX_SUMMARY_KEYS and s.num_summary_dropped == 8
+
+
+@pytest.mark.parametrize("how", ["symlink-loop", "dir-replaced-by-a-file"])
+def test_metrics_that_become_unreadable_are_said_once_and_the_page_keeps_its_data(tmp_path, how):
+    """The feed thread that follows metrics.jsonl died with a traceback when the file could no
+    longer be read after the start (its directory replaced by a file, a symlink loop at its name,
+    its mode): the page froze without a word. Now one line on stderr, the page keeps what it had,
+    and what is written once the file can be read again comes in."""
+    tel = tmp_path / "run" / "telemetry"
+    tel.mkdir(parents=True)
+
+    def line(step: int) -> str:
+        return json.dumps({"kind": "metrics", "t": 1.7e9 + step, "step": step, "values": {"train/loss": 1.0 / step}})
+
+    (tel / "metrics.jsonl").write_text("".join(line(s) + "\n" for s in range(1, 6)))
+    dash = Dashboard(str(tmp_path / "run"), "--no-token")
+    moved = tmp_path / "moved"
+    try:
+        if how == "symlink-loop":
+            (tel / "metrics.jsonl").rename(moved)
+            (tel / "metrics.jsonl").symlink_to("metrics.jsonl")
+        else:
+            tel.rename(moved)
+            tel.write_text("")
+        deadline = time.monotonic() + 60
+        while not any("cannot be read any more" in ln for ln in dash.lines) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(3 * 0.5)     # a few more of the feed's polls (FILE_POLL_S): each one fails again
+        said = [ln for ln in dash.lines if "cannot be read any more" in ln]
+        assert len(said) == 1 and "Traceback" not in "".join(dash.lines), "".join(dash.lines)
+        assert said[0].startswith("telemetry dashboard: run run: its metrics cannot be read any more ("), said
+        (run,) = dash.get_json("/api/data?width=1000")["runs"]
+        assert {s["key"]: s["n"] for s in run["series"]}.get("train/loss") == 5, run["series"]
+        # Readable again, and written to: the feed goes on.
+        if how == "symlink-loop":
+            (tel / "metrics.jsonl").unlink()
+            moved.rename(tel / "metrics.jsonl")
+        else:
+            tel.unlink()
+            moved.rename(tel)
+        with open(tel / "metrics.jsonl", "a") as f:
+            f.write(line(6) + "\n")
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            (run,) = dash.get_json("/api/data?width=1000")["runs"]
+            if {s["key"]: s["n"] for s in run["series"]}.get("train/loss") == 6:
+                break
+            time.sleep(0.2)
+        else:
+            raise AssertionError(f"step 6 never came: {run['series']}")
+    finally:
+        assert dash.stop() == 0, "".join(dash.lines)
+    assert "Traceback" not in "".join(dash.lines), "".join(dash.lines)

@@ -365,7 +365,7 @@ def test_the_text_summary_says_how_the_run_ended(tmp_path):
 def test_the_report_says_what_the_drain_found_lost_or_not_made(tmp_path):
     """The final counters (drain.json) say what metrics.jsonl cannot: a W&B run W&B refused to
     make, records the deadline left unread. The report read metrics.jsonl only, so it said
-    nothing of either; a drain.json that is not the daemon's object is read as none."""
+    nothing of either; an object of another shape is read for what it holds (nothing)."""
     tel = tmp_path / "run" / "telemetry"
     tel.mkdir(parents=True)
     (tel / "metrics.jsonl").write_text("".join(json.dumps(
@@ -391,7 +391,80 @@ def test_the_report_says_what_the_drain_found_lost_or_not_made(tmp_path):
     final["sinks"]["wandb"]["opened"] = True          # made after all (a retry): nothing to say of it
     del final["records_unread_at_drain"]
     assert report(final)[0] == []
-    for not_the_daemons in ("not json", "[1, 2]", '{"sinks": [1]}', '{"sinks": {"wandb": 3}}'):
+    for not_the_daemons in ('{"sinks": [1]}', '{"sinks": {"wandb": 3}}'):
         assert report(not_the_daemons)[0] == [], not_the_daemons
     (tel / "drain.json").unlink()
     assert report(None)[0] == []
+
+
+@pytest.mark.parametrize("drain, why", [
+    ('{"records_in": 12, "records_l', "not JSON (Unterminated string starting at: line 1 column 20)"),
+    ("", "not JSON (Expecting value: line 1 column 1)"),        # a disk that filled as it was written
+    ("[1, 2]", "not a JSON object"),
+    ("\udcff", "not UTF-8 text"),
+    (None, "not a regular file"),                                  # a directory at its name
+])
+def test_a_drain_json_that_cannot_be_read_is_said_and_the_report_goes_on(tmp_path, drain, why):
+    """A corrupt drain.json was read as no drain.json at all: whatever the daemon's final counters
+    would have said was lost (records unread, a W&B run not made) went unsaid. Now one line, the
+    report's and the run summary's, says it could not be read and why; the rest is reported."""
+    tel = tmp_path / "run" / "telemetry"
+    tel.mkdir(parents=True)
+    (tel / "metrics.jsonl").write_text("".join(json.dumps(
+        {"kind": "metrics", "t": 1000.0 + s, "step": s, "values": {"train/loss": 1.0 / s}}) + "\n" for s in range(1, 6)))
+    if drain is None:
+        (tel / "drain.json").mkdir()
+    else:
+        (tel / "drain.json").write_bytes(drain.encode("utf-8", "surrogateescape"))
+    proc = subprocess.run([sys.executable, "-m", "telemetry", "report", str(tmp_path / "run"), "--out",
+                           str(tmp_path / "out")], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and not proc.stderr, proc.stderr
+    said = [line for line in proc.stdout.splitlines() if "drain.json" in line]
+    assert said == [f"  at the drain       drain.json could not be read: {why}; the daemon's final counters "
+                    "are not in this report"], proc.stdout
+    assert "loss               1.0000 -> 0.2000" in proc.stdout and "plots              loss.png" in proc.stdout
+    assert "drain.json could not be read" in (tmp_path / "out" / "index.html").read_text()
+    summary = subprocess.run([sys.executable, "-m", "telemetry.consumers.summary", str(tel), "--drain-json",
+                              str(tel / "drain.json")], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert summary.returncode == 0 and not summary.stderr, summary.stderr
+    assert [line for line in summary.stdout.splitlines() if "drain.json" in line] == [
+        f"  at the drain       drain.json could not be read: {why}; the daemon's final counters are not in this "
+        "summary"], summary.stdout
+
+
+def test_progress_is_shown_on_a_terminal_and_nowhere_else(tmp_path):
+    """A long run's report read for seconds with no sign of life. On a terminal (stderr a pty) a
+    line is drawn in place: how much of metrics.jsonl is read, then the drawing, erased before
+    the summary; with stderr a pipe or a file, nothing at all, and stdout is the same either way."""
+    import os
+    import pty
+
+    tel = tmp_path / "run" / "telemetry"
+    tel.mkdir(parents=True)
+    (tel / "metrics.jsonl").write_text("".join(json.dumps(
+        {"kind": "metrics", "t": 1000.0 + s, "step": s, "values": {"train/loss": 1.0 / s}}) + "\n" for s in range(1, 200)))
+    argv = [sys.executable, "-m", "telemetry", "report", str(tmp_path / "run"), "--out", str(tmp_path / "out")]
+    master, slave = pty.openpty()
+    try:
+        proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=slave, text=True)
+        os.close(slave)
+        on_tty = b""
+        while True:
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:     # EIO: every writer of the pty is gone
+                break
+            if not chunk:
+                break
+            on_tty += chunk
+        out = proc.stdout.read()
+        assert proc.wait(120) == 0, on_tty
+    finally:
+        os.close(master)
+    frames = on_tty.decode().split("\r\x1b[K")
+    assert frames[0] == "" and frames[-1] == "", frames          # each drawn in place, the last erased
+    assert re.fullmatch(r"telemetry report: reading metrics\.jsonl 100 % \(0\.0 of 0\.0 MB\)", frames[1]), frames
+    assert frames[-2] == "telemetry report: drawing the plots", frames
+    piped = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert piped.returncode == 0 and piped.stderr == "", piped.stderr
+    assert piped.stdout == out

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -381,3 +382,62 @@ def test_tail_says_when_it_cannot_follow_a_daemon_whose_sockets_are_gone(make_da
     finally:
         shutil.rmtree(sockets, ignore_errors=True)
     assert any("--run-dir" in e for e in tail.errors if "cannot follow" in e), tail.errors
+
+
+def test_non_finite_values_show_as_nan_not_none(daemon):
+    """A diverged loss (NaN, Inf, -Inf) reaches tail as null (the daemon writes every non-finite
+    value so: JSON has no such numbers); tail printed it as Python's None. Now nan, in the plain
+    lines and in the live view, as `report` counts it (NaN/Inf)."""
+    from rich.console import Console
+
+    bad = [float("nan"), float("inf"), float("-inf")]
+    tail = Tail(daemon.pub)
+    client = TelemetryClient(daemon.ingest, rank=0)
+    try:
+        _send_until(client, tail, lambda ls: sum("train/loss=" in l for l in ls) >= 3,
+                    lambda s: {"train/loss": bad[s % 3], "train/ok": 1.5})
+    finally:
+        client.close()
+    assert tail.detach() == 0
+    losses = [l.split("train/loss=", 1)[1].split()[0] for l in tail.lines if "train/loss=" in l]
+    assert losses and set(losses) == {"nan"}, tail.lines[-10:]
+    assert not any("None" in l for l in tail.lines), tail.lines[-10:]
+
+    state = TailState()
+    state.consume("metrics", {"kind": "metrics", "t": 1.0, "step": 7, "values": {"train/loss": None, "my/acc": None}})
+    console = Console(width=140, record=True, file=open(os.devnull, "w"))
+    console.print(render(state, "ipc://x", "", 140))
+    shown = console.export_text()
+    assert "None" not in shown, shown
+    assert re.search(r"\bloss\s+nan\b", shown) and re.search(r"\bmy/acc\s+nan\b", shown), shown
+    # A float that is not finite (never on the wire, but a record handed in) shows as itself.
+    assert format_line("metrics", {"t": 0, "step": 1, "values": {"a": float("inf"), "b": float("-inf")}}) \
+        .endswith("step=1 a=inf b=-inf")
+
+
+def test_a_reader_that_left_ends_tail_as_every_command(daemon):
+    """`telemetry tail | head -1`: the reader left and tail exited 0, as if it had shown all it was
+    asked; now quietly with 141, as every other command (telemetry.cli.EXIT_READER_LEFT)."""
+    from telemetry.cli import EXIT_READER_LEFT
+
+    r, w = os.pipe()
+    os.close(r)          # the reader is gone before tail writes its first line
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", "telemetry", "tail", "--pub", daemon.pub, "--plain"],
+                                cwd=ROOT, stdout=w, stderr=subprocess.PIPE, text=True)
+    finally:
+        os.close(w)
+    client = TelemetryClient(daemon.ingest, rank=0)
+    try:
+        deadline = time.monotonic() + 120
+        step = 0
+        while proc.poll() is None and time.monotonic() < deadline:   # until tail writes a line
+            step += 1
+            client.log(step, {"train/loss": 1.0})
+            time.sleep(0.05)
+    finally:
+        client.close()
+        if proc.poll() is None:
+            proc.kill()
+    err = proc.stderr.read()
+    assert (proc.wait(10), err) == (EXIT_READER_LEFT, ""), err[-2000:]

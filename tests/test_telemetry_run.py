@@ -156,7 +156,7 @@ def test_a_module_with_its_arguments(tmp_path):
     (["--nproc", "abc", "--", "train.py"], ["--nproc"]),
     (["--world-size", "0", "--", "train.py"], ["--world-size must be 1..65536"]),
     (["--run-dir", "a-file/x", "--", "train.py"], ["--run-dir", "cannot make it"]),
-    (["--daemon-config", "nope.yaml", "--", "train.py"], ["--daemon-config nope.yaml: not a file"]),
+    (["--daemon-config", "nope.yaml", "--", "train.py"], ["--daemon-config nope.yaml: not found"]),
     # The run's daemon would listen there while the script sends to the run's own sockets: every
     # record lost, and the summary said none was.
     (["--daemon-config", "ingest.yaml", "--", "train.py"], ["sets ingest: tcp://127.0.0.1:47999", "remove it"]),

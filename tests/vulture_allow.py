@@ -12,6 +12,7 @@ __getattr__  # protocol/__init__.py, telemetry/__init__.py, telemetry/wandb.py, 
 
 # argparse and socketserver read these attributes of objects we configure.
 _.description, _.formatter_class                                  # argparse.ArgumentParser (cli.py)
+_._print_message                                                  # argparse prints --help, --version, usage with it (cli.Parser)
 _.daemon_threads, _.allow_reuse_address, _.handle_error              # socketserver.ThreadingMixIn / TCPServer
 _.protocol_version, _.log_message, _.close_connection, _.do_HEAD, _.do_POST  # http.server.BaseHTTPRequestHandler
 _.request_queue_size                                              # socketserver.TCPServer's listen backlog

@@ -113,17 +113,38 @@ def problem_lines(final: dict, with_wandb: bool = True) -> list[str]:
     return out
 
 
-def read_final(path) -> dict:
-    """The final counters a daemon wrote (drain.json), as a run file is read: only a regular file,
-    at most 16 MB (a FIFO there never blocks the reader, /dev/zero is never read without end);
-    {} when there is none, or it is not the daemon's JSON object."""
+# The most of drain.json that is read: the daemon's final counters are a few KB.
+MAX_FINAL_BYTES = 16 << 20
+
+
+def read_final(path) -> tuple[dict, str]:
+    """(the final counters a daemon wrote (drain.json), why they could not be read), as a run file
+    is read: only a regular file, at most MAX_FINAL_BYTES (a FIFO there never blocks the reader,
+    /dev/zero is never read without end). No file is ({}, ""): a daemon killed, an older run.
+    One that is there but cannot be used is ({}, the reason in words), for the reader to say:
+    its counters are missing from what it shows."""
     from telemetry.shared import files
 
     try:
-        final = json.loads(files.read_small(path, 16 << 20) or "{}")
-    except (ValueError, RecursionError):
-        return {}
-    return final if isinstance(final, dict) else {}
+        with files.open_regular(path) as f:
+            data = f.read(MAX_FINAL_BYTES + 1)
+    except FileNotFoundError:
+        return {}, ""
+    except OSError as exc:      # NotRegularFile included: a FIFO, a device, a directory
+        return {}, exc.strerror or str(exc)
+    if len(data) > MAX_FINAL_BYTES:
+        return {}, f"larger than {MAX_FINAL_BYTES >> 20} MB"
+    try:
+        final = json.loads(data)
+    except UnicodeDecodeError:
+        return {}, "not UTF-8 text"
+    except json.JSONDecodeError as exc:
+        return {}, f"not JSON ({exc.msg}: line {exc.lineno} column {exc.colno})"
+    except RecursionError:
+        return {}, "nested too deep"
+    if not isinstance(final, dict):
+        return {}, "not a JSON object"
+    return final, ""
 
 
 def wandb_not_made(final: dict) -> str | None:

@@ -1,6 +1,6 @@
 """Where a run's wall-clock time went: the goodput ledger, from what the daemon wrote.
 
-    telemetry goodput RUN_DIR [--json FILE]
+    telemetry goodput RUN_DIR [--json FILE]      (--json -: the JSON alone on stdout, for scripts)
     telemetry goodput --exclude START END [--reason TEXT] [--control EP]
 
 The second form marks planned maintenance: the running daemon (found as `telemetry status` finds
@@ -28,6 +28,7 @@ import stat
 import sys
 from pathlib import Path
 
+from telemetry.shared.config import STDOUT_PATH
 from telemetry.shared.goodput import ADVICE, BUCKETS, Ledger, ledger, text, with_ranks_file   # noqa: F401 (the CLI's API)
 
 
@@ -39,7 +40,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
     p.add_argument("run_dir", type=nonempty_arg, nargs="?",
                    help="the run dir (holding telemetry/metrics.jsonl) or the telemetry dir")
-    p.add_argument("--json", type=nonempty_arg, metavar="FILE", help="also write the ledger as JSON to FILE")
+    p.add_argument("--json", type=nonempty_arg, metavar="FILE",
+                   help="also write the ledger as JSON to FILE; - writes it to stdout, instead of the text")
     p.add_argument("--exclude", type=when_arg, nargs=2, metavar=("START", "END"),
                    help="mark planned maintenance from START to END (unix time, ISO 8601 or now) in the run "
                         "the daemon at --control writes: excluded from goodput")
@@ -126,7 +128,8 @@ def run(args: argparse.Namespace) -> int:
     if not os.path.exists(args.run_dir):
         print(f"telemetry goodput: {args.run_dir}: no such file or directory", file=sys.stderr)
         return 2
-    if args.json:
+    to_stdout = args.json == STDOUT_PATH
+    if args.json and not to_stdout:
         from telemetry.shared.config import writable_dir_problem
 
         why = ("a directory, not a file" if os.path.isdir(args.json)
@@ -140,7 +143,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"telemetry goodput: {exc}", file=sys.stderr)
         return 2
     out_fd = None
-    if args.json:
+    if args.json and not to_stdout:
         try:
             out_fd = _open_output(args.json)
         except OSError as exc:
@@ -148,9 +151,13 @@ def run(args: argparse.Namespace) -> int:
             return 2
     stats = ReadStats()
     led = with_ranks_file(ledger(read_records(log_dir, stats)), log_dir)
-    print("\n".join(printable(line) for line in text(led, Path(args.run_dir).name).split("\n")))
+    if to_stdout:     # stdout is the JSON's alone: a script parses it; what was skipped goes to stderr
+        print(json.dumps(led, indent=1))
+    else:
+        print("\n".join(printable(line) for line in text(led, Path(args.run_dir).name).split("\n")))
     if stats.num_bad or stats.num_torn:   # a damaged or hand-made file: what was not read, said
-        print(f"  unreadable lines: {stats.num_bad + stats.num_torn} skipped (not records, or a torn last line)")
+        print(f"{'telemetry goodput: ' if to_stdout else '  '}unreadable lines: {stats.num_bad + stats.num_torn} "
+              "skipped (not records, or a torn last line)", file=sys.stderr if to_stdout else sys.stdout)
     if led.get("ranks_file_problem"):
         print(f"telemetry goodput: per-rank ledgers not read: {printable(led['ranks_file_problem'])}", file=sys.stderr)
     if out_fd is not None:

@@ -214,8 +214,10 @@ def read_token_file(path: str) -> str:
     except OSError as exc:
         raise FlagError(f"--token-file {path}: {exc.strerror}") from None
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise FlagError(f"--token-file {path}: not a regular file")
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):      # said as a config file's is (shared.config.read_text)
+            raise FlagError(f"--token-file {path}: " + ("is a directory, not a file" if stat.S_ISDIR(mode)
+                                                          else "not a regular file"))
         data = os.read(fd, MAX_TOKEN_BYTES + 1)
     finally:
         os.close(fd)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 from protocol import output
 from protocol.output import OutputRecord
@@ -85,6 +85,7 @@ class ReadStats:
     num_torn: int = 0
     num_bad: int = 0
     num_not_regular: int = 0    # a FIFO, device or directory at a metrics file's name: not read
+    num_bytes: int = 0          # read so far, whole lines or not (a progress line's measure)
 
 
 def _parse(line: bytes, stats: ReadStats) -> OutputRecord | dict | None:
@@ -96,13 +97,30 @@ def _parse(line: bytes, stats: ReadStats) -> OutputRecord | dict | None:
     return rec
 
 
-def read_records(log_dir: Path, stats: ReadStats | None = None) -> Iterator[OutputRecord | dict]:
-    """Every whole record of a run's metrics files, oldest first."""
+def read_records(log_dir: Path, stats: ReadStats | None = None,
+                 on_chunk: Callable[[], None] | None = None) -> Iterator[OutputRecord | dict]:
+    """Every whole record of a run's metrics files, oldest first. on_chunk: called after each
+    chunk read (READ_CHUNK_BYTES), when stats.num_bytes has grown: a progress line."""
     from telemetry.shared.jsonlines import rotated_files
 
     stats = stats if stats is not None else ReadStats()
     for path in rotated_files(Path(log_dir)):
-        yield from _file_records(path, stats)
+        yield from _file_records(path, stats, on_chunk)
+
+
+def history_bytes(log_dir: Path | None) -> int:
+    """The size of a run's metrics files (rotated pieces and metrics.jsonl) now; 0 for None."""
+    from telemetry.shared.jsonlines import rotated_files
+
+    if log_dir is None:
+        return 0
+    total = 0
+    for path in rotated_files(Path(log_dir)):
+        try:
+            total += path.stat().st_size
+        except OSError:
+            pass
+    return total
 
 
 def _Lines(stats: ReadStats) -> Lines:
@@ -120,7 +138,8 @@ def _records_of_lines(lines: list[bytes], stats: ReadStats) -> Iterator[OutputRe
             yield rec
 
 
-def _file_records(path: Path, stats: ReadStats) -> Iterator[OutputRecord | dict]:
+def _file_records(path: Path, stats: ReadStats,
+                  on_chunk: Callable[[], None] | None = None) -> Iterator[OutputRecord | dict]:
     """The whole records of one file."""
     stats.num_files += 1
     try:
@@ -135,6 +154,9 @@ def _file_records(path: Path, stats: ReadStats) -> Iterator[OutputRecord | dict]
     lines = _Lines(stats)
     with f:
         while chunk := f.read(READ_CHUNK_BYTES):
+            stats.num_bytes += len(chunk)
+            if on_chunk is not None:
+                on_chunk()
             yield from _records_of_lines(lines.feed(chunk), stats)
     if lines.partial or lines.skipping:
         stats.num_torn += 1  # only a last line can lack its newline
@@ -147,7 +169,8 @@ class Follower:
     A line without its newline yet is kept back until it is whole (the daemon writes whole
     lines, but a reader can catch one mid-write). When the daemon rotates metrics.jsonl, the
     rest of the old file is read before the new one. Lines that are not records are counted
-    in stats.num_bad. Nothing is written.
+    in stats.num_bad. Nothing is written. A file that can no longer be read (its mode, its
+    directory's) raises Unreadable from poll(); a later poll tries again from where it was.
     """
 
     def __init__(self, log_dir: Path, stats: ReadStats | None = None) -> None:
@@ -198,6 +221,8 @@ class Follower:
             inode = os.stat(self.log_dir / FILE_NAME).st_ino
         except FileNotFoundError:
             inode = None
+        except OSError as exc:    # the directory made unsearchable, replaced by a file; a symlink loop
+            raise _unreadable(exc, self.log_dir / FILE_NAME) from None
         if inode != self._inode:  # rotated: the old file is complete, go on with the new one
             yield from self._read_open_file()
             if self._lines.partial or self._lines.skipping:

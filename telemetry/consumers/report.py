@@ -14,7 +14,8 @@ report_media.py), and index.html with the run's name, our summary and the run's 
 script's run.summary), its config and its diagnosis events. A plot without data is left out and
 the page says why. Memory is bounded however long or wide the run (Held, MAX_KEYS). Time plots
 leave a gap where the daemon was down. The daemon's counters are summed over every daemon of the
-run (a resumed run has one per resume).
+run (a resumed run has one per resume). On a terminal, a line on stderr shows how much of the
+metrics is read, then the drawing (nothing when stderr is a pipe or a file).
 """
 from __future__ import annotations
 
@@ -30,8 +31,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from telemetry.consumers.terminal import Progress
 from telemetry.shared import files
-from telemetry.shared.config import nonempty_arg, writable_dir_problem
+from telemetry.shared.config import out_dir_arg, writable_dir_problem
 from telemetry.shared.bookkeeping import SUMMARY_REMOVE_EVENT, drop_summary_paths, is_bookkeeping
 from telemetry.shared.catalogue import OWN_GROUP, grouped
 from telemetry.shared.numbers import is_number
@@ -68,7 +70,7 @@ MAX_SUMMARY_CHARS = 300
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("run_dir", metavar="RUN_DIR", help="run dir holding telemetry/metrics.jsonl, or the telemetry dir")
-    p.add_argument("--out", type=nonempty_arg, metavar="DIR", help="where the PNGs and index.html go (default <telemetry dir>/report)")
+    p.add_argument("--out", type=out_dir_arg, metavar="DIR", help="where the PNGs and index.html go (default <telemetry dir>/report)")
 
 
 # -- reading -------------------------------------------------------------------------------------
@@ -1095,13 +1097,16 @@ def _data(ev: dict) -> dict:
 
 
 # -- the command ---------------------------------------------------------------------------------
-def make_report(run_dir: str | Path, out: str | Path | None = None) -> dict[str, Any]:
-    """Read a run's metrics and write the plots and index.html; return what was made."""
+def make_report(run_dir: str | Path, out: str | Path | None = None,
+                progress: Progress | None = None) -> dict[str, Any]:
+    """Read a run's metrics and write the plots and index.html; return what was made.
+    progress: where to show how far the reading is, then the drawing (a terminal's stderr)."""
     import matplotlib
 
     matplotlib.use("Agg")  # never a window, never a display: this runs on servers and in CI
     from telemetry.consumers import report_media
-    from telemetry.consumers.readjsonl import ReadStats, find_log_dir, read_records, run_dir_of
+    from telemetry.consumers.readjsonl import (FILE_NAME, ReadStats, find_log_dir, history_bytes, read_records,
+                                               run_dir_of)
     from telemetry.shared.goodput import with_ranks_file
 
     log_dir = find_log_dir(run_dir)
@@ -1113,7 +1118,18 @@ def make_report(run_dir: str | Path, out: str | Path | None = None) -> dict[str,
         # refused a symlink there and another user's run).
         files.make_dir(out_dir, own=True)
     stats = ReadStats()
-    d = collect(read_records(log_dir, stats))
+    on_chunk = None
+    if progress is not None and progress.on:
+        total_mb = max(history_bytes(log_dir), 1) / 2**20
+
+        def on_chunk() -> None:
+            done_mb = stats.num_bytes / 2**20
+            mb = ",.1f" if total_mb < 10 else ",.0f"
+            progress.show(f"reading {FILE_NAME} {min(100, 100 * done_mb / total_mb):3.0f} % "
+                          f"({done_mb:{mb}} of {total_mb:{mb}} MB)")
+    d = collect(read_records(log_dir, stats, on_chunk))
+    if progress is not None:
+        progress.show("drawing the plots", now=True)
     d.goodput = with_ranks_file(d.goodput, log_dir)     # per rank, where the daemon kept them apart
     name = run_name(d, run_dir_of(log_dir).name)
     s = summarize(d)
@@ -1151,10 +1167,14 @@ def make_report(run_dir: str | Path, out: str | Path | None = None) -> dict[str,
 def drain_problems(log_dir: Path) -> list[str]:
     """What the last daemon's final counters (drain.json) say was lost or not made, in words (the
     W&B run refused, records unread at the deadline, sinks closed short): metrics.jsonl does not
-    say it. [] without a drain.json (a daemon killed, an older run) or with one not the daemon's."""
+    say it. [] without a drain.json (a daemon killed, an older run); a drain.json that cannot be
+    read is one line saying so and why (what it would have said is not known)."""
     from telemetry.consumers.drain import problem_lines, read_final
 
-    return problem_lines(read_final(log_dir / "drain.json"))
+    final, why = read_final(log_dir / "drain.json")
+    if why:
+        return [f"drain.json could not be read: {why}; the daemon's final counters are not in this report"]
+    return problem_lines(final)
 
 
 def _default_out_problem(log_dir: Path) -> str | None:
@@ -1191,12 +1211,16 @@ def run(args: argparse.Namespace) -> int:
         print(f"telemetry report: {why}; write the report into a directory of yours with --out DIR",
               file=sys.stderr)
         return 2
+    progress = Progress("telemetry report")      # on stderr, when it is a terminal
     try:
         files.apply_like(log_dir)   # the report is as private as the run it reads
-        r = make_report(args.run_dir, args.out)
+        r = make_report(args.run_dir, args.out, progress)
     except OSError as exc:   # a directory that could not be made or written after all
+        progress.clear()
         print(f"telemetry report: {exc.strerror or exc}: {exc.filename or args.out}", file=sys.stderr)
         return 1
+    finally:
+        progress.clear()
     lines = [text_summary(r["name"], r["summary"], r["data"])]
     st = r["read"]
     if st.num_torn or st.num_bad or st.num_not_regular:

@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     final = {}
     run_totals = {}
     wandb_sink: dict = {}
-    drained: dict = read_final(args.drain_json) if args.drain_json else {}
+    drained, drain_unread = read_final(args.drain_json) if args.drain_json else ({}, "")
     if drained:
         # The last daemon's final counters, under their record names.
         final = {"telemetry/records_in": drained.get("records_in"),
@@ -142,6 +142,9 @@ def main(argv: list[str] | None = None) -> int:
     for line in problem_lines(drained, with_wandb=False):
         # Lost, unread or closed short at the drain: said here, not only in drain.json.
         print(f"  at the drain       {line}")
+    if drain_unread:
+        print(f"  at the drain       {args.drain_json.name} could not be read: {drain_unread}; "
+              "the daemon's final counters are not in this summary")
     if s["num_unreadable"]:
         print(f"  unreadable lines   {s['num_unreadable']} skipped (not records, or a torn last line)")
     _goodput(args.log_dir)

@@ -8,6 +8,8 @@ one line per record, for pipes and log files:
     12:00:01 gpu node0/0 gpu/util_percent=97 gpu/memory_used_gb=40.1 ...
     12:00:02 event diagnosis/straggler rank=3: rank 3 is 18% slower than the median ...
 
+A value that was not finite (NaN, Inf: the daemon writes them as null) shows as nan.
+
 --run-dir DIR follows the run written to DIR across relaunches: each daemon of a run writes its
 endpoints there, and a relaunch (a new daemon, new sockets) is followed. Without it the view
 follows the run directory its daemon's status names; where it has none (only --pub), a daemon
@@ -81,8 +83,16 @@ def fmt_num(v: Any) -> str:
     if isinstance(v, int):
         return str(v)
     if isinstance(v, float):
-        return f"{v:.5g}"
+        return f"{v:.5g}"          # nan, inf, -inf as such
     return str(v)
+
+
+def fmt_value(v: Any) -> str:
+    """A metric's value: fmt_num, and null as nan. The daemon writes every non-finite value
+    (NaN, Inf, -Inf) as null, JSON having no such numbers (protocol/README.md), so on the PUB
+    socket a diverged loss is a null, which is "not a number" here as in `report` (its NaN/Inf
+    count), never Python's None."""
+    return "nan" if v is None else fmt_num(v)
 
 
 def sparkline(xs: list[float], width: int = 32) -> str:
@@ -148,7 +158,7 @@ def format_line(kind: str, rec: dict) -> str:
                                                if k in info]
         return f"{stamp} hello " + " ".join(parts)
     values = rec.get("values") if isinstance(rec.get("values"), dict) else {}
-    return " ".join(head + [f"{k}={fmt_num(v)}" for k, v in values.items()])
+    return " ".join(head + [f"{k}={fmt_value(v)}" for k, v in values.items()])
 
 
 # -- the state the live view draws ---------------------------------------------------------------
@@ -181,16 +191,17 @@ class TailState:
         self._metric_rows: tuple[int, list] = (-1, [])   # (len(values) then, the rows' order)
 
     def metric_rows(self) -> list[tuple[str, str, Any, str]]:
-        """(group, name, value, unit) of every numeric step metric the training panel does not
-        draw, grouped as the catalogue says (catalogue.grouped: the run's own names first). The
-        lookups and the sort are redone only when a new name came (values only grow), not at
-        every redraw (4 a second): a run that logs thousands of names pays for them once."""
+        """(group, name, value, unit) of every numeric step metric (or null: a non-finite one,
+        shown as nan) the training panel does not draw, grouped as the catalogue says
+        (catalogue.grouped: the run's own names first). The lookups and the sort are redone
+        only when a new name came (values only grow), not at every redraw (4 a second): a run
+        that logs thousands of names pays for them once."""
         n, rows = self._metric_rows
         if n != len(self.values):
             rows = grouped([k for k in self.values if k not in DRAWN and not k.startswith("eval/")])
             self._metric_rows = (len(self.values), rows)
         values = self.values
-        return [(group, k, values[k], unit) for group, k, unit in rows if is_number(values.get(k))]
+        return [(group, k, values[k], unit) for group, k, unit in rows if values[k] is None or is_number(values[k])]
 
     def consume(self, kind: str, rec: dict) -> None:
         self.num_records += 1
@@ -316,7 +327,8 @@ def render(state: TailState, endpoint: str, filter_prefix: str = "", width: int 
                   Text(f"epoch {epoch:.2f}" if epoch is not None else "", style="dim"))
     loss_hist = list(state.loss_history)
     loss_range = f"  {min(loss_hist):.4g} … {max(loss_hist):.4g}" if len(loss_hist) > 1 else ""
-    train.add_row("loss", _fmt(_num(v, "train/loss"), ".4f"),
+    loss = "nan" if "train/loss" in v and v["train/loss"] is None else _fmt(_num(v, "train/loss"), ".4f")
+    train.add_row("loss", loss,
                   Text(sparkline(loss_hist), style="cyan") + Text(loss_range, style="dim"))
     for dataset in sorted(state.eval):
         ev = state.eval[dataset]
@@ -441,7 +453,7 @@ def render(state: TailState, endpoint: str, filter_prefix: str = "", width: int 
         mt.add_column(justify="right", no_wrap=True)
         last_group = None
         for group, k, x, unit in others[:MAX_METRIC_ROWS]:
-            mt.add_row(group if group != last_group else "", Text(k), Text(fmt_num(x) + (f" {unit}" if unit else "")))
+            mt.add_row(group if group != last_group else "", Text(k), Text(fmt_value(x) + (f" {unit}" if unit else "")))
             last_group = group
         more = others[MAX_METRIC_ROWS:]
         if more:
@@ -456,7 +468,7 @@ def render(state: TailState, endpoint: str, filter_prefix: str = "", width: int 
         vt.add_column("metric")
         vt.add_column("latest", justify="right")
         for k in sorted(state.values):
-            vt.add_row(Text(k), Text(fmt_num(state.values[k])))
+            vt.add_row(Text(k), Text(fmt_value(state.values[k])))
         parts.append(Panel(vt, title=Text(f"metrics matching {filter_prefix!r}"), title_align="left"))
 
     ev = Table(box=None, padding=(0, 1), expand=True, show_header=False)
@@ -617,10 +629,8 @@ def run(args: argparse.Namespace) -> int:
             _run_live(sub, flt)
     except KeyboardInterrupt:
         return 0  # detaching is the normal way to leave
-    except BrokenPipeError:
-        # `telemetry tail | head`: the reader left; say nothing more (and not at exit either).
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 0
+    # `telemetry tail | head`: the reader left. telemetry.cli.main ends it as it ends every
+    # command whose reader left (quietly, exit 141), not as a success.
     finally:
         sub.close()
     return 0

@@ -13,6 +13,8 @@ hands wire strings to rich as `Text`, never as markup.
 from __future__ import annotations
 
 import re
+import sys
+import time
 from typing import Any
 
 from protocol.output import OutputRecord
@@ -42,3 +44,45 @@ def printable_record(v: Any) -> Any:
     if isinstance(v, list):
         return [printable_record(x) for x in v]
     return v
+
+
+# A progress line is redrawn at most this often (as often as tail's live view).
+PROGRESS_REDRAW_S = 0.25
+
+
+class Progress:
+    """One line on stderr, rewritten in place while a command works (`telemetry report` reading a
+    long run), for a person at a terminal; nothing at all when stderr is not one (a pipe, a log
+    file, CI): what scripts read never changes. show() redraws at most every PROGRESS_REDRAW_S
+    (the first at once); clear() erases the line before the command prints its result."""
+
+    def __init__(self, prog: str, stream: Any = None) -> None:
+        self.prog = prog
+        self.stream = sys.stderr if stream is None else stream
+        try:
+            self.on = self.stream is not None and self.stream.isatty()
+        except (AttributeError, ValueError, OSError):   # closed, or no file at all
+            self.on = False
+        self._drawn_mono: float | None = None    # when the line was last drawn; None: none shown
+
+    def show(self, text: str, now: bool = False) -> None:
+        """Draw `text` as the progress line (now: whatever the time since the last one)."""
+        if not self.on:
+            return
+        t = time.monotonic()
+        if not now and self._drawn_mono is not None and t - self._drawn_mono < PROGRESS_REDRAW_S:
+            return
+        self._drawn_mono = t
+        self._write(f"\r\x1b[K{self.prog}: {printable(text)}")
+
+    def clear(self) -> None:
+        if self.on and self._drawn_mono is not None:
+            self._drawn_mono = None
+            self._write("\r\x1b[K")
+
+    def _write(self, text: str) -> None:
+        try:
+            self.stream.write(text)
+            self.stream.flush()
+        except OSError:     # the terminal went away: the work goes on, without its progress
+            self.on = False

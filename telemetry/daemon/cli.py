@@ -11,7 +11,7 @@ import os
 import sys
 from pathlib import Path
 
-from telemetry.shared.config import nonempty_arg, writable_dir_problem
+from telemetry.shared.config import nonempty_arg, out_dir_arg, writable_dir_problem
 from telemetry.shared.endpoints import endpoint_arg
 
 
@@ -24,7 +24,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pub", type=endpoint_arg, metavar="EP", help="PUB endpoint for consumers (default $TELEMETRY_PUB or ipc)")
     p.add_argument("--control", type=endpoint_arg, metavar="EP", help="control endpoint for status/drain "
                    "(default $TELEMETRY_CONTROL or ipc)")
-    p.add_argument("--log-dir", type=nonempty_arg, metavar="DIR", help="where metrics.jsonl and daemon.log go (default ./telemetry)")
+    p.add_argument("--log-dir", type=out_dir_arg, metavar="DIR", help="where metrics.jsonl and daemon.log go (default ./telemetry)")
     p.add_argument("--run-name", type=nonempty_arg, metavar="NAME", help="run name (W&B, reports); default: the log dir's parent")
     p.add_argument("--wandb", choices=("disabled", "offline", "online"), help="W&B mode (default offline)")
     p.add_argument("--config", type=nonempty_arg, metavar="FILE", help="daemon YAML config; flags override it")

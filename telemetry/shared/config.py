@@ -57,6 +57,15 @@ class ConfigError(ValueError):
     """A config that cannot be used; the message names the dotted key. Programs exit with 2."""
 
 
+class ConfigFileError(ConfigError):
+    """A config file that cannot be read at all (missing, a directory, a FIFO, too big, not
+    UTF-8); `why` is the reason alone, for a command that names the file its own way."""
+
+    def __init__(self, path: str | os.PathLike, why: str) -> None:
+        super().__init__(f"config file {path}: {why}")
+        self.why = why
+
+
 # -- building sections -----------------------------------------------------------------------------
 def build(cls: type[T], data: Any, key: str = "") -> T:
     """Build section `cls` from a mapping; `key` is its dotted name in the whole config ("" = top)."""
@@ -312,24 +321,23 @@ def read_text(path: str | os.PathLike, max_bytes: int = MAX_CONFIG_BYTES) -> str
         # and only so much of it (/dev/zero is endless).
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except FileNotFoundError:
-        raise ConfigError(f"config file {path}: not found") from None
+        raise ConfigFileError(path, "not found") from None
     except OSError as exc:
-        raise ConfigError(f"config file {path}: cannot read it ({exc.strerror or exc})") from None
+        raise ConfigFileError(path, f"cannot read it ({exc.strerror or exc})") from None
     try:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
             os.close(fd)
-            raise ConfigError(f"config file {path}: is a directory, not a file" if stat.S_ISDIR(mode)
-                              else f"config file {path}: not a regular file")
+            raise ConfigFileError(path, "is a directory, not a file" if stat.S_ISDIR(mode) else "not a regular file")
         with os.fdopen(fd, "rb") as f:
             raw = f.read(max_bytes + 1)
         if len(raw) > max_bytes:
-            raise ConfigError(f"config file {path}: larger than {max_bytes:,} bytes; not a config")
+            raise ConfigFileError(path, f"larger than {max_bytes:,} bytes; not a config")
         return raw.decode("utf-8")
     except UnicodeDecodeError:
-        raise ConfigError(f"config file {path}: not YAML (not UTF-8 text)") from None
+        raise ConfigFileError(path, "not YAML (not UTF-8 text)") from None
     except OSError as exc:
-        raise ConfigError(f"config file {path}: cannot read it ({exc.strerror or exc})") from None
+        raise ConfigFileError(path, f"cannot read it ({exc.strerror or exc})") from None
 
 
 def number_arg(kind: type = float, *, lo: float | None = None, hi: float | None = None,
@@ -396,6 +404,21 @@ def nonempty_arg(text: str) -> str:
     """An argparse `type=` for a name or path flag: an empty value is an error, not the default."""
     if not text.strip():
         raise argparse.ArgumentTypeError("a value is needed, got an empty string")
+    return text
+
+
+# What an output path of "-" means on every command line: stdout (goodput --json -).
+STDOUT_PATH = "-"
+
+
+def out_dir_arg(text: str) -> str:
+    """An argparse `type=` for a directory a command writes into: not empty, and not "-", which
+    names stdout on our command lines (an output FILE of "-" is stdout) and cannot hold a
+    directory's files; a directory of that name is ./-."""
+    text = nonempty_arg(text)
+    if text == STDOUT_PATH:
+        raise argparse.ArgumentTypeError("- is stdout, which cannot hold a directory of files "
+                                         "(a directory named -: write ./-)")
     return text
 
 

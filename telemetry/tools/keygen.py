@@ -18,16 +18,16 @@ import os
 import sys
 from pathlib import Path
 
-from telemetry.shared.config import nonempty_arg, writable_dir_problem
+from telemetry.shared.config import nonempty_arg, out_dir_arg, writable_dir_problem
 from telemetry.shared.endpoints import private_dirs
 from telemetry.shared.security.identity import rank_in_name, write_allowed
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--dir", required=True, type=nonempty_arg, metavar="DIR", help="where the key files go (created 0700)")
+    p.add_argument("--dir", required=True, type=out_dir_arg, metavar="DIR", help="where the key files go (created 0700)")
     p.add_argument("--name", action="append", required=True, type=nonempty_arg, metavar="NAME",
                    help="key pair name; repeat for several pairs (head, node1, node2, ...)")
-    p.add_argument("--allow", type=nonempty_arg, metavar="DIR", help="also copy the public keys into this allow-list dir")
+    p.add_argument("--allow", type=out_dir_arg, metavar="DIR", help="also copy the public keys into this allow-list dir")
     p.add_argument("--node-rank", type=int, metavar="N",
                    help="with --allow and one --name: the node (or group) this key speaks for "
                         "(default: the number NAME ends in)")

@@ -39,7 +39,7 @@ DRAIN_MARGIN_S = 30.0
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from telemetry.shared.config import nonempty_arg
+    from telemetry.shared.config import nonempty_arg, out_dir_arg
 
     p.add_argument("--nproc", type=int, default=1, metavar="N",
                    help="processes (ranks) on this node: 1 runs the script directly, more run it under "
@@ -47,7 +47,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--world-size", type=int, metavar="N",
                    help="ranks the daemon waits for at each step (default: what the ranks' hellos say: a W&B "
                         "script that logs on rank 0 alone promises only rank 0)")
-    p.add_argument("--run-dir", type=nonempty_arg, metavar="DIR", help="where the run goes (default ./telemetry/<run-id>)")
+    p.add_argument("--run-dir", type=out_dir_arg, metavar="DIR", help="where the run goes (default ./telemetry/<run-id>)")
     p.add_argument("--run-name", type=nonempty_arg, metavar="NAME", help="the run's name (W&B, reports; default its id)")
     p.add_argument("--wandb", choices=("disabled", "offline", "online"),
                    help="the daemon's W&B mode (default: $WANDB_MODE, else offline)")
@@ -93,15 +93,15 @@ def _daemon_config(path: str | None) -> tuple[str | None, float, str]:
     refused, or ''), checked as the daemon checks it, before anything of the run is made or
     started. No file: the defaults."""
     from telemetry.daemon.config import load
-    from telemetry.shared.config import ConfigError, read_yaml
+    from telemetry.shared.config import ConfigError, ConfigFileError, read_yaml
 
     if path is None:
         return None, load(None, {}).drain_timeout_s, ""
-    if not Path(path).is_file():
-        return None, 0.0, "not a file"
     try:
         cfg = load(path, {})
         wandb = read_yaml(path).get("wandb")
+    except ConfigFileError as exc:     # said as the daemon and `metrics --config` say it: not found, a directory
+        return None, 0.0, exc.why
     except ConfigError as exc:
         return None, 0.0, f"bad config: {exc}"
     # The run's daemon listens where the run's script is pointed (the run's private socket

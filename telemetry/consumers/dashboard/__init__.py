@@ -92,20 +92,6 @@ def find_runs(path: Path) -> list[Path]:
     return runs
 
 
-def _history_bytes(log_dir: Path | None) -> int:
-    from telemetry.shared.jsonlines import rotated_files
-
-    if log_dir is None:
-        return 0
-    total = 0
-    for path in rotated_files(log_dir):
-        try:
-            total += path.stat().st_size
-        except OSError:
-            pass
-    return total
-
-
 def _load_then_follow(hub, feeds) -> None:
     """A long history, read while the server answers (pages show what came so far and the
     progress); then every page reloads once (Hub.reset) and the feeds go live."""
@@ -140,7 +126,7 @@ def run(args: argparse.Namespace) -> int:
     from telemetry.consumers.dashboard.live import FileFeed, Hub, PubFeed
     from telemetry.consumers.dashboard.server import DashboardServer
     from telemetry.consumers.dashboard.store import RunStore
-    from telemetry.consumers.readjsonl import Unreadable, run_dir_of
+    from telemetry.consumers.readjsonl import Unreadable, history_bytes, run_dir_of
     from telemetry.consumers.subscribe import AttachError, attach
 
     port, memory_mb, max_series = args.port, args.memory_mb, args.max_series
@@ -202,7 +188,7 @@ def run(args: argparse.Namespace) -> int:
         store.on_first_drop = _said_once
         hub.add(store)
     server = None
-    history_mb = sum(_history_bytes(s.log_dir) for s in stores) / 2**20
+    history_mb = sum(history_bytes(s.log_dir) for s in stores) / 2**20
     in_background = history_mb > args.wait_history_mb
     try:
         if not in_background:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import collections
 import json
 import os
+import sys
 import threading
 import time
 from pathlib import Path
@@ -142,6 +143,20 @@ class Feed(threading.Thread):
         self.hub = hub
         self.store = store
         self.stop_event = threading.Event()
+        self._said_unreadable = False
+
+    def unreadable(self, exc: OSError) -> None:
+        """The run's metrics could not be read (made unreadable, replaced, their directory gone
+        after the start): said once on stderr; the page keeps what it has and the feed goes on,
+        taking what can be read again."""
+        if self._said_unreadable:
+            return
+        self._said_unreadable = True
+        from telemetry.consumers.terminal import printable
+
+        print(f"telemetry dashboard: run {printable(self.store.name)}: its metrics cannot be read any more "
+              f"({printable(exc)}); the page keeps what it has, and shows what comes if they can be read again",
+              file=sys.stderr, flush=True)
 
     def take(self, rec: dict) -> None:
         points, events = self.store.consume(rec)
@@ -163,15 +178,21 @@ class FileFeed(Feed):
         store.source = f"file {log_dir / 'metrics.jsonl'}"
 
     def load_history(self) -> None:
-        for rec in self.follower.records():
-            self.store.consume(rec)
+        try:
+            for rec in self.follower.records():
+                self.store.consume(rec)
+        except OSError as exc:
+            self.unreadable(exc)
         self.store.num_bad = self.stats.num_bad
 
     def run(self) -> None:
         try:
             while not self.stop_event.wait(FILE_POLL_S):
-                for rec in self.follower.records():
-                    self.take(rec)
+                try:
+                    for rec in self.follower.records():
+                        self.take(rec)
+                except OSError as exc:     # Unreadable: tried again at the next poll
+                    self.unreadable(exc)
                 self.store.num_bad = self.stats.num_bad
         finally:
             self.follower.close()
@@ -195,12 +216,15 @@ class PubFeed(Feed):
             return
         attached_t = time.time() - DEDUP_MARGIN_S
         stats = ReadStats()
-        for rec in read_records(self.log_dir, stats):
-            self.store.consume(rec)
-            t = rec.get("t")
-            if isinstance(t, (int, float)) and t >= attached_t and len(self._history) < MAX_DEDUP_SIGNATURES:
-                self._history.add(_signature(rec))
-                self._history_t_max = max(self._history_t_max, t)
+        try:
+            for rec in read_records(self.log_dir, stats):
+                self.store.consume(rec)
+                t = rec.get("t")
+                if isinstance(t, (int, float)) and t >= attached_t and len(self._history) < MAX_DEDUP_SIGNATURES:
+                    self._history.add(_signature(rec))
+                    self._history_t_max = max(self._history_t_max, t)
+        except OSError as exc:     # the live records still come from the PUB socket
+            self.unreadable(exc)
         self.store.num_bad = stats.num_bad
 
     def _seen_in_history(self, rec: dict) -> bool:
