@@ -57,9 +57,9 @@ print("main done", flush=True)
 class Run:
     """`telemetry run -- s.py` in the background, its output in files."""
 
-    def __init__(self, tmp_path: Path, *args: str, **env: str) -> None:
+    def __init__(self, tmp_path: Path, *args: str, script: str = SCRIPT, **env: str) -> None:
         self.tmp_path = tmp_path
-        (tmp_path / "s.py").write_text(textwrap.dedent(SCRIPT))
+        (tmp_path / "s.py").write_text(textwrap.dedent(script))
         self.runtime = tmp_path / "rt"            # made by `telemetry run`: the run's alone
         self.child_stop = tmp_path / "child-stop"
         full_env = {k: v for k, v in os.environ.items() if not k.startswith(("TELEMETRY_", "WANDB_"))}
@@ -105,8 +105,8 @@ class Run:
 def run_of(tmp_path):
     runs: list[Run] = []
 
-    def start(*args: str, **env: str) -> Run:
-        runs.append(Run(tmp_path, *args, **env))
+    def start(*args: str, script: str = SCRIPT, **env: str) -> Run:
+        runs.append(Run(tmp_path, *args, script=script, **env))
         return runs[-1]
 
     yield start
@@ -253,6 +253,33 @@ def test_kill_9_of_telemetry_run_ends_the_dashboard_and_the_daemon_removes_the_r
     while not _port_free(port) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert _port_free(port), "the attached dashboard outlived `telemetry run`"
+    assert not run.runtime.exists(), sorted(p.name for p in run.runtime.iterdir())
+    final = json.loads((run.log_dir() / "drain.json").read_text())
+    assert final["stop_code"] == "watched_process_exited", final
+
+
+# An unmodified W&B script (`import wandb`: --as-wandb's), its pid said, until the test stops it.
+WANDB_SCRIPT = """
+import os, time
+import wandb
+
+wandb.init(project="p")
+for step in range(5):
+    wandb.log({"train/loss": 1.0 / (step + 1)})
+print("reached", os.getpid(), flush=True)
+time.sleep(600)
+"""
+
+
+def test_kill_9_of_telemetry_run_as_wandb_leaves_no_runtime_dir(run_of):
+    """`telemetry run --as-wandb` SIGKILLed: its daemon drains and removes the runtime directory
+    with the launch's claim of its run in it (it kept the directory for that file)."""
+    run = run_of("--as-wandb", script=WANDB_SCRIPT)
+    run.wait_for("reached")
+    daemon = run.daemon_pid()
+    run.proc.kill()
+    run.proc.wait()
+    assert _gone(daemon), "the daemon did not drain after its `telemetry run` was killed"
     assert not run.runtime.exists(), sorted(p.name for p in run.runtime.iterdir())
     final = json.loads((run.log_dir() / "drain.json").read_text())
     assert final["stop_code"] == "watched_process_exited", final
