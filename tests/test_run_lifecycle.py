@@ -271,6 +271,25 @@ time.sleep(600)
 """
 
 
+def test_ctrl_c_of_an_as_wandb_script_is_its_sigint(run_of):
+    """The script Ctrl-C'd (SIGINT to it: KeyboardInterrupt) ends by SIGINT, 130 as the same
+    script gives without telemetry: `telemetry run`'s exit code, the run's script_exit and
+    summary. Its W&B run's finish at exit imported modules whose dataclasses run exec(), and
+    CPython then forgets the KeyboardInterrupt: it was 1, "FAILED (the script's exit code 1)"."""
+    run = run_of("--as-wandb", script=WANDB_SCRIPT)
+    run.wait_for("reached")
+    script_pid = int(re.search(r"reached (\d+)", run.text).group(1))
+    os.kill(script_pid, signal.SIGINT)
+    assert run.finish() == 128 + signal.SIGINT, run.text[-3000:]
+    log_dir = run.log_dir()
+    assert [e["exit_code"] for e in _events(log_dir, "script_exit")] == [128 + signal.SIGINT]
+    assert "trainer exit code  130" in run.text, run.text[-3000:]
+    # The launch's claim of its run (wandb_run.id) is the run's own: the daemon removes it with
+    # the rest, without a word (it said the directory was kept, for a file it did not know).
+    assert "kept: it holds what this run did not make" not in run.text, run.text[-3000:]
+    assert not run.runtime.exists(), sorted(p.name for p in run.runtime.iterdir())
+
+
 def test_kill_9_of_telemetry_run_as_wandb_leaves_no_runtime_dir(run_of):
     """`telemetry run --as-wandb` SIGKILLed: its daemon drains and removes the runtime directory
     with the launch's claim of its run in it (it kept the directory for that file)."""
