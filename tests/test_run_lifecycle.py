@@ -304,6 +304,46 @@ def test_kill_9_of_telemetry_run_as_wandb_leaves_no_runtime_dir(run_of):
     assert final["stop_code"] == "watched_process_exited", final
 
 
+# A second W&B run (another id: a daemon of its own), open when the script ends without its
+# exit hooks: by os._exit, or by the SIGTERM the test sends it.
+SECOND_RUN_SCRIPT = """
+import os, time
+import wandb
+
+wandb.init(project="p", name="first")
+wandb.log({"a": 1.0})
+wandb.finish()
+run = wandb.init(project="p", name="second")
+for step in range(5):
+    wandb.log({"b": float(step)})
+print("second", run.id, os.getpid(), flush=True)
+if os.environ.get("HOW") == "os_exit":
+    os._exit(0)
+time.sleep(600)
+"""
+
+
+@pytest.mark.parametrize("how", ["os_exit", "sigterm"])
+def test_telemetry_run_returns_once_the_scripts_other_runs_are_drained(run_of, tmp_path, how):
+    """The second run's daemon drains by itself once the script is gone (its exit hook never ran):
+    `telemetry run` returned before that, the daemon still up and its drain.json not written."""
+    run = run_of("--as-wandb", script=SECOND_RUN_SCRIPT, HOW=how)
+    run.wait_for("second ")
+    second_id, script_pid = re.search(r"second (\S+) (\d+)", run.text).groups()
+    if how == "sigterm":
+        os.kill(int(script_pid), signal.SIGTERM)
+    assert run.finish() == (0 if how == "os_exit" else 128 + signal.SIGTERM), run.text[-3000:]
+    second = tmp_path / "telemetry" / second_id
+    final = json.loads((second / "drain.json").read_text())
+    assert final["stop_code"] == "watched_process_exited", final
+    # Its lock released, everything written: it is exiting (a moment, for init to reap it).
+    assert _gone(final["pid"], timeout_s=10), "the second run's daemon is still up"
+    assert "telemetry run: waiting up to" in run.text and f"run second drained: {second / 'drain.json'}" in run.text, \
+        run.text[-3000:]
+    assert "kept: it holds what this run did not make" not in run.text, run.text[-3000:]
+    assert not run.runtime.exists(), sorted(p.name for p in run.runtime.iterdir())
+
+
 def test_an_outside_drain_under_way_when_the_script_ends_is_not_waited_on(run_of, tmp_path):
     # `telemetry drain` of the run's daemon while the script runs; the script ends while that
     # drain is under way (the child's client holds it open). The drain request `telemetry run`
