@@ -6,10 +6,18 @@
 """
 from __future__ import annotations
 
+import atexit
+
+from telemetry.shared.signals import keep_sigint_exit
+
 __version__ = "0.1.0"      # the source tree's; `telemetry --version` prefers the installed one
 # The distribution's name (pyproject.toml's [project] name): what `pip install` and its extras take.
 DIST_NAME = "llm-telemetry-sidecar"
 __all__ = ["TelemetryClient", "DisabledClient"]
+
+# First of telemetry's exit hooks, so the last to run: what the others import cannot turn a
+# Ctrl-C'd script's exit into 1.
+atexit.register(keep_sigint_exit)
 
 
 def __getattr__(name: str):

@@ -211,6 +211,48 @@ def test_a_rank_gone_within_its_grace_when_the_drain_comes_gets_its_rank_exited(
     assert len(posted) == 1
 
 
+def test_the_rank_that_went_first_is_said_first(tmp_path):
+    """Rank 1 crashes; its launcher then ends rank 0 (torchrun SIGTERMs it); both are past their
+    grace at the same look (here the drain): rank 1's rank_exited, the first cause, comes first.
+    They came in the order the ranks were verified: rank 0's SIGTERM read as the first failure.
+    In-process, as above: real children as the verified ranks, the stage's close as the drain."""
+    import socket
+    from collections import deque
+
+    from telemetry.daemon.diagnosis.config import DiagnosisConfig
+    from telemetry.daemon.forensics.collect import open_pidfd
+    from telemetry.daemon.forensics.stage import ForensicsStage
+    from telemetry.daemon.forensics.verify import LocalRank
+
+    posted: list = []
+    stage = ForensicsStage(DiagnosisConfig(hang_py_spy=False), tmp_path, socket.gethostname(), post=posted.append,
+                           recent=deque(), ingest=f"ipc://{tmp_path}/ingest.sock")
+    children = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"]) for _ in range(2)]
+    try:
+        for rank, child in enumerate(children):         # rank 0 verified first, as its hello comes first
+            with open(f"/proc/{child.pid}/stat") as f:
+                start_time = int(f.read().rsplit(")", 1)[1].split()[19])
+            lr = LocalRank(rank=rank, pid=child.pid, start_time=start_time, stacks_path="", stacks_dev_ino=(0, 0),
+                           stacks_signal=None, stacks_unavailable="none in this test")
+            stage.ranks[rank] = lr
+            stage._hold_pidfd(rank, open_pidfd(lr))
+        for rank, signum in ((1, signal.SIGSEGV), (0, signal.SIGTERM)):
+            children[rank].send_signal(signum)       # not reaped: its exit status can be read
+            deadline = time.monotonic() + 60
+            while stage.exit_watch.exited_at(rank) is None:      # the watcher has timed its going
+                assert time.monotonic() < deadline
+                time.sleep(0.01)
+        stage.close()
+    finally:
+        for child in children:
+            if child.poll() is None:
+                child.kill()
+                child.wait()
+    evs = [r for r in posted if r.name == "diagnosis/rank_exited"]
+    assert [(e.data["exited_rank"], e.data["exit_code"]) for e in evs] == \
+        [(1, -signal.SIGSEGV), (0, -signal.SIGTERM)], [e.data["message"] for e in evs]
+
+
 def test_a_rank_killed_just_before_the_drain_has_its_rank_exited_in_the_run(make_daemon):
     """The same through a daemon: a verified rank killed, the drain asked at once (well inside
     the exit grace); its rank_exited, posted at the forensics stage's close, still reaches the

@@ -57,9 +57,9 @@ print("main done", flush=True)
 class Run:
     """`telemetry run -- s.py` in the background, its output in files."""
 
-    def __init__(self, tmp_path: Path, *args: str, **env: str) -> None:
+    def __init__(self, tmp_path: Path, *args: str, script: str = SCRIPT, **env: str) -> None:
         self.tmp_path = tmp_path
-        (tmp_path / "s.py").write_text(textwrap.dedent(SCRIPT))
+        (tmp_path / "s.py").write_text(textwrap.dedent(script))
         self.runtime = tmp_path / "rt"            # made by `telemetry run`: the run's alone
         self.child_stop = tmp_path / "child-stop"
         full_env = {k: v for k, v in os.environ.items() if not k.startswith(("TELEMETRY_", "WANDB_"))}
@@ -105,8 +105,8 @@ class Run:
 def run_of(tmp_path):
     runs: list[Run] = []
 
-    def start(*args: str, **env: str) -> Run:
-        runs.append(Run(tmp_path, *args, **env))
+    def start(*args: str, script: str = SCRIPT, **env: str) -> Run:
+        runs.append(Run(tmp_path, *args, script=script, **env))
         return runs[-1]
 
     yield start
@@ -256,6 +256,92 @@ def test_kill_9_of_telemetry_run_ends_the_dashboard_and_the_daemon_removes_the_r
     assert not run.runtime.exists(), sorted(p.name for p in run.runtime.iterdir())
     final = json.loads((run.log_dir() / "drain.json").read_text())
     assert final["stop_code"] == "watched_process_exited", final
+
+
+# An unmodified W&B script (`import wandb`: --as-wandb's), its pid said, until the test stops it.
+WANDB_SCRIPT = """
+import os, time
+import wandb
+
+wandb.init(project="p")
+for step in range(5):
+    wandb.log({"train/loss": 1.0 / (step + 1)})
+print("reached", os.getpid(), flush=True)
+time.sleep(600)
+"""
+
+
+def test_ctrl_c_of_an_as_wandb_script_is_its_sigint(run_of):
+    """The script Ctrl-C'd (SIGINT to it: KeyboardInterrupt) ends by SIGINT, 130 as the same
+    script gives without telemetry: `telemetry run`'s exit code, the run's script_exit and
+    summary. Its W&B run's finish at exit imported modules whose dataclasses run exec(), and
+    CPython then forgets the KeyboardInterrupt: it was 1, "FAILED (the script's exit code 1)"."""
+    run = run_of("--as-wandb", script=WANDB_SCRIPT)
+    run.wait_for("reached")
+    script_pid = int(re.search(r"reached (\d+)", run.text).group(1))
+    os.kill(script_pid, signal.SIGINT)
+    assert run.finish() == 128 + signal.SIGINT, run.text[-3000:]
+    log_dir = run.log_dir()
+    assert [e["exit_code"] for e in _events(log_dir, "script_exit")] == [128 + signal.SIGINT]
+    assert "trainer exit code  130" in run.text, run.text[-3000:]
+    # The launch's claim of its run (wandb_run.id) is the run's own: the daemon removes it with
+    # the rest, without a word (it said the directory was kept, for a file it did not know).
+    assert "kept: it holds what this run did not make" not in run.text, run.text[-3000:]
+    assert not run.runtime.exists(), sorted(p.name for p in run.runtime.iterdir())
+
+
+def test_kill_9_of_telemetry_run_as_wandb_leaves_no_runtime_dir(run_of):
+    """`telemetry run --as-wandb` SIGKILLed: its daemon drains and removes the runtime directory
+    with the launch's claim of its run in it (it kept the directory for that file)."""
+    run = run_of("--as-wandb", script=WANDB_SCRIPT)
+    run.wait_for("reached")
+    daemon = run.daemon_pid()
+    run.proc.kill()
+    run.proc.wait()
+    assert _gone(daemon), "the daemon did not drain after its `telemetry run` was killed"
+    assert not run.runtime.exists(), sorted(p.name for p in run.runtime.iterdir())
+    final = json.loads((run.log_dir() / "drain.json").read_text())
+    assert final["stop_code"] == "watched_process_exited", final
+
+
+# A second W&B run (another id: a daemon of its own), open when the script ends without its
+# exit hooks: by os._exit, or by the SIGTERM the test sends it.
+SECOND_RUN_SCRIPT = """
+import os, time
+import wandb
+
+wandb.init(project="p", name="first")
+wandb.log({"a": 1.0})
+wandb.finish()
+run = wandb.init(project="p", name="second")
+for step in range(5):
+    wandb.log({"b": float(step)})
+print("second", run.id, os.getpid(), flush=True)
+if os.environ.get("HOW") == "os_exit":
+    os._exit(0)
+time.sleep(600)
+"""
+
+
+@pytest.mark.parametrize("how", ["os_exit", "sigterm"])
+def test_telemetry_run_returns_once_the_scripts_other_runs_are_drained(run_of, tmp_path, how):
+    """The second run's daemon drains by itself once the script is gone (its exit hook never ran):
+    `telemetry run` returned before that, the daemon still up and its drain.json not written."""
+    run = run_of("--as-wandb", script=SECOND_RUN_SCRIPT, HOW=how)
+    run.wait_for("second ")
+    second_id, script_pid = re.search(r"second (\S+) (\d+)", run.text).groups()
+    if how == "sigterm":
+        os.kill(int(script_pid), signal.SIGTERM)
+    assert run.finish() == (0 if how == "os_exit" else 128 + signal.SIGTERM), run.text[-3000:]
+    second = tmp_path / "telemetry" / second_id
+    final = json.loads((second / "drain.json").read_text())
+    assert final["stop_code"] == "watched_process_exited", final
+    # Its lock released, everything written: it is exiting (a moment, for init to reap it).
+    assert _gone(final["pid"], timeout_s=10), "the second run's daemon is still up"
+    assert "telemetry run: waiting up to" in run.text and f"run second drained: {second / 'drain.json'}" in run.text, \
+        run.text[-3000:]
+    assert "kept: it holds what this run did not make" not in run.text, run.text[-3000:]
+    assert not run.runtime.exists(), sorted(p.name for p in run.runtime.iterdir())
 
 
 def test_an_outside_drain_under_way_when_the_script_ends_is_not_waited_on(run_of, tmp_path):

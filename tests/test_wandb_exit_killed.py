@@ -80,7 +80,9 @@ def test_the_exit_code_a_w_and_b_run_ends_with_when_no_launcher_says_it(tmp_path
 
     assert code() == 0
     assert code(died(0, -signal.SIGKILL)) == 137
-    assert code(died(1, 3), died(0, -signal.SIGTERM)) == 143          # the first rank's
+    # The first to go, as the daemon says them: rank 1 crashed, its launcher then ended rank 0.
+    assert code(died(1, -signal.SIGSEGV), died(0, -signal.SIGTERM)) == 128 + signal.SIGSEGV
+    assert code(died(0, 3), died(1, -signal.SIGTERM)) == 3
     assert code(died(0, None)) == 0                                    # unknown: not said to be a failure
     assert code(died(0, 0)) == 0
     assert code(died(0, -9), (SCRIPT_EXIT_EVENT, None, {"exit_code": 0})) == 0     # the launcher's word

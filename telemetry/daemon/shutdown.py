@@ -103,9 +103,13 @@ def _close(d: Daemon, unfinished: list[str]) -> None:
 
 def _ours(name: str) -> bool:
     """A name the daemon, its clients or `telemetry run` make in a runtime directory: sockets
-    and what sits beside them (tokens, keys, the clients' seq pages), locks, stack files."""
+    and what sits beside them (tokens, keys, the clients' seq pages), locks, stack files, the
+    claim of the launch's run (telemetry.wandb._claim_launch: its file and the temporary one it
+    is linked from)."""
+    claim = endpoints.LAUNCH_CLAIM_FILE
     return (name.endswith((".sock", ".lock")) or ".sock." in name
-            or (name.startswith("stacks-rank") and name.endswith(".txt")))
+            or (name.startswith("stacks-rank") and name.endswith(".txt"))
+            or name == claim or name.startswith(f".{claim}."))
 
 
 def remove_runtime_dir(path: Path) -> None:

@@ -144,6 +144,7 @@ def _run(args: argparse.Namespace) -> int:
     from telemetry.integrations.wandb_run import ENV_RUN_ID
     from telemetry.integrations.wandb_settings import sink_mode
     from telemetry.shared import endpoints, files, run_lock
+    from telemetry.tools import other_runs
 
     target, why = _target(list(args.command))
     if target is None:
@@ -265,6 +266,11 @@ def _run(args: argparse.Namespace) -> int:
         rc = _launch(target, args.nproc, env, args.launcher, signals)
         exited_at = time.time()
         daemon = keeper.stop()
+        try:
+            # First: their socket directories are in this run's, which its daemon removes at its drain.
+            other_runs.wait(runtime, drain_wait_s, _say)
+        except _StopWaiting:
+            _say("telemetry run: not waiting for the script's other runs: each finishes by itself")
         _drain(daemon, runtime, log_dir, rc, exited_at, drain_wait_s)
         # What the daemon said while it drained (clients without a bye, records counted lost)
         # is on the terminal before the summary: the stream stops once it has read to the end

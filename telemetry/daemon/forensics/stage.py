@@ -242,21 +242,25 @@ class ForensicsStage(Sink):
         """grace_s: how long a rank must have been gone (its bye may still be on its way); none
         at the drain (close). seen_only (the drain): only ranks whose going is already known
         with its time (seen gone before, or timed by the exit watch); one first found gone now
-        left since when is unknown, and its event would end the launch at the drain."""
+        left since when is unknown, and its event would end the launch at the drain.
+        Said in the order the ranks went, the first cause first: a launcher ends the other
+        ranks after one failed (torchrun SIGTERMs them), and both are often past their grace
+        at the same look (always at the drain)."""
+        due = []
         for rank, lr in list(self._live_local_ranks().items()):
-            if rank in self.gone_since:
-                first_s, code, how = self.gone_since[rank]   # the status as first seen (before a reap)
-            else:
+            if rank not in self.gone_since:
                 gone, code, how = exit_status(lr, self.pidfds.get(rank))
                 if not gone:
                     continue
                 seen = self._exit_watch.exited_at(rank) if self._exit_watch is not None else None
                 if seen is None and seen_only:
                     continue
-                first_s = seen if seen is not None else time.monotonic()
-                self.gone_since[rank] = (first_s, code, how)
-            if time.monotonic() - first_s < grace_s:
-                continue                    # its bye may still be on its way
+                # the status as first seen (before a reap)
+                self.gone_since[rank] = (seen if seen is not None else time.monotonic(), code, how)
+            if time.monotonic() - self.gone_since[rank][0] >= grace_s:
+                due.append(rank)            # else its bye may still be on its way
+        for rank in sorted(due, key=lambda r: (self.gone_since[r][0], r)):
+            first_s, code, how = self.gone_since[rank]
             self.exited.add(rank)
             self._hold_pidfd(rank, None)
             self.num_exits += 1

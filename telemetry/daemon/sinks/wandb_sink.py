@@ -196,7 +196,7 @@ class WandbSink(Sink):
         self._suspect: dict | None = None     # an aggregated step past MAX_STEP_JUMP, held back
         self._finished_ranks: dict[int, int] = {}   # rank -> the exit code its run finished with
         self._script_exit: int | None = None          # the launcher's (a drain request's)
-        self._died: dict[int, int] = {}               # rank -> its shell code, gone without a bye, not 0
+        self._died: dict[int, int] = {}               # rank -> its shell code, gone without a bye, not 0; in that order
         # Records not given to W&B, by reason; their sum is this sink's num_dropped (see Sink).
         self.dropped_by_reason: dict[str, int] = {}
         self.num_files_unsaved = 0    # of the script's run.dir files W&B could not take (_save_fallback_files)
@@ -424,7 +424,9 @@ class WandbSink(Sink):
         if script and unfinished:
             return script
         if script is None:
-            died = [c for r, c in sorted(self._died.items()) if r not in self._finished_ranks]
+            # In the order they went (the daemon says them so): the first cause, not a rank its
+            # launcher ended after it (torchrun SIGTERMs the others once one failed).
+            died = [c for r, c in self._died.items() if r not in self._finished_ranks]
             if died:
                 return died[0]
             if any(self._hellos.get(r, {}).get("framework") in FINISH_FRAMEWORKS for r in unfinished):
