@@ -963,3 +963,39 @@ def test_wandbs_shared_mode_starts_an_online_daemon(tmp_path, monkeypatch):
     tw.init(project="p", mode="shared").finish()
     tw.init(project="p", mode="offline").finish()
     assert asked == ["online", "offline"]
+
+
+def test_absl_flags_are_the_config_as_w_and_b_takes_them(tmp_path, monkeypatch):
+    """`wandb.init(config=flags.FLAGS)`, `config.update(flags.FLAGS)` and `config.update(flags)`
+    (absl's module) record each flag's value, as W&B's config reads them (the drop-in recorded
+    none: absl's FlagValues keeps its flags out of `__dict__`)."""
+    flags = pytest.importorskip("absl.flags")
+    import wandb
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    own = flags.FlagValues()
+    flags.DEFINE_integer("batch_size", 32, "", flag_values=own)
+    flags.DEFINE_string("optimizer", "adam", "", flag_values=own)
+    flags.DEFINE_list("layers", ["a", "b"], "", flag_values=own)
+    own(["prog", "--batch_size=64"])
+    if "telemetry_test_flag" not in flags.FLAGS:
+        flags.DEFINE_float("telemetry_test_flag", 0.5, "")
+    flags.FLAGS.mark_as_parsed()
+
+    def script(mod, **init):
+        run = mod.init(config=own, **init)
+        try:
+            first = dict(run.config)
+            run.config.update(flags)
+            return first, dict(run.config)
+        finally:
+            run.finish()
+
+    real = script(wandb, mode="offline", project="p")
+    monkeypatch.setenv("TELEMETRY_AUTOSTART", "0")
+    ours = script(tw, mode="disabled")
+    assert ours == real, (ours, real)
+    assert real[0] == {"batch_size": 64, "optimizer": "adam", "layers": ["a", "b"]}, real
+    assert real[1]["telemetry_test_flag"] == 0.5, real

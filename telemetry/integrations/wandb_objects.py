@@ -9,6 +9,7 @@ import datetime
 import enum
 import os
 import sys
+import types
 from collections.abc import MutableMapping, Sequence
 from fnmatch import fnmatchcase
 from typing import Any, Callable, Iterator, Mapping
@@ -626,9 +627,14 @@ def config_from_file(path: str, must_exist: bool = False) -> dict[str, Any]:
     return {k: v["value"] for k, v in loaded.items()}
 
 
+# Modules W&B's config takes as their flags (wandb_helper._to_dict): their FLAGS.
+_FLAGS_MODULES = ("absl.flags", "tensorflow.python.platform.flags")
+
+
 def config_dict(d: Any) -> dict[str, Any]:
-    """A config as W&B takes it (None, a mapping, a Config, an argparse.Namespace, or a str: the
-    path of a YAML config file in W&B's format, which must exist) as a dict."""
+    """A config as W&B takes it (None, a mapping, a Config, an argparse.Namespace, absl's
+    `flags.FLAGS` or the `flags` module, or a str: the path of a YAML config file in W&B's format,
+    which must exist) as a dict."""
     if d is None:
         return {}
     if isinstance(d, str):
@@ -637,6 +643,11 @@ def config_dict(d: Any) -> dict[str, Any]:
         return dict(d)
     if isinstance(d, Config):
         return d.as_dict()
+    if isinstance(d, types.ModuleType) and d.__name__ in _FLAGS_MODULES:
+        d = d.FLAGS
+    if type(d).__module__ == "absl.flags._flagvalues":
+        # absl's FlagValues keeps its flags out of __dict__: each flag's value, as W&B reads them.
+        return {name: d[name].value for name in dir(d)}
     if hasattr(d, "__dict__"):   # argparse.Namespace and the like, as W&B takes them
         return {k: v for k, v in vars(d).items() if not k.startswith("_")}
     raise TypeError(f"config must be a dict or an argparse.Namespace, got {type(d).__name__}")
