@@ -999,3 +999,40 @@ def test_absl_flags_are_the_config_as_w_and_b_takes_them(tmp_path, monkeypatch):
     assert ours == real, (ours, real)
     assert real[0] == {"batch_size": 64, "optimizer": "adam", "layers": ["a", "b"]}, real
     assert real[1]["telemetry_test_flag"] == 0.5, real
+
+
+@pytest.mark.filterwarnings("ignore:telemetry. no daemon serves:RuntimeWarning")
+def test_a_step_beyond_w_and_bs_int64_raises_as_w_and_bs_log_does(tmp_path, monkeypatch):
+    """`log(..., step=2**63)` raises W&B's ValueError and changes nothing (the next row goes on
+    at the current step); 2**63 - 1 is taken. The drop-in took the step: run.step became it and
+    every later row was dropped by the client."""
+    import wandb
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    monkeypatch.setenv("WANDB_SILENT", "true")
+
+    def script(mod, **init):
+        run = mod.init(**init)
+        out = []
+        try:
+            run.log({"a": 1.0})
+            for step in (10**20, 1 << 63):
+                try:
+                    run.log({"b": 2.0}, step=step)
+                    out.append(None)
+                except Exception as exc:
+                    out.append((type(exc).__name__, str(exc)))
+            out.append(run.step)
+            run.log({"c": 3.0}, step=(1 << 63) - 1)
+            out.append(run.step)
+            return out
+        finally:
+            run.finish()
+
+    real = script(wandb, mode="offline", project="p", settings=wandb.Settings(console="off", x_disable_stats=True))
+    monkeypatch.setenv("TELEMETRY_AUTOSTART", "0")
+    ours = script(tw, mode="offline", project="p")
+    assert ours == real, (ours, real)
+    assert real[:3] == [("ValueError", f"Value out of range: {10**20}"), ("ValueError", f"Value out of range: {1 << 63}"),
+                        1], real

@@ -78,6 +78,8 @@ ENV_RUN_ID = "TELEMETRY_RUN_ID"
 # A log() of more top-level keys than this costs the training thread no Python work per key (see
 # Run.log): the bound on what a wandb.log call does on the caller's thread.
 WIDE_ROW_KEYS = MAX_VALUES
+# The largest step W&B takes (its history step is an int64).
+MAX_STEP = (1 << 63) - 1
 # Histograms of watch() waiting for their writer (a model's parameters, noted at once).
 WATCH_MAX_QUEUED = 4096
 # How long `run.name` / `run.url` / `run.path` wait for the daemon's W&B run to open (it imports
@@ -449,6 +451,10 @@ class Run(RunCalls):
             if step.__class__ is bool:       # an int to operator.index; W&B's history refuses it
                 raise TypeError("Field wandb_internal.HistoryStep.num: Expected an int, got a boolean.")
             step = operator.index(step)
+            if step > MAX_STEP and self.mode != "disabled":
+                # W&B's history step is an int64: its protobuf refuses a larger one, before anything
+                # is logged (W&B's disabled run writes no history and takes it).
+                raise ValueError(f"Value out of range: {step}")
             if step < self._step:
                 # W&B's line, each time, on stderr (not a Python warning), unless $WANDB_SILENT.
                 if os.environ.get("WANDB_SILENT", "").lower() not in ("1", "true", "yes"):
