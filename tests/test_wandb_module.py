@@ -1036,3 +1036,38 @@ def test_a_step_beyond_w_and_bs_int64_raises_as_w_and_bs_log_does(tmp_path, monk
     assert ours == real, (ours, real)
     assert real[:3] == [("ValueError", f"Value out of range: {10**20}"), ("ValueError", f"Value out of range: {1 << 63}"),
                         1], real
+
+
+@pytest.mark.filterwarnings("ignore:telemetry. no daemon serves:RuntimeWarning")
+def test_a_nan_makes_define_metric_min_and_max_nan_as_in_w_and_b(tmp_path, monkeypatch):
+    """A NaN logged to a key whose define_metric summary is min or max makes it NaN from then on,
+    before or after other values, as W&B's summary reads (the drop-in passed it over: {"min": 0.5})."""
+    import torch
+    import wandb
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    nan = float("nan")
+
+    def script(mod, **init):
+        run = mod.init(**init)
+        try:
+            for name, ops in (("lo", "min"), ("hi", "max"), ("both", "min,max,first,last"), ("t", "min,max")):
+                mod.define_metric(name, summary=ops)
+            for row in ({"lo": 1.0, "hi": 1.0, "both": nan, "t": torch.tensor(1.0)},
+                        {"lo": nan, "hi": nan, "both": 3.0, "t": torch.tensor(nan)},
+                        {"lo": 0.5, "hi": 2.0, "both": 0.5, "t": torch.tensor(0.0)}):
+                run.log(row)
+            return repr({k: {op: run.summary[k][op] for op in sorted(run.summary[k].keys())}
+                         for k in ("lo", "hi", "both", "t")})
+        finally:
+            run.finish()
+
+    real = script(wandb, mode="offline", project="p", settings=wandb.Settings(console="off", x_disable_stats=True))
+    monkeypatch.setenv("TELEMETRY_AUTOSTART", "0")
+    ours = script(tw, mode="offline", project="p")
+    assert ours == real, (ours, real)
+    assert real == repr({"lo": {"min": nan}, "hi": {"max": nan}, "both": {"first": nan, "last": 0.5, "max": nan,
+                                                                          "min": nan},
+                         "t": {"max": nan, "min": nan}}), real

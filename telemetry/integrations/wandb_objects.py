@@ -479,6 +479,10 @@ class _Aggregate:
     def _fold(self, x: float) -> None:
         if self.n == 0:
             self.first = self.lo = self.hi = x
+        elif x != x:
+            # NaN: W&B's min and max are NaN from then on (min() here would pass it over; once
+            # lo and hi are NaN, min() and max() keep them so).
+            self.lo = self.hi = x
         else:
             self.lo, self.hi = min(self.lo, x), max(self.hi, x)
         self.n += 1
