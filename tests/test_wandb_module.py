@@ -1071,3 +1071,36 @@ def test_a_nan_makes_define_metric_min_and_max_nan_as_in_w_and_b(tmp_path, monke
     assert real == repr({"lo": {"min": nan}, "hi": {"max": nan}, "both": {"first": nan, "last": 0.5, "max": nan,
                                                                           "min": nan},
                          "t": {"max": nan, "min": nan}}), real
+
+
+@pytest.mark.filterwarnings("ignore:telemetry. no daemon serves:RuntimeWarning")
+def test_starting_step_is_w_and_bs(tmp_path, monkeypatch):
+    """`run.starting_step`, as W&B's run has it (the drop-in's raised AttributeError): 0 offline and
+    disabled, as W&B's; online, the daemon's W&B run's (a resumed run's, from W&B's server)."""
+    import types
+
+    import wandb
+    from telemetry.daemon.sinks.wandb_sink import WandbSink
+    from telemetry.integrations import wandb_run
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    real = {}
+    for mode in ("offline", "disabled"):
+        run = wandb.init(mode=mode, project="p", settings=wandb.Settings(console="off", x_disable_stats=True))
+        real[mode] = run.starting_step
+        run.finish()
+    monkeypatch.setenv("TELEMETRY_AUTOSTART", "0")
+    ours = {}
+    for mode in ("offline", "disabled"):
+        with tw.init(mode=mode, project="p") as run:
+            ours[mode] = run.starting_step
+    assert ours == real == {"offline": 0, "disabled": 0}, (ours, real)
+    # Online: what the daemon's W&B sink gives of its run (run_info: what `telemetry status` says).
+    sink = WandbSink("online", tmp_path, run_name="r")
+    sink.run = types.SimpleNamespace(starting_step=500)
+    assert sink.run_info()["starting_step"] == 500
+    monkeypatch.setattr(wandb_run, "daemon_run_info", lambda run_id, wait_s, control=None: ({"starting_step": 500}, ""))
+    with tw.init(mode="online", project="p") as run:
+        assert run.starting_step == 500

@@ -319,6 +319,14 @@ class Run(RunCalls):
         return bool(self._w_b("resumed"))
 
     @property
+    def starting_step(self) -> int:
+        """W&B's: the step the run started at, a resumed online run's from W&B's server (the
+        daemon's W&B run's); 0 offline and disabled, as W&B's, and when no W&B run says one."""
+        if self.mode in ("offline", "disabled"):
+            return 0
+        return self._w_b("starting_step") or 0
+
+    @property
     def project_url(self) -> str | None:
         """The project's page (online only: offline, W&B has none)."""
         return self._w_b("project_url")

@@ -962,7 +962,8 @@ class WandbSink(Sink):
         if run is None:
             return {}
         out = {}
-        for k in ("id", "name", "project", "entity", "path", "url", "dir", "resumed", "project_url"):
+        for k in ("id", "name", "project", "entity", "path", "url", "dir", "resumed", "project_url",
+                  "starting_step"):
             if k in ("url", "project_url") and self.mode == "offline":
                 # None, as W&B's offline run gives; asked, W&B also logs a warning each time,
                 # which went to the run's terminal at every `telemetry status`.
