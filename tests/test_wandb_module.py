@@ -1104,3 +1104,107 @@ def test_starting_step_is_w_and_bs(tmp_path, monkeypatch):
     monkeypatch.setattr(wandb_run, "daemon_run_info", lambda run_id, wait_s, control=None: ({"starting_step": 500}, ""))
     with tw.init(mode="online", project="p") as run:
         assert run.starting_step == 500
+
+
+def _summary_now(run) -> list:
+    """run.summary as a script reads it: its keys (W&B's own left out), nested values as dicts."""
+    def read(v):
+        return {k: read(v[k]) for k in v.keys()} if hasattr(v, "keys") else v
+
+    return sorted((k, read(run.summary[k])) for k in run.summary.keys() if not k.startswith("_"))
+
+
+@pytest.mark.filterwarnings("ignore:telemetry. no daemon serves:RuntimeWarning")
+def test_a_none_logged_or_set_is_no_key_of_the_summary_as_in_w_and_b(tmp_path, monkeypatch):
+    """A key logged as None (or set to None on run.summary) is not in run.summary, as W&B's reads
+    (its history keeps the null; a None inside a dict set there is kept), and a nested dict
+    left with no key is gone; a None logged after a
+    value in one row (commit=False) replaces it there. The drop-in kept each as None, and the
+    row's number beside it."""
+    import wandb
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    monkeypatch.setenv("WANDB_SILENT", "true")
+
+    def script(mod, **init):
+        run = mod.init(**init)
+        out = []
+        try:
+            run.log({"a": 1, "b": None, "m": {"x": 1, "y": None}})
+            out.append(_summary_now(run))
+            run.log({"a": None, "m": {"x": None}})
+            out.append(_summary_now(run))
+            run.summary["c"] = None
+            run.summary["d"] = 5
+            run.summary.update({"d": None, "e": {"f": None, "g": 1}})
+            out.append(_summary_now(run))
+            run.log({"a": 1})
+            run.log({"a": 2}, commit=False)
+            run.log({"a": None})
+            run.log({"h": None}, commit=False)
+            run.log({"h": 3})
+            out.append(_summary_now(run))
+            try:
+                out.append(run.summary["b"])
+            except KeyError as exc:
+                out.append(repr(exc))
+            return out
+        finally:
+            run.finish()
+
+    real = script(wandb, mode="offline", project="p", settings=wandb.Settings(console="off", x_disable_stats=True))
+    monkeypatch.setenv("TELEMETRY_AUTOSTART", "0")
+    ours = script(tw, mode="offline", project="p")
+    assert ours == real, (ours, real)
+    # A None inside a dict set on the summary is kept, as W&B keeps the dict it set.
+    assert real == [[("a", 1), ("m", {"x": 1})], [], [("e", {"f": None, "g": 1})],
+                    [("e", {"f": None, "g": 1}), ("h", 3)], "KeyError('b')"], real
+
+
+@pytest.mark.filterwarnings("ignore:telemetry. no daemon serves:RuntimeWarning")
+def test_a_key_flipping_between_a_value_and_a_dict_reads_as_in_w_and_b(tmp_path, monkeypatch):
+    """A key logged or set as a value, then as a dict (or the reverse), at the top or nested, in
+    rows of their own or in one row: run.summary reads the last, as W&B's (the drop-in read the
+    dict under a value logged again over it at a nested key: {"b": {"c": 2}} after {"b": 3}, and
+    at the top level after the fast path took the value: {"b": 2} after 3)."""
+    import wandb
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    monkeypatch.setenv("WANDB_SILENT", "true")
+
+    def script(mod, **init):
+        run = mod.init(**init)
+        out = []
+        try:
+            for rows in ([{"a": 1.0}, {"a": {"b": 2.0}}, {"a": 3.0}],               # the fast path's value last
+                         [{"n": {"b": 1.0}}, {"n": {"b": {"c": 2.0}}}, {"n": {"b": 3.0}}],
+                         [{"w": {"b": 2.0}}, {"w": 1.0}]):
+                for row in rows:
+                    run.log(row)
+                    out.append(_summary_now(run))
+            run.log({"f": 1}, commit=False)
+            run.log({"f": {"g": 2}})
+            run.log({"h": {"g": 2}}, commit=False)
+            run.log({"h": 1})
+            out.append(_summary_now(run))
+            run.log({"t": 1.0})
+            run.summary["t"] = {"u": 1}
+            out.append(_summary_now(run))
+            run.log({"t": 2.0})
+            run.summary["s"] = {"b": 1}
+            run.summary["s"]["b"] = {"c": 2}
+            out.append(_summary_now(run))
+            run.summary["s"]["b"] = 4
+            out.append(_summary_now(run))
+            return out
+        finally:
+            run.finish()
+
+    real = script(wandb, mode="offline", project="p", settings=wandb.Settings(console="off", x_disable_stats=True))
+    monkeypatch.setenv("TELEMETRY_AUTOSTART", "0")
+    ours = script(tw, mode="offline", project="p")
+    assert ours == real, (ours, real)
+    assert real[2] == [("a", 3)] and real[5] == [("a", 3), ("n", {"b": 3})], real
+

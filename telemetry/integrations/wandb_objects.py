@@ -359,6 +359,35 @@ class Summary(_AttributeKeys, _Items):
                     out[k] = got
         return out
 
+    def take(self, values: Mapping[str, Any]) -> None:
+        """A committed row's values (record names), as W&B's summary takes them: each replaces
+        what was at its path, the keys under it and a value above it (`{"a": 1}` then
+        `{"a": {"b": 2}}` reads {"b": 2}, and back); a None removes its key, as W&B's summary
+        holds no null (the W&B run's summary takes it as W&B's does). The summary holds no key
+        above or under another, so only a key new to it needs looking for those."""
+        items = self._items
+        new = values.keys() - items.keys()
+        if new and items:
+            self._clear_for(new)
+        items.update(values)
+        for k in [k for k, v in values.items() if v is None]:
+            self._discard(k)
+
+    def _clear_for(self, names: set[str]) -> None:
+        """Remove the keys whose path is above or under the path of one of `names`."""
+        paths = self._paths
+        new = {paths.get(k, (k,)) for k in names}
+        above = {p[:i] for p in new for i in range(1, len(p))}
+        for k in list(self._items):
+            p = paths.get(k, (k,))
+            if k not in names and (p in above or any(p[:i] in new for i in range(1, len(p)))):
+                self._discard(k)
+
+    def _discard(self, k: str) -> None:
+        del self._items[k]
+        self._set.discard(k)
+        self._agg.pop(k, None)
+
     def update(self, d: Mapping[str, Any]) -> None:
         """As W&B's: each key given is set whole (a dict replaces what was under that key); one
         dict, as W&B's takes (keywords raise TypeError there too)."""
@@ -384,14 +413,16 @@ class Summary(_AttributeKeys, _Items):
         values = self._flatten(data)
         self._items.update(values)
         self._set.update(values)
+        for k in [k for k in data if data[k] is None and k in values]:
+            # As W&B's summary reads: a key set to None is no key (its run's summary: null); a
+            # None inside a dict set is kept, as W&B keeps the dict.
+            self._discard(k)
         self._on_set(values, [list(p) for p in replaced])
 
     def _drop_under(self, path: tuple[str, ...]) -> None:
         n = len(path)
         for k in [k for k in self._items if self._paths.get(k, (k,))[:n] == path]:
-            del self._items[k]
-            self._set.discard(k)
-            self._agg.pop(k, None)
+            self._discard(k)
 
     def _remove(self, path: tuple[str, ...]) -> None:
         """The value at `path` (a key, or a key inside nested ones) and all under it go, here

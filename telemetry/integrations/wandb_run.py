@@ -254,6 +254,7 @@ class Run(RunCalls):
         self._names = RecordNames()
         self._num_paths_sent = 0            # of _names.paths, told the daemon (wandb/nested)
         self._fast_keys: frozenset = frozenset()    # the last fast row's keys (see log)
+        self._nested_tops: set[str] = set()         # top-level keys with a nested key under them
         self._media_step = -1               # the step of the last media sent (its row is not empty)
         self._row_open = False              # a log() call made the current step's row
         self._pid = os.getpid()             # a forked child's copy is not its run (see _finish_all)
@@ -490,10 +491,16 @@ class Run(RunCalls):
                 self._send_paths()
             pending.update(data)
             data = {}
+        texts = self._texts
         for k, v in self._flatten(data).items():
             if len(k) > MAX_NAME_CHARS:
                 self._refuse(k, f"a key longer than {MAX_NAME_CHARS} characters")
                 continue
+            if k in pending or k in texts:
+                # Logged earlier into this row (commit=False): this value replaces that one, as in
+                # W&B's row, whichever of the two holds each.
+                pending.pop(k, None)
+                texts.pop(k, None)
             why = refusal(v)
             if why is not None and not isinstance(v, (Media, list, tuple, dict)) and v is not None:
                 v = as_w_and_b_logs(v)
@@ -530,11 +537,13 @@ class Run(RunCalls):
 
     def _fast_keys_ok(self, data: dict) -> bool:
         """Whether `data`'s keys suit Run.log's fast path (1..WIDE_ROW_KEYS str keys, none
-        longer than MAX_NAME_CHARS, none whose record name is another: see RecordNames); if so
+        longer than MAX_NAME_CHARS, none whose record name is another: see RecordNames, none with
+        a nested key under it: its value replaces theirs in run.summary, see Summary.take); if so
         they are kept, for the next row's keys comparison, and named as themselves."""
         names = self._names
         if data and len(data) <= WIDE_ROW_KEYS and set(map(type, data)) == _STR \
-                and max(map(len, data)) <= MAX_NAME_CHARS and names.paths.keys().isdisjoint(data):
+                and max(map(len, data)) <= MAX_NAME_CHARS and names.paths.keys().isdisjoint(data) \
+                and self._nested_tops.isdisjoint(data):
             names.flat.update(data)
             self._fast_keys = frozenset(data)
             return True
@@ -550,7 +559,7 @@ class Run(RunCalls):
                 if isinstance(x, Media):     # W&B's JSON encoder refuses one inside a list, so does this
                     raise TypeError(f"Object of type {type(x).__name__} is not JSON serializable")
             self._send_media(key, [List(value)])
-            self._logged[key] = list(value)     # run.summary reads it back as W&B's: a list of its values
+            self.summary.take({key: list(value)})   # run.summary reads it back as W&B's: a list of its values
 
     def _log_array(self, key: str, value: Any) -> None:
         """A numpy array, stored as W&B stores it: one element as that number, up to
@@ -582,11 +591,11 @@ class Run(RunCalls):
             self._send_watched()
         if self._texts:          # first: the daemon's W&B sink logs them into the row before its numbers
             self._client.get().event(VALUES_EVENT, {"step": self._step, "values": self._texts})
-            self._logged.update(self._texts)
+            self.summary.take(self._texts)
             self._texts = {}
         if self._pending:
             self._client.get().log(self._step, self._pending)
-            self._logged.update(self._pending)       # run.summary's last values (wandb_objects.Summary)
+            self.summary.take(self._pending)         # run.summary's last values (wandb_objects.Summary)
             if self.summary._ops:                    # define_metric summaries (min, max, ...)
                 self.summary.note(self._pending)
             self._pending = {}
@@ -606,6 +615,12 @@ class Run(RunCalls):
             new = dict(list(paths.items())[self._num_paths_sent:])
             self._num_paths_sent = len(paths)
             self.summary._paths.update(new)
+            tops = {p[0] for p in new.values() if len(p) > 1}
+            if tops:
+                # A key with a nested one under it takes the general path (Summary.take: one
+                # replaces the other in run.summary, as in W&B's); the fast path's update cannot.
+                self._nested_tops |= tops
+                self._fast_keys = frozenset()
             self._client.get().event(NESTED_EVENT, {"paths": {k: list(p) for k, p in new.items()}})
 
     def _send_media(self, key: str, media: list, as_list: bool = False, writer: Any = None) -> None:
