@@ -1208,3 +1208,36 @@ def test_a_key_flipping_between_a_value_and_a_dict_reads_as_in_w_and_b(tmp_path,
     assert ours == real, (ours, real)
     assert real[2] == [("a", 3)] and real[5] == [("a", 3), ("n", {"b": 3})], real
 
+
+def test_a_text_of_any_length_is_logged_as_w_and_b_logs_it(tmp_path, make_daemon, monkeypatch):
+    """Text past what a row's event carries (a value over 1 MiB, or several large ones in a row,
+    a list of long text) reaches the W&B run's history and summary whole, as W&B keeps it; the
+    drop-in's client dropped the row's text event, with a warning naming no key."""
+    wandb = pytest.importorskip("wandb")
+    big = "é" * ((1 << 20) + 5)          # over 2 MiB in UTF-8
+
+    def calls(mod) -> None:
+        mod.log({"loss": 1.0, "big": big, "small": "s"})
+        mod.log({"many": ["x" * 300_000, "y"], "t2": "z" * 200_000, "t3": "w" * 200_000})
+        mod.log({"loss": 0.5})
+
+    run = wandb.init(mode="offline", project="p", dir=str(tmp_path),
+                     settings=wandb.Settings(silent=True, console="off", x_disable_stats=True))
+    calls(wandb)
+    run.finish()
+    (real,) = [wait_finished(f) for f in glob.glob(str(tmp_path / "wandb" / "offline-run-*" / "run-*.wandb"))]
+
+    d = make_daemon(wandb="offline")
+    monkeypatch.setenv("TELEMETRY_ENDPOINT", d.ingest)
+    ours_run = tw.init(project="p")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        calls(tw)
+    assert len(ours_run.summary["big"]) == len(big) and len(ours_run.summary["many"][0]) == 300_000
+    tw.finish()
+    assert d.stop(timeout_s=60) == 0
+    (ours,) = [wait_finished(f) for f in glob.glob(str(d.log_dir / "wandb" / "offline-run-*" / "run-*.wandb"))]
+    assert user_history(ours) == user_history(real)
+    assert user_history(real)[0]["big"] == big
+    assert user_summary(ours) == user_summary(real)
+

@@ -62,7 +62,8 @@ from telemetry.integrations._client import LazyClient, process_rank
 from telemetry.integrations.wandb_calls import CALL_EVENT, RunCalls
 from telemetry.integrations.wandb_objects import Config, Error, Metric, Summary, Unsupported, UsageError
 from telemetry.integrations.wandb_values import json_value, nested_key_text, summary_key_text
-from telemetry.integrations.wandb_media import INLINE_ARRAY, INLINE_LIST, Array, Histogram, List, Media, MediaWriter
+from telemetry.integrations.wandb_media import (INLINE_ARRAY, INLINE_LIST, INLINE_TEXT_CHARS, Array, Histogram, List,
+                                                 Media, MediaWriter, Text)
 from telemetry.shared.bookkeeping import SUMMARY_REMOVE_EVENT
 from telemetry.shared.media import EVENT as MEDIA_EVENT
 from telemetry.shared.wandb_ids import fallback_files_dirs
@@ -590,15 +591,32 @@ class Run(RunCalls):
         if self._watched:        # watch()'s clones of this row (wandb_watch.py)
             self._send_watched()
         if self._texts:          # first: the daemon's W&B sink logs them into the row before its numbers
-            self._client.get().event(VALUES_EVENT, {"step": self._step, "values": self._texts})
-            self.summary.take(self._texts)
-            self._texts = {}
+            texts, self._texts = self._texts, {}
+            self.summary.take(texts)
+            inline = self._inline_texts(texts)
+            if inline:
+                self._client.get().event(VALUES_EVENT, {"step": self._step, "values": inline})
         if self._pending:
             self._client.get().log(self._step, self._pending)
             self.summary.take(self._pending)         # run.summary's last values (wandb_objects.Summary)
             if self.summary._ops:                    # define_metric summaries (min, max, ...)
                 self.summary.note(self._pending)
             self._pending = {}
+
+    def _inline_texts(self, texts: dict[str, Any]) -> dict[str, Any]:
+        """The row's text values that its event carries: up to INLINE_TEXT_CHARS characters of
+        text in all; each value past them goes as a file (as W&B keeps a text of any length in
+        its history; the event would have been too large for the daemon, and lost)."""
+        chars = 0
+        for k, v in list(texts.items()):
+            c = v.__class__
+            n = len(v) if c is str else sum(len(x) for x in v if x.__class__ is str) if c is list else 0
+            if n and chars + n > INLINE_TEXT_CHARS:
+                self._send_media(k, [Text(v) if c is str else List(v)])
+                del texts[k]
+            else:
+                chars += n
+        return texts
 
     def _flatten(self, data: Mapping[str, Any], key_text: Callable[[Any], str] = nested_key_text) -> dict[str, Any]:
         """flatten(), telling the daemon once of each key's path (see _send_paths)."""

@@ -797,7 +797,7 @@ class WandbSink(Sink):
             return wandb.Audio(str(path), **kwargs)
         if kind == "Array":      # a plain value: W&B stores it by its own rule
             return np.load(path, allow_pickle=False)
-        if kind == "List":
+        if kind in ("List", "Text"):        # a plain value: W&B keeps it as it is
             return json.loads(path.read_text())
         if kind == "Chart":          # the script's wandb.plot call, made here with the real one
             from telemetry.integrations.wandb_media import CHARTS, TABLE_ARG
