@@ -1241,3 +1241,38 @@ def test_a_text_of_any_length_is_logged_as_w_and_b_logs_it(tmp_path, make_daemon
     assert user_history(real)[0]["big"] == big
     assert user_summary(ours) == user_summary(real)
 
+
+@pytest.mark.parametrize("given", [{}, {"project": "proj", "name": "nm", "entity": "ent"}])
+def test_a_disabled_run_says_what_w_and_bs_disabled_run_says(tmp_path, monkeypatch, given):
+    """`wandb.init(mode="disabled")`: the run's name, entity, path, offline, step (W&B's stays 0),
+    starting_step, sync_dir and sweep_url are W&B's disabled run's, and its use_artifact gives None
+    (the drop-in's entity was "", its name None, its path without the entity, offline True, its
+    step counted the rows, starting_step, sync_dir and sweep_url were missing, and use_artifact
+    raised W&B's offline TypeError)."""
+    import wandb
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.setenv("TELEMETRY_AUTOSTART", "0")
+    attrs = ("name", "entity", "project", "path", "offline", "disabled", "url", "project_url", "sweep_url", "group",
+             "tags", "notes", "job_type", "resumed", "starting_step", "sweep_id", "step")
+
+    def script(mod):
+        run = mod.init(mode="disabled", **given)
+        try:
+            got = {"start": {k: getattr(run, k) for k in attrs}}
+            run.log({"a": 1.0})
+            run.log({"b": 2.0}, step=5)
+            run.log({"c": 3.0}, commit=False)
+            got["step"] = run.step
+            got["sync_dir is dir's parent"] = run.sync_dir == os.path.dirname(run.dir)
+            got["use_artifact"] = run.use_artifact("ent/proj/art:v0")
+            return run.id, got
+        finally:
+            run.finish()
+
+    real_id, real = script(wandb)
+    our_id, ours = script(tw)
+    swap = lambda d: {k: v.replace(our_id, real_id) if isinstance(v, str) else v for k, v in d.items()}
+    assert {**ours, "start": swap(ours["start"])} == real, (ours, real)
+    assert real["step"] == 0 and real["start"]["entity"] == given.get("entity", "dummy"), real

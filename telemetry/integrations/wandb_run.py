@@ -79,6 +79,8 @@ ENV_RUN_ID = "TELEMETRY_RUN_ID"
 # A log() of more top-level keys than this costs the training thread no Python work per key (see
 # Run.log): the bound on what a wandb.log call does on the caller's thread.
 WIDE_ROW_KEYS = MAX_VALUES
+# The entity of W&B's disabled run, and its name's prefix ("dummy-<id>").
+DISABLED_ENTITY = "dummy"
 # The largest step W&B takes (its history step is an int64).
 MAX_STEP = (1 << 63) - 1
 # Histograms of watch() waiting for their writer (a model's parameters, noted at once).
@@ -285,8 +287,10 @@ class Run(RunCalls):
     # -- what W&B gives ------------------------------------------------------------------------
     @property
     def name(self) -> str | None:
-        """The name given, else W&B's (offline: None)."""
-        return self._name if self._name else self._w_b("name")
+        """The name given, else W&B's (offline: None; disabled: "dummy-<id>", as W&B's)."""
+        if self._name:
+            return self._name
+        return f"{DISABLED_ENTITY}-{self.id}" if self.mode == "disabled" else self._w_b("name")
 
     @name.setter
     def name(self, value: str | None) -> None:
@@ -335,6 +339,8 @@ class Run(RunCalls):
 
     @property
     def entity(self) -> str:
+        if self.mode == "disabled":
+            return self._entity or DISABLED_ENTITY
         return self._entity or self._w_b("entity") or ""
 
     @property
@@ -343,7 +349,8 @@ class Run(RunCalls):
         got = self._w_b("path")
         if got:
             return got
-        return "/".join(p for p in (self._entity, self.project or "uncategorized", self.id) if p)
+        entity = self.entity if self.mode == "disabled" else self._entity
+        return "/".join(p for p in (entity, self.project or "uncategorized", self.id) if p)
 
     @property
     def url(self) -> str | None:
@@ -365,8 +372,19 @@ class Run(RunCalls):
         return self._w_b("dir") or self._fallback_dir()
 
     @property
+    def sweep_url(self) -> str | None:
+        """The page of the sweep this run is a trial of (online only; None outside a sweep)."""
+        return self._w_b("sweep_url") if self.sweep_id and self.mode not in ("offline", "disabled") else None
+
+    @property
+    def sync_dir(self) -> str:
+        """The directory of the run's W&B files, as W&B's (run.dir is its `files`)."""
+        return os.path.dirname(self.dir)
+
+    @property
     def offline(self) -> bool:
-        return self.url is None
+        """As W&B's: whether the run is offline (W&B's disabled run says False)."""
+        return self.mode != "disabled" and self.url is None
 
     @property
     def disabled(self) -> bool:
@@ -425,8 +443,8 @@ class Run(RunCalls):
     # -- logging -------------------------------------------------------------------------------
     @property
     def step(self) -> int:
-        """The current W&B step (the step of the row being filled)."""
-        return self._step
+        """The current W&B step (the step of the row being filled); W&B's disabled run's stays 0."""
+        return 0 if self.mode == "disabled" else self._step
 
     def log(self, data: Mapping[str, Any], step: int | None = None, commit: bool | None = None) -> None:
         """wandb.log: see the module docstring for the step and commit rules. Never blocks.

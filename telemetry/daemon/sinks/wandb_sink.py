@@ -963,8 +963,8 @@ class WandbSink(Sink):
             return {}
         out = {}
         for k in ("id", "name", "project", "entity", "path", "url", "dir", "resumed", "project_url",
-                  "starting_step"):
-            if k in ("url", "project_url") and self.mode == "offline":
+                  "starting_step", "sweep_url"):
+            if k in ("url", "project_url", "sweep_url") and self.mode == "offline":
                 # None, as W&B's offline run gives; asked, W&B also logs a warning each time,
                 # which went to the run's terminal at every `telemetry status`.
                 out[k] = None
