@@ -1242,6 +1242,23 @@ def test_a_text_of_any_length_is_logged_as_w_and_b_logs_it(tmp_path, make_daemon
     assert user_summary(ours) == user_summary(real)
 
 
+def test_text_sent_as_a_file_is_redacted_as_the_rows_text_is(tmp_path, make_daemon, monkeypatch):
+    """A token in text past what the row's event carries (it goes as a file) is redacted in the
+    W&B run as the same token in a short text is (docs/trust.md, "Secrets")."""
+    pytest.importorskip("wandb")
+    token = "hf_SeCrEtToKeNvAlUe12345"
+    d = make_daemon(wandb="offline")
+    monkeypatch.setenv("TELEMETRY_ENDPOINT", d.ingest)
+    tw.init(project="p")
+    tw.log({"short": f"see {token}", "long": "x" * (1 << 18) + f" {token}", "listed": ["y" * (1 << 18), token]})
+    tw.finish()
+    assert d.stop(timeout_s=60) == 0
+    (ours,) = [wait_finished(f) for f in glob.glob(str(d.log_dir / "wandb" / "offline-run-*" / "run-*.wandb"))]
+    row = user_history(ours)[0]
+    assert row["short"] == "see <redacted>" and row["long"].endswith(" <redacted>") and row["listed"][1] == "<redacted>"
+    assert token not in repr(user_history(ours)) and token not in repr(user_summary(ours))
+
+
 @pytest.mark.parametrize("given", [{}, {"project": "proj", "name": "nm", "entity": "ent"}])
 def test_a_disabled_run_says_what_w_and_bs_disabled_run_says(tmp_path, monkeypatch, given):
     """`wandb.init(mode="disabled")`: the run's name, entity, path, offline, step (W&B's stays 0),

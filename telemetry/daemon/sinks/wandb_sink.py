@@ -153,6 +153,7 @@ class WandbSink(Sink):
         if mode not in MODES:
             raise ValueError(f"wandb mode {mode!r}: expected one of {', '.join(MODES)}")
         self.mode = mode
+        self._redactor = None                 # for text that came as a file (_log_media), made when first needed
         self.log_dir = Path(log_dir)
         self.run_name = run_name
         self.project = project
@@ -676,6 +677,14 @@ class WandbSink(Sink):
                 self.media_files.wait(path)
                 objs.append(self._media_object(str(data.get("type")), path, item.get("options") or {}))
             obj = objs if as_list else objs[0]
+            if data.get("type") in ("Text", "List"):
+                # Text that came as a file, past what its row's event carries: its secrets are
+                # redacted as the event's text would have been (docs/trust.md, "Secrets").
+                if self._redactor is None:
+                    from telemetry.shared.security.redact import Redactor
+
+                    self._redactor = Redactor()
+                obj = self._redactor({key: obj})[key]
             if self._init is not None:
                 if step < self._last_step:
                     raise ValueError(f"it arrived after W&B took step {self._last_step}")
