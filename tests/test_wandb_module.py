@@ -312,7 +312,7 @@ def test_unsupported_api_raises_naming_it(tmp_path, monkeypatch):
     with pytest.raises(TypeError, match="torch.nn.Module"):       # as W&B's watch
         tw.watch(object())
     run.log({"a": 1, "img": tw.Image(tmp_path)})   # disabled: accepted, sent nowhere, no file left
-    assert run.step == 1 and not (tmp_path / "media").exists()
+    assert run.step == 0 and not (tmp_path / "media").exists()     # W&B's disabled run's step stays 0
 
 
 def test_a_run_has_the_attributes_w_and_bs_run_has(tmp_path, monkeypatch):
