@@ -294,6 +294,8 @@ class Summary(_AttributeKeys, _Items):
         self._finished = finished
         self._items: dict[str, Any] = {}
         self._paths: dict[str, tuple[str, ...]] = {}
+        self._named: dict[tuple[str, ...], str] = {}        # _paths the other way
+        self._under: dict[tuple[str, ...], list[str]] = {}  # the names of _paths under each path
         self._on_set = on_set
         self._on_remove = on_remove
         self._flatten = flatten_with_paths
@@ -374,14 +376,28 @@ class Summary(_AttributeKeys, _Items):
             self._discard(k)
 
     def _clear_for(self, names: set[str]) -> None:
-        """Remove the keys whose path is above or under the path of one of `names`."""
-        paths = self._paths
-        new = {paths.get(k, (k,)) for k in names}
-        above = {p[:i] for p in new for i in range(1, len(p))}
-        for k in list(self._items):
-            p = paths.get(k, (k,))
-            if k not in names and (p in above or any(p[:i] in new for i in range(1, len(p)))):
-                self._discard(k)
+        """Remove the keys whose path is above or under the path of one of `names`, found by
+        their paths (_named, _under), so a key new at every step costs the keys at its path."""
+        paths, items, named = self._paths, self._items, self._named
+        for name in names:
+            p = paths.get(name, (name,))
+            for i in range(1, len(p)):                  # above: a value where a dict now goes
+                above = p[:i]
+                k = named.get(above, above[0] if i == 1 else None)
+                if k is not None and k in items and paths.get(k, (k,)) == above:
+                    self._discard(k)
+            for k in self._under.get(p, ()):           # under: what the value replaces
+                if k in items:
+                    self._discard(k)
+
+    def add_paths(self, new: Mapping[str, tuple[str, ...]]) -> None:
+        """The paths of record names the run made (RecordNames.paths): nested keys, and flat
+        ones named apart (a flat key named as itself has none: its path is (name,))."""
+        self._paths.update(new)
+        for k, p in new.items():
+            self._named[p] = k
+            for i in range(1, len(p)):
+                self._under.setdefault(p[:i], []).append(k)
 
     def _discard(self, k: str) -> None:
         del self._items[k]

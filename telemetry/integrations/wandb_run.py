@@ -650,7 +650,7 @@ class Run(RunCalls):
         if len(paths) > self._num_paths_sent:
             new = dict(list(paths.items())[self._num_paths_sent:])
             self._num_paths_sent = len(paths)
-            self.summary._paths.update(new)
+            self.summary.add_paths(new)
             tops = {p[0] for p in new.values() if len(p) > 1}
             if tops:
                 # A key with a nested one under it takes the general path (Summary.take: one
