@@ -312,7 +312,7 @@ def test_unsupported_api_raises_naming_it(tmp_path, monkeypatch):
     with pytest.raises(TypeError, match="torch.nn.Module"):       # as W&B's watch
         tw.watch(object())
     run.log({"a": 1, "img": tw.Image(tmp_path)})   # disabled: accepted, sent nowhere, no file left
-    assert run.step == 1 and not (tmp_path / "media").exists()
+    assert run.step == 0 and not (tmp_path / "media").exists()     # W&B's disabled run's step stays 0
 
 
 def test_a_run_has_the_attributes_w_and_bs_run_has(tmp_path, monkeypatch):
@@ -963,3 +963,333 @@ def test_wandbs_shared_mode_starts_an_online_daemon(tmp_path, monkeypatch):
     tw.init(project="p", mode="shared").finish()
     tw.init(project="p", mode="offline").finish()
     assert asked == ["online", "offline"]
+
+
+def test_absl_flags_are_the_config_as_w_and_b_takes_them(tmp_path, monkeypatch):
+    """`wandb.init(config=flags.FLAGS)`, `config.update(flags.FLAGS)` and `config.update(flags)`
+    (absl's module) record each flag's value, as W&B's config reads them (the drop-in recorded
+    none: absl's FlagValues keeps its flags out of `__dict__`)."""
+    flags = pytest.importorskip("absl.flags")
+    import wandb
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    own = flags.FlagValues()
+    flags.DEFINE_integer("batch_size", 32, "", flag_values=own)
+    flags.DEFINE_string("optimizer", "adam", "", flag_values=own)
+    flags.DEFINE_list("layers", ["a", "b"], "", flag_values=own)
+    own(["prog", "--batch_size=64"])
+    if "telemetry_test_flag" not in flags.FLAGS:
+        flags.DEFINE_float("telemetry_test_flag", 0.5, "")
+    flags.FLAGS.mark_as_parsed()
+
+    def script(mod, **init):
+        run = mod.init(config=own, **init)
+        try:
+            first = dict(run.config)
+            run.config.update(flags)
+            return first, dict(run.config)
+        finally:
+            run.finish()
+
+    real = script(wandb, mode="offline", project="p")
+    monkeypatch.setenv("TELEMETRY_AUTOSTART", "0")
+    ours = script(tw, mode="disabled")
+    assert ours == real, (ours, real)
+    assert real[0] == {"batch_size": 64, "optimizer": "adam", "layers": ["a", "b"]}, real
+    assert real[1]["telemetry_test_flag"] == 0.5, real
+
+
+@pytest.mark.filterwarnings("ignore:telemetry. no daemon serves:RuntimeWarning")
+def test_a_step_beyond_w_and_bs_int64_raises_as_w_and_bs_log_does(tmp_path, monkeypatch):
+    """`log(..., step=2**63)` raises W&B's ValueError and changes nothing (the next row goes on
+    at the current step); 2**63 - 1 is taken. The drop-in took the step: run.step became it and
+    every later row was dropped by the client."""
+    import wandb
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    monkeypatch.setenv("WANDB_SILENT", "true")
+
+    def script(mod, **init):
+        run = mod.init(**init)
+        out = []
+        try:
+            run.log({"a": 1.0})
+            for step in (10**20, 1 << 63):
+                try:
+                    run.log({"b": 2.0}, step=step)
+                    out.append(None)
+                except Exception as exc:
+                    out.append((type(exc).__name__, str(exc)))
+            out.append(run.step)
+            run.log({"c": 3.0}, step=(1 << 63) - 1)
+            out.append(run.step)
+            return out
+        finally:
+            run.finish()
+
+    real = script(wandb, mode="offline", project="p", settings=wandb.Settings(console="off", x_disable_stats=True))
+    monkeypatch.setenv("TELEMETRY_AUTOSTART", "0")
+    ours = script(tw, mode="offline", project="p")
+    assert ours == real, (ours, real)
+    assert real[:3] == [("ValueError", f"Value out of range: {10**20}"), ("ValueError", f"Value out of range: {1 << 63}"),
+                        1], real
+
+
+@pytest.mark.filterwarnings("ignore:telemetry. no daemon serves:RuntimeWarning")
+def test_a_nan_makes_define_metric_min_and_max_nan_as_in_w_and_b(tmp_path, monkeypatch):
+    """A NaN logged to a key whose define_metric summary is min or max makes it NaN from then on,
+    before or after other values, as W&B's summary reads (the drop-in passed it over: {"min": 0.5})."""
+    import torch
+    import wandb
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    nan = float("nan")
+
+    def script(mod, **init):
+        run = mod.init(**init)
+        try:
+            for name, ops in (("lo", "min"), ("hi", "max"), ("both", "min,max,first,last"), ("t", "min,max")):
+                mod.define_metric(name, summary=ops)
+            for row in ({"lo": 1.0, "hi": 1.0, "both": nan, "t": torch.tensor(1.0)},
+                        {"lo": nan, "hi": nan, "both": 3.0, "t": torch.tensor(nan)},
+                        {"lo": 0.5, "hi": 2.0, "both": 0.5, "t": torch.tensor(0.0)}):
+                run.log(row)
+            return repr({k: {op: run.summary[k][op] for op in sorted(run.summary[k].keys())}
+                         for k in ("lo", "hi", "both", "t")})
+        finally:
+            run.finish()
+
+    real = script(wandb, mode="offline", project="p", settings=wandb.Settings(console="off", x_disable_stats=True))
+    monkeypatch.setenv("TELEMETRY_AUTOSTART", "0")
+    ours = script(tw, mode="offline", project="p")
+    assert ours == real, (ours, real)
+    assert real == repr({"lo": {"min": nan}, "hi": {"max": nan}, "both": {"first": nan, "last": 0.5, "max": nan,
+                                                                          "min": nan},
+                         "t": {"max": nan, "min": nan}}), real
+
+
+@pytest.mark.filterwarnings("ignore:telemetry. no daemon serves:RuntimeWarning")
+def test_starting_step_is_w_and_bs(tmp_path, monkeypatch):
+    """`run.starting_step`, as W&B's run has it (the drop-in's raised AttributeError): 0 offline and
+    disabled, as W&B's; online, the daemon's W&B run's (a resumed run's, from W&B's server)."""
+    import types
+
+    import wandb
+    from telemetry.daemon.sinks.wandb_sink import WandbSink
+    from telemetry.integrations import wandb_run
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    real = {}
+    for mode in ("offline", "disabled"):
+        run = wandb.init(mode=mode, project="p", settings=wandb.Settings(console="off", x_disable_stats=True))
+        real[mode] = run.starting_step
+        run.finish()
+    monkeypatch.setenv("TELEMETRY_AUTOSTART", "0")
+    ours = {}
+    for mode in ("offline", "disabled"):
+        with tw.init(mode=mode, project="p") as run:
+            ours[mode] = run.starting_step
+    assert ours == real == {"offline": 0, "disabled": 0}, (ours, real)
+    # Online: what the daemon's W&B sink gives of its run (run_info: what `telemetry status` says).
+    sink = WandbSink("online", tmp_path, run_name="r")
+    sink.run = types.SimpleNamespace(starting_step=500)
+    assert sink.run_info()["starting_step"] == 500
+    monkeypatch.setattr(wandb_run, "daemon_run_info", lambda run_id, wait_s, control=None: ({"starting_step": 500}, ""))
+    with tw.init(mode="online", project="p") as run:
+        assert run.starting_step == 500
+
+
+def _summary_now(run) -> list:
+    """run.summary as a script reads it: its keys (W&B's own left out), nested values as dicts."""
+    def read(v):
+        return {k: read(v[k]) for k in v.keys()} if hasattr(v, "keys") else v
+
+    return sorted((k, read(run.summary[k])) for k in run.summary.keys() if not k.startswith("_"))
+
+
+@pytest.mark.filterwarnings("ignore:telemetry. no daemon serves:RuntimeWarning")
+def test_a_none_logged_or_set_is_no_key_of_the_summary_as_in_w_and_b(tmp_path, monkeypatch):
+    """A key logged as None (or set to None on run.summary) is not in run.summary, as W&B's reads
+    (its history keeps the null; a None inside a dict set there is kept), and a nested dict
+    left with no key is gone; a None logged after a
+    value in one row (commit=False) replaces it there. The drop-in kept each as None, and the
+    row's number beside it."""
+    import wandb
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    monkeypatch.setenv("WANDB_SILENT", "true")
+
+    def script(mod, **init):
+        run = mod.init(**init)
+        out = []
+        try:
+            run.log({"a": 1, "b": None, "m": {"x": 1, "y": None}})
+            out.append(_summary_now(run))
+            run.log({"a": None, "m": {"x": None}})
+            out.append(_summary_now(run))
+            run.summary["c"] = None
+            run.summary["d"] = 5
+            run.summary.update({"d": None, "e": {"f": None, "g": 1}})
+            out.append(_summary_now(run))
+            run.log({"a": 1})
+            run.log({"a": 2}, commit=False)
+            run.log({"a": None})
+            run.log({"h": None}, commit=False)
+            run.log({"h": 3})
+            out.append(_summary_now(run))
+            try:
+                out.append(run.summary["b"])
+            except KeyError as exc:
+                out.append(repr(exc))
+            return out
+        finally:
+            run.finish()
+
+    real = script(wandb, mode="offline", project="p", settings=wandb.Settings(console="off", x_disable_stats=True))
+    monkeypatch.setenv("TELEMETRY_AUTOSTART", "0")
+    ours = script(tw, mode="offline", project="p")
+    assert ours == real, (ours, real)
+    # A None inside a dict set on the summary is kept, as W&B keeps the dict it set.
+    assert real == [[("a", 1), ("m", {"x": 1})], [], [("e", {"f": None, "g": 1})],
+                    [("e", {"f": None, "g": 1}), ("h", 3)], "KeyError('b')"], real
+
+
+@pytest.mark.filterwarnings("ignore:telemetry. no daemon serves:RuntimeWarning")
+def test_a_key_flipping_between_a_value_and_a_dict_reads_as_in_w_and_b(tmp_path, monkeypatch):
+    """A key logged or set as a value, then as a dict (or the reverse), at the top or nested, in
+    rows of their own or in one row: run.summary reads the last, as W&B's (the drop-in read the
+    dict under a value logged again over it at a nested key: {"b": {"c": 2}} after {"b": 3}, and
+    at the top level after the fast path took the value: {"b": 2} after 3)."""
+    import wandb
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    monkeypatch.setenv("WANDB_SILENT", "true")
+
+    def script(mod, **init):
+        run = mod.init(**init)
+        out = []
+        try:
+            for rows in ([{"a": 1.0}, {"a": {"b": 2.0}}, {"a": 3.0}],               # the fast path's value last
+                         [{"n": {"b": 1.0}}, {"n": {"b": {"c": 2.0}}}, {"n": {"b": 3.0}}],
+                         [{"w": {"b": 2.0}}, {"w": 1.0}]):
+                for row in rows:
+                    run.log(row)
+                    out.append(_summary_now(run))
+            run.log({"f": 1}, commit=False)
+            run.log({"f": {"g": 2}})
+            run.log({"h": {"g": 2}}, commit=False)
+            run.log({"h": 1})
+            out.append(_summary_now(run))
+            run.log({"t": 1.0})
+            run.summary["t"] = {"u": 1}
+            out.append(_summary_now(run))
+            run.log({"t": 2.0})
+            run.summary["s"] = {"b": 1}
+            run.summary["s"]["b"] = {"c": 2}
+            out.append(_summary_now(run))
+            run.summary["s"]["b"] = 4
+            out.append(_summary_now(run))
+            return out
+        finally:
+            run.finish()
+
+    real = script(wandb, mode="offline", project="p", settings=wandb.Settings(console="off", x_disable_stats=True))
+    monkeypatch.setenv("TELEMETRY_AUTOSTART", "0")
+    ours = script(tw, mode="offline", project="p")
+    assert ours == real, (ours, real)
+    assert real[2] == [("a", 3)] and real[5] == [("a", 3), ("n", {"b": 3})], real
+
+
+def test_a_text_of_any_length_is_logged_as_w_and_b_logs_it(tmp_path, make_daemon, monkeypatch):
+    """Text past what a row's event carries (a value over 1 MiB, or several large ones in a row,
+    a list of long text) reaches the W&B run's history and summary whole, as W&B keeps it; the
+    drop-in's client dropped the row's text event, with a warning naming no key."""
+    wandb = pytest.importorskip("wandb")
+    big = "é" * ((1 << 20) + 5)          # over 2 MiB in UTF-8
+
+    def calls(mod) -> None:
+        mod.log({"loss": 1.0, "big": big, "small": "s"})
+        mod.log({"many": ["x" * 300_000, "y"], "t2": "z" * 200_000, "t3": "w" * 200_000})
+        mod.log({"loss": 0.5})
+
+    run = wandb.init(mode="offline", project="p", dir=str(tmp_path),
+                     settings=wandb.Settings(silent=True, console="off", x_disable_stats=True))
+    calls(wandb)
+    run.finish()
+    (real,) = [wait_finished(f) for f in glob.glob(str(tmp_path / "wandb" / "offline-run-*" / "run-*.wandb"))]
+
+    d = make_daemon(wandb="offline")
+    monkeypatch.setenv("TELEMETRY_ENDPOINT", d.ingest)
+    ours_run = tw.init(project="p")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        calls(tw)
+    assert len(ours_run.summary["big"]) == len(big) and len(ours_run.summary["many"][0]) == 300_000
+    tw.finish()
+    assert d.stop(timeout_s=60) == 0
+    (ours,) = [wait_finished(f) for f in glob.glob(str(d.log_dir / "wandb" / "offline-run-*" / "run-*.wandb"))]
+    assert user_history(ours) == user_history(real)
+    assert user_history(real)[0]["big"] == big
+    assert user_summary(ours) == user_summary(real)
+
+
+def test_text_sent_as_a_file_is_redacted_as_the_rows_text_is(tmp_path, make_daemon, monkeypatch):
+    """A token in text past what the row's event carries (it goes as a file) is redacted in the
+    W&B run as the same token in a short text is (docs/trust.md, "Secrets")."""
+    pytest.importorskip("wandb")
+    token = "hf_SeCrEtToKeNvAlUe12345"
+    d = make_daemon(wandb="offline")
+    monkeypatch.setenv("TELEMETRY_ENDPOINT", d.ingest)
+    tw.init(project="p")
+    tw.log({"short": f"see {token}", "long": "x" * (1 << 18) + f" {token}", "listed": ["y" * (1 << 18), token]})
+    tw.finish()
+    assert d.stop(timeout_s=60) == 0
+    (ours,) = [wait_finished(f) for f in glob.glob(str(d.log_dir / "wandb" / "offline-run-*" / "run-*.wandb"))]
+    row = user_history(ours)[0]
+    assert row["short"] == "see <redacted>" and row["long"].endswith(" <redacted>") and row["listed"][1] == "<redacted>"
+    assert token not in repr(user_history(ours)) and token not in repr(user_summary(ours))
+
+
+@pytest.mark.parametrize("given", [{}, {"project": "proj", "name": "nm", "entity": "ent"}])
+def test_a_disabled_run_says_what_w_and_bs_disabled_run_says(tmp_path, monkeypatch, given):
+    """`wandb.init(mode="disabled")`: the run's name, entity, path, offline, step (W&B's stays 0),
+    starting_step, sync_dir and sweep_url are W&B's disabled run's, and its use_artifact gives None
+    (the drop-in's entity was "", its name None, its path without the entity, offline True, its
+    step counted the rows, starting_step, sync_dir and sweep_url were missing, and use_artifact
+    raised W&B's offline TypeError)."""
+    import wandb
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.setenv("TELEMETRY_AUTOSTART", "0")
+    attrs = ("name", "entity", "project", "path", "offline", "disabled", "url", "project_url", "sweep_url", "group",
+             "tags", "notes", "job_type", "resumed", "starting_step", "sweep_id", "step")
+
+    def script(mod):
+        run = mod.init(mode="disabled", **given)
+        try:
+            got = {"start": {k: getattr(run, k) for k in attrs}}
+            run.log({"a": 1.0})
+            run.log({"b": 2.0}, step=5)
+            run.log({"c": 3.0}, commit=False)
+            got["step"] = run.step
+            got["sync_dir is dir's parent"] = run.sync_dir == os.path.dirname(run.dir)
+            got["use_artifact"] = run.use_artifact("ent/proj/art:v0")
+            return run.id, got
+        finally:
+            run.finish()
+
+    real_id, real = script(wandb)
+    our_id, ours = script(tw)
+    swap = lambda d: {k: v.replace(our_id, real_id) if isinstance(v, str) else v for k, v in d.items()}
+    assert {**ours, "start": swap(ours["start"])} == real, (ours, real)
+    assert real["step"] == 0 and real["start"]["entity"] == given.get("entity", "dummy"), real

@@ -59,4 +59,4 @@ _.use_cache         # transformers model config (generation off while training)
 PAD_ID              # trainer/data.py: the byte vocabulary's reserved ids, named together
 
 # W&B's Run attributes a script reads by name (the drop-in's run, telemetry/integrations/wandb_run.py).
-_.sweep_id
+_.sweep_id, _.sweep_url, _.starting_step, _.sync_dir

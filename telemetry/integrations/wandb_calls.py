@@ -349,6 +349,8 @@ class RunCalls:
     def use_artifact(self, artifact_or_name: Any, type: str | None = None, aliases: list[str] | None = None,
                      use_as: str | None = None) -> Any:
         self._raise_if_finished("use_artifact")
+        if self.mode == "disabled":
+            return None                 # W&B's disabled run's
         if self.offline:
             raise TypeError("Cannot use artifact when in offline mode.")
         raise NotImplementedError("telemetry.wandb does not support run.use_artifact online: the daemon owns the "

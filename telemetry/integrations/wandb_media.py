@@ -39,6 +39,10 @@ MAX_BINS = 512
 # event (W&B's rule: an array of up to 32 elements is stored as a list); larger ones as a file.
 INLINE_ARRAY = 32
 INLINE_LIST = 256
+# The characters of text (a value, or the items of a list) a row's event carries; past them, a
+# value goes as a file (Text, List). At most 4 bytes a character in UTF-8, so the event stays
+# well within what the daemon takes (protocol.constants.MAX_FRAME_BYTES).
+INLINE_TEXT_CHARS = 1 << 17
 # How long finish() lets the writer finish what is queued.
 CLOSE_TIMEOUT_S = 10.0
 
@@ -345,6 +349,26 @@ class List(Media):
     def write(self, path: str) -> None:
         with open(path, "w") as f:
             json.dump(self.items, f, default=_json_value)
+
+
+class Text(Media):
+    """A text value past what the row's event carries (Run._inline_texts): written as JSON on
+    the writer thread; the daemon's run logs the text, as W&B keeps it in its history."""
+
+    passthrough = True
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def snapshot(self) -> "Text":
+        return self                     # a str does not change
+
+    def describe(self) -> tuple[str, dict[str, Any]]:
+        return ".json", {}
+
+    def write(self, path: str) -> None:
+        with open(path, "w") as f:
+            json.dump(self.text, f)
 
 
 # wandb.plot's functions that a Chart passes through (W&B's common charts).

@@ -9,6 +9,7 @@ import datetime
 import enum
 import os
 import sys
+import types
 from collections.abc import MutableMapping, Sequence
 from fnmatch import fnmatchcase
 from typing import Any, Callable, Iterator, Mapping
@@ -293,6 +294,8 @@ class Summary(_AttributeKeys, _Items):
         self._finished = finished
         self._items: dict[str, Any] = {}
         self._paths: dict[str, tuple[str, ...]] = {}
+        self._named: dict[tuple[str, ...], str] = {}        # _paths the other way
+        self._under: dict[tuple[str, ...], list[str]] = {}  # the names of _paths under each path
         self._on_set = on_set
         self._on_remove = on_remove
         self._flatten = flatten_with_paths
@@ -358,6 +361,49 @@ class Summary(_AttributeKeys, _Items):
                     out[k] = got
         return out
 
+    def take(self, values: Mapping[str, Any]) -> None:
+        """A committed row's values (record names), as W&B's summary takes them: each replaces
+        what was at its path, the keys under it and a value above it (`{"a": 1}` then
+        `{"a": {"b": 2}}` reads {"b": 2}, and back); a None removes its key, as W&B's summary
+        holds no null (the W&B run's summary takes it as W&B's does). The summary holds no key
+        above or under another, so only a key new to it needs looking for those."""
+        items = self._items
+        new = values.keys() - items.keys()
+        if new and items:
+            self._clear_for(new)
+        items.update(values)
+        for k in [k for k, v in values.items() if v is None]:
+            self._discard(k)
+
+    def _clear_for(self, names: set[str]) -> None:
+        """Remove the keys whose path is above or under the path of one of `names`, found by
+        their paths (_named, _under), so a key new at every step costs the keys at its path."""
+        paths, items, named = self._paths, self._items, self._named
+        for name in names:
+            p = paths.get(name, (name,))
+            for i in range(1, len(p)):                  # above: a value where a dict now goes
+                above = p[:i]
+                k = named.get(above, above[0] if i == 1 else None)
+                if k is not None and k in items and paths.get(k, (k,)) == above:
+                    self._discard(k)
+            for k in self._under.get(p, ()):           # under: what the value replaces
+                if k in items:
+                    self._discard(k)
+
+    def add_paths(self, new: Mapping[str, tuple[str, ...]]) -> None:
+        """The paths of record names the run made (RecordNames.paths): nested keys, and flat
+        ones named apart (a flat key named as itself has none: its path is (name,))."""
+        self._paths.update(new)
+        for k, p in new.items():
+            self._named[p] = k
+            for i in range(1, len(p)):
+                self._under.setdefault(p[:i], []).append(k)
+
+    def _discard(self, k: str) -> None:
+        del self._items[k]
+        self._set.discard(k)
+        self._agg.pop(k, None)
+
     def update(self, d: Mapping[str, Any]) -> None:
         """As W&B's: each key given is set whole (a dict replaces what was under that key); one
         dict, as W&B's takes (keywords raise TypeError there too)."""
@@ -383,14 +429,16 @@ class Summary(_AttributeKeys, _Items):
         values = self._flatten(data)
         self._items.update(values)
         self._set.update(values)
+        for k in [k for k in data if data[k] is None and k in values]:
+            # As W&B's summary reads: a key set to None is no key (its run's summary: null); a
+            # None inside a dict set is kept, as W&B keeps the dict.
+            self._discard(k)
         self._on_set(values, [list(p) for p in replaced])
 
     def _drop_under(self, path: tuple[str, ...]) -> None:
         n = len(path)
         for k in [k for k in self._items if self._paths.get(k, (k,))[:n] == path]:
-            del self._items[k]
-            self._set.discard(k)
-            self._agg.pop(k, None)
+            self._discard(k)
 
     def _remove(self, path: tuple[str, ...]) -> None:
         """The value at `path` (a key, or a key inside nested ones) and all under it go, here
@@ -478,6 +526,10 @@ class _Aggregate:
     def _fold(self, x: float) -> None:
         if self.n == 0:
             self.first = self.lo = self.hi = x
+        elif x != x:
+            # NaN: W&B's min and max are NaN from then on (min() here would pass it over; once
+            # lo and hi are NaN, min() and max() keep them so).
+            self.lo = self.hi = x
         else:
             self.lo, self.hi = min(self.lo, x), max(self.hi, x)
         self.n += 1
@@ -626,9 +678,14 @@ def config_from_file(path: str, must_exist: bool = False) -> dict[str, Any]:
     return {k: v["value"] for k, v in loaded.items()}
 
 
+# Modules W&B's config takes as their flags (wandb_helper._to_dict): their FLAGS.
+_FLAGS_MODULES = ("absl.flags", "tensorflow.python.platform.flags")
+
+
 def config_dict(d: Any) -> dict[str, Any]:
-    """A config as W&B takes it (None, a mapping, a Config, an argparse.Namespace, or a str: the
-    path of a YAML config file in W&B's format, which must exist) as a dict."""
+    """A config as W&B takes it (None, a mapping, a Config, an argparse.Namespace, absl's
+    `flags.FLAGS` or the `flags` module, or a str: the path of a YAML config file in W&B's format,
+    which must exist) as a dict."""
     if d is None:
         return {}
     if isinstance(d, str):
@@ -637,6 +694,11 @@ def config_dict(d: Any) -> dict[str, Any]:
         return dict(d)
     if isinstance(d, Config):
         return d.as_dict()
+    if isinstance(d, types.ModuleType) and d.__name__ in _FLAGS_MODULES:
+        d = d.FLAGS
+    if type(d).__module__ == "absl.flags._flagvalues":
+        # absl's FlagValues keeps its flags out of __dict__: each flag's value, as W&B reads them.
+        return {name: d[name].value for name in dir(d)}
     if hasattr(d, "__dict__"):   # argparse.Namespace and the like, as W&B takes them
         return {k: v for k, v in vars(d).items() if not k.startswith("_")}
     raise TypeError(f"config must be a dict or an argparse.Namespace, got {type(d).__name__}")

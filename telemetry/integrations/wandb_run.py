@@ -62,7 +62,8 @@ from telemetry.integrations._client import LazyClient, process_rank
 from telemetry.integrations.wandb_calls import CALL_EVENT, RunCalls
 from telemetry.integrations.wandb_objects import Config, Error, Metric, Summary, Unsupported, UsageError
 from telemetry.integrations.wandb_values import json_value, nested_key_text, summary_key_text
-from telemetry.integrations.wandb_media import INLINE_ARRAY, INLINE_LIST, Array, Histogram, List, Media, MediaWriter
+from telemetry.integrations.wandb_media import (INLINE_ARRAY, INLINE_LIST, INLINE_TEXT_CHARS, Array, Histogram, List,
+                                                 Media, MediaWriter, Text)
 from telemetry.shared.bookkeeping import SUMMARY_REMOVE_EVENT
 from telemetry.shared.media import EVENT as MEDIA_EVENT
 from telemetry.shared.wandb_ids import fallback_files_dirs
@@ -78,6 +79,10 @@ ENV_RUN_ID = "TELEMETRY_RUN_ID"
 # A log() of more top-level keys than this costs the training thread no Python work per key (see
 # Run.log): the bound on what a wandb.log call does on the caller's thread.
 WIDE_ROW_KEYS = MAX_VALUES
+# The entity of W&B's disabled run, and its name's prefix ("dummy-<id>").
+DISABLED_ENTITY = "dummy"
+# The largest step W&B takes (its history step is an int64).
+MAX_STEP = (1 << 63) - 1
 # Histograms of watch() waiting for their writer (a model's parameters, noted at once).
 WATCH_MAX_QUEUED = 4096
 # How long `run.name` / `run.url` / `run.path` wait for the daemon's W&B run to open (it imports
@@ -252,6 +257,7 @@ class Run(RunCalls):
         self._names = RecordNames()
         self._num_paths_sent = 0            # of _names.paths, told the daemon (wandb/nested)
         self._fast_keys: frozenset = frozenset()    # the last fast row's keys (see log)
+        self._nested_tops: set[str] = set()         # top-level keys with a nested key under them
         self._media_step = -1               # the step of the last media sent (its row is not empty)
         self._row_open = False              # a log() call made the current step's row
         self._pid = os.getpid()             # a forked child's copy is not its run (see _finish_all)
@@ -281,8 +287,10 @@ class Run(RunCalls):
     # -- what W&B gives ------------------------------------------------------------------------
     @property
     def name(self) -> str | None:
-        """The name given, else W&B's (offline: None)."""
-        return self._name if self._name else self._w_b("name")
+        """The name given, else W&B's (offline: None; disabled: "dummy-<id>", as W&B's)."""
+        if self._name:
+            return self._name
+        return f"{DISABLED_ENTITY}-{self.id}" if self.mode == "disabled" else self._w_b("name")
 
     @name.setter
     def name(self, value: str | None) -> None:
@@ -317,12 +325,22 @@ class Run(RunCalls):
         return bool(self._w_b("resumed"))
 
     @property
+    def starting_step(self) -> int:
+        """W&B's: the step the run started at, a resumed online run's from W&B's server (the
+        daemon's W&B run's); 0 offline and disabled, as W&B's, and when no W&B run says one."""
+        if self.mode in ("offline", "disabled"):
+            return 0
+        return self._w_b("starting_step") or 0
+
+    @property
     def project_url(self) -> str | None:
         """The project's page (online only: offline, W&B has none)."""
         return self._w_b("project_url")
 
     @property
     def entity(self) -> str:
+        if self.mode == "disabled":
+            return self._entity or DISABLED_ENTITY
         return self._entity or self._w_b("entity") or ""
 
     @property
@@ -331,7 +349,8 @@ class Run(RunCalls):
         got = self._w_b("path")
         if got:
             return got
-        return "/".join(p for p in (self._entity, self.project or "uncategorized", self.id) if p)
+        entity = self.entity if self.mode == "disabled" else self._entity
+        return "/".join(p for p in (entity, self.project or "uncategorized", self.id) if p)
 
     @property
     def url(self) -> str | None:
@@ -353,8 +372,19 @@ class Run(RunCalls):
         return self._w_b("dir") or self._fallback_dir()
 
     @property
+    def sweep_url(self) -> str | None:
+        """The page of the sweep this run is a trial of (online only; None outside a sweep)."""
+        return self._w_b("sweep_url") if self.sweep_id and self.mode not in ("offline", "disabled") else None
+
+    @property
+    def sync_dir(self) -> str:
+        """The directory of the run's W&B files, as W&B's (run.dir is its `files`)."""
+        return os.path.dirname(self.dir)
+
+    @property
     def offline(self) -> bool:
-        return self.url is None
+        """As W&B's: whether the run is offline (W&B's disabled run says False)."""
+        return self.mode != "disabled" and self.url is None
 
     @property
     def disabled(self) -> bool:
@@ -413,8 +443,8 @@ class Run(RunCalls):
     # -- logging -------------------------------------------------------------------------------
     @property
     def step(self) -> int:
-        """The current W&B step (the step of the row being filled)."""
-        return self._step
+        """The current W&B step (the step of the row being filled); W&B's disabled run's stays 0."""
+        return 0 if self.mode == "disabled" else self._step
 
     def log(self, data: Mapping[str, Any], step: int | None = None, commit: bool | None = None) -> None:
         """wandb.log: see the module docstring for the step and commit rules. Never blocks.
@@ -449,6 +479,10 @@ class Run(RunCalls):
             if step.__class__ is bool:       # an int to operator.index; W&B's history refuses it
                 raise TypeError("Field wandb_internal.HistoryStep.num: Expected an int, got a boolean.")
             step = operator.index(step)
+            if step > MAX_STEP and self.mode != "disabled":
+                # W&B's history step is an int64: its protobuf refuses a larger one, before anything
+                # is logged (W&B's disabled run writes no history and takes it).
+                raise ValueError(f"Value out of range: {step}")
             if step < self._step:
                 # W&B's line, each time, on stderr (not a Python warning), unless $WANDB_SILENT.
                 if os.environ.get("WANDB_SILENT", "").lower() not in ("1", "true", "yes"):
@@ -476,10 +510,16 @@ class Run(RunCalls):
                 self._send_paths()
             pending.update(data)
             data = {}
+        texts = self._texts
         for k, v in self._flatten(data).items():
             if len(k) > MAX_NAME_CHARS:
                 self._refuse(k, f"a key longer than {MAX_NAME_CHARS} characters")
                 continue
+            if k in pending or k in texts:
+                # Logged earlier into this row (commit=False): this value replaces that one, as in
+                # W&B's row, whichever of the two holds each.
+                pending.pop(k, None)
+                texts.pop(k, None)
             why = refusal(v)
             if why is not None and not isinstance(v, (Media, list, tuple, dict)) and v is not None:
                 v = as_w_and_b_logs(v)
@@ -516,11 +556,13 @@ class Run(RunCalls):
 
     def _fast_keys_ok(self, data: dict) -> bool:
         """Whether `data`'s keys suit Run.log's fast path (1..WIDE_ROW_KEYS str keys, none
-        longer than MAX_NAME_CHARS, none whose record name is another: see RecordNames); if so
+        longer than MAX_NAME_CHARS, none whose record name is another: see RecordNames, none with
+        a nested key under it: its value replaces theirs in run.summary, see Summary.take); if so
         they are kept, for the next row's keys comparison, and named as themselves."""
         names = self._names
         if data and len(data) <= WIDE_ROW_KEYS and set(map(type, data)) == _STR \
-                and max(map(len, data)) <= MAX_NAME_CHARS and names.paths.keys().isdisjoint(data):
+                and max(map(len, data)) <= MAX_NAME_CHARS and names.paths.keys().isdisjoint(data) \
+                and self._nested_tops.isdisjoint(data):
             names.flat.update(data)
             self._fast_keys = frozenset(data)
             return True
@@ -536,7 +578,7 @@ class Run(RunCalls):
                 if isinstance(x, Media):     # W&B's JSON encoder refuses one inside a list, so does this
                     raise TypeError(f"Object of type {type(x).__name__} is not JSON serializable")
             self._send_media(key, [List(value)])
-            self._logged[key] = list(value)     # run.summary reads it back as W&B's: a list of its values
+            self.summary.take({key: list(value)})   # run.summary reads it back as W&B's: a list of its values
 
     def _log_array(self, key: str, value: Any) -> None:
         """A numpy array, stored as W&B stores it: one element as that number, up to
@@ -567,15 +609,32 @@ class Run(RunCalls):
         if self._watched:        # watch()'s clones of this row (wandb_watch.py)
             self._send_watched()
         if self._texts:          # first: the daemon's W&B sink logs them into the row before its numbers
-            self._client.get().event(VALUES_EVENT, {"step": self._step, "values": self._texts})
-            self._logged.update(self._texts)
-            self._texts = {}
+            texts, self._texts = self._texts, {}
+            self.summary.take(texts)
+            inline = self._inline_texts(texts)
+            if inline:
+                self._client.get().event(VALUES_EVENT, {"step": self._step, "values": inline})
         if self._pending:
             self._client.get().log(self._step, self._pending)
-            self._logged.update(self._pending)       # run.summary's last values (wandb_objects.Summary)
+            self.summary.take(self._pending)         # run.summary's last values (wandb_objects.Summary)
             if self.summary._ops:                    # define_metric summaries (min, max, ...)
                 self.summary.note(self._pending)
             self._pending = {}
+
+    def _inline_texts(self, texts: dict[str, Any]) -> dict[str, Any]:
+        """The row's text values that its event carries: up to INLINE_TEXT_CHARS characters of
+        text in all; each value past them goes as a file (as W&B keeps a text of any length in
+        its history; the event would have been too large for the daemon, and lost)."""
+        chars = 0
+        for k, v in list(texts.items()):
+            c = v.__class__
+            n = len(v) if c is str else sum(len(x) for x in v if x.__class__ is str) if c is list else 0
+            if n and chars + n > INLINE_TEXT_CHARS:
+                self._send_media(k, [Text(v) if c is str else List(v)])
+                del texts[k]
+            else:
+                chars += n
+        return texts
 
     def _flatten(self, data: Mapping[str, Any], key_text: Callable[[Any], str] = nested_key_text) -> dict[str, Any]:
         """flatten(), telling the daemon once of each key's path (see _send_paths)."""
@@ -591,7 +650,13 @@ class Run(RunCalls):
         if len(paths) > self._num_paths_sent:
             new = dict(list(paths.items())[self._num_paths_sent:])
             self._num_paths_sent = len(paths)
-            self.summary._paths.update(new)
+            self.summary.add_paths(new)
+            tops = {p[0] for p in new.values() if len(p) > 1}
+            if tops:
+                # A key with a nested one under it takes the general path (Summary.take: one
+                # replaces the other in run.summary, as in W&B's); the fast path's update cannot.
+                self._nested_tops |= tops
+                self._fast_keys = frozenset()
             self._client.get().event(NESTED_EVENT, {"paths": {k: list(p) for k, p in new.items()}})
 
     def _send_media(self, key: str, media: list, as_list: bool = False, writer: Any = None) -> None:

@@ -153,6 +153,7 @@ class WandbSink(Sink):
         if mode not in MODES:
             raise ValueError(f"wandb mode {mode!r}: expected one of {', '.join(MODES)}")
         self.mode = mode
+        self._redactor = None                 # for text that came as a file (_log_media), made when first needed
         self.log_dir = Path(log_dir)
         self.run_name = run_name
         self.project = project
@@ -678,6 +679,14 @@ class WandbSink(Sink):
                 self.media_files.wait(path)
                 objs.append(self._media_object(str(data.get("type")), path, item.get("options") or {}))
             obj = objs if as_list else objs[0]
+            if data.get("type") in ("Text", "List"):
+                # Text that came as a file, past what its row's event carries: its secrets are
+                # redacted as the event's text would have been (docs/trust.md, "Secrets").
+                if self._redactor is None:
+                    from telemetry.shared.security.redact import Redactor
+
+                    self._redactor = Redactor()
+                obj = self._redactor({key: obj})[key]
             if self._init is not None:
                 if step < self._last_step:
                     raise ValueError(f"it arrived after W&B took step {self._last_step}")
@@ -799,7 +808,7 @@ class WandbSink(Sink):
             return wandb.Audio(str(path), **kwargs)
         if kind == "Array":      # a plain value: W&B stores it by its own rule
             return np.load(path, allow_pickle=False)
-        if kind == "List":
+        if kind in ("List", "Text"):        # a plain value: W&B keeps it as it is
             return json.loads(path.read_text())
         if kind == "Chart":          # the script's wandb.plot call, made here with the real one
             from telemetry.integrations.wandb_media import CHARTS, TABLE_ARG
@@ -964,8 +973,9 @@ class WandbSink(Sink):
         if run is None:
             return {}
         out = {}
-        for k in ("id", "name", "project", "entity", "path", "url", "dir", "resumed", "project_url"):
-            if k in ("url", "project_url") and self.mode == "offline":
+        for k in ("id", "name", "project", "entity", "path", "url", "dir", "resumed", "project_url",
+                  "starting_step", "sweep_url"):
+            if k in ("url", "project_url", "sweep_url") and self.mode == "offline":
                 # None, as W&B's offline run gives; asked, W&B also logs a warning each time,
                 # which went to the run's terminal at every `telemetry status`.
                 out[k] = None
