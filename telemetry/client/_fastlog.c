@@ -186,6 +186,8 @@ static PyObject *LogState_log(LogState *s, PyObject *const *args, Py_ssize_t nar
         return NULL;
     *cell = seq + 1;
 
+    /* The calls below run Python code (the bell, the socket's send), where another thread may
+     * unbind this state (a close): what they use is held here, and nothing bound is read after. */
     long long pending = s->submitted - s->done;
     if (pending || t - s->last_ns < s->direct_after) {
         s->last_ns = t;
@@ -194,35 +196,51 @@ static PyObject *LogState_log(LogState *s, PyObject *const *args, Py_ssize_t nar
             return frame;
         }
         s->submitted++;
-        PyObject *ok = PyObject_CallOneArg(s->append, frame);
+        PyObject *ring = s->ring;
+        Py_INCREF(ring);
+        PyObject *ok = PyObject_CallOneArg(s->append, frame);     /* deque.append: no Python code */
         Py_DECREF(frame);
-        if (ok == NULL)
+        if (ok == NULL) {
+            Py_DECREF(ring);
             return NULL;
+        }
         Py_DECREF(ok);
         if (s->parked) {                               /* read after the append: see DeferredSender._park */
-            ok = PyObject_CallNoArgs(s->ring);
+            ok = PyObject_CallNoArgs(ring);
+            Py_DECREF(ring);
             if (ok == NULL)
                 return NULL;
             Py_DECREF(ok);
         }
+        else
+            Py_DECREF(ring);
     }
     else {
         /* A step this long after the previous one, nothing queued: the sender thread has parked,
          * and waking it would cost more CPU than the send, so the send is done here. */
         s->last_ns = t;
-        PyObject *send_args[2] = {frame, s->noblock};
-        PyObject *ok = PyObject_Vectorcall(s->send, send_args, 2, NULL);
+        PyObject *send = s->send, *noblock = s->noblock, *zmq_error = s->zmq_error;
+        Py_INCREF(send);
+        Py_INCREF(noblock);
+        Py_INCREF(zmq_error);
+        PyObject *send_args[2] = {frame, noblock};
+        PyObject *ok = PyObject_Vectorcall(send, send_args, 2, NULL);
         Py_DECREF(frame);
+        Py_DECREF(send);
+        Py_DECREF(noblock);
         if (ok != NULL) {
             Py_DECREF(ok);
             s->sent++;
         }
-        else if (PyErr_ExceptionMatches(s->zmq_error)) {   /* Again: queue full or no daemon */
+        else if (PyErr_ExceptionMatches(zmq_error)) {      /* Again: queue full or no daemon */
             PyErr_Clear();
             s->dropped++;
         }
-        else
+        else {
+            Py_DECREF(zmq_error);
             return NULL;
+        }
+        Py_DECREF(zmq_error);
     }
     s->own_ns += now_ns(CLOCK_MONOTONIC) - t0;
     Py_RETURN_NONE;

@@ -74,15 +74,17 @@ class PyLogState:
                 self.own_ns += _monotonic_ns() - t0
                 return frame
             self.submitted += 1
+            ring = self._ring            # held: another thread's close may unbind meanwhile
             self._append(frame)
             if self.parked:
-                self._ring()
+                ring()
         else:
             self.last_ns = t
+            send, noblock, zmq_error = self._send, self._noblock, self._zmq_error
             try:
-                self._send(frame, self._noblock)
+                send(frame, noblock)
                 self.sent += 1
-            except self._zmq_error:
+            except zmq_error:
                 self.dropped += 1
         self.own_ns += _monotonic_ns() - t0
         return None
