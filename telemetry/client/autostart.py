@@ -132,10 +132,13 @@ def wanted(default: bool) -> bool:
 
 def ensure_daemon(prog: str, *, default: bool = True, run_id: str | None = None, run_name: str | None = None,
                   wandb_mode: str | None = None, root: str | os.PathLike | None = None,
-                  runtime: Path | None = None) -> Started | None:
+                  runtime: Path | None = None, copy: int = 1) -> Started | None:
     """A daemon serving `runtime` (default: the directory this process's clients send to by
     default: its job's with $TELEMETRY_AUTOSTART=1, endpoints.job_runtime_dir, else the node's
     default endpoints' directory): the one running, or one started now.
+
+    `copy` > 1: a run of `run_id` kept apart from another of that id (telemetry.wandb's
+    _rank_of_its_own): its run directory is `<run-id>.<copy>`.
 
     Returns what this process started (None when one was running already, or none is wanted, or
     none could be started: then one warning, on stderr, says the metrics are not kept).
@@ -163,8 +166,9 @@ def ensure_daemon(prog: str, *, default: bool = True, run_id: str | None = None,
         if endpoints.daemon_serves(rdir):         # another rank started it while we waited
             return None
         if not (run_id and _SAFE_ID.fullmatch(run_id)):      # a directory name: no "/", "..", spaces
-            run_id = new_run_id()
-        started = _start(prog, run_id, run_name, wandb_mode, root, runtime or job_dir, key, job=job_dir is not None)
+            run_id, copy = new_run_id(), 1
+        started = _start(prog, run_id, run_name, wandb_mode, root, runtime or job_dir, key, job=job_dir is not None,
+                         dir_name=run_id if copy == 1 else f"{run_id}.{copy}")
         if started is not None:
             global _num_started
             _started[key] = started
@@ -206,11 +210,12 @@ def _take_start_lock(path: Path) -> int | None:
 
 
 def _start(prog: str, run_id: str, run_name: str | None, wandb_mode: str | None,
-           root: str | os.PathLike | None, runtime: Path | None, key: str, job: bool = False) -> Started | None:
+           root: str | os.PathLike | None, runtime: Path | None, key: str, job: bool = False,
+           dir_name: str = "") -> Started | None:
     from telemetry.shared import files
 
     base = Path(os.environ.get(ENV_DIR) or (Path(root) / "telemetry" if root else Path("telemetry")))
-    log_dir = (base / run_id).absolute()
+    log_dir = (base / (dir_name or run_id)).absolute()
     try:
         files.make_dir(log_dir, own=True)
         out = files.open_append(log_dir / "daemon.out")
