@@ -10,7 +10,8 @@ A run is its run id (`id=`, $WANDB_RUN_ID, `telemetry run`'s, else a new one), a
 daemon of its own (its_daemon): runs with distinct ids (a sweep's trials, forked children,
 k-fold's folds, ranks that each init without a shared id) are runs of their own, as in W&B.
 Ranks that share an id (every rank under `telemetry run`, or torchrun with $WANDB_RUN_ID; or
-rank 0 alone, as W&B scripts usually do) share one daemon: it aggregates the ranks' rows (mean by
+rank 0 alone, as W&B scripts usually do) share one daemon (two processes that would be the
+same rank of it are two runs, as in W&B: _rank_of_its_own): it aggregates the ranks' rows (mean by
 default, see the daemon's reductions) and its W&B sink opens the one real run with the project,
 name, config, group and tags given to `init`. The run ends with the script's exit code. wandb itself is never
 imported in the training process. Step and commit rules, nested keys, what is refused and why:
@@ -282,13 +283,16 @@ def init(project: str | None = None, name: str | None = None, config: Any = None
         from telemetry.client import autostart
 
         runtime = its_daemon(run_id, launch=launch_id is not None)
+        copy = 1
         if made_here and runtime is not None:
             # An id made here, on a daemon of the run's own: no other process can name this run
             # (W&B's run per rank when every rank inits), so this process is its only rank.
             rank, world_size = 0, 1
+        elif runtime is not None:
+            runtime, copy = _rank_of_its_own(run_id, runtime, rank)
         autostart.ensure_daemon("telemetry.wandb", run_id=run_id, run_name=name or env("WANDB_NAME"),
                                 wandb_mode=sink_mode(mode),
-                                root=dir or env("WANDB_DIR"), runtime=runtime)
+                                root=dir or env("WANDB_DIR"), runtime=runtime, copy=copy)
     console = settings.get("console") if isinstance(settings, dict) else getattr(settings, "console", None)
     # W&B's own project for a run that names none: "uncategorized" (a disabled run's: "dummy");
     # the daemon's default project ("telemetry") is for its own runs, never a script's.
@@ -349,6 +353,66 @@ def its_daemon(run_id: str, launch: bool = False):
         return autostart.run_runtime_dir(run_id)
     except (endpoints.EndpointError, OSError):
         return None        # ensure_daemon says why the default directory cannot serve either
+
+
+# The ranks this process holds of the runs on daemons of their own: (runtime directory, rank) ->
+# the descriptor holding `rank-<rank>.lock` there (flock, for the process's life).
+_rank_claims: dict[tuple[str, int], int] = {}
+# Copies of one id a node keeps apart at most (then the last is shared, as before).
+MAX_COPIES = 16
+
+
+def _rank_of_its_own(run_id: str, runtime, rank: int):
+    """(the runtime directory, the copy) of run `run_id` in which this process is rank `rank`:
+    the run's own (copy 1) unless another live process already is that rank of it (two scripts
+    started with one $WANDB_RUN_ID, both rank 0); then the first copy where the rank is free,
+    a run of its own as W&B keeps two runs of one id apart (its directory `<id>.<copy>`), said
+    on stderr. Ranks that differ (torchrun's with a shared id) meet in one run, their values
+    reduced, as before; a rank restarted by an elastic launcher finds its rank free again."""
+    from telemetry.client import autostart
+
+    holder = None
+    for copy in range(1, MAX_COPIES + 1):
+        directory = runtime if copy == 1 else autostart.run_runtime_dir(f"{run_id}.{copy}")
+        taken_by = _claim_rank(directory, rank)
+        if taken_by is None:
+            break
+        holder = holder or taken_by
+    if holder is not None:
+        print(f"telemetry.wandb: run {run_id}: another process (pid {holder}) is already rank {rank} of run {run_id} "
+              f"on this node; this one is a run of its own, as W&B keeps two runs of one id apart: its files go "
+              f"to telemetry/{run_id}.{copy}/, not to the other's", file=sys.stderr, flush=True)
+    return directory, copy
+
+
+def _claim_rank(directory, rank: int) -> str | None:
+    """None once this process holds rank `rank` of the run served from `directory`; else who
+    holds it (its pid, as written in the lock file)."""
+    import fcntl
+
+    path = directory / f"rank-{rank}.lock"
+    held = _rank_claims.get((str(directory), rank))
+    if held is not None:
+        try:
+            if os.fstat(held).st_ino == os.stat(path, follow_symlinks=False).st_ino:
+                return None
+        except OSError:
+            pass
+        os.close(_rank_claims.pop((str(directory), rank)))     # its directory went with its daemon
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError:
+        return None          # nothing to claim with: as before, the run's own daemon
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        holder = os.pread(fd, 16, 0).decode(errors="replace").strip()
+        os.close(fd)
+        return holder if holder.isdigit() else "?"
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    _rank_claims[(str(directory), rank)] = fd
+    return None
 
 
 def _launch_takes(run_id: str, rank: int) -> bool:
@@ -438,6 +502,10 @@ def _launcher_run_id() -> str | None:
 def _forked_child() -> None:
     global _launcher_id_used
     _launcher_id_used = True
+    # The parent's ranks stay the parent's: a child that inits one of its runs is another process.
+    for fd in _rank_claims.values():
+        os.close(fd)
+    _rank_claims.clear()
 
 
 os.register_at_fork(after_in_child=_forked_child)

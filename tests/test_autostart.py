@@ -292,6 +292,37 @@ def test_trials_started_at_once_each_get_a_daemon_and_a_run_of_their_own(tmp_pat
         assert final["records_lost"] == 0 and sorted(final["per_rank"]) == ["0"], final
 
 
+def test_two_scripts_with_one_run_id_both_rank_0_keep_two_runs(tmp_path):
+    """Two scripts started with one $WANDB_RUN_ID, neither launched as a rank: two processes that
+    are rank 0 of one run. W&B keeps two runs; so does the sidecar, and the second is told (before:
+    one run with every step twice, rows of both mixed, A's finish draining while B still sent, and
+    B told nothing)."""
+    script = _script(tmp_path, NANOGPT_STYLE.replace("loss = 4.0 - iter_num * 0.125",
+                                                     "loss = float(os.environ['WHO']) + iter_num; time.sleep(0.02)"))
+    errs = {who: tmp_path / f"{who}.err" for who in ("1", "2")}
+    procs = {}
+    for who, iters in (("1", "20"), ("2", "40")):
+        with open(errs[who], "w") as err:
+            procs[who] = subprocess.Popen([sys.executable, str(script)], cwd=tmp_path, stderr=err,
+                                          env=_env(tmp_path, WANDB_RUN_ID="dup", WHO=f"{who}00", ITERS=iters))
+        deadline = time.monotonic() + 120
+        while "telemetry daemon started" not in errs[who].read_text() and procs[who].poll() is None:
+            assert time.monotonic() < deadline, errs[who].read_text()
+            time.sleep(0.05)       # the first one's daemon serves the run: the second comes after it
+    for who, p in procs.items():
+        assert p.wait(timeout=300) == 0, errs[who].read_text()
+    first, second = errs["1"].read_text(), errs["2"].read_text()
+    assert "already rank 0 of run dup" not in first, first
+    said = [ln for ln in second.splitlines() if "already rank 0 of run dup" in ln]
+    assert len(said) == 1 and f"(pid {procs['1'].pid})" in said[0] and "telemetry/dup.2/" in said[0], second
+    assert [d.name for d in _run_dirs(tmp_path)] == ["dup", "dup.2"]
+    for name, base, iters in (("dup", 100.0, 20), ("dup.2", 200.0, 40)):
+        log_dir = tmp_path / "telemetry" / name
+        assert {s: v["train/loss"] for s, v in _steps(log_dir).items()} == {s: base + s for s in range(iters)}
+        final = json.loads((log_dir / "drain.json").read_text())
+        assert final["records_lost"] == 0 and final["per_rank"]["0"]["sources"] == 1, final
+
+
 EVERY_RANK_INITS = """
 import os
 import torch.distributed as dist

@@ -23,7 +23,11 @@ socket nobody listened on. `wandb.init()` starts W&B's own service process; thes
   is complete when the script returns, and prints where it is and what it holds.
 - When no daemon can be started, one warning says the metrics are not kept.
 
-$TELEMETRY_AUTOSTART=0 turns it off; =1 also starts one for a bare TelemetryClient (opt-in).
+$TELEMETRY_AUTOSTART=0 turns it off; =1 also starts one for a bare TelemetryClient (opt-in), and
+then the daemon is its job's (shared/endpoints.job_runtime_dir: `<runtime dir>/job-<key>/`, key of
+the job's first process, shared/job.py): two scripts of one user, each a job, each get a daemon and
+a run of their own, as two W&B runs do, while a launch's ranks meet at one. Its sockets'
+directory goes when it exits (--remove-runtime-dir).
 """
 from __future__ import annotations
 
@@ -41,7 +45,7 @@ from pathlib import Path
 from telemetry.shared import endpoints
 from telemetry.shared.ourpython import module_cmd
 
-ENV_AUTOSTART = "TELEMETRY_AUTOSTART"
+ENV_AUTOSTART = endpoints.ENV_AUTOSTART
 ENV_DIR = "TELEMETRY_DIR"
 # The W&B mode of the daemons started here when the script names none: `telemetry run` sets it to
 # its own daemon's, for the runs a script makes beside the launcher's (k-fold's next fold).
@@ -122,19 +126,19 @@ def wanted(default: bool) -> bool:
     (someone runs their own daemon) or $TELEMETRY_DISABLED."""
     if os.environ.get(endpoints.ENV_INGEST) or endpoints.telemetry_disabled():
         return False
-    value = os.environ.get(ENV_AUTOSTART, "").strip().lower()
-    if value in ("0", "false", "no", "off"):
-        return False
-    if value in ("1", "true", "yes", "on"):
-        return True
-    return default
+    setting = endpoints.autostart_setting()
+    return default if setting is None else setting
 
 
 def ensure_daemon(prog: str, *, default: bool = True, run_id: str | None = None, run_name: str | None = None,
                   wandb_mode: str | None = None, root: str | os.PathLike | None = None,
-                  runtime: Path | None = None) -> Started | None:
-    """A daemon serving `runtime` (default: this node's default endpoints' directory): the one
-    running, or one started now.
+                  runtime: Path | None = None, copy: int = 1) -> Started | None:
+    """A daemon serving `runtime` (default: the directory this process's clients send to by
+    default: its job's with $TELEMETRY_AUTOSTART=1, endpoints.job_runtime_dir, else the node's
+    default endpoints' directory): the one running, or one started now.
+
+    `copy` > 1: a run of `run_id` kept apart from another of that id (telemetry.wandb's
+    _rank_of_its_own): its run directory is `<run-id>.<copy>`.
 
     Returns what this process started (None when one was running already, or none is wanted, or
     none could be started: then one warning, on stderr, says the metrics are not kept).
@@ -142,7 +146,8 @@ def ensure_daemon(prog: str, *, default: bool = True, run_id: str | None = None,
     if not wanted(default):
         return None
     try:
-        rdir = runtime if runtime is not None else endpoints.runtime_dir(create=True)
+        job_dir = endpoints.job_runtime_dir(create=True) if runtime is None else None
+        rdir = runtime if runtime is not None else job_dir or endpoints.runtime_dir(create=True)
     except (endpoints.EndpointError, OSError) as exc:
         if "" not in _failed:
             _warn(prog, f"no daemon could be started (runtime directory: {exc})", "")
@@ -161,8 +166,9 @@ def ensure_daemon(prog: str, *, default: bool = True, run_id: str | None = None,
         if endpoints.daemon_serves(rdir):         # another rank started it while we waited
             return None
         if not (run_id and _SAFE_ID.fullmatch(run_id)):      # a directory name: no "/", "..", spaces
-            run_id = new_run_id()
-        started = _start(prog, run_id, run_name, wandb_mode, root, runtime, key)
+            run_id, copy = new_run_id(), 1
+        started = _start(prog, run_id, run_name, wandb_mode, root, runtime or job_dir, key, job=job_dir is not None,
+                         dir_name=run_id if copy == 1 else f"{run_id}.{copy}")
         if started is not None:
             global _num_started
             _started[key] = started
@@ -204,11 +210,12 @@ def _take_start_lock(path: Path) -> int | None:
 
 
 def _start(prog: str, run_id: str, run_name: str | None, wandb_mode: str | None,
-           root: str | os.PathLike | None, runtime: Path | None, key: str) -> Started | None:
+           root: str | os.PathLike | None, runtime: Path | None, key: str, job: bool = False,
+           dir_name: str = "") -> Started | None:
     from telemetry.shared import files
 
     base = Path(os.environ.get(ENV_DIR) or (Path(root) / "telemetry" if root else Path("telemetry")))
-    log_dir = (base / run_id).absolute()
+    log_dir = (base / (dir_name or run_id)).absolute()
     try:
         files.make_dir(log_dir, own=True)
         out = files.open_append(log_dir / "daemon.out")
@@ -226,6 +233,11 @@ def _start(prog: str, run_id: str, run_name: str | None, wandb_mode: str | None,
     if wandb_mode in ("online", "offline", "disabled"):
         cmd += ["--wandb", wandb_mode]
     env = dict(os.environ)
+    if job:
+        # A job's directory, made for this daemon alone: it removes it when it exits, however the
+        # job ends (the daemon is the one sure to outlive it).
+        cmd.append("--remove-runtime-dir")
+        env[endpoints.ENV_RUNTIME_DIR] = str(runtime)
     path = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and os.path.abspath(p) != AS_WANDB_DIR]
     env["PYTHONPATH"] = os.pathsep.join(path)
     # No --world-size: the ranks' hellos say whom to wait for (a W&B script often logs on rank 0

@@ -160,11 +160,10 @@ class Daemon:
             self.run_lock_fd = run_lock.hold(self.log_dir)
         self.continuity.restore()
         self.continuity.write(self.fanout.num_records_out)   # a successor on this log dir knows a predecessor existed
-        self.endpoints = {
-            "ingest": endpoints.resolve("ingest", cfg.ingest, create_dir=True),
-            "pub": endpoints.resolve("pub", cfg.pub, create_dir=True),
-            "control": endpoints.resolve("control", cfg.control, create_dir=True),
-        }
+        # Without flags, the node's default sockets: a job's own directory is for its ranks to
+        # find the daemon autostart gives it (which passes them as flags), never one's by hand.
+        self.endpoints = {which: endpoints.resolve(which, getattr(cfg, which), create_dir=True, job=False)
+                          for which in ("ingest", "pub", "control")}
         self.fd_limit, self.max_connections = process.raise_fd_limit(cfg.max_connections)
         if cfg.remote_ingest and cfg.aggregator.world_size:
             log.info("head of %d nodes: up to %d ingest connections (max_connections: two a node and the head's "

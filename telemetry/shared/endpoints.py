@@ -7,6 +7,10 @@ $TELEMETRY_CONTROL), then ipc sockets in a private per-run directory:
 user took that name, then ~/.cache/telemetry/<host>), where <run> is $TELEMETRY_RUN_NAME or
 "default". A TCP endpoint given as a bare port or "tcp://*:P" binds to 127.0.0.1: listening
 beyond loopback is an explicit choice (tcp://0.0.0.0:P).
+
+A rank's ingest socket with $TELEMETRY_AUTOSTART=1 (its job starts its own daemon) and none of
+those set is its job's: <the user's private directory>/job-<key> (job_runtime_dir), so that two
+jobs of one user never send to one daemon; unless a daemon started by hand serves "default".
 """
 from __future__ import annotations
 
@@ -24,6 +28,7 @@ ENV_RUNTIME_DIR = "TELEMETRY_RUNTIME_DIR"
 LAUNCH_CLAIM_FILE = "wandb_run.id"
 ENV_RUN_NAME = "TELEMETRY_RUN_NAME"
 ENV_DISABLED = "TELEMETRY_DISABLED"
+ENV_AUTOSTART = "TELEMETRY_AUTOSTART"
 # What $TELEMETRY_DISABLED may say for "not disabled" (any other value disables).
 _NOT_DISABLED = ("", "0", "false", "no", "off")
 
@@ -32,6 +37,18 @@ def telemetry_disabled() -> bool:
     """$TELEMETRY_DISABLED, read one way by the client and by autostart: set to anything but
     empty, 0, false, no or off (any case), telemetry is off (a client that sends nothing)."""
     return os.environ.get(ENV_DISABLED, "").strip().lower() not in _NOT_DISABLED
+
+
+def autostart_setting() -> bool | None:
+    """$TELEMETRY_AUTOSTART, read one way by autostart and by resolve: True ("1", "true", "yes",
+    "on"), False ("0", "false", "no", "off"), None (unset or anything else: the caller's default)."""
+    value = os.environ.get(ENV_AUTOSTART, "").strip().lower()
+    if value in ("0", "false", "no", "off"):
+        return False
+    if value in ("1", "true", "yes", "on"):
+        return True
+    return None
+
 
 _SOCKET_FILES = {"ingest": "ingest.sock", "pub": "pub.sock", "control": "control.sock"}
 _ENV = {"ingest": ENV_INGEST, "pub": ENV_PUB, "control": ENV_CONTROL}
@@ -224,13 +241,46 @@ def release_ipc(eps) -> None:
         os.close(fd)
 
 
-def resolve(which: str, explicit: str | None = None, create_dir: bool = False) -> str:
+def resolve(which: str, explicit: str | None = None, create_dir: bool = False, job: bool = True) -> str:
     """The endpoint for 'ingest', 'pub' or 'control'. An ipc endpoint is checked (check_ipc)
-    for every side: the daemon binding it, a rank sending to it, a consumer attaching."""
+    for every side: the daemon binding it, a rank sending to it, a consumer attaching. A rank's
+    default ingest socket is its job's when it starts its own daemon (job_runtime_dir); `job`
+    False: the node's default (a daemon started by hand binds there)."""
     ep = explicit or os.environ.get(_ENV[which])
-    ep = "ipc://" + str(runtime_dir(create=create_dir) / _SOCKET_FILES[which]) if not ep else normalize(ep)
+    if not ep:
+        directory = job_runtime_dir(create=create_dir) if job and which == "ingest" else None
+        ep = "ipc://" + str((directory or runtime_dir(create=create_dir)) / _SOCKET_FILES[which])
+    else:
+        ep = normalize(ep)
     check_ipc(ep)
     return ep
+
+
+JOB_DIR_PREFIX = "job-"
+
+
+def job_runtime_dir(create: bool = False) -> Path | None:
+    """The runtime directory of this process's job (`job-<key>` in the user's private directory,
+    shared/job.py; made 0700 when `create`), where a bare client that starts its own daemon
+    ($TELEMETRY_AUTOSTART=1) sends and starts it: the ranks of one launch meet there, and two
+    jobs of one user never do. None, for the node's default directory, when autostart is not
+    asked for, when $TELEMETRY_RUNTIME_DIR or $TELEMETRY_RUN_NAME names the directory (the user
+    chose where the processes meet), and when a daemon serves the default directory (one started
+    by hand takes every job's records, as before)."""
+    if autostart_setting() is not True or os.environ.get(ENV_RUNTIME_DIR) or os.environ.get(ENV_RUN_NAME):
+        return None
+    from telemetry.shared.job import job_key
+    from telemetry.shared.userdir import user_dir
+
+    base = user_dir(create=create)
+    if daemon_serves(base / "default"):
+        return None
+    path = base / f"{JOB_DIR_PREFIX}{job_key()}"
+    if len(str(path / _SOCKET_FILES["control"])) > 107:       # the unix-socket limit (normalize)
+        import hashlib
+
+        path = base / f"{JOB_DIR_PREFIX}{hashlib.sha256(path.name.encode()).hexdigest()[:12]}"
+    return private_dirs(path) if create else path
 
 
 def where(which: str, explicit: str | None = None, flag: str = "") -> str:
