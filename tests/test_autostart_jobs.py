@@ -32,6 +32,19 @@ for step in range(int(os.environ["N"])):
 tm.close()
 """
 
+# An integration's client (the HF callback's, Lightning's, Accelerate's): autostart on by default.
+INTEGRATION = """
+import os, time
+from telemetry.integrations._client import LazyClient
+tag = os.environ["TAG"]
+lazy = LazyClient()
+tm = lazy.get()
+for step in range(int(os.environ["N"])):
+    tm.log(step, {f"loss_{tag}": float(step)})
+    time.sleep(0.02)
+lazy.close()
+"""
+
 STARTED = re.compile(r"telemetry: run (\w+): telemetry daemon started \(pid \d+\), writing to (\S+);")
 
 
@@ -67,19 +80,22 @@ def _wait_for_line(path: Path, pattern: re.Pattern, timeout_s: float = 120.0) ->
     raise AssertionError(f"no {pattern.pattern!r} in {path}: {path.read_text()}")
 
 
-def test_two_bare_jobs_of_one_user_each_keep_their_own_run(tmp_path):
+@pytest.mark.parametrize("client", ["bare", "integration"])
+def test_two_jobs_of_one_user_each_keep_their_own_run(tmp_path, client):
     """Job B starts in another directory while job A's daemon runs, and outlives A. Before: B sent
     to A's daemon without a word, A's run held B's rows, nothing was written under B's directory,
-    and A's end drained the run while B still sent."""
-    script = tmp_path / "bare.py"
-    script.write_text(textwrap.dedent(BARE))
+    and A's end drained the run while B still sent. A bare client with TELEMETRY_AUTOSTART=1, and
+    an integration's, which starts a daemon unless told not to."""
+    script = tmp_path / "job.py"
+    script.write_text(textwrap.dedent(BARE if client == "bare" else INTEGRATION))
+    extra = {} if client == "bare" else {"TELEMETRY_AUTOSTART": ""}
     procs, errs = {}, {}
     for tag, n in (("A", 30), ("B", 80)):
         (tmp_path / tag).mkdir()
         errs[tag] = tmp_path / f"{tag}.err"
         with open(errs[tag], "w") as err:
             procs[tag] = subprocess.Popen([sys.executable, str(script)], cwd=tmp_path / tag, stderr=err,
-                                          env=_env(tmp_path, TAG=tag, N=str(n)))
+                                          env=_env(tmp_path, TAG=tag, N=str(n), **extra))
         if tag == "A":
             _wait_for_line(errs["A"], STARTED)          # A's daemon serves: B comes after it
     for tag, p in procs.items():

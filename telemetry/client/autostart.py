@@ -23,8 +23,8 @@ socket nobody listened on. `wandb.init()` starts W&B's own service process; thes
   is complete when the script returns, and prints where it is and what it holds.
 - When no daemon can be started, one warning says the metrics are not kept.
 
-$TELEMETRY_AUTOSTART=0 turns it off; =1 also starts one for a bare TelemetryClient (opt-in), and
-then the daemon is its job's (shared/endpoints.job_runtime_dir: `<runtime dir>/job-<key>/`, key of
+$TELEMETRY_AUTOSTART=0 turns it off; =1 also starts one for a bare TelemetryClient (opt-in). A
+bare client's then, and an integration's (HF, Lightning, Accelerate) unless =0, is its job's (shared/endpoints.job_runtime_dir: `<runtime dir>/job-<key>/`, key of
 the job's first process, shared/job.py): two scripts of one user, each a job, each get a daemon and
 a run of their own, as two W&B runs do, while a launch's ranks meet at one. Its sockets'
 directory goes when it exits (--remove-runtime-dir).
@@ -146,7 +146,7 @@ def ensure_daemon(prog: str, *, default: bool = True, run_id: str | None = None,
     if not wanted(default):
         return None
     try:
-        job_dir = endpoints.job_runtime_dir(create=True) if runtime is None else None
+        job_dir = endpoints.job_runtime_dir(create=True, default_on=default) if runtime is None else None
         rdir = runtime if runtime is not None else job_dir or endpoints.runtime_dir(create=True)
     except (endpoints.EndpointError, OSError) as exc:
         if "" not in _failed:

@@ -40,12 +40,18 @@ class LazyClient:
             from telemetry.client import TelemetryClient
 
             rank = self._rank() if callable(self._rank) else self._rank
-            if self.endpoint is None:
-                # No daemon on this node: start one (telemetry/client/autostart.py), never silence.
+            endpoint = self.endpoint
+            if endpoint is None:
+                # No daemon for this job: start one (telemetry/client/autostart.py), never silence,
+                # in the job's own directory (two jobs of one user never share one), and send there.
                 from telemetry.client import autostart
+                from telemetry.shared import endpoints
 
                 autostart.ensure_daemon("telemetry")
-            self._client = TelemetryClient(self.endpoint, rank=rank, send_hello=self._send_hello)
+                job = endpoints.job_runtime_dir(default_on=True)
+                if job is not None:
+                    endpoint = f"ipc://{job}/ingest.sock"
+            self._client = TelemetryClient(endpoint, rank=rank, send_hello=self._send_hello)
         return self._client
 
     def close(self) -> None:

@@ -8,8 +8,8 @@ user took that name, then ~/.cache/telemetry/<host>), where <run> is $TELEMETRY_
 "default". A TCP endpoint given as a bare port or "tcp://*:P" binds to 127.0.0.1: listening
 beyond loopback is an explicit choice (tcp://0.0.0.0:P).
 
-A rank's ingest socket with $TELEMETRY_AUTOSTART=1 (its job starts its own daemon) and none of
-those set is its job's: <the user's private directory>/job-<key> (job_runtime_dir), so that two
+A rank's ingest socket with $TELEMETRY_AUTOSTART=1, or an integration's unless =0 (its job starts
+its own daemon), and none of those set is its job's: <the user's private directory>/job-<key> (job_runtime_dir), so that two
 jobs of one user never send to one daemon; unless a daemon started by hand serves "default".
 """
 from __future__ import annotations
@@ -259,15 +259,19 @@ def resolve(which: str, explicit: str | None = None, create_dir: bool = False, j
 JOB_DIR_PREFIX = "job-"
 
 
-def job_runtime_dir(create: bool = False) -> Path | None:
+def job_runtime_dir(create: bool = False, default_on: bool = False) -> Path | None:
     """The runtime directory of this process's job (`job-<key>` in the user's private directory,
-    shared/job.py; made 0700 when `create`), where a bare client that starts its own daemon
-    ($TELEMETRY_AUTOSTART=1) sends and starts it: the ranks of one launch meet there, and two
-    jobs of one user never do. None, for the node's default directory, when autostart is not
-    asked for, when $TELEMETRY_RUNTIME_DIR or $TELEMETRY_RUN_NAME names the directory (the user
-    chose where the processes meet), and when a daemon serves the default directory (one started
-    by hand takes every job's records, as before)."""
-    if autostart_setting() is not True or os.environ.get(ENV_RUNTIME_DIR) or os.environ.get(ENV_RUN_NAME):
+    shared/job.py; made 0700 when `create`), where a client that starts its own daemon sends and
+    starts it: a bare client with $TELEMETRY_AUTOSTART=1, an integration's (HF, Lightning,
+    Accelerate: autostart is on unless =0, `default_on`). The ranks of one launch meet there, and
+    two jobs of one user never do. None, for the node's default directory, when autostart is not
+    on, when $TELEMETRY_ENDPOINT, $TELEMETRY_RUNTIME_DIR or $TELEMETRY_RUN_NAME names where the
+    processes meet, and when a daemon serves the default directory (one started by hand takes
+    every job's records, as before)."""
+    setting = autostart_setting()
+    if setting is False or (setting is None and not default_on):
+        return None
+    if os.environ.get(ENV_INGEST) or os.environ.get(ENV_RUNTIME_DIR) or os.environ.get(ENV_RUN_NAME):
         return None
     from telemetry.shared.job import job_key
     from telemetry.shared.userdir import user_dir

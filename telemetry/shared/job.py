@@ -1,5 +1,6 @@
-"""Which job a process is part of: the key of the daemon a bare client starts for its job
-($TELEMETRY_AUTOSTART=1; endpoints.job_runtime_dir, telemetry/client/autostart.py).
+"""Which job a process is part of: the key of the daemon a client starts for its job (a bare
+client with $TELEMETRY_AUTOSTART=1, an integration's; endpoints.job_runtime_dir,
+telemetry/client/autostart.py).
 
 Two scripts of one user started side by side (from one shell, one session, one process group)
 are two jobs; the ranks a launcher starts, the children a rank forks or spawns, are one. The
