@@ -644,3 +644,27 @@ def test_one_stalled_call_counts_once_in_the_clients_own_time(rx, client_factory
 def codec_is_native() -> bool:
     from protocol import codec
     return codec.pack_ints_map is not None
+
+
+DROPPED_AFTER_SHORT_CLOSE = r"""
+import gc, sys, time
+import telemetry
+tm = telemetry.TelemetryClient(sys.argv[1], rank=0)
+for i in range(20000):
+    tm.log(i, {"a": float(i)})
+tm.close(timeout_s=0.001)          # its sender thread cannot be done by then
+time.sleep(0.5)
+del tm
+gc.collect()
+print("collected", flush=True)
+"""
+
+
+def test_a_client_closed_before_its_sender_thread_finished_can_be_dropped(tmp_path):
+    """close() leaves the socket and its context to the process's exit when the sender thread has
+    not finished (a GPU hung, a backlog still being sent): the client dropped after, pyzmq's
+    Context.__del__ terminated that context and the process hung there for good (seen with
+    threads still logging while the main thread closed)."""
+    p = subprocess.run([sys.executable, "-c", DROPPED_AFTER_SHORT_CLOSE, f"ipc://{tmp_path}/nobody.sock"],
+                       capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert p.returncode == 0 and p.stdout.strip() == "collected", (p.returncode, p.stdout, p.stderr[-2000:])

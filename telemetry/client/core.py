@@ -108,6 +108,9 @@ _live_clients: "weakref.WeakSet[TelemetryClient]" = weakref.WeakSet()
 # A forked child's inherited zmq objects: kept referenced so no destructor ever runs on them
 # in the child (they belong to the parent's I/O thread, which the child does not have).
 _abandoned_after_fork: list[Any] = []
+# What a close() could not shut because its sender thread had not finished (see close()): never
+# garbage-collected before the process exits.
+_left_to_exit: list[Any] = []
 
 
 class _NeedsDeferral(Exception):
@@ -896,9 +899,13 @@ class TelemetryClient(metaclass=abc.ABCMeta):   # ABCMeta: DisabledClient regist
                 self._sock.close(linger=min(remaining_ms() // 2, self._linger_ms))
             self._monitor.close()
             self._ctx.term()
-        # else: a sender thread stuck waiting on a hung GPU may still send on the socket when the
-        # GPU wakes it, and term() would wait for it forever: both are left to process exit (the
-        # caller never uses that socket again; its records after close are dropped and counted).
+        else:
+            # A sender thread stuck waiting on a hung GPU (or still sending a backlog that other
+            # threads kept filling) may still send on the socket, and term() would wait for it
+            # forever: both are left to process exit (the caller never uses that socket again; its
+            # records after close are dropped and counted). Held here: the client dropped later,
+            # pyzmq's Context.__del__ would term() it, and the process would hang there.
+            _left_to_exit.append((self._ctx, self._sock, self._monitor, self._deferred))
         #
         # Then the bye, the final seq and drop count that the daemon's loss figure needs, on a
         # connection of its own. Over ipc, libzmq discards what a peer that hangs up still has
