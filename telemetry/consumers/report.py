@@ -24,13 +24,13 @@ import html
 import json
 import math
 import os
-import signal
 import statistics
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from telemetry.consumers.runend import how_ended
 from telemetry.consumers.terminal import Progress
 from telemetry.shared import files
 from telemetry.shared.config import out_dir_arg, writable_dir_problem
@@ -1039,7 +1039,7 @@ def text_summary(name: str, s: dict, d: RunData) -> str:
              f"  records in         {_f(s['records_in'])}  dropped {_f(s['dropped'])}"
              + (f"  (over {s['num_daemons']} daemon runs)" if s["num_daemons"] > 1 else ""),
              f"  events             {s['num_events']} ({s['num_diagnosis_events']} diagnosis)"]
-    ended = _ended(d.events)
+    ended = how_ended(d.events)
     if ended:
         lines.append(f"  ended              {ended}")
     lines += [f"  at the drain       {line}" for line in s.get("at_drain", ())]
@@ -1064,31 +1064,6 @@ def text_summary(name: str, s: dict, d: RunData) -> str:
         mark = "!!" if ev in critical else "  "
         lines.append(f"  {mark}{ev.get('name')}: {data.get('message', '')}{bundle}")
     return "\n".join(lines)
-
-
-def _ended(events: list[dict]) -> str:
-    """How the run ended, from its launcher's word (`script_exit`: `telemetry run`'s drain
-    request, or the exit status of the process a daemon watched) or, without one, the first
-    failure a rank's run finished with (`train_end`); "" when no record says."""
-    codes = [_data(ev).get("exit_code") for ev in events if ev.get("name") == "script_exit"]
-    codes = [c for c in codes if type(c) is int]
-    if codes:
-        code, whose = codes[-1], "the script's exit code"
-    else:
-        failed = [c for c in (_data(ev).get("exit_code") for ev in events if ev.get("name") == "train_end")
-                  if type(c) is int and c]
-        if not failed:
-            return ""
-        code, whose = failed[0], "a rank's run finished with exit code"
-    if code == 0:
-        return f"successfully ({whose} 0)"
-    how = ""
-    if code > 128:
-        try:
-            how = f": {signal.Signals(code - 128).name}"
-        except ValueError:
-            pass
-    return f"FAILED ({whose} {code}{how})"
 
 
 def _data(ev: dict) -> dict:
