@@ -375,7 +375,8 @@ def _save(fig, path: Path) -> Path:
     import matplotlib.pyplot as plt
 
     fig.tight_layout()
-    fig.savefig(path, dpi=DPI)
+    with os.fdopen(files.create_output(path), "wb") as f:    # never through a symlink at its name
+        fig.savefig(f, format="png", dpi=DPI)
     plt.close(fig)
     return path
 
@@ -750,7 +751,7 @@ def plot_metrics(d: RunData, out: Path) -> tuple[list[Section], dict[bool, int]]
                 left_out[own] += 1
                 continue
             if n == 0:
-                files.make_dir(out / "metrics")
+                files.output_dir(out / "metrics")
             m = lookup(k)
             path = plot_metric(d, k, m.unit if m is not None else "", out / "metrics" / f"{n}.png")
             n += path is not None
@@ -900,7 +901,8 @@ div.media img {{ image-rendering: pixelated; min-width: 96px; }}
 </body></html>
 """
     path = out / "index.html"
-    path.write_text(page, encoding="utf-8")
+    with os.fdopen(files.create_output(path), "w", encoding="utf-8") as f:
+        f.write(page)
     return path
 
 
@@ -1087,7 +1089,9 @@ def make_report(run_dir: str | Path, out: str | Path | None = None,
     log_dir = find_log_dir(run_dir)
     out_dir = Path(out) if out else log_dir / "report"
     if out:
-        out_dir.mkdir(parents=True, exist_ok=True)
+        # Ours, and no one else's to write: every file goes in new (files.create_output), never
+        # through a symlink someone put at its name.
+        files.output_dir(out_dir)
     else:
         # Inside the run: as private as its files (0700 unless configured), and ours (run() has
         # refused a symlink there and another user's run).
@@ -1165,6 +1169,18 @@ def _default_out_problem(log_dir: Path) -> str | None:
     return None
 
 
+def _out_problem(out: str) -> str | None:
+    """Why the report may not go to `--out DIR`, or None: the directory (made when missing) must
+    be ours and writable by no other user, who could otherwise have put a symlink at index.html
+    (to a file of the reader's) or swap the report's files after it (files.output_dir); and a
+    file must be writable in it (root and /proc)."""
+    try:
+        files.output_dir(out)
+    except OSError as exc:
+        return f"{out}: {exc.strerror or exc}"
+    return writable_dir_problem(out)
+
+
 def run(args: argparse.Namespace) -> int:
     from telemetry.consumers.readjsonl import Unreadable, find_log_dir
     from telemetry.consumers.terminal import printable
@@ -1172,14 +1188,15 @@ def run(args: argparse.Namespace) -> int:
     if not os.path.exists(args.run_dir):
         print(f"telemetry report: {args.run_dir or repr(args.run_dir)}: no such file or directory", file=sys.stderr)
         return 2
-    why = writable_dir_problem(args.out) if args.out else None
-    if why:
-        print(f"telemetry report: --out {why}", file=sys.stderr)
-        return 2
     try:
         log_dir = find_log_dir(args.run_dir)
     except (FileNotFoundError, Unreadable) as exc:     # not a run, or not ours to read: bad input, as a typo is
         print(f"telemetry report: {exc}", file=sys.stderr)
+        return 2
+    files.apply_like(log_dir)   # the report is as private as the run it reads
+    why = _out_problem(args.out) if args.out else None
+    if why:
+        print(f"telemetry report: --out {why}", file=sys.stderr)
         return 2
     why = None if args.out else _default_out_problem(Path(log_dir))
     if why:
@@ -1188,7 +1205,6 @@ def run(args: argparse.Namespace) -> int:
         return 2
     progress = Progress("telemetry report")      # on stderr, when it is a terminal
     try:
-        files.apply_like(log_dir)   # the report is as private as the run it reads
         r = make_report(args.run_dir, args.out, progress)
     except OSError as exc:   # a directory that could not be made or written after all
         progress.clear()
