@@ -130,7 +130,10 @@ def run(args: argparse.Namespace) -> int:
     if args.json and not to_stdout:
         from telemetry.shared.config import writable_dir_problem
 
+        # A name that exists is judged when it is opened (a /dev/stdout, in a /dev nobody but root
+        # may create in); a new one needs its directory made and writable.
         why = ("a directory, not a file" if os.path.isdir(args.json)
+               else None if os.path.lexists(args.json)
                else writable_dir_problem(os.path.dirname(os.path.abspath(args.json))))
         if why:
             print(f"telemetry goodput: --json {args.json}: {why}", file=sys.stderr)
