@@ -41,3 +41,10 @@ def with_reads_refused(argv: list[str], probe: str) -> list[str] | None:
     if subprocess.run([*prefix, "test", "-r", probe], capture_output=True, timeout=60).returncode == 0:
         return None
     return [*prefix, *argv]
+
+
+def run_as_other_user(script: str) -> None:
+    """Run a shell `script` as the other user (in /, so that it needs no access to our
+    directories); raises with what it said when it fails."""
+    subprocess.run(["/bin/sh", "-ec", script], user=OTHER_UID, group=OTHER_UID, cwd="/", check=True,
+                   capture_output=True, text=True, timeout=60)

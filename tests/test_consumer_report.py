@@ -340,8 +340,9 @@ def test_a_deleted_summary_key_leaves_the_reports_summary():
 
 
 def test_the_text_summary_says_how_the_run_ended(tmp_path):
-    """The launcher's exit code (`script_exit`) or, without one, a rank's failed finish: the text
-    report said neither, so a crashed run read like any other."""
+    """A rank's failed finish (`train_end`), with the launcher's exit code (`script_exit`) beside
+    it, else the launcher's exit code: the text report said neither, so a crashed run read like
+    any other; then it took a driver's exit 0 over the run's own failure."""
     from telemetry.consumers.report import collect, summarize, text_summary
 
     steps = [{"kind": "metrics", "t": 1000.0, "step": 1, "values": {"train/loss": 2.0}}]
@@ -356,10 +357,69 @@ def test_the_text_summary_says_how_the_run_ended(tmp_path):
     assert ended(("script_exit", None, {"exit_code": 0})) == "successfully (the script's exit code 0)"
     assert ended(("script_exit", None, {"exit_code": 137})) == "FAILED (the script's exit code 137: SIGKILL)"
     assert ended(("script_exit", None, {"exit_code": 3})) == "FAILED (the script's exit code 3)"
-    assert ended(("train_end", 0, {"exit_code": 2})) == "FAILED (a rank's run finished with exit code 2)"
+    assert ended(("train_end", 0, {"exit_code": 2})) == "FAILED (rank 0's run finished with exit code 2)"
     assert ended(("train_end", 0, {"exit_code": 0})) is None
+    # The run's own failure over a driver that exited 0 (its W&B run records the failure too),
+    # the driver's code beside it; the lowest failed rank's; a resumed rank's later finish counts.
     assert ended(("train_end", 0, {"exit_code": 2}), ("script_exit", None, {"exit_code": 0})) == \
-        "successfully (the script's exit code 0)"
+        "FAILED (rank 0's run finished with exit code 2; the script's exit code 0)"
+    assert ended(("train_end", 3, {"exit_code": 137}), ("train_end", 1, {"exit_code": 1}),
+                 ("script_exit", None, {"exit_code": 1})) == \
+        "FAILED (rank 1's run finished with exit code 1; the script's exit code 1)"
+    assert ended(("train_end", 0, {"exit_code": 1}), ("train_end", 0, {"exit_code": 0}),
+                 ("script_exit", None, {"exit_code": 0})) == "successfully (the script's exit code 0)"
+
+
+FIRST_TRIAL_FAILS = """\
+import multiprocessing as mp, sys, time
+import wandb
+
+def trial(k):
+    time.sleep(3 * k)                    # trial 0 inits first: its run is the launch's
+    wandb.init(project="sweep", config={"trial": k})
+    for i in range(5):
+        wandb.log({"loss": k * 100 + i})
+    if k == 0:
+        raise ValueError("trial 0 diverged")
+    wandb.finish()
+
+if __name__ == "__main__":
+    mp.set_start_method("spawn")
+    ps = [mp.Process(target=trial, args=(k,)) for k in range(2)]
+    [p.start() for p in ps]
+    [p.join() for p in ps]
+    print("trial exit codes", [p.exitcode for p in ps], flush=True)
+"""
+
+
+def test_a_failed_trial_under_a_driver_that_exits_0_is_a_failed_run(tmp_path):
+    """An outside report: a sweep driver runs two trials in spawned children under `telemetry run
+    --as-wandb`; the first trial's W&B run (the launch's) raises, the driver exits 0. The run's
+    own train_end and its W&B run say exit code 1, yet the report and the run summary said it
+    ended successfully (the script's exit code 0). Both now say FAILED, the driver's code beside."""
+    import glob
+    import os
+
+    from wandb_offline import read_records, wait_finished
+
+    (tmp_path / "sweep.py").write_text(FIRST_TRIAL_FAILS)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TELEMETRY_", "WANDB_"))}
+    env.update({"PYTHONPATH": str(ROOT), "TELEMETRY_RUNTIME_DIR": str(tmp_path / "rt"), "WANDB_SILENT": "true"})
+    launch = subprocess.run([sys.executable, "-m", "telemetry", "run", "--as-wandb", "--wandb", "offline",
+                             "--run-dir", "r/launch", "--", "sweep.py"], cwd=tmp_path, env=env,
+                            stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300)
+    out = launch.stdout + launch.stderr
+    assert launch.returncode == 0 and "trial exit codes [1, 0]" in out, out[-3000:]
+    (run_file,) = glob.glob(str(tmp_path / "r" / "launch" / "wandb" / "offline-run-*" / "run-*.wandb"))
+    exits = [r.exit.exit_code for r in read_records(wait_finished(run_file)) if r.WhichOneof("record_type") == "exit"]
+    assert exits == [1], exits              # the launch's W&B run: the failed trial's
+    said = "FAILED (rank 0's run finished with exit code 1; the script's exit code 0)"
+    summary = [line.split(None, 1)[1] for line in out.splitlines() if line.startswith("  ended ")]
+    assert summary == [said], out[-3000:]
+    report = subprocess.run([sys.executable, "-m", "telemetry", "report", "r/launch", "--out", "rep"], cwd=tmp_path,
+                            env=env, capture_output=True, text=True, timeout=120)
+    ended = [line.split(None, 1)[1] for line in report.stdout.splitlines() if line.startswith("  ended ")]
+    assert report.returncode == 0 and ended == [said], report.stdout + report.stderr
 
 
 def test_the_report_says_what_the_drain_found_lost_or_not_made(tmp_path):

@@ -24,7 +24,6 @@ import argparse
 import errno
 import json
 import os
-import stat
 import sys
 from pathlib import Path
 
@@ -96,18 +95,17 @@ def exclude(args: argparse.Namespace) -> int:
 
 def _open_output(path: str) -> int:
     """`--json FILE` opened for writing without ever waiting: a FIFO nobody reads is refused
-    (OSError), one with a reader (`--json /dev/stdout | jq`) and a terminal are written to. A
-    regular file is truncated here, once the run dir has been found."""
+    (OSError), one with a reader (`--json /dev/stdout | jq`) and a terminal are written to. Never
+    through what another user could have put at its name (files.open_output_file): a regular
+    file is written new, once the run dir has been found."""
+    from telemetry.shared import files
+
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NONBLOCK | os.O_CLOEXEC, 0o666)
+        return files.open_output_file(path)
     except OSError as exc:
         if exc.errno == errno.ENXIO:
             raise OSError(exc.errno, "a FIFO that nobody reads (not waited on)", path) from None
         raise
-    os.set_blocking(fd, True)
-    if stat.S_ISREG(os.fstat(fd).st_mode):
-        os.ftruncate(fd, 0)
-    return fd
 
 
 def run(args: argparse.Namespace) -> int:
@@ -132,7 +130,10 @@ def run(args: argparse.Namespace) -> int:
     if args.json and not to_stdout:
         from telemetry.shared.config import writable_dir_problem
 
+        # A name that exists is judged when it is opened (a /dev/stdout, in a /dev nobody but root
+        # may create in); a new one needs its directory made and writable.
         why = ("a directory, not a file" if os.path.isdir(args.json)
+               else None if os.path.lexists(args.json)
                else writable_dir_problem(os.path.dirname(os.path.abspath(args.json))))
         if why:
             print(f"telemetry goodput: --json {args.json}: {why}", file=sys.stderr)
@@ -144,6 +145,9 @@ def run(args: argparse.Namespace) -> int:
         return 2
     out_fd = None
     if args.json and not to_stdout:
+        from telemetry.shared import files
+
+        files.apply_like(log_dir)      # a new --json FILE is as private as the run it sums up
         try:
             out_fd = _open_output(args.json)
         except OSError as exc:

@@ -24,13 +24,13 @@ import html
 import json
 import math
 import os
-import signal
 import statistics
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from telemetry.consumers.runend import how_ended
 from telemetry.consumers.terminal import Progress
 from telemetry.shared import files
 from telemetry.shared.config import out_dir_arg, writable_dir_problem
@@ -375,7 +375,8 @@ def _save(fig, path: Path) -> Path:
     import matplotlib.pyplot as plt
 
     fig.tight_layout()
-    fig.savefig(path, dpi=DPI)
+    with os.fdopen(files.create_output(path), "wb") as f:    # never through a symlink at its name
+        fig.savefig(f, format="png", dpi=DPI)
     plt.close(fig)
     return path
 
@@ -750,7 +751,7 @@ def plot_metrics(d: RunData, out: Path) -> tuple[list[Section], dict[bool, int]]
                 left_out[own] += 1
                 continue
             if n == 0:
-                files.make_dir(out / "metrics")
+                files.output_dir(out / "metrics")
             m = lookup(k)
             path = plot_metric(d, k, m.unit if m is not None else "", out / "metrics" / f"{n}.png")
             n += path is not None
@@ -900,7 +901,8 @@ div.media img {{ image-rendering: pixelated; min-width: 96px; }}
 </body></html>
 """
     path = out / "index.html"
-    path.write_text(page, encoding="utf-8")
+    with os.fdopen(files.create_output(path), "w", encoding="utf-8") as f:
+        f.write(page)
     return path
 
 
@@ -1039,7 +1041,7 @@ def text_summary(name: str, s: dict, d: RunData) -> str:
              f"  records in         {_f(s['records_in'])}  dropped {_f(s['dropped'])}"
              + (f"  (over {s['num_daemons']} daemon runs)" if s["num_daemons"] > 1 else ""),
              f"  events             {s['num_events']} ({s['num_diagnosis_events']} diagnosis)"]
-    ended = _ended(d.events)
+    ended = how_ended(d.events)
     if ended:
         lines.append(f"  ended              {ended}")
     lines += [f"  at the drain       {line}" for line in s.get("at_drain", ())]
@@ -1066,31 +1068,6 @@ def text_summary(name: str, s: dict, d: RunData) -> str:
     return "\n".join(lines)
 
 
-def _ended(events: list[dict]) -> str:
-    """How the run ended, from its launcher's word (`script_exit`: `telemetry run`'s drain
-    request, or the exit status of the process a daemon watched) or, without one, the first
-    failure a rank's run finished with (`train_end`); "" when no record says."""
-    codes = [_data(ev).get("exit_code") for ev in events if ev.get("name") == "script_exit"]
-    codes = [c for c in codes if type(c) is int]
-    if codes:
-        code, whose = codes[-1], "the script's exit code"
-    else:
-        failed = [c for c in (_data(ev).get("exit_code") for ev in events if ev.get("name") == "train_end")
-                  if type(c) is int and c]
-        if not failed:
-            return ""
-        code, whose = failed[0], "a rank's run finished with exit code"
-    if code == 0:
-        return f"successfully ({whose} 0)"
-    how = ""
-    if code > 128:
-        try:
-            how = f": {signal.Signals(code - 128).name}"
-        except ValueError:
-            pass
-    return f"FAILED ({whose} {code}{how})"
-
-
 def _data(ev: dict) -> dict:
     data = ev.get("data")
     return data if isinstance(data, dict) else {}
@@ -1112,7 +1089,9 @@ def make_report(run_dir: str | Path, out: str | Path | None = None,
     log_dir = find_log_dir(run_dir)
     out_dir = Path(out) if out else log_dir / "report"
     if out:
-        out_dir.mkdir(parents=True, exist_ok=True)
+        # Ours, and no one else's to write: every file goes in new (files.create_output), never
+        # through a symlink someone put at its name.
+        files.output_dir(out_dir)
     else:
         # Inside the run: as private as its files (0700 unless configured), and ours (run() has
         # refused a symlink there and another user's run).
@@ -1190,6 +1169,18 @@ def _default_out_problem(log_dir: Path) -> str | None:
     return None
 
 
+def _out_problem(out: str) -> str | None:
+    """Why the report may not go to `--out DIR`, or None: the directory (made when missing) must
+    be ours and writable by no other user, who could otherwise have put a symlink at index.html
+    (to a file of the reader's) or swap the report's files after it (files.output_dir); and a
+    file must be writable in it (root and /proc)."""
+    try:
+        files.output_dir(out)
+    except OSError as exc:
+        return f"{out}: {exc.strerror or exc}"
+    return writable_dir_problem(out)
+
+
 def run(args: argparse.Namespace) -> int:
     from telemetry.consumers.readjsonl import Unreadable, find_log_dir
     from telemetry.consumers.terminal import printable
@@ -1197,14 +1188,15 @@ def run(args: argparse.Namespace) -> int:
     if not os.path.exists(args.run_dir):
         print(f"telemetry report: {args.run_dir or repr(args.run_dir)}: no such file or directory", file=sys.stderr)
         return 2
-    why = writable_dir_problem(args.out) if args.out else None
-    if why:
-        print(f"telemetry report: --out {why}", file=sys.stderr)
-        return 2
     try:
         log_dir = find_log_dir(args.run_dir)
     except (FileNotFoundError, Unreadable) as exc:     # not a run, or not ours to read: bad input, as a typo is
         print(f"telemetry report: {exc}", file=sys.stderr)
+        return 2
+    files.apply_like(log_dir)   # the report is as private as the run it reads
+    why = _out_problem(args.out) if args.out else None
+    if why:
+        print(f"telemetry report: --out {why}", file=sys.stderr)
         return 2
     why = None if args.out else _default_out_problem(Path(log_dir))
     if why:
@@ -1213,7 +1205,6 @@ def run(args: argparse.Namespace) -> int:
         return 2
     progress = Progress("telemetry report")      # on stderr, when it is a terminal
     try:
-        files.apply_like(log_dir)   # the report is as private as the run it reads
         r = make_report(args.run_dir, args.out, progress)
     except OSError as exc:   # a directory that could not be made or written after all
         progress.clear()

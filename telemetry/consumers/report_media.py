@@ -13,6 +13,7 @@ from __future__ import annotations
 import html
 import json
 import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -103,7 +104,7 @@ def html_section(media: RunMedia, log_dir: Path, out: Path) -> str:
         return ""
     e = html.escape
     out_media = out / SUBDIR
-    files.make_dir(out_media)
+    files.output_dir(out_media)
     cards = []
     for i, (key, entry) in enumerate(sorted(media.newest.items())):
         n = media.num_values.get(key, 1)
@@ -136,7 +137,8 @@ def _card(i: int, key: str, entry: dict, log_dir: Path, out_media: Path) -> str:
                 figs.append("<p class='dim'>an image the daemon did not keep whole (missing or too large)</p>")
                 continue
             name = f"{i}-{j}.png"
-            files.write_file(out_media / name, data)
+            with os.fdopen(files.create_output(out_media / name), "wb") as f:   # never through a symlink
+                f.write(data)
             caption = str(im.get("caption", ""))[:MAX_CAPTION_CHARS]
             figs.append(f'<figure><img src="{SUBDIR}/{name}" alt="{e(key)}">'
                         + (f"<figcaption>{e(caption)}</figcaption>" if caption else "") + "</figure>")
@@ -169,7 +171,8 @@ def _draw_histogram(key: str, bins: Any, counts: Any, path: Path) -> None:
     ax.set_ylabel("count")
     ax.spines[["top", "right"]].set_visible(False)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    with os.fdopen(files.create_output(path), "wb") as f:
+        fig.savefig(f, format="png", dpi=110)
     plt.close(fig)
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from telemetry.consumers.daemontotals import DaemonTotals
 from telemetry.consumers.drain import problem_lines, read_final, wandb_not_made
 from telemetry.consumers.readjsonl import ReadStats, read_records
+from telemetry.consumers.runend import FINISH_EVENT, SCRIPT_EXIT_EVENT, how_ended, run_failure
 from telemetry.shared.bookkeeping import is_bookkeeping
 from telemetry.shared.numbers import is_int, is_number
 from telemetry.shared.wandb_keys import REFUSED_EVENT
@@ -28,6 +29,7 @@ def summarize(log_dir: Path) -> dict:
     num_events = 0
     refused: dict[str, int] = {}        # a W&B script's values not logged, by why (wandb/refused)
     loss_key = None
+    ends: list[dict] = []               # the ranks' train_end and the launcher's script_exit
     stats = ReadStats()
     for rec in read_records(log_dir, stats):
         kind = rec.get("kind")
@@ -49,6 +51,8 @@ def summarize(log_dir: Path) -> dict:
         elif kind == "event" and not is_bookkeeping(rec.get("name")):
             num_events += 1
             data = rec.get("data")
+            if rec.get("name") in (FINISH_EVENT, SCRIPT_EXIT_EVENT):
+                ends.append(rec)
             if rec.get("name") == REFUSED_EVENT and isinstance(data, dict) and isinstance(data.get("type"), str):
                 n = data.get("count", 1)
                 refused[data["type"]] = max(refused.get(data["type"], 0), n if is_int(n) else 1)
@@ -66,6 +70,9 @@ def summarize(log_dir: Path) -> dict:
         "wandb_refused": refused,
         "daemon": daemon,
         "num_unreadable": stats.num_bad + stats.num_torn,
+        # The run's own failure (a rank's train_end) is said even when the script exited 0: a
+        # driver whose trial raised in a child process exits 0, and its W&B run records the failure.
+        "ended": how_ended(ends) if run_failure(ends) is not None else "",
     }
 
 
@@ -148,6 +155,8 @@ def main(argv: list[str] | None = None) -> int:
     if s["num_unreadable"]:
         print(f"  unreadable lines   {s['num_unreadable']} skipped (not records, or a torn last line)")
     _goodput(args.log_dir)
+    if s["ended"]:
+        print(f"  ended              {s['ended']}")
     if args.trainer_rc is not None:
         print(f"  trainer exit code  {args.trainer_rc}")
     print("=" * 72)

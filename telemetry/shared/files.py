@@ -188,6 +188,106 @@ def make_dir(path: str | os.PathLike, own: bool = False, keep_mode: bool = False
     return path
 
 
+def output_dir(path: str | os.PathLike) -> Path:
+    """A directory a user named for a command's output files (`report --out DIR`; also the
+    report's metrics/ and media/ inside it). Made when missing (the run-directory mode; missing
+    parents as make_dir makes them); one that exists must be a real directory (no symlink
+    followed) of ours that no other user can write, under no parent another user could swap it
+    through (make_dir's rule for a log directory). OSError, naming why, otherwise: another user
+    who can write it could put a symlink at a name the command writes (index.html to a file of
+    ours), or swap the files after it. Files go in with create_output."""
+    path = Path(path)
+    _check_no_open_parent(path)
+    for parent in reversed([p for p in path.parents if not p.exists()]):
+        try:
+            parent.mkdir(mode=0o775)
+        except FileExistsError:
+            pass
+    try:
+        path.mkdir(mode=_modes.dir)
+    except FileExistsError:
+        pass
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+            raise OSError(exc.errno, "a symlink or not a directory (not followed)", os.fspath(path)) from None
+        raise
+    try:
+        st = os.fstat(fd)
+        if st.st_uid != os.geteuid():
+            raise OSError(errno.EPERM, f"it is owned by another user (uid {st.st_uid}), who could put a symlink at a "
+                                       f"name written there or swap the files; use a directory of your own",
+                          os.fspath(path))
+        if st.st_mode & 0o022:
+            raise OSError(errno.EPERM, f"it is writable by other users (mode {stat.S_IMODE(st.st_mode):o}), who could "
+                                       f"put a symlink at a name written there or swap the files; `chmod go-w` it "
+                                       f"or use a directory of your own", os.fspath(path))
+    finally:
+        os.close(fd)
+    return path
+
+
+def create_output(path: str | os.PathLike) -> int:
+    """A new file at `path` in an output directory (output_dir), opened to write with the
+    run-file mode: what was there is unlinked first (a symlink is removed, never followed; a
+    hard link's other names keep their content), then the name is created afresh (O_EXCL,
+    O_NOFOLLOW). Nobody else can write that directory, so nothing can come between the two."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, _modes.file)
+
+
+def open_output_file(path: str | os.PathLike) -> int:
+    """A file a user named for a command's output (`goodput --json FILE`), opened to write
+    without ever waiting (a FIFO nobody reads: ENXIO) and never through what another user could
+    have put there. Its directory must be ours or root's and writable by no other user unless it
+    is sticky (/tmp), under no parent another user could swap it through. A regular file there
+    must be ours: it is replaced by a new one (create_output's way). A symlink is followed only
+    when it is ours or root's (`/dev/stdout`), and a FIFO, a terminal or a device is written to
+    only when it is ours or root's. OSError, naming why, otherwise."""
+    path = os.fspath(path)
+    me = os.geteuid()
+    directory = os.path.dirname(os.path.abspath(path))
+    st = os.stat(directory)
+    if st.st_uid not in (me, 0):
+        raise OSError(errno.EPERM, f"its directory is owned by another user (uid {st.st_uid}), who could put a "
+                                   f"symlink at its name; use a directory of your own", path)
+    if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
+        raise OSError(errno.EPERM, f"its directory is writable by other users (mode {stat.S_IMODE(st.st_mode):o}), who "
+                                   f"could put a symlink at its name; use a directory of your own", path)
+    _check_no_open_parent(Path(directory))
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        st = None
+    flags = os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC
+    if st is None or stat.S_ISREG(st.st_mode):
+        if st is not None and st.st_uid != me:
+            raise OSError(errno.EPERM, f"it is owned by another user (uid {st.st_uid}); remove it or name another "
+                                       f"file", path)
+        fd = create_output(path)
+    else:
+        if st.st_uid not in (me, 0):
+            what = "a symlink" if stat.S_ISLNK(st.st_mode) else "not a regular file and"
+            raise OSError(errno.EPERM, f"{what} owned by another user (uid {st.st_uid}): not followed or written "
+                                       f"to", path)
+        fd = os.open(path, flags if stat.S_ISLNK(st.st_mode) else flags | os.O_NOFOLLOW)
+    try:
+        target = os.fstat(fd)
+        if stat.S_ISREG(target.st_mode) and target.st_uid != me:     # what a link of ours names
+            raise OSError(errno.EPERM, f"it names a file owned by another user (uid {target.st_uid})", path)
+        if stat.S_ISREG(target.st_mode):
+            os.ftruncate(fd, 0)
+        os.set_blocking(fd, True)
+    except OSError:
+        os.close(fd)
+        raise
+    return fd
+
+
 def _check_no_open_parent(path: Path) -> None:
     """No directory above `path` is writable by every user without the sticky bit: anyone could
     rename the run's directory away and put a link of theirs at its name. Nor is one with the
@@ -201,10 +301,10 @@ def _check_no_open_parent(path: Path) -> None:
             continue
         if st.st_mode & stat.S_IWOTH and not st.st_mode & stat.S_ISVTX:
             raise OSError(errno.EPERM, f"{parent} above it is writable by every user (without the sticky bit), who "
-                                       f"could swap the run's directory; use a directory of your own", os.fspath(path))
+                                       f"could swap what is under it; use a directory of your own", os.fspath(path))
         if st.st_mode & stat.S_IWOTH and st.st_uid not in (0, me):
             raise OSError(errno.EPERM, f"{parent} above it is writable by every user and owned by another user "
-                                       f"(uid {st.st_uid}), who could swap the run's directory despite its sticky "
+                                       f"(uid {st.st_uid}), who could swap what is under it despite its sticky "
                                        f"bit; use a directory of your own", os.fspath(path))
 
 
