@@ -99,6 +99,9 @@ def problem_lines(final: dict, with_wandb: bool = True) -> list[str]:
     not_made = wandb_not_made(final) if with_wandb else None
     if not_made:
         out.append(f"the W&B run was not made: {not_made}")
+    not_whole = wandb_not_whole(final)
+    if not_whole:
+        out.append(not_whole)
     unfinished = final.get("unfinished_sinks")
     short = final.get("sinks_closed_short")
     short = short if isinstance(short, dict) else {}
@@ -156,6 +159,22 @@ def wandb_not_made(final: dict) -> str | None:
         return None
     return (f"{str(w['open_error'])[:300]} ({_num(w.get('dropped'), ',')} records not in W&B; "
             f"metrics.jsonl has the run)")
+
+
+def wandb_not_whole(final: dict) -> str | None:
+    """What W&B's run file lost (the W&B sink's write_failed: its writer stopped, the disk full),
+    in words; None when it holds the whole run, or was not checked."""
+    sinks = final.get("sinks")
+    w = sinks.get("wandb") if isinstance(sinks, dict) else None
+    failed = w.get("write_failed") if isinstance(w, dict) else None
+    if not isinstance(failed, dict):
+        return None
+    kept, logged = failed.get("last_step_kept"), failed.get("last_step_logged")
+    where = (f"it ends at step {_num(kept, ',')}" if kept is not None else "it holds no step") + \
+        (f" of the {_num(logged, ',')} logged" if logged is not None else "")
+    return (f"the W&B run's file was not fully written ({str(failed.get('error'))[:200]}): {where}, without the "
+            f"run's end; records not kept: {failed.get('records_not_kept', 'unknown')} (metrics.jsonl has the run: "
+            f"telemetry replay makes it again): {str(failed.get('file'))[:300]}")
 
 
 def _jsonl(final: dict) -> dict:

@@ -139,16 +139,24 @@ def read_small(path: str | os.PathLike, limit: int = 1 << 20) -> str:
 
 
 def write_file(path: Path, data: bytes) -> None:
-    """Replace `path` with `data` atomically (a temporary beside it, then rename), run-file mode."""
+    """Replace `path` with `data` atomically (a temporary beside it, then rename), run-file mode.
+    A write that fails (the disk full) leaves `path` as it was and no temporary behind."""
     tmp = path.with_name(path.name + ".tmp")
     fd = open_fd(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
     try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
 
 
 def make_dir(path: str | os.PathLike, own: bool = False, keep_mode: bool = False) -> Path:

@@ -5,6 +5,9 @@ One W&B run per training run: its id is derived from the run name and kept in th
 sink's thread at start (a slow import), never on the daemon's. The run's config comes from the
 ranks' hello records. `finish()` gets a deadline: an unreachable server must not hold up the
 daemon's exit (offline data stays on disk; `telemetry replay` or `wandb sync` uploads it later).
+After the finish, the end of the offline run's file is read: W&B's writer says a failed write
+(the disk full) only in its own log, and a file without the run's end is said here
+(`write_failed`, telemetry/daemon/sinks/wandb_runfile.py).
 
 Two kinds of run:
 - **The user's run** (a script's `wandb.init` through telemetry.wandb, the HF callback, the
@@ -49,6 +52,7 @@ import logging
 import os
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -107,6 +111,10 @@ MAX_HELD_EVENTS = 10_000
 # it still reach W&B, whose x-axis it would otherwise have pushed past all of them). A run
 # resumed at step 500k is below it; one resumed further costs one step's delay, nothing else.
 MAX_STEP_JUMP = 1_000_000
+# After the run's finish, how long W&B's run file is given to show the run's exit record (W&B's
+# core may write it a moment after the finish returns) before it is said not to hold the whole
+# run, unless W&B's log names the write error that stopped it (WandbSink._check_run_file).
+RUN_FILE_WAIT_S = 15.0
 
 
 def script_meta(meta: object) -> dict:
@@ -201,6 +209,11 @@ class WandbSink(Sink):
         # Records not given to W&B, by reason; their sum is this sink's num_dropped (see Sink).
         self.dropped_by_reason: dict[str, int] = {}
         self.num_files_unsaved = 0    # of the script's run.dir files W&B could not take (_save_fallback_files)
+        # The offline run's file (W&B's transaction log) and W&B's core log, read after the finish
+        # (_check_run_file); write_failed: what that found when the file does not hold the whole run.
+        self._run_file: str | None = None
+        self._core_log: str | None = None
+        self.write_failed: dict | None = None
 
     def start(self) -> None:
         # A W&B service inherited through the environment (WANDB_SERVICE: the daemon started by a
@@ -268,6 +281,11 @@ class WandbSink(Sink):
             sys.argv = argv
             self.phase = ""
         self.opened, self.open_error = True, ""
+        if self.mode == "offline":
+            try:
+                self._run_file, self._core_log = self.run.settings.sync_file, self.run.settings.log_internal
+            except Exception as exc:      # W&B's settings, looked up, never assumed
+                log.warning("wandb: the run's file is not known (%r): whether W&B wrote it whole is not checked", exc)
         if user:
             self._stats = _stats_writer(self.run)
         else:
@@ -906,14 +924,67 @@ class WandbSink(Sink):
         self._save_fallback_files()
         t = threading.Thread(target=self.run.finish, kwargs={"exit_code": self.exit_code()}, name="wandb-finish",
                              daemon=True)
+        # The step the file's last row should have: the script's (W&B's) step, or the
+        # daemon's run's train/step (W&B's _step counts its rows).
+        step_key = "_step" if self._init is not None else "train/step"
         self.phase = "finishing"
         t.start()
         t.join(self.finish_timeout_s)
-        self.phase = ""
         if t.is_alive():
             log.error("wandb finish did not return within %.0f s; its data stays in %s", self.finish_timeout_s,
                       self.log_dir)
+        elif self._run_file:
+            self._check_run_file(step_key)
+        self.phase = ""
         self.run = None
+
+    def _check_run_file(self, step_key: str) -> None:
+        """After the run's finish: whether W&B's writer kept the whole run in its file (W&B says
+        nothing of a write that failed: wandb_runfile). The finish can return before W&B's core
+        has written the file's end: it is waited for, until W&B's log names the write error that
+        stopped it, or up to RUN_FILE_WAIT_S. When the file does not hold the run (the disk
+        full), that is said: `write_failed` in stats and drain.json, a line of the run's summary
+        and report (drain.problem_lines), an error in the daemon's log. How many records it lost
+        is not known (records_not_kept "unknown"); the steps it holds are."""
+        from telemetry.daemon.sinks.wandb_runfile import full_disk, logged_error, run_file_end
+
+        path = self._run_file
+        start = time.monotonic()
+        size, grew_at = -1, start
+        try:
+            while True:
+                try:
+                    end = run_file_end(path, step_key)
+                    missing = ""
+                except FileNotFoundError as exc:
+                    end, missing = None, exc.strerror or "not there"
+                if end is not None and end.complete:
+                    return
+                error = logged_error(path, self._core_log)
+                now = time.monotonic()
+                if error or now - start >= RUN_FILE_WAIT_S:
+                    break
+                try:
+                    now_size = os.stat(path).st_size
+                except OSError:
+                    now_size = size
+                if now_size != size:
+                    size, grew_at = now_size, now
+                time.sleep(0.1)
+        except Exception as exc:       # a file this reader cannot make sense of: said, not judged
+            log.warning("wandb: whether W&B wrote its run file %s whole could not be checked: %r", path, exc)
+            return
+        if not error and now - grew_at < 1.0:
+            log.warning("wandb: W&B was still writing its run file %s %.0f s after the run's finish: whether it "
+                        "holds the whole run is not known", path, RUN_FILE_WAIT_S)
+            return
+        error = error or missing or full_disk(path) or "W&B's writer stopped before the run's end"
+        self.write_failed = {"file": path, "error": error, "last_step_kept": end.last_step if end else None,
+                             "last_step_logged": self._last_step if self._last_step >= 0 else None,
+                             "records_not_kept": "unknown"}
+        log.error("wandb: W&B's run file %s was not fully written (%s): it ends at step %s of the %s logged, without "
+                  "the run's end; the records it lost are not counted (unknown), metrics.jsonl has them",
+                  path, error, self.write_failed["last_step_kept"], self.write_failed["last_step_logged"])
 
     def _save_fallback_files(self) -> None:
         """The files the script wrote to its `run.dir` while this run's directory was not known
@@ -999,7 +1070,8 @@ class WandbSink(Sink):
                 "dropped_before_open": self.num_dropped_waiting, "media_logged": self.num_media_logged,
                 "media_failed": self.num_media_failed, "calls": self.num_calls, "calls_failed": self.num_calls_failed,
                 "nested_refused": self.num_nested_refused,
-                "dropped_by_reason": dict(self.dropped_by_reason), "files_unsaved": self.num_files_unsaved}
+                "dropped_by_reason": dict(self.dropped_by_reason), "files_unsaved": self.num_files_unsaved,
+                "write_failed": self.write_failed}
 
 
 
