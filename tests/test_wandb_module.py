@@ -1001,17 +1001,26 @@ def test_absl_flags_are_the_config_as_w_and_b_takes_them(tmp_path, monkeypatch):
     assert real[1]["telemetry_test_flag"] == 0.5, real
 
 
-@pytest.mark.filterwarnings("ignore:telemetry. no daemon serves:RuntimeWarning")
-def test_a_step_beyond_w_and_bs_int64_raises_as_w_and_bs_log_does(tmp_path, monkeypatch):
-    """`log(..., step=2**63)` raises W&B's ValueError and changes nothing (the next row goes on
-    at the current step); 2**63 - 1 is taken. The drop-in took the step: run.step became it and
-    every later row was dropped by the client."""
+def _real_and_ours(script, tmp_path, monkeypatch):
+    """What `script(wandb_module, **init)` returns with real W&B offline and with the drop-in (no
+    daemon), both in `tmp_path`: asserted equal, and W&B's returned."""
     import wandb
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("WANDB_DIR", str(tmp_path))
     monkeypatch.setenv("WANDB_SILENT", "true")
+    real = script(wandb, mode="offline", project="p", settings=wandb.Settings(console="off", x_disable_stats=True))
+    monkeypatch.setenv("TELEMETRY_AUTOSTART", "0")
+    ours = script(tw, mode="offline", project="p")
+    assert ours == real, (ours, real)
+    return real
 
+
+@pytest.mark.filterwarnings("ignore:telemetry. no daemon serves:RuntimeWarning")
+def test_a_step_beyond_w_and_bs_int64_raises_as_w_and_bs_log_does(tmp_path, monkeypatch):
+    """`log(..., step=2**63)` raises W&B's ValueError and changes nothing (the next row goes on
+    at the current step); 2**63 - 1 is taken. The drop-in took the step: run.step became it and
+    every later row was dropped by the client."""
     def script(mod, **init):
         run = mod.init(**init)
         out = []
@@ -1030,10 +1039,7 @@ def test_a_step_beyond_w_and_bs_int64_raises_as_w_and_bs_log_does(tmp_path, monk
         finally:
             run.finish()
 
-    real = script(wandb, mode="offline", project="p", settings=wandb.Settings(console="off", x_disable_stats=True))
-    monkeypatch.setenv("TELEMETRY_AUTOSTART", "0")
-    ours = script(tw, mode="offline", project="p")
-    assert ours == real, (ours, real)
+    real = _real_and_ours(script, tmp_path, monkeypatch)
     assert real[:3] == [("ValueError", f"Value out of range: {10**20}"), ("ValueError", f"Value out of range: {1 << 63}"),
                         1], real
 
@@ -1043,11 +1049,7 @@ def test_a_nan_makes_define_metric_min_and_max_nan_as_in_w_and_b(tmp_path, monke
     """A NaN logged to a key whose define_metric summary is min or max makes it NaN from then on,
     before or after other values, as W&B's summary reads (the drop-in passed it over: {"min": 0.5})."""
     import torch
-    import wandb
 
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
-    monkeypatch.setenv("WANDB_SILENT", "true")
     nan = float("nan")
 
     def script(mod, **init):
@@ -1064,10 +1066,7 @@ def test_a_nan_makes_define_metric_min_and_max_nan_as_in_w_and_b(tmp_path, monke
         finally:
             run.finish()
 
-    real = script(wandb, mode="offline", project="p", settings=wandb.Settings(console="off", x_disable_stats=True))
-    monkeypatch.setenv("TELEMETRY_AUTOSTART", "0")
-    ours = script(tw, mode="offline", project="p")
-    assert ours == real, (ours, real)
+    real = _real_and_ours(script, tmp_path, monkeypatch)
     assert real == repr({"lo": {"min": nan}, "hi": {"max": nan}, "both": {"first": nan, "last": 0.5, "max": nan,
                                                                           "min": nan},
                          "t": {"max": nan, "min": nan}}), real
@@ -1121,12 +1120,6 @@ def test_a_none_logged_or_set_is_no_key_of_the_summary_as_in_w_and_b(tmp_path, m
     left with no key is gone; a None logged after a
     value in one row (commit=False) replaces it there. The drop-in kept each as None, and the
     row's number beside it."""
-    import wandb
-
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
-    monkeypatch.setenv("WANDB_SILENT", "true")
-
     def script(mod, **init):
         run = mod.init(**init)
         out = []
@@ -1153,10 +1146,7 @@ def test_a_none_logged_or_set_is_no_key_of_the_summary_as_in_w_and_b(tmp_path, m
         finally:
             run.finish()
 
-    real = script(wandb, mode="offline", project="p", settings=wandb.Settings(console="off", x_disable_stats=True))
-    monkeypatch.setenv("TELEMETRY_AUTOSTART", "0")
-    ours = script(tw, mode="offline", project="p")
-    assert ours == real, (ours, real)
+    real = _real_and_ours(script, tmp_path, monkeypatch)
     # A None inside a dict set on the summary is kept, as W&B keeps the dict it set.
     assert real == [[("a", 1), ("m", {"x": 1})], [], [("e", {"f": None, "g": 1})],
                     [("e", {"f": None, "g": 1}), ("h", 3)], "KeyError('b')"], real
@@ -1168,12 +1158,6 @@ def test_a_key_flipping_between_a_value_and_a_dict_reads_as_in_w_and_b(tmp_path,
     rows of their own or in one row: run.summary reads the last, as W&B's (the drop-in read the
     dict under a value logged again over it at a nested key: {"b": {"c": 2}} after {"b": 3}, and
     at the top level after the fast path took the value: {"b": 2} after 3)."""
-    import wandb
-
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
-    monkeypatch.setenv("WANDB_SILENT", "true")
-
     def script(mod, **init):
         run = mod.init(**init)
         out = []
@@ -1202,10 +1186,7 @@ def test_a_key_flipping_between_a_value_and_a_dict_reads_as_in_w_and_b(tmp_path,
         finally:
             run.finish()
 
-    real = script(wandb, mode="offline", project="p", settings=wandb.Settings(console="off", x_disable_stats=True))
-    monkeypatch.setenv("TELEMETRY_AUTOSTART", "0")
-    ours = script(tw, mode="offline", project="p")
-    assert ours == real, (ours, real)
+    real = _real_and_ours(script, tmp_path, monkeypatch)
     assert real[2] == [("a", 3)] and real[5] == [("a", 3), ("n", {"b": 3})], real
 
 
