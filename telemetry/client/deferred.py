@@ -302,8 +302,8 @@ class DeferredSender:
         self._num_jobs = 0
         self._num_jobs_done = 0
         self._thread: threading.Thread | None = None
-        # What the caller may append without calling submit() (its inlined fast path, for ready
-        # frames): 0 until the thread runs and once closing.
+        # What the caller may append without calling submit() (log()'s common case, fastlog.py,
+        # for ready frames): 0 until the thread runs and once closing.
         self._room = 0
         self.pool = PinnedPool()
 
