@@ -182,6 +182,9 @@ def in_process(tmp_path, monkeypatch):
         handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
         umask = os.umask(0o022)
         os.umask(umask)
+        from telemetry.shared import files
+
+        modes = files._modes        # a command as private as a run it writes into (files.apply_like)
         tel_log = logging.getLogger("telemetry")
         log_handlers, log_level = list(tel_log.handlers), tel_log.level
 
@@ -212,6 +215,7 @@ def in_process(tmp_path, monkeypatch):
             for s, h in handlers.items():
                 signal.signal(s, h)
             os.umask(umask)
+            files._modes = modes
             for h in tel_log.handlers[:]:
                 if h not in log_handlers:
                     tel_log.removeHandler(h)

@@ -175,3 +175,17 @@ def test_bind_refuses_what_is_no_seq_cell():
     with pytest.raises(ValueError):
         st.bind(memoryview(bytearray(8)).cast("Q"), KIND_METRICS, PROTOCOL_VERSION, 2**63, *args[3:])
     assert st.log(1, {"a": 1.0}, 1) is False         # still unbound
+
+
+def test_a_replaced_wall_clock_gives_the_records_time_in_both():
+    """A process whose time.time_ns was replaced (a test's shifted clock) has its records' times
+    from it, as the Python path reads them; the C part read CLOCK_REALTIME regardless, and a node
+    made to run minutes off had its ranks' records on the real clock and its daemon's on the other."""
+    for state in (fastlog.LogState(), fastlog.PyLogState(codec.checked_pack(codec.new_packer()))):
+        queued = []
+        state.bind(memoryview(bytearray(8)).cast("Q"), KIND_METRICS, PROTOCOL_VERSION, 1, 0, queued.append,
+                   lambda: None, print, Refused, 1, MAX_FRAME, MAX_VALUES, ROOMY, DIRECT_AFTER_NS, OWN_TIME_EVERY_NS,
+                   lambda: 1_234_567_890_123)
+        state.own_sent_at, state.room, state.last_ns = time.monotonic_ns(), 100, 1_234_567_890_000
+        assert state.log(1, {"a": 1.0}, 1) is None
+        assert msgpack.unpackb(queued[0])[6] == 1_234_567_890_123, type(state)

@@ -36,6 +36,7 @@ typedef struct {
     Py_buffer seqs;                         /* one uint64: the next seq (the client's page) */
     unsigned long long kind, version, src, rank;
     PyObject *append, *ring, *send, *zmq_error, *noblock;
+    PyObject *wall_clock;                   /* NULL: CLOCK_REALTIME; else a replaced time.time_ns */
     long long max_frame, max_values, roomy, direct_after, own_every;
     /* Shared with Python (members). */
     long long sent, dropped, dropped_bg, submitted, done, room, last_ns, own_ns, own_sent_at;
@@ -56,6 +57,7 @@ static int LogState_traverse(LogState *s, visitproc visit, void *arg)
     Py_VISIT(s->send);
     Py_VISIT(s->zmq_error);
     Py_VISIT(s->noblock);
+    Py_VISIT(s->wall_clock);
     return 0;
 }
 
@@ -68,6 +70,7 @@ static int LogState_clear(LogState *s)
     Py_CLEAR(s->send);
     Py_CLEAR(s->zmq_error);
     Py_CLEAR(s->noblock);
+    Py_CLEAR(s->wall_clock);
     return 0;
 }
 
@@ -80,11 +83,12 @@ static void LogState_dealloc(LogState *s)
 
 static PyObject *LogState_bind(LogState *s, PyObject *args)
 {
-    PyObject *seqs, *append, *ring, *send, *zmq_error, *noblock;
+    PyObject *seqs, *append, *ring, *send, *zmq_error, *noblock, *wall_clock = Py_None;
     unsigned long long kind, version, src, rank;
     long long max_frame, max_values, roomy, direct_after, own_every;
-    if (!PyArg_ParseTuple(args, "OKKKKOOOOOLLLLL:bind", &seqs, &kind, &version, &src, &rank, &append, &ring,
-                          &send, &zmq_error, &noblock, &max_frame, &max_values, &roomy, &direct_after, &own_every))
+    if (!PyArg_ParseTuple(args, "OKKKKOOOOOLLLLL|O:bind", &seqs, &kind, &version, &src, &rank, &append, &ring,
+                          &send, &zmq_error, &noblock, &max_frame, &max_values, &roomy, &direct_after, &own_every,
+                          &wall_clock))
         return NULL;
     if (kind >= (1ULL << 63) || version >= (1ULL << 63) || src >= (1ULL << 63) || rank >= (1ULL << 63)) {
         PyErr_SetString(PyExc_ValueError, "bind: a header field outside 0..2**63-1");
@@ -108,6 +112,10 @@ static PyObject *LogState_bind(LogState *s, PyObject *args)
     Py_INCREF(noblock); s->noblock = noblock;
     s->max_frame = max_frame; s->max_values = max_values; s->roomy = roomy;
     s->direct_after = direct_after; s->own_every = own_every;
+    if (wall_clock != Py_None) {
+        Py_INCREF(wall_clock);
+        s->wall_clock = wall_clock;
+    }
     Py_RETURN_NONE;
 }
 
@@ -149,7 +157,22 @@ static PyObject *LogState_log(LogState *s, PyObject *const *args, Py_ssize_t nar
     long long step = header_int(args[0]);
     if (step < 0)
         Py_RETURN_FALSE;
-    long long t = now_ns(CLOCK_REALTIME);
+    long long t;
+    if (s->wall_clock == NULL)
+        t = now_ns(CLOCK_REALTIME);
+    else {
+        /* time.time_ns replaced in this process (a test's shifted clock): the record's time is
+         * what the Python path would have read. */
+        PyObject *now = PyObject_CallNoArgs(s->wall_clock);
+        if (now == NULL)
+            return NULL;
+        t = PyLong_AsLongLong(now);
+        Py_DECREF(now);
+        if (t == -1 && PyErr_Occurred())
+            return NULL;
+        if (s->seqs.obj == NULL)                      /* unbound by that Python code meanwhile */
+            Py_RETURN_FALSE;
+    }
     uint64_t *cell = (uint64_t *)s->seqs.buf;
     uint64_t seq = *cell;
     long long dropped = s->dropped + s->dropped_bg;
@@ -251,7 +274,8 @@ static PyMethodDef LogState_methods[] = {
      "log(step, values, parts) -> None | bytes | False: log()'s common case (see _fastlog.c)."},
     {"bind", (PyCFunction)LogState_bind, METH_VARARGS,
      "bind(seqs, kind, version, src, rank, append, ring, send, zmq_error, noblock, max_frame_bytes, "
-     "max_values, roomy_frame_bytes, direct_after_ns, own_every_ns)"},
+     "max_values, roomy_frame_bytes, direct_after_ns, own_every_ns, wall_clock=None): wall_clock, a "
+     "replaced time.time_ns to read the record's time with (None: CLOCK_REALTIME)"},
     {"unbind", (PyCFunction)LogState_unbind, METH_NOARGS, "Let go of what bind() took; log() answers False."},
     {NULL, NULL, 0, NULL},
 };

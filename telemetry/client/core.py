@@ -285,7 +285,7 @@ class TelemetryClient(metaclass=abc.ABCMeta):   # ABCMeta: DisabledClient regist
                                             state=self._st)
         self._st.bind(self._seqs, KIND_METRICS, PROTOCOL_VERSION, self._src, self.rank, d._jobs.append, d._ring,
                       self._sock.send, zmq.ZMQError, _NOBLOCK, MAX_FRAME_BYTES, MAX_VALUES, ROOMY_FRAME_BYTES,
-                      DIRECT_AFTER_NS, OWN_TIME_EVERY_NS)
+                      DIRECT_AFTER_NS, OWN_TIME_EVERY_NS, _replaced_wall_clock())
         self._fast_log = self._st.log
 
     # The counters log()'s common case shares (see _open), by the names the rest of the client uses.
@@ -963,6 +963,14 @@ class TelemetryClient(metaclass=abc.ABCMeta):   # ABCMeta: DisabledClient regist
 
 
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+
+
+def _replaced_wall_clock() -> Callable[[], int] | None:
+    """time.time_ns when something in this process replaced it before the client started (a
+    test's shifted clock: testkit/clockshift), for log()'s common case to read the record's time
+    with, as the rest of the client does; None when it is the interpreter's own (the common case
+    reads CLOCK_REALTIME itself)."""
+    return None if getattr(time.time_ns, "__self__", None) is time else time.time_ns
 
 
 def _warn(message: str) -> None:

@@ -28,7 +28,8 @@ class PyLogState:
 
     __slots__ = ("sent", "dropped", "dropped_bg", "submitted", "done", "room", "last_ns", "own_ns", "own_sent_at",
                  "forked", "spans", "parked", "_pack", "_bound", "_seqs", "_header", "_append", "_ring", "_send",
-                 "_zmq_error", "_noblock", "_max_frame", "_max_values", "_roomy", "_direct_after", "_own_every")
+                 "_zmq_error", "_noblock", "_max_frame", "_max_values", "_roomy", "_direct_after", "_own_every",
+                 "_wall_clock")
 
     def __init__(self, pack: Callable[..., "bytes | None"] | None = None) -> None:
         self.sent = self.dropped = self.dropped_bg = self.submitted = self.done = self.room = 0
@@ -39,11 +40,12 @@ class PyLogState:
 
     def bind(self, seqs: memoryview, kind: int, version: int, src: int, rank: int, append: Callable, ring: Callable,
              send: Callable, zmq_error: type, noblock: int, max_frame: int, max_values: int, roomy: int,
-             direct_after: int, own_every: int) -> None:
+             direct_after: int, own_every: int, wall_clock: Callable[[], int] | None = None) -> None:
         self._seqs, self._header = seqs, (kind, version, src, rank)
         self._append, self._ring, self._send, self._zmq_error, self._noblock = append, ring, send, zmq_error, noblock
         self._max_frame, self._max_values, self._roomy = max_frame, max_values, roomy
         self._direct_after, self._own_every = direct_after, own_every
+        self._wall_clock = wall_clock or _time_ns
         self._bound = True
 
     def unbind(self) -> None:
@@ -59,7 +61,7 @@ class PyLogState:
             return False
         seqs = self._seqs
         seq = seqs[0]
-        t = _time_ns()
+        t = self._wall_clock()
         kind, version, src, rank = self._header
         frame = self._pack(kind, version, src, rank, seq, self.dropped + self.dropped_bg, t, step, values)
         if frame is None:

@@ -93,7 +93,7 @@ def exclude(args: argparse.Namespace) -> int:
     return 0
 
 
-def _open_output(path: str) -> int:
+def _open_output(path: str, mode: int) -> int:
     """`--json FILE` opened for writing without ever waiting: a FIFO nobody reads is refused
     (OSError), one with a reader (`--json /dev/stdout | jq`) and a terminal are written to. Never
     through what another user could have put at its name (files.open_output_file): a regular
@@ -101,7 +101,7 @@ def _open_output(path: str) -> int:
     from telemetry.shared import files
 
     try:
-        return files.open_output_file(path)
+        return files.open_output_file(path, mode)
     except OSError as exc:
         if exc.errno == errno.ENXIO:
             raise OSError(exc.errno, "a FIFO that nobody reads (not waited on)", path) from None
@@ -147,9 +147,9 @@ def run(args: argparse.Namespace) -> int:
     if args.json and not to_stdout:
         from telemetry.shared import files
 
-        files.apply_like(log_dir)      # a new --json FILE is as private as the run it sums up
         try:
-            out_fd = _open_output(args.json)
+            # A new --json FILE is as private as the run it sums up (the process's own modes stay).
+            out_fd = _open_output(args.json, files.modes_like(log_dir).file)
         except OSError as exc:
             print(f"telemetry goodput: --json {args.json}: {exc.strerror or exc}", file=sys.stderr)
             return 2

@@ -51,11 +51,17 @@ def apply(group_readable: bool = False) -> Modes:
 def apply_like(log_dir: str | os.PathLike) -> Modes:
     """For a process that writes into an existing run (report, replay): as private as the run,
     group-readable only if its log directory is."""
+    return apply(modes_like(log_dir) is GROUP_READABLE)
+
+
+def modes_like(log_dir: str | os.PathLike) -> Modes:
+    """The modes of an existing run's files (group-readable only if its log directory is),
+    without making them this process's (apply_like does)."""
     try:
         group = bool(os.stat(log_dir).st_mode & stat.S_IRGRP)
     except OSError:
         group = False
-    return apply(group)
+    return GROUP_READABLE if group else PRIVATE
 
 
 class NotRegularFile(OSError):
@@ -236,7 +242,7 @@ def output_dir(path: str | os.PathLike) -> Path:
     return path
 
 
-def create_output(path: str | os.PathLike) -> int:
+def create_output(path: str | os.PathLike, mode: int | None = None) -> int:
     """A new file at `path` in an output directory (output_dir), opened to write with the
     run-file mode: what was there is unlinked first (a symlink is removed, never followed; a
     hard link's other names keep their content), then the name is created afresh (O_EXCL,
@@ -245,10 +251,11 @@ def create_output(path: str | os.PathLike) -> int:
         os.unlink(path)
     except FileNotFoundError:
         pass
-    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, _modes.file)
+    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                   _modes.file if mode is None else mode)
 
 
-def open_output_file(path: str | os.PathLike) -> int:
+def open_output_file(path: str | os.PathLike, mode: int | None = None) -> int:
     """A file a user named for a command's output (`goodput --json FILE`), opened to write
     without ever waiting (a FIFO nobody reads: ENXIO) and never through what another user could
     have put there. Its directory must be ours or root's and writable by no other user unless it
@@ -276,7 +283,7 @@ def open_output_file(path: str | os.PathLike) -> int:
         if st is not None and st.st_uid != me:
             raise OSError(errno.EPERM, f"it is owned by another user (uid {st.st_uid}); remove it or name another "
                                        f"file", path)
-        fd = create_output(path)
+        fd = create_output(path, mode)
     else:
         if st.st_uid not in (me, 0):
             what = "a symlink" if stat.S_ISLNK(st.st_mode) else "not a regular file and"
