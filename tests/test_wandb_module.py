@@ -970,11 +970,6 @@ def test_absl_flags_are_the_config_as_w_and_b_takes_them(tmp_path, monkeypatch):
     (absl's module) record each flag's value, as W&B's config reads them (the drop-in recorded
     none: absl's FlagValues keeps its flags out of `__dict__`)."""
     flags = pytest.importorskip("absl.flags")
-    import wandb
-
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
-    monkeypatch.setenv("WANDB_SILENT", "true")
     own = flags.FlagValues()
     flags.DEFINE_integer("batch_size", 32, "", flag_values=own)
     flags.DEFINE_string("optimizer", "adam", "", flag_values=own)
@@ -993,17 +988,15 @@ def test_absl_flags_are_the_config_as_w_and_b_takes_them(tmp_path, monkeypatch):
         finally:
             run.finish()
 
-    real = script(wandb, mode="offline", project="p")
-    monkeypatch.setenv("TELEMETRY_AUTOSTART", "0")
-    ours = script(tw, mode="disabled")
-    assert ours == real, (ours, real)
+    real = _real_and_ours(script, tmp_path, monkeypatch, ours_mode="disabled")
     assert real[0] == {"batch_size": 64, "optimizer": "adam", "layers": ["a", "b"]}, real
     assert real[1]["telemetry_test_flag"] == 0.5, real
 
 
-def _real_and_ours(script, tmp_path, monkeypatch):
+def _real_and_ours(script, tmp_path, monkeypatch, ours_mode: str = "offline"):
     """What `script(wandb_module, **init)` returns with real W&B offline and with the drop-in (no
-    daemon), both in `tmp_path`: asserted equal, and W&B's returned."""
+    daemon; `ours_mode` offline or disabled), both in `tmp_path`: asserted equal, and W&B's
+    returned."""
     import wandb
 
     monkeypatch.chdir(tmp_path)
@@ -1011,7 +1004,7 @@ def _real_and_ours(script, tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_SILENT", "true")
     real = script(wandb, mode="offline", project="p", settings=wandb.Settings(console="off", x_disable_stats=True))
     monkeypatch.setenv("TELEMETRY_AUTOSTART", "0")
-    ours = script(tw, mode="offline", project="p")
+    ours = script(tw, mode=ours_mode, project="p")
     assert ours == real, (ours, real)
     return real
 
