@@ -16,6 +16,8 @@ import sys
 import time
 from typing import Any
 
+from telemetry.client.fastlog import PyLogState
+
 # CUDA event pairs kept per name between two log() calls; a loop that logs rarely but spans
 # often keeps the first ones (a mean over them) instead of holding events without bound.
 MAX_CUDA_SPANS_PER_NAME = 256
@@ -86,10 +88,6 @@ class Span:
             self._rec._add_cpu(self._key, time.perf_counter() - self._t0)
 
 
-class _Pending:
-    __slots__ = ("spans",)
-
-
 class SpanRecorder:
     """Collects closed spans between two log() calls (the caller's thread only)."""
 
@@ -100,7 +98,7 @@ class SpanRecorder:
         self._cuda: dict[str, list[tuple[Any, Any]]] = {}
         # Whether spans wait for the next log() is the client's state's `spans` (fastlog.py),
         # which log()'s common case reads.
-        self._st = state if state is not None else _Pending()
+        self._st = state if state is not None else PyLogState()
         self.pending = False
 
     @property

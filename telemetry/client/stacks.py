@@ -28,8 +28,8 @@ off and the hello says why; TelemetryClient() neither blocks nor raises for it.
 A signal that already has a handler in this process is left alone (nothing registered).
 
 When the interpreter exits, the file is removed and the signal is set to be ignored (an atexit
-hook, which runs before the interpreter's finalization): finalization unregisters faulthandler's handler and restores the
-default action, and a daemon that had not yet seen this rank's bye (a rank ending as another one
+hook, which runs before the interpreter's finalization): finalization unregisters faulthandler's
+handler and restores the default action, and a daemon that had not yet seen this rank's bye (a rank ending as another one
 exits) would otherwise end the process it meant to ask for its stacks. Not at close(): an ignored
 signal is inherited across exec, and the processes a closed client's process starts later (the
 ranks of a launcher that logged, say) could then register nothing.
@@ -147,9 +147,11 @@ def register(endpoint: str, rank: int) -> tuple[dict, IO | None]:
         if sig is not None and signal.getsignal(sig) not in (signal.SIG_DFL, None):
             why, sig = f"signal {sig} already has a handler", None
         path, ours = _stacks_dir(endpoint)
+        name = stacks_file.file_name(rank, os.getpid())
+        file_path = os.path.join(os.path.abspath(path), name)
         dir_fd = _open_dir(path, ours)
         try:
-            fd = _open_file(dir_fd, stacks_file.file_name(rank, os.getpid()))
+            fd = _open_file(dir_fd, name)
         finally:
             os.close(dir_fd)
         f = os.fdopen(fd, "a", encoding="utf-8")
@@ -159,14 +161,12 @@ def register(endpoint: str, rank: int) -> tuple[dict, IO | None]:
         if sig is not None:
             # Append mode: the daemon reads what a dump added past the size it saw before the signal.
             faulthandler.register(sig, file=f, all_threads=True, chain=False)
-        atexit.register(_at_exit, sig, os.path.join(os.path.abspath(path), stacks_file.file_name(rank, os.getpid())),
-                        (st.st_dev, st.st_ino), os.getpid())
+        atexit.register(_at_exit, sig, file_path, (st.st_dev, st.st_ino), os.getpid())
     except (OSError, ValueError, RuntimeError) as exc:
         return {"stacks_unavailable": f"{why + '; ' if why else ''}{exc}"}, None
     if sig is None:
         return {"stacks_unavailable": why}, f
-    return {"stacks_signal": sig, "stacks_file": os.path.join(os.path.abspath(path),
-                                                              stacks_file.file_name(rank, os.getpid()))}, f
+    return {"stacks_signal": sig, "stacks_file": file_path}, f
 
 
 def _at_exit(sig: int | None, path: str, ident: tuple[int, int], pid: int) -> None:
