@@ -303,6 +303,144 @@ static PyTypeObject LogStateType = {
     .tp_members = LogState_members,
 };
 
+/* Ring: a client's record ring (telemetry/shared/ring.py has the layout and why), its writer.
+ * send(frame, flags=0) has a ZeroMQ socket's NOBLOCK contract: the frame is in the ring when it
+ * returns, or `error` is raised (no room; the client counts a drop). The record, then the write
+ * position with release order: the daemon's reader loads the position with acquire order. One
+ * thread writes at a time (the client's hand-over between its caller and its sender thread),
+ * under the GIL. */
+#define RING_HEADER 256
+#define RING_CAPACITY_AT 8
+#define RING_WPOS_AT 64
+#define RING_RPOS_AT 128
+#define RING_SKIP 0xFFFFFFFFu
+
+typedef struct {
+    PyObject_HEAD
+    Py_buffer map;                          /* the whole mapping; map.obj NULL once released */
+    unsigned char *data;
+    uint64_t *wpos, *rpos;
+    uint64_t cap, max_frame;
+    PyObject *error;
+} Ring;
+
+static int Ring_traverse(Ring *r, visitproc visit, void *arg)
+{
+    Py_VISIT(r->error);
+    return 0;
+}
+
+static int Ring_clear(Ring *r)
+{
+    if (r->map.obj != NULL)
+        PyBuffer_Release(&r->map);
+    Py_CLEAR(r->error);
+    return 0;
+}
+
+static void Ring_dealloc(Ring *r)
+{
+    PyObject_GC_UnTrack(r);
+    Ring_clear(r);
+    Py_TYPE(r)->tp_free((PyObject *)r);
+}
+
+static int Ring_init(Ring *r, PyObject *args, PyObject *kwds)
+{
+    PyObject *mapping, *error;
+    unsigned long long max_frame;
+    if (!PyArg_ParseTuple(args, "OOK:Ring", &mapping, &error, &max_frame))
+        return -1;
+    Py_buffer view;
+    if (PyObject_GetBuffer(mapping, &view, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0)
+        return -1;
+    uint64_t cap = 0;
+    if (view.len > RING_HEADER)
+        memcpy(&cap, (unsigned char *)view.buf + RING_CAPACITY_AT, 8);
+    if (cap == 0 || cap % 8 != 0 || (uint64_t)view.len != RING_HEADER + cap || ((uintptr_t)view.buf) % 8 != 0) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_ValueError, "Ring: not a ring's mapping (its capacity and size disagree)");
+        return -1;
+    }
+    Ring_clear(r);
+    r->map = view;
+    r->data = (unsigned char *)view.buf + RING_HEADER;
+    r->wpos = (uint64_t *)((unsigned char *)view.buf + RING_WPOS_AT);
+    r->rpos = (uint64_t *)((unsigned char *)view.buf + RING_RPOS_AT);
+    r->cap = cap;
+    r->max_frame = max_frame;
+    Py_INCREF(error);
+    r->error = error;
+    return 0;
+}
+
+static PyObject *Ring_send(Ring *r, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    if (nargs < 1 || nargs > 2 || (kwnames != NULL && PyTuple_GET_SIZE(kwnames) + nargs > 2)) {
+        PyErr_SetString(PyExc_TypeError, "send(frame, flags=0)");
+        return NULL;
+    }
+    if (r->map.obj == NULL) {
+        PyErr_SetNone(r->error ? r->error : PyExc_ValueError);
+        return NULL;
+    }
+    Py_buffer f;
+    if (PyObject_GetBuffer(args[0], &f, PyBUF_SIMPLE) < 0)
+        return NULL;
+    uint64_t n = (uint64_t)f.len;
+    uint64_t rec = 8 + ((n + 7) & ~(uint64_t)7);
+    uint64_t w = *r->wpos;                                      /* ours: no other writer */
+    uint64_t rd = __atomic_load_n(r->rpos, __ATOMIC_ACQUIRE);
+    uint64_t off = w % r->cap, tail = r->cap - off;
+    uint64_t need = rec + (rec > tail ? tail : 0);
+    if (n > r->max_frame || rec > r->cap || w < rd || w - rd > r->cap || w - rd + need > r->cap) {
+        PyBuffer_Release(&f);
+        PyErr_SetNone(r->error);
+        return NULL;
+    }
+    if (rec > tail) {
+        uint32_t skip = RING_SKIP;
+        memcpy(r->data + off, &skip, 4);
+        w += tail;
+        off = 0;
+    }
+    uint32_t head[2] = {(uint32_t)n, 0};
+    memcpy(r->data + off, head, 8);
+    memcpy(r->data + off + 8, f.buf, n);
+    PyBuffer_Release(&f);
+    __atomic_store_n(r->wpos, w + rec, __ATOMIC_RELEASE);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Ring_release(Ring *r, PyObject *unused)
+{
+    (void)unused;
+    if (r->map.obj != NULL)
+        PyBuffer_Release(&r->map);
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef Ring_methods[] = {
+    {"send", (PyCFunction)(void (*)(void))Ring_send, METH_FASTCALL | METH_KEYWORDS,
+     "send(frame, flags=0): the frame into the ring, or the bound error raised (no room)."},
+    {"release", (PyCFunction)Ring_release, METH_NOARGS, "Let go of the mapping; send() raises from here."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject RingType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "telemetry.client._fastlog.Ring",
+    .tp_doc = "Ring(mapping, error, max_frame_bytes): a client's record ring's writer (see _fastlog.c).",
+    .tp_basicsize = sizeof(Ring),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Ring_init,
+    .tp_traverse = (traverseproc)Ring_traverse,
+    .tp_clear = (inquiry)Ring_clear,
+    .tp_dealloc = (destructor)Ring_dealloc,
+    .tp_methods = Ring_methods,
+};
+
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "telemetry.client._fastlog",
     "TelemetryClient.log()'s common case in C (see _fastlog.c).", -1, NULL, NULL, NULL, NULL, NULL,
@@ -310,7 +448,7 @@ static struct PyModuleDef module = {
 
 PyMODINIT_FUNC PyInit__fastlog(void)
 {
-    if (PyType_Ready(&LogStateType) < 0)
+    if (PyType_Ready(&LogStateType) < 0 || PyType_Ready(&RingType) < 0)
         return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)
@@ -318,6 +456,12 @@ PyMODINIT_FUNC PyInit__fastlog(void)
     Py_INCREF(&LogStateType);
     if (PyModule_AddObject(m, "LogState", (PyObject *)&LogStateType) < 0) {
         Py_DECREF(&LogStateType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    Py_INCREF(&RingType);
+    if (PyModule_AddObject(m, "Ring", (PyObject *)&RingType) < 0) {
+        Py_DECREF(&RingType);
         Py_DECREF(m);
         return NULL;
     }

@@ -43,7 +43,7 @@ import zmq
 from protocol import codec
 from protocol.constants import (CLIENT_TIME_KEY, KIND_METRICS, MAX_FRAME_BYTES, MAX_NAME_CHARS, MAX_PARTS, MAX_STEP,
                                 MAX_VALUES, PROTOCOL_VERSION)
-from telemetry.shared import endpoints
+from telemetry.shared import endpoints, ring
 from telemetry.shared.client_page import ClientPage, private_seqs
 from telemetry.client.deferred import (PARK_AFTER_IDLE_S, DeferredSender, Job, Later, host_scalar, snapshot,
                                        wire_number)
@@ -274,19 +274,45 @@ class TelemetryClient(metaclass=abc.ABCMeta):   # ABCMeta: DisabledClient regist
         self._monitor.setsockopt(zmq.LINGER, 0)
         self._monitor.setsockopt(zmq.RCVHWM, 0)    # never a full pipe: libzmq's I/O thread must not wait on it
         self._sock = self._new_socket(monitor=self._monitor)
-        self._sock_send = self._sock.send
+        # Where frames go: a record ring the daemon polls, when it reads rings (no system call,
+        # no thread woken: telemetry/shared/ring.py), else the socket. Only the bye takes the socket
+        # then (close()). With a ring every frame is written on the spot unless the sender thread
+        # has items (a ring's write costs less than handing a record to that thread).
+        self._ring = self._open_ring()
+        self._send = self._ring.send if self._ring is not None else self._sock.send
+        self._direct_after = 0 if self._ring is not None else DIRECT_AFTER_NS
+        self._sock_send = self._send
         self._last_log_ns = 0          # time_ns of the last log() on the fast path
         self._spans = SpanRecorder(self._st)
         # Every record goes out on this socket, sent by the sender thread (the caller's thread
         # only queues it; see log()): one pipe to the daemon, so the records arrive in the order
         # of the calls. The queue holds as many records as the socket's own (sndhwm).
-        d = self._deferred = DeferredSender(functools.partial(self._sock.send, flags=_NOBLOCK), self._encode_job,
+        d = self._deferred = DeferredSender(functools.partial(self._send, flags=_NOBLOCK), self._encode_job,
                                             self._count_sent_bg, self._count_dropped_bg, max_queued=self._sndhwm,
                                             state=self._st)
         self._st.bind(self._seqs, KIND_METRICS, PROTOCOL_VERSION, self._src, self.rank, d._jobs.append, d._ring,
-                      self._sock.send, zmq.ZMQError, _NOBLOCK, MAX_FRAME_BYTES, MAX_VALUES, ROOMY_FRAME_BYTES,
-                      DIRECT_AFTER_NS, OWN_TIME_EVERY_NS, _replaced_wall_clock())
+                      self._send, zmq.ZMQError, _NOBLOCK, MAX_FRAME_BYTES, MAX_VALUES, ROOMY_FRAME_BYTES,
+                      self._direct_after, OWN_TIME_EVERY_NS, _replaced_wall_clock())
         self._fast_log = self._st.log
+
+    def _open_ring(self) -> Any:
+        """This client's record ring's writer, when its daemon reads rings and the page could be
+        made (a local daemon on ipc), unless $TELEMETRY_TRANSPORT is "zmq"; else None."""
+        self._ring_path = None
+        if self._page.path is None or os.environ.get(ring.ENV_TRANSPORT, "auto") == "zmq":
+            return None
+        directory = self._page.path.parent
+        if not ring.reader_alive(directory):
+            return None
+        made = ring.create(directory, self._src)
+        if made is None:
+            return None
+        writer = ring.writer(made[1], zmq.Again)
+        if writer is None:
+            ring._unlink(made[0])
+            return None
+        self._ring_path = made[0]
+        return writer
 
     # The counters log()'s common case shares (see _open), by the names the rest of the client uses.
     _forked = property(lambda self: self._st.forked, lambda self, v: setattr(self._st, "forked", v))
@@ -411,7 +437,7 @@ class TelemetryClient(metaclass=abc.ABCMeta):   # ABCMeta: DisabledClient regist
         when the loop is slow and nothing is queued (see log())."""
         t = _time_ns()
         d = self._deferred
-        if d.pending() or t - self._last_log_ns < DIRECT_AFTER_NS:
+        if d.pending() or t - self._last_log_ns < self._direct_after:
             self._last_log_ns = t
             if not d.submit(frame):
                 self._num_dropped += 1
@@ -575,7 +601,7 @@ class TelemetryClient(metaclass=abc.ABCMeta):   # ABCMeta: DisabledClient regist
                 self._num_dropped += 1
             return
         try:
-            self._sock.send(frame, zmq.NOBLOCK)
+            self._send(frame, zmq.NOBLOCK)
             self._num_sent += 1
         except zmq.ZMQError:
             self._num_dropped += 1
@@ -857,6 +883,7 @@ class TelemetryClient(metaclass=abc.ABCMeta):   # ABCMeta: DisabledClient regist
         # log()'s common case lets go of the page and the socket: a log() from here on is the
         # Python path's, which drops it (counted) and never touches the page the bye makes final.
         self._st.unbind()
+        # The ring takes the sender thread's last frames; from then on (the bye sent) it takes none.
 
         def remaining_ms() -> int:
             return int(max(0.0, deadline - time.monotonic()) * 1000)
@@ -915,6 +942,8 @@ class TelemetryClient(metaclass=abc.ABCMeta):   # ABCMeta: DisabledClient regist
         # queue is empty, so the bye arrives and such a tail is counted (records_lost_in_transit);
         # sent after the records were flushed, it arrives after them unless the daemon is behind.
         # With nobody there, no bye: no one would read it.
+        if thread_done and self._ring is not None:
+            self._ring.release()           # what follows (a log() after close) is dropped, counted
         try:
             self._sock = bye_sock
             if not nobody:
@@ -932,6 +961,8 @@ class TelemetryClient(metaclass=abc.ABCMeta):   # ABCMeta: DisabledClient regist
                 # for what it never got (the bye's connection made says only that a daemon's
                 # I/O thread took it: a daemon killed next may never read it).
                 self._page.remove()
+                if self._ring_path is not None:
+                    ring._unlink(self._ring_path)
         _live_clients.discard(self)
 
     def _reopen_after_fork(self) -> None:

@@ -8,6 +8,7 @@
  * the records' fields (by their slots when the record type has them), and know no metric name:
  *
  *   read_frames_upto(next_frame, empty, max_frames, max_bytes) -> (list[bytes], their bytes)
+ *   read_ring(ring, r, out, max_frames, max_bytes, max_frame) -> (read position, frames, bytes)
  *   decode_frames(frames, decode, metrics_type, limits, cache) -> list of records
  *   tally(recs, metrics_type, bye_type, good_names) -> (all_metrics, num_byes, per_src, unknown)
  *   gather(groups) -> (ranks, t_ns, names, columns)
@@ -1584,11 +1585,87 @@ done:
     return result;
 }
 
+/* ---- read_ring ----------------------------------------------------------------------------- */
+
+#define RING_HEADER 256
+#define RING_CAPACITY_AT 8
+#define RING_WPOS_AT 64
+#define RING_RPOS_AT 128
+#define RING_SKIP 0xFFFFFFFFu
+
+/* A record ring's frames from read position r (see loops.read_ring): the write position loaded
+ * with acquire order (the client's writer stores it with release order after the record), the
+ * read position stored with release order after the frames are copied out. */
+static PyObject *
+read_ring(PyObject *self, PyObject *args)
+{
+    PyObject *ring, *out;
+    unsigned long long r;
+    Py_ssize_t max_frames, max_bytes;
+    unsigned long long max_frame;
+    if (!PyArg_ParseTuple(args, "OKO!nnK", &ring, &r, &PyList_Type, &out, &max_frames, &max_bytes, &max_frame))
+        return NULL;
+    Py_buffer view;
+    if (PyObject_GetBuffer(ring, &view, PyBUF_WRITABLE) < 0)
+        return NULL;
+    unsigned char *base = (unsigned char *)view.buf;
+    uint64_t cap = 0, w = 0, start = r;
+    Py_ssize_t taken = 0, size = 0;
+    const char *broken = NULL;
+    uint32_t n = 0;
+    if (view.len > RING_HEADER && ((uintptr_t)base) % 8 == 0) {
+        memcpy(&cap, base + RING_CAPACITY_AT, 8);
+        w = __atomic_load_n((uint64_t *)(base + RING_WPOS_AT), __ATOMIC_ACQUIRE);
+    }
+    if (cap == 0 || (uint64_t)view.len != RING_HEADER + cap || w < r || w - r > cap)
+        broken = "positions";
+    while (broken == NULL && r < w && taken < max_frames && size < max_bytes) {
+        uint64_t off = r % cap;
+        memcpy(&n, base + RING_HEADER + off, 4);
+        if (n == RING_SKIP) {
+            r += cap - off;
+            continue;
+        }
+        uint64_t rec = 8 + (((uint64_t)n + 7) & ~(uint64_t)7);
+        if (n > max_frame || off + rec > cap || r + rec > w) {
+            broken = "record";
+            break;
+        }
+        PyObject *frame = PyBytes_FromStringAndSize((const char *)base + RING_HEADER + off + 8, n);
+        if (frame == NULL || PyList_Append(out, frame) < 0) {
+            Py_XDECREF(frame);
+            if (r != start)
+                __atomic_store_n((uint64_t *)(base + RING_RPOS_AT), r, __ATOMIC_RELEASE);
+            PyBuffer_Release(&view);
+            return NULL;
+        }
+        Py_DECREF(frame);
+        r += rec;
+        taken++;
+        size += n;
+    }
+    if (r != start)
+        __atomic_store_n((uint64_t *)(base + RING_RPOS_AT), r, __ATOMIC_RELEASE);
+    PyBuffer_Release(&view);
+    if (broken != NULL) {
+        if (broken[0] == 'p')
+            PyErr_Format(PyExc_ValueError, "write position %llu, read position %llu, capacity %llu",
+                         (unsigned long long)w, (unsigned long long)r, (unsigned long long)cap);
+        else
+            PyErr_Format(PyExc_ValueError, "a record of %llu bytes at %llu (write position %llu)",
+                         (unsigned long long)n, (unsigned long long)r, (unsigned long long)w);
+        return NULL;
+    }
+    return Py_BuildValue("Knn", (unsigned long long)r, taken, size);
+}
+
 /* ---- module ------------------------------------------------------------------------------- */
 
 static PyMethodDef methods[] = {
     {"read_frames_upto", read_frames_upto, METH_VARARGS,
      "Frames from next_frame() until `empty`, max_frames, or max_bytes reached; and their bytes."},
+    {"read_ring", read_ring, METH_VARARGS,
+     "A record ring's frames from read position r, into out; (new read position, frames, bytes)."},
     {"decode_frames", decode_frames, METH_VARARGS, "Each frame's record: metrics frames read here, any other by `decode`."},
     {"tally", tally, METH_VARARGS, "The receiver's accounting of a batch of decoded records."},
     {"gather", gather, METH_VARARGS, "Columns from the records of closed steps."},

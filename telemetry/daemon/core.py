@@ -17,6 +17,7 @@ control_server.py (status, drain, ping), continuity.py (what a restarted daemon 
 from __future__ import annotations
 
 import logging
+import math
 import os
 import signal
 import socket
@@ -28,7 +29,7 @@ import zmq
 
 from protocol import MAX_FRAME_BYTES
 from protocol.output import OutputRecord
-from telemetry.shared import client_page, endpoints, run_endpoints, run_lock
+from telemetry.shared import client_page, endpoints, ring, run_endpoints, run_lock
 from telemetry.daemon import hotpath
 from telemetry.daemon.aggregator import Aggregator
 from telemetry.daemon.config import DaemonConfig
@@ -43,6 +44,7 @@ from telemetry.daemon.intake import Intake
 from telemetry.daemon import memory, process
 from telemetry.daemon.pipeline import Pipeline
 from telemetry.daemon.receiver import Receiver
+from telemetry.daemon.rings import RingSet
 from telemetry.daemon import shutdown
 from telemetry.daemon.self_report import Identity, Losses, SelfReport
 from telemetry.daemon.shutdown import STOP_REASONS
@@ -189,11 +191,13 @@ class Daemon:
         # On a head with CURVE node links, each frame is read with the check of which node it
         # speaks as (a node's key speaks only for that node: security/identity.py).
         guard = self.security.node_guard(self.pull, remote)
+        pages = client_page.page_dir(self.endpoints["ingest"])
+        # The local clients' record rings (rings.py), unless $TELEMETRY_TRANSPORT says zmq.
+        rings = RingSet(pages) if pages is not None and os.environ.get(ring.ENV_TRANSPORT) != "zmq" else None
         self.intake = Intake(self.pull, self.budget.ingest_bytes, self.receiver.loops.read_frames_upto,
                              self.receiver.unread_headers, recv=guard.recv if guard is not None else None,
-                             shed=self.shed)
-        self.receive = ReceiveStage(self.pull, self.receiver, self.intake, self.losses,
-                                    client_page.page_dir(self.endpoints["ingest"]))
+                             shed=self.shed, rings=rings)
+        self.receive = ReceiveStage(self.pull, self.receiver, self.intake, self.losses, pages)
         self.receive.downstream, self.receive.rare = self.steps, self.rare
         if self.budget.baseline_mb is not None:
             self.governor = memory.Governor(self.budget, self.intake)
@@ -304,10 +308,15 @@ class Daemon:
         timeout_ms = max(0, min(MAX_POLL_MS, int((deadline - now) * 1000) + 1))
         if max_wait_s is not None:
             timeout_ms = min(timeout_ms, int(max_wait_s * 1000))
+        rings = self.intake.rings
+        if rings is not None and rings.fd is not None:
+            # The rings' next poll (rings.py): a millisecond apart while records come, up to 16.
+            timeout_ms = min(timeout_ms, math.ceil(rings.wait_s(now) * 1000))
         if len(self.intake):
             timeout_ms = 0                 # frames read ahead are waiting
         events = dict(self._poller.poll(timeout_ms))
-        if (self.pull in events or len(self.intake)) and self.receive.ingest():
+        if (self.pull in events or len(self.intake) or (rings is not None and rings.due(time.monotonic()))) \
+                and self.receive.ingest():
             self._trim_due = True
         if self.control in events:
             self.control_server.serve()

@@ -21,7 +21,7 @@ def chosen_python() -> bool:
 
 # The functions each of the two has (loops.py's docstring says what they compute).
 # (A loop without a C twin lives with its user: step_values in aggregator.py.)
-TWINS = ("read_frames_upto", "decode_frames", "tally", "gather", "reduce_column", "rate_sums", "phase_straggler")
+TWINS = ("read_frames_upto", "read_ring", "decode_frames", "tally", "gather", "reduce_column", "rate_sums", "phase_straggler")
 
 native = None
 if not chosen_python():

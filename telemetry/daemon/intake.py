@@ -35,6 +35,7 @@ import zmq
 from protocol.codec import peek_header
 from protocol.constants import KIND_HELLO, KIND_METRICS
 from telemetry.daemon.memory import HELLO_INFO_MAX_BYTES, HELLO_INFO_OVER_BUDGET_BYTES, Shed
+from telemetry.daemon.rings import RingSet
 
 # The counters' names, the same in status (top level and intake), memory.shed and the daemon record.
 SHED_KIND = "records_shed_at_intake"
@@ -143,8 +144,10 @@ class Intake:
 
     def __init__(self, sock: zmq.Socket, max_bytes: int, read_frames: Callable,
                  unread: Callable[[list], None], recv: Callable[[], bytes] | None = None,
-                 shed: Shed | None = None) -> None:
+                 shed: Shed | None = None, rings: "RingSet | None" = None) -> None:
         self.max_bytes = max_bytes
+        # The local clients' record rings (rings.py): read after the socket, while the queue has room.
+        self.rings = rings
         self._read_frames = read_frames        # loops.read_frames_upto or its C twin
         self._unread = unread                  # Receiver.unread_headers: account shed frames
         self._shed = shed if shed is not None else Shed()   # the memory budget's count of what is shed
@@ -166,24 +169,48 @@ class Intake:
         """Read what libzmq holds, up to MAX_READ_PER_TURN frames; cut big hellos; shed what does
         not fit. Returns how many frames were read."""
         read = 0
+        rings = self.rings
         while read < MAX_READ_PER_TURN:
             frames, size = self._read_frames(self._recv, zmq.Again, READ_CHUNK, READ_CHUNK_BYTES)
             if not frames:
                 break
             read += len(frames)
-            if size > CUT_ABOVE_BYTES and max(map(len, frames)) > CUT_ABOVE_BYTES:
-                frames = [self._cut_hello(f, HELLO_INFO_MAX_BYTES) if len(f) > CUT_ABOVE_BYTES else f
-                          for f in frames]
-                size = sum(map(len, frames))
-            size += FRAME_OVERHEAD_BYTES * len(frames)
-            if self.num_bytes + size <= self.max_bytes:
-                self._q.extend(frames)
-                self.num_bytes += size
-            else:
-                self._admit_some(frames)
+            if rings is not None:
+                # A bye's client's ring read in before it (the client wrote it all before the bye).
+                with_rings = rings.before_byes(frames)
+                if with_rings is not frames:
+                    frames, size = with_rings, sum(map(len, with_rings))
+            self._queue(frames, size)
+        if rings is not None and rings.due(time.monotonic()):
+            frames = rings.read(max(0, self.max_bytes - self.num_bytes))
+            if frames:
+                read += len(frames)
+                self._queue(frames, sum(map(len, frames)))
         if self.num_bytes > self.peak_bytes:
             self.peak_bytes = self.num_bytes
         return read
+
+    def fill_rings_to_end(self) -> int:
+        """Every frame the rings hold, queued (the drain: what is not processed is counted)."""
+        if self.rings is None:
+            return 0
+        frames = self.rings.drain()
+        if frames:
+            self._queue(frames, sum(map(len, frames)))
+        return len(frames)
+
+    def _queue(self, frames: list, size: int) -> None:
+        """Frames read, queued in order: big hellos cut, what does not fit shed (_admit_some)."""
+        if size > CUT_ABOVE_BYTES and max(map(len, frames)) > CUT_ABOVE_BYTES:
+            frames = [self._cut_hello(f, HELLO_INFO_MAX_BYTES) if len(f) > CUT_ABOVE_BYTES else f
+                      for f in frames]
+            size = sum(map(len, frames))
+        size += FRAME_OVERHEAD_BYTES * len(frames)
+        if self.num_bytes + size <= self.max_bytes:
+            self._q.extend(frames)
+            self.num_bytes += size
+        else:
+            self._admit_some(frames)
 
     def _admit_some(self, frames: list) -> None:
         """The frames that still fit, in order; the rest shed and accounted. A frame other than

@@ -8,6 +8,7 @@ name. tests/test_hotpath.py keeps the twins equal on random input, value by valu
 holds exactly the twins (hotpath.TWINS); a loop without a C twin lives with its user.
 
     read_frames_upto(next_frame, empty, max_frames, max_bytes) -> (list[bytes], their bytes)
+    read_ring(ring, r, out, max_frames, max_bytes, max_frame) -> (read position, frames, bytes)
     decode_frames(frames, decode, metrics_type, limits, cache) -> list of records
     tally(recs, metrics_type, bye_type, good_names) -> (all_metrics, num_byes, per_src, unknown)
     gather(groups) -> (ranks, t_ns, names, columns)
@@ -45,6 +46,47 @@ def read_frames_upto(next_frame: Callable[[], bytes], empty: type[BaseException]
         frames.append(frame)
         total += len(frame)
     return frames, total
+
+
+# A record ring's layout (telemetry/shared/ring.py): the header's bytes, where its capacity and its
+# write and read positions are, a record's head, the length that marks a wrap.
+RING_HEADER, RING_CAPACITY_AT, RING_WPOS_AT, RING_RPOS_AT, RING_RECORD_HEAD, RING_SKIP = 256, 8, 64, 128, 8, 0xFFFFFFFF
+
+
+def read_ring(ring, r: int, out: list, max_frames: int, max_bytes: int, max_frame: int) -> tuple[int, int, int]:
+    """Frames of a record ring (a writable buffer over one: telemetry/shared/ring.py) from read
+    position `r`: appended to `out` until the write position, `max_frames`, or their lengths
+    reach `max_bytes` (the frame that reaches it is kept). The new read position is stored in
+    the ring (after the frames are copied out: the writer may then reuse their room) and
+    returned with how many frames and bytes were read. Raises ValueError, the read position
+    stored at the last good record, on positions or a length no writer makes (a length above
+    `max_frame`, a record past the write position or the ring's end)."""
+    m = memoryview(ring).cast("B")
+    cap = int.from_bytes(m[RING_CAPACITY_AT:RING_CAPACITY_AT + 8], "little")
+    w = int.from_bytes(m[RING_WPOS_AT:RING_WPOS_AT + 8], "little")
+    start = r
+    taken = size = 0
+    try:
+        if cap == 0 or len(m) != RING_HEADER + cap or w < r or w - r > cap:
+            raise ValueError(f"write position {w}, read position {r}, capacity {cap}")
+        while r < w and taken < max_frames and size < max_bytes:
+            off = r % cap
+            at = RING_HEADER + off
+            n = int.from_bytes(m[at:at + 4], "little")
+            if n == RING_SKIP:
+                r += cap - off
+                continue
+            rec = RING_RECORD_HEAD + ((n + 7) & ~7)
+            if n > max_frame or off + rec > cap or r + rec > w:
+                raise ValueError(f"a record of {n} bytes at {r} (write position {w})")
+            out.append(m[at + RING_RECORD_HEAD:at + RING_RECORD_HEAD + n].tobytes())
+            r += rec
+            taken += 1
+            size += n
+    finally:
+        if r != start:
+            m[RING_RPOS_AT:RING_RPOS_AT + 8] = r.to_bytes(8, "little")
+    return r, taken, size
 
 
 def decode_frames(frames: list, decode: Callable, metrics_type: type, limits: tuple, cache: list) -> list:

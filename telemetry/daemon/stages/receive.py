@@ -125,6 +125,10 @@ class ReceiveStage(Stage):
         self.batch_frames = INGEST_BATCH      # frames per batch: memory.INGEST_BATCH_BYTES of them
         self.last_batch_mono = 0.0                      # when the last batch was taken
 
+    def start(self) -> None:
+        if self.intake.rings is not None:
+            self.intake.rings.start()       # the marker clients look for: before any client's start
+
     def take(self, max_frames: int) -> tuple[list, bool, int]:
         """Read ahead what the socket holds (Intake.fill), then decode and account up to
         `max_frames` frames from the head of that queue: (the valid records in order, whether
@@ -168,11 +172,12 @@ class ReceiveStage(Stage):
 
     def stats(self) -> dict:
         rx = self.receiver
+        rings = self.intake.rings
         return {"records_keys_coerced": rx.num_keys_coerced,
                 "values_refused_by_reason": dict(rx.values_refused),
                 "per_rank": {str(r): v for r, v in rx.per_rank().items()},
                 "inner_loops": rx.loops_name(),
-                "intake": self.intake.stats()}
+                "intake": {**self.intake.stats(), **({"rings": rings.stats()} if rings is not None else {})}}
 
     # -- the drain -----------------------------------------------------------------------------
     def drain(self, deadline: float) -> bool:
@@ -183,6 +188,8 @@ class ReceiveStage(Stage):
         self.drain_intake(start + span * PROCESS_SHARE, start + span * COUNT_SHARE, deadline)
         if self.sock is not None:
             self.sock.close(linger=0)
+        if self.intake.rings is not None:
+            self.intake.rings.stop()
         return not self.losses.num_sources_open_at_drain
 
     def drain_intake(self, until: float, deadline: float, last_call: float | None = None) -> None:
@@ -270,6 +277,8 @@ class ReceiveStage(Stage):
                 if steps >= 16 and (step_s is None or took / steps < step_s):
                     step_s = took / steps
             now = time.monotonic()
+            if not n and not counting and intake.fill_rings_to_end():
+                n = -1                      # the rings' last records: not quiet yet
             if n:
                 quiet_since = now
             else:
@@ -383,5 +392,7 @@ class ReceiveStage(Stage):
             pass
         if len(frames) < max_frames:
             frames += self.intake.take(max_frames - len(frames))
+        if len(frames) < max_frames and self.intake.rings is not None:
+            frames += self.intake.rings.drain()      # what the local clients' rings still hold
         self.receiver.unread(frames)      # their srcs' seq windows: arrived, not lost twice
         return len(frames)

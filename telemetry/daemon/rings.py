@@ -1,0 +1,300 @@
+"""The daemon's side of the local clients' record rings (telemetry/shared/ring.py).
+
+A daemon on an ipc endpoint says in the pages' directory that it reads rings (ring.advertise);
+a client started while it runs writes every frame but its bye into a ring of its own there. The
+daemon finds new rings by listing the directory (every SCAN_S, and at once for a bye whose ring
+it does not hold yet), and reads the rings it holds each turn its loop polls them: every
+MIN_POLL_S after a turn that found records, the period doubling with each empty poll up to
+MAX_POLL_S (the most a record waits here; the emit -> subscriber budget is 20 ms), so an idle
+daemon wakes MAX_POLL_S apart and a busy one reads batches.
+
+What is read joins the intake queue like the socket's frames (intake.Intake.fill): the same
+decoding, accounting and shedding. A ring is read only while the intake has room in its budget;
+the rest waits in the ring, and a client whose ring is full drops and counts (in-band). A bye
+comes on the socket: before it is queued, its client's ring is read to its end (the client wrote
+it all before it sent the bye), so the bye closes an accounting that has seen every record. At
+its drain the daemon reads every ring it holds to its end (a client killed without a bye left
+its records there), then removes them.
+
+A ring is believed only as a regular file of this user, of the size its header says, opened
+without following links through the directory's descriptor (the pages' rules); a ring whose
+positions or lengths are impossible is let go (counted in `rings_broken`), never read past.
+Rings there before the daemon started whose client is gone are another run's: not read.
+"""
+from __future__ import annotations
+
+import logging
+import mmap
+import os
+import stat
+import struct
+import time
+from pathlib import Path
+
+from protocol.constants import KIND_BYE, MAX_FRAME_BYTES
+from protocol.codec import peek_header
+from telemetry.daemon import hotpath
+from telemetry.shared import client_page, ring
+
+log = logging.getLogger("telemetry.rings")
+
+MIN_POLL_S = 0.001
+MAX_POLL_S = 0.016
+SCAN_S = 0.1
+MAX_RINGS = 4096
+# Read from one ring in one go at most: the intake's chunk (intake.READ_CHUNK).
+CHUNK_FRAMES = 1024
+
+_U64 = struct.Struct("<Q")
+_U32 = struct.Struct("<I")
+_HEAD = struct.Struct("<4Q")
+_BYE = bytes((KIND_BYE,))
+
+
+class RingBroken(Exception):
+    pass
+
+
+class Reader:
+    """One client's ring, mapped: read() takes frames from the read position on."""
+
+    __slots__ = ("src", "map", "cap", "r")
+
+    def __init__(self, src: int, mapping: mmap.mmap, cap: int) -> None:
+        self.src, self.map, self.cap = src, mapping, cap
+        self.r = _U64.unpack_from(mapping, ring.RPOS_AT)[0]
+
+    def read(self, out: list, max_frames: int, max_bytes: int) -> tuple[int, int]:
+        """Append up to `max_frames` frames (and `max_bytes` of them, past one) to `out`: (frames,
+        bytes). Raises RingBroken on impossible positions or lengths (loops.read_ring)."""
+        try:
+            self.r, taken, size = hotpath.loops.read_ring(self.map, self.r, out, max_frames, max_bytes,
+                                                          MAX_FRAME_BYTES)
+        except ValueError as exc:
+            raise RingBroken(str(exc)) from None
+        return taken, size
+
+    def close(self) -> None:
+        try:
+            self.map.close()
+        except (BufferError, ValueError):
+            pass
+
+
+class RingSet:
+    """The rings of one daemon's local clients (see the module's docstring)."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.fd: int | None = None
+        self.rings: dict[int, Reader] = {}
+        self.skipped: set[int] = set()      # rings not to read (another run's, broken, bye'd)
+        self.period = MAX_POLL_S
+        self.next_poll = 0.0
+        self.next_scan = 0.0
+        self.num_attached = 0
+        self.num_frames = 0
+        self.num_bytes = 0
+        self.num_broken = 0
+        self.advertised = False
+
+    # -- the lifecycle ------------------------------------------------------------------------------
+    def start(self) -> None:
+        """Open the directory, note the rings of gone clients already there (another run's), and
+        say that this daemon reads rings."""
+        if not ring.advertise(self.directory):
+            log.warning("rings: %s is not this user's alone: local clients send on the socket", self.directory)
+            return
+        try:
+            fd = os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            return
+        st = os.fstat(fd)
+        if st.st_uid != os.geteuid() or stat.S_IMODE(st.st_mode) & 0o077:
+            os.close(fd)
+            return
+        self.fd = fd
+        self.advertised = True
+        own_ns = client_page.pid_namespace()
+        with client_page.PageDir(self.directory) as pages:
+            for src in self._listed():
+                info = pages.read(src)
+                if info is None or client_page.final(info, own_ns):
+                    self.skipped.add(src)
+
+    def stop(self, remove: bool = True) -> None:
+        """No more rings read (the drain is over): the marker goes, and with `remove` the rings
+        read and those skipped."""
+        if self.advertised:
+            ring.withdraw(self.directory)
+            self.advertised = False
+        for src in list(self.rings):
+            self.detach(src, remove)
+        if remove and self.fd is not None:
+            for src in self.skipped:
+                self._unlink(src)
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+    # -- finding rings -----------------------------------------------------------------------------
+    def _listed(self) -> list[int]:
+        if self.fd is None:
+            return []
+        try:
+            with os.scandir(self.fd) as it:
+                names = [e.name for _, e in zip(range(client_page.MAX_LISTED), it)]
+        except OSError:
+            return []
+        out = []
+        for n in names:
+            if len(n) == 21 and n.endswith(".ring") and client_page._HEX.issuperset(n[:16]):
+                out.append(int(n[:16], 16))
+        return out
+
+    def scan(self) -> int:
+        """Attach the rings made since the last look; how many."""
+        new = 0
+        for src in self._listed():
+            if src not in self.rings and src not in self.skipped and self.attach(src) is not None:
+                new += 1
+        return new
+
+    def attach(self, src: int) -> Reader | None:
+        if self.fd is None or len(self.rings) >= MAX_RINGS:
+            return None
+        try:
+            fd = os.open(ring.ring_name(src), os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK,
+                         dir_fd=self.fd)
+        except OSError:
+            return None
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_size <= ring.HEADER_BYTES:
+                self.skipped.add(src)
+                return None
+            magic, cap, ring_src, _ = _HEAD.unpack(os.pread(fd, _HEAD.size, 0))
+            if (magic != ring.MAGIC or ring_src != src or cap % 8 or not 0 < cap <= ring.MAX_CAPACITY
+                    or st.st_size != ring.HEADER_BYTES + cap):
+                self.skipped.add(src)
+                return None
+            mapping = mmap.mmap(fd, ring.HEADER_BYTES + cap, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        except (OSError, ValueError, struct.error):
+            self.skipped.add(src)
+            return None
+        finally:
+            os.close(fd)
+        _U64.pack_into(mapping, ring.ATTACHED_AT, os.getpid())
+        reader = self.rings[src] = Reader(src, mapping, cap)
+        self.num_attached += 1
+        return reader
+
+    def detach(self, src: int, remove: bool = True) -> None:
+        reader = self.rings.pop(src, None)
+        if reader is not None:
+            reader.close()
+        self.skipped.add(src)
+        if remove:
+            self._unlink(src)
+
+    def _unlink(self, src: int) -> None:
+        try:
+            os.unlink(ring.ring_name(src), dir_fd=self.fd)
+        except (OSError, TypeError):
+            pass
+
+    # -- reading -----------------------------------------------------------------------------------
+    def due(self, now: float) -> bool:
+        return self.fd is not None and now >= self.next_poll
+
+    def wait_s(self, now: float) -> float | None:
+        """How long the loop may sleep before the next poll (None: no rings read here)."""
+        if self.fd is None:
+            return None
+        return max(0.0, self.next_poll - now)
+
+    def read(self, max_bytes: int, now: float | None = None) -> list:
+        """Frames from every ring held, up to `max_bytes` of them (past one frame), oldest ring
+        first each turn; new rings looked for every SCAN_S. Sets the next poll."""
+        if self.fd is None:
+            return []
+        now = time.monotonic() if now is None else now
+        if now >= self.next_scan:
+            self.scan()
+            self.next_scan = now + SCAN_S
+        out: list = []
+        size = 0
+        for reader in list(self.rings.values()):
+            if size >= max_bytes:
+                break
+            size += self._read_one(reader, out, CHUNK_FRAMES, max_bytes - size)[1]
+        if out:
+            self.period = MIN_POLL_S
+        else:
+            self.period = min(MAX_POLL_S, 2 * self.period)
+        self.next_poll = now + self.period
+        return out
+
+    def _read_one(self, reader: Reader, out: list, max_frames: int, max_bytes: int) -> tuple[int, int]:
+        """(frames, bytes) read from `reader` into `out`; a broken ring is let go."""
+        before = len(out)
+        try:
+            taken, size = reader.read(out, max_frames, max_bytes)
+        except RingBroken as exc:
+            self.num_broken += 1
+            log.error("rings: the ring of src %d is broken (%s): let go, not read further; what its client "
+                      "wrote after is counted lost at its bye", reader.src, exc)
+            self.detach(reader.src, remove=False)
+            taken, size = len(out) - before, sum(map(len, out[before:]))
+        self.num_frames += taken
+        self.num_bytes += size
+        return taken, size
+
+    def read_all(self, src: int) -> list:
+        """Everything the ring of `src` holds (its bye is in hand: the client wrote it all), then
+        the ring let go and removed; [] for a src without a ring."""
+        reader = self.rings.get(src)
+        if reader is None and src not in self.skipped:
+            reader = self.attach(src)
+        if reader is None:
+            return []
+        out: list = []
+        while self._read_one(reader, out, CHUNK_FRAMES, 1 << 62)[0] and src in self.rings:
+            pass
+        if src in self.rings:
+            self.detach(src)
+        return out
+
+    def before_byes(self, frames: list) -> list:
+        """`frames` (read off the socket) with each bye's client's ring read in before it."""
+        if self.fd is None:
+            return frames
+        byes = [i for i, f in enumerate(frames) if f[1:2] == _BYE]
+        if not byes:
+            return frames
+        out: list = []
+        last = 0
+        for i in byes:
+            h = peek_header(frames[i])
+            if h is None or h[0] != KIND_BYE:
+                continue
+            out.extend(frames[last:i])
+            out.extend(self.read_all(h[1]))
+            last = i
+        out.extend(frames[last:])
+        return out
+
+    def drain(self) -> list:
+        """Everything every ring holds, the rings looked for once more first (the drain)."""
+        if self.fd is None:
+            return []
+        self.scan()
+        out: list = []
+        for reader in list(self.rings.values()):
+            while self._read_one(reader, out, CHUNK_FRAMES, 1 << 62)[0] and reader.src in self.rings:
+                pass
+        return out
+
+    def stats(self) -> dict:
+        return {"held": len(self.rings), "attached": self.num_attached, "frames": self.num_frames,
+                "mb": round(self.num_bytes / 2**20, 1), "rings_broken": self.num_broken}

@@ -1,0 +1,227 @@
+"""A local client's record ring: its frames in shared memory that the daemon polls.
+
+    <ipc socket's path>.clients/<src as 16 hex digits>.ring     0600, in the pages' 0700 directory
+    HEADER_BYTES of header: MAGIC, capacity, src, attached (the daemon's pid once it reads it);
+    the write position (the client's) and the read position (the daemon's), each on a cache
+    line of its own; then `capacity` bytes of records, each a u32 length, a u32 of zero and the
+    frame, padded to 8 bytes. A length of SKIP marks the end of the data before a wrap.
+
+Why: a `send` on a ZeroMQ socket after the caller has done other work (one log() per training
+step) makes a system call that wakes libzmq's I/O thread, which on a busy machine pre-empts the
+caller: at a step of 100 ms that wake-up is most of what log() costs (benchmarks/RESULTS.md,
+Client cost). A write into this ring is a copy and a store: no system call, no thread woken.
+The daemon reads the rings it knows each turn of its loop, polling them at a period that
+shortens while records come and lengthens while none do (telemetry/daemon/rings.py).
+
+What goes where (protocol/README.md): a client whose daemon reads rings (the daemon's marker,
+`reader_alive`) writes every frame into its ring, hello and events too, so that one pipe keeps
+them in the order of the calls; only the bye goes on the ZeroMQ socket, and the daemon reads the
+client's ring to its end before it takes the bye. A ring that is full refuses the frame (the
+client counts it dropped and says so in-band, as for a full socket). The ring outlives its
+process: what a client wrote before it was killed is still read. A client whose daemon does not
+read rings (one of a version before them, or none when the client started) sends on the socket
+as before: nothing on the wire changed.
+
+Memory order: the writer stores the record, then the write position (a release); the reader
+loads the write position (an acquire), then the record, then stores its read position. The C
+writer (telemetry/client/_fastlog.c, Ring) and reader (telemetry/daemon/_hotpath.c) use atomics;
+the Python twins here rely on x86's ordering of stores and of loads, so they are used only on
+x86-64 (`python_twins_safe`).
+"""
+from __future__ import annotations
+
+import mmap
+import os
+import platform
+import stat
+import struct
+from pathlib import Path
+
+from protocol.constants import MAX_FRAME_BYTES
+from telemetry.shared.stacks_file import proc_start_time
+
+MAGIC = int.from_bytes(b"tmring01", "little")
+HEADER_BYTES = 256
+CAPACITY_AT, SRC_AT, ATTACHED_AT = 8, 16, 24
+WPOS_AT, RPOS_AT = 64, 128
+# A frame of MAX_FRAME_BYTES (a hello with a big config) always fits a ring no more than half full.
+DEFAULT_CAPACITY = 2 * MAX_FRAME_BYTES + 4096
+MAX_CAPACITY = 1 << 26
+RECORD_HEAD = 8
+SKIP = 0xFFFFFFFF
+MARKER = "ring-reader"
+# What TELEMETRY_TRANSPORT may say: "auto" (a ring where the daemon reads rings), "zmq".
+ENV_TRANSPORT = "TELEMETRY_TRANSPORT"
+
+_U64 = struct.Struct("<Q")
+_U32 = struct.Struct("<I")
+_HEAD = struct.Struct("<4Q")
+
+
+def python_twins_safe() -> bool:
+    """Whether the Python writer and reader keep the memory order without atomics (x86-64)."""
+    return platform.machine().lower() in ("x86_64", "amd64")
+
+
+def ring_name(src: int) -> str:
+    return f"{src:016x}.ring"
+
+
+def record_bytes(n: int) -> int:
+    """What a frame of `n` bytes takes in the ring."""
+    return RECORD_HEAD + ((n + 7) & ~7)
+
+
+# -- the daemon's marker ------------------------------------------------------------------------
+def advertise(directory: Path) -> bool:
+    """Say in the pages' directory that this process (a daemon) reads rings: its pid and start
+    time, which a client checks (`reader_alive`). False when the directory is not this user's
+    alone (nothing written: clients then send on the socket)."""
+    try:
+        try:
+            os.mkdir(directory, 0o700)
+        except FileExistsError:
+            pass
+        st = os.lstat(directory)
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or stat.S_IMODE(st.st_mode) & 0o077:
+            return False
+        tmp = directory / f".{MARKER}.{os.getpid()}"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            os.write(fd, f"{os.getpid()} {proc_start_time() or 0}\n".encode())
+        finally:
+            os.close(fd)
+        os.replace(tmp, directory / MARKER)
+        return True
+    except OSError:
+        return False
+
+
+def withdraw(directory: Path) -> None:
+    """The daemon stops reading rings (its drain is over): clients started from here send on the
+    socket. Only its own marker goes."""
+    path = directory / MARKER
+    try:
+        pid = int(path.read_bytes().split()[0])
+    except (OSError, ValueError, IndexError):
+        return
+    if pid == os.getpid():
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+
+
+def reader_alive(directory: Path) -> bool:
+    """Whether the daemon that wrote the marker runs now (the same pid and start time): a client
+    writes its frames into a ring only then. A directory or marker that is not this user's alone
+    is not believed."""
+    try:
+        dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        st = os.fstat(dfd)
+        if st.st_uid != os.geteuid() or stat.S_IMODE(st.st_mode) & 0o077:
+            return False
+        fd = os.open(MARKER, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, dir_fd=dfd)
+        try:
+            mst = os.fstat(fd)
+            if not stat.S_ISREG(mst.st_mode) or mst.st_uid != os.geteuid():
+                return False
+            pid, start = (int(x) for x in os.read(fd, 64).split()[:2])
+        finally:
+            os.close(fd)
+    except (OSError, ValueError):
+        return False
+    finally:
+        os.close(dfd)
+    return 0 < pid < 1 << 31 and start != 0 and proc_start_time(pid) == start
+
+
+# -- the client's side --------------------------------------------------------------------------
+def create(directory: Path, src: int, capacity: int = DEFAULT_CAPACITY) -> tuple[Path, mmap.mmap] | None:
+    """A new ring for `src` in the pages' directory (made by the client's page already), mapped;
+    None when it cannot be made (the client then sends on its socket)."""
+    capacity = (capacity + 7) & ~7
+    path = directory / ring_name(src)
+    try:
+        st = os.lstat(directory)
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or stat.S_IMODE(st.st_mode) & 0o077:
+            return None
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError:
+        return None
+    try:
+        os.ftruncate(fd, HEADER_BYTES + capacity)
+        mapping = mmap.mmap(fd, HEADER_BYTES + capacity, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        _HEAD.pack_into(mapping, 0, MAGIC, capacity, src, 0)
+    except (OSError, ValueError):
+        _unlink(path)
+        return None
+    finally:
+        os.close(fd)
+    return path, mapping
+
+
+def attached(mapping: mmap.mmap) -> bool:
+    """Whether a daemon has read this ring (it then removes it, at the client's bye or its drain)."""
+    return _U64.unpack_from(mapping, ATTACHED_AT)[0] != 0
+
+
+class PyRing:
+    """The client's writer in Python: send(frame, flags=0), the contract of a ZeroMQ socket's
+    send with NOBLOCK (raises `error` when the ring has no room). Used where the C part is not
+    built, on x86-64 only (python_twins_safe). One thread writes at a time (the client's
+    hand-over between its caller and its sender thread)."""
+
+    __slots__ = ("_map", "_cap", "_error")
+
+    def __init__(self, mapping: mmap.mmap, error: type) -> None:
+        self._map = mapping
+        self._cap = _U64.unpack_from(mapping, CAPACITY_AT)[0]
+        self._error = error
+
+    def release(self) -> None:
+        self._map = None
+
+    def send(self, frame: bytes, flags: int = 0) -> None:
+        m, cap = self._map, self._cap
+        if m is None:
+            raise self._error()
+        n = len(frame)
+        rec = record_bytes(n)
+        w = _U64.unpack_from(m, WPOS_AT)[0]
+        r = _U64.unpack_from(m, RPOS_AT)[0]
+        off = w % cap
+        tail = cap - off
+        need = rec + (tail if rec > tail else 0)
+        if n > MAX_FRAME_BYTES or rec > cap or w - r + need > cap:
+            raise self._error()
+        if rec > tail:
+            _U32.pack_into(m, HEADER_BYTES + off, SKIP)
+            w += tail
+            off = 0
+        at = HEADER_BYTES + off
+        _U32.pack_into(m, at, n)
+        m[at + RECORD_HEAD:at + RECORD_HEAD + n] = frame
+        _U64.pack_into(m, WPOS_AT, w + rec)
+
+
+def writer(mapping: mmap.mmap, error: type):
+    """The ring's writer: the C one when built, else PyRing on x86-64; None where neither is safe."""
+    try:
+        from telemetry.client._fastlog import Ring
+    except ImportError:
+        Ring = None
+    if Ring is not None:
+        return Ring(mapping, error, MAX_FRAME_BYTES)
+    return PyRing(mapping, error) if python_twins_safe() else None
+
+
+def _unlink(path: Path | None) -> bool:
+    try:
+        os.unlink(path)
+        return True
+    except OSError:
+        return False
