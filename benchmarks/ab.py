@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -41,18 +42,36 @@ def _build_extensions(tree: Path) -> None:
 
 
 @contextmanager
-def base_and_sink(base: str, endpoint: Callable[[Path], str]) -> Iterator[tuple[dict[str, Path], str]]:
+def base_and_sink(base: str, endpoint: Callable[[Path], str],
+                  daemon: bool | None = None) -> Iterator[tuple[dict[str, Path], str]]:
     """({"base <rev>": its worktree, "working tree": ROOT}, the sink's endpoint), for the with
-    block; the worktree and the sink are gone after it. endpoint(tmp dir) names the sink's."""
+    block; the worktree and the sink are gone after it. endpoint(tmp dir) names the sink's. With
+    `daemon` (True or False) the tuple has the sink's pid too, and with True the sink is a real
+    daemon of the working tree (W&B off, its log directory in the temporary one)."""
     tmp = Path(tempfile.mkdtemp(prefix="ab-"))
     base_tree = tmp / "base"
     subprocess.run(["git", "worktree", "add", "-q", "--detach", str(base_tree), base], cwd=ROOT, check=True)
     _build_extensions(base_tree)
     ep = endpoint(tmp)
-    sink = subprocess.Popen([sys.executable, "-c", SINK, ep], stdout=subprocess.PIPE, text=True)
+    if daemon:
+        cmd = [sys.executable, "-m", "telemetry", "daemon", "--log-dir", str(tmp / "log"), "--wandb", "disabled",
+               "--ingest", ep, "--pub", f"ipc://{tmp}/pub.sock", "--control", f"ipc://{tmp}/control.sock"]
+        out = open(tmp / "daemon.out", "w")          # a file: a pipe nobody reads would fill and stop it
+        sink = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
+        out.close()
+    else:
+        sink = subprocess.Popen([sys.executable, "-c", SINK, ep], stdout=subprocess.PIPE, text=True)
     try:
-        assert sink.stdout.readline().strip() == "ready"
-        yield {f"base {base}": base_tree, "working tree": ROOT}, ep
+        if daemon:
+            deadline = time.monotonic() + 120
+            while "telemetry daemon ready" not in (tmp / "daemon.out").read_text():
+                if sink.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError("the daemon never said ready:\n" + (tmp / "daemon.out").read_text()[-2000:])
+                time.sleep(0.05)
+        else:
+            assert sink.stdout.readline().strip() == "ready"
+        trees = {f"base {base}": base_tree, "working tree": ROOT}
+        yield (trees, ep) if daemon is None else (trees, ep, sink.pid)
     finally:
         sink.kill()
         subprocess.run(["git", "worktree", "remove", "--force", str(base_tree)], cwd=ROOT, check=False)

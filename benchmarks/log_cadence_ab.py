@@ -62,7 +62,22 @@ import msgpack, zmq
 from telemetry import TelemetryClient
 
 endpoint, scale, only = sys.argv[1], float(sys.argv[2]), sys.argv[3]
-pc, cpu, tns = time.perf_counter_ns, time.process_time_ns, time.time_ns
+daemon_pid = int(sys.argv[4]) if len(sys.argv) > 4 else 0
+pc, tns = time.perf_counter_ns, time.time_ns
+
+def daemon_cpu():
+    # The receiving daemon's CPU time, every thread (ns: /proc/<pid>/task/*/schedstat): the
+    # other side of each record's cost (its I/O thread and recv, or its polls of a ring).
+    total = 0
+    for t in os.listdir(f"/proc/{daemon_pid}/task"):
+        try:
+            with open(f"/proc/{daemon_pid}/task/{t}/schedstat") as f:
+                total += int(f.read().split()[0])
+        except OSError:
+            pass
+    return total
+
+cpu = (lambda: time.process_time_ns() + daemon_cpu()) if daemon_pid else time.process_time_ns
 tm = TelemetryClient(endpoint, sndhwm=200_000)
 ctx = zmq.Context(); sock = ctx.socket(zmq.PUSH); sock.setsockopt(zmq.SNDHWM, 200_000); sock.connect(endpoint)
 packer, send, NOBLOCK = msgpack.Packer(use_bin_type=True), sock.send, zmq.NOBLOCK
@@ -188,11 +203,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--startup-repeats", type=int, default=7)
     ap.add_argument("--cadences", default="", metavar="WORDS",
                     help="only the cadences whose name has one of these comma-separated words (e.g. '100 ms,sleep 1')")
+    ap.add_argument("--daemon", action="store_true",
+                    help="send to a real daemon of the working tree (it reads rings), not a bare PULL socket; "
+                         "the CPU per call then includes the daemon's (every thread)")
     ap.add_argument("--json", metavar="OUT")
     a = ap.parse_args(argv)
     load_start = os.getloadavg()
-    with base_and_sink(a.base, lambda tmp: f"ipc://{tmp}/sink.sock") as (trees, endpoint):
-        out = alternate(trees, a.rounds, CHILD, [endpoint, str(a.scale), a.cadences],
+    with base_and_sink(a.base, lambda tmp: f"ipc://{tmp}/sink.sock", daemon=a.daemon) as (trees, endpoint, pid):
+        out = alternate(trees, a.rounds, CHILD, [endpoint, str(a.scale), a.cadences] + ([str(pid)] if a.daemon else []),
                         lambda res: "load %.1f" % res["loadavg"][0])
         if out is None:
             return 1
@@ -206,7 +224,8 @@ def main(argv: list[str] | None = None) -> int:
                                       for k in runs[0]["cadences"][cad][v]}
                                   for v in runs[0]["cadences"][cad]}
     print(f"\n{os.cpu_count()} CPUs, load average at start {load_start[0]:.1f}, at end {os.getloadavg()[0]:.1f}; "
-          f"medians over {a.rounds} processes per version")
+          f"medians over {a.rounds} processes per version; sink: {'a daemon' if a.daemon else 'a PULL socket'}"
+          f"{' (CPU per call: the process and the daemon)' if a.daemon else ''}")
     print("| version | cadence | raw median µs | raw p99 µs | tm.log median µs | tm.log p99 µs | median ratio | "
           "p99 ratio | CPU/call raw µs | CPU/call tm.log µs | of which its caller's thread µs | "
           "encode alone median µs | step µs none / raw / tm.log |")

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from telemetry.shared import client_page
+from telemetry.shared import client_page, ring
 
 N = 2000
 
@@ -61,8 +61,10 @@ if how == "stay":                   # closed, and the process goes on
 
 
 def _child(ep: str, how: str, *extra: str) -> subprocess.Popen:
+    """On the socket (a client whose daemon reads rings leaves nothing in its own queues to die
+    with it: tests/test_rings.py): the pages account for what a socket's queue takes along."""
     return subprocess.Popen([sys.executable, "-c", _CHILD, ep, how, str(N), *extra],
-                            stdout=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, text=True, env={**os.environ, ring.ENV_TRANSPORT: "zmq"})
 
 
 def _logged(d, how: str, *files: Path) -> subprocess.Popen:

@@ -122,20 +122,22 @@ class RingSet:
                 if info is None or client_page.final(info, own_ns):
                     self.skipped.add(src)
 
-    def stop(self, remove: bool = True) -> None:
-        """No more rings read (the drain is over): the marker goes, and with `remove` the rings
-        read and those skipped."""
+    def stop(self) -> None:
+        """No more rings read (the drain is over): the marker goes, and the rings of clients gone
+        or closed (by their pages: client_page.final). A live client's ring stays, with its read
+        position: it goes on writing there, and a daemon next on the socket reads on from it."""
         if self.advertised:
             ring.withdraw(self.directory)
             self.advertised = False
-        for src in list(self.rings):
-            self.detach(src, remove)
-        if remove and self.fd is not None:
-            for src in self.skipped:
-                self._unlink(src)
-        if self.fd is not None:
-            os.close(self.fd)
-            self.fd = None
+        if self.fd is None:
+            return
+        own_ns = client_page.pid_namespace()
+        with client_page.PageDir(self.directory) as pages:
+            for src in list(self.rings) + list(self.skipped):
+                info = pages.read(src)
+                self.detach(src, remove=info is None or client_page.final(info, own_ns))
+        os.close(self.fd)
+        self.fd = None
 
     # -- finding rings -----------------------------------------------------------------------------
     def _listed(self) -> list[int]:

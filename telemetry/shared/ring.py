@@ -55,6 +55,7 @@ ENV_TRANSPORT = "TELEMETRY_TRANSPORT"
 
 _U64 = struct.Struct("<Q")
 _U32 = struct.Struct("<I")
+_RECORD_HEAD = struct.Struct("<II")
 _HEAD = struct.Struct("<4Q")
 
 
@@ -203,7 +204,7 @@ class PyRing:
             w += tail
             off = 0
         at = HEADER_BYTES + off
-        _U32.pack_into(m, at, n)
+        _RECORD_HEAD.pack_into(m, at, n, 0)
         m[at + RECORD_HEAD:at + RECORD_HEAD + n] = frame
         _U64.pack_into(m, WPOS_AT, w + rec)
 

@@ -1,0 +1,296 @@
+"""The local clients' record rings (telemetry/shared/ring.py, telemetry/daemon/rings.py): the C and
+Python writers and readers agree byte for byte; a client whose daemon reads rings writes every
+frame there and every record arrives, in the order of the calls; what a killed client wrote is
+still read; a full ring drops and counts; a daemon that does not read rings (or a gone one) gets
+the socket; rings no client of this user wrote, or broken ones, are never read past."""
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import zmq
+
+from telemetry.daemon import loops as py_loops
+from telemetry.shared import ring
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _c_ring():
+    try:
+        from telemetry.client._fastlog import Ring
+    except ImportError:
+        return None
+    return Ring
+
+
+def _c_read():
+    try:
+        from telemetry.daemon import _hotpath
+    except ImportError:
+        return None
+    return _hotpath.read_ring
+
+
+def _new(tmp_path: Path, src: int, capacity: int):
+    d = tmp_path / "pages"
+    d.mkdir(mode=0o700, exist_ok=True)
+    path, mapping = ring.create(d, src, capacity)
+    return path, mapping
+
+
+def test_writers_and_readers_agree_byte_for_byte(tmp_path):
+    Ring, c_read = _c_ring(), _c_read()
+    if Ring is None or c_read is None:
+        pytest.skip("the C parts are not built")
+    rnd = random.Random(7)
+    _, m_c = _new(tmp_path, 1, 4096)
+    _, m_py = _new(tmp_path, 2, 4096)
+    w_c, w_py = Ring(m_c, zmq.Again, 1 << 20), ring.PyRing(m_py, zmq.Again)
+    got_c, got_py, sent = [], [], []
+    r_c = r_py = 0
+    for _ in range(3000):
+        frame = rnd.randbytes(rnd.choice([0, 1, 7, 8, 9, 63, 200, 900, 2000]))
+        outcome = []
+        for w in (w_c, w_py):
+            try:
+                w.send(frame, flags=zmq.NOBLOCK)
+                outcome.append(True)
+            except zmq.Again:
+                outcome.append(False)
+        assert outcome[0] == outcome[1]
+        if outcome[0]:
+            sent.append(frame)
+        # The 16-byte header differs by the src only; the positions and records are the same.
+        assert m_c[ring.WPOS_AT:] == m_py[ring.WPOS_AT:]
+        if rnd.random() < 0.3:
+            n = rnd.choice([1, 3, 100])
+            r_c, taken_c, size_c = c_read(m_c, r_c, got_c, n, 1 << 30, 1 << 20)
+            r_py, taken_py, size_py = py_loops.read_ring(m_py, r_py, got_py, n, 1 << 30, 1 << 20)
+            assert (r_c, taken_c, size_c) == (r_py, taken_py, size_py)
+            assert m_c[ring.RPOS_AT:ring.RPOS_AT + 8] == r_c.to_bytes(8, "little")
+    c_read(m_c, r_c, got_c, 1 << 30, 1 << 30, 1 << 20)
+    py_loops.read_ring(m_py, r_py, got_py, 1 << 30, 1 << 30, 1 << 20)
+    assert got_c == got_py == sent and len(sent) > 1000
+    # A frame beyond the limit, or once let go: refused like a full socket.
+    with pytest.raises(zmq.Again):
+        Ring(m_c, zmq.Again, 100).send(b"x" * 101)
+    w_c.release()
+    w_py.release()
+    for w in (w_c, w_py):
+        with pytest.raises(zmq.Again):
+            w.send(b"late")
+
+
+@pytest.mark.parametrize("damage", ["write position past the capacity", "a length beyond a frame",
+                                    "a record past the write position"])
+def test_readers_refuse_impossible_rings(tmp_path, damage):
+    readers = [py_loops.read_ring] + ([_c_read()] if _c_read() is not None else [])
+    for i, read in enumerate(readers):
+        _, m = _new(tmp_path, 10 + i, 1024)
+        w = ring.PyRing(m, zmq.Again)
+        w.send(b"good")
+        good_end = ring.record_bytes(4)
+        if damage == "write position past the capacity":
+            m[ring.WPOS_AT:ring.WPOS_AT + 8] = (5000).to_bytes(8, "little")
+        elif damage == "a length beyond a frame":
+            w.send(b"bad!")
+            m[ring.HEADER_BYTES + good_end:ring.HEADER_BYTES + good_end + 4] = (1 << 21).to_bytes(4, "little")
+        else:
+            w.send(b"bad!")
+            m[ring.HEADER_BYTES + good_end:ring.HEADER_BYTES + good_end + 4] = (600).to_bytes(4, "little")
+        out: list = []
+        with pytest.raises(ValueError):
+            read(m, 0, out, 100, 1 << 30, 1 << 20)
+        if damage != "write position past the capacity":
+            # What came before the damage is read, and the read position stops after it.
+            assert out == [b"good"]
+            assert int.from_bytes(m[ring.RPOS_AT:ring.RPOS_AT + 8], "little") == good_end
+
+
+# -- with a daemon ---------------------------------------------------------------------------------
+def _pages(d) -> Path:
+    return Path(d.ingest[len("ipc://"):] + ".clients")
+
+
+def test_a_local_client_sends_through_its_ring_in_call_order(make_daemon):
+    from telemetry import TelemetryClient
+
+    d = make_daemon()
+    assert (_pages(d) / ring.MARKER).exists()
+    tm = TelemetryClient(d.ingest, rank=0)
+    assert tm._ring is not None and tm._ring_path.exists()
+    torch = sys.modules.get("torch")
+    for i in range(120):
+        if torch is not None and i % 3 == 0:
+            tm.log(i, {"loss": torch.tensor(float(i))})        # the sender thread's, in turn
+        else:
+            tm.log(i, {"loss": float(i)})
+        if i % 40 == 0:
+            tm.event("eval_done", {"step": i})
+            tm.hello({"config": {"i": i}})
+            time.sleep(0.05)                                   # the slow cadence too
+    path = tm._ring_path
+    tm.close(timeout_s=10.0)
+    recs = d.wait_for(lambda rs: len([r for r in rs if r.get("kind") == "metrics"]) >= 120, kind="metrics")
+    assert [r["step"] for r in recs] == list(range(120))
+    assert all(r["values"]["loss"] == float(r["step"]) for r in recs)
+    status = d.status()
+    assert status["intake"]["rings"]["attached"] == 1 and status["intake"]["rings"]["frames"] >= 120 + 3 * 2 + 1
+    final = d.drain()
+    assert final["records_lost"] == 0 and final["records_malformed"] == 0, final
+    assert not path.exists(), "the daemon removes a ring once it has its client's bye"
+    assert not (_pages(d) / ring.MARKER).exists(), "the marker goes with the daemon's drain"
+
+
+def _client_script(endpoint: str, body: str) -> str:
+    return textwrap.dedent(f"""
+        import os, signal, sys, time
+        sys.path.insert(0, {str(ROOT)!r})
+        from telemetry import TelemetryClient
+        tm = TelemetryClient({endpoint!r}, rank=0)
+        print("ring", tm._ring is not None, flush=True)
+    """) + textwrap.dedent(body)
+
+
+def test_what_a_killed_client_wrote_is_still_read(make_daemon, tmp_path):
+    d = make_daemon()
+    script = tmp_path / "killed.py"
+    script.write_text(_client_script(d.ingest, """
+        for i in range(500):
+            tm.log(i, {"loss": float(i)})
+        os.kill(os.getpid(), signal.SIGKILL)
+    """))
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == -signal.SIGKILL and "ring True" in out.stdout, out.stderr
+    recs = d.wait_for(lambda rs: len(rs) >= 500, kind="metrics")
+    assert [r["step"] for r in recs] == list(range(500))
+    final = d.drain()
+    assert final["records_lost"] == 0, final
+
+
+def test_no_ring_where_no_daemon_reads_rings(make_daemon, tmp_path, monkeypatch):
+    from telemetry import TelemetryClient
+
+    # A daemon told to take the socket only leaves no marker: its clients send as before.
+    d = make_daemon(env={ring.ENV_TRANSPORT: "zmq"})
+    assert not (_pages(d) / ring.MARKER).exists()
+    tm = TelemetryClient(d.ingest, rank=0)
+    assert tm._ring is None
+    tm.log(1, {"loss": 1.0})
+    tm.close()
+    d.wait_for(lambda rs: any(r.get("step") == 1 for r in rs), kind="metrics")
+    assert d.drain()["records_lost"] == 0
+
+    # A client told so, beside a daemon that reads rings.
+    d2 = make_daemon()
+    monkeypatch.setenv(ring.ENV_TRANSPORT, "zmq")
+    tm = TelemetryClient(d2.ingest, rank=0)
+    assert tm._ring is None
+    tm.log(2, {"loss": 2.0})
+    tm.close()
+    monkeypatch.delenv(ring.ENV_TRANSPORT)
+    d2.wait_for(lambda rs: any(r.get("step") == 2 for r in rs), kind="metrics")
+    assert d2.drain()["records_lost"] == 0
+
+    # A marker left by a daemon killed before its drain names a process that is gone.
+    pages = tmp_path / "stale.sock.clients"
+    pages.mkdir(mode=0o700)
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    (pages / ring.MARKER).write_text(f"{gone.pid} 12345\n")
+    assert not ring.reader_alive(pages)
+    # ... and one of a live process whose start time differs (its pid reused) neither.
+    (pages / ring.MARKER).write_text(f"{os.getpid()} 1\n")
+    assert not ring.reader_alive(pages)
+    ring.advertise(pages)
+    assert ring.reader_alive(pages)
+    os.chmod(pages, 0o755)                     # a directory others may enter: not believed
+    assert not ring.reader_alive(pages)
+
+
+def test_a_full_ring_drops_and_counts(make_daemon):
+    from telemetry import TelemetryClient
+
+    d = make_daemon()
+    tm = TelemetryClient(d.ingest, rank=0)
+    assert tm._ring is not None
+    os.kill(d.proc.pid, signal.SIGSTOP)
+    try:
+        n = 0
+        while tm.stats()["dropped"] == 0 and n < 200_000:
+            tm.log(n, {"loss": float(n), "acc": 0.5})
+            n += 1
+        for i in range(n, n + 100):
+            tm.log(i, {"loss": float(i), "acc": 0.5})
+        dropped = tm.stats()["dropped"]
+        assert 100 <= dropped < n
+    finally:
+        os.kill(d.proc.pid, signal.SIGCONT)
+    tm.close(timeout_s=10.0)
+    final = d.drain()
+    # Every record the ring refused is lost, counted by the client and said in-band: exactly.
+    assert final["records_lost"] == dropped, final
+    assert final["records_in"] == n + 100 - dropped + 2, final       # and the hello and the bye
+
+
+def test_rings_no_client_wrote_are_not_read(make_daemon, tmp_path):
+    from telemetry import TelemetryClient
+
+    d = make_daemon()
+    pages = _pages(d)
+    # Planted where a ring would be: a link, a file of the wrong size, one of a bad magic.
+    target = tmp_path / "elsewhere"
+    target.write_bytes(b"\0" * (ring.HEADER_BYTES + 4096))
+    os.symlink(target, pages / ring.ring_name(0xAAAA))
+    (pages / ring.ring_name(0xBBBB)).write_bytes(b"\0" * 100)
+    bad = bytearray(ring.HEADER_BYTES + 4096)
+    bad[0:8] = b"notaring"
+    (pages / ring.ring_name(0xCCCC)).write_bytes(bytes(bad))
+    # A real client's ring, broken afterwards (its write position made impossible).
+    tm = TelemetryClient(d.ingest, rank=0)
+    tm.log(1, {"loss": 1.0})
+    d.wait_for(lambda rs: any(r.get("step") == 1 for r in rs), kind="metrics")
+    with open(tm._ring_path, "r+b") as f:
+        f.seek(ring.WPOS_AT)
+        f.write((1 << 40).to_bytes(8, "little"))
+    tm.log(2, {"loss": 2.0})
+    deadline = time.monotonic() + 60
+    while d.status()["intake"]["rings"]["rings_broken"] < 1:
+        assert time.monotonic() < deadline, d.output()[-2000:]
+        time.sleep(0.05)
+    status = d.status()
+    assert status["intake"]["rings"]["attached"] == 1, status["intake"]
+    tm.close()
+    final = d.drain()
+    assert d.proc.returncode == 0
+    # Record 2 is lost (its ring broken before it was read), and counted so by the bye.
+    assert final["records_lost"] == 1, final
+    assert "broken" in d.output()
+    assert os.path.islink(pages / ring.ring_name(0xAAAA)) and target.stat().st_size == ring.HEADER_BYTES + 4096
+
+
+def test_a_restarted_daemon_reads_the_rings_of_live_clients(make_daemon, tmp_path):
+    from telemetry import TelemetryClient
+
+    d = make_daemon()
+    endpoints = (d.ingest, d.pub, d.control)
+    tm = TelemetryClient(d.ingest, rank=0)
+    tm.log(0, {"loss": 0.0})
+    d.wait_for(lambda rs: any(r.get("step") == 0 for r in rs), kind="metrics")
+    d.kill()
+    for i in range(1, 50):                     # no daemon: they wait in the ring
+        tm.log(i, {"loss": float(i)})
+    d2 = make_daemon(endpoints=endpoints, log_dir=d.log_dir)
+    tm.log(50, {"loss": 50.0})
+    d2.wait_for(lambda rs: len({r["step"] for r in rs}) >= 51, kind="metrics")
+    tm.close()
+    final = d2.drain()
+    assert final["records_lost"] == 0, final
