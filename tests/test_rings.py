@@ -53,7 +53,7 @@ def test_writers_and_readers_agree_byte_for_byte(tmp_path):
     rnd = random.Random(7)
     _, m_c = _new(tmp_path, 1, 4096)
     _, m_py = _new(tmp_path, 2, 4096)
-    w_c, w_py = Ring(m_c, zmq.Again, 1 << 20), ring.PyRing(m_py, zmq.Again)
+    w_c, w_py = Ring(m_c, zmq.Again, 1 << 20, 40), ring.PyRing(m_py, zmq.Again, 40)
     got_c, got_py, sent = [], [], []
     r_c = r_py = 0
     for _ in range(3000):
@@ -81,7 +81,7 @@ def test_writers_and_readers_agree_byte_for_byte(tmp_path):
     assert got_c == got_py == sent and len(sent) > 1000
     # A frame beyond the limit, or once let go: refused like a full socket.
     with pytest.raises(zmq.Again):
-        Ring(m_c, zmq.Again, 100).send(b"x" * 101)
+        Ring(m_c, zmq.Again, 100, 1 << 20).send(b"x" * 101)
     w_c.release()
     w_py.release()
     for w in (w_c, w_py):
@@ -95,7 +95,7 @@ def test_readers_refuse_impossible_rings(tmp_path, damage):
     readers = [py_loops.read_ring] + ([_c_read()] if _c_read() is not None else [])
     for i, read in enumerate(readers):
         _, m = _new(tmp_path, 10 + i, 1024)
-        w = ring.PyRing(m, zmq.Again)
+        w = ring.PyRing(m, zmq.Again, 1 << 20)
         w.send(b"good")
         good_end = ring.record_bytes(4)
         if damage == "write position past the capacity":
@@ -294,3 +294,56 @@ def test_a_restarted_daemon_reads_the_rings_of_live_clients(make_daemon, tmp_pat
     tm.close()
     final = d2.drain()
     assert final["records_lost"] == 0, final
+
+
+def test_a_forked_child_writes_a_ring_of_its_own(make_daemon, tmp_path):
+    d = make_daemon(world_size=2)
+    script = tmp_path / "fork.py"
+    script.write_text(_client_script(d.ingest, """
+        for i in range(300):
+            tm.log(i, {"loss": float(i)})
+        pid = os.fork()
+        if pid == 0:
+            child = TelemetryClient({endpoint!r}, rank=1)
+            for i in range(300):
+                tm.log(300 + i, {"loss": 1.0})         # the parent's client, in the child: its own ring
+                child.log(i, {"loss": 2.0})
+            os._exit(0)                                 # no close, no bye: the rings hold it all
+        os.waitpid(pid, 0)
+        for i in range(300, 310):
+            tm.log(i, {"loss": float(i)})
+        tm.close(timeout_s=10.0)
+    """.replace("{endpoint!r}", repr(d.ingest))))
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and "ring True" in out.stdout, out.stderr
+    final = d.drain()
+    # Three clients (the parent's, its copy in the child, the child's own), none lost a record.
+    assert final["records_lost"] == 0, final
+    assert final["per_rank"]["0"]["received"] >= 300 + 300 + 10, final
+    assert final["per_rank"]["1"]["received"] >= 300, final
+
+
+@pytest.mark.parametrize("transport", ["ring", "zmq"])
+def test_a_client_dropped_unclosed_does_not_hang_the_garbage_collector(make_daemon, tmp_path, transport):
+    """A client no one closed (a failed test's, a script's that forgot), collected as garbage:
+    its context's finalizer waited for ever on a socket it had not closed, hanging the process in
+    whatever allocation set the collector off."""
+    d = make_daemon()
+    script = tmp_path / "dropped.py"
+    script.write_text(textwrap.dedent(f"""
+        import gc, sys
+        sys.path.insert(0, {str(ROOT)!r})
+        from telemetry import TelemetryClient
+
+        def run():
+            tm = TelemetryClient({d.ingest!r}, rank=0)
+            tm.log(1, {{"loss": 1.0}})
+            tm.log(2, {{"loss": 2.0}})
+
+        run()
+        gc.collect()
+        print("collected", flush=True)
+    """))
+    env = {**os.environ, **({ring.ENV_TRANSPORT: "zmq"} if transport == "zmq" else {})}
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 0 and "collected" in out.stdout, out.stderr

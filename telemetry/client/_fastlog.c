@@ -313,14 +313,16 @@ static PyTypeObject LogStateType = {
 #define RING_CAPACITY_AT 8
 #define RING_WPOS_AT 64
 #define RING_RPOS_AT 128
+#define RING_WCOUNT_AT 72
+#define RING_RCOUNT_AT 136
 #define RING_SKIP 0xFFFFFFFFu
 
 typedef struct {
     PyObject_HEAD
     Py_buffer map;                          /* the whole mapping; map.obj NULL once released */
     unsigned char *data;
-    uint64_t *wpos, *rpos;
-    uint64_t cap, max_frame;
+    uint64_t *wpos, *rpos, *wcount, *rcount;
+    uint64_t cap, max_frame, max_records;
     PyObject *error;
 } Ring;
 
@@ -348,8 +350,8 @@ static void Ring_dealloc(Ring *r)
 static int Ring_init(Ring *r, PyObject *args, PyObject *kwds)
 {
     PyObject *mapping, *error;
-    unsigned long long max_frame;
-    if (!PyArg_ParseTuple(args, "OOK:Ring", &mapping, &error, &max_frame))
+    unsigned long long max_frame, max_records;
+    if (!PyArg_ParseTuple(args, "OOKK:Ring", &mapping, &error, &max_frame, &max_records))
         return -1;
     Py_buffer view;
     if (PyObject_GetBuffer(mapping, &view, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0)
@@ -367,8 +369,11 @@ static int Ring_init(Ring *r, PyObject *args, PyObject *kwds)
     r->data = (unsigned char *)view.buf + RING_HEADER;
     r->wpos = (uint64_t *)((unsigned char *)view.buf + RING_WPOS_AT);
     r->rpos = (uint64_t *)((unsigned char *)view.buf + RING_RPOS_AT);
+    r->wcount = (uint64_t *)((unsigned char *)view.buf + RING_WCOUNT_AT);
+    r->rcount = (uint64_t *)((unsigned char *)view.buf + RING_RCOUNT_AT);
     r->cap = cap;
     r->max_frame = max_frame;
+    r->max_records = max_records;
     Py_INCREF(error);
     r->error = error;
     return 0;
@@ -393,7 +398,10 @@ static PyObject *Ring_send(Ring *r, PyObject *const *args, Py_ssize_t nargs, PyO
     uint64_t rd = __atomic_load_n(r->rpos, __ATOMIC_ACQUIRE);
     uint64_t off = w % r->cap, tail = r->cap - off;
     uint64_t need = rec + (rec > tail ? tail : 0);
-    if (n > r->max_frame || rec > r->cap || w < rd || w - rd > r->cap || w - rd + need > r->cap) {
+    uint64_t written = *r->wcount;
+    uint64_t taken = __atomic_load_n(r->rcount, __ATOMIC_ACQUIRE);
+    if (n > r->max_frame || rec > r->cap || w < rd || w - rd > r->cap || w - rd + need > r->cap
+            || written - taken >= r->max_records) {
         PyBuffer_Release(&f);
         PyErr_SetNone(r->error);
         return NULL;
@@ -408,6 +416,7 @@ static PyObject *Ring_send(Ring *r, PyObject *const *args, Py_ssize_t nargs, PyO
     memcpy(r->data + off, head, 8);
     memcpy(r->data + off + 8, f.buf, n);
     PyBuffer_Release(&f);
+    *r->wcount = written + 1;
     __atomic_store_n(r->wpos, w + rec, __ATOMIC_RELEASE);
     Py_RETURN_NONE;
 }
@@ -430,7 +439,7 @@ static PyMethodDef Ring_methods[] = {
 static PyTypeObject RingType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "telemetry.client._fastlog.Ring",
-    .tp_doc = "Ring(mapping, error, max_frame_bytes): a client's record ring's writer (see _fastlog.c).",
+    .tp_doc = "Ring(mapping, error, max_frame_bytes, max_records): a client's record ring's writer (see _fastlog.c).",
     .tp_basicsize = sizeof(Ring),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
     .tp_new = PyType_GenericNew,

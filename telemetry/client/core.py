@@ -1,9 +1,12 @@
 """TelemetryClient: the only telemetry code that runs inside a training process.
 
 `log()` is the whole cost a training step pays for telemetry, so it does as little as a Python
-call can: one msgpack encode of a prebuilt tuple and one append to the client's queue, which a
-sender thread (telemetry/client/deferred.py) drains in batches onto the client's one ZeroMQ
-socket: no system call on the training thread, and at a step of a millisecond a small fraction of
+call can. Where the daemon reads rings (a local daemon of this version: telemetry/shared/ring.py)
+it encodes the record and writes it into the client's record ring, shared memory the daemon
+polls: a copy and a store, no system call, no thread woken, at any cadence; only the bye goes on
+the socket. Otherwise it is one msgpack encode of a prebuilt tuple and one append to the client's
+queue, which a sender thread (telemetry/client/deferred.py) drains in batches onto the client's
+one ZeroMQ socket: no system call on the training thread, and at a step of a millisecond a small fraction of
 what a send costs it there (a send after other work wakes ZeroMQ's I/O thread, which on a busy
 machine pre-empts the caller). A loop slower than DIRECT_AFTER_NS per record, with nothing
 queued, sends itself (NOBLOCK): the sender thread has parked by then, and waking it per record
@@ -111,6 +114,13 @@ _abandoned_after_fork: list[Any] = []
 # What a close() could not shut because its sender thread had not finished (see close()): never
 # garbage-collected before the process exits.
 _left_to_exit: list[Any] = []
+# Each open client's context and sockets, until its close(): a client dropped unclosed (a failed
+# test's, a script's that forgot) would leave them to the garbage collector, whose pyzmq
+# Context.__del__ terminates the context and can wait for ever on a socket it has not closed
+# (a hang of the whole process in whatever allocation set the collector off). Held here, they go
+# with the process (pyzmq does not terminate a context at exit); the atexit hook closes the
+# clients still referenced.
+_held_until_close: dict[int, Any] = {}
 
 
 class _NeedsDeferral(Exception):
@@ -274,6 +284,7 @@ class TelemetryClient(metaclass=abc.ABCMeta):   # ABCMeta: DisabledClient regist
         self._monitor.setsockopt(zmq.LINGER, 0)
         self._monitor.setsockopt(zmq.RCVHWM, 0)    # never a full pipe: libzmq's I/O thread must not wait on it
         self._sock = self._new_socket(monitor=self._monitor)
+        _held_until_close[id(self._ctx)] = (self._ctx, self._sock, self._monitor)
         # Where frames go: a record ring the daemon polls, when it reads rings (no system call,
         # no thread woken: telemetry/shared/ring.py), else the socket. Only the bye takes the socket
         # then (close()). With a ring every frame is written on the spot unless the sender thread
@@ -304,10 +315,10 @@ class TelemetryClient(metaclass=abc.ABCMeta):   # ABCMeta: DisabledClient regist
         directory = self._page.path.parent
         if not ring.reader_alive(directory):
             return None
-        made = ring.create(directory, self._src)
+        made = ring.create(directory, self._src, ring.capacity_for(self._sndhwm))
         if made is None:
             return None
-        writer = ring.writer(made[1], zmq.Again)
+        writer = ring.writer(made[1], zmq.Again, self._sndhwm)
         if writer is None:
             ring._unlink(made[0])
             return None
@@ -926,6 +937,7 @@ class TelemetryClient(metaclass=abc.ABCMeta):   # ABCMeta: DisabledClient regist
                 self._sock.close(linger=min(remaining_ms() // 2, self._linger_ms))
             self._monitor.close()
             self._ctx.term()
+            _held_until_close.pop(id(self._ctx), None)
         else:
             # A sender thread stuck waiting on a hung GPU (or still sending a backlog that other
             # threads kept filling) may still send on the socket, and term() would wait for it

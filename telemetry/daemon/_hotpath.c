@@ -1591,6 +1591,7 @@ done:
 #define RING_CAPACITY_AT 8
 #define RING_WPOS_AT 64
 #define RING_RPOS_AT 128
+#define RING_RCOUNT_AT 136
 #define RING_SKIP 0xFFFFFFFFu
 
 /* A record ring's frames from read position r (see loops.read_ring): the write position loaded
@@ -1634,6 +1635,10 @@ read_ring(PyObject *self, PyObject *args)
         PyObject *frame = PyBytes_FromStringAndSize((const char *)base + RING_HEADER + off + 8, n);
         if (frame == NULL || PyList_Append(out, frame) < 0) {
             Py_XDECREF(frame);
+            if (taken) {
+                uint64_t *count = (uint64_t *)(base + RING_RCOUNT_AT);
+                __atomic_store_n(count, *count + (uint64_t)taken, __ATOMIC_RELEASE);
+            }
             if (r != start)
                 __atomic_store_n((uint64_t *)(base + RING_RPOS_AT), r, __ATOMIC_RELEASE);
             PyBuffer_Release(&view);
@@ -1643,6 +1648,10 @@ read_ring(PyObject *self, PyObject *args)
         r += rec;
         taken++;
         size += n;
+    }
+    if (taken) {
+        uint64_t *count = (uint64_t *)(base + RING_RCOUNT_AT);
+        __atomic_store_n(count, *count + (uint64_t)taken, __ATOMIC_RELEASE);
     }
     if (r != start)
         __atomic_store_n((uint64_t *)(base + RING_RPOS_AT), r, __ATOMIC_RELEASE);

@@ -272,6 +272,9 @@ class Daemon:
             hello_infos=self.hello_infos, security=self.security, pollers=self.pollers, continuity=self.continuity,
             governor=self.governor, heap_trims=lambda: self.num_heap_trims)
         self.pipeline.start()
+        rings = self.intake.rings
+        if rings is not None and rings.watch_fd is not None:
+            self._poller.register(rings.watch_fd, zmq.POLLIN)     # new rings (rings.py)
         for p in self.pollers:
             p.start(self.post)
         process.tune_gc()
@@ -309,13 +312,15 @@ class Daemon:
         if max_wait_s is not None:
             timeout_ms = min(timeout_ms, int(max_wait_s * 1000))
         rings = self.intake.rings
-        if rings is not None and rings.fd is not None:
-            # The rings' next poll (rings.py): a millisecond apart while records come, up to 16.
-            timeout_ms = min(timeout_ms, math.ceil(rings.wait_s(now) * 1000))
         if len(self.intake):
             timeout_ms = 0                 # frames read ahead are waiting
-        events = dict(self._poller.poll(timeout_ms))
-        if (self.pull in events or len(self.intake) or (rings is not None and rings.due(time.monotonic()))) \
+        if rings is not None and rings.fd is not None and timeout_ms:
+            events = self._wait_polling_rings(rings, now + timeout_ms / 1000)
+        else:
+            events = dict(self._poller.poll(timeout_ms))
+        if rings is not None and rings.watch_fd is not None and events.pop(rings.watch_fd, None):
+            rings.notified()
+        if (self.pull in events or len(self.intake) or (rings is not None and rings.ready)) \
                 and self.receive.ingest():
             self._trim_due = True
         if self.control in events:
@@ -343,6 +348,20 @@ class Daemon:
             self.governor.check(now)
         if self._trim_due and now - self.receive.last_batch_mono >= TRIM_AFTER_QUIET_S:
             self._trim_after_burst()
+
+    def _wait_polling_rings(self, rings: RingSet, until: float) -> dict:
+        """The sockets' events, waiting at most until `until`, the local clients' rings looked at
+        in between (rings.py: a millisecond apart after records came, up to MAX_POLL_S): a look
+        that finds nothing costs a load per ring, not a turn of the loop."""
+        while True:
+            now = time.monotonic()
+            wait = min(until - now, rings.wait_s(now))
+            events = dict(self._poller.poll(max(0, math.ceil(wait * 1000))))
+            if rings.watch_fd is not None and events.pop(rings.watch_fd, None):
+                rings.notified()              # a new ring: attached, read at once
+            now = time.monotonic()
+            if events or now >= until or rings.look(now):
+                return events
 
     def _trim_after_burst(self) -> None:
         """Ingest has been quiet a while: once the sinks' queues are empty, give the heap's freed

@@ -181,7 +181,7 @@ class Intake:
                 if with_rings is not frames:
                     frames, size = with_rings, sum(map(len, with_rings))
             self._queue(frames, size)
-        if rings is not None and rings.due(time.monotonic()):
+        if rings is not None and (rings.ready or rings.due(time.monotonic())):
             frames = rings.read(max(0, self.max_bytes - self.num_bytes))
             if frames:
                 read += len(frames)

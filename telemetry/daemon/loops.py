@@ -51,14 +51,15 @@ def read_frames_upto(next_frame: Callable[[], bytes], empty: type[BaseException]
 # A record ring's layout (telemetry/shared/ring.py): the header's bytes, where its capacity and its
 # write and read positions are, a record's head, the length that marks a wrap.
 RING_HEADER, RING_CAPACITY_AT, RING_WPOS_AT, RING_RPOS_AT, RING_RECORD_HEAD, RING_SKIP = 256, 8, 64, 128, 8, 0xFFFFFFFF
+RING_RCOUNT_AT = 136                    # the records read (the writer's bound counts with it)
 
 
 def read_ring(ring, r: int, out: list, max_frames: int, max_bytes: int, max_frame: int) -> tuple[int, int, int]:
     """Frames of a record ring (a writable buffer over one: telemetry/shared/ring.py) from read
     position `r`: appended to `out` until the write position, `max_frames`, or their lengths
-    reach `max_bytes` (the frame that reaches it is kept). The new read position is stored in
-    the ring (after the frames are copied out: the writer may then reuse their room) and
-    returned with how many frames and bytes were read. Raises ValueError, the read position
+    reach `max_bytes` (the frame that reaches it is kept). The records read are added to the
+    ring's count of them and the new read position stored (after the frames are copied out: the
+    writer may then reuse their room), and returned with how many frames and bytes were read. Raises ValueError, the read position
     stored at the last good record, on positions or a length no writer makes (a length above
     `max_frame`, a record past the write position or the ring's end)."""
     m = memoryview(ring).cast("B")
@@ -84,6 +85,9 @@ def read_ring(ring, r: int, out: list, max_frames: int, max_bytes: int, max_fram
             taken += 1
             size += n
     finally:
+        if taken:
+            count = int.from_bytes(m[RING_RCOUNT_AT:RING_RCOUNT_AT + 8], "little") + taken
+            m[RING_RCOUNT_AT:RING_RCOUNT_AT + 8] = (count & (1 << 64) - 1).to_bytes(8, "little")
         if r != start:
             m[RING_RPOS_AT:RING_RPOS_AT + 8] = r.to_bytes(8, "little")
     return r, taken, size

@@ -3,10 +3,13 @@
 A daemon on an ipc endpoint says in the pages' directory that it reads rings (ring.advertise);
 a client started while it runs writes every frame but its bye into a ring of its own there. The
 daemon finds new rings by listing the directory (every SCAN_S, and at once for a bye whose ring
-it does not hold yet), and reads the rings it holds each turn its loop polls them: every
-MIN_POLL_S after a turn that found records, the period doubling with each empty poll up to
-MAX_POLL_S (the most a record waits here; the emit -> subscriber budget is 20 ms), so an idle
-daemon wakes MAX_POLL_S apart and a busy one reads batches.
+it does not hold yet), and looks at the rings it holds between its waits on the sockets
+(core.Daemon._wait_polling_rings: a load of each ring's write position, no turn of the loop):
+MIN_POLL_S after a look that found records, the period doubling with each empty look up to
+MAX_POLL_S, so records that keep coming wait at most MIN_POLL_S and are read in batches (a turn of
+the daemon's loop per batch, as the sender thread's batches on the socket were; the emit ->
+subscriber budget, 20 ms at 10k records/s, holds), a record after a pause at most MAX_POLL_S, and
+an idle daemon looks MAX_POLL_S apart.
 
 What is read joins the intake queue like the socket's frames (intake.Intake.fill): the same
 decoding, accounting and shedding. A ring is read only while the intake has room in its budget;
@@ -38,12 +41,16 @@ from telemetry.shared import client_page, ring
 
 log = logging.getLogger("telemetry.rings")
 
-MIN_POLL_S = 0.001
-MAX_POLL_S = 0.016
+MIN_POLL_S = 0.005
+MAX_POLL_S = 0.032
 SCAN_S = 0.1
+# With inotify telling of new files, the listing is only a safety net.
+WATCHED_SCAN_S = 1.0
 MAX_RINGS = 4096
 # Read from one ring in one go at most: the intake's chunk (intake.READ_CHUNK).
 CHUNK_FRAMES = 1024
+# A ring's pages read past are handed back once this many bytes are (Reader).
+FORGET_BYTES = 1 << 16
 
 _U64 = struct.Struct("<Q")
 _U32 = struct.Struct("<I")
@@ -55,14 +62,40 @@ class RingBroken(Exception):
     pass
 
 
-class Reader:
-    """One client's ring, mapped: read() takes frames from the read position on."""
+_IN_CREATE, _IN_MOVED_TO, _IN_NONBLOCK, _IN_CLOEXEC = 0x100, 0x80, 0o4000, 0o2000000
 
-    __slots__ = ("src", "map", "cap", "r")
+
+def _inotify(directory: Path) -> int | None:
+    """A non-blocking inotify descriptor that becomes readable when a file is made in
+    `directory` (Linux; None elsewhere or when it cannot be had: the rings are then found by
+    listing every SCAN_S alone)."""
+    try:
+        import ctypes
+        import ctypes.util
+
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        fd = libc.inotify_init1(_IN_NONBLOCK | _IN_CLOEXEC)
+        if fd < 0:
+            return None
+        if libc.inotify_add_watch(fd, os.fsencode(directory), _IN_CREATE | _IN_MOVED_TO) < 0:
+            os.close(fd)
+            return None
+        return fd
+    except (OSError, AttributeError):
+        return None
+
+
+class Reader:
+    """One client's ring, mapped: read() takes frames from the read position on. The pages it
+    has read past are handed back (MADV_DONTNEED: the data stays in the file, for the client to
+    overwrite) every FORGET_BYTES, so that a ring costs the daemon's RSS what it holds unread, not
+    its capacity."""
+
+    __slots__ = ("src", "map", "cap", "r", "forgotten")
 
     def __init__(self, src: int, mapping: mmap.mmap, cap: int) -> None:
         self.src, self.map, self.cap = src, mapping, cap
-        self.r = _U64.unpack_from(mapping, ring.RPOS_AT)[0]
+        self.r = self.forgotten = _U64.unpack_from(mapping, ring.RPOS_AT)[0]
 
     def read(self, out: list, max_frames: int, max_bytes: int) -> tuple[int, int]:
         """Append up to `max_frames` frames (and `max_bytes` of them, past one) to `out`: (frames,
@@ -72,7 +105,25 @@ class Reader:
                                                           MAX_FRAME_BYTES)
         except ValueError as exc:
             raise RingBroken(str(exc)) from None
+        if self.r - self.forgotten >= FORGET_BYTES:
+            self._forget(self.forgotten, self.r)
+            self.forgotten = self.r
         return taken, size
+
+    def _forget(self, a: int, b: int) -> None:
+        """Hand back the whole pages of ring positions a..b (read)."""
+        cap, page = self.cap, mmap.PAGESIZE
+        while a < b:
+            off = a % cap
+            n = min(b - a, cap - off)
+            start = -(-(ring.HEADER_BYTES + off) // page) * page
+            end = (ring.HEADER_BYTES + off + n) // page * page
+            if end > start:
+                try:
+                    self.map.madvise(mmap.MADV_DONTNEED, start, end - start)
+                except (OSError, ValueError):
+                    return
+            a += n
 
     def close(self) -> None:
         try:
@@ -97,6 +148,9 @@ class RingSet:
         self.num_bytes = 0
         self.num_broken = 0
         self.advertised = False
+        self.ready = False          # look() found records: the next fill reads them
+        self.watch_fd: int | None = None
+        self.scan_s = SCAN_S
 
     # -- the lifecycle ------------------------------------------------------------------------------
     def start(self) -> None:
@@ -115,6 +169,10 @@ class RingSet:
             return
         self.fd = fd
         self.advertised = True
+        # A new ring is found as its file is made (inotify; the loop polls this descriptor with
+        # its sockets), so a client's first records wait no listing; the listing stays, rarer.
+        self.watch_fd = _inotify(self.directory)
+        self.scan_s = SCAN_S if self.watch_fd is None else WATCHED_SCAN_S
         own_ns = client_page.pid_namespace()
         with client_page.PageDir(self.directory) as pages:
             for src in self._listed():
@@ -138,6 +196,9 @@ class RingSet:
                 self.detach(src, remove=info is None or client_page.final(info, own_ns))
         os.close(self.fd)
         self.fd = None
+        if self.watch_fd is not None:
+            os.close(self.watch_fd)
+            self.watch_fd = None
 
     # -- finding rings -----------------------------------------------------------------------------
     def _listed(self) -> list[int]:
@@ -206,14 +267,43 @@ class RingSet:
             pass
 
     # -- reading -----------------------------------------------------------------------------------
-    def due(self, now: float) -> bool:
-        return self.fd is not None and now >= self.next_poll
-
     def wait_s(self, now: float) -> float | None:
-        """How long the loop may sleep before the next poll (None: no rings read here)."""
+        """How long the loop may sleep before the next poll (None: no rings read here). Holding
+        no ring, the next look for new ones (SCAN_S): an idle daemon wakes no more for them."""
         if self.fd is None:
             return None
-        return max(0.0, self.next_poll - now)
+        return max(0.0, (self.next_poll if self.rings else self.next_scan) - now)
+
+    def due(self, now: float) -> bool:
+        return self.fd is not None and now >= (self.next_poll if self.rings else self.next_scan)
+
+    def notified(self) -> None:
+        """Files were made in the directory (watch_fd readable): the events read, new rings attached."""
+        try:
+            while os.read(self.watch_fd, 65536):
+                pass
+        except (BlockingIOError, OSError, TypeError):
+            pass
+        if self.scan():
+            self.ready = True        # a new client's first records may be there already
+
+    def look(self, now: float) -> bool:
+        """Whether a ring has records to read (`ready`), when its poll is due: new rings looked
+        for (every SCAN_S), then each one's write position against its read position (a hint:
+        read() loads it with acquire order). Nothing to read: the period doubles, up to
+        MAX_POLL_S."""
+        if self.fd is None or not self.due(now):
+            return self.ready
+        if now >= self.next_scan:
+            self.scan()
+            self.next_scan = now + self.scan_s
+        for reader in self.rings.values():
+            if _U64.unpack_from(reader.map, ring.WPOS_AT)[0] != reader.r:
+                self.ready = True
+                return True
+        self.period = min(MAX_POLL_S, 2 * self.period)
+        self.next_poll = now + self.period
+        return False
 
     def read(self, max_bytes: int, now: float | None = None) -> list:
         """Frames from every ring held, up to `max_bytes` of them (past one frame), oldest ring
@@ -223,7 +313,7 @@ class RingSet:
         now = time.monotonic() if now is None else now
         if now >= self.next_scan:
             self.scan()
-            self.next_scan = now + SCAN_S
+            self.next_scan = now + self.scan_s
         out: list = []
         size = 0
         for reader in list(self.rings.values()):
@@ -235,6 +325,7 @@ class RingSet:
         else:
             self.period = min(MAX_POLL_S, 2 * self.period)
         self.next_poll = now + self.period
+        self.ready = False
         return out
 
     def _read_one(self, reader: Reader, out: list, max_frames: int, max_bytes: int) -> tuple[int, int]:

@@ -2,8 +2,8 @@
 
     <ipc socket's path>.clients/<src as 16 hex digits>.ring     0600, in the pages' 0700 directory
     HEADER_BYTES of header: MAGIC, capacity, src, attached (the daemon's pid once it reads it);
-    the write position (the client's) and the read position (the daemon's), each on a cache
-    line of its own; then `capacity` bytes of records, each a u32 length, a u32 of zero and the
+    the write position and the records written (the client's), the read position and the records
+    read (the daemon's), each pair on a cache line of its own; then `capacity` bytes of records, each a u32 length, a u32 of zero and the
     frame, padded to 8 bytes. A length of SKIP marks the end of the data before a wrap.
 
 Why: a `send` on a ZeroMQ socket after the caller has done other work (one log() per training
@@ -42,8 +42,15 @@ from telemetry.shared.stacks_file import proc_start_time
 
 MAGIC = int.from_bytes(b"tmring01", "little")
 HEADER_BYTES = 256
-CAPACITY_AT, SRC_AT, ATTACHED_AT = 8, 16, 24
+CAPACITY_AT, ATTACHED_AT = 8, 24          # the src at 16
 WPOS_AT, RPOS_AT = 64, 128
+# Beside each position, its count of records: the writer's written, the reader's read. A ring
+# holds at most `max_records` records (the client's sndhwm, as its socket's queue did) and
+# `capacity` bytes.
+WCOUNT_AT, RCOUNT_AT = 72, 136
+# The capacity a client's ring gets for its sndhwm: this many bytes a record (a wide row's is
+# a few hundred), never below DEFAULT_CAPACITY nor above MAX_CAPACITY.
+BYTES_PER_RECORD = 512
 # A frame of MAX_FRAME_BYTES (a hello with a big config) always fits a ring no more than half full.
 DEFAULT_CAPACITY = 2 * MAX_FRAME_BYTES + 4096
 MAX_CAPACITY = 1 << 26
@@ -141,24 +148,34 @@ def reader_alive(directory: Path) -> bool:
 
 
 # -- the client's side --------------------------------------------------------------------------
+def capacity_for(max_records: int) -> int:
+    """The bytes of a ring that holds `max_records` records (see BYTES_PER_RECORD)."""
+    return min(MAX_CAPACITY, max(DEFAULT_CAPACITY, max_records * BYTES_PER_RECORD))
+
+
 def create(directory: Path, src: int, capacity: int = DEFAULT_CAPACITY) -> tuple[Path, mmap.mmap] | None:
     """A new ring for `src` in the pages' directory (made by the client's page already), mapped;
-    None when it cannot be made (the client then sends on its socket)."""
-    capacity = (capacity + 7) & ~7
+    None when it cannot be made (the client then sends on its socket). The file is sparse: its
+    pages are had as they are first written."""
+    capacity = (min(capacity, MAX_CAPACITY) + 7) & ~7
     path = directory / ring_name(src)
+    # Made whole under a name the daemon does not look at, then renamed into place: the daemon,
+    # told of new files as they are made, never meets one half made.
+    tmp = directory / f".{ring_name(src)}.new"
     try:
         st = os.lstat(directory)
         if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or stat.S_IMODE(st.st_mode) & 0o077:
             return None
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     except OSError:
         return None
     try:
         os.ftruncate(fd, HEADER_BYTES + capacity)
         mapping = mmap.mmap(fd, HEADER_BYTES + capacity, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         _HEAD.pack_into(mapping, 0, MAGIC, capacity, src, 0)
+        os.rename(tmp, path)
     except (OSError, ValueError):
-        _unlink(path)
+        _unlink(tmp)
         return None
     finally:
         os.close(fd)
@@ -176,12 +193,13 @@ class PyRing:
     built, on x86-64 only (python_twins_safe). One thread writes at a time (the client's
     hand-over between its caller and its sender thread)."""
 
-    __slots__ = ("_map", "_cap", "_error")
+    __slots__ = ("_map", "_cap", "_error", "_max_records")
 
-    def __init__(self, mapping: mmap.mmap, error: type) -> None:
+    def __init__(self, mapping: mmap.mmap, error: type, max_records: int) -> None:
         self._map = mapping
         self._cap = _U64.unpack_from(mapping, CAPACITY_AT)[0]
         self._error = error
+        self._max_records = max_records
 
     def release(self) -> None:
         self._map = None
@@ -194,10 +212,12 @@ class PyRing:
         rec = record_bytes(n)
         w = _U64.unpack_from(m, WPOS_AT)[0]
         r = _U64.unpack_from(m, RPOS_AT)[0]
+        written = _U64.unpack_from(m, WCOUNT_AT)[0]
         off = w % cap
         tail = cap - off
         need = rec + (tail if rec > tail else 0)
-        if n > MAX_FRAME_BYTES or rec > cap or w - r + need > cap:
+        if n > MAX_FRAME_BYTES or rec > cap or w - r + need > cap \
+                or written - _U64.unpack_from(m, RCOUNT_AT)[0] >= self._max_records:
             raise self._error()
         if rec > tail:
             _U32.pack_into(m, HEADER_BYTES + off, SKIP)
@@ -206,18 +226,19 @@ class PyRing:
         at = HEADER_BYTES + off
         _RECORD_HEAD.pack_into(m, at, n, 0)
         m[at + RECORD_HEAD:at + RECORD_HEAD + n] = frame
+        _U64.pack_into(m, WCOUNT_AT, written + 1)
         _U64.pack_into(m, WPOS_AT, w + rec)
 
 
-def writer(mapping: mmap.mmap, error: type):
+def writer(mapping: mmap.mmap, error: type, max_records: int):
     """The ring's writer: the C one when built, else PyRing on x86-64; None where neither is safe."""
     try:
         from telemetry.client._fastlog import Ring
     except ImportError:
         Ring = None
     if Ring is not None:
-        return Ring(mapping, error, MAX_FRAME_BYTES)
-    return PyRing(mapping, error) if python_twins_safe() else None
+        return Ring(mapping, error, MAX_FRAME_BYTES, max_records)
+    return PyRing(mapping, error, max_records) if python_twins_safe() else None
 
 
 def _unlink(path: Path | None) -> bool:
