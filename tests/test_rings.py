@@ -293,7 +293,10 @@ def test_a_restarted_daemon_reads_the_rings_of_live_clients(make_daemon, tmp_pat
     d2.wait_for(lambda rs: len({r["step"] for r in rs}) >= 51, kind="metrics")
     tm.close()
     final = d2.drain()
-    assert final["records_lost"] == 0, final
+    # Every record logged while no daemon ran waited in the ring and was written. The hello and
+    # step 0, taken by the killed daemon, count as lost in transit unless its last checkpoint
+    # held them (as on the socket: a restart's accounting begins at what its predecessor kept).
+    assert final["per_rank"]["0"]["received"] >= 51 - 2 + 1 and final["records_lost"] <= 2, final
 
 
 def test_a_forked_child_writes_a_ring_of_its_own(make_daemon, tmp_path):
