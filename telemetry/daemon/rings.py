@@ -5,11 +5,14 @@ a client started while it runs writes every frame but its bye into a ring of its
 daemon finds new rings by listing the directory (every SCAN_S, and at once for a bye whose ring
 it does not hold yet), and looks at the rings it holds between its waits on the sockets
 (core.Daemon._wait_polling_rings: a load of each ring's write position, no turn of the loop):
-MIN_POLL_S after a look that found records, the period doubling with each empty look up to
-MAX_POLL_S, so records that keep coming wait at most MIN_POLL_S and are read in batches (a turn of
-the daemon's loop per batch, as the sender thread's batches on the socket were; the emit ->
-subscriber budget, 20 ms at 10k records/s, holds), a record after a pause at most MAX_POLL_S, and
-an idle daemon looks MAX_POLL_S apart.
+after a look that found records, the next comes when the next records are likely (EXPECT_FACTOR
+of the time between such looks, smoothed: the clients' cadence), then MIN_POLL_S apart, the
+period doubling with each empty look up to a few times that cadence (MAX_POLL_S once nothing
+came for IDLE_AFTER_S). So records that keep coming wait at most
+MIN_POLL_S and are read in batches (a turn of the daemon's loop per batch, as the sender thread's
+batches on the socket were; the emit -> subscriber budget, 20 ms at 10k records/s, holds), a
+loop logging every 100 ms costs two or three looks a record, and an idle daemon looks
+MAX_POLL_S apart.
 
 What is read joins the intake queue like the socket's frames (intake.Intake.fill): the same
 decoding, accounting and shedding. A ring is read only while the intake has room in its budget;
@@ -45,7 +48,12 @@ from telemetry.shared import client_page, ring
 log = logging.getLogger("telemetry.rings")
 
 MIN_POLL_S = 0.005
-MAX_POLL_S = 0.032
+MAX_POLL_S = 0.1
+# After records, the next look comes this share of the clients' cadence later (the time between
+# reads that found records, smoothed).
+EXPECT_FACTOR = 0.9
+# Nothing read for this long: the clients are idle, and looks go MAX_POLL_S apart.
+IDLE_AFTER_S = 1.0
 SCAN_S = 0.1
 # With inotify telling of new files, the listing is only a safety net.
 WATCHED_SCAN_S = 1.0
@@ -168,6 +176,9 @@ class RingSet:
         self.skipped: set[int] = set()      # rings not to read (another run's, broken, bye'd)
         self.period = MAX_POLL_S
         self.next_poll = 0.0
+        self.last_read = 0.0        # when the last look found records
+        self.last_attach = 0.0      # when the last new ring was attached: its first records come soon
+        self.gap = 0.0              # the time between those looks, smoothed: the clients' cadence
         self.next_scan = 0.0
         self.num_attached = 0
         self.num_frames = 0
@@ -276,6 +287,12 @@ class RingSet:
         _U64.pack_into(mapping, ring.ATTACHED_AT, os.getpid())
         reader = self.rings[src] = Reader(src, mapping, cap)
         self.num_attached += 1
+        # A new client: its first records are looked for MIN_POLL_S from now on, not a whole
+        # idle period later.
+        now = time.monotonic()
+        self.last_attach = now
+        self.period = MIN_POLL_S
+        self.next_poll = min(self.next_poll, now + MIN_POLL_S)
         return reader
 
     def detach(self, src: int, remove: bool = True) -> None:
@@ -327,9 +344,17 @@ class RingSet:
             if _U64.unpack_from(reader.map, ring.WPOS_AT)[0] != reader.r:
                 self.ready = True
                 return True
-        self.period = min(MAX_POLL_S, 2 * self.period)
+        self.period = min(self._most_apart(now), 2 * self.period)
         self.next_poll = now + self.period
         return False
+
+    def _most_apart(self, now: float) -> float:
+        """How far apart empty looks may get: a few times the clients' cadence while they log (a
+        pause in a fast stream is no reason to read its next records late), MAX_POLL_S once
+        nothing came for IDLE_AFTER_S."""
+        if now - max(self.last_read, self.last_attach) > IDLE_AFTER_S:
+            return MAX_POLL_S
+        return max(2 * MIN_POLL_S, min(MAX_POLL_S, 4 * self.gap))
 
     def read(self, max_bytes: int, now: float | None = None) -> list:
         """Frames from every ring held, up to `max_bytes` of them (past one frame), oldest ring
@@ -360,10 +385,23 @@ class RingSet:
             # without that rank).
             out = list(heapq.merge(*per_ring, key=_made_at))
         if out:
+            # The next look when the next records are likely (the clients' cadence so far), then
+            # MIN_POLL_S apart, doubling: at a step of 100 ms two or three looks a record, not a
+            # look every few milliseconds.
+            if self.last_read:
+                # The time between one ring's records: what passed since the last read, over the
+                # records each ring that had any wrote meanwhile (records coming faster than the
+                # looks make it small at once: no feedback from the looks' own period).
+                each = (now - self.last_read) * max(1, len(per_ring)) / len(out)
+                # Faster at once (a burst is read in batches from its start), slower by degrees (a
+                # pause is no new cadence).
+                self.gap = each if each < self.gap else 0.75 * self.gap + 0.25 * each
+            self.last_read = now
             self.period = MIN_POLL_S
+            self.next_poll = now + max(MIN_POLL_S, min(MAX_POLL_S, EXPECT_FACTOR * self.gap))
         else:
-            self.period = min(MAX_POLL_S, 2 * self.period)
-        self.next_poll = now + self.period
+            self.period = min(self._most_apart(now), 2 * self.period)
+            self.next_poll = now + self.period
         self.ready = False
         return out
 
