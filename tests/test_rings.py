@@ -350,3 +350,27 @@ def test_a_client_dropped_unclosed_does_not_hang_the_garbage_collector(make_daem
     env = {**os.environ, **({ring.ENV_TRANSPORT: "zmq"} if transport == "zmq" else {})}
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, env=env)
     assert out.returncode == 0 and "collected" in out.stdout, out.stderr
+
+
+def test_no_room_for_a_ring_keeps_the_client_on_the_socket(make_daemon, monkeypatch):
+    """A ring's pages are reserved when it is made: on a full filesystem (a small tmpfs) a write
+    into an unbacked page of a sparse file would be SIGBUS in the training process. No room: the
+    socket, and every record still arrives."""
+    import errno
+
+    from telemetry import TelemetryClient
+
+    d = make_daemon()
+
+    def full(fd, offset, length):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "posix_fallocate", full)
+    tm = TelemetryClient(d.ingest, rank=0)
+    assert tm._ring is None
+    assert not any(n.endswith((".ring", ".new")) for n in os.listdir(_pages(d)))
+    for i in range(50):
+        tm.log(i, {"loss": float(i)})
+    tm.close()
+    d.wait_for(lambda rs: len(rs) >= 50, kind="metrics")
+    assert d.drain()["records_lost"] == 0

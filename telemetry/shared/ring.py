@@ -50,7 +50,7 @@ WPOS_AT, RPOS_AT = 64, 128
 WCOUNT_AT, RCOUNT_AT = 72, 136
 # The capacity a client's ring gets for its sndhwm: this many bytes a record (a wide row's is
 # a few hundred), never below DEFAULT_CAPACITY nor above MAX_CAPACITY.
-BYTES_PER_RECORD = 512
+BYTES_PER_RECORD = 256
 # A frame of MAX_FRAME_BYTES (a hello with a big config) always fits a ring no more than half full.
 DEFAULT_CAPACITY = 2 * MAX_FRAME_BYTES + 4096
 MAX_CAPACITY = 1 << 26
@@ -155,8 +155,9 @@ def capacity_for(max_records: int) -> int:
 
 def create(directory: Path, src: int, capacity: int = DEFAULT_CAPACITY) -> tuple[Path, mmap.mmap] | None:
     """A new ring for `src` in the pages' directory (made by the client's page already), mapped;
-    None when it cannot be made (the client then sends on its socket). The file is sparse: its
-    pages are had as they are first written."""
+    None when it cannot be made, its room not had in the filesystem included (the client then
+    sends on its socket). Its pages are reserved at once: `capacity` bytes of the filesystem
+    (tmpfs: memory) while the ring lives."""
     capacity = (min(capacity, MAX_CAPACITY) + 7) & ~7
     path = directory / ring_name(src)
     # Made whole under a name the daemon does not look at, then renamed into place: the daemon,
@@ -170,7 +171,10 @@ def create(directory: Path, src: int, capacity: int = DEFAULT_CAPACITY) -> tuple
     except OSError:
         return None
     try:
-        os.ftruncate(fd, HEADER_BYTES + capacity)
+        # Every page reserved now, not at its first write: on a full filesystem (a small tmpfs,
+        # /dev/shm in a container) a write into a sparse file's unbacked page is SIGBUS, which
+        # would kill the training process. No room: no ring (the socket, as before).
+        os.posix_fallocate(fd, 0, HEADER_BYTES + capacity)
         mapping = mmap.mmap(fd, HEADER_BYTES + capacity, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         _HEAD.pack_into(mapping, 0, MAGIC, capacity, src, 0)
         os.rename(tmp, path)
