@@ -77,9 +77,7 @@ def main(argv: list[str] | None = None) -> int:
         load = [os.getloadavg()[0]]
         for r in range(a.rounds):
             for mode in (("ring", "zmq", "idle") if r % 2 == 0 else ("idle", "zmq", "ring")):
-                env = {**os.environ, "PYTHONPATH": str(ROOT)}
-                if mode == "zmq":
-                    env["TELEMETRY_TRANSPORT"] = "zmq"
+                env = {**os.environ, "PYTHONPATH": str(ROOT), "TELEMETRY_TRANSPORT": "zmq" if mode == "zmq" else "ring"}
                 p = subprocess.run([sys.executable, "-c", CHILD, f"ipc://{tmp}/i.sock", str(a.calls),
                                     str(a.gap_ms / 1000), str(daemon.pid), "1" if mode == "idle" else "0"],
                                    env=env, capture_output=True, text=True, timeout=3600, cwd=ROOT)
