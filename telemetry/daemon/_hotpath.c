@@ -1594,6 +1594,19 @@ done:
 #define RING_RCOUNT_AT 136
 #define RING_SKIP 0xFFFFFFFFu
 
+/* What a read took off a ring, told to its writer: the records read added to their count, then the
+ * read position, each stored with release order (the frames are copied out by then). */
+static void
+ring_consumed(unsigned char *base, uint64_t r, uint64_t start, Py_ssize_t taken)
+{
+    if (taken) {
+        uint64_t *count = (uint64_t *)(base + RING_RCOUNT_AT);
+        __atomic_store_n(count, *count + (uint64_t)taken, __ATOMIC_RELEASE);
+    }
+    if (r != start)
+        __atomic_store_n((uint64_t *)(base + RING_RPOS_AT), r, __ATOMIC_RELEASE);
+}
+
 /* A record ring's frames from read position r (see loops.read_ring): the write position loaded
  * with acquire order (the client's writer stores it with release order after the record), the
  * read position stored with release order after the frames are copied out. */
@@ -1635,12 +1648,7 @@ read_ring(PyObject *self, PyObject *args)
         PyObject *frame = PyBytes_FromStringAndSize((const char *)base + RING_HEADER + off + 8, n);
         if (frame == NULL || PyList_Append(out, frame) < 0) {
             Py_XDECREF(frame);
-            if (taken) {
-                uint64_t *count = (uint64_t *)(base + RING_RCOUNT_AT);
-                __atomic_store_n(count, *count + (uint64_t)taken, __ATOMIC_RELEASE);
-            }
-            if (r != start)
-                __atomic_store_n((uint64_t *)(base + RING_RPOS_AT), r, __ATOMIC_RELEASE);
+            ring_consumed(base, r, start, taken);
             PyBuffer_Release(&view);
             return NULL;
         }
@@ -1649,12 +1657,7 @@ read_ring(PyObject *self, PyObject *args)
         taken++;
         size += n;
     }
-    if (taken) {
-        uint64_t *count = (uint64_t *)(base + RING_RCOUNT_AT);
-        __atomic_store_n(count, *count + (uint64_t)taken, __ATOMIC_RELEASE);
-    }
-    if (r != start)
-        __atomic_store_n((uint64_t *)(base + RING_RPOS_AT), r, __ATOMIC_RELEASE);
+    ring_consumed(base, r, start, taken);
     PyBuffer_Release(&view);
     if (broken != NULL) {
         if (broken[0] == 'p')

@@ -56,6 +56,17 @@ def page_dir(ingest_endpoint: str) -> Path | None:
     return Path(ingest_endpoint[len("ipc://"):] + ".clients")
 
 
+def own_private_dir(directory: Path, uid: int) -> bool:
+    """Make `directory` (0700) if it is not there; whether it is a directory of `uid` that no one
+    else may enter (a link is not). OSError for what else the file system says."""
+    try:
+        os.mkdir(directory, 0o700)
+    except FileExistsError:
+        pass
+    st = os.lstat(directory)
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == uid and not stat.S_IMODE(st.st_mode) & 0o077
+
+
 def page_path(directory: Path, src: int) -> Path:
     return directory / f"{src:016x}"
 
@@ -95,12 +106,7 @@ class ClientPage:
             return cls(None, None)
         path = page_path(directory, src)
         try:
-            try:
-                os.mkdir(directory, 0o700)
-            except FileExistsError:
-                pass
-            st = os.lstat(directory)
-            if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or stat.S_IMODE(st.st_mode) & 0o077:
+            if not own_private_dir(directory, os.getuid()):
                 return cls(None, None)
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         except OSError:

@@ -38,6 +38,7 @@ import struct
 from pathlib import Path
 
 from protocol.constants import MAX_FRAME_BYTES
+from telemetry.shared.client_page import own_private_dir
 from telemetry.shared.stacks_file import proc_start_time
 
 MAGIC = int.from_bytes(b"tmring01", "little")
@@ -87,12 +88,7 @@ def advertise(directory: Path) -> bool:
     time, which a client checks (`reader_alive`). False when the directory is not this user's
     alone (nothing written: clients then send on the socket)."""
     try:
-        try:
-            os.mkdir(directory, 0o700)
-        except FileExistsError:
-            pass
-        st = os.lstat(directory)
-        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or stat.S_IMODE(st.st_mode) & 0o077:
+        if not own_private_dir(directory, os.geteuid()):
             return False
         tmp = directory / f".{MARKER}.{os.getpid()}"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
@@ -165,8 +161,7 @@ def create(directory: Path, src: int, capacity: int = DEFAULT_CAPACITY) -> tuple
     # told of new files as they are made, never meets one half made.
     tmp = directory / f".{ring_name(src)}.new"
     try:
-        st = os.lstat(directory)
-        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or stat.S_IMODE(st.st_mode) & 0o077:
+        if not own_private_dir(directory, os.geteuid()):
             return None
         fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     except OSError:
