@@ -436,8 +436,12 @@ class RingSet:
         return out
 
     def before_byes(self, frames: list) -> list:
-        """`frames` (read off the socket) with each bye's client's ring read in before it."""
-        if self.fd is None:
+        """`frames` (read off the socket) with each bye's client's ring read in before it. Rings
+        are asked for by clients (TELEMETRY_TRANSPORT=ring): while none was ever attached and
+        inotify watches the directory, the frames are not looked at (a ring is renamed into place
+        before its client's first frame, so its event is read, and the ring attached, by the loop's
+        poll before the bye's frames are: Daemon.turn; the drain looks first, ReceiveStage)."""
+        if self.fd is None or (not self.num_attached and self.watch_fd is not None):
             return frames
         byes = [i for i, f in enumerate(frames) if f[1:2] == _BYE]
         if not byes:

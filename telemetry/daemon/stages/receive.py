@@ -218,6 +218,8 @@ class ReceiveStage(Stage):
         just the same; one whose bye is still out of reach at `last_call` stays open, named
         with its last seq."""
         losses, receiver, intake, down = self.losses, self.receiver, self.intake, self.downstream
+        if intake.rings is not None:
+            intake.rings.scan()     # the loop's poll of new rings ends here: before any bye is read
         waiting = receiver.open_live()
         recent = receiver.open_live(hello_only=False)     # byes a drain can use, if they come
         num_known = len(receiver.sources)
