@@ -339,6 +339,63 @@ def test_the_verifier_believes_a_claim_only_when_every_check_holds(tmp_path, cas
         ctx.term()
 
 
+# A process of ours holding a stacks file and no connection, mapping a file (or none: "-").
+MAPPER = r"""
+import mmap, os, sys
+stacks_dir, header, mapped = sys.argv[1], sys.argv[2], sys.argv[3]
+rank = header.split("rank=")[1].split()[0]
+f = open(os.path.join(stacks_dir, f"stacks-rank{rank}-pid{os.getpid()}.txt"), "w")
+f.write(header.replace("PID", str(os.getpid())) + "\n")
+f.flush()
+if mapped != "-":
+    fd = os.open(mapped, os.O_RDWR | os.O_CREAT, 0o600)
+    os.ftruncate(fd, 4096)
+    m = mmap.mmap(fd, 4096)
+    os.close(fd)
+print("ready", flush=True)
+sys.stdin.read()
+"""
+
+
+@pytest.mark.parametrize("case", ["page", "none", "elsewhere", "open_dir", "replaced", "deleted"])
+def test_on_ipc_a_client_not_yet_connected_is_known_by_the_page_it_maps(tmp_path, case):
+    """A client writing a record ring says hello before libzmq has connected its socket: on an
+    ipc ingest, a process that maps a file of the ingest's own private pages directory is one
+    of this daemon's clients. A file mapped elsewhere, in a directory others may enter, or no
+    longer the file at that path, is no such proof."""
+    from telemetry.daemon.forensics.verify import LocalRank, Verifier
+
+    runtime = tmp_path / "run"
+    runtime.mkdir(mode=0o700)
+    ingest = runtime / "ingest.sock"
+    pages = Path(str(ingest) + ".clients")
+    pages.mkdir(mode=0o755 if case == "open_dir" else 0o700)
+    pages.chmod(0o755 if case == "open_dir" else 0o700)
+    stacks = tmp_path / "stacks"
+    stacks.mkdir(mode=0o700)
+    (tmp_path / "other").mkdir(mode=0o700)
+    mapped = {"none": "-", "elsewhere": str(tmp_path / "other" / ("0" * 16))}.get(case, str(pages / ("ab" * 8)))
+    p = subprocess.Popen([sys.executable, "-c", MAPPER, str(stacks), "telemetry-stacks v1 rank=2 pid=PID signal=0",
+                          mapped], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().strip() == "ready"
+        if case == "replaced":                 # another file now has the name the process mapped
+            os.unlink(mapped)
+            Path(mapped).write_bytes(b"\0" * 4096)
+            os.chmod(mapped, 0o600)
+        elif case == "deleted":
+            os.unlink(mapped)
+        info = {"host": socket.gethostname(), "pid": p.pid, "start_time": proc_start_time(p.pid)}
+        got = Verifier(f"ipc://{ingest}", socket.gethostname()).verify(2, info)
+        if case == "page":
+            assert isinstance(got, LocalRank) and got.pid == p.pid and got.rank == 2, got
+        else:
+            assert isinstance(got, str) and "holds no connection" in got, got
+    finally:
+        p.kill()
+        p.wait(30)
+
+
 def test_a_rank_that_said_hello_and_bye_in_one_batch_is_not_warned_about(tmp_path, caplog):
     """A short script's whole life (hello ... bye) read in one batch: by then it has closed its
     connection and cannot be verified; that is no forged claim, so no warning (one for a hello

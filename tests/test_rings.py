@@ -122,6 +122,57 @@ def test_readers_refuse_impossible_rings(tmp_path, damage):
             assert int.from_bytes(m[ring.RPOS_AT:ring.RPOS_AT + 8], "little") == good_end
 
 
+def test_one_look_gives_the_frames_of_every_ring_in_the_order_they_were_made(tmp_path):
+    """A ring made after the last listing is attached before a look reads any (a rank's hello,
+    written before another rank's step, comes before it); a frame made after the look began
+    (its writer may have written it after an earlier-read ring was read) waits for the next
+    look, and the bye's read and the drain give what is held."""
+    from protocol.codec import encode_hello, encode_metrics, peek_header
+    from telemetry.daemon.rings import RingSet
+
+    d = tmp_path / "pages"
+    d.mkdir(mode=0o700)
+    rs = RingSet(d)
+    rs.start()
+    if rs.watch_fd is None:
+        pytest.skip("no inotify here: new rings are found by listing alone")
+
+    def writer(src):
+        return ring.PyRing(ring.create(d, src, 4096)[1], zmq.Again, 1000)
+
+    def made(got):
+        return [(peek_header(f)[1], peek_header(f)[3]) for f in got]     # (src, seq)
+
+    try:
+        wa = writer(1)
+        wa.send(encode_metrics(1, 0, 0, 0, time.time_ns(), 0, {"a": 1.0}))
+        assert made(rs.read(1 << 20)) == [(1, 0)]
+        wb = writer(2)                      # after the look's listing; no poll told the daemon
+        wb.send(encode_hello(2, 1, 0, 0, time.time_ns(), {"world_size": 2}))
+        wa.send(encode_metrics(1, 0, 1, 0, time.time_ns(), 1, {"a": 2.0}))
+        assert made(rs.read(1 << 20)) == [(2, 0), (1, 1)]
+        # Made "during" the look (its time past the look's start): held, and given next time in
+        # its place among what the other ring had.
+        wa.send(encode_metrics(1, 0, 2, 0, time.time_ns() + 10**9, 2, {"a": 3.0}))
+        assert rs.read(1 << 20) == [] and rs.ready
+        wb.send(encode_metrics(2, 1, 1, 0, time.time_ns(), 1, {"b": 1.0}))
+        assert made(rs.read(1 << 20)) == [(2, 1), (1, 2)] and not rs.ready
+        # Held when the client's bye comes: its ring read to its end gives it first.
+        wa.send(encode_metrics(1, 0, 3, 0, time.time_ns() + 10**9, 3, {"a": 4.0}))
+        assert rs.read(1 << 20) == []
+        wa.send(encode_metrics(1, 0, 4, 0, time.time_ns(), 4, {"a": 5.0}))
+        assert made(rs.read_all(1)) == [(1, 3), (1, 4)]
+        # Held at the drain: given too.
+        wc = writer(3)
+        wb.send(encode_metrics(2, 1, 2, 0, time.time_ns() + 10**9, 2, {"b": 2.0}))
+        wc.send(encode_metrics(3, 2, 0, 0, time.time_ns() + 10**9, 0, {"c": 1.0}))
+        assert rs.read(1 << 20) == []
+        wc.send(encode_metrics(3, 2, 1, 0, time.time_ns(), 1, {"c": 2.0}))
+        assert sorted(made(rs.drain())) == [(2, 2), (3, 0), (3, 1)]
+    finally:
+        rs.stop()
+
+
 # -- with a daemon ---------------------------------------------------------------------------------
 def _pages(d) -> Path:
     return Path(d.ingest[len("ipc://"):] + ".clients")

@@ -185,7 +185,8 @@ class RingSet:
         self.num_bytes = 0
         self.num_broken = 0
         self.advertised = False
-        self.ready = False          # look() found records: the next fill reads them
+        self.ready = False          # look() found records (or some are held): the next fill reads them
+        self.held: dict[int, list] = {}     # src -> frames read, given with the next look (read())
         self.watch_fd: int | None = None
         self.scan_s = SCAN_S
 
@@ -322,13 +323,21 @@ class RingSet:
 
     def notified(self) -> None:
         """Files were made in the directory (watch_fd readable): the events read, new rings attached."""
+        if self._events() and self.scan():
+            self.ready = True        # a new client's first records may be there already
+
+    def _events(self) -> bool:
+        """Whether inotify told of files made since the last call (its events read; no system call
+        without a watch)."""
+        if self.watch_fd is None:
+            return False
+        told = False
         try:
             while os.read(self.watch_fd, 65536):
-                pass
+                told = True
         except (BlockingIOError, OSError, TypeError):
             pass
-        if self.scan():
-            self.ready = True        # a new client's first records may be there already
+        return told
 
     def look(self, now: float) -> bool:
         """Whether a ring has records to read (`ready`), when its poll is due: new rings looked
@@ -362,19 +371,30 @@ class RingSet:
         if self.fd is None:
             return []
         now = time.monotonic() if now is None else now
-        if now >= self.next_scan:
+        # The rings made before this look, attached before any is read (inotify's events are
+        # queued as a file is renamed into place; a client makes its ring before its first frame).
+        told, due = self._events(), now >= self.next_scan
+        if told or due:
             self.scan()
-            self.next_scan = now + self.scan_s
+            if due:
+                self.next_scan = now + self.scan_s
+        # Frames made from here on may be missing from a ring read before their writer's: held
+        # back a look (below), while more than one ring is read.
+        cut_ns = time.time_ns() if len(self.rings) > 1 else None
         out: list = []
         size = 0
         per_ring = []
+        held, self.held = self.held, {}
         for reader in list(self.rings.values()):
-            if size >= max_bytes:
-                break
-            got: list = []
-            size += self._read_one(reader, got, CHUNK_FRAMES, max_bytes - size)[1]
+            got: list = held.pop(reader.src, [])
+            if size < max_bytes:
+                before = len(got)
+                size += self._read_one(reader, got, CHUNK_FRAMES, max_bytes - size)[1]
+                if cut_ns is not None and len(got) > before:
+                    self._hold_made_after(reader.src, got, before, cut_ns)
             if got:
                 per_ring.append(got)
+        per_ring.extend(held.values())    # a ring let go since (broken): what it gave is kept
         if len(per_ring) == 1:
             out = per_ring[0]
         elif per_ring:
@@ -402,8 +422,24 @@ class RingSet:
         else:
             self.period = min(self._most_apart(now), 2 * self.period)
             self.next_poll = now + self.period
-        self.ready = False
+        # Frames held back are given with the next look, at once.
+        self.ready = bool(self.held)
         return out
+
+    def _hold_made_after(self, src: int, got: list, first: int, cut_ns: int) -> None:
+        """Hold back the frames of `got[first:]` (just read from the ring of `src`) made at or after
+        `cut_ns`, the time this look began, until the next look. Their writer may have written
+        them after a ring read earlier in this look had been read, and that ring's frames made
+        before them (another rank's hello before this rank's step) come only with the next look:
+        read by then, since they were in their ring before these were. A frame is held once: the
+        next look gives it whatever its time (a writer's clock ahead holds nothing for long). A
+        ring's frames are in the order they were made: the held ones are its newest."""
+        k = len(got)
+        while k > first and _made_at(got[k - 1]) >= cut_ns:
+            k -= 1
+        if k < len(got):
+            self.held[src] = got[k:]
+            del got[k:]
 
     def _read_one(self, reader: Reader, out: list, max_frames: int, max_bytes: int) -> tuple[int, int]:
         """(frames, bytes) read from `reader` into `out`; a broken ring is let go."""
@@ -423,12 +459,12 @@ class RingSet:
     def read_all(self, src: int) -> list:
         """Everything the ring of `src` holds (its bye is in hand: the client wrote it all), then
         the ring let go and removed; [] for a src without a ring."""
+        out: list = self.held.pop(src, [])
         reader = self.rings.get(src)
         if reader is None and src not in self.skipped:
             reader = self.attach(src)
         if reader is None:
-            return []
-        out: list = []
+            return out
         while self._read_one(reader, out, CHUNK_FRAMES, 1 << 62)[0] and src in self.rings:
             pass
         if src in self.rings:
@@ -464,6 +500,9 @@ class RingSet:
             return []
         self.scan()
         out: list = []
+        held, self.held = self.held, {}
+        for got in held.values():
+            out.extend(got)
         for reader in list(self.rings.values()):
             while self._read_one(reader, out, CHUNK_FRAMES, 1 << 62)[0] and reader.src in self.rings:
                 pass

@@ -57,6 +57,9 @@ MAX_FDS_SCANNED = 16384
 CACHE_TTL_S = 5.0
 CACHE_MAX = 4096
 _TCP_ESTABLISHED = "01"
+# The most of /proc/<pid>/maps read (a training process with CUDA maps a few thousand regions,
+# about 100 bytes a line).
+MAX_MAPS_BYTES = 4 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,7 +200,7 @@ class Verifier:
         header = stacks_file.parse_header(first)
         if header is None or header[:2] != (rank, pid):
             return f"pid {pid}: {found[1]} does not say rank {rank}, pid {pid}"
-        if not self._connected(sockets, found[1]):
+        if not self._connected(pid, sockets, found[1]):
             return f"pid {pid} holds no connection to this daemon's ingest {self.ingest}"
         sig, why = header[2] or None, ""
         if sig is None:
@@ -209,19 +212,63 @@ class Verifier:
         return LocalRank(rank, pid, start, found[1], (st.st_dev, st.st_ino), sig, why)
 
     # -- is it a client of this daemon ---------------------------------------------------------
-    def _connected(self, inodes: set[int], stacks_path: str) -> bool:
+    def _connected(self, pid: int, inodes: set[int], stacks_path: str) -> bool:
         if self.ingest.startswith("tcp://"):
             return _tcp_connected(self.ingest, inodes)
         if self.ingest.startswith("ipc://"):
             path = self.ingest[len("ipc://"):]
             try:
-                return _unix_connected(path, inodes)
+                if _unix_connected(path, inodes):
+                    return True
             except OSError:
                 # No sock_diag here (a kernel without unix_diag, a sandbox): the client's default
                 # stacks directory is the ingest socket's, the run's private runtime directory,
                 # where only our uid can have made a file.
-                return os.path.dirname(stacks_path) == os.path.dirname(os.path.abspath(path))
+                if os.path.dirname(stacks_path) == os.path.dirname(os.path.abspath(path)):
+                    return True
+            # A client writing a record ring sends its hello before its socket has connected
+            # (libzmq connects in the background): the page and ring it maps, made in this
+            # ingest's own 0700 directory, say whose client it is.
+            return _maps_a_page(pid, os.path.abspath(path) + ".clients", self.uid)
         return False
+
+
+def _maps_a_page(pid: int, directory: str, uid: int) -> bool:
+    """The process maps a regular file of `uid` in `directory` (an ipc ingest's pages and rings,
+    telemetry/shared/client_page.py), the directory being `uid`'s alone: it opened a page of
+    that daemon's clients, which only `uid` can have made there. Read from /proc/<pid>/maps, the
+    file matched by its device and inode, not only by its name."""
+    try:
+        st = os.lstat(directory)
+    except OSError:
+        return False
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != uid or stat.S_IMODE(st.st_mode) & 0o077:
+        return False
+    try:
+        with open(f"/proc/{pid}/maps", "rb") as f:
+            data = f.read(MAX_MAPS_BYTES)
+    except OSError:
+        return False
+    prefix = os.fsencode(directory.rstrip("/") + "/")
+    if prefix not in data:
+        return False
+    for line in data.split(b"\n"):
+        fields = line.split(None, 5)
+        if len(fields) < 6 or not fields[5].startswith(prefix):
+            continue
+        name = fields[5][len(prefix):]
+        if b"/" in name or name.endswith(b" (deleted)"):
+            continue
+        try:
+            major, minor = (int(x, 16) for x in fields[3].split(b":"))
+            ino = int(fields[4])
+            held = os.lstat(fields[5])
+        except (OSError, ValueError):
+            continue
+        if (stat.S_ISREG(held.st_mode) and held.st_uid == uid and held.st_ino == ino
+                and (os.major(held.st_dev), os.minor(held.st_dev)) == (major, minor)):
+            return True
+    return False
 
 
 def _tcp_connected(endpoint: str, inodes: set[int]) -> bool:
