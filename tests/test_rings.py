@@ -89,6 +89,14 @@ def test_writers_and_readers_agree_byte_for_byte(tmp_path):
     # A frame beyond the limit, or once let go: refused like a full socket.
     with pytest.raises(zmq.Again):
         Ring(m_c, zmq.Again, 100, 1 << 20).send(b"x" * 101)
+    # Redirected (its reader gone): later frames go to the given send, with their flags; the
+    # ring is left as it was.
+    for w, m in ((w_c, m_c), (w_py, m_py)):
+        before, handed = bytes(m[ring.WPOS_AT:]), []
+        w.redirect(lambda frame, flags=0: handed.append((bytes(frame), flags)))
+        w.send(b"one")
+        w.send(b"two", flags=zmq.NOBLOCK)
+        assert handed == [(b"one", 0), (b"two", zmq.NOBLOCK)] and bytes(m[ring.WPOS_AT:]) == before
     w_c.release()
     w_py.release()
     for w in (w_c, w_py):
@@ -357,6 +365,38 @@ def test_a_restarted_daemon_reads_the_rings_of_live_clients(make_daemon, tmp_pat
     # step 0, taken by the killed daemon, count as lost in transit unless its last checkpoint
     # held them (as on the socket: a restart's accounting begins at what its predecessor kept).
     assert final["per_rank"]["0"]["received"] >= 51 - 2 + 1 and final["records_lost"] <= 2, final
+
+
+def test_a_client_whose_ring_reader_is_gone_sends_on_the_socket(make_daemon):
+    """The daemon that read a client's ring drained, and the one started next on its endpoints
+    reads no rings (an older version, or told TELEMETRY_TRANSPORT=zmq): within a second the
+    client's frames go on the socket, and the new daemon has them. What the client wrote into
+    its ring before it noticed is lost, counted by the new daemon's accounting (it knows the
+    client from its predecessor's checkpoint)."""
+
+    from telemetry import TelemetryClient
+
+    d = make_daemon()
+    endpoints = (d.ingest, d.pub, d.control)
+    tm = TelemetryClient(d.ingest, rank=0)
+    assert tm._ring is not None
+    for i in range(5):
+        tm.log(i, {"loss": float(i)})
+    d.wait_for(lambda rs: any(r.get("step") == 4 for r in rs), kind="metrics")
+    assert d.drain()["records_lost"] == 0
+    d2 = make_daemon(endpoints=endpoints, log_dir=d.log_dir, env={ring.ENV_TRANSPORT: "zmq"})
+    tm._own_sent_at = time.monotonic_ns()      # its next look a second from now
+    for i in range(5, 8):                      # before the client's next look: into the ring, unread
+        tm.log(i, {"loss": float(i)})
+    time.sleep(1.2)
+    for i in range(8, 20):
+        tm.log(i, {"loss": float(i)})
+    d2.wait_for(lambda rs: any(r.get("step") == 19 for r in rs), kind="metrics")
+    tm.close()
+    final = d2.drain()
+    steps = {r["step"] for r in d2.read_jsonl(kind="metrics")}
+    assert set(range(8, 20)) <= steps and not steps & {5, 6, 7}, sorted(steps)
+    assert final["records_lost"] == 3, final
 
 
 def test_a_forked_child_writes_a_ring_of_its_own(make_daemon, tmp_path):

@@ -308,7 +308,8 @@ static PyTypeObject LogStateType = {
  * returns, or `error` is raised (no room; the client counts a drop). The record, then the write
  * position with release order: the daemon's reader loads the position with acquire order. One
  * thread writes at a time (the client's hand-over between its caller and its sender thread),
- * under the GIL. */
+ * under the GIL. redirect(send): every later frame goes to `send` instead (the client's socket,
+ * once the daemon that read the ring is gone), with the same arguments. */
 #define RING_HEADER 256
 #define RING_CAPACITY_AT 8
 #define RING_WPOS_AT 64
@@ -324,11 +325,13 @@ typedef struct {
     uint64_t *wpos, *rpos, *wcount, *rcount;
     uint64_t cap, max_frame, max_records;
     PyObject *error;
+    PyObject *to;                           /* redirect()'s send, or NULL */
 } Ring;
 
 static int Ring_traverse(Ring *r, visitproc visit, void *arg)
 {
     Py_VISIT(r->error);
+    Py_VISIT(r->to);
     return 0;
 }
 
@@ -337,6 +340,7 @@ static int Ring_clear(Ring *r)
     if (r->map.obj != NULL)
         PyBuffer_Release(&r->map);
     Py_CLEAR(r->error);
+    Py_CLEAR(r->to);
     return 0;
 }
 
@@ -385,6 +389,8 @@ static PyObject *Ring_send(Ring *r, PyObject *const *args, Py_ssize_t nargs, PyO
         PyErr_SetString(PyExc_TypeError, "send(frame, flags=0)");
         return NULL;
     }
+    if (r->to != NULL)
+        return PyObject_Vectorcall(r->to, args, (size_t)nargs, kwnames);
     if (r->map.obj == NULL) {
         PyErr_SetNone(r->error ? r->error : PyExc_ValueError);
         return NULL;
@@ -426,6 +432,21 @@ static PyObject *Ring_release(Ring *r, PyObject *unused)
     (void)unused;
     if (r->map.obj != NULL)
         PyBuffer_Release(&r->map);
+    Py_CLEAR(r->to);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Ring_redirect(Ring *r, PyObject *send)
+{
+    if (!PyCallable_Check(send)) {
+        PyErr_SetString(PyExc_TypeError, "redirect(send): send must be callable");
+        return NULL;
+    }
+    if (r->map.obj == NULL) {                 /* released: nothing goes anywhere */
+        Py_RETURN_NONE;
+    }
+    Py_INCREF(send);
+    Py_XSETREF(r->to, send);
     Py_RETURN_NONE;
 }
 
@@ -433,6 +454,7 @@ static PyMethodDef Ring_methods[] = {
     {"send", (PyCFunction)(void (*)(void))Ring_send, METH_FASTCALL | METH_KEYWORDS,
      "send(frame, flags=0): the frame into the ring, or the bound error raised (no room)."},
     {"release", (PyCFunction)Ring_release, METH_NOARGS, "Let go of the mapping; send() raises from here."},
+    {"redirect", (PyCFunction)Ring_redirect, METH_O, "redirect(send): later frames go to send(frame, flags) instead."},
     {NULL, NULL, 0, NULL},
 };
 

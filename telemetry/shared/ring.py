@@ -117,31 +117,58 @@ def withdraw(directory: Path) -> None:
             pass
 
 
-def reader_alive(directory: Path) -> bool:
-    """Whether the daemon that wrote the marker runs now (the same pid and start time): a client
-    writes its frames into a ring only then. A directory or marker that is not this user's alone
-    is not believed."""
+def reader_alive(directory: Path) -> int:
+    """The pid of the daemon that wrote the marker when it runs now (the same pid and start time),
+    else 0: a client writes its frames into a ring only then. A directory or marker that is not
+    this user's alone is not believed."""
     try:
         dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
-        return False
+        return 0
     try:
         st = os.fstat(dfd)
         if st.st_uid != os.geteuid() or stat.S_IMODE(st.st_mode) & 0o077:
-            return False
+            return 0
         fd = os.open(MARKER, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, dir_fd=dfd)
         try:
             mst = os.fstat(fd)
             if not stat.S_ISREG(mst.st_mode) or mst.st_uid != os.geteuid():
-                return False
+                return 0
             pid, start = (int(x) for x in os.read(fd, 64).split()[:2])
         finally:
             os.close(fd)
     except (OSError, ValueError):
-        return False
+        return 0
     finally:
         os.close(dfd)
-    return 0 < pid < 1 << 31 and start != 0 and proc_start_time(pid) == start
+    return pid if 0 < pid < 1 << 31 and start != 0 and proc_start_time(pid) == start else 0
+
+
+class ReaderWatch:
+    """A client's look, once a second, at whether the daemon that reads rings still runs: a stat
+    of the marker and of the daemon's /proc entry while the marker is the one seen last (two
+    system calls), `reader_alive` in full when it changed (a daemon started since: a reader of
+    rings reads what this ring holds, as a successor does)."""
+
+    __slots__ = ("directory", "ino", "proc")
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.ino, self.proc = 0, ""
+        self.alive()
+
+    def alive(self) -> bool:
+        try:
+            ino = os.lstat(self.directory / MARKER).st_ino
+        except OSError:
+            return False
+        if ino == self.ino and os.path.exists(self.proc):
+            return True
+        pid = reader_alive(self.directory)
+        if not pid:
+            return False
+        self.ino, self.proc = ino, f"/proc/{pid}"
+        return True
 
 
 # -- the client's side --------------------------------------------------------------------------
@@ -193,18 +220,26 @@ class PyRing:
     built, on x86-64 only (python_twins_safe). One thread writes at a time (the client's
     hand-over between its caller and its sender thread)."""
 
-    __slots__ = ("_map", "_cap", "_error", "_max_records")
+    __slots__ = ("_map", "_cap", "_error", "_max_records", "_to")
 
     def __init__(self, mapping: mmap.mmap, error: type, max_records: int) -> None:
         self._map = mapping
         self._cap = _U64.unpack_from(mapping, CAPACITY_AT)[0]
         self._error = error
         self._max_records = max_records
+        self._to = None
 
     def release(self) -> None:
-        self._map = None
+        self._map = self._to = None
+
+    def redirect(self, send) -> None:
+        """Every later frame goes to `send(frame, flags)` instead (see Ring in _fastlog.c)."""
+        if self._map is not None:
+            self._to = send
 
     def send(self, frame: bytes, flags: int = 0) -> None:
+        if self._to is not None:
+            return self._to(frame, flags)
         m, cap = self._map, self._cap
         if m is None:
             raise self._error()
