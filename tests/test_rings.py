@@ -25,9 +25,9 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @pytest.fixture(autouse=True)
 def _ring_transport(monkeypatch):
-    """The clients here ask for rings (not the default yet: protocol/README.md, "Transport");
-    the scripts they start inherit it."""
-    monkeypatch.setenv(ring.ENV_TRANSPORT, "ring")
+    """The clients here (and the scripts they start) take the default: a ring where their daemon
+    reads rings."""
+    monkeypatch.delenv(ring.ENV_TRANSPORT, raising=False)
 
 
 def _c_ring():
@@ -255,16 +255,18 @@ def test_no_ring_where_no_daemon_reads_rings(make_daemon, tmp_path, monkeypatch)
     d.wait_for(lambda rs: any(r.get("step") == 1 for r in rs), kind="metrics")
     assert d.drain()["records_lost"] == 0
 
-    # A client told so, beside a daemon that reads rings; and one told nothing (the default).
+    # Beside a daemon that reads rings: a client told nothing writes one (the default); a client
+    # told zmq does not.
     d2 = make_daemon()
-    monkeypatch.delenv(ring.ENV_TRANSPORT)
-    assert TelemetryClient(d2.ingest, rank=0)._ring is None
+    tm = TelemetryClient(d2.ingest, rank=0)
+    assert tm._ring is not None
+    tm.close()
     monkeypatch.setenv(ring.ENV_TRANSPORT, "zmq")
     tm = TelemetryClient(d2.ingest, rank=0)
     assert tm._ring is None
     tm.log(2, {"loss": 2.0})
     tm.close()
-    monkeypatch.setenv(ring.ENV_TRANSPORT, "ring")
+    monkeypatch.delenv(ring.ENV_TRANSPORT)
     d2.wait_for(lambda rs: any(r.get("step") == 2 for r in rs), kind="metrics")
     assert d2.drain()["records_lost"] == 0
 

@@ -1,10 +1,11 @@
 """TelemetryClient: the only telemetry code that runs inside a training process.
 
 `log()` is the whole cost a training step pays for telemetry, so it does as little as a Python
-call can. With $TELEMETRY_TRANSPORT=ring, where the daemon reads rings (a local daemon of this
-version: telemetry/shared/ring.py), it encodes the record and writes it into the client's record
-ring, shared memory the daemon polls: a copy and a store, no system call, no thread woken, at any
-cadence; only the bye goes on the socket. Otherwise (the default) it is one msgpack encode of a prebuilt tuple and one append to the client's
+call can. Where the daemon reads rings (a local daemon of this version: telemetry/shared/ring.py),
+it encodes the record and writes it into the client's record ring, shared memory the daemon
+polls: a copy and a store, no system call, no thread woken, at any cadence; only the bye goes on
+the socket. Otherwise (a daemon over TCP, one of a version before rings, or
+$TELEMETRY_TRANSPORT=zmq) it is one msgpack encode of a prebuilt tuple and one append to the client's
 queue, which a sender thread (telemetry/client/deferred.py) drains in batches onto the client's
 one ZeroMQ socket: no system call on the training thread, and at a step of a millisecond a small fraction of
 what a send costs it there (a send after other work wakes ZeroMQ's I/O thread, which on a busy
@@ -307,10 +308,10 @@ class TelemetryClient(metaclass=abc.ABCMeta):   # ABCMeta: DisabledClient regist
         self._fast_log = self._st.log
 
     def _open_ring(self) -> Any:
-        """This client's record ring's writer, when $TELEMETRY_TRANSPORT is "ring", its daemon
-        reads rings and the page could be made (a local daemon on ipc); else None (the socket)."""
+        """This client's record ring's writer, when its daemon reads rings and the page could be
+        made (a local daemon on ipc), unless $TELEMETRY_TRANSPORT is "zmq"; else None (the socket)."""
         self._ring_path = self._ring_watch = None
-        if self._page.path is None or os.environ.get(ring.ENV_TRANSPORT, "zmq") != "ring":
+        if self._page.path is None or os.environ.get(ring.ENV_TRANSPORT) == "zmq":
             return None
         directory = self._page.path.parent
         watch = ring.ReaderWatch(directory)

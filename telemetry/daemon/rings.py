@@ -472,8 +472,8 @@ class RingSet:
         return out
 
     def before_byes(self, frames: list) -> list:
-        """`frames` (read off the socket) with each bye's client's ring read in before it. Rings
-        are asked for by clients (TELEMETRY_TRANSPORT=ring): while none was ever attached and
+        """`frames` (read off the socket) with each bye's client's ring read in before it. While
+        no ring was ever attached (the clients are remote, or told TELEMETRY_TRANSPORT=zmq) and
         inotify watches the directory, the frames are not looked at (a ring is renamed into place
         before its client's first frame, so its event is read, and the ring attached, by the loop's
         poll before the bye's frames are: Daemon.turn; the drain looks first, ReceiveStage)."""

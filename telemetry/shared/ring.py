@@ -13,7 +13,7 @@ Client cost). A write into this ring is a copy and a store: no system call, no t
 The daemon reads the rings it knows each turn of its loop, polling them at a period that
 shortens while records come and lengthens while none do (telemetry/daemon/rings.py).
 
-What goes where (protocol/README.md): a client asked to ($TELEMETRY_TRANSPORT=ring) whose daemon
+What goes where (protocol/README.md): a client (unless $TELEMETRY_TRANSPORT=zmq) whose daemon
 reads rings (the daemon's marker, `reader_alive`) writes every frame into its ring, hello and events too, so that one pipe keeps
 them in the order of the calls; only the bye goes on the ZeroMQ socket, and the daemon reads the
 client's ring to its end before it takes the bye. A ring that is full refuses the frame (the
@@ -58,8 +58,8 @@ MAX_CAPACITY = 1 << 26
 RECORD_HEAD = 8
 SKIP = 0xFFFFFFFF
 MARKER = "ring-reader"
-# What TELEMETRY_TRANSPORT may say: "ring" (in a client: a ring where its daemon reads rings;
-# not the default yet, see protocol/README.md), "zmq" (in a daemon too: it reads no rings).
+# What TELEMETRY_TRANSPORT may say: "zmq" (a client sends on its socket; a daemon reads no rings);
+# anything else, or nothing: a client writes a ring where its daemon reads rings.
 ENV_TRANSPORT = "TELEMETRY_TRANSPORT"
 
 _U64 = struct.Struct("<Q")
