@@ -204,9 +204,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cadences", default="", metavar="WORDS",
                     help="only the cadences whose name has one of these comma-separated words (e.g. '100 ms,sleep 1')")
     ap.add_argument("--daemon", action="store_true",
-                    help="send to a real daemon of the working tree (it reads rings: run with TELEMETRY_TRANSPORT=ring "
-                         "for clients that write them), not a bare PULL socket; the CPU per call then includes "
-                         "the daemon's (every thread)")
+                    help="send to a real daemon of the working tree (it reads rings, which clients of a version "
+                         "with rings then write; TELEMETRY_TRANSPORT=zmq keeps them on the socket), not a bare PULL "
+                         "socket; the CPU per call then includes the daemon's (every thread)")
     ap.add_argument("--json", metavar="OUT")
     a = ap.parse_args(argv)
     load_start = os.getloadavg()
