@@ -2,14 +2,20 @@
 
 A daemon on an ipc endpoint says in the pages' directory that it reads rings (ring.advertise);
 a client started while it runs writes every frame but its bye into a ring of its own there. The
-daemon finds new rings by listing the directory (every SCAN_S, and at once for a bye whose ring
-it does not hold yet), and looks at the rings it holds between its waits on the sockets
+daemon finds new rings as they are made (inotify, whose descriptor the loop polls with its
+sockets; a listing every WATCHED_SCAN_S besides, every SCAN_S without inotify, and at once for a
+bye whose ring it does not hold yet); every read attaches the rings made since before it reads
+any. Frames of several rings are merged by the time each was made, and a frame made after a
+read began is held for the next (read, _hold_made_after): what reaches the aggregator is in the
+order the clients made it, as one socket's queue would have it.
+
+The daemon looks at the rings it holds between its waits on the sockets
 (core.Daemon._wait_polling_rings: a load of each ring's write position, no turn of the loop):
 after a look that found records, the next comes when the next records are likely (EXPECT_FACTOR
 of the time between such looks, smoothed: the clients' cadence), then MIN_POLL_S apart, the
 period doubling with each empty look up to a few times that cadence (MAX_POLL_S once nothing
-came for IDLE_AFTER_S). So records that keep coming wait at most
-MIN_POLL_S and are read in batches (a turn of the daemon's loop per batch, as the sender thread's
+came for IDLE_AFTER_S). So records that keep coming wait at most MIN_POLL_S and are read in
+batches (a turn of the daemon's loop per batch, as the sender thread's
 batches on the socket were; the emit -> subscriber budget, 20 ms at 10k records/s, holds), a
 loop logging every 100 ms costs two or three looks a record, and an idle daemon looks
 MAX_POLL_S apart.
@@ -344,7 +350,7 @@ class RingSet:
         for (every SCAN_S), then each one's write position against its read position (a hint:
         read() loads it with acquire order). Nothing to read: the period doubles, up to
         MAX_POLL_S."""
-        if self.fd is None or not self.due(now):
+        if self.fd is None or self.ready or not self.due(now):
             return self.ready
         if now >= self.next_scan:
             self.scan()
@@ -424,6 +430,8 @@ class RingSet:
             self.next_poll = now + self.period
         # Frames held back are given with the next look, at once.
         self.ready = bool(self.held)
+        if self.ready:
+            self.next_poll = now
         return out
 
     def _hold_made_after(self, src: int, got: list, first: int, cut_ns: int) -> None:
