@@ -44,7 +44,7 @@ static PyObject *pack(buf_t *b, PyObject *const *args, Py_ssize_t nargs)
         }
         put_uint(b, (uint64_t)h);
     }
-    int r = pack_map(b, values);
+    int r = pack_map(b, values, 0);
     if (r < 0)
         return NULL;
     if (r > 0)

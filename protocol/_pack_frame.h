@@ -93,9 +93,10 @@ static int put_int(buf_t *b, PyObject *o)
 
 /* The dict `values` into b as msgpack's map: 0; 1 when it is not one this encodes (the caller
  * leaves it to msgpack); -1 with an exception set (no memory). */
-static int pack_map(buf_t *b, PyObject *values)
+/* The map of `values` and `extra` more entries the caller writes after it. */
+static int pack_map(buf_t *b, PyObject *values, Py_ssize_t extra)
 {
-    Py_ssize_t count = PyDict_GET_SIZE(values);
+    Py_ssize_t count = PyDict_GET_SIZE(values) + extra;
     if (count < 16) put1(b, (unsigned char)(0x80 | count));
     else if (count < 65536) { put1(b, 0xde); put_be(b, (uint64_t)count, 2); }
     else return 1;

@@ -30,7 +30,7 @@ class Refused(Exception):
 class Side:
     """One state and what it calls."""
 
-    def __init__(self, state):
+    def __init__(self, state, own_key=None):
         self.st = state
         self.seqs = memoryview(bytearray(8)).cast("Q")
         self.queued, self.rings, self.sent = [], [0], []
@@ -46,7 +46,7 @@ class Side:
             self.st.parked = False
 
         self.st.bind(self.seqs, KIND_METRICS, PROTOCOL_VERSION, 12345, 3, self.queued.append, ring, send, Refused, 1,
-                     MAX_FRAME, MAX_VALUES, ROOMY, DIRECT_AFTER_NS, OWN_TIME_EVERY_NS)
+                     MAX_FRAME, MAX_VALUES, ROOMY, DIRECT_AFTER_NS, OWN_TIME_EVERY_NS, None, own_key)
         self.st.own_sent_at = time.monotonic_ns()     # the client's own time not due
         self.st.room = 100
 
@@ -63,8 +63,9 @@ def frame_fields(frame):
     return fields[:6] + fields[7:]
 
 
-def both():
-    return Side(fastlog.LogState()), Side(fastlog.PyLogState(codec.checked_pack(codec.new_packer())))
+def both(own_key=None):
+    return (Side(fastlog.LogState(), own_key),
+            Side(fastlog.PyLogState(codec.checked_pack(codec.new_packer())), own_key))
 
 
 def call_both(c, p, step, values, parts=1):
@@ -153,6 +154,37 @@ def test_queued_rung_submitted_sent_and_refused_alike():
         side.st.own_sent_at = time.monotonic_ns()
         side.st.unbind()
     assert call_both(c, p, 17, {"a": 1.0}) is False
+
+
+def test_the_clients_own_time_rides_in_the_record_it_is_due_in_alike():
+    """Due once every OWN_TIME_EVERY_NS: the value (own_ns so far, in seconds) added last to the
+    record, the next due a period later; left to the Python path when the record has no room for
+    it or a value of that name (the Python path's rules decide), or no name was bound."""
+    key = "telemetry/client_s"
+    c, p = both(own_key=key)
+    for side in (c, p):
+        side.st.own_ns = 1_234_567_891
+        side.st.own_sent_at = time.monotonic_ns() - OWN_TIME_EVERY_NS
+    assert call_both(c, p, 1, {"a": 1.0, "b": 2}) is None
+    ((frame, _),) = c.sent
+    assert msgpack.unpackb(frame)[8] == {"a": 1.0, "b": 2, key: 1.234567891}
+    assert list(msgpack.unpackb(frame)[8])[-1] == key
+    # Not due again until a period later: the next record is the values alone.
+    assert call_both(c, p, 2, {"a": 1.0}) is None
+    assert key not in msgpack.unpackb(c.queued[-1] if c.queued else c.sent[-1][0])[8]
+    for values in ({"a": 1.0, "b": 2.0, "c": 3.0}, {"a": 1.0, key: 5.0}):      # full (MAX_VALUES 3); named so
+        for side in (c, p):
+            side.st.own_sent_at = time.monotonic_ns() - OWN_TIME_EVERY_NS
+        assert call_both(c, p, 3, values) is False
+    # No name bound: the Python path's.
+    c, p = both()
+    for side in (c, p):
+        side.st.own_sent_at = time.monotonic_ns() - OWN_TIME_EVERY_NS
+    assert call_both(c, p, 1, {"a": 1.0}) is False
+    for st in (fastlog.LogState(), fastlog.PyLogState(codec.checked_pack(codec.new_packer()))):
+        with pytest.raises((ValueError, TypeError)):
+            st.bind(memoryview(bytearray(8)).cast("Q"), KIND_METRICS, PROTOCOL_VERSION, 1, 0, list.append, print,
+                    print, Refused, 1, 1, 1, 1, 1, 1, None, "")
 
 
 def test_each_call_it_takes_adds_its_own_time():

@@ -89,6 +89,30 @@ def test_writers_and_readers_agree_byte_for_byte(tmp_path):
     # A frame beyond the limit, or once let go: refused like a full socket.
     with pytest.raises(zmq.Again):
         Ring(m_c, zmq.Again, 100, 1 << 20).send(b"x" * 101)
+    # Watched: a send looks at the marker and the reader's /proc entry (every_ns 0: at each send)
+    # and calls on_change when either changed; unwatched, it looks no more.
+    for w in (w_c, w_py):
+        marker, calls = tmp_path / "marker", []
+        marker.write_text("1")
+        w.watch(os.fsencode(marker), os.lstat(marker).st_ino, os.fsencode(f"/proc/{os.getpid()}"), 0,
+                lambda: calls.append(1))
+        w.send(b"a")
+        assert calls == []
+        (tmp_path / "marker.new").write_text("2")
+        os.replace(tmp_path / "marker.new", marker)        # another daemon's marker
+        w.send(b"b")
+        w.send(b"c")
+        assert calls == [1, 1]
+        w.watch(None, 0, None, 0, None)
+        w.send(b"d")
+        assert calls == [1, 1]
+        gone = subprocess.Popen([sys.executable, "-c", "pass"])
+        gone.wait()
+        w.watch(os.fsencode(marker), os.lstat(marker).st_ino, os.fsencode(f"/proc/{gone.pid}"), 0,
+                lambda: calls.append(2))
+        w.send(b"e")                                        # the reader's process gone
+        assert calls == [1, 1, 2]
+        w.watch(None, 0, None, 0, None)
     # Redirected (its reader gone): later frames go to the given send, with their flags; the
     # ring is left as it was.
     for w, m in ((w_c, m_c), (w_py, m_py)):
@@ -386,8 +410,9 @@ def test_a_client_whose_ring_reader_is_gone_sends_on_the_socket(make_daemon):
         tm.log(i, {"loss": float(i)})
     d.wait_for(lambda rs: any(r.get("step") == 4 for r in rs), kind="metrics")
     assert d.drain()["records_lost"] == 0
+    # The client's ring watched anew (as the old daemon's): its next look a second from now.
+    tm._ring.watch(os.fsencode(_pages(d) / ring.MARKER), 1, b"/proc/1", ring.WATCH_EVERY_NS, tm._ring_reader_gone)
     d2 = make_daemon(endpoints=endpoints, log_dir=d.log_dir, env={ring.ENV_TRANSPORT: "zmq"})
-    tm._own_sent_at = time.monotonic_ns()      # its next look a second from now
     for i in range(5, 8):                      # before the client's next look: into the ring, unread
         tm.log(i, {"loss": float(i)})
     time.sleep(1.2)

@@ -14,8 +14,11 @@
  *          started yet, or full, or closing); the client hands it to DeferredSender.submit();
  *   False  nothing done, nothing taken: the client's Python path decides (a `parts` other than
  *          1, a forked process, spans to send, the state unbound (closed), the client's own
- *          time due in the record, a step or value the encoder does not take, a row wider
- *          than a record).
+ *          time due in a record with no room for it or a value of its name, a step or value
+ *          the encoder does not take, a row wider than a record).
+ * The client's own time (own_ns so far, in seconds, named own_key) rides in the first record
+ * every own_every_ns, as the Python path adds it: a training loop's once-a-second record pays
+ * no Python either.
  * Every call that returns None or bytes adds its own time to own_ns (two CLOCK_MONOTONIC reads);
  * the Python path times itself.
  *
@@ -26,7 +29,9 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <structmember.h>
+#include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "../../protocol/_pack_frame.h"
 
@@ -37,6 +42,7 @@ typedef struct {
     unsigned long long kind, version, src, rank;
     PyObject *append, *ring, *send, *zmq_error, *noblock;
     PyObject *wall_clock;                   /* NULL: CLOCK_REALTIME; else a replaced time.time_ns */
+    PyObject *own_key;                      /* the client's own time's name (a str), or NULL */
     long long max_frame, max_values, roomy, direct_after, own_every;
     /* Shared with Python (members). */
     long long sent, dropped, dropped_bg, submitted, done, room, last_ns, own_ns, own_sent_at;
@@ -58,6 +64,7 @@ static int LogState_traverse(LogState *s, visitproc visit, void *arg)
     Py_VISIT(s->zmq_error);
     Py_VISIT(s->noblock);
     Py_VISIT(s->wall_clock);
+    Py_VISIT(s->own_key);
     return 0;
 }
 
@@ -71,6 +78,7 @@ static int LogState_clear(LogState *s)
     Py_CLEAR(s->zmq_error);
     Py_CLEAR(s->noblock);
     Py_CLEAR(s->wall_clock);
+    Py_CLEAR(s->own_key);
     return 0;
 }
 
@@ -83,13 +91,18 @@ static void LogState_dealloc(LogState *s)
 
 static PyObject *LogState_bind(LogState *s, PyObject *args)
 {
-    PyObject *seqs, *append, *ring, *send, *zmq_error, *noblock, *wall_clock = Py_None;
+    PyObject *seqs, *append, *ring, *send, *zmq_error, *noblock, *wall_clock = Py_None, *own_key = Py_None;
     unsigned long long kind, version, src, rank;
     long long max_frame, max_values, roomy, direct_after, own_every;
-    if (!PyArg_ParseTuple(args, "OKKKKOOOOOLLLLL|O:bind", &seqs, &kind, &version, &src, &rank, &append, &ring,
+    if (!PyArg_ParseTuple(args, "OKKKKOOOOOLLLLL|OO:bind", &seqs, &kind, &version, &src, &rank, &append, &ring,
                           &send, &zmq_error, &noblock, &max_frame, &max_values, &roomy, &direct_after, &own_every,
-                          &wall_clock))
+                          &wall_clock, &own_key))
         return NULL;
+    if (own_key != Py_None && (!PyUnicode_Check(own_key) || PyUnicode_GET_LENGTH(own_key) < 1
+                               || PyUnicode_GET_LENGTH(own_key) > MAX_NAME_CHARS)) {
+        PyErr_SetString(PyExc_ValueError, "bind: own_key must be a metric name (a str) or None");
+        return NULL;
+    }
     if (kind >= (1ULL << 63) || version >= (1ULL << 63) || src >= (1ULL << 63) || rank >= (1ULL << 63)) {
         PyErr_SetString(PyExc_ValueError, "bind: a header field outside 0..2**63-1");
         return NULL;
@@ -115,6 +128,10 @@ static PyObject *LogState_bind(LogState *s, PyObject *args)
     if (wall_clock != Py_None) {
         Py_INCREF(wall_clock);
         s->wall_clock = wall_clock;
+    }
+    if (own_key != Py_None) {
+        Py_INCREF(own_key);
+        s->own_key = own_key;
     }
     Py_RETURN_NONE;
 }
@@ -152,8 +169,25 @@ static PyObject *LogState_log(LogState *s, PyObject *const *args, Py_ssize_t nar
             || PyLong_AsLongAndOverflow(parts, &overflow) != 1 || !PyDict_CheckExact(values))
         Py_RETURN_FALSE;
     long long t0 = now_ns(CLOCK_MONOTONIC);
-    if (t0 - s->own_sent_at >= s->own_every)
-        Py_RETURN_FALSE;
+    /* The client's own time, due every own_every: one more value of this record, as the Python
+     * path adds it (last, its value the time so far), unless the record has no room for it or
+     * a value of that name (the Python path's to decide). */
+    const char *own_name = NULL;
+    Py_ssize_t own_len = 0;
+    if (t0 - s->own_sent_at >= s->own_every) {
+        if (s->own_key == NULL || PyDict_GET_SIZE(values) >= s->max_values)
+            Py_RETURN_FALSE;
+        PyObject *have = PyDict_GetItemWithError(values, s->own_key);
+        if (have != NULL || PyErr_Occurred()) {
+            PyErr_Clear();
+            Py_RETURN_FALSE;
+        }
+        own_name = PyUnicode_AsUTF8AndSize(s->own_key, &own_len);
+        if (own_name == NULL || own_len > 0xffff) {
+            PyErr_Clear();
+            Py_RETURN_FALSE;
+        }
+    }
     long long step = header_int(args[0]);
     if (step < 0)
         Py_RETURN_FALSE;
@@ -190,7 +224,23 @@ static PyObject *LogState_log(LogState *s, PyObject *const *args, Py_ssize_t nar
     put_uint(&b, (uint64_t)dropped);
     put_uint(&b, (uint64_t)t);
     put_uint(&b, (uint64_t)step);
-    int r = pack_map(&b, values);
+    int r = pack_map(&b, values, own_name != NULL);
+    if (r == 0 && own_name != NULL) {
+        if (reserve(&b, own_len + ENTRY_EXTRA))
+            r = -1;
+        else {
+            if (own_len < 32) put1(&b, (unsigned char)(0xa0 | own_len));
+            else if (own_len < 256) { put1(&b, 0xd9); put_be(&b, (uint64_t)own_len, 1); }
+            else { put1(&b, 0xda); put_be(&b, (uint64_t)own_len, 2); }
+            memcpy(b.p + b.n, own_name, (size_t)own_len);
+            b.n += own_len;
+            double d = (double)s->own_ns / 1e9;
+            uint64_t u;
+            memcpy(&u, &d, sizeof u);
+            put1(&b, 0xcb);
+            put_be(&b, u, 8);
+        }
+    }
     if (r != 0) {
         PyMem_Free(b.heap);
         if (r < 0)
@@ -208,6 +258,8 @@ static PyObject *LogState_log(LogState *s, PyObject *const *args, Py_ssize_t nar
     if (frame == NULL)
         return NULL;
     *cell = seq + 1;
+    if (own_name != NULL)
+        s->own_sent_at = t0;
 
     /* The calls below run Python code (the bell, the socket's send), where another thread may
      * unbind this state (a close): what they use is held here, and nothing bound is read after. */
@@ -274,8 +326,9 @@ static PyMethodDef LogState_methods[] = {
      "log(step, values, parts) -> None | bytes | False: log()'s common case (see _fastlog.c)."},
     {"bind", (PyCFunction)LogState_bind, METH_VARARGS,
      "bind(seqs, kind, version, src, rank, append, ring, send, zmq_error, noblock, max_frame_bytes, "
-     "max_values, roomy_frame_bytes, direct_after_ns, own_every_ns, wall_clock=None): wall_clock, a "
-     "replaced time.time_ns to read the record's time with (None: CLOCK_REALTIME)"},
+     "max_values, roomy_frame_bytes, direct_after_ns, own_every_ns, wall_clock=None, own_key=None): wall_clock, a "
+     "replaced time.time_ns to read the record's time with (None: CLOCK_REALTIME); own_key, the name of the "
+     "client's own time, added to a record every own_every_ns (None: such a record is the Python path's)"},
     {"unbind", (PyCFunction)LogState_unbind, METH_NOARGS, "Let go of what bind() took; log() answers False."},
     {NULL, NULL, 0, NULL},
 };
@@ -309,7 +362,11 @@ static PyTypeObject LogStateType = {
  * position with release order: the daemon's reader loads the position with acquire order. One
  * thread writes at a time (the client's hand-over between its caller and its sender thread),
  * under the GIL. redirect(send): every later frame goes to `send` instead (the client's socket,
- * once the daemon that read the ring is gone), with the same arguments. */
+ * once the daemon that read the ring is gone), with the same arguments. watch(marker, ino, proc,
+ * every_ns, on_change): at most every every_ns, a send first looks whether the file `marker`
+ * still has inode `ino` and `proc` (the reading daemon's /proc entry) is there (two system calls);
+ * if not, it calls on_change() (Python: the full look, which may watch() anew or redirect())
+ * before it writes. watch(None, 0, None, 0, None): no more looks. */
 #define RING_HEADER 256
 #define RING_CAPACITY_AT 8
 #define RING_WPOS_AT 64
@@ -326,13 +383,26 @@ typedef struct {
     uint64_t cap, max_frame, max_records;
     PyObject *error;
     PyObject *to;                           /* redirect()'s send, or NULL */
+    PyObject *on_change;                    /* watch()'s, or NULL */
+    char *marker, *proc;                    /* watch()'s paths (PyMem) */
+    unsigned long long ino;
+    long long every_ns, next_check;
 } Ring;
 
 static int Ring_traverse(Ring *r, visitproc visit, void *arg)
 {
     Py_VISIT(r->error);
     Py_VISIT(r->to);
+    Py_VISIT(r->on_change);
     return 0;
+}
+
+static void Ring_unwatch(Ring *r)
+{
+    Py_CLEAR(r->on_change);
+    PyMem_Free(r->marker);
+    PyMem_Free(r->proc);
+    r->marker = r->proc = NULL;
 }
 
 static int Ring_clear(Ring *r)
@@ -341,6 +411,7 @@ static int Ring_clear(Ring *r)
         PyBuffer_Release(&r->map);
     Py_CLEAR(r->error);
     Py_CLEAR(r->to);
+    Ring_unwatch(r);
     return 0;
 }
 
@@ -389,6 +460,22 @@ static PyObject *Ring_send(Ring *r, PyObject *const *args, Py_ssize_t nargs, PyO
         PyErr_SetString(PyExc_TypeError, "send(frame, flags=0)");
         return NULL;
     }
+    if (r->on_change != NULL && r->to == NULL) {
+        long long now = now_ns(CLOCK_MONOTONIC);
+        if (now >= r->next_check) {
+            r->next_check = now + r->every_ns;
+            struct stat st;
+            if (lstat(r->marker, &st) != 0 || (unsigned long long)st.st_ino != r->ino || access(r->proc, F_OK) != 0) {
+                PyObject *on_change = r->on_change;
+                Py_INCREF(on_change);
+                PyObject *res = PyObject_CallNoArgs(on_change);
+                Py_DECREF(on_change);
+                if (res == NULL)
+                    return NULL;
+                Py_DECREF(res);
+            }
+        }
+    }
     if (r->to != NULL)
         return PyObject_Vectorcall(r->to, args, (size_t)nargs, kwnames);
     if (r->map.obj == NULL) {
@@ -433,6 +520,7 @@ static PyObject *Ring_release(Ring *r, PyObject *unused)
     if (r->map.obj != NULL)
         PyBuffer_Release(&r->map);
     Py_CLEAR(r->to);
+    Ring_unwatch(r);
     Py_RETURN_NONE;
 }
 
@@ -450,11 +538,66 @@ static PyObject *Ring_redirect(Ring *r, PyObject *send)
     Py_RETURN_NONE;
 }
 
+static char *copy_path(PyObject *o)
+{
+    char *s;
+    Py_ssize_t n;
+    if (PyBytes_AsStringAndSize(o, &s, &n) < 0)
+        return NULL;
+    if ((Py_ssize_t)strlen(s) != n) {
+        PyErr_SetString(PyExc_ValueError, "watch: a path with a NUL");
+        return NULL;
+    }
+    char *c = PyMem_Malloc((size_t)n + 1);
+    if (c == NULL) {
+        PyErr_NoMemory();
+        return NULL;
+    }
+    memcpy(c, s, (size_t)n + 1);
+    return c;
+}
+
+static PyObject *Ring_watch(Ring *r, PyObject *args)
+{
+    PyObject *marker, *proc, *on_change;
+    unsigned long long ino;
+    long long every_ns;
+    if (!PyArg_ParseTuple(args, "OKOLO:watch", &marker, &ino, &proc, &every_ns, &on_change))
+        return NULL;
+    if (on_change == Py_None) {
+        Ring_unwatch(r);
+        Py_RETURN_NONE;
+    }
+    if (!PyCallable_Check(on_change)) {
+        PyErr_SetString(PyExc_TypeError, "watch: on_change must be callable");
+        return NULL;
+    }
+    char *m = copy_path(marker);
+    if (m == NULL)
+        return NULL;
+    char *p = copy_path(proc);
+    if (p == NULL) {
+        PyMem_Free(m);
+        return NULL;
+    }
+    Ring_unwatch(r);
+    r->marker = m;
+    r->proc = p;
+    r->ino = ino;
+    r->every_ns = every_ns;
+    r->next_check = now_ns(CLOCK_MONOTONIC) + every_ns;
+    Py_INCREF(on_change);
+    r->on_change = on_change;
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef Ring_methods[] = {
     {"send", (PyCFunction)(void (*)(void))Ring_send, METH_FASTCALL | METH_KEYWORDS,
      "send(frame, flags=0): the frame into the ring, or the bound error raised (no room)."},
     {"release", (PyCFunction)Ring_release, METH_NOARGS, "Let go of the mapping; send() raises from here."},
     {"redirect", (PyCFunction)Ring_redirect, METH_O, "redirect(send): later frames go to send(frame, flags) instead."},
+    {"watch", (PyCFunction)Ring_watch, METH_VARARGS,
+     "watch(marker, ino, proc, every_ns, on_change): look at the reading daemon every every_ns (see _fastlog.c)."},
     {NULL, NULL, 0, NULL},
 };
 

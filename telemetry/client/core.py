@@ -304,41 +304,37 @@ class TelemetryClient(metaclass=abc.ABCMeta):   # ABCMeta: DisabledClient regist
                                             state=self._st)
         self._st.bind(self._seqs, KIND_METRICS, PROTOCOL_VERSION, self._src, self.rank, d._jobs.append, d._ring,
                       self._send, zmq.ZMQError, _NOBLOCK, MAX_FRAME_BYTES, MAX_VALUES, ROOMY_FRAME_BYTES,
-                      self._direct_after, OWN_TIME_EVERY_NS, _replaced_wall_clock())
+                      self._direct_after, OWN_TIME_EVERY_NS, _replaced_wall_clock(), OWN_TIME_KEY)
         self._fast_log = self._st.log
 
     def _open_ring(self) -> Any:
         """This client's record ring's writer, when its daemon reads rings and the page could be
         made (a local daemon on ipc), unless $TELEMETRY_TRANSPORT is "zmq"; else None (the socket)."""
-        self._ring_path = self._ring_watch = None
+        self._ring_path = None
         if self._page.path is None or os.environ.get(ring.ENV_TRANSPORT) == "zmq":
             return None
         directory = self._page.path.parent
-        watch = ring.ReaderWatch(directory)
-        if not watch.ino:
+        if not ring.reader_alive(directory):
             return None
         made = ring.create(directory, self._src, ring.capacity_for(self._sndhwm))
         if made is None:
             return None
         writer = ring.writer(made[1], zmq.Again, self._sndhwm)
-        if writer is None:
+        if writer is None or not ring.watch_reader(writer, directory, self._ring_reader_gone):
             ring._unlink(made[0])
             return None
-        self._ring_path, self._ring_watch = made[0], watch
+        self._ring_path = made[0]
         return writer
 
-    def _ring_reader_check(self) -> None:
-        """Once a second (log()'s Python part): whether a daemon still reads rings here. If none
-        does, every later frame goes on the socket (the ring's writer hands it over): a daemon
-        started next that reads no rings (of a version before them, or told
-        $TELEMETRY_TRANSPORT=zmq) gets them, as does one that reads rings, along with what the
-        ring still holds. What the ring holds unread when no daemon ever reads it again is lost
-        as a socket's queue is with its daemon: counted by the daemon's accounting where a
-        successor knows this client (its seq moves on past them), not by this client."""
-        watch = self._ring_watch
-        if watch is not None and not watch.alive():
-            self._ring_watch = None
-            self._ring.redirect(self._sock.send)
+    def _ring_reader_gone(self) -> None:
+        """No daemon reads rings here any more (the writer looks once a second: ring.watch_reader):
+        every later frame goes on the socket (the ring's writer hands it over). A daemon started
+        next that reads no rings (of a version before them, or told $TELEMETRY_TRANSPORT=zmq) gets
+        them, as does one that reads rings, along with what the ring still holds. What the ring
+        holds unread when no daemon ever reads it again is lost as a socket's queue is with its
+        daemon: counted by the daemon's accounting where a successor knows this client (its seq
+        moves on past them), not by this client."""
+        self._ring.redirect(self._sock.send)
 
     # The counters log()'s common case shares (see _open), by the names the rest of the client uses.
     _forked = property(lambda self: self._st.forked, lambda self, v: setattr(self._st, "forked", v))
@@ -423,8 +419,6 @@ class TelemetryClient(metaclass=abc.ABCMeta):   # ABCMeta: DisabledClient regist
         try:
             if t0 - self._own_sent_at >= OWN_TIME_EVERY_NS:
                 self._own_sent_at = t0
-                if self._ring_watch is not None:
-                    self._ring_reader_check()
                 try:
                     if len(values) < MAX_VALUES:      # never the value that makes a record too wide
                         values = {**values, OWN_TIME_KEY: self._own_ns / 1e9}

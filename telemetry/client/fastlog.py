@@ -19,6 +19,8 @@ from __future__ import annotations
 import time
 from typing import Any, Callable
 
+from protocol.constants import MAX_NAME_CHARS
+
 _monotonic_ns = time.monotonic_ns
 _time_ns = time.time_ns
 
@@ -29,7 +31,7 @@ class PyLogState:
     __slots__ = ("sent", "dropped", "dropped_bg", "submitted", "done", "room", "last_ns", "own_ns", "own_sent_at",
                  "forked", "spans", "parked", "_pack", "_bound", "_seqs", "_header", "_append", "_ring", "_send",
                  "_zmq_error", "_noblock", "_max_frame", "_max_values", "_roomy", "_direct_after", "_own_every",
-                 "_wall_clock")
+                 "_wall_clock", "_own_key")
 
     def __init__(self, pack: Callable[..., "bytes | None"] | None = None) -> None:
         self.sent = self.dropped = self.dropped_bg = self.submitted = self.done = self.room = 0
@@ -37,15 +39,20 @@ class PyLogState:
         self.forked = self.spans = self.parked = False
         self._pack = pack
         self._bound = False
+        self._own_key = None
 
     def bind(self, seqs: memoryview, kind: int, version: int, src: int, rank: int, append: Callable, ring: Callable,
              send: Callable, zmq_error: type, noblock: int, max_frame: int, max_values: int, roomy: int,
-             direct_after: int, own_every: int, wall_clock: Callable[[], int] | None = None) -> None:
+             direct_after: int, own_every: int, wall_clock: Callable[[], int] | None = None,
+             own_key: str | None = None) -> None:
         self._seqs, self._header = seqs, (kind, version, src, rank)
         self._append, self._ring, self._send, self._zmq_error, self._noblock = append, ring, send, zmq_error, noblock
         self._max_frame, self._max_values, self._roomy = max_frame, max_values, roomy
         self._direct_after, self._own_every = direct_after, own_every
         self._wall_clock = wall_clock or _time_ns
+        if own_key is not None and (own_key.__class__ is not str or not 1 <= len(own_key) <= MAX_NAME_CHARS):
+            raise ValueError("bind: own_key must be a metric name (a str) or None")
+        self._own_key = own_key
         self._bound = True
 
     def unbind(self) -> None:
@@ -57,8 +64,13 @@ class PyLogState:
                 or values.__class__ is not dict:
             return False
         t0 = _monotonic_ns()
+        own = False
         if t0 - self.own_sent_at >= self._own_every:
-            return False
+            key = self._own_key
+            if key is None or len(values) >= self._max_values or key in values:
+                return False
+            values = {**values, key: self.own_ns / 1e9}
+            own = True
         seqs = self._seqs
         seq = seqs[0]
         t = self._wall_clock()
@@ -69,6 +81,8 @@ class PyLogState:
         if len(frame) > self._roomy and (len(frame) > self._max_frame or len(values) > self._max_values):
             return False
         seqs[0] = seq + 1
+        if own:
+            self.own_sent_at = t0
         pending = self.submitted - self.done
         if pending or t - self.last_ns < self._direct_after:
             self.last_ns = t

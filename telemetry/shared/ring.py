@@ -35,6 +35,7 @@ import os
 import platform
 import stat
 import struct
+import time
 from pathlib import Path
 
 from protocol.constants import MAX_FRAME_BYTES
@@ -144,31 +145,32 @@ def reader_alive(directory: Path) -> int:
     return pid if 0 < pid < 1 << 31 and start != 0 and proc_start_time(pid) == start else 0
 
 
-class ReaderWatch:
-    """A client's look, once a second, at whether the daemon that reads rings still runs: a stat
-    of the marker and of the daemon's /proc entry while the marker is the one seen last (two
-    system calls), `reader_alive` in full when it changed (a daemon started since: a reader of
-    rings reads what this ring holds, as a successor does)."""
+# How often a client's ring writer looks whether its reader still runs (watch_reader).
+WATCH_EVERY_NS = 1_000_000_000
 
-    __slots__ = ("directory", "ino", "proc")
 
-    def __init__(self, directory: Path) -> None:
-        self.directory = directory
-        self.ino, self.proc = 0, ""
-        self.alive()
+def watch_reader(writer, directory: Path, on_gone) -> bool:
+    """Arm `writer` (Ring or PyRing) to look, at most every WATCH_EVERY_NS, before a write, whether
+    the daemon that reads rings here still runs: a stat of the marker and of that daemon's /proc
+    entry (two system calls, in C on the training thread: no Python). When either changed, the
+    full look (`reader_alive`): a daemon reads rings here (one started since reads what this ring
+    holds, as a successor does) and the writer watches it; none does, and on_gone() is called
+    (the client sends on its socket from there). False, nothing armed, when none reads rings now."""
+    pid = reader_alive(directory)
+    try:
+        ino = os.lstat(directory / MARKER).st_ino if pid else 0
+    except OSError:
+        ino = 0
+    if not ino:
+        return False
 
-    def alive(self) -> bool:
-        try:
-            ino = os.lstat(self.directory / MARKER).st_ino
-        except OSError:
-            return False
-        if ino == self.ino and os.path.exists(self.proc):
-            return True
-        pid = reader_alive(self.directory)
-        if not pid:
-            return False
-        self.ino, self.proc = ino, f"/proc/{pid}"
-        return True
+    def changed() -> None:
+        if not watch_reader(writer, directory, on_gone):
+            writer.watch(None, 0, None, 0, None)
+            on_gone()
+
+    writer.watch(os.fsencode(directory / MARKER), ino, os.fsencode(f"/proc/{pid}"), WATCH_EVERY_NS, changed)
+    return True
 
 
 # -- the client's side --------------------------------------------------------------------------
@@ -220,24 +222,41 @@ class PyRing:
     built, on x86-64 only (python_twins_safe). One thread writes at a time (the client's
     hand-over between its caller and its sender thread)."""
 
-    __slots__ = ("_map", "_cap", "_error", "_max_records", "_to")
+    __slots__ = ("_map", "_cap", "_error", "_max_records", "_to", "_watch", "_next_check")
 
     def __init__(self, mapping: mmap.mmap, error: type, max_records: int) -> None:
         self._map = mapping
         self._cap = _U64.unpack_from(mapping, CAPACITY_AT)[0]
         self._error = error
         self._max_records = max_records
-        self._to = None
+        self._to = self._watch = None
+        self._next_check = 0
 
     def release(self) -> None:
-        self._map = self._to = None
+        self._map = self._to = self._watch = None
 
     def redirect(self, send) -> None:
         """Every later frame goes to `send(frame, flags)` instead (see Ring in _fastlog.c)."""
         if self._map is not None:
             self._to = send
 
+    def watch(self, marker: bytes | None, ino: int, proc: bytes | None, every_ns: int, on_change) -> None:
+        """See Ring in _fastlog.c."""
+        self._watch = None if on_change is None else (marker, ino, proc, every_ns, on_change)
+        self._next_check = time.monotonic_ns() + every_ns
+
     def send(self, frame: bytes, flags: int = 0) -> None:
+        w = self._watch
+        if w is not None and self._to is None:
+            now = time.monotonic_ns()
+            if now >= self._next_check:
+                self._next_check = now + w[3]
+                try:
+                    same = os.lstat(w[0]).st_ino == w[1] and os.path.exists(w[2])
+                except OSError:
+                    same = False
+                if not same:
+                    w[4]()
         if self._to is not None:
             return self._to(frame, flags)
         m, cap = self._map, self._cap
