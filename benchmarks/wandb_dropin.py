@@ -20,10 +20,12 @@ for the node and waits for its ready line, W&B offline; and the real wandb.init(
 `--ab BASE` instead compares a base commit with the working tree in one run (benchmarks/ab.py:
 a worktree of BASE, one receiving process, short child processes alternating per round): each
 child times `wandb.log` of 10 floats with its version's telemetry.wandb, then the real
-wandb.log (offline) in the same process, and the ratio of the two.
+wandb.log (offline) in the same process, and the ratio of the two. With `--daemon` the receiver
+is a real daemon of the working tree: a client of a version with record rings writes its ring
+(the default beside a local daemon), not the socket.
 
     .venv/bin/python benchmarks/wandb_dropin.py [--calls 5000] [--init 5] [--json OUT]
-    .venv/bin/python benchmarks/wandb_dropin.py --ab HEAD~1 [--rounds 5] [--calls 20000]
+    .venv/bin/python benchmarks/wandb_dropin.py --ab HEAD~1 [--rounds 5] [--calls 20000] [--daemon]
 """
 from __future__ import annotations
 
@@ -159,12 +161,12 @@ print(json.dumps({"median": med, "p99": p99, "real_median": real_med}))
 """
 
 
-def main_ab(base: str, rounds: int, calls: int, out: Path | None) -> int:
+def main_ab(base: str, rounds: int, calls: int, out: Path | None, daemon: bool = False) -> int:
     import statistics
 
     from ab import alternate, base_and_sink
 
-    with base_and_sink(base, lambda tmp: f"ipc://{tmp}/sink.sock") as (trees, endpoint):
+    with base_and_sink(base, lambda tmp: f"ipc://{tmp}/sink.sock", daemon=daemon) as (trees, endpoint, _):
         got = alternate(trees, rounds, _AB_CHILD, [endpoint, str(calls)],
                         lambda r: f"median {r['median'] / 1000:.2f} µs, p99 {r['p99'] / 1000:.2f} µs, "
                                   f"real wandb.log {r['real_median'] / 1000:.1f} µs "
@@ -191,9 +193,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--init", type=int, default=0, metavar="N", help="also time wandb.init N times each")
     ap.add_argument("--ab", metavar="BASE", help="compare commit BASE with the working tree instead (10 floats)")
     ap.add_argument("--rounds", type=int, default=5, help="rounds of --ab")
+    ap.add_argument("--daemon", action="store_true",
+                    help="--ab's receiver a real daemon of the working tree (its clients write record rings), "
+                         "not a bare PULL socket")
     args = ap.parse_args(argv)
     if args.ab:
-        return main_ab(args.ab, args.rounds, args.calls, args.json)
+        return main_ab(args.ab, args.rounds, args.calls, args.json, args.daemon)
     sink = subprocess.Popen([sys.executable, "-c", _SINK], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     endpoint = f"tcp://127.0.0.1:{sink.stdout.readline().strip()}"
     results: dict[str, Any] = {"conditions": {"cpus": os.cpu_count(), "loadavg_start": os.getloadavg(),
