@@ -194,6 +194,20 @@ def test_one_look_gives_the_frames_of_every_ring_in_the_order_they_were_made(tmp
         assert rs.read(1 << 20) == []
         wa.send(encode_metrics(1, 0, 4, 0, time.time_ns(), 4, {"a": 5.0}))
         assert made(rs.read_all(1)) == [(1, 3), (1, 4)]
+        # A bye read off the socket after its client's whole run (the loop starved meanwhile):
+        # every ring is looked at first, so a ring made since the last look (another rank's
+        # hello, made before this client's steps) comes before them, not after its bye.
+        from protocol.codec import encode_bye
+
+        wd = writer(4)
+        wd.send(encode_metrics(4, 3, 0, 0, time.time_ns(), 0, {"d": 1.0}))
+        assert made(rs.read(1 << 20)) == [(4, 0)]
+        we = writer(5)
+        we.send(encode_hello(5, 4, 0, 0, time.time_ns(), {"world_size": 5}))
+        wd.send(encode_metrics(4, 3, 1, 0, time.time_ns(), 1, {"d": 2.0}))
+        wd.send(encode_metrics(4, 3, 2, 0, time.time_ns(), 2, {"d": 3.0}))
+        bye = encode_bye(4, 3, 3, 0, time.time_ns(), {})
+        assert made(rs.before_byes([bye])) == [(5, 0), (4, 1), (4, 2), (4, 3)]
         # Held at the drain: given too.
         wc = writer(3)
         wb.send(encode_metrics(2, 1, 2, 0, time.time_ns() + 10**9, 2, {"b": 2.0}))

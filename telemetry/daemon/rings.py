@@ -490,7 +490,10 @@ class RingSet:
         byes = [i for i, f in enumerate(frames) if f[1:2] == _BYE]
         if not byes:
             return frames
-        out: list = []
+        # Every ring's frames first, merged (a look): a bye read off the socket while the loop was
+        # starved comes with its client's whole run in its ring, and another rank's hello made
+        # before that run's first step must not come after it.
+        out: list = self.read(1 << 62)
         last = 0
         for i in byes:
             h = peek_header(frames[i])
@@ -507,14 +510,17 @@ class RingSet:
         if self.fd is None:
             return []
         self.scan()
-        out: list = []
         held, self.held = self.held, {}
-        for got in held.values():
-            out.extend(got)
+        per_ring = []
         for reader in list(self.rings.values()):
-            while self._read_one(reader, out, CHUNK_FRAMES, 1 << 62)[0] and reader.src in self.rings:
+            got = held.pop(reader.src, [])
+            while self._read_one(reader, got, CHUNK_FRAMES, 1 << 62)[0] and reader.src in self.rings:
                 pass
-        return out
+            if got:
+                per_ring.append(got)
+        per_ring.extend(held.values())
+        # Merged by the time each frame was made, as a look's (read).
+        return list(heapq.merge(*per_ring, key=_made_at)) if len(per_ring) > 1 else (per_ring[0] if per_ring else [])
 
     def stats(self) -> dict:
         return {"held": len(self.rings), "attached": self.num_attached, "frames": self.num_frames,
