@@ -410,9 +410,10 @@ def test_a_restarted_daemon_reads_the_rings_of_live_clients(make_daemon, tmp_pat
 def test_a_client_whose_ring_reader_is_gone_sends_on_the_socket(make_daemon):
     """The daemon that read a client's ring drained, and the one started next on its endpoints
     reads no rings (an older version, or told TELEMETRY_TRANSPORT=zmq): within a second the
-    client's frames go on the socket, and the new daemon has them. What the client wrote into
-    its ring before it noticed is lost, counted by the new daemon's accounting (it knows the
-    client from its predecessor's checkpoint)."""
+    client's frames go on the socket, and the new daemon has them; while no daemon at all was
+    there, its ring kept them (a successor that reads rings would read them). What the client
+    wrote into its ring before it noticed is lost, counted by the new daemon's accounting (it
+    knows the client from its predecessor's checkpoint)."""
 
     from telemetry import TelemetryClient
 
@@ -423,10 +424,18 @@ def test_a_client_whose_ring_reader_is_gone_sends_on_the_socket(make_daemon):
     for i in range(5):
         tm.log(i, {"loss": float(i)})
     d.wait_for(lambda rs: any(r.get("step") == 4 for r in rs), kind="metrics")
+    bound = ring._ingest_ino(_pages(d))
     assert d.drain()["records_lost"] == 0
-    # The client's ring watched anew (as the old daemon's): its next look a second from now.
-    tm._ring.watch(os.fsencode(_pages(d) / ring.MARKER), 1, b"/proc/1", ring.WATCH_EVERY_NS, tm._ring_reader_gone)
+    d.proc.wait(60)                            # gone: its drain read what its clients' rings held
+    # Drained, no daemon there: the client's look finds no reader and no other daemon bound: the
+    # ring keeps what comes (a successor reading rings would read it).
+    tm._ring.watch(os.fsencode(_pages(d) / ring.MARKER), 1, b"/proc/1", 0,
+                   ring.reader_changed(tm._ring, _pages(d), tm._ring_reader_gone, bound))
+    tm.log(100, {"loss": 100.0})
     d2 = make_daemon(endpoints=endpoints, log_dir=d.log_dir, env={ring.ENV_TRANSPORT: "zmq"})
+    # The client's ring watched as by the old daemon: its next look a second from now.
+    tm._ring.watch(os.fsencode(_pages(d) / ring.MARKER), 1, b"/proc/1", ring.WATCH_EVERY_NS,
+                   ring.reader_changed(tm._ring, _pages(d), tm._ring_reader_gone, bound))
     for i in range(5, 8):                      # before the client's next look: into the ring, unread
         tm.log(i, {"loss": float(i)})
     time.sleep(1.2)
@@ -436,8 +445,10 @@ def test_a_client_whose_ring_reader_is_gone_sends_on_the_socket(make_daemon):
     tm.close()
     final = d2.drain()
     steps = {r["step"] for r in d2.read_jsonl(kind="metrics")}
-    assert set(range(8, 20)) <= steps and not steps & {5, 6, 7}, sorted(steps)
-    assert final["records_lost"] == 3, final
+    # Step 100 (no daemon then) and 5-7 (before the client's look) went into the ring: lost to a
+    # daemon that reads none, and counted.
+    assert set(range(8, 20)) <= steps and not steps & {100, 5, 6, 7}, sorted(steps)
+    assert final["records_lost"] == 4, final
 
 
 def test_a_forked_child_writes_a_ring_of_its_own(make_daemon, tmp_path):

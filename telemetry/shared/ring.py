@@ -154,8 +154,11 @@ def watch_reader(writer, directory: Path, on_gone) -> bool:
     the daemon that reads rings here still runs: a stat of the marker and of that daemon's /proc
     entry (two system calls, in C on the training thread: no Python). When either changed, the
     full look (`reader_alive`): a daemon reads rings here (one started since reads what this ring
-    holds, as a successor does) and the writer watches it; none does, and on_gone() is called
-    (the client sends on its socket from there). False, nothing armed, when none reads rings now."""
+    holds, as a successor does) and the writer watches it. None does: if another daemon has bound
+    the ingest socket since (one of a version before rings, or told TELEMETRY_TRANSPORT=zmq),
+    on_gone() is called (the client sends on its socket from there); if none has, the ring keeps
+    what comes, within its bound (a successor that reads rings reads it), and the look comes
+    again a second later. False, nothing armed, when none reads rings now."""
     pid = reader_alive(directory)
     try:
         ino = os.lstat(directory / MARKER).st_ino if pid else 0
@@ -163,14 +166,33 @@ def watch_reader(writer, directory: Path, on_gone) -> bool:
         ino = 0
     if not ino:
         return False
+    writer.watch(os.fsencode(directory / MARKER), ino, os.fsencode(f"/proc/{pid}"), WATCH_EVERY_NS,
+                 reader_changed(writer, directory, on_gone, _ingest_ino(directory)))
+    return True
 
+
+def reader_changed(writer, directory: Path, on_gone, bound: tuple[int, int] | int):
+    """What `writer` calls when its reader's marker or process changed (watch_reader): `bound`,
+    the ingest socket's `_ingest_ino` when the reader was armed."""
     def changed() -> None:
-        if not watch_reader(writer, directory, on_gone):
+        if watch_reader(writer, directory, on_gone):
+            return
+        if _ingest_ino(directory) not in (0, bound):
             writer.watch(None, 0, None, 0, None)
             on_gone()
 
-    writer.watch(os.fsencode(directory / MARKER), ino, os.fsencode(f"/proc/{pid}"), WATCH_EVERY_NS, changed)
-    return True
+    return changed
+
+
+def _ingest_ino(directory: Path) -> tuple[int, int] | int:
+    """The inode and change time of the ingest socket the pages' directory belongs to (0: none
+    there): a daemon that binds it makes it anew (the inode's number may be the one just freed;
+    the time is not)."""
+    try:
+        st = os.lstat(directory.with_name(directory.name.removesuffix(".clients")))
+    except OSError:
+        return 0
+    return st.st_ino, st.st_ctime_ns
 
 
 # -- the client's side --------------------------------------------------------------------------
