@@ -112,6 +112,16 @@ def test_writers_and_readers_agree_byte_for_byte(tmp_path):
                 lambda: calls.append(2))
         w.send(b"e")                                        # the reader's process gone
         assert calls == [1, 1, 2]
+
+        def fails():
+            calls.append(3)
+            raise OSError("the look failed")
+
+        w.watch(os.fsencode(marker), 1, os.fsencode(f"/proc/{os.getpid()}"), 0, fails)
+        before = bytes(m_c[ring.WPOS_AT:ring.WPOS_AT + 8] if w is w_c else m_py[ring.WPOS_AT:ring.WPOS_AT + 8])
+        w.send(b"f")                                        # written all the same, nothing raised
+        after = bytes(m_c[ring.WPOS_AT:ring.WPOS_AT + 8] if w is w_c else m_py[ring.WPOS_AT:ring.WPOS_AT + 8])
+        assert calls == [1, 1, 2, 3] and after != before
         w.watch(None, 0, None, 0, None)
     # Redirected (its reader gone): later frames go to the given send, with their flags; the
     # ring is left as it was.

@@ -471,8 +471,9 @@ static PyObject *Ring_send(Ring *r, PyObject *const *args, Py_ssize_t nargs, PyO
                 PyObject *res = PyObject_CallNoArgs(on_change);
                 Py_DECREF(on_change);
                 if (res == NULL)
-                    return NULL;
-                Py_DECREF(res);
+                    PyErr_Clear();              /* never into the training loop: the ring as before */
+                else
+                    Py_DECREF(res);
             }
         }
     }

@@ -278,7 +278,10 @@ class PyRing:
                 except OSError:
                     same = False
                 if not same:
-                    w[4]()
+                    try:
+                        w[4]()
+                    except Exception:           # never into the training loop: the ring as before
+                        pass
         if self._to is not None:
             return self._to(frame, flags)
         m, cap = self._map, self._cap
