@@ -93,6 +93,26 @@ static int put_int(buf_t *b, PyObject *o)
 
 /* The dict `values` into b as msgpack's map: 0; 1 when it is not one this encodes (the caller
  * leaves it to msgpack); -1 with an exception set (no memory). */
+/* A str of `len` UTF-8 bytes, msgpack's smallest form for it (room reserved by the caller). */
+static void put_str(buf_t *b, const char *s, Py_ssize_t len)
+{
+    if (len < 32) put1(b, (unsigned char)(0xa0 | len));
+    else if (len < 256) { put1(b, 0xd9); put_be(b, (uint64_t)len, 1); }
+    else if (len < 65536) { put1(b, 0xda); put_be(b, (uint64_t)len, 2); }
+    else { put1(b, 0xdb); put_be(b, (uint64_t)len, 4); }
+    memcpy(b->p + b->n, s, (size_t)len);
+    b->n += len;
+}
+
+/* A float64, as msgpack packs a Python float (room reserved by the caller). */
+static void put_double(buf_t *b, double d)
+{
+    uint64_t u;
+    memcpy(&u, &d, sizeof u);
+    put1(b, 0xcb);
+    put_be(b, u, 8);
+}
+
 /* The map of `values` and `extra` more entries the caller writes after it. */
 static int pack_map(buf_t *b, PyObject *values, Py_ssize_t extra)
 {
@@ -115,24 +135,13 @@ static int pack_map(buf_t *b, PyObject *values, Py_ssize_t extra)
             return 1;                                     /* beyond str32: msgpack's error */
         if (reserve(b, len + ENTRY_EXTRA))
             return -1;
-        if (len < 32) put1(b, (unsigned char)(0xa0 | len));
-        else if (len < 256) { put1(b, 0xd9); put_be(b, (uint64_t)len, 1); }
-        else if (len < 65536) { put1(b, 0xda); put_be(b, (uint64_t)len, 2); }
-        else { put1(b, 0xdb); put_be(b, (uint64_t)len, 4); }
-        memcpy(b->p + b->n, s, (size_t)len);
-        b->n += len;
+        put_str(b, s, len);
         /* msgpack's order: None, True, False by identity, then int, then float (subclasses too). */
         if (v == Py_None) put1(b, 0xc0);
         else if (v == Py_True) put1(b, 0xc3);
         else if (v == Py_False) put1(b, 0xc2);
         else if (PyLong_Check(v)) { if (put_int(b, v)) return 1; }
-        else if (PyFloat_Check(v)) {
-            double d = PyFloat_AS_DOUBLE(v);
-            uint64_t u;
-            memcpy(&u, &d, sizeof u);
-            put1(b, 0xcb);
-            put_be(b, u, 8);
-        }
+        else if (PyFloat_Check(v)) put_double(b, PyFloat_AS_DOUBLE(v));
         else return 1;
     }
     return 0;

@@ -229,16 +229,8 @@ static PyObject *LogState_log(LogState *s, PyObject *const *args, Py_ssize_t nar
         if (reserve(&b, own_len + ENTRY_EXTRA))
             r = -1;
         else {
-            if (own_len < 32) put1(&b, (unsigned char)(0xa0 | own_len));
-            else if (own_len < 256) { put1(&b, 0xd9); put_be(&b, (uint64_t)own_len, 1); }
-            else { put1(&b, 0xda); put_be(&b, (uint64_t)own_len, 2); }
-            memcpy(b.p + b.n, own_name, (size_t)own_len);
-            b.n += own_len;
-            double d = (double)s->own_ns / 1e9;
-            uint64_t u;
-            memcpy(&u, &d, sizeof u);
-            put1(&b, 0xcb);
-            put_be(&b, u, 8);
+            put_str(&b, own_name, own_len);
+            put_double(&b, (double)s->own_ns / 1e9);
         }
     }
     if (r != 0) {

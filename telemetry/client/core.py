@@ -314,13 +314,14 @@ class TelemetryClient(metaclass=abc.ABCMeta):   # ABCMeta: DisabledClient regist
         if self._page.path is None or os.environ.get(ring.ENV_TRANSPORT) == "zmq":
             return None
         directory = self._page.path.parent
-        if not ring.reader_alive(directory):
+        reader = ring.reader_alive(directory)
+        if not reader:
             return None
         made = ring.create(directory, self._src, ring.capacity_for(self._sndhwm))
         if made is None:
             return None
         writer = ring.writer(made[1], zmq.Again, self._sndhwm)
-        if writer is None or not ring.watch_reader(writer, directory, self._ring_reader_gone):
+        if writer is None or not ring.watch_reader(writer, directory, self._ring_reader_gone, reader):
             ring._unlink(made[0])
             return None
         self._ring_path = made[0]

@@ -149,7 +149,7 @@ def reader_alive(directory: Path) -> int:
 WATCH_EVERY_NS = 1_000_000_000
 
 
-def watch_reader(writer, directory: Path, on_gone) -> bool:
+def watch_reader(writer, directory: Path, on_gone, pid: int = 0) -> bool:
     """Arm `writer` (Ring or PyRing) to look, at most every WATCH_EVERY_NS, before a write, whether
     the daemon that reads rings here still runs: a stat of the marker and of that daemon's /proc
     entry (two system calls, in C on the training thread: no Python). When either changed, the
@@ -158,8 +158,9 @@ def watch_reader(writer, directory: Path, on_gone) -> bool:
     the ingest socket since (one of a version before rings, or told TELEMETRY_TRANSPORT=zmq),
     on_gone() is called (the client sends on its socket from there); if none has, the ring keeps
     what comes, within its bound (a successor that reads rings reads it), and the look comes
-    again a second later. False, nothing armed, when none reads rings now."""
-    pid = reader_alive(directory)
+    again a second later. False, nothing armed, when none reads rings now. `pid`: the reader's, as
+    `reader_alive` just gave it (0: looked up here)."""
+    pid = pid or reader_alive(directory)
     try:
         ino = os.lstat(directory / MARKER).st_ino if pid else 0
     except OSError:
