@@ -94,7 +94,7 @@ static int put_int(buf_t *b, PyObject *o)
 /* The dict `values` into b as msgpack's map: 0; 1 when it is not one this encodes (the caller
  * leaves it to msgpack); -1 with an exception set (no memory). */
 /* A str of `len` UTF-8 bytes, msgpack's smallest form for it (room reserved by the caller). */
-static void put_str(buf_t *b, const char *s, Py_ssize_t len)
+static inline void put_str(buf_t *b, const char *s, Py_ssize_t len)
 {
     if (len < 32) put1(b, (unsigned char)(0xa0 | len));
     else if (len < 256) { put1(b, 0xd9); put_be(b, (uint64_t)len, 1); }
@@ -105,7 +105,7 @@ static void put_str(buf_t *b, const char *s, Py_ssize_t len)
 }
 
 /* A float64, as msgpack packs a Python float (room reserved by the caller). */
-static void put_double(buf_t *b, double d)
+static inline void put_double(buf_t *b, double d)
 {
     uint64_t u;
     memcpy(&u, &d, sizeof u);
