@@ -129,6 +129,13 @@ def start_ranks(endpoint: str, ranks: list[int], n: int, rate: float, out_dir: P
     return procs
 
 
+def burst_sndhwm(n: int) -> int:
+    """The sndhwm that lets a rank worker's queue hold a burst of `n` records on either transport:
+    the socket's counts records, a ring's bytes (ring.BYTES_PER_RECORD a record), and a worker's
+    record (ten values, a large step, seq and time) takes more than that in a ring."""
+    return 2 * n + 10
+
+
 def wait_ranks(procs: list[subprocess.Popen], out_dir: Path, timeout_s: float = 600) -> dict[int, dict]:
     for p in procs:
         p.wait(timeout_s)
@@ -313,7 +320,7 @@ def sigterm_drain(work: Path, num_ranks: int = 2, n: int = 100_000, drain_timeou
     log_dir = work / "telemetry"
     d = launch(log_dir, eps, per_rank=True, world_size=num_ranks,
                config={"drain_timeout_s": drain_timeout_s} if drain_timeout_s else None)
-    procs = start_ranks(eps.ingest, list(range(num_ranks)), n, 0, work / "ranks", sndhwm=n + 10,
+    procs = start_ranks(eps.ingest, list(range(num_ranks)), n, 0, work / "ranks", sndhwm=burst_sndhwm(n),
                         extra=("--no-hello", "--no-close"))
     ranks = wait_ranks(procs, work / "ranks")       # every record is now queued somewhere
     queued = d.status()["queued"] if "queued" in d.status() else {}
@@ -346,7 +353,8 @@ def sigterm_drain(work: Path, num_ranks: int = 2, n: int = 100_000, drain_timeou
 def drain_backlog(work: Path, num_ranks: int = 2, n: int = 150_000, drain_timeout_s: float = 12.0) -> dict:
     """Ranks send an unpaced burst and close (everything they sent is in the daemon's queue), then
     SIGTERM: what the drain could not process in time is counted as lost, so that
-    sent == written + counted lost, exactly."""
+    sent == written + counted lost, exactly (a rank's own counted drops aside: none while its
+    queue holds the burst, burst_sndhwm)."""
     eps = Endpoints()
     log_dir = work / "telemetry"
     # The whole burst fits the daemon's queue (the default budget would hold the ranks at close)
@@ -354,7 +362,7 @@ def drain_backlog(work: Path, num_ranks: int = 2, n: int = 150_000, drain_timeou
     d = launch(log_dir, eps, per_rank=True, world_size=num_ranks,
                config={"drain_timeout_s": drain_timeout_s, "max_connections": 2 * num_ranks + 2,
                        "rcvhwm": (2 * num_ranks + 2) * (n + 10), "memory_mb": 512})
-    procs = start_ranks(eps.ingest, list(range(num_ranks)), n, 0, work / "ranks", sndhwm=n + 10,
+    procs = start_ranks(eps.ingest, list(range(num_ranks)), n, 0, work / "ranks", sndhwm=burst_sndhwm(n),
                         extra=("--no-hello", "--close-s", "60"))
     ranks = wait_ranks(procs, work / "ranks")       # closed: every record sent is in the daemon's queue
     t0 = time.monotonic()
@@ -364,19 +372,21 @@ def drain_backlog(work: Path, num_ranks: int = 2, n: int = 150_000, drain_timeou
     d._pump.join(2)
     final = json.loads((log_dir / "drain.json").read_text())          # the daemon's final counters
     sent = sum(r["final"]["sent"] for r in ranks.values())          # metrics and the ranks' byes
+    # What a rank dropped (its queue full) it counts, and the daemon counts lost by its seqs.
+    dropped = sum(r["final"]["dropped"] for r in ranks.values())
     written = sum(per_rank_steps(d).values()) + len(d.read_jsonl("bye"))
     jsonl = final["sinks"]["jsonl"]
     integrity = jsonl_integrity(log_dir)
     out = {"scenario": "drain_backlog", "ranks": num_ranks, "records_per_rank": n,
            "drain_timeout_s": drain_timeout_s, "exit_code": d.proc.returncode, "exit_s": exit_s, "sent": sent,
-           "accepted": final["records_in"], "counted_lost": final["records_lost"],
+           "dropped_by_ranks": dropped, "accepted": final["records_in"], "counted_lost": final["records_lost"],
            "unread_at_drain": final["records_unread_at_drain"], "written": written,
            "jsonl": {k: jsonl.get(k, 0) for k in ("in", "written", "dropped", "dropped_in_hand")}, "integrity": integrity}
-    # Each stage adds up: the intake (sent = accepted + counted lost) and the JSONL (what it was
+    # Each stage adds up: the intake (sent + dropped by the ranks = accepted + counted lost) and the JSONL (what it was
     # handed = lines written + lines counted as dropped; the file holds exactly the lines written,
     # but for a batch the sink still had in hand when it was abandoned at the deadline and the
     # counters were read: counted dropped, it may yet reach the file, which the sink says).
-    out["unaccounted_intake"] = sent - final["records_in"] - final["records_lost"]
+    out["unaccounted_intake"] = sent + dropped - final["records_in"] - final["records_lost"]
     out["unaccounted_jsonl"] = jsonl["in"] - jsonl["written"] - jsonl["dropped"]
     out["file_vs_written"] = integrity["lines"] - jsonl["written"]
     out["file_past_count"] = max(0, out["file_vs_written"] - jsonl.get("dropped_in_hand", 0))

@@ -58,8 +58,8 @@ from telemetry.shared.numbers import is_int
 from telemetry.shared.stacks_file import proc_start_time, proc_started_at
 from telemetry.shared.security.redact import Redactor
 
-# Records queued in the socket before log() starts dropping. At ~250 B per record this is
-# ~2.5 MB per rank: minutes of a daemon restart at one log per step, and bounded.
+# Records queued before log() starts dropping (in a ring: 256 bytes each, 2.44 MiB per rank):
+# minutes of a daemon restart at one log per step, and bounded.
 SNDHWM = 10_000
 # How long close() lets queued records drain to a live daemon; a gone daemon costs this much
 # at exit, never more.
