@@ -138,6 +138,76 @@ def test_writers_and_readers_agree_byte_for_byte(tmp_path):
             w.send(b"late")
 
 
+def test_a_writer_whose_reader_beats_makes_no_look(tmp_path):
+    """While the reader's beat in the header is younger than the look's period, a writer knows it
+    reads without a system call: a replaced marker is not even looked at then. Once the beat is
+    older (the reader stopped looking: gone, drained, stopped), the look is made and sees it."""
+    writers = [("py", ring.PyRing)]
+    if _c_ring() is not None:
+        writers.append(("c", lambda m, err, n: _c_ring()(m, err, ring.MAX_FRAME_BYTES, n)))
+    every_ns = 50_000_000
+    for i, (name, make) in enumerate(writers):
+        _, m = _new(tmp_path, 10 + i, ring.DEFAULT_CAPACITY)
+        w = make(m, zmq.Again, 1000)
+        marker, calls = tmp_path / f"marker-{name}", []
+        marker.write_text("1")
+        w.watch(os.fsencode(marker), os.lstat(marker).st_ino, os.fsencode(f"/proc/{os.getpid()}"), every_ns,
+                lambda: calls.append(name))
+        (tmp_path / "marker.new").write_text("2")
+        os.replace(tmp_path / "marker.new", marker)        # another daemon's marker: a look would see it
+        for _ in range(3):
+            time.sleep(0.06)                                # the look is due at each send
+            m[ring.BEAT_AT:ring.BEAT_AT + 8] = time.monotonic_ns().to_bytes(8, "little")
+            w.send(b"a")
+        assert calls == [], name                            # it beat: no look
+        m[ring.BEAT_AT:ring.BEAT_AT + 8] = (time.monotonic_ns() - 2 * every_ns).to_bytes(8, "little")
+        time.sleep(0.06)
+        w.send(b"b")
+        assert calls == [name], name                        # an old beat: looked, and the marker changed
+        m[ring.BEAT_AT:ring.BEAT_AT + 8] = bytes(8)         # a reader that never beats (a version before)
+        time.sleep(0.06)
+        w.send(b"c")
+        assert calls == [name, name], name
+        # A beat a period ahead of this clock (a reader in another time namespace) is no beat.
+        m[ring.BEAT_AT:ring.BEAT_AT + 8] = (time.monotonic_ns() + 10 * every_ns).to_bytes(8, "little")
+        time.sleep(0.06)
+        w.send(b"d")
+        assert calls == [name, name, name], name
+        w.watch(None, 0, None, 0, None)
+        w.release()
+
+
+def test_the_daemon_beats_in_the_rings_it_reads(make_daemon):
+    """A daemon stores its beat in each ring it holds while it runs (at most every BEAT_EVERY_S),
+    and no more once drained."""
+    from telemetry import TelemetryClient
+
+    d = make_daemon()
+    tm = TelemetryClient(d.ingest, rank=0)
+    assert tm._ring is not None
+    tm.log(0, {"loss": 1.0})
+    d.wait_for(lambda rs: any(r.get("step") == 0 for r in rs), kind="metrics")
+    path = _pages(d) / ring.ring_name(tm._src)
+
+    def beat() -> int:
+        with open(path, "rb") as f:
+            return int.from_bytes(f.read(ring.HEADER_BYTES)[ring.BEAT_AT:ring.BEAT_AT + 8], "little")
+
+    seen = [beat()]
+    deadline = time.monotonic() + 30                         # a hang detector: a beat comes every 0.25 s
+    while len(set(seen)) < 3 and time.monotonic() < deadline:
+        time.sleep(0.1)
+        seen.append(beat())
+    assert len(set(seen)) >= 3 and seen == sorted(seen), seen
+    assert 0 <= time.monotonic_ns() - seen[-1] < 30e9, seen   # the host's monotonic clock, ns
+    d.drain()
+    d.proc.wait(60)
+    last = beat()                          # the client lives on: its ring stays, and gets no beat
+    time.sleep(3 * ring.BEAT_EVERY_S)
+    assert beat() == last
+    tm.close(timeout_s=0.5)
+
+
 @pytest.mark.parametrize("damage", ["write position past the capacity", "a length beyond a frame",
                                     "a record past the write position"])
 def test_readers_refuse_impossible_rings(tmp_path, damage):

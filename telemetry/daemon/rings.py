@@ -18,7 +18,8 @@ came for IDLE_AFTER_S). So records that keep coming wait at most MIN_POLL_S and 
 batches (a turn of the daemon's loop per batch, as the sender thread's
 batches on the socket were; the emit -> subscriber budget, 20 ms at 10k records/s, holds), a
 loop logging every 100 ms costs two or three looks a record, and an idle daemon looks
-MAX_POLL_S apart.
+MAX_POLL_S apart. As it looks and reads, at most every ring.BEAT_EVERY_S, it stores its beat in
+each ring it holds: a client whose reader beat lately knows it still reads without a system call.
 
 What is read joins the intake queue like the socket's frames (intake.Intake.fill): the same
 decoding, accounting and shedding. A ring is read only while the intake has room in its budget;
@@ -195,6 +196,7 @@ class RingSet:
         self.held: dict[int, list] = {}     # src -> frames read, given with the next look (read())
         self.watch_fd: int | None = None
         self.scan_s = SCAN_S
+        self.next_beat = 0.0
 
     # -- the lifecycle ------------------------------------------------------------------------------
     def start(self) -> None:
@@ -292,6 +294,7 @@ class RingSet:
         finally:
             os.close(fd)
         _U64.pack_into(mapping, ring.ATTACHED_AT, os.getpid())
+        _U64.pack_into(mapping, ring.BEAT_AT, time.monotonic_ns())
         reader = self.rings[src] = Reader(src, mapping, cap)
         self.num_attached += 1
         # A new client: its first records are looked for MIN_POLL_S from now on, not a whole
@@ -350,6 +353,8 @@ class RingSet:
         for (every SCAN_S), then each one's write position against its read position (a hint:
         read() loads it with acquire order). Nothing to read: the period doubles, up to
         MAX_POLL_S."""
+        if self.fd is not None and now >= self.next_beat:
+            self._beat(now)
         if self.fd is None or self.ready or not self.due(now):
             return self.ready
         if now >= self.next_scan:
@@ -377,6 +382,8 @@ class RingSet:
         if self.fd is None:
             return []
         now = time.monotonic() if now is None else now
+        if now >= self.next_beat:
+            self._beat(now)
         # The rings made before this look, attached before any is read (inotify's events are
         # queued as a file is renamed into place; a client makes its ring before its first frame).
         told, due = self._events(), now >= self.next_scan
@@ -433,6 +440,15 @@ class RingSet:
         if self.ready:
             self.next_poll = now
         return out
+
+    def _beat(self, now: float) -> None:
+        """Say in every ring held that this daemon reads it (ring.BEAT_AT: its monotonic time), at
+        most every ring.BEAT_EVERY_S: a client whose reader beat lately need not look at the
+        reader's marker and process (system calls on the training thread: ring.watch_reader)."""
+        self.next_beat = now + ring.BEAT_EVERY_S
+        beat = time.monotonic_ns()
+        for reader in self.rings.values():
+            _U64.pack_into(reader.map, ring.BEAT_AT, beat)
 
     def _hold_made_after(self, src: int, got: list, first: int, cut_ns: int) -> None:
         """Hold back the frames of `got[first:]` (just read from the ring of `src`) made at or after

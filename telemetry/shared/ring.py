@@ -2,9 +2,11 @@
 
     <ipc socket's path>.clients/<src as 16 hex digits>.ring     0600, in the pages' 0700 directory
     HEADER_BYTES of header: MAGIC, capacity, src, attached (the daemon's pid once it reads it);
-    the write position and the records written (the client's), the read position and the records
-    read (the daemon's), each pair on a cache line of its own; then `capacity` bytes of records, each a u32 length, a u32 of zero and the
-    frame, padded to 8 bytes. A length of SKIP marks the end of the data before a wrap.
+    the write position and the records written (the client's), the read position, the records
+    read and the reader's beat (the daemon's), the writer's and the reader's on cache lines of
+    their own; then `capacity`
+    bytes of records, each a u32 length, a u32 of zero and the frame, padded to 8 bytes. A
+    length of SKIP marks the end of the data before a wrap.
 
 Why: a `send` on a ZeroMQ socket after the caller has done other work (one log() per training
 step) makes a system call that wakes libzmq's I/O thread, which on a busy machine pre-empts the
@@ -50,6 +52,11 @@ WPOS_AT, RPOS_AT = 64, 128
 # holds at most `max_records` records (the client's sndhwm, as its socket's queue did) and
 # `capacity` bytes.
 WCOUNT_AT, RCOUNT_AT = 72, 136
+# On the reader's line too, its beat: its CLOCK_MONOTONIC time (ns) as it looks at its rings,
+# stored at most every BEAT_EVERY_S (telemetry/daemon/rings.py). A writer whose reader beat
+# within its look's period knows it reads without a system call (watch_reader).
+BEAT_AT = 144
+BEAT_EVERY_S = 0.25
 # The capacity a client's ring gets for its sndhwm: this many bytes a record (a wide row's is
 # a few hundred), never below DEFAULT_CAPACITY nor above MAX_CAPACITY.
 BYTES_PER_RECORD = 256
@@ -151,8 +158,9 @@ WATCH_EVERY_NS = 1_000_000_000
 
 def watch_reader(writer, directory: Path, on_gone, pid: int = 0) -> bool:
     """Arm `writer` (Ring or PyRing) to look, at most every WATCH_EVERY_NS, before a write, whether
-    the daemon that reads rings here still runs: a stat of the marker and of that daemon's /proc
-    entry (two system calls, in C on the training thread: no Python). When either changed, the
+    the daemon that reads rings here still runs: its beat in the ring's header (a load: it beat
+    within the period), else a stat of the marker and of that daemon's /proc entry (two system
+    calls, in C on the training thread: no Python). When either changed, the
     full look (`reader_alive`): a daemon reads rings here (one started since reads what this ring
     holds, as a successor does) and the writer watches it. None does: if another daemon has bound
     the ingest socket since (one of a version before rings, or told TELEMETRY_TRANSPORT=zmq),
@@ -274,8 +282,10 @@ class PyRing:
             now = time.monotonic_ns()
             if now >= self._next_check:
                 self._next_check = now + w[3]
+                beat = _U64.unpack_from(self._map, BEAT_AT)[0]
                 try:
-                    same = os.lstat(w[0]).st_ino == w[1] and os.path.exists(w[2])
+                    same = (beat and abs(now - beat) < w[3]) or (os.lstat(w[0]).st_ino == w[1]
+                                                                  and os.path.exists(w[2]))
                 except OSError:
                     same = False
                 if not same:
